@@ -1,0 +1,10 @@
+//! cortiq-formats: bytes on disk to typed tensors and metadata.
+//!
+//! GGUF files, safetensors (single and sharded), Hugging Face config.json, tokenizers (from
+//! tokenizer.json or from GGUF metadata) and chat templates. Everything here parses at the
+//! boundary into validated types; errors name the file, tensor or field.
+
+pub mod error;
+pub mod gguf;
+
+pub use error::FormatError;

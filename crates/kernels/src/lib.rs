@@ -1,0 +1,8 @@
+//! cortiq-kernels: pure functions on slices, no model knowledge.
+//!
+//! Owns the quantized block formats (GGUF's legacy and k-quants; cortiq's own types come in
+//! the speed issue), their dequantization, f32 matrix kernels, and elementwise ops (norms,
+//! RoPE, softmax, activations). Every SIMD kernel has a scalar twin kept forever and tested
+//! against it; the SIMD path is chosen at run time.
+
+pub mod quant;
