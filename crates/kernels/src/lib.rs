@@ -5,4 +5,7 @@
 //! RoPE, softmax, activations). Every SIMD kernel has a scalar twin kept forever and tested
 //! against it; the SIMD path is chosen at run time.
 
+pub mod dot;
+pub mod ops;
 pub mod quant;
+pub mod simd;
