@@ -1,6 +1,11 @@
 //! Quantized tensor element types as GGUF numbers them, their block geometry, and
 //! row dequantization. The engine's QTensor is the only caller that dispatches on a type.
 
+pub mod blocks;
+pub mod dequant;
+
+pub use dequant::{dequantize_row, dot_row};
+
 /// A tensor element type, numbered as ggml numbers it (the GGUF on-disk id).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum QuantType {

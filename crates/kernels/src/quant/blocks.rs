@@ -1,0 +1,183 @@
+//! On-disk block layouts of GGUF's legacy (Q4_0 .. Q8_0) and k-quant (Q2_K .. Q8_K) types.
+//!
+//! Owns: the `#[repr(C)]` structs, their compile-time size checks, and the zero-copy view of a
+//! byte slice as a slice of blocks. Field order and widths follow ggml's `block_*` structs.
+//!
+//! Every multi-byte field is stored as a little-endian byte array (`[u8; 2]` for an f16,
+//! `[u8; 4]` for an f32) rather than `half::f16`/`f32`. That keeps every block's alignment at 1,
+//! so a tensor's bytes straight out of an mmap (any alignment) can be viewed as `&[Block]`
+//! without a copy and without undefined behaviour, and it keeps the layout independent of the
+//! host's endianness (GGUF is little-endian).
+
+use core::mem::{align_of, size_of};
+use half::f16;
+
+/// Elements per k-quant super-block.
+pub const QK_K: usize = 256;
+/// Elements per legacy block.
+pub const QK: usize = 32;
+
+/// Decode a little-endian IEEE half to f32 (exact: every f16 is representable in f32).
+#[inline(always)]
+pub fn f16_le(b: [u8; 2]) -> f32 {
+    f16::from_bits(u16::from_le_bytes(b)).to_f32()
+}
+
+/// Q4_0: `d * (q - 8)`, q in 0..16. Element j < 16 is the low nibble of `qs[j]`,
+/// element j >= 16 the high nibble of `qs[j - 16]`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ4_0 {
+    pub d: [u8; 2],
+    pub qs: [u8; QK / 2],
+}
+
+/// Q4_1: `d * q + m`, q in 0..16, nibble order as Q4_0.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ4_1 {
+    pub d: [u8; 2],
+    pub m: [u8; 2],
+    pub qs: [u8; QK / 2],
+}
+
+/// Q5_0: `d * (q - 16)`, q in 0..32; bit j of the little-endian u32 `qh` is bit 4 of element j.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ5_0 {
+    pub d: [u8; 2],
+    pub qh: [u8; 4],
+    pub qs: [u8; QK / 2],
+}
+
+/// Q5_1: `d * q + m`, q in 0..32, bit layout as Q5_0.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ5_1 {
+    pub d: [u8; 2],
+    pub m: [u8; 2],
+    pub qh: [u8; 4],
+    pub qs: [u8; QK / 2],
+}
+
+/// Q8_0: `d * q`, q an i8.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ8_0 {
+    pub d: [u8; 2],
+    pub qs: [i8; QK],
+}
+
+/// Q2_K: 16 groups of 16; `d * (scales[g] & 15) * q - dmin * (scales[g] >> 4)`, q in 0..4.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ2K {
+    pub scales: [u8; QK_K / 16],
+    pub qs: [u8; QK_K / 4],
+    pub d: [u8; 2],
+    pub dmin: [u8; 2],
+}
+
+/// Q3_K: 16 groups of 16; 6-bit signed scales (offset 32) packed in 12 bytes; q in -4..4 where
+/// the `hmask` bit *clear* means subtract 4.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ3K {
+    pub hmask: [u8; QK_K / 8],
+    pub qs: [u8; QK_K / 4],
+    pub scales: [u8; 12],
+    pub d: [u8; 2],
+}
+
+/// Q4_K: 8 groups of 32; 6-bit scales and mins packed in 12 bytes; `d*sc * q - dmin*m`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ4K {
+    pub d: [u8; 2],
+    pub dmin: [u8; 2],
+    pub scales: [u8; 12],
+    pub qs: [u8; QK_K / 2],
+}
+
+/// Q5_K: as Q4_K plus a fifth bit per element in `qh`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ5K {
+    pub d: [u8; 2],
+    pub dmin: [u8; 2],
+    pub scales: [u8; 12],
+    pub qh: [u8; QK_K / 8],
+    pub qs: [u8; QK_K / 2],
+}
+
+/// Q6_K: 16 groups of 16 with i8 scales; `d*scale * (q - 32)`, q in 0..64.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ6K {
+    pub ql: [u8; QK_K / 2],
+    pub qh: [u8; QK_K / 4],
+    pub scales: [i8; QK_K / 16],
+    pub d: [u8; 2],
+}
+
+/// Q8_K: f32 scale (not f16), i8 quants, and per-16 sums used only by dot products.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ8K {
+    pub d: [u8; 4],
+    pub qs: [i8; QK_K],
+    pub bsums: [[u8; 2]; QK_K / 16],
+}
+
+// Sizes must equal ggml's (QuantType::type_size); alignment 1 is what makes `view` sound.
+const _: () = assert!(size_of::<BlockQ4_0>() == 18);
+const _: () = assert!(size_of::<BlockQ4_1>() == 20);
+const _: () = assert!(size_of::<BlockQ5_0>() == 22);
+const _: () = assert!(size_of::<BlockQ5_1>() == 24);
+const _: () = assert!(size_of::<BlockQ8_0>() == 34);
+const _: () = assert!(size_of::<BlockQ2K>() == 84);
+const _: () = assert!(size_of::<BlockQ3K>() == 110);
+const _: () = assert!(size_of::<BlockQ4K>() == 144);
+const _: () = assert!(size_of::<BlockQ5K>() == 176);
+const _: () = assert!(size_of::<BlockQ6K>() == 210);
+const _: () = assert!(size_of::<BlockQ8K>() == 292);
+
+/// A block struct that may be viewed from raw bytes.
+///
+/// # Safety
+/// Implementors must be `#[repr(C)]`, have alignment 1, no padding, and accept every bit
+/// pattern (only `u8`/`i8` arrays as fields).
+pub unsafe trait Block: Copy + 'static {
+    /// Elements this block decodes to.
+    const ELEMS: usize;
+}
+
+macro_rules! impl_block {
+    ($($t:ty => $n:expr),* $(,)?) => {$(
+        const _: () = assert!(align_of::<$t>() == 1);
+        // SAFETY: the struct above is repr(C), byte arrays only (align 1, no padding, any bits).
+        unsafe impl Block for $t { const ELEMS: usize = $n; }
+    )*};
+}
+impl_block!(
+    BlockQ4_0 => QK, BlockQ4_1 => QK, BlockQ5_0 => QK, BlockQ5_1 => QK, BlockQ8_0 => QK,
+    BlockQ2K => QK_K, BlockQ3K => QK_K, BlockQ4K => QK_K, BlockQ5K => QK_K, BlockQ6K => QK_K,
+    BlockQ8K => QK_K,
+);
+
+/// View `bytes` as a slice of blocks, zero-copy.
+///
+/// Panics when `bytes.len()` is not a whole number of blocks (callers size it from
+/// `QuantType::row_bytes`, so this is a programming error, not bad input).
+pub fn view<B: Block>(bytes: &[u8]) -> &[B] {
+    let sz = size_of::<B>();
+    assert!(
+        bytes.len() % sz == 0,
+        "quant::blocks::view: {} bytes is not a whole number of {}-byte blocks",
+        bytes.len(),
+        sz
+    );
+    // SAFETY: B has alignment 1, no padding and accepts any bit pattern (Block's contract), and
+    // the length is an exact multiple of size_of::<B>(); the lifetime is tied to `bytes`.
+    unsafe { core::slice::from_raw_parts(bytes.as_ptr().cast::<B>(), bytes.len() / sz) }
+}

@@ -1,0 +1,323 @@
+//! Scalar dequantization of GGUF blocks to f32, and a row dot product built on it.
+//!
+//! Owns: one decode function per block type, `dequantize_row` (the dispatch the engine's
+//! QTensor calls) and `dot_row`. These are the scalar references: any SIMD kernel added later
+//! is tested against them.
+//!
+//! Bit-exactness contract: every value equals what the `gguf` PyPI package (0.19.0,
+//! gguf/quants.py) produces, bit for bit. That package computes in numpy f32 with a fixed
+//! operation order, and each step below mirrors it:
+//!   * f16 scale fields are widened to f32 first (exact), then every product is one f32
+//!     multiply (one rounding);
+//!   * "with min" types compute `(d * q) + m` / `(d*sc) * q - (dmin*m)`: two roundings, never
+//!     fused. Rust never contracts `a * b + c` into an FMA on its own, so this stays bit-exact;
+//!     do NOT "optimise" these into `mul_add` (that changes the last bit);
+//!   * k-quant sub-block scales `d * sc` are rounded to f32 once per group before multiplying
+//!     the quant, exactly as numpy's `dl = d * scales` array does;
+//!   * offsets are applied to the integer quant (`d * (q - 8)`), never as `d*q - 8*d`.
+//! Every operation is a single correctly-rounded IEEE f32 op on both sides, so no ulp slack is
+//! needed; the tests demand 0 ulp.
+
+use super::QuantType;
+use super::blocks::*;
+use half::{bf16, f16};
+
+// ---------------------------------------------------------------- legacy 32-element blocks
+
+/// Q4_0 -> 32 floats. gguf-py: `d * (q.astype(i8) - 8).astype(f32)`.
+#[inline]
+pub fn dequant_q4_0(b: &BlockQ4_0, y: &mut [f32]) {
+    let d = f16_le(b.d);
+    for j in 0..QK / 2 {
+        let lo = (b.qs[j] & 0x0F) as i32 - 8;
+        let hi = (b.qs[j] >> 4) as i32 - 8;
+        y[j] = d * lo as f32;
+        y[j + QK / 2] = d * hi as f32;
+    }
+}
+
+/// Q4_1 -> 32 floats. gguf-py: `(d * q) + m` (two roundings).
+#[inline]
+pub fn dequant_q4_1(b: &BlockQ4_1, y: &mut [f32]) {
+    let d = f16_le(b.d);
+    let m = f16_le(b.m);
+    for j in 0..QK / 2 {
+        let lo = (b.qs[j] & 0x0F) as f32;
+        let hi = (b.qs[j] >> 4) as f32;
+        y[j] = d * lo + m;
+        y[j + QK / 2] = d * hi + m;
+    }
+}
+
+/// The 5-bit quant of element j (0..32) of a Q5 block: low nibble from `qs`, bit 4 from bit j
+/// of the little-endian u32 `qh`.
+#[inline(always)]
+fn q5(qs: &[u8; QK / 2], qh: u32, j: usize) -> u8 {
+    let nib = if j < QK / 2 { qs[j] & 0x0F } else { qs[j - QK / 2] >> 4 };
+    nib | ((((qh >> j) & 1) as u8) << 4)
+}
+
+/// Q5_0 -> 32 floats. gguf-py: `d * (q - 16)`.
+#[inline]
+pub fn dequant_q5_0(b: &BlockQ5_0, y: &mut [f32]) {
+    let d = f16_le(b.d);
+    let qh = u32::from_le_bytes(b.qh);
+    for (j, out) in y[..QK].iter_mut().enumerate() {
+        *out = d * (q5(&b.qs, qh, j) as i32 - 16) as f32;
+    }
+}
+
+/// Q5_1 -> 32 floats. gguf-py: `(d * q) + m`.
+#[inline]
+pub fn dequant_q5_1(b: &BlockQ5_1, y: &mut [f32]) {
+    let d = f16_le(b.d);
+    let m = f16_le(b.m);
+    let qh = u32::from_le_bytes(b.qh);
+    for (j, out) in y[..QK].iter_mut().enumerate() {
+        *out = d * q5(&b.qs, qh, j) as f32 + m;
+    }
+}
+
+/// Q8_0 -> 32 floats. gguf-py: `x * d`.
+#[inline]
+pub fn dequant_q8_0(b: &BlockQ8_0, y: &mut [f32]) {
+    let d = f16_le(b.d);
+    for (out, &q) in y[..QK].iter_mut().zip(b.qs.iter()) {
+        *out = q as f32 * d;
+    }
+}
+
+// ---------------------------------------------------------------- k-quants, 256 elements
+
+/// Q2_K -> 256 floats. Element i: half h = i/128, shift s = (i%128)/32, lane l = i%32,
+/// q = (qs[32h + l] >> 2s) & 3, group g = i/16.
+/// gguf-py: `dl = d * (sc & 15)`, `ml = dmin * (sc >> 4)` (each rounded to f32), `dl * q - ml`.
+#[inline]
+pub fn dequant_q2k(b: &BlockQ2K, y: &mut [f32]) {
+    let d = f16_le(b.d);
+    let dmin = f16_le(b.dmin);
+    for (g, out) in y[..QK_K].chunks_exact_mut(16).enumerate() {
+        let dl = d * (b.scales[g] & 0x0F) as f32;
+        let ml = dmin * (b.scales[g] >> 4) as f32;
+        for (k, o) in out.iter_mut().enumerate() {
+            let i = g * 16 + k;
+            let (h, s, l) = (i / 128, (i % 128) / 32, i % 32);
+            let q = (b.qs[32 * h + l] >> (2 * s)) & 3;
+            *o = dl * q as f32 - ml;
+        }
+    }
+}
+
+/// The 16 signed 6-bit scales of a Q3_K block (value - 32), unpacked from 12 bytes:
+/// low 4 bits of scale k from byte k%8 (nibble k/8), high 2 bits from byte 8 + k%4
+/// (bit pair k/4).
+#[inline]
+pub fn q3k_scales(sc: &[u8; 12]) -> [i8; 16] {
+    let mut out = [0i8; 16];
+    for (k, o) in out.iter_mut().enumerate() {
+        let lo = (sc[k % 8] >> (4 * (k / 8))) & 0x0F;
+        let hi = (sc[8 + k % 4] >> (2 * (k / 4))) & 0x03;
+        *o = (lo | (hi << 4)) as i8 - 32;
+    }
+    out
+}
+
+/// Q3_K -> 256 floats. Element i: low 2 bits as Q2_K, high bit = (hmask[i%32] >> (i/32)) & 1;
+/// q = low - 4 when that bit is clear. gguf-py: `dl = d * scale` (f32), `dl * q`.
+#[inline]
+pub fn dequant_q3k(b: &BlockQ3K, y: &mut [f32]) {
+    let d = f16_le(b.d);
+    let scales = q3k_scales(&b.scales);
+    for (g, out) in y[..QK_K].chunks_exact_mut(16).enumerate() {
+        let dl = d * scales[g] as f32;
+        for (k, o) in out.iter_mut().enumerate() {
+            let i = g * 16 + k;
+            let (h, s, l) = (i / 128, (i % 128) / 32, i % 32);
+            let low = ((b.qs[32 * h + l] >> (2 * s)) & 3) as i32;
+            let hbit = ((b.hmask[l] >> (i / 32)) & 1) as i32;
+            let q = low - ((hbit ^ 1) << 2);
+            *o = dl * q as f32;
+        }
+    }
+}
+
+/// The 8 (scale, min) 6-bit pairs of a Q4_K/Q5_K block, unpacked from 12 bytes
+/// (ggml's `get_scale_min_k4`): for j < 4 the low 6 bits of bytes j and j+4; for j >= 4 a nibble
+/// of byte j+4 plus the top 2 bits of bytes j-4 and j.
+#[inline]
+pub fn k4_scale_min(sc: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
+    let mut s = [0u8; 8];
+    let mut m = [0u8; 8];
+    for j in 0..4 {
+        s[j] = sc[j] & 0x3F;
+        m[j] = sc[j + 4] & 0x3F;
+    }
+    for j in 4..8 {
+        s[j] = (sc[j + 4] & 0x0F) | ((sc[j - 4] >> 6) << 4);
+        m[j] = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+    }
+    (s, m)
+}
+
+/// Q4_K -> 256 floats. Element i: chunk c = i/64, nibble n = (i%64)/32, lane l = i%32,
+/// q = (qs[32c + l] >> 4n) & 15, group g = i/32.
+/// gguf-py: `d1 = d * sc`, `m1 = dmin * m` (each rounded to f32), `d1 * q - m1`.
+#[inline]
+pub fn dequant_q4k(b: &BlockQ4K, y: &mut [f32]) {
+    let d = f16_le(b.d);
+    let dmin = f16_le(b.dmin);
+    let (sc, mn) = k4_scale_min(&b.scales);
+    for (g, out) in y[..QK_K].chunks_exact_mut(32).enumerate() {
+        let d1 = d * sc[g] as f32;
+        let m1 = dmin * mn[g] as f32;
+        let (c, n) = (g / 2, g % 2);
+        for (l, o) in out.iter_mut().enumerate() {
+            let q = (b.qs[32 * c + l] >> (4 * n)) & 0x0F;
+            *o = d1 * q as f32 - m1;
+        }
+    }
+}
+
+/// Q5_K -> 256 floats. As Q4_K, plus bit 4 = (qh[l] >> g) & 1 for group g = i/32.
+#[inline]
+pub fn dequant_q5k(b: &BlockQ5K, y: &mut [f32]) {
+    let d = f16_le(b.d);
+    let dmin = f16_le(b.dmin);
+    let (sc, mn) = k4_scale_min(&b.scales);
+    for (g, out) in y[..QK_K].chunks_exact_mut(32).enumerate() {
+        let d1 = d * sc[g] as f32;
+        let m1 = dmin * mn[g] as f32;
+        let (c, n) = (g / 2, g % 2);
+        for (l, o) in out.iter_mut().enumerate() {
+            let lo = (b.qs[32 * c + l] >> (4 * n)) & 0x0F;
+            let hi = (b.qh[l] >> g) & 1;
+            *o = d1 * (lo | (hi << 4)) as f32 - m1;
+        }
+    }
+}
+
+/// Q6_K -> 256 floats. Element i: half h = i/128, low nibble from ql[64h + i%64] (nibble
+/// (i%128)/64), high 2 bits from qh[32h + i%32] (pair (i%128)/32); q - 32; group g = i/16.
+/// gguf-py: `dl = d * scale` (f32), `dl * (q - 32)`.
+#[inline]
+pub fn dequant_q6k(b: &BlockQ6K, y: &mut [f32]) {
+    let d = f16_le(b.d);
+    for (g, out) in y[..QK_K].chunks_exact_mut(16).enumerate() {
+        let dl = d * b.scales[g] as f32;
+        for (k, o) in out.iter_mut().enumerate() {
+            let i = g * 16 + k;
+            let (h, r) = (i / 128, i % 128);
+            let lo = (b.ql[64 * h + r % 64] >> (4 * (r / 64))) & 0x0F;
+            let hi = (b.qh[32 * h + r % 32] >> (2 * (r / 32))) & 0x03;
+            let q = (lo | (hi << 4)) as i32 - 32;
+            *o = dl * q as f32;
+        }
+    }
+}
+
+/// Q8_K -> 256 floats: `q * d` with an f32 `d` (gguf-py 0.19.0 has no Q8_K dequantizer;
+/// this is ggml's `dequantize_row_q8_K`, a single product per element).
+#[inline]
+pub fn dequant_q8k(b: &BlockQ8K, y: &mut [f32]) {
+    let d = f32::from_le_bytes(b.d);
+    for (out, &q) in y[..QK_K].iter_mut().zip(b.qs.iter()) {
+        *out = q as f32 * d;
+    }
+}
+
+// ---------------------------------------------------------------- row dispatch
+
+fn blockwise<B: Block>(src: &[u8], dst: &mut [f32], f: fn(&B, &mut [f32])) {
+    for (b, y) in view::<B>(src).iter().zip(dst.chunks_exact_mut(B::ELEMS)) {
+        f(b, y);
+    }
+}
+
+/// Dequantize one row of `dst.len()` elements of type `ty` from its raw GGUF bytes.
+///
+/// `src` must be exactly `ty.row_bytes(dst.len())` bytes. A mismatch is a caller bug (the
+/// engine validates tensor shapes at load time), so it panics with both lengths named.
+/// Output is bit-identical to gguf-py 0.19.0's `gguf.quants.dequantize`.
+pub fn dequantize_row(ty: QuantType, src: &[u8], dst: &mut [f32]) {
+    let n = dst.len();
+    let want = ty.row_bytes(n);
+    assert!(
+        want == Some(src.len()),
+        "dequantize_row({ty}): {n} elements need {} bytes, got {}",
+        match want {
+            Some(w) => w.to_string(),
+            None => format!("a multiple of {} elements", ty.block_size()),
+        },
+        src.len()
+    );
+    match ty {
+        QuantType::F32 => {
+            for (o, c) in dst.iter_mut().zip(src.chunks_exact(4)) {
+                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+        QuantType::F16 => {
+            for (o, c) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                *o = f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
+            }
+        }
+        QuantType::BF16 => {
+            for (o, c) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                *o = bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
+            }
+        }
+        QuantType::Q4_0 => blockwise(src, dst, dequant_q4_0),
+        QuantType::Q4_1 => blockwise(src, dst, dequant_q4_1),
+        QuantType::Q5_0 => blockwise(src, dst, dequant_q5_0),
+        QuantType::Q5_1 => blockwise(src, dst, dequant_q5_1),
+        QuantType::Q8_0 => blockwise(src, dst, dequant_q8_0),
+        QuantType::Q2K => blockwise(src, dst, dequant_q2k),
+        QuantType::Q3K => blockwise(src, dst, dequant_q3k),
+        QuantType::Q4K => blockwise(src, dst, dequant_q4k),
+        QuantType::Q5K => blockwise(src, dst, dequant_q5k),
+        QuantType::Q6K => blockwise(src, dst, dequant_q6k),
+        QuantType::Q8K => blockwise(src, dst, dequant_q8k),
+    }
+}
+
+// ---------------------------------------------------------------- dot product
+
+/// Elements decoded per step of `dot_row`: one k-quant super-block, a whole number of blocks
+/// of every type, 1 KiB of stack.
+const DOT_CHUNK: usize = QK_K;
+
+/// Dot product of one quantized row (type `ty`, `x.len()` elements) with an f32 vector.
+///
+/// Correctness-first scalar reference: each 256-element chunk is dequantized (bit-exactly, as
+/// `dequantize_row`) into a stack buffer and multiplied with `x` in f32 into 8 interleaved
+/// accumulators (lane `i % 8`), which are summed pairwise at the end. The result therefore
+/// equals `dot(dequantize_row(src), x)` under that fixed summation order; SIMD kernels added
+/// later are compared to it with a tolerance, not bitwise (they round products differently).
+///
+/// `src_row` must be exactly `ty.row_bytes(x.len())` bytes; panics otherwise.
+pub fn dot_row(ty: QuantType, src_row: &[u8], x: &[f32]) -> f32 {
+    let n = x.len();
+    let want = ty.row_bytes(n);
+    assert!(
+        want == Some(src_row.len()),
+        "dot_row({ty}): {n} elements need {} bytes, got {}",
+        match want {
+            Some(w) => w.to_string(),
+            None => format!("a multiple of {} elements", ty.block_size()),
+        },
+        src_row.len()
+    );
+    // bytes per DOT_CHUNK elements; exact because DOT_CHUNK is a multiple of every block size
+    let chunk_bytes = DOT_CHUNK / ty.block_size() * ty.type_size();
+    let mut buf = [0f32; DOT_CHUNK];
+    let mut acc = [0f32; 8];
+    for (xs, bytes) in x.chunks(DOT_CHUNK).zip(src_row.chunks(chunk_bytes)) {
+        // the last chunk may be shorter (a row of e.g. 96 Q8_0 elements)
+        let y = &mut buf[..xs.len()];
+        dequantize_row(ty, bytes, y);
+        for (i, (a, b)) in y.iter().zip(xs).enumerate() {
+            acc[i % 8] += a * b;
+        }
+    }
+    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
+}
