@@ -172,7 +172,7 @@ impl_block!(
 pub fn view<B: Block>(bytes: &[u8]) -> &[B] {
     let sz = size_of::<B>();
     assert!(
-        bytes.len() % sz == 0,
+        bytes.len().is_multiple_of(sz),
         "quant::blocks::view: {} bytes is not a whole number of {}-byte blocks",
         bytes.len(),
         sz

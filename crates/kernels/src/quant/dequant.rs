@@ -15,6 +15,7 @@
 //!   * k-quant sub-block scales `d * sc` are rounded to f32 once per group before multiplying
 //!     the quant, exactly as numpy's `dl = d * scales` array does;
 //!   * offsets are applied to the integer quant (`d * (q - 8)`), never as `d*q - 8*d`.
+//!
 //! Every operation is a single correctly-rounded IEEE f32 op on both sides, so no ulp slack is
 //! needed; the tests demand 0 ulp.
 
@@ -233,23 +234,31 @@ fn blockwise<B: Block>(src: &[u8], dst: &mut [f32], f: fn(&B, &mut [f32])) {
     }
 }
 
+/// Panic with a message naming the function, type and both sizes when a row's byte length is
+/// not `ty.row_bytes(n)`. With `#[track_caller]` on the public entry points too, the
+/// report names the caller's line.
+#[track_caller]
+fn check_len(func: &str, ty: QuantType, n: usize, want: Option<usize>, got: usize) {
+    match want {
+        Some(w) if w == got => {}
+        Some(w) => panic!("{func}({ty}): {n} elements need {w} bytes, got {got}"),
+        None => panic!(
+            "{func}({ty}): {n} elements is not a whole number of {}-element blocks ({got} bytes given)",
+            ty.block_size()
+        ),
+    }
+}
+
 /// Dequantize one row of `dst.len()` elements of type `ty` from its raw GGUF bytes.
 ///
 /// `src` must be exactly `ty.row_bytes(dst.len())` bytes. A mismatch is a caller bug (the
 /// engine validates tensor shapes at load time), so it panics with both lengths named.
 /// Output is bit-identical to gguf-py 0.19.0's `gguf.quants.dequantize`.
+#[track_caller]
 pub fn dequantize_row(ty: QuantType, src: &[u8], dst: &mut [f32]) {
     let n = dst.len();
     let want = ty.row_bytes(n);
-    assert!(
-        want == Some(src.len()),
-        "dequantize_row({ty}): {n} elements need {} bytes, got {}",
-        match want {
-            Some(w) => w.to_string(),
-            None => format!("a multiple of {} elements", ty.block_size()),
-        },
-        src.len()
-    );
+    check_len("dequantize_row", ty, n, want, src.len());
     match ty {
         QuantType::F32 => {
             for (o, c) in dst.iter_mut().zip(src.chunks_exact(4)) {
@@ -295,18 +304,11 @@ const DOT_CHUNK: usize = QK_K;
 /// later are compared to it with a tolerance, not bitwise (they round products differently).
 ///
 /// `src_row` must be exactly `ty.row_bytes(x.len())` bytes; panics otherwise.
+#[track_caller]
 pub fn dot_row(ty: QuantType, src_row: &[u8], x: &[f32]) -> f32 {
     let n = x.len();
     let want = ty.row_bytes(n);
-    assert!(
-        want == Some(src_row.len()),
-        "dot_row({ty}): {n} elements need {} bytes, got {}",
-        match want {
-            Some(w) => w.to_string(),
-            None => format!("a multiple of {} elements", ty.block_size()),
-        },
-        src_row.len()
-    );
+    check_len("dot_row", ty, n, want, src_row.len());
     // bytes per DOT_CHUNK elements; exact because DOT_CHUNK is a multiple of every block size
     let chunk_bytes = DOT_CHUNK / ty.block_size() * ty.type_size();
     let mut buf = [0f32; DOT_CHUNK];
