@@ -9,15 +9,26 @@
 //! operation order, and each step below mirrors it:
 //!   * f16 scale fields are widened to f32 first (exact), then every product is one f32
 //!     multiply (one rounding);
-//!   * "with min" types compute `(d * q) + m` / `(d*sc) * q - (dmin*m)`: two roundings, never
-//!     fused. Rust never contracts `a * b + c` into an FMA on its own, so this stays bit-exact;
-//!     do NOT "optimise" these into `mul_add` (that changes the last bit);
+//!   * "with min" types compute `(d * q) + m` / `(d*sc) * q - (dmin*m)`, never fused. Rust
+//!     never contracts `a * b + c` into an FMA on its own;
 //!   * k-quant sub-block scales `d * sc` are rounded to f32 once per group before multiplying
 //!     the quant, exactly as numpy's `dl = d * scales` array does;
 //!   * offsets are applied to the integer quant (`d * (q - 8)`), never as `d*q - 8*d`.
 //!
-//! Every operation is a single correctly-rounded IEEE f32 op on both sides, so no ulp slack is
-//! needed; the tests demand 0 ulp.
+//! Where the order actually matters (checked by mutating this file against the fixtures, and by
+//! enumerating products in numpy): an f16 scale has 11 significant bits and every
+//! scale*quant product here fits in 13 bits (Q6_K: i8 scale * 6-bit q), so `d * q`,
+//! `(d * sc) * q` and `d * (sc * q)` are all exact in f32 and an FMA or a regrouping of the
+//! products gives the same bits. What does change bits:
+//!   * the sign of zero: `d * (q - 8)` with d < 0 and q = 8 is -0.0, `d*q - 8*d` is +0.0;
+//!     likewise `(d*scale) * 0` keeps the sign of d*scale, `d * (scale*0)` that of d (a Q6_K
+//!     regrouping mutation fails the fixture on exactly these);
+//!   * the add/sub of the min (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K): the one rounding step, which must
+//!     be the last operation;
+//!   * Q8_K's scale is a full f32, so `q * d` rounds (the same single op on both sides).
+//!
+//! Every output is a single correctly-rounded IEEE f32 op sequence identical to gguf-py's, so no
+//! ulp slack is needed; the tests demand 0 ulp (bit patterns, so -0.0 != +0.0).
 
 use super::QuantType;
 use super::blocks::*;
@@ -179,7 +190,7 @@ pub fn dequant_q4k(b: &BlockQ4K, y: &mut [f32]) {
     }
 }
 
-/// Q5_K -> 256 floats. As Q4_K, plus bit 4 = (qh[l] >> g) & 1 for group g = i/32.
+/// Q5_K -> 256 floats. As Q4_K, plus bit 4 = `(qh[l] >> g) & 1` for group g = i/32, lane l = i%32.
 #[inline]
 pub fn dequant_q5k(b: &BlockQ5K, y: &mut [f32]) {
     let d = f16_le(b.d);
