@@ -32,7 +32,8 @@
 
 use super::QuantType;
 use super::blocks::*;
-use half::{bf16, f16};
+use half::slice::HalfFloatSliceExt;
+use half::f16;
 
 // ---------------------------------------------------------------- legacy 32-element blocks
 
@@ -61,21 +62,27 @@ pub fn dequant_q4_1(b: &BlockQ4_1, y: &mut [f32]) {
     }
 }
 
-/// The 5-bit quant of element j (0..32) of a Q5 block: low nibble from `qs`, bit 4 from bit j
-/// of the little-endian u32 `qh`.
+/// The 32 5-bit quants of a Q5 block: element j < 16 is the low nibble of `qs[j]`, element
+/// j >= 16 the high nibble of `qs[j - 16]`; bit 4 of element j is bit j of the little-endian u32
+/// `qh`. Written as two straight 16-lane loops so the compiler vectorizes them.
 #[inline(always)]
-fn q5(qs: &[u8; QK / 2], qh: u32, j: usize) -> u8 {
-    let nib = if j < QK / 2 { qs[j] & 0x0F } else { qs[j - QK / 2] >> 4 };
-    nib | ((((qh >> j) & 1) as u8) << 4)
+fn q5_unpack(qs: &[u8; QK / 2], qh: [u8; 4]) -> [u8; QK] {
+    let qh = u32::from_le_bytes(qh);
+    let mut q = [0u8; QK];
+    for j in 0..QK / 2 {
+        q[j] = (qs[j] & 0x0F) | ((((qh >> j) & 1) as u8) << 4);
+        q[j + QK / 2] = (qs[j] >> 4) | ((((qh >> (j + QK / 2)) & 1) as u8) << 4);
+    }
+    q
 }
 
 /// Q5_0 -> 32 floats. gguf-py: `d * (q - 16)`.
 #[inline]
 pub fn dequant_q5_0(b: &BlockQ5_0, y: &mut [f32]) {
     let d = f16_le(b.d);
-    let qh = u32::from_le_bytes(b.qh);
-    for (j, out) in y[..QK].iter_mut().enumerate() {
-        *out = d * (q5(&b.qs, qh, j) as i32 - 16) as f32;
+    let q = q5_unpack(&b.qs, b.qh);
+    for (out, &q) in y[..QK].iter_mut().zip(q.iter()) {
+        *out = d * (q as i32 - 16) as f32;
     }
 }
 
@@ -84,9 +91,9 @@ pub fn dequant_q5_0(b: &BlockQ5_0, y: &mut [f32]) {
 pub fn dequant_q5_1(b: &BlockQ5_1, y: &mut [f32]) {
     let d = f16_le(b.d);
     let m = f16_le(b.m);
-    let qh = u32::from_le_bytes(b.qh);
-    for (j, out) in y[..QK].iter_mut().enumerate() {
-        *out = d * q5(&b.qs, qh, j) as f32 + m;
+    let q = q5_unpack(&b.qs, b.qh);
+    for (out, &q) in y[..QK].iter_mut().zip(q.iter()) {
+        *out = d * q as f32 + m;
     }
 }
 
@@ -108,14 +115,18 @@ pub fn dequant_q8_0(b: &BlockQ8_0, y: &mut [f32]) {
 pub fn dequant_q2k(b: &BlockQ2K, y: &mut [f32]) {
     let d = f16_le(b.d);
     let dmin = f16_le(b.dmin);
-    for (g, out) in y[..QK_K].chunks_exact_mut(16).enumerate() {
-        let dl = d * (b.scales[g] & 0x0F) as f32;
-        let ml = dmin * (b.scales[g] >> 4) as f32;
-        for (k, o) in out.iter_mut().enumerate() {
-            let i = g * 16 + k;
-            let (h, s, l) = (i / 128, (i % 128) / 32, i % 32);
-            let q = (b.qs[32 * h + l] >> (2 * s)) & 3;
-            *o = dl * q as f32 - ml;
+    // loop nest (h, s, l0) walks the 16 groups in order; g = i/16 = 8h + 2s + l0/16
+    for h in 0..2 {
+        for s in 0..4 {
+            for l0 in [0, 16] {
+                let g = 8 * h + 2 * s + l0 / 16;
+                let dl = d * (b.scales[g] & 0x0F) as f32;
+                let ml = dmin * (b.scales[g] >> 4) as f32;
+                let qs = &b.qs[32 * h + l0..32 * h + l0 + 16];
+                for (o, &q) in y[16 * g..16 * g + 16].iter_mut().zip(qs) {
+                    *o = dl * ((q >> (2 * s)) & 3) as f32 - ml;
+                }
+            }
         }
     }
 }
@@ -140,15 +151,20 @@ pub fn q3k_scales(sc: &[u8; 12]) -> [i8; 16] {
 pub fn dequant_q3k(b: &BlockQ3K, y: &mut [f32]) {
     let d = f16_le(b.d);
     let scales = q3k_scales(&b.scales);
-    for (g, out) in y[..QK_K].chunks_exact_mut(16).enumerate() {
-        let dl = d * scales[g] as f32;
-        for (k, o) in out.iter_mut().enumerate() {
-            let i = g * 16 + k;
-            let (h, s, l) = (i / 128, (i % 128) / 32, i % 32);
-            let low = ((b.qs[32 * h + l] >> (2 * s)) & 3) as i32;
-            let hbit = ((b.hmask[l] >> (i / 32)) & 1) as i32;
-            let q = low - ((hbit ^ 1) << 2);
-            *o = dl * q as f32;
+    // same loop nest as Q2_K; the hmask bit index is i/32 = 4h + s
+    for h in 0..2 {
+        for s in 0..4 {
+            for l0 in [0, 16] {
+                let g = 8 * h + 2 * s + l0 / 16;
+                let dl = d * scales[g] as f32;
+                let qs = &b.qs[32 * h + l0..32 * h + l0 + 16];
+                let hm = &b.hmask[l0..l0 + 16];
+                for ((o, &q), &m) in y[16 * g..16 * g + 16].iter_mut().zip(qs).zip(hm) {
+                    let low = ((q >> (2 * s)) & 3) as i32;
+                    let hbit = ((m >> (4 * h + s)) & 1) as i32;
+                    *o = dl * (low - ((hbit ^ 1) << 2)) as f32;
+                }
+            }
         }
     }
 }
@@ -214,15 +230,22 @@ pub fn dequant_q5k(b: &BlockQ5K, y: &mut [f32]) {
 #[inline]
 pub fn dequant_q6k(b: &BlockQ6K, y: &mut [f32]) {
     let d = f16_le(b.d);
-    for (g, out) in y[..QK_K].chunks_exact_mut(16).enumerate() {
-        let dl = d * b.scales[g] as f32;
-        for (k, o) in out.iter_mut().enumerate() {
-            let i = g * 16 + k;
-            let (h, r) = (i / 128, i % 128);
-            let lo = (b.ql[64 * h + r % 64] >> (4 * (r / 64))) & 0x0F;
-            let hi = (b.qh[32 * h + r % 32] >> (2 * (r / 32))) & 0x03;
-            let q = (lo | (hi << 4)) as i32 - 32;
-            *o = dl * q as f32;
+    // i = 128h + 32s + l: low nibble of ql[64h + 32(s%2) + l] (nibble s/2), high bits
+    // (qh[32h + l] >> 2s) & 3; group g = i/16 = 8h + 2s + l0/16
+    for h in 0..2 {
+        for s in 0..4 {
+            for l0 in [0, 16] {
+                let g = 8 * h + 2 * s + l0 / 16;
+                let dl = d * b.scales[g] as f32;
+                let base = 64 * h + 32 * (s % 2) + l0;
+                let ql = &b.ql[base..base + 16];
+                let qh = &b.qh[32 * h + l0..32 * h + l0 + 16];
+                for ((o, &lo), &hi) in y[16 * g..16 * g + 16].iter_mut().zip(ql).zip(qh) {
+                    let lo = (lo >> (4 * (s / 2))) & 0x0F;
+                    let hi = (hi >> (2 * s)) & 0x03;
+                    *o = dl * ((lo | (hi << 4)) as i32 - 32) as f32;
+                }
+            }
         }
     }
 }
@@ -277,13 +300,23 @@ pub fn dequantize_row(ty: QuantType, src: &[u8], dst: &mut [f32]) {
             }
         }
         QuantType::F16 => {
-            for (o, c) in dst.iter_mut().zip(src.chunks_exact(2)) {
-                *o = f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
+            // half's per-value to_f32 re-detects F16C on every call (~0.3 Gelem/s); its slice
+            // conversion detects once and converts 8 at a time. Both are exact for every
+            // non-NaN f16 (NaN payloads may be quieted).
+            let mut bits = [f16::ZERO; 256];
+            for (d, s) in dst.chunks_mut(256).zip(src.chunks(512)) {
+                let bits = &mut bits[..d.len()];
+                for (b, c) in bits.iter_mut().zip(s.chunks_exact(2)) {
+                    *b = f16::from_bits(u16::from_le_bytes([c[0], c[1]]));
+                }
+                bits.convert_to_f32_slice(d);
             }
         }
         QuantType::BF16 => {
             for (o, c) in dst.iter_mut().zip(src.chunks_exact(2)) {
-                *o = bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
+                // bf16 is the top half of an f32: a shift, exactly gguf-py's `int32 << 16`
+                // (NaN payloads included, unlike a quieting conversion)
+                *o = f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16);
             }
         }
         QuantType::Q4_0 => blockwise(src, dst, dequant_q4_0),
@@ -328,8 +361,18 @@ pub fn dot_row(ty: QuantType, src_row: &[u8], x: &[f32]) -> f32 {
         // the last chunk may be shorter (a row of e.g. 96 Q8_0 elements)
         let y = &mut buf[..xs.len()];
         dequantize_row(ty, bytes, y);
-        for (i, (a, b)) in y.iter().zip(xs).enumerate() {
-            acc[i % 8] += a * b;
+        // lane k accumulates elements i with i % 8 == k; chunks are multiples of 8 except
+        // a row's last, so the tail keeps that assignment. The fixed 8-lane inner loop has no
+        // cross-lane dependency, so it vectorizes without reassociating anything.
+        let mut ya = y.chunks_exact(8);
+        let mut xa = xs.chunks_exact(8);
+        for (yc, xc) in (&mut ya).zip(&mut xa) {
+            for k in 0..8 {
+                acc[k] += yc[k] * xc[k];
+            }
+        }
+        for (k, (a, b)) in ya.remainder().iter().zip(xa.remainder()).enumerate() {
+            acc[k] += a * b;
         }
     }
     ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
