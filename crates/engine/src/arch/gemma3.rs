@@ -1,0 +1,52 @@
+//! Gemma 3 (text): sliding-window layers with a global layer every 6th, (1+w) RMSNorms before
+//! and after each sub-block, QK-norm, GELU-tanh FFN, embeddings scaled by √d_model, attention
+//! scaled by query_pre_attn_scalar^-½, and separate RoPE bases for local and global layers.
+//! GGUF files store the norm gains already as (1+w); the HF loader folds the +1 at load time.
+//! llama.cpp hard-codes what the GGUF does not carry (pattern 6, local base 10k); so do we.
+
+use cortiq_formats::gguf::Gguf;
+use cortiq_kernels::ops::RopeStyle;
+
+use super::{gguf_dense_base, Arch, GgufKeys};
+use crate::config::{Activation, ModelConfig, Rope, RopeScaling};
+use crate::error::Result;
+
+pub const ARCH: Arch = Arch {
+    name: "gemma3",
+    hf_names: &["Gemma3ForCausalLM", "Gemma3ForConditionalGeneration", "gemma3_text", "gemma3"],
+    from_gguf,
+};
+
+/// Every `PATTERN`th layer (il % 6 == 5) attends globally.
+pub const PATTERN: usize = 6;
+pub const LOCAL_ROPE_BASE: f64 = 10_000.0;
+
+/// Apply Gemma 3's fixed features to a base config. `global_rope` is the full-attention RoPE,
+/// `local_rope` the sliding one; `is_sliding[il]` says which layers slide over `window` keys.
+pub fn finish(cfg: &mut ModelConfig, window: usize, is_sliding: &[bool], query_pre_attn_scalar: f64, global_rope: Rope, local_rope: Rope) {
+    cfg.act = Activation::GeluTanh;
+    cfg.qk_norm = true;
+    cfg.post_norms = true;
+    // HF casts √d to the weights' dtype; in f32 this is the f32 rounding of the f64 root.
+    cfg.embed_scale = Some((cfg.d_model as f64).sqrt() as f32);
+    cfg.attn_scale = (1.0 / query_pre_attn_scalar.sqrt()) as f32;
+    cfg.ropes = vec![global_rope, local_rope];
+    for (spec, &sliding) in cfg.layers.iter_mut().zip(is_sliding) {
+        spec.sliding_window = sliding.then_some(window);
+        spec.rope = if sliding { 1 } else { 0 };
+    }
+}
+
+fn from_gguf(g: &Gguf) -> Result<ModelConfig> {
+    let mut cfg = gguf_dense_base(g, "gemma3", RopeStyle::NeoX)?;
+    let k = GgufKeys { g, arch: "gemma3" };
+    let window = k.opt_usize("attention.sliding_window")?.unwrap_or(512);
+    let is_sliding: Vec<bool> = (0..cfg.n_layers).map(|il| il % PATTERN != PATTERN - 1).collect();
+    let global = cfg.ropes[0].clone();
+    let local = Rope::new(RopeStyle::NeoX, global.rot_dim, LOCAL_ROPE_BASE, &RopeScaling::None);
+    // llama.cpp scales attention by 1/√head_dim for every size but 27B (whose
+    // query_pre_attn_scalar is d_model/n_heads); 270M's query_pre_attn_scalar equals head_dim.
+    let qpas = cfg.head_dim as f64;
+    finish(&mut cfg, window, &is_sliding, qpas, global, local);
+    Ok(cfg)
+}

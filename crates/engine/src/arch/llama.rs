@@ -1,0 +1,34 @@
+//! Llama (and SmolLM2, which is Llama-shaped): pre-norm, GQA, SiLU FFN, optional llama3 RoPE
+//! scaling. llama.cpp's converter permutes Q/K rows so its GGUFs use interleaved RoPE pairs;
+//! HF checkpoints keep the rotate-half layout.
+
+use cortiq_formats::gguf::Gguf;
+use cortiq_kernels::ops::RopeStyle;
+
+use super::{gguf_dense_base, Arch};
+use crate::config::ModelConfig;
+use crate::error::Result;
+
+pub const ARCH: Arch = Arch { name: "llama", hf_names: &["LlamaForCausalLM", "llama"], from_gguf };
+
+fn from_gguf(g: &Gguf) -> Result<ModelConfig> {
+    let mut cfg = gguf_dense_base(g, "llama", RopeStyle::Interleaved)?;
+    // llama3-style scaling travels as a per-pair divisor tensor in GGUF.
+    if let Some(info) = g.tensor("rope_freqs.weight") {
+        let half = cfg.ropes[0].inv_freq.len();
+        if info.n_elements() as usize != half || info.dtype != cortiq_kernels::quant::QuantType::F32 {
+            return Err(crate::error::EngineError::ShapeMismatch {
+                file: g.path.display().to_string(),
+                tensor: "rope_freqs.weight".into(),
+                expected: vec![half],
+                found: info.shape(),
+            });
+        }
+        let data = g.tensor_data(info);
+        for (i, f) in cfg.ropes[0].inv_freq.iter_mut().enumerate() {
+            let div = f32::from_le_bytes(data[i * 4..i * 4 + 4].try_into().expect("4 bytes"));
+            *f /= div as f64;
+        }
+    }
+    Ok(cfg)
+}

@@ -1,0 +1,124 @@
+//! The architecture registry: maps a GGUF `general.architecture` or an HF `architectures[0]`
+//! to the file that knows that model's configuration quirks. Adding an architecture is one
+//! file here plus one line in `ARCHES`.
+
+use cortiq_formats::gguf::Gguf;
+use cortiq_kernels::ops::RopeStyle;
+
+use crate::config::{Activation, LayerSpec, ModelConfig, Rope, RopeScaling};
+use crate::error::{EngineError, Result};
+
+pub mod gemma3;
+pub mod llama;
+pub mod qwen2;
+pub mod qwen3;
+
+/// What an architecture file provides.
+pub struct Arch {
+    /// Registry name, as GGUF's general.architecture spells it.
+    pub name: &'static str,
+    /// HF `architectures` entries (and model_type values) that mean this architecture.
+    pub hf_names: &'static [&'static str],
+    pub from_gguf: fn(&Gguf) -> Result<ModelConfig>,
+}
+
+pub const ARCHES: &[Arch] = &[llama::ARCH, qwen2::ARCH, qwen3::ARCH, gemma3::ARCH];
+
+pub fn supported() -> String {
+    ARCHES.iter().map(|a| a.name).collect::<Vec<_>>().join(", ")
+}
+
+pub fn by_gguf_name(file: &str, name: &str) -> Result<&'static Arch> {
+    ARCHES.iter().find(|a| a.name == name).ok_or_else(|| EngineError::UnknownArch {
+        file: file.to_string(),
+        arch: name.to_string(),
+        supported: supported(),
+    })
+}
+
+pub fn by_hf_name(file: &str, names: &[String]) -> Result<&'static Arch> {
+    ARCHES.iter().find(|a| names.iter().any(|n| a.hf_names.contains(&n.as_str()))).ok_or_else(|| EngineError::UnknownArch {
+        file: file.to_string(),
+        arch: names.join("/"),
+        supported: supported(),
+    })
+}
+
+/// Reads `{arch}.*` keys of a GGUF file with errors naming the file and key.
+pub struct GgufKeys<'a> {
+    pub g: &'a Gguf,
+    pub arch: &'a str,
+}
+
+impl GgufKeys<'_> {
+    fn key(&self, k: &str) -> String {
+        format!("{}.{k}", self.arch)
+    }
+    pub fn usize(&self, k: &str) -> Result<usize> {
+        Ok(self.g.get_u64(&self.key(k))? as usize)
+    }
+    pub fn opt_usize(&self, k: &str) -> Result<Option<usize>> {
+        Ok(self.g.opt_u64(&self.key(k))?.map(|v| v as usize))
+    }
+    pub fn f64(&self, k: &str) -> Result<f64> {
+        Ok(self.g.get_f64(&self.key(k))?)
+    }
+    pub fn opt_f64(&self, k: &str) -> Result<Option<f64>> {
+        Ok(self.g.opt_f64(&self.key(k))?)
+    }
+    pub fn opt_str(&self, k: &str) -> Result<Option<&str>> {
+        Ok(self.g.opt_str(&self.key(k))?)
+    }
+    pub fn bad(&self, what: String) -> EngineError {
+        EngineError::BadConfig { file: self.g.path.display().to_string(), what }
+    }
+}
+
+/// The fields every dense GGUF carries, with one global RoPE; architecture files adjust.
+pub fn gguf_dense_base(g: &Gguf, arch: &'static str, style: RopeStyle) -> Result<ModelConfig> {
+    let k = GgufKeys { g, arch };
+    let d_model = k.usize("embedding_length")?;
+    let n_layers = k.usize("block_count")?;
+    let n_heads = k.usize("attention.head_count")?;
+    let n_kv_heads = k.opt_usize("attention.head_count_kv")?.unwrap_or(n_heads);
+    if n_heads == 0 || n_kv_heads == 0 || n_heads % n_kv_heads != 0 || n_layers == 0 {
+        return Err(k.bad(format!("{n_heads} heads / {n_kv_heads} kv heads / {n_layers} layers is not a valid geometry")));
+    }
+    let head_dim = k.opt_usize("attention.key_length")?.unwrap_or(d_model / n_heads);
+    let vocab = match g.tensor("token_embd.weight") {
+        Some(t) if t.dims.len() == 2 => t.dims[1] as usize,
+        _ => return Err(EngineError::MissingTensor { file: g.path.display().to_string(), tensor: "token_embd.weight".into() }),
+    };
+    let rot_dim = k.opt_usize("rope.dimension_count")?.unwrap_or(head_dim);
+    let theta = k.opt_f64("rope.freq_base")?.unwrap_or(10_000.0);
+    let scaling = match k.opt_str("rope.scaling.type")? {
+        None | Some("none") => RopeScaling::None,
+        Some("linear") => RopeScaling::Linear { factor: k.f64("rope.scaling.factor")? },
+        Some(other) => return Err(k.bad(format!("rope scaling type '{other}' is not supported"))),
+    };
+    if rot_dim % 2 != 0 || rot_dim > head_dim {
+        return Err(k.bad(format!("rope dimension {rot_dim} does not fit head_dim {head_dim}")));
+    }
+    Ok(ModelConfig {
+        arch,
+        n_layers,
+        d_model,
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        d_ff: k.usize("feed_forward_length")?,
+        vocab,
+        n_ctx_train: k.opt_usize("context_length")?.unwrap_or(4096),
+        norm_eps: k.opt_f64("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-6) as f32,
+        act: Activation::Silu,
+        attn_scale: 1.0 / (head_dim as f32).sqrt(),
+        qkv_bias: false,
+        qk_norm: false,
+        post_norms: false,
+        embed_scale: None,
+        final_logit_softcap: None,
+        attn_logit_softcap: None,
+        ropes: vec![Rope::new(style, rot_dim, theta, &scaling)],
+        layers: (0..n_layers).map(|_| LayerSpec { sliding_window: None, rope: 0 }).collect(),
+    })
+}

@@ -1,0 +1,16 @@
+//! Qwen2 / Qwen2.5: Llama's block with biases on the Q, K and V projections, rotate-half RoPE.
+
+use cortiq_formats::gguf::Gguf;
+use cortiq_kernels::ops::RopeStyle;
+
+use super::{gguf_dense_base, Arch};
+use crate::config::ModelConfig;
+use crate::error::Result;
+
+pub const ARCH: Arch = Arch { name: "qwen2", hf_names: &["Qwen2ForCausalLM", "qwen2"], from_gguf };
+
+fn from_gguf(g: &Gguf) -> Result<ModelConfig> {
+    let mut cfg = gguf_dense_base(g, "qwen2", RopeStyle::NeoX)?;
+    cfg.qkv_bias = true;
+    Ok(cfg)
+}

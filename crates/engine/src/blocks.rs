@@ -1,0 +1,153 @@
+//! Shared blocks of the dense transformer: norms over rows, the attention block (projections,
+//! QK-norm, RoPE, KV append, causal/sliding softmax attention, output projection) and the gated
+//! FFN. Architecture files compose these; none of them matches on a dtype (QTensor does).
+
+use cortiq_kernels::dot::{axpy, dot};
+use cortiq_kernels::ops::{gated_act, rmsnorm, rmsnorm_inplace, rope, softmax_inplace};
+use rayon::prelude::*;
+
+use crate::config::{ModelConfig, Rope};
+use crate::qtensor::QTensor;
+
+/// RMSNorm every row of x: [n, d] -> out [n, d].
+pub fn rmsnorm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let d = w.len();
+    out.par_chunks_mut(d).zip(x.par_chunks(d)).for_each(|(o, xi)| rmsnorm(xi, w, eps, o));
+}
+
+/// In-place RMSNorm of every `w.len()`-sized segment (per-head norms and post-norms).
+pub fn rmsnorm_segments(x: &mut [f32], w: &[f32], eps: f32) {
+    x.par_chunks_mut(w.len()).for_each(|seg| rmsnorm_inplace(seg, w, eps));
+}
+
+/// Add a bias to every row.
+pub fn add_bias(x: &mut [f32], b: &[f32]) {
+    for row in x.chunks_mut(b.len()) {
+        for (v, bi) in row.iter_mut().zip(b) {
+            *v += bi;
+        }
+    }
+}
+
+pub struct AttentionWeights {
+    pub wq: QTensor,
+    pub wk: QTensor,
+    pub wv: QTensor,
+    pub wo: QTensor,
+    pub bq: Option<Vec<f32>>,
+    pub bk: Option<Vec<f32>>,
+    pub bv: Option<Vec<f32>>,
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
+}
+
+/// Attention over a chunk of `n` new positions starting at `pos0`.
+/// h: [n, d_model] normed input; k_cache/v_cache grow by n rows of kv_dim; returns [n, d_model].
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    cfg: &ModelConfig,
+    w: &AttentionWeights,
+    rope_cfg: &Rope,
+    window: Option<usize>,
+    h: &[f32],
+    n: usize,
+    pos0: usize,
+    k_cache: &mut Vec<f32>,
+    v_cache: &mut Vec<f32>,
+    trace: &mut dyn FnMut(&str, &[f32]),
+) -> Vec<f32> {
+    let (hd, nh, nkv) = (cfg.head_dim, cfg.n_heads, cfg.n_kv_heads);
+    let (q_dim, kv_dim) = (cfg.q_dim(), cfg.kv_dim());
+    let mut q = vec![0f32; n * q_dim]; // [n, n_heads, head_dim]
+    let mut k = vec![0f32; n * kv_dim]; // [n, n_kv_heads, head_dim]
+    let mut v = vec![0f32; n * kv_dim]; // [n, n_kv_heads, head_dim]
+    w.wq.matmul(h, n, &mut q);
+    w.wk.matmul(h, n, &mut k);
+    w.wv.matmul(h, n, &mut v);
+    if let Some(b) = &w.bq {
+        add_bias(&mut q, b);
+    }
+    if let Some(b) = &w.bk {
+        add_bias(&mut k, b);
+    }
+    if let Some(b) = &w.bv {
+        add_bias(&mut v, b);
+    }
+    if let Some(g) = &w.q_norm {
+        rmsnorm_segments(&mut q, g, cfg.norm_eps);
+    }
+    if let Some(g) = &w.k_norm {
+        rmsnorm_segments(&mut k, g, cfg.norm_eps);
+    }
+    let (cos, sin) = rope_cfg.tables(pos0, n); // [n, rot_dim/2] each
+    let half = rope_cfg.rot_dim / 2;
+    for i in 0..n {
+        let (c, s) = (&cos[i * half..(i + 1) * half], &sin[i * half..(i + 1) * half]);
+        for head in q[i * q_dim..(i + 1) * q_dim].chunks_mut(hd) {
+            rope(head, c, s, rope_cfg.style);
+        }
+        for head in k[i * kv_dim..(i + 1) * kv_dim].chunks_mut(hd) {
+            rope(head, c, s, rope_cfg.style);
+        }
+    }
+    trace("q", &q);
+    trace("k", &k);
+    trace("v", &v);
+    k_cache.extend_from_slice(&k);
+    v_cache.extend_from_slice(&v);
+    let (kc, vc) = (&k_cache[..], &v_cache[..]);
+
+    // One work item per (position, head): scores over the visible keys, softmax, weighted sum.
+    let group = nh / nkv;
+    let scale = cfg.attn_scale;
+    let softcap = cfg.attn_logit_softcap;
+    let mut o = vec![0f32; n * q_dim]; // [n, n_heads, head_dim]
+    o.par_chunks_mut(hd).enumerate().for_each(|(idx, out)| {
+        let (i, head) = (idx / nh, idx % nh);
+        let kvh = head / group;
+        let p = pos0 + i; // absolute position of this query
+        let first = match window {
+            Some(wn) => (p + 1).saturating_sub(wn),
+            None => 0,
+        };
+        let qv = &q[idx * hd..(idx + 1) * hd];
+        let mut scores: Vec<f32> = (first..=p)
+            .map(|j| {
+                let s = dot(qv, &kc[j * kv_dim + kvh * hd..][..hd]) * scale;
+                match softcap {
+                    Some(c) => (s / c).tanh() * c,
+                    None => s,
+                }
+            })
+            .collect();
+        softmax_inplace(&mut scores);
+        out.fill(0.0);
+        for (jj, &pj) in scores.iter().enumerate() {
+            let j = first + jj;
+            axpy(pj, &vc[j * kv_dim + kvh * hd..][..hd], out);
+        }
+    });
+    trace("attn_out", &o);
+    let mut y = vec![0f32; n * cfg.d_model]; // [n, d_model]
+    w.wo.matmul(&o, n, &mut y);
+    y
+}
+
+pub struct FfnWeights {
+    pub gate: QTensor,
+    pub up: QTensor,
+    pub down: QTensor,
+}
+
+/// Gated FFN: down(act(gate·h) ⊙ up·h). h: [n, d_model] -> [n, d_model].
+pub fn ffn(cfg: &ModelConfig, w: &FfnWeights, h: &[f32], n: usize) -> Vec<f32> {
+    let mut g = vec![0f32; n * cfg.d_ff]; // [n, d_ff]
+    let mut u = vec![0f32; n * cfg.d_ff]; // [n, d_ff]
+    w.gate.matmul(h, n, &mut g);
+    w.up.matmul(h, n, &mut u);
+    let act = cfg.act.f();
+    g.par_chunks_mut(cfg.d_ff).zip(u.par_chunks(cfg.d_ff)).for_each(|(gi, ui)| gated_act(gi, ui, act));
+    let mut y = vec![0f32; n * cfg.d_model]; // [n, d_model]
+    w.down.matmul(&g, n, &mut y);
+    y
+}

@@ -1,0 +1,125 @@
+//! The engine's model description: one validated struct, built by an architecture file from
+//! GGUF metadata or an HF config, that the shared blocks read. Nothing here knows a file format.
+
+use cortiq_kernels::ops::RopeStyle;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    Silu,
+    GeluTanh,
+}
+
+impl Activation {
+    pub fn f(self) -> fn(f32) -> f32 {
+        match self {
+            Activation::Silu => cortiq_kernels::ops::silu,
+            Activation::GeluTanh => cortiq_kernels::ops::gelu_tanh,
+        }
+    }
+}
+
+/// RoPE frequency scaling as the model was trained with.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RopeScaling {
+    None,
+    Linear { factor: f64 },
+    Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_max_position: f64 },
+}
+
+/// One RoPE table's recipe: rotated dims and per-pair inverse frequencies.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rope {
+    pub style: RopeStyle,
+    /// Rotated dimensions (≤ head_dim, even).
+    pub rot_dim: usize,
+    /// rot_dim/2 inverse frequencies, f64 so long positions keep their precision.
+    pub inv_freq: Vec<f64>,
+}
+
+impl Rope {
+    /// HF's default / linear / llama3 inverse frequencies (modeling_rope_utils).
+    pub fn new(style: RopeStyle, rot_dim: usize, theta: f64, scaling: &RopeScaling) -> Rope {
+        let half = rot_dim / 2;
+        let mut inv: Vec<f64> = (0..half).map(|i| 1.0 / theta.powf((2 * i) as f64 / rot_dim as f64)).collect();
+        match *scaling {
+            RopeScaling::None => {}
+            RopeScaling::Linear { factor } => inv.iter_mut().for_each(|f| *f /= factor),
+            RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position } => {
+                let low_wavelen = original_max_position / low_freq_factor;
+                let high_wavelen = original_max_position / high_freq_factor;
+                for f in inv.iter_mut() {
+                    let wavelen = 2.0 * std::f64::consts::PI / *f;
+                    if wavelen > low_wavelen {
+                        *f /= factor;
+                    } else if wavelen >= high_wavelen {
+                        let smooth = (original_max_position / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                        *f = (1.0 - smooth) * *f / factor + smooth * *f;
+                    }
+                }
+            }
+        }
+        Rope { style, rot_dim, inv_freq: inv }
+    }
+
+    /// cos and sin for `n` consecutive positions from `pos0`: each [n, rot_dim/2].
+    pub fn tables(&self, pos0: usize, n: usize) -> (Vec<f32>, Vec<f32>) {
+        let half = self.inv_freq.len();
+        let mut cos = Vec::with_capacity(n * half);
+        let mut sin = Vec::with_capacity(n * half);
+        for p in pos0..pos0 + n {
+            for &f in &self.inv_freq {
+                let a = p as f64 * f;
+                cos.push(a.cos() as f32);
+                sin.push(a.sin() as f32);
+            }
+        }
+        (cos, sin)
+    }
+}
+
+/// Per-layer attention geometry.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerSpec {
+    /// Keys visible to position i are j with i - j < window (the current token included).
+    pub sliding_window: Option<usize>,
+    /// Index into `ModelConfig::ropes`.
+    pub rope: usize,
+}
+
+#[derive(Clone, Debug)]
+pub struct ModelConfig {
+    /// Registry name of the architecture ("llama", "qwen2", "qwen3", "gemma3").
+    pub arch: &'static str,
+    pub n_layers: usize,
+    pub d_model: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub d_ff: usize,
+    pub vocab: usize,
+    /// Context length the model was trained for.
+    pub n_ctx_train: usize,
+    pub norm_eps: f32,
+    pub act: Activation,
+    /// Multiplies q·k (1/√head_dim, or query_pre_attn_scalar^-½ for Gemma 3).
+    pub attn_scale: f32,
+    pub qkv_bias: bool,
+    pub qk_norm: bool,
+    /// Gemma 3 normalises each sub-block's output before the residual add.
+    pub post_norms: bool,
+    /// Embeddings multiplied by this (Gemma 3: √d_model rounded to f32).
+    pub embed_scale: Option<f32>,
+    pub final_logit_softcap: Option<f32>,
+    pub attn_logit_softcap: Option<f32>,
+    pub ropes: Vec<Rope>,
+    pub layers: Vec<LayerSpec>,
+}
+
+impl ModelConfig {
+    pub fn q_dim(&self) -> usize {
+        self.n_heads * self.head_dim
+    }
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_heads * self.head_dim
+    }
+}

@@ -1,0 +1,175 @@
+//! The dense decoder-only model: weights laid out per layer, the forward pass over a chunk of
+//! positions (prefill and decode are the same code with n = chunk or 1), and a trace hook that
+//! names every intermediate so a run can be diffed against the HF reference layer by layer.
+
+use cortiq_kernels::ops::rmsnorm;
+use rayon::prelude::*;
+
+use crate::blocks::{attention, ffn, rmsnorm_rows, rmsnorm_segments, AttentionWeights, FfnWeights};
+use crate::config::ModelConfig;
+use crate::error::{EngineError, Result};
+use crate::qtensor::QTensor;
+use crate::state::{LayerState, SeqState};
+use crate::weights::TensorSource;
+
+pub struct LayerWeights {
+    pub attn_norm: Vec<f32>,
+    pub attn: AttentionWeights,
+    pub post_attn_norm: Option<Vec<f32>>,
+    pub ffn_norm: Vec<f32>,
+    pub ffn: FfnWeights,
+    pub post_ffn_norm: Option<Vec<f32>>,
+}
+
+pub struct Model {
+    pub cfg: ModelConfig,
+    pub tok_embd: QTensor,
+    pub layers: Vec<LayerWeights>,
+    pub output_norm: Vec<f32>,
+    /// The LM head; the embedding itself when tied.
+    pub output: QTensor,
+}
+
+/// Which positions of a chunk to produce logits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    None,
+    Last,
+    /// Positions from this index of the chunk to its end.
+    From(usize),
+}
+
+/// A trace callback: (intermediate name, layer index or usize::MAX for model-level, values).
+pub type Trace<'a> = &'a mut dyn FnMut(&str, usize, &[f32]);
+
+impl Model {
+    /// Load the dense layout by GGUF tensor names; `cfg` says which optional parts exist.
+    pub fn load_dense(src: &dyn TensorSource, cfg: ModelConfig) -> Result<Model> {
+        let (d, q_dim, kv_dim, ff, hd) = (cfg.d_model, cfg.q_dim(), cfg.kv_dim(), cfg.d_ff, cfg.head_dim);
+        let tok_embd = src.require("token_embd.weight", cfg.vocab, d)?;
+        let output = src.optional("output.weight", cfg.vocab, d)?.unwrap_or_else(|| tok_embd.clone());
+        let output_norm = src.vector("output_norm.weight", d)?;
+        let mut layers = Vec::with_capacity(cfg.n_layers);
+        for il in 0..cfg.n_layers {
+            let n = |s: &str| format!("blk.{il}.{s}");
+            let bias = |s: &str, len: usize| -> Result<Option<Vec<f32>>> {
+                if cfg.qkv_bias { Ok(Some(src.vector(&n(s), len)?)) } else { Ok(None) }
+            };
+            let qk_norm = |s: &str| -> Result<Option<Vec<f32>>> {
+                if cfg.qk_norm { Ok(Some(src.vector(&n(s), hd)?)) } else { Ok(None) }
+            };
+            let post = |s: &str| -> Result<Option<Vec<f32>>> {
+                if cfg.post_norms { Ok(Some(src.vector(&n(s), d)?)) } else { Ok(None) }
+            };
+            layers.push(LayerWeights {
+                attn_norm: src.vector(&n("attn_norm.weight"), d)?,
+                attn: AttentionWeights {
+                    wq: src.require(&n("attn_q.weight"), q_dim, d)?,
+                    wk: src.require(&n("attn_k.weight"), kv_dim, d)?,
+                    wv: src.require(&n("attn_v.weight"), kv_dim, d)?,
+                    wo: src.require(&n("attn_output.weight"), d, q_dim)?,
+                    bq: bias("attn_q.bias", q_dim)?,
+                    bk: bias("attn_k.bias", kv_dim)?,
+                    bv: bias("attn_v.bias", kv_dim)?,
+                    q_norm: qk_norm("attn_q_norm.weight")?,
+                    k_norm: qk_norm("attn_k_norm.weight")?,
+                },
+                post_attn_norm: post("post_attention_norm.weight")?,
+                ffn_norm: src.vector(&n("ffn_norm.weight"), d)?,
+                ffn: FfnWeights {
+                    gate: src.require(&n("ffn_gate.weight"), ff, d)?,
+                    up: src.require(&n("ffn_up.weight"), ff, d)?,
+                    down: src.require(&n("ffn_down.weight"), d, ff)?,
+                },
+                post_ffn_norm: post("post_ffw_norm.weight")?,
+            });
+        }
+        Ok(Model { cfg, tok_embd, layers, output_norm, output })
+    }
+
+    /// A fresh sequence state holding up to `n_ctx` positions.
+    pub fn new_state(&self, n_ctx: usize) -> SeqState {
+        SeqState::new(self.cfg.n_layers, self.cfg.kv_dim(), n_ctx)
+    }
+
+    /// Run `tokens` at positions state.len.. and append them to the state. Returns logits
+    /// [n_out, vocab] for the positions `want` selects.
+    pub fn forward(&self, tokens: &[u32], state: &mut SeqState, want: Logits) -> Result<Vec<f32>> {
+        self.forward_traced(tokens, state, want, &mut |_, _, _| {})
+    }
+
+    pub fn forward_traced(&self, tokens: &[u32], state: &mut SeqState, want: Logits, trace: Trace) -> Result<Vec<f32>> {
+        let cfg = &self.cfg;
+        let n = tokens.len();
+        let pos0 = state.len;
+        if pos0 + n > state.n_ctx {
+            return Err(EngineError::ContextOverflow { what: "forward".into(), n_tokens: pos0 + n, n_ctx: state.n_ctx });
+        }
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= cfg.vocab) {
+            return Err(EngineError::BadToken { id, vocab: cfg.vocab });
+        }
+        let d = cfg.d_model;
+        let mut x = vec![0f32; n * d]; // [n, d_model]
+        x.par_chunks_mut(d).zip(tokens.par_iter()).for_each(|(row, &t)| {
+            self.tok_embd.row_f32(t as usize, row);
+            if let Some(s) = cfg.embed_scale {
+                row.iter_mut().for_each(|v| *v *= s);
+            }
+        });
+        trace("embd", usize::MAX, &x);
+
+        let mut h = vec![0f32; n * d]; // [n, d_model]
+        for (il, (lw, spec)) in self.layers.iter().zip(&cfg.layers).enumerate() {
+            let LayerState::Kv { k, v } = &mut state.layers[il];
+            rmsnorm_rows(&x, &lw.attn_norm, cfg.norm_eps, &mut h);
+            trace("attn_norm", il, &h);
+            let mut tr = |name: &str, vals: &[f32]| trace(name, il, vals);
+            let mut a = attention(cfg, &lw.attn, &cfg.ropes[spec.rope], spec.sliding_window, &h, n, pos0, k, v, &mut tr);
+            if let Some(g) = &lw.post_attn_norm {
+                rmsnorm_segments(&mut a, g, cfg.norm_eps);
+            }
+            trace("attn_proj", il, &a);
+            x.iter_mut().zip(&a).for_each(|(xi, ai)| *xi += ai);
+            rmsnorm_rows(&x, &lw.ffn_norm, cfg.norm_eps, &mut h);
+            trace("ffn_norm", il, &h);
+            let mut m = ffn(cfg, &lw.ffn, &h, n);
+            if let Some(g) = &lw.post_ffn_norm {
+                rmsnorm_segments(&mut m, g, cfg.norm_eps);
+            }
+            trace("ffn_out", il, &m);
+            x.iter_mut().zip(&m).for_each(|(xi, mi)| *xi += mi);
+            trace("l_out", il, &x);
+        }
+        state.len = pos0 + n;
+
+        let from = match want {
+            Logits::None => return Ok(Vec::new()),
+            Logits::Last => n - 1,
+            Logits::From(i) => i.min(n),
+        };
+        let n_out = n - from;
+        let mut normed = vec![0f32; n_out * d]; // [n_out, d_model]
+        for (o, xi) in normed.chunks_mut(d).zip(x[from * d..].chunks(d)) {
+            rmsnorm(xi, &self.output_norm, cfg.norm_eps, o);
+        }
+        trace("result_norm", usize::MAX, &normed);
+        let mut logits = vec![0f32; n_out * cfg.vocab]; // [n_out, vocab]
+        self.output.matmul(&normed, n_out, &mut logits);
+        if let Some(c) = cfg.final_logit_softcap {
+            logits.par_iter_mut().for_each(|l| *l = (*l / c).tanh() * c);
+        }
+        Ok(logits)
+    }
+
+    /// Prefill a prompt in chunks of `chunk` positions; returns the last position's logits.
+    pub fn prefill(&self, tokens: &[u32], state: &mut SeqState, chunk: usize) -> Result<Vec<f32>> {
+        let chunk = chunk.max(1);
+        let mut last = Vec::new();
+        let n_chunks = tokens.len().div_ceil(chunk);
+        for (ci, c) in tokens.chunks(chunk).enumerate() {
+            let want = if ci + 1 == n_chunks { Logits::Last } else { Logits::None };
+            last = self.forward(c, state, want)?;
+        }
+        Ok(last)
+    }
+}

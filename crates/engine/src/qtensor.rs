@@ -1,0 +1,120 @@
+//! QTensor: a 2-D weight in its stored type, memory-mapped or owned, and the ONLY place in the
+//! engine that dispatches on a dtype. Model files call `matmul`, `row_f32` and `to_f32`, never
+//! a per-type kernel.
+//!
+//! The matmul here is correctness-first: a tile of weight rows is dequantized to f32 once and
+//! reused for every token of the chunk (so prefill cost is the f32 GEMM's, ~90% of prefill
+//! time), while decode (one token) pays the dequantization per row. Native quantized dot
+//! products are the speed issue's work.
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use cortiq_kernels::dot::gemm_nt;
+use cortiq_kernels::quant::{dequantize_row, QuantType};
+use rayon::prelude::*;
+
+/// Bytes a QTensor points into: a memory map or an owned buffer.
+pub type Backing = Arc<dyn AsRef<[u8]> + Send + Sync>;
+
+#[derive(Clone)]
+pub struct QTensor {
+    pub name: String,
+    pub dtype: QuantType,
+    /// Outer dimension (output features for a weight, vocabulary for an embedding).
+    pub rows: usize,
+    /// Inner, contiguous dimension.
+    pub cols: usize,
+    backing: Backing,
+    offset: usize,
+    row_bytes: usize,
+}
+
+impl std::fmt::Debug for QTensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "QTensor({} {} [{}, {}])", self.name, self.dtype, self.rows, self.cols)
+    }
+}
+
+/// Weight rows per work item: 32 rows of f32 stay in L2 while every token of a chunk streams by.
+const TILE_ROWS: usize = 32;
+
+thread_local! {
+    static TILE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+impl QTensor {
+    /// A view of `rows × cols` elements of `dtype` at `offset` in `backing`. Returns `None` when
+    /// the geometry does not fit the type's blocks or the bytes (callers turn that into an
+    /// error naming the tensor).
+    pub fn new(name: impl Into<String>, dtype: QuantType, rows: usize, cols: usize, backing: Backing, offset: usize) -> Option<QTensor> {
+        let row_bytes = dtype.row_bytes(cols)?;
+        let end = offset.checked_add(row_bytes.checked_mul(rows)?)?;
+        if end > (*backing).as_ref().len() {
+            return None;
+        }
+        Some(QTensor { name: name.into(), dtype, rows, cols, backing, offset, row_bytes })
+    }
+
+    /// An owned f32 tensor.
+    pub fn from_f32(name: impl Into<String>, rows: usize, cols: usize, data: Vec<f32>) -> QTensor {
+        assert_eq!(data.len(), rows * cols);
+        let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+        QTensor::new(name, QuantType::F32, rows, cols, Arc::new(bytes), 0).expect("sizes agree")
+    }
+
+    fn row_data(&self, r: usize) -> &[u8] {
+        let start = self.offset + r * self.row_bytes;
+        &(*self.backing).as_ref()[start..start + self.row_bytes]
+    }
+
+    /// Dequantize row `r` into `out` (len = cols).
+    pub fn row_f32(&self, r: usize, out: &mut [f32]) {
+        dequantize_row(self.dtype, self.row_data(r), out);
+    }
+
+    /// The whole tensor as f32 (norm gains, biases, small tensors).
+    pub fn to_f32(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.rows * self.cols];
+        for (r, chunk) in out.chunks_mut(self.cols).enumerate() {
+            self.row_f32(r, chunk);
+        }
+        out
+    }
+
+    /// `y[t, r] = Σ_k x[t, k] · W[r, k]` for a chunk of `n_t` tokens.
+    /// x: [n_t, cols] -> y: [n_t, rows]
+    pub fn matmul(&self, x: &[f32], n_t: usize, y: &mut [f32]) {
+        assert_eq!(x.len(), n_t * self.cols, "{}: input has {} values, expected {n_t}x{}", self.name, x.len(), self.cols);
+        assert_eq!(y.len(), n_t * self.rows, "{}: output has {} values, expected {n_t}x{}", self.name, y.len(), self.rows);
+        if n_t == 1 {
+            // Decode: y is already [rows] — write tiles straight into it.
+            y.par_chunks_mut(TILE_ROWS).enumerate().for_each(|(ti, out)| self.tile_times(ti * TILE_ROWS, out.len(), x, 1, out));
+            return;
+        }
+        // Prefill: compute yᵀ [rows, n_t] tile by tile (contiguous per tile), then transpose.
+        let mut yt = vec![0f32; self.rows * n_t]; // [rows, n_t]
+        yt.par_chunks_mut(TILE_ROWS * n_t)
+            .enumerate()
+            .for_each(|(ti, out)| self.tile_times(ti * TILE_ROWS, out.len() / n_t, x, n_t, out));
+        for r in 0..self.rows {
+            for t in 0..n_t {
+                y[t * self.rows + r] = yt[r * n_t + t];
+            }
+        }
+    }
+
+    /// out[r_local, t] = W[r0 + r_local] · x[t] for `nr` rows.
+    fn tile_times(&self, r0: usize, nr: usize, x: &[f32], n_t: usize, out: &mut [f32]) {
+        TILE.with(|buf| {
+            let mut buf = buf.borrow_mut();
+            buf.resize(TILE_ROWS * self.cols, 0.0);
+            for r in 0..nr {
+                self.row_f32(r0 + r, &mut buf[r * self.cols..(r + 1) * self.cols]);
+            }
+            // gemm_nt's "x" operand is the weight tile, its "w" operand the tokens, so the result
+            // lands row-major as [nr, n_t].
+            gemm_nt(&buf[..nr * self.cols], nr, x, n_t, self.cols, out, n_t);
+        });
+    }
+}

@@ -1,0 +1,64 @@
+//! Per-sequence state: one entry per layer (STYLE principle 9). Dense models have only KV
+//! caches; hybrid mixers add their own variants. Callers use `len`, `checkpoint` and
+//! `rollback`, never the layer internals.
+
+/// One layer's state.
+pub enum LayerState {
+    /// Keys and values of every position so far: each [len, n_kv_heads, head_dim].
+    Kv { k: Vec<f32>, v: Vec<f32> },
+}
+
+pub struct SeqState {
+    pub layers: Vec<LayerState>,
+    /// Positions already processed.
+    pub len: usize,
+    /// Maximum positions this sequence may hold.
+    pub n_ctx: usize,
+    kv_dim: usize,
+}
+
+/// A point to roll a sequence back to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Checkpoint {
+    len: usize,
+}
+
+impl SeqState {
+    pub fn new(n_layers: usize, kv_dim: usize, n_ctx: usize) -> SeqState {
+        let layers = (0..n_layers).map(|_| LayerState::Kv { k: Vec::new(), v: Vec::new() }).collect();
+        SeqState { layers, len: 0, n_ctx, kv_dim }
+    }
+
+    pub fn checkpoint(&self) -> Checkpoint {
+        Checkpoint { len: self.len }
+    }
+
+    /// Forget every position after the checkpoint.
+    pub fn rollback(&mut self, cp: Checkpoint) {
+        assert!(cp.len <= self.len, "rollback to {} beyond current length {}", cp.len, self.len);
+        self.len = cp.len;
+        let n = cp.len * self.kv_dim;
+        for l in &mut self.layers {
+            match l {
+                LayerState::Kv { k, v } => {
+                    k.truncate(n);
+                    v.truncate(n);
+                }
+            }
+        }
+    }
+
+    pub fn clear(&mut self) {
+        self.rollback(Checkpoint { len: 0 });
+    }
+
+    /// Bytes held by the state (KV caches).
+    pub fn bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| match l {
+                LayerState::Kv { k, v } => (k.len() + v.len()) * 4,
+            })
+            .sum()
+    }
+}
