@@ -1,0 +1,14 @@
+//! cortiq-engine: QTensor (the only dtype dispatch), shared blocks, one file per architecture,
+//! per-sequence state, generation, sampling and perplexity.
+
+pub mod arch;
+pub mod blocks;
+pub mod config;
+pub mod error;
+pub mod model;
+pub mod qtensor;
+pub mod state;
+pub mod weights;
+
+pub use error::{EngineError, Result};
+pub use model::{Logits, Model};
