@@ -5,6 +5,7 @@ pub mod arch;
 pub mod blocks;
 pub mod config;
 pub mod error;
+pub mod load;
 pub mod model;
 pub mod qtensor;
 pub mod state;
@@ -12,3 +13,5 @@ pub mod weights;
 
 pub use error::{EngineError, Result};
 pub use model::{Logits, Model};
+pub mod sampling;
+pub mod stop;

@@ -7,7 +7,9 @@
 use cortiq_formats::gguf::Gguf;
 use cortiq_kernels::ops::RopeStyle;
 
-use super::{gguf_dense_base, Arch, GgufKeys};
+use cortiq_formats::hf::HfConfig;
+
+use super::{gguf_dense_base, hf_dense_base, hf_rope, Arch, GgufKeys};
 use crate::config::{Activation, ModelConfig, Rope, RopeScaling};
 use crate::error::Result;
 
@@ -15,6 +17,8 @@ pub const ARCH: Arch = Arch {
     name: "gemma3",
     hf_names: &["Gemma3ForCausalLM", "Gemma3ForConditionalGeneration", "gemma3_text", "gemma3"],
     from_gguf,
+    from_hf,
+    hf_norm_offset: 1.0,
 };
 
 /// Every `PATTERN`th layer (il % 6 == 5) attends globally.
@@ -47,6 +51,27 @@ fn from_gguf(g: &Gguf) -> Result<ModelConfig> {
     // llama.cpp scales attention by 1/√head_dim for every size but 27B (whose
     // query_pre_attn_scalar is d_model/n_heads); 270M's query_pre_attn_scalar equals head_dim.
     let qpas = cfg.head_dim as f64;
+    finish(&mut cfg, window, &is_sliding, qpas, global, local);
+    Ok(cfg)
+}
+
+fn from_hf(h: &HfConfig) -> Result<ModelConfig> {
+    let mut cfg = hf_dense_base(h, "gemma3")?;
+    let is_sliding: Vec<bool> = h.layer_types.iter().map(|t| t == "sliding_attention").collect();
+    let window = match (h.sliding_window, is_sliding.iter().any(|&s| s)) {
+        (Some(w), _) => w,
+        (None, false) => 0,
+        (None, true) => return Err(crate::error::EngineError::BadConfig {
+            file: h.path.display().to_string(),
+            what: "sliding layers without a sliding_window".into(),
+        }),
+    };
+    let global = cfg.ropes[0].clone();
+    let local = match &h.rope_local {
+        Some(p) => hf_rope(h, p, cfg.head_dim)?,
+        None => Rope::new(RopeStyle::NeoX, global.rot_dim, LOCAL_ROPE_BASE, &RopeScaling::None),
+    };
+    let qpas = h.query_pre_attn_scalar.unwrap_or(cfg.head_dim as f64);
     finish(&mut cfg, window, &is_sliding, qpas, global, local);
     Ok(cfg)
 }

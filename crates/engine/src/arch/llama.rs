@@ -5,11 +5,13 @@
 use cortiq_formats::gguf::Gguf;
 use cortiq_kernels::ops::RopeStyle;
 
-use super::{gguf_dense_base, Arch};
+use cortiq_formats::hf::HfConfig;
+
+use super::{gguf_dense_base, hf_dense_base, Arch};
 use crate::config::ModelConfig;
 use crate::error::Result;
 
-pub const ARCH: Arch = Arch { name: "llama", hf_names: &["LlamaForCausalLM", "llama"], from_gguf };
+pub const ARCH: Arch = Arch { name: "llama", hf_names: &["LlamaForCausalLM", "llama"], from_gguf, from_hf, hf_norm_offset: 0.0 };
 
 fn from_gguf(g: &Gguf) -> Result<ModelConfig> {
     let mut cfg = gguf_dense_base(g, "llama", RopeStyle::Interleaved)?;
@@ -30,5 +32,11 @@ fn from_gguf(g: &Gguf) -> Result<ModelConfig> {
             *f /= div as f64;
         }
     }
+    Ok(cfg)
+}
+
+fn from_hf(h: &HfConfig) -> Result<ModelConfig> {
+    #[allow(unused_mut)]
+    let mut cfg = hf_dense_base(h, "llama")?;
     Ok(cfg)
 }

@@ -3,6 +3,7 @@
 //! file here plus one line in `ARCHES`.
 
 use cortiq_formats::gguf::Gguf;
+use cortiq_formats::hf::{self, HfConfig};
 use cortiq_kernels::ops::RopeStyle;
 
 use crate::config::{Activation, LayerSpec, ModelConfig, Rope, RopeScaling};
@@ -20,6 +21,10 @@ pub struct Arch {
     /// HF `architectures` entries (and model_type values) that mean this architecture.
     pub hf_names: &'static [&'static str],
     pub from_gguf: fn(&Gguf) -> Result<ModelConfig>,
+    pub from_hf: fn(&HfConfig) -> Result<ModelConfig>,
+    /// Added to every RMSNorm gain of an HF checkpoint at load time (Gemma's (1+w) norms are
+    /// stored as w in HF and as 1+w in GGUF; the engine always multiplies by the stored gain).
+    pub hf_norm_offset: f32,
 }
 
 pub const ARCHES: &[Arch] = &[llama::ARCH, qwen2::ARCH, qwen3::ARCH, gemma3::ARCH];
@@ -119,6 +124,69 @@ pub fn gguf_dense_base(g: &Gguf, arch: &'static str, style: RopeStyle) -> Result
         final_logit_softcap: None,
         attn_logit_softcap: None,
         ropes: vec![Rope::new(style, rot_dim, theta, &scaling)],
+        layers: (0..n_layers).map(|_| LayerSpec { sliding_window: None, rope: 0 }).collect(),
+    })
+}
+
+fn hf_bad(h: &HfConfig, what: String) -> EngineError {
+    EngineError::BadConfig { file: h.path.display().to_string(), what }
+}
+
+/// An HF rope as the engine's Rope (rotate-half layout, the HF convention).
+pub fn hf_rope(h: &HfConfig, p: &hf::RopeParams, head_dim: usize) -> Result<Rope> {
+    let scaling = match &p.scaling {
+        hf::RopeScaling::None => RopeScaling::None,
+        hf::RopeScaling::Linear { factor } => RopeScaling::Linear { factor: *factor },
+        hf::RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => RopeScaling::Llama3 {
+            factor: *factor,
+            low_freq_factor: *low_freq_factor,
+            high_freq_factor: *high_freq_factor,
+            original_max_position: *original_max_position_embeddings as f64,
+        },
+        other => return Err(hf_bad(h, format!("rope scaling {other:?} is not supported"))),
+    };
+    let rot_dim = ((head_dim as f64 * p.partial_rotary_factor) as usize) & !1;
+    if rot_dim == 0 || rot_dim > head_dim {
+        return Err(hf_bad(h, format!("partial_rotary_factor {} gives rotary dim {rot_dim} for head_dim {head_dim}", p.partial_rotary_factor)));
+    }
+    Ok(Rope::new(RopeStyle::NeoX, rot_dim, p.theta, &scaling))
+}
+
+/// The dense fields of an HF config with one global RoPE; architecture files adjust.
+pub fn hf_dense_base(h: &HfConfig, arch: &'static str) -> Result<ModelConfig> {
+    let head_dim = h.head_dim();
+    let (n_heads, n_kv_heads, n_layers) = (h.num_attention_heads, h.num_key_value_heads, h.num_hidden_layers);
+    if n_heads == 0 || n_kv_heads == 0 || n_heads % n_kv_heads != 0 || n_layers == 0 || head_dim == 0 {
+        return Err(hf_bad(h, format!("{n_heads} heads / {n_kv_heads} kv heads / {n_layers} layers is not a valid geometry")));
+    }
+    let act = match h.hidden_act.as_str() {
+        "silu" | "swish" => Activation::Silu,
+        "gelu_pytorch_tanh" | "gelu_tanh" => Activation::GeluTanh,
+        other => return Err(hf_bad(h, format!("hidden activation '{other}' is not supported"))),
+    };
+    if h.o_bias || h.mlp_bias {
+        return Err(hf_bad(h, "attention output / MLP biases are not supported".into()));
+    }
+    Ok(ModelConfig {
+        arch,
+        n_layers,
+        d_model: h.hidden_size,
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        d_ff: h.intermediate_size,
+        vocab: h.vocab_size,
+        n_ctx_train: h.max_position_embeddings,
+        norm_eps: h.rms_norm_eps as f32,
+        act,
+        attn_scale: 1.0 / (head_dim as f32).sqrt(),
+        qkv_bias: h.qkv_bias,
+        qk_norm: false,
+        post_norms: false,
+        embed_scale: None,
+        final_logit_softcap: h.final_logit_softcapping.map(|v| v as f32),
+        attn_logit_softcap: h.attn_logit_softcapping.map(|v| v as f32),
+        ropes: vec![hf_rope(h, &h.rope, head_dim)?],
         layers: (0..n_layers).map(|_| LayerSpec { sliding_window: None, rope: 0 }).collect(),
     })
 }

@@ -3,14 +3,22 @@
 use cortiq_formats::gguf::Gguf;
 use cortiq_kernels::ops::RopeStyle;
 
-use super::{gguf_dense_base, Arch};
+use cortiq_formats::hf::HfConfig;
+
+use super::{gguf_dense_base, hf_dense_base, Arch};
 use crate::config::ModelConfig;
 use crate::error::Result;
 
-pub const ARCH: Arch = Arch { name: "qwen2", hf_names: &["Qwen2ForCausalLM", "qwen2"], from_gguf };
+pub const ARCH: Arch = Arch { name: "qwen2", hf_names: &["Qwen2ForCausalLM", "qwen2"], from_gguf, from_hf, hf_norm_offset: 0.0 };
 
 fn from_gguf(g: &Gguf) -> Result<ModelConfig> {
     let mut cfg = gguf_dense_base(g, "qwen2", RopeStyle::NeoX)?;
     cfg.qkv_bias = true;
+    Ok(cfg)
+}
+
+fn from_hf(h: &HfConfig) -> Result<ModelConfig> {
+    #[allow(unused_mut)]
+    let mut cfg = hf_dense_base(h, "qwen2")?;
     Ok(cfg)
 }

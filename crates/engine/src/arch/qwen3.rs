@@ -4,14 +4,23 @@
 use cortiq_formats::gguf::Gguf;
 use cortiq_kernels::ops::RopeStyle;
 
-use super::{gguf_dense_base, Arch};
+use cortiq_formats::hf::HfConfig;
+
+use super::{gguf_dense_base, hf_dense_base, Arch};
 use crate::config::ModelConfig;
 use crate::error::Result;
 
-pub const ARCH: Arch = Arch { name: "qwen3", hf_names: &["Qwen3ForCausalLM", "qwen3"], from_gguf };
+pub const ARCH: Arch = Arch { name: "qwen3", hf_names: &["Qwen3ForCausalLM", "qwen3"], from_gguf, from_hf, hf_norm_offset: 0.0 };
 
 fn from_gguf(g: &Gguf) -> Result<ModelConfig> {
     let mut cfg = gguf_dense_base(g, "qwen3", RopeStyle::NeoX)?;
+    cfg.qk_norm = true;
+    Ok(cfg)
+}
+
+fn from_hf(h: &HfConfig) -> Result<ModelConfig> {
+    #[allow(unused_mut)]
+    let mut cfg = hf_dense_base(h, "qwen3")?;
     cfg.qk_norm = true;
     Ok(cfg)
 }
