@@ -1,0 +1,77 @@
+//! Perplexity exactly as llama.cpp's llama-perplexity computes it, so figures compare: the text
+//! is tokenized once (with BOS when the model adds one), cut into non-overlapping chunks of
+//! n_ctx tokens, each chunk's first token replaced by BOS when the model adds one, and only the
+//! second half of each chunk is scored (the first n_ctx/2 positions are context). The error
+//! estimate is llama.cpp's: sqrt((mean(nll²) − mean(nll)²) / (count − 1)) · ppl.
+
+use crate::error::{EngineError, Result};
+use crate::model::{Logits, Model};
+
+#[derive(Clone, Copy, Debug)]
+pub struct PplOptions {
+    pub n_ctx: usize,
+    /// Chunks to score; None = all whole chunks in the text.
+    pub n_chunks: Option<usize>,
+    /// Positions per forward call (llama.cpp's -b).
+    pub n_batch: usize,
+    /// Replaces the first token of every chunk when the model adds BOS.
+    pub bos: Option<u32>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PplResult {
+    pub ppl: f64,
+    pub stderr: f64,
+    /// Scored tokens.
+    pub count: usize,
+    pub chunks: usize,
+}
+
+/// −log softmax(logits)[target], in f64.
+pub fn nll(logits: &[f32], target: u32) -> f64 {
+    let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let s: f64 = logits.iter().map(|&l| (l as f64 - m).exp()).sum();
+    -(logits[target as usize] as f64 - m - s.ln())
+}
+
+/// Score `tokens`; `progress(chunk_done, n_chunks, running_ppl)` after each chunk.
+pub fn perplexity(model: &Model, tokens: &[u32], opt: &PplOptions, progress: &mut dyn FnMut(usize, usize, f64)) -> Result<PplResult> {
+    let n_ctx = opt.n_ctx;
+    if n_ctx < 4 {
+        return Err(EngineError::BadConfig { file: "ppl".into(), what: format!("context {n_ctx} is too small to score") });
+    }
+    let max_chunks = tokens.len() / n_ctx;
+    let n_chunks = opt.n_chunks.map_or(max_chunks, |c| c.min(max_chunks));
+    if n_chunks == 0 {
+        return Err(EngineError::ContextOverflow { what: "perplexity needs at least one whole chunk; the text".into(), n_tokens: tokens.len(), n_ctx });
+    }
+    let first = n_ctx / 2;
+    let vocab = model.cfg.vocab;
+    let (mut sum, mut sum2, mut count) = (0f64, 0f64, 0usize);
+    for c in 0..n_chunks {
+        let mut chunk = tokens[c * n_ctx..(c + 1) * n_ctx].to_vec();
+        if let Some(b) = opt.bos {
+            chunk[0] = b;
+        }
+        let mut state = model.new_state(n_ctx);
+        // logits[i] for chunk positions first.. (collected across batches)
+        let mut logits: Vec<f32> = Vec::with_capacity((n_ctx - first) * vocab);
+        for bs in (0..n_ctx).step_by(opt.n_batch.max(1)) {
+            let be = (bs + opt.n_batch.max(1)).min(n_ctx);
+            let want = if be > first { Logits::From(first.saturating_sub(bs)) } else { Logits::None };
+            logits.extend(model.forward(&chunk[bs..be], &mut state, want)?);
+        }
+        for i in 0..n_ctx - 1 - first {
+            let v = nll(&logits[i * vocab..(i + 1) * vocab], chunk[first + i + 1]);
+            sum += v;
+            sum2 += v * v;
+            count += 1;
+        }
+        progress(c + 1, n_chunks, (sum / count as f64).exp());
+    }
+    let mean = sum / count as f64;
+    let ppl = mean.exp();
+    let var = sum2 / count as f64 - mean * mean;
+    let stderr = if var > 0.0 && count > 1 { (var / (count - 1) as f64).sqrt() * ppl } else { 0.0 };
+    Ok(PplResult { ppl, stderr, count, chunks: n_chunks })
+}
