@@ -6,5 +6,9 @@
 
 pub mod error;
 pub mod gguf;
+pub mod hf;
+pub mod names;
+pub mod npy;
+pub mod safetensors;
 
 pub use error::FormatError;

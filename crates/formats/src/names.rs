@@ -1,0 +1,171 @@
+//! The one table mapping Hugging Face tensor names to GGUF tensor names and back, for the
+//! dense architectures llama, qwen2, qwen3 and gemma3.
+//!
+//! GGUF names follow llama.cpp's gguf-py (`gguf/constants.py` TENSOR_NAMES and the per-arch
+//! tensor lists); HF names are the module paths of transformers' `*ForCausalLM` classes.
+//! Everything else in the crate that needs a name translation comes here, so a new
+//! architecture is one new row set, not a new `match` in a loader.
+//!
+//! Naming pitfalls this table encodes:
+//! - HF `post_attention_layernorm` is the *pre-FFN* norm for llama/qwen (GGUF `ffn_norm`),
+//!   but a real post-attention norm for gemma3 (GGUF `post_attention_norm`), whose pre-FFN
+//!   norm is `pre_feedforward_layernorm` (GGUF `ffn_norm`).
+//! - Gemma 3's multimodal checkpoint (`Gemma3ForConditionalGeneration`) prefixes the text
+//!   model: `model.language_model.layers.N...` in transformers 5 and
+//!   `language_model.model.layers.N...` in transformers 4. [`hf_to_gguf`] accepts both;
+//!   [`gguf_to_hf`] answers with the text-only `Gemma3ForCausalLM` spelling
+//!   (`model.layers.N...`).
+//! - Some GGUF tensors have no HF twin (llama's `rope_freqs`, derived from the rope
+//!   scaling config): those map to `None`.
+
+/// Which architectures a row applies to.
+#[derive(Clone, Copy)]
+enum Archs {
+    /// llama, qwen2, qwen3, gemma3.
+    All,
+    /// llama, qwen2, qwen3 (post_attention_layernorm is the pre-FFN norm).
+    NotGemma,
+    /// qwen3, gemma3 (per-head q/k RMSNorm).
+    QkNorm,
+    Gemma3,
+}
+
+impl Archs {
+    fn has(self, arch: Arch) -> bool {
+        match self {
+            Archs::All => true,
+            Archs::NotGemma => arch != Arch::Gemma3,
+            Archs::QkNorm => matches!(arch, Arch::Qwen3 | Arch::Gemma3),
+            Archs::Gemma3 => arch == Arch::Gemma3,
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Arch {
+    Llama,
+    Qwen2,
+    Qwen3,
+    Gemma3,
+}
+
+/// Accepts the GGUF `general.architecture` spelling and the HF `model_type` spelling.
+fn parse_arch(arch: &str) -> Option<Arch> {
+    Some(match arch {
+        "llama" => Arch::Llama,
+        "qwen2" => Arch::Qwen2,
+        "qwen3" => Arch::Qwen3,
+        "gemma3" | "gemma3_text" => Arch::Gemma3,
+        _ => return None,
+    })
+}
+
+/// Tensors outside the layer stack: (HF name, GGUF name, archs).
+const GLOBAL: &[(&str, &str, Archs)] = &[
+    ("model.embed_tokens.weight", "token_embd.weight", Archs::All),
+    ("model.norm.weight", "output_norm.weight", Archs::All),
+    ("lm_head.weight", "output.weight", Archs::All),
+];
+
+/// Per-layer tensors: (HF suffix after `model.layers.N.`, GGUF suffix after `blk.N.`, archs).
+/// `.weight` and `.bias` are appended by the lookup for rows that can carry a bias.
+const LAYER: &[(&str, &str, Archs, Bias)] = &[
+    ("input_layernorm", "attn_norm", Archs::All, Bias::No),
+    ("self_attn.q_proj", "attn_q", Archs::All, Bias::Yes),
+    ("self_attn.k_proj", "attn_k", Archs::All, Bias::Yes),
+    ("self_attn.v_proj", "attn_v", Archs::All, Bias::Yes),
+    ("self_attn.o_proj", "attn_output", Archs::All, Bias::Yes),
+    ("self_attn.q_norm", "attn_q_norm", Archs::QkNorm, Bias::No),
+    ("self_attn.k_norm", "attn_k_norm", Archs::QkNorm, Bias::No),
+    ("post_attention_layernorm", "ffn_norm", Archs::NotGemma, Bias::No),
+    ("post_attention_layernorm", "post_attention_norm", Archs::Gemma3, Bias::No),
+    ("pre_feedforward_layernorm", "ffn_norm", Archs::Gemma3, Bias::No),
+    ("post_feedforward_layernorm", "post_ffw_norm", Archs::Gemma3, Bias::No),
+    ("mlp.gate_proj", "ffn_gate", Archs::All, Bias::Yes),
+    ("mlp.up_proj", "ffn_up", Archs::All, Bias::Yes),
+    ("mlp.down_proj", "ffn_down", Archs::All, Bias::Yes),
+];
+
+/// Whether a linear layer row may carry a bias (qwen2 q/k/v always; llama with
+/// `attention_bias` / `mlp_bias`). Norms never do in these architectures.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Bias {
+    Yes,
+    No,
+}
+
+/// Prefixes in front of the text model's `layers`/`embed_tokens`/`norm` that mean the same
+/// tensor: text-only model, transformers-5 multimodal, transformers-4 multimodal.
+const HF_MODEL_PREFIXES: &[&str] = &["model.", "model.language_model.", "language_model.model."];
+/// Where lm_head lives: text-only / transformers-5 multimodal, transformers-4 multimodal.
+const HF_HEAD_PREFIXES: &[&str] = &["", "language_model."];
+
+/// Splits `name` into (param-less stem, ".weight" | ".bias").
+fn split_param(name: &str) -> Option<(&str, &str)> {
+    if let Some(s) = name.strip_suffix(".weight") {
+        Some((s, ".weight"))
+    } else {
+        name.strip_suffix(".bias").map(|s| (s, ".bias"))
+    }
+}
+
+/// Parses `"<N>.<rest>"` into (N, rest); N must be plain decimal (no sign, no leading '+').
+fn split_layer(s: &str) -> Option<(usize, &str)> {
+    let (n, rest) = s.split_once('.')?;
+    if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) || (n.len() > 1 && n.starts_with('0')) {
+        return None;
+    }
+    Some((n.parse().ok()?, rest))
+}
+
+/// The GGUF name of an HF tensor, or `None` when the arch is not in the table or the tensor
+/// has no GGUF twin for that arch (e.g. `q_norm` for llama).
+pub fn hf_to_gguf(arch: &str, hf: &str) -> Option<String> {
+    let arch = parse_arch(arch)?;
+    let (stem, param) = split_param(hf)?;
+
+    // Global tensors: try each accepted prefix spelling.
+    for &(h, g, archs) in GLOBAL {
+        if !archs.has(arch) {
+            continue;
+        }
+        let (h_stem, _) = split_param(h)?;
+        let matched = if h_stem == "lm_head" {
+            HF_HEAD_PREFIXES.iter().any(|p| stem.strip_prefix(p) == Some("lm_head"))
+        } else {
+            let local = h_stem.strip_prefix("model.")?;
+            HF_MODEL_PREFIXES.iter().any(|p| stem.strip_prefix(p) == Some(local))
+        };
+        if matched && param == ".weight" {
+            return Some(g.to_string());
+        }
+    }
+
+    // Layer tensors.
+    let after = HF_MODEL_PREFIXES.iter().find_map(|p| stem.strip_prefix(p)?.strip_prefix("layers."))?;
+    let (n, rest) = split_layer(after)?;
+    LAYER
+        .iter()
+        .find(|&&(h, _, archs, bias)| archs.has(arch) && h == rest && (param == ".weight" || bias == Bias::Yes))
+        .map(|&(_, g, _, _)| format!("blk.{n}.{g}{param}"))
+}
+
+/// The HF name (text-only `*ForCausalLM` spelling) of a GGUF tensor, or `None` when the arch
+/// is not in the table or the tensor has no HF twin.
+pub fn gguf_to_hf(arch: &str, gguf: &str) -> Option<String> {
+    let arch = parse_arch(arch)?;
+    for &(h, g, archs) in GLOBAL {
+        if archs.has(arch) && g == gguf {
+            return Some(h.to_string());
+        }
+    }
+    let (stem, param) = split_param(gguf)?;
+    let (n, rest) = split_layer(stem.strip_prefix("blk.")?)?;
+    LAYER
+        .iter()
+        .find(|&&(_, g, archs, bias)| archs.has(arch) && g == rest && (param == ".weight" || bias == Bias::Yes))
+        .map(|&(h, _, _, _)| format!("model.layers.{n}.{h}{param}"))
+}
+
+/// The architectures this table covers, in GGUF spelling.
+pub const ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "gemma3"];
