@@ -227,14 +227,11 @@ impl HfConfig {
         let qkv_bias = attention_bias || is_qwen2;
         let o_bias = attention_bias;
         let mlp_bias = f.opt_bool("mlp_bias")?.unwrap_or(false);
-        let hidden_act = match f.opt_string("hidden_activation")? {
-            Some(a) => a,
-            None => match f.opt_string("hidden_act")? {
-                Some(a) => a,
-                None => d
-                    .map(|d| d.hidden_act.to_string())
-                    .ok_or_else(|| FormatError::missing(&path, format!("field '{prefix}hidden_act'")))?,
-            },
+        // Models without the key (LFM2's fixed SwiGLU) get "silu", the activation of every
+        // gated-MLP decoder we know; the arch file decides what it actually runs.
+        let hidden_act = match (f.opt_string("hidden_activation")?, f.opt_string("hidden_act")?) {
+            (Some(a), _) | (None, Some(a)) => a,
+            (None, None) => d.map_or("silu", |d| d.hidden_act).to_string(),
         };
         let sliding_window = {
             let given = if f.text.contains_key("sliding_window") {
