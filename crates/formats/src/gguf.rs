@@ -163,6 +163,11 @@ impl Gguf {
             let key = r.string(&format!("metadata key #{i}"))?;
             let ty = r.u32(&format!("type of metadata '{key}'"))?;
             let value = r.value(ty, &key, 0)?;
+            // llama.cpp refuses duplicate keys too; silently keeping the last would hide a
+            // corrupted or hand-edited file.
+            if metadata.contains_key(&key) {
+                return Err(FormatError::field(&path, &key, "metadata key appears twice"));
+            }
             metadata.insert(key, value);
         }
 
@@ -343,9 +348,16 @@ impl<'a> Reader<'a> {
                     return Err(FormatError::field(self.path, key, "arrays nested too deeply"));
                 }
                 let ety = self.u32(key)?;
+                // Checked here, not only per element: an empty array of an unknown type is
+                // as corrupt as a full one.
+                if ety > 12 {
+                    return Err(FormatError::field(self.path, key, format!("unknown array element type {ety}")));
+                }
                 let n = self.u64(key)?;
                 self.check_count(n, 1, &format!("array length of '{key}'"))?;
-                let mut v = Vec::with_capacity(n as usize);
+                // Capacity capped: a corrupted count that still fits the file (1 byte per
+                // element) would otherwise reserve ~32 bytes of MetaValue per file byte.
+                let mut v = Vec::with_capacity((n as usize).min(1 << 16));
                 for _ in 0..n {
                     v.push(self.value(ety, key, depth + 1)?);
                 }
