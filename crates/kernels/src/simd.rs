@@ -27,3 +27,27 @@ pub fn level() -> Level {
         Level::Scalar
     })
 }
+
+static AVX512BW: OnceLock<bool> = OnceLock::new();
+
+/// `Level::Avx512` plus AVX-512 BW and VL (byte/word lanes and masked 128/256-bit ops) and F16C:
+/// what the block dequantizers in `quant::dequant_avx512` need. Every AVX-512 CPU shipped since
+/// Skylake-SP has all of them; Knights Landing (F without BW) falls back to the scalar twins.
+/// False whenever `level()` is `Scalar`, so `CORTIQ_SIMD=scalar` turns these kernels off too.
+pub fn avx512bw() -> bool {
+    *AVX512BW.get_or_init(|| {
+        if level() != Level::Avx512 {
+            return false;
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            std::is_x86_feature_detected!("avx512bw")
+                && std::is_x86_feature_detected!("avx512vl")
+                && std::is_x86_feature_detected!("f16c")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
+}

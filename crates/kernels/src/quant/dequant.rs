@@ -288,11 +288,31 @@ fn check_len(func: &str, ty: QuantType, n: usize, want: Option<usize>, got: usiz
 /// `src` must be exactly `ty.row_bytes(dst.len())` bytes. A mismatch is a caller bug (the
 /// engine validates tensor shapes at load time), so it panics with both lengths named.
 /// Output is bit-identical to gguf-py 0.19.0's `gguf.quants.dequantize`.
+///
+/// Runs the AVX-512 kernels of `dequant_avx512` when the CPU has them (and `CORTIQ_SIMD` is not
+/// `scalar`), else `dequantize_row_scalar`; both give the same bits.
 #[track_caller]
 pub fn dequantize_row(ty: QuantType, src: &[u8], dst: &mut [f32]) {
     let n = dst.len();
     let want = ty.row_bytes(n);
     check_len("dequantize_row", ty, n, want, src.len());
+    if super::dequant_avx512::dequantize_row(ty, src, dst) {
+        return;
+    }
+    scalar_row(ty, src, dst);
+}
+
+/// The scalar reference of `dequantize_row` (same contract), kept as the SIMD kernels' oracle.
+#[track_caller]
+pub fn dequantize_row_scalar(ty: QuantType, src: &[u8], dst: &mut [f32]) {
+    let n = dst.len();
+    let want = ty.row_bytes(n);
+    check_len("dequantize_row_scalar", ty, n, want, src.len());
+    scalar_row(ty, src, dst);
+}
+
+/// `dequantize_row_scalar` after the length check.
+fn scalar_row(ty: QuantType, src: &[u8], dst: &mut [f32]) {
     match ty {
         QuantType::F32 => {
             for (o, c) in dst.iter_mut().zip(src.chunks_exact(4)) {

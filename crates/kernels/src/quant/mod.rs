@@ -3,8 +3,9 @@
 
 pub mod blocks;
 pub mod dequant;
+pub mod dequant_avx512;
 
-pub use dequant::{dequantize_row, dot_row};
+pub use dequant::{dequantize_row, dequantize_row_scalar, dot_row};
 
 /// A tensor element type, numbered as ggml numbers it (the GGUF on-disk id).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

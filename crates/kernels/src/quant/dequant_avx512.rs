@@ -1,0 +1,437 @@
+//! AVX-512 (F + BW + VL, F16C) row dequantizers: the fast twins of the scalar decoders in
+//! `dequant.rs`, which stay the reference forever.
+//!
+//! Owns: one row kernel per block type (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K,
+//! Q6_K, Q8_K, F16, BF16) and `dequantize_row`, which `quant::dequantize_row` tries first. This is
+//! the only file of the crate's quant module with `unsafe`; every block says why it is sound.
+//!
+//! Why it matters: in decode the engine dequantizes every weight row of the model once per token,
+//! so this loop, not the dot products, was the decode bottleneck (a Q8_0 262144x640 output matrix
+//! alone is 168M elements per token).
+//!
+//! Bit-identity with the scalar twins (and so with gguf-py) is by construction, not tolerance:
+//! each output lane performs the very same IEEE f32 operations in the same order as the scalar
+//! code: the quant is formed as an exact small integer (byte ops, then a widening to i32 and an
+//! exact i32->f32 conversion), scale products `d * sc` are single f32 multiplies, and the
+//! with-min types do a separate `mul` then `add`/`sub` (LLVM never fuses the intrinsics into an
+//! FMA). Offsets are applied to the integer quant before conversion (`d * (q - 8)`), so signs of
+//! zero match too. f16 scales go through F16C's `vcvtph2ps`, exact for every f16 and quieting NaNs
+//! as `half` does. tests/dequant_simd.rs checks all of it on fixtures and random blocks.
+//!
+//! Shape of every kernel: 16 quants are assembled as 16 bytes in an xmm register, widened to
+//! 16 i32 lanes (`vpmovzxbd`/`vpmovsxbd`), converted, scaled and stored as one zmm of f32.
+
+use super::QuantType;
+
+/// Dequantize one row with AVX-512 when this CPU has it (and `CORTIQ_SIMD` is not `scalar`) and
+/// `ty` has a kernel here; returns `false`, with `dst` untouched, otherwise (F32 always: the scalar
+/// copy is already memory-bound).
+///
+/// Output is bit-identical to `quant::dequantize_row_scalar`. Panics when `src.len()` is not
+/// `ty.row_bytes(dst.len())`, like `quant::dequantize_row`.
+#[track_caller]
+pub fn dequantize_row(ty: QuantType, src: &[u8], dst: &mut [f32]) -> bool {
+    let want = ty.row_bytes(dst.len());
+    assert!(
+        want == Some(src.len()),
+        "dequant_avx512::dequantize_row({ty}): {} elements need {want:?} bytes, got {}",
+        dst.len(),
+        src.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::simd::avx512bw() && imp::has_kernel(ty) {
+            // SAFETY: simd::avx512bw() is true only after is_x86_feature_detected! confirmed
+            // avx512f, avx512bw, avx512vl and f16c on this CPU, the features `imp::row` enables.
+            unsafe { imp::row(ty, src, dst) };
+            return true;
+        }
+    }
+    false
+}
+
+/// Whether `dequantize_row` would take the AVX-512 path for `ty` on this machine now.
+pub fn available(ty: QuantType) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        crate::simd::avx512bw() && imp::has_kernel(ty)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = ty;
+        false
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod imp {
+    use super::super::QuantType;
+    use super::super::blocks::*;
+    use super::super::dequant::{k4_scale_min, q3k_scales};
+    use std::arch::x86_64::*;
+
+    pub(super) fn has_kernel(ty: QuantType) -> bool {
+        !matches!(ty, QuantType::F32)
+    }
+
+    // ------------------------------------------------------------ small helpers
+    // Every helper carries the same target features so it inlines into the kernels; the
+    // intrinsics without pointers are safe to call inside such functions.
+
+    /// 16 bytes of `s` from `off` (bounds-checked).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    fn ld16(s: &[u8], off: usize) -> __m128i {
+        let s = &s[off..off + 16];
+        // SAFETY: `s` is exactly 16 readable bytes (the slice above checked the range);
+        // loadu has no alignment requirement.
+        unsafe { _mm_loadu_si128(s.as_ptr().cast()) }
+    }
+
+    /// 16 i8 of `s` from `off` (bounds-checked).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    fn ld16i(s: &[i8], off: usize) -> __m128i {
+        let s = &s[off..off + 16];
+        // SAFETY: as ld16: 16 readable bytes, unaligned load.
+        unsafe { _mm_loadu_si128(s.as_ptr().cast()) }
+    }
+
+    /// Store 16 f32 at `y[off..off + 16]` (bounds-checked).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    fn st(y: &mut [f32], off: usize, v: __m512) {
+        let y = &mut y[off..off + 16];
+        // SAFETY: `y` is exactly 16 writable f32 (the slice above checked the range);
+        // storeu has no alignment requirement.
+        unsafe { _mm512_storeu_ps(y.as_mut_ptr(), v) }
+    }
+
+    /// Little-endian f16 -> f32 via F16C (exact; NaNs quieted as `half::f16::to_f32` does).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    fn f16(b: [u8; 2]) -> f32 {
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(u16::from_le_bytes(b) as i32)))
+    }
+
+    /// 16 unsigned bytes -> 16 f32 (exact).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    fn u8_ps(v: __m128i) -> __m512 {
+        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v))
+    }
+
+    /// 16 signed bytes -> 16 f32 (exact).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    fn i8_ps(v: __m128i) -> __m512 {
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v))
+    }
+
+    /// Bytes shifted right by `n` (0..8) and masked with `m`: `(v >> n) & m` per byte. The 16-bit
+    /// shift drags bits across byte borders; `m` must clear them (m < 1 << (8 - n)).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    fn shr_and(v: __m128i, n: u32, m: i8) -> __m128i {
+        _mm_and_si128(_mm_srl_epi16(v, _mm_cvtsi32_si128(n as i32)), _mm_set1_epi8(m))
+    }
+
+    /// `d * s[k] as f32` for 16 scales, each one f32 product as in the scalar code.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    fn scale16(d: f32, s: __m512) -> [f32; 16] {
+        let mut out = [0f32; 16];
+        st(&mut out, 0, _mm512_mul_ps(_mm512_set1_ps(d), s));
+        out
+    }
+
+    // ------------------------------------------------------------ dispatch
+
+    /// Run block kernel `$f` (on `$B`, `$n` elements) over a row. A macro, not a generic function
+    /// taking the kernel, because `#[target_feature]` functions do not implement the `Fn` traits.
+    macro_rules! blocks {
+        ($src:expr, $dst:expr, $B:ty, $n:literal, $f:ident) => {{
+            let (ys, rest) = $dst.as_chunks_mut::<$n>();
+            debug_assert!(rest.is_empty());
+            for (b, y) in view::<$B>($src).iter().zip(ys) {
+                $f(b, y);
+            }
+        }};
+    }
+
+    /// # Safety
+    /// The CPU must support avx512f, avx512bw, avx512vl and f16c. `src.len()` should be
+    /// `ty.row_bytes(dst.len())`; all accesses are bounds-checked, so a violation panics or
+    /// leaves elements unwritten, never reads or writes out of bounds.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    pub(super) unsafe fn row(ty: QuantType, src: &[u8], dst: &mut [f32]) {
+        match ty {
+            QuantType::Q8_0 => blocks!(src, dst, BlockQ8_0, 32, q8_0),
+            QuantType::Q4_0 => blocks!(src, dst, BlockQ4_0, 32, q4_0),
+            QuantType::Q4_1 => blocks!(src, dst, BlockQ4_1, 32, q4_1),
+            QuantType::Q5_0 => blocks!(src, dst, BlockQ5_0, 32, q5_0),
+            QuantType::Q5_1 => blocks!(src, dst, BlockQ5_1, 32, q5_1),
+            QuantType::Q2K => blocks!(src, dst, BlockQ2K, 256, q2k),
+            QuantType::Q3K => blocks!(src, dst, BlockQ3K, 256, q3k),
+            QuantType::Q4K => blocks!(src, dst, BlockQ4K, 256, q4k),
+            QuantType::Q5K => blocks!(src, dst, BlockQ5K, 256, q5k),
+            QuantType::Q6K => blocks!(src, dst, BlockQ6K, 256, q6k),
+            QuantType::Q8K => blocks!(src, dst, BlockQ8K, 256, q8k),
+            QuantType::F16 => row_f16(src, dst),
+            QuantType::BF16 => row_bf16(src, dst),
+            QuantType::F32 => unreachable!("has_kernel excludes f32"),
+        }
+    }
+
+    // ------------------------------------------------------------ legacy 32-element blocks
+
+    /// Scalar: `q as f32 * d`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    fn q8_0(b: &BlockQ8_0, y: &mut [f32; 32]) {
+        let d = _mm512_set1_ps(f16(b.d));
+        st(y, 0, _mm512_mul_ps(i8_ps(ld16i(&b.qs, 0)), d));
+        st(y, 16, _mm512_mul_ps(i8_ps(ld16i(&b.qs, 16)), d));
+    }
+
+    /// Scalar: `d * (nibble - 8) as f32`; the offset is applied to the byte (exact).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    fn q4_0(b: &BlockQ4_0, y: &mut [f32; 32]) {
+        let d = _mm512_set1_ps(f16(b.d));
+        let qs = ld16(&b.qs, 0);
+        let eight = _mm_set1_epi8(8);
+        let lo = _mm_sub_epi8(_mm_and_si128(qs, _mm_set1_epi8(0x0F)), eight);
+        let hi = _mm_sub_epi8(shr_and(qs, 4, 0x0F), eight);
+        st(y, 0, _mm512_mul_ps(d, i8_ps(lo)));
+        st(y, 16, _mm512_mul_ps(d, i8_ps(hi)));
+    }
+
+    /// Scalar: `d * q as f32 + m`, a rounded multiply then a rounded add.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    fn q4_1(b: &BlockQ4_1, y: &mut [f32; 32]) {
+        let d = _mm512_set1_ps(f16(b.d));
+        let m = _mm512_set1_ps(f16(b.m));
+        let qs = ld16(&b.qs, 0);
+        let lo = _mm_and_si128(qs, _mm_set1_epi8(0x0F));
+        let hi = shr_and(qs, 4, 0x0F);
+        st(y, 0, _mm512_add_ps(_mm512_mul_ps(d, u8_ps(lo)), m));
+        st(y, 16, _mm512_add_ps(_mm512_mul_ps(d, u8_ps(hi)), m));
+    }
+
+    /// The two 16-lane halves of a Q5 block's quants as i32: nibble | bit 4 from `qh` (bit j of
+    /// the little-endian u32 for element j), the bit set with a lane mask.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    fn q5_quants(qs: &[u8; 16], qh: [u8; 4]) -> (__m512i, __m512i) {
+        let qh = u32::from_le_bytes(qh);
+        let qs = ld16(qs, 0);
+        let lo = _mm512_cvtepu8_epi32(_mm_and_si128(qs, _mm_set1_epi8(0x0F)));
+        let hi = _mm512_cvtepu8_epi32(shr_and(qs, 4, 0x0F));
+        let b4 = _mm512_set1_epi32(16);
+        (_mm512_mask_or_epi32(lo, qh as u16, lo, b4), _mm512_mask_or_epi32(hi, (qh >> 16) as u16, hi, b4))
+    }
+
+    /// Scalar: `d * (q - 16) as f32`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    fn q5_0(b: &BlockQ5_0, y: &mut [f32; 32]) {
+        let d = _mm512_set1_ps(f16(b.d));
+        let (lo, hi) = q5_quants(&b.qs, b.qh);
+        let off = _mm512_set1_epi32(16);
+        st(y, 0, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(lo, off))));
+        st(y, 16, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(hi, off))));
+    }
+
+    /// Scalar: `d * q as f32 + m`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    fn q5_1(b: &BlockQ5_1, y: &mut [f32; 32]) {
+        let d = _mm512_set1_ps(f16(b.d));
+        let m = _mm512_set1_ps(f16(b.m));
+        let (lo, hi) = q5_quants(&b.qs, b.qh);
+        st(y, 0, _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(lo)), m));
+        st(y, 16, _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(hi)), m));
+    }
+
+    // ------------------------------------------------------------ k-quants, 256 elements
+
+    /// Scalar: `dl = d * (sc & 15)`, `ml = dmin * (sc >> 4)`, `dl * q - ml`; group g = 8h + 2s +
+    /// l0/16 takes bit pair s of `qs[32h + l0 ..][..16]`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    fn q2k(b: &BlockQ2K, y: &mut [f32; 256]) {
+        let sc = ld16(&b.scales, 0);
+        let dl = scale16(f16(b.d), u8_ps(_mm_and_si128(sc, _mm_set1_epi8(0x0F))));
+        let ml = scale16(f16(b.dmin), u8_ps(shr_and(sc, 4, 0x0F)));
+        for h in 0..2 {
+            for l0 in [0, 16] {
+                let qs = ld16(&b.qs, 32 * h + l0);
+                for s in 0..4 {
+                    let g = 8 * h + 2 * s + l0 / 16;
+                    let q = u8_ps(shr_and(qs, 2 * s as u32, 3));
+                    let v = _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(dl[g]), q), _mm512_set1_ps(ml[g]));
+                    st(y, 16 * g, v);
+                }
+            }
+        }
+    }
+
+    /// Scalar: `dl = d * scale`, `dl * (low - 4 * !hbit)`; low as Q2_K, hbit = bit 4h + s of
+    /// `hmask[l0 ..][..16]`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    fn q3k(b: &BlockQ3K, y: &mut [f32; 256]) {
+        let scales = q3k_scales(&b.scales);
+        let dl = scale16(f16(b.d), i8_ps(ld16i(&scales, 0)));
+        let four = _mm_set1_epi8(4);
+        for h in 0..2 {
+            for l0 in [0, 16] {
+                let qs = ld16(&b.qs, 32 * h + l0);
+                let hm = ld16(&b.hmask, l0);
+                for s in 0..4 {
+                    let g = 8 * h + 2 * s + l0 / 16;
+                    let low = shr_and(qs, 2 * s as u32, 3);
+                    let set = _mm_test_epi8_mask(hm, _mm_set1_epi8((1u8 << (4 * h + s)) as i8));
+                    let q = _mm_mask_sub_epi8(low, !set, low, four);
+                    st(y, 16 * g, _mm512_mul_ps(_mm512_set1_ps(dl[g]), i8_ps(q)));
+                }
+            }
+        }
+    }
+
+    /// The per-group `d * sc` and `dmin * m` of a Q4_K/Q5_K block, one f32 product each.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    fn k4_dm(d: [u8; 2], dmin: [u8; 2], scales: &[u8; 12]) -> ([f32; 8], [f32; 8]) {
+        let (sc, mn) = k4_scale_min(scales);
+        let (d, dmin) = (f16(d), f16(dmin));
+        (sc.map(|s| d * s as f32), mn.map(|m| dmin * m as f32))
+    }
+
+    /// Scalar: `d1 * q - m1` per group of 32; group g = 2c + n takes nibble n of `qs[32c ..][..32]`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    fn q4k(b: &BlockQ4K, y: &mut [f32; 256]) {
+        let (d1, m1) = k4_dm(b.d, b.dmin, &b.scales);
+        for c in 0..4 {
+            for half in [0, 16] {
+                let qs = ld16(&b.qs, 32 * c + half);
+                let nib = [_mm_and_si128(qs, _mm_set1_epi8(0x0F)), shr_and(qs, 4, 0x0F)];
+                for (n, q) in nib.into_iter().enumerate() {
+                    let g = 2 * c + n;
+                    let v = _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(d1[g]), u8_ps(q)), _mm512_set1_ps(m1[g]));
+                    st(y, 32 * g + half, v);
+                }
+            }
+        }
+    }
+
+    /// As Q4_K, plus bit 4 = bit g of `qh[l]` for lane l of group g.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    fn q5k(b: &BlockQ5K, y: &mut [f32; 256]) {
+        let (d1, m1) = k4_dm(b.d, b.dmin, &b.scales);
+        let qh = [ld16(&b.qh, 0), ld16(&b.qh, 16)];
+        let b4 = _mm_set1_epi8(16);
+        for c in 0..4 {
+            for (hi16, half) in [0, 16].into_iter().enumerate() {
+                let qs = ld16(&b.qs, 32 * c + half);
+                let nib = [_mm_and_si128(qs, _mm_set1_epi8(0x0F)), shr_and(qs, 4, 0x0F)];
+                for (n, q) in nib.into_iter().enumerate() {
+                    let g = 2 * c + n;
+                    let set = _mm_test_epi8_mask(qh[hi16], _mm_set1_epi8((1u8 << g) as i8));
+                    // nibble + 16 == nibble | 16 (no byte-lane masked OR exists)
+                    let q = _mm_mask_add_epi8(q, set, q, b4);
+                    let v = _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(d1[g]), u8_ps(q)), _mm512_set1_ps(m1[g]));
+                    st(y, 32 * g + half, v);
+                }
+            }
+        }
+    }
+
+    /// Scalar: `dl = d * scale`, `dl * (q - 32)`; element 128h + 32s + l takes nibble s/2 of
+    /// `ql[64h + 32(s%2) + l]` and bit pair s of `qh[32h + l]`; group g = 8h + 2s + l0/16.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    fn q6k(b: &BlockQ6K, y: &mut [f32; 256]) {
+        let dl = scale16(f16(b.d), i8_ps(ld16i(&b.scales, 0)));
+        let off = _mm_set1_epi8(32);
+        for h in 0..2 {
+            for l0 in [0, 16] {
+                let qh = ld16(&b.qh, 32 * h + l0);
+                let ql = [ld16(&b.ql, 64 * h + l0), ld16(&b.ql, 64 * h + 32 + l0)];
+                for s in 0..4 {
+                    let g = 8 * h + 2 * s + l0 / 16;
+                    let lo = shr_and(ql[s % 2], 4 * (s / 2) as u32, 0x0F);
+                    let hi = _mm_slli_epi16::<4>(shr_and(qh, 2 * s as u32, 3));
+                    let q = _mm_sub_epi8(_mm_or_si128(lo, hi), off);
+                    st(y, 16 * g, _mm512_mul_ps(_mm512_set1_ps(dl[g]), i8_ps(q)));
+                }
+            }
+        }
+    }
+
+    /// Scalar: `q as f32 * d` with an f32 `d`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    fn q8k(b: &BlockQ8K, y: &mut [f32; 256]) {
+        let d = _mm512_set1_ps(f32::from_le_bytes(b.d));
+        for k in 0..16 {
+            st(y, 16 * k, _mm512_mul_ps(i8_ps(ld16i(&b.qs, 16 * k)), d));
+        }
+    }
+
+    // ------------------------------------------------------------ 16-bit floats
+
+    /// `(bytes of up to 16 elements, their f32 outputs)` chunks of a 16-bit-float row, with the
+    /// lane mask of the valid elements (all 16 except in the last chunk).
+    #[inline(always)]
+    fn chunks16<'a>(src: &'a [u8], dst: &'a mut [f32]) -> impl Iterator<Item = (&'a [u8], &'a mut [f32], u16)> {
+        src.chunks(32).zip(dst.chunks_mut(16)).map(|(s, d)| {
+            let k = if d.len() == 16 { u16::MAX } else { (1u16 << d.len()) - 1 };
+            (s, d, k)
+        })
+    }
+
+    /// Up to 16 u16 (mask `k`) of `s`, zeros in the other lanes.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    fn ld_u16x16(s: &[u8], k: u16) -> __m256i {
+        assert!(s.len() >= 2 * k.count_ones() as usize && (k as u32 + 1).is_power_of_two());
+        // SAFETY: `k` selects the first k.count_ones() u16 lanes (a low run of ones, asserted) and
+        // `s` holds at least that many u16; a masked load does not touch (or fault on) the
+        // memory of masked-off lanes. No alignment requirement.
+        unsafe { _mm256_maskz_loadu_epi16(k, s.as_ptr().cast()) }
+    }
+
+    /// Store the lanes of `v` selected by `k` (a low run of ones) to `d`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    fn st_masked(d: &mut [f32], k: u16, v: __m512) {
+        assert!(d.len() >= k.count_ones() as usize && (k as u32 + 1).is_power_of_two());
+        // SAFETY: only the first k.count_ones() lanes are written and `d` has that many f32;
+        // masked-off lanes are not accessed. No alignment requirement.
+        unsafe { _mm512_mask_storeu_ps(d.as_mut_ptr(), k, v) }
+    }
+
+    /// F16 row: `vcvtph2ps`, the instruction `half`'s slice conversion uses on F16C CPUs.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    fn row_f16(src: &[u8], dst: &mut [f32]) {
+        for (s, d, k) in chunks16(src, dst) {
+            st_masked(d, k, _mm512_cvtph_ps(ld_u16x16(s, k)));
+        }
+    }
+
+    /// BF16 row: the bits shifted into the top half of an f32, as the scalar `<< 16`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    fn row_bf16(src: &[u8], dst: &mut [f32]) {
+        for (s, d, k) in chunks16(src, dst) {
+            let v = _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(ld_u16x16(s, k)));
+            st_masked(d, k, _mm512_castsi512_ps(v));
+        }
+    }
+}
