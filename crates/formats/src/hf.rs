@@ -5,7 +5,7 @@
 //! The reference for every default and normalization rule below is transformers 5.24
 //! (`configuration_<model>.py` and `modeling_rope_utils.py`); where we follow it the comment
 //! names the class. Values the config omits fall back to the model class's default for the
-//! model types we know (llama, qwen2, qwen3, gemma3_text), exactly as transformers would do
+//! model types we know (llama, qwen2, qwen3, gemma3_text, lfm2), exactly as transformers would do
 //! when it loads the file; for any other model type the geometry fields are required and
 //! their absence is a `FormatError::Missing` naming the field and file.
 //!
@@ -119,6 +119,7 @@ pub struct HfConfig {
     pub final_logit_softcapping: Option<f64>,
     pub bos_token_id: Option<u32>,
     /// `eos_token_id` as a list (an int becomes a one-element list; null/absent: empty).
+    /// For nested configs the top-level value wins over text_config's (see `Fields::either`).
     pub eos_token_ids: Vec<u32>,
     pub pad_token_id: Option<u32>,
     /// `dtype` (transformers 5) or `torch_dtype` (4), e.g. "bfloat16".
@@ -402,6 +403,24 @@ impl ClassDefaults {
                 sliding_window: Some(4096),
                 query_pre_attn_scalar: Some(256.0),
             },
+            // Lfm2Config (hidden_act: LFM2 has no key, its MLP is SwiGLU)
+            "lfm2" => ClassDefaults {
+                vocab_size: 65536,
+                hidden_size: 2560,
+                intermediate_size: 12288,
+                num_hidden_layers: 32,
+                num_attention_heads: 32,
+                num_key_value_heads: Some(8),
+                head_dim: None,
+                hidden_act: "silu",
+                max_position_embeddings: 128_000,
+                rms_norm_eps: 1e-5,
+                bos: Some(1),
+                eos: Some(2),
+                pad: Some(0),
+                sliding_window: None,
+                query_pre_attn_scalar: None,
+            },
             _ => return None,
         })
     }
@@ -635,7 +654,11 @@ impl RopeCtx<'_> {
             None | Some(Value::Null) => "default".to_string(),
             Some(Value::String(s)) => s.clone(),
             Some(v) => {
-                return Err(FormatError::field(path, field("rope_type"), format!("expected string, found {}", kind(v))));
+                return Err(FormatError::field(
+                    path,
+                    field("rope_type"),
+                    format!("expected string, found {}", kind(v)),
+                ));
             }
         };
         let theta = num("rope_theta")?.unwrap_or(fallback_theta);
@@ -795,12 +818,16 @@ impl Fields<'_> {
             None => self.top_str(k),
         }
     }
-    /// The value of `k` on the text level if present (even null), else the top level.
+    /// For token ids: the top-level value when the config is nested and the top level has
+    /// the key (Gemma 3's `eos_token_id: [1, 106]` lives there, while transformers 5 also
+    /// writes the text class default `1` into text_config), else the text level's.
     fn either(&self, k: &str) -> Option<(&Value, String)> {
-        if let Some(v) = self.text.get(k) {
-            return Some((v, self.name(k)));
+        if !self.prefix.is_empty()
+            && let Some(v) = self.top.get(k)
+        {
+            return Some((v, k.to_string()));
         }
-        self.top.get(k).map(|v| (v, k.to_string()))
+        self.text.get(k).map(|v| (v, self.name(k)))
     }
     fn token_id(&self, k: &str, default: Option<u32>) -> Result<Option<u32>> {
         match self.either(k) {
