@@ -366,3 +366,82 @@ fn byte_flips_never_panic() {
     println!("{} flipped headers: {ok} still valid, {errs} refused", ok + errs);
     assert!(errs > 0);
 }
+
+/// `(type name, value)` of gguf-py's reader as a MetaValue.
+fn meta_from_json(ty: &str, v: &serde_json::Value) -> MetaValue {
+    match ty {
+        "uint8" => MetaValue::U8(v.as_u64().unwrap() as u8),
+        "int8" => MetaValue::I8(v.as_i64().unwrap() as i8),
+        "uint16" => MetaValue::U16(v.as_u64().unwrap() as u16),
+        "int16" => MetaValue::I16(v.as_i64().unwrap() as i16),
+        "uint32" => MetaValue::U32(v.as_u64().unwrap() as u32),
+        "int32" => MetaValue::I32(v.as_i64().unwrap() as i32),
+        "uint64" => MetaValue::U64(v.as_u64().unwrap()),
+        "int64" => MetaValue::I64(v.as_i64().unwrap()),
+        "float32" => MetaValue::F32(v.as_f64().unwrap() as f32),
+        "float64" => MetaValue::F64(v.as_f64().unwrap()),
+        "bool" => MetaValue::Bool(v.as_bool().unwrap()),
+        "string" => MetaValue::Str(v.as_str().unwrap().to_string()),
+        t => panic!("type {t}"),
+    }
+}
+
+#[test]
+fn gguf_py_written_file_matches_gguf_py_reader() {
+    // Written by llama.cpp's gguf-py GGUFWriter, described by its GGUFReader
+    // (tools/gguf_tiny_reference.py, gguf==0.19.0).
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let want: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("gguf_tiny.json")).unwrap()).unwrap();
+    let g = Gguf::open(dir.join("gguf_tiny.gguf")).unwrap();
+    assert_eq!(g.version as u64, want["version"].as_u64().unwrap());
+    assert_eq!(g.alignment, want["alignment"].as_u64().unwrap());
+    let kv = want["kv"].as_object().unwrap();
+    assert_eq!(g.metadata.len(), kv.len());
+    for (k, e) in kv {
+        let ty = e["type"].as_str().unwrap();
+        let expect = if ty == "array" {
+            let sub = e["sub_type"].as_str().unwrap();
+            MetaValue::Array(e["value"].as_array().unwrap().iter().map(|x| meta_from_json(sub, x)).collect())
+        } else {
+            meta_from_json(ty, &e["value"])
+        };
+        assert_eq!(g.get(k), Some(&expect), "key {k}");
+    }
+    let tensors = want["tensors"].as_array().unwrap();
+    assert_eq!(g.tensors.len(), tensors.len());
+    for (ours, t) in g.tensors.iter().zip(tensors) {
+        let name = t["name"].as_str().unwrap();
+        assert_eq!(ours.name, name);
+        let dims: Vec<u64> = t["dims"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+        assert_eq!(ours.dims, dims, "{name}");
+        assert_eq!(ours.dtype.ggml_id() as u64, t["ggml_type"].as_u64().unwrap(), "{name}");
+        assert_eq!(ours.offset, t["offset"].as_u64().unwrap(), "{name} offset");
+        assert_eq!(ours.n_bytes, t["n_bytes"].as_u64().unwrap(), "{name} n_bytes");
+        if let Some(vals) = t["values"].as_array() {
+            let data = g.tensor_data(ours);
+            let got: Vec<f64> = match ours.dtype {
+                QuantType::F32 => data.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64).collect(),
+                QuantType::F16 => {
+                    data.chunks(2).map(|c| half::f16::from_le_bytes(c.try_into().unwrap()).to_f64()).collect()
+                }
+                d => panic!("{name}: {d:?}"),
+            };
+            let want: Vec<f64> = vals.iter().map(|x| x.as_f64().unwrap()).collect();
+            assert_eq!(got, want, "{name} values");
+        }
+    }
+    // The q8_0 tensor holds bytes 0..68 as written.
+    let q = g.tensor("q").unwrap();
+    assert_eq!(g.tensor_data(q), (0..68).map(|i| i as u8).collect::<Vec<_>>());
+
+    // Every truncation before the end of the last tensor's data is refused; gguf-py pads the
+    // file after it to the alignment, and cutting that padding off leaves a valid file.
+    let bytes = std::fs::read(dir.join("gguf_tiny.gguf")).unwrap();
+    assert_eq!(bytes.len() as u64, want["file_size"].as_u64().unwrap());
+    let data_end = g.tensors.iter().map(|t| t.offset + t.n_bytes).max().unwrap() as usize;
+    assert!(data_end < bytes.len());
+    for cut in 0..bytes.len() {
+        assert_eq!(open("pycut", &bytes[..cut]).is_ok(), cut >= data_end, "cut at {cut} of {}", bytes.len());
+    }
+}
