@@ -67,7 +67,7 @@ pub fn available(ty: QuantType) -> bool {
 mod imp {
     use super::super::QuantType;
     use super::super::blocks::*;
-    use super::super::dequant::{k4_scale_min, q3k_scales};
+    use super::super::dequant::q3k_scales;
     use std::arch::x86_64::*;
 
     pub(super) fn has_kernel(ty: QuantType) -> bool {
@@ -312,12 +312,29 @@ mod imp {
     }
 
     /// The per-group `d * sc` and `dmin * m` of a Q4_K/Q5_K block, one f32 product each.
+    ///
+    /// The 6-bit unpacking is `k4_scale_min`'s, done on three little-endian u32 words at once
+    /// (4 groups per word; the random-block tests check it against the scalar twin): with
+    /// w0..w2 = bytes 0..4, 4..8, 8..12, groups 0..4 are `w0 & 63` / `w1 & 63`, groups 4..8 take
+    /// a nibble of w2 and the top 2 bits of w0 / w1 as bits 4..6.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
     fn k4_dm(d: [u8; 2], dmin: [u8; 2], scales: &[u8; 12]) -> ([f32; 8], [f32; 8]) {
-        let (sc, mn) = k4_scale_min(scales);
-        let (d, dmin) = (f16(d), f16(dmin));
-        (sc.map(|s| d * s as f32), mn.map(|m| dmin * m as f32))
+        let w = |i: usize| u32::from_le_bytes([scales[i], scales[i + 1], scales[i + 2], scales[i + 3]]);
+        let (w0, w1, w2) = (w(0), w(4), w(8));
+        let sc_lo = w0 & 0x3F3F_3F3F;
+        let mn_lo = w1 & 0x3F3F_3F3F;
+        let sc_hi = (w2 & 0x0F0F_0F0F) | ((w0 >> 2) & 0x3030_3030);
+        let mn_hi = ((w2 >> 4) & 0x0F0F_0F0F) | ((w1 >> 2) & 0x3030_3030);
+        let sc = sc_lo as u64 | (sc_hi as u64) << 32;
+        let mn = mn_lo as u64 | (mn_hi as u64) << 32;
+        // [sc | mn] as 16 bytes -> 16 f32, times [d x8 | dmin x8]: the scalar twin's 16 products
+        let both = _mm_set_epi64x(mn as i64, sc as i64);
+        let dd = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(f16(d)), _mm512_set1_ps(f16(dmin)));
+        let mut out = [0f32; 16];
+        st(&mut out, 0, _mm512_mul_ps(dd, u8_ps(both)));
+        let (a, b) = out.split_at(8);
+        (a.try_into().expect("8 values"), b.try_into().expect("8 values"))
     }
 
     /// Scalar: `d1 * q - m1` per group of 32; group g = 2c + n takes nibble n of `qs[32c ..][..32]`.
@@ -375,7 +392,12 @@ mod imp {
                 for s in 0..4 {
                     let g = 8 * h + 2 * s + l0 / 16;
                     let lo = shr_and(ql[s % 2], 4 * (s / 2) as u32, 0x0F);
-                    let hi = _mm_slli_epi16::<4>(shr_and(qh, 2 * s as u32, 3));
+                    // ((qh >> 2s) & 3) << 4 as one shift and one mask
+                    let hi = match s {
+                        3 => _mm_srli_epi16::<2>(qh),
+                        _ => _mm_sll_epi16(qh, _mm_cvtsi32_si128(4 - 2 * s as i32)),
+                    };
+                    let hi = _mm_and_si128(hi, _mm_set1_epi8(0x30));
                     let q = _mm_sub_epi8(_mm_or_si128(lo, hi), off);
                     st(y, 16 * g, _mm512_mul_ps(_mm512_set1_ps(dl[g]), i8_ps(q)));
                 }
