@@ -216,7 +216,7 @@ impl Gguf {
             let offset = data_start
                 .checked_add(rel)
                 .ok_or_else(|| FormatError::malformed(&path, format!("tensor '{name}' offset {rel} overflows")))?;
-            let end = offset.checked_add(n_bytes).unwrap_or(u64::MAX);
+            let end = offset.saturating_add(n_bytes);
             if end > file_len {
                 return Err(FormatError::Truncated {
                     path: path.clone(),

@@ -44,7 +44,7 @@ impl W {
         self.mark(&format!("value:{key}"));
     }
     fn pad_to(&mut self, align: usize) {
-        while self.b.len() % align != 0 {
+        while !self.b.len().is_multiple_of(align) {
             self.b.push(0);
         }
     }

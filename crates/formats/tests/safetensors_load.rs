@@ -73,7 +73,7 @@ fn qt(d: Dtype) -> Option<QuantType> {
 
 /// Every tensor of `specs` is reachable through `w` with the right dtype, shape and bytes,
 /// and the bytes equal what the reference reader returns from `file_bytes`.
-fn check_all(w: &HfWeights, specs: &[Spec], reference: &[(Vec<u8>, Vec<&str>)]) {
+fn check_all(w: &HfWeights, specs: &[Spec], reference: &[(Vec<u8>, Vec<&'static str>)]) {
     for s in specs {
         match qt(s.dtype) {
             Some(q) => {
@@ -145,7 +145,10 @@ fn single_file_folder() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
-fn write_sharded(d: &Path) -> (Vec<Spec>, Vec<(Vec<u8>, Vec<&'static str>)>) {
+/// Each file's bytes with the names it holds, for the reference reader.
+type Reference = Vec<(Vec<u8>, Vec<&'static str>)>;
+
+fn write_sharded(d: &Path) -> (Vec<Spec>, Reference) {
     let specs = model_specs();
     let (a, b): (Vec<&Spec>, Vec<&Spec>) = specs.iter().partition(|s| s.name.starts_with("model.layers"));
     let fa: Vec<Spec> =
