@@ -296,7 +296,7 @@ pub fn dequantize_row(ty: QuantType, src: &[u8], dst: &mut [f32]) {
     let n = dst.len();
     let want = ty.row_bytes(n);
     check_len("dequantize_row", ty, n, want, src.len());
-    if super::dequant_avx512::dequantize_row(ty, src, dst) {
+    if super::dequant_avx512::dispatch(ty, src, dst) {
         return;
     }
     scalar_row(ty, src, dst);

@@ -38,15 +38,25 @@ pub fn dequantize_row(ty: QuantType, src: &[u8], dst: &mut [f32]) -> bool {
         dst.len(),
         src.len()
     );
+    dispatch(ty, src, dst)
+}
+
+/// `dequantize_row` after the caller checked the length (`quant::dequantize_row` does), so a
+/// decode step's thousands of short rows pay for one check, not two.
+#[inline]
+pub(super) fn dispatch(ty: QuantType, src: &[u8], dst: &mut [f32]) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         if crate::simd::avx512bw() && imp::has_kernel(ty) {
             // SAFETY: simd::avx512bw() is true only after is_x86_feature_detected! confirmed
             // avx512f, avx512bw, avx512vl and f16c on this CPU, the features `imp::row` enables.
+            // A wrong `src` length cannot cause out-of-bounds access (see `imp::row`).
             unsafe { imp::row(ty, src, dst) };
             return true;
         }
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (ty, src, dst);
     false
 }
 
@@ -230,39 +240,38 @@ mod imp {
         st(y, 16, _mm512_add_ps(_mm512_mul_ps(d, u8_ps(hi)), m));
     }
 
-    /// The two 16-lane halves of a Q5 block's quants as i32: nibble | bit 4 from `qh` (bit j of
-    /// the little-endian u32 for element j), the bit set with a lane mask.
+    /// A Q5 block's 32 nibbles as 32 bytes (element j < 16: low nibble of `qs[j]`, j >= 16: high
+    /// nibble of `qs[j - 16]`), and its `qh` as the lane mask of elements whose bit 4 is set.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-    fn q5_quants(qs: &[u8; 16], qh: [u8; 4]) -> (__m512i, __m512i) {
-        let qh = u32::from_le_bytes(qh);
+    fn q5_nibbles(qs: &[u8; 16], qh: [u8; 4]) -> (__m256i, __mmask32) {
         let qs = ld16(qs, 0);
-        let lo = _mm512_cvtepu8_epi32(_mm_and_si128(qs, _mm_set1_epi8(0x0F)));
-        let hi = _mm512_cvtepu8_epi32(shr_and(qs, 4, 0x0F));
-        let b4 = _mm512_set1_epi32(16);
-        (_mm512_mask_or_epi32(lo, qh as u16, lo, b4), _mm512_mask_or_epi32(hi, (qh >> 16) as u16, hi, b4))
+        let both = _mm256_set_m128i(_mm_srli_epi16::<4>(qs), qs);
+        (_mm256_and_si256(both, _mm256_set1_epi8(0x0F)), u32::from_le_bytes(qh))
     }
 
-    /// Scalar: `d * (q - 16) as f32`.
+    /// Scalar: `d * (q - 16) as f32`. q - 16 is the nibble where bit 4 is set and nibble - 16
+    /// where it is clear: one masked byte subtraction.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
     fn q5_0(b: &BlockQ5_0, y: &mut [f32; 32]) {
         let d = f16_splat(b.d);
-        let (lo, hi) = q5_quants(&b.qs, b.qh);
-        let off = _mm512_set1_epi32(16);
-        st(y, 0, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(lo, off))));
-        st(y, 16, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(hi, off))));
+        let (nib, bit4) = q5_nibbles(&b.qs, b.qh);
+        let q = _mm256_mask_sub_epi8(nib, !bit4, nib, _mm256_set1_epi8(16));
+        st(y, 0, _mm512_mul_ps(d, i8_ps(_mm256_castsi256_si128(q))));
+        st(y, 16, _mm512_mul_ps(d, i8_ps(_mm256_extracti128_si256::<1>(q))));
     }
 
-    /// Scalar: `d * q as f32 + m`.
+    /// Scalar: `d * q as f32 + m`; bit 4 added to the nibble under the `qh` mask.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
     fn q5_1(b: &BlockQ5_1, y: &mut [f32; 32]) {
         let d = f16_splat(b.d);
         let m = f16_splat(b.m);
-        let (lo, hi) = q5_quants(&b.qs, b.qh);
-        st(y, 0, _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(lo)), m));
-        st(y, 16, _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(hi)), m));
+        let (nib, bit4) = q5_nibbles(&b.qs, b.qh);
+        let q = _mm256_mask_add_epi8(nib, bit4, nib, _mm256_set1_epi8(16));
+        st(y, 0, _mm512_add_ps(_mm512_mul_ps(d, u8_ps(_mm256_castsi256_si128(q))), m));
+        st(y, 16, _mm512_add_ps(_mm512_mul_ps(d, u8_ps(_mm256_extracti128_si256::<1>(q))), m));
     }
 
     // ------------------------------------------------------------ k-quants, 256 elements
