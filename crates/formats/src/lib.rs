@@ -6,6 +6,8 @@
 
 pub mod error;
 pub mod gguf;
+pub mod tokenizer;
+pub mod chat;
 pub mod hf;
 pub mod names;
 pub mod npy;

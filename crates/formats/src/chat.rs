@@ -1,0 +1,302 @@
+//! Chat templates: rendering a model's Jinja `chat_template` the way Hugging Face transformers
+//! does (`apply_chat_template`), with minijinja.
+//!
+//! transformers renders with trim_blocks and lstrip_blocks on, loop controls, and three extras
+//! templates rely on: `raise_exception(msg)`, `strftime_now(fmt)` and a `tojson` filter that writes
+//! JSON as Python's `json.dumps` does (", " and ": " separators, non-ASCII kept). Python string and
+//! dict methods (`.strip()`, `.startswith()`, `.items()` ...) come from minijinja-contrib's pycompat.
+
+use std::path::Path;
+
+use minijinja::value::{Kwargs, Value, ValueKind};
+use minijinja::{Environment, Error, ErrorKind, context};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{FormatError, Result};
+
+/// One turn of a conversation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> ChatMessage {
+        ChatMessage { role: role.into(), content: content.into() }
+    }
+}
+
+fn template_error(e: &Error) -> FormatError {
+    // minijinja's Display omits the chain; keep the detail (line, raised message).
+    let mut msg = e.to_string();
+    let mut src = std::error::Error::source(e);
+    while let Some(s) = src {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        src = s.source();
+    }
+    FormatError::field(Path::new("<chat template>"), "tokenizer.chat_template", msg)
+}
+
+/// The environment transformers renders chat templates in.
+fn environment() -> Environment<'static> {
+    let mut env = Environment::new();
+    env.set_trim_blocks(true);
+    env.set_lstrip_blocks(true);
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.add_function("raise_exception", |msg: String| -> std::result::Result<Value, Error> {
+        Err(Error::new(ErrorKind::InvalidOperation, msg))
+    });
+    env.add_function("strftime_now", |fmt: String| strftime_utc(&fmt, unix_now()));
+    env.add_filter("tojson", tojson);
+    env
+}
+
+/// Render `template` over `messages`. `bos`/`eos` are the model's BOS/EOS token texts (templates
+/// write them as `{{ bos_token }}`).
+pub fn render(
+    template: &str,
+    messages: &[ChatMessage],
+    add_generation_prompt: bool,
+    bos: &str,
+    eos: &str,
+) -> Result<String> {
+    let env = environment();
+    let tmpl = env.template_from_str(template).map_err(|e| template_error(&e))?;
+    tmpl.render(context! {
+        messages => messages,
+        add_generation_prompt => add_generation_prompt,
+        bos_token => bos,
+        eos_token => eos,
+    })
+    .map_err(|e| template_error(&e))
+}
+
+/// `tojson` as transformers defines it: json.dumps(x, ensure_ascii=False, indent=indent).
+fn tojson(v: &Value, kwargs: Kwargs) -> std::result::Result<String, Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+    kwargs.assert_all_used()?;
+    let mut out = String::new();
+    write_json(v, indent, sort_keys.unwrap_or(false), 0, &mut out)?;
+    Ok(out)
+}
+
+fn write_json_str(s: &str, out: &mut String) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{08}' => out.push_str("\\b"),
+            '\u{0c}' => out.push_str("\\f"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+fn newline_indent(indent: Option<usize>, depth: usize, out: &mut String) {
+    if let Some(n) = indent {
+        out.push('\n');
+        out.extend(std::iter::repeat_n(' ', n * depth));
+    }
+}
+
+fn write_json(
+    v: &Value,
+    indent: Option<usize>,
+    sort_keys: bool,
+    depth: usize,
+    out: &mut String,
+) -> std::result::Result<(), Error> {
+    // Python's separators: ", " between items without indent, "," with it; ": " always.
+    let item_sep = if indent.is_some() { "," } else { ", " };
+    match v.kind() {
+        ValueKind::Undefined | ValueKind::None => out.push_str("null"),
+        ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
+        ValueKind::Number => {
+            if v.is_integer() {
+                out.push_str(&v.to_string());
+            } else {
+                let f = f64::try_from(v.clone())?;
+                // Python prints floats with a fractional part or exponent ("1.0", "1e+20").
+                if f.is_finite() && f == f.trunc() && f.abs() < 1e16 {
+                    out.push_str(&format!("{f:.1}"));
+                } else if f.is_nan() {
+                    out.push_str("NaN");
+                } else if f.is_infinite() {
+                    out.push_str(if f > 0.0 { "Infinity" } else { "-Infinity" });
+                } else {
+                    out.push_str(&format!("{f:?}"));
+                }
+            }
+        }
+        ValueKind::String => write_json_str(v.as_str().unwrap_or_default(), out),
+        ValueKind::Map => {
+            let mut keys: Vec<Value> = v.try_iter()?.collect();
+            if sort_keys {
+                keys.sort();
+            }
+            if keys.is_empty() {
+                out.push_str("{}");
+                return Ok(());
+            }
+            out.push('{');
+            for (i, k) in keys.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(item_sep);
+                }
+                newline_indent(indent, depth + 1, out);
+                match k.as_str() {
+                    Some(s) => write_json_str(s, out),
+                    None => write_json_str(&k.to_string(), out),
+                }
+                out.push_str(": ");
+                write_json(&v.get_item(k)?, indent, sort_keys, depth + 1, out)?;
+            }
+            newline_indent(indent, depth, out);
+            out.push('}');
+        }
+        ValueKind::Seq | ValueKind::Iterable => {
+            let items: Vec<Value> = v.try_iter()?.collect();
+            if items.is_empty() {
+                out.push_str("[]");
+                return Ok(());
+            }
+            out.push('[');
+            for (i, x) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(item_sep);
+                }
+                newline_indent(indent, depth + 1, out);
+                write_json(x, indent, sort_keys, depth + 1, out)?;
+            }
+            newline_indent(indent, depth, out);
+            out.push(']');
+        }
+        _ => write_json_str(&v.to_string(), out),
+    }
+    Ok(())
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
+}
+
+/// Civil date from days since 1970-01-01 (proleptic Gregorian).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + (m <= 2) as i64, m, d)
+}
+
+/// The C strftime subset chat templates use (e.g. Llama 3's "%d %b %Y"), in UTC.
+fn strftime_utc(fmt: &str, t: i64) -> String {
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    const DAYS: [&str; 7] = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
+    let days = t.div_euclid(86_400);
+    let secs = t.rem_euclid(86_400);
+    let (y, m, d) = civil_from_days(days);
+    let (hh, mm, ss) = (secs / 3600, secs / 60 % 60, secs % 60);
+    let weekday = (days + 3).rem_euclid(7) as usize; // 1970-01-01 was a Thursday
+    let yday = days - {
+        // days since epoch of Jan 1st of year y
+        let (mut lo, mut hi) = (days - 366, days);
+        while lo < hi {
+            let mid = (lo + hi).div_euclid(2);
+            if civil_from_days(mid).0 < y { lo = mid + 1 } else { hi = mid }
+        }
+        lo
+    } + 1;
+    let mut out = String::new();
+    let mut it = fmt.chars();
+    while let Some(c) = it.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match it.next() {
+            Some('Y') => out.push_str(&y.to_string()),
+            Some('y') => out.push_str(&format!("{:02}", y.rem_euclid(100))),
+            Some('m') => out.push_str(&format!("{m:02}")),
+            Some('d') => out.push_str(&format!("{d:02}")),
+            Some('e') => out.push_str(&format!("{d:2}")),
+            Some('H') => out.push_str(&format!("{hh:02}")),
+            Some('I') => out.push_str(&format!("{:02}", if hh % 12 == 0 { 12 } else { hh % 12 })),
+            Some('p') => out.push_str(if hh < 12 { "AM" } else { "PM" }),
+            Some('M') => out.push_str(&format!("{mm:02}")),
+            Some('S') => out.push_str(&format!("{ss:02}")),
+            Some('j') => out.push_str(&format!("{yday:03}")),
+            Some('b') | Some('h') => out.push_str(&MONTHS[m as usize - 1][..3]),
+            Some('B') => out.push_str(MONTHS[m as usize - 1]),
+            Some('a') => out.push_str(&DAYS[weekday][..3]),
+            Some('A') => out.push_str(DAYS[weekday]),
+            Some('F') => out.push_str(&format!("{y}-{m:02}-{d:02}")),
+            Some('%') => out.push('%'),
+            Some(o) => {
+                out.push('%');
+                out.push(o);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strftime_known_instants() {
+        // 2024-02-29 13:05:09 UTC, a Thursday, day 60 of a leap year.
+        let t = 1_709_211_909;
+        assert_eq!(strftime_utc("%Y-%m-%d %H:%M:%S", t), "2024-02-29 13:05:09");
+        assert_eq!(strftime_utc("%d %b %Y %a %j %B %A", t), "29 Feb 2024 Thu 060 February Thursday");
+        assert_eq!(strftime_utc("%F %%", 0), "1970-01-01 %");
+    }
+
+    #[test]
+    fn tojson_matches_python_json_dumps() {
+        let env = environment();
+        let out = env
+            .render_str(
+                "{{ x | tojson }}|{{ y | tojson(indent=2) }}",
+                context! { x => serde_json::json!({"b": [1, 2.5, "é\n\"q\""], "a": null, "t": true}), y => vec![1, 2] },
+            )
+            .unwrap();
+        // serde_json maps here are sorted (no preserve_order), hence a, b, t.
+        assert_eq!(out, "{\"a\": null, \"b\": [1, 2.5, \"é\\n\\\"q\\\"\"], \"t\": true}|[\n  1,\n  2\n]");
+    }
+
+    #[test]
+    fn raise_exception_is_an_error_with_the_message() {
+        let e = render("{{ raise_exception('roles must alternate') }}", &[], false, "", "").unwrap_err();
+        assert!(e.to_string().contains("roles must alternate"), "{e}");
+    }
+}
