@@ -98,6 +98,16 @@ mod imp {
         unsafe { _mm_loadu_si128(s.as_ptr().cast()) }
     }
 
+    /// 32 bytes of `s` from `off` (bounds-checked).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    fn ld32(s: &[u8], off: usize) -> __m256i {
+        let s = &s[off..off + 32];
+        // SAFETY: `s` is exactly 32 readable bytes (the slice above checked the range);
+        // loadu has no alignment requirement.
+        unsafe { _mm256_loadu_si256(s.as_ptr().cast()) }
+    }
+
     /// 16 i8 of `s` from `off` (bounds-checked).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
@@ -214,64 +224,79 @@ mod imp {
         st(y, 16, _mm512_mul_ps(i8_ps(ld16i(&b.qs, 16)), d));
     }
 
-    /// Scalar: `d * (nibble - 8) as f32`; the offset is applied to the byte (exact).
+    // Nibble types decode through a 16-entry table instead of convert-multiply-add per element:
+    // `t[q]` is computed for q = 0..16 with exactly the scalar twin's operations on the f32 value
+    // of q (`d * (q - 8)`, `d * q + m`, ...), and `vpermps` picks `t[q]` for 16 lanes at once.
+    // `vpermps` reads only the low 4 bits of each index lane, so the widened byte serves as the
+    // index of its low nibble as is, and shifted right by 4 as that of its high nibble. 5-bit
+    // types take a second table for q = 16..32, chosen per lane by bit 4 with a masked permute.
+
+    /// [0, 1, ..., 15] + `base` as f32 (exact).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    fn iota(base: f32) -> __m512 {
+        let i = _mm512_setr_ps(0., 1., 2., 3., 4., 5., 6., 7., 8., 9., 10., 11., 12., 13., 14., 15.);
+        _mm512_add_ps(i, _mm512_set1_ps(base))
+    }
+
+    /// 16 bytes of `s` from `off`, zero-extended to 16 i32 lanes.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    fn widen16(s: &[u8], off: usize) -> __m512i {
+        _mm512_cvtepu8_epi32(ld16(s, off))
+    }
+
+    /// `t[idx & 15]` per lane, or `hi[idx & 15]` in the lanes set in `k`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    fn lut2(idx: __m512i, t: __m512, hi: __m512, k: u16) -> __m512 {
+        _mm512_mask_permutexvar_ps(_mm512_permutexvar_ps(idx, t), k, idx, hi)
+    }
+
+    /// Scalar: `d * (nibble - 8) as f32`; table `d * [-8 .. 8)`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
     fn q4_0(b: &BlockQ4_0, y: &mut [f32; 32]) {
-        let d = f16_splat(b.d);
-        let qs = ld16(&b.qs, 0);
-        let eight = _mm_set1_epi8(8);
-        let lo = _mm_sub_epi8(_mm_and_si128(qs, _mm_set1_epi8(0x0F)), eight);
-        let hi = _mm_sub_epi8(shr_and(qs, 4, 0x0F), eight);
-        st(y, 0, _mm512_mul_ps(d, i8_ps(lo)));
-        st(y, 16, _mm512_mul_ps(d, i8_ps(hi)));
+        let t = _mm512_mul_ps(f16_splat(b.d), iota(-8.));
+        let w = widen16(&b.qs, 0);
+        st(y, 0, _mm512_permutexvar_ps(w, t));
+        st(y, 16, _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(w), t));
     }
 
-    /// Scalar: `d * q as f32 + m`, a rounded multiply then a rounded add.
+    /// Scalar: `d * q as f32 + m`, a rounded multiply then a rounded add; table `d * [0 .. 16) + m`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
     fn q4_1(b: &BlockQ4_1, y: &mut [f32; 32]) {
-        let d = f16_splat(b.d);
-        let m = f16_splat(b.m);
-        let qs = ld16(&b.qs, 0);
-        let lo = _mm_and_si128(qs, _mm_set1_epi8(0x0F));
-        let hi = shr_and(qs, 4, 0x0F);
-        st(y, 0, _mm512_add_ps(_mm512_mul_ps(d, u8_ps(lo)), m));
-        st(y, 16, _mm512_add_ps(_mm512_mul_ps(d, u8_ps(hi)), m));
+        let t = _mm512_add_ps(_mm512_mul_ps(f16_splat(b.d), iota(0.)), f16_splat(b.m));
+        let w = widen16(&b.qs, 0);
+        st(y, 0, _mm512_permutexvar_ps(w, t));
+        st(y, 16, _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(w), t));
     }
 
-    /// A Q5 block's 32 nibbles as 32 bytes (element j < 16: low nibble of `qs[j]`, j >= 16: high
-    /// nibble of `qs[j - 16]`), and its `qh` as the lane mask of elements whose bit 4 is set.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-    fn q5_nibbles(qs: &[u8; 16], qh: [u8; 4]) -> (__m256i, __mmask32) {
-        let qs = ld16(qs, 0);
-        let both = _mm256_set_m128i(_mm_srli_epi16::<4>(qs), qs);
-        (_mm256_and_si256(both, _mm256_set1_epi8(0x0F)), u32::from_le_bytes(qh))
-    }
-
-    /// Scalar: `d * (q - 16) as f32`. q - 16 is the nibble where bit 4 is set and nibble - 16
-    /// where it is clear: one masked byte subtraction.
+    /// Scalar: `d * (q - 16) as f32`; tables `d * [-16 .. 0)` and `d * [0 .. 16)`, bit 4 of
+    /// element j being bit j of the little-endian u32 `qh`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
     fn q5_0(b: &BlockQ5_0, y: &mut [f32; 32]) {
         let d = f16_splat(b.d);
-        let (nib, bit4) = q5_nibbles(&b.qs, b.qh);
-        let q = _mm256_mask_sub_epi8(nib, !bit4, nib, _mm256_set1_epi8(16));
-        st(y, 0, _mm512_mul_ps(d, i8_ps(_mm256_castsi256_si128(q))));
-        st(y, 16, _mm512_mul_ps(d, i8_ps(_mm256_extracti128_si256::<1>(q))));
+        let (t, t16) = (_mm512_mul_ps(d, iota(-16.)), _mm512_mul_ps(d, iota(0.)));
+        let qh = u32::from_le_bytes(b.qh);
+        let w = widen16(&b.qs, 0);
+        st(y, 0, lut2(w, t, t16, qh as u16));
+        st(y, 16, lut2(_mm512_srli_epi32::<4>(w), t, t16, (qh >> 16) as u16));
     }
 
-    /// Scalar: `d * q as f32 + m`; bit 4 added to the nibble under the `qh` mask.
+    /// Scalar: `d * q as f32 + m`; tables `d * [0 .. 16) + m` and `d * [16 .. 32) + m`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
     fn q5_1(b: &BlockQ5_1, y: &mut [f32; 32]) {
-        let d = f16_splat(b.d);
-        let m = f16_splat(b.m);
-        let (nib, bit4) = q5_nibbles(&b.qs, b.qh);
-        let q = _mm256_mask_add_epi8(nib, bit4, nib, _mm256_set1_epi8(16));
-        st(y, 0, _mm512_add_ps(_mm512_mul_ps(d, u8_ps(_mm256_castsi256_si128(q))), m));
-        st(y, 16, _mm512_add_ps(_mm512_mul_ps(d, u8_ps(_mm256_extracti128_si256::<1>(q))), m));
+        let (d, m) = (f16_splat(b.d), f16_splat(b.m));
+        let t = _mm512_add_ps(_mm512_mul_ps(d, iota(0.)), m);
+        let t16 = _mm512_add_ps(_mm512_mul_ps(d, iota(16.)), m);
+        let qh = u32::from_le_bytes(b.qh);
+        let w = widen16(&b.qs, 0);
+        st(y, 0, lut2(w, t, t16, qh as u16));
+        st(y, 16, lut2(_mm512_srli_epi32::<4>(w), t, t16, (qh >> 16) as u16));
     }
 
     // ------------------------------------------------------------ k-quants, 256 elements
@@ -347,42 +372,41 @@ mod imp {
     }
 
     /// Scalar: `d1 * q - m1` per group of 32; group g = 2c + n takes nibble n of `qs[32c ..][..32]`.
+    /// Table `d1 * [0 .. 16) - m1` per group (see the note above `q4_0`).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
     fn q4k(b: &BlockQ4K, y: &mut [f32; 256]) {
         let (d1, m1) = k4_dm(b.d, b.dmin, &b.scales);
+        let i0 = iota(0.);
         for c in 0..4 {
+            let t = |g: usize| _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(d1[g]), i0), _mm512_set1_ps(m1[g]));
+            let (tl, th) = (t(2 * c), t(2 * c + 1));
             for half in [0, 16] {
-                let qs = ld16(&b.qs, 32 * c + half);
-                let nib = [_mm_and_si128(qs, _mm_set1_epi8(0x0F)), shr_and(qs, 4, 0x0F)];
-                for (n, q) in nib.into_iter().enumerate() {
-                    let g = 2 * c + n;
-                    let v = _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(d1[g]), u8_ps(q)), _mm512_set1_ps(m1[g]));
-                    st(y, 32 * g + half, v);
-                }
+                let w = widen16(&b.qs, 32 * c + half);
+                st(y, 64 * c + half, _mm512_permutexvar_ps(w, tl));
+                st(y, 64 * c + 32 + half, _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(w), th));
             }
         }
     }
 
-    /// As Q4_K, plus bit 4 = bit g of `qh[l]` for lane l of group g.
+    /// As Q4_K, plus bit 4 = bit g of `qh[l]` for lane l of group g: tables `d1 * [0 .. 16) - m1`
+    /// and `d1 * [16 .. 32) - m1`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
     fn q5k(b: &BlockQ5K, y: &mut [f32; 256]) {
         let (d1, m1) = k4_dm(b.d, b.dmin, &b.scales);
+        let (i0, i16) = (iota(0.), iota(16.));
         let qh = [ld16(&b.qh, 0), ld16(&b.qh, 16)];
-        let b4 = _mm_set1_epi8(16);
         for c in 0..4 {
-            for (hi16, half) in [0, 16].into_iter().enumerate() {
-                let qs = ld16(&b.qs, 32 * c + half);
-                let nib = [_mm_and_si128(qs, _mm_set1_epi8(0x0F)), shr_and(qs, 4, 0x0F)];
-                for (n, q) in nib.into_iter().enumerate() {
-                    let g = 2 * c + n;
-                    let set = _mm_test_epi8_mask(qh[hi16], _mm_set1_epi8((1u8 << g) as i8));
-                    // nibble + 16 == nibble | 16 (no byte-lane masked OR exists)
-                    let q = _mm_mask_add_epi8(q, set, q, b4);
-                    let v = _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(d1[g]), u8_ps(q)), _mm512_set1_ps(m1[g]));
-                    st(y, 32 * g + half, v);
-                }
+            let t = |g: usize, i: __m512| _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(d1[g]), i), _mm512_set1_ps(m1[g]));
+            let (g0, g1) = (2 * c, 2 * c + 1);
+            let (tl, tl16, th, th16) = (t(g0, i0), t(g0, i16), t(g1, i0), t(g1, i16));
+            for (part, half) in [0, 16].into_iter().enumerate() {
+                let w = widen16(&b.qs, 32 * c + half);
+                let k0 = _mm_test_epi8_mask(qh[part], _mm_set1_epi8((1u8 << g0) as i8));
+                let k1 = _mm_test_epi8_mask(qh[part], _mm_set1_epi8((1u8 << g1) as i8));
+                st(y, 32 * g0 + half, lut2(w, tl, tl16, k0));
+                st(y, 32 * g1 + half, lut2(_mm512_srli_epi32::<4>(w), th, th16, k1));
             }
         }
     }
@@ -393,23 +417,24 @@ mod imp {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
     fn q6k(b: &BlockQ6K, y: &mut [f32; 256]) {
         let dl = scale16(f16(b.d), i8_ps(ld16i(&b.scales, 0)));
-        let off = _mm_set1_epi8(32);
+        let off = _mm256_set1_epi8(32);
         for h in 0..2 {
-            for l0 in [0, 16] {
-                let qh = ld16(&b.qh, 32 * h + l0);
-                let ql = [ld16(&b.ql, 64 * h + l0), ld16(&b.ql, 64 * h + 32 + l0)];
-                for s in 0..4 {
-                    let g = 8 * h + 2 * s + l0 / 16;
-                    let lo = shr_and(ql[s % 2], 4 * (s / 2) as u32, 0x0F);
-                    // ((qh >> 2s) & 3) << 4 as one shift and one mask
-                    let hi = match s {
-                        3 => _mm_srli_epi16::<2>(qh),
-                        _ => _mm_sll_epi16(qh, _mm_cvtsi32_si128(4 - 2 * s as i32)),
-                    };
-                    let hi = _mm_and_si128(hi, _mm_set1_epi8(0x30));
-                    let q = _mm_sub_epi8(_mm_or_si128(lo, hi), off);
-                    st(y, 16 * g, _mm512_mul_ps(_mm512_set1_ps(dl[g]), i8_ps(q)));
-                }
+            // 32 lanes l at a time: groups g and g + 1 (l0 = 0 and 16) share the byte work
+            let qh = ld32(&b.qh, 32 * h);
+            let ql = [ld32(&b.ql, 64 * h), ld32(&b.ql, 64 * h + 32)];
+            for s in 0..4 {
+                let g = 8 * h + 2 * s;
+                let lo = _mm256_srl_epi16(ql[s % 2], _mm_cvtsi32_si128(4 * (s / 2) as i32));
+                let lo = _mm256_and_si256(lo, _mm256_set1_epi8(0x0F));
+                // ((qh >> 2s) & 3) << 4 as one shift and one mask
+                let hi = match s {
+                    3 => _mm256_srli_epi16::<2>(qh),
+                    _ => _mm256_sll_epi16(qh, _mm_cvtsi32_si128(4 - 2 * s as i32)),
+                };
+                let hi = _mm256_and_si256(hi, _mm256_set1_epi8(0x30));
+                let q = _mm256_sub_epi8(_mm256_or_si256(lo, hi), off);
+                st(y, 16 * g, _mm512_mul_ps(_mm512_set1_ps(dl[g]), i8_ps(_mm256_castsi256_si128(q))));
+                st(y, 16 * g + 16, _mm512_mul_ps(_mm512_set1_ps(dl[g + 1]), i8_ps(_mm256_extracti128_si256::<1>(q))));
             }
         }
     }
@@ -447,14 +472,6 @@ mod imp {
         unsafe { _mm512_mask_storeu_ps(d.as_mut_ptr(), k, v) }
     }
 
-    /// 16 u16 from 32 bytes.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-    fn ld32(s: &[u8; 32]) -> __m256i {
-        // SAFETY: `s` is 32 readable bytes; loadu has no alignment requirement.
-        unsafe { _mm256_loadu_si256(s.as_ptr().cast()) }
-    }
-
     /// Walk a 16-bit-float row: full 16-element chunks with plain loads and stores (masked
     /// stores are slow on some cores), then the tail of < 16 elements with a masked pair.
     /// `$cvt` maps 16 u16 (`__m256i`) to 16 f32 (`__m512`).
@@ -463,7 +480,7 @@ mod imp {
             let (ss, s_tail) = $src.as_chunks::<32>();
             let (ds, d_tail) = $dst.as_chunks_mut::<16>();
             for (s, d) in ss.iter().zip(ds.iter_mut()) {
-                st(d, 0, $cvt(ld32(s)));
+                st(d, 0, $cvt(ld32(s, 0)));
             }
             if !d_tail.is_empty() {
                 let k = (1u16 << d_tail.len()) - 1;
