@@ -69,6 +69,9 @@ pub fn render(
         add_generation_prompt => add_generation_prompt,
         bos_token => bos,
         eos_token => eos,
+        // transformers passes these as None when absent; `tools is not none` must see that.
+        tools => (),
+        documents => (),
     })
     .map_err(|e| template_error(&e))
 }
