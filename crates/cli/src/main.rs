@@ -1,1 +1,446 @@
-fn main() {}
+//! The `cortiq` binary: a thin shell over cortiq-engine. Parses flags (clap), resolves MODEL
+//! (a .gguf file, an HF folder or a known name that is pulled on first use), and runs one
+//! subcommand. Errors print as one line `error: ...` with a non-zero exit.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use cortiq_cli::pull;
+use cortiq_engine::generate::{generate, GenOptions};
+use cortiq_engine::load::{load, Loaded};
+use cortiq_engine::perplexity::{perplexity, PplOptions};
+use cortiq_engine::sampling::SamplerParams;
+use cortiq_engine::Logits;
+use cortiq_formats::chat::{self, ChatMessage};
+use cortiq_formats::tokenizer::{StreamDecoder, Tokenizer};
+use indicatif::{ProgressBar, ProgressStyle};
+
+#[derive(Parser)]
+#[command(name = "cortiq", version, about = "Run language models on the CPU: GGUF files and Hugging Face folders")]
+struct Cli {
+    /// Log more (debug level); RUST_LOG overrides.
+    #[arg(short, long, global = true)]
+    verbose: bool,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Fetch a known model (or text) into the cache, verify its sha256 and print its path.
+    Pull {
+        /// A known model name (see `cortiq pull --list`) or text name (alice29.txt, ...).
+        name: Option<String>,
+        /// List the known models and texts.
+        #[arg(long)]
+        list: bool,
+    },
+    /// Generate text: streams only the completion to stdout; timings to stderr.
+    Run(RunArgs),
+    /// Perplexity of a text, with llama-perplexity's method.
+    Ppl(PplArgs),
+    /// Write the logits at every position of an exact token sequence to a .npy file [T, vocab].
+    Logits(LogitsArgs),
+    /// Print the token ids of TEXT, comma-separated.
+    Tokenize(TokenizeArgs),
+}
+
+#[derive(Args)]
+struct Common {
+    /// A .gguf file, an HF folder, or a known model name (pulled on first use).
+    #[arg(short, long, value_name = "MODEL")]
+    model: String,
+    /// Worker threads (default: all cores).
+    #[arg(short, long)]
+    threads: Option<usize>,
+}
+
+#[derive(Args)]
+struct RunArgs {
+    #[command(flatten)]
+    common: Common,
+    /// The prompt. Without it: with --chat, an interactive conversation from stdin; else stdin is the prompt.
+    #[arg(short, long)]
+    prompt: Option<String>,
+    /// Tokens to generate at most.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
+    n_predict: usize,
+    /// Sampling temperature; 0 = greedy.
+    #[arg(long, default_value_t = 0.8)]
+    temp: f32,
+    /// Keep the K most likely tokens (0 = off).
+    #[arg(long, default_value_t = 40)]
+    top_k: usize,
+    /// Nucleus sampling mass (1 = off).
+    #[arg(long, default_value_t = 0.95)]
+    top_p: f32,
+    /// Drop tokens below P × the top probability (0 = off).
+    #[arg(long, default_value_t = 0.05)]
+    min_p: f32,
+    /// Repetition penalty (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    repeat_penalty: f32,
+    /// Presence penalty (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    presence_penalty: f32,
+    /// Frequency penalty (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    frequency_penalty: f32,
+    /// Penalty window in tokens.
+    #[arg(long, default_value_t = 64)]
+    repeat_last_n: usize,
+    /// RNG seed (default: random). Same seed, same tokens.
+    #[arg(short, long)]
+    seed: Option<u64>,
+    /// Apply the model's chat template.
+    #[arg(long)]
+    chat: bool,
+    /// System prompt for --chat.
+    #[arg(long)]
+    system: Option<String>,
+    /// Stop when the output contains this text (repeatable).
+    #[arg(long = "stop")]
+    stops: Vec<String>,
+    /// Context size in tokens (default: the model's, at most 4096).
+    #[arg(short, long)]
+    ctx: Option<usize>,
+    /// Do not stop at end-of-sequence tokens.
+    #[arg(long)]
+    ignore_eos: bool,
+    /// Positions per prefill step.
+    #[arg(long, default_value_t = 512)]
+    batch: usize,
+}
+
+#[derive(Args)]
+struct PplArgs {
+    #[command(flatten)]
+    common: Common,
+    /// The text file (or a known text name such as alice29.txt).
+    #[arg(short, long)]
+    file: String,
+    /// Tokens per chunk.
+    #[arg(short, long, default_value_t = 512)]
+    ctx: usize,
+    /// Score only the first K chunks.
+    #[arg(long)]
+    chunks: Option<usize>,
+    /// Positions per forward step.
+    #[arg(short, long, default_value_t = 512)]
+    batch: usize,
+}
+
+#[derive(Args)]
+struct LogitsArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Comma-separated token ids (no BOS is added).
+    #[arg(long, value_delimiter = ',', required = true)]
+    tokens: Vec<u32>,
+    /// Output .npy file (f32 [T, vocab]).
+    #[arg(short, long)]
+    out: PathBuf,
+    /// Positions per forward step.
+    #[arg(short, long, default_value_t = 512)]
+    batch: usize,
+}
+
+#[derive(Args)]
+struct TokenizeArgs {
+    #[command(flatten)]
+    common: Common,
+    /// The text to tokenize.
+    text: String,
+    /// Do not add BOS even when the model adds it.
+    #[arg(long)]
+    no_bos: bool,
+    /// Treat special-token text (e.g. <|im_start|>) as plain text.
+    #[arg(long)]
+    no_parse_special: bool,
+}
+
+fn main() {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand) {
+                let _ = e.print();
+                std::process::exit(if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand { 2 } else { 0 });
+            }
+            // One line: clap's first line names the flag and the problem.
+            let msg = e.render().to_string();
+            eprintln!("{} (see cortiq --help)", msg.lines().next().unwrap_or("error: bad arguments").trim_end());
+            std::process::exit(2);
+        }
+    };
+    init_logging(cli.verbose);
+    if let Err(e) = dispatch(cli.cmd) {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn init_logging(verbose: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(if verbose { "debug" } else { "warn" }));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
+}
+
+fn dispatch(cmd: Cmd) -> Result<()> {
+    match cmd {
+        Cmd::Pull { name, list } => cmd_pull(name, list),
+        Cmd::Run(a) => cmd_run(a),
+        Cmd::Ppl(a) => cmd_ppl(a),
+        Cmd::Logits(a) => cmd_logits(a),
+        Cmd::Tokenize(a) => cmd_tokenize(a),
+    }
+}
+
+fn set_threads(n: Option<usize>) -> Result<()> {
+    if let Some(n) = n {
+        if n == 0 {
+            bail!("--threads must be at least 1");
+        }
+        rayon::ThreadPoolBuilder::new().num_threads(n).build_global().context("setting up the thread pool")?;
+    }
+    Ok(())
+}
+
+fn open_model(c: &Common) -> Result<Loaded> {
+    set_threads(c.threads)?;
+    let path = pull::resolve_model(&c.model)?;
+    let t = Instant::now();
+    let loaded = load(&path).with_context(|| format!("loading {}", path.display()))?;
+    tracing::info!("loaded {} ({}) in {:.2}s", path.display(), loaded.model.cfg.arch, t.elapsed().as_secs_f64());
+    Ok(loaded)
+}
+
+fn open_tokenizer(l: &Loaded) -> Result<Tokenizer> {
+    use cortiq_engine::load::Origin;
+    Ok(match &l.origin {
+        Origin::Gguf(g) => Tokenizer::from_gguf(g)?,
+        Origin::Hf { dir, .. } => {
+            let tj = dir.join("tokenizer.json");
+            if !tj.exists() {
+                bail!("{}: missing tokenizer (no tokenizer.json in the model folder)", dir.display());
+            }
+            let tc = dir.join("tokenizer_config.json");
+            Tokenizer::from_tokenizer_json(&tj, tc.exists().then_some(tc.as_path()))?
+        }
+    })
+}
+
+fn cmd_pull(name: Option<String>, list: bool) -> Result<()> {
+    if list || name.is_none() {
+        for m in pull::known_models() {
+            println!("{:<22} {}", m.name, m.about);
+        }
+        for t in pull::known_texts() {
+            println!("{:<22} (text)", t.name);
+        }
+        if name.is_none() && !list {
+            bail!("pull needs a NAME (listed above)");
+        }
+        return Ok(());
+    }
+    let name = name.expect("checked above");
+    let is_text = pull::known_texts().iter().any(|t| t.name == name);
+    let path = if is_text { pull::pull_text(&name)? } else { pull::pull_model(&name)? };
+    println!("{}", path.display());
+    Ok(())
+}
+
+fn cmd_tokenize(a: TokenizeArgs) -> Result<()> {
+    let loaded = open_model(&a.common)?;
+    let tok = open_tokenizer(&loaded)?;
+    let ids = tok.encode_with(&a.text, tok.add_bos() && !a.no_bos, !a.no_parse_special)?;
+    println!("{}", ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(","));
+    Ok(())
+}
+
+fn cmd_logits(a: LogitsArgs) -> Result<()> {
+    let loaded = open_model(&a.common)?;
+    let model = &loaded.model;
+    let n = a.tokens.len();
+    let mut state = model.new_state(n);
+    let mut out = Vec::with_capacity(n * model.cfg.vocab);
+    for c in a.tokens.chunks(a.batch.max(1)) {
+        out.extend(model.forward(c, &mut state, Logits::From(0))?);
+    }
+    cortiq_formats::npy::write_f32(&a.out, &[n, model.cfg.vocab], &out)?;
+    eprintln!("wrote {} [{n}, {}]", a.out.display(), model.cfg.vocab);
+    Ok(())
+}
+
+fn cmd_ppl(a: PplArgs) -> Result<()> {
+    let loaded = open_model(&a.common)?;
+    let tok = open_tokenizer(&loaded)?;
+    let path = pull::resolve_text(&a.file)?;
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let t0 = Instant::now();
+    let tokens = tok.encode_with(&text, tok.add_bos(), false)?;
+    eprintln!("tokenized {} in {:.2}s: {} tokens", path.display(), t0.elapsed().as_secs_f64(), tokens.len());
+    let max_chunks = tokens.len() / a.ctx.max(1);
+    let n_chunks = a.chunks.map_or(max_chunks, |c| c.min(max_chunks));
+    let bar = ProgressBar::new(n_chunks as u64);
+    bar.set_style(ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} chunks {msg}").expect("valid template"));
+    let opt = PplOptions { n_ctx: a.ctx, n_chunks: a.chunks, n_batch: a.batch.min(a.ctx), bos: if tok.add_bos() { tok.bos_id() } else { None } };
+    let t1 = Instant::now();
+    let r = perplexity(&loaded.model, &tokens, &opt, &mut |done, _, running| {
+        bar.set_position(done as u64);
+        bar.set_message(format!("ppl {running:.4}"));
+    })?;
+    bar.finish_and_clear();
+    let secs = t1.elapsed().as_secs_f64();
+    eprintln!("{} chunks of {} tokens, {} scored, {:.1}s ({:.1} tok/s)", r.chunks, a.ctx, r.count, secs, (r.chunks * a.ctx) as f64 / secs);
+    println!("PPL = {:.4} +/- {:.5}", r.ppl, r.stderr);
+    Ok(())
+}
+
+fn sampler_params(a: &RunArgs) -> SamplerParams {
+    let mut p = SamplerParams {
+        temperature: a.temp,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        min_p: a.min_p,
+        repeat_penalty: a.repeat_penalty,
+        presence_penalty: a.presence_penalty,
+        frequency_penalty: a.frequency_penalty,
+        repeat_last_n: a.repeat_last_n,
+        ..SamplerParams::default()
+    };
+    if let Some(s) = a.seed {
+        p.seed = s;
+    }
+    p
+}
+
+fn cmd_run(a: RunArgs) -> Result<()> {
+    if !(a.temp >= 0.0) {
+        bail!("--temp must be >= 0, got {}", a.temp);
+    }
+    if !(0.0..=1.0).contains(&a.top_p) || !(0.0..=1.0).contains(&a.min_p) {
+        bail!("--top-p and --min-p must be within [0, 1], got {} and {}", a.top_p, a.min_p);
+    }
+    let loaded = open_model(&a.common)?;
+    let tok = open_tokenizer(&loaded)?;
+    let model = &loaded.model;
+    let n_ctx = a.ctx.unwrap_or(model.cfg.n_ctx_train.min(4096));
+    if n_ctx == 0 {
+        bail!("--ctx must be at least 1");
+    }
+    let mut eos = if a.ignore_eos { Vec::new() } else { tok.eos_ids() };
+    eos.sort_unstable();
+    eos.dedup();
+    let opt = GenOptions { n_predict: a.n_predict, sampler: sampler_params(&a), eos, stops: a.stops.clone(), prefill_chunk: a.batch.max(1) };
+    let mut state = model.new_state(n_ctx);
+
+    if a.chat && a.prompt.is_none() {
+        return chat_loop(&loaded, &tok, &a, &opt, n_ctx);
+    }
+    let prompt_text = match &a.prompt {
+        Some(p) => p.clone(),
+        None => {
+            let mut s = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut s).context("reading the prompt from stdin")?;
+            s
+        }
+    };
+    let ids = if a.chat {
+        let mut msgs = Vec::new();
+        if let Some(s) = &a.system {
+            msgs.push(ChatMessage { role: "system".into(), content: s.clone() });
+        }
+        msgs.push(ChatMessage { role: "user".into(), content: prompt_text });
+        encode_chat(&tok, &msgs)?
+    } else {
+        tok.encode_with(&prompt_text, tok.add_bos(), false)?
+    };
+    if ids.len() >= n_ctx {
+        bail!("prompt of {} tokens does not fit the context of {n_ctx} (raise --ctx)", ids.len());
+    }
+    let stats = stream(&loaded, &tok, &mut state, &ids, &opt)?;
+    eprintln!(
+        "\nprompt {} tok in {:.2}s ({:.1} tok/s), generated {} tok in {:.2}s ({:.1} tok/s), stop: {:?}",
+        stats.n_prompt,
+        stats.prefill.as_secs_f64(),
+        stats.prefill_tps(),
+        stats.n_generated,
+        stats.decode.as_secs_f64(),
+        stats.decode_tps(),
+        stats.stop
+    );
+    Ok(())
+}
+
+fn stream(loaded: &Loaded, tok: &Tokenizer, state: &mut cortiq_engine::state::SeqState, ids: &[u32], opt: &GenOptions) -> Result<cortiq_engine::generate::GenStats> {
+    let mut dec = StreamDecoder::new(tok);
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let stats = generate(&loaded.model, state, ids, opt, &mut |id| dec.push(id), &mut |s| {
+        let _ = out.write_all(s.as_bytes());
+        let _ = out.flush();
+    })?;
+    Ok(stats)
+}
+
+/// Render the conversation with the model's template and tokenize it (special tokens parsed;
+/// BOS added only when the template did not already write it).
+fn encode_chat(tok: &Tokenizer, msgs: &[ChatMessage]) -> Result<Vec<u32>> {
+    let template = tok.chat_template().context("the model has no chat template (run without --chat)")?;
+    let text_of = |id: u32| tok.token_text(id).unwrap_or_default().to_string();
+    let bos = tok.bos_id().map(text_of).unwrap_or_default();
+    let eos = tok.eos_id().map(text_of).unwrap_or_default();
+    let text = chat::render(template, msgs, true, &bos, &eos)?;
+    let add_bos = tok.add_bos() && !(!bos.is_empty() && text.starts_with(&bos));
+    Ok(tok.encode_with(&text, add_bos, true)?)
+}
+
+/// Interactive chat on stdin: one user turn per line; the conversation so far is re-rendered
+/// each turn and only the part after the common prefix with the cached state is prefilled.
+fn chat_loop(loaded: &Loaded, tok: &Tokenizer, a: &RunArgs, opt: &GenOptions, n_ctx: usize) -> Result<()> {
+    let model = &loaded.model;
+    let mut state = model.new_state(n_ctx);
+    let mut cached: Vec<u32> = Vec::new();
+    let mut msgs = Vec::new();
+    if let Some(s) = &a.system {
+        msgs.push(ChatMessage { role: "system".into(), content: s.clone() });
+    }
+    let interactive = std::io::stdin().is_terminal();
+    let stdin = std::io::stdin();
+    loop {
+        if interactive {
+            eprint!("> ");
+        }
+        let mut line = String::new();
+        if stdin.lock().read_line(&mut line)? == 0 {
+            break;
+        }
+        let line = line.trim_end_matches(['\n', '\r']).to_string();
+        if line.is_empty() {
+            continue;
+        }
+        msgs.push(ChatMessage { role: "user".into(), content: line });
+        let ids = encode_chat(tok, &msgs)?;
+        if ids.len() + 1 >= n_ctx {
+            bail!("conversation of {} tokens no longer fits the context of {n_ctx} (raise --ctx)", ids.len());
+        }
+        let common = cached.iter().zip(&ids).take_while(|(x, y)| x == y).count().min(ids.len() - 1);
+        // Keep the cached positions shared with the new rendering; recompute the rest.
+        state.truncate(common.min(state.len));
+        let start = state.len;
+        let stats = stream(loaded, tok, &mut state, &ids[start..], opt)?;
+        println!();
+        let reply = tok.decode(&stats.tokens);
+        msgs.push(ChatMessage { role: "assistant".into(), content: reply.trim().to_string() });
+        cached = ids;
+        cached.extend(&stats.tokens);
+        // The state holds the prompt plus every generated token that went through a forward.
+        cached.truncate(state.len);
+    }
+    Ok(())
+}

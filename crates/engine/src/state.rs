@@ -48,6 +48,11 @@ impl SeqState {
         }
     }
 
+    /// Keep the first `len` positions (len ≤ self.len).
+    pub fn truncate(&mut self, len: usize) {
+        self.rollback(Checkpoint { len });
+    }
+
     pub fn clear(&mut self) {
         self.rollback(Checkpoint { len: 0 });
     }
