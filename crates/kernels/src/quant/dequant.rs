@@ -1,8 +1,9 @@
 //! Scalar dequantization of GGUF blocks to f32, and a row dot product built on it.
 //!
 //! Owns: one decode function per block type, `dequantize_row` (the dispatch the engine's
-//! QTensor calls) and `dot_row`. These are the scalar references: any SIMD kernel added later
-//! is tested against them.
+//! QTensor calls: the AVX-512 kernels of `dequant_avx512` when the CPU has them, else these),
+//! `dequantize_row_scalar` and `dot_row`. These are the scalar references: the SIMD kernels are
+//! tested bit for bit against them (tests/dequant_simd.rs).
 //!
 //! Bit-exactness contract: every value equals what the `gguf` PyPI package (0.19.0,
 //! gguf/quants.py) produces, bit for bit. That package computes in numpy f32 with a fixed
