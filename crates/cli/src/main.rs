@@ -46,6 +46,26 @@ enum Cmd {
     Logits(LogitsArgs),
     /// Print the token ids of TEXT, comma-separated.
     Tokenize(TokenizeArgs),
+    /// Prompt-processing and generation speed, like llama-bench (pp then tg lines, mean ± sd).
+    Bench(BenchArgs),
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Prompt tokens processed in one prefill (0 = skip).
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    n_prompt: usize,
+    /// Tokens generated one at a time (0 = skip).
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    n_gen: usize,
+    /// Repetitions of each test.
+    #[arg(short, long, default_value_t = 3)]
+    reps: usize,
+    /// Positions per prefill step.
+    #[arg(short, long, default_value_t = 512)]
+    batch: usize,
 }
 
 #[derive(Args)]
@@ -197,6 +217,7 @@ fn dispatch(cmd: Cmd) -> Result<()> {
         Cmd::Ppl(a) => cmd_ppl(a),
         Cmd::Logits(a) => cmd_logits(a),
         Cmd::Tokenize(a) => cmd_tokenize(a),
+        Cmd::Bench(a) => cmd_bench(a),
     }
 }
 
@@ -214,7 +235,7 @@ fn open_model(c: &Common) -> Result<Loaded> {
     set_threads(c.threads)?;
     let path = pull::resolve_model(&c.model)?;
     let t = Instant::now();
-    let loaded = load(&path).with_context(|| format!("loading {}", path.display()))?;
+    let loaded = load(&path)?;
     tracing::info!("loaded {} ({}) in {:.2}s", path.display(), loaded.model.cfg.arch, t.elapsed().as_secs_f64());
     Ok(loaded)
 }
@@ -298,6 +319,55 @@ fn cmd_ppl(a: PplArgs) -> Result<()> {
     let secs = t1.elapsed().as_secs_f64();
     eprintln!("{} chunks of {} tokens, {} scored, {:.1}s ({:.1} tok/s)", r.chunks, a.ctx, r.count, secs, (r.chunks * a.ctx) as f64 / secs);
     println!("PPL = {:.4} +/- {:.5}", r.ppl, r.stderr);
+    Ok(())
+}
+
+/// llama-bench's method: pp = one prefill of n_prompt tokens from an empty context (logits of
+/// the last position only); tg = n_gen single-token decodes from an empty context. Token ids
+/// are arbitrary but fixed (speed does not depend on them).
+fn cmd_bench(a: BenchArgs) -> Result<()> {
+    if a.reps == 0 {
+        bail!("--reps must be at least 1");
+    }
+    let loaded = open_model(&a.common)?;
+    let model = &loaded.model;
+    let vocab = model.cfg.vocab as u32;
+    let toks: Vec<u32> = (0..a.n_prompt.max(a.n_gen) as u32).map(|i| (i.wrapping_mul(7919) + 13) % vocab).collect();
+    let threads = rayon::current_num_threads();
+    println!("model: {} ({}), threads: {threads}", a.common.model, model.cfg.arch);
+    let report = |name: String, n: usize, times: &[f64]| {
+        let rates: Vec<f64> = times.iter().map(|t| n as f64 / t).collect();
+        let mean = rates.iter().sum::<f64>() / rates.len() as f64;
+        let sd = if rates.len() > 1 { (rates.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (rates.len() - 1) as f64).sqrt() } else { 0.0 };
+        println!("{name}: {mean:.2} ± {sd:.2} tok/s");
+    };
+    if a.n_prompt > 0 {
+        let mut times = Vec::new();
+        // One unmeasured warm-up run pages the weights in.
+        for rep in 0..=a.reps {
+            let mut st = model.new_state(a.n_prompt);
+            let t = Instant::now();
+            model.prefill(&toks[..a.n_prompt], &mut st, a.batch.max(1))?;
+            if rep > 0 {
+                times.push(t.elapsed().as_secs_f64());
+            }
+        }
+        report(format!("pp{}", a.n_prompt), a.n_prompt, &times);
+    }
+    if a.n_gen > 0 {
+        let mut times = Vec::new();
+        for rep in 0..=a.reps {
+            let mut st = model.new_state(a.n_gen);
+            let t = Instant::now();
+            for &tk in &toks[..a.n_gen] {
+                model.forward(&[tk], &mut st, Logits::Last)?;
+            }
+            if rep > 0 {
+                times.push(t.elapsed().as_secs_f64());
+            }
+        }
+        report(format!("tg{}", a.n_gen), a.n_gen, &times);
+    }
     Ok(())
 }
 
