@@ -15,6 +15,8 @@ Inputs (nothing is downloaded here):
   * llama-cpp-python==0.3.36's source package in ~/.cache/cortiq/testdata (the tokenizer
     conformance test fetches it): its vendored llama.cpp provides a Gemma chat template and a
     Gemma 4 vocabulary whose metadata carries another;
+  * brotli==1.2.1's source package in ~/.cache/cortiq/testdata (tests fetch it too): its
+    alice29.txt (152 KB) is tokenized whole; only the id count and digests are stored;
   * --llama-tokenize PATH: llama.cpp's llama-tokenize built from that same vendored source
     (cmake ... --target llama-tokenize). Without it only transformers ids are written.
 
@@ -44,6 +46,11 @@ MODELS = {
     ),
     "gemma3": ("gemma-3-270m-q4_k_m.gguf", "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"),
 }
+
+BROTLI = "brotli-1.2.1.tar.gz"
+BROTLI_SHA256 = "02b2f7b5a83485efe448a44ddf7983def05c3bb1dcf917d4f7154070260e13de"
+ALICE = "brotli-1.2.1/tests/testdata/alice29.txt"
+CHUNK = 1024
 
 SDIST = "llama_cpp_python-0.3.36.tar.gz"
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
@@ -115,10 +122,29 @@ def llama_cpp_ids(exe: str, model: Path, text: str, add_bos: bool, parse_special
     return json.loads(line)
 
 
+def ids_digest(ids: list[int]) -> str:
+    return hashlib.sha256(" ".join(map(str, ids)).encode()).hexdigest()
+
+
+def digests(ids: list[int]) -> dict:
+    return dict(
+        n=len(ids),
+        sha256=ids_digest(ids),
+        chunk=CHUNK,
+        chunk_sha256=[ids_digest(ids[i : i + CHUNK]) for i in range(0, len(ids), CHUNK)],
+        head=ids[:32],
+    )
+
+
 def gen_tokenizer_fixtures(out_dir: Path, llama_tokenize: str | None) -> None:
     from transformers import AutoTokenizer
 
     models_dir = cache_root() / "models"
+    brotli = cache_root() / "testdata" / BROTLI
+    if sha256(brotli) != BROTLI_SHA256:
+        sys.exit(f"{brotli}: sha256 mismatch")
+    with tarfile.open(brotli) as tf:
+        alice = tf.extractfile(ALICE).read().decode("utf-8")
     for name, (fname, want_sha) in MODELS.items():
         path = models_dir / fname
         got = sha256(path)
@@ -141,6 +167,13 @@ def gen_tokenizer_fixtures(out_dir: Path, llama_tokenize: str | None) -> None:
             )
             if c["llama_cpp"] is not None and c["llama_cpp"] != c["hf"]:
                 print(f"note: {name}/{c['name']}: llama.cpp and transformers differ", file=sys.stderr)
+        long_text = dict(
+            source="brotli==1.2.1 " + ALICE.split("/", 1)[1],
+            add_special=False,
+            parse_special=False,
+            hf=digests(tok.encode(alice, add_special_tokens=False, split_special_tokens=True)),
+            llama_cpp=digests(llama_cpp_ids(llama_tokenize, path, alice, False, False)) if llama_tokenize else None,
+        )
         doc = dict(
             model_file=fname,
             sha256=want_sha,
@@ -150,6 +183,7 @@ def gen_tokenizer_fixtures(out_dir: Path, llama_tokenize: str | None) -> None:
                 llama_cpp="llama-tokenize from llama-cpp-python==0.3.36 vendor/llama.cpp" if llama_tokenize else None,
             ),
             cases=cases,
+            long_text=long_text,
         )
         (out_dir / f"{name}.json").write_text(json.dumps(doc, ensure_ascii=False, indent=1) + "\n")
         print(f"wrote {name}.json ({len(cases)} cases)")

