@@ -6,6 +6,9 @@ Writes, under crates/formats/tests/data/tokenizer/:
                        llama.cpp (llama-tokenize) and from Hugging Face transformers loading the
                        same GGUF; the Rust test holds cortiq to llama.cpp's ids and reports where
                        transformers differs.
+  hf/                  two small tokenizer.json files trained here with `tokenizers` (byte-level
+                       BPE; SentencePiece-style BPE with byte fallback) and the ids/decodes that
+                       library gives, for the tokenizer.json backend.
   chat_templates.json  chat templates rendered by transformers' own renderer
                        (render_jinja_template, the code behind apply_chat_template).
 
@@ -269,11 +272,104 @@ def gen_chat_fixtures(out_dir: Path) -> None:
     print(f"wrote chat_templates.json ({len(templates)} templates)")
 
 
+def train_corpus() -> list[str]:
+    brotli = cache_root() / "testdata" / BROTLI
+    with tarfile.open(brotli) as tf:
+        alice = tf.extractfile(ALICE).read().decode("utf-8")
+    return list(TEXTS.values()) + [alice[i : i + 2000] for i in range(0, 40000, 2000)]
+
+
+def gen_hf_fixtures(out_dir: Path) -> None:
+    """Two small tokenizer.json files trained here with the `tokenizers` library (byte-level BPE
+    like GPT-2/Qwen, and SentencePiece-style BPE with byte fallback like Llama/Mistral), with the
+    ids and decodes `tokenizers` itself gives."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    corpus = train_corpus()
+    hf_dir = out_dir / "hf"
+    hf_dir.mkdir(exist_ok=True)
+
+    bl = Tokenizer(models.BPE())
+    bl.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    bl.decoder = decoders.ByteLevel()
+    bl.post_processor = processors.ByteLevel(trim_offsets=False)
+    bl.train_from_iterator(
+        corpus,
+        trainers.BpeTrainer(
+            vocab_size=700,
+            special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
+    bl_cfg = dict(
+        bos_token=None,
+        eos_token="<|im_end|>",
+        add_bos_token=False,
+        chat_template=gguf_str(cache_root() / "models" / MODELS["smollm2"][0], "tokenizer.chat_template"),
+    )
+
+    sp = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+    sp.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    sp.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    sp.train_from_iterator(
+        corpus,
+        trainers.BpeTrainer(
+            vocab_size=700,
+            special_tokens=["<unk>", "<s>", "</s>"] + ["<0x%02X>" % i for i in range(256)],
+            show_progress=False,
+        ),
+    )
+    # The byte tokens were given as special tokens only to reserve them in the vocabulary; a real
+    # Llama-style tokenizer.json has them as ordinary vocabulary entries, not added tokens.
+    spj = json.loads(sp.to_str())
+    spj["added_tokens"] = [t for t in spj["added_tokens"] if not t["content"].startswith("<0x")]
+    sp = Tokenizer.from_str(json.dumps(spj))
+    sp.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", sp.token_to_id("<s>"))]
+    )
+
+    for name, tok, cfg in (("bytelevel", bl, bl_cfg), ("spm_byte_fallback", sp, None)):
+        (hf_dir / f"{name}.tokenizer.json").write_text(tok.to_str(pretty=False) + "\n")
+        if cfg is not None:
+            (hf_dir / f"{name}.tokenizer_config.json").write_text(json.dumps(cfg, ensure_ascii=False, indent=1) + "\n")
+        cases = []
+        texts = dict(TEXTS)
+        texts["chat"] = CHAT_PROMPTS["smollm2"]
+        for tname, text in texts.items():
+            tok.encode_special_tokens = False
+            parsed = tok.encode(text, add_special_tokens=False).ids
+            with_special = tok.encode(text, add_special_tokens=True).ids
+            tok.encode_special_tokens = True
+            literal = tok.encode(text, add_special_tokens=False).ids
+            tok.encode_special_tokens = False
+            cases.append(
+                dict(
+                    name=tname,
+                    text=text,
+                    ids=parsed,
+                    ids_add_special=with_special,
+                    ids_literal_special=literal,
+                    decode_skip_special=tok.decode(parsed, skip_special_tokens=True),
+                )
+            )
+        doc = dict(
+            tokenizer=f"{name}.tokenizer.json",
+            tokenizer_config=f"{name}.tokenizer_config.json" if cfg is not None else None,
+            generated_by=dict(tool="tools/tokenizer/gen_expected.py", pinned=PINNED),
+            cases=cases,
+        )
+        (hf_dir / f"{name}.expected.json").write_text(json.dumps(doc, ensure_ascii=False, indent=1) + "\n")
+        print(f"wrote hf/{name}.* ({len(cases)} cases)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--llama-tokenize", help="path to llama.cpp's llama-tokenize (from llama-cpp-python 0.3.36)")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parents[2] / "crates/formats/tests/data/tokenizer"))
-    ap.add_argument("--only", choices=["tokenizer", "chat"], help="generate one kind of fixture")
+    ap.add_argument("--only", choices=["tokenizer", "chat", "hf"], help="generate one kind of fixture")
     args = ap.parse_args()
     import importlib.metadata as md
 
@@ -287,6 +383,8 @@ def main() -> None:
         gen_tokenizer_fixtures(out, args.llama_tokenize)
     if args.only in (None, "chat"):
         gen_chat_fixtures(out)
+    if args.only in (None, "hf"):
+        gen_hf_fixtures(out)
 
 
 if __name__ == "__main__":

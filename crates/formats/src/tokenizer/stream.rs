@@ -33,9 +33,9 @@ impl<'a> StreamDecoder<'a> {
         self
     }
 
-    /// Drop one leading space from the start of the stream: use when the stream is a text from
-    /// its beginning in a vocabulary with a SentencePiece dummy prefix (as `decode` does), not
-    /// when it continues a prompt.
+    /// Drop the SentencePiece dummy-prefix space from the start of the stream (as `decode` does),
+    /// for vocabularies that add one; use when the stream is a text from its beginning, not when
+    /// it continues a prompt. No effect on other vocabularies.
     pub fn strip_leading_space(mut self, on: bool) -> Self {
         self.strip_leading_space = on;
         self
@@ -90,7 +90,7 @@ impl<'a> StreamDecoder<'a> {
     fn finish_text(&mut self, mut s: String) -> String {
         if !self.emitted_any && !s.is_empty() {
             self.emitted_any = true;
-            if self.strip_leading_space && s.starts_with(' ') {
+            if self.strip_leading_space && self.tok.add_space_prefix && s.starts_with(' ') {
                 s.remove(0);
             }
         }

@@ -1,0 +1,72 @@
+//! The tokenizer.json backend against the Python `tokenizers` library on the same files.
+//!
+//! Fixtures (tests/data/tokenizer/hf/, from tools/tokenizer/gen_expected.py): a byte-level BPE
+//! (GPT-2/Qwen style, with a tokenizer_config.json naming EOS and a chat template) and a
+//! SentencePiece-style BPE with byte fallback whose post-processor adds `<s>` (Llama style, no
+//! tokenizer_config.json: BOS and add_bos come from the post-processor). Ids with special tokens
+//! parsed, left as text, and with BOS added must equal the library's; decoding must equal its
+//! decode(skip_special_tokens=True); streaming must give the same text.
+
+use std::path::PathBuf;
+
+use cortiq_formats::tokenizer::{StreamDecoder, Tokenizer};
+use serde_json::Value;
+
+fn dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/tokenizer/hf")
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+fn check(name: &str) -> Tokenizer {
+    let fx: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir().join(format!("{name}.expected.json"))).unwrap()).unwrap();
+    let cfg = fx["tokenizer_config"].as_str().map(|c| dir().join(c));
+    let tok = Tokenizer::from_tokenizer_json(&dir().join(fx["tokenizer"].as_str().unwrap()), cfg.as_deref()).unwrap();
+    let mut n = 0;
+    for c in fx["cases"].as_array().unwrap() {
+        let text = c["text"].as_str().unwrap();
+        let label = format!("{name}/{}", c["name"].as_str().unwrap());
+        let parsed = tok.encode_with(text, false, true).unwrap();
+        assert_eq!(parsed, ids(&c["ids"]), "{label}: ids (special tokens parsed)");
+        assert_eq!(
+            tok.encode_with(text, false, false).unwrap(),
+            ids(&c["ids_literal_special"]),
+            "{label}: ids (special as text)"
+        );
+        assert_eq!(tok.encode(text, true).unwrap(), ids(&c["ids_add_special"]), "{label}: ids with add_special");
+        let want = c["decode_skip_special"].as_str().unwrap();
+        assert_eq!(tok.decode(&parsed), want, "{label}: decode");
+        let mut dec = StreamDecoder::new(&tok).strip_leading_space(true);
+        let mut streamed: String = parsed.iter().map(|&i| dec.push(i)).collect();
+        streamed.push_str(&dec.finish());
+        assert_eq!(streamed, want, "{label}: streamed decode");
+        n += 1;
+    }
+    eprintln!("[{name}] {n} cases identical to the tokenizers library: {tok:?}");
+    tok
+}
+
+#[test]
+fn byte_level_bpe_with_config() {
+    let tok = check("bytelevel");
+    assert!(!tok.add_bos());
+    let im_end = tok.token_to_id("<|im_end|>").unwrap();
+    assert_eq!(tok.eos_id(), Some(im_end));
+    assert!(tok.eos_ids().contains(&im_end));
+    assert!(tok.is_control(im_end));
+    assert!(tok.chat_template().unwrap().contains("<|im_start|>"));
+    assert_eq!(tok.token_bytes(tok.token_to_id("Ġ").unwrap()), b" ");
+}
+
+#[test]
+fn spm_bpe_with_byte_fallback_from_post_processor() {
+    let tok = check("spm_byte_fallback");
+    let bos = tok.token_to_id("<s>").unwrap();
+    assert_eq!(tok.bos_id(), Some(bos));
+    assert!(tok.add_bos());
+    assert_eq!(tok.token_bytes(tok.token_to_id("<0x0A>").unwrap()), b"\n");
+    assert!(tok.chat_template().is_none());
+}
