@@ -338,6 +338,8 @@ def gen_hf_fixtures(out_dir: Path) -> None:
         cases = []
         texts = dict(TEXTS)
         texts["chat"] = CHAT_PROMPTS["smollm2"]
+        # Characters absent from the training corpus: byte fallback / rare byte-level pieces.
+        texts["unseen_chars"] = "Snowman \u2603, fraktur \U0001d518\U0001d52b\U0001d526, \u222e \u2295 \U0001f71a."
         for tname, text in texts.items():
             tok.encode_special_tokens = False
             parsed = tok.encode(text, add_special_tokens=False).ids
