@@ -4,8 +4,11 @@
 pub mod blocks;
 pub mod dequant;
 pub mod dequant_avx512;
+pub mod vecdot;
+pub mod vecdot_avx512;
 
 pub use dequant::{dequantize_row, dequantize_row_scalar, dot_row};
+pub use vecdot::{ActType, act_type, dequantize_act, matvec_q, quantize_act, vec_dot, vec_dot_scalar};
 
 /// A tensor element type, numbered as ggml numbers it (the GGUF on-disk id).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

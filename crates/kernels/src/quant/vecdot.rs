@@ -1,0 +1,632 @@
+//! Integer dot products of quantized weight rows with 8-bit quantized activations, computed
+//! the way llama.cpp's CPU backend computes them on x86 (ggml-cpu `vec_dot_type`).
+//!
+//! Owns: `ActType` (the activation block formats Q8_0, Q8_1, Q8_K), `act_type` (which one a
+//! weight type pairs with), `quantize_act` (f32 row -> activation blocks), `vec_dot` /
+//! `vec_dot_scalar` (one weight row . one activation row), `matvec_q`, and `dequantize_act`
+//! (the exact `q * d` decode the tests use as a reference). The AVX-512 twins live in
+//! `vecdot_avx512.rs`; these scalar versions are their reference forever.
+//!
+//! Why this exists: dequantize-to-f32 matmuls are exact f32 math (and match transformers), but
+//! llama.cpp quantizes the activation vector to 8 bits per block first. That moves logits by a
+//! few 1e-3, enough to flip near-ties in greedy decoding (SmolLM2-135M Q4_1 departs from
+//! llama.cpp's text after 5 tokens). Matching llama.cpp's tokens needs its arithmetic.
+//!
+//! Bit-exactness contract (checked against ggml itself, see tests/vecdot.rs):
+//!   * `quantize_act` reproduces ggml-cpu's x86 `quantize_row_q8_0` / `quantize_row_q8_1` (the
+//!     AVX/AVX2 branch: `d = amax / 127`, `id = 127 / amax`, `round` = ties-to-even,
+//!     Q8_1's `s = f16(d * sum(q))`) and `quantize_row_q8_K_ref` (the x86 build uses the
+//!     reference: signed max, `iscale = -127 / max`, magic-number `nearest_int`, `d = 1/iscale`).
+//!     The `_ref` Q8_0/Q8_1 (roundf, ties away from zero, `id = 1/d`) is what non-SIMD builds
+//!     use; it differs on exact ties and on `127/amax` vs `1/(amax/127)`, so it is NOT followed.
+//!   * `vec_dot` reproduces ggml's AVX2 `ggml_vec_dot_<w>_<act>` float order exactly. Within a
+//!     block every SIMD path reduces the integer products into 8 i32 lanes, lane `l` owning the
+//!     elements `e` with `(e % 32) / 4 == l` (a 32-byte register, 4 bytes per i32 lane; exact,
+//!     any order). Each lane is converted to f32 and accumulated across blocks with one FMA per
+//!     block into an 8-lane f32 accumulator, which is reduced at the end as `hsum_float_8` does:
+//!     `((a0+a4) + (a2+a6)) + ((a1+a5) + (a3+a7))`. Per-type extras (min terms) are spelled out
+//!     at each function; GCC contracts ggml's scalar `summs += a * b` into an FMA (checked in the
+//!     disassembly of an AVX-512 build), so we use `mul_add` there too (it matters for Q5_K, whose
+//!     `dmin` is a full f32: a plain multiply-add fails the ggml fixture on half its rows; for
+//!     Q4_1/Q5_1 `m * s` is an exact f16*f16 product and both forms agree).
+//!     Integer lane sums stay below 2^24 for every type but Q6_K (whose extreme lanes could reach
+//!     ~3e7 and round on conversion, identically on both sides).
+//!   * The AVX-512 twins produce identical bits (same lane sums, same FMA sequence).
+//!
+//! Where llama.cpp itself takes another path (and so differs from us at the ulp level, never in
+//! the quantized activations): prompt batches of >= 2 tokens go through llamafile's tinyBLAS
+//! for Q8_0/Q4_0/Q5_0 (different accumulation order), and with the default CPU "repack" buffer
+//! Q4_0 and Q4_K weights (and Q2_K on AVX-512) use interleaved 8-row gemv kernels with their own
+//! accumulation order. Decode through `ggml_vec_dot_*` is what this file matches bit for bit.
+
+use super::QuantType;
+use super::blocks::*;
+
+/// Bytes of one Q8_1 activation block: f16 d, f16 s (= d * sum(q)), 32 i8 quants.
+pub const Q8_1_BYTES: usize = 36;
+
+/// The 8-bit activation block format a weight type's integer dot product consumes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ActType {
+    /// 32 elements: f16 `d`, 32 i8 (ggml `block_q8_0`, 34 bytes).
+    Q8_0,
+    /// 32 elements: f16 `d`, f16 `s = d * sum(q)`, 32 i8 (ggml `block_q8_1`, 36 bytes).
+    Q8_1,
+    /// 256 elements: f32 `d`, 256 i8, 16 i16 group sums (ggml `block_q8_K`, 292 bytes).
+    Q8K,
+}
+
+impl ActType {
+    /// Elements per block.
+    pub fn block_size(self) -> usize {
+        match self {
+            ActType::Q8_0 | ActType::Q8_1 => QK,
+            ActType::Q8K => QK_K,
+        }
+    }
+
+    /// Bytes per block.
+    pub fn type_size(self) -> usize {
+        match self {
+            ActType::Q8_0 => 34,
+            ActType::Q8_1 => Q8_1_BYTES,
+            ActType::Q8K => 292,
+        }
+    }
+
+    /// Bytes of a quantized row of `n` elements, `None` when `n` is not a whole number of blocks.
+    pub fn row_bytes(self, n: usize) -> Option<usize> {
+        if !n.is_multiple_of(self.block_size()) {
+            return None;
+        }
+        (n / self.block_size()).checked_mul(self.type_size())
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ActType::Q8_0 => "q8_0",
+            ActType::Q8_1 => "q8_1",
+            ActType::Q8K => "q8_K",
+        }
+    }
+}
+
+impl std::fmt::Display for ActType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The activation format ggml pairs with weight type `ty` (its `vec_dot_type`); `None` for
+/// float weights (the engine keeps f32 math there) and for Q8_K, which is itself an
+/// activation format.
+pub fn act_type(ty: QuantType) -> Option<ActType> {
+    match ty {
+        QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0 => Some(ActType::Q8_0),
+        QuantType::Q4_1 | QuantType::Q5_1 => Some(ActType::Q8_1),
+        QuantType::Q2K | QuantType::Q3K | QuantType::Q4K | QuantType::Q5K | QuantType::Q6K => Some(ActType::Q8K),
+        QuantType::F32 | QuantType::F16 | QuantType::BF16 | QuantType::Q8K => None,
+    }
+}
+
+// ---------------------------------------------------------------- activation quantization
+
+/// Quantize one activation row `x` into `out` (cleared and resized to `act.row_bytes(x.len())`),
+/// bit for bit as ggml-cpu does on x86 (see the module header for which ggml function each
+/// format follows). Panics when `x.len()` is not a whole number of blocks: the engine sizes
+/// activations from validated tensor shapes, so that is a caller bug.
+#[track_caller]
+pub fn quantize_act(act: ActType, x: &[f32], out: &mut Vec<u8>) {
+    let Some(bytes) = act.row_bytes(x.len()) else {
+        panic!("quantize_act({act}): {} elements is not a whole number of {}-element blocks", x.len(), act.block_size());
+    };
+    out.clear();
+    out.resize(bytes, 0);
+    match act {
+        ActType::Q8_0 => {
+            for (xb, ob) in x.chunks_exact(QK).zip(out.chunks_exact_mut(34)) {
+                let (d, q, _) = quantize_block_q8_0(xb.try_into().unwrap());
+                ob[0..2].copy_from_slice(&f16_bits(d).to_le_bytes());
+                for (o, &v) in ob[2..].iter_mut().zip(q.iter()) {
+                    *o = v as u8;
+                }
+            }
+        }
+        ActType::Q8_1 => {
+            for (xb, ob) in x.chunks_exact(QK).zip(out.chunks_exact_mut(Q8_1_BYTES)) {
+                let (d, q, sum) = quantize_block_q8_0(xb.try_into().unwrap());
+                ob[0..2].copy_from_slice(&f16_bits(d).to_le_bytes());
+                // ggml: FP32_TO_FP16(d * hsum_i32_8(...)): the i32 sum converted to f32, one product
+                ob[2..4].copy_from_slice(&f16_bits(d * sum as f32).to_le_bytes());
+                for (o, &v) in ob[4..].iter_mut().zip(q.iter()) {
+                    *o = v as u8;
+                }
+            }
+        }
+        ActType::Q8K => {
+            for (xb, ob) in x.chunks_exact(QK_K).zip(out.chunks_exact_mut(292)) {
+                quantize_block_q8k(xb, ob);
+            }
+        }
+    }
+}
+
+/// f32 -> IEEE half bits, round to nearest even (F16C's `vcvtps2ph` with imm 0, which is what
+/// ggml-cpu's `GGML_CPU_FP32_TO_FP16` compiles to on x86).
+#[inline]
+fn f16_bits(v: f32) -> u16 {
+    half::f16::from_f32(v).to_bits()
+}
+
+/// One 32-element block as ggml-cpu's AVX/AVX2 `quantize_row_q8_0`/`_q8_1` do it:
+/// `amax = max|x|`, `d = amax / 127`, `id = amax != 0 ? 127 / amax : 0`,
+/// `q = round_ties_even(x * id)` saturated to i8 by the packs instructions. Returns the f32 `d`
+/// (before the f16 store), the quants, and their i32 sum (for Q8_1's `s`).
+#[inline]
+fn quantize_block_q8_0(x: &[f32; QK]) -> (f32, [i8; QK], i32) {
+    // |x| by clearing the sign bit, as `andnot(-0.0, v)`; max_ps returns its second operand
+    // when either is NaN, which only matters for NaN input (garbage in both implementations).
+    let mut amax = 0.0f32;
+    for &v in x {
+        let a = f32::from_bits(v.to_bits() & 0x7fff_ffff);
+        amax = if amax > a { amax } else { a };
+    }
+    let d = amax / 127.0;
+    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+    let mut q = [0i8; QK];
+    let mut sum = 0i32;
+    for (o, &v) in q.iter_mut().zip(x) {
+        // _mm256_round_ps(_MM_ROUND_NEAREST) then cvtps_epi32 then two saturating packs
+        let r = (v * id).round_ties_even();
+        // cvtps_epi32 gives i32::MIN ("integer indefinite") for NaN and out-of-range values
+        let i = if r.is_nan() || r.abs() >= 2147483648.0 { i32::MIN } else { r as i32 };
+        let s = i.clamp(-128, 127);
+        sum = sum.wrapping_add(i);
+        *o = s as i8;
+    }
+    (d, q, sum)
+}
+
+/// ggml's `nearest_int`: round to nearest (ties to even) by adding 1.5 * 2^23 and reading the
+/// mantissa; valid for |v| <= 2^22 (always true here, |v| <= 127 * (1 + eps)).
+#[inline]
+fn nearest_int(v: f32) -> i32 {
+    let bits = (v + 12582912.0f32).to_bits() as i32;
+    (bits & 0x007f_ffff) - 0x0040_0000
+}
+
+/// One 256-element Q8_K block as `quantize_row_q8_K_ref` (the x86 build's quantize_row_q8_K):
+/// the signed value of the first element of largest magnitude sets `iscale = -127 / max`,
+/// `q = min(127, nearest_int(iscale * x))`, `d = 1 / iscale` (f32), bsums = 16-element sums.
+/// An all-zero block stores d = 0 and zero quants (ggml leaves its bsums unwritten; we zero
+/// them, and every dot product multiplies them by d = 0 anyway).
+fn quantize_block_q8k(x: &[f32], ob: &mut [u8]) {
+    let mut max = 0.0f32;
+    let mut amax = 0.0f32;
+    for &v in x {
+        let a = v.abs();
+        if a > amax {
+            amax = a;
+            max = v;
+        }
+    }
+    if amax == 0.0 {
+        ob.fill(0);
+        return;
+    }
+    let iscale = -127.0f32 / max;
+    let qs = &mut ob[4..4 + QK_K];
+    for (o, &v) in qs.iter_mut().zip(x) {
+        *o = nearest_int(iscale * v).min(127) as i8 as u8;
+    }
+    let mut bsums = [0i16; QK_K / 16];
+    for (s, g) in bsums.iter_mut().zip(qs.chunks_exact(16)) {
+        *s = g.iter().map(|&b| b as i8 as i16).sum();
+    }
+    for (o, s) in ob[4 + QK_K..].chunks_exact_mut(2).zip(bsums) {
+        o.copy_from_slice(&s.to_le_bytes());
+    }
+    ob[0..4].copy_from_slice(&(1.0f32 / iscale).to_le_bytes());
+}
+
+/// Decode a quantized activation row exactly: element = q * d (f16 or f32 d widened to f64, so
+/// no rounding at all). The tests' f64 reference dot products start from this.
+#[track_caller]
+pub fn dequantize_act(act: ActType, bytes: &[u8], out: &mut [f64]) {
+    let want = act.row_bytes(out.len());
+    assert!(want == Some(bytes.len()), "dequantize_act({act}): {} elements need {want:?} bytes, got {}", out.len(), bytes.len());
+    match act {
+        ActType::Q8_0 | ActType::Q8_1 => {
+            let (off, sz) = if act == ActType::Q8_0 { (2, 34) } else { (4, Q8_1_BYTES) };
+            for (b, o) in bytes.chunks_exact(sz).zip(out.chunks_exact_mut(QK)) {
+                let d = f16_le([b[0], b[1]]) as f64;
+                for (y, &q) in o.iter_mut().zip(&b[off..]) {
+                    *y = q as i8 as f64 * d;
+                }
+            }
+        }
+        ActType::Q8K => {
+            for (b, o) in view::<BlockQ8K>(bytes).iter().zip(out.chunks_exact_mut(QK_K)) {
+                let d = f32::from_le_bytes(b.d) as f64;
+                for (y, &q) in o.iter_mut().zip(b.qs.iter()) {
+                    *y = q as f64 * d;
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------- dot products: dispatch
+
+/// Dot product of one weight row (type `ty`, `n` elements, `ty.row_bytes(n)` bytes) with an
+/// activation row quantized by `quantize_act(act_type(ty), ..)`.
+///
+/// Bit-identical to ggml's x86 `ggml_vec_dot_*` and to `vec_dot_scalar`; runs the AVX-512
+/// (BW + VL + VNNI) kernels of `vecdot_avx512` when the CPU has them and `CORTIQ_SIMD` is not
+/// `scalar`. Panics on a type without an activation format or on wrong lengths (caller bugs:
+/// the engine validates shapes at load time).
+#[track_caller]
+pub fn vec_dot(ty: QuantType, w_row: &[u8], act: &[u8], n: usize) -> f32 {
+    check("vec_dot", ty, w_row, act, n);
+    if let Some(v) = super::vecdot_avx512::dispatch(ty, w_row, act) {
+        return v;
+    }
+    scalar(ty, w_row, act)
+}
+
+/// The scalar reference of `vec_dot` (same contract, same bits), kept as the SIMD oracle.
+#[track_caller]
+pub fn vec_dot_scalar(ty: QuantType, w_row: &[u8], act: &[u8], n: usize) -> f32 {
+    check("vec_dot_scalar", ty, w_row, act, n);
+    scalar(ty, w_row, act)
+}
+
+/// `y[r] = vec_dot(ty, row r of w, act, cols)` for `rows` rows stored back to back
+/// (`w.len() == rows * ty.row_bytes(cols)`). Single-threaded: the engine splits row ranges over
+/// its pool and calls this per range.
+#[track_caller]
+pub fn matvec_q(ty: QuantType, w: &[u8], rows: usize, cols: usize, act: &[u8], y: &mut [f32]) {
+    let rb = ty.row_bytes(cols);
+    assert!(
+        rb.and_then(|rb| rb.checked_mul(rows)) == Some(w.len()) && y.len() == rows,
+        "matvec_q({ty}): {rows}x{cols} needs {:?} weight bytes and {rows} outputs, got {} and {}",
+        rb.map(|rb| rb * rows),
+        w.len(),
+        y.len()
+    );
+    if rows == 0 {
+        return;
+    }
+    let rb = rb.unwrap_or(0);
+    check("matvec_q", ty, &w[..rb], act, cols);
+    if super::vecdot_avx512::matvec(ty, w, rb, act, y) {
+        return;
+    }
+    for (o, row) in y.iter_mut().zip(w.chunks_exact(rb.max(1))) {
+        *o = scalar(ty, row, act);
+    }
+}
+
+#[track_caller]
+fn check(func: &str, ty: QuantType, w_row: &[u8], act: &[u8], n: usize) {
+    let Some(at) = act_type(ty) else {
+        panic!("{func}({ty}): no quantized-activation dot product for this type");
+    };
+    let (wb, ab) = (ty.row_bytes(n), at.row_bytes(n));
+    assert!(
+        wb == Some(w_row.len()) && ab == Some(act.len()),
+        "{func}({ty}): {n} elements need {wb:?} weight and {ab:?} {at} bytes, got {} and {}",
+        w_row.len(),
+        act.len()
+    );
+}
+
+/// Lengths already checked.
+fn scalar(ty: QuantType, w: &[u8], a: &[u8]) -> f32 {
+    match ty {
+        QuantType::Q4_0 => dot_q4_0(view(w), view(a)),
+        QuantType::Q4_1 => dot_q4_1(view(w), a),
+        QuantType::Q5_0 => dot_q5_0(view(w), view(a)),
+        QuantType::Q5_1 => dot_q5_1(view(w), a),
+        QuantType::Q8_0 => dot_q8_0(view(w), view(a)),
+        QuantType::Q2K => dot_q2k(view(w), view(a)),
+        QuantType::Q3K => dot_q3k(view(w), view(a)),
+        QuantType::Q4K => dot_q4k(view(w), view(a)),
+        QuantType::Q5K => dot_q5k(view(w), view(a)),
+        QuantType::Q6K => dot_q6k(view(w), view(a)),
+        QuantType::F32 | QuantType::F16 | QuantType::BF16 | QuantType::Q8K => unreachable!("checked by act_type"),
+    }
+}
+
+// ---------------------------------------------------------------- shared float steps
+
+/// ggml's `hsum_float_8`: (hi128 + lo128), then movehl, then movehdup.
+#[inline(always)]
+pub(super) fn hsum8(a: [f32; 8]) -> f32 {
+    let r = [a[4] + a[0], a[5] + a[1], a[6] + a[2], a[7] + a[3]];
+    (r[0] + r[2]) + (r[1] + r[3])
+}
+
+/// Four-lane reduction of Q4_K's min accumulator: movehl + add, movehdup + add_ss.
+#[inline(always)]
+pub(super) fn hsum4(a: [f32; 4]) -> f32 {
+    (a[0] + a[2]) + (a[1] + a[3])
+}
+
+/// `acc[l] = fma(d, lanes[l] as f32, acc[l])`: the one float step per block of every kernel.
+#[inline(always)]
+fn fma_lanes(acc: &mut [f32; 8], d: f32, lanes: &[i32; 8]) {
+    for (a, &p) in acc.iter_mut().zip(lanes) {
+        *a = d.mul_add(p as f32, *a);
+    }
+}
+
+/// The 8 lane sums of a 32-element block: lane l = sum of w[e] * a[e] for e in 4l..4l+4.
+#[inline(always)]
+fn lanes32(w: &[i8; QK], a: &[i8; QK]) -> [i32; 8] {
+    let mut p = [0i32; 8];
+    for (l, o) in p.iter_mut().enumerate() {
+        *o = (0..4).map(|k| w[4 * l + k] as i32 * a[4 * l + k] as i32).sum();
+    }
+    p
+}
+
+/// The Q8_1 block at index `i` of an activation row: (d, s, quants).
+#[inline(always)]
+fn q8_1_block(a: &[u8], i: usize) -> (f32, f32, [i8; QK]) {
+    let b = &a[i * Q8_1_BYTES..(i + 1) * Q8_1_BYTES];
+    let mut q = [0i8; QK];
+    for (o, &v) in q.iter_mut().zip(&b[4..]) {
+        *o = v as i8;
+    }
+    (f16_le([b[0], b[1]]), f16_le([b[2], b[3]]), q)
+}
+
+/// Nibble-unpacked quants of a 4-bit legacy block: element j < 16 is the low nibble of qs[j],
+/// j >= 16 the high nibble of qs[j-16] (`bytes_from_nibbles_32`).
+#[inline(always)]
+fn nibbles(qs: &[u8; QK / 2]) -> [i8; QK] {
+    let mut q = [0i8; QK];
+    for j in 0..QK / 2 {
+        q[j] = (qs[j] & 0x0F) as i8;
+        q[j + QK / 2] = (qs[j] >> 4) as i8;
+    }
+    q
+}
+
+/// Bit 4 of each element of a Q5 block: bit j of the little-endian u32 qh.
+#[inline(always)]
+fn high_bits(qh: [u8; 4]) -> [i8; QK] {
+    let qh = u32::from_le_bytes(qh);
+    let mut h = [0i8; QK];
+    for (j, o) in h.iter_mut().enumerate() {
+        *o = ((qh >> j) & 1) as i8;
+    }
+    h
+}
+
+// ---------------------------------------------------------------- legacy 32-element types
+
+/// ggml_vec_dot_q4_0_q8_0 (AVX2): acc = fma(dx*dy, lanes, acc); hsum.
+fn dot_q4_0(w: &[BlockQ4_0], a: &[BlockQ8_0]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (x, y) in w.iter().zip(a) {
+        let mut q = nibbles(&x.qs);
+        q.iter_mut().for_each(|v| *v -= 8);
+        let d = f16_le(x.d) * f16_le(y.d);
+        fma_lanes(&mut acc, d, &lanes32(&q, &y.qs));
+    }
+    hsum8(acc)
+}
+
+/// ggml_vec_dot_q4_1_q8_1 (AVX2): summs = fma(mx, sy, summs); acc = fma(dx*dy, lanes, acc);
+/// result hsum(acc) + summs.
+fn dot_q4_1(w: &[BlockQ4_1], a: &[u8]) -> f32 {
+    let mut acc = [0f32; 8];
+    let mut summs = 0f32;
+    for (i, x) in w.iter().enumerate() {
+        let (dy, sy, qy) = q8_1_block(a, i);
+        summs = f16_le(x.m).mul_add(sy, summs);
+        let d = f16_le(x.d) * dy;
+        fma_lanes(&mut acc, d, &lanes32(&nibbles(&x.qs), &qy));
+    }
+    hsum8(acc) + summs
+}
+
+/// ggml_vec_dot_q5_0_q8_0 (AVX2): as Q4_0 with q = nibble | bit4 << 4, minus 16.
+fn dot_q5_0(w: &[BlockQ5_0], a: &[BlockQ8_0]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (x, y) in w.iter().zip(a) {
+        let mut q = nibbles(&x.qs);
+        for (v, h) in q.iter_mut().zip(high_bits(x.qh)) {
+            *v = (*v | (h << 4)) - 16;
+        }
+        let d = f16_le(x.d) * f16_le(y.d);
+        fma_lanes(&mut acc, d, &lanes32(&q, &y.qs));
+    }
+    hsum8(acc)
+}
+
+/// ggml_vec_dot_q5_1_q8_1 (AVX2): as Q4_1 with 5-bit quants.
+fn dot_q5_1(w: &[BlockQ5_1], a: &[u8]) -> f32 {
+    let mut acc = [0f32; 8];
+    let mut summs = 0f32;
+    for (i, x) in w.iter().enumerate() {
+        let (dy, sy, qy) = q8_1_block(a, i);
+        summs = f16_le(x.m).mul_add(sy, summs);
+        let mut q = nibbles(&x.qs);
+        for (v, h) in q.iter_mut().zip(high_bits(x.qh)) {
+            *v |= h << 4;
+        }
+        let d = f16_le(x.d) * dy;
+        fma_lanes(&mut acc, d, &lanes32(&q, &qy));
+    }
+    hsum8(acc) + summs
+}
+
+/// ggml_vec_dot_q8_0_q8_0 (AVX2).
+fn dot_q8_0(w: &[BlockQ8_0], a: &[BlockQ8_0]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (x, y) in w.iter().zip(a) {
+        let d = f16_le(x.d) * f16_le(y.d);
+        fma_lanes(&mut acc, d, &lanes32(&x.qs, &y.qs));
+    }
+    hsum8(acc)
+}
+
+// ---------------------------------------------------------------- k-quants
+
+/// Lane sums of a 256-element block with a per-16-element scale: lane l = sum over elements e
+/// with (e % 32) / 4 == l of scale[e / 16] * q[e] * a[e].
+#[inline(always)]
+fn lanes256(q: &[i8; QK_K], sc16: &[i32; 16], a: &[i8; QK_K]) -> [i32; 8] {
+    let mut p = [0i32; 8];
+    for (e, (&qv, &av)) in q.iter().zip(a).enumerate() {
+        p[(e % 32) / 4] += sc16[e / 16] * qv as i32 * av as i32;
+    }
+    p
+}
+
+#[inline(always)]
+fn bsums(y: &BlockQ8K) -> [i32; 16] {
+    let mut s = [0i32; 16];
+    for (o, b) in s.iter_mut().zip(y.bsums) {
+        *o = i16::from_le_bytes(b) as i32;
+    }
+    s
+}
+
+#[inline(always)]
+fn q8k_d(y: &BlockQ8K) -> f32 {
+    f32::from_le_bytes(y.d)
+}
+
+/// Q2_K quants (0..3) in element order: element 128h + 32s + l is (qs[32h + l] >> 2s) & 3.
+fn q2k_quants(x: &BlockQ2K) -> [i8; QK_K] {
+    let mut q = [0i8; QK_K];
+    for (e, o) in q.iter_mut().enumerate() {
+        let (h, s, l) = (e / 128, (e % 128) / 32, e % 32);
+        *o = ((x.qs[32 * h + l] >> (2 * s)) & 3) as i8;
+    }
+    q
+}
+
+/// ggml_vec_dot_q2_K_q8_K (AVX2). Per block: min lanes pm[l] = m[2l]*bsum[2l] + m[2l+1]*bsum[2l+1]
+/// go in first, acc = fma(dmin, pm, acc) with dmin = -dy * dmin_x; then acc = fma(d, lanes, acc).
+fn dot_q2k(w: &[BlockQ2K], a: &[BlockQ8K]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (x, y) in w.iter().zip(a) {
+        let dy = q8k_d(y);
+        let d = dy * f16_le(x.d);
+        let dmin = -dy * f16_le(x.dmin);
+        let bs = bsums(y);
+        let mut pm = [0i32; 8];
+        for (l, o) in pm.iter_mut().enumerate() {
+            *o = (x.scales[2 * l] >> 4) as i32 * bs[2 * l] + (x.scales[2 * l + 1] >> 4) as i32 * bs[2 * l + 1];
+        }
+        fma_lanes(&mut acc, dmin, &pm);
+        let sc: [i32; 16] = std::array::from_fn(|g| (x.scales[g] & 0x0F) as i32);
+        fma_lanes(&mut acc, d, &lanes256(&q2k_quants(x), &sc, &y.qs));
+    }
+    hsum8(acc)
+}
+
+/// ggml_vec_dot_q3_K_q8_K (AVX2): q = low2 - 4 * (hmask bit clear), signed 6-bit scales.
+fn dot_q3k(w: &[BlockQ3K], a: &[BlockQ8K]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (x, y) in w.iter().zip(a) {
+        let d = q8k_d(y) * f16_le(x.d);
+        let sc6 = super::dequant::q3k_scales(&x.scales);
+        let sc: [i32; 16] = std::array::from_fn(|g| sc6[g] as i32);
+        let mut q = q2k_quants(&BlockQ2K { scales: [0; 16], qs: x.qs, d: [0; 2], dmin: [0; 2] });
+        for (e, v) in q.iter_mut().enumerate() {
+            let hbit = (x.hmask[e % 32] >> (e / 32)) & 1;
+            *v -= ((hbit ^ 1) << 2) as i8;
+        }
+        fma_lanes(&mut acc, d, &lanes256(&q, &sc, &y.qs));
+    }
+    hsum8(acc)
+}
+
+/// Q4_K/Q5_K min terms: pm[k] = m[2k] * (bsum[4k] + bsum[4k+1]) + m[2k+1] * (bsum[4k+2] + bsum[4k+3])
+/// (`_mm_hadd_epi16` of the 16 group sums, then `_mm_madd_epi16` with the 8 mins).
+#[inline(always)]
+fn k4_min_lanes(mins: &[u8; 8], bs: &[i32; 16]) -> [i32; 4] {
+    std::array::from_fn(|k| {
+        mins[2 * k] as i32 * (bs[4 * k] + bs[4 * k + 1]) + mins[2 * k + 1] as i32 * (bs[4 * k + 2] + bs[4 * k + 3])
+    })
+}
+
+/// Q4_K quants (0..15) in element order: element 64c + 32n + l is (qs[32c + l] >> 4n) & 15.
+fn q4k_quants(qs: &[u8; QK_K / 2]) -> [i8; QK_K] {
+    std::array::from_fn(|e| {
+        let (c, n, l) = (e / 64, (e % 64) / 32, e % 32);
+        ((qs[32 * c + l] >> (4 * n)) & 0x0F) as i8
+    })
+}
+
+/// ggml_vec_dot_q4_K_q8_K (AVX2): acc = fma(d, lanes, acc); a separate 4-lane
+/// acc_m = fma(dmin, pm, acc_m); result hsum8(acc) + hsum4(acc_m).
+fn dot_q4k(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
+    let mut acc = [0f32; 8];
+    let mut acc_m = [0f32; 4];
+    for (x, y) in w.iter().zip(a) {
+        let dy = q8k_d(y);
+        let d = dy * f16_le(x.d);
+        let dmin = -dy * f16_le(x.dmin);
+        let (sc, mn) = super::dequant::k4_scale_min(&x.scales);
+        let pm = k4_min_lanes(&mn, &bsums(y));
+        for (m, &p) in acc_m.iter_mut().zip(&pm) {
+            *m = dmin.mul_add(p as f32, *m);
+        }
+        let sc16: [i32; 16] = std::array::from_fn(|g| sc[g / 2] as i32);
+        fma_lanes(&mut acc, d, &lanes256(&q4k_quants(&x.qs), &sc16, &y.qs));
+    }
+    hsum8(acc) + hsum4(acc_m)
+}
+
+/// ggml_vec_dot_q5_K_q8_K (AVX2): as Q4_K, but the min terms are summed in integers per block
+/// and folded into a scalar: summs = fma(sum(pm) as f32, dmin, summs); result hsum8(acc) + summs.
+fn dot_q5k(w: &[BlockQ5K], a: &[BlockQ8K]) -> f32 {
+    let mut acc = [0f32; 8];
+    let mut summs = 0f32;
+    for (x, y) in w.iter().zip(a) {
+        let dy = q8k_d(y);
+        let d = dy * f16_le(x.d);
+        let dmin = -dy * f16_le(x.dmin);
+        let (sc, mn) = super::dequant::k4_scale_min(&x.scales);
+        let pm: i32 = k4_min_lanes(&mn, &bsums(y)).iter().sum();
+        summs = (pm as f32).mul_add(dmin, summs);
+        let mut q = q4k_quants(&x.qs);
+        for (e, v) in q.iter_mut().enumerate() {
+            *v |= (((x.qh[e % 32] >> (e / 32)) & 1) << 4) as i8;
+        }
+        let sc16: [i32; 16] = std::array::from_fn(|g| sc[g / 2] as i32);
+        fma_lanes(&mut acc, d, &lanes256(&q, &sc16, &y.qs));
+    }
+    hsum8(acc) + summs
+}
+
+/// ggml_vec_dot_q6_K_q8_K (AVX2): the quants are used unsigned (0..63) and the -32 offset is
+/// subtracted per lane as 32 * (bsum[2l]*sc[2l] + bsum[2l+1]*sc[2l+1]) — a different element
+/// partition than the product lanes, which is why it has to be done exactly this way.
+fn dot_q6k(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (x, y) in w.iter().zip(a) {
+        let d = q8k_d(y) * f16_le(x.d);
+        let q: [i8; QK_K] = std::array::from_fn(|e| {
+            let (h, s, l) = (e / 128, (e % 128) / 32, e % 32);
+            let lo = (x.ql[64 * h + 32 * (s % 2) + l] >> (4 * (s / 2))) & 0x0F;
+            let hi = (x.qh[32 * h + l] >> (2 * s)) & 0x03;
+            (lo | (hi << 4)) as i8
+        });
+        let sc: [i32; 16] = std::array::from_fn(|g| x.scales[g] as i32);
+        let bs = bsums(y);
+        let mut p = lanes256(&q, &sc, &y.qs);
+        for (l, v) in p.iter_mut().enumerate() {
+            *v -= (bs[2 * l] * sc[2 * l] + bs[2 * l + 1] * sc[2 * l + 1]) << 5;
+        }
+        fma_lanes(&mut acc, d, &p);
+    }
+    hsum8(acc)
+}

@@ -1,0 +1,332 @@
+//! Quantized-activation dot products (quant::vecdot) against ggml itself, against their AVX-512
+//! twins, and against an exact f64 reference.
+//!
+//! 1. `matches_ggml_fixture`: tests/data/vecdot/ggml_x86.bin holds inputs and outputs of
+//!    llama.cpp's own CPU code: `quantize_row_q8_0`, `quantize_row_q8_1`, `quantize_row_q8_K`
+//!    (activation rows: normal-ish values over 7 decades of scale with outliers, rows of exact
+//!    half-integer ties with block max 127, rows with an all-zero block) and every
+//!    `ggml_vec_dot_<w>_q8_*` (weights quantized by ggml's `quantize_row_<w>_ref`). It was written
+//!    by a small C program linked against libggml-cpu.a/libggml-base.a of the llama.cpp vendored
+//!    in llama-cpp-python 0.3.36, built with GCC 12.2 for x86-64 with AVX2/AVX-512 (F, BW, VL,
+//!    VNNI, VBMI, BF16). Expected: every byte and every result bit identical.
+//!    Format (little-endian): "CVD1", then records. Kind 1: act (0 q8_0, 1 q8_1, 2 q8_K), n,
+//!    n f32 inputs, the act row bytes. Kind 2: ggml type id, n, weight byte count + bytes,
+//!    act byte count + bytes, the f32 result.
+//!    Set CORTIQ_VECDOT_FIXTURE to a larger file in the same format to run more cases.
+//! 2. `simd_matches_scalar`: `vec_dot` (AVX-512 when present) vs `vec_dot_scalar` on random blocks:
+//!    0 ulp required for every type.
+//! 3. `close_to_f64_reference`: |vec_dot - sum(w_i * a_i)| in f64, where w is the scalar
+//!    dequantization of the weight row and a the exact decode of the activation row, divided by
+//!    sum |w_i * a_i|: per-type bound printed as a table.
+//! 4. `quantize_act_error_bounds`: |q*d - x| <= d/2 (+ f16 rounding of d) elementwise.
+
+use cortiq_kernels::quant::{
+    ActType, QuantType, act_type, dequantize_act, dequantize_row_scalar, matvec_q, quantize_act, vec_dot, vec_dot_scalar,
+};
+use std::path::PathBuf;
+
+const DOT_TYPES: [QuantType; 10] = [
+    QuantType::Q8_0,
+    QuantType::Q4_0,
+    QuantType::Q4_1,
+    QuantType::Q5_0,
+    QuantType::Q5_1,
+    QuantType::Q2K,
+    QuantType::Q3K,
+    QuantType::Q4K,
+    QuantType::Q5K,
+    QuantType::Q6K,
+];
+
+/// SplitMix64: a tiny deterministic generator (no dependency).
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32
+    }
+    /// Roughly normal (sum of 4 uniforms), occasional 20x outliers.
+    fn act(&mut self, scale: f32) -> f32 {
+        let v = (self.unit() + self.unit() + self.unit() + self.unit() - 2.0) * scale;
+        if self.next() % 100 == 0 { v * 20.0 } else { v }
+    }
+}
+
+/// Byte offsets of a weight block's f16 scale fields.
+fn f16_fields(ty: QuantType) -> &'static [usize] {
+    match ty {
+        QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0 => &[0],
+        QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4K | QuantType::Q5K => &[0, 2],
+        QuantType::Q2K => &[80, 82],
+        QuantType::Q3K => &[108],
+        QuantType::Q6K => &[208],
+        _ => &[],
+    }
+}
+
+/// Random weight blocks: random quant/scale bytes, f16 scales of either sign with magnitudes
+/// 2^-14 .. 2^-2 (realistic; huge scales would only test overflow to inf).
+fn random_weights(ty: QuantType, blocks: usize, rng: &mut Rng) -> Vec<u8> {
+    let ts = ty.type_size();
+    let mut v: Vec<u8> = (0..blocks * ts).map(|_| rng.next() as u8).collect();
+    for b in v.chunks_exact_mut(ts) {
+        for &off in f16_fields(ty) {
+            let mag = (rng.unit() + 0.5) * 2f32.powi(-((rng.next() % 13) as i32) - 2);
+            let s = if rng.next() % 2 == 0 { mag } else { -mag };
+            b[off..off + 2].copy_from_slice(&half::f16::from_f32(s).to_bits().to_le_bytes());
+        }
+    }
+    v
+}
+
+fn random_act(at: ActType, n: usize, rng: &mut Rng) -> (Vec<f32>, Vec<u8>) {
+    let scale = 10f32.powf(rng.unit() * 5.0 - 3.0);
+    let x: Vec<f32> = (0..n).map(|_| rng.act(scale)).collect();
+    let mut q = Vec::new();
+    quantize_act(at, &x, &mut q);
+    (x, q)
+}
+
+fn act_from_id(id: u32) -> ActType {
+    match id {
+        0 => ActType::Q8_0,
+        1 => ActType::Q8_1,
+        2 => ActType::Q8K,
+        _ => panic!("fixture: bad act id {id}"),
+    }
+}
+
+struct Reader<'a>(&'a [u8]);
+impl<'a> Reader<'a> {
+    fn bytes(&mut self, n: usize) -> &'a [u8] {
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        a
+    }
+    fn u32(&mut self) -> u32 {
+        u32::from_le_bytes(self.bytes(4).try_into().unwrap())
+    }
+}
+
+#[test]
+fn matches_ggml_fixture() {
+    let path = std::env::var("CORTIQ_VECDOT_FIXTURE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/vecdot/ggml_x86.bin"));
+    let data = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut r = Reader(&data);
+    assert_eq!(r.bytes(4), b"CVD1", "{}: bad magic", path.display());
+    // per act type: (rows, mismatching rows); per weight type: (rows, scalar bad, simd bad)
+    let mut act_stats = std::collections::BTreeMap::<&str, (usize, usize)>::new();
+    let mut dot_stats = std::collections::BTreeMap::<&str, (usize, usize, usize)>::new();
+    let mut out = Vec::new();
+    while !r.0.is_empty() {
+        match r.u32() {
+            1 => {
+                let at = act_from_id(r.u32());
+                let n = r.u32() as usize;
+                let x: Vec<f32> = r.bytes(4 * n).chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+                let want = r.bytes(at.row_bytes(n).unwrap());
+                quantize_act(at, &x, &mut out);
+                let e = act_stats.entry(at.name()).or_default();
+                e.0 += 1;
+                if out != want {
+                    e.1 += 1;
+                    let i = out.iter().zip(want).position(|(a, b)| a != b).unwrap();
+                    println!(
+                        "{at} n={n}: first differing byte {i} (block {}, offset {}): ours {:#04x}, ggml {:#04x}",
+                        i / at.type_size(),
+                        i % at.type_size(),
+                        out[i],
+                        want[i]
+                    );
+                }
+            }
+            2 => {
+                let id = r.u32();
+                let ty = QuantType::from_ggml_id(id).expect("fixture: weight type");
+                let n = r.u32() as usize;
+                let wl = r.u32() as usize;
+                let w = r.bytes(wl);
+                let al = r.u32() as usize;
+                let a = r.bytes(al);
+                let want = f32::from_le_bytes(r.bytes(4).try_into().unwrap());
+                let s = vec_dot_scalar(ty, w, a, n);
+                let v = vec_dot(ty, w, a, n);
+                let e = dot_stats.entry(ty.name()).or_default();
+                e.0 += 1;
+                if s.to_bits() != want.to_bits() {
+                    e.1 += 1;
+                    println!("{ty} n={n}: scalar {s:e} ggml {want:e} (diff {:e})", s - want);
+                }
+                if v.to_bits() != want.to_bits() {
+                    e.2 += 1;
+                    println!("{ty} n={n}: vec_dot {v:e} ggml {want:e} (diff {:e})", v - want);
+                }
+            }
+            k => panic!("fixture: bad record kind {k}"),
+        }
+    }
+    println!("fixture {}:", path.display());
+    for (k, (n, bad)) in &act_stats {
+        println!("  quantize_act {k:>5}: {n} rows, {bad} differ");
+    }
+    for (k, (n, bs, bv)) in &dot_stats {
+        println!("  vec_dot      {k:>5}: {n} rows, scalar {bs} differ, dispatch {bv} differ");
+    }
+    assert_eq!(act_stats.len(), 3, "fixture must cover the three activation types");
+    assert_eq!(dot_stats.len(), DOT_TYPES.len(), "fixture must cover every weight type");
+    assert!(act_stats.values().all(|s| s.1 == 0), "quantize_act differs from ggml");
+    assert!(dot_stats.values().all(|s| s.1 == 0 && s.2 == 0), "vec_dot differs from ggml");
+}
+
+#[test]
+fn simd_matches_scalar() {
+    let simd = cortiq_kernels::quant::vecdot_avx512::available();
+    println!("AVX-512 VNNI vec_dot active: {simd}");
+    let mut rng = Rng(7);
+    println!("{:>5} {:>6} {:>10} {:>12}", "type", "rows", "mismatches", "max |diff|");
+    let mut total_bad = 0;
+    for ty in DOT_TYPES {
+        let at = act_type(ty).unwrap();
+        let mut bad = 0;
+        let mut maxd = 0f32;
+        let mut rows = 0;
+        for blocks in [1usize, 2, 3, 7, 16] {
+            let n = blocks * ty.block_size();
+            for _ in 0..40 {
+                let w = random_weights(ty, blocks, &mut rng);
+                let (_, a) = random_act(at, n, &mut rng);
+                let s = vec_dot_scalar(ty, &w, &a, n);
+                let v = vec_dot(ty, &w, &a, n);
+                rows += 1;
+                if s.to_bits() != v.to_bits() {
+                    bad += 1;
+                    maxd = maxd.max((s - v).abs());
+                    if bad == 1 {
+                        println!("{ty} n={n}: scalar {s:e} simd {v:e}");
+                    }
+                }
+            }
+        }
+        // matvec_q (the multi-row SIMD path) must give the same bits row by row
+        let (rows_m, cols) = (13, 4 * ty.block_size().max(256));
+        let w = random_weights(ty, rows_m * cols / ty.block_size(), &mut rng);
+        let (_, a) = random_act(at, cols, &mut rng);
+        let mut y = vec![0f32; rows_m];
+        matvec_q(ty, &w, rows_m, cols, &a, &mut y);
+        let rb = ty.row_bytes(cols).unwrap();
+        for (r, &got) in y.iter().enumerate() {
+            let s = vec_dot_scalar(ty, &w[r * rb..(r + 1) * rb], &a, cols);
+            rows += 1;
+            if s.to_bits() != got.to_bits() {
+                bad += 1;
+                maxd = maxd.max((s - got).abs());
+                println!("{ty} matvec row {r}: scalar {s:e} matvec {got:e}");
+            }
+        }
+        println!("{:>5} {rows:>6} {bad:>10} {maxd:>12e}", ty.name());
+        total_bad += bad;
+    }
+    assert_eq!(total_bad, 0, "SIMD vec_dot must equal the scalar twin bit for bit");
+}
+
+#[test]
+fn close_to_f64_reference() {
+    let mut rng = Rng(11);
+    // bound on |got - exact| / sum|w_i a_i|: the f32 accumulation of n/32 (or n/256) block terms,
+    // each an exact integer times a rounded d*d product, plus the weight dequantization's own
+    // rounding of the min types (`d*q - m` rounds per element in the f32 reference).
+    let tol = 1e-6f64;
+    println!("{:>5} {:>7} {:>14} {:>10}", "type", "n", "max rel err", "tolerance");
+    let mut fails = Vec::new();
+    for ty in DOT_TYPES {
+        let at = act_type(ty).unwrap();
+        let mut worst = 0f64;
+        let mut worst_n = 0;
+        for blocks in [1usize, 4, 32] {
+            let n = blocks * ty.block_size();
+            for _ in 0..20 {
+                let w = random_weights(ty, blocks, &mut rng);
+                let (_, a) = random_act(at, n, &mut rng);
+                let mut wf = vec![0f32; n];
+                dequantize_row_scalar(ty, &w, &mut wf);
+                let mut af = vec![0f64; n];
+                dequantize_act(at, &a, &mut af);
+                let mut exact: f64 = wf.iter().zip(&af).map(|(&x, &y)| x as f64 * y).sum();
+                if at == ActType::Q8_1 {
+                    exact += q8_1_sum_rounding(ty, &w, &a);
+                }
+                let mag: f64 = wf.iter().zip(&af).map(|(&x, &y)| (x as f64 * y).abs()).sum();
+                let got = vec_dot(ty, &w, &a, n) as f64;
+                let rel = if mag > 0.0 { (got - exact).abs() / mag } else { (got - exact).abs() };
+                if rel > worst {
+                    worst = rel;
+                    worst_n = n;
+                }
+            }
+        }
+        println!("{:>5} {worst_n:>7} {worst:>14e} {tol:>10e}", ty.name());
+        if worst > tol {
+            fails.push(ty);
+        }
+    }
+    assert!(fails.is_empty(), "beyond tolerance: {fails:?}");
+}
+
+/// Q8_1 stores `s = f16(d * sum(q))`, and ggml's Q4_1/Q5_1 dots use that stored `s` for the
+/// min term (`m * s`) instead of `m * d * sum(q)`: the format's own rounding, not the kernel's.
+/// Returns sum over blocks of m * (s - d * sum(q)), added to the exact reference.
+fn q8_1_sum_rounding(ty: QuantType, w: &[u8], a: &[u8]) -> f64 {
+    let f16 = |b: &[u8]| half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f64();
+    w.chunks_exact(ty.type_size())
+        .zip(a.chunks_exact(36))
+        .map(|(wb, ab)| {
+            let sum: i32 = ab[4..].iter().map(|&q| q as i8 as i32).sum();
+            f16(&wb[2..4]) * (f16(&ab[2..4]) - f16(&ab[0..2]) * sum as f64)
+        })
+        .sum()
+}
+
+#[test]
+fn quantize_act_error_bounds() {
+    let mut rng = Rng(3);
+    for at in [ActType::Q8_0, ActType::Q8_1, ActType::Q8K] {
+        let mut worst = 0f64;
+        for _ in 0..50 {
+            let n = 4 * 256;
+            let (x, q) = random_act(at, n, &mut rng);
+            let mut deq = vec![0f64; n];
+            dequantize_act(at, &q, &mut deq);
+            let bs = at.block_size();
+            for (xb, db) in x.chunks_exact(bs).zip(deq.chunks_exact(bs)) {
+                let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
+                // half a quantization step, plus the f16 rounding of d over 127 steps: 2^-11
+                // relative, or 2^-25 absolute once d/127 is an f16 subnormal (< 2^-14; real for
+                // tiny activations, and ggml has the same loss)
+                let d = amax / 127.0;
+                let bound = d * 0.5 + 127.0 * (d * 2f64.powi(-11)).max(2f64.powi(-25)) + 1e-30;
+                for (&xv, &dv) in xb.iter().zip(db) {
+                    worst = worst.max((xv as f64 - dv).abs() / bound);
+                }
+            }
+        }
+        println!("{at}: max |q*d - x| / bound = {worst:.4}");
+        assert!(worst <= 1.0, "{at}: quantization error beyond half a step");
+    }
+    // an all-zero row quantizes to zero scales and zero quants, and dots to exactly 0
+    let mut q = Vec::new();
+    for ty in DOT_TYPES {
+        let at = act_type(ty).unwrap();
+        quantize_act(at, &[0f32; 512], &mut q);
+        assert!(q.iter().all(|&b| b == 0), "{at}: zero row");
+        let w = random_weights(ty, 512 / ty.block_size(), &mut Rng(5));
+        assert_eq!(vec_dot(ty, &w, &q, 512), 0.0, "{ty}: dot with a zero activation row");
+    }
+}
