@@ -10,7 +10,7 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 
-use cortiq_kernels::dot::gemm_nt;
+use cortiq_kernels::dot::{dot, gemm_nt};
 use cortiq_kernels::quant::{dequantize_row, QuantType};
 use rayon::prelude::*;
 
@@ -109,8 +109,15 @@ impl QTensor {
         TILE.with(|buf| {
             let mut buf = buf.borrow_mut();
             buf.resize(TILE_ROWS * self.cols, 0.0);
-            for r in 0..nr {
-                self.row_f32(r0 + r, &mut buf[r * self.cols..(r + 1) * self.cols]);
+            // Rows are whole blocks and contiguous, so the tile dequantizes in one call.
+            let start = self.offset + r0 * self.row_bytes;
+            let bytes = &(*self.backing).as_ref()[start..start + nr * self.row_bytes];
+            dequantize_row(self.dtype, bytes, &mut buf[..nr * self.cols]);
+            if n_t == 1 {
+                for (r, o) in out.iter_mut().enumerate() {
+                    *o = dot(&buf[r * self.cols..(r + 1) * self.cols], x);
+                }
+                return;
             }
             // gemm_nt's "x" operand is the weight tile, its "w" operand the tokens, so the result
             // lands row-major as [nr, n_t].
