@@ -54,7 +54,7 @@ impl Rng {
     /// Roughly normal (sum of 4 uniforms), occasional 20x outliers.
     fn act(&mut self, scale: f32) -> f32 {
         let v = (self.unit() + self.unit() + self.unit() + self.unit() - 2.0) * scale;
-        if self.next() % 100 == 0 { v * 20.0 } else { v }
+        if self.next().is_multiple_of(100) { v * 20.0 } else { v }
     }
 }
 
@@ -78,7 +78,7 @@ fn random_weights(ty: QuantType, blocks: usize, rng: &mut Rng) -> Vec<u8> {
     for b in v.chunks_exact_mut(ts) {
         for &off in f16_fields(ty) {
             let mag = (rng.unit() + 0.5) * 2f32.powi(-((rng.next() % 13) as i32) - 2);
-            let s = if rng.next() % 2 == 0 { mag } else { -mag };
+            let s = if rng.next().is_multiple_of(2) { mag } else { -mag };
             b[off..off + 2].copy_from_slice(&half::f16::from_f32(s).to_bits().to_le_bytes());
         }
     }

@@ -1,15 +1,532 @@
-//! AVX-512 twins of `vecdot.rs` (placeholder while the kernels are written).
+//! AVX-512 (BW + VL + VNNI, with AVX2/FMA/F16C) twins of the integer dot products in
+//! `vecdot.rs`, which stay the reference forever.
+//!
+//! Owns: one kernel per weight type, each generic over R rows sharing one activation row
+//! (`vec_dot` runs R = 1, `matvec` R = 4), and the run-time dispatch. The only `unsafe` of the
+//! vecdot module lives here; every block says why it is sound.
+//!
+//! Bit-identity with the scalar twins (and so with ggml's x86 kernels) is by construction: the
+//! integer work per block lands in the same 8 i32 lanes (lane l owns bytes 4l..4l+3 of each
+//! 32-element chunk: `vpdpbusd`, or `vpmaddubsw` + `vpmaddwd` with the scale, exactly ggml's
+//! instruction choice), those integers are exact whatever the order, and the float steps are the
+//! same per-block FMA sequence into an 8-lane accumulator followed by the same final reduction.
+//! tests/vecdot.rs checks 0-ulp equality on random rows and against ggml's own outputs.
+//!
+//! The 4-row kernel is where the speed comes from: one row's blocks form a serial FMA chain (one
+//! FMA per block, ~4 cycles of latency each), which is the order ggml uses and so must be kept;
+//! four rows give the core four independent chains and reuse every activation load four times.
+//!
+//! Activation rows must come from `quantize_act` (i8 quants in -127..127, as ggml's): the
+//! sign trick of the legacy kernels (`|x| * sign(y, x)`, ggml's too) would wrap a -128.
 
 use super::QuantType;
+use std::sync::OnceLock;
 
-pub(super) fn dispatch(_ty: QuantType, _w: &[u8], _a: &[u8]) -> Option<f32> {
+static AVAILABLE: OnceLock<bool> = OnceLock::new();
+
+/// Whether this CPU runs the AVX-512 VNNI dot products (and `CORTIQ_SIMD` is not `scalar`).
+pub fn available() -> bool {
+    *AVAILABLE.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            crate::simd::avx512bw()
+                && std::is_x86_feature_detected!("avx512vnni")
+                && std::is_x86_feature_detected!("avx2")
+                && std::is_x86_feature_detected!("fma")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
+}
+
+/// One row's dot product, or `None` when there is no kernel on this machine. Lengths were
+/// checked by the caller (`vecdot::check`).
+pub(super) fn dispatch(ty: QuantType, w: &[u8], a: &[u8]) -> Option<f32> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if available() {
+            // SAFETY: available() confirmed every feature `imp::rows` enables on this CPU.
+            // Block counts come from slice lengths, every load is bounds-checked.
+            return unsafe { imp::rows::<1>(ty, [w], a) }.map(|r| r[0]);
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (ty, w, a);
     None
 }
 
-pub(super) fn matvec(_ty: QuantType, _w: &[u8], _rb: usize, _a: &[u8], _y: &mut [f32]) -> bool {
+/// `y[r] = dot(row r, a)` for rows of `rb` bytes stored back to back; `false` (nothing written)
+/// when there is no kernel on this machine. Lengths were checked by the caller.
+pub(super) fn matvec(ty: QuantType, w: &[u8], rb: usize, a: &[u8], y: &mut [f32]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if available() && rb > 0 {
+            let mut rows = w.chunks_exact(rb);
+            let mut ys = y.chunks_exact_mut(4);
+            for yc in &mut ys {
+                let ws: [&[u8]; 4] = [
+                    rows.next().unwrap_or(&[]),
+                    rows.next().unwrap_or(&[]),
+                    rows.next().unwrap_or(&[]),
+                    rows.next().unwrap_or(&[]),
+                ];
+                // SAFETY: as in `dispatch`.
+                match unsafe { imp::rows::<4>(ty, ws, a) } {
+                    Some(v) => yc.copy_from_slice(&v),
+                    None => return false,
+                }
+            }
+            for (o, row) in ys.into_remainder().iter_mut().zip(rows) {
+                // SAFETY: as in `dispatch`.
+                match unsafe { imp::rows::<1>(ty, [row], a) } {
+                    Some(v) => *o = v[0],
+                    None => return false,
+                }
+            }
+            return true;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (ty, w, rb, a, y);
     false
 }
 
-pub fn available() -> bool {
-    false
+#[cfg(target_arch = "x86_64")]
+mod imp {
+    use super::super::QuantType;
+    use super::super::blocks::*;
+    use super::super::dequant::{k4_scale_min, q3k_scales};
+    use super::super::vecdot::{Q8_1_BYTES, hsum4, hsum8};
+    use std::arch::x86_64::*;
+
+    // Every helper carries the same target features so it inlines into the kernels; intrinsics
+    // without pointers are safe to call inside such functions.
+
+    /// 16 bytes of `s` from `off` (bounds-checked).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn ld16(s: &[u8], off: usize) -> __m128i {
+        let s = &s[off..off + 16];
+        // SAFETY: `s` is exactly 16 readable bytes; loadu has no alignment requirement.
+        unsafe { _mm_loadu_si128(s.as_ptr().cast()) }
+    }
+
+    /// 32 bytes of `s` from `off` (bounds-checked).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn ld32(s: &[u8], off: usize) -> __m256i {
+        let s = &s[off..off + 32];
+        // SAFETY: `s` is exactly 32 readable bytes; loadu has no alignment requirement.
+        unsafe { _mm256_loadu_si256(s.as_ptr().cast()) }
+    }
+
+    /// 32 i8 of `s` from `off` (bounds-checked).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn ld32i(s: &[i8], off: usize) -> __m256i {
+        let s = &s[off..off + 32];
+        // SAFETY: as ld32.
+        unsafe { _mm256_loadu_si256(s.as_ptr().cast()) }
+    }
+
+    /// f16 (little-endian bytes) -> f32 in all 8 lanes, exact. Broadcast first (`vpbroadcastw`),
+    /// never a one-lane insert, which would chain a false dependency through the row.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn f16x8(b: [u8; 2]) -> __m256 {
+        _mm256_cvtph_ps(_mm_set1_epi16(u16::from_le_bytes(b) as i16))
+    }
+
+    /// f16 -> scalar f32, exact.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn f16s(b: [u8; 2]) -> f32 {
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(u16::from_le_bytes(b) as i16)))
+    }
+
+    /// ggml's `hsum_float_8`, via the scalar twin's function on the stored lanes.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn hsum(v: __m256) -> f32 {
+        let mut a = [0f32; 8];
+        // SAFETY: `a` is 8 writable f32; storeu has no alignment requirement.
+        unsafe { _mm256_storeu_ps(a.as_mut_ptr(), v) };
+        hsum8(a)
+    }
+
+    /// Signed x signed bytes -> 8 i32 lanes of 4 products each: `vpdpbusd(|x|, sign(y, x))`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn dot_i8(x: __m256i, y: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(x), _mm256_sign_epi8(y, x))
+    }
+
+    /// Unsigned x signed bytes -> 8 i32 lanes of 4 products each.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn dot_u8(x: __m256i, y: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(_mm256_setzero_si256(), x, y)
+    }
+
+    /// 16 packed bytes -> 32 nibbles: low nibbles in bytes 0..16, high nibbles in 16..32.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn nib32(qs: &[u8]) -> __m256i {
+        let b = ld16(qs, 0);
+        let m = _mm_set1_epi8(0x0F);
+        _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16::<4>(b), m), _mm_and_si128(b, m))
+    }
+
+    /// `(v >> 2k) & 3` per byte.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn crumb(v: __m256i, k: usize) -> __m256i {
+        _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * k as i32)), _mm256_set1_epi8(3))
+    }
+
+    /// The i16 scale vector of a 32-element chunk made of groups g (bytes 0..16) and g+1.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn scale_pair(s: &[i16; 16], g: usize) -> __m256i {
+        _mm256_set_m128i(_mm_set1_epi16(s[g + 1]), _mm_set1_epi16(s[g]))
+    }
+
+    /// `madd(maddubs(q, q8), scales)`: ggml's k-quant lane step (q unsigned, q8 signed).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn mad(q: __m256i, q8: __m256i, sc: __m256i) -> __m256i {
+        _mm256_madd_epi16(_mm256_maddubs_epi16(q, q8), sc)
+    }
+
+    /// `acc = fma(d, float(lanes), acc)`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn fma_lanes(acc: __m256, d: __m256, p: __m256i) -> __m256 {
+        _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc)
+    }
+
+    /// # Safety
+    /// The CPU must support avx512f, avx512bw, avx512vl, avx512vnni, avx2, fma and f16c. Rows
+    /// are `ty.row_bytes(n)` bytes and `a` is the matching activation row (checked by the
+    /// callers; a short slice would panic on a bounds check, never read out of bounds).
+    /// Empty rows (matvec's padding) give 0.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn rows<const R: usize>(ty: QuantType, ws: [&[u8]; R], a: &[u8]) -> Option<[f32; R]> {
+        // weight rows whose byte length is not a whole number of blocks panic in `view`
+        macro_rules! v {
+            ($B:ty) => {{
+                let mut out: [&[$B]; R] = [&[]; R];
+                for (o, w) in out.iter_mut().zip(ws) {
+                    *o = view::<$B>(w);
+                }
+                out
+            }};
+        }
+        let nb = |bs: usize| ws.iter().map(|w| w.len()).max().unwrap_or(0) / bs;
+        Some(match ty {
+            QuantType::Q8_0 => q8_0(v!(BlockQ8_0), view(a)),
+            QuantType::Q4_0 => q4_0(v!(BlockQ4_0), view(a)),
+            QuantType::Q5_0 => q5_0(v!(BlockQ5_0), view(a)),
+            QuantType::Q4_1 => q4_1(v!(BlockQ4_1), a, nb(20)),
+            QuantType::Q5_1 => q5_1(v!(BlockQ5_1), a, nb(24)),
+            QuantType::Q2K => q2k(v!(BlockQ2K), view(a)),
+            QuantType::Q3K => q3k(v!(BlockQ3K), view(a)),
+            QuantType::Q4K => q4k(v!(BlockQ4K), view(a)),
+            QuantType::Q5K => q5k(v!(BlockQ5K), view(a)),
+            QuantType::Q6K => q6k(v!(BlockQ6K), view(a)),
+            _ => return None,
+        })
+    }
+
+    // ------------------------------------------------------------ legacy types
+    // Each: per block, lanes from one vpdpbusd, then acc = fma(dx*dy, lanes, acc). Rows shorter
+    // than `a` (matvec's empty padding rows) simply stop contributing.
+
+    macro_rules! legacy_q8_0 {
+        ($name:ident, $B:ty, |$x:ident, $qy:ident| $lanes:expr) => {
+            #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+            fn $name<const R: usize>(w: [&[$B]; R], a: &[BlockQ8_0]) -> [f32; R] {
+                let mut acc = [_mm256_setzero_ps(); R];
+                for (i, y) in a.iter().enumerate() {
+                    let dy = f16x8(y.d);
+                    let $qy = ld32i(&y.qs, 0);
+                    for r in 0..R {
+                        let Some($x) = w[r].get(i) else { continue };
+                        let d = _mm256_mul_ps(f16x8($x.d), dy);
+                        acc[r] = fma_lanes(acc[r], d, $lanes);
+                    }
+                }
+                let mut out = [0f32; R];
+                for r in 0..R {
+                    out[r] = hsum(acc[r]);
+                }
+                out
+            }
+        };
+    }
+
+    legacy_q8_0!(q8_0, BlockQ8_0, |x, qy| dot_i8(ld32i(&x.qs, 0), qy));
+    legacy_q8_0!(q4_0, BlockQ4_0, |x, qy| dot_i8(_mm256_sub_epi8(nib32(&x.qs), _mm256_set1_epi8(8)), qy));
+    // q = nibble + 16*bit - 16: subtract 16 where the qh bit is clear
+    legacy_q8_0!(q5_0, BlockQ5_0, |x, qy| {
+        let q = nib32(&x.qs);
+        dot_i8(_mm256_mask_sub_epi8(q, !u32::from_le_bytes(x.qh), q, _mm256_set1_epi8(16)), qy)
+    });
+
+    macro_rules! legacy_q8_1 {
+        ($name:ident, $B:ty, |$x:ident| $q:expr) => {
+            /// acc = fma(dx*dy, lanes, acc); summs = fma(m, s, summs); hsum(acc) + summs.
+            #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+            fn $name<const R: usize>(w: [&[$B]; R], a: &[u8], nb: usize) -> [f32; R] {
+                let mut acc = [_mm256_setzero_ps(); R];
+                let mut summs = [0f32; R];
+                for i in 0..nb {
+                    let yb = &a[i * Q8_1_BYTES..(i + 1) * Q8_1_BYTES];
+                    let dy = f16x8([yb[0], yb[1]]);
+                    let sy = f16s([yb[2], yb[3]]);
+                    let qy = ld32(yb, 4);
+                    for r in 0..R {
+                        let Some($x) = w[r].get(i) else { continue };
+                        summs[r] = f16s($x.m).mul_add(sy, summs[r]);
+                        let d = _mm256_mul_ps(f16x8($x.d), dy);
+                        acc[r] = fma_lanes(acc[r], d, dot_u8($q, qy));
+                    }
+                }
+                let mut out = [0f32; R];
+                for r in 0..R {
+                    out[r] = hsum(acc[r]) + summs[r];
+                }
+                out
+            }
+        };
+    }
+
+    legacy_q8_1!(q4_1, BlockQ4_1, |x| nib32(&x.qs));
+    legacy_q8_1!(q5_1, BlockQ5_1, |x| {
+        let q = nib32(&x.qs);
+        _mm256_mask_add_epi8(q, u32::from_le_bytes(x.qh), q, _mm256_set1_epi8(16))
+    });
+
+    // ------------------------------------------------------------ k-quants
+
+    /// The 16 i16 group sums of a Q8_K block as one vector.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn bsums(y: &BlockQ8K) -> __m256i {
+        ld32(y.bsums.as_flattened(), 0)
+    }
+
+    /// ggml_vec_dot_q2_K_q8_K: acc = fma(dmin, min lanes, acc), then acc = fma(d, lanes, acc).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn q2k<const R: usize>(w: [&[BlockQ2K]; R], a: &[BlockQ8K]) -> [f32; R] {
+        let mut acc = [_mm256_setzero_ps(); R];
+        for (i, y) in a.iter().enumerate() {
+            let dy = f32::from_le_bytes(y.d);
+            let bs = bsums(y);
+            for r in 0..R {
+                let Some(x) = w[r].get(i) else { continue };
+                let d = dy * f16s(x.d);
+                let dmin = -dy * f16s(x.dmin);
+                let sc8 = ld16(&x.scales, 0);
+                let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(sc8), _mm_set1_epi8(0x0F)));
+                acc[r] = fma_lanes(acc[r], _mm256_set1_ps(dmin), _mm256_madd_epi16(mins, bs));
+                let mut sc = [0i16; 16];
+                for (s, &b) in sc.iter_mut().zip(&x.scales) {
+                    *s = (b & 0x0F) as i16;
+                }
+                let mut sumi = _mm256_setzero_si256();
+                for j in 0..2 {
+                    let bits = ld32(&x.qs, 32 * j);
+                    for k in 0..4 {
+                        let p = mad(crumb(bits, k), ld32i(&y.qs, 128 * j + 32 * k), scale_pair(&sc, 8 * j + 2 * k));
+                        sumi = _mm256_add_epi32(sumi, p);
+                    }
+                }
+                acc[r] = fma_lanes(acc[r], _mm256_set1_ps(d), sumi);
+            }
+        }
+        let mut out = [0f32; R];
+        for r in 0..R {
+            out[r] = hsum(acc[r]);
+        }
+        out
+    }
+
+    /// ggml_vec_dot_q3_K_q8_K: q = low2 - 4 where the hmask bit is clear, as two maddubs.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn q3k<const R: usize>(w: [&[BlockQ3K]; R], a: &[BlockQ8K]) -> [f32; R] {
+        let mut acc = [_mm256_setzero_ps(); R];
+        for (i, y) in a.iter().enumerate() {
+            let dy = f32::from_le_bytes(y.d);
+            for r in 0..R {
+                let Some(x) = w[r].get(i) else { continue };
+                let d = dy * f16s(x.d);
+                let s6 = q3k_scales(&x.scales);
+                let mut sc = [0i16; 16];
+                for (s, &v) in sc.iter_mut().zip(&s6) {
+                    *s = v as i16;
+                }
+                let hbits = ld32(&x.hmask, 0);
+                let mut sumi = _mm256_setzero_si256();
+                for j in 0..2 {
+                    let bits = ld32(&x.qs, 32 * j);
+                    for k in 0..4 {
+                        let q8 = ld32i(&y.qs, 128 * j + 32 * k);
+                        let set = _mm256_test_epi8_mask(hbits, _mm256_set1_epi8((1u8 << (4 * j + k)) as i8));
+                        let h4 = _mm256_maskz_mov_epi8(!set, _mm256_set1_epi8(4));
+                        let p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(crumb(bits, k), q8), _mm256_maddubs_epi16(h4, q8));
+                        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, scale_pair(&sc, 8 * j + 2 * k)));
+                    }
+                }
+                acc[r] = fma_lanes(acc[r], _mm256_set1_ps(d), sumi);
+            }
+        }
+        let mut out = [0f32; R];
+        for r in 0..R {
+            out[r] = hsum(acc[r]);
+        }
+        out
+    }
+
+    /// Q4_K/Q5_K min lanes: pm[k] = m[2k]*(bs[4k]+bs[4k+1]) + m[2k+1]*(bs[4k+2]+bs[4k+3]).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn k4_mins(mins: &[u8; 8], bs: __m256i) -> __m128i {
+        // ggml: hadd of the two 8-sum halves gives the 32-element sums, madd with the mins
+        let q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256::<1>(bs));
+        let m = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(i64::from_le_bytes(*mins)));
+        _mm_madd_epi16(m, q8s)
+    }
+
+    /// ggml_vec_dot_q4_K_q8_K: acc = fma(d, lanes, acc); acc_m = fma(dmin, min lanes, acc_m)
+    /// (4 lanes); hsum8(acc) + hsum4(acc_m).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn q4k<const R: usize>(w: [&[BlockQ4K]; R], a: &[BlockQ8K]) -> [f32; R] {
+        let mut acc = [_mm256_setzero_ps(); R];
+        let mut acc_m = [_mm_setzero_ps(); R];
+        let m4 = _mm256_set1_epi8(0x0F);
+        for (i, y) in a.iter().enumerate() {
+            let dy = f32::from_le_bytes(y.d);
+            let bs = bsums(y);
+            for r in 0..R {
+                let Some(x) = w[r].get(i) else { continue };
+                let d = dy * f16s(x.d);
+                let dmin = -dy * f16s(x.dmin);
+                let (sc, mn) = k4_scale_min(&x.scales);
+                acc_m[r] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(k4_mins(&mn, bs)), acc_m[r]);
+                let mut sumi = _mm256_setzero_si256();
+                for j in 0..4 {
+                    let bits = ld32(&x.qs, 32 * j);
+                    let lo = _mm256_and_si256(bits, m4);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
+                    let pl = mad(lo, ld32i(&y.qs, 64 * j), _mm256_set1_epi16(sc[2 * j] as i16));
+                    let ph = mad(hi, ld32i(&y.qs, 64 * j + 32), _mm256_set1_epi16(sc[2 * j + 1] as i16));
+                    sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
+                }
+                acc[r] = fma_lanes(acc[r], _mm256_set1_ps(d), sumi);
+            }
+        }
+        let mut out = [0f32; R];
+        for r in 0..R {
+            let mut m = [0f32; 4];
+            // SAFETY: `m` is 4 writable f32; storeu has no alignment requirement.
+            unsafe { _mm_storeu_ps(m.as_mut_ptr(), acc_m[r]) };
+            out[r] = hsum(acc[r]) + hsum4(m);
+        }
+        out
+    }
+
+    /// ggml_vec_dot_q5_K_q8_K: as Q4_K with the fifth bit; the min lanes are summed as integers
+    /// and folded into a scalar, summs = fma(sum as f32, dmin, summs).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn q5k<const R: usize>(w: [&[BlockQ5K]; R], a: &[BlockQ8K]) -> [f32; R] {
+        let mut acc = [_mm256_setzero_ps(); R];
+        let mut summs = [0f32; R];
+        let m4 = _mm256_set1_epi8(0x0F);
+        let b4 = _mm256_set1_epi8(16);
+        for (i, y) in a.iter().enumerate() {
+            let dy = f32::from_le_bytes(y.d);
+            let bs = bsums(y);
+            for r in 0..R {
+                let Some(x) = w[r].get(i) else { continue };
+                let d = dy * f16s(x.d);
+                let dmin = -dy * f16s(x.dmin);
+                let (sc, mn) = k4_scale_min(&x.scales);
+                let pm = k4_mins(&mn, bs);
+                let pm = _mm_add_epi32(pm, _mm_shuffle_epi32::<0b01_00_11_10>(pm));
+                let pm = _mm_add_epi32(pm, _mm_shuffle_epi32::<0b10_11_00_01>(pm));
+                summs[r] = (_mm_cvtsi128_si32(pm) as f32).mul_add(dmin, summs[r]);
+                let hbits = ld32(&x.qh, 0);
+                let mut sumi = _mm256_setzero_si256();
+                for j in 0..4 {
+                    let bits = ld32(&x.qs, 32 * j);
+                    let lo = _mm256_and_si256(bits, m4);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
+                    let ml = _mm256_test_epi8_mask(hbits, _mm256_set1_epi8((1u8 << (2 * j)) as i8));
+                    let mh = _mm256_test_epi8_mask(hbits, _mm256_set1_epi8((1u8 << (2 * j + 1)) as i8));
+                    let lo = _mm256_mask_add_epi8(lo, ml, lo, b4);
+                    let hi = _mm256_mask_add_epi8(hi, mh, hi, b4);
+                    let pl = mad(lo, ld32i(&y.qs, 64 * j), _mm256_set1_epi16(sc[2 * j] as i16));
+                    let ph = mad(hi, ld32i(&y.qs, 64 * j + 32), _mm256_set1_epi16(sc[2 * j + 1] as i16));
+                    sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
+                }
+                acc[r] = fma_lanes(acc[r], _mm256_set1_ps(d), sumi);
+            }
+        }
+        let mut out = [0f32; R];
+        for r in 0..R {
+            out[r] = hsum(acc[r]) + summs[r];
+        }
+        out
+    }
+
+    /// ggml_vec_dot_q6_K_q8_K: unsigned 6-bit quants, the -32 offset subtracted per lane as
+    /// 32 * madd(bsums, scales).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn q6k<const R: usize>(w: [&[BlockQ6K]; R], a: &[BlockQ8K]) -> [f32; R] {
+        let mut acc = [_mm256_setzero_ps(); R];
+        let m4 = _mm256_set1_epi8(0x0F);
+        for (i, y) in a.iter().enumerate() {
+            let dy = f32::from_le_bytes(y.d);
+            let bs = bsums(y);
+            for r in 0..R {
+                let Some(x) = w[r].get(i) else { continue };
+                let d = dy * f16s(x.d);
+                // SAFETY: `x.scales` is 16 readable bytes; loadu has no alignment requirement.
+                let scales = unsafe { _mm_loadu_si128(x.scales.as_ptr().cast()) };
+                let sub = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bs, _mm256_cvtepi8_epi16(scales)));
+                let mut sc = [0i16; 16];
+                for (s, &v) in sc.iter_mut().zip(&x.scales) {
+                    *s = v as i16;
+                }
+                let mut sumi = _mm256_setzero_si256();
+                for j in 0..2 {
+                    let l1 = ld32(&x.ql, 64 * j);
+                    let l2 = ld32(&x.ql, 64 * j + 32);
+                    let h = ld32(&x.qh, 32 * j);
+                    let q = [
+                        _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_slli_epi16::<4>(_mm256_and_si256(h, _mm256_set1_epi8(3)))),
+                        _mm256_or_si256(_mm256_and_si256(l2, m4), _mm256_slli_epi16::<2>(_mm256_and_si256(h, _mm256_set1_epi8(12)))),
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(l1), m4), _mm256_and_si256(h, _mm256_set1_epi8(48))),
+                        _mm256_or_si256(
+                            _mm256_and_si256(_mm256_srli_epi16::<4>(l2), m4),
+                            _mm256_srli_epi16::<2>(_mm256_and_si256(h, _mm256_set1_epi8(-64))),
+                        ),
+                    ];
+                    for (k, &qk) in q.iter().enumerate() {
+                        let p = mad(qk, ld32i(&y.qs, 128 * j + 32 * k), scale_pair(&sc, 8 * j + 2 * k));
+                        sumi = _mm256_add_epi32(sumi, p);
+                    }
+                }
+                acc[r] = fma_lanes(acc[r], _mm256_set1_ps(d), _mm256_sub_epi32(sumi, sub));
+            }
+        }
+        let mut out = [0f32; R];
+        for r in 0..R {
+            out[r] = hsum(acc[r]);
+        }
+        out
+    }
 }
