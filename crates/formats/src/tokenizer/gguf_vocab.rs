@@ -57,10 +57,10 @@ pub(super) fn load(g: &Gguf) -> Result<Tokenizer> {
     let scores = num_array(g, "tokenizer.ggml.scores")?;
     let types = num_array(g, "tokenizer.ggml.token_type")?;
     for (key, arr) in [("tokenizer.ggml.scores", &scores), ("tokenizer.ggml.token_type", &types)] {
-        if let Some(a) = arr {
-            if a.len() < n {
-                return Err(FormatError::field(path, key, format!("{} entries for {n} tokens", a.len())));
-            }
+        if let Some(a) = arr
+            && a.len() < n
+        {
+            return Err(FormatError::field(path, key, format!("{} entries for {n} tokens", a.len())));
         }
     }
 
@@ -154,11 +154,11 @@ pub(super) fn load(g: &Gguf) -> Result<Tokenizer> {
     // Tokens recognised by text; a match that is not typed control is made control, as
     // llama.cpp does (it then gets cut out of text only with parse_special).
     let find_text = |slot: &mut Option<u32>, names: &[&str], attrs: &mut Vec<u32>| {
-        if slot.is_none() {
-            if let Some(id) = (0..n).find(|&i| names.contains(&texts[i].as_str())) {
-                *slot = Some(id as u32);
-                attrs[id] |= attr::CONTROL;
-            }
+        if slot.is_none()
+            && let Some(id) = (0..n).find(|&i| names.contains(&texts[i].as_str()))
+        {
+            *slot = Some(id as u32);
+            attrs[id] |= attr::CONTROL;
         }
     };
     find_text(
@@ -200,11 +200,11 @@ pub(super) fn load(g: &Gguf) -> Result<Tokenizer> {
             attrs[end as usize] = attr::USER_DEFINED;
         }
     }
-    if let Some(s) = has("</s>", &eog) {
-        if has("<|tool_response>", &eog).is_some() || has("<|plamo:eos|>", &eog).is_some() {
-            eog.remove(&s);
-            attrs[s as usize] = attr::NORMAL;
-        }
+    if let Some(s) = has("</s>", &eog)
+        && (has("<|tool_response>", &eog).is_some() || has("<|plamo:eos|>", &eog).is_some())
+    {
+        eog.remove(&s);
+        attrs[s as usize] = attr::NORMAL;
     }
 
     let mut specials: Vec<u32> = (0..n as u32)
@@ -235,10 +235,10 @@ pub(super) fn load(g: &Gguf) -> Result<Tokenizer> {
         (0..n).map(|i| token_piece(&texts[i], attrs[i], spm_like, byte_level).into_boxed_slice()).collect();
     let mut byte_tokens = vec![None; 256];
     for (i, t) in texts.iter().enumerate() {
-        if attrs[i] & attr::BYTE != 0 {
-            if let Some(b) = parse_byte_token(t) {
-                byte_tokens[b as usize].get_or_insert(i as u32);
-            }
+        if attrs[i] & attr::BYTE != 0
+            && let Some(b) = parse_byte_token(t)
+        {
+            byte_tokens[b as usize].get_or_insert(i as u32);
         }
     }
     // SentencePiece spells unknown bytes as <0xNN> whatever their type says.

@@ -166,10 +166,10 @@ pub(super) fn load(path: &Path, config: Option<&Path>) -> Result<Tokenizer> {
     }
     let mut byte_tokens = vec![None; 256];
     for (i, t) in texts.iter().enumerate() {
-        if attrs[i] & attr::BYTE != 0 {
-            if let Some(b) = parse_byte_token(t) {
-                byte_tokens[b as usize] = Some(i as u32);
-            }
+        if attrs[i] & attr::BYTE != 0
+            && let Some(b) = parse_byte_token(t)
+        {
+            byte_tokens[b as usize] = Some(i as u32);
         }
     }
     Ok(Tokenizer {

@@ -106,10 +106,11 @@ impl Tokenizer {
     /// texts such as `<|im_start|>` in `text` become their ids (chat prompts).
     pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
         let mut ids = self.encode_with(text, add_special && self.add_bos, true)?;
-        if add_special && self.add_eos {
-            if let Some(eos) = self.eos {
-                ids.push(eos);
-            }
+        if add_special
+            && self.add_eos
+            && let Some(eos) = self.eos
+        {
+            ids.push(eos);
         }
         Ok(ids)
     }
@@ -287,7 +288,7 @@ impl Tokenizer {
         let mut bytes = Vec::new();
         for &id in ids {
             if render_special || !self.is_control(id) {
-                bytes.extend_from_slice(&self.token_bytes_ref(id));
+                bytes.extend_from_slice(self.token_bytes_ref(id));
             }
         }
         let mut s = String::from_utf8_lossy(&bytes).into_owned();
