@@ -37,6 +37,8 @@ fn load(fx: &Value) -> Option<Tokenizer> {
     let t0 = Instant::now();
     let tok = Tokenizer::from_gguf(&g).unwrap();
     eprintln!("[{file}] tokenizer loaded in {:.0} ms: {tok:?}", t0.elapsed().as_secs_f64() * 1e3);
+    let eog: Vec<String> = tok.eos_ids().iter().map(|&i| format!("{i}:{}", tok.token_text(i).unwrap())).collect();
+    eprintln!("[{file}] end-of-generation tokens: {eog:?}");
     Some(tok)
 }
 
