@@ -13,6 +13,10 @@
 //!    n f32 inputs, the act row bytes. Kind 2: ggml type id, n, weight byte count + bytes,
 //!    act byte count + bytes, the f32 result.
 //!    Set CORTIQ_VECDOT_FIXTURE to a larger file in the same format to run more cases.
+//!    Kind 3 (ggml's whole decode mul_mat through its CPU backend, f32 activations in, with the
+//!    weight in a plain buffer or in the default CPU_REPACK buffer): ggml type id, rows, n,
+//!    repacked flag, rows * row_bytes weight bytes, n f32 activations, rows f32 outputs. Checks
+//!    `quantize_act` + `matvec_q` (or `matvec_q_repacked`) end to end.
 //! 2. `simd_matches_scalar`: `vec_dot` (AVX-512 when present) vs `vec_dot_scalar` on random blocks:
 //!    0 ulp required for every type.
 //! 3. `close_to_f64_reference`: |vec_dot - sum(w_i * a_i)| in f64, where w is the scalar
@@ -21,7 +25,8 @@
 //! 4. `quantize_act_error_bounds`: |q*d - x| <= d/2 (+ f16 rounding of d) elementwise.
 
 use cortiq_kernels::quant::{
-    ActType, QuantType, act_type, dequantize_act, dequantize_row_scalar, matvec_q, quantize_act, vec_dot, vec_dot_scalar,
+    ActType, QuantType, act_type, dequantize_act, dequantize_row_scalar, llamacpp_repacks, matvec_q, matvec_q_repacked,
+    quantize_act, vec_dot, vec_dot_repacked, vec_dot_repacked_scalar, vec_dot_scalar,
 };
 use std::path::PathBuf;
 
@@ -125,6 +130,10 @@ fn matches_ggml_fixture() {
     // per act type: (rows, mismatching rows); per weight type: (rows, scalar bad, simd bad)
     let mut act_stats = std::collections::BTreeMap::<&str, (usize, usize)>::new();
     let mut dot_stats = std::collections::BTreeMap::<&str, (usize, usize, usize)>::new();
+    // ggml's whole mul_mat (f32 activations in, f32 out), per type and layout: (rows, differing)
+    // (rows, differing, rows where the plain vec_dot order would differ: shows the repacked
+    // order is really needed)
+    let mut mm_stats = std::collections::BTreeMap::<String, (usize, usize, usize)>::new();
     let mut out = Vec::new();
     while !r.0.is_empty() {
         match r.u32() {
@@ -170,6 +179,40 @@ fn matches_ggml_fixture() {
                     println!("{ty} n={n}: vec_dot {v:e} ggml {want:e} (diff {:e})", v - want);
                 }
             }
+            3 => {
+                let ty = QuantType::from_ggml_id(r.u32()).expect("fixture: weight type");
+                let rows = r.u32() as usize;
+                let n = r.u32() as usize;
+                let repack = r.u32() != 0;
+                let rb = ty.row_bytes(n).unwrap();
+                let w = r.bytes(rows * rb);
+                let x: Vec<f32> = r.bytes(4 * n).chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+                let want: Vec<f32> = r.bytes(4 * rows).chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+                quantize_act(act_type(ty).unwrap(), &x, &mut out);
+                let mut y = vec![0f32; rows];
+                if repack {
+                    matvec_q_repacked(ty, w, rows, n, &out, &mut y);
+                } else {
+                    matvec_q(ty, w, rows, n, &out, &mut y);
+                }
+                let key = if repack { format!("{} repacked", ty.name()) } else { ty.name().to_string() };
+                let e = mm_stats.entry(key).or_default();
+                for (row, (&got, &exp)) in y.iter().zip(&want).enumerate() {
+                    let wr = &w[row * rb..(row + 1) * rb];
+                    let s = if repack { vec_dot_repacked_scalar(ty, wr, &out, n) } else { vec_dot_scalar(ty, wr, &out, n) };
+                    e.0 += 1;
+                    if repack && vec_dot(ty, wr, &out, n).to_bits() != exp.to_bits() {
+                        e.2 += 1;
+                    }
+                    if got.to_bits() != exp.to_bits() || s.to_bits() != exp.to_bits() {
+                        e.1 += 1;
+                        println!("{ty} mul_mat (repack {repack}) row {row}: ours {got:e} / scalar {s:e}, ggml {exp:e}");
+                    }
+                }
+                // the harness repacks exactly the types llama.cpp's x86 build repacks
+                let repackable = matches!(ty, QuantType::Q4_0 | QuantType::Q4K | QuantType::Q2K);
+                assert_eq!(llamacpp_repacks(ty, rows), repackable, "{ty}: llamacpp_repacks({rows})");
+            }
             k => panic!("fixture: bad record kind {k}"),
         }
     }
@@ -180,7 +223,12 @@ fn matches_ggml_fixture() {
     for (k, (n, bs, bv)) in &dot_stats {
         println!("  vec_dot      {k:>5}: {n} rows, scalar {bs} differ, dispatch {bv} differ");
     }
+    for (k, (n, bad, plain)) in &mm_stats {
+        println!("  mul_mat {k:>14}: {n} rows, {bad} differ (plain vec_dot order would differ on {plain})");
+    }
     assert_eq!(act_stats.len(), 3, "fixture must cover the three activation types");
+    assert!(mm_stats.len() >= 10, "fixture must cover ggml's mul_mat, plain and repacked");
+    assert!(mm_stats.values().all(|s| s.1 == 0), "matvec_q differs from ggml's mul_mat");
     assert_eq!(dot_stats.len(), DOT_TYPES.len(), "fixture must cover every weight type");
     assert!(act_stats.values().all(|s| s.1 == 0), "quantize_act differs from ggml");
     assert!(dot_stats.values().all(|s| s.1 == 0 && s.2 == 0), "vec_dot differs from ggml");
@@ -233,6 +281,32 @@ fn simd_matches_scalar() {
         }
         println!("{:>5} {rows:>6} {bad:>10} {maxd:>12e}", ty.name());
         total_bad += bad;
+        if llamacpp_repacks(ty, 8) {
+            // the repacked order: one row and 4-row kernels vs its scalar twin
+            let (mut rows, mut bad) = (0, 0);
+            for blocks in [1usize, 3, 16] {
+                let n = blocks * ty.block_size();
+                for _ in 0..40 {
+                    let w = random_weights(ty, blocks, &mut rng);
+                    let (_, a) = random_act(at, n, &mut rng);
+                    rows += 1;
+                    if vec_dot_repacked(ty, &w, &a, n).to_bits() != vec_dot_repacked_scalar(ty, &w, &a, n).to_bits() {
+                        bad += 1;
+                    }
+                }
+            }
+            let mut y = vec![0f32; rows_m];
+            let w = random_weights(ty, rows_m * cols / ty.block_size(), &mut rng);
+            matvec_q_repacked(ty, &w, rows_m, cols, &a, &mut y);
+            for (r, &got) in y.iter().enumerate() {
+                rows += 1;
+                if got.to_bits() != vec_dot_repacked_scalar(ty, &w[r * rb..(r + 1) * rb], &a, cols).to_bits() {
+                    bad += 1;
+                }
+            }
+            println!("{:>5} {rows:>6} {bad:>10}  (repacked order)", ty.name());
+            total_bad += bad;
+        }
     }
     assert_eq!(total_bad, 0, "SIMD vec_dot must equal the scalar twin bit for bit");
 }

@@ -8,7 +8,10 @@ pub mod vecdot;
 pub mod vecdot_avx512;
 
 pub use dequant::{dequantize_row, dequantize_row_scalar, dot_row};
-pub use vecdot::{ActType, act_type, dequantize_act, matvec_q, quantize_act, vec_dot, vec_dot_scalar};
+pub use vecdot::{
+    ActType, act_type, dequantize_act, llamacpp_repacks, matvec_q, matvec_q_repacked, quantize_act, vec_dot,
+    vec_dot_repacked, vec_dot_repacked_scalar, vec_dot_scalar,
+};
 
 /// A tensor element type, numbered as ggml numbers it (the GGUF on-disk id).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

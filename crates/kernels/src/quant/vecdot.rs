@@ -3,7 +3,8 @@
 //!
 //! Owns: `ActType` (the activation block formats Q8_0, Q8_1, Q8_K), `act_type` (which one a
 //! weight type pairs with), `quantize_act` (f32 row -> activation blocks), `vec_dot` /
-//! `vec_dot_scalar` (one weight row . one activation row), `matvec_q`, and `dequantize_act`
+//! `vec_dot_scalar` (one weight row . one activation row), `matvec_q`, their `*_repacked`
+//! variants with `llamacpp_repacks`, and `dequantize_act`
 //! (the exact `q * d` decode the tests use as a reference). The AVX-512 twins live in
 //! `vecdot_avx512.rs`; these scalar versions are their reference forever.
 //!
@@ -33,11 +34,16 @@
 //!     ~3e7 and round on conversion, identically on both sides).
 //!   * The AVX-512 twins produce identical bits (same lane sums, same FMA sequence).
 //!
-//! Where llama.cpp itself takes another path (and so differs from us at the ulp level, never in
-//! the quantized activations): prompt batches of >= 2 tokens go through llamafile's tinyBLAS
-//! for Q8_0/Q4_0/Q5_0 (different accumulation order), and with the default CPU "repack" buffer
-//! Q4_0 and Q4_K weights (and Q2_K on AVX-512) use interleaved 8-row gemv kernels with their own
-//! accumulation order. Decode through `ggml_vec_dot_*` is what this file matches bit for bit.
+//! llama.cpp's default CPU "repack" buffer stores Q4_0 and Q4_K weights (AVX2) and Q2_K (AVX-512)
+//! with a row count divisible by 8 in an interleaved 8-row layout, and decodes them with
+//! `ggml_gemv_*_8x8_*`, whose float order differs: `llamacpp_repacks` says when, and
+//! `vec_dot_repacked` / `matvec_q_repacked` reproduce those kernels bit for bit (checked against
+//! ggml's whole mul_mat through its CPU backend, plain and repacked buffers).
+//!
+//! Not reproduced (ulp-level differences in llama.cpp's prompt processing only, never in the
+//! quantized activations): batches of >= 2 tokens go through llamafile's tinyBLAS for
+//! Q8_0/Q4_0/Q5_0 and through the repacked gemm kernels, each with its own accumulation order.
+//! Decode, one token at a time, is what this file matches bit for bit.
 
 use super::QuantType;
 use super::blocks::*;
@@ -267,8 +273,8 @@ pub fn dequantize_act(act: ActType, bytes: &[u8], out: &mut [f64]) {
 /// the engine validates shapes at load time).
 #[track_caller]
 pub fn vec_dot(ty: QuantType, w_row: &[u8], act: &[u8], n: usize) -> f32 {
-    check("vec_dot", ty, w_row, act, n);
-    if let Some(v) = super::vecdot_avx512::dispatch(ty, w_row, act) {
+    check("vec_dot", ty, w_row, act, n, false);
+    if let Some(v) = super::vecdot_avx512::dispatch(ty, w_row, act, false) {
         return v;
     }
     scalar(ty, w_row, act)
@@ -277,7 +283,7 @@ pub fn vec_dot(ty: QuantType, w_row: &[u8], act: &[u8], n: usize) -> f32 {
 /// The scalar reference of `vec_dot` (same contract, same bits), kept as the SIMD oracle.
 #[track_caller]
 pub fn vec_dot_scalar(ty: QuantType, w_row: &[u8], act: &[u8], n: usize) -> f32 {
-    check("vec_dot_scalar", ty, w_row, act, n);
+    check("vec_dot_scalar", ty, w_row, act, n, false);
     scalar(ty, w_row, act)
 }
 
@@ -286,10 +292,55 @@ pub fn vec_dot_scalar(ty: QuantType, w_row: &[u8], act: &[u8], n: usize) -> f32 
 /// its pool and calls this per range.
 #[track_caller]
 pub fn matvec_q(ty: QuantType, w: &[u8], rows: usize, cols: usize, act: &[u8], y: &mut [f32]) {
+    matvec_impl("matvec_q", ty, w, rows, cols, act, y, false);
+}
+
+// ---------------------------------------------------------------- llama.cpp's repacked order
+
+/// Whether llama.cpp's x86 CPU backend keeps a weight matrix of this type and row count in its
+/// interleaved 8-row "repack" layout (the default; `--no-repack` turns it off), where decode
+/// runs `ggml_gemv_<type>_8x8_q8_*` instead of `ggml_vec_dot_*`: Q4_0 and Q4_K on AVX2 builds,
+/// Q2_K on AVX-512 builds, when the row count is a multiple of 8. (The x86 build we match has
+/// both.) Tensors read by row lookups (token embeddings, tied output included) stay plain.
+/// For these, use the `*_repacked` functions to get llama.cpp's bits.
+pub fn llamacpp_repacks(ty: QuantType, rows: usize) -> bool {
+    matches!(ty, QuantType::Q4_0 | QuantType::Q4K | QuantType::Q2K) && rows.is_multiple_of(8)
+}
+
+/// `vec_dot` in the float order of llama.cpp's repacked gemv kernels (Q4_0, Q4_K, Q2_K only;
+/// panics for other types): the same activation quantization and the same exact integer
+/// products, but each block's products are summed to one integer, accumulated by one scalar FMA
+/// per block (`acc = fma(sum, dx*dy, acc)`), and the k-quants' min terms run in a second chain
+/// subtracted at the end (`acc - acc_min`). Differs from `vec_dot` by a few ulp at most.
+#[track_caller]
+pub fn vec_dot_repacked(ty: QuantType, w_row: &[u8], act: &[u8], n: usize) -> f32 {
+    check("vec_dot_repacked", ty, w_row, act, n, true);
+    if let Some(v) = super::vecdot_avx512::dispatch(ty, w_row, act, true) {
+        return v;
+    }
+    scalar_repacked(ty, w_row, act)
+}
+
+/// The scalar reference of `vec_dot_repacked`.
+#[track_caller]
+pub fn vec_dot_repacked_scalar(ty: QuantType, w_row: &[u8], act: &[u8], n: usize) -> f32 {
+    check("vec_dot_repacked_scalar", ty, w_row, act, n, true);
+    scalar_repacked(ty, w_row, act)
+}
+
+/// `matvec_q` with `vec_dot_repacked` per row.
+#[track_caller]
+pub fn matvec_q_repacked(ty: QuantType, w: &[u8], rows: usize, cols: usize, act: &[u8], y: &mut [f32]) {
+    matvec_impl("matvec_q_repacked", ty, w, rows, cols, act, y, true);
+}
+
+#[allow(clippy::too_many_arguments)]
+#[track_caller]
+fn matvec_impl(func: &str, ty: QuantType, w: &[u8], rows: usize, cols: usize, act: &[u8], y: &mut [f32], repack: bool) {
     let rb = ty.row_bytes(cols);
     assert!(
         rb.and_then(|rb| rb.checked_mul(rows)) == Some(w.len()) && y.len() == rows,
-        "matvec_q({ty}): {rows}x{cols} needs {:?} weight bytes and {rows} outputs, got {} and {}",
+        "{func}({ty}): {rows}x{cols} needs {:?} weight bytes and {rows} outputs, got {} and {}",
         rb.map(|rb| rb * rows),
         w.len(),
         y.len()
@@ -298,20 +349,24 @@ pub fn matvec_q(ty: QuantType, w: &[u8], rows: usize, cols: usize, act: &[u8], y
         return;
     }
     let rb = rb.unwrap_or(0);
-    check("matvec_q", ty, &w[..rb], act, cols);
-    if super::vecdot_avx512::matvec(ty, w, rb, act, y) {
+    check(func, ty, &w[..rb], act, cols, repack);
+    if super::vecdot_avx512::matvec(ty, w, rb, act, y, repack) {
         return;
     }
     for (o, row) in y.iter_mut().zip(w.chunks_exact(rb.max(1))) {
-        *o = scalar(ty, row, act);
+        *o = if repack { scalar_repacked(ty, row, act) } else { scalar(ty, row, act) };
     }
 }
 
 #[track_caller]
-fn check(func: &str, ty: QuantType, w_row: &[u8], act: &[u8], n: usize) {
+fn check(func: &str, ty: QuantType, w_row: &[u8], act: &[u8], n: usize, repack: bool) {
     let Some(at) = act_type(ty) else {
         panic!("{func}({ty}): no quantized-activation dot product for this type");
     };
+    assert!(
+        !repack || matches!(ty, QuantType::Q4_0 | QuantType::Q4K | QuantType::Q2K),
+        "{func}({ty}): llama.cpp has no repacked kernel for this type"
+    );
     let (wb, ab) = (ty.row_bytes(n), at.row_bytes(n));
     assert!(
         wb == Some(w_row.len()) && ab == Some(act.len()),
@@ -335,6 +390,39 @@ fn scalar(ty: QuantType, w: &[u8], a: &[u8]) -> f32 {
         QuantType::Q5K => dot_q5k(view(w), view(a)),
         QuantType::Q6K => dot_q6k(view(w), view(a)),
         QuantType::F32 | QuantType::F16 | QuantType::BF16 | QuantType::Q8K => unreachable!("checked by act_type"),
+    }
+}
+
+/// Lengths and type already checked.
+fn scalar_repacked(ty: QuantType, w: &[u8], a: &[u8]) -> f32 {
+    match ty {
+        QuantType::Q4_0 => {
+            let mut acc = 0f32;
+            for (x, y) in view::<BlockQ4_0>(w).iter().zip(view::<BlockQ8_0>(a)) {
+                let sum: i32 = q4_0_lanes(x, y).iter().sum();
+                acc = (sum as f32).mul_add(f16_le(x.d) * f16_le(y.d), acc);
+            }
+            acc
+        }
+        QuantType::Q4K => {
+            let (mut acc, mut acc_min) = (0f32, 0f32);
+            for (x, y) in view::<BlockQ4K>(w).iter().zip(view::<BlockQ8K>(a)) {
+                let (p, pm) = q4k_lanes(x, y);
+                acc = (p.iter().sum::<i32>() as f32).mul_add(f16_le(x.d) * q8k_d(y), acc);
+                acc_min = (pm.iter().sum::<i32>() as f32).mul_add(f16_le(x.dmin) * q8k_d(y), acc_min);
+            }
+            acc - acc_min
+        }
+        QuantType::Q2K => {
+            let (mut acc, mut acc_min) = (0f32, 0f32);
+            for (x, y) in view::<BlockQ2K>(w).iter().zip(view::<BlockQ8K>(a)) {
+                let (p, pm) = q2k_lanes(x, y);
+                acc = (p.iter().sum::<i32>() as f32).mul_add(f16_le(x.d) * q8k_d(y), acc);
+                acc_min = (pm.iter().sum::<i32>() as f32).mul_add(f16_le(x.dmin) * q8k_d(y), acc_min);
+            }
+            acc - acc_min
+        }
+        _ => unreachable!("checked by check()"),
     }
 }
 
@@ -411,12 +499,17 @@ fn high_bits(qh: [u8; 4]) -> [i8; QK] {
 fn dot_q4_0(w: &[BlockQ4_0], a: &[BlockQ8_0]) -> f32 {
     let mut acc = [0f32; 8];
     for (x, y) in w.iter().zip(a) {
-        let mut q = nibbles(&x.qs);
-        q.iter_mut().for_each(|v| *v -= 8);
         let d = f16_le(x.d) * f16_le(y.d);
-        fma_lanes(&mut acc, d, &lanes32(&q, &y.qs));
+        fma_lanes(&mut acc, d, &q4_0_lanes(x, y));
     }
     hsum8(acc)
+}
+
+#[inline(always)]
+fn q4_0_lanes(x: &BlockQ4_0, y: &BlockQ8_0) -> [i32; 8] {
+    let mut q = nibbles(&x.qs);
+    q.iter_mut().for_each(|v| *v -= 8);
+    lanes32(&q, &y.qs)
 }
 
 /// ggml_vec_dot_q4_1_q8_1 (AVX2): summs = fma(mx, sy, summs); acc = fma(dx*dy, lanes, acc);
@@ -519,16 +612,23 @@ fn dot_q2k(w: &[BlockQ2K], a: &[BlockQ8K]) -> f32 {
         let dy = q8k_d(y);
         let d = dy * f16_le(x.d);
         let dmin = -dy * f16_le(x.dmin);
-        let bs = bsums(y);
-        let mut pm = [0i32; 8];
-        for (l, o) in pm.iter_mut().enumerate() {
-            *o = (x.scales[2 * l] >> 4) as i32 * bs[2 * l] + (x.scales[2 * l + 1] >> 4) as i32 * bs[2 * l + 1];
-        }
+        let (p, pm) = q2k_lanes(x, y);
         fma_lanes(&mut acc, dmin, &pm);
-        let sc: [i32; 16] = std::array::from_fn(|g| (x.scales[g] & 0x0F) as i32);
-        fma_lanes(&mut acc, d, &lanes256(&q2k_quants(x), &sc, &y.qs));
+        fma_lanes(&mut acc, d, &p);
     }
     hsum8(acc)
+}
+
+/// Q2_K product lanes and min lanes pm[l] = m[2l]*bsum[2l] + m[2l+1]*bsum[2l+1].
+#[inline(always)]
+fn q2k_lanes(x: &BlockQ2K, y: &BlockQ8K) -> ([i32; 8], [i32; 8]) {
+    let bs = bsums(y);
+    let mut pm = [0i32; 8];
+    for (l, o) in pm.iter_mut().enumerate() {
+        *o = (x.scales[2 * l] >> 4) as i32 * bs[2 * l] + (x.scales[2 * l + 1] >> 4) as i32 * bs[2 * l + 1];
+    }
+    let sc: [i32; 16] = std::array::from_fn(|g| (x.scales[g] & 0x0F) as i32);
+    (lanes256(&q2k_quants(x), &sc, &y.qs), pm)
 }
 
 /// ggml_vec_dot_q3_K_q8_K (AVX2): q = low2 - 4 * (hmask bit clear), signed 6-bit scales.
@@ -574,15 +674,21 @@ fn dot_q4k(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
         let dy = q8k_d(y);
         let d = dy * f16_le(x.d);
         let dmin = -dy * f16_le(x.dmin);
-        let (sc, mn) = super::dequant::k4_scale_min(&x.scales);
-        let pm = k4_min_lanes(&mn, &bsums(y));
-        for (m, &p) in acc_m.iter_mut().zip(&pm) {
-            *m = dmin.mul_add(p as f32, *m);
+        let (p, pm) = q4k_lanes(x, y);
+        for (m, &v) in acc_m.iter_mut().zip(&pm) {
+            *m = dmin.mul_add(v as f32, *m);
         }
-        let sc16: [i32; 16] = std::array::from_fn(|g| sc[g / 2] as i32);
-        fma_lanes(&mut acc, d, &lanes256(&q4k_quants(&x.qs), &sc16, &y.qs));
+        fma_lanes(&mut acc, d, &p);
     }
     hsum8(acc) + hsum4(acc_m)
+}
+
+/// Q4_K product lanes and the 4 min lanes.
+#[inline(always)]
+fn q4k_lanes(x: &BlockQ4K, y: &BlockQ8K) -> ([i32; 8], [i32; 4]) {
+    let (sc, mn) = super::dequant::k4_scale_min(&x.scales);
+    let sc16: [i32; 16] = std::array::from_fn(|g| sc[g / 2] as i32);
+    (lanes256(&q4k_quants(&x.qs), &sc16, &y.qs), k4_min_lanes(&mn, &bsums(y)))
 }
 
 /// ggml_vec_dot_q5_K_q8_K (AVX2): as Q4_K, but the min terms are summed in integers per block

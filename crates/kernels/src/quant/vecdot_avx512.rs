@@ -41,47 +41,54 @@ pub fn available() -> bool {
     })
 }
 
-/// One row's dot product, or `None` when there is no kernel on this machine. Lengths were
-/// checked by the caller (`vecdot::check`).
-pub(super) fn dispatch(ty: QuantType, w: &[u8], a: &[u8]) -> Option<f32> {
+/// One row's dot product, or `None` when there is no kernel on this machine (or, with
+/// `repack`, for a type llama.cpp does not repack). Lengths were checked by the caller
+/// (`vecdot::check`).
+pub(super) fn dispatch(ty: QuantType, w: &[u8], a: &[u8], repack: bool) -> Option<f32> {
     #[cfg(target_arch = "x86_64")]
     {
         if available() {
             // SAFETY: available() confirmed every feature `imp::rows` enables on this CPU.
             // Block counts come from slice lengths, every load is bounds-checked.
-            return unsafe { imp::rows::<1>(ty, [w], a) }.map(|r| r[0]);
+            let r = unsafe {
+                if repack { imp::rows::<1, true>(ty, [w], a) } else { imp::rows::<1, false>(ty, [w], a) }
+            };
+            return r.map(|r| r[0]);
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (ty, w, a);
+    let _ = (ty, w, a, repack);
     None
 }
 
 /// `y[r] = dot(row r, a)` for rows of `rb` bytes stored back to back; `false` (nothing written)
-/// when there is no kernel on this machine. Lengths were checked by the caller.
-pub(super) fn matvec(ty: QuantType, w: &[u8], rb: usize, a: &[u8], y: &mut [f32]) -> bool {
+/// when `dispatch` would return `None`. Lengths were checked by the caller.
+pub(super) fn matvec(ty: QuantType, w: &[u8], rb: usize, a: &[u8], y: &mut [f32], repack: bool) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         if available() && rb > 0 {
+            if repack && !matches!(ty, QuantType::Q4_0 | QuantType::Q4K | QuantType::Q2K) {
+                return false;
+            }
             let mut rows = w.chunks_exact(rb);
             let mut ys = y.chunks_exact_mut(4);
             for yc in &mut ys {
-                let ws: [&[u8]; 4] = [
-                    rows.next().unwrap_or(&[]),
-                    rows.next().unwrap_or(&[]),
-                    rows.next().unwrap_or(&[]),
-                    rows.next().unwrap_or(&[]),
-                ];
+                let mut ws: [&[u8]; 4] = [&[]; 4];
+                for o in ws.iter_mut() {
+                    *o = rows.next().unwrap_or(&[]);
+                }
                 // SAFETY: as in `dispatch`.
-                match unsafe { imp::rows::<4>(ty, ws, a) } {
+                let v = unsafe {
+                    if repack { imp::rows::<4, true>(ty, ws, a) } else { imp::rows::<4, false>(ty, ws, a) }
+                };
+                match v {
                     Some(v) => yc.copy_from_slice(&v),
                     None => return false,
                 }
             }
             for (o, row) in ys.into_remainder().iter_mut().zip(rows) {
-                // SAFETY: as in `dispatch`.
-                match unsafe { imp::rows::<1>(ty, [row], a) } {
-                    Some(v) => *o = v[0],
+                match dispatch(ty, row, a, repack) {
+                    Some(v) => *o = v,
                     None => return false,
                 }
             }
@@ -89,7 +96,7 @@ pub(super) fn matvec(ty: QuantType, w: &[u8], rb: usize, a: &[u8], y: &mut [f32]
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (ty, w, rb, a, y);
+    let _ = (ty, w, rb, a, y, repack);
     false
 }
 
@@ -156,6 +163,16 @@ mod imp {
         hsum8(a)
     }
 
+    /// Sum of the 8 i32 lanes (exact, wrapping like the integer adds it stands for).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn hsum_i32(v: __m256i) -> i32 {
+        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+        _mm_cvtsi128_si32(s)
+    }
+
     /// Signed x signed bytes -> 8 i32 lanes of 4 products each: `vpdpbusd(|x|, sign(y, x))`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
@@ -213,7 +230,14 @@ mod imp {
     /// callers; a short slice would panic on a bounds check, never read out of bounds).
     /// Empty rows (matvec's padding) give 0.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    pub(super) unsafe fn rows<const R: usize>(ty: QuantType, ws: [&[u8]; R], a: &[u8]) -> Option<[f32; R]> {
+    pub(super) unsafe fn rows<const R: usize, const REPACK: bool>(
+        ty: QuantType,
+        ws: [&[u8]; R],
+        a: &[u8],
+    ) -> Option<[f32; R]> {
+        if REPACK && !matches!(ty, QuantType::Q4_0 | QuantType::Q4K | QuantType::Q2K) {
+            return None;
+        }
         // weight rows whose byte length is not a whole number of blocks panic in `view`
         macro_rules! v {
             ($B:ty) => {{
@@ -226,14 +250,14 @@ mod imp {
         }
         let nb = |bs: usize| ws.iter().map(|w| w.len()).max().unwrap_or(0) / bs;
         Some(match ty {
-            QuantType::Q8_0 => q8_0(v!(BlockQ8_0), view(a)),
-            QuantType::Q4_0 => q4_0(v!(BlockQ4_0), view(a)),
-            QuantType::Q5_0 => q5_0(v!(BlockQ5_0), view(a)),
+            QuantType::Q8_0 => q8_0::<R, false>(v!(BlockQ8_0), view(a)),
+            QuantType::Q4_0 => q4_0::<R, REPACK>(v!(BlockQ4_0), view(a)),
+            QuantType::Q5_0 => q5_0::<R, false>(v!(BlockQ5_0), view(a)),
             QuantType::Q4_1 => q4_1(v!(BlockQ4_1), a, nb(20)),
             QuantType::Q5_1 => q5_1(v!(BlockQ5_1), a, nb(24)),
-            QuantType::Q2K => q2k(v!(BlockQ2K), view(a)),
+            QuantType::Q2K => q2k::<R, REPACK>(v!(BlockQ2K), view(a)),
             QuantType::Q3K => q3k(v!(BlockQ3K), view(a)),
-            QuantType::Q4K => q4k(v!(BlockQ4K), view(a)),
+            QuantType::Q4K => q4k::<R, REPACK>(v!(BlockQ4K), view(a)),
             QuantType::Q5K => q5k(v!(BlockQ5K), view(a)),
             QuantType::Q6K => q6k(v!(BlockQ6K), view(a)),
             _ => return None,
@@ -247,20 +271,27 @@ mod imp {
     macro_rules! legacy_q8_0 {
         ($name:ident, $B:ty, |$x:ident, $qy:ident| $lanes:expr) => {
             #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-            fn $name<const R: usize>(w: [&[$B]; R], a: &[BlockQ8_0]) -> [f32; R] {
+            fn $name<const R: usize, const REPACK: bool>(w: [&[$B]; R], a: &[BlockQ8_0]) -> [f32; R] {
                 let mut acc = [_mm256_setzero_ps(); R];
+                let mut acc_s = [0f32; R];
                 for (i, y) in a.iter().enumerate() {
                     let dy = f16x8(y.d);
                     let $qy = ld32i(&y.qs, 0);
                     for r in 0..R {
                         let Some($x) = w[r].get(i) else { continue };
                         let d = _mm256_mul_ps(f16x8($x.d), dy);
-                        acc[r] = fma_lanes(acc[r], d, $lanes);
+                        if REPACK {
+                            // llama.cpp's repacked gemv: the block's whole integer sum, one
+                            // scalar FMA per block
+                            acc_s[r] = (hsum_i32($lanes) as f32).mul_add(_mm256_cvtss_f32(d), acc_s[r]);
+                        } else {
+                            acc[r] = fma_lanes(acc[r], d, $lanes);
+                        }
                     }
                 }
                 let mut out = [0f32; R];
                 for r in 0..R {
-                    out[r] = hsum(acc[r]);
+                    out[r] = if REPACK { acc_s[r] } else { hsum(acc[r]) };
                 }
                 out
             }
@@ -320,8 +351,11 @@ mod imp {
 
     /// ggml_vec_dot_q2_K_q8_K: acc = fma(dmin, min lanes, acc), then acc = fma(d, lanes, acc).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    fn q2k<const R: usize>(w: [&[BlockQ2K]; R], a: &[BlockQ8K]) -> [f32; R] {
+    /// With REPACK, llama.cpp's repacked gemv order instead: acc = fma(sum, dx*dy, acc) and
+    /// acc_min = fma(min sum, dmin_x*dy, acc_min) in scalars, result acc - acc_min.
+    fn q2k<const R: usize, const REPACK: bool>(w: [&[BlockQ2K]; R], a: &[BlockQ8K]) -> [f32; R] {
         let mut acc = [_mm256_setzero_ps(); R];
+        let (mut acc_s, mut acc_m) = ([0f32; R], [0f32; R]);
         for (i, y) in a.iter().enumerate() {
             let dy = f32::from_le_bytes(y.d);
             let bs = bsums(y);
@@ -331,7 +365,12 @@ mod imp {
                 let dmin = -dy * f16s(x.dmin);
                 let sc8 = ld16(&x.scales, 0);
                 let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(sc8), _mm_set1_epi8(0x0F)));
-                acc[r] = fma_lanes(acc[r], _mm256_set1_ps(dmin), _mm256_madd_epi16(mins, bs));
+                let pm = _mm256_madd_epi16(mins, bs);
+                if REPACK {
+                    acc_m[r] = (hsum_i32(pm) as f32).mul_add(f16s(x.dmin) * dy, acc_m[r]);
+                } else {
+                    acc[r] = fma_lanes(acc[r], _mm256_set1_ps(dmin), pm);
+                }
                 let mut sc = [0i16; 16];
                 for (s, &b) in sc.iter_mut().zip(&x.scales) {
                     *s = (b & 0x0F) as i16;
@@ -344,12 +383,16 @@ mod imp {
                         sumi = _mm256_add_epi32(sumi, p);
                     }
                 }
-                acc[r] = fma_lanes(acc[r], _mm256_set1_ps(d), sumi);
+                if REPACK {
+                    acc_s[r] = (hsum_i32(sumi) as f32).mul_add(f16s(x.d) * dy, acc_s[r]);
+                } else {
+                    acc[r] = fma_lanes(acc[r], _mm256_set1_ps(d), sumi);
+                }
             }
         }
         let mut out = [0f32; R];
         for r in 0..R {
-            out[r] = hsum(acc[r]);
+            out[r] = if REPACK { acc_s[r] - acc_m[r] } else { hsum(acc[r]) };
         }
         out
     }
@@ -403,9 +446,11 @@ mod imp {
     /// ggml_vec_dot_q4_K_q8_K: acc = fma(d, lanes, acc); acc_m = fma(dmin, min lanes, acc_m)
     /// (4 lanes); hsum8(acc) + hsum4(acc_m).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    fn q4k<const R: usize>(w: [&[BlockQ4K]; R], a: &[BlockQ8K]) -> [f32; R] {
+    /// With REPACK, llama.cpp's repacked gemv order (as Q2_K's).
+    fn q4k<const R: usize, const REPACK: bool>(w: [&[BlockQ4K]; R], a: &[BlockQ8K]) -> [f32; R] {
         let mut acc = [_mm256_setzero_ps(); R];
         let mut acc_m = [_mm_setzero_ps(); R];
+        let (mut acc_s, mut acc_ms) = ([0f32; R], [0f32; R]);
         let m4 = _mm256_set1_epi8(0x0F);
         for (i, y) in a.iter().enumerate() {
             let dy = f32::from_le_bytes(y.d);
@@ -415,7 +460,14 @@ mod imp {
                 let d = dy * f16s(x.d);
                 let dmin = -dy * f16s(x.dmin);
                 let (sc, mn) = k4_scale_min(&x.scales);
-                acc_m[r] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(k4_mins(&mn, bs)), acc_m[r]);
+                let pm = k4_mins(&mn, bs);
+                if REPACK {
+                    let t = _mm_add_epi32(pm, _mm_shuffle_epi32::<0b01_00_11_10>(pm));
+                    let t = _mm_add_epi32(t, _mm_shuffle_epi32::<0b10_11_00_01>(t));
+                    acc_ms[r] = (_mm_cvtsi128_si32(t) as f32).mul_add(f16s(x.dmin) * dy, acc_ms[r]);
+                } else {
+                    acc_m[r] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(pm), acc_m[r]);
+                }
                 let mut sumi = _mm256_setzero_si256();
                 for j in 0..4 {
                     let bits = ld32(&x.qs, 32 * j);
@@ -425,11 +477,19 @@ mod imp {
                     let ph = mad(hi, ld32i(&y.qs, 64 * j + 32), _mm256_set1_epi16(sc[2 * j + 1] as i16));
                     sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
                 }
-                acc[r] = fma_lanes(acc[r], _mm256_set1_ps(d), sumi);
+                if REPACK {
+                    acc_s[r] = (hsum_i32(sumi) as f32).mul_add(f16s(x.d) * dy, acc_s[r]);
+                } else {
+                    acc[r] = fma_lanes(acc[r], _mm256_set1_ps(d), sumi);
+                }
             }
         }
         let mut out = [0f32; R];
         for r in 0..R {
+            if REPACK {
+                out[r] = acc_s[r] - acc_ms[r];
+                continue;
+            }
             let mut m = [0f32; 4];
             // SAFETY: `m` is 4 writable f32; storeu has no alignment requirement.
             unsafe { _mm_storeu_ps(m.as_mut_ptr(), acc_m[r]) };
