@@ -1,0 +1,787 @@
+//! Token sampling: turns one row of logits into the next token id.
+//!
+//! Owns [`SamplerParams`] (llama.cpp's defaults), [`Sampler`] (the filter chain and the draw),
+//! the seeded RNG (xoshiro256**, seeded through splitmix64) and a deterministic `exp`.
+//!
+//! The chain is llama.cpp's default order, minus the samplers we do not offer (DRY, typical,
+//! XTC, top-n-sigma):
+//!
+//! ```text
+//! penalties -> top-k -> top-p -> min-p -> temperature -> softmax -> draw
+//! ```
+//!
+//! * penalties: over the last `repeat_last_n` ids of `history`; a logit `l` of a token seen
+//!   `c > 0` times becomes `l / r` if `l > 0`, else `l * r` (llama.cpp, HF), then
+//!   `- c * frequency_penalty - presence_penalty`.
+//! * top-k keeps the `k` largest logits; top-p keeps the shortest prefix (by logit, descending)
+//!   whose softmax mass reaches `p` (softmax over what top-k left, before temperature, as in
+//!   llama.cpp); min-p keeps tokens with `exp(l - l_max) >= min_p`. Each keeps at least one token.
+//! * temperature `<= 0` (or NaN) means greedy: argmax after penalties, no randomness used.
+//!
+//! Determinism: equal logits, history, params and seed give equal tokens on every run and every
+//! platform with IEEE-754 binary floats (all of Rust's tier-1 targets). Every decision that
+//! chooses tokens uses only `+ - * /`, comparisons and `floor` (exactly rounded by IEEE 754, and
+//! Rust never fuses them into FMAs), the [`det_exp`] polynomial instead of the platform's libm
+//! `exp`, a total order on `(logit descending, id ascending)` for ties, and fixed summation
+//! orders. The platform `ln` is only used to pick a *conservative* pre-filter cut whose
+//! survivors are then re-checked exactly. Every stochastic call (temperature > 0) consumes
+//! exactly one `u64` of the RNG stream, whatever the candidate count, so a stream stays aligned
+//! when parameters vary between calls.
+//!
+//! Bad input never panics: NaN logits count as `-inf`; `+inf` logits win outright (the draw is
+//! uniform over the `+inf` tokens, the limit of the softmax); if no token has a logit above
+//! `-inf` (or `logits` is empty) the result is token 0; history ids outside the vocabulary are
+//! ignored; non-finite or non-positive `repeat_penalty` and non-finite presence/frequency
+//! penalties count as "off".
+//!
+//! Cost at a 262,144-token vocabulary: one copy of the logits, one max scan, and one gather of
+//! the tokens within a few nats of the max (widened only when the kept set needs more); top-k
+//! then runs `select_nth_unstable` on that gather, never a full sort. With top-k off and top-p
+//! on, one extra pass computes the softmax normaliser over the whole vocabulary.
+
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Sampling knobs. `Default` matches llama.cpp's CLI defaults with a fresh random seed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplerParams {
+    /// Softmax temperature; `<= 0` (or NaN) means greedy argmax.
+    pub temperature: f32,
+    /// Keep the `top_k` most likely tokens; 0 = off.
+    pub top_k: usize,
+    /// Nucleus mass to keep; `>= 1` (or NaN) = off.
+    pub top_p: f32,
+    /// Keep tokens with probability `>= min_p * p_max`; `<= 0` (or NaN) = off.
+    pub min_p: f32,
+    /// Repetition penalty; 1 = off.
+    pub repeat_penalty: f32,
+    /// Subtracted once from the logit of every token present in the window; 0 = off.
+    pub presence_penalty: f32,
+    /// Subtracted `count` times from the logit of every token in the window; 0 = off.
+    pub frequency_penalty: f32,
+    /// Penalty window: the last `repeat_last_n` ids of the history; 0 disables all penalties
+    /// (as llama.cpp's `penalty_last_n = 0`), `usize::MAX` means the whole history.
+    pub repeat_last_n: usize,
+    /// RNG seed. `Default` draws one from the OS-seeded hasher and the clock.
+    pub seed: u64,
+}
+
+impl Default for SamplerParams {
+    fn default() -> Self {
+        // llama.cpp common_params_sampling: temp 0.8, top_k 40, top_p 0.95, min_p 0.05,
+        // penalty_repeat 1.0, penalty_freq 0, penalty_present 0, penalty_last_n 64.
+        Self {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repeat_last_n: 64,
+            seed: random_seed(),
+        }
+    }
+}
+
+impl SamplerParams {
+    /// Greedy decoding: argmax of the raw logits, every filter and penalty off, seed 0.
+    pub fn greedy() -> Self {
+        Self {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repeat_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repeat_last_n: 64,
+            seed: 0,
+        }
+    }
+
+    /// True when [`Sampler::sample`] takes the argmax and uses no randomness.
+    pub fn is_greedy(&self) -> bool {
+        !(self.temperature > 0.0)
+    }
+}
+
+/// A seed that differs between calls and processes (what llama.cpp's `LLAMA_DEFAULT_SEED` asks
+/// for). Not cryptographic; taken from std's OS-seeded `RandomState`, the clock and a counter.
+pub fn random_seed() -> u64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    if let Ok(t) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        h.write_u128(t.as_nanos());
+    }
+    h.finish()
+}
+
+/// xoshiro256** (Blackman & Vigna), state filled by splitmix64 from a 64-bit seed.
+/// Small, fast, and specified bit-for-bit, so streams are identical on every platform.
+#[derive(Debug, Clone)]
+pub struct Rng {
+    s: [u64; 4],
+}
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        let mut x = seed;
+        let mut next = || {
+            // splitmix64
+            x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = x;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        };
+        // splitmix64 never yields four zeros in a row, so the all-zero state cannot occur.
+        Self { s: [next(), next(), next(), next()] }
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        let s = &mut self.s;
+        let result = s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
+        let t = s[1] << 17;
+        s[2] ^= s[0];
+        s[3] ^= s[1];
+        s[1] ^= s[2];
+        s[0] ^= s[3];
+        s[2] ^= t;
+        s[3] = s[3].rotate_left(45);
+        result
+    }
+
+    /// Uniform in [0, 1) with 53 random bits.
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+}
+
+/// `e^x` computed with IEEE-exact operations only, so it is bit-identical on every platform
+/// (libm's `exp` is not: glibc, musl, macOS and MSVC round differently in the last ulp, and
+/// the sampler must not pick a different token because of that). Relative error ~1 ulp.
+/// Returns 0 for `x < -708` (and -inf, NaN), `+inf` for `x > 709`.
+///
+/// Branch-free apart from the final selects so loops over slices vectorise: the rounding to
+/// an integer uses the 1.5*2^52 trick (an IEEE add, ties to even) instead of `floor`, which
+/// is a libm call on baseline x86-64.
+#[inline(always)]
+pub fn det_exp(x: f64) -> f64 {
+    // fdlibm's split of ln 2: LN2_HI has 32 trailing zero bits, so k * LN2_HI is exact.
+    const LN2_HI: f64 = 6.931_471_803_691_238_164_90e-01;
+    const LN2_LO: f64 = 1.908_214_929_270_587_700_02e-10;
+    const LOG2_E: f64 = std::f64::consts::LOG2_E;
+    const MAGIC: f64 = 6_755_399_441_055_744.0; // 1.5 * 2^52
+    // 1/n! for n = 13 down to 0; Taylor to degree 13 leaves r^14/14! < 2.6e-18 for |r| <= 0.347.
+    const C: [f64; 14] = [
+        1.0 / 6_227_020_800.0,
+        1.0 / 479_001_600.0,
+        1.0 / 39_916_800.0,
+        1.0 / 3_628_800.0,
+        1.0 / 362_880.0,
+        1.0 / 40_320.0,
+        1.0 / 5_040.0,
+        1.0 / 720.0,
+        1.0 / 120.0,
+        1.0 / 24.0,
+        1.0 / 6.0,
+        1.0 / 2.0,
+        1.0,
+        1.0,
+    ];
+    let xc = x.clamp(-708.0, 709.0);
+    // x = k ln2 + r, |r| <= ln2/2 (+ rounding); t holds k in its low mantissa bits.
+    let t = xc * LOG2_E + MAGIC;
+    let k = t - MAGIC;
+    let r = (xc - k * LN2_HI) - k * LN2_LO;
+    let mut p = C[0];
+    for &c in &C[1..] {
+        p = p * r + c;
+    }
+    // 2^k from k's bits; k in [-1022, 1023].
+    let ki = (t.to_bits() as i64).wrapping_sub(MAGIC.to_bits() as i64);
+    let y = p * f64::from_bits(((ki + 1023) as u64) << 52);
+    if x > 709.0 {
+        f64::INFINITY
+    } else if x >= -708.0 {
+        y
+    } else {
+        0.0 // also NaN and -inf
+    }
+}
+
+/// One candidate token: its (penalised) logit and id.
+#[derive(Debug, Clone, Copy)]
+struct Cand {
+    logit: f32,
+    id: u32,
+}
+
+/// The chain's total order: larger logit first, then lower id. Logits here are never NaN and
+/// never -0.0 (sanitised in `prepare`), so `total_cmp` agrees with `>` and `==`.
+#[inline]
+fn by_logit_desc(a: &Cand, b: &Cand) -> std::cmp::Ordering {
+    b.logit.total_cmp(&a.logit).then(a.id.cmp(&b.id))
+}
+
+/// `l - max` in f64: exact for any two finite f32 whose exponents differ by < 29, and the
+/// single definition every softmax term uses.
+#[inline]
+fn rel(l: f32, max: f32) -> f64 {
+    l as f64 - max as f64
+}
+
+/// Result of the scan in `prepare`.
+#[derive(Debug, Clone, Copy)]
+struct Prepared {
+    /// Largest penalised logit (finite), or None when no token is above -inf.
+    max: Option<f32>,
+    /// Lowest id holding `max` (0 when `max` is None).
+    argmax: u32,
+}
+
+// ---------------------------------------------------------------- row kernels
+//
+// The passes over the whole vocabulary. Each has one body, compiled three times (baseline,
+// AVX2, AVX-512) and picked at run time: only the vector width changes, never the operations
+// or their order (Rust does not contract a*b+c into FMA), so every path gives bit-identical
+// results; `simd_paths_are_bit_identical` checks it. det_exp over 262,144 logits: ~1 ms
+// baseline (2 f64 lanes), ~0.25 ms with AVX-512.
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+enum Isa {
+    Scalar,
+    Avx2,
+    Avx512,
+}
+
+fn isa() -> Isa {
+    static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+    *ISA.get_or_init(|| {
+        if cortiq_kernels::simd::level() == cortiq_kernels::simd::Level::Avx512 {
+            return Isa::Avx512;
+        }
+        // kernels' level() knows AVX-512 only; honour its CORTIQ_SIMD=scalar switch for AVX2.
+        let forced_scalar = std::env::var("CORTIQ_SIMD").map(|v| v == "scalar").unwrap_or(false);
+        #[cfg(target_arch = "x86_64")]
+        {
+            if !forced_scalar && std::is_x86_feature_detected!("avx2") {
+                return Isa::Avx2;
+            }
+        }
+        let _ = forced_scalar;
+        Isa::Scalar
+    })
+}
+
+/// Defines `$name(args) -> ret` dispatching to the same `$body` compiled for each ISA, plus
+/// `$scalar`, the baseline twin (used by the bit-identity test).
+macro_rules! row_kernel {
+    ($name:ident, $scalar:ident, ($($arg:ident : $ty:ty),*) -> $ret:ty, $body:block) => {
+        #[inline(always)]
+        fn $scalar($($arg: $ty),*) -> $ret $body
+
+        fn $name($($arg: $ty),*) -> $ret {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f")]
+                fn avx512($($arg: $ty),*) -> $ret { $scalar($($arg),*) }
+                #[target_feature(enable = "avx2")]
+                fn avx2($($arg: $ty),*) -> $ret { $scalar($($arg),*) }
+                match isa() {
+                    // SAFETY: `isa()` returned these only after detecting the feature.
+                    Isa::Avx512 => return unsafe { avx512($($arg),*) },
+                    Isa::Avx2 => return unsafe { avx2($($arg),*) },
+                    Isa::Scalar => {}
+                }
+            }
+            $scalar($($arg),*)
+        }
+    };
+}
+
+row_kernel!(exp_rel_into, exp_rel_into_scalar, (src: &[f32], max: f32, scale: f64, dst: &mut Vec<f64>) -> (), {
+    // dst[i] = e^((src[i] - max) * scale)   [len(src)]
+    dst.clear();
+    dst.extend(src.iter().map(|&l| det_exp(rel(l, max) * scale)));
+});
+
+row_kernel!(count_ge, count_ge_scalar, (src: &[f32], cut: f32) -> usize, {
+    // Lane counters keep the loop vectorisable; integer sums are exact in any order.
+    let mut acc = [0u32; 16];
+    let mut chunks = src.chunks_exact(16);
+    for c in &mut chunks {
+        for j in 0..16 {
+            acc[j] += (c[j] >= cut) as u32;
+        }
+    }
+    let tail = chunks.remainder().iter().filter(|&&l| l >= cut).count();
+    acc.iter().map(|&a| a as usize).sum::<usize>() + tail
+});
+
+row_kernel!(mass_ge, mass_ge_scalar, (src: &[f32], w: &[f64], cut: f32) -> f64, {
+    // Σ w[i] over src[i] >= cut, in 8 fixed lanes.
+    let mut acc = [0.0f64; 8];
+    let n = src.len().min(w.len());
+    let (src, w) = (&src[..n], &w[..n]);
+    let mut i = 0;
+    while i + 8 <= n {
+        for j in 0..8 {
+            acc[j] += if src[i + j] >= cut { w[i + j] } else { 0.0 };
+        }
+        i += 8;
+    }
+    for j in 0..n - i {
+        acc[j] += if src[i + j] >= cut { w[i + j] } else { 0.0 };
+    }
+    ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))
+});
+
+/// Sum in 8 interleaved lanes combined in a fixed order: vectorisable, still the same
+/// rounding on every platform (the order is written out, not left to the compiler).
+fn lane_sum(v: &[f64]) -> f64 {
+    let mut acc = [0.0f64; 8];
+    let mut chunks = v.chunks_exact(8);
+    for c in &mut chunks {
+        for j in 0..8 {
+            acc[j] += c[j];
+        }
+    }
+    for (j, &x) in chunks.remainder().iter().enumerate() {
+        acc[j] += x;
+    }
+    ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))
+}
+
+/// Draw block: the walk skips whole blocks by their lane sums, then walks one block.
+const DRAW_BLOCK: usize = 256;
+
+/// Total of `w` as the draw defines it: block lane sums added in block order.
+fn draw_total(w: &[f64]) -> f64 {
+    w.chunks(DRAW_BLOCK).map(lane_sum).fold(0.0, |z, s| z + s)
+}
+
+/// Index `i` with `cum(i-1) <= u * total < cum(i)` (inverse CDF), `u` in [0, 1).
+/// When rounding makes the in-block walk miss, the last positive weight of that block (or of
+/// the row) is taken; `w` must hold at least one positive weight.
+fn draw_index(w: &[f64], u: f64) -> usize {
+    let target = u * draw_total(w);
+    let mut cum = 0.0;
+    let mut last_positive = 0;
+    for (bi, block) in w.chunks(DRAW_BLOCK).enumerate() {
+        let s = lane_sum(block);
+        if target < cum + s {
+            let mut c = cum;
+            let mut last_in_block = None;
+            for (j, &x) in block.iter().enumerate() {
+                c += x;
+                if x > 0.0 {
+                    last_in_block = Some(j);
+                }
+                if target < c && x > 0.0 {
+                    return bi * DRAW_BLOCK + j;
+                }
+            }
+            if let Some(j) = last_in_block {
+                return bi * DRAW_BLOCK + j;
+            }
+        }
+        if let Some(j) = block.iter().rposition(|&x| x > 0.0) {
+            last_positive = bi * DRAW_BLOCK + j;
+        }
+        cum += s;
+    }
+    last_positive
+}
+
+/// Widths (nats below the max) tried for the top-k / top-p gather, narrowest first. A
+/// vectorised counting pass costs ~40 us at V = 262,144, so probing is cheaper than gathering
+/// (and selecting from) more tokens than needed.
+const WIDTHS: [f32; 8] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, f32::INFINITY];
+
+/// Gathers of more than this many tokens (and 8 k) for top-k get their width bisected first.
+const TOPK_GATHER_SOFT_MAX: usize = 4096;
+
+/// Samples token ids with a fixed [`SamplerParams`] and its own RNG stream.
+/// Reuses its buffers across calls; one `Sampler` per sequence.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    params: SamplerParams,
+    rng: Rng,
+    /// [V] penalised, sanitised logits.
+    scratch: Vec<f32>,
+    /// [V] softmax numerators e^(l - max), id order (top-p without top-k only).
+    weights: Vec<f64>,
+    /// Surviving candidates; see `select` for their order.
+    cands: Vec<Cand>,
+    /// [n] logits of `cands[..n]`, the input of the temperature kernel.
+    cand_l: Vec<f32>,
+    /// [n] temperature-scaled numerators of `cands[..n]`.
+    cand_w: Vec<f64>,
+    /// Sorted copy of the penalty window.
+    window: Vec<u32>,
+}
+
+impl Sampler {
+    pub fn new(params: SamplerParams) -> Self {
+        let rng = Rng::new(params.seed);
+        Self {
+            params,
+            rng,
+            scratch: Vec::new(),
+            weights: Vec::new(),
+            cands: Vec::new(),
+            cand_l: Vec::new(),
+            cand_w: Vec::new(),
+            window: Vec::new(),
+        }
+    }
+
+    pub fn params(&self) -> &SamplerParams {
+        &self.params
+    }
+
+    /// Restarts the RNG stream from `seed` (also stored in the params).
+    pub fn reseed(&mut self, seed: u64) {
+        self.params.seed = seed;
+        self.rng = Rng::new(seed);
+    }
+
+    /// Picks the next token from `logits` ([V]); `history` is every token so far (prompt and
+    /// generated; only its last `repeat_last_n` matter).
+    pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        let prep = self.prepare(logits, history);
+        if self.params.is_greedy() {
+            return prep.argmax;
+        }
+        // Drawn before anything can return early, so each stochastic call uses one u64.
+        let u = self.rng.next_f64();
+        let Some(max) = prep.max else { return 0 };
+        let n = self.select(max);
+        self.temperature_weights(n, max);
+        self.cands[draw_index(&self.cand_w, u)].id
+    }
+
+    /// The distribution `sample` would draw from: `(id, probability)` for every surviving
+    /// candidate, most likely first (ties: lower id first). Greedy params give `[(argmax, 1)]`.
+    /// Does not advance the RNG. Allocates; meant for tests, debugging and speculative decoding.
+    pub fn distribution(&mut self, logits: &[f32], history: &[u32]) -> Vec<(u32, f32)> {
+        let prep = self.prepare(logits, history);
+        let Some(max) = prep.max else { return vec![(0, 1.0)] };
+        if self.params.is_greedy() {
+            return vec![(prep.argmax, 1.0)];
+        }
+        let n = self.select(max);
+        self.temperature_weights(n, max);
+        let z = draw_total(&self.cand_w);
+        let mut out: Vec<(Cand, f64)> =
+            self.cands[..n].iter().copied().zip(self.cand_w.iter().map(|&w| w / z)).collect();
+        out.sort_unstable_by(|a, b| by_logit_desc(&a.0, &b.0));
+        out.into_iter().map(|(c, p)| (c.id, p as f32)).collect()
+    }
+
+    /// `cand_w[i] = e^((l_i - max) / T)` for the first `n` candidates.   [n]
+    fn temperature_weights(&mut self, n: usize, max: f32) {
+        let inv_t = 1.0 / self.params.temperature as f64;
+        self.cand_l.clear();
+        self.cand_l.extend(self.cands[..n].iter().map(|c| c.logit));
+        exp_rel_into(&self.cand_l, max, inv_t, &mut self.cand_w);
+    }
+
+    /// Copies `logits` into `scratch` with NaN -> -inf and -0.0 -> +0.0, applies the
+    /// penalties, resolves +inf, and finds the max and (lowest-id) argmax.
+    fn prepare(&mut self, logits: &[f32], history: &[u32]) -> Prepared {
+        let p = &self.params;
+        self.scratch.clear();
+        // `x + 0.0` turns -0.0 into +0.0 so ties order the same in `>` and `total_cmp`.
+        self.scratch.extend(logits.iter().map(|&x| if x.is_nan() { f32::NEG_INFINITY } else { x + 0.0 }));
+
+        let rp = if p.repeat_penalty.is_finite() && p.repeat_penalty > 0.0 { p.repeat_penalty } else { 1.0 };
+        let fp = if p.frequency_penalty.is_finite() { p.frequency_penalty } else { 0.0 };
+        let pp = if p.presence_penalty.is_finite() { p.presence_penalty } else { 0.0 };
+        if p.repeat_last_n > 0 && (rp != 1.0 || fp != 0.0 || pp != 0.0) {
+            let start = history.len().saturating_sub(p.repeat_last_n);
+            self.window.clear();
+            self.window.extend_from_slice(&history[start..]);
+            self.window.sort_unstable();
+            for run in self.window.chunk_by(|a, b| a == b) {
+                let count = run.len() as f32;
+                let Some(l) = self.scratch.get_mut(run[0] as usize) else { continue };
+                // llama.cpp: `logit <= 0 ? logit * r : logit / r`, then the additive terms.
+                let mut v = if *l <= 0.0 { *l * rp } else { *l / rp };
+                v -= count * fp + pp;
+                *l = if v.is_nan() { f32::NEG_INFINITY } else { v + 0.0 };
+            }
+        }
+
+        // Max in 8 lanes (vectorises; no NaN is left), then the first index holding it.
+        let mut lanes = [f32::NEG_INFINITY; 8];
+        let mut chunks = self.scratch.chunks_exact(8);
+        for c in &mut chunks {
+            for j in 0..8 {
+                lanes[j] = if c[j] > lanes[j] { c[j] } else { lanes[j] };
+            }
+        }
+        let mut max = lanes
+            .iter()
+            .chain(chunks.remainder())
+            .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m });
+        if max == f32::NEG_INFINITY {
+            return Prepared { max: None, argmax: 0 };
+        }
+        let argmax = self.scratch.iter().position(|&l| l == max).unwrap_or(0) as u32;
+        if max == f32::INFINITY {
+            // The softmax limit: all mass split evenly over the +inf tokens.
+            for l in &mut self.scratch {
+                *l = if *l == f32::INFINITY { 0.0 } else { f32::NEG_INFINITY };
+            }
+            max = 0.0;
+        }
+        Prepared { max: Some(max), argmax }
+    }
+
+    /// The top-k cut: a logit `c` such that at least k tokens have `l >= c` (or -inf), found by
+    /// counting passes over `WIDTHS`, then bisected while the gather would be much larger than
+    /// k (flat rows). Only exact integer counts decide, so the cut is deterministic.
+    fn top_k_cut(&self, max: f32, k: usize) -> f32 {
+        let soft_max = TOPK_GATHER_SOFT_MAX.max(8 * k);
+        let mut below = 0.0f32; // a width known to hold < k tokens (0: only the max itself may)
+        for &w in &WIDTHS {
+            if w == f32::INFINITY {
+                return f32::NEG_INFINITY;
+            }
+            let c = count_ge(&self.scratch, max - w);
+            if c < k {
+                below = w;
+                continue;
+            }
+            let mut above = w;
+            // Flat row: shrink the width while the gather stays >= k.
+            for _ in 0..8 {
+                if c <= soft_max {
+                    break;
+                }
+                let mid = 0.5 * (below + above);
+                let cm = count_ge(&self.scratch, max - mid);
+                if cm >= k {
+                    above = mid;
+                    if cm <= soft_max {
+                        break;
+                    }
+                } else {
+                    below = mid;
+                }
+            }
+            return max - above;
+        }
+        f32::NEG_INFINITY
+    }
+
+    /// Runs top-k -> top-p -> min-p on `scratch`; leaves the survivors in `cands[..n]` and
+    /// returns n >= 1. `cands[..n]` is sorted by `by_logit_desc` whenever top-k or top-p is
+    /// active, otherwise in id order (avoids sorting up to the whole vocabulary).
+    fn select(&mut self, max: f32) -> usize {
+        let p = &self.params;
+        let vocab = self.scratch.len();
+        let k_on = p.top_k > 0 && p.top_k < vocab;
+        let p_on = p.top_p < 1.0; // NaN -> off
+        let min_p = if p.min_p > 0.0 { (p.min_p as f64).min(1.0) } else { 0.0 }; // NaN -> off
+        let m_on = min_p > 0.0;
+        let top_p = p.top_p as f64;
+        let top_k = p.top_k;
+        // Conservative logit cut for min-p (platform ln, minus a margin); exact test below.
+        let minp_cut = if m_on { max + (min_p.ln() as f32) - 1e-3 } else { f32::NEG_INFINITY };
+        // top-p after top-k normalises over the whole top-k set, including tokens min-p will
+        // drop later, so in that case min-p must not shrink the gather.
+        let use_minp_cut = !(k_on && p_on);
+
+        // With top-k off, top-p's softmax normaliser spans every token.   weights: [V]
+        let mut z_all = 0.0;
+        if p_on && !k_on {
+            exp_rel_into(&self.scratch, max, 1.0, &mut self.weights);
+            z_all = draw_total(&self.weights);
+        }
+
+        // Width index to start from: top-k fixes its cut once; top-p probes widths by mass.
+        let k_cut = if k_on { self.top_k_cut(max, top_k) } else { f32::NEG_INFINITY };
+        let mut wi = 0;
+        loop {
+            // Gather cut for this round. `complete`: every token that could survive the chain
+            // is in the gather (no wider round could change the result).
+            let (mut cut, mut complete) = if k_on {
+                (k_cut, true)
+            } else if p_on {
+                // Skip widths whose mass cannot reach p (the walk below re-checks exactly).
+                while WIDTHS[wi] != f32::INFINITY
+                    && mass_ge(&self.scratch, &self.weights, max - WIDTHS[wi]) < top_p * z_all
+                    && (!use_minp_cut || minp_cut < max - WIDTHS[wi])
+                {
+                    wi += 1;
+                }
+                (max - WIDTHS[wi], WIDTHS[wi] == f32::INFINITY)
+            } else {
+                (f32::NEG_INFINITY, true)
+            };
+            if use_minp_cut && minp_cut >= cut {
+                // Tokens below the min-p cut can never be kept.
+                cut = minp_cut;
+                complete = true;
+            }
+
+            self.cands.clear();
+            for (i, &l) in self.scratch.iter().enumerate() {
+                if l >= cut && l > f32::NEG_INFINITY {
+                    self.cands.push(Cand { logit: l, id: i as u32 });
+                }
+            }
+
+            let mut sorted = false;
+            if k_on {
+                // The gather is an upper set of logits holding >= k tokens (or all of them).
+                if self.cands.len() > top_k {
+                    self.cands.select_nth_unstable_by(top_k - 1, by_logit_desc);
+                    self.cands.truncate(top_k);
+                }
+                self.cands.sort_unstable_by(by_logit_desc);
+                sorted = true;
+            }
+
+            let mut n = self.cands.len();
+            if p_on {
+                if !sorted {
+                    self.cands.sort_unstable_by(by_logit_desc);
+                    sorted = true;
+                }
+                let z = if k_on {
+                    self.cands.iter().map(|c| det_exp(rel(c.logit, max))).sum()
+                } else {
+                    z_all
+                };
+                let mut cum = 0.0f64;
+                let mut reached = None;
+                for (i, c) in self.cands.iter().enumerate() {
+                    cum += det_exp(rel(c.logit, max)) / z;
+                    if cum >= top_p {
+                        reached = Some(i + 1);
+                        break;
+                    }
+                }
+                match reached {
+                    Some(len) => n = len,
+                    None if !complete => {
+                        wi += 1; // rounding: the mass pass said yes, the walk no; widen
+                        continue;
+                    }
+                    None => {}
+                }
+            }
+
+            if m_on {
+                if sorted {
+                    // Sorted descending: min-p keeps a prefix; the max (ratio 1) always stays.
+                    let keep = self.cands[..n]
+                        .iter()
+                        .position(|c| det_exp(rel(c.logit, max)) < min_p)
+                        .unwrap_or(n);
+                    n = keep.max(1);
+                } else {
+                    self.cands.truncate(n);
+                    self.cands.retain(|c| det_exp(rel(c.logit, max)) >= min_p);
+                    n = self.cands.len();
+                }
+            }
+            // The max token is always gathered and survives every filter, so n >= 1.
+            debug_assert!(n >= 1);
+            return n;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn det_exp_matches_libm_closely() {
+        let mut worst = (0.0f64, 0.0f64);
+        let mut x = -700.0;
+        while x <= 5.0 {
+            let a = det_exp(x);
+            let b = x.exp();
+            let rel = ((a - b) / b).abs();
+            if rel > worst.0 {
+                worst = (rel, x);
+            }
+            x += 0.0137;
+        }
+        println!("det_exp max rel diff vs libm {:.3e} at x={}", worst.0, worst.1);
+        assert!(worst.0 < 4e-16, "max rel diff {:.3e} at x={}", worst.0, worst.1);
+        assert_eq!(det_exp(0.0), 1.0);
+        assert_eq!(det_exp(f64::NEG_INFINITY), 0.0);
+        assert_eq!(det_exp(f64::NAN), 0.0);
+    }
+
+    #[test]
+    fn simd_paths_are_bit_identical() {
+        // Baseline twins vs the dispatched kernels (AVX-512 or AVX2 on this machine).
+        println!("isa {:?}", isa());
+        let mut r = Rng::new(9);
+        let mut src: Vec<f32> = (0..10_007).map(|_| ((r.next_f64() - 0.5) * 120.0) as f32).collect();
+        src[3] = f32::NEG_INFINITY;
+        src[5] = 0.0;
+        src[7] = -800.0;
+        let max = 30.0f32;
+        for scale in [1.0f64, 1.0 / 0.7, 3.0, 1e-3] {
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            exp_rel_into(&src, max, scale, &mut a);
+            exp_rel_into_scalar(&src, max, scale, &mut b);
+            let bad = a.iter().zip(&b).position(|(x, y)| x.to_bits() != y.to_bits());
+            assert_eq!(bad, None, "exp_rel_into differs at {bad:?} (scale {scale})");
+            for cut in [-50.0f32, 0.0, 29.0, f32::NEG_INFINITY] {
+                assert_eq!(count_ge(&src, cut), count_ge_scalar(&src, cut));
+                assert_eq!(count_ge(&src, cut), src.iter().filter(|&&l| l >= cut).count());
+                let (m1, m2) = (mass_ge(&src, &a, cut), mass_ge_scalar(&src, &a, cut));
+                assert_eq!(m1.to_bits(), m2.to_bits(), "mass_ge cut {cut}: {m1} vs {m2}");
+            }
+        }
+    }
+
+    #[test]
+    fn draw_index_inverts_the_cdf() {
+        // 600 weights spanning three draw blocks; check every boundary and zero weights.
+        let mut w = vec![0.0f64; 600];
+        w[10] = 1.0;
+        w[300] = 2.0;
+        w[599] = 1.0;
+        assert_eq!(draw_index(&w, 0.0), 10);
+        assert_eq!(draw_index(&w, 0.2499), 10);
+        assert_eq!(draw_index(&w, 0.25), 300);
+        assert_eq!(draw_index(&w, 0.7499), 300);
+        assert_eq!(draw_index(&w, 0.75), 599);
+        assert_eq!(draw_index(&w, 0.9999999), 599);
+    }
+
+    #[test]
+    fn rng_reference_stream() {
+        // splitmix64(0) first outputs, from Vigna's reference splitmix64.c.
+        let mut x = 0u64;
+        let mut sm = || {
+            x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = x;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        };
+        assert_eq!(sm(), 0xE220_A839_7B1D_CDAF);
+        let mut r = Rng::new(0);
+        let a: Vec<u64> = (0..4).map(|_| r.next_u64()).collect();
+        let mut r2 = Rng::new(0);
+        let b: Vec<u64> = (0..4).map(|_| r2.next_u64()).collect();
+        assert_eq!(a, b);
+        assert_ne!(a[0], a[1]);
+    }
+}
