@@ -19,6 +19,8 @@
 //!    `quantize_act` + `matvec_q` (or `matvec_q_repacked`) end to end.
 //! 2. `simd_matches_scalar`: `vec_dot` (AVX-512 when present) vs `vec_dot_scalar` on random blocks:
 //!    0 ulp required for every type.
+//!    `quantize_simd_matches_scalar`: the AVX-512 Q8_0/Q8_1 quantizer vs the scalar one, byte for
+//!    byte, including ties, zeros, subnormals and huge values (NaN input is unspecified).
 //! 3. `close_to_f64_reference`: |vec_dot - sum(w_i * a_i)| in f64, where w is the scalar
 //!    dequantization of the weight row and a the exact decode of the activation row, divided by
 //!    sum |w_i * a_i|: per-type bound printed as a table.
@@ -26,7 +28,7 @@
 
 use cortiq_kernels::quant::{
     ActType, QuantType, act_type, dequantize_act, dequantize_row_scalar, llamacpp_repacks, matvec_q, matvec_q_repacked,
-    quantize_act, vec_dot, vec_dot_repacked, vec_dot_repacked_scalar, vec_dot_scalar,
+    quantize_act, quantize_act_scalar, vec_dot, vec_dot_repacked, vec_dot_repacked_scalar, vec_dot_scalar,
 };
 use std::path::PathBuf;
 
@@ -309,6 +311,37 @@ fn simd_matches_scalar() {
         }
     }
     assert_eq!(total_bad, 0, "SIMD vec_dot must equal the scalar twin bit for bit");
+}
+
+#[test]
+fn quantize_simd_matches_scalar() {
+    let mut rng = Rng(17);
+    let mut rows: Vec<Vec<f32>> = Vec::new();
+    for _ in 0..200 {
+        let scale = 10f32.powf(rng.unit() * 12.0 - 8.0);
+        rows.push((0..512).map(|_| rng.act(scale)).collect());
+    }
+    // exact ties (block max 127 makes id = 1), zeros, f32 subnormals, huge finite values
+    rows.push((0..512).map(|i| if i % 32 == 0 { 127.0 } else { ((i * 37 % 509) as f32 - 254.0) * 0.5 }).collect());
+    rows.push(vec![0.0; 512]);
+    rows.push((0..512).map(|i| f32::from_bits(1 + i as u32 * 3)).collect());
+    rows.push((0..512).map(|i| if i % 2 == 0 { 3e38 } else { -1e37 }).collect());
+    println!("{:>5} {:>5} {:>10}", "act", "rows", "mismatches");
+    for at in [ActType::Q8_0, ActType::Q8_1, ActType::Q8K] {
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        let mut bad = 0;
+        for (i, x) in rows.iter().enumerate() {
+            quantize_act(at, x, &mut a);
+            quantize_act_scalar(at, x, &mut b);
+            if a != b {
+                bad += 1;
+                let j = a.iter().zip(&b).position(|(p, q)| p != q).unwrap();
+                println!("{at} row {i}: byte {j}: simd {:#04x} scalar {:#04x}", a[j], b[j]);
+            }
+        }
+        println!("{:>5} {:>5} {bad:>10}", at.name(), rows.len());
+        assert_eq!(bad, 0, "{at}: quantize_act differs from its scalar twin");
+    }
 }
 
 #[test]

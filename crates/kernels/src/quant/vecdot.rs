@@ -128,6 +128,25 @@ pub fn quantize_act(act: ActType, x: &[f32], out: &mut Vec<u8>) {
     };
     out.clear();
     out.resize(bytes, 0);
+    if super::vecdot_avx512::quantize_act(act, x, out) {
+        return;
+    }
+    quantize_act_into(act, x, out);
+}
+
+/// The scalar reference of `quantize_act` (same contract, same bytes).
+#[track_caller]
+pub fn quantize_act_scalar(act: ActType, x: &[f32], out: &mut Vec<u8>) {
+    let Some(bytes) = act.row_bytes(x.len()) else {
+        panic!("quantize_act_scalar({act}): {} elements is not a whole number of {}-element blocks", x.len(), act.block_size());
+    };
+    out.clear();
+    out.resize(bytes, 0);
+    quantize_act_into(act, x, out);
+}
+
+/// Scalar quantization into a buffer of the right size.
+fn quantize_act_into(act: ActType, x: &[f32], out: &mut [u8]) {
     match act {
         ActType::Q8_0 => {
             for (xb, ob) in x.chunks_exact(QK).zip(out.chunks_exact_mut(34)) {
@@ -157,11 +176,18 @@ pub fn quantize_act(act: ActType, x: &[f32], out: &mut Vec<u8>) {
     }
 }
 
+/// Little-endian IEEE half -> f32, exact, in software: `half`'s `to_f32` re-detects F16C on
+/// every call, which made the scalar legacy dot products 2x slower.
+#[inline(always)]
+fn h16(b: [u8; 2]) -> f32 {
+    half::f16::from_bits(u16::from_le_bytes(b)).to_f32_const()
+}
+
 /// f32 -> IEEE half bits, round to nearest even (F16C's `vcvtps2ph` with imm 0, which is what
 /// ggml-cpu's `GGML_CPU_FP32_TO_FP16` compiles to on x86).
 #[inline]
 fn f16_bits(v: f32) -> u16 {
-    half::f16::from_f32(v).to_bits()
+    half::f16::from_f32_const(v).to_bits()
 }
 
 /// One 32-element block as ggml-cpu's AVX/AVX2 `quantize_row_q8_0`/`_q8_1` do it:
@@ -182,8 +208,10 @@ fn quantize_block_q8_0(x: &[f32; QK]) -> (f32, [i8; QK], i32) {
     let mut q = [0i8; QK];
     let mut sum = 0i32;
     for (o, &v) in q.iter_mut().zip(x) {
-        // _mm256_round_ps(_MM_ROUND_NEAREST) then cvtps_epi32 then two saturating packs
-        let r = (v * id).round_ties_even();
+        // _mm256_round_ps(_MM_ROUND_NEAREST) then cvtps_epi32 then two saturating packs.
+        // Ties to even by the 1.5 * 2^23 trick (exact for |v*id| < 2^22, and |v*id| <= 127 here
+        // for finite input): `f32::round_ties_even` is a libm call per element without SSE4.1.
+        let r = (v * id + 12582912.0) - 12582912.0;
         // cvtps_epi32 gives i32::MIN ("integer indefinite") for NaN and out-of-range values
         let i = if r.is_nan() || r.abs() >= 2147483648.0 { i32::MIN } else { r as i32 };
         let s = i.clamp(-128, 127);
@@ -245,7 +273,7 @@ pub fn dequantize_act(act: ActType, bytes: &[u8], out: &mut [f64]) {
         ActType::Q8_0 | ActType::Q8_1 => {
             let (off, sz) = if act == ActType::Q8_0 { (2, 34) } else { (4, Q8_1_BYTES) };
             for (b, o) in bytes.chunks_exact(sz).zip(out.chunks_exact_mut(QK)) {
-                let d = f16_le([b[0], b[1]]) as f64;
+                let d = h16([b[0], b[1]]) as f64;
                 for (y, &q) in o.iter_mut().zip(&b[off..]) {
                     *y = q as i8 as f64 * d;
                 }
@@ -400,7 +428,7 @@ fn scalar_repacked(ty: QuantType, w: &[u8], a: &[u8]) -> f32 {
             let mut acc = 0f32;
             for (x, y) in view::<BlockQ4_0>(w).iter().zip(view::<BlockQ8_0>(a)) {
                 let sum: i32 = q4_0_lanes(x, y).iter().sum();
-                acc = (sum as f32).mul_add(f16_le(x.d) * f16_le(y.d), acc);
+                acc = (sum as f32).mul_add(h16(x.d) * h16(y.d), acc);
             }
             acc
         }
@@ -408,8 +436,8 @@ fn scalar_repacked(ty: QuantType, w: &[u8], a: &[u8]) -> f32 {
             let (mut acc, mut acc_min) = (0f32, 0f32);
             for (x, y) in view::<BlockQ4K>(w).iter().zip(view::<BlockQ8K>(a)) {
                 let (p, pm) = q4k_lanes(x, y);
-                acc = (p.iter().sum::<i32>() as f32).mul_add(f16_le(x.d) * q8k_d(y), acc);
-                acc_min = (pm.iter().sum::<i32>() as f32).mul_add(f16_le(x.dmin) * q8k_d(y), acc_min);
+                acc = (p.iter().sum::<i32>() as f32).mul_add(h16(x.d) * q8k_d(y), acc);
+                acc_min = (pm.iter().sum::<i32>() as f32).mul_add(h16(x.dmin) * q8k_d(y), acc_min);
             }
             acc - acc_min
         }
@@ -417,8 +445,8 @@ fn scalar_repacked(ty: QuantType, w: &[u8], a: &[u8]) -> f32 {
             let (mut acc, mut acc_min) = (0f32, 0f32);
             for (x, y) in view::<BlockQ2K>(w).iter().zip(view::<BlockQ8K>(a)) {
                 let (p, pm) = q2k_lanes(x, y);
-                acc = (p.iter().sum::<i32>() as f32).mul_add(f16_le(x.d) * q8k_d(y), acc);
-                acc_min = (pm.iter().sum::<i32>() as f32).mul_add(f16_le(x.dmin) * q8k_d(y), acc_min);
+                acc = (p.iter().sum::<i32>() as f32).mul_add(h16(x.d) * q8k_d(y), acc);
+                acc_min = (pm.iter().sum::<i32>() as f32).mul_add(h16(x.dmin) * q8k_d(y), acc_min);
             }
             acc - acc_min
         }
@@ -452,9 +480,14 @@ fn fma_lanes(acc: &mut [f32; 8], d: f32, lanes: &[i32; 8]) {
 /// The 8 lane sums of a 32-element block: lane l = sum of w[e] * a[e] for e in 4l..4l+4.
 #[inline(always)]
 fn lanes32(w: &[i8; QK], a: &[i8; QK]) -> [i32; 8] {
+    // products first (a straight 32-lane loop the compiler vectorizes), then the lane sums
+    let mut t = [0i16; QK];
+    for (o, (&x, &y)) in t.iter_mut().zip(w.iter().zip(a)) {
+        *o = x as i16 * y as i16;
+    }
     let mut p = [0i32; 8];
-    for (l, o) in p.iter_mut().enumerate() {
-        *o = (0..4).map(|k| w[4 * l + k] as i32 * a[4 * l + k] as i32).sum();
+    for (o, c) in p.iter_mut().zip(t.chunks_exact(4)) {
+        *o = c.iter().map(|&v| v as i32).sum();
     }
     p
 }
@@ -467,7 +500,7 @@ fn q8_1_block(a: &[u8], i: usize) -> (f32, f32, [i8; QK]) {
     for (o, &v) in q.iter_mut().zip(&b[4..]) {
         *o = v as i8;
     }
-    (f16_le([b[0], b[1]]), f16_le([b[2], b[3]]), q)
+    (h16([b[0], b[1]]), h16([b[2], b[3]]), q)
 }
 
 /// Nibble-unpacked quants of a 4-bit legacy block: element j < 16 is the low nibble of qs[j],
@@ -499,7 +532,7 @@ fn high_bits(qh: [u8; 4]) -> [i8; QK] {
 fn dot_q4_0(w: &[BlockQ4_0], a: &[BlockQ8_0]) -> f32 {
     let mut acc = [0f32; 8];
     for (x, y) in w.iter().zip(a) {
-        let d = f16_le(x.d) * f16_le(y.d);
+        let d = h16(x.d) * h16(y.d);
         fma_lanes(&mut acc, d, &q4_0_lanes(x, y));
     }
     hsum8(acc)
@@ -519,8 +552,8 @@ fn dot_q4_1(w: &[BlockQ4_1], a: &[u8]) -> f32 {
     let mut summs = 0f32;
     for (i, x) in w.iter().enumerate() {
         let (dy, sy, qy) = q8_1_block(a, i);
-        summs = f16_le(x.m).mul_add(sy, summs);
-        let d = f16_le(x.d) * dy;
+        summs = h16(x.m).mul_add(sy, summs);
+        let d = h16(x.d) * dy;
         fma_lanes(&mut acc, d, &lanes32(&nibbles(&x.qs), &qy));
     }
     hsum8(acc) + summs
@@ -534,7 +567,7 @@ fn dot_q5_0(w: &[BlockQ5_0], a: &[BlockQ8_0]) -> f32 {
         for (v, h) in q.iter_mut().zip(high_bits(x.qh)) {
             *v = (*v | (h << 4)) - 16;
         }
-        let d = f16_le(x.d) * f16_le(y.d);
+        let d = h16(x.d) * h16(y.d);
         fma_lanes(&mut acc, d, &lanes32(&q, &y.qs));
     }
     hsum8(acc)
@@ -546,12 +579,12 @@ fn dot_q5_1(w: &[BlockQ5_1], a: &[u8]) -> f32 {
     let mut summs = 0f32;
     for (i, x) in w.iter().enumerate() {
         let (dy, sy, qy) = q8_1_block(a, i);
-        summs = f16_le(x.m).mul_add(sy, summs);
+        summs = h16(x.m).mul_add(sy, summs);
         let mut q = nibbles(&x.qs);
         for (v, h) in q.iter_mut().zip(high_bits(x.qh)) {
             *v |= h << 4;
         }
-        let d = f16_le(x.d) * dy;
+        let d = h16(x.d) * dy;
         fma_lanes(&mut acc, d, &lanes32(&q, &qy));
     }
     hsum8(acc) + summs
@@ -561,7 +594,7 @@ fn dot_q5_1(w: &[BlockQ5_1], a: &[u8]) -> f32 {
 fn dot_q8_0(w: &[BlockQ8_0], a: &[BlockQ8_0]) -> f32 {
     let mut acc = [0f32; 8];
     for (x, y) in w.iter().zip(a) {
-        let d = f16_le(x.d) * f16_le(y.d);
+        let d = h16(x.d) * h16(y.d);
         fma_lanes(&mut acc, d, &lanes32(&x.qs, &y.qs));
     }
     hsum8(acc)
@@ -573,9 +606,18 @@ fn dot_q8_0(w: &[BlockQ8_0], a: &[BlockQ8_0]) -> f32 {
 /// with (e % 32) / 4 == l of scale[e / 16] * q[e] * a[e].
 #[inline(always)]
 fn lanes256(q: &[i8; QK_K], sc16: &[i32; 16], a: &[i8; QK_K]) -> [i32; 8] {
+    // per 16-element group: 4 sums of 4 products (|q*a| <= 128*128, 4 of them fit an i32
+    // comfortably), times the group's scale; group g feeds lanes 4*(g%2)..4*(g%2)+4
     let mut p = [0i32; 8];
-    for (e, (&qv, &av)) in q.iter().zip(a).enumerate() {
-        p[(e % 32) / 4] += sc16[e / 16] * qv as i32 * av as i32;
+    for (g, (qg, ag)) in q.chunks_exact(16).zip(a.chunks_exact(16)).enumerate() {
+        let mut t = [0i32; 16];
+        for (o, (&x, &y)) in t.iter_mut().zip(qg.iter().zip(ag)) {
+            *o = x as i32 * y as i32;
+        }
+        let base = 4 * (g % 2);
+        for (l, c) in t.chunks_exact(4).enumerate() {
+            p[base + l] += sc16[g] * (c[0] + c[1] + c[2] + c[3]);
+        }
     }
     p
 }
@@ -596,10 +638,20 @@ fn q8k_d(y: &BlockQ8K) -> f32 {
 
 /// Q2_K quants (0..3) in element order: element 128h + 32s + l is (qs[32h + l] >> 2s) & 3.
 fn q2k_quants(x: &BlockQ2K) -> [i8; QK_K] {
+    crumbs(&x.qs)
+}
+
+/// 2-bit fields of 64 bytes in element order: element 128h + 32s + l is (qs[32h + l] >> 2s) & 3.
+#[inline(always)]
+fn crumbs(qs: &[u8; QK_K / 4]) -> [i8; QK_K] {
     let mut q = [0i8; QK_K];
-    for (e, o) in q.iter_mut().enumerate() {
-        let (h, s, l) = (e / 128, (e % 128) / 32, e % 32);
-        *o = ((x.qs[32 * h + l] >> (2 * s)) & 3) as i8;
+    for h in 0..2 {
+        for s in 0..4 {
+            let out = &mut q[128 * h + 32 * s..128 * h + 32 * s + 32];
+            for (o, &b) in out.iter_mut().zip(&qs[32 * h..32 * h + 32]) {
+                *o = ((b >> (2 * s)) & 3) as i8;
+            }
+        }
     }
     q
 }
@@ -610,8 +662,8 @@ fn dot_q2k(w: &[BlockQ2K], a: &[BlockQ8K]) -> f32 {
     let mut acc = [0f32; 8];
     for (x, y) in w.iter().zip(a) {
         let dy = q8k_d(y);
-        let d = dy * f16_le(x.d);
-        let dmin = -dy * f16_le(x.dmin);
+        let d = dy * h16(x.d);
+        let dmin = -dy * h16(x.dmin);
         let (p, pm) = q2k_lanes(x, y);
         fma_lanes(&mut acc, dmin, &pm);
         fma_lanes(&mut acc, d, &p);
@@ -635,13 +687,14 @@ fn q2k_lanes(x: &BlockQ2K, y: &BlockQ8K) -> ([i32; 8], [i32; 8]) {
 fn dot_q3k(w: &[BlockQ3K], a: &[BlockQ8K]) -> f32 {
     let mut acc = [0f32; 8];
     for (x, y) in w.iter().zip(a) {
-        let d = q8k_d(y) * f16_le(x.d);
+        let d = q8k_d(y) * h16(x.d);
         let sc6 = super::dequant::q3k_scales(&x.scales);
         let sc: [i32; 16] = std::array::from_fn(|g| sc6[g] as i32);
-        let mut q = q2k_quants(&BlockQ2K { scales: [0; 16], qs: x.qs, d: [0; 2], dmin: [0; 2] });
-        for (e, v) in q.iter_mut().enumerate() {
-            let hbit = (x.hmask[e % 32] >> (e / 32)) & 1;
-            *v -= ((hbit ^ 1) << 2) as i8;
+        let mut q = crumbs(&x.qs);
+        for (c, qc) in q.chunks_exact_mut(32).enumerate() {
+            for (v, &m) in qc.iter_mut().zip(&x.hmask) {
+                *v -= ((((m >> c) & 1) ^ 1) << 2) as i8;
+            }
         }
         fma_lanes(&mut acc, d, &lanes256(&q, &sc, &y.qs));
     }
@@ -659,10 +712,15 @@ fn k4_min_lanes(mins: &[u8; 8], bs: &[i32; 16]) -> [i32; 4] {
 
 /// Q4_K quants (0..15) in element order: element 64c + 32n + l is (qs[32c + l] >> 4n) & 15.
 fn q4k_quants(qs: &[u8; QK_K / 2]) -> [i8; QK_K] {
-    std::array::from_fn(|e| {
-        let (c, n, l) = (e / 64, (e % 64) / 32, e % 32);
-        ((qs[32 * c + l] >> (4 * n)) & 0x0F) as i8
-    })
+    let mut q = [0i8; QK_K];
+    for (qc, bytes) in q.chunks_exact_mut(64).zip(qs.chunks_exact(32)) {
+        let (lo, hi) = qc.split_at_mut(32);
+        for ((l, h), &b) in lo.iter_mut().zip(hi.iter_mut()).zip(bytes) {
+            *l = (b & 0x0F) as i8;
+            *h = (b >> 4) as i8;
+        }
+    }
+    q
 }
 
 /// ggml_vec_dot_q4_K_q8_K (AVX2): acc = fma(d, lanes, acc); a separate 4-lane
@@ -672,8 +730,8 @@ fn dot_q4k(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
     let mut acc_m = [0f32; 4];
     for (x, y) in w.iter().zip(a) {
         let dy = q8k_d(y);
-        let d = dy * f16_le(x.d);
-        let dmin = -dy * f16_le(x.dmin);
+        let d = dy * h16(x.d);
+        let dmin = -dy * h16(x.dmin);
         let (p, pm) = q4k_lanes(x, y);
         for (m, &v) in acc_m.iter_mut().zip(&pm) {
             *m = dmin.mul_add(v as f32, *m);
@@ -698,14 +756,16 @@ fn dot_q5k(w: &[BlockQ5K], a: &[BlockQ8K]) -> f32 {
     let mut summs = 0f32;
     for (x, y) in w.iter().zip(a) {
         let dy = q8k_d(y);
-        let d = dy * f16_le(x.d);
-        let dmin = -dy * f16_le(x.dmin);
+        let d = dy * h16(x.d);
+        let dmin = -dy * h16(x.dmin);
         let (sc, mn) = super::dequant::k4_scale_min(&x.scales);
         let pm: i32 = k4_min_lanes(&mn, &bsums(y)).iter().sum();
         summs = (pm as f32).mul_add(dmin, summs);
         let mut q = q4k_quants(&x.qs);
-        for (e, v) in q.iter_mut().enumerate() {
-            *v |= (((x.qh[e % 32] >> (e / 32)) & 1) << 4) as i8;
+        for (c, qc) in q.chunks_exact_mut(32).enumerate() {
+            for (v, &h) in qc.iter_mut().zip(&x.qh) {
+                *v |= (((h >> c) & 1) << 4) as i8;
+            }
         }
         let sc16: [i32; 16] = std::array::from_fn(|g| sc[g / 2] as i32);
         fma_lanes(&mut acc, d, &lanes256(&q, &sc16, &y.qs));
@@ -719,13 +779,20 @@ fn dot_q5k(w: &[BlockQ5K], a: &[BlockQ8K]) -> f32 {
 fn dot_q6k(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
     let mut acc = [0f32; 8];
     for (x, y) in w.iter().zip(a) {
-        let d = q8k_d(y) * f16_le(x.d);
-        let q: [i8; QK_K] = std::array::from_fn(|e| {
-            let (h, s, l) = (e / 128, (e % 128) / 32, e % 32);
-            let lo = (x.ql[64 * h + 32 * (s % 2) + l] >> (4 * (s / 2))) & 0x0F;
-            let hi = (x.qh[32 * h + l] >> (2 * s)) & 0x03;
-            (lo | (hi << 4)) as i8
-        });
+        let d = q8k_d(y) * h16(x.d);
+        // element 128h + 32s + l: low nibble of ql[64h + 32(s%2) + l] (nibble s/2), high bits
+        // (qh[32h + l] >> 2s) & 3
+        let mut q = [0i8; QK_K];
+        for h in 0..2 {
+            for s in 0..4 {
+                let out = &mut q[128 * h + 32 * s..128 * h + 32 * s + 32];
+                let ql = &x.ql[64 * h + 32 * (s % 2)..64 * h + 32 * (s % 2) + 32];
+                let qh = &x.qh[32 * h..32 * h + 32];
+                for ((o, &lo), &hi) in out.iter_mut().zip(ql).zip(qh) {
+                    *o = (((lo >> (4 * (s / 2))) & 0x0F) | (((hi >> (2 * s)) & 0x03) << 4)) as i8;
+                }
+            }
+        }
         let sc: [i32; 16] = std::array::from_fn(|g| x.scales[g] as i32);
         let bs = bsums(y);
         let mut p = lanes256(&q, &sc, &y.qs);

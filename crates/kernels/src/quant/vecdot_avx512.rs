@@ -100,6 +100,28 @@ pub(super) fn matvec(ty: QuantType, w: &[u8], rb: usize, a: &[u8], y: &mut [f32]
     false
 }
 
+/// `vecdot::quantize_act` with AVX-512; `false` (nothing written) without the CPU features. `out` is already `act.row_bytes(x.len())` bytes.
+pub(super) fn quantize_act(act: super::vecdot::ActType, x: &[f32], out: &mut [u8]) -> bool {
+    use super::vecdot::ActType;
+    #[cfg(target_arch = "x86_64")]
+    {
+        if available() {
+            // SAFETY: available() confirmed the features these functions enable; every load and
+            // store is bounds-checked.
+            unsafe {
+                match act {
+                    ActType::Q8K => imp::quantize_q8k(x, out),
+                    _ => imp::quantize_q8(x, out, act == ActType::Q8_1),
+                }
+            }
+            return true;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (act, x, out);
+    false
+}
+
 #[cfg(target_arch = "x86_64")]
 mod imp {
     use super::super::QuantType;
@@ -222,6 +244,109 @@ mod imp {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     fn fma_lanes(acc: __m256, d: __m256, p: __m256i) -> __m256 {
         _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc)
+    }
+
+    /// 16 f32 of `s` from `off` (bounds-checked).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn ld16f(s: &[f32], off: usize) -> __m512 {
+        let s = &s[off..off + 16];
+        // SAFETY: `s` is exactly 16 readable f32; loadu has no alignment requirement.
+        unsafe { _mm512_loadu_ps(s.as_ptr()) }
+    }
+
+    /// f32 -> f16 bits, round to nearest even (`vcvtps2ph` imm 0, ggml's FP32_TO_FP16).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn f16_bits(v: f32) -> [u8; 2] {
+        (_mm_extract_epi16::<0>(_mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(v))) as u16).to_le_bytes()
+    }
+
+    /// Q8_0 / Q8_1 activation blocks as ggml's AVX2 `quantize_row_q8_0/1`: the max of |x| (order
+    /// free: max is exact), `d = amax / 127`, `id = 127 / amax`, `vcvtps2dq` of `x * id` (ties
+    /// to even under the default MXCSR, i32::MIN for NaN as the packs path sees it), then a
+    /// saturating narrow to i8 (`vpmovsdb`, the same clamp as ggml's two `packs`). Q8_1 adds
+    /// `s = f16(d * sum)` with the wrapping i32 sum of the unsaturated quants, as ggml's.
+    ///
+    /// # Safety
+    /// The CPU must support the features enabled below.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn quantize_q8(x: &[f32], out: &mut [u8], q8_1: bool) {
+        let bsz = if q8_1 { Q8_1_BYTES } else { 34 };
+        let qoff = if q8_1 { 4 } else { 2 };
+        let absmask = _mm512_set1_epi32(0x7fff_ffff);
+        for (xb, ob) in x.chunks_exact(QK).zip(out.chunks_exact_mut(bsz)) {
+            let v0 = ld16f(xb, 0);
+            let v1 = ld16f(xb, 16);
+            let a0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v0), absmask));
+            let a1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v1), absmask));
+            let amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
+            let d = amax / 127.0;
+            let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+            let m = _mm512_set1_ps(id);
+            let i0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, m));
+            let i1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, m));
+            ob[0..2].copy_from_slice(&f16_bits(d));
+            if q8_1 {
+                let sum = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+                ob[2..4].copy_from_slice(&f16_bits(d * sum as f32));
+            }
+            let q = _mm256_set_m128i(_mm512_cvtsepi32_epi8(i1), _mm512_cvtsepi32_epi8(i0));
+            let dst = &mut ob[qoff..qoff + 32];
+            // SAFETY: `dst` is exactly 32 writable bytes; storeu has no alignment requirement.
+            unsafe { _mm256_storeu_si256(dst.as_mut_ptr().cast(), q) };
+        }
+    }
+
+    /// Q8_K activation blocks as `quantize_row_q8_K_ref`: the signed value of the FIRST element
+    /// of largest magnitude (found as the lowest lane equal to the max, which is what the scalar
+    /// loop's strict `>` keeps), `iscale = -127 / max`, `q = min(127, nearest_int(iscale * x))`
+    /// with ggml's magic-number `nearest_int` itself, 16-element sums (wrapping to i16),
+    /// `d = 1 / iscale`. All-zero blocks are all zero bytes.
+    ///
+    /// # Safety
+    /// The CPU must support the features enabled below.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn quantize_q8k(x: &[f32], out: &mut [u8]) {
+        let absmask = _mm512_set1_epi32(0x7fff_ffff);
+        let abs = |v: __m512| _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), absmask));
+        for (xb, ob) in x.chunks_exact(QK_K).zip(out.chunks_exact_mut(292)) {
+            let mut m = _mm512_setzero_ps();
+            for c in 0..QK_K / 16 {
+                m = _mm512_max_ps(m, abs(ld16f(xb, 16 * c)));
+            }
+            let amax = _mm512_reduce_max_ps(m);
+            if amax == 0.0 || amax.is_nan() {
+                ob.fill(0);
+                continue;
+            }
+            let mut max = 0f32;
+            for c in 0..QK_K / 16 {
+                let hit = _mm512_cmpeq_ps_mask(abs(ld16f(xb, 16 * c)), _mm512_set1_ps(amax));
+                if hit != 0 {
+                    max = xb[16 * c + hit.trailing_zeros() as usize];
+                    break;
+                }
+            }
+            let iscale = -127.0f32 / max;
+            let sc = _mm512_set1_ps(iscale);
+            let (magic, mant, bias) = (_mm512_set1_ps(12582912.0), _mm512_set1_epi32(0x007f_ffff), _mm512_set1_epi32(0x0040_0000));
+            for c in 0..QK_K / 16 {
+                // ggml's nearest_int bit for bit (also for the inf that a subnormal max produces)
+                let v = _mm512_castps_si512(_mm512_add_ps(_mm512_mul_ps(sc, ld16f(xb, 16 * c)), magic));
+                let q = _mm512_sub_epi32(_mm512_and_si512(v, mant), bias);
+                // min(127, v) stored into an int8 (C truncates to the low byte); the group sums
+                // add the stored bytes, so sign-extend that byte back first
+                let q = _mm512_min_epi32(q, _mm512_set1_epi32(127));
+                let q = _mm512_srai_epi32::<24>(_mm512_slli_epi32::<24>(q));
+                let sum = _mm512_reduce_add_epi32(q) as i16;
+                ob[4 + QK_K + 2 * c..4 + QK_K + 2 * c + 2].copy_from_slice(&sum.to_le_bytes());
+                let dst = &mut ob[4 + 16 * c..4 + 16 * c + 16];
+                // SAFETY: `dst` is exactly 16 writable bytes; storeu has no alignment requirement.
+                unsafe { _mm_storeu_si128(dst.as_mut_ptr().cast(), _mm512_cvtepi32_epi8(q)) };
+            }
+            ob[0..4].copy_from_slice(&(1.0f32 / iscale).to_le_bytes());
+        }
     }
 
     /// # Safety
