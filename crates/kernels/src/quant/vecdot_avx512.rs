@@ -2,8 +2,10 @@
 //! `vecdot.rs`, which stay the reference forever.
 //!
 //! Owns: one kernel per weight type, each generic over R rows sharing one activation row
-//! (`vec_dot` runs R = 1, `matvec` R = 4), and the run-time dispatch. The only `unsafe` of the
-//! vecdot module lives here; every block says why it is sound.
+//! (`vec_dot` runs R = 1, `matvec` R = 4) and over REPACK (llama.cpp's repacked-gemv float order
+//! for Q4_0/Q4_K/Q2_K, see `vecdot::llamacpp_repacks`), the activation quantizers, and the
+//! run-time dispatch. The only `unsafe` of the vecdot module lives here; every block says why it
+//! is sound.
 //!
 //! Bit-identity with the scalar twins (and so with ggml's x86 kernels) is by construction: the
 //! integer work per block lands in the same 8 i32 lanes (lane l owns bytes 4l..4l+3 of each
@@ -11,6 +13,12 @@
 //! instruction choice), those integers are exact whatever the order, and the float steps are the
 //! same per-block FMA sequence into an 8-lane accumulator followed by the same final reduction.
 //! tests/vecdot.rs checks 0-ulp equality on random rows and against ggml's own outputs.
+//!
+//! Measured with examples/vecdot_bench.rs (AMD EPYC with AVX-512 VNNI, 2 shared cores under load
+//! ~8, so ratios matter more than absolutes; 256 x 2048, cache-resident), G weights/s, scalar
+//! twin -> 4-row kernel: Q8_0 1.7 -> 52, Q4_1 1.5 -> 32, Q5_0 1.3 -> 27, Q4_K 2.6 -> 48,
+//! Q6_K 2.8 -> 51 (the dequantize-then-f32-dot path: 4.2-4.6). Quantizing a 2048 activation row:
+//! 0.2 us (Q8_0) / 0.4 us (Q8_K), 10x the scalar twin.
 //!
 //! The 4-row kernel is where the speed comes from: one row's blocks form a serial FMA chain (one
 //! FMA per block, ~4 cycles of latency each), which is the order ggml uses and so must be kept;
