@@ -45,9 +45,28 @@ fn from_gguf(g: &Gguf) -> Result<ModelConfig> {
     let mut cfg = gguf_dense_base(g, "gemma3", RopeStyle::NeoX)?;
     let k = GgufKeys { g, arch: "gemma3" };
     let window = k.opt_usize("attention.sliding_window")?.unwrap_or(512);
-    let is_sliding: Vec<bool> = (0..cfg.n_layers).map(|il| il % PATTERN != PATTERN - 1).collect();
+    // Newer converters write the pattern and the local base; older files rely on llama.cpp's
+    // hard-coded values, which every released Gemma 3 uses.
+    // The pattern key is either a period or a per-layer array of "is sliding" flags.
+    let is_sliding: Vec<bool> = match g.get("gemma3.attention.sliding_window_pattern") {
+        Some(v) if v.as_array().is_some() => {
+            let flags: Vec<bool> = v.as_array().unwrap_or_default().iter().filter_map(|f| f.as_bool()).collect();
+            if flags.len() != cfg.n_layers {
+                return Err(k.bad(format!("gemma3.attention.sliding_window_pattern has {} flags for {} layers", flags.len(), cfg.n_layers)));
+            }
+            flags
+        }
+        _ => {
+            let pattern = k.opt_usize("attention.sliding_window_pattern")?.unwrap_or(PATTERN);
+            if pattern == 0 {
+                return Err(k.bad("gemma3.attention.sliding_window_pattern is 0".into()));
+            }
+            (0..cfg.n_layers).map(|il| il % pattern != pattern - 1).collect()
+        }
+    };
     let global = cfg.ropes[0].clone();
-    let local = Rope::new(RopeStyle::NeoX, global.rot_dim, LOCAL_ROPE_BASE, &RopeScaling::None);
+    let local_base = k.opt_f64("rope.freq_base_swa")?.unwrap_or(LOCAL_ROPE_BASE);
+    let local = Rope::new(RopeStyle::NeoX, global.rot_dim, local_base, &RopeScaling::None);
     // llama.cpp scales attention by 1/√head_dim for every size but 27B (whose
     // query_pre_attn_scalar is d_model/n_heads); 270M's query_pre_attn_scalar equals head_dim.
     let qpas = cfg.head_dim as f64;
