@@ -19,14 +19,20 @@
 //! * temperature `<= 0` (or NaN) means greedy: argmax after penalties, no randomness used.
 //!
 //! Determinism: equal logits, history, params and seed give equal tokens on every run and every
-//! platform with IEEE-754 binary floats (all of Rust's tier-1 targets). Every decision that
-//! chooses tokens uses only `+ - * /`, comparisons and `floor` (exactly rounded by IEEE 754, and
-//! Rust never fuses them into FMAs), the [`det_exp`] polynomial instead of the platform's libm
-//! `exp`, a total order on `(logit descending, id ascending)` for ties, and fixed summation
-//! orders. The platform `ln` is only used to pick a *conservative* pre-filter cut whose
-//! survivors are then re-checked exactly. Every stochastic call (temperature > 0) consumes
-//! exactly one `u64` of the RNG stream, whatever the candidate count, so a stream stays aligned
-//! when parameters vary between calls.
+//! platform with IEEE-754 binary floats (all of Rust's tier-1 targets), whichever SIMD path runs.
+//! Every decision that chooses tokens uses only `+ - * /` and comparisons (exactly rounded by
+//! IEEE 754, and Rust never fuses them into FMAs), the [`det_exp`] polynomial instead of the
+//! platform's libm `exp`, a total order on `(logit descending, id ascending)` for ties, and
+//! summation orders written out in the code (never left to the compiler). The platform `ln` is
+//! only used to place a *conservative* min-p pre-filter cut whose survivors are then re-checked
+//! exactly. Every stochastic call (temperature > 0) consumes exactly one `u64` of the RNG
+//! stream, whatever the candidate count, so a stream stays aligned when parameters vary.
+//!
+//! Where we differ from llama.cpp, on purpose: `-inf` tokens are never candidates (llama.cpp
+//! keeps them with p = 0; no draw can tell); softmax masses are f64 (llama.cpp: f32), so a top-p
+//! or min-p boundary sitting within ~1e-7 of the threshold can fall the other way; the RNG is
+//! xoshiro256** with an inverse-CDF draw, not mt19937 + `std::discrete_distribution`, so a seed
+//! does not reproduce llama.cpp's token stream.
 //!
 //! Bad input never panics: NaN logits count as `-inf`; `+inf` logits win outright (the draw is
 //! uniform over the `+inf` tokens, the limit of the softmax); if no token has a logit above
@@ -34,10 +40,13 @@
 //! ignored; non-finite or non-positive `repeat_penalty` and non-finite presence/frequency
 //! penalties count as "off".
 //!
-//! Cost at a 262,144-token vocabulary: one copy of the logits, one max scan, and one gather of
-//! the tokens within a few nats of the max (widened only when the kept set needs more); top-k
-//! then runs `select_nth_unstable` on that gather, never a full sort. With top-k off and top-p
-//! on, one extra pass computes the softmax normaliser over the whole vocabulary.
+//! Cost at a 262,144-token vocabulary (the hot spot is a handful of passes over the row, so
+//! they are vectorised and dispatched at run time, see "row kernels"): one copy of the logits
+//! and a max scan (greedy stops here, ~50 us); top-k then finds its cut with counting passes
+//! and runs `select_nth_unstable` on the few tokens above it, never a full sort (~150 us with
+//! the defaults); top-p without top-k needs the softmax normaliser over the whole row (one
+//! `det_exp` pass) and sorts only the tokens above the narrowest width whose mass reaches p.
+//! A very flat row under top-p alone has to sort most of the row, as llama.cpp does too.
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
@@ -102,6 +111,8 @@ impl SamplerParams {
     }
 
     /// True when [`Sampler::sample`] takes the argmax and uses no randomness.
+    // The negated comparison is the point: a NaN temperature must mean greedy.
+    #[allow(clippy::neg_cmp_op_on_partial_ord)]
     pub fn is_greedy(&self) -> bool {
         !(self.temperature > 0.0)
     }
@@ -171,8 +182,8 @@ impl Rng {
 #[inline(always)]
 pub fn det_exp(x: f64) -> f64 {
     // fdlibm's split of ln 2: LN2_HI has 32 trailing zero bits, so k * LN2_HI is exact.
-    const LN2_HI: f64 = 6.931_471_803_691_238_164_90e-01;
-    const LN2_LO: f64 = 1.908_214_929_270_587_700_02e-10;
+    const LN2_HI: f64 = 6.931_471_803_691_238e-1;
+    const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
     const LOG2_E: f64 = std::f64::consts::LOG2_E;
     const MAGIC: f64 = 6_755_399_441_055_744.0; // 1.5 * 2^52
     // 1/n! for n = 13 down to 0; Taylor to degree 13 leaves r^14/14! < 2.6e-18 for |r| <= 0.347.
@@ -489,6 +500,8 @@ impl Sampler {
     }
 
     /// True when no filter is active and the draw runs over the whole row.
+    // Negated comparisons on purpose: NaN top_p / min_p mean "off", as in `select`.
+    #[allow(clippy::neg_cmp_op_on_partial_ord)]
     fn is_full_row(&self) -> bool {
         let p = &self.params;
         let k_on = p.top_k > 0 && p.top_k < self.scratch.len();
@@ -617,7 +630,10 @@ impl Sampler {
         let top_p = p.top_p as f64;
         let top_k = p.top_k;
         // Conservative logit cut for min-p (platform ln, minus a margin); exact test below.
-        let minp_cut = if m_on { max + (min_p.ln() as f32) - 1e-3 } else { f32::NEG_INFINITY };
+        // The margin covers ln's last-ulp differences and f32 rounding of `max + ln` (4 ulps
+        // of max); the exact test is `det_exp(l - max) >= min_p` below.
+        let minp_cut =
+            if m_on { max + (min_p.ln() as f32) - (1e-3 + max.abs() * 5e-7) } else { f32::NEG_INFINITY };
         // top-p after top-k normalises over the whole top-k set, including tokens min-p will
         // drop later, so in that case min-p must not shrink the gather.
         let use_minp_cut = !(k_on && p_on);

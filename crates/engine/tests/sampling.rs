@@ -116,7 +116,8 @@ fn llama_cpp_min_p_cases() {
 fn llama_cpp_penalty_cases() {
     let l = ln_probs(&[0.2; 5]);
     // (history, expected probs by id, repeat, frequency, presence)
-    let cases: [(&[u32], [f32; 5], f32, f32, f32); 6] = [
+    type Case = (&'static [u32], [f32; 5], f32, f32, f32);
+    let cases: [Case; 6] = [
         (&[0], [0.0, 0.25, 0.25, 0.25, 0.25], 50.0, 0.0, 0.0),
         (&[0, 1, 2], [0.0, 0.0, 0.0, 0.5, 0.5], 50.0, 0.0, 0.0),
         (&[0, 1, 2, 0, 0], [0.0, 0.0, 0.0, 0.5, 0.5], 50.0, 0.0, 0.0),
@@ -647,7 +648,7 @@ fn stop_result_is_independent_of_chunking() {
         let mut chunks = Vec::new();
         let mut at = 0;
         for &b in &bounds[1..] {
-            if r.next_u64() % 3 == 0 || b == text.len() {
+            if r.next_u64().is_multiple_of(3) || b == text.len() {
                 chunks.push(&text[at..b]);
                 at = b;
             }
