@@ -159,6 +159,12 @@ fn repeat_penalty_changes_argmax() {
     // Outside the window (repeat_last_n = 1 sees only the last id, 3): no change.
     let mut s = Sampler::new(SamplerParams { repeat_last_n: 1, ..params.clone() });
     assert_eq!(s.sample(&logits, &[2, 3]), 2);
+    // usize::MAX: the whole history is the window.
+    let long: Vec<u32> = std::iter::once(2).chain(std::iter::repeat_n(3, 500)).collect();
+    let mut s = Sampler::new(SamplerParams { repeat_last_n: usize::MAX, ..params.clone() });
+    assert_eq!(s.sample(&logits, &long), 1);
+    let mut s = Sampler::new(SamplerParams { repeat_last_n: 64, ..params.clone() });
+    assert_eq!(s.sample(&logits, &long), 2);
     // repeat_last_n = 0 switches penalties off, as llama.cpp's penalty_last_n = 0.
     let mut s = Sampler::new(SamplerParams { repeat_last_n: 0, ..params.clone() });
     assert_eq!(s.sample(&logits, &[2, 3]), 2);
