@@ -269,7 +269,7 @@ fn cmd_pull(name: Option<String>, list: bool) -> Result<()> {
         return Ok(());
     }
     let name = name.expect("checked above");
-    let is_text = pull::known_texts().iter().any(|t| t.name == name);
+    let is_text = pull::known_texts().iter().any(|t| t.name == name || t.name.strip_suffix(".txt") == Some(name.as_str()));
     let path = if is_text { pull::pull_text(&name)? } else { pull::pull_model(&name)? };
     println!("{}", path.display());
     Ok(())

@@ -487,7 +487,9 @@ fn top_p_and_min_p_draws_match_renormalised_probabilities() {
         let params = SamplerParams { top_k: k, top_p: tp, min_p: mp, temperature: t, seed: 21, ..plain() };
         let ids = naive_kept(&row, &params);
         assert!(ids.len() >= 2 && ids.len() <= 64, "test row should keep a handful, kept {}", ids.len());
-        check_draws(&format!("262k row k={k} p={tp} min_p={mp} t={t}"), &row, params, &renorm(&row, &ids, t as f64), 20_000);
+        // 6,000 draws per setting: the kept sets hold 2-64 tokens, so chi-square still has power,
+        // and the test stays a few seconds on a loaded 2-core machine.
+        check_draws(&format!("262k row k={k} p={tp} min_p={mp} t={t}"), &row, params, &renorm(&row, &ids, t as f64), 6_000);
     }
 }
 
