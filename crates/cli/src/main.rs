@@ -76,6 +76,11 @@ struct Common {
     /// Worker threads (default: all cores).
     #[arg(short, long)]
     threads: Option<usize>,
+    /// Quantize activations to 8 bits per block before multiplying quantized weights, as
+    /// llama.cpp does (integer dot products: faster decode, llama.cpp-like numerics). The default
+    /// is exact f32 math on the dequantized weights (transformers' numerics).
+    #[arg(long)]
+    q8_act: bool,
 }
 
 #[derive(Args)]
@@ -235,7 +240,8 @@ fn open_model(c: &Common) -> Result<Loaded> {
     set_threads(c.threads)?;
     let path = pull::resolve_model(&c.model)?;
     let t = Instant::now();
-    let loaded = load(&path)?;
+    let mut loaded = load(&path)?;
+    loaded.model.set_act_quant(c.q8_act);
     tracing::info!("loaded {} ({}) in {:.2}s", path.display(), loaded.model.cfg.arch, t.elapsed().as_secs_f64());
     Ok(loaded)
 }

@@ -87,6 +87,23 @@ impl Model {
         Ok(Model { cfg, tok_embd, layers, output_norm, output })
     }
 
+    /// Every weight matrix of the model.
+    fn matrices_mut(&mut self) -> Vec<&mut QTensor> {
+        let mut v = vec![&mut self.tok_embd, &mut self.output];
+        for l in &mut self.layers {
+            v.extend([&mut l.attn.wq, &mut l.attn.wk, &mut l.attn.wv, &mut l.attn.wo, &mut l.ffn.gate, &mut l.ffn.up, &mut l.ffn.down]);
+        }
+        v
+    }
+
+    /// `true`: quantized weights multiply 8-bit activations as llama.cpp does (faster decode);
+    /// `false` (the default): exact f32 math on dequantized weights (what transformers computes).
+    pub fn set_act_quant(&mut self, on: bool) {
+        for t in self.matrices_mut() {
+            t.set_act_quant(on);
+        }
+    }
+
     /// A fresh sequence state holding up to `n_ctx` positions.
     pub fn new_state(&self, n_ctx: usize) -> SeqState {
         SeqState::new(self.cfg.n_layers, self.cfg.kv_dim(), n_ctx)

@@ -2,16 +2,27 @@
 //! engine that dispatches on a dtype. Model files call `matmul`, `row_f32` and `to_f32`, never
 //! a per-type kernel.
 //!
-//! The matmul here is correctness-first: a tile of weight rows is dequantized to f32 once and
-//! reused for every token of the chunk (so prefill cost is the f32 GEMM's, ~90% of prefill
-//! time), while decode (one token) pays the dequantization per row. Native quantized dot
-//! products are the speed issue's work.
+//! Two numeric modes, chosen per tensor (`set_act_quant`):
+//! - exact f32 (the default, and always for f32/f16/bf16 weights): weights dequantized to f32,
+//!   f32 products — what transformers computes on the dequantized checkpoint;
+//! - llama.cpp's (`--q8-act`, quantized weights only): the activation row is quantized to 8 bits
+//!   per block (Q8_0 / Q8_1 / Q8_K, ggml's vec_dot_type) and multiplied with integer dot
+//!   products, bit-identical to ggml's vec_dot in decode. Prefill multiplies the dequantized
+//!   weight tile by the dequantized 8-bit activations in f32: the same products up to f32
+//!   summation order (~1e-7 relative), far below the activation rounding itself, at GEMM speed.
+//!   Re-quantizing activations at every layer makes the result discontinuous: a 1e-7 change can
+//!   flip a rounding, so two 8-bit runs that differ only in summation order (prefill vs decode
+//!   here, or cortiq vs llama.cpp) differ by the 8-bit noise itself (~0.3 in a logit on
+//!   Qwen2.5-0.5B). That is why exact f32 is the default: it is the reproducible reference.
+//!
+//! In prefill a tile of weight rows is dequantized to f32 once and reused for every token of
+//! the chunk (the f32 GEMM is ~90% of prefill time).
 
 use std::cell::RefCell;
 use std::sync::Arc;
 
 use cortiq_kernels::dot::{dot, gemm_nt};
-use cortiq_kernels::quant::{dequantize_row, QuantType};
+use cortiq_kernels::quant::{act_type, dequantize_act, dequantize_row, matvec_q, quantize_act, ActType, QuantType};
 use rayon::prelude::*;
 
 /// Bytes a QTensor points into: a memory map or an owned buffer.
@@ -28,6 +39,8 @@ pub struct QTensor {
     backing: Backing,
     offset: usize,
     row_bytes: usize,
+    /// Quantize activations as llama.cpp does (only meaningful for quantized dtypes; off by default).
+    act_quant: bool,
 }
 
 impl std::fmt::Debug for QTensor {
@@ -53,7 +66,7 @@ impl QTensor {
         if end > (*backing).as_ref().len() {
             return None;
         }
-        Some(QTensor { name: name.into(), dtype, rows, cols, backing, offset, row_bytes })
+        Some(QTensor { name: name.into(), dtype, rows, cols, backing, offset, row_bytes, act_quant: false })
     }
 
     /// An owned f32 tensor.
@@ -61,6 +74,21 @@ impl QTensor {
         assert_eq!(data.len(), rows * cols);
         let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
         QTensor::new(name, QuantType::F32, rows, cols, Arc::new(bytes), 0).expect("sizes agree")
+    }
+
+    /// Choose llama.cpp's 8-bit activations (true) or exact f32 math (false, the default).
+    pub fn set_act_quant(&mut self, on: bool) {
+        self.act_quant = on;
+    }
+
+    /// The activation format this tensor multiplies with, if activations are quantized.
+    fn act(&self) -> Option<ActType> {
+        if self.act_quant { act_type(self.dtype) } else { None }
+    }
+
+    fn rows_data(&self, r0: usize, n: usize) -> &[u8] {
+        let start = self.offset + r0 * self.row_bytes;
+        &(*self.backing).as_ref()[start..start + n * self.row_bytes]
     }
 
     fn row_data(&self, r: usize) -> &[u8] {
@@ -87,11 +115,30 @@ impl QTensor {
     pub fn matmul(&self, x: &[f32], n_t: usize, y: &mut [f32]) {
         assert_eq!(x.len(), n_t * self.cols, "{}: input has {} values, expected {n_t}x{}", self.name, x.len(), self.cols);
         assert_eq!(y.len(), n_t * self.rows, "{}: output has {} values, expected {n_t}x{}", self.name, y.len(), self.rows);
+        let act = self.act();
         if n_t == 1 {
             // Decode: y is already [rows] — write tiles straight into it.
+            if let Some(act) = act {
+                let mut xq = Vec::new();
+                quantize_act(act, x, &mut xq);
+                y.par_chunks_mut(TILE_ROWS).enumerate().for_each(|(ti, out)| {
+                    let r0 = ti * TILE_ROWS;
+                    matvec_q(self.dtype, self.rows_data(r0, out.len()), out.len(), self.cols, &xq, out);
+                });
+                return;
+            }
             y.par_chunks_mut(TILE_ROWS).enumerate().for_each(|(ti, out)| self.tile_times(ti * TILE_ROWS, out.len(), x, 1, out));
             return;
         }
+        // Prefill with quantized activations: round-trip them through the 8-bit format once.
+        let xr;
+        let x = match act {
+            Some(act) => {
+                xr = quantize_roundtrip(act, x, self.cols);
+                &xr[..]
+            }
+            None => x,
+        };
         // Prefill: compute yᵀ [rows, n_t] tile by tile (contiguous per tile), then transpose.
         let mut yt = vec![0f32; self.rows * n_t]; // [rows, n_t]
         yt.par_chunks_mut(TILE_ROWS * n_t)
@@ -110,9 +157,7 @@ impl QTensor {
             let mut buf = buf.borrow_mut();
             buf.resize(TILE_ROWS * self.cols, 0.0);
             // Rows are whole blocks and contiguous, so the tile dequantizes in one call.
-            let start = self.offset + r0 * self.row_bytes;
-            let bytes = &(*self.backing).as_ref()[start..start + nr * self.row_bytes];
-            dequantize_row(self.dtype, bytes, &mut buf[..nr * self.cols]);
+            dequantize_row(self.dtype, self.rows_data(r0, nr), &mut buf[..nr * self.cols]);
             if n_t == 1 {
                 for (r, o) in out.iter_mut().enumerate() {
                     *o = dot(&buf[r * self.cols..(r + 1) * self.cols], x);
@@ -124,4 +169,20 @@ impl QTensor {
             gemm_nt(&buf[..nr * self.cols], nr, x, n_t, self.cols, out, n_t);
         });
     }
+}
+
+/// Each `cols`-row of x quantized to `act` and back: x̃ = d·q exactly (the values ggml's integer
+/// dot products multiply). x: [n_t, cols] -> [n_t, cols]
+fn quantize_roundtrip(act: ActType, x: &[f32], cols: usize) -> Vec<f32> {
+    let mut out = vec![0f32; x.len()];
+    out.par_chunks_mut(cols).zip(x.par_chunks(cols)).for_each(|(o, xi)| {
+        let mut q = Vec::new();
+        quantize_act(act, xi, &mut q);
+        let mut wide = vec![0f64; cols];
+        dequantize_act(act, &q, &mut wide);
+        for (a, b) in o.iter_mut().zip(&wide) {
+            *a = *b as f32;
+        }
+    });
+    out
 }
