@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Speed side by side: llama.cpp's llama-bench and `cortiq bench` on the same GGUF, same
+# threads, interleaved per model, in one run; prints a markdown table with the ratios.
+# It builds nothing: LLAMACPP_DIR must point at an existing llama.cpp build (see MODELS.md for
+# the flags), and cortiq is taken from target/release (cargo build --release -p cortiq-cli).
+#
+# Usage: LLAMACPP_DIR=/path/to/build bench/side_by_side.sh [NAME ...]
+#   NAME: known cortiq model names (default: smollm2-135m gemma3-270m qwen2.5-coder-0.5b)
+# Environment: THREADS (2), PP (512), TG (128), REPS (3), CORTIQ_FLAGS (extra flags, e.g. --q8-act)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+die() { echo "side_by_side.sh: $*" >&2; exit 1; }
+[ -n "${LLAMACPP_DIR:-}" ] || die "set LLAMACPP_DIR to an existing llama.cpp build directory"
+BENCH="$LLAMACPP_DIR/bin/llama-bench"; [ -x "$BENCH" ] || BENCH="$LLAMACPP_DIR/llama-bench"
+[ -x "$BENCH" ] || die "no llama-bench under $LLAMACPP_DIR"
+CORTIQ=${CORTIQ:-target/release/cortiq}
+[ -x "$CORTIQ" ] || CORTIQ="${CARGO_TARGET_DIR:-target}/release/cortiq"
+[ -x "$CORTIQ" ] || die "build cortiq first: cargo build --release -p cortiq-cli"
+T=${THREADS:-2}; PP=${PP:-512}; TG=${TG:-128}; R=${REPS:-3}
+MODELS=("$@"); [ ${#MODELS[@]} -gt 0 ] || MODELS=(smollm2-135m gemma3-270m qwen2.5-coder-0.5b)
+
+# tok/s from llama-bench's markdown row for a test name (pp512 / tg128): "| ... | 123.45 ± 1.2 |"
+llama_rate() { grep -E "\| +$2 +\|" <<<"$1" | awk -F'|' '{print $(NF-1)}' | awk '{print $1}'; }
+cortiq_rate() { grep -E "^$2:" <<<"$1" | awk '{print $2}'; }
+
+echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; threads $T; $(date -u +%Y-%m-%dT%H:%MZ)"
+echo "cortiq flags: ${CORTIQ_FLAGS:-(none)}"
+echo
+echo "| model | llama.cpp pp$PP | cortiq pp$PP | ratio | llama.cpp tg$TG | cortiq tg$TG | ratio |"
+echo "|---|---|---|---|---|---|---|"
+for name in "${MODELS[@]}"; do
+    path=$("$CORTIQ" pull "$name")
+    lb=$("$BENCH" -m "$path" -t "$T" -p "$PP" -n "$TG" -r "$R" -o md 2>/dev/null)
+    # shellcheck disable=SC2086
+    cb=$("$CORTIQ" bench -m "$path" -t "$T" -p "$PP" -n "$TG" -r "$R" ${CORTIQ_FLAGS:-})
+    lpp=$(llama_rate "$lb" "pp$PP"); ltg=$(llama_rate "$lb" "tg$TG")
+    cpp=$(cortiq_rate "$cb" "pp$PP"); ctg=$(cortiq_rate "$cb" "tg$TG")
+    rpp=$(awk -v a="$cpp" -v b="$lpp" 'BEGIN{printf "%.2f", a/b}')
+    rtg=$(awk -v a="$ctg" -v b="$ltg" 'BEGIN{printf "%.2f", a/b}')
+    echo "| $name | $lpp | $cpp | $rpp | $ltg | $ctg | $rtg |"
+done
