@@ -16,7 +16,11 @@
 //!    Kind 3 (ggml's whole decode mul_mat through its CPU backend, f32 activations in, with the
 //!    weight in a plain buffer or in the default CPU_REPACK buffer): ggml type id, rows, n,
 //!    repacked flag, rows * row_bytes weight bytes, n f32 activations, rows f32 outputs. Checks
-//!    `quantize_act` + `matvec_q` (or `matvec_q_repacked`) end to end.
+//!    `quantize_act` + `matvec_q_order` end to end. Kind 4: the same with several activation
+//!    columns (a prompt batch): ggml type id, rows, n, columns, repacked flag, weights,
+//!    columns * n f32, columns * rows f32; checks every column against `llamacpp_order`:
+//!    vec_dot order for plain weights (llamafile's tinyBLAS for Q8_0/Q4_0/Q5_0 included), the
+//!    tiled order for plain k-quants from 8 columns on, repacked gemm/gemv for repacked ones.
 //! 2. `simd_matches_scalar`: `vec_dot` (AVX-512 when present) vs `vec_dot_scalar` on random blocks:
 //!    0 ulp required for every type.
 //!    `quantize_simd_matches_scalar`: the AVX-512 Q8_0/Q8_1 quantizer vs the scalar one, byte for
@@ -27,8 +31,9 @@
 //! 4. `quantize_act_error_bounds`: |q*d - x| <= d/2 (+ f16 rounding of d) elementwise.
 
 use cortiq_kernels::quant::{
-    ActType, QuantType, act_type, dequantize_act, dequantize_row_scalar, llamacpp_repacks, matvec_q, matvec_q_repacked,
-    quantize_act, quantize_act_scalar, vec_dot, vec_dot_repacked, vec_dot_repacked_scalar, vec_dot_scalar,
+    ActType, Order, QuantType, act_type, dequantize_act, dequantize_row_scalar, llamacpp_order, llamacpp_repacks,
+    matvec_q, matvec_q_order, order_supported, quantize_act, quantize_act_scalar, vec_dot, vec_dot_order,
+    vec_dot_order_scalar, vec_dot_scalar,
 };
 use std::path::PathBuf;
 
@@ -136,6 +141,9 @@ fn matches_ggml_fixture() {
     // (rows, differing, rows where the plain vec_dot order would differ: shows the repacked
     // order is really needed)
     let mut mm_stats = std::collections::BTreeMap::<String, (usize, usize, usize)>::new();
+    // prompt batches (several activation columns): (values, differing, values where the plain
+    // vec_dot order would differ)
+    let mut batch_stats = std::collections::BTreeMap::<String, (usize, usize, usize)>::new();
     let mut out = Vec::new();
     while !r.0.is_empty() {
         match r.u32() {
@@ -192,16 +200,13 @@ fn matches_ggml_fixture() {
                 let want: Vec<f32> = r.bytes(4 * rows).chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
                 quantize_act(act_type(ty).unwrap(), &x, &mut out);
                 let mut y = vec![0f32; rows];
-                if repack {
-                    matvec_q_repacked(ty, w, rows, n, &out, &mut y);
-                } else {
-                    matvec_q(ty, w, rows, n, &out, &mut y);
-                }
+                let order = if repack { Order::RepackGemv } else { Order::VecDot };
+                matvec_q_order(ty, order, w, rows, n, &out, &mut y);
                 let key = if repack { format!("{} repacked", ty.name()) } else { ty.name().to_string() };
                 let e = mm_stats.entry(key).or_default();
                 for (row, (&got, &exp)) in y.iter().zip(&want).enumerate() {
                     let wr = &w[row * rb..(row + 1) * rb];
-                    let s = if repack { vec_dot_repacked_scalar(ty, wr, &out, n) } else { vec_dot_scalar(ty, wr, &out, n) };
+                    let s = vec_dot_order_scalar(ty, order, wr, &out, n);
                     e.0 += 1;
                     if repack && vec_dot(ty, wr, &out, n).to_bits() != exp.to_bits() {
                         e.2 += 1;
@@ -214,6 +219,42 @@ fn matches_ggml_fixture() {
                 // the harness repacks exactly the types llama.cpp's x86 build repacks
                 let repackable = matches!(ty, QuantType::Q4_0 | QuantType::Q4K | QuantType::Q2K);
                 assert_eq!(llamacpp_repacks(ty, rows), repackable, "{ty}: llamacpp_repacks({rows})");
+            }
+            4 => {
+                // ggml's mul_mat with several activation columns (a prompt batch): plain weights
+                // (vec_dot order, tinyBLAS included) or repacked ones (gemm order for columns
+                // 0..nc - nc%4, gemv order for the rest)
+                let ty = QuantType::from_ggml_id(r.u32()).expect("fixture: weight type");
+                let rows = r.u32() as usize;
+                let n = r.u32() as usize;
+                let nc = r.u32() as usize;
+                let repack = r.u32() != 0;
+                let rb = ty.row_bytes(n).unwrap();
+                let w = r.bytes(rows * rb);
+                let x: Vec<f32> = r.bytes(4 * n * nc).chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+                let want: Vec<f32> = r.bytes(4 * rows * nc).chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+                let key = format!("{} x{nc}{}", ty.name(), if repack { " repacked" } else { "" });
+                let e = batch_stats.entry(key).or_default();
+                let mut y = vec![0f32; rows];
+                for c in 0..nc {
+                    // the plain-buffer run of a repackable type is what llama.cpp does for a row
+                    // count that is not a multiple of 8: ask for one such (1)
+                    let order = llamacpp_order(ty, if repack { rows } else { 1 }, nc, c);
+                    quantize_act(act_type(ty).unwrap(), &x[c * n..(c + 1) * n], &mut out);
+                    matvec_q_order(ty, order, w, rows, n, &out, &mut y);
+                    let exp = &want[c * rows..(c + 1) * rows];
+                    e.0 += rows;
+                    let bad = y.iter().zip(exp).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                    if bad > 0 && e.1 == 0 {
+                        let i = y.iter().zip(exp).position(|(a, b)| a.to_bits() != b.to_bits()).unwrap();
+                        println!("{ty} x{nc} column {c} row {i} ({order:?}): ours {:e}, ggml {:e}", y[i], exp[i]);
+                    }
+                    e.1 += bad;
+                    if order != Order::VecDot {
+                        matvec_q(ty, w, rows, n, &out, &mut y);
+                        e.2 += y.iter().zip(exp).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                    }
+                }
             }
             k => panic!("fixture: bad record kind {k}"),
         }
@@ -228,6 +269,10 @@ fn matches_ggml_fixture() {
     for (k, (n, bad, plain)) in &mm_stats {
         println!("  mul_mat {k:>14}: {n} rows, {bad} differ (plain vec_dot order would differ on {plain})");
     }
+    for (k, (n, bad, plain)) in &batch_stats {
+        println!("  batch mul_mat {k:>16}: {n} values, {bad} differ (plain vec_dot order would differ on {plain})");
+    }
+    assert!(batch_stats.values().all(|s| s.1 == 0), "prompt-batch mul_mat differs from ggml");
     assert_eq!(act_stats.len(), 3, "fixture must cover the three activation types");
     assert!(mm_stats.len() >= 10, "fixture must cover ggml's mul_mat, plain and repacked");
     assert!(mm_stats.values().all(|s| s.1 == 0), "matvec_q differs from ggml's mul_mat");
@@ -283,8 +328,11 @@ fn simd_matches_scalar() {
         }
         println!("{:>5} {rows:>6} {bad:>10} {maxd:>12e}", ty.name());
         total_bad += bad;
-        if llamacpp_repacks(ty, 8) {
-            // the repacked order: one row and 4-row kernels vs its scalar twin
+        for order in [Order::RepackGemv, Order::RepackGemm, Order::Tiled] {
+            if !order_supported(ty, order) {
+                continue;
+            }
+            // the repacked orders: one-row and 4-row kernels vs their scalar twin
             let (mut rows, mut bad) = (0, 0);
             for blocks in [1usize, 3, 16] {
                 let n = blocks * ty.block_size();
@@ -292,21 +340,21 @@ fn simd_matches_scalar() {
                     let w = random_weights(ty, blocks, &mut rng);
                     let (_, a) = random_act(at, n, &mut rng);
                     rows += 1;
-                    if vec_dot_repacked(ty, &w, &a, n).to_bits() != vec_dot_repacked_scalar(ty, &w, &a, n).to_bits() {
+                    if vec_dot_order(ty, order, &w, &a, n).to_bits() != vec_dot_order_scalar(ty, order, &w, &a, n).to_bits() {
                         bad += 1;
                     }
                 }
             }
             let mut y = vec![0f32; rows_m];
             let w = random_weights(ty, rows_m * cols / ty.block_size(), &mut rng);
-            matvec_q_repacked(ty, &w, rows_m, cols, &a, &mut y);
+            matvec_q_order(ty, order, &w, rows_m, cols, &a, &mut y);
             for (r, &got) in y.iter().enumerate() {
                 rows += 1;
-                if got.to_bits() != vec_dot_repacked_scalar(ty, &w[r * rb..(r + 1) * rb], &a, cols).to_bits() {
+                if got.to_bits() != vec_dot_order_scalar(ty, order, &w[r * rb..(r + 1) * rb], &a, cols).to_bits() {
                     bad += 1;
                 }
             }
-            println!("{:>5} {rows:>6} {bad:>10}  (repacked order)", ty.name());
+            println!("{:>5} {rows:>6} {bad:>10}  ({order:?})", ty.name());
             total_bad += bad;
         }
     }

@@ -3,8 +3,8 @@
 //!
 //! Owns: `ActType` (the activation block formats Q8_0, Q8_1, Q8_K), `act_type` (which one a
 //! weight type pairs with), `quantize_act` (f32 row -> activation blocks), `vec_dot` /
-//! `vec_dot_scalar` (one weight row . one activation row), `matvec_q`, their `*_repacked`
-//! variants with `llamacpp_repacks`, and `dequantize_act`
+//! `vec_dot_scalar` (one weight row . one activation row), `matvec_q`, `Order` with the
+//! `*_order` variants, `llamacpp_order` / `llamacpp_repacks`, and `dequantize_act`
 //! (the exact `q * d` decode the tests use as a reference). The AVX-512 twins live in
 //! `vecdot_avx512.rs`; these scalar versions are their reference forever.
 //!
@@ -34,16 +34,18 @@
 //!     ~3e7 and round on conversion, identically on both sides).
 //!   * The AVX-512 twins produce identical bits (same lane sums, same FMA sequence).
 //!
-//! llama.cpp's default CPU "repack" buffer stores Q4_0 and Q4_K weights (AVX2) and Q2_K (AVX-512)
-//! with a row count divisible by 8 in an interleaved 8-row layout, and decodes them with
-//! `ggml_gemv_*_8x8_*`, whose float order differs: `llamacpp_repacks` says when, and
-//! `vec_dot_repacked` / `matvec_q_repacked` reproduce those kernels bit for bit (checked against
-//! ggml's whole mul_mat through its CPU backend, plain and repacked buffers).
+//! llama.cpp does not always run `ggml_vec_dot_*`; `Order` names the float orders it uses and
+//! `llamacpp_order(ty, rows, batch, t)` says which one applies:
+//!   * `VecDot`: plain weights in decode, and prompt batches of legacy types (llamafile's
+//!     tinyBLAS, which llama.cpp uses for Q8_0/Q4_0/Q5_0 batches, accumulates exactly so);
+//!   * `RepackGemv` / `RepackGemm`: the default CPU "repack" buffer stores Q4_0 and Q4_K (AVX2)
+//!     and Q2_K (AVX-512) weights with a row count divisible by 8 interleaved by 8 rows and runs
+//!     `ggml_gemv_*_8x8_*` (decode, a batch's last n % 4 tokens) or `ggml_gemm_*_8x8_*`;
+//!   * `Tiled`: ggml-cpu's tiled k-quant matmul takes batches of >= 8 tokens for the other
+//!     Q2_K..Q6_K weights.
 //!
-//! Not reproduced (ulp-level differences in llama.cpp's prompt processing only, never in the
-//! quantized activations): batches of >= 2 tokens go through llamafile's tinyBLAS for
-//! Q8_0/Q4_0/Q5_0 and through the repacked gemm kernels, each with its own accumulation order.
-//! Decode, one token at a time, is what this file matches bit for bit.
+//! All of it is checked bit for bit against ggml's whole mul_mat through its CPU backend, with
+//! plain and repacked weight buffers, for 1 to 32 activation columns.
 
 use super::QuantType;
 use super::blocks::*;
@@ -301,8 +303,8 @@ pub fn dequantize_act(act: ActType, bytes: &[u8], out: &mut [f64]) {
 /// the engine validates shapes at load time).
 #[track_caller]
 pub fn vec_dot(ty: QuantType, w_row: &[u8], act: &[u8], n: usize) -> f32 {
-    check("vec_dot", ty, w_row, act, n, false);
-    if let Some(v) = super::vecdot_avx512::dispatch(ty, w_row, act, false) {
+    check("vec_dot", ty, w_row, act, n, Order::VecDot);
+    if let Some(v) = super::vecdot_avx512::dispatch(ty, w_row, act, Order::VecDot) {
         return v;
     }
     scalar(ty, w_row, act)
@@ -311,7 +313,7 @@ pub fn vec_dot(ty: QuantType, w_row: &[u8], act: &[u8], n: usize) -> f32 {
 /// The scalar reference of `vec_dot` (same contract, same bits), kept as the SIMD oracle.
 #[track_caller]
 pub fn vec_dot_scalar(ty: QuantType, w_row: &[u8], act: &[u8], n: usize) -> f32 {
-    check("vec_dot_scalar", ty, w_row, act, n, false);
+    check("vec_dot_scalar", ty, w_row, act, n, Order::VecDot);
     scalar(ty, w_row, act)
 }
 
@@ -320,51 +322,96 @@ pub fn vec_dot_scalar(ty: QuantType, w_row: &[u8], act: &[u8], n: usize) -> f32 
 /// its pool and calls this per range.
 #[track_caller]
 pub fn matvec_q(ty: QuantType, w: &[u8], rows: usize, cols: usize, act: &[u8], y: &mut [f32]) {
-    matvec_impl("matvec_q", ty, w, rows, cols, act, y, false);
+    matvec_impl("matvec_q", ty, w, rows, cols, act, y, Order::VecDot);
 }
 
 // ---------------------------------------------------------------- llama.cpp's repacked order
 
+/// Float accumulation order of a dot product. The activation quantization and every integer
+/// product are the same in all three; only how the per-block integers are combined in f32
+/// differs (a few ulp).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Order {
+    /// ggml's `ggml_vec_dot_*` (and llamafile's tinyBLAS for prompts, which is the same): 8 f32
+    /// lanes per row, one FMA per block, reduced at the end.
+    VecDot,
+    /// llama.cpp's repacked `ggml_gemv_*_8x8_*` (decode, and a prompt's last `n % 4` tokens):
+    /// per block one integer sum and one scalar FMA; k-quant min terms in a second chain
+    /// subtracted at the end.
+    RepackGemv,
+    /// llama.cpp's repacked `ggml_gemm_*_8x8_*` (a prompt's first `n - n % 4` tokens): as
+    /// RepackGemv, but one FMA per 64 elements (Q4_K) or 128 (Q2_K); Q4_0 is the same as gemv.
+    RepackGemm,
+    /// llama.cpp's tiled k-quant matmul (ggml-cpu/tiled, VNNI microkernel), which takes prompt
+    /// batches of >= 8 tokens for Q2_K..Q6_K weights outside the repack buffer: per block the
+    /// integer sums s1 (scaled products) and s2 (min terms), `r = s1 * d_w`,
+    /// `r = fnmadd(dmin_w, s2, r)`, `acc = fma(r, d_act, acc)`.
+    Tiled,
+}
+
+/// Whether `order` exists for weight type `ty`.
+pub fn order_supported(ty: QuantType, order: Order) -> bool {
+    match order {
+        Order::VecDot => act_type(ty).is_some(),
+        Order::RepackGemv | Order::RepackGemm => matches!(ty, QuantType::Q4_0 | QuantType::Q4K | QuantType::Q2K),
+        Order::Tiled => matches!(ty, QuantType::Q2K | QuantType::Q3K | QuantType::Q4K | QuantType::Q5K | QuantType::Q6K),
+    }
+}
+
+/// The order llama.cpp's x86 CPU backend (AVX-512 VNNI build, default settings: repacking on,
+/// tiled k-quant matmul on) uses for token `t` of a batch of `batch` tokens multiplied by a
+/// weight of type `ty` with `rows` rows. Decode is `batch == 1`; llama.cpp computes the output
+/// (logits) matmul only for the tokens it returns, so that batch is usually 1 too. Prompt
+/// batches are llama.cpp's micro-batches (`n_ubatch`, 512 by default): the engine must split a
+/// prompt the same way for the orders to line up.
+pub fn llamacpp_order(ty: QuantType, rows: usize, batch: usize, t: usize) -> Order {
+    if llamacpp_repacks(ty, rows) {
+        // repack: gemm for whole groups of 4 tokens, gemv for the rest
+        if t < batch - batch % 4 { Order::RepackGemm } else { Order::RepackGemv }
+    } else if batch >= 8 && order_supported(ty, Order::Tiled) {
+        Order::Tiled
+    } else {
+        Order::VecDot
+    }
+}
+
 /// Whether llama.cpp's x86 CPU backend keeps a weight matrix of this type and row count in its
-/// interleaved 8-row "repack" layout (the default; `--no-repack` turns it off), where decode
-/// runs `ggml_gemv_<type>_8x8_q8_*` instead of `ggml_vec_dot_*`: Q4_0 and Q4_K on AVX2 builds,
-/// Q2_K on AVX-512 builds, when the row count is a multiple of 8. (The x86 build we match has
-/// both.) Tensors read by row lookups (token embeddings, tied output included) stay plain.
-/// For these, use the `*_repacked` functions to get llama.cpp's bits.
+/// interleaved 8-row "repack" layout (the default; `--no-repack` turns it off): Q4_0 and Q4_K on
+/// AVX2 builds, Q2_K on AVX-512 builds, when the row count is a multiple of 8. (The x86 build we
+/// match has both.) Tensors read by row lookups (token embeddings, tied output included) stay
+/// plain. For these llama.cpp computes `Order::RepackGemv` for decode; for a prompt batch of n
+/// tokens `Order::RepackGemm` for tokens 0..n - n%4 and `Order::RepackGemv` for the rest.
 pub fn llamacpp_repacks(ty: QuantType, rows: usize) -> bool {
     matches!(ty, QuantType::Q4_0 | QuantType::Q4K | QuantType::Q2K) && rows.is_multiple_of(8)
 }
 
-/// `vec_dot` in the float order of llama.cpp's repacked gemv kernels (Q4_0, Q4_K, Q2_K only;
-/// panics for other types): the same activation quantization and the same exact integer
-/// products, but each block's products are summed to one integer, accumulated by one scalar FMA
-/// per block (`acc = fma(sum, dx*dy, acc)`), and the k-quants' min terms run in a second chain
-/// subtracted at the end (`acc - acc_min`). Differs from `vec_dot` by a few ulp at most.
+/// `vec_dot` in a given float order (`Order::VecDot` is `vec_dot` itself). Panics when
+/// `order_supported(ty, order)` is false.
 #[track_caller]
-pub fn vec_dot_repacked(ty: QuantType, w_row: &[u8], act: &[u8], n: usize) -> f32 {
-    check("vec_dot_repacked", ty, w_row, act, n, true);
-    if let Some(v) = super::vecdot_avx512::dispatch(ty, w_row, act, true) {
+pub fn vec_dot_order(ty: QuantType, order: Order, w_row: &[u8], act: &[u8], n: usize) -> f32 {
+    check("vec_dot_order", ty, w_row, act, n, order);
+    if let Some(v) = super::vecdot_avx512::dispatch(ty, w_row, act, order) {
         return v;
     }
-    scalar_repacked(ty, w_row, act)
+    scalar_order(ty, order, w_row, act)
 }
 
-/// The scalar reference of `vec_dot_repacked`.
+/// The scalar reference of `vec_dot_order`.
 #[track_caller]
-pub fn vec_dot_repacked_scalar(ty: QuantType, w_row: &[u8], act: &[u8], n: usize) -> f32 {
-    check("vec_dot_repacked_scalar", ty, w_row, act, n, true);
-    scalar_repacked(ty, w_row, act)
+pub fn vec_dot_order_scalar(ty: QuantType, order: Order, w_row: &[u8], act: &[u8], n: usize) -> f32 {
+    check("vec_dot_order_scalar", ty, w_row, act, n, order);
+    scalar_order(ty, order, w_row, act)
 }
 
-/// `matvec_q` with `vec_dot_repacked` per row.
+/// `matvec_q` in a given float order.
 #[track_caller]
-pub fn matvec_q_repacked(ty: QuantType, w: &[u8], rows: usize, cols: usize, act: &[u8], y: &mut [f32]) {
-    matvec_impl("matvec_q_repacked", ty, w, rows, cols, act, y, true);
+pub fn matvec_q_order(ty: QuantType, order: Order, w: &[u8], rows: usize, cols: usize, act: &[u8], y: &mut [f32]) {
+    matvec_impl("matvec_q_order", ty, w, rows, cols, act, y, order);
 }
 
 #[allow(clippy::too_many_arguments)]
 #[track_caller]
-fn matvec_impl(func: &str, ty: QuantType, w: &[u8], rows: usize, cols: usize, act: &[u8], y: &mut [f32], repack: bool) {
+fn matvec_impl(func: &str, ty: QuantType, w: &[u8], rows: usize, cols: usize, act: &[u8], y: &mut [f32], order: Order) {
     let rb = ty.row_bytes(cols);
     assert!(
         rb.and_then(|rb| rb.checked_mul(rows)) == Some(w.len()) && y.len() == rows,
@@ -377,24 +424,21 @@ fn matvec_impl(func: &str, ty: QuantType, w: &[u8], rows: usize, cols: usize, ac
         return;
     }
     let rb = rb.unwrap_or(0);
-    check(func, ty, &w[..rb], act, cols, repack);
-    if super::vecdot_avx512::matvec(ty, w, rb, act, y, repack) {
+    check(func, ty, &w[..rb], act, cols, order);
+    if super::vecdot_avx512::matvec(ty, w, rb, act, y, order) {
         return;
     }
     for (o, row) in y.iter_mut().zip(w.chunks_exact(rb.max(1))) {
-        *o = if repack { scalar_repacked(ty, row, act) } else { scalar(ty, row, act) };
+        *o = scalar_order(ty, order, row, act);
     }
 }
 
 #[track_caller]
-fn check(func: &str, ty: QuantType, w_row: &[u8], act: &[u8], n: usize, repack: bool) {
+fn check(func: &str, ty: QuantType, w_row: &[u8], act: &[u8], n: usize, order: Order) {
     let Some(at) = act_type(ty) else {
         panic!("{func}({ty}): no quantized-activation dot product for this type");
     };
-    assert!(
-        !repack || matches!(ty, QuantType::Q4_0 | QuantType::Q4K | QuantType::Q2K),
-        "{func}({ty}): llama.cpp has no repacked kernel for this type"
-    );
+    assert!(order_supported(ty, order), "{func}({ty}): llama.cpp has no {order:?} kernel for this type");
     let (wb, ab) = (ty.row_bytes(n), at.row_bytes(n));
     assert!(
         wb == Some(w_row.len()) && ab == Some(act.len()),
@@ -422,9 +466,16 @@ fn scalar(ty: QuantType, w: &[u8], a: &[u8]) -> f32 {
 }
 
 /// Lengths and type already checked.
-fn scalar_repacked(ty: QuantType, w: &[u8], a: &[u8]) -> f32 {
+fn scalar_order(ty: QuantType, order: Order, w: &[u8], a: &[u8]) -> f32 {
+    match order {
+        Order::VecDot => return scalar(ty, w, a),
+        Order::Tiled => return scalar_tiled(ty, w, a),
+        Order::RepackGemv | Order::RepackGemm => {}
+    }
+    let gemm = order == Order::RepackGemm;
     match ty {
         QuantType::Q4_0 => {
+            // gemv and gemm agree: one block is one 32-element step in both
             let mut acc = 0f32;
             for (x, y) in view::<BlockQ4_0>(w).iter().zip(view::<BlockQ8_0>(a)) {
                 let sum: i32 = q4_0_lanes(x, y).iter().sum();
@@ -435,23 +486,92 @@ fn scalar_repacked(ty: QuantType, w: &[u8], a: &[u8]) -> f32 {
         QuantType::Q4K => {
             let (mut acc, mut acc_min) = (0f32, 0f32);
             for (x, y) in view::<BlockQ4K>(w).iter().zip(view::<BlockQ8K>(a)) {
-                let (p, pm) = q4k_lanes(x, y);
-                acc = (p.iter().sum::<i32>() as f32).mul_add(h16(x.d) * q8k_d(y), acc);
-                acc_min = (pm.iter().sum::<i32>() as f32).mul_add(h16(x.dmin) * q8k_d(y), acc_min);
+                let (d, dmin) = (h16(x.d) * q8k_d(y), h16(x.dmin) * q8k_d(y));
+                let (sc, mn) = super::dequant::k4_scale_min(&x.scales);
+                let sc16: [i32; 16] = std::array::from_fn(|g| sc[g / 2] as i32);
+                let g = group_sums(&q4k_quants(&x.qs), &sc16, &y.qs);
+                // min terms per 64-element quarter j: sub-blocks 2j and 2j+1
+                let pm = k4_min_lanes(&mn, &bsums(y));
+                if gemm {
+                    for j in 0..4 {
+                        acc = (g[4 * j..4 * j + 4].iter().sum::<i32>() as f32).mul_add(d, acc);
+                        acc_min = (pm[j] as f32).mul_add(dmin, acc_min);
+                    }
+                } else {
+                    acc = (g.iter().sum::<i32>() as f32).mul_add(d, acc);
+                    acc_min = (pm.iter().sum::<i32>() as f32).mul_add(dmin, acc_min);
+                }
             }
             acc - acc_min
         }
         QuantType::Q2K => {
             let (mut acc, mut acc_min) = (0f32, 0f32);
             for (x, y) in view::<BlockQ2K>(w).iter().zip(view::<BlockQ8K>(a)) {
-                let (p, pm) = q2k_lanes(x, y);
-                acc = (p.iter().sum::<i32>() as f32).mul_add(h16(x.d) * q8k_d(y), acc);
-                acc_min = (pm.iter().sum::<i32>() as f32).mul_add(h16(x.dmin) * q8k_d(y), acc_min);
+                let (d, dmin) = (h16(x.d) * q8k_d(y), h16(x.dmin) * q8k_d(y));
+                let sc: [i32; 16] = std::array::from_fn(|g| (x.scales[g] & 0x0F) as i32);
+                let g = group_sums(&q2k_quants(x), &sc, &y.qs);
+                let bs = bsums(y);
+                let m: [i32; 16] = std::array::from_fn(|k| (x.scales[k] >> 4) as i32 * bs[k]);
+                // gemm: one step per 128-element half (groups 8h..8h+8); gemv: the whole block
+                let step = if gemm { 8 } else { 16 };
+                for (gp, mp) in g.chunks_exact(step).zip(m.chunks_exact(step)) {
+                    acc = (gp.iter().sum::<i32>() as f32).mul_add(d, acc);
+                    acc_min = (mp.iter().sum::<i32>() as f32).mul_add(dmin, acc_min);
+                }
             }
             acc - acc_min
         }
         _ => unreachable!("checked by check()"),
     }
+}
+
+/// One block of `Order::Tiled`: r = s1 * d_w; r = fnmadd(dmin_w, s2, r); acc = fma(r, d_act, acc).
+#[inline(always)]
+fn tiled_step(acc: f32, s1: i32, s2: i32, d: [u8; 2], dmin: Option<[u8; 2]>, dy: f32) -> f32 {
+    let mut r = s1 as f32 * h16(d);
+    if let Some(m) = dmin {
+        r = (-h16(m)).mul_add(s2 as f32, r);
+    }
+    r.mul_add(dy, acc)
+}
+
+/// `Order::Tiled`, lengths and type already checked. s1 is the exact integer sum of
+/// scale * quant * activation over the block (the vec_dot lanes summed), s2 the min terms.
+fn scalar_tiled(ty: QuantType, w: &[u8], a: &[u8]) -> f32 {
+    let mut acc = 0f32;
+    let sum = |l: &[i32]| l.iter().sum::<i32>();
+    match ty {
+        QuantType::Q2K => {
+            for (x, y) in view::<BlockQ2K>(w).iter().zip(view::<BlockQ8K>(a)) {
+                let (p, pm) = q2k_lanes(x, y);
+                acc = tiled_step(acc, sum(&p), sum(&pm), x.d, Some(x.dmin), q8k_d(y));
+            }
+        }
+        QuantType::Q3K => {
+            for (x, y) in view::<BlockQ3K>(w).iter().zip(view::<BlockQ8K>(a)) {
+                acc = tiled_step(acc, sum(&q3k_lanes(x, y)), 0, x.d, None, q8k_d(y));
+            }
+        }
+        QuantType::Q4K => {
+            for (x, y) in view::<BlockQ4K>(w).iter().zip(view::<BlockQ8K>(a)) {
+                let (p, pm) = q4k_lanes(x, y);
+                acc = tiled_step(acc, sum(&p), sum(&pm), x.d, Some(x.dmin), q8k_d(y));
+            }
+        }
+        QuantType::Q5K => {
+            for (x, y) in view::<BlockQ5K>(w).iter().zip(view::<BlockQ8K>(a)) {
+                let (p, pm) = q5k_lanes(x, y);
+                acc = tiled_step(acc, sum(&p), sum(&pm), x.d, Some(x.dmin), q8k_d(y));
+            }
+        }
+        QuantType::Q6K => {
+            for (x, y) in view::<BlockQ6K>(w).iter().zip(view::<BlockQ8K>(a)) {
+                acc = tiled_step(acc, sum(&q6k_lanes(x, y)), 0, x.d, None, q8k_d(y));
+            }
+        }
+        _ => unreachable!("checked by check()"),
+    }
+    acc
 }
 
 // ---------------------------------------------------------------- shared float steps
@@ -622,6 +742,16 @@ fn lanes256(q: &[i8; QK_K], sc16: &[i32; 16], a: &[i8; QK_K]) -> [i32; 8] {
     p
 }
 
+/// Scaled sums of a 256-element block per 16-element group: scale[g] * sum(q * a) over group g.
+#[inline(always)]
+fn group_sums(q: &[i8; QK_K], sc16: &[i32; 16], a: &[i8; QK_K]) -> [i32; 16] {
+    let mut out = [0i32; 16];
+    for ((o, (qg, ag)), &s) in out.iter_mut().zip(q.chunks_exact(16).zip(a.chunks_exact(16))).zip(sc16) {
+        *o = s * qg.iter().zip(ag).map(|(&x, &y)| x as i32 * y as i32).sum::<i32>();
+    }
+    out
+}
+
 #[inline(always)]
 fn bsums(y: &BlockQ8K) -> [i32; 16] {
     let mut s = [0i32; 16];
@@ -688,17 +818,23 @@ fn dot_q3k(w: &[BlockQ3K], a: &[BlockQ8K]) -> f32 {
     let mut acc = [0f32; 8];
     for (x, y) in w.iter().zip(a) {
         let d = q8k_d(y) * h16(x.d);
-        let sc6 = super::dequant::q3k_scales(&x.scales);
-        let sc: [i32; 16] = std::array::from_fn(|g| sc6[g] as i32);
-        let mut q = crumbs(&x.qs);
-        for (c, qc) in q.chunks_exact_mut(32).enumerate() {
-            for (v, &m) in qc.iter_mut().zip(&x.hmask) {
-                *v -= ((((m >> c) & 1) ^ 1) << 2) as i8;
-            }
-        }
-        fma_lanes(&mut acc, d, &lanes256(&q, &sc, &y.qs));
+        fma_lanes(&mut acc, d, &q3k_lanes(x, y));
     }
     hsum8(acc)
+}
+
+/// Q3_K product lanes.
+#[inline(always)]
+fn q3k_lanes(x: &BlockQ3K, y: &BlockQ8K) -> [i32; 8] {
+    let sc6 = super::dequant::q3k_scales(&x.scales);
+    let sc: [i32; 16] = std::array::from_fn(|g| sc6[g] as i32);
+    let mut q = crumbs(&x.qs);
+    for (c, qc) in q.chunks_exact_mut(32).enumerate() {
+        for (v, &m) in qc.iter_mut().zip(&x.hmask) {
+            *v -= ((((m >> c) & 1) ^ 1) << 2) as i8;
+        }
+    }
+    lanes256(&q, &sc, &y.qs)
 }
 
 /// Q4_K/Q5_K min terms: pm[k] = m[2k] * (bsum[4k] + bsum[4k+1]) + m[2k+1] * (bsum[4k+2] + bsum[4k+3])
@@ -758,19 +894,25 @@ fn dot_q5k(w: &[BlockQ5K], a: &[BlockQ8K]) -> f32 {
         let dy = q8k_d(y);
         let d = dy * h16(x.d);
         let dmin = -dy * h16(x.dmin);
-        let (sc, mn) = super::dequant::k4_scale_min(&x.scales);
-        let pm: i32 = k4_min_lanes(&mn, &bsums(y)).iter().sum();
-        summs = (pm as f32).mul_add(dmin, summs);
-        let mut q = q4k_quants(&x.qs);
-        for (c, qc) in q.chunks_exact_mut(32).enumerate() {
-            for (v, &h) in qc.iter_mut().zip(&x.qh) {
-                *v |= (((h >> c) & 1) << 4) as i8;
-            }
-        }
-        let sc16: [i32; 16] = std::array::from_fn(|g| sc[g / 2] as i32);
-        fma_lanes(&mut acc, d, &lanes256(&q, &sc16, &y.qs));
+        let (p, pm) = q5k_lanes(x, y);
+        summs = (pm.iter().sum::<i32>() as f32).mul_add(dmin, summs);
+        fma_lanes(&mut acc, d, &p);
     }
     hsum8(acc) + summs
+}
+
+/// Q5_K product lanes and the 4 min lanes.
+#[inline(always)]
+fn q5k_lanes(x: &BlockQ5K, y: &BlockQ8K) -> ([i32; 8], [i32; 4]) {
+    let (sc, mn) = super::dequant::k4_scale_min(&x.scales);
+    let mut q = q4k_quants(&x.qs);
+    for (c, qc) in q.chunks_exact_mut(32).enumerate() {
+        for (v, &h) in qc.iter_mut().zip(&x.qh) {
+            *v |= (((h >> c) & 1) << 4) as i8;
+        }
+    }
+    let sc16: [i32; 16] = std::array::from_fn(|g| sc[g / 2] as i32);
+    (lanes256(&q, &sc16, &y.qs), k4_min_lanes(&mn, &bsums(y)))
 }
 
 /// ggml_vec_dot_q6_K_q8_K (AVX2): the quants are used unsigned (0..63) and the -32 offset is
@@ -780,26 +922,32 @@ fn dot_q6k(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
     let mut acc = [0f32; 8];
     for (x, y) in w.iter().zip(a) {
         let d = q8k_d(y) * h16(x.d);
-        // element 128h + 32s + l: low nibble of ql[64h + 32(s%2) + l] (nibble s/2), high bits
-        // (qh[32h + l] >> 2s) & 3
-        let mut q = [0i8; QK_K];
-        for h in 0..2 {
-            for s in 0..4 {
-                let out = &mut q[128 * h + 32 * s..128 * h + 32 * s + 32];
-                let ql = &x.ql[64 * h + 32 * (s % 2)..64 * h + 32 * (s % 2) + 32];
-                let qh = &x.qh[32 * h..32 * h + 32];
-                for ((o, &lo), &hi) in out.iter_mut().zip(ql).zip(qh) {
-                    *o = (((lo >> (4 * (s / 2))) & 0x0F) | (((hi >> (2 * s)) & 0x03) << 4)) as i8;
-                }
-            }
-        }
-        let sc: [i32; 16] = std::array::from_fn(|g| x.scales[g] as i32);
-        let bs = bsums(y);
-        let mut p = lanes256(&q, &sc, &y.qs);
-        for (l, v) in p.iter_mut().enumerate() {
-            *v -= (bs[2 * l] * sc[2 * l] + bs[2 * l + 1] * sc[2 * l + 1]) << 5;
-        }
-        fma_lanes(&mut acc, d, &p);
+        fma_lanes(&mut acc, d, &q6k_lanes(x, y));
     }
     hsum8(acc)
+}
+
+/// Q6_K lanes, the per-lane -32 offset correction included.
+#[inline(always)]
+fn q6k_lanes(x: &BlockQ6K, y: &BlockQ8K) -> [i32; 8] {
+    // element 128h + 32s + l: low nibble of ql[64h + 32(s%2) + l] (nibble s/2), high bits
+    // (qh[32h + l] >> 2s) & 3
+    let mut q = [0i8; QK_K];
+    for h in 0..2 {
+        for s in 0..4 {
+            let out = &mut q[128 * h + 32 * s..128 * h + 32 * s + 32];
+            let ql = &x.ql[64 * h + 32 * (s % 2)..64 * h + 32 * (s % 2) + 32];
+            let qh = &x.qh[32 * h..32 * h + 32];
+            for ((o, &lo), &hi) in out.iter_mut().zip(ql).zip(qh) {
+                *o = (((lo >> (4 * (s / 2))) & 0x0F) | (((hi >> (2 * s)) & 0x03) << 4)) as i8;
+            }
+        }
+    }
+    let sc: [i32; 16] = std::array::from_fn(|g| x.scales[g] as i32);
+    let bs = bsums(y);
+    let mut p = lanes256(&q, &sc, &y.qs);
+    for (l, v) in p.iter_mut().enumerate() {
+        *v -= (bs[2 * l] * sc[2 * l] + bs[2 * l + 1] * sc[2 * l + 1]) << 5;
+    }
+    p
 }

@@ -2,8 +2,9 @@
 //! `vecdot.rs`, which stay the reference forever.
 //!
 //! Owns: one kernel per weight type, each generic over R rows sharing one activation row
-//! (`vec_dot` runs R = 1, `matvec` R = 4) and over REPACK (llama.cpp's repacked-gemv float order
-//! for Q4_0/Q4_K/Q2_K, see `vecdot::llamacpp_repacks`), the activation quantizers, and the
+//! (`vec_dot` runs R = 1, `matvec` R = 4) and over the float order K (`vecdot::Order`: ggml's
+//! vec_dot, or llama.cpp's repacked gemv / gemm kernels for Q4_0/Q4_K/Q2_K), the activation
+//! quantizers, and the
 //! run-time dispatch. The only `unsafe` of the vecdot module lives here; every block says why it
 //! is sound.
 //!
@@ -28,6 +29,7 @@
 //! sign trick of the legacy kernels (`|x| * sign(y, x)`, ggml's too) would wrap a -128.
 
 use super::QuantType;
+use super::vecdot::Order;
 use std::sync::OnceLock;
 
 static AVAILABLE: OnceLock<bool> = OnceLock::new();
@@ -49,33 +51,37 @@ pub fn available() -> bool {
     })
 }
 
-/// One row's dot product, or `None` when there is no kernel on this machine (or, with
-/// `repack`, for a type llama.cpp does not repack). Lengths were checked by the caller
-/// (`vecdot::check`).
-pub(super) fn dispatch(ty: QuantType, w: &[u8], a: &[u8], repack: bool) -> Option<f32> {
+/// One row's dot product, or `None` when there is no kernel on this machine (or no such order
+/// for this type). Lengths were checked by the caller (`vecdot::check`).
+pub(super) fn dispatch(ty: QuantType, w: &[u8], a: &[u8], order: Order) -> Option<f32> {
     #[cfg(target_arch = "x86_64")]
     {
         if available() {
             // SAFETY: available() confirmed every feature `imp::rows` enables on this CPU.
             // Block counts come from slice lengths, every load is bounds-checked.
             let r = unsafe {
-                if repack { imp::rows::<1, true>(ty, [w], a) } else { imp::rows::<1, false>(ty, [w], a) }
+                match order {
+                    Order::VecDot => imp::rows::<1, 0>(ty, [w], a),
+                    Order::RepackGemv => imp::rows::<1, 1>(ty, [w], a),
+                    Order::RepackGemm => imp::rows::<1, 2>(ty, [w], a),
+                    Order::Tiled => imp::rows::<1, 3>(ty, [w], a),
+                }
             };
             return r.map(|r| r[0]);
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (ty, w, a, repack);
+    let _ = (ty, w, a, order);
     None
 }
 
 /// `y[r] = dot(row r, a)` for rows of `rb` bytes stored back to back; `false` (nothing written)
 /// when `dispatch` would return `None`. Lengths were checked by the caller.
-pub(super) fn matvec(ty: QuantType, w: &[u8], rb: usize, a: &[u8], y: &mut [f32], repack: bool) -> bool {
+pub(super) fn matvec(ty: QuantType, w: &[u8], rb: usize, a: &[u8], y: &mut [f32], order: Order) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         if available() && rb > 0 {
-            if repack && !matches!(ty, QuantType::Q4_0 | QuantType::Q4K | QuantType::Q2K) {
+            if !super::vecdot::order_supported(ty, order) {
                 return false;
             }
             let mut rows = w.chunks_exact(rb);
@@ -87,7 +93,12 @@ pub(super) fn matvec(ty: QuantType, w: &[u8], rb: usize, a: &[u8], y: &mut [f32]
                 }
                 // SAFETY: as in `dispatch`.
                 let v = unsafe {
-                    if repack { imp::rows::<4, true>(ty, ws, a) } else { imp::rows::<4, false>(ty, ws, a) }
+                    match order {
+                        Order::VecDot => imp::rows::<4, 0>(ty, ws, a),
+                        Order::RepackGemv => imp::rows::<4, 1>(ty, ws, a),
+                        Order::RepackGemm => imp::rows::<4, 2>(ty, ws, a),
+                        Order::Tiled => imp::rows::<4, 3>(ty, ws, a),
+                    }
                 };
                 match v {
                     Some(v) => yc.copy_from_slice(&v),
@@ -95,7 +106,7 @@ pub(super) fn matvec(ty: QuantType, w: &[u8], rb: usize, a: &[u8], y: &mut [f32]
                 }
             }
             for (o, row) in ys.into_remainder().iter_mut().zip(rows) {
-                match dispatch(ty, row, a, repack) {
+                match dispatch(ty, row, a, order) {
                     Some(v) => *o = v,
                     None => return false,
                 }
@@ -104,7 +115,7 @@ pub(super) fn matvec(ty: QuantType, w: &[u8], rb: usize, a: &[u8], y: &mut [f32]
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (ty, w, rb, a, y, repack);
+    let _ = (ty, w, rb, a, y, order);
     false
 }
 
@@ -199,6 +210,15 @@ mod imp {
     fn hsum_i32(v: __m256i) -> i32 {
         let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
         let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+        _mm_cvtsi128_si32(s)
+    }
+
+    /// Sum of 4 i32 lanes.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn hsum4_i32(v: __m128i) -> i32 {
+        let s = _mm_add_epi32(v, _mm_shuffle_epi32::<0b01_00_11_10>(v));
         let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
         _mm_cvtsi128_si32(s)
     }
@@ -357,18 +377,39 @@ mod imp {
         }
     }
 
+    /// One block of llama.cpp's tiled k-quant matmul (ggml-cpu/tiled, VNNI microkernel): the
+    /// block's integer sums s1 (scaled products) and s2 (min terms), `r = s1 * d_w`,
+    /// `r = fnmadd(dmin_w, s2, r)`, `acc = fma(r, d_act, acc)` (GCC fuses that last mul+add).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn tiled_step(acc: f32, s1: i32, s2: i32, d: [u8; 2], dmin: Option<[u8; 2]>, dy: f32) -> f32 {
+        let h = |b: [u8; 2]| half::f16::from_bits(u16::from_le_bytes(b)).to_f32_const();
+        let mut r = s1 as f32 * h(d);
+        if let Some(m) = dmin {
+            r = (-h(m)).mul_add(s2 as f32, r);
+        }
+        r.mul_add(dy, acc)
+    }
+
     /// # Safety
     /// The CPU must support avx512f, avx512bw, avx512vl, avx512vnni, avx2, fma and f16c. Rows
     /// are `ty.row_bytes(n)` bytes and `a` is the matching activation row (checked by the
     /// callers; a short slice would panic on a bounds check, never read out of bounds).
     /// Empty rows (matvec's padding) give 0.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    pub(super) unsafe fn rows<const R: usize, const REPACK: bool>(
+    /// K: 0 = ggml's vec_dot order, 1 = llama.cpp's repacked gemv, 2 = its repacked gemm,
+    /// 3 = its tiled k-quant matmul (`tiled_step`).
+    pub(super) unsafe fn rows<const R: usize, const K: u8>(
         ty: QuantType,
         ws: [&[u8]; R],
         a: &[u8],
     ) -> Option<[f32; R]> {
-        if REPACK && !matches!(ty, QuantType::Q4_0 | QuantType::Q4K | QuantType::Q2K) {
+        let ok = match K {
+            0 => true,
+            1 | 2 => matches!(ty, QuantType::Q4_0 | QuantType::Q4K | QuantType::Q2K),
+            _ => matches!(ty, QuantType::Q2K | QuantType::Q3K | QuantType::Q4K | QuantType::Q5K | QuantType::Q6K),
+        };
+        if !ok {
             return None;
         }
         // weight rows whose byte length is not a whole number of blocks panic in `view`
@@ -383,16 +424,16 @@ mod imp {
         }
         let nb = |bs: usize| ws.iter().map(|w| w.len()).max().unwrap_or(0) / bs;
         Some(match ty {
-            QuantType::Q8_0 => q8_0::<R, false>(v!(BlockQ8_0), view(a)),
-            QuantType::Q4_0 => q4_0::<R, REPACK>(v!(BlockQ4_0), view(a)),
-            QuantType::Q5_0 => q5_0::<R, false>(v!(BlockQ5_0), view(a)),
+            QuantType::Q8_0 => q8_0::<R, 0>(v!(BlockQ8_0), view(a)),
+            QuantType::Q4_0 => q4_0::<R, K>(v!(BlockQ4_0), view(a)),
+            QuantType::Q5_0 => q5_0::<R, 0>(v!(BlockQ5_0), view(a)),
             QuantType::Q4_1 => q4_1(v!(BlockQ4_1), a, nb(20)),
             QuantType::Q5_1 => q5_1(v!(BlockQ5_1), a, nb(24)),
-            QuantType::Q2K => q2k::<R, REPACK>(v!(BlockQ2K), view(a)),
-            QuantType::Q3K => q3k(v!(BlockQ3K), view(a)),
-            QuantType::Q4K => q4k::<R, REPACK>(v!(BlockQ4K), view(a)),
-            QuantType::Q5K => q5k(v!(BlockQ5K), view(a)),
-            QuantType::Q6K => q6k(v!(BlockQ6K), view(a)),
+            QuantType::Q2K => q2k::<R, K>(v!(BlockQ2K), view(a)),
+            QuantType::Q3K => q3k::<R, K>(v!(BlockQ3K), view(a)),
+            QuantType::Q4K => q4k::<R, K>(v!(BlockQ4K), view(a)),
+            QuantType::Q5K => q5k::<R, K>(v!(BlockQ5K), view(a)),
+            QuantType::Q6K => q6k::<R, K>(v!(BlockQ6K), view(a)),
             _ => return None,
         })
     }
@@ -404,7 +445,7 @@ mod imp {
     macro_rules! legacy_q8_0 {
         ($name:ident, $B:ty, |$x:ident, $qy:ident| $lanes:expr) => {
             #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-            fn $name<const R: usize, const REPACK: bool>(w: [&[$B]; R], a: &[BlockQ8_0]) -> [f32; R] {
+            fn $name<const R: usize, const K: u8>(w: [&[$B]; R], a: &[BlockQ8_0]) -> [f32; R] {
                 let mut acc = [_mm256_setzero_ps(); R];
                 let mut acc_s = [0f32; R];
                 for (i, y) in a.iter().enumerate() {
@@ -413,9 +454,9 @@ mod imp {
                     for r in 0..R {
                         let Some($x) = w[r].get(i) else { continue };
                         let d = _mm256_mul_ps(f16x8($x.d), dy);
-                        if REPACK {
-                            // llama.cpp's repacked gemv: the block's whole integer sum, one
-                            // scalar FMA per block
+                        if K != 0 {
+                            // llama.cpp's repacked gemv and gemm (the same for 32-element
+                            // blocks): the block's whole integer sum, one scalar FMA per block
                             acc_s[r] = (hsum_i32($lanes) as f32).mul_add(_mm256_cvtss_f32(d), acc_s[r]);
                         } else {
                             acc[r] = fma_lanes(acc[r], d, $lanes);
@@ -424,7 +465,7 @@ mod imp {
                 }
                 let mut out = [0f32; R];
                 for r in 0..R {
-                    out[r] = if REPACK { acc_s[r] } else { hsum(acc[r]) };
+                    out[r] = if K != 0 { acc_s[r] } else { hsum(acc[r]) };
                 }
                 out
             }
@@ -484,9 +525,10 @@ mod imp {
 
     /// ggml_vec_dot_q2_K_q8_K: acc = fma(dmin, min lanes, acc), then acc = fma(d, lanes, acc).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    /// With REPACK, llama.cpp's repacked gemv order instead: acc = fma(sum, dx*dy, acc) and
-    /// acc_min = fma(min sum, dmin_x*dy, acc_min) in scalars, result acc - acc_min.
-    fn q2k<const R: usize, const REPACK: bool>(w: [&[BlockQ2K]; R], a: &[BlockQ8K]) -> [f32; R] {
+    /// With K = 1, llama.cpp's repacked gemv order instead: acc = fma(sum, dx*dy, acc) and
+    /// acc_min = fma(min sum, dmin_x*dy, acc_min) in scalars per block, result acc - acc_min;
+    /// K = 2 (its gemm) does the same per 128-element half block.
+    fn q2k<const R: usize, const K: u8>(w: [&[BlockQ2K]; R], a: &[BlockQ8K]) -> [f32; R] {
         let mut acc = [_mm256_setzero_ps(); R];
         let (mut acc_s, mut acc_m) = ([0f32; R], [0f32; R]);
         for (i, y) in a.iter().enumerate() {
@@ -499,41 +541,61 @@ mod imp {
                 let sc8 = ld16(&x.scales, 0);
                 let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(sc8), _mm_set1_epi8(0x0F)));
                 let pm = _mm256_madd_epi16(mins, bs);
-                if REPACK {
-                    acc_m[r] = (hsum_i32(pm) as f32).mul_add(f16s(x.dmin) * dy, acc_m[r]);
-                } else {
-                    acc[r] = fma_lanes(acc[r], _mm256_set1_ps(dmin), pm);
+                let dmin_r = f16s(x.dmin) * dy;
+                match K {
+                    0 => acc[r] = fma_lanes(acc[r], _mm256_set1_ps(dmin), pm),
+                    1 => acc_m[r] = (hsum_i32(pm) as f32).mul_add(dmin_r, acc_m[r]),
+                    3 => {}
+                    _ => {
+                        // lanes 0..4 hold groups 0..8 (first 128 elements), lanes 4..8 the rest
+                        let lo = _mm256_blend_epi32::<0b1111_0000>(pm, _mm256_setzero_si256());
+                        let hi = _mm256_blend_epi32::<0b0000_1111>(pm, _mm256_setzero_si256());
+                        acc_m[r] = (hsum_i32(lo) as f32).mul_add(dmin_r, acc_m[r]);
+                        acc_m[r] = (hsum_i32(hi) as f32).mul_add(dmin_r, acc_m[r]);
+                    }
                 }
                 let mut sc = [0i16; 16];
                 for (s, &b) in sc.iter_mut().zip(&x.scales) {
                     *s = (b & 0x0F) as i16;
                 }
+                let d_r = f16s(x.d) * dy;
                 let mut sumi = _mm256_setzero_si256();
                 for j in 0..2 {
                     let bits = ld32(&x.qs, 32 * j);
+                    let mut sj = _mm256_setzero_si256();
                     for k in 0..4 {
                         let p = mad(crumb(bits, k), ld32i(&y.qs, 128 * j + 32 * k), scale_pair(&sc, 8 * j + 2 * k));
-                        sumi = _mm256_add_epi32(sumi, p);
+                        sj = _mm256_add_epi32(sj, p);
                     }
+                    if K == 2 {
+                        acc_s[r] = (hsum_i32(sj) as f32).mul_add(d_r, acc_s[r]);
+                    }
+                    sumi = _mm256_add_epi32(sumi, sj);
                 }
-                if REPACK {
-                    acc_s[r] = (hsum_i32(sumi) as f32).mul_add(f16s(x.d) * dy, acc_s[r]);
-                } else {
-                    acc[r] = fma_lanes(acc[r], _mm256_set1_ps(d), sumi);
+                match K {
+                    0 => acc[r] = fma_lanes(acc[r], _mm256_set1_ps(d), sumi),
+                    1 => acc_s[r] = (hsum_i32(sumi) as f32).mul_add(d_r, acc_s[r]),
+                    3 => acc_s[r] = tiled_step(acc_s[r], hsum_i32(sumi), hsum_i32(pm), x.d, Some(x.dmin), dy),
+                    _ => {}
                 }
             }
         }
         let mut out = [0f32; R];
         for r in 0..R {
-            out[r] = if REPACK { acc_s[r] - acc_m[r] } else { hsum(acc[r]) };
+            out[r] = match K {
+                0 => hsum(acc[r]),
+                3 => acc_s[r],
+                _ => acc_s[r] - acc_m[r],
+            };
         }
         out
     }
 
     /// ggml_vec_dot_q3_K_q8_K: q = low2 - 4 where the hmask bit is clear, as two maddubs.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    fn q3k<const R: usize>(w: [&[BlockQ3K]; R], a: &[BlockQ8K]) -> [f32; R] {
+    fn q3k<const R: usize, const K: u8>(w: [&[BlockQ3K]; R], a: &[BlockQ8K]) -> [f32; R] {
         let mut acc = [_mm256_setzero_ps(); R];
+        let mut acc_s = [0f32; R];
         for (i, y) in a.iter().enumerate() {
             let dy = f32::from_le_bytes(y.d);
             for r in 0..R {
@@ -556,12 +618,16 @@ mod imp {
                         sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, scale_pair(&sc, 8 * j + 2 * k)));
                     }
                 }
-                acc[r] = fma_lanes(acc[r], _mm256_set1_ps(d), sumi);
+                if K == 3 {
+                    acc_s[r] = tiled_step(acc_s[r], hsum_i32(sumi), 0, x.d, None, dy);
+                } else {
+                    acc[r] = fma_lanes(acc[r], _mm256_set1_ps(d), sumi);
+                }
             }
         }
         let mut out = [0f32; R];
         for r in 0..R {
-            out[r] = hsum(acc[r]);
+            out[r] = if K == 3 { acc_s[r] } else { hsum(acc[r]) };
         }
         out
     }
@@ -579,8 +645,9 @@ mod imp {
     /// ggml_vec_dot_q4_K_q8_K: acc = fma(d, lanes, acc); acc_m = fma(dmin, min lanes, acc_m)
     /// (4 lanes); hsum8(acc) + hsum4(acc_m).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    /// With REPACK, llama.cpp's repacked gemv order (as Q2_K's).
-    fn q4k<const R: usize, const REPACK: bool>(w: [&[BlockQ4K]; R], a: &[BlockQ8K]) -> [f32; R] {
+    /// With K = 1 / 2, llama.cpp's repacked gemv / gemm orders (as Q2_K's; the gemm steps per
+    /// 64-element quarter block).
+    fn q4k<const R: usize, const K: u8>(w: [&[BlockQ4K]; R], a: &[BlockQ8K]) -> [f32; R] {
         let mut acc = [_mm256_setzero_ps(); R];
         let mut acc_m = [_mm_setzero_ps(); R];
         let (mut acc_s, mut acc_ms) = ([0f32; R], [0f32; R]);
@@ -594,13 +661,26 @@ mod imp {
                 let dmin = -dy * f16s(x.dmin);
                 let (sc, mn) = k4_scale_min(&x.scales);
                 let pm = k4_mins(&mn, bs);
-                if REPACK {
-                    let t = _mm_add_epi32(pm, _mm_shuffle_epi32::<0b01_00_11_10>(pm));
-                    let t = _mm_add_epi32(t, _mm_shuffle_epi32::<0b10_11_00_01>(t));
-                    acc_ms[r] = (_mm_cvtsi128_si32(t) as f32).mul_add(f16s(x.dmin) * dy, acc_ms[r]);
-                } else {
-                    acc_m[r] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(pm), acc_m[r]);
+                let dmin_r = f16s(x.dmin) * dy;
+                match K {
+                    0 => acc_m[r] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(pm), acc_m[r]),
+                    3 => {}
+                    1 => {
+                        let t = _mm_add_epi32(pm, _mm_shuffle_epi32::<0b01_00_11_10>(pm));
+                        let t = _mm_add_epi32(t, _mm_shuffle_epi32::<0b10_11_00_01>(t));
+                        acc_ms[r] = (_mm_cvtsi128_si32(t) as f32).mul_add(dmin_r, acc_ms[r]);
+                    }
+                    _ => {
+                        // lane j: the min terms of quarter j (sub-blocks 2j, 2j+1), one FMA each
+                        let mut m = [0i32; 4];
+                        // SAFETY: `m` is 4 writable i32; storeu has no alignment requirement.
+                        unsafe { _mm_storeu_si128(m.as_mut_ptr().cast(), pm) };
+                        for &v in &m {
+                            acc_ms[r] = (v as f32).mul_add(dmin_r, acc_ms[r]);
+                        }
+                    }
                 }
+                let d_r = f16s(x.d) * dy;
                 let mut sumi = _mm256_setzero_si256();
                 for j in 0..4 {
                     let bits = ld32(&x.qs, 32 * j);
@@ -608,18 +688,27 @@ mod imp {
                     let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
                     let pl = mad(lo, ld32i(&y.qs, 64 * j), _mm256_set1_epi16(sc[2 * j] as i16));
                     let ph = mad(hi, ld32i(&y.qs, 64 * j + 32), _mm256_set1_epi16(sc[2 * j + 1] as i16));
-                    sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
+                    let sj = _mm256_add_epi32(pl, ph);
+                    if K == 2 {
+                        acc_s[r] = (hsum_i32(sj) as f32).mul_add(d_r, acc_s[r]);
+                    }
+                    sumi = _mm256_add_epi32(sumi, sj);
                 }
-                if REPACK {
-                    acc_s[r] = (hsum_i32(sumi) as f32).mul_add(f16s(x.d) * dy, acc_s[r]);
-                } else {
-                    acc[r] = fma_lanes(acc[r], _mm256_set1_ps(d), sumi);
+                match K {
+                    0 => acc[r] = fma_lanes(acc[r], _mm256_set1_ps(d), sumi),
+                    1 => acc_s[r] = (hsum_i32(sumi) as f32).mul_add(d_r, acc_s[r]),
+                    3 => acc_s[r] = tiled_step(acc_s[r], hsum_i32(sumi), hsum4_i32(pm), x.d, Some(x.dmin), dy),
+                    _ => {}
                 }
             }
         }
         let mut out = [0f32; R];
         for r in 0..R {
-            if REPACK {
+            if K == 3 {
+                out[r] = acc_s[r];
+                continue;
+            }
+            if K != 0 {
                 out[r] = acc_s[r] - acc_ms[r];
                 continue;
             }
@@ -634,8 +723,9 @@ mod imp {
     /// ggml_vec_dot_q5_K_q8_K: as Q4_K with the fifth bit; the min lanes are summed as integers
     /// and folded into a scalar, summs = fma(sum as f32, dmin, summs).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    fn q5k<const R: usize>(w: [&[BlockQ5K]; R], a: &[BlockQ8K]) -> [f32; R] {
+    fn q5k<const R: usize, const K: u8>(w: [&[BlockQ5K]; R], a: &[BlockQ8K]) -> [f32; R] {
         let mut acc = [_mm256_setzero_ps(); R];
+        let mut acc_s = [0f32; R];
         let mut summs = [0f32; R];
         let m4 = _mm256_set1_epi8(0x0F);
         let b4 = _mm256_set1_epi8(16);
@@ -647,10 +737,10 @@ mod imp {
                 let d = dy * f16s(x.d);
                 let dmin = -dy * f16s(x.dmin);
                 let (sc, mn) = k4_scale_min(&x.scales);
-                let pm = k4_mins(&mn, bs);
-                let pm = _mm_add_epi32(pm, _mm_shuffle_epi32::<0b01_00_11_10>(pm));
-                let pm = _mm_add_epi32(pm, _mm_shuffle_epi32::<0b10_11_00_01>(pm));
-                summs[r] = (_mm_cvtsi128_si32(pm) as f32).mul_add(dmin, summs[r]);
+                let pm = hsum4_i32(k4_mins(&mn, bs));
+                if K != 3 {
+                    summs[r] = (pm as f32).mul_add(dmin, summs[r]);
+                }
                 let hbits = ld32(&x.qh, 0);
                 let mut sumi = _mm256_setzero_si256();
                 for j in 0..4 {
@@ -665,12 +755,16 @@ mod imp {
                     let ph = mad(hi, ld32i(&y.qs, 64 * j + 32), _mm256_set1_epi16(sc[2 * j + 1] as i16));
                     sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
                 }
-                acc[r] = fma_lanes(acc[r], _mm256_set1_ps(d), sumi);
+                if K == 3 {
+                    acc_s[r] = tiled_step(acc_s[r], hsum_i32(sumi), pm, x.d, Some(x.dmin), dy);
+                } else {
+                    acc[r] = fma_lanes(acc[r], _mm256_set1_ps(d), sumi);
+                }
             }
         }
         let mut out = [0f32; R];
         for r in 0..R {
-            out[r] = hsum(acc[r]) + summs[r];
+            out[r] = if K == 3 { acc_s[r] } else { hsum(acc[r]) + summs[r] };
         }
         out
     }
@@ -678,8 +772,9 @@ mod imp {
     /// ggml_vec_dot_q6_K_q8_K: unsigned 6-bit quants, the -32 offset subtracted per lane as
     /// 32 * madd(bsums, scales).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    fn q6k<const R: usize>(w: [&[BlockQ6K]; R], a: &[BlockQ8K]) -> [f32; R] {
+    fn q6k<const R: usize, const K: u8>(w: [&[BlockQ6K]; R], a: &[BlockQ8K]) -> [f32; R] {
         let mut acc = [_mm256_setzero_ps(); R];
+        let mut acc_s = [0f32; R];
         let m4 = _mm256_set1_epi8(0x0F);
         for (i, y) in a.iter().enumerate() {
             let dy = f32::from_le_bytes(y.d);
@@ -713,12 +808,17 @@ mod imp {
                         sumi = _mm256_add_epi32(sumi, p);
                     }
                 }
-                acc[r] = fma_lanes(acc[r], _mm256_set1_ps(d), _mm256_sub_epi32(sumi, sub));
+                let p = _mm256_sub_epi32(sumi, sub);
+                if K == 3 {
+                    acc_s[r] = tiled_step(acc_s[r], hsum_i32(p), 0, x.d, None, dy);
+                } else {
+                    acc[r] = fma_lanes(acc[r], _mm256_set1_ps(d), p);
+                }
             }
         }
         let mut out = [0f32; R];
         for r in 0..R {
-            out[r] = hsum(acc[r]);
+            out[r] = if K == 3 { acc_s[r] } else { hsum(acc[r]) };
         }
         out
     }
