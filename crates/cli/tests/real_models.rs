@@ -129,3 +129,25 @@ fn gemma3_ppl_matches_llamacpp() {
 fn qwen25_ppl_matches_llamacpp() {
     check_ppl("qwen2.5-coder-0.5b", 24.89);
 }
+
+/// `--chat` renders the model's own template (ChatML here), parses its special tokens and stops
+/// at the end-of-turn token: the instruct models answer the question.
+fn check_chat(model: &str) {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (out, err, ok) = cortiq(&["run", "-m", model, "--chat", "-p", "What is the capital of France? Answer in one word.", "-n", "48", "--temp", "0", "-t", "2"]);
+    assert!(ok, "chat run failed: {err}");
+    eprintln!("{model} chat: {out:?}\n{}", err.trim());
+    assert!(out.contains("Paris"), "{model}: chat answer lacks Paris: {out:?}");
+    assert!(!out.contains("<|im_end|>") && !out.contains("<|im_start|>"), "{model}: special tokens leaked into the text: {out:?}");
+    assert!(err.contains("stop: Eos"), "{model}: the reply did not end at an end-of-turn token: {err}");
+}
+
+#[test]
+fn smollm2_chat_answers() {
+    check_chat("smollm2-135m");
+}
+
+#[test]
+fn qwen25_chat_answers() {
+    check_chat("qwen2.5-coder-0.5b");
+}
