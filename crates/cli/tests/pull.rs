@@ -23,33 +23,15 @@ struct MemSource {
 impl PartSource for MemSource {
     fn open(&self, part: &Part, _: &ProgressBar) -> Result<Box<dyn Read>> {
         self.opens.set(self.opens.get() + 1);
-        let bytes = self
-            .members
-            .get(part.member)
-            .ok_or_else(|| anyhow!("no member {}", part.member))?;
+        let bytes = self.members.get(part.member).ok_or_else(|| anyhow!("no member {}", part.member))?;
         Ok(Box::new(Cursor::new(bytes.clone())))
     }
 }
 
 const PARTS: [Part; 3] = [
-    Part {
-        package: "pkg-a",
-        version: "1.0",
-        dist: Dist::Wheel,
-        member: "a/data/part00",
-    },
-    Part {
-        package: "pkg-b",
-        version: "1.0",
-        dist: Dist::Wheel,
-        member: "b/data/part01",
-    },
-    Part {
-        package: "pkg-c",
-        version: "1.0",
-        dist: Dist::Wheel,
-        member: "c/data/part02",
-    },
+    Part { package: "pkg-a", version: "1.0", dist: Dist::Wheel, member: "a/data/part00" },
+    Part { package: "pkg-b", version: "1.0", dist: Dist::Wheel, member: "b/data/part01" },
+    Part { package: "pkg-c", version: "1.0", dist: Dist::Wheel, member: "c/data/part02" },
 ];
 
 /// Three parts of unequal length with distinct, position-dependent bytes, so that a wrong
@@ -63,14 +45,7 @@ fn fixture() -> (MemSource, Vec<u8>, String) {
         members.insert(p.member, bytes);
     }
     let sha = hex(&Sha256::digest(&whole));
-    (
-        MemSource {
-            members,
-            opens: Cell::new(0),
-        },
-        whole,
-        sha,
-    )
+    (MemSource { members, opens: Cell::new(0) }, whole, sha)
 }
 
 fn hex(d: &[u8]) -> String {
@@ -87,11 +62,7 @@ fn scratch(test: &str) -> PathBuf {
 
 fn leftovers(dir: &Path) -> Vec<String> {
     fs::read_dir(dir)
-        .map(|rd| {
-            rd.filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
+        .map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
         .unwrap_or_default()
 }
 
@@ -99,16 +70,12 @@ fn leftovers(dir: &Path) -> Vec<String> {
 fn fresh_fetch_assembles_in_order_and_writes_sidecar() {
     let dir = scratch("fresh");
     let (src, whole, sha) = fixture();
-    let path =
-        pull::ensure_file(&dir, "m.gguf", whole.len() as u64, &sha, &PARTS, &src).expect("fetch");
+    let path = pull::ensure_file(&dir, "m.gguf", whole.len() as u64, &sha, &PARTS, &src).expect("fetch");
     assert_eq!(path, dir.join("m.gguf"));
     let got = fs::read(&path).expect("read back");
     assert_eq!(got.len(), whole.len(), "assembled size");
     let first_diff = got.iter().zip(&whole).position(|(a, b)| a != b);
-    assert_eq!(
-        first_diff, None,
-        "assembled bytes differ from the concatenation at byte {first_diff:?}"
-    );
+    assert_eq!(first_diff, None, "assembled bytes differ from the concatenation at byte {first_diff:?}");
     let side = fs::read_to_string(dir.join("m.gguf.sha256")).expect("sidecar");
     assert_eq!(side, format!("{sha}  m.gguf\n"));
     assert_eq!(src.opens.get(), 3);
@@ -126,11 +93,7 @@ fn verified_cache_hit_does_not_fetch() {
     pull::ensure_file(&dir, "m.gguf", whole.len() as u64, &sha, &PARTS, &src).expect("first fetch");
     let before = src.opens.get();
     pull::ensure_file(&dir, "m.gguf", whole.len() as u64, &sha, &PARTS, &src).expect("cache hit");
-    assert_eq!(
-        src.opens.get(),
-        before,
-        "a verified cached file must not be refetched"
-    );
+    assert_eq!(src.opens.get(), before, "a verified cached file must not be refetched");
     let _ = fs::remove_dir_all(&dir);
 }
 
@@ -142,10 +105,7 @@ fn cached_file_without_sidecar_is_hashed_once_and_kept() {
     fs::write(dir.join("m.gguf"), &whole).expect("write");
     pull::ensure_file(&dir, "m.gguf", whole.len() as u64, &sha, &PARTS, &src).expect("verify");
     assert_eq!(src.opens.get(), 0, "good bytes must not be refetched");
-    assert!(
-        dir.join("m.gguf.sha256").exists(),
-        "sidecar written after verification"
-    );
+    assert!(dir.join("m.gguf.sha256").exists(), "sidecar written after verification");
     let _ = fs::remove_dir_all(&dir);
 }
 
@@ -153,8 +113,7 @@ fn cached_file_without_sidecar_is_hashed_once_and_kept() {
 fn corrupted_cached_file_is_detected_and_refetched() {
     let dir = scratch("corrupt");
     let (src, whole, sha) = fixture();
-    let path = pull::ensure_file(&dir, "m.gguf", whole.len() as u64, &sha, &PARTS, &src)
-        .expect("first fetch");
+    let path = pull::ensure_file(&dir, "m.gguf", whole.len() as u64, &sha, &PARTS, &src).expect("first fetch");
     // Flip one byte in the middle, keep the size, and drop the sidecar (as if the disk, not
     // cortiq, changed the file after a crash mid-write).
     let mut bad = whole.clone();
@@ -162,15 +121,8 @@ fn corrupted_cached_file_is_detected_and_refetched() {
     fs::write(&path, &bad).expect("corrupt");
     fs::remove_file(dir.join("m.gguf.sha256")).expect("drop sidecar");
     pull::ensure_file(&dir, "m.gguf", whole.len() as u64, &sha, &PARTS, &src).expect("refetch");
-    assert_eq!(
-        src.opens.get(),
-        6,
-        "the corrupt file must be refetched (3 parts twice)"
-    );
-    assert!(
-        fs::read(&path).expect("read") == whole,
-        "refetched bytes differ from the source"
-    );
+    assert_eq!(src.opens.get(), 6, "the corrupt file must be refetched (3 parts twice)");
+    assert!(fs::read(&path).expect("read") == whole, "refetched bytes differ from the source");
     let _ = fs::remove_dir_all(&dir);
 }
 
@@ -178,8 +130,7 @@ fn corrupted_cached_file_is_detected_and_refetched() {
 fn truncated_cached_file_is_refetched_even_with_sidecar() {
     let dir = scratch("truncated");
     let (src, whole, sha) = fixture();
-    let path = pull::ensure_file(&dir, "m.gguf", whole.len() as u64, &sha, &PARTS, &src)
-        .expect("first fetch");
+    let path = pull::ensure_file(&dir, "m.gguf", whole.len() as u64, &sha, &PARTS, &src).expect("first fetch");
     fs::write(&path, &whole[..1000]).expect("truncate");
     pull::ensure_file(&dir, "m.gguf", whole.len() as u64, &sha, &PARTS, &src).expect("refetch");
     assert_eq!(src.opens.get(), 6);
@@ -193,19 +144,11 @@ fn wrong_upstream_bytes_are_reported_and_leave_nothing() {
     let (mut src, whole, sha) = fixture();
     // Same length, one byte different in the last part: only the hash can tell.
     src.members.get_mut(PARTS[2].member).expect("part")[0] ^= 1;
-    let err = pull::ensure_file(&dir, "m.gguf", whole.len() as u64, &sha, &PARTS, &src)
-        .expect_err("a hash mismatch must fail");
+    let err = pull::ensure_file(&dir, "m.gguf", whole.len() as u64, &sha, &PARTS, &src).expect_err("a hash mismatch must fail");
     let msg = format!("{err:#}");
-    assert!(
-        msg.contains("sha256 mismatch") && msg.contains(&sha),
-        "error should name the expected hash: {msg}"
-    );
+    assert!(msg.contains("sha256 mismatch") && msg.contains(&sha), "error should name the expected hash: {msg}");
     assert!(!msg.contains('\n'), "error should be one line: {msg}");
-    assert!(
-        leftovers(&dir).is_empty(),
-        "nothing may stay behind: {:?}",
-        leftovers(&dir)
-    );
+    assert!(leftovers(&dir).is_empty(), "nothing may stay behind: {:?}", leftovers(&dir));
     let _ = fs::remove_dir_all(&dir);
 }
 
@@ -213,17 +156,10 @@ fn wrong_upstream_bytes_are_reported_and_leave_nothing() {
 fn oversized_upstream_data_is_stopped() {
     let dir = scratch("oversize");
     let (src, whole, sha) = fixture();
-    let err = pull::ensure_file(&dir, "m.gguf", whole.len() as u64 - 10, &sha, &PARTS, &src)
-        .expect_err("too many bytes must fail");
-    assert!(
-        format!("{err:#}").contains("exceeds the expected"),
-        "{err:#}"
-    );
-    assert!(
-        leftovers(&dir).is_empty(),
-        "nothing may stay behind: {:?}",
-        leftovers(&dir)
-    );
+    let err =
+        pull::ensure_file(&dir, "m.gguf", whole.len() as u64 - 10, &sha, &PARTS, &src).expect_err("too many bytes must fail");
+    assert!(format!("{err:#}").contains("exceeds the expected"), "{err:#}");
+    assert!(leftovers(&dir).is_empty(), "nothing may stay behind: {:?}", leftovers(&dir));
     let _ = fs::remove_dir_all(&dir);
 }
 
@@ -243,10 +179,7 @@ fn resolve_returns_existing_paths_unchanged() {
 fn resolve_unknown_name_lists_known_names() {
     let err = pull::resolve_model("no-such-model-or-file.gguf").expect_err("must fail");
     let msg = format!("{err:#}");
-    assert!(
-        msg.contains("no-such-model-or-file.gguf") && msg.contains("no such file"),
-        "{msg}"
-    );
+    assert!(msg.contains("no-such-model-or-file.gguf") && msg.contains("no such file"), "{msg}");
     for m in pull::known_models() {
         assert!(msg.contains(m.name), "error should list {}: {msg}", m.name);
     }
@@ -257,21 +190,12 @@ fn resolve_unknown_name_lists_known_names() {
 fn unknown_text_and_model_names_list_known_names() {
     let dir = scratch("unknown");
     let src = fixture().0;
-    let msg = format!(
-        "{:#}",
-        pull::pull_text_with(&dir, "moby.txt", &src).expect_err("must fail")
-    );
+    let msg = format!("{:#}", pull::pull_text_with(&dir, "moby.txt", &src).expect_err("must fail"));
     for t in pull::known_texts() {
         assert!(msg.contains(t.name), "error should list {}: {msg}", t.name);
     }
-    let msg = format!(
-        "{:#}",
-        pull::pull_model_with(&dir, "llama-70b", &src).expect_err("must fail")
-    );
-    assert!(
-        msg.contains("smollm2-135m") && msg.contains("qwen2.5-coder-0.5b"),
-        "{msg}"
-    );
+    let msg = format!("{:#}", pull::pull_model_with(&dir, "llama-70b", &src).expect_err("must fail"));
+    assert!(msg.contains("smollm2-135m") && msg.contains("qwen2.5-coder-0.5b"), "{msg}");
     assert_eq!(src.opens.get(), 0);
     let _ = fs::remove_dir_all(&dir);
 }
@@ -279,19 +203,8 @@ fn unknown_text_and_model_names_list_known_names() {
 #[test]
 fn registry_is_consistent() {
     for m in pull::known_models() {
-        assert_eq!(
-            m.sha256.len(),
-            64,
-            "{}: sha256 must be 64 hex digits",
-            m.name
-        );
-        assert!(
-            m.sha256
-                .bytes()
-                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()),
-            "{}",
-            m.name
-        );
+        assert_eq!(m.sha256.len(), 64, "{}: sha256 must be 64 hex digits", m.name);
+        assert!(m.sha256.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()), "{}", m.name);
         assert!(!m.parts.is_empty() && m.size > 0, "{}", m.name);
         assert!(m.file.ends_with(".gguf"), "{}", m.name);
     }
@@ -306,20 +219,8 @@ fn registry_is_consistent() {
 fn cache_dir_precedence() {
     use std::ffi::OsString;
     let s = |v: &str| Some(OsString::from(v));
-    assert_eq!(
-        pull::cache_dir_from(s("/c"), s("/x"), s("/h")),
-        PathBuf::from("/c")
-    );
-    assert_eq!(
-        pull::cache_dir_from(s(""), s("/x"), s("/h")),
-        PathBuf::from("/x/cortiq")
-    );
-    assert_eq!(
-        pull::cache_dir_from(None, s("rel"), s("/h")),
-        PathBuf::from("/h/.cache/cortiq")
-    );
-    assert_eq!(
-        pull::cache_dir_from(None, None, s("/h")),
-        PathBuf::from("/h/.cache/cortiq")
-    );
+    assert_eq!(pull::cache_dir_from(s("/c"), s("/x"), s("/h")), PathBuf::from("/c"));
+    assert_eq!(pull::cache_dir_from(s(""), s("/x"), s("/h")), PathBuf::from("/x/cortiq"));
+    assert_eq!(pull::cache_dir_from(None, s("rel"), s("/h")), PathBuf::from("/h/.cache/cortiq"));
+    assert_eq!(pull::cache_dir_from(None, None, s("/h")), PathBuf::from("/h/.cache/cortiq"));
 }

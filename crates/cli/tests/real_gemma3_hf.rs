@@ -129,7 +129,16 @@ fn compare(
     }
     println!(
         "{what}: logits max |diff| {:.3e} at row {} token {} (ours {:.6}, HF f64 {:.6}); logsumexp max |diff| {:.3e} at row {} (ours {:.6}, HF {:.6}); argmax agrees on {argmax_agree}/{} rows",
-        wl.diff, wl.row, wl.id, wl.ours, wl.theirs, ws.diff, ws.row, ws.ours, ws.theirs, top_ids.len()
+        wl.diff,
+        wl.row,
+        wl.id,
+        wl.ours,
+        wl.theirs,
+        ws.diff,
+        ws.row,
+        ws.ours,
+        ws.theirs,
+        top_ids.len()
     );
     (wl, ws)
 }
@@ -149,7 +158,13 @@ fn gemma3_logits_match_transformers_f64() {
 
     let (vocab, ours) = our_logits(&tokens, "sentence");
     let (wl, ws) = compare("sentence", &ours, vocab, 0, &top_ids, &top, &probe_ids, &probe, &lse);
-    assert!(wl.diff <= TOL, "logits differ from transformers f64 by {:.3e} > {TOL} at position {} token {}: {wl:?}", wl.diff, wl.row, wl.id);
+    assert!(
+        wl.diff <= TOL,
+        "logits differ from transformers f64 by {:.3e} > {TOL} at position {} token {}: {wl:?}",
+        wl.diff,
+        wl.row,
+        wl.id
+    );
     assert!(ws.diff <= TOL, "logsumexp differs from transformers f64 by {:.3e} > {TOL} at position {}: {ws:?}", ws.diff, ws.row);
 }
 
@@ -200,7 +215,13 @@ fn gemma3_greedy_run_matches_transformers() {
     assert_eq!(tok(prompt), prompt_ids, "prompt tokenization differs from transformers");
     let ours = tok(&format!("{prompt}{out}"));
     let agree = ours.iter().zip(prompt_ids.iter().chain(&greedy)).take_while(|(a, b)| a == b).count();
-    println!("{} of {} tokens agree (prompt {} + greedy {})", agree, prompt_ids.len() + greedy.len(), prompt_ids.len(), greedy.len());
+    println!(
+        "{} of {} tokens agree (prompt {} + greedy {})",
+        agree,
+        prompt_ids.len() + greedy.len(),
+        prompt_ids.len(),
+        greedy.len()
+    );
     if r["greedy_text_retokenizes_to_ids"].as_bool() == Some(true) {
         let mut want = prompt_ids.clone();
         want.extend(&greedy);

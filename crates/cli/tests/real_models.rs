@@ -134,11 +134,27 @@ fn qwen25_ppl_matches_llamacpp() {
 /// at the end-of-turn token: the instruct models answer the question.
 fn check_chat(model: &str) {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let (out, err, ok) = cortiq(&["run", "-m", model, "--chat", "-p", "What is the capital of France? Answer in one word.", "-n", "48", "--temp", "0", "-t", "2"]);
+    let (out, err, ok) = cortiq(&[
+        "run",
+        "-m",
+        model,
+        "--chat",
+        "-p",
+        "What is the capital of France? Answer in one word.",
+        "-n",
+        "48",
+        "--temp",
+        "0",
+        "-t",
+        "2",
+    ]);
     assert!(ok, "chat run failed: {err}");
     eprintln!("{model} chat: {out:?}\n{}", err.trim());
     assert!(out.contains("Paris"), "{model}: chat answer lacks Paris: {out:?}");
-    assert!(!out.contains("<|im_end|>") && !out.contains("<|im_start|>"), "{model}: special tokens leaked into the text: {out:?}");
+    assert!(
+        !out.contains("<|im_end|>") && !out.contains("<|im_start|>"),
+        "{model}: special tokens leaked into the text: {out:?}"
+    );
     assert!(err.contains("stop: Eos"), "{model}: the reply did not end at an end-of-turn token: {err}");
 }
 

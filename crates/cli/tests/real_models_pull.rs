@@ -10,18 +10,12 @@ use std::fs;
 use cortiq_cli::pull;
 
 fn check(path: &std::path::Path, size: u64, sha256: &str) {
-    let len = fs::metadata(path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-        .len();
+    let len = fs::metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())).len();
     assert_eq!(len, size, "{}: size", path.display());
     let got = pull::sha256_file(path).unwrap_or_else(|e| panic!("{e:#}"));
     assert_eq!(got, sha256, "{}: sha256", path.display());
     let side = fs::read_to_string(format!("{}.sha256", path.display())).expect("sidecar");
-    assert!(
-        side.starts_with(sha256),
-        "{}: sidecar {side:?}",
-        path.display()
-    );
+    assert!(side.starts_with(sha256), "{}: sidecar {side:?}", path.display());
     println!("{}: {len} bytes, sha256 {got}", path.display());
 }
 
@@ -34,10 +28,7 @@ fn pull_all_known_models_and_texts() {
         assert_eq!(path.file_name().and_then(|f| f.to_str()), Some(m.file));
         check(&path, m.size, m.sha256);
         // The second call is a cache hit and must name the same file.
-        assert_eq!(
-            pull::resolve_model(m.name).unwrap_or_else(|e| panic!("{e:#}")),
-            path
-        );
+        assert_eq!(pull::resolve_model(m.name).unwrap_or_else(|e| panic!("{e:#}")), path);
     }
     for t in pull::known_texts() {
         let path = pull::pull_text(t.name).unwrap_or_else(|e| panic!("{e:#}"));

@@ -6,7 +6,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{byte_tokenizer_json, copy_fixture, TempDir};
+use common::{TempDir, byte_tokenizer_json, copy_fixture};
 
 fn run(dir: &TempDir, extra: &[&str]) -> (String, String) {
     let mut args = vec!["run", "-m", dir.0.to_str().unwrap(), "-t", "1"];
@@ -26,9 +26,69 @@ fn model(tag: &str) -> TempDir {
 #[test]
 fn seeded_sampling_is_reproducible() {
     let m = model("run-seed");
-    let a = run(&m, &["-p", "hello", "-n", "24", "--temp", "1.5", "--top-k", "0", "--top-p", "1", "--min-p", "0", "--seed", "7", "--ignore-eos"]).0;
-    let b = run(&m, &["-p", "hello", "-n", "24", "--temp", "1.5", "--top-k", "0", "--top-p", "1", "--min-p", "0", "--seed", "7", "--ignore-eos"]).0;
-    let c = run(&m, &["-p", "hello", "-n", "24", "--temp", "1.5", "--top-k", "0", "--top-p", "1", "--min-p", "0", "--seed", "8", "--ignore-eos"]).0;
+    let a = run(
+        &m,
+        &[
+            "-p",
+            "hello",
+            "-n",
+            "24",
+            "--temp",
+            "1.5",
+            "--top-k",
+            "0",
+            "--top-p",
+            "1",
+            "--min-p",
+            "0",
+            "--seed",
+            "7",
+            "--ignore-eos",
+        ],
+    )
+    .0;
+    let b = run(
+        &m,
+        &[
+            "-p",
+            "hello",
+            "-n",
+            "24",
+            "--temp",
+            "1.5",
+            "--top-k",
+            "0",
+            "--top-p",
+            "1",
+            "--min-p",
+            "0",
+            "--seed",
+            "7",
+            "--ignore-eos",
+        ],
+    )
+    .0;
+    let c = run(
+        &m,
+        &[
+            "-p",
+            "hello",
+            "-n",
+            "24",
+            "--temp",
+            "1.5",
+            "--top-k",
+            "0",
+            "--top-p",
+            "1",
+            "--min-p",
+            "0",
+            "--seed",
+            "8",
+            "--ignore-eos",
+        ],
+    )
+    .0;
     println!("seed 7: {a:?}\nseed 8: {c:?}");
     assert_eq!(a, b, "same seed gave different text");
     assert_ne!(a, c, "different seeds gave the same 24-token sample at temperature 1.5");

@@ -5,11 +5,11 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use cortiq_formats::FormatError;
 use cortiq_formats::gguf::Gguf;
 use cortiq_formats::hf::HfConfig;
 use cortiq_formats::names::hf_to_gguf;
 use cortiq_formats::safetensors::HfWeights;
-use cortiq_formats::FormatError;
 
 use crate::arch::{self, Arch};
 use crate::error::{EngineError, Result};

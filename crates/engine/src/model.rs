@@ -5,7 +5,7 @@
 use cortiq_kernels::ops::rmsnorm;
 use rayon::prelude::*;
 
-use crate::blocks::{attention, ffn, rmsnorm_rows, rmsnorm_segments, AttentionWeights, FfnWeights};
+use crate::blocks::{AttentionWeights, FfnWeights, attention, ffn, rmsnorm_rows, rmsnorm_segments};
 use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::qtensor::QTensor;
@@ -55,12 +55,10 @@ impl Model {
             let bias = |s: &str, len: usize| -> Result<Option<Vec<f32>>> {
                 if cfg.qkv_bias { Ok(Some(src.vector(&n(s), len)?)) } else { Ok(None) }
             };
-            let qk_norm = |s: &str| -> Result<Option<Vec<f32>>> {
-                if cfg.qk_norm { Ok(Some(src.vector(&n(s), hd)?)) } else { Ok(None) }
-            };
-            let post = |s: &str| -> Result<Option<Vec<f32>>> {
-                if cfg.post_norms { Ok(Some(src.vector(&n(s), d)?)) } else { Ok(None) }
-            };
+            let qk_norm =
+                |s: &str| -> Result<Option<Vec<f32>>> { if cfg.qk_norm { Ok(Some(src.vector(&n(s), hd)?)) } else { Ok(None) } };
+            let post =
+                |s: &str| -> Result<Option<Vec<f32>>> { if cfg.post_norms { Ok(Some(src.vector(&n(s), d)?)) } else { Ok(None) } };
             layers.push(LayerWeights {
                 attn_norm: src.vector(&n("attn_norm.weight"), d)?,
                 attn: AttentionWeights {
@@ -91,7 +89,15 @@ impl Model {
     fn matrices_mut(&mut self) -> Vec<&mut QTensor> {
         let mut v = vec![&mut self.tok_embd, &mut self.output];
         for l in &mut self.layers {
-            v.extend([&mut l.attn.wq, &mut l.attn.wk, &mut l.attn.wv, &mut l.attn.wo, &mut l.ffn.gate, &mut l.ffn.up, &mut l.ffn.down]);
+            v.extend([
+                &mut l.attn.wq,
+                &mut l.attn.wk,
+                &mut l.attn.wv,
+                &mut l.attn.wo,
+                &mut l.ffn.gate,
+                &mut l.ffn.up,
+                &mut l.ffn.down,
+            ]);
         }
         v
     }

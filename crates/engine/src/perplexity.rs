@@ -35,7 +35,12 @@ pub fn nll(logits: &[f32], target: u32) -> f64 {
 }
 
 /// Score `tokens`; `progress(chunk_done, n_chunks, running_ppl)` after each chunk.
-pub fn perplexity(model: &Model, tokens: &[u32], opt: &PplOptions, progress: &mut dyn FnMut(usize, usize, f64)) -> Result<PplResult> {
+pub fn perplexity(
+    model: &Model,
+    tokens: &[u32],
+    opt: &PplOptions,
+    progress: &mut dyn FnMut(usize, usize, f64),
+) -> Result<PplResult> {
     let n_ctx = opt.n_ctx;
     if n_ctx < 4 {
         return Err(EngineError::BadConfig { file: "ppl".into(), what: format!("context {n_ctx} is too small to score") });
@@ -43,7 +48,11 @@ pub fn perplexity(model: &Model, tokens: &[u32], opt: &PplOptions, progress: &mu
     let max_chunks = tokens.len() / n_ctx;
     let n_chunks = opt.n_chunks.map_or(max_chunks, |c| c.min(max_chunks));
     if n_chunks == 0 {
-        return Err(EngineError::ContextOverflow { what: "perplexity needs at least one whole chunk; the text".into(), n_tokens: tokens.len(), n_ctx });
+        return Err(EngineError::ContextOverflow {
+            what: "perplexity needs at least one whole chunk; the text".into(),
+            n_tokens: tokens.len(),
+            n_ctx,
+        });
     }
     let first = n_ctx / 2;
     let vocab = model.cfg.vocab;

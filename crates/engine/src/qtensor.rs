@@ -22,7 +22,7 @@ use std::cell::RefCell;
 use std::sync::Arc;
 
 use cortiq_kernels::dot::{dot, gemm_nt};
-use cortiq_kernels::quant::{act_type, dequantize_act, dequantize_row, matvec_q, quantize_act, ActType, QuantType};
+use cortiq_kernels::quant::{ActType, QuantType, act_type, dequantize_act, dequantize_row, matvec_q, quantize_act};
 use rayon::prelude::*;
 
 /// Bytes a QTensor points into: a memory map or an owned buffer.
@@ -60,7 +60,14 @@ impl QTensor {
     /// A view of `rows × cols` elements of `dtype` at `offset` in `backing`. Returns `None` when
     /// the geometry does not fit the type's blocks or the bytes (callers turn that into an
     /// error naming the tensor).
-    pub fn new(name: impl Into<String>, dtype: QuantType, rows: usize, cols: usize, backing: Backing, offset: usize) -> Option<QTensor> {
+    pub fn new(
+        name: impl Into<String>,
+        dtype: QuantType,
+        rows: usize,
+        cols: usize,
+        backing: Backing,
+        offset: usize,
+    ) -> Option<QTensor> {
         let row_bytes = dtype.row_bytes(cols)?;
         let end = offset.checked_add(row_bytes.checked_mul(rows)?)?;
         if end > (*backing).as_ref().len() {

@@ -520,8 +520,7 @@ impl Sampler {
         let n = self.select(max);
         self.temperature_weights(n, max);
         let z = draw_total(&self.cand_w);
-        let mut out: Vec<(Cand, f64)> =
-            self.cands[..n].iter().copied().zip(self.cand_w.iter().map(|&w| w / z)).collect();
+        let mut out: Vec<(Cand, f64)> = self.cands[..n].iter().copied().zip(self.cand_w.iter().map(|&w| w / z)).collect();
         out.sort_unstable_by(|a, b| by_logit_desc(&a.0, &b.0));
         out.into_iter().map(|(c, p)| (c.id, p as f32)).collect()
     }
@@ -568,10 +567,7 @@ impl Sampler {
                 lanes[j] = if c[j] > lanes[j] { c[j] } else { lanes[j] };
             }
         }
-        let mut max = lanes
-            .iter()
-            .chain(chunks.remainder())
-            .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m });
+        let mut max = lanes.iter().chain(chunks.remainder()).fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m });
         if max == f32::NEG_INFINITY {
             return Prepared { max: None, argmax: 0 };
         }
@@ -632,8 +628,7 @@ impl Sampler {
         // Conservative logit cut for min-p (platform ln, minus a margin); exact test below.
         // The margin covers ln's last-ulp differences and f32 rounding of `max + ln` (4 ulps
         // of max); the exact test is `det_exp(l - max) >= min_p` below.
-        let minp_cut =
-            if m_on { max + (min_p.ln() as f32) - (1e-3 + max.abs() * 5e-7) } else { f32::NEG_INFINITY };
+        let minp_cut = if m_on { max + (min_p.ln() as f32) - (1e-3 + max.abs() * 5e-7) } else { f32::NEG_INFINITY };
         // top-p after top-k normalises over the whole top-k set, including tokens min-p will
         // drop later, so in that case min-p must not shrink the gather.
         let use_minp_cut = !(k_on && p_on);
@@ -698,11 +693,7 @@ impl Sampler {
                     self.cands.sort_unstable_by(by_logit_desc);
                     sorted = true;
                 }
-                let z = if k_on {
-                    self.cands.iter().map(|c| det_exp(rel(c.logit, max))).sum()
-                } else {
-                    z_all
-                };
+                let z = if k_on { self.cands.iter().map(|c| det_exp(rel(c.logit, max))).sum() } else { z_all };
                 let mut cum = 0.0f64;
                 let mut reached = None;
                 for (i, c) in self.cands.iter().enumerate() {
@@ -725,10 +716,7 @@ impl Sampler {
             if m_on {
                 if sorted {
                     // Sorted descending: min-p keeps a prefix; the max (ratio 1) always stays.
-                    let keep = self.cands[..n]
-                        .iter()
-                        .position(|c| det_exp(rel(c.logit, max)) < min_p)
-                        .unwrap_or(n);
+                    let keep = self.cands[..n].iter().position(|c| det_exp(rel(c.logit, max)) < min_p).unwrap_or(n);
                     n = keep.max(1);
                 } else {
                     self.cands.truncate(n);

@@ -67,9 +67,8 @@ impl TensorSource for GgufSource<'_> {
         let cols = info.dims[0] as usize;
         let rows = info.dims[1..].iter().product::<u64>() as usize;
         let backing: Backing = Arc::clone(self.gguf.mmap()) as Backing;
-        let t = QTensor::new(name, info.dtype, rows, cols, backing, info.offset as usize).ok_or_else(|| EngineError::BadConfig {
-            file: self.file(),
-            what: format!("tensor '{name}' does not fit its stored bytes"),
+        let t = QTensor::new(name, info.dtype, rows, cols, backing, info.offset as usize).ok_or_else(|| {
+            EngineError::BadConfig { file: self.file(), what: format!("tensor '{name}' does not fit its stored bytes") }
         })?;
         Ok(Some(t))
     }

@@ -50,9 +50,19 @@ fn first_divergence(model: &Model, tokens: &[u32], trace_path: &Path) -> Option<
         let want = &trace[i * t * d..(i + 1) * t * d];
         let (md, at) = max_diff(got, want);
         let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1.0);
-        println!("  trace[{i}] ({}) max diff {md:.3e} at pos {} dim {}", if i == 0 { "embedding" } else { "layer out" }, at / d, at % d);
+        println!(
+            "  trace[{i}] ({}) max diff {md:.3e} at pos {} dim {}",
+            if i == 0 { "embedding" } else { "layer out" },
+            at / d,
+            at % d
+        );
         if !(md <= TOL * scale) {
-            return Some(format!("trace[{i}] = {} diverges: max diff {md:.3e} at pos {} dim {}", if i == 0 { "embedding".into() } else { format!("layer {}", i - 1) }, at / d, at % d));
+            return Some(format!(
+                "trace[{i}] = {} diverges: max diff {md:.3e} at pos {} dim {}",
+                if i == 0 { "embedding".into() } else { format!("layer {}", i - 1) },
+                at / d,
+                at % d
+            ));
         }
     }
     None
@@ -75,7 +85,13 @@ fn check_arch(arch: &str) {
     let got = model.forward(&tokens, &mut st, Logits::From(0)).unwrap();
     let (md, at) = max_diff(&got, &want);
     println!("{arch}: full forward logits max diff {md:.3e} at pos {} tok {}", at / vocab, at % vocab);
-    assert!(md <= TOL, "{arch}: logits max diff {md:.3e} at pos {} token {} (tolerance {TOL}); {}", at / vocab, at % vocab, diverged.unwrap_or("trace agrees".into()));
+    assert!(
+        md <= TOL,
+        "{arch}: logits max diff {md:.3e} at pos {} token {} (tolerance {TOL}); {}",
+        at / vocab,
+        at % vocab,
+        diverged.unwrap_or("trace agrees".into())
+    );
 
     // 2. Chunked prefill (uneven chunks) then compare the logits of each chunk.
     let mut st2 = model.new_state(tokens.len());

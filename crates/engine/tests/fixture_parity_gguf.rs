@@ -101,7 +101,12 @@ fn check_gguf(arch: &str, prefix: &str) {
     println!("{arch}: GGUF full forward logits max diff {md:.3e} at pos {} tok {}", at / vocab, at % vocab);
     if !(md <= TOL) {
         let why = if prefix.is_empty() { first_divergence(&model, &tokens, &dir.join("trace.npy")) } else { None };
-        panic!("{arch}: GGUF logits max diff {md:.3e} at pos {} token {} (tolerance {TOL}); {}", at / vocab, at % vocab, why.unwrap_or("trace agrees".into()));
+        panic!(
+            "{arch}: GGUF logits max diff {md:.3e} at pos {} token {} (tolerance {TOL}); {}",
+            at / vocab,
+            at % vocab,
+            why.unwrap_or("trace agrees".into())
+        );
     }
 
     // The same model from the HF folder, for the record: layout differences only.
@@ -137,7 +142,10 @@ fn check_gguf(arch: &str, prefix: &str) {
         produced.push(next);
         last = model.forward(&[next], &mut st, Logits::Last).unwrap();
     }
-    println!("{arch}: GGUF decode-step logits max diff {:.3e} (step {}, token {}); greedy {produced:?}", worst.0, worst.1, worst.2);
+    println!(
+        "{arch}: GGUF decode-step logits max diff {:.3e} (step {}, token {}); greedy {produced:?}",
+        worst.0, worst.1, worst.2
+    );
     assert!(worst.0 <= TOL, "{arch}: GGUF decode logits max diff {:.3e} at step {} token {}", worst.0, worst.1, worst.2);
     assert_eq!(produced, greedy, "{arch}: GGUF greedy tokens differ from the reference");
 }

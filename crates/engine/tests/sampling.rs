@@ -260,7 +260,8 @@ fn top_k_one_equals_greedy_at_any_temperature() {
 fn same_seed_same_tokens_other_seed_differs() {
     let rows: Vec<Vec<f32>> = (0..64).map(|i| llm_like_row(32_000, 100 + i, 1.5)).collect();
     let run = |seed: u64| -> Vec<u32> {
-        let mut s = Sampler::new(SamplerParams { seed, top_k: 0, top_p: 0.98, min_p: 0.0, temperature: 1.5, ..SamplerParams::default() });
+        let mut s =
+            Sampler::new(SamplerParams { seed, top_k: 0, top_p: 0.98, min_p: 0.0, temperature: 1.5, ..SamplerParams::default() });
         let mut hist = Vec::new();
         for r in &rows {
             let t = s.sample(r, &hist);
@@ -477,13 +478,27 @@ fn top_p_and_min_p_draws_match_renormalised_probabilities() {
     check_draws("min_p 0.26", &l, SamplerParams { min_p: 0.26, seed: 12, ..plain() }, &renorm(&l, &[1, 2, 3], 1.0), n);
     // Temperature applies after the filters (llama.cpp order): the kept set does not change
     // with temperature, only the weights within it.
-    check_draws("top_p 0.7 t=0.5", &l, SamplerParams { top_p: 0.7, temperature: 0.5, seed: 13, ..plain() }, &renorm(&l, &[3, 2], 0.5), n);
-    check_draws("min_p 0.26 t=2", &l, SamplerParams { min_p: 0.26, temperature: 2.0, seed: 14, ..plain() }, &renorm(&l, &[1, 2, 3], 2.0), n);
+    check_draws(
+        "top_p 0.7 t=0.5",
+        &l,
+        SamplerParams { top_p: 0.7, temperature: 0.5, seed: 13, ..plain() },
+        &renorm(&l, &[3, 2], 0.5),
+        n,
+    );
+    check_draws(
+        "min_p 0.26 t=2",
+        &l,
+        SamplerParams { min_p: 0.26, temperature: 2.0, seed: 14, ..plain() },
+        &renorm(&l, &[1, 2, 3], 2.0),
+        n,
+    );
     check_draws("no filters", &l, SamplerParams { seed: 15, ..plain() }, &renorm(&l, &[0, 1, 2, 3], 1.0), n);
 
     // A big row: the set comes from the naive full sort, the weights from f64 softmax.
     let row = peaked_row(262_144, 99);
-    for (k, tp, mp, t) in [(0usize, 0.9f32, 0.0f32, 1.0f32), (0, 0.6, 0.0, 0.7), (0, 1.0, 0.2, 0.8), (40, 0.95, 0.05, 0.8), (8, 1.0, 0.0, 1.3)] {
+    for (k, tp, mp, t) in
+        [(0usize, 0.9f32, 0.0f32, 1.0f32), (0, 0.6, 0.0, 0.7), (0, 1.0, 0.2, 0.8), (40, 0.95, 0.05, 0.8), (8, 1.0, 0.0, 1.3)]
+    {
         let params = SamplerParams { top_k: k, top_p: tp, min_p: mp, temperature: t, seed: 21, ..plain() };
         let ids = naive_kept(&row, &params);
         assert!(ids.len() >= 2 && ids.len() <= 64, "test row should keep a handful, kept {}", ids.len());
@@ -528,7 +543,16 @@ fn timing_at_gemma_vocab() {
         ("top_p 0.9 only", SamplerParams { top_k: 0, top_p: 0.9, min_p: 0.0, seed: 1, ..SamplerParams::default() }),
         ("min_p 0.05 only", SamplerParams { top_k: 0, top_p: 1.0, min_p: 0.05, seed: 1, ..SamplerParams::default() }),
         ("no filters", SamplerParams { top_k: 0, top_p: 1.0, min_p: 0.0, seed: 1, ..SamplerParams::default() }),
-        ("defaults + penalties", SamplerParams { repeat_penalty: 1.1, frequency_penalty: 0.1, presence_penalty: 0.1, seed: 1, ..SamplerParams::default() }),
+        (
+            "defaults + penalties",
+            SamplerParams {
+                repeat_penalty: 1.1,
+                frequency_penalty: 0.1,
+                presence_penalty: 0.1,
+                seed: 1,
+                ..SamplerParams::default()
+            },
+        ),
     ] {
         let mut s = Sampler::new(params);
         s.sample(&row, &hist);

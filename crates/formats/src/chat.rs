@@ -55,13 +55,7 @@ fn environment() -> Environment<'static> {
 
 /// Render `template` over `messages`. `bos`/`eos` are the model's BOS/EOS token texts (templates
 /// write them as `{{ bos_token }}`).
-pub fn render(
-    template: &str,
-    messages: &[ChatMessage],
-    add_generation_prompt: bool,
-    bos: &str,
-    eos: &str,
-) -> Result<String> {
+pub fn render(template: &str, messages: &[ChatMessage], add_generation_prompt: bool, bos: &str, eos: &str) -> Result<String> {
     let env = environment();
     let tmpl = env.template_from_str(template).map_err(|e| template_error(&e))?;
     tmpl.render(context! {

@@ -259,8 +259,7 @@ impl Gguf {
 
     pub fn get_str(&self, key: &str) -> Result<&str> {
         let v = self.get(key).ok_or_else(|| FormatError::missing(&self.path, format!("metadata key '{key}'")))?;
-        v.as_str()
-            .ok_or_else(|| FormatError::field(&self.path, key, format!("expected string, found {}", v.type_name())))
+        v.as_str().ok_or_else(|| FormatError::field(&self.path, key, format!("expected string, found {}", v.type_name())))
     }
 
     pub fn get_u64(&self, key: &str) -> Result<u64> {
@@ -272,8 +271,7 @@ impl Gguf {
 
     pub fn get_f64(&self, key: &str) -> Result<f64> {
         let v = self.get(key).ok_or_else(|| FormatError::missing(&self.path, format!("metadata key '{key}'")))?;
-        v.as_f64()
-            .ok_or_else(|| FormatError::field(&self.path, key, format!("expected number, found {}", v.type_name())))
+        v.as_f64().ok_or_else(|| FormatError::field(&self.path, key, format!("expected number, found {}", v.type_name())))
     }
 
     /// An optional typed value: `Ok(None)` when absent, an error when present with the wrong type.

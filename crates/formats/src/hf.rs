@@ -147,8 +147,7 @@ impl HfConfig {
     /// Parses config.json text; `path` is only used in error messages.
     pub fn from_json_str(path: impl AsRef<Path>, s: &str) -> Result<HfConfig> {
         let path = path.as_ref();
-        let raw: Value =
-            serde_json::from_str(s).map_err(|e| FormatError::malformed(path, format!("invalid JSON: {e}")))?;
+        let raw: Value = serde_json::from_str(s).map_err(|e| FormatError::malformed(path, format!("invalid JSON: {e}")))?;
         Self::from_value(path, raw)
     }
 
@@ -198,10 +197,8 @@ impl HfConfig {
             (None, None) => f.req_usize("intermediate_size", d.map(|d| d.intermediate_size))?,
         };
         let vocab_size = f.req_usize("vocab_size", d.map(|d| d.vocab_size))?;
-        let num_key_value_heads = f
-            .opt_usize("num_key_value_heads")?
-            .or(d.and_then(|d| d.num_key_value_heads))
-            .unwrap_or(num_attention_heads);
+        let num_key_value_heads =
+            f.opt_usize("num_key_value_heads")?.or(d.and_then(|d| d.num_key_value_heads)).unwrap_or(num_attention_heads);
         if num_key_value_heads == 0 || num_attention_heads % num_key_value_heads != 0 {
             return Err(FormatError::field(
                 &path,
@@ -508,13 +505,7 @@ fn derive_layer_types(f: &Fields, model_type: &str, n: usize, sliding_window: Op
     }
     let interval = match f.opt_usize("full_attention_interval")? {
         Some(v) => Some(v),
-        None if matches!(
-            model_type,
-            "qwen3_next" | "qwen3_5_text" | "qwen3_5" | "qwen3_5_moe_text" | "qwen3_5_moe"
-        ) =>
-        {
-            Some(4)
-        }
+        None if matches!(model_type, "qwen3_next" | "qwen3_5_text" | "qwen3_5" | "qwen3_5_moe_text" | "qwen3_5_moe") => Some(4),
         None => None,
     };
     if let Some(k) = interval {
@@ -539,9 +530,7 @@ fn derive_layer_types(f: &Fields, model_type: &str, n: usize, sliding_window: Op
     }
     if matches!(model_type, "qwen2" | "qwen3") && sliding_window.is_some() {
         let first = f.opt_usize("max_window_layers")?.unwrap_or(28);
-        return Ok((0..n)
-            .map(|i| if i >= first { "sliding_attention" } else { "full_attention" }.to_string())
-            .collect());
+        return Ok((0..n).map(|i| if i >= first { "sliding_attention" } else { "full_attention" }.to_string()).collect());
     }
     Ok(vec!["full_attention".to_string(); n])
 }
@@ -573,11 +562,7 @@ fn parse_rope(f: &Fields, model_type: &str, max_pos: usize) -> Result<(RopeParam
         None => None,
         Some(Value::Object(m)) => Some(m),
         Some(v) => {
-            return Err(FormatError::field(
-                f.path,
-                format!("{p}{dict_name}"),
-                format!("expected object, found {}", kind(v)),
-            ));
+            return Err(FormatError::field(f.path, format!("{p}{dict_name}"), format!("expected object, found {}", kind(v))));
         }
     };
     let is_gemma3 = model_type == "gemma3_text";
@@ -592,16 +577,13 @@ fn parse_rope(f: &Fields, model_type: &str, max_pos: usize) -> Result<(RopeParam
             match m.get(k) {
                 None | Some(Value::Null) => Ok(None),
                 Some(Value::Object(o)) => Ok(Some(o)),
-                Some(v) => Err(FormatError::field(
-                    f.path,
-                    format!("{p}{dict_name}.{k}"),
-                    format!("expected object, found {}", kind(v)),
-                )),
+                Some(v) => {
+                    Err(FormatError::field(f.path, format!("{p}{dict_name}.{k}"), format!("expected object, found {}", kind(v))))
+                }
             }
         };
         let full_theta = top_theta.unwrap_or(theta_global);
-        let local_theta =
-            if is_gemma3 { f.opt_f64("rope_local_base_freq")?.unwrap_or(theta_local) } else { full_theta };
+        let local_theta = if is_gemma3 { f.opt_f64("rope_local_base_freq")?.unwrap_or(theta_local) } else { full_theta };
         let full_dict = get("full_attention")?;
         let rope = ctx.one(full_dict, full_theta, &format!("{p}{dict_name}.full_attention"))?;
         let rope_local = match get("sliding_attention")? {
@@ -647,18 +629,12 @@ impl RopeCtx<'_> {
                     .ok_or_else(|| FormatError::field(path, field(k), format!("expected number, found {}", kind(v)))),
             }
         };
-        let req = |k: &str| -> Result<f64> {
-            num(k)?.ok_or_else(|| FormatError::missing(path, format!("field '{}'", field(k))))
-        };
+        let req = |k: &str| -> Result<f64> { num(k)?.ok_or_else(|| FormatError::missing(path, format!("field '{}'", field(k)))) };
         let rope_type = match d.get("rope_type").or_else(|| d.get("type")) {
             None | Some(Value::Null) => "default".to_string(),
             Some(Value::String(s)) => s.clone(),
             Some(v) => {
-                return Err(FormatError::field(
-                    path,
-                    field("rope_type"),
-                    format!("expected string, found {}", kind(v)),
-                ));
+                return Err(FormatError::field(path, field("rope_type"), format!("expected string, found {}", kind(v))));
             }
         };
         let theta = num("rope_theta")?.unwrap_or(fallback_theta);
@@ -713,19 +689,14 @@ impl RopeCtx<'_> {
                         None | Some(Value::Null) => true,
                         Some(Value::Bool(b)) => *b,
                         Some(v) => {
-                            return Err(FormatError::field(
-                                path,
-                                field("truncate"),
-                                format!("expected bool, found {}", kind(v)),
-                            ));
+                            return Err(FormatError::field(path, field("truncate"), format!("expected bool, found {}", kind(v))));
                         }
                     },
                 }
             }
             other => RopeScaling::Other { rope_type: other.to_string() },
         };
-        if let RopeScaling::Linear { factor } | RopeScaling::Dynamic { factor } | RopeScaling::Llama3 { factor, .. } =
-            &scaling
+        if let RopeScaling::Linear { factor } | RopeScaling::Dynamic { factor } | RopeScaling::Llama3 { factor, .. } = &scaling
             && !(factor.is_finite() && *factor > 0.0)
         {
             return Err(FormatError::field(path, field("factor"), format!("{factor} is not a positive number")));
@@ -761,9 +732,7 @@ impl Fields<'_> {
         }
     }
     fn req_usize(&self, k: &str, default: Option<usize>) -> Result<usize> {
-        self.opt_usize(k)?
-            .or(default)
-            .ok_or_else(|| FormatError::missing(self.path, format!("field '{}'", self.name(k))))
+        self.opt_usize(k)?.or(default).ok_or_else(|| FormatError::missing(self.path, format!("field '{}'", self.name(k))))
     }
     fn opt_f64(&self, k: &str) -> Result<Option<f64>> {
         match self.text.get(k) {
@@ -833,24 +802,21 @@ impl Fields<'_> {
         match self.either(k) {
             None => Ok(default),
             Some((Value::Null, _)) => Ok(None),
-            Some((v, name)) => token(v)
-                .map(Some)
-                .ok_or_else(|| FormatError::field(self.path, name, format!("expected a token id, found {v}"))),
+            Some((v, name)) => {
+                token(v).map(Some).ok_or_else(|| FormatError::field(self.path, name, format!("expected a token id, found {v}")))
+            }
         }
     }
     fn token_ids(&self, k: &str, default: Option<u32>) -> Result<Vec<u32>> {
         match self.either(k) {
             None => Ok(default.into_iter().collect()),
-            Some((v, name)) => token_list(v).ok_or_else(|| {
-                FormatError::field(self.path, name, format!("expected a token id or a list of them, found {v}"))
-            }),
+            Some((v, name)) => token_list(v)
+                .ok_or_else(|| FormatError::field(self.path, name, format!("expected a token id or a list of them, found {v}"))),
         }
     }
     fn usize_list(&self, v: &Value, k: &str) -> Result<Vec<usize>> {
         v.as_array()
-            .and_then(|a| {
-                a.iter().map(|x| x.as_u64().and_then(|u| usize::try_from(u).ok())).collect::<Option<Vec<_>>>()
-            })
+            .and_then(|a| a.iter().map(|x| x.as_u64().and_then(|u| usize::try_from(u).ok())).collect::<Option<Vec<_>>>())
             .ok_or_else(|| self.bad(k, "expected a list of non-negative integers".to_string()))
     }
 }
@@ -933,9 +899,7 @@ impl GenerationConfig {
         let opt_u64 = |k: &str| -> Result<Option<u64>> {
             match m.get(k) {
                 None | Some(Value::Null) => Ok(None),
-                Some(v) => {
-                    v.as_u64().map(Some).ok_or_else(|| f.bad(k, format!("expected a non-negative integer, found {v}")))
-                }
+                Some(v) => v.as_u64().map(Some).ok_or_else(|| f.bad(k, format!("expected a non-negative integer, found {v}"))),
             }
         };
         Ok(GenerationConfig {
@@ -1035,9 +999,7 @@ impl TokenizerConfig {
                     let name = e.get("name").and_then(Value::as_str);
                     let tmpl = e.get("template").and_then(Value::as_str);
                     let (Some(name), Some(tmpl)) = (name, tmpl) else {
-                        return Err(
-                            f.bad(&format!("chat_template[{i}]"), "expected {name: string, template: string}".into())
-                        );
+                        return Err(f.bad(&format!("chat_template[{i}]"), "expected {name: string, template: string}".into()));
                     };
                     if name == "default" {
                         default = Some(tmpl.to_string());
@@ -1054,12 +1016,10 @@ impl TokenizerConfig {
             None | Some(Value::Null) => {}
             Some(Value::Object(d)) => {
                 for (id, v) in d {
-                    let id: u32 = id
-                        .parse()
-                        .map_err(|_| f.bad("added_tokens_decoder", format!("key '{id}' is not a token id")))?;
-                    let t = added_token(v).ok_or_else(|| {
-                        f.bad(&format!("added_tokens_decoder.{id}"), "expected {content: string, ...}".into())
-                    })?;
+                    let id: u32 =
+                        id.parse().map_err(|_| f.bad("added_tokens_decoder", format!("key '{id}' is not a token id")))?;
+                    let t = added_token(v)
+                        .ok_or_else(|| f.bad(&format!("added_tokens_decoder.{id}"), "expected {content: string, ...}".into()))?;
                     added_tokens.push((id, t));
                 }
                 added_tokens.sort_by_key(|(id, _)| *id);

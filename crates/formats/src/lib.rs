@@ -4,13 +4,13 @@
 //! tokenizer.json or from GGUF metadata) and chat templates. Everything here parses at the
 //! boundary into validated types; errors name the file, tensor or field.
 
+pub mod chat;
 pub mod error;
 pub mod gguf;
-pub mod tokenizer;
-pub mod chat;
 pub mod hf;
 pub mod names;
 pub mod npy;
 pub mod safetensors;
+pub mod tokenizer;
 
 pub use error::FormatError;

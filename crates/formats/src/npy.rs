@@ -56,7 +56,8 @@ pub fn read_f32(path: &Path) -> Result<(Vec<usize>, Vec<f32>)> {
         2 | 3 if b.len() >= 12 => (u32::from_le_bytes([b[8], b[9], b[10], b[11]]) as usize, 12),
         v => return Err(bad(&format!("version {v} not supported"))),
     };
-    let header = std::str::from_utf8(b.get(hstart..hstart + hlen).ok_or_else(|| bad("truncated header"))?).map_err(|_| bad("header not UTF-8"))?;
+    let header = std::str::from_utf8(b.get(hstart..hstart + hlen).ok_or_else(|| bad("truncated header"))?)
+        .map_err(|_| bad("header not UTF-8"))?;
     if !header.contains("'descr': '<f4'") || !header.contains("'fortran_order': False") {
         return Err(bad(&format!("only little-endian f4 in C order is supported, header {header}")));
     }

@@ -87,8 +87,7 @@ impl HfWeights {
         let index_path = index_path.as_ref();
         let dir = index_path.parent().unwrap_or(Path::new("."));
         let s = std::fs::read_to_string(index_path).map_err(|e| FormatError::io(index_path, e))?;
-        let v: Value =
-            serde_json::from_str(&s).map_err(|e| FormatError::malformed(index_path, format!("invalid JSON: {e}")))?;
+        let v: Value = serde_json::from_str(&s).map_err(|e| FormatError::malformed(index_path, format!("invalid JSON: {e}")))?;
         let map = match v.get("weight_map") {
             Some(Value::Object(m)) => m,
             Some(_) => return Err(FormatError::field(index_path, "weight_map", "expected an object")),
@@ -131,10 +130,7 @@ impl HfWeights {
                     ));
                 }
                 None => {
-                    return Err(FormatError::missing(
-                        dir.join(file),
-                        format!("tensor '{name}' (listed in {INDEX_FILE})"),
-                    ));
+                    return Err(FormatError::missing(dir.join(file), format!("tensor '{name}' (listed in {INDEX_FILE})")));
                 }
             }
         }
@@ -142,8 +138,7 @@ impl HfWeights {
     }
 
     fn open_files(paths: Vec<PathBuf>) -> Result<HfWeights> {
-        let mut w =
-            HfWeights { files: Vec::new(), mmaps: Vec::new(), tensors: BTreeMap::new(), file_metadata: Vec::new() };
+        let mut w = HfWeights { files: Vec::new(), mmaps: Vec::new(), tensors: BTreeMap::new(), file_metadata: Vec::new() };
         for (fi, path) in paths.into_iter().enumerate() {
             let file = File::open(&path).map_err(|e| FormatError::io(&path, e))?;
             // SAFETY: the map is read-only and cortiq never writes the file while it is
@@ -276,16 +271,11 @@ fn parse_header(path: &Path, buf: &[u8]) -> Result<(Entries, BTreeMap<String, St
     }
     let data_start = 8 + n;
     if data_start > file_len {
-        return Err(FormatError::Truncated {
-            path: path.to_path_buf(),
-            what: "header".into(),
-            need: data_start,
-            have: file_len,
-        });
+        return Err(FormatError::Truncated { path: path.to_path_buf(), what: "header".into(), need: data_start, have: file_len });
     }
     let header = &buf[8..data_start as usize];
-    let v: Value = serde_json::from_slice(header)
-        .map_err(|e| FormatError::malformed(path, format!("header is not valid JSON: {e}")))?;
+    let v: Value =
+        serde_json::from_slice(header).map_err(|e| FormatError::malformed(path, format!("header is not valid JSON: {e}")))?;
     let Value::Object(obj) = v else {
         return Err(FormatError::malformed(path, "header is not a JSON object"));
     };
@@ -307,14 +297,11 @@ fn parse_header(path: &Path, buf: &[u8]) -> Result<(Entries, BTreeMap<String, St
             continue;
         }
         let bad = |msg: String| FormatError::malformed(path, format!("tensor '{name}': {msg}"));
-        let dtype =
-            e.get("dtype").and_then(Value::as_str).ok_or_else(|| bad("missing string 'dtype'".into()))?.to_string();
+        let dtype = e.get("dtype").and_then(Value::as_str).ok_or_else(|| bad("missing string 'dtype'".into()))?.to_string();
         let shape = e
             .get("shape")
             .and_then(Value::as_array)
-            .and_then(|a| {
-                a.iter().map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok())).collect::<Option<Vec<_>>>()
-            })
+            .and_then(|a| a.iter().map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok())).collect::<Option<Vec<_>>>())
             .ok_or_else(|| bad("'shape' must be a list of non-negative integers".into()))?;
         let offs = e
             .get("data_offsets")
@@ -338,10 +325,7 @@ fn parse_header(path: &Path, buf: &[u8]) -> Result<(Entries, BTreeMap<String, St
             let n_el = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d as u64));
             let n_bytes = n_el.and_then(|n| n.checked_mul(bits)).map(|b| b.div_ceil(8));
             if n_bytes != Some(end - b) {
-                return Err(bad(format!(
-                    "shape {shape:?} of {dtype} needs {n_bytes:?} bytes but data_offsets span {}",
-                    end - b
-                )));
+                return Err(bad(format!("shape {shape:?} of {dtype} needs {n_bytes:?} bytes but data_offsets span {}", end - b)));
             }
         }
         let range = (data_start + b) as usize..(data_start + end) as usize;

@@ -205,10 +205,7 @@ fn tiny_gguf_parses_every_value_type() {
         assert_eq!(m("t.arr_str"), MetaValue::Array(vec![MetaValue::Str("a".into()), MetaValue::Str(String::new())]));
         assert_eq!(
             m("t.arr_arr"),
-            MetaValue::Array(vec![
-                MetaValue::Array(vec![MetaValue::I8(1), MetaValue::I8(-1)]),
-                MetaValue::Array(vec![])
-            ])
+            MetaValue::Array(vec![MetaValue::Array(vec![MetaValue::I8(1), MetaValue::I8(-1)]), MetaValue::Array(vec![])])
         );
         assert_eq!(m("t.empty"), MetaValue::Array(vec![]));
         assert_eq!(g.metadata.len(), 17 + align.is_some() as usize);
@@ -391,8 +388,7 @@ fn gguf_py_written_file_matches_gguf_py_reader() {
     // Written by llama.cpp's gguf-py GGUFWriter, described by its GGUFReader
     // (tools/gguf_tiny_reference.py, gguf==0.19.0).
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
-    let want: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("gguf_tiny.json")).unwrap()).unwrap();
+    let want: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("gguf_tiny.json")).unwrap()).unwrap();
     let g = Gguf::open(dir.join("gguf_tiny.gguf")).unwrap();
     assert_eq!(g.version as u64, want["version"].as_u64().unwrap());
     assert_eq!(g.alignment, want["alignment"].as_u64().unwrap());
@@ -422,9 +418,7 @@ fn gguf_py_written_file_matches_gguf_py_reader() {
             let data = g.tensor_data(ours);
             let got: Vec<f64> = match ours.dtype {
                 QuantType::F32 => data.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64).collect(),
-                QuantType::F16 => {
-                    data.chunks(2).map(|c| half::f16::from_le_bytes(c.try_into().unwrap()).to_f64()).collect()
-                }
+                QuantType::F16 => data.chunks(2).map(|c| half::f16::from_le_bytes(c.try_into().unwrap()).to_f64()).collect(),
                 d => panic!("{name}: {d:?}"),
             };
             let want: Vec<f64> = vals.iter().map(|x| x.as_f64().unwrap()).collect();

@@ -134,8 +134,7 @@ fn qwen2_use_sliding_window_slides_layers_from_max_window_layers() {
     let s = QWEN25_V4.replace(r#""use_sliding_window": false"#, r#""use_sliding_window": true"#);
     let c = parse(&s.replace(r#""max_window_layers": 24"#, r#""max_window_layers": 21"#));
     assert_eq!(c.sliding_window, Some(32768));
-    let want: Vec<String> =
-        (0..24).map(|i| if i >= 21 { "sliding_attention" } else { "full_attention" }.to_string()).collect();
+    let want: Vec<String> = (0..24).map(|i| if i >= 21 { "sliding_attention" } else { "full_attention" }.to_string()).collect();
     assert_eq!(c.layer_types, want);
 }
 
@@ -391,10 +390,7 @@ fn gemma3_multimodal_uses_text_config_and_class_defaults() {
     assert_eq!(c.bos_token_id, Some(2));
     assert_eq!(c.dtype.as_deref(), Some("bfloat16"));
     // Gemma3TextConfig.convert_rope_params_to_dict: rope_scaling -> full-attention layers only.
-    assert_eq!(
-        c.rope,
-        RopeParams { theta: 1e6, scaling: RopeScaling::Linear { factor: 8.0 }, partial_rotary_factor: 1.0 }
-    );
+    assert_eq!(c.rope, RopeParams { theta: 1e6, scaling: RopeScaling::Linear { factor: 8.0 }, partial_rotary_factor: 1.0 });
     assert_eq!(c.rope_local, Some(default_rope(1e4)));
     assert_eq!(c.layer_types, gemma_layer_types(34, 6));
     assert_eq!(c.text_raw()["hidden_size"], 2560);

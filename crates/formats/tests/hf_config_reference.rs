@@ -78,16 +78,8 @@ fn check(name: &str, file: &str, c: &HfConfig, e: &Value, bad: &mut Vec<String>)
     if let Some(act) = e["hidden_act"].as_str() {
         eq("hidden_act", c.hidden_act.clone(), act.into());
     }
-    eq(
-        "sliding_window",
-        format!("{:?}", c.sliding_window),
-        format!("{:?}", e["sliding_window"].as_u64().map(|x| x as usize)),
-    );
-    eq(
-        "query_pre_attn_scalar",
-        format!("{:?}", c.query_pre_attn_scalar),
-        format!("{:?}", e["query_pre_attn_scalar"].as_f64()),
-    );
+    eq("sliding_window", format!("{:?}", c.sliding_window), format!("{:?}", e["sliding_window"].as_u64().map(|x| x as usize)));
+    eq("query_pre_attn_scalar", format!("{:?}", c.query_pre_attn_scalar), format!("{:?}", e["query_pre_attn_scalar"].as_f64()));
     eq(
         "attn_logit_softcapping",
         format!("{:?}", c.attn_logit_softcapping),
@@ -101,11 +93,8 @@ fn check(name: &str, file: &str, c: &HfConfig, e: &Value, bad: &mut Vec<String>)
     eq("bos_token_id", format!("{:?}", c.bos_token_id), format!("{:?}", opt_u32(&e["bos_token_id"])));
     eq("pad_token_id", format!("{:?}", c.pad_token_id), format!("{:?}", opt_u32(&e["pad_token_id"])));
     // Nested configs: the top-level list (what the checkpoint's authors stop on) wins.
-    let eos_key = if e["eos_token_ids_top"].as_array().is_some_and(|a| !a.is_empty()) {
-        "eos_token_ids_top"
-    } else {
-        "eos_token_ids_text"
-    };
+    let eos_key =
+        if e["eos_token_ids_top"].as_array().is_some_and(|a| !a.is_empty()) { "eos_token_ids_top" } else { "eos_token_ids_text" };
     let eos: Vec<u32> = e[eos_key].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
     eq("eos_token_ids", format!("{:?}", c.eos_token_ids), format!("{eos:?}"));
     eq("dtype", format!("{:?}", c.dtype), format!("{:?}", e["dtype"].as_str()));

@@ -42,8 +42,7 @@ fn engine_fixture_folders_load() {
     let mut total = 0;
     for arch in ["llama", "qwen2", "qwen3", "gemma3"] {
         let dir = fixture(arch);
-        let reference: Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+        let reference: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
         let c = HfConfig::from_dir(&dir).unwrap_or_else(|e| panic!("{arch}: {e}"));
         assert_eq!(c.model_type, reference["model_type"].as_str().unwrap(), "{arch}");
         assert_eq!(c.architectures, [reference["hf_class"].as_str().unwrap()], "{arch}");
@@ -56,10 +55,8 @@ fn engine_fixture_folders_load() {
         assert_eq!(g.eos_token_ids, c.eos_token_ids, "{arch}");
 
         let w = HfWeights::open_dir(&dir).unwrap_or_else(|e| panic!("{arch}: {e}"));
-        let files: Vec<&str> =
-            reference["safetensors_files"].as_array().unwrap().iter().map(|f| f.as_str().unwrap()).collect();
-        let ours: Vec<String> =
-            w.files().iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect();
+        let files: Vec<&str> = reference["safetensors_files"].as_array().unwrap().iter().map(|f| f.as_str().unwrap()).collect();
+        let ours: Vec<String> = w.files().iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect();
         assert_eq!(ours, files, "{arch}");
         let want_dtype = match reference["storage_dtype"].as_str().unwrap() {
             "float32" => QuantType::F32,
@@ -72,10 +69,7 @@ fn engine_fixture_folders_load() {
             assert_eq!(t.dtype, want_dtype, "{arch} {name}");
             let shape = expected_shape(&c, name).unwrap_or_else(|| panic!("{arch}: unexpected tensor {name}"));
             assert_eq!(t.shape, shape, "{arch} {name}");
-            assert_eq!(
-                t.data.len(),
-                shape.iter().product::<usize>() * if want_dtype == QuantType::F32 { 4 } else { 2 }
-            );
+            assert_eq!(t.data.len(), shape.iter().product::<usize>() * if want_dtype == QuantType::F32 { 4 } else { 2 });
             let g = hf_to_gguf(arch, name).unwrap_or_else(|| panic!("{arch}: {name} has no GGUF name"));
             assert_eq!(gguf_to_hf(arch, &g).as_deref(), Some(name), "{arch}: {g}");
             total += 1;
@@ -101,10 +95,7 @@ fn engine_fixture_folders_load() {
             "qwen3" => assert_eq!((c.head_dim(), c.hidden_size / c.num_attention_heads), (32, 16)),
             "gemma3" => {
                 // layer_types wins over the stale _sliding_window_pattern = 6.
-                assert_eq!(
-                    c.layer_types,
-                    ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"]
-                );
+                assert_eq!(c.layer_types, ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"]);
                 assert_eq!((c.sliding_window, c.query_pre_attn_scalar), (Some(8), Some(24.0)));
                 assert_eq!((c.rope.theta, c.rope_local.as_ref().map(|r| r.theta)), (1e6, Some(1e4)));
                 assert_eq!(c.hidden_act, "gelu_pytorch_tanh");

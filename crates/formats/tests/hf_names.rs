@@ -39,14 +39,8 @@ fn norm_naming_differs_between_llama_and_gemma3() {
     assert_eq!(hf_to_gguf("llama", h).as_deref(), Some("blk.7.ffn_norm.weight"));
     assert_eq!(hf_to_gguf("qwen2", h).as_deref(), Some("blk.7.ffn_norm.weight"));
     assert_eq!(hf_to_gguf("gemma3", h).as_deref(), Some("blk.7.post_attention_norm.weight"));
-    assert_eq!(
-        gguf_to_hf("gemma3", "blk.7.ffn_norm.weight").as_deref(),
-        Some("model.layers.7.pre_feedforward_layernorm.weight")
-    );
-    assert_eq!(
-        gguf_to_hf("qwen3", "blk.7.ffn_norm.weight").as_deref(),
-        Some("model.layers.7.post_attention_layernorm.weight")
-    );
+    assert_eq!(gguf_to_hf("gemma3", "blk.7.ffn_norm.weight").as_deref(), Some("model.layers.7.pre_feedforward_layernorm.weight"));
+    assert_eq!(gguf_to_hf("qwen3", "blk.7.ffn_norm.weight").as_deref(), Some("model.layers.7.post_attention_layernorm.weight"));
     assert_eq!(gguf_to_hf("llama", "blk.7.post_ffw_norm.weight"), None);
 }
 

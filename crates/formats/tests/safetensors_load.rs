@@ -314,10 +314,7 @@ fn truncated_and_corrupted_files() {
         ),
         // size disagrees with shape
         (r#"{"w": {"dtype": "F32", "shape": [3, 5], "data_offsets": [0, 48]}}"#, "tensor 'w'"),
-        (
-            r#"{"w": {"dtype": "BF16", "shape": [4294967296, 4294967296, 4294967296], "data_offsets": [0, 48]}}"#,
-            "tensor 'w'",
-        ),
+        (r#"{"w": {"dtype": "BF16", "shape": [4294967296, 4294967296, 4294967296], "data_offsets": [0, 48]}}"#, "tensor 'w'"),
         (r#"{"w": {"dtype": "F32", "shape": [4], "data_offsets": [16, 0]}}"#, "reversed"),
         (r#"{"w": {"dtype": "F32", "shape": [-4], "data_offsets": [0, 16]}}"#, "'shape'"),
         (r#"{"w": {"dtype": "F32", "shape": [4], "data_offsets": [0]}}"#, "'data_offsets'"),

@@ -21,8 +21,7 @@ fn ids(v: &Value) -> Vec<u32> {
 }
 
 fn check(name: &str) -> Tokenizer {
-    let fx: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir().join(format!("{name}.expected.json"))).unwrap()).unwrap();
+    let fx: Value = serde_json::from_str(&std::fs::read_to_string(dir().join(format!("{name}.expected.json"))).unwrap()).unwrap();
     let cfg = fx["tokenizer_config"].as_str().map(|c| dir().join(c));
     let tok = Tokenizer::from_tokenizer_json(&dir().join(fx["tokenizer"].as_str().unwrap()), cfg.as_deref()).unwrap();
     let mut n = 0;

@@ -179,8 +179,7 @@ fn gemma3_vocab() {
     assert_eq!(ids[1], tok.token_to_id("<start_of_turn>").unwrap());
     assert!(ids.contains(&eot));
     // Byte-fallback tokens stream whole characters: "€" is <0xE2><0x82><0xAC> when spelled as bytes.
-    let bytes: Vec<u32> =
-        [0xE2u8, 0x82, 0xAC].iter().map(|b| tok.token_to_id(&format!("<0x{b:02X}>")).unwrap()).collect();
+    let bytes: Vec<u32> = [0xE2u8, 0x82, 0xAC].iter().map(|b| tok.token_to_id(&format!("<0x{b:02X}>")).unwrap()).collect();
     let mut dec = StreamDecoder::new(&tok);
     assert_eq!(dec.push(bytes[0]), "");
     assert_eq!(dec.push(bytes[1]), "");

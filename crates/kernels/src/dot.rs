@@ -6,7 +6,7 @@
 //! (the engine's QTensor) dequantize a tile of weight rows into f32 once and reuse it across all
 //! tokens of a prefill chunk, which is where prefill time goes (~90% of it).
 
-use crate::simd::{level, Level};
+use crate::simd::{Level, level};
 
 /// Scalar reference dot product (kept forever as the SIMD twin's oracle).
 pub fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {

@@ -19,15 +19,10 @@ fn data_dir() -> PathBuf {
 /// (raw bytes, expected f32 values) of one type's fixture.
 fn fixture(ty: QuantType) -> (Vec<u8>, Vec<f32>) {
     let dir = data_dir();
-    let raw = std::fs::read(dir.join(format!("{}.bin", ty.name())))
-        .unwrap_or_else(|e| panic!("fixture {}.bin: {e}", ty.name()));
-    let exp = std::fs::read(dir.join(format!("{}.f32", ty.name())))
-        .unwrap_or_else(|e| panic!("fixture {}.f32: {e}", ty.name()));
+    let raw = std::fs::read(dir.join(format!("{}.bin", ty.name()))).unwrap_or_else(|e| panic!("fixture {}.bin: {e}", ty.name()));
+    let exp = std::fs::read(dir.join(format!("{}.f32", ty.name()))).unwrap_or_else(|e| panic!("fixture {}.f32: {e}", ty.name()));
     assert_eq!(exp.len() % 4, 0, "{}.f32 length", ty.name());
-    let exp = exp
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
+    let exp = exp.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
     (raw, exp)
 }
 
@@ -63,7 +58,8 @@ fn check_exact(ty: QuantType, what: &str, got: &[f32], exp: &[f32]) {
         exp[i]
     );
     assert_eq!(
-        mismatches, 0,
+        mismatches,
+        0,
         "{ty} {what}: {mismatches} values differ from gguf-py; max {} ulp at index {i} (block {}, elem {}): got {:e} ({:#010x}), want {:e} ({:#010x})",
         max.0,
         i / ty.block_size(),
@@ -79,11 +75,7 @@ fn check_exact(ty: QuantType, what: &str, got: &[f32], exp: &[f32]) {
 fn dequantize_row_matches_gguf_py_bit_for_bit() {
     for ty in QuantType::ALL {
         let (raw, exp) = fixture(ty);
-        assert_eq!(
-            ty.row_bytes(exp.len()),
-            Some(raw.len()),
-            "{ty}: fixture sizes disagree with row_bytes"
-        );
+        assert_eq!(ty.row_bytes(exp.len()), Some(raw.len()), "{ty}: fixture sizes disagree with row_bytes");
         assert!(exp.len() >= 4 * ty.block_size().max(64), "{ty}: fixture too small to mean much");
         assert!(exp.iter().any(|v| *v != 0.0), "{ty}: all-zero fixture");
 

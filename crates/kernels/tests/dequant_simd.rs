@@ -257,13 +257,9 @@ fn simd_respects_sign_of_zero_cases() {
     q4k[..2].copy_from_slice(&neg);
     q4k[2..4].copy_from_slice(&half_bits(-0.0));
     q4k[4..16].fill(0x3F);
-    for (ty, raw) in [
-        (QuantType::Q4_0, q4_0),
-        (QuantType::Q5_0, q5_0),
-        (QuantType::Q6K, q6k),
-        (QuantType::Q4_1, q4_1),
-        (QuantType::Q4K, q4k),
-    ] {
+    for (ty, raw) in
+        [(QuantType::Q4_0, q4_0), (QuantType::Q5_0, q5_0), (QuantType::Q6K, q6k), (QuantType::Q4_1, q4_1), (QuantType::Q4K, q4k)]
+    {
         let n = ty.block_size();
         let want = scalar(ty, &raw, n);
         let zeros = want.iter().filter(|v| **v == 0.0).count();

@@ -31,9 +31,9 @@
 //! 4. `quantize_act_error_bounds`: |q*d - x| <= d/2 (+ f16 rounding of d) elementwise.
 
 use cortiq_kernels::quant::{
-    ActType, Order, QuantType, act_type, dequantize_act, dequantize_row_scalar, llamacpp_order, llamacpp_repacks,
-    matvec_q, matvec_q_order, order_supported, quantize_act, quantize_act_scalar, vec_dot, vec_dot_order,
-    vec_dot_order_scalar, vec_dot_scalar,
+    ActType, Order, QuantType, act_type, dequantize_act, dequantize_row_scalar, llamacpp_order, llamacpp_repacks, matvec_q,
+    matvec_q_order, order_supported, quantize_act, quantize_act_scalar, vec_dot, vec_dot_order, vec_dot_order_scalar,
+    vec_dot_scalar,
 };
 use std::path::PathBuf;
 
@@ -197,7 +197,8 @@ fn matches_ggml_fixture() {
                 let rb = ty.row_bytes(n).unwrap();
                 let w = r.bytes(rows * rb);
                 let x: Vec<f32> = r.bytes(4 * n).chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
-                let want: Vec<f32> = r.bytes(4 * rows).chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+                let want: Vec<f32> =
+                    r.bytes(4 * rows).chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
                 quantize_act(act_type(ty).unwrap(), &x, &mut out);
                 let mut y = vec![0f32; rows];
                 let order = if repack { Order::RepackGemv } else { Order::VecDot };
@@ -231,8 +232,10 @@ fn matches_ggml_fixture() {
                 let repack = r.u32() != 0;
                 let rb = ty.row_bytes(n).unwrap();
                 let w = r.bytes(rows * rb);
-                let x: Vec<f32> = r.bytes(4 * n * nc).chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
-                let want: Vec<f32> = r.bytes(4 * rows * nc).chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+                let x: Vec<f32> =
+                    r.bytes(4 * n * nc).chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+                let want: Vec<f32> =
+                    r.bytes(4 * rows * nc).chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
                 let key = format!("{} x{nc}{}", ty.name(), if repack { " repacked" } else { "" });
                 let e = batch_stats.entry(key).or_default();
                 let mut y = vec![0f32; rows];

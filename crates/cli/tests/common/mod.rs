@@ -46,7 +46,8 @@ pub fn byte_tokenizer_json() -> String {
     }
     let mut pairs: Vec<(u32, char)> = bs.iter().zip(&cs).map(|(&b, &c)| (b, char::from_u32(c).unwrap())).collect();
     pairs.sort();
-    let vocab: Vec<String> = pairs.iter().map(|(b, c)| format!("{}: {b}", serde_json::to_string(&c.to_string()).unwrap())).collect();
+    let vocab: Vec<String> =
+        pairs.iter().map(|(b, c)| format!("{}: {b}", serde_json::to_string(&c.to_string()).unwrap())).collect();
     format!(
         r#"{{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],"normalizer":null,
 "pre_tokenizer":{{"type":"ByteLevel","add_prefix_space":false,"trim_offsets":true,"use_regex":true}},
@@ -55,4 +56,3 @@ pub fn byte_tokenizer_json() -> String {
         vocab.join(",")
     )
 }
-

@@ -9,7 +9,7 @@ use cortiq_kernels::ops::RopeStyle;
 
 use cortiq_formats::hf::HfConfig;
 
-use super::{gguf_dense_base, hf_dense_base, hf_rope, Arch, GgufKeys};
+use super::{Arch, GgufKeys, gguf_dense_base, hf_dense_base, hf_rope};
 use crate::config::{Activation, ModelConfig, Rope, RopeScaling};
 use crate::error::Result;
 
@@ -27,7 +27,14 @@ pub const LOCAL_ROPE_BASE: f64 = 10_000.0;
 
 /// Apply Gemma 3's fixed features to a base config. `global_rope` is the full-attention RoPE,
 /// `local_rope` the sliding one; `is_sliding[il]` says which layers slide over `window` keys.
-pub fn finish(cfg: &mut ModelConfig, window: usize, is_sliding: &[bool], query_pre_attn_scalar: f64, global_rope: Rope, local_rope: Rope) {
+pub fn finish(
+    cfg: &mut ModelConfig,
+    window: usize,
+    is_sliding: &[bool],
+    query_pre_attn_scalar: f64,
+    global_rope: Rope,
+    local_rope: Rope,
+) {
     cfg.act = Activation::GeluTanh;
     cfg.qk_norm = true;
     cfg.post_norms = true;
@@ -52,7 +59,11 @@ fn from_gguf(g: &Gguf) -> Result<ModelConfig> {
         Some(v) if v.as_array().is_some() => {
             let flags: Vec<bool> = v.as_array().unwrap_or_default().iter().filter_map(|f| f.as_bool()).collect();
             if flags.len() != cfg.n_layers {
-                return Err(k.bad(format!("gemma3.attention.sliding_window_pattern has {} flags for {} layers", flags.len(), cfg.n_layers)));
+                return Err(k.bad(format!(
+                    "gemma3.attention.sliding_window_pattern has {} flags for {} layers",
+                    flags.len(),
+                    cfg.n_layers
+                )));
             }
             flags
         }
@@ -80,10 +91,12 @@ fn from_hf(h: &HfConfig) -> Result<ModelConfig> {
     let window = match (h.sliding_window, is_sliding.iter().any(|&s| s)) {
         (Some(w), _) => w,
         (None, false) => 0,
-        (None, true) => return Err(crate::error::EngineError::BadConfig {
-            file: h.path.display().to_string(),
-            what: "sliding layers without a sliding_window".into(),
-        }),
+        (None, true) => {
+            return Err(crate::error::EngineError::BadConfig {
+                file: h.path.display().to_string(),
+                what: "sliding layers without a sliding_window".into(),
+            });
+        }
     };
     let global = cfg.ropes[0].clone();
     let local = match &h.rope_local {

@@ -7,7 +7,7 @@ use cortiq_kernels::ops::RopeStyle;
 
 use cortiq_formats::hf::HfConfig;
 
-use super::{gguf_dense_base, hf_dense_base, Arch};
+use super::{Arch, gguf_dense_base, hf_dense_base};
 use crate::config::ModelConfig;
 use crate::error::Result;
 

@@ -137,17 +137,22 @@ pub fn hf_rope(h: &HfConfig, p: &hf::RopeParams, head_dim: usize) -> Result<Rope
     let scaling = match &p.scaling {
         hf::RopeScaling::None => RopeScaling::None,
         hf::RopeScaling::Linear { factor } => RopeScaling::Linear { factor: *factor },
-        hf::RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => RopeScaling::Llama3 {
-            factor: *factor,
-            low_freq_factor: *low_freq_factor,
-            high_freq_factor: *high_freq_factor,
-            original_max_position: *original_max_position_embeddings as f64,
-        },
+        hf::RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => {
+            RopeScaling::Llama3 {
+                factor: *factor,
+                low_freq_factor: *low_freq_factor,
+                high_freq_factor: *high_freq_factor,
+                original_max_position: *original_max_position_embeddings as f64,
+            }
+        }
         other => return Err(hf_bad(h, format!("rope scaling {other:?} is not supported"))),
     };
     let rot_dim = ((head_dim as f64 * p.partial_rotary_factor) as usize) & !1;
     if rot_dim == 0 || rot_dim > head_dim {
-        return Err(hf_bad(h, format!("partial_rotary_factor {} gives rotary dim {rot_dim} for head_dim {head_dim}", p.partial_rotary_factor)));
+        return Err(hf_bad(
+            h,
+            format!("partial_rotary_factor {} gives rotary dim {rot_dim} for head_dim {head_dim}", p.partial_rotary_factor),
+        ));
     }
     Ok(Rope::new(RopeStyle::NeoX, rot_dim, p.theta, &scaling))
 }

@@ -17,9 +17,7 @@ fn str_array<'a>(g: &'a Gguf, key: &str) -> Result<Option<Vec<&'a str>>> {
     let arr = v.as_array().ok_or_else(|| FormatError::field(&g.path, key, "expected an array of strings"))?;
     arr.iter()
         .enumerate()
-        .map(|(i, x)| {
-            x.as_str().ok_or_else(|| FormatError::field(&g.path, key, format!("element {i} is not a string")))
-        })
+        .map(|(i, x)| x.as_str().ok_or_else(|| FormatError::field(&g.path, key, format!("element {i} is not a string"))))
         .collect::<Result<Vec<_>>>()
         .map(Some)
 }
@@ -29,9 +27,7 @@ fn num_array(g: &Gguf, key: &str) -> Result<Option<Vec<f64>>> {
     let arr = v.as_array().ok_or_else(|| FormatError::field(&g.path, key, "expected a numeric array"))?;
     arr.iter()
         .enumerate()
-        .map(|(i, x)| {
-            x.as_f64().ok_or_else(|| FormatError::field(&g.path, key, format!("element {i} is not a number")))
-        })
+        .map(|(i, x)| x.as_f64().ok_or_else(|| FormatError::field(&g.path, key, format!("element {i} is not a number"))))
         .collect::<Result<Vec<_>>>()
         .map(Some)
 }
@@ -90,11 +86,7 @@ pub(super) fn load(g: &Gguf) -> Result<Tokenizer> {
             (backend, bos, eos, None, add_bos, false, esc)
         }
         other => {
-            return Err(FormatError::field(
-                path,
-                "tokenizer.ggml.model",
-                format!("unsupported tokenizer model '{other}'"),
-            ));
+            return Err(FormatError::field(path, "tokenizer.ggml.model", format!("unsupported tokenizer model '{other}'")));
         }
     };
     if let Some(v) = opt_bool(g, "tokenizer.ggml.add_space_prefix")? {
@@ -207,9 +199,8 @@ pub(super) fn load(g: &Gguf) -> Result<Tokenizer> {
         attrs[s as usize] = attr::NORMAL;
     }
 
-    let mut specials: Vec<u32> = (0..n as u32)
-        .filter(|&i| attrs[i as usize] & (attr::CONTROL | attr::USER_DEFINED | attr::UNKNOWN) != 0)
-        .collect();
+    let mut specials: Vec<u32> =
+        (0..n as u32).filter(|&i| attrs[i as usize] & (attr::CONTROL | attr::USER_DEFINED | attr::UNKNOWN) != 0).collect();
     specials.sort_by_key(|&i| std::cmp::Reverse(texts[i as usize].len()));
 
     // Phi-3 strips whitespace after its special tokens (llama.cpp keys this on the model name).

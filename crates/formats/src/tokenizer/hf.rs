@@ -144,9 +144,8 @@ pub(super) fn load(path: &Path, config: Option<&Path>) -> Result<Tokenizer> {
         Value::String(s) => Some(s.clone()),
         // A list of named templates: take "default", else the first.
         Value::Array(a) => {
-            let named = |n: &str| {
-                a.iter().find(|t| t.get("name").and_then(Value::as_str) == Some(n)).and_then(|t| t.get("template"))
-            };
+            let named =
+                |n: &str| a.iter().find(|t| t.get("name").and_then(Value::as_str) == Some(n)).and_then(|t| t.get("template"));
             named("default").or_else(|| a.first().and_then(|t| t.get("template")))?.as_str().map(str::to_string)
         }
         _ => None,

@@ -200,8 +200,7 @@ impl Tokenizer {
                             // Not a token: fall back to one token per byte of the symbol, the
                             // byte-level char itself or <0xNN>, skipping bytes with neither.
                             for &byte in &enc.as_bytes()[s..e] {
-                                let id =
-                                    if pre.byte_encode { self.id_of(&[byte]) } else { self.byte_tokens[byte as usize] };
+                                let id = if pre.byte_encode { self.id_of(&[byte]) } else { self.byte_tokens[byte as usize] };
                                 out.extend(id);
                             }
                         }

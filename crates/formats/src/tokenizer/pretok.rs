@@ -65,8 +65,7 @@ impl PreConfig {
         let mut escape_whitespace = false;
         let passes: Vec<P> = match pre {
             "default" | "" => vec![Re(r"[\p{P}\$\+<=>\^~\|]+"), Gpt2, Re(r"\p{N}+"), Re(r"[0-9][0-9][0-9]")],
-            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0" | "lfm2"
-            | "jina-v5-nano" => {
+            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0" | "lfm2" | "jina-v5-nano" => {
                 ignore_merges = true;
                 add_bos = true;
                 vec![Llama3]
@@ -93,11 +92,12 @@ impl PreConfig {
             "starcoder" | "refact" | "command-r" | "smollm" | "codeshell" | "exaone" | "minerva-7b" | "mellum2" => {
                 vec![Re(r"\p{N}"), Gpt2]
             }
-            "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es" | "jina-v2-de" | "a.x-4.0"
-            | "mellum" | "modern-bert" | "jina-v1-en" | "jina-v2-code" | "roberta-bpe" | "mpt" | "olmo" | "jais"
-            | "trillion" | "granite-docling" | "exaone4" => vec![Gpt2],
-            "stablelm2" | "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "megrez" | "hunyuan" | "solar-open"
-            | "grok-2" => vec![Qwen2],
+            "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es" | "jina-v2-de" | "a.x-4.0" | "mellum"
+            | "modern-bert" | "jina-v1-en" | "jina-v2-code" | "roberta-bpe" | "mpt" | "olmo" | "jais" | "trillion"
+            | "granite-docling" | "exaone4" => vec![Gpt2],
+            "stablelm2" | "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "megrez" | "hunyuan" | "solar-open" | "grok-2" => {
+                vec![Qwen2]
+            }
             "qwen35" => vec![Qwen35],
             "poro-chat" | "bloom" | "gpt3-finnish" => vec![Re(RE_BLOOM)],
             "chatglm-bpe" => vec![Re(RE_CHATGLM4)],

@@ -54,12 +54,7 @@ pub(crate) fn tokenize(v: &impl SpmVocab, text: &str, out: &mut Vec<u32>) {
     let mut syms: Vec<Sym> = Vec::with_capacity(text.len());
     for (i, (b, c)) in text.char_indices().enumerate() {
         let n = c.len_utf8();
-        syms.push(Sym {
-            start: b,
-            len: n,
-            prev: i as i32 - 1,
-            next: if b + n == text.len() { -1 } else { i as i32 + 1 },
-        });
+        syms.push(Sym { start: b, len: n, prev: i as i32 - 1, next: if b + n == text.len() { -1 } else { i as i32 + 1 } });
     }
     if syms.is_empty() {
         return;

@@ -18,13 +18,7 @@ pub struct StreamDecoder<'a> {
 impl<'a> StreamDecoder<'a> {
     /// A decoder for generated text: token bytes exactly, control tokens left out.
     pub fn new(tok: &'a Tokenizer) -> StreamDecoder<'a> {
-        StreamDecoder {
-            tok,
-            pending: Vec::new(),
-            render_special: false,
-            strip_leading_space: false,
-            emitted_any: false,
-        }
+        StreamDecoder { tok, pending: Vec::new(), render_special: false, strip_leading_space: false, emitted_any: false }
     }
 
     /// Render control tokens (`<|im_end|>` ...) as their text.

@@ -51,10 +51,8 @@ impl Flags {
 
 fn class_ranges(pattern: &str) -> Vec<(u32, u32)> {
     // The patterns are fixed literals below; a failure here is a build-time bug, not bad input.
-    let hir = regex_syntax::ParserBuilder::new()
-        .build()
-        .parse(pattern)
-        .unwrap_or_else(|e| panic!("unicode class {pattern}: {e}"));
+    let hir =
+        regex_syntax::ParserBuilder::new().build().parse(pattern).unwrap_or_else(|e| panic!("unicode class {pattern}: {e}"));
     match hir.kind() {
         HirKind::Class(Class::Unicode(c)) => c.ranges().iter().map(|r| (r.start() as u32, r.end() as u32)).collect(),
         other => panic!("unicode class {pattern}: unexpected {other:?}"),

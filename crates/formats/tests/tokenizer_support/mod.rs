@@ -136,8 +136,7 @@ pub const BROTLI: Sdist = Sdist {
 
 /// alice29.txt (152 KB of natural English).
 pub fn alice29() -> Result<PathBuf, String> {
-    extract(&BROTLI, "brotli-1.2.1/tests/testdata/", "alice29.txt", "brotli-1.2.1-testdata")
-        .map(|d| d.join("alice29.txt"))
+    extract(&BROTLI, "brotli-1.2.1/tests/testdata/", "alice29.txt", "brotli-1.2.1-testdata").map(|d| d.join("alice29.txt"))
 }
 
 /// Ids as the fixtures hash them: sha256 of the decimal ids joined by single spaces.

@@ -33,8 +33,8 @@
 
 use super::QuantType;
 use super::blocks::*;
-use half::slice::HalfFloatSliceExt;
 use half::f16;
+use half::slice::HalfFloatSliceExt;
 
 // ---------------------------------------------------------------- legacy 32-element blocks
 
@@ -277,10 +277,9 @@ fn check_len(func: &str, ty: QuantType, n: usize, want: Option<usize>, got: usiz
     match want {
         Some(w) if w == got => {}
         Some(w) => panic!("{func}({ty}): {n} elements need {w} bytes, got {got}"),
-        None => panic!(
-            "{func}({ty}): {n} elements is not a whole number of {}-element blocks ({got} bytes given)",
-            ty.block_size()
-        ),
+        None => {
+            panic!("{func}({ty}): {n} elements is not a whole number of {}-element blocks ({got} bytes given)", ty.block_size())
+        }
     }
 }
 

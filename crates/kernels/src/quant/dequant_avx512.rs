@@ -374,7 +374,10 @@ mod imp {
         // [d, dmin] from one zero-extending 32-bit move (no merge, so no false dependency; see
         // f16_splat), converted, then spread to [d x8 | dmin x8]
         let pair = _mm_cvtph_ps(_mm_cvtsi32_si128(u32::from_le_bytes([d[0], d[1], dmin[0], dmin[1]]) as i32));
-        let dd = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1), _mm512_castps128_ps512(pair));
+        let dd = _mm512_permutexvar_ps(
+            _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+            _mm512_castps128_ps512(pair),
+        );
         let mut out = [0f32; 16];
         st(&mut out, 0, _mm512_mul_ps(dd, u8_ps(both)));
         let (a, b) = out.split_at(8);

@@ -9,8 +9,8 @@ pub mod vecdot_avx512;
 
 pub use dequant::{dequantize_row, dequantize_row_scalar, dot_row};
 pub use vecdot::{
-    ActType, Order, act_type, dequantize_act, llamacpp_order, llamacpp_repacks, matvec_q, matvec_q_order,
-    order_supported, quantize_act, quantize_act_scalar, vec_dot, vec_dot_order, vec_dot_order_scalar, vec_dot_scalar,
+    ActType, Order, act_type, dequantize_act, llamacpp_order, llamacpp_repacks, matvec_q, matvec_q_order, order_supported,
+    quantize_act, quantize_act_scalar, vec_dot, vec_dot_order, vec_dot_order_scalar, vec_dot_scalar,
 };
 
 /// A tensor element type, numbered as ggml numbers it (the GGUF on-disk id).

@@ -358,7 +358,8 @@ mod imp {
             }
             let iscale = -127.0f32 / max;
             let sc = _mm512_set1_ps(iscale);
-            let (magic, mant, bias) = (_mm512_set1_ps(12582912.0), _mm512_set1_epi32(0x007f_ffff), _mm512_set1_epi32(0x0040_0000));
+            let (magic, mant, bias) =
+                (_mm512_set1_ps(12582912.0), _mm512_set1_epi32(0x007f_ffff), _mm512_set1_epi32(0x0040_0000));
             for c in 0..QK_K / 16 {
                 // ggml's nearest_int bit for bit (also for the inf that a subnormal max produces)
                 let v = _mm512_castps_si512(_mm512_add_ps(_mm512_mul_ps(sc, ld16f(xb, 16 * c)), magic));
@@ -399,11 +400,7 @@ mod imp {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     /// K: 0 = ggml's vec_dot order, 1 = llama.cpp's repacked gemv, 2 = its repacked gemm,
     /// 3 = its tiled k-quant matmul (`tiled_step`).
-    pub(super) unsafe fn rows<const R: usize, const K: u8>(
-        ty: QuantType,
-        ws: [&[u8]; R],
-        a: &[u8],
-    ) -> Option<[f32; R]> {
+    pub(super) unsafe fn rows<const R: usize, const K: u8>(ty: QuantType, ws: [&[u8]; R], a: &[u8]) -> Option<[f32; R]> {
         let ok = match K {
             0 => true,
             1 | 2 => matches!(ty, QuantType::Q4_0 | QuantType::Q4K | QuantType::Q2K),
@@ -795,9 +792,18 @@ mod imp {
                     let l2 = ld32(&x.ql, 64 * j + 32);
                     let h = ld32(&x.qh, 32 * j);
                     let q = [
-                        _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_slli_epi16::<4>(_mm256_and_si256(h, _mm256_set1_epi8(3)))),
-                        _mm256_or_si256(_mm256_and_si256(l2, m4), _mm256_slli_epi16::<2>(_mm256_and_si256(h, _mm256_set1_epi8(12)))),
-                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(l1), m4), _mm256_and_si256(h, _mm256_set1_epi8(48))),
+                        _mm256_or_si256(
+                            _mm256_and_si256(l1, m4),
+                            _mm256_slli_epi16::<4>(_mm256_and_si256(h, _mm256_set1_epi8(3))),
+                        ),
+                        _mm256_or_si256(
+                            _mm256_and_si256(l2, m4),
+                            _mm256_slli_epi16::<2>(_mm256_and_si256(h, _mm256_set1_epi8(12))),
+                        ),
+                        _mm256_or_si256(
+                            _mm256_and_si256(_mm256_srli_epi16::<4>(l1), m4),
+                            _mm256_and_si256(h, _mm256_set1_epi8(48)),
+                        ),
                         _mm256_or_si256(
                             _mm256_and_si256(_mm256_srli_epi16::<4>(l2), m4),
                             _mm256_srli_epi16::<2>(_mm256_and_si256(h, _mm256_set1_epi8(-64))),
