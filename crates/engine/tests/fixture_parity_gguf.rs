@@ -14,158 +14,26 @@
 //! gguf_ref_* files are transformers' float64 logits for that model (same checkpoint, layer_types
 //! and query_pre_attn_scalar as llama.cpp reads them); see tools/fixtures/gen_gguf.py.
 
-use std::path::{Path, PathBuf};
+mod common;
 
-use cortiq_engine::load::load;
-use cortiq_engine::{Logits, Model};
-use cortiq_formats::npy::read_f32;
-
-const TOL: f32 = 1e-4;
-
-fn fixture(arch: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(arch)
-}
-
-fn ids(path: &Path) -> Vec<u32> {
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
-}
-
-/// (max |a - b|, flat index of it)
-fn max_diff(a: &[f32], b: &[f32]) -> (f32, usize) {
-    assert_eq!(a.len(), b.len());
-    let mut best = (0f32, 0);
-    for (i, (x, y)) in a.iter().zip(b).enumerate() {
-        let d = (x - y).abs();
-        if d > best.0 || d.is_nan() {
-            best = (d, i);
-        }
-    }
-    best
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
-/// Per-layer residual stream vs trace.npy (only where the reference is the fixture's own, so
-/// the trace applies); returns the first layer beyond `tol`, for the failure message.
-fn first_divergence(model: &Model, tokens: &[u32], trace_path: &Path) -> Option<String> {
-    let (shape, trace) = read_f32(trace_path).unwrap(); // [L+1, T, d]
-    let (t, d) = (shape[1], shape[2]);
-    let mut ours: Vec<Vec<f32>> = Vec::new();
-    let mut st = model.new_state(tokens.len());
-    model
-        .forward_traced(tokens, &mut st, Logits::None, &mut |name, _il, vals| {
-            if name == "embd" || name == "l_out" {
-                ours.push(vals.to_vec());
-            }
-        })
-        .unwrap();
-    for (i, got) in ours.iter().enumerate() {
-        let want = &trace[i * t * d..(i + 1) * t * d];
-        let (md, at) = max_diff(got, want);
-        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1.0);
-        println!("  trace[{i}] max diff {md:.3e} at pos {} dim {}", at / d, at % d);
-        if !(md <= TOL * scale) {
-            let what = if i == 0 { "embedding".to_string() } else { format!("layer {}", i - 1) };
-            return Some(format!("trace[{i}] = {what} diverges: max diff {md:.3e} at pos {} dim {}", at / d, at % d));
-        }
-    }
-    None
-}
-
-/// `prefix` names the reference files: "" for the fixture's own (logits.npy, greedy.json,
-/// greedy_logits.npy), "gguf_ref_" for gemma3's llama.cpp-semantics reference.
-fn check_gguf(arch: &str, prefix: &str) {
-    let dir = fixture(arch);
-    let gguf = dir.join("model.gguf");
-    let model = load(&gguf).unwrap_or_else(|e| panic!("{arch}: loading {} failed: {e}", gguf.display())).model;
-    let tokens = ids(&dir.join("tokens.json"));
-    let greedy = ids(&dir.join(format!("{prefix}greedy.json")));
-    let (shape, want) = read_f32(&dir.join(format!("{prefix}logits.npy"))).unwrap(); // [T, vocab]
-    let vocab = shape[1];
-    assert_eq!(vocab, model.cfg.vocab, "{arch}: vocab of model.gguf");
-    println!("{arch} (GGUF, reference {prefix}logits.npy): {} tokens, vocab {vocab}", tokens.len());
-
-    // 1. Whole sequence in one forward.
-    let mut st = model.new_state(tokens.len() + greedy.len());
-    let got = model.forward(&tokens, &mut st, Logits::From(0)).unwrap();
-    let (md, at) = max_diff(&got, &want);
-    println!("{arch}: GGUF full forward logits max diff {md:.3e} at pos {} tok {}", at / vocab, at % vocab);
-    if !(md <= TOL) {
-        let why = if prefix.is_empty() { first_divergence(&model, &tokens, &dir.join("trace.npy")) } else { None };
-        panic!(
-            "{arch}: GGUF logits max diff {md:.3e} at pos {} token {} (tolerance {TOL}); {}",
-            at / vocab,
-            at % vocab,
-            why.unwrap_or("trace agrees".into())
-        );
-    }
-
-    // The same model from the HF folder, for the record: layout differences only.
-    if let Ok(hf) = load(&dir) {
-        let mut st_hf = hf.model.new_state(tokens.len());
-        let got_hf = hf.model.forward(&tokens, &mut st_hf, Logits::From(0)).unwrap();
-        let (mh, ah) = max_diff(&got, &got_hf);
-        println!("{arch}: GGUF vs HF-folder load max diff {mh:.3e} at pos {} tok {}", ah / vocab, ah % vocab);
-    }
-
-    // 2. Chunked prefill (uneven chunks).
-    let mut st2 = model.new_state(tokens.len());
-    let mut chunked = Vec::new();
-    for c in tokens.chunks(7) {
-        chunked.extend(model.forward(c, &mut st2, Logits::From(0)).unwrap());
-    }
-    let (md2, at2) = max_diff(&chunked, &want);
-    println!("{arch}: GGUF chunked (7) prefill logits max diff {md2:.3e}");
-    assert!(md2 <= TOL, "{arch}: GGUF chunked prefill max diff {md2:.3e} at pos {} token {}", at2 / vocab, at2 % vocab);
-
-    // 3. Greedy decode with the KV cache, each step's logits against the reference.
-    let (gshape, gwant) = read_f32(&dir.join(format!("{prefix}greedy_logits.npy"))).unwrap(); // [N, vocab]
-    assert_eq!(gshape[0], greedy.len());
-    let mut last = got[(tokens.len() - 1) * vocab..].to_vec();
-    let mut produced = Vec::new();
-    let mut worst = (0f32, 0usize, 0usize);
-    for k in 0..greedy.len() {
-        let (md, at) = max_diff(&last, &gwant[k * vocab..(k + 1) * vocab]);
-        if md > worst.0 || md.is_nan() {
-            worst = (md, k, at);
-        }
-        let next = argmax(&last);
-        produced.push(next);
-        last = model.forward(&[next], &mut st, Logits::Last).unwrap();
-    }
-    println!(
-        "{arch}: GGUF decode-step logits max diff {:.3e} (step {}, token {}); greedy {produced:?}",
-        worst.0, worst.1, worst.2
-    );
-    assert!(worst.0 <= TOL, "{arch}: GGUF decode logits max diff {:.3e} at step {} token {}", worst.0, worst.1, worst.2);
-    assert_eq!(produced, greedy, "{arch}: GGUF greedy tokens differ from the reference");
-}
+use common::{check_parity, fixture};
 
 #[test]
 fn llama_gguf_matches_transformers() {
-    check_gguf("llama", "");
+    check_parity("llama", &fixture("llama").join("model.gguf"), "");
 }
 
 #[test]
 fn qwen2_gguf_matches_transformers() {
-    check_gguf("qwen2", "");
+    check_parity("qwen2", &fixture("qwen2").join("model.gguf"), "");
 }
 
 #[test]
 fn qwen3_gguf_matches_transformers() {
-    check_gguf("qwen3", "");
+    check_parity("qwen3", &fixture("qwen3").join("model.gguf"), "");
 }
 
 #[test]
 fn gemma3_gguf_matches_transformers_with_llamacpp_settings() {
-    check_gguf("gemma3", "gguf_ref_");
+    check_parity("gemma3", &fixture("gemma3").join("model.gguf"), "gguf_ref_");
 }
