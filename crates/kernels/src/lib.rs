@@ -7,5 +7,6 @@
 
 pub mod dot;
 pub mod ops;
+pub mod pool;
 pub mod quant;
 pub mod simd;

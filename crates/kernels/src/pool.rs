@@ -1,0 +1,449 @@
+//! A persistent thread pool for the kernels' row-parallel loops (matvec, matmat, attention heads).
+//!
+//! Owns: the worker threads, the dispatch protocol (publish a job, wake, wait for completion),
+//! the row-range splitting (static by default, an atomic chunk counter for uneven work), panic
+//! propagation, and the inline fallback for nested calls.
+//!
+//! Why not rayon: decode issues a few hundred tiny parallel loops per token (~100 µs each on a
+//! small model), so the per-dispatch cost matters. Rayon's work-stealing deque, its
+//! sleep/wake heuristics and its job boxing cost microseconds per `par_iter`; here a dispatch is
+//! one store to a generation counter that spinning workers are already watching (the design of
+//! ggml's CPU threadpool, kept as plain as llama2.c's loops). `examples/pool_bench.rs` measures
+//! the difference.
+//!
+//! Model: `n_threads - 1` persistent workers plus the calling thread, which takes participant
+//! index 0 and does its share of the work instead of waiting idle. A call returns only when every
+//! participant has finished, so closures may borrow from the caller's stack (scoped, like
+//! `std::thread::scope`). Workers spin on the generation counter for a bounded time after each
+//! job (the next matvec usually follows within microseconds), then sleep on a condvar; the
+//! caller wakes sleepers only when there are any. The caller waits for completion the same way:
+//! spin, then sleep until the last worker signals.
+//!
+//! Nested calls (a task calling into a pool again) run inline on the calling thread: workers
+//! cannot wait on themselves, and inner parallelism under an outer parallel loop buys nothing on
+//! a handful of cores. Concurrent calls from different threads on one pool are serialized.
+
+use std::any::Any;
+use std::cell::{Cell, UnsafeCell};
+use std::fmt;
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long a worker (or the waiting caller) spins before sleeping, by default. Decode issues a
+/// parallel loop every ~50-200 µs on small models; a budget a bit above that gap keeps workers
+/// hot through a whole token while not burning a shared core for long once work stops.
+pub const DEFAULT_SPIN: Duration = Duration::from_micros(200);
+
+/// Errors from creating a pool or from a task that panicked.
+#[derive(Debug)]
+pub enum PoolError {
+    /// The OS refused to start worker thread `index`.
+    Spawn { index: usize, source: std::io::Error },
+    /// A task panicked; the message is the panic payload when it was a string. The pool is
+    /// still usable: workers catch the unwind and go back to waiting.
+    TaskPanicked { message: String },
+}
+
+impl fmt::Display for PoolError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PoolError::Spawn { index, source } => write!(f, "pool: cannot start worker thread {index}: {source}"),
+            PoolError::TaskPanicked { message } => write!(f, "pool: a task panicked: {message}"),
+        }
+    }
+}
+
+impl std::error::Error for PoolError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            PoolError::Spawn { source, .. } => Some(source),
+            PoolError::TaskPanicked { .. } => None,
+        }
+    }
+}
+
+fn panic_message(payload: &(dyn Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_string()
+    }
+}
+
+thread_local! {
+    /// True on pool workers (always) and on a caller thread while it is inside a dispatch:
+    /// a pool call made from such a thread runs inline (see module header).
+    static IN_POOL: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Keeps the hot atomics on their own cache lines (128: adjacent-line prefetch pairs lines on
+/// x86), so workers polling `epoch` do not contend with workers decrementing `pending`.
+#[repr(align(128))]
+struct Padded<T>(T);
+
+/// The published job: a participant index in 0..n_threads -> its share of the work. The
+/// `'static` is a lie told to the type system; see the SAFETY comment in `Pool::dispatch`.
+type JobPtr = *const (dyn Fn(usize) + Sync + 'static);
+
+struct Shared {
+    /// Generation counter: bumped once per dispatch (and once at shutdown). Workers compare it
+    /// with the last value they served.
+    epoch: Padded<AtomicU64>,
+    /// Workers that have not finished the current job.
+    pending: Padded<AtomicUsize>,
+    /// The current job; written only by the dispatching caller while `pending == 0`.
+    job: UnsafeCell<Option<JobPtr>>,
+    shutdown: AtomicBool,
+    /// Set when any participant's task panicked in the current dispatch; chunk loops stop
+    /// handing out new work once it is set.
+    panicked: AtomicBool,
+    /// First panic payload of the current dispatch, re-raised on the caller.
+    panic_payload: Mutex<Option<Box<dyn Any + Send>>>,
+    /// Workers asleep (or about to sleep) on `wake`.
+    sleepers: AtomicUsize,
+    sleep_lock: Mutex<()>,
+    wake: Condvar,
+    /// The caller is asleep (or about to sleep) on `done`.
+    caller_sleeping: AtomicBool,
+    done_lock: Mutex<()>,
+    done: Condvar,
+    spin: Duration,
+}
+
+// SAFETY: every field but `job` is Sync. `job` is an UnsafeCell accessed under a protocol:
+// the dispatcher (holding `Pool::dispatch_lock`) writes it only while `pending == 0`, i.e. no
+// worker is reading it, then publishes it with a SeqCst (release) bump of `epoch`; workers read
+// it only after observing that bump (acquire) and stop before their release decrement of
+// `pending`. Writes and reads are therefore never concurrent. The pointee is `Sync`, so sharing
+// `&dyn Fn` across threads is sound.
+unsafe impl Sync for Shared {}
+unsafe impl Send for Shared {}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // No code panics while holding these locks (tasks run outside them); tolerate poison anyway.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Shared {
+    /// Runs participant `ith`'s share, recording a panic instead of unwinding.
+    fn run_part(&self, job: &(dyn Fn(usize) + Sync), ith: usize) {
+        if let Err(payload) = catch_unwind(AssertUnwindSafe(|| job(ith))) {
+            self.panicked.store(true, Ordering::Relaxed);
+            let mut slot = lock(&self.panic_payload);
+            if slot.is_none() {
+                *slot = Some(payload);
+            }
+        }
+    }
+
+    /// Spins until `cond` holds or the spin budget runs out; true if it held.
+    fn spin_until(&self, cond: impl Fn() -> bool) -> bool {
+        let start = Instant::now();
+        loop {
+            // Check the clock only every 64 polls: Instant::now is ~20 ns, a poll ~1-40 ns.
+            for _ in 0..64 {
+                if cond() {
+                    return true;
+                }
+                std::hint::spin_loop();
+            }
+            if start.elapsed() >= self.spin {
+                return cond();
+            }
+        }
+    }
+}
+
+fn worker_main(shared: Arc<Shared>, ith: usize) {
+    IN_POOL.with(|f| f.set(true));
+    // The pool starts at generation 0; do not load it here, or a dispatch issued before this
+    // thread first runs would be taken as already seen and never served.
+    let mut seen = 0u64;
+    loop {
+        // Wait for a new generation: spin, then sleep.
+        if !shared.spin_until(|| shared.epoch.0.load(Ordering::Acquire) != seen) {
+            let mut guard = lock(&shared.sleep_lock);
+            // Dekker pair with the dispatcher: we announce sleeping, then re-read epoch; it
+            // bumps epoch, then reads `sleepers`. SeqCst on all four makes at least one side
+            // see the other, and we hold `sleep_lock` from the re-read until `wait` releases
+            // it, so the dispatcher's notify (taken under the lock) cannot slip in between.
+            shared.sleepers.fetch_add(1, Ordering::SeqCst);
+            while shared.epoch.0.load(Ordering::SeqCst) == seen {
+                guard = shared.wake.wait(guard).unwrap_or_else(PoisonError::into_inner);
+            }
+            shared.sleepers.fetch_sub(1, Ordering::SeqCst);
+        }
+        seen = shared.epoch.0.load(Ordering::Acquire);
+        if shared.shutdown.load(Ordering::Acquire) {
+            return;
+        }
+        // SAFETY: we observed the new epoch (acquire), so the dispatcher's write of `job`
+        // happened before this read, and the dispatcher will not write it again or return
+        // (ending the closure's borrow) until we decrement `pending` below.
+        let job = unsafe { (*shared.job.get()).expect("pool: epoch bumped without a job") };
+        // SAFETY: as above, the pointee outlives this use.
+        shared.run_part(unsafe { &*job }, ith);
+        // Last access to the job above; the release half of SeqCst publishes our writes
+        // (the task's results) to the caller's acquire load of `pending`.
+        if shared.pending.0.fetch_sub(1, Ordering::SeqCst) == 1 && shared.caller_sleeping.load(Ordering::SeqCst) {
+            let _g = lock(&shared.done_lock);
+            shared.done.notify_one();
+        }
+    }
+}
+
+/// A fixed set of `n_threads - 1` workers plus the calling thread. See the module header.
+pub struct Pool {
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+    n_threads: usize,
+    /// Serializes dispatches from different threads sharing one pool.
+    dispatch_lock: Mutex<()>,
+}
+
+impl fmt::Debug for Pool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pool").field("n_threads", &self.n_threads).field("spin", &self.shared.spin).finish()
+    }
+}
+
+impl Pool {
+    /// A pool of `n_threads` participants (the caller plus `n_threads - 1` workers), spinning
+    /// `DEFAULT_SPIN` before sleeping. `n_threads == 0` means the machine's available
+    /// parallelism; `1` starts no threads and runs everything inline.
+    pub fn new(n_threads: usize) -> Result<Pool, PoolError> {
+        Pool::with_spin(n_threads, DEFAULT_SPIN)
+    }
+
+    /// As `new`, with the spin budget given: how long an idle worker (or the waiting caller)
+    /// polls before sleeping. `Duration::ZERO` sleeps at once (lowest CPU use, slowest wake).
+    pub fn with_spin(n_threads: usize, spin: Duration) -> Result<Pool, PoolError> {
+        let n_threads = if n_threads == 0 {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        } else {
+            n_threads
+        };
+        let shared = Arc::new(Shared {
+            epoch: Padded(AtomicU64::new(0)),
+            pending: Padded(AtomicUsize::new(0)),
+            job: UnsafeCell::new(None),
+            shutdown: AtomicBool::new(false),
+            panicked: AtomicBool::new(false),
+            panic_payload: Mutex::new(None),
+            sleepers: AtomicUsize::new(0),
+            sleep_lock: Mutex::new(()),
+            wake: Condvar::new(),
+            caller_sleeping: AtomicBool::new(false),
+            done_lock: Mutex::new(()),
+            done: Condvar::new(),
+            spin,
+        });
+        let mut pool = Pool { shared, workers: Vec::with_capacity(n_threads - 1), n_threads, dispatch_lock: Mutex::new(()) };
+        for ith in 1..n_threads {
+            let s = Arc::clone(&pool.shared);
+            let handle = std::thread::Builder::new()
+                .name(format!("cortiq-pool-{ith}"))
+                .spawn(move || worker_main(s, ith))
+                .map_err(|source| PoolError::Spawn { index: ith, source })?;
+            // On error, `pool` drops here and joins the workers already started.
+            pool.workers.push(handle);
+        }
+        Ok(pool)
+    }
+
+    /// Number of participants (workers + the caller).
+    pub fn n_threads(&self) -> usize {
+        self.n_threads
+    }
+
+    /// Runs `f(ith, nth)` once on each of `nth` participants (ith in 0..nth), ggml style: the
+    /// closure splits the work itself. `nth` is `n_threads`, or 1 when running inline (nested
+    /// call or single-threaded pool). Returns when all are done; re-raises a task's panic here.
+    pub fn broadcast<F: Fn(usize, usize) + Sync>(&self, f: F) {
+        if let Err(p) = self.try_broadcast_raw(&f) {
+            resume_unwind(p);
+        }
+    }
+
+    /// Calls `f(i)` for every task index in `0..n_tasks` exactly once, tasks handed out one at a
+    /// time from an atomic counter (suits uneven tasks: attention heads, experts). Re-raises a
+    /// task's panic on the caller.
+    pub fn run<F: Fn(usize) + Sync>(&self, n_tasks: usize, f: F) {
+        self.for_ranges_dynamic(n_tasks, 1, |start, end| (start..end).for_each(&f));
+    }
+
+    /// As `run`, returning a panic as `PoolError::TaskPanicked` instead of unwinding.
+    pub fn try_run<F: Fn(usize) + Sync>(&self, n_tasks: usize, f: F) -> Result<(), PoolError> {
+        self.try_for_ranges_dynamic(n_tasks, 1, |start, end| (start..end).for_each(&f))
+    }
+
+    /// Splits `0..n_rows` into one contiguous range per participant, boundaries on multiples of
+    /// `grain` (e.g. the rows a SIMD kernel handles at once), and calls `f(start, end)` once per
+    /// non-empty range. Every row is covered exactly once. Static split: the right choice for
+    /// uniform rows (matvec), each thread streaming one contiguous slab of weights. Ranges that
+    /// fit in a single grain run inline without waking anyone. Re-raises a task's panic.
+    pub fn for_ranges<F: Fn(usize, usize) + Sync>(&self, n_rows: usize, grain: usize, f: F) {
+        if let Err(e) = self.for_ranges_impl(n_rows, grain, &f) {
+            resume_unwind(e);
+        }
+    }
+
+    /// As `for_ranges`, returning a panic as `PoolError::TaskPanicked`.
+    pub fn try_for_ranges<F: Fn(usize, usize) + Sync>(&self, n_rows: usize, grain: usize, f: F) -> Result<(), PoolError> {
+        self.for_ranges_impl(n_rows, grain, &f).map_err(|p| PoolError::TaskPanicked { message: panic_message(&*p) })
+    }
+
+    /// Splits `0..n_rows` into chunks of `grain` rows (the last may be shorter) handed out from
+    /// an atomic counter: participants that finish early take more (uneven work, or a core
+    /// shared with another process). Calls `f(start, end)` once per chunk. Re-raises a panic;
+    /// after a panic no new chunks are handed out.
+    pub fn for_ranges_dynamic<F: Fn(usize, usize) + Sync>(&self, n_rows: usize, grain: usize, f: F) {
+        if let Err(e) = self.for_ranges_dynamic_impl(n_rows, grain, &f) {
+            resume_unwind(e);
+        }
+    }
+
+    /// As `for_ranges_dynamic`, returning a panic as `PoolError::TaskPanicked`.
+    pub fn try_for_ranges_dynamic<F: Fn(usize, usize) + Sync>(&self, n_rows: usize, grain: usize, f: F) -> Result<(), PoolError> {
+        self.for_ranges_dynamic_impl(n_rows, grain, &f).map_err(|p| PoolError::TaskPanicked { message: panic_message(&*p) })
+    }
+
+    fn for_ranges_impl(&self, n_rows: usize, grain: usize, f: &(dyn Fn(usize, usize) + Sync)) -> Result<(), Box<dyn Any + Send>> {
+        let grain = grain.max(1);
+        let n_chunks = n_rows.div_ceil(grain);
+        if n_chunks == 0 {
+            return Ok(());
+        }
+        if n_chunks == 1 || !self.parallel_here() {
+            return catch_unwind(AssertUnwindSafe(|| f(0, n_rows)));
+        }
+        self.try_broadcast_raw(&|ith, nth| {
+            // Chunks [ith*C/nth, (ith+1)*C/nth): balanced to within one chunk.
+            let c0 = ith * n_chunks / nth;
+            let c1 = (ith + 1) * n_chunks / nth;
+            let (start, end) = (c0 * grain, (c1 * grain).min(n_rows));
+            if start < end {
+                f(start, end);
+            }
+        })
+    }
+
+    fn for_ranges_dynamic_impl(&self, n_rows: usize, grain: usize, f: &(dyn Fn(usize, usize) + Sync)) -> Result<(), Box<dyn Any + Send>> {
+        let grain = grain.max(1);
+        let n_chunks = n_rows.div_ceil(grain);
+        if n_chunks == 0 {
+            return Ok(());
+        }
+        if n_chunks == 1 || !self.parallel_here() {
+            // Inline: same chunk calls as the parallel path, so callers see one contract.
+            return catch_unwind(AssertUnwindSafe(|| {
+                for c in 0..n_chunks {
+                    f(c * grain, ((c + 1) * grain).min(n_rows));
+                }
+            }));
+        }
+        let next = AtomicUsize::new(0);
+        let panicked = &self.shared.panicked;
+        self.try_broadcast_raw(&|_ith, _nth| {
+            loop {
+                if panicked.load(Ordering::Relaxed) {
+                    return;
+                }
+                let c = next.fetch_add(1, Ordering::Relaxed);
+                if c >= n_chunks {
+                    return;
+                }
+                f(c * grain, ((c + 1) * grain).min(n_rows));
+            }
+        })
+    }
+
+    /// False when a call here must run inline: single-threaded pool, or already inside a pool
+    /// task / dispatch on this thread.
+    fn parallel_here(&self) -> bool {
+        self.n_threads > 1 && !IN_POOL.with(|c| c.get())
+    }
+
+    /// Runs `f(ith, nth)` on every participant; returns the first panic payload, if any.
+    fn try_broadcast_raw(&self, f: &(dyn Fn(usize, usize) + Sync)) -> Result<(), Box<dyn Any + Send>> {
+        if !self.parallel_here() {
+            return catch_unwind(AssertUnwindSafe(|| f(0, 1)));
+        }
+        let nth = self.n_threads;
+        let job = move |ith: usize| f(ith, nth);
+        self.dispatch(&job)
+    }
+
+    /// Publishes `job` to the workers, runs participant 0 here, waits for all, and returns the
+    /// first panic payload. Never returns (or unwinds) before every worker is done with `job`.
+    fn dispatch(&self, job: &(dyn Fn(usize) + Sync)) -> Result<(), Box<dyn Any + Send>> {
+        let sh = &*self.shared;
+        let guard = lock(&self.dispatch_lock);
+        IN_POOL.with(|c| c.set(true));
+        sh.panicked.store(false, Ordering::Relaxed);
+        sh.pending.0.store(self.n_threads - 1, Ordering::Relaxed);
+        let ptr: *const (dyn Fn(usize) + Sync + '_) = job;
+        // SAFETY (the scoped-borrow argument): we erase the closure's lifetime so workers can
+        // hold a pointer to it. Workers dereference it only between observing the epoch bump
+        // below and their decrement of `pending`. This function does not return until it has
+        // observed `pending == 0` (acquire), and nothing between here and that wait can unwind:
+        // our own share runs under `catch_unwind` in `run_part`, and the wait loop only uses
+        // atomics and poison-tolerant locks. So every use of the pointer happens-before we
+        // return and the borrow of `job` ends. `pending == 0` also holds now (the previous
+        // dispatch waited for it and we hold `dispatch_lock`), so no worker is reading `job`
+        // while we overwrite it.
+        unsafe {
+            let ptr: JobPtr = std::mem::transmute::<*const (dyn Fn(usize) + Sync + '_), JobPtr>(ptr);
+            *sh.job.get() = Some(ptr);
+        }
+        sh.epoch.0.fetch_add(1, Ordering::SeqCst);
+        if sh.sleepers.load(Ordering::SeqCst) > 0 {
+            let _g = lock(&sh.sleep_lock);
+            sh.wake.notify_all();
+        }
+
+        sh.run_part(job, 0);
+
+        // Wait for the workers: spin, then sleep until the last one signals.
+        if !sh.spin_until(|| sh.pending.0.load(Ordering::Acquire) == 0) {
+            let mut g = lock(&sh.done_lock);
+            // Dekker pair with the last worker's decrement (see worker_main's sleep).
+            sh.caller_sleeping.store(true, Ordering::SeqCst);
+            while sh.pending.0.load(Ordering::SeqCst) != 0 {
+                g = sh.done.wait(g).unwrap_or_else(PoisonError::into_inner);
+            }
+            sh.caller_sleeping.store(false, Ordering::SeqCst);
+        }
+        // SAFETY: all workers are done with the pointer; clear it so nothing dangles.
+        unsafe { *sh.job.get() = None };
+        IN_POOL.with(|c| c.set(false));
+        let payload = lock(&sh.panic_payload).take();
+        drop(guard);
+        match payload {
+            Some(p) => Err(p),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Pool {
+    /// Stops and joins every worker. No dispatch can be in flight (`&mut self`).
+    fn drop(&mut self) {
+        let sh = &*self.shared;
+        sh.shutdown.store(true, Ordering::SeqCst);
+        sh.epoch.0.fetch_add(1, Ordering::SeqCst);
+        {
+            let _g = lock(&sh.sleep_lock);
+            sh.wake.notify_all();
+        }
+        for h in self.workers.drain(..) {
+            // A worker never unwinds (tasks are caught), so join errors cannot carry news.
+            let _ = h.join();
+        }
+    }
+}

@@ -1,0 +1,277 @@
+//! The persistent pool (kernels::pool): coverage (every index exactly once, over sizes, grains
+//! and thread counts), scoped borrows, panic propagation, many tiny dispatches, drop, nesting.
+
+use cortiq_kernels::pool::{Pool, PoolError};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Counts visits per index; reports the first index not visited exactly once.
+fn check_once(counts: &[AtomicUsize], what: &str) {
+    for (i, c) in counts.iter().enumerate() {
+        let v = c.load(Ordering::Relaxed);
+        assert_eq!(v, 1, "{what}: index {i} of {} visited {v} times", counts.len());
+    }
+}
+
+const SIZES: [usize; 14] = [0, 1, 2, 3, 4, 5, 7, 8, 15, 16, 17, 100, 896, 1001];
+const GRAINS: [usize; 7] = [0, 1, 2, 3, 4, 16, 1000];
+
+#[test]
+fn every_index_exactly_once() {
+    for n_threads in [1, 2, 3, 4, 8] {
+        let pool = Pool::new(n_threads).unwrap();
+        assert_eq!(pool.n_threads(), n_threads);
+        for &n in &SIZES {
+            let counts: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+            pool.run(n, |i| {
+                counts[i].fetch_add(1, Ordering::Relaxed);
+            });
+            check_once(&counts, &format!("run n_threads={n_threads} n={n}"));
+            for &grain in &GRAINS {
+                for dynamic in [false, true] {
+                    let counts: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+                    let calls = AtomicUsize::new(0);
+                    let body = |start: usize, end: usize| {
+                        assert!(start < end && end <= n, "bad range {start}..{end} for n={n}");
+                        if grain > 1 {
+                            assert_eq!(start % grain, 0, "range start {start} not on grain {grain}");
+                        }
+                        calls.fetch_add(1, Ordering::Relaxed);
+                        for c in &counts[start..end] {
+                            c.fetch_add(1, Ordering::Relaxed);
+                        }
+                    };
+                    if dynamic {
+                        pool.for_ranges_dynamic(n, grain, body);
+                    } else {
+                        pool.for_ranges(n, grain, body);
+                    }
+                    let what = format!("for_ranges dynamic={dynamic} n_threads={n_threads} n={n} grain={grain}");
+                    check_once(&counts, &what);
+                    let calls = calls.load(Ordering::Relaxed);
+                    let n_chunks = n.div_ceil(grain.max(1));
+                    if dynamic {
+                        assert_eq!(calls, n_chunks, "{what}: one call per chunk");
+                    } else {
+                        assert!(calls <= n_threads.min(n_chunks), "{what}: {calls} calls, at most one per participant");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn static_split_is_balanced_and_parallel() {
+    let pool = Pool::new(4).unwrap();
+    let ranges = Mutex::new(Vec::new());
+    let threads = Mutex::new(std::collections::HashSet::new());
+    pool.for_ranges(1000, 8, |s, e| {
+        ranges.lock().unwrap().push((s, e));
+        threads.lock().unwrap().insert(std::thread::current().id());
+    });
+    let mut r = ranges.into_inner().unwrap();
+    r.sort();
+    assert_eq!(r.len(), 4, "ranges {r:?}");
+    // 125 chunks of 8 over 4 participants: 31 or 32 chunks each.
+    for &(s, e) in &r {
+        let chunks = (e - s).div_ceil(8);
+        assert!((31..=32).contains(&chunks), "unbalanced range {s}..{e} in {r:?}");
+    }
+    assert_eq!(threads.into_inner().unwrap().len(), 4, "every participant ran one range");
+}
+
+#[test]
+fn borrowed_data_mutated_through_disjoint_chunks() {
+    // y = W x for a [rows, cols] matrix, rows split across threads; the closure borrows W, x and
+    // writes y through a raw base pointer to disjoint row ranges (what a matvec kernel does).
+    let (rows, cols) = (301, 67);
+    let w: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
+    let x: Vec<f32> = (0..cols).map(|i| (i as f32 * 0.37).sin()).collect();
+    let expect: Vec<f32> = (0..rows).map(|r| (0..cols).map(|c| w[r * cols + c] * x[c]).sum()).collect();
+    struct OutPtr(*mut f32);
+    // SAFETY (test): each range writes only rows start..end, ranges are disjoint.
+    unsafe impl Sync for OutPtr {}
+    for n_threads in [1, 2, 3] {
+        let pool = Pool::new(n_threads).unwrap();
+        for dynamic in [false, true] {
+            let mut y = vec![f32::NAN; rows];
+            let out = OutPtr(y.as_mut_ptr());
+            let body = |start: usize, end: usize| {
+                let out = &out;
+                for r in start..end {
+                    let v: f32 = (0..cols).map(|c| w[r * cols + c] * x[c]).sum();
+                    unsafe { *out.0.add(r) = v };
+                }
+            };
+            if dynamic {
+                pool.for_ranges_dynamic(rows, 4, body);
+            } else {
+                pool.for_ranges(rows, 4, body);
+            }
+            let (mut max, mut at) = (0f32, 0);
+            for r in 0..rows {
+                let d = (y[r] - expect[r]).abs();
+                if d > max || d.is_nan() {
+                    (max, at) = (d, r);
+                }
+            }
+            assert!(max == 0.0, "n_threads={n_threads} dynamic={dynamic}: max diff {max} at row {at}");
+        }
+        // Safe-Rust version: a Mutex-guarded borrowed Vec of per-range sums.
+        let sums = Mutex::new(vec![0u64; 0]);
+        let data: Vec<u64> = (0..10_000).collect();
+        pool.for_ranges(data.len(), 64, |s, e| {
+            let part: u64 = data[s..e].iter().sum();
+            sums.lock().unwrap().push(part);
+        });
+        let total: u64 = sums.into_inner().unwrap().iter().sum();
+        assert_eq!(total, 10_000 * 9_999 / 2);
+    }
+}
+
+#[test]
+fn panic_propagates_and_pool_stays_usable() {
+    for n_threads in [1, 2, 4] {
+        let pool = Pool::new(n_threads).unwrap();
+        for bad in [0usize, 5, 99] {
+            // A panic on any participant (the caller owns index 0's range) reaches the caller.
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                pool.run(100, |i| {
+                    if i == bad {
+                        panic!("task {i} failed");
+                    }
+                })
+            }));
+            let payload = r.expect_err("the panic must reach the caller");
+            let msg = payload.downcast_ref::<String>().cloned().unwrap_or_default();
+            assert_eq!(msg, format!("task {bad} failed"), "n_threads={n_threads}");
+
+            let e = pool.try_for_ranges(100, 10, |s, e| assert!(!(s..e).contains(&bad), "range holding {bad}")).unwrap_err();
+            match e {
+                PoolError::TaskPanicked { message } => {
+                    assert!(message.contains(&format!("range holding {bad}")), "message {message:?}")
+                }
+                other => panic!("unexpected error {other}"),
+            }
+            // Still usable, and the panic flag does not leak into the next dispatch.
+            let counts: Vec<AtomicUsize> = (0..1000).map(|_| AtomicUsize::new(0)).collect();
+            pool.for_ranges_dynamic(1000, 7, |s, e| counts[s..e].iter().for_each(|c| _ = c.fetch_add(1, Ordering::Relaxed)));
+            check_once(&counts, "after a panic");
+        }
+    }
+}
+
+#[test]
+fn many_tiny_dispatches() {
+    // 100k back-to-back empty-ish jobs: exercises the epoch/pending protocol for lost wakeups.
+    for (n_threads, spin) in [(2, Duration::from_micros(200)), (3, Duration::ZERO), (2, Duration::ZERO)] {
+        let pool = Pool::with_spin(n_threads, spin).unwrap();
+        let hits = AtomicUsize::new(0);
+        let iters = if spin.is_zero() { 20_000 } else { 100_000 };
+        for _ in 0..iters {
+            pool.run(n_threads, |_| {
+                hits.fetch_add(1, Ordering::Relaxed);
+            });
+        }
+        assert_eq!(hits.load(Ordering::Relaxed), iters * n_threads, "n_threads={n_threads} spin={spin:?}");
+    }
+}
+
+#[test]
+fn dispatch_after_workers_fell_asleep() {
+    let pool = Pool::with_spin(3, Duration::from_micros(10)).unwrap();
+    for _ in 0..5 {
+        std::thread::sleep(Duration::from_millis(5)); // workers are parked on the condvar now
+        let counts: Vec<AtomicUsize> = (0..64).map(|_| AtomicUsize::new(0)).collect();
+        pool.run(64, |i| _ = counts[i].fetch_add(1, Ordering::Relaxed));
+        check_once(&counts, "after sleep");
+    }
+}
+
+thread_local! {
+    static HELD: std::cell::RefCell<Option<Arc<()>>> = const { std::cell::RefCell::new(None) };
+}
+
+#[test]
+fn drop_joins_workers() {
+    // Each worker parks a clone of `marker` in a thread-local; thread-locals are destroyed when
+    // the thread exits, so the count returns to 1 only if drop waited for every worker to exit.
+    let marker = Arc::new(());
+    let pool = Pool::new(4).unwrap();
+    let names = Mutex::new(Vec::new());
+    let m = &marker;
+    pool.broadcast(|ith, nth| {
+        assert_eq!(nth, 4);
+        if ith != 0 {
+            HELD.with(|h| *h.borrow_mut() = Some(Arc::clone(m)));
+        }
+        names.lock().unwrap().push((ith, std::thread::current().name().map(str::to_string)));
+    });
+    assert_eq!(Arc::strong_count(&marker), 4, "three workers hold a clone");
+    let mut names = names.into_inner().unwrap();
+    names.sort();
+    assert_eq!(names.len(), 4);
+    for (ith, name) in &names[1..] {
+        assert_eq!(name.as_deref(), Some(format!("cortiq-pool-{ith}").as_str()));
+    }
+    let t0 = std::time::Instant::now();
+    drop(pool);
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    assert_eq!(Arc::strong_count(&marker), 1, "drop returned before every worker exited");
+    // Dropping many pools in a row, some right after creation, never hangs.
+    for k in 0..50 {
+        let p = Pool::new(3).unwrap();
+        if k % 2 == 0 {
+            p.run(3, |_| {});
+        }
+    }
+}
+
+#[test]
+fn nested_call_runs_inline() {
+    let pool = Pool::new(3).unwrap();
+    let inner_hits = AtomicUsize::new(0);
+    let inner_foreign = AtomicUsize::new(0);
+    pool.run(6, |_| {
+        let me = std::thread::current().id();
+        // Same pool from inside a task: must not deadlock, must run on this thread.
+        pool.for_ranges(100, 1, |s, e| {
+            assert_eq!((s, e), (0, 100), "nested static split runs as one inline range");
+            if std::thread::current().id() != me {
+                inner_foreign.fetch_add(1, Ordering::Relaxed);
+            }
+            inner_hits.fetch_add(1, Ordering::Relaxed);
+        });
+        pool.broadcast(|ith, nth| assert_eq!((ith, nth), (0, 1)));
+    });
+    assert_eq!(inner_hits.load(Ordering::Relaxed), 6);
+    assert_eq!(inner_foreign.load(Ordering::Relaxed), 0);
+    // Pool used normally afterwards (the caller's in-pool flag was reset).
+    let threads = Mutex::new(std::collections::HashSet::new());
+    pool.broadcast(|_, nth| {
+        assert_eq!(nth, 3);
+        threads.lock().unwrap().insert(std::thread::current().id());
+    });
+    assert_eq!(threads.into_inner().unwrap().len(), 3);
+}
+
+#[test]
+fn shared_between_threads() {
+    // Two threads calling one pool concurrently are serialized, both complete correctly.
+    let pool = Pool::new(2).unwrap();
+    std::thread::scope(|s| {
+        for t in 0..2 {
+            let pool = &pool;
+            s.spawn(move || {
+                for k in 0..2000 {
+                    let n = 10 + (k + t) % 50;
+                    let counts: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+                    pool.for_ranges(n, 3, |a, b| counts[a..b].iter().for_each(|c| _ = c.fetch_add(1, Ordering::Relaxed)));
+                    check_once(&counts, "concurrent callers");
+                }
+            });
+        }
+    });
+}
