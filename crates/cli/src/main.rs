@@ -81,6 +81,20 @@ struct Common {
     /// is exact f32 math on the dequantized weights (transformers' numerics).
     #[arg(long)]
     q8_act: bool,
+    /// Whose arithmetic to follow: `exact` (f32, transformers' numerics) or `llamacpp` (8-bit
+    /// activations in llama.cpp's kernel orders, f16 KV cache, its flash attention and ops: for
+    /// reproducing llama.cpp's greedy text; keep --batch at its default 512 = llama.cpp's ubatch).
+    #[arg(long, value_enum, default_value_t = NumericsArg::Exact)]
+    numerics: NumericsArg,
+    /// Keep the KV cache in f16 (half the memory; llama.cpp's default cache type).
+    #[arg(long)]
+    kv_f16: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum NumericsArg {
+    Exact,
+    Llamacpp,
 }
 
 #[derive(Args)]
@@ -244,7 +258,15 @@ fn open_model(c: &Common) -> Result<Loaded> {
     let path = pull::resolve_model(&c.model)?;
     let t = Instant::now();
     let mut loaded = load(&path)?;
-    loaded.model.set_act_quant(c.q8_act);
+    if c.numerics == NumericsArg::Llamacpp {
+        loaded.model.set_numerics(cortiq_engine::compat::Numerics::LlamaCpp);
+    }
+    if c.q8_act {
+        loaded.model.set_act_quant(true);
+    }
+    if c.kv_f16 {
+        loaded.model.set_kv_f16(true);
+    }
     tracing::info!("loaded {} ({}) in {:.2}s", path.display(), loaded.model.cfg.arch, t.elapsed().as_secs_f64());
     Ok(loaded)
 }

@@ -2,12 +2,19 @@
 //! QK-norm, RoPE, KV append, causal/sliding softmax attention, output projection) and the gated
 //! FFN. Architecture files compose these; none of them matches on a dtype (QTensor does).
 
+use std::borrow::Cow;
+
 use cortiq_kernels::dot::{axpy, dot};
-use cortiq_kernels::ops::{gated_act, rmsnorm, rmsnorm_inplace, rope, softmax_inplace};
+use cortiq_kernels::ops::{RopeStyle, gated_act, rmsnorm, rmsnorm_inplace, rope, softmax_inplace};
+use half::f16;
 use rayon::prelude::*;
 
-use crate::config::{ModelConfig, Rope};
+use crate::compat::{
+    Numerics, flash_attn_ggml, geglu_ggml, rmsnorm_ggml, rmsnorm_ggml_segments, rope_ggml, rope_tables_ggml, swiglu_ggml,
+};
+use crate::config::{Activation, ModelConfig, Rope};
 use crate::qtensor::QTensor;
+use crate::state::LayerState;
 
 /// RMSNorm every row of x: [n, d] -> out [n, d].
 pub fn rmsnorm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
@@ -18,6 +25,25 @@ pub fn rmsnorm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 /// In-place RMSNorm of every `w.len()`-sized segment (per-head norms and post-norms).
 pub fn rmsnorm_segments(x: &mut [f32], w: &[f32], eps: f32) {
     x.par_chunks_mut(w.len()).for_each(|seg| rmsnorm_inplace(seg, w, eps));
+}
+
+/// `rmsnorm_rows` in the given numerics. x: [n, d] -> out [n, d]
+pub fn rmsnorm_rows_in(num: Numerics, x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    match num {
+        Numerics::Exact => rmsnorm_rows(x, w, eps, out),
+        Numerics::LlamaCpp => {
+            let d = w.len();
+            out.par_chunks_mut(d).zip(x.par_chunks(d)).for_each(|(o, xi)| rmsnorm_ggml(xi, w, eps, o));
+        }
+    }
+}
+
+/// `rmsnorm_segments` in the given numerics.
+pub fn rmsnorm_segments_in(num: Numerics, x: &mut [f32], w: &[f32], eps: f32) {
+    match num {
+        Numerics::Exact => rmsnorm_segments(x, w, eps),
+        Numerics::LlamaCpp => x.par_chunks_mut(w.len()).for_each(|seg| rmsnorm_ggml_segments(seg, w, eps)),
+    }
 }
 
 /// Add a bias to every row.
@@ -52,8 +78,8 @@ pub fn attention(
     h: &[f32],
     n: usize,
     pos0: usize,
-    k_cache: &mut Vec<f32>,
-    v_cache: &mut Vec<f32>,
+    kv: &mut LayerState,
+    num: Numerics,
     trace: &mut dyn FnMut(&str, &[f32]),
 ) -> Vec<f32> {
     let (hd, nh, nkv) = (cfg.head_dim, cfg.n_heads, cfg.n_kv_heads);
@@ -74,59 +100,98 @@ pub fn attention(
         add_bias(&mut v, b);
     }
     if let Some(g) = &w.q_norm {
-        rmsnorm_segments(&mut q, g, cfg.norm_eps);
+        rmsnorm_segments_in(num, &mut q, g, cfg.norm_eps);
     }
     if let Some(g) = &w.k_norm {
-        rmsnorm_segments(&mut k, g, cfg.norm_eps);
+        rmsnorm_segments_in(num, &mut k, g, cfg.norm_eps);
     }
-    let (cos, sin) = rope_cfg.tables(pos0, n); // [n, rot_dim/2] each
+    let ggml_tables = if num == Numerics::LlamaCpp { rope_tables_ggml(rope_cfg, pos0, n) } else { None };
+    let (cos, sin) = ggml_tables.unwrap_or_else(|| rope_cfg.tables(pos0, n)); // [n, rot_dim/2] each
     let half = rope_cfg.rot_dim / 2;
     for i in 0..n {
         let (c, s) = (&cos[i * half..(i + 1) * half], &sin[i * half..(i + 1) * half]);
+        let rot: fn(&mut [f32], &[f32], &[f32], RopeStyle) = if num == Numerics::LlamaCpp { rope_ggml } else { rope };
         for head in q[i * q_dim..(i + 1) * q_dim].chunks_mut(hd) {
-            rope(head, c, s, rope_cfg.style);
+            rot(head, c, s, rope_cfg.style);
         }
         for head in k[i * kv_dim..(i + 1) * kv_dim].chunks_mut(hd) {
-            rope(head, c, s, rope_cfg.style);
+            rot(head, c, s, rope_cfg.style);
         }
     }
     trace("q", &q);
     trace("k", &k);
     trace("v", &v);
-    k_cache.extend_from_slice(&k);
-    v_cache.extend_from_slice(&v);
-    let (kc, vc) = (&k_cache[..], &v_cache[..]);
+    match kv {
+        LayerState::Kv { k: kc, v: vc } => {
+            kc.extend_from_slice(&k);
+            vc.extend_from_slice(&v);
+        }
+        LayerState::KvF16 { k: kc, v: vc } => {
+            kc.extend(k.iter().map(|&x| f16::from_f32(x)));
+            vc.extend(v.iter().map(|&x| f16::from_f32(x)));
+        }
+    }
 
     // One work item per (position, head): scores over the visible keys, softmax, weighted sum.
     let group = nh / nkv;
-    let scale = cfg.attn_scale;
     let softcap = cfg.attn_logit_softcap;
+    let visible = |p: usize| match window {
+        Some(wn) => (p + 1).saturating_sub(wn),
+        None => 0,
+    };
     let mut o = vec![0f32; n * q_dim]; // [n, n_heads, head_dim]
-    o.par_chunks_mut(hd).enumerate().for_each(|(idx, out)| {
-        let (i, head) = (idx / nh, idx % nh);
-        let kvh = head / group;
-        let p = pos0 + i; // absolute position of this query
-        let first = match window {
-            Some(wn) => (p + 1).saturating_sub(wn),
-            None => 0,
-        };
-        let qv = &q[idx * hd..(idx + 1) * hd];
-        let mut scores: Vec<f32> = (first..=p)
-            .map(|j| {
-                let s = dot(qv, &kc[j * kv_dim + kvh * hd..][..hd]) * scale;
-                match softcap {
-                    Some(c) => (s / c).tanh() * c,
-                    None => s,
-                }
-            })
-            .collect();
-        softmax_inplace(&mut scores);
-        out.fill(0.0);
-        for (jj, &pj) in scores.iter().enumerate() {
-            let j = first + jj;
-            axpy(pj, &vc[j * kv_dim + kvh * hd..][..hd], out);
+    if num == Numerics::LlamaCpp {
+        // llama.cpp's Gemma 3 graph scales Q (f32) before attention and passes kq_scale = 1;
+        // the others scale the f16 dot product. Same value, different rounding.
+        let mut scale = cfg.attn_scale;
+        if cfg.arch == "gemma3" {
+            q.par_iter_mut().for_each(|x| *x *= scale);
+            scale = 1.0;
         }
-    });
+        let (kc, vc): (Cow<[f16]>, Cow<[f16]>) = match kv {
+            LayerState::KvF16 { k, v } => (Cow::Borrowed(&k[..]), Cow::Borrowed(&v[..])),
+            LayerState::Kv { k, v } => (
+                Cow::Owned(k.iter().map(|&x| f16::from_f32(x)).collect()),
+                Cow::Owned(v.iter().map(|&x| f16::from_f32(x)).collect()),
+            ),
+        };
+        o.par_chunks_mut(hd).enumerate().for_each(|(idx, out)| {
+            let (i, head) = (idx / nh, idx % nh);
+            let p = pos0 + i;
+            let qv = &q[idx * hd..(idx + 1) * hd];
+            flash_attn_ggml(qv, &kc, &vc, kv_dim, (head / group) * hd, visible(p), p, scale, softcap, out);
+        });
+    } else {
+        let scale = cfg.attn_scale;
+        let (kc, vc): (Cow<[f32]>, Cow<[f32]>) = match kv {
+            LayerState::Kv { k, v } => (Cow::Borrowed(&k[..]), Cow::Borrowed(&v[..])),
+            LayerState::KvF16 { k, v } => {
+                (Cow::Owned(k.iter().map(|x| x.to_f32()).collect()), Cow::Owned(v.iter().map(|x| x.to_f32()).collect()))
+            }
+        };
+        o.par_chunks_mut(hd).enumerate().for_each(|(idx, out)| {
+            let (i, head) = (idx / nh, idx % nh);
+            let kvh = head / group;
+            let p = pos0 + i; // absolute position of this query
+            let first = visible(p);
+            let qv = &q[idx * hd..(idx + 1) * hd];
+            let mut scores: Vec<f32> = (first..=p)
+                .map(|j| {
+                    let s = dot(qv, &kc[j * kv_dim + kvh * hd..][..hd]) * scale;
+                    match softcap {
+                        Some(c) => (s / c).tanh() * c,
+                        None => s,
+                    }
+                })
+                .collect();
+            softmax_inplace(&mut scores);
+            out.fill(0.0);
+            for (jj, &pj) in scores.iter().enumerate() {
+                let j = first + jj;
+                axpy(pj, &vc[j * kv_dim + kvh * hd..][..hd], out);
+            }
+        });
+    }
     trace("attn_out", &o);
     let mut y = vec![0f32; n * cfg.d_model]; // [n, d_model]
     w.wo.matmul(&o, n, &mut y);
@@ -140,13 +205,17 @@ pub struct FfnWeights {
 }
 
 /// Gated FFN: down(act(gate·h) ⊙ up·h). h: [n, d_model] -> [n, d_model].
-pub fn ffn(cfg: &ModelConfig, w: &FfnWeights, h: &[f32], n: usize) -> Vec<f32> {
+pub fn ffn(cfg: &ModelConfig, w: &FfnWeights, h: &[f32], n: usize, num: Numerics) -> Vec<f32> {
     let mut g = vec![0f32; n * cfg.d_ff]; // [n, d_ff]
     let mut u = vec![0f32; n * cfg.d_ff]; // [n, d_ff]
     w.gate.matmul(h, n, &mut g);
     w.up.matmul(h, n, &mut u);
     let act = cfg.act.f();
-    g.par_chunks_mut(cfg.d_ff).zip(u.par_chunks(cfg.d_ff)).for_each(|(gi, ui)| gated_act(gi, ui, act));
+    g.par_chunks_mut(cfg.d_ff).zip(u.par_chunks(cfg.d_ff)).for_each(|(gi, ui)| match (num, cfg.act) {
+        (Numerics::Exact, _) => gated_act(gi, ui, act),
+        (Numerics::LlamaCpp, Activation::Silu) => swiglu_ggml(gi, ui),
+        (Numerics::LlamaCpp, Activation::GeluTanh) => geglu_ggml(gi, ui),
+    });
     let mut y = vec![0f32; n * cfg.d_model]; // [n, d_model]
     w.down.matmul(&g, n, &mut y);
     y

@@ -34,6 +34,10 @@ pub struct Rope {
     pub rot_dim: usize,
     /// rot_dim/2 inverse frequencies, f64 so long positions keep their precision.
     pub inv_freq: Vec<f64>,
+    /// The frequency base and scaling `inv_freq` was built from (llama.cpp numerics recompute
+    /// the angles from them the way ggml does).
+    pub base: f64,
+    pub scaling: RopeScaling,
 }
 
 impl Rope {
@@ -58,7 +62,7 @@ impl Rope {
                 }
             }
         }
-        Rope { style, rot_dim, inv_freq: inv }
+        Rope { style, rot_dim, inv_freq: inv, base: theta, scaling: scaling.clone() }
     }
 
     /// cos and sin for `n` consecutive positions from `pos0`: each [n, rot_dim/2].

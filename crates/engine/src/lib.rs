@@ -3,6 +3,7 @@
 
 pub mod arch;
 pub mod blocks;
+pub mod compat;
 pub mod config;
 pub mod error;
 pub mod generate;

@@ -5,11 +5,12 @@
 use cortiq_kernels::ops::rmsnorm;
 use rayon::prelude::*;
 
-use crate::blocks::{AttentionWeights, FfnWeights, attention, ffn, rmsnorm_rows, rmsnorm_segments};
+use crate::blocks::{AttentionWeights, FfnWeights, attention, ffn, rmsnorm_rows_in, rmsnorm_segments_in};
+use crate::compat::{Numerics, rmsnorm_ggml};
 use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::qtensor::QTensor;
-use crate::state::{LayerState, SeqState};
+use crate::state::SeqState;
 use crate::weights::TensorSource;
 
 pub struct LayerWeights {
@@ -28,6 +29,12 @@ pub struct Model {
     pub output_norm: Vec<f32>,
     /// The LM head; the embedding itself when tied.
     pub output: QTensor,
+    /// Whose arithmetic the forward pass follows (`set_numerics`).
+    pub numerics: Numerics,
+    /// New states keep K/V as f16 (`set_kv_f16`).
+    pub kv_f16: bool,
+    /// Whether `output` shares the embedding's bytes (llama.cpp then never repacks it).
+    tied: bool,
 }
 
 /// Which positions of a chunk to produce logits for.
@@ -47,7 +54,9 @@ impl Model {
     pub fn load_dense(src: &dyn TensorSource, cfg: ModelConfig) -> Result<Model> {
         let (d, q_dim, kv_dim, ff, hd) = (cfg.d_model, cfg.q_dim(), cfg.kv_dim(), cfg.d_ff, cfg.head_dim);
         let tok_embd = src.require("token_embd.weight", cfg.vocab, d)?;
-        let output = src.optional("output.weight", cfg.vocab, d)?.unwrap_or_else(|| tok_embd.clone());
+        let output = src.optional("output.weight", cfg.vocab, d)?;
+        let tied = output.is_none();
+        let output = output.unwrap_or_else(|| tok_embd.clone());
         let output_norm = src.vector("output_norm.weight", d)?;
         let mut layers = Vec::with_capacity(cfg.n_layers);
         for il in 0..cfg.n_layers {
@@ -82,7 +91,7 @@ impl Model {
                 post_ffn_norm: post("post_ffw_norm.weight")?,
             });
         }
-        Ok(Model { cfg, tok_embd, layers, output_norm, output })
+        Ok(Model { cfg, tok_embd, layers, output_norm, output, numerics: Numerics::Exact, kv_f16: false, tied })
     }
 
     /// Every weight matrix of the model.
@@ -110,9 +119,36 @@ impl Model {
         }
     }
 
+    /// `Numerics::LlamaCpp`: reproduce llama.cpp's CPU arithmetic (8-bit activations in its
+    /// kernel orders, f16 KV cache, its flash attention, norms, RoPE and activations), to follow
+    /// its greedy text; `Numerics::Exact` (the default): transformers' f32 numerics. Sets the
+    /// activation quantization and the KV format of new states accordingly; for llama.cpp's
+    /// prompt orders, prefill in chunks of its micro-batch (512).
+    pub fn set_numerics(&mut self, num: Numerics) {
+        let on = num == Numerics::LlamaCpp;
+        self.numerics = num;
+        self.set_act_quant(on);
+        self.kv_f16 = on;
+        let tied = self.tied;
+        self.tok_embd.set_llamacpp_order(on, false);
+        self.output.set_llamacpp_order(on, !tied);
+        for l in &mut self.layers {
+            for t in
+                [&mut l.attn.wq, &mut l.attn.wk, &mut l.attn.wv, &mut l.attn.wo, &mut l.ffn.gate, &mut l.ffn.up, &mut l.ffn.down]
+            {
+                t.set_llamacpp_order(on, true);
+            }
+        }
+    }
+
+    /// Keep K/V of new states as f16 (half the memory; values rounded to nearest) or f32.
+    pub fn set_kv_f16(&mut self, on: bool) {
+        self.kv_f16 = on;
+    }
+
     /// A fresh sequence state holding up to `n_ctx` positions.
     pub fn new_state(&self, n_ctx: usize) -> SeqState {
-        SeqState::new(self.cfg.n_layers, self.cfg.kv_dim(), n_ctx)
+        SeqState::with_kv(self.cfg.n_layers, self.cfg.kv_dim(), n_ctx, self.kv_f16)
     }
 
     /// Run `tokens` at positions state.len.. and append them to the state. Returns logits
@@ -143,21 +179,32 @@ impl Model {
 
         let mut h = vec![0f32; n * d]; // [n, d_model]
         for (il, (lw, spec)) in self.layers.iter().zip(&cfg.layers).enumerate() {
-            let LayerState::Kv { k, v } = &mut state.layers[il];
-            rmsnorm_rows(&x, &lw.attn_norm, cfg.norm_eps, &mut h);
+            let num = self.numerics;
+            rmsnorm_rows_in(num, &x, &lw.attn_norm, cfg.norm_eps, &mut h);
             trace("attn_norm", il, &h);
             let mut tr = |name: &str, vals: &[f32]| trace(name, il, vals);
-            let mut a = attention(cfg, &lw.attn, &cfg.ropes[spec.rope], spec.sliding_window, &h, n, pos0, k, v, &mut tr);
+            let mut a = attention(
+                cfg,
+                &lw.attn,
+                &cfg.ropes[spec.rope],
+                spec.sliding_window,
+                &h,
+                n,
+                pos0,
+                &mut state.layers[il],
+                num,
+                &mut tr,
+            );
             if let Some(g) = &lw.post_attn_norm {
-                rmsnorm_segments(&mut a, g, cfg.norm_eps);
+                rmsnorm_segments_in(num, &mut a, g, cfg.norm_eps);
             }
             trace("attn_proj", il, &a);
             x.iter_mut().zip(&a).for_each(|(xi, ai)| *xi += ai);
-            rmsnorm_rows(&x, &lw.ffn_norm, cfg.norm_eps, &mut h);
+            rmsnorm_rows_in(num, &x, &lw.ffn_norm, cfg.norm_eps, &mut h);
             trace("ffn_norm", il, &h);
-            let mut m = ffn(cfg, &lw.ffn, &h, n);
+            let mut m = ffn(cfg, &lw.ffn, &h, n, num);
             if let Some(g) = &lw.post_ffn_norm {
-                rmsnorm_segments(&mut m, g, cfg.norm_eps);
+                rmsnorm_segments_in(num, &mut m, g, cfg.norm_eps);
             }
             trace("ffn_out", il, &m);
             x.iter_mut().zip(&m).for_each(|(xi, mi)| *xi += mi);
@@ -173,7 +220,10 @@ impl Model {
         let n_out = n - from;
         let mut normed = vec![0f32; n_out * d]; // [n_out, d_model]
         for (o, xi) in normed.chunks_mut(d).zip(x[from * d..].chunks(d)) {
-            rmsnorm(xi, &self.output_norm, cfg.norm_eps, o);
+            match self.numerics {
+                Numerics::Exact => rmsnorm(xi, &self.output_norm, cfg.norm_eps, o),
+                Numerics::LlamaCpp => rmsnorm_ggml(xi, &self.output_norm, cfg.norm_eps, o),
+            }
         }
         trace("result_norm", usize::MAX, &normed);
         let mut logits = vec![0f32; n_out * cfg.vocab]; // [n_out, vocab]

@@ -22,7 +22,10 @@ use std::cell::RefCell;
 use std::sync::Arc;
 
 use cortiq_kernels::dot::{dot, gemm_nt};
-use cortiq_kernels::quant::{ActType, QuantType, act_type, dequantize_act, dequantize_row, matvec_q, quantize_act};
+use cortiq_kernels::quant::{
+    ActType, Order, QuantType, act_type, dequantize_act, dequantize_row, llamacpp_order, matvec_q, matvec_q_order,
+    order_supported, quantize_act,
+};
 use rayon::prelude::*;
 
 /// Bytes a QTensor points into: a memory map or an owned buffer.
@@ -41,6 +44,12 @@ pub struct QTensor {
     row_bytes: usize,
     /// Quantize activations as llama.cpp does (only meaningful for quantized dtypes; off by default).
     act_quant: bool,
+    /// With `act_quant`: every token in llama.cpp's exact float order for its micro-batch
+    /// (`llamacpp_order`), decode and prefill alike, instead of the f32 GEMM for prefill.
+    ggml_order: bool,
+    /// Whether llama.cpp would keep this matrix in its repacked layout (false for tensors it
+    /// reads by row, the token embedding and a tied output).
+    repackable: bool,
 }
 
 impl std::fmt::Debug for QTensor {
@@ -73,7 +82,18 @@ impl QTensor {
         if end > (*backing).as_ref().len() {
             return None;
         }
-        Some(QTensor { name: name.into(), dtype, rows, cols, backing, offset, row_bytes, act_quant: false })
+        Some(QTensor {
+            name: name.into(),
+            dtype,
+            rows,
+            cols,
+            backing,
+            offset,
+            row_bytes,
+            act_quant: false,
+            ggml_order: false,
+            repackable: true,
+        })
     }
 
     /// An owned f32 tensor.
@@ -86,6 +106,25 @@ impl QTensor {
     /// Choose llama.cpp's 8-bit activations (true) or exact f32 math (false, the default).
     pub fn set_act_quant(&mut self, on: bool) {
         self.act_quant = on;
+    }
+
+    /// llama.cpp numerics: 8-bit activations multiplied in the float order llama.cpp's CPU
+    /// backend uses for each token of a batch (`on`), or the default prefill GEMM. `repackable`:
+    /// whether llama.cpp would repack this matrix (false for the embedding and a tied output).
+    pub fn set_llamacpp_order(&mut self, on: bool, repackable: bool) {
+        self.ggml_order = on;
+        self.repackable = repackable;
+    }
+
+    /// The float order llama.cpp uses for token `t` of a batch of `batch`.
+    fn order(&self, batch: usize, t: usize) -> Order {
+        if self.repackable {
+            llamacpp_order(self.dtype, self.rows, batch, t)
+        } else if batch >= 8 && order_supported(self.dtype, Order::Tiled) {
+            Order::Tiled
+        } else {
+            Order::VecDot
+        }
     }
 
     /// The activation format this tensor multiplies with, if activations are quantized.
@@ -123,6 +162,10 @@ impl QTensor {
         assert_eq!(x.len(), n_t * self.cols, "{}: input has {} values, expected {n_t}x{}", self.name, x.len(), self.cols);
         assert_eq!(y.len(), n_t * self.rows, "{}: output has {} values, expected {n_t}x{}", self.name, y.len(), self.rows);
         let act = self.act();
+        if let (Some(act), true) = (act, self.ggml_order) {
+            self.matmul_ggml(act, x, n_t, y);
+            return;
+        }
         if n_t == 1 {
             // Decode: y is already [rows] — write tiles straight into it.
             if let Some(act) = act {
@@ -156,6 +199,26 @@ impl QTensor {
                 y[t * self.rows + r] = yt[r * n_t + t];
             }
         }
+    }
+
+    /// Every token's row quantized to 8 bits and multiplied in llama.cpp's order for its place
+    /// in the batch (`n_t` is the micro-batch). x: [n_t, cols] -> y: [n_t, rows]
+    fn matmul_ggml(&self, act: ActType, x: &[f32], n_t: usize, y: &mut [f32]) {
+        let xq: Vec<Vec<u8>> = x
+            .par_chunks(self.cols)
+            .map(|xi| {
+                let mut q = Vec::new();
+                quantize_act(act, xi, &mut q);
+                q
+            })
+            .collect();
+        y.par_chunks_mut(self.rows).zip(xq.par_iter()).enumerate().for_each(|(t, (yt, q))| {
+            let order = self.order(n_t, t);
+            yt.par_chunks_mut(TILE_ROWS).enumerate().for_each(|(ti, out)| {
+                let r0 = ti * TILE_ROWS;
+                matvec_q_order(self.dtype, order, self.rows_data(r0, out.len()), out.len(), self.cols, q, out);
+            });
+        });
     }
 
     /// out[r_local, t] = W[r0 + r_local] · x[t] for `nr` rows.

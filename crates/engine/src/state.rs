@@ -1,11 +1,16 @@
 //! Per-sequence state: one entry per layer (STYLE principle 9). Dense models have only KV
-//! caches; hybrid mixers add their own variants. Callers use `len`, `checkpoint` and
-//! `rollback`, never the layer internals.
+//! caches (f32, or f16 for half the memory and llama.cpp's cache format); hybrid mixers add
+//! their own variants. Callers use `len`, `checkpoint` and `rollback`, never the layer internals.
+
+use half::f16;
 
 /// One layer's state.
 pub enum LayerState {
     /// Keys and values of every position so far: each [len, n_kv_heads, head_dim].
     Kv { k: Vec<f32>, v: Vec<f32> },
+    /// The same, stored as f16 (llama.cpp's default cache type): half the bytes. Values are
+    /// rounded to nearest-even on append, as ggml's f32 -> f16 copy does.
+    KvF16 { k: Vec<f16>, v: Vec<f16> },
 }
 
 pub struct SeqState {
@@ -24,8 +29,22 @@ pub struct Checkpoint {
 }
 
 impl SeqState {
+    /// A state with f32 KV caches.
     pub fn new(n_layers: usize, kv_dim: usize, n_ctx: usize) -> SeqState {
-        let layers = (0..n_layers).map(|_| LayerState::Kv { k: Vec::new(), v: Vec::new() }).collect();
+        SeqState::with_kv(n_layers, kv_dim, n_ctx, false)
+    }
+
+    /// A state whose KV caches hold f16 (`kv_f16`) or f32 values.
+    pub fn with_kv(n_layers: usize, kv_dim: usize, n_ctx: usize, kv_f16: bool) -> SeqState {
+        let layers = (0..n_layers)
+            .map(|_| {
+                if kv_f16 {
+                    LayerState::KvF16 { k: Vec::new(), v: Vec::new() }
+                } else {
+                    LayerState::Kv { k: Vec::new(), v: Vec::new() }
+                }
+            })
+            .collect();
         SeqState { layers, len: 0, n_ctx, kv_dim }
     }
 
@@ -41,6 +60,10 @@ impl SeqState {
         for l in &mut self.layers {
             match l {
                 LayerState::Kv { k, v } => {
+                    k.truncate(n);
+                    v.truncate(n);
+                }
+                LayerState::KvF16 { k, v } => {
                     k.truncate(n);
                     v.truncate(n);
                 }
@@ -63,6 +86,7 @@ impl SeqState {
             .iter()
             .map(|l| match l {
                 LayerState::Kv { k, v } => (k.len() + v.len()) * 4,
+                LayerState::KvF16 { k, v } => (k.len() + v.len()) * 2,
             })
             .sum()
     }

@@ -1,0 +1,280 @@
+//! llama.cpp numerics: the engine's second numeric mode, which reproduces the float arithmetic
+//! of llama.cpp's x86 CPU backend (AVX-512 build, default settings) op by op, so that greedy
+//! text agrees with llama.cpp's token for token through near-ties.
+//!
+//! Owns: `Numerics` (the mode switch), and the ggml-order twins of the ops whose rounding
+//! differs from the exact path: `rmsnorm_ggml` (sum of f32 squares in f64, f32 mean and scale),
+//! `rope_tables_ggml` (theta advanced by f32 products, `cosf`/`sinf`), `swiglu_ggml` (ggml's
+//! polynomial `expf`), `geglu_ggml` (GELU through ggml's f16 table) and `flash_attn_ggml`
+//! (ggml-cpu's `flash_attn_ext_f16` one-chunk path: f16 K/V, Q rounded to f16, the f16 dot in
+//! `ggml_vec_dot_f16`'s lane order, online softmax, V accumulated in f16).
+//! The quantized matmuls' side of the mode lives in QTensor (`set_llamacpp_order`).
+//!
+//! Why a separate mode: llama.cpp rounds activations to 8 bits before every quantized matmul,
+//! keeps K/V in f16 and accumulates attention in f16. Each of these moves a logit by ~1e-3,
+//! enough to flip a near-tie; reproducing them is the only way to follow llama.cpp's text. The
+//! exact mode stays the default because it is the reproducible reference (transformers).
+//!
+//! Not reproduced (documented limits): the tiled flash-attention path llama.cpp takes for prompt
+//! micro-batches of >= 64 queries (f32 Q·K GEMM per 64-key tile), its KV-split path for single
+//! queries over >= 512 cache cells, and FMA contraction inside RoPE's rotation.
+
+use cortiq_kernels::ops::RopeStyle;
+use half::f16;
+
+use crate::config::{Rope, RopeScaling};
+
+/// Which arithmetic the engine follows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Numerics {
+    /// f32 math on dequantized weights, f32 KV cache: transformers' numerics (the default).
+    #[default]
+    Exact,
+    /// llama.cpp's CPU numerics: 8-bit activations in ggml's kernel orders, f16 KV cache,
+    /// ggml's flash attention, norms, RoPE and activations.
+    LlamaCpp,
+}
+
+/// ggml_rms_norm followed by ggml_mul with the gain: `sum += (double)(x*x)` (the square
+/// rounded to f32 first), `mean = (float)(sum/n)`, `scale = 1.0f/sqrtf(mean + eps)`,
+/// `y = (x*scale)*w`. x, w, out: [d]
+pub fn rmsnorm_ggml(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    assert!(x.len() == w.len() && x.len() == out.len());
+    let scale = ggml_rms_scale(x, eps);
+    for ((o, &xi), &wi) in out.iter_mut().zip(x).zip(w) {
+        *o = (xi * scale) * wi;
+    }
+}
+
+/// In-place `rmsnorm_ggml` of every `w.len()`-sized segment of x.
+pub fn rmsnorm_ggml_segments(x: &mut [f32], w: &[f32], eps: f32) {
+    for seg in x.chunks_mut(w.len()) {
+        let scale = ggml_rms_scale(seg, eps);
+        for (v, &wi) in seg.iter_mut().zip(w) {
+            *v = (*v * scale) * wi;
+        }
+    }
+}
+
+fn ggml_rms_scale(x: &[f32], eps: f32) -> f32 {
+    let sum: f64 = x.iter().map(|&v| (v * v) as f64).sum();
+    let mean = (sum / x.len() as f64) as f32;
+    1.0f32 / (mean + eps).sqrt()
+}
+
+/// cos and sin for `n` positions from `pos0` as ggml_rope_cache_init computes them:
+/// `theta_scale = powf(base, -2.0f/n_dims)`, theta starts at the position (f32) and is
+/// multiplied by theta_scale once per pair; `cosf(freq_scale*theta)`. Each [n, rot_dim/2].
+/// Returns None for scalings ggml expresses differently (Llama 3 frequency factors); the caller
+/// falls back to the exact tables.
+pub fn rope_tables_ggml(rope: &Rope, pos0: usize, n: usize) -> Option<(Vec<f32>, Vec<f32>)> {
+    let freq_scale = match rope.scaling {
+        RopeScaling::None => 1.0f32,
+        RopeScaling::Linear { factor } => (1.0 / factor) as f32,
+        RopeScaling::Llama3 { .. } => return None,
+    };
+    let half = rope.rot_dim / 2;
+    let theta_scale = (rope.base as f32).powf(-2.0f32 / rope.rot_dim as f32);
+    let mut cos = Vec::with_capacity(n * half);
+    let mut sin = Vec::with_capacity(n * half);
+    for p in pos0..pos0 + n {
+        let mut theta = p as f32;
+        for _ in 0..half {
+            let t = freq_scale * theta;
+            cos.push(t.cos());
+            sin.push(t.sin());
+            theta *= theta_scale;
+        }
+    }
+    Some((cos, sin))
+}
+
+/// Rotate one head in place as ggml's rope (rotate_pairs) does. GCC contracts
+/// `x0*cos - x1*sin` and `x0*sin + x1*cos` into one FMA each (the first product fused, the
+/// second rounded). x: [head_dim]; cos/sin: [rot_dim/2]
+pub fn rope_ggml(x: &mut [f32], cos: &[f32], sin: &[f32], style: RopeStyle) {
+    let half = cos.len();
+    let (stride, off) = match style {
+        RopeStyle::NeoX => (1, half),
+        RopeStyle::Interleaved => (2, 1),
+    };
+    for i in 0..half {
+        let (a, b) = (i * stride, i * stride + off);
+        let (x0, x1) = (x[a], x[b]);
+        x[a] = x0.mul_add(cos[i], -(x1 * sin[i]));
+        x[b] = x0.mul_add(sin[i], x1 * cos[i]);
+    }
+}
+
+/// ggml's AVX-512 `ggml_v_expf` (a polynomial, within ~1.5 ulp of expf), lane for lane.
+pub fn expf_ggml(x: f32) -> f32 {
+    let r = f32::from_bits(0x4b40_0000); // 0x1.8p23
+    let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), r); // 0x1.715476p+0 = log2(e)
+    let n = z - r;
+    // fnmadd(a, b, c) = c - a*b, fused
+    let b = (-n).mul_add(f32::from_bits(0x35bf_be8e), (-n).mul_add(f32::from_bits(0x3f31_7200), x));
+    let u = b * b;
+    let j = f32::from_bits(0x3c07_2010)
+        .mul_add(b, f32::from_bits(0x3d2b_9f17))
+        .mul_add(u, f32::from_bits(0x3e2a_af33).mul_add(b, f32::from_bits(0x3eff_fedb)))
+        .mul_add(u, f32::from_bits(0x3f7f_fff6).mul_add(b, 1.0));
+    if n.abs() > 192.0 {
+        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
+    }
+    // _mm512_scalef_ps(j, n) = j * 2^floor(n): one rounding, done in f64 (exact product).
+    (j as f64 * 2f64.powi(n as i32)) as f32
+}
+
+/// `gate[i] = silu(gate[i]) * up[i]` as ggml_vec_swiglu_f32 computes it on AVX-512:
+/// `x / (1 + ggml_v_expf(0 - x))`.
+pub fn swiglu_ggml(gate: &mut [f32], up: &[f32]) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        *g = (x / (1.0 + expf_ggml(0.0 - x))) * u;
+    }
+}
+
+/// ggml's scalar GELU (tanh form), the values of its f16 table.
+fn gelu_f32_ggml(x: f32) -> f32 {
+    const GELU_COEF_A: f32 = 0.044715;
+    const SQRT_2_OVER_PI: f32 = 0.797_884_560_802_865_4;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)).tanh())
+}
+
+/// `gate[i] = gelu(gate[i]) * up[i]` as ggml_vec_geglu_f32 computes it (GGML_GELU_FP16): 0
+/// below -10, identity above 10, else the f16 table entry of f16(x).
+pub fn geglu_ggml(gate: &mut [f32], up: &[f32]) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        *g = if x <= -10.0 {
+            0.0
+        } else if x >= 10.0 {
+            x * u
+        } else {
+            let xh = f16::from_f32(x).to_f32();
+            f16::from_f32(gelu_f32_ggml(xh)).to_f32() * u
+        };
+    }
+}
+
+/// Sum the 16 lanes of an AVX-512 register as GCC's `_mm512_reduce_add_ps` does: upper 256
+/// bits + lower, upper 128 + lower, then lanes (0+2) + (1+3).
+fn reduce_add_16(a: &[f32; 16]) -> f32 {
+    let t3: [f32; 8] = std::array::from_fn(|i| a[i + 8] + a[i]);
+    let t6: [f32; 4] = std::array::from_fn(|i| t3[i + 4] + t3[i]);
+    (t6[0] + t6[2]) + (t6[1] + t6[3])
+}
+
+/// ggml_vec_dot_f16 on an AVX-512 build without FP16 arithmetic: four 16-lane f32 accumulators
+/// over 64-element steps (one FMA each), reduced (0+2, 1+3, 0+1, then the register), the
+/// leftovers added in f64.
+pub fn vec_dot_f16_ggml(x: &[f16], y: &[f16]) -> f32 {
+    let n = x.len();
+    let np = n & !63;
+    let mut acc = [[0f32; 16]; 4];
+    for i in (0..np).step_by(64) {
+        for (j, a) in acc.iter_mut().enumerate() {
+            for (l, al) in a.iter_mut().enumerate() {
+                let e = i + j * 16 + l;
+                *al = x[e].to_f32().mul_add(y[e].to_f32(), *al);
+            }
+        }
+    }
+    for l in 0..16 {
+        acc[0][l] += acc[2][l];
+        acc[1][l] += acc[3][l];
+    }
+    for l in 0..16 {
+        acc[0][l] += acc[1][l];
+    }
+    let mut sum = reduce_add_16(&acc[0]) as f64;
+    for e in np..n {
+        sum += (x[e].to_f32() * y[e].to_f32()) as f64;
+    }
+    sum as f32
+}
+
+/// One query head against keys/values `first..=last` of an f16 cache, as ggml-cpu's
+/// `flash_attn_ext_f16_one_chunk` computes it: Q rounded to f16; per key `s = dot*scale`
+/// (softcap: `c*tanhf(s*scale/c)`); online softmax with libm `expf`; the f16 accumulator scaled
+/// on a new maximum and updated by `f16(fma(v, p, acc))`; finally `acc * (1/S)` in f32.
+/// q: [hd]; kc/vc: [len, kv_dim]; `off` = the head's offset in a row; out: [hd]
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attn_ggml(
+    q: &[f32],
+    kc: &[f16],
+    vc: &[f16],
+    kv_dim: usize,
+    off: usize,
+    first: usize,
+    last: usize,
+    scale: f32,
+    softcap: Option<f32>,
+    out: &mut [f32],
+) {
+    let hd = q.len();
+    let qh: Vec<f16> = q.iter().map(|&v| f16::from_f32(v)).collect();
+    let scale = match softcap {
+        Some(c) => scale / c,
+        None => scale,
+    };
+    let mut acc = vec![f16::ZERO; hd];
+    let (mut s_sum, mut m) = (0f32, f32::NEG_INFINITY);
+    for j in first..=last {
+        let k = &kc[j * kv_dim + off..][..hd];
+        let v = &vc[j * kv_dim + off..][..hd];
+        let mut s = vec_dot_f16_ggml(k, &qh) * scale;
+        if let Some(c) = softcap {
+            s = c * s.tanh();
+        }
+        let (mut ms, mut vs) = (1f32, 1f32);
+        if s > m {
+            let m_old = m;
+            m = s;
+            ms = (m_old - m).exp();
+            for a in acc.iter_mut() {
+                *a = f16::from_f32(a.to_f32() * ms);
+            }
+        } else {
+            vs = (s - m).exp();
+        }
+        for (a, vv) in acc.iter_mut().zip(v) {
+            *a = f16::from_f32(vv.to_f32().mul_add(vs, a.to_f32()));
+        }
+        s_sum = s_sum.mul_add(ms, vs);
+    }
+    let inv = if s_sum == 0.0 { 0.0 } else { 1.0 / s_sum };
+    for (o, a) in out.iter_mut().zip(&acc) {
+        *o = a.to_f32() * inv;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expf_ggml_is_close_to_expf() {
+        let mut worst = (0f32, 0f32);
+        for i in -2000..2000 {
+            let x = i as f32 * 0.043;
+            let (a, b) = (expf_ggml(x), x.exp());
+            let rel = ((a - b) / b).abs();
+            if rel > worst.0 {
+                worst = (rel, x);
+            }
+        }
+        assert!(worst.0 < 4e-7, "expf_ggml off by {} (relative) at x = {}", worst.0, worst.1);
+        assert_eq!(expf_ggml(-200.0), 0.0);
+        assert_eq!(expf_ggml(200.0), f32::INFINITY);
+    }
+
+    #[test]
+    fn vec_dot_f16_matches_f64_dot() {
+        let x: Vec<f16> = (0..200).map(|i| f16::from_f32(((i * 37 % 101) as f32 - 50.0) / 32.0)).collect();
+        let y: Vec<f16> = (0..200).map(|i| f16::from_f32(((i * 53 % 97) as f32 - 48.0) / 16.0)).collect();
+        let exact: f64 = x.iter().zip(&y).map(|(a, b)| a.to_f64() * b.to_f64()).sum();
+        let got = vec_dot_f16_ggml(&x, &y) as f64;
+        assert!((got - exact).abs() <= 1e-6 * exact.abs().max(1.0), "dot {got} vs {exact}");
+    }
+}
