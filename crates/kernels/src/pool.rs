@@ -11,13 +11,19 @@
 //! ggml's CPU threadpool, kept as plain as llama2.c's loops). `examples/pool_bench.rs` measures
 //! the difference.
 //!
-//! Model: `n_threads - 1` persistent workers plus the calling thread, which takes participant
-//! index 0 and does its share of the work instead of waiting idle. A call returns only when every
-//! participant has finished, so closures may borrow from the caller's stack (scoped, like
-//! `std::thread::scope`). Workers spin on the generation counter for a bounded time after each
-//! job (the next matvec usually follows within microseconds), then sleep on a condvar; the
-//! caller wakes sleepers only when there are any. The caller waits for completion the same way:
-//! spin, then sleep until the last worker signals.
+//! Model: `n_threads - 1` persistent workers plus the calling thread, which does its share of
+//! the work instead of waiting idle. A job is a number of units (one row range per thread for
+//! the static split, one chunk each for the dynamic one) claimed from an atomic counter by
+//! whoever is there. A call returns only when every unit is done and every worker that joined
+//! has left, so closures may borrow from the caller's stack (scoped, like `std::thread::scope`).
+//! Workers spin on a generation word for a bounded time after each job (the next matvec usually
+//! follows within microseconds), then sleep on a condvar; the caller wakes sleepers only when
+//! there are any. A worker that the OS has not scheduled by the time the caller has claimed
+//! every unit is shut out of that job (it finds the gate closed), so a busy machine degrades
+//! to the caller doing the work alone rather than to waiting a scheduler tick for a straggler.
+//! The caller waits for workers that did join the same way: spin, then sleep until the last
+//! one signals. Consequence for users: units must never wait on one another (no barriers
+//! inside a job) — all of them may run on one thread.
 //!
 //! Nested calls (a task calling into a pool again) run inline on the calling thread: workers
 //! cannot wait on themselves, and inner parallelism under an outer parallel loop buys nothing on
@@ -82,25 +88,36 @@ thread_local! {
 }
 
 /// Keeps the hot atomics on their own cache lines (128: adjacent-line prefetch pairs lines on
-/// x86), so workers polling `epoch` do not contend with workers decrementing `pending`.
+/// x86), so workers polling `gate` do not contend with participants claiming units on `next`.
 #[repr(align(128))]
 struct Padded<T>(T);
 
-/// The published job: a participant index in 0..n_threads -> its share of the work. The
-/// `'static` is a lie told to the type system; see the SAFETY comment in `Pool::dispatch`.
+/// The published job: a unit index in 0..n_units -> that unit's work. The `'static` is a lie
+/// told to the type system; see the SAFETY comment in `Pool::dispatch`.
 type JobPtr = *const (dyn Fn(usize) + Sync + 'static);
 
+// The gate word: | epoch (43 bits) | CLOSED (1) | workers inside the job (20) |.
+const COUNT_MASK: u64 = (1 << 20) - 1;
+const CLOSED: u64 = 1 << 20;
+const EPOCH_SHIFT: u32 = 21;
+
 struct Shared {
-    /// Generation counter: bumped once per dispatch (and once at shutdown). Workers compare it
-    /// with the last value they served.
-    epoch: Padded<AtomicU64>,
-    /// Workers that have not finished the current job.
-    pending: Padded<AtomicUsize>,
-    /// The current job; written only by the dispatching caller while `pending == 0`.
+    /// One word so that "is this dispatch still open, and which one is it" and "enter it" are
+    /// a single compare-exchange. A dispatch opens a new epoch with count 0; workers enter
+    /// (count + 1) only while it is open, leave (count - 1) when done; the caller closes it once
+    /// every unit is claimed and waits for count 0. A worker that wakes late finds it closed
+    /// and never touches the job, so the caller never waits on a thread the OS has not
+    /// scheduled: it just does that thread's units itself (a shared 2-core machine does this
+    /// to us all the time).
+    gate: Padded<AtomicU64>,
+    /// Next unclaimed unit of the current job.
+    next: Padded<AtomicUsize>,
+    /// Units in the current job; written by the dispatcher before opening the gate.
+    n_units: AtomicUsize,
+    /// The current job; written only by the dispatcher while the gate is closed with count 0.
     job: UnsafeCell<Option<JobPtr>>,
     shutdown: AtomicBool,
-    /// Set when any participant's task panicked in the current dispatch; chunk loops stop
-    /// handing out new work once it is set.
+    /// Set when a unit panicked in the current dispatch; no new units are claimed after it.
     panicked: AtomicBool,
     /// First panic payload of the current dispatch, re-raised on the caller.
     panic_payload: Mutex<Option<Box<dyn Any + Send>>>,
@@ -116,10 +133,11 @@ struct Shared {
 }
 
 // SAFETY: every field but `job` is Sync. `job` is an UnsafeCell accessed under a protocol:
-// the dispatcher (holding `Pool::dispatch_lock`) writes it only while `pending == 0`, i.e. no
-// worker is reading it, then publishes it with a SeqCst (release) bump of `epoch`; workers read
-// it only after observing that bump (acquire) and stop before their release decrement of
-// `pending`. Writes and reads are therefore never concurrent. The pointee is `Sync`, so sharing
+// the dispatcher (holding `Pool::dispatch_lock`) writes it only while the gate is closed with
+// no worker inside, then opens the gate with a SeqCst (release) store; a worker reads it only
+// after entering through a SeqCst (acquire) compare-exchange on that open gate, and stops
+// before leaving (release). The dispatcher waits for count 0 after closing before it writes
+// again. Writes and reads are therefore never concurrent. The pointee is `Sync`, so sharing
 // `&dyn Fn` across threads is sound.
 unsafe impl Sync for Shared {}
 unsafe impl Send for Shared {}
@@ -130,9 +148,20 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Shared {
-    /// Runs participant `ith`'s share, recording a panic instead of unwinding.
-    fn run_part(&self, job: &(dyn Fn(usize) + Sync), ith: usize) {
-        if let Err(payload) = catch_unwind(AssertUnwindSafe(|| job(ith))) {
+    /// Claims and runs units until none are left, recording a panic instead of unwinding.
+    fn run_units(&self, job: &(dyn Fn(usize) + Sync)) {
+        let n_units = self.n_units.load(Ordering::Relaxed);
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            while !self.panicked.load(Ordering::Relaxed) {
+                // Relaxed: the RMW alone makes claims unique; data visibility rides on `gate`.
+                let u = self.next.0.fetch_add(1, Ordering::Relaxed);
+                if u >= n_units {
+                    return;
+                }
+                job(u);
+            }
+        }));
+        if let Err(payload) = r {
             self.panicked.store(true, Ordering::Relaxed);
             let mut slot = lock(&self.panic_payload);
             if slot.is_none() {
@@ -159,40 +188,57 @@ impl Shared {
     }
 }
 
-fn worker_main(shared: Arc<Shared>, ith: usize) {
+fn worker_main(shared: Arc<Shared>) {
     IN_POOL.with(|f| f.set(true));
-    // The pool starts at generation 0; do not load it here, or a dispatch issued before this
-    // thread first runs would be taken as already seen and never served.
+    let sh = &*shared;
+    // The gate starts at epoch 0; do not load it here, or a dispatch opened before this thread
+    // first runs would be taken as already seen.
     let mut seen = 0u64;
+    let epoch_of = |g: u64| g >> EPOCH_SHIFT;
     loop {
-        // Wait for a new generation: spin, then sleep.
-        if !shared.spin_until(|| shared.epoch.0.load(Ordering::Acquire) != seen) {
-            let mut guard = lock(&shared.sleep_lock);
-            // Dekker pair with the dispatcher: we announce sleeping, then re-read epoch; it
-            // bumps epoch, then reads `sleepers`. SeqCst on all four makes at least one side
+        // Wait for a new epoch: spin, then sleep.
+        if !sh.spin_until(|| epoch_of(sh.gate.0.load(Ordering::Acquire)) != seen) {
+            let mut guard = lock(&sh.sleep_lock);
+            // Dekker pair with the dispatcher: we announce sleeping, then re-read the gate; it
+            // opens the gate, then reads `sleepers`. SeqCst on all four makes at least one side
             // see the other, and we hold `sleep_lock` from the re-read until `wait` releases
             // it, so the dispatcher's notify (taken under the lock) cannot slip in between.
-            shared.sleepers.fetch_add(1, Ordering::SeqCst);
-            while shared.epoch.0.load(Ordering::SeqCst) == seen {
-                guard = shared.wake.wait(guard).unwrap_or_else(PoisonError::into_inner);
+            sh.sleepers.fetch_add(1, Ordering::SeqCst);
+            while epoch_of(sh.gate.0.load(Ordering::SeqCst)) == seen {
+                guard = sh.wake.wait(guard).unwrap_or_else(PoisonError::into_inner);
             }
-            shared.sleepers.fetch_sub(1, Ordering::SeqCst);
+            sh.sleepers.fetch_sub(1, Ordering::SeqCst);
         }
-        seen = shared.epoch.0.load(Ordering::Acquire);
-        if shared.shutdown.load(Ordering::Acquire) {
+        let mut g = sh.gate.0.load(Ordering::Acquire);
+        seen = epoch_of(g);
+        if sh.shutdown.load(Ordering::Acquire) {
             return;
         }
-        // SAFETY: we observed the new epoch (acquire), so the dispatcher's write of `job`
-        // happened before this read, and the dispatcher will not write it again or return
-        // (ending the closure's borrow) until we decrement `pending` below.
-        let job = unsafe { (*shared.job.get()).expect("pool: epoch bumped without a job") };
+        // Enter the dispatch if it is still open (else we were late: nothing to do).
+        let entered = loop {
+            if g & CLOSED != 0 || epoch_of(g) != seen {
+                break false;
+            }
+            match sh.gate.0.compare_exchange_weak(g, g + 1, Ordering::SeqCst, Ordering::Acquire) {
+                Ok(_) => break true,
+                Err(now) => g = now,
+            }
+        };
+        if !entered {
+            continue;
+        }
+        // SAFETY: we entered the open gate (acquire), so the dispatcher's write of `job`
+        // happened before this read, and it will not write `job` again or return (ending the
+        // closure's borrow) until we leave below.
+        let job = unsafe { (*sh.job.get()).expect("pool: gate opened without a job") };
         // SAFETY: as above, the pointee outlives this use.
-        shared.run_part(unsafe { &*job }, ith);
-        // Last access to the job above; the release half of SeqCst publishes our writes
-        // (the task's results) to the caller's acquire load of `pending`.
-        if shared.pending.0.fetch_sub(1, Ordering::SeqCst) == 1 && shared.caller_sleeping.load(Ordering::SeqCst) {
-            let _g = lock(&shared.done_lock);
-            shared.done.notify_one();
+        sh.run_units(unsafe { &*job });
+        // Leave: our last access to the job is above; the release half of SeqCst publishes
+        // the units' writes to the caller's acquire load of the gate.
+        let prev = sh.gate.0.fetch_sub(1, Ordering::SeqCst);
+        if prev & COUNT_MASK == 1 && prev & CLOSED != 0 && sh.caller_sleeping.load(Ordering::SeqCst) {
+            let _g = lock(&sh.done_lock);
+            sh.done.notify_one();
         }
     }
 }
@@ -229,8 +275,9 @@ impl Pool {
             n_threads
         };
         let shared = Arc::new(Shared {
-            epoch: Padded(AtomicU64::new(0)),
-            pending: Padded(AtomicUsize::new(0)),
+            gate: Padded(AtomicU64::new(CLOSED)),
+            next: Padded(AtomicUsize::new(0)),
+            n_units: AtomicUsize::new(0),
             job: UnsafeCell::new(None),
             shutdown: AtomicBool::new(false),
             panicked: AtomicBool::new(false),
@@ -248,7 +295,7 @@ impl Pool {
             let s = Arc::clone(&pool.shared);
             let handle = std::thread::Builder::new()
                 .name(format!("cortiq-pool-{ith}"))
-                .spawn(move || worker_main(s, ith))
+                .spawn(move || worker_main(s))
                 .map_err(|source| PoolError::Spawn { index: ith, source })?;
             // On error, `pool` drops here and joins the workers already started.
             pool.workers.push(handle);
@@ -261,11 +308,19 @@ impl Pool {
         self.n_threads
     }
 
-    /// Runs `f(ith, nth)` once on each of `nth` participants (ith in 0..nth), ggml style: the
-    /// closure splits the work itself. `nth` is `n_threads`, or 1 when running inline (nested
-    /// call or single-threaded pool). Returns when all are done; re-raises a task's panic here.
+    /// Calls `f(ith, nth)` once for each `ith` in `0..nth`, ggml style: the closure splits the
+    /// work itself. `nth` is `n_threads`, or 1 when running inline (nested call or
+    /// single-threaded pool). Each `ith` runs exactly once, usually each on its own thread,
+    /// but a late worker's `ith` is done by whoever is free (the caller, typically), so do not
+    /// assume one thread per `ith`. Returns when all are done; re-raises a task's panic here.
     pub fn broadcast<F: Fn(usize, usize) + Sync>(&self, f: F) {
-        if let Err(p) = self.try_broadcast_raw(&f) {
+        let r = if self.parallel_here() {
+            let nth = self.n_threads;
+            self.dispatch(nth, &|ith| f(ith, nth))
+        } else {
+            catch_unwind(AssertUnwindSafe(|| f(0, 1)))
+        };
+        if let Err(p) = r {
             resume_unwind(p);
         }
     }
@@ -285,8 +340,10 @@ impl Pool {
     /// Splits `0..n_rows` into one contiguous range per participant, boundaries on multiples of
     /// `grain` (e.g. the rows a SIMD kernel handles at once), and calls `f(start, end)` once per
     /// non-empty range. Every row is covered exactly once. Static split: the right choice for
-    /// uniform rows (matvec), each thread streaming one contiguous slab of weights. Ranges that
-    /// fit in a single grain run inline without waking anyone. Re-raises a task's panic.
+    /// uniform rows (matvec), each thread streaming one contiguous slab of weights (a worker
+    /// that has not woken by the time the caller finishes its slab gets its slab taken by the
+    /// caller). Work that fits in one grain runs inline without waking anyone. Re-raises a
+    /// task's panic.
     pub fn for_ranges<F: Fn(usize, usize) + Sync>(&self, n_rows: usize, grain: usize, f: F) {
         if let Err(e) = self.for_ranges_impl(n_rows, grain, &f) {
             resume_unwind(e);
@@ -322,14 +379,12 @@ impl Pool {
         if n_chunks == 1 || !self.parallel_here() {
             return catch_unwind(AssertUnwindSafe(|| f(0, n_rows)));
         }
-        self.try_broadcast_raw(&|ith, nth| {
-            // Chunks [ith*C/nth, (ith+1)*C/nth): balanced to within one chunk.
+        let nth = self.n_threads.min(n_chunks);
+        self.dispatch(nth, &|ith| {
+            // Chunks [ith*C/nth, (ith+1)*C/nth): balanced to within one chunk, never empty.
             let c0 = ith * n_chunks / nth;
             let c1 = (ith + 1) * n_chunks / nth;
-            let (start, end) = (c0 * grain, (c1 * grain).min(n_rows));
-            if start < end {
-                f(start, end);
-            }
+            f(c0 * grain, (c1 * grain).min(n_rows));
         })
     }
 
@@ -347,20 +402,7 @@ impl Pool {
                 }
             }));
         }
-        let next = AtomicUsize::new(0);
-        let panicked = &self.shared.panicked;
-        self.try_broadcast_raw(&|_ith, _nth| {
-            loop {
-                if panicked.load(Ordering::Relaxed) {
-                    return;
-                }
-                let c = next.fetch_add(1, Ordering::Relaxed);
-                if c >= n_chunks {
-                    return;
-                }
-                f(c * grain, ((c + 1) * grain).min(n_rows));
-            }
-        })
+        self.dispatch(n_chunks, &|c| f(c * grain, ((c + 1) * grain).min(n_rows)))
     }
 
     /// False when a call here must run inline: single-threaded pool, or already inside a pool
@@ -369,57 +411,57 @@ impl Pool {
         self.n_threads > 1 && !IN_POOL.with(|c| c.get())
     }
 
-    /// Runs `f(ith, nth)` on every participant; returns the first panic payload, if any.
-    fn try_broadcast_raw(&self, f: &(dyn Fn(usize, usize) + Sync)) -> Result<(), Box<dyn Any + Send>> {
-        if !self.parallel_here() {
-            return catch_unwind(AssertUnwindSafe(|| f(0, 1)));
-        }
-        let nth = self.n_threads;
-        let job = move |ith: usize| f(ith, nth);
-        self.dispatch(&job)
-    }
-
-    /// Publishes `job` to the workers, runs participant 0 here, waits for all, and returns the
-    /// first panic payload. Never returns (or unwinds) before every worker is done with `job`.
-    fn dispatch(&self, job: &(dyn Fn(usize) + Sync)) -> Result<(), Box<dyn Any + Send>> {
+    /// Publishes `job` over units `0..n_units`, claims units here alongside the workers, closes
+    /// the gate once all are claimed, waits for the workers that entered, and returns the first
+    /// panic payload. Never returns (or unwinds) before every worker is done with `job`.
+    fn dispatch(&self, n_units: usize, job: &(dyn Fn(usize) + Sync)) -> Result<(), Box<dyn Any + Send>> {
         let sh = &*self.shared;
         let guard = lock(&self.dispatch_lock);
         IN_POOL.with(|c| c.set(true));
+        // The gate is closed with count 0 here: the previous dispatch (or `new`) left it so,
+        // and we hold `dispatch_lock`.
+        let g = sh.gate.0.load(Ordering::Relaxed);
+        debug_assert!(g & CLOSED != 0 && g & COUNT_MASK == 0, "pool: gate {g:#x} not idle");
         sh.panicked.store(false, Ordering::Relaxed);
-        sh.pending.0.store(self.n_threads - 1, Ordering::Relaxed);
+        sh.next.0.store(0, Ordering::Relaxed);
+        sh.n_units.store(n_units, Ordering::Relaxed);
         let ptr: *const (dyn Fn(usize) + Sync + '_) = job;
         // SAFETY (the scoped-borrow argument): we erase the closure's lifetime so workers can
-        // hold a pointer to it. Workers dereference it only between observing the epoch bump
-        // below and their decrement of `pending`. This function does not return until it has
-        // observed `pending == 0` (acquire), and nothing between here and that wait can unwind:
-        // our own share runs under `catch_unwind` in `run_part`, and the wait loop only uses
-        // atomics and poison-tolerant locks. So every use of the pointer happens-before we
-        // return and the borrow of `job` ends. `pending == 0` also holds now (the previous
-        // dispatch waited for it and we hold `dispatch_lock`), so no worker is reading `job`
-        // while we overwrite it.
+        // hold a pointer to it. A worker dereferences it only between entering the gate we
+        // open below (count + 1 while open) and leaving (count - 1). This function does not
+        // return until it has closed the gate, so no worker can enter any more, and then
+        // observed count 0 (acquire), so every worker that entered has left; and nothing
+        // between here and that wait can unwind: our own units run under `catch_unwind` in
+        // `run_units`, and the rest is atomics and poison-tolerant locks. So every use of the
+        // pointer happens-before we return and the borrow of `job` ends. The gate is closed
+        // with count 0 now, so no worker is reading `job` while we overwrite it.
         unsafe {
             let ptr: JobPtr = std::mem::transmute::<*const (dyn Fn(usize) + Sync + '_), JobPtr>(ptr);
             *sh.job.get() = Some(ptr);
         }
-        sh.epoch.0.fetch_add(1, Ordering::SeqCst);
+        // Open: new epoch, CLOSED clear, count 0. SeqCst: the release half publishes job,
+        // next and n_units; the total order pairs with the workers' sleep check.
+        sh.gate.0.store(((g >> EPOCH_SHIFT) + 1) << EPOCH_SHIFT, Ordering::SeqCst);
         if sh.sleepers.load(Ordering::SeqCst) > 0 {
             let _g = lock(&sh.sleep_lock);
             sh.wake.notify_all();
         }
 
-        sh.run_part(job, 0);
+        sh.run_units(job);
 
-        // Wait for the workers: spin, then sleep until the last one signals.
-        if !sh.spin_until(|| sh.pending.0.load(Ordering::Acquire) == 0) {
-            let mut g = lock(&sh.done_lock);
-            // Dekker pair with the last worker's decrement (see worker_main's sleep).
+        // Every unit is claimed (or a panic stopped claiming): close the gate so late workers
+        // stay out, then wait for those inside: spin, then sleep until the last one signals.
+        let g = sh.gate.0.fetch_or(CLOSED, Ordering::SeqCst);
+        if g & COUNT_MASK != 0 && !sh.spin_until(|| sh.gate.0.load(Ordering::Acquire) & COUNT_MASK == 0) {
+            let mut d = lock(&sh.done_lock);
+            // Dekker pair with the last worker's leave (see worker_main).
             sh.caller_sleeping.store(true, Ordering::SeqCst);
-            while sh.pending.0.load(Ordering::SeqCst) != 0 {
-                g = sh.done.wait(g).unwrap_or_else(PoisonError::into_inner);
+            while sh.gate.0.load(Ordering::SeqCst) & COUNT_MASK != 0 {
+                d = sh.done.wait(d).unwrap_or_else(PoisonError::into_inner);
             }
             sh.caller_sleeping.store(false, Ordering::SeqCst);
         }
-        // SAFETY: all workers are done with the pointer; clear it so nothing dangles.
+        // SAFETY: the gate is closed and empty: no worker holds the pointer; clear it.
         unsafe { *sh.job.get() = None };
         IN_POOL.with(|c| c.set(false));
         let payload = lock(&sh.panic_payload).take();
@@ -436,7 +478,9 @@ impl Drop for Pool {
     fn drop(&mut self) {
         let sh = &*self.shared;
         sh.shutdown.store(true, Ordering::SeqCst);
-        sh.epoch.0.fetch_add(1, Ordering::SeqCst);
+        // A new epoch with the gate closed: workers wake, see `shutdown`, and exit.
+        let g = sh.gate.0.load(Ordering::Relaxed);
+        sh.gate.0.store((((g >> EPOCH_SHIFT) + 1) << EPOCH_SHIFT) | CLOSED, Ordering::SeqCst);
         {
             let _g = lock(&sh.sleep_lock);
             sh.wake.notify_all();

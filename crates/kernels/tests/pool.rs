@@ -62,24 +62,39 @@ fn every_index_exactly_once() {
     }
 }
 
+/// Repeats `f` (which records the threads it ran on) until `want` distinct threads were seen:
+/// a worker that the OS schedules late is legitimately shut out of a job, so one job alone
+/// cannot prove every worker takes part. Units sleep 2 ms to give workers time to arrive.
+fn until_all_threads_seen(want: usize, f: impl Fn(&Mutex<std::collections::HashSet<std::thread::ThreadId>>)) {
+    let seen = Mutex::new(std::collections::HashSet::new());
+    for _ in 0..200 {
+        f(&seen);
+        if seen.lock().unwrap().len() >= want {
+            return;
+        }
+    }
+    panic!("only {} of {want} threads ever ran a unit", seen.lock().unwrap().len());
+}
+
 #[test]
 fn static_split_is_balanced_and_parallel() {
     let pool = Pool::new(4).unwrap();
     let ranges = Mutex::new(Vec::new());
-    let threads = Mutex::new(std::collections::HashSet::new());
-    pool.for_ranges(1000, 8, |s, e| {
-        ranges.lock().unwrap().push((s, e));
-        threads.lock().unwrap().insert(std::thread::current().id());
-    });
+    pool.for_ranges(1000, 8, |s, e| ranges.lock().unwrap().push((s, e)));
     let mut r = ranges.into_inner().unwrap();
     r.sort();
     assert_eq!(r.len(), 4, "ranges {r:?}");
-    // 125 chunks of 8 over 4 participants: 31 or 32 chunks each.
+    // 125 chunks of 8 over 4 participants: 31 or 32 chunks each, contiguous.
     for &(s, e) in &r {
         let chunks = (e - s).div_ceil(8);
         assert!((31..=32).contains(&chunks), "unbalanced range {s}..{e} in {r:?}");
     }
-    assert_eq!(threads.into_inner().unwrap().len(), 4, "every participant ran one range");
+    until_all_threads_seen(4, |seen| {
+        pool.for_ranges(1000, 8, |_, _| {
+            seen.lock().unwrap().insert(std::thread::current().id());
+            std::thread::sleep(Duration::from_millis(2));
+        })
+    });
 }
 
 #[test]
@@ -131,6 +146,22 @@ fn borrowed_data_mutated_through_disjoint_chunks() {
     }
 }
 
+trait WorkerPanic {
+    fn try_broadcast_checked(&self) -> Result<(), PoolError>;
+}
+
+impl WorkerPanic for Pool {
+    /// Units sleep so workers join, and panic only on a worker thread.
+    fn try_broadcast_checked(&self) -> Result<(), PoolError> {
+        self.try_run(self.n_threads(), |_| {
+            std::thread::sleep(Duration::from_millis(2));
+            if std::thread::current().name().is_some_and(|n| n.starts_with("cortiq-pool-")) {
+                panic!("worker unit failed");
+            }
+        })
+    }
+}
+
 #[test]
 fn panic_propagates_and_pool_stays_usable() {
     for n_threads in [1, 2, 4] {
@@ -154,6 +185,19 @@ fn panic_propagates_and_pool_stays_usable() {
                     assert!(message.contains(&format!("range holding {bad}")), "message {message:?}")
                 }
                 other => panic!("unexpected error {other}"),
+            }
+            // A panic on a worker thread (not the caller) also reaches the caller.
+            if n_threads > 1 {
+                let mut on_worker = false;
+                for _ in 0..200 {
+                    let r = pool.try_broadcast_checked();
+                    if let Err(PoolError::TaskPanicked { message }) = r {
+                        assert_eq!(message, "worker unit failed");
+                        on_worker = true;
+                        break;
+                    }
+                }
+                assert!(on_worker, "no unit ever ran on a worker");
             }
             // Still usable, and the panic flag does not leak into the next dispatch.
             let counts: Vec<AtomicUsize> = (0..1000).map(|_| AtomicUsize::new(0)).collect();
@@ -200,22 +244,21 @@ fn drop_joins_workers() {
     // the thread exits, so the count returns to 1 only if drop waited for every worker to exit.
     let marker = Arc::new(());
     let pool = Pool::new(4).unwrap();
-    let names = Mutex::new(Vec::new());
     let m = &marker;
-    pool.broadcast(|ith, nth| {
-        assert_eq!(nth, 4);
-        if ith != 0 {
-            HELD.with(|h| *h.borrow_mut() = Some(Arc::clone(m)));
-        }
-        names.lock().unwrap().push((ith, std::thread::current().name().map(str::to_string)));
+    until_all_threads_seen(4, |seen| {
+        pool.broadcast(|ith, nth| {
+            assert_eq!(nth, 4);
+            let t = std::thread::current();
+            if let Some(name) = t.name().filter(|n| n.starts_with("cortiq-pool-")) {
+                assert!(name["cortiq-pool-".len()..].parse::<usize>().is_ok_and(|k| (1..4).contains(&k)), "{name}");
+                HELD.with(|h| _ = h.borrow_mut().get_or_insert_with(|| Arc::clone(m)));
+            }
+            seen.lock().unwrap().insert(t.id());
+            let _ = ith;
+            std::thread::sleep(Duration::from_millis(2));
+        })
     });
     assert_eq!(Arc::strong_count(&marker), 4, "three workers hold a clone");
-    let mut names = names.into_inner().unwrap();
-    names.sort();
-    assert_eq!(names.len(), 4);
-    for (ith, name) in &names[1..] {
-        assert_eq!(name.as_deref(), Some(format!("cortiq-pool-{ith}").as_str()));
-    }
     let t0 = std::time::Instant::now();
     drop(pool);
     assert!(t0.elapsed() < Duration::from_secs(5));
@@ -249,12 +292,38 @@ fn nested_call_runs_inline() {
     assert_eq!(inner_hits.load(Ordering::Relaxed), 6);
     assert_eq!(inner_foreign.load(Ordering::Relaxed), 0);
     // Pool used normally afterwards (the caller's in-pool flag was reset).
-    let threads = Mutex::new(std::collections::HashSet::new());
-    pool.broadcast(|_, nth| {
-        assert_eq!(nth, 3);
-        threads.lock().unwrap().insert(std::thread::current().id());
+    until_all_threads_seen(3, |seen| {
+        pool.broadcast(|_, nth| {
+            assert_eq!(nth, 3);
+            seen.lock().unwrap().insert(std::thread::current().id());
+            std::thread::sleep(Duration::from_millis(2));
+        })
     });
-    assert_eq!(threads.into_inner().unwrap().len(), 3);
+}
+
+#[test]
+fn late_workers_are_shut_out_not_waited_for() {
+    // With a zero spin budget the workers are asleep when a job starts; a tiny job is finished
+    // by the caller before they wake, and the call must not wait for them to be scheduled.
+    let pool = Pool::with_spin(3, Duration::ZERO).unwrap();
+    std::thread::sleep(Duration::from_millis(5));
+    let counts: Vec<AtomicUsize> = (0..3).map(|_| AtomicUsize::new(0)).collect();
+    let by_caller = AtomicUsize::new(0);
+    let me = std::thread::current().id();
+    for _ in 0..1000 {
+        pool.broadcast(|ith, _| {
+            counts[ith].fetch_add(1, Ordering::Relaxed);
+            if std::thread::current().id() == me {
+                by_caller.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+    }
+    for (i, c) in counts.iter().enumerate() {
+        assert_eq!(c.load(Ordering::Relaxed), 1000, "ith {i}");
+    }
+    // Not a timing assertion, a sanity print: how often the caller did everything itself.
+    println!("caller ran {} of 3000 units", by_caller.load(Ordering::Relaxed));
+    assert!(by_caller.load(Ordering::Relaxed) >= 1000);
 }
 
 #[test]
