@@ -10,7 +10,8 @@ use half::f16;
 use rayon::prelude::*;
 
 use crate::compat::{
-    Numerics, flash_attn_ggml, geglu_ggml, rmsnorm_ggml, rmsnorm_ggml_segments, rope_ggml, rope_tables_ggml, swiglu_ggml,
+    FA_TILE_Q, Numerics, flash_attn_ggml, flash_attn_ggml_tiled, geglu_ggml, rmsnorm_ggml, rmsnorm_ggml_segments, rope_ggml,
+    rope_tables_ggml, swiglu_ggml,
 };
 use crate::config::{Activation, ModelConfig, Rope};
 use crate::qtensor::QTensor;
@@ -159,7 +160,8 @@ pub fn attention(
             let (i, head) = (idx / nh, idx % nh);
             let p = pos0 + i;
             let qv = &q[idx * hd..(idx + 1) * hd];
-            flash_attn_ggml(qv, &kc, &vc, kv_dim, (head / group) * hd, visible(p), p, scale, softcap, out);
+            let fa = if n >= FA_TILE_Q { flash_attn_ggml_tiled } else { flash_attn_ggml };
+            fa(qv, &kc, &vc, kv_dim, (head / group) * hd, visible(p), p, scale, softcap, out);
         });
     } else {
         let scale = cfg.attn_scale;

@@ -15,9 +15,12 @@
 //! enough to flip a near-tie; reproducing them is the only way to follow llama.cpp's text. The
 //! exact mode stays the default because it is the reproducible reference (transformers).
 //!
-//! Not reproduced (documented limits): the tiled flash-attention path llama.cpp takes for prompt
-//! micro-batches of >= 64 queries (f32 Q·K GEMM per 64-key tile), its KV-split path for single
-//! queries over >= 512 cache cells, and FMA contraction inside RoPE's rotation.
+//! `flash_attn_ggml_tiled` is ggml's tiled path, which llama.cpp takes for micro-batches of
+//! >= 64 queries (prompts, perplexity).
+//!
+//! Not reproduced (documented limit): the KV-split path ggml takes for a single query once the
+//! cache spans >= 512 cells (decode past ~256 positions), whose partial sums depend on
+//! llama.cpp's thread count; decode there uses the one-chunk order.
 
 use cortiq_kernels::ops::RopeStyle;
 use half::f16;
@@ -246,6 +249,87 @@ pub fn flash_attn_ggml(
     let inv = if s_sum == 0.0 { 0.0 } else { 1.0 / s_sum };
     for (o, a) in out.iter_mut().zip(&acc) {
         *o = a.to_f32() * inv;
+    }
+}
+
+/// Queries per micro-batch from which llama.cpp's CPU flash attention switches to its tiled
+/// path (ggml-cpu GGML_FA_TILE_Q), and the keys per tile (GGML_FA_TILE_KV).
+pub const FA_TILE_Q: usize = 64;
+const FA_TILE_KV: usize = 64;
+
+/// One query head as ggml-cpu's `flash_attn_ext_tiled` computes it (micro-batches of >= 64
+/// queries): keys in tiles of 64 cache cells aligned at 0; a tile with no visible key is
+/// skipped. Per tile: `s = Σ_d q[d]·k[d]` as one f32 FMA chain (Q stays f32, K widened from
+/// f16) times scale (softcap: `c*tanh`); the running max and sum rescaled with libm `expf` on a
+/// new maximum; probabilities `ggml_v_expf(s - M)` summed per 16 lanes into f64 and added to
+/// the f32 sum; the f32 accumulator updated by one FMA chain over the tile's keys.
+/// q: [hd]; kc/vc: [len, kv_dim]; `off` = the head's offset in a row; out: [hd]
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attn_ggml_tiled(
+    q: &[f32],
+    kc: &[f16],
+    vc: &[f16],
+    kv_dim: usize,
+    off: usize,
+    first: usize,
+    last: usize,
+    scale: f32,
+    softcap: Option<f32>,
+    out: &mut [f32],
+) {
+    let hd = q.len();
+    let scale = match softcap {
+        Some(c) => scale / c,
+        None => scale,
+    };
+    let mut acc = vec![0f32; hd];
+    let (mut s_sum, mut m) = (0f32, f32::NEG_INFINITY);
+    let mut kq = [f32::NEG_INFINITY; FA_TILE_KV];
+    let mut kf = vec![0f32; hd];
+    let mut t0 = first - first % FA_TILE_KV;
+    while t0 <= last {
+        let (lo, hi) = (t0.max(first), (t0 + FA_TILE_KV - 1).min(last));
+        kq.fill(f32::NEG_INFINITY);
+        for j in lo..=hi {
+            for (a, b) in kf.iter_mut().zip(&kc[j * kv_dim + off..][..hd]) {
+                *a = b.to_f32();
+            }
+            let mut s = q.iter().zip(&kf).fold(0f32, |acc, (&a, &b)| a.mul_add(b, acc)) * scale;
+            if let Some(c) = softcap {
+                s = s.tanh() * c;
+            }
+            kq[j - t0] = s;
+        }
+        let tile_max = kq.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let m_new = m.max(tile_max);
+        if m_new > m {
+            let ms = (m - m_new).exp();
+            acc.iter_mut().for_each(|a| *a *= ms);
+            s_sum *= ms;
+        }
+        m = m_new;
+        let mut sum = 0f64;
+        for chunk in kq.chunks_mut(16) {
+            let mut p = [0f32; 16];
+            for (pi, x) in p.iter_mut().zip(chunk.iter_mut()) {
+                *pi = expf_ggml(*x - m);
+                *x = *pi;
+            }
+            sum += reduce_add_16(&p) as f64;
+        }
+        s_sum = (s_sum as f64 + sum) as f32;
+        // Masked keys have p = 0 and fma(0, v, a) = a: only visible keys change the sum.
+        for j in lo..=hi {
+            let p = kq[j - t0];
+            for (a, v) in acc.iter_mut().zip(&vc[j * kv_dim + off..][..hd]) {
+                *a = p.mul_add(v.to_f32(), *a);
+            }
+        }
+        t0 += FA_TILE_KV;
+    }
+    let inv = if s_sum == 0.0 { 0.0 } else { 1.0 / s_sum };
+    for (o, a) in out.iter_mut().zip(&acc) {
+        *o = a * inv;
     }
 }
 
