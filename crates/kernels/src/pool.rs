@@ -38,9 +38,10 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// How long a worker (or the waiting caller) spins before sleeping, by default. Decode issues a
-/// parallel loop every ~50-200 µs on small models; a budget a bit above that gap keeps workers
-/// hot through a whole token while not burning a shared core for long once work stops.
+/// How long a worker (or the waiting caller) polls before sleeping, by default. Within a
+/// decode step the serial gaps between parallel loops (norms, RoPE, sampling) are microseconds,
+/// so workers stay hot through a whole token; after the budget they stop burning a shared core.
+/// Past the first ~1,000 polls each round of polls also yields the CPU (see `spin_until`).
 pub const DEFAULT_SPIN: Duration = Duration::from_micros(200);
 
 /// Errors from creating a pool or from a task that panicked.
@@ -170,9 +171,14 @@ impl Shared {
         }
     }
 
-    /// Spins until `cond` holds or the spin budget runs out; true if it held.
+    /// Spins until `cond` holds or the spin budget runs out; true if it held. The first
+    /// `PURE_SPIN` polls are pure (the common case: the other side answers within a couple of
+    /// microseconds); after that each round of polls also yields the CPU, because on an
+    /// oversubscribed machine the thread we wait for may be queued behind us on this very core.
     fn spin_until(&self, cond: impl Fn() -> bool) -> bool {
+        const PURE_SPIN: u32 = 16;
         let start = Instant::now();
+        let mut rounds = 0u32;
         loop {
             // Check the clock only every 64 polls: Instant::now is ~20 ns, a poll ~1-40 ns.
             for _ in 0..64 {
@@ -183,6 +189,10 @@ impl Shared {
             }
             if start.elapsed() >= self.spin {
                 return cond();
+            }
+            rounds += 1;
+            if rounds > PURE_SPIN {
+                std::thread::yield_now();
             }
         }
     }
