@@ -321,9 +321,8 @@ fn late_workers_are_shut_out_not_waited_for() {
     for (i, c) in counts.iter().enumerate() {
         assert_eq!(c.load(Ordering::Relaxed), 1000, "ith {i}");
     }
-    // Not a timing assertion, a sanity print: how often the caller did everything itself.
+    // Not an assertion (scheduling decides it), a sanity print: how much the caller did itself.
     println!("caller ran {} of 3000 units", by_caller.load(Ordering::Relaxed));
-    assert!(by_caller.load(Ordering::Relaxed) >= 1000);
 }
 
 #[test]
@@ -343,4 +342,43 @@ fn shared_between_threads() {
             });
         }
     });
+}
+
+#[test]
+fn single_thread_pool_runs_inline() {
+    let pool = Pool::new(1).unwrap();
+    let me = std::thread::current().id();
+    let calls = Mutex::new(Vec::new());
+    pool.for_ranges(100, 8, |s, e| {
+        assert_eq!(std::thread::current().id(), me);
+        calls.lock().unwrap().push((s, e));
+    });
+    assert_eq!(calls.into_inner().unwrap(), vec![(0, 100)], "one inline range");
+    pool.run(10, |_| assert_eq!(std::thread::current().id(), me));
+    pool.broadcast(|ith, nth| assert_eq!((ith, nth, std::thread::current().id()), (0, 1, me)));
+}
+
+#[test]
+fn dynamic_split_balances_uneven_work() {
+    // Chunk 0 is slow (20 ms); the other 63 are instant. With the atomic chunk counter the
+    // participant not stuck in chunk 0 takes the rest: the slow chunk's thread runs only it.
+    let pool = Pool::new(2).unwrap();
+    for attempt in 0..20 {
+        let per_thread = Mutex::new(std::collections::HashMap::<std::thread::ThreadId, Vec<usize>>::new());
+        pool.for_ranges_dynamic(64, 1, |s, _| {
+            if s == 0 {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            per_thread.lock().unwrap().entry(std::thread::current().id()).or_default().push(s);
+        });
+        let per_thread = per_thread.into_inner().unwrap();
+        let total: usize = per_thread.values().map(Vec::len).sum();
+        assert_eq!(total, 64);
+        let slow = per_thread.values().find(|v| v.contains(&0)).unwrap();
+        if per_thread.len() == 2 && slow.len() <= 2 {
+            println!("attempt {attempt}: slow thread ran {slow:?}");
+            return;
+        }
+    }
+    panic!("the other participant never took over the remaining chunks in 20 tries");
 }
