@@ -133,6 +133,16 @@ fn main() {
     let rows = vec![
         ("single thread", stats_ns(iters, || matvec_rows(w, x, o, n, 0, n))),
         ("pool.for_ranges grain 4 (static)", stats_ns(iters, || pool.for_ranges(n, 4, |s, e| matvec_rows(w, x, o, n, s, e)))),
+        ("pool.for_rows_mut grain 4 (safe slices)", stats_ns(iters, || {
+            // SAFETY: `out` points at `y`, alive for the whole benchmark; nothing else touches it.
+            let y = unsafe { std::slice::from_raw_parts_mut(o.0, n) };
+            pool.for_rows_mut(y, 1, 4, |r0, ys| {
+                for (j, yv) in ys.iter_mut().enumerate() {
+                    let r = r0 + j;
+                    *yv = dot(&w[r * n..(r + 1) * n], x);
+                }
+            })
+        })),
         ("pool.for_ranges_dynamic grain 32", stats_ns(iters, || pool.for_ranges_dynamic(n, 32, |s, e| matvec_rows(w, x, o, n, s, e)))),
         ("pool.for_ranges, spin 0", stats_ns(iters, || pool_nospin.for_ranges(n, 4, |s, e| matvec_rows(w, x, o, n, s, e)))),
         ("rayon par_chunks_mut(n/nt) over y", stats_ns(iters, || {

@@ -25,6 +25,23 @@
 //! one signals. Consequence for users: units must never wait on one another (no barriers
 //! inside a job) — all of them may run on one thread.
 //!
+//! ```
+//! use cortiq_kernels::pool::Pool;
+//! let pool = Pool::new(2).unwrap();
+//! let (rows, cols) = (6, 4);
+//! let w: Vec<f32> = (0..rows * cols).map(|i| i as f32).collect(); // [rows, cols]
+//! let x = vec![1.0f32; cols]; // [cols]
+//! let mut y = vec![0.0f32; rows]; // [rows]
+//! // Each range of rows gets its own slice of y; w and x are borrowed, not moved.
+//! pool.for_rows_mut(&mut y, 1, 2, |r0, ys| {
+//!     for (j, yv) in ys.iter_mut().enumerate() {
+//!         let r = r0 + j;
+//!         *yv = w[r * cols..(r + 1) * cols].iter().zip(&x).map(|(a, b)| a * b).sum();
+//!     }
+//! });
+//! assert_eq!(y, [6.0, 22.0, 38.0, 54.0, 70.0, 86.0]);
+//! ```
+//!
 //! Nested calls (a task calling into a pool again) run inline on the calling thread: workers
 //! cannot wait on themselves, and inner parallelism under an outer parallel loop buys nothing on
 //! a handful of cores. Concurrent calls from different threads on one pool are serialized.
@@ -47,6 +64,8 @@ pub const DEFAULT_SPIN: Duration = Duration::from_micros(200);
 /// Errors from creating a pool or from a task that panicked.
 #[derive(Debug)]
 pub enum PoolError {
+    /// More threads asked for than the gate word can count.
+    TooManyThreads { requested: usize, max: usize },
     /// The OS refused to start worker thread `index`.
     Spawn { index: usize, source: std::io::Error },
     /// A task panicked; the message is the panic payload when it was a string. The pool is
@@ -57,6 +76,7 @@ pub enum PoolError {
 impl fmt::Display for PoolError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            PoolError::TooManyThreads { requested, max } => write!(f, "pool: {requested} threads asked for, at most {max}"),
             PoolError::Spawn { index, source } => write!(f, "pool: cannot start worker thread {index}: {source}"),
             PoolError::TaskPanicked { message } => write!(f, "pool: a task panicked: {message}"),
         }
@@ -67,7 +87,7 @@ impl std::error::Error for PoolError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             PoolError::Spawn { source, .. } => Some(source),
-            PoolError::TaskPanicked { .. } => None,
+            PoolError::TaskPanicked { .. } | PoolError::TooManyThreads { .. } => None,
         }
     }
 }
@@ -253,6 +273,17 @@ fn worker_main(shared: Arc<Shared>) {
     }
 }
 
+/// A raw output pointer shared by the units of `for_rows_mut`, each writing its own rows.
+struct SendPtr<T>(*mut T);
+// SAFETY: only used by `for_rows_mut`, whose units touch disjoint elements (see there).
+unsafe impl<T: Send> Sync for SendPtr<T> {}
+impl<T> SendPtr<T> {
+    /// Through a method, so closures capture the whole (Sync) wrapper, not the raw field.
+    fn get(&self) -> *mut T {
+        self.0
+    }
+}
+
 /// A fixed set of `n_threads - 1` workers plus the calling thread. See the module header.
 pub struct Pool {
     shared: Arc<Shared>,
@@ -284,6 +315,10 @@ impl Pool {
         } else {
             n_threads
         };
+        let max = COUNT_MASK as usize;
+        if n_threads > max {
+            return Err(PoolError::TooManyThreads { requested: n_threads, max });
+        }
         let shared = Arc::new(Shared {
             gate: Padded(AtomicU64::new(CLOSED)),
             next: Padded(AtomicUsize::new(0)),
@@ -358,6 +393,28 @@ impl Pool {
         if let Err(e) = self.for_ranges_impl(n_rows, grain, &f) {
             resume_unwind(e);
         }
+    }
+
+    /// `for_ranges` over an output slice: `out` holds rows of `row_len` elements (the last may
+    /// be short), split as `for_ranges` splits rows, and `f(first_row, rows)` gets each range's
+    /// rows as its own `&mut` sub-slice. The safe way to write a matvec's or matmat's output
+    /// in parallel. `row_len == 0` does nothing. Re-raises a task's panic.
+    pub fn for_rows_mut<T: Send, F: Fn(usize, &mut [T]) + Sync>(&self, out: &mut [T], row_len: usize, grain: usize, f: F) {
+        if row_len == 0 {
+            return;
+        }
+        let len = out.len();
+        let base = SendPtr(out.as_mut_ptr());
+        self.for_ranges(len.div_ceil(row_len), grain, |r0, r1| {
+            let (a, b) = (r0 * row_len, (r1 * row_len).min(len));
+            // SAFETY: `for_ranges` hands out disjoint row ranges, each once, all inside `out`
+            // (a <= b <= len), and does not return before every call is done, so each
+            // sub-slice is the only live reference to its elements while `out` is borrowed
+            // mutably by this function. T: Send because the elements are written from other
+            // threads.
+            let rows = unsafe { std::slice::from_raw_parts_mut(base.get().add(a), b - a) };
+            f(r0, rows);
+        });
     }
 
     /// As `for_ranges`, returning a panic as `PoolError::TaskPanicked`.
