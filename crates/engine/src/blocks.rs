@@ -11,7 +11,7 @@ use rayon::prelude::*;
 
 use crate::compat::{
     FA_TILE_Q, Numerics, flash_attn_ggml, flash_attn_ggml_tiled, geglu_ggml, rmsnorm_ggml, rmsnorm_ggml_segments, rope_ggml,
-    rope_tables_ggml, swiglu_ggml,
+    rope_tables_ggml, round_f16, swiglu_ggml,
 };
 use crate::config::{Activation, ModelConfig, Rope};
 use crate::qtensor::QTensor;
@@ -149,12 +149,10 @@ pub fn attention(
             q.par_iter_mut().for_each(|x| *x *= scale);
             scale = 1.0;
         }
-        let (kc, vc): (Cow<[f16]>, Cow<[f16]>) = match kv {
-            LayerState::KvF16 { k, v } => (Cow::Borrowed(&k[..]), Cow::Borrowed(&v[..])),
-            LayerState::Kv { k, v } => (
-                Cow::Owned(k.iter().map(|&x| f16::from_f32(x)).collect()),
-                Cow::Owned(v.iter().map(|&x| f16::from_f32(x)).collect()),
-            ),
+        // The cache widened to f32 once (exact for f16 values; an f32 cache is rounded first).
+        let (kc, vc): (Vec<f32>, Vec<f32>) = match kv {
+            LayerState::KvF16 { k, v } => (k.iter().map(|x| x.to_f32()).collect(), v.iter().map(|x| x.to_f32()).collect()),
+            LayerState::Kv { k, v } => (k.iter().map(|&x| round_f16(x)).collect(), v.iter().map(|&x| round_f16(x)).collect()),
         };
         o.par_chunks_mut(hd).enumerate().for_each(|(idx, out)| {
             let (i, head) = (idx / nh, idx % nh);

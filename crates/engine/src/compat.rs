@@ -160,6 +160,12 @@ pub fn geglu_ggml(gate: &mut [f32], up: &[f32]) {
     }
 }
 
+/// Round an f32 to the nearest f16 (ties to even, as F16C does) and back.
+#[inline]
+pub fn round_f16(x: f32) -> f32 {
+    f16::from_f32(x).to_f32()
+}
+
 /// Sum the 16 lanes of an AVX-512 register as GCC's `_mm512_reduce_add_ps` does: upper 256
 /// bits + lower, upper 128 + lower, then lanes (0+2) + (1+3).
 fn reduce_add_16(a: &[f32; 16]) -> f32 {
@@ -171,7 +177,9 @@ fn reduce_add_16(a: &[f32; 16]) -> f32 {
 /// ggml_vec_dot_f16 on an AVX-512 build without FP16 arithmetic: four 16-lane f32 accumulators
 /// over 64-element steps (one FMA each), reduced (0+2, 1+3, 0+1, then the register), the
 /// leftovers added in f64.
-pub fn vec_dot_f16_ggml(x: &[f16], y: &[f16]) -> f32 {
+/// x and y hold f16 values widened to f32 (exact), so the cache is widened once per call
+/// rather than once per product.
+pub fn vec_dot_f16_ggml(x: &[f32], y: &[f32]) -> f32 {
     let n = x.len();
     let np = n & !63;
     let mut acc = [[0f32; 16]; 4];
@@ -179,7 +187,7 @@ pub fn vec_dot_f16_ggml(x: &[f16], y: &[f16]) -> f32 {
         for (j, a) in acc.iter_mut().enumerate() {
             for (l, al) in a.iter_mut().enumerate() {
                 let e = i + j * 16 + l;
-                *al = x[e].to_f32().mul_add(y[e].to_f32(), *al);
+                *al = x[e].mul_add(y[e], *al);
             }
         }
     }
@@ -192,7 +200,7 @@ pub fn vec_dot_f16_ggml(x: &[f16], y: &[f16]) -> f32 {
     }
     let mut sum = reduce_add_16(&acc[0]) as f64;
     for e in np..n {
-        sum += (x[e].to_f32() * y[e].to_f32()) as f64;
+        sum += (x[e] * y[e]) as f64;
     }
     sum as f32
 }
@@ -201,12 +209,13 @@ pub fn vec_dot_f16_ggml(x: &[f16], y: &[f16]) -> f32 {
 /// `flash_attn_ext_f16_one_chunk` computes it: Q rounded to f16; per key `s = dot*scale`
 /// (softcap: `c*tanhf(s*scale/c)`); online softmax with libm `expf`; the f16 accumulator scaled
 /// on a new maximum and updated by `f16(fma(v, p, acc))`; finally `acc * (1/S)` in f32.
-/// q: [hd]; kc/vc: [len, kv_dim]; `off` = the head's offset in a row; out: [hd]
+/// q: [hd]; kc/vc: [len, kv_dim] f16 cache values widened to f32; `off` = the head's offset in
+/// a row; out: [hd]
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attn_ggml(
     q: &[f32],
-    kc: &[f16],
-    vc: &[f16],
+    kc: &[f32],
+    vc: &[f32],
     kv_dim: usize,
     off: usize,
     first: usize,
@@ -216,12 +225,12 @@ pub fn flash_attn_ggml(
     out: &mut [f32],
 ) {
     let hd = q.len();
-    let qh: Vec<f16> = q.iter().map(|&v| f16::from_f32(v)).collect();
+    let qh: Vec<f32> = q.iter().map(|&v| f16::from_f32(v).to_f32()).collect();
     let scale = match softcap {
         Some(c) => scale / c,
         None => scale,
     };
-    let mut acc = vec![f16::ZERO; hd];
+    let mut acc = vec![0f32; hd]; // f16 values
     let (mut s_sum, mut m) = (0f32, f32::NEG_INFINITY);
     for j in first..=last {
         let k = &kc[j * kv_dim + off..][..hd];
@@ -236,19 +245,19 @@ pub fn flash_attn_ggml(
             m = s;
             ms = (m_old - m).exp();
             for a in acc.iter_mut() {
-                *a = f16::from_f32(a.to_f32() * ms);
+                *a = round_f16(*a * ms);
             }
         } else {
             vs = (s - m).exp();
         }
-        for (a, vv) in acc.iter_mut().zip(v) {
-            *a = f16::from_f32(vv.to_f32().mul_add(vs, a.to_f32()));
+        for (a, &vv) in acc.iter_mut().zip(v) {
+            *a = round_f16(vv.mul_add(vs, *a));
         }
         s_sum = s_sum.mul_add(ms, vs);
     }
     let inv = if s_sum == 0.0 { 0.0 } else { 1.0 / s_sum };
     for (o, a) in out.iter_mut().zip(&acc) {
-        *o = a.to_f32() * inv;
+        *o = a * inv;
     }
 }
 
@@ -263,12 +272,13 @@ const FA_TILE_KV: usize = 64;
 /// f16) times scale (softcap: `c*tanh`); the running max and sum rescaled with libm `expf` on a
 /// new maximum; probabilities `ggml_v_expf(s - M)` summed per 16 lanes into f64 and added to
 /// the f32 sum; the f32 accumulator updated by one FMA chain over the tile's keys.
-/// q: [hd]; kc/vc: [len, kv_dim]; `off` = the head's offset in a row; out: [hd]
+/// q: [hd]; kc/vc: [len, kv_dim] f16 cache values widened to f32; `off` = the head's offset in
+/// a row; out: [hd]
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attn_ggml_tiled(
     q: &[f32],
-    kc: &[f16],
-    vc: &[f16],
+    kc: &[f32],
+    vc: &[f32],
     kv_dim: usize,
     off: usize,
     first: usize,
@@ -285,16 +295,13 @@ pub fn flash_attn_ggml_tiled(
     let mut acc = vec![0f32; hd];
     let (mut s_sum, mut m) = (0f32, f32::NEG_INFINITY);
     let mut kq = [f32::NEG_INFINITY; FA_TILE_KV];
-    let mut kf = vec![0f32; hd];
     let mut t0 = first - first % FA_TILE_KV;
     while t0 <= last {
         let (lo, hi) = (t0.max(first), (t0 + FA_TILE_KV - 1).min(last));
         kq.fill(f32::NEG_INFINITY);
         for j in lo..=hi {
-            for (a, b) in kf.iter_mut().zip(&kc[j * kv_dim + off..][..hd]) {
-                *a = b.to_f32();
-            }
-            let mut s = q.iter().zip(&kf).fold(0f32, |acc, (&a, &b)| a.mul_add(b, acc)) * scale;
+            let kf = &kc[j * kv_dim + off..][..hd];
+            let mut s = q.iter().zip(kf).fold(0f32, |acc, (&a, &b)| a.mul_add(b, acc)) * scale;
             if let Some(c) = softcap {
                 s = s.tanh() * c;
             }
@@ -321,8 +328,8 @@ pub fn flash_attn_ggml_tiled(
         // Masked keys have p = 0 and fma(0, v, a) = a: only visible keys change the sum.
         for j in lo..=hi {
             let p = kq[j - t0];
-            for (a, v) in acc.iter_mut().zip(&vc[j * kv_dim + off..][..hd]) {
-                *a = p.mul_add(v.to_f32(), *a);
+            for (a, &v) in acc.iter_mut().zip(&vc[j * kv_dim + off..][..hd]) {
+                *a = p.mul_add(v, *a);
             }
         }
         t0 += FA_TILE_KV;
@@ -355,9 +362,9 @@ mod tests {
 
     #[test]
     fn vec_dot_f16_matches_f64_dot() {
-        let x: Vec<f16> = (0..200).map(|i| f16::from_f32(((i * 37 % 101) as f32 - 50.0) / 32.0)).collect();
-        let y: Vec<f16> = (0..200).map(|i| f16::from_f32(((i * 53 % 97) as f32 - 48.0) / 16.0)).collect();
-        let exact: f64 = x.iter().zip(&y).map(|(a, b)| a.to_f64() * b.to_f64()).sum();
+        let x: Vec<f32> = (0..200).map(|i| round_f16(((i * 37 % 101) as f32 - 50.0) / 32.0)).collect();
+        let y: Vec<f32> = (0..200).map(|i| round_f16(((i * 53 % 97) as f32 - 48.0) / 16.0)).collect();
+        let exact: f64 = x.iter().zip(&y).map(|(&a, &b)| a as f64 * b as f64).sum();
         let got = vec_dot_f16_ggml(&x, &y) as f64;
         assert!((got - exact).abs() <= 1e-6 * exact.abs().max(1.0), "dot {got} vs {exact}");
     }
