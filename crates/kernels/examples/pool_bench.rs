@@ -82,14 +82,17 @@ fn main() {
         ("pool.run(nt)", stats_ns(20_000, || pool.run(nt, |i| _ = black_box(i)))),
         ("pool.for_ranges, spin 0", stats_ns(20_000, || pool_nospin.for_ranges(nt, 1, |s, e| _ = black_box((s, e))))),
         ("rayon (0..nt).into_par_iter().for_each", stats_ns(20_000, || (0..nt).into_par_iter().for_each(|i| _ = black_box(i)))),
-        ("std::thread::scope spawning nt-1", stats_ns(500, || {
-            std::thread::scope(|s| {
-                for i in 1..nt {
-                    s.spawn(move || black_box(i));
-                }
-                black_box(0);
-            })
-        })),
+        (
+            "std::thread::scope spawning nt-1",
+            stats_ns(500, || {
+                std::thread::scope(|s| {
+                    for i in 1..nt {
+                        s.spawn(move || black_box(i));
+                    }
+                    black_box(0);
+                })
+            }),
+        ),
     ];
     let base = rows[0].1.0;
     for (name, (med, best)) in &rows {
@@ -106,18 +109,26 @@ fn main() {
             ("pool.run(nt)", stats_ns(200, || pool.run(nt, |_| busy(spins)))),
             ("pool.run(nt), spin 0", stats_ns(200, || pool_nospin.run(nt, |_| busy(spins)))),
             ("rayon into_par_iter", stats_ns(200, || (0..nt).into_par_iter().for_each(|_| busy(spins)))),
-            ("std::thread::scope", stats_ns(100, || {
-                std::thread::scope(|s| {
-                    for _ in 1..nt {
-                        s.spawn(|| busy(spins));
-                    }
-                    busy(spins);
-                })
-            })),
+            (
+                "std::thread::scope",
+                stats_ns(100, || {
+                    std::thread::scope(|s| {
+                        for _ in 1..nt {
+                            s.spawn(|| busy(spins));
+                        }
+                        busy(spins);
+                    })
+                }),
+            ),
         ];
         println!("\n{nt} units of ~{us} us busy work each (ideal {us} us, serial {} us), us per call:", us * nt as f64);
         for (name, (med, best)) in &rows {
-            println!("  {name:<40} median {:>8.2} us  best {:>8.2} us  (best - ideal {:>7.2} us)", med / 1e3, best / 1e3, best / 1e3 - us);
+            println!(
+                "  {name:<40} median {:>8.2} us  best {:>8.2} us  (best - ideal {:>7.2} us)",
+                med / 1e3,
+                best / 1e3,
+                best / 1e3 - us
+            );
         }
     }
 
@@ -128,42 +139,57 @@ fn main() {
     let out = OutPtr(y.as_mut_ptr());
     let (w, x, o) = (&w[..], &x[..], &out);
     let iters = (2_000_000_000 / (n * n)).clamp(20, 2_000);
-    println!("\n[{n}, {n}] f32 matvec ({:.1} MiB of weights, cache-resident after warm-up), us per call:", (n * n * 4) as f64 / (1 << 20) as f64);
+    println!(
+        "\n[{n}, {n}] f32 matvec ({:.1} MiB of weights, cache-resident after warm-up), us per call:",
+        (n * n * 4) as f64 / (1 << 20) as f64
+    );
     let chunk = n.div_ceil(nt);
     let rows = vec![
         ("single thread", stats_ns(iters, || matvec_rows(w, x, o, n, 0, n))),
         ("pool.for_ranges grain 4 (static)", stats_ns(iters, || pool.for_ranges(n, 4, |s, e| matvec_rows(w, x, o, n, s, e)))),
-        ("pool.for_rows_mut grain 4 (safe slices)", stats_ns(iters, || {
-            // SAFETY: `out` points at `y`, alive for the whole benchmark; nothing else touches it.
-            let y = unsafe { std::slice::from_raw_parts_mut(o.0, n) };
-            pool.for_rows_mut(y, 1, 4, |r0, ys| {
-                for (j, yv) in ys.iter_mut().enumerate() {
-                    let r = r0 + j;
-                    *yv = dot(&w[r * n..(r + 1) * n], x);
-                }
-            })
-        })),
-        ("pool.for_ranges_dynamic grain 32", stats_ns(iters, || pool.for_ranges_dynamic(n, 32, |s, e| matvec_rows(w, x, o, n, s, e)))),
+        (
+            "pool.for_rows_mut grain 4 (safe slices)",
+            stats_ns(iters, || {
+                // SAFETY: `out` points at `y`, alive for the whole benchmark; nothing else touches it.
+                let y = unsafe { std::slice::from_raw_parts_mut(o.0, n) };
+                pool.for_rows_mut(y, 1, 4, |r0, ys| {
+                    for (j, yv) in ys.iter_mut().enumerate() {
+                        let r = r0 + j;
+                        *yv = dot(&w[r * n..(r + 1) * n], x);
+                    }
+                })
+            }),
+        ),
+        (
+            "pool.for_ranges_dynamic grain 32",
+            stats_ns(iters, || pool.for_ranges_dynamic(n, 32, |s, e| matvec_rows(w, x, o, n, s, e))),
+        ),
         ("pool.for_ranges, spin 0", stats_ns(iters, || pool_nospin.for_ranges(n, 4, |s, e| matvec_rows(w, x, o, n, s, e)))),
-        ("rayon par_chunks_mut(n/nt) over y", stats_ns(iters, || {
-            // The safe rayon idiom: one chunk of outputs per thread.
-            // SAFETY: `out` points at `y`, alive for the whole benchmark; nothing else touches it.
-            let y = unsafe { std::slice::from_raw_parts_mut(o.0, n) };
-            y.par_chunks_mut(chunk).enumerate().for_each(|(c, ys)| {
-                for (j, yv) in ys.iter_mut().enumerate() {
-                    let r = c * chunk + j;
-                    *yv = dot(&w[r * n..(r + 1) * n], x);
-                }
-            })
-        })),
-        ("std::thread::scope spawning nt-1", stats_ns(iters.min(500), || {
-            std::thread::scope(|s| {
-                for t in 1..nt {
-                    s.spawn(move || matvec_rows(w, x, o, n, t * chunk, ((t + 1) * chunk).min(n)));
-                }
-                matvec_rows(w, x, o, n, 0, chunk.min(n));
-            })
-        })),
+        (
+            "rayon par_chunks_mut(n/nt) over y",
+            stats_ns(iters, || {
+                // The safe rayon idiom: one chunk of outputs per thread.
+                // SAFETY: `out` points at `y`, alive for the whole benchmark; nothing else touches it.
+                let y = unsafe { std::slice::from_raw_parts_mut(o.0, n) };
+                y.par_chunks_mut(chunk).enumerate().for_each(|(c, ys)| {
+                    for (j, yv) in ys.iter_mut().enumerate() {
+                        let r = c * chunk + j;
+                        *yv = dot(&w[r * n..(r + 1) * n], x);
+                    }
+                })
+            }),
+        ),
+        (
+            "std::thread::scope spawning nt-1",
+            stats_ns(iters.min(500), || {
+                std::thread::scope(|s| {
+                    for t in 1..nt {
+                        s.spawn(move || matvec_rows(w, x, o, n, t * chunk, ((t + 1) * chunk).min(n)));
+                    }
+                    matvec_rows(w, x, o, n, 0, chunk.min(n));
+                })
+            }),
+        ),
     ];
     black_box(&y);
     let (single_med, single_best) = rows[0].1;

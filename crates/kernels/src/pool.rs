@@ -310,11 +310,7 @@ impl Pool {
     /// As `new`, with the spin budget given: how long an idle worker (or the waiting caller)
     /// polls before sleeping. `Duration::ZERO` sleeps at once (lowest CPU use, slowest wake).
     pub fn with_spin(n_threads: usize, spin: Duration) -> Result<Pool, PoolError> {
-        let n_threads = if n_threads == 0 {
-            std::thread::available_parallelism().map_or(1, |n| n.get())
-        } else {
-            n_threads
-        };
+        let n_threads = if n_threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { n_threads };
         let max = COUNT_MASK as usize;
         if n_threads > max {
             return Err(PoolError::TooManyThreads { requested: n_threads, max });
@@ -455,7 +451,12 @@ impl Pool {
         })
     }
 
-    fn for_ranges_dynamic_impl(&self, n_rows: usize, grain: usize, f: &(dyn Fn(usize, usize) + Sync)) -> Result<(), Box<dyn Any + Send>> {
+    fn for_ranges_dynamic_impl(
+        &self,
+        n_rows: usize,
+        grain: usize,
+        f: &(dyn Fn(usize, usize) + Sync),
+    ) -> Result<(), Box<dyn Any + Send>> {
         let grain = grain.max(1);
         let n_chunks = n_rows.div_ceil(grain);
         if n_chunks == 0 {
