@@ -110,6 +110,7 @@ pub fn rope_ggml(x: &mut [f32], cos: &[f32], sin: &[f32], style: RopeStyle) {
 }
 
 /// ggml's AVX-512 `ggml_v_expf` (a polynomial, within ~1.5 ulp of expf), lane for lane.
+#[inline(always)]
 pub fn expf_ggml(x: f32) -> f32 {
     let r = f32::from_bits(0x4b40_0000); // 0x1.8p23
     let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), r); // 0x1.715476p+0 = log2(e)
@@ -168,6 +169,7 @@ pub fn round_f16(x: f32) -> f32 {
 
 /// Sum the 16 lanes of an AVX-512 register as GCC's `_mm512_reduce_add_ps` does: upper 256
 /// bits + lower, upper 128 + lower, then lanes (0+2) + (1+3).
+#[inline(always)]
 fn reduce_add_16(a: &[f32; 16]) -> f32 {
     let t3: [f32; 8] = std::array::from_fn(|i| a[i + 8] + a[i]);
     let t6: [f32; 4] = std::array::from_fn(|i| t3[i + 4] + t3[i]);
@@ -177,6 +179,7 @@ fn reduce_add_16(a: &[f32; 16]) -> f32 {
 /// ggml_vec_dot_f16 on an AVX-512 build without FP16 arithmetic: four 16-lane f32 accumulators
 /// over 64-element steps (one FMA each), reduced (0+2, 1+3, 0+1, then the register), the
 /// leftovers added in f64.
+#[inline(always)]
 /// x and y hold f16 values widened to f32 (exact), so the cache is widened once per call
 /// rather than once per product.
 pub fn vec_dot_f16_ggml(x: &[f32], y: &[f32]) -> f32 {
@@ -213,6 +216,49 @@ pub fn vec_dot_f16_ggml(x: &[f32], y: &[f32]) -> f32 {
 /// a row; out: [hd]
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attn_ggml(
+    q: &[f32],
+    kc: &[f32],
+    vc: &[f32],
+    kv_dim: usize,
+    off: usize,
+    first: usize,
+    last: usize,
+    scale: f32,
+    softcap: Option<f32>,
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has FMA (just checked).
+        unsafe { flash_attn_ggml_fma(q, kc, vc, kv_dim, off, first, last, scale, softcap, out) };
+        return;
+    }
+    flash_attn_ggml_body(q, kc, vc, kv_dim, off, first, last, scale, softcap, out)
+}
+
+/// `flash_attn_ggml` compiled with FMA instructions (f32::mul_add is otherwise a libm call); the
+/// same bits, as a fused multiply-add is correctly rounded either way.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn flash_attn_ggml_fma(
+    q: &[f32],
+    kc: &[f32],
+    vc: &[f32],
+    kv_dim: usize,
+    off: usize,
+    first: usize,
+    last: usize,
+    scale: f32,
+    softcap: Option<f32>,
+    out: &mut [f32],
+) {
+    flash_attn_ggml_body(q, kc, vc, kv_dim, off, first, last, scale, softcap, out)
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn flash_attn_ggml_body(
     q: &[f32],
     kc: &[f32],
     vc: &[f32],
@@ -276,6 +322,49 @@ const FA_TILE_KV: usize = 64;
 /// a row; out: [hd]
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attn_ggml_tiled(
+    q: &[f32],
+    kc: &[f32],
+    vc: &[f32],
+    kv_dim: usize,
+    off: usize,
+    first: usize,
+    last: usize,
+    scale: f32,
+    softcap: Option<f32>,
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has FMA (just checked).
+        unsafe { flash_attn_ggml_tiled_fma(q, kc, vc, kv_dim, off, first, last, scale, softcap, out) };
+        return;
+    }
+    flash_attn_ggml_tiled_body(q, kc, vc, kv_dim, off, first, last, scale, softcap, out)
+}
+
+/// `flash_attn_ggml_tiled` compiled with FMA instructions (f32::mul_add is otherwise a libm call); the
+/// same bits, as a fused multiply-add is correctly rounded either way.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn flash_attn_ggml_tiled_fma(
+    q: &[f32],
+    kc: &[f32],
+    vc: &[f32],
+    kv_dim: usize,
+    off: usize,
+    first: usize,
+    last: usize,
+    scale: f32,
+    softcap: Option<f32>,
+    out: &mut [f32],
+) {
+    flash_attn_ggml_tiled_body(q, kc, vc, kv_dim, off, first, last, scale, softcap, out)
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn flash_attn_ggml_tiled_body(
     q: &[f32],
     kc: &[f32],
     vc: &[f32],
