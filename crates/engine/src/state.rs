@@ -91,3 +91,40 @@ impl SeqState {
             .sum()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Fill every layer with `n` positions of kv_dim values each.
+    fn fill(st: &mut SeqState, kv_dim: usize, n: usize) {
+        for l in &mut st.layers {
+            match l {
+                LayerState::Kv { k, v } => {
+                    k.resize(n * kv_dim, 1.0);
+                    v.resize(n * kv_dim, 1.0);
+                }
+                LayerState::KvF16 { k, v } => {
+                    k.resize(n * kv_dim, f16::ONE);
+                    v.resize(n * kv_dim, f16::ONE);
+                }
+            }
+        }
+        st.len = n;
+    }
+
+    #[test]
+    fn f16_cache_holds_half_the_bytes_and_rolls_back() {
+        let (layers, kv_dim, n) = (3, 8, 10);
+        let mut a = SeqState::with_kv(layers, kv_dim, 64, false);
+        let mut b = SeqState::with_kv(layers, kv_dim, 64, true);
+        fill(&mut a, kv_dim, n);
+        fill(&mut b, kv_dim, n);
+        assert_eq!(a.bytes(), layers * 2 * n * kv_dim * 4);
+        assert_eq!(b.bytes(), a.bytes() / 2, "f16 cache: {} bytes vs f32 {}", b.bytes(), a.bytes());
+        b.truncate(4);
+        assert_eq!(b.bytes(), layers * 2 * 4 * kv_dim * 2);
+        b.clear();
+        assert_eq!(b.bytes(), 0);
+    }
+}
