@@ -2,7 +2,7 @@
 //! engine that dispatches on a dtype. Model files call `matmul`, `row_f32` and `to_f32`, never
 //! a per-type kernel.
 //!
-//! Two numeric modes, chosen per tensor (`set_act_quant`):
+//! Three numeric modes, chosen per tensor (`set_act_quant`, `set_llamacpp_order`):
 //! - exact f32 (the default, and always for f32/f16/bf16 weights): weights dequantized to f32,
 //!   f32 products — what transformers computes on the dequantized checkpoint;
 //! - llama.cpp's (`--q8-act`, quantized weights only): the activation row is quantized to 8 bits
@@ -14,6 +14,11 @@
 //!   flip a rounding, so two 8-bit runs that differ only in summation order (prefill vs decode
 //!   here, or cortiq vs llama.cpp) differ by the 8-bit noise itself (~0.3 in a logit on
 //!   Qwen2.5-0.5B). That is why exact f32 is the default: it is the reproducible reference.
+//! - llama.cpp's kernel order (`set_llamacpp_order`, part of `Numerics::LlamaCpp`): as the
+//!   previous mode, but every token of a prefill chunk is also multiplied with integer dot
+//!   products, in the float order llama.cpp uses for its place in the micro-batch (repacked
+//!   gemm/gemv, tiled k-quant matmul, or vec_dot; `llamacpp_order`). Slower prefill, llama.cpp's
+//!   bits.
 //!
 //! In prefill a tile of weight rows is dequantized to f32 once and reused for every token of
 //! the chunk (the f32 GEMM is ~90% of prefill time).
