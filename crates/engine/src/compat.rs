@@ -142,7 +142,7 @@ pub fn swiglu_ggml(gate: &mut [f32], up: &[f32]) {
 /// `1.0f + GELU_COEF_A*x*x` into one FMA.
 fn gelu_f32_ggml(x: f32) -> f32 {
     const GELU_COEF_A: f32 = 0.044715;
-    const SQRT_2_OVER_PI: f32 = 0.797_884_560_802_865_4;
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6; // ggml's 0.79788456080286535587989211986876f, the same f32
     0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (GELU_COEF_A * x).mul_add(x, 1.0)).tanh())
 }
 
@@ -195,14 +195,15 @@ pub fn vec_dot_f16_ggml(x: &[f32], y: &[f32]) -> f32 {
             }
         }
     }
+    let [mut a0, mut a1, a2, a3] = acc;
     for l in 0..16 {
-        acc[0][l] += acc[2][l];
-        acc[1][l] += acc[3][l];
+        a0[l] += a2[l];
+        a1[l] += a3[l];
     }
-    for l in 0..16 {
-        acc[0][l] += acc[1][l];
+    for (x, y) in a0.iter_mut().zip(&a1) {
+        *x += y;
     }
-    let mut sum = reduce_add_16(&acc[0]) as f64;
+    let mut sum = reduce_add_16(&a0) as f64;
     for e in np..n {
         sum += (x[e] * y[e]) as f64;
     }
