@@ -89,6 +89,10 @@ struct Common {
     /// Keep the KV cache in f16 (half the memory; llama.cpp's default cache type).
     #[arg(long)]
     kv_f16: bool,
+    /// With --numerics llamacpp: the thread count of the llama.cpp run to reproduce (its decode
+    /// attention past 256 positions depends on it; llama-cli's -t, 4 for the library default).
+    #[arg(long, default_value_t = 4)]
+    llamacpp_threads: usize,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -260,6 +264,7 @@ fn open_model(c: &Common) -> Result<Loaded> {
     let mut loaded = load(&path)?;
     if c.numerics == NumericsArg::Llamacpp {
         loaded.model.set_numerics(cortiq_engine::compat::Numerics::LlamaCpp);
+        loaded.model.set_llamacpp_threads(c.llamacpp_threads);
     }
     if c.q8_act {
         loaded.model.set_act_quant(true);

@@ -10,8 +10,8 @@ use half::f16;
 use rayon::prelude::*;
 
 use crate::compat::{
-    FA_TILE_Q, Numerics, flash_attn_ggml, flash_attn_ggml_tiled, geglu_ggml, rmsnorm_ggml, rmsnorm_ggml_segments, rope_ggml,
-    rope_tables_ggml, round_f16, swiglu_ggml,
+    FA_TILE_Q, LlamaCppCtx, Numerics, flash_attn_ggml, flash_attn_ggml_tiled, geglu_ggml, llamacpp_n_kv, rmsnorm_ggml,
+    rmsnorm_ggml_segments, rope_ggml, rope_tables_ggml, round_f16, swiglu_ggml,
 };
 use crate::config::{Activation, ModelConfig, Rope};
 use crate::qtensor::QTensor;
@@ -81,6 +81,7 @@ pub fn attention(
     pos0: usize,
     kv: &mut LayerState,
     num: Numerics,
+    lc: LlamaCppCtx,
     trace: &mut dyn FnMut(&str, &[f32]),
 ) -> Vec<f32> {
     let (hd, nh, nkv) = (cfg.head_dim, cfg.n_heads, cfg.n_kv_heads);
@@ -154,12 +155,19 @@ pub fn attention(
             LayerState::KvF16 { k, v } => (k.iter().map(|x| x.to_f32()).collect(), v.iter().map(|x| x.to_f32()).collect()),
             LayerState::Kv { k, v } => (k.iter().map(|&x| round_f16(x)).collect(), v.iter().map(|&x| round_f16(x)).collect()),
         };
+        // A single query over >= 512 cache cells: ggml splits the cells over its threads.
+        let n_kv = llamacpp_n_kv(pos0 + n, lc.cache_cells);
+        let split = (n == 1 && n_kv >= 512).then_some((n_kv, lc.threads.max(1)));
         o.par_chunks_mut(hd).enumerate().for_each(|(idx, out)| {
             let (i, head) = (idx / nh, idx % nh);
             let p = pos0 + i;
             let qv = &q[idx * hd..(idx + 1) * hd];
-            let fa = if n >= FA_TILE_Q { flash_attn_ggml_tiled } else { flash_attn_ggml };
-            fa(qv, &kc, &vc, kv_dim, (head / group) * hd, visible(p), p, scale, softcap, out);
+            let off = (head / group) * hd;
+            if n >= FA_TILE_Q {
+                flash_attn_ggml_tiled(qv, &kc, &vc, kv_dim, off, visible(p), p, scale, softcap, out);
+            } else {
+                flash_attn_ggml(qv, &kc, &vc, kv_dim, off, visible(p), p, scale, softcap, split, out);
+            }
         });
     } else {
         let scale = cfg.attn_scale;

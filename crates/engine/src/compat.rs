@@ -18,9 +18,9 @@
 //! `flash_attn_ggml_tiled` is ggml's tiled path, which llama.cpp takes for micro-batches of
 //! >= 64 queries (prompts, perplexity).
 //!
-//! Not reproduced (documented limit): the KV-split path ggml takes for a single query once the
-//! cache spans >= 512 cells (decode past ~256 positions), whose partial sums depend on
-//! llama.cpp's thread count; decode there uses the one-chunk order.
+//! Decode past 256 positions takes ggml's KV-split path, whose chunks depend on llama.cpp's
+//! thread count and cache size: `Model::set_llamacpp_threads` says the former (default 4,
+//! llama_context_default_params), the state's n_ctx stands for the latter.
 
 use cortiq_kernels::ops::RopeStyle;
 use half::f16;
@@ -36,6 +36,14 @@ pub enum Numerics {
     /// llama.cpp's CPU numerics: 8-bit activations in ggml's kernel orders, f16 KV cache,
     /// ggml's flash attention, norms, RoPE and activations.
     LlamaCpp,
+}
+
+/// What llama.cpp's attention order depends on beyond the values: its thread count and the
+/// size of its KV cache in cells (only decode past 256 positions uses them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LlamaCppCtx {
+    pub cache_cells: usize,
+    pub threads: usize,
 }
 
 /// ggml_rms_norm followed by ggml_mul with the gain: `sum += (double)(x*x)` (the square
@@ -227,15 +235,16 @@ pub fn flash_attn_ggml(
     last: usize,
     scale: f32,
     softcap: Option<f32>,
+    split: Option<(usize, usize)>,
     out: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("fma") {
         // SAFETY: the CPU has FMA (just checked).
-        unsafe { flash_attn_ggml_fma(q, kc, vc, kv_dim, off, first, last, scale, softcap, out) };
+        unsafe { flash_attn_ggml_fma(q, kc, vc, kv_dim, off, first, last, scale, softcap, split, out) };
         return;
     }
-    flash_attn_ggml_body(q, kc, vc, kv_dim, off, first, last, scale, softcap, out)
+    flash_attn_ggml_body(q, kc, vc, kv_dim, off, first, last, scale, softcap, split, out)
 }
 
 /// `flash_attn_ggml` compiled with FMA instructions (f32::mul_add is otherwise a libm call); the
@@ -253,9 +262,10 @@ unsafe fn flash_attn_ggml_fma(
     last: usize,
     scale: f32,
     softcap: Option<f32>,
+    split: Option<(usize, usize)>,
     out: &mut [f32],
 ) {
-    flash_attn_ggml_body(q, kc, vc, kv_dim, off, first, last, scale, softcap, out)
+    flash_attn_ggml_body(q, kc, vc, kv_dim, off, first, last, scale, softcap, split, out)
 }
 
 #[inline(always)]
@@ -270,6 +280,7 @@ fn flash_attn_ggml_body(
     last: usize,
     scale: f32,
     softcap: Option<f32>,
+    split: Option<(usize, usize)>,
     out: &mut [f32],
 ) {
     let hd = q.len();
@@ -278,39 +289,78 @@ fn flash_attn_ggml_body(
         Some(c) => scale / c,
         None => scale,
     };
-    let mut acc = vec![0f32; hd]; // f16 values
-    let (mut s_sum, mut m) = (0f32, f32::NEG_INFINITY);
-    for j in first..=last {
-        let k = &kc[j * kv_dim + off..][..hd];
-        let v = &vc[j * kv_dim + off..][..hd];
-        let mut s = vec_dot_f16_ggml(k, &qh) * scale;
-        if let Some(c) = softcap {
-            s = c * s.tanh();
-        }
-        let (mut ms, mut vs) = (1f32, 1f32);
-        if s > m {
-            let m_old = m;
-            m = s;
-            ms = (m_old - m).exp();
-            for a in acc.iter_mut() {
-                *a = round_f16(*a * ms);
+    // One chunk of cells lo..=hi: the running max, the sum and the (f16) accumulator.
+    let chunk = |lo: usize, hi: usize| -> (f32, f32, Vec<f32>) {
+        let mut acc = vec![0f32; hd]; // f16 values
+        let (mut s_sum, mut m) = (0f32, f32::NEG_INFINITY);
+        for j in lo..=hi {
+            let k = &kc[j * kv_dim + off..][..hd];
+            let v = &vc[j * kv_dim + off..][..hd];
+            let mut s = vec_dot_f16_ggml(k, &qh) * scale;
+            if let Some(c) = softcap {
+                s = c * s.tanh();
             }
-        } else {
-            vs = (s - m).exp();
+            let (mut ms, mut vs) = (1f32, 1f32);
+            if s > m {
+                let m_old = m;
+                m = s;
+                ms = (m_old - m).exp();
+                for a in acc.iter_mut() {
+                    *a = round_f16(*a * ms);
+                }
+            } else {
+                vs = (s - m).exp();
+            }
+            for (a, &vv) in acc.iter_mut().zip(v) {
+                *a = round_f16(vv.mul_add(vs, *a));
+            }
+            s_sum = s_sum.mul_add(ms, vs);
         }
-        for (a, &vv) in acc.iter_mut().zip(v) {
-            *a = round_f16(vv.mul_add(vs, *a));
+        (m, s_sum, acc)
+    };
+    let (s_sum, acc) = match split {
+        None => {
+            let (_, s, acc) = chunk(first, last);
+            (s, acc)
         }
-        s_sum = s_sum.mul_add(ms, vs);
-    }
+        Some((n_kv, nth)) => {
+            // ggml's KV-split decode: nth chunks of ceil(n_kv/nth) cells, each a partial
+            // (M, S, unnormalised V), merged in chunk order.
+            let size = n_kv.div_ceil(nth);
+            let (mut m_f, mut s_f, mut acc_f) = (f32::NEG_INFINITY, 0f32, vec![0f32; hd]);
+            for c0 in (0..n_kv).step_by(size) {
+                let (lo, hi) = (c0.max(first), (c0 + size - 1).min(last));
+                if lo > hi {
+                    continue; // no visible cell: S = 0, skipped by the merge
+                }
+                let (m_c, s_c, acc_c) = chunk(lo, hi);
+                if s_c == 0.0 {
+                    continue;
+                }
+                let m_new = m_f.max(m_c);
+                let (so, sn) = ((m_f - m_new).exp(), (m_c - m_new).exp());
+                for (a, &b) in acc_f.iter_mut().zip(&acc_c) {
+                    *a = a.mul_add(so, b * sn);
+                }
+                s_f = s_f.mul_add(so, s_c * sn);
+                m_f = m_new;
+            }
+            (s_f, acc_f)
+        }
+    };
     let inv = if s_sum == 0.0 { 0.0 } else { 1.0 / s_sum };
     for (o, a) in out.iter_mut().zip(&acc) {
         *o = a * inv;
     }
 }
 
-/// Queries per micro-batch from which llama.cpp's CPU flash attention switches to its tiled
-/// path (ggml-cpu GGML_FA_TILE_Q), and the keys per tile (GGML_FA_TILE_KV).
+/// The cache cells llama.cpp's attention spans for `used` filled cells of a `cache`-cell
+/// cache: the used cells padded to 256, at least 256, at most the cache (llama_kv_cache
+/// get_n_kv). Single-query attention over >= 512 of them takes ggml's KV-split path.
+pub fn llamacpp_n_kv(used: usize, cache: usize) -> usize {
+    cache.min(used.div_ceil(256).max(1) * 256)
+}
+
 pub const FA_TILE_Q: usize = 64;
 const FA_TILE_KV: usize = 64;
 

@@ -6,7 +6,7 @@ use cortiq_kernels::ops::rmsnorm;
 use rayon::prelude::*;
 
 use crate::blocks::{AttentionWeights, FfnWeights, attention, ffn, rmsnorm_rows_in, rmsnorm_segments_in};
-use crate::compat::{Numerics, rmsnorm_ggml};
+use crate::compat::{LlamaCppCtx, Numerics, rmsnorm_ggml};
 use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::qtensor::QTensor;
@@ -35,6 +35,8 @@ pub struct Model {
     pub kv_f16: bool,
     /// Whether `output` shares the embedding's bytes (llama.cpp then never repacks it).
     tied: bool,
+    /// llama.cpp's thread count, which its decode attention past 256 positions depends on.
+    llamacpp_threads: usize,
 }
 
 /// Which positions of a chunk to produce logits for.
@@ -91,7 +93,17 @@ impl Model {
                 post_ffn_norm: post("post_ffw_norm.weight")?,
             });
         }
-        Ok(Model { cfg, tok_embd, layers, output_norm, output, numerics: Numerics::Exact, kv_f16: false, tied })
+        Ok(Model {
+            cfg,
+            tok_embd,
+            layers,
+            output_norm,
+            output,
+            numerics: Numerics::Exact,
+            kv_f16: false,
+            tied,
+            llamacpp_threads: 4,
+        })
     }
 
     /// Every weight matrix of the model.
@@ -141,6 +153,14 @@ impl Model {
         }
     }
 
+    /// The thread count of the llama.cpp run to reproduce (default 4, llama.cpp's library
+    /// default; llama-cli uses the physical cores or -t): with `Numerics::LlamaCpp`, decode past
+    /// 256 positions splits the cache over that many chunks as ggml does. The state's n_ctx
+    /// stands for llama.cpp's cache size.
+    pub fn set_llamacpp_threads(&mut self, n: usize) {
+        self.llamacpp_threads = n.max(1);
+    }
+
     /// Keep K/V of new states as f16 (half the memory; values rounded to nearest) or f32.
     pub fn set_kv_f16(&mut self, on: bool) {
         self.kv_f16 = on;
@@ -180,6 +200,7 @@ impl Model {
         let mut h = vec![0f32; n * d]; // [n, d_model]
         for (il, (lw, spec)) in self.layers.iter().zip(&cfg.layers).enumerate() {
             let num = self.numerics;
+            let lc = LlamaCppCtx { cache_cells: state.n_ctx, threads: self.llamacpp_threads };
             rmsnorm_rows_in(num, &x, &lw.attn_norm, cfg.norm_eps, &mut h);
             trace("attn_norm", il, &h);
             let mut tr = |name: &str, vals: &[f32]| trace(name, il, vals);
@@ -193,6 +214,7 @@ impl Model {
                 pos0,
                 &mut state.layers[il],
                 num,
+                lc,
                 &mut tr,
             );
             if let Some(g) = &lw.post_attn_norm {
