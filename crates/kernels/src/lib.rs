@@ -6,6 +6,7 @@
 //! against it; the SIMD path is chosen at run time.
 
 pub mod dot;
+pub mod ggml;
 pub mod ops;
 pub mod pool;
 pub mod quant;
