@@ -10,4 +10,5 @@ pub mod ggml;
 pub mod ops;
 pub mod pool;
 pub mod quant;
+pub mod rows;
 pub mod simd;
