@@ -41,7 +41,7 @@
 //! penalties count as "off".
 //!
 //! Cost at a 262,144-token vocabulary (the hot spot is a handful of passes over the row, so
-//! they are vectorised and dispatched at run time, see "row kernels"): one copy of the logits
+//! they are vectorised and dispatched at run time, see `cortiq_kernels::rows`): one copy of the logits
 //! and a max scan (greedy stops here, ~50 us); top-k then finds its cut with counting passes
 //! and runs `select_nth_unstable` on the few tokens above it, never a full sort (~150 us with
 //! the defaults); top-p without top-k needs the softmax normaliser over the whole row (one
