@@ -26,69 +26,12 @@ fn model(tag: &str) -> TempDir {
 #[test]
 fn seeded_sampling_is_reproducible() {
     let m = model("run-seed");
-    let a = run(
-        &m,
-        &[
-            "-p",
-            "hello",
-            "-n",
-            "24",
-            "--temp",
-            "1.5",
-            "--top-k",
-            "0",
-            "--top-p",
-            "1",
-            "--min-p",
-            "0",
-            "--seed",
-            "7",
-            "--ignore-eos",
-        ],
-    )
-    .0;
-    let b = run(
-        &m,
-        &[
-            "-p",
-            "hello",
-            "-n",
-            "24",
-            "--temp",
-            "1.5",
-            "--top-k",
-            "0",
-            "--top-p",
-            "1",
-            "--min-p",
-            "0",
-            "--seed",
-            "7",
-            "--ignore-eos",
-        ],
-    )
-    .0;
-    let c = run(
-        &m,
-        &[
-            "-p",
-            "hello",
-            "-n",
-            "24",
-            "--temp",
-            "1.5",
-            "--top-k",
-            "0",
-            "--top-p",
-            "1",
-            "--min-p",
-            "0",
-            "--seed",
-            "8",
-            "--ignore-eos",
-        ],
-    )
-    .0;
+    let sample = |seed: &str| {
+        let mut args = vec!["-p", "hello", "-n", "24", "--temp", "1.5", "--top-k", "0", "--top-p", "1", "--min-p", "0"];
+        args.extend(["--ignore-eos", "--seed", seed]);
+        run(&m, &args).0
+    };
+    let (a, b, c) = (sample("7"), sample("7"), sample("8"));
     println!("seed 7: {a:?}\nseed 8: {c:?}");
     assert_eq!(a, b, "same seed gave different text");
     assert_ne!(a, c, "different seeds gave the same 24-token sample at temperature 1.5");

@@ -171,11 +171,15 @@ pub fn attention(
         });
     } else {
         let scale = cfg.attn_scale;
+        // Positions lo.. are the only ones any query of this chunk sees: an f16 cache is widened
+        // over that span alone (a sliding layer's window, not the whole context).
+        let lo = visible(pos0);
         let (kc, vc): (Cow<[f32]>, Cow<[f32]>) = match kv {
-            LayerState::Kv { k, v } => (Cow::Borrowed(&k[..]), Cow::Borrowed(&v[..])),
-            LayerState::KvF16 { k, v } => {
-                (Cow::Owned(k.iter().map(|x| x.to_f32()).collect()), Cow::Owned(v.iter().map(|x| x.to_f32()).collect()))
-            }
+            LayerState::Kv { k, v } => (Cow::Borrowed(&k[lo * kv_dim..]), Cow::Borrowed(&v[lo * kv_dim..])),
+            LayerState::KvF16 { k, v } => (
+                Cow::Owned(k[lo * kv_dim..].iter().map(|x| x.to_f32()).collect()),
+                Cow::Owned(v[lo * kv_dim..].iter().map(|x| x.to_f32()).collect()),
+            ),
         };
         o.par_chunks_mut(hd).enumerate().for_each(|(idx, out)| {
             let (i, head) = (idx / nh, idx % nh);
@@ -185,7 +189,7 @@ pub fn attention(
             let qv = &q[idx * hd..(idx + 1) * hd];
             let mut scores: Vec<f32> = (first..=p)
                 .map(|j| {
-                    let s = dot(qv, &kc[j * kv_dim + kvh * hd..][..hd]) * scale;
+                    let s = dot(qv, &kc[(j - lo) * kv_dim + kvh * hd..][..hd]) * scale;
                     match softcap {
                         Some(c) => (s / c).tanh() * c,
                         None => s,
@@ -195,7 +199,7 @@ pub fn attention(
             softmax_inplace(&mut scores);
             out.fill(0.0);
             for (jj, &pj) in scores.iter().enumerate() {
-                let j = first + jj;
+                let j = first + jj - lo;
                 axpy(pj, &vc[j * kv_dim + kvh * hd..][..hd], out);
             }
         });
