@@ -277,18 +277,7 @@ fn open_model(c: &Common) -> Result<Loaded> {
 }
 
 fn open_tokenizer(l: &Loaded) -> Result<Tokenizer> {
-    use cortiq_engine::load::Origin;
-    Ok(match &l.origin {
-        Origin::Gguf(g) => Tokenizer::from_gguf(g)?,
-        Origin::Hf { dir, .. } => {
-            let tj = dir.join("tokenizer.json");
-            if !tj.exists() {
-                bail!("{}: missing tokenizer (no tokenizer.json in the model folder)", dir.display());
-            }
-            let tc = dir.join("tokenizer_config.json");
-            Tokenizer::from_tokenizer_json(&tj, tc.exists().then_some(tc.as_path()))?
-        }
-    })
+    Ok(l.tokenizer()?)
 }
 
 fn cmd_pull(name: Option<String>, list: bool) -> Result<()> {

@@ -10,6 +10,7 @@ use cortiq_formats::gguf::Gguf;
 use cortiq_formats::hf::HfConfig;
 use cortiq_formats::names::hf_to_gguf;
 use cortiq_formats::safetensors::HfWeights;
+use cortiq_formats::tokenizer::Tokenizer;
 
 use crate::arch::{self, Arch};
 use crate::error::{EngineError, Result};
@@ -26,6 +27,27 @@ pub enum Origin {
 pub struct Loaded {
     pub model: Model,
     pub origin: Origin,
+}
+
+impl Loaded {
+    /// The tokenizer shipped with the model: the GGUF's vocabulary, or the folder's
+    /// tokenizer.json (+ tokenizer_config.json).
+    pub fn tokenizer(&self) -> Result<Tokenizer> {
+        Ok(match &self.origin {
+            Origin::Gguf(g) => Tokenizer::from_gguf(g)?,
+            Origin::Hf { dir, .. } => {
+                let tj = dir.join("tokenizer.json");
+                if !tj.exists() {
+                    return Err(EngineError::BadConfig {
+                        file: dir.display().to_string(),
+                        what: "missing tokenizer (no tokenizer.json in the model folder)".into(),
+                    });
+                }
+                let tc = dir.join("tokenizer_config.json");
+                Tokenizer::from_tokenizer_json(&tj, tc.exists().then_some(tc.as_path()))?
+            }
+        })
+    }
 }
 
 /// Open a `.gguf` file or an HF folder (config.json + safetensors).
