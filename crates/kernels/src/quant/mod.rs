@@ -6,8 +6,11 @@ pub mod dequant;
 pub mod dequant_avx512;
 pub mod vecdot;
 pub mod vecdot_avx512;
+pub mod matmat;
+pub mod matmat_avx512;
 
 pub use dequant::{dequantize_row, dequantize_row_scalar, dot_row};
+pub use matmat::{matmat_q, matmat_q_scalar, matmat_supported};
 pub use vecdot::{
     ActType, Order, act_type, dequantize_act, llamacpp_order, llamacpp_repacks, matvec_q, matvec_q_order, order_supported,
     quantize_act, quantize_act_scalar, vec_dot, vec_dot_order, vec_dot_order_scalar, vec_dot_scalar,

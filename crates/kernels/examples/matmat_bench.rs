@@ -1,0 +1,144 @@
+//! Prefill matrix-matrix throughput (quant::matmat), per weight type, single thread:
+//! `matmat_q` (AVX-512 VNNI), its scalar twin, and the f32 path the engine used before
+//! (dequantize a 32-row weight tile with `dequantize_row`, then `dot::gemm_nt`, as
+//! engine/src/qtensor.rs `tile_times` does).
+//!
+//! `cargo run --release -p cortiq-kernels --example matmat_bench [-- ROWS COLS TOKENS] [all]`
+//!
+//! Default shapes (rows, cols, tokens): Gemma3-270M's FFN up/down and Qwen2.5-0.5B's, at 64 or
+//! 128 tokens. Both fast paths are called per 32-row range, as the engine's thread pool splits a
+//! matmul (so matmat_q's per-call activation prep is counted); activation quantization (once
+//! per matmul in the engine) is not. Prints G MAC/s, the best of several repetitions (the
+//! machine may be shared: compare the ratios). `all` adds Q4_0, Q5_1, Q5_K, Q3_K, Q2_K.
+
+use cortiq_kernels::dot::gemm_nt;
+use cortiq_kernels::quant::{QuantType, act_type, dequantize_act, dequantize_row, matmat_q, matmat_q_scalar, quantize_act};
+use std::hint::black_box;
+use std::time::Instant;
+
+const MAIN: [QuantType; 5] = [QuantType::Q4K, QuantType::Q5_0, QuantType::Q6K, QuantType::Q8_0, QuantType::Q4_1];
+const MORE: [QuantType; 5] = [QuantType::Q4_0, QuantType::Q5_1, QuantType::Q5K, QuantType::Q3K, QuantType::Q2K];
+/// Rows per call, as the engine's pool splits a matmul.
+const RANGE: usize = 32;
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let nums: Vec<usize> = args.iter().filter_map(|a| a.parse().ok()).collect();
+    let shapes = match nums[..] {
+        [rows, cols, n_t, ..] => vec![(rows, cols, n_t)],
+        _ => vec![(2048, 640, 64), (640, 2048, 64), (4864, 896, 64), (896, 4864, 128)],
+    };
+    let mut types = MAIN.to_vec();
+    if args.iter().any(|a| a == "all") {
+        types.extend(MORE);
+    }
+    println!("AVX-512 VNNI active: {}", cortiq_kernels::quant::vecdot_avx512::available());
+    for (rows, cols, n_t) in shapes {
+        bench(&types, rows, cols, n_t);
+    }
+}
+
+fn bench(types: &[QuantType], rows: usize, cols: usize, n_t: usize) {
+    println!("\n{rows} x {cols} weight x {n_t} tokens, G MAC/s (single thread, {RANGE}-row calls)");
+    println!("{:>5} {:>9} {:>9} {:>9} {:>9} {:>9}", "type", "f32 path", "scalar", "matmat", "/f32", "/scalar");
+    let mut seed = 0x00C0_FFEEu64;
+    for &ty in types {
+        let (Some(rb), Some(at)) = (ty.row_bytes(cols), act_type(ty)) else {
+            println!("{ty:>5}: {cols} columns is not a whole number of blocks, skipped");
+            continue;
+        };
+        let w = random_matrix(ty, rows, rb, &mut seed);
+        // activations: quantized rows for matmat, their exact f32 decode for the f32 path
+        let mut acts = Vec::new();
+        let mut xf = vec![0f32; n_t * cols];
+        let mut q = Vec::new();
+        let mut wide = vec![0f64; cols];
+        for t in 0..n_t {
+            let x: Vec<f32> = (0..cols).map(|_| (next(&mut seed) % 2001) as f32 / 1000.0 - 1.0).collect();
+            quantize_act(at, &x, &mut q);
+            dequantize_act(at, &q, &mut wide);
+            for (o, &v) in xf[t * cols..(t + 1) * cols].iter_mut().zip(&wide) {
+                *o = v as f32;
+            }
+            acts.extend_from_slice(&q);
+        }
+        let macs = (rows * cols * n_t) as f64;
+        let mut y = vec![0f32; rows * n_t];
+        let mut tile = vec![0f32; RANGE * cols];
+        let f32_path = macs
+            / best_secs(|| {
+                for (r0, out) in (0..rows).step_by(RANGE).zip(y.chunks_mut(RANGE * n_t)) {
+                    let nr = out.len() / n_t;
+                    dequantize_row(ty, black_box(&w[r0 * rb..(r0 + nr) * rb]), &mut tile[..nr * cols]);
+                    gemm_nt(&tile[..nr * cols], nr, &xf, n_t, cols, out, n_t);
+                }
+                black_box(&mut y);
+            });
+        let fast = macs
+            / best_secs(|| {
+                for (r0, out) in (0..rows).step_by(RANGE).zip(y.chunks_mut(RANGE * n_t)) {
+                    let nr = out.len() / n_t;
+                    matmat_q(ty, black_box(&w[r0 * rb..(r0 + nr) * rb]), nr, cols, &acts, n_t, out);
+                }
+                black_box(&mut y);
+            });
+        // the scalar twin on one range only (it is slow), scaled to MAC/s
+        let nr = RANGE.min(rows);
+        let scalar = (nr * cols * n_t) as f64
+            / best_secs(|| {
+                matmat_q_scalar(ty, black_box(&w[..nr * rb]), nr, cols, &acts, n_t, &mut y[..nr * n_t]);
+                black_box(&mut y);
+            });
+        println!(
+            "{:>5} {:>9.2} {:>9.2} {:>9.2} {:>8.1}x {:>8.1}x",
+            ty.name(),
+            f32_path / 1e9,
+            scalar / 1e9,
+            fast / 1e9,
+            fast / f32_path,
+            fast / scalar
+        );
+    }
+}
+
+/// Best seconds per call over repetitions lasting ~0.3 s in all.
+fn best_secs(mut f: impl FnMut()) -> f64 {
+    f(); // warm caches and the feature detection
+    let mut best = f64::INFINITY;
+    let start = Instant::now();
+    let mut reps = 0;
+    while reps < 3 || start.elapsed().as_secs_f64() < 0.3 {
+        let t = Instant::now();
+        f();
+        best = best.min(t.elapsed().as_secs_f64());
+        reps += 1;
+    }
+    best
+}
+
+fn next(s: &mut u64) -> u64 {
+    *s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *s;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Random blocks with small finite f16 scales (speed does not depend on the values).
+fn random_matrix(ty: QuantType, rows: usize, rb: usize, seed: &mut u64) -> Vec<u8> {
+    let mut v: Vec<u8> = (0..rows * rb).map(|_| next(seed) as u8).collect();
+    let fields: &[usize] = match ty {
+        QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0 => &[0],
+        QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4K | QuantType::Q5K => &[0, 2],
+        QuantType::Q2K => &[80, 82],
+        QuantType::Q3K => &[108],
+        QuantType::Q6K => &[208],
+        _ => &[],
+    };
+    for b in v.chunks_exact_mut(ty.type_size()) {
+        for &off in fields {
+            b[off..off + 2].copy_from_slice(&0x2000u16.to_le_bytes()); // 2^-7
+        }
+    }
+    v
+}

@@ -1,0 +1,434 @@
+//! Quantized-weight x 8-bit-activation matrix-matrix products for prefill:
+//! `y[r, t] = Σ_k W[r, k] · x̃[t, k]` with x̃ the activation rows quantized by
+//! `quantize_act(act_type(ty), ..)`.
+//!
+//! Owns: `matmat_q` (the public entry, SIMD chosen at run time), `matmat_q_scalar` (its scalar
+//! twin, the reference forever), `matmat_supported`, and the pieces both share: `Geo` (how a
+//! weight type splits into integer quants and float scales), `decode_row` (one weight row to
+//! unsigned bytes + per-group scales) and `Prep` (the per-token activation scalars). The
+//! AVX-512 VNNI kernels live in `matmat_avx512.rs`.
+//!
+//! Why hand-written: prefill is ~90% weight x activation products. Dequantizing weights to f32
+//! and running an f32 GEMM does 16 multiply-adds per instruction; multiplying the 8-bit
+//! activations by the weights' integer quants does 64 (`vpdpbusd`), which is how llama.cpp's
+//! prefill is 2x ours on the same machine.
+//!
+//! The arithmetic (identical in both twins, so they agree bit for bit): every weight type is
+//! seen as groups of G = 16 or 32 elements with unsigned byte quants u (0..255), an f32 group
+//! scale `fw` and, for types with a min, an f32 group min `fmin`, such that the weight is
+//! `fw * (u - off) + fmin` (per type constant `off`; the k-quants' `fmin` is already the scaled
+//! `-dmin * m`). Activations come in blocks of one scale `da` (32 elements for Q8_0/Q8_1, 256
+//! for Q8_K), i.e. `sb_groups` weight groups share one `da`. Per (row, token):
+//!
+//! ```text
+//! acc = 0
+//! for each activation block:
+//!     temp = 0
+//!     for each group g in it:
+//!         isum = -off * Σ_g a  +  Σ_g u * a            (exact i32: vpdpbusd)
+//!         temp = fma(f32(isum), fw[g], temp)
+//!         if min per group (k-quants):  temp = fma(fmin[g], Σ_g a, temp)
+//!     acc = fma(temp, da, acc)
+//!     if min per block (Q4_1/Q5_1):     acc = fma(fmin, s, acc)      (s: Q8_1's stored d*Σa)
+//! ```
+//!
+//! The float order is ours (llama.cpp's kernels each use their own); results agree with
+//! `vec_dot_scalar` to a few f32 ulps of Σ|w·x| (tests/matmat.rs prints the figures per type).
+//! The group integer sums are exact, and every `fw`/`fmin` is an exact product (f16 times a
+//! small integer), so only the FMA chain rounds.
+
+use super::QuantType;
+use super::blocks::*;
+use super::vecdot::{ActType, Q8_1_BYTES, act_type, vec_dot};
+
+/// Where a type's min term enters (see the module header).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Mins {
+    /// No min term (symmetric types).
+    None,
+    /// Once per activation block, `fmin * s` with Q8_1's stored `s` (Q4_1, Q5_1).
+    Block,
+    /// Per group, `fmin[g] * Σ_g a` inside the block's temp (Q2_K, Q4_K, Q5_K).
+    Group,
+}
+
+/// How a weight type maps onto the integer kernel.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Geo {
+    pub act: ActType,
+    /// Elements per weight scale group (16 or 32).
+    pub group: usize,
+    /// Weight groups per activation block (one `da`).
+    pub sb_groups: usize,
+    /// Quant offset: the signed quant is `u - off`.
+    pub off: i32,
+    pub mins: Mins,
+}
+
+impl Geo {
+    /// Elements per activation block.
+    pub fn sb(&self) -> usize {
+        self.group * self.sb_groups
+    }
+}
+
+/// The kernel geometry of `ty`, or `None` for types without one.
+pub(super) fn geo(ty: QuantType) -> Option<Geo> {
+    let g = |act, group, sb_groups, off, mins| Some(Geo { act, group, sb_groups, off, mins });
+    match ty {
+        QuantType::Q4_0 => g(ActType::Q8_0, 32, 1, 8, Mins::None),
+        QuantType::Q5_0 => g(ActType::Q8_0, 32, 1, 16, Mins::None),
+        QuantType::Q8_0 => g(ActType::Q8_0, 32, 1, 128, Mins::None),
+        QuantType::Q4_1 | QuantType::Q5_1 => g(ActType::Q8_1, 32, 1, 0, Mins::Block),
+        QuantType::Q4K | QuantType::Q5K => g(ActType::Q8K, 32, 8, 0, Mins::Group),
+        QuantType::Q2K => g(ActType::Q8K, 16, 16, 0, Mins::Group),
+        QuantType::Q3K => g(ActType::Q8K, 16, 16, 4, Mins::None),
+        QuantType::Q6K => g(ActType::Q8K, 16, 16, 32, Mins::None),
+        _ => None,
+    }
+}
+
+/// Whether `matmat_q` has an integer matrix kernel for `ty` (else it still works, one
+/// `vec_dot` per (row, token), as long as `ty` has an activation format).
+pub fn matmat_supported(ty: QuantType) -> bool {
+    geo(ty).is_some()
+}
+
+/// `y[r * n_t + t] = Σ_k W[r, k] · x̃[t, k]` for `rows` weight rows of type `ty` stored back to
+/// back (`w.len() == rows * ty.row_bytes(cols)`) and `n_t` activation rows quantized by
+/// `quantize_act(act_type(ty), ..)` stored back to back (`acts.len() == n_t *
+/// act.row_bytes(cols)`). y: [rows, n_t].
+///
+/// Single-threaded: the engine splits row ranges over its pool and calls this per range. Runs
+/// the AVX-512 VNNI kernels when the CPU has them (and `CORTIQ_SIMD` is not `scalar`); the
+/// result is then bit-identical to `matmat_q_scalar`. Panics on a type without an activation
+/// format or on wrong lengths (caller bugs: the engine validates shapes at load time).
+#[track_caller]
+pub fn matmat_q(ty: QuantType, w: &[u8], rows: usize, cols: usize, acts: &[u8], n_t: usize, y: &mut [f32]) {
+    let at = check("matmat_q", ty, w, rows, cols, acts, n_t, y);
+    if rows == 0 || n_t == 0 {
+        return;
+    }
+    let Some(geo) = geo(ty) else {
+        // no integer kernel for this type: one vec_dot per (row, token), still exact-ish
+        let (rb, ab) = (w.len() / rows, acts.len() / n_t);
+        for (yr, wr) in y.chunks_exact_mut(n_t).zip(w.chunks_exact(rb)) {
+            for (o, a) in yr.iter_mut().zip(acts.chunks_exact(ab)) {
+                *o = vec_dot(ty, wr, a, cols);
+            }
+        }
+        return;
+    };
+    debug_assert_eq!(geo.act, at);
+    if super::matmat_avx512::matmat(ty, &geo, w, rows, cols, acts, n_t, y) {
+        return;
+    }
+    PREP.with(|p| {
+        let mut p = p.borrow_mut();
+        p.fill(&geo, acts, cols, n_t, true);
+        scalar(ty, &geo, w, rows, cols, acts, n_t, &p, y);
+    });
+}
+
+/// The scalar twin of `matmat_q` (same contract, same bits): plain loops over (row, token).
+#[track_caller]
+pub fn matmat_q_scalar(ty: QuantType, w: &[u8], rows: usize, cols: usize, acts: &[u8], n_t: usize, y: &mut [f32]) {
+    check("matmat_q_scalar", ty, w, rows, cols, acts, n_t, y);
+    if rows == 0 || n_t == 0 {
+        return;
+    }
+    let Some(geo) = geo(ty) else {
+        let (rb, ab) = (w.len() / rows, acts.len() / n_t);
+        for (yr, wr) in y.chunks_exact_mut(n_t).zip(w.chunks_exact(rb)) {
+            for (o, a) in yr.iter_mut().zip(acts.chunks_exact(ab)) {
+                *o = super::vecdot::vec_dot_scalar(ty, wr, a, cols);
+            }
+        }
+        return;
+    };
+    let mut p = Prep::default();
+    p.fill(&geo, acts, cols, n_t, true);
+    scalar(ty, &geo, w, rows, cols, acts, n_t, &p, y);
+}
+
+#[allow(clippy::too_many_arguments)]
+#[track_caller]
+fn check(func: &str, ty: QuantType, w: &[u8], rows: usize, cols: usize, acts: &[u8], n_t: usize, y: &[f32]) -> ActType {
+    let Some(at) = act_type(ty) else {
+        panic!("{func}({ty}): no quantized-activation dot product for this type");
+    };
+    let (wb, ab) = (ty.row_bytes(cols), at.row_bytes(cols));
+    assert!(
+        wb.and_then(|b| b.checked_mul(rows)) == Some(w.len())
+            && ab.and_then(|b| b.checked_mul(n_t)) == Some(acts.len())
+            && rows.checked_mul(n_t) == Some(y.len()),
+        "{func}({ty}): {rows} rows x {n_t} tokens x {cols} columns need {:?} weight bytes, {:?} {at} bytes and {} outputs; \
+         got {}, {} and {}",
+        wb.map(|b| b * rows),
+        ab.map(|b| b * n_t),
+        rows * n_t,
+        w.len(),
+        acts.len(),
+        y.len()
+    );
+    at
+}
+
+/// Little-endian IEEE half -> f32, exact (software: no per-call feature detection).
+#[inline(always)]
+pub(super) fn h16(b: [u8; 2]) -> f32 {
+    half::f16::from_bits(u16::from_le_bytes(b)).to_f32_const()
+}
+
+// ---------------------------------------------------------------- activation side
+
+/// Per-token activation scalars, [token][block] and [token][group] (token-major: one token's
+/// values are contiguous, filled by one sequential pass over its row).
+#[derive(Default)]
+pub(super) struct Prep {
+    /// Activation block scales, [n_t][n_sb].
+    pub da: Vec<f32>,
+    /// `-off * Σ_g a` per group, [n_t][n_groups] (empty when off == 0).
+    pub init: Vec<i32>,
+    /// Per-group `Σ_g a` as f32 (Mins::Group) or per-block `s` (Mins::Block), [n_t][n_groups].
+    pub fbs: Vec<f32>,
+}
+
+thread_local! {
+    /// Reused across calls: the engine calls once per row range and token batch.
+    pub(super) static PREP: std::cell::RefCell<Prep> = std::cell::RefCell::new(Prep::default());
+}
+
+impl Prep {
+    /// Fill from `n_t` activation rows of `cols` elements (lengths already checked). Reuses
+    /// the vectors' capacity. `q8_0_sums: false` leaves Q8_0's `init` to the caller (the SIMD
+    /// path computes those sums faster).
+    pub fn fill(&mut self, geo: &Geo, acts: &[u8], cols: usize, n_t: usize, q8_0_sums: bool) {
+        let (n_sb, n_g) = (cols / geo.sb(), cols / geo.group);
+        let ab = acts.len() / n_t;
+        self.da.resize(n_t * n_sb, 0.0);
+        self.init.resize(if geo.off != 0 { n_t * n_g } else { 0 }, 0);
+        self.fbs.resize(if geo.mins != Mins::None { n_t * n_g } else { 0 }, 0.0);
+        for t in 0..n_t {
+            let row = &acts[t * ab..(t + 1) * ab];
+            let da = &mut self.da[t * n_sb..(t + 1) * n_sb];
+            let init = if geo.off != 0 { &mut self.init[t * n_g..(t + 1) * n_g] } else { &mut [][..] };
+            let fbs = if geo.mins != Mins::None { &mut self.fbs[t * n_g..(t + 1) * n_g] } else { &mut [][..] };
+            match geo.act {
+                ActType::Q8_0 => {
+                    for (b, blk) in view::<BlockQ8_0>(row).iter().enumerate() {
+                        da[b] = h16(blk.d);
+                        if geo.off != 0 && q8_0_sums {
+                            init[b] = -geo.off * blk.qs.iter().map(|&q| q as i32).sum::<i32>();
+                        }
+                    }
+                }
+                ActType::Q8_1 => {
+                    for (b, blk) in row.chunks_exact(Q8_1_BYTES).enumerate() {
+                        da[b] = h16([blk[0], blk[1]]);
+                        fbs[b] = h16([blk[2], blk[3]]);
+                    }
+                }
+                ActType::Q8K => {
+                    let per = geo.group / 16; // bsums per group
+                    for (sb, blk) in view::<BlockQ8K>(row).iter().enumerate() {
+                        da[sb] = f32::from_le_bytes(blk.d);
+                        for j in 0..geo.sb_groups {
+                            let s: i32 = blk.bsums[j * per..(j + 1) * per].iter().map(|&b| i16::from_le_bytes(b) as i32).sum();
+                            let g = sb * geo.sb_groups + j;
+                            if geo.off != 0 {
+                                init[g] = -geo.off * s;
+                            }
+                            if geo.mins == Mins::Group {
+                                fbs[g] = s as f32;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The i8 quants of one activation row in element order.
+fn act_quants(act: ActType, row: &[u8], out: &mut [i8]) {
+    let (bs, ts, off) = match act {
+        ActType::Q8_0 => (QK, 34, 2),
+        ActType::Q8_1 => (QK, Q8_1_BYTES, 4),
+        ActType::Q8K => (QK_K, 292, 4),
+    };
+    for (o, b) in out.chunks_exact_mut(bs).zip(row.chunks_exact(ts)) {
+        for (q, &v) in o.iter_mut().zip(&b[off..off + bs]) {
+            *q = v as i8;
+        }
+    }
+}
+
+// ---------------------------------------------------------------- weight side
+
+/// One weight row (`ty`, `u.len()` elements) as unsigned quants `u` in element order, group
+/// scales `fw` and group mins `fmin` (left alone for types without a min), per `geo(ty)`.
+/// The AVX-512 unpackers produce the same bytes and floats.
+pub(super) fn decode_row(ty: QuantType, row: &[u8], u: &mut [u8], fw: &mut [f32], fmin: &mut [f32]) {
+    let nib = |o: &mut [u8], qs: &[u8; 16]| {
+        for j in 0..16 {
+            o[j] = qs[j] & 0x0F;
+            o[j + 16] = qs[j] >> 4;
+        }
+    };
+    let bit5 = |o: &mut [u8], qh: [u8; 4]| {
+        let qh = u32::from_le_bytes(qh);
+        for (j, v) in o.iter_mut().enumerate() {
+            *v |= (((qh >> j) & 1) << 4) as u8;
+        }
+    };
+    // Q2_K/Q3_K low bits: element 128h + 32s + l is (qs[32h + l] >> 2s) & 3
+    let crumbs = |o: &mut [u8], qs: &[u8; 64]| {
+        for (e, v) in o.iter_mut().enumerate() {
+            let (h, s, l) = (e / 128, (e % 128) / 32, e % 32);
+            *v = (qs[32 * h + l] >> (2 * s)) & 3;
+        }
+    };
+    match ty {
+        QuantType::Q4_0 => {
+            for (i, b) in view::<BlockQ4_0>(row).iter().enumerate() {
+                nib(&mut u[32 * i..32 * i + 32], &b.qs);
+                fw[i] = h16(b.d);
+            }
+        }
+        QuantType::Q4_1 => {
+            for (i, b) in view::<BlockQ4_1>(row).iter().enumerate() {
+                nib(&mut u[32 * i..32 * i + 32], &b.qs);
+                fw[i] = h16(b.d);
+                fmin[i] = h16(b.m);
+            }
+        }
+        QuantType::Q5_0 => {
+            for (i, b) in view::<BlockQ5_0>(row).iter().enumerate() {
+                nib(&mut u[32 * i..32 * i + 32], &b.qs);
+                bit5(&mut u[32 * i..32 * i + 32], b.qh);
+                fw[i] = h16(b.d);
+            }
+        }
+        QuantType::Q5_1 => {
+            for (i, b) in view::<BlockQ5_1>(row).iter().enumerate() {
+                nib(&mut u[32 * i..32 * i + 32], &b.qs);
+                bit5(&mut u[32 * i..32 * i + 32], b.qh);
+                fw[i] = h16(b.d);
+                fmin[i] = h16(b.m);
+            }
+        }
+        QuantType::Q8_0 => {
+            for (i, b) in view::<BlockQ8_0>(row).iter().enumerate() {
+                for (o, &q) in u[32 * i..32 * i + 32].iter_mut().zip(&b.qs) {
+                    *o = (q as u8) ^ 0x80; // q + 128
+                }
+                fw[i] = h16(b.d);
+            }
+        }
+        QuantType::Q2K => {
+            for (i, b) in view::<BlockQ2K>(row).iter().enumerate() {
+                crumbs(&mut u[256 * i..256 * i + 256], &b.qs);
+                let (d, dmin) = (h16(b.d), h16(b.dmin));
+                for g in 0..16 {
+                    fw[16 * i + g] = d * (b.scales[g] & 0x0F) as f32;
+                    fmin[16 * i + g] = -(dmin * (b.scales[g] >> 4) as f32);
+                }
+            }
+        }
+        QuantType::Q3K => {
+            for (i, b) in view::<BlockQ3K>(row).iter().enumerate() {
+                let o = &mut u[256 * i..256 * i + 256];
+                crumbs(o, &b.qs);
+                // + 4 where the hmask bit is set (q = low - 4 where it is clear)
+                for (e, v) in o.iter_mut().enumerate() {
+                    *v += ((b.hmask[e % 32] >> (e / 32)) & 1) << 2;
+                }
+                let d = h16(b.d);
+                for (g, &s) in super::dequant::q3k_scales(&b.scales).iter().enumerate() {
+                    fw[16 * i + g] = d * s as f32;
+                }
+            }
+        }
+        QuantType::Q4K | QuantType::Q5K => {
+            let (ts, qs_off) = if ty == QuantType::Q4K { (144, 16) } else { (176, 48) };
+            for (i, b) in row.chunks_exact(ts).enumerate() {
+                let o = &mut u[256 * i..256 * i + 256];
+                // element 64c + 32n + l is nibble n of qs[32c + l]
+                for (e, v) in o.iter_mut().enumerate() {
+                    let (c, n, l) = (e / 64, (e % 64) / 32, e % 32);
+                    *v = (b[qs_off + 32 * c + l] >> (4 * n)) & 0x0F;
+                    if ty == QuantType::Q5K {
+                        *v |= ((b[16 + l] >> (e / 32)) & 1) << 4; // qh[l] bit e/32
+                    }
+                }
+                let (d, dmin) = (h16([b[0], b[1]]), h16([b[2], b[3]]));
+                let (sc, mn) = super::dequant::k4_scale_min(b[4..16].try_into().unwrap());
+                for g in 0..8 {
+                    fw[8 * i + g] = d * sc[g] as f32;
+                    fmin[8 * i + g] = -(dmin * mn[g] as f32);
+                }
+            }
+        }
+        QuantType::Q6K => {
+            for (i, b) in view::<BlockQ6K>(row).iter().enumerate() {
+                // element 128h + 32s + l: nibble s/2 of ql[64h + 32(s%2) + l], high bits
+                // (qh[32h + l] >> 2s) & 3
+                for (e, v) in u[256 * i..256 * i + 256].iter_mut().enumerate() {
+                    let (h, s, l) = (e / 128, (e % 128) / 32, e % 32);
+                    let lo = (b.ql[64 * h + 32 * (s % 2) + l] >> (4 * (s / 2))) & 0x0F;
+                    *v = lo | (((b.qh[32 * h + l] >> (2 * s)) & 3) << 4);
+                }
+                let d = h16(b.d);
+                for g in 0..16 {
+                    fw[16 * i + g] = d * b.scales[g] as f32;
+                }
+            }
+        }
+        _ => unreachable!("decode_row({ty}): no geometry (checked by geo())"),
+    }
+}
+
+// ---------------------------------------------------------------- scalar twin
+
+/// The module header's formula with plain loops. Lengths checked, `rows, n_t > 0`.
+#[allow(clippy::too_many_arguments)]
+fn scalar(ty: QuantType, geo: &Geo, w: &[u8], rows: usize, cols: usize, acts: &[u8], n_t: usize, p: &Prep, y: &mut [f32]) {
+    let (g_el, n_g, n_sb) = (geo.group, cols / geo.group, cols / geo.sb());
+    let (rb, ab) = (w.len() / rows, acts.len() / n_t);
+    // every token's quants decoded once: [n_t][cols]
+    let mut a = vec![0i8; n_t * cols];
+    for (o, row) in a.chunks_exact_mut(cols).zip(acts.chunks_exact(ab)) {
+        act_quants(geo.act, row, o);
+    }
+    let (mut u, mut fw, mut fmin) = (vec![0u8; cols], vec![0f32; n_g], vec![0f32; n_g]);
+    for (r, yr) in y.chunks_exact_mut(n_t).enumerate() {
+        decode_row(ty, &w[r * rb..(r + 1) * rb], &mut u, &mut fw, &mut fmin);
+        for (t, o) in yr.iter_mut().enumerate() {
+            let at = &a[t * cols..(t + 1) * cols];
+            let mut acc = 0f32;
+            for sb in 0..n_sb {
+                let mut temp = 0f32;
+                let mut last_g = 0;
+                for j in 0..geo.sb_groups {
+                    let g = sb * geo.sb_groups + j;
+                    let e = g * g_el;
+                    let mut isum = if geo.off != 0 { p.init[t * n_g + g] } else { 0 };
+                    for (&uq, &aq) in u[e..e + g_el].iter().zip(&at[e..e + g_el]) {
+                        isum += uq as i32 * aq as i32;
+                    }
+                    temp = (isum as f32).mul_add(fw[g], temp);
+                    if geo.mins == Mins::Group {
+                        temp = fmin[g].mul_add(p.fbs[t * n_g + g], temp);
+                    }
+                    last_g = g;
+                }
+                acc = temp.mul_add(p.da[t * n_sb + sb], acc);
+                if geo.mins == Mins::Block {
+                    acc = fmin[last_g].mul_add(p.fbs[t * n_g + last_g], acc);
+                }
+            }
+            *o = acc;
+        }
+    }
+}

@@ -1,0 +1,629 @@
+//! AVX-512 VNNI twin of `matmat.rs` (quantized weights x 8-bit activations, many tokens at
+//! once), which stays the reference forever: same integers, same float steps, same bits.
+//!
+//! Owns: the weight-tile unpacker (one per type: packed quants -> unsigned bytes + f32 group
+//! scales), the 16-row transpose into the kernel's layout, the register-blocked kernel, the
+//! activation block sums, and the run-time dispatch. The only `unsafe` of the matmat module
+//! lives here; every block says why it is sound.
+//!
+//! Layout (weight-stationary, like llama.cpp's repacked gemm): a tile of 16 weight rows and a
+//! K-chunk of up to `KC` elements is unpacked once into `wq`, one zmm per 4 consecutive
+//! elements holding those 4 bytes of each of the 16 rows (lane r = row r). One
+//! `vpdpbusd(acc, wq[k], broadcast(4 activation bytes of token t at k))` then advances 16
+//! (row, token) dot products by 4 elements each, fully reduced: no horizontal sums anywhere.
+//! The kernel holds one group's 8 (or 4) weight vectors in registers and streams T <= 8
+//! tokens over them; per (group, token) it does 8 (4) `vpdpbusd` + 1 convert + 1-2 FMAs for
+//! 16 rows, per (activation block, token) one more FMA. Activations are read in place from the
+//! quantized rows (Q8_0 / Q8_1 / Q8_K blocks); the tile and the chunk of T token rows stay in
+//! L1, the whole activation matrix in L2.
+//!
+//! Weights are unsigned (`u = q + off`, 0..255) because `vpdpbusd` takes its broadcast memory
+//! operand as the signed one; the offset comes back as `-off * Σa` per (token, group), which is
+//! where each integer chain starts (`Prep::init`). Q8_K carries those sums (bsums); for Q8_0
+//! they are computed here per call (`q8_0_sums`).
+//!
+//! Figures: see examples/matmat_bench.rs and the commit that added these files.
+
+use super::QuantType;
+use super::matmat::{Geo, PREP};
+use std::cell::RefCell;
+
+/// `matmat_q` with AVX-512 VNNI; `false` (nothing written) without the CPU features.
+/// Lengths were checked by the caller; `rows, n_t > 0`; `geo == geo(ty)`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn matmat(
+    ty: QuantType,
+    geo: &Geo,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    acts: &[u8],
+    n_t: usize,
+    y: &mut [f32],
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if super::vecdot_avx512::available() {
+            PREP.with(|p| {
+                let mut p = p.borrow_mut();
+                p.fill(geo, acts, cols, n_t, false);
+                if geo.off != 0 && geo.act == super::vecdot::ActType::Q8_0 {
+                    // SAFETY: available() confirmed the features `q8_0_sums` enables; it
+                    // bounds-checks every access.
+                    unsafe { imp::q8_0_sums(acts, n_t, cols / 32, geo.off, &mut p.init) };
+                }
+                SCRATCH.with(|s| {
+                    let mut s = s.borrow_mut();
+                    // SAFETY: as above; `run` documents the shapes it relies on, all checked by
+                    // matmat_q's `check` (w, acts, y lengths) and by `fill` (prep lengths).
+                    unsafe { imp::run(ty, geo, w, rows, cols, acts, n_t, &p, &mut s, y) };
+                });
+            });
+            return true;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (ty, geo, w, rows, cols, acts, n_t, y);
+    false
+}
+
+/// 64 bytes, 64-byte aligned: one zmm of the tile buffers.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct A64([u8; 64]);
+
+/// Per-thread buffers, reused across calls.
+#[derive(Default)]
+struct Scratch {
+    /// 16 rows of unpacked bytes, `kcp` each ([16][kcp]).
+    rowbuf: Vec<A64>,
+    /// The transposed tile: [kcp / 4] zmm, lane r = 4 bytes of row r.
+    wq: Vec<A64>,
+    /// Group scales and mins of the tile: [groups][16 rows] f32.
+    fw: Vec<A64>,
+    fmin: Vec<A64>,
+    /// Partial sums across K-chunks: [n_t][16 rows] f32.
+    acc: Vec<A64>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// K-chunk (elements) unpacked at a time: a 16-row tile of `KC` bytes (16 KiB) plus its scales
+/// and T token rows of it stay in L1 while all tokens stream over it.
+const KC: usize = 1024;
+/// Tokens per register block.
+const TT: usize = 8;
+
+#[cfg(target_arch = "x86_64")]
+mod imp {
+    use super::super::QuantType;
+    use super::super::blocks::*;
+    use super::super::dequant::{k4_scale_min, q3k_scales};
+    use super::super::matmat::{Geo, Mins, Prep};
+    use super::super::vecdot::{ActType, Q8_1_BYTES};
+    use super::{A64, KC, Scratch, TT};
+    use std::arch::x86_64::*;
+
+    // Every helper carries the same target features so it inlines into the kernels; intrinsics
+    // without pointers are safe to call inside such functions.
+
+    /// 32 bytes of `s` from `off` (bounds-checked).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn ld32(s: &[u8], off: usize) -> __m256i {
+        let s = &s[off..off + 32];
+        // SAFETY: `s` is exactly 32 readable bytes; loadu has no alignment requirement.
+        unsafe { _mm256_loadu_si256(s.as_ptr().cast()) }
+    }
+
+    /// Store 32 bytes at `d[off..off + 32]` (bounds-checked).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn st32(d: &mut [u8], off: usize, v: __m256i) {
+        let d = &mut d[off..off + 32];
+        // SAFETY: `d` is exactly 32 writable bytes; storeu has no alignment requirement.
+        unsafe { _mm256_storeu_si256(d.as_mut_ptr().cast(), v) }
+    }
+
+    /// f16 -> f32, exact (F16C).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn f16s(b: [u8; 2]) -> f32 {
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(u16::from_le_bytes(b) as i16)))
+    }
+
+    /// 16 packed bytes -> 32 nibbles: low nibbles in bytes 0..16, high nibbles in 16..32.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn nib32(qs: &[u8; 16]) -> __m256i {
+        // SAFETY: `qs` is 16 readable bytes; loadu has no alignment requirement.
+        let b = unsafe { _mm_loadu_si128(qs.as_ptr().cast()) };
+        let m = _mm_set1_epi8(0x0F);
+        _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16::<4>(b), m), _mm_and_si128(b, m))
+    }
+
+    /// `(v >> 2k) & 3` per byte.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn crumb(v: __m256i, k: u32) -> __m256i {
+        _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * k as i32)), _mm256_set1_epi8(3))
+    }
+
+    /// `init[t][b] = -off * Σ(quants of Q8_0 block b of token t)`, 4 blocks per step with
+    /// `vpsadbw` (sums of |q ^ 0x80 - 0| = Σ(q + 128) per 8 bytes) and two `vphaddd`.
+    ///
+    /// # Safety
+    /// The CPU must support the features enabled below (every access is bounds-checked).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn q8_0_sums(acts: &[u8], n_t: usize, nb: usize, off: i32, init: &mut [i32]) {
+        let flip = _mm256_set1_epi8(-128);
+        let z = _mm256_setzero_si256();
+        let sad = |row: &[u8], b: usize| _mm256_sad_epu8(_mm256_xor_si256(ld32(row, 34 * b + 2), flip), z);
+        let ab = nb * 34;
+        for t in 0..n_t {
+            let row = &acts[t * ab..(t + 1) * ab];
+            let out = &mut init[t * nb..(t + 1) * nb];
+            let mut b = 0;
+            while b + 4 <= nb {
+                // each sad: 4 u64 partial sums (< 2^11) = 4 i32 pairs (value, 0)
+                let h01 = _mm256_hadd_epi32(sad(row, b), sad(row, b + 1));
+                let h23 = _mm256_hadd_epi32(sad(row, b + 2), sad(row, b + 3));
+                let h = _mm256_hadd_epi32(h01, h23); // [b0 lo, b1 lo, b2 lo, b3 lo | the hi halves]
+                let s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+                // Σ(q + 128) - 32 * 128 = Σq; times -off
+                let s = _mm_mullo_epi32(_mm_sub_epi32(s, _mm_set1_epi32(32 * 128)), _mm_set1_epi32(-off));
+                let o = &mut out[b..b + 4];
+                // SAFETY: `o` is 4 writable i32; storeu has no alignment requirement.
+                unsafe { _mm_storeu_si128(o.as_mut_ptr().cast(), s) };
+                b += 4;
+            }
+            for (bb, o) in out.iter_mut().enumerate().skip(b) {
+                let q = &row[34 * bb + 2..34 * bb + 34];
+                *o = -off * q.iter().map(|&v| v as i8 as i32).sum::<i32>();
+            }
+        }
+    }
+
+    /// Unpack the blocks `wrow` (one row's blocks of this K-chunk) into unsigned bytes `u` (in
+    /// element order) and the tile's group scales / mins at `fw[g * 16 + r]`, exactly as
+    /// `matmat::decode_row` does.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn unpack_row(ty: QuantType, wrow: &[u8], u: &mut [u8], r: usize, fw: &mut [f32], fmin: &mut [f32]) {
+        let m4 = _mm256_set1_epi8(0x0F);
+        match ty {
+            QuantType::Q8_0 => {
+                for (i, b) in view::<BlockQ8_0>(wrow).iter().enumerate() {
+                    // SAFETY: `b.qs` is 32 readable bytes.
+                    let q = unsafe { _mm256_loadu_si256(b.qs.as_ptr().cast()) };
+                    st32(u, 32 * i, _mm256_xor_si256(q, _mm256_set1_epi8(-128)));
+                    fw[16 * i + r] = f16s(b.d);
+                }
+            }
+            QuantType::Q4_0 => {
+                for (i, b) in view::<BlockQ4_0>(wrow).iter().enumerate() {
+                    st32(u, 32 * i, nib32(&b.qs));
+                    fw[16 * i + r] = f16s(b.d);
+                }
+            }
+            QuantType::Q4_1 => {
+                for (i, b) in view::<BlockQ4_1>(wrow).iter().enumerate() {
+                    st32(u, 32 * i, nib32(&b.qs));
+                    fw[16 * i + r] = f16s(b.d);
+                    fmin[16 * i + r] = f16s(b.m);
+                }
+            }
+            QuantType::Q5_0 => {
+                for (i, b) in view::<BlockQ5_0>(wrow).iter().enumerate() {
+                    let q = nib32(&b.qs);
+                    st32(u, 32 * i, _mm256_mask_add_epi8(q, u32::from_le_bytes(b.qh), q, _mm256_set1_epi8(16)));
+                    fw[16 * i + r] = f16s(b.d);
+                }
+            }
+            QuantType::Q5_1 => {
+                for (i, b) in view::<BlockQ5_1>(wrow).iter().enumerate() {
+                    let q = nib32(&b.qs);
+                    st32(u, 32 * i, _mm256_mask_add_epi8(q, u32::from_le_bytes(b.qh), q, _mm256_set1_epi8(16)));
+                    fw[16 * i + r] = f16s(b.d);
+                    fmin[16 * i + r] = f16s(b.m);
+                }
+            }
+            QuantType::Q4K => {
+                for (i, b) in view::<BlockQ4K>(wrow).iter().enumerate() {
+                    let o = &mut u[256 * i..256 * i + 256];
+                    for j in 0..4 {
+                        let bits = ld32(&b.qs, 32 * j);
+                        st32(o, 64 * j, _mm256_and_si256(bits, m4));
+                        st32(o, 64 * j + 32, _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4));
+                    }
+                    k4_scales(b.d, b.dmin, &b.scales, i, r, fw, fmin);
+                }
+            }
+            QuantType::Q5K => {
+                for (i, b) in view::<BlockQ5K>(wrow).iter().enumerate() {
+                    let o = &mut u[256 * i..256 * i + 256];
+                    let hbits = ld32(&b.qh, 0);
+                    let b16 = _mm256_set1_epi8(16);
+                    for j in 0..4 {
+                        let bits = ld32(&b.qs, 32 * j);
+                        let lo = _mm256_and_si256(bits, m4);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
+                        let ml = _mm256_test_epi8_mask(hbits, _mm256_set1_epi8((1u8 << (2 * j)) as i8));
+                        let mh = _mm256_test_epi8_mask(hbits, _mm256_set1_epi8((1u8 << (2 * j + 1)) as i8));
+                        st32(o, 64 * j, _mm256_mask_add_epi8(lo, ml, lo, b16));
+                        st32(o, 64 * j + 32, _mm256_mask_add_epi8(hi, mh, hi, b16));
+                    }
+                    k4_scales(b.d, b.dmin, &b.scales, i, r, fw, fmin);
+                }
+            }
+            QuantType::Q6K => {
+                for (i, b) in view::<BlockQ6K>(wrow).iter().enumerate() {
+                    let o = &mut u[256 * i..256 * i + 256];
+                    for j in 0..2 {
+                        let l1 = ld32(&b.ql, 64 * j);
+                        let l2 = ld32(&b.ql, 64 * j + 32);
+                        let h = ld32(&b.qh, 32 * j);
+                        let hb = |k: i32| {
+                            _mm256_slli_epi16::<4>(_mm256_and_si256(
+                                _mm256_srl_epi16(h, _mm_cvtsi32_si128(2 * k)),
+                                _mm256_set1_epi8(3),
+                            ))
+                        };
+                        let lo1 = _mm256_and_si256(l1, m4);
+                        let lo2 = _mm256_and_si256(l2, m4);
+                        let hi1 = _mm256_and_si256(_mm256_srli_epi16::<4>(l1), m4);
+                        let hi2 = _mm256_and_si256(_mm256_srli_epi16::<4>(l2), m4);
+                        st32(o, 128 * j, _mm256_or_si256(lo1, hb(0)));
+                        st32(o, 128 * j + 32, _mm256_or_si256(lo2, hb(1)));
+                        st32(o, 128 * j + 64, _mm256_or_si256(hi1, hb(2)));
+                        st32(o, 128 * j + 96, _mm256_or_si256(hi2, hb(3)));
+                    }
+                    let d = f16s(b.d);
+                    for g in 0..16 {
+                        fw[16 * (16 * i + g) + r] = d * b.scales[g] as f32;
+                    }
+                }
+            }
+            QuantType::Q2K => {
+                for (i, b) in view::<BlockQ2K>(wrow).iter().enumerate() {
+                    let o = &mut u[256 * i..256 * i + 256];
+                    for j in 0..2 {
+                        let bits = ld32(&b.qs, 32 * j);
+                        for k in 0..4 {
+                            st32(o, 128 * j + 32 * k as usize, crumb(bits, k));
+                        }
+                    }
+                    let (d, dmin) = (f16s(b.d), f16s(b.dmin));
+                    for g in 0..16 {
+                        fw[16 * (16 * i + g) + r] = d * (b.scales[g] & 0x0F) as f32;
+                        fmin[16 * (16 * i + g) + r] = -(dmin * (b.scales[g] >> 4) as f32);
+                    }
+                }
+            }
+            QuantType::Q3K => {
+                for (i, b) in view::<BlockQ3K>(wrow).iter().enumerate() {
+                    let o = &mut u[256 * i..256 * i + 256];
+                    let hbits = ld32(&b.hmask, 0);
+                    let b4 = _mm256_set1_epi8(4);
+                    for j in 0..2 {
+                        let bits = ld32(&b.qs, 32 * j);
+                        for k in 0..4 {
+                            let q = crumb(bits, k);
+                            let m = _mm256_test_epi8_mask(hbits, _mm256_set1_epi8((1u8 << (4 * j as u32 + k)) as i8));
+                            st32(o, 128 * j + 32 * k as usize, _mm256_mask_add_epi8(q, m, q, b4));
+                        }
+                    }
+                    let d = f16s(b.d);
+                    for (g, &s) in q3k_scales(&b.scales).iter().enumerate() {
+                        fw[16 * (16 * i + g) + r] = d * s as f32;
+                    }
+                }
+            }
+            _ => unreachable!("unpack_row({ty}): no geometry"),
+        }
+    }
+
+    /// Q4_K/Q5_K group scales `d * sc` and mins `-(dmin * m)` of block `i` for row `r`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn k4_scales(d: [u8; 2], dmin: [u8; 2], scales: &[u8; 12], i: usize, r: usize, fw: &mut [f32], fmin: &mut [f32]) {
+        let (d, dmin) = (f16s(d), f16s(dmin));
+        let (sc, mn) = k4_scale_min(scales);
+        for g in 0..8 {
+            fw[16 * (8 * i + g) + r] = d * sc[g] as f32;
+            fmin[16 * (8 * i + g) + r] = -(dmin * mn[g] as f32);
+        }
+    }
+
+    /// Transpose 16 rows x 16 dwords (`rows[r]` = 64 bytes of row r) into `out[j]` = dword j of
+    /// every row (lane r = row r): unpack 32-bit, unpack 64-bit, two 128-bit lane shuffles.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn transpose16(r: [__m512i; 16]) -> [__m512i; 16] {
+        // t[2p], t[2p+1]: rows 2p, 2p+1 interleaved by dword (lo: elements 0,1 of each lane)
+        let mut t = [_mm512_setzero_si512(); 16];
+        for p in 0..8 {
+            t[2 * p] = _mm512_unpacklo_epi32(r[2 * p], r[2 * p + 1]);
+            t[2 * p + 1] = _mm512_unpackhi_epi32(r[2 * p], r[2 * p + 1]);
+        }
+        // u[4q + e]: in 128-bit lane L, rows 4q..4q+4 of dword 4L + e
+        let mut u = [_mm512_setzero_si512(); 16];
+        for q in 0..4 {
+            let (a0, a1, b0, b1) = (t[4 * q], t[4 * q + 1], t[4 * q + 2], t[4 * q + 3]);
+            u[4 * q] = _mm512_unpacklo_epi64(a0, b0);
+            u[4 * q + 1] = _mm512_unpackhi_epi64(a0, b0);
+            u[4 * q + 2] = _mm512_unpacklo_epi64(a1, b1);
+            u[4 * q + 3] = _mm512_unpackhi_epi64(a1, b1);
+        }
+        let mut out = [_mm512_setzero_si512(); 16];
+        for e in 0..4 {
+            // v0: [q0 L0, q0 L2, q1 L0, q1 L2], v1: [q0 L1, q0 L3, q1 L1, q1 L3], v2/v3: q2, q3
+            let v0 = _mm512_shuffle_i32x4::<0x88>(u[e], u[4 + e]);
+            let v1 = _mm512_shuffle_i32x4::<0xDD>(u[e], u[4 + e]);
+            let v2 = _mm512_shuffle_i32x4::<0x88>(u[8 + e], u[12 + e]);
+            let v3 = _mm512_shuffle_i32x4::<0xDD>(u[8 + e], u[12 + e]);
+            out[e] = _mm512_shuffle_i32x4::<0x88>(v0, v2); // lane 0 of all quads: dword e
+            out[8 + e] = _mm512_shuffle_i32x4::<0xDD>(v0, v2); // lane 2: dword 8 + e
+            out[4 + e] = _mm512_shuffle_i32x4::<0x88>(v1, v3); // lane 1: dword 4 + e
+            out[12 + e] = _mm512_shuffle_i32x4::<0xDD>(v1, v3); // lane 3: dword 12 + e
+        }
+        out
+    }
+
+    /// Everything one token block of the kernel needs about the current tile and chunk.
+    struct Tile {
+        /// [groups of the chunk][CH] zmm.
+        wq: *const __m512i,
+        /// [groups of the chunk][16] f32.
+        fw: *const f32,
+        fmin: *const f32,
+        /// First quant byte of the chunk in token row 0; token rows are `arb` bytes apart,
+        /// activation blocks `ats` bytes.
+        acts: *const u8,
+        arb: usize,
+        ats: usize,
+        /// Activation blocks in this chunk.
+        n_sbc: usize,
+        /// Prep rows at this chunk: da + t * n_sb, init / fbs + t * n_g.
+        da: *const f32,
+        n_sb: usize,
+        init: *const i32,
+        fbs: *const f32,
+        n_g: usize,
+        /// [n_t][16] f32 partial sums; `first`: start from zero instead.
+        acc: *mut f32,
+        first: bool,
+    }
+
+    /// T tokens from `t0` over the whole chunk: the module header's formula, 16 rows per lane
+    /// vector. CH = group / 4 chunks of 4 elements per group, SBG groups per activation block,
+    /// OFF: chains start at `init`, MINS: 0 none, 1 per block, 2 per group.
+    ///
+    /// # Safety
+    /// CPU features as enabled; every pointer of `k` covers the extents documented on `Tile`
+    /// for `n_sbc` blocks and tokens `t0..t0 + T`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn tile<const T: usize, const CH: usize, const SBG: usize, const OFF: bool, const MINS: u8>(k: &Tile, t0: usize) {
+        // SAFETY (whole body): every offset below stays inside the extents the caller
+        // guarantees (see `run`); loads are unaligned-tolerant except wq/fw/fmin/acc, which are
+        // A64 buffers (64-byte aligned, whole zmm each).
+        unsafe {
+            let mut facc = [_mm512_setzero_ps(); T];
+            let mut ap = [k.acts; T];
+            let (mut dp, mut ip, mut fp) = ([k.da; T], [k.init; T], [k.fbs; T]);
+            for t in 0..T {
+                if !k.first {
+                    facc[t] = _mm512_load_ps(k.acc.add(16 * (t0 + t)));
+                }
+                ap[t] = k.acts.add((t0 + t) * k.arb);
+                dp[t] = k.da.add((t0 + t) * k.n_sb);
+                if OFF {
+                    ip[t] = k.init.add((t0 + t) * k.n_g);
+                }
+                if MINS != 0 {
+                    fp[t] = k.fbs.add((t0 + t) * k.n_g);
+                }
+            }
+            let (mut wp, mut fwp, mut fmp) = (k.wq, k.fw, k.fmin);
+            let mut gi = 0; // group index in the chunk
+            for sb in 0..k.n_sbc {
+                let mut temp = [_mm512_setzero_ps(); T];
+                let mut fmv = _mm512_setzero_ps();
+                for j in 0..SBG {
+                    let mut w = [_mm512_setzero_si512(); CH];
+                    for (c, v) in w.iter_mut().enumerate() {
+                        *v = _mm512_load_si512(wp.add(c));
+                    }
+                    let fwv = _mm512_load_ps(fwp);
+                    if MINS != 0 {
+                        fmv = _mm512_load_ps(fmp);
+                    }
+                    for t in 0..T {
+                        let p = ap[t].add(sb * k.ats + j * 4 * CH);
+                        let mut s = if OFF { _mm512_set1_epi32(*ip[t].add(gi)) } else { _mm512_setzero_si512() };
+                        for (c, &wc) in w.iter().enumerate() {
+                            let a = p.add(4 * c).cast::<i32>().read_unaligned();
+                            s = _mm512_dpbusd_epi32(s, wc, _mm512_set1_epi32(a));
+                        }
+                        temp[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), fwv, temp[t]);
+                        if MINS == 2 {
+                            temp[t] = _mm512_fmadd_ps(fmv, _mm512_set1_ps(*fp[t].add(gi)), temp[t]);
+                        }
+                    }
+                    wp = wp.add(CH);
+                    fwp = fwp.add(16);
+                    fmp = fmp.add(16);
+                    gi += 1;
+                }
+                for t in 0..T {
+                    facc[t] = _mm512_fmadd_ps(temp[t], _mm512_set1_ps(*dp[t].add(sb)), facc[t]);
+                    if MINS == 1 {
+                        // one group per block: gi - 1 is this block's
+                        facc[t] = _mm512_fmadd_ps(fmv, _mm512_set1_ps(*fp[t].add(gi - 1)), facc[t]);
+                    }
+                }
+            }
+            for (t, f) in facc.iter().enumerate() {
+                _mm512_store_ps(k.acc.add(16 * (t0 + t)), *f);
+            }
+        }
+    }
+
+    /// The kernel for one type class and every token count 1..=TT.
+    ///
+    /// # Safety
+    /// As `tile`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn tiles<const CH: usize, const SBG: usize, const OFF: bool, const MINS: u8>(k: &Tile, n_t: usize) {
+        let mut t0 = 0;
+        // SAFETY: forwarded; every call covers tokens t0..t0 + T <= n_t.
+        unsafe {
+            while t0 + TT <= n_t {
+                tile::<TT, CH, SBG, OFF, MINS>(k, t0);
+                t0 += TT;
+            }
+            match n_t - t0 {
+                0 => {}
+                1 => tile::<1, CH, SBG, OFF, MINS>(k, t0),
+                2 => tile::<2, CH, SBG, OFF, MINS>(k, t0),
+                3 => tile::<3, CH, SBG, OFF, MINS>(k, t0),
+                4 => tile::<4, CH, SBG, OFF, MINS>(k, t0),
+                5 => tile::<5, CH, SBG, OFF, MINS>(k, t0),
+                6 => tile::<6, CH, SBG, OFF, MINS>(k, t0),
+                _ => tile::<7, CH, SBG, OFF, MINS>(k, t0),
+            }
+        }
+    }
+
+    /// The whole product: 16-row tiles, K-chunks of at most `KC` elements (whole activation
+    /// blocks), token blocks of `TT`.
+    ///
+    /// # Safety
+    /// The CPU must support the features enabled below. `w`, `acts`, `y` have the lengths
+    /// `matmat::check` demands for (ty, rows, cols, n_t), `rows, n_t > 0`, `geo == geo(ty)`,
+    /// and `p` was filled for these activations (`Prep::fill`).
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn run(
+        ty: QuantType,
+        geo: &Geo,
+        w: &[u8],
+        rows: usize,
+        cols: usize,
+        acts: &[u8],
+        n_t: usize,
+        p: &Prep,
+        s: &mut Scratch,
+        y: &mut [f32],
+    ) {
+        let (sb_el, g_el) = (geo.sb(), geo.group);
+        let (n_sb, n_g) = (cols / sb_el, cols / g_el);
+        let rb = w.len() / rows; // weight row bytes
+        let wsb = rb / n_sb; // weight bytes per activation block (= one weight block)
+        let arb = acts.len() / n_t;
+        let (ats, qoff) = match geo.act {
+            ActType::Q8_0 => (34, 2),
+            ActType::Q8_1 => (Q8_1_BYTES, 4),
+            ActType::Q8K => (292, 4),
+        };
+        // the prep vectors the kernel reads (it reads init / fbs only when OFF / MINS say so)
+        assert!(p.da.len() == n_t * n_sb);
+        assert!(geo.off == 0 || p.init.len() == n_t * n_g);
+        assert!(geo.mins == Mins::None || p.fbs.len() == n_t * n_g);
+        let sbc = (KC / sb_el).max(1); // activation blocks per chunk
+        let kcp = (sbc * sb_el).div_ceil(64) * 64; // chunk bytes per row, padded for transpose16
+        let zero = A64([0; 64]);
+        s.rowbuf.resize(16 * kcp / 64, zero);
+        s.wq.resize(kcp / 4, zero);
+        s.fw.resize(sbc * geo.sb_groups, zero);
+        s.fmin.resize(sbc * geo.sb_groups, zero);
+        s.acc.resize(n_t, zero);
+        for r0 in (0..rows).step_by(16) {
+            let nr = (rows - r0).min(16);
+            let mut sb0 = 0;
+            while sb0 < n_sb {
+                let nsb = sbc.min(n_sb - sb0);
+                // 1. unpack each row's blocks sb0..sb0+nsb (one sequential read per row)
+                {
+                    let rowbuf = as_bytes_mut(&mut s.rowbuf);
+                    let fw = as_f32_mut(&mut s.fw);
+                    let fmin = as_f32_mut(&mut s.fmin);
+                    for r in 0..nr {
+                        let wr = &w[(r0 + r) * rb + sb0 * wsb..(r0 + r) * rb + (sb0 + nsb) * wsb];
+                        unpack_row(ty, wr, &mut rowbuf[r * kcp..(r + 1) * kcp], r, fw, fmin);
+                    }
+                    // rows nr..16 keep stale bytes and scales: their lanes are never written
+                    // out, and lanes do not mix
+                }
+                // 2. transpose into wq, 64 elements (16 zmm) at a time
+                let spans = (nsb * sb_el).div_ceil(64);
+                for sp in 0..spans {
+                    let mut v = [_mm512_setzero_si512(); 16];
+                    for (r, vr) in v.iter_mut().enumerate() {
+                        // SAFETY: rowbuf is 16 * kcp bytes, A64-aligned, kcp a multiple of 64
+                        // and sp * 64 + 64 <= kcp.
+                        *vr = unsafe { _mm512_load_si512(s.rowbuf.as_ptr().cast::<u8>().add(r * kcp + 64 * sp).cast()) };
+                    }
+                    let o = transpose16(v);
+                    for (j, oj) in o.iter().enumerate() {
+                        // SAFETY: wq has kcp / 4 zmm and 16 * sp + j < 4 * spans <= kcp / 16.
+                        unsafe { _mm512_store_si512(s.wq.as_mut_ptr().add(16 * sp + j).cast(), *oj) };
+                    }
+                }
+                // 3. all tokens over the tile
+                let k = Tile {
+                    wq: s.wq.as_ptr().cast(),
+                    fw: s.fw.as_ptr().cast(),
+                    fmin: s.fmin.as_ptr().cast(),
+                    // SAFETY: sb0 * ats + qoff < arb (a block of row 0 inside acts).
+                    acts: unsafe { acts.as_ptr().add(sb0 * ats + qoff) },
+                    arb,
+                    ats,
+                    n_sbc: nsb,
+                    // SAFETY (the three adds): offsets within the prep rows of token 0, whose
+                    // lengths were asserted above (init / fbs only when read).
+                    da: unsafe { p.da.as_ptr().add(sb0) },
+                    n_sb,
+                    init: if geo.off != 0 { unsafe { p.init.as_ptr().add(sb0 * geo.sb_groups) } } else { p.init.as_ptr() },
+                    fbs: if geo.mins != Mins::None { unsafe { p.fbs.as_ptr().add(sb0 * geo.sb_groups) } } else { p.fbs.as_ptr() },
+                    n_g,
+                    acc: s.acc.as_mut_ptr().cast(),
+                    first: sb0 == 0,
+                };
+                // SAFETY: wq/fw/fmin cover nsb * sb_groups groups (sized for sbc >= nsb);
+                // acts rows t < n_t hold blocks sb0..sb0+nsb; da/init/fbs rows t < n_t hold
+                // entries sb0.. / g0.. of this chunk; acc holds n_t zmm.
+                unsafe {
+                    match (ty, geo.off != 0) {
+                        (QuantType::Q4_1 | QuantType::Q5_1, _) => tiles::<8, 1, false, 1>(&k, n_t),
+                        (QuantType::Q4K | QuantType::Q5K, _) => tiles::<8, 8, false, 2>(&k, n_t),
+                        (QuantType::Q2K, _) => tiles::<4, 16, false, 2>(&k, n_t),
+                        (QuantType::Q3K | QuantType::Q6K, _) => tiles::<4, 16, true, 0>(&k, n_t),
+                        _ => tiles::<8, 1, true, 0>(&k, n_t), // Q4_0, Q5_0, Q8_0
+                    }
+                }
+                sb0 += nsb;
+            }
+            // 4. [n_t][16] partial sums -> y rows r0..r0+nr
+            let acc = as_f32_mut(&mut s.acc);
+            for r in 0..nr {
+                let yr = &mut y[(r0 + r) * n_t..(r0 + r + 1) * n_t];
+                for (t, o) in yr.iter_mut().enumerate() {
+                    *o = acc[16 * t + r];
+                }
+            }
+        }
+    }
+
+    fn as_bytes_mut(v: &mut [A64]) -> &mut [u8] {
+        // SAFETY: A64 is 64 plain bytes (repr C); the length is 64 bytes per A64.
+        unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), v.len() * 64) }
+    }
+
+    fn as_f32_mut(v: &mut [A64]) -> &mut [f32] {
+        // SAFETY: A64 is 64 plain bytes (repr C, align 64 >= align of f32); every bit pattern is
+        // a valid f32; the length is 16 f32 per A64.
+        unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<f32>(), v.len() * 16) }
+    }
+}
