@@ -5,6 +5,7 @@ pub mod arch;
 pub mod blocks;
 pub mod compat;
 pub mod config;
+pub mod convert;
 pub mod error;
 pub mod generate;
 pub mod load;

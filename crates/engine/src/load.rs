@@ -1,11 +1,14 @@
-//! Opening a model as people ship it: a GGUF file or a Hugging Face folder. Both end as the
-//! same `Model`, addressed by GGUF tensor names; HF tensors are renamed through formats' one
-//! name table and sanitized here (Gemma's +1 on norm gains), never in the forward pass.
+//! Opening a model as people ship it: a GGUF file, a Hugging Face folder, or cortiq's own .cmf
+//! (told apart by content, not extension). All end as the same `Model`, addressed by GGUF tensor
+//! names; HF tensors are renamed through formats' one name table and sanitized here (Gemma's +1
+//! on norm gains), never in the forward pass. A .cmf is already sanitized: its tensors are used
+//! as stored, its configuration parsed by the GGUF or HF code according to what it embeds.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use cortiq_formats::FormatError;
+use cortiq_formats::cmf::{self, Cmf, Metadata};
 use cortiq_formats::gguf::Gguf;
 use cortiq_formats::hf::HfConfig;
 use cortiq_formats::names::hf_to_gguf;
@@ -16,12 +19,15 @@ use crate::arch::{self, Arch};
 use crate::error::{EngineError, Result};
 use crate::model::Model;
 use crate::qtensor::{Backing, QTensor};
-use crate::weights::{GgufSource, TensorSource};
+use crate::weights::{CmfSource, GgufSource, TensorSource};
 
 /// What a model was loaded from; the tokenizer and chat template are read from the same place.
+// One per loaded model: the variants' size difference costs nothing worth a Box.
+#[allow(clippy::large_enum_variant)]
 pub enum Origin {
     Gguf(Gguf),
     Hf { dir: PathBuf, config: HfConfig },
+    Cmf(Cmf),
 }
 
 pub struct Loaded {
@@ -46,11 +52,22 @@ impl Loaded {
                 let tc = dir.join("tokenizer_config.json");
                 Tokenizer::from_tokenizer_json(&tj, tc.exists().then_some(tc.as_path()))?
             }
+            Origin::Cmf(c) => match &c.header.metadata {
+                Metadata::Gguf { .. } => Tokenizer::from_gguf(c)?,
+                Metadata::Hf { files } => {
+                    let tj = files.get("tokenizer.json").ok_or_else(|| EngineError::BadConfig {
+                        file: c.path.display().to_string(),
+                        what: "missing tokenizer (the .cmf embeds no tokenizer.json)".into(),
+                    })?;
+                    let tc = files.get("tokenizer_config.json").map(String::as_str);
+                    Tokenizer::from_tokenizer_json_str(&c.embedded_path("tokenizer.json"), tj, tc)?
+                }
+            },
         })
     }
 }
 
-/// Open a `.gguf` file or an HF folder (config.json + safetensors).
+/// Open a `.gguf` file, a `.cmf` file or an HF folder (config.json + safetensors).
 pub fn load(path: &Path) -> Result<Loaded> {
     if path.is_dir() {
         let config = HfConfig::from_dir(path)?;
@@ -64,6 +81,9 @@ pub fn load(path: &Path) -> Result<Loaded> {
         if !path.exists() {
             return Err(FormatError::io(path, std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or folder")).into());
         }
+        if cmf::is_cmf(path) {
+            return load_cmf(path);
+        }
         let g = Gguf::open(path)?;
         let name = g.architecture()?.to_string();
         let arch = arch::by_gguf_name(&path.display().to_string(), &name)?;
@@ -73,7 +93,21 @@ pub fn load(path: &Path) -> Result<Loaded> {
     }
 }
 
-fn hf_arch_names(c: &HfConfig) -> Vec<String> {
+fn load_cmf(path: &Path) -> Result<Loaded> {
+    let c = Cmf::open(path)?;
+    let arch = arch::by_gguf_name(&path.display().to_string(), &c.header.architecture)?;
+    let cfg = match &c.header.metadata {
+        Metadata::Gguf { .. } => (arch.from_gguf)(&c)?,
+        Metadata::Hf { files } => {
+            let text = files.get("config.json").ok_or_else(|| FormatError::missing(path, "embedded config.json"))?;
+            (arch.from_hf)(&HfConfig::from_json_str(c.embedded_path("config.json"), text)?)?
+        }
+    };
+    let model = Model::load_dense(&CmfSource { cmf: &c }, cfg)?;
+    Ok(Loaded { model, origin: Origin::Cmf(c) })
+}
+
+pub(crate) fn hf_arch_names(c: &HfConfig) -> Vec<String> {
     let mut v = c.architectures.clone();
     v.push(c.model_type.clone());
     v.extend(c.outer_model_type.clone());
@@ -81,7 +115,7 @@ fn hf_arch_names(c: &HfConfig) -> Vec<String> {
 }
 
 /// HF safetensors addressed by GGUF names.
-struct HfSource {
+pub(crate) struct HfSource {
     dir: PathBuf,
     weights: HfWeights,
     /// GGUF name -> HF name.
@@ -90,9 +124,45 @@ struct HfSource {
 }
 
 impl HfSource {
-    fn new(dir: &Path, weights: HfWeights, arch: &Arch) -> HfSource {
+    pub(crate) fn new(dir: &Path, weights: HfWeights, arch: &Arch) -> HfSource {
         let names = weights.names().filter_map(|n| Some((hf_to_gguf(arch.name, n)?, n.to_string()))).collect();
         HfSource { dir: dir.to_path_buf(), weights, names, norm_offset: arch.hf_norm_offset }
+    }
+}
+
+impl HfSource {
+    /// (GGUF name, HF shape) of every tensor the name table maps, sorted by name; tensors it
+    /// does not map (a vision tower, say) are not part of the model.
+    pub(crate) fn tensors(&self) -> Vec<(String, Vec<usize>)> {
+        let mut v: Vec<_> =
+            self.names.iter().filter_map(|(g, h)| Some((g.clone(), self.weights.meta(h)?.shape.clone()))).collect();
+        v.sort();
+        v
+    }
+
+    /// HF tensors the name table does not map (not part of the model), sorted.
+    pub(crate) fn unmapped(&self) -> Vec<String> {
+        let mapped: std::collections::HashSet<&str> = self.names.values().map(String::as_str).collect();
+        self.weights.names().filter(|n| !mapped.contains(n)).map(str::to_string).collect()
+    }
+
+    /// The value added to norm gains (`hf_norm_offset` of the architecture).
+    pub(crate) fn norm_offset(&self) -> f32 {
+        self.norm_offset
+    }
+
+    /// Whether `get(name)` changes the stored values (a norm gain that gets the offset).
+    fn sanitizes(&self, name: &str) -> bool {
+        self.norm_offset != 0.0 && name.ends_with("norm.weight")
+    }
+
+    /// The stored bytes of a tensor `get` returns unchanged; `None` for sanitized or absent ones.
+    pub(crate) fn raw(&self, name: &str) -> Option<&[u8]> {
+        if self.sanitizes(name) {
+            return None;
+        }
+        let t = self.weights.get(self.names.get(name)?).ok()??;
+        Some(t.data)
     }
 }
 
@@ -121,7 +191,7 @@ impl TensorSource for HfSource {
             file: self.file(),
             what: format!("tensor '{hf_name}' does not fit its stored bytes"),
         })?;
-        if self.norm_offset != 0.0 && name.ends_with("norm.weight") {
+        if self.sanitizes(name) {
             let v: Vec<f32> = t.to_f32().into_iter().map(|w| w + self.norm_offset).collect();
             return Ok(Some(QTensor::from_f32(name, rows, cols, v)));
         }

@@ -1,9 +1,10 @@
-//! Where tensors come from: a GGUF file or an HF folder, both addressed by GGUF tensor names
-//! (formats' name table maps HF names). Shapes are checked here, once, at load time.
+//! Where tensors come from: a GGUF file, a .cmf file or an HF folder, all addressed by GGUF
+//! tensor names (formats' name table maps HF names). Shapes are checked here, once, at load time.
 
 use std::sync::Arc;
 
-use cortiq_formats::gguf::Gguf;
+use cortiq_formats::cmf::Cmf;
+use cortiq_formats::gguf::{Gguf, TensorInfo};
 
 use crate::error::{EngineError, Result};
 use crate::qtensor::{Backing, QTensor};
@@ -63,13 +64,33 @@ impl TensorSource for GgufSource<'_> {
     }
     fn get(&self, name: &str) -> Result<Option<QTensor>> {
         let Some(info) = self.gguf.tensor(name) else { return Ok(None) };
-        // GGUF dims are innermost first; rows = product of the outer dims.
-        let cols = info.dims[0] as usize;
-        let rows = info.dims[1..].iter().product::<u64>() as usize;
-        let backing: Backing = Arc::clone(self.gguf.mmap()) as Backing;
-        let t = QTensor::new(name, info.dtype, rows, cols, backing, info.offset as usize).ok_or_else(|| {
-            EngineError::BadConfig { file: self.file(), what: format!("tensor '{name}' does not fit its stored bytes") }
-        })?;
-        Ok(Some(t))
+        mapped(&self.file(), info, Arc::clone(self.gguf.mmap()) as Backing).map(Some)
     }
+}
+
+/// Tensors of an opened .cmf file, zero-copy views of its memory map. They are stored ready to
+/// use (sanitized by the converter), so nothing is applied here.
+pub struct CmfSource<'a> {
+    pub cmf: &'a Cmf,
+}
+
+impl TensorSource for CmfSource<'_> {
+    fn file(&self) -> String {
+        self.cmf.path.display().to_string()
+    }
+    fn get(&self, name: &str) -> Result<Option<QTensor>> {
+        let Some(info) = self.cmf.tensor(name) else { return Ok(None) };
+        mapped(&self.file(), info, Arc::clone(self.cmf.mmap()) as Backing).map(Some)
+    }
+}
+
+/// A view of a tensor in a memory map. GGUF-order dims (innermost first): rows = the product of
+/// the outer dims.
+fn mapped(file: &str, info: &TensorInfo, backing: Backing) -> Result<QTensor> {
+    let cols = info.dims[0] as usize;
+    let rows = info.dims[1..].iter().product::<u64>() as usize;
+    QTensor::new(&info.name, info.dtype, rows, cols, backing, info.offset as usize).ok_or_else(|| EngineError::BadConfig {
+        file: file.to_string(),
+        what: format!("tensor '{}' does not fit its stored bytes", info.name),
+    })
 }

@@ -78,7 +78,8 @@ impl MetaValue {
             _ => None,
         }
     }
-    fn type_name(&self) -> &'static str {
+    /// The GGUF type's name ("u32", "string", "array" ...).
+    pub fn type_name(&self) -> &'static str {
         match self {
             MetaValue::U8(_) => "u8",
             MetaValue::I8(_) => "i8",
@@ -252,37 +253,93 @@ impl Gguf {
         self.metadata.get(key)
     }
 
+    // The typed lookups live on `GgufMeta` (shared with .cmf files); these keep the
+    // inherent spelling working without the trait in scope.
+
     /// `general.architecture`.
     pub fn architecture(&self) -> Result<&str> {
+        GgufMeta::architecture(self)
+    }
+    pub fn get_str(&self, key: &str) -> Result<&str> {
+        GgufMeta::get_str(self, key)
+    }
+    pub fn get_u64(&self, key: &str) -> Result<u64> {
+        GgufMeta::get_u64(self, key)
+    }
+    pub fn get_f64(&self, key: &str) -> Result<f64> {
+        GgufMeta::get_f64(self, key)
+    }
+    pub fn opt_u64(&self, key: &str) -> Result<Option<u64>> {
+        GgufMeta::opt_u64(self, key)
+    }
+    pub fn opt_f64(&self, key: &str) -> Result<Option<f64>> {
+        GgufMeta::opt_f64(self, key)
+    }
+    pub fn opt_str(&self, key: &str) -> Result<Option<&str>> {
+        GgufMeta::opt_str(self, key)
+    }
+}
+
+/// GGUF-style key/value metadata and tensor shapes, with typed lookups whose errors name the
+/// file and key. A GGUF file provides it, and so does a .cmf converted from one (it carries the
+/// same keys), so the architecture files and the GGUF tokenizer read both through one path.
+pub trait GgufMeta {
+    /// The file the values came from, for error messages.
+    fn meta_path(&self) -> &Path;
+    /// The raw value of a key.
+    fn get(&self, key: &str) -> Option<&MetaValue>;
+    /// A tensor's description, for values GGUF derives from tensors (the vocabulary size is
+    /// the embedding's outer dim; llama3 rope scaling travels as `rope_freqs.weight`).
+    fn tensor(&self, name: &str) -> Option<&TensorInfo>;
+    /// The stored bytes of a tensor this source described.
+    fn tensor_data(&self, info: &TensorInfo) -> &[u8];
+
+    /// `general.architecture`.
+    fn architecture(&self) -> Result<&str> {
         self.get_str("general.architecture")
     }
 
-    pub fn get_str(&self, key: &str) -> Result<&str> {
-        let v = self.get(key).ok_or_else(|| FormatError::missing(&self.path, format!("metadata key '{key}'")))?;
-        v.as_str().ok_or_else(|| FormatError::field(&self.path, key, format!("expected string, found {}", v.type_name())))
+    fn get_str(&self, key: &str) -> Result<&str> {
+        let v = self.get(key).ok_or_else(|| FormatError::missing(self.meta_path(), format!("metadata key '{key}'")))?;
+        v.as_str().ok_or_else(|| FormatError::field(self.meta_path(), key, format!("expected string, found {}", v.type_name())))
     }
 
-    pub fn get_u64(&self, key: &str) -> Result<u64> {
-        let v = self.get(key).ok_or_else(|| FormatError::missing(&self.path, format!("metadata key '{key}'")))?;
+    fn get_u64(&self, key: &str) -> Result<u64> {
+        let v = self.get(key).ok_or_else(|| FormatError::missing(self.meta_path(), format!("metadata key '{key}'")))?;
         v.as_i64()
             .and_then(|x| u64::try_from(x).ok())
-            .ok_or_else(|| FormatError::field(&self.path, key, format!("expected unsigned integer, found {v:?}")))
+            .ok_or_else(|| FormatError::field(self.meta_path(), key, format!("expected unsigned integer, found {v:?}")))
     }
 
-    pub fn get_f64(&self, key: &str) -> Result<f64> {
-        let v = self.get(key).ok_or_else(|| FormatError::missing(&self.path, format!("metadata key '{key}'")))?;
-        v.as_f64().ok_or_else(|| FormatError::field(&self.path, key, format!("expected number, found {}", v.type_name())))
+    fn get_f64(&self, key: &str) -> Result<f64> {
+        let v = self.get(key).ok_or_else(|| FormatError::missing(self.meta_path(), format!("metadata key '{key}'")))?;
+        v.as_f64().ok_or_else(|| FormatError::field(self.meta_path(), key, format!("expected number, found {}", v.type_name())))
     }
 
     /// An optional typed value: `Ok(None)` when absent, an error when present with the wrong type.
-    pub fn opt_u64(&self, key: &str) -> Result<Option<u64>> {
+    fn opt_u64(&self, key: &str) -> Result<Option<u64>> {
         if self.get(key).is_none() { Ok(None) } else { self.get_u64(key).map(Some) }
     }
-    pub fn opt_f64(&self, key: &str) -> Result<Option<f64>> {
+    fn opt_f64(&self, key: &str) -> Result<Option<f64>> {
         if self.get(key).is_none() { Ok(None) } else { self.get_f64(key).map(Some) }
     }
-    pub fn opt_str(&self, key: &str) -> Result<Option<&str>> {
+    fn opt_str(&self, key: &str) -> Result<Option<&str>> {
         if self.get(key).is_none() { Ok(None) } else { self.get_str(key).map(Some) }
+    }
+}
+
+impl GgufMeta for Gguf {
+    fn meta_path(&self) -> &Path {
+        &self.path
+    }
+    fn get(&self, key: &str) -> Option<&MetaValue> {
+        self.metadata.get(key)
+    }
+    fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+        Gguf::tensor(self, name)
+    }
+    fn tensor_data(&self, info: &TensorInfo) -> &[u8] {
+        Gguf::tensor_data(self, info)
     }
 }
 

@@ -5,6 +5,7 @@
 //! boundary into validated types; errors name the file, tensor or field.
 
 pub mod chat;
+pub mod cmf;
 pub mod error;
 pub mod gguf;
 pub mod hf;

@@ -4,7 +4,7 @@
 //! GGUF files store the norm gains already as (1+w); the HF loader folds the +1 at load time.
 //! llama.cpp hard-codes what the GGUF does not carry (pattern 6, local base 10k); so do we.
 
-use cortiq_formats::gguf::Gguf;
+use cortiq_formats::gguf::GgufMeta;
 use cortiq_kernels::ops::RopeStyle;
 
 use cortiq_formats::hf::HfConfig;
@@ -48,7 +48,7 @@ pub fn finish(
     }
 }
 
-fn from_gguf(g: &Gguf) -> Result<ModelConfig> {
+fn from_gguf(g: &dyn GgufMeta) -> Result<ModelConfig> {
     let mut cfg = gguf_dense_base(g, "gemma3", RopeStyle::NeoX)?;
     let k = GgufKeys { g, arch: "gemma3" };
     let window = k.opt_usize("attention.sliding_window")?.unwrap_or(512);

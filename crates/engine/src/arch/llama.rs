@@ -2,7 +2,7 @@
 //! scaling. llama.cpp's converter permutes Q/K rows so its GGUFs use interleaved RoPE pairs;
 //! HF checkpoints keep the rotate-half layout.
 
-use cortiq_formats::gguf::Gguf;
+use cortiq_formats::gguf::GgufMeta;
 use cortiq_kernels::ops::RopeStyle;
 
 use cortiq_formats::hf::HfConfig;
@@ -13,14 +13,14 @@ use crate::error::Result;
 
 pub const ARCH: Arch = Arch { name: "llama", hf_names: &["LlamaForCausalLM", "llama"], from_gguf, from_hf, hf_norm_offset: 0.0 };
 
-fn from_gguf(g: &Gguf) -> Result<ModelConfig> {
+fn from_gguf(g: &dyn GgufMeta) -> Result<ModelConfig> {
     let mut cfg = gguf_dense_base(g, "llama", RopeStyle::Interleaved)?;
     // llama3-style scaling travels as a per-pair divisor tensor in GGUF.
     if let Some(info) = g.tensor("rope_freqs.weight") {
         let half = cfg.ropes[0].inv_freq.len();
         if info.n_elements() as usize != half || info.dtype != cortiq_kernels::quant::QuantType::F32 {
             return Err(crate::error::EngineError::ShapeMismatch {
-                file: g.path.display().to_string(),
+                file: g.meta_path().display().to_string(),
                 tensor: "rope_freqs.weight".into(),
                 expected: vec![half],
                 found: info.shape(),

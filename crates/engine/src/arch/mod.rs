@@ -2,7 +2,7 @@
 //! to the file that knows that model's configuration quirks. Adding an architecture is one
 //! file here plus one line in `ARCHES`.
 
-use cortiq_formats::gguf::Gguf;
+use cortiq_formats::gguf::GgufMeta;
 use cortiq_formats::hf::{self, HfConfig};
 use cortiq_kernels::ops::RopeStyle;
 
@@ -20,7 +20,7 @@ pub struct Arch {
     pub name: &'static str,
     /// HF `architectures` entries (and model_type values) that mean this architecture.
     pub hf_names: &'static [&'static str],
-    pub from_gguf: fn(&Gguf) -> Result<ModelConfig>,
+    pub from_gguf: fn(&dyn GgufMeta) -> Result<ModelConfig>,
     pub from_hf: fn(&HfConfig) -> Result<ModelConfig>,
     /// Added to every RMSNorm gain of an HF checkpoint at load time (Gemma's (1+w) norms are
     /// stored as w in HF and as 1+w in GGUF; the engine always multiplies by the stored gain).
@@ -51,7 +51,7 @@ pub fn by_hf_name(file: &str, names: &[String]) -> Result<&'static Arch> {
 
 /// Reads `{arch}.*` keys of a GGUF file with errors naming the file and key.
 pub struct GgufKeys<'a> {
-    pub g: &'a Gguf,
+    pub g: &'a dyn GgufMeta,
     pub arch: &'a str,
 }
 
@@ -75,12 +75,12 @@ impl GgufKeys<'_> {
         Ok(self.g.opt_str(&self.key(k))?)
     }
     pub fn bad(&self, what: String) -> EngineError {
-        EngineError::BadConfig { file: self.g.path.display().to_string(), what }
+        EngineError::BadConfig { file: self.g.meta_path().display().to_string(), what }
     }
 }
 
 /// The fields every dense GGUF carries, with one global RoPE; architecture files adjust.
-pub fn gguf_dense_base(g: &Gguf, arch: &'static str, style: RopeStyle) -> Result<ModelConfig> {
+pub fn gguf_dense_base(g: &dyn GgufMeta, arch: &'static str, style: RopeStyle) -> Result<ModelConfig> {
     let k = GgufKeys { g, arch };
     let d_model = k.usize("embedding_length")?;
     let n_layers = k.usize("block_count")?;
@@ -92,7 +92,12 @@ pub fn gguf_dense_base(g: &Gguf, arch: &'static str, style: RopeStyle) -> Result
     let head_dim = k.opt_usize("attention.key_length")?.unwrap_or(d_model / n_heads);
     let vocab = match g.tensor("token_embd.weight") {
         Some(t) if t.dims.len() == 2 => t.dims[1] as usize,
-        _ => return Err(EngineError::MissingTensor { file: g.path.display().to_string(), tensor: "token_embd.weight".into() }),
+        _ => {
+            return Err(EngineError::MissingTensor {
+                file: g.meta_path().display().to_string(),
+                tensor: "token_embd.weight".into(),
+            });
+        }
     };
     let rot_dim = k.opt_usize("rope.dimension_count")?.unwrap_or(head_dim);
     let theta = k.opt_f64("rope.freq_base")?.unwrap_or(10_000.0);

@@ -1,7 +1,7 @@
 //! Qwen3: no QKV bias, RMSNorm on each query and key head before RoPE, and a head_dim that
 //! need not equal d_model / n_heads.
 
-use cortiq_formats::gguf::Gguf;
+use cortiq_formats::gguf::GgufMeta;
 use cortiq_kernels::ops::RopeStyle;
 
 use cortiq_formats::hf::HfConfig;
@@ -12,7 +12,7 @@ use crate::error::Result;
 
 pub const ARCH: Arch = Arch { name: "qwen3", hf_names: &["Qwen3ForCausalLM", "qwen3"], from_gguf, from_hf, hf_norm_offset: 0.0 };
 
-fn from_gguf(g: &Gguf) -> Result<ModelConfig> {
+fn from_gguf(g: &dyn GgufMeta) -> Result<ModelConfig> {
     let mut cfg = gguf_dense_base(g, "qwen3", RopeStyle::NeoX)?;
     cfg.qk_norm = true;
     Ok(cfg)

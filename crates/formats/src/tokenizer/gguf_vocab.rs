@@ -10,38 +10,38 @@ use std::collections::{BTreeSet, HashMap};
 use super::pretok::PreConfig;
 use super::{Backend, EOG_TEXTS, Tokenizer, attr, bpe, parse_byte_token, unicode};
 use crate::error::{FormatError, Result};
-use crate::gguf::{Gguf, MetaValue};
+use crate::gguf::{GgufMeta, MetaValue};
 
-fn str_array<'a>(g: &'a Gguf, key: &str) -> Result<Option<Vec<&'a str>>> {
+fn str_array<'a>(g: &'a dyn GgufMeta, key: &str) -> Result<Option<Vec<&'a str>>> {
     let Some(v) = g.get(key) else { return Ok(None) };
-    let arr = v.as_array().ok_or_else(|| FormatError::field(&g.path, key, "expected an array of strings"))?;
+    let arr = v.as_array().ok_or_else(|| FormatError::field(g.meta_path(), key, "expected an array of strings"))?;
     arr.iter()
         .enumerate()
-        .map(|(i, x)| x.as_str().ok_or_else(|| FormatError::field(&g.path, key, format!("element {i} is not a string"))))
+        .map(|(i, x)| x.as_str().ok_or_else(|| FormatError::field(g.meta_path(), key, format!("element {i} is not a string"))))
         .collect::<Result<Vec<_>>>()
         .map(Some)
 }
 
-fn num_array(g: &Gguf, key: &str) -> Result<Option<Vec<f64>>> {
+fn num_array(g: &dyn GgufMeta, key: &str) -> Result<Option<Vec<f64>>> {
     let Some(v) = g.get(key) else { return Ok(None) };
-    let arr = v.as_array().ok_or_else(|| FormatError::field(&g.path, key, "expected a numeric array"))?;
+    let arr = v.as_array().ok_or_else(|| FormatError::field(g.meta_path(), key, "expected a numeric array"))?;
     arr.iter()
         .enumerate()
-        .map(|(i, x)| x.as_f64().ok_or_else(|| FormatError::field(&g.path, key, format!("element {i} is not a number"))))
+        .map(|(i, x)| x.as_f64().ok_or_else(|| FormatError::field(g.meta_path(), key, format!("element {i} is not a number"))))
         .collect::<Result<Vec<_>>>()
         .map(Some)
 }
 
-fn opt_bool(g: &Gguf, key: &str) -> Result<Option<bool>> {
+fn opt_bool(g: &dyn GgufMeta, key: &str) -> Result<Option<bool>> {
     match g.get(key) {
         None => Ok(None),
         Some(MetaValue::Bool(b)) => Ok(Some(*b)),
-        Some(v) => v.as_i64().map(|x| Some(x != 0)).ok_or_else(|| FormatError::field(&g.path, key, "expected a bool")),
+        Some(v) => v.as_i64().map(|x| Some(x != 0)).ok_or_else(|| FormatError::field(g.meta_path(), key, "expected a bool")),
     }
 }
 
-pub(super) fn load(g: &Gguf) -> Result<Tokenizer> {
-    let path = &g.path;
+pub(super) fn load(g: &dyn GgufMeta) -> Result<Tokenizer> {
+    let path = g.meta_path();
     let model = g.get_str("tokenizer.ggml.model")?;
     let pre_name = g.opt_str("tokenizer.ggml.pre")?.unwrap_or("");
     let tokens = str_array(g, "tokenizer.ggml.tokens")?
@@ -251,7 +251,7 @@ pub(super) fn load(g: &Gguf) -> Result<Tokenizer> {
     let chat_template = g.opt_str("tokenizer.chat_template")?.map(str::to_string);
 
     Ok(Tokenizer {
-        source: path.clone(),
+        source: path.to_path_buf(),
         backend,
         texts,
         scores,

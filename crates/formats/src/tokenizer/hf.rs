@@ -68,8 +68,28 @@ fn read_json(path: &Path) -> Result<Value> {
 }
 
 pub(super) fn load(path: &Path, config: Option<&Path>) -> Result<Tokenizer> {
-    let json = read_json(path)?;
-    let parse = tokenizers::Tokenizer::from_file(path).map_err(|e| FormatError::malformed(path, format!("{e}")))?;
+    let text = std::fs::read_to_string(path).map_err(|e| FormatError::io(path, e))?;
+    let cfg = match config {
+        Some(p) => Some(read_json(p)?),
+        None => None,
+    };
+    build(path, &text, cfg)
+}
+
+/// From the files' texts (a .cmf embeds them); `path` names the source in errors.
+pub(super) fn load_str(path: &Path, tokenizer_json: &str, config: Option<&str>) -> Result<Tokenizer> {
+    let cfg = match config {
+        Some(c) => {
+            Some(serde_json::from_str(c).map_err(|e| FormatError::malformed(path, format!("tokenizer_config.json: {e}")))?)
+        }
+        None => None,
+    };
+    build(path, tokenizer_json, cfg)
+}
+
+fn build(path: &Path, text: &str, cfg: Option<Value>) -> Result<Tokenizer> {
+    let json: Value = serde_json::from_str(text).map_err(|e| FormatError::malformed(path, format!("json: {e}")))?;
+    let parse: tokenizers::Tokenizer = text.parse().map_err(|e| FormatError::malformed(path, format!("{e}")))?;
     let mut literal = parse.clone();
     literal.set_encode_special_tokens(true);
 
@@ -124,10 +144,6 @@ pub(super) fn load(path: &Path, config: Option<&Path>) -> Result<Tokenizer> {
             || (has_type(&pre, "Metaspace") && pre.to_string().contains("\"prepend_scheme\":\"first\""))
             || (has_type(&norm, "Prepend")));
 
-    let cfg = match config {
-        Some(p) => Some(read_json(p)?),
-        None => None,
-    };
     let id_of = |s: &str| vocab.get(s).copied();
     let post_bos = json.get("post_processor").and_then(template_bos);
     let bos_text = cfg.as_ref().and_then(|c| token_str(c.get("bos_token"))).or_else(|| post_bos.clone());

@@ -25,7 +25,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use crate::error::{FormatError, Result};
-use crate::gguf::Gguf;
+use crate::gguf::GgufMeta;
 
 pub use stream::StreamDecoder;
 
@@ -103,8 +103,14 @@ impl Tokenizer {
         hf::load(path, tokenizer_config)
     }
 
-    /// Build from a GGUF file's `tokenizer.ggml.*` metadata.
-    pub fn from_gguf(g: &Gguf) -> Result<Tokenizer> {
+    /// Load a Hugging Face tokenizer from the texts of `tokenizer.json` and (optionally)
+    /// `tokenizer_config.json`, as embedded in a .cmf; `source` names them in errors.
+    pub fn from_tokenizer_json_str(source: &Path, tokenizer_json: &str, tokenizer_config: Option<&str>) -> Result<Tokenizer> {
+        hf::load_str(source, tokenizer_json, tokenizer_config)
+    }
+
+    /// Build from `tokenizer.ggml.*` metadata: a GGUF file's, or a .cmf's converted from one.
+    pub fn from_gguf(g: &dyn GgufMeta) -> Result<Tokenizer> {
         gguf_vocab::load(g)
     }
 

@@ -1,0 +1,344 @@
+//! Conversion of any model the engine loads (a GGUF file, an HF folder, a .cmf) into cortiq's
+//! own file (.cmf, see `cortiq_formats::cmf`), keeping, widening or quantizing each tensor.
+//!
+//! What is written:
+//! - the tensors the engine addresses, under its GGUF names, ready to use: an HF checkpoint's
+//!   sanitizing (Gemma's +1 on norm gains) is applied before writing and recorded in the header
+//!   (`norm_offset_folded`), so the loader applies nothing. HF tensors the name table does not
+//!   map (a vision tower, say) are left out and listed in the report;
+//! - the configuration, tokenizer and chat template in the source's own form (GGUF metadata
+//!   keys, or the HF folder's small JSON/Jinja files verbatim), so the same parsers read them.
+//!
+//! Tensor types:
+//! - 1-D tensors (norm gains, biases) are always f32: the engine widens them to f32 at load
+//!   anyway, so this is lossless and costs nothing at run time;
+//! - the vocabulary matrices, `token_embd.weight` and a separate `output.weight`, take
+//!   `embeddings` when set, else `quant`. Both, because they are the same kind of matrix (one
+//!   row per token; tied models have only the first, which then is the output head too), and the
+//!   head is the tensor most sensitive to quantization (llama.cpp keeps it at q6_K or better in
+//!   its mixes); this gives one switch whether or not the model ties them;
+//! - every other tensor takes `quant`: `keep` copies the stored bytes, a type widens each row to
+//!   f32 (`QTensor::row_f32`) and re-encodes it (f32, f16, bf16, or one of cortiq's quantized
+//!   types). A row length that is not whole blocks of the requested type falls back to f16,
+//!   listed in the report. A finite weight that overflows f16 is an error naming the tensor,
+//!   never a silent infinity.
+//!
+//! The output is streamed tensor by tensor into a temporary file beside it and renamed into
+//! place at the end (`CmfWriter`): an error leaves nothing behind, and an existing output is
+//! refused unless `force`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use cortiq_formats::cmf::{Cmf, CmfHeader, CmfWriter, Metadata, PlannedTensor, SourceInfo, TypedKv};
+use cortiq_formats::gguf::Gguf;
+use cortiq_formats::hf::HfConfig;
+use cortiq_formats::safetensors::HfWeights;
+use cortiq_formats::{FormatError, cmf};
+use cortiq_kernels::quant::QuantType;
+use rayon::prelude::*;
+
+use crate::arch;
+use crate::error::{EngineError, Result};
+use crate::load::{HfSource, hf_arch_names};
+use crate::qtensor::QTensor;
+use crate::weights::{CmfSource, GgufSource, TensorSource};
+
+/// What to store a tensor as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QuantSpec {
+    /// The source's stored type and bytes.
+    Keep,
+    To(QuantType),
+}
+
+impl QuantSpec {
+    /// "keep", or a type this converter can produce (see [`QuantSpec::producible`]).
+    pub fn parse(s: &str) -> std::result::Result<QuantSpec, String> {
+        if s == "keep" {
+            return Ok(QuantSpec::Keep);
+        }
+        let all = QuantSpec::producible();
+        match all.iter().find(|t| t.name().eq_ignore_ascii_case(s)) {
+            Some(&t) => Ok(QuantSpec::To(t)),
+            None => Err(format!(
+                "unknown or unproducible type '{s}' (choose keep, {})",
+                all.iter().map(|t| t.name()).collect::<Vec<_>>().join(", ")
+            )),
+        }
+    }
+
+    /// The types a tensor can be converted to: f32, f16, bf16, and cortiq's own quantized
+    /// types when the kernels provide their quantizers. GGUF's quantized types are only read.
+    pub fn producible() -> Vec<QuantType> {
+        let mut v = vec![QuantType::F32, QuantType::F16, QuantType::BF16];
+        v.extend(own_types());
+        v
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            QuantSpec::Keep => "keep",
+            QuantSpec::To(t) => t.name(),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct ConvertOptions {
+    pub quant: QuantSpec,
+    /// Type of the vocabulary matrices (token embedding, separate output head); `None`: `quant`.
+    pub embeddings: Option<QuantSpec>,
+    /// Overwrite an existing output.
+    pub force: bool,
+}
+
+impl Default for ConvertOptions {
+    fn default() -> Self {
+        ConvertOptions { quant: QuantSpec::Keep, embeddings: None, force: false }
+    }
+}
+
+/// What a conversion wrote.
+#[derive(Clone, Debug)]
+pub struct ConvertReport {
+    pub out: PathBuf,
+    /// Size of the written file.
+    pub bytes: u64,
+    pub tensors: usize,
+    /// Per stored type: (tensor count, data bytes).
+    pub by_dtype: BTreeMap<String, (usize, u64)>,
+    /// Tensors stored as f16 because their rows are not whole blocks of the requested type.
+    pub fallbacks: Vec<String>,
+    /// Source tensors that are not part of the model (not in the HF name table).
+    pub dropped: Vec<String>,
+}
+
+/// The opened source.
+enum Source {
+    Gguf(Gguf),
+    Hf(HfSource),
+    Cmf(Cmf),
+}
+
+/// Files of an HF folder a .cmf embeds (those that exist; config.json is required).
+const HF_FILES: &[&str] =
+    &["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"];
+
+impl Source {
+    /// The stored bytes of a tensor when `get` returns them unchanged.
+    fn raw(&self, name: &str) -> Option<&[u8]> {
+        match self {
+            Source::Gguf(g) => g.tensor(name).map(|i| g.tensor_data(i)),
+            Source::Hf(src) => src.raw(name),
+            Source::Cmf(c) => c.tensor(name).map(|i| c.tensor_data(i)),
+        }
+    }
+}
+
+impl TensorSource for Source {
+    fn file(&self) -> String {
+        match self {
+            Source::Gguf(g) => GgufSource { gguf: g }.file(),
+            Source::Hf(src) => src.file(),
+            Source::Cmf(c) => CmfSource { cmf: c }.file(),
+        }
+    }
+    fn get(&self, name: &str) -> Result<Option<QTensor>> {
+        match self {
+            Source::Gguf(g) => GgufSource { gguf: g }.get(name),
+            Source::Hf(src) => src.get(name),
+            Source::Cmf(c) => CmfSource { cmf: c }.get(name),
+        }
+    }
+}
+
+fn own_types() -> Vec<QuantType> {
+    Vec::new()
+}
+
+/// Convert `src` (GGUF file, HF folder or .cmf) to the .cmf `out`. `progress(done, total, name)`
+/// is called before each tensor and once at the end with `done == total`.
+pub fn convert(src: &Path, out: &Path, opts: &ConvertOptions, progress: &dyn Fn(usize, usize, &str)) -> Result<ConvertReport> {
+    if !opts.force && out.exists() {
+        return Err(FormatError::io(
+            out,
+            std::io::Error::new(std::io::ErrorKind::AlreadyExists, "already exists (pass --force to overwrite)"),
+        )
+        .into());
+    }
+    let file_name = src.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let (source, arch_name, metadata, norm_offset, kind, mut dropped) = open_source(src)?;
+    let ts: &dyn TensorSource = &source;
+
+    // (name, shape outermost first) of every tensor, in the source's order.
+    let list: Vec<(String, Vec<usize>)> = match &source {
+        Source::Gguf(g) => g.tensors.iter().map(|t| (t.name.clone(), t.shape())).collect(),
+        Source::Cmf(c) => c.tensors.iter().map(|t| (t.name.clone(), t.shape())).collect(),
+        Source::Hf(src) => src.tensors(),
+    };
+    dropped.sort();
+
+    // Plan: each tensor's stored type.
+    let mut plan = Vec::with_capacity(list.len());
+    let mut fallbacks = Vec::new();
+    for (name, shape) in &list {
+        let t = ts.get(name)?.ok_or_else(|| EngineError::MissingTensor { file: ts.file(), tensor: name.clone() })?;
+        let spec = if matches!(name.as_str(), "token_embd.weight" | "output.weight") {
+            opts.embeddings.unwrap_or(opts.quant)
+        } else {
+            opts.quant
+        };
+        let dtype = if shape.len() == 1 {
+            QuantType::F32
+        } else {
+            match spec {
+                QuantSpec::Keep => t.dtype,
+                QuantSpec::To(ty) if ty.row_bytes(t.cols).is_some() => ty,
+                QuantSpec::To(ty) => {
+                    fallbacks.push(format!("{name}: rows of {} are not whole {ty} blocks; stored as f16", t.cols));
+                    QuantType::F16
+                }
+            }
+        };
+        plan.push(PlannedTensor { name: name.clone(), dtype, shape: shape.iter().map(|&d| d as u64).collect() });
+    }
+
+    let header = CmfHeader {
+        format_version: cmf::FORMAT_VERSION,
+        architecture: arch_name,
+        source: SourceInfo { kind: kind.into(), file: file_name },
+        quant: match opts.embeddings {
+            None => opts.quant.name().to_string(),
+            Some(e) => format!("{} (embeddings {})", opts.quant.name(), e.name()),
+        },
+        norm_offset_folded: norm_offset,
+        metadata,
+        tensors: Vec::new(),
+    };
+    let mut w = CmfWriter::create(out, header, &plan, opts.force)?;
+    let mut by_dtype: BTreeMap<String, (usize, u64)> = BTreeMap::new();
+    let n = plan.len();
+    for (i, p) in plan.iter().enumerate() {
+        progress(i, n, &p.name);
+        let t = ts.get(&p.name)?.ok_or_else(|| EngineError::MissingTensor { file: ts.file(), tensor: p.name.clone() })?;
+        let written = write_tensor(&mut w, &source, &t, p.dtype)?;
+        w.end_tensor()?;
+        let e = by_dtype.entry(p.dtype.name().to_string()).or_default();
+        e.0 += 1;
+        e.1 += written;
+    }
+    let bytes = w.finish()?;
+    progress(n, n, "");
+    Ok(ConvertReport { out: out.to_path_buf(), bytes, tensors: n, by_dtype, fallbacks, dropped })
+}
+
+type Opened = (Source, String, Metadata, f32, &'static str, Vec<String>);
+
+/// Opens the source, checks that the engine can build its configuration (so an unsupported
+/// model fails before anything is written), and collects what the .cmf embeds.
+fn open_source(path: &Path) -> Result<Opened> {
+    let file = path.display().to_string();
+    if path.is_dir() {
+        let config = HfConfig::from_dir(path)?;
+        let arch = arch::by_hf_name(&config.path.display().to_string(), &hf_arch_names(&config))?;
+        (arch.from_hf)(&config)?;
+        let mut files = BTreeMap::new();
+        for f in HF_FILES {
+            let p = path.join(f);
+            if p.exists() {
+                files.insert(f.to_string(), std::fs::read_to_string(&p).map_err(|e| FormatError::io(&p, e))?);
+            }
+        }
+        let weights = HfWeights::open_dir(path)?;
+        let src = HfSource::new(path, weights, arch);
+        let dropped = src.unmapped();
+        let offset = src.norm_offset();
+        return Ok((Source::Hf(src), arch.name.to_string(), Metadata::Hf { files }, offset, "hf", dropped));
+    }
+    if !path.exists() {
+        return Err(FormatError::io(path, std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or folder")).into());
+    }
+    if cmf::is_cmf(path) {
+        let c = Cmf::open(path)?;
+        let arch = arch::by_gguf_name(&file, &c.header.architecture)?;
+        let (metadata, offset, name) = (c.header.metadata.clone(), c.header.norm_offset_folded, arch.name.to_string());
+        return Ok((Source::Cmf(c), name, metadata, offset, "cmf", Vec::new()));
+    }
+    let g = Gguf::open(path)?;
+    let arch = arch::by_gguf_name(&file, g.architecture()?)?;
+    (arch.from_gguf)(&g)?;
+    let metadata = Metadata::Gguf { kv: TypedKv(g.metadata.clone()) };
+    Ok((Source::Gguf(g), arch.name.to_string(), metadata, 0.0, "gguf", Vec::new()))
+}
+
+/// Rows widened and re-encoded per work item: ~4 MB of f32, so memory stays bounded and every
+/// core has work.
+const CHUNK_F32: usize = 1 << 20;
+
+/// Writes one tensor's bytes in `dtype`; returns the bytes written.
+fn write_tensor(w: &mut CmfWriter, source: &Source, t: &QTensor, dtype: QuantType) -> Result<u64> {
+    if dtype == t.dtype
+        && let Some(raw) = source.raw(&t.name)
+    {
+        w.write_data(raw)?;
+        return Ok(raw.len() as u64);
+    }
+    let row_bytes =
+        dtype.row_bytes(t.cols).ok_or_else(|| bad(w, t, format!("{} columns are not whole {dtype} blocks", t.cols)))?;
+    let rows_per = (CHUNK_F32 / t.cols.max(1)).max(1);
+    let mut out = Vec::new();
+    let mut total = 0u64;
+    for r0 in (0..t.rows).step_by(rows_per) {
+        let nr = rows_per.min(t.rows - r0);
+        out.resize(nr * row_bytes, 0u8);
+        out.par_chunks_mut(row_bytes)
+            .enumerate()
+            .try_for_each_init(
+                || vec![0f32; t.cols],
+                |wide, (i, o)| {
+                    t.row_f32(r0 + i, wide);
+                    encode_row(dtype, wide, o).map_err(|e| format!("row {}: {e}", r0 + i))
+                },
+            )
+            .map_err(|e| bad(w, t, e))?;
+        w.write_data(&out)?;
+        total += out.len() as u64;
+    }
+    Ok(total)
+}
+
+fn bad(w: &CmfWriter, t: &QTensor, msg: String) -> EngineError {
+    EngineError::BadConfig { file: w.temp_path().display().to_string(), what: format!("tensor '{}': {msg}", t.name) }
+}
+
+/// One f32 row into `dtype`'s bytes (`out` is exactly one row).
+fn encode_row(dtype: QuantType, src: &[f32], out: &mut [u8]) -> std::result::Result<(), String> {
+    match dtype {
+        QuantType::F32 => {
+            for (o, v) in out.chunks_exact_mut(4).zip(src) {
+                o.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        QuantType::F16 => {
+            for (j, (o, &v)) in out.chunks_exact_mut(2).zip(src).enumerate() {
+                let h = half::f16::from_f32(v);
+                if h.is_infinite() && v.is_finite() {
+                    return Err(format!("element {j} = {v} overflows f16 (largest 65504); keep or use f32/bf16"));
+                }
+                o.copy_from_slice(&h.to_le_bytes());
+            }
+        }
+        QuantType::BF16 => {
+            for (o, &v) in out.chunks_exact_mut(2).zip(src) {
+                o.copy_from_slice(&half::bf16::from_f32(v).to_le_bytes());
+            }
+        }
+        other => return quantize_own(other, src, out),
+    }
+    Ok(())
+}
+
+fn quantize_own(dtype: QuantType, _src: &[f32], _out: &mut [u8]) -> std::result::Result<(), String> {
+    Err(format!("cannot produce {dtype}"))
+}

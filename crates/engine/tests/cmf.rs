@@ -1,0 +1,333 @@
+//! .cmf round trips on the committed fixtures: converting with `--quant keep` from the HF folder
+//! and from its model.gguf twin must give logits bit-for-bit identical to the source (whole
+//! sequence and cached decode steps), f16 within a stated tolerance, the same tokenizer ids,
+//! EOS set and chat template; malformed files, overwrites and failures behave.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{fixture, ids, max_diff};
+use cortiq_engine::convert::{ConvertOptions, QuantSpec, convert};
+use cortiq_engine::load::{Origin, load};
+use cortiq_engine::{Logits, Model};
+use cortiq_kernels::quant::QuantType;
+
+const ARCHES: [&str; 4] = ["llama", "qwen2", "qwen3", "gemma3"];
+
+/// A fresh scratch folder under the system temp dir.
+fn scratch(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("cortiq-cmf-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn opts(quant: QuantSpec) -> ConvertOptions {
+    ConvertOptions { quant, embeddings: None, force: false }
+}
+
+fn conv(src: &Path, out: &Path, o: &ConvertOptions) {
+    let r = convert(src, out, o, &|_, _, _| {}).unwrap_or_else(|e| panic!("convert {} failed: {e}", src.display()));
+    println!("  {} -> {} ({} tensors, {} bytes, {:?})", src.display(), out.display(), r.tensors, r.bytes, r.by_dtype);
+}
+
+/// Logits of the whole token sequence, then of 8 cached greedy decode steps, concatenated.
+fn run(m: &Model, tokens: &[u32]) -> Vec<f32> {
+    let v = m.cfg.vocab;
+    let mut st = m.new_state(tokens.len() + 8);
+    let mut all = m.forward(tokens, &mut st, Logits::From(0)).unwrap();
+    let mut last = all[all.len() - v..].to_vec();
+    for _ in 0..8 {
+        let next = common::argmax(&last);
+        last = m.forward(&[next], &mut st, Logits::Last).unwrap();
+        all.extend_from_slice(&last);
+    }
+    all
+}
+
+fn assert_bits_equal(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: logit counts differ");
+    let differing = got.iter().zip(want).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+    let (md, at) = max_diff(got, want);
+    println!("{what}: {differing} of {} logits differ in bits, max diff {md:.3e} at {at}", got.len());
+    assert_eq!(differing, 0, "{what}: {differing} logits differ (max diff {md:.3e} at flat index {at})");
+}
+
+#[test]
+fn keep_from_hf_and_gguf_is_bit_identical() {
+    let dir = scratch("keep");
+    for arch in ARCHES {
+        let fx = fixture(arch);
+        let tokens = ids(&fx.join("tokens.json"));
+        for (what, src) in [("hf", fx.clone()), ("gguf", fx.join("model.gguf"))] {
+            let out = dir.join(format!("{arch}-{what}.cmf"));
+            conv(&src, &out, &opts(QuantSpec::Keep));
+            let want = run(&load(&src).unwrap().model, &tokens);
+            let loaded = load(&out).unwrap();
+            assert!(matches!(loaded.origin, Origin::Cmf(_)), "{arch}/{what}: .cmf not detected");
+            assert_bits_equal(&format!("{arch} {what} -> cmf keep"), &run(&loaded.model, &tokens), &want);
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Detection is by content: a .cmf named model.gguf still opens as one.
+#[test]
+fn detected_by_magic_not_extension() {
+    let dir = scratch("magic");
+    let out = dir.join("looks-like.gguf");
+    conv(&fixture("qwen3").join("model.gguf"), &out, &opts(QuantSpec::Keep));
+    assert!(matches!(load(&out).unwrap().origin, Origin::Cmf(_)));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// f16 storage: the fixtures' f32 weights rounded to f16 (relative error ≤ 2^-11 per weight).
+/// Tolerance 2e-2 on logits of magnitude ≤ ~8: two orders above what the rounding moves them
+/// by in practice (printed), far below a broken conversion (O(1)). Widening the f16 file back to
+/// f32 must then be exact: the same logits bit for bit.
+#[test]
+fn f16_within_tolerance_and_widening_back_is_exact() {
+    const TOL_F16: f32 = 2e-2;
+    let dir = scratch("f16");
+    for arch in ARCHES {
+        let fx = fixture(arch);
+        let tokens = ids(&fx.join("tokens.json"));
+        let half = dir.join(format!("{arch}-f16.cmf"));
+        conv(&fx, &half, &opts(QuantSpec::To(QuantType::F16)));
+        let loaded = load(&half).unwrap();
+        let c = match &loaded.origin {
+            Origin::Cmf(c) => c,
+            _ => panic!("not a cmf"),
+        };
+        for t in &c.tensors {
+            let want = if t.dims.len() == 1 { QuantType::F32 } else { QuantType::F16 };
+            assert_eq!(t.dtype, want, "{arch}: tensor {} stored as {}", t.name, t.dtype);
+        }
+        let got = run(&loaded.model, &tokens);
+        let want = run(&load(&fx).unwrap().model, &tokens);
+        let (md, at) = max_diff(&got, &want);
+        println!("{arch}: f16 .cmf vs f32 source: max logit diff {md:.3e} at {at} (tolerance {TOL_F16})");
+        assert!(md <= TOL_F16, "{arch}: f16 logits max diff {md:.3e} at {at} exceeds {TOL_F16}");
+
+        let wide = dir.join(format!("{arch}-f16-to-f32.cmf"));
+        conv(&half, &wide, &opts(QuantSpec::To(QuantType::F32)));
+        assert_bits_equal(&format!("{arch} f16 cmf -> f32 cmf"), &run(&load(&wide).unwrap().model, &tokens), &got);
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// --keep-embeddings-as: the vocabulary matrix takes its own type, everything else --quant.
+#[test]
+fn embeddings_type_applies_to_the_vocabulary_matrices() {
+    let dir = scratch("embd");
+    for arch in ["llama", "gemma3"] {
+        let out = dir.join(format!("{arch}.cmf"));
+        let o = ConvertOptions {
+            quant: QuantSpec::To(QuantType::F16),
+            embeddings: Some(QuantSpec::To(QuantType::F32)),
+            force: false,
+        };
+        conv(&fixture(arch), &out, &o);
+        let l = load(&out).unwrap();
+        let Origin::Cmf(c) = &l.origin else { panic!("not a cmf") };
+        for t in &c.tensors {
+            let want = if t.dims.len() == 1 || t.name == "token_embd.weight" || t.name == "output.weight" {
+                QuantType::F32
+            } else {
+                QuantType::F16
+            };
+            assert_eq!(t.dtype, want, "{arch}: {} stored as {}", t.name, t.dtype);
+        }
+        assert!(c.tensor("token_embd.weight").is_some());
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+const SAMPLES: &[&str] = &[
+    "Hello world! The quick brown fox jumps over the lazy dog, 1234567 times.",
+    "  leading spaces\tand tabs\nnew lines <|im_start|>user\nhi<|im_end|> <end_of_turn> <s>",
+    "Unicode: naïve café, 東京, emoji 🦀, Ελληνικά",
+];
+
+/// The same tokenizer behaviour from the .cmf as from its source: ids and decoding of the
+/// samples, vocabulary, BOS, end-of-generation set and chat template; or, where the source's
+/// tokenizer cannot be built (some fixture GGUFs carry a partial vocabulary), the same error.
+fn same_tokenizer(what: &str, src: &Path, out: &Path, texts: &[&str]) {
+    let a = load(src).unwrap().tokenizer();
+    let b = load(out).unwrap().tokenizer();
+    let (a, b) = match (a, b) {
+        (Ok(a), Ok(b)) => (a, b),
+        (Err(ea), Err(eb)) => {
+            let (ea, eb) = (ea.to_string(), eb.to_string());
+            println!("{what}: both tokenizers refuse: {ea}");
+            assert_eq!(ea.replace(&src.display().to_string(), "FILE"), eb.replace(&out.display().to_string(), "FILE"));
+            return;
+        }
+        (a, b) => panic!("{what}: source tokenizer {:?} but .cmf tokenizer {:?}", a.err(), b.err()),
+    };
+    for s in texts {
+        let (ia, ib) = (a.encode(s, true).unwrap(), b.encode(s, true).unwrap());
+        assert_eq!(ia, ib, "{what}: ids of {s:?}");
+        assert_eq!(
+            a.encode_with(s, false, false).unwrap(),
+            b.encode_with(s, false, false).unwrap(),
+            "{what}: literal ids of {s:?}"
+        );
+        assert_eq!(a.decode(&ia), b.decode(&ib), "{what}: decode of {s:?}");
+    }
+    assert_eq!(a.vocab_size(), b.vocab_size(), "{what}: vocab");
+    assert_eq!(a.eos_ids(), b.eos_ids(), "{what}: end-of-generation ids");
+    assert_eq!((a.bos_id(), a.add_bos()), (b.bos_id(), b.add_bos()), "{what}: bos");
+    assert_eq!(a.chat_template(), b.chat_template(), "{what}: chat template");
+    println!(
+        "{what}: {} texts encode identically; vocab {}; chat template {} chars",
+        texts.len(),
+        a.vocab_size(),
+        a.chat_template().map_or(0, str::len)
+    );
+}
+
+#[test]
+fn tokenizer_and_chat_template_survive_gguf_conversion() {
+    let dir = scratch("tok-gguf");
+    for arch in ARCHES {
+        let src = fixture(arch).join("model.gguf");
+        let out = dir.join(format!("{arch}.cmf"));
+        conv(&src, &out, &opts(QuantSpec::Keep));
+        same_tokenizer(arch, &src, &out, SAMPLES);
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The real models' GGUFs (from the model cache; skipped when absent): keep-conversion gives
+/// the same tokenizer on the tokenizer tests' texts, chat template included, and the same
+/// first-token logits bit for bit.
+#[test]
+fn real_models_keep_tokenizer_template_and_logits() {
+    let cache = std::env::var_os("CORTIQ_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/cortiq"));
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../formats/tests/data/tokenizer");
+    let dir = scratch("real");
+    for name in ["gemma3", "smollm2", "qwen2.5-coder"] {
+        let fx: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(data.join(format!("{name}.json"))).unwrap()).unwrap();
+        let src = cache.join("models").join(fx["model_file"].as_str().unwrap());
+        if !src.exists() {
+            eprintln!("SKIP: {} not in the model cache", src.display());
+            continue;
+        }
+        let out = dir.join(format!("{name}.cmf"));
+        conv(&src, &out, &opts(QuantSpec::Keep));
+        let texts: Vec<&str> = fx["cases"].as_array().unwrap().iter().map(|c| c["text"].as_str().unwrap()).collect();
+        same_tokenizer(name, &src, &out, &texts);
+        let prompt = load(&src).unwrap().tokenizer().unwrap().encode("The capital of France is", true).unwrap();
+        let first = |p: &Path| {
+            let m = load(p).unwrap().model;
+            let mut st = m.new_state(prompt.len());
+            m.forward(&prompt, &mut st, Logits::Last).unwrap()
+        };
+        assert_bits_equal(&format!("{name} first-token logits"), &first(&out), &first(&src));
+        std::fs::remove_file(&out).unwrap();
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// An HF folder's tokenizer.json + tokenizer_config.json (with its chat template) travel
+/// verbatim: the fixture's qwen2 folder with the tokenizer test data's byte-level tokenizer.
+#[test]
+fn tokenizer_and_chat_template_survive_hf_conversion() {
+    let dir = scratch("tok-hf");
+    let folder = dir.join("qwen2-with-tokenizer");
+    std::fs::create_dir_all(&folder).unwrap();
+    for e in std::fs::read_dir(fixture("qwen2")).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, folder.join(p.file_name().unwrap())).unwrap();
+    }
+    let tok_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../formats/tests/data/tokenizer/hf");
+    std::fs::copy(tok_dir.join("bytelevel.tokenizer.json"), folder.join("tokenizer.json")).unwrap();
+    std::fs::copy(tok_dir.join("bytelevel.tokenizer_config.json"), folder.join("tokenizer_config.json")).unwrap();
+    let out = dir.join("qwen2.cmf");
+    conv(&folder, &out, &opts(QuantSpec::Keep));
+    same_tokenizer("qwen2 + byte-level tokenizer.json", &folder, &out, SAMPLES);
+    let t = load(&out).unwrap().tokenizer().unwrap();
+    assert!(t.chat_template().is_some_and(|t| t.contains("<|im_start|>")), "chat template lost");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn refuses_to_overwrite_without_force_and_leaves_no_temp_file() {
+    let dir = scratch("force");
+    let src = fixture("llama").join("model.gguf");
+    let out = dir.join("m.cmf");
+    conv(&src, &out, &opts(QuantSpec::Keep));
+    let before = std::fs::read(&out).unwrap();
+    let e = convert(&src, &out, &opts(QuantSpec::To(QuantType::F16)), &|_, _, _| {}).unwrap_err().to_string();
+    println!("second convert: {e}");
+    assert!(e.contains("--force") && e.contains("m.cmf"), "error should name the file and --force: {e}");
+    assert_eq!(std::fs::read(&out).unwrap(), before, "refused conversion changed the file");
+    let mut o = opts(QuantSpec::To(QuantType::F16));
+    o.force = true;
+    conv(&src, &out, &o);
+    assert_ne!(std::fs::read(&out).unwrap(), before, "forced conversion did not replace the file");
+    // A conversion failing before any tensor (an unsupported source) leaves nothing either.
+    let bogus = dir.join("not-a-model.bin");
+    std::fs::write(&bogus, b"definitely not a model").unwrap();
+    assert!(convert(&bogus, &dir.join("x.cmf"), &opts(QuantSpec::Keep), &|_, _, _| {}).is_err());
+    let names: Vec<String> =
+        std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    let mut sorted = names.clone();
+    sorted.sort();
+    assert_eq!(sorted, ["m.cmf", "not-a-model.bin"], "unexpected files left: {names:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn progress_reports_every_tensor() {
+    let dir = scratch("progress");
+    let seen = std::cell::RefCell::new(Vec::new());
+    let r = convert(&fixture("qwen3"), &dir.join("q.cmf"), &opts(QuantSpec::Keep), &|d, n, name| {
+        seen.borrow_mut().push((d, n, name.to_string()))
+    })
+    .unwrap();
+    let seen = seen.into_inner();
+    assert_eq!(seen.len(), r.tensors + 1);
+    assert!(seen.iter().enumerate().all(|(i, (d, n, _))| *d == i && *n == r.tensors));
+    assert!(seen[..r.tensors].iter().all(|(_, _, name)| !name.is_empty()));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Damaged files are one-line errors naming the file (and the tensor when one is at fault)
+/// through the engine's loader too: never a panic.
+#[test]
+fn damaged_files_are_one_line_errors() {
+    let dir = scratch("damaged");
+    let good = dir.join("good.cmf");
+    conv(&fixture("gemma3").join("model.gguf"), &good, &opts(QuantSpec::Keep));
+    let bytes = std::fs::read(&good).unwrap();
+    let last = match &load(&good).unwrap().origin {
+        Origin::Cmf(c) => c.tensors.iter().max_by_key(|t| t.offset).unwrap().name.clone(),
+        _ => panic!(),
+    };
+    let cases: Vec<(&str, Vec<u8>, Vec<&str>)> = vec![
+        ("truncated", bytes[..bytes.len() - 100].to_vec(), vec!["truncated", last.as_str()]),
+        ("empty", Vec::new(), vec!["truncated"]),
+        ("bad-magic", [b"CORTIQMX".as_slice(), &bytes[8..]].concat(), vec![]),
+    ];
+    for (tag, data, want) in cases {
+        let p = dir.join(format!("{tag}.cmf"));
+        std::fs::write(&p, &data).unwrap();
+        let e = match load(&p) {
+            Ok(_) => panic!("{tag}: loaded"),
+            Err(e) => e.to_string(),
+        };
+        println!("{tag}: {e}");
+        assert!(!e.contains('\n'), "{tag}: multi-line error: {e}");
+        assert!(e.contains(&p.display().to_string()), "{tag}: error does not name the file: {e}");
+        for w in want {
+            assert!(e.contains(w), "{tag}: error lacks '{w}': {e}");
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
