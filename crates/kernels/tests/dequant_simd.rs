@@ -90,6 +90,8 @@ fn f16_fields(ty: QuantType) -> &'static [usize] {
         QuantType::Q3K => &[108],
         QuantType::Q6K => &[208],
         QuantType::Q8K | QuantType::F32 | QuantType::F16 | QuantType::BF16 => &[],
+        // cortiq's own types are tested in tests/newtypes.rs (this file covers QuantType::ALL)
+        QuantType::Q8R | QuantType::Q4T | QuantType::Q1 => &[],
     }
 }
 

@@ -1,7 +1,10 @@
-//! On-disk block layouts of GGUF's legacy (Q4_0 .. Q8_0) and k-quant (Q2_K .. Q8_K) types.
+//! On-disk block layouts of GGUF's legacy (Q4_0 .. Q8_0) and k-quant (Q2_K .. Q8_K) types, and
+//! of cortiq's own block types q4t and q1 (q8r has no block struct: a row is its i8 quants and
+//! one trailing f32, see `quant::q8r`).
 //!
 //! Owns: the `#[repr(C)]` structs, their compile-time size checks, and the zero-copy view of a
-//! byte slice as a slice of blocks. Field order and widths follow ggml's `block_*` structs.
+//! byte slice as a slice of blocks. Field order and widths of the GGUF types follow ggml's
+//! `block_*` structs.
 //!
 //! Every multi-byte field is stored as a little-endian byte array (`[u8; 2]` for an f16,
 //! `[u8; 4]` for an f32) rather than `half::f16`/`f32`. That keeps every block's alignment at 1,
@@ -21,6 +24,13 @@ pub const QK: usize = 32;
 #[inline(always)]
 pub fn f16_le(b: [u8; 2]) -> f32 {
     f16::from_bits(u16::from_le_bytes(b)).to_f32()
+}
+
+/// Decode a little-endian IEEE half to f32 in software (exact; `half`'s `to_f32` re-detects F16C
+/// on every call, which is slow in per-block loops). Used by cortiq's own types' scalar code.
+#[inline(always)]
+pub fn f16_soft(b: [u8; 2]) -> f32 {
+    f16::from_bits(u16::from_le_bytes(b)).to_f32_const()
 }
 
 /// Q4_0: `d * (q - 8)`, q in 0..16. Element j < 16 is the low nibble of `qs[j]`,
@@ -129,6 +139,38 @@ pub struct BlockQ8K {
     pub bsums: [[u8; 2]; QK_K / 16],
 }
 
+/// Elements per block of cortiq's q4t and q1 types: 128 divides every row length of the models
+/// we run (Gemma 3's 640 is 2.5 k-quant super-blocks, so 256 would not), and 64 packed bytes of
+/// q4t are exactly one 512-bit load.
+pub const QK_T: usize = 128;
+
+/// q4t: 128 elements in 4 groups of 32, `d[g] * (q - 8)`, q in 0..16. The 64 nibble bytes are
+/// tiled for one 512-bit load: element e < 64 is the low nibble of `qs[e]`, element e >= 64 the
+/// high nibble of `qs[e - 64]`, so mask / shift+mask of the loaded register give elements 0..64
+/// and 64..128 in order, each register spanning two 32-element groups (two Q8_0 activation
+/// blocks). 72 bytes per 128 elements: 4.5 bits per weight, scales included.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ4T {
+    /// f16 scale of elements 32g..32g+32.
+    pub d: [[u8; 2]; 4],
+    pub qs: [u8; QK_T / 2],
+}
+
+/// q1: 128 signs and one f16 scale; element e is `+d` when bit e of the little-endian 128-bit
+/// `qs` is set, else `-d` (bit e = bit e%8 of byte e/8). 18 bytes per 128 elements: 1.125 bits
+/// per weight.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ1 {
+    pub qs: [u8; QK_T / 8],
+    /// f16 mean |w| of the block (the least-squares scale for fixed signs).
+    pub d: [u8; 2],
+}
+
+const _: () = assert!(size_of::<BlockQ4T>() == 72);
+const _: () = assert!(size_of::<BlockQ1>() == 18);
+
 // Sizes must equal ggml's (QuantType::type_size); alignment 1 is what makes `view` sound.
 const _: () = assert!(size_of::<BlockQ4_0>() == 18);
 const _: () = assert!(size_of::<BlockQ4_1>() == 20);
@@ -162,7 +204,7 @@ macro_rules! impl_block {
 impl_block!(
     BlockQ4_0 => QK, BlockQ4_1 => QK, BlockQ5_0 => QK, BlockQ5_1 => QK, BlockQ8_0 => QK,
     BlockQ2K => QK_K, BlockQ3K => QK_K, BlockQ4K => QK_K, BlockQ5K => QK_K, BlockQ6K => QK_K,
-    BlockQ8K => QK_K,
+    BlockQ8K => QK_K, BlockQ4T => QK_T, BlockQ1 => QK_T,
 );
 
 /// View `bytes` as a slice of blocks, zero-copy.

@@ -350,6 +350,35 @@ fn scalar_row(ty: QuantType, src: &[u8], dst: &mut [f32]) {
         QuantType::Q5K => blockwise(src, dst, dequant_q5k),
         QuantType::Q6K => blockwise(src, dst, dequant_q6k),
         QuantType::Q8K => blockwise(src, dst, dequant_q8k),
+        QuantType::Q8R => super::q8r::dequantize(src, dst),
+        QuantType::Q4T => super::q4t::dequantize(src, dst),
+        QuantType::Q1 => super::q1::dequantize(src, dst),
+    }
+}
+
+/// Dequantize `dst.len() / cols` whole rows of `cols` elements stored back to back
+/// (`src.len() == rows * ty.row_bytes(cols)`). For every type but q8r that is one
+/// `dequantize_row` call; q8r rows each end in their own scale (`QuantType::row_trailer`), so a
+/// run of them is not one longer row and is decoded row by row. Panics on lengths that do not
+/// fit (a caller bug, as for `dequantize_row`).
+#[track_caller]
+pub fn dequantize_rows(ty: QuantType, src: &[u8], cols: usize, dst: &mut [f32]) {
+    let rows = dst.len().checked_div(cols).unwrap_or(0);
+    let rb = ty.row_bytes(cols);
+    assert!(
+        rows * cols == dst.len() && rb.and_then(|rb| rb.checked_mul(rows)) == Some(src.len()),
+        "dequantize_rows({ty}): {} values of {cols}-element rows need {:?} bytes per row, got {} bytes",
+        dst.len(),
+        rb,
+        src.len()
+    );
+    if ty.row_trailer() == 0 {
+        dequantize_row(ty, src, dst);
+        return;
+    }
+    let rb = rb.unwrap_or(0);
+    for (s, d) in src.chunks_exact(rb.max(1)).zip(dst.chunks_exact_mut(cols.max(1))) {
+        dequantize_row(ty, s, d);
     }
 }
 
@@ -373,6 +402,16 @@ pub fn dot_row(ty: QuantType, src_row: &[u8], x: &[f32]) -> f32 {
     let n = x.len();
     let want = ty.row_bytes(n);
     check_len("dot_row", ty, n, want, src_row.len());
+    if ty.row_trailer() != 0 {
+        // the row's scale sits at its end: decode it whole, then the same 8-lane sum
+        let mut y = vec![0f32; n];
+        dequantize_row(ty, src_row, &mut y);
+        let mut acc = [0f32; 8];
+        for (i, (a, b)) in y.iter().zip(x).enumerate() {
+            acc[i % 8] += a * b;
+        }
+        return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+    }
     // bytes per DOT_CHUNK elements; exact because DOT_CHUNK is a multiple of every block size
     let chunk_bytes = DOT_CHUNK / ty.block_size() * ty.type_size();
     let mut buf = [0f32; DOT_CHUNK];

@@ -216,6 +216,8 @@ mod imp {
             QuantType::Q8K => blocks!(src, dst, BlockQ8K, 256, q8k),
             QuantType::F16 => row_f16(src, dst),
             QuantType::BF16 => row_bf16(src, dst),
+            // SAFETY: this function's features are the ones `own_avx512::dequantize` needs.
+            QuantType::Q8R | QuantType::Q4T | QuantType::Q1 => unsafe { super::super::own_avx512::dequantize(ty, src, dst) },
             QuantType::F32 => unreachable!("has_kernel excludes f32"),
         }
     }

@@ -1,22 +1,30 @@
-//! Quantized tensor element types as GGUF numbers them, their block geometry, and
-//! row dequantization. The engine's QTensor is the only caller that dispatches on a type.
+//! Quantized tensor element types (GGUF's, numbered as ggml numbers them, and cortiq's own q8r,
+//! q4t, q1), their block geometry, and row dequantization. The engine's QTensor is the only
+//! caller that dispatches on a type.
 
 pub mod blocks;
 pub mod dequant;
 pub mod dequant_avx512;
-pub mod vecdot;
-pub mod vecdot_avx512;
 pub mod matmat;
 pub mod matmat_avx512;
+mod own_avx512;
+mod q1;
+mod q4t;
+mod q8r;
+pub mod quantize;
+pub mod vecdot;
+pub mod vecdot_avx512;
 
-pub use dequant::{dequantize_row, dequantize_row_scalar, dot_row};
+pub use dequant::{dequantize_row, dequantize_row_scalar, dequantize_rows, dot_row};
 pub use matmat::{matmat_q, matmat_q_scalar, matmat_supported};
+pub use quantize::{QuantizeError, quantize_row};
 pub use vecdot::{
     ActType, Order, act_type, dequantize_act, llamacpp_order, llamacpp_repacks, matvec_q, matvec_q_order, order_supported,
     quantize_act, quantize_act_scalar, vec_dot, vec_dot_order, vec_dot_order_scalar, vec_dot_scalar,
 };
 
-/// A tensor element type, numbered as ggml numbers it (the GGUF on-disk id).
+/// A tensor element type: GGUF's (numbered as ggml numbers them, the GGUF on-disk id) and
+/// cortiq's own (`OWN`: no GGUF id; ids from 1000 on, see `cmf_id`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum QuantType {
     F32,
@@ -33,9 +41,17 @@ pub enum QuantType {
     Q5K,
     Q6K,
     Q8K,
+    /// cortiq: i8 per element, one f32 scale per row (`q8r.rs`).
+    Q8R,
+    /// cortiq: 4-bit, 128-element blocks with 4 f16 scales, tiled for 512-bit loads (`q4t.rs`).
+    Q4T,
+    /// cortiq: 1 bit (sign) per element, one f16 scale per 128 (`q1.rs`).
+    Q1,
 }
 
 impl QuantType {
+    /// Every GGUF type (the ones with ggml ids and gguf-py reference fixtures); cortiq's own
+    /// types are `OWN`.
     pub const ALL: [QuantType; 14] = [
         QuantType::F32,
         QuantType::F16,
@@ -53,7 +69,11 @@ impl QuantType {
         QuantType::Q8K,
     ];
 
-    /// The ggml type id used in GGUF tensor infos; `None` for ids cortiq does not load.
+    /// cortiq's own weight types, which only cortiq's files (.cmf) store.
+    pub const OWN: [QuantType; 3] = [QuantType::Q8R, QuantType::Q4T, QuantType::Q1];
+
+    /// The ggml type id used in GGUF tensor infos; `None` for ids cortiq does not load. Never
+    /// returns a cortiq type: a GGUF file cannot name one.
     pub fn from_ggml_id(id: u32) -> Option<QuantType> {
         Some(match id {
             0 => QuantType::F32,
@@ -74,6 +94,8 @@ impl QuantType {
         })
     }
 
+    /// The ggml type id; for cortiq's own types their private id (>= 1000, not a ggml id, and
+    /// `from_ggml_id` rejects it), the same as `cmf_id`.
     pub fn ggml_id(self) -> u32 {
         match self {
             QuantType::F32 => 0,
@@ -90,7 +112,42 @@ impl QuantType {
             QuantType::Q6K => 14,
             QuantType::Q8K => 15,
             QuantType::BF16 => 30,
+            QuantType::Q8R => 1000,
+            QuantType::Q4T => 1001,
+            QuantType::Q1 => 1002,
         }
+    }
+
+    /// The type id in cortiq's .cmf files: the ggml id for GGUF types, 1000.. for cortiq's own.
+    pub fn cmf_id(self) -> u32 {
+        self.ggml_id()
+    }
+
+    /// Inverse of `cmf_id`: every GGUF type cortiq loads, and cortiq's own.
+    pub fn from_cmf_id(id: u32) -> Option<QuantType> {
+        match id {
+            1000 => Some(QuantType::Q8R),
+            1001 => Some(QuantType::Q4T),
+            1002 => Some(QuantType::Q1),
+            _ => QuantType::from_ggml_id(id),
+        }
+    }
+
+    /// The type named `name` (as `name()` spells it: "q4_K", "q8r", ...).
+    pub fn from_name(name: &str) -> Option<QuantType> {
+        QuantType::ALL.into_iter().chain(QuantType::OWN).find(|t| t.name() == name)
+    }
+
+    /// Whether this is one of cortiq's own types (`OWN`).
+    pub fn is_cortiq(self) -> bool {
+        matches!(self, QuantType::Q8R | QuantType::Q4T | QuantType::Q1)
+    }
+
+    /// Bytes a row carries besides its blocks: q8r's trailing f32 scale, 0 for every other type.
+    /// Non-zero means k rows back to back are not one row of k times the length (use
+    /// `dequantize_rows` for runs of rows).
+    pub fn row_trailer(self) -> usize {
+        if self == QuantType::Q8R { q8r::TRAILER } else { 0 }
     }
 
     /// ggml's name for the type ("q4_K", "bf16", ...).
@@ -110,6 +167,9 @@ impl QuantType {
             QuantType::Q5K => "q5_K",
             QuantType::Q6K => "q6_K",
             QuantType::Q8K => "q8_K",
+            QuantType::Q8R => "q8r",
+            QuantType::Q4T => "q4t",
+            QuantType::Q1 => "q1",
         }
     }
 
@@ -119,10 +179,13 @@ impl QuantType {
             QuantType::F32 | QuantType::F16 | QuantType::BF16 => 1,
             QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q5_0 | QuantType::Q5_1 | QuantType::Q8_0 => 32,
             QuantType::Q2K | QuantType::Q3K | QuantType::Q4K | QuantType::Q5K | QuantType::Q6K | QuantType::Q8K => 256,
+            QuantType::Q8R => 32,
+            QuantType::Q4T | QuantType::Q1 => 128,
         }
     }
 
-    /// Bytes per block.
+    /// Bytes per block (q8r: 32 quants per 32 elements; its row's trailing scale is
+    /// `row_trailer`).
     pub fn type_size(self) -> usize {
         match self {
             QuantType::F32 => 4,
@@ -138,16 +201,20 @@ impl QuantType {
             QuantType::Q5K => 176,
             QuantType::Q6K => 210,
             QuantType::Q8K => 292,
+            QuantType::Q8R => 32,
+            QuantType::Q4T => 72,
+            QuantType::Q1 => 18,
         }
     }
 
-    /// Bytes of a row of `n` elements, or `None` when `n` is not a whole number of blocks.
+    /// Bytes of a row of `n` elements (its blocks plus `row_trailer`), or `None` when `n` is not
+    /// a whole number of blocks.
     pub fn row_bytes(self, n: usize) -> Option<usize> {
         let bs = self.block_size();
         if !n.is_multiple_of(bs) {
             return None;
         }
-        (n / bs).checked_mul(self.type_size())
+        (n / bs).checked_mul(self.type_size())?.checked_add(self.row_trailer())
     }
 }
 

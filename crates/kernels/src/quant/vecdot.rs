@@ -111,6 +111,8 @@ impl std::fmt::Display for ActType {
 pub fn act_type(ty: QuantType) -> Option<ActType> {
     match ty {
         QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0 => Some(ActType::Q8_0),
+        // cortiq's own types: one Q8_0 block per 32 weights (see q8r.rs / q4t.rs / q1.rs)
+        QuantType::Q8R | QuantType::Q4T | QuantType::Q1 => Some(ActType::Q8_0),
         QuantType::Q4_1 | QuantType::Q5_1 => Some(ActType::Q8_1),
         QuantType::Q2K | QuantType::Q3K | QuantType::Q4K | QuantType::Q5K | QuantType::Q6K => Some(ActType::Q8K),
         QuantType::F32 | QuantType::F16 | QuantType::BF16 | QuantType::Q8K => None,
@@ -461,6 +463,9 @@ fn scalar(ty: QuantType, w: &[u8], a: &[u8]) -> f32 {
         QuantType::Q4K => dot_q4k(view(w), view(a)),
         QuantType::Q5K => dot_q5k(view(w), view(a)),
         QuantType::Q6K => dot_q6k(view(w), view(a)),
+        QuantType::Q8R => super::q8r::vec_dot(w, a),
+        QuantType::Q4T => super::q4t::vec_dot(w, a),
+        QuantType::Q1 => super::q1::vec_dot(w, a),
         QuantType::F32 | QuantType::F16 | QuantType::BF16 | QuantType::Q8K => unreachable!("checked by act_type"),
     }
 }

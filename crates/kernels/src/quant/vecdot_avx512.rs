@@ -434,6 +434,18 @@ mod imp {
             QuantType::Q4K => q4k::<R, K>(v!(BlockQ4K), view(a)),
             QuantType::Q5K => q5k::<R, K>(v!(BlockQ5K), view(a)),
             QuantType::Q6K => q6k::<R, K>(v!(BlockQ6K), view(a)),
+            QuantType::Q8R | QuantType::Q4T | QuantType::Q1 if K == 0 => {
+                let mut out = [0f32; R];
+                for (o, w) in out.iter_mut().zip(ws) {
+                    // matvec's padding rows are empty: they give 0, as the GGUF kernels'
+                    if !w.is_empty() {
+                        // SAFETY: this function's features are the ones `own_avx512::vec_dot`
+                        // needs; lengths were checked by the caller.
+                        *o = unsafe { super::super::own_avx512::vec_dot(ty, w, a) };
+                    }
+                }
+                out
+            }
             _ => return None,
         })
     }
