@@ -308,7 +308,9 @@ fn vec_dot_simd_scalar_and_f64() {
     println!("type     n  simd-scalar/mag  scalar-f64/mag  simd-f64/mag  simd-f64/|ref|  (max over rows)");
     let mut rng = Rng(0x5EED_0004);
     for ty in QuantType::OWN {
-        for n in [128, 640, 2048, 8192] {
+        // q8r also takes rows with an odd number of 32-element blocks (the kernel's tail path)
+        let ns: &[usize] = if ty == QuantType::Q8R { &[32, 96, 128, 672, 640, 2048, 8192] } else { &[128, 640, 2048, 8192] };
+        for &n in ns {
             let (mut d_ss, mut d_sf, mut d_vf, mut d_vr) = (0f64, 0f64, 0f64, 0f64);
             for round in 0..12 {
                 let w = if round % 3 == 0 { random_row(ty, n, &mut rng) } else { quantize(ty, &rng.gauss_row(n, 0.03)) };
@@ -335,8 +337,9 @@ fn vec_dot_simd_scalar_and_f64() {
 #[test]
 fn matvec_q_equals_vec_dot_per_row() {
     let mut rng = Rng(0x5EED_0005);
-    let (rows, cols) = (37, 640);
-    for ty in QuantType::OWN {
+    for (ty, rows, cols) in
+        [(QuantType::Q8R, 37, 640), (QuantType::Q4T, 37, 640), (QuantType::Q1, 37, 640), (QuantType::Q8R, 9, 96)]
+    {
         let w: Vec<u8> = (0..rows).flat_map(|_| quantize(ty, &rng.gauss_row(cols, 0.05))).collect();
         let mut a = Vec::new();
         quantize_act(ActType::Q8_0, &rng.act_row(cols), &mut a);

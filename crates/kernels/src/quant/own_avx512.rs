@@ -10,11 +10,13 @@
 //! sums per 32-element activation block but add the float terms in 16 lanes, so they differ from
 //! the scalar order by a few f32 roundings (tests/newtypes.rs prints and bounds the difference).
 //!
-//! Shape of the dot kernels: 64 weights per 512-bit register (q8r: 64 bytes; q4t: one load of a
-//! block's 64 nibble bytes gives elements 0..64 by mask and 64..128 by shift + mask; q1: a
-//! 64-bit mask), the matching 64 activations from two Q8_0 blocks (two 256-bit loads, since
-//! each block's f16 scale sits between its quants), one `vpdpbusd` into 16 i32 lanes (lanes 0..8
-//! = first activation block, 8..16 = second), then one FMA with the per-lane scale product.
+//! Shape of the dot kernels: the activation row is first unpacked (`Unpacked`: contiguous
+//! quants, per-lane scales, per-lane offset sums) once per call; then per 64 weights one
+//! 512-bit register of unsigned weight bytes (q8r: 64 bytes with the top bit flipped; q4t: one
+//! load of a block's 64 nibble bytes gives elements 0..64 by mask and 64..128 by shift + mask;
+//! q1: 2 or 0 by a 64-bit mask), one `vpdpbusd` into 16 i32 lanes (lanes 0..8 = first
+//! activation block, 8..16 = second) started from the offset correction, then one FMA with the
+//! per-lane scale product.
 #![cfg(target_arch = "x86_64")]
 
 use super::QuantType;
@@ -28,15 +30,6 @@ fn ld16(s: &[u8], off: usize) -> __m128i {
     let s = &s[off..off + 16];
     // SAFETY: `s` is exactly 16 readable bytes; loadu has no alignment requirement.
     unsafe { _mm_loadu_si128(s.as_ptr().cast()) }
-}
-
-/// 32 bytes of `s` from `off` (bounds-checked).
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-fn ld32(s: &[u8], off: usize) -> __m256i {
-    let s = &s[off..off + 32];
-    // SAFETY: `s` is exactly 32 readable bytes; loadu has no alignment requirement.
-    unsafe { _mm256_loadu_si256(s.as_ptr().cast()) }
 }
 
 /// 64 bytes of `s` from `off` (bounds-checked).
@@ -55,26 +48,6 @@ fn st16(dst: &mut [f32], off: usize, v: __m512) {
     let d = &mut dst[off..off + 16];
     // SAFETY: `d` is exactly 16 writable f32; storeu has no alignment requirement.
     unsafe { _mm512_storeu_ps(d.as_mut_ptr(), v) }
-}
-
-/// The f16 scale bits of Q8_0 activation block `b`.
-#[inline(always)]
-fn act_d(a: &[u8], b: usize) -> i16 {
-    i16::from_le_bytes([a[34 * b], a[34 * b + 1]])
-}
-
-/// The 64 activation quants of Q8_0 blocks `b` and `b + 1` as one register.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-fn act64(a: &[u8], b: usize) -> __m512i {
-    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(ld32(a, 34 * b + 2)), ld32(a, 34 * b + 36))
-}
-
-/// The f32 scales of four consecutive Q8_0 activation blocks from `b`, in lanes 0..4.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-fn act_d4(a: &[u8], b: usize) -> __m128 {
-    _mm_cvtph_ps(_mm_set_epi16(0, 0, 0, 0, act_d(a, b + 3), act_d(a, b + 2), act_d(a, b + 1), act_d(a, b)))
 }
 
 /// Lanes 0..4 of `v` spread as [v0 x8, v1 x8] (`HI` false) or [v2 x8, v3 x8] (`HI` true): the
@@ -159,93 +132,190 @@ fn q1_row(src: &[u8], dst: &mut [f32]) {
 
 // ---------------------------------------------------------------- dot products
 
-/// One row of `ty` (q8r, q4t or q1) times a Q8_0 activation row. Lengths were checked by the
-/// caller; a short slice panics on a bounds check, never reads out of bounds.
+/// A Q8_0 activation row unpacked for these kernels, once per `vec_dot` / `matvec` call rather
+/// than once per weight row: the Q8_0 layout puts each block's f16 scale between its quants, so
+/// reading it directly costs two loads + an insert per 64 quants, four scalar loads + a gather
+/// for the scales and a second `vpdpbusd` for the offset term, all of it the same for every row
+/// (q4t ran at 12-19 G weights/s that way, Q4_K's kernel at 40-46).
+/// Padded with zeros to a whole number of 64-element chunks.
+#[derive(Default)]
+struct Unpacked {
+    /// The quants, contiguous.
+    q: Vec<u8>,
+    /// Per 64 quants, 16 lanes: the f32 scale of the first activation block in lanes 0..8, of the
+    /// second in 8..16 (the lane layout of a `vpdpbusd` result).
+    dx: Vec<f32>,
+    /// Per 64 quants, 16 i32 lanes: `-k * (sum of the lane's 4 quants)`, the start value of the
+    /// `vpdpbusd` that adds an unsigned-offset weight's products (k = 128 for q8r, whose weights
+    /// are fed as w + 128; 8 for q4t, whose levels are q - 8 with q unsigned; 1 for q1).
+    corr: Vec<i32>,
+}
+
+thread_local! {
+    /// Reused across calls: matvec runs once per tile of rows, and the engine's tiles are small.
+    static UNPACKED: std::cell::RefCell<Unpacked> = std::cell::RefCell::new(Unpacked::default());
+}
+
+/// Unpack `a` (Q8_0 blocks of an `n`-element row) for weight type `ty` into `u`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn unpack(ty: QuantType, a: &[u8], n: usize, u: &mut Unpacked) {
+    let chunks = n.div_ceil(64);
+    u.q.clear();
+    u.q.resize(64 * chunks, 0);
+    u.dx.clear();
+    u.dx.resize(16 * chunks, 0.0);
+    u.corr.clear();
+    u.corr.resize(16 * chunks, 0);
+    let k = match ty {
+        QuantType::Q8R => 128,
+        QuantType::Q4T => 8,
+        _ => 1,
+    };
+    for (b, blk) in a.chunks_exact(34).enumerate() {
+        u.q[32 * b..32 * b + 32].copy_from_slice(&blk[2..]);
+        let d = f16_soft([blk[0], blk[1]]);
+        let lanes = 16 * (b / 2) + 8 * (b % 2);
+        u.dx[lanes..lanes + 8].fill(d);
+    }
+    let ones = _mm512_set1_epi8(1);
+    for c in 0..chunks {
+        let s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, ld64(&u.q, 64 * c));
+        let v = _mm512_mullo_epi32(s, _mm512_set1_epi32(-k));
+        let dst = &mut u.corr[16 * c..16 * c + 16];
+        // SAFETY: `dst` is exactly 16 writable i32; storeu has no alignment requirement.
+        unsafe { _mm512_storeu_si512(dst.as_mut_ptr().cast(), v) };
+    }
+}
+
+/// 16 f32 of `s` from `off` (bounds-checked).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+fn ldf(s: &[f32], off: usize) -> __m512 {
+    let s = &s[off..off + 16];
+    // SAFETY: `s` is exactly 16 readable f32; loadu has no alignment requirement.
+    unsafe { _mm512_loadu_ps(s.as_ptr()) }
+}
+
+/// 16 i32 of `s` from `off` (bounds-checked).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+fn ldi(s: &[i32], off: usize) -> __m512i {
+    let s = &s[off..off + 16];
+    // SAFETY: `s` is exactly 16 readable i32; loadu has no alignment requirement.
+    unsafe { _mm512_loadu_si512(s.as_ptr().cast()) }
+}
+
+/// One row of `ty` (q8r, q4t or q1) times a Q8_0 activation row of `n` elements. Lengths were
+/// checked by the caller; a short slice panics on a bounds check, never reads out of bounds.
 ///
 /// # Safety
 /// The CPU must support avx512f, avx512bw, avx512vl, avx512vnni, avx2, fma and f16c.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn vec_dot(ty: QuantType, w: &[u8], a: &[u8]) -> f32 {
+    let n = a.len() / 34 * QK;
+    UNPACKED.with_borrow_mut(|u| {
+        unpack(ty, a, n, u);
+        row_dot(ty, w, u)
+    })
+}
+
+/// `y[r] = vec_dot(ty, row r, a)` for rows of `rb` bytes back to back (lengths checked by the
+/// caller), one row at a time (see `vecdot_avx512::matvec` for why), the activation unpacked
+/// once.
+///
+/// # Safety
+/// As `vec_dot`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn matvec(ty: QuantType, w: &[u8], rb: usize, a: &[u8], y: &mut [f32]) {
+    let n = a.len() / 34 * QK;
+    UNPACKED.with_borrow_mut(|u| {
+        unpack(ty, a, n, u);
+        for (o, row) in y.iter_mut().zip(w.chunks_exact(rb)) {
+            *o = row_dot(ty, row, u);
+        }
+    })
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn row_dot(ty: QuantType, w: &[u8], u: &Unpacked) -> f32 {
     match ty {
-        QuantType::Q8R => q8r_dot(w, a),
-        QuantType::Q4T => q4t_dot(w, a),
-        QuantType::Q1 => q1_dot(w, a),
+        QuantType::Q8R => q8r_dot(w, u),
+        QuantType::Q4T => q4t_dot(w, u),
+        QuantType::Q1 => q1_dot(w, u),
         _ => unreachable!("own_avx512::vec_dot({ty}): not a cortiq type"),
     }
 }
 
-/// q8r: signed x signed bytes through `vpdpbusd(|w|, a negated where w < 0)` (w >= -127 and the
-/// activations are -127..127, so neither |w| nor -a wraps); acc += lanes * d_x per 64; the row
-/// scale multiplies the reduced sum once.
+/// q8r: the i8 weights become unsigned by flipping their top bit (w + 128), so one
+/// `vpdpbusd(corr = -128 * Σx, w + 128, x)` gives Σ w * x per lane; acc += lanes * d_x per 64;
+/// the row scale multiplies the reduced sum once.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn q8r_dot(w: &[u8], a: &[u8]) -> f32 {
+fn q8r_dot(w: &[u8], u: &Unpacked) -> f32 {
     let n = w.len() - super::q8r::TRAILER;
-    let nb = n / QK;
-    let zero = _mm512_setzero_si512();
+    let flip = _mm512_set1_epi8(-128);
     // two chains: one FMA per 64 elements would otherwise wait on its predecessor's latency
     let mut acc = [_mm512_setzero_ps(); 2];
-    let mut j = 0;
-    while j + 2 <= nb {
-        let wv = ld64(w, QK * j);
-        let av = act64(a, j);
-        let sa = _mm512_mask_sub_epi8(av, _mm512_movepi8_mask(wv), zero, av);
-        let p = _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(wv), sa);
-        let dx = _mm512_cvtph_ps(_mm256_set_m128i(_mm_set1_epi16(act_d(a, j + 1)), _mm_set1_epi16(act_d(a, j))));
-        let k = (j / 2) & 1;
-        acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), dx, acc[k]);
-        j += 2;
+    let full = n / 64;
+    let step = |acc: __m512, c: usize| {
+        let wv = _mm512_xor_si512(ld64(w, 64 * c), flip);
+        let p = _mm512_dpbusd_epi32(ldi(&u.corr, 16 * c), wv, ld64(&u.q, 64 * c));
+        _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), ldf(&u.dx, 16 * c), acc)
+    };
+    for c in (0..full - full % 2).step_by(2) {
+        acc[0] = step(acc[0], c);
+        acc[1] = step(acc[1], c + 1);
     }
-    let mut r = _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));
-    if j < nb {
-        // an odd 32-element block at the end
-        let wv = ld32(w, QK * j);
-        let av = ld32(a, 34 * j + 2);
-        let p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(wv), _mm256_sign_epi8(av, wv));
-        let p = _mm512_reduce_add_epi32(_mm512_zextsi256_si512(p));
-        r = f16_soft(act_d(a, j).to_le_bytes()).mul_add(p as f32, r);
+    if full % 2 == 1 {
+        acc[0] = step(acc[0], full - 1);
     }
-    r * super::q8r::scale(w)
+    if !n.is_multiple_of(64) {
+        // a last lone 32-element block: its weights in the low half, the padding quants are 0
+        let mut t = [0u8; 64];
+        t[..32].copy_from_slice(&w[64 * full..64 * full + 32]);
+        let wv = _mm512_xor_si512(ld64(&t, 0), flip);
+        let p = _mm512_dpbusd_epi32(ldi(&u.corr, 16 * full), wv, ld64(&u.q, 64 * full));
+        acc[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), ldf(&u.dx, 16 * full), acc[0]);
+    }
+    _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1])) * super::q8r::scale(w)
 }
 
-/// q4t: Σ (q - 8) * x = Σ q * x - 8 * Σ x, both by `vpdpbusd` (q and 8 unsigned, x signed);
-/// per block two FMAs with the 4 scale products d_w[g] * d_x[g] spread over their lanes.
+/// q4t: Σ (q - 8) * x = `vpdpbusd(corr = -8 * Σx, q, x)` per 64 (q unsigned nibbles); per block
+/// two FMAs with the scale products d_w[g] * d_x[g] spread over their lanes.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn q4t_dot(w: &[u8], a: &[u8]) -> f32 {
-    let zero = _mm512_setzero_si512();
+fn q4t_dot(w: &[u8], u: &Unpacked) -> f32 {
     let m4 = _mm512_set1_epi8(0x0F);
-    let eight = _mm512_set1_epi8(8);
     let mut acc = [_mm512_setzero_ps(); 2];
     for (k, b) in view::<BlockQ4T>(w).iter().enumerate() {
         let wv = ld64(&b.qs, 0);
         let lo = _mm512_and_si512(wv, m4);
         let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(wv), m4);
-        let (a0, a1) = (act64(a, 4 * k), act64(a, 4 * k + 2));
-        let p0 = _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, lo, a0), _mm512_dpbusd_epi32(zero, eight, a0));
-        let p1 = _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, hi, a1), _mm512_dpbusd_epi32(zero, eight, a1));
+        let (c0, c1) = (2 * k, 2 * k + 1);
+        let p0 = _mm512_dpbusd_epi32(ldi(&u.corr, 16 * c0), lo, ld64(&u.q, 64 * c0));
+        let p1 = _mm512_dpbusd_epi32(ldi(&u.corr, 16 * c1), hi, ld64(&u.q, 64 * c1));
         let dw = _mm_cvtph_ps(_mm_set_epi64x(0, i64::from_le_bytes(*b.d.as_flattened().first_chunk::<8>().unwrap())));
-        let dd = _mm_mul_ps(dw, act_d4(a, 4 * k));
-        acc[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), spread::<false>(dd), acc[0]);
-        acc[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), spread::<true>(dd), acc[1]);
+        let d0 = _mm512_mul_ps(spread::<false>(dw), ldf(&u.dx, 16 * c0));
+        let d1 = _mm512_mul_ps(spread::<true>(dw), ldf(&u.dx, 16 * c1));
+        acc[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), d0, acc[0]);
+        acc[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), d1, acc[1]);
     }
     _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]))
 }
 
-/// q1: Σ ±x as `vpdpbusd(1, x negated where the bit is clear)`; per block two FMAs with
-/// d_w * d_x[g].
+/// q1: Σ ±x = 2 Σ_{bit set} x - Σ x = `vpdpbusd(corr = -Σx, 2 where the bit is set, x)`; per
+/// block two FMAs with d_w * d_x[g].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn q1_dot(w: &[u8], a: &[u8]) -> f32 {
-    let zero = _mm512_setzero_si512();
-    let ones = _mm512_set1_epi8(1);
+fn q1_dot(w: &[u8], u: &Unpacked) -> f32 {
+    let two = _mm512_set1_epi8(2);
     let mut acc = [_mm512_setzero_ps(); 2];
     for (k, b) in view::<BlockQ1>(w).iter().enumerate() {
         let m0 = u64::from_le_bytes(*b.qs.first_chunk::<8>().unwrap());
         let m1 = u64::from_le_bytes(*b.qs.last_chunk::<8>().unwrap());
-        let (a0, a1) = (act64(a, 4 * k), act64(a, 4 * k + 2));
-        let p0 = _mm512_dpbusd_epi32(zero, ones, _mm512_mask_sub_epi8(a0, !m0, zero, a0));
-        let p1 = _mm512_dpbusd_epi32(zero, ones, _mm512_mask_sub_epi8(a1, !m1, zero, a1));
-        let dd = _mm_mul_ps(_mm_set1_ps(f16_soft(b.d)), act_d4(a, 4 * k));
-        acc[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), spread::<false>(dd), acc[0]);
-        acc[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), spread::<true>(dd), acc[1]);
+        let (c0, c1) = (2 * k, 2 * k + 1);
+        let p0 = _mm512_dpbusd_epi32(ldi(&u.corr, 16 * c0), _mm512_maskz_mov_epi8(m0, two), ld64(&u.q, 64 * c0));
+        let p1 = _mm512_dpbusd_epi32(ldi(&u.corr, 16 * c1), _mm512_maskz_mov_epi8(m1, two), ld64(&u.q, 64 * c1));
+        let d = _mm512_set1_ps(f16_soft(b.d));
+        acc[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_mul_ps(d, ldf(&u.dx, 16 * c0)), acc[0]);
+        acc[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_mul_ps(d, ldf(&u.dx, 16 * c1)), acc[1]);
     }
     _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]))
 }

@@ -90,6 +90,12 @@ pub(super) fn matvec(ty: QuantType, w: &[u8], rb: usize, a: &[u8], y: &mut [f32]
             if !super::vecdot::order_supported(ty, order) {
                 return false;
             }
+            if ty.is_cortiq() {
+                // SAFETY: available() confirmed every feature `own_avx512::matvec` enables;
+                // lengths were checked by the caller, every load is bounds-checked.
+                unsafe { super::own_avx512::matvec(ty, w, rb, a, y) };
+                return true;
+            }
             let mut rows = w.chunks_exact(rb);
             let mut ys = y.chunks_exact_mut(1);
             for yc in &mut ys {
