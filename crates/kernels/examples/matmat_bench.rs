@@ -1,9 +1,12 @@
 //! Prefill matrix-matrix throughput (quant::matmat), per weight type, single thread:
-//! `matmat_q` (AVX-512 VNNI), its scalar twin, and the f32 path the engine used before
+//! `matmat_q` (AVX-512 VNNI), `matmat_q_prepared` (activation scalars prepared once per
+//! matmul, as an engine sharing one `MatmatActs` across its pool would), the scalar twin, and
+//! the f32 path the engine used before
 //! (dequantize a 32-row weight tile with `dequantize_row`, then `dot::gemm_nt`, as
 //! engine/src/qtensor.rs `tile_times` does).
 //!
 //! `cargo run --release -p cortiq-kernels --example matmat_bench [-- ROWS COLS TOKENS] [all]`
+//! (env `RANGE`: rows per call, default 32)
 //!
 //! Default shapes (rows, cols, tokens): Gemma3-270M's FFN up/down and Qwen2.5-0.5B's, at 64 or
 //! 128 tokens. Both fast paths are called per 32-row range, as the engine's thread pool splits a
@@ -12,14 +15,17 @@
 //! machine may be shared: compare the ratios). `all` adds Q4_0, Q5_1, Q5_K, Q3_K, Q2_K.
 
 use cortiq_kernels::dot::gemm_nt;
-use cortiq_kernels::quant::{QuantType, act_type, dequantize_act, dequantize_row, matmat_q, matmat_q_scalar, quantize_act};
+use cortiq_kernels::quant::{
+    MatmatActs, QuantType, act_type, dequantize_act, dequantize_row, matmat_q, matmat_q_prepared, matmat_q_scalar, quantize_act,
+};
 use std::hint::black_box;
 use std::time::Instant;
 
 const MAIN: [QuantType; 5] = [QuantType::Q4K, QuantType::Q5_0, QuantType::Q6K, QuantType::Q8_0, QuantType::Q4_1];
 const MORE: [QuantType; 5] = [QuantType::Q4_0, QuantType::Q5_1, QuantType::Q5K, QuantType::Q3K, QuantType::Q2K];
-/// Rows per call, as the engine's pool splits a matmul.
-const RANGE: usize = 32;
+/// Rows per call, as the engine's pool splits a matmul (env `RANGE`, default 32).
+static RANGE: std::sync::LazyLock<usize> =
+    std::sync::LazyLock::new(|| std::env::var("RANGE").ok().and_then(|v| v.parse().ok()).unwrap_or(32));
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -39,8 +45,11 @@ fn main() {
 }
 
 fn bench(types: &[QuantType], rows: usize, cols: usize, n_t: usize) {
-    println!("\n{rows} x {cols} weight x {n_t} tokens, G MAC/s (single thread, {RANGE}-row calls)");
-    println!("{:>5} {:>9} {:>9} {:>9} {:>9} {:>9}", "type", "f32 path", "scalar", "matmat", "/f32", "/scalar");
+    println!("\n{rows} x {cols} weight x {n_t} tokens, G MAC/s (single thread, {}-row calls)", *RANGE);
+    println!(
+        "{:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "type", "f32 path", "scalar", "matmat", "prepared", "/f32", "prep/f32", "/scalar"
+    );
     let mut seed = 0x00C0_FFEEu64;
     for &ty in types {
         let (Some(rb), Some(at)) = (ty.row_bytes(cols), act_type(ty)) else {
@@ -64,10 +73,10 @@ fn bench(types: &[QuantType], rows: usize, cols: usize, n_t: usize) {
         }
         let macs = (rows * cols * n_t) as f64;
         let mut y = vec![0f32; rows * n_t];
-        let mut tile = vec![0f32; RANGE * cols];
+        let mut tile = vec![0f32; *RANGE * cols];
         let f32_path = macs
             / best_secs(|| {
-                for (r0, out) in (0..rows).step_by(RANGE).zip(y.chunks_mut(RANGE * n_t)) {
+                for (r0, out) in (0..rows).step_by(*RANGE).zip(y.chunks_mut(*RANGE * n_t)) {
                     let nr = out.len() / n_t;
                     dequantize_row(ty, black_box(&w[r0 * rb..(r0 + nr) * rb]), &mut tile[..nr * cols]);
                     gemm_nt(&tile[..nr * cols], nr, &xf, n_t, cols, out, n_t);
@@ -76,9 +85,18 @@ fn bench(types: &[QuantType], rows: usize, cols: usize, n_t: usize) {
             });
         let fast = macs
             / best_secs(|| {
-                for (r0, out) in (0..rows).step_by(RANGE).zip(y.chunks_mut(RANGE * n_t)) {
+                for (r0, out) in (0..rows).step_by(*RANGE).zip(y.chunks_mut(*RANGE * n_t)) {
                     let nr = out.len() / n_t;
                     matmat_q(ty, black_box(&w[r0 * rb..(r0 + nr) * rb]), nr, cols, &acts, n_t, out);
+                }
+                black_box(&mut y);
+            });
+        let prepared = macs
+            / best_secs(|| {
+                let pa = MatmatActs::new(ty, &acts, cols, n_t);
+                for (r0, out) in (0..rows).step_by(*RANGE).zip(y.chunks_mut(*RANGE * n_t)) {
+                    let nr = out.len() / n_t;
+                    matmat_q_prepared(ty, black_box(&w[r0 * rb..(r0 + nr) * rb]), nr, &pa, out);
                 }
                 black_box(&mut y);
             });
@@ -90,12 +108,14 @@ fn bench(types: &[QuantType], rows: usize, cols: usize, n_t: usize) {
                 black_box(&mut y);
             });
         println!(
-            "{:>5} {:>9.2} {:>9.2} {:>9.2} {:>8.1}x {:>8.1}x",
+            "{:>5} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>8.1}x {:>8.1}x {:>8.1}x",
             ty.name(),
             f32_path / 1e9,
             scalar / 1e9,
             fast / 1e9,
+            prepared / 1e9,
             fast / f32_path,
+            prepared / f32_path,
             fast / scalar
         );
     }

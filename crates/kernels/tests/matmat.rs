@@ -8,7 +8,9 @@
 //! plus every tail length), and column counts below and above the 1024-element K-chunk.
 //!
 //! 1. `simd_matches_scalar_twin`: `matmat_q` (AVX-512 VNNI when present) vs `matmat_q_scalar`:
-//!    0 ulp required (the twins run the same integer sums and the same FMA sequence).
+//!    0 ulp required (the twins run the same integer sums and the same FMA sequence); and
+//!    `matmat_q_prepared` over one `MatmatActs` in row ranges of 16 (the engine's way) vs
+//!    `matmat_q`, 0 ulp.
 //! 2. `close_to_vec_dot`: every (row, token) of both vs `vec_dot_scalar` (ggml's float order),
 //!    and vs the exact sum Σ w·x̃ in f64; the error is measured relative to Σ|w·x̃| (the scale
 //!    on which a float sum's rounding lives) and must stay below 1e-5 (vs f64 for Q4_1/Q5_1:
@@ -16,8 +18,8 @@
 //!    worst case per type is printed as a table.
 
 use cortiq_kernels::quant::{
-    ActType, QuantType, act_type, dequantize_act, dequantize_row_scalar, matmat_q, matmat_q_scalar, matmat_supported,
-    quantize_act, vec_dot_scalar,
+    ActType, MatmatActs, QuantType, act_type, dequantize_act, dequantize_row_scalar, matmat_q, matmat_q_prepared,
+    matmat_q_scalar, matmat_supported, quantize_act, vec_dot_scalar,
 };
 
 const TYPES: [QuantType; 10] = [
@@ -134,6 +136,15 @@ fn simd_matches_scalar_twin() {
             let mut ys = vec![f32::NAN; c.rows * c.n_t];
             matmat_q(ty, &c.w, c.rows, c.cols, &c.acts, c.n_t, &mut y);
             matmat_q_scalar(ty, &c.w, c.rows, c.cols, &c.acts, c.n_t, &mut ys);
+            let prepared = MatmatActs::new(ty, &c.acts, c.cols, c.n_t);
+            let mut yp = vec![f32::NAN; c.rows * c.n_t];
+            let rb = ty.row_bytes(c.cols).unwrap();
+            for (r0, out) in (0..c.rows).step_by(16).zip(yp.chunks_mut(16 * c.n_t)) {
+                let nr = out.len() / c.n_t;
+                matmat_q_prepared(ty, &c.w[r0 * rb..(r0 + nr) * rb], nr, &prepared, out);
+            }
+            let same = y.iter().zip(&yp).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{ty}: matmat_q_prepared differs from matmat_q ({}x{} x {} tokens)", c.rows, c.cols, c.n_t);
             for (i, (a, b)) in y.iter().zip(&ys).enumerate() {
                 n += 1;
                 if a.to_bits() != b.to_bits() {

@@ -25,11 +25,17 @@
 //! Figures: see examples/matmat_bench.rs and the commit that added these files.
 
 use super::QuantType;
-use super::matmat::{Geo, PREP};
+use super::matmat::{Geo, Prep};
 use std::cell::RefCell;
 
+/// Whether this CPU runs these kernels (AVX-512 F/BW/VL + VNNI, FMA, F16C; `CORTIQ_SIMD` not
+/// `scalar`): the same test as the vec_dot kernels.
+pub fn available() -> bool {
+    super::vecdot_avx512::available()
+}
+
 /// `matmat_q` with AVX-512 VNNI; `false` (nothing written) without the CPU features.
-/// Lengths were checked by the caller; `rows, n_t > 0`; `geo == geo(ty)`.
+/// Lengths were checked by the caller; `rows, n_t > 0`; `geo == geo(ty)`; `p` filled for `acts`.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn matmat(
     ty: QuantType,
@@ -39,31 +45,46 @@ pub(super) fn matmat(
     cols: usize,
     acts: &[u8],
     n_t: usize,
+    p: &Prep,
     y: &mut [f32],
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        if super::vecdot_avx512::available() {
-            PREP.with(|p| {
-                let mut p = p.borrow_mut();
-                p.fill(geo, acts, cols, n_t, false);
-                if geo.off != 0 && geo.act == super::vecdot::ActType::Q8_0 {
-                    // SAFETY: available() confirmed the features `q8_0_sums` enables; it
-                    // bounds-checks every access.
-                    unsafe { imp::q8_0_sums(acts, n_t, cols / 32, geo.off, &mut p.init) };
-                }
-                SCRATCH.with(|s| {
-                    let mut s = s.borrow_mut();
-                    // SAFETY: as above; `run` documents the shapes it relies on, all checked by
-                    // matmat_q's `check` (w, acts, y lengths) and by `fill` (prep lengths).
-                    unsafe { imp::run(ty, geo, w, rows, cols, acts, n_t, &p, &mut s, y) };
-                });
+        if available() {
+            SCRATCH.with(|s| {
+                let mut s = s.borrow_mut();
+                // SAFETY: available() confirmed the features `run` enables; `run` documents the
+                // shapes it relies on, all checked by matmat's `check` (w, acts, y lengths) and
+                // asserted inside against `p`.
+                unsafe { imp::run(ty, geo, w, rows, cols, acts, n_t, p, &mut s, y) };
             });
             return true;
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (ty, geo, w, rows, cols, acts, n_t, y);
+    let _ = (ty, geo, w, rows, cols, acts, n_t, p, y);
+    false
+}
+
+/// `Prep::fill` with AVX-512 (vectors already sized); `false` (nothing written) without the
+/// CPU features.
+pub(super) fn prep(geo: &Geo, acts: &[u8], n_t: usize, n_sb: usize, p: &mut Prep) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if available() {
+            // SAFETY: available() confirmed the features these functions enable; every access
+            // is bounds-checked.
+            unsafe {
+                match geo.act {
+                    super::vecdot::ActType::Q8K => imp::prep_q8k(geo, acts, n_t, n_sb, p),
+                    _ => imp::prep_q8(geo, acts, n_t, n_sb, p),
+                }
+            }
+            return true;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (geo, acts, n_t, n_sb, p);
     false
 }
 
@@ -151,20 +172,35 @@ mod imp {
         _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * k as i32)), _mm256_set1_epi8(3))
     }
 
-    /// `init[t][b] = -off * Σ(quants of Q8_0 block b of token t)`, 4 blocks per step with
-    /// `vpsadbw` (sums of |q ^ 0x80 - 0| = Σ(q + 128) per 8 bytes) and two `vphaddd`.
+    /// `Prep::fill` for Q8_0 / Q8_1 rows: `da` (F16C), Q8_1's `s` into `fbs`, and for Q8_0
+    /// weights with an offset `init[t][b] = -off * Σ(block quants)`, 4 blocks per step with
+    /// `vpsadbw` (Σ|q ^ 0x80 - 0| = Σ(q + 128) per 8 bytes) and two `vphaddd`.
     ///
     /// # Safety
     /// The CPU must support the features enabled below (every access is bounds-checked).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    pub(super) unsafe fn q8_0_sums(acts: &[u8], n_t: usize, nb: usize, off: i32, init: &mut [i32]) {
+    pub(super) unsafe fn prep_q8(geo: &Geo, acts: &[u8], n_t: usize, nb: usize, p: &mut Prep) {
+        let q8_1 = geo.act == ActType::Q8_1;
+        let (ts, qo) = if q8_1 { (Q8_1_BYTES, 4) } else { (34, 2) };
+        let off = geo.off;
         let flip = _mm256_set1_epi8(-128);
         let z = _mm256_setzero_si256();
-        let sad = |row: &[u8], b: usize| _mm256_sad_epu8(_mm256_xor_si256(ld32(row, 34 * b + 2), flip), z);
-        let ab = nb * 34;
+        let sad = |row: &[u8], b: usize| _mm256_sad_epu8(_mm256_xor_si256(ld32(row, ts * b + qo), flip), z);
+        let ab = nb * ts;
         for t in 0..n_t {
             let row = &acts[t * ab..(t + 1) * ab];
-            let out = &mut init[t * nb..(t + 1) * nb];
+            for (b, d) in p.da[t * nb..(t + 1) * nb].iter_mut().enumerate() {
+                *d = f16s([row[ts * b], row[ts * b + 1]]);
+            }
+            if q8_1 {
+                for (b, s) in p.fbs[t * nb..(t + 1) * nb].iter_mut().enumerate() {
+                    *s = f16s([row[ts * b + 2], row[ts * b + 3]]);
+                }
+            }
+            if off == 0 {
+                continue;
+            }
+            let out = &mut p.init[t * nb..(t + 1) * nb];
             let mut b = 0;
             while b + 4 <= nb {
                 // each sad: 4 u64 partial sums (< 2^11) = 4 i32 pairs (value, 0)
@@ -180,8 +216,48 @@ mod imp {
                 b += 4;
             }
             for (bb, o) in out.iter_mut().enumerate().skip(b) {
-                let q = &row[34 * bb + 2..34 * bb + 34];
+                let q = &row[ts * bb + qo..ts * bb + qo + 32];
                 *o = -off * q.iter().map(|&v| v as i8 as i32).sum::<i32>();
+            }
+        }
+    }
+
+    /// `Prep::fill` for Q8_K rows: `da`, and from the 16 bsums per block `init = -off * bsum`
+    /// (16-element groups) or `fbs` = the group sums as f32 (pairs summed for 32-element
+    /// groups).
+    ///
+    /// # Safety
+    /// The CPU must support the features enabled below (every access is bounds-checked).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn prep_q8k(geo: &Geo, acts: &[u8], n_t: usize, n_sb: usize, p: &mut Prep) {
+        let ab = n_sb * 292;
+        let n_g = n_sb * geo.sb_groups;
+        for t in 0..n_t {
+            let row = &acts[t * ab..(t + 1) * ab];
+            for (sb, blk) in view::<BlockQ8K>(row).iter().enumerate() {
+                p.da[t * n_sb + sb] = f32::from_le_bytes(blk.d);
+                let bs = _mm512_cvtepi16_epi32(ld32(blk.bsums.as_flattened(), 0)); // 16 i32
+                let g0 = t * n_g + sb * geo.sb_groups;
+                if geo.group == 16 {
+                    if geo.off != 0 {
+                        let o = &mut p.init[g0..g0 + 16];
+                        let v = _mm512_mullo_epi32(bs, _mm512_set1_epi32(-geo.off));
+                        // SAFETY: `o` is 16 writable i32; storeu has no alignment requirement.
+                        unsafe { _mm512_storeu_si512(o.as_mut_ptr().cast(), v) };
+                    }
+                    if geo.mins == Mins::Group {
+                        let o = &mut p.fbs[g0..g0 + 16];
+                        // SAFETY: `o` is 16 writable f32.
+                        unsafe { _mm512_storeu_ps(o.as_mut_ptr(), _mm512_cvtepi32_ps(bs)) };
+                    }
+                } else {
+                    // 32-element groups (Q4_K, Q5_K: no offset, mins per group): pair sums
+                    let pairs = _mm512_add_epi32(bs, _mm512_srli_epi64::<32>(bs)); // even lanes
+                    let v = _mm512_cvtepi64_epi32(pairs); // 8 i32
+                    let o = &mut p.fbs[g0..g0 + 8];
+                    // SAFETY: `o` is 8 writable f32.
+                    unsafe { _mm256_storeu_ps(o.as_mut_ptr(), _mm256_cvtepi32_ps(v)) };
+                }
             }
         }
     }
@@ -431,22 +507,27 @@ mod imp {
                 let mut temp = [_mm512_setzero_ps(); T];
                 let mut fmv = _mm512_setzero_ps();
                 for j in 0..SBG {
-                    let mut w = [_mm512_setzero_si512(); CH];
-                    for (c, v) in w.iter_mut().enumerate() {
-                        *v = _mm512_load_si512(wp.add(c));
-                    }
                     let fwv = _mm512_load_ps(fwp);
                     if MINS != 0 {
                         fmv = _mm512_load_ps(fmp);
                     }
-                    for t in 0..T {
-                        let p = ap[t].add(sb * k.ats + j * 4 * CH);
-                        let mut s = if OFF { _mm512_set1_epi32(*ip[t].add(gi)) } else { _mm512_setzero_si512() };
-                        for (c, &wc) in w.iter().enumerate() {
-                            let a = p.add(4 * c).cast::<i32>().read_unaligned();
-                            s = _mm512_dpbusd_epi32(s, wc, _mm512_set1_epi32(a));
+                    // T independent chains, interleaved: consecutive vpdpbusd never wait on
+                    // each other (latency ~4-5 cycles, two issue per cycle)
+                    let mut acc = [_mm512_setzero_si512(); T];
+                    if OFF {
+                        for t in 0..T {
+                            acc[t] = _mm512_set1_epi32(*ip[t].add(gi));
                         }
-                        temp[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), fwv, temp[t]);
+                    }
+                    for c in 0..CH {
+                        let wc = _mm512_load_si512(wp.add(c));
+                        for t in 0..T {
+                            let a = ap[t].add(sb * k.ats + j * 4 * CH + 4 * c).cast::<i32>().read_unaligned();
+                            acc[t] = _mm512_dpbusd_epi32(acc[t], wc, _mm512_set1_epi32(a));
+                        }
+                    }
+                    for t in 0..T {
+                        temp[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[t]), fwv, temp[t]);
                         if MINS == 2 {
                             temp[t] = _mm512_fmadd_ps(fmv, _mm512_set1_ps(*fp[t].add(gi)), temp[t]);
                         }
