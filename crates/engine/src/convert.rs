@@ -69,7 +69,7 @@ impl QuantSpec {
     }
 
     /// The types a tensor can be converted to: f32, f16, bf16, and cortiq's own quantized
-    /// types when the kernels provide their quantizers. GGUF's quantized types are only read.
+    /// types (q8r, q4t, q1). GGUF's quantized types are only read, never produced.
     pub fn producible() -> Vec<QuantType> {
         let mut v = vec![QuantType::F32, QuantType::F16, QuantType::BF16];
         v.extend(own_types());
@@ -154,7 +154,7 @@ impl TensorSource for Source {
 }
 
 fn own_types() -> Vec<QuantType> {
-    Vec::new()
+    QuantType::OWN.to_vec()
 }
 
 /// Convert `src` (GGUF file, HF folder or .cmf) to the .cmf `out`. `progress(done, total, name)`
@@ -339,6 +339,7 @@ fn encode_row(dtype: QuantType, src: &[f32], out: &mut [u8]) -> std::result::Res
     Ok(())
 }
 
-fn quantize_own(dtype: QuantType, _src: &[f32], _out: &mut [u8]) -> std::result::Result<(), String> {
-    Err(format!("cannot produce {dtype}"))
+/// cortiq's own types, by the kernels' quantizers (deterministic, scalar).
+fn quantize_own(dtype: QuantType, src: &[f32], out: &mut [u8]) -> std::result::Result<(), String> {
+    cortiq_kernels::quant::quantize_row(dtype, src, out).map_err(|e| e.to_string())
 }

@@ -11,7 +11,9 @@ use common::{fixture, ids, max_diff};
 use cortiq_engine::convert::{ConvertOptions, QuantSpec, convert};
 use cortiq_engine::load::{Origin, load};
 use cortiq_engine::{Logits, Model};
-use cortiq_kernels::quant::QuantType;
+use cortiq_formats::names::hf_to_gguf;
+use cortiq_formats::safetensors::HfWeights;
+use cortiq_kernels::quant::{QuantType, dequantize_row, quantize_row};
 
 const ARCHES: [&str; 4] = ["llama", "qwen2", "qwen3", "gemma3"];
 
@@ -140,6 +142,62 @@ fn embeddings_type_applies_to_the_vocabulary_matrices() {
             assert_eq!(t.dtype, want, "{arch}: {} stored as {}", t.name, t.dtype);
         }
         assert!(c.tensor("token_embd.weight").is_some());
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// cortiq's own types (q8r, q4t, q1): every stored row is exactly the kernels' quantization of
+/// the source row (widened to f32), rows that are not whole blocks fall back to f16 (listed in
+/// the report), 1-D tensors stay f32; the model loads and its logits are printed against the
+/// source's (the accuracy budget of each type is the kernels' tests' business).
+#[test]
+fn own_types_store_the_kernels_quantization_of_each_row() {
+    let dir = scratch("own");
+    for ty in QuantType::OWN {
+        let mut total = 0;
+        for arch in ARCHES {
+            let fx = fixture(arch);
+            let out = dir.join(format!("{arch}-{ty}.cmf"));
+            let report = convert(&fx, &out, &opts(QuantSpec::To(ty)), &|_, _, _| {}).unwrap();
+            let loaded = load(&out).unwrap();
+            let Origin::Cmf(c) = &loaded.origin else { panic!("not a cmf") };
+            let w = HfWeights::open_dir(&fx).unwrap();
+            let (mut quantized, mut fell_back) = (0, 0);
+            for name in w.names() {
+                let Some(gname) = hf_to_gguf(arch, name) else { continue };
+                let src = w.tensor(name).unwrap();
+                let t = c.tensor(&gname).unwrap_or_else(|| panic!("{arch}/{ty}: {gname} missing"));
+                if src.shape.len() == 1 {
+                    assert_eq!(t.dtype, QuantType::F32, "{arch}/{ty}: 1-D {gname}");
+                    continue;
+                }
+                let cols = src.shape[1];
+                if ty.row_bytes(cols).is_none() {
+                    assert_eq!(t.dtype, QuantType::F16, "{arch}/{ty}: {gname} ({cols} cols) should fall back");
+                    assert!(
+                        report.fallbacks.iter().any(|f| f.starts_with(&gname)),
+                        "{arch}/{ty}: fallback of {gname} not reported"
+                    );
+                    fell_back += 1;
+                    continue;
+                }
+                assert_eq!(t.dtype, ty, "{arch}/{ty}: {gname}");
+                let (srb, rb) = (src.dtype.row_bytes(cols).unwrap(), ty.row_bytes(cols).unwrap());
+                let stored = c.tensor_data(t);
+                let mut wide = vec![0f32; cols];
+                let mut want = vec![0u8; rb];
+                for r in 0..src.shape[0] {
+                    dequantize_row(src.dtype, &src.data[r * srb..(r + 1) * srb], &mut wide);
+                    quantize_row(ty, &wide, &mut want).unwrap();
+                    assert!(stored[r * rb..(r + 1) * rb] == want[..], "{arch}/{ty}: {gname} row {r} differs from quantize_row");
+                }
+                quantized += 1;
+            }
+            println!("{arch}/{ty}: {quantized} tensors quantized row-exact, {fell_back} fell back to f16");
+            total += quantized;
+        }
+        // The fixtures are tiny (64-wide llama); q4t/q1's 128-element blocks fit only some rows.
+        assert!(total > 0, "{ty}: nothing was quantized in any fixture");
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -135,7 +135,7 @@ pub struct Cmf {
 }
 
 fn find_dtype(name: &str) -> Option<QuantType> {
-    QuantType::ALL.iter().copied().find(|t| t.name() == name)
+    QuantType::from_name(name)
 }
 
 fn align_up(x: u64) -> u64 {

@@ -1,0 +1,75 @@
+//! `cortiq convert`: a GGUF file, an HF folder (or a .cmf) to cortiq's own .cmf, with a
+//! progress bar. A thin shell over `cortiq_engine::convert`, which owns the type rules.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use cortiq_engine::convert::{ConvertOptions, QuantSpec, convert};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::pull;
+
+#[derive(Args, Debug)]
+pub struct ConvertArgs {
+    /// The source: a .gguf file, an HF folder, a .cmf, or a known model name (pulled on first use).
+    #[arg(short, long, value_name = "SRC")]
+    pub model: String,
+    /// The .cmf to write (written to a temporary file beside it, renamed when complete).
+    #[arg(short, long, value_name = "OUT.cmf")]
+    pub out: PathBuf,
+    /// Stored type of the 2-D weights: keep (the source's bytes), f32, f16, bf16, or cortiq's
+    /// quantized types (q8r, q4t, q1) where available. 1-D tensors (norms, biases) are always f32.
+    #[arg(long, default_value = "keep", value_parser = parse_spec)]
+    pub quant: QuantSpec,
+    /// Stored type of the vocabulary matrices (token embedding and a separate output head);
+    /// default: as --quant.
+    #[arg(long, value_name = "TYPE", value_parser = parse_spec)]
+    pub keep_embeddings_as: Option<QuantSpec>,
+    /// Overwrite OUT if it exists.
+    #[arg(long)]
+    pub force: bool,
+}
+
+fn parse_spec(s: &str) -> std::result::Result<QuantSpec, String> {
+    QuantSpec::parse(s)
+}
+
+pub fn cmd_convert(a: ConvertArgs) -> Result<()> {
+    if a.out.exists() && !a.force {
+        bail!("{} already exists (pass --force to overwrite)", a.out.display());
+    }
+    let src = pull::resolve_model(&a.model)?;
+    let opts = ConvertOptions { quant: a.quant, embeddings: a.keep_embeddings_as, force: a.force };
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} tensors {msg}").expect("valid template"),
+    );
+    let t0 = Instant::now();
+    let report = convert(&src, &a.out, &opts, &|done, total, name| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+        bar.set_message(name.to_string());
+    })
+    .with_context(|| format!("converting {}", src.display()));
+    bar.finish_and_clear();
+    let report = report?;
+    eprintln!(
+        "wrote {} ({:.1} MB, {} tensors) in {:.1}s",
+        report.out.display(),
+        report.bytes as f64 / 1e6,
+        report.tensors,
+        t0.elapsed().as_secs_f64()
+    );
+    for (dtype, (n, bytes)) in &report.by_dtype {
+        eprintln!("  {dtype:>5}: {n:>4} tensors, {:.1} MB", *bytes as f64 / 1e6);
+    }
+    for f in &report.fallbacks {
+        eprintln!("  note: {f}");
+    }
+    if !report.dropped.is_empty() {
+        eprintln!("  left out {} source tensors the model does not use: {}", report.dropped.len(), report.dropped.join(", "));
+    }
+    Ok(())
+}
