@@ -601,6 +601,25 @@ enum Scalar {
     Str,
 }
 
+impl fmt::Display for Scalar {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str(match self {
+            Scalar::U8 => "u8",
+            Scalar::I8 => "i8",
+            Scalar::U16 => "u16",
+            Scalar::I16 => "i16",
+            Scalar::U32 => "u32",
+            Scalar::I32 => "i32",
+            Scalar::U64 => "u64",
+            Scalar::I64 => "i64",
+            Scalar::F32 => "f32",
+            Scalar::F64 => "f64",
+            Scalar::Bool => "bool",
+            Scalar::Str => "str",
+        })
+    }
+}
+
 impl Scalar {
     fn parse(t: &str) -> Option<Scalar> {
         Some(match t {
@@ -657,7 +676,7 @@ struct ScalarVisitor(Scalar);
 
 impl ScalarVisitor {
     fn int<E: de::Error>(&self, v: i128) -> std::result::Result<MetaValue, E> {
-        let bad = || E::custom(format!("{v} does not fit {:?}", self.0));
+        let bad = || E::custom(format!("{v} does not fit {}", self.0));
         Ok(match self.0 {
             Scalar::U8 => MetaValue::U8(v.try_into().map_err(|_| bad())?),
             Scalar::I8 => MetaValue::I8(v.try_into().map_err(|_| bad())?),
@@ -669,7 +688,8 @@ impl ScalarVisitor {
             Scalar::I64 => MetaValue::I64(v.try_into().map_err(|_| bad())?),
             // Whole numbers in a float slot: serde_json hands integral-looking numbers as ints.
             Scalar::F32 => MetaValue::F32(v as f64 as f32),
-            _ => return Err(E::custom(format!("expected {:?}, found integer {v}", self.0))),
+            Scalar::F64 => MetaValue::F64(v as f64),
+            _ => return Err(E::custom(format!("expected {}, found integer {v}", self.0))),
         })
     }
 }
@@ -677,7 +697,7 @@ impl ScalarVisitor {
 impl<'de> Visitor<'de> for ScalarVisitor {
     type Value = MetaValue;
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "a {:?} value", self.0)
+        write!(f, "a {} value", self.0)
     }
     fn visit_u64<E: de::Error>(self, v: u64) -> std::result::Result<MetaValue, E> {
         self.int(v as i128)
@@ -690,13 +710,16 @@ impl<'de> Visitor<'de> for ScalarVisitor {
             // The writer wrote the f32's exact f64 widening; narrowing returns that f32 even if
             // the parser missed the f64 by an ulp.
             Scalar::F32 => Ok(MetaValue::F32(v as f32)),
-            s => Err(E::custom(format!("expected {s:?}, found number {v}"))),
+            // The writer uses strings for f64 (exact); a number from a hand-edited file is
+            // taken as the parser read it.
+            Scalar::F64 => Ok(MetaValue::F64(v)),
+            s => Err(E::custom(format!("expected {s}, found number {v}"))),
         }
     }
     fn visit_bool<E: de::Error>(self, v: bool) -> std::result::Result<MetaValue, E> {
         match self.0 {
             Scalar::Bool => Ok(MetaValue::Bool(v)),
-            s => Err(E::custom(format!("expected {s:?}, found bool"))),
+            s => Err(E::custom(format!("expected {s}, found bool"))),
         }
     }
     fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<MetaValue, E> {
@@ -704,7 +727,7 @@ impl<'de> Visitor<'de> for ScalarVisitor {
             Scalar::Str => Ok(MetaValue::Str(v.to_string())),
             Scalar::F32 => v.parse().map(MetaValue::F32).map_err(|_| E::custom(format!("'{v}' is not an f32"))),
             Scalar::F64 => v.parse().map(MetaValue::F64).map_err(|_| E::custom(format!("'{v}' is not an f64"))),
-            s => Err(E::custom(format!("expected {s:?}, found string"))),
+            s => Err(E::custom(format!("expected {s}, found string"))),
         }
     }
     fn visit_string<E: de::Error>(self, v: String) -> std::result::Result<MetaValue, E> {
@@ -878,8 +901,8 @@ mod tests {
             (r#"{"k":{"t":"u8","v":256}}"#, "key 'k'"),
             (r#"{"k":{"t":"u9","v":1}}"#, "unknown value type 'u9'"),
             (r#"{"k":{"v":1,"t":"u8"}}"#, "must start with"),
-            (r#"{"k":{"t":"[str]","v":["a",1]}}"#, "expected Str"),
-            (r#"{"k":{"t":"bool","v":"yes"}}"#, "expected Bool"),
+            (r#"{"k":{"t":"[str]","v":["a",1]}}"#, "expected str"),
+            (r#"{"k":{"t":"bool","v":"yes"}}"#, "expected bool"),
             (r#"{"k":{"t":"u8","v":1,"x":2}}"#, "besides"),
         ] {
             let e = serde_json::from_str::<TypedKv>(json).unwrap_err().to_string();
