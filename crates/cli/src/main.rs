@@ -76,16 +76,17 @@ struct Common {
     /// Worker threads (default: all cores).
     #[arg(short, long)]
     threads: Option<usize>,
-    /// Quantize activations to 8 bits per block before multiplying quantized weights, as
-    /// llama.cpp does (integer dot products: faster decode, llama.cpp-like numerics). The default
-    /// is exact f32 math on the dequantized weights (transformers' numerics).
-    #[arg(long)]
-    q8_act: bool,
-    /// Whose arithmetic to follow: `exact` (f32, transformers' numerics) or `llamacpp` (8-bit
-    /// activations in llama.cpp's kernel orders, f16 KV cache, its flash attention and ops: for
-    /// reproducing llama.cpp's greedy text; keep --batch at its default 512 = llama.cpp's ubatch).
-    #[arg(long, value_enum, default_value_t = NumericsArg::Exact)]
+    /// Whose arithmetic to follow: `fast` (the default: quantized weights times 8-bit
+    /// activations with integer dot products, llama.cpp's arithmetic class in cortiq's kernel
+    /// order), `exact` (f32 math on dequantized weights: transformers' numerics, reproducible to
+    /// ~1e-5) or `llamacpp` (llama.cpp's bits: its kernel orders, f16 KV cache, its flash
+    /// attention and ops, for reproducing its greedy text; keep --batch at 512 = its ubatch).
+    #[arg(long, value_enum, default_value_t = NumericsArg::Fast)]
     numerics: NumericsArg,
+    /// Print where the time went per op class (matvec/matmat per weight type, attention, norms,
+    /// sampling, pool waits) when the command ends.
+    #[arg(long)]
+    profile: bool,
     /// Keep the KV cache in f16 (half the memory; llama.cpp's default cache type).
     #[arg(long)]
     kv_f16: bool,
@@ -97,6 +98,7 @@ struct Common {
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum NumericsArg {
+    Fast,
     Exact,
     Llamacpp,
 }
@@ -252,7 +254,7 @@ fn set_threads(n: Option<usize>) -> Result<()> {
         if n == 0 {
             bail!("--threads must be at least 1");
         }
-        rayon::ThreadPoolBuilder::new().num_threads(n).build_global().context("setting up the thread pool")?;
+        cortiq_engine::par::init(n).map_err(anyhow::Error::msg).context("setting up the thread pool")?;
     }
     Ok(())
 }
@@ -262,18 +264,40 @@ fn open_model(c: &Common) -> Result<Loaded> {
     let path = pull::resolve_model(&c.model)?;
     let t = Instant::now();
     let mut loaded = load(&path)?;
-    if c.numerics == NumericsArg::Llamacpp {
-        loaded.model.set_numerics(cortiq_engine::compat::Numerics::LlamaCpp);
-        loaded.model.set_llamacpp_threads(c.llamacpp_threads);
-    }
-    if c.q8_act {
-        loaded.model.set_act_quant(true);
+    use cortiq_engine::compat::Numerics;
+    match c.numerics {
+        NumericsArg::Fast => loaded.model.set_numerics(Numerics::Fast),
+        NumericsArg::Exact => loaded.model.set_numerics(Numerics::Exact),
+        NumericsArg::Llamacpp => {
+            loaded.model.set_numerics(Numerics::LlamaCpp);
+            loaded.model.set_llamacpp_threads(c.llamacpp_threads);
+        }
     }
     if c.kv_f16 {
         loaded.model.set_kv_f16(true);
     }
     tracing::info!("loaded {} ({}) in {:.2}s", path.display(), loaded.model.cfg.arch, t.elapsed().as_secs_f64());
     Ok(loaded)
+}
+
+/// `--profile`: counters on from `start`; `finish` prints where the time went to stderr.
+struct Profiler(Option<Instant>);
+
+impl Profiler {
+    fn start(c: &Common) -> Profiler {
+        if !c.profile {
+            return Profiler(None);
+        }
+        cortiq_engine::profile::enable(true);
+        cortiq_engine::profile::reset();
+        Profiler(Some(Instant::now()))
+    }
+
+    fn finish(self, what: &str) {
+        if let Some(t0) = self.0 {
+            eprint!("{what} {}", cortiq_engine::profile::format_report(t0.elapsed().as_secs_f64() * 1e3));
+        }
+    }
 }
 
 fn open_tokenizer(l: &Loaded) -> Result<Tokenizer> {
@@ -342,6 +366,7 @@ fn cmd_ppl(a: PplArgs) -> Result<()> {
         n_batch: a.batch.min(a.ctx),
         bos: if tok.add_bos() { tok.bos_id() } else { None },
     };
+    let prof = Profiler::start(&a.common);
     let t1 = Instant::now();
     let r = perplexity(&loaded.model, &tokens, &opt, &mut |done, _, running| {
         bar.set_position(done as u64);
@@ -358,6 +383,7 @@ fn cmd_ppl(a: PplArgs) -> Result<()> {
         (r.chunks * a.ctx) as f64 / secs
     );
     println!("PPL = {:.4} +/- {:.5}", r.ppl, r.stderr);
+    prof.finish("ppl");
     Ok(())
 }
 
@@ -372,7 +398,7 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
     let model = &loaded.model;
     let vocab = model.cfg.vocab as u32;
     let toks: Vec<u32> = (0..a.n_prompt.max(a.n_gen) as u32).map(|i| (i.wrapping_mul(7919) + 13) % vocab).collect();
-    let threads = rayon::current_num_threads();
+    let threads = cortiq_engine::par::pool().n_threads();
     println!("model: {} ({}), threads: {threads}", a.common.model, model.cfg.arch);
     let report = |name: String, n: usize, times: &[f64]| {
         let rates: Vec<f64> = times.iter().map(|t| n as f64 / t).collect();
@@ -385,6 +411,7 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
         println!("{name}: {mean:.2} ± {sd:.2} tok/s");
     };
     if a.n_prompt > 0 {
+        let prof = Profiler::start(&a.common);
         let mut times = Vec::new();
         // One unmeasured warm-up run pages the weights in.
         for rep in 0..=a.reps {
@@ -396,8 +423,10 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
             }
         }
         report(format!("pp{}", a.n_prompt), a.n_prompt, &times);
+        prof.finish(&format!("pp{} (all {} runs)", a.n_prompt, a.reps + 1));
     }
     if a.n_gen > 0 {
+        let prof = Profiler::start(&a.common);
         let mut times = Vec::new();
         for rep in 0..=a.reps {
             let mut st = model.new_state(a.n_gen);
@@ -410,6 +439,7 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
             }
         }
         report(format!("tg{}", a.n_gen), a.n_gen, &times);
+        prof.finish(&format!("tg{} (all {} runs)", a.n_gen, a.reps + 1));
     }
     Ok(())
 }
@@ -482,7 +512,9 @@ fn cmd_run(a: RunArgs) -> Result<()> {
     if ids.len() >= n_ctx {
         bail!("prompt of {} tokens does not fit the context of {n_ctx} (raise --ctx)", ids.len());
     }
+    let prof = Profiler::start(&a.common);
     let stats = stream(&loaded, &tok, &mut state, &ids, &opt)?;
+    prof.finish("run");
     eprintln!(
         "\nprompt {} tok in {:.2}s ({:.1} tok/s), generated {} tok in {:.2}s ({:.1} tok/s), stop: {:?}",
         stats.n_prompt,

@@ -58,7 +58,7 @@ fn cortiq(args: &[&str]) -> (String, String) {
 fn our_logits(tokens: &[u32], tag: &str) -> (usize, Vec<f32>) {
     let out = std::env::temp_dir().join(format!("cortiq-gemma3-hf-{tag}-{}.npy", std::process::id()));
     let list = tokens.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(",");
-    cortiq(&["logits", "-m", MODEL, "-t", "2", "--tokens", &list, "--out", out.to_str().unwrap()]);
+    cortiq(&["logits", "-m", MODEL, "-t", "2", "--numerics", "exact", "--tokens", &list, "--out", out.to_str().unwrap()]);
     let (shape, v) = read_f32(&out).unwrap_or_else(|e| panic!("{}: {e}", out.display()));
     let _ = std::fs::remove_file(&out);
     assert_eq!(shape, vec![tokens.len(), 262_144], "cortiq logits shape");
@@ -203,7 +203,7 @@ fn gemma3_greedy_run_matches_transformers() {
     let greedy = ids(&r["greedy_ids"]);
     let want_text = r["greedy_text"].as_str().unwrap();
     let n = greedy.len().to_string();
-    let (out, err) = cortiq(&["run", "-m", MODEL, "-t", "2", "-p", prompt, "-n", &n, "--temp", "0"]);
+    let (out, err) = cortiq(&["run", "-m", MODEL, "-t", "2", "--numerics", "exact", "-p", prompt, "-n", &n, "--temp", "0"]);
     println!("ours: {out:?}\nHF:   {want_text:?}\n{}", err.trim());
 
     // Token ids: our tokenizer on prompt + our text must give HF's prompt ids + greedy ids

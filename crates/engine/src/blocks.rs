@@ -4,47 +4,61 @@
 
 use std::borrow::Cow;
 
+use cortiq_kernels::act::{GatedAct, gated_act_fast};
 use cortiq_kernels::dot::{axpy, dot};
 use cortiq_kernels::ops::{RopeStyle, gated_act, rmsnorm, rmsnorm_inplace, rope, softmax_inplace};
 use half::f16;
-use rayon::prelude::*;
 
 use crate::compat::{
     FA_TILE_Q, LlamaCppCtx, Numerics, flash_attn_ggml, flash_attn_ggml_tiled, geglu_ggml, llamacpp_n_kv, rmsnorm_ggml,
     rmsnorm_ggml_segments, rope_ggml, rope_tables_ggml, round_f16, swiglu_ggml,
 };
 use crate::config::{Activation, ModelConfig, Rope};
+use crate::par::pool;
+use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
 use crate::state::LayerState;
 
+/// Rows per norm work item: a decode step's single row runs inline, a prefill chunk's rows are
+/// split over the pool.
+const NORM_GRAIN: usize = 16;
+
 /// RMSNorm every row of x: [n, d] -> out [n, d].
 pub fn rmsnorm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    let d = w.len();
-    out.par_chunks_mut(d).zip(x.par_chunks(d)).for_each(|(o, xi)| rmsnorm(xi, w, eps, o));
+    rmsnorm_rows_in(Numerics::Exact, x, w, eps, out);
 }
 
 /// In-place RMSNorm of every `w.len()`-sized segment (per-head norms and post-norms).
 pub fn rmsnorm_segments(x: &mut [f32], w: &[f32], eps: f32) {
-    x.par_chunks_mut(w.len()).for_each(|seg| rmsnorm_inplace(seg, w, eps));
+    rmsnorm_segments_in(Numerics::Exact, x, w, eps);
 }
 
 /// `rmsnorm_rows` in the given numerics. x: [n, d] -> out [n, d]
 pub fn rmsnorm_rows_in(num: Numerics, x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    match num {
-        Numerics::Exact => rmsnorm_rows(x, w, eps, out),
-        Numerics::LlamaCpp => {
-            let d = w.len();
-            out.par_chunks_mut(d).zip(x.par_chunks(d)).for_each(|(o, xi)| rmsnorm_ggml(xi, w, eps, o));
+    let _s = profile::span(Op::Norm);
+    let d = w.len();
+    pool().for_rows_mut(out, d, NORM_GRAIN, |r0, o| {
+        for (i, orow) in o.chunks_mut(d).enumerate() {
+            let xi = &x[(r0 + i) * d..(r0 + i + 1) * d];
+            match num {
+                Numerics::Exact | Numerics::Fast => rmsnorm(xi, w, eps, orow),
+                Numerics::LlamaCpp => rmsnorm_ggml(xi, w, eps, orow),
+            }
         }
-    }
+    });
 }
 
 /// `rmsnorm_segments` in the given numerics.
 pub fn rmsnorm_segments_in(num: Numerics, x: &mut [f32], w: &[f32], eps: f32) {
-    match num {
-        Numerics::Exact => rmsnorm_segments(x, w, eps),
-        Numerics::LlamaCpp => x.par_chunks_mut(w.len()).for_each(|seg| rmsnorm_ggml_segments(seg, w, eps)),
-    }
+    let _s = profile::span(Op::Norm);
+    pool().for_rows_mut(x, w.len(), NORM_GRAIN, |_, segs| {
+        for seg in segs.chunks_mut(w.len()) {
+            match num {
+                Numerics::Exact | Numerics::Fast => rmsnorm_inplace(seg, w, eps),
+                Numerics::LlamaCpp => rmsnorm_ggml_segments(seg, w, eps),
+            }
+        }
+    });
 }
 
 /// Add a bias to every row.
@@ -89,9 +103,18 @@ pub fn attention(
     let mut q = vec![0f32; n * q_dim]; // [n, n_heads, head_dim]
     let mut k = vec![0f32; n * kv_dim]; // [n, n_kv_heads, head_dim]
     let mut v = vec![0f32; n * kv_dim]; // [n, n_kv_heads, head_dim]
-    w.wq.matmul(h, n, &mut q);
-    w.wk.matmul(h, n, &mut k);
-    w.wv.matmul(h, n, &mut v);
+    if n == 1 {
+        // Decode: one input quantization and one dispatch for the three projections.
+        let mut qkv = vec![0f32; q_dim + 2 * kv_dim]; // [q_dim | kv_dim | kv_dim]
+        QTensor::matmul_many(&[&w.wq, &w.wk, &w.wv], h, 1, &mut qkv);
+        q.copy_from_slice(&qkv[..q_dim]);
+        k.copy_from_slice(&qkv[q_dim..q_dim + kv_dim]);
+        v.copy_from_slice(&qkv[q_dim + kv_dim..]);
+    } else {
+        w.wq.matmul(h, n, &mut q);
+        w.wk.matmul(h, n, &mut k);
+        w.wv.matmul(h, n, &mut v);
+    }
     if let Some(b) = &w.bq {
         add_bias(&mut q, b);
     }
@@ -107,6 +130,7 @@ pub fn attention(
     if let Some(g) = &w.k_norm {
         rmsnorm_segments_in(num, &mut k, g, cfg.norm_eps);
     }
+    let rope_span = profile::span(Op::Rope);
     let ggml_tables = if num == Numerics::LlamaCpp { rope_tables_ggml(rope_cfg, pos0, n) } else { None };
     let (cos, sin) = ggml_tables.unwrap_or_else(|| rope_cfg.tables(pos0, n)); // [n, rot_dim/2] each
     let half = rope_cfg.rot_dim / 2;
@@ -120,6 +144,7 @@ pub fn attention(
             rot(head, c, s, rope_cfg.style);
         }
     }
+    drop(rope_span);
     trace("q", &q);
     trace("k", &k);
     trace("v", &v);
@@ -142,12 +167,13 @@ pub fn attention(
         None => 0,
     };
     let mut o = vec![0f32; n * q_dim]; // [n, n_heads, head_dim]
+    let attn_span = profile::span(Op::Attention);
     if num == Numerics::LlamaCpp {
         // llama.cpp's Gemma 3 graph scales Q (f32) before attention and passes kq_scale = 1;
         // the others scale the f16 dot product. Same value, different rounding.
         let mut scale = cfg.attn_scale;
         if cfg.arch == "gemma3" {
-            q.par_iter_mut().for_each(|x| *x *= scale);
+            q.iter_mut().for_each(|x| *x *= scale);
             scale = 1.0;
         }
         // The cache widened to f32 once (exact for f16 values; an f32 cache is rounded first).
@@ -158,7 +184,7 @@ pub fn attention(
         // A single query over >= 512 cache cells: ggml splits the cells over its threads.
         let n_kv = llamacpp_n_kv(pos0 + n, lc.cache_cells);
         let split = (n == 1 && n_kv >= 512).then_some((n_kv, lc.threads.max(1)));
-        o.par_chunks_mut(hd).enumerate().for_each(|(idx, out)| {
+        pool().for_rows_mut_dynamic(&mut o, hd, 1, |idx, out| {
             let (i, head) = (idx / nh, idx % nh);
             let p = pos0 + i;
             let qv = &q[idx * hd..(idx + 1) * hd];
@@ -181,7 +207,7 @@ pub fn attention(
                 Cow::Owned(v[lo * kv_dim..].iter().map(|x| x.to_f32()).collect()),
             ),
         };
-        o.par_chunks_mut(hd).enumerate().for_each(|(idx, out)| {
+        pool().for_rows_mut_dynamic(&mut o, hd, 1, |idx, out| {
             let (i, head) = (idx / nh, idx % nh);
             let kvh = head / group;
             let p = pos0 + i; // absolute position of this query
@@ -204,6 +230,7 @@ pub fn attention(
             }
         });
     }
+    drop(attn_span);
     trace("attn_out", &o);
     let mut y = vec![0f32; n * cfg.d_model]; // [n, d_model]
     w.wo.matmul(&o, n, &mut y);
@@ -218,16 +245,35 @@ pub struct FfnWeights {
 
 /// Gated FFN: down(act(gate·h) ⊙ up·h). h: [n, d_model] -> [n, d_model].
 pub fn ffn(cfg: &ModelConfig, w: &FfnWeights, h: &[f32], n: usize, num: Numerics) -> Vec<f32> {
-    let mut g = vec![0f32; n * cfg.d_ff]; // [n, d_ff]
-    let mut u = vec![0f32; n * cfg.d_ff]; // [n, d_ff]
-    w.gate.matmul(h, n, &mut g);
-    w.up.matmul(h, n, &mut u);
+    let ff = cfg.d_ff;
+    let mut g = vec![0f32; n * ff]; // [n, d_ff]
+    let mut u = vec![0f32; n * ff]; // [n, d_ff]
+    if n == 1 {
+        // Decode: gate and up share one input quantization and one dispatch.
+        let mut gu = vec![0f32; 2 * ff]; // [gate | up]
+        QTensor::matmul_many(&[&w.gate, &w.up], h, 1, &mut gu);
+        g.copy_from_slice(&gu[..ff]);
+        u.copy_from_slice(&gu[ff..]);
+    } else {
+        w.gate.matmul(h, n, &mut g);
+        w.up.matmul(h, n, &mut u);
+    }
     let act = cfg.act.f();
-    g.par_chunks_mut(cfg.d_ff).zip(u.par_chunks(cfg.d_ff)).for_each(|(gi, ui)| match (num, cfg.act) {
-        (Numerics::Exact, _) => gated_act(gi, ui, act),
-        (Numerics::LlamaCpp, Activation::Silu) => swiglu_ggml(gi, ui),
-        (Numerics::LlamaCpp, Activation::GeluTanh) => geglu_ggml(gi, ui),
-    });
+    {
+        let _s = profile::span(Op::Activation);
+        pool().for_rows_mut(&mut g, ff, NORM_GRAIN, |r0, gs| {
+            for (i, gi) in gs.chunks_mut(ff).enumerate() {
+                let ui = &u[(r0 + i) * ff..(r0 + i + 1) * ff];
+                match (num, cfg.act) {
+                    (Numerics::Exact, _) => gated_act(gi, ui, act),
+                    (Numerics::Fast, Activation::Silu) => gated_act_fast(GatedAct::Silu, gi, ui),
+                    (Numerics::Fast, Activation::GeluTanh) => gated_act_fast(GatedAct::GeluTanh, gi, ui),
+                    (Numerics::LlamaCpp, Activation::Silu) => swiglu_ggml(gi, ui),
+                    (Numerics::LlamaCpp, Activation::GeluTanh) => geglu_ggml(gi, ui),
+                }
+            }
+        });
+    }
     let mut y = vec![0f32; n * cfg.d_model]; // [n, d_model]
     w.down.matmul(&g, n, &mut y);
     y

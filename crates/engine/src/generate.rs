@@ -73,7 +73,10 @@ pub fn generate(
     let t1 = Instant::now();
     let mut reason = StopReason::Length;
     while out.len() < opt.n_predict {
-        let id = sampler.sample(&logits, &history);
+        let id = {
+            let _s = crate::profile::span(crate::profile::Op::Sampling);
+            sampler.sample(&logits, &history)
+        };
         if opt.eos.contains(&id) {
             reason = StopReason::Eos;
             break;

@@ -2,13 +2,13 @@
 //! positions (prefill and decode are the same code with n = chunk or 1), and a trace hook that
 //! names every intermediate so a run can be diffed against the HF reference layer by layer.
 
-use cortiq_kernels::ops::rmsnorm;
-use rayon::prelude::*;
 
 use crate::blocks::{AttentionWeights, FfnWeights, attention, ffn, rmsnorm_rows_in, rmsnorm_segments_in};
-use crate::compat::{LlamaCppCtx, Numerics, rmsnorm_ggml};
+use crate::compat::{LlamaCppCtx, Numerics};
 use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
+use crate::par::pool;
+use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
 use crate::state::SeqState;
 use crate::weights::TensorSource;
@@ -106,49 +106,24 @@ impl Model {
         })
     }
 
-    /// Every weight matrix of the model.
-    fn matrices_mut(&mut self) -> Vec<&mut QTensor> {
-        let mut v = vec![&mut self.tok_embd, &mut self.output];
-        for l in &mut self.layers {
-            v.extend([
-                &mut l.attn.wq,
-                &mut l.attn.wk,
-                &mut l.attn.wv,
-                &mut l.attn.wo,
-                &mut l.ffn.gate,
-                &mut l.ffn.up,
-                &mut l.ffn.down,
-            ]);
-        }
-        v
-    }
-
-    /// `true`: quantized weights multiply 8-bit activations as llama.cpp does (faster decode);
-    /// `false` (the default): exact f32 math on dequantized weights (what transformers computes).
-    pub fn set_act_quant(&mut self, on: bool) {
-        for t in self.matrices_mut() {
-            t.set_act_quant(on);
-        }
-    }
-
+    /// `Numerics::Fast`: quantized weights multiply 8-bit activations with integer dot
+    /// products in our own order (the CLI's default; llama.cpp's arithmetic class).
     /// `Numerics::LlamaCpp`: reproduce llama.cpp's CPU arithmetic (8-bit activations in its
     /// kernel orders, f16 KV cache, its flash attention, norms, RoPE and activations), to follow
-    /// its greedy text; `Numerics::Exact` (the default): transformers' f32 numerics. Sets the
-    /// activation quantization and the KV format of new states accordingly; for llama.cpp's
-    /// prompt orders, prefill in chunks of its micro-batch (512).
+    /// its greedy text; prefill in chunks of its micro-batch (512) for its prompt orders.
+    /// `Numerics::Exact` (the library default): transformers' f32 numerics. Also sets the KV
+    /// format of new states (f16 for LlamaCpp; otherwise f32 unless `set_kv_f16` follows).
     pub fn set_numerics(&mut self, num: Numerics) {
-        let on = num == Numerics::LlamaCpp;
         self.numerics = num;
-        self.set_act_quant(on);
-        self.kv_f16 = on;
+        self.kv_f16 = num == Numerics::LlamaCpp;
         let tied = self.tied;
-        self.tok_embd.set_llamacpp_order(on, false);
-        self.output.set_llamacpp_order(on, !tied);
+        self.tok_embd.set_numerics(num, false);
+        self.output.set_numerics(num, !tied);
         for l in &mut self.layers {
             for t in
                 [&mut l.attn.wq, &mut l.attn.wk, &mut l.attn.wv, &mut l.attn.wo, &mut l.ffn.gate, &mut l.ffn.up, &mut l.ffn.down]
             {
-                t.set_llamacpp_order(on, true);
+                t.set_numerics(num, true);
             }
         }
     }
@@ -189,12 +164,16 @@ impl Model {
         }
         let d = cfg.d_model;
         let mut x = vec![0f32; n * d]; // [n, d_model]
-        x.par_chunks_mut(d).zip(tokens.par_iter()).for_each(|(row, &t)| {
-            self.tok_embd.row_f32(t as usize, row);
-            if let Some(s) = cfg.embed_scale {
-                row.iter_mut().for_each(|v| *v *= s);
+        let embd_span = profile::span(Op::Embedding);
+        pool().for_rows_mut(&mut x, d, 16, |t0, rows| {
+            for (i, row) in rows.chunks_mut(d).enumerate() {
+                self.tok_embd.row_f32(tokens[t0 + i] as usize, row);
+                if let Some(s) = cfg.embed_scale {
+                    row.iter_mut().for_each(|v| *v *= s);
+                }
             }
         });
+        drop(embd_span);
         trace("embd", usize::MAX, &x);
 
         let mut h = vec![0f32; n * d]; // [n, d_model]
@@ -241,17 +220,12 @@ impl Model {
         };
         let n_out = n - from;
         let mut normed = vec![0f32; n_out * d]; // [n_out, d_model]
-        for (o, xi) in normed.chunks_mut(d).zip(x[from * d..].chunks(d)) {
-            match self.numerics {
-                Numerics::Exact => rmsnorm(xi, &self.output_norm, cfg.norm_eps, o),
-                Numerics::LlamaCpp => rmsnorm_ggml(xi, &self.output_norm, cfg.norm_eps, o),
-            }
-        }
+        rmsnorm_rows_in(self.numerics, &x[from * d..], &self.output_norm, cfg.norm_eps, &mut normed);
         trace("result_norm", usize::MAX, &normed);
         let mut logits = vec![0f32; n_out * cfg.vocab]; // [n_out, vocab]
         self.output.matmul(&normed, n_out, &mut logits);
         if let Some(c) = cfg.final_logit_softcap {
-            logits.par_iter_mut().for_each(|l| *l = (*l / c).tanh() * c);
+            pool().for_rows_mut(&mut logits, 4096, 1, |_, ls| ls.iter_mut().for_each(|l| *l = (*l / c).tanh() * c));
         }
         Ok(logits)
     }

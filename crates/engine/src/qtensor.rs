@@ -1,27 +1,25 @@
 //! QTensor: a 2-D weight in its stored type, memory-mapped or owned, and the ONLY place in the
-//! engine that dispatches on a dtype. Model files call `matmul`, `row_f32` and `to_f32`, never
-//! a per-type kernel.
+//! engine that dispatches on a dtype. Model files call `matmul`, `matmul_many`, `row_f32` and
+//! `to_f32`, never a per-type kernel.
 //!
-//! Three numeric modes, chosen per tensor (`set_act_quant`, `set_llamacpp_order`):
-//! - exact f32 (the default, and always for f32/f16/bf16 weights): weights dequantized to f32,
-//!   f32 products — what transformers computes on the dequantized checkpoint;
-//! - llama.cpp's (`--q8-act`, quantized weights only): the activation row is quantized to 8 bits
-//!   per block (Q8_0 / Q8_1 / Q8_K, ggml's vec_dot_type) and multiplied with integer dot
-//!   products, bit-identical to ggml's vec_dot in decode. Prefill multiplies the dequantized
-//!   weight tile by the dequantized 8-bit activations in f32: the same products up to f32
-//!   summation order (~1e-7 relative), far below the activation rounding itself, at GEMM speed.
-//!   Re-quantizing activations at every layer makes the result discontinuous: a 1e-7 change can
-//!   flip a rounding, so two 8-bit runs that differ only in summation order (prefill vs decode
-//!   here, or cortiq vs llama.cpp) differ by the 8-bit noise itself (~0.3 in a logit on
-//!   Qwen2.5-0.5B). That is why exact f32 is the default: it is the reproducible reference.
-//! - llama.cpp's kernel order (`set_llamacpp_order`, part of `Numerics::LlamaCpp`): as the
-//!   previous mode, but every token of a prefill chunk is also multiplied with integer dot
-//!   products, in the float order llama.cpp uses for its place in the micro-batch (repacked
-//!   gemm/gemv, tiled k-quant matmul, or vec_dot; `llamacpp_order`). Slower prefill, llama.cpp's
-//!   bits.
+//! Three numeric modes, chosen per tensor by `set_numerics` (the model sets them all at once):
+//! - `Numerics::Fast` (the CLI's default): quantized weights multiply activations quantized to
+//!   8 bits per block (Q8_0 / Q8_1 / Q8_K, the format ggml pairs with each weight type) with
+//!   integer dot products, in our own kernel order: the arithmetic class llama.cpp uses, at our
+//!   speed. Decode is one fused pass per input (`matmul_many`: q/k/v or gate/up share one
+//!   activation quantization and one pool dispatch); each thread streams one contiguous slab of
+//!   weight rows. Float weights use the exact path.
+//! - `Numerics::Exact` (the library default): weights dequantized to f32, f32 products — what
+//!   transformers computes on the dequantized checkpoint, the reproducible reference.
+//!   Re-quantizing activations at every layer makes results discontinuous (a 1e-7 change can
+//!   flip a rounding; ~0.3 in a logit on Qwen2.5-0.5B between two 8-bit runs that differ only
+//!   in summation order), which is why the parity tests run exact.
+//! - `Numerics::LlamaCpp`: as Fast, but every token in llama.cpp's float order for its place in
+//!   the micro-batch (repacked gemm/gemv, tiled k-quant matmul, or vec_dot; `llamacpp_order`):
+//!   llama.cpp's bits, slower prefill.
 //!
-//! In prefill a tile of weight rows is dequantized to f32 once and reused for every token of
-//! the chunk (the f32 GEMM is ~90% of prefill time).
+//! Prefill without an integer matmat kernel dequantizes a tile of weight rows to f32 once and
+//! reuses it for every token of the chunk (f32 GEMM, ~90% of prefill time).
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -31,7 +29,10 @@ use cortiq_kernels::quant::{
     ActType, Order, QuantType, act_type, dequantize_act, dequantize_row, llamacpp_order, matvec_q, matvec_q_order,
     order_supported, quantize_act,
 };
-use rayon::prelude::*;
+
+use crate::compat::Numerics;
+use crate::par::pool;
+use crate::profile::{self, Op};
 
 /// Bytes a QTensor points into: a memory map or an owned buffer.
 pub type Backing = Arc<dyn AsRef<[u8]> + Send + Sync>;
@@ -47,13 +48,9 @@ pub struct QTensor {
     backing: Backing,
     offset: usize,
     row_bytes: usize,
-    /// Quantize activations as llama.cpp does (only meaningful for quantized dtypes; off by default).
-    act_quant: bool,
-    /// With `act_quant`: every token in llama.cpp's exact float order for its micro-batch
-    /// (`llamacpp_order`), decode and prefill alike, instead of the f32 GEMM for prefill.
-    ggml_order: bool,
+    numerics: Numerics,
     /// Whether llama.cpp would keep this matrix in its repacked layout (false for tensors it
-    /// reads by row, the token embedding and a tied output).
+    /// reads by row, the token embedding and a tied output). Only `Numerics::LlamaCpp` uses it.
     repackable: bool,
 }
 
@@ -63,11 +60,34 @@ impl std::fmt::Debug for QTensor {
     }
 }
 
-/// Weight rows per work item: 32 rows of f32 stay in L2 while every token of a chunk streams by.
+/// Weight rows per prefill work item: 32 rows of f32 stay in L2 while every token of a chunk
+/// streams by.
 const TILE_ROWS: usize = 32;
+/// Rows per decode grain: threads get contiguous slabs on multiples of this.
+const MATVEC_GRAIN: usize = 16;
 
 thread_local! {
     static TILE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Activation rows quantized once per input, per activation format (q/k/v or gate/up may be
+/// stored in different types).
+#[derive(Default)]
+struct ActCache {
+    entries: Vec<(ActType, Vec<u8>)>,
+}
+
+impl ActCache {
+    fn get(&mut self, act: ActType, x: &[f32]) -> &[u8] {
+        if let Some(i) = self.entries.iter().position(|(a, _)| *a == act) {
+            return &self.entries[i].1;
+        }
+        let _s = profile::span(Op::QuantizeAct);
+        let mut q = Vec::new();
+        quantize_act(act, x, &mut q);
+        self.entries.push((act, q));
+        &self.entries.last().expect("just pushed").1
+    }
 }
 
 impl QTensor {
@@ -95,8 +115,7 @@ impl QTensor {
             backing,
             offset,
             row_bytes,
-            act_quant: false,
-            ggml_order: false,
+            numerics: Numerics::Exact,
             repackable: true,
         })
     }
@@ -108,17 +127,16 @@ impl QTensor {
         QTensor::new(name, QuantType::F32, rows, cols, Arc::new(bytes), 0).expect("sizes agree")
     }
 
-    /// Choose llama.cpp's 8-bit activations (true) or exact f32 math (false, the default).
-    pub fn set_act_quant(&mut self, on: bool) {
-        self.act_quant = on;
+    /// The arithmetic of this tensor's products (see the module header). `repackable`: whether
+    /// llama.cpp would repack this matrix (false for the embedding and a tied output).
+    pub fn set_numerics(&mut self, num: Numerics, repackable: bool) {
+        self.numerics = num;
+        self.repackable = repackable;
     }
 
-    /// llama.cpp numerics: 8-bit activations multiplied in the float order llama.cpp's CPU
-    /// backend uses for each token of a batch (`on`), or the default prefill GEMM. `repackable`:
-    /// whether llama.cpp would repack this matrix (false for the embedding and a tied output).
-    pub fn set_llamacpp_order(&mut self, on: bool, repackable: bool) {
-        self.ggml_order = on;
-        self.repackable = repackable;
+    /// The stored bytes of the whole tensor.
+    pub fn bytes(&self) -> &[u8] {
+        self.rows_data(0, self.rows)
     }
 
     /// The float order llama.cpp uses for token `t` of a batch of `batch`.
@@ -134,7 +152,10 @@ impl QTensor {
 
     /// The activation format this tensor multiplies with, if activations are quantized.
     fn act(&self) -> Option<ActType> {
-        if self.act_quant { act_type(self.dtype) } else { None }
+        match self.numerics {
+            Numerics::Exact => None,
+            Numerics::Fast | Numerics::LlamaCpp => act_type(self.dtype),
+        }
     }
 
     fn rows_data(&self, r0: usize, n: usize) -> &[u8] {
@@ -164,28 +185,49 @@ impl QTensor {
     /// `y[t, r] = Σ_k x[t, k] · W[r, k]` for a chunk of `n_t` tokens.
     /// x: [n_t, cols] -> y: [n_t, rows]
     pub fn matmul(&self, x: &[f32], n_t: usize, y: &mut [f32]) {
-        assert_eq!(x.len(), n_t * self.cols, "{}: input has {} values, expected {n_t}x{}", self.name, x.len(), self.cols);
-        assert_eq!(y.len(), n_t * self.rows, "{}: output has {} values, expected {n_t}x{}", self.name, y.len(), self.rows);
-        let act = self.act();
-        if let (Some(act), true) = (act, self.ggml_order) {
-            self.matmul_ggml(act, x, n_t, y);
+        QTensor::matmul_many(&[self], x, n_t, y);
+    }
+
+    /// Several matrices on one input: `y[t] = [W_0 · x[t], W_1 · x[t], ...]` with the outputs
+    /// of one token side by side (q|k|v, gate|up). x: [n_t, cols] -> y: [n_t, Σ rows_i].
+    /// Decode (n_t == 1) quantizes x once per activation format and runs every matrix in one
+    /// pool dispatch, each thread streaming a contiguous slab of the concatenated rows.
+    pub fn matmul_many(ws: &[&QTensor], x: &[f32], n_t: usize, y: &mut [f32]) {
+        let cols = ws.first().map_or(0, |w| w.cols);
+        let total: usize = ws.iter().map(|w| w.rows).sum();
+        for w in ws {
+            assert_eq!(w.cols, cols, "{}: {} columns, the other matrices of this input have {cols}", w.name, w.cols);
+        }
+        let name = ws.iter().map(|w| w.name.as_str()).collect::<Vec<_>>().join("+");
+        assert_eq!(x.len(), n_t * cols, "{name}: input has {} values, expected {n_t}x{cols}", x.len());
+        assert_eq!(y.len(), n_t * total, "{name}: output has {} values, expected {n_t}x{total}", y.len());
+        if ws.is_empty() || n_t == 0 {
             return;
         }
         if n_t == 1 {
-            // Decode: y is already [rows] — write tiles straight into it.
-            if let Some(act) = act {
-                let mut xq = Vec::new();
-                quantize_act(act, x, &mut xq);
-                y.par_chunks_mut(TILE_ROWS).enumerate().for_each(|(ti, out)| {
-                    let r0 = ti * TILE_ROWS;
-                    matvec_q(self.dtype, self.rows_data(r0, out.len()), out.len(), self.cols, &xq, out);
-                });
-                return;
-            }
-            y.par_chunks_mut(TILE_ROWS).enumerate().for_each(|(ti, out)| self.tile_times(ti * TILE_ROWS, out.len(), x, 1, out));
+            matvec_many(ws, x, y);
             return;
         }
-        // Prefill with quantized activations: round-trip them through the 8-bit format once.
+        let mut r0 = 0;
+        for w in ws {
+            let mut yi = vec![0f32; n_t * w.rows]; // [n_t, rows_i]
+            w.matmat(x, n_t, &mut yi);
+            for t in 0..n_t {
+                y[t * total + r0..][..w.rows].copy_from_slice(&yi[t * w.rows..][..w.rows]);
+            }
+            r0 += w.rows;
+        }
+    }
+
+    /// Prefill product for n_t > 1. x: [n_t, cols] -> y: [n_t, rows]
+    fn matmat(&self, x: &[f32], n_t: usize, y: &mut [f32]) {
+        let _s = profile::matmul(self.dtype, n_t);
+        let act = self.act();
+        if let (Some(act), Numerics::LlamaCpp) = (act, self.numerics) {
+            self.matmul_ggml(act, x, n_t, y);
+            return;
+        }
+        // Quantized activations: round-trip them through the 8-bit format once.
         let xr;
         let x = match act {
             Some(act) => {
@@ -194,11 +236,9 @@ impl QTensor {
             }
             None => x,
         };
-        // Prefill: compute yᵀ [rows, n_t] tile by tile (contiguous per tile), then transpose.
+        // Compute yᵀ [rows, n_t] tile by tile (contiguous per tile), then transpose.
         let mut yt = vec![0f32; self.rows * n_t]; // [rows, n_t]
-        yt.par_chunks_mut(TILE_ROWS * n_t)
-            .enumerate()
-            .for_each(|(ti, out)| self.tile_times(ti * TILE_ROWS, out.len() / n_t, x, n_t, out));
+        pool().for_rows_mut(&mut yt, n_t, TILE_ROWS, |r0, out| self.tile_times(r0, out.len() / n_t, x, n_t, out));
         for r in 0..self.rows {
             for t in 0..n_t {
                 y[t * self.rows + r] = yt[r * n_t + t];
@@ -207,56 +247,110 @@ impl QTensor {
     }
 
     /// Every token's row quantized to 8 bits and multiplied in llama.cpp's order for its place
-    /// in the batch (`n_t` is the micro-batch). x: [n_t, cols] -> y: [n_t, rows]
+    /// in the batch (`n_t` is the micro-batch). Tokens are spread over the pool.
+    /// x: [n_t, cols] -> y: [n_t, rows]
     fn matmul_ggml(&self, act: ActType, x: &[f32], n_t: usize, y: &mut [f32]) {
-        let xq: Vec<Vec<u8>> = x
-            .par_chunks(self.cols)
-            .map(|xi| {
-                let mut q = Vec::new();
-                quantize_act(act, xi, &mut q);
-                q
-            })
-            .collect();
-        y.par_chunks_mut(self.rows).zip(xq.par_iter()).enumerate().for_each(|(t, (yt, q))| {
-            let order = self.order(n_t, t);
-            yt.par_chunks_mut(TILE_ROWS).enumerate().for_each(|(ti, out)| {
-                let r0 = ti * TILE_ROWS;
-                matvec_q_order(self.dtype, order, self.rows_data(r0, out.len()), out.len(), self.cols, q, out);
-            });
+        pool().for_rows_mut(y, self.rows, 1, |t0, ys| {
+            let mut q = Vec::new();
+            for (i, yt) in ys.chunks_mut(self.rows).enumerate() {
+                let t = t0 + i;
+                quantize_act(act, &x[t * self.cols..(t + 1) * self.cols], &mut q);
+                let order = self.order(n_t, t);
+                matvec_q_order(self.dtype, order, self.bytes(), self.rows, self.cols, &q, yt);
+            }
         });
     }
 
-    /// out[r_local, t] = W[r0 + r_local] · x[t] for `nr` rows.
+    /// out[r_local, t] = W[r0 + r_local] · x[t] for `nr` rows, through an f32 tile.
     fn tile_times(&self, r0: usize, nr: usize, x: &[f32], n_t: usize, out: &mut [f32]) {
         TILE.with(|buf| {
             let mut buf = buf.borrow_mut();
-            buf.resize(TILE_ROWS * self.cols, 0.0);
-            // Rows are whole blocks and contiguous, so the tile dequantizes in one call.
-            dequantize_row(self.dtype, self.rows_data(r0, nr), &mut buf[..nr * self.cols]);
-            if n_t == 1 {
-                for (r, o) in out.iter_mut().enumerate() {
-                    *o = dot(&buf[r * self.cols..(r + 1) * self.cols], x);
+            for (c0, c1) in chunks(nr, TILE_ROWS) {
+                let n = c1 - c0;
+                buf.resize(TILE_ROWS * self.cols, 0.0);
+                // Rows are whole blocks and contiguous, so the tile dequantizes in one call.
+                dequantize_row(self.dtype, self.rows_data(r0 + c0, n), &mut buf[..n * self.cols]);
+                let out = &mut out[c0 * n_t..c1 * n_t];
+                if n_t == 1 {
+                    for (r, o) in out.iter_mut().enumerate() {
+                        *o = dot(&buf[r * self.cols..(r + 1) * self.cols], x);
+                    }
+                } else {
+                    // gemm_nt's "x" operand is the weight tile, its "w" operand the tokens, so
+                    // the result lands row-major as [n, n_t].
+                    gemm_nt(&buf[..n * self.cols], n, x, n_t, self.cols, out, n_t);
                 }
-                return;
             }
-            // gemm_nt's "x" operand is the weight tile, its "w" operand the tokens, so the result
-            // lands row-major as [nr, n_t].
-            gemm_nt(&buf[..nr * self.cols], nr, x, n_t, self.cols, out, n_t);
         });
     }
 }
 
-/// Each `cols`-row of x quantized to `act` and back: x̃ = d·q exactly (the values ggml's integer
+/// `[start, end)` pieces of `0..n` of at most `step`.
+fn chunks(n: usize, step: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..n.div_ceil(step)).map(move |i| (i * step, ((i + 1) * step).min(n)))
+}
+
+/// One token through several matrices in one dispatch. x: [cols] -> y: [Σ rows_i]
+fn matvec_many(ws: &[&QTensor], x: &[f32], y: &mut [f32]) {
+    // Quantize the input once per activation format, before the dispatch.
+    let mut cache = ActCache::default();
+    let acts: Vec<Option<ActType>> = ws.iter().map(|w| w.act()).collect();
+    for a in acts.iter().flatten() {
+        cache.get(*a, x);
+    }
+    let t0 = profile::enabled().then(std::time::Instant::now);
+    let starts: Vec<usize> = ws
+        .iter()
+        .scan(0, |acc, w| {
+            let s = *acc;
+            *acc += w.rows;
+            Some(s)
+        })
+        .collect();
+    let cache = &cache;
+    pool().for_rows_mut(y, 1, MATVEC_GRAIN, |g0, out| {
+        let g1 = g0 + out.len();
+        for ((w, &s), act) in ws.iter().zip(&starts).zip(&acts) {
+            // This thread's slab of the concatenated rows, intersected with matrix w.
+            let (a, b) = (g0.max(s), g1.min(s + w.rows));
+            if a >= b {
+                continue;
+            }
+            let o = &mut out[a - g0..b - g0];
+            let (r0, n) = (a - s, b - a);
+            match act {
+                Some(act) => {
+                    let q = &cache.entries.iter().find(|(k, _)| k == act).expect("quantized before the dispatch").1;
+                    matvec_q(w.dtype, w.rows_data(r0, n), n, w.cols, q, o);
+                }
+                None => w.tile_times(r0, n, x, 1, o),
+            }
+        }
+    });
+    // Profile: the dispatch's wall time, shared among the matrices by their byte counts.
+    if let Some(t0) = t0 {
+        let ns = t0.elapsed().as_nanos() as f64;
+        let bytes: f64 = ws.iter().map(|w| (w.rows * w.row_bytes) as f64).sum();
+        for w in ws {
+            profile::add_matmul(w.dtype, 1, ns * (w.rows * w.row_bytes) as f64 / bytes);
+        }
+    }
+}
+
+/// Each `cols`-row of x quantized to `act` and back: x̃ = d·q exactly (the values the integer
 /// dot products multiply). x: [n_t, cols] -> [n_t, cols]
 fn quantize_roundtrip(act: ActType, x: &[f32], cols: usize) -> Vec<f32> {
+    let _s = profile::span(Op::QuantizeAct);
     let mut out = vec![0f32; x.len()];
-    out.par_chunks_mut(cols).zip(x.par_chunks(cols)).for_each(|(o, xi)| {
-        let mut q = Vec::new();
-        quantize_act(act, xi, &mut q);
-        let mut wide = vec![0f64; cols];
-        dequantize_act(act, &q, &mut wide);
-        for (a, b) in o.iter_mut().zip(&wide) {
-            *a = *b as f32;
+    pool().for_rows_mut(&mut out, cols, 1, |t0, o| {
+        let (mut q, mut wide) = (Vec::new(), vec![0f64; cols]);
+        for (i, orow) in o.chunks_mut(cols).enumerate() {
+            let t = t0 + i;
+            quantize_act(act, &x[t * cols..(t + 1) * cols], &mut q);
+            dequantize_act(act, &q, &mut wide);
+            for (a, b) in orow.iter_mut().zip(&wide) {
+                *a = *b as f32;
+            }
         }
     });
     out

@@ -5,6 +5,7 @@
 //! RoPE, softmax, activations). Every SIMD kernel has a scalar twin kept forever and tested
 //! against it; the SIMD path is chosen at run time.
 
+pub mod act;
 pub mod dot;
 pub mod ggml;
 pub mod ops;

@@ -148,6 +148,9 @@ struct Shared {
     wake: Condvar,
     /// The caller is asleep (or about to sleep) on `done`.
     caller_sleeping: AtomicBool,
+    /// `Pool::set_timing`: accumulate callers' waits into `wait_ns`.
+    timing: AtomicBool,
+    wait_ns: AtomicU64,
     done_lock: Mutex<()>,
     done: Condvar,
     spin: Duration,
@@ -327,6 +330,8 @@ impl Pool {
             sleep_lock: Mutex::new(()),
             wake: Condvar::new(),
             caller_sleeping: AtomicBool::new(false),
+            timing: AtomicBool::new(false),
+            wait_ns: AtomicU64::new(0),
             done_lock: Mutex::new(()),
             done: Condvar::new(),
             spin,
@@ -347,6 +352,19 @@ impl Pool {
     /// Number of participants (workers + the caller).
     pub fn n_threads(&self) -> usize {
         self.n_threads
+    }
+
+    /// Measure (`true`) or not (the default) how long callers wait for workers after finishing
+    /// their own share of a job: the load imbalance and wake-up latency a profile reports as
+    /// "pool wait". Off, the cost is one relaxed load per dispatch.
+    pub fn set_timing(&self, on: bool) {
+        self.shared.timing.store(on, Ordering::Relaxed);
+    }
+
+    /// Nanoseconds callers spent waiting for workers since the last `take_wait_nanos` (0 unless
+    /// timing is on).
+    pub fn take_wait_nanos(&self) -> u64 {
+        self.shared.wait_ns.swap(0, Ordering::Relaxed)
     }
 
     /// Calls `f(ith, nth)` once for each `ith` in `0..nth`, ggml style: the closure splits the
@@ -408,6 +426,25 @@ impl Pool {
             // sub-slice is the only live reference to its elements while `out` is borrowed
             // mutably by this function. T: Send because the elements are written from other
             // threads.
+            let rows = unsafe { std::slice::from_raw_parts_mut(base.get().add(a), b - a) };
+            f(r0, rows);
+        });
+    }
+
+    /// `for_ranges_dynamic` over an output slice: rows of `row_len` elements handed out in
+    /// chunks of `grain` rows from an atomic counter, each chunk as its own `&mut` sub-slice
+    /// (uneven rows: causal attention, where later positions see more keys). Re-raises a
+    /// task's panic.
+    pub fn for_rows_mut_dynamic<T: Send, F: Fn(usize, &mut [T]) + Sync>(&self, out: &mut [T], row_len: usize, grain: usize, f: F) {
+        if row_len == 0 {
+            return;
+        }
+        let len = out.len();
+        let base = SendPtr(out.as_mut_ptr());
+        self.for_ranges_dynamic(len.div_ceil(row_len), grain, |r0, r1| {
+            let (a, b) = (r0 * row_len, (r1 * row_len).min(len));
+            // SAFETY: as in `for_rows_mut`: `for_ranges_dynamic` hands out disjoint chunks, each
+            // once, all inside `out`, and returns only after every call is done.
             let rows = unsafe { std::slice::from_raw_parts_mut(base.get().add(a), b - a) };
             f(r0, rows);
         });
@@ -516,6 +553,7 @@ impl Pool {
         }
 
         sh.run_units(job);
+        let wait_from = sh.timing.load(Ordering::Relaxed).then(Instant::now);
 
         // Every unit is claimed (or a panic stopped claiming): close the gate so late workers
         // stay out, then wait for those inside: spin, then sleep until the last one signals.
@@ -528,6 +566,9 @@ impl Pool {
                 d = sh.done.wait(d).unwrap_or_else(PoisonError::into_inner);
             }
             sh.caller_sleeping.store(false, Ordering::SeqCst);
+        }
+        if let Some(t0) = wait_from {
+            sh.wait_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         }
         // SAFETY: the gate is closed and empty: no worker holds the pointer; clear it.
         unsafe { *sh.job.get() = None };

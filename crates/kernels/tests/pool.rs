@@ -388,16 +388,29 @@ fn for_rows_mut_gives_disjoint_row_slices() {
     for n_threads in [1, 2, 3] {
         let pool = Pool::new(n_threads).unwrap();
         for (len, row_len, grain) in [(0, 3, 1), (10, 3, 1), (12, 3, 2), (1000, 7, 4), (5, 10, 1), (64, 1, 8)] {
-            let mut out = vec![usize::MAX; len];
-            pool.for_rows_mut(&mut out, row_len, grain, |r0, rows| {
-                assert!(rows.len() <= (len.div_ceil(row_len) - r0) * row_len);
-                for (j, v) in rows.iter_mut().enumerate() {
-                    assert_eq!(*v, usize::MAX, "element {} written twice", r0 * row_len + j);
-                    *v = r0 * row_len + j;
+            for dynamic in [false, true] {
+                let mut out = vec![usize::MAX; len];
+                let body = |r0: usize, rows: &mut [usize]| {
+                    assert!(rows.len() <= (len.div_ceil(row_len) - r0) * row_len);
+                    if dynamic {
+                        assert!(rows.len() <= grain * row_len, "a dynamic chunk is at most `grain` rows");
+                    }
+                    for (j, v) in rows.iter_mut().enumerate() {
+                        assert_eq!(*v, usize::MAX, "element {} written twice", r0 * row_len + j);
+                        *v = r0 * row_len + j;
+                    }
+                };
+                if dynamic {
+                    pool.for_rows_mut_dynamic(&mut out, row_len, grain, body);
+                } else {
+                    pool.for_rows_mut(&mut out, row_len, grain, body);
                 }
-            });
-            let bad = out.iter().enumerate().find(|&(i, &v)| v != i);
-            assert!(bad.is_none(), "n_threads={n_threads} len={len} row_len={row_len}: first wrong element {bad:?}");
+                let bad = out.iter().enumerate().find(|&(i, &v)| v != i);
+                assert!(
+                    bad.is_none(),
+                    "n_threads={n_threads} len={len} row_len={row_len} dynamic={dynamic}: first wrong element {bad:?}"
+                );
+            }
         }
         let mut none = vec![1u8; 4];
         pool.for_rows_mut(&mut none, 0, 1, |_, _| panic!("row_len 0 must not call"));

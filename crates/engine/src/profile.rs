@@ -1,0 +1,166 @@
+//! `--profile`: where the time of a run went, per op class (matvec/matmat per weight type,
+//! activation quantization, attention, norms, RoPE, activations, embedding, sampling, and the
+//! pool's wait for stragglers). Counters are process-wide atomics; when profiling is off a
+//! span costs one relaxed load and a branch (no clock read), so the hooks stay in release
+//! builds. Spans are taken on the calling thread around whole parallel loops (wall time of the
+//! op, all threads together), never inside kernels.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Instant;
+
+use cortiq_kernels::quant::QuantType;
+
+static ON: AtomicBool = AtomicBool::new(false);
+
+/// Op classes other than the per-dtype matrix products.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    QuantizeAct,
+    Attention,
+    Norm,
+    Rope,
+    Activation,
+    Embedding,
+    Sampling,
+    Other,
+}
+
+const OPS: [(Op, &str); 8] = [
+    (Op::QuantizeAct, "quantize activations"),
+    (Op::Attention, "attention"),
+    (Op::Norm, "norms"),
+    (Op::Rope, "rope"),
+    (Op::Activation, "ffn activation"),
+    (Op::Embedding, "embedding"),
+    (Op::Sampling, "sampling"),
+    (Op::Other, "other"),
+];
+
+/// Slots per dtype table: QuantType is a field-less enum well under this many variants.
+const TYPES: usize = 64;
+
+struct Counter {
+    ns: AtomicU64,
+    calls: AtomicU64,
+}
+
+#[allow(clippy::declare_interior_mutable_const)]
+const ZERO: Counter = Counter { ns: AtomicU64::new(0), calls: AtomicU64::new(0) };
+static OP_COUNTERS: [Counter; 8] = [ZERO; 8];
+static MATVEC: [Counter; TYPES] = [ZERO; TYPES];
+static MATMAT: [Counter; TYPES] = [ZERO; TYPES];
+static TYPE_NAME: [OnceLock<&'static str>; TYPES] = [const { OnceLock::new() }; TYPES];
+
+/// Turn counting on or off (also the pool's wait timing).
+pub fn enable(on: bool) {
+    ON.store(on, Ordering::Relaxed);
+    crate::par::pool().set_timing(on);
+}
+
+pub fn enabled() -> bool {
+    ON.load(Ordering::Relaxed)
+}
+
+/// A running span; adds its wall time to its counter when dropped.
+pub struct Span {
+    start: Option<(Instant, &'static Counter)>,
+}
+
+impl Drop for Span {
+    fn drop(&mut self) {
+        if let Some((t0, c)) = self.start {
+            c.ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            c.calls.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+fn span_on(c: &'static Counter) -> Span {
+    Span { start: enabled().then(|| (Instant::now(), c)) }
+}
+
+/// Time an op class until the returned guard drops.
+#[inline]
+pub fn span(op: Op) -> Span {
+    if !enabled() {
+        return Span { start: None };
+    }
+    let i = OPS.iter().position(|(o, _)| *o == op).unwrap_or(OPS.len() - 1);
+    span_on(&OP_COUNTERS[i])
+}
+
+/// Time a matrix product over weights of `ty`: one token (`n_t == 1`, matvec) or several.
+#[inline]
+pub fn matmul(ty: QuantType, n_t: usize) -> Span {
+    if !enabled() {
+        return Span { start: None };
+    }
+    let i = (ty as usize).min(TYPES - 1);
+    TYPE_NAME[i].get_or_init(|| ty.name());
+    span_on(if n_t == 1 { &MATVEC[i] } else { &MATMAT[i] })
+}
+
+/// Add `ns` to the matrix-product counter of `ty` (one call), for a dispatch shared by several
+/// matrices whose time the caller splits.
+pub fn add_matmul(ty: QuantType, n_t: usize, ns: f64) {
+    let i = (ty as usize).min(TYPES - 1);
+    TYPE_NAME[i].get_or_init(|| ty.name());
+    let c = if n_t == 1 { &MATVEC[i] } else { &MATMAT[i] };
+    c.ns.fetch_add(ns as u64, Ordering::Relaxed);
+    c.calls.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Zero every counter (and the pool's wait time).
+pub fn reset() {
+    for c in OP_COUNTERS.iter().chain(&MATVEC).chain(&MATMAT) {
+        c.ns.store(0, Ordering::Relaxed);
+        c.calls.store(0, Ordering::Relaxed);
+    }
+    crate::par::pool().take_wait_nanos();
+}
+
+/// One line of a profile report.
+#[derive(Clone, Debug)]
+pub struct Line {
+    pub what: String,
+    pub ms: f64,
+    pub calls: u64,
+}
+
+/// The counters since the last `reset`, largest first (zero lines left out), plus "pool wait"
+/// (time callers spent waiting for workers, part of the ops' own times) and "unaccounted"
+/// (`total_ms` minus the op classes: serial glue the spans do not cover).
+pub fn report(total_ms: f64) -> Vec<Line> {
+    let get = |c: &Counter| (c.ns.load(Ordering::Relaxed) as f64 / 1e6, c.calls.load(Ordering::Relaxed));
+    let mut lines = Vec::new();
+    for (i, (_, name)) in OPS.iter().enumerate() {
+        let (ms, calls) = get(&OP_COUNTERS[i]);
+        lines.push(Line { what: name.to_string(), ms, calls });
+    }
+    for (i, name) in TYPE_NAME.iter().enumerate() {
+        let name = name.get().copied().unwrap_or("?");
+        let (ms, calls) = get(&MATVEC[i]);
+        lines.push(Line { what: format!("matvec {name}"), ms, calls });
+        let (ms, calls) = get(&MATMAT[i]);
+        lines.push(Line { what: format!("matmat {name}"), ms, calls });
+    }
+    let accounted: f64 = lines.iter().map(|l| l.ms).sum();
+    lines.retain(|l| l.calls > 0);
+    lines.sort_by(|a, b| b.ms.total_cmp(&a.ms));
+    let wait = crate::par::pool().take_wait_nanos() as f64 / 1e6;
+    lines.push(Line { what: "(pool wait, inside the above)".into(), ms: wait, calls: 0 });
+    lines.push(Line { what: "unaccounted".into(), ms: (total_ms - accounted).max(0.0), calls: 0 });
+    lines
+}
+
+/// The report as text: one line per class with ms, share of `total_ms` and calls.
+pub fn format_report(total_ms: f64) -> String {
+    let mut s = format!("profile: {total_ms:.1} ms in all\n");
+    for l in report(total_ms) {
+        let share = if total_ms > 0.0 { 100.0 * l.ms / total_ms } else { 0.0 };
+        let calls = if l.calls > 0 { format!("{:>9} calls", l.calls) } else { String::new() };
+        s.push_str(&format!("  {:<34} {:>10.2} ms {:>6.1}% {calls}\n", l.what, l.ms, share));
+    }
+    s
+}
