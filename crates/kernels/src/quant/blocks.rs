@@ -144,11 +144,19 @@ pub struct BlockQ8K {
 /// q4t are exactly one 512-bit load.
 pub const QK_T: usize = 128;
 
-/// q4t: 128 elements in 4 groups of 32, `d[g] * (q - 8)`, q in 0..16. The 64 nibble bytes are
+/// q4t's 16 levels: element = `d[g] * Q4T_LEVELS[q]`. Non-uniform, denser near zero: a Lloyd-Max
+/// design for 32-element groups of Gaussian values under the per-group least-squares scale
+/// (iterated on 1.3M values, rounded to i8, the middle level pinned to an exact 0). Against the
+/// uniform grid -8..7 it cuts the RMS error by 10% on Gaussian rows and by 12-19% on Gemma 3's
+/// weights, and costs the dot product one byte shuffle per 64 weights.
+pub const Q4T_LEVELS: [i8; 16] = [-127, -99, -80, -64, -49, -36, -24, -12, 0, 12, 24, 36, 50, 66, 83, 106];
+
+/// q4t: 128 elements in 4 groups of 32, `d[g] * Q4T_LEVELS[q]`, q in 0..16. The 64 nibble bytes are
 /// tiled for one 512-bit load: element e < 64 is the low nibble of `qs[e]`, element e >= 64 the
 /// high nibble of `qs[e - 64]`, so mask / shift+mask of the loaded register give elements 0..64
 /// and 64..128 in order, each register spanning two 32-element groups (two Q8_0 activation
-/// blocks). 72 bytes per 128 elements: 4.5 bits per weight, scales included.
+/// blocks), and one byte shuffle maps the indices to levels. 72 bytes per 128 elements: 4.5 bits
+/// per weight, scales included.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct BlockQ4T {

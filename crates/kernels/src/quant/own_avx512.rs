@@ -13,8 +13,8 @@
 //! Shape of the dot kernels: the activation row is first unpacked (`Unpacked`: contiguous
 //! quants, per-lane scales, per-lane offset sums) once per call; then per 64 weights one
 //! 512-bit register of unsigned weight bytes (q8r: 64 bytes with the top bit flipped; q4t: one
-//! load of a block's 64 nibble bytes gives elements 0..64 by mask and 64..128 by shift + mask;
-//! q1: 2 or 0 by a 64-bit mask), one `vpdpbusd` into 16 i32 lanes (lanes 0..8 = first
+//! load of a block's 64 nibble bytes gives elements 0..64 by mask and 64..128 by shift + mask,
+//! and a `vpshufb` turns each index into its level + 128; q1: 2 or 0 by a 64-bit mask), one `vpdpbusd` into 16 i32 lanes (lanes 0..8 = first
 //! activation block, 8..16 = second) started from the offset correction, then one FMA with the
 //! per-lane scale product.
 #![cfg(target_arch = "x86_64")]
@@ -88,17 +88,27 @@ fn q8r_row(src: &[u8], dst: &mut [f32]) {
     }
 }
 
-/// q4t: `d[g] * (q - 8)` per lane, 16 lanes per step from the low / high nibble registers.
+/// The 16 q4t levels in every 128-bit lane, as `vpshufb` tables: signed (`OFFSET` 0) or plus
+/// 128 as unsigned bytes (`OFFSET` 128: every level + 128 is in 1..=234).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+fn levels<const OFFSET: i32>() -> __m512i {
+    let l: [u8; 16] = std::array::from_fn(|j| (Q4T_LEVELS[j] as i32 + OFFSET) as u8);
+    _mm512_broadcast_i32x4(ld16(&l, 0))
+}
+
+/// q4t: `d[g] * level` per lane, 16 lanes per step from the low / high nibble registers looked
+/// up in the level table.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
 fn q4t_row(src: &[u8], dst: &mut [f32]) {
     let m4 = _mm512_set1_epi8(0x0F);
-    let eight = _mm512_set1_epi8(8);
+    let tbl = levels::<0>();
     for (b, y) in view::<BlockQ4T>(src).iter().zip(dst.chunks_exact_mut(QK_T)) {
         let d: [f32; 4] = std::array::from_fn(|g| f16_soft(b.d[g]));
         let wv = ld64(&b.qs, 0);
-        // signed levels -8..7 as bytes: elements 0..64, then 64..128
-        let lo = _mm512_sub_epi8(_mm512_and_si512(wv, m4), eight);
-        let hi = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16::<4>(wv), m4), eight);
+        // signed levels as bytes: elements 0..64, then 64..128
+        let lo = _mm512_shuffle_epi8(tbl, _mm512_and_si512(wv, m4));
+        let hi = _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_srli_epi16::<4>(wv), m4));
         let parts = [
             _mm512_extracti32x4_epi32::<0>(lo),
             _mm512_extracti32x4_epi32::<1>(lo),
@@ -146,8 +156,8 @@ struct Unpacked {
     /// second in 8..16 (the lane layout of a `vpdpbusd` result).
     dx: Vec<f32>,
     /// Per 64 quants, 16 i32 lanes: `-k * (sum of the lane's 4 quants)`, the start value of the
-    /// `vpdpbusd` that adds an unsigned-offset weight's products (k = 128 for q8r, whose weights
-    /// are fed as w + 128; 8 for q4t, whose levels are q - 8 with q unsigned; 1 for q1).
+    /// `vpdpbusd` that adds an unsigned-offset weight's products (k = 128 for q8r and q4t, whose
+    /// weights / levels are fed as w + 128; 1 for q1).
     corr: Vec<i32>,
 }
 
@@ -167,8 +177,7 @@ fn unpack(ty: QuantType, a: &[u8], n: usize, u: &mut Unpacked) {
     u.corr.clear();
     u.corr.resize(16 * chunks, 0);
     let k = match ty {
-        QuantType::Q8R => 128,
-        QuantType::Q4T => 8,
+        QuantType::Q8R | QuantType::Q4T => 128,
         _ => 1,
     };
     for (b, blk) in a.chunks_exact(34).enumerate() {
@@ -279,16 +288,18 @@ fn q8r_dot(w: &[u8], u: &Unpacked) -> f32 {
     _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1])) * super::q8r::scale(w)
 }
 
-/// q4t: Σ (q - 8) * x = `vpdpbusd(corr = -8 * Σx, q, x)` per 64 (q unsigned nibbles); per block
-/// two FMAs with the scale products d_w[g] * d_x[g] spread over their lanes.
+/// q4t: the nibbles looked up as level + 128 (one `vpshufb`), then Σ level * x =
+/// `vpdpbusd(corr = -128 * Σx, level + 128, x)` per 64; per block two FMAs with the scale
+/// products d_w[g] * d_x[g] spread over their lanes.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 fn q4t_dot(w: &[u8], u: &Unpacked) -> f32 {
     let m4 = _mm512_set1_epi8(0x0F);
+    let tbl = levels::<128>();
     let mut acc = [_mm512_setzero_ps(); 2];
     for (k, b) in view::<BlockQ4T>(w).iter().enumerate() {
         let wv = ld64(&b.qs, 0);
-        let lo = _mm512_and_si512(wv, m4);
-        let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(wv), m4);
+        let lo = _mm512_shuffle_epi8(tbl, _mm512_and_si512(wv, m4));
+        let hi = _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_srli_epi16::<4>(wv), m4));
         let (c0, c1) = (2 * k, 2 * k + 1);
         let p0 = _mm512_dpbusd_epi32(ldi(&u.corr, 16 * c0), lo, ld64(&u.q, 64 * c0));
         let p1 = _mm512_dpbusd_epi32(ldi(&u.corr, 16 * c1), hi, ld64(&u.q, 64 * c1));
