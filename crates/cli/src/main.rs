@@ -66,6 +66,10 @@ struct BenchArgs {
     /// Positions per prefill step.
     #[arg(short, long, default_value_t = 512)]
     batch: usize,
+    /// Also measure the machine's memory read bandwidth and report decode as a share of the
+    /// bandwidth roofline (weight bytes per token ÷ bandwidth).
+    #[arg(long)]
+    roofline: bool,
 }
 
 #[derive(Args)]
@@ -409,6 +413,7 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
             0.0
         };
         println!("{name}: {mean:.2} ± {sd:.2} tok/s");
+        mean
     };
     if a.n_prompt > 0 {
         let prof = Profiler::start(&a.common);
@@ -438,7 +443,20 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
                 times.push(t.elapsed().as_secs_f64());
             }
         }
-        report(format!("tg{}", a.n_gen), a.n_gen, &times);
+        let tg = report(format!("tg{}", a.n_gen), a.n_gen, &times);
+        if a.roofline {
+            // Measured here, between the runs it judges: the machine's state is the same.
+            let bw = cortiq_kernels::membw::read_bandwidth(cortiq_engine::par::pool(), 1 << 30, 5);
+            let bytes = model.decode_weight_bytes() as f64;
+            let roof = bw / bytes;
+            println!("mem read: {:.1} GB/s ({threads} threads, 1 GiB, best of 5)", bw / 1e9);
+            println!(
+                "roofline: {:.1} MB per token -> {roof:.1} tok/s; tg{} reached {:.1}%",
+                bytes / 1e6,
+                a.n_gen,
+                100.0 * tg / roof
+            );
+        }
         prof.finish(&format!("tg{} (all {} runs)", a.n_gen, a.reps + 1));
     }
     Ok(())

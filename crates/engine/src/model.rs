@@ -128,6 +128,23 @@ impl Model {
         }
     }
 
+    /// Weight bytes one decode step streams: every layer matrix, the output head and one
+    /// embedding row (the numerator of the bandwidth roofline; norms and the KV cache are small
+    /// beside them at bench lengths).
+    pub fn decode_weight_bytes(&self) -> usize {
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                [&l.attn.wq, &l.attn.wk, &l.attn.wv, &l.attn.wo, &l.ffn.gate, &l.ffn.up, &l.ffn.down]
+                    .iter()
+                    .map(|t| t.n_bytes())
+                    .sum::<usize>()
+            })
+            .sum();
+        layers + self.output.n_bytes() + self.tok_embd.n_bytes() / self.tok_embd.rows.max(1)
+    }
+
     /// The thread count of the llama.cpp run to reproduce (default 4, llama.cpp's library
     /// default; llama-cli uses the physical cores or -t): with `Numerics::LlamaCpp`, decode past
     /// 256 positions splits the cache over that many chunks as ggml does. The state's n_ctx

@@ -134,6 +134,11 @@ impl QTensor {
         self.repackable = repackable;
     }
 
+    /// Size of the stored tensor in bytes.
+    pub fn n_bytes(&self) -> usize {
+        self.rows * self.row_bytes
+    }
+
     /// The stored bytes of the whole tensor.
     pub fn bytes(&self) -> &[u8] {
         self.rows_data(0, self.rows)

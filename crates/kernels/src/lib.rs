@@ -8,6 +8,7 @@
 pub mod act;
 pub mod dot;
 pub mod ggml;
+pub mod membw;
 pub mod ops;
 pub mod pool;
 pub mod quant;
