@@ -2,7 +2,8 @@
 //! `dequant.rs`, which stay the reference forever.
 //!
 //! Owns: one row kernel per block type (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K,
-//! Q6_K, Q8_K, F16, BF16) and `dequantize_row`, which `quant::dequantize_row` tries first. This is
+//! Q6_K, Q8_K, F16, BF16) and `dequantize_row`, which `quant::dequantize_row` tries first
+//! (cortiq's own q8r / q4t / q1 kernels live in `own_avx512.rs`; `row` hands those over). This is
 //! the only file of the crate's quant module with `unsafe`; every block says why it is sound.
 //!
 //! Why it matters: in decode the engine dequantizes every weight row of the model once per token,

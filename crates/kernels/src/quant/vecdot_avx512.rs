@@ -5,7 +5,7 @@
 //! (`vec_dot` runs R = 1, `matvec` R = 4) and over the float order K (`vecdot::Order`: ggml's
 //! vec_dot, or llama.cpp's repacked gemv / gemm kernels for Q4_0/Q4_K/Q2_K), the activation
 //! quantizers, and the
-//! run-time dispatch. The only `unsafe` of the vecdot module lives here; every block says why it
+//! run-time dispatch (which also routes cortiq's own q8r / q4t / q1 to `own_avx512.rs`). The only `unsafe` of the vecdot module lives here; every block says why it
 //! is sound.
 //!
 //! Bit-identity with the scalar twins (and so with ggml's x86 kernels) is by construction: the
