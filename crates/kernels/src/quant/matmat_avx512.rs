@@ -96,14 +96,17 @@ struct A64([u8; 64]);
 /// Per-thread buffers, reused across calls.
 #[derive(Default)]
 struct Scratch {
-    /// 16 rows of unpacked bytes, `kcp` each ([16][kcp]).
+    /// RS rows of unpacked bytes, `kcp` each ([RS][kcp]).
     rowbuf: Vec<A64>,
-    /// The transposed tile: [kcp / 4] zmm, lane r = 4 bytes of row r.
+    /// The transposed tile: [kcp / 4][2] zmm, lane r of half h = 4 bytes of row 16h + r.
     wq: Vec<A64>,
-    /// Group scales and mins of the tile: [groups][16 rows] f32.
+    /// Group scales and mins of the tile: [groups][RS rows] f32.
     fw: Vec<A64>,
     fmin: Vec<A64>,
-    /// Partial sums across K-chunks: [n_t][16 rows] f32.
+    /// The same, as unpacked: [RS rows][groups].
+    fwrow: Vec<A64>,
+    fminrow: Vec<A64>,
+    /// Partial sums across K-chunks: [n_t][RS rows] f32.
     acc: Vec<A64>,
 }
 
@@ -114,17 +117,17 @@ thread_local! {
 /// K-chunk (elements) unpacked at a time: a 16-row tile of `KC` bytes (16 KiB) plus its scales
 /// and T token rows of it stay in L1 while all tokens stream over it.
 const KC: usize = 1024;
-/// Tokens per register block.
-const TT: usize = 8;
+/// Rows per weight tile (two zmm of 16 lanes), and the row stride of its scale arrays.
+const RS: usize = 32;
 
 #[cfg(target_arch = "x86_64")]
 mod imp {
     use super::super::QuantType;
     use super::super::blocks::*;
-    use super::super::dequant::{k4_scale_min, q3k_scales};
+    use super::super::dequant::q3k_scales;
     use super::super::matmat::{Geo, Mins, Prep};
     use super::super::vecdot::{ActType, Q8_1_BYTES};
-    use super::{A64, KC, Scratch, TT};
+    use super::{A64, KC, RS, Scratch};
     use std::arch::x86_64::*;
 
     // Every helper carries the same target features so it inlines into the kernels; intrinsics
@@ -262,11 +265,55 @@ mod imp {
         }
     }
 
-    /// Unpack the blocks `wrow` (one row's blocks of this K-chunk) into unsigned bytes `u` (in
-    /// element order) and the tile's group scales / mins at `fw[g * 16 + r]`, exactly as
-    /// `matmat::decode_row` does.
+    /// `out[0..8] = s * f32(q[0..8])` for 8 unsigned bytes.
+    #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    fn unpack_row(ty: QuantType, wrow: &[u8], u: &mut [u8], r: usize, fw: &mut [f32], fmin: &mut [f32]) {
+    fn scale8(q: u64, s: f32, out: &mut [f32]) {
+        let v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(q as i64)));
+        let o = &mut out[..8];
+        // SAFETY: `o` is 8 writable f32.
+        unsafe { _mm256_storeu_ps(o.as_mut_ptr(), _mm256_mul_ps(v, _mm256_set1_ps(s))) };
+    }
+
+    /// `out[0..16] = s * f32(v)` for 16 i32 lanes.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn scale16(v: __m512i, s: f32, out: &mut [f32]) {
+        let o = &mut out[..16];
+        // SAFETY: `o` is 16 writable f32.
+        unsafe { _mm512_storeu_ps(o.as_mut_ptr(), _mm512_mul_ps(_mm512_cvtepi32_ps(v), _mm512_set1_ps(s))) };
+    }
+
+    /// 16 bytes of `s` from `off` as 16 i32 (zero- or sign-extended).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn bytes16(s: &[u8], signed: bool) -> __m512i {
+        let s = &s[..16];
+        // SAFETY: `s` is 16 readable bytes.
+        let b = unsafe { _mm_loadu_si128(s.as_ptr().cast()) };
+        if signed { _mm512_cvtepi8_epi32(b) } else { _mm512_cvtepu8_epi32(b) }
+    }
+
+    /// Unpack the blocks `wrow` (one row's blocks of this K-chunk) into unsigned bytes `u` (in
+    /// element order) and its group scales / mins, exactly as `matmat::decode_row` does: every
+    /// scale is the same single f32 product (`d * sc`, `-dmin * m` = `-(dmin * m)`).
+    ///
+    /// The legacy types (one f16 per block) store theirs straight into the tile layout,
+    /// `ft[g * RS + r]`; the k-quants convert 8 or 16 at a time into this row's run `fw[g]`,
+    /// `fmin[g]` (transposed for the whole tile afterwards): as scalar code their scales were
+    /// ~3/4 of this function's time.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn unpack_row(
+        ty: QuantType,
+        wrow: &[u8],
+        u: &mut [u8],
+        r: usize,
+        ft: &mut [f32],
+        fmint: &mut [f32],
+        fw: &mut [f32],
+        fmin: &mut [f32],
+    ) {
         let m4 = _mm256_set1_epi8(0x0F);
         match ty {
             QuantType::Q8_0 => {
@@ -274,35 +321,35 @@ mod imp {
                     // SAFETY: `b.qs` is 32 readable bytes.
                     let q = unsafe { _mm256_loadu_si256(b.qs.as_ptr().cast()) };
                     st32(u, 32 * i, _mm256_xor_si256(q, _mm256_set1_epi8(-128)));
-                    fw[16 * i + r] = f16s(b.d);
+                    ft[RS * i + r] = f16s(b.d);
                 }
             }
             QuantType::Q4_0 => {
                 for (i, b) in view::<BlockQ4_0>(wrow).iter().enumerate() {
                     st32(u, 32 * i, nib32(&b.qs));
-                    fw[16 * i + r] = f16s(b.d);
+                    ft[RS * i + r] = f16s(b.d);
                 }
             }
             QuantType::Q4_1 => {
                 for (i, b) in view::<BlockQ4_1>(wrow).iter().enumerate() {
                     st32(u, 32 * i, nib32(&b.qs));
-                    fw[16 * i + r] = f16s(b.d);
-                    fmin[16 * i + r] = f16s(b.m);
+                    ft[RS * i + r] = f16s(b.d);
+                    fmint[RS * i + r] = f16s(b.m);
                 }
             }
             QuantType::Q5_0 => {
                 for (i, b) in view::<BlockQ5_0>(wrow).iter().enumerate() {
                     let q = nib32(&b.qs);
                     st32(u, 32 * i, _mm256_mask_add_epi8(q, u32::from_le_bytes(b.qh), q, _mm256_set1_epi8(16)));
-                    fw[16 * i + r] = f16s(b.d);
+                    ft[RS * i + r] = f16s(b.d);
                 }
             }
             QuantType::Q5_1 => {
                 for (i, b) in view::<BlockQ5_1>(wrow).iter().enumerate() {
                     let q = nib32(&b.qs);
                     st32(u, 32 * i, _mm256_mask_add_epi8(q, u32::from_le_bytes(b.qh), q, _mm256_set1_epi8(16)));
-                    fw[16 * i + r] = f16s(b.d);
-                    fmin[16 * i + r] = f16s(b.m);
+                    ft[RS * i + r] = f16s(b.d);
+                    fmint[RS * i + r] = f16s(b.m);
                 }
             }
             QuantType::Q4K => {
@@ -313,7 +360,7 @@ mod imp {
                         st32(o, 64 * j, _mm256_and_si256(bits, m4));
                         st32(o, 64 * j + 32, _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4));
                     }
-                    k4_scales(b.d, b.dmin, &b.scales, i, r, fw, fmin);
+                    k4_scales(b.d, b.dmin, &b.scales, &mut fw[8 * i..], &mut fmin[8 * i..]);
                 }
             }
             QuantType::Q5K => {
@@ -330,7 +377,7 @@ mod imp {
                         st32(o, 64 * j, _mm256_mask_add_epi8(lo, ml, lo, b16));
                         st32(o, 64 * j + 32, _mm256_mask_add_epi8(hi, mh, hi, b16));
                     }
-                    k4_scales(b.d, b.dmin, &b.scales, i, r, fw, fmin);
+                    k4_scales(b.d, b.dmin, &b.scales, &mut fw[8 * i..], &mut fmin[8 * i..]);
                 }
             }
             QuantType::Q6K => {
@@ -355,10 +402,9 @@ mod imp {
                         st32(o, 128 * j + 64, _mm256_or_si256(hi1, hb(2)));
                         st32(o, 128 * j + 96, _mm256_or_si256(hi2, hb(3)));
                     }
-                    let d = f16s(b.d);
-                    for g in 0..16 {
-                        fw[16 * (16 * i + g) + r] = d * b.scales[g] as f32;
-                    }
+                    // SAFETY-free: i8 scales viewed as bytes
+                    let sc: [u8; 16] = b.scales.map(|v| v as u8);
+                    scale16(bytes16(&sc, true), f16s(b.d), &mut fw[16 * i..]);
                 }
             }
             QuantType::Q2K => {
@@ -370,11 +416,9 @@ mod imp {
                             st32(o, 128 * j + 32 * k as usize, crumb(bits, k));
                         }
                     }
-                    let (d, dmin) = (f16s(b.d), f16s(b.dmin));
-                    for g in 0..16 {
-                        fw[16 * (16 * i + g) + r] = d * (b.scales[g] & 0x0F) as f32;
-                        fmin[16 * (16 * i + g) + r] = -(dmin * (b.scales[g] >> 4) as f32);
-                    }
+                    let sc = bytes16(&b.scales, false);
+                    scale16(_mm512_and_si512(sc, _mm512_set1_epi32(0x0F)), f16s(b.d), &mut fw[16 * i..]);
+                    scale16(_mm512_srli_epi32::<4>(sc), -f16s(b.dmin), &mut fmin[16 * i..]);
                 }
             }
             QuantType::Q3K => {
@@ -390,26 +434,29 @@ mod imp {
                             st32(o, 128 * j + 32 * k as usize, _mm256_mask_add_epi8(q, m, q, b4));
                         }
                     }
-                    let d = f16s(b.d);
-                    for (g, &s) in q3k_scales(&b.scales).iter().enumerate() {
-                        fw[16 * (16 * i + g) + r] = d * s as f32;
-                    }
+                    let sc: [u8; 16] = q3k_scales(&b.scales).map(|v| v as u8);
+                    scale16(bytes16(&sc, true), f16s(b.d), &mut fw[16 * i..]);
                 }
             }
             _ => unreachable!("unpack_row({ty}): no geometry"),
         }
     }
 
-    /// Q4_K/Q5_K group scales `d * sc` and mins `-(dmin * m)` of block `i` for row `r`.
+    /// Q4_K/Q5_K group scales `d * sc` and mins `-dmin * m` of one block into `fw[0..8]`,
+    /// `fmin[0..8]`. The 6-bit fields are unpacked with 32-bit masks (as ggml's utmp code):
+    /// same values as `k4_scale_min`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    fn k4_scales(d: [u8; 2], dmin: [u8; 2], scales: &[u8; 12], i: usize, r: usize, fw: &mut [f32], fmin: &mut [f32]) {
-        let (d, dmin) = (f16s(d), f16s(dmin));
-        let (sc, mn) = k4_scale_min(scales);
-        for g in 0..8 {
-            fw[16 * (8 * i + g) + r] = d * sc[g] as f32;
-            fmin[16 * (8 * i + g) + r] = -(dmin * mn[g] as f32);
-        }
+    fn k4_scales(d: [u8; 2], dmin: [u8; 2], scales: &[u8; 12], fw: &mut [f32], fmin: &mut [f32]) {
+        let w = |k: usize| u32::from_le_bytes([scales[4 * k], scales[4 * k + 1], scales[4 * k + 2], scales[4 * k + 3]]);
+        let (u0, u1, u2) = (w(0), w(1), w(2));
+        let (m1, m2, m3) = (0x3f3f_3f3fu32, 0x0f0f_0f0fu32, 0x0303_0303u32);
+        // scales j<4: low 6 bits of bytes 0..4; j>=4: low nibbles of bytes 8..12 + top bits of 0..4
+        let sc = (u0 & m1) as u64 | ((((u2 & m2) | (((u0 >> 6) & m3) << 4)) as u64) << 32);
+        // mins j<4: low 6 bits of bytes 4..8; j>=4: high nibbles of bytes 8..12 + top bits of 4..8
+        let mn = (u1 & m1) as u64 | (((((u2 >> 4) & m2) | (((u1 >> 6) & m3) << 4)) as u64) << 32);
+        scale8(sc, f16s(d), fw);
+        scale8(mn, -f16s(dmin), fmin);
     }
 
     /// Transpose 16 rows x 16 dwords (`rows[r]` = 64 bytes of row r) into `out[j]` = dword j of
@@ -449,9 +496,9 @@ mod imp {
 
     /// Everything one token block of the kernel needs about the current tile and chunk.
     struct Tile {
-        /// [groups of the chunk][CH] zmm.
+        /// [groups of the chunk][CH][2 halves] zmm (half h: rows 16h..16h+16).
         wq: *const __m512i,
-        /// [groups of the chunk][16] f32.
+        /// [groups of the chunk][RS] f32.
         fw: *const f32,
         fmin: *const f32,
         /// First quant byte of the chunk in token row 0; token rows are `arb` bytes apart,
@@ -467,30 +514,39 @@ mod imp {
         init: *const i32,
         fbs: *const f32,
         n_g: usize,
-        /// [n_t][16] f32 partial sums; `first`: start from zero instead.
+        /// [n_t][RS] f32 partial sums; `first`: start from zero instead.
         acc: *mut f32,
         first: bool,
     }
 
-    /// T tokens from `t0` over the whole chunk: the module header's formula, 16 rows per lane
-    /// vector. CH = group / 4 chunks of 4 elements per group, SBG groups per activation block,
-    /// OFF: chains start at `init`, MINS: 0 none, 1 per block, 2 per group.
+    /// T tokens from `t0` over the whole chunk for R x 16 rows: the module header's formula,
+    /// one lane per row. CH = group / 4 chunks of 4 elements per group, SBG groups per
+    /// activation block, OFF: chains start at `init`, MINS: 0 none, 1 per block, 2 per group.
+    ///
+    /// Broadcast loads are what limits this loop on Zen 5 (about two per cycle, whatever the
+    /// pipes are doing): each activation broadcast feeds R = 2 `vpdpbusd`, and the per-group
+    /// scalars (init, fbs, da) are broadcast once for both halves.
     ///
     /// # Safety
     /// CPU features as enabled; every pointer of `k` covers the extents documented on `Tile`
     /// for `n_sbc` blocks and tokens `t0..t0 + T`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn tile<const T: usize, const CH: usize, const SBG: usize, const OFF: bool, const MINS: u8>(k: &Tile, t0: usize) {
+    unsafe fn tile<const T: usize, const R: usize, const CH: usize, const SBG: usize, const OFF: bool, const MINS: u8>(
+        k: &Tile,
+        t0: usize,
+    ) {
         // SAFETY (whole body): every offset below stays inside the extents the caller
         // guarantees (see `run`); loads are unaligned-tolerant except wq/fw/fmin/acc, which are
         // A64 buffers (64-byte aligned, whole zmm each).
         unsafe {
-            let mut facc = [_mm512_setzero_ps(); T];
+            let mut facc = [[_mm512_setzero_ps(); R]; T];
             let mut ap = [k.acts; T];
             let (mut dp, mut ip, mut fp) = ([k.da; T], [k.init; T], [k.fbs; T]);
             for t in 0..T {
                 if !k.first {
-                    facc[t] = _mm512_load_ps(k.acc.add(16 * (t0 + t)));
+                    for h in 0..R {
+                        facc[t][h] = _mm512_load_ps(k.acc.add(RS * (t0 + t) + 16 * h));
+                    }
                 }
                 ap[t] = k.acts.add((t0 + t) * k.arb);
                 dp[t] = k.da.add((t0 + t) * k.n_sb);
@@ -504,81 +560,121 @@ mod imp {
             let (mut wp, mut fwp, mut fmp) = (k.wq, k.fw, k.fmin);
             let mut gi = 0; // group index in the chunk
             for sb in 0..k.n_sbc {
-                let mut temp = [_mm512_setzero_ps(); T];
-                let mut fmv = _mm512_setzero_ps();
+                let mut temp = [[_mm512_setzero_ps(); R]; T];
+                let mut fmv = [_mm512_setzero_ps(); R];
                 for j in 0..SBG {
-                    let fwv = _mm512_load_ps(fwp);
-                    if MINS != 0 {
-                        fmv = _mm512_load_ps(fmp);
-                    }
-                    // T independent chains, interleaved: consecutive vpdpbusd never wait on
+                    // T x R independent chains, interleaved: consecutive vpdpbusd never wait on
                     // each other (latency ~4-5 cycles, two issue per cycle)
-                    let mut acc = [_mm512_setzero_si512(); T];
+                    let mut acc = [[_mm512_setzero_si512(); R]; T];
                     if OFF {
-                        for t in 0..T {
-                            acc[t] = _mm512_set1_epi32(*ip[t].add(gi));
+                        for a in acc.iter_mut().zip(&ip) {
+                            let v = _mm512_set1_epi32(*a.1.add(gi));
+                            *a.0 = [v; R];
                         }
                     }
                     for c in 0..CH {
-                        let wc = _mm512_load_si512(wp.add(c));
+                        let mut wc = [_mm512_setzero_si512(); R];
+                        for (h, w) in wc.iter_mut().enumerate() {
+                            *w = _mm512_load_si512(wp.add(2 * c + h));
+                        }
                         for t in 0..T {
                             let a = ap[t].add(sb * k.ats + j * 4 * CH + 4 * c).cast::<i32>().read_unaligned();
-                            acc[t] = _mm512_dpbusd_epi32(acc[t], wc, _mm512_set1_epi32(a));
+                            let a = _mm512_set1_epi32(a);
+                            for h in 0..R {
+                                acc[t][h] = _mm512_dpbusd_epi32(acc[t][h], wc[h], a);
+                            }
+                        }
+                    }
+                    let mut fwv = [_mm512_setzero_ps(); R];
+                    for h in 0..R {
+                        fwv[h] = _mm512_load_ps(fwp.add(16 * h));
+                        if MINS != 0 {
+                            fmv[h] = _mm512_load_ps(fmp.add(16 * h));
                         }
                     }
                     for t in 0..T {
-                        temp[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[t]), fwv, temp[t]);
-                        if MINS == 2 {
-                            temp[t] = _mm512_fmadd_ps(fmv, _mm512_set1_ps(*fp[t].add(gi)), temp[t]);
+                        let fb = if MINS == 2 { _mm512_set1_ps(*fp[t].add(gi)) } else { _mm512_setzero_ps() };
+                        for h in 0..R {
+                            temp[t][h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[t][h]), fwv[h], temp[t][h]);
+                            if MINS == 2 {
+                                temp[t][h] = _mm512_fmadd_ps(fmv[h], fb, temp[t][h]);
+                            }
                         }
                     }
-                    wp = wp.add(CH);
-                    fwp = fwp.add(16);
-                    fmp = fmp.add(16);
+                    wp = wp.add(2 * CH);
+                    fwp = fwp.add(RS);
+                    fmp = fmp.add(RS);
                     gi += 1;
                 }
                 for t in 0..T {
-                    facc[t] = _mm512_fmadd_ps(temp[t], _mm512_set1_ps(*dp[t].add(sb)), facc[t]);
-                    if MINS == 1 {
-                        // one group per block: gi - 1 is this block's
-                        facc[t] = _mm512_fmadd_ps(fmv, _mm512_set1_ps(*fp[t].add(gi - 1)), facc[t]);
+                    let d = _mm512_set1_ps(*dp[t].add(sb));
+                    // one group per block when MINS == 1: gi - 1 is this block's
+                    let s = if MINS == 1 { _mm512_set1_ps(*fp[t].add(gi - 1)) } else { _mm512_setzero_ps() };
+                    for h in 0..R {
+                        facc[t][h] = _mm512_fmadd_ps(temp[t][h], d, facc[t][h]);
+                        if MINS == 1 {
+                            facc[t][h] = _mm512_fmadd_ps(fmv[h], s, facc[t][h]);
+                        }
                     }
                 }
             }
             for (t, f) in facc.iter().enumerate() {
-                _mm512_store_ps(k.acc.add(16 * (t0 + t)), *f);
+                for (h, v) in f.iter().enumerate() {
+                    _mm512_store_ps(k.acc.add(RS * (t0 + t) + 16 * h), *v);
+                }
             }
         }
     }
 
-    /// The kernel for one type class and every token count 1..=TT.
+    /// The kernel for one type class over all `n_t` tokens: blocks of TM tokens, then the tail.
     ///
     /// # Safety
     /// As `tile`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn tiles<const CH: usize, const SBG: usize, const OFF: bool, const MINS: u8>(k: &Tile, n_t: usize) {
+    unsafe fn tiles<const TM: usize, const R: usize, const CH: usize, const SBG: usize, const OFF: bool, const MINS: u8>(
+        k: &Tile,
+        n_t: usize,
+    ) {
         let mut t0 = 0;
         // SAFETY: forwarded; every call covers tokens t0..t0 + T <= n_t.
         unsafe {
-            while t0 + TT <= n_t {
-                tile::<TT, CH, SBG, OFF, MINS>(k, t0);
-                t0 += TT;
+            while t0 + TM <= n_t {
+                tile::<TM, R, CH, SBG, OFF, MINS>(k, t0);
+                t0 += TM;
             }
             match n_t - t0 {
                 0 => {}
-                1 => tile::<1, CH, SBG, OFF, MINS>(k, t0),
-                2 => tile::<2, CH, SBG, OFF, MINS>(k, t0),
-                3 => tile::<3, CH, SBG, OFF, MINS>(k, t0),
-                4 => tile::<4, CH, SBG, OFF, MINS>(k, t0),
-                5 => tile::<5, CH, SBG, OFF, MINS>(k, t0),
-                6 => tile::<6, CH, SBG, OFF, MINS>(k, t0),
-                _ => tile::<7, CH, SBG, OFF, MINS>(k, t0),
+                1 => tile::<1, R, CH, SBG, OFF, MINS>(k, t0),
+                2 => tile::<2, R, CH, SBG, OFF, MINS>(k, t0),
+                3 => tile::<3, R, CH, SBG, OFF, MINS>(k, t0),
+                4 => tile::<4, R, CH, SBG, OFF, MINS>(k, t0),
+                _ => tile::<5, R, CH, SBG, OFF, MINS>(k, t0),
             }
         }
     }
 
-    /// The whole product: 16-row tiles, K-chunks of at most `KC` elements (whole activation
-    /// blocks), token blocks of `TT`.
+    /// `tiles` for the type class of `ty`, with R = 2 (32 rows) or 1 (up to 16).
+    ///
+    /// # Safety
+    /// As `tile`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn dispatch<const R: usize>(ty: QuantType, k: &Tile, n_t: usize) {
+        // token blocks: 6 for the one-group-per-block types (2 accumulators per token and
+        // row half), 4 for the k-quants (3: integer chain, block temp, total)
+        // SAFETY: forwarded.
+        unsafe {
+            match ty {
+                QuantType::Q4_1 | QuantType::Q5_1 => tiles::<6, R, 8, 1, false, 1>(k, n_t),
+                QuantType::Q4K | QuantType::Q5K => tiles::<4, R, 8, 8, false, 2>(k, n_t),
+                QuantType::Q2K => tiles::<4, R, 4, 16, false, 2>(k, n_t),
+                QuantType::Q3K | QuantType::Q6K => tiles::<4, R, 4, 16, true, 0>(k, n_t),
+                _ => tiles::<6, R, 8, 1, true, 0>(k, n_t), // Q4_0, Q5_0, Q8_0
+            }
+        }
+    }
+
+    /// The whole product: tiles of 32 rows (the last one 16 when it fits), K-chunks of at most
+    /// `KC` elements (whole activation blocks), blocks of 4-6 tokens.
     ///
     /// # Safety
     /// The CPU must support the features enabled below. `w`, `acts`, `y` have the lengths
@@ -615,41 +711,80 @@ mod imp {
         let sbc = (KC / sb_el).max(1); // activation blocks per chunk
         let kcp = (sbc * sb_el).div_ceil(64) * 64; // chunk bytes per row, padded for transpose16
         let zero = A64([0; 64]);
-        s.rowbuf.resize(16 * kcp / 64, zero);
-        s.wq.resize(kcp / 4, zero);
-        s.fw.resize(sbc * geo.sb_groups, zero);
-        s.fmin.resize(sbc * geo.sb_groups, zero);
-        s.acc.resize(n_t, zero);
-        for r0 in (0..rows).step_by(16) {
-            let nr = (rows - r0).min(16);
+        s.rowbuf.resize(RS * kcp / 64, zero);
+        s.wq.resize(2 * kcp / 4, zero);
+        let ngp = (sbc * geo.sb_groups).div_ceil(16) * 16; // groups per chunk, padded
+        s.fw.resize(ngp * RS / 16, zero);
+        s.fmin.resize(ngp * RS / 16, zero);
+        s.fwrow.resize(ngp * RS / 16, zero);
+        s.fminrow.resize(ngp * RS / 16, zero);
+        s.acc.resize(n_t * RS / 16, zero);
+        let mut r0 = 0;
+        while r0 < rows {
+            let nr = (rows - r0).min(RS);
+            let halves = nr.div_ceil(16);
             let mut sb0 = 0;
             while sb0 < n_sb {
                 let nsb = sbc.min(n_sb - sb0);
                 // 1. unpack each row's blocks sb0..sb0+nsb (one sequential read per row)
                 {
                     let rowbuf = as_bytes_mut(&mut s.rowbuf);
-                    let fw = as_f32_mut(&mut s.fw);
-                    let fmin = as_f32_mut(&mut s.fmin);
+                    let (ft, fmint) = (as_f32_mut(&mut s.fw), as_f32_mut(&mut s.fmin));
+                    let fwrow = as_f32_mut(&mut s.fwrow);
+                    let fminrow = as_f32_mut(&mut s.fminrow);
                     for r in 0..nr {
                         let wr = &w[(r0 + r) * rb + sb0 * wsb..(r0 + r) * rb + (sb0 + nsb) * wsb];
-                        unpack_row(ty, wr, &mut rowbuf[r * kcp..(r + 1) * kcp], r, fw, fmin);
+                        let (fw, fmin) = (&mut fwrow[r * ngp..(r + 1) * ngp], &mut fminrow[r * ngp..(r + 1) * ngp]);
+                        unpack_row(ty, wr, &mut rowbuf[r * kcp..(r + 1) * kcp], r, ft, fmint, fw, fmin);
                     }
-                    // rows nr..16 keep stale bytes and scales: their lanes are never written
-                    // out, and lanes do not mix
+                    // rows nr..16 * halves keep stale bytes and scales: their lanes are never
+                    // written out, and lanes do not mix
                 }
-                // 2. transpose into wq, 64 elements (16 zmm) at a time
+                // 1b. k-quant scales [row][group] -> [group][row], 16 x 16 at a time
+                let with_min = geo.mins != Mins::None;
+                for h in (0..halves).filter(|_| geo.sb_groups > 1) {
+                    for gb in 0..ngp / 16 {
+                        for (src, dst) in
+                            [(&s.fwrow, &mut s.fw), (&s.fminrow, &mut s.fmin)].into_iter().take(1 + with_min as usize)
+                        {
+                            let mut v = [_mm512_setzero_si512(); 16];
+                            for (r, vr) in v.iter_mut().enumerate() {
+                                // SAFETY: the row buffers are RS * ngp f32 (A64-aligned, ngp a
+                                // multiple of 16): row 16h + r, groups 16gb..16gb + 16.
+                                *vr = unsafe {
+                                    _mm512_load_si512(src.as_ptr().cast::<f32>().add((16 * h + r) * ngp + 16 * gb).cast())
+                                };
+                            }
+                            for (j, oj) in transpose16(v).iter().enumerate() {
+                                // SAFETY: fw / fmin hold ngp * RS f32: group 16gb + j, lanes 16h..16h + 16.
+                                unsafe {
+                                    _mm512_store_si512(
+                                        dst.as_mut_ptr().cast::<f32>().add((16 * gb + j) * RS + 16 * h).cast(),
+                                        *oj,
+                                    )
+                                };
+                            }
+                        }
+                    }
+                }
+                // 2. transpose into wq, 64 elements x 16 rows (16 zmm) at a time
                 let spans = (nsb * sb_el).div_ceil(64);
                 for sp in 0..spans {
-                    let mut v = [_mm512_setzero_si512(); 16];
-                    for (r, vr) in v.iter_mut().enumerate() {
-                        // SAFETY: rowbuf is 16 * kcp bytes, A64-aligned, kcp a multiple of 64
-                        // and sp * 64 + 64 <= kcp.
-                        *vr = unsafe { _mm512_load_si512(s.rowbuf.as_ptr().cast::<u8>().add(r * kcp + 64 * sp).cast()) };
-                    }
-                    let o = transpose16(v);
-                    for (j, oj) in o.iter().enumerate() {
-                        // SAFETY: wq has kcp / 4 zmm and 16 * sp + j < 4 * spans <= kcp / 16.
-                        unsafe { _mm512_store_si512(s.wq.as_mut_ptr().add(16 * sp + j).cast(), *oj) };
+                    for h in 0..halves {
+                        let mut v = [_mm512_setzero_si512(); 16];
+                        for (r, vr) in v.iter_mut().enumerate() {
+                            // SAFETY: rowbuf is RS * kcp bytes, A64-aligned, kcp a multiple of
+                            // 64, 16h + r < RS and sp * 64 + 64 <= kcp.
+                            *vr = unsafe {
+                                _mm512_load_si512(s.rowbuf.as_ptr().cast::<u8>().add((16 * h + r) * kcp + 64 * sp).cast())
+                            };
+                        }
+                        let o = transpose16(v);
+                        for (j, oj) in o.iter().enumerate() {
+                            // SAFETY: wq has 2 * kcp / 4 zmm and 2 * (16 * sp + j) + h <
+                            // 2 * 4 * spans <= 2 * kcp / 16.
+                            unsafe { _mm512_store_si512(s.wq.as_mut_ptr().add(2 * (16 * sp + j) + h).cast(), *oj) };
+                        }
                     }
                 }
                 // 3. all tokens over the tile
@@ -672,28 +807,27 @@ mod imp {
                     acc: s.acc.as_mut_ptr().cast(),
                     first: sb0 == 0,
                 };
-                // SAFETY: wq/fw/fmin cover nsb * sb_groups groups (sized for sbc >= nsb);
-                // acts rows t < n_t hold blocks sb0..sb0+nsb; da/init/fbs rows t < n_t hold
-                // entries sb0.. / g0.. of this chunk; acc holds n_t zmm.
+                // SAFETY: wq/fw/fmin cover nsb * sb_groups groups of both halves (sized for
+                // sbc >= nsb); acts rows t < n_t hold blocks sb0..sb0+nsb; da/init/fbs rows
+                // t < n_t hold entries sb0.. / g0.. of this chunk; acc holds n_t * RS f32.
                 unsafe {
-                    match (ty, geo.off != 0) {
-                        (QuantType::Q4_1 | QuantType::Q5_1, _) => tiles::<8, 1, false, 1>(&k, n_t),
-                        (QuantType::Q4K | QuantType::Q5K, _) => tiles::<8, 8, false, 2>(&k, n_t),
-                        (QuantType::Q2K, _) => tiles::<4, 16, false, 2>(&k, n_t),
-                        (QuantType::Q3K | QuantType::Q6K, _) => tiles::<4, 16, true, 0>(&k, n_t),
-                        _ => tiles::<8, 1, true, 0>(&k, n_t), // Q4_0, Q5_0, Q8_0
+                    if halves == 2 {
+                        dispatch::<2>(ty, &k, n_t);
+                    } else {
+                        dispatch::<1>(ty, &k, n_t);
                     }
                 }
                 sb0 += nsb;
             }
-            // 4. [n_t][16] partial sums -> y rows r0..r0+nr
+            // 4. [n_t][RS] partial sums -> y rows r0..r0+nr
             let acc = as_f32_mut(&mut s.acc);
             for r in 0..nr {
                 let yr = &mut y[(r0 + r) * n_t..(r0 + r + 1) * n_t];
                 for (t, o) in yr.iter_mut().enumerate() {
-                    *o = acc[16 * t + r];
+                    *o = acc[RS * t + r];
                 }
             }
+            r0 += nr;
         }
     }
 
