@@ -8,6 +8,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{fixture, ids, max_diff};
+use cortiq_engine::compat::Numerics;
 use cortiq_engine::convert::{ConvertOptions, QuantSpec, convert};
 use cortiq_engine::load::{Origin, load};
 use cortiq_engine::{Logits, Model};
@@ -65,10 +66,19 @@ fn keep_from_hf_and_gguf_is_bit_identical() {
         for (what, src) in [("hf", fx.clone()), ("gguf", fx.join("model.gguf"))] {
             let out = dir.join(format!("{arch}-{what}.cmf"));
             conv(&src, &out, &opts(QuantSpec::Keep));
-            let want = run(&load(&src).unwrap().model, &tokens);
-            let loaded = load(&out).unwrap();
+            let mut want = load(&src).unwrap().model;
+            let mut loaded = load(&out).unwrap();
             assert!(matches!(loaded.origin, Origin::Cmf(_)), "{arch}/{what}: .cmf not detected");
-            assert_bits_equal(&format!("{arch} {what} -> cmf keep"), &run(&loaded.model, &tokens), &want);
+            // Every numerics mode: the llama.cpp one also depends on which tensors are tied.
+            for num in [Numerics::Exact, Numerics::Fast, Numerics::LlamaCpp] {
+                want.set_numerics(num);
+                loaded.model.set_numerics(num);
+                assert_bits_equal(
+                    &format!("{arch} {what} -> cmf keep, {num:?}"),
+                    &run(&loaded.model, &tokens),
+                    &run(&want, &tokens),
+                );
+            }
         }
     }
     std::fs::remove_dir_all(&dir).unwrap();
@@ -281,12 +291,15 @@ fn real_models_keep_tokenizer_template_and_logits() {
         let texts: Vec<&str> = fx["cases"].as_array().unwrap().iter().map(|c| c["text"].as_str().unwrap()).collect();
         same_tokenizer(name, &src, &out, &texts);
         let prompt = load(&src).unwrap().tokenizer().unwrap().encode("The capital of France is", true).unwrap();
-        let first = |p: &Path| {
-            let m = load(p).unwrap().model;
+        let first = |p: &Path, num: Numerics| {
+            let mut m = load(p).unwrap().model;
+            m.set_numerics(num);
             let mut st = m.new_state(prompt.len());
             m.forward(&prompt, &mut st, Logits::Last).unwrap()
         };
-        assert_bits_equal(&format!("{name} first-token logits"), &first(&out), &first(&src));
+        for num in [Numerics::Exact, Numerics::Fast] {
+            assert_bits_equal(&format!("{name} first-token logits, {num:?}"), &first(&out, num), &first(&src, num));
+        }
         std::fs::remove_file(&out).unwrap();
     }
     std::fs::remove_dir_all(&dir).unwrap();

@@ -20,8 +20,8 @@
 //! { "format_version": 1, "architecture": "gemma3",
 //!   "source": {"kind": "gguf" | "hf" | "cmf", "file": "<file or folder name>"},
 //!   "quant": "keep" | "f16" | ..., "norm_offset_folded": 0.0,
-//!   "metadata": {"kind": "gguf", "kv": {KEY: {"t": TYPE, "v": VALUE}, ...}}
-//!             | {"kind": "hf", "files": {"config.json": TEXT, "tokenizer.json": TEXT, ...}},
+//!   "metadata": {"gguf": {"kv": {KEY: {"t": TYPE, "v": VALUE}, ...}}}
+//!             | {"hf": {"files": {"config.json": TEXT, "tokenizer.json": TEXT, ...}}},
 //!   "tensors": [{"name", "dtype", "shape", "offset", "bytes"}, ...] }
 //! ```
 //!
@@ -84,8 +84,11 @@ pub struct SourceInfo {
 }
 
 /// The embedded configuration + tokenizer + chat template, in the source's own form.
+/// Externally tagged (`{"gguf": {...}}`): serde reads that form in one pass, where an internal
+/// `"kind"` tag would first buffer the whole vocabulary in a generic tree (measured: the
+/// largest cost of opening a Gemma 3 .cmf).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "lowercase")]
+#[serde(rename_all = "lowercase")]
 pub enum Metadata {
     /// Every GGUF metadata key/value of the source.
     Gguf { kv: TypedKv },

@@ -148,7 +148,7 @@ fn damaged_files_are_one_line_errors() {
         ("format-version", rewrite(&b, |j| j["format_version"] = Value::from(7)), vec!["format_version"]),
         (
             "typed-kv",
-            rewrite(&b, |j| j["metadata"]["kv"]["llama.block_count"] = serde_json::json!({"t": "u8", "v": 300})),
+            rewrite(&b, |j| j["metadata"]["gguf"]["kv"]["llama.block_count"] = serde_json::json!({"t": "u8", "v": 300})),
             vec!["JSON header", "llama.block_count", "300 does not fit u8"],
         ),
         ("missing-field", rewrite(&b, |j| drop(j.as_object_mut().unwrap().remove("tensors"))), vec!["tensors"]),
