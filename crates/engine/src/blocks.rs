@@ -4,8 +4,8 @@
 
 use std::borrow::Cow;
 
-use cortiq_kernels::act::{GatedAct, gated_act_fast};
-use cortiq_kernels::dot::{axpy, dot, gemm_nt};
+use cortiq_kernels::act::{GatedAct, gated_act_fast, softmax_fast};
+use cortiq_kernels::dot::{axpy, dot, gemm_nn};
 use cortiq_kernels::ops::{RopeStyle, gated_act, rmsnorm, rmsnorm_inplace, rope, softmax_inplace};
 use half::f16;
 
@@ -208,7 +208,7 @@ pub fn attention(
             ),
         };
         let (kc, vc) = (&kc[..], &vc[..]);
-        let at = AttnCtx { hd, nh, group, kv_dim, q_dim, pos0, lo, scale, softcap, window };
+        let at = AttnCtx { hd, nh, group, kv_dim, q_dim, pos0, lo, scale, softcap, window, fast: num == Numerics::Fast };
         if n >= ATTN_GEMM_MIN {
             attend_blocked(&at, &q, n, kc, vc, &mut o);
         } else {
@@ -229,6 +229,11 @@ const ATTN_GEMM_MIN: usize = 8;
 /// Queries per block of the GEMM form: a [QB, keys] score tile stays in L2.
 const ATTN_QB: usize = 32;
 
+thread_local! {
+    /// attend_blocked's per-item buffers: [q block, Kᵀ span, V span, scores].
+    static ATTN_SCRATCH: std::cell::RefCell<[Vec<f32>; 4]> = const { std::cell::RefCell::new([Vec::new(), Vec::new(), Vec::new(), Vec::new()]) };
+}
+
 /// What the exact/fast attention loops need to know about a chunk.
 struct AttnCtx {
     hd: usize,
@@ -243,9 +248,19 @@ struct AttnCtx {
     scale: f32,
     softcap: Option<f32>,
     window: Option<usize>,
+    /// `Numerics::Fast`: the vector-exp softmax (a few ulp from libm's; exact mode keeps libm).
+    fast: bool,
 }
 
 impl AttnCtx {
+    fn softmax(&self, x: &mut [f32]) {
+        if self.fast {
+            softmax_fast(x);
+        } else {
+            softmax_inplace(x);
+        }
+    }
+
     /// First key position query position `p` sees.
     fn first(&self, p: usize) -> usize {
         match self.window {
@@ -270,7 +285,7 @@ fn attend_one(at: &AttnCtx, qv: &[f32], p: usize, head: usize, kc: &[f32], vc: &
     let kvh = head / at.group;
     let first = at.first(p);
     let mut scores: Vec<f32> = (first..=p).map(|j| at.score(dot(qv, &kc[(j - lo) * kv_dim + kvh * hd..][..hd]))).collect();
-    softmax_inplace(&mut scores);
+    at.softmax(&mut scores);
     out.fill(0.0);
     for (jj, &pj) in scores.iter().enumerate() {
         let j = first + jj - lo;
@@ -279,7 +294,8 @@ fn attend_one(at: &AttnCtx, qv: &[f32], p: usize, head: usize, kc: &[f32], vc: &
 }
 
 /// Attention for a chunk of n >= ATTN_GEMM_MIN queries, by (head, block of ATTN_QB queries):
-/// S = Q_blk·K_spanᵀ and O_blk = P·V_span with the f32 GEMM over the span of keys any query of
+/// S = Q_blk·K_spanᵀ and O_blk = P·V_span with the f32 GEMM (`gemm_nn`: no horizontal sums)
+/// over the span of keys any query of
 /// the block sees; keys a query must not see (causal future, outside its window) get weight 0.
 /// Same values as `attend_one` up to summation order. q: [n, nh, hd] -> o: [n, nh, hd]
 fn attend_blocked(at: &AttnCtx, q: &[f32], n: usize, kc: &[f32], vc: &[f32], o: &mut [f32]) {
@@ -294,31 +310,37 @@ fn attend_blocked(at: &AttnCtx, q: &[f32], n: usize, kc: &[f32], vc: &[f32], o: 
         // Keys [k0, k1) (cache positions) cover every query of the block.
         let (k0, k1) = (at.first(at.pos0 + i0), at.pos0 + i1);
         let nk = k1 - k0;
-        let mut qblk = vec![0f32; nq * hd]; // [nq, hd]
-        for (r, row) in qblk.chunks_mut(hd).enumerate() {
-            row.copy_from_slice(&q[(i0 + r) * q_dim + head * hd..][..hd]);
-        }
-        let mut kblk = vec![0f32; nk * hd]; // [nk, hd]
-        let mut vt = vec![0f32; hd * nk]; // [hd, nk]: V_spanᵀ
-        for jj in 0..nk {
-            let src = (k0 + jj - lo) * kv_dim + kvh * hd;
-            kblk[jj * hd..(jj + 1) * hd].copy_from_slice(&kc[src..src + hd]);
-            for (d, &v) in vc[src..src + hd].iter().enumerate() {
-                vt[d * nk + jj] = v;
+        // Per-thread scratch, reused across items and calls: these run to hundreds of KB, where
+        // fresh allocations are fresh mmaps and page faults.
+        ATTN_SCRATCH.with(|sc| {
+            let mut sc = sc.borrow_mut();
+            let [qblk, kt, vblk, s] = &mut *sc;
+            qblk.resize(nq * hd, 0.0); // [nq, hd]
+            kt.resize(hd * nk, 0.0); // [hd, nk]: K_spanᵀ
+            vblk.resize(nk * hd, 0.0); // [nk, hd]
+            s.resize(nq * nk, 0.0); // [nq, nk]
+            for (r, row) in qblk.chunks_mut(hd).enumerate() {
+                row.copy_from_slice(&q[(i0 + r) * q_dim + head * hd..][..hd]);
             }
-        }
-        let mut s = vec![0f32; nq * nk]; // [nq, nk]
-        gemm_nt(&qblk, nq, &kblk, nk, hd, &mut s, nk);
-        for (r, row) in s.chunks_mut(nk).enumerate() {
-            let p = at.pos0 + i0 + r;
-            let (a, b) = (at.first(p) - k0, p + 1 - k0); // visible keys of this query
-            row[..a].fill(0.0);
-            row[b..].fill(0.0);
-            let vis = &mut row[a..b];
-            vis.iter_mut().for_each(|x| *x = at.score(*x));
-            softmax_inplace(vis);
-        }
-        gemm_nt(&s, nq, &vt, hd, nk, &mut out[..nq * hd], hd);
+            for jj in 0..nk {
+                let src = (k0 + jj - lo) * kv_dim + kvh * hd;
+                vblk[jj * hd..(jj + 1) * hd].copy_from_slice(&vc[src..src + hd]);
+                for (d, &kv) in kc[src..src + hd].iter().enumerate() {
+                    kt[d * nk + jj] = kv;
+                }
+            }
+            gemm_nn(qblk, nq, kt, hd, nk, s, nk);
+            for (r, row) in s.chunks_mut(nk).enumerate() {
+                let p = at.pos0 + i0 + r;
+                let (a, b) = (at.first(p) - k0, p + 1 - k0); // visible keys of this query
+                row[..a].fill(0.0);
+                row[b..].fill(0.0);
+                let vis = &mut row[a..b];
+                vis.iter_mut().for_each(|x| *x = at.score(*x));
+                at.softmax(vis);
+            }
+            gemm_nn(s, nq, vblk, nk, hd, &mut out[..nq * hd], hd);
+        });
     });
     for i in 0..n {
         for head in 0..nh {
@@ -404,7 +426,7 @@ mod tests {
             let v = rnd(total * kv_dim, &mut seed);
             let first = |p: usize| window.map_or(0, |w: usize| (p + 1).saturating_sub(w));
             let lo = first(pos0);
-            let at = AttnCtx { hd, nh, group: nh / nkv, kv_dim, q_dim, pos0, lo, scale: 0.3, softcap, window };
+            let at = AttnCtx { hd, nh, group: nh / nkv, kv_dim, q_dim, pos0, lo, scale: 0.3, softcap, window, fast: false };
             let (kc, vc) = (&k[lo * kv_dim..], &v[lo * kv_dim..]);
             let mut blocked = vec![0f32; n * q_dim];
             attend_blocked(&at, &q, n, kc, vc, &mut blocked);

@@ -26,8 +26,8 @@ use std::sync::Arc;
 
 use cortiq_kernels::dot::{dot, gemm_nt};
 use cortiq_kernels::quant::{
-    ActType, Order, QuantType, act_type, dequantize_act, dequantize_row, llamacpp_order, matvec_q, matvec_q_order,
-    order_supported, quantize_act,
+    ActType, MatmatActs, Order, QuantType, act_type, dequantize_act, dequantize_row, llamacpp_order, matmat_q_prepared,
+    matmat_supported, matvec_q, matvec_q_order, order_supported, quantize_act,
 };
 
 use crate::compat::Numerics;
@@ -213,6 +213,10 @@ impl QTensor {
             matvec_many(ws, x, y);
             return;
         }
+        if let [w] = ws {
+            w.matmat(x, n_t, y);
+            return;
+        }
         let mut r0 = 0;
         for w in ws {
             let mut yi = vec![0f32; n_t * w.rows]; // [n_t, rows_i]
@@ -232,6 +236,10 @@ impl QTensor {
             self.matmul_ggml(act, x, n_t, y);
             return;
         }
+        if let (Some(act), true) = (act, matmat_supported(self.dtype)) {
+            self.matmat_int8(act, x, n_t, y);
+            return;
+        }
         // Quantized activations: round-trip them through the 8-bit format once.
         let xr;
         let x = match act {
@@ -244,11 +252,33 @@ impl QTensor {
         // Compute yᵀ [rows, n_t] tile by tile (contiguous per tile), then transpose.
         let mut yt = vec![0f32; self.rows * n_t]; // [rows, n_t]
         pool().for_rows_mut(&mut yt, n_t, TILE_ROWS, |r0, out| self.tile_times(r0, out.len() / n_t, x, n_t, out));
-        for r in 0..self.rows {
-            for t in 0..n_t {
-                y[t * self.rows + r] = yt[r * n_t + t];
-            }
+        transpose_into(&yt, self.rows, n_t, y);
+    }
+
+    /// Fast prefill: every token's row quantized to 8 bits once, then the integer matmat kernel
+    /// over each thread's slab of weight rows (the weights stay in their stored blocks).
+    /// x: [n_t, cols] -> y: [n_t, rows]
+    fn matmat_int8(&self, act: ActType, x: &[f32], n_t: usize, y: &mut [f32]) {
+        let cols = self.cols;
+        let arb = act.row_bytes(cols).expect("activation format fits the weight's blocks");
+        let mut xq = vec![0u8; n_t * arb]; // [n_t, arb]
+        {
+            let _s = profile::span(Op::QuantizeAct);
+            pool().for_rows_mut(&mut xq, arb, 8, |t0, rows| {
+                let mut q = Vec::with_capacity(arb);
+                for (i, out) in rows.chunks_mut(arb).enumerate() {
+                    quantize_act(act, &x[(t0 + i) * cols..(t0 + i + 1) * cols], &mut q);
+                    out.copy_from_slice(&q);
+                }
+            });
         }
+        let prep = MatmatActs::new(self.dtype, &xq, cols, n_t);
+        let mut yt = vec![0f32; self.rows * n_t]; // [rows, n_t]
+        pool().for_rows_mut(&mut yt, n_t, TILE_ROWS, |r0, out| {
+            let nr = out.len() / n_t;
+            matmat_q_prepared(self.dtype, self.rows_data(r0, nr), nr, &prep, out);
+        });
+        transpose_into(&yt, self.rows, n_t, y);
     }
 
     /// Every token's row quantized to 8 bits and multiplied in llama.cpp's order for its place
@@ -288,6 +318,22 @@ impl QTensor {
             }
         });
     }
+}
+
+/// y = ytᵀ: yt [rows, n_t] -> y [n_t, rows], tokens split over the pool, rows in blocks of 16
+/// so both sides stay in cache.
+fn transpose_into(yt: &[f32], rows: usize, n_t: usize, y: &mut [f32]) {
+    pool().for_rows_mut(y, rows, 8, |t0, ys| {
+        let nt = ys.len() / rows;
+        for (r0, r1) in chunks(rows, 16) {
+            for i in 0..nt {
+                let t = t0 + i;
+                for r in r0..r1 {
+                    ys[i * rows + r] = yt[r * n_t + t];
+                }
+            }
+        }
+    });
 }
 
 /// `[start, end)` pieces of `0..n` of at most `step`.

@@ -6,7 +6,10 @@
 //! SiLU(x) = x / (1 + e^{-x}); GELU-tanh(x) = ½x(1 + tanh y) = x / (1 + e^{-2y}),
 //! y = √(2/π)(x + 0.044715x³).
 //!
-//! The scalar twin computes the same formula lane for lane (`ggml::expf_ggml` is the vector
+//! Also `softmax_fast`, the attention softmax on the same vector exp (prefill computes one exp
+//! per visible (query, key) pair: with libm's scalar exp that was most of the attention time).
+//!
+//! The scalar twins compute the same formulas lane for lane (`ggml::expf_ggml` is the vector
 //! exp's lane function), so SIMD and scalar agree to the last bit up to FMA contraction.
 
 use crate::ggml::expf_ggml;
@@ -52,6 +55,42 @@ pub fn gated_act_fast(kind: GatedAct, gate: &mut [f32], up: &[f32]) {
     }
 }
 
+/// Scalar twin of `softmax_fast`: the same max, exps and sums in the same lane order.
+pub fn softmax_fast_scalar(x: &mut [f32]) {
+    let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if m == f32::NEG_INFINITY {
+        return;
+    }
+    // 16 lane sums, as the vector loop keeps them, then the tail, then lanes reduced in order.
+    let mut lanes = [0f32; 16];
+    let n16 = x.len() / 16 * 16;
+    for c in x[..n16].chunks_exact_mut(16) {
+        for (l, v) in c.iter_mut().enumerate() {
+            *v = expf_ggml(*v - m);
+            lanes[l] += *v;
+        }
+    }
+    let mut s = 0f32;
+    for v in &mut x[n16..] {
+        *v = expf_ggml(*v - m);
+        s += *v;
+    }
+    let s = lanes.iter().fold(s, |a, &b| a + b);
+    let inv = 1.0 / s;
+    x.iter_mut().for_each(|v| *v *= inv);
+}
+
+/// In-place softmax with the vector exp (within a few ulp of `ops::softmax_inplace`). A row of
+/// only -inf is left unchanged.
+pub fn softmax_fast(x: &mut [f32]) {
+    match level() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: level() == Avx512 means avx512f and fma were detected at run time.
+        Level::Avx512 => unsafe { avx512::softmax(x) },
+        _ => softmax_fast_scalar(x),
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use super::{GELU_A, GatedAct, SQRT_2_OVER_PI, gated_act_fast_scalar};
@@ -88,6 +127,38 @@ mod avx512 {
         let neg = _mm512_cmp_ps_mask(n, _mm512_setzero_ps(), _CMP_LE_OQ);
         let sat = _mm512_mask_blend_ps(neg, _mm512_set1_ps(f32::INFINITY), _mm512_setzero_ps());
         _mm512_mask_blend_ps(big, res, sat)
+    }
+
+    /// # Safety
+    /// The CPU must support avx512f and fma.
+    #[target_feature(enable = "avx512f,fma")]
+    pub(super) unsafe fn softmax(x: &mut [f32]) {
+        let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        if m == f32::NEG_INFINITY {
+            return;
+        }
+        let n16 = x.len() / 16 * 16;
+        let mv = _mm512_set1_ps(m);
+        let mut acc = _mm512_setzero_ps();
+        for i in (0..n16).step_by(16) {
+            // SAFETY: i + 16 <= n16 <= x.len().
+            unsafe {
+                let e = expf16(_mm512_sub_ps(_mm512_loadu_ps(x.as_ptr().add(i)), mv));
+                _mm512_storeu_ps(x.as_mut_ptr().add(i), e);
+                acc = _mm512_add_ps(acc, e);
+            }
+        }
+        let mut s = 0f32;
+        for v in &mut x[n16..] {
+            *v = super::expf_ggml(*v - m);
+            s += *v;
+        }
+        let mut lanes = [0f32; 16];
+        // SAFETY: lanes holds 16 f32.
+        unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), acc) };
+        let s = lanes.iter().fold(s, |a, &b| a + b);
+        let inv = 1.0 / s;
+        x.iter_mut().for_each(|v| *v *= inv);
     }
 
     /// # Safety
@@ -132,6 +203,26 @@ mod tests {
         g.extend([0.0, -0.0, 100.0, -100.0, 1e-30, -200.0, 200.0]);
         let u: Vec<f32> = g.iter().map(|_| r() * 2.0 - 1.0).collect();
         (g, u)
+    }
+
+    #[test]
+    fn softmax_simd_matches_scalar_and_libm() {
+        let (g, _) = inputs();
+        for len in [0, 1, 5, 16, 17, 100, 1000] {
+            let row: Vec<f32> = g[..len].iter().map(|v| v * 0.5).collect();
+            let (mut a, mut b, mut c) = (row.clone(), row.clone(), row.clone());
+            softmax_fast(&mut a);
+            softmax_fast_scalar(&mut b);
+            crate::ops::softmax_inplace(&mut c);
+            let bad = (0..len).find(|&i| a[i].to_bits() != b[i].to_bits());
+            assert!(bad.is_none(), "len {len}: SIMD and scalar twin differ at {bad:?}");
+            let worst = (0..len).map(|i| ((a[i] - c[i]) / c[i].max(1e-30)).abs()).fold(0f32, f32::max);
+            println!("softmax len {len}: bit-identical to scalar; max rel vs libm {worst:.2e}");
+            assert!(worst <= 2e-6, "len {len}: {worst} relative from the libm softmax");
+        }
+        let mut all_neg_inf = [f32::NEG_INFINITY; 3];
+        softmax_fast(&mut all_neg_inf);
+        assert!(all_neg_inf.iter().all(|v| *v == f32::NEG_INFINITY));
     }
 
     #[test]

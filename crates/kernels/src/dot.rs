@@ -47,6 +47,45 @@ pub fn gemm_nt_scalar(x: &[f32], n_t: usize, w: &[f32], n_r: usize, k: usize, y:
     }
 }
 
+/// `y[t*ldy + c] = Σ_k x[t*k_len + k] · b[k*n + c]` for t < n_t, c < n: x [n_t, k_len] times
+/// b [k_len, n], both row-major. Scalar reference.
+pub fn gemm_nn_scalar(x: &[f32], n_t: usize, b: &[f32], k_len: usize, n: usize, y: &mut [f32], ldy: usize) {
+    check_gemm_nn(x, n_t, b, k_len, n, y, ldy);
+    for t in 0..n_t {
+        let yr = &mut y[t * ldy..t * ldy + n];
+        yr.fill(0.0);
+        for k in 0..k_len {
+            let a = x[t * k_len + k];
+            for (yv, &bv) in yr.iter_mut().zip(&b[k * n..(k + 1) * n]) {
+                *yv = a.mul_add(bv, *yv);
+            }
+        }
+    }
+}
+
+/// `gemm_nn_scalar` with AVX-512 when available: the attention form (scores = Q·Kᵀ with Kᵀ
+/// stored [head_dim, keys], output = P·V with V stored [keys, head_dim]). Each output element
+/// is one FMA chain over k in order, as the scalar twin, so the two agree bit for bit. No
+/// horizontal sums (the `gemm_nt` microkernel reduces 16 lanes per output, which dominates when
+/// k is a 64-wide head). Single-threaded.
+pub fn gemm_nn(x: &[f32], n_t: usize, b: &[f32], k_len: usize, n: usize, y: &mut [f32], ldy: usize) {
+    check_gemm_nn(x, n_t, b, k_len, n, y, ldy);
+    match level() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: AVX-512F detected at run time; bounds checked by check_gemm_nn.
+        Level::Avx512 => unsafe { avx512::gemm_nn(x, n_t, b, k_len, n, y, ldy) },
+        _ => gemm_nn_scalar(x, n_t, b, k_len, n, y, ldy),
+    }
+}
+
+#[track_caller]
+fn check_gemm_nn(x: &[f32], n_t: usize, b: &[f32], k_len: usize, n: usize, y: &[f32], ldy: usize) {
+    assert!(x.len() >= n_t * k_len, "gemm_nn: x has {} values, needs {n_t}x{k_len}", x.len());
+    assert!(b.len() >= k_len * n, "gemm_nn: b has {} values, needs {k_len}x{n}", b.len());
+    assert!(ldy >= n, "gemm_nn: ldy {ldy} < n {n}");
+    assert!(n_t == 0 || y.len() >= (n_t - 1) * ldy + n, "gemm_nn: y has {} values, needs {n_t} rows of stride {ldy}", y.len());
+}
+
 /// `y[t*ldy + r] = x[t] · w[r]`, SIMD chosen at run time. Single-threaded; callers split rows.
 pub fn gemm_nt(x: &[f32], n_t: usize, w: &[f32], n_r: usize, k: usize, y: &mut [f32], ldy: usize) {
     check_gemm(x, n_t, w, n_r, k, y, ldy);
@@ -108,6 +147,43 @@ mod avx512 {
     #[inline(always)]
     fn tail_mask(rem: usize) -> __mmask16 {
         if rem >= 16 { 0xffff } else { ((1u32 << rem) - 1) as u16 }
+    }
+
+    /// 4 rows of x by 32 columns of b per microkernel step: 4 broadcasts + 2 loads feed 8 FMAs
+    /// per k; column tails are masked, row tails reuse the last valid row (results discarded).
+    #[target_feature(enable = "avx512f,fma")]
+    pub unsafe fn gemm_nn(x: &[f32], n_t: usize, b: &[f32], k_len: usize, n: usize, y: &mut [f32], ldy: usize) {
+        let (px, pb, py) = (x.as_ptr(), b.as_ptr(), y.as_mut_ptr());
+        let mut c = 0;
+        while c < n {
+            let m0 = tail_mask(n - c);
+            let m1 = tail_mask((n - c).saturating_sub(16));
+            let mut t = 0;
+            while t < n_t {
+                let nt = (n_t - t).min(4);
+                let rows: [usize; 4] = std::array::from_fn(|i| t + i.min(nt - 1));
+                let mut acc = [[_mm512_setzero_ps(); 2]; 4];
+                // SAFETY: rows < n_t, k < k_len, columns c.. masked to < n: every access is
+                // inside x [n_t, k_len], b [k_len, n] and y (checked by the caller).
+                unsafe {
+                    for k in 0..k_len {
+                        let b0 = _mm512_maskz_loadu_ps(m0, pb.add(k * n + c));
+                        let b1 = _mm512_maskz_loadu_ps(m1, pb.add(k * n + c + 16));
+                        for i in 0..4 {
+                            let a = _mm512_set1_ps(*px.add(rows[i] * k_len + k));
+                            acc[i][0] = _mm512_fmadd_ps(a, b0, acc[i][0]);
+                            acc[i][1] = _mm512_fmadd_ps(a, b1, acc[i][1]);
+                        }
+                    }
+                    for (i, a) in acc.iter().enumerate().take(nt) {
+                        _mm512_mask_storeu_ps(py.add((t + i) * ldy + c), m0, a[0]);
+                        _mm512_mask_storeu_ps(py.add((t + i) * ldy + c + 16), m1, a[1]);
+                    }
+                }
+                t += 4;
+            }
+            c += 32;
+        }
     }
 
     #[target_feature(enable = "avx512f,fma")]
@@ -187,6 +263,31 @@ mod tests {
             let (s, v) = (dot_scalar(&a, &b), dot(&a, &b));
             let tol = 1e-5 * (n as f32).sqrt().max(1.0);
             assert!((s - v).abs() <= tol, "n={n}: scalar {s} simd {v} diff {}", (s - v).abs());
+        }
+    }
+
+    #[test]
+    fn gemm_nn_simd_matches_scalar() {
+        for &(nt, k, n) in &[(1, 1, 1), (3, 5, 17), (4, 64, 32), (7, 9, 100), (13, 64, 70), (5, 256, 33), (33, 3, 16)] {
+            let x = rnd(nt * k, 5);
+            let b = rnd(k * n, 6);
+            let ldy = n + 2;
+            let mut ys = vec![7f32; nt * ldy];
+            let mut yv = vec![7f32; nt * ldy];
+            gemm_nn_scalar(&x, nt, &b, k, n, &mut ys, ldy);
+            gemm_nn(&x, nt, &b, k, n, &mut yv, ldy);
+            // Same FMA chain per element: bit-identical, and the padding untouched.
+            let bad = (0..ys.len()).find(|&i| ys[i].to_bits() != yv[i].to_bits());
+            assert!(bad.is_none(), "gemm_nn {nt}x{k}x{n}: first difference at {bad:?}");
+            let mut md = 0f64;
+            for t in 0..nt {
+                for c in 0..n {
+                    let exact: f64 = (0..k).map(|j| x[t * k + j] as f64 * b[j * n + c] as f64).sum();
+                    md = md.max((exact - yv[t * ldy + c] as f64).abs());
+                }
+            }
+            println!("gemm_nn {nt}x{k}x{n}: bit-identical to scalar; max diff vs f64 {md:.2e}");
+            assert!(md <= 1e-5 * (k as f64).sqrt(), "gemm_nn {nt}x{k}x{n}: {md} from the f64 product");
         }
     }
 
