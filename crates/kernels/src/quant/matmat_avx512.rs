@@ -544,8 +544,8 @@ mod imp {
             let (mut dp, mut ip, mut fp) = ([k.da; T], [k.init; T], [k.fbs; T]);
             for t in 0..T {
                 if !k.first {
-                    for h in 0..R {
-                        facc[t][h] = _mm512_load_ps(k.acc.add(RS * (t0 + t) + 16 * h));
+                    for (h, f) in facc[t].iter_mut().enumerate() {
+                        *f = _mm512_load_ps(k.acc.add(RS * (t0 + t) + 16 * h));
                     }
                 }
                 ap[t] = k.acts.add((t0 + t) * k.arb);
