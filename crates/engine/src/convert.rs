@@ -229,6 +229,15 @@ pub fn convert(src: &Path, out: &Path, opts: &ConvertOptions, progress: &dyn Fn(
         e.1 += written;
     }
     let bytes = w.finish()?;
+    // Read back what was written (header, offsets, sizes): a file this build cannot open is a
+    // converter bug, better reported now than at the first run.
+    let check = Cmf::open(out)?;
+    if check.tensors.len() != n {
+        return Err(EngineError::BadConfig {
+            file: out.display().to_string(),
+            what: format!("wrote {n} tensors but reads back {}", check.tensors.len()),
+        });
+    }
     progress(n, n, "");
     Ok(ConvertReport { out: out.to_path_buf(), bytes, tensors: n, by_dtype, fallbacks, dropped })
 }

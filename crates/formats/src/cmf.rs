@@ -6,7 +6,7 @@
 //! ```text
 //!   0   b"CORTIQMF"            magic
 //!   8   u32 version            = FORMAT_VERSION
-//!  12   u32 reserved           = 0
+//!  12   u32 reserved           = 0 (readers ignore it)
 //!  16   u64 json_len
 //!  24   JSON header            json_len bytes of UTF-8
 //!       zero padding           to the next multiple of 64: the data section starts here (D)
