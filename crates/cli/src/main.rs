@@ -48,6 +48,9 @@ enum Cmd {
     Tokenize(TokenizeArgs),
     /// Prompt-processing and generation speed, like llama-bench (pp then tg lines, mean ± sd).
     Bench(BenchArgs),
+    /// Write cortiq's own model file (.cmf) from a GGUF, an HF folder or a .cmf, optionally
+    /// re-quantized (keep, f32, f16, bf16, q8r, q4t, q1).
+    Convert(cortiq_cli::convert::ConvertArgs),
 }
 
 #[derive(Args)]
@@ -250,6 +253,7 @@ fn dispatch(cmd: Cmd) -> Result<()> {
         Cmd::Logits(a) => cmd_logits(a),
         Cmd::Tokenize(a) => cmd_tokenize(a),
         Cmd::Bench(a) => cmd_bench(a),
+        Cmd::Convert(a) => cortiq_cli::convert::cmd_convert(a),
     }
 }
 

@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use cortiq_kernels::dot::{dot, gemm_nt};
 use cortiq_kernels::quant::{
-    ActType, MatmatActs, Order, QuantType, act_type, dequantize_act, dequantize_row, llamacpp_order, matmat_q_prepared,
+    ActType, MatmatActs, Order, QuantType, act_type, dequantize_act, dequantize_row, dequantize_rows, llamacpp_order, matmat_q_prepared,
     matmat_supported, matvec_q, matvec_q_order, order_supported, quantize_act,
 };
 
@@ -303,8 +303,7 @@ impl QTensor {
             for (c0, c1) in chunks(nr, TILE_ROWS) {
                 let n = c1 - c0;
                 buf.resize(TILE_ROWS * self.cols, 0.0);
-                // Rows are whole blocks and contiguous, so the tile dequantizes in one call.
-                dequantize_row(self.dtype, self.rows_data(r0 + c0, n), &mut buf[..n * self.cols]);
+                dequantize_rows(self.dtype, self.rows_data(r0 + c0, n), self.cols, &mut buf[..n * self.cols]);
                 let out = &mut out[c0 * n_t..c1 * n_t];
                 if n_t == 1 {
                     for (r, o) in out.iter_mut().enumerate() {
