@@ -10,7 +10,7 @@
 # Usage: LLAMACPP_DIR=/path/to/build bench/side_by_side.sh [NAME ...]
 #   NAME: known cortiq model names (default: smollm2-135m gemma3-270m qwen2.5-coder-0.5b)
 # Environment: THREADS (2), PP (512), TG (128), REPS (5 alternating rounds), CORTIQ_FLAGS (extra
-# flags, e.g. --q8-act or --numerics llamacpp)
+# flags, e.g. --numerics exact or --numerics llamacpp; default numerics: fast)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 die() { echo "side_by_side.sh: $*" >&2; exit 1; }
