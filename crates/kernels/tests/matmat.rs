@@ -19,7 +19,7 @@
 
 use cortiq_kernels::quant::{
     ActType, MatmatActs, QuantType, act_type, dequantize_act, dequantize_row_scalar, matmat_q, matmat_q_prepared,
-    matmat_q_scalar, matmat_supported, quantize_act, vec_dot_scalar,
+    matmat_q_scalar, matmat_supported, quantize_act, vec_dot, vec_dot_scalar,
 };
 
 const TYPES: [QuantType; 10] = [
@@ -227,6 +227,39 @@ fn close_to_vec_dot() {
         }
     }
     assert!(failed.is_empty(), "error above {TOL:e} of Σ|w·x̃| for {failed:?}");
+}
+
+/// Types with an activation format but no matrix kernel (cortiq's own) still work: `matmat_q`
+/// is then one `vec_dot` per (row, token), and the scalar twin one `vec_dot_scalar`.
+#[test]
+fn types_without_a_kernel_fall_back_to_vec_dot() {
+    let mut rng = Rng(0x5EED_0003);
+    let (rows, n_t) = (3, 5);
+    for ty in QuantType::ALL.into_iter().chain(QuantType::OWN) {
+        let (Some(at), false) = (act_type(ty), matmat_supported(ty)) else { continue };
+        let cols = (1..=8).map(|k| 256 * k).find(|&c| ty.row_bytes(c).is_some() && at.row_bytes(c).is_some());
+        let Some(cols) = cols else { continue };
+        let rb = ty.row_bytes(cols).unwrap();
+        let w: Vec<u8> = (0..rows * rb).map(|_| rng.next() as u8).collect();
+        let acts = random_acts(at, cols, n_t, &mut rng);
+        let (mut y, mut ys) = (vec![0f32; rows * n_t], vec![0f32; rows * n_t]);
+        matmat_q(ty, &w, rows, cols, &acts, n_t, &mut y);
+        matmat_q_scalar(ty, &w, rows, cols, &acts, n_t, &mut ys);
+        let ab = at.row_bytes(cols).unwrap();
+        for r in 0..rows {
+            for t in 0..n_t {
+                let (wr, a) = (&w[r * rb..(r + 1) * rb], &acts[t * ab..(t + 1) * ab]);
+                let pairs = [
+                    ("matmat_q", y[r * n_t + t], vec_dot(ty, wr, a, cols)),
+                    ("matmat_q_scalar", ys[r * n_t + t], vec_dot_scalar(ty, wr, a, cols)),
+                ];
+                for (what, got, want) in pairs {
+                    assert!(got.to_bits() == want.to_bits(), "{ty}: {what} row {r} token {t}: {got:e}, its vec_dot {want:e}");
+                }
+            }
+        }
+        println!("{ty:>5}: no matmat kernel, fallback == vec_dot on {rows}x{cols} x {n_t} tokens");
+    }
 }
 
 #[test]

@@ -2,27 +2,43 @@
 //! once), which stays the reference forever: same integers, same float steps, same bits.
 //!
 //! Owns: the weight-tile unpacker (one per type: packed quants -> unsigned bytes + f32 group
-//! scales), the 16-row transpose into the kernel's layout, the register-blocked kernel, the
-//! activation block sums, and the run-time dispatch. The only `unsafe` of the matmat module
-//! lives here; every block says why it is sound.
+//! scales), the 16-row transposes into the kernel's layout, the register-blocked kernel, the
+//! activation prep (`Prep::fill`'s fast path), and the run-time dispatch. The only `unsafe` of
+//! the matmat module lives here; every block says why it is sound.
 //!
-//! Layout (weight-stationary, like llama.cpp's repacked gemm): a tile of 16 weight rows and a
-//! K-chunk of up to `KC` elements is unpacked once into `wq`, one zmm per 4 consecutive
-//! elements holding those 4 bytes of each of the 16 rows (lane r = row r). One
+//! Layout (weight-stationary, like llama.cpp's repacked gemm): a tile of 32 weight rows and a
+//! K-chunk of up to `KC` elements is unpacked once into `wq`: per 4 consecutive elements two
+//! zmm (rows 0..16, 16..32), lane r holding those 4 bytes of row r. One
 //! `vpdpbusd(acc, wq[k], broadcast(4 activation bytes of token t at k))` then advances 16
 //! (row, token) dot products by 4 elements each, fully reduced: no horizontal sums anywhere.
-//! The kernel holds one group's 8 (or 4) weight vectors in registers and streams T <= 8
-//! tokens over them; per (group, token) it does 8 (4) `vpdpbusd` + 1 convert + 1-2 FMAs for
-//! 16 rows, per (activation block, token) one more FMA. Activations are read in place from the
-//! quantized rows (Q8_0 / Q8_1 / Q8_K blocks); the tile and the chunk of T token rows stay in
-//! L1, the whole activation matrix in L2.
+//! Each activation broadcast feeds both halves; blocks of 6 tokens (4 for the k-quants, which
+//! keep a per-block float temp) stream over one group's weight vectors. Per (group, token, 16
+//! rows): 8 (or 4) `vpdpbusd`, 1 convert, 1-2 FMAs; per (activation block, token) one more FMA.
+//! Activations are read in place from the quantized rows (Q8_0 / Q8_1 / Q8_K blocks).
 //!
 //! Weights are unsigned (`u = q + off`, 0..255) because `vpdpbusd` takes its broadcast memory
 //! operand as the signed one; the offset comes back as `-off * Σa` per (token, group), which is
 //! where each integer chain starts (`Prep::init`). Q8_K carries those sums (bsums); for Q8_0
-//! they are computed here per call (`q8_0_sums`).
+//! they are computed here (`prep_q8`).
 //!
-//! Figures: see examples/matmat_bench.rs and the commit that added these files.
+//! What bounds it (AMD EPYC Zen 5, 2 cores; measured with small loops, not documented):
+//! `vpdpbusd` and FMA/convert share two pipes (a dpbusd+FMA mix runs at their summed cost), and
+//! broadcast loads issue about two per cycle: each extra broadcast per (group, token) cost ~20%
+//! before the 32-row tile shared them. The kernel alone (weights hot in L1) reaches ~360 G MAC/s
+//! single-threaded, ~90% of the pipe bound for 8 `vpdpbusd` + 2 FMA + 1 convert; unpacking the
+//! tile costs another ~15-20% at 64 tokens (it is per call, not per token), and `matmat_q`'s
+//! activation prep ~15-20% for the 32-element types with 32-row calls (`MatmatActs` shares it).
+//!
+//! Figures (examples/matmat_bench, single thread, 32-row calls, 64 tokens; 128 for the last;
+//! G MAC/s, machine shared with other builds so +-10%), f32 path / `matmat_q` /
+//! `matmat_q_prepared`:
+//!   2048x640 (Gemma3 FFN up):   Q5_0 92 / 231 / 287, Q8_0 84 / 233 / 292, Q4_1 83 / 243 / 271
+//!   640x2048 (Gemma3 FFN down): Q4_K 81 / 312 / 326, Q5_0 85 / 250 / 309, Q6_K 74 / 307 / 322,
+//!                               Q8_0 76 / 249 / 314, Q4_1 69 / 258 / 284
+//!   4864x896 (Qwen2.5 FFN up):  Q5_0 84 / 236 / 295, Q8_0 82 / 237 / 297, Q4_1 92 / 241 / 270
+//!   896x4864, 128 tokens:       Q4_K 54 / 339 / 356, Q5_0 70 / 265 / 344, Q6_K 67 / 341 / 357,
+//!                               Q8_0 53 / 265 / 338, Q4_1 89 / 290 / 328
+//! The scalar twin runs 3-5 G MAC/s.
 
 use super::QuantType;
 use super::matmat::{Geo, Prep};
