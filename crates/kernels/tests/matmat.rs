@@ -4,8 +4,9 @@
 //! Random weight blocks (random quant and scale bytes, f16 scales 2^-14 .. 2^-2 of either sign)
 //! times random activation rows quantized by `quantize_act` (normal-ish values over 5 decades
 //! of scale with 20x outliers), for every type with a kernel, over shapes that exercise the
-//! kernel's edges: 1 to 37 rows (tiles of 16 plus a ragged tail), 1 to 33 tokens (blocks of 8
-//! plus every tail length), and column counts below and above the 1024-element K-chunk.
+//! kernel's edges: 1 to 37 rows (tiles of 32 and 16 plus ragged tails), 1 to 33 tokens (blocks
+//! of 4 or 6 plus every tail length), column counts below and above the 1024-element K-chunk
+//! (and, for the 32-element types, not a multiple of 64), aligned and unaligned slices.
 //!
 //! 1. `simd_matches_scalar_twin`: `matmat_q` (AVX-512 VNNI when present) vs `matmat_q_scalar`:
 //!    0 ulp required (the twins run the same integer sums and the same FMA sequence); and
@@ -100,24 +101,44 @@ fn random_acts(at: ActType, cols: usize, n_t: usize, rng: &mut Rng) -> Vec<u8> {
     out
 }
 
+/// One random problem. Odd-numbered cases store weights and activations one byte past an
+/// allocation's start, so the kernels see unaligned rows.
 struct Case {
-    w: Vec<u8>,
-    acts: Vec<u8>,
+    wbuf: Vec<u8>,
+    abuf: Vec<u8>,
+    off: usize,
     rows: usize,
     cols: usize,
     n_t: usize,
 }
 
+impl Case {
+    fn w(&self) -> &[u8] {
+        &self.wbuf[self.off..]
+    }
+    fn acts(&self) -> &[u8] {
+        &self.abuf[self.off..]
+    }
+}
+
+/// Extra shapes for the 32-element types: column counts that are not a multiple of 64 (the
+/// transpose's unit) and one block past the 1024-element K-chunk.
+const LEGACY_SHAPES: [(usize, usize, usize); 3] = [(2, 32, 2), (7, 96, 5), (18, 1056, 9)];
+
 fn cases(ty: QuantType, rng: &mut Rng) -> Vec<Case> {
     let at = act_type(ty).unwrap();
+    let extra: &[(usize, usize, usize)] = if ty.block_size() == 32 { &LEGACY_SHAPES } else { &[] };
     SHAPES
         .iter()
-        .map(|&(rows, cols, n_t)| Case {
-            w: random_weights(ty, rows * cols / ty.block_size(), rng),
-            acts: random_acts(at, cols, n_t, rng),
-            rows,
-            cols,
-            n_t,
+        .chain(extra)
+        .enumerate()
+        .map(|(i, &(rows, cols, n_t))| {
+            let off = i % 2;
+            let mut wbuf = vec![0u8; off];
+            wbuf.extend(random_weights(ty, rows * cols / ty.block_size(), rng));
+            let mut abuf = vec![0u8; off];
+            abuf.extend(random_acts(at, cols, n_t, rng));
+            Case { wbuf, abuf, off, rows, cols, n_t }
         })
         .collect()
 }
@@ -134,14 +155,14 @@ fn simd_matches_scalar_twin() {
         for c in cases(ty, &mut rng) {
             let mut y = vec![f32::NAN; c.rows * c.n_t];
             let mut ys = vec![f32::NAN; c.rows * c.n_t];
-            matmat_q(ty, &c.w, c.rows, c.cols, &c.acts, c.n_t, &mut y);
-            matmat_q_scalar(ty, &c.w, c.rows, c.cols, &c.acts, c.n_t, &mut ys);
-            let prepared = MatmatActs::new(ty, &c.acts, c.cols, c.n_t);
+            matmat_q(ty, c.w(), c.rows, c.cols, c.acts(), c.n_t, &mut y);
+            matmat_q_scalar(ty, c.w(), c.rows, c.cols, c.acts(), c.n_t, &mut ys);
+            let prepared = MatmatActs::new(ty, c.acts(), c.cols, c.n_t);
             let mut yp = vec![f32::NAN; c.rows * c.n_t];
             let rb = ty.row_bytes(c.cols).unwrap();
             for (r0, out) in (0..c.rows).step_by(16).zip(yp.chunks_mut(16 * c.n_t)) {
                 let nr = out.len() / c.n_t;
-                matmat_q_prepared(ty, &c.w[r0 * rb..(r0 + nr) * rb], nr, &prepared, out);
+                matmat_q_prepared(ty, &c.w()[r0 * rb..(r0 + nr) * rb], nr, &prepared, out);
             }
             let same = y.iter().zip(&yp).all(|(a, b)| a.to_bits() == b.to_bits());
             assert!(same, "{ty}: matmat_q_prepared differs from matmat_q ({}x{} x {} tokens)", c.rows, c.cols, c.n_t);
@@ -173,7 +194,11 @@ fn simd_matches_scalar_twin() {
 fn close_to_vec_dot() {
     const TOL: f64 = 1e-5;
     let mut rng = Rng(0x5EED_0002);
-    println!("error / Σ|w·x̃|, worst over all (row, token) of {} shapes per type", SHAPES.len());
+    println!(
+        "error / Σ|w·x̃|, worst over all (row, token) of {} shapes per type ({} for the 32-element types)",
+        SHAPES.len(),
+        SHAPES.len() + LEGACY_SHAPES.len()
+    );
     println!(
         "{:>5} {:>8} {:>13} {:>13} {:>13} {:>13}  worst case (shape, row, token)",
         "type", "outputs", "vs vec_dot", "scalar vs vd", "vs f64", "vec_dot vs f64"
@@ -188,15 +213,15 @@ fn close_to_vec_dot() {
             let ab = at.row_bytes(c.cols).unwrap();
             let mut y = vec![0f32; c.rows * c.n_t];
             let mut ys = vec![0f32; c.rows * c.n_t];
-            matmat_q(ty, &c.w, c.rows, c.cols, &c.acts, c.n_t, &mut y);
-            matmat_q_scalar(ty, &c.w, c.rows, c.cols, &c.acts, c.n_t, &mut ys);
+            matmat_q(ty, c.w(), c.rows, c.cols, c.acts(), c.n_t, &mut y);
+            matmat_q_scalar(ty, c.w(), c.rows, c.cols, c.acts(), c.n_t, &mut ys);
             let mut wf = vec![0f32; c.cols];
             let mut xf = vec![0f64; c.cols];
             for r in 0..c.rows {
-                let wr = &c.w[r * rb..(r + 1) * rb];
+                let wr = &c.w()[r * rb..(r + 1) * rb];
                 dequantize_row_scalar(ty, wr, &mut wf);
                 for t in 0..c.n_t {
-                    let a = &c.acts[t * ab..(t + 1) * ab];
+                    let a = &c.acts()[t * ab..(t + 1) * ab];
                     dequantize_act(at, a, &mut xf);
                     let (mut exact, mut mag) = (0f64, 0f64);
                     for (&wv, &xv) in wf.iter().zip(&xf) {
