@@ -143,6 +143,9 @@ fn cases(ty: QuantType, rng: &mut Rng) -> Vec<Case> {
         .collect()
 }
 
+/// The engine shares one `MatmatActs` across its pool's threads.
+fn shareable<T: Sync + Send>(_: &T) {}
+
 #[test]
 fn simd_matches_scalar_twin() {
     let simd = cortiq_kernels::quant::vecdot_avx512::available();
@@ -158,6 +161,7 @@ fn simd_matches_scalar_twin() {
             matmat_q(ty, c.w(), c.rows, c.cols, c.acts(), c.n_t, &mut y);
             matmat_q_scalar(ty, c.w(), c.rows, c.cols, c.acts(), c.n_t, &mut ys);
             let prepared = MatmatActs::new(ty, c.acts(), c.cols, c.n_t);
+            shareable(&prepared);
             let mut yp = vec![f32::NAN; c.rows * c.n_t];
             let rb = ty.row_bytes(c.cols).unwrap();
             for (r0, out) in (0..c.rows).step_by(16).zip(yp.chunks_mut(16 * c.n_t)) {
