@@ -107,8 +107,8 @@ pub fn matmat_supported(ty: QuantType) -> bool {
 /// format or on wrong lengths (caller bugs: the engine validates shapes at load time).
 ///
 /// Each call first reads every activation row once for its per-block scalars (`MatmatActs`);
-/// with 32-row ranges that is ~1/5 of the time for the 32-element types (Q8_0 and friends). A caller with many
-/// ranges over the same activations should build one `MatmatActs` and call
+/// with 32-row ranges that is ~1/5 of the time for the 32-element types (Q8_0 and friends).
+/// A caller with many ranges over the same activations should build one `MatmatActs` and call
 /// `matmat_q_prepared` per range instead.
 #[track_caller]
 pub fn matmat_q(ty: QuantType, w: &[u8], rows: usize, cols: usize, acts: &[u8], n_t: usize, y: &mut [f32]) {
