@@ -27,7 +27,7 @@ use std::sync::Arc;
 use cortiq_kernels::dot::{dot, gemm_nt};
 use cortiq_kernels::quant::{
     ActType, MatmatActs, Order, QuantType, act_type, dequantize_act, dequantize_row, dequantize_rows, llamacpp_order, matmat_q_prepared,
-    matmat_supported, matvec_q, matvec_q_order, order_supported, quantize_act,
+    matmat_supported, matvec_fast, matvec_q, matvec_q_order, order_supported, quantize_act,
 };
 
 use crate::compat::Numerics;
@@ -371,7 +371,11 @@ fn matvec_many(ws: &[&QTensor], x: &[f32], y: &mut [f32]) {
             match act {
                 Some(act) => {
                     let q = &cache.entries.iter().find(|(k, _)| k == act).expect("quantized before the dispatch").1;
-                    matvec_q(w.dtype, w.rows_data(r0, n), n, w.cols, q, o);
+                    if w.numerics == Numerics::Fast {
+                        matvec_fast(w.dtype, w.rows_data(r0, n), n, w.cols, q, o);
+                    } else {
+                        matvec_q(w.dtype, w.rows_data(r0, n), n, w.cols, q, o);
+                    }
                 }
                 None => w.tile_times(r0, n, x, 1, o),
             }

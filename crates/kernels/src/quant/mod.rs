@@ -5,6 +5,8 @@
 pub mod blocks;
 pub mod dequant;
 pub mod dequant_avx512;
+pub mod fastvec;
+mod fastvec_avx512;
 pub mod matmat;
 pub mod matmat_avx512;
 mod own_avx512;
@@ -16,6 +18,7 @@ pub mod vecdot;
 pub mod vecdot_avx512;
 
 pub use dequant::{dequantize_row, dequantize_row_scalar, dequantize_rows, dot_row};
+pub use fastvec::{fastvec_supported, matvec_fast, matvec_fast_scalar, matvec_own};
 pub use matmat::{MatmatActs, matmat_q, matmat_q_prepared, matmat_q_scalar, matmat_supported};
 pub use quantize::{QuantizeError, quantize_row};
 pub use vecdot::{

@@ -1,0 +1,187 @@
+//! Decode matvec in cortiq's own float order (`Numerics::Fast`) for the 32-element GGUF types
+//! Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0: `y[r] = W[r] · x̃` with x̃ the Q8_0 / Q8_1 activation row.
+//!
+//! Why a second kernel beside `vecdot::matvec_q`: that one reproduces ggml's float order bit for
+//! bit (256-bit lanes, one FMA per 32-element block, a scalar f16 convert and FMA per block for
+//! the min term) and is compute-bound on these types (Q4_1 ~17 G weights/s a core, under
+//! memory speed). Here the activation row is unpacked once per call (contiguous int8 quants,
+//! per-block f32 scales, per-lane sums for the quant offset, Q8_1's `s` widened), then every
+//! 64 weights take one 512-bit unpack, one `vpdpbusd` and one FMA with per-lane scales.
+//!
+//! Arithmetic (both twins): per block b the exact integer sum
+//! `i_b = Σ u·a - off·Σ a` (u the unsigned stored quant, `off` the type's offset), then
+//! `acc += f32(i_b) · (d_w,b · d_a,b)`; Q4_1/Q5_1 add `Σ_b m_b · s_b`. The SIMD twin adds the
+//! block terms in 16 lanes (8 per block of a pair) and reduces at the end, the scalar twin in
+//! block order: they agree to a few f32 roundings of Σ|w·x| (tests/fastvec.rs prints them).
+
+use super::QuantType;
+use super::blocks::f16_le;
+use super::vecdot::{ActType, Q8_1_BYTES, act_type};
+
+/// Whether `matvec_fast` runs a kernel of its own for `ty` rather than `matvec_q`: only where
+/// it measured faster (examples/fastvec_bench, single thread, G weights/s ggml order -> own:
+/// Q4_1 19.7 -> 26.3 in cache and 12.9 -> 24.9 streamed; Q5_1 even; Q4_0, Q5_0 and Q8_0 lose
+/// 10-30% to ggml's kernels, whose per-block work is already light). `matvec_own` runs it for
+/// every type of `geo` (tests, benches).
+pub fn fastvec_supported(ty: QuantType) -> bool {
+    matches!(ty, QuantType::Q4_1 | QuantType::Q5_1)
+}
+
+/// (block bytes, quant offset, has min) of the supported weight types.
+pub(super) fn geo(ty: QuantType) -> Option<(usize, i32, bool)> {
+    match ty {
+        QuantType::Q4_0 => Some((18, 8, false)),
+        QuantType::Q4_1 => Some((20, 0, true)),
+        QuantType::Q5_0 => Some((22, 16, false)),
+        QuantType::Q5_1 => Some((24, 0, true)),
+        QuantType::Q8_0 => Some((34, 128, false)),
+        _ => None,
+    }
+}
+
+/// The activation row unpacked: quants in element order, per-block scale, per-4-element sums
+/// (the `vpdpbusd` lanes' offset corrections), Q8_1's `s` per block.
+#[derive(Default)]
+pub struct Unpacked {
+    pub(super) q: Vec<i8>,
+    pub(super) d: Vec<f32>,
+    pub(super) sum4: Vec<i32>,
+    pub(super) s: Vec<f32>,
+}
+
+impl Unpacked {
+    pub(super) fn fill(&mut self, act: ActType, a: &[u8], cols: usize) {
+        let nb = cols / 32;
+        let (bb, qo) = match act {
+            ActType::Q8_1 => (Q8_1_BYTES, 4),
+            _ => (34, 2),
+        };
+        self.q.clear();
+        self.d.clear();
+        self.s.clear();
+        self.sum4.clear();
+        for blk in a.chunks_exact(bb).take(nb) {
+            self.d.push(f16_le([blk[0], blk[1]]));
+            if act == ActType::Q8_1 {
+                self.s.push(f16_le([blk[2], blk[3]]));
+            }
+            let qs = &blk[qo..qo + 32];
+            self.q.extend(qs.iter().map(|&b| b as i8));
+            self.sum4.extend(qs.chunks_exact(4).map(|c| c.iter().map(|&b| b as i8 as i32).sum::<i32>()));
+        }
+    }
+}
+
+/// Unsigned quant `u` of element `j` (0..32) of a weight block (offset not applied).
+fn quant(ty: QuantType, blk: &[u8], j: usize) -> i32 {
+    let nib = |qs: &[u8]| if j < 16 { qs[j] & 0xF } else { qs[j - 16] >> 4 } as i32;
+    match ty {
+        QuantType::Q4_0 => nib(&blk[2..18]),
+        QuantType::Q4_1 => nib(&blk[4..20]),
+        QuantType::Q5_0 => {
+            let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
+            nib(&blk[6..22]) | (((qh >> j) & 1) as i32) << 4
+        }
+        QuantType::Q5_1 => {
+            let qh = u32::from_le_bytes([blk[4], blk[5], blk[6], blk[7]]);
+            nib(&blk[8..24]) | (((qh >> j) & 1) as i32) << 4
+        }
+        QuantType::Q8_0 => blk[2 + j] as i8 as i32 + 128,
+        _ => unreachable!("checked by geo"),
+    }
+}
+
+/// Scalar twin of one row (lengths checked by the caller).
+pub(super) fn row_scalar(ty: QuantType, row: &[u8], u: &Unpacked) -> f32 {
+    let (bb, off, min) = geo(ty).expect("checked by the caller");
+    let mut acc = 0f32;
+    let mut macc = 0f32;
+    for (b, blk) in row.chunks_exact(bb).enumerate() {
+        let mut isum = 0i32;
+        for j in 0..32 {
+            isum += quant(ty, blk, j) * u.q[b * 32 + j] as i32;
+        }
+        isum -= off * u.sum4[b * 8..b * 8 + 8].iter().sum::<i32>();
+        let dw = f16_le([blk[0], blk[1]]);
+        acc = (isum as f32).mul_add(dw * u.d[b], acc);
+        if min {
+            macc = f16_le([blk[2], blk[3]]).mul_add(u.s[b], macc);
+        }
+    }
+    acc + macc
+}
+
+thread_local! {
+    static UNPACKED: std::cell::RefCell<Unpacked> = std::cell::RefCell::new(Unpacked::default());
+}
+
+#[track_caller]
+fn check(func: &str, ty: QuantType, w: &[u8], rows: usize, cols: usize, act: &[u8], y: &[f32]) -> ActType {
+    let at = act_type(ty).unwrap_or_else(|| panic!("{func}({ty}): no quantized-activation format"));
+    let (wb, ab) = (ty.row_bytes(cols), at.row_bytes(cols));
+    assert!(
+        wb.map(|b| b * rows) == Some(w.len()) && ab == Some(act.len()) && y.len() == rows,
+        "{func}({ty}): {rows}x{cols} needs {:?} weight and {ab:?} activation bytes and {rows} outputs, got {}, {} and {}",
+        wb.map(|b| b * rows),
+        w.len(),
+        act.len(),
+        y.len()
+    );
+    at
+}
+
+/// `y[r] = W[r] · x̃` for `rows` rows of `ty` back to back and one activation row quantized by
+/// `quantize_act(act_type(ty), ..)`; single-threaded (the engine splits row ranges). Types
+/// without a kernel here fall back to `matvec_q` (ggml's order). AVX-512 VNNI when available.
+#[track_caller]
+pub fn matvec_fast(ty: QuantType, w: &[u8], rows: usize, cols: usize, act: &[u8], y: &mut [f32]) {
+    if !fastvec_supported(ty) {
+        super::vecdot::matvec_q(ty, w, rows, cols, act, y);
+        return;
+    }
+    matvec_own(ty, w, rows, cols, act, y);
+}
+
+/// `matvec_fast`'s own kernel for any of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (others: `matvec_q`).
+#[track_caller]
+pub fn matvec_own(ty: QuantType, w: &[u8], rows: usize, cols: usize, act: &[u8], y: &mut [f32]) {
+    if geo(ty).is_none() {
+        super::vecdot::matvec_q(ty, w, rows, cols, act, y);
+        return;
+    }
+    let at = check("matvec_own", ty, w, rows, cols, act, y);
+    if rows == 0 {
+        return;
+    }
+    UNPACKED.with(|u| {
+        let mut u = u.borrow_mut();
+        u.fill(at, act, cols);
+        if !super::fastvec_avx512::matvec(ty, w, rows, cols, &u, y) {
+            let rb = w.len() / rows;
+            for (o, row) in y.iter_mut().zip(w.chunks_exact(rb)) {
+                *o = row_scalar(ty, row, &u);
+            }
+        }
+    });
+}
+
+/// The scalar twin of `matvec_own` (same contract; types outside `geo` use `vec_dot_scalar`).
+#[track_caller]
+pub fn matvec_fast_scalar(ty: QuantType, w: &[u8], rows: usize, cols: usize, act: &[u8], y: &mut [f32]) {
+    if geo(ty).is_none() {
+        for (o, row) in y.iter_mut().zip(w.chunks_exact((w.len() / rows.max(1)).max(1))) {
+            *o = super::vecdot::vec_dot_scalar(ty, row, act, cols);
+        }
+        return;
+    }
+    let at = check("matvec_fast_scalar", ty, w, rows, cols, act, y);
+    if rows == 0 {
+        return;
+    }
+    let mut u = Unpacked::default();
+    u.fill(at, act, cols);
+    let rb = w.len() / rows;
+    for (o, row) in y.iter_mut().zip(w.chunks_exact(rb)) {
+        *o = row_scalar(ty, row, &u);
+    }
+}
