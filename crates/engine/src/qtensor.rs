@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use cortiq_kernels::dot::{dot, gemm_nt};
 use cortiq_kernels::quant::{
-    ActType, MatmatActs, Order, QuantType, act_type, dequantize_act, dequantize_row, dequantize_rows, llamacpp_order, matmat_q_prepared,
+    ActType, MatmatActs, Order, QuantType, act_type, dequantize_act, dequantize_row, dequantize_rows, llamacpp_order, matmat_q_prepared, matmat_q_prepared_tm,
     matmat_supported, matvec_fast, matvec_q, matvec_q_order, order_supported, quantize_act,
 };
 
@@ -63,6 +63,8 @@ impl std::fmt::Debug for QTensor {
 /// Weight rows per prefill work item: 32 rows of f32 stay in L2 while every token of a chunk
 /// streams by.
 const TILE_ROWS: usize = 32;
+/// Tokens per thread from which fast prefill splits tokens rather than weight rows.
+const TOKEN_SPLIT_MIN: usize = 16;
 /// Rows per decode grain: threads get contiguous slabs on multiples of this.
 const MATVEC_GRAIN: usize = 16;
 
@@ -261,6 +263,24 @@ impl QTensor {
     fn matmat_int8(&self, act: ActType, x: &[f32], n_t: usize, y: &mut [f32]) {
         let cols = self.cols;
         let arb = act.row_bytes(cols).expect("activation format fits the weight's blocks");
+        if n_t >= TOKEN_SPLIT_MIN * pool().n_threads() {
+            // Tokens split over the pool: each thread quantizes its tokens and multiplies them
+            // by the whole matrix, writing its own rows of y [n_t, rows] (no transpose, no
+            // [rows, n_t] buffer). Every thread reads every weight tile, which prefill reuses
+            // across hundreds of tokens anyway (and the tiles of one matrix fit in L3).
+            pool().for_rows_mut(y, self.rows, TOKEN_SPLIT_MIN, |t0, ys| {
+                let nt = ys.len() / self.rows;
+                let mut xq = vec![0u8; nt * arb]; // [nt, arb]
+                let mut q = Vec::with_capacity(arb);
+                for (i, out) in xq.chunks_mut(arb).enumerate() {
+                    quantize_act(act, &x[(t0 + i) * cols..(t0 + i + 1) * cols], &mut q);
+                    out.copy_from_slice(&q);
+                }
+                let prep = MatmatActs::new(self.dtype, &xq, cols, nt);
+                matmat_q_prepared_tm(self.dtype, self.bytes(), self.rows, &prep, ys, self.rows);
+            });
+            return;
+        }
         let mut xq = vec![0u8; n_t * arb]; // [n_t, arb]
         {
             let _s = profile::span(Op::QuantizeAct);

@@ -19,7 +19,7 @@
 //!    worst case per type is printed as a table.
 
 use cortiq_kernels::quant::{
-    ActType, MatmatActs, QuantType, act_type, dequantize_act, dequantize_row_scalar, matmat_q, matmat_q_prepared,
+    ActType, MatmatActs, QuantType, act_type, dequantize_act, dequantize_row_scalar, matmat_q, matmat_q_prepared, matmat_q_prepared_tm,
     matmat_q_scalar, matmat_supported, quantize_act, vec_dot, vec_dot_scalar,
 };
 
@@ -170,6 +170,22 @@ fn simd_matches_scalar_twin() {
             }
             let same = y.iter().zip(&yp).all(|(a, b)| a.to_bits() == b.to_bits());
             assert!(same, "{ty}: matmat_q_prepared differs from matmat_q ({}x{} x {} tokens)", c.rows, c.cols, c.n_t);
+            // Token-major output with a row stride wider than the matrix: y[t * ldy + r].
+            let ldy = c.rows + 3;
+            let mut ytm = vec![f32::NAN; c.n_t * ldy];
+            matmat_q_prepared_tm(ty, c.w(), c.rows, &prepared, &mut ytm, ldy);
+            for r in 0..c.rows {
+                for t in 0..c.n_t {
+                    assert_eq!(
+                        ytm[t * ldy + r].to_bits(),
+                        y[r * c.n_t + t].to_bits(),
+                        "{ty}: matmat_q_prepared_tm differs at row {r} token {t} ({}x{} x {} tokens)",
+                        c.rows,
+                        c.cols,
+                        c.n_t
+                    );
+                }
+            }
             for (i, (a, b)) in y.iter().zip(&ys).enumerate() {
                 n += 1;
                 if a.to_bits() != b.to_bits() {

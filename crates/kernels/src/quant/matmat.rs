@@ -207,6 +207,49 @@ pub fn matmat_q_prepared(ty: QuantType, w: &[u8], rows: usize, acts: &MatmatActs
     run(ty, &geo, w, rows, cols, acts.acts, n_t, &acts.prep, y, super::matmat_avx512::available());
 }
 
+/// As `matmat_q_prepared`, writing token-major: `y[t * ldy + r]` (y: [n_t, ldy], ldy >= rows),
+/// the layout the next op reads, so a caller splitting *tokens* over threads needs no
+/// transpose. Computed 32 rows at a time into a per-thread [32, n_t] buffer (the kernel's own
+/// row tile), then scattered: 32 contiguous floats per token. Same values, bit for bit.
+#[track_caller]
+pub fn matmat_q_prepared_tm(ty: QuantType, w: &[u8], rows: usize, acts: &MatmatActs, y: &mut [f32], ldy: usize) {
+    let n_t = acts.n_t;
+    let rb = ty.row_bytes(acts.cols);
+    assert!(
+        rb.and_then(|b| b.checked_mul(rows)) == Some(w.len()),
+        "matmat_q_prepared_tm({ty}): {rows} rows of {} columns need {:?} weight bytes, got {}",
+        acts.cols,
+        rb.map(|b| b * rows),
+        w.len()
+    );
+    assert!(
+        ldy >= rows && (n_t == 0 || y.len() >= (n_t - 1) * ldy + rows),
+        "matmat_q_prepared_tm({ty}): y of {} values cannot hold {n_t} rows of stride {ldy} >= {rows}",
+        y.len()
+    );
+    let rb = rb.unwrap_or(0);
+    TM_BUF.with(|b| {
+        let mut buf = b.borrow_mut();
+        let mut r0 = 0;
+        while r0 < rows {
+            let nr = (rows - r0).min(32);
+            buf.resize(nr * n_t, 0.0);
+            matmat_q_prepared(ty, &w[r0 * rb..(r0 + nr) * rb], nr, acts, &mut buf[..nr * n_t]);
+            for t in 0..n_t {
+                let yt = &mut y[t * ldy + r0..t * ldy + r0 + nr];
+                for (r, o) in yt.iter_mut().enumerate() {
+                    *o = buf[r * n_t + t];
+                }
+            }
+            r0 += nr;
+        }
+    });
+}
+
+thread_local! {
+    static TM_BUF: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// The SIMD kernel when `simd`, else the scalar twin. Lengths checked, `rows, n_t > 0`, `p`
 /// filled for `acts`.
 #[allow(clippy::too_many_arguments)]
