@@ -22,7 +22,7 @@
 use cortiq_kernels::quant::blocks::Q4T_LEVELS;
 use cortiq_kernels::quant::{
     ActType, QuantType, QuantizeError, act_type, dequantize_act, dequantize_row, dequantize_row_scalar, dequantize_rows, dot_row,
-    matvec_q, quantize_act, quantize_row, vec_dot, vec_dot_scalar,
+    matvec_q, quantize_act, quantize_row, quantize_row_weighted, vec_dot, vec_dot_scalar,
 };
 
 /// SplitMix64 (no dependency).
@@ -223,6 +223,54 @@ fn quantize_row_rejects_bad_input() {
     assert!(matches!(e, QuantizeError::NonFinite { index: 77, .. }));
     assert!(out.iter().all(|&b| b == 0xAA), "out untouched on error");
     println!("{e}");
+}
+
+#[test]
+fn importance_weighted_quantization() {
+    let mut rng = Rng(0x5EED_0006);
+    let n = 2048;
+    // bad importance
+    let x = rng.gauss_row(n, 0.02);
+    let mut out = vec![0u8; QuantType::Q4T.row_bytes(n).unwrap()];
+    let e = quantize_row_weighted(QuantType::Q4T, &x, &x[..10], &mut out).unwrap_err();
+    assert!(matches!(e, QuantizeError::ImportanceLength { n: 2048, got: 10, .. }), "{e}");
+    let mut imp = vec![1f32; n];
+    imp[5] = -1.0;
+    let e = quantize_row_weighted(QuantType::Q4T, &x, &imp, &mut out).unwrap_err();
+    assert!(matches!(e, QuantizeError::BadImportance { index: 5, .. }), "{e}");
+    imp[5] = f32::INFINITY;
+    assert!(matches!(quantize_row_weighted(QuantType::Q1, &x, &imp, &mut out), Err(QuantizeError::BadImportance { .. })));
+
+    println!("importance-weighted relative RMSE, sqrt(Σ imp·err² / Σ imp·x²): plain -> weighted quantization");
+    for ty in QuantType::OWN {
+        let mut out = vec![0u8; ty.row_bytes(n).unwrap()];
+        // uniform importance: the same bytes as quantize_row (any constant)
+        let x = rng.gauss_row(n, 0.02);
+        quantize_row_weighted(ty, &x, &vec![3.5f32; n], &mut out).unwrap();
+        assert_eq!(out, quantize(ty, &x), "{ty}: constant importance must not change the bytes");
+        // skewed importance (activation-like: 1 in 16 columns 50x): the weighted error must drop
+        let (mut plain, mut weighted) = (0f64, 0f64);
+        for _ in 0..16 {
+            let x = rng.gauss_row(n, 0.02);
+            let imp: Vec<f32> = (0..n).map(|j| if j % 16 == 3 { 50.0 } else { 1.0 } * (0.5 + rng.unit() as f32)).collect();
+            quantize_row_weighted(ty, &x, &imp, &mut out).unwrap();
+            let wy = deq(ty, &out, n);
+            let py = deq(ty, &quantize(ty, &x), n);
+            let werr = |y: &[f32]| {
+                let e: f64 = x.iter().zip(y).zip(&imp).map(|((&a, &b), &w)| w as f64 * (a as f64 - b as f64).powi(2)).sum();
+                let r: f64 = x.iter().zip(&imp).map(|(&a, &w)| w as f64 * (a as f64).powi(2)).sum();
+                (e / r).sqrt()
+            };
+            plain += werr(&py) / 16.0;
+            weighted += werr(&wy) / 16.0;
+        }
+        println!("{:>4}: {:7.3}% -> {:7.3}%", ty.name(), 100.0 * plain, 100.0 * weighted);
+        if ty == QuantType::Q8R {
+            assert_eq!(plain, weighted, "q8r ignores importance");
+        } else {
+            assert!(weighted < 0.97 * plain, "{ty}: importance must lower the weighted error ({weighted} vs {plain})");
+        }
+    }
 }
 
 /// Random but valid rows: random quant bytes with finite scales of random magnitude.

@@ -20,7 +20,7 @@ pub mod vecdot_avx512;
 pub use dequant::{dequantize_row, dequantize_row_scalar, dequantize_rows, dot_row};
 pub use fastvec::{fastvec_supported, matvec_fast, matvec_fast_scalar, matvec_own};
 pub use matmat::{MatmatActs, matmat_q, matmat_q_prepared, matmat_q_prepared_tm, matmat_q_scalar, matmat_supported};
-pub use quantize::{QuantizeError, quantize_row};
+pub use quantize::{QuantizeError, quantize_row, quantize_row_weighted};
 pub use vecdot::{
     ActType, Order, act_type, dequantize_act, llamacpp_order, llamacpp_repacks, matvec_q, matvec_q_order, order_supported,
     quantize_act, quantize_act_scalar, vec_dot, vec_dot_order, vec_dot_order_scalar, vec_dot_scalar,

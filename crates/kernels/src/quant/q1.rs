@@ -13,11 +13,21 @@ use super::blocks::*;
 use half::f16;
 
 /// Quantize one row (`src.len()` a multiple of 128, `out.len() == src.len() / 128 * 18`, finite
-/// values: checked by `quantize::quantize_row`).
-pub(super) fn quantize(src: &[f32], out: &mut [u8]) {
-    for (x, ob) in src.chunks_exact(QK_T).zip(out.chunks_exact_mut(size_of::<BlockQ1>())) {
-        // f64 sum: 128 magnitudes, one rounding at the end
-        let mean = (x.iter().map(|&v| v.abs() as f64).sum::<f64>() / QK_T as f64) as f32;
+/// values, `importance` (if any) as long as `src`, finite and >= 0: checked by
+/// `quantize::quantize_row_weighted`). With importance the scale is the weighted mean
+/// Σ w|x| / Σ w, which minimizes Σ w (x - x̂)² for the fixed signs (a block whose importance is
+/// all zero uses the plain mean).
+pub(super) fn quantize(src: &[f32], importance: Option<&[f32]>, out: &mut [u8]) {
+    for (b, (x, ob)) in src.chunks_exact(QK_T).zip(out.chunks_exact_mut(size_of::<BlockQ1>())).enumerate() {
+        // f64 sums: 128 terms, one rounding at the end
+        let plain = || x.iter().map(|&v| v.abs() as f64).sum::<f64>() / QK_T as f64;
+        let mean = match importance.map(|imp| &imp[QK_T * b..QK_T * (b + 1)]) {
+            Some(w) if w.iter().any(|&v| v > 0.0) => {
+                let sw: f64 = w.iter().map(|&v| v as f64).sum();
+                x.iter().zip(w).map(|(&v, &w)| v.abs() as f64 * w as f64).sum::<f64>() / sw
+            }
+            _ => plain(),
+        } as f32;
         let mut bits = [0u8; QK_T / 8];
         for (i, &v) in x.iter().enumerate() {
             // v >= 0 (-0.0 included: it is not negative) -> +d; inputs are finite here

@@ -1,7 +1,7 @@
 //! f32 rows -> cortiq's own weight types (q8r, q4t, q1).
 //!
-//! Owns: `quantize_row`, the one public entry point of the three quantizers (`q8r.rs`,
-//! `q4t.rs`, `q1.rs`), and `QuantizeError`. GGUF types are not produced here: cortiq reads
+//! Owns: `quantize_row` / `quantize_row_weighted`, the public entry points of the three
+//! quantizers (`q8r.rs`, `q4t.rs`, `q1.rs`), and `QuantizeError`. GGUF types are not produced here: cortiq reads
 //! those as llama.cpp wrote them.
 
 use super::QuantType;
@@ -16,6 +16,10 @@ pub enum QuantizeError {
     /// A NaN or infinity at `index`: no scale represents it, and silently storing garbage would
     /// surface only as a bad perplexity much later.
     NonFinite { ty: QuantType, index: usize, value: f32 },
+    /// `quantize_row_weighted`: the importance vector's length differs from the row's.
+    ImportanceLength { ty: QuantType, n: usize, got: usize },
+    /// `quantize_row_weighted`: importance at `index` is negative or not finite.
+    BadImportance { ty: QuantType, index: usize, value: f32 },
 }
 
 impl std::fmt::Display for QuantizeError {
@@ -31,6 +35,12 @@ impl std::fmt::Display for QuantizeError {
             QuantizeError::NonFinite { ty, index, value } => {
                 write!(f, "quantize_row({ty}): element {index} is {value} (not finite)")
             }
+            QuantizeError::ImportanceLength { ty, n, got } => {
+                write!(f, "quantize_row_weighted({ty}): {n} elements but {got} importance values")
+            }
+            QuantizeError::BadImportance { ty, index, value } => {
+                write!(f, "quantize_row_weighted({ty}): importance {index} is {value} (must be finite and >= 0)")
+            }
         }
     }
 }
@@ -44,6 +54,30 @@ impl std::error::Error for QuantizeError {}
 /// input value. Never panics. Deterministic (same bytes on every machine: scalar code only,
 /// since conversion runs once per model and its output is the reference the kernels decode).
 pub fn quantize_row(ty: QuantType, src: &[f32], out: &mut [u8]) -> Result<(), QuantizeError> {
+    quantize_impl(ty, src, None, out)
+}
+
+/// `quantize_row` minimizing the importance-weighted squared error Σ_j importance_j · (x_j -
+/// x̂_j)² instead of the plain one. `importance` has one value per column (same length as
+/// `src`), finite and >= 0; the natural choice is the mean of x_j² over calibration activations
+/// that this matrix multiplies (what llama.cpp calls an importance matrix): then the weighted
+/// error is the expected squared error of the matrix's outputs, under a diagonal approximation.
+///
+/// q4t uses it in its scale search, q1 in its scale (the weighted mean |w|); q8r ignores it (its
+/// scale is the row's max / 127 by definition, and 8 bits leave little to trade). A group whose
+/// importance is all zero is quantized as without importance. Errors as `quantize_row`, plus a
+/// wrong-length or negative / non-finite importance.
+pub fn quantize_row_weighted(ty: QuantType, src: &[f32], importance: &[f32], out: &mut [u8]) -> Result<(), QuantizeError> {
+    if importance.len() != src.len() {
+        return Err(QuantizeError::ImportanceLength { ty, n: src.len(), got: importance.len() });
+    }
+    if let Some(index) = importance.iter().position(|v| !(v.is_finite() && *v >= 0.0)) {
+        return Err(QuantizeError::BadImportance { ty, index, value: importance[index] });
+    }
+    quantize_impl(ty, src, Some(importance), out)
+}
+
+fn quantize_impl(ty: QuantType, src: &[f32], importance: Option<&[f32]>, out: &mut [u8]) -> Result<(), QuantizeError> {
     if !ty.is_cortiq() {
         return Err(QuantizeError::Unsupported { ty });
     }
@@ -56,8 +90,8 @@ pub fn quantize_row(ty: QuantType, src: &[f32], out: &mut [u8]) -> Result<(), Qu
     }
     match ty {
         QuantType::Q8R => super::q8r::quantize(src, out),
-        QuantType::Q4T => super::q4t::quantize(src, out),
-        QuantType::Q1 => super::q1::quantize(src, out),
+        QuantType::Q4T => super::q4t::quantize(src, importance, out),
+        QuantType::Q1 => super::q1::quantize(src, importance, out),
         _ => unreachable!("is_cortiq checked"),
     }
     Ok(())
