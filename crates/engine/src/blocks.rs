@@ -230,8 +230,8 @@ const ATTN_GEMM_MIN: usize = 8;
 const ATTN_QB: usize = 32;
 
 thread_local! {
-    /// attend_blocked's per-item buffers: [q block, Kᵀ span, V span, scores].
-    static ATTN_SCRATCH: std::cell::RefCell<[Vec<f32>; 4]> = const { std::cell::RefCell::new([Vec::new(), Vec::new(), Vec::new(), Vec::new()]) };
+    /// attend_blocked's per-item buffers: [q block, scores].
+    static ATTN_SCRATCH: std::cell::RefCell<[Vec<f32>; 2]> = const { std::cell::RefCell::new([Vec::new(), Vec::new()]) };
 }
 
 /// What the exact/fast attention loops need to know about a chunk.
@@ -300,6 +300,33 @@ fn attend_one(at: &AttnCtx, qv: &[f32], p: usize, head: usize, kc: &[f32], vc: &
 /// Same values as `attend_one` up to summation order. q: [n, nh, hd] -> o: [n, nh, hd]
 fn attend_blocked(at: &AttnCtx, q: &[f32], n: usize, kc: &[f32], vc: &[f32], o: &mut [f32]) {
     let (hd, nh, kv_dim, q_dim, lo) = (at.hd, at.nh, at.kv_dim, at.q_dim, at.lo);
+    let nkv = nh / at.group;
+    // Every key the chunk sees, per kv head, once: Kᵀ [hd, nk] (blocked transpose) and V
+    // [nk, hd]. Per (head, query block) item, the keys it needs are a column range of Kᵀ and a
+    // row range of V: no per-item copies.
+    let nk = at.pos0 + n - lo;
+    let mut kt = vec![0f32; nkv * hd * nk]; // [nkv, hd, nk]
+    let mut vh = vec![0f32; nkv * nk * hd]; // [nkv, nk, hd]
+    pool().for_rows_mut(&mut kt, hd * nk, 1, |h0, kts| {
+        for (i, kth) in kts.chunks_mut(hd * nk).enumerate() {
+            let kvh = h0 + i;
+            for j0 in (0..nk).step_by(16) {
+                for d0 in (0..hd).step_by(16) {
+                    for j in j0..(j0 + 16).min(nk) {
+                        let src = &kc[j * kv_dim + kvh * hd..][..hd];
+                        for d in d0..(d0 + 16).min(hd) {
+                            kth[d * nk + j] = src[d];
+                        }
+                    }
+                }
+            }
+        }
+    });
+    for kvh in 0..nkv {
+        for j in 0..nk {
+            vh[(kvh * nk + j) * hd..][..hd].copy_from_slice(&vc[j * kv_dim + kvh * hd..][..hd]);
+        }
+    }
     let n_qb = n.div_ceil(ATTN_QB);
     let mut ot = vec![0f32; nh * n_qb * ATTN_QB * hd]; // [nh, n_qb * ATTN_QB, hd], padded
     pool().for_rows_mut_dynamic(&mut ot, ATTN_QB * hd, 1, |item, out| {
@@ -309,28 +336,21 @@ fn attend_blocked(at: &AttnCtx, q: &[f32], n: usize, kc: &[f32], vc: &[f32], o: 
         let nq = i1 - i0;
         // Keys [k0, k1) (cache positions) cover every query of the block.
         let (k0, k1) = (at.first(at.pos0 + i0), at.pos0 + i1);
-        let nk = k1 - k0;
-        // Per-thread scratch, reused across items and calls: these run to hundreds of KB, where
-        // fresh allocations are fresh mmaps and page faults.
+        let nkb = k1 - k0;
+        // Per-thread scratch, reused across items and calls: fresh allocations of this size
+        // are fresh mmaps and page faults.
         ATTN_SCRATCH.with(|sc| {
             let mut sc = sc.borrow_mut();
-            let [qblk, kt, vblk, s] = &mut *sc;
+            let [qblk, s] = &mut *sc;
             qblk.resize(nq * hd, 0.0); // [nq, hd]
-            kt.resize(hd * nk, 0.0); // [hd, nk]: K_spanᵀ
-            vblk.resize(nk * hd, 0.0); // [nk, hd]
-            s.resize(nq * nk, 0.0); // [nq, nk]
+            s.resize(nq * nkb, 0.0); // [nq, nkb]
             for (r, row) in qblk.chunks_mut(hd).enumerate() {
                 row.copy_from_slice(&q[(i0 + r) * q_dim + head * hd..][..hd]);
             }
-            for jj in 0..nk {
-                let src = (k0 + jj - lo) * kv_dim + kvh * hd;
-                vblk[jj * hd..(jj + 1) * hd].copy_from_slice(&vc[src..src + hd]);
-                for (d, &kv) in kc[src..src + hd].iter().enumerate() {
-                    kt[d * nk + jj] = kv;
-                }
-            }
-            gemm_nn(qblk, nq, kt, hd, nk, s, nk);
-            for (r, row) in s.chunks_mut(nk).enumerate() {
+            // S = Q_blk · Kᵀ[:, k0..k1]
+            let kt_h = &kt[kvh * hd * nk + (k0 - lo)..];
+            gemm_nn(qblk, nq, kt_h, nk, hd, nkb, s, nkb);
+            for (r, row) in s.chunks_mut(nkb).enumerate() {
                 let p = at.pos0 + i0 + r;
                 let (a, b) = (at.first(p) - k0, p + 1 - k0); // visible keys of this query
                 row[..a].fill(0.0);
@@ -339,7 +359,9 @@ fn attend_blocked(at: &AttnCtx, q: &[f32], n: usize, kc: &[f32], vc: &[f32], o: 
                 vis.iter_mut().for_each(|x| *x = at.score(*x));
                 at.softmax(vis);
             }
-            gemm_nn(s, nq, vblk, nk, hd, &mut out[..nq * hd], hd);
+            // O = P · V[k0..k1]
+            let v_h = &vh[(kvh * nk + (k0 - lo)) * hd..];
+            gemm_nn(s, nq, v_h, hd, nkb, hd, &mut out[..nq * hd], hd);
         });
     });
     for i in 0..n {

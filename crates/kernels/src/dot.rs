@@ -47,16 +47,18 @@ pub fn gemm_nt_scalar(x: &[f32], n_t: usize, w: &[f32], n_r: usize, k: usize, y:
     }
 }
 
-/// `y[t*ldy + c] = Σ_k x[t*k_len + k] · b[k*n + c]` for t < n_t, c < n: x [n_t, k_len] times
-/// b [k_len, n], both row-major. Scalar reference.
-pub fn gemm_nn_scalar(x: &[f32], n_t: usize, b: &[f32], k_len: usize, n: usize, y: &mut [f32], ldy: usize) {
-    check_gemm_nn(x, n_t, b, k_len, n, y, ldy);
+/// `y[t*ldy + c] = Σ_k x[t*k_len + k] · b[k*ldb + c]` for t < n_t, c < n: x [n_t, k_len] times
+/// the [k_len, n] block of b whose rows are `ldb` apart (ldb >= n), both row-major. Scalar
+/// reference.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_nn_scalar(x: &[f32], n_t: usize, b: &[f32], ldb: usize, k_len: usize, n: usize, y: &mut [f32], ldy: usize) {
+    check_gemm_nn(x, n_t, b, ldb, k_len, n, y, ldy);
     for t in 0..n_t {
         let yr = &mut y[t * ldy..t * ldy + n];
         yr.fill(0.0);
         for k in 0..k_len {
             let a = x[t * k_len + k];
-            for (yv, &bv) in yr.iter_mut().zip(&b[k * n..(k + 1) * n]) {
+            for (yv, &bv) in yr.iter_mut().zip(&b[k * ldb..k * ldb + n]) {
                 *yv = a.mul_add(bv, *yv);
             }
         }
@@ -68,20 +70,23 @@ pub fn gemm_nn_scalar(x: &[f32], n_t: usize, b: &[f32], k_len: usize, n: usize, 
 /// is one FMA chain over k in order, as the scalar twin, so the two agree bit for bit. No
 /// horizontal sums (the `gemm_nt` microkernel reduces 16 lanes per output, which dominates when
 /// k is a 64-wide head). Single-threaded.
-pub fn gemm_nn(x: &[f32], n_t: usize, b: &[f32], k_len: usize, n: usize, y: &mut [f32], ldy: usize) {
-    check_gemm_nn(x, n_t, b, k_len, n, y, ldy);
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_nn(x: &[f32], n_t: usize, b: &[f32], ldb: usize, k_len: usize, n: usize, y: &mut [f32], ldy: usize) {
+    check_gemm_nn(x, n_t, b, ldb, k_len, n, y, ldy);
     match level() {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: AVX-512F detected at run time; bounds checked by check_gemm_nn.
-        Level::Avx512 => unsafe { avx512::gemm_nn(x, n_t, b, k_len, n, y, ldy) },
-        _ => gemm_nn_scalar(x, n_t, b, k_len, n, y, ldy),
+        Level::Avx512 => unsafe { avx512::gemm_nn(x, n_t, b, ldb, k_len, n, y, ldy) },
+        _ => gemm_nn_scalar(x, n_t, b, ldb, k_len, n, y, ldy),
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 #[track_caller]
-fn check_gemm_nn(x: &[f32], n_t: usize, b: &[f32], k_len: usize, n: usize, y: &[f32], ldy: usize) {
+fn check_gemm_nn(x: &[f32], n_t: usize, b: &[f32], ldb: usize, k_len: usize, n: usize, y: &[f32], ldy: usize) {
     assert!(x.len() >= n_t * k_len, "gemm_nn: x has {} values, needs {n_t}x{k_len}", x.len());
-    assert!(b.len() >= k_len * n, "gemm_nn: b has {} values, needs {k_len}x{n}", b.len());
+    assert!(ldb >= n, "gemm_nn: ldb {ldb} < n {n}");
+    assert!(k_len == 0 || b.len() >= (k_len - 1) * ldb + n, "gemm_nn: b has {} values, needs {k_len} rows of stride {ldb}", b.len());
     assert!(ldy >= n, "gemm_nn: ldy {ldy} < n {n}");
     assert!(n_t == 0 || y.len() >= (n_t - 1) * ldy + n, "gemm_nn: y has {} values, needs {n_t} rows of stride {ldy}", y.len());
 }
@@ -151,8 +156,9 @@ mod avx512 {
 
     /// 4 rows of x by 32 columns of b per microkernel step: 4 broadcasts + 2 loads feed 8 FMAs
     /// per k; column tails are masked, row tails reuse the last valid row (results discarded).
+    #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,fma")]
-    pub unsafe fn gemm_nn(x: &[f32], n_t: usize, b: &[f32], k_len: usize, n: usize, y: &mut [f32], ldy: usize) {
+    pub unsafe fn gemm_nn(x: &[f32], n_t: usize, b: &[f32], ldb: usize, k_len: usize, n: usize, y: &mut [f32], ldy: usize) {
         let (px, pb, py) = (x.as_ptr(), b.as_ptr(), y.as_mut_ptr());
         let mut c = 0;
         while c < n {
@@ -164,11 +170,12 @@ mod avx512 {
                 let rows: [usize; 4] = std::array::from_fn(|i| t + i.min(nt - 1));
                 let mut acc = [[_mm512_setzero_ps(); 2]; 4];
                 // SAFETY: rows < n_t, k < k_len, columns c.. masked to < n: every access is
-                // inside x [n_t, k_len], b [k_len, n] and y (checked by the caller).
+                // inside x [n_t, k_len], b (k_len rows of stride ldb >= n) and y (checked by
+                // the caller).
                 unsafe {
                     for k in 0..k_len {
-                        let b0 = _mm512_maskz_loadu_ps(m0, pb.add(k * n + c));
-                        let b1 = _mm512_maskz_loadu_ps(m1, pb.add(k * n + c + 16));
+                        let b0 = _mm512_maskz_loadu_ps(m0, pb.add(k * ldb + c));
+                        let b1 = _mm512_maskz_loadu_ps(m1, pb.add(k * ldb + c + 16));
                         for i in 0..4 {
                             let a = _mm512_set1_ps(*px.add(rows[i] * k_len + k));
                             acc[i][0] = _mm512_fmadd_ps(a, b0, acc[i][0]);
@@ -270,19 +277,20 @@ mod tests {
     fn gemm_nn_simd_matches_scalar() {
         for &(nt, k, n) in &[(1, 1, 1), (3, 5, 17), (4, 64, 32), (7, 9, 100), (13, 64, 70), (5, 256, 33), (33, 3, 16)] {
             let x = rnd(nt * k, 5);
-            let b = rnd(k * n, 6);
+            let ldb = n + 5; // a column block of a wider matrix
+            let b = rnd(k * ldb, 6);
             let ldy = n + 2;
             let mut ys = vec![7f32; nt * ldy];
             let mut yv = vec![7f32; nt * ldy];
-            gemm_nn_scalar(&x, nt, &b, k, n, &mut ys, ldy);
-            gemm_nn(&x, nt, &b, k, n, &mut yv, ldy);
+            gemm_nn_scalar(&x, nt, &b, ldb, k, n, &mut ys, ldy);
+            gemm_nn(&x, nt, &b, ldb, k, n, &mut yv, ldy);
             // Same FMA chain per element: bit-identical, and the padding untouched.
             let bad = (0..ys.len()).find(|&i| ys[i].to_bits() != yv[i].to_bits());
             assert!(bad.is_none(), "gemm_nn {nt}x{k}x{n}: first difference at {bad:?}");
             let mut md = 0f64;
             for t in 0..nt {
                 for c in 0..n {
-                    let exact: f64 = (0..k).map(|j| x[t * k + j] as f64 * b[j * n + c] as f64).sum();
+                    let exact: f64 = (0..k).map(|j| x[t * k + j] as f64 * b[j * ldb + c] as f64).sum();
                     md = md.max((exact - yv[t * ldy + c] as f64).abs());
                 }
             }
