@@ -12,7 +12,8 @@ pub(super) fn matvec(ty: QuantType, w: &[u8], rows: usize, cols: usize, u: &Unpa
     {
         if super::vecdot_avx512::available() {
             let rb = w.len() / rows;
-            for (o, row) in y.iter_mut().zip(w.chunks_exact(rb)) {
+            for (r, (o, row)) in y.iter_mut().zip(w.chunks_exact(rb)).enumerate() {
+                super::vecdot_avx512::prefetch_ahead(w, r * rb, rb);
                 // SAFETY: available() confirmed avx512f/bw/vl/vnni and f16c on this CPU.
                 *o = unsafe { imp::row(ty, row, cols, u) };
             }

@@ -246,7 +246,8 @@ pub(super) unsafe fn matvec(ty: QuantType, w: &[u8], rb: usize, a: &[u8], y: &mu
     let n = a.len() / 34 * QK;
     UNPACKED.with_borrow_mut(|u| {
         unpack(ty, a, n, u);
-        for (o, row) in y.iter_mut().zip(w.chunks_exact(rb)) {
+        for (r, (o, row)) in y.iter_mut().zip(w.chunks_exact(rb)).enumerate() {
+            super::vecdot_avx512::prefetch_ahead(w, r * rb, rb);
             *o = row_dot(ty, row, u);
         }
     })
@@ -303,16 +304,34 @@ fn q4t_dot(w: &[u8], u: &Unpacked) -> f32 {
     let m4 = _mm512_set1_epi8(0x0F);
     let tbl = levels::<128>();
     let mut acc = [_mm512_setzero_ps(); 2];
-    for (k, b) in view::<BlockQ4T>(w).iter().enumerate() {
+    let blocks = view::<BlockQ4T>(w);
+    let nb = blocks.len();
+    // The per-64 loads below are unchecked (this loop is decode's hot spot: ~90% of a q4t
+    // token); these three asserts cover every one of them.
+    assert!(u.q.len() >= 128 * nb && u.corr.len() >= 32 * nb && u.dx.len() >= 32 * nb, "q4t_dot: activation shorter than the row");
+    let (pq, pc, pd) = (u.q.as_ptr(), u.corr.as_ptr(), u.dx.as_ptr());
+    for (k, b) in blocks.iter().enumerate() {
         let wv = ld64(&b.qs, 0);
         let lo = _mm512_shuffle_epi8(tbl, _mm512_and_si512(wv, m4));
         let hi = _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_srli_epi16::<4>(wv), m4));
         let (c0, c1) = (2 * k, 2 * k + 1);
-        let p0 = _mm512_dpbusd_epi32(ldi(&u.corr, 16 * c0), lo, ld64(&u.q, 64 * c0));
-        let p1 = _mm512_dpbusd_epi32(ldi(&u.corr, 16 * c1), hi, ld64(&u.q, 64 * c1));
+        // SAFETY: c1 < 2 * nb, so 64 * c1 + 64 <= 128 * nb <= u.q.len() and 16 * c1 + 16 <=
+        // 32 * nb <= u.corr.len(), u.dx.len() (asserted above); loadu needs no alignment.
+        let (q0, q1, r0, r1, x0, x1) = unsafe {
+            (
+                _mm512_loadu_si512(pq.add(64 * c0).cast()),
+                _mm512_loadu_si512(pq.add(64 * c1).cast()),
+                _mm512_loadu_si512(pc.add(16 * c0).cast()),
+                _mm512_loadu_si512(pc.add(16 * c1).cast()),
+                _mm512_loadu_ps(pd.add(16 * c0)),
+                _mm512_loadu_ps(pd.add(16 * c1)),
+            )
+        };
+        let p0 = _mm512_dpbusd_epi32(r0, lo, q0);
+        let p1 = _mm512_dpbusd_epi32(r1, hi, q1);
         let dw = _mm_cvtph_ps(_mm_set_epi64x(0, i64::from_le_bytes(*b.d.as_flattened().first_chunk::<8>().unwrap())));
-        let d0 = _mm512_mul_ps(spread::<false>(dw), ldf(&u.dx, 16 * c0));
-        let d1 = _mm512_mul_ps(spread::<true>(dw), ldf(&u.dx, 16 * c1));
+        let d0 = _mm512_mul_ps(spread::<false>(dw), x0);
+        let d1 = _mm512_mul_ps(spread::<true>(dw), x1);
         acc[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), d0, acc[0]);
         acc[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), d1, acc[1]);
     }
