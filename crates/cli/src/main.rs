@@ -450,10 +450,10 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
         let tg = report(format!("tg{}", a.n_gen), a.n_gen, &times);
         if a.roofline {
             // Measured here, between the runs it judges: the machine's state is the same.
-            let bw = cortiq_kernels::membw::read_bandwidth(cortiq_engine::par::pool(), 1 << 30, 5);
+            let bw = cortiq_kernels::membw::read_bandwidth(cortiq_engine::par::pool(), 1 << 30, 10);
             let bytes = model.decode_weight_bytes() as f64;
             let roof = bw / bytes;
-            println!("mem read: {:.1} GB/s ({threads} threads, 1 GiB, best of 5)", bw / 1e9);
+            println!("mem read: {:.1} GB/s ({threads} threads, 1 GiB, best of 10)", bw / 1e9);
             println!(
                 "roofline: {:.1} MB per token -> {roof:.1} tok/s; tg{} reached {:.1}%",
                 bytes / 1e6,

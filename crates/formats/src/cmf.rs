@@ -158,10 +158,7 @@ impl Cmf {
     pub fn open(path: impl AsRef<Path>) -> Result<Cmf> {
         let path = path.as_ref().to_path_buf();
         let file = File::open(&path).map_err(|e| FormatError::io(&path, e))?;
-        // SAFETY: read-only map of a file cortiq does not modify while mapped (the writer
-        // renames a new file into place rather than writing over an existing one); concurrent
-        // external truncation is outside what any mmap-based loader can defend against.
-        let mmap = unsafe { Mmap::map(&file) }.map_err(|e| FormatError::io(&path, e))?;
+        let mmap = crate::mapping::map_readonly(&file, &path)?;
         Self::parse(path, Arc::new(mmap))
     }
 

@@ -135,10 +135,7 @@ impl Gguf {
     pub fn open(path: impl AsRef<Path>) -> Result<Gguf> {
         let path = path.as_ref().to_path_buf();
         let file = File::open(&path).map_err(|e| FormatError::io(&path, e))?;
-        // SAFETY: the map is read-only and the file is not modified by cortiq while mapped;
-        // as with every mmap-based loader, a concurrent external truncation is outside
-        // what we can defend against.
-        let mmap = unsafe { Mmap::map(&file) }.map_err(|e| FormatError::io(&path, e))?;
+        let mmap = crate::mapping::map_readonly(&file, &path)?;
         Self::parse(path, Arc::new(mmap))
     }
 

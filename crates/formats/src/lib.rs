@@ -9,6 +9,7 @@ pub mod cmf;
 pub mod error;
 pub mod gguf;
 pub mod hf;
+mod mapping;
 pub mod names;
 pub mod npy;
 pub mod safetensors;

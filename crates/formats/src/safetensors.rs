@@ -141,11 +141,7 @@ impl HfWeights {
         let mut w = HfWeights { files: Vec::new(), mmaps: Vec::new(), tensors: BTreeMap::new(), file_metadata: Vec::new() };
         for (fi, path) in paths.into_iter().enumerate() {
             let file = File::open(&path).map_err(|e| FormatError::io(&path, e))?;
-            // SAFETY: the map is read-only and cortiq never writes the file while it is
-            // mapped; like every mmap-based loader we cannot defend against another process
-            // truncating it underneath us (that would fault on access, not corrupt memory
-            // we own).
-            let mmap = unsafe { Mmap::map(&file) }.map_err(|e| FormatError::io(&path, e))?;
+            let mmap = crate::mapping::map_readonly(&file, &path)?;
             let (entries, meta) = parse_header(&path, &mmap)?;
             for (name, (dtype, shape, range)) in entries {
                 if let Some(prev) = w.tensors.get(&name) {
