@@ -68,10 +68,11 @@ impl QuantSpec {
         }
     }
 
-    /// The types a tensor can be converted to: f32, f16, bf16, and cortiq's own quantized
-    /// types (q8r, q4t, q1). GGUF's quantized types are only read, never produced.
+    /// The types a tensor can be converted to: f32, f16, bf16, GGUF's q8_0 (for the vocabulary
+    /// matrices above all) and cortiq's own quantized types (q8r, q4t, q1). GGUF's other
+    /// quantized types are only read, never produced.
     pub fn producible() -> Vec<QuantType> {
-        let mut v = vec![QuantType::F32, QuantType::F16, QuantType::BF16];
+        let mut v = vec![QuantType::F32, QuantType::F16, QuantType::BF16, QuantType::Q8_0];
         v.extend(own_types());
         v
     }

@@ -25,7 +25,7 @@ pub enum QuantizeError {
 impl std::fmt::Display for QuantizeError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            QuantizeError::Unsupported { ty } => write!(f, "quantize_row: {ty} is not a cortiq type (q8r, q4t, q1)"),
+            QuantizeError::Unsupported { ty } => write!(f, "quantize_row: cannot produce {ty} (q8_0, q8r, q4t, q1)"),
             QuantizeError::Length { ty, n, want: Some(w), got } => {
                 write!(f, "quantize_row({ty}): {n} elements need {w} output bytes, got {got}")
             }
@@ -78,7 +78,7 @@ pub fn quantize_row_weighted(ty: QuantType, src: &[f32], importance: &[f32], out
 }
 
 fn quantize_impl(ty: QuantType, src: &[f32], importance: Option<&[f32]>, out: &mut [u8]) -> Result<(), QuantizeError> {
-    if !ty.is_cortiq() {
+    if !ty.is_cortiq() && ty != QuantType::Q8_0 {
         return Err(QuantizeError::Unsupported { ty });
     }
     let want = ty.row_bytes(src.len());
@@ -92,7 +92,25 @@ fn quantize_impl(ty: QuantType, src: &[f32], importance: Option<&[f32]>, out: &m
         QuantType::Q8R => super::q8r::quantize(src, out),
         QuantType::Q4T => super::q4t::quantize(src, importance, out),
         QuantType::Q1 => super::q1::quantize(src, importance, out),
-        _ => unreachable!("is_cortiq checked"),
+        QuantType::Q8_0 => quantize_q8_0(src, out),
+        _ => unreachable!("checked above"),
     }
     Ok(())
+}
+
+/// GGUF's Q8_0 as ggml's reference quantizer writes it (`quantize_row_q8_0_ref`): per 32
+/// values d = max|x| / 127 stored as f16 (round to nearest even), q = round(x / d) (half away
+/// from zero), computed as x * (1/d) in f32. For the vocabulary matrices of a .cmf (a per-32
+/// scale keeps the output head within llama.cpp's Q8_0 quality where q8r's per-row scale does
+/// not) and any tensor a user wants in it. Lengths checked by the caller.
+fn quantize_q8_0(src: &[f32], out: &mut [u8]) {
+    for (x, blk) in src.chunks_exact(32).zip(out.chunks_exact_mut(34)) {
+        let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        blk[..2].copy_from_slice(&half::f16::from_f32(d).to_le_bytes());
+        for (q, &v) in blk[2..].iter_mut().zip(x) {
+            *q = (v * id).round() as i8 as u8;
+        }
+    }
 }
