@@ -195,6 +195,20 @@ impl QTensor {
         QTensor::matmul_many(&[self], x, n_t, y);
     }
 
+    /// Two inputs through one weight stream (the speculative pair: a verified token and a
+    /// drafted one): `y0 = W·x0`, `y1 = W·x1`, the weights read from memory once for both (the
+    /// two-token matmat), where two `matmul` calls would stream them twice. x0, x1: [cols] ->
+    /// y0, y1: [rows]
+    pub fn matvec2(&self, x0: &[f32], x1: &[f32], y0: &mut [f32], y1: &mut [f32]) {
+        let mut x = Vec::with_capacity(2 * self.cols); // [2, cols]
+        x.extend_from_slice(x0);
+        x.extend_from_slice(x1);
+        let mut y = vec![0f32; 2 * self.rows]; // [2, rows]
+        self.matmul(&x, 2, &mut y);
+        y0.copy_from_slice(&y[..self.rows]);
+        y1.copy_from_slice(&y[self.rows..]);
+    }
+
     /// Several matrices on one input: `y[t] = [W_0 · x[t], W_1 · x[t], ...]` with the outputs
     /// of one token side by side (q|k|v, gate|up). x: [n_t, cols] -> y: [n_t, Σ rows_i].
     /// Decode (n_t == 1) quantizes x once per activation format and runs every matrix in one

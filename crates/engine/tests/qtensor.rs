@@ -1,0 +1,86 @@
+//! QTensor products in fast numerics: the speculative pair (`matvec2`, one weight stream for
+//! two inputs) and a prefill chunk (`matmul` with n_t tokens, the integer matmat, split by
+//! tokens over the pool from 32 tokens) against one decode matvec per token — the same 8-bit
+//! activations, different kernels and float orders — within 1e-5 of Σ|w·x| per output.
+
+use std::sync::Arc;
+
+use cortiq_engine::compat::Numerics;
+use cortiq_engine::qtensor::QTensor;
+use cortiq_kernels::quant::QuantType;
+use half::f16;
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn f(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+}
+
+/// Random blocks of `ty` with sane f16 scale fields.
+fn random_tensor(ty: QuantType, rows: usize, cols: usize, rng: &mut Rng) -> QTensor {
+    let rb = ty.row_bytes(cols).unwrap();
+    let bb = ty.type_size();
+    let mut w: Vec<u8> = (0..rows * rb).map(|_| rng.next() as u8).collect();
+    let h = |rng: &mut Rng| f16::from_f32(0.001 + 0.01 * rng.f().abs()).to_le_bytes();
+    for blk in w.chunks_exact_mut(bb) {
+        match ty {
+            QuantType::Q4K | QuantType::Q5K => {
+                blk[..2].copy_from_slice(&h(rng));
+                blk[2..4].copy_from_slice(&h(rng));
+            }
+            QuantType::Q6K => blk[bb - 2..].copy_from_slice(&h(rng)),
+            QuantType::Q4_1 | QuantType::Q5_1 => {
+                blk[..2].copy_from_slice(&h(rng));
+                blk[2..4].copy_from_slice(&h(rng));
+            }
+            _ => blk[..2].copy_from_slice(&h(rng)),
+        }
+    }
+    let mut t = QTensor::new(format!("w.{ty}"), ty, rows, cols, Arc::new(w), 0).unwrap();
+    t.set_numerics(Numerics::Fast, true);
+    t
+}
+
+/// Worst |a - b| / Σ|w·x| over the outputs (the dequantized weights' magnitudes times |x|).
+fn worst(w: &QTensor, x: &[f32], a: &[f32], b: &[f32]) -> f64 {
+    let mut row = vec![0f32; w.cols];
+    (0..w.rows)
+        .map(|r| {
+            w.row_f32(r, &mut row);
+            let scale: f64 = row.iter().zip(x).map(|(p, q)| (*p as f64 * *q as f64).abs()).sum::<f64>().max(1e-30);
+            (a[r] as f64 - b[r] as f64).abs() / scale
+        })
+        .fold(0.0, f64::max)
+}
+
+#[test]
+fn matvec2_and_prefill_match_single_token_matvecs() {
+    let mut rng = Rng(0xC0FF_EE12_3456_789B);
+    for ty in [QuantType::Q4K, QuantType::Q5_0, QuantType::Q6K, QuantType::Q8_0, QuantType::Q4_1] {
+        let (rows, cols) = (70, 512);
+        let w = random_tensor(ty, rows, cols, &mut rng);
+        let n_t = 40; // >= 16 per thread on 2 threads: the token-split path
+        let x: Vec<f32> = (0..n_t * cols).map(|_| rng.f() * 2.0).collect();
+        let mut single = vec![0f32; n_t * rows];
+        for t in 0..n_t {
+            w.matmul(&x[t * cols..(t + 1) * cols], 1, &mut single[t * rows..(t + 1) * rows]);
+        }
+        let (mut y0, mut y1) = (vec![0f32; rows], vec![0f32; rows]);
+        w.matvec2(&x[..cols], &x[cols..2 * cols], &mut y0, &mut y1);
+        let e2 = worst(&w, &x[..cols], &y0, &single[..rows]).max(worst(&w, &x[cols..2 * cols], &y1, &single[rows..2 * rows]));
+        let mut chunk = vec![0f32; n_t * rows];
+        w.matmul(&x, n_t, &mut chunk);
+        let ec = (0..n_t)
+            .map(|t| worst(&w, &x[t * cols..(t + 1) * cols], &chunk[t * rows..(t + 1) * rows], &single[t * rows..(t + 1) * rows]))
+            .fold(0.0, f64::max);
+        println!("{:>5}: matvec2 vs matvec {e2:.2e}, {n_t}-token matmul vs matvec {ec:.2e} (of Σ|w·x|)", ty.name());
+        assert!(e2 <= 1e-5 && ec <= 1e-5, "{ty}: matvec2 {e2:e}, matmul {ec:e} from the single-token products");
+    }
+}
