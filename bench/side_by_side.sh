@@ -8,6 +8,8 @@
 # the flags), and cortiq is taken from target/release (cargo build --release -p cortiq-cli).
 #
 # Usage: LLAMACPP_DIR=/path/to/build bench/side_by_side.sh [NAME ...]
+#   With WRITE=1 the table (with its machine/date/command header) is also appended to
+#   BENCHMARKS.md under a "side by side" heading, to be described by hand.
 #   NAME: known cortiq model names (default: smollm2-135m gemma3-270m qwen2.5-coder-0.5b)
 # Environment: THREADS (2), PP (512), TG (128), REPS (5 alternating rounds), CORTIQ_FLAGS (extra
 # flags, e.g. --numerics exact or --numerics llamacpp; default numerics: fast)
@@ -27,11 +29,13 @@ MODELS=("$@"); [ ${#MODELS[@]} -gt 0 ] || MODELS=(smollm2-135m gemma3-270m qwen2
 llama_rate() { grep -E "\| +$2 +\|" <<<"$1" | awk -F'|' '{print $(NF-1)}' | awk '{print $1}'; }
 cortiq_rate() { grep -E "^$2:" <<<"$1" | awk '{print $2}'; }
 
-echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; threads $T; $(date -u +%Y-%m-%dT%H:%MZ)"
-echo "cortiq flags: ${CORTIQ_FLAGS:-(none)}; medians of $R alternating rounds"
-echo
-echo "| model | llama.cpp pp$PP | cortiq pp$PP | ratio | llama.cpp tg$TG | cortiq tg$TG | ratio |"
-echo "|---|---|---|---|---|---|---|"
+REPORT=$(mktemp); trap 'rm -f "$REPORT"' EXIT
+out() { echo "$@" | tee -a "$REPORT"; }
+out "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; threads $T; $(date -u +%Y-%m-%dT%H:%MZ)"
+out "command: LLAMACPP_DIR=$LLAMACPP_DIR REPS=$R THREADS=$T bench/side_by_side.sh ${MODELS[*]}; cortiq flags: ${CORTIQ_FLAGS:-(none)}; medians of $R alternating rounds"
+out
+out "| model | llama.cpp pp$PP | cortiq pp$PP | ratio | llama.cpp tg$TG | cortiq tg$TG | ratio |"
+out "|---|---|---|---|---|---|---|"
 median() { sort -g | awk '{a[NR]=$1} END {if (NR % 2) print a[(NR+1)/2]; else printf "%.2f\n", (a[NR/2] + a[NR/2+1]) / 2}'; }
 for name in "${MODELS[@]}"; do
     path=$("$CORTIQ" pull "$name")
@@ -47,5 +51,9 @@ for name in "${MODELS[@]}"; do
     cpp=$(grep . <<<"$cpp_all" | median); ctg=$(grep . <<<"$ctg_all" | median)
     rpp=$(awk -v a="$cpp" -v b="$lpp" 'BEGIN{printf "%.2f", a/b}')
     rtg=$(awk -v a="$ctg" -v b="$ltg" 'BEGIN{printf "%.2f", a/b}')
-    echo "| $name | $lpp | $cpp | $rpp | $ltg | $ctg | $rtg |"
+    out "| $name | $lpp | $cpp | $rpp | $ltg | $ctg | $rtg |"
 done
+if [ "${WRITE:-0}" = 1 ]; then
+    { echo; echo "### side by side, $(date -u +%Y-%m-%d)"; echo; cat "$REPORT"; } >> BENCHMARKS.md
+    echo "appended to BENCHMARKS.md" >&2
+fi
