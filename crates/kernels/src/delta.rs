@@ -1,0 +1,297 @@
+//! The gated delta rule (GatedDeltaNet's mixer core; KDA's with a per-channel decay is the same
+//! shape) for one head: the token-by-token recurrence (decode, and the reference forever) and
+//! the chunkwise-parallel WY form (prefill), which must agree. Pure functions on slices; the
+//! engine's mixer does the projections, the short convolutions, the L2 norms and the output
+//! gate, and spreads heads over its pool.
+//!
+//! Per token t, with q_t already L2-normalized and scaled by 1/√d_k, k_t L2-normalized,
+//! g_t ≤ 0 the log decay and β_t ∈ (0, 1):
+//! ```text
+//! S ← e^{g_t} · S                       S: [d_k, d_v]
+//! S ← S + k_t ⊗ β_t (v_t − Sᵀ k_t)
+//! o_t = Sᵀ q_t
+//! ```
+//! Chunked form (DeltaNet arXiv 2406.06484; the layout of FLA's chunk_gated_delta_rule and
+//! transformers' torch_chunk_gated_delta_rule): within a chunk of L tokens, with Γ_i the
+//! cumulative sum of g inside the chunk, the lower-triangular system
+//! `T = (I + tril₋₁(diag(β) K Kᵀ ⊙ e^{Γ_i − Γ_j}))⁻¹` (forward substitution) gives
+//! U = T·diag(β)V and W = T·diag(β e^{Γ})K; then with the state S entering the chunk,
+//! `V' = U − W·S`, `O = (Q ⊙ e^{Γ}) S + tril₀(Q Kᵀ ⊙ e^{Γ_i − Γ_j}) V'` and
+//! `S ← e^{Γ_L} S + (K ⊙ e^{Γ_L − Γ})ᵀ V'`. Only the j ≤ i half of e^{Γ_i − Γ_j} is ever formed
+//! (the other half overflows for strong decay).
+//!
+//! Why hand-written: this is the product's core (prefill of hybrid models); the per-chunk
+//! matrices are small (L ≤ 64 by default, d ≤ 256) and live in L1/L2.
+
+/// Default chunk length of the WY form (transformers' and FLA's).
+pub const CHUNK: usize = 64;
+
+#[track_caller]
+#[allow(clippy::too_many_arguments)]
+fn check(func: &str, q: &[f32], k: &[f32], v: &[f32], g: &[f32], beta: &[f32], t: usize, dk: usize, dv: usize, state: &[f32], out: &[f32]) {
+    assert!(
+        q.len() == t * dk && k.len() == t * dk && v.len() == t * dv && g.len() == t && beta.len() == t,
+        "{func}: {t} tokens need q, k [{t}x{dk}], v [{t}x{dv}], g and beta [{t}]; got {}, {}, {}, {}, {}",
+        q.len(),
+        k.len(),
+        v.len(),
+        g.len(),
+        beta.len()
+    );
+    assert!(state.len() == dk * dv && out.len() == t * dv, "{func}: state must be [{dk}x{dv}] and out [{t}x{dv}]");
+}
+
+/// The recurrence, token by token: the reference, and decode. q, k: [t, dk]; v: [t, dv];
+/// g, beta: [t]; state: [dk, dv] (read and advanced); out: [t, dv].
+#[allow(clippy::too_many_arguments)]
+pub fn gated_delta_recurrent(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: &[f32],
+    t: usize,
+    dk: usize,
+    dv: usize,
+    state: &mut [f32],
+    out: &mut [f32],
+) {
+    check("gated_delta_recurrent", q, k, v, g, beta, t, dk, dv, state, out);
+    let mut kv = vec![0f32; dv]; // [dv]: Sᵀ k
+    for s in 0..t {
+        let (qs, ks, vs) = (&q[s * dk..(s + 1) * dk], &k[s * dk..(s + 1) * dk], &v[s * dv..(s + 1) * dv]);
+        let decay = g[s].exp();
+        state.iter_mut().for_each(|x| *x *= decay);
+        kv.fill(0.0);
+        for (a, row) in ks.iter().zip(state.chunks_exact(dv)) {
+            for (o, &sv) in kv.iter_mut().zip(row) {
+                *o += a * sv;
+            }
+        }
+        // delta = β (v − Sᵀk); S += k ⊗ delta
+        for (o, &vv) in kv.iter_mut().zip(vs) {
+            *o = beta[s] * (vv - *o);
+        }
+        for (a, row) in ks.iter().zip(state.chunks_exact_mut(dv)) {
+            for (sv, &d) in row.iter_mut().zip(&kv) {
+                *sv += a * d;
+            }
+        }
+        let o = &mut out[s * dv..(s + 1) * dv];
+        o.fill(0.0);
+        for (a, row) in qs.iter().zip(state.chunks_exact(dv)) {
+            for (ov, &sv) in o.iter_mut().zip(row) {
+                *ov += a * sv;
+            }
+        }
+    }
+}
+
+/// The chunkwise-parallel form over chunks of `chunk` tokens (the last may be shorter); same
+/// contract and, up to f32 rounding, same results as `gated_delta_recurrent`.
+#[allow(clippy::too_many_arguments)]
+pub fn gated_delta_chunked(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: &[f32],
+    t: usize,
+    dk: usize,
+    dv: usize,
+    chunk: usize,
+    state: &mut [f32],
+    out: &mut [f32],
+) {
+    check("gated_delta_chunked", q, k, v, g, beta, t, dk, dv, state, out);
+    let c = chunk.max(1);
+    let mut c0 = 0;
+    while c0 < t {
+        let l = (t - c0).min(c);
+        chunk_step(
+            &q[c0 * dk..(c0 + l) * dk],
+            &k[c0 * dk..(c0 + l) * dk],
+            &v[c0 * dv..(c0 + l) * dv],
+            &g[c0..c0 + l],
+            &beta[c0..c0 + l],
+            l,
+            dk,
+            dv,
+            state,
+            &mut out[c0 * dv..(c0 + l) * dv],
+        );
+        c0 += l;
+    }
+}
+
+/// One chunk of `l` tokens (see the module header for the algebra).
+#[allow(clippy::too_many_arguments)]
+fn chunk_step(q: &[f32], k: &[f32], v: &[f32], g: &[f32], beta: &[f32], l: usize, dk: usize, dv: usize, s: &mut [f32], out: &mut [f32]) {
+    let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>();
+    // Γ: cumulative log decay inside the chunk.
+    let mut gam = vec![0f32; l]; // [l]
+    let mut acc = 0f32;
+    for (o, &x) in gam.iter_mut().zip(g) {
+        acc += x;
+        *o = acc;
+    }
+    let kr = |i: usize| &k[i * dk..(i + 1) * dk];
+    let qr = |i: usize| &q[i * dk..(i + 1) * dk];
+    // A = −tril₋₁(β_i k_i·k_j e^{Γ_i−Γ_j}), then forward substitution row by row turns I − A'
+    // into T = (I + tril₋₁(...))⁻¹ as in the reference.
+    let mut a = vec![0f32; l * l]; // [l, l]
+    for i in 0..l {
+        for j in 0..i {
+            a[i * l + j] = -beta[i] * dot(kr(i), kr(j)) * (gam[i] - gam[j]).exp();
+        }
+    }
+    for i in 1..l {
+        // new a[i][j] = a[i][j] + Σ_{m<i} a[i][m] · a[m][j], rows m < i already final
+        let row: Vec<f32> = a[i * l..i * l + i].to_vec();
+        for j in 0..i {
+            let mut sum = row[j];
+            for m in j + 1..i {
+                sum += row[m] * a[m * l + j];
+            }
+            a[i * l + j] = sum;
+        }
+    }
+    for i in 0..l {
+        a[i * l + i] = 1.0;
+    }
+    // U = T·diag(β)V [l, dv]; W = T·diag(β e^Γ)K [l, dk]
+    let mut u = vec![0f32; l * dv];
+    let mut w = vec![0f32; l * dk];
+    for i in 0..l {
+        for j in 0..=i {
+            let t_ij = a[i * l + j];
+            if t_ij == 0.0 {
+                continue;
+            }
+            let (cv, ck) = (t_ij * beta[j], t_ij * beta[j] * gam[j].exp());
+            for (o, &x) in u[i * dv..(i + 1) * dv].iter_mut().zip(&v[j * dv..(j + 1) * dv]) {
+                *o += cv * x;
+            }
+            for (o, &x) in w[i * dk..(i + 1) * dk].iter_mut().zip(kr(j)) {
+                *o += ck * x;
+            }
+        }
+    }
+    // V' = U − W·S [l, dv]
+    let mut vn = u;
+    for i in 0..l {
+        let wi = &w[i * dk..(i + 1) * dk];
+        let vi = &mut vn[i * dv..(i + 1) * dv];
+        for (&wk, srow) in wi.iter().zip(s.chunks_exact(dv)) {
+            for (o, &sv) in vi.iter_mut().zip(srow) {
+                *o -= wk * sv;
+            }
+        }
+    }
+    // O_i = e^{Γ_i} q_i S + Σ_{j≤i} (q_i·k_j) e^{Γ_i−Γ_j} V'_j
+    for i in 0..l {
+        let o = &mut out[i * dv..(i + 1) * dv];
+        o.fill(0.0);
+        let e = gam[i].exp();
+        for (&qk, srow) in qr(i).iter().zip(s.chunks_exact(dv)) {
+            let c = qk * e;
+            for (ov, &sv) in o.iter_mut().zip(srow) {
+                *ov += c * sv;
+            }
+        }
+        for j in 0..=i {
+            let c = dot(qr(i), kr(j)) * (gam[i] - gam[j]).exp();
+            for (ov, &x) in o.iter_mut().zip(&vn[j * dv..(j + 1) * dv]) {
+                *ov += c * x;
+            }
+        }
+    }
+    // S ← e^{Γ_L} S + Σ_j (k_j e^{Γ_L−Γ_j}) ⊗ V'_j
+    let gl = gam[l - 1];
+    let el = gl.exp();
+    s.iter_mut().for_each(|x| *x *= el);
+    for j in 0..l {
+        let c = (gl - gam[j]).exp();
+        for (&kk, srow) in kr(j).iter().zip(s.chunks_exact_mut(dv)) {
+            let f = kk * c;
+            for (sv, &x) in srow.iter_mut().zip(&vn[j * dv..(j + 1) * dv]) {
+                *sv += f * x;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Rng(u64);
+    impl Rng {
+        fn f(&mut self) -> f32 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            (self.0 >> 40) as f32 / (1u64 << 24) as f32
+        }
+    }
+
+    fn l2n(x: &mut [f32], scale: f32) {
+        let n = x.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-6);
+        x.iter_mut().for_each(|v| *v *= scale / n);
+    }
+
+    /// Chunked == recurrence on random heads: 1-4 chunks, odd lengths, a non-zero initial
+    /// state, weak and strong decay. Also the f64 recurrence as the common reference.
+    #[test]
+    fn chunked_matches_recurrence() {
+        let mut rng = Rng(0x0DE1_7A00_1234_5678);
+        for &(t, dk, dv, chunk, gscale) in
+            &[(1, 8, 8, 64, 0.1), (63, 16, 8, 64, 0.5), (64, 16, 16, 64, 0.05), (129, 32, 16, 64, 1.0), (200, 16, 24, 64, 3.0), (77, 8, 8, 16, 0.3)]
+        {
+            let mut q: Vec<f32> = (0..t * dk).map(|_| rng.f() - 0.5).collect();
+            let mut k: Vec<f32> = (0..t * dk).map(|_| rng.f() - 0.5).collect();
+            for s in 0..t {
+                l2n(&mut q[s * dk..(s + 1) * dk], 1.0 / (dk as f32).sqrt());
+                l2n(&mut k[s * dk..(s + 1) * dk], 1.0);
+            }
+            let v: Vec<f32> = (0..t * dv).map(|_| rng.f() * 2.0 - 1.0).collect();
+            let g: Vec<f32> = (0..t).map(|_| -gscale * rng.f()).collect();
+            let beta: Vec<f32> = (0..t).map(|_| 0.05 + 0.9 * rng.f()).collect();
+            let s0: Vec<f32> = (0..dk * dv).map(|_| rng.f() - 0.5).collect();
+            let (mut sr, mut sc) = (s0.clone(), s0.clone());
+            let (mut or, mut oc) = (vec![0f32; t * dv], vec![0f32; t * dv]);
+            gated_delta_recurrent(&q, &k, &v, &g, &beta, t, dk, dv, &mut sr, &mut or);
+            gated_delta_chunked(&q, &k, &v, &g, &beta, t, dk, dv, chunk, &mut sc, &mut oc);
+            let scale = or.iter().map(|x| x.abs()).fold(0f32, f32::max).max(1e-6);
+            let dout = or.iter().zip(&oc).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max) / scale;
+            let sscale = sr.iter().map(|x| x.abs()).fold(0f32, f32::max).max(1e-6);
+            let dst = sr.iter().zip(&sc).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max) / sscale;
+            println!("t {t} dk {dk} dv {dv} chunk {chunk} decay {gscale}: out rel {dout:.2e}, state rel {dst:.2e}");
+            assert!(dout <= 1e-5 && dst <= 1e-5, "chunked vs recurrent: out {dout:e}, state {dst:e} (relative to max)");
+        }
+    }
+
+    /// Splitting a sequence at any point (state carried over) equals one pass: what prefill in
+    /// several calls and decode after prefill rely on.
+    #[test]
+    fn state_carries_across_calls() {
+        let mut rng = Rng(0x5EED_0000_0000_0042);
+        let (t, dk, dv) = (90, 16, 16);
+        let q: Vec<f32> = (0..t * dk).map(|_| (rng.f() - 0.5) * 0.25).collect();
+        let k: Vec<f32> = (0..t * dk).map(|_| (rng.f() - 0.5) * 0.5).collect();
+        let v: Vec<f32> = (0..t * dv).map(|_| rng.f() - 0.5).collect();
+        let g: Vec<f32> = (0..t).map(|_| -0.2 * rng.f()).collect();
+        let beta: Vec<f32> = (0..t).map(|_| rng.f()).collect();
+        let mut s_all = vec![0f32; dk * dv];
+        let mut o_all = vec![0f32; t * dv];
+        gated_delta_chunked(&q, &k, &v, &g, &beta, t, dk, dv, CHUNK, &mut s_all, &mut o_all);
+        let cut = 37;
+        let mut s = vec![0f32; dk * dv];
+        let mut o = vec![0f32; t * dv];
+        gated_delta_chunked(&q[..cut * dk], &k[..cut * dk], &v[..cut * dv], &g[..cut], &beta[..cut], cut, dk, dv, CHUNK, &mut s, &mut o[..cut * dv]);
+        gated_delta_recurrent(&q[cut * dk..], &k[cut * dk..], &v[cut * dv..], &g[cut..], &beta[cut..], t - cut, dk, dv, &mut s, &mut o[cut * dv..]);
+        let d = o.iter().zip(&o_all).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        println!("split at {cut}: max out diff {d:.2e}");
+        assert!(d <= 1e-5, "split run differs by {d}");
+    }
+}
