@@ -6,6 +6,7 @@
 //! against it; the SIMD path is chosen at run time.
 
 pub mod act;
+pub mod conv;
 pub mod delta;
 pub mod dot;
 pub mod ggml;
