@@ -9,6 +9,7 @@ pub mod convert;
 pub mod error;
 pub mod generate;
 pub mod load;
+pub mod mixers;
 pub mod model;
 pub mod par;
 pub mod perplexity;

@@ -1,0 +1,5 @@
+//! Token mixers other than softmax attention (issue 4): each a block function with its own
+//! constant-size per-sequence state. Architecture files will compose them with the shared
+//! blocks; `LayerState` will carry their states.
+
+pub mod gdn;
