@@ -3,3 +3,4 @@
 //! blocks; `LayerState` will carry their states.
 
 pub mod gdn;
+pub mod shortconv;
