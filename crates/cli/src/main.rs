@@ -609,8 +609,15 @@ fn chat_loop(loaded: &Loaded, tok: &Tokenizer, a: &RunArgs, opt: &GenOptions, n_
             bail!("conversation of {} tokens no longer fits the context of {n_ctx} (raise --ctx)", ids.len());
         }
         let common = cached.iter().zip(&ids).take_while(|(x, y)| x == y).count().min(ids.len() - 1);
-        // Keep the cached positions shared with the new rendering; recompute the rest.
-        state.truncate(common.min(state.len));
+        // Keep the cached positions shared with the new rendering; recompute the rest. A model
+        // with recurrent layers cannot go back to an earlier length: it keeps its state only
+        // when the new rendering extends everything it has seen, else starts over.
+        let keep = common.min(state.len);
+        if state.can_truncate() || keep == state.len {
+            state.truncate(keep);
+        } else {
+            state.clear();
+        }
         let start = state.len;
         let stats = stream(loaded, tok, &mut state, &ids[start..], opt)?;
         println!();

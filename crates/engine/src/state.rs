@@ -4,13 +4,29 @@
 
 use half::f16;
 
+use crate::mixers::gdn::GdnState;
+use crate::mixers::shortconv::ShortConvState;
+
 /// One layer's state.
+#[derive(Clone)]
 pub enum LayerState {
     /// Keys and values of every position so far: each [len, n_kv_heads, head_dim].
     Kv { k: Vec<f32>, v: Vec<f32> },
     /// The same, stored as f16 (llama.cpp's default cache type): half the bytes. Values are
     /// rounded to nearest-even on append, as ggml's f32 -> f16 copy does.
     KvF16 { k: Vec<f16>, v: Vec<f16> },
+    /// LFM2's short convolution: the last kernel − 1 gated inputs (constant size).
+    ShortConv(ShortConvState),
+    /// GatedDeltaNet: conv history and the recurrent matrix per value head (constant size).
+    Gdn(GdnState),
+}
+
+impl LayerState {
+    /// Whether the state can only go forward (no truncation to an earlier length: a
+    /// checkpoint must snapshot it).
+    pub fn is_recurrent(&self) -> bool {
+        matches!(self, LayerState::ShortConv(_) | LayerState::Gdn(_))
+    }
 }
 
 pub struct SeqState {
@@ -22,10 +38,12 @@ pub struct SeqState {
     kv_dim: usize,
 }
 
-/// A point to roll a sequence back to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A point to roll a sequence back to: the length, and a snapshot of every recurrent layer's
+/// state (KV caches are truncated instead, so they cost nothing here).
+#[derive(Clone)]
 pub struct Checkpoint {
     len: usize,
+    recurrent: Vec<Option<LayerState>>,
 }
 
 impl SeqState {
@@ -48,16 +66,23 @@ impl SeqState {
         SeqState { layers, len: 0, n_ctx, kv_dim }
     }
 
-    pub fn checkpoint(&self) -> Checkpoint {
-        Checkpoint { len: self.len }
+    /// A sequence with the given per-layer states (hybrid models: one per layer kind).
+    pub fn from_layers(layers: Vec<LayerState>, kv_dim: usize, n_ctx: usize) -> SeqState {
+        SeqState { layers, len: 0, n_ctx, kv_dim }
     }
 
-    /// Forget every position after the checkpoint.
+    pub fn checkpoint(&self) -> Checkpoint {
+        let recurrent = self.layers.iter().map(|l| l.is_recurrent().then(|| l.clone())).collect();
+        Checkpoint { len: self.len, recurrent }
+    }
+
+    /// Forget every position after the checkpoint (KV caches truncated, recurrent states
+    /// restored from the checkpoint's snapshots).
     pub fn rollback(&mut self, cp: Checkpoint) {
         assert!(cp.len <= self.len, "rollback to {} beyond current length {}", cp.len, self.len);
         self.len = cp.len;
         let n = cp.len * self.kv_dim;
-        for l in &mut self.layers {
+        for (l, snap) in self.layers.iter_mut().zip(cp.recurrent) {
             match l {
                 LayerState::Kv { k, v } => {
                     k.truncate(n);
@@ -67,17 +92,48 @@ impl SeqState {
                     k.truncate(n);
                     v.truncate(n);
                 }
+                LayerState::ShortConv(_) | LayerState::Gdn(_) => {
+                    *l = snap.expect("a checkpoint snapshots every recurrent layer");
+                }
             }
         }
     }
 
-    /// Keep the first `len` positions (len ≤ self.len).
-    pub fn truncate(&mut self, len: usize) {
-        self.rollback(Checkpoint { len });
+    /// Whether `truncate` can go back to any earlier length (no recurrent layer).
+    pub fn can_truncate(&self) -> bool {
+        !self.layers.iter().any(LayerState::is_recurrent)
     }
 
+    /// Keep the first `len` positions (len ≤ self.len). Models with recurrent layers cannot
+    /// truncate to an arbitrary length (use `checkpoint`/`rollback`, or start over): that
+    /// panics, as a caller bug — check `can_truncate`. Truncating to 0 (`clear`) is always
+    /// allowed.
+    pub fn truncate(&mut self, len: usize) {
+        assert!(self.can_truncate() || len == self.len, "truncate: recurrent layers cannot go back to {len} of {}", self.len);
+        let recurrent = vec![None; self.layers.len()];
+        self.rollback(Checkpoint { len, recurrent });
+    }
+
+    /// Back to an empty sequence (recurrent states zeroed).
     pub fn clear(&mut self) {
-        self.rollback(Checkpoint { len: 0 });
+        self.len = 0;
+        for l in &mut self.layers {
+            match l {
+                LayerState::Kv { k, v } => {
+                    k.clear();
+                    v.clear();
+                }
+                LayerState::KvF16 { k, v } => {
+                    k.clear();
+                    v.clear();
+                }
+                LayerState::ShortConv(s) => s.conv.fill(0.0),
+                LayerState::Gdn(s) => {
+                    s.conv.fill(0.0);
+                    s.s.fill(0.0);
+                }
+            }
+        }
     }
 
     /// Bytes held by the state (KV caches).
@@ -87,6 +143,8 @@ impl SeqState {
             .map(|l| match l {
                 LayerState::Kv { k, v } => (k.len() + v.len()) * 4,
                 LayerState::KvF16 { k, v } => (k.len() + v.len()) * 2,
+                LayerState::ShortConv(s) => s.conv.len() * 4,
+                LayerState::Gdn(s) => s.bytes(),
             })
             .sum()
     }
@@ -108,6 +166,7 @@ mod tests {
                     k.resize(n * kv_dim, f16::ONE);
                     v.resize(n * kv_dim, f16::ONE);
                 }
+                _ => unreachable!("dense states only"),
             }
         }
         st.len = n;
@@ -126,5 +185,70 @@ mod tests {
         assert_eq!(b.bytes(), layers * 2 * 4 * kv_dim * 2);
         b.clear();
         assert_eq!(b.bytes(), 0);
+    }
+
+    /// A hybrid sequence: rollback truncates the KV layer and restores the recurrent layers'
+    /// snapshots bit for bit; truncate refuses to go back, clear zeroes.
+    #[test]
+    fn recurrent_layers_roll_back_from_snapshots() {
+        use crate::mixers::gdn::{GdnConfig, OutGate};
+        let cfg = GdnConfig { d_model: 8, n_k_heads: 1, n_v_heads: 2, d_k: 4, d_v: 4, conv_kernel: 4, norm_eps: 1e-6, out_gate: OutGate::Silu };
+        let kv_dim = 6;
+        let layers = vec![
+            LayerState::Kv { k: Vec::new(), v: Vec::new() },
+            LayerState::Gdn(GdnState::new(&cfg)),
+            LayerState::ShortConv(ShortConvState::new(8, 3)),
+        ];
+        let mut st = SeqState::from_layers(layers, kv_dim, 64);
+        let advance = |st: &mut SeqState, x: f32| {
+            for l in &mut st.layers {
+                match l {
+                    LayerState::Kv { k, v } => {
+                        k.extend(std::iter::repeat_n(x, kv_dim));
+                        v.extend(std::iter::repeat_n(x, kv_dim));
+                    }
+                    LayerState::Gdn(g) => g.s.iter_mut().for_each(|s| *s = *s * 0.5 + x),
+                    LayerState::ShortConv(c) => c.conv.iter_mut().for_each(|s| *s += x),
+                    _ => unreachable!(),
+                }
+            }
+            st.len += 1;
+        };
+        advance(&mut st, 1.0);
+        let cp = st.checkpoint();
+        let before: Vec<Vec<f32>> = st
+            .layers
+            .iter()
+            .map(|l| match l {
+                LayerState::Kv { k, .. } => k.clone(),
+                LayerState::Gdn(g) => g.s.clone(),
+                LayerState::ShortConv(c) => c.conv.clone(),
+                _ => unreachable!(),
+            })
+            .collect();
+        advance(&mut st, 2.5);
+        advance(&mut st, -1.0);
+        assert!(!st.can_truncate());
+        st.rollback(cp);
+        assert_eq!(st.len, 1);
+        let after: Vec<Vec<f32>> = st
+            .layers
+            .iter()
+            .map(|l| match l {
+                LayerState::Kv { k, .. } => k.clone(),
+                LayerState::Gdn(g) => g.s.clone(),
+                LayerState::ShortConv(c) => c.conv.clone(),
+                _ => unreachable!(),
+            })
+            .collect();
+        assert_eq!(before, after, "rollback must restore every layer exactly");
+        st.clear();
+        assert_eq!(st.len, 0);
+        assert!(st.layers.iter().all(|l| match l {
+            LayerState::Kv { k, .. } => k.is_empty(),
+            LayerState::Gdn(g) => g.s.iter().all(|&x| x == 0.0),
+            LayerState::ShortConv(c) => c.conv.iter().all(|&x| x == 0.0),
+            _ => false,
+        }));
     }
 }
