@@ -81,13 +81,30 @@ impl Rope {
     }
 }
 
-/// Per-layer attention geometry.
+/// Which token mixer a layer runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MixerKind {
+    /// Softmax attention with a KV cache (the dense architectures' only kind).
+    Attention,
+    /// LFM2's gated short convolution over `kernel` taps (`bias`: in/conv/out biases).
+    ShortConv { kernel: usize, bias: bool },
+}
+
+/// Per-layer geometry.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LayerSpec {
+    pub mixer: MixerKind,
     /// Keys visible to position i are j with i - j < window (the current token included).
     pub sliding_window: Option<usize>,
     /// Index into `ModelConfig::ropes`.
     pub rope: usize,
+}
+
+impl LayerSpec {
+    /// An attention layer over every earlier key with RoPE `rope`.
+    pub fn attention(rope: usize) -> LayerSpec {
+        LayerSpec { mixer: MixerKind::Attention, sliding_window: None, rope }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -117,6 +134,9 @@ pub struct ModelConfig {
     pub attn_logit_softcap: Option<f32>,
     pub ropes: Vec<Rope>,
     pub layers: Vec<LayerSpec>,
+    /// GGUF name of the final norm ("output_norm.weight"; LFM2's GGUF calls it
+    /// "token_embd_norm.weight").
+    pub output_norm: &'static str,
 }
 
 impl ModelConfig {

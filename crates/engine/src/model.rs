@@ -5,7 +5,9 @@
 
 use crate::blocks::{AttentionWeights, FfnWeights, attention, ffn, rmsnorm_rows_in, rmsnorm_segments_in};
 use crate::compat::{LlamaCppCtx, Numerics};
-use crate::config::ModelConfig;
+use crate::config::{MixerKind, ModelConfig};
+use crate::mixers::shortconv::{ShortConvState, ShortConvWeights, short_conv};
+use crate::state::LayerState;
 use crate::error::{EngineError, Result};
 use crate::par::pool;
 use crate::profile::{self, Op};
@@ -13,9 +15,32 @@ use crate::qtensor::QTensor;
 use crate::state::SeqState;
 use crate::weights::TensorSource;
 
+/// A layer's token mixer and its weights.
+pub enum MixerWeights {
+    Attention(AttentionWeights),
+    ShortConv(ShortConvWeights),
+}
+
+impl MixerWeights {
+    /// The mixer's weight matrices.
+    fn matrices_mut(&mut self) -> Vec<&mut QTensor> {
+        match self {
+            MixerWeights::Attention(a) => vec![&mut a.wq, &mut a.wk, &mut a.wv, &mut a.wo],
+            MixerWeights::ShortConv(c) => vec![&mut c.in_proj, &mut c.out_proj],
+        }
+    }
+
+    fn matrices(&self) -> Vec<&QTensor> {
+        match self {
+            MixerWeights::Attention(a) => vec![&a.wq, &a.wk, &a.wv, &a.wo],
+            MixerWeights::ShortConv(c) => vec![&c.in_proj, &c.out_proj],
+        }
+    }
+}
+
 pub struct LayerWeights {
     pub attn_norm: Vec<f32>,
-    pub attn: AttentionWeights,
+    pub mixer: MixerWeights,
     pub post_attn_norm: Option<Vec<f32>>,
     pub ffn_norm: Vec<f32>,
     pub ffn: FfnWeights,
@@ -59,7 +84,7 @@ impl Model {
         let output = src.optional("output.weight", cfg.vocab, d)?;
         let tied = output.is_none();
         let output = output.unwrap_or_else(|| tok_embd.clone());
-        let output_norm = src.vector("output_norm.weight", d)?;
+        let output_norm = src.vector(cfg.output_norm, d)?;
         let mut layers = Vec::with_capacity(cfg.n_layers);
         for il in 0..cfg.n_layers {
             let n = |s: &str| format!("blk.{il}.{s}");
@@ -70,9 +95,9 @@ impl Model {
                 |s: &str| -> Result<Option<Vec<f32>>> { if cfg.qk_norm { Ok(Some(src.vector(&n(s), hd)?)) } else { Ok(None) } };
             let post =
                 |s: &str| -> Result<Option<Vec<f32>>> { if cfg.post_norms { Ok(Some(src.vector(&n(s), d)?)) } else { Ok(None) } };
-            layers.push(LayerWeights {
-                attn_norm: src.vector(&n("attn_norm.weight"), d)?,
-                attn: AttentionWeights {
+            let opt_vec = |s: &str, len: usize, on: bool| -> Result<Vec<f32>> { if on { src.vector(&n(s), len) } else { Ok(Vec::new()) } };
+            let mixer = match cfg.layers[il].mixer {
+                MixerKind::Attention => MixerWeights::Attention(AttentionWeights {
                     wq: src.require(&n("attn_q.weight"), q_dim, d)?,
                     wk: src.require(&n("attn_k.weight"), kv_dim, d)?,
                     wv: src.require(&n("attn_v.weight"), kv_dim, d)?,
@@ -82,7 +107,19 @@ impl Model {
                     bv: bias("attn_v.bias", kv_dim)?,
                     q_norm: qk_norm("attn_q_norm.weight")?,
                     k_norm: qk_norm("attn_k_norm.weight")?,
-                },
+                }),
+                MixerKind::ShortConv { kernel, bias: b } => MixerWeights::ShortConv(ShortConvWeights {
+                    in_proj: src.require(&n("shortconv.in_proj.weight"), 3 * d, d)?,
+                    in_bias: opt_vec("shortconv.in_proj.bias", 3 * d, b)?,
+                    conv: src.require(&n("shortconv.conv.weight"), d, kernel)?.to_f32(),
+                    conv_bias: opt_vec("shortconv.conv.bias", d, b)?,
+                    out_proj: src.require(&n("shortconv.out_proj.weight"), d, d)?,
+                    out_bias: opt_vec("shortconv.out_proj.bias", d, b)?,
+                }),
+            };
+            layers.push(LayerWeights {
+                attn_norm: src.vector(&n("attn_norm.weight"), d)?,
+                mixer,
                 post_attn_norm: post("post_attention_norm.weight")?,
                 ffn_norm: src.vector(&n("ffn_norm.weight"), d)?,
                 ffn: FfnWeights {
@@ -121,7 +158,7 @@ impl Model {
         self.output.set_numerics(num, !tied);
         for l in &mut self.layers {
             for t in
-                [&mut l.attn.wq, &mut l.attn.wk, &mut l.attn.wv, &mut l.attn.wo, &mut l.ffn.gate, &mut l.ffn.up, &mut l.ffn.down]
+                l.mixer.matrices_mut().into_iter().chain([&mut l.ffn.gate, &mut l.ffn.up, &mut l.ffn.down])
             {
                 t.set_numerics(num, true);
             }
@@ -136,8 +173,10 @@ impl Model {
             .layers
             .iter()
             .map(|l| {
-                [&l.attn.wq, &l.attn.wk, &l.attn.wv, &l.attn.wo, &l.ffn.gate, &l.ffn.up, &l.ffn.down]
-                    .iter()
+                l.mixer
+                    .matrices()
+                    .into_iter()
+                    .chain([&l.ffn.gate, &l.ffn.up, &l.ffn.down])
                     .map(|t| t.n_bytes())
                     .sum::<usize>()
             })
@@ -160,7 +199,17 @@ impl Model {
 
     /// A fresh sequence state holding up to `n_ctx` positions.
     pub fn new_state(&self, n_ctx: usize) -> SeqState {
-        SeqState::with_kv(self.cfg.n_layers, self.cfg.kv_dim(), n_ctx, self.kv_f16)
+        let layers = self
+            .cfg
+            .layers
+            .iter()
+            .map(|spec| match spec.mixer {
+                MixerKind::Attention if self.kv_f16 => LayerState::KvF16 { k: Vec::new(), v: Vec::new() },
+                MixerKind::Attention => LayerState::Kv { k: Vec::new(), v: Vec::new() },
+                MixerKind::ShortConv { kernel, .. } => LayerState::ShortConv(ShortConvState::new(self.cfg.d_model, kernel)),
+            })
+            .collect();
+        SeqState::from_layers(layers, self.cfg.kv_dim(), n_ctx)
     }
 
     /// Run `tokens` at positions state.len.. and append them to the state. Returns logits
@@ -200,19 +249,16 @@ impl Model {
             rmsnorm_rows_in(num, &x, &lw.attn_norm, cfg.norm_eps, &mut h);
             trace("attn_norm", il, &h);
             let mut tr = |name: &str, vals: &[f32]| trace(name, il, vals);
-            let mut a = attention(
-                cfg,
-                &lw.attn,
-                &cfg.ropes[spec.rope],
-                spec.sliding_window,
-                &h,
-                n,
-                pos0,
-                &mut state.layers[il],
-                num,
-                lc,
-                &mut tr,
-            );
+            let mut a = match (&lw.mixer, &mut state.layers[il]) {
+                (MixerWeights::Attention(aw), ls) => {
+                    attention(cfg, aw, &cfg.ropes[spec.rope], spec.sliding_window, &h, n, pos0, ls, num, lc, &mut tr)
+                }
+                (MixerWeights::ShortConv(cw), LayerState::ShortConv(cs)) => {
+                    let MixerKind::ShortConv { kernel, .. } = spec.mixer else { unreachable!("weights follow the spec") };
+                    short_conv(cw, d, kernel, &h, n, cs)
+                }
+                (MixerWeights::ShortConv(_), _) => unreachable!("states follow the spec"),
+            };
             if let Some(g) = &lw.post_attn_norm {
                 rmsnorm_segments_in(num, &mut a, g, cfg.norm_eps);
             }

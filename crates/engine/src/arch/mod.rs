@@ -129,7 +129,8 @@ pub fn gguf_dense_base(g: &dyn GgufMeta, arch: &'static str, style: RopeStyle) -
         final_logit_softcap: None,
         attn_logit_softcap: None,
         ropes: vec![Rope::new(style, rot_dim, theta, &scaling)],
-        layers: (0..n_layers).map(|_| LayerSpec { sliding_window: None, rope: 0 }).collect(),
+        layers: (0..n_layers).map(|_| LayerSpec::attention(0)).collect(),
+        output_norm: "output_norm.weight",
     })
 }
 
@@ -197,6 +198,7 @@ pub fn hf_dense_base(h: &HfConfig, arch: &'static str) -> Result<ModelConfig> {
         final_logit_softcap: h.final_logit_softcapping.map(|v| v as f32),
         attn_logit_softcap: h.attn_logit_softcapping.map(|v| v as f32),
         ropes: vec![hf_rope(h, &h.rope, head_dim)?],
-        layers: (0..n_layers).map(|_| LayerSpec { sliding_window: None, rope: 0 }).collect(),
+        layers: (0..n_layers).map(|_| LayerSpec::attention(0)).collect(),
+        output_norm: "output_norm.weight",
     })
 }
