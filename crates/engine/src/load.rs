@@ -176,6 +176,9 @@ impl TensorSource for HfSource {
         let (rows, cols) = match raw.shape[..] {
             [c] => (1, c),
             [r, c] => (r, c),
+            // A depthwise Conv1d weight [channels, 1, kernel] (LFM2, GatedDeltaNet) is the
+            // [channels, kernel] matrix GGUF stores.
+            [r, 1, c] => (r, c),
             _ => {
                 return Err(EngineError::ShapeMismatch {
                     file: self.file(),

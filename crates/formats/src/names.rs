@@ -1,5 +1,5 @@
 //! The one table mapping Hugging Face tensor names to GGUF tensor names and back, for the
-//! dense architectures llama, qwen2, qwen3 and gemma3.
+//! dense architectures llama, qwen2, qwen3 and gemma3, and the hybrid lfm2.
 //!
 //! GGUF names follow llama.cpp's gguf-py (`gguf/constants.py` TENSOR_NAMES and the per-arch
 //! tensor lists); HF names are the module paths of transformers' `*ForCausalLM` classes.
@@ -21,22 +21,27 @@
 /// Which architectures a row applies to.
 #[derive(Clone, Copy)]
 enum Archs {
-    /// llama, qwen2, qwen3, gemma3.
+    /// llama, qwen2, qwen3, gemma3, lfm2.
     All,
+    /// llama, qwen2, qwen3, gemma3 (names LFM2 spells its own way).
+    Dense,
     /// llama, qwen2, qwen3 (post_attention_layernorm is the pre-FFN norm).
     NotGemma,
     /// qwen3, gemma3 (per-head q/k RMSNorm).
     QkNorm,
     Gemma3,
+    Lfm2,
 }
 
 impl Archs {
     fn has(self, arch: Arch) -> bool {
         match self {
             Archs::All => true,
-            Archs::NotGemma => arch != Arch::Gemma3,
+            Archs::Dense => arch != Arch::Lfm2,
+            Archs::NotGemma => matches!(arch, Arch::Llama | Arch::Qwen2 | Arch::Qwen3),
             Archs::QkNorm => matches!(arch, Arch::Qwen3 | Arch::Gemma3),
             Archs::Gemma3 => arch == Arch::Gemma3,
+            Archs::Lfm2 => arch == Arch::Lfm2,
         }
     }
 }
@@ -47,6 +52,7 @@ enum Arch {
     Qwen2,
     Qwen3,
     Gemma3,
+    Lfm2,
 }
 
 /// Accepts the GGUF `general.architecture` spelling and the HF `model_type` spelling.
@@ -56,6 +62,7 @@ fn parse_arch(arch: &str) -> Option<Arch> {
         "qwen2" => Arch::Qwen2,
         "qwen3" => Arch::Qwen3,
         "gemma3" | "gemma3_text" => Arch::Gemma3,
+        "lfm2" => Arch::Lfm2,
         _ => return None,
     })
 }
@@ -63,27 +70,40 @@ fn parse_arch(arch: &str) -> Option<Arch> {
 /// Tensors outside the layer stack: (HF name, GGUF name, archs).
 const GLOBAL: &[(&str, &str, Archs)] = &[
     ("model.embed_tokens.weight", "token_embd.weight", Archs::All),
-    ("model.norm.weight", "output_norm.weight", Archs::All),
+    ("model.norm.weight", "output_norm.weight", Archs::Dense),
     ("lm_head.weight", "output.weight", Archs::All),
+    // LFM2's final norm; llama.cpp names it token_embd_norm.
+    ("model.embedding_norm.weight", "token_embd_norm.weight", Archs::Lfm2),
 ];
 
 /// Per-layer tensors: (HF suffix after `model.layers.N.`, GGUF suffix after `blk.N.`, archs).
 /// `.weight` and `.bias` are appended by the lookup for rows that can carry a bias.
 const LAYER: &[(&str, &str, Archs, Bias)] = &[
-    ("input_layernorm", "attn_norm", Archs::All, Bias::No),
+    ("input_layernorm", "attn_norm", Archs::Dense, Bias::No),
     ("self_attn.q_proj", "attn_q", Archs::All, Bias::Yes),
     ("self_attn.k_proj", "attn_k", Archs::All, Bias::Yes),
     ("self_attn.v_proj", "attn_v", Archs::All, Bias::Yes),
-    ("self_attn.o_proj", "attn_output", Archs::All, Bias::Yes),
+    ("self_attn.o_proj", "attn_output", Archs::Dense, Bias::Yes),
     ("self_attn.q_norm", "attn_q_norm", Archs::QkNorm, Bias::No),
     ("self_attn.k_norm", "attn_k_norm", Archs::QkNorm, Bias::No),
     ("post_attention_layernorm", "ffn_norm", Archs::NotGemma, Bias::No),
     ("post_attention_layernorm", "post_attention_norm", Archs::Gemma3, Bias::No),
     ("pre_feedforward_layernorm", "ffn_norm", Archs::Gemma3, Bias::No),
     ("post_feedforward_layernorm", "post_ffw_norm", Archs::Gemma3, Bias::No),
-    ("mlp.gate_proj", "ffn_gate", Archs::All, Bias::Yes),
-    ("mlp.up_proj", "ffn_up", Archs::All, Bias::Yes),
-    ("mlp.down_proj", "ffn_down", Archs::All, Bias::Yes),
+    ("mlp.gate_proj", "ffn_gate", Archs::Dense, Bias::Yes),
+    ("mlp.up_proj", "ffn_up", Archs::Dense, Bias::Yes),
+    ("mlp.down_proj", "ffn_down", Archs::Dense, Bias::Yes),
+    ("operator_norm", "attn_norm", Archs::Lfm2, Bias::No),
+    ("self_attn.out_proj", "attn_output", Archs::Lfm2, Bias::Yes),
+    ("self_attn.q_layernorm", "attn_q_norm", Archs::Lfm2, Bias::No),
+    ("self_attn.k_layernorm", "attn_k_norm", Archs::Lfm2, Bias::No),
+    ("ffn_norm", "ffn_norm", Archs::Lfm2, Bias::No),
+    ("feed_forward.w1", "ffn_gate", Archs::Lfm2, Bias::No),
+    ("feed_forward.w3", "ffn_up", Archs::Lfm2, Bias::No),
+    ("feed_forward.w2", "ffn_down", Archs::Lfm2, Bias::No),
+    ("conv.in_proj", "shortconv.in_proj", Archs::Lfm2, Bias::Yes),
+    ("conv.conv", "shortconv.conv", Archs::Lfm2, Bias::Yes),
+    ("conv.out_proj", "shortconv.out_proj", Archs::Lfm2, Bias::Yes),
 ];
 
 /// Whether a linear layer row may carry a bias (qwen2 q/k/v always; llama with
@@ -168,4 +188,28 @@ pub fn gguf_to_hf(arch: &str, gguf: &str) -> Option<String> {
 }
 
 /// The architectures this table covers, in GGUF spelling.
-pub const ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "gemma3"];
+pub const ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "gemma3", "lfm2"];
+
+#[cfg(test)]
+mod lfm2_tests {
+    use super::*;
+
+    /// LFM2's own spellings map both ways, and the dense spellings it lacks do not match.
+    #[test]
+    fn lfm2_names_round_trip() {
+        for (hf, gguf) in [
+            ("model.embedding_norm.weight", "token_embd_norm.weight"),
+            ("model.layers.0.operator_norm.weight", "blk.0.attn_norm.weight"),
+            ("model.layers.2.self_attn.out_proj.weight", "blk.2.attn_output.weight"),
+            ("model.layers.2.self_attn.q_layernorm.weight", "blk.2.attn_q_norm.weight"),
+            ("model.layers.1.feed_forward.w3.weight", "blk.1.ffn_up.weight"),
+            ("model.layers.1.conv.conv.weight", "blk.1.shortconv.conv.weight"),
+            ("model.layers.1.conv.in_proj.weight", "blk.1.shortconv.in_proj.weight"),
+        ] {
+            assert_eq!(hf_to_gguf("lfm2", hf).as_deref(), Some(gguf), "{hf}");
+            assert_eq!(gguf_to_hf("lfm2", gguf).as_deref(), Some(hf), "{gguf}");
+        }
+        assert_eq!(hf_to_gguf("lfm2", "model.layers.0.input_layernorm.weight"), None);
+        assert_eq!(hf_to_gguf("llama", "model.layers.0.operator_norm.weight"), None);
+    }
+}

@@ -10,6 +10,7 @@ use crate::config::{Activation, LayerSpec, ModelConfig, Rope, RopeScaling};
 use crate::error::{EngineError, Result};
 
 pub mod gemma3;
+pub mod lfm2;
 pub mod llama;
 pub mod qwen2;
 pub mod qwen3;
@@ -27,7 +28,7 @@ pub struct Arch {
     pub hf_norm_offset: f32,
 }
 
-pub const ARCHES: &[Arch] = &[llama::ARCH, qwen2::ARCH, qwen3::ARCH, gemma3::ARCH];
+pub const ARCHES: &[Arch] = &[llama::ARCH, qwen2::ARCH, qwen3::ARCH, gemma3::ARCH, lfm2::ARCH];
 
 pub fn supported() -> String {
     ARCHES.iter().map(|a| a.name).collect::<Vec<_>>().join(", ")

@@ -1,0 +1,121 @@
+//! LFM2 (Liquid): a hybrid of gated short-convolution layers ("conv") and GQA attention layers
+//! with per-head q/k RMSNorm, SwiGLU FFN (w1/w3/w2), plain-gain RMSNorms, a final norm HF calls
+//! `embedding_norm` (GGUF: `token_embd_norm`), tied embeddings.
+//!
+//! Quirks: the FFN width is recomputed from the config (`block_auto_adjust_ff_dim`: 2/3 of it,
+//! times `block_ffn_dim_multiplier`, rounded up to `block_multiple_of`), as transformers'
+//! Lfm2MLP does; the convolution length is `conv_L_cache`. GGUF marks the conv layers by a 0
+//! in the per-layer `attention.head_count_kv` array and stores the recomputed FFN width.
+
+use cortiq_formats::gguf::{GgufMeta, MetaValue, TensorInfo};
+use cortiq_formats::hf::HfConfig;
+use cortiq_kernels::ops::RopeStyle;
+
+use super::{Arch, GgufKeys, gguf_dense_base, hf_dense_base};
+use crate::config::{LayerSpec, MixerKind, ModelConfig};
+use crate::error::{EngineError, Result};
+
+pub const ARCH: Arch = Arch { name: "lfm2", hf_names: &["Lfm2ForCausalLM", "lfm2"], from_gguf, from_hf, hf_norm_offset: 0.0 };
+
+fn from_hf(h: &HfConfig) -> Result<ModelConfig> {
+    let mut cfg = hf_dense_base(h, "lfm2")?;
+    let bad = |what: String| EngineError::BadConfig { file: h.path.display().to_string(), what };
+    let raw = &h.raw;
+    let get_bool = |k: &str, d: bool| raw.get(k).and_then(|v| v.as_bool()).unwrap_or(d);
+    let kernel = raw.get("conv_L_cache").and_then(|v| v.as_u64()).unwrap_or(3) as usize;
+    if kernel == 0 {
+        return Err(bad("conv_L_cache must be at least 1".into()));
+    }
+    let bias = get_bool("conv_bias", false);
+    // Lfm2MLP's width rule.
+    if get_bool("block_auto_adjust_ff_dim", true) {
+        let mut ff = (2 * h.intermediate_size) / 3;
+        if let Some(m) = raw.get("block_ffn_dim_multiplier").filter(|v| !v.is_null()) {
+            let m = m.as_f64().ok_or_else(|| bad("block_ffn_dim_multiplier must be a number".into()))?;
+            ff = (m * ff as f64) as usize;
+            let multiple = raw.get("block_multiple_of").and_then(|v| v.as_u64()).unwrap_or(256) as usize;
+            if multiple == 0 {
+                return Err(bad("block_multiple_of must be at least 1".into()));
+            }
+            ff = ff.div_ceil(multiple) * multiple;
+        }
+        cfg.d_ff = ff;
+    }
+    cfg.qk_norm = true;
+    cfg.output_norm = "token_embd_norm.weight";
+    cfg.layers = h
+        .layer_types
+        .iter()
+        .enumerate()
+        .map(|(i, t)| match t.as_str() {
+            "conv" => Ok(LayerSpec { mixer: MixerKind::ShortConv { kernel, bias }, sliding_window: None, rope: 0 }),
+            "full_attention" => Ok(LayerSpec::attention(0)),
+            other => Err(bad(format!("layer_types[{i}] = '{other}': LFM2 layers are 'conv' or 'full_attention'"))),
+        })
+        .collect::<Result<_>>()?;
+    Ok(cfg)
+}
+
+fn from_gguf(g: &dyn GgufMeta) -> Result<ModelConfig> {
+    let k = GgufKeys { g, arch: "lfm2" };
+    let n_layers = k.usize("block_count")?;
+    // head_count_kv is per layer: 0 marks a conv layer.
+    let key = "lfm2.attention.head_count_kv";
+    let kv: Vec<usize> = match g.get(key) {
+        Some(v) => match v.as_array() {
+            Some(a) => a.iter().map(|x| x.as_i64().map(|x| x as usize)).collect::<Option<_>>().ok_or_else(|| k.bad(format!("{key}: expected integers")))?,
+            None => vec![v.as_i64().ok_or_else(|| k.bad(format!("{key}: expected an integer or an array")))? as usize; n_layers],
+        },
+        None => return Err(k.bad(format!("missing metadata key '{key}'"))),
+    };
+    if kv.len() != n_layers {
+        return Err(k.bad(format!("{key} has {} entries for {n_layers} layers", kv.len())));
+    }
+    let n_kv = kv.iter().copied().filter(|&x| x > 0).max().ok_or_else(|| k.bad(format!("{key}: no attention layer")))?;
+    if kv.iter().any(|&x| x != 0 && x != n_kv) {
+        return Err(k.bad(format!("{key}: attention layers disagree on the kv head count ({kv:?})")));
+    }
+    let kernel = k.usize("shortconv.l_cache")?;
+    // gguf_dense_base wants one kv head count: read the rest through it, then fix up.
+    let mut cfg = gguf_dense_base_with_kv(g, n_kv)?;
+    cfg.qk_norm = true;
+    cfg.output_norm = "token_embd_norm.weight";
+    cfg.layers = kv
+        .iter()
+        .map(|&x| {
+            if x == 0 {
+                LayerSpec { mixer: MixerKind::ShortConv { kernel, bias: false }, sliding_window: None, rope: 0 }
+            } else {
+                LayerSpec::attention(0)
+            }
+        })
+        .collect();
+    Ok(cfg)
+}
+
+/// `gguf_dense_base` for a file whose `head_count_kv` is a per-layer array.
+fn gguf_dense_base_with_kv(g: &dyn GgufMeta, n_kv: usize) -> Result<ModelConfig> {
+    let view = KvOverride { g, kv: MetaValue::U64(n_kv as u64) };
+    gguf_dense_base(&view, "lfm2", RopeStyle::NeoX)
+}
+
+/// A metadata view that answers `lfm2.attention.head_count_kv` with one number.
+struct KvOverride<'a> {
+    g: &'a dyn GgufMeta,
+    kv: MetaValue,
+}
+
+impl GgufMeta for KvOverride<'_> {
+    fn meta_path(&self) -> &std::path::Path {
+        self.g.meta_path()
+    }
+    fn get(&self, key: &str) -> Option<&MetaValue> {
+        if key == "lfm2.attention.head_count_kv" { Some(&self.kv) } else { self.g.get(key) }
+    }
+    fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+        self.g.tensor(name)
+    }
+    fn tensor_data(&self, info: &TensorInfo) -> &[u8] {
+        self.g.tensor_data(info)
+    }
+}
