@@ -100,21 +100,35 @@ pub fn attention(
 ) -> Vec<f32> {
     let (hd, nh, nkv) = (cfg.head_dim, cfg.n_heads, cfg.n_kv_heads);
     let (q_dim, kv_dim) = (cfg.q_dim(), cfg.kv_dim());
-    let mut q = vec![0f32; n * q_dim]; // [n, n_heads, head_dim]
+    // A gated q_proj (Qwen3-Next/3.5) yields [q | gate] per head: twice q_dim.
+    let q_rows = w.wq.rows;
+    let mut q = vec![0f32; n * q_rows]; // [n, n_heads, head_dim] (or [n, n_heads, 2, head_dim] gated)
     let mut k = vec![0f32; n * kv_dim]; // [n, n_kv_heads, head_dim]
     let mut v = vec![0f32; n * kv_dim]; // [n, n_kv_heads, head_dim]
     if n == 1 {
         // Decode: one input quantization and one dispatch for the three projections.
-        let mut qkv = vec![0f32; q_dim + 2 * kv_dim]; // [q_dim | kv_dim | kv_dim]
+        let mut qkv = vec![0f32; q_rows + 2 * kv_dim]; // [q_rows | kv_dim | kv_dim]
         QTensor::matmul_many(&[&w.wq, &w.wk, &w.wv], h, 1, &mut qkv);
-        q.copy_from_slice(&qkv[..q_dim]);
-        k.copy_from_slice(&qkv[q_dim..q_dim + kv_dim]);
-        v.copy_from_slice(&qkv[q_dim + kv_dim..]);
+        q.copy_from_slice(&qkv[..q_rows]);
+        k.copy_from_slice(&qkv[q_rows..q_rows + kv_dim]);
+        v.copy_from_slice(&qkv[q_rows + kv_dim..]);
     } else {
         w.wq.matmul(h, n, &mut q);
         w.wk.matmul(h, n, &mut k);
         w.wv.matmul(h, n, &mut v);
     }
+    let gate = if cfg.attn_gate {
+        let mut qs = vec![0f32; n * q_dim]; // [n, n_heads, head_dim]
+        let mut g = vec![0f32; n * q_dim]; // [n, n_heads, head_dim]
+        for (src, (qd, gd)) in q.chunks(2 * hd).zip(qs.chunks_mut(hd).zip(g.chunks_mut(hd))) {
+            qd.copy_from_slice(&src[..hd]);
+            gd.copy_from_slice(&src[hd..]);
+        }
+        q = qs;
+        Some(g)
+    } else {
+        None
+    };
     if let Some(b) = &w.bq {
         add_bias(&mut q, b);
     }
@@ -219,6 +233,10 @@ pub fn attention(
         }
     }
     drop(attn_span);
+    if let Some(g) = &gate {
+        // Gated attention: o ← o ⊙ σ(gate) before the output projection.
+        o.iter_mut().zip(g).for_each(|(x, &gv)| *x /= 1.0 + (-gv).exp());
+    }
     trace("attn_out", &o);
     let mut y = vec![0f32; n * cfg.d_model]; // [n, d_model]
     w.wo.matmul(&o, n, &mut y);

@@ -82,12 +82,14 @@ impl Rope {
 }
 
 /// Which token mixer a layer runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum MixerKind {
     /// Softmax attention with a KV cache (the dense architectures' only kind).
     Attention,
     /// LFM2's gated short convolution over `kernel` taps (`bias`: in/conv/out biases).
     ShortConv { kernel: usize, bias: bool },
+    /// GatedDeltaNet (Qwen3-Next, Qwen3.5).
+    GatedDeltaNet(crate::mixers::gdn::GdnConfig),
 }
 
 /// Per-layer geometry.
@@ -134,6 +136,9 @@ pub struct ModelConfig {
     pub attn_logit_softcap: Option<f32>,
     pub ropes: Vec<Rope>,
     pub layers: Vec<LayerSpec>,
+    /// Attention layers' q_proj also yields a per-head output gate: rows [q | gate] per head,
+    /// the attention output multiplied by σ(gate) before o_proj (Qwen3-Next, Qwen3.5).
+    pub attn_gate: bool,
     /// GGUF name of the final norm ("output_norm.weight"; LFM2's GGUF calls it
     /// "token_embd_norm.weight").
     pub output_norm: &'static str,

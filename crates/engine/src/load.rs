@@ -121,12 +121,13 @@ pub(crate) struct HfSource {
     /// GGUF name -> HF name.
     names: HashMap<String, String>,
     norm_offset: f32,
+    plain_norms: &'static [&'static str],
 }
 
 impl HfSource {
     pub(crate) fn new(dir: &Path, weights: HfWeights, arch: &Arch) -> HfSource {
         let names = weights.names().filter_map(|n| Some((hf_to_gguf(arch.name, n)?, n.to_string()))).collect();
-        HfSource { dir: dir.to_path_buf(), weights, names, norm_offset: arch.hf_norm_offset }
+        HfSource { dir: dir.to_path_buf(), weights, names, norm_offset: arch.hf_norm_offset, plain_norms: arch.hf_plain_norms }
     }
 }
 
@@ -151,9 +152,16 @@ impl HfSource {
         self.norm_offset
     }
 
-    /// Whether `get(name)` changes the stored values (a norm gain that gets the offset).
+    /// Whether `get(name)` adds the norm offset to this tensor.
+    fn offsets(&self, name: &str) -> bool {
+        self.norm_offset != 0.0 && name.ends_with("norm.weight") && !self.plain_norms.iter().any(|p| name.ends_with(p))
+    }
+
+    /// Whether `get(name)` changes the stored values: a norm gain that gets the offset, or a
+    /// GatedDeltaNet decay rate stored by HF as A_log and by GGUF (and the engine) as
+    /// −exp(A_log).
     fn sanitizes(&self, name: &str) -> bool {
-        self.norm_offset != 0.0 && name.ends_with("norm.weight")
+        self.offsets(name) || name.ends_with(".ssm_a")
     }
 
     /// The stored bytes of a tensor `get` returns unchanged; `None` for sanitized or absent ones.
@@ -194,8 +202,12 @@ impl TensorSource for HfSource {
             file: self.file(),
             what: format!("tensor '{hf_name}' does not fit its stored bytes"),
         })?;
-        if self.sanitizes(name) {
+        if self.offsets(name) {
             let v: Vec<f32> = t.to_f32().into_iter().map(|w| w + self.norm_offset).collect();
+            return Ok(Some(QTensor::from_f32(name, rows, cols, v)));
+        }
+        if name.ends_with(".ssm_a") {
+            let v: Vec<f32> = t.to_f32().into_iter().map(|a_log| -a_log.exp()).collect();
             return Ok(Some(QTensor::from_f32(name, rows, cols, v)));
         }
         Ok(Some(t))

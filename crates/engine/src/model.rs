@@ -6,6 +6,7 @@
 use crate::blocks::{AttentionWeights, FfnWeights, attention, ffn, rmsnorm_rows_in, rmsnorm_segments_in};
 use crate::compat::{LlamaCppCtx, Numerics};
 use crate::config::{MixerKind, ModelConfig};
+use crate::mixers::gdn::{GdnState, GdnWeights, gated_deltanet};
 use crate::mixers::shortconv::{ShortConvState, ShortConvWeights, short_conv};
 use crate::state::LayerState;
 use crate::error::{EngineError, Result};
@@ -19,6 +20,7 @@ use crate::weights::TensorSource;
 pub enum MixerWeights {
     Attention(AttentionWeights),
     ShortConv(ShortConvWeights),
+    GatedDeltaNet(GdnWeights),
 }
 
 impl MixerWeights {
@@ -27,6 +29,9 @@ impl MixerWeights {
         match self {
             MixerWeights::Attention(a) => vec![&mut a.wq, &mut a.wk, &mut a.wv, &mut a.wo],
             MixerWeights::ShortConv(c) => vec![&mut c.in_proj, &mut c.out_proj],
+            MixerWeights::GatedDeltaNet(g) => {
+                vec![&mut g.in_proj_qkv, &mut g.in_proj_z, &mut g.in_proj_b, &mut g.in_proj_a, &mut g.out_proj]
+            }
         }
     }
 
@@ -34,6 +39,7 @@ impl MixerWeights {
         match self {
             MixerWeights::Attention(a) => vec![&a.wq, &a.wk, &a.wv, &a.wo],
             MixerWeights::ShortConv(c) => vec![&c.in_proj, &c.out_proj],
+            MixerWeights::GatedDeltaNet(g) => vec![&g.in_proj_qkv, &g.in_proj_z, &g.in_proj_b, &g.in_proj_a, &g.out_proj],
         }
     }
 }
@@ -98,7 +104,8 @@ impl Model {
             let opt_vec = |s: &str, len: usize, on: bool| -> Result<Vec<f32>> { if on { src.vector(&n(s), len) } else { Ok(Vec::new()) } };
             let mixer = match cfg.layers[il].mixer {
                 MixerKind::Attention => MixerWeights::Attention(AttentionWeights {
-                    wq: src.require(&n("attn_q.weight"), q_dim, d)?,
+                    // A gated q_proj holds [q | gate] per head: twice the rows.
+                    wq: src.require(&n("attn_q.weight"), if cfg.attn_gate { 2 * q_dim } else { q_dim }, d)?,
                     wk: src.require(&n("attn_k.weight"), kv_dim, d)?,
                     wv: src.require(&n("attn_v.weight"), kv_dim, d)?,
                     wo: src.require(&n("attn_output.weight"), d, q_dim)?,
@@ -115,6 +122,17 @@ impl Model {
                     conv_bias: opt_vec("shortconv.conv.bias", d, b)?,
                     out_proj: src.require(&n("shortconv.out_proj.weight"), d, d)?,
                     out_bias: opt_vec("shortconv.out_proj.bias", d, b)?,
+                }),
+                MixerKind::GatedDeltaNet(g) => MixerWeights::GatedDeltaNet(GdnWeights {
+                    in_proj_qkv: src.require(&n("attn_qkv.weight"), g.conv_dim(), d)?,
+                    in_proj_z: src.require(&n("attn_gate.weight"), g.value_dim(), d)?,
+                    in_proj_b: src.require(&n("ssm_beta.weight"), g.n_v_heads, d)?,
+                    in_proj_a: src.require(&n("ssm_alpha.weight"), g.n_v_heads, d)?,
+                    conv: src.require(&n("ssm_conv1d.weight"), g.conv_dim(), g.conv_kernel)?.to_f32(),
+                    dt_bias: src.vector(&n("ssm_dt.bias"), g.n_v_heads)?,
+                    a: src.vector(&n("ssm_a"), g.n_v_heads)?,
+                    norm: src.vector(&n("ssm_norm.weight"), g.d_v)?,
+                    out_proj: src.require(&n("ssm_out.weight"), d, g.value_dim())?,
                 }),
             };
             layers.push(LayerWeights {
@@ -207,6 +225,7 @@ impl Model {
                 MixerKind::Attention if self.kv_f16 => LayerState::KvF16 { k: Vec::new(), v: Vec::new() },
                 MixerKind::Attention => LayerState::Kv { k: Vec::new(), v: Vec::new() },
                 MixerKind::ShortConv { kernel, .. } => LayerState::ShortConv(ShortConvState::new(self.cfg.d_model, kernel)),
+                MixerKind::GatedDeltaNet(g) => LayerState::Gdn(GdnState::new(&g)),
             })
             .collect();
         SeqState::from_layers(layers, self.cfg.kv_dim(), n_ctx)
@@ -257,7 +276,11 @@ impl Model {
                     let MixerKind::ShortConv { kernel, .. } = spec.mixer else { unreachable!("weights follow the spec") };
                     short_conv(cw, d, kernel, &h, n, cs)
                 }
-                (MixerWeights::ShortConv(_), _) => unreachable!("states follow the spec"),
+                (MixerWeights::GatedDeltaNet(gw), LayerState::Gdn(gs)) => {
+                    let MixerKind::GatedDeltaNet(g) = spec.mixer else { unreachable!("weights follow the spec") };
+                    gated_deltanet(&g, gw, &h, n, gs)
+                }
+                (MixerWeights::ShortConv(_) | MixerWeights::GatedDeltaNet(_), _) => unreachable!("states follow the spec"),
             };
             if let Some(g) = &lw.post_attn_norm {
                 rmsnorm_segments_in(num, &mut a, g, cfg.norm_eps);

@@ -23,8 +23,10 @@
 enum Archs {
     /// llama, qwen2, qwen3, gemma3, lfm2.
     All,
-    /// llama, qwen2, qwen3, gemma3 (names LFM2 spells its own way).
+    /// llama, qwen2, qwen3, gemma3, qwen3.5 (names LFM2 spells its own way).
     Dense,
+    /// Qwen3.5's GatedDeltaNet layers.
+    Qwen35,
     /// llama, qwen2, qwen3 (post_attention_layernorm is the pre-FFN norm).
     NotGemma,
     /// qwen3, gemma3 (per-head q/k RMSNorm).
@@ -38,8 +40,9 @@ impl Archs {
         match self {
             Archs::All => true,
             Archs::Dense => arch != Arch::Lfm2,
-            Archs::NotGemma => matches!(arch, Arch::Llama | Arch::Qwen2 | Arch::Qwen3),
-            Archs::QkNorm => matches!(arch, Arch::Qwen3 | Arch::Gemma3),
+            Archs::NotGemma => matches!(arch, Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen35),
+            Archs::QkNorm => matches!(arch, Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen35),
+            Archs::Qwen35 => arch == Arch::Qwen35,
             Archs::Gemma3 => arch == Arch::Gemma3,
             Archs::Lfm2 => arch == Arch::Lfm2,
         }
@@ -53,6 +56,7 @@ enum Arch {
     Qwen3,
     Gemma3,
     Lfm2,
+    Qwen35,
 }
 
 /// Accepts the GGUF `general.architecture` spelling and the HF `model_type` spelling.
@@ -63,6 +67,7 @@ fn parse_arch(arch: &str) -> Option<Arch> {
         "qwen3" => Arch::Qwen3,
         "gemma3" | "gemma3_text" => Arch::Gemma3,
         "lfm2" => Arch::Lfm2,
+        "qwen35" | "qwen3_5" | "qwen3_5_text" => Arch::Qwen35,
         _ => return None,
     })
 }
@@ -104,7 +109,20 @@ const LAYER: &[(&str, &str, Archs, Bias)] = &[
     ("conv.in_proj", "shortconv.in_proj", Archs::Lfm2, Bias::Yes),
     ("conv.conv", "shortconv.conv", Archs::Lfm2, Bias::Yes),
     ("conv.out_proj", "shortconv.out_proj", Archs::Lfm2, Bias::Yes),
+    ("linear_attn.in_proj_qkv", "attn_qkv", Archs::Qwen35, Bias::No),
+    ("linear_attn.in_proj_z", "attn_gate", Archs::Qwen35, Bias::No),
+    ("linear_attn.in_proj_b", "ssm_beta", Archs::Qwen35, Bias::No),
+    ("linear_attn.in_proj_a", "ssm_alpha", Archs::Qwen35, Bias::No),
+    ("linear_attn.conv1d", "ssm_conv1d", Archs::Qwen35, Bias::No),
+    ("linear_attn.norm", "ssm_norm", Archs::Qwen35, Bias::No),
+    ("linear_attn.out_proj", "ssm_out", Archs::Qwen35, Bias::No),
 ];
+
+/// Per-layer parameters whose HF names carry no `.weight`/`.bias` suffix: (HF suffix after
+/// `model.layers.N.`, GGUF suffix after `blk.N.`, archs). The values may differ by a transform
+/// the loader applies (A_log is stored by llama.cpp as −exp(A_log)).
+const BARE: &[(&str, &str, Archs)] =
+    &[("linear_attn.dt_bias", "ssm_dt.bias", Archs::Qwen35), ("linear_attn.A_log", "ssm_a", Archs::Qwen35)];
 
 /// Whether a linear layer row may carry a bias (qwen2 q/k/v always; llama with
 /// `attention_bias` / `mlp_bias`). Norms never do in these architectures.
@@ -142,6 +160,12 @@ fn split_layer(s: &str) -> Option<(usize, &str)> {
 /// has no GGUF twin for that arch (e.g. `q_norm` for llama).
 pub fn hf_to_gguf(arch: &str, hf: &str) -> Option<String> {
     let arch = parse_arch(arch)?;
+    if let Some(after) = HF_MODEL_PREFIXES.iter().find_map(|p| hf.strip_prefix(p)?.strip_prefix("layers."))
+        && let Some((n, rest)) = split_layer(after)
+        && let Some(&(_, g, _)) = BARE.iter().find(|&&(h, _, archs)| archs.has(arch) && h == rest)
+    {
+        return Some(format!("blk.{n}.{g}"));
+    }
     let (stem, param) = split_param(hf)?;
 
     // Global tensors: try each accepted prefix spelling.
@@ -174,6 +198,11 @@ pub fn hf_to_gguf(arch: &str, hf: &str) -> Option<String> {
 /// is not in the table or the tensor has no HF twin.
 pub fn gguf_to_hf(arch: &str, gguf: &str) -> Option<String> {
     let arch = parse_arch(arch)?;
+    if let Some((n, rest)) = gguf.strip_prefix("blk.").and_then(split_layer)
+        && let Some(&(h, _, _)) = BARE.iter().find(|&&(_, g, archs)| archs.has(arch) && g == rest)
+    {
+        return Some(format!("model.layers.{n}.{h}"));
+    }
     for &(h, g, archs) in GLOBAL {
         if archs.has(arch) && g == gguf {
             return Some(h.to_string());
@@ -188,7 +217,7 @@ pub fn gguf_to_hf(arch: &str, gguf: &str) -> Option<String> {
 }
 
 /// The architectures this table covers, in GGUF spelling.
-pub const ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "gemma3", "lfm2"];
+pub const ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "gemma3", "lfm2", "qwen35"];
 
 #[cfg(test)]
 mod lfm2_tests {
@@ -210,6 +239,17 @@ mod lfm2_tests {
             assert_eq!(gguf_to_hf("lfm2", gguf).as_deref(), Some(hf), "{gguf}");
         }
         assert_eq!(hf_to_gguf("lfm2", "model.layers.0.input_layernorm.weight"), None);
+        for (hf, gguf) in [
+            ("model.layers.3.linear_attn.dt_bias", "blk.3.ssm_dt.bias"),
+            ("model.layers.3.linear_attn.A_log", "blk.3.ssm_a"),
+            ("model.layers.0.linear_attn.in_proj_qkv.weight", "blk.0.attn_qkv.weight"),
+            ("model.layers.0.linear_attn.norm.weight", "blk.0.ssm_norm.weight"),
+            ("model.layers.3.self_attn.q_norm.weight", "blk.3.attn_q_norm.weight"),
+            ("model.layers.3.post_attention_layernorm.weight", "blk.3.ffn_norm.weight"),
+        ] {
+            assert_eq!(hf_to_gguf("qwen3_5_text", hf).as_deref(), Some(gguf), "{hf}");
+            assert_eq!(gguf_to_hf("qwen35", gguf).as_deref(), Some(hf), "{gguf}");
+        }
         assert_eq!(hf_to_gguf("llama", "model.layers.0.operator_norm.weight"), None);
     }
 }

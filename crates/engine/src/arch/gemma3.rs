@@ -19,6 +19,7 @@ pub const ARCH: Arch = Arch {
     from_gguf,
     from_hf,
     hf_norm_offset: 1.0,
+    hf_plain_norms: &[],
 };
 
 /// Every `PATTERN`th layer (il % 6 == 5) attends globally.

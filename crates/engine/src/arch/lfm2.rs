@@ -15,7 +15,7 @@ use super::{Arch, GgufKeys, gguf_dense_base, hf_dense_base};
 use crate::config::{LayerSpec, MixerKind, ModelConfig};
 use crate::error::{EngineError, Result};
 
-pub const ARCH: Arch = Arch { name: "lfm2", hf_names: &["Lfm2ForCausalLM", "lfm2"], from_gguf, from_hf, hf_norm_offset: 0.0 };
+pub const ARCH: Arch = Arch { name: "lfm2", hf_names: &["Lfm2ForCausalLM", "lfm2"], from_gguf, from_hf, hf_norm_offset: 0.0, hf_plain_norms: &[] };
 
 fn from_hf(h: &HfConfig) -> Result<ModelConfig> {
     let mut cfg = hf_dense_base(h, "lfm2")?;

@@ -14,6 +14,7 @@ pub mod lfm2;
 pub mod llama;
 pub mod qwen2;
 pub mod qwen3;
+pub mod qwen3_5;
 
 /// What an architecture file provides.
 pub struct Arch {
@@ -26,9 +27,12 @@ pub struct Arch {
     /// Added to every RMSNorm gain of an HF checkpoint at load time (Gemma's (1+w) norms are
     /// stored as w in HF and as 1+w in GGUF; the engine always multiplies by the stored gain).
     pub hf_norm_offset: f32,
+    /// GGUF-name suffixes of norms that keep a plain gain despite `hf_norm_offset`
+    /// (Qwen3.5's GatedDeltaNet output norm, "ssm_norm.weight").
+    pub hf_plain_norms: &'static [&'static str],
 }
 
-pub const ARCHES: &[Arch] = &[llama::ARCH, qwen2::ARCH, qwen3::ARCH, gemma3::ARCH, lfm2::ARCH];
+pub const ARCHES: &[Arch] = &[llama::ARCH, qwen2::ARCH, qwen3::ARCH, gemma3::ARCH, lfm2::ARCH, qwen3_5::ARCH];
 
 pub fn supported() -> String {
     ARCHES.iter().map(|a| a.name).collect::<Vec<_>>().join(", ")
@@ -132,6 +136,7 @@ pub fn gguf_dense_base(g: &dyn GgufMeta, arch: &'static str, style: RopeStyle) -
         ropes: vec![Rope::new(style, rot_dim, theta, &scaling)],
         layers: (0..n_layers).map(|_| LayerSpec::attention(0)).collect(),
         output_norm: "output_norm.weight",
+        attn_gate: false,
     })
 }
 
@@ -201,5 +206,6 @@ pub fn hf_dense_base(h: &HfConfig, arch: &'static str) -> Result<ModelConfig> {
         ropes: vec![hf_rope(h, &h.rope, head_dim)?],
         layers: (0..n_layers).map(|_| LayerSpec::attention(0)).collect(),
         output_norm: "output_norm.weight",
+        attn_gate: false,
     })
 }

@@ -25,7 +25,7 @@ pub enum OutGate {
     Sigmoid,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct GdnConfig {
     pub d_model: usize,
     pub n_k_heads: usize,
@@ -63,8 +63,9 @@ pub struct GdnWeights {
     pub conv: Vec<f32>,
     /// [n_v]
     pub dt_bias: Vec<f32>,
-    /// [n_v]
-    pub a_log: Vec<f32>,
+    /// [n_v]: −exp(A_log), the per-head decay rate (GGUF's ssm_a; HF's A_log is turned into
+    /// it at load).
+    pub a: Vec<f32>,
     /// [d_v], the plain gain of the gated RMSNorm (not 1 + w).
     pub norm: Vec<f32>,
     /// [d_model, value_dim]
@@ -136,7 +137,7 @@ pub fn gated_deltanet(cfg: &GdnConfig, w: &GdnWeights, h: &[f32], n: usize, stat
         let mut v = vec![0f32; n * dv]; // [n, d_v]
         let mut g = vec![0f32; n]; // [n]
         let mut beta = vec![0f32; n]; // [n]
-        let decay = -w.a_log[hv].exp();
+        let decay = w.a[hv];
         for t in 0..n {
             let row = &conv_out[t * cd..(t + 1) * cd];
             q[t * dk..(t + 1) * dk].copy_from_slice(&row[hk * dk..(hk + 1) * dk]);
@@ -204,7 +205,7 @@ mod tests {
             in_proj_a: t("a", cfg.n_v_heads, d, rng),
             conv: rng.vec(cfg.conv_dim() * cfg.conv_kernel, 0.5),
             dt_bias: rng.vec(cfg.n_v_heads, 1.0),
-            a_log: rng.vec(cfg.n_v_heads, 1.0),
+            a: rng.vec(cfg.n_v_heads, 1.0).iter().map(|x| -x.exp()).collect(),
             norm: rng.vec(cfg.d_v, 1.0).iter().map(|x| 1.0 + 0.5 * x).collect(),
             out_proj: t("out", d, cfg.value_dim(), rng),
         };
