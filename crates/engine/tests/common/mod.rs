@@ -74,6 +74,12 @@ pub fn first_divergence(model: &Model, tokens: &[u32], trace_path: &Path) -> Opt
 /// `prefix` names the reference files: "" for the fixture's own (logits.npy, greedy.json,
 /// greedy_logits.npy), "gguf_ref_" for gemma3's llama.cpp-semantics reference.
 pub fn check_parity(arch: &str, path: &Path, prefix: &str) {
+    check_parity_tol(arch, path, prefix, TOL);
+}
+
+/// `check_parity` with its own tolerance (issue 4: 5e-4 for GatedDeltaNet / KDA models, whose
+/// HF f32 path itself is ~3e-4 off f64; 1e-4 for LFM2 and the dense models).
+pub fn check_parity_tol(arch: &str, path: &Path, prefix: &str, tol: f32) {
     let dir = fixture(arch);
     let what = if path.is_dir() { "HF" } else { "GGUF" };
     let model = load(path).unwrap_or_else(|e| panic!("{arch}: loading {} failed: {e}", path.display())).model;
@@ -89,10 +95,10 @@ pub fn check_parity(arch: &str, path: &Path, prefix: &str) {
     let got = model.forward(&tokens, &mut st, Logits::From(0)).unwrap();
     let (md, at) = max_diff(&got, &want);
     println!("{arch}: {what} full forward logits max diff {md:.3e} at pos {} tok {}", at / vocab, at % vocab);
-    if !(md <= TOL) {
+    if !(md <= tol) {
         let why = if prefix.is_empty() { first_divergence(&model, &tokens, &dir.join("trace.npy")) } else { None };
         panic!(
-            "{arch}: {what} logits max diff {md:.3e} at pos {} token {} (tolerance {TOL}); {}",
+            "{arch}: {what} logits max diff {md:.3e} at pos {} token {} (tolerance {tol}); {}",
             at / vocab,
             at % vocab,
             why.unwrap_or("trace agrees".into())
@@ -107,7 +113,7 @@ pub fn check_parity(arch: &str, path: &Path, prefix: &str) {
     }
     let (md2, at2) = max_diff(&chunked, &want);
     println!("{arch}: {what} chunked (7) prefill logits max diff {md2:.3e}");
-    assert!(md2 <= TOL, "{arch}: {what} chunked prefill max diff {md2:.3e} at pos {} token {}", at2 / vocab, at2 % vocab);
+    assert!(md2 <= tol, "{arch}: {what} chunked prefill max diff {md2:.3e} at pos {} token {}", at2 / vocab, at2 % vocab);
 
     // 3. Greedy decode with the KV cache, each step's logits against the reference.
     let (gshape, gwant) = read_f32(&dir.join(format!("{prefix}greedy_logits.npy"))).unwrap(); // [N, vocab]
@@ -128,6 +134,6 @@ pub fn check_parity(arch: &str, path: &Path, prefix: &str) {
         "{arch}: {what} decode-step logits max diff {:.3e} (step {}, token {}); greedy {produced:?}",
         worst.0, worst.1, worst.2
     );
-    assert!(worst.0 <= TOL, "{arch}: {what} decode logits max diff {:.3e} at step {} token {}", worst.0, worst.1, worst.2);
+    assert!(worst.0 <= tol, "{arch}: {what} decode logits max diff {:.3e} at step {} token {}", worst.0, worst.1, worst.2);
     assert_eq!(produced, greedy, "{arch}: {what} greedy tokens differ from the reference");
 }

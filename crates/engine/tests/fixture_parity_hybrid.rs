@@ -1,0 +1,24 @@
+//! Hybrid architectures against their committed HF transformers fixtures
+//! (tools/fixtures/gen_hybrid.py): the same checks as the dense parity tests — whole-sequence
+//! logits vs the float64 reference, chunked prefill, token-by-token decode, greedy tokens —
+//! with issue 4's tolerances (1e-4 for LFM2, 5e-4 for GatedDeltaNet models). Each sequence is
+//! longer than one 64-token chunk of the delta rule's chunked form.
+
+mod common;
+
+use common::{check_parity_tol, fixture};
+
+#[test]
+fn lfm2_matches_transformers() {
+    check_parity_tol("lfm2", &fixture("lfm2"), "", 1e-4);
+}
+
+#[test]
+fn lfm2_gguf_matches_transformers() {
+    check_parity_tol("lfm2", &fixture("lfm2").join("model.gguf"), "", 1e-4);
+}
+
+#[test]
+fn qwen3_5_matches_transformers() {
+    check_parity_tol("qwen3_5", &fixture("qwen3_5"), "", 5e-4);
+}
