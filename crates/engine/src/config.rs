@@ -139,6 +139,9 @@ pub struct ModelConfig {
     /// Attention layers' q_proj also yields a per-head output gate: rows [q | gate] per head,
     /// the attention output multiplied by σ(gate) before o_proj (Qwen3-Next, Qwen3.5).
     pub attn_gate: bool,
+    /// GGUF suffix of the pre-FFN norm ("ffn_norm.weight"; llama.cpp's qwen35 files call it
+    /// "post_attention_norm.weight").
+    pub ffn_norm: &'static str,
     /// GGUF name of the final norm ("output_norm.weight"; LFM2's GGUF calls it
     /// "token_embd_norm.weight").
     pub output_norm: &'static str,

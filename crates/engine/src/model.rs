@@ -139,7 +139,7 @@ impl Model {
                 attn_norm: src.vector(&n("attn_norm.weight"), d)?,
                 mixer,
                 post_attn_norm: post("post_attention_norm.weight")?,
-                ffn_norm: src.vector(&n("ffn_norm.weight"), d)?,
+                ffn_norm: src.vector(&n(cfg.ffn_norm), d)?,
                 ffn: FfnWeights {
                     gate: src.require(&n("ffn_gate.weight"), ff, d)?,
                     up: src.require(&n("ffn_up.weight"), ff, d)?,

@@ -22,3 +22,8 @@ fn lfm2_gguf_matches_transformers() {
 fn qwen3_5_matches_transformers() {
     check_parity_tol("qwen3_5", &fixture("qwen3_5"), "", 5e-4);
 }
+
+#[test]
+fn qwen3_5_gguf_matches_transformers() {
+    check_parity_tol("qwen3_5", &fixture("qwen3_5").join("model.gguf"), "", 5e-4);
+}

@@ -136,6 +136,7 @@ pub fn gguf_dense_base(g: &dyn GgufMeta, arch: &'static str, style: RopeStyle) -
         ropes: vec![Rope::new(style, rot_dim, theta, &scaling)],
         layers: (0..n_layers).map(|_| LayerSpec::attention(0)).collect(),
         output_norm: "output_norm.weight",
+        ffn_norm: "ffn_norm.weight",
         attn_gate: false,
     })
 }
@@ -206,6 +207,7 @@ pub fn hf_dense_base(h: &HfConfig, arch: &'static str) -> Result<ModelConfig> {
         ropes: vec![hf_rope(h, &h.rope, head_dim)?],
         layers: (0..n_layers).map(|_| LayerSpec::attention(0)).collect(),
         output_norm: "output_norm.weight",
+        ffn_norm: "ffn_norm.weight",
         attn_gate: false,
     })
 }

@@ -3,13 +3,16 @@
 //! σ(gate), per-head q/k RMSNorm, partial RoPE), SwiGLU FFN, (1+w) RMSNorms everywhere except
 //! the GatedDeltaNet output norm (plain w), A_log stored by HF and turned into −exp(A_log).
 //!
-//! GGUF files of this architecture (llama.cpp's `qwen35`) are not read yet: their GatedDeltaNet
-//! keys and tensor layouts need the converter's fixture (issue 4) to be checked against.
+//! GGUF files (llama.cpp's `qwen35`): `block_count` includes the MTP blocks
+//! (`nextn_predict_layers`), `attention.recurrent_layers` marks the GatedDeltaNet layers, the
+//! (1+w) norms are stored folded, the pre-FFN norm is named `post_attention_norm`, A is stored
+//! as −exp(A_log), and value heads are reordered so that head h uses key head h % n_k.
 
 use cortiq_formats::gguf::GgufMeta;
 use cortiq_formats::hf::HfConfig;
+use cortiq_kernels::ops::RopeStyle;
 
-use super::{Arch, GgufKeys, hf_dense_base};
+use super::{Arch, GgufKeys, gguf_dense_base, hf_dense_base};
 use crate::config::{LayerSpec, MixerKind, ModelConfig};
 use crate::error::{EngineError, Result};
 use crate::mixers::gdn::{GdnConfig, OutGate};
@@ -39,6 +42,7 @@ fn from_hf(h: &HfConfig) -> Result<ModelConfig> {
         conv_kernel: get("linear_conv_kernel_dim")?,
         norm_eps: cfg.norm_eps,
         out_gate: OutGate::Silu,
+        v_tiled: false,
     };
     if g.n_k_heads == 0 || g.n_v_heads % g.n_k_heads != 0 || g.d_k == 0 || g.d_v == 0 || g.conv_kernel == 0 {
         return Err(bad(format!(
@@ -63,5 +67,44 @@ fn from_hf(h: &HfConfig) -> Result<ModelConfig> {
 
 fn from_gguf(g: &dyn GgufMeta) -> Result<ModelConfig> {
     let k = GgufKeys { g, arch: "qwen35" };
-    Err(k.bad("qwen35 GGUF files are not supported yet (load the Hugging Face folder)".into()))
+    let mut cfg = gguf_dense_base(g, "qwen35", RopeStyle::NeoX)?;
+    // block_count includes the multi-token-prediction blocks (kept in the file for speculative
+    // decoding, not part of the forward pass).
+    let mtp = k.opt_usize("nextn_predict_layers")?.unwrap_or(0);
+    let n_layers = cfg.n_layers.checked_sub(mtp).filter(|&n| n > 0).ok_or_else(|| k.bad(format!("{mtp} MTP blocks of {}", cfg.n_layers)))?;
+    let key = "qwen35.attention.recurrent_layers";
+    let recurrent: Vec<bool> = g
+        .get(key)
+        .and_then(|v| v.as_array())
+        .and_then(|a| a.iter().map(|x| x.as_bool()).collect::<Option<Vec<bool>>>())
+        .ok_or_else(|| k.bad(format!("missing or non-boolean '{key}'")))?;
+    if recurrent.len() < n_layers {
+        return Err(k.bad(format!("{key} has {} entries for {n_layers} layers", recurrent.len())));
+    }
+    let (n_k, n_v, d_k, inner) =
+        (k.usize("ssm.group_count")?, k.usize("ssm.time_step_rank")?, k.usize("ssm.state_size")?, k.usize("ssm.inner_size")?);
+    if n_k == 0 || n_v == 0 || n_v % n_k != 0 || inner % n_v != 0 || d_k == 0 {
+        return Err(k.bad(format!("linear attention geometry: {n_k} key heads x {d_k}, {n_v} value heads, inner size {inner}")));
+    }
+    let gdn = GdnConfig {
+        d_model: cfg.d_model,
+        n_k_heads: n_k,
+        n_v_heads: n_v,
+        d_k,
+        d_v: inner / n_v,
+        conv_kernel: k.usize("ssm.conv_kernel")?,
+        norm_eps: cfg.norm_eps,
+        out_gate: OutGate::Silu,
+        // llama.cpp reorders value heads so that head h uses key head h % n_k.
+        v_tiled: true,
+    };
+    cfg.n_layers = n_layers;
+    cfg.qk_norm = true;
+    cfg.attn_gate = true;
+    cfg.ffn_norm = "post_attention_norm.weight";
+    cfg.layers = recurrent[..n_layers]
+        .iter()
+        .map(|&r| if r { LayerSpec { mixer: MixerKind::GatedDeltaNet(gdn), sliding_window: None, rope: 0 } } else { LayerSpec::attention(0) })
+        .collect();
+    Ok(cfg)
 }

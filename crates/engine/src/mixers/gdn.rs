@@ -35,6 +35,10 @@ pub struct GdnConfig {
     pub conv_kernel: usize,
     pub norm_eps: f32,
     pub out_gate: OutGate,
+    /// Value head h uses key head h % n_k (llama.cpp's GGUF order, "tiled") instead of
+    /// h / (n_v / n_k) (transformers' repeat_interleave, "grouped"). Every per-value-head
+    /// tensor of a file is in its own order, so only this mapping changes.
+    pub v_tiled: bool,
 }
 
 impl GdnConfig {
@@ -131,7 +135,7 @@ pub fn gated_deltanet(cfg: &GdnConfig, w: &GdnWeights, h: &[f32], n: usize, stat
     let mut work: Vec<(&mut [f32], &mut [f32])> = per_head.chunks_mut(n * dv).zip(state_s.chunks_mut(dk * dv)).collect();
     pool().for_rows_mut_dynamic(&mut work, 1, 1, |hv, items| {
         let (out_h, s_h) = &mut items[0];
-        let hk = hv / group;
+        let hk = if cfg.v_tiled { hv % nk } else { hv / group };
         let mut q = vec![0f32; n * dk]; // [n, d_k]
         let mut k = vec![0f32; n * dk]; // [n, d_k]
         let mut v = vec![0f32; n * dv]; // [n, d_v]
@@ -195,7 +199,7 @@ mod tests {
     }
 
     fn setup(rng: &mut Rng) -> (GdnConfig, GdnWeights) {
-        let cfg = GdnConfig { d_model: 48, n_k_heads: 2, n_v_heads: 4, d_k: 16, d_v: 8, conv_kernel: 4, norm_eps: 1e-6, out_gate: OutGate::Silu };
+        let cfg = GdnConfig { d_model: 48, n_k_heads: 2, n_v_heads: 4, d_k: 16, d_v: 8, conv_kernel: 4, norm_eps: 1e-6, out_gate: OutGate::Silu, v_tiled: false };
         let d = cfg.d_model;
         let t = |name: &str, rows: usize, cols: usize, rng: &mut Rng| QTensor::from_f32(name, rows, cols, rng.vec(rows * cols, 0.3));
         let w = GdnWeights {
