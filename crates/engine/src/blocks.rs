@@ -401,7 +401,7 @@ pub struct FfnWeights {
 
 /// Gated FFN: down(act(gate·h) ⊙ up·h). h: [n, d_model] -> [n, d_model].
 pub fn ffn(cfg: &ModelConfig, w: &FfnWeights, h: &[f32], n: usize, num: Numerics) -> Vec<f32> {
-    let ff = cfg.d_ff;
+    let ff = w.gate.rows; // the layer's width (an expert's or a shared expert's in MoE layers)
     let mut g = vec![0f32; n * ff]; // [n, d_ff]
     let mut u = vec![0f32; n * ff]; // [n, d_ff]
     if n == 1 {

@@ -96,6 +96,8 @@ pub enum MixerKind {
 #[derive(Clone, Debug, PartialEq)]
 pub struct LayerSpec {
     pub mixer: MixerKind,
+    /// The FFN is the model's mixture of experts (`ModelConfig::moe`), not a dense one.
+    pub moe: bool,
     /// Keys visible to position i are j with i - j < window (the current token included).
     pub sliding_window: Option<usize>,
     /// Index into `ModelConfig::ropes`.
@@ -105,7 +107,7 @@ pub struct LayerSpec {
 impl LayerSpec {
     /// An attention layer over every earlier key with RoPE `rope`.
     pub fn attention(rope: usize) -> LayerSpec {
-        LayerSpec { mixer: MixerKind::Attention, sliding_window: None, rope }
+        LayerSpec { mixer: MixerKind::Attention, moe: false, sliding_window: None, rope }
     }
 }
 
@@ -136,6 +138,8 @@ pub struct ModelConfig {
     pub attn_logit_softcap: Option<f32>,
     pub ropes: Vec<Rope>,
     pub layers: Vec<LayerSpec>,
+    /// The experts of MoE layers (`LayerSpec::moe`).
+    pub moe: Option<crate::moe::MoeConfig>,
     /// Attention layers' q_proj also yields a per-head output gate: rows [q | gate] per head,
     /// the attention output multiplied by σ(gate) before o_proj (Qwen3-Next, Qwen3.5).
     pub attn_gate: bool,

@@ -11,6 +11,7 @@ pub mod generate;
 pub mod load;
 pub mod mixers;
 pub mod model;
+pub mod moe;
 pub mod par;
 pub mod perplexity;
 pub mod profile;

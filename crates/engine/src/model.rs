@@ -7,6 +7,7 @@ use crate::blocks::{AttentionWeights, FfnWeights, attention, ffn, rmsnorm_rows_i
 use crate::compat::{LlamaCppCtx, Numerics};
 use crate::config::{MixerKind, ModelConfig};
 use crate::mixers::gdn::{GdnState, GdnWeights, gated_deltanet};
+use crate::moe::{MoeConfig, MoeWeights, moe};
 use crate::mixers::shortconv::{ShortConvState, ShortConvWeights, short_conv};
 use crate::state::LayerState;
 use crate::error::{EngineError, Result};
@@ -44,12 +45,34 @@ impl MixerWeights {
     }
 }
 
+/// A layer's feed-forward block: one gated FFN, or a mixture of experts.
+pub enum Ffn {
+    Dense(FfnWeights),
+    Moe(MoeWeights),
+}
+
+impl Ffn {
+    fn matrices_mut(&mut self) -> Vec<&mut QTensor> {
+        match self {
+            Ffn::Dense(f) => vec![&mut f.gate, &mut f.up, &mut f.down],
+            Ffn::Moe(m) => m.matrices_mut(),
+        }
+    }
+
+    fn matrices(&self) -> Vec<&QTensor> {
+        match self {
+            Ffn::Dense(f) => vec![&f.gate, &f.up, &f.down],
+            Ffn::Moe(m) => m.matrices(),
+        }
+    }
+}
+
 pub struct LayerWeights {
     pub attn_norm: Vec<f32>,
     pub mixer: MixerWeights,
     pub post_attn_norm: Option<Vec<f32>>,
     pub ffn_norm: Vec<f32>,
-    pub ffn: FfnWeights,
+    pub ffn: Ffn,
     pub post_ffn_norm: Option<Vec<f32>>,
 }
 
@@ -140,10 +163,18 @@ impl Model {
                 mixer,
                 post_attn_norm: post("post_attention_norm.weight")?,
                 ffn_norm: src.vector(&n(cfg.ffn_norm), d)?,
-                ffn: FfnWeights {
-                    gate: src.require(&n("ffn_gate.weight"), ff, d)?,
-                    up: src.require(&n("ffn_up.weight"), ff, d)?,
-                    down: src.require(&n("ffn_down.weight"), d, ff)?,
+                ffn: if cfg.layers[il].moe {
+                    let mc = cfg.moe.as_ref().ok_or_else(|| EngineError::BadConfig {
+                        file: src.file(),
+                        what: format!("layer {il} is a mixture of experts but the model has no expert configuration"),
+                    })?;
+                    Ffn::Moe(load_moe(src, mc, il, d)?)
+                } else {
+                    Ffn::Dense(FfnWeights {
+                        gate: src.require(&n("ffn_gate.weight"), ff, d)?,
+                        up: src.require(&n("ffn_up.weight"), ff, d)?,
+                        down: src.require(&n("ffn_down.weight"), d, ff)?,
+                    })
                 },
                 post_ffn_norm: post("post_ffw_norm.weight")?,
             });
@@ -176,7 +207,7 @@ impl Model {
         self.output.set_numerics(num, !tied);
         for l in &mut self.layers {
             for t in
-                l.mixer.matrices_mut().into_iter().chain([&mut l.ffn.gate, &mut l.ffn.up, &mut l.ffn.down])
+                l.mixer.matrices_mut().into_iter().chain(l.ffn.matrices_mut())
             {
                 t.set_numerics(num, true);
             }
@@ -194,7 +225,7 @@ impl Model {
                 l.mixer
                     .matrices()
                     .into_iter()
-                    .chain([&l.ffn.gate, &l.ffn.up, &l.ffn.down])
+                    .chain(l.ffn.matrices())
                     .map(|t| t.n_bytes())
                     .sum::<usize>()
             })
@@ -289,7 +320,10 @@ impl Model {
             x.iter_mut().zip(&a).for_each(|(xi, ai)| *xi += ai);
             rmsnorm_rows_in(num, &x, &lw.ffn_norm, cfg.norm_eps, &mut h);
             trace("ffn_norm", il, &h);
-            let mut m = ffn(cfg, &lw.ffn, &h, n, num);
+            let mut m = match &lw.ffn {
+                Ffn::Dense(f) => ffn(cfg, f, &h, n, num),
+                Ffn::Moe(mw) => moe(cfg, cfg.moe.as_ref().expect("checked at load"), mw, &h, n, num),
+            };
             if let Some(g) = &lw.post_ffn_norm {
                 rmsnorm_segments_in(num, &mut m, g, cfg.norm_eps);
             }
@@ -327,4 +361,41 @@ impl Model {
         }
         Ok(last)
     }
+}
+
+/// A MoE layer's weights by GGUF names: the router `ffn_gate_inp`, the experts either one
+/// tensor each (`ffn_gate_exps.E.weight`, how HF folders arrive through the name table) or
+/// stacked `[experts × rows, cols]` as llama.cpp writes them (split into views, no copy), the
+/// optional shared expert (`*_shexp`) and its gate (`ffn_gate_inp_shexp`), and the optional
+/// selection bias (`exp_probs_b.bias`).
+fn load_moe(src: &dyn TensorSource, mc: &MoeConfig, il: usize, d: usize) -> Result<MoeWeights> {
+    let n = |s: &str| format!("blk.{il}.{s}");
+    let (ne, ff) = (mc.n_experts, mc.d_ff_expert);
+    let router = src.require(&n("ffn_gate_inp.weight"), ne, d)?;
+    let stacked = |kind: &str, rows: usize, cols: usize| -> Result<Option<QTensor>> { src.optional(&n(&format!("ffn_{kind}_exps.weight")), ne * rows, cols) };
+    let (sg, su, sd) = (stacked("gate", ff, d)?, stacked("up", ff, d)?, stacked("down", d, ff)?);
+    let mut experts = Vec::with_capacity(ne);
+    for e in 0..ne {
+        let one = |kind: &str, st: &Option<QTensor>, rows: usize, cols: usize| -> Result<QTensor> {
+            match st {
+                Some(t) => Ok(t.rows_view(format!("{}[{e}]", t.name), e * rows, rows).expect("stacked shape checked")),
+                None => src.require(&n(&format!("ffn_{kind}_exps.{e}.weight")), rows, cols),
+            }
+        };
+        experts.push(FfnWeights { gate: one("gate", &sg, ff, d)?, up: one("up", &su, ff, d)?, down: one("down", &sd, d, ff)? });
+    }
+    let shared = match mc.d_ff_shared {
+        Some(sf) => Some(FfnWeights {
+            gate: src.require(&n("ffn_gate_shexp.weight"), sf, d)?,
+            up: src.require(&n("ffn_up_shexp.weight"), sf, d)?,
+            down: src.require(&n("ffn_down_shexp.weight"), d, sf)?,
+        }),
+        None => None,
+    };
+    let shared_gate = if mc.shared_gate { Some(src.require(&n("ffn_gate_inp_shexp.weight"), 1, d)?) } else { None };
+    let select_bias = match src.optional(&n("exp_probs_b.bias"), 1, ne)? {
+        Some(t) => Some(t.to_f32()),
+        None => None,
+    };
+    Ok(MoeWeights { router, select_bias, experts, shared, shared_gate })
 }

@@ -136,6 +136,18 @@ impl QTensor {
         self.repackable = repackable;
     }
 
+    /// Rows `r0..r0 + n` as a tensor of their own, sharing the bytes (one expert of a stacked
+    /// `[experts × rows, cols]` GGUF tensor). `None` if the range is out of bounds.
+    pub fn rows_view(&self, name: impl Into<String>, r0: usize, n: usize) -> Option<QTensor> {
+        if r0.checked_add(n)? > self.rows {
+            return None;
+        }
+        let mut t = QTensor::new(name, self.dtype, n, self.cols, Arc::clone(&self.backing), self.offset + r0 * self.row_bytes)?;
+        t.numerics = self.numerics;
+        t.repackable = self.repackable;
+        Some(t)
+    }
+
     /// Size of the stored tensor in bytes.
     pub fn n_bytes(&self) -> usize {
         self.rows * self.row_bytes

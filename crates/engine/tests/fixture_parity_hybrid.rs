@@ -27,3 +27,13 @@ fn qwen3_5_matches_transformers() {
 fn qwen3_5_gguf_matches_transformers() {
     check_parity_tol("qwen3_5", &fixture("qwen3_5").join("model.gguf"), "", 5e-4);
 }
+
+#[test]
+fn qwen3_5_moe_matches_transformers() {
+    check_parity_tol("qwen3_5_moe", &fixture("qwen3_5_moe"), "", 5e-4);
+}
+
+#[test]
+fn qwen3_5_moe_gguf_matches_transformers() {
+    check_parity_tol("qwen3_5_moe", &fixture("qwen3_5_moe").join("model.gguf"), "", 5e-4);
+}

@@ -192,8 +192,11 @@ impl HfConfig {
         }
         let num_hidden_layers = f.req_usize("num_hidden_layers", d.map(|d| d.num_hidden_layers))?;
         // LFM2 spells it block_ff_dim (Lfm2Config pops it into intermediate_size).
+        // Mixture-of-experts configs may give only the experts' widths (Qwen3.5-MoE): the
+        // dense width is then 0 and the architecture reads its expert keys.
         let intermediate_size = match (f.opt_usize("intermediate_size")?, f.opt_usize("block_ff_dim")?) {
             (Some(v), _) | (None, Some(v)) => v,
+            (None, None) if f.opt_usize("moe_intermediate_size")?.is_some() => 0,
             (None, None) => f.req_usize("intermediate_size", d.map(|d| d.intermediate_size))?,
         };
         let vocab_size = f.req_usize("vocab_size", d.map(|d| d.vocab_size))?;

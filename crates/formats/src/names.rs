@@ -25,8 +25,10 @@ enum Archs {
     All,
     /// llama, qwen2, qwen3, gemma3, qwen3.5 (names LFM2 spells its own way).
     Dense,
-    /// Qwen3.5's GatedDeltaNet layers.
+    /// Qwen3.5's GatedDeltaNet layers (dense and MoE models).
     Qwen35,
+    /// Mixture-of-experts FFN rows (router, shared expert).
+    Moe,
     /// llama, qwen2, qwen3 (post_attention_layernorm is the pre-FFN norm).
     NotGemma,
     /// qwen3, gemma3 (per-head q/k RMSNorm).
@@ -40,9 +42,10 @@ impl Archs {
         match self {
             Archs::All => true,
             Archs::Dense => arch != Arch::Lfm2,
-            Archs::NotGemma => matches!(arch, Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen35),
-            Archs::QkNorm => matches!(arch, Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen35),
-            Archs::Qwen35 => arch == Arch::Qwen35,
+            Archs::NotGemma => matches!(arch, Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen35 | Arch::Qwen35Moe),
+            Archs::QkNorm => matches!(arch, Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen35 | Arch::Qwen35Moe),
+            Archs::Qwen35 => matches!(arch, Arch::Qwen35 | Arch::Qwen35Moe),
+            Archs::Moe => arch == Arch::Qwen35Moe,
             Archs::Gemma3 => arch == Arch::Gemma3,
             Archs::Lfm2 => arch == Arch::Lfm2,
         }
@@ -57,6 +60,7 @@ enum Arch {
     Gemma3,
     Lfm2,
     Qwen35,
+    Qwen35Moe,
 }
 
 /// Accepts the GGUF `general.architecture` spelling and the HF `model_type` spelling.
@@ -68,6 +72,7 @@ fn parse_arch(arch: &str) -> Option<Arch> {
         "gemma3" | "gemma3_text" => Arch::Gemma3,
         "lfm2" => Arch::Lfm2,
         "qwen35" | "qwen3_5" | "qwen3_5_text" => Arch::Qwen35,
+        "qwen35moe" | "qwen3_5_moe" | "qwen3_5_moe_text" => Arch::Qwen35Moe,
         _ => return None,
     })
 }
@@ -116,7 +121,16 @@ const LAYER: &[(&str, &str, Archs, Bias)] = &[
     ("linear_attn.conv1d", "ssm_conv1d", Archs::Qwen35, Bias::No),
     ("linear_attn.norm", "ssm_norm", Archs::Qwen35, Bias::No),
     ("linear_attn.out_proj", "ssm_out", Archs::Qwen35, Bias::No),
+    ("mlp.gate", "ffn_gate_inp", Archs::Moe, Bias::No),
+    ("mlp.shared_expert.gate_proj", "ffn_gate_shexp", Archs::Moe, Bias::No),
+    ("mlp.shared_expert.up_proj", "ffn_up_shexp", Archs::Moe, Bias::No),
+    ("mlp.shared_expert.down_proj", "ffn_down_shexp", Archs::Moe, Bias::No),
+    ("mlp.shared_expert_gate", "ffn_gate_inp_shexp", Archs::Moe, Bias::No),
 ];
+
+/// Routed experts, one HF tensor each (`mlp.experts.E.<proj>`), named `ffn_<kind>_exps.E` here
+/// (llama.cpp stacks them into one `ffn_<kind>_exps` tensor; the loader takes either).
+const EXPERT: &[(&str, &str)] = &[("gate_proj", "ffn_gate_exps"), ("up_proj", "ffn_up_exps"), ("down_proj", "ffn_down_exps")];
 
 /// Per-layer parameters whose HF names carry no `.weight`/`.bias` suffix: (HF suffix after
 /// `model.layers.N.`, GGUF suffix after `blk.N.`, archs). The values may differ by a transform
@@ -188,6 +202,12 @@ pub fn hf_to_gguf(arch: &str, hf: &str) -> Option<String> {
     // Layer tensors.
     let after = HF_MODEL_PREFIXES.iter().find_map(|p| stem.strip_prefix(p)?.strip_prefix("layers."))?;
     let (n, rest) = split_layer(after)?;
+    if Archs::Moe.has(arch)
+        && let Some((e, proj)) = rest.strip_prefix("mlp.experts.").and_then(split_layer)
+    {
+        let &(_, g) = EXPERT.iter().find(|(h, _)| *h == proj)?;
+        return (param == ".weight").then(|| format!("blk.{n}.{g}.{e}.weight"));
+    }
     LAYER
         .iter()
         .find(|&&(h, _, archs, bias)| archs.has(arch) && h == rest && (param == ".weight" || bias == Bias::Yes))
@@ -210,6 +230,12 @@ pub fn gguf_to_hf(arch: &str, gguf: &str) -> Option<String> {
     }
     let (stem, param) = split_param(gguf)?;
     let (n, rest) = split_layer(stem.strip_prefix("blk.")?)?;
+    if Archs::Moe.has(arch)
+        && let Some(&(h, g)) = EXPERT.iter().find(|(_, g)| rest.starts_with(&format!("{g}.")))
+        && let Ok(e) = rest[g.len() + 1..].parse::<usize>()
+    {
+        return Some(format!("model.layers.{n}.mlp.experts.{e}.{h}.weight"));
+    }
     LAYER
         .iter()
         .find(|&&(_, g, archs, bias)| archs.has(arch) && g == rest && (param == ".weight" || bias == Bias::Yes))
@@ -217,7 +243,7 @@ pub fn gguf_to_hf(arch: &str, gguf: &str) -> Option<String> {
 }
 
 /// The architectures this table covers, in GGUF spelling.
-pub const ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "gemma3", "lfm2", "qwen35"];
+pub const ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "gemma3", "lfm2", "qwen35", "qwen35moe"];
 
 #[cfg(test)]
 mod lfm2_tests {
@@ -249,6 +275,16 @@ mod lfm2_tests {
         ] {
             assert_eq!(hf_to_gguf("qwen3_5_text", hf).as_deref(), Some(gguf), "{hf}");
             assert_eq!(gguf_to_hf("qwen35", gguf).as_deref(), Some(hf), "{gguf}");
+        }
+        for (hf, gguf) in [
+            ("model.layers.2.mlp.experts.3.down_proj.weight", "blk.2.ffn_down_exps.3.weight"),
+            ("model.layers.0.mlp.gate.weight", "blk.0.ffn_gate_inp.weight"),
+            ("model.layers.0.mlp.shared_expert_gate.weight", "blk.0.ffn_gate_inp_shexp.weight"),
+            ("model.layers.0.mlp.shared_expert.up_proj.weight", "blk.0.ffn_up_shexp.weight"),
+            ("model.layers.0.linear_attn.A_log", "blk.0.ssm_a"),
+        ] {
+            assert_eq!(hf_to_gguf("qwen3_5_moe_text", hf).as_deref(), Some(gguf), "{hf}");
+            assert_eq!(gguf_to_hf("qwen35moe", gguf).as_deref(), Some(hf), "{gguf}");
         }
         assert_eq!(hf_to_gguf("llama", "model.layers.0.operator_norm.weight"), None);
     }

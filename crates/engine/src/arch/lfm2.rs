@@ -48,7 +48,7 @@ fn from_hf(h: &HfConfig) -> Result<ModelConfig> {
         .iter()
         .enumerate()
         .map(|(i, t)| match t.as_str() {
-            "conv" => Ok(LayerSpec { mixer: MixerKind::ShortConv { kernel, bias }, sliding_window: None, rope: 0 }),
+            "conv" => Ok(LayerSpec { mixer: MixerKind::ShortConv { kernel, bias }, moe: false, sliding_window: None, rope: 0 }),
             "full_attention" => Ok(LayerSpec::attention(0)),
             other => Err(bad(format!("layer_types[{i}] = '{other}': LFM2 layers are 'conv' or 'full_attention'"))),
         })
@@ -84,7 +84,7 @@ fn from_gguf(g: &dyn GgufMeta) -> Result<ModelConfig> {
         .iter()
         .map(|&x| {
             if x == 0 {
-                LayerSpec { mixer: MixerKind::ShortConv { kernel, bias: false }, sliding_window: None, rope: 0 }
+                LayerSpec { mixer: MixerKind::ShortConv { kernel, bias: false }, moe: false, sliding_window: None, rope: 0 }
             } else {
                 LayerSpec::attention(0)
             }

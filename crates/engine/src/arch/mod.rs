@@ -32,7 +32,7 @@ pub struct Arch {
     pub hf_plain_norms: &'static [&'static str],
 }
 
-pub const ARCHES: &[Arch] = &[llama::ARCH, qwen2::ARCH, qwen3::ARCH, gemma3::ARCH, lfm2::ARCH, qwen3_5::ARCH];
+pub const ARCHES: &[Arch] = &[llama::ARCH, qwen2::ARCH, qwen3::ARCH, gemma3::ARCH, lfm2::ARCH, qwen3_5::ARCH, qwen3_5::ARCH_MOE];
 
 pub fn supported() -> String {
     ARCHES.iter().map(|a| a.name).collect::<Vec<_>>().join(", ")
@@ -121,7 +121,8 @@ pub fn gguf_dense_base(g: &dyn GgufMeta, arch: &'static str, style: RopeStyle) -
         n_heads,
         n_kv_heads,
         head_dim,
-        d_ff: k.usize("feed_forward_length")?,
+        // MoE files may carry only the experts' widths (the architecture reads those).
+        d_ff: k.opt_usize("feed_forward_length")?.unwrap_or(0),
         vocab,
         n_ctx_train: k.opt_usize("context_length")?.unwrap_or(4096),
         norm_eps: k.opt_f64("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-6) as f32,
@@ -138,6 +139,7 @@ pub fn gguf_dense_base(g: &dyn GgufMeta, arch: &'static str, style: RopeStyle) -
         output_norm: "output_norm.weight",
         ffn_norm: "ffn_norm.weight",
         attn_gate: false,
+        moe: None,
     })
 }
 
@@ -209,5 +211,6 @@ pub fn hf_dense_base(h: &HfConfig, arch: &'static str) -> Result<ModelConfig> {
         output_norm: "output_norm.weight",
         ffn_norm: "ffn_norm.weight",
         attn_gate: false,
+        moe: None,
     })
 }

@@ -16,18 +16,30 @@ use super::{Arch, GgufKeys, gguf_dense_base, hf_dense_base};
 use crate::config::{LayerSpec, MixerKind, ModelConfig};
 use crate::error::{EngineError, Result};
 use crate::mixers::gdn::{GdnConfig, OutGate};
+use crate::moe::{MoeConfig, Scoring};
 
 pub const ARCH: Arch = Arch {
     name: "qwen35",
     hf_names: &["Qwen3_5ForCausalLM", "qwen3_5_text"],
-    from_gguf,
-    from_hf,
+    from_gguf: |g| from_gguf_as(g, "qwen35"),
+    from_hf: |h| from_hf_as(h, "qwen35"),
     hf_norm_offset: 1.0,
     hf_plain_norms: &["ssm_norm.weight"],
 };
 
-fn from_hf(h: &HfConfig) -> Result<ModelConfig> {
-    let mut cfg = hf_dense_base(h, "qwen35")?;
+/// Qwen3.5-MoE: the same layers with a mixture-of-experts FFN everywhere (softmax routing,
+/// top-k renormalized, a shared expert scaled by σ(shared_expert_gate·x)).
+pub const ARCH_MOE: Arch = Arch {
+    name: "qwen35moe",
+    hf_names: &["Qwen3_5MoeForCausalLM", "qwen3_5_moe_text"],
+    from_gguf: |g| from_gguf_as(g, "qwen35moe"),
+    from_hf: |h| from_hf_as(h, "qwen35moe"),
+    hf_norm_offset: 1.0,
+    hf_plain_norms: &["ssm_norm.weight"],
+};
+
+fn from_hf_as(h: &HfConfig, arch: &'static str) -> Result<ModelConfig> {
+    let mut cfg = hf_dense_base(h, arch)?;
     let bad = |what: String| EngineError::BadConfig { file: h.path.display().to_string(), what };
     let raw = &h.raw;
     let get = |k: &str| -> Result<usize> {
@@ -50,6 +62,19 @@ fn from_hf(h: &HfConfig) -> Result<ModelConfig> {
             g.n_k_heads, g.d_k, g.n_v_heads, g.d_v, g.conv_kernel
         )));
     }
+    let moe = arch == "qwen35moe";
+    if moe {
+        cfg.moe = Some(MoeConfig {
+            n_experts: get("num_experts")?,
+            top_k: get("num_experts_per_tok")?,
+            scoring: Scoring::Softmax,
+            norm_topk: true,
+            routed_scale: 1.0,
+            d_ff_expert: get("moe_intermediate_size")?,
+            d_ff_shared: Some(get("shared_expert_intermediate_size")?),
+            shared_gate: true,
+        });
+    }
     cfg.qk_norm = true;
     cfg.attn_gate = true;
     cfg.layers = h
@@ -57,24 +82,24 @@ fn from_hf(h: &HfConfig) -> Result<ModelConfig> {
         .iter()
         .enumerate()
         .map(|(i, t)| match t.as_str() {
-            "linear_attention" => Ok(LayerSpec { mixer: MixerKind::GatedDeltaNet(g), sliding_window: None, rope: 0 }),
-            "full_attention" => Ok(LayerSpec::attention(0)),
+            "linear_attention" => Ok(LayerSpec { mixer: MixerKind::GatedDeltaNet(g), moe, sliding_window: None, rope: 0 }),
+            "full_attention" => Ok(LayerSpec { moe, ..LayerSpec::attention(0) }),
             other => Err(bad(format!("layer_types[{i}] = '{other}': Qwen3.5 layers are 'linear_attention' or 'full_attention'"))),
         })
         .collect::<Result<_>>()?;
     Ok(cfg)
 }
 
-fn from_gguf(g: &dyn GgufMeta) -> Result<ModelConfig> {
-    let k = GgufKeys { g, arch: "qwen35" };
-    let mut cfg = gguf_dense_base(g, "qwen35", RopeStyle::NeoX)?;
+fn from_gguf_as(g: &dyn GgufMeta, arch: &'static str) -> Result<ModelConfig> {
+    let k = GgufKeys { g, arch };
+    let mut cfg = gguf_dense_base(g, arch, RopeStyle::NeoX)?;
     // block_count includes the multi-token-prediction blocks (kept in the file for speculative
     // decoding, not part of the forward pass).
     let mtp = k.opt_usize("nextn_predict_layers")?.unwrap_or(0);
     let n_layers = cfg.n_layers.checked_sub(mtp).filter(|&n| n > 0).ok_or_else(|| k.bad(format!("{mtp} MTP blocks of {}", cfg.n_layers)))?;
-    let key = "qwen35.attention.recurrent_layers";
+    let key = format!("{arch}.attention.recurrent_layers");
     let recurrent: Vec<bool> = g
-        .get(key)
+        .get(&key)
         .and_then(|v| v.as_array())
         .and_then(|a| a.iter().map(|x| x.as_bool()).collect::<Option<Vec<bool>>>())
         .ok_or_else(|| k.bad(format!("missing or non-boolean '{key}'")))?;
@@ -98,13 +123,29 @@ fn from_gguf(g: &dyn GgufMeta) -> Result<ModelConfig> {
         // llama.cpp reorders value heads so that head h uses key head h % n_k.
         v_tiled: true,
     };
+    let moe = arch == "qwen35moe";
+    if moe {
+        cfg.moe = Some(MoeConfig {
+            n_experts: k.usize("expert_count")?,
+            top_k: k.usize("expert_used_count")?,
+            scoring: Scoring::Softmax,
+            norm_topk: true,
+            routed_scale: 1.0,
+            d_ff_expert: k.usize("expert_feed_forward_length")?,
+            d_ff_shared: Some(k.usize("expert_shared_feed_forward_length")?),
+            shared_gate: true,
+        });
+    }
     cfg.n_layers = n_layers;
     cfg.qk_norm = true;
     cfg.attn_gate = true;
     cfg.ffn_norm = "post_attention_norm.weight";
     cfg.layers = recurrent[..n_layers]
         .iter()
-        .map(|&r| if r { LayerSpec { mixer: MixerKind::GatedDeltaNet(gdn), sliding_window: None, rope: 0 } } else { LayerSpec::attention(0) })
+        .map(|&r| {
+            let mixer = if r { MixerKind::GatedDeltaNet(gdn) } else { MixerKind::Attention };
+            LayerSpec { mixer, moe, sliding_window: None, rope: 0 }
+        })
         .collect();
     Ok(cfg)
 }

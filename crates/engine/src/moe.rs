@@ -1,0 +1,155 @@
+//! Mixture-of-experts FFN (issue 4): a router picks top-k experts per token, each a gated FFN;
+//! only the experts some token was routed to are computed, on exactly those tokens; an
+//! optional shared expert runs on every token, optionally scaled by σ(shared_gate·x).
+//!
+//! Routing variants: softmax over all experts then top-k, renormalized when `norm_topk_prob`
+//! (Qwen3-Next, Qwen3.5-MoE); sigmoid scores with a selection-only correction bias
+//! (Kimi / DeepSeek style, the bias never weighs an output); `routed_scaling_factor` on the
+//! routed sum.
+
+use crate::blocks::{FfnWeights, ffn};
+use crate::compat::Numerics;
+use crate::config::ModelConfig;
+use crate::qtensor::QTensor;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Scoring {
+    Softmax,
+    Sigmoid,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MoeConfig {
+    pub n_experts: usize,
+    pub top_k: usize,
+    pub scoring: Scoring,
+    /// Renormalize the top-k weights to sum to 1.
+    pub norm_topk: bool,
+    /// Multiplies the routed experts' sum.
+    pub routed_scale: f32,
+    /// Hidden width of each routed expert.
+    pub d_ff_expert: usize,
+    /// Hidden width of the shared expert, if any.
+    pub d_ff_shared: Option<usize>,
+    /// The shared expert's output is scaled by σ(shared_gate·x).
+    pub shared_gate: bool,
+}
+
+pub struct MoeWeights {
+    /// [n_experts, d_model]
+    pub router: QTensor,
+    /// [n_experts], added to the scores for selection only (sigmoid routing).
+    pub select_bias: Option<Vec<f32>>,
+    pub experts: Vec<FfnWeights>,
+    pub shared: Option<FfnWeights>,
+    /// [1, d_model]: σ(·) scales the shared expert's output per token.
+    pub shared_gate: Option<QTensor>,
+}
+
+impl MoeWeights {
+    pub fn matrices(&self) -> Vec<&QTensor> {
+        let mut v = vec![&self.router];
+        for e in self.experts.iter().chain(&self.shared) {
+            v.extend([&e.gate, &e.up, &e.down]);
+        }
+        v.extend(&self.shared_gate);
+        v
+    }
+
+    pub fn matrices_mut(&mut self) -> Vec<&mut QTensor> {
+        let mut v = vec![&mut self.router];
+        for e in self.experts.iter_mut().chain(&mut self.shared) {
+            v.extend([&mut e.gate, &mut e.up, &mut e.down]);
+        }
+        v.extend(&mut self.shared_gate);
+        v
+    }
+}
+
+/// The top-k (expert, weight) pairs of one token's router logits.
+pub fn route(mc: &MoeConfig, logits: &[f32], bias: Option<&[f32]>) -> Vec<(usize, f32)> {
+    let scores: Vec<f32> = match mc.scoring {
+        Scoring::Softmax => {
+            let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let e: Vec<f32> = logits.iter().map(|&l| (l - m).exp()).collect();
+            let s: f32 = e.iter().sum();
+            e.iter().map(|v| v / s).collect()
+        }
+        Scoring::Sigmoid => logits.iter().map(|&l| 1.0 / (1.0 + (-l).exp())).collect(),
+    };
+    // Selection by score (+ bias); ties to the lower index, as torch.topk on CPU.
+    let key = |e: usize| scores[e] + bias.map_or(0.0, |b| b[e]);
+    let mut idx: Vec<usize> = (0..scores.len()).collect();
+    idx.sort_by(|&a, &b| key(b).total_cmp(&key(a)).then(a.cmp(&b)));
+    idx.truncate(mc.top_k);
+    let mut picked: Vec<(usize, f32)> = idx.iter().map(|&e| (e, scores[e])).collect();
+    if mc.norm_topk {
+        let s: f32 = picked.iter().map(|p| p.1).sum();
+        if s > 0.0 {
+            picked.iter_mut().for_each(|p| p.1 /= s);
+        }
+    }
+    picked
+}
+
+/// The MoE FFN over `n` tokens. h: [n, d_model] -> [n, d_model].
+pub fn moe(cfg: &ModelConfig, mc: &MoeConfig, w: &MoeWeights, h: &[f32], n: usize, num: Numerics) -> Vec<f32> {
+    let d = cfg.d_model;
+    let ne = mc.n_experts;
+    let mut logits = vec![0f32; n * ne]; // [n, n_experts]
+    w.router.matmul(h, n, &mut logits);
+    // Per expert, the tokens routed to it and their weights.
+    let mut by_expert: Vec<Vec<(usize, f32)>> = vec![Vec::new(); ne];
+    for t in 0..n {
+        for (e, wt) in route(mc, &logits[t * ne..(t + 1) * ne], w.select_bias.as_deref()) {
+            by_expert[e].push((t, wt));
+        }
+    }
+    let mut y = vec![0f32; n * d]; // [n, d_model]
+    for (e, toks) in by_expert.iter().enumerate() {
+        if toks.is_empty() {
+            continue;
+        }
+        let m = toks.len();
+        let mut x = vec![0f32; m * d]; // [m, d_model]: the routed tokens' inputs
+        for (i, &(t, _)) in toks.iter().enumerate() {
+            x[i * d..(i + 1) * d].copy_from_slice(&h[t * d..(t + 1) * d]);
+        }
+        let out = ffn(cfg, &w.experts[e], &x, m, num); // [m, d_model]
+        for (i, &(t, wt)) in toks.iter().enumerate() {
+            let s = wt * mc.routed_scale;
+            y[t * d..(t + 1) * d].iter_mut().zip(&out[i * d..(i + 1) * d]).for_each(|(a, b)| *a += s * b);
+        }
+    }
+    if let Some(sh) = &w.shared {
+        let out = ffn(cfg, sh, h, n, num); // [n, d_model]
+        let mut gate = vec![1f32; n]; // [n]
+        if let Some(g) = &w.shared_gate {
+            g.matmul(h, n, &mut gate);
+            gate.iter_mut().for_each(|v| *v = 1.0 / (1.0 + (-*v).exp()));
+        }
+        for t in 0..n {
+            y[t * d..(t + 1) * d].iter_mut().zip(&out[t * d..(t + 1) * d]).for_each(|(a, b)| *a += gate[t] * b);
+        }
+    }
+    y
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routing_picks_and_weighs() {
+        let mc = MoeConfig { n_experts: 4, top_k: 2, scoring: Scoring::Softmax, norm_topk: true, routed_scale: 1.0, d_ff_expert: 8, d_ff_shared: None, shared_gate: false };
+        let r = route(&mc, &[0.1, 2.0, -1.0, 1.0], None);
+        assert_eq!(r.iter().map(|p| p.0).collect::<Vec<_>>(), [1, 3]);
+        let (a, b) = ((2.0f32).exp(), (1.0f32).exp());
+        assert!((r[0].1 - a / (a + b)).abs() < 1e-6 && (r[1].1 - b / (a + b)).abs() < 1e-6, "{r:?}");
+        // A selection bias changes which experts, not their weights.
+        let mc = MoeConfig { scoring: Scoring::Sigmoid, norm_topk: false, ..mc };
+        let r = route(&mc, &[0.1, 2.0, -1.0, 1.0], Some(&[0.0, 0.0, 5.0, 0.0]));
+        assert_eq!(r.iter().map(|p| p.0).collect::<Vec<_>>(), [2, 1]);
+        assert!((r[0].1 - 1.0 / (1.0 + 1.0f32.exp())).abs() < 1e-6, "{r:?}");
+    }
+}
