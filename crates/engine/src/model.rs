@@ -6,7 +6,7 @@
 use crate::blocks::{AttentionWeights, FfnWeights, attention, ffn, rmsnorm_rows_in, rmsnorm_segments_in};
 use crate::compat::{LlamaCppCtx, Numerics};
 use crate::config::{MixerKind, ModelConfig};
-use crate::mixers::gdn::{GdnState, GdnWeights, gated_deltanet};
+use crate::mixers::gdn::{GdnConfig, GdnState, GdnWeights, gated_deltanet};
 use crate::moe::{MoeConfig, MoeWeights, moe};
 use crate::mixers::shortconv::{ShortConvState, ShortConvWeights, short_conv};
 use crate::state::LayerState;
@@ -146,17 +146,21 @@ impl Model {
                     out_proj: src.require(&n("shortconv.out_proj.weight"), d, d)?,
                     out_bias: opt_vec("shortconv.out_proj.bias", d, b)?,
                 }),
-                MixerKind::GatedDeltaNet(g) => MixerWeights::GatedDeltaNet(GdnWeights {
-                    in_proj_qkv: src.require(&n("attn_qkv.weight"), g.conv_dim(), d)?,
-                    in_proj_z: src.require(&n("attn_gate.weight"), g.value_dim(), d)?,
-                    in_proj_b: src.require(&n("ssm_beta.weight"), g.n_v_heads, d)?,
-                    in_proj_a: src.require(&n("ssm_alpha.weight"), g.n_v_heads, d)?,
+                MixerKind::GatedDeltaNet(g) => {
+                    let (qkv, z) = gdn_qkvz(src, &g, il, d)?;
+                    let (b, a) = gdn_ba(src, &g, il, d)?;
+                    MixerWeights::GatedDeltaNet(GdnWeights {
+                    in_proj_qkv: qkv,
+                    in_proj_z: z,
+                    in_proj_b: b,
+                    in_proj_a: a,
                     conv: src.require(&n("ssm_conv1d.weight"), g.conv_dim(), g.conv_kernel)?.to_f32(),
                     dt_bias: src.vector(&n("ssm_dt.bias"), g.n_v_heads)?,
                     a: src.vector(&n("ssm_a"), g.n_v_heads)?,
                     norm: src.vector(&n("ssm_norm.weight"), g.d_v)?,
                     out_proj: src.require(&n("ssm_out.weight"), d, g.value_dim())?,
-                }),
+                })
+                }
             };
             layers.push(LayerWeights {
                 attn_norm: src.vector(&n("attn_norm.weight"), d)?,
@@ -398,4 +402,45 @@ fn load_moe(src: &dyn TensorSource, mc: &MoeConfig, il: usize, d: usize) -> Resu
         None => None,
     };
     Ok(MoeWeights { router, select_bias, experts, shared, shared_gate })
+}
+
+/// A GatedDeltaNet layer's q|k|v and z projections: split tensors (Qwen3.5; llama.cpp's files),
+/// or Qwen3-Next's fused `in_proj_qkvz` (HF) whose rows come grouped per key head as
+/// [q (d_k), k (d_k), v (r·d_v), z (r·d_v)], r = n_v / n_k — re-laid out here into all q heads,
+/// all k heads, all v heads (in grouped order) and z, so the mixer has one layout.
+fn gdn_qkvz(src: &dyn TensorSource, g: &GdnConfig, il: usize, d: usize) -> Result<(QTensor, QTensor)> {
+    let n = |s: &str| format!("blk.{il}.{s}");
+    if let Some(qkv) = src.optional(&n("attn_qkv.weight"), g.conv_dim(), d)? {
+        return Ok((qkv, src.require(&n("attn_gate.weight"), g.value_dim(), d)?));
+    }
+    let fused = src.require(&n("ssm_in_qkvz.weight"), g.conv_dim() + g.value_dim(), d)?;
+    let (nk, dk, r, dv) = (g.n_k_heads, g.d_k, g.n_v_heads / g.n_k_heads, g.d_v);
+    let per = 2 * dk + 2 * r * dv; // rows per key head
+    let rows = |part: usize, len: usize| -> Vec<usize> { (0..nk).flat_map(|kh| (0..len).map(move |i| kh * per + part + i)).collect() };
+    let mut qkv_rows = rows(0, dk); // all q heads
+    qkv_rows.extend(rows(dk, dk)); // all k heads
+    qkv_rows.extend(rows(2 * dk, r * dv)); // all v heads, grouped by key head
+    let z_rows = rows(2 * dk + r * dv, r * dv);
+    let bad = || EngineError::BadConfig { file: src.file(), what: format!("tensor '{}' does not fit its geometry", fused.name) };
+    Ok((
+        fused.gather_rows(n("attn_qkv.weight"), &qkv_rows).ok_or_else(bad)?,
+        fused.gather_rows(n("attn_gate.weight"), &z_rows).ok_or_else(bad)?,
+    ))
+}
+
+/// β and decay-input projections: split (`ssm_beta`, `ssm_alpha`) or Qwen3-Next's fused
+/// `ssm_ba` grouped per key head as [b (r), a (r)].
+fn gdn_ba(src: &dyn TensorSource, g: &GdnConfig, il: usize, d: usize) -> Result<(QTensor, QTensor)> {
+    let n = |s: &str| format!("blk.{il}.{s}");
+    if let Some(b) = src.optional(&n("ssm_beta.weight"), g.n_v_heads, d)? {
+        return Ok((b, src.require(&n("ssm_alpha.weight"), g.n_v_heads, d)?));
+    }
+    let fused = src.require(&n("ssm_ba.weight"), 2 * g.n_v_heads, d)?;
+    let r = g.n_v_heads / g.n_k_heads;
+    let rows = |part: usize| -> Vec<usize> { (0..g.n_k_heads).flat_map(|kh| (0..r).map(move |i| kh * 2 * r + part + i)).collect() };
+    let bad = || EngineError::BadConfig { file: src.file(), what: format!("tensor '{}' does not fit its geometry", fused.name) };
+    Ok((
+        fused.gather_rows(n("ssm_beta.weight"), &rows(0)).ok_or_else(bad)?,
+        fused.gather_rows(n("ssm_alpha.weight"), &rows(r)).ok_or_else(bad)?,
+    ))
 }

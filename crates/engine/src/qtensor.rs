@@ -148,6 +148,22 @@ impl QTensor {
         Some(t)
     }
 
+    /// The listed rows, in that order, as a new owned tensor (load-time re-layout of fused
+    /// projections: rows are independent in every type). `None` if a row is out of range.
+    pub fn gather_rows(&self, name: impl Into<String>, rows: &[usize]) -> Option<QTensor> {
+        let mut bytes = Vec::with_capacity(rows.len() * self.row_bytes);
+        for &r in rows {
+            if r >= self.rows {
+                return None;
+            }
+            bytes.extend_from_slice(self.row_data(r));
+        }
+        let mut t = QTensor::new(name, self.dtype, rows.len(), self.cols, Arc::new(bytes), 0)?;
+        t.numerics = self.numerics;
+        t.repackable = self.repackable;
+        Some(t)
+    }
+
     /// Size of the stored tensor in bytes.
     pub fn n_bytes(&self) -> usize {
         self.rows * self.row_bytes

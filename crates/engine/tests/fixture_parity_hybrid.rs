@@ -37,3 +37,13 @@ fn qwen3_5_moe_matches_transformers() {
 fn qwen3_5_moe_gguf_matches_transformers() {
     check_parity_tol("qwen3_5_moe", &fixture("qwen3_5_moe").join("model.gguf"), "", 5e-4);
 }
+
+#[test]
+fn qwen3_next_matches_transformers() {
+    check_parity_tol("qwen3_next", &fixture("qwen3_next"), "", 5e-4);
+}
+
+#[test]
+fn qwen3_next_gguf_matches_transformers() {
+    check_parity_tol("qwen3_next", &fixture("qwen3_next").join("model.gguf"), "", 5e-4);
+}

@@ -29,6 +29,8 @@ enum Archs {
     Qwen35,
     /// Mixture-of-experts FFN rows (router, shared expert).
     Moe,
+    /// Qwen3-Next's fused GatedDeltaNet input projections.
+    Qwen3Next,
     /// llama, qwen2, qwen3 (post_attention_layernorm is the pre-FFN norm).
     NotGemma,
     /// qwen3, gemma3 (per-head q/k RMSNorm).
@@ -42,10 +44,11 @@ impl Archs {
         match self {
             Archs::All => true,
             Archs::Dense => arch != Arch::Lfm2,
-            Archs::NotGemma => matches!(arch, Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen35 | Arch::Qwen35Moe),
-            Archs::QkNorm => matches!(arch, Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen35 | Arch::Qwen35Moe),
-            Archs::Qwen35 => matches!(arch, Arch::Qwen35 | Arch::Qwen35Moe),
-            Archs::Moe => arch == Arch::Qwen35Moe,
+            Archs::NotGemma => matches!(arch, Arch::Llama | Arch::Qwen2 | Arch::Qwen3) || arch.qwen_hybrid(),
+            Archs::QkNorm => matches!(arch, Arch::Qwen3 | Arch::Gemma3) || arch.qwen_hybrid(),
+            Archs::Qwen35 => arch.qwen_hybrid(),
+            Archs::Moe => matches!(arch, Arch::Qwen35Moe | Arch::Qwen3Next),
+            Archs::Qwen3Next => arch == Arch::Qwen3Next,
             Archs::Gemma3 => arch == Arch::Gemma3,
             Archs::Lfm2 => arch == Arch::Lfm2,
         }
@@ -61,6 +64,14 @@ enum Arch {
     Lfm2,
     Qwen35,
     Qwen35Moe,
+    Qwen3Next,
+}
+
+impl Arch {
+    /// Qwen3-Next and Qwen3.5 (dense and MoE): GatedDeltaNet + gated attention.
+    fn qwen_hybrid(self) -> bool {
+        matches!(self, Arch::Qwen35 | Arch::Qwen35Moe | Arch::Qwen3Next)
+    }
 }
 
 /// Accepts the GGUF `general.architecture` spelling and the HF `model_type` spelling.
@@ -73,6 +84,7 @@ fn parse_arch(arch: &str) -> Option<Arch> {
         "lfm2" => Arch::Lfm2,
         "qwen35" | "qwen3_5" | "qwen3_5_text" => Arch::Qwen35,
         "qwen35moe" | "qwen3_5_moe" | "qwen3_5_moe_text" => Arch::Qwen35Moe,
+        "qwen3next" | "qwen3_next" => Arch::Qwen3Next,
         _ => return None,
     })
 }
@@ -121,6 +133,10 @@ const LAYER: &[(&str, &str, Archs, Bias)] = &[
     ("linear_attn.conv1d", "ssm_conv1d", Archs::Qwen35, Bias::No),
     ("linear_attn.norm", "ssm_norm", Archs::Qwen35, Bias::No),
     ("linear_attn.out_proj", "ssm_out", Archs::Qwen35, Bias::No),
+    // Qwen3-Next's fused projections, split at load (grouped per key head: [q, k, v, z] and
+    // [b, a]); llama.cpp splits qkvz itself (attn_qkv + attn_gate) but keeps ssm_ba fused.
+    ("linear_attn.in_proj_qkvz", "ssm_in_qkvz", Archs::Qwen3Next, Bias::No),
+    ("linear_attn.in_proj_ba", "ssm_ba", Archs::Qwen3Next, Bias::No),
     ("mlp.gate", "ffn_gate_inp", Archs::Moe, Bias::No),
     ("mlp.shared_expert.gate_proj", "ffn_gate_shexp", Archs::Moe, Bias::No),
     ("mlp.shared_expert.up_proj", "ffn_up_shexp", Archs::Moe, Bias::No),
@@ -243,7 +259,7 @@ pub fn gguf_to_hf(arch: &str, gguf: &str) -> Option<String> {
 }
 
 /// The architectures this table covers, in GGUF spelling.
-pub const ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "gemma3", "lfm2", "qwen35", "qwen35moe"];
+pub const ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "gemma3", "lfm2", "qwen35", "qwen35moe", "qwen3next"];
 
 #[cfg(test)]
 mod lfm2_tests {

@@ -32,7 +32,7 @@ pub struct Arch {
     pub hf_plain_norms: &'static [&'static str],
 }
 
-pub const ARCHES: &[Arch] = &[llama::ARCH, qwen2::ARCH, qwen3::ARCH, gemma3::ARCH, lfm2::ARCH, qwen3_5::ARCH, qwen3_5::ARCH_MOE];
+pub const ARCHES: &[Arch] = &[llama::ARCH, qwen2::ARCH, qwen3::ARCH, gemma3::ARCH, lfm2::ARCH, qwen3_5::ARCH, qwen3_5::ARCH_MOE, qwen3_5::ARCH_NEXT];
 
 pub fn supported() -> String {
     ARCHES.iter().map(|a| a.name).collect::<Vec<_>>().join(", ")

@@ -38,6 +38,17 @@ pub const ARCH_MOE: Arch = Arch {
     hf_plain_norms: &["ssm_norm.weight"],
 };
 
+/// Qwen3-Next: Qwen3.5-MoE's layers with fused GatedDeltaNet input projections (split at
+/// load); llama.cpp's `qwen3next` files keep value heads in the grouped order.
+pub const ARCH_NEXT: Arch = Arch {
+    name: "qwen3next",
+    hf_names: &["Qwen3NextForCausalLM", "qwen3_next"],
+    from_gguf: |g| from_gguf_as(g, "qwen3next"),
+    from_hf: |h| from_hf_as(h, "qwen3next"),
+    hf_norm_offset: 1.0,
+    hf_plain_norms: &["ssm_norm.weight"],
+};
+
 fn from_hf_as(h: &HfConfig, arch: &'static str) -> Result<ModelConfig> {
     let mut cfg = hf_dense_base(h, arch)?;
     let bad = |what: String| EngineError::BadConfig { file: h.path.display().to_string(), what };
@@ -62,13 +73,14 @@ fn from_hf_as(h: &HfConfig, arch: &'static str) -> Result<ModelConfig> {
             g.n_k_heads, g.d_k, g.n_v_heads, g.d_v, g.conv_kernel
         )));
     }
-    let moe = arch == "qwen35moe";
+    let moe = arch != "qwen35";
     if moe {
         cfg.moe = Some(MoeConfig {
             n_experts: get("num_experts")?,
             top_k: get("num_experts_per_tok")?,
             scoring: Scoring::Softmax,
-            norm_topk: true,
+            // Qwen3.5-MoE's router always renormalizes; Qwen3-Next's when norm_topk_prob.
+            norm_topk: raw.get("norm_topk_prob").and_then(|v| v.as_bool()).unwrap_or(true),
             routed_scale: 1.0,
             d_ff_expert: get("moe_intermediate_size")?,
             d_ff_shared: Some(get("shared_expert_intermediate_size")?),
@@ -120,10 +132,11 @@ fn from_gguf_as(g: &dyn GgufMeta, arch: &'static str) -> Result<ModelConfig> {
         conv_kernel: k.usize("ssm.conv_kernel")?,
         norm_eps: cfg.norm_eps,
         out_gate: OutGate::Silu,
-        // llama.cpp reorders value heads so that head h uses key head h % n_k.
-        v_tiled: true,
+        // llama.cpp's qwen35/qwen35moe converter reorders value heads so that head h uses key
+        // head h % n_k; its qwen3next one keeps the grouped order.
+        v_tiled: arch != "qwen3next",
     };
-    let moe = arch == "qwen35moe";
+    let moe = arch != "qwen35";
     if moe {
         cfg.moe = Some(MoeConfig {
             n_experts: k.usize("expert_count")?,
