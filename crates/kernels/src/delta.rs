@@ -23,6 +23,8 @@
 //! Why hand-written: this is the product's core (prefill of hybrid models); the per-chunk
 //! matrices are small (L ≤ 64 by default, d ≤ 256) and live in L1/L2.
 
+use crate::dot::gemm_nn;
+
 /// Default chunk length of the WY form (transformers' and FLA's).
 pub const CHUNK: usize = 64;
 
@@ -124,10 +126,10 @@ pub fn gated_delta_chunked(
     }
 }
 
-/// One chunk of `l` tokens (see the module header for the algebra).
+/// One chunk of `l` tokens (see the module header for the algebra), as f32 GEMMs
+/// (`dot::gemm_nn`) around an O(L³/6) forward substitution; the per-chunk buffers are small.
 #[allow(clippy::too_many_arguments)]
 fn chunk_step(q: &[f32], k: &[f32], v: &[f32], g: &[f32], beta: &[f32], l: usize, dk: usize, dv: usize, s: &mut [f32], out: &mut [f32]) {
-    let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>();
     // Γ: cumulative log decay inside the chunk.
     let mut gam = vec![0f32; l]; // [l]
     let mut acc = 0f32;
@@ -135,18 +137,22 @@ fn chunk_step(q: &[f32], k: &[f32], v: &[f32], g: &[f32], beta: &[f32], l: usize
         acc += x;
         *o = acc;
     }
-    let kr = |i: usize| &k[i * dk..(i + 1) * dk];
-    let qr = |i: usize| &q[i * dk..(i + 1) * dk];
-    // A = −tril₋₁(β_i k_i·k_j e^{Γ_i−Γ_j}), then forward substitution row by row turns I − A'
-    // into T = (I + tril₋₁(...))⁻¹ as in the reference.
-    let mut a = vec![0f32; l * l]; // [l, l]
+    let mut kt = vec![0f32; dk * l]; // [dk, l]: Kᵀ
     for i in 0..l {
-        for j in 0..i {
-            a[i * l + j] = -beta[i] * dot(kr(i), kr(j)) * (gam[i] - gam[j]).exp();
+        for (c, &x) in k[i * dk..(i + 1) * dk].iter().enumerate() {
+            kt[c * l + i] = x;
+        }
+    }
+    // A = −tril₋₁(β_i k_i·k_j e^{Γ_i−Γ_j}); forward substitution turns it into T (diag 1).
+    let mut a = vec![0f32; l * l]; // [l, l]
+    gemm_nn(k, l, &kt, l, dk, l, &mut a, l);
+    for i in 0..l {
+        for j in 0..l {
+            a[i * l + j] = if j < i { -beta[i] * a[i * l + j] * (gam[i] - gam[j]).exp() } else { 0.0 };
         }
     }
     for i in 1..l {
-        // new a[i][j] = a[i][j] + Σ_{m<i} a[i][m] · a[m][j], rows m < i already final
+        // new a[i][j] = a[i][j] + Σ_{j<m<i} a[i][m] · a[m][j], rows m < i already final
         let row: Vec<f32> = a[i * l..i * l + i].to_vec();
         for j in 0..i {
             let mut sum = row[j];
@@ -160,65 +166,47 @@ fn chunk_step(q: &[f32], k: &[f32], v: &[f32], g: &[f32], beta: &[f32], l: usize
         a[i * l + i] = 1.0;
     }
     // U = T·diag(β)V [l, dv]; W = T·diag(β e^Γ)K [l, dk]
-    let mut u = vec![0f32; l * dv];
-    let mut w = vec![0f32; l * dk];
-    for i in 0..l {
-        for j in 0..=i {
-            let t_ij = a[i * l + j];
-            if t_ij == 0.0 {
-                continue;
-            }
-            let (cv, ck) = (t_ij * beta[j], t_ij * beta[j] * gam[j].exp());
-            for (o, &x) in u[i * dv..(i + 1) * dv].iter_mut().zip(&v[j * dv..(j + 1) * dv]) {
-                *o += cv * x;
-            }
-            for (o, &x) in w[i * dk..(i + 1) * dk].iter_mut().zip(kr(j)) {
-                *o += ck * x;
-            }
-        }
+    let mut vb = vec![0f32; l * dv]; // [l, dv]
+    let mut kb = vec![0f32; l * dk]; // [l, dk]
+    for j in 0..l {
+        let (cv, ck) = (beta[j], beta[j] * gam[j].exp());
+        vb[j * dv..(j + 1) * dv].iter_mut().zip(&v[j * dv..(j + 1) * dv]).for_each(|(o, &x)| *o = cv * x);
+        kb[j * dk..(j + 1) * dk].iter_mut().zip(&k[j * dk..(j + 1) * dk]).for_each(|(o, &x)| *o = ck * x);
     }
-    // V' = U − W·S [l, dv]
-    let mut vn = u;
+    let mut vn = vec![0f32; l * dv]; // [l, dv]: U, then V' = U − W·S
+    gemm_nn(&a, l, &vb, dv, l, dv, &mut vn, dv);
+    let mut w = vec![0f32; l * dk]; // [l, dk]
+    gemm_nn(&a, l, &kb, dk, l, dk, &mut w, dk);
+    let mut tmp = vec![0f32; l * dv.max(l)];
+    gemm_nn(&w, l, s, dv, dk, dv, &mut tmp[..l * dv], dv);
+    vn.iter_mut().zip(&tmp[..l * dv]).for_each(|(o, &x)| *o -= x);
+    // O = (Q ⊙ e^Γ) S + tril₀(Q Kᵀ ⊙ e^{Γ_i−Γ_j}) V'
+    let mut qe = vec![0f32; l * dk]; // [l, dk]
     for i in 0..l {
-        let wi = &w[i * dk..(i + 1) * dk];
-        let vi = &mut vn[i * dv..(i + 1) * dv];
-        for (&wk, srow) in wi.iter().zip(s.chunks_exact(dv)) {
-            for (o, &sv) in vi.iter_mut().zip(srow) {
-                *o -= wk * sv;
-            }
-        }
-    }
-    // O_i = e^{Γ_i} q_i S + Σ_{j≤i} (q_i·k_j) e^{Γ_i−Γ_j} V'_j
-    for i in 0..l {
-        let o = &mut out[i * dv..(i + 1) * dv];
-        o.fill(0.0);
         let e = gam[i].exp();
-        for (&qk, srow) in qr(i).iter().zip(s.chunks_exact(dv)) {
-            let c = qk * e;
-            for (ov, &sv) in o.iter_mut().zip(srow) {
-                *ov += c * sv;
-            }
-        }
-        for j in 0..=i {
-            let c = dot(qr(i), kr(j)) * (gam[i] - gam[j]).exp();
-            for (ov, &x) in o.iter_mut().zip(&vn[j * dv..(j + 1) * dv]) {
-                *ov += c * x;
-            }
+        qe[i * dk..(i + 1) * dk].iter_mut().zip(&q[i * dk..(i + 1) * dk]).for_each(|(o, &x)| *o = e * x);
+    }
+    gemm_nn(&qe, l, s, dv, dk, dv, out, dv);
+    let mut p = vec![0f32; l * l]; // [l, l]
+    gemm_nn(q, l, &kt, l, dk, l, &mut p, l);
+    for i in 0..l {
+        for j in 0..l {
+            p[i * l + j] = if j <= i { p[i * l + j] * (gam[i] - gam[j]).exp() } else { 0.0 };
         }
     }
-    // S ← e^{Γ_L} S + Σ_j (k_j e^{Γ_L−Γ_j}) ⊗ V'_j
+    gemm_nn(&p, l, &vn, dv, l, dv, &mut tmp[..l * dv], dv);
+    out.iter_mut().zip(&tmp[..l * dv]).for_each(|(o, &x)| *o += x);
+    // S ← e^{Γ_L} S + (K ⊙ e^{Γ_L − Γ})ᵀ V'
     let gl = gam[l - 1];
     let el = gl.exp();
-    s.iter_mut().for_each(|x| *x *= el);
-    for j in 0..l {
-        let c = (gl - gam[j]).exp();
-        for (&kk, srow) in kr(j).iter().zip(s.chunks_exact_mut(dv)) {
-            let f = kk * c;
-            for (sv, &x) in srow.iter_mut().zip(&vn[j * dv..(j + 1) * dv]) {
-                *sv += f * x;
-            }
+    for c in 0..dk {
+        for j in 0..l {
+            kt[c * l + j] *= (gl - gam[j]).exp();
         }
     }
+    let mut ds = vec![0f32; dk * dv]; // [dk, dv]
+    gemm_nn(&kt, dk, &vn, dv, l, dv, &mut ds, dv);
+    s.iter_mut().zip(&ds).for_each(|(x, &d)| *x = *x * el + d);
 }
 
 #[cfg(test)]
