@@ -171,7 +171,7 @@ pub fn attention(
             kc.extend(k.iter().map(|&x| f16::from_f32(x)));
             vc.extend(v.iter().map(|&x| f16::from_f32(x)));
         }
-        LayerState::ShortConv(_) | LayerState::Gdn(_) => unreachable!("attention layer given a recurrent state: the model builds states per layer kind"),
+        _ => unreachable!("attention layer given another mixer's state: the model builds states per layer kind"),
     }
 
     // One work item per (position, head): scores over the visible keys, softmax, weighted sum.
@@ -195,7 +195,7 @@ pub fn attention(
         let (kc, vc): (Vec<f32>, Vec<f32>) = match kv {
             LayerState::KvF16 { k, v } => (k.iter().map(|x| x.to_f32()).collect(), v.iter().map(|x| x.to_f32()).collect()),
             LayerState::Kv { k, v } => (k.iter().map(|&x| round_f16(x)).collect(), v.iter().map(|&x| round_f16(x)).collect()),
-            LayerState::ShortConv(_) | LayerState::Gdn(_) => unreachable!("attention layer given a recurrent state"),
+            _ => unreachable!("attention layer given another mixer's state"),
         };
         // A single query over >= 512 cache cells: ggml splits the cells over its threads.
         let n_kv = llamacpp_n_kv(pos0 + n, lc.cache_cells);
@@ -222,7 +222,7 @@ pub fn attention(
                 Cow::Owned(k[lo * kv_dim..].iter().map(|x| x.to_f32()).collect()),
                 Cow::Owned(v[lo * kv_dim..].iter().map(|x| x.to_f32()).collect()),
             ),
-            LayerState::ShortConv(_) | LayerState::Gdn(_) => unreachable!("attention layer given a recurrent state"),
+            _ => unreachable!("attention layer given another mixer's state"),
         };
         let (kc, vc) = (&kc[..], &vc[..]);
         let at = AttnCtx { hd, nh, group, kv_dim, q_dim, pos0, lo, scale, softcap, window, fast: num == Numerics::Fast };

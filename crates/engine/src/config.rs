@@ -90,6 +90,10 @@ pub enum MixerKind {
     ShortConv { kernel: usize, bias: bool },
     /// GatedDeltaNet (Qwen3-Next, Qwen3.5).
     GatedDeltaNet(crate::mixers::gdn::GdnConfig),
+    /// Kimi Delta Attention.
+    Kda(crate::mixers::kda::KdaConfig),
+    /// Multi-head latent attention (Kimi Linear: no RoPE).
+    Mla(crate::mixers::mla::MlaConfig),
 }
 
 /// Per-layer geometry.

@@ -187,6 +187,8 @@ impl TensorSource for HfSource {
             // A depthwise Conv1d weight [channels, 1, kernel] (LFM2, GatedDeltaNet) is the
             // [channels, kernel] matrix GGUF stores.
             [r, 1, c] => (r, c),
+            // A vector stored with unit dimensions (Kimi's A_log [1, 1, heads, 1]).
+            ref dims if dims.iter().filter(|&&x| x != 1).count() <= 1 => (1, dims.iter().product()),
             _ => {
                 return Err(EngineError::ShapeMismatch {
                     file: self.file(),

@@ -7,6 +7,8 @@ use crate::blocks::{AttentionWeights, FfnWeights, attention, ffn, rmsnorm_rows_i
 use crate::compat::{LlamaCppCtx, Numerics};
 use crate::config::{MixerKind, ModelConfig};
 use crate::mixers::gdn::{GdnConfig, GdnState, GdnWeights, gated_deltanet};
+use crate::mixers::kda::{KdaConfig, KdaState, KdaWeights, kda};
+use crate::mixers::mla::{MlaState, MlaWeights, mla};
 use crate::moe::{MoeConfig, MoeWeights, moe};
 use crate::mixers::shortconv::{ShortConvState, ShortConvWeights, short_conv};
 use crate::state::LayerState;
@@ -22,6 +24,8 @@ pub enum MixerWeights {
     Attention(AttentionWeights),
     ShortConv(ShortConvWeights),
     GatedDeltaNet(GdnWeights),
+    Kda(KdaWeights),
+    Mla(MlaWeights),
 }
 
 impl MixerWeights {
@@ -33,6 +37,8 @@ impl MixerWeights {
             MixerWeights::GatedDeltaNet(g) => {
                 vec![&mut g.in_proj_qkv, &mut g.in_proj_z, &mut g.in_proj_b, &mut g.in_proj_a, &mut g.out_proj]
             }
+            MixerWeights::Kda(k) => vec![&mut k.qkv, &mut k.f_a, &mut k.f_b, &mut k.b_proj, &mut k.g_a, &mut k.g_b, &mut k.o_proj],
+            MixerWeights::Mla(m) => vec![&mut m.q, &mut m.kv_a, &mut m.kv_b, &mut m.o],
         }
     }
 
@@ -41,6 +47,8 @@ impl MixerWeights {
             MixerWeights::Attention(a) => vec![&a.wq, &a.wk, &a.wv, &a.wo],
             MixerWeights::ShortConv(c) => vec![&c.in_proj, &c.out_proj],
             MixerWeights::GatedDeltaNet(g) => vec![&g.in_proj_qkv, &g.in_proj_z, &g.in_proj_b, &g.in_proj_a, &g.out_proj],
+            MixerWeights::Kda(k) => vec![&k.qkv, &k.f_a, &k.f_b, &k.b_proj, &k.g_a, &k.g_b, &k.o_proj],
+            MixerWeights::Mla(m) => vec![&m.q, &m.kv_a, &m.kv_b, &m.o],
         }
     }
 }
@@ -161,6 +169,14 @@ impl Model {
                     out_proj: src.require(&n("ssm_out.weight"), d, g.value_dim())?,
                 })
                 }
+                MixerKind::Kda(c) => MixerWeights::Kda(load_kda(src, &c, il)?),
+                MixerKind::Mla(c) => MixerWeights::Mla(MlaWeights {
+                    q: src.require(&n("attn_q.weight"), c.n_heads * c.qk_dim(), d)?,
+                    kv_a: src.require(&n("attn_kv_a_mqa.weight"), c.kv_lora + c.rope, d)?,
+                    kv_a_norm: src.vector(&n("attn_kv_a_norm.weight"), c.kv_lora)?,
+                    kv_b: src.require(&n("attn_kv_b.weight"), c.n_heads * (c.nope + c.v_dim), c.kv_lora)?,
+                    o: src.require(&n("attn_output.weight"), d, c.n_heads * c.v_dim)?,
+                }),
             };
             layers.push(LayerWeights {
                 attn_norm: src.vector(&n("attn_norm.weight"), d)?,
@@ -261,6 +277,10 @@ impl Model {
                 MixerKind::Attention => LayerState::Kv { k: Vec::new(), v: Vec::new() },
                 MixerKind::ShortConv { kernel, .. } => LayerState::ShortConv(ShortConvState::new(self.cfg.d_model, kernel)),
                 MixerKind::GatedDeltaNet(g) => LayerState::Gdn(GdnState::new(&g)),
+                MixerKind::Kda(c) => LayerState::Kda(KdaState::new(&c)),
+                MixerKind::Mla(c) => {
+                    LayerState::Mla { st: MlaState::default(), k_width: c.n_heads * c.qk_dim(), v_width: c.n_heads * c.v_dim }
+                }
             })
             .collect();
         SeqState::from_layers(layers, self.cfg.kv_dim(), n_ctx)
@@ -315,7 +335,15 @@ impl Model {
                     let MixerKind::GatedDeltaNet(g) = spec.mixer else { unreachable!("weights follow the spec") };
                     gated_deltanet(&g, gw, &h, n, gs)
                 }
-                (MixerWeights::ShortConv(_) | MixerWeights::GatedDeltaNet(_), _) => unreachable!("states follow the spec"),
+                (MixerWeights::Kda(kw), LayerState::Kda(ks)) => {
+                    let MixerKind::Kda(c) = spec.mixer else { unreachable!("weights follow the spec") };
+                    kda(&c, kw, &h, n, ks)
+                }
+                (MixerWeights::Mla(mw), LayerState::Mla { st, .. }) => {
+                    let MixerKind::Mla(c) = spec.mixer else { unreachable!("weights follow the spec") };
+                    mla(&c, mw, &h, n, st)
+                }
+                _ => unreachable!("states follow the spec"),
             };
             if let Some(g) = &lw.post_attn_norm {
                 rmsnorm_segments_in(num, &mut a, g, cfg.norm_eps);
@@ -443,4 +471,33 @@ fn gdn_ba(src: &dyn TensorSource, g: &GdnConfig, il: usize, d: usize) -> Result<
         fused.gather_rows(n("ssm_beta.weight"), &rows(0)).ok_or_else(bad)?,
         fused.gather_rows(n("ssm_alpha.weight"), &rows(r)).ok_or_else(bad)?,
     ))
+}
+
+/// A KDA layer: q/k/v projections joined into one [3·dim, d] tensor (their three depthwise
+/// convolutions side by side), the low-rank forget and output gates, β, the σ-gated norm.
+fn load_kda(src: &dyn TensorSource, c: &KdaConfig, il: usize) -> Result<KdaWeights> {
+    let n = |s: &str| format!("blk.{il}.{s}");
+    let (d, dim, dh) = (c.d_model, c.dim(), c.d_head);
+    let (q, k, v) = (src.require(&n("attn_q.weight"), dim, d)?, src.require(&n("attn_k.weight"), dim, d)?, src.require(&n("attn_v.weight"), dim, d)?);
+    let qkv = QTensor::concat_rows(n("attn_qkv.weight"), &[&q, &k, &v]).ok_or_else(|| EngineError::BadConfig {
+        file: src.file(),
+        what: format!("{}: q, k and v projections differ in type or width", n("attn_q.weight")),
+    })?;
+    let mut conv = Vec::with_capacity(3 * dim * c.conv_kernel);
+    for part in ["q", "k", "v"] {
+        conv.extend(src.require(&n(&format!("ssm_conv1d_{part}.weight")), dim, c.conv_kernel)?.to_f32());
+    }
+    Ok(KdaWeights {
+        qkv,
+        conv,
+        f_a: src.require(&n("ssm_f_a.weight"), dh, d)?,
+        f_b: src.require(&n("ssm_f_b.weight"), dim, dh)?,
+        dt_bias: src.vector(&n("ssm_dt.bias"), dim)?,
+        a: src.vector(&n("ssm_a"), c.n_heads)?,
+        b_proj: src.require(&n("ssm_beta.weight"), c.n_heads, d)?,
+        g_a: src.require(&n("ssm_g_a.weight"), dh, d)?,
+        g_b: src.require(&n("ssm_g_b.weight"), dim, dh)?,
+        o_norm: src.vector(&n("ssm_norm.weight"), dh)?,
+        o_proj: src.require(&n("attn_output.weight"), d, dim)?,
+    })
 }

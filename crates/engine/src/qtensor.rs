@@ -164,6 +164,24 @@ impl QTensor {
         Some(t)
     }
 
+    /// Tensors of one type and width stacked by rows into a new owned tensor (load-time joins
+    /// of projections that share an input). `None` if types or widths differ.
+    pub fn concat_rows(name: impl Into<String>, parts: &[&QTensor]) -> Option<QTensor> {
+        let first = parts.first()?;
+        if parts.iter().any(|p| p.dtype != first.dtype || p.cols != first.cols) {
+            return None;
+        }
+        let mut bytes = Vec::new();
+        for p in parts {
+            bytes.extend_from_slice(p.bytes());
+        }
+        let rows = parts.iter().map(|p| p.rows).sum();
+        let mut t = QTensor::new(name, first.dtype, rows, first.cols, Arc::new(bytes), 0)?;
+        t.numerics = first.numerics;
+        t.repackable = first.repackable;
+        Some(t)
+    }
+
     /// Size of the stored tensor in bytes.
     pub fn n_bytes(&self) -> usize {
         self.rows * self.row_bytes

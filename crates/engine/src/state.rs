@@ -5,6 +5,8 @@
 use half::f16;
 
 use crate::mixers::gdn::GdnState;
+use crate::mixers::kda::KdaState;
+use crate::mixers::mla::MlaState;
 use crate::mixers::shortconv::ShortConvState;
 
 /// One layer's state.
@@ -19,13 +21,18 @@ pub enum LayerState {
     ShortConv(ShortConvState),
     /// GatedDeltaNet: conv history and the recurrent matrix per value head (constant size).
     Gdn(GdnState),
+    /// Kimi Delta Attention: conv history and the recurrent matrix per head (constant size).
+    Kda(KdaState),
+    /// Multi-head latent attention's expanded keys and values, `k_width` / `v_width` values per
+    /// position.
+    Mla { st: MlaState, k_width: usize, v_width: usize },
 }
 
 impl LayerState {
     /// Whether the state can only go forward (no truncation to an earlier length: a
     /// checkpoint must snapshot it).
     pub fn is_recurrent(&self) -> bool {
-        matches!(self, LayerState::ShortConv(_) | LayerState::Gdn(_))
+        matches!(self, LayerState::ShortConv(_) | LayerState::Gdn(_) | LayerState::Kda(_))
     }
 }
 
@@ -92,7 +99,11 @@ impl SeqState {
                     k.truncate(n);
                     v.truncate(n);
                 }
-                LayerState::ShortConv(_) | LayerState::Gdn(_) => {
+                LayerState::Mla { st, k_width, v_width } => {
+                    st.k.truncate(cp.len * *k_width);
+                    st.v.truncate(cp.len * *v_width);
+                }
+                LayerState::ShortConv(_) | LayerState::Gdn(_) | LayerState::Kda(_) => {
                     *l = snap.expect("a checkpoint snapshots every recurrent layer");
                 }
             }
@@ -132,6 +143,14 @@ impl SeqState {
                     s.conv.fill(0.0);
                     s.s.fill(0.0);
                 }
+                LayerState::Kda(s) => {
+                    s.conv.fill(0.0);
+                    s.s.fill(0.0);
+                }
+                LayerState::Mla { st, .. } => {
+                    st.k.clear();
+                    st.v.clear();
+                }
             }
         }
     }
@@ -145,6 +164,8 @@ impl SeqState {
                 LayerState::KvF16 { k, v } => (k.len() + v.len()) * 2,
                 LayerState::ShortConv(s) => s.conv.len() * 4,
                 LayerState::Gdn(s) => s.bytes(),
+                LayerState::Kda(s) => s.bytes(),
+                LayerState::Mla { st, .. } => (st.k.len() + st.v.len()) * 4,
             })
             .sum()
     }

@@ -213,7 +213,11 @@ impl HfConfig {
         if head_dim == Some(0) {
             return Err(FormatError::field(&path, format!("{prefix}head_dim"), "must be > 0"));
         }
-        let max_position_embeddings = f.req_usize("max_position_embeddings", d.map(|d| d.max_position_embeddings))?;
+        // Kimi Linear spells it model_max_length.
+        let max_position_embeddings = match (f.opt_usize("max_position_embeddings")?, f.opt_usize("model_max_length")?) {
+            (Some(v), _) | (None, Some(v)) => v,
+            (None, None) => f.req_usize("max_position_embeddings", d.map(|d| d.max_position_embeddings))?,
+        };
         // LFM2 spells it norm_eps.
         let rms_norm_eps = match (f.opt_f64("rms_norm_eps")?, f.opt_f64("norm_eps")?) {
             (Some(v), _) | (None, Some(v)) => v,

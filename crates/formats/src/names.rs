@@ -31,6 +31,8 @@ enum Archs {
     Moe,
     /// Qwen3-Next's fused GatedDeltaNet input projections.
     Qwen3Next,
+    /// Kimi Linear (KDA, MLA, its MoE names).
+    Kimi,
     /// llama, qwen2, qwen3 (post_attention_layernorm is the pre-FFN norm).
     NotGemma,
     /// qwen3, gemma3 (per-head q/k RMSNorm).
@@ -44,10 +46,11 @@ impl Archs {
         match self {
             Archs::All => true,
             Archs::Dense => arch != Arch::Lfm2,
-            Archs::NotGemma => matches!(arch, Arch::Llama | Arch::Qwen2 | Arch::Qwen3) || arch.qwen_hybrid(),
+            Archs::NotGemma => matches!(arch, Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Kimi) || arch.qwen_hybrid(),
             Archs::QkNorm => matches!(arch, Arch::Qwen3 | Arch::Gemma3) || arch.qwen_hybrid(),
             Archs::Qwen35 => arch.qwen_hybrid(),
             Archs::Moe => matches!(arch, Arch::Qwen35Moe | Arch::Qwen3Next),
+            Archs::Kimi => arch == Arch::Kimi,
             Archs::Qwen3Next => arch == Arch::Qwen3Next,
             Archs::Gemma3 => arch == Arch::Gemma3,
             Archs::Lfm2 => arch == Arch::Lfm2,
@@ -65,6 +68,7 @@ enum Arch {
     Qwen35,
     Qwen35Moe,
     Qwen3Next,
+    Kimi,
 }
 
 impl Arch {
@@ -85,6 +89,7 @@ fn parse_arch(arch: &str) -> Option<Arch> {
         "qwen35" | "qwen3_5" | "qwen3_5_text" => Arch::Qwen35,
         "qwen35moe" | "qwen3_5_moe" | "qwen3_5_moe_text" => Arch::Qwen35Moe,
         "qwen3next" | "qwen3_next" => Arch::Qwen3Next,
+        "kimi-linear" | "kimi_linear" => Arch::Kimi,
         _ => return None,
     })
 }
@@ -137,6 +142,23 @@ const LAYER: &[(&str, &str, Archs, Bias)] = &[
     // [b, a]); llama.cpp splits qkvz itself (attn_qkv + attn_gate) but keeps ssm_ba fused.
     ("linear_attn.in_proj_qkvz", "ssm_in_qkvz", Archs::Qwen3Next, Bias::No),
     ("linear_attn.in_proj_ba", "ssm_ba", Archs::Qwen3Next, Bias::No),
+    ("self_attn.q_conv1d", "ssm_conv1d_q", Archs::Kimi, Bias::No),
+    ("self_attn.k_conv1d", "ssm_conv1d_k", Archs::Kimi, Bias::No),
+    ("self_attn.v_conv1d", "ssm_conv1d_v", Archs::Kimi, Bias::No),
+    ("self_attn.f_a_proj", "ssm_f_a", Archs::Kimi, Bias::No),
+    ("self_attn.f_b_proj", "ssm_f_b", Archs::Kimi, Bias::No),
+    ("self_attn.g_a_proj", "ssm_g_a", Archs::Kimi, Bias::No),
+    ("self_attn.g_b_proj", "ssm_g_b", Archs::Kimi, Bias::No),
+    ("self_attn.b_proj", "ssm_beta", Archs::Kimi, Bias::No),
+    ("self_attn.o_norm", "ssm_norm", Archs::Kimi, Bias::No),
+    ("self_attn.kv_a_proj_with_mqa", "attn_kv_a_mqa", Archs::Kimi, Bias::No),
+    ("self_attn.kv_a_layernorm", "attn_kv_a_norm", Archs::Kimi, Bias::No),
+    // llama.cpp splits kv_b into attn_k_b / attn_v_b; HF folders keep it whole.
+    ("self_attn.kv_b_proj", "attn_kv_b", Archs::Kimi, Bias::No),
+    ("block_sparse_moe.gate", "ffn_gate_inp", Archs::Kimi, Bias::No),
+    ("block_sparse_moe.shared_experts.gate_proj", "ffn_gate_shexp", Archs::Kimi, Bias::No),
+    ("block_sparse_moe.shared_experts.up_proj", "ffn_up_shexp", Archs::Kimi, Bias::No),
+    ("block_sparse_moe.shared_experts.down_proj", "ffn_down_shexp", Archs::Kimi, Bias::No),
     ("mlp.gate", "ffn_gate_inp", Archs::Moe, Bias::No),
     ("mlp.shared_expert.gate_proj", "ffn_gate_shexp", Archs::Moe, Bias::No),
     ("mlp.shared_expert.up_proj", "ffn_up_shexp", Archs::Moe, Bias::No),
@@ -147,12 +169,19 @@ const LAYER: &[(&str, &str, Archs, Bias)] = &[
 /// Routed experts, one HF tensor each (`mlp.experts.E.<proj>`), named `ffn_<kind>_exps.E` here
 /// (llama.cpp stacks them into one `ffn_<kind>_exps` tensor; the loader takes either).
 const EXPERT: &[(&str, &str)] = &[("gate_proj", "ffn_gate_exps"), ("up_proj", "ffn_up_exps"), ("down_proj", "ffn_down_exps")];
+/// Kimi's experts: w1 (gate), w3 (up), w2 (down).
+const KIMI_EXPERT: &[(&str, &str)] = &[("w1", "ffn_gate_exps"), ("w3", "ffn_up_exps"), ("w2", "ffn_down_exps")];
 
 /// Per-layer parameters whose HF names carry no `.weight`/`.bias` suffix: (HF suffix after
 /// `model.layers.N.`, GGUF suffix after `blk.N.`, archs). The values may differ by a transform
 /// the loader applies (A_log is stored by llama.cpp as −exp(A_log)).
-const BARE: &[(&str, &str, Archs)] =
-    &[("linear_attn.dt_bias", "ssm_dt.bias", Archs::Qwen35), ("linear_attn.A_log", "ssm_a", Archs::Qwen35)];
+const BARE: &[(&str, &str, Archs)] = &[
+    ("linear_attn.dt_bias", "ssm_dt.bias", Archs::Qwen35),
+    ("linear_attn.A_log", "ssm_a", Archs::Qwen35),
+    ("self_attn.dt_bias", "ssm_dt.bias", Archs::Kimi),
+    ("self_attn.A_log", "ssm_a", Archs::Kimi),
+    ("block_sparse_moe.gate.e_score_correction_bias", "exp_probs_b.bias", Archs::Kimi),
+];
 
 /// Whether a linear layer row may carry a bias (qwen2 q/k/v always; llama with
 /// `attention_bias` / `mlp_bias`). Norms never do in these architectures.
@@ -224,6 +253,12 @@ pub fn hf_to_gguf(arch: &str, hf: &str) -> Option<String> {
         let &(_, g) = EXPERT.iter().find(|(h, _)| *h == proj)?;
         return (param == ".weight").then(|| format!("blk.{n}.{g}.{e}.weight"));
     }
+    if Archs::Kimi.has(arch)
+        && let Some((e, proj)) = rest.strip_prefix("block_sparse_moe.experts.").and_then(split_layer)
+    {
+        let &(_, g) = KIMI_EXPERT.iter().find(|(h, _)| *h == proj)?;
+        return (param == ".weight").then(|| format!("blk.{n}.{g}.{e}.weight"));
+    }
     LAYER
         .iter()
         .find(|&&(h, _, archs, bias)| archs.has(arch) && h == rest && (param == ".weight" || bias == Bias::Yes))
@@ -252,6 +287,12 @@ pub fn gguf_to_hf(arch: &str, gguf: &str) -> Option<String> {
     {
         return Some(format!("model.layers.{n}.mlp.experts.{e}.{h}.weight"));
     }
+    if Archs::Kimi.has(arch)
+        && let Some(&(h, g)) = KIMI_EXPERT.iter().find(|(_, g)| rest.starts_with(&format!("{g}.")))
+        && let Ok(e) = rest[g.len() + 1..].parse::<usize>()
+    {
+        return Some(format!("model.layers.{n}.block_sparse_moe.experts.{e}.{h}.weight"));
+    }
     LAYER
         .iter()
         .find(|&&(_, g, archs, bias)| archs.has(arch) && g == rest && (param == ".weight" || bias == Bias::Yes))
@@ -259,7 +300,7 @@ pub fn gguf_to_hf(arch: &str, gguf: &str) -> Option<String> {
 }
 
 /// The architectures this table covers, in GGUF spelling.
-pub const ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "gemma3", "lfm2", "qwen35", "qwen35moe", "qwen3next"];
+pub const ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "gemma3", "lfm2", "qwen35", "qwen35moe", "qwen3next", "kimi-linear"];
 
 #[cfg(test)]
 mod lfm2_tests {

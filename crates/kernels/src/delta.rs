@@ -89,6 +89,55 @@ pub fn gated_delta_recurrent(
     }
 }
 
+/// Kimi Delta Attention's recurrence: as `gated_delta_recurrent` with a decay per key channel,
+/// S ← diag(e^{g_t}) S (row c of S scaled by e^{g_t,c}). g: [t, dk] log decays (≤ 0); other
+/// arguments as there. Used for decode and, until the per-channel WY form lands, for prefill.
+#[allow(clippy::too_many_arguments)]
+pub fn kda_recurrent(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: &[f32],
+    t: usize,
+    dk: usize,
+    dv: usize,
+    state: &mut [f32],
+    out: &mut [f32],
+) {
+    assert_eq!(g.len(), t * dk, "kda_recurrent: g must be [{t}x{dk}], got {} values", g.len());
+    check("kda_recurrent", q, k, v, &g[..t.min(g.len())], beta, t, dk, dv, state, out);
+    let mut kv = vec![0f32; dv]; // [dv]: Sᵀ k
+    for s in 0..t {
+        let (qs, ks, vs) = (&q[s * dk..(s + 1) * dk], &k[s * dk..(s + 1) * dk], &v[s * dv..(s + 1) * dv]);
+        for (row, &gc) in state.chunks_exact_mut(dv).zip(&g[s * dk..(s + 1) * dk]) {
+            let e = gc.exp();
+            row.iter_mut().for_each(|x| *x *= e);
+        }
+        kv.fill(0.0);
+        for (a, row) in ks.iter().zip(state.chunks_exact(dv)) {
+            for (o, &sv) in kv.iter_mut().zip(row) {
+                *o += a * sv;
+            }
+        }
+        for (o, &vv) in kv.iter_mut().zip(vs) {
+            *o = beta[s] * (vv - *o);
+        }
+        for (a, row) in ks.iter().zip(state.chunks_exact_mut(dv)) {
+            for (sv, &d) in row.iter_mut().zip(&kv) {
+                *sv += a * d;
+            }
+        }
+        let o = &mut out[s * dv..(s + 1) * dv];
+        o.fill(0.0);
+        for (a, row) in qs.iter().zip(state.chunks_exact(dv)) {
+            for (ov, &sv) in o.iter_mut().zip(row) {
+                *ov += a * sv;
+            }
+        }
+    }
+}
+
 /// The chunkwise-parallel form over chunks of `chunk` tokens (the last may be shorter); same
 /// contract and, up to f32 rounding, same results as `gated_delta_recurrent`.
 #[allow(clippy::too_many_arguments)]
@@ -257,6 +306,25 @@ mod tests {
             println!("t {t} dk {dk} dv {dv} chunk {chunk} decay {gscale}: out rel {dout:.2e}, state rel {dst:.2e}");
             assert!(dout <= 1e-5 && dst <= 1e-5, "chunked vs recurrent: out {dout:e}, state {dst:e} (relative to max)");
         }
+    }
+
+    /// KDA with the same decay on every channel is the gated delta rule.
+    #[test]
+    fn kda_with_uniform_decay_is_gdn() {
+        let mut rng = Rng(0x4B44_4100_0000_0001);
+        let (t, dk, dv) = (50, 8, 6);
+        let q: Vec<f32> = (0..t * dk).map(|_| (rng.f() - 0.5) * 0.3).collect();
+        let k: Vec<f32> = (0..t * dk).map(|_| (rng.f() - 0.5) * 0.5).collect();
+        let v: Vec<f32> = (0..t * dv).map(|_| rng.f() - 0.5).collect();
+        let g: Vec<f32> = (0..t).map(|_| -0.3 * rng.f()).collect();
+        let gc: Vec<f32> = g.iter().flat_map(|&x| std::iter::repeat_n(x, dk)).collect();
+        let beta: Vec<f32> = (0..t).map(|_| rng.f()).collect();
+        let (mut s1, mut s2) = (vec![0f32; dk * dv], vec![0f32; dk * dv]);
+        let (mut o1, mut o2) = (vec![0f32; t * dv], vec![0f32; t * dv]);
+        gated_delta_recurrent(&q, &k, &v, &g, &beta, t, dk, dv, &mut s1, &mut o1);
+        kda_recurrent(&q, &k, &v, &gc, &beta, t, dk, dv, &mut s2, &mut o2);
+        assert_eq!(o1, o2);
+        assert_eq!(s1, s2);
     }
 
     /// Splitting a sequence at any point (state carried over) equals one pass: what prefill in

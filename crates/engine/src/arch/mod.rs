@@ -10,6 +10,7 @@ use crate::config::{Activation, LayerSpec, ModelConfig, Rope, RopeScaling};
 use crate::error::{EngineError, Result};
 
 pub mod gemma3;
+pub mod kimi_linear;
 pub mod lfm2;
 pub mod llama;
 pub mod qwen2;
@@ -32,7 +33,7 @@ pub struct Arch {
     pub hf_plain_norms: &'static [&'static str],
 }
 
-pub const ARCHES: &[Arch] = &[llama::ARCH, qwen2::ARCH, qwen3::ARCH, gemma3::ARCH, lfm2::ARCH, qwen3_5::ARCH, qwen3_5::ARCH_MOE, qwen3_5::ARCH_NEXT];
+pub const ARCHES: &[Arch] = &[llama::ARCH, qwen2::ARCH, qwen3::ARCH, gemma3::ARCH, lfm2::ARCH, qwen3_5::ARCH, qwen3_5::ARCH_MOE, qwen3_5::ARCH_NEXT, kimi_linear::ARCH];
 
 pub fn supported() -> String {
     ARCHES.iter().map(|a| a.name).collect::<Vec<_>>().join(", ")

@@ -3,4 +3,6 @@
 //! blocks; `LayerState` will carry their states.
 
 pub mod gdn;
+pub mod kda;
+pub mod mla;
 pub mod shortconv;

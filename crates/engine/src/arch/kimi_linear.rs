@@ -1,0 +1,105 @@
+//! Kimi Linear (HF folders): Kimi Delta Attention layers ("linear_attention") and multi-head
+//! latent attention layers ("full_attention": MLA with no RoPE at all), a dense FFN in the
+//! leading layers ("dense" in `mlp_layer_types`) and a mixture of experts elsewhere (sigmoid
+//! scores, a selection-only correction bias, top-k renormalized when `moe_renormalize`, the
+//! routed sum × `routed_scaling_factor`, `num_shared_experts` shared experts without a gate),
+//! plain-gain RMSNorms, the KDA output norm σ-gated.
+//!
+//! Not yet: llama.cpp's `kimi-linear` GGUF files (MLA's kv_b split into k_b / v_b per head, its
+//! own key names), `q_lora_rank`, grouped routing (`num_expert_group` > 1), and the legacy
+//! Moonshot config spelling (`linear_attn_config`).
+
+use cortiq_formats::gguf::GgufMeta;
+use cortiq_formats::hf::HfConfig;
+
+use super::{Arch, GgufKeys, hf_dense_base};
+use crate::config::{LayerSpec, MixerKind, ModelConfig};
+use crate::error::{EngineError, Result};
+use crate::mixers::kda::KdaConfig;
+use crate::mixers::mla::MlaConfig;
+use crate::moe::{MoeConfig, Scoring};
+
+pub const ARCH: Arch = Arch {
+    name: "kimi-linear",
+    hf_names: &["KimiLinearForCausalLM", "kimi_linear"],
+    from_gguf,
+    from_hf,
+    hf_norm_offset: 0.0,
+    hf_plain_norms: &[],
+};
+
+fn from_hf(h: &HfConfig) -> Result<ModelConfig> {
+    let mut cfg = hf_dense_base(h, "kimi-linear")?;
+    let bad = |what: String| EngineError::BadConfig { file: h.path.display().to_string(), what };
+    let raw = &h.raw;
+    let get = |k: &str| -> Result<usize> {
+        raw.get(k).and_then(|v| v.as_u64()).map(|v| v as usize).ok_or_else(|| bad(format!("missing or non-integer '{k}'")))
+    };
+    if raw.get("q_lora_rank").is_some_and(|v| !v.is_null()) {
+        return Err(bad("q_lora_rank is not supported yet (only q_proj)".into()));
+    }
+    if raw.get("num_expert_group").and_then(|v| v.as_u64()).unwrap_or(1) != 1 {
+        return Err(bad("grouped expert routing (num_expert_group > 1) is not supported yet".into()));
+    }
+    let kda = KdaConfig {
+        d_model: cfg.d_model,
+        n_heads: get("linear_num_heads")?,
+        d_head: get("linear_head_dim")?,
+        conv_kernel: get("linear_conv_kernel_dim")?,
+        norm_eps: cfg.norm_eps,
+    };
+    let mla = MlaConfig {
+        d_model: cfg.d_model,
+        n_heads: cfg.n_heads,
+        nope: get("qk_nope_head_dim")?,
+        rope: get("qk_rope_head_dim")?,
+        v_dim: get("v_head_dim")?,
+        kv_lora: get("kv_lora_rank")?,
+        norm_eps: cfg.norm_eps,
+    };
+    let n_shared = raw.get("num_shared_experts").and_then(|v| v.as_u64()).unwrap_or(0) as usize;
+    let ffe = get("moe_intermediate_size")?;
+    cfg.moe = Some(MoeConfig {
+        n_experts: get("num_experts")?,
+        top_k: raw.get("num_experts_per_token").or_else(|| raw.get("num_experts_per_tok")).and_then(|v| v.as_u64()).ok_or_else(|| bad("missing 'num_experts_per_token'".into()))? as usize,
+        scoring: Scoring::Sigmoid,
+        norm_topk: raw.get("moe_renormalize").and_then(|v| v.as_bool()).unwrap_or(true),
+        routed_scale: raw.get("routed_scaling_factor").and_then(|v| v.as_f64()).unwrap_or(1.0) as f32,
+        d_ff_expert: ffe,
+        d_ff_shared: (n_shared > 0).then_some(n_shared * ffe),
+        shared_gate: false,
+    });
+    let mlp_types: Vec<String> = raw
+        .get("mlp_layer_types")
+        .and_then(|v| v.as_array())
+        .map(|a| a.iter().filter_map(|x| x.as_str().map(str::to_string)).collect())
+        .ok_or_else(|| bad("missing 'mlp_layer_types'".into()))?;
+    if mlp_types.len() != h.layer_types.len() {
+        return Err(bad(format!("mlp_layer_types has {} entries for {} layers", mlp_types.len(), h.layer_types.len())));
+    }
+    cfg.layers = h
+        .layer_types
+        .iter()
+        .zip(&mlp_types)
+        .enumerate()
+        .map(|(i, (t, m))| {
+            let moe = match m.as_str() {
+                "sparse" => true,
+                "dense" => false,
+                other => return Err(bad(format!("mlp_layer_types[{i}] = '{other}': 'dense' or 'sparse'"))),
+            };
+            let mixer = match t.as_str() {
+                "linear_attention" => MixerKind::Kda(kda),
+                "full_attention" => MixerKind::Mla(mla),
+                other => return Err(bad(format!("layer_types[{i}] = '{other}': Kimi Linear layers are 'linear_attention' or 'full_attention'"))),
+            };
+            Ok(LayerSpec { mixer, moe, sliding_window: None, rope: 0 })
+        })
+        .collect::<Result<_>>()?;
+    Ok(cfg)
+}
+
+fn from_gguf(g: &dyn GgufMeta) -> Result<ModelConfig> {
+    let k = GgufKeys { g, arch: "kimi-linear" };
+    Err(k.bad("kimi-linear GGUF files are not supported yet (load the Hugging Face folder)".into()))
+}

@@ -1,0 +1,137 @@
+//! Kimi Delta Attention (Kimi Linear's linear-attention mixer): q, k, v projections behind one
+//! depthwise short convolution + SiLU (the checkpoint's three convolutions side by side),
+//! L2-normalized q and k (q also × 1/√d), a decay per key channel from a low-rank forget gate,
+//! g = −exp(A_log[h])·softplus(f_b(f_a(x)) + dt_bias), β = σ(b_proj·x), the delta rule with
+//! per-channel decay (`kernels::delta::kda_recurrent`), then a σ-gated RMSNorm per head whose
+//! gate is low-rank (g_b(g_a(x))), and the output projection. Heads: n_q = n_k = n_v.
+
+use cortiq_kernels::conv::causal_conv1d;
+use cortiq_kernels::delta::kda_recurrent;
+
+use crate::par::pool;
+use crate::qtensor::QTensor;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct KdaConfig {
+    pub d_model: usize,
+    pub n_heads: usize,
+    pub d_head: usize,
+    pub conv_kernel: usize,
+    pub norm_eps: f32,
+}
+
+impl KdaConfig {
+    pub fn dim(&self) -> usize {
+        self.n_heads * self.d_head
+    }
+}
+
+pub struct KdaWeights {
+    /// [3·dim, d_model]: q | k | v.
+    pub qkv: QTensor,
+    /// [3·dim, conv_kernel]
+    pub conv: Vec<f32>,
+    /// [d_head, d_model] then [dim, d_head]: the forget gate's low-rank projection.
+    pub f_a: QTensor,
+    pub f_b: QTensor,
+    /// [dim]
+    pub dt_bias: Vec<f32>,
+    /// [n_heads]: −exp(A_log).
+    pub a: Vec<f32>,
+    /// [n_heads, d_model]
+    pub b_proj: QTensor,
+    /// [d_head, d_model] then [dim, d_head]: the output gate's low-rank projection.
+    pub g_a: QTensor,
+    pub g_b: QTensor,
+    /// [d_head]
+    pub o_norm: Vec<f32>,
+    /// [d_model, dim]
+    pub o_proj: QTensor,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct KdaState {
+    /// [conv_kernel − 1, 3·dim]
+    pub conv: Vec<f32>,
+    /// [n_heads, d_head, d_head]
+    pub s: Vec<f32>,
+}
+
+impl KdaState {
+    pub fn new(c: &KdaConfig) -> KdaState {
+        KdaState { conv: vec![0.0; (c.conv_kernel - 1) * 3 * c.dim()], s: vec![0.0; c.n_heads * c.d_head * c.d_head] }
+    }
+    pub fn bytes(&self) -> usize {
+        (self.conv.len() + self.s.len()) * 4
+    }
+}
+
+fn softplus(x: f32) -> f32 {
+    if x > 20.0 { x } else { x.exp().ln_1p() }
+}
+
+/// x / sqrt(Σx² + 1e-6) (FLA's l2norm as Kimi uses it), times `scale`.
+fn l2norm(x: &mut [f32], scale: f32) {
+    let n = (x.iter().map(|v| v * v).sum::<f32>() + 1e-6).sqrt();
+    x.iter_mut().for_each(|v| *v = *v / n * scale);
+}
+
+/// The mixer over `n` tokens. h: [n, d_model] -> [n, d_model].
+pub fn kda(c: &KdaConfig, w: &KdaWeights, h: &[f32], n: usize, state: &mut KdaState) -> Vec<f32> {
+    let (nh, dh, dim) = (c.n_heads, c.d_head, c.dim());
+    let mut mixed = vec![0f32; n * 3 * dim]; // [n, 3·dim]
+    w.qkv.matmul(h, n, &mut mixed);
+    let mut conv = vec![0f32; n * 3 * dim]; // [n, 3·dim]
+    causal_conv1d(&mixed, n, 3 * dim, &w.conv, c.conv_kernel, &[], &mut state.conv, true, &mut conv);
+    let mut fa = vec![0f32; n * dh]; // [n, d_head]
+    w.f_a.matmul(h, n, &mut fa);
+    let mut g = vec![0f32; n * dim]; // [n, dim]
+    w.f_b.matmul(&fa, n, &mut g);
+    let mut b = vec![0f32; n * nh]; // [n, n_heads]
+    w.b_proj.matmul(h, n, &mut b);
+    let mut ga = vec![0f32; n * dh]; // [n, d_head]
+    w.g_a.matmul(h, n, &mut ga);
+    let mut gate = vec![0f32; n * dim]; // [n, dim]
+    w.g_b.matmul(&ga, n, &mut gate);
+
+    let mut per_head = vec![0f32; nh * n * dh]; // [n_heads, n, d_head]
+    let qscale = 1.0 / (dh as f32).sqrt();
+    let mut work: Vec<(&mut [f32], &mut [f32])> = per_head.chunks_mut(n * dh).zip(state.s.chunks_mut(dh * dh)).collect();
+    pool().for_rows_mut_dynamic(&mut work, 1, 1, |hh, items| {
+        let (out_h, s_h) = &mut items[0];
+        let (mut q, mut k, mut v) = (vec![0f32; n * dh], vec![0f32; n * dh], vec![0f32; n * dh]);
+        let mut gh = vec![0f32; n * dh]; // [n, d_head] log decays
+        let mut beta = vec![0f32; n];
+        for t in 0..n {
+            let row = &conv[t * 3 * dim..(t + 1) * 3 * dim];
+            q[t * dh..(t + 1) * dh].copy_from_slice(&row[hh * dh..(hh + 1) * dh]);
+            k[t * dh..(t + 1) * dh].copy_from_slice(&row[dim + hh * dh..dim + (hh + 1) * dh]);
+            v[t * dh..(t + 1) * dh].copy_from_slice(&row[2 * dim + hh * dh..2 * dim + (hh + 1) * dh]);
+            l2norm(&mut q[t * dh..(t + 1) * dh], qscale);
+            l2norm(&mut k[t * dh..(t + 1) * dh], 1.0);
+            for ch in 0..dh {
+                let i = hh * dh + ch;
+                gh[t * dh + ch] = w.a[hh] * softplus(g[t * dim + i] + w.dt_bias[i]);
+            }
+            beta[t] = 1.0 / (1.0 + (-b[t * nh + hh]).exp());
+        }
+        kda_recurrent(&q, &k, &v, &gh, &beta, n, dh, dh, s_h, out_h);
+    });
+    drop(work);
+    // σ-gated RMSNorm per (token, head).
+    let mut o = vec![0f32; n * dim]; // [n, dim]
+    for t in 0..n {
+        for hh in 0..nh {
+            let src = &per_head[(hh * n + t) * dh..(hh * n + t + 1) * dh];
+            let ms: f32 = src.iter().map(|x| x * x).sum::<f32>() / dh as f32;
+            let inv = 1.0 / (ms + c.norm_eps).sqrt();
+            for ch in 0..dh {
+                let z = gate[t * dim + hh * dh + ch];
+                o[t * dim + hh * dh + ch] = src[ch] * inv * w.o_norm[ch] / (1.0 + (-z).exp());
+            }
+        }
+    }
+    let mut y = vec![0f32; n * c.d_model]; // [n, d_model]
+    w.o_proj.matmul(&o, n, &mut y);
+    y
+}

@@ -1,0 +1,95 @@
+//! Multi-head latent attention as Kimi Linear uses it (DeepSeek-V2's MLA with no RoPE): q from
+//! q_proj (per head [nope | rope] dims, no rotation), a compressed latent kv_a·x = [c (kv_lora) |
+//! k_rot (shared by all heads)], c RMS-normalized, expanded by kv_b into per-head [k_nope | v];
+//! keys are [k_nope | k_rot], scores scaled by 1/√(nope + rope). The cache keeps the expanded
+//! keys and values (simple and exact; caching the latent instead is a later memory saving).
+
+use crate::qtensor::QTensor;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MlaConfig {
+    pub d_model: usize,
+    pub n_heads: usize,
+    pub nope: usize,
+    pub rope: usize,
+    pub v_dim: usize,
+    pub kv_lora: usize,
+    pub norm_eps: f32,
+}
+
+impl MlaConfig {
+    pub fn qk_dim(&self) -> usize {
+        self.nope + self.rope
+    }
+}
+
+pub struct MlaWeights {
+    /// [n_heads·(nope + rope), d_model]
+    pub q: QTensor,
+    /// [kv_lora + rope, d_model]
+    pub kv_a: QTensor,
+    /// [kv_lora]
+    pub kv_a_norm: Vec<f32>,
+    /// [n_heads·(nope + v_dim), kv_lora]
+    pub kv_b: QTensor,
+    /// [d_model, n_heads·v_dim]
+    pub o: QTensor,
+}
+
+/// The expanded keys [len, n_heads, nope + rope] and values [len, n_heads, v_dim].
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct MlaState {
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+}
+
+/// Attention over `n` new tokens at positions pos0.. (causal). h: [n, d_model] -> [n, d_model].
+pub fn mla(c: &MlaConfig, w: &MlaWeights, h: &[f32], n: usize, state: &mut MlaState) -> Vec<f32> {
+    let (nh, qk, vd, lora) = (c.n_heads, c.qk_dim(), c.v_dim, c.kv_lora);
+    let mut q = vec![0f32; n * nh * qk]; // [n, n_heads, qk]
+    w.q.matmul(h, n, &mut q);
+    let mut lat = vec![0f32; n * (lora + c.rope)]; // [n, kv_lora + rope]
+    w.kv_a.matmul(h, n, &mut lat);
+    let mut cn = vec![0f32; n * lora]; // [n, kv_lora]: the normed latent
+    for t in 0..n {
+        let src = &lat[t * (lora + c.rope)..t * (lora + c.rope) + lora];
+        let inv = 1.0 / (src.iter().map(|x| x * x).sum::<f32>() / lora as f32 + c.norm_eps).sqrt();
+        for (j, o) in cn[t * lora..(t + 1) * lora].iter_mut().enumerate() {
+            *o = src[j] * inv * w.kv_a_norm[j];
+        }
+    }
+    let mut kvb = vec![0f32; n * nh * (c.nope + vd)]; // [n, n_heads, nope + v_dim]
+    w.kv_b.matmul(&cn, n, &mut kvb);
+    for t in 0..n {
+        let k_rot = &lat[t * (lora + c.rope) + lora..(t + 1) * (lora + c.rope)];
+        for hh in 0..nh {
+            let src = &kvb[(t * nh + hh) * (c.nope + vd)..(t * nh + hh + 1) * (c.nope + vd)];
+            state.k.extend_from_slice(&src[..c.nope]);
+            state.k.extend_from_slice(k_rot);
+            state.v.extend_from_slice(&src[c.nope..]);
+        }
+    }
+    let len = state.k.len() / (nh * qk);
+    let pos0 = len - n;
+    let scale = 1.0 / (qk as f32).sqrt();
+    let mut o = vec![0f32; n * nh * vd]; // [n, n_heads, v_dim]
+    for t in 0..n {
+        let p = pos0 + t;
+        for hh in 0..nh {
+            let qv = &q[(t * nh + hh) * qk..(t * nh + hh + 1) * qk];
+            let mut sc: Vec<f32> = (0..=p)
+                .map(|j| qv.iter().zip(&state.k[(j * nh + hh) * qk..(j * nh + hh + 1) * qk]).map(|(a, b)| a * b).sum::<f32>() * scale)
+                .collect();
+            cortiq_kernels::ops::softmax_inplace(&mut sc);
+            let out = &mut o[(t * nh + hh) * vd..(t * nh + hh + 1) * vd];
+            for (j, &pj) in sc.iter().enumerate() {
+                for (ov, &vv) in out.iter_mut().zip(&state.v[(j * nh + hh) * vd..(j * nh + hh + 1) * vd]) {
+                    *ov += pj * vv;
+                }
+            }
+        }
+    }
+    let mut y = vec![0f32; n * c.d_model]; // [n, d_model]
+    w.o.matmul(&o, n, &mut y);
+    y
+}
