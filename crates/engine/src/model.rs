@@ -174,7 +174,7 @@ impl Model {
                     q: src.require(&n("attn_q.weight"), c.n_heads * c.qk_dim(), d)?,
                     kv_a: src.require(&n("attn_kv_a_mqa.weight"), c.kv_lora + c.rope, d)?,
                     kv_a_norm: src.vector(&n("attn_kv_a_norm.weight"), c.kv_lora)?,
-                    kv_b: src.require(&n("attn_kv_b.weight"), c.n_heads * (c.nope + c.v_dim), c.kv_lora)?,
+                    kv_b: mla_kv_b(src, &c, il)?,
                     o: src.require(&n("attn_output.weight"), d, c.n_heads * c.v_dim)?,
                 }),
             };
@@ -500,4 +500,29 @@ fn load_kda(src: &dyn TensorSource, c: &KdaConfig, il: usize) -> Result<KdaWeigh
         o_norm: src.vector(&n("ssm_norm.weight"), dh)?,
         o_proj: src.require(&n("attn_output.weight"), d, dim)?,
     })
+}
+
+/// MLA's kv_b [n_heads·(nope + v_dim), kv_lora]: whole (HF), or rejoined from llama.cpp's
+/// per-head k_b (stored transposed, [n_heads, kv_lora, nope]) and v_b ([n_heads, v_dim,
+/// kv_lora]), widened to f32.
+fn mla_kv_b(src: &dyn TensorSource, c: &crate::mixers::mla::MlaConfig, il: usize) -> Result<QTensor> {
+    let n = |s: &str| format!("blk.{il}.{s}");
+    let (nh, nope, vd, lora) = (c.n_heads, c.nope, c.v_dim, c.kv_lora);
+    if let Some(t) = src.optional(&n("attn_kv_b.weight"), nh * (nope + vd), lora)? {
+        return Ok(t);
+    }
+    let kb = src.require(&n("attn_k_b.weight"), nh * lora, nope)?.to_f32(); // [nh, lora, nope]
+    let vb = src.require(&n("attn_v_b.weight"), nh * vd, lora)?.to_f32(); // [nh, v_dim, lora]
+    let mut out = vec![0f32; nh * (nope + vd) * lora]; // [nh, nope + v_dim, lora]
+    for h in 0..nh {
+        for i in 0..nope {
+            for j in 0..lora {
+                out[(h * (nope + vd) + i) * lora + j] = kb[(h * lora + j) * nope + i];
+            }
+        }
+        for i in 0..vd {
+            out[(h * (nope + vd) + nope + i) * lora..][..lora].copy_from_slice(&vb[(h * vd + i) * lora..][..lora]);
+        }
+    }
+    Ok(QTensor::from_f32(n("attn_kv_b.weight"), nh * (nope + vd), lora, out))
 }

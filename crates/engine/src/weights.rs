@@ -85,10 +85,14 @@ impl TensorSource for CmfSource<'_> {
 }
 
 /// A view of a tensor in a memory map. GGUF-order dims (innermost first): rows = the product of
-/// the outer dims.
+/// the outer dims. A vector stored with more than two dims all but one of which are 1 (Kimi's
+/// ssm_a [1, heads, 1, 1]) is one row.
 fn mapped(file: &str, info: &TensorInfo, backing: Backing) -> Result<QTensor> {
-    let cols = info.dims[0] as usize;
-    let rows = info.dims[1..].iter().product::<u64>() as usize;
+    let (cols, rows) = if info.dims.len() > 2 && info.dims.iter().filter(|&&x| x != 1).count() <= 1 {
+        (info.dims.iter().product::<u64>() as usize, 1)
+    } else {
+        (info.dims[0] as usize, info.dims[1..].iter().product::<u64>() as usize)
+    };
     QTensor::new(&info.name, info.dtype, rows, cols, backing, info.offset as usize).ok_or_else(|| EngineError::BadConfig {
         file: file.to_string(),
         what: format!("tensor '{}' does not fit its stored bytes", info.name),

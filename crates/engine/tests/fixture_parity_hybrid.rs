@@ -52,3 +52,8 @@ fn qwen3_next_gguf_matches_transformers() {
 fn kimi_linear_matches_transformers() {
     check_parity_tol("kimi_linear", &fixture("kimi_linear"), "", 5e-4);
 }
+
+#[test]
+fn kimi_linear_gguf_matches_transformers() {
+    check_parity_tol("kimi_linear", &fixture("kimi_linear").join("model.gguf"), "", 5e-4);
+}

@@ -5,14 +5,16 @@
 //! routed sum × `routed_scaling_factor`, `num_shared_experts` shared experts without a gate),
 //! plain-gain RMSNorms, the KDA output norm σ-gated.
 //!
-//! Not yet: llama.cpp's `kimi-linear` GGUF files (MLA's kv_b split into k_b / v_b per head, its
-//! own key names), `q_lora_rank`, grouped routing (`num_expert_group` > 1), and the legacy
-//! Moonshot config spelling (`linear_attn_config`).
+//! llama.cpp's `kimi-linear` GGUF: per-layer `head_count_kv` (0 = KDA), MLA's kv_b split into
+//! per-head k_b (transposed) and v_b (rejoined at load), A stored as −exp(A_log).
+//! Not yet: `q_lora_rank`, grouped routing (`num_expert_group` > 1), and the legacy Moonshot
+//! config spelling (`linear_attn_config`) in HF folders.
 
 use cortiq_formats::gguf::GgufMeta;
 use cortiq_formats::hf::HfConfig;
+use cortiq_kernels::ops::RopeStyle;
 
-use super::{Arch, GgufKeys, hf_dense_base};
+use super::{Arch, GgufKeys, KvOverride, gguf_dense_base, hf_dense_base, per_layer_usize};
 use crate::config::{LayerSpec, MixerKind, ModelConfig};
 use crate::error::{EngineError, Result};
 use crate::mixers::kda::KdaConfig;
@@ -100,6 +102,58 @@ fn from_hf(h: &HfConfig) -> Result<ModelConfig> {
 }
 
 fn from_gguf(g: &dyn GgufMeta) -> Result<ModelConfig> {
-    let k = GgufKeys { g, arch: "kimi-linear" };
-    Err(k.bad("kimi-linear GGUF files are not supported yet (load the Hugging Face folder)".into()))
+    let arch = "kimi-linear";
+    let k = GgufKeys { g, arch };
+    let n_layers = k.usize("block_count")?;
+    // head_count_kv per layer: 0 marks a KDA layer, the rest are MLA.
+    let kv = per_layer_usize(&k, "attention.head_count_kv", n_layers)?;
+    let n_kv = kv.iter().copied().filter(|&x| x > 0).max().unwrap_or(1);
+    let mut cfg = gguf_dense_base(&KvOverride::new(g, "kimi-linear.attention.head_count_kv", n_kv), arch, RopeStyle::NeoX)?;
+    let d = cfg.d_model;
+    let dh = k.usize("kda.head_dim")?;
+    // KDA heads from the first KDA layer's q projection (the file has no key of its own).
+    let kda_heads = match kv.iter().position(|&x| x == 0) {
+        Some(il) => {
+            let name = format!("blk.{il}.attn_q.weight");
+            let t = g.tensor(&name).ok_or_else(|| EngineError::MissingTensor { file: g.meta_path().display().to_string(), tensor: name.clone() })?;
+            (t.dims.get(1).copied().unwrap_or(0) as usize) / dh.max(1)
+        }
+        None => 0,
+    };
+    let kda = KdaConfig { d_model: d, n_heads: kda_heads, d_head: dh, conv_kernel: k.usize("ssm.conv_kernel")?, norm_eps: cfg.norm_eps };
+    let qk = k.usize("attention.key_length_mla")?;
+    let rope = k.opt_usize("rope.dimension_count")?.unwrap_or(0);
+    let mla = MlaConfig {
+        d_model: d,
+        n_heads: cfg.n_heads,
+        nope: qk.checked_sub(rope).ok_or_else(|| k.bad(format!("MLA key length {qk} < rope dimension {rope}")))?,
+        rope,
+        v_dim: k.usize("attention.value_length_mla")?,
+        kv_lora: k.usize("attention.kv_lora_rank")?,
+        norm_eps: cfg.norm_eps,
+    };
+    let ffe = k.usize("expert_feed_forward_length")?;
+    let n_shared = k.opt_usize("expert_shared_count")?.unwrap_or(0);
+    cfg.moe = Some(MoeConfig {
+        n_experts: k.usize("expert_count")?,
+        top_k: k.usize("expert_used_count")?,
+        scoring: Scoring::Sigmoid,
+        norm_topk: g.get("kimi-linear.expert_weights_norm").and_then(|v| v.as_bool()).unwrap_or(true),
+        routed_scale: k.opt_f64("expert_weights_scale")?.unwrap_or(1.0) as f32,
+        d_ff_expert: ffe,
+        d_ff_shared: (n_shared > 0).then_some(n_shared * ffe),
+        shared_gate: false,
+    });
+    let dense = k.opt_usize("leading_dense_block_count")?.unwrap_or(0);
+    cfg.layers = kv
+        .iter()
+        .enumerate()
+        .map(|(il, &x)| LayerSpec {
+            mixer: if x == 0 { MixerKind::Kda(kda) } else { MixerKind::Mla(mla) },
+            moe: il >= dense,
+            sliding_window: None,
+            rope: 0,
+        })
+        .collect();
+    Ok(cfg)
 }

@@ -7,11 +7,11 @@
 //! Lfm2MLP does; the convolution length is `conv_L_cache`. GGUF marks the conv layers by a 0
 //! in the per-layer `attention.head_count_kv` array and stores the recomputed FFN width.
 
-use cortiq_formats::gguf::{GgufMeta, MetaValue, TensorInfo};
+use cortiq_formats::gguf::GgufMeta;
 use cortiq_formats::hf::HfConfig;
 use cortiq_kernels::ops::RopeStyle;
 
-use super::{Arch, GgufKeys, gguf_dense_base, hf_dense_base};
+use super::{Arch, GgufKeys, KvOverride, gguf_dense_base, hf_dense_base};
 use crate::config::{LayerSpec, MixerKind, ModelConfig};
 use crate::error::{EngineError, Result};
 
@@ -95,27 +95,5 @@ fn from_gguf(g: &dyn GgufMeta) -> Result<ModelConfig> {
 
 /// `gguf_dense_base` for a file whose `head_count_kv` is a per-layer array.
 fn gguf_dense_base_with_kv(g: &dyn GgufMeta, n_kv: usize) -> Result<ModelConfig> {
-    let view = KvOverride { g, kv: MetaValue::U64(n_kv as u64) };
-    gguf_dense_base(&view, "lfm2", RopeStyle::NeoX)
-}
-
-/// A metadata view that answers `lfm2.attention.head_count_kv` with one number.
-struct KvOverride<'a> {
-    g: &'a dyn GgufMeta,
-    kv: MetaValue,
-}
-
-impl GgufMeta for KvOverride<'_> {
-    fn meta_path(&self) -> &std::path::Path {
-        self.g.meta_path()
-    }
-    fn get(&self, key: &str) -> Option<&MetaValue> {
-        if key == "lfm2.attention.head_count_kv" { Some(&self.kv) } else { self.g.get(key) }
-    }
-    fn tensor(&self, name: &str) -> Option<&TensorInfo> {
-        self.g.tensor(name)
-    }
-    fn tensor_data(&self, info: &TensorInfo) -> &[u8] {
-        self.g.tensor_data(info)
-    }
+    gguf_dense_base(&KvOverride::new(g, "lfm2.attention.head_count_kv", n_kv), "lfm2", RopeStyle::NeoX)
 }

@@ -215,3 +215,47 @@ pub fn hf_dense_base(h: &HfConfig, arch: &'static str) -> Result<ModelConfig> {
         moe: None,
     })
 }
+
+/// A metadata view answering one key with one number: files whose `head_count_kv` is a
+/// per-layer array (0 marking non-attention layers: LFM2, Kimi Linear) read through
+/// `gguf_dense_base` with the attention layers' count.
+pub struct KvOverride<'a> {
+    g: &'a dyn GgufMeta,
+    key: &'static str,
+    value: cortiq_formats::gguf::MetaValue,
+}
+
+impl<'a> KvOverride<'a> {
+    pub fn new(g: &'a dyn GgufMeta, key: &'static str, value: usize) -> KvOverride<'a> {
+        KvOverride { g, key, value: cortiq_formats::gguf::MetaValue::U64(value as u64) }
+    }
+}
+
+impl GgufMeta for KvOverride<'_> {
+    fn meta_path(&self) -> &std::path::Path {
+        self.g.meta_path()
+    }
+    fn get(&self, key: &str) -> Option<&cortiq_formats::gguf::MetaValue> {
+        if key == self.key { Some(&self.value) } else { self.g.get(key) }
+    }
+    fn tensor(&self, name: &str) -> Option<&cortiq_formats::gguf::TensorInfo> {
+        self.g.tensor(name)
+    }
+    fn tensor_data(&self, info: &cortiq_formats::gguf::TensorInfo) -> &[u8] {
+        self.g.tensor_data(info)
+    }
+}
+
+/// A per-layer integer array key (`head_count_kv` of hybrid files), or one number repeated.
+pub fn per_layer_usize(k: &GgufKeys, key: &str, n_layers: usize) -> Result<Vec<usize>> {
+    let full = format!("{}.{key}", k.arch);
+    let v = k.g.get(&full).ok_or_else(|| k.bad(format!("missing metadata key '{full}'")))?;
+    let vals: Vec<usize> = match v.as_array() {
+        Some(a) => a.iter().map(|x| x.as_i64().map(|x| x as usize)).collect::<Option<_>>().ok_or_else(|| k.bad(format!("{full}: expected integers")))?,
+        None => vec![v.as_i64().ok_or_else(|| k.bad(format!("{full}: expected an integer or an array")))? as usize; n_layers],
+    };
+    if vals.len() != n_layers {
+        return Err(k.bad(format!("{full} has {} entries for {n_layers} layers", vals.len())));
+    }
+    Ok(vals)
+}
