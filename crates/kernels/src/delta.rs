@@ -138,6 +138,130 @@ pub fn kda_recurrent(
     }
 }
 
+/// KDA's chunkwise-parallel form: the WY algebra of `gated_delta_chunked` with the scalar
+/// decays replaced by diagonal ones (per key channel; diagonal matrices commute, so every
+/// step carries over): A_ij = β_i (k_i ⊙ e^{Γ_i−Γ_j})·k_j, W_i = Σ_j T_ij β_j (k_j ⊙ e^{Γ_j}),
+/// O_i = (q_i ⊙ e^{Γ_i}) S + Σ_{j≤i} ((q_i ⊙ e^{Γ_i−Γ_j})·k_j) V'_j and
+/// S ← diag(e^{Γ_L}) S + Σ_j (k_j ⊙ e^{Γ_L−Γ_j}) ⊗ V'_j. Only j ≤ i exponents are formed.
+/// Same contract as `kda_recurrent` (g: [t, dk]); equal to it up to f32 rounding.
+#[allow(clippy::too_many_arguments)]
+pub fn kda_chunked(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: &[f32],
+    t: usize,
+    dk: usize,
+    dv: usize,
+    chunk: usize,
+    state: &mut [f32],
+    out: &mut [f32],
+) {
+    assert_eq!(g.len(), t * dk, "kda_chunked: g must be [{t}x{dk}], got {} values", g.len());
+    check("kda_chunked", q, k, v, &g[..t.min(g.len())], beta, t, dk, dv, state, out);
+    let c = chunk.max(1);
+    let mut c0 = 0;
+    while c0 < t {
+        let l = (t - c0).min(c);
+        kda_chunk_step(
+            &q[c0 * dk..(c0 + l) * dk],
+            &k[c0 * dk..(c0 + l) * dk],
+            &v[c0 * dv..(c0 + l) * dv],
+            &g[c0 * dk..(c0 + l) * dk],
+            &beta[c0..c0 + l],
+            l,
+            dk,
+            dv,
+            state,
+            &mut out[c0 * dv..(c0 + l) * dv],
+        );
+        c0 += l;
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn kda_chunk_step(q: &[f32], k: &[f32], v: &[f32], g: &[f32], beta: &[f32], l: usize, dk: usize, dv: usize, s: &mut [f32], out: &mut [f32]) {
+    // Γ: per-channel cumulative log decay. [l, dk]
+    let mut gam = vec![0f32; l * dk];
+    for i in 0..l {
+        for ch in 0..dk {
+            gam[i * dk + ch] = g[i * dk + ch] + if i > 0 { gam[(i - 1) * dk + ch] } else { 0.0 };
+        }
+    }
+    // Decayed inner products for j <= i: dot(a_i ⊙ e^{Γ_i−Γ_j}, k_j).
+    let decayed_dot = |a: &[f32], i: usize, j: usize| -> f32 {
+        (0..dk).map(|ch| a[i * dk + ch] * (gam[i * dk + ch] - gam[j * dk + ch]).exp() * k[j * dk + ch]).sum::<f32>()
+    };
+    let mut a = vec![0f32; l * l]; // [l, l]
+    for i in 0..l {
+        for j in 0..i {
+            a[i * l + j] = -beta[i] * decayed_dot(k, i, j);
+        }
+    }
+    for i in 1..l {
+        let r: Vec<f32> = a[i * l..i * l + i].to_vec();
+        for j in 0..i {
+            let mut sum = r[j];
+            for m in j + 1..i {
+                sum += r[m] * a[m * l + j];
+            }
+            a[i * l + j] = sum;
+        }
+    }
+    for i in 0..l {
+        a[i * l + i] = 1.0;
+    }
+    let mut vb = vec![0f32; l * dv]; // [l, dv]: β V
+    let mut kb = vec![0f32; l * dk]; // [l, dk]: β (K ⊙ e^Γ)
+    for j in 0..l {
+        for (o, &x) in vb[j * dv..(j + 1) * dv].iter_mut().zip(&v[j * dv..(j + 1) * dv]) {
+            *o = beta[j] * x;
+        }
+        for ch in 0..dk {
+            kb[j * dk + ch] = beta[j] * gam[j * dk + ch].exp() * k[j * dk + ch];
+        }
+    }
+    let mut vn = vec![0f32; l * dv]; // U, then V' = U − W S
+    gemm_nn(&a, l, &vb, dv, l, dv, &mut vn, dv);
+    let mut w = vec![0f32; l * dk];
+    gemm_nn(&a, l, &kb, dk, l, dk, &mut w, dk);
+    let mut tmp = vec![0f32; l * dv];
+    gemm_nn(&w, l, s, dv, dk, dv, &mut tmp, dv);
+    vn.iter_mut().zip(&tmp).for_each(|(o, &x)| *o -= x);
+    // O = (Q ⊙ e^Γ) S + Σ_{j≤i} decayed(q_i, k_j) V'_j
+    let mut qe = vec![0f32; l * dk];
+    for i in 0..l {
+        for ch in 0..dk {
+            qe[i * dk + ch] = q[i * dk + ch] * gam[i * dk + ch].exp();
+        }
+    }
+    gemm_nn(&qe, l, s, dv, dk, dv, out, dv);
+    let mut p = vec![0f32; l * l];
+    for i in 0..l {
+        for j in 0..=i {
+            p[i * l + j] = decayed_dot(q, i, j);
+        }
+    }
+    gemm_nn(&p, l, &vn, dv, l, dv, &mut tmp, dv);
+    out.iter_mut().zip(&tmp).for_each(|(o, &x)| *o += x);
+    // S ← diag(e^{Γ_L}) S + Σ_j (k_j ⊙ e^{Γ_L−Γ_j}) ⊗ V'_j
+    let last = (l - 1) * dk;
+    for ch in 0..dk {
+        let e = gam[last + ch].exp();
+        s[ch * dv..(ch + 1) * dv].iter_mut().for_each(|x| *x *= e);
+    }
+    let mut kdt = vec![0f32; dk * l]; // [dk, l]
+    for j in 0..l {
+        for ch in 0..dk {
+            kdt[ch * l + j] = k[j * dk + ch] * (gam[last + ch] - gam[j * dk + ch]).exp();
+        }
+    }
+    let mut ds = vec![0f32; dk * dv];
+    gemm_nn(&kdt, dk, &vn, dv, l, dv, &mut ds, dv);
+    s.iter_mut().zip(&ds).for_each(|(x, &d)| *x += d);
+}
+
 /// The chunkwise-parallel form over chunks of `chunk` tokens (the last may be shorter); same
 /// contract and, up to f32 rounding, same results as `gated_delta_recurrent`.
 #[allow(clippy::too_many_arguments)]
@@ -305,6 +429,35 @@ mod tests {
             let dst = sr.iter().zip(&sc).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max) / sscale;
             println!("t {t} dk {dk} dv {dv} chunk {chunk} decay {gscale}: out rel {dout:.2e}, state rel {dst:.2e}");
             assert!(dout <= 1e-5 && dst <= 1e-5, "chunked vs recurrent: out {dout:e}, state {dst:e} (relative to max)");
+        }
+    }
+
+    /// KDA's chunked form equals its recurrence: 1-4 chunks, odd lengths, channel decays from
+    /// weak to strong, a non-zero initial state.
+    #[test]
+    fn kda_chunked_matches_recurrence() {
+        let mut rng = Rng(0x4B44_4100_0000_0777);
+        for &(t, dk, dv, chunk, gscale) in &[(1, 8, 8, 64, 0.1), (63, 16, 8, 64, 0.5), (129, 16, 16, 64, 1.0), (200, 8, 24, 64, 3.0), (77, 8, 8, 16, 0.3)] {
+            let mut q: Vec<f32> = (0..t * dk).map(|_| rng.f() - 0.5).collect();
+            let mut k: Vec<f32> = (0..t * dk).map(|_| rng.f() - 0.5).collect();
+            for s in 0..t {
+                l2n(&mut q[s * dk..(s + 1) * dk], 1.0 / (dk as f32).sqrt());
+                l2n(&mut k[s * dk..(s + 1) * dk], 1.0);
+            }
+            let v: Vec<f32> = (0..t * dv).map(|_| rng.f() * 2.0 - 1.0).collect();
+            let g: Vec<f32> = (0..t * dk).map(|_| -gscale * rng.f()).collect();
+            let beta: Vec<f32> = (0..t).map(|_| 0.05 + 0.9 * rng.f()).collect();
+            let s0: Vec<f32> = (0..dk * dv).map(|_| rng.f() - 0.5).collect();
+            let (mut sr, mut sc) = (s0.clone(), s0.clone());
+            let (mut or, mut oc) = (vec![0f32; t * dv], vec![0f32; t * dv]);
+            kda_recurrent(&q, &k, &v, &g, &beta, t, dk, dv, &mut sr, &mut or);
+            kda_chunked(&q, &k, &v, &g, &beta, t, dk, dv, chunk, &mut sc, &mut oc);
+            let scale = or.iter().map(|x| x.abs()).fold(0f32, f32::max).max(1e-6);
+            let dout = or.iter().zip(&oc).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max) / scale;
+            let sscale = sr.iter().map(|x| x.abs()).fold(0f32, f32::max).max(1e-6);
+            let dst = sr.iter().zip(&sc).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max) / sscale;
+            println!("kda t {t} dk {dk} dv {dv} chunk {chunk} decay {gscale}: out rel {dout:.2e}, state rel {dst:.2e}");
+            assert!(dout <= 1e-5 && dst <= 1e-5, "kda chunked vs recurrent: out {dout:e}, state {dst:e}");
         }
     }
 

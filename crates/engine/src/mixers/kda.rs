@@ -2,11 +2,12 @@
 //! depthwise short convolution + SiLU (the checkpoint's three convolutions side by side),
 //! L2-normalized q and k (q also × 1/√d), a decay per key channel from a low-rank forget gate,
 //! g = −exp(A_log[h])·softplus(f_b(f_a(x)) + dt_bias), β = σ(b_proj·x), the delta rule with
-//! per-channel decay (`kernels::delta::kda_recurrent`), then a σ-gated RMSNorm per head whose
+//! per-channel decay (`kernels::delta`: chunked WY form for prefill, the recurrence for one
+//! token), then a σ-gated RMSNorm per head whose
 //! gate is low-rank (g_b(g_a(x))), and the output projection. Heads: n_q = n_k = n_v.
 
 use cortiq_kernels::conv::causal_conv1d;
-use cortiq_kernels::delta::kda_recurrent;
+use cortiq_kernels::delta::{CHUNK, kda_chunked, kda_recurrent};
 
 use crate::par::pool;
 use crate::qtensor::QTensor;
@@ -115,7 +116,11 @@ pub fn kda(c: &KdaConfig, w: &KdaWeights, h: &[f32], n: usize, state: &mut KdaSt
             }
             beta[t] = 1.0 / (1.0 + (-b[t * nh + hh]).exp());
         }
-        kda_recurrent(&q, &k, &v, &gh, &beta, n, dh, dh, s_h, out_h);
+        if n == 1 {
+            kda_recurrent(&q, &k, &v, &gh, &beta, n, dh, dh, s_h, out_h);
+        } else {
+            kda_chunked(&q, &k, &v, &gh, &beta, n, dh, dh, CHUNK, s_h, out_h);
+        }
     });
     drop(work);
     // σ-gated RMSNorm per (token, head).
