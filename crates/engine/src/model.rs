@@ -293,6 +293,8 @@ impl Model {
     }
 
     pub fn forward_traced(&self, tokens: &[u32], state: &mut SeqState, want: Logits, trace: Trace) -> Result<Vec<f32>> {
+        // Denormals are zero on the threads that compute (see kernels::simd::flush_denormals).
+        cortiq_kernels::simd::flush_denormals();
         let cfg = &self.cfg;
         let n = tokens.len();
         let pos0 = state.len;

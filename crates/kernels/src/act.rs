@@ -55,6 +55,23 @@ pub fn gated_act_fast(kind: GatedAct, gate: &mut [f32], up: &[f32]) {
     }
 }
 
+/// Scalar twin of `silu_fast`.
+pub fn silu_fast_scalar(x: &mut [f32]) {
+    for v in x.iter_mut() {
+        *v /= 1.0 + expf_ggml(-*v);
+    }
+}
+
+/// x ← x·σ(x) in place with the vector exp (the short convolutions' activation).
+pub fn silu_fast(x: &mut [f32]) {
+    match level() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: level() == Avx512 means avx512f and fma were detected at run time.
+        Level::Avx512 => unsafe { avx512::silu(x) },
+        _ => silu_fast_scalar(x),
+    }
+}
+
 /// Scalar twin of `softmax_fast`: the same max, exps and sums in the same lane order.
 pub fn softmax_fast_scalar(x: &mut [f32]) {
     let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -132,6 +149,23 @@ mod avx512 {
     /// # Safety
     /// The CPU must support avx512f and fma.
     #[target_feature(enable = "avx512f,fma")]
+    pub(super) unsafe fn silu(x: &mut [f32]) {
+        let n16 = x.len() / 16 * 16;
+        let one = _mm512_set1_ps(1.0);
+        for i in (0..n16).step_by(16) {
+            // SAFETY: i + 16 <= n16 <= x.len().
+            unsafe {
+                let v = _mm512_loadu_ps(x.as_ptr().add(i));
+                let e = expf16(_mm512_sub_ps(_mm512_setzero_ps(), v));
+                _mm512_storeu_ps(x.as_mut_ptr().add(i), _mm512_div_ps(v, _mm512_add_ps(one, e)));
+            }
+        }
+        super::silu_fast_scalar(&mut x[n16..]);
+    }
+
+    /// # Safety
+    /// The CPU must support avx512f and fma.
+    #[target_feature(enable = "avx512f,fma")]
     pub(super) unsafe fn softmax(x: &mut [f32]) {
         let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         if m == f32::NEG_INFINITY {
@@ -203,6 +237,17 @@ mod tests {
         g.extend([0.0, -0.0, 100.0, -100.0, 1e-30, -200.0, 200.0]);
         let u: Vec<f32> = g.iter().map(|_| r() * 2.0 - 1.0).collect();
         (g, u)
+    }
+
+    #[test]
+    fn silu_simd_matches_scalar() {
+        let (g, _) = inputs();
+        let (mut a, mut b) = (g.clone(), g.clone());
+        silu_fast(&mut a);
+        silu_fast_scalar(&mut b);
+        assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "silu SIMD vs scalar twin");
+        let worst = g.iter().zip(&a).map(|(&x, &y)| ((silu(x) - y) / x.abs().max(1e-30)).abs()).fold(0f32, f32::max);
+        assert!(worst <= 2e-6, "silu_fast {worst} relative from libm");
     }
 
     #[test]

@@ -9,7 +9,7 @@
 
 /// The convolution over `t` tokens of `c` channels. x: [t, c]; w: [c, kernel]; bias: [c] or
 /// empty; state: [kernel − 1, c] (oldest first, read and advanced); out: [t, c]. `silu` applies
-/// x·σ(x) to each output.
+/// x·σ(x) to each output (`act::silu_fast`: the vector exp).
 #[allow(clippy::too_many_arguments)]
 pub fn causal_conv1d(x: &[f32], t: usize, c: usize, w: &[f32], kernel: usize, bias: &[f32], state: &mut [f32], silu: bool, out: &mut [f32]) {
     assert!(kernel >= 1, "causal_conv1d: kernel must be at least 1");
@@ -23,28 +23,37 @@ pub fn causal_conv1d(x: &[f32], t: usize, c: usize, w: &[f32], kernel: usize, bi
         state.len(),
         out.len()
     );
-    // The input row at relative time r (r < 0: from the state; r >= 0: from x).
-    let at = |r: isize, ch: usize| -> f32 {
-        if r < 0 { state[(hist as isize + r) as usize * c + ch] } else { x[r as usize * c + ch] }
-    };
+    // The inputs this call sees, oldest first: the state's rows, then x. [hist + t, c]
+    let mut ext = Vec::with_capacity((hist + t) * c);
+    ext.extend_from_slice(state);
+    ext.extend_from_slice(x);
+    // Taps transposed to [kernel, c] so the inner loop runs over contiguous channels.
+    let mut wt = vec![0f32; kernel * c];
+    for ch in 0..c {
+        for i in 0..kernel {
+            wt[i * c + ch] = w[ch * kernel + i];
+        }
+    }
     for s in 0..t {
-        for ch in 0..c {
-            let mut acc = if bias.is_empty() { 0.0 } else { bias[ch] };
-            for i in 0..kernel {
-                acc += w[ch * kernel + i] * at(s as isize - hist as isize + i as isize, ch);
+        let o = &mut out[s * c..(s + 1) * c];
+        if bias.is_empty() {
+            o.fill(0.0);
+        } else {
+            o.copy_from_slice(bias);
+        }
+        // Same order as the definition: taps i = 0..kernel, each a contiguous axpy.
+        for i in 0..kernel {
+            let row = &ext[(s + i) * c..(s + i + 1) * c];
+            for ((ov, &xv), &wv) in o.iter_mut().zip(row).zip(&wt[i * c..(i + 1) * c]) {
+                *ov += wv * xv;
             }
-            out[s * c + ch] = if silu { acc / (1.0 + (-acc).exp()) } else { acc };
+        }
+        if silu {
+            crate::act::silu_fast(o);
         }
     }
-    // New state: the last `hist` inputs (from x and, if t < hist, the old state).
-    let mut next = vec![0f32; hist * c];
-    for j in 0..hist {
-        let r = t as isize - hist as isize + j as isize;
-        for ch in 0..c {
-            next[j * c + ch] = at(r, ch);
-        }
-    }
-    state.copy_from_slice(&next);
+    // New state: the last `hist` inputs.
+    state.copy_from_slice(&ext[t * c..]);
 }
 
 #[cfg(test)]

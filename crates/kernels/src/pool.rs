@@ -223,6 +223,7 @@ impl Shared {
 
 fn worker_main(shared: Arc<Shared>) {
     IN_POOL.with(|f| f.set(true));
+    crate::simd::flush_denormals();
     let sh = &*shared;
     // The gate starts at epoch 0; do not load it here, or a dispatch opened before this thread
     // first runs would be taken as already seen.
