@@ -18,6 +18,7 @@ static ON: AtomicBool = AtomicBool::new(false);
 pub enum Op {
     QuantizeAct,
     Attention,
+    Mixer,
     Norm,
     Rope,
     Activation,
@@ -26,9 +27,10 @@ pub enum Op {
     Other,
 }
 
-const OPS: [(Op, &str); 8] = [
+const OPS: [(Op, &str); 9] = [
     (Op::QuantizeAct, "quantize activations"),
     (Op::Attention, "attention"),
+    (Op::Mixer, "mixers (conv, delta rule, norm)"),
     (Op::Norm, "norms"),
     (Op::Rope, "rope"),
     (Op::Activation, "ffn activation"),
@@ -47,7 +49,7 @@ struct Counter {
 
 #[allow(clippy::declare_interior_mutable_const)]
 const ZERO: Counter = Counter { ns: AtomicU64::new(0), calls: AtomicU64::new(0) };
-static OP_COUNTERS: [Counter; 8] = [ZERO; 8];
+static OP_COUNTERS: [Counter; 9] = [ZERO; 9];
 static MATVEC: [Counter; TYPES] = [ZERO; TYPES];
 static MATMAT: [Counter; TYPES] = [ZERO; TYPES];
 static TYPE_NAME: [OnceLock<&'static str>; TYPES] = [const { OnceLock::new() }; TYPES];

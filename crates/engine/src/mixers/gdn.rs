@@ -14,6 +14,7 @@ use cortiq_kernels::conv::causal_conv1d;
 use cortiq_kernels::delta::{CHUNK, gated_delta_chunked, gated_delta_recurrent};
 
 use crate::par::pool;
+use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
 
 /// How the per-head output norm is gated.
@@ -121,6 +122,7 @@ pub fn gated_deltanet(cfg: &GdnConfig, w: &GdnWeights, h: &[f32], n: usize, stat
     w.in_proj_z.matmul(h, n, &mut z);
     w.in_proj_b.matmul(h, n, &mut b);
     w.in_proj_a.matmul(h, n, &mut a);
+    let mixer_span = profile::span(Op::Mixer);
     let mut conv_out = vec![0f32; n * cd]; // [n, conv_dim]
     causal_conv1d(&mixed, n, cd, &w.conv, cfg.conv_kernel, &[], &mut state.conv, true, &mut conv_out);
 
@@ -176,6 +178,7 @@ pub fn gated_deltanet(cfg: &GdnConfig, w: &GdnWeights, h: &[f32], n: usize, stat
             }
         }
     }
+    drop(mixer_span);
     let mut y = vec![0f32; n * cfg.d_model]; // [n, d_model]
     w.out_proj.matmul(&o, n, &mut y);
     y

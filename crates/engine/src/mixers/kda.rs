@@ -10,6 +10,7 @@ use cortiq_kernels::conv::causal_conv1d;
 use cortiq_kernels::delta::{CHUNK, kda_chunked, kda_recurrent};
 
 use crate::par::pool;
+use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -82,8 +83,10 @@ pub fn kda(c: &KdaConfig, w: &KdaWeights, h: &[f32], n: usize, state: &mut KdaSt
     let (nh, dh, dim) = (c.n_heads, c.d_head, c.dim());
     let mut mixed = vec![0f32; n * 3 * dim]; // [n, 3·dim]
     w.qkv.matmul(h, n, &mut mixed);
+    let conv_span = profile::span(Op::Mixer);
     let mut conv = vec![0f32; n * 3 * dim]; // [n, 3·dim]
     causal_conv1d(&mixed, n, 3 * dim, &w.conv, c.conv_kernel, &[], &mut state.conv, true, &mut conv);
+    drop(conv_span);
     let mut fa = vec![0f32; n * dh]; // [n, d_head]
     w.f_a.matmul(h, n, &mut fa);
     let mut g = vec![0f32; n * dim]; // [n, dim]
@@ -95,6 +98,7 @@ pub fn kda(c: &KdaConfig, w: &KdaWeights, h: &[f32], n: usize, state: &mut KdaSt
     let mut gate = vec![0f32; n * dim]; // [n, dim]
     w.g_b.matmul(&ga, n, &mut gate);
 
+    let mixer_span = profile::span(Op::Mixer);
     let mut per_head = vec![0f32; nh * n * dh]; // [n_heads, n, d_head]
     let qscale = 1.0 / (dh as f32).sqrt();
     let mut work: Vec<(&mut [f32], &mut [f32])> = per_head.chunks_mut(n * dh).zip(state.s.chunks_mut(dh * dh)).collect();
@@ -136,6 +140,7 @@ pub fn kda(c: &KdaConfig, w: &KdaWeights, h: &[f32], n: usize, state: &mut KdaSt
             }
         }
     }
+    drop(mixer_span);
     let mut y = vec![0f32; n * c.d_model]; // [n, d_model]
     w.o_proj.matmul(&o, n, &mut y);
     y

@@ -4,6 +4,7 @@
 
 use cortiq_kernels::conv::causal_conv1d;
 
+use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
 
 pub struct ShortConvWeights {
@@ -42,6 +43,7 @@ pub fn short_conv(w: &ShortConvWeights, d: usize, kernel: usize, h: &[f32], n: u
             row.iter_mut().zip(&w.in_bias).for_each(|(v, b)| *v += b);
         }
     }
+    let mixer_span = profile::span(Op::Mixer);
     let mut bx = vec![0f32; n * d]; // [n, d_model]: B ⊙ x
     for (o, row) in bx.chunks_mut(d).zip(bcx.chunks(3 * d)) {
         for (j, v) in o.iter_mut().enumerate() {
@@ -53,6 +55,7 @@ pub fn short_conv(w: &ShortConvWeights, d: usize, kernel: usize, h: &[f32], n: u
     for (o, row) in conv.chunks_mut(d).zip(bcx.chunks(3 * d)) {
         o.iter_mut().zip(&row[d..2 * d]).for_each(|(v, c)| *v *= c);
     }
+    drop(mixer_span);
     let mut y = vec![0f32; n * d]; // [n, d_model]
     w.out_proj.matmul(&conv, n, &mut y);
     if !w.out_bias.is_empty() {
