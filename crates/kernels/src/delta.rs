@@ -23,6 +23,7 @@
 //! Why hand-written: this is the product's core (prefill of hybrid models); the per-chunk
 //! matrices are small (L ≤ 64 by default, d ≤ 256) and live in L1/L2.
 
+use crate::act::exp_fast;
 use crate::dot::gemm_nn;
 
 /// Default chunk length of the WY form (transformers' and FLA's).
@@ -319,9 +320,16 @@ fn chunk_step(q: &[f32], k: &[f32], v: &[f32], g: &[f32], beta: &[f32], l: usize
     // A = −tril₋₁(β_i k_i·k_j e^{Γ_i−Γ_j}); forward substitution turns it into T (diag 1).
     let mut a = vec![0f32; l * l]; // [l, l]
     gemm_nn(k, l, &kt, l, dk, l, &mut a, l);
+    // e^{Γ_i−Γ_j} for j ≤ i (the other half would overflow), one vector-exp pass per row.
+    let mut decay = vec![0f32; l * l]; // [l, l]
+    for i in 0..l {
+        let row = &mut decay[i * l..i * l + i + 1];
+        row.iter_mut().zip(&gam[..=i]).for_each(|(d, &gj)| *d = gam[i] - gj);
+        exp_fast(row);
+    }
     for i in 0..l {
         for j in 0..l {
-            a[i * l + j] = if j < i { -beta[i] * a[i * l + j] * (gam[i] - gam[j]).exp() } else { 0.0 };
+            a[i * l + j] = if j < i { -beta[i] * a[i * l + j] * decay[i * l + j] } else { 0.0 };
         }
     }
     for i in 1..l {
@@ -364,7 +372,7 @@ fn chunk_step(q: &[f32], k: &[f32], v: &[f32], g: &[f32], beta: &[f32], l: usize
     gemm_nn(q, l, &kt, l, dk, l, &mut p, l);
     for i in 0..l {
         for j in 0..l {
-            p[i * l + j] = if j <= i { p[i * l + j] * (gam[i] - gam[j]).exp() } else { 0.0 };
+            p[i * l + j] = if j <= i { p[i * l + j] * decay[i * l + j] } else { 0.0 };
         }
     }
     gemm_nn(&p, l, &vn, dv, l, dv, &mut tmp[..l * dv], dv);
