@@ -228,6 +228,14 @@ pub fn matmat_q_prepared_tm(ty: QuantType, w: &[u8], rows: usize, acts: &MatmatA
         y.len()
     );
     let rb = rb.unwrap_or(0);
+    // The SIMD kernel writes token-major directly; the scalar twin goes through a buffer.
+    if let Some(geo) = geo(ty)
+        && n_t > 0
+        && rows > 0
+        && super::matmat_avx512::matmat(ty, &geo, w, rows, acts.cols, acts.acts, n_t, &acts.prep, y, Some(ldy))
+    {
+        return;
+    }
     TM_BUF.with(|b| {
         let mut buf = b.borrow_mut();
         let mut r0 = 0;
@@ -265,7 +273,7 @@ fn run(
     y: &mut [f32],
     simd: bool,
 ) {
-    if simd && super::matmat_avx512::matmat(ty, geo, w, rows, cols, acts, n_t, p, y) {
+    if simd && super::matmat_avx512::matmat(ty, geo, w, rows, cols, acts, n_t, p, y, None) {
         return;
     }
     scalar(ty, geo, w, rows, cols, acts, n_t, p, y);

@@ -53,6 +53,9 @@ pub fn available() -> bool {
 /// `matmat_q` with AVX-512 VNNI; `false` (nothing written) without the CPU features.
 /// Lengths were checked by the caller; `rows, n_t > 0`; `geo == geo(ty)`; `p` filled for `acts`.
 #[allow(clippy::too_many_arguments)]
+/// `tm_ldy`: `None` writes y as [rows, n_t]; `Some(ldy)` writes it token-major, y[t·ldy + r]
+/// (the accumulators are token-major already, so this saves the caller a transpose).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn matmat(
     ty: QuantType,
     geo: &Geo,
@@ -63,6 +66,7 @@ pub(super) fn matmat(
     n_t: usize,
     p: &Prep,
     y: &mut [f32],
+    tm_ldy: Option<usize>,
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -72,13 +76,13 @@ pub(super) fn matmat(
                 // SAFETY: available() confirmed the features `run` enables; `run` documents the
                 // shapes it relies on, all checked by matmat's `check` (w, acts, y lengths) and
                 // asserted inside against `p`.
-                unsafe { imp::run(ty, geo, w, rows, cols, acts, n_t, p, &mut s, y) };
+                unsafe { imp::run(ty, geo, w, rows, cols, acts, n_t, p, &mut s, y, tm_ldy) };
             });
             return true;
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (ty, geo, w, rows, cols, acts, n_t, p, y);
+    let _ = (ty, geo, w, rows, cols, acts, n_t, p, y, tm_ldy);
     false
 }
 
@@ -722,6 +726,7 @@ mod imp {
         p: &Prep,
         s: &mut Scratch,
         y: &mut [f32],
+        tm_ldy: Option<usize>,
     ) {
         let (sb_el, g_el) = (geo.sb(), geo.group);
         let (n_sb, n_g) = (cols / sb_el, cols / g_el);
@@ -848,12 +853,21 @@ mod imp {
                 }
                 sb0 += nsb;
             }
-            // 4. [n_t][RS] partial sums -> y rows r0..r0+nr
+            // 4. [n_t][RS] partial sums -> y rows r0..r0+nr (or token-major columns)
             let acc = as_f32_mut(&mut s.acc);
-            for r in 0..nr {
-                let yr = &mut y[(r0 + r) * n_t..(r0 + r + 1) * n_t];
-                for (t, o) in yr.iter_mut().enumerate() {
-                    *o = acc[RS * t + r];
+            match tm_ldy {
+                None => {
+                    for r in 0..nr {
+                        let yr = &mut y[(r0 + r) * n_t..(r0 + r + 1) * n_t];
+                        for (t, o) in yr.iter_mut().enumerate() {
+                            *o = acc[RS * t + r];
+                        }
+                    }
+                }
+                Some(ldy) => {
+                    for t in 0..n_t {
+                        y[t * ldy + r0..t * ldy + r0 + nr].copy_from_slice(&acc[RS * t..RS * t + nr]);
+                    }
                 }
             }
             r0 += nr;
