@@ -73,6 +73,10 @@ struct BenchArgs {
     /// bandwidth roofline (weight bytes per token ÷ bandwidth).
     #[arg(long)]
     roofline: bool,
+    /// Context already in the sequence before each test (llama-bench's -d): pp and tg run after
+    /// an unmeasured prefill of this many tokens (`pp512 @ d8192`).
+    #[arg(short = 'd', long = "depth", default_value_t = 0)]
+    depth: usize,
 }
 
 #[derive(Args)]
@@ -405,7 +409,18 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
     let loaded = open_model(&a.common)?;
     let model = &loaded.model;
     let vocab = model.cfg.vocab as u32;
-    let toks: Vec<u32> = (0..a.n_prompt.max(a.n_gen) as u32).map(|i| (i.wrapping_mul(7919) + 13) % vocab).collect();
+    let toks: Vec<u32> =
+        (0..(a.depth + a.n_prompt.max(a.n_gen)) as u32).map(|i| (i.wrapping_mul(7919) + 13) % vocab).collect();
+    let (ctx, rest) = toks.split_at(a.depth);
+    let at = if a.depth > 0 { format!(" @ d{}", a.depth) } else { String::new() };
+    // A state holding the depth context (built once per test, unmeasured).
+    let fresh = |n: usize| -> Result<cortiq_engine::state::SeqState> {
+        let mut st = model.new_state(a.depth + n);
+        if a.depth > 0 {
+            model.prefill(ctx, &mut st, a.batch.max(1))?;
+        }
+        Ok(st)
+    };
     let threads = cortiq_engine::par::pool().n_threads();
     println!("model: {} ({}), threads: {threads}", a.common.model, model.cfg.arch);
     let report = |name: String, n: usize, times: &[f64]| {
@@ -424,30 +439,30 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
         let mut times = Vec::new();
         // One unmeasured warm-up run pages the weights in.
         for rep in 0..=a.reps {
-            let mut st = model.new_state(a.n_prompt);
+            let mut st = fresh(a.n_prompt)?;
             let t = Instant::now();
-            model.prefill(&toks[..a.n_prompt], &mut st, a.batch.max(1))?;
+            model.prefill(&rest[..a.n_prompt], &mut st, a.batch.max(1))?;
             if rep > 0 {
                 times.push(t.elapsed().as_secs_f64());
             }
         }
-        report(format!("pp{}", a.n_prompt), a.n_prompt, &times);
+        report(format!("pp{}{at}", a.n_prompt), a.n_prompt, &times);
         prof.finish(&format!("pp{} (all {} runs)", a.n_prompt, a.reps + 1));
     }
     if a.n_gen > 0 {
         let prof = Profiler::start(&a.common);
         let mut times = Vec::new();
         for rep in 0..=a.reps {
-            let mut st = model.new_state(a.n_gen);
+            let mut st = fresh(a.n_gen)?;
             let t = Instant::now();
-            for &tk in &toks[..a.n_gen] {
+            for &tk in &rest[..a.n_gen] {
                 model.forward(&[tk], &mut st, Logits::Last)?;
             }
             if rep > 0 {
                 times.push(t.elapsed().as_secs_f64());
             }
         }
-        let tg = report(format!("tg{}", a.n_gen), a.n_gen, &times);
+        let tg = report(format!("tg{}{at}", a.n_gen), a.n_gen, &times);
         if a.roofline {
             // Measured here, between the runs it judges: the machine's state is the same.
             let bw = cortiq_kernels::membw::read_bandwidth(cortiq_engine::par::pool(), 1 << 30, 10);
