@@ -228,7 +228,7 @@ pub fn attention(
         let at = AttnCtx { hd, nh, group, kv_dim, q_dim, pos0, lo, scale, softcap, window, fast: num == Numerics::Fast };
         if n >= ATTN_GEMM_MIN {
             attend_blocked(&at, &q, n, kc, vc, &mut o);
-        } else if n == 1 && group > 1 {
+        } else if n == 1 && group > 1 && pos0 + 1 - lo >= GROUPED_DECODE_MIN {
             // Decode with GQA: the query heads sharing a kv head read its keys and values once.
             pool().for_rows_mut_dynamic(&mut o, group * hd, 1, |kvh, out| attend_group(&at, &q[kvh * group * hd..(kvh + 1) * group * hd], pos0, kvh, kc, vc, out));
         } else {
@@ -316,6 +316,10 @@ fn attend_one(at: &AttnCtx, qv: &[f32], p: usize, head: usize, kc: &[f32], vc: &
         axpy(pj, &vc[j * kv_dim + kvh * hd..][..hd], out);
     }
 }
+
+/// From this many visible keys decode attends per kv group (`attend_group`): below it the
+/// cache is small and one work item per query head balances the pool better.
+const GROUPED_DECODE_MIN: usize = 512;
 
 /// One decode query per head of kv group `kvh` (the `group` heads sharing it) over the visible
 /// keys: each key and value row is read once for all of them (with GQA the per-head loop read
