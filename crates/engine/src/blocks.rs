@@ -522,4 +522,35 @@ mod tests {
             assert!(max.0 <= 2e-6, "blocked attention differs by {} at {}", max.0, max.1);
         }
     }
+
+    /// Grouped decode attention equals the per-head loop: GQA groups of 1-4, a window, a
+    /// cache that starts mid-sequence.
+    #[test]
+    fn grouped_decode_matches_per_head() {
+        let mut seed = 0x0DEC_0DE0_1234_5678u64;
+        for (nh, nkv, hd, p, window) in [(8usize, 2usize, 32usize, 700usize, None), (9, 3, 16, 530, Some(300usize)), (4, 4, 8, 600, None), (6, 1, 24, 513, None)] {
+            let (q_dim, kv_dim) = (nh * hd, nkv * hd);
+            let first = window.map_or(0, |w: usize| (p + 1).saturating_sub(w));
+            let lo = first;
+            let q = rnd(q_dim, &mut seed);
+            let k = rnd((p + 1) * kv_dim, &mut seed);
+            let v = rnd((p + 1) * kv_dim, &mut seed);
+            let (kc, vc) = (&k[lo * kv_dim..], &v[lo * kv_dim..]);
+            let group = nh / nkv;
+            let at = AttnCtx { hd, nh, group, kv_dim, q_dim, pos0: p, lo, scale: 0.2, softcap: None, window, fast: true };
+            let mut max = 0f32;
+            for kvh in 0..nkv {
+                let mut grouped = vec![0f32; group * hd];
+                attend_group(&at, &q[kvh * group * hd..(kvh + 1) * group * hd], p, kvh, kc, vc, &mut grouped);
+                for g in 0..group {
+                    let head = kvh * group + g;
+                    let mut one = vec![0f32; hd];
+                    attend_one(&at, &q[head * hd..(head + 1) * hd], p, head, kc, vc, &mut one);
+                    max = one.iter().zip(&grouped[g * hd..(g + 1) * hd]).map(|(a, b)| (a - b).abs()).fold(max, f32::max);
+                }
+            }
+            println!("grouped decode nh {nh} nkv {nkv} hd {hd} p {p} window {window:?}: max diff {max:.2e}");
+            assert!(max <= 1e-6, "grouped decode differs by {max}");
+        }
+    }
 }
