@@ -409,8 +409,7 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
     let loaded = open_model(&a.common)?;
     let model = &loaded.model;
     let vocab = model.cfg.vocab as u32;
-    let toks: Vec<u32> =
-        (0..(a.depth + a.n_prompt.max(a.n_gen)) as u32).map(|i| (i.wrapping_mul(7919) + 13) % vocab).collect();
+    let toks: Vec<u32> = (0..(a.depth + a.n_prompt.max(a.n_gen)) as u32).map(|i| (i.wrapping_mul(7919) + 13) % vocab).collect();
     let (ctx, rest) = toks.split_at(a.depth);
     let at = if a.depth > 0 { format!(" @ d{}", a.depth) } else { String::new() };
     // A state holding the depth context (built once per test, unmeasured).

@@ -104,8 +104,21 @@ fn tokenize_with_bos(model: &str) -> Vec<u32> {
 fn check_ppl(model: &str, reference: f64) {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     for numerics in ["fast", "exact"] {
-        let (out, err, ok) =
-            cortiq(&["ppl", "-m", model, "-f", "alice29.txt", "--ctx", "512", "--chunks", "8", "-t", "2", "--numerics", numerics]);
+        let (out, err, ok) = cortiq(&[
+            "ppl",
+            "-m",
+            model,
+            "-f",
+            "alice29.txt",
+            "--ctx",
+            "512",
+            "--chunks",
+            "8",
+            "-t",
+            "2",
+            "--numerics",
+            numerics,
+        ]);
         assert!(ok, "ppl --numerics {numerics} failed: {err}");
         let line = out.lines().find(|l| l.starts_with("PPL = ")).unwrap_or_else(|| panic!("no PPL line in {out:?}"));
         let ppl: f64 = line[6..].split_whitespace().next().unwrap().parse().unwrap();

@@ -11,7 +11,17 @@ use cortiq_engine::qtensor::QTensor;
 use cortiq_kernels::delta::{CHUNK, gated_delta_chunked, gated_delta_recurrent};
 
 fn main() {
-    let cfg = GdnConfig { d_model: 1024, n_k_heads: 16, n_v_heads: 16, d_k: 128, d_v: 128, conv_kernel: 4, norm_eps: 1e-6, out_gate: OutGate::Silu, v_tiled: false };
+    let cfg = GdnConfig {
+        d_model: 1024,
+        n_k_heads: 16,
+        n_v_heads: 16,
+        d_k: 128,
+        d_v: 128,
+        conv_kernel: 4,
+        norm_eps: 1e-6,
+        out_gate: OutGate::Silu,
+        v_tiled: false,
+    };
     let mut s = 0x1234_5678u64;
     let mut v = |n: usize, sc: f32| -> Vec<f32> {
         (0..n)
@@ -24,7 +34,8 @@ fn main() {
             .collect()
     };
     let d = cfg.d_model;
-    let t = |name: &str, r: usize, c: usize, v: &mut dyn FnMut(usize, f32) -> Vec<f32>| QTensor::from_f32(name, r, c, v(r * c, 0.03));
+    let t =
+        |name: &str, r: usize, c: usize, v: &mut dyn FnMut(usize, f32) -> Vec<f32>| QTensor::from_f32(name, r, c, v(r * c, 0.03));
     let w = GdnWeights {
         in_proj_qkv: t("qkv", cfg.conv_dim(), d, &mut v),
         in_proj_z: t("z", cfg.value_dim(), d, &mut v),

@@ -230,9 +230,13 @@ pub fn attention(
             attend_blocked(&at, &q, n, kc, vc, &mut o);
         } else if n == 1 && group > 1 && pos0 + 1 - lo >= GROUPED_DECODE_MIN {
             // Decode with GQA: the query heads sharing a kv head read its keys and values once.
-            pool().for_rows_mut_dynamic(&mut o, group * hd, 1, |kvh, out| attend_group(&at, &q[kvh * group * hd..(kvh + 1) * group * hd], pos0, kvh, kc, vc, out));
+            pool().for_rows_mut_dynamic(&mut o, group * hd, 1, |kvh, out| {
+                attend_group(&at, &q[kvh * group * hd..(kvh + 1) * group * hd], pos0, kvh, kc, vc, out)
+            });
         } else {
-            pool().for_rows_mut_dynamic(&mut o, hd, 1, |idx, out| attend_one(&at, &q[idx * hd..(idx + 1) * hd], pos0 + idx / nh, idx % nh, kc, vc, out));
+            pool().for_rows_mut_dynamic(&mut o, hd, 1, |idx, out| {
+                attend_one(&at, &q[idx * hd..(idx + 1) * hd], pos0 + idx / nh, idx % nh, kc, vc, out)
+            });
         }
     }
     drop(attn_span);
@@ -528,7 +532,12 @@ mod tests {
     #[test]
     fn grouped_decode_matches_per_head() {
         let mut seed = 0x0DEC_0DE0_1234_5678u64;
-        for (nh, nkv, hd, p, window) in [(8usize, 2usize, 32usize, 700usize, None), (9, 3, 16, 530, Some(300usize)), (4, 4, 8, 600, None), (6, 1, 24, 513, None)] {
+        for (nh, nkv, hd, p, window) in [
+            (8usize, 2usize, 32usize, 700usize, None),
+            (9, 3, 16, 530, Some(300usize)),
+            (4, 4, 8, 600, None),
+            (6, 1, 24, 513, None),
+        ] {
             let (q_dim, kv_dim) = (nh * hd, nkv * hd);
             let first = window.map_or(0, |w: usize| (p + 1).saturating_sub(w));
             let lo = first;

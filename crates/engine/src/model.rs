@@ -2,20 +2,19 @@
 //! positions (prefill and decode are the same code with n = chunk or 1), and a trace hook that
 //! names every intermediate so a run can be diffed against the HF reference layer by layer.
 
-
 use crate::blocks::{AttentionWeights, FfnWeights, attention, ffn, rmsnorm_rows_in, rmsnorm_segments_in};
 use crate::compat::{LlamaCppCtx, Numerics};
 use crate::config::{MixerKind, ModelConfig};
+use crate::error::{EngineError, Result};
 use crate::mixers::gdn::{GdnConfig, GdnState, GdnWeights, gated_deltanet};
 use crate::mixers::kda::{KdaConfig, KdaState, KdaWeights, kda};
 use crate::mixers::mla::{MlaState, MlaWeights, mla};
-use crate::moe::{MoeConfig, MoeWeights, moe};
 use crate::mixers::shortconv::{ShortConvState, ShortConvWeights, short_conv};
-use crate::state::LayerState;
-use crate::error::{EngineError, Result};
+use crate::moe::{MoeConfig, MoeWeights, moe};
 use crate::par::pool;
 use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
+use crate::state::LayerState;
 use crate::state::SeqState;
 use crate::weights::TensorSource;
 
@@ -37,7 +36,9 @@ impl MixerWeights {
             MixerWeights::GatedDeltaNet(g) => {
                 vec![&mut g.in_proj_qkv, &mut g.in_proj_z, &mut g.in_proj_b, &mut g.in_proj_a, &mut g.out_proj]
             }
-            MixerWeights::Kda(k) => vec![&mut k.qkv, &mut k.f_a, &mut k.f_b, &mut k.b_proj, &mut k.g_a, &mut k.g_b, &mut k.o_proj],
+            MixerWeights::Kda(k) => {
+                vec![&mut k.qkv, &mut k.f_a, &mut k.f_b, &mut k.b_proj, &mut k.g_a, &mut k.g_b, &mut k.o_proj]
+            }
             MixerWeights::Mla(m) => vec![&mut m.q, &mut m.kv_a, &mut m.kv_b, &mut m.o],
         }
     }
@@ -132,7 +133,8 @@ impl Model {
                 |s: &str| -> Result<Option<Vec<f32>>> { if cfg.qk_norm { Ok(Some(src.vector(&n(s), hd)?)) } else { Ok(None) } };
             let post =
                 |s: &str| -> Result<Option<Vec<f32>>> { if cfg.post_norms { Ok(Some(src.vector(&n(s), d)?)) } else { Ok(None) } };
-            let opt_vec = |s: &str, len: usize, on: bool| -> Result<Vec<f32>> { if on { src.vector(&n(s), len) } else { Ok(Vec::new()) } };
+            let opt_vec =
+                |s: &str, len: usize, on: bool| -> Result<Vec<f32>> { if on { src.vector(&n(s), len) } else { Ok(Vec::new()) } };
             let mixer = match cfg.layers[il].mixer {
                 MixerKind::Attention => MixerWeights::Attention(AttentionWeights {
                     // A gated q_proj holds [q | gate] per head: twice the rows.
@@ -158,16 +160,16 @@ impl Model {
                     let (qkv, z) = gdn_qkvz(src, &g, il, d)?;
                     let (b, a) = gdn_ba(src, &g, il, d)?;
                     MixerWeights::GatedDeltaNet(GdnWeights {
-                    in_proj_qkv: qkv,
-                    in_proj_z: z,
-                    in_proj_b: b,
-                    in_proj_a: a,
-                    conv: src.require(&n("ssm_conv1d.weight"), g.conv_dim(), g.conv_kernel)?.to_f32(),
-                    dt_bias: src.vector(&n("ssm_dt.bias"), g.n_v_heads)?,
-                    a: src.vector(&n("ssm_a"), g.n_v_heads)?,
-                    norm: src.vector(&n("ssm_norm.weight"), g.d_v)?,
-                    out_proj: src.require(&n("ssm_out.weight"), d, g.value_dim())?,
-                })
+                        in_proj_qkv: qkv,
+                        in_proj_z: z,
+                        in_proj_b: b,
+                        in_proj_a: a,
+                        conv: src.require(&n("ssm_conv1d.weight"), g.conv_dim(), g.conv_kernel)?.to_f32(),
+                        dt_bias: src.vector(&n("ssm_dt.bias"), g.n_v_heads)?,
+                        a: src.vector(&n("ssm_a"), g.n_v_heads)?,
+                        norm: src.vector(&n("ssm_norm.weight"), g.d_v)?,
+                        out_proj: src.require(&n("ssm_out.weight"), d, g.value_dim())?,
+                    })
                 }
                 MixerKind::Kda(c) => MixerWeights::Kda(load_kda(src, &c, il)?),
                 MixerKind::Mla(c) => MixerWeights::Mla(MlaWeights {
@@ -226,9 +228,7 @@ impl Model {
         self.tok_embd.set_numerics(num, false);
         self.output.set_numerics(num, !tied);
         for l in &mut self.layers {
-            for t in
-                l.mixer.matrices_mut().into_iter().chain(l.ffn.matrices_mut())
-            {
+            for t in l.mixer.matrices_mut().into_iter().chain(l.ffn.matrices_mut()) {
                 t.set_numerics(num, true);
             }
         }
@@ -241,14 +241,7 @@ impl Model {
         let layers: usize = self
             .layers
             .iter()
-            .map(|l| {
-                l.mixer
-                    .matrices()
-                    .into_iter()
-                    .chain(l.ffn.matrices())
-                    .map(|t| t.n_bytes())
-                    .sum::<usize>()
-            })
+            .map(|l| l.mixer.matrices().into_iter().chain(l.ffn.matrices()).map(|t| t.n_bytes()).sum::<usize>())
             .sum();
         layers + self.output.n_bytes() + self.tok_embd.n_bytes() / self.tok_embd.rows.max(1)
     }
@@ -406,7 +399,9 @@ fn load_moe(src: &dyn TensorSource, mc: &MoeConfig, il: usize, d: usize) -> Resu
     let n = |s: &str| format!("blk.{il}.{s}");
     let (ne, ff) = (mc.n_experts, mc.d_ff_expert);
     let router = src.require(&n("ffn_gate_inp.weight"), ne, d)?;
-    let stacked = |kind: &str, rows: usize, cols: usize| -> Result<Option<QTensor>> { src.optional(&n(&format!("ffn_{kind}_exps.weight")), ne * rows, cols) };
+    let stacked = |kind: &str, rows: usize, cols: usize| -> Result<Option<QTensor>> {
+        src.optional(&n(&format!("ffn_{kind}_exps.weight")), ne * rows, cols)
+    };
     let (sg, su, sd) = (stacked("gate", ff, d)?, stacked("up", ff, d)?, stacked("down", d, ff)?);
     let mut experts = Vec::with_capacity(ne);
     for e in 0..ne {
@@ -446,7 +441,8 @@ fn gdn_qkvz(src: &dyn TensorSource, g: &GdnConfig, il: usize, d: usize) -> Resul
     let fused = src.require(&n("ssm_in_qkvz.weight"), g.conv_dim() + g.value_dim(), d)?;
     let (nk, dk, r, dv) = (g.n_k_heads, g.d_k, g.n_v_heads / g.n_k_heads, g.d_v);
     let per = 2 * dk + 2 * r * dv; // rows per key head
-    let rows = |part: usize, len: usize| -> Vec<usize> { (0..nk).flat_map(|kh| (0..len).map(move |i| kh * per + part + i)).collect() };
+    let rows =
+        |part: usize, len: usize| -> Vec<usize> { (0..nk).flat_map(|kh| (0..len).map(move |i| kh * per + part + i)).collect() };
     let mut qkv_rows = rows(0, dk); // all q heads
     qkv_rows.extend(rows(dk, dk)); // all k heads
     qkv_rows.extend(rows(2 * dk, r * dv)); // all v heads, grouped by key head
@@ -467,7 +463,8 @@ fn gdn_ba(src: &dyn TensorSource, g: &GdnConfig, il: usize, d: usize) -> Result<
     }
     let fused = src.require(&n("ssm_ba.weight"), 2 * g.n_v_heads, d)?;
     let r = g.n_v_heads / g.n_k_heads;
-    let rows = |part: usize| -> Vec<usize> { (0..g.n_k_heads).flat_map(|kh| (0..r).map(move |i| kh * 2 * r + part + i)).collect() };
+    let rows =
+        |part: usize| -> Vec<usize> { (0..g.n_k_heads).flat_map(|kh| (0..r).map(move |i| kh * 2 * r + part + i)).collect() };
     let bad = || EngineError::BadConfig { file: src.file(), what: format!("tensor '{}' does not fit its geometry", fused.name) };
     Ok((
         fused.gather_rows(n("ssm_beta.weight"), &rows(0)).ok_or_else(bad)?,
@@ -480,7 +477,11 @@ fn gdn_ba(src: &dyn TensorSource, g: &GdnConfig, il: usize, d: usize) -> Result<
 fn load_kda(src: &dyn TensorSource, c: &KdaConfig, il: usize) -> Result<KdaWeights> {
     let n = |s: &str| format!("blk.{il}.{s}");
     let (d, dim, dh) = (c.d_model, c.dim(), c.d_head);
-    let (q, k, v) = (src.require(&n("attn_q.weight"), dim, d)?, src.require(&n("attn_k.weight"), dim, d)?, src.require(&n("attn_v.weight"), dim, d)?);
+    let (q, k, v) = (
+        src.require(&n("attn_q.weight"), dim, d)?,
+        src.require(&n("attn_k.weight"), dim, d)?,
+        src.require(&n("attn_v.weight"), dim, d)?,
+    );
     let qkv = QTensor::concat_rows(n("attn_qkv.weight"), &[&q, &k, &v]).ok_or_else(|| EngineError::BadConfig {
         file: src.file(),
         what: format!("{}: q, k and v projections differ in type or width", n("attn_q.weight")),

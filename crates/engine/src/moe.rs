@@ -141,7 +141,16 @@ mod tests {
 
     #[test]
     fn routing_picks_and_weighs() {
-        let mc = MoeConfig { n_experts: 4, top_k: 2, scoring: Scoring::Softmax, norm_topk: true, routed_scale: 1.0, d_ff_expert: 8, d_ff_shared: None, shared_gate: false };
+        let mc = MoeConfig {
+            n_experts: 4,
+            top_k: 2,
+            scoring: Scoring::Softmax,
+            norm_topk: true,
+            routed_scale: 1.0,
+            d_ff_expert: 8,
+            d_ff_shared: None,
+            shared_gate: false,
+        };
         let r = route(&mc, &[0.1, 2.0, -1.0, 1.0], None);
         assert_eq!(r.iter().map(|p| p.0).collect::<Vec<_>>(), [1, 3]);
         let (a, b) = ((2.0f32).exp(), (1.0f32).exp());

@@ -26,8 +26,9 @@ use std::sync::Arc;
 
 use cortiq_kernels::dot::{dot, gemm_nt};
 use cortiq_kernels::quant::{
-    ActType, MatmatActs, Order, QuantType, act_type, dequantize_act, dequantize_row, dequantize_rows, llamacpp_order, matmat_q_prepared, matmat_q_prepared_tm,
-    matmat_supported, matvec_fast, matvec_q, matvec_q_order, order_supported, quantize_act,
+    ActType, MatmatActs, Order, QuantType, act_type, dequantize_act, dequantize_row, dequantize_rows, llamacpp_order,
+    matmat_q_prepared, matmat_q_prepared_tm, matmat_supported, matvec_fast, matvec_q, matvec_q_order, order_supported,
+    quantize_act,
 };
 
 use crate::compat::Numerics;

@@ -213,7 +213,17 @@ mod tests {
     #[test]
     fn recurrent_layers_roll_back_from_snapshots() {
         use crate::mixers::gdn::{GdnConfig, OutGate};
-        let cfg = GdnConfig { d_model: 8, n_k_heads: 1, n_v_heads: 2, d_k: 4, d_v: 4, conv_kernel: 4, norm_eps: 1e-6, out_gate: OutGate::Silu, v_tiled: false };
+        let cfg = GdnConfig {
+            d_model: 8,
+            n_k_heads: 1,
+            n_v_heads: 2,
+            d_k: 4,
+            d_v: 4,
+            conv_kernel: 4,
+            norm_eps: 1e-6,
+            out_gate: OutGate::Silu,
+            v_tiled: false,
+        };
         let kv_dim = 6;
         let layers = vec![
             LayerState::Kv { k: Vec::new(), v: Vec::new() },

@@ -12,7 +12,8 @@ fn fixture(name: &str) -> PathBuf {
 /// A copy of fixture `name` (config.json, model.safetensors, tokenizer) whose config.json is
 /// edited by `edit`; returns the load error's text.
 fn load_error(name: &str, edit: impl Fn(&mut serde_json::Value)) -> String {
-    let dir = std::env::temp_dir().join(format!("cortiq-hybrid-bad-{name}-{}-{:?}", std::process::id(), std::thread::current().id()));
+    let dir =
+        std::env::temp_dir().join(format!("cortiq-hybrid-bad-{name}-{}-{:?}", std::process::id(), std::thread::current().id()));
     std::fs::create_dir_all(&dir).unwrap();
     for f in ["model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
         let src = fixture(name).join(f);
@@ -20,7 +21,8 @@ fn load_error(name: &str, edit: impl Fn(&mut serde_json::Value)) -> String {
             std::fs::copy(&src, dir.join(f)).unwrap();
         }
     }
-    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture(name).join("config.json")).unwrap()).unwrap();
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture(name).join("config.json")).unwrap()).unwrap();
     edit(&mut cfg);
     std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&cfg).unwrap()).unwrap();
     let r = load(&dir);

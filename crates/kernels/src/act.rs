@@ -274,7 +274,8 @@ mod tests {
         exp_fast(&mut a);
         exp_fast_scalar(&mut b);
         assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "exp SIMD vs scalar twin");
-        let worst = g.iter().zip(&a).filter(|(x, _)| x.abs() < 80.0).map(|(&x, &y)| ((x.exp() - y) / x.exp()).abs()).fold(0f32, f32::max);
+        let worst =
+            g.iter().zip(&a).filter(|(x, _)| x.abs() < 80.0).map(|(&x, &y)| ((x.exp() - y) / x.exp()).abs()).fold(0f32, f32::max);
         assert!(worst <= 3e-7, "exp_fast {worst} relative from libm");
     }
 

@@ -11,11 +11,25 @@
 /// empty; state: [kernel − 1, c] (oldest first, read and advanced); out: [t, c]. `silu` applies
 /// x·σ(x) to each output (`act::silu_fast`: the vector exp).
 #[allow(clippy::too_many_arguments)]
-pub fn causal_conv1d(x: &[f32], t: usize, c: usize, w: &[f32], kernel: usize, bias: &[f32], state: &mut [f32], silu: bool, out: &mut [f32]) {
+pub fn causal_conv1d(
+    x: &[f32],
+    t: usize,
+    c: usize,
+    w: &[f32],
+    kernel: usize,
+    bias: &[f32],
+    state: &mut [f32],
+    silu: bool,
+    out: &mut [f32],
+) {
     assert!(kernel >= 1, "causal_conv1d: kernel must be at least 1");
     let hist = kernel - 1;
     assert!(
-        x.len() == t * c && w.len() == c * kernel && (bias.is_empty() || bias.len() == c) && state.len() == hist * c && out.len() == t * c,
+        x.len() == t * c
+            && w.len() == c * kernel
+            && (bias.is_empty() || bias.len() == c)
+            && state.len() == hist * c
+            && out.len() == t * c,
         "causal_conv1d: {t} tokens x {c} channels, kernel {kernel}: x {}, w {}, bias {}, state {}, out {} values",
         x.len(),
         w.len(),

@@ -31,7 +31,19 @@ pub const CHUNK: usize = 64;
 
 #[track_caller]
 #[allow(clippy::too_many_arguments)]
-fn check(func: &str, q: &[f32], k: &[f32], v: &[f32], g: &[f32], beta: &[f32], t: usize, dk: usize, dv: usize, state: &[f32], out: &[f32]) {
+fn check(
+    func: &str,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: &[f32],
+    t: usize,
+    dk: usize,
+    dv: usize,
+    state: &[f32],
+    out: &[f32],
+) {
     assert!(
         q.len() == t * dk && k.len() == t * dk && v.len() == t * dv && g.len() == t && beta.len() == t,
         "{func}: {t} tokens need q, k [{t}x{dk}], v [{t}x{dv}], g and beta [{t}]; got {}, {}, {}, {}, {}",
@@ -60,11 +72,31 @@ pub fn gated_delta_recurrent(
     out: &mut [f32],
 ) {
     check("gated_delta_recurrent", q, k, v, g, beta, t, dk, dv, state, out);
+    recurrence(q, k, v, beta, t, dk, dv, state, out, |s, _| g[s].exp());
+}
+
+/// The delta-rule recurrence shared by GDN and KDA: `decay(token, channel)` is e^{g} for row
+/// `channel` of the state (one value per token for GDN, per key channel for KDA).
+#[allow(clippy::too_many_arguments)]
+fn recurrence(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    beta: &[f32],
+    t: usize,
+    dk: usize,
+    dv: usize,
+    state: &mut [f32],
+    out: &mut [f32],
+    decay: impl Fn(usize, usize) -> f32,
+) {
     let mut kv = vec![0f32; dv]; // [dv]: Sᵀ k
     for s in 0..t {
         let (qs, ks, vs) = (&q[s * dk..(s + 1) * dk], &k[s * dk..(s + 1) * dk], &v[s * dv..(s + 1) * dv]);
-        let decay = g[s].exp();
-        state.iter_mut().for_each(|x| *x *= decay);
+        for (ch, row) in state.chunks_exact_mut(dv).enumerate() {
+            let e = decay(s, ch);
+            row.iter_mut().for_each(|x| *x *= e);
+        }
         kv.fill(0.0);
         for (a, row) in ks.iter().zip(state.chunks_exact(dv)) {
             for (o, &sv) in kv.iter_mut().zip(row) {
@@ -108,35 +140,7 @@ pub fn kda_recurrent(
 ) {
     assert_eq!(g.len(), t * dk, "kda_recurrent: g must be [{t}x{dk}], got {} values", g.len());
     check("kda_recurrent", q, k, v, &g[..t.min(g.len())], beta, t, dk, dv, state, out);
-    let mut kv = vec![0f32; dv]; // [dv]: Sᵀ k
-    for s in 0..t {
-        let (qs, ks, vs) = (&q[s * dk..(s + 1) * dk], &k[s * dk..(s + 1) * dk], &v[s * dv..(s + 1) * dv]);
-        for (row, &gc) in state.chunks_exact_mut(dv).zip(&g[s * dk..(s + 1) * dk]) {
-            let e = gc.exp();
-            row.iter_mut().for_each(|x| *x *= e);
-        }
-        kv.fill(0.0);
-        for (a, row) in ks.iter().zip(state.chunks_exact(dv)) {
-            for (o, &sv) in kv.iter_mut().zip(row) {
-                *o += a * sv;
-            }
-        }
-        for (o, &vv) in kv.iter_mut().zip(vs) {
-            *o = beta[s] * (vv - *o);
-        }
-        for (a, row) in ks.iter().zip(state.chunks_exact_mut(dv)) {
-            for (sv, &d) in row.iter_mut().zip(&kv) {
-                *sv += a * d;
-            }
-        }
-        let o = &mut out[s * dv..(s + 1) * dv];
-        o.fill(0.0);
-        for (a, row) in qs.iter().zip(state.chunks_exact(dv)) {
-            for (ov, &sv) in o.iter_mut().zip(row) {
-                *ov += a * sv;
-            }
-        }
-    }
+    recurrence(q, k, v, beta, t, dk, dv, state, out, |s, ch| g[s * dk + ch].exp());
 }
 
 /// KDA's chunkwise-parallel form: the WY algebra of `gated_delta_chunked` with the scalar
@@ -182,7 +186,18 @@ pub fn kda_chunked(
 }
 
 #[allow(clippy::too_many_arguments)]
-fn kda_chunk_step(q: &[f32], k: &[f32], v: &[f32], g: &[f32], beta: &[f32], l: usize, dk: usize, dv: usize, s: &mut [f32], out: &mut [f32]) {
+fn kda_chunk_step(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: &[f32],
+    l: usize,
+    dk: usize,
+    dv: usize,
+    s: &mut [f32],
+    out: &mut [f32],
+) {
     // Γ: per-channel cumulative log decay. [l, dk]
     let mut gam = vec![0f32; l * dk];
     for i in 0..l {
@@ -303,7 +318,18 @@ pub fn gated_delta_chunked(
 /// One chunk of `l` tokens (see the module header for the algebra), as f32 GEMMs
 /// (`dot::gemm_nn`) around an O(L³/6) forward substitution; the per-chunk buffers are small.
 #[allow(clippy::too_many_arguments)]
-fn chunk_step(q: &[f32], k: &[f32], v: &[f32], g: &[f32], beta: &[f32], l: usize, dk: usize, dv: usize, s: &mut [f32], out: &mut [f32]) {
+fn chunk_step(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: &[f32],
+    l: usize,
+    dk: usize,
+    dv: usize,
+    s: &mut [f32],
+    out: &mut [f32],
+) {
     // Γ: cumulative log decay inside the chunk.
     let mut gam = vec![0f32; l]; // [l]
     let mut acc = 0f32;
@@ -414,9 +440,14 @@ mod tests {
     #[test]
     fn chunked_matches_recurrence() {
         let mut rng = Rng(0x0DE1_7A00_1234_5678);
-        for &(t, dk, dv, chunk, gscale) in
-            &[(1, 8, 8, 64, 0.1), (63, 16, 8, 64, 0.5), (64, 16, 16, 64, 0.05), (129, 32, 16, 64, 1.0), (200, 16, 24, 64, 3.0), (77, 8, 8, 16, 0.3)]
-        {
+        for &(t, dk, dv, chunk, gscale) in &[
+            (1, 8, 8, 64, 0.1),
+            (63, 16, 8, 64, 0.5),
+            (64, 16, 16, 64, 0.05),
+            (129, 32, 16, 64, 1.0),
+            (200, 16, 24, 64, 3.0),
+            (77, 8, 8, 16, 0.3),
+        ] {
             let mut q: Vec<f32> = (0..t * dk).map(|_| rng.f() - 0.5).collect();
             let mut k: Vec<f32> = (0..t * dk).map(|_| rng.f() - 0.5).collect();
             for s in 0..t {
@@ -445,7 +476,9 @@ mod tests {
     #[test]
     fn kda_chunked_matches_recurrence() {
         let mut rng = Rng(0x4B44_4100_0000_0777);
-        for &(t, dk, dv, chunk, gscale) in &[(1, 8, 8, 64, 0.1), (63, 16, 8, 64, 0.5), (129, 16, 16, 64, 1.0), (200, 8, 24, 64, 3.0), (77, 8, 8, 16, 0.3)] {
+        for &(t, dk, dv, chunk, gscale) in
+            &[(1, 8, 8, 64, 0.1), (63, 16, 8, 64, 0.5), (129, 16, 16, 64, 1.0), (200, 8, 24, 64, 3.0), (77, 8, 8, 16, 0.3)]
+        {
             let mut q: Vec<f32> = (0..t * dk).map(|_| rng.f() - 0.5).collect();
             let mut k: Vec<f32> = (0..t * dk).map(|_| rng.f() - 0.5).collect();
             for s in 0..t {
@@ -505,8 +538,31 @@ mod tests {
         let cut = 37;
         let mut s = vec![0f32; dk * dv];
         let mut o = vec![0f32; t * dv];
-        gated_delta_chunked(&q[..cut * dk], &k[..cut * dk], &v[..cut * dv], &g[..cut], &beta[..cut], cut, dk, dv, CHUNK, &mut s, &mut o[..cut * dv]);
-        gated_delta_recurrent(&q[cut * dk..], &k[cut * dk..], &v[cut * dv..], &g[cut..], &beta[cut..], t - cut, dk, dv, &mut s, &mut o[cut * dv..]);
+        gated_delta_chunked(
+            &q[..cut * dk],
+            &k[..cut * dk],
+            &v[..cut * dv],
+            &g[..cut],
+            &beta[..cut],
+            cut,
+            dk,
+            dv,
+            CHUNK,
+            &mut s,
+            &mut o[..cut * dv],
+        );
+        gated_delta_recurrent(
+            &q[cut * dk..],
+            &k[cut * dk..],
+            &v[cut * dv..],
+            &g[cut..],
+            &beta[cut..],
+            t - cut,
+            dk,
+            dv,
+            &mut s,
+            &mut o[cut * dv..],
+        );
         let d = o.iter().zip(&o_all).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
         println!("split at {cut}: max out diff {d:.2e}");
         assert!(d <= 1e-5, "split run differs by {d}");

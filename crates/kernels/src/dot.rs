@@ -86,7 +86,11 @@ pub fn gemm_nn(x: &[f32], n_t: usize, b: &[f32], ldb: usize, k_len: usize, n: us
 fn check_gemm_nn(x: &[f32], n_t: usize, b: &[f32], ldb: usize, k_len: usize, n: usize, y: &[f32], ldy: usize) {
     assert!(x.len() >= n_t * k_len, "gemm_nn: x has {} values, needs {n_t}x{k_len}", x.len());
     assert!(ldb >= n, "gemm_nn: ldb {ldb} < n {n}");
-    assert!(k_len == 0 || b.len() >= (k_len - 1) * ldb + n, "gemm_nn: b has {} values, needs {k_len} rows of stride {ldb}", b.len());
+    assert!(
+        k_len == 0 || b.len() >= (k_len - 1) * ldb + n,
+        "gemm_nn: b has {} values, needs {k_len} rows of stride {ldb}",
+        b.len()
+    );
     assert!(ldy >= n, "gemm_nn: ldy {ldy} < n {n}");
     assert!(n_t == 0 || y.len() >= (n_t - 1) * ldy + n, "gemm_nn: y has {} values, needs {n_t} rows of stride {ldy}", y.len());
 }

@@ -436,7 +436,13 @@ impl Pool {
     /// chunks of `grain` rows from an atomic counter, each chunk as its own `&mut` sub-slice
     /// (uneven rows: causal attention, where later positions see more keys). Re-raises a
     /// task's panic.
-    pub fn for_rows_mut_dynamic<T: Send, F: Fn(usize, &mut [T]) + Sync>(&self, out: &mut [T], row_len: usize, grain: usize, f: F) {
+    pub fn for_rows_mut_dynamic<T: Send, F: Fn(usize, &mut [T]) + Sync>(
+        &self,
+        out: &mut [T],
+        row_len: usize,
+        grain: usize,
+        f: F,
+    ) {
         if row_len == 0 {
             return;
         }

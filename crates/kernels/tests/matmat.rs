@@ -19,8 +19,8 @@
 //!    worst case per type is printed as a table.
 
 use cortiq_kernels::quant::{
-    ActType, MatmatActs, QuantType, act_type, dequantize_act, dequantize_row_scalar, matmat_q, matmat_q_prepared, matmat_q_prepared_tm,
-    matmat_q_scalar, matmat_supported, quantize_act, vec_dot, vec_dot_scalar,
+    ActType, MatmatActs, QuantType, act_type, dequantize_act, dequantize_row_scalar, matmat_q, matmat_q_prepared,
+    matmat_q_prepared_tm, matmat_q_scalar, matmat_supported, quantize_act, vec_dot, vec_dot_scalar,
 };
 
 const TYPES: [QuantType; 10] = [

@@ -18,5 +18,12 @@ fn q8_0_quantization_is_ggml_bit_for_bit() {
     assert_eq!(got.len(), want.len());
     let diff: Vec<usize> = (0..got.len()).filter(|&i| got[i] != want[i]).collect();
     println!("q8_0: {} bytes, {} differ from gguf's quantizer", got.len(), diff.len());
-    assert!(diff.is_empty(), "first differing byte {} (block {}): ours {} gguf {}", diff[0], diff[0] / 34, got[diff[0]], want[diff[0]]);
+    assert!(
+        diff.is_empty(),
+        "first differing byte {} (block {}): ours {} gguf {}",
+        diff[0],
+        diff[0] / 34,
+        got[diff[0]],
+        want[diff[0]]
+    );
 }

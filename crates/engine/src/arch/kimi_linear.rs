@@ -63,7 +63,11 @@ fn from_hf(h: &HfConfig) -> Result<ModelConfig> {
     let ffe = get("moe_intermediate_size")?;
     cfg.moe = Some(MoeConfig {
         n_experts: get("num_experts")?,
-        top_k: raw.get("num_experts_per_token").or_else(|| raw.get("num_experts_per_tok")).and_then(|v| v.as_u64()).ok_or_else(|| bad("missing 'num_experts_per_token'".into()))? as usize,
+        top_k: raw
+            .get("num_experts_per_token")
+            .or_else(|| raw.get("num_experts_per_tok"))
+            .and_then(|v| v.as_u64())
+            .ok_or_else(|| bad("missing 'num_experts_per_token'".into()))? as usize,
         scoring: Scoring::Sigmoid,
         norm_topk: raw.get("moe_renormalize").and_then(|v| v.as_bool()).unwrap_or(true),
         routed_scale: raw.get("routed_scaling_factor").and_then(|v| v.as_f64()).unwrap_or(1.0) as f32,
@@ -93,7 +97,11 @@ fn from_hf(h: &HfConfig) -> Result<ModelConfig> {
             let mixer = match t.as_str() {
                 "linear_attention" => MixerKind::Kda(kda),
                 "full_attention" => MixerKind::Mla(mla),
-                other => return Err(bad(format!("layer_types[{i}] = '{other}': Kimi Linear layers are 'linear_attention' or 'full_attention'"))),
+                other => {
+                    return Err(bad(format!(
+                        "layer_types[{i}] = '{other}': Kimi Linear layers are 'linear_attention' or 'full_attention'"
+                    )));
+                }
             };
             Ok(LayerSpec { mixer, moe, sliding_window: None, rope: 0 })
         })
@@ -115,12 +123,20 @@ fn from_gguf(g: &dyn GgufMeta) -> Result<ModelConfig> {
     let kda_heads = match kv.iter().position(|&x| x == 0) {
         Some(il) => {
             let name = format!("blk.{il}.attn_q.weight");
-            let t = g.tensor(&name).ok_or_else(|| EngineError::MissingTensor { file: g.meta_path().display().to_string(), tensor: name.clone() })?;
+            let t = g
+                .tensor(&name)
+                .ok_or_else(|| EngineError::MissingTensor { file: g.meta_path().display().to_string(), tensor: name.clone() })?;
             (t.dims.get(1).copied().unwrap_or(0) as usize) / dh.max(1)
         }
         None => 0,
     };
-    let kda = KdaConfig { d_model: d, n_heads: kda_heads, d_head: dh, conv_kernel: k.usize("ssm.conv_kernel")?, norm_eps: cfg.norm_eps };
+    let kda = KdaConfig {
+        d_model: d,
+        n_heads: kda_heads,
+        d_head: dh,
+        conv_kernel: k.usize("ssm.conv_kernel")?,
+        norm_eps: cfg.norm_eps,
+    };
     let qk = k.usize("attention.key_length_mla")?;
     let rope = k.opt_usize("rope.dimension_count")?.unwrap_or(0);
     let mla = MlaConfig {

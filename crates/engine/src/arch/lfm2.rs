@@ -15,7 +15,8 @@ use super::{Arch, GgufKeys, KvOverride, gguf_dense_base, hf_dense_base};
 use crate::config::{LayerSpec, MixerKind, ModelConfig};
 use crate::error::{EngineError, Result};
 
-pub const ARCH: Arch = Arch { name: "lfm2", hf_names: &["Lfm2ForCausalLM", "lfm2"], from_gguf, from_hf, hf_norm_offset: 0.0, hf_plain_norms: &[] };
+pub const ARCH: Arch =
+    Arch { name: "lfm2", hf_names: &["Lfm2ForCausalLM", "lfm2"], from_gguf, from_hf, hf_norm_offset: 0.0, hf_plain_norms: &[] };
 
 fn from_hf(h: &HfConfig) -> Result<ModelConfig> {
     let mut cfg = hf_dense_base(h, "lfm2")?;
@@ -63,7 +64,11 @@ fn from_gguf(g: &dyn GgufMeta) -> Result<ModelConfig> {
     let key = "lfm2.attention.head_count_kv";
     let kv: Vec<usize> = match g.get(key) {
         Some(v) => match v.as_array() {
-            Some(a) => a.iter().map(|x| x.as_i64().map(|x| x as usize)).collect::<Option<_>>().ok_or_else(|| k.bad(format!("{key}: expected integers")))?,
+            Some(a) => a
+                .iter()
+                .map(|x| x.as_i64().map(|x| x as usize))
+                .collect::<Option<_>>()
+                .ok_or_else(|| k.bad(format!("{key}: expected integers")))?,
             None => vec![v.as_i64().ok_or_else(|| k.bad(format!("{key}: expected an integer or an array")))? as usize; n_layers],
         },
         None => return Err(k.bad(format!("missing metadata key '{key}'"))),

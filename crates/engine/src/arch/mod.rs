@@ -33,7 +33,17 @@ pub struct Arch {
     pub hf_plain_norms: &'static [&'static str],
 }
 
-pub const ARCHES: &[Arch] = &[llama::ARCH, qwen2::ARCH, qwen3::ARCH, gemma3::ARCH, lfm2::ARCH, qwen3_5::ARCH, qwen3_5::ARCH_MOE, qwen3_5::ARCH_NEXT, kimi_linear::ARCH];
+pub const ARCHES: &[Arch] = &[
+    llama::ARCH,
+    qwen2::ARCH,
+    qwen3::ARCH,
+    gemma3::ARCH,
+    lfm2::ARCH,
+    qwen3_5::ARCH,
+    qwen3_5::ARCH_MOE,
+    qwen3_5::ARCH_NEXT,
+    kimi_linear::ARCH,
+];
 
 pub fn supported() -> String {
     ARCHES.iter().map(|a| a.name).collect::<Vec<_>>().join(", ")
@@ -251,7 +261,11 @@ pub fn per_layer_usize(k: &GgufKeys, key: &str, n_layers: usize) -> Result<Vec<u
     let full = format!("{}.{key}", k.arch);
     let v = k.g.get(&full).ok_or_else(|| k.bad(format!("missing metadata key '{full}'")))?;
     let vals: Vec<usize> = match v.as_array() {
-        Some(a) => a.iter().map(|x| x.as_i64().map(|x| x as usize)).collect::<Option<_>>().ok_or_else(|| k.bad(format!("{full}: expected integers")))?,
+        Some(a) => a
+            .iter()
+            .map(|x| x.as_i64().map(|x| x as usize))
+            .collect::<Option<_>>()
+            .ok_or_else(|| k.bad(format!("{full}: expected integers")))?,
         None => vec![v.as_i64().ok_or_else(|| k.bad(format!("{full}: expected an integer or an array")))? as usize; n_layers],
     };
     if vals.len() != n_layers {

@@ -9,7 +9,14 @@ use super::{Arch, gguf_dense_base, hf_dense_base};
 use crate::config::ModelConfig;
 use crate::error::Result;
 
-pub const ARCH: Arch = Arch { name: "qwen2", hf_names: &["Qwen2ForCausalLM", "qwen2"], from_gguf, from_hf, hf_norm_offset: 0.0, hf_plain_norms: &[] };
+pub const ARCH: Arch = Arch {
+    name: "qwen2",
+    hf_names: &["Qwen2ForCausalLM", "qwen2"],
+    from_gguf,
+    from_hf,
+    hf_norm_offset: 0.0,
+    hf_plain_norms: &[],
+};
 
 fn from_gguf(g: &dyn GgufMeta) -> Result<ModelConfig> {
     let mut cfg = gguf_dense_base(g, "qwen2", RopeStyle::NeoX)?;

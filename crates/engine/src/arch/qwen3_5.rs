@@ -108,7 +108,8 @@ fn from_gguf_as(g: &dyn GgufMeta, arch: &'static str) -> Result<ModelConfig> {
     // block_count includes the multi-token-prediction blocks (kept in the file for speculative
     // decoding, not part of the forward pass).
     let mtp = k.opt_usize("nextn_predict_layers")?.unwrap_or(0);
-    let n_layers = cfg.n_layers.checked_sub(mtp).filter(|&n| n > 0).ok_or_else(|| k.bad(format!("{mtp} MTP blocks of {}", cfg.n_layers)))?;
+    let n_layers =
+        cfg.n_layers.checked_sub(mtp).filter(|&n| n > 0).ok_or_else(|| k.bad(format!("{mtp} MTP blocks of {}", cfg.n_layers)))?;
     let key = format!("{arch}.attention.recurrent_layers");
     let recurrent: Vec<bool> = g
         .get(&key)

@@ -202,9 +202,20 @@ mod tests {
     }
 
     fn setup(rng: &mut Rng) -> (GdnConfig, GdnWeights) {
-        let cfg = GdnConfig { d_model: 48, n_k_heads: 2, n_v_heads: 4, d_k: 16, d_v: 8, conv_kernel: 4, norm_eps: 1e-6, out_gate: OutGate::Silu, v_tiled: false };
+        let cfg = GdnConfig {
+            d_model: 48,
+            n_k_heads: 2,
+            n_v_heads: 4,
+            d_k: 16,
+            d_v: 8,
+            conv_kernel: 4,
+            norm_eps: 1e-6,
+            out_gate: OutGate::Silu,
+            v_tiled: false,
+        };
         let d = cfg.d_model;
-        let t = |name: &str, rows: usize, cols: usize, rng: &mut Rng| QTensor::from_f32(name, rows, cols, rng.vec(rows * cols, 0.3));
+        let t =
+            |name: &str, rows: usize, cols: usize, rng: &mut Rng| QTensor::from_f32(name, rows, cols, rng.vec(rows * cols, 0.3));
         let w = GdnWeights {
             in_proj_qkv: t("qkv", cfg.conv_dim(), d, rng),
             in_proj_z: t("z", cfg.value_dim(), d, rng),

@@ -78,7 +78,9 @@ pub fn mla(c: &MlaConfig, w: &MlaWeights, h: &[f32], n: usize, state: &mut MlaSt
         for hh in 0..nh {
             let qv = &q[(t * nh + hh) * qk..(t * nh + hh + 1) * qk];
             let mut sc: Vec<f32> = (0..=p)
-                .map(|j| qv.iter().zip(&state.k[(j * nh + hh) * qk..(j * nh + hh + 1) * qk]).map(|(a, b)| a * b).sum::<f32>() * scale)
+                .map(|j| {
+                    qv.iter().zip(&state.k[(j * nh + hh) * qk..(j * nh + hh + 1) * qk]).map(|(a, b)| a * b).sum::<f32>() * scale
+                })
                 .collect();
             cortiq_kernels::ops::softmax_inplace(&mut sc);
             let out = &mut o[(t * nh + hh) * vd..(t * nh + hh + 1) * vd];

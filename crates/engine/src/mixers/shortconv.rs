@@ -98,7 +98,8 @@ mod tests {
         let (mut bcx, mut y0) = (vec![0f32; 3 * d], vec![0f32; d]);
         w.in_proj.matmul(&h[..d], 1, &mut bcx);
         bcx.iter_mut().zip(&w.in_bias).for_each(|(a, b)| *a += b);
-        let inner: Vec<f32> = (0..d).map(|j| (w.conv[j * k + k - 1] * bcx[j] * bcx[2 * d + j] + w.conv_bias[j]) * bcx[d + j]).collect();
+        let inner: Vec<f32> =
+            (0..d).map(|j| (w.conv[j * k + k - 1] * bcx[j] * bcx[2 * d + j] + w.conv_bias[j]) * bcx[d + j]).collect();
         w.out_proj.matmul(&inner, 1, &mut y0);
         let e0 = y0.iter().zip(&w.out_bias).zip(&y_one[..d]).map(|((a, b), c)| (a + b - c).abs()).fold(0f32, f32::max);
         let mut s_steps = ShortConvState::new(d, k);

@@ -308,7 +308,10 @@ fn q4t_dot(w: &[u8], u: &Unpacked) -> f32 {
     let nb = blocks.len();
     // The per-64 loads below are unchecked (this loop is decode's hot spot: ~90% of a q4t
     // token); these three asserts cover every one of them.
-    assert!(u.q.len() >= 128 * nb && u.corr.len() >= 32 * nb && u.dx.len() >= 32 * nb, "q4t_dot: activation shorter than the row");
+    assert!(
+        u.q.len() >= 128 * nb && u.corr.len() >= 32 * nb && u.dx.len() >= 32 * nb,
+        "q4t_dot: activation shorter than the row"
+    );
     let (pq, pc, pd) = (u.q.as_ptr(), u.corr.as_ptr(), u.dx.as_ptr());
     for (k, b) in blocks.iter().enumerate() {
         let wv = ld64(&b.qs, 0);
