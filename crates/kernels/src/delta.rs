@@ -165,10 +165,7 @@ pub fn kda_chunked(
 ) {
     assert_eq!(g.len(), t * dk, "kda_chunked: g must be [{t}x{dk}], got {} values", g.len());
     check("kda_chunked", q, k, v, &g[..t.min(g.len())], beta, t, dk, dv, state, out);
-    let c = chunk.max(1);
-    let mut c0 = 0;
-    while c0 < t {
-        let l = (t - c0).min(c);
+    for_chunks(t, chunk, |c0, l| {
         kda_chunk_step(
             &q[c0 * dk..(c0 + l) * dk],
             &k[c0 * dk..(c0 + l) * dk],
@@ -180,9 +177,8 @@ pub fn kda_chunked(
             dv,
             state,
             &mut out[c0 * dv..(c0 + l) * dv],
-        );
-        c0 += l;
-    }
+        )
+    });
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -215,19 +211,7 @@ fn kda_chunk_step(
             a[i * l + j] = -beta[i] * decayed_dot(k, i, j);
         }
     }
-    for i in 1..l {
-        let r: Vec<f32> = a[i * l..i * l + i].to_vec();
-        for j in 0..i {
-            let mut sum = r[j];
-            for m in j + 1..i {
-                sum += r[m] * a[m * l + j];
-            }
-            a[i * l + j] = sum;
-        }
-    }
-    for i in 0..l {
-        a[i * l + i] = 1.0;
-    }
+    forward_substitute(&mut a, l);
     let mut vb = vec![0f32; l * dv]; // [l, dv]: β V
     let mut kb = vec![0f32; l * dk]; // [l, dk]: β (K ⊙ e^Γ)
     for j in 0..l {
@@ -295,10 +279,7 @@ pub fn gated_delta_chunked(
     out: &mut [f32],
 ) {
     check("gated_delta_chunked", q, k, v, g, beta, t, dk, dv, state, out);
-    let c = chunk.max(1);
-    let mut c0 = 0;
-    while c0 < t {
-        let l = (t - c0).min(c);
+    for_chunks(t, chunk, |c0, l| {
         chunk_step(
             &q[c0 * dk..(c0 + l) * dk],
             &k[c0 * dk..(c0 + l) * dk],
@@ -310,9 +291,8 @@ pub fn gated_delta_chunked(
             dv,
             state,
             &mut out[c0 * dv..(c0 + l) * dv],
-        );
-        c0 += l;
-    }
+        )
+    });
 }
 
 /// One chunk of `l` tokens (see the module header for the algebra), as f32 GEMMs
@@ -358,20 +338,7 @@ fn chunk_step(
             a[i * l + j] = if j < i { -beta[i] * a[i * l + j] * decay[i * l + j] } else { 0.0 };
         }
     }
-    for i in 1..l {
-        // new a[i][j] = a[i][j] + Σ_{j<m<i} a[i][m] · a[m][j], rows m < i already final
-        let row: Vec<f32> = a[i * l..i * l + i].to_vec();
-        for j in 0..i {
-            let mut sum = row[j];
-            for m in j + 1..i {
-                sum += row[m] * a[m * l + j];
-            }
-            a[i * l + j] = sum;
-        }
-    }
-    for i in 0..l {
-        a[i * l + i] = 1.0;
-    }
+    forward_substitute(&mut a, l);
     // U = T·diag(β)V [l, dv]; W = T·diag(β e^Γ)K [l, dk]
     let mut vb = vec![0f32; l * dv]; // [l, dv]
     let mut kb = vec![0f32; l * dk]; // [l, dk]
@@ -414,6 +381,36 @@ fn chunk_step(
     let mut ds = vec![0f32; dk * dv]; // [dk, dv]
     gemm_nn(&kt, dk, &vn, dv, l, dv, &mut ds, dv);
     s.iter_mut().zip(&ds).for_each(|(x, &d)| *x = *x * el + d);
+}
+
+/// Calls `step(first, len)` for consecutive chunks of `chunk` (≥ 1) tokens covering `0..t`.
+fn for_chunks(t: usize, chunk: usize, mut step: impl FnMut(usize, usize)) {
+    let c = chunk.max(1);
+    let mut c0 = 0;
+    while c0 < t {
+        let l = (t - c0).min(c);
+        step(c0, l);
+        c0 += l;
+    }
+}
+
+/// In place, a (strictly lower-triangular, [l, l]) becomes T = (I − a)⁻¹ as the WY form needs
+/// it: row by row, a[i][j] += Σ_{j<m<i} a[i][m]·a[m][j] (rows m < i already final), then a
+/// unit diagonal. Shared by the GDN and KDA chunk steps.
+fn forward_substitute(a: &mut [f32], l: usize) {
+    for i in 1..l {
+        let row: Vec<f32> = a[i * l..i * l + i].to_vec();
+        for j in 0..i {
+            let mut sum = row[j];
+            for m in j + 1..i {
+                sum += row[m] * a[m * l + j];
+            }
+            a[i * l + j] = sum;
+        }
+    }
+    for i in 0..l {
+        a[i * l + i] = 1.0;
+    }
 }
 
 #[cfg(test)]
