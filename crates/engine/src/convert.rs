@@ -252,7 +252,7 @@ fn open_source(path: &Path) -> Result<Opened> {
     if path.is_dir() {
         let config = HfConfig::from_dir(path)?;
         let arch = arch::by_hf_name(&config.path.display().to_string(), &hf_arch_names(&config))?;
-        (arch.from_hf)(&config)?;
+        let cfg = (arch.from_hf)(&config)?;
         let mut files = BTreeMap::new();
         for f in HF_FILES {
             let p = path.join(f);
@@ -261,7 +261,7 @@ fn open_source(path: &Path) -> Result<Opened> {
             }
         }
         let weights = HfWeights::open_dir(path)?;
-        let src = HfSource::new(path, weights, arch);
+        let src = HfSource::new(path, weights, arch, cfg.n_layers);
         let dropped = src.unmapped();
         let offset = src.norm_offset();
         return Ok((Source::Hf(src), arch.name.to_string(), Metadata::Hf { files }, offset, "hf", dropped));

@@ -11,7 +11,7 @@ use cortiq_formats::FormatError;
 use cortiq_formats::cmf::{self, Cmf, Metadata};
 use cortiq_formats::gguf::Gguf;
 use cortiq_formats::hf::HfConfig;
-use cortiq_formats::names::hf_to_gguf;
+use cortiq_formats::names::{hf_mtp_to_gguf, hf_to_gguf};
 use cortiq_formats::safetensors::HfWeights;
 use cortiq_formats::tokenizer::Tokenizer;
 
@@ -74,7 +74,7 @@ pub fn load(path: &Path) -> Result<Loaded> {
         let arch = arch::by_hf_name(&config.path.display().to_string(), &hf_arch_names(&config))?;
         let cfg = (arch.from_hf)(&config)?;
         let weights = HfWeights::open_dir(path)?;
-        let src = HfSource::new(path, weights, arch);
+        let src = HfSource::new(path, weights, arch, cfg.n_layers);
         let model = Model::load_dense(&src, cfg)?;
         Ok(Loaded { model, origin: Origin::Hf { dir: path.to_path_buf(), config } })
     } else {
@@ -125,8 +125,12 @@ pub(crate) struct HfSource {
 }
 
 impl HfSource {
-    pub(crate) fn new(dir: &Path, weights: HfWeights, arch: &Arch) -> HfSource {
-        let names = weights.names().filter_map(|n| Some((hf_to_gguf(arch.name, n)?, n.to_string()))).collect();
+    /// `n_layers`: the ordinary layers (MTP blocks are numbered after them).
+    pub(crate) fn new(dir: &Path, weights: HfWeights, arch: &Arch, n_layers: usize) -> HfSource {
+        let names = weights
+            .names()
+            .filter_map(|n| Some((hf_to_gguf(arch.name, n).or_else(|| hf_mtp_to_gguf(arch.name, n, n_layers))?, n.to_string())))
+            .collect();
         HfSource { dir: dir.to_path_buf(), weights, names, norm_offset: arch.hf_norm_offset, plain_norms: arch.hf_plain_norms }
     }
 }

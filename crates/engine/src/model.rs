@@ -4,7 +4,7 @@
 
 use crate::blocks::{AttentionWeights, FfnWeights, attention, ffn, rmsnorm_rows_in, rmsnorm_segments_in};
 use crate::compat::{LlamaCppCtx, Numerics};
-use crate::config::{MixerKind, ModelConfig};
+use crate::config::{LayerSpec, MixerKind, ModelConfig};
 use crate::error::{EngineError, Result};
 use crate::mixers::gdn::{GdnConfig, GdnState, GdnWeights, gated_deltanet};
 use crate::mixers::kda::{KdaConfig, KdaState, KdaWeights, kda};
@@ -43,7 +43,7 @@ impl MixerWeights {
         }
     }
 
-    fn matrices(&self) -> Vec<&QTensor> {
+    pub fn matrices(&self) -> Vec<&QTensor> {
         match self {
             MixerWeights::Attention(a) => vec![&a.wq, &a.wk, &a.wv, &a.wo],
             MixerWeights::ShortConv(c) => vec![&c.in_proj, &c.out_proj],
@@ -68,11 +68,18 @@ impl Ffn {
         }
     }
 
-    fn matrices(&self) -> Vec<&QTensor> {
+    pub fn matrices(&self) -> Vec<&QTensor> {
         match self {
             Ffn::Dense(f) => vec![&f.gate, &f.up, &f.down],
             Ffn::Moe(m) => m.matrices(),
         }
+    }
+}
+
+impl LayerWeights {
+    /// The layer's matrices (mixer then FFN), in a fixed order.
+    pub fn matrices(&self) -> Vec<&QTensor> {
+        self.mixer.matrices().into_iter().chain(self.ffn.matrices()).collect()
     }
 }
 
@@ -85,10 +92,29 @@ pub struct LayerWeights {
     pub post_ffn_norm: Option<Vec<f32>>,
 }
 
+/// One multi-token-prediction block (Qwen3-Next / Qwen3.5): it predicts the token after next
+/// from the last hidden state and the next token's embedding,
+/// h' = layer(eh_proj · [enorm(embed(next)) | hnorm(hidden)]), logits = output(shared_head_norm(h')).
+/// Loaded and addressable for speculative decoding; the ordinary forward pass does not run it.
+pub struct MtpWeights {
+    /// [d_model, 2·d_model]: the concatenated (embedding, hidden) pair down to d_model.
+    pub eh_proj: QTensor,
+    pub enorm: Vec<f32>,
+    pub hnorm: Vec<f32>,
+    pub shared_head_norm: Vec<f32>,
+    /// A full-attention decoder layer (MoE when the model's layers are).
+    pub layer: LayerWeights,
+    /// Its layout (the same attention and FFN kind as the model's attention layers).
+    pub spec: LayerSpec,
+}
+
 pub struct Model {
     pub cfg: ModelConfig,
     pub tok_embd: QTensor,
     pub layers: Vec<LayerWeights>,
+    /// MTP blocks found in the file (GGUF blocks past `n_layers` with `nextn.*` tensors, HF
+    /// `mtp.*`), in order; empty for models without them.
+    pub mtp: Vec<MtpWeights>,
     pub output_norm: Vec<f32>,
     /// The LM head; the embedding itself when tied.
     pub output: QTensor,
@@ -117,94 +143,19 @@ pub type Trace<'a> = &'a mut dyn FnMut(&str, usize, &[f32]);
 impl Model {
     /// Load the dense layout by GGUF tensor names; `cfg` says which optional parts exist.
     pub fn load_dense(src: &dyn TensorSource, cfg: ModelConfig) -> Result<Model> {
-        let (d, q_dim, kv_dim, ff, hd) = (cfg.d_model, cfg.q_dim(), cfg.kv_dim(), cfg.d_ff, cfg.head_dim);
+        let d = cfg.d_model;
         let tok_embd = src.require("token_embd.weight", cfg.vocab, d)?;
         let output = src.optional("output.weight", cfg.vocab, d)?;
         let tied = output.is_none();
         let output = output.unwrap_or_else(|| tok_embd.clone());
         let output_norm = src.vector(cfg.output_norm, d)?;
-        let mut layers = Vec::with_capacity(cfg.n_layers);
-        for il in 0..cfg.n_layers {
-            let n = |s: &str| format!("blk.{il}.{s}");
-            let bias = |s: &str, len: usize| -> Result<Option<Vec<f32>>> {
-                if cfg.qkv_bias { Ok(Some(src.vector(&n(s), len)?)) } else { Ok(None) }
-            };
-            let qk_norm =
-                |s: &str| -> Result<Option<Vec<f32>>> { if cfg.qk_norm { Ok(Some(src.vector(&n(s), hd)?)) } else { Ok(None) } };
-            let post =
-                |s: &str| -> Result<Option<Vec<f32>>> { if cfg.post_norms { Ok(Some(src.vector(&n(s), d)?)) } else { Ok(None) } };
-            let opt_vec =
-                |s: &str, len: usize, on: bool| -> Result<Vec<f32>> { if on { src.vector(&n(s), len) } else { Ok(Vec::new()) } };
-            let mixer = match cfg.layers[il].mixer {
-                MixerKind::Attention => MixerWeights::Attention(AttentionWeights {
-                    // A gated q_proj holds [q | gate] per head: twice the rows.
-                    wq: src.require(&n("attn_q.weight"), if cfg.attn_gate { 2 * q_dim } else { q_dim }, d)?,
-                    wk: src.require(&n("attn_k.weight"), kv_dim, d)?,
-                    wv: src.require(&n("attn_v.weight"), kv_dim, d)?,
-                    wo: src.require(&n("attn_output.weight"), d, q_dim)?,
-                    bq: bias("attn_q.bias", q_dim)?,
-                    bk: bias("attn_k.bias", kv_dim)?,
-                    bv: bias("attn_v.bias", kv_dim)?,
-                    q_norm: qk_norm("attn_q_norm.weight")?,
-                    k_norm: qk_norm("attn_k_norm.weight")?,
-                }),
-                MixerKind::ShortConv { kernel, bias: b } => MixerWeights::ShortConv(ShortConvWeights {
-                    in_proj: src.require(&n("shortconv.in_proj.weight"), 3 * d, d)?,
-                    in_bias: opt_vec("shortconv.in_proj.bias", 3 * d, b)?,
-                    conv: src.require(&n("shortconv.conv.weight"), d, kernel)?.to_f32(),
-                    conv_bias: opt_vec("shortconv.conv.bias", d, b)?,
-                    out_proj: src.require(&n("shortconv.out_proj.weight"), d, d)?,
-                    out_bias: opt_vec("shortconv.out_proj.bias", d, b)?,
-                }),
-                MixerKind::GatedDeltaNet(g) => {
-                    let (qkv, z) = gdn_qkvz(src, &g, il, d)?;
-                    let (b, a) = gdn_ba(src, &g, il, d)?;
-                    MixerWeights::GatedDeltaNet(GdnWeights {
-                        in_proj_qkv: qkv,
-                        in_proj_z: z,
-                        in_proj_b: b,
-                        in_proj_a: a,
-                        conv: src.require(&n("ssm_conv1d.weight"), g.conv_dim(), g.conv_kernel)?.to_f32(),
-                        dt_bias: src.vector(&n("ssm_dt.bias"), g.n_v_heads)?,
-                        a: src.vector(&n("ssm_a"), g.n_v_heads)?,
-                        norm: src.vector(&n("ssm_norm.weight"), g.d_v)?,
-                        out_proj: src.require(&n("ssm_out.weight"), d, g.value_dim())?,
-                    })
-                }
-                MixerKind::Kda(c) => MixerWeights::Kda(load_kda(src, &c, il)?),
-                MixerKind::Mla(c) => MixerWeights::Mla(MlaWeights {
-                    q: src.require(&n("attn_q.weight"), c.n_heads * c.qk_dim(), d)?,
-                    kv_a: src.require(&n("attn_kv_a_mqa.weight"), c.kv_lora + c.rope, d)?,
-                    kv_a_norm: src.vector(&n("attn_kv_a_norm.weight"), c.kv_lora)?,
-                    kv_b: mla_kv_b(src, &c, il)?,
-                    o: src.require(&n("attn_output.weight"), d, c.n_heads * c.v_dim)?,
-                }),
-            };
-            layers.push(LayerWeights {
-                attn_norm: src.vector(&n("attn_norm.weight"), d)?,
-                mixer,
-                post_attn_norm: post("post_attention_norm.weight")?,
-                ffn_norm: src.vector(&n(cfg.ffn_norm), d)?,
-                ffn: if cfg.layers[il].moe {
-                    let mc = cfg.moe.as_ref().ok_or_else(|| EngineError::BadConfig {
-                        file: src.file(),
-                        what: format!("layer {il} is a mixture of experts but the model has no expert configuration"),
-                    })?;
-                    Ffn::Moe(load_moe(src, mc, il, d)?)
-                } else {
-                    Ffn::Dense(FfnWeights {
-                        gate: src.require(&n("ffn_gate.weight"), ff, d)?,
-                        up: src.require(&n("ffn_up.weight"), ff, d)?,
-                        down: src.require(&n("ffn_down.weight"), d, ff)?,
-                    })
-                },
-                post_ffn_norm: post("post_ffw_norm.weight")?,
-            });
-        }
+        let layers = (0..cfg.n_layers).map(|il| load_layer(src, &cfg, il, &cfg.layers[il])).collect::<Result<Vec<_>>>()?;
+        let mtp = load_mtp(src, &cfg)?;
         Ok(Model {
             cfg,
             tok_embd,
             layers,
+            mtp,
             output_norm,
             output,
             numerics: Numerics::Exact,
@@ -227,7 +178,7 @@ impl Model {
         let tied = self.tied;
         self.tok_embd.set_numerics(num, false);
         self.output.set_numerics(num, !tied);
-        for l in &mut self.layers {
+        for l in self.layers.iter_mut().chain(self.mtp.iter_mut().map(|m| &mut m.layer)) {
             for t in l.mixer.matrices_mut().into_iter().chain(l.ffn.matrices_mut()) {
                 t.set_numerics(num, true);
             }
@@ -433,6 +384,109 @@ fn load_moe(src: &dyn TensorSource, mc: &MoeConfig, il: usize, d: usize) -> Resu
 /// or Qwen3-Next's fused `in_proj_qkvz` (HF) whose rows come grouped per key head as
 /// [q (d_k), k (d_k), v (r·d_v), z (r·d_v)], r = n_v / n_k — re-laid out here into all q heads,
 /// all k heads, all v heads (in grouped order) and z, so the mixer has one layout.
+/// The MTP blocks that follow the ordinary layers: block `n_layers + i` while it has an
+/// `nextn.eh_proj` tensor.
+fn load_mtp(src: &dyn TensorSource, cfg: &ModelConfig) -> Result<Vec<MtpWeights>> {
+    let d = cfg.d_model;
+    let mut out = Vec::new();
+    // The MTP layer is a full-attention layer shaped like the model's own attention layers.
+    let Some(attn) = cfg.layers.iter().find(|l| l.mixer == MixerKind::Attention) else { return Ok(out) };
+    loop {
+        let il = cfg.n_layers + out.len();
+        let n = |s: &str| format!("blk.{il}.{s}");
+        let Some(eh_proj) = src.optional(&n("nextn.eh_proj.weight"), d, 2 * d)? else { return Ok(out) };
+        let spec = attn.clone();
+        out.push(MtpWeights {
+            eh_proj,
+            enorm: src.vector(&n("nextn.enorm.weight"), d)?,
+            hnorm: src.vector(&n("nextn.hnorm.weight"), d)?,
+            shared_head_norm: src.vector(&n("nextn.shared_head_norm.weight"), d)?,
+            layer: load_layer(src, cfg, il, &spec)?,
+            spec,
+        });
+    }
+}
+
+/// One decoder layer's weights at block `il`, laid out as `spec` says.
+fn load_layer(src: &dyn TensorSource, cfg: &ModelConfig, il: usize, spec: &LayerSpec) -> Result<LayerWeights> {
+    let (d, q_dim, kv_dim, ff, hd) = (cfg.d_model, cfg.q_dim(), cfg.kv_dim(), cfg.d_ff, cfg.head_dim);
+    let n = |s: &str| format!("blk.{il}.{s}");
+    let bias = |s: &str, len: usize| -> Result<Option<Vec<f32>>> {
+        if cfg.qkv_bias { Ok(Some(src.vector(&n(s), len)?)) } else { Ok(None) }
+    };
+    let qk_norm =
+        |s: &str| -> Result<Option<Vec<f32>>> { if cfg.qk_norm { Ok(Some(src.vector(&n(s), hd)?)) } else { Ok(None) } };
+    let post =
+        |s: &str| -> Result<Option<Vec<f32>>> { if cfg.post_norms { Ok(Some(src.vector(&n(s), d)?)) } else { Ok(None) } };
+    let opt_vec =
+        |s: &str, len: usize, on: bool| -> Result<Vec<f32>> { if on { src.vector(&n(s), len) } else { Ok(Vec::new()) } };
+    let mixer = match spec.mixer {
+        MixerKind::Attention => MixerWeights::Attention(AttentionWeights {
+            // A gated q_proj holds [q | gate] per head: twice the rows.
+            wq: src.require(&n("attn_q.weight"), if cfg.attn_gate { 2 * q_dim } else { q_dim }, d)?,
+            wk: src.require(&n("attn_k.weight"), kv_dim, d)?,
+            wv: src.require(&n("attn_v.weight"), kv_dim, d)?,
+            wo: src.require(&n("attn_output.weight"), d, q_dim)?,
+            bq: bias("attn_q.bias", q_dim)?,
+            bk: bias("attn_k.bias", kv_dim)?,
+            bv: bias("attn_v.bias", kv_dim)?,
+            q_norm: qk_norm("attn_q_norm.weight")?,
+            k_norm: qk_norm("attn_k_norm.weight")?,
+        }),
+        MixerKind::ShortConv { kernel, bias: b } => MixerWeights::ShortConv(ShortConvWeights {
+            in_proj: src.require(&n("shortconv.in_proj.weight"), 3 * d, d)?,
+            in_bias: opt_vec("shortconv.in_proj.bias", 3 * d, b)?,
+            conv: src.require(&n("shortconv.conv.weight"), d, kernel)?.to_f32(),
+            conv_bias: opt_vec("shortconv.conv.bias", d, b)?,
+            out_proj: src.require(&n("shortconv.out_proj.weight"), d, d)?,
+            out_bias: opt_vec("shortconv.out_proj.bias", d, b)?,
+        }),
+        MixerKind::GatedDeltaNet(g) => {
+            let (qkv, z) = gdn_qkvz(src, &g, il, d)?;
+            let (b, a) = gdn_ba(src, &g, il, d)?;
+            MixerWeights::GatedDeltaNet(GdnWeights {
+                in_proj_qkv: qkv,
+                in_proj_z: z,
+                in_proj_b: b,
+                in_proj_a: a,
+                conv: src.require(&n("ssm_conv1d.weight"), g.conv_dim(), g.conv_kernel)?.to_f32(),
+                dt_bias: src.vector(&n("ssm_dt.bias"), g.n_v_heads)?,
+                a: src.vector(&n("ssm_a"), g.n_v_heads)?,
+                norm: src.vector(&n("ssm_norm.weight"), g.d_v)?,
+                out_proj: src.require(&n("ssm_out.weight"), d, g.value_dim())?,
+            })
+        }
+        MixerKind::Kda(c) => MixerWeights::Kda(load_kda(src, &c, il)?),
+        MixerKind::Mla(c) => MixerWeights::Mla(MlaWeights {
+            q: src.require(&n("attn_q.weight"), c.n_heads * c.qk_dim(), d)?,
+            kv_a: src.require(&n("attn_kv_a_mqa.weight"), c.kv_lora + c.rope, d)?,
+            kv_a_norm: src.vector(&n("attn_kv_a_norm.weight"), c.kv_lora)?,
+            kv_b: mla_kv_b(src, &c, il)?,
+            o: src.require(&n("attn_output.weight"), d, c.n_heads * c.v_dim)?,
+        }),
+    };
+    Ok(LayerWeights {
+        attn_norm: src.vector(&n("attn_norm.weight"), d)?,
+        mixer,
+        post_attn_norm: post("post_attention_norm.weight")?,
+        ffn_norm: src.vector(&n(cfg.ffn_norm), d)?,
+        ffn: if spec.moe {
+            let mc = cfg.moe.as_ref().ok_or_else(|| EngineError::BadConfig {
+                file: src.file(),
+                what: format!("layer {il} is a mixture of experts but the model has no expert configuration"),
+            })?;
+            Ffn::Moe(load_moe(src, mc, il, d)?)
+        } else {
+            Ffn::Dense(FfnWeights {
+                gate: src.require(&n("ffn_gate.weight"), ff, d)?,
+                up: src.require(&n("ffn_up.weight"), ff, d)?,
+                down: src.require(&n("ffn_down.weight"), d, ff)?,
+            })
+        },
+        post_ffn_norm: post("post_ffw_norm.weight")?,
+    })
+}
+
 fn gdn_qkvz(src: &dyn TensorSource, g: &GdnConfig, il: usize, d: usize) -> Result<(QTensor, QTensor)> {
     let n = |s: &str| format!("blk.{il}.{s}");
     if let Some(qkv) = src.optional(&n("attn_qkv.weight"), g.conv_dim(), d)? {

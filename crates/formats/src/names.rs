@@ -299,6 +299,32 @@ pub fn gguf_to_hf(arch: &str, gguf: &str) -> Option<String> {
         .map(|&(h, _, _, _)| format!("model.layers.{n}.{h}{param}"))
 }
 
+/// Multi-token-prediction blocks (Qwen3-Next / Qwen3.5): HF keeps them under `mtp.`, GGUF
+/// appends them as blocks `n_layers + i` (`block_count` counts them, `nextn_predict_layers`
+/// says how many) with four `nextn.*` tensors of their own. The block index depends on the
+/// model's layer count, so this is not part of the fixed table.
+const MTP_OWN: &[(&str, &str)] = &[
+    ("fc.weight", "nextn.eh_proj.weight"),
+    ("pre_fc_norm_embedding.weight", "nextn.enorm.weight"),
+    ("pre_fc_norm_hidden.weight", "nextn.hnorm.weight"),
+    ("norm.weight", "nextn.shared_head_norm.weight"),
+];
+
+/// The GGUF name of an HF `mtp.*` tensor of a model with `n_layers` ordinary layers, or `None`
+/// when `hf` is not one (or the arch has no MTP blocks). MTP block 0's own tensors live at
+/// block `n_layers`, `mtp.layers.i.*` at block `n_layers + i`.
+pub fn hf_mtp_to_gguf(arch: &str, hf: &str, n_layers: usize) -> Option<String> {
+    if !parse_arch(arch)?.qwen_hybrid() {
+        return None;
+    }
+    let rest = hf.strip_prefix("mtp.")?;
+    if let Some(&(_, g)) = MTP_OWN.iter().find(|(h, _)| *h == rest) {
+        return Some(format!("blk.{n_layers}.{g}"));
+    }
+    let (i, inner) = split_layer(rest.strip_prefix("layers.")?)?;
+    hf_to_gguf(arch, &format!("model.layers.{}.{inner}", n_layers + i))
+}
+
 /// The architectures this table covers, in GGUF spelling.
 pub const ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "gemma3", "lfm2", "qwen35", "qwen35moe", "qwen3next", "kimi-linear"];
 
@@ -322,6 +348,18 @@ mod lfm2_tests {
             assert_eq!(gguf_to_hf("lfm2", gguf).as_deref(), Some(hf), "{gguf}");
         }
         assert_eq!(hf_to_gguf("lfm2", "model.layers.0.input_layernorm.weight"), None);
+        for (hf, gguf) in [
+            ("mtp.fc.weight", "blk.24.nextn.eh_proj.weight"),
+            ("mtp.pre_fc_norm_embedding.weight", "blk.24.nextn.enorm.weight"),
+            ("mtp.pre_fc_norm_hidden.weight", "blk.24.nextn.hnorm.weight"),
+            ("mtp.norm.weight", "blk.24.nextn.shared_head_norm.weight"),
+            ("mtp.layers.0.self_attn.q_proj.weight", "blk.24.attn_q.weight"),
+            ("mtp.layers.0.mlp.experts.3.up_proj.weight", "blk.24.ffn_up_exps.3.weight"),
+        ] {
+            assert_eq!(hf_mtp_to_gguf("qwen35moe", hf, 24).as_deref(), Some(gguf), "{hf}");
+        }
+        assert_eq!(hf_mtp_to_gguf("lfm2", "mtp.fc.weight", 24), None);
+        assert_eq!(hf_mtp_to_gguf("qwen35", "model.layers.0.self_attn.q_proj.weight", 24), None);
         for (hf, gguf) in [
             ("model.layers.3.linear_attn.dt_bias", "blk.3.ssm_dt.bias"),
             ("model.layers.3.linear_attn.A_log", "blk.3.ssm_a"),
