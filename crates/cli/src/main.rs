@@ -77,6 +77,10 @@ struct BenchArgs {
     /// an unmeasured prefill of this many tokens (`pp512 @ d8192`).
     #[arg(short = 'd', long = "depth", default_value_t = 0)]
     depth: usize,
+    /// Also time decode in speculative pairs (`forward_tentative`: two positions per call,
+    /// layers in lockstep, equal to two single steps bit for bit) beside single steps.
+    #[arg(long)]
+    pairs: bool,
 }
 
 #[derive(Args)]
@@ -462,6 +466,22 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
             }
         }
         let tg = report(format!("tg{}{at}", a.n_gen), a.n_gen, &times);
+        if a.pairs {
+            let mut times = Vec::new();
+            let n = a.n_gen / 2 * 2;
+            for rep in 0..=a.reps {
+                let mut st = fresh(n)?;
+                let t = Instant::now();
+                for p in rest[..n].chunks_exact(2) {
+                    model.forward_tentative([p[0], p[1]], &mut st)?;
+                }
+                if rep > 0 {
+                    times.push(t.elapsed().as_secs_f64());
+                }
+            }
+            let pr = report(format!("tg{n}{at} in pairs"), n, &times);
+            println!("pairs / single steps: {:.2}x", pr / tg);
+        }
         if a.roofline {
             // Measured here, between the runs it judges: the machine's state is the same.
             let bw = cortiq_kernels::membw::read_bandwidth(cortiq_engine::par::pool(), 1 << 30, 10);

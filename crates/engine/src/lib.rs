@@ -19,6 +19,7 @@ pub mod qtensor;
 pub mod state;
 pub mod weights;
 
+pub use compat::Numerics;
 pub use error::{EngineError, Result};
 pub use model::{Logits, Model};
 pub mod sampling;

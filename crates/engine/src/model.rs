@@ -14,8 +14,8 @@ use crate::moe::{MoeConfig, MoeWeights, moe};
 use crate::par::pool;
 use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
-use crate::state::LayerState;
 use crate::state::SeqState;
+use crate::state::{Checkpoint, LayerState};
 use crate::weights::TensorSource;
 
 /// A layer's token mixer and its weights.
@@ -242,72 +242,13 @@ impl Model {
         let cfg = &self.cfg;
         let n = tokens.len();
         let pos0 = state.len;
-        if pos0 + n > state.n_ctx {
-            return Err(EngineError::ContextOverflow { what: "forward".into(), n_tokens: pos0 + n, n_ctx: state.n_ctx });
-        }
-        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= cfg.vocab) {
-            return Err(EngineError::BadToken { id, vocab: cfg.vocab });
-        }
+        self.check_tokens(tokens, state)?;
         let d = cfg.d_model;
-        let mut x = vec![0f32; n * d]; // [n, d_model]
-        let embd_span = profile::span(Op::Embedding);
-        pool().for_rows_mut(&mut x, d, 16, |t0, rows| {
-            for (i, row) in rows.chunks_mut(d).enumerate() {
-                self.tok_embd.row_f32(tokens[t0 + i] as usize, row);
-                if let Some(s) = cfg.embed_scale {
-                    row.iter_mut().for_each(|v| *v *= s);
-                }
-            }
-        });
-        drop(embd_span);
+        let mut x = self.embed(tokens); // [n, d_model]
         trace("embd", usize::MAX, &x);
 
-        let mut h = vec![0f32; n * d]; // [n, d_model]
-        for (il, (lw, spec)) in self.layers.iter().zip(&cfg.layers).enumerate() {
-            let num = self.numerics;
-            let lc = LlamaCppCtx { cache_cells: state.n_ctx, threads: self.llamacpp_threads };
-            rmsnorm_rows_in(num, &x, &lw.attn_norm, cfg.norm_eps, &mut h);
-            trace("attn_norm", il, &h);
-            let mut tr = |name: &str, vals: &[f32]| trace(name, il, vals);
-            let mut a = match (&lw.mixer, &mut state.layers[il]) {
-                (MixerWeights::Attention(aw), ls) => {
-                    attention(cfg, aw, &cfg.ropes[spec.rope], spec.sliding_window, &h, n, pos0, ls, num, lc, &mut tr)
-                }
-                (MixerWeights::ShortConv(cw), LayerState::ShortConv(cs)) => {
-                    let MixerKind::ShortConv { kernel, .. } = spec.mixer else { unreachable!("weights follow the spec") };
-                    short_conv(cw, d, kernel, &h, n, cs)
-                }
-                (MixerWeights::GatedDeltaNet(gw), LayerState::Gdn(gs)) => {
-                    let MixerKind::GatedDeltaNet(g) = spec.mixer else { unreachable!("weights follow the spec") };
-                    gated_deltanet(&g, gw, &h, n, gs)
-                }
-                (MixerWeights::Kda(kw), LayerState::Kda(ks)) => {
-                    let MixerKind::Kda(c) = spec.mixer else { unreachable!("weights follow the spec") };
-                    kda(&c, kw, &h, n, ks)
-                }
-                (MixerWeights::Mla(mw), LayerState::Mla { st, .. }) => {
-                    let MixerKind::Mla(c) = spec.mixer else { unreachable!("weights follow the spec") };
-                    mla(&c, mw, &h, n, st)
-                }
-                _ => unreachable!("states follow the spec"),
-            };
-            if let Some(g) = &lw.post_attn_norm {
-                rmsnorm_segments_in(num, &mut a, g, cfg.norm_eps);
-            }
-            trace("attn_proj", il, &a);
-            x.iter_mut().zip(&a).for_each(|(xi, ai)| *xi += ai);
-            rmsnorm_rows_in(num, &x, &lw.ffn_norm, cfg.norm_eps, &mut h);
-            trace("ffn_norm", il, &h);
-            let mut m = match &lw.ffn {
-                Ffn::Dense(f) => ffn(cfg, f, &h, n, num),
-                Ffn::Moe(mw) => moe(cfg, cfg.moe.as_ref().expect("checked at load"), mw, &h, n, num),
-            };
-            if let Some(g) = &lw.post_ffn_norm {
-                rmsnorm_segments_in(num, &mut m, g, cfg.norm_eps);
-            }
-            trace("ffn_out", il, &m);
-            x.iter_mut().zip(&m).for_each(|(xi, mi)| *xi += mi);
-            trace("l_out", il, &x);
+        for il in 0..self.layers.len() {
+            self.layer_forward(il, &mut x, n, pos0, state, trace);
         }
         state.len = pos0 + n;
 
@@ -316,16 +257,132 @@ impl Model {
             Logits::Last => n - 1,
             Logits::From(i) => i.min(n),
         };
-        let n_out = n - from;
-        let mut normed = vec![0f32; n_out * d]; // [n_out, d_model]
-        rmsnorm_rows_in(self.numerics, &x[from * d..], &self.output_norm, cfg.norm_eps, &mut normed);
+        Ok(self.head(&x[from * d..], trace))
+    }
+
+    /// Errors for a chunk that would overflow the context or holds an unknown token id.
+    fn check_tokens(&self, tokens: &[u32], state: &SeqState) -> Result<()> {
+        let n = tokens.len();
+        if state.len + n > state.n_ctx {
+            return Err(EngineError::ContextOverflow { what: "forward".into(), n_tokens: state.len + n, n_ctx: state.n_ctx });
+        }
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= self.cfg.vocab) {
+            return Err(EngineError::BadToken { id, vocab: self.cfg.vocab });
+        }
+        Ok(())
+    }
+
+    /// The residual stream's start: embedding rows (scaled where the model says so).
+    /// -> [n, d_model]
+    fn embed(&self, tokens: &[u32]) -> Vec<f32> {
+        let d = self.cfg.d_model;
+        let mut x = vec![0f32; tokens.len() * d]; // [n, d_model]
+        let _s = profile::span(Op::Embedding);
+        pool().for_rows_mut(&mut x, d, 16, |t0, rows| {
+            for (i, row) in rows.chunks_mut(d).enumerate() {
+                self.tok_embd.row_f32(tokens[t0 + i] as usize, row);
+                if let Some(s) = self.cfg.embed_scale {
+                    row.iter_mut().for_each(|v| *v *= s);
+                }
+            }
+        });
+        x
+    }
+
+    /// Final norm and LM head over the rows of x [n_out, d_model] -> logits [n_out, vocab].
+    fn head(&self, x: &[f32], trace: Trace) -> Vec<f32> {
+        let cfg = &self.cfg;
+        let n_out = x.len() / cfg.d_model;
+        let mut normed = vec![0f32; x.len()]; // [n_out, d_model]
+        rmsnorm_rows_in(self.numerics, x, &self.output_norm, cfg.norm_eps, &mut normed);
         trace("result_norm", usize::MAX, &normed);
         let mut logits = vec![0f32; n_out * cfg.vocab]; // [n_out, vocab]
         self.output.matmul(&normed, n_out, &mut logits);
         if let Some(c) = cfg.final_logit_softcap {
             pool().for_rows_mut(&mut logits, 4096, 1, |_, ls| ls.iter_mut().for_each(|l| *l = (*l / c).tanh() * c));
         }
-        Ok(logits)
+        logits
+    }
+
+    /// The speculative pair: `tokens[0]` (accepted) and `tokens[1]` (tentative) at positions
+    /// state.len and state.len + 1. The layers run in lockstep — each layer for the first
+    /// token, then for the second — so a layer's weights come from memory once and from the
+    /// cache for the second token (a layer of a 0.8B model is ~12 MB beside a 32 MB L3).
+    /// Every position takes the decode path (n = 1), so the logits [2, vocab] equal two single
+    /// `forward` steps bit for bit. Also returns a checkpoint at the first position:
+    /// `state.rollback(cp)` rejects the second token and leaves the state exactly as one step
+    /// would have.
+    pub fn forward_tentative(&self, tokens: [u32; 2], state: &mut SeqState) -> Result<(Vec<f32>, Checkpoint)> {
+        cortiq_kernels::simd::flush_denormals();
+        self.check_tokens(&tokens, state)?;
+        let d = self.cfg.d_model;
+        let pos0 = state.len;
+        let mut xs = [self.embed(&tokens[..1]), self.embed(&tokens[1..])]; // 2 × [1, d_model]
+        let mut snaps = Vec::with_capacity(self.layers.len());
+        let trace: Trace = &mut |_, _, _| {};
+        for il in 0..self.layers.len() {
+            self.layer_forward(il, &mut xs[0], 1, pos0, state, trace);
+            snaps.push(state.layers[il].is_recurrent().then(|| state.layers[il].clone()));
+            self.layer_forward(il, &mut xs[1], 1, pos0 + 1, state, trace);
+        }
+        state.len = pos0 + 2;
+        let mut logits = self.head(&xs[0], trace); // [2, vocab]
+        logits.extend(self.head(&xs[1], trace));
+        debug_assert_eq!(xs[0].len(), d);
+        Ok((logits, Checkpoint::at(pos0 + 1, snaps)))
+    }
+
+    /// One decoder layer over `n` positions from `pos0`: x [n, d_model] is updated in place
+    /// (residual stream), the layer's state grows by n positions. `state.len` is not touched.
+    fn layer_forward(&self, il: usize, x: &mut [f32], n: usize, pos0: usize, state: &mut SeqState, trace: Trace) {
+        let cfg = &self.cfg;
+        let d = cfg.d_model;
+        let (lw, spec) = (&self.layers[il], &cfg.layers[il]);
+        let mut h = vec![0f32; n * d]; // [n, d_model]
+        let num = self.numerics;
+        let lc = LlamaCppCtx { cache_cells: state.n_ctx, threads: self.llamacpp_threads };
+        rmsnorm_rows_in(num, &x, &lw.attn_norm, cfg.norm_eps, &mut h);
+        trace("attn_norm", il, &h);
+        let mut tr = |name: &str, vals: &[f32]| trace(name, il, vals);
+        let mut a = match (&lw.mixer, &mut state.layers[il]) {
+            (MixerWeights::Attention(aw), ls) => {
+                attention(cfg, aw, &cfg.ropes[spec.rope], spec.sliding_window, &h, n, pos0, ls, num, lc, &mut tr)
+            }
+            (MixerWeights::ShortConv(cw), LayerState::ShortConv(cs)) => {
+                let MixerKind::ShortConv { kernel, .. } = spec.mixer else { unreachable!("weights follow the spec") };
+                short_conv(cw, d, kernel, &h, n, cs)
+            }
+            (MixerWeights::GatedDeltaNet(gw), LayerState::Gdn(gs)) => {
+                let MixerKind::GatedDeltaNet(g) = spec.mixer else { unreachable!("weights follow the spec") };
+                gated_deltanet(&g, gw, &h, n, gs)
+            }
+            (MixerWeights::Kda(kw), LayerState::Kda(ks)) => {
+                let MixerKind::Kda(c) = spec.mixer else { unreachable!("weights follow the spec") };
+                kda(&c, kw, &h, n, ks)
+            }
+            (MixerWeights::Mla(mw), LayerState::Mla { st, .. }) => {
+                let MixerKind::Mla(c) = spec.mixer else { unreachable!("weights follow the spec") };
+                mla(&c, mw, &h, n, st)
+            }
+            _ => unreachable!("states follow the spec"),
+        };
+        if let Some(g) = &lw.post_attn_norm {
+            rmsnorm_segments_in(num, &mut a, g, cfg.norm_eps);
+        }
+        trace("attn_proj", il, &a);
+        x.iter_mut().zip(&a).for_each(|(xi, ai)| *xi += ai);
+        rmsnorm_rows_in(num, &x, &lw.ffn_norm, cfg.norm_eps, &mut h);
+        trace("ffn_norm", il, &h);
+        let mut m = match &lw.ffn {
+            Ffn::Dense(f) => ffn(cfg, f, &h, n, num),
+            Ffn::Moe(mw) => moe(cfg, cfg.moe.as_ref().expect("checked at load"), mw, &h, n, num),
+        };
+        if let Some(g) = &lw.post_ffn_norm {
+            rmsnorm_segments_in(num, &mut m, g, cfg.norm_eps);
+        }
+        trace("ffn_out", il, &m);
+        x.iter_mut().zip(&m).for_each(|(xi, mi)| *xi += mi);
+        trace("l_out", il, &x);
     }
 
     /// Prefill a prompt in chunks of `chunk` positions; returns the last position's logits.
@@ -380,10 +437,6 @@ fn load_moe(src: &dyn TensorSource, mc: &MoeConfig, il: usize, d: usize) -> Resu
     Ok(MoeWeights { router, select_bias, experts, shared, shared_gate })
 }
 
-/// A GatedDeltaNet layer's q|k|v and z projections: split tensors (Qwen3.5; llama.cpp's files),
-/// or Qwen3-Next's fused `in_proj_qkvz` (HF) whose rows come grouped per key head as
-/// [q (d_k), k (d_k), v (r·d_v), z (r·d_v)], r = n_v / n_k — re-laid out here into all q heads,
-/// all k heads, all v heads (in grouped order) and z, so the mixer has one layout.
 /// The MTP blocks that follow the ordinary layers: block `n_layers + i` while it has an
 /// `nextn.eh_proj` tensor.
 fn load_mtp(src: &dyn TensorSource, cfg: &ModelConfig) -> Result<Vec<MtpWeights>> {
@@ -414,10 +467,8 @@ fn load_layer(src: &dyn TensorSource, cfg: &ModelConfig, il: usize, spec: &Layer
     let bias = |s: &str, len: usize| -> Result<Option<Vec<f32>>> {
         if cfg.qkv_bias { Ok(Some(src.vector(&n(s), len)?)) } else { Ok(None) }
     };
-    let qk_norm =
-        |s: &str| -> Result<Option<Vec<f32>>> { if cfg.qk_norm { Ok(Some(src.vector(&n(s), hd)?)) } else { Ok(None) } };
-    let post =
-        |s: &str| -> Result<Option<Vec<f32>>> { if cfg.post_norms { Ok(Some(src.vector(&n(s), d)?)) } else { Ok(None) } };
+    let qk_norm = |s: &str| -> Result<Option<Vec<f32>>> { if cfg.qk_norm { Ok(Some(src.vector(&n(s), hd)?)) } else { Ok(None) } };
+    let post = |s: &str| -> Result<Option<Vec<f32>>> { if cfg.post_norms { Ok(Some(src.vector(&n(s), d)?)) } else { Ok(None) } };
     let opt_vec =
         |s: &str, len: usize, on: bool| -> Result<Vec<f32>> { if on { src.vector(&n(s), len) } else { Ok(Vec::new()) } };
     let mixer = match spec.mixer {
@@ -487,6 +538,10 @@ fn load_layer(src: &dyn TensorSource, cfg: &ModelConfig, il: usize, spec: &Layer
     })
 }
 
+/// A GatedDeltaNet layer's q|k|v and z projections: split tensors (Qwen3.5; llama.cpp's files),
+/// or Qwen3-Next's fused `in_proj_qkvz` (HF) whose rows come grouped per key head as
+/// [q (d_k), k (d_k), v (r·d_v), z (r·d_v)], r = n_v / n_k — re-laid out here into all q heads,
+/// all k heads, all v heads (in grouped order) and z, so the mixer has one layout.
 fn gdn_qkvz(src: &dyn TensorSource, g: &GdnConfig, il: usize, d: usize) -> Result<(QTensor, QTensor)> {
     let n = |s: &str| format!("blk.{il}.{s}");
     if let Some(qkv) = src.optional(&n("attn_qkv.weight"), g.conv_dim(), d)? {

@@ -53,6 +53,14 @@ pub struct Checkpoint {
     recurrent: Vec<Option<LayerState>>,
 }
 
+impl Checkpoint {
+    /// A checkpoint at length `len` from per-layer snapshots (`Some` for every recurrent
+    /// layer, taken when the sequence was `len` long).
+    pub(crate) fn at(len: usize, recurrent: Vec<Option<LayerState>>) -> Checkpoint {
+        Checkpoint { len, recurrent }
+    }
+}
+
 impl SeqState {
     /// A state with f32 KV caches.
     pub fn new(n_layers: usize, kv_dim: usize, n_ctx: usize) -> SeqState {
