@@ -5,4 +5,5 @@
 pub mod gdn;
 pub mod kda;
 pub mod mla;
+pub mod nystrom;
 pub mod shortconv;

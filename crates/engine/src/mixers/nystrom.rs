@@ -1,0 +1,1319 @@
+//! Per-head Nyström landmark attention for O(1)-memory decode: the sealed per-layer state
+//! ([`O1Layer`]: sinks, a window ring, landmark tensors, the frozen ridge inverse and the
+//! per-landmark far-field accumulators), its streaming step, and the teacher-forced matrix form
+//! ([`matrix_form`], all T×T weights in f64) that the streaming step must reproduce and that a
+//! trainer trains against. Also the StreamingLLM baseline (sinks + window, far keys dropped) in
+//! both forms. No model knowledge: q, k, v arrive already projected, normed and rotated.
+//!
+//! # The operator (per query head h, kv head g = h / (n_heads / n_kv_heads))
+//! The first `tp` positions are the prompt; they run ordinary exact causal attention.
+//! * Seal (end of the prompt). m = clamp(tp/8, 4, landmarks) segments, segment i covering
+//!   [i·tp/m, (i+1)·tp/m) (integer division). Landmark queries q̃_i = mean of the prompt's
+//!   queries over segment i (per query head), landmark keys k̃_i = mean of its keys (per kv head).
+//!   Au[i,l] = exp(q̃_i·k̃_l·scale) (rows: landmark queries, columns: landmark keys).
+//!   Ridge inverse, f64, frozen after the seal:
+//!   `M = (AuᵀAu + λI)⁻¹ Auᵀ,   λ = ridge · tr(AuᵀAu) / m`   (ridge default 1e-6)
+//!   solved by Cholesky (AuᵀAu + λI is SPD for λ > 0). M[l,i] has rows over landmark keys l and
+//!   columns over landmark queries i, so M ≈ Au⁻¹.
+//! * A prompt with tp ≤ window + sinks + 8 seals no skeleton: every key stays exact forever
+//!   (plain causal attention, the cache grows). This applies to [`Far::Skeleton`] only;
+//!   [`Far::Drop`] (StreamingLLM) always keeps just sinks + window.
+//! * Position t ≥ tp. Near keys (t − j < window, or j < sinks) get exp(q_t·k_j·scale − c).
+//!   Far keys (every other j ≤ t) get the skeleton weight
+//!   `a[t,j] = Σ_i w_i · e[i,j],   w = fu_t · M  (w_i = Σ_l fu_l M[l,i]),`
+//!   `fu_l = exp(q_t·k̃_l·scale),   e[i,j] = exp(q̃_i·k_j·scale),`
+//!   times e^{−c}: the Nyström estimate F·Au⁺·E of exp(q_t·k_j·scale). (The issue writes
+//!   fu·Mᵀ; with M = (AuᵀAu+λI)⁻¹Auᵀ indexed as above the product that reproduces exact
+//!   attention when the far keys are the landmark keys is fu·M, which is what is implemented and
+//!   what `nystrom_is_exact_on_landmark_keys` pins.)
+//!   Aggregate guard: if Σ_far a[t,j] < 0 the row's far field is dropped entirely, otherwise it
+//!   is kept raw. The matrix form also offers a per-key clamp max(a[t,j], 0) for ablations.
+//!   Output = Σ weight·v / max(Σ weight, 1e-30), every weight carrying the same e^{−c}; the floor
+//!   applies to the scaled sum. c = max(max near score, log bound of the far field) (below), so
+//!   the near diagonal term alone keeps the scaled sum far from the floor in practice.
+//! * Positions are kept: keys are stored already rotated (RoPE applied at their own position) and
+//!   are never re-rotated when they move into the sinks, the window or the accumulators. This is
+//!   StreamingLLM as the "no position shift" variant.
+//!
+//! # Streaming form and exponent bookkeeping
+//! As a key leaves the window it is folded into per-(query head, landmark) accumulators
+//! D_i = Σ_j e[i,j] and N_i = Σ_j e[i,j]·v_j; the far field of a row is then Σ_i w_i·N_i over
+//! Σ_i w_i·D_i. A step costs O((window + sinks)·d + m·d + m²) per head, independent of context;
+//! the state is O((window + sinks)·d) per kv head plus O(m·d + m²) per query head.
+//! Nothing overflows f32, whatever the score magnitudes:
+//! * accumulators carry a running log-offset per (head, landmark): true D_i = e^{off_i}·D̂_i,
+//!   true N_i = e^{off_i}·N̂_i; a fold with a larger exponent rescales D̂_i, N̂_i and raises off_i
+//!   (online-softmax style), so every stored term is ≤ 1 in scale;
+//! * M is stored scaled: M = e^{−γ}·M̂ with γ = max_{i,l} q̃_i·k̃_l·scale, i.e. M̂ is the ridge
+//!   inverse of Âu = e^{−γ}Au (entries ≤ 1). The ridge commutes with this global scale exactly
+//!   (λ scales with the trace), so M̂ is what the f64 solve returns, with no overflow even when
+//!   AuᵀAu itself would overflow f64;
+//! * fu is max-shifted: f̂u_l = exp(u_l − u_max);
+//! * the step assembles far terms as ŵ_i·D̂_i·exp(u_max − γ + off_i − c) in f64.
+//!
+//! Precision. The far field is a cancelling sum (w has mixed signs, |w| up to ~1/√λ), so rounding
+//! in the state is amplified: with single f32 for q̃, k̃, M̂ and the accumulators, this module's
+//! random-head tests disagree with the f64 matrix form by up to 6.8e-5 (relative). Therefore the
+//! small landmark tensors (q̃, k̃, M̂) and the accumulators are stored as f32 hi/lo pairs
+//! (value = hi + lo, ~48-bit mantissa; accumulator updates are then effectively compensated sums). The window, sinks and all per-context storage are single f32. Dot products
+//! of the step run in f64 over the f32 operands.
+
+// Index loops over several parallel arrays (landmark i, landmark key l, channel c) mirror the
+// formulas in the header; iterator zips over four slices would hide them.
+#![allow(clippy::needless_range_loop)]
+
+use std::fmt;
+
+/// Largest landmark count accepted (the m×m solve is done by hand in f64).
+pub const MAX_LANDMARKS: usize = 256;
+/// Default ridge factor: λ = ridge · tr(AuᵀAu) / m.
+pub const DEFAULT_RIDGE: f64 = 1e-6;
+/// Output denominator floor (applied to the e^{−c}-scaled sum).
+const DEN_FLOOR: f64 = 1e-30;
+
+/// Bad O(1) settings or bad shapes. Setting errors name the CLI flag.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum NystromError {
+    #[error("--o1-window: must be at least 1, got 0")]
+    ZeroWindow,
+    #[error("--o1-sinks: {sinks} exceeds --o1-window {window}")]
+    SinksOverWindow { sinks: usize, window: usize },
+    #[error("--o1-landmarks: {landmarks} is outside 4..={MAX_LANDMARKS}")]
+    Landmarks { landmarks: usize },
+    #[error("--o1-ridge: {ridge} must be finite and > 0")]
+    Ridge { ridge: f64 },
+    #[error("nystrom: {what}: expected {expected}, found {found}")]
+    Shape { what: &'static str, expected: usize, found: usize },
+    #[error("nystrom: query segments hold {seen} of the prompt's {tp} positions at the seal")]
+    IncompleteSegments { seen: usize, tp: usize },
+    #[error("nystrom: ridge system of query head {head} is not positive definite (ridge too small?)")]
+    NotPositiveDefinite { head: usize },
+}
+
+/// O(1)-decode settings (CLI: --o1-window, --o1-sinks, --o1-landmarks, --o1-ridge).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct O1Settings {
+    /// Exact window W: key j is near for query t when t − j < W.
+    pub window: usize,
+    /// Attention sinks: keys j < sinks are always near.
+    pub sinks: usize,
+    /// Landmark cap m (m_eff = clamp(tp/8, 4, m)).
+    pub landmarks: usize,
+    /// Ridge factor (see the module header).
+    pub ridge: f64,
+}
+
+impl Default for O1Settings {
+    fn default() -> Self {
+        O1Settings { window: 512, sinks: 4, landmarks: 64, ridge: DEFAULT_RIDGE }
+    }
+}
+
+impl O1Settings {
+    pub fn validate(&self) -> Result<(), NystromError> {
+        if self.window == 0 {
+            return Err(NystromError::ZeroWindow);
+        }
+        if self.sinks > self.window {
+            return Err(NystromError::SinksOverWindow { sinks: self.sinks, window: self.window });
+        }
+        if !(4..=MAX_LANDMARKS).contains(&self.landmarks) {
+            return Err(NystromError::Landmarks { landmarks: self.landmarks });
+        }
+        if !(self.ridge.is_finite() && self.ridge > 0.0) {
+            return Err(NystromError::Ridge { ridge: self.ridge });
+        }
+        Ok(())
+    }
+
+    /// Landmark count for a prompt of `tp` tokens: clamp(tp/8, 4, landmarks).
+    pub fn m_eff(&self, tp: usize) -> usize {
+        (tp / 8).clamp(4, self.landmarks.max(4))
+    }
+
+    /// Whether a prompt of `tp` tokens seals a skeleton (else every key stays exact).
+    pub fn seals_skeleton(&self, tp: usize) -> bool {
+        tp > self.window + self.sinks + 8
+    }
+
+    fn is_near(&self, t: usize, j: usize) -> bool {
+        j < self.sinks || t - j < self.window
+    }
+}
+
+/// What happens to keys that are neither sinks nor in the window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Far {
+    /// Nyström landmark skeleton.
+    Skeleton,
+    /// StreamingLLM: far keys are dropped.
+    Drop,
+}
+
+/// Guard against negative skeleton weights (matrix form; the streaming form is Aggregate).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Guard {
+    /// Drop the row's whole far field when Σ_far a[t,j] < 0.
+    Aggregate,
+    /// max(a[t,j], 0) per far key (ablation).
+    PerKeyClamp,
+}
+
+/// Segment [lo, hi) of landmark i of m over a prompt of tp tokens.
+fn segment(i: usize, tp: usize, m: usize) -> (usize, usize) {
+    (i * tp / m, (i + 1) * tp / m)
+}
+
+/// Landmark index of prompt position p (< tp).
+fn segment_of(p: usize, tp: usize, m: usize) -> usize {
+    let mut i = (p * m / tp).min(m - 1);
+    while segment(i, tp, m).1 <= p {
+        i += 1;
+    }
+    while segment(i, tp, m).0 > p {
+        i -= 1;
+    }
+    i
+}
+
+/// Sums the prompt's queries per landmark segment while the prompt streams through in chunks,
+/// so the prompt's queries need not be kept until the seal.
+#[derive(Debug, Clone)]
+pub struct QuerySegments {
+    tp: usize,
+    m: usize,
+    n_heads: usize,
+    head_dim: usize,
+    /// [m, n_heads, head_dim] f64 sums.
+    sums: Vec<f64>,
+    seen: usize,
+}
+
+impl QuerySegments {
+    pub fn new(tp: usize, m_eff: usize, n_heads: usize, head_dim: usize) -> Self {
+        QuerySegments { tp, m: m_eff, n_heads, head_dim, sums: vec![0.0; m_eff * n_heads * head_dim], seen: 0 }
+    }
+
+    /// Adds queries of positions pos0.. (q: [n, n_heads, head_dim]); positions ≥ tp are ignored.
+    pub fn add(&mut self, pos0: usize, q: &[f32]) {
+        let row = self.n_heads * self.head_dim;
+        assert_eq!(q.len() % row, 0, "QuerySegments::add: q is not [n, n_heads, head_dim]");
+        for (r, qr) in q.chunks_exact(row).enumerate() {
+            let p = pos0 + r;
+            if p >= self.tp {
+                break;
+            }
+            let i = segment_of(p, self.tp, self.m);
+            self.sums[i * row..(i + 1) * row].iter_mut().zip(qr).for_each(|(s, &x)| *s += x as f64);
+            self.seen += 1;
+        }
+    }
+
+    /// Landmark queries, [n_heads, m, head_dim] (head-major).
+    fn means(&self) -> Vec<f64> {
+        let (m, nh, hd) = (self.m, self.n_heads, self.head_dim);
+        let mut out = vec![0.0; nh * m * hd];
+        for i in 0..m {
+            let (lo, hi) = segment(i, self.tp, m);
+            let inv = 1.0 / (hi - lo) as f64;
+            for h in 0..nh {
+                let src = &self.sums[(i * nh + h) * hd..][..hd];
+                out[(h * m + i) * hd..][..hd].iter_mut().zip(src).for_each(|(o, s)| *o = s * inv);
+            }
+        }
+        out
+    }
+}
+
+/// Segment means of x: [tp, n, hd] -> [n, m, hd] (head-major), f64.
+fn segment_means<T: Copy + Into<f64>>(x: &[T], tp: usize, m: usize, n: usize, hd: usize) -> Vec<f64> {
+    let mut out = vec![0.0; n * m * hd];
+    for i in 0..m {
+        let (lo, hi) = segment(i, tp, m);
+        let inv = 1.0 / (hi - lo) as f64;
+        for p in lo..hi {
+            for g in 0..n {
+                let src = &x[(p * n + g) * hd..][..hd];
+                out[(g * m + i) * hd..][..hd].iter_mut().zip(src).for_each(|(o, &s)| *o += s.into());
+            }
+        }
+        for g in 0..n {
+            out[(g * m + i) * hd..][..hd].iter_mut().for_each(|o| *o *= inv);
+        }
+    }
+    out
+}
+
+/// The scaled ridge inverse of one query head: returns (γ, M̂) with M = e^{−γ}·M̂,
+/// M̂: [m (landmark keys l), m (landmark queries i)] row-major.
+/// qt: [m, hd] landmark queries, kt: [m, hd] landmark keys.
+fn ridge_inverse(
+    qt: &[f64],
+    kt: &[f64],
+    m: usize,
+    hd: usize,
+    scale: f64,
+    ridge: f64,
+    head: usize,
+) -> Result<(f32, Vec<f64>), NystromError> {
+    let mut s = vec![0.0; m * m]; // [m_q, m_k]: q̃_i·k̃_l·scale
+    for i in 0..m {
+        for l in 0..m {
+            s[i * m + l] = dot64(&qt[i * hd..][..hd], &kt[l * hd..][..hd]) * scale;
+        }
+    }
+    // γ is rounded to f32 because the streaming state stores it; M = e^{−γ}M̂ holds for any γ.
+    let gamma = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max) as f32;
+    let a: Vec<f64> = s.iter().map(|x| (x - gamma as f64).exp()).collect(); // Âu [m_q, m_k]
+    // G = ÂᵀÂ + λI, [m_k, m_k]
+    let mut g = vec![0.0; m * m];
+    for l in 0..m {
+        for r in 0..=l {
+            let v: f64 = (0..m).map(|i| a[i * m + l] * a[i * m + r]).sum();
+            g[l * m + r] = v;
+            g[r * m + l] = v;
+        }
+    }
+    let trace: f64 = (0..m).map(|l| g[l * m + l]).sum();
+    let lambda = ridge * trace / m as f64;
+    (0..m).for_each(|l| g[l * m + l] += lambda);
+    // Cholesky G = L Lᵀ (lower, in place).
+    for j in 0..m {
+        let mut d = g[j * m + j];
+        for p in 0..j {
+            d -= g[j * m + p] * g[j * m + p];
+        }
+        if d.is_nan() || d <= 0.0 || d.is_infinite() {
+            return Err(NystromError::NotPositiveDefinite { head });
+        }
+        let d = d.sqrt();
+        g[j * m + j] = d;
+        for r in j + 1..m {
+            let mut x = g[r * m + j];
+            for p in 0..j {
+                x -= g[r * m + p] * g[j * m + p];
+            }
+            g[r * m + j] = x / d;
+        }
+    }
+    // Solve L Lᵀ X = Âᵀ column by column: X[:, i] for right-hand side Âᵀ[:, i] = Â[i, :].
+    let mut x = vec![0.0; m * m]; // [m_k, m_q]
+    let mut col = vec![0.0; m];
+    for i in 0..m {
+        col.copy_from_slice(&a[i * m..][..m]);
+        for r in 0..m {
+            let mut v = col[r];
+            for p in 0..r {
+                v -= g[r * m + p] * col[p];
+            }
+            col[r] = v / g[r * m + r];
+        }
+        for r in (0..m).rev() {
+            let mut v = col[r];
+            for p in r + 1..m {
+                v -= g[p * m + r] * col[p];
+            }
+            col[r] = v / g[r * m + r];
+        }
+        for l in 0..m {
+            x[l * m + i] = col[l];
+        }
+    }
+    Ok((gamma, x))
+}
+
+#[inline]
+fn dot64(a: &[f64], b: &[f64]) -> f64 {
+    let mut acc = [0.0f64; 4];
+    let (ca, cb) = (a.chunks_exact(4), b.chunks_exact(4));
+    let tail: f64 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    for (x, y) in ca.zip(cb) {
+        for u in 0..4 {
+            acc[u] += x[u] * y[u];
+        }
+    }
+    acc[0] + acc[1] + acc[2] + acc[3] + tail
+}
+
+/// f32 × f32 dot product accumulated in f64 (scores reach the hundreds; f32 accumulation would
+/// put ~1e-5 relative error into their exponentials).
+#[inline]
+fn dot32(a: &[f32], b: &[f32]) -> f64 {
+    let mut acc = [0.0f64; 4];
+    let (ca, cb) = (a.chunks_exact(4), b.chunks_exact(4));
+    let tail: f64 = ca.remainder().iter().zip(cb.remainder()).map(|(&x, &y)| x as f64 * y as f64).sum();
+    for (x, y) in ca.zip(cb) {
+        for u in 0..4 {
+            acc[u] += x[u] as f64 * y[u] as f64;
+        }
+    }
+    acc[0] + acc[1] + acc[2] + acc[3] + tail
+}
+
+/// (hi + lo) · b in f64, b f32.
+#[inline]
+fn dot_split(hi: &[f32], lo: &[f32], b: &[f32]) -> f64 {
+    dot32(hi, b) + dot32(lo, b)
+}
+
+/// An f32 hi/lo pair array: value = hi + lo (~48-bit mantissa) for the small, cancellation-
+/// sensitive parts of the state. Updates go through f64 and re-split, i.e. compensated sums.
+#[derive(Debug, Clone, Default)]
+struct Split {
+    hi: Vec<f32>,
+    lo: Vec<f32>,
+}
+
+impl Split {
+    fn zeros(n: usize) -> Self {
+        Split { hi: vec![0.0; n], lo: vec![0.0; n] }
+    }
+    fn from_f64(x: &[f64]) -> Self {
+        let hi: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+        let lo = x.iter().zip(&hi).map(|(&v, &h)| (v - h as f64) as f32).collect();
+        Split { hi, lo }
+    }
+    #[inline]
+    fn get(&self, i: usize) -> f64 {
+        self.hi[i] as f64 + self.lo[i] as f64
+    }
+    #[inline]
+    fn set(&mut self, i: usize, v: f64) {
+        let h = v as f32;
+        self.hi[i] = h;
+        self.lo[i] = (v - h as f64) as f32;
+    }
+    fn bytes(&self) -> usize {
+        (self.hi.len() + self.lo.len()) * 4
+    }
+}
+
+/// The landmark skeleton of one layer (all query heads).
+#[derive(Debug, Clone)]
+struct Skeleton {
+    m: usize,
+    /// [n_heads, m, hd] landmark queries.
+    qt: Split,
+    /// [n_kv, m, hd] landmark keys.
+    kt: Split,
+    /// [n_heads]: M = e^{−γ}·M̂.
+    gamma: Vec<f32>,
+    /// [n_heads, m (l), m (i)] scaled ridge inverse.
+    mhat: Split,
+    /// [n_heads, m] accumulator log-offsets (−∞ while empty).
+    off: Vec<f32>,
+    /// [n_heads, m]: D̂.
+    den: Split,
+    /// [n_heads, m, hd]: N̂.
+    num: Split,
+}
+
+impl Skeleton {
+    /// Folds key/value j (k, v: [n_kv, hd]) into every query head's accumulators.
+    fn fold(&mut self, k: &[f32], v: &[f32], n_heads: usize, group: usize, hd: usize, scale: f64) {
+        let m = self.m;
+        for h in 0..n_heads {
+            let g = h / group;
+            let (kj, vj) = (&k[g * hd..][..hd], &v[g * hd..][..hd]);
+            for i in 0..m {
+                let qi = (h * m + i) * hd;
+                let s = dot_split(&self.qt.hi[qi..qi + hd], &self.qt.lo[qi..qi + hd], kj) * scale;
+                let a = h * m + i;
+                let old = self.off[a];
+                if s > old as f64 {
+                    let new = s as f32;
+                    // Rescale the accumulator to the new offset (all zeros while empty).
+                    let r = if old == f32::NEG_INFINITY { 0.0 } else { (old as f64 - new as f64).exp() };
+                    self.den.set(a, self.den.get(a) * r);
+                    for c in 0..hd {
+                        let n = (a * hd) + c;
+                        self.num.set(n, self.num.get(n) * r);
+                    }
+                    self.off[a] = new;
+                }
+                let e = (s - self.off[a] as f64).exp(); // ≲ 1
+                self.den.set(a, self.den.get(a) + e);
+                let base = a * hd;
+                for c in 0..hd {
+                    self.num.set(base + c, self.num.get(base + c) + e * vj[c] as f64);
+                }
+            }
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        self.qt.bytes()
+            + self.kt.bytes()
+            + self.gamma.len() * 4
+            + self.mhat.bytes()
+            + self.off.len() * 4
+            + self.den.bytes()
+            + self.num.bytes()
+    }
+}
+
+/// Where the exact keys live.
+#[derive(Debug, Clone)]
+enum Keys {
+    /// Every key exact (short prompt with [`Far::Skeleton`]): [len, n_kv, hd], growing.
+    All { k: Vec<f32>, v: Vec<f32> },
+    /// Sinks [sinks, n_kv, hd] and the window ring [window, n_kv, hd] (position p at slot p % W).
+    Window { sink_k: Vec<f32>, sink_v: Vec<f32>, ring_k: Vec<f32>, ring_v: Vec<f32> },
+}
+
+/// Sealed O(1) attention state of one layer (all heads). Clone is the checkpoint.
+#[derive(Debug, Clone)]
+pub struct O1Layer {
+    settings: O1Settings,
+    scale: f32,
+    n_heads: usize,
+    n_kv: usize,
+    hd: usize,
+    /// Positions seen (the next step's position).
+    len: usize,
+    keys: Keys,
+    skeleton: Option<Skeleton>,
+    /// Scratch: near scores [window + sinks] (or [len] in All mode), f64.
+    scores: Vec<f64>,
+    /// Scratch: fu then ŵ [2·m], and the output row [hd], f64.
+    work: Vec<f64>,
+}
+
+impl O1Layer {
+    /// Seals the state after a prompt of tp = k.len() / (n_kv·hd) tokens.
+    /// k, v: [tp, n_kv_heads, head_dim] (k already rotated). `qseg` must hold all tp prompt
+    /// queries when a skeleton is sealed (`far == Skeleton && settings.seals_skeleton(tp)`);
+    /// it is ignored otherwise and may be None.
+    #[allow(clippy::too_many_arguments)]
+    pub fn seal(
+        settings: &O1Settings,
+        far: Far,
+        scale: f32,
+        n_heads: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        qseg: Option<&QuerySegments>,
+        k: &[f32],
+        v: &[f32],
+    ) -> Result<O1Layer, NystromError> {
+        settings.validate()?;
+        let (nkv, hd) = (n_kv_heads, head_dim);
+        check_heads(n_heads, nkv)?;
+        let row = nkv * hd;
+        if row == 0 || !k.len().is_multiple_of(row) {
+            return Err(NystromError::Shape {
+                what: "seal: k length (multiple of n_kv_heads·head_dim)",
+                expected: row,
+                found: k.len(),
+            });
+        }
+        if v.len() != k.len() {
+            return Err(NystromError::Shape { what: "seal: v length", expected: k.len(), found: v.len() });
+        }
+        let tp = k.len() / row;
+        let (w, sn) = (settings.window, settings.sinks);
+        let mut layer = O1Layer {
+            settings: *settings,
+            scale,
+            n_heads,
+            n_kv: nkv,
+            hd,
+            len: tp,
+            keys: Keys::All { k: Vec::new(), v: Vec::new() },
+            skeleton: None,
+            scores: vec![0.0; w + sn],
+            work: Vec::new(),
+        };
+        if far == Far::Skeleton && !settings.seals_skeleton(tp) {
+            layer.keys = Keys::All { k: k.to_vec(), v: v.to_vec() };
+            layer.scores = Vec::with_capacity(tp + 1);
+            layer.work = vec![0.0; hd];
+            return Ok(layer);
+        }
+        let mut sink_k = vec![0.0; sn * row];
+        let mut sink_v = vec![0.0; sn * row];
+        let mut ring_k = vec![0.0; w * row];
+        let mut ring_v = vec![0.0; w * row];
+        let ns = sn.min(tp);
+        sink_k[..ns * row].copy_from_slice(&k[..ns * row]);
+        sink_v[..ns * row].copy_from_slice(&v[..ns * row]);
+        for p in sn.max(tp.saturating_sub(w))..tp {
+            let slot = p % w;
+            ring_k[slot * row..][..row].copy_from_slice(&k[p * row..][..row]);
+            ring_v[slot * row..][..row].copy_from_slice(&v[p * row..][..row]);
+        }
+        layer.keys = Keys::Window { sink_k, sink_v, ring_k, ring_v };
+        layer.work = vec![0.0; hd];
+        if far == Far::Drop {
+            return Ok(layer);
+        }
+        // Skeleton.
+        let m = settings.m_eff(tp);
+        let qseg = qseg.ok_or(NystromError::IncompleteSegments { seen: 0, tp })?;
+        if qseg.seen != tp || qseg.tp != tp {
+            return Err(NystromError::IncompleteSegments { seen: qseg.seen, tp });
+        }
+        if qseg.m != m {
+            return Err(NystromError::Shape {
+                what: "seal: QuerySegments landmark count (settings.m_eff(tp))",
+                expected: m,
+                found: qseg.m,
+            });
+        }
+        if qseg.n_heads != n_heads || qseg.head_dim != hd {
+            return Err(NystromError::Shape {
+                what: "seal: QuerySegments n_heads·head_dim",
+                expected: n_heads * hd,
+                found: qseg.n_heads * qseg.head_dim,
+            });
+        }
+        let qt = Split::from_f64(&qseg.means()); // [n_heads, m, hd]
+        let kt = Split::from_f64(&segment_means(k, tp, m, nkv, hd)); // [n_kv, m, hd]
+        // The solve uses the stored (hi + lo) values so the state is self-consistent.
+        let qt64: Vec<f64> = (0..qt.hi.len()).map(|i| qt.get(i)).collect();
+        let kt64: Vec<f64> = (0..kt.hi.len()).map(|i| kt.get(i)).collect();
+        let group = n_heads / nkv;
+        let mut gamma = Vec::with_capacity(n_heads);
+        let mut mhat = Vec::with_capacity(n_heads * m * m);
+        for h in 0..n_heads {
+            let g = h / group;
+            let (gm, x) = ridge_inverse(
+                &qt64[h * m * hd..][..m * hd],
+                &kt64[g * m * hd..][..m * hd],
+                m,
+                hd,
+                scale as f64,
+                settings.ridge,
+                h,
+            )?;
+            gamma.push(gm);
+            mhat.extend_from_slice(&x);
+        }
+        let mut sk = Skeleton {
+            m,
+            qt,
+            kt,
+            gamma,
+            mhat: Split::from_f64(&mhat),
+            off: vec![f32::NEG_INFINITY; n_heads * m],
+            den: Split::zeros(n_heads * m),
+            num: Split::zeros(n_heads * m * hd),
+        };
+        // Prompt keys already far for the first decode position t = tp: [sinks, tp − W).
+        for p in sn..tp - w {
+            sk.fold(&k[p * row..][..row], &v[p * row..][..row], n_heads, group, hd, scale as f64);
+        }
+        layer.skeleton = Some(sk);
+        layer.work = vec![0.0; 2 * m + hd];
+        Ok(layer)
+    }
+
+    /// Positions held (prompt + decoded).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether a landmark skeleton was sealed.
+    pub fn has_skeleton(&self) -> bool {
+        self.skeleton.is_some()
+    }
+
+    /// Bytes held by the state, scratch included (constant per step unless every key is exact).
+    pub fn bytes(&self) -> usize {
+        let keys = match &self.keys {
+            Keys::All { k, v } => (k.len() + v.len()) * 4,
+            Keys::Window { sink_k, sink_v, ring_k, ring_v } => (sink_k.len() + sink_v.len() + ring_k.len() + ring_v.len()) * 4,
+        };
+        keys + self.skeleton.as_ref().map_or(0, Skeleton::bytes)
+            + self.scores.capacity() * 8
+            + self.work.capacity() * 8
+            + size_of::<Self>()
+    }
+
+    /// One new position t = len(): appends k/v ([n_kv_heads, head_dim], k rotated), folds the key
+    /// leaving the window, writes o: [n_heads, head_dim] from q: [n_heads, head_dim].
+    /// Returns the number of heads whose far field the aggregate guard dropped at this position.
+    pub fn step(&mut self, q: &[f32], k: &[f32], v: &[f32], o: &mut [f32]) -> usize {
+        let (nh, nkv, hd) = (self.n_heads, self.n_kv, self.hd);
+        let row = nkv * hd;
+        assert!(q.len() == nh * hd && o.len() == nh * hd && k.len() == row && v.len() == row, "O1Layer::step: shapes");
+        let t = self.len;
+        let (w, sn) = (self.settings.window, self.settings.sinks);
+        let group = nh / nkv;
+        let scale = self.scale as f64;
+        match &mut self.keys {
+            Keys::All { k: ka, v: va } => {
+                ka.extend_from_slice(k);
+                va.extend_from_slice(v);
+            }
+            Keys::Window { sink_k, sink_v, ring_k, ring_v } => {
+                if t < sn {
+                    sink_k[t * row..][..row].copy_from_slice(k);
+                    sink_v[t * row..][..row].copy_from_slice(v);
+                } else {
+                    let slot = t % w;
+                    if t >= w + sn {
+                        // Position t − W leaves the window.
+                        if let Some(sk) = &mut self.skeleton {
+                            sk.fold(&ring_k[slot * row..][..row], &ring_v[slot * row..][..row], nh, group, hd, scale);
+                        }
+                    }
+                    ring_k[slot * row..][..row].copy_from_slice(k);
+                    ring_v[slot * row..][..row].copy_from_slice(v);
+                }
+            }
+        }
+        self.len = t + 1;
+        let mut dropped = 0;
+        for h in 0..nh {
+            let g = h / group;
+            let qh = &q[h * hd..][..hd];
+            // Near scores, in the order `for_each_near` visits them.
+            let scores = &mut self.scores;
+            scores.clear();
+            for_each_near(&self.keys, t, w, sn, row, |kr, _| scores.push(dot32(qh, &kr[g * hd..][..hd]) * scale));
+            let near_max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let mut c = near_max;
+            let (out, fw) = self.work.split_at_mut(hd);
+            out.iter_mut().for_each(|x| *x = 0.0);
+            // Far field: (base exponent, ŵ) when there is anything folded.
+            let mut far_terms = None;
+            if let Some(sk) = &self.skeleton {
+                let m = sk.m;
+                let has_far = (0..m).any(|i| sk.off[h * m + i] != f32::NEG_INFINITY);
+                if has_far {
+                    let (fu, wv) = fw.split_at_mut(m);
+                    for l in 0..m {
+                        let kl = (g * m + l) * hd;
+                        fu[l] = dot_split(&sk.kt.hi[kl..kl + hd], &sk.kt.lo[kl..kl + hd], qh) * scale;
+                    }
+                    let umax = fu.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    fu.iter_mut().for_each(|x| *x = (*x - umax).exp());
+                    // ŵ = f̂u · M̂ (rows of M̂ over l, contiguous over i).
+                    wv.iter_mut().for_each(|x| *x = 0.0);
+                    let mb = h * m * m;
+                    for l in 0..m {
+                        let f = fu[l];
+                        let (mh, ml) = (&sk.mhat.hi[mb + l * m..][..m], &sk.mhat.lo[mb + l * m..][..m]);
+                        for i in 0..m {
+                            wv[i] += f * (mh[i] as f64 + ml[i] as f64);
+                        }
+                    }
+                    let base = umax - sk.gamma[h] as f64;
+                    let off_max = sk.off[h * m..][..m].iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+                    c = c.max(base + off_max);
+                    far_terms = Some(base);
+                }
+            }
+            let mut den = 0.0;
+            if let (Some(base), Some(sk)) = (far_terms, &self.skeleton) {
+                let m = sk.m;
+                let wv = &mut fw[m..2 * m];
+                // Per-landmark factor ŵ_i·e^{base + off_i − c}, then Σ_i factor·D̂_i.
+                let mut far_den = 0.0;
+                for i in 0..m {
+                    let a = h * m + i;
+                    let off = sk.off[a];
+                    wv[i] = if off == f32::NEG_INFINITY { 0.0 } else { wv[i] * (base + off as f64 - c).exp() };
+                    far_den += wv[i] * sk.den.get(a);
+                }
+                if far_den < 0.0 {
+                    dropped += 1;
+                } else {
+                    den += far_den;
+                    for i in 0..m {
+                        let f = wv[i];
+                        if f == 0.0 {
+                            continue;
+                        }
+                        let nb = (h * m + i) * hd;
+                        let (nhi, nlo) = (&sk.num.hi[nb..nb + hd], &sk.num.lo[nb..nb + hd]);
+                        for cc in 0..hd {
+                            out[cc] += f * (nhi[cc] as f64 + nlo[cc] as f64);
+                        }
+                    }
+                }
+            }
+            let mut idx = 0;
+            let scores = &self.scores;
+            for_each_near(&self.keys, t, w, sn, row, |_, vr| {
+                let e = (scores[idx] - c).exp();
+                idx += 1;
+                den += e;
+                let vh = &vr[g * hd..][..hd];
+                out.iter_mut().zip(vh).for_each(|(x, &y)| *x += e * y as f64);
+            });
+            let inv = 1.0 / den.max(DEN_FLOOR);
+            o[h * hd..][..hd].iter_mut().zip(out.iter()).for_each(|(y, &x)| *y = (x * inv) as f32);
+        }
+        dropped
+    }
+}
+
+fn check_heads(n_heads: usize, n_kv: usize) -> Result<(), NystromError> {
+    if n_kv == 0 || n_heads == 0 || !n_heads.is_multiple_of(n_kv) {
+        return Err(NystromError::Shape { what: "n_heads (a multiple of n_kv_heads)", expected: n_kv.max(1), found: n_heads });
+    }
+    Ok(())
+}
+
+/// Visits the near keys of position t (k, v rows [n_kv, hd]) after t was inserted.
+fn for_each_near(keys: &Keys, t: usize, w: usize, sn: usize, row: usize, mut f: impl FnMut(&[f32], &[f32])) {
+    match keys {
+        Keys::All { k, v } => {
+            for p in 0..=t {
+                f(&k[p * row..][..row], &v[p * row..][..row]);
+            }
+        }
+        Keys::Window { sink_k, sink_v, ring_k, ring_v } => {
+            for p in 0..sn.min(t + 1) {
+                f(&sink_k[p * row..][..row], &sink_v[p * row..][..row]);
+            }
+            for p in sn.max((t + 1).saturating_sub(w))..=t {
+                let slot = p % w;
+                f(&ring_k[slot * row..][..row], &ring_v[slot * row..][..row]);
+            }
+        }
+    }
+}
+
+/// Result of the teacher-forced matrix form.
+#[derive(Debug, Clone)]
+pub struct MatrixOut {
+    /// [T, n_heads, head_dim]
+    pub o: Vec<f64>,
+    /// [T, n_heads]: rows whose far field the aggregate guard dropped.
+    pub dropped: Vec<bool>,
+}
+
+/// Teacher-forced matrix form of one layer, f64: q [T, n_heads, hd], k/v [T, n_kv, hd] (k
+/// rotated); rows t < tp are exact causal attention, rows t ≥ tp follow the module header with
+/// every T×T weight formed explicitly. Cost O(T²·m) per head; meant for tests and training.
+#[allow(clippy::too_many_arguments)]
+pub fn matrix_form(
+    settings: &O1Settings,
+    far: Far,
+    guard: Guard,
+    scale: f64,
+    n_heads: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
+    tp: usize,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+) -> Result<MatrixOut, NystromError> {
+    settings.validate()?;
+    check_heads(n_heads, n_kv_heads)?;
+    let (nh, nkv, hd) = (n_heads, n_kv_heads, head_dim);
+    if hd == 0 || !q.len().is_multiple_of(nh * hd) {
+        return Err(NystromError::Shape {
+            what: "matrix_form: q length (multiple of n_heads·head_dim)",
+            expected: nh * hd,
+            found: q.len(),
+        });
+    }
+    let t_len = q.len() / (nh * hd);
+    if k.len() != t_len * nkv * hd || v.len() != k.len() {
+        return Err(NystromError::Shape {
+            what: "matrix_form: k/v length (T·n_kv_heads·head_dim)",
+            expected: t_len * nkv * hd,
+            found: k.len().max(v.len()),
+        });
+    }
+    if tp > t_len {
+        return Err(NystromError::Shape { what: "matrix_form: tp (≤ T)", expected: t_len, found: tp });
+    }
+    let skeleton = far == Far::Skeleton && settings.seals_skeleton(tp);
+    let windowed = far == Far::Drop || skeleton;
+    let group = nh / nkv;
+    let m = settings.m_eff(tp);
+    let (qt, kt) = if skeleton {
+        (segment_means(&q[..tp * nh * hd], tp, m, nh, hd), segment_means(&k[..tp * nkv * hd], tp, m, nkv, hd))
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    let mut o = vec![0.0; t_len * nh * hd];
+    let mut dropped = vec![false; t_len * nh];
+    let mut s = vec![0.0; t_len]; // scores of one row
+    let mut a = vec![0.0; t_len]; // scaled far weights of one row
+    let mut fu = vec![0.0; m];
+    let mut wv = vec![0.0; m];
+    for h in 0..nh {
+        let g = h / group;
+        let kr = |j: usize| &k[(j * nkv + g) * hd..][..hd];
+        let vr = |j: usize| &v[(j * nkv + g) * hd..][..hd];
+        // Skeleton per head: (γ, M̂, E_log [m, T] = q̃_i·k_j·scale).
+        let sk = if skeleton {
+            let (gm, mhat) =
+                ridge_inverse(&qt[h * m * hd..][..m * hd], &kt[g * m * hd..][..m * hd], m, hd, scale, settings.ridge, h)?;
+            let mut el = vec![0.0; m * t_len];
+            for i in 0..m {
+                for j in 0..t_len {
+                    el[i * t_len + j] = dot64(&qt[(h * m + i) * hd..][..hd], kr(j)) * scale;
+                }
+            }
+            Some((gm as f64, mhat, el))
+        } else {
+            None
+        };
+        for t in 0..t_len {
+            let qh = &q[(t * nh + h) * hd..][..hd];
+            let exact = t < tp || !windowed;
+            let near = |j: usize| exact || settings.is_near(t, j);
+            let mut near_max = f64::NEG_INFINITY;
+            for j in 0..=t {
+                s[j] = dot64(qh, kr(j)) * scale;
+                if near(j) {
+                    near_max = near_max.max(s[j]);
+                }
+            }
+            let mut c = near_max;
+            let mut far_on = false;
+            if let (Some((gm, mhat, el)), false) = (&sk, exact) {
+                let far_js: Vec<usize> = (0..=t).filter(|&j| !near(j)).collect();
+                if !far_js.is_empty() {
+                    far_on = true;
+                    for l in 0..m {
+                        fu[l] = dot64(qh, &kt[(g * m + l) * hd..][..hd]) * scale;
+                    }
+                    let umax = fu.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    fu.iter_mut().for_each(|x| *x = (*x - umax).exp());
+                    for i in 0..m {
+                        wv[i] = (0..m).map(|l| fu[l] * mhat[l * m + i]).sum();
+                    }
+                    let base = umax - gm;
+                    let emax =
+                        far_js.iter().flat_map(|&j| (0..m).map(move |i| el[i * t_len + j])).fold(f64::NEG_INFINITY, f64::max);
+                    c = c.max(base + emax);
+                    // a[t,j]·e^{−c} = Σ_i ŵ_i·exp(base + E_log[i,j] − c)
+                    let mut total = 0.0;
+                    for &j in &far_js {
+                        let mut x: f64 = (0..m).map(|i| wv[i] * (base + el[i * t_len + j] - c).exp()).sum();
+                        if guard == Guard::PerKeyClamp {
+                            x = x.max(0.0);
+                        }
+                        a[j] = x;
+                        total += x;
+                    }
+                    if guard == Guard::Aggregate && total < 0.0 {
+                        far_on = false;
+                        dropped[t * nh + h] = true;
+                    }
+                }
+            }
+            let out = &mut o[(t * nh + h) * hd..][..hd];
+            let mut den = 0.0;
+            for j in 0..=t {
+                let wj = if near(j) {
+                    (s[j] - c).exp()
+                } else if far_on {
+                    a[j]
+                } else {
+                    continue;
+                };
+                den += wj;
+                out.iter_mut().zip(vr(j)).for_each(|(x, y)| *x += wj * y);
+            }
+            let inv = 1.0 / f64::max(den, DEN_FLOOR);
+            out.iter_mut().for_each(|x| *x *= inv);
+        }
+    }
+    Ok(MatrixOut { o, dropped })
+}
+
+impl fmt::Display for Far {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Far::Skeleton => "nystrom",
+            Far::Drop => "streamingllm",
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// splitmix64 + Box–Muller.
+    struct Rng(u64);
+    impl Rng {
+        fn u(&mut self) -> f64 {
+            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+        }
+        fn normal(&mut self) -> f32 {
+            let (a, b) = (self.u().max(1e-300), self.u());
+            ((-2.0 * a.ln()).sqrt() * (std::f64::consts::TAU * b).cos()) as f32
+        }
+        fn vec(&mut self, n: usize, s: f32) -> Vec<f32> {
+            (0..n).map(|_| self.normal() * s).collect()
+        }
+    }
+
+    struct Case {
+        st: O1Settings,
+        far: Far,
+        nh: usize,
+        nkv: usize,
+        hd: usize,
+        t_len: usize,
+        tp: usize,
+        /// q and k multiplier (score magnitude ~ qk_scale²).
+        qk_scale: f32,
+        seed: u64,
+    }
+
+    struct Data {
+        q: Vec<f32>,
+        k: Vec<f32>,
+        v: Vec<f32>,
+        scale: f32,
+    }
+
+    fn data(c: &Case) -> Data {
+        let mut r = Rng(c.seed);
+        Data {
+            q: r.vec(c.t_len * c.nh * c.hd, c.qk_scale),
+            k: r.vec(c.t_len * c.nkv * c.hd, c.qk_scale),
+            v: r.vec(c.t_len * c.nkv * c.hd, 1.0),
+            scale: 1.0 / (c.hd as f32).sqrt(),
+        }
+    }
+
+    /// Seal from the first tp positions (queries fed in chunks of 7), step the rest.
+    /// Returns outputs [T − tp, nh, hd], per-step dropped-head counts and the final layer.
+    fn stream(c: &Case, d: &Data) -> (Vec<f32>, Vec<usize>, O1Layer) {
+        let (nh, nkv, hd, tp) = (c.nh, c.nkv, c.hd, c.tp);
+        let mut qs = QuerySegments::new(tp, c.st.m_eff(tp), nh, hd);
+        for p0 in (0..tp).step_by(7) {
+            let p1 = (p0 + 7).min(c.t_len);
+            qs.add(p0, &d.q[p0 * nh * hd..p1 * nh * hd]);
+        }
+        let row = nkv * hd;
+        let mut layer = O1Layer::seal(&c.st, c.far, d.scale, nh, nkv, hd, Some(&qs), &d.k[..tp * row], &d.v[..tp * row]).unwrap();
+        let mut out = vec![0f32; (c.t_len - tp) * nh * hd];
+        let mut dropped = Vec::new();
+        for t in tp..c.t_len {
+            let o = &mut out[(t - tp) * nh * hd..][..nh * hd];
+            dropped.push(layer.step(&d.q[t * nh * hd..][..nh * hd], &d.k[t * row..][..row], &d.v[t * row..][..row], o));
+        }
+        assert_eq!(layer.len(), c.t_len);
+        (out, dropped, layer)
+    }
+
+    fn matrix(c: &Case, d: &Data, guard: Guard) -> MatrixOut {
+        let w = |x: &[f32]| x.iter().map(|&y| y as f64).collect::<Vec<f64>>();
+        matrix_form(&c.st, c.far, guard, d.scale as f64, c.nh, c.nkv, c.hd, c.tp, &w(&d.q), &w(&d.k), &w(&d.v)).unwrap()
+    }
+
+    /// Max over (t, h) of max_c |a − b| / max(max_c |b|, 1e-6), with where.
+    fn max_rel(a: &[f32], b: &[f64], nh: usize, hd: usize, t0: usize) -> (f64, usize, usize) {
+        let mut worst = (0.0, 0, 0);
+        for (r, (ar, br)) in a.chunks(hd).zip(b.chunks(hd)).enumerate() {
+            let den = br.iter().fold(1e-6f64, |m, x| m.max(x.abs()));
+            let diff = ar.iter().zip(br).fold(0.0f64, |m, (&x, &y)| m.max((x as f64 - y).abs()));
+            assert!(ar.iter().all(|x| x.is_finite()), "non-finite streaming output at t={}, h={}", t0 + r / nh, r % nh);
+            if diff / den > worst.0 {
+                worst = (diff / den, t0 + r / nh, r % nh);
+            }
+        }
+        worst
+    }
+
+    /// Streaming vs matrix form; returns (max rel err, rows dropped in the matrix form).
+    fn agree(name: &str, c: &Case) -> (f64, usize) {
+        let d = data(c);
+        let (so, sdrop, _) = stream(c, &d);
+        let mo = matrix(c, &d, Guard::Aggregate);
+        let (nh, hd) = (c.nh, c.hd);
+        assert!(mo.o.iter().all(|x| x.is_finite()), "{name}: non-finite matrix output");
+        let (err, t, h) = max_rel(&so, &mo.o[c.tp * nh * hd..], nh, hd, c.tp);
+        let mdrop: Vec<usize> = (c.tp..c.t_len).map(|t| (0..nh).filter(|&h| mo.dropped[t * nh + h]).count()).collect();
+        let n_drop: usize = mdrop.iter().sum();
+        println!(
+            "{name}: T={} tp={} W={} S={} m={} group={} skeleton={} max rel err {err:.3e} at t={t} h={h}; dropped rows {n_drop}",
+            c.t_len,
+            c.tp,
+            c.st.window,
+            c.st.sinks,
+            c.st.m_eff(c.tp),
+            nh / c.nkv,
+            c.far == Far::Skeleton && c.st.seals_skeleton(c.tp)
+        );
+        assert!(err <= 1e-5, "{name}: streaming vs matrix form max rel err {err:.3e} at t={t} h={h}");
+        assert_eq!(sdrop, mdrop, "{name}: guard dropped different rows");
+        (err, n_drop)
+    }
+
+    fn st(window: usize, sinks: usize, landmarks: usize) -> O1Settings {
+        O1Settings { window, sinks, landmarks, ridge: DEFAULT_RIDGE }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn case(st: O1Settings, far: Far, nh: usize, nkv: usize, hd: usize, t_len: usize, tp: usize, seed: u64) -> Case {
+        Case { st, far, nh, nkv, hd, t_len, tp, qk_scale: 1.0, seed }
+    }
+
+    #[test]
+    fn streaming_matches_matrix_random_gqa() {
+        for (i, &(nh, nkv)) in [(2, 2), (4, 2), (8, 2), (4, 1)].iter().enumerate() {
+            for far in [Far::Skeleton, Far::Drop] {
+                let c = case(st(16, 4, 12), far, nh, nkv, 16, 173, 97, 10 + i as u64);
+                agree(&format!("gqa {nh}/{nkv} {far}"), &c);
+            }
+        }
+        // Odd head dim and lengths, landmark cap above tp/8, sharper scores.
+        let mut c = case(st(9, 3, 64), Far::Skeleton, 6, 3, 13, 151, 83, 7);
+        c.qk_scale = 1.7;
+        agree("odd dims", &c);
+    }
+
+    #[test]
+    fn streaming_matches_matrix_degenerate_boundary() {
+        let (w, s) = (12, 3);
+        for tp in [w + s + 8 - 1, w + s + 8, w + s + 8 + 1] {
+            for far in [Far::Skeleton, Far::Drop] {
+                let c = case(st(w, s, 8), far, 4, 2, 8, tp + 60, tp, tp as u64);
+                agree(&format!("boundary tp={tp} {far}"), &c);
+                let d = data(&c);
+                let layer = stream(&c, &d).2;
+                assert_eq!(layer.has_skeleton(), far == Far::Skeleton && tp > w + s + 8, "tp={tp}: skeleton sealed wrongly");
+            }
+        }
+    }
+
+    #[test]
+    fn streaming_matches_matrix_window_over_sequence_and_no_sinks() {
+        for far in [Far::Skeleton, Far::Drop] {
+            agree(&format!("window > T {far}"), &case(st(300, 4, 16), far, 4, 2, 8, 90, 40, 3));
+            agree(&format!("sinks 0 {far}"), &case(st(10, 0, 16), far, 4, 4, 8, 140, 70, 4));
+            agree(&format!("sinks = window {far}"), &case(st(6, 6, 4), far, 2, 1, 8, 100, 41, 5));
+            agree(&format!("tp=1 {far}"), &case(st(5, 2, 4), far, 2, 1, 8, 40, 1, 6));
+        }
+    }
+
+    #[test]
+    fn aggregate_guard_drops_rows_in_both_forms() {
+        // Sharp scores with few landmarks make the skeleton overshoot negative on some rows.
+        let mut total = 0;
+        for seed in 0..6 {
+            let mut c = case(st(4, 1, 4), Far::Skeleton, 4, 2, 8, 160, 40, 100 + seed);
+            c.qk_scale = 2.2;
+            total += agree(&format!("guard seed {seed}"), &c).1;
+        }
+        assert!(total > 0, "no row was dropped by the aggregate guard; the test does not exercise it");
+    }
+
+    #[test]
+    fn extreme_scores_stay_finite_and_agree() {
+        for far in [Far::Skeleton, Far::Drop] {
+            let mut c = case(st(8, 2, 16), far, 4, 2, 16, 130, 64, 21);
+            c.qk_scale = 7.0;
+            let d = data(&c);
+            let mut smax = 0f64;
+            for t in 0..c.t_len {
+                for h in 0..c.nh {
+                    for j in 0..=t {
+                        let g = h / (c.nh / c.nkv);
+                        let s =
+                            dot32(&d.q[(t * c.nh + h) * c.hd..][..c.hd], &d.k[(j * c.nkv + g) * c.hd..][..c.hd]) * d.scale as f64;
+                        smax = smax.max(s.abs());
+                    }
+                }
+            }
+            println!("extreme {far}: max |score| {smax:.1}");
+            assert!(smax > 150.0, "scores not extreme enough: {smax}");
+            agree(&format!("extreme {far}"), &c);
+        }
+    }
+
+    /// Plain exact causal attention in f64 (independent of the module's code paths).
+    fn exact_attention(q: &[f64], k: &[f64], v: &[f64], nh: usize, nkv: usize, hd: usize, scale: f64) -> Vec<f64> {
+        let t_len = q.len() / (nh * hd);
+        let mut o = vec![0.0; q.len()];
+        for t in 0..t_len {
+            for h in 0..nh {
+                let g = h / (nh / nkv);
+                let qh = &q[(t * nh + h) * hd..][..hd];
+                let s: Vec<f64> = (0..=t)
+                    .map(|j| qh.iter().zip(&k[(j * nkv + g) * hd..][..hd]).map(|(a, b)| a * b).sum::<f64>() * scale)
+                    .collect();
+                let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = s.iter().map(|x| (x - mx).exp()).collect();
+                let z: f64 = e.iter().sum();
+                for (j, ej) in e.iter().enumerate() {
+                    for cc in 0..hd {
+                        o[(t * nh + h) * hd + cc] += ej / z * v[(j * nkv + g) * hd + cc];
+                    }
+                }
+            }
+        }
+        o
+    }
+
+    fn widen(x: &[f32]) -> Vec<f64> {
+        x.iter().map(|&y| y as f64).collect()
+    }
+
+    #[test]
+    fn matrix_form_with_window_over_sequence_is_exact_attention() {
+        let c = case(st(120, 4, 16), Far::Skeleton, 4, 2, 8, 100, 30, 9);
+        let d = data(&c);
+        let (q, k, v) = (widen(&d.q), widen(&d.k), widen(&d.v));
+        let ex = exact_attention(&q, &k, &v, c.nh, c.nkv, c.hd, d.scale as f64);
+        for far in [Far::Skeleton, Far::Drop] {
+            for tp in [0, 30, 100] {
+                let mo = matrix_form(&c.st, far, Guard::Aggregate, d.scale as f64, c.nh, c.nkv, c.hd, tp, &q, &k, &v).unwrap();
+                let (i, diff) =
+                    mo.o.iter()
+                        .zip(&ex)
+                        .map(|(a, b)| (a - b).abs())
+                        .enumerate()
+                        .fold((0, 0.0), |m, (i, x)| if x > m.1 { (i, x) } else { m });
+                println!("W ≥ T {far} tp={tp}: max |diff| {diff:.3e} at {i}");
+                assert!(diff < 1e-12, "{far} tp={tp}: W ≥ T differs from exact attention by {diff:.3e} at {i}");
+            }
+        }
+        // And a windowed Drop run with a short tail: the prompt rows are exact regardless.
+        let mo =
+            matrix_form(&st(5, 1, 4), Far::Drop, Guard::Aggregate, d.scale as f64, c.nh, c.nkv, c.hd, 60, &q, &k, &v).unwrap();
+        let diff = mo.o[..60 * c.nh * c.hd].iter().zip(&ex).fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
+        assert!(diff < 1e-12, "prompt rows not exact: {diff:.3e}");
+    }
+
+    /// Pins the Nyström convention (w = fu·M): when every prompt segment has a single key value,
+    /// the landmark keys are the keys, and while every far key is a prompt key the skeleton
+    /// reproduces exact attention up to the ridge.
+    #[test]
+    fn nystrom_is_exact_on_landmark_keys() {
+        let (nh, nkv, hd, tp, w) = (2, 1, 8, 64, 16);
+        let settings = O1Settings { window: w, sinks: 2, landmarks: 8, ridge: 1e-12 };
+        let m = settings.m_eff(tp);
+        assert_eq!(m, 8);
+        let mut r = Rng(77);
+        let kc = r.vec(m * nkv * hd, 1.0); // one key per segment
+        let qc = r.vec(m * nh * hd, 1.0); // segment-wise query centres: a well-conditioned Au
+        let t_len = tp + w; // every far key of every decode row is a prompt key
+        let mut q = r.vec(t_len * nh * hd, 0.05);
+        let mut k = r.vec(t_len * nkv * hd, 1.0);
+        for p in 0..tp {
+            let i = segment_of(p, tp, m);
+            k[p * nkv * hd..][..nkv * hd].copy_from_slice(&kc[i * nkv * hd..][..nkv * hd]);
+            q[p * nh * hd..][..nh * hd].iter_mut().zip(&qc[i * nh * hd..][..nh * hd]).for_each(|(a, b)| *a += b);
+        }
+        let v = r.vec(t_len * nkv * hd, 1.0);
+        let (q, k, v) = (widen(&q), widen(&k), widen(&v));
+        let scale = 1.0 / (hd as f64).sqrt();
+        let ex = exact_attention(&q, &k, &v, nh, nkv, hd, scale);
+        let mo = matrix_form(&settings, Far::Skeleton, Guard::Aggregate, scale, nh, nkv, hd, tp, &q, &k, &v).unwrap();
+        let drop = matrix_form(&settings, Far::Drop, Guard::Aggregate, scale, nh, nkv, hd, tp, &q, &k, &v).unwrap();
+        let (mut diff, mut at, mut drop_diff) = (0.0f64, 0, 0.0f64);
+        for i in tp * nh * hd..ex.len() {
+            if (mo.o[i] - ex[i]).abs() > diff {
+                (diff, at) = ((mo.o[i] - ex[i]).abs(), i / (nh * hd));
+            }
+            drop_diff = drop_diff.max((drop.o[i] - ex[i]).abs());
+        }
+        println!("skeleton on landmark keys: max |diff| vs exact {diff:.3e} at t={at} (StreamingLLM: {drop_diff:.3e})");
+        assert!(diff < 1e-6, "skeleton is not exact on landmark keys: {diff:.3e} at t={at}");
+        assert!(drop_diff > 1e-3, "far keys carry no weight; the test does not exercise the skeleton");
+    }
+
+    #[test]
+    fn per_key_clamp_gives_convex_outputs() {
+        let mut c = case(st(4, 1, 4), Far::Skeleton, 4, 2, 8, 160, 40, 100);
+        c.qk_scale = 2.2;
+        let d = data(&c);
+        let mo = matrix(&c, &d, Guard::PerKeyClamp);
+        let agg = matrix(&c, &d, Guard::Aggregate);
+        let (nh, nkv, hd) = (c.nh, c.nkv, c.hd);
+        let mut differs = 0.0f64;
+        for t in c.tp..c.t_len {
+            for h in 0..nh {
+                let g = h / (nh / nkv);
+                for cc in 0..hd {
+                    let vs = (0..=t).map(|j| d.v[(j * nkv + g) * hd + cc] as f64);
+                    let (lo, hi) = vs.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| (a.min(x), b.max(x)));
+                    let x = mo.o[(t * nh + h) * hd + cc];
+                    assert!(x >= lo - 1e-9 && x <= hi + 1e-9, "clamped output {x} outside [{lo}, {hi}] at t={t} h={h} c={cc}");
+                    differs = differs.max((x - agg.o[(t * nh + h) * hd + cc]).abs());
+                }
+            }
+        }
+        println!("per-key clamp vs aggregate guard: max |diff| {differs:.3e}");
+        assert!(differs > 1e-6, "per-key clamp had no effect on this data");
+    }
+
+    #[test]
+    fn state_bytes_constant_and_checkpoint_replays() {
+        let c = case(st(32, 4, 16), Far::Skeleton, 4, 2, 16, 2000 + 80, 80, 31);
+        let d = data(&c);
+        let (nh, nkv, hd, tp) = (c.nh, c.nkv, c.hd, c.tp);
+        let row = nkv * hd;
+        let mut qs = QuerySegments::new(tp, c.st.m_eff(tp), nh, hd);
+        qs.add(0, &d.q[..tp * nh * hd]);
+        let mut layer = O1Layer::seal(&c.st, c.far, d.scale, nh, nkv, hd, Some(&qs), &d.k[..tp * row], &d.v[..tp * row]).unwrap();
+        let mut o = vec![0f32; nh * hd];
+        let (mut b200, mut snap, mut replay) = (0, None, Vec::new());
+        for t in tp..c.t_len {
+            let _ = layer.step(&d.q[t * nh * hd..][..nh * hd], &d.k[t * row..][..row], &d.v[t * row..][..row], &mut o);
+            if t - tp + 1 == 200 {
+                b200 = layer.bytes();
+                snap = Some(layer.clone());
+            }
+            if (200..210).contains(&(t - tp)) {
+                replay.push(o.clone());
+            }
+        }
+        let b2000 = layer.bytes();
+        println!("state bytes after 200 steps {b200}, after 2000 steps {b2000}");
+        assert_eq!(b200, b2000, "state grows with context");
+        let mut back = snap.unwrap();
+        for (n, t) in (tp + 200..tp + 210).enumerate() {
+            let _ = back.step(&d.q[t * nh * hd..][..nh * hd], &d.k[t * row..][..row], &d.v[t * row..][..row], &mut o);
+            assert_eq!(o, replay[n], "restored checkpoint diverges at step {t}");
+        }
+        // The exact fallback does grow.
+        let short = O1Layer::seal(&c.st, Far::Skeleton, d.scale, nh, nkv, hd, None, &d.k[..10 * row], &d.v[..10 * row]).unwrap();
+        assert!(!short.has_skeleton());
+    }
+
+    #[test]
+    fn bad_settings_are_typed_errors() {
+        let e = |s: O1Settings| s.validate().unwrap_err().to_string();
+        assert!(e(st(0, 0, 8)).contains("--o1-window"));
+        assert!(e(st(4, 5, 8)).contains("--o1-sinks"));
+        assert!(e(st(4, 1, 3)).contains("--o1-landmarks"));
+        assert!(e(st(4, 1, MAX_LANDMARKS + 1)).contains("--o1-landmarks"));
+        assert!(e(O1Settings { ridge: 0.0, ..st(4, 1, 8) }).contains("--o1-ridge"));
+        assert!(e(O1Settings { ridge: f64::NAN, ..st(4, 1, 8) }).contains("--o1-ridge"));
+        assert!(st(4, 4, 4).validate().is_ok());
+        // Seal reports bad settings, shapes and missing query segments instead of panicking.
+        let k = vec![0f32; 40 * 2 * 8];
+        assert!(matches!(O1Layer::seal(&st(0, 0, 8), Far::Drop, 1.0, 2, 2, 8, None, &k, &k), Err(NystromError::ZeroWindow)));
+        assert!(matches!(O1Layer::seal(&st(4, 1, 8), Far::Drop, 1.0, 3, 2, 8, None, &k, &k), Err(NystromError::Shape { .. })));
+        assert!(matches!(
+            O1Layer::seal(&st(4, 1, 8), Far::Skeleton, 1.0, 2, 2, 8, None, &k, &k),
+            Err(NystromError::IncompleteSegments { .. })
+        ));
+        let qs = QuerySegments::new(40, 5, 2, 8);
+        assert!(matches!(
+            O1Layer::seal(&st(4, 1, 8), Far::Skeleton, 1.0, 2, 2, 8, Some(&qs), &k, &k),
+            Err(NystromError::IncompleteSegments { seen: 0, tp: 40 })
+        ));
+        let q = vec![0f64; 40 * 2 * 8];
+        let kk = vec![0f64; 40 * 2 * 8];
+        assert!(matches!(
+            matrix_form(&st(4, 1, 8), Far::Skeleton, Guard::Aggregate, 1.0, 2, 2, 8, 41, &q, &kk, &kk),
+            Err(NystromError::Shape { .. })
+        ));
+    }
+}
