@@ -49,14 +49,18 @@
 //!   (λ scales with the trace), so M̂ is what the f64 solve returns, with no overflow even when
 //!   AuᵀAu itself would overflow f64;
 //! * fu is max-shifted: f̂u_l = exp(u_l − u_max);
-//! * the step assembles far terms as ŵ_i·D̂_i·exp(u_max − γ + off_i − c) in f64.
+//! * the step assembles far terms as ŵ_i·D̂_i·exp(u_max − γ + off_i − c) in f64, with
+//!   c = max(max near score, u_max − γ + max_i off_i); the matrix form uses the same c with
+//!   max_i off_i replaced by max over landmarks and far keys of q̃_i·k_j·scale (equal up to the
+//!   f32 rounding of the stored offsets; c only matters through the 1e-30 floor).
 //!
 //! Precision. The far field is a cancelling sum (w has mixed signs, |w| up to ~1/√λ), so rounding
 //! in the state is amplified: with single f32 for q̃, k̃, M̂ and the accumulators, this module's
 //! random-head tests disagree with the f64 matrix form by up to 6.8e-5 (relative). Therefore the
 //! small landmark tensors (q̃, k̃, M̂) and the accumulators are stored as f32 hi/lo pairs
-//! (value = hi + lo, ~48-bit mantissa; accumulator updates are then effectively compensated sums). The window, sinks and all per-context storage are single f32. Dot products
-//! of the step run in f64 over the f32 operands.
+//! (value = hi + lo, ~48-bit mantissa; accumulator updates are then effectively compensated sums).
+//! The window, sinks and all per-context storage are single f32. Dot products of the step run in
+//! f64 over the f32 operands.
 
 // Index loops over several parallel arrays (landmark i, landmark key l, channel c) mirror the
 // formulas in the header; iterator zips over four slices would hide them.
