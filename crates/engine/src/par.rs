@@ -2,6 +2,7 @@
 //! (matvec/matmat row ranges, attention heads, norms over rows) runs on it. One process-wide
 //! pool rather than one per model: the CLI sets the thread count once (`-t`), and tests that
 //! load several models in parallel threads share it (the pool serializes their dispatches).
+//! Starting it also sets the process's allocator policy (`kernels::mem::keep_freed_memory`).
 
 use std::sync::OnceLock;
 
@@ -16,6 +17,7 @@ pub fn init(n_threads: usize) -> Result<(), String> {
     let want = if n_threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { n_threads };
     let mut err: Option<PoolError> = None;
     let pool = POOL.get_or_init(|| {
+        cortiq_kernels::mem::keep_freed_memory();
         Pool::new(want).unwrap_or_else(|e| {
             err = Some(e);
             Pool::new(1).expect("a one-thread pool starts no thread")
@@ -33,5 +35,8 @@ pub fn init(n_threads: usize) -> Result<(), String> {
 /// The pool (started with the machine's available parallelism on first use if `init` was not
 /// called).
 pub fn pool() -> &'static Pool {
-    POOL.get_or_init(|| Pool::new(0).unwrap_or_else(|_| Pool::new(1).expect("a one-thread pool starts no thread")))
+    POOL.get_or_init(|| {
+        cortiq_kernels::mem::keep_freed_memory();
+        Pool::new(0).unwrap_or_else(|_| Pool::new(1).expect("a one-thread pool starts no thread"))
+    })
 }

@@ -19,6 +19,8 @@ pub enum Op {
     QuantizeAct,
     Attention,
     Mixer,
+    Conv,
+    DeltaRule,
     Norm,
     Rope,
     Activation,
@@ -27,10 +29,12 @@ pub enum Op {
     Other,
 }
 
-const OPS: [(Op, &str); 9] = [
+const OPS: [(Op, &str); 11] = [
     (Op::QuantizeAct, "quantize activations"),
     (Op::Attention, "attention"),
-    (Op::Mixer, "mixers (conv, delta rule, norm)"),
+    (Op::Mixer, "mixers (gates, gathers, output norm)"),
+    (Op::Conv, "causal conv"),
+    (Op::DeltaRule, "delta rule (heads over the pool)"),
     (Op::Norm, "norms"),
     (Op::Rope, "rope"),
     (Op::Activation, "ffn activation"),
@@ -49,7 +53,7 @@ struct Counter {
 
 #[allow(clippy::declare_interior_mutable_const)]
 const ZERO: Counter = Counter { ns: AtomicU64::new(0), calls: AtomicU64::new(0) };
-static OP_COUNTERS: [Counter; 9] = [ZERO; 9];
+static OP_COUNTERS: [Counter; OPS.len()] = [ZERO; OPS.len()];
 static MATVEC: [Counter; TYPES] = [ZERO; TYPES];
 static MATMAT: [Counter; TYPES] = [ZERO; TYPES];
 static TYPE_NAME: [OnceLock<&'static str>; TYPES] = [const { OnceLock::new() }; TYPES];

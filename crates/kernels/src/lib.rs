@@ -10,6 +10,7 @@ pub mod conv;
 pub mod delta;
 pub mod dot;
 pub mod ggml;
+pub mod mem;
 pub mod membw;
 pub mod ops;
 pub mod pool;

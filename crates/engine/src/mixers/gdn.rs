@@ -10,7 +10,8 @@
 //! per-key-head grouped in_proj_qkvz / in_proj_ba are to be split at load time (sanitize), so
 //! this block has one layout.
 
-use cortiq_kernels::conv::causal_conv1d;
+use cortiq_kernels::act::silu_fast;
+use cortiq_kernels::conv::causal_conv1d_par;
 use cortiq_kernels::delta::{CHUNK, gated_delta_chunked, gated_delta_recurrent};
 
 use crate::par::pool;
@@ -122,9 +123,10 @@ pub fn gated_deltanet(cfg: &GdnConfig, w: &GdnWeights, h: &[f32], n: usize, stat
     w.in_proj_z.matmul(h, n, &mut z);
     w.in_proj_b.matmul(h, n, &mut b);
     w.in_proj_a.matmul(h, n, &mut a);
-    let mixer_span = profile::span(Op::Mixer);
     let mut conv_out = vec![0f32; n * cd]; // [n, conv_dim]
-    causal_conv1d(&mixed, n, cd, &w.conv, cfg.conv_kernel, &[], &mut state.conv, true, &mut conv_out);
+    let conv_span = profile::span(Op::Conv);
+    causal_conv1d_par(pool(), &mixed, n, cd, &w.conv, cfg.conv_kernel, &[], &mut state.conv, true, &mut conv_out);
+    drop(conv_span);
 
     // Per value head, contiguous inputs for the kernel: q, k [n, d_k] (of its key head), v
     // [n, d_v], g and β [n].
@@ -134,6 +136,7 @@ pub fn gated_deltanet(cfg: &GdnConfig, w: &GdnWeights, h: &[f32], n: usize, stat
     let qscale = 1.0 / (dk as f32).sqrt();
     let state_s = &mut state.s;
     // Heads are independent: spread them over the pool, each with its own state slice.
+    let delta_span = profile::span(Op::DeltaRule);
     let mut work: Vec<(&mut [f32], &mut [f32])> = per_head.chunks_mut(n * dv).zip(state_s.chunks_mut(dk * dv)).collect();
     pool().for_rows_mut_dynamic(&mut work, 1, 1, |hv, items| {
         let (out_h, s_h) = &mut items[0];
@@ -161,23 +164,30 @@ pub fn gated_deltanet(cfg: &GdnConfig, w: &GdnWeights, h: &[f32], n: usize, stat
         }
     });
     drop(work);
-    // Gated RMSNorm per (token, head), back to [n, n_v, d_v].
-    for t in 0..n {
-        for hv in 0..nv {
-            let src = &per_head[(hv * n + t) * dv..(hv * n + t + 1) * dv];
-            let dst = &mut o[t * vd + hv * dv..t * vd + (hv + 1) * dv];
-            let zs = &z[t * vd + hv * dv..t * vd + (hv + 1) * dv];
-            let ms: f32 = src.iter().map(|x| x * x).sum::<f32>() / dv as f32;
-            let inv = 1.0 / (ms + cfg.norm_eps).sqrt();
-            for ((d, &x), (&gw, &zv)) in dst.iter_mut().zip(src).zip(w.norm.iter().zip(zs)) {
-                let gate = match cfg.out_gate {
-                    OutGate::Silu => zv / (1.0 + (-zv).exp()),
-                    OutGate::Sigmoid => 1.0 / (1.0 + (-zv).exp()),
-                };
-                *d = x * inv * gw * gate;
+    drop(delta_span);
+    let mixer_span = profile::span(Op::Mixer);
+    // Gated RMSNorm per (token, head), back to [n, n_v, d_v]; tokens spread over the pool.
+    let per_head = &per_head;
+    pool().for_rows_mut(&mut o, vd, 8, |t0, rows| {
+        let mut gate = vec![0f32; dv]; // [d_v]
+        for (j, orow) in rows.chunks_mut(vd).enumerate() {
+            let t = t0 + j;
+            for hv in 0..nv {
+                let src = &per_head[(hv * n + t) * dv..(hv * n + t + 1) * dv];
+                let dst = &mut orow[hv * dv..(hv + 1) * dv];
+                gate.copy_from_slice(&z[t * vd + hv * dv..t * vd + (hv + 1) * dv]);
+                match cfg.out_gate {
+                    OutGate::Silu => silu_fast(&mut gate),
+                    OutGate::Sigmoid => gate.iter_mut().for_each(|zv| *zv = 1.0 / (1.0 + (-*zv).exp())),
+                }
+                let ms: f32 = src.iter().map(|x| x * x).sum::<f32>() / dv as f32;
+                let inv = 1.0 / (ms + cfg.norm_eps).sqrt();
+                for ((d, &x), (&gw, &gv)) in dst.iter_mut().zip(src).zip(w.norm.iter().zip(&gate)) {
+                    *d = x * inv * gw * gv;
+                }
             }
         }
-    }
+    });
     drop(mixer_span);
     let mut y = vec![0f32; n * cfg.d_model]; // [n, d_model]
     w.out_proj.matmul(&o, n, &mut y);

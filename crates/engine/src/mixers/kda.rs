@@ -6,7 +6,7 @@
 //! token), then a σ-gated RMSNorm per head whose
 //! gate is low-rank (g_b(g_a(x))), and the output projection. Heads: n_q = n_k = n_v.
 
-use cortiq_kernels::conv::causal_conv1d;
+use cortiq_kernels::conv::causal_conv1d_par;
 use cortiq_kernels::delta::{CHUNK, kda_chunked, kda_recurrent};
 
 use crate::par::pool;
@@ -85,7 +85,7 @@ pub fn kda(c: &KdaConfig, w: &KdaWeights, h: &[f32], n: usize, state: &mut KdaSt
     w.qkv.matmul(h, n, &mut mixed);
     let conv_span = profile::span(Op::Mixer);
     let mut conv = vec![0f32; n * 3 * dim]; // [n, 3·dim]
-    causal_conv1d(&mixed, n, 3 * dim, &w.conv, c.conv_kernel, &[], &mut state.conv, true, &mut conv);
+    causal_conv1d_par(pool(), &mixed, n, 3 * dim, &w.conv, c.conv_kernel, &[], &mut state.conv, true, &mut conv);
     drop(conv_span);
     let mut fa = vec![0f32; n * dh]; // [n, d_head]
     w.f_a.matmul(h, n, &mut fa);

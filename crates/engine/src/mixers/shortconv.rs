@@ -2,8 +2,9 @@
 //! depthwise causal convolution carrying the last `kernel − 1` gated inputs (B ⊙ x) per channel
 //! as its whole per-sequence state (constant size).
 
-use cortiq_kernels::conv::causal_conv1d;
+use cortiq_kernels::conv::causal_conv1d_par;
 
+use crate::par::pool;
 use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
 
@@ -51,7 +52,7 @@ pub fn short_conv(w: &ShortConvWeights, d: usize, kernel: usize, h: &[f32], n: u
         }
     }
     let mut conv = vec![0f32; n * d]; // [n, d_model]
-    causal_conv1d(&bx, n, d, &w.conv, kernel, &w.conv_bias, &mut state.conv, false, &mut conv);
+    causal_conv1d_par(pool(), &bx, n, d, &w.conv, kernel, &w.conv_bias, &mut state.conv, false, &mut conv);
     for (o, row) in conv.chunks_mut(d).zip(bcx.chunks(3 * d)) {
         o.iter_mut().zip(&row[d..2 * d]).for_each(|(v, c)| *v *= c);
     }
