@@ -269,59 +269,60 @@ fn ridge_inverse(
     // γ is rounded to f32 because the streaming state stores it; M = e^{−γ}M̂ holds for any γ.
     let gamma = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max) as f32;
     let a: Vec<f64> = s.iter().map(|x| (x - gamma as f64).exp()).collect(); // Âu [m_q, m_k]
-    // G = ÂᵀÂ + λI, [m_k, m_k]
+    // G = ÂᵀÂ + λI, [m_k, m_k], as a sum of rank-1 row updates (contiguous rows).
     let mut g = vec![0.0; m * m];
-    for l in 0..m {
-        for r in 0..=l {
-            let v: f64 = (0..m).map(|i| a[i * m + l] * a[i * m + r]).sum();
-            g[l * m + r] = v;
-            g[r * m + l] = v;
+    for i in 0..m {
+        let ai = &a[i * m..][..m];
+        for l in 0..m {
+            let f = ai[l];
+            g[l * m..][..m].iter_mut().zip(ai).for_each(|(x, &y)| *x += f * y);
         }
     }
     let trace: f64 = (0..m).map(|l| g[l * m + l]).sum();
     let lambda = ridge * trace / m as f64;
     (0..m).for_each(|l| g[l * m + l] += lambda);
-    // Cholesky G = L Lᵀ (lower, in place).
+    // Cholesky G = L Lᵀ (lower triangle, in place, row-oriented).
     for j in 0..m {
-        let mut d = g[j * m + j];
+        let (done, rest) = g.split_at_mut(j * m);
+        let rj = &mut rest[..m];
         for p in 0..j {
-            d -= g[j * m + p] * g[j * m + p];
+            let lp = &done[p * m..][..p + 1];
+            let x = (rj[p] - dot64(&rj[..p], &lp[..p])) / lp[p];
+            rj[p] = x;
         }
+        let d = rj[j] - dot64(&rj[..j], &rj[..j]);
         if d.is_nan() || d <= 0.0 || d.is_infinite() {
             return Err(NystromError::NotPositiveDefinite { head });
         }
-        let d = d.sqrt();
-        g[j * m + j] = d;
-        for r in j + 1..m {
-            let mut x = g[r * m + j];
-            for p in 0..j {
-                x -= g[r * m + p] * g[j * m + p];
-            }
-            g[r * m + j] = x / d;
+        rj[j] = d.sqrt();
+    }
+    // X = G⁻¹ Âᵀ, [m_k, m_i], all right-hand sides at once by row operations:
+    // forward L Y = Âᵀ, then back Lᵀ X = Y.
+    let mut x = vec![0.0; m * m];
+    for l in 0..m {
+        for i in 0..m {
+            x[l * m + i] = a[i * m + l];
         }
     }
-    // Solve L Lᵀ X = Âᵀ column by column: X[:, i] for right-hand side Âᵀ[:, i] = Â[i, :].
-    let mut x = vec![0.0; m * m]; // [m_k, m_q]
-    let mut col = vec![0.0; m];
-    for i in 0..m {
-        col.copy_from_slice(&a[i * m..][..m]);
-        for r in 0..m {
-            let mut v = col[r];
-            for p in 0..r {
-                v -= g[r * m + p] * col[p];
-            }
-            col[r] = v / g[r * m + r];
+    for r in 0..m {
+        let (done, rest) = x.split_at_mut(r * m);
+        let xr = &mut rest[..m];
+        for p in 0..r {
+            let f = g[r * m + p];
+            xr.iter_mut().zip(&done[p * m..][..m]).for_each(|(y, &z)| *y -= f * z);
         }
-        for r in (0..m).rev() {
-            let mut v = col[r];
-            for p in r + 1..m {
-                v -= g[p * m + r] * col[p];
-            }
-            col[r] = v / g[r * m + r];
+        let inv = 1.0 / g[r * m + r];
+        xr.iter_mut().for_each(|y| *y *= inv);
+    }
+    for r in (0..m).rev() {
+        let (head_rows, rest) = x.split_at_mut((r + 1) * m);
+        let xr = &mut head_rows[r * m..];
+        for p in r + 1..m {
+            let f = g[p * m + r];
+            xr.iter_mut().zip(&rest[(p - r - 1) * m..][..m]).for_each(|(y, &z)| *y -= f * z);
         }
-        for l in 0..m {
-            x[l * m + i] = col[l];
-        }
+        let inv = 1.0 / g[r * m + r];
+        xr.iter_mut().for_each(|y| *y *= inv);
     }
     Ok((gamma, x))
 }
@@ -349,6 +350,20 @@ fn dot32(a: &[f32], b: &[f32]) -> f64 {
     for (x, y) in ca.zip(cb) {
         for u in 0..4 {
             acc[u] += x[u] as f64 * y[u] as f64;
+        }
+    }
+    acc[0] + acc[1] + acc[2] + acc[3] + tail
+}
+
+/// f64 · f32 dot product in f64.
+#[inline]
+fn dot64_32(a: &[f64], b: &[f32]) -> f64 {
+    let mut acc = [0.0f64; 4];
+    let (ca, cb) = (a.chunks_exact(4), b.chunks_exact(4));
+    let tail: f64 = ca.remainder().iter().zip(cb.remainder()).map(|(&x, &y)| x * y as f64).sum();
+    for (x, y) in ca.zip(cb) {
+        for u in 0..4 {
+            acc[u] += x[u] * y[u] as f64;
         }
     }
     acc[0] + acc[1] + acc[2] + acc[3] + tail
@@ -413,36 +428,119 @@ struct Skeleton {
 }
 
 impl Skeleton {
-    /// Folds key/value j (k, v: [n_kv, hd]) into every query head's accumulators.
-    fn fold(&mut self, k: &[f32], v: &[f32], n_heads: usize, group: usize, hd: usize, scale: f64) {
+    /// Folds n keys/values (k, v: [n, n_kv, hd]) into every query head's accumulators. The seal
+    /// folds the whole far prompt at once (f64 sums, one rounding into the hi/lo state per
+    /// accumulator); a step folds one key.
+    #[allow(clippy::too_many_arguments)]
+    fn fold(&mut self, k: &[f32], v: &[f32], n_heads: usize, nkv: usize, hd: usize, scale: f64) {
         let m = self.m;
+        let group = n_heads / nkv;
+        let n = k.len() / (nkv * hd);
+        if n == 0 {
+            return;
+        }
+        let mut s = vec![0.0f64; n]; // [n] scores of one landmark query
+        let mut qi = vec![0.0f64; hd]; // q̃_i as f64
+        let mut acc = vec![0.0f64; hd]; // N_i being updated, f64
         for h in 0..n_heads {
             let g = h / group;
-            let (kj, vj) = (&k[g * hd..][..hd], &v[g * hd..][..hd]);
             for i in 0..m {
-                let qi = (h * m + i) * hd;
-                let s = dot_split(&self.qt.hi[qi..qi + hd], &self.qt.lo[qi..qi + hd], kj) * scale;
                 let a = h * m + i;
-                let old = self.off[a];
-                if s > old as f64 {
-                    let new = s as f32;
-                    // Rescale the accumulator to the new offset (all zeros while empty).
-                    let r = if old == f32::NEG_INFINITY { 0.0 } else { (old as f64 - new as f64).exp() };
-                    self.den.set(a, self.den.get(a) * r);
-                    for c in 0..hd {
-                        let n = (a * hd) + c;
-                        self.num.set(n, self.num.get(n) * r);
-                    }
-                    self.off[a] = new;
+                let qb = a * hd;
+                qi.iter_mut()
+                    .zip(&self.qt.hi[qb..qb + hd])
+                    .zip(&self.qt.lo[qb..qb + hd])
+                    .for_each(|((x, &hi), &lo)| *x = hi as f64 + lo as f64);
+                let mut smax = f64::NEG_INFINITY;
+                for (j, sj) in s.iter_mut().enumerate() {
+                    *sj = dot64_32(&qi, &k[(j * nkv + g) * hd..][..hd]) * scale;
+                    smax = smax.max(*sj);
                 }
-                let e = (s - self.off[a] as f64).exp(); // ≲ 1
-                self.den.set(a, self.den.get(a) + e);
-                let base = a * hd;
-                for c in 0..hd {
-                    self.num.set(base + c, self.num.get(base + c) + e * vj[c] as f64);
+                let nb = a * hd;
+                let (nhi, nlo) = (&mut self.num.hi[nb..nb + hd], &mut self.num.lo[nb..nb + hd]);
+                let old = self.off[a];
+                // Rescale to a raised offset (online-softmax style); all zeros while empty.
+                let r = if smax > old as f64 {
+                    let new = smax as f32;
+                    let r = if old == f32::NEG_INFINITY { 0.0 } else { (old as f64 - new as f64).exp() };
+                    self.off[a] = new;
+                    r
+                } else {
+                    1.0
+                };
+                let off = self.off[a] as f64;
+                acc.iter_mut().zip(nhi.iter()).zip(nlo.iter()).for_each(|((x, &hi), &lo)| *x = (hi as f64 + lo as f64) * r);
+                let mut den = self.den.get(a) * r;
+                for (j, &sj) in s.iter().enumerate() {
+                    let e = (sj - off).exp(); // ≲ 1
+                    den += e;
+                    acc.iter_mut().zip(&v[(j * nkv + g) * hd..][..hd]).for_each(|(x, &y)| *x += e * y as f64);
+                }
+                self.den.set(a, den);
+                for ((x, hi), lo) in acc.iter().zip(nhi.iter_mut()).zip(nlo.iter_mut()) {
+                    *hi = *x as f32;
+                    *lo = (*x - *hi as f64) as f32;
                 }
             }
         }
+    }
+
+    /// ŵ = f̂u·M̂ of query head h (kv head g) into fw[m..2m] (fw[..m]: f̂u); returns
+    /// base = u_max − γ_h, or None while nothing has been folded.
+    #[allow(clippy::too_many_arguments)]
+    fn far_weights(&self, h: usize, g: usize, qh: &[f32], hd: usize, scale: f64, fw: &mut [f64]) -> Option<f64> {
+        let m = self.m;
+        if self.off[h * m..][..m].iter().all(|&o| o == f32::NEG_INFINITY) {
+            return None;
+        }
+        let (fu, wv) = fw[..2 * m].split_at_mut(m);
+        for l in 0..m {
+            let kl = (g * m + l) * hd;
+            fu[l] = dot_split(&self.kt.hi[kl..kl + hd], &self.kt.lo[kl..kl + hd], qh) * scale;
+        }
+        let umax = fu.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        fu.iter_mut().for_each(|x| *x = (*x - umax).exp());
+        // Rows of M̂ run over l and are contiguous over i.
+        wv.fill(0.0);
+        let mb = h * m * m;
+        for l in 0..m {
+            let f = fu[l];
+            let (mh, ml) = (&self.mhat.hi[mb + l * m..][..m], &self.mhat.lo[mb + l * m..][..m]);
+            wv.iter_mut().zip(mh).zip(ml).for_each(|((x, &a), &b)| *x += f * (a as f64 + b as f64));
+        }
+        Some(umax - self.gamma[h] as f64)
+    }
+
+    /// Largest accumulator log-offset of query head h.
+    fn off_max(&self, h: usize) -> f64 {
+        self.off[h * self.m..][..self.m].iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64
+    }
+
+    /// Turns ŵ into per-landmark factors ŵ_i·e^{base + off_i − c}; if the far weight
+    /// Σ_i factor_i·D̂_i is negative (aggregate guard) returns None, else adds Σ_i factor_i·N̂_i
+    /// to out ([hd], f64) and returns the far weight.
+    fn far_apply(&self, h: usize, hd: usize, base: f64, c: f64, wv: &mut [f64], out: &mut [f64]) -> Option<f64> {
+        let m = self.m;
+        let mut far_den = 0.0;
+        for i in 0..m {
+            let a = h * m + i;
+            let off = self.off[a];
+            wv[i] = if off == f32::NEG_INFINITY { 0.0 } else { wv[i] * (base + off as f64 - c).exp() };
+            far_den += wv[i] * self.den.get(a);
+        }
+        if far_den < 0.0 {
+            return None;
+        }
+        for i in 0..m {
+            let f = wv[i];
+            if f == 0.0 {
+                continue;
+            }
+            let nb = (h * m + i) * hd;
+            let (nhi, nlo) = (&self.num.hi[nb..nb + hd], &self.num.lo[nb..nb + hd]);
+            out.iter_mut().zip(nhi).zip(nlo).for_each(|((x, &a), &b)| *x += f * (a as f64 + b as f64));
+        }
+        Some(far_den)
     }
 
     fn bytes(&self) -> usize {
@@ -477,9 +575,9 @@ pub struct O1Layer {
     len: usize,
     keys: Keys,
     skeleton: Option<Skeleton>,
-    /// Scratch: near scores [window + sinks] (or [len] in All mode), f64.
+    /// Scratch: near scores [group, window + sinks] (or [group, len] in All mode), f64.
     scores: Vec<f64>,
-    /// Scratch: fu then ŵ [2·m], and the output row [hd], f64.
+    /// Scratch: output rows [group, hd], shifts c [group], denominators [group], f̂u and ŵ [2·m].
     work: Vec<f64>,
 }
 
@@ -525,13 +623,13 @@ impl O1Layer {
             len: tp,
             keys: Keys::All { k: Vec::new(), v: Vec::new() },
             skeleton: None,
-            scores: vec![0.0; w + sn],
+            scores: Vec::with_capacity((n_heads / nkv) * (w + sn)),
             work: Vec::new(),
         };
         if far == Far::Skeleton && !settings.seals_skeleton(tp) {
             layer.keys = Keys::All { k: k.to_vec(), v: v.to_vec() };
-            layer.scores = Vec::with_capacity(tp + 1);
-            layer.work = vec![0.0; hd];
+            layer.scores = Vec::with_capacity((n_heads / nkv) * (tp + 1));
+            layer.work = vec![0.0; (n_heads / nkv) * (hd + 2)];
             return Ok(layer);
         }
         let mut sink_k = vec![0.0; sn * row];
@@ -547,7 +645,7 @@ impl O1Layer {
             ring_v[slot * row..][..row].copy_from_slice(&v[p * row..][..row]);
         }
         layer.keys = Keys::Window { sink_k, sink_v, ring_k, ring_v };
-        layer.work = vec![0.0; hd];
+        layer.work = vec![0.0; (n_heads / nkv) * (hd + 2)];
         if far == Far::Drop {
             return Ok(layer);
         }
@@ -604,11 +702,9 @@ impl O1Layer {
             num: Split::zeros(n_heads * m * hd),
         };
         // Prompt keys already far for the first decode position t = tp: [sinks, tp − W).
-        for p in sn..tp - w {
-            sk.fold(&k[p * row..][..row], &v[p * row..][..row], n_heads, group, hd, scale as f64);
-        }
+        sk.fold(&k[sn * row..(tp - w) * row], &v[sn * row..(tp - w) * row], n_heads, nkv, hd, scale as f64);
         layer.skeleton = Some(sk);
-        layer.work = vec![0.0; 2 * m + hd];
+        layer.work = vec![0.0; group * (hd + 2) + 2 * m];
         Ok(layer)
     }
 
@@ -663,7 +759,7 @@ impl O1Layer {
                     if t >= w + sn {
                         // Position t − W leaves the window.
                         if let Some(sk) = &mut self.skeleton {
-                            sk.fold(&ring_k[slot * row..][..row], &ring_v[slot * row..][..row], nh, group, hd, scale);
+                            sk.fold(&ring_k[slot * row..][..row], &ring_v[slot * row..][..row], nh, nkv, hd, scale);
                         }
                     }
                     ring_k[slot * row..][..row].copy_from_slice(k);
@@ -672,87 +768,62 @@ impl O1Layer {
             }
         }
         self.len = t + 1;
+        let n_near = match &self.keys {
+            Keys::All { .. } => t + 1,
+            Keys::Window { .. } => sn.min(t + 1) + (t + 1).saturating_sub(sn.max((t + 1).saturating_sub(w))),
+        };
+        self.scores.clear();
+        self.scores.resize(group * n_near, 0.0); // [group, n_near]
+        let m = self.skeleton.as_ref().map_or(0, |sk| sk.m);
         let mut dropped = 0;
-        for h in 0..nh {
-            let g = h / group;
-            let qh = &q[h * hd..][..hd];
-            // Near scores, in the order `for_each_near` visits them.
+        // One kv head at a time so that every window key/value row is read once per group (the
+        // window dominates the step: ~90% of it at W = 512, m = 64).
+        for g in 0..nkv {
+            let h0 = g * group;
+            let qg = &q[h0 * hd..(h0 + group) * hd]; // [group, hd]
             let scores = &mut self.scores;
-            scores.clear();
-            for_each_near(&self.keys, t, w, sn, row, |kr, _| scores.push(dot32(qh, &kr[g * hd..][..hd]) * scale));
-            let near_max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let mut c = near_max;
-            let (out, fw) = self.work.split_at_mut(hd);
-            out.iter_mut().for_each(|x| *x = 0.0);
-            // Far field: (base exponent, ŵ) when there is anything folded.
-            let mut far_terms = None;
-            if let Some(sk) = &self.skeleton {
-                let m = sk.m;
-                let has_far = (0..m).any(|i| sk.off[h * m + i] != f32::NEG_INFINITY);
-                if has_far {
-                    let (fu, wv) = fw.split_at_mut(m);
-                    for l in 0..m {
-                        let kl = (g * m + l) * hd;
-                        fu[l] = dot_split(&sk.kt.hi[kl..kl + hd], &sk.kt.lo[kl..kl + hd], qh) * scale;
-                    }
-                    let umax = fu.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                    fu.iter_mut().for_each(|x| *x = (*x - umax).exp());
-                    // ŵ = f̂u · M̂ (rows of M̂ over l, contiguous over i).
-                    wv.iter_mut().for_each(|x| *x = 0.0);
-                    let mb = h * m * m;
-                    for l in 0..m {
-                        let f = fu[l];
-                        let (mh, ml) = (&sk.mhat.hi[mb + l * m..][..m], &sk.mhat.lo[mb + l * m..][..m]);
-                        for i in 0..m {
-                            wv[i] += f * (mh[i] as f64 + ml[i] as f64);
-                        }
-                    }
-                    let base = umax - sk.gamma[h] as f64;
-                    let off_max = sk.off[h * m..][..m].iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-                    c = c.max(base + off_max);
-                    far_terms = Some(base);
-                }
-            }
-            let mut den = 0.0;
-            if let (Some(base), Some(sk)) = (far_terms, &self.skeleton) {
-                let m = sk.m;
-                let wv = &mut fw[m..2 * m];
-                // Per-landmark factor ŵ_i·e^{base + off_i − c}, then Σ_i factor·D̂_i.
-                let mut far_den = 0.0;
-                for i in 0..m {
-                    let a = h * m + i;
-                    let off = sk.off[a];
-                    wv[i] = if off == f32::NEG_INFINITY { 0.0 } else { wv[i] * (base + off as f64 - c).exp() };
-                    far_den += wv[i] * sk.den.get(a);
-                }
-                if far_den < 0.0 {
-                    dropped += 1;
-                } else {
-                    den += far_den;
-                    for i in 0..m {
-                        let f = wv[i];
-                        if f == 0.0 {
-                            continue;
-                        }
-                        let nb = (h * m + i) * hd;
-                        let (nhi, nlo) = (&sk.num.hi[nb..nb + hd], &sk.num.lo[nb..nb + hd]);
-                        for cc in 0..hd {
-                            out[cc] += f * (nhi[cc] as f64 + nlo[cc] as f64);
-                        }
-                    }
-                }
-            }
             let mut idx = 0;
-            let scores = &self.scores;
-            for_each_near(&self.keys, t, w, sn, row, |_, vr| {
-                let e = (scores[idx] - c).exp();
+            for_each_near(&self.keys, t, w, sn, row, |kr, _| {
+                let kg = &kr[g * hd..][..hd];
+                for hh in 0..group {
+                    scores[hh * n_near + idx] = dot32(&qg[hh * hd..][..hd], kg) * scale;
+                }
                 idx += 1;
-                den += e;
-                let vh = &vr[g * hd..][..hd];
-                out.iter_mut().zip(vh).for_each(|(x, &y)| *x += e * y as f64);
             });
-            let inv = 1.0 / den.max(DEN_FLOOR);
-            o[h * hd..][..hd].iter_mut().zip(out.iter()).for_each(|(y, &x)| *y = (x * inv) as f32);
+            let (out, rest) = self.work.split_at_mut(group * hd); // [group, hd] f64
+            let (cs, rest) = rest.split_at_mut(group); // [group] shifts c
+            let (dens, fw) = rest.split_at_mut(group); // [group] denominators; [2m] fu, ŵ
+            out.fill(0.0);
+            for hh in 0..group {
+                let h = h0 + hh;
+                let mut c = scores[hh * n_near..][..n_near].iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                dens[hh] = 0.0;
+                if let Some(sk) = &self.skeleton
+                    && let Some(base) = sk.far_weights(h, g, &qg[hh * hd..][..hd], hd, scale, fw)
+                {
+                    c = c.max(base + sk.off_max(h));
+                    match sk.far_apply(h, hd, base, c, &mut fw[m..2 * m], &mut out[hh * hd..][..hd]) {
+                        Some(d) => dens[hh] = d,
+                        None => dropped += 1,
+                    }
+                }
+                cs[hh] = c;
+            }
+            let scores = &self.scores;
+            let mut idx = 0;
+            for_each_near(&self.keys, t, w, sn, row, |_, vr| {
+                let vg = &vr[g * hd..][..hd];
+                for hh in 0..group {
+                    let e = (scores[hh * n_near + idx] - cs[hh]).exp();
+                    dens[hh] += e;
+                    out[hh * hd..][..hd].iter_mut().zip(vg).for_each(|(x, &y)| *x += e * y as f64);
+                }
+                idx += 1;
+            });
+            for hh in 0..group {
+                let inv = 1.0 / dens[hh].max(DEN_FLOOR);
+                o[(h0 + hh) * hd..][..hd].iter_mut().zip(&out[hh * hd..][..hd]).for_each(|(y, &x)| *y = (x * inv) as f32);
+            }
         }
         dropped
     }
