@@ -85,7 +85,8 @@ fn check_mtp(name: &str) {
         assert_eq!(x.len(), y.len(), "{name} {what}: lengths");
         let scale = y.iter().fold(0f32, |m, v| m.max(v.abs()));
         assert!(scale > 0.0, "{name} {what}: all zeros");
-        let (at, diff) = x.iter().zip(y).map(|(p, q)| (p - q).abs()).enumerate().fold((0, 0f32), |m, (i, d)| if d > m.1 { (i, d) } else { m });
+        let (at, diff) =
+            x.iter().zip(y).map(|(p, q)| (p - q).abs()).enumerate().fold((0, 0f32), |m, (i, d)| if d > m.1 { (i, d) } else { m });
         println!("{name} mtp {what}: max |HF - GGUF| {diff:.3e} at {at} (max |w| {scale:.3})");
         // Both files hold the same bf16 draws; the GGUF converter may store them as f16, whose
         // rounding (2^-11 relative) is the only allowed difference.
