@@ -23,8 +23,9 @@ use super::vecdot::{ActType, Q8_1_BYTES, act_type};
 /// Q4_1 19.7 -> 26.3 in cache and 12.9 -> 24.9 streamed; Q5_1 even; Q4_0, Q5_0 and Q8_0 lose
 /// 10-30% to ggml's kernels, whose per-block work is already light). `matvec_own` runs it for
 /// every type of `geo` (tests, benches).
+/// Q4_K (quant/fastk.rs): 40 -> 59 in cache, 39 -> 58 streamed (2048 / 65536 x 1024).
 pub fn fastvec_supported(ty: QuantType) -> bool {
-    matches!(ty, QuantType::Q4_1 | QuantType::Q5_1)
+    matches!(ty, QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4K)
 }
 
 /// (block bytes, quant offset, has min) of the supported weight types.
@@ -145,6 +146,11 @@ pub fn matvec_fast(ty: QuantType, w: &[u8], rows: usize, cols: usize, act: &[u8]
 /// `matvec_fast`'s own kernel for any of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (others: `matvec_q`).
 #[track_caller]
 pub fn matvec_own(ty: QuantType, w: &[u8], rows: usize, cols: usize, act: &[u8], y: &mut [f32]) {
+    if ty == QuantType::Q4K {
+        check("matvec_own", ty, w, rows, cols, act, y);
+        super::fastk::matvec_q4k(w, rows, cols, act, y);
+        return;
+    }
     if geo(ty).is_none() {
         super::vecdot::matvec_q(ty, w, rows, cols, act, y);
         return;
@@ -168,6 +174,11 @@ pub fn matvec_own(ty: QuantType, w: &[u8], rows: usize, cols: usize, act: &[u8],
 /// The scalar twin of `matvec_own` (same contract; types outside `geo` use `vec_dot_scalar`).
 #[track_caller]
 pub fn matvec_fast_scalar(ty: QuantType, w: &[u8], rows: usize, cols: usize, act: &[u8], y: &mut [f32]) {
+    if ty == QuantType::Q4K {
+        check("matvec_fast_scalar", ty, w, rows, cols, act, y);
+        super::fastk::matvec_q4k_scalar(w, rows, cols, act, y);
+        return;
+    }
     if geo(ty).is_none() {
         for (o, row) in y.iter_mut().zip(w.chunks_exact((w.len() / rows.max(1)).max(1))) {
             *o = super::vecdot::vec_dot_scalar(ty, row, act, cols);

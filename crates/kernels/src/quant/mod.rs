@@ -5,6 +5,7 @@
 pub mod blocks;
 pub mod dequant;
 pub mod dequant_avx512;
+mod fastk;
 pub mod fastvec;
 mod fastvec_avx512;
 pub mod matmat;
