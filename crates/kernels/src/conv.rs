@@ -46,9 +46,14 @@ pub fn causal_conv1d_par(
     out: &mut [f32],
 ) {
     check(x, t, c, w, kernel, bias, state, out);
-    let wt = taps_by_row(w, c, kernel);
-    let st: &[f32] = state;
-    pool.for_rows_mut(out, c, 16, |s0, o| conv_rows(x, c, &wt, kernel, bias, st, silu, s0, o));
+    if t <= DIRECT_MAX_TOKENS {
+        // Decode: transposing the taps would cost more than the convolution itself.
+        conv_rows_direct(x, c, w, kernel, bias, state, silu, out);
+    } else {
+        let wt = taps_by_row(w, c, kernel);
+        let st: &[f32] = state;
+        pool.for_rows_mut(out, c, 16, |s0, o| conv_rows(x, c, &wt, kernel, bias, st, silu, s0, o));
+    }
     advance_state(x, t, c, state);
 }
 
@@ -111,6 +116,29 @@ fn conv_rows(
             for ((ov, &xv), &wv) in o.iter_mut().zip(input(s + i)).zip(&wt[i * c..(i + 1) * c]) {
                 *ov += wv * xv;
             }
+        }
+        if silu {
+            crate::act::silu_fast(o);
+        }
+    }
+}
+
+/// Calls with at most this many tokens read the taps in their stored [c, kernel] layout.
+const DIRECT_MAX_TOKENS: usize = 2;
+
+/// `conv_rows` from row 0 without the transposed taps, channel by channel; every output is the
+/// same chain (bias or 0, then taps 0..kernel in order), so the bits equal `conv_rows`'.
+#[allow(clippy::too_many_arguments)]
+fn conv_rows_direct(x: &[f32], c: usize, w: &[f32], kernel: usize, bias: &[f32], state: &[f32], silu: bool, out: &mut [f32]) {
+    let hist = kernel - 1;
+    let input = |r: usize, ch: usize| if r < hist { state[r * c + ch] } else { x[(r - hist) * c + ch] };
+    for (s, o) in out.chunks_mut(c).enumerate() {
+        for (ch, ov) in o.iter_mut().enumerate() {
+            let mut acc = if bias.is_empty() { 0.0 } else { bias[ch] };
+            for (i, &wv) in w[ch * kernel..(ch + 1) * kernel].iter().enumerate() {
+                acc += wv * input(s + i, ch);
+            }
+            *ov = acc;
         }
         if silu {
             crate::act::silu_fast(o);
