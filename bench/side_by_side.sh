@@ -10,7 +10,8 @@
 # Usage: LLAMACPP_DIR=/path/to/build bench/side_by_side.sh [NAME ...]
 #   With WRITE=1 the table (with its machine/date/command header) is also appended to
 #   BENCHMARKS.md under a "side by side" heading, to be described by hand.
-#   NAME: known cortiq model names (default: smollm2-135m gemma3-270m qwen2.5-coder-0.5b)
+#   NAME: known cortiq model names or GGUF paths (default: smollm2-135m gemma3-270m
+#   qwen2.5-coder-0.5b)
 # Environment: THREADS (2), PP (512), TG (128), REPS (5 alternating rounds), CORTIQ_FLAGS (extra
 # flags, e.g. --numerics exact or --numerics llamacpp; default numerics: fast)
 set -euo pipefail
@@ -38,7 +39,7 @@ out "| model | llama.cpp pp$PP | cortiq pp$PP | ratio | llama.cpp tg$TG | cortiq
 out "|---|---|---|---|---|---|---|"
 median() { sort -g | awk '{a[NR]=$1} END {if (NR % 2) print a[(NR+1)/2]; else printf "%.2f\n", (a[NR/2] + a[NR/2+1]) / 2}'; }
 for name in "${MODELS[@]}"; do
-    path=$("$CORTIQ" pull "$name")
+    if [ -f "$name" ]; then path=$name; else path=$("$CORTIQ" pull "$name"); fi
     lpp_all=""; ltg_all=""; cpp_all=""; ctg_all=""
     for _ in $(seq "$R"); do
         lb=$("$BENCH" -m "$path" -t "$T" -p "$PP" -n "$TG" -r 1 -o md 2>/dev/null)
