@@ -12,6 +12,8 @@ use cortiq_cli::pull;
 use cortiq_engine::Logits;
 use cortiq_engine::generate::{GenOptions, generate};
 use cortiq_engine::load::{Loaded, load};
+use cortiq_engine::mixers::nystrom::{DEFAULT_RIDGE, Far, Guard, O1Settings};
+use cortiq_engine::o1::O1Plan;
 use cortiq_engine::perplexity::{PplOptions, perplexity};
 use cortiq_engine::sampling::SamplerParams;
 use cortiq_formats::chat::{self, ChatMessage};
@@ -81,6 +83,114 @@ struct BenchArgs {
     /// layers in lockstep, equal to two single steps bit for bit) beside single steps.
     #[arg(long)]
     pairs: bool,
+    /// With --o1 / --kv-window the depth context is the sealed prompt (tp = DEPTH, prefilled
+    /// once, exact) and pp/tg run after the seal; the per-sequence state bytes are printed.
+    #[command(flatten)]
+    o1: O1Args,
+}
+
+/// O(1)-memory decode (issue 5) and the StreamingLLM baseline, shared by run, ppl and bench.
+#[derive(Args)]
+struct O1Args {
+    /// O(1)-memory decode: after the prompt each global softmax-attention layer keeps the S
+    /// sink keys and the last W keys exact and a Nyström landmark skeleton of every other key,
+    /// folded into fixed-size accumulators (constant memory and time per token). The prompt
+    /// itself runs exact attention. Sliding-window layers (Gemma 3 local), recurrent mixers and
+    /// MLA layers are unchanged.
+    #[arg(long)]
+    o1: bool,
+    /// --o1 exact window W: keys fewer than W positions back [default: 512].
+    #[arg(long, value_name = "W")]
+    o1_window: Option<usize>,
+    /// --o1 sink keys: the first S positions stay exact; S <= W [default: 4].
+    #[arg(long, value_name = "S")]
+    o1_sinks: Option<usize>,
+    /// --o1 landmark cap m, 4..=256 [default: 64]. A prompt of tp tokens gets
+    /// m_eff = clamp(tp/8, 4, m) landmarks (a cap above tp/8 is clamped, not an error); a prompt
+    /// of at most W + S + 8 tokens seals no skeleton (every key stays exact).
+    #[arg(long, value_name = "M")]
+    o1_landmarks: Option<usize>,
+    /// --o1 ridge factor of the landmark inverse: λ = ridge · tr(AᵀA) / m [default: 1e-6].
+    #[arg(long, value_name = "R")]
+    o1_ridge: Option<f64>,
+    /// StreamingLLM baseline: after the prompt keep only the sink keys and the last W keys
+    /// (the middle is evicted). Positions are kept: keys are stored already rotated at their
+    /// own positions and never re-rotated (StreamingLLM's no-shift variant). Not with --o1.
+    #[arg(long, value_name = "W")]
+    kv_window: Option<usize>,
+    /// --kv-window sink keys, S <= W [default: 4].
+    #[arg(long, value_name = "S")]
+    kv_sinks: Option<usize>,
+}
+
+impl O1Args {
+    /// Whether an O(1) or StreamingLLM plan is asked for.
+    fn any(&self) -> bool {
+        self.o1 || self.kv_window.is_some()
+    }
+
+    /// The plan for a prompt of `tp` tokens (None without --o1 / --kv-window), `check` for the
+    /// matrix form. `o1_implied`: --o1-check given, which means --o1 unless --kv-window is.
+    fn plan(&self, tp: usize, check: Option<Guard>, o1_implied: bool) -> Result<Option<O1Plan>> {
+        let o1 = self.o1 || (o1_implied && self.kv_window.is_none());
+        if self.o1 && self.kv_window.is_some() {
+            bail!("--o1 and --kv-window are exclusive (--kv-window is the StreamingLLM baseline)");
+        }
+        if !o1 {
+            for (flag, given) in [
+                ("--o1-window", self.o1_window.is_some()),
+                ("--o1-sinks", self.o1_sinks.is_some()),
+                ("--o1-landmarks", self.o1_landmarks.is_some()),
+                ("--o1-ridge", self.o1_ridge.is_some()),
+            ] {
+                if given {
+                    bail!("{flag} needs --o1");
+                }
+            }
+        }
+        if self.kv_sinks.is_some() && self.kv_window.is_none() {
+            bail!("--kv-sinks needs --kv-window");
+        }
+        let d = O1Settings::default();
+        let (settings, far) = if o1 {
+            let st = O1Settings {
+                window: self.o1_window.unwrap_or(d.window),
+                sinks: self.o1_sinks.unwrap_or(d.sinks),
+                landmarks: self.o1_landmarks.unwrap_or(d.landmarks),
+                ridge: self.o1_ridge.unwrap_or(DEFAULT_RIDGE),
+            };
+            st.validate()?;
+            (st, Far::Skeleton)
+        } else if let Some(w) = self.kv_window {
+            let sinks = self.kv_sinks.unwrap_or(d.sinks);
+            if w == 0 {
+                bail!("--kv-window: must be at least 1, got 0");
+            }
+            if sinks > w {
+                bail!("--kv-sinks: {sinks} exceeds --kv-window {w}");
+            }
+            // Landmarks are unused when far keys are dropped.
+            (O1Settings { window: w, sinks, landmarks: 4, ridge: DEFAULT_RIDGE }, Far::Drop)
+        } else {
+            return Ok(None);
+        };
+        Ok(Some(O1Plan { tp, settings, far, check }))
+    }
+}
+
+/// `--o1-guard`: the matrix form's guard against negative skeleton weights.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum GuardArg {
+    /// Drop a row's whole far field when its total far weight is negative (the operator's).
+    Aggregate,
+    /// Clamp each far weight at 0 (ablation; matrix form only).
+    Clamp,
+}
+
+/// Prints a sequence's state bytes by kind.
+fn state_line(st: &cortiq_engine::state::SeqState) -> String {
+    let b = st.bytes_by_kind();
+    format!("{} bytes per sequence at {} positions (KV {}, O(1) {}, recurrent {})", b.total(), st.len, b.kv, b.o1, b.recurrent)
 }
 
 #[derive(Args)]
@@ -173,6 +283,10 @@ struct RunArgs {
     /// Positions per prefill step.
     #[arg(long, default_value_t = 512)]
     batch: usize,
+    /// With --o1 / --kv-window the whole prompt is the sealed part (tp = prompt length) and
+    /// generation takes the constant-memory steps.
+    #[command(flatten)]
+    o1: O1Args,
 }
 
 #[derive(Args)]
@@ -191,6 +305,23 @@ struct PplArgs {
     /// Positions per forward step.
     #[arg(short, long, default_value_t = 512)]
     batch: usize,
+    /// With --o1 / --kv-window each chunk is a fresh sequence: its first N tokens are the exact
+    /// prompt, sealed there, the rest decodes in constant memory.
+    #[command(flatten)]
+    o1: O1Args,
+    /// --o1 / --kv-window prompt tokens per chunk, < ctx [default: ctx/2, exactly the half that
+    /// is not scored, so every scored token is served after the seal].
+    #[arg(long, value_name = "N")]
+    o1_prefill: Option<usize>,
+    /// Score with the teacher-forced matrix form (f64, every T×T weight) of the same operator
+    /// instead of the streaming state, each chunk in one forward call: the check that both agree
+    /// (implies --o1 unless --kv-window is given).
+    #[arg(long)]
+    o1_check: bool,
+    /// Guard against negative skeleton weights: `aggregate` (the operator's) or `clamp` (per-key
+    /// clamp at 0, an ablation; only with --o1-check, the streaming state has the aggregate guard).
+    #[arg(long, value_enum)]
+    o1_guard: Option<GuardArg>,
 }
 
 #[derive(Args)]
@@ -241,7 +372,7 @@ fn main() {
         }
     };
     init_logging(cli.verbose);
-    if let Err(e) = dispatch(cli.cmd) {
+    if let Err(e) = dispatch(cli.cmd, cli.verbose) {
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }
@@ -253,10 +384,10 @@ fn init_logging(verbose: bool) {
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
 }
 
-fn dispatch(cmd: Cmd) -> Result<()> {
+fn dispatch(cmd: Cmd, verbose: bool) -> Result<()> {
     match cmd {
         Cmd::Pull { name, list } => cmd_pull(name, list),
-        Cmd::Run(a) => cmd_run(a),
+        Cmd::Run(a) => cmd_run(a, verbose),
         Cmd::Ppl(a) => cmd_ppl(a),
         Cmd::Logits(a) => cmd_logits(a),
         Cmd::Tokenize(a) => cmd_tokenize(a),
@@ -363,6 +494,24 @@ fn cmd_logits(a: LogitsArgs) -> Result<()> {
 }
 
 fn cmd_ppl(a: PplArgs) -> Result<()> {
+    let guard = match a.o1_guard {
+        Some(GuardArg::Clamp) if !a.o1_check => {
+            bail!(
+                "--o1-guard clamp: only the matrix form (--o1-check) has a per-key clamp; the streaming state uses the aggregate guard"
+            )
+        }
+        Some(_) if !(a.o1_check || a.o1.any()) => bail!("--o1-guard needs --o1-check (or --o1 / --kv-window)"),
+        Some(GuardArg::Clamp) => Guard::PerKeyClamp,
+        _ => Guard::Aggregate,
+    };
+    if a.o1_prefill.is_some() && !(a.o1_check || a.o1.any()) {
+        bail!("--o1-prefill needs --o1 or --kv-window");
+    }
+    let tp = a.o1_prefill.unwrap_or(a.ctx / 2);
+    let plan = a.o1.plan(tp, a.o1_check.then_some(guard), a.o1_check)?;
+    if plan.is_some() && tp >= a.ctx {
+        bail!("--o1-prefill: {tp} must be below --ctx {}", a.ctx);
+    }
     let loaded = open_model(&a.common)?;
     let tok = open_tokenizer(&loaded)?;
     let path = pull::resolve_text(&a.file)?;
@@ -381,6 +530,7 @@ fn cmd_ppl(a: PplArgs) -> Result<()> {
         n_chunks: a.chunks,
         n_batch: a.batch.min(a.ctx),
         bos: if tok.add_bos() { tok.bos_id() } else { None },
+        o1: plan,
     };
     let prof = Profiler::start(&a.common);
     let t1 = Instant::now();
@@ -398,7 +548,27 @@ fn cmd_ppl(a: PplArgs) -> Result<()> {
         secs,
         (r.chunks * a.ctx) as f64 / secs
     );
-    println!("PPL = {:.4} +/- {:.5}", r.ppl, r.stderr);
+    if let Some(p) = &plan {
+        let s = r.o1.unwrap_or_default();
+        let what = match (p.far, p.check) {
+            (Far::Skeleton, None) => "o1 streaming".to_string(),
+            (Far::Drop, None) => "sink+window (StreamingLLM)".to_string(),
+            (far, Some(g)) => format!("matrix form of {far}, guard {g:?}"),
+        };
+        eprintln!(
+            "{what}: prefill {} (sealed), window {}, sinks {}, landmarks {} (m_eff {}); guard dropped {} of {} (position, head) rows",
+            p.tp,
+            p.settings.window,
+            p.settings.sinks,
+            p.settings.landmarks,
+            p.settings.m_eff(p.tp),
+            s.dropped,
+            s.rows
+        );
+    }
+    let b = r.state_bytes;
+    eprintln!("state at the end of a chunk: {} bytes (KV {}, O(1) {}, recurrent {})", b.total(), b.kv, b.o1, b.recurrent);
+    println!("PPL = {:.6} +/- {:.5}", r.ppl, r.stderr);
     prof.finish("ppl");
     Ok(())
 }
@@ -410,20 +580,38 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
     if a.reps == 0 {
         bail!("--reps must be at least 1");
     }
+    let plan = a.o1.plan(a.depth, None, false)?;
     let loaded = open_model(&a.common)?;
     let model = &loaded.model;
     let vocab = model.cfg.vocab as u32;
     let toks: Vec<u32> = (0..(a.depth + a.n_prompt.max(a.n_gen)) as u32).map(|i| (i.wrapping_mul(7919) + 13) % vocab).collect();
     let (ctx, rest) = toks.split_at(a.depth);
-    let at = if a.depth > 0 { format!(" @ d{}", a.depth) } else { String::new() };
-    // A state holding the depth context (built once per test, unmeasured).
-    let fresh = |n: usize| -> Result<cortiq_engine::state::SeqState> {
-        let mut st = model.new_state(a.depth + n);
-        if a.depth > 0 {
-            model.prefill(ctx, &mut st, a.batch.max(1))?;
+    let mode = match &plan {
+        Some(p) if p.far == Far::Skeleton => {
+            format!(" o1 W{} S{} m{}", p.settings.window, p.settings.sinks, p.settings.landmarks)
         }
+        Some(p) => format!(" kv-window W{} S{}", p.settings.window, p.settings.sinks),
+        None => String::new(),
+    };
+    let at = if a.depth > 0 { format!(" @ d{}{mode}", a.depth) } else { mode.clone() };
+    // The state holding the depth context (with a plan: the sealed prompt), prefilled once,
+    // unmeasured; each test starts from a copy with room for its positions.
+    let n_max = a.n_prompt.max(a.n_gen);
+    let mut base = match plan {
+        Some(p) => model.new_state_o1(a.depth + n_max, p)?,
+        None => model.new_state(a.depth + n_max),
+    };
+    if a.depth > 0 {
+        let t = Instant::now();
+        model.prefill(ctx, &mut base, a.batch.max(1))?;
+        eprintln!("depth context: {} tokens prefilled in {:.1}s", a.depth, t.elapsed().as_secs_f64());
+    }
+    let fresh = |n: usize| -> Result<cortiq_engine::state::SeqState> {
+        let mut st = base.clone();
+        st.reserve(n);
         Ok(st)
     };
+    let mut last_state = None;
     let threads = cortiq_engine::par::pool().n_threads();
     println!("model: {} ({}), threads: {threads}", a.common.model, model.cfg.arch);
     let report = |name: String, n: usize, times: &[f64]| {
@@ -448,6 +636,7 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
             if rep > 0 {
                 times.push(t.elapsed().as_secs_f64());
             }
+            last_state = Some(st);
         }
         report(format!("pp{}{at}", a.n_prompt), a.n_prompt, &times);
         prof.finish(&format!("pp{} (all {} runs)", a.n_prompt, a.reps + 1));
@@ -464,6 +653,7 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
             if rep > 0 {
                 times.push(t.elapsed().as_secs_f64());
             }
+            last_state = Some(st);
         }
         let tg = report(format!("tg{}{at}", a.n_gen), a.n_gen, &times);
         if a.pairs {
@@ -497,6 +687,11 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
         }
         prof.finish(&format!("tg{} (all {} runs)", a.n_gen, a.reps + 1));
     }
+    let st = last_state.unwrap_or(base);
+    println!("state: {}", state_line(&st));
+    if let Some(s) = st.o1_stats().filter(|s| s.rows > 0) {
+        println!("o1 guard: dropped {} of {} (position, head) rows", s.dropped, s.rows);
+    }
     Ok(())
 }
 
@@ -518,7 +713,9 @@ fn sampler_params(a: &RunArgs) -> SamplerParams {
     p
 }
 
-fn cmd_run(a: RunArgs) -> Result<()> {
+fn cmd_run(a: RunArgs, verbose: bool) -> Result<()> {
+    // The flags' own errors before the model loads (the plan's tp is the prompt's length).
+    a.o1.plan(0, None, false)?;
     if !(a.temp >= 0.0) {
         bail!("--temp must be >= 0, got {}", a.temp);
     }
@@ -542,9 +739,11 @@ fn cmd_run(a: RunArgs) -> Result<()> {
         stops: a.stops.clone(),
         prefill_chunk: a.batch.max(1),
     };
-    let mut state = model.new_state(n_ctx);
 
     if a.chat && a.prompt.is_none() {
+        if a.o1.any() {
+            bail!("--o1 / --kv-window need a single prompt (-p or stdin), not an interactive --chat");
+        }
         return chat_loop(&loaded, &tok, &a, &opt, n_ctx);
     }
     let prompt_text = match &a.prompt {
@@ -568,9 +767,19 @@ fn cmd_run(a: RunArgs) -> Result<()> {
     if ids.len() >= n_ctx {
         bail!("prompt of {} tokens does not fit the context of {n_ctx} (raise --ctx)", ids.len());
     }
+    let mut state = match a.o1.plan(ids.len(), None, false)? {
+        Some(p) => model.new_state_o1(n_ctx, p)?,
+        None => model.new_state(n_ctx),
+    };
     let prof = Profiler::start(&a.common);
     let stats = stream(&loaded, &tok, &mut state, &ids, &opt)?;
     prof.finish("run");
+    if verbose {
+        eprintln!("\nstate: {}", state_line(&state));
+        if let Some(s) = state.o1_stats() {
+            eprintln!("o1 guard: dropped {} of {} (position, head) rows", s.dropped, s.rows);
+        }
+    }
     eprintln!(
         "\nprompt {} tok in {:.2}s ({:.1} tok/s), generated {} tok in {:.2}s ({:.1} tok/s), stop: {:?}",
         stats.n_prompt,

@@ -1,6 +1,7 @@
 //! Shared blocks of the dense transformer: norms over rows, the attention block (projections,
-//! QK-norm, RoPE, KV append, causal/sliding softmax attention, output projection) and the gated
-//! FFN. Architecture files compose these; none of them matches on a dtype (QTensor does).
+//! QK-norm, RoPE, KV append, causal/sliding softmax attention or the O(1) plan's streaming step /
+//! matrix form, output projection) and the gated FFN. Architecture files compose these; none of
+//! them matches on a dtype (QTensor does).
 
 use std::borrow::Cow;
 
@@ -14,6 +15,9 @@ use crate::compat::{
     rmsnorm_ggml_segments, rope_ggml, rope_tables_ggml, round_f16, swiglu_ggml,
 };
 use crate::config::{Activation, ModelConfig, Rope};
+use crate::error::{EngineError, Result};
+use crate::mixers::nystrom::matrix_form;
+use crate::o1::AttnO1;
 use crate::par::pool;
 use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
@@ -84,6 +88,9 @@ pub struct AttentionWeights {
 
 /// Attention over a chunk of `n` new positions starting at `pos0`.
 /// h: [n, d_model] normed input; k_cache/v_cache grow by n rows of kv_dim; returns [n, d_model].
+/// `o1` is the sequence's O(1) plan for this layer: a sealed state (`LayerState::O1`) takes one
+/// streaming step per position; before the seal the queries are summed per landmark; the check
+/// mode replaces the softmax by the matrix form. Errors only from the matrix form's solve.
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     cfg: &ModelConfig,
@@ -96,8 +103,9 @@ pub fn attention(
     kv: &mut LayerState,
     num: Numerics,
     lc: LlamaCppCtx,
+    o1: AttnO1,
     trace: &mut dyn FnMut(&str, &[f32]),
-) -> Vec<f32> {
+) -> Result<Vec<f32>> {
     let (hd, nh, nkv) = (cfg.head_dim, cfg.n_heads, cfg.n_kv_heads);
     let (q_dim, kv_dim) = (cfg.q_dim(), cfg.kv_dim());
     // A gated q_proj (Qwen3-Next/3.5) yields [q | gate] per head: twice q_dim.
@@ -162,6 +170,21 @@ pub fn attention(
     trace("q", &q);
     trace("k", &k);
     trace("v", &v);
+    let mut o = vec![0f32; n * q_dim]; // [n, n_heads, head_dim]
+    if let LayerState::O1(st) = kv {
+        // Sealed: one streaming step per position (projections above were batched).
+        let _s = profile::span(Op::Attention);
+        let mut dropped = 0;
+        for i in 0..n {
+            let (kv_rows, q_rows) = (i * kv_dim..(i + 1) * kv_dim, i * q_dim..(i + 1) * q_dim);
+            dropped += st.step(&q[q_rows.clone()], &k[kv_rows.clone()], &v[kv_rows], &mut o[q_rows]);
+        }
+        if let AttnO1::Stats(s) = o1 {
+            s.rows += n * nh;
+            s.dropped += dropped;
+        }
+        return Ok(attn_output(cfg, w, o, gate.as_deref(), n, trace));
+    }
     match kv {
         LayerState::Kv { k: kc, v: vc } => {
             kc.extend_from_slice(&k);
@@ -173,6 +196,16 @@ pub fn attention(
         }
         _ => unreachable!("attention layer given another mixer's state: the model builds states per layer kind"),
     }
+    match o1 {
+        AttnO1::Segments(s) => s.add(pos0, &q),
+        AttnO1::Matrix { plan, q_hist, stats } => {
+            q_hist.extend_from_slice(&q);
+            let _s = profile::span(Op::Attention);
+            o_matrix_form(cfg, &plan, q_hist, kv, pos0, &mut o, stats)?;
+            return Ok(attn_output(cfg, w, o, gate.as_deref(), n, trace));
+        }
+        AttnO1::Off | AttnO1::Stats(_) => {}
+    }
 
     // One work item per (position, head): scores over the visible keys, softmax, weighted sum.
     let group = nh / nkv;
@@ -181,7 +214,6 @@ pub fn attention(
         Some(wn) => (p + 1).saturating_sub(wn),
         None => 0,
     };
-    let mut o = vec![0f32; n * q_dim]; // [n, n_heads, head_dim]
     let attn_span = profile::span(Op::Attention);
     if num == Numerics::LlamaCpp {
         // llama.cpp's Gemma 3 graph scales Q (f32) before attention and passes kq_scale = 1;
@@ -240,7 +272,20 @@ pub fn attention(
         }
     }
     drop(attn_span);
-    if let Some(g) = &gate {
+    Ok(attn_output(cfg, w, o, gate.as_deref(), n, trace))
+}
+
+/// The attention block's tail: the gate (gated attention), then the output projection.
+/// o: [n, n_heads, head_dim] -> [n, d_model]
+fn attn_output(
+    cfg: &ModelConfig,
+    w: &AttentionWeights,
+    mut o: Vec<f32>,
+    gate: Option<&[f32]>,
+    n: usize,
+    trace: &mut dyn FnMut(&str, &[f32]),
+) -> Vec<f32> {
+    if let Some(g) = gate {
         // Gated attention: o ← o ⊙ σ(gate) before the output projection.
         o.iter_mut().zip(g).for_each(|(x, &gv)| *x /= 1.0 + (-gv).exp());
     }
@@ -248,6 +293,52 @@ pub fn attention(
     let mut y = vec![0f32; n * cfg.d_model]; // [n, d_model]
     w.wo.matmul(&o, n, &mut y);
     y
+}
+
+/// The O(1) plan's checking path: the teacher-forced matrix form (f64) over every position so
+/// far — q_hist [len, n_heads, hd] and the cache's keys/values — with the plan's tp; the rows of
+/// this chunk (from pos0) go to o [n, n_heads, hd]. Recomputes the whole window per call: meant
+/// for one call per window.
+fn o_matrix_form(
+    cfg: &ModelConfig,
+    plan: &crate::o1::O1Plan,
+    q_hist: &[f32],
+    kv: &LayerState,
+    pos0: usize,
+    o: &mut [f32],
+    stats: &mut crate::o1::O1Stats,
+) -> Result<()> {
+    let (nh, q_dim) = (cfg.n_heads, cfg.q_dim());
+    let wide = |x: &[f32]| x.iter().map(|&y| y as f64).collect::<Vec<f64>>();
+    let (k, v) = match kv {
+        LayerState::Kv { k, v } => (wide(k), wide(v)),
+        LayerState::KvF16 { k, v } => (k.iter().map(|x| x.to_f64()).collect(), v.iter().map(|x| x.to_f64()).collect()),
+        _ => unreachable!("the matrix form runs on attention caches"),
+    };
+    let t_len = q_hist.len() / q_dim;
+    // A window shorter than the prompt is exact throughout, as with tp = T.
+    let tp = plan.tp.min(t_len);
+    let guard = plan.check.expect("matrix form only in check mode");
+    let mo = matrix_form(
+        &plan.settings,
+        plan.far,
+        guard,
+        cfg.attn_scale as f64,
+        nh,
+        cfg.n_kv_heads,
+        cfg.head_dim,
+        tp,
+        &wide(q_hist),
+        &k,
+        &v,
+    )
+    .map_err(|e| EngineError::BadConfig { file: "o(1) matrix form".into(), what: e.to_string() })?;
+    o.iter_mut().zip(&mo.o[pos0 * q_dim..]).for_each(|(y, &x)| *y = x as f32);
+    for t in pos0.max(tp)..t_len {
+        stats.rows += nh;
+        stats.dropped += mo.dropped[t * nh..(t + 1) * nh].iter().filter(|&&d| d).count();
+    }
+    Ok(())
 }
 
 /// Below this many queries a chunk attends query by query; from it on, in blocks of queries

@@ -12,6 +12,7 @@ pub mod load;
 pub mod mixers;
 pub mod model;
 pub mod moe;
+pub mod o1;
 pub mod par;
 pub mod perplexity;
 pub mod profile;

@@ -11,6 +11,7 @@ use crate::mixers::kda::{KdaConfig, KdaState, KdaWeights, kda};
 use crate::mixers::mla::{MlaState, MlaWeights, mla};
 use crate::mixers::shortconv::{ShortConvState, ShortConvWeights, short_conv};
 use crate::moe::{MoeConfig, MoeWeights, moe};
+use crate::o1::{AttnO1, Geom, O1Plan, O1Run};
 use crate::par::pool;
 use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
@@ -230,6 +231,41 @@ impl Model {
         SeqState::from_layers(layers, self.cfg.kv_dim(), n_ctx)
     }
 
+    /// A fresh sequence state whose global softmax-attention layers follow `plan` (O(1)-memory
+    /// decode, issue 5): exact attention for the first `plan.tp` positions, then each such layer
+    /// seals its cache into an `O1` state and decodes in constant memory (or, in check mode,
+    /// computes the matrix form). Sliding-window layers, recurrent mixers and MLA are unchanged.
+    /// Errors: bad settings (naming their CLI flag), a model with attention logit soft-capping
+    /// (the operator has no softcap), or no global softmax-attention layer to plan.
+    pub fn new_state_o1(&self, n_ctx: usize, plan: O1Plan) -> Result<SeqState> {
+        let bad = |what: String| EngineError::BadConfig { file: "o(1) decode".into(), what };
+        plan.validate().map_err(|e| bad(e.to_string()))?;
+        if self.cfg.attn_logit_softcap.is_some() {
+            return Err(bad(format!("{}: attention logit soft-capping is not supported by the O(1) operator", self.cfg.arch)));
+        }
+        let planned: Vec<bool> =
+            self.cfg.layers.iter().map(|l| l.mixer == MixerKind::Attention && l.sliding_window.is_none()).collect();
+        if !planned.iter().any(|&p| p) {
+            return Err(bad(format!(
+                "{}: no global softmax-attention layer to serve in O(1) memory (sliding, recurrent and MLA layers stay as they are)",
+                self.cfg.arch
+            )));
+        }
+        let geom = Geom {
+            scale: self.cfg.attn_scale,
+            n_heads: self.cfg.n_heads,
+            n_kv: self.cfg.n_kv_heads,
+            head_dim: self.cfg.head_dim,
+        };
+        let mut st = self.new_state(n_ctx);
+        let mut run = O1Run::new(plan, planned, geom, self.kv_f16);
+        if plan.check.is_none() && plan.tp == 0 {
+            run.seal_all(&mut st.layers).map_err(|e| bad(e.to_string()))?;
+        }
+        st.o1 = Some(run);
+        Ok(st)
+    }
+
     /// Run `tokens` at positions state.len.. and append them to the state. Returns logits
     /// [n_out, vocab] for the positions `want` selects.
     pub fn forward(&self, tokens: &[u32], state: &mut SeqState, want: Logits) -> Result<Vec<f32>> {
@@ -237,18 +273,37 @@ impl Model {
     }
 
     pub fn forward_traced(&self, tokens: &[u32], state: &mut SeqState, want: Logits, trace: Trace) -> Result<Vec<f32>> {
+        self.check_tokens(tokens, state)?;
+        // An O(1) plan seals between two calls: a chunk across the end of the prompt is cut
+        // there, and the logits asked for are those of the two parts, in order.
+        if let Some(cut) = state.o1.as_ref().and_then(|r| r.split(state.len, tokens.len())) {
+            let (a, b) = tokens.split_at(cut);
+            let (wa, wb) = match want {
+                Logits::None => (Logits::None, Logits::None),
+                Logits::Last => (Logits::None, Logits::Last),
+                Logits::From(i) if i < cut => (Logits::From(i), Logits::From(0)),
+                Logits::From(i) => (Logits::None, Logits::From(i - cut)),
+            };
+            let mut out = self.forward_chunk(a, state, wa, trace)?;
+            out.extend(self.forward_chunk(b, state, wb, trace)?);
+            return Ok(out);
+        }
+        self.forward_chunk(tokens, state, want, trace)
+    }
+
+    /// `forward_traced` of a chunk that does not cross an O(1) seal (checked tokens).
+    fn forward_chunk(&self, tokens: &[u32], state: &mut SeqState, want: Logits, trace: Trace) -> Result<Vec<f32>> {
         // Denormals are zero on the threads that compute (see kernels::simd::flush_denormals).
         cortiq_kernels::simd::flush_denormals();
         let cfg = &self.cfg;
         let n = tokens.len();
         let pos0 = state.len;
-        self.check_tokens(tokens, state)?;
         let d = cfg.d_model;
         let mut x = self.embed(tokens); // [n, d_model]
         trace("embd", usize::MAX, &x);
 
         for il in 0..self.layers.len() {
-            self.layer_forward(il, &mut x, n, pos0, state, trace);
+            self.layer_forward(il, &mut x, n, pos0, state, trace)?;
         }
         state.len = pos0 + n;
 
@@ -315,15 +370,23 @@ impl Model {
     pub fn forward_tentative(&self, tokens: [u32; 2], state: &mut SeqState) -> Result<(Vec<f32>, Checkpoint)> {
         cortiq_kernels::simd::flush_denormals();
         self.check_tokens(&tokens, state)?;
+        if state.o1.as_ref().is_some_and(|r| r.plan.check.is_some() || r.pending(state.len)) {
+            // An O(1) plan before its seal (or checking): two single steps with an ordinary
+            // checkpoint between them, which snapshots what a seal would replace.
+            let mut logits = self.forward(&tokens[..1], state, Logits::Last)?;
+            let cp = state.checkpoint();
+            logits.extend(self.forward(&tokens[1..], state, Logits::Last)?);
+            return Ok((logits, cp));
+        }
         let d = self.cfg.d_model;
         let pos0 = state.len;
         let mut xs = [self.embed(&tokens[..1]), self.embed(&tokens[1..])]; // 2 × [1, d_model]
         let mut snaps = Vec::with_capacity(self.layers.len());
         let trace: Trace = &mut |_, _, _| {};
         for il in 0..self.layers.len() {
-            self.layer_forward(il, &mut xs[0], 1, pos0, state, trace);
+            self.layer_forward(il, &mut xs[0], 1, pos0, state, trace)?;
             snaps.push(state.layers[il].is_recurrent().then(|| state.layers[il].clone()));
-            self.layer_forward(il, &mut xs[1], 1, pos0 + 1, state, trace);
+            self.layer_forward(il, &mut xs[1], 1, pos0 + 1, state, trace)?;
         }
         state.len = pos0 + 2;
         let mut logits = self.head(&xs[0], trace); // [2, vocab]
@@ -334,7 +397,8 @@ impl Model {
 
     /// One decoder layer over `n` positions from `pos0`: x [n, d_model] is updated in place
     /// (residual stream), the layer's state grows by n positions. `state.len` is not touched.
-    fn layer_forward(&self, il: usize, x: &mut [f32], n: usize, pos0: usize, state: &mut SeqState, trace: Trace) {
+    /// A planned O(1) layer seals when the chunk ends at the plan's tp.
+    fn layer_forward(&self, il: usize, x: &mut [f32], n: usize, pos0: usize, state: &mut SeqState, trace: Trace) -> Result<()> {
         let cfg = &self.cfg;
         let d = cfg.d_model;
         let (lw, spec) = (&self.layers[il], &cfg.layers[il]);
@@ -346,7 +410,12 @@ impl Model {
         let mut tr = |name: &str, vals: &[f32]| trace(name, il, vals);
         let mut a = match (&lw.mixer, &mut state.layers[il]) {
             (MixerWeights::Attention(aw), ls) => {
-                attention(cfg, aw, &cfg.ropes[spec.rope], spec.sliding_window, &h, n, pos0, ls, num, lc, &mut tr)
+                let hook = state.o1.as_mut().map_or(AttnO1::Off, |r| r.hook(il));
+                let a = attention(cfg, aw, &cfg.ropes[spec.rope], spec.sliding_window, &h, n, pos0, ls, num, lc, hook, &mut tr)?;
+                if let Some(run) = state.o1.as_mut().filter(|r| r.seals_after(il, pos0 + n)) {
+                    run.seal(il, ls).map_err(|e| EngineError::BadConfig { file: "o(1) seal".into(), what: e.to_string() })?;
+                }
+                a
             }
             (MixerWeights::ShortConv(cw), LayerState::ShortConv(cs)) => {
                 let MixerKind::ShortConv { kernel, .. } = spec.mixer else { unreachable!("weights follow the spec") };
@@ -383,6 +452,7 @@ impl Model {
         trace("ffn_out", il, &m);
         x.iter_mut().zip(&m).for_each(|(xi, mi)| *xi += mi);
         trace("l_out", il, &x);
+        Ok(())
     }
 
     /// Prefill a prompt in chunks of `chunk` positions; returns the last position's logits.

@@ -3,9 +3,16 @@
 //! n_ctx tokens, each chunk's first token replaced by BOS when the model adds one, and only the
 //! second half of each chunk is scored (the first n_ctx/2 positions are context). The error
 //! estimate is llama.cpp's: sqrt((mean(nll²) − mean(nll)²) / (count − 1)) · ppl.
+//!
+//! With an O(1) plan (`PplOptions::o1`, issue 5) every chunk starts a fresh sequence whose
+//! first `tp` positions are the exact prompt; the plan seals there and the rest of the chunk is
+//! served by the streaming steps (tp = n_ctx/2 by default: every scored token past the seal).
+//! The plan's check mode runs each chunk in one forward call through the matrix form instead.
 
 use crate::error::{EngineError, Result};
 use crate::model::{Logits, Model};
+use crate::o1::{O1Plan, O1Stats};
+use crate::state::StateBytes;
 
 #[derive(Clone, Copy, Debug)]
 pub struct PplOptions {
@@ -16,6 +23,8 @@ pub struct PplOptions {
     pub n_batch: usize,
     /// Replaces the first token of every chunk when the model adds BOS.
     pub bos: Option<u32>,
+    /// O(1)-memory decode per chunk (tp < n_ctx), or its matrix-form check.
+    pub o1: Option<O1Plan>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -25,6 +34,10 @@ pub struct PplResult {
     /// Scored tokens.
     pub count: usize,
     pub chunks: usize,
+    /// What the O(1) guard did over all chunks (with a plan).
+    pub o1: Option<O1Stats>,
+    /// The largest per-sequence state at the end of a chunk.
+    pub state_bytes: StateBytes,
 }
 
 /// −log softmax(logits)[target], in f64.
@@ -56,19 +69,44 @@ pub fn perplexity(
     }
     let first = n_ctx / 2;
     let vocab = model.cfg.vocab;
+    let mut n_batch = opt.n_batch.max(1);
+    if let Some(p) = &opt.o1 {
+        if p.tp >= n_ctx {
+            return Err(EngineError::BadConfig {
+                file: "ppl".into(),
+                what: format!("--o1-prefill {} must be below the context {n_ctx}", p.tp),
+            });
+        }
+        if p.check.is_some() {
+            // The matrix form recomputes the whole window per call.
+            n_batch = n_ctx;
+        }
+    }
     let (mut sum, mut sum2, mut count) = (0f64, 0f64, 0usize);
+    let mut o1_stats = opt.o1.map(|_| O1Stats::default());
+    let mut state_bytes = StateBytes::default();
     for c in 0..n_chunks {
         let mut chunk = tokens[c * n_ctx..(c + 1) * n_ctx].to_vec();
         if let Some(b) = opt.bos {
             chunk[0] = b;
         }
-        let mut state = model.new_state(n_ctx);
+        let mut state = match opt.o1 {
+            Some(plan) => model.new_state_o1(n_ctx, plan)?,
+            None => model.new_state(n_ctx),
+        };
         // logits[i] for chunk positions first.. (collected across batches)
         let mut logits: Vec<f32> = Vec::with_capacity((n_ctx - first) * vocab);
-        for bs in (0..n_ctx).step_by(opt.n_batch.max(1)) {
-            let be = (bs + opt.n_batch.max(1)).min(n_ctx);
+        for bs in (0..n_ctx).step_by(n_batch) {
+            let be = (bs + n_batch).min(n_ctx);
             let want = if be > first { Logits::From(first.saturating_sub(bs)) } else { Logits::None };
             logits.extend(model.forward(&chunk[bs..be], &mut state, want)?);
+        }
+        if let (Some(acc), Some(s)) = (&mut o1_stats, state.o1_stats()) {
+            *acc += s;
+        }
+        let b = state.bytes_by_kind();
+        if b.total() > state_bytes.total() {
+            state_bytes = b;
         }
         for i in 0..n_ctx - 1 - first {
             let v = nll(&logits[i * vocab..(i + 1) * vocab], chunk[first + i + 1]);
@@ -82,5 +120,5 @@ pub fn perplexity(
     let ppl = mean.exp();
     let var = sum2 / count as f64 - mean * mean;
     let stderr = if var > 0.0 && count > 1 { (var / (count - 1) as f64).sqrt() * ppl } else { 0.0 };
-    Ok(PplResult { ppl, stderr, count, chunks: n_chunks })
+    Ok(PplResult { ppl, stderr, count, chunks: n_chunks, o1: o1_stats, state_bytes })
 }

@@ -1,13 +1,17 @@
 //! Per-sequence state: one entry per layer (STYLE principle 9). Dense models have only KV
 //! caches (f32, or f16 for half the memory and llama.cpp's cache format); hybrid mixers add
-//! their own variants. Callers use `len`, `checkpoint` and `rollback`, never the layer internals.
+//! their own variants; a sequence with an O(1) plan (`o1`) turns its global attention caches
+//! into sealed `O1` states at the end of the prompt. Callers use `len`, `checkpoint` and
+//! `rollback`, never the layer internals.
 
 use half::f16;
 
 use crate::mixers::gdn::GdnState;
 use crate::mixers::kda::KdaState;
 use crate::mixers::mla::MlaState;
+use crate::mixers::nystrom::O1Layer;
 use crate::mixers::shortconv::ShortConvState;
+use crate::o1::{O1Run, O1Stats};
 
 /// One layer's state.
 #[derive(Clone)]
@@ -26,16 +30,37 @@ pub enum LayerState {
     /// Multi-head latent attention's expanded keys and values, `k_width` / `v_width` values per
     /// position.
     Mla { st: MlaState, k_width: usize, v_width: usize },
+    /// A global attention layer sealed at the end of the prompt (`o1` plan): sinks, a window
+    /// ring and the Nyström skeleton's accumulators, constant size (`mixers::nystrom`).
+    O1(Box<O1Layer>),
 }
 
 impl LayerState {
     /// Whether the state can only go forward (no truncation to an earlier length: a
     /// checkpoint must snapshot it).
     pub fn is_recurrent(&self) -> bool {
-        matches!(self, LayerState::ShortConv(_) | LayerState::Gdn(_) | LayerState::Kda(_))
+        matches!(self, LayerState::ShortConv(_) | LayerState::Gdn(_) | LayerState::Kda(_) | LayerState::O1(_))
     }
 }
 
+/// A sequence's state bytes by kind (`SeqState::bytes_by_kind`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StateBytes {
+    /// KV caches (exact attention, sliding layers, MLA), by their values' length.
+    pub kv: usize,
+    /// Sealed O(1) attention layers, scratch included, and the plan's prompt bookkeeping.
+    pub o1: usize,
+    /// Recurrent mixers (GatedDeltaNet, KDA, short conv).
+    pub recurrent: usize,
+}
+
+impl StateBytes {
+    pub fn total(&self) -> usize {
+        self.kv + self.o1 + self.recurrent
+    }
+}
+
+#[derive(Clone)]
 pub struct SeqState {
     pub layers: Vec<LayerState>,
     /// Positions already processed.
@@ -43,21 +68,26 @@ pub struct SeqState {
     /// Maximum positions this sequence may hold.
     pub n_ctx: usize,
     kv_dim: usize,
+    /// The O(1) decode plan and its bookkeeping (`Model::new_state_o1`).
+    pub(crate) o1: Option<O1Run>,
 }
 
 /// A point to roll a sequence back to: the length, and a snapshot of every recurrent layer's
-/// state (KV caches are truncated instead, so they cost nothing here).
+/// state (KV caches are truncated instead, so they cost nothing here). A checkpoint taken
+/// before an O(1) plan's seal also snapshots the caches that the seal will replace, and the
+/// plan's query segment sums, so a rollback across the seal restores them exactly.
 #[derive(Clone)]
 pub struct Checkpoint {
     len: usize,
     recurrent: Vec<Option<LayerState>>,
+    o1: Option<O1Run>,
 }
 
 impl Checkpoint {
     /// A checkpoint at length `len` from per-layer snapshots (`Some` for every recurrent
     /// layer, taken when the sequence was `len` long).
     pub(crate) fn at(len: usize, recurrent: Vec<Option<LayerState>>) -> Checkpoint {
-        Checkpoint { len, recurrent }
+        Checkpoint { len, recurrent, o1: None }
     }
 }
 
@@ -78,17 +108,34 @@ impl SeqState {
                 }
             })
             .collect();
-        SeqState { layers, len: 0, n_ctx, kv_dim }
+        SeqState { layers, len: 0, n_ctx, kv_dim, o1: None }
     }
 
     /// A sequence with the given per-layer states (hybrid models: one per layer kind).
     pub fn from_layers(layers: Vec<LayerState>, kv_dim: usize, n_ctx: usize) -> SeqState {
-        SeqState { layers, len: 0, n_ctx, kv_dim }
+        SeqState { layers, len: 0, n_ctx, kv_dim, o1: None }
+    }
+
+    /// The O(1) plan's bookkeeping, if the sequence has one.
+    pub fn o1(&self) -> Option<&O1Run> {
+        self.o1.as_ref()
+    }
+
+    /// What the O(1) guard did so far (None without a plan).
+    pub fn o1_stats(&self) -> Option<O1Stats> {
+        self.o1.as_ref().map(|r| r.stats)
     }
 
     pub fn checkpoint(&self) -> Checkpoint {
-        let recurrent = self.layers.iter().map(|l| l.is_recurrent().then(|| l.clone())).collect();
-        Checkpoint { len: self.len, recurrent }
+        // Before the seal, the caches the seal will replace are snapshotted too.
+        let pending = self.o1.as_ref().filter(|r| r.pending(self.len));
+        let recurrent = self
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(il, l)| (l.is_recurrent() || pending.is_some_and(|r| r.planned[il])).then(|| l.clone()))
+            .collect();
+        Checkpoint { len: self.len, recurrent, o1: self.o1.as_ref().map(O1Run::snapshot) }
     }
 
     /// Forget every position after the checkpoint (KV caches truncated, recurrent states
@@ -98,6 +145,10 @@ impl SeqState {
         self.len = cp.len;
         let n = cp.len * self.kv_dim;
         for (l, snap) in self.layers.iter_mut().zip(cp.recurrent) {
+            if let Some(s) = snap {
+                *l = s;
+                continue;
+            }
             match l {
                 LayerState::Kv { k, v } => {
                     k.truncate(n);
@@ -111,16 +162,42 @@ impl SeqState {
                     st.k.truncate(cp.len * *k_width);
                     st.v.truncate(cp.len * *v_width);
                 }
-                LayerState::ShortConv(_) | LayerState::Gdn(_) | LayerState::Kda(_) => {
-                    *l = snap.expect("a checkpoint snapshots every recurrent layer");
+                LayerState::ShortConv(_) | LayerState::Gdn(_) | LayerState::Kda(_) | LayerState::O1(_) => {
+                    panic!("a checkpoint snapshots every recurrent layer");
                 }
             }
         }
+        if let (Some(run), Some(snap)) = (&mut self.o1, cp.o1) {
+            run.restore(snap, cp.len);
+        }
     }
 
-    /// Whether `truncate` can go back to any earlier length (no recurrent layer).
+    /// Whether `truncate` can go back to any earlier length (no recurrent layer, no O(1) plan).
     pub fn can_truncate(&self) -> bool {
-        !self.layers.iter().any(LayerState::is_recurrent)
+        !self.layers.iter().any(LayerState::is_recurrent) && self.o1.is_none()
+    }
+
+    /// Room for `extra` more positions in every KV cache without reallocating (a cloned state
+    /// holds exactly its length).
+    pub fn reserve(&mut self, extra: usize) {
+        let n = extra * self.kv_dim;
+        for l in &mut self.layers {
+            match l {
+                LayerState::Kv { k, v } => {
+                    k.reserve(n);
+                    v.reserve(n);
+                }
+                LayerState::KvF16 { k, v } => {
+                    k.reserve(n);
+                    v.reserve(n);
+                }
+                LayerState::Mla { st, k_width, v_width } => {
+                    st.k.reserve(extra * *k_width);
+                    st.v.reserve(extra * *v_width);
+                }
+                _ => {}
+            }
+        }
     }
 
     /// Keep the first `len` positions (len ≤ self.len). Models with recurrent layers cannot
@@ -129,8 +206,11 @@ impl SeqState {
     /// allowed.
     pub fn truncate(&mut self, len: usize) {
         assert!(self.can_truncate() || len == self.len, "truncate: recurrent layers cannot go back to {len} of {}", self.len);
+        if len == self.len {
+            return;
+        }
         let recurrent = vec![None; self.layers.len()];
-        self.rollback(Checkpoint { len, recurrent });
+        self.rollback(Checkpoint { len, recurrent, o1: None });
     }
 
     /// Back to an empty sequence (recurrent states zeroed).
@@ -159,23 +239,35 @@ impl SeqState {
                     st.k.clear();
                     st.v.clear();
                 }
+                // Planned layers go back to empty caches below.
+                LayerState::O1(_) => {}
             }
+        }
+        if let Some(run) = &mut self.o1 {
+            run.reset(&mut self.layers);
         }
     }
 
-    /// Bytes held by the state (KV caches).
+    /// Bytes held by the state (KV caches, recurrent states, O(1) states).
     pub fn bytes(&self) -> usize {
-        self.layers
-            .iter()
-            .map(|l| match l {
-                LayerState::Kv { k, v } => (k.len() + v.len()) * 4,
-                LayerState::KvF16 { k, v } => (k.len() + v.len()) * 2,
-                LayerState::ShortConv(s) => s.conv.len() * 4,
-                LayerState::Gdn(s) => s.bytes(),
-                LayerState::Kda(s) => s.bytes(),
-                LayerState::Mla { st, .. } => (st.k.len() + st.v.len()) * 4,
-            })
-            .sum()
+        self.bytes_by_kind().total()
+    }
+
+    /// Bytes held by the state, by kind.
+    pub fn bytes_by_kind(&self) -> StateBytes {
+        let mut b = StateBytes { o1: self.o1.as_ref().map_or(0, O1Run::bytes), ..StateBytes::default() };
+        for l in &self.layers {
+            match l {
+                LayerState::Kv { k, v } => b.kv += (k.len() + v.len()) * 4,
+                LayerState::KvF16 { k, v } => b.kv += (k.len() + v.len()) * 2,
+                LayerState::Mla { st, .. } => b.kv += (st.k.len() + st.v.len()) * 4,
+                LayerState::ShortConv(s) => b.recurrent += s.conv.len() * 4,
+                LayerState::Gdn(s) => b.recurrent += s.bytes(),
+                LayerState::Kda(s) => b.recurrent += s.bytes(),
+                LayerState::O1(o) => b.o1 += o.bytes(),
+            }
+        }
+        b
     }
 }
 

@@ -139,10 +139,6 @@ impl O1Settings {
     pub fn seals_skeleton(&self, tp: usize) -> bool {
         tp > self.window + self.sinks + 8
     }
-
-    fn is_near(&self, t: usize, j: usize) -> bool {
-        j < self.sinks || t - j < self.window
-    }
 }
 
 /// What happens to keys that are neither sinks nor in the window.
@@ -211,6 +207,11 @@ impl QuerySegments {
             self.sums[i * row..(i + 1) * row].iter_mut().zip(qr).for_each(|(s, &x)| *s += x as f64);
             self.seen += 1;
         }
+    }
+
+    /// Bytes of the sums.
+    pub fn bytes(&self) -> usize {
+        self.sums.len() * 8
     }
 
     /// Landmark queries, [n_heads, m, head_dim] (head-major).
@@ -867,7 +868,8 @@ pub struct MatrixOut {
 
 /// Teacher-forced matrix form of one layer, f64: q [T, n_heads, hd], k/v [T, n_kv, hd] (k
 /// rotated); rows t < tp are exact causal attention, rows t ≥ tp follow the module header with
-/// every T×T weight formed explicitly. Cost O(T²·m) per head; meant for tests and training.
+/// every T×T weight formed explicitly. Cost O(T²·(m + d)) per head, the heads spread over the
+/// engine's pool; meant for checking the streaming form and for training.
 #[allow(clippy::too_many_arguments)]
 pub fn matrix_form(
     settings: &O1Settings,
@@ -904,101 +906,173 @@ pub fn matrix_form(
         return Err(NystromError::Shape { what: "matrix_form: tp (≤ T)", expected: t_len, found: tp });
     }
     let skeleton = far == Far::Skeleton && settings.seals_skeleton(tp);
-    let windowed = far == Far::Drop || skeleton;
-    let group = nh / nkv;
     let m = settings.m_eff(tp);
     let (qt, kt) = if skeleton {
         (segment_means(&q[..tp * nh * hd], tp, m, nh, hd), segment_means(&k[..tp * nkv * hd], tp, m, nkv, hd))
     } else {
         (Vec::new(), Vec::new())
     };
+    // The ridge inverses first (the only fallible step), then the heads in parallel.
+    let mut inv = Vec::new(); // per head (γ, M̂ [m, m])
+    if skeleton {
+        for h in 0..nh {
+            let g = h / (nh / nkv);
+            inv.push(ridge_inverse(&qt[h * m * hd..][..m * hd], &kt[g * m * hd..][..m * hd], m, hd, scale, settings.ridge, h)?);
+        }
+    }
+    let hc = HeadForm {
+        settings,
+        guard,
+        scale,
+        nh,
+        nkv,
+        hd,
+        t_len,
+        tp,
+        m,
+        windowed: far == Far::Drop || skeleton,
+        q,
+        k,
+        v,
+        qt: &qt,
+        kt: &kt,
+    };
+    let row = t_len * (hd + 1);
+    let mut buf = vec![0.0; nh * row]; // per head: o [T, hd], then dropped [T] (1.0 = dropped)
+    crate::par::pool().for_rows_mut_dynamic(&mut buf, row, 1, |h, out| hc.head(h, inv.get(h), out));
     let mut o = vec![0.0; t_len * nh * hd];
     let mut dropped = vec![false; t_len * nh];
-    let mut s = vec![0.0; t_len]; // scores of one row
-    let mut a = vec![0.0; t_len]; // scaled far weights of one row
-    let mut fu = vec![0.0; m];
-    let mut wv = vec![0.0; m];
     for h in 0..nh {
-        let g = h / group;
-        let kr = |j: usize| &k[(j * nkv + g) * hd..][..hd];
-        let vr = |j: usize| &v[(j * nkv + g) * hd..][..hd];
-        // Skeleton per head: (γ, M̂, E_log [m, T] = q̃_i·k_j·scale).
-        let sk = if skeleton {
-            let (gm, mhat) =
-                ridge_inverse(&qt[h * m * hd..][..m * hd], &kt[g * m * hd..][..m * hd], m, hd, scale, settings.ridge, h)?;
-            let mut el = vec![0.0; m * t_len];
-            for i in 0..m {
-                for j in 0..t_len {
-                    el[i * t_len + j] = dot64(&qt[(h * m + i) * hd..][..hd], kr(j)) * scale;
-                }
-            }
-            Some((gm as f64, mhat, el))
-        } else {
-            None
-        };
+        let (oh, dh) = buf[h * row..(h + 1) * row].split_at(t_len * hd);
         for t in 0..t_len {
-            let qh = &q[(t * nh + h) * hd..][..hd];
-            let exact = t < tp || !windowed;
-            let near = |j: usize| exact || settings.is_near(t, j);
-            let mut near_max = f64::NEG_INFINITY;
-            for j in 0..=t {
+            o[(t * nh + h) * hd..][..hd].copy_from_slice(&oh[t * hd..][..hd]);
+            dropped[t * nh + h] = dh[t] != 0.0;
+        }
+    }
+    Ok(MatrixOut { o, dropped })
+}
+
+/// One layer's inputs to the matrix form, shared by its per-head work items.
+struct HeadForm<'a> {
+    settings: &'a O1Settings,
+    guard: Guard,
+    scale: f64,
+    nh: usize,
+    nkv: usize,
+    hd: usize,
+    t_len: usize,
+    tp: usize,
+    m: usize,
+    /// Rows past the prompt see sinks + window exactly (false: a short prompt, all exact).
+    windowed: bool,
+    q: &'a [f64],
+    k: &'a [f64],
+    v: &'a [f64],
+    /// [n_heads, m, hd] landmark queries and [n_kv, m, hd] landmark keys (empty without a
+    /// skeleton).
+    qt: &'a [f64],
+    kt: &'a [f64],
+}
+
+impl HeadForm<'_> {
+    /// Query head h: out = [o [T, hd] | dropped [T]]. `inv` = (γ, M̂) when a skeleton is sealed.
+    fn head(&self, h: usize, inv: Option<&(f32, Vec<f64>)>, out: &mut [f64]) {
+        let (nh, nkv, hd, t_len, m, scale) = (self.nh, self.nkv, self.hd, self.t_len, self.m, self.scale);
+        let (w, sn) = (self.settings.window, self.settings.sinks);
+        let g = h / (nh / nkv);
+        let kr = |j: usize| &self.k[(j * nkv + g) * hd..][..hd];
+        let vr = |j: usize| &self.v[(j * nkv + g) * hd..][..hd];
+        let (o, dropped) = out.split_at_mut(t_len * hd);
+        // Skeleton: E'[i,j] = exp(q̃_i·k_j·scale − cm_j) [m, T] with cm_j = max_i q̃_i·k_j·scale,
+        // so e[i,j] = E'[i,j]·e^{cm_j} and every stored factor is ≤ 1.
+        let sk = inv.map(|(gm, mhat)| {
+            let mut el = vec![0.0; m * t_len]; // [m, T]
+            let mut cm = vec![f64::NEG_INFINITY; t_len]; // [T]
+            for i in 0..m {
+                let qi = &self.qt[(h * m + i) * hd..][..hd];
+                for j in 0..t_len {
+                    let x = dot64(qi, kr(j)) * scale;
+                    el[i * t_len + j] = x;
+                    cm[j] = cm[j].max(x);
+                }
+            }
+            for i in 0..m {
+                el[i * t_len..(i + 1) * t_len].iter_mut().zip(&cm).for_each(|(x, &c)| *x = (*x - c).exp());
+            }
+            (*gm as f64, mhat, el, cm)
+        });
+        let mut s = vec![0.0; t_len]; // near scores of one row
+        let mut a = vec![0.0; t_len]; // scaled far weights of one row
+        let mut fu = vec![0.0; m];
+        let mut wv = vec![0.0; m];
+        // max of cm over the far keys seen so far, [sinks, far_seen): the far range only grows.
+        let (mut far_max, mut far_seen) = (f64::NEG_INFINITY, sn);
+        for t in 0..t_len {
+            let qh = &self.q[(t * nh + h) * hd..][..hd];
+            let exact = t < self.tp || !self.windowed;
+            // Near: [0, n1) (sinks, or every key of an exact row) and [n2, t]; far: [sn, far_end).
+            let far_end = if exact { sn } else { sn.max((t + 1).saturating_sub(w)) };
+            let n1 = if exact { t + 1 } else { sn.min(t + 1) };
+            let n2 = if exact { t + 1 } else { far_end.min(t + 1) };
+            let mut c = f64::NEG_INFINITY;
+            for j in (0..n1).chain(n2..t + 1) {
                 s[j] = dot64(qh, kr(j)) * scale;
-                if near(j) {
-                    near_max = near_max.max(s[j]);
-                }
+                c = c.max(s[j]);
             }
-            let mut c = near_max;
             let mut far_on = false;
-            if let (Some((gm, mhat, el)), false) = (&sk, exact) {
-                let far_js: Vec<usize> = (0..=t).filter(|&j| !near(j)).collect();
-                if !far_js.is_empty() {
-                    far_on = true;
-                    for l in 0..m {
-                        fu[l] = dot64(qh, &kt[(g * m + l) * hd..][..hd]) * scale;
+            if let (Some((gm, mhat, el, cm)), true) = (&sk, far_end > sn) {
+                far_on = true;
+                for l in 0..m {
+                    fu[l] = dot64(qh, &self.kt[(g * m + l) * hd..][..hd]) * scale;
+                }
+                let umax = fu.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                fu.iter_mut().for_each(|x| *x = (*x - umax).exp());
+                for i in 0..m {
+                    wv[i] = (0..m).map(|l| fu[l] * mhat[l * m + i]).sum();
+                }
+                let base = umax - gm;
+                while far_seen < far_end {
+                    far_max = far_max.max(cm[far_seen]);
+                    far_seen += 1;
+                }
+                c = c.max(base + far_max);
+                // a[t,j]·e^{−c} = e^{base − c + cm_j} · Σ_i ŵ_i·E'[i,j]
+                let af = &mut a[sn..far_end];
+                af.fill(0.0);
+                for i in 0..m {
+                    let wi = wv[i];
+                    af.iter_mut().zip(&el[i * t_len + sn..i * t_len + far_end]).for_each(|(x, &e)| *x += wi * e);
+                }
+                let mut total = 0.0;
+                for (x, &cj) in af.iter_mut().zip(&cm[sn..far_end]) {
+                    *x *= (base - c + cj).exp();
+                    if self.guard == Guard::PerKeyClamp {
+                        *x = x.max(0.0);
                     }
-                    let umax = fu.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                    fu.iter_mut().for_each(|x| *x = (*x - umax).exp());
-                    for i in 0..m {
-                        wv[i] = (0..m).map(|l| fu[l] * mhat[l * m + i]).sum();
-                    }
-                    let base = umax - gm;
-                    let emax =
-                        far_js.iter().flat_map(|&j| (0..m).map(move |i| el[i * t_len + j])).fold(f64::NEG_INFINITY, f64::max);
-                    c = c.max(base + emax);
-                    // a[t,j]·e^{−c} = Σ_i ŵ_i·exp(base + E_log[i,j] − c)
-                    let mut total = 0.0;
-                    for &j in &far_js {
-                        let mut x: f64 = (0..m).map(|i| wv[i] * (base + el[i * t_len + j] - c).exp()).sum();
-                        if guard == Guard::PerKeyClamp {
-                            x = x.max(0.0);
-                        }
-                        a[j] = x;
-                        total += x;
-                    }
-                    if guard == Guard::Aggregate && total < 0.0 {
-                        far_on = false;
-                        dropped[t * nh + h] = true;
-                    }
+                    total += *x;
+                }
+                if self.guard == Guard::Aggregate && total < 0.0 {
+                    far_on = false;
+                    dropped[t] = 1.0;
                 }
             }
-            let out = &mut o[(t * nh + h) * hd..][..hd];
+            let out = &mut o[t * hd..][..hd];
             let mut den = 0.0;
-            for j in 0..=t {
-                let wj = if near(j) {
-                    (s[j] - c).exp()
-                } else if far_on {
-                    a[j]
-                } else {
-                    continue;
-                };
+            for j in (0..n1).chain(n2..t + 1) {
+                let wj = (s[j] - c).exp();
                 den += wj;
                 out.iter_mut().zip(vr(j)).for_each(|(x, y)| *x += wj * y);
+            }
+            if far_on {
+                for j in sn..far_end {
+                    den += a[j];
+                    out.iter_mut().zip(vr(j)).for_each(|(x, y)| *x += a[j] * y);
+                }
             }
             let inv = 1.0 / f64::max(den, DEN_FLOOR);
             out.iter_mut().for_each(|x| *x *= inv);
         }
     }
-    Ok(MatrixOut { o, dropped })
 }
 
 impl fmt::Display for Far {

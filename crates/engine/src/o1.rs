@@ -1,0 +1,221 @@
+//! O(1)-memory decode of one sequence (issue 5): the plan (prompt length tp; window, sinks and
+//! landmarks; Nyström skeleton or StreamingLLM drop; or the teacher-forced matrix-form check),
+//! the bookkeeping while the prompt streams (each planned layer's query segment sums), the seal
+//! that turns a planned layer's KV cache into its [`O1Layer`], and the hook the attention block
+//! takes. The per-head operator itself is `mixers::nystrom`; callers reach all of this through
+//! `Model::new_state_o1` and the sequence's ordinary forward / checkpoint / rollback.
+//!
+//! Planned layers are the global softmax-attention layers (gated attention included). A sliding
+//! layer (Gemma 3) is already bounded and stays as it is; GatedDeltaNet, KDA and short-conv
+//! layers are already O(1); MLA (Kimi) keeps its exact cache.
+
+use half::f16;
+
+use crate::mixers::nystrom::{Far, Guard, NystromError, O1Layer, O1Settings, QuerySegments};
+use crate::state::LayerState;
+
+/// How a sequence serves its planned attention layers.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct O1Plan {
+    /// Prompt length: positions < tp are exact attention; when the sequence reaches tp positions
+    /// each planned layer seals and later positions take the streaming step.
+    pub tp: usize,
+    pub settings: O1Settings,
+    /// Nyström skeleton, or StreamingLLM's sinks + window with the middle dropped.
+    pub far: Far,
+    /// `Some(guard)`: the checking path. Nothing is sealed; every planned layer keeps its cache
+    /// and all its queries, and computes each chunk's output with `nystrom::matrix_form` (f64,
+    /// all T×T weights) over every position so far with the same tp. Costs O(T²·(m + d)) per
+    /// head and call: run a whole window in one forward call.
+    pub check: Option<Guard>,
+}
+
+impl O1Plan {
+    /// The settings' own checks (each names its CLI flag), and the guard: the streaming form has
+    /// only the aggregate guard.
+    pub fn validate(&self) -> Result<(), NystromError> {
+        self.settings.validate()
+    }
+}
+
+/// What the guard did: (position, query head) rows past the prompt, and those whose far field
+/// the aggregate guard dropped (Σ_far a < 0).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct O1Stats {
+    pub rows: usize,
+    pub dropped: usize,
+}
+
+impl std::ops::AddAssign for O1Stats {
+    fn add_assign(&mut self, o: O1Stats) {
+        self.rows += o.rows;
+        self.dropped += o.dropped;
+    }
+}
+
+/// Attention geometry the seal needs (the model's, fixed per sequence).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Geom {
+    pub scale: f32,
+    pub n_heads: usize,
+    pub n_kv: usize,
+    pub head_dim: usize,
+}
+
+/// One sequence's O(1) bookkeeping (lives in `SeqState`).
+#[derive(Clone, Debug)]
+pub struct O1Run {
+    pub plan: O1Plan,
+    /// Per layer: whether it is planned (global softmax attention).
+    pub(crate) planned: Vec<bool>,
+    /// Per planned layer until its seal (skeleton plans): the prompt's query segment sums.
+    segs: Vec<Option<QuerySegments>>,
+    /// Check mode, per planned layer: every position's queries [len, n_heads, head_dim].
+    q_hist: Vec<Vec<f32>>,
+    geom: Geom,
+    /// Planned layers return to f16 caches on `clear` (the model's cache format).
+    kv_f16: bool,
+    pub stats: O1Stats,
+}
+
+/// The attention block's view of the plan for one layer and chunk.
+pub enum AttnO1<'a> {
+    /// Not planned: ordinary attention.
+    Off,
+    /// Prompt phase: exact attention, and the chunk's queries (post-RoPE) summed per landmark.
+    Segments(&'a mut QuerySegments),
+    /// Exact before the seal (a StreamingLLM plan keeps no segments); after it the layer's state
+    /// is `LayerState::O1` and steps count into these statistics.
+    Stats(&'a mut O1Stats),
+    /// The matrix-form check: append this chunk's queries, output from `matrix_form`.
+    Matrix { plan: O1Plan, q_hist: &'a mut Vec<f32>, stats: &'a mut O1Stats },
+}
+
+impl O1Run {
+    pub(crate) fn new(plan: O1Plan, planned: Vec<bool>, geom: Geom, kv_f16: bool) -> O1Run {
+        let n = planned.len();
+        let mut run =
+            O1Run { plan, planned, segs: vec![None; n], q_hist: vec![Vec::new(); n], geom, kv_f16, stats: O1Stats::default() };
+        run.restart_segments();
+        run
+    }
+
+    fn restart_segments(&mut self) {
+        let p = &self.plan;
+        let seal_skeleton = p.check.is_none() && p.far == Far::Skeleton && p.settings.seals_skeleton(p.tp);
+        let m = p.settings.m_eff(p.tp);
+        for (s, &on) in self.segs.iter_mut().zip(&self.planned) {
+            *s = (seal_skeleton && on).then(|| QuerySegments::new(p.tp, m, self.geom.n_heads, self.geom.head_dim));
+        }
+    }
+
+    /// Whether positions < tp are still to come (the streaming plan has not sealed yet).
+    pub fn pending(&self, len: usize) -> bool {
+        self.plan.check.is_none() && len < self.plan.tp
+    }
+
+    /// Where a chunk of n positions from `len` must be cut so that the seal falls between two
+    /// forward calls: Some(tp − len) when len < tp < len + n.
+    pub(crate) fn split(&self, len: usize, n: usize) -> Option<usize> {
+        (self.plan.check.is_none() && len < self.plan.tp && self.plan.tp < len + n).then(|| self.plan.tp - len)
+    }
+
+    /// The hook for layer `il`.
+    pub(crate) fn hook(&mut self, il: usize) -> AttnO1<'_> {
+        if !self.planned[il] {
+            return AttnO1::Off;
+        }
+        if self.plan.check.is_some() {
+            return AttnO1::Matrix { plan: self.plan, q_hist: &mut self.q_hist[il], stats: &mut self.stats };
+        }
+        match &mut self.segs[il] {
+            Some(s) => AttnO1::Segments(s),
+            None => AttnO1::Stats(&mut self.stats),
+        }
+    }
+
+    /// Whether layer `il` seals after a chunk that ends at position `end`.
+    pub(crate) fn seals_after(&self, il: usize, end: usize) -> bool {
+        self.planned[il] && self.plan.check.is_none() && end == self.plan.tp
+    }
+
+    /// Seal layer `il`: its KV cache (the tp prompt positions) becomes an `O1Layer`.
+    pub(crate) fn seal(&mut self, il: usize, ls: &mut LayerState) -> Result<(), NystromError> {
+        let g = self.geom;
+        let p = &self.plan;
+        let sealed = match ls {
+            LayerState::Kv { k, v } => {
+                O1Layer::seal(&p.settings, p.far, g.scale, g.n_heads, g.n_kv, g.head_dim, self.segs[il].as_ref(), k, v)?
+            }
+            LayerState::KvF16 { k, v } => {
+                let (k, v): (Vec<f32>, Vec<f32>) =
+                    (k.iter().map(|x| x.to_f32()).collect(), v.iter().map(|x| x.to_f32()).collect());
+                O1Layer::seal(&p.settings, p.far, g.scale, g.n_heads, g.n_kv, g.head_dim, self.segs[il].as_ref(), &k, &v)?
+            }
+            LayerState::O1(_) => return Ok(()),
+            _ => unreachable!("only attention layers are planned"),
+        };
+        self.segs[il] = None;
+        *ls = LayerState::O1(Box::new(sealed));
+        Ok(())
+    }
+
+    /// Seal every planned layer now (a plan with tp = 0 seals before the first position).
+    pub(crate) fn seal_all(&mut self, layers: &mut [LayerState]) -> Result<(), NystromError> {
+        for (il, ls) in layers.iter_mut().enumerate() {
+            if self.planned[il] {
+                self.seal(il, ls)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Back to an empty sequence: planned layers become empty KV caches again, segments and
+    /// statistics restart, a tp = 0 plan seals at once.
+    pub(crate) fn reset(&mut self, layers: &mut [LayerState]) {
+        for (il, ls) in layers.iter_mut().enumerate() {
+            if self.planned[il] {
+                *ls = if self.kv_f16 {
+                    LayerState::KvF16 { k: Vec::<f16>::new(), v: Vec::new() }
+                } else {
+                    LayerState::Kv { k: Vec::new(), v: Vec::new() }
+                };
+            }
+        }
+        self.q_hist.iter_mut().for_each(Vec::clear);
+        self.stats = O1Stats::default();
+        self.restart_segments();
+        if self.plan.check.is_none() && self.plan.tp == 0 {
+            self.seal_all(layers).expect("settings were validated when the plan was made; an empty prompt seals no skeleton");
+        }
+    }
+
+    /// A copy for a checkpoint, without the check mode's query history (`restore` truncates the
+    /// live one instead).
+    pub(crate) fn snapshot(&self) -> O1Run {
+        O1Run {
+            plan: self.plan,
+            planned: self.planned.clone(),
+            segs: self.segs.clone(),
+            q_hist: vec![Vec::new(); self.planned.len()],
+            geom: self.geom,
+            kv_f16: self.kv_f16,
+            stats: self.stats,
+        }
+    }
+
+    /// Back to a snapshot taken at length `len`.
+    pub(crate) fn restore(&mut self, snap: O1Run, len: usize) {
+        let mut q_hist = std::mem::take(&mut self.q_hist);
+        let row = self.geom.n_heads * self.geom.head_dim;
+        q_hist.iter_mut().for_each(|q| q.truncate(len * row));
+        *self = snap;
+        self.q_hist = q_hist;
+    }
+
+    /// Bytes of the bookkeeping itself (segment sums, the check mode's queries).
+    pub fn bytes(&self) -> usize {
+        let segs: usize = self.segs.iter().flatten().map(|s| s.bytes()).sum();
+        segs + self.q_hist.iter().map(|q| q.len() * 4).sum::<usize>()
+    }
+}
