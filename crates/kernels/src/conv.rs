@@ -48,7 +48,7 @@ pub fn causal_conv1d_par(
     check(x, t, c, w, kernel, bias, state, out);
     if t <= DIRECT_MAX_TOKENS {
         // Decode: transposing the taps would cost more than the convolution itself.
-        conv_rows_direct(x, c, w, kernel, bias, state, silu, out);
+        conv_rows_direct(pool, x, c, w, kernel, bias, state, silu, out);
     } else {
         let wt = taps_by_row(w, c, kernel);
         let st: &[f32] = state;
@@ -126,23 +126,43 @@ fn conv_rows(
 /// Calls with at most this many tokens read the taps in their stored [c, kernel] layout.
 const DIRECT_MAX_TOKENS: usize = 2;
 
-/// `conv_rows` from row 0 without the transposed taps, channel by channel; every output is the
-/// same chain (bias or 0, then taps 0..kernel in order), so the bits equal `conv_rows`'.
+/// `conv_rows` from row 0 without the transposed taps: per output row, per tap, one pass over
+/// the channels; every output is the same chain (bias or 0, then taps 0..kernel in order), so
+/// the bits equal `conv_rows`'. Decode has one row: the channels are split over the pool.
 #[allow(clippy::too_many_arguments)]
-fn conv_rows_direct(x: &[f32], c: usize, w: &[f32], kernel: usize, bias: &[f32], state: &[f32], silu: bool, out: &mut [f32]) {
+fn conv_rows_direct(
+    pool: &crate::pool::Pool,
+    x: &[f32],
+    c: usize,
+    w: &[f32],
+    kernel: usize,
+    bias: &[f32],
+    state: &[f32],
+    silu: bool,
+    out: &mut [f32],
+) {
     let hist = kernel - 1;
-    let input = |r: usize, ch: usize| if r < hist { state[r * c + ch] } else { x[(r - hist) * c + ch] };
+    let input = |r: usize| if r < hist { &state[r * c..(r + 1) * c] } else { &x[(r - hist) * c..(r - hist + 1) * c] };
     for (s, o) in out.chunks_mut(c).enumerate() {
-        for (ch, ov) in o.iter_mut().enumerate() {
-            let mut acc = if bias.is_empty() { 0.0 } else { bias[ch] };
-            for (i, &wv) in w[ch * kernel..(ch + 1) * kernel].iter().enumerate() {
-                acc += wv * input(s + i, ch);
+        // Channel ranges of this row: ch0.. (as many as `part` holds).
+        let run = |ch0: usize, part: &mut [f32]| {
+            let n = part.len();
+            if bias.is_empty() {
+                part.fill(0.0);
+            } else {
+                part.copy_from_slice(&bias[ch0..ch0 + n]);
             }
-            *ov = acc;
-        }
-        if silu {
-            crate::act::silu_fast(o);
-        }
+            for i in 0..kernel {
+                let src = &input(s + i)[ch0..ch0 + n];
+                for (j, (ov, &xv)) in part.iter_mut().zip(src).enumerate() {
+                    *ov += w[(ch0 + j) * kernel + i] * xv;
+                }
+            }
+            if silu {
+                crate::act::silu_fast(part);
+            }
+        };
+        pool.for_rows_mut(o, 1, 1024, run);
     }
 }
 
