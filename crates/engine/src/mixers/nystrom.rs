@@ -576,10 +576,12 @@ pub struct O1Layer {
     len: usize,
     keys: Keys,
     skeleton: Option<Skeleton>,
-    /// Scratch: near scores [group, window + sinks] (or [group, len] in All mode), f64.
-    scores: Vec<f64>,
-    /// Scratch: output rows [group, hd], shifts c [group], denominators [group], f̂u and ŵ [2·m].
-    work: Vec<f64>,
+}
+
+thread_local! {
+    /// A step's per-group scratch, per pool thread: near scores [group, n_near] and
+    /// [output rows [group, hd] | shifts c [group] | denominators [group] | f̂u, ŵ [2·m]], f64.
+    static STEP_SCRATCH: std::cell::RefCell<(Vec<f64>, Vec<f64>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
 impl O1Layer {
@@ -624,13 +626,9 @@ impl O1Layer {
             len: tp,
             keys: Keys::All { k: Vec::new(), v: Vec::new() },
             skeleton: None,
-            scores: Vec::with_capacity((n_heads / nkv) * (w + sn)),
-            work: Vec::new(),
         };
         if far == Far::Skeleton && !settings.seals_skeleton(tp) {
             layer.keys = Keys::All { k: k.to_vec(), v: v.to_vec() };
-            layer.scores = Vec::with_capacity((n_heads / nkv) * (tp + 1));
-            layer.work = vec![0.0; (n_heads / nkv) * (hd + 2)];
             return Ok(layer);
         }
         let mut sink_k = vec![0.0; sn * row];
@@ -646,7 +644,6 @@ impl O1Layer {
             ring_v[slot * row..][..row].copy_from_slice(&v[p * row..][..row]);
         }
         layer.keys = Keys::Window { sink_k, sink_v, ring_k, ring_v };
-        layer.work = vec![0.0; (n_heads / nkv) * (hd + 2)];
         if far == Far::Drop {
             return Ok(layer);
         }
@@ -705,7 +702,6 @@ impl O1Layer {
         // Prompt keys already far for the first decode position t = tp: [sinks, tp − W).
         sk.fold(&k[sn * row..(tp - w) * row], &v[sn * row..(tp - w) * row], n_heads, nkv, hd, scale as f64);
         layer.skeleton = Some(sk);
-        layer.work = vec![0.0; group * (hd + 2) + 2 * m];
         Ok(layer)
     }
 
@@ -723,16 +719,14 @@ impl O1Layer {
         self.skeleton.is_some()
     }
 
-    /// Bytes held by the state, scratch included (constant per step unless every key is exact).
+    /// Bytes held by the state (constant per step unless every key is exact); the step's
+    /// scratch is per pool thread, not per sequence.
     pub fn bytes(&self) -> usize {
         let keys = match &self.keys {
             Keys::All { k, v } => (k.len() + v.len()) * 4,
             Keys::Window { sink_k, sink_v, ring_k, ring_v } => (sink_k.len() + sink_v.len() + ring_k.len() + ring_v.len()) * 4,
         };
-        keys + self.skeleton.as_ref().map_or(0, Skeleton::bytes)
-            + self.scores.capacity() * 8
-            + self.work.capacity() * 8
-            + size_of::<Self>()
+        keys + self.skeleton.as_ref().map_or(0, Skeleton::bytes) + size_of::<Self>()
     }
 
     /// One new position t = len(): appends k/v ([n_kv_heads, head_dim], k rotated), folds the key
@@ -773,58 +767,85 @@ impl O1Layer {
             Keys::All { .. } => t + 1,
             Keys::Window { .. } => sn.min(t + 1) + (t + 1).saturating_sub(sn.max((t + 1).saturating_sub(w))),
         };
-        self.scores.clear();
-        self.scores.resize(group * n_near, 0.0); // [group, n_near]
         let m = self.skeleton.as_ref().map_or(0, |sk| sk.m);
-        let mut dropped = 0;
-        // One kv head at a time so that every window key/value row is read once per group (the
+        // One work item per kv head: its query heads read every window key/value row once (the
         // window dominates the step: ~90% of it at W = 512, m = 64).
-        for g in 0..nkv {
-            let h0 = g * group;
-            let qg = &q[h0 * hd..(h0 + group) * hd]; // [group, hd]
-            let scores = &mut self.scores;
-            let mut idx = 0;
-            for_each_near(&self.keys, t, w, sn, row, |kr, _| {
-                let kg = &kr[g * hd..][..hd];
-                for hh in 0..group {
-                    scores[hh * n_near + idx] = dot32(&qg[hh * hd..][..hd], kg) * scale;
-                }
-                idx += 1;
-            });
-            let (out, rest) = self.work.split_at_mut(group * hd); // [group, hd] f64
-            let (cs, rest) = rest.split_at_mut(group); // [group] shifts c
-            let (dens, fw) = rest.split_at_mut(group); // [group] denominators; [2m] fu, ŵ
-            out.fill(0.0);
+        let dropped = std::sync::atomic::AtomicUsize::new(0);
+        let this = &*self;
+        crate::par::pool().for_rows_mut_dynamic(o, group * hd, 1, |g, og| {
+            STEP_SCRATCH.with(|sc| {
+                let (scores, work) = &mut *sc.borrow_mut();
+                scores.clear();
+                scores.resize(group * n_near, 0.0); // [group, n_near]
+                work.resize(group * (hd + 2) + 2 * m, 0.0);
+                let d = this.step_group(g, t, n_near, &q[g * group * hd..(g + 1) * group * hd], scores, work, og);
+                dropped.fetch_add(d, std::sync::atomic::Ordering::Relaxed);
+            })
+        });
+        dropped.into_inner()
+    }
+
+    /// The step's output for the query heads of kv head g at position t (already inserted):
+    /// qg [group, hd] -> og [group, hd]; returns the heads whose far field the guard dropped.
+    #[allow(clippy::too_many_arguments)]
+    fn step_group(
+        &self,
+        g: usize,
+        t: usize,
+        n_near: usize,
+        qg: &[f32],
+        scores: &mut [f64],
+        work: &mut [f64],
+        og: &mut [f32],
+    ) -> usize {
+        let (nkv, hd) = (self.n_kv, self.hd);
+        let row = nkv * hd;
+        let (w, sn) = (self.settings.window, self.settings.sinks);
+        let group = self.n_heads / nkv;
+        let scale = self.scale as f64;
+        let m = self.skeleton.as_ref().map_or(0, |sk| sk.m);
+        let h0 = g * group;
+        let mut dropped = 0;
+        let mut idx = 0;
+        for_each_near(&self.keys, t, w, sn, row, |kr, _| {
+            let kg = &kr[g * hd..][..hd];
             for hh in 0..group {
-                let h = h0 + hh;
-                let mut c = scores[hh * n_near..][..n_near].iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                dens[hh] = 0.0;
-                if let Some(sk) = &self.skeleton
-                    && let Some(base) = sk.far_weights(h, g, &qg[hh * hd..][..hd], hd, scale, fw)
-                {
-                    c = c.max(base + sk.off_max(h));
-                    match sk.far_apply(h, hd, base, c, &mut fw[m..2 * m], &mut out[hh * hd..][..hd]) {
-                        Some(d) => dens[hh] = d,
-                        None => dropped += 1,
-                    }
-                }
-                cs[hh] = c;
+                scores[hh * n_near + idx] = dot32(&qg[hh * hd..][..hd], kg) * scale;
             }
-            let scores = &self.scores;
-            let mut idx = 0;
-            for_each_near(&self.keys, t, w, sn, row, |_, vr| {
-                let vg = &vr[g * hd..][..hd];
-                for hh in 0..group {
-                    let e = (scores[hh * n_near + idx] - cs[hh]).exp();
-                    dens[hh] += e;
-                    out[hh * hd..][..hd].iter_mut().zip(vg).for_each(|(x, &y)| *x += e * y as f64);
+            idx += 1;
+        });
+        let (out, rest) = work.split_at_mut(group * hd); // [group, hd] f64
+        let (cs, rest) = rest.split_at_mut(group); // [group] shifts c
+        let (dens, fw) = rest.split_at_mut(group); // [group] denominators; [2m] fu, ŵ
+        out.fill(0.0);
+        for hh in 0..group {
+            let h = h0 + hh;
+            let mut c = scores[hh * n_near..][..n_near].iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            dens[hh] = 0.0;
+            if let Some(sk) = &self.skeleton
+                && let Some(base) = sk.far_weights(h, g, &qg[hh * hd..][..hd], hd, scale, fw)
+            {
+                c = c.max(base + sk.off_max(h));
+                match sk.far_apply(h, hd, base, c, &mut fw[m..2 * m], &mut out[hh * hd..][..hd]) {
+                    Some(d) => dens[hh] = d,
+                    None => dropped += 1,
                 }
-                idx += 1;
-            });
+            }
+            cs[hh] = c;
+        }
+        let mut idx = 0;
+        for_each_near(&self.keys, t, w, sn, row, |_, vr| {
+            let vg = &vr[g * hd..][..hd];
             for hh in 0..group {
-                let inv = 1.0 / dens[hh].max(DEN_FLOOR);
-                o[(h0 + hh) * hd..][..hd].iter_mut().zip(&out[hh * hd..][..hd]).for_each(|(y, &x)| *y = (x * inv) as f32);
+                let e = (scores[hh * n_near + idx] - cs[hh]).exp();
+                dens[hh] += e;
+                out[hh * hd..][..hd].iter_mut().zip(vg).for_each(|(x, &y)| *x += e * y as f64);
             }
+            idx += 1;
+        });
+        for hh in 0..group {
+            let inv = 1.0 / dens[hh].max(DEN_FLOOR);
+            og[hh * hd..][..hd].iter_mut().zip(&out[hh * hd..][..hd]).for_each(|(y, &x)| *y = (x * inv) as f32);
         }
         dropped
     }
