@@ -34,8 +34,7 @@ impl Act {
                 let (c, a, half) = (F::from_f64(SQRT_2_OVER_PI), F::from_f64(GELU_C), F::from_f64(0.5));
                 let th = (c * (x + a * x * x * x)).tanh();
                 let y = half * x * (F::ONE + th);
-                let dy = half * (F::ONE + th)
-                    + half * x * (F::ONE - th * th) * c * (F::ONE + F::from_f64(3.0) * a * x * x);
+                let dy = half * (F::ONE + th) + half * x * (F::ONE - th * th) * c * (F::ONE + F::from_f64(3.0) * a * x * x);
                 (y, dy)
             }
         }
@@ -104,6 +103,7 @@ pub struct FfnActs<F> {
 }
 
 /// Gated FFN forward: x [T, d] -> y [T, d] (written); fills `acts` (resized as needed).
+#[allow(clippy::too_many_arguments)]
 pub fn ffn_forward<F: Float>(
     act: Act,
     w: FfnWeights<'_, F>,

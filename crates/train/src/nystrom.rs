@@ -186,7 +186,15 @@ fn dot64(a: &[f64], b: &[f64]) -> f64 {
 }
 
 /// (γ, M̂) of one head from its landmarks qt, kt [m, hd].
-fn ridge_inverse(qt: &[f64], kt: &[f64], m: usize, hd: usize, scale: f64, ridge: f64, head: usize) -> Result<(f64, Vec<f64>), NystromError> {
+fn ridge_inverse(
+    qt: &[f64],
+    kt: &[f64],
+    m: usize,
+    hd: usize,
+    scale: f64,
+    ridge: f64,
+    head: usize,
+) -> Result<(f64, Vec<f64>), NystromError> {
     let mut s = vec![0.0; m * m]; // [m_q, m_k]
     for i in 0..m {
         for l in 0..m {
@@ -404,15 +412,18 @@ impl Ctx<'_> {
                 dk[j * hd..][..hd].iter_mut().zip(qh).for_each(|(y, &z)| *y += ds * z);
             }
             if let (Some((_, mhat, el, _)), true) = (&sk, far_on) {
-                dw.fill(0.0);
-                for j in far {
+                for j in far.clone() {
                     dv[j * hd..][..hd].iter_mut().zip(dot_).for_each(|(y, &z)| *y += a[j] * inv * z);
-                    // fwd: a_j = r_j Σ_i ŵ_i E'_ij  =>  dŵ_i += da_j·r_j·E'_ij; G[i,j] += ŵ_i·da_j·r_j
-                    let dar = (dot64(dot_, vr(j)) - dd) * inv * r[j];
-                    for i in 0..m {
-                        dw[i] += dar * el[i * t_len + j];
-                        gacc[i * t_len + j] += wv[i] * dar;
-                    }
+                    r[j] *= (dot64(dot_, vr(j)) - dd) * inv; // r_j·da_j from here on
+                }
+                // fwd: a_j = r_j Σ_i ŵ_i E'_ij  =>  dŵ_i += da_j·r_j·E'_ij; G[i,j] += ŵ_i·da_j·r_j
+                // (i outer: rows of E' and G are contiguous in j)
+                let dar = &r[far.clone()];
+                for i in 0..m {
+                    let (eli, gi) = (&el[i * t_len..][far.clone()], &mut gacc[i * t_len..][far.clone()]);
+                    dw[i] = dot64(dar, eli);
+                    let wi = wv[i];
+                    gi.iter_mut().zip(dar).for_each(|(y, &z)| *y += wi * z);
                 }
                 // fwd: ŵ_i = Σ_l f̂u_l M̂[l,i], f̂u_l = exp(u_l − u_max)
                 //   =>  du_l = f̂u_l·Σ_i M̂[l,i]·dŵ_i; dq_t += s·du_l·k̃_l; dk̃_l += s·du_l·q_t
@@ -442,7 +453,15 @@ fn widen<F: Float>(x: &[F]) -> Vec<f64> {
     x.iter().map(|v| v.to_f64()).collect()
 }
 
-fn build<'a, F: Float>(cfg: &'a O1Config, plan: &'a NystromPlan, sh: &NyShape, q: &[F], k: &[F], v: &[F], t_len: usize) -> Ctx<'a> {
+fn build<'a, F: Float>(
+    cfg: &'a O1Config,
+    plan: &'a NystromPlan,
+    sh: &NyShape,
+    q: &[F],
+    k: &[F],
+    v: &[F],
+    t_len: usize,
+) -> Ctx<'a> {
     let (qt, kt) = if plan.skeleton {
         (means64(q, sh.tp, plan.m, sh.n_heads, sh.head_dim), means64(k, sh.tp, plan.m, sh.n_kv_heads, sh.head_dim))
     } else {

@@ -55,7 +55,12 @@ fn check<F>(op: &str, table: &RopeTable<F>, a: &[F], b: &[F], n_heads: usize, hd
     let row = n_heads * hd;
     assert!(row > 0 && a.len() == b.len() && a.len().is_multiple_of(row), "{op}: tensors must be [T, {n_heads}, {hd}]");
     let t = a.len() / row;
-    assert!(2 * table.half <= hd && table.cos.len() >= t * table.half, "{op}: table holds {} positions of {} pairs for T = {t}, head_dim {hd}", table.cos.len() / table.half.max(1), table.half);
+    assert!(
+        2 * table.half <= hd && table.cos.len() >= t * table.half,
+        "{op}: table holds {} positions of {} pairs for T = {t}, head_dim {hd}",
+        table.cos.len() / table.half.max(1),
+        table.half
+    );
     t
 }
 

@@ -38,7 +38,16 @@ fn assert_all(reports: &[Report]) {
         println!("{r}");
     }
     for r in reports {
-        assert!(r.max_rel <= TOL, "{} {}: max rel err {:.3e} > {TOL:e} at {} (analytic {}, numeric {})", r.op, r.tensor, r.max_rel, r.at, r.analytic, r.numeric);
+        assert!(
+            r.max_rel <= TOL,
+            "{} {}: max rel err {:.3e} > {TOL:e} at {} (analytic {}, numeric {})",
+            r.op,
+            r.tensor,
+            r.max_rel,
+            r.at,
+            r.analytic,
+            r.numeric
+        );
         assert!(r.scale > 0.0, "{} {}: gradient identically zero; the check exercises nothing", r.op, r.tensor);
     }
 }
@@ -199,15 +208,15 @@ fn gradcheck_landmark_means() {
 
 fn qkv_check(
     op: &str,
-    q: &mut Vec<f64>,
-    k: &mut Vec<f64>,
-    v: &mut Vec<f64>,
+    q: &mut [f64],
+    k: &mut [f64],
+    v: &mut [f64],
     grads: (&[f64], &[f64], &[f64]),
     loss: impl Fn(&[f64], &[f64], &[f64]) -> f64,
 ) -> Vec<Report> {
-    let (kc, vc) = (k.clone(), v.clone());
+    let (kc, vc) = (k.to_vec(), v.to_vec());
     let a = check(op, "q", q, &unpre(grads.0), EPS, |q| loss(q, &kc, &vc));
-    let qc = q.clone();
+    let qc = q.to_vec();
     let b = check(op, "k", k, &unpre(grads.1), EPS, |k| loss(&qc, k, &vc));
     let c = check(op, "v", v, &unpre(grads.2), EPS, |v| loss(&qc, &kc, v));
     vec![a, b, c]
@@ -293,7 +302,8 @@ fn gradcheck_nystrom_drop_and_fallback() {
         nystrom_backward(&cfg, &plan, &sh, &q, &k, &v, &r, &mut dq, &mut dk, &mut dv);
         if far == Far::Skeleton {
             let ash = AttnShape { n_heads: nh, n_kv_heads: nkv, head_dim: hd, scale: 0.5, window: None };
-            let (mut o, mut lse, mut on, mut dr) = (vec![0.0; q.len()], vec![0.0; t * nh], vec![0.0; q.len()], vec![false; t * nh]);
+            let (mut o, mut lse, mut on, mut dr) =
+                (vec![0.0; q.len()], vec![0.0; t * nh], vec![0.0; q.len()], vec![false; t * nh]);
             attention_forward(&ash, &q, &k, &v, &mut o, &mut lse);
             nystrom_forward(&cfg, &plan, &sh, &q, &k, &v, &mut on, &mut dr);
             let diff = o.iter().zip(&on).fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
@@ -316,10 +326,12 @@ fn gradcheck_gated_delta_bptt() {
     let sh = DeltaShape { n_heads: nh, dk, dv };
     let mut rng = Rng(9);
     let unit = |x: Vec<f64>| -> Vec<f64> {
-        x.chunks(dk).flat_map(|c| {
-            let n = c.iter().map(|a| a * a).sum::<f64>().sqrt();
-            c.iter().map(move |a| a / n).collect::<Vec<_>>()
-        }).collect()
+        x.chunks(dk)
+            .flat_map(|c| {
+                let n = c.iter().map(|a| a * a).sum::<f64>().sqrt();
+                c.iter().map(move |a| a / n).collect::<Vec<_>>()
+            })
+            .collect()
     };
     let mut q: Vec<f64> = unit(rng.vec(t * nh * dk, 1.0)).iter().map(|x| x / (dk as f64).sqrt()).collect();
     let mut k = unit(rng.vec(t * nh * dk, 1.0));
@@ -335,8 +347,19 @@ fn gradcheck_gated_delta_bptt() {
     let mut o = vec![0.0; t * nh * dv];
     let mut ck = DeltaCheckpoints::default();
     delta_forward(&sh, &q, &k, &v, &g, &beta, &mut o, &mut ck);
-    let (mut dq, mut dk_, mut dv_, mut dg, mut db) = (grad_buf(q.len()), grad_buf(k.len()), grad_buf(v.len()), grad_buf(g.len()), grad_buf(beta.len()));
-    delta_backward(&sh, &q, &k, &v, &g, &beta, &ck, &r, DeltaGrads { dq: &mut dq, dk: &mut dk_, dv: &mut dv_, dg: &mut dg, dbeta: &mut db });
+    let (mut dq, mut dk_, mut dv_, mut dg, mut db) =
+        (grad_buf(q.len()), grad_buf(k.len()), grad_buf(v.len()), grad_buf(g.len()), grad_buf(beta.len()));
+    delta_backward(
+        &sh,
+        &q,
+        &k,
+        &v,
+        &g,
+        &beta,
+        &ck,
+        &r,
+        DeltaGrads { dq: &mut dq, dk: &mut dk_, dv: &mut dv_, dg: &mut dg, dbeta: &mut db },
+    );
     let op = "gated delta bptt";
     let (kc, vc, gc, bc) = (k.clone(), v.clone(), g.clone(), beta.clone());
     let mut reps = vec![check(op, "q", &mut q, &unpre(&dq), EPS, |x| loss(x, &kc, &vc, &gc, &bc))];
