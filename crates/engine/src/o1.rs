@@ -213,9 +213,9 @@ impl O1Run {
         self.q_hist = q_hist;
     }
 
-    /// Bytes of the bookkeeping itself (segment sums, the check mode's queries).
+    /// Bytes of the prompt-phase bookkeeping (segment sums; the check mode's query history is
+    /// checking scaffolding, not sequence state, and is not counted).
     pub fn bytes(&self) -> usize {
-        let segs: usize = self.segs.iter().flatten().map(|s| s.bytes()).sum();
-        segs + self.q_hist.iter().map(|q| q.len() * 4).sum::<usize>()
+        self.segs.iter().flatten().map(|s| s.bytes()).sum()
     }
 }
