@@ -26,8 +26,11 @@ fn time<F: FnMut()>(reps: usize, mut f: F) -> f64 {
 fn main() {
     let t: usize = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(512);
     let mut r = Rng(1);
+    // A second argument names one part to run alone (for a profiler): linear, attention, nystrom.
+    let only = std::env::args().nth(2).unwrap_or_default();
+    let run = |part: &str| only.is_empty() || only == part;
     println!("threads: {}", cortiq_train::par::pool().n_threads());
-    for (din, dout) in [(576, 1536), (1536, 576)] {
+    for (din, dout) in [(576, 1536), (1536, 576)].into_iter().filter(|_| run("linear")) {
         let (x, w, dy) = (f32v(&mut r, t * din, 1.0), f32v(&mut r, dout * din, 0.05), f32v(&mut r, t * dout, 1.0));
         let mut y = vec![0f32; t * dout];
         let (mut dx, mut dw) = (vec![0f32; t * din], vec![0f32; dout * din]);
@@ -53,14 +56,19 @@ fn main() {
     let sh = AttnShape { n_heads: nh, n_kv_heads: nkv, head_dim: hd, scale, window: None };
     let (mut o, mut lse) = (vec![0f32; q.len()], vec![0f64; t * nh]);
     let (mut dq, mut dk, mut dv) = (vec![0f32; q.len()], vec![0f32; k.len()], vec![0f32; v.len()]);
-    let fa = time(3, || attention_forward(&sh, &q, &k, &v, &mut o, &mut lse));
-    let ba = time(3, || attention_backward(&sh, &q, &k, &v, &o, &lse, &d_o, &mut dq, &mut dk, &mut dv));
-    println!("attention T={t} 9/3x64: fwd {:.1} ms, bwd {:.1} ms", fa * 1e3, ba * 1e3);
-    let cfg = O1Config { window: t / 8, sinks: 4, landmarks: 64, ridge: DEFAULT_RIDGE, far: Far::Skeleton };
+    if run("attention") {
+        let fa = time(3, || attention_forward(&sh, &q, &k, &v, &mut o, &mut lse));
+        let ba = time(3, || attention_backward(&sh, &q, &k, &v, &o, &lse, &d_o, &mut dq, &mut dk, &mut dv));
+        println!("attention T={t} 9/3x64: fwd {:.1} ms, bwd {:.1} ms", fa * 1e3, ba * 1e3);
+    }
+    if !run("nystrom") {
+        return;
+    }
+    let cfg = O1Config { window: 64, sinks: 4, landmarks: 64, ridge: DEFAULT_RIDGE, far: Far::Skeleton };
     let ny = NyShape { n_heads: nh, n_kv_heads: nkv, head_dim: hd, scale, tp: t / 2 };
     let plan = nystrom_plan(&cfg, &ny, &q, &k).unwrap();
     let mut dropped = vec![false; t * nh];
     let fny = time(2, || nystrom_forward(&cfg, &plan, &ny, &q, &k, &v, &mut o, &mut dropped));
     let bny = time(2, || nystrom_backward(&cfg, &plan, &ny, &q, &k, &v, &d_o, &mut dq, &mut dk, &mut dv));
-    println!("nystrom T={t} tp={} W={} m={}: fwd {:.1} ms, bwd {:.1} ms", t / 2, t / 8, plan.m, fny * 1e3, bny * 1e3);
+    println!("nystrom T={t} tp={} W={} m={}: fwd {:.1} ms, bwd {:.1} ms", t / 2, cfg.window, plan.m, fny * 1e3, bny * 1e3);
 }
