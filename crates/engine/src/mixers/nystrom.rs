@@ -385,9 +385,6 @@ struct Split {
 }
 
 impl Split {
-    fn zeros(n: usize) -> Self {
-        Split { hi: vec![0.0; n], lo: vec![0.0; n] }
-    }
     fn from_f64(x: &[f64]) -> Self {
         let hi: Vec<f32> = x.iter().map(|&v| v as f32).collect();
         let lo = x.iter().zip(&hi).map(|(&v, &h)| (v - h as f64) as f32).collect();
@@ -396,12 +393,6 @@ impl Split {
     #[inline]
     fn get(&self, i: usize) -> f64 {
         self.hi[i] as f64 + self.lo[i] as f64
-    }
-    #[inline]
-    fn set(&mut self, i: usize, v: f64) {
-        let h = v as f32;
-        self.hi[i] = h;
-        self.lo[i] = (v - h as f64) as f32;
     }
     fn bytes(&self) -> usize {
         (self.hi.len() + self.lo.len()) * 4
@@ -412,6 +403,7 @@ impl Split {
 #[derive(Debug, Clone)]
 struct Skeleton {
     m: usize,
+    hd: usize,
     /// [n_heads, m, hd] landmark queries.
     qt: Split,
     /// [n_kv, m, hd] landmark keys.
@@ -420,22 +412,53 @@ struct Skeleton {
     gamma: Vec<f32>,
     /// [n_heads, m (l), m (i)] scaled ridge inverse.
     mhat: Split,
-    /// [n_heads, m] accumulator log-offsets (−∞ while empty).
-    off: Vec<f32>,
-    /// [n_heads, m]: D̂.
-    den: Split,
-    /// [n_heads, m, hd]: N̂.
-    num: Split,
 }
 
-impl Skeleton {
-    /// Folds n keys/values (k, v: [n, n_kv, hd]) into every query head's accumulators. The seal
-    /// folds the whole far prompt at once (f64 sums, one rounding into the hi/lo state per
-    /// accumulator); a step folds one key.
+/// Length of one query head's accumulator block.
+fn acc_len(m: usize, hd: usize) -> usize {
+    3 * m + 2 * m * hd
+}
+
+/// A fresh accumulator block (nothing folded).
+fn acc_init(block: &mut [f32], m: usize) {
+    block[..m].fill(f32::NEG_INFINITY);
+    block[m..].fill(0.0);
+}
+
+/// One query head's accumulators, split into their parts.
+struct HeadAcc<'a> {
+    off: &'a mut [f32],
+    den_hi: &'a mut [f32],
+    den_lo: &'a mut [f32],
+    num_hi: &'a mut [f32],
+    num_lo: &'a mut [f32],
+}
+
+impl<'a> HeadAcc<'a> {
+    fn new(block: &'a mut [f32], m: usize, hd: usize) -> Self {
+        let (off, rest) = block.split_at_mut(m);
+        let (den_hi, rest) = rest.split_at_mut(m);
+        let (den_lo, rest) = rest.split_at_mut(m);
+        let (num_hi, num_lo) = rest.split_at_mut(m * hd);
+        HeadAcc { off, den_hi, den_lo, num_hi, num_lo }
+    }
+
+    #[inline]
+    fn den(&self, i: usize) -> f64 {
+        self.den_hi[i] as f64 + self.den_lo[i] as f64
+    }
+
+    /// Largest log-offset.
+    fn off_max(&self) -> f64 {
+        self.off.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64
+    }
+
+    /// Folds n keys/values (k, v: [n, n_kv, hd], kv head g) with landmark queries qt (hi, lo:
+    /// [m, hd]) into these accumulators. The seal folds the whole far prompt at once (f64 sums,
+    /// one rounding into the hi/lo state per accumulator); a step folds one key.
     #[allow(clippy::too_many_arguments)]
-    fn fold(&mut self, k: &[f32], v: &[f32], n_heads: usize, nkv: usize, hd: usize, scale: f64) {
-        let m = self.m;
-        let group = n_heads / nkv;
+    fn fold(&mut self, qt_hi: &[f32], qt_lo: &[f32], g: usize, nkv: usize, hd: usize, k: &[f32], v: &[f32], scale: f64) {
+        let m = self.off.len();
         let n = k.len() / (nkv * hd);
         if n == 0 {
             return;
@@ -443,55 +466,94 @@ impl Skeleton {
         let mut s = vec![0.0f64; n]; // [n] scores of one landmark query
         let mut qi = vec![0.0f64; hd]; // q̃_i as f64
         let mut acc = vec![0.0f64; hd]; // N_i being updated, f64
-        for h in 0..n_heads {
-            let g = h / group;
-            for i in 0..m {
-                let a = h * m + i;
-                let qb = a * hd;
-                qi.iter_mut()
-                    .zip(&self.qt.hi[qb..qb + hd])
-                    .zip(&self.qt.lo[qb..qb + hd])
-                    .for_each(|((x, &hi), &lo)| *x = hi as f64 + lo as f64);
-                let mut smax = f64::NEG_INFINITY;
-                for (j, sj) in s.iter_mut().enumerate() {
-                    *sj = dot64_32(&qi, &k[(j * nkv + g) * hd..][..hd]) * scale;
-                    smax = smax.max(*sj);
-                }
-                let nb = a * hd;
-                let (nhi, nlo) = (&mut self.num.hi[nb..nb + hd], &mut self.num.lo[nb..nb + hd]);
-                let old = self.off[a];
-                // Rescale to a raised offset (online-softmax style); all zeros while empty.
-                let r = if smax > old as f64 {
-                    let new = smax as f32;
-                    let r = if old == f32::NEG_INFINITY { 0.0 } else { (old as f64 - new as f64).exp() };
-                    self.off[a] = new;
-                    r
-                } else {
-                    1.0
-                };
-                let off = self.off[a] as f64;
-                acc.iter_mut().zip(nhi.iter()).zip(nlo.iter()).for_each(|((x, &hi), &lo)| *x = (hi as f64 + lo as f64) * r);
-                let mut den = self.den.get(a) * r;
-                for (j, &sj) in s.iter().enumerate() {
-                    let e = (sj - off).exp(); // ≲ 1
-                    den += e;
-                    acc.iter_mut().zip(&v[(j * nkv + g) * hd..][..hd]).for_each(|(x, &y)| *x += e * y as f64);
-                }
-                self.den.set(a, den);
-                for ((x, hi), lo) in acc.iter().zip(nhi.iter_mut()).zip(nlo.iter_mut()) {
-                    *hi = *x as f32;
-                    *lo = (*x - *hi as f64) as f32;
-                }
+        for i in 0..m {
+            let qb = i * hd;
+            qi.iter_mut()
+                .zip(&qt_hi[qb..qb + hd])
+                .zip(&qt_lo[qb..qb + hd])
+                .for_each(|((x, &hi), &lo)| *x = hi as f64 + lo as f64);
+            let mut smax = f64::NEG_INFINITY;
+            for (j, sj) in s.iter_mut().enumerate() {
+                *sj = dot64_32(&qi, &k[(j * nkv + g) * hd..][..hd]) * scale;
+                smax = smax.max(*sj);
+            }
+            let nb = i * hd;
+            let (nhi, nlo) = (&mut self.num_hi[nb..nb + hd], &mut self.num_lo[nb..nb + hd]);
+            let old = self.off[i];
+            // Rescale to a raised offset (online-softmax style); all zeros while empty.
+            let r = if smax > old as f64 {
+                let new = smax as f32;
+                let r = if old == f32::NEG_INFINITY { 0.0 } else { (old as f64 - new as f64).exp() };
+                self.off[i] = new;
+                r
+            } else {
+                1.0
+            };
+            let off = self.off[i] as f64;
+            acc.iter_mut().zip(nhi.iter()).zip(nlo.iter()).for_each(|((x, &hi), &lo)| *x = (hi as f64 + lo as f64) * r);
+            let mut den = (self.den_hi[i] as f64 + self.den_lo[i] as f64) * r;
+            for (j, &sj) in s.iter().enumerate() {
+                let e = (sj - off).exp(); // ≲ 1
+                den += e;
+                acc.iter_mut().zip(&v[(j * nkv + g) * hd..][..hd]).for_each(|(x, &y)| *x += e * y as f64);
+            }
+            let dh = den as f32;
+            self.den_hi[i] = dh;
+            self.den_lo[i] = (den - dh as f64) as f32;
+            for ((x, hi), lo) in acc.iter().zip(nhi.iter_mut()).zip(nlo.iter_mut()) {
+                *hi = *x as f32;
+                *lo = (*x - *hi as f64) as f32;
             }
         }
     }
 
-    /// ŵ = f̂u·M̂ of query head h (kv head g) into fw[m..2m] (fw[..m]: f̂u); returns
-    /// base = u_max − γ_h, or None while nothing has been folded.
+    /// Turns ŵ into per-landmark factors ŵ_i·e^{base + off_i − c}; if the far weight
+    /// Σ_i factor_i·D̂_i is negative (aggregate guard) returns None, else adds Σ_i factor_i·N̂_i
+    /// to out ([hd], f64) and returns the far weight.
+    fn far_apply(&self, hd: usize, base: f64, c: f64, wv: &mut [f64], out: &mut [f64]) -> Option<f64> {
+        let m = self.off.len();
+        let mut far_den = 0.0;
+        for i in 0..m {
+            let off = self.off[i];
+            wv[i] = if off == f32::NEG_INFINITY { 0.0 } else { wv[i] * (base + off as f64 - c).exp() };
+            far_den += wv[i] * self.den(i);
+        }
+        if far_den < 0.0 {
+            return None;
+        }
+        for i in 0..m {
+            let f = wv[i];
+            if f == 0.0 {
+                continue;
+            }
+            let nb = i * hd;
+            let (nhi, nlo) = (&self.num_hi[nb..nb + hd], &self.num_lo[nb..nb + hd]);
+            out.iter_mut().zip(nhi).zip(nlo).for_each(|((x, &a), &b)| *x += f * (a as f64 + b as f64));
+        }
+        Some(far_den)
+    }
+}
+
+impl Skeleton {
+    /// Folds n keys/values (k, v: [n, n_kv, hd]) into the accumulators of query heads h0.. (acc:
+    /// their blocks, [.., acc_len(m, hd)]).
     #[allow(clippy::too_many_arguments)]
-    fn far_weights(&self, h: usize, g: usize, qh: &[f32], hd: usize, scale: f64, fw: &mut [f64]) -> Option<f64> {
+    fn fold(&self, acc: &mut [f32], h0: usize, group: usize, nkv: usize, k: &[f32], v: &[f32], scale: f64) {
+        let (m, hd) = (self.m, self.hd);
+        for (i, block) in acc.chunks_mut(acc_len(m, hd)).enumerate() {
+            let h = h0 + i;
+            let qb = h * m * hd;
+            let (qh, ql) = (&self.qt.hi[qb..qb + m * hd], &self.qt.lo[qb..qb + m * hd]);
+            HeadAcc::new(block, m, hd).fold(qh, ql, h / group, nkv, hd, k, v, scale);
+        }
+    }
+
+    /// ŵ = f̂u·M̂ of query head h (kv head g) into fw[m..2m] (fw[..m]: f̂u); returns
+    /// base = u_max − γ_h, or None while nothing has been folded (`off`: the head's offsets).
+    #[allow(clippy::too_many_arguments)]
+    fn far_weights(&self, h: usize, g: usize, qh: &[f32], hd: usize, scale: f64, off: &[f32], fw: &mut [f64]) -> Option<f64> {
         let m = self.m;
-        if self.off[h * m..][..m].iter().all(|&o| o == f32::NEG_INFINITY) {
+        if off.iter().all(|&o| o == f32::NEG_INFINITY) {
             return None;
         }
         let (fu, wv) = fw[..2 * m].split_at_mut(m);
@@ -512,46 +574,8 @@ impl Skeleton {
         Some(umax - self.gamma[h] as f64)
     }
 
-    /// Largest accumulator log-offset of query head h.
-    fn off_max(&self, h: usize) -> f64 {
-        self.off[h * self.m..][..self.m].iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64
-    }
-
-    /// Turns ŵ into per-landmark factors ŵ_i·e^{base + off_i − c}; if the far weight
-    /// Σ_i factor_i·D̂_i is negative (aggregate guard) returns None, else adds Σ_i factor_i·N̂_i
-    /// to out ([hd], f64) and returns the far weight.
-    fn far_apply(&self, h: usize, hd: usize, base: f64, c: f64, wv: &mut [f64], out: &mut [f64]) -> Option<f64> {
-        let m = self.m;
-        let mut far_den = 0.0;
-        for i in 0..m {
-            let a = h * m + i;
-            let off = self.off[a];
-            wv[i] = if off == f32::NEG_INFINITY { 0.0 } else { wv[i] * (base + off as f64 - c).exp() };
-            far_den += wv[i] * self.den.get(a);
-        }
-        if far_den < 0.0 {
-            return None;
-        }
-        for i in 0..m {
-            let f = wv[i];
-            if f == 0.0 {
-                continue;
-            }
-            let nb = (h * m + i) * hd;
-            let (nhi, nlo) = (&self.num.hi[nb..nb + hd], &self.num.lo[nb..nb + hd]);
-            out.iter_mut().zip(nhi).zip(nlo).for_each(|((x, &a), &b)| *x += f * (a as f64 + b as f64));
-        }
-        Some(far_den)
-    }
-
     fn bytes(&self) -> usize {
-        self.qt.bytes()
-            + self.kt.bytes()
-            + self.gamma.len() * 4
-            + self.mhat.bytes()
-            + self.off.len() * 4
-            + self.den.bytes()
-            + self.num.bytes()
+        self.qt.bytes() + self.kt.bytes() + self.gamma.len() * 4 + self.mhat.bytes()
     }
 }
 
@@ -576,6 +600,11 @@ pub struct O1Layer {
     len: usize,
     keys: Keys,
     skeleton: Option<Skeleton>,
+    /// [n_heads, acc_len(m, hd)] (empty without a skeleton): per query head the accumulators a
+    /// step updates, one contiguous block [off (m) | D̂ hi (m) | D̂ lo (m) | N̂ hi (m·hd) | N̂ lo
+    /// (m·hd)] (off: log-offsets, −∞ while empty), so that a kv group's heads are one slice and
+    /// the groups fold in parallel. Kept beside the skeleton, which is read-only after the seal.
+    acc: Vec<f32>,
 }
 
 thread_local! {
@@ -626,6 +655,7 @@ impl O1Layer {
             len: tp,
             keys: Keys::All { k: Vec::new(), v: Vec::new() },
             skeleton: None,
+            acc: Vec::new(),
         };
         if far == Far::Skeleton && !settings.seals_skeleton(tp) {
             layer.keys = Keys::All { k: k.to_vec(), v: v.to_vec() };
@@ -689,19 +719,13 @@ impl O1Layer {
             gamma.push(gm);
             mhat.extend_from_slice(&x);
         }
-        let mut sk = Skeleton {
-            m,
-            qt,
-            kt,
-            gamma,
-            mhat: Split::from_f64(&mhat),
-            off: vec![f32::NEG_INFINITY; n_heads * m],
-            den: Split::zeros(n_heads * m),
-            num: Split::zeros(n_heads * m * hd),
-        };
+        let mut acc = vec![0.0; n_heads * acc_len(m, hd)];
+        acc.chunks_mut(acc_len(m, hd)).for_each(|b| acc_init(b, m));
+        let sk = Skeleton { m, hd, qt, kt, gamma, mhat: Split::from_f64(&mhat) };
         // Prompt keys already far for the first decode position t = tp: [sinks, tp − W).
-        sk.fold(&k[sn * row..(tp - w) * row], &v[sn * row..(tp - w) * row], n_heads, nkv, hd, scale as f64);
+        sk.fold(&mut acc, 0, group, nkv, &k[sn * row..(tp - w) * row], &v[sn * row..(tp - w) * row], scale as f64);
         layer.skeleton = Some(sk);
+        layer.acc = acc;
         Ok(layer)
     }
 
@@ -726,7 +750,7 @@ impl O1Layer {
             Keys::All { k, v } => (k.len() + v.len()) * 4,
             Keys::Window { sink_k, sink_v, ring_k, ring_v } => (sink_k.len() + sink_v.len() + ring_k.len() + ring_v.len()) * 4,
         };
-        keys + self.skeleton.as_ref().map_or(0, Skeleton::bytes) + size_of::<Self>()
+        keys + self.skeleton.as_ref().map_or(0, Skeleton::bytes) + self.acc.len() * 4 + size_of::<Self>()
     }
 
     /// One new position t = len(): appends k/v ([n_kv_heads, head_dim], k rotated), folds the key
@@ -739,7 +763,8 @@ impl O1Layer {
         let t = self.len;
         let (w, sn) = (self.settings.window, self.settings.sinks);
         let group = nh / nkv;
-        let scale = self.scale as f64;
+        // The key leaving the window (position t − W) is copied out, then folded per kv group.
+        let mut leaving: Option<(Vec<f32>, Vec<f32>)> = None;
         match &mut self.keys {
             Keys::All { k: ka, v: va } => {
                 ka.extend_from_slice(k);
@@ -751,11 +776,8 @@ impl O1Layer {
                     sink_v[t * row..][..row].copy_from_slice(v);
                 } else {
                     let slot = t % w;
-                    if t >= w + sn {
-                        // Position t − W leaves the window.
-                        if let Some(sk) = &mut self.skeleton {
-                            sk.fold(&ring_k[slot * row..][..row], &ring_v[slot * row..][..row], nh, nkv, hd, scale);
-                        }
+                    if t >= w + sn && self.skeleton.is_some() {
+                        leaving = Some((ring_k[slot * row..][..row].to_vec(), ring_v[slot * row..][..row].to_vec()));
                     }
                     ring_k[slot * row..][..row].copy_from_slice(k);
                     ring_v[slot * row..][..row].copy_from_slice(v);
@@ -768,46 +790,75 @@ impl O1Layer {
             Keys::Window { .. } => sn.min(t + 1) + (t + 1).saturating_sub(sn.max((t + 1).saturating_sub(w))),
         };
         let m = self.skeleton.as_ref().map_or(0, |sk| sk.m);
-        // One work item per kv head: its query heads read every window key/value row once (the
-        // window dominates the step: ~90% of it at W = 512, m = 64).
+        let cx = StepCtx {
+            keys: &self.keys,
+            sk: self.skeleton.as_ref(),
+            n_heads: nh,
+            nkv,
+            hd,
+            window: w,
+            sinks: sn,
+            scale: self.scale as f64,
+            t,
+            n_near,
+        };
+        // One work item per kv head: it folds the leaving key into its query heads'
+        // accumulators, then its query heads read every window key/value row once (the window
+        // dominates the step: ~90% of it at W = 512, m = 64).
+        let al = acc_len(m, hd);
+        let mut items: Vec<(&mut [f32], &mut [f32])> = if cx.sk.is_some() {
+            o.chunks_mut(group * hd).zip(self.acc.chunks_mut(group * al)).collect()
+        } else {
+            o.chunks_mut(group * hd).map(|og| (og, Default::default())).collect()
+        };
         let dropped = std::sync::atomic::AtomicUsize::new(0);
-        let this = &*self;
-        crate::par::pool().for_rows_mut_dynamic(o, group * hd, 1, |g, og| {
+        crate::par::pool().for_rows_mut_dynamic(&mut items, 1, 1, |g, it| {
+            let (og, accg) = &mut it[0];
+            if let (Some(sk), Some((lk, lv))) = (cx.sk, &leaving) {
+                sk.fold(accg, g * group, group, nkv, lk, lv, cx.scale);
+            }
             STEP_SCRATCH.with(|sc| {
                 let (scores, work) = &mut *sc.borrow_mut();
                 scores.clear();
                 scores.resize(group * n_near, 0.0); // [group, n_near]
                 work.resize(group * (hd + 2) + 2 * m, 0.0);
-                let d = this.step_group(g, t, n_near, &q[g * group * hd..(g + 1) * group * hd], scores, work, og);
+                let d = cx.group(g, &q[g * group * hd..(g + 1) * group * hd], accg, scores, work, og);
                 dropped.fetch_add(d, std::sync::atomic::Ordering::Relaxed);
             })
         });
         dropped.into_inner()
     }
+}
 
-    /// The step's output for the query heads of kv head g at position t (already inserted):
-    /// qg [group, hd] -> og [group, hd]; returns the heads whose far field the guard dropped.
-    #[allow(clippy::too_many_arguments)]
-    fn step_group(
-        &self,
-        g: usize,
-        t: usize,
-        n_near: usize,
-        qg: &[f32],
-        scores: &mut [f64],
-        work: &mut [f64],
-        og: &mut [f32],
-    ) -> usize {
-        let (nkv, hd) = (self.n_kv, self.hd);
+/// What a step's per-group work items share.
+struct StepCtx<'a> {
+    keys: &'a Keys,
+    sk: Option<&'a Skeleton>,
+    n_heads: usize,
+    nkv: usize,
+    hd: usize,
+    window: usize,
+    sinks: usize,
+    scale: f64,
+    /// The position being computed (already inserted) and its number of near keys.
+    t: usize,
+    n_near: usize,
+}
+
+impl StepCtx<'_> {
+    /// The step's output for the query heads of kv head g: qg [group, hd] -> og [group, hd]
+    /// (acc: their accumulator blocks); returns the heads whose far field the guard dropped.
+    fn group(&self, g: usize, qg: &[f32], acc: &mut [f32], scores: &mut [f64], work: &mut [f64], og: &mut [f32]) -> usize {
+        let (nkv, hd, n_near, t) = (self.nkv, self.hd, self.n_near, self.t);
         let row = nkv * hd;
-        let (w, sn) = (self.settings.window, self.settings.sinks);
+        let (w, sn) = (self.window, self.sinks);
         let group = self.n_heads / nkv;
-        let scale = self.scale as f64;
-        let m = self.skeleton.as_ref().map_or(0, |sk| sk.m);
+        let scale = self.scale;
+        let m = self.sk.map_or(0, |sk| sk.m);
         let h0 = g * group;
         let mut dropped = 0;
         let mut idx = 0;
-        for_each_near(&self.keys, t, w, sn, row, |kr, _| {
+        for_each_near(self.keys, t, w, sn, row, |kr, _| {
             let kg = &kr[g * hd..][..hd];
             for hh in 0..group {
                 scores[hh * n_near + idx] = dot32(&qg[hh * hd..][..hd], kg) * scale;
@@ -818,23 +869,25 @@ impl O1Layer {
         let (cs, rest) = rest.split_at_mut(group); // [group] shifts c
         let (dens, fw) = rest.split_at_mut(group); // [group] denominators; [2m] fu, ŵ
         out.fill(0.0);
+        let mut blocks = acc.chunks_mut(acc_len(m, hd).max(1));
         for hh in 0..group {
             let h = h0 + hh;
             let mut c = scores[hh * n_near..][..n_near].iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             dens[hh] = 0.0;
-            if let Some(sk) = &self.skeleton
-                && let Some(base) = sk.far_weights(h, g, &qg[hh * hd..][..hd], hd, scale, fw)
-            {
-                c = c.max(base + sk.off_max(h));
-                match sk.far_apply(h, hd, base, c, &mut fw[m..2 * m], &mut out[hh * hd..][..hd]) {
-                    Some(d) => dens[hh] = d,
-                    None => dropped += 1,
+            if let Some(sk) = self.sk {
+                let ha = HeadAcc::new(blocks.next().expect("one accumulator block per query head"), m, hd);
+                if let Some(base) = sk.far_weights(h, g, &qg[hh * hd..][..hd], hd, scale, ha.off, fw) {
+                    c = c.max(base + ha.off_max());
+                    match ha.far_apply(hd, base, c, &mut fw[m..2 * m], &mut out[hh * hd..][..hd]) {
+                        Some(d) => dens[hh] = d,
+                        None => dropped += 1,
+                    }
                 }
             }
             cs[hh] = c;
         }
         let mut idx = 0;
-        for_each_near(&self.keys, t, w, sn, row, |_, vr| {
+        for_each_near(self.keys, t, w, sn, row, |_, vr| {
             let vg = &vr[g * hd..][..hd];
             for hh in 0..group {
                 let e = (scores[hh * n_near + idx] - cs[hh]).exp();
