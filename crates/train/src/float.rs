@@ -46,6 +46,24 @@ pub trait Float:
     fn min(self, other: Self) -> Self;
     fn is_finite(self) -> bool;
 
+    /// `y[t, c] = Σ_k x[t, k]·b[k·ldb + c]` for t < n_t, c < n (written): x [n_t, k_len]
+    /// times a [k_len, n] block of b whose rows are ldb apart. Single-threaded (callers split
+    /// work); f32: the kernels' AVX-512 attention-form kernel.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_nn(x: &[Self], n_t: usize, b: &[Self], ldb: usize, k_len: usize, n: usize, y: &mut [Self], ldy: usize) {
+        for t in 0..n_t {
+            let yr = &mut y[t * ldy..t * ldy + n];
+            yr.fill(Self::ZERO);
+            for k in 0..k_len {
+                let a = x[t * k_len + k];
+                yr.iter_mut().zip(&b[k * ldb..k * ldb + n]).for_each(|(yv, &bv)| *yv += a * bv);
+            }
+        }
+    }
+    /// `x ← e^x` elementwise (f32: the kernels' vector exp, within ~1.5 ulp of expf).
+    fn exp_inplace(x: &mut [Self]) {
+        x.iter_mut().for_each(|v| *v = v.exp());
+    }
     /// `y[t, o] = Σ_i x[t, i] · w[o, i]`: x [n_t, k], w [n_o, k], y [n_t, n_o] (written, =).
     fn gemm_xwt(x: &[Self], w: &[Self], y: &mut [Self], n_t: usize, n_o: usize, k: usize) {
         matmul::gemm_xwt_generic(x, w, y, n_t, n_o, k)
@@ -115,6 +133,13 @@ impl Float for f64 {
 impl Float for f32 {
     float_common!(f32, "f32");
 
+    fn exp_inplace(x: &mut [f32]) {
+        cortiq_kernels::act::exp_fast(x)
+    }
+    fn gemm_nn(x: &[f32], n_t: usize, b: &[f32], ldb: usize, k_len: usize, n: usize, y: &mut [f32], ldy: usize) {
+        cortiq_kernels::dot::gemm_nn(x, n_t, b, ldb, k_len, n, y, ldy)
+    }
+
     fn gemm_xwt(x: &[f32], w: &[f32], y: &mut [f32], n_t: usize, n_o: usize, k: usize) {
         matmul::gemm_xwt_f32(x, w, y, n_t, n_o, k)
     }
@@ -157,4 +182,51 @@ pub fn axpy<F: Float>(a: F, x: &[F], y: &mut [F]) {
     for (yv, &xv) in y.iter_mut().zip(x) {
         *yv += a * xv;
     }
+}
+
+/// `out[j] = x·mt[·, j]` for j in lo..hi, mt [len(x), ld] row-major (a transposed K, V or Q):
+/// one row's dot products against a range of keys as len(x) contiguous multiply-adds, which
+/// vectorize over the keys without reassociating any sum (a per-key dot product does not).
+#[inline(always)]
+pub fn row_dots<F: Float>(x: &[F], mt: &[F], ld: usize, lo: usize, hi: usize, out: &mut [F]) {
+    let o = &mut out[lo..hi];
+    o.fill(F::ZERO);
+    for (c, &xc) in x.iter().enumerate() {
+        o.iter_mut().zip(&mt[c * ld + lo..c * ld + hi]).for_each(|(y, &z)| *y += xc * z);
+    }
+}
+
+/// Runs `f` compiled with AVX-512 enabled when the CPU has it (chosen at run time), else as
+/// compiled for the baseline target: the same source twice, the baseline one being the scalar
+/// twin. Rust neither fuses a·b + c into an FMA nor reorders float sums by itself, so both give
+/// bit-identical results; the wide one runs elementwise loops 16 f32 / 8 f64 lanes at a time.
+/// `f` must be a closure used only here so that it is inlined into the wide function.
+#[inline(always)]
+pub fn wide<R>(f: impl FnOnce() -> R) -> R {
+    #[cfg(target_arch = "x86_64")]
+    if cortiq_kernels::simd::level() == cortiq_kernels::simd::Level::Avx512 {
+        // SAFETY: level() returns Avx512 only after detecting avx512f and fma at run time.
+        return unsafe { wide_avx512(f) };
+    }
+    f()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn wide_avx512<R>(f: impl FnOnce() -> R) -> R {
+    f()
+}
+
+/// `x` [T, n, hd] -> [n, hd, T] (per head, channels as rows over positions: `row_dots` operand).
+pub fn transpose_heads<F: Float>(x: &[F], n: usize, hd: usize) -> Vec<F> {
+    let t_len = x.len() / (n * hd);
+    let mut out = vec![F::ZERO; x.len()];
+    for t in 0..t_len {
+        for g in 0..n {
+            for c in 0..hd {
+                out[(g * hd + c) * t_len + t] = x[(t * n + g) * hd + c];
+            }
+        }
+    }
+    out
 }

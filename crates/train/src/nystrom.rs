@@ -60,6 +60,7 @@
 // Index loops over parallel arrays (landmark i, landmark key l, channel c) mirror the formulas.
 #![allow(clippy::needless_range_loop)]
 
+use crate::attention::{AttnShape, attention_backward, attention_forward};
 use crate::float::Float;
 use crate::landmark::{segment, segment_means_backward};
 use crate::par::pool;
@@ -319,6 +320,8 @@ struct Ctx<'a> {
     d_o: Vec<f64>,
     /// Use the direct O(T²·m) far field (the reference) instead of the prefix sums.
     direct: bool,
+    /// First row of the per-head pass (rows before it: exact attention, done by the attention op).
+    t_start: usize,
 }
 
 /// Per-head output row layout: o [T, hd] | dropped [T] | dq [T, hd] | dk [T, hd] | dv [T, hd] |
@@ -414,7 +417,7 @@ impl Ctx<'_> {
         let mut r = vec![0.0; t_len]; // r_j of one row
         let (mut fu, mut wv, mut dw) = (vec![0.0; m], vec![0.0; m], vec![0.0; m]);
         let (mut far_max, mut far_seen) = (f64::NEG_INFINITY, sn);
-        for t in 0..t_len {
+        for t in self.t_start..t_len {
             let qh = qr(t);
             let exact = t < tp || !self.plan.windowed;
             let far_end = if exact { sn } else { sn.max((t + 1).saturating_sub(w)) };
@@ -435,8 +438,11 @@ impl Ctx<'_> {
                 }
                 let umax = fu.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 fu.iter_mut().for_each(|x| *x = (*x - umax).exp());
-                for i in 0..m {
-                    wv[i] = (0..m).map(|l| fu[l] * mhat[l * m + i]).sum();
+                // ŵ = f̂u·M̂ as rows of M̂ (contiguous) scaled and added.
+                wv.fill(0.0);
+                for l in 0..m {
+                    let f = fu[l];
+                    wv.iter_mut().zip(&mhat[l * m..][..m]).for_each(|(a, &b)| *a += f * b);
                 }
                 let base = umax - gm;
                 while far_seen < far_end {
@@ -594,7 +600,7 @@ impl Ctx<'_> {
         let mut yw = vec![0.0; if bwd { t_len * m } else { 0 }]; // y_t [T, m] (0: no kept far field)
         let mut ddr = vec![0.0; if bwd { t_len } else { 0 }]; // D_t = do_t·o_t
         let mut far_max = f64::NEG_INFINITY;
-        for t in 0..t_len {
+        for t in self.t_start..t_len {
             let qh = qr(t);
             let exact = t < tp || !self.plan.windowed;
             let far_end = if exact { sn } else { sn.max((t + 1).saturating_sub(w)) };
@@ -615,8 +621,10 @@ impl Ctx<'_> {
                 }
                 let umax = fu.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 fu.iter_mut().for_each(|x| *x = (*x - umax).exp());
-                for i in 0..m {
-                    wv[i] = (0..m).map(|l| fu[l] * sk.mhat[l * m + i]).sum();
+                wv.fill(0.0);
+                for l in 0..m {
+                    let f = fu[l];
+                    wv.iter_mut().zip(&sk.mhat[l * m..][..m]).for_each(|(a, &b)| *a += f * b);
                 }
                 let base = umax - sk.gamma;
                 // Extend N, D (and the far max of cm) to the row's far range.
@@ -753,7 +761,24 @@ fn build<'a, F: Float>(
         plan.inv.len(),
         sh.n_heads
     );
-    Ctx { cfg, plan, sh: *sh, t_len, q: widen(q), k: widen(k), v: widen(v), qt, kt, d_o: Vec::new(), direct: false }
+    Ctx { cfg, plan, sh: *sh, t_len, q: widen(q), k: widen(k), v: widen(v), qt, kt, d_o: Vec::new(), direct: false, t_start: 0 }
+}
+
+/// Rows [0, end) are plain exact causal attention over keys [0, end) (the prompt; every row
+/// when no window applies) and go to the attention op; the direct (reference) path does them
+/// itself.
+fn prompt_end(plan: &NystromPlan, sh: &NyShape, t_len: usize, direct: bool) -> usize {
+    if direct {
+        0
+    } else if plan.windowed {
+        sh.tp
+    } else {
+        t_len
+    }
+}
+
+fn attn_shape(sh: &NyShape) -> AttnShape {
+    AttnShape { n_heads: sh.n_heads, n_kv_heads: sh.n_kv_heads, head_dim: sh.head_dim, scale: sh.scale, window: None }
 }
 
 /// Forward: q [T, nh, hd], k, v [T, nkv, hd] -> o [T, nh, hd] (written), dropped [T, nh]
@@ -791,12 +816,20 @@ fn forward_impl<F: Float>(
     assert!(o.len() == q.len() && dropped.len() == t_len * nh, "nystrom_forward: o must be [T, nh, hd], dropped [T, nh]");
     let mut cx = build(cfg, plan, sh, q, k, v, t_len);
     cx.direct = direct;
+    cx.t_start = prompt_end(plan, sh, t_len, direct);
+    // Exact rows first, by the attention op (blocked matrix products, in F).
+    let (pe, (nkv, nq)) = (cx.t_start, (sh.n_kv_heads * hd, nh * hd));
+    if pe > 0 {
+        let mut lse = vec![0.0; pe * nh];
+        attention_forward(&attn_shape(sh), &q[..pe * nq], &k[..pe * nkv], &v[..pe * nkv], &mut o[..pe * nq], &mut lse);
+        dropped[..pe * nh].fill(false);
+    }
     let row = head_row(t_len, hd, plan.m, false);
     let mut buf = vec![0.0; nh * row];
     pool().for_rows_mut_dynamic(&mut buf, row, 1, |h, out| cx.head(h, out, false));
     for h in 0..nh {
         let (oh, dh) = buf[h * row..][..row].split_at(t_len * hd);
-        for t in 0..t_len {
+        for t in pe..t_len {
             o[(t * nh + h) * hd..][..hd].iter_mut().zip(&oh[t * hd..][..hd]).for_each(|(a, &b)| *a = F::from_f64(b));
             dropped[t * nh + h] = dh[t] != 0.0;
         }
@@ -843,6 +876,17 @@ fn backward_impl<F: Float>(
     let mut cx = build(cfg, plan, sh, q, k, v, t_len);
     cx.d_o = widen(d_o);
     cx.direct = direct;
+    cx.t_start = prompt_end(plan, sh, t_len, direct);
+    // Exact rows: the attention op's backward (its forward recomputed for o and lse).
+    let (pe, (nkv_hd, nq)) = (cx.t_start, (nkv * hd, nh * hd));
+    if pe > 0 {
+        let ash = attn_shape(sh);
+        let (qp, kp, vp) = (&q[..pe * nq], &k[..pe * nkv_hd], &v[..pe * nkv_hd]);
+        let (mut op, mut lse) = (vec![F::ZERO; pe * nq], vec![0.0; pe * nh]);
+        attention_forward(&ash, qp, kp, vp, &mut op, &mut lse);
+        let (dqp, dkp, dvp) = (&mut dq[..pe * nq], &mut dk[..pe * nkv_hd], &mut dv[..pe * nkv_hd]);
+        attention_backward(&ash, qp, kp, vp, &op, &lse, &d_o[..pe * nq], dqp, dkp, dvp);
+    }
     let row = head_row(t_len, hd, m, true);
     let mut buf = vec![0.0; nh * row];
     pool().for_rows_mut_dynamic(&mut buf, row, 1, |h, out| cx.head(h, out, true));

@@ -222,17 +222,64 @@ fn qkv_check(
     vec![a, b, c]
 }
 
+/// Plain exact causal attention in f64 (the definition, no blocking), [T, nh, hd].
+#[allow(clippy::too_many_arguments)]
+fn naive_attention(
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    nh: usize,
+    nkv: usize,
+    hd: usize,
+    scale: f64,
+    window: Option<usize>,
+) -> Vec<f64> {
+    let t_len = q.len() / (nh * hd);
+    let mut o = vec![0.0; q.len()];
+    for t in 0..t_len {
+        let lo = window.map_or(0, |w| (t + 1).saturating_sub(w));
+        for h in 0..nh {
+            let g = h / (nh / nkv);
+            let s: Vec<f64> = (lo..=t)
+                .map(|j| (0..hd).map(|c| q[(t * nh + h) * hd + c] * k[(j * nkv + g) * hd + c]).sum::<f64>() * scale)
+                .collect();
+            let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let z: f64 = s.iter().map(|x| (x - mx).exp()).sum();
+            for (n, j) in (lo..=t).enumerate() {
+                for c in 0..hd {
+                    o[(t * nh + h) * hd + c] += (s[n] - mx).exp() / z * v[(j * nkv + g) * hd + c];
+                }
+            }
+        }
+    }
+    o
+}
+
 #[test]
 fn gradcheck_attention() {
-    let (t, nh, nkv, hd) = (9, 4, 2, 5);
     let mut reps = Vec::new();
-    for (window, name) in [(None, "attention causal gqa"), (Some(3), "attention window 3 gqa")] {
+    // Short (one block of query rows) and long (three blocks of 64, windows crossing blocks).
+    for (t, nh, nkv, hd, window, name) in [
+        (9, 4, 2, 5, None, "attention causal gqa"),
+        (9, 4, 2, 5, Some(3), "attention window 3 gqa"),
+        (150, 2, 1, 3, None, "attention T=150 (3 blocks)"),
+        (150, 2, 1, 3, Some(50), "attention T=150 window 50"),
+    ] {
         let sh = AttnShape { n_heads: nh, n_kv_heads: nkv, head_dim: hd, scale: 1.0 / (hd as f64).sqrt(), window };
         let mut rng = Rng(7);
         let (mut q, mut k, mut v) = (rng.vec(t * nh * hd, 1.0), rng.vec(t * nkv * hd, 1.0), rng.vec(t * nkv * hd, 1.0));
         let r = rng.vec(t * nh * hd, 1.0);
         let (mut o, mut lse) = (vec![0.0; q.len()], vec![0.0; t * nh]);
         attention_forward(&sh, &q, &k, &v, &mut o, &mut lse);
+        let naive = naive_attention(&q, &k, &v, nh, nkv, hd, sh.scale, window);
+        let diff = o
+            .iter()
+            .zip(&naive)
+            .map(|(a, b)| (a - b).abs())
+            .enumerate()
+            .fold((0, 0.0), |m, (i, d)| if d > m.1 { (i, d) } else { m });
+        println!("{name}: forward vs the naive definition max |diff| {:.3e} at {}", diff.1, diff.0);
+        assert!(diff.1 < 1e-13, "{name}: forward differs from the naive definition by {:.3e} at {}", diff.1, diff.0);
         let (mut dq, mut dk, mut dv) = (grad_buf(q.len()), grad_buf(k.len()), grad_buf(v.len()));
         attention_backward(&sh, &q, &k, &v, &o, &lse, &r, &mut dq, &mut dk, &mut dv);
         reps.extend(qkv_check(name, &mut q, &mut k, &mut v, (&dq, &dk, &dv), |q, k, v| {
