@@ -1,11 +1,12 @@
 //! Throughput of the f32 training ops at SmolLM2-135M-like shapes (d 576, ff 1536, 9/3 heads of
 //! 64): GFLOP/s of the linear forward and its two gradients, and the time of the attention and
-//! Nyström forward + backward over one window.
+//! Nyström forward + backward over one window, and the gated delta rule's.
 //! Run: `cargo run --release -p cortiq-train --example train_ops_bench [T]`.
 
 use std::time::Instant;
 
 use cortiq_train::attention::{AttnShape, attention_backward, attention_forward};
+use cortiq_train::delta::{DeltaCheckpoints, DeltaGrads, DeltaShape, delta_backward, delta_forward};
 use cortiq_train::gradcheck::Rng;
 use cortiq_train::matmul::{linear_backward, linear_forward};
 use cortiq_train::nystrom::{DEFAULT_RIDGE, Far, NyShape, O1Config, nystrom_backward, nystrom_forward, nystrom_plan};
@@ -60,6 +61,23 @@ fn main() {
         let fa = time(3, || attention_forward(&sh, &q, &k, &v, &mut o, &mut lse));
         let ba = time(3, || attention_backward(&sh, &q, &k, &v, &o, &lse, &d_o, &mut dq, &mut dk, &mut dv));
         println!("attention T={t} 9/3x64: fwd {:.1} ms, bwd {:.1} ms", fa * 1e3, ba * 1e3);
+    }
+    if run("delta") {
+        // Qwen3-Next-like gated delta heads: 8 of 128 x 128.
+        let ds = DeltaShape { n_heads: 8, dk: 128, dv: 128 };
+        let n = t * 8 * 128;
+        let (dq_, dk_, dv_, dout) = (f32v(&mut r, n, 0.01), f32v(&mut r, n, 0.08), f32v(&mut r, n, 1.0), f32v(&mut r, n, 1.0));
+        let g: Vec<f32> = (0..t * 8).map(|i| -0.05 - 0.001 * (i % 7) as f32).collect();
+        let beta = vec![0.5f32; t * 8];
+        let (mut o, mut ck) = (vec![0f32; n], DeltaCheckpoints::default());
+        let fd = time(2, || delta_forward(&ds, &dq_, &dk_, &dv_, &g, &beta, &mut o, &mut ck));
+        let (mut gq, mut gk, mut gv, mut gg, mut gb) =
+            (vec![0f32; n], vec![0f32; n], vec![0f32; n], vec![0f32; t * 8], vec![0f32; t * 8]);
+        let bd = time(2, || {
+            let grads = DeltaGrads { dq: &mut gq, dk: &mut gk, dv: &mut gv, dg: &mut gg, dbeta: &mut gb };
+            delta_backward(&ds, &dq_, &dk_, &dv_, &g, &beta, &ck, &dout, grads)
+        });
+        println!("gated delta T={t} 8x128x128: fwd {:.1} ms, bwd {:.1} ms", fd * 1e3, bd * 1e3);
     }
     if !run("nystrom") {
         return;

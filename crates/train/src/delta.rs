@@ -10,7 +10,7 @@
 //!
 //! Accumulation contract: param grads +=, activations =.
 
-use crate::float::{Float, dot};
+use crate::float::{Float, dot, wide};
 use crate::par::pool;
 
 /// Steps between stored states.
@@ -82,23 +82,25 @@ pub fn delta_forward<F: Float>(
     let row = t_len * dv + n_ck * dk * dv; // per head: o [T, dv] | states [n_ck, dk, dv]
     let mut buf = vec![F::ZERO; nh * row];
     pool().for_rows_mut_dynamic(&mut buf, row, 1, |h, out| {
-        let (oh, st) = out.split_at_mut(t_len * dv);
-        let mut s = vec![F::ZERO; dk * dv]; // [dk, dv]
-        let (mut ks, mut delta) = (vec![F::ZERO; dv], vec![F::ZERO; dv]);
-        for t in 0..t_len {
-            if t % CHECKPOINT == 0 {
-                st[t / CHECKPOINT * dk * dv..][..dk * dv].copy_from_slice(&s);
+        wide(|| {
+            let (oh, st) = out.split_at_mut(t_len * dv);
+            let mut s = vec![F::ZERO; dk * dv]; // [dk, dv]
+            let (mut ks, mut delta) = (vec![F::ZERO; dv], vec![F::ZERO; dv]);
+            for t in 0..t_len {
+                if t % CHECKPOINT == 0 {
+                    st[t / CHECKPOINT * dk * dv..][..dk * dv].copy_from_slice(&s);
+                }
+                let (kt, vt) = (&k[(t * nh + h) * dk..][..dk], &v[(t * nh + h) * dv..][..dv]);
+                step(&mut s, kt, vt, g[t * nh + h].exp(), beta[t * nh + h], dk, dv, &mut ks, &mut delta);
+                let qt = &q[(t * nh + h) * dk..][..dk];
+                let ot = &mut oh[t * dv..][..dv];
+                ot.fill(F::ZERO);
+                for r in 0..dk {
+                    let qr = qt[r];
+                    ot.iter_mut().zip(&s[r * dv..][..dv]).for_each(|(a, &b)| *a += qr * b); // o = Sᵀq
+                }
             }
-            let (kt, vt) = (&k[(t * nh + h) * dk..][..dk], &v[(t * nh + h) * dv..][..dv]);
-            step(&mut s, kt, vt, g[t * nh + h].exp(), beta[t * nh + h], dk, dv, &mut ks, &mut delta);
-            let qt = &q[(t * nh + h) * dk..][..dk];
-            let ot = &mut oh[t * dv..][..dv];
-            ot.fill(F::ZERO);
-            for r in 0..dk {
-                let qr = qt[r];
-                ot.iter_mut().zip(&s[r * dv..][..dv]).for_each(|(a, &b)| *a += qr * b); // o = Sᵀq
-            }
-        }
+        })
     });
     ck.states.clear();
     ck.states.resize(nh * n_ck * dk * dv, F::ZERO);
@@ -155,67 +157,70 @@ pub fn delta_backward<F: Float>(
     let row = t_len * (2 * dk + dv + 2);
     let mut buf = vec![F::ZERO; nh * row];
     pool().for_rows_mut_dynamic(&mut buf, row, 1, |h, out| {
-        let (bq, rest) = out.split_at_mut(t_len * dk);
-        let (bk, rest) = rest.split_at_mut(t_len * dk);
-        let (bv, rest) = rest.split_at_mut(t_len * dv);
-        let (bg, bb) = rest.split_at_mut(t_len);
-        let mut ds = vec![F::ZERO; dk * dv]; // dS [dk, dv]
-        let mut prev = vec![F::ZERO; CHECKPOINT * dk * dv]; // S_{t−1} of the span's steps
-        let mut s = vec![F::ZERO; dk * dv];
-        let (mut ks, mut delta, mut dks, mut dd) = (vec![F::ZERO; dv], vec![F::ZERO; dv], vec![F::ZERO; dv], vec![F::ZERO; dv]);
-        for c in (0..n_ck).rev() {
-            let (t0, t1) = (c * CHECKPOINT, ((c + 1) * CHECKPOINT).min(t_len));
-            s.copy_from_slice(&ck.states[(h * n_ck + c) * dk * dv..][..dk * dv]);
-            for t in t0..t1 {
-                prev[(t - t0) * dk * dv..][..dk * dv].copy_from_slice(&s);
-                let (kt, vt) = (&k[(t * nh + h) * dk..][..dk], &v[(t * nh + h) * dv..][..dv]);
-                step(&mut s, kt, vt, g[t * nh + h].exp(), beta[t * nh + h], dk, dv, &mut ks, &mut delta);
+        wide(|| {
+            let (bq, rest) = out.split_at_mut(t_len * dk);
+            let (bk, rest) = rest.split_at_mut(t_len * dk);
+            let (bv, rest) = rest.split_at_mut(t_len * dv);
+            let (bg, bb) = rest.split_at_mut(t_len);
+            let mut ds = vec![F::ZERO; dk * dv]; // dS [dk, dv]
+            let mut prev = vec![F::ZERO; CHECKPOINT * dk * dv]; // S_{t−1} of the span's steps
+            let mut s = vec![F::ZERO; dk * dv];
+            let (mut ks, mut delta, mut dks, mut dd) =
+                (vec![F::ZERO; dv], vec![F::ZERO; dv], vec![F::ZERO; dv], vec![F::ZERO; dv]);
+            for c in (0..n_ck).rev() {
+                let (t0, t1) = (c * CHECKPOINT, ((c + 1) * CHECKPOINT).min(t_len));
+                s.copy_from_slice(&ck.states[(h * n_ck + c) * dk * dv..][..dk * dv]);
+                for t in t0..t1 {
+                    prev[(t - t0) * dk * dv..][..dk * dv].copy_from_slice(&s);
+                    let (kt, vt) = (&k[(t * nh + h) * dk..][..dk], &v[(t * nh + h) * dv..][..dv]);
+                    step(&mut s, kt, vt, g[t * nh + h].exp(), beta[t * nh + h], dk, dv, &mut ks, &mut delta);
+                }
+                for t in (t0..t1).rev() {
+                    let i = t * nh + h;
+                    let (qt, kt, vt, dot_) = (&q[i * dk..][..dk], &k[i * dk..][..dk], &v[i * dv..][..dv], &d_o[i * dv..][..dv]);
+                    let eg = g[i].exp();
+                    // Rebuild S' (in `s`), kS, δ from S_{t−1}; S_t = S' + k⊗δ.
+                    s.copy_from_slice(&prev[(t - t0) * dk * dv..][..dk * dv]);
+                    s.iter_mut().for_each(|x| *x *= eg);
+                    ks.fill(F::ZERO);
+                    for r in 0..dk {
+                        ks.iter_mut().zip(&s[r * dv..][..dv]).for_each(|(a, &b)| *a += kt[r] * b);
+                    }
+                    for cc in 0..dv {
+                        delta[cc] = beta[i] * (vt[cc] - ks[cc]);
+                    }
+                    // fwd: o = S_tᵀq  =>  dS += q⊗do; dq += S_t·do   (S_t row r = S'_r + k_r·δ)
+                    for r in 0..dk {
+                        let sr = &s[r * dv..][..dv];
+                        bq[t * dk + r] += dot(sr, dot_) + kt[r] * dot(&delta, dot_);
+                        ds[r * dv..][..dv].iter_mut().zip(dot_).for_each(|(a, &b)| *a += qt[r] * b);
+                    }
+                    // fwd: S_t = S' + k⊗δ  =>  dk += dS·δ; dδ = dSᵀk
+                    dd.fill(F::ZERO);
+                    for r in 0..dk {
+                        let dsr = &ds[r * dv..][..dv];
+                        bk[t * dk + r] += dot(dsr, &delta);
+                        dd.iter_mut().zip(dsr).for_each(|(a, &b)| *a += kt[r] * b);
+                    }
+                    // fwd: δ = β(v − kS)  =>  dβ += dδ·(v − kS); dv += β·dδ; d(kS) = −β·dδ
+                    let mut db = F::ZERO;
+                    for cc in 0..dv {
+                        db += dd[cc] * (vt[cc] - ks[cc]);
+                        bv[t * dv + cc] += beta[i] * dd[cc];
+                        dks[cc] = -beta[i] * dd[cc];
+                    }
+                    bb[t] += db;
+                    // fwd: kS = S'ᵀk  =>  dS' += k⊗d(kS); dk += S'·d(kS)
+                    for r in 0..dk {
+                        bk[t * dk + r] += dot(&s[r * dv..][..dv], &dks);
+                        ds[r * dv..][..dv].iter_mut().zip(&dks).for_each(|(a, &b)| *a += kt[r] * b);
+                    }
+                    // fwd: S' = e^g·S_{t−1}  =>  dg += ⟨dS', S'⟩; dS_{t−1} = e^g·dS'
+                    bg[t] += dot(&ds, &s);
+                    ds.iter_mut().for_each(|x| *x *= eg);
+                }
             }
-            for t in (t0..t1).rev() {
-                let i = t * nh + h;
-                let (qt, kt, vt, dot_) = (&q[i * dk..][..dk], &k[i * dk..][..dk], &v[i * dv..][..dv], &d_o[i * dv..][..dv]);
-                let eg = g[i].exp();
-                // Rebuild S' (in `s`), kS, δ from S_{t−1}; S_t = S' + k⊗δ.
-                s.copy_from_slice(&prev[(t - t0) * dk * dv..][..dk * dv]);
-                s.iter_mut().for_each(|x| *x *= eg);
-                ks.fill(F::ZERO);
-                for r in 0..dk {
-                    ks.iter_mut().zip(&s[r * dv..][..dv]).for_each(|(a, &b)| *a += kt[r] * b);
-                }
-                for cc in 0..dv {
-                    delta[cc] = beta[i] * (vt[cc] - ks[cc]);
-                }
-                // fwd: o = S_tᵀq  =>  dS += q⊗do; dq += S_t·do   (S_t row r = S'_r + k_r·δ)
-                for r in 0..dk {
-                    let sr = &s[r * dv..][..dv];
-                    bq[t * dk + r] += dot(sr, dot_) + kt[r] * dot(&delta, dot_);
-                    ds[r * dv..][..dv].iter_mut().zip(dot_).for_each(|(a, &b)| *a += qt[r] * b);
-                }
-                // fwd: S_t = S' + k⊗δ  =>  dk += dS·δ; dδ = dSᵀk
-                dd.fill(F::ZERO);
-                for r in 0..dk {
-                    let dsr = &ds[r * dv..][..dv];
-                    bk[t * dk + r] += dot(dsr, &delta);
-                    dd.iter_mut().zip(dsr).for_each(|(a, &b)| *a += kt[r] * b);
-                }
-                // fwd: δ = β(v − kS)  =>  dβ += dδ·(v − kS); dv += β·dδ; d(kS) = −β·dδ
-                let mut db = F::ZERO;
-                for cc in 0..dv {
-                    db += dd[cc] * (vt[cc] - ks[cc]);
-                    bv[t * dv + cc] += beta[i] * dd[cc];
-                    dks[cc] = -beta[i] * dd[cc];
-                }
-                bb[t] += db;
-                // fwd: kS = S'ᵀk  =>  dS' += k⊗d(kS); dk += S'·d(kS)
-                for r in 0..dk {
-                    bk[t * dk + r] += dot(&s[r * dv..][..dv], &dks);
-                    ds[r * dv..][..dv].iter_mut().zip(&dks).for_each(|(a, &b)| *a += kt[r] * b);
-                }
-                // fwd: S' = e^g·S_{t−1}  =>  dg += ⟨dS', S'⟩; dS_{t−1} = e^g·dS'
-                bg[t] += dot(&ds, &s);
-                ds.iter_mut().for_each(|x| *x *= eg);
-            }
-        }
+        })
     });
     for h in 0..nh {
         let b = &buf[h * row..][..row];
