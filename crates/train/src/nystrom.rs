@@ -968,6 +968,24 @@ mod tests {
         }
     }
 
+    /// Bad settings are typed errors naming the flag; a seal never panics on them.
+    #[test]
+    fn bad_settings_are_typed_errors() {
+        let c = |window, sinks, landmarks, ridge| O1Config { window, sinks, landmarks, ridge, far: Far::Skeleton };
+        let e = |cfg: O1Config| cfg.validate().unwrap_err().to_string();
+        assert!(e(c(0, 0, 8, 1e-6)).contains("--o1-window"));
+        assert!(e(c(4, 5, 8, 1e-6)).contains("--o1-sinks"));
+        assert!(e(c(4, 1, 3, 1e-6)).contains("--o1-landmarks"));
+        assert!(e(c(4, 1, MAX_LANDMARKS + 1, 1e-6)).contains("--o1-landmarks"));
+        assert!(e(c(4, 1, 8, 0.0)).contains("--o1-ridge"));
+        assert!(e(c(4, 1, 8, f64::NAN)).contains("--o1-ridge"));
+        let sh = NyShape { n_heads: 2, n_kv_heads: 1, head_dim: 4, scale: 0.5, tp: 30 };
+        let x = vec![0.0f64; 40 * 2 * 4];
+        assert_eq!(nystrom_plan(&c(0, 0, 8, 1e-6), &sh, &x, &x[..40 * 4]).unwrap_err(), NystromError::ZeroWindow);
+        // All-zero keys: Au is all ones (rank 1) and the ridge keeps the system definite.
+        assert!(nystrom_plan(&c(4, 1, 8, 1e-6), &sh, &x, &x[..40 * 4]).unwrap().skeleton);
+    }
+
     /// The AVX-512 compilation of a head against the baseline one: bit-identical.
     #[test]
     #[cfg(target_arch = "x86_64")]
