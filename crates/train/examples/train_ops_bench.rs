@@ -46,6 +46,18 @@ fn main() {
             flops / bw / 1e9
         );
     }
+    if run("lmhead") {
+        // SmolLM2's tied head: V = 49152, d = 576.
+        let (vocab, d) = (49152, 576);
+        let (hh, w, tch) = (f32v(&mut r, t * d, 1.0), f32v(&mut r, vocab * d, 0.05), f32v(&mut r, t * vocab, 2.0));
+        let tg: Vec<u32> = (0..t as u32).map(|i| i * 7919 % vocab as u32).collect();
+        let mut dh = vec![0f32; t * d];
+        let dt = time(1, || {
+            cortiq_train::loss::lm_head_distill(&hh, &w, &tch, &tg, vocab, d, 0.5, Some(&mut dh));
+        });
+        let gf = 4.0 * (t * vocab * d) as f64 / 1e9;
+        println!("lm head + loss T={t} V={vocab} d={d}: {:.0} ms ({gf:.0} GFLOP of matmuls)", dt * 1e3);
+    }
     let (nh, nkv, hd) = (9, 3, 64);
     let scale = 1.0 / (hd as f64).sqrt();
     let (q, k, v, d_o) = (

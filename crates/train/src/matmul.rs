@@ -91,6 +91,8 @@ pub fn gemm_acc_dytx_generic<F: Float>(dy: &[F], x: &[F], dw: &mut [F], n_t: usi
 /// Token tile of the f32 paths: 64 rows of x (64·k·4 bytes, ~150 KB at k = 576) stay in L2
 /// while every weight row streams past once per tile.
 const TILE: usize = 64;
+/// Reduction block of `gemm_acc_dyw_f32` (weight rows per pass).
+const OBLOCK: usize = 256;
 
 pub fn gemm_xwt_f32(x: &[f32], w: &[f32], y: &mut [f32], n_t: usize, n_o: usize, k: usize) {
     debug_assert_eq!(y.len(), n_t * n_o);
@@ -114,11 +116,21 @@ pub fn gemm_acc_dyw_f32(dy: &[f32], w: &[f32], dx: &mut [f32], n_t: usize, n_o: 
     pool().for_rows_mut(dx, k, 4, |t0, dxs| {
         let rows = dxs.len() / k;
         let mut tmp = vec![0f32; rows.min(TILE) * k];
+        let mut xb = vec![0f32; rows.min(TILE) * OBLOCK];
         for r0 in (0..rows).step_by(TILE) {
             let nr = (rows - r0).min(TILE);
-            // tmp [nr, k] = dy[t0+r0 .., :] [nr, n_o] · w [n_o, k]
-            gemm_nn(&dy[(t0 + r0) * n_o..][..nr * n_o], nr, w, k, n_o, k, &mut tmp[..nr * k], k);
-            dxs[r0 * k..][..nr * k].iter_mut().zip(&tmp[..nr * k]).for_each(|(a, b)| *a += b);
+            // The reduction (n_o, up to a 262k vocabulary in the LM head) in blocks of OBLOCK
+            // weight rows: the kernel streams a 32-column strip of W per 4 tokens, which must
+            // stay in cache (a whole-vocabulary strip is 6 MB; a block's is 32 KB).
+            for o0 in (0..n_o).step_by(OBLOCK) {
+                let nb = (n_o - o0).min(OBLOCK);
+                for r in 0..nr {
+                    xb[r * nb..][..nb].copy_from_slice(&dy[(t0 + r0 + r) * n_o + o0..][..nb]);
+                }
+                // tmp [nr, k] = dy[rows, o0..o0+nb] · w[o0..o0+nb, :]
+                gemm_nn(&xb[..nr * nb], nr, &w[o0 * k..], k, nb, k, &mut tmp[..nr * k], k);
+                dxs[r0 * k..][..nr * k].iter_mut().zip(&tmp[..nr * k]).for_each(|(a, b)| *a += b);
+            }
         }
     });
 }

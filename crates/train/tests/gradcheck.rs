@@ -441,3 +441,31 @@ fn gradcheck_distill_loss() {
     assert!(out.kl.abs() < 1e-12, "KL of identical distributions is {}", out.kl);
     assert_all(&reps);
 }
+
+/// The fused, chunked LM head + loss: gradient w.r.t. h by finite differences, and equal to the
+/// unfused ops (linear, loss, linear backward) over several chunks.
+#[test]
+fn gradcheck_lm_head_distill() {
+    use cortiq_train::loss::lm_head_distill_chunked;
+    let (t, d, vocab, lambda, chunk) = (29, 6, 17, 0.35, 8); // four chunks, the last ragged
+    let mut rng = Rng(12);
+    let (mut h, w, tch) = (rng.vec(t * d, 1.0), rng.vec(vocab * d, 0.7), rng.vec(t * vocab, 2.0));
+    let targets: Vec<u32> = (0..t).map(|i| (i * 5 % vocab) as u32).collect();
+    let mut dh = grad_buf(t * d);
+    let fused = lm_head_distill_chunked(&h, &w, &tch, &targets, vocab, d, lambda, Some(&mut dh), chunk);
+    // Unfused.
+    let mut z = vec![0.0; t * vocab];
+    linear_forward(&h, &w, &mut z, t, d, vocab);
+    let plain = distill_loss_forward(&z, &tch, &targets, vocab, lambda);
+    let mut dz = vec![0.0; t * vocab];
+    distill_loss_backward(&z, &tch, &targets, vocab, lambda, 1.0, &mut dz);
+    let mut dh2 = vec![0.0; t * d];
+    linear_backward(&dz, &h, &w, Some(&mut dh2), None, t, d, vocab);
+    let dd = unpre(&dh).iter().zip(&dh2).fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
+    println!("lm head fused vs unfused: loss {:.15} vs {:.15}, dh max |diff| {dd:.3e}", fused.loss, plain.loss);
+    assert!((fused.loss - plain.loss).abs() < 1e-13 && dd < 1e-13, "fused LM head + loss differs from the unfused ops");
+    let rep = check("lm head + loss (fused)", "h", &mut h, &unpre(&dh), EPS, |h| {
+        lm_head_distill_chunked(h, &w, &tch, &targets, vocab, d, lambda, None, chunk).loss
+    });
+    assert_all(&[rep]);
+}
