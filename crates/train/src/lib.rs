@@ -7,9 +7,19 @@
 //! inputs and parameters, so a tensor read by several ops (a residual stream, a kv head shared
 //! by a query-head group) gets the sum without extra buffers. Callers zero gradients once per
 //! step. Layout: row-major, tokens outermost (`[T, n_heads, head_dim]`), as the engine.
+//!
+//! Ops: [`matmul`] (linear), [`act`] (SiLU, GELU-tanh, gated FFN), [`norm`] (RMSNorm, both gain
+//! styles), [`rope`], [`landmark`] (segment means), [`attention`] (exact causal, GQA, sliding),
+//! [`nystrom`] (the O(1) operator, M frozen), [`delta`] (gated delta rule, BPTT), [`loss`]
+//! (CE + KL, and the fused chunked LM head); [`block`] assembles a decoder layer from them;
+//! [`optim`] is AdamW with warmup + cosine and clipping; [`gradcheck`] the f64 finite-difference
+//! harness. Tests: `cargo test --release -p cortiq-train` (tests/gradcheck.rs per op,
+//! tests/block.rs per layer kind, tests/tiny_model.rs for a whole student, tests/f32_paths.rs
+//! for the f32 instantiation); `examples/train_ops_bench.rs` times the f32 paths.
 
 pub mod act;
 pub mod attention;
+pub mod block;
 pub mod delta;
 pub mod float;
 pub mod gradcheck;
