@@ -67,7 +67,7 @@ fn transpose<F: Float>(a: &[F], rows: usize, cols: usize, out: &mut [F]) {
 }
 
 /// Forward: q [T, nh, hd], k, v [T, nkv, hd] -> o [T, nh, hd] (written), lse [T, nh] (written).
-/// fwd: p[t,j] = exp(q_t·k_j·s − lse_t), o_t = Σ_j p[t,j]·v_j
+/// fwd: p\[t,j\] = exp(q_t·k_j·s − lse_t), o_t = Σ_j p\[t,j\]·v_j
 pub fn attention_forward<F: Float>(sh: &AttnShape, q: &[F], k: &[F], v: &[F], o: &mut [F], lse: &mut [f64]) {
     let t_len = sh.check("attention_forward", q, k, v);
     let (nh, nkv, hd) = (sh.n_heads, sh.n_kv_heads, sh.head_dim);

@@ -21,7 +21,7 @@ fn check<F>(op: &str, x: &[F], means: &[F], tp: usize, m: usize, n: usize, hd: u
 }
 
 /// x [T, n, hd] (rows past tp ignored) -> means [n, m, hd] (head-major, written).
-/// fwd: x̃[g,i] = Σ_{p∈seg i} x[p,g] / (hi − lo)
+/// fwd: x̃\[g,i\] = Σ_{p∈seg i} x\[p,g\] / (hi − lo)
 pub fn segment_means_forward<F: Float>(x: &[F], tp: usize, m: usize, n: usize, hd: usize, means: &mut [F]) {
     check("segment_means_forward", x, means, tp, m, n, hd);
     means.fill(F::ZERO);
@@ -41,7 +41,7 @@ pub fn segment_means_forward<F: Float>(x: &[F], tp: usize, m: usize, n: usize, h
 }
 
 /// Scatter-back.
-/// fwd: x̃[g,i] = Σ_{p∈seg i} x[p,g] / (hi − lo)  =>  dx[p,g] += dx̃[g,i] / (hi − lo)
+/// fwd: x̃\[g,i\] = Σ_{p∈seg i} x\[p,g\] / (hi − lo)  =>  dx\[p,g\] += dx̃\[g,i\] / (hi − lo)
 pub fn segment_means_backward<F: Float>(dmeans: &[F], tp: usize, m: usize, n: usize, hd: usize, dx: &mut [F]) {
     check("segment_means_backward", dx, dmeans, tp, m, n, hd);
     for i in 0..m {

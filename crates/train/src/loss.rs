@@ -54,7 +54,7 @@ pub fn distill_loss_forward<F: Float>(student: &[F], teacher: &[F], targets: &[u
 }
 
 /// Backward, scaled by `dloss` (1 for the loss itself).
-/// fwd: L as above  =>  dz[t,v] += dloss/N·[(1−λ)·(p_S − onehot(y_t)) + λ·(p_S − p_T)]
+/// fwd: L as above  =>  dz\[t,v\] += dloss/N·[(1−λ)·(p_S − onehot(y_t)) + λ·(p_S − p_T)]
 pub fn distill_loss_backward<F: Float>(
     student: &[F],
     teacher: &[F],

@@ -12,14 +12,14 @@
 //! * Rows t < tp (the prompt) are exact causal attention.
 //! * Landmarks: m = clamp(tp/8, 4, landmarks) segments [i·tp/m, (i+1)·tp/m) of the prompt;
 //!   q̃_i, k̃_i = segment means of the prompt's (post-RoPE) queries of head h / keys of head g.
-//!   Au[i,l] = exp(q̃_i·k̃_l·s); M = (AuᵀAu + λI)⁻¹Auᵀ, λ = ridge·tr(AuᵀAu)/m, in f64 by
+//!   Au\[i,l\] = exp(q̃_i·k̃_l·s); M = (AuᵀAu + λI)⁻¹Auᵀ, λ = ridge·tr(AuᵀAu)/m, in f64 by
 //!   Cholesky, stored scaled (M = e^{−γ}·M̂, γ = max q̃·k̃·s, so nothing overflows). M is part of
 //!   the [`NystromPlan`], built once per forward and **constant** in the backward (the landmark
 //!   means are not: gradients flow through q̃, k̃ into the prompt's q and k).
 //! * A prompt with tp ≤ window + sinks + 8 has no skeleton: every row is exact.
 //! * Row t ≥ tp: near keys (t − j < window, or j < sinks) weigh exp(q_t·k_j·s − c); far keys
-//!   (the other j ≤ t) weigh a[t,j] = e^{−c}·Σ_i w_i·e[i,j], w = fu·M, fu_l = exp(q_t·k̃_l·s),
-//!   e[i,j] = exp(q̃_i·k_j·s). Aggregate guard: Σ_far a[t,j] < 0 drops the row's far field
+//!   (the other j ≤ t) weigh a\[t,j\] = e^{−c}·Σ_i w_i·e\[i,j\], w = fu·M, fu_l = exp(q_t·k̃_l·s),
+//!   e\[i,j\] = exp(q̃_i·k_j·s). Aggregate guard: Σ_far a\[t,j\] < 0 drops the row's far field
 //!   entirely, otherwise it is kept raw. o_t = Σ weight·v / max(Σ weight, 1e-30).
 //!   c = max(max near score, u_max − γ + max over far keys seen so far of max_i q̃_i·k_j·s), as
 //!   the engine; o does not depend on c except through the floor, so c is a constant in the
@@ -28,13 +28,13 @@
 //! # Numerics
 //! Everything runs in f64 whatever F is: the far field is a cancelling sum (w has mixed signs,
 //! |w| up to ~1/√λ), which f32 would amplify. Stored factors are max-shifted as in the engine:
-//! E'[i,j] = exp(x_ij − cm_j) with x_ij = q̃_i·k_j·s and cm_j = max_i x_ij; f̂u = exp(u − u_max);
-//! ŵ = f̂u·M̂; a_j = r_j·Σ_i ŵ_i·E'[i,j] with r_j = exp(u_max − γ − c + cm_j) ≤ 1 (computed as
+//! E'\[i,j\] = exp(x_ij − cm_j) with x_ij = q̃_i·k_j·s and cm_j = max_i x_ij; f̂u = exp(u − u_max);
+//! ŵ = f̂u·M̂; a_j = r_j·Σ_i ŵ_i·E'\[i,j\] with r_j = exp(u_max − γ − c + cm_j) ≤ 1 (computed as
 //! a per-row factor times exp(cm_j − max cm) when the spread of cm allows; agrees with the
 //! engine's per-key exp to f64 rounding).
 //!
 //! # Two far-field paths
-//! The direct path forms every a[t,j] (O(T²·m) per head): the reference, kept and tested. The
+//! The direct path forms every a\[t,j\] (O(T²·m) per head): the reference, kept and tested. The
 //! default path (`head_stream`) uses the streaming form's accumulators teacher-forced: the far
 //! range of row t is the prefix [sinks, t+1−window), so Σ_far a·v and Σ_far a are prefix sums
 //! over keys of E''·v and E'' contracted with ŵ_t, O(m·(m + hd)) per row, and the backward is the
@@ -48,9 +48,9 @@
 //! near: fwd: x_j = exp(q_t·k_j·s − c)  =>  ds = x_j·dx_j; dq_t += s·ds·k_j; dk_j += s·ds·q_t
 //! far (kept row only; a dropped row contributes no far gradient):
 //!   fwd: a_j = r_j Σ_i ŵ_i E'_ij  =>  dŵ_i += Σ_j dx_j·r_j·E'_ij;
-//!        ∂a_j/∂x_ij = r_j ŵ_i E'_ij, so G[i,j] += ŵ_i·dx_j·r_j and, after all rows,
+//!        ∂a_j/∂x_ij = r_j ŵ_i E'_ij, so G\[i,j\] += ŵ_i·dx_j·r_j and, after all rows,
 //!        P = G ⊙ E': dq̃_i += s·Σ_j P_ij·k_j; dk_j += s·Σ_i P_ij·q̃_i
-//!   fwd: ŵ_i = Σ_l f̂u_l M̂[l,i], f̂u_l = exp(u_l − u_max)  =>  du_l = f̂u_l·Σ_i M̂[l,i]·dŵ_i;
+//!   fwd: ŵ_i = Σ_l f̂u_l M̂\[l,i\], f̂u_l = exp(u_l − u_max)  =>  du_l = f̂u_l·Σ_i M̂\[l,i\]·dŵ_i;
 //!        dq_t += s·Σ_l du_l·k̃_l;  dk̃_l += s·du_l·q_t
 //!   (u_max cancels between f̂u and r_j, so it is a constant too.)
 //! Finally dq̃, dk̃ scatter back to the prompt's rows (landmark::segment_means_backward).
@@ -160,7 +160,7 @@ impl NyShape {
 }
 
 /// The frozen part of the operator for one window: per query head (γ, M̂ [m, m]) with
-/// M = e^{−γ}·M̂, M̂[l,i] rows over landmark keys l, columns over landmark queries i.
+/// M = e^{−γ}·M̂, M̂\[l,i\] rows over landmark keys l, columns over landmark queries i.
 #[derive(Debug, Clone)]
 pub struct NystromPlan {
     pub m: usize,
@@ -564,7 +564,7 @@ type HeadOut<'a> = (&'a mut [f64], &'a mut [f64], &'a mut [f64], &'a mut [f64], 
 impl Ctx<'_> {
     /// The far field by prefix sums (the streaming form's accumulators, teacher-forced): with
     /// E''_ij = E'_ij·exp(cm_j − μ) = exp(x_ij − μ) and f_t = exp(u_max − γ − c_t + μ),
-    /// a[t,j] = f_t·Σ_i ŵ_ti·E''_ij, so over the row's far keys (a prefix [sn, far_end) that
+    /// a\[t,j\] = f_t·Σ_i ŵ_ti·E''_ij, so over the row's far keys (a prefix [sn, far_end) that
     /// only grows with t)
     ///   Σ_far a·v = f_t·Σ_i ŵ_ti·N_i,  Σ_far a = f_t·Σ_i ŵ_ti·D_i,
     ///   N_i = Σ_{j<far_end} E''_ij·v_j [hd],  D_i = Σ_{j<far_end} E''_ij,
@@ -572,7 +572,7 @@ impl Ctx<'_> {
     /// (y_t = f_t·ŵ_t/den_t per kept row; U_i(j), Wd_i(j) = sums of y_ti·do_t, y_ti·D_t over the
     /// rows whose far range holds j, a suffix of the rows, swept from the last key down):
     ///   fwd: far = f·Σ_i ŵ_i·(N_i, D_i)  =>  dŵ_i = f/den·(do·N_i − D·D_i)
-    ///   fwd: a[t,j] = f_t Σ_i ŵ_ti E''_ij  =>  dv_j += Σ_i E''_ij·U_i(j);
+    ///   fwd: a\[t,j\] = f_t Σ_i ŵ_ti E''_ij  =>  dv_j += Σ_i E''_ij·U_i(j);
     ///        P_ij = E''_ij·(v_j·U_i(j) − Wd_i(j)); dq̃_i += s·P_ij·k_j; dk_j += s·P_ij·q̃_i
     /// Near keys and prompt rows as in the direct path. Agrees with it to f64 rounding (test).
     #[inline(always)]
