@@ -33,7 +33,7 @@ fn check<F>(op: &str, student: &[F], teacher: &[F], targets: &[u32], vocab: usiz
     n
 }
 
-/// Forward: student, teacher logits [N, V], targets [N].
+/// Forward: student, teacher logits `[N, V]`, targets `[N]`.
 /// fwd: L = (1/N)·Σ_t [(1−λ)·(−log p_S[t, y_t]) + λ·Σ_v p_T·(log p_T − log p_S)]
 pub fn distill_loss_forward<F: Float>(student: &[F], teacher: &[F], targets: &[u32], vocab: usize, lambda: f64) -> LossOut {
     let n = check("distill_loss_forward", student, teacher, targets, vocab, lambda);
@@ -135,7 +135,7 @@ thread_local! {
 /// The LM head fused with the distillation loss, chunked over positions so the student's
 /// [T, V] logits and their gradient never exist whole: per chunk, logits = h·Wᵀ, the loss rows
 /// (f64 softmaxes, as [`distill_loss_forward`]), dlogits, and dh += dlogits·W. h: [T, d] (the
-/// final norm's output), w: [V, d] (frozen: no dW), teacher: [T, V], targets: [T].
+/// final norm's output), w: [V, d] (frozen: no dW), teacher: [T, V], targets: `[T]`.
 /// fwd: z = h·Wᵀ, L = mean_t [(1−λ)·CE + λ·KL]
 ///   =>  dz = (1/N)·[(1−λ)(p_S − onehot) + λ(p_S − p_T)];  dh += dz·W
 #[allow(clippy::too_many_arguments)]

@@ -26,7 +26,7 @@ impl NormStyle {
     }
 }
 
-/// Forward over rows: x [rows, d], w [d] -> y [rows, d] (written), rstd [rows] (written,
+/// Forward over rows: x `[rows, d]`, w `[d]` -> y `[rows, d]` (written), rstd `[rows]` (written,
 /// f64: 1/√(mean(x²) + eps), what the backward needs).
 pub fn rmsnorm_forward<F: Float>(style: NormStyle, x: &[F], w: &[F], eps: f64, y: &mut [F], rstd: &mut [f64]) {
     let d = w.len();
