@@ -93,6 +93,8 @@ pub fn gemm_acc_dytx_generic<F: Float>(dy: &[F], x: &[F], dw: &mut [F], n_t: usi
 const TILE: usize = 64;
 /// Reduction block of `gemm_acc_dyw_f32` (weight rows per pass).
 const OBLOCK: usize = 256;
+/// Reduction block of `gemm_acc_dytx_f32` (tokens per pass).
+const TBLOCK: usize = 256;
 
 pub fn gemm_xwt_f32(x: &[f32], w: &[f32], y: &mut [f32], n_t: usize, n_o: usize, k: usize) {
     debug_assert_eq!(y.len(), n_t * n_o);
@@ -139,21 +141,25 @@ pub fn gemm_acc_dytx_f32(dy: &[f32], x: &[f32], dw: &mut [f32], n_t: usize, n_o:
     if k == 0 || n_o == 0 {
         return;
     }
-    // dyᵀ [n_o, n_t]: rows of the left operand must be contiguous along the reduced axis (t).
-    let mut dyt = vec![0f32; n_o * n_t];
-    for t in 0..n_t {
-        for o in 0..n_o {
-            dyt[o * n_t + t] = dy[t * n_o + o];
-        }
-    }
     pool().for_rows_mut(dw, k, 4, |o0, dws| {
         let rows = dws.len() / k;
         let mut tmp = vec![0f32; rows.min(TILE) * k];
+        // dyᵀ of this tile's weight rows over a block of tokens [nr, TBLOCK]: the left operand
+        // must be contiguous along the reduced axis (tokens); gathered per thread, per block.
+        let mut dyt = vec![0f32; rows.min(TILE) * TBLOCK];
         for r0 in (0..rows).step_by(TILE) {
             let nr = (rows - r0).min(TILE);
-            // tmp [nr, k] = dyᵀ[o0+r0 .., :] [nr, n_t] · x [n_t, k]
-            gemm_nn(&dyt[(o0 + r0) * n_t..][..nr * n_t], nr, x, k, n_t, k, &mut tmp[..nr * k], k);
-            dws[r0 * k..][..nr * k].iter_mut().zip(&tmp[..nr * k]).for_each(|(a, b)| *a += b);
+            for t0 in (0..n_t).step_by(TBLOCK) {
+                let nb = (n_t - t0).min(TBLOCK);
+                for (t, dyr) in dy[t0 * n_o..(t0 + nb) * n_o].chunks_exact(n_o).enumerate() {
+                    for r in 0..nr {
+                        dyt[r * nb + t] = dyr[o0 + r0 + r];
+                    }
+                }
+                // tmp [nr, k] = dyᵀ[rows, t0..t0+nb] · x[t0..t0+nb, :]
+                gemm_nn(&dyt[..nr * nb], nr, &x[t0 * k..], k, nb, k, &mut tmp[..nr * k], k);
+                dws[r0 * k..][..nr * k].iter_mut().zip(&tmp[..nr * k]).for_each(|(a, b)| *a += b);
+            }
         }
     });
 }
@@ -174,10 +180,11 @@ mod tests {
             .collect()
     }
 
-    /// The pooled SIMD f32 products against the f64 loops, on shapes with ragged edges.
+    /// The pooled SIMD f32 products against the f64 loops, on shapes with ragged edges and
+    /// (the last) several reduction blocks (OBLOCK, TBLOCK).
     #[test]
     fn f32_products_match_f64_loops() {
-        for &(t, o, k) in &[(1, 1, 1), (5, 7, 3), (67, 33, 19), (130, 70, 80)] {
+        for &(t, o, k) in &[(1, 1, 1), (5, 7, 3), (67, 33, 19), (130, 70, 80), (300, 270, 40)] {
             let (x, w, dy) = (rnd(t * k, 1), rnd(o * k, 2), rnd(t * o, 3));
             let wide = |v: &[f32]| v.iter().map(|&a| a as f64).collect::<Vec<f64>>();
             let (xd, wd, dyd) = (wide(&x), wide(&w), wide(&dy));
