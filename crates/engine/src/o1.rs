@@ -31,8 +31,8 @@ pub struct O1Plan {
 }
 
 impl O1Plan {
-    /// The settings' own checks (each names its CLI flag), and the guard: the streaming form has
-    /// only the aggregate guard.
+    /// The settings' own checks (each names its CLI flag). The guard needs none: the streaming
+    /// form always applies the aggregate guard, `check` chooses the matrix form's.
     pub fn validate(&self) -> Result<(), NystromError> {
         self.settings.validate()
     }
