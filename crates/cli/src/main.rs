@@ -570,6 +570,19 @@ fn cmd_ppl(a: PplArgs) -> Result<()> {
     }
     let b = r.state_bytes;
     eprintln!("state at the end of a chunk: {} bytes (KV {}, O(1) {}, recurrent {})", b.total(), b.kv, b.o1, b.recurrent);
+    if let Some(p) = plan.filter(|p| p.far == Far::Skeleton && p.check.is_none() && b.o1 > 0) {
+        // The StreamingLLM window whose sealed layers hold as many bytes as these O(1) layers:
+        // (W' + S) positions of keys and values per kv head.
+        let cfg = &loaded.model.cfg;
+        let planned = cfg
+            .layers
+            .iter()
+            .filter(|l| l.mixer == cortiq_engine::config::MixerKind::Attention && l.sliding_window.is_none())
+            .count();
+        let per_pos = cfg.n_kv_heads * cfg.head_dim * 2 * 4;
+        let w_eq = (b.o1 / planned.max(1) / per_pos.max(1)).saturating_sub(p.settings.sinks).max(1);
+        eprintln!("equal state bytes: --kv-window {w_eq} --kv-sinks {}", p.settings.sinks);
+    }
     println!("PPL = {:.6} +/- {:.5}", r.ppl, r.stderr);
     prof.finish("ppl");
     Ok(())
