@@ -11,11 +11,14 @@
 //! Ops: [`matmul`] (linear), [`act`] (SiLU, GELU-tanh, gated FFN), [`norm`] (RMSNorm, both gain
 //! styles), [`rope`], [`landmark`] (segment means), [`attention`] (exact causal, GQA, sliding),
 //! [`nystrom`] (the O(1) operator, M frozen), [`delta`] (gated delta rule, BPTT), [`loss`]
-//! (CE + KL, and the fused chunked LM head); [`block`] assembles a decoder layer from them;
+//! (CE + KL, and the fused chunked LM head); [`block`] assembles a decoder layer from them and
+//! [`model`] a student from blocks, stepping with layer checkpointing;
 //! [`optim`] is AdamW with warmup + cosine and clipping; [`gradcheck`] the f64 finite-difference
 //! harness. Tests: `cargo test --release -p cortiq-train` (tests/gradcheck.rs per op,
-//! tests/block.rs per layer kind, tests/tiny_model.rs for a whole student, tests/f32_paths.rs
-//! for the f32 instantiation); `examples/train_ops_bench.rs` times the f32 paths.
+//! tests/block.rs per layer kind, tests/student.rs the checkpointed step, tests/tiny_model.rs a
+//! hand-assembled student with a gated-delta layer, tests/f32_paths.rs the f32 instantiation);
+//! `examples/train_ops_bench.rs` times the f32 paths; `engine_xcheck/` (its own workspace)
+//! compares the Nyström forward with the engine's matrix form.
 
 pub mod act;
 pub mod attention;
@@ -26,6 +29,7 @@ pub mod gradcheck;
 pub mod landmark;
 pub mod loss;
 pub mod matmul;
+pub mod model;
 pub mod norm;
 pub mod nystrom;
 pub mod optim;

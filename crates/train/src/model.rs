@@ -1,0 +1,207 @@
+//! The student as a stack of [`crate::block`] layers between a frozen embedding and the fused
+//! LM head + distillation loss, with layer checkpointing: a step keeps only each layer's input
+//! (`[T, d]` per layer) and its Nyström plan, and recomputes the layer's forward into one scratch
+//! [`BlockActs`] right before its backward. Peak activation memory: L·T·d plus one layer's
+//! activations plus one chunk of logits. Weight loading (engine model -> [`Student`]) and the
+//! optimizer loop are the trainer's.
+//!
+//! ```text
+//! x_0 = embed[tokens]·scale            [T, d]
+//! x_{l+1} = block_l(x_l)                [T, d]   (input x_l kept)
+//! L = lm_head_distill(norm(x_L))        scalar   (dh from the same pass)
+//! backward: dx_L = norm⁻ᵀ(dh); for l = L−1..0: recompute block_l(x_l), dx_l = block_lᵀ(dx_{l+1})
+//! ```
+//! Accumulation contract: param grads +=, activations =.
+
+use crate::block::{BlockActs, BlockConfig, BlockGrads, BlockWeights, block_backward, block_forward};
+use crate::float::Float;
+use crate::loss::{LossOut, lm_head_distill};
+use crate::norm::{NormStyle, rmsnorm_backward, rmsnorm_forward};
+use crate::nystrom::{NystromError, NystromPlan};
+use crate::rope::RopeTable;
+
+/// One layer: its config, tensors, RoPE table (Gemma's local and global layers differ) and
+/// whether its norms and FFN train (the polish trains converted layers only).
+pub struct StudentLayer<'a, F> {
+    pub cfg: BlockConfig,
+    pub w: BlockWeights<'a, F>,
+    pub rope: &'a RopeTable<F>,
+    pub train: bool,
+}
+
+/// The student.
+pub struct Student<'a, F> {
+    /// [V, d], frozen.
+    pub embed: &'a [F],
+    /// Gemma 3 multiplies embeddings by √d (rounded to f32 as the engine does).
+    pub embed_scale: Option<f64>,
+    pub layers: Vec<StudentLayer<'a, F>>,
+    /// `[d]`, trainable.
+    pub final_norm: &'a [F],
+    pub norm_style: NormStyle,
+    pub norm_eps: f64,
+    /// `[V, d]`, frozen (the embedding when tied).
+    pub lm_head: &'a [F],
+    pub vocab: usize,
+    pub d_model: usize,
+}
+
+/// Gradient buffers of one trainable layer (present tensors only).
+#[derive(Debug, Clone, Default)]
+pub struct LayerGrads<F> {
+    pub attn_norm: Vec<F>,
+    pub q_norm: Option<Vec<F>>,
+    pub k_norm: Option<Vec<F>>,
+    pub post_attn_norm: Option<Vec<F>>,
+    pub ffn_norm: Vec<F>,
+    pub gate: Vec<F>,
+    pub up: Vec<F>,
+    pub down: Vec<F>,
+    pub post_ffn_norm: Option<Vec<F>>,
+}
+
+/// Gradients of every trainable tensor: per layer (None: frozen layer) and the final norm.
+#[derive(Debug, Clone)]
+pub struct StudentGrads<F> {
+    pub layers: Vec<Option<LayerGrads<F>>>,
+    pub final_norm: Vec<F>,
+}
+
+impl<F: Float> StudentGrads<F> {
+    /// Zeroed buffers shaped like the student's trainable tensors.
+    pub fn new(s: &Student<'_, F>) -> Self {
+        let z = |x: &[F]| vec![F::ZERO; x.len()];
+        let zo = |x: Option<&[F]>| x.map(z);
+        let layers = s
+            .layers
+            .iter()
+            .map(|l| {
+                l.train.then(|| LayerGrads {
+                    attn_norm: z(l.w.attn_norm),
+                    q_norm: zo(l.w.q_norm),
+                    k_norm: zo(l.w.k_norm),
+                    post_attn_norm: zo(l.w.post_attn_norm),
+                    ffn_norm: z(l.w.ffn_norm),
+                    gate: z(l.w.gate),
+                    up: z(l.w.up),
+                    down: z(l.w.down),
+                    post_ffn_norm: zo(l.w.post_ffn_norm),
+                })
+            })
+            .collect();
+        StudentGrads { layers, final_norm: z(s.final_norm) }
+    }
+
+    /// Every buffer, in a fixed order (for clipping and the optimizer).
+    pub fn tensors_mut(&mut self) -> Vec<&mut Vec<F>> {
+        let mut out = Vec::new();
+        for g in self.layers.iter_mut().flatten() {
+            out.extend([&mut g.attn_norm, &mut g.ffn_norm, &mut g.gate, &mut g.up, &mut g.down]);
+            for o in [&mut g.q_norm, &mut g.k_norm, &mut g.post_attn_norm, &mut g.post_ffn_norm] {
+                if let Some(v) = o.as_mut() {
+                    out.push(v);
+                }
+            }
+        }
+        out.push(&mut self.final_norm);
+        out
+    }
+
+    pub fn zero(&mut self) {
+        for t in self.tensors_mut() {
+            t.iter_mut().for_each(|x| *x = F::ZERO);
+        }
+    }
+}
+
+impl<F: Float> Student<'_, F> {
+    /// x_0 = embed[tokens]·scale, [T, d].
+    fn embed_tokens(&self, tokens: &[u32]) -> Vec<F> {
+        let d = self.d_model;
+        let sc = F::from_f64(self.embed_scale.unwrap_or(1.0));
+        let mut x = Vec::with_capacity(tokens.len() * d);
+        for &t in tokens {
+            assert!((t as usize) < self.vocab, "student: token {t} outside the vocabulary of {}", self.vocab);
+            x.extend(self.embed[t as usize * d..][..d].iter().map(|&e| e * sc));
+        }
+        x
+    }
+
+    /// The loss only (validation), sealing plans unless `plans` gives them.
+    pub fn loss(
+        &self,
+        tokens: &[u32],
+        teacher: &[F],
+        targets: &[u32],
+        lambda: f64,
+        plans: Option<&[Option<NystromPlan>]>,
+    ) -> Result<LossOut, NystromError> {
+        let mut x = self.embed_tokens(tokens);
+        let mut y = vec![F::ZERO; x.len()];
+        let mut acts = BlockActs::default();
+        for (l, layer) in self.layers.iter().enumerate() {
+            let mut plan = plans.and_then(|p| p[l].clone());
+            block_forward(&layer.cfg, &layer.w, layer.rope, &mut plan, &x, &mut y, &mut acts)?;
+            std::mem::swap(&mut x, &mut y);
+        }
+        let (mut h, mut rstd) = (vec![F::ZERO; x.len()], vec![0.0; tokens.len()]);
+        rmsnorm_forward(self.norm_style, &x, self.final_norm, self.norm_eps, &mut h, &mut rstd);
+        Ok(lm_head_distill(&h, self.lm_head, teacher, targets, self.vocab, self.d_model, lambda, None))
+    }
+
+    /// One training step's forward and backward with layer checkpointing: returns the loss,
+    /// adds the gradients into `grads`, and hands back the plans the loss was computed with.
+    pub fn step(
+        &self,
+        tokens: &[u32],
+        teacher: &[F],
+        targets: &[u32],
+        lambda: f64,
+        grads: &mut StudentGrads<F>,
+    ) -> Result<(LossOut, Vec<Option<NystromPlan>>), NystromError> {
+        let (t, d) = (tokens.len(), self.d_model);
+        assert_eq!(grads.layers.len(), self.layers.len(), "student step: gradients of another student");
+        // Forward, keeping each layer's input and plan.
+        let mut inputs: Vec<Vec<F>> = Vec::with_capacity(self.layers.len()); // L × [T, d]
+        let mut plans: Vec<Option<NystromPlan>> = Vec::with_capacity(self.layers.len());
+        let mut x = self.embed_tokens(tokens);
+        let mut acts = BlockActs::default();
+        for layer in &self.layers {
+            let mut plan = None;
+            let mut y = vec![F::ZERO; t * d];
+            block_forward(&layer.cfg, &layer.w, layer.rope, &mut plan, &x, &mut y, &mut acts)?;
+            inputs.push(std::mem::replace(&mut x, y));
+            plans.push(plan);
+        }
+        let (mut h, mut rstd) = (vec![F::ZERO; t * d], vec![0.0; t]);
+        rmsnorm_forward(self.norm_style, &x, self.final_norm, self.norm_eps, &mut h, &mut rstd); // [T, d]
+        let mut dh = vec![F::ZERO; t * d];
+        let out = lm_head_distill(&h, self.lm_head, teacher, targets, self.vocab, d, lambda, Some(&mut dh));
+        // fwd: h = norm(x_L)  =>  dx_L, d final_norm
+        let mut dx = vec![F::ZERO; t * d];
+        rmsnorm_backward(self.norm_style, &x, self.final_norm, &rstd, &dh, Some(&mut dx), Some(&mut grads.final_norm));
+        // Layers in reverse: recompute the forward from the kept input, then its backward.
+        let mut y = vec![F::ZERO; t * d];
+        for (l, layer) in self.layers.iter().enumerate().rev() {
+            block_forward(&layer.cfg, &layer.w, layer.rope, &mut plans[l], &inputs[l], &mut y, &mut acts)?;
+            let mut dxl = vec![F::ZERO; t * d];
+            let g = match grads.layers[l].as_mut() {
+                Some(g) => BlockGrads {
+                    attn_norm: Some(&mut g.attn_norm[..]),
+                    q_norm: g.q_norm.as_deref_mut(),
+                    k_norm: g.k_norm.as_deref_mut(),
+                    post_attn_norm: g.post_attn_norm.as_deref_mut(),
+                    ffn_norm: Some(&mut g.ffn_norm[..]),
+                    gate: Some(&mut g.gate[..]),
+                    up: Some(&mut g.up[..]),
+                    down: Some(&mut g.down[..]),
+                    post_ffn_norm: g.post_ffn_norm.as_deref_mut(),
+                },
+                None => BlockGrads::default(),
+            };
+            block_backward(&layer.cfg, &layer.w, layer.rope, plans[l].as_ref(), &inputs[l], &acts, &dx, &mut dxl, g);
+            dx = dxl;
+        }
+        Ok((out, plans))
+    }
+}
