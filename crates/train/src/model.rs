@@ -127,13 +127,17 @@ impl<F: Float> Student<'_, F> {
         x
     }
 
-    /// The loss only (validation), sealing plans unless `plans` gives them.
+    /// The loss only (validation), sealing plans unless `plans` gives them. Positions before
+    /// `score_from` are context only (`ppl --o1` scores the half after the prompt); teacher
+    /// `[T, V]` and targets `[T]` cover every position.
+    #[allow(clippy::too_many_arguments)]
     pub fn loss(
         &self,
         tokens: &[u32],
         teacher: &[F],
         targets: &[u32],
         lambda: f64,
+        score_from: usize,
         plans: Option<&[Option<NystromPlan>]>,
     ) -> Result<LossOut, NystromError> {
         let mut x = self.embed_tokens(tokens);
@@ -146,20 +150,37 @@ impl<F: Float> Student<'_, F> {
         }
         let (mut h, mut rstd) = (vec![F::ZERO; x.len()], vec![0.0; tokens.len()]);
         rmsnorm_forward(self.norm_style, &x, self.final_norm, self.norm_eps, &mut h, &mut rstd);
-        Ok(lm_head_distill(&h, self.lm_head, teacher, targets, self.vocab, self.d_model, lambda, None))
+        let (s0, d, v) = (self.check_scored(tokens, teacher, targets, score_from), self.d_model, self.vocab);
+        Ok(lm_head_distill(&h[s0 * d..], self.lm_head, &teacher[s0 * v..], &targets[s0..], v, d, lambda, None))
     }
 
-    /// One training step's forward and backward with layer checkpointing: returns the loss,
-    /// adds the gradients into `grads`, and hands back the plans the loss was computed with.
+    /// Checks the loss inputs; returns the first scored position.
+    fn check_scored(&self, tokens: &[u32], teacher: &[F], targets: &[u32], score_from: usize) -> usize {
+        let t = tokens.len();
+        assert!(
+            teacher.len() == t * self.vocab && targets.len() == t,
+            "student: teacher must be [{t}, {}], targets [{t}]",
+            self.vocab
+        );
+        assert!(score_from < t, "student: scoring from position {score_from} of {t} scores nothing");
+        score_from
+    }
+
+    /// One training step's forward and backward with layer checkpointing: returns the loss (over
+    /// positions from `score_from`, as [`Student::loss`]), adds the gradients into `grads`, and
+    /// hands back the plans the loss was computed with.
+    #[allow(clippy::too_many_arguments)]
     pub fn step(
         &self,
         tokens: &[u32],
         teacher: &[F],
         targets: &[u32],
         lambda: f64,
+        score_from: usize,
         grads: &mut StudentGrads<F>,
     ) -> Result<(LossOut, Vec<Option<NystromPlan>>), NystromError> {
         let (t, d) = (tokens.len(), self.d_model);
+        let s0 = self.check_scored(tokens, teacher, targets, score_from);
         assert_eq!(grads.layers.len(), self.layers.len(), "student step: gradients of another student");
         // Forward, keeping each layer's input and plan.
         let mut inputs: Vec<Vec<F>> = Vec::with_capacity(self.layers.len()); // L × [T, d]
@@ -175,8 +196,9 @@ impl<F: Float> Student<'_, F> {
         }
         let (mut h, mut rstd) = (vec![F::ZERO; t * d], vec![0.0; t]);
         rmsnorm_forward(self.norm_style, &x, self.final_norm, self.norm_eps, &mut h, &mut rstd); // [T, d]
-        let mut dh = vec![F::ZERO; t * d];
-        let out = lm_head_distill(&h, self.lm_head, teacher, targets, self.vocab, d, lambda, Some(&mut dh));
+        let (mut dh, v) = (vec![F::ZERO; t * d], self.vocab);
+        let (hs, dhs) = (&h[s0 * d..], &mut dh[s0 * d..]);
+        let out = lm_head_distill(hs, self.lm_head, &teacher[s0 * v..], &targets[s0..], v, d, lambda, Some(dhs));
         // fwd: h = norm(x_L)  =>  dx_L, d final_norm
         let mut dx = vec![F::ZERO; t * d];
         rmsnorm_backward(self.norm_style, &x, self.final_norm, &rstd, &dh, Some(&mut dx), Some(&mut grads.final_norm));

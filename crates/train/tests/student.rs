@@ -125,6 +125,13 @@ impl Owned {
 
 #[test]
 fn checkpointed_student_step_gradcheck() {
+    // Every position scored, then only those after the prompt (as `ppl --o1`).
+    for score_from in [0, 20] {
+        student_gradcheck(score_from);
+    }
+}
+
+fn student_gradcheck(score_from: usize) {
     let mut own = Owned::new();
     let mut r = Rng(3);
     let tokens: Vec<u32> = (0..T).map(|_| (r.uniform() * V as f64) as u32).collect();
@@ -133,12 +140,12 @@ fn checkpointed_student_step_gradcheck() {
     let s = own.student();
     let mut grads = StudentGrads::new(&s);
     assert!(grads.layers[1].is_none(), "a frozen layer got gradient buffers");
-    let (out, plans) = s.step(&tokens, &teacher, &targets, LAMBDA, &mut grads).unwrap();
-    let again = s.loss(&tokens, &teacher, &targets, LAMBDA, Some(&plans)).unwrap();
-    println!("student step loss {:.15}, plain forward {:.15}", out.loss, again.loss);
+    let (out, plans) = s.step(&tokens, &teacher, &targets, LAMBDA, score_from, &mut grads).unwrap();
+    let again = s.loss(&tokens, &teacher, &targets, LAMBDA, score_from, Some(&plans)).unwrap();
+    println!("student (scored from {score_from}) step loss {:.15}, plain forward {:.15}", out.loss, again.loss);
     assert!((out.loss - again.loss).abs() < 1e-13, "checkpointed step and plain forward disagree");
     drop(s);
-    let loss = |o: &Owned| o.student().loss(&tokens, &teacher, &targets, LAMBDA, Some(&plans)).unwrap().loss;
+    let loss = |o: &Owned| o.student().loss(&tokens, &teacher, &targets, LAMBDA, score_from, Some(&plans)).unwrap().loss;
     let mut reps: Vec<Report> = Vec::new();
     for l in [0usize, 2] {
         let g = grads.layers[l].clone().unwrap();
@@ -154,7 +161,7 @@ fn checkpointed_student_step_gradcheck() {
         for (n, an) in named {
             let idx = own.layers[l].iter().position(|(k, _)| *k == n).unwrap();
             let mut x = own.layers[l][idx].1.clone();
-            reps.push(check(&format!("student L{l}"), n, &mut x, &an, 1e-5, |xv| {
+            reps.push(check(&format!("student s0={score_from} L{l}"), n, &mut x, &an, 1e-5, |xv| {
                 own.layers[l][idx].1.copy_from_slice(xv);
                 loss(&own)
             }));
@@ -162,7 +169,7 @@ fn checkpointed_student_step_gradcheck() {
         }
     }
     let mut x = own.final_norm.clone();
-    reps.push(check("student", "final_norm", &mut x, &grads.final_norm, 1e-5, |xv| {
+    reps.push(check(&format!("student s0={score_from}"), "final_norm", &mut x, &grads.final_norm, 1e-5, |xv| {
         own.final_norm.copy_from_slice(xv);
         loss(&own)
     }));
