@@ -95,8 +95,8 @@ struct O1Args {
     /// O(1)-memory decode: after the prompt each global softmax-attention layer keeps the S
     /// sink keys and the last W keys exact and a Nyström landmark skeleton of every other key,
     /// folded into fixed-size accumulators (constant memory and time per token). The prompt
-    /// itself runs exact attention. Sliding-window layers (Gemma 3 local), recurrent mixers and
-    /// MLA layers are unchanged.
+    /// itself runs exact attention. Sliding-window layers (Gemma 3 local) stay exact, keeping
+    /// only their window from the seal on; recurrent mixers and MLA layers are unchanged.
     #[arg(long)]
     o1: bool,
     /// --o1 exact window W: keys fewer than W positions back [default: 512].

@@ -11,7 +11,7 @@ use crate::mixers::kda::{KdaConfig, KdaState, KdaWeights, kda};
 use crate::mixers::mla::{MlaState, MlaWeights, mla};
 use crate::mixers::shortconv::{ShortConvState, ShortConvWeights, short_conv};
 use crate::moe::{MoeConfig, MoeWeights, moe};
-use crate::o1::{AttnO1, Geom, O1Plan, O1Run};
+use crate::o1::{AttnO1, Geom, O1Plan, O1Run, Serve};
 use crate::par::pool;
 use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
@@ -234,7 +234,8 @@ impl Model {
     /// A fresh sequence state whose global softmax-attention layers follow `plan` (O(1)-memory
     /// decode, issue 5): exact attention for the first `plan.tp` positions, then each such layer
     /// seals its cache into an `O1` state and decodes in constant memory (or, in check mode,
-    /// computes the matrix form). Sliding-window layers, recurrent mixers and MLA are unchanged.
+    /// computes the matrix form). Sliding-window layers compute what they did, their caches
+    /// bounded to their window from the seal on; recurrent mixers and MLA are unchanged.
     /// Errors: bad settings (naming their CLI flag), a model with attention logit soft-capping
     /// (the operator has no softcap), or no global softmax-attention layer to plan.
     pub fn new_state_o1(&self, n_ctx: usize, plan: O1Plan) -> Result<SeqState> {
@@ -243,11 +244,19 @@ impl Model {
         if self.cfg.attn_logit_softcap.is_some() {
             return Err(bad(format!("{}: attention logit soft-capping is not supported by the O(1) operator", self.cfg.arch)));
         }
-        let planned: Vec<bool> =
-            self.cfg.layers.iter().map(|l| l.mixer == MixerKind::Attention && l.sliding_window.is_none()).collect();
-        if !planned.iter().any(|&p| p) {
+        let serve: Vec<Serve> = self
+            .cfg
+            .layers
+            .iter()
+            .map(|l| match (l.mixer, l.sliding_window) {
+                (MixerKind::Attention, None) => Serve::Planned,
+                (MixerKind::Attention, Some(w)) => Serve::Sliding(w.max(1)),
+                _ => Serve::Untouched,
+            })
+            .collect();
+        if !serve.contains(&Serve::Planned) {
             return Err(bad(format!(
-                "{}: no global softmax-attention layer to serve in O(1) memory (sliding, recurrent and MLA layers stay as they are)",
+                "{}: no global softmax-attention layer to serve in O(1) memory (sliding, recurrent and MLA layers are not planned)",
                 self.cfg.arch
             )));
         }
@@ -258,7 +267,7 @@ impl Model {
             head_dim: self.cfg.head_dim,
         };
         let mut st = self.new_state(n_ctx);
-        let mut run = O1Run::new(plan, planned, geom, self.kv_f16);
+        let mut run = O1Run::new(plan, serve, geom, self.kv_f16);
         if plan.check.is_none() && plan.tp == 0 {
             run.seal_all(&mut st.layers).map_err(|e| bad(e.to_string()))?;
         }

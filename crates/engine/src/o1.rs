@@ -6,8 +6,10 @@
 //! `Model::new_state_o1` and the sequence's ordinary forward / checkpoint / rollback.
 //!
 //! Planned layers are the global softmax-attention layers (gated attention included). A sliding
-//! layer (Gemma 3) is already bounded and stays as it is; GatedDeltaNet, KDA and short-conv
-//! layers are already O(1); MLA (Kimi) keeps its exact cache.
+//! layer (Gemma 3) computes exactly what it did, but its cache is bounded too: at the seal it
+//! becomes a StreamingLLM state with no sinks and its own window (keys j > t − W, exactly the
+//! sliding window), so it stops keeping keys it can no longer see. GatedDeltaNet, KDA and
+//! short-conv layers are already O(1); MLA (Kimi) keeps its exact cache.
 
 use half::f16;
 
@@ -62,12 +64,24 @@ pub(crate) struct Geom {
     pub head_dim: usize,
 }
 
+/// How the plan serves one layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Serve {
+    /// Not attention (or MLA): untouched.
+    Untouched,
+    /// Global softmax attention: follows the plan.
+    Planned,
+    /// Sliding-window attention over this many keys: exact throughout, its cache bounded from
+    /// the seal on (a sink-less StreamingLLM state of that window, which is the same operator).
+    Sliding(usize),
+}
+
 /// One sequence's O(1) bookkeeping (lives in `SeqState`).
 #[derive(Clone, Debug)]
 pub struct O1Run {
     pub plan: O1Plan,
-    /// Per layer: whether it is planned (global softmax attention).
-    pub(crate) planned: Vec<bool>,
+    /// Per layer: how the plan serves it.
+    pub(crate) serve: Vec<Serve>,
     /// Per planned layer until its seal (skeleton plans): the prompt's query segment sums.
     segs: Vec<Option<QuerySegments>>,
     /// Check mode, per planned layer: every position's queries [len, n_heads, head_dim].
@@ -92,10 +106,10 @@ pub enum AttnO1<'a> {
 }
 
 impl O1Run {
-    pub(crate) fn new(plan: O1Plan, planned: Vec<bool>, geom: Geom, kv_f16: bool) -> O1Run {
-        let n = planned.len();
+    pub(crate) fn new(plan: O1Plan, serve: Vec<Serve>, geom: Geom, kv_f16: bool) -> O1Run {
+        let n = serve.len();
         let mut run =
-            O1Run { plan, planned, segs: vec![None; n], q_hist: vec![Vec::new(); n], geom, kv_f16, stats: O1Stats::default() };
+            O1Run { plan, serve, segs: vec![None; n], q_hist: vec![Vec::new(); n], geom, kv_f16, stats: O1Stats::default() };
         run.restart_segments();
         run
     }
@@ -104,8 +118,9 @@ impl O1Run {
         let p = &self.plan;
         let seal_skeleton = p.check.is_none() && p.far == Far::Skeleton && p.settings.seals_skeleton(p.tp);
         let m = p.settings.m_eff(p.tp);
-        for (s, &on) in self.segs.iter_mut().zip(&self.planned) {
-            *s = (seal_skeleton && on).then(|| QuerySegments::new(p.tp, m, self.geom.n_heads, self.geom.head_dim));
+        for (s, &how) in self.segs.iter_mut().zip(&self.serve) {
+            *s = (seal_skeleton && how == Serve::Planned)
+                .then(|| QuerySegments::new(p.tp, m, self.geom.n_heads, self.geom.head_dim));
         }
     }
 
@@ -122,7 +137,7 @@ impl O1Run {
 
     /// The hook for layer `il`.
     pub(crate) fn hook(&mut self, il: usize) -> AttnO1<'_> {
-        if !self.planned[il] {
+        if self.serve[il] != Serve::Planned {
             return AttnO1::Off;
         }
         if self.plan.check.is_some() {
@@ -136,21 +151,30 @@ impl O1Run {
 
     /// Whether layer `il` seals after a chunk that ends at position `end`.
     pub(crate) fn seals_after(&self, il: usize, end: usize) -> bool {
-        self.planned[il] && self.plan.check.is_none() && end == self.plan.tp
+        self.seals(il) && self.plan.check.is_none() && end == self.plan.tp
+    }
+
+    /// Whether layer `il` is sealed by the streaming plan (planned or sliding).
+    pub(crate) fn seals(&self, il: usize) -> bool {
+        self.serve[il] != Serve::Untouched
     }
 
     /// Seal layer `il`: its KV cache (the tp prompt positions) becomes an `O1Layer`.
     pub(crate) fn seal(&mut self, il: usize, ls: &mut LayerState) -> Result<(), NystromError> {
         let g = self.geom;
-        let p = &self.plan;
+        let (settings, far) = match self.serve[il] {
+            // Landmarks are unused when far keys are dropped.
+            Serve::Sliding(w) => (O1Settings { window: w, sinks: 0, landmarks: 4, ..self.plan.settings }, Far::Drop),
+            _ => (self.plan.settings, self.plan.far),
+        };
         let sealed = match ls {
             LayerState::Kv { k, v } => {
-                O1Layer::seal(&p.settings, p.far, g.scale, g.n_heads, g.n_kv, g.head_dim, self.segs[il].as_ref(), k, v)?
+                O1Layer::seal(&settings, far, g.scale, g.n_heads, g.n_kv, g.head_dim, self.segs[il].as_ref(), k, v)?
             }
             LayerState::KvF16 { k, v } => {
                 let (k, v): (Vec<f32>, Vec<f32>) =
                     (k.iter().map(|x| x.to_f32()).collect(), v.iter().map(|x| x.to_f32()).collect());
-                O1Layer::seal(&p.settings, p.far, g.scale, g.n_heads, g.n_kv, g.head_dim, self.segs[il].as_ref(), &k, &v)?
+                O1Layer::seal(&settings, far, g.scale, g.n_heads, g.n_kv, g.head_dim, self.segs[il].as_ref(), &k, &v)?
             }
             LayerState::O1(_) => return Ok(()),
             _ => unreachable!("only attention layers are planned"),
@@ -163,7 +187,7 @@ impl O1Run {
     /// Seal every planned layer now (a plan with tp = 0 seals before the first position).
     pub(crate) fn seal_all(&mut self, layers: &mut [LayerState]) -> Result<(), NystromError> {
         for (il, ls) in layers.iter_mut().enumerate() {
-            if self.planned[il] {
+            if self.seals(il) {
                 self.seal(il, ls)?;
             }
         }
@@ -174,7 +198,7 @@ impl O1Run {
     /// statistics restart, a tp = 0 plan seals at once.
     pub(crate) fn reset(&mut self, layers: &mut [LayerState]) {
         for (il, ls) in layers.iter_mut().enumerate() {
-            if self.planned[il] {
+            if self.seals(il) {
                 *ls = if self.kv_f16 {
                     LayerState::KvF16 { k: Vec::<f16>::new(), v: Vec::new() }
                 } else {
@@ -195,9 +219,9 @@ impl O1Run {
     pub(crate) fn snapshot(&self) -> O1Run {
         O1Run {
             plan: self.plan,
-            planned: self.planned.clone(),
+            serve: self.serve.clone(),
             segs: self.segs.clone(),
-            q_hist: vec![Vec::new(); self.planned.len()],
+            q_hist: vec![Vec::new(); self.serve.len()],
             geom: self.geom,
             kv_f16: self.kv_f16,
             stats: self.stats,

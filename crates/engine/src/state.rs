@@ -11,7 +11,7 @@ use crate::mixers::kda::KdaState;
 use crate::mixers::mla::MlaState;
 use crate::mixers::nystrom::O1Layer;
 use crate::mixers::shortconv::ShortConvState;
-use crate::o1::{O1Run, O1Stats};
+use crate::o1::{O1Run, O1Stats, Serve};
 
 /// One layer's state.
 #[derive(Clone)]
@@ -133,7 +133,7 @@ impl SeqState {
             .layers
             .iter()
             .enumerate()
-            .map(|(il, l)| (l.is_recurrent() || pending.is_some_and(|r| r.planned[il])).then(|| l.clone()))
+            .map(|(il, l)| (l.is_recurrent() || pending.is_some_and(|r| r.seals(il))).then(|| l.clone()))
             .collect();
         Checkpoint { len: self.len, recurrent, o1: self.o1.as_ref().map(O1Run::snapshot) }
     }
@@ -253,10 +253,11 @@ impl SeqState {
         self.bytes_by_kind().total()
     }
 
-    /// Bytes held by the state, by kind.
+    /// Bytes held by the state, by kind. A sliding layer's bounded cache (sealed by an O(1)
+    /// plan) counts as KV.
     pub fn bytes_by_kind(&self) -> StateBytes {
         let mut b = StateBytes { o1: self.o1.as_ref().map_or(0, O1Run::bytes), ..StateBytes::default() };
-        for l in &self.layers {
+        for (il, l) in self.layers.iter().enumerate() {
             match l {
                 LayerState::Kv { k, v } => b.kv += (k.len() + v.len()) * 4,
                 LayerState::KvF16 { k, v } => b.kv += (k.len() + v.len()) * 2,
@@ -264,6 +265,9 @@ impl SeqState {
                 LayerState::ShortConv(s) => b.recurrent += s.conv.len() * 4,
                 LayerState::Gdn(s) => b.recurrent += s.bytes(),
                 LayerState::Kda(s) => b.recurrent += s.bytes(),
+                LayerState::O1(o) if self.o1.as_ref().is_some_and(|r| matches!(r.serve[il], Serve::Sliding(_))) => {
+                    b.kv += o.bytes()
+                }
                 LayerState::O1(o) => b.o1 += o.bytes(),
             }
         }
