@@ -110,7 +110,7 @@ struct O1Args {
     /// of at most W + S + 8 tokens seals no skeleton (every key stays exact).
     #[arg(long, value_name = "M")]
     o1_landmarks: Option<usize>,
-    /// --o1 ridge factor of the landmark inverse: λ = ridge · tr(AᵀA) / m [default: 1e-6].
+    /// --o1 ridge factor of the landmark inverse: λ = ridge · tr(AᵀA) / m [default: 1e-3].
     #[arg(long, value_name = "R")]
     o1_ridge: Option<f64>,
     /// StreamingLLM baseline: after the prompt keep only the sink keys and the last W keys

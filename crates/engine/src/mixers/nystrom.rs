@@ -12,7 +12,7 @@
 //!   queries over segment i (per query head), landmark keys k̃_i = mean of its keys (per kv head).
 //!   Au[i,l] = exp(q̃_i·k̃_l·scale) (rows: landmark queries, columns: landmark keys).
 //!   Ridge inverse, f64, frozen after the seal:
-//!   `M = (AuᵀAu + λI)⁻¹ Auᵀ,   λ = ridge · tr(AuᵀAu) / m`   (ridge default 1e-6)
+//!   `M = (AuᵀAu + λI)⁻¹ Auᵀ,   λ = ridge · tr(AuᵀAu) / m`   (ridge default 1e-3)
 //!   solved by Cholesky (AuᵀAu + λI is SPD for λ > 0). M[l,i] has rows over landmark keys l and
 //!   columns over landmark queries i, so M ≈ Au⁻¹.
 //! * A prompt with tp ≤ window + sinks + 8 seals no skeleton: every key stays exact forever
@@ -70,8 +70,12 @@ use std::fmt;
 
 /// Largest landmark count accepted (the m×m solve is done by hand in f64).
 pub const MAX_LANDMARKS: usize = 256;
-/// Default ridge factor: λ = ridge · tr(AuᵀAu) / m.
-pub const DEFAULT_RIDGE: f64 = 1e-6;
+/// Default ridge factor: λ = ridge · tr(AuᵀAu) / m. Chosen on real models (lcet10, ctx 2048,
+/// W 64, m 64, ppl with --o1): SmolLM2 1e-6 → 47.1 (fast numerics; 54.2 exact), 1e-3 → 40.8,
+/// 1e-1 → 41.1; Qwen2.5 and Gemma 3 flat from 1e-4 to 1e-2. A tiny ridge lets M amplify the
+/// landmarks' noise; the unit tests below use 1e-6, where the skeleton must be exact on the
+/// landmark keys.
+pub const DEFAULT_RIDGE: f64 = 1e-3;
 /// Output denominator floor (applied to the e^{−c}-scaled sum).
 const DEN_FLOOR: f64 = 1e-30;
 
@@ -1276,8 +1280,9 @@ mod tests {
         (err, n_drop)
     }
 
+    /// A tiny ridge: the skeleton must reproduce exact attention on the landmark keys.
     fn st(window: usize, sinks: usize, landmarks: usize) -> O1Settings {
-        O1Settings { window, sinks, landmarks, ridge: DEFAULT_RIDGE }
+        O1Settings { window, sinks, landmarks, ridge: 1e-6 }
     }
 
     #[allow(clippy::too_many_arguments)]
