@@ -14,15 +14,20 @@
 //! (CE + KL, and the fused chunked LM head); [`block`] assembles a decoder layer from them and
 //! [`model`] a student from blocks, stepping with layer checkpointing;
 //! [`optim`] is AdamW with warmup + cosine and clipping; [`gradcheck`] the f64 finite-difference
-//! harness. Tests: `cargo test --release -p cortiq-train` (tests/gradcheck.rs per op,
+//! harness. [`trainer`] is the training loop (master copies, batches, validation ppl ratio,
+//! NaN stop), [`data`] packs token files into windows and orders them, [`ckpt`] writes and
+//! resumes checkpoints atomically and bit-identically. Tests: `cargo test --release -p cortiq-train` (tests/gradcheck.rs per op,
 //! tests/block.rs per layer kind, tests/student.rs the checkpointed step, tests/tiny_model.rs a
-//! hand-assembled student with a gated-delta layer, tests/f32_paths.rs the f32 instantiation);
+//! hand-assembled student with a gated-delta layer, tests/f32_paths.rs the f32 instantiation,
+//! tests/torch_agreement.rs the trainer against PyTorch, tests/trainer.rs resume and failures);
 //! `examples/train_ops_bench.rs` times the f32 paths; `engine_xcheck/` (its own workspace)
 //! compares the Nyström forward with the engine's matrix form.
 
 pub mod act;
 pub mod attention;
 pub mod block;
+pub mod ckpt;
+pub mod data;
 pub mod delta;
 pub mod float;
 pub mod gradcheck;
@@ -35,5 +40,6 @@ pub mod nystrom;
 pub mod optim;
 pub mod par;
 pub mod rope;
+pub mod trainer;
 
 pub use float::Float;
