@@ -46,6 +46,8 @@ pub enum TrainError {
     Teacher(#[source] Box<dyn std::error::Error + Send + Sync>),
     #[error("teacher: logits of a window have {got} values, expected {want} ([T, V])")]
     TeacherShape { got: usize, want: usize },
+    #[error("teacher: logit {col} of row {row} of a window is {value} (not finite)")]
+    TeacherNonFinite { row: usize, col: usize, value: f64 },
     #[error("step {step}: {what} is {value} (not finite); stopped before updating, the last checkpoint is intact")]
     NonFinite { step: u64, what: &'static str, value: f64 },
     #[error(transparent)]
@@ -312,6 +314,12 @@ impl<'a, F: Float> Trainer<'a, F> {
         let want = inputs.len() * self.base.vocab;
         if z.len() != want {
             return Err(TrainError::TeacherShape { got: z.len(), want });
+        }
+        // Only the scored rows enter the loss (the softmax would hide a NaN there in the KL).
+        let (v, s0) = (self.base.vocab, self.cfg.score_from());
+        if let Some(i) = z[s0 * v..].iter().position(|x| !x.is_finite()) {
+            let i = s0 * v + i;
+            return Err(TrainError::TeacherNonFinite { row: i / v, col: i % v, value: z[i].to_f64() });
         }
         Ok(z)
     }
