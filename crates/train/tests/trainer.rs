@@ -274,3 +274,35 @@ fn validation_reports_the_ppl_ratio() {
     println!("validation loss of the fixture batch {got:.15} vs torch step-0 loss {want:.15}");
     assert!((got - want).abs() < 1e-10 * want);
 }
+
+#[test]
+fn run_validates_and_checkpoints_on_schedule() {
+    let fx = Fixture::<f32>::load();
+    let (cfg, v) = (config(&fx), fx.us("vocab"));
+    let path = tmp("schedule.ckpt");
+    let opts = RunOptions { checkpoint: Some(path.clone()), checkpoint_every: 4, valid_every: 3 };
+    let mut tr = Trainer::new(fx.student(), cfg, data(&fx)).unwrap();
+    let valid = fx.windows();
+    let mut vt = |w: &[u32]| fx.teacher_for(w);
+    let mut log = vec![];
+    let end = tr
+        .run(&mut synthetic_teacher(v), Some((&valid, &mut vt)), &opts, None, &mut |e| {
+            log.push(match e {
+                Event::Step(r) => format!("step {}", r.step),
+                Event::Valid { step, report } => {
+                    assert!(report.ppl_ratio.is_finite() && report.ppl_ratio > 0.0);
+                    format!("valid {step}")
+                }
+                Event::Checkpoint { step, .. } => format!("ckpt {step}"),
+            })
+        })
+        .unwrap();
+    println!("run events: {log:?}");
+    assert_eq!(end, RunEnd::Finished);
+    let want = ["step 1", "step 2", "step 3", "valid 3", "step 4", "ckpt 4", "step 5", "step 6", "valid 6", "ckpt 6"];
+    assert_eq!(log, want);
+    let mut back = Trainer::new(fx.student(), cfg, data(&fx)).unwrap();
+    back.load_checkpoint(&path).unwrap();
+    assert!(state_bits(&mut back) == state_bits(&mut tr));
+    std::fs::remove_file(path).unwrap();
+}
