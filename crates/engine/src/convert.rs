@@ -215,6 +215,11 @@ pub fn convert(src: &Path, out: &Path, opts: &ConvertOptions, progress: &dyn Fn(
         },
         norm_offset_folded: norm_offset,
         metadata,
+        // A polished .cmf re-converted (re-quantized, say) keeps its O(1) serving settings.
+        o1: match &source {
+            Source::Cmf(c) => c.header.o1.clone(),
+            _ => None,
+        },
         tensors: Vec::new(),
     };
     let mut w = CmfWriter::create(out, header, &plan, opts.force)?;

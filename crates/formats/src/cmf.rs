@@ -22,6 +22,7 @@
 //!   "quant": "keep" | "f16" | ..., "norm_offset_folded": 0.0,
 //!   "metadata": {"gguf": {"kv": {KEY: {"t": TYPE, "v": VALUE}, ...}}}
 //!             | {"hf": {"files": {"config.json": TEXT, "tokenizer.json": TEXT, ...}}},
+//!   "o1": {"window", "sinks", "landmarks", "ridge", "trained_ctx", "steps"},   (polished only)
 //!   "tensors": [{"name", "dtype", "shape", "offset", "bytes"}, ...] }
 //! ```
 //!
@@ -124,7 +125,30 @@ pub struct CmfHeader {
     /// Added to every RMSNorm gain before writing (an HF Gemma's 1.0); loaders add nothing.
     pub norm_offset_folded: f32,
     pub metadata: Metadata,
+    /// O(1) serving settings of a polished model (`cortiq polish`): `run` / `ppl` serve it in
+    /// O(1) mode by default. Absent in converted models (and skipped when writing them, so
+    /// their headers are unchanged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub o1: Option<O1Header>,
     pub tensors: Vec<TensorEntry>,
+}
+
+/// The O(1) settings a polished model was trained for (the engine's `O1Settings`, plus the
+/// training context for people reading the header).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct O1Header {
+    /// Exact window W.
+    pub window: usize,
+    /// Attention sinks S.
+    pub sinks: usize,
+    /// Landmark cap m.
+    pub landmarks: usize,
+    /// Ridge factor.
+    pub ridge: f64,
+    /// Context T the polish trained with (the first T/2 tokens the sealed prompt).
+    pub trained_ctx: usize,
+    /// Optimizer steps of the polish.
+    pub steps: u64,
 }
 
 /// An opened .cmf file.

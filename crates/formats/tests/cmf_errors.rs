@@ -31,6 +31,7 @@ fn header() -> CmfHeader {
         quant: "keep".into(),
         norm_offset_folded: 0.0,
         metadata: Metadata::Gguf { kv: TypedKv(kv) },
+        o1: None,
         tensors: Vec::new(),
     }
 }
