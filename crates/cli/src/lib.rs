@@ -2,5 +2,6 @@
 //! `main.rs` is the thin shell; `pull` fetches known models and texts into the user cache.
 
 pub mod convert;
+pub mod polish;
 pub mod pull;
 pub mod registry;

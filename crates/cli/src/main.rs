@@ -53,6 +53,10 @@ enum Cmd {
     /// Write cortiq's own model file (.cmf) from a GGUF, an HF folder or a .cmf, optionally
     /// re-quantized (keep, f32, f16, bf16, q8r, q4t, q1).
     Convert(cortiq_cli::convert::ConvertArgs),
+    /// Distill the O(1) student (global attention on the Nyström operator) from the exact
+    /// model: train the converted layers' norm gains and FFNs on texts, write a .cmf that
+    /// `run` / `ppl` serve in O(1) mode by default.
+    Polish(cortiq_cli::polish::PolishArgs),
 }
 
 #[derive(Args)]
@@ -121,6 +125,11 @@ struct O1Args {
     /// --kv-window sink keys, S <= W [default: 4].
     #[arg(long, value_name = "S")]
     kv_sinks: Option<usize>,
+    /// A polished model (`cortiq polish`) is served in O(1) mode with the settings recorded in
+    /// its .cmf; --exact serves it with exact attention instead (as any other model). With
+    /// --o1, the recorded settings are the defaults of the --o1-* flags.
+    #[arg(long)]
+    exact: bool,
 }
 
 impl O1Args {
@@ -131,8 +140,14 @@ impl O1Args {
 
     /// The plan for a prompt of `tp` tokens (None without --o1 / --kv-window), `check` for the
     /// matrix form. `o1_implied`: --o1-check given, which means --o1 unless --kv-window is.
-    fn plan(&self, tp: usize, check: Option<Guard>, o1_implied: bool) -> Result<Option<O1Plan>> {
-        let o1 = self.o1 || (o1_implied && self.kv_window.is_none());
+    /// `served`: the O(1) settings a polished model records (see [`served_o1`]): its plan
+    /// unless --exact or --kv-window is given, and the --o1-* defaults.
+    fn plan(&self, tp: usize, check: Option<Guard>, o1_implied: bool, served: Option<O1Settings>) -> Result<Option<O1Plan>> {
+        if self.exact && (self.o1 || o1_implied || self.kv_window.is_some()) {
+            bail!("--exact turns O(1) serving off; it does not go with --o1, --o1-check or --kv-window");
+        }
+        let served = served.filter(|_| !self.exact);
+        let o1 = self.o1 || (o1_implied && self.kv_window.is_none()) || (served.is_some() && self.kv_window.is_none());
         if self.o1 && self.kv_window.is_some() {
             bail!("--o1 and --kv-window are exclusive (--kv-window is the StreamingLLM baseline)");
         }
@@ -151,13 +166,13 @@ impl O1Args {
         if self.kv_sinks.is_some() && self.kv_window.is_none() {
             bail!("--kv-sinks needs --kv-window");
         }
-        let d = O1Settings::default();
+        let d = served.unwrap_or(O1Settings { ridge: DEFAULT_RIDGE, ..O1Settings::default() });
         let (settings, far) = if o1 {
             let st = O1Settings {
                 window: self.o1_window.unwrap_or(d.window),
                 sinks: self.o1_sinks.unwrap_or(d.sinks),
                 landmarks: self.o1_landmarks.unwrap_or(d.landmarks),
-                ridge: self.o1_ridge.unwrap_or(DEFAULT_RIDGE),
+                ridge: self.o1_ridge.unwrap_or(d.ridge),
             };
             st.validate()?;
             (st, Far::Skeleton)
@@ -175,6 +190,29 @@ impl O1Args {
             return Ok(None);
         };
         Ok(Some(O1Plan { tp, settings, far, check }))
+    }
+}
+
+/// The O(1) settings a polished .cmf records (`cortiq polish`), served by default.
+fn served_o1(l: &Loaded) -> Option<O1Settings> {
+    match &l.origin {
+        cortiq_engine::load::Origin::Cmf(c) => c.header.o1.as_ref().map(|h| O1Settings {
+            window: h.window,
+            sinks: h.sinks,
+            landmarks: h.landmarks,
+            ridge: h.ridge,
+        }),
+        _ => None,
+    }
+}
+
+/// Says on stderr that a polished model is served in O(1) mode by its own settings.
+fn note_served(plan: &Option<O1Plan>, served: Option<O1Settings>, o1_flag: bool) {
+    if let (Some(p), Some(_), false) = (plan, served, o1_flag) {
+        eprintln!(
+            "polished model: serving in O(1) mode (window {}, sinks {}, landmarks {}, ridge {:e}); --exact turns it off",
+            p.settings.window, p.settings.sinks, p.settings.landmarks, p.settings.ridge
+        );
     }
 }
 
@@ -395,6 +433,7 @@ fn dispatch(cmd: Cmd, verbose: bool) -> Result<()> {
         Cmd::Tokenize(a) => cmd_tokenize(a),
         Cmd::Bench(a) => cmd_bench(a),
         Cmd::Convert(a) => cortiq_cli::convert::cmd_convert(a),
+        Cmd::Polish(a) => cortiq_cli::polish::cmd_polish(a),
     }
 }
 
@@ -510,11 +549,15 @@ fn cmd_ppl(a: PplArgs) -> Result<()> {
         bail!("--o1-prefill needs --o1 or --kv-window");
     }
     let tp = a.o1_prefill.unwrap_or(a.ctx / 2);
-    let plan = a.o1.plan(tp, a.o1_check.then_some(guard), a.o1_check)?;
+    let plan = a.o1.plan(tp, a.o1_check.then_some(guard), a.o1_check, None)?;
     if plan.is_some() && tp >= a.ctx {
         bail!("--o1-prefill: {tp} must be below --ctx {}", a.ctx);
     }
     let loaded = open_model(&a.common)?;
+    // A polished model brings its own O(1) plan (unless --exact).
+    let served = served_o1(&loaded);
+    let plan = a.o1.plan(tp, a.o1_check.then_some(guard), a.o1_check, served)?;
+    note_served(&plan, served, a.o1.o1 || a.o1_check);
     let tok = open_tokenizer(&loaded)?;
     let path = pull::resolve_text(&a.file)?;
     let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
@@ -595,7 +638,8 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
     if a.reps == 0 {
         bail!("--reps must be at least 1");
     }
-    let plan = a.o1.plan(a.depth, None, false)?;
+    // Bench measures what its flags say: a polished model's recorded plan is not applied.
+    let plan = a.o1.plan(a.depth, None, false, None)?;
     let loaded = open_model(&a.common)?;
     let model = &loaded.model;
     let vocab = model.cfg.vocab as u32;
@@ -730,7 +774,7 @@ fn sampler_params(a: &RunArgs) -> SamplerParams {
 
 fn cmd_run(a: RunArgs, verbose: bool) -> Result<()> {
     // The flags' own errors before the model loads (the plan's tp is the prompt's length).
-    a.o1.plan(0, None, false)?;
+    a.o1.plan(0, None, false, None)?;
     if !(a.temp >= 0.0) {
         bail!("--temp must be >= 0, got {}", a.temp);
     }
@@ -782,7 +826,10 @@ fn cmd_run(a: RunArgs, verbose: bool) -> Result<()> {
     if ids.len() >= n_ctx {
         bail!("prompt of {} tokens does not fit the context of {n_ctx} (raise --ctx)", ids.len());
     }
-    let mut state = match a.o1.plan(ids.len(), None, false)? {
+    let served = served_o1(&loaded);
+    let plan = a.o1.plan(ids.len(), None, false, served)?;
+    note_served(&plan, served, a.o1.o1);
+    let mut state = match plan {
         Some(p) => model.new_state_o1(n_ctx, p)?,
         None => model.new_state(n_ctx),
     };

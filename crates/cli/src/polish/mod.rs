@@ -1,0 +1,363 @@
+//! `cortiq polish`: distillation that heals the O(1) conversion (issue 6). The student is the
+//! model with its global attention layers served by the Nyström operator (`student`), the
+//! teacher the same model in the exact engine (`teacher`); the train crate's [`Trainer`] steps
+//! the converted layers' norm gains and FFNs on windows of the training texts, validating the
+//! student/teacher ppl ratio on a held-out text, checkpointing atomically, and stopping on
+//! Ctrl-C after the current step with a resumable checkpoint. The result is a .cmf (`export`)
+//! whose header records the O(1) settings, so `run` / `ppl` serve it in O(1) mode by default.
+//!
+//! ```text
+//! cortiq polish -m MODEL -o OUT.cmf --train A.txt B.txt --valid C.txt [--steps N] [--ctx T]
+//!     [--lr LR] [--kl-weight λ] [--o1-window W --o1-sinks S --o1-landmarks M --o1-ridge R]
+//!     [--checkpoint-every K] [--resume]
+//! ```
+
+pub mod export;
+pub mod student;
+pub mod teacher;
+
+use std::collections::HashMap;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use cortiq_engine::Numerics;
+use cortiq_engine::config::ModelConfig;
+use cortiq_engine::load::load;
+use cortiq_engine::mixers::nystrom::DEFAULT_RIDGE;
+use cortiq_formats::cmf::O1Header;
+use cortiq_kernels::quant::QuantType;
+use cortiq_train::data::{TokenFile, Windows, split};
+use cortiq_train::nystrom::{Far, O1Config};
+use cortiq_train::optim::AdamW;
+use cortiq_train::trainer::{Event, Params, RunEnd, RunOptions, TrainConfig, Trainer, ValidReport};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::pull;
+use student::{GlobalAttn, StudentWeights};
+
+#[derive(Args, Debug)]
+pub struct PolishArgs {
+    /// The model to polish: a .gguf file, a .cmf, or a known model name (pulled on first use).
+    #[arg(short, long, value_name = "MODEL")]
+    pub model: String,
+    /// The polished .cmf to write.
+    #[arg(short, long, value_name = "OUT.cmf")]
+    pub out: PathBuf,
+    /// Training text files (or known text names such as alice29.txt).
+    #[arg(long, num_args = 1.., value_name = "FILES")]
+    pub train: Vec<String>,
+    /// The held-out validation text (never trained on).
+    #[arg(long, value_name = "FILE")]
+    pub valid: String,
+    /// Optimizer steps (the end of the cosine schedule).
+    #[arg(long, default_value_t = 100)]
+    pub steps: u64,
+    /// Tokens per training window T; the first T/2 are the sealed prompt, the rest is scored
+    /// (as `ppl --o1`).
+    #[arg(long, default_value_t = 1024)]
+    pub ctx: usize,
+    /// Windows per step.
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    /// Peak learning rate (AdamW).
+    #[arg(long, default_value_t = 1e-4)]
+    pub lr: f64,
+    /// Final learning rate of the cosine [default: lr/10].
+    #[arg(long)]
+    pub min_lr: Option<f64>,
+    /// Linear warmup steps [default: steps/10, at most 50].
+    #[arg(long)]
+    pub warmup: Option<u64>,
+    /// λ of the loss (1−λ)·CE + λ·KL(teacher‖student), in [0, 1].
+    #[arg(long, default_value_t = 0.5)]
+    pub kl_weight: f64,
+    /// Global gradient-norm clip (0: off).
+    #[arg(long, default_value_t = 1.0)]
+    pub clip: f64,
+    /// Seed of the window order.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// O(1) exact window W (as `run --o1`).
+    #[arg(long, value_name = "W", default_value_t = 64)]
+    pub o1_window: usize,
+    /// O(1) sink keys S <= W.
+    #[arg(long, value_name = "S", default_value_t = 4)]
+    pub o1_sinks: usize,
+    /// O(1) landmark cap m, 4..=256.
+    #[arg(long, value_name = "M", default_value_t = 64)]
+    pub o1_landmarks: usize,
+    /// O(1) ridge factor [default: the engine's, 1e-3].
+    #[arg(long, value_name = "R")]
+    pub o1_ridge: Option<f64>,
+    /// Checkpoint file [default: OUT.ckpt].
+    #[arg(long, value_name = "PATH")]
+    pub checkpoint: Option<PathBuf>,
+    /// Write a checkpoint every K steps (and always at the end and on Ctrl-C).
+    #[arg(long, value_name = "K", default_value_t = 10)]
+    pub checkpoint_every: u64,
+    /// Continue from the checkpoint (same model, texts, --ctx, --batch, --seed).
+    #[arg(long)]
+    pub resume: bool,
+    /// Validate every N steps (and at the start and the end; 0: start and end only).
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub valid_every: u64,
+    /// Validation windows of T tokens, spread over the validation text.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub valid_windows: usize,
+    /// Stored type of the polished matrices: f16 or f32 (norm gains are always f32).
+    #[arg(long, default_value = "f16", value_parser = ["f16", "f32"])]
+    pub store: String,
+    /// Overwrite OUT if it exists.
+    #[arg(long)]
+    pub force: bool,
+    /// Worker threads (default: all cores).
+    #[arg(short, long)]
+    pub threads: Option<usize>,
+}
+
+/// Raised by the first Ctrl-C (the trainer stops after the current step and checkpoints); a
+/// second one exits at once.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_sigint(_: libc::c_int) {
+    if STOP.swap(true, Ordering::SeqCst) {
+        // SAFETY: _exit is async-signal-safe.
+        unsafe { libc::_exit(130) };
+    }
+}
+
+fn install_sigint() {
+    // SAFETY: the handler only touches an atomic and calls _exit, both async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGINT, on_sigint as *const () as libc::sighandler_t);
+    }
+}
+
+/// The trained tensors under their GGUF names (what the .cmf replaces).
+pub fn polished_tensors(cfg: &ModelConfig, p: &Params<f32>) -> HashMap<String, Vec<f32>> {
+    let mut out = HashMap::new();
+    for (il, g) in p.layers.iter().enumerate() {
+        let Some(g) = g else { continue };
+        let n = |s: &str| format!("blk.{il}.{s}");
+        out.insert(n("attn_norm.weight"), g.attn_norm.clone());
+        out.insert(n(cfg.ffn_norm), g.ffn_norm.clone());
+        out.insert(n("ffn_gate.weight"), g.gate.clone());
+        out.insert(n("ffn_up.weight"), g.up.clone());
+        out.insert(n("ffn_down.weight"), g.down.clone());
+        for (name, t) in [
+            ("attn_q_norm.weight", &g.q_norm),
+            ("attn_k_norm.weight", &g.k_norm),
+            ("post_attention_norm.weight", &g.post_attn_norm),
+            ("post_ffw_norm.weight", &g.post_ffn_norm),
+        ] {
+            if let Some(t) = t {
+                out.insert(n(name), t.clone());
+            }
+        }
+    }
+    out.insert(cfg.output_norm.to_string(), p.final_norm.clone());
+    out
+}
+
+/// `n` windows spread evenly over `w` (all when there are fewer).
+fn spread(w: Windows, n: usize) -> Windows {
+    let k = w.len();
+    if n == 0 || n >= k {
+        return w;
+    }
+    let windows = (0..n).map(|i| w.windows[i * k / n].clone()).collect();
+    Windows { ctx: w.ctx, windows }
+}
+
+fn valid_line(step: u64, r: &ValidReport) -> String {
+    format!(
+        "valid @ step {step}: student ppl {:.3}, teacher ppl {:.3}, ratio {:.4} (KL {:.4})",
+        r.ppl, r.teacher_ppl, r.ppl_ratio, r.kl
+    )
+}
+
+pub fn cmd_polish(a: PolishArgs) -> Result<()> {
+    // Flag errors first, before anything loads.
+    let ridge = a.o1_ridge.unwrap_or(DEFAULT_RIDGE);
+    let o1 = O1Config { window: a.o1_window, sinks: a.o1_sinks, landmarks: a.o1_landmarks, ridge, far: Far::Skeleton };
+    o1.validate()?;
+    let tp = a.ctx / 2;
+    if a.ctx >= 2 && !o1.seals_skeleton(tp) {
+        bail!(
+            "--ctx {}: its prompt half ({tp} tokens) is too short for a skeleton with --o1-window {} --o1-sinks {} (needs more than {})",
+            a.ctx,
+            a.o1_window,
+            a.o1_sinks,
+            a.o1_window + a.o1_sinks + 8
+        );
+    }
+    if a.out.exists() && !a.force {
+        bail!("{} already exists (pass --force to overwrite)", a.out.display());
+    }
+    let ckpt = a.checkpoint.clone().unwrap_or_else(|| {
+        let mut s = a.out.clone().into_os_string();
+        s.push(".ckpt");
+        PathBuf::from(s)
+    });
+    if a.resume && !ckpt.exists() {
+        bail!("--resume: no checkpoint at {}", ckpt.display());
+    }
+    if let Some(n) = a.threads {
+        if n == 0 {
+            bail!("--threads must be at least 1");
+        }
+        cortiq_engine::par::init(n).map_err(anyhow::Error::msg).context("setting up the thread pool")?;
+    }
+
+    // The teacher: the model in exact numerics.
+    let path = pull::resolve_model(&a.model)?;
+    let t0 = Instant::now();
+    let mut loaded = load(&path)?;
+    loaded.model.set_numerics(Numerics::Exact);
+    let tok = loaded.tokenizer()?;
+    let model = &loaded.model;
+    if a.ctx > model.cfg.n_ctx_train {
+        bail!("--ctx {} exceeds the model's {} positions", a.ctx, model.cfg.n_ctx_train);
+    }
+
+    // Data: tokenized whole files, packed into windows, split by file.
+    let read = |name: &str| -> Result<TokenFile> {
+        let p = pull::resolve_text(name)?;
+        let text = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
+        Ok(TokenFile { name: p.display().to_string(), tokens: tok.encode_with(&text, false, false)? })
+    };
+    let train_files = a.train.iter().map(|f| read(f)).collect::<Result<Vec<_>>>()?;
+    let valid_files = vec![read(&a.valid)?];
+    let bos = if tok.add_bos() { tok.bos_id() } else { None };
+    let (train_w, valid_w) = split(&train_files, &valid_files, a.ctx, bos)?;
+    let valid_w = spread(valid_w, a.valid_windows);
+    let n_train_tokens: usize = train_files.iter().map(|f| f.tokens.len()).sum();
+
+    // The student: dequantized, global layers on the Nyström operator.
+    let weights = StudentWeights::from_model(model, a.ctx, GlobalAttn::O1 { cfg: o1, tp })?;
+    let n_conv = weights.train.iter().filter(|&&t| t).count();
+    eprintln!(
+        "polish: {} ({}), {n_conv} of {} layers converted (W {}, S {}, m {}, ridge {ridge:e}); {} training windows of {} tokens ({n_train_tokens} tokens), {} validation windows; loaded in {:.1}s",
+        path.display(),
+        model.cfg.arch,
+        model.cfg.n_layers,
+        a.o1_window,
+        a.o1_sinks,
+        a.o1_landmarks,
+        train_w.len(),
+        a.ctx,
+        valid_w.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    let cfg = TrainConfig {
+        ctx: a.ctx,
+        batch: a.batch,
+        steps: a.steps,
+        warmup: a.warmup.unwrap_or((a.steps / 10).min(50)),
+        lr: a.lr,
+        min_lr: a.min_lr.unwrap_or(a.lr / 10.0),
+        adamw: AdamW { lr: a.lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 },
+        clip: a.clip,
+        kl_weight: a.kl_weight,
+        seed: a.seed,
+        shuffle: true,
+    };
+    let mut trainer = Trainer::new(weights.student(), cfg, train_w)?;
+    if a.resume {
+        trainer.load_checkpoint(&ckpt)?;
+        eprintln!("resumed {} at step {} of {}", ckpt.display(), trainer.step, a.steps);
+    }
+
+    let s0 = cfg.score_from();
+    let mut teacher = |w: &[u32]| teacher::teacher_logits(model, w, s0);
+    let mut vteacher = teacher::CachedTeacher::new(model, s0);
+    let mut vt = |w: &[u32]| vteacher.logits(w);
+
+    let bar = if std::io::stderr().is_terminal() { ProgressBar::new(a.steps) } else { ProgressBar::hidden() };
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:25} {pos}/{len} steps {msg}").expect("valid template"),
+    );
+    bar.set_position(trainer.step);
+    let say = |line: String| if bar.is_hidden() { eprintln!("{line}") } else { bar.println(line) };
+    let mut first_ratio = None;
+    if trainer.step == 0 {
+        bar.set_message("validating the unpolished student");
+        let t = Instant::now();
+        let r = trainer.validate(&valid_w, &mut vt)?;
+        say(format!("{} [{:.1}s]", valid_line(0, &r), t.elapsed().as_secs_f64()));
+        first_ratio = Some(r.ppl_ratio);
+    }
+
+    install_sigint();
+    let opts = RunOptions { checkpoint: Some(ckpt.clone()), checkpoint_every: a.checkpoint_every, valid_every: a.valid_every };
+    let valid_every = if a.valid_every == 0 { a.steps.max(1) } else { a.valid_every };
+    let opts = RunOptions { valid_every, ..opts };
+    let t_run = Instant::now();
+    let mut t_step = Instant::now();
+    let mut last_ratio: Option<f64> = None;
+    let mut last_valid = None;
+    let mut on_event = |e: &Event| match e {
+        Event::Step(r) => {
+            let tps = r.tokens as f64 / t_step.elapsed().as_secs_f64();
+            let ratio = last_ratio.map_or(String::new(), |x| format!(" | valid ratio {x:.4}"));
+            let msg = format!("loss {:.4} ce {:.4} kl {:.4} | {tps:.0} tok/s{ratio}", r.loss, r.ce, r.kl);
+            if bar.is_hidden() {
+                eprintln!("step {}/{}: {msg} | lr {:.2e} |g| {:.3}", r.step, a.steps, r.lr, r.grad_norm);
+            }
+            bar.set_position(r.step);
+            bar.set_message(msg);
+            t_step = Instant::now();
+        }
+        Event::Valid { step, report } => {
+            last_ratio = Some(report.ppl_ratio);
+            last_valid = Some(*report);
+            say(valid_line(*step, report));
+            t_step = Instant::now();
+        }
+        Event::Checkpoint { step, path } => {
+            if bar.is_hidden() {
+                eprintln!("checkpoint: step {step} -> {}", path.display());
+            }
+            t_step = Instant::now();
+        }
+    };
+    let end = trainer.run(&mut teacher, Some((&valid_w, &mut vt)), &opts, Some(&STOP), &mut on_event);
+    bar.finish_and_clear();
+    let end = end.with_context(|| format!("the last good checkpoint is {}", ckpt.display()))?;
+    let secs = t_run.elapsed().as_secs_f64();
+    if end == RunEnd::Stopped {
+        eprintln!(
+            "stopped at step {} of {} ({secs:.0}s); checkpoint {} — rerun the same command with --resume to continue",
+            trainer.step,
+            a.steps,
+            ckpt.display()
+        );
+        return Ok(());
+    }
+    let replaced = polished_tensors(&model.cfg, &trainer.params);
+    let store = if a.store == "f32" { QuantType::F32 } else { QuantType::F16 };
+    let header = O1Header {
+        window: a.o1_window,
+        sinks: a.o1_sinks,
+        landmarks: a.o1_landmarks,
+        ridge,
+        trained_ctx: a.ctx,
+        steps: trainer.step,
+    };
+    let bytes = export::write_polished(&loaded, &a.out, &replaced, store, header, a.force)?;
+    let before = first_ratio.map_or(String::new(), |r| format!("{r:.4} -> "));
+    let after = last_valid.map_or(String::from("?"), |r| format!("{:.4}", r.ppl_ratio));
+    eprintln!(
+        "polished {} steps in {secs:.0}s ({:.0} tok/s); validation ppl ratio {before}{after}; wrote {} ({:.1} MB, {} tensors polished)",
+        trainer.step,
+        (trainer.step as usize * a.batch * a.ctx) as f64 / secs.max(1e-9),
+        a.out.display(),
+        bytes as f64 / 1e6,
+        replaced.len()
+    );
+    Ok(())
+}

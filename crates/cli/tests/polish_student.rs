@@ -1,0 +1,118 @@
+//! The polish's model mapping (cortiq_cli::polish::student): an engine model dequantized into the
+//! train crate's Student must compute what the engine computes.
+//! 1. Exact attention: the student's logits equal the engine's exact-numerics logits and
+//!    transformers' float64 logits (the committed fixtures' logits.npy; gguf_ref_logits.npy for
+//!    the Gemma 3 GGUF, which llama.cpp's settings make another model) within 1e-4, for the
+//!    llama and gemma3 fixtures read both as HF folders and as llama.cpp-converted GGUFs (Llama's
+//!    permuted Q/K rows and interleaved RoPE, llama3 rope scaling, Gemma's folded +1 norms,
+//!    embedding scale, local/global RoPE, sliding layers, QK-norm, post-norms, tied heads).
+//! 2. O(1): with the global layers on the Nyström operator (sliding layers exact), the student's
+//!    logits equal the engine's O(1) matrix form (`--o1-check`, the same operator teacher-forced)
+//!    within 1e-4, with a skeleton sealed (tp 16 > W + S + 8).
+
+use std::path::{Path, PathBuf};
+
+use cortiq_cli::polish::student::{GlobalAttn, StudentWeights, student_logits};
+use cortiq_engine::load::load;
+use cortiq_engine::mixers::nystrom::{Far, Guard, O1Settings};
+use cortiq_engine::o1::O1Plan;
+use cortiq_engine::{Logits, Model};
+use cortiq_formats::npy::read_f32;
+
+fn fixture(arch: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/fixtures").join(arch)
+}
+
+fn tokens(arch: &str) -> Vec<u32> {
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture(arch).join("tokens.json")).unwrap()).unwrap();
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+/// (max |a − b|, (row, col) of it) over [T, V] logits.
+fn max_diff(a: &[f32], b: &[f32], v: usize) -> (f32, (usize, usize)) {
+    assert_eq!(a.len(), b.len());
+    let mut best = (0f32, 0);
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        let d = (x - y).abs();
+        if d > best.0 || d.is_nan() {
+            best = (d, i);
+        }
+    }
+    (best.0, (best.1 / v, best.1 % v))
+}
+
+fn engine_logits(m: &Model, toks: &[u32], plan: Option<O1Plan>) -> Vec<f32> {
+    let mut st = match plan {
+        Some(p) => m.new_state_o1(toks.len(), p).unwrap(),
+        None => m.new_state(toks.len()),
+    };
+    m.forward(toks, &mut st, Logits::From(0)).unwrap()
+}
+
+fn check_exact(arch: &str, src: &Path, reference: &str) {
+    let loaded = load(src).unwrap();
+    let m = &loaded.model;
+    let toks = tokens(arch);
+    let (t, v) = (toks.len(), m.cfg.vocab);
+    let w = StudentWeights::from_model(m, t, GlobalAttn::Exact).unwrap();
+    let z = student_logits(&w.student(), &toks).unwrap(); // [T, V]
+    let e = engine_logits(m, &toks, None);
+    let (shape, hf) = read_f32(&fixture(arch).join(reference)).unwrap();
+    assert_eq!(shape, vec![t, v]);
+    let (d_e, at_e) = max_diff(&z, &e, v);
+    let (d_h, at_h) = max_diff(&z, &hf, v);
+    eprintln!(
+        "{arch} {}: student vs engine exact max |diff| {d_e:.3e} at {at_e:?}; vs transformers f64 ({reference}) {d_h:.3e} at {at_h:?}",
+        src.file_name().unwrap().to_string_lossy()
+    );
+    assert!(d_e <= 1e-4, "{arch}: student vs engine {d_e} at {at_e:?}");
+    assert!(d_h <= 1e-4, "{arch}: student vs transformers {d_h} at {at_h:?}");
+}
+
+#[test]
+fn llama_student_matches_engine_and_transformers() {
+    check_exact("llama", &fixture("llama"), "logits.npy");
+    check_exact("llama", &fixture("llama").join("model.gguf"), "logits.npy");
+}
+
+#[test]
+fn gemma3_student_matches_engine_and_transformers() {
+    check_exact("gemma3", &fixture("gemma3"), "logits.npy");
+    check_exact("gemma3", &fixture("gemma3").join("model.gguf"), "gguf_ref_logits.npy");
+}
+
+fn check_o1(arch: &str, src: &Path) {
+    let loaded = load(src).unwrap();
+    let m = &loaded.model;
+    let toks = tokens(arch);
+    let (t, v) = (toks.len(), m.cfg.vocab);
+    let settings = O1Settings { window: 4, sinks: 1, landmarks: 4, ridge: 1e-3 };
+    let tp = t / 2;
+    assert!(settings.seals_skeleton(tp), "the test must seal a skeleton");
+    let cfg = cortiq_train::nystrom::O1Config {
+        window: settings.window,
+        sinks: settings.sinks,
+        landmarks: settings.landmarks,
+        ridge: settings.ridge,
+        far: cortiq_train::nystrom::Far::Skeleton,
+    };
+    let w = StudentWeights::from_model(m, t, GlobalAttn::O1 { cfg, tp }).unwrap();
+    let z = student_logits(&w.student(), &toks).unwrap();
+    let plan = O1Plan { tp, settings, far: Far::Skeleton, check: Some(Guard::Aggregate) };
+    let e = engine_logits(m, &toks, Some(plan));
+    let exact = engine_logits(m, &toks, None);
+    let (d, at) = max_diff(&z, &e, v);
+    let (d_x, _) = max_diff(&z[tp * v..], &exact[tp * v..], v);
+    let trained = w.train.iter().filter(|&&x| x).count();
+    eprintln!(
+        "{arch} O(1) W4 S1 m4 tp {tp}: {trained} converted layers; student vs engine matrix form max |diff| {d:.3e} at {at:?} (vs exact attention: {d_x:.3e}, the conversion's own change)"
+    );
+    assert!(d <= 1e-4, "{arch}: student vs engine O(1) matrix form {d} at {at:?}");
+    assert!(d_x > 1e-3, "{arch}: the O(1) operator changed nothing ({d_x}): is the skeleton sealed?");
+}
+
+#[test]
+fn o1_student_matches_engine_matrix_form() {
+    check_o1("llama", &fixture("llama").join("model.gguf"));
+    check_o1("gemma3", &fixture("gemma3"));
+}
