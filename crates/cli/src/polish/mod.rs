@@ -99,9 +99,14 @@ pub struct PolishArgs {
     /// Write a checkpoint every K steps (and always at the end and on Ctrl-C).
     #[arg(long, value_name = "K", default_value_t = 10)]
     pub checkpoint_every: u64,
-    /// Continue from the checkpoint (same model, texts, --ctx, --batch, --seed).
+    /// Continue from the checkpoint (same model, texts, --ctx, --batch, --seed); the run goes on
+    /// bit-identically to one that never stopped.
     #[arg(long)]
     pub resume: bool,
+    /// Stop after N steps of this run, as Ctrl-C does (checkpoint written, no OUT yet):
+    /// time-boxed sessions on a shared machine; --resume continues.
+    #[arg(long, value_name = "N")]
+    pub stop_after: Option<u64>,
     /// Validate every N steps (and at the start and the end; 0: start and end only).
     #[arg(long, value_name = "N", default_value_t = 10)]
     pub valid_every: u64,
@@ -203,6 +208,9 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
         s.push(".ckpt");
         PathBuf::from(s)
     });
+    if a.stop_after == Some(0) {
+        bail!("--stop-after: must be at least 1");
+    }
     if a.resume && !ckpt.exists() {
         bail!("--resume: no checkpoint at {}", ckpt.display());
     }
@@ -293,6 +301,7 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
     }
 
     install_sigint();
+    let start_step = trainer.step;
     let opts = RunOptions { checkpoint: Some(ckpt.clone()), checkpoint_every: a.checkpoint_every, valid_every: a.valid_every };
     let valid_every = if a.valid_every == 0 { a.steps.max(1) } else { a.valid_every };
     let opts = RunOptions { valid_every, ..opts };
@@ -310,6 +319,9 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
             }
             bar.set_position(r.step);
             bar.set_message(msg);
+            if a.stop_after.is_some_and(|n| r.step - start_step >= n) {
+                STOP.store(true, Ordering::SeqCst);
+            }
             t_step = Instant::now();
         }
         Event::Valid { step, report } => {
@@ -354,7 +366,7 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
     eprintln!(
         "polished {} steps in {secs:.0}s ({:.0} tok/s); validation ppl ratio {before}{after}; wrote {} ({:.1} MB, {} tensors polished)",
         trainer.step,
-        (trainer.step as usize * a.batch * a.ctx) as f64 / secs.max(1e-9),
+        ((trainer.step - start_step) as usize * a.batch * a.ctx) as f64 / secs.max(1e-9),
         a.out.display(),
         bytes as f64 / 1e6,
         replaced.len()

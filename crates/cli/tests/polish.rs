@@ -1,0 +1,145 @@
+//! `cortiq polish` end to end on the tiny gemma3 fixture (converted to a .cmf with a byte-level
+//! tokenizer; its one global layer on the Nyström operator, the three sliding ones exact):
+//! the polished .cmf records its O(1) settings and `ppl` serves it in O(1) mode by default
+//! (`--exact` turns that off); a run stopped after 4 of 6 steps (`--stop-after`, the path Ctrl-C
+//! takes) and resumed writes the same bytes as the run that never stopped; bad input is a
+//! one-line error.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{TempDir, byte_tokenizer_json, copy_fixture, fixture};
+use cortiq_formats::cmf::Cmf;
+
+fn cortiq(args: &[&str]) -> (String, String, bool) {
+    let out = Command::new(env!("CARGO_BIN_EXE_cortiq")).args(args).output().expect("spawn cortiq");
+    (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned(), out.status.success())
+}
+
+/// The gemma3 fixture as a .cmf with a byte tokenizer, and three texts (the fixtures' READMEs:
+/// generated files nobody edits).
+struct Setup {
+    dir: TempDir,
+    model: PathBuf,
+    train: Vec<PathBuf>,
+    valid: PathBuf,
+}
+
+fn setup(tag: &str) -> Setup {
+    let src = copy_fixture("gemma3", &format!("{tag}-src"));
+    std::fs::write(src.0.join("tokenizer.json"), byte_tokenizer_json()).unwrap();
+    let dir = TempDir::new(tag);
+    let model = dir.0.join("tiny.cmf");
+    let (_, err, ok) = cortiq(&["convert", "-m", src.0.to_str().unwrap(), "-o", model.to_str().unwrap()]);
+    assert!(ok, "convert: {err}");
+    let text = |arch: &str| fixture(arch).join("README.md");
+    Setup { dir, model, train: vec![text("llama"), text("qwen2")], valid: text("gemma3") }
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn polish_args<'a>(st: &'a Setup, out: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut v = vec!["polish", "-m", s(&st.model), "-o", out, "--train", s(&st.train[0]), s(&st.train[1])];
+    v.extend(["--valid", s(&st.valid), "--ctx", "32", "--o1-window", "4", "--o1-sinks", "1", "--o1-landmarks", "4"]);
+    v.extend(["--lr", "1e-3", "--warmup", "1", "--checkpoint-every", "2", "--valid-every", "3", "--valid-windows", "2", "-t", "1"]);
+    v.extend(extra);
+    v
+}
+
+fn ppl(model: &str, valid: &str, extra: &[&str]) -> (f64, String) {
+    let mut args = vec!["ppl", "-m", model, "-f", valid, "-c", "32", "--chunks", "8", "--numerics", "exact", "-t", "1"];
+    args.extend(extra);
+    let (out, err, ok) = cortiq(&args);
+    assert!(ok, "{args:?}: {err}");
+    let line = out.lines().find(|l| l.starts_with("PPL = ")).unwrap_or_else(|| panic!("no PPL in {out:?}"));
+    (line[6..].split_whitespace().next().unwrap().parse().unwrap(), err)
+}
+
+#[test]
+fn polish_writes_an_o1_cmf_and_resumes_bit_identically() {
+    let st = setup("polish-e2e");
+    let a = st.dir.0.join("a.cmf");
+    let (_, err, ok) = cortiq(&polish_args(&st, s(&a), &["--steps", "6"]));
+    eprintln!("{err}");
+    assert!(ok, "polish: {err}");
+    assert!(err.contains("valid @ step 0") && err.contains("valid @ step 6"), "{err}");
+    let h = Cmf::open(&a).unwrap().header.o1.expect("the polished .cmf records its O(1) settings");
+    assert_eq!((h.window, h.sinks, h.landmarks, h.trained_ctx, h.steps), (4, 1, 4, 32, 6));
+
+    // Stopped after 4 steps (checkpoint, no output), then resumed: the same bytes.
+    let b = st.dir.0.join("b.cmf");
+    let (_, err, ok) = cortiq(&polish_args(&st, s(&b), &["--steps", "6", "--stop-after", "4"]));
+    assert!(ok && err.contains("stopped at step 4 of 6"), "{err}");
+    assert!(!b.exists() && st.dir.0.join("b.cmf.ckpt").exists());
+    let (_, err, ok) = cortiq(&polish_args(&st, s(&b), &["--steps", "6", "--resume"]));
+    assert!(ok && err.contains("resumed") && err.contains("at step 4 of 6"), "{err}");
+    let (ba, bb) = (std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+    let first = ba.iter().zip(&bb).position(|(x, y)| x != y);
+    assert!(ba.len() == bb.len() && first.is_none(), "resumed output differs (sizes {} {}, first byte {first:?})", ba.len(), bb.len());
+
+    // Served in O(1) mode by default; --exact serves exact attention; the unpolished model
+    // with the same flags is the O(1) conversion before the polish.
+    let (p_o1, err) = ppl(s(&a), s(&st.valid), &[]);
+    assert!(err.contains("polished model: serving in O(1) mode (window 4, sinks 1, landmarks 4"), "{err}");
+    let (p_ex, err) = ppl(s(&a), s(&st.valid), &["--exact"]);
+    assert!(!err.contains("O(1) mode"), "{err}");
+    let flags = ["--o1", "--o1-window", "4", "--o1-sinks", "1", "--o1-landmarks", "4"];
+    let (p_o1_flags, _) = ppl(s(&a), s(&st.valid), &flags);
+    let (p_before, _) = ppl(s(&st.model), s(&st.valid), &flags);
+    let (p_teacher, _) = ppl(s(&st.model), s(&st.valid), &[]);
+    eprintln!(
+        "tiny gemma3, ctx 32: teacher {p_teacher:.4}; O(1) before {p_before:.4}; polished O(1) {p_o1:.4} (explicit flags {p_o1_flags:.4}), polished --exact {p_ex:.4}"
+    );
+    assert_eq!(p_o1, p_o1_flags, "the default O(1) plan must be the recorded settings");
+    assert_ne!(p_o1, p_ex, "--exact must change the serving");
+    assert_ne!(p_o1, p_before, "the polish changed no served weight");
+    let (_, err, ok) = cortiq(&["ppl", "-m", s(&a), "-f", s(&st.valid), "-c", "32", "--exact", "--o1"]);
+    assert!(!ok && err.lines().count() == 1 && err.contains("--exact"), "{err}");
+}
+
+#[test]
+fn polish_bad_input_is_one_line() {
+    let st = setup("polish-bad");
+    let out = st.dir.0.join("x.cmf");
+    let empty = st.dir.0.join("empty.txt");
+    std::fs::write(&empty, "").unwrap();
+    let m = s(&st.model);
+    let v = s(&st.valid);
+    let base = |extra: &[&str]| -> Vec<String> {
+        let mut a: Vec<String> =
+            ["polish", "-m", m, "-o", s(&out), "--valid", v, "--o1-window", "4", "--o1-sinks", "1", "--o1-landmarks", "4", "-t", "1"]
+                .iter()
+                .map(|x| x.to_string())
+                .collect();
+        a.extend(extra.iter().map(|x| x.to_string()));
+        a
+    };
+    let t0 = s(&st.train[0]);
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (base(&["--ctx", "32"]), "no training files"),
+        (base(&["--ctx", "32", "--train", s(&empty)]), "empty.txt: empty"),
+        (base(&["--ctx", "1024", "--train", t0]), "--ctx 1024 exceeds the model's 512"),
+        (base(&["--ctx", "16", "--train", t0]), "too short for a skeleton"),
+        (base(&["--ctx", "32", "--train", v]), "given both for training and for validation"),
+        (base(&["--ctx", "32", "--train", t0, "--kl-weight", "2"]), "--kl-weight"),
+        (base(&["--ctx", "32", "--train", t0, "--resume"]), "--resume: no checkpoint"),
+        (base(&["--ctx", "32", "--train", "/nonexistent/t.txt"]), "/nonexistent/t.txt"),
+        // Weights blown up by a learning rate of 1e30: the next step fails (a non-finite loss,
+        // or the Nyström ridge system of overflowed landmarks) before its update; the error
+        // names the last good checkpoint.
+        (base(&["--ctx", "32", "--train", t0, "--lr", "1e30", "--warmup", "0", "--steps", "20", "--checkpoint-every", "1"]), "the last good checkpoint is"),
+    ];
+    for (args, want) in cases {
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (_, err, ok) = cortiq(&a);
+        let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error")).collect();
+        assert!(!ok, "{a:?}: accepted\n{err}");
+        assert_eq!(lines.len(), 1, "{a:?}: expected one error line, got {err:?}");
+        assert!(lines[0].contains(want), "{a:?}: {:?} does not say {want:?}", lines[0]);
+        assert!(!out.exists(), "{a:?}: wrote an output");
+    }
+}
