@@ -220,6 +220,8 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
         }
         cortiq_engine::par::init(n).map_err(anyhow::Error::msg).context("setting up the thread pool")?;
     }
+    // One pool for teacher and student (they never run at once): -t bounds both.
+    cortiq_train::par::install(cortiq_engine::par::pool());
 
     // The teacher: the model in exact numerics.
     let path = pull::resolve_model(&a.model)?;
