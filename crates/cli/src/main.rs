@@ -196,12 +196,9 @@ impl O1Args {
 /// The O(1) settings a polished .cmf records (`cortiq polish`), served by default.
 fn served_o1(l: &Loaded) -> Option<O1Settings> {
     match &l.origin {
-        cortiq_engine::load::Origin::Cmf(c) => c.header.o1.as_ref().map(|h| O1Settings {
-            window: h.window,
-            sinks: h.sinks,
-            landmarks: h.landmarks,
-            ridge: h.ridge,
-        }),
+        cortiq_engine::load::Origin::Cmf(c) => {
+            c.header.o1.as_ref().map(|h| O1Settings { window: h.window, sinks: h.sinks, landmarks: h.landmarks, ridge: h.ridge })
+        }
         _ => None,
     }
 }

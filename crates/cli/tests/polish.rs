@@ -45,7 +45,20 @@ fn s(p: &Path) -> &str {
 fn polish_args<'a>(st: &'a Setup, out: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     let mut v = vec!["polish", "-m", s(&st.model), "-o", out, "--train", s(&st.train[0]), s(&st.train[1])];
     v.extend(["--valid", s(&st.valid), "--ctx", "32", "--o1-window", "4", "--o1-sinks", "1", "--o1-landmarks", "4"]);
-    v.extend(["--lr", "1e-3", "--warmup", "1", "--checkpoint-every", "2", "--valid-every", "3", "--valid-windows", "2", "-t", "1"]);
+    v.extend([
+        "--lr",
+        "1e-3",
+        "--warmup",
+        "1",
+        "--checkpoint-every",
+        "2",
+        "--valid-every",
+        "3",
+        "--valid-windows",
+        "2",
+        "-t",
+        "1",
+    ]);
     v.extend(extra);
     v
 }
@@ -79,7 +92,12 @@ fn polish_writes_an_o1_cmf_and_resumes_bit_identically() {
     assert!(ok && err.contains("resumed") && err.contains("at step 4 of 6"), "{err}");
     let (ba, bb) = (std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
     let first = ba.iter().zip(&bb).position(|(x, y)| x != y);
-    assert!(ba.len() == bb.len() && first.is_none(), "resumed output differs (sizes {} {}, first byte {first:?})", ba.len(), bb.len());
+    assert!(
+        ba.len() == bb.len() && first.is_none(),
+        "resumed output differs (sizes {} {}, first byte {first:?})",
+        ba.len(),
+        bb.len()
+    );
 
     // Served in O(1) mode by default; --exact serves exact attention; the unpolished model
     // with the same flags is the O(1) conversion before the polish.
@@ -110,11 +128,26 @@ fn polish_bad_input_is_one_line() {
     let m = s(&st.model);
     let v = s(&st.valid);
     let base = |extra: &[&str]| -> Vec<String> {
-        let mut a: Vec<String> =
-            ["polish", "-m", m, "-o", s(&out), "--valid", v, "--o1-window", "4", "--o1-sinks", "1", "--o1-landmarks", "4", "-t", "1"]
-                .iter()
-                .map(|x| x.to_string())
-                .collect();
+        let mut a: Vec<String> = [
+            "polish",
+            "-m",
+            m,
+            "-o",
+            s(&out),
+            "--valid",
+            v,
+            "--o1-window",
+            "4",
+            "--o1-sinks",
+            "1",
+            "--o1-landmarks",
+            "4",
+            "-t",
+            "1",
+        ]
+        .iter()
+        .map(|x| x.to_string())
+        .collect();
         a.extend(extra.iter().map(|x| x.to_string()));
         a
     };
@@ -131,7 +164,10 @@ fn polish_bad_input_is_one_line() {
         // Weights blown up by a learning rate of 1e30: the next step fails (a non-finite loss,
         // or the Nyström ridge system of overflowed landmarks) before its update; the error
         // names the last good checkpoint.
-        (base(&["--ctx", "32", "--train", t0, "--lr", "1e30", "--warmup", "0", "--steps", "20", "--checkpoint-every", "1"]), "the last good checkpoint is"),
+        (
+            base(&["--ctx", "32", "--train", t0, "--lr", "1e30", "--warmup", "0", "--steps", "20", "--checkpoint-every", "1"]),
+            "the last good checkpoint is",
+        ),
     ];
     for (args, want) in cases {
         let a: Vec<&str> = args.iter().map(String::as_str).collect();

@@ -24,7 +24,8 @@ fn fixture(arch: &str) -> PathBuf {
 }
 
 fn tokens(arch: &str) -> Vec<u32> {
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture(arch).join("tokens.json")).unwrap()).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture(arch).join("tokens.json")).unwrap()).unwrap();
     v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
 }
 
