@@ -563,6 +563,23 @@ mod tests {
         }
     }
 
+    /// max |a − b| relative to max |a| (floored at 1e-6).
+    fn rel_to_max(a: &[f32], b: &[f32]) -> f32 {
+        let scale = a.iter().map(|x| x.abs()).fold(0f32, f32::max).max(1e-6);
+        a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max) / scale
+    }
+
+    /// Random q, k [t, dk] per token L2-normalized as the mixers deliver them (q also ×1/√dk).
+    fn normed_qk(rng: &mut Rng, t: usize, dk: usize) -> (Vec<f32>, Vec<f32>) {
+        let mut q: Vec<f32> = (0..t * dk).map(|_| rng.f() - 0.5).collect();
+        let mut k: Vec<f32> = (0..t * dk).map(|_| rng.f() - 0.5).collect();
+        for s in 0..t {
+            l2n(&mut q[s * dk..(s + 1) * dk], 1.0 / (dk as f32).sqrt());
+            l2n(&mut k[s * dk..(s + 1) * dk], 1.0);
+        }
+        (q, k)
+    }
+
     fn l2n(x: &mut [f32], scale: f32) {
         let n = x.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-6);
         x.iter_mut().for_each(|v| *v *= scale / n);
@@ -631,12 +648,7 @@ mod tests {
             (200, 16, 24, 64, 3.0),
             (77, 8, 8, 16, 0.3),
         ] {
-            let mut q: Vec<f32> = (0..t * dk).map(|_| rng.f() - 0.5).collect();
-            let mut k: Vec<f32> = (0..t * dk).map(|_| rng.f() - 0.5).collect();
-            for s in 0..t {
-                l2n(&mut q[s * dk..(s + 1) * dk], 1.0 / (dk as f32).sqrt());
-                l2n(&mut k[s * dk..(s + 1) * dk], 1.0);
-            }
+            let (q, k) = normed_qk(&mut rng, t, dk);
             let v: Vec<f32> = (0..t * dv).map(|_| rng.f() * 2.0 - 1.0).collect();
             let g: Vec<f32> = (0..t).map(|_| -gscale * rng.f()).collect();
             let beta: Vec<f32> = (0..t).map(|_| 0.05 + 0.9 * rng.f()).collect();
@@ -645,10 +657,7 @@ mod tests {
             let (mut or, mut oc) = (vec![0f32; t * dv], vec![0f32; t * dv]);
             gated_delta_recurrent(&q, &k, &v, &g, &beta, t, dk, dv, &mut sr, &mut or);
             gated_delta_chunked(&q, &k, &v, &g, &beta, t, dk, dv, chunk, &mut sc, &mut oc);
-            let scale = or.iter().map(|x| x.abs()).fold(0f32, f32::max).max(1e-6);
-            let dout = or.iter().zip(&oc).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max) / scale;
-            let sscale = sr.iter().map(|x| x.abs()).fold(0f32, f32::max).max(1e-6);
-            let dst = sr.iter().zip(&sc).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max) / sscale;
+            let (dout, dst) = (rel_to_max(&or, &oc), rel_to_max(&sr, &sc));
             println!("t {t} dk {dk} dv {dv} chunk {chunk} decay {gscale}: out rel {dout:.2e}, state rel {dst:.2e}");
             assert!(dout <= 1e-5 && dst <= 1e-5, "chunked vs recurrent: out {dout:e}, state {dst:e} (relative to max)");
         }
@@ -662,12 +671,7 @@ mod tests {
         for &(t, dk, dv, chunk, gscale) in
             &[(1, 8, 8, 64, 0.1), (63, 16, 8, 64, 0.5), (129, 16, 16, 64, 1.0), (200, 8, 24, 64, 3.0), (77, 8, 8, 16, 0.3)]
         {
-            let mut q: Vec<f32> = (0..t * dk).map(|_| rng.f() - 0.5).collect();
-            let mut k: Vec<f32> = (0..t * dk).map(|_| rng.f() - 0.5).collect();
-            for s in 0..t {
-                l2n(&mut q[s * dk..(s + 1) * dk], 1.0 / (dk as f32).sqrt());
-                l2n(&mut k[s * dk..(s + 1) * dk], 1.0);
-            }
+            let (q, k) = normed_qk(&mut rng, t, dk);
             let v: Vec<f32> = (0..t * dv).map(|_| rng.f() * 2.0 - 1.0).collect();
             let g: Vec<f32> = (0..t * dk).map(|_| -gscale * rng.f()).collect();
             let beta: Vec<f32> = (0..t).map(|_| 0.05 + 0.9 * rng.f()).collect();
@@ -676,10 +680,7 @@ mod tests {
             let (mut or, mut oc) = (vec![0f32; t * dv], vec![0f32; t * dv]);
             kda_recurrent(&q, &k, &v, &g, &beta, t, dk, dv, &mut sr, &mut or);
             kda_chunked(&q, &k, &v, &g, &beta, t, dk, dv, chunk, &mut sc, &mut oc);
-            let scale = or.iter().map(|x| x.abs()).fold(0f32, f32::max).max(1e-6);
-            let dout = or.iter().zip(&oc).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max) / scale;
-            let sscale = sr.iter().map(|x| x.abs()).fold(0f32, f32::max).max(1e-6);
-            let dst = sr.iter().zip(&sc).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max) / sscale;
+            let (dout, dst) = (rel_to_max(&or, &oc), rel_to_max(&sr, &sc));
             println!("kda t {t} dk {dk} dv {dv} chunk {chunk} decay {gscale}: out rel {dout:.2e}, state rel {dst:.2e}");
             assert!(dout <= 1e-5 && dst <= 1e-5, "kda chunked vs recurrent: out {dout:e}, state {dst:e}");
         }
