@@ -52,7 +52,6 @@ pub fn available() -> bool {
 
 /// `matmat_q` with AVX-512 VNNI; `false` (nothing written) without the CPU features.
 /// Lengths were checked by the caller; `rows, n_t > 0`; `geo == geo(ty)`; `p` filled for `acts`.
-#[allow(clippy::too_many_arguments)]
 /// `tm_ldy`: `None` writes y as [rows, n_t]; `Some(ldy)` writes it token-major, y[t·ldy + r]
 /// (the accumulators are token-major already, so this saves the caller a transpose).
 #[allow(clippy::too_many_arguments)]
