@@ -414,7 +414,7 @@ impl Model {
         let mut h = vec![0f32; n * d]; // [n, d_model]
         let num = self.numerics;
         let lc = LlamaCppCtx { cache_cells: state.n_ctx, threads: self.llamacpp_threads };
-        rmsnorm_rows_in(num, &x, &lw.attn_norm, cfg.norm_eps, &mut h);
+        rmsnorm_rows_in(num, x, &lw.attn_norm, cfg.norm_eps, &mut h);
         trace("attn_norm", il, &h);
         let mut tr = |name: &str, vals: &[f32]| trace(name, il, vals);
         let mut a = match (&lw.mixer, &mut state.layers[il]) {
@@ -449,7 +449,7 @@ impl Model {
         }
         trace("attn_proj", il, &a);
         x.iter_mut().zip(&a).for_each(|(xi, ai)| *xi += ai);
-        rmsnorm_rows_in(num, &x, &lw.ffn_norm, cfg.norm_eps, &mut h);
+        rmsnorm_rows_in(num, x, &lw.ffn_norm, cfg.norm_eps, &mut h);
         trace("ffn_norm", il, &h);
         let mut m = match &lw.ffn {
             Ffn::Dense(f) => ffn(cfg, f, &h, n, num),
@@ -460,7 +460,7 @@ impl Model {
         }
         trace("ffn_out", il, &m);
         x.iter_mut().zip(&m).for_each(|(xi, mi)| *xi += mi);
-        trace("l_out", il, &x);
+        trace("l_out", il, x);
         Ok(())
     }
 
@@ -509,10 +509,7 @@ fn load_moe(src: &dyn TensorSource, mc: &MoeConfig, il: usize, d: usize) -> Resu
         None => None,
     };
     let shared_gate = if mc.shared_gate { Some(src.require(&n("ffn_gate_inp_shexp.weight"), 1, d)?) } else { None };
-    let select_bias = match src.optional(&n("exp_probs_b.bias"), 1, ne)? {
-        Some(t) => Some(t.to_f32()),
-        None => None,
-    };
+    let select_bias = src.optional(&n("exp_probs_b.bias"), 1, ne)?.map(|t| t.to_f32());
     Ok(MoeWeights { router, select_bias, experts, shared, shared_gate })
 }
 

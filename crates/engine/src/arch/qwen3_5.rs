@@ -67,7 +67,7 @@ fn from_hf_as(h: &HfConfig, arch: &'static str) -> Result<ModelConfig> {
         out_gate: OutGate::Silu,
         v_tiled: false,
     };
-    if g.n_k_heads == 0 || g.n_v_heads % g.n_k_heads != 0 || g.d_k == 0 || g.d_v == 0 || g.conv_kernel == 0 {
+    if g.n_k_heads == 0 || !g.n_v_heads.is_multiple_of(g.n_k_heads) || g.d_k == 0 || g.d_v == 0 || g.conv_kernel == 0 {
         return Err(bad(format!(
             "linear attention geometry: {} key heads x {}, {} value heads x {}, conv kernel {} is not valid",
             g.n_k_heads, g.d_k, g.n_v_heads, g.d_v, g.conv_kernel
