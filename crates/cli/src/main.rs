@@ -12,7 +12,7 @@ use cortiq_cli::pull;
 use cortiq_engine::Logits;
 use cortiq_engine::generate::{GenOptions, generate};
 use cortiq_engine::load::{Loaded, load};
-use cortiq_engine::mixers::nystrom::{DEFAULT_RIDGE, Far, Guard, O1Settings};
+use cortiq_engine::mixers::nystrom::{DEFAULT_RIDGE, Far, Guard, O1Settings, StatePrecision};
 use cortiq_engine::o1::O1Plan;
 use cortiq_engine::perplexity::{PplOptions, perplexity};
 use cortiq_engine::sampling::SamplerParams;
@@ -117,6 +117,11 @@ struct O1Args {
     /// --o1 ridge factor of the landmark inverse: λ = ridge · tr(AᵀA) / m [default: 1e-3].
     #[arg(long, value_name = "R")]
     o1_ridge: Option<f64>,
+    /// --o1 storage of the landmark skeleton and its accumulators: f32 (half the bytes) or
+    /// pair (f32 hi/lo pairs, ~48-bit mantissa: the matrix form's agreement to ~1e-7, for
+    /// checking) [default: f32].
+    #[arg(long, value_name = "KIND", value_parser = ["f32", "pair"])]
+    o1_state: Option<String>,
     /// StreamingLLM baseline: after the prompt keep only the sink keys and the last W keys
     /// (the middle is evicted). Positions are kept: keys are stored already rotated at their
     /// own positions and never re-rotated (StreamingLLM's no-shift variant). Not with --o1.
@@ -157,6 +162,7 @@ impl O1Args {
                 ("--o1-sinks", self.o1_sinks.is_some()),
                 ("--o1-landmarks", self.o1_landmarks.is_some()),
                 ("--o1-ridge", self.o1_ridge.is_some()),
+                ("--o1-state", self.o1_state.is_some()),
             ] {
                 if given {
                     bail!("{flag} needs --o1");
@@ -173,6 +179,10 @@ impl O1Args {
                 sinks: self.o1_sinks.unwrap_or(d.sinks),
                 landmarks: self.o1_landmarks.unwrap_or(d.landmarks),
                 ridge: self.o1_ridge.unwrap_or(d.ridge),
+                state: match self.o1_state.as_deref() {
+                    Some("pair") => StatePrecision::Pair,
+                    _ => d.state,
+                },
             };
             st.validate()?;
             (st, Far::Skeleton)
@@ -185,7 +195,7 @@ impl O1Args {
                 bail!("--kv-sinks: {sinks} exceeds --kv-window {w}");
             }
             // Landmarks are unused when far keys are dropped.
-            (O1Settings { window: w, sinks, landmarks: 4, ridge: DEFAULT_RIDGE }, Far::Drop)
+            (O1Settings { window: w, sinks, landmarks: 4, ridge: DEFAULT_RIDGE, state: d.state }, Far::Drop)
         } else {
             return Ok(None);
         };
@@ -196,9 +206,13 @@ impl O1Args {
 /// The O(1) settings a polished .cmf records (`cortiq polish`), served by default.
 fn served_o1(l: &Loaded) -> Option<O1Settings> {
     match &l.origin {
-        cortiq_engine::load::Origin::Cmf(c) => {
-            c.header.o1.as_ref().map(|h| O1Settings { window: h.window, sinks: h.sinks, landmarks: h.landmarks, ridge: h.ridge })
-        }
+        cortiq_engine::load::Origin::Cmf(c) => c.header.o1.as_ref().map(|h| O1Settings {
+            window: h.window,
+            sinks: h.sinks,
+            landmarks: h.landmarks,
+            ridge: h.ridge,
+            state: StatePrecision::default(),
+        }),
         _ => None,
     }
 }

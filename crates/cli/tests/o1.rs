@@ -69,6 +69,11 @@ fn check_forms(model: &str) {
     let rel = (stream - matrix).abs() / matrix;
     eprintln!("{model}: o1 streaming {stream} vs matrix form {matrix}: rel {rel:.2e}");
     assert!(rel <= 1e-4, "{model}: streaming ppl {stream} vs matrix form {matrix} (rel {rel:.3e})");
+    // The checking mode (hi/lo pairs) is held to ten times less.
+    let pair = ppl(model, &[&["--o1", "--o1-state", "pair"][..], &o1].concat());
+    let rel = (pair - matrix).abs() / matrix;
+    eprintln!("{model}: o1 streaming with pairs {pair} vs matrix form {matrix}: rel {rel:.2e}");
+    assert!(rel <= 1e-5, "{model}: streaming ppl with pairs {pair} vs matrix form {matrix} (rel {rel:.3e})");
     let drop = ppl(model, &["--kv-window", "64"]);
     let drop_matrix = ppl(model, &["--kv-window", "64", "--o1-check"]);
     let rel = (drop - drop_matrix).abs() / drop_matrix;

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use cortiq_cli::polish::student::{GlobalAttn, StudentWeights, student_logits};
 use cortiq_engine::load::load;
-use cortiq_engine::mixers::nystrom::{Far, Guard, O1Settings};
+use cortiq_engine::mixers::nystrom::{Far, Guard, O1Settings, StatePrecision};
 use cortiq_engine::o1::O1Plan;
 use cortiq_engine::{Logits, Model};
 use cortiq_formats::npy::read_f32;
@@ -87,7 +87,7 @@ fn check_o1(arch: &str, src: &Path) {
     let m = &loaded.model;
     let toks = tokens(arch);
     let (t, v) = (toks.len(), m.cfg.vocab);
-    let settings = O1Settings { window: 4, sinks: 1, landmarks: 4, ridge: 1e-3 };
+    let settings = O1Settings { window: 4, sinks: 1, landmarks: 4, ridge: 1e-3, state: StatePrecision::Pair };
     let tp = t / 2;
     assert!(settings.seals_skeleton(tp), "the test must seal a skeleton");
     let cfg = cortiq_train::nystrom::O1Config {

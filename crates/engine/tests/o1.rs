@@ -10,7 +10,7 @@ mod common;
 
 use common::fixture;
 use cortiq_engine::load::load;
-use cortiq_engine::mixers::nystrom::{DEFAULT_RIDGE, Far, Guard, O1Settings};
+use cortiq_engine::mixers::nystrom::{DEFAULT_RIDGE, Far, Guard, O1Settings, StatePrecision};
 use cortiq_engine::o1::O1Plan;
 use cortiq_engine::perplexity::{PplOptions, perplexity};
 use cortiq_engine::{Logits, Model, Numerics};
@@ -35,7 +35,12 @@ fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
 }
 
 fn plan(tp: usize, window: usize, sinks: usize, landmarks: usize, far: Far, check: Option<Guard>) -> O1Plan {
-    O1Plan { tp, settings: O1Settings { window, sinks, landmarks, ridge: DEFAULT_RIDGE }, far, check }
+    O1Plan {
+        tp,
+        settings: O1Settings { window, sinks, landmarks, ridge: DEFAULT_RIDGE, state: StatePrecision::Pair },
+        far,
+        check,
+    }
 }
 
 /// Logits [T, vocab] of `toks` under `plan` (None: exact), forwarded in chunks of `batch`.

@@ -107,6 +107,22 @@ impl<F: Float> StudentGrads<F> {
         out
     }
 
+    /// Per buffer of [`Self::tensors_mut`], in its order: whether it is a norm gain (a vector)
+    /// rather than an FFN matrix. The trainer gives gains their own learning-rate multiplier.
+    pub fn gain_flags(&self) -> Vec<bool> {
+        let mut out = Vec::new();
+        for g in self.layers.iter().flatten() {
+            out.extend([true, true, false, false, false]);
+            for o in [&g.q_norm, &g.k_norm, &g.post_attn_norm, &g.post_ffn_norm] {
+                if o.is_some() {
+                    out.push(true);
+                }
+            }
+        }
+        out.push(true);
+        out
+    }
+
     pub fn zero(&mut self) {
         for t in self.tensors_mut() {
             t.iter_mut().for_each(|x| *x = F::ZERO);

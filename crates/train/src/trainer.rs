@@ -88,6 +88,9 @@ pub struct TrainConfig {
     /// Peak and final learning rate.
     pub lr: f64,
     pub min_lr: f64,
+    /// Multiplier of the learning rate for norm gains (vectors of O(1) values, which AdamW at an
+    /// FFN matrix's rate barely moves: lr 1e-4 shifts a gain by at most ~1e-4 per step).
+    pub gain_lr_mult: f64,
     /// β1, β2, eps, weight decay (its `lr` is unused: the schedule gives each step's).
     pub adamw: AdamW,
     /// Global gradient-norm clip (≤ 0: off).
@@ -108,6 +111,7 @@ impl Default for TrainConfig {
             warmup: 50,
             lr: 1e-4,
             min_lr: 1e-5,
+            gain_lr_mult: 1.0,
             adamw: AdamW { lr: 1e-4, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 },
             clip: 1.0,
             kl_weight: 0.5,
@@ -133,6 +137,9 @@ impl TrainConfig {
         }
         if !(self.lr.is_finite() && self.lr > 0.0 && self.min_lr.is_finite() && self.min_lr >= 0.0) {
             return bad(format!("--lr {} / min lr {}: must be finite, lr > 0, min lr ≥ 0", self.lr, self.min_lr));
+        }
+        if !(self.gain_lr_mult.is_finite() && self.gain_lr_mult > 0.0) {
+            return bad(format!("--gain-lr-mult {}: must be finite and > 0", self.gain_lr_mult));
         }
         if !(0.0..=1.0).contains(&self.kl_weight) {
             return bad(format!("--kl-weight {}: must be in [0, 1]", self.kl_weight));
@@ -388,9 +395,11 @@ impl<'a, F: Float> Trainer<'a, F> {
             }
         }
         let opt = self.cfg.adamw;
+        let gains = self.params.gain_flags();
         let mut pt = self.params.tensors_mut();
-        for ((p, g), st) in pt.iter_mut().zip(&gt).zip(self.moments.iter_mut()) {
-            opt.step(step_no, lr, p, g, factor, st);
+        for (((p, g), st), gain) in pt.iter_mut().zip(&gt).zip(self.moments.iter_mut()).zip(gains) {
+            let lr_t = if gain { lr * self.cfg.gain_lr_mult } else { lr };
+            opt.step(step_no, lr_t, p, g, factor, st);
         }
         self.step = step_no;
         Ok(StepReport { step: step_no, lr, loss, ce, kl, grad_norm: norm, tokens: b * t })

@@ -306,3 +306,28 @@ fn run_validates_and_checkpoints_on_schedule() {
     assert!(state_bits(&mut back) == state_bits(&mut tr));
     std::fs::remove_file(path).unwrap();
 }
+
+/// AdamW's first step moves every parameter with a non-zero gradient by lr·g/(|g| + eps) ≈ ±lr;
+/// with `gain_lr_mult` the norm gains move by that multiple and the FFN matrices by lr itself.
+#[test]
+fn gain_lr_mult_scales_only_the_gains() {
+    let fx = Fixture::<f32>::load();
+    let v = fx.us("vocab");
+    let base = config(&fx);
+    // No weight decay: it would add lr·wd·p to the move.
+    let adamw = cortiq_train::optim::AdamW { weight_decay: 0.0, ..base.adamw };
+    let cfg = TrainConfig { warmup: 0, clip: 0.0, gain_lr_mult: 10.0, adamw, ..base };
+    let mut tr = Trainer::new(fx.student(), cfg, data(&fx)).unwrap();
+    let before: Vec<Vec<f32>> = tr.params.tensors_mut().iter().map(|t| t.to_vec()).collect();
+    let gains = tr.params.gain_flags();
+    assert!(gains.iter().any(|&g| g) && gains.iter().any(|&g| !g), "the fixture has both kinds");
+    let lr = tr.train_step(&mut synthetic_teacher(v)).unwrap().lr;
+    let after: Vec<Vec<f32>> = tr.params.tensors_mut().iter().map(|t| t.to_vec()).collect();
+    assert_eq!(before.len(), gains.len());
+    for (i, ((b, a), &gain)) in before.iter().zip(&after).zip(&gains).enumerate() {
+        let want = if gain { 10.0 * lr } else { lr };
+        // The largest move of a tensor is the full step (some entries' gradients are ~0).
+        let max = b.iter().zip(a).map(|(x, y)| (x - y).abs() as f64).fold(0.0, f64::max);
+        assert!((max - want).abs() <= 0.02 * want, "tensor {i} (gain {gain}): largest move {max:.3e}, expected {want:.3e}");
+    }
+}

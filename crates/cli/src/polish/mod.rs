@@ -47,6 +47,11 @@ pub struct PolishArgs {
     /// The polished .cmf to write.
     #[arg(short, long, value_name = "OUT.cmf")]
     pub out: PathBuf,
+    /// Start the student from this model's weights instead of MODEL's (e.g. an earlier polish's
+    /// output, to go on at another --ctx or O(1) setting); MODEL stays the teacher and the base
+    /// that OUT is written from. Must have MODEL's architecture and shapes.
+    #[arg(long, value_name = "MODEL")]
+    pub init: Option<String>,
     /// Training text files (or known text names such as alice29.txt).
     #[arg(long, num_args = 1.., value_name = "FILES")]
     pub train: Vec<String>,
@@ -69,6 +74,9 @@ pub struct PolishArgs {
     /// Final learning rate of the cosine [default: lr/10].
     #[arg(long)]
     pub min_lr: Option<f64>,
+    /// Learning-rate multiplier for the norm gains (the FFN matrices take --lr itself).
+    #[arg(long, value_name = "X", default_value_t = 1.0)]
+    pub gain_lr_mult: f64,
     /// Linear warmup steps [default: steps/10, at most 50].
     #[arg(long)]
     pub warmup: Option<u64>,
@@ -168,6 +176,28 @@ pub fn polished_tensors(cfg: &ModelConfig, p: &Params<f32>) -> HashMap<String, V
     out
 }
 
+/// --init must be the teacher's model with other weights: same architecture and shapes.
+fn check_same_shape(a: &ModelConfig, b: &ModelConfig) -> Result<()> {
+    let fields = [
+        ("layers", a.n_layers, b.n_layers),
+        ("d_model", a.d_model, b.d_model),
+        ("d_ff", a.d_ff, b.d_ff),
+        ("vocab", a.vocab, b.vocab),
+        ("head dim", a.head_dim, b.head_dim),
+        ("heads", a.n_heads, b.n_heads),
+        ("kv heads", a.n_kv_heads, b.n_kv_heads),
+    ];
+    if a.arch != b.arch {
+        bail!("architecture {} differs from the teacher's {}", b.arch, a.arch);
+    }
+    for (what, x, y) in fields {
+        if x != y {
+            bail!("{what} {y} differs from the teacher's {x}");
+        }
+    }
+    Ok(())
+}
+
 /// `n` windows spread evenly over `w` (all when there are fewer).
 fn spread(w: Windows, n: usize) -> Windows {
     let k = w.len();
@@ -248,7 +278,18 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
     let n_train_tokens: usize = train_files.iter().map(|f| f.tokens.len()).sum();
 
     // The student: dequantized, global layers on the Nyström operator.
-    let weights = StudentWeights::from_model(model, a.ctx, GlobalAttn::O1 { cfg: o1, tp })?;
+    let init = match &a.init {
+        Some(name) => {
+            let ip = pull::resolve_model(name)?;
+            let l = load(&ip)?;
+            check_same_shape(&model.cfg, &l.model.cfg).with_context(|| format!("--init {}", ip.display()))?;
+            Some(l)
+        }
+        None => None,
+    };
+    let start = init.as_ref().map_or(model, |l| &l.model);
+    let weights = StudentWeights::from_model(start, a.ctx, GlobalAttn::O1 { cfg: o1, tp })?;
+    drop(init);
     let n_conv = weights.train.iter().filter(|&&t| t).count();
     eprintln!(
         "polish: {} ({}), {n_conv} of {} layers converted (W {}, S {}, m {}, ridge {ridge:e}); {} training windows of {} tokens ({n_train_tokens} tokens), {} validation windows; loaded in {:.1}s",
@@ -270,6 +311,7 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
         warmup: a.warmup.unwrap_or((a.steps / 10).min(50)),
         lr: a.lr,
         min_lr: a.min_lr.unwrap_or(a.lr / 10.0),
+        gain_lr_mult: a.gain_lr_mult,
         adamw: AdamW { lr: a.lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 },
         clip: a.clip,
         kl_weight: a.kl_weight,

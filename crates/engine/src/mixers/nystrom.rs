@@ -56,9 +56,13 @@
 //!
 //! Precision. The far field is a cancelling sum (w has mixed signs, |w| up to ~1/√λ), so rounding
 //! in the state is amplified: with single f32 for q̃, k̃, M̂ and the accumulators, this module's
-//! random-head tests disagree with the f64 matrix form by up to 6.8e-5 (relative). Therefore the
-//! small landmark tensors (q̃, k̃, M̂) and the accumulators are stored as f32 hi/lo pairs
-//! (value = hi + lo, ~48-bit mantissa; accumulator updates are then effectively compensated sums).
+//! random-head tests disagree with the f64 matrix form by up to 6.8e-5 (relative). With
+//! [`StatePrecision::Pair`] the small landmark tensors (q̃, k̃, M̂) and the accumulators are
+//! stored as f32 hi/lo pairs (value = hi + lo, ~48-bit mantissa; accumulator updates are then
+//! effectively compensated sums): that is the checking mode, within ~1e-7. The default is single
+//! f32 ([`StatePrecision::Single`]), half the skeleton's bytes: on real models its ppl moves by
+//! less than the 1e-4 the streaming/matrix contract allows (measured in BENCHMARKS.md), and at
+//! equal state bytes every byte the skeleton saves is window the baseline does not get.
 //! The window, sinks and all per-context storage are single f32. Dot products of the step run in
 //! f64 over the f32 operands.
 
@@ -109,11 +113,32 @@ pub struct O1Settings {
     pub landmarks: usize,
     /// Ridge factor (see the module header).
     pub ridge: f64,
+    /// Storage of the skeleton's landmark tensors and accumulators (CLI: --o1-state).
+    pub state: StatePrecision,
+}
+
+/// How the skeleton (q̃, k̃, M̂) and the accumulators are stored. The window and sinks are f32
+/// either way; the step's arithmetic is f64 either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StatePrecision {
+    /// Single f32: half the skeleton's bytes. Off the f64 matrix form by up to ~1e-4 relative
+    /// per output on random heads (the far field is a cancelling sum, see Precision above);
+    /// measured on real models' ppl in BENCHMARKS.md.
+    #[default]
+    Single,
+    /// f32 hi/lo pairs (~48-bit mantissa): within ~1e-7 of the matrix form (`--o1-check`).
+    Pair,
+}
+
+impl StatePrecision {
+    fn pair(self) -> bool {
+        self == StatePrecision::Pair
+    }
 }
 
 impl Default for O1Settings {
     fn default() -> Self {
-        O1Settings { window: 512, sinks: 4, landmarks: 64, ridge: DEFAULT_RIDGE }
+        O1Settings { window: 512, sinks: 4, landmarks: 64, ridge: DEFAULT_RIDGE, state: StatePrecision::Single }
     }
 }
 
@@ -374,10 +399,17 @@ fn dot64_32(a: &[f64], b: &[f32]) -> f64 {
     acc[0] + acc[1] + acc[2] + acc[3] + tail
 }
 
-/// (hi + lo) · b in f64, b f32.
+/// (hi + lo) · b in f64, b f32 (lo empty: single f32).
 #[inline]
 fn dot_split(hi: &[f32], lo: &[f32], b: &[f32]) -> f64 {
-    dot32(hi, b) + dot32(lo, b)
+    if lo.is_empty() { dot32(hi, b) } else { dot32(hi, b) + dot32(lo, b) }
+}
+
+/// The low half of a pair at i, 0 when the storage is single f32 (`lo` empty); a non-empty
+/// `lo` always has the hi part's length.
+#[inline]
+fn lo_at(lo: &[f32], i: usize) -> f64 {
+    if lo.is_empty() { 0.0 } else { lo[i] as f64 }
 }
 
 /// An f32 hi/lo pair array: value = hi + lo (~48-bit mantissa) for the small, cancellation-
@@ -389,14 +421,21 @@ struct Split {
 }
 
 impl Split {
-    fn from_f64(x: &[f64]) -> Self {
+    /// Pairs when `pair`, else single f32 (`lo` empty).
+    fn from_f64(x: &[f64], pair: bool) -> Self {
         let hi: Vec<f32> = x.iter().map(|&v| v as f32).collect();
-        let lo = x.iter().zip(&hi).map(|(&v, &h)| (v - h as f64) as f32).collect();
+        let lo = if pair { x.iter().zip(&hi).map(|(&v, &h)| (v - h as f64) as f32).collect() } else { Vec::new() };
         Split { hi, lo }
     }
     #[inline]
     fn get(&self, i: usize) -> f64 {
-        self.hi[i] as f64 + self.lo[i] as f64
+        self.hi[i] as f64 + lo_at(&self.lo, i)
+    }
+    /// hi[start..start + len] and the matching lo (empty for single f32).
+    #[inline]
+    fn range(&self, start: usize, len: usize) -> (&[f32], &[f32]) {
+        let lo = if self.lo.is_empty() { &[][..] } else { &self.lo[start..start + len] };
+        (&self.hi[start..start + len], lo)
     }
     fn bytes(&self) -> usize {
         (self.hi.len() + self.lo.len()) * 4
@@ -416,11 +455,14 @@ struct Skeleton {
     gamma: Vec<f32>,
     /// [n_heads, m (l), m (i)] scaled ridge inverse.
     mhat: Split,
+    /// Whether the splits and the accumulators are hi/lo pairs ([`StatePrecision::Pair`]).
+    pair: bool,
 }
 
-/// Length of one query head's accumulator block.
-fn acc_len(m: usize, hd: usize) -> usize {
-    3 * m + 2 * m * hd
+/// Length of one query head's accumulator block: off (m) and D̂, N̂ (m + m·hd), the latter
+/// twice with pairs.
+fn acc_len(m: usize, hd: usize, pair: bool) -> usize {
+    m + (m + m * hd) * (1 + pair as usize)
 }
 
 /// A fresh accumulator block (nothing folded).
@@ -439,17 +481,18 @@ struct HeadAcc<'a> {
 }
 
 impl<'a> HeadAcc<'a> {
-    fn new(block: &'a mut [f32], m: usize, hd: usize) -> Self {
+    /// `block` of acc_len(m, hd, pair); with single f32 the lo parts are empty.
+    fn new(block: &'a mut [f32], m: usize, hd: usize, pair: bool) -> Self {
         let (off, rest) = block.split_at_mut(m);
         let (den_hi, rest) = rest.split_at_mut(m);
-        let (den_lo, rest) = rest.split_at_mut(m);
+        let (den_lo, rest) = rest.split_at_mut(if pair { m } else { 0 });
         let (num_hi, num_lo) = rest.split_at_mut(m * hd);
         HeadAcc { off, den_hi, den_lo, num_hi, num_lo }
     }
 
     #[inline]
     fn den(&self, i: usize) -> f64 {
-        self.den_hi[i] as f64 + self.den_lo[i] as f64
+        self.den_hi[i] as f64 + lo_at(self.den_lo, i)
     }
 
     /// Largest log-offset.
@@ -470,19 +513,18 @@ impl<'a> HeadAcc<'a> {
         let mut s = vec![0.0f64; n]; // [n] scores of one landmark query
         let mut qi = vec![0.0f64; hd]; // q̃_i as f64
         let mut acc = vec![0.0f64; hd]; // N_i being updated, f64
+        let pair = !self.num_lo.is_empty();
         for i in 0..m {
             let qb = i * hd;
-            qi.iter_mut()
-                .zip(&qt_hi[qb..qb + hd])
-                .zip(&qt_lo[qb..qb + hd])
-                .for_each(|((x, &hi), &lo)| *x = hi as f64 + lo as f64);
+            qi.iter_mut().enumerate().for_each(|(c, x)| *x = qt_hi[qb + c] as f64 + lo_at(qt_lo, qb + c));
             let mut smax = f64::NEG_INFINITY;
             for (j, sj) in s.iter_mut().enumerate() {
                 *sj = dot64_32(&qi, &k[(j * nkv + g) * hd..][..hd]) * scale;
                 smax = smax.max(*sj);
             }
             let nb = i * hd;
-            let (nhi, nlo) = (&mut self.num_hi[nb..nb + hd], &mut self.num_lo[nb..nb + hd]);
+            let nhi = &mut self.num_hi[nb..nb + hd];
+            let nlo = if pair { &mut self.num_lo[nb..nb + hd] } else { &mut [][..] };
             let old = self.off[i];
             // Rescale to a raised offset (online-softmax style); all zeros while empty.
             let r = if smax > old as f64 {
@@ -494,8 +536,8 @@ impl<'a> HeadAcc<'a> {
                 1.0
             };
             let off = self.off[i] as f64;
-            acc.iter_mut().zip(nhi.iter()).zip(nlo.iter()).for_each(|((x, &hi), &lo)| *x = (hi as f64 + lo as f64) * r);
-            let mut den = (self.den_hi[i] as f64 + self.den_lo[i] as f64) * r;
+            acc.iter_mut().enumerate().for_each(|(c, x)| *x = (nhi[c] as f64 + lo_at(nlo, c)) * r);
+            let mut den = (self.den_hi[i] as f64 + lo_at(self.den_lo, i)) * r;
             for (j, &sj) in s.iter().enumerate() {
                 let e = (sj - off).exp(); // ≲ 1
                 den += e;
@@ -503,10 +545,14 @@ impl<'a> HeadAcc<'a> {
             }
             let dh = den as f32;
             self.den_hi[i] = dh;
-            self.den_lo[i] = (den - dh as f64) as f32;
-            for ((x, hi), lo) in acc.iter().zip(nhi.iter_mut()).zip(nlo.iter_mut()) {
-                *hi = *x as f32;
-                *lo = (*x - *hi as f64) as f32;
+            if pair {
+                self.den_lo[i] = (den - dh as f64) as f32;
+                for ((x, hi), lo) in acc.iter().zip(nhi.iter_mut()).zip(nlo.iter_mut()) {
+                    *hi = *x as f32;
+                    *lo = (*x - *hi as f64) as f32;
+                }
+            } else {
+                nhi.iter_mut().zip(&acc).for_each(|(hi, &x)| *hi = x as f32);
             }
         }
     }
@@ -531,8 +577,13 @@ impl<'a> HeadAcc<'a> {
                 continue;
             }
             let nb = i * hd;
-            let (nhi, nlo) = (&self.num_hi[nb..nb + hd], &self.num_lo[nb..nb + hd]);
-            out.iter_mut().zip(nhi).zip(nlo).for_each(|((x, &a), &b)| *x += f * (a as f64 + b as f64));
+            let nhi = &self.num_hi[nb..nb + hd];
+            if self.num_lo.is_empty() {
+                out.iter_mut().zip(nhi).for_each(|(x, &a)| *x += f * a as f64);
+            } else {
+                let nlo = &self.num_lo[nb..nb + hd];
+                out.iter_mut().zip(nhi).zip(nlo).for_each(|((x, &a), &b)| *x += f * (a as f64 + b as f64));
+            }
         }
         Some(far_den)
     }
@@ -540,15 +591,14 @@ impl<'a> HeadAcc<'a> {
 
 impl Skeleton {
     /// Folds n keys/values (k, v: [n, n_kv, hd]) into the accumulators of query heads h0.. (acc:
-    /// their blocks, [.., acc_len(m, hd)]).
+    /// their blocks, [.., self.acc_len()]).
     #[allow(clippy::too_many_arguments)]
     fn fold(&self, acc: &mut [f32], h0: usize, group: usize, nkv: usize, k: &[f32], v: &[f32], scale: f64) {
         let (m, hd) = (self.m, self.hd);
-        for (i, block) in acc.chunks_mut(acc_len(m, hd)).enumerate() {
+        for (i, block) in acc.chunks_mut(self.acc_len()).enumerate() {
             let h = h0 + i;
-            let qb = h * m * hd;
-            let (qh, ql) = (&self.qt.hi[qb..qb + m * hd], &self.qt.lo[qb..qb + m * hd]);
-            HeadAcc::new(block, m, hd).fold(qh, ql, h / group, nkv, hd, k, v, scale);
+            let (qh, ql) = self.qt.range(h * m * hd, m * hd);
+            HeadAcc::new(block, m, hd, self.pair).fold(qh, ql, h / group, nkv, hd, k, v, scale);
         }
     }
 
@@ -562,8 +612,8 @@ impl Skeleton {
         }
         let (fu, wv) = fw[..2 * m].split_at_mut(m);
         for l in 0..m {
-            let kl = (g * m + l) * hd;
-            fu[l] = dot_split(&self.kt.hi[kl..kl + hd], &self.kt.lo[kl..kl + hd], qh) * scale;
+            let (kh, kl) = self.kt.range((g * m + l) * hd, hd);
+            fu[l] = dot_split(kh, kl, qh) * scale;
         }
         let umax = fu.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
         fu.iter_mut().for_each(|x| *x = (*x - umax).exp());
@@ -572,14 +622,23 @@ impl Skeleton {
         let mb = h * m * m;
         for l in 0..m {
             let f = fu[l];
-            let (mh, ml) = (&self.mhat.hi[mb + l * m..][..m], &self.mhat.lo[mb + l * m..][..m]);
-            wv.iter_mut().zip(mh).zip(ml).for_each(|((x, &a), &b)| *x += f * (a as f64 + b as f64));
+            let (mh, ml) = self.mhat.range(mb + l * m, m);
+            if ml.is_empty() {
+                wv.iter_mut().zip(mh).for_each(|(x, &a)| *x += f * a as f64);
+            } else {
+                wv.iter_mut().zip(mh).zip(ml).for_each(|((x, &a), &b)| *x += f * (a as f64 + b as f64));
+            }
         }
         Some(umax - self.gamma[h] as f64)
     }
 
     fn bytes(&self) -> usize {
         self.qt.bytes() + self.kt.bytes() + self.gamma.len() * 4 + self.mhat.bytes()
+    }
+
+    /// One query head's accumulator block length.
+    fn acc_len(&self) -> usize {
+        acc_len(self.m, self.hd, self.pair)
     }
 }
 
@@ -604,9 +663,9 @@ pub struct O1Layer {
     len: usize,
     keys: Keys,
     skeleton: Option<Skeleton>,
-    /// [n_heads, acc_len(m, hd)] (empty without a skeleton): per query head the accumulators a
+    /// [n_heads, acc_len] (empty without a skeleton): per query head the accumulators a
     /// step updates, one contiguous block [off (m) | D̂ hi (m) | D̂ lo (m) | N̂ hi (m·hd) | N̂ lo
-    /// (m·hd)] (off: log-offsets, −∞ while empty), so that a kv group's heads are one slice and
+    /// (m·hd)] (off: log-offsets, −∞ while empty; no lo parts with single f32), so that a kv group's heads are one slice and
     /// the groups fold in parallel. Kept beside the skeleton, which is read-only after the seal.
     acc: Vec<f32>,
 }
@@ -701,8 +760,9 @@ impl O1Layer {
                 found: qseg.n_heads * qseg.head_dim,
             });
         }
-        let qt = Split::from_f64(&qseg.means()); // [n_heads, m, hd]
-        let kt = Split::from_f64(&segment_means(k, tp, m, nkv, hd)); // [n_kv, m, hd]
+        let pair = settings.state.pair();
+        let qt = Split::from_f64(&qseg.means(), pair); // [n_heads, m, hd]
+        let kt = Split::from_f64(&segment_means(k, tp, m, nkv, hd), pair); // [n_kv, m, hd]
         // The solve uses the stored (hi + lo) values so the state is self-consistent.
         let qt64: Vec<f64> = (0..qt.hi.len()).map(|i| qt.get(i)).collect();
         let kt64: Vec<f64> = (0..kt.hi.len()).map(|i| kt.get(i)).collect();
@@ -723,9 +783,10 @@ impl O1Layer {
             gamma.push(gm);
             mhat.extend_from_slice(&x);
         }
-        let mut acc = vec![0.0; n_heads * acc_len(m, hd)];
-        acc.chunks_mut(acc_len(m, hd)).for_each(|b| acc_init(b, m));
-        let sk = Skeleton { m, hd, qt, kt, gamma, mhat: Split::from_f64(&mhat) };
+        let al = acc_len(m, hd, pair);
+        let mut acc = vec![0.0; n_heads * al];
+        acc.chunks_mut(al).for_each(|b| acc_init(b, m));
+        let sk = Skeleton { m, hd, qt, kt, gamma, mhat: Split::from_f64(&mhat, pair), pair };
         // Prompt keys already far for the first decode position t = tp: [sinks, tp − W).
         sk.fold(&mut acc, 0, group, nkv, &k[sn * row..(tp - w) * row], &v[sn * row..(tp - w) * row], scale as f64);
         layer.skeleton = Some(sk);
@@ -809,7 +870,7 @@ impl O1Layer {
         // One work item per kv head: it folds the leaving key into its query heads'
         // accumulators, then its query heads read every window key/value row once (the window
         // dominates the step: ~90% of it at W = 512, m = 64).
-        let al = acc_len(m, hd);
+        let al = self.skeleton.as_ref().map_or(0, Skeleton::acc_len);
         let mut items: Vec<(&mut [f32], &mut [f32])> = if cx.sk.is_some() {
             o.chunks_mut(group * hd).zip(self.acc.chunks_mut(group * al)).collect()
         } else {
@@ -873,13 +934,13 @@ impl StepCtx<'_> {
         let (cs, rest) = rest.split_at_mut(group); // [group] shifts c
         let (dens, fw) = rest.split_at_mut(group); // [group] denominators; [2m] fu, ŵ
         out.fill(0.0);
-        let mut blocks = acc.chunks_mut(acc_len(m, hd).max(1));
+        let mut blocks = acc.chunks_mut(self.sk.map_or(1, Skeleton::acc_len));
         for hh in 0..group {
             let h = h0 + hh;
             let mut c = scores[hh * n_near..][..n_near].iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             dens[hh] = 0.0;
             if let Some(sk) = self.sk {
-                let ha = HeadAcc::new(blocks.next().expect("one accumulator block per query head"), m, hd);
+                let ha = HeadAcc::new(blocks.next().expect("one accumulator block per query head"), m, hd, sk.pair);
                 if let Some(base) = sk.far_weights(h, g, &qg[hh * hd..][..hd], hd, scale, ha.off, fw) {
                     c = c.max(base + ha.off_max());
                     match ha.far_apply(hd, base, c, &mut fw[m..2 * m], &mut out[hh * hd..][..hd]) {

@@ -27,7 +27,7 @@ fn main() {
         let k = r.vec(t * nkv * hd, 1.0);
         let v = r.vec(t * nkv * hd, 1.0);
         let scale = 1.0 / (hd as f64).sqrt();
-        let est = en::O1Settings { window: w, sinks: s, landmarks: l, ridge: en::DEFAULT_RIDGE };
+        let est = en::O1Settings { window: w, sinks: s, landmarks: l, ridge: en::DEFAULT_RIDGE, state: en::StatePrecision::Pair };
         let efar = if sk { en::Far::Skeleton } else { en::Far::Drop };
         let eo = en::matrix_form(&est, efar, en::Guard::Aggregate, scale, nh, nkv, hd, tp, &q, &k, &v).unwrap();
         let cfg = tr::O1Config { window: w, sinks: s, landmarks: l, ridge: tr::DEFAULT_RIDGE, far: if sk { tr::Far::Skeleton } else { tr::Far::Drop } };

@@ -139,6 +139,7 @@ impl<F: Float> Fixture<F> {
             warmup: self.us("warmup") as u64,
             lr: self.f("lr"),
             min_lr: self.f("min_lr"),
+            gain_lr_mult: 1.0,
             adamw: AdamW {
                 lr: self.f("lr"),
                 beta1: self.f("beta1"),
