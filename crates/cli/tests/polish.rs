@@ -179,3 +179,66 @@ fn polish_bad_input_is_one_line() {
         assert!(!out.exists(), "{a:?}: wrote an output");
     }
 }
+
+/// A real SIGINT (Ctrl-C) while training: the run finishes the current step, writes a
+/// resumable checkpoint, says so and exits 0 without writing OUT; --resume goes on from there.
+#[test]
+fn ctrl_c_leaves_a_resumable_checkpoint() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let st = setup("polish-sigint");
+    let out = st.dir.0.join("c.cmf");
+    let args = polish_args(&st, s(&out), &["--steps", "400"]);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cortiq")).args(&args).stderr(Stdio::piped()).spawn().expect("spawn cortiq");
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    // Wait for the second step, then interrupt.
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        let at_step = line.starts_with("step 2/");
+        seen.push(line);
+        if at_step {
+            break;
+        }
+    }
+    assert!(seen.last().is_some_and(|l| l.starts_with("step 2/")), "no step 2: {seen:?}");
+    let kill = Command::new("kill").args(["-INT", &child.id().to_string()]).status().expect("run kill");
+    assert!(kill.success());
+    seen.extend(lines.map(|l| l.unwrap()));
+    let status = child.wait().unwrap();
+    let err = seen.join("\n");
+    assert!(status.success(), "exit {status:?} after SIGINT:\n{err}");
+    let stopped = seen.iter().find(|l| l.starts_with("stopped at step ")).unwrap_or_else(|| panic!("no stop line:\n{err}"));
+    let step: u64 = stopped["stopped at step ".len()..].split_whitespace().next().unwrap().parse().unwrap();
+    assert!((2..400).contains(&step), "{stopped}");
+    assert!(!out.exists(), "an interrupted run must not write OUT");
+    let ckpt = st.dir.0.join("c.cmf.ckpt");
+    assert!(ckpt.exists(), "no checkpoint after SIGINT");
+    let (_, err, ok) = cortiq(&polish_args(&st, s(&out), &["--steps", "400", "--resume", "--stop-after", "1"]));
+    assert!(ok && err.contains(&format!("at step {step} of 400")), "{err}");
+    assert!(err.contains(&format!("stopped at step {} of 400", step + 1)), "{err}");
+}
+
+/// --init starts the student from another model's weights with the same teacher: a run
+/// initialised from a polished output validates at step 0 exactly where that run ended.
+#[test]
+fn init_continues_from_a_polished_model() {
+    let st = setup("polish-init");
+    let a = st.dir.0.join("a.cmf");
+    let (_, err_a, ok) = cortiq(&polish_args(&st, s(&a), &["--steps", "3", "--store", "f32"]));
+    assert!(ok, "{err_a}");
+    let b = st.dir.0.join("b.cmf");
+    let (_, err_b, ok) = cortiq(&polish_args(&st, s(&b), &["--steps", "1", "--init", s(&a)]));
+    assert!(ok, "{err_b}");
+    let ratio = |err: &str, step: u32| -> String {
+        let l = err.lines().find(|l| l.starts_with(&format!("valid @ step {step}:"))).unwrap_or_else(|| panic!("{err}"));
+        l.split(" [").next().unwrap()["valid @ step N".len()..].to_string()
+    };
+    let (end_a, start_b) = (ratio(&err_a, 3), ratio(&err_b, 0));
+    eprintln!("run a ended {end_a}; run b --init a started {start_b}");
+    assert_eq!(end_a, start_b, "--init a.cmf must start where a ended");
+    // A model of another shape is refused, naming --init.
+    let other = fixture("llama");
+    let (_, err, ok) = cortiq(&polish_args(&st, s(&st.dir.0.join("x.cmf")), &["--steps", "1", "--init", s(&other)]));
+    assert!(!ok && err.contains("--init") && err.lines().filter(|l| l.starts_with("error")).count() == 1, "{err}");
+}
