@@ -33,6 +33,8 @@ fn bad_o1_settings_are_one_line_errors() {
         (&["--kv-sinks", "2"], "--kv-sinks"),
         (&["--o1", "--o1-guard", "clamp"], "--o1-guard"),
         (&["--o1-prefill", "10"], "--o1-prefill"),
+        (&["--o1-state", "pair"], "--o1-state"),
+        (&["--o1", "--o1-state", "f16"], "--o1-state"),
     ] {
         let args: Vec<&str> = base.iter().chain(extra).copied().collect();
         let (_, err, ok) = cortiq(&args);
