@@ -94,32 +94,24 @@ impl<F: Float> StudentGrads<F> {
 
     /// Every buffer, in a fixed order (for clipping and the optimizer).
     pub fn tensors_mut(&mut self) -> Vec<&mut Vec<F>> {
-        let mut out = Vec::new();
-        for g in self.layers.iter_mut().flatten() {
-            out.extend([&mut g.attn_norm, &mut g.ffn_norm, &mut g.gate, &mut g.up, &mut g.down]);
-            for o in [&mut g.q_norm, &mut g.k_norm, &mut g.post_attn_norm, &mut g.post_ffn_norm] {
-                if let Some(v) = o.as_mut() {
-                    out.push(v);
-                }
-            }
-        }
-        out.push(&mut self.final_norm);
-        out
+        self.tensors_kinds_mut().into_iter().map(|(t, _)| t).collect()
     }
 
-    /// Per buffer of [`Self::tensors_mut`], in its order: whether it is a norm gain (a vector)
-    /// rather than an FFN matrix. The trainer gives gains their own learning-rate multiplier.
-    pub fn gain_flags(&self) -> Vec<bool> {
+    /// [`Self::tensors_mut`] with, per buffer, whether it is a norm gain (a vector) rather than
+    /// an FFN matrix: the trainer gives gains their own learning-rate multiplier. One list, so
+    /// the order and the kinds cannot drift apart.
+    pub fn tensors_kinds_mut(&mut self) -> Vec<(&mut Vec<F>, bool)> {
         let mut out = Vec::new();
-        for g in self.layers.iter().flatten() {
-            out.extend([true, true, false, false, false]);
-            for o in [&g.q_norm, &g.k_norm, &g.post_attn_norm, &g.post_ffn_norm] {
-                if o.is_some() {
-                    out.push(true);
+        for g in self.layers.iter_mut().flatten() {
+            out.extend([(&mut g.attn_norm, true), (&mut g.ffn_norm, true)]);
+            out.extend([(&mut g.gate, false), (&mut g.up, false), (&mut g.down, false)]);
+            for o in [&mut g.q_norm, &mut g.k_norm, &mut g.post_attn_norm, &mut g.post_ffn_norm] {
+                if let Some(v) = o.as_mut() {
+                    out.push((v, true));
                 }
             }
         }
-        out.push(true);
+        out.push((&mut self.final_norm, true));
         out
     }
 

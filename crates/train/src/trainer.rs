@@ -395,10 +395,9 @@ impl<'a, F: Float> Trainer<'a, F> {
             }
         }
         let opt = self.cfg.adamw;
-        let gains = self.params.gain_flags();
-        let mut pt = self.params.tensors_mut();
-        for (((p, g), st), gain) in pt.iter_mut().zip(&gt).zip(self.moments.iter_mut()).zip(gains) {
-            let lr_t = if gain { lr * self.cfg.gain_lr_mult } else { lr };
+        let mut pt = self.params.tensors_kinds_mut();
+        for (((p, gain), g), st) in pt.iter_mut().zip(&gt).zip(self.moments.iter_mut()) {
+            let lr_t = if *gain { lr * self.cfg.gain_lr_mult } else { lr };
             opt.step(step_no, lr_t, p, g, factor, st);
         }
         self.step = step_no;
