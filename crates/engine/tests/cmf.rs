@@ -7,7 +7,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{fixture, ids, max_diff};
+use common::{fixture, ids};
 use cortiq_engine::compat::Numerics;
 use cortiq_engine::convert::{ConvertOptions, QuantSpec, convert};
 use cortiq_engine::load::{Origin, load};
@@ -15,6 +15,7 @@ use cortiq_engine::{Logits, Model};
 use cortiq_formats::names::hf_to_gguf;
 use cortiq_formats::safetensors::HfWeights;
 use cortiq_kernels::quant::{QuantType, dequantize_row, quantize_row};
+use cortiq_testkit::max_abs_diff as max_diff;
 
 const ARCHES: [&str; 4] = ["llama", "qwen2", "qwen3", "gemma3"];
 
@@ -268,24 +269,17 @@ fn tokenizer_and_chat_template_survive_gguf_conversion() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// The real models' GGUFs (from the model cache; skipped when absent): keep-conversion gives
-/// the same tokenizer on the tokenizer tests' texts, chat template included, and the same
-/// first-token logits bit for bit.
+/// The real models' GGUFs (from the model cache; a missing model fails the test, naming the
+/// path: `scripts/test` pulls them first): keep-conversion gives the same tokenizer on the
+/// tokenizer tests' texts, chat template included, and the same first-token logits bit for bit.
 #[test]
 fn real_models_keep_tokenizer_template_and_logits() {
-    let cache = std::env::var_os("CORTIQ_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/cortiq"));
     let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../formats/tests/data/tokenizer");
     let dir = scratch("real");
     for name in ["gemma3", "smollm2", "qwen2.5-coder"] {
         let fx: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(data.join(format!("{name}.json"))).unwrap()).unwrap();
-        let src = cache.join("models").join(fx["model_file"].as_str().unwrap());
-        if !src.exists() {
-            eprintln!("SKIP: {} not in the model cache", src.display());
-            continue;
-        }
+        let src = cortiq_testkit::real_model(fx["model_file"].as_str().unwrap());
         let out = dir.join(format!("{name}.cmf"));
         conv(&src, &out, &opts(QuantSpec::Keep));
         let texts: Vec<&str> = fx["cases"].as_array().unwrap().iter().map(|c| c["text"].as_str().unwrap()).collect();

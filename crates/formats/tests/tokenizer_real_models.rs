@@ -1,6 +1,6 @@
 //! Tokenization on the real models' vocabularies (SmolLM2, Qwen2.5-Coder, Gemma 3) against
 //! llama.cpp, plus decoding, streaming and speed on them (a whole book, alice29.txt from the
-//! brotli 1.2.1 source package, fetched into the cache: count and digest equal to llama.cpp's).
+//! brotli 1.2.1 source package, pulled into the cache: count and digest equal to llama.cpp's).
 //!
 //! Fixtures (tests/data/tokenizer/<model>.json, from tools/tokenizer/gen_expected.py) hold the ids
 //! llama.cpp's llama-tokenize gives for varied texts, and the ids transformers gives on the same
@@ -8,8 +8,9 @@
 //! `½`/`¼`, which llama.cpp's `\p{N}` split isolates, and Gemma's `</s>`, which llama.cpp makes a
 //! control token) the difference is printed, not failed.
 //!
-//! The GGUFs come from the model cache (`cortiq pull`). A test whose model file is absent prints
-//! a SKIP notice and returns; CI pulls the models first.
+//! The GGUFs and alice29.txt come from the model cache (`cortiq pull`; `scripts/test` pulls them
+//! first). A test whose file is absent FAILS with the path and how to fetch it
+//! (`cortiq_testkit::real_model`): a skipped check must never read as a pass.
 
 mod tokenizer_support;
 
@@ -18,37 +19,33 @@ use std::time::Instant;
 use cortiq_formats::gguf::Gguf;
 use cortiq_formats::tokenizer::{StreamDecoder, Tokenizer};
 use serde_json::Value;
-use tokenizer_support::{alice29, cache_root, ids_digest};
+use tokenizer_support::ids_digest;
 
 fn fixture(name: &str) -> Value {
     let path = format!("{}/tests/data/tokenizer/{name}.json", env!("CARGO_MANIFEST_DIR"));
     serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
 }
 
-/// The model's tokenizer, or None (with a printed notice) when the file is not in the cache.
-fn load(fx: &Value) -> Option<Tokenizer> {
+/// The model's tokenizer; panics (naming the path) when the model is not in the cache.
+fn load(fx: &Value) -> Tokenizer {
     let file = fx["model_file"].as_str().unwrap();
-    let path = cache_root().join("models").join(file);
-    if !path.exists() {
-        eprintln!("SKIP: {} not in the model cache (run `cortiq pull` first)", path.display());
-        return None;
-    }
+    let path = cortiq_testkit::real_model(file);
     let g = Gguf::open(&path).unwrap();
     let t0 = Instant::now();
     let tok = Tokenizer::from_gguf(&g).unwrap();
     eprintln!("[{file}] tokenizer loaded in {:.0} ms: {tok:?}", t0.elapsed().as_secs_f64() * 1e3);
     let eog: Vec<String> = tok.eos_ids().iter().map(|&i| format!("{i}:{}", tok.token_text(i).unwrap())).collect();
     eprintln!("[{file}] end-of-generation tokens: {eog:?}");
-    Some(tok)
+    tok
 }
 
 fn ids(v: &Value) -> Vec<u32> {
     v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
 }
 
-fn check_fixture(name: &str) -> Option<Tokenizer> {
+fn check_fixture(name: &str) -> Tokenizer {
     let fx = fixture(name);
-    let tok = load(&fx)?;
+    let tok = load(&fx);
     let mut failed = 0;
     let cases = fx["cases"].as_array().unwrap();
     for c in cases {
@@ -73,7 +70,7 @@ fn check_fixture(name: &str) -> Option<Tokenizer> {
     }
     eprintln!("[{name}] {} cases, {} identical to llama.cpp", cases.len(), cases.len() - failed);
     assert_eq!(failed, 0, "[{name}] {failed} cases differ from llama.cpp");
-    Some(tok)
+    tok
 }
 
 /// Ids of a whole 152 KB book (alice29.txt) against llama.cpp's count and digests.
@@ -124,7 +121,7 @@ fn check_stream(tok: &Tokenizer, text: &str) {
 }
 
 fn speed(tok: &Tokenizer, name: &str, limit_s: f64) {
-    let path = alice29().unwrap_or_else(|e| panic!("alice29.txt unavailable: {e}"));
+    let path = cortiq_testkit::real_text("alice29.txt");
     let text = std::fs::read_to_string(&path).unwrap();
     let t0 = Instant::now();
     let ids = tok.encode_with(&text, false, false).unwrap();
@@ -144,7 +141,7 @@ fn speed(tok: &Tokenizer, name: &str, limit_s: f64) {
 
 #[test]
 fn smollm2_vocab() {
-    let Some(tok) = check_fixture("smollm2") else { return };
+    let tok = check_fixture("smollm2");
     assert_eq!(tok.vocab_size(), 49152);
     assert_eq!(tok.bos_id(), Some(1));
     assert!(!tok.add_bos());
@@ -156,7 +153,7 @@ fn smollm2_vocab() {
 
 #[test]
 fn qwen25_coder_vocab() {
-    let Some(tok) = check_fixture("qwen2.5-coder") else { return };
+    let tok = check_fixture("qwen2.5-coder");
     assert_eq!(tok.vocab_size(), 151936);
     assert!(!tok.add_bos());
     let im_end = tok.token_to_id("<|im_end|>").unwrap();
@@ -167,7 +164,7 @@ fn qwen25_coder_vocab() {
 
 #[test]
 fn gemma3_vocab() {
-    let Some(tok) = check_fixture("gemma3") else { return };
+    let tok = check_fixture("gemma3");
     assert_eq!(tok.vocab_size(), 262144);
     assert_eq!(tok.bos_id(), Some(2));
     assert!(tok.add_bos());

