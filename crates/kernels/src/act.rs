@@ -274,8 +274,10 @@ mod tests {
         exp_fast(&mut a);
         exp_fast_scalar(&mut b);
         assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "exp SIMD vs scalar twin");
-        let worst =
-            g.iter().zip(&a).filter(|(x, _)| x.abs() < 80.0).map(|(&x, &y)| ((x.exp() - y) / x.exp()).abs()).fold(0f32, f32::max);
+        // max_err propagates NaN (f32::max would drop it and pass).
+        let worst = cortiq_testkit::max_err(
+            g.iter().zip(&a).filter(|(x, _)| x.abs() < 80.0).map(|(&x, &y)| ((x.exp() - y) / x.exp()).abs() as f64),
+        );
         assert!(worst <= 3e-7, "exp_fast {worst} relative from libm");
     }
 
@@ -286,7 +288,7 @@ mod tests {
         silu_fast(&mut a);
         silu_fast_scalar(&mut b);
         assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "silu SIMD vs scalar twin");
-        let worst = g.iter().zip(&a).map(|(&x, &y)| ((silu(x) - y) / x.abs().max(1e-30)).abs()).fold(0f32, f32::max);
+        let worst = cortiq_testkit::max_err(g.iter().zip(&a).map(|(&x, &y)| ((silu(x) - y) / x.abs().max(1e-30)).abs() as f64));
         assert!(worst <= 2e-6, "silu_fast {worst} relative from libm");
     }
 
@@ -301,7 +303,7 @@ mod tests {
             crate::ops::softmax_inplace(&mut c);
             let bad = (0..len).find(|&i| a[i].to_bits() != b[i].to_bits());
             assert!(bad.is_none(), "len {len}: SIMD and scalar twin differ at {bad:?}");
-            let worst = (0..len).map(|i| ((a[i] - c[i]) / c[i].max(1e-30)).abs()).fold(0f32, f32::max);
+            let worst = cortiq_testkit::max_err((0..len).map(|i| ((a[i] - c[i]) / c[i].max(1e-30)).abs() as f64));
             println!("softmax len {len}: bit-identical to scalar; max rel vs libm {worst:.2e}");
             assert!(worst <= 2e-6, "len {len}: {worst} relative from the libm softmax");
         }
@@ -317,13 +319,13 @@ mod tests {
             let (mut a, mut b) = (g.clone(), g.clone());
             gated_act_fast(kind, &mut a, &u);
             gated_act_fast_scalar(kind, &mut b, &u);
-            let (mut worst_simd, mut worst_ref, mut at) = (0f32, 0f64, 0);
+            let (mut worst_simd, mut worst_ref, mut at) = (0f64, 0f64, 0);
             for i in 0..g.len() {
                 let scale = (g[i] * u[i]).abs().max(1e-30);
-                worst_simd = worst_simd.max((a[i] - b[i]).abs() / scale);
+                worst_simd = cortiq_testkit::nan_max(worst_simd, ((a[i] - b[i]).abs() / scale) as f64);
                 let exact = reference(g[i]) as f64 * u[i] as f64;
                 let e = (a[i] as f64 - exact).abs() / (scale as f64);
-                if e > worst_ref {
+                if (e > worst_ref || e.is_nan()) && !worst_ref.is_nan() {
                     (worst_ref, at) = (e, i);
                 }
             }

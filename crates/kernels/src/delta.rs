@@ -565,8 +565,9 @@ mod tests {
 
     /// max |a − b| relative to max |a| (floored at 1e-6).
     fn rel_to_max(a: &[f32], b: &[f32]) -> f32 {
-        let scale = a.iter().map(|x| x.abs()).fold(0f32, f32::max).max(1e-6);
-        a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max) / scale
+        // NaN-propagating (cortiq-testkit): a NaN in either makes the result NaN.
+        let scale = cortiq_testkit::max_abs(a).max(1e-6);
+        cortiq_testkit::max_abs_diff(a, b).0 / scale
     }
 
     /// Random q, k [t, dk] per token L2-normalized as the mixers deliver them (q also ×1/√dk).
@@ -747,7 +748,7 @@ mod tests {
             &mut s,
             &mut o[cut * dv..],
         );
-        let d = o.iter().zip(&o_all).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        let (d, _) = cortiq_testkit::max_abs_diff(&o, &o_all);
         println!("split at {cut}: max out diff {d:.2e}");
         assert!(d <= 1e-5, "split run differs by {d}");
     }

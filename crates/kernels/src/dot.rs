@@ -327,7 +327,7 @@ mod tests {
             for t in 0..nt {
                 for c in 0..n {
                     let exact: f64 = (0..k).map(|j| x[t * k + j] as f64 * b[j * ldb + c] as f64).sum();
-                    md = md.max((exact - yv[t * ldy + c] as f64).abs());
+                    md = cortiq_testkit::nan_max(md, (exact - yv[t * ldy + c] as f64).abs());
                 }
             }
             println!("gemm_nn {nt}x{k}x{n}: bit-identical to scalar; max diff vs f64 {md:.2e}");

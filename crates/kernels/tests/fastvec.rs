@@ -5,6 +5,7 @@
 use cortiq_kernels::quant::{
     QuantType, act_type, dequantize_act, dequantize_row, matvec_fast_scalar, matvec_own, quantize_act, vec_dot_scalar,
 };
+use cortiq_testkit::nan_max;
 use half::f16;
 
 struct Rng(u64);
@@ -59,8 +60,9 @@ fn simd_matches_scalar_twin_and_ggml() {
                 dequantize_row(ty, &w[r * rb..(r + 1) * rb], &mut wr);
                 let scale: f64 = wr.iter().zip(&xa).map(|(a, b)| (*a as f64 * b).abs()).sum::<f64>().max(1e-30);
                 let g = vec_dot_scalar(ty, &w[r * rb..(r + 1) * rb], &a, cols) as f64;
-                worst_sv = worst_sv.max((yv[r] as f64 - ys[r] as f64).abs() / scale);
-                worst_g = worst_g.max((yv[r] as f64 - g).abs() / scale);
+                // nan_max: a NaN output must fail the bound (f64::max would drop it).
+                worst_sv = nan_max(worst_sv, (yv[r] as f64 - ys[r] as f64).abs() / scale);
+                worst_g = nan_max(worst_g, (yv[r] as f64 - g).abs() / scale);
             }
             println!("{:>5} {cols:>6} {worst_sv:>14.2e} {worst_g:>14.2e}", ty.name());
             assert!(worst_sv <= 1e-6, "{ty} cols {cols}: SIMD vs scalar twin {worst_sv:e} of Σ|w·x|");
@@ -105,8 +107,8 @@ fn q4k_own_order_matches_scalar_twin_bitwise_and_ggml() {
             let scale: f64 = wr.iter().zip(&xa).map(|(p, q)| (*p as f64 * q).abs()).sum::<f64>().max(1e-30);
             let exact: f64 = wr.iter().zip(&xa).map(|(p, q)| *p as f64 * q).sum();
             let g = vec_dot_scalar(ty, &w[r * rb..(r + 1) * rb], &a, cols) as f64;
-            worst = worst.max((yv[r] as f64 - exact).abs() / scale);
-            worst_g = worst_g.max((g - exact).abs() / scale);
+            worst = nan_max(worst, (yv[r] as f64 - exact).abs() / scale);
+            worst_g = nan_max(worst_g, (g - exact).abs() / scale);
         }
         println!(
             "Q4_K own order, cols {cols}: SIMD == scalar twin bitwise; |own - f64| {worst:.2e}, |ggml - f64| {worst_g:.2e} of Σ|w·x|"

@@ -22,6 +22,7 @@ use cortiq_kernels::quant::{
     ActType, MatmatActs, QuantType, act_type, dequantize_act, dequantize_row_scalar, matmat_q, matmat_q_prepared,
     matmat_q_prepared_tm, matmat_q_scalar, matmat_supported, quantize_act, vec_dot, vec_dot_scalar,
 };
+use cortiq_testkit::nan_max;
 
 const TYPES: [QuantType; 10] = [
     QuantType::Q4K,
@@ -257,9 +258,9 @@ fn close_to_vec_dot() {
                         worst = if e.is_finite() { e } else { f64::INFINITY };
                         where_ = format!("{}x{}x{} r{r} t{t}: got {got:e} vec_dot {vd:e} f64 {exact:e}", c.rows, c.cols, c.n_t);
                     }
-                    worst_s = worst_s.max((gots - vd).abs() / mag);
-                    worst_x = worst_x.max((got - exact).abs() / mag);
-                    worst_vx = worst_vx.max((vd - exact).abs() / mag);
+                    worst_s = nan_max(worst_s, (gots - vd).abs() / mag);
+                    worst_x = nan_max(worst_x, (got - exact).abs() / mag);
+                    worst_vx = nan_max(worst_vx, (vd - exact).abs() / mag);
                 }
             }
         }

@@ -35,6 +35,7 @@ use cortiq_kernels::quant::{
     matvec_q_order, order_supported, quantize_act, quantize_act_scalar, vec_dot, vec_dot_order, vec_dot_order_scalar,
     vec_dot_scalar,
 };
+use cortiq_testkit::nan_max;
 use std::path::PathBuf;
 
 const DOT_TYPES: [QuantType; 10] = [
@@ -306,7 +307,7 @@ fn simd_matches_scalar() {
                 rows += 1;
                 if s.to_bits() != v.to_bits() {
                     bad += 1;
-                    maxd = maxd.max((s - v).abs());
+                    maxd = nan_max(maxd as f64, (s - v).abs() as f64) as f32;
                     if bad == 1 {
                         println!("{ty} n={n}: scalar {s:e} simd {v:e}");
                     }
@@ -325,7 +326,7 @@ fn simd_matches_scalar() {
             rows += 1;
             if s.to_bits() != got.to_bits() {
                 bad += 1;
-                maxd = maxd.max((s - got).abs());
+                maxd = nan_max(maxd as f64, (s - got).abs() as f64) as f32;
                 println!("{ty} matvec row {r}: scalar {s:e} matvec {got:e}");
             }
         }
@@ -424,14 +425,15 @@ fn close_to_f64_reference() {
                 let mag: f64 = wf.iter().zip(&af).map(|(&x, &y)| (x as f64 * y).abs()).sum();
                 let got = vec_dot(ty, &w, &a, n) as f64;
                 let rel = if mag > 0.0 { (got - exact).abs() / mag } else { (got - exact).abs() };
-                if rel > worst {
+                // A NaN is kept (nothing compares greater than it) and fails `worst <= tol`.
+                if rel > worst || rel.is_nan() {
                     worst = rel;
                     worst_n = n;
                 }
             }
         }
         println!("{:>5} {worst_n:>7} {worst:>14e} {tol:>10e}", ty.name());
-        if worst > tol {
+        if !(worst <= tol) {
             fails.push(ty);
         }
     }
@@ -471,7 +473,7 @@ fn quantize_act_error_bounds() {
                 let d = amax / 127.0;
                 let bound = d * 0.5 + 127.0 * (d * 2f64.powi(-11)).max(2f64.powi(-25)) + 1e-30;
                 for (&xv, &dv) in xb.iter().zip(db) {
-                    worst = worst.max((xv as f64 - dv).abs() / bound);
+                    worst = nan_max(worst, (xv as f64 - dv).abs() / bound);
                 }
             }
         }
