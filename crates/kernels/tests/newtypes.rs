@@ -14,6 +14,8 @@
 //!       naive scale (largest magnitude on the lowest level) and the uniform -8..7 grid that the
 //!       levels replaced (8.6% naive, 8.1% with the same search) print beside it, must be worse;
 //!   q1 61.5% [64%]: sign times mean |w|, sqrt(1 - 2/pi) = 60.3% for a Gaussian.
+//!   Rows with 1% of 20x outliers (`outlier_rows_within_budget`): q8r 5.1% [6.2%], q4t 13.3%
+//!   [14.5%], q1 92% [97%], each a little above its measured value.
 //!   SIMD dequantization: bit-identical to the scalar twin.
 //!   vec_dot SIMD vs scalar: |diff| <= 2e-6 * sum |w_i * a_i| (same integers, a different f32
 //!       summation order).
@@ -24,6 +26,7 @@ use cortiq_kernels::quant::{
     ActType, QuantType, QuantizeError, act_type, dequantize_act, dequantize_row, dequantize_row_scalar, dequantize_rows, dot_row,
     matvec_q, quantize_act, quantize_row, quantize_row_weighted, vec_dot, vec_dot_scalar,
 };
+use cortiq_testkit::{max_abs_diff, nan_max};
 
 /// SplitMix64 (no dependency).
 struct Rng(u64);
@@ -141,7 +144,7 @@ fn round_trip_error_within_budget() {
                 let y = deq(ty, &quantize(ty, &x), n);
                 let e = rel_rmse(&x, &y);
                 sum += e;
-                worst = worst.max(e);
+                worst = nan_max(worst, e);
                 if ty == QuantType::Q4T {
                     naive += naive_q4t_rmse(&x, false);
                     uniform += naive_q4t_rmse(&x, true);
@@ -166,12 +169,37 @@ fn round_trip_error_within_budget() {
             assert!(worst <= worst_budget, "{ty} n={n}: worst relative RMSE {worst:e} > budget {worst_budget:e}");
         }
     }
-    // heavy tails (1% of 20x outliers): printed for the record, a looser bound
-    for ty in QuantType::OWN {
-        let x = rng.act_row(2048);
-        let e = rel_rmse(&x, &deq(ty, &quantize(ty, &x), 2048));
-        println!("{:>4} n= 2048 with outliers: {:7.3}%", ty.name(), 100.0 * e);
-        assert!(e < 1.0, "{ty}: outlier row error {e}");
+}
+
+/// Heavy tails (activation-like rows, 1% of 20x outliers): the outliers set the scale, so the
+/// bulk sits on fewer levels and the error is larger than on Gaussian rows. Mean over 8 rows of
+/// 2048 [worst row]; each budget a little above its measured value, like the Gaussian ones.
+/// Measured (seed 0x5EED_0005, this test, x86-64 --release): q8r 4.60% [5.56%], q4t 12.07%
+/// [13.06%], q1 89.83% [94.01%]. Was `e < 1.0` on one row, 25x above q8r's 4.0%.
+#[test]
+fn outlier_rows_within_budget() {
+    let mut rng = Rng(0x5EED_0005);
+    let rows = 8;
+    let budgets = [(QuantType::Q8R, 0.051, 0.062), (QuantType::Q4T, 0.133, 0.145), (QuantType::Q1, 0.92, 0.97)];
+    for (ty, budget, worst_budget) in budgets {
+        let (mut sum, mut worst) = (0f64, 0f64);
+        for _ in 0..rows {
+            let x = rng.act_row(2048);
+            let e = rel_rmse(&x, &deq(ty, &quantize(ty, &x), 2048));
+            sum += e;
+            worst = nan_max(worst, e);
+        }
+        let mean = sum / rows as f64;
+        println!(
+            "{:>4} n= 2048 with outliers: {:7.3}% [{:7.3}%] budget {:5.2}% [{:5.2}%]",
+            ty.name(),
+            100.0 * mean,
+            100.0 * worst,
+            100.0 * budget,
+            100.0 * worst_budget
+        );
+        assert!(mean <= budget, "{ty}: outlier rows' mean relative RMSE {mean:e} > budget {budget:e}");
+        assert!(worst <= worst_budget, "{ty}: worst outlier row relative RMSE {worst:e} > budget {worst_budget:e}");
     }
 }
 
@@ -197,7 +225,7 @@ fn special_rows() {
                 (0..256).map(|i| ((i * 7 % 15) as f32 - 7.0) / 1024.0).collect()
             };
             let y = deq(ty, &quantize(ty, &g), 256);
-            let maxd = g.iter().zip(&y).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            let (maxd, _) = max_abs_diff(&g, &y);
             println!("{:>4}: on-grid row max |err| {maxd:e}", ty.name());
             let bound = if ty == QuantType::Q8R { 7.0 / 1024.0 / 127.0 * 0.5001 } else { 0.0 };
             assert!(maxd <= bound, "{ty}: on-grid row max |err| {maxd:e} > {bound:e}");
@@ -384,10 +412,10 @@ fn vec_dot_simd_scalar_and_f64() {
                 let s = vec_dot_scalar(ty, &w, &a, n) as f64;
                 let (r, mag) = f64_dot(ty, &w, &a, n);
                 let mag = mag.max(f64::MIN_POSITIVE);
-                d_ss = d_ss.max((v - s).abs() / mag);
-                d_sf = d_sf.max((s - r).abs() / mag);
-                d_vf = d_vf.max((v - r).abs() / mag);
-                d_vr = d_vr.max((v - r).abs() / r.abs().max(f64::MIN_POSITIVE));
+                d_ss = nan_max(d_ss, (v - s).abs() / mag);
+                d_sf = nan_max(d_sf, (s - r).abs() / mag);
+                d_vf = nan_max(d_vf, (v - r).abs() / mag);
+                d_vr = nan_max(d_vr, (v - r).abs() / r.abs().max(f64::MIN_POSITIVE));
                 assert!((v - s).abs() <= 2e-6 * mag, "{ty} n={n} round {round}: simd {v:e} vs scalar {s:e} (mag {mag:e})");
                 assert!((s - r).abs() <= 1e-5 * mag, "{ty} n={n} round {round}: scalar {s:e} vs f64 {r:e} (mag {mag:e})");
                 assert!((v - r).abs() <= 1e-5 * mag, "{ty} n={n} round {round}: simd {v:e} vs f64 {r:e} (mag {mag:e})");
