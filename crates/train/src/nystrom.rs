@@ -922,9 +922,8 @@ mod tests {
 
     /// (max |a − b| / max |b|, index)
     fn rel(a: &[f64], b: &[f64]) -> (f64, usize) {
-        let scale = b.iter().fold(1e-300f64, |m, x| m.max(x.abs()));
-        let (i, d) =
-            a.iter().zip(b).map(|(x, y)| (x - y).abs()).enumerate().fold((0, 0.0), |m, (i, d)| if d > m.1 { (i, d) } else { m });
+        let scale = cortiq_testkit::max_err(b.iter().map(|x| x.abs())).max(1e-300);
+        let (d, i) = cortiq_testkit::max_abs_diff_f64(a, b); // NaN-propagating
         (d / scale, i)
     }
 

@@ -2,6 +2,7 @@
 //! gradient check validates) on the same inputs: outputs and gradients agree to f32 rounding.
 //! Error measure: max |f32 − f64| / max |f64| over the tensor, printed with where.
 
+use cortiq_testkit::{max_abs_diff_f64, max_err};
 use cortiq_train::Float;
 use cortiq_train::act::{self, Act, FfnActs, FfnGrads, FfnWeights};
 use cortiq_train::attention::{AttnShape, attention_backward, attention_forward};
@@ -19,13 +20,10 @@ fn narrow(x: &[f64]) -> Vec<f32> {
 /// Asserts max |a − b| / max |b| ≤ tol and prints it.
 fn agree(what: &str, a: &[f32], b: &[f64], tol: f64) {
     assert_eq!(a.len(), b.len(), "{what}: lengths");
-    let scale = b.iter().fold(0.0f64, |m, x| m.max(x.abs())).max(1e-300);
-    let (i, d) = a
-        .iter()
-        .zip(b)
-        .map(|(&x, &y)| (x as f64 - y).abs())
-        .enumerate()
-        .fold((0, 0.0), |m, (i, d)| if d > m.1 { (i, d) } else { m });
+    let scale = max_err(b.iter().map(|x| x.abs())).max(1e-300);
+    // NaN-propagating (cortiq-testkit): a NaN on either side makes d NaN and fails the bound.
+    let wide: Vec<f64> = a.iter().map(|&x| x as f64).collect();
+    let (d, i) = max_abs_diff_f64(&wide, b);
     println!("f32 vs f64 {what:<28} max |diff|/scale {:.3e} at {i} (scale {scale:.3e})", d / scale);
     assert!(
         d / scale <= tol && a.iter().all(|x| x.is_finite()),

@@ -5,6 +5,7 @@
 //! backward that writes instead of accumulating fails.
 //! Run: `cargo test --release -p cortiq-train --test gradcheck -- --nocapture`.
 
+use cortiq_testkit::max_abs_diff_f64;
 use cortiq_train::act::{self, Act, FfnActs, FfnGrads, FfnWeights};
 use cortiq_train::attention::{AttnShape, attention_backward, attention_forward};
 use cortiq_train::delta::{DeltaCheckpoints, DeltaGrads, DeltaShape, delta_backward, delta_forward};
@@ -272,14 +273,9 @@ fn gradcheck_attention() {
         let (mut o, mut lse) = (vec![0.0; q.len()], vec![0.0; t * nh]);
         attention_forward(&sh, &q, &k, &v, &mut o, &mut lse);
         let naive = naive_attention(&q, &k, &v, nh, nkv, hd, sh.scale, window);
-        let diff = o
-            .iter()
-            .zip(&naive)
-            .map(|(a, b)| (a - b).abs())
-            .enumerate()
-            .fold((0, 0.0), |m, (i, d)| if d > m.1 { (i, d) } else { m });
-        println!("{name}: forward vs the naive definition max |diff| {:.3e} at {}", diff.1, diff.0);
-        assert!(diff.1 < 1e-13, "{name}: forward differs from the naive definition by {:.3e} at {}", diff.1, diff.0);
+        let (diff, at) = max_abs_diff_f64(&o, &naive); // NaN-propagating
+        println!("{name}: forward vs the naive definition max |diff| {diff:.3e} at {at}");
+        assert!(diff < 1e-13, "{name}: forward differs from the naive definition by {diff:.3e} at {at}");
         let (mut dq, mut dk, mut dv) = (grad_buf(q.len()), grad_buf(k.len()), grad_buf(v.len()));
         attention_backward(&sh, &q, &k, &v, &o, &lse, &r, &mut dq, &mut dk, &mut dv);
         reps.extend(qkv_check(name, &mut q, &mut k, &mut v, (&dq, &dk, &dv), |q, k, v| {
@@ -353,7 +349,7 @@ fn gradcheck_nystrom_drop_and_fallback() {
                 (vec![0.0; q.len()], vec![0.0; t * nh], vec![0.0; q.len()], vec![false; t * nh]);
             attention_forward(&ash, &q, &k, &v, &mut o, &mut lse);
             nystrom_forward(&cfg, &plan, &sh, &q, &k, &v, &mut on, &mut dr);
-            let diff = o.iter().zip(&on).fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
+            let (diff, _) = max_abs_diff_f64(&o, &on);
             println!("nystrom short prompt vs exact attention: max |diff| {diff:.3e}");
             assert!(diff < 1e-12, "short-prompt fallback differs from exact attention by {diff:.3e}");
         }
@@ -461,7 +457,7 @@ fn gradcheck_lm_head_distill() {
     distill_loss_backward(&z, &tch, &targets, vocab, lambda, 1.0, &mut dz);
     let mut dh2 = vec![0.0; t * d];
     linear_backward(&dz, &h, &w, Some(&mut dh2), None, t, d, vocab);
-    let dd = unpre(&dh).iter().zip(&dh2).fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
+    let (dd, _) = max_abs_diff_f64(&unpre(&dh), &dh2);
     println!("lm head fused vs unfused: loss {:.15} vs {:.15}, dh max |diff| {dd:.3e}", fused.loss, plain.loss);
     assert!((fused.loss - plain.loss).abs() < 1e-13 && dd < 1e-13, "fused LM head + loss differs from the unfused ops");
     let rep = check("lm head + loss (fused)", "h", &mut h, &unpre(&dh), EPS, |h| {

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use common::Fixture;
+use cortiq_testkit::max_err;
 use cortiq_train::data::{TokenFile, Windows, pack};
 use cortiq_train::gradcheck::Rng;
 use cortiq_train::trainer::{Event, RunEnd, RunOptions, TrainConfig, TrainError, Trainer};
@@ -327,7 +328,7 @@ fn gain_lr_mult_scales_only_the_gains() {
     for (i, ((b, a), &gain)) in before.iter().zip(&after).zip(&gains).enumerate() {
         let want = if gain { 10.0 * lr } else { lr };
         // The largest move of a tensor is the full step (some entries' gradients are ~0).
-        let max = b.iter().zip(a).map(|(x, y)| (x - y).abs() as f64).fold(0.0, f64::max);
+        let max = max_err(b.iter().zip(a).map(|(x, y)| (x - y).abs() as f64)); // NaN if any move is NaN
         assert!((max - want).abs() <= 0.02 * want, "tensor {i} (gain {gain}): largest move {max:.3e}, expected {want:.3e}");
     }
 }
