@@ -646,7 +646,8 @@ mod tests {
                     let head = kvh * group + g;
                     let mut one = vec![0f32; hd];
                     attend_one(&at, &q[head * hd..(head + 1) * hd], p, head, kc, vc, &mut one);
-                    max = one.iter().zip(&grouped[g * hd..(g + 1) * hd]).map(|(a, b)| (a - b).abs()).fold(max, f32::max);
+                    let d = cortiq_testkit::max_abs_diff(&one, &grouped[g * hd..(g + 1) * hd]).0;
+                    max = cortiq_testkit::nan_max(max as f64, d as f64) as f32;
                 }
             }
             println!("grouped decode nh {nh} nkv {nkv} hd {hd} p {p} window {window:?}: max diff {max:.2e}");

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use cortiq_engine::compat::Numerics;
 use cortiq_engine::qtensor::QTensor;
 use cortiq_kernels::quant::QuantType;
+use cortiq_testkit::{max_err, nan_max};
 use half::f16;
 
 struct Rng(u64);
@@ -51,13 +52,12 @@ fn random_tensor(ty: QuantType, rows: usize, cols: usize, rng: &mut Rng) -> QTen
 /// Worst |a - b| / Σ|w·x| over the outputs (the dequantized weights' magnitudes times |x|).
 fn worst(w: &QTensor, x: &[f32], a: &[f32], b: &[f32]) -> f64 {
     let mut row = vec![0f32; w.cols];
-    (0..w.rows)
-        .map(|r| {
-            w.row_f32(r, &mut row);
-            let scale: f64 = row.iter().zip(x).map(|(p, q)| (*p as f64 * *q as f64).abs()).sum::<f64>().max(1e-30);
-            (a[r] as f64 - b[r] as f64).abs() / scale
-        })
-        .fold(0.0, f64::max)
+    // max_err propagates a NaN output (f64::max would drop it and pass).
+    max_err((0..w.rows).map(|r| {
+        w.row_f32(r, &mut row);
+        let scale: f64 = row.iter().zip(x).map(|(p, q)| (*p as f64 * *q as f64).abs()).sum::<f64>().max(1e-30);
+        (a[r] as f64 - b[r] as f64).abs() / scale
+    }))
 }
 
 #[test]
@@ -74,12 +74,13 @@ fn matvec2_and_prefill_match_single_token_matvecs() {
         }
         let (mut y0, mut y1) = (vec![0f32; rows], vec![0f32; rows]);
         w.matvec2(&x[..cols], &x[cols..2 * cols], &mut y0, &mut y1);
-        let e2 = worst(&w, &x[..cols], &y0, &single[..rows]).max(worst(&w, &x[cols..2 * cols], &y1, &single[rows..2 * rows]));
+        let e2 =
+            nan_max(worst(&w, &x[..cols], &y0, &single[..rows]), worst(&w, &x[cols..2 * cols], &y1, &single[rows..2 * rows]));
         let mut chunk = vec![0f32; n_t * rows];
         w.matmul(&x, n_t, &mut chunk);
-        let ec = (0..n_t)
-            .map(|t| worst(&w, &x[t * cols..(t + 1) * cols], &chunk[t * rows..(t + 1) * rows], &single[t * rows..(t + 1) * rows]))
-            .fold(0.0, f64::max);
+        let ec = max_err((0..n_t).map(|t| {
+            worst(&w, &x[t * cols..(t + 1) * cols], &chunk[t * rows..(t + 1) * rows], &single[t * rows..(t + 1) * rows])
+        }));
         println!("{:>5}: matvec2 vs matvec {e2:.2e}, {n_t}-token matmul vs matvec {ec:.2e} (of Σ|w·x|)", ty.name());
         assert!(e2 <= 1e-5 && ec <= 1e-5, "{ty}: matvec2 {e2:e}, matmul {ec:e} from the single-token products");
     }

@@ -7,6 +7,7 @@
 
 use cortiq_engine::sampling::{Rng, Sampler, SamplerParams};
 use cortiq_engine::stop::StopMatcher;
+use cortiq_testkit::{max_abs_diff, max_abs_diff_f64};
 
 /// Every filter and penalty off, temperature 1, fixed seed: a base to switch one thing on.
 fn plain() -> SamplerParams {
@@ -33,13 +34,8 @@ fn check_probs(what: &str, got: &[(u32, f32)], expected: &[f32]) {
     let mut exp = expected.to_vec();
     exp.sort_by(|a, b| b.total_cmp(a));
     assert_eq!(got.len(), exp.len(), "{what}: kept {:?}, expected {:?}", got, exp);
-    let (mut worst, mut at) = (0.0f32, 0);
-    for (i, (&(_, g), &e)) in got.iter().zip(&exp).enumerate() {
-        if (g - e).abs() > worst {
-            worst = (g - e).abs();
-            at = i;
-        }
-    }
+    let probs: Vec<f32> = got.iter().map(|&(_, g)| g).collect();
+    let (worst, at) = max_abs_diff(&probs, &exp); // NaN if any probability is NaN
     println!("{what}: max |diff| {worst:.2e} at rank {at}");
     assert!(worst < 1e-5, "{what}: max |diff| {worst:.2e} at rank {at}: got {got:?}, expected {exp:?}");
 }
@@ -134,13 +130,7 @@ fn llama_cpp_penalty_cases() {
             ..plain()
         };
         let got = dense(&Sampler::new(params).distribution(&l, hist), 5);
-        let (mut worst, mut at) = (0.0f32, 0);
-        for i in 0..5 {
-            if (got[i] - exp[i]).abs() > worst {
-                worst = (got[i] - exp[i]).abs();
-                at = i;
-            }
-        }
+        let (worst, at) = max_abs_diff(&got, &exp[..]);
         println!("penalties {hist:?} r={rp} f={fp} p={pp}: max |diff| {worst:.2e} at id {at}");
         assert!(worst < 1e-5, "penalties {hist:?}: got {got:?}, expected {exp:?}");
     }
@@ -516,58 +506,11 @@ fn distribution_agrees_with_f64_softmax() {
     let want = renorm(&row, &ids, 0.8);
     let got = Sampler::new(params).distribution(&row, &[]);
     assert_eq!(got.len(), want.len());
-    let mut worst = (0.0f64, 0u32);
-    for &(id, p) in &want {
-        let g = got.iter().find(|x| x.0 == id).expect("same set").1 as f64;
-        if (g - p).abs() > worst.0 {
-            worst = ((g - p).abs(), id);
-        }
-    }
-    println!("distribution vs f64 softmax: max |diff| {:.2e} at id {}", worst.0, worst.1);
-    assert!(worst.0 < 1e-6);
-}
-
-/// This thread's on-CPU nanoseconds (Linux), so figures survive a loaded machine.
-fn thread_cpu_ns() -> Option<u64> {
-    std::fs::read_to_string("/proc/thread-self/schedstat").ok()?.split_whitespace().next()?.parse().ok()
-}
-
-#[test]
-fn timing_at_gemma_vocab() {
-    // Not a pass/fail figure (machines are noisy); prints the per-token cost at V = 262,144.
-    let row = llm_like_row(262_144, 8, 2.5);
-    let hist: Vec<u32> = (0..64).map(|i| i * 97).collect();
-    for (name, params) in [
-        ("defaults", SamplerParams { seed: 1, ..SamplerParams::default() }),
-        ("greedy", SamplerParams::greedy()),
-        ("top_p 0.9 only", SamplerParams { top_k: 0, top_p: 0.9, min_p: 0.0, seed: 1, ..SamplerParams::default() }),
-        ("min_p 0.05 only", SamplerParams { top_k: 0, top_p: 1.0, min_p: 0.05, seed: 1, ..SamplerParams::default() }),
-        ("no filters", SamplerParams { top_k: 0, top_p: 1.0, min_p: 0.0, seed: 1, ..SamplerParams::default() }),
-        (
-            "defaults + penalties",
-            SamplerParams {
-                repeat_penalty: 1.1,
-                frequency_penalty: 0.1,
-                presence_penalty: 0.1,
-                seed: 1,
-                ..SamplerParams::default()
-            },
-        ),
-    ] {
-        let mut s = Sampler::new(params);
-        s.sample(&row, &hist);
-        // Run >= 0.3 s: schedstat advances at scheduler ticks, not per call.
-        let mut iters = 0;
-        let t0 = std::time::Instant::now();
-        let c0 = thread_cpu_ns();
-        while t0.elapsed().as_secs_f64() < 0.3 {
-            std::hint::black_box(s.sample(&row, &hist));
-            iters += 1;
-        }
-        let wall = t0.elapsed().as_secs_f64() * 1e6 / iters as f64;
-        let cpu = thread_cpu_ns().zip(c0).map(|(b, a)| (b - a) as f64 / 1e3 / iters as f64);
-        println!("sample {name}: {wall:.1} us/token wall, {cpu:.1?} us/token on-CPU");
-    }
+    let g: Vec<f64> = want.iter().map(|&(id, _)| got.iter().find(|x| x.0 == id).expect("same set").1 as f64).collect();
+    let p: Vec<f64> = want.iter().map(|&(_, p)| p).collect();
+    let (worst, i) = max_abs_diff_f64(&g, &p); // NaN if any probability is NaN
+    println!("distribution vs f64 softmax: max |diff| {worst:.2e} at id {}", want[i].0);
+    assert!(worst < 1e-6, "distribution vs f64 softmax: max |diff| {worst:e} at id {}", want[i].0);
 }
 
 #[test]

@@ -262,8 +262,9 @@ mod tests {
             y_pieces.extend(gated_deltanet(&cfg, &w, &h[t0 * cfg.d_model..t1 * cfg.d_model], t1 - t0, &mut s_pieces));
         }
         let rel = |a: &[f32], b: &[f32]| {
-            let m = a.iter().map(|x| x.abs()).fold(0f32, f32::max).max(1e-6);
-            a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max) / m
+            // NaN-propagating (cortiq-testkit): a NaN in either makes the error NaN.
+            let m = cortiq_testkit::max_abs(a).max(1e-6);
+            cortiq_testkit::max_abs_diff(a, b).0 / m
         };
         let (e_steps, e_pieces) = (rel(&y_one, &y_steps), rel(&y_one, &y_pieces));
         let (s_steps_e, s_pieces_e) = (rel(&s_one.s, &s_steps.s), rel(&s_one.s, &s_pieces.s));
