@@ -1,7 +1,7 @@
 //! `cortiq polish` end to end on the tiny gemma3 fixture (converted to a .cmf with a byte-level
 //! tokenizer; its one global layer on the Nyström operator, the three sliding ones exact):
 //! the polished .cmf records its O(1) settings and `ppl` serves it in O(1) mode by default
-//! (`--exact` turns that off); a run stopped after 4 of 6 steps (`--stop-after`, the path Ctrl-C
+//! (`--exact` turns that off), with a lower perplexity than the O(1) conversion before the polish; a run stopped after 4 of 6 steps (`--stop-after`, the path Ctrl-C
 //! takes) and resumed writes the same bytes as the run that never stopped; bad input is a
 //! one-line error.
 
@@ -12,6 +12,10 @@ use std::process::Command;
 
 use common::{TempDir, byte_tokenizer_json, copy_fixture, fixture};
 use cortiq_formats::cmf::Cmf;
+
+/// Share of the O(1) conversion's ppl excess over the teacher that 6 polish steps must close
+/// (measured 32%).
+const MIN_EXCESS_CLOSED: f64 = 0.15;
 
 fn cortiq(args: &[&str]) -> (String, String, bool) {
     let out = Command::new(env!("CARGO_BIN_EXE_cortiq")).args(args).output().expect("spawn cortiq");
@@ -76,10 +80,10 @@ fn ppl(model: &str, valid: &str, extra: &[&str]) -> (f64, String) {
 fn polish_writes_an_o1_cmf_and_resumes_bit_identically() {
     let st = setup("polish-e2e");
     let a = st.dir.0.join("a.cmf");
-    let (_, err, ok) = cortiq(&polish_args(&st, s(&a), &["--steps", "6"]));
-    eprintln!("{err}");
-    assert!(ok, "polish: {err}");
-    assert!(err.contains("valid @ step 0") && err.contains("valid @ step 6"), "{err}");
+    let (_, polish_err, ok) = cortiq(&polish_args(&st, s(&a), &["--steps", "6"]));
+    eprintln!("{polish_err}");
+    assert!(ok, "polish: {polish_err}");
+    assert!(polish_err.contains("valid @ step 0") && polish_err.contains("valid @ step 6"), "{polish_err}");
     let h = Cmf::open(&a).unwrap().header.o1.expect("the polished .cmf records its O(1) settings");
     assert_eq!((h.window, h.sinks, h.landmarks, h.trained_ctx, h.steps), (4, 1, 4, 32, 6));
 
@@ -114,7 +118,27 @@ fn polish_writes_an_o1_cmf_and_resumes_bit_identically() {
     );
     assert_eq!(p_o1, p_o1_flags, "the default O(1) plan must be the recorded settings");
     assert_ne!(p_o1, p_ex, "--exact must change the serving");
-    assert_ne!(p_o1, p_before, "the polish changed no served weight");
+    // The polish improves the O(1) model, not merely changes it: measured (6 steps, lr 1e-3)
+    // teacher 2473.98, O(1) before 2764.79, polished 2670.70, i.e. 32% of the O(1) excess over
+    // the teacher closed (the run's own validation ratio 1.1338 -> 1.0972). The bound asks for
+    // 15%, half the measurement; a polish that trains the wrong way, or not at all, closes none.
+    let closed = (p_before - p_o1) / (p_before - p_teacher);
+    eprintln!("polish closed {:.1}% of the O(1) excess over the teacher", 100.0 * closed);
+    assert!(p_before > p_teacher, "the O(1) conversion should cost ppl before the polish ({p_before} vs {p_teacher})");
+    assert!(
+        closed >= MIN_EXCESS_CLOSED,
+        "the polish closed {:.1}% of the O(1) excess (before {p_before}, after {p_o1}, teacher {p_teacher}); expected at least {:.0}%",
+        100.0 * closed,
+        100.0 * MIN_EXCESS_CLOSED
+    );
+    let ratio = |step: u32| -> f64 {
+        let l = polish_err
+            .lines()
+            .find(|l| l.starts_with(&format!("valid @ step {step}:")))
+            .unwrap_or_else(|| panic!("{polish_err}"));
+        l.split("ratio ").nth(1).and_then(|r| r.split_whitespace().next()).unwrap().parse().unwrap()
+    };
+    assert!(ratio(6) < ratio(0), "validation ratio did not improve: step 0 {} -> step 6 {}", ratio(0), ratio(6));
     let (_, err, ok) = cortiq(&["ppl", "-m", s(&a), "-f", s(&st.valid), "-c", "32", "--exact", "--o1"]);
     assert!(!ok && err.lines().count() == 1 && err.contains("--exact"), "{err}");
 }
