@@ -606,11 +606,10 @@ mod tests {
             for idx in 0..n * nh {
                 let mut one = vec![0f32; hd];
                 attend_one(&at, &q[idx * hd..(idx + 1) * hd], pos0 + idx / nh, idx % nh, kc, vc, &mut one);
-                for (d, &x) in one.iter().enumerate() {
-                    let diff = (x - blocked[idx * hd + d]).abs();
-                    if diff > max.0 {
-                        max = (diff, idx * hd + d);
-                    }
+                // NaN-propagating (cortiq-testkit); a NaN stays (nothing compares greater).
+                let (diff, d) = cortiq_testkit::max_abs_diff(&one, &blocked[idx * hd..(idx + 1) * hd]);
+                if (diff > max.0 || diff.is_nan()) && !max.0.is_nan() {
+                    max = (diff, idx * hd + d);
                 }
             }
             println!("nh {nh} nkv {nkv} hd {hd} n {n} pos0 {pos0} window {window:?}: max diff {:.2e} at {}", max.0, max.1);

@@ -345,14 +345,7 @@ mod tests {
             let mut yv = vec![0f32; nt * ldy];
             gemm_nt_scalar(&x, nt, &w, nr, k, &mut ys, ldy);
             gemm_nt(&x, nt, &w, nr, k, &mut yv, ldy);
-            let (mut md, mut at) = (0f32, 0);
-            for i in 0..ys.len() {
-                let d = (ys[i] - yv[i]).abs();
-                if d > md {
-                    md = d;
-                    at = i;
-                }
-            }
+            let (md, at) = cortiq_testkit::max_abs_diff(&ys, &yv); // NaN-propagating
             println!("gemm {nt}x{nr}x{k}: max diff {md:e} at {at}");
             assert!(md <= 1e-5 * (k as f32).sqrt(), "gemm {nt}x{nr}x{k}: max diff {md} at {at}");
         }

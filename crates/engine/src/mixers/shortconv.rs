@@ -113,6 +113,6 @@ mod tests {
         let (e, _) = cortiq_testkit::max_abs_diff(&y_one, &y_steps);
         let (es, _) = cortiq_testkit::max_abs_diff(&s_one.conv, &s_steps.conv);
         println!("shortconv: token 0 by hand {e0:.2e}; steps vs prefill {e:.2e} (state {es:.2e})");
-        assert!(e0 <= 1e-5 && e <= 1e-5 && es <= 1e-5);
+        assert!(e0 <= 1e-5 && e <= 1e-5 && es <= 1e-5, "shortconv: token 0 by hand {e0:e}, steps vs prefill {e:e}, state {es:e}");
     }
 }
