@@ -2,13 +2,19 @@
 //! train crate's Student must compute what the engine computes.
 //! 1. Exact attention: the student's logits equal the engine's exact-numerics logits and
 //!    transformers' float64 logits (the committed fixtures' logits.npy; gguf_ref_logits.npy for
-//!    the Gemma 3 GGUF, which llama.cpp's settings make another model) within 1e-4, for the
+//!    the Gemma 3 GGUF, which llama.cpp's settings make another model) within `TOL`, for the
 //!    llama and gemma3 fixtures read both as HF folders and as llama.cpp-converted GGUFs (Llama's
 //!    permuted Q/K rows and interleaved RoPE, llama3 rope scaling, Gemma's folded +1 norms,
 //!    embedding scale, local/global RoPE, sliding layers, QK-norm, post-norms, tied heads).
 //! 2. O(1): with the global layers on the Nyström operator (sliding layers exact), the student's
 //!    logits equal the engine's O(1) matrix form (`--o1-check`, the same operator teacher-forced)
-//!    within 1e-4, with a skeleton sealed (tp 16 > W + S + 8).
+//!    within `TOL`, with a skeleton sealed (tp 16 > W + S + 8).
+//!
+//! `TOL` = 3e-5 absolute on logits (largest |logit| 6.6 llama, 7.5 gemma3), beside the floor the
+//! fixtures' READMEs record, HF float32 vs float64: 7.8e-6 (llama), 6.3e-6 (gemma3). Measured:
+//! student vs engine 3.9e-6 .. 5.0e-6, vs transformers f64 5.0e-6 .. 6.0e-6, O(1) student vs
+//! the engine's matrix form 9.3e-6 (llama) / 5.0e-6 (gemma3): the student's f32 sums in another
+//! order than the engine's, at the floor.
 
 use std::path::{Path, PathBuf};
 
@@ -18,6 +24,11 @@ use cortiq_engine::mixers::nystrom::{Far, Guard, O1Settings, StatePrecision};
 use cortiq_engine::o1::O1Plan;
 use cortiq_engine::{Logits, Model};
 use cortiq_formats::npy::read_f32;
+use cortiq_testkit::max_abs_diff;
+
+/// Logits, student vs engine / transformers f64: floor 7.8e-6 / 6.3e-6 (HF f32 vs f64); measured
+/// at most 9.3e-6.
+const TOL: f32 = 3e-5;
 
 fn fixture(arch: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/fixtures").join(arch)
@@ -29,17 +40,10 @@ fn tokens(arch: &str) -> Vec<u32> {
     v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
 }
 
-/// (max |a − b|, (row, col) of it) over [T, V] logits.
+/// (max |a − b|, (row, col) of it) over [T, V] logits; NaN (at the first NaN) if either holds one.
 fn max_diff(a: &[f32], b: &[f32], v: usize) -> (f32, (usize, usize)) {
-    assert_eq!(a.len(), b.len());
-    let mut best = (0f32, 0);
-    for (i, (x, y)) in a.iter().zip(b).enumerate() {
-        let d = (x - y).abs();
-        if d > best.0 || d.is_nan() {
-            best = (d, i);
-        }
-    }
-    (best.0, (best.1 / v, best.1 % v))
+    let (d, i) = max_abs_diff(a, b);
+    (d, (i / v, i % v))
 }
 
 fn engine_logits(m: &Model, toks: &[u32], plan: Option<O1Plan>) -> Vec<f32> {
@@ -66,8 +70,8 @@ fn check_exact(arch: &str, src: &Path, reference: &str) {
         "{arch} {}: student vs engine exact max |diff| {d_e:.3e} at {at_e:?}; vs transformers f64 ({reference}) {d_h:.3e} at {at_h:?}",
         src.file_name().unwrap().to_string_lossy()
     );
-    assert!(d_e <= 1e-4, "{arch}: student vs engine {d_e} at {at_e:?}");
-    assert!(d_h <= 1e-4, "{arch}: student vs transformers {d_h} at {at_h:?}");
+    assert!(d_e <= TOL, "{arch}: student vs engine {d_e} > {TOL} at {at_e:?}");
+    assert!(d_h <= TOL, "{arch}: student vs transformers {d_h} > {TOL} at {at_h:?}");
 }
 
 #[test]
@@ -108,7 +112,7 @@ fn check_o1(arch: &str, src: &Path) {
     eprintln!(
         "{arch} O(1) W4 S1 m4 tp {tp}: {trained} converted layers; student vs engine matrix form max |diff| {d:.3e} at {at:?} (vs exact attention: {d_x:.3e}, the conversion's own change)"
     );
-    assert!(d <= 1e-4, "{arch}: student vs engine O(1) matrix form {d} at {at:?}");
+    assert!(d <= TOL, "{arch}: student vs engine O(1) matrix form {d} > {TOL} at {at:?}");
     assert!(d_x > 1e-3, "{arch}: the O(1) operator changed nothing ({d_x}): is the skeleton sealed?");
 }
 
