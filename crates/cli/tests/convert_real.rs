@@ -35,8 +35,10 @@ const Q8R_PPL_EXCESS: f64 = 0.00405;
 /// logits at the 21 positions of the gemma3_hf_ref sentence: measured 0.380 (position 2,
 /// largest |logit| 25.3), the source's Q5_0/Q4_K/Q6_K weights requantized to Q8_0 (up to 1/254
 /// of each 32-block's largest weight), the size of the fast numerics' 8-bit activations
-/// (README: ~0.3). Bound twice that; a wrong scale, row or tensor moves logits by units.
-const Q8_0_LOGITS_TOL: f32 = 0.8;
+/// (README: ~0.3). The computation is deterministic, so the bound sits 1.3x above: a Q8_0 grid
+/// of half the levels (d = max/63) measured 0.781 and fails it; a wrong scale, row or tensor
+/// moves logits by units.
+const Q8_0_LOGITS_TOL: f32 = 0.5;
 
 /// A scratch folder removed on drop.
 struct Scratch(PathBuf);
@@ -120,7 +122,7 @@ fn q8r_with_q8_0_embeddings_keeps_gemma3_within_0_4_percent() {
     );
     assert!(
         excess <= Q8R_PPL_EXCESS,
-        "q8r (embeddings q8_0) ppl {q8r} is {:+.4}% over the f32 source's {base}: more than {:+.2}%",
+        "q8r (embeddings q8_0) ppl {q8r} is {:+.4}% over the f32 source's {base}: more than {:+.3}%",
         100.0 * excess,
         100.0 * Q8R_PPL_EXCESS
     );
