@@ -19,8 +19,10 @@
 //! single-token decode; not covered: KV-split decode past 256 positions (it depends on the
 //! thread count; every sequence here stays under 256), prompts beyond one 512-token micro-batch.
 //!
-//! Status: SmolLM2 is bit-identical on all 208 rows. Gemma 3 and Qwen2.5 are not (see their
-//! tests, `#[ignore]`d with the reason until the engine is fixed; run them with `--ignored`).
+//! Status: SmolLM2 (208 rows) and Qwen2.5 (204 rows) are bit-identical on every row. Qwen2.5's
+//! decode steps were not until single-token decode ran repacked Q4_K matrices in llama.cpp's
+//! RepackGemv order (qtensor.rs `matvec_many`; it used vec_dot's): this test found it. Gemma 3
+//! is not (see its test, `#[ignore]`d with the reason until the engine is fixed; `--ignored`).
 //!
 //! A model absent from the cache is a failure (cortiq_testkit::real_model), never a skip.
 
@@ -212,22 +214,18 @@ fn smollm2_logits_bit_identical_to_llamacpp() {
 /// Known mismatch (measured 2026-12-01 against the committed reference): 92 of 211 rows
 /// identical. The tiled-attention prompt (case 2) is identical; the one-chunk flash-attention
 /// rows (prompt positions >= 1 of the short prompts) already differ in layer 0's attention
-/// output (kqv_out) with identical q/k/v; decode rows may also take the Q4_K order bug of the
-/// Qwen test (not isolated for Gemma).
+/// output (kqv_out) with identical q/k/v; decode rows may also have taken the Q4_K order bug
+/// of the Qwen test (fixed since; not isolated for Gemma).
 #[test]
-#[ignore = "known mismatch, product fix pending: Gemma 3 one-chunk flash attention differs from ggml's (layer 0 kqv_out, identical q/k/v); decode may also hit the Qwen test's Q4_K order bug"]
+#[ignore = "known mismatch, product fix pending: Gemma 3 one-chunk flash attention differs from ggml's (layer 0 kqv_out, identical q/k/v)"]
 fn gemma3_logits_bit_identical_to_llamacpp() {
     check_model("gemma3-270m");
 }
 
-/// Known mismatch (measured 2026-12-01): 111 of 204 rows identical: every prompt row, and no
-/// decode row after the first divergence. Traced to layer 2's ffn_down (Q4_K, 896 rows), whose
-/// decode product differs in 819 of 896 outputs: llama.cpp keeps that matrix repacked and runs
-/// `ggml_gemv_q4_K_8x8_q8_K`, while `QTensor::matmul_many`'s decode path (`matvec_many`) calls
-/// `matvec_q` (the vec_dot order) for `Numerics::LlamaCpp`; the batch path (`matmul_ggml`, which
-/// asks `llamacpp_order`) gives llama.cpp's bits for the same input.
+/// Before the fix (2026-12-01) 111 of 204 rows were identical: every prompt row, no decode row
+/// after the first divergence, traced to layer 2's ffn_down (Q4_K, 896 rows), which llama.cpp
+/// keeps repacked and runs with `ggml_gemv_q4_K_8x8_q8_K` while decode used the vec_dot order.
 #[test]
-#[ignore = "known mismatch, product fix pending: decode runs repacked Q4_K matrices in vec_dot order, not llama.cpp's RepackGemv (qtensor.rs matvec_many ignores llamacpp_order)"]
 fn qwen25_logits_bit_identical_to_llamacpp() {
     check_model("qwen2.5-coder-0.5b");
 }

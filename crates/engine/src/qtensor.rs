@@ -27,8 +27,7 @@ use std::sync::Arc;
 use cortiq_kernels::dot::{dot, gemm_nt};
 use cortiq_kernels::quant::{
     ActType, MatmatActs, Order, QuantType, act_type, dequantize_act, dequantize_row, dequantize_rows, llamacpp_order,
-    matmat_q_prepared, matmat_q_prepared_tm, matmat_supported, matvec_fast, matvec_q, matvec_q_order, order_supported,
-    quantize_act,
+    matmat_q_prepared, matmat_q_prepared_tm, matmat_supported, matvec_fast, matvec_q_order, order_supported, quantize_act,
 };
 
 use crate::compat::Numerics;
@@ -455,7 +454,10 @@ fn matvec_many(ws: &[&QTensor], x: &[f32], y: &mut [f32]) {
                     if w.numerics == Numerics::Fast {
                         matvec_fast(w.dtype, w.rows_data(r0, n), n, w.cols, q, o);
                     } else {
-                        matvec_q(w.dtype, w.rows_data(r0, n), n, w.cols, q, o);
+                        // llama.cpp's order for a one-token batch: its repacked gemv where it
+                        // repacks the matrix (Q4_0 / Q4_K / Q2_K, rows a multiple of 8), else
+                        // vec_dot. Each row's sum is independent of the slab it falls in.
+                        matvec_q_order(w.dtype, w.order(1, 0), w.rows_data(r0, n), n, w.cols, q, o);
                     }
                 }
                 None => w.tile_times(r0, n, x, 1, o),
