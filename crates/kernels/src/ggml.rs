@@ -155,10 +155,76 @@ pub fn vec_dot_f16_ggml(x: &[f32], y: &[f32]) -> f32 {
     sum as f32
 }
 
+/// ggml's `GGML_F16_STEP` on a build with AVX512-FP16 arithmetic (`__AVX512FP16__`).
+const GGML_F16_STEP_FP16: usize = 128;
+
+/// How many leading elements of an `n`-element f16 row `ggml_vec_mad_f16` / `ggml_vec_scale_f16`
+/// compute in native f16 arithmetic: a `-march=native` build on a CPU with AVX512-FP16 (GCC
+/// defines `__AVX512FP16__`) runs whole 128-element steps as `vfmadd213ph` / `vmulph` with the
+/// scalar rounded to f16; the leftovers, and every element on any other x86 build, take the
+/// f32 path (`f16(fma(x, v, y))`, `f16(y*v)`). So head_dim 64 rows are all f32, head_dim 256
+/// rows all f16.
+pub fn ggml_f16_arith_len(n: usize) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx512fp16") {
+        return n & !(GGML_F16_STEP_FP16 - 1);
+    }
+    let _ = n;
+    0
+}
+
+/// Round an f64 to the nearest f16 (ties to even) in one step, as `vcvtsd2sh` does; `half`'s
+/// `f16::from_f64` drops the low 32 mantissa bits first, losing the sticky bit of a near-tie.
+#[inline(always)]
+fn round_f16_f64(x: f64) -> f32 {
+    if x == 0.0 || !x.is_finite() {
+        return x as f32;
+    }
+    // The f16 ulp at |x|: 2^(e - 10), e clamped at the subnormal exponent -14. Scaling by a
+    // power of two and rounding to an integer are exact in f64.
+    let e = (((x.to_bits() >> 52) & 0x7ff) as i32 - 1023).max(-14);
+    let ulp = f64::from_bits(((e - 10 + 1023) as u64) << 52);
+    let r = (x / ulp).round_ties_even() * ulp;
+    // r is an f16 value, or >= 65536 (overflow to infinity).
+    f16::from_f64(r).to_f32()
+}
+
+/// `ggml_vec_mad_f16(n, y, x, v)`: `y += x*v` on f16 rows (held widened to f32). The first
+/// `np_h` elements as `vfmadd213ph` does them: `v` rounded to f16, then `x*vh + y` rounded once
+/// to f16 (emulated by an f64 `fma`: the f16 product is exact and the f64 sum, exact unless the
+/// operands lie over 53 bits apart, cannot land on an f16 tie the exact sum misses; then one
+/// rounding to f16. f32 `fma` then f16 rounds twice and misses by an ulp); the rest `f16(fma(x, v, y))` in f32.
+#[inline(always)]
+pub fn vec_mad_f16_ggml(y: &mut [f32], x: &[f32], v: f32, np_h: usize) {
+    let vh = round_f16(v) as f64;
+    for (a, &xv) in y[..np_h].iter_mut().zip(x) {
+        *a = round_f16_f64((xv as f64).mul_add(vh, *a as f64));
+    }
+    for (a, &xv) in y[np_h..].iter_mut().zip(&x[np_h..]) {
+        *a = round_f16(xv.mul_add(v, *a));
+    }
+}
+
+/// `ggml_vec_scale_f16(n, y, v)`: `y *= v` on an f16 row (held widened to f32). The first
+/// `np_h` elements as `vmulph`: `f16(y * f16(v))` (the product of two f16 values is exact in
+/// f32); the rest `f16(y*v)` in f32.
+#[inline(always)]
+pub fn vec_scale_f16_ggml(y: &mut [f32], v: f32, np_h: usize) {
+    let vh = round_f16(v);
+    for a in y[..np_h].iter_mut() {
+        *a = round_f16(*a * vh);
+    }
+    for a in y[np_h..].iter_mut() {
+        *a = round_f16(*a * v);
+    }
+}
+
 /// One query head against keys/values `first..=last` of an f16 cache, as ggml-cpu's
 /// `flash_attn_ext_f16_one_chunk` computes it: Q rounded to f16; per key `s = dot*scale`
 /// (softcap: `c*tanhf(s*scale/c)`); online softmax with libm `expf`; the f16 accumulator scaled
-/// on a new maximum and updated by `f16(fma(v, p, acc))`; finally `acc * (1/S)` in f32.
+/// on a new maximum and updated by `acc += v*p` (`vec_scale_f16_ggml` / `vec_mad_f16_ggml`:
+/// native f16 arithmetic on the 128-element steps of an AVX512-FP16 build, else f32 then f16);
+/// finally `acc * (1/S)` in f32.
 /// q: [hd]; kc/vc: [len, kv_dim] f16 cache values widened to f32; `off` = the head's offset in
 /// a row; out: [hd]
 #[allow(clippy::too_many_arguments)]
@@ -221,6 +287,7 @@ fn flash_attn_ggml_body(
     out: &mut [f32],
 ) {
     let hd = q.len();
+    let np_h = ggml_f16_arith_len(hd);
     let qh: Vec<f32> = q.iter().map(|&v| f16::from_f32(v).to_f32()).collect();
     let scale = match softcap {
         Some(c) => scale / c,
@@ -242,15 +309,11 @@ fn flash_attn_ggml_body(
                 let m_old = m;
                 m = s;
                 ms = (m_old - m).exp();
-                for a in acc.iter_mut() {
-                    *a = round_f16(*a * ms);
-                }
+                vec_scale_f16_ggml(&mut acc, ms, np_h);
             } else {
                 vs = (s - m).exp();
             }
-            for (a, &vv) in acc.iter_mut().zip(v) {
-                *a = round_f16(vv.mul_add(vs, *a));
-            }
+            vec_mad_f16_ggml(&mut acc, v, vs, np_h);
             s_sum = s_sum.mul_add(ms, vs);
         }
         (m, s_sum, acc)
@@ -445,5 +508,45 @@ mod tests {
         let exact: f64 = x.iter().zip(&y).map(|(&a, &b)| a as f64 * b as f64).sum();
         let got = vec_dot_f16_ggml(&x, &y) as f64;
         assert!((got - exact).abs() <= 1e-6 * exact.abs().max(1.0), "dot {got} vs {exact}");
+    }
+
+    #[test]
+    fn vec_mad_f16_rounds_once_on_the_fp16_steps() {
+        // x*f16(v) + y rounded once to f16 (as vfmadd213ph, checked against it on an
+        // AVX512-FP16 CPU) vs f32 fma then f16, which rounds twice and lands one ulp below.
+        let x = f16::from_bits(0x30b1).to_f32();
+        let y = f16::from_bits(0x3760).to_f32();
+        let v = f32::from_bits(0x3d8a_1e82);
+        let (mut a, mut b) = ([y], [y]);
+        vec_mad_f16_ggml(&mut a, &[x], v, 1);
+        vec_mad_f16_ggml(&mut b, &[x], v, 0);
+        assert_eq!(f16::from_f32(a[0]).to_bits(), 0x3789);
+        assert_eq!(f16::from_f32(b[0]).to_bits(), 0x3788);
+        // Every f16-step result is the f16 nearest the exact x*f16(v) + y.
+        let vh = round_f16(v) as f64;
+        let xs: Vec<f32> = (0..256).map(|i| round_f16(((i * 37 % 101) as f32 - 50.0) / 64.0)).collect();
+        let ys: Vec<f32> = (0..256).map(|i| round_f16(((i * 53 % 97) as f32 - 48.0) / 8.0)).collect();
+        let mut acc = ys.clone();
+        vec_mad_f16_ggml(&mut acc, &xs, v, 256);
+        for ((&r, &x), &y) in acc.iter().zip(&xs).zip(&ys) {
+            let exact = x as f64 * vh + y as f64;
+            let h = f16::from_f32(r);
+            let below = f16::from_bits(h.to_bits().wrapping_sub(1)).to_f64();
+            let above = f16::from_bits(h.to_bits() + 1).to_f64();
+            let d = (h.to_f64() - exact).abs();
+            assert!(d <= (below - exact).abs() && d <= (above - exact).abs(), "{x}*{vh}+{y} -> {r}");
+        }
+    }
+
+    #[test]
+    fn vec_scale_f16_uses_the_f16_scalar_on_the_fp16_steps() {
+        let y: Vec<f32> = (0..200).map(|i| round_f16((i as f32 - 100.0) / 7.0)).collect();
+        let v = 0.3f32;
+        let mut a = y.clone();
+        vec_scale_f16_ggml(&mut a, v, 128);
+        for (i, (&r, &y)) in a.iter().zip(&y).enumerate() {
+            let want = if i < 128 { round_f16(y * round_f16(v)) } else { round_f16(y * v) };
+            assert_eq!(r.to_bits(), want.to_bits(), "element {i}");
+        }
     }
 }
