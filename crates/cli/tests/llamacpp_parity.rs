@@ -19,10 +19,11 @@
 //! single-token decode; not covered: KV-split decode past 256 positions (it depends on the
 //! thread count; every sequence here stays under 256), prompts beyond one 512-token micro-batch.
 //!
-//! Status: SmolLM2 (208 rows) and Qwen2.5 (204 rows) are bit-identical on every row. Qwen2.5's
+//! Status: SmolLM2 (208 rows), Qwen2.5 (204) and Gemma 3 (211) are bit-identical on every row. Qwen2.5's
 //! decode steps were not until single-token decode ran repacked Q4_K matrices in llama.cpp's
-//! RepackGemv order (qtensor.rs `matvec_many`; it used vec_dot's): this test found it. Gemma 3
-//! is not (see its test, `#[ignore]`d with the reason until the engine is fixed; `--ignored`).
+//! RepackGemv order (qtensor.rs `matvec_many`; it used vec_dot's), and Gemma 3 (211 rows) until
+//! the one-chunk attention twin did ggml's native-f16 V accumulation (kernels ggml.rs): this
+//! test found both.
 //!
 //! A model absent from the cache is a failure (cortiq_testkit::real_model), never a skip.
 
@@ -211,13 +212,12 @@ fn smollm2_logits_bit_identical_to_llamacpp() {
     check_model("smollm2-135m");
 }
 
-/// Known mismatch (measured 2026-12-01 against the committed reference): 92 of 211 rows
-/// identical. The tiled-attention prompt (case 2) is identical; the one-chunk flash-attention
-/// rows (prompt positions >= 1 of the short prompts) already differ in layer 0's attention
-/// output (kqv_out) with identical q/k/v; decode rows may also have taken the Q4_K order bug
-/// of the Qwen test (fixed since; not isolated for Gemma).
+/// Before the fix (2026-12-01) 92 of 211 rows were identical: the tiled-attention prompt, and
+/// position 0 of the short ones. ggml built with `-march=native` on a CPU with AVX512-FP16 runs
+/// the one-chunk attention's V accumulation (`ggml_vec_mad_f16`, `ggml_vec_scale_f16`) in native
+/// f16 arithmetic for whole 128-element steps (one rounding, the scalar rounded to f16 first),
+/// which only Gemma's 256-wide heads reach; the twin rounded twice through f32.
 #[test]
-#[ignore = "known mismatch, product fix pending: Gemma 3 one-chunk flash attention differs from ggml's (layer 0 kqv_out, identical q/k/v)"]
 fn gemma3_logits_bit_identical_to_llamacpp() {
     check_model("gemma3-270m");
 }

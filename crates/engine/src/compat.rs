@@ -24,10 +24,14 @@
 //! thread count and cache size: `Model::set_llamacpp_threads` says the former (default 4,
 //! llama_context_default_params), the state's n_ctx stands for the latter.
 //!
-//! Verified (with a logits/tensor dump from libllama of the same build, not committed): logits
-//! bit-identical to llama.cpp's for SmolLM2-135M Q4_1, Gemma 3 270M Q4_K_M and Qwen2.5-0.5B
-//! Q4_K_M on a 5-6 token prompt + 300 greedy steps, 124-128 and 511-token prompt batches;
-//! alice29 perplexity (ctx 512, 8 chunks) equal to llama-perplexity's to 4 decimals.
+//! Verified by `crates/cli/tests/llamacpp_parity.rs` against references from llama.cpp itself
+//! (tools/llamacpp/gen_llamacpp_ref.py: the llama-cpp-python 0.3.36 build, `-march=native`, 2
+//! threads, flash attention, f16 KV): logits bit-identical for SmolLM2-135M Q4_1, Gemma 3 270M
+//! Q4_K_M and Qwen2.5-0.5B Q4_K_M on 3 prompts of 5-90 tokens, every position and 32 greedy
+//! steps each; alice29 perplexity (ctx 512, 8 chunks) equal to llama-perplexity's to 4 decimals
+//! (`real_models.rs`). Where the CPU has AVX512-FP16 such a build does ggml's f16 vector ops in
+//! native f16 arithmetic, and the twins follow the same runtime check. An earlier, uncommitted
+//! harness also covered 300 greedy steps and 511-token batches; no committed reference does.
 
 pub use cortiq_kernels::ggml::*;
 
