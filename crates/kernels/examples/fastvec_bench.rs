@@ -17,7 +17,10 @@ fn main() {
     for (rows, cols) in shapes {
         println!("{rows} x {cols}: G weights/s   ggml order   fast   ratio");
         for ty in [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q5_0, QuantType::Q5_1, QuantType::Q8_0, QuantType::Q4K] {
-            let rb = ty.row_bytes(cols).unwrap();
+            let Some(rb) = ty.row_bytes(cols) else {
+                println!("    {:<5}  (no whole blocks in {cols} columns)", ty.name());
+                continue;
+            };
             let mut s = 0x9E37_79B9u64;
             let mut w: Vec<u8> = (0..rows * rb)
                 .map(|_| {

@@ -196,3 +196,69 @@ pub fn matvec_fast_scalar(ty: QuantType, w: &[u8], rows: usize, cols: usize, act
         *o = row_scalar(ty, row, &u);
     }
 }
+
+/// Several activation rows through one weight stream (continuous batching: one decode row per
+/// running sequence; speculative verification: k drafted positions): `y[r, j] = W[r] · x̃_j`
+/// for `k` activation rows back to back in `acts` ([k, act row bytes], each quantized by
+/// `quantize_act(act_type(ty), ..)`). y: [rows, k] (row-major, so a thread's slab of weight rows
+/// is a contiguous slab of y).
+///
+/// Every column is **bit-identical to `matvec_fast` on that activation row alone**, whatever
+/// `k` and the other columns are: a sequence's result must not depend on what runs beside it.
+/// Q4_K reads each weight block once for up to 8 columns (`fastk::matvec_q4k_multi`); the other
+/// types run `matvec_fast` per column for now (same bits, the weights streamed k times).
+#[track_caller]
+pub fn matvec_fast_multi(ty: QuantType, w: &[u8], rows: usize, cols: usize, acts: &[u8], k: usize, y: &mut [f32]) {
+    check_multi("matvec_fast_multi", ty, w, rows, cols, acts, k, y);
+    if k == 0 || rows == 0 {
+        return;
+    }
+    if ty == QuantType::Q4K {
+        super::fastk::matvec_q4k_multi(w, rows, cols, acts, k, y);
+        return;
+    }
+    per_column(acts, k, rows, y, |a, yj| matvec_fast(ty, w, rows, cols, a, yj));
+}
+
+/// The scalar twin of `matvec_fast_multi` (Q4_K: `fastk`'s scalar row per column; the other
+/// types: `matvec_fast_scalar` per column).
+#[track_caller]
+pub fn matvec_fast_multi_scalar(ty: QuantType, w: &[u8], rows: usize, cols: usize, acts: &[u8], k: usize, y: &mut [f32]) {
+    check_multi("matvec_fast_multi_scalar", ty, w, rows, cols, acts, k, y);
+    if k == 0 || rows == 0 {
+        return;
+    }
+    if ty == QuantType::Q4K {
+        super::fastk::matvec_q4k_multi_scalar(w, rows, cols, acts, k, y);
+        return;
+    }
+    per_column(acts, k, rows, y, |a, yj| matvec_fast_scalar(ty, w, rows, cols, a, yj));
+}
+
+/// Column j of y [rows, k] from `f(activation row j, [rows] output)`.
+fn per_column(acts: &[u8], k: usize, rows: usize, y: &mut [f32], mut f: impl FnMut(&[u8], &mut [f32])) {
+    let mut yj = vec![0f32; rows];
+    for (j, a) in acts.chunks_exact(acts.len() / k).enumerate() {
+        f(a, &mut yj);
+        for (r, &v) in yj.iter().enumerate() {
+            y[r * k + j] = v;
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+#[track_caller]
+fn check_multi(func: &str, ty: QuantType, w: &[u8], rows: usize, cols: usize, acts: &[u8], k: usize, y: &[f32]) {
+    let at = act_type(ty).unwrap_or_else(|| panic!("{func}({ty}): no quantized-activation format"));
+    let (wb, ab) = (ty.row_bytes(cols), at.row_bytes(cols));
+    assert!(
+        wb.map(|b| b * rows) == Some(w.len()) && ab.map(|b| b * k) == Some(acts.len()) && y.len() == rows * k,
+        "{func}({ty}): {rows}x{cols} times {k} columns needs {:?} weight and {:?} activation bytes and {} outputs, got {}, {} and {}",
+        wb.map(|b| b * rows),
+        ab.map(|b| b * k),
+        rows * k,
+        w.len(),
+        acts.len(),
+        y.len()
+    );
+}

@@ -19,7 +19,7 @@ pub mod vecdot;
 pub mod vecdot_avx512;
 
 pub use dequant::{dequantize_row, dequantize_row_scalar, dequantize_rows, dot_row};
-pub use fastvec::{fastvec_supported, matvec_fast, matvec_fast_scalar, matvec_own};
+pub use fastvec::{fastvec_supported, matvec_fast, matvec_fast_multi, matvec_fast_multi_scalar, matvec_fast_scalar, matvec_own};
 pub use matmat::{MatmatActs, matmat_q, matmat_q_prepared, matmat_q_prepared_tm, matmat_q_scalar, matmat_supported};
 pub use quantize::{QuantizeError, quantize_row, quantize_row_weighted};
 pub use vecdot::{

@@ -1,0 +1,169 @@
+//! quant::matvec_fast_multi (several activation rows through one weight stream): every column
+//! must be bit-identical to `matvec_fast` on that row alone, for every column count and whatever
+//! the other columns hold — the property that makes a sequence's tokens independent of what is
+//! batched beside it. The scalar twin likewise equals `matvec_fast_scalar` per column, and for
+//! Q4_K (whose twins agree bit for bit) the SIMD multi-column kernel equals the scalar one.
+
+use cortiq_kernels::quant::{
+    QuantType, act_type, matvec_fast, matvec_fast_multi, matvec_fast_multi_scalar, matvec_fast_scalar, quantize_act,
+};
+use half::f16;
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn f(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+}
+
+/// Random blocks with finite, sane f16 scales where each type keeps them.
+fn random_rows(ty: QuantType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+    let rb = ty.row_bytes(cols).unwrap();
+    let bb = ty.type_size();
+    let mut w: Vec<u8> = (0..rows * rb).map(|_| rng.next() as u8).collect();
+    for blk in w.chunks_exact_mut(bb) {
+        let d = f16::from_f32(0.002 + 0.02 * rng.f().abs()).to_le_bytes();
+        let m = f16::from_f32(0.05 * rng.f()).to_le_bytes();
+        match ty {
+            QuantType::Q4K | QuantType::Q5K | QuantType::Q2K => {
+                blk[..2].copy_from_slice(&d);
+                blk[2..4].copy_from_slice(&m);
+            }
+            QuantType::Q6K => blk[bb - 2..].copy_from_slice(&d),
+            QuantType::Q4_1 | QuantType::Q5_1 => {
+                blk[..2].copy_from_slice(&d);
+                blk[2..4].copy_from_slice(&m);
+            }
+            _ => blk[..2].copy_from_slice(&d),
+        }
+    }
+    w
+}
+
+fn acts(ty: QuantType, cols: usize, k: usize, rng: &mut Rng) -> (Vec<u8>, usize) {
+    let at = act_type(ty).unwrap();
+    let mut all = Vec::new();
+    let mut a = Vec::new();
+    for j in 0..k {
+        // Columns of very different scales, so a column leaking into another would show.
+        let scale = [0.01f32, 1.0, 30.0][j % 3];
+        let x: Vec<f32> = (0..cols).map(|_| rng.f() * scale).collect();
+        quantize_act(at, &x, &mut a);
+        all.extend_from_slice(&a);
+    }
+    let ab = at.row_bytes(cols).unwrap();
+    (all, ab)
+}
+
+/// First (row, column) where `multi` [rows, k] differs from `single(column)` [rows] in any bit.
+fn first_mismatch(multi: &[f32], k: usize, single: &dyn Fn(usize) -> Vec<f32>) -> Option<(usize, usize, f32, f32)> {
+    for j in 0..k {
+        let s = single(j);
+        for (r, &v) in s.iter().enumerate() {
+            let m = multi[r * k + j];
+            if m.to_bits() != v.to_bits() {
+                return Some((r, j, m, v));
+            }
+        }
+    }
+    None
+}
+
+#[test]
+fn every_column_equals_the_single_row_kernel_bit_for_bit() {
+    let mut rng = Rng(0x5EED_0000_4B17_0001);
+    let types = [
+        (QuantType::Q4K, &[256usize, 1024, 2304][..]),
+        (QuantType::Q6K, &[256, 768]),
+        (QuantType::Q4_0, &[32, 896]),
+        (QuantType::Q4_1, &[64, 576]),
+        (QuantType::Q5_0, &[96, 640]),
+        (QuantType::Q8_0, &[32, 896]),
+    ];
+    let mut checked = 0;
+    for (ty, colss) in types {
+        for &cols in colss {
+            let rows = 37;
+            let w = random_rows(ty, rows, cols, &mut rng);
+            for k in [1usize, 2, 3, 4, 7, 8, 9, 16, 17] {
+                let (a, ab) = acts(ty, cols, k, &mut rng);
+                let mut y = vec![f32::NAN; rows * k];
+                matvec_fast_multi(ty, &w, rows, cols, &a, k, &mut y);
+                let single = |j: usize| {
+                    let mut s = vec![0f32; rows];
+                    matvec_fast(ty, &w, rows, cols, &a[j * ab..(j + 1) * ab], &mut s);
+                    s
+                };
+                if let Some((r, j, m, s)) = first_mismatch(&y, k, &single) {
+                    panic!("{ty} {rows}x{cols}, k {k}: column {j} row {r}: multi {m:e} vs alone {s:e}");
+                }
+                let mut ys = vec![f32::NAN; rows * k];
+                matvec_fast_multi_scalar(ty, &w, rows, cols, &a, k, &mut ys);
+                let single_scalar = |j: usize| {
+                    let mut s = vec![0f32; rows];
+                    matvec_fast_scalar(ty, &w, rows, cols, &a[j * ab..(j + 1) * ab], &mut s);
+                    s
+                };
+                if let Some((r, j, m, s)) = first_mismatch(&ys, k, &single_scalar) {
+                    panic!("{ty} {rows}x{cols}, k {k}: scalar twin column {j} row {r}: multi {m:e} vs alone {s:e}");
+                }
+                if ty == QuantType::Q4K {
+                    // Q4_K's SIMD and scalar twins agree bit for bit, so the multi kernels must too.
+                    if let Some(i) = y.iter().zip(&ys).position(|(a, b)| a.to_bits() != b.to_bits()) {
+                        panic!(
+                            "Q4_K {rows}x{cols}, k {k}: SIMD {:e} vs scalar {:e} at row {} column {}",
+                            y[i],
+                            ys[i],
+                            i / k,
+                            i % k
+                        );
+                    }
+                }
+                assert!(y.iter().all(|v| v.is_finite()), "{ty} {rows}x{cols}, k {k}: a non-finite output");
+                checked += rows * k;
+            }
+        }
+    }
+    println!("{checked} (row, column) values identical to the single-row kernels");
+}
+
+#[test]
+fn a_column_does_not_depend_on_its_neighbours() {
+    // The same activation row as column 0 of a 1-, 3- and 8-column call, the other columns
+    // drawn afresh each time: column 0 never moves.
+    let mut rng = Rng(0x5EED_0000_4B17_0002);
+    let (rows, cols) = (64, 1024);
+    let ty = QuantType::Q4K;
+    let w = random_rows(ty, rows, cols, &mut rng);
+    let (a0, ab) = acts(ty, cols, 1, &mut rng);
+    let mut first: Option<Vec<u32>> = None;
+    for k in [1usize, 3, 8, 5, 2] {
+        let (rest, _) = acts(ty, cols, k - 1, &mut rng);
+        let mut a = a0.clone();
+        a.extend_from_slice(&rest);
+        assert_eq!(a.len(), k * ab);
+        let mut y = vec![0f32; rows * k];
+        matvec_fast_multi(ty, &w, rows, cols, &a, k, &mut y);
+        let col0: Vec<u32> = (0..rows).map(|r| y[r * k].to_bits()).collect();
+        match &first {
+            None => first = Some(col0),
+            Some(f) => assert_eq!(f, &col0, "column 0 changed with {k} columns"),
+        }
+    }
+}
+
+#[test]
+#[should_panic(expected = "activation bytes")]
+fn wrong_activation_length_is_refused() {
+    let ty = QuantType::Q4K;
+    let w = vec![0u8; ty.row_bytes(256).unwrap() * 2];
+    let a = vec![0u8; act_type(ty).unwrap().row_bytes(256).unwrap() * 3];
+    let mut y = vec![0f32; 2 * 2];
+    matvec_fast_multi(ty, &w, 2, 256, &a, 2, &mut y);
+}
