@@ -368,6 +368,63 @@ impl Model {
         logits
     }
 
+    /// One decode step for each of several sequences (the serving core's decode batch):
+    /// `tokens[j]` at position `states[j].len` of sequence j. Logits [k, vocab], row j
+    /// **bit-identical to `forward(&[tokens[j]], states[j], Logits::Last)`** run alone, whatever
+    /// else is in the batch: every layer runs the sequences in lockstep on the decode path (n = 1
+    /// each), and the LM head goes through `QTensor::matvec_rows` (one weight pass for all rows
+    /// where the multi-column kernel exists, Q4_K today). This is the serving core's contract, not
+    /// yet its speed: measured on Qwen2.5-Coder-0.5B Q4_K_M, 2 threads, aggregate decode is 0.97x
+    /// one sequence at k = 2..8, because the per-core decode kernels are compute-bound here, not
+    /// bandwidth-bound (BENCHMARKS.md). The win needs the layers' projections and FFNs as one
+    /// multi-column product over the batch's rows. A sequence whose O(1) plan seals at this step (or checks)
+    /// takes its own `forward`, same result. Every token and context is checked before any state
+    /// moves; an error names the batch entry.
+    pub fn forward_decode_batch(&self, tokens: &[u32], states: &mut [&mut SeqState]) -> Result<Vec<f32>> {
+        assert_eq!(tokens.len(), states.len(), "forward_decode_batch: one token per sequence");
+        cortiq_kernels::simd::flush_denormals();
+        for (j, (t, st)) in tokens.iter().zip(states.iter()).enumerate() {
+            self.check_tokens(std::slice::from_ref(t), st).map_err(|e| EngineError::Batch { entry: j, source: Box::new(e) })?;
+        }
+        let (d, vocab) = (self.cfg.d_model, self.cfg.vocab);
+        let k = tokens.len();
+        let own = |st: &SeqState| st.o1.as_ref().is_some_and(|r| r.plan.check.is_some() || r.pending(st.len));
+        let mut logits = vec![0f32; k * vocab]; // [k, vocab]
+        let alone: Vec<bool> = states.iter().map(|st| own(st)).collect();
+        let batched: Vec<usize> = (0..k).filter(|&j| !alone[j]).collect();
+        for j in (0..k).filter(|&j| alone[j]) {
+            let l = self.forward(&tokens[j..j + 1], states[j], Logits::Last)?;
+            logits[j * vocab..(j + 1) * vocab].copy_from_slice(&l);
+        }
+        if batched.is_empty() {
+            return Ok(logits);
+        }
+        let mut xs: Vec<Vec<f32>> = batched.iter().map(|&j| self.embed(&tokens[j..j + 1])).collect(); // [1, d_model] each
+        let trace: Trace = &mut |_, _, _| {};
+        for il in 0..self.layers.len() {
+            for (x, &j) in xs.iter_mut().zip(&batched) {
+                let pos = states[j].len;
+                self.layer_forward(il, x, 1, pos, states[j], trace)?;
+            }
+        }
+        for &j in &batched {
+            states[j].len += 1;
+        }
+        let x: Vec<f32> = xs.concat(); // [kb, d_model]
+        let kb = batched.len();
+        let mut normed = vec![0f32; kb * d]; // [kb, d_model]
+        rmsnorm_rows_in(self.numerics, &x, &self.output_norm, self.cfg.norm_eps, &mut normed);
+        let mut out = vec![0f32; kb * vocab]; // [kb, vocab]
+        self.output.matvec_rows(&normed, kb, &mut out);
+        if let Some(c) = self.cfg.final_logit_softcap {
+            pool().for_rows_mut(&mut out, 4096, 1, |_, ls| ls.iter_mut().for_each(|l| *l = (*l / c).tanh() * c));
+        }
+        for (i, &j) in batched.iter().enumerate() {
+            logits[j * vocab..(j + 1) * vocab].copy_from_slice(&out[i * vocab..(i + 1) * vocab]);
+        }
+        Ok(logits)
+    }
+
     /// The speculative pair: `tokens[0]` (accepted) and `tokens[1]` (tentative) at positions
     /// state.len and state.len + 1. The layers run in lockstep — each layer for the first
     /// token, then for the second — so a layer's weights come from memory once and from the

@@ -27,7 +27,8 @@ use std::sync::Arc;
 use cortiq_kernels::dot::{dot, gemm_nt};
 use cortiq_kernels::quant::{
     ActType, MatmatActs, Order, QuantType, act_type, dequantize_act, dequantize_row, dequantize_rows, llamacpp_order,
-    matmat_q_prepared, matmat_q_prepared_tm, matmat_supported, matvec_fast, matvec_q_order, order_supported, quantize_act,
+    matmat_q_prepared, matmat_q_prepared_tm, matmat_supported, matvec_fast, matvec_fast_multi, matvec_q_order, order_supported,
+    quantize_act,
 };
 
 use crate::compat::Numerics;
@@ -253,6 +254,44 @@ impl QTensor {
         self.matmul(&x, 2, &mut y);
         y0.copy_from_slice(&y[..self.rows]);
         y1.copy_from_slice(&y[self.rows..]);
+    }
+
+    /// `k` decode rows (one per running sequence) through this matrix: `y[j] = W · x[j]`, each
+    /// row bit-identical to `matmul(x[j], 1, ..)` — the decode path — whatever the other rows
+    /// are, so a sequence's result does not depend on what is batched beside it. Under
+    /// `Numerics::Fast` the weights stream once for all rows (`matvec_fast_multi`); the other
+    /// numerics run the rows one by one. x: [k, cols] -> y: [k, rows]
+    pub fn matvec_rows(&self, x: &[f32], k: usize, y: &mut [f32]) {
+        assert_eq!(x.len(), k * self.cols, "{}: input has {} values, expected {k}x{}", self.name, x.len(), self.cols);
+        assert_eq!(y.len(), k * self.rows, "{}: output has {} values, expected {k}x{}", self.name, y.len(), self.rows);
+        let act = match (self.act(), self.numerics) {
+            (Some(act), Numerics::Fast) if k > 1 => act,
+            _ => {
+                for (xj, yj) in x.chunks_exact(self.cols).zip(y.chunks_exact_mut(self.rows)) {
+                    self.matmul(xj, 1, yj);
+                }
+                return;
+            }
+        };
+        let mut acts = Vec::new(); // [k, act row bytes]
+        {
+            let _s = profile::span(Op::QuantizeAct);
+            let mut q = Vec::new();
+            for xj in x.chunks_exact(self.cols) {
+                quantize_act(act, xj, &mut q);
+                acts.extend_from_slice(&q);
+            }
+        }
+        let t0 = profile::enabled().then(std::time::Instant::now);
+        let mut yt = vec![0f32; self.rows * k]; // [rows, k]
+        pool().for_rows_mut(&mut yt, k, MATVEC_GRAIN, |r0, out| {
+            let n = out.len() / k;
+            matvec_fast_multi(self.dtype, self.rows_data(r0, n), n, self.cols, &acts, k, out);
+        });
+        transpose_into(&yt, self.rows, k, y);
+        if let Some(t0) = t0 {
+            profile::add_matmul(self.dtype, k, t0.elapsed().as_nanos() as f64);
+        }
     }
 
     /// Several matrices on one input: `y[t] = [W_0 · x[t], W_1 · x[t], ...]` with the outputs

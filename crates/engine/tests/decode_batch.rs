@@ -1,0 +1,175 @@
+//! The serving core's decode batch (issue 12): `Model::forward_decode_batch` steps several
+//! sequences at once, and every sequence's logits must equal, bit for bit, what the same
+//! sequence gets decoding alone — whatever else is in the batch, in whatever order, with
+//! sequences joining and leaving between steps. Every mixer (attention, GatedDeltaNet, KDA, MLA,
+//! short convolution, MoE) from the committed fixtures, in every numerics mode, plus the real
+//! Qwen2.5-Coder (real-model group: fails when the model is not in the cache).
+
+mod common;
+
+use common::{fixture, ids};
+use cortiq_engine::load::load;
+use cortiq_engine::state::SeqState;
+use cortiq_engine::{EngineError, Logits, Model, Numerics};
+
+const STEPS: usize = 6;
+
+/// Which sequences run at step s, in which order: 0 always; 1 joins at step 2; 2 leaves after
+/// step 3; 3 on odd steps only; the order rotates.
+fn schedule(s: usize) -> Vec<usize> {
+    let mut on: Vec<usize> = [0, 1, 2, 3]
+        .into_iter()
+        .filter(|&j| match j {
+            1 => s >= 2,
+            2 => s <= 3,
+            3 => s % 2 == 1,
+            _ => true,
+        })
+        .collect();
+    let n = on.len();
+    on.rotate_left(s % n);
+    on
+}
+
+fn first_diff(a: &[f32], b: &[f32]) -> Option<(usize, f32, f32)> {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).enumerate().find(|(_, (x, y))| x.to_bits() != y.to_bits()).map(|(i, (x, y))| (i, *x, *y))
+}
+
+/// Four sequences (prompts of different lengths from `toks`), each decoding its own fixed
+/// token stream; alone vs batched per `schedule`.
+fn check(name: &str, model: &Model, toks: &[u32]) {
+    let v = model.cfg.vocab;
+    let plen = [toks.len().min(40) - 8, 5, 1, 17.min(toks.len() - 8)];
+    let prompt = |j: usize| &toks[j..j + plen[j]];
+    let stream = |j: usize, i: usize| toks[(3 * j + 5 * i + 1) % toks.len()];
+    let fresh = |j: usize| {
+        let mut st = model.new_state(128);
+        model.forward(prompt(j), &mut st, Logits::None).unwrap();
+        st
+    };
+    // Alone: the steps each sequence takes under the schedule, one forward each.
+    let mut alone: Vec<Vec<Vec<f32>>> = vec![Vec::new(); 4];
+    let mut sts: Vec<SeqState> = (0..4).map(fresh).collect();
+    for s in 0..STEPS {
+        for j in schedule(s) {
+            let i = alone[j].len();
+            alone[j].push(model.forward(&[stream(j, i)], &mut sts[j], Logits::Last).unwrap());
+        }
+    }
+    // Batched.
+    let mut sts: Vec<SeqState> = (0..4).map(fresh).collect();
+    let mut taken = [0usize; 4];
+    let mut rows = 0;
+    for s in 0..STEPS {
+        let on = schedule(s);
+        let tokens: Vec<u32> = on.iter().map(|&j| stream(j, taken[j])).collect();
+        let mut refs: Vec<&mut SeqState> = Vec::new();
+        // Distinct &mut to the scheduled states, in schedule order.
+        let mut slots: Vec<Option<&mut SeqState>> = sts.iter_mut().map(Some).collect();
+        for &j in &on {
+            refs.push(slots[j].take().expect("a sequence appears once per step"));
+        }
+        let logits = model.forward_decode_batch(&tokens, &mut refs).unwrap();
+        assert_eq!(logits.len(), on.len() * v);
+        for (r, &j) in on.iter().enumerate() {
+            let want = &alone[j][taken[j]];
+            if let Some((i, a, b)) = first_diff(&logits[r * v..(r + 1) * v], want) {
+                panic!("{name}: step {s}, sequence {j} (row {r} of {}): logit {i} batched {a:e} vs alone {b:e}", on.len());
+            }
+            taken[j] += 1;
+            rows += 1;
+        }
+    }
+    for (j, st) in sts.iter().enumerate() {
+        assert_eq!(st.len, plen[j] + taken[j], "{name}: sequence {j} length");
+    }
+    // The comparison can fail: different sequences' logits differ.
+    assert!(first_diff(&alone[0][0], &alone[1][0]).is_some(), "{name}: two sequences gave the same logits");
+    println!("{name}: {rows} batched rows bit-identical to decoding alone (batches of 1-4, vocab {v})");
+}
+
+fn all_modes(name: &str) {
+    let toks = ids(&fixture(name).join("tokens.json"));
+    for (path, num) in [
+        (fixture(name), Numerics::Exact),
+        (fixture(name), Numerics::Fast),
+        (fixture(name), Numerics::LlamaCpp),
+        (fixture(name).join("model.gguf"), Numerics::Fast),
+    ] {
+        let mut model = load(&path).unwrap_or_else(|e| panic!("{name}: {e}")).model;
+        model.set_numerics(num);
+        check(&format!("{name} {num:?} {}", path.file_name().unwrap().to_string_lossy()), &model, &toks);
+    }
+}
+
+#[test]
+fn decode_batch_llama() {
+    all_modes("llama");
+}
+
+#[test]
+fn decode_batch_gemma3() {
+    all_modes("gemma3");
+}
+
+#[test]
+fn decode_batch_qwen3() {
+    all_modes("qwen3");
+}
+
+#[test]
+fn decode_batch_qwen3_5() {
+    all_modes("qwen3_5");
+}
+
+#[test]
+fn decode_batch_qwen3_5_moe() {
+    all_modes("qwen3_5_moe");
+}
+
+#[test]
+fn decode_batch_qwen3_next() {
+    all_modes("qwen3_next");
+}
+
+#[test]
+fn decode_batch_lfm2() {
+    all_modes("lfm2");
+}
+
+#[test]
+fn decode_batch_kimi_linear() {
+    all_modes("kimi_linear");
+}
+
+/// A bad token or a full context in any entry is an error naming the entry, and no state moves.
+#[test]
+fn a_bad_entry_fails_the_batch_before_any_state_moves() {
+    let model = load(&fixture("llama")).unwrap().model;
+    let toks = ids(&fixture("llama").join("tokens.json"));
+    let mut a = model.new_state(16);
+    let mut b = model.new_state(16);
+    model.forward(&toks[..4], &mut a, Logits::None).unwrap();
+    model.forward(&toks[..16], &mut b, Logits::None).unwrap(); // full
+    let v = model.cfg.vocab as u32;
+    let err = model.forward_decode_batch(&[toks[4], v], &mut [&mut a, &mut model.new_state(16)]).unwrap_err();
+    assert!(matches!(&err, EngineError::Batch { entry: 1, .. }), "{err}");
+    assert!(err.to_string().contains("batch entry 1") && err.to_string().contains("outside the vocabulary"), "{err}");
+    let err = model.forward_decode_batch(&[toks[4], toks[5]], &mut [&mut a, &mut b]).unwrap_err();
+    assert!(err.to_string().contains("batch entry 1") && err.to_string().contains("context"), "{err}");
+    assert_eq!((a.len, b.len), (4, 16), "a failed batch moved a state");
+}
+
+/// Real-model group: Qwen2.5-Coder-0.5B Q4_K_M (the serving benchmark's model), default numerics.
+#[test]
+fn real_qwen25_decode_batch_equals_alone() {
+    let path = cortiq_testkit::real_model("qwen2.5-coder-0.5b");
+    let mut loaded = load(&path).unwrap();
+    let tok = loaded.tokenizer().unwrap();
+    let toks = tok.encode("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n", false).unwrap();
+    for num in [Numerics::Fast, Numerics::Exact] {
+        loaded.model.set_numerics(num);
+        check(&format!("qwen2.5-coder-0.5b {num:?}"), &loaded.model, &toks);
+    }
+}
