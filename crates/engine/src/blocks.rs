@@ -543,24 +543,42 @@ pub fn ffn(cfg: &ModelConfig, w: &FfnWeights, h: &[f32], n: usize, num: Numerics
         w.gate.matmul(h, n, &mut g);
         w.up.matmul(h, n, &mut u);
     }
-    let act = cfg.act.f();
-    {
-        let _s = profile::span(Op::Activation);
-        pool().for_rows_mut(&mut g, ff, NORM_GRAIN, |r0, gs| {
-            for (i, gi) in gs.chunks_mut(ff).enumerate() {
-                let ui = &u[(r0 + i) * ff..(r0 + i + 1) * ff];
-                match (num, cfg.act) {
-                    (Numerics::Exact, _) => gated_act(gi, ui, act),
-                    (Numerics::Fast, Activation::Silu) => gated_act_fast(GatedAct::Silu, gi, ui),
-                    (Numerics::Fast, Activation::GeluTanh) => gated_act_fast(GatedAct::GeluTanh, gi, ui),
-                    (Numerics::LlamaCpp, Activation::Silu) => swiglu_ggml(gi, ui),
-                    (Numerics::LlamaCpp, Activation::GeluTanh) => geglu_ggml(gi, ui),
-                }
-            }
-        });
-    }
+    gated_rows(cfg, num, &mut g, &u, ff);
     let mut y = vec![0f32; n * cfg.d_model]; // [n, d_model]
     w.down.matmul(&g, n, &mut y);
+    y
+}
+
+/// g = act(g) * u row by row (each row on its own, whatever n is). g, u: [n, d_ff]
+fn gated_rows(cfg: &ModelConfig, num: Numerics, g: &mut [f32], u: &[f32], ff: usize) {
+    let act = cfg.act.f();
+    let _s = profile::span(Op::Activation);
+    pool().for_rows_mut(g, ff, NORM_GRAIN, |r0, gs| {
+        for (i, gi) in gs.chunks_mut(ff).enumerate() {
+            let ui = &u[(r0 + i) * ff..(r0 + i + 1) * ff];
+            match (num, cfg.act) {
+                (Numerics::Exact, _) => gated_act(gi, ui, act),
+                (Numerics::Fast, Activation::Silu) => gated_act_fast(GatedAct::Silu, gi, ui),
+                (Numerics::Fast, Activation::GeluTanh) => gated_act_fast(GatedAct::GeluTanh, gi, ui),
+                (Numerics::LlamaCpp, Activation::Silu) => swiglu_ggml(gi, ui),
+                (Numerics::LlamaCpp, Activation::GeluTanh) => geglu_ggml(gi, ui),
+            }
+        }
+    });
+}
+
+/// `ffn` over n independent decode rows (one per sequence of a decode batch): every row gives
+/// exactly what `ffn(.., row, 1, ..)` gives alone — the decode path — with each matrix read
+/// once for all rows where `QTensor::matvec_rows` can. h: [n, d_model] -> [n, d_model]
+pub fn ffn_rows(cfg: &ModelConfig, w: &FfnWeights, h: &[f32], n: usize, num: Numerics) -> Vec<f32> {
+    let ff = w.gate.rows;
+    let mut g = vec![0f32; n * ff]; // [n, d_ff]
+    let mut u = vec![0f32; n * ff]; // [n, d_ff]
+    w.gate.matvec_rows(h, n, &mut g);
+    w.up.matvec_rows(h, n, &mut u);
+    gated_rows(cfg, num, &mut g, &u, ff);
+    let mut y = vec![0f32; n * cfg.d_model]; // [n, d_model]
+    w.down.matvec_rows(&g, n, &mut y);
     y
 }
 

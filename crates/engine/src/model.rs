@@ -2,7 +2,7 @@
 //! positions (prefill and decode are the same code with n = chunk or 1), and a trace hook that
 //! names every intermediate so a run can be diffed against the HF reference layer by layer.
 
-use crate::blocks::{AttentionWeights, FfnWeights, attention, ffn, rmsnorm_rows_in, rmsnorm_segments_in};
+use crate::blocks::{AttentionWeights, FfnWeights, attention, ffn, ffn_rows, rmsnorm_rows_in, rmsnorm_segments_in};
 use crate::compat::{LlamaCppCtx, Numerics};
 use crate::config::{LayerSpec, MixerKind, ModelConfig};
 use crate::error::{EngineError, Result};
@@ -371,9 +371,10 @@ impl Model {
     /// One decode step for each of several sequences (the serving core's decode batch):
     /// `tokens[j]` at position `states[j].len` of sequence j. Logits [k, vocab], row j
     /// **bit-identical to `forward(&[tokens[j]], states[j], Logits::Last)`** run alone, whatever
-    /// else is in the batch: every layer runs the sequences in lockstep on the decode path (n = 1
-    /// each), and the LM head goes through `QTensor::matvec_rows` (one weight pass for all rows
-    /// where the multi-column kernel exists, Q4_K today). This is the serving core's contract, not
+    /// else is in the batch: every layer runs the sequences' mixers (attention, recurrent state)
+    /// one by one on the decode path, then the FFN and the LM head over all rows at once through
+    /// `QTensor::matvec_rows` (one weight pass for all rows where the multi-column kernel exists,
+    /// Q4_K today; each row still on the decode path). This is the serving core's contract, not
     /// yet its speed: measured on Qwen2.5-Coder-0.5B Q4_K_M, 2 threads, aggregate decode is 0.97x
     /// one sequence at k = 2..8, because the per-core decode kernels are compute-bound here, not
     /// bandwidth-bound (BENCHMARKS.md). The win needs the layers' projections and FFNs as one
@@ -399,19 +400,20 @@ impl Model {
         if batched.is_empty() {
             return Ok(logits);
         }
-        let mut xs: Vec<Vec<f32>> = batched.iter().map(|&j| self.embed(&tokens[j..j + 1])).collect(); // [1, d_model] each
+        let xs: Vec<Vec<f32>> = batched.iter().map(|&j| self.embed(&tokens[j..j + 1])).collect(); // [1, d_model] each
         let trace: Trace = &mut |_, _, _| {};
+        let kb = batched.len();
+        let mut x: Vec<f32> = xs.concat(); // [kb, d_model]
         for il in 0..self.layers.len() {
-            for (x, &j) in xs.iter_mut().zip(&batched) {
+            for (xr, &j) in x.chunks_exact_mut(d).zip(&batched) {
                 let pos = states[j].len;
-                self.layer_forward(il, x, 1, pos, states[j], trace)?;
+                self.layer_mixer(il, xr, 1, pos, states[j], trace)?;
             }
+            self.layer_ffn(il, &mut x, kb, true, trace);
         }
         for &j in &batched {
             states[j].len += 1;
         }
-        let x: Vec<f32> = xs.concat(); // [kb, d_model]
-        let kb = batched.len();
         let mut normed = vec![0f32; kb * d]; // [kb, d_model]
         rmsnorm_rows_in(self.numerics, &x, &self.output_norm, self.cfg.norm_eps, &mut normed);
         let mut out = vec![0f32; kb * vocab]; // [kb, vocab]
@@ -465,6 +467,14 @@ impl Model {
     /// (residual stream), the layer's state grows by n positions. `state.len` is not touched.
     /// A planned O(1) layer seals when the chunk ends at the plan's tp.
     fn layer_forward(&self, il: usize, x: &mut [f32], n: usize, pos0: usize, state: &mut SeqState, trace: Trace) -> Result<()> {
+        self.layer_mixer(il, x, n, pos0, state, trace)?;
+        self.layer_ffn(il, x, n, false, trace);
+        Ok(())
+    }
+
+    /// A layer's mixer half (norm, attention or recurrent mixer, post-norm, residual) over x
+    /// [n, d_model] in place; the layer's state grows by n positions.
+    fn layer_mixer(&self, il: usize, x: &mut [f32], n: usize, pos0: usize, state: &mut SeqState, trace: Trace) -> Result<()> {
         let cfg = &self.cfg;
         let d = cfg.d_model;
         let (lw, spec) = (&self.layers[il], &cfg.layers[il]);
@@ -506,10 +516,26 @@ impl Model {
         }
         trace("attn_proj", il, &a);
         x.iter_mut().zip(&a).for_each(|(xi, ai)| *xi += ai);
+        Ok(())
+    }
+
+    /// A layer's FFN half over x [n, d_model] in place (norm, FFN, post-norm, residual).
+    /// `independent`: the n rows are decode rows of n different sequences (the decode batch):
+    /// each takes the decode path, bit-identical to running it alone; else they are n positions
+    /// of one sequence.
+    fn layer_ffn(&self, il: usize, x: &mut [f32], n: usize, independent: bool, trace: Trace) {
+        let cfg = &self.cfg;
+        let (lw, num) = (&self.layers[il], self.numerics);
+        let mut h = vec![0f32; n * cfg.d_model]; // [n, d_model]
         rmsnorm_rows_in(num, x, &lw.ffn_norm, cfg.norm_eps, &mut h);
         trace("ffn_norm", il, &h);
         let mut m = match &lw.ffn {
+            Ffn::Dense(f) if independent && n > 1 => ffn_rows(cfg, f, &h, n, num),
             Ffn::Dense(f) => ffn(cfg, f, &h, n, num),
+            Ffn::Moe(mw) if independent && n > 1 => {
+                let mc = cfg.moe.as_ref().expect("checked at load");
+                h.chunks_exact(cfg.d_model).flat_map(|hr| moe(cfg, mc, mw, hr, 1, num)).collect()
+            }
             Ffn::Moe(mw) => moe(cfg, cfg.moe.as_ref().expect("checked at load"), mw, &h, n, num),
         };
         if let Some(g) = &lw.post_ffn_norm {
@@ -518,7 +544,6 @@ impl Model {
         trace("ffn_out", il, &m);
         x.iter_mut().zip(&m).for_each(|(xi, mi)| *xi += mi);
         trace("l_out", il, x);
-        Ok(())
     }
 
     /// Prefill a prompt in chunks of `chunk` positions; returns the last position's logits.
