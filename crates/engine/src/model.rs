@@ -374,12 +374,12 @@ impl Model {
     /// else is in the batch: every layer runs the sequences' mixers (attention, recurrent state)
     /// one by one on the decode path, then the FFN and the LM head over all rows at once through
     /// `QTensor::matvec_rows` (one weight pass for all rows where the multi-column kernel exists,
-    /// Q4_K today; each row still on the decode path). This is the serving core's contract, not
-    /// yet its speed: measured on Qwen2.5-Coder-0.5B Q4_K_M, 2 threads, aggregate decode is 0.97x
-    /// one sequence at k = 2..8, because the per-core decode kernels are compute-bound here, not
-    /// bandwidth-bound (BENCHMARKS.md). The win needs the layers' projections and FFNs as one
-    /// multi-column product over the batch's rows. A sequence whose O(1) plan seals at this step (or checks)
-    /// takes its own `forward`, same result. Every token and context is checked before any state
+    /// Q4_K today; each row still on the decode path). This is the serving core's contract more
+    /// than its speed yet: Qwen2.5-Coder-0.5B Q4_K_M, 2 threads, aggregate decode 1.07-1.16x one
+    /// sequence at k = 2..8 (BENCHMARKS.md); the per-core decode kernels are compute-bound here,
+    /// so the attention projections and the other weight types need multi-column kernels too.
+    /// A sequence whose O(1) plan seals at this step (or checks) takes its own `forward`, same
+    /// result. Every token and context is checked before any state
     /// moves; an error names the batch entry.
     pub fn forward_decode_batch(&self, tokens: &[u32], states: &mut [&mut SeqState]) -> Result<Vec<f32>> {
         assert_eq!(tokens.len(), states.len(), "forward_decode_batch: one token per sequence");
