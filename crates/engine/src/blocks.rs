@@ -106,10 +106,18 @@ pub fn attention(
     o1: AttnO1,
     trace: &mut dyn FnMut(&str, &[f32]),
 ) -> Result<Vec<f32>> {
-    let (hd, nh, nkv) = (cfg.head_dim, cfg.n_heads, cfg.n_kv_heads);
-    let (q_dim, kv_dim) = (cfg.q_dim(), cfg.kv_dim());
+    let (q, k, v) = attn_project(w, h, n, false);
+    let (o, gate) = attention_core(cfg, w, rope_cfg, window, q, k, v, n, pos0, kv, num, lc, o1, trace)?;
+    Ok(attn_output(cfg, w, o, gate.as_deref(), n, false, trace))
+}
+
+/// The three input projections of attention over h [n, d_model] -> (q [n, wq.rows], k, v [n,
+/// kv_dim]). `independent`: the rows are decode rows of n different sequences (the decode
+/// batch), each on the decode path as if alone (`QTensor::matvec_rows`); else n positions of
+/// one sequence.
+pub fn attn_project(w: &AttentionWeights, h: &[f32], n: usize, independent: bool) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let (q_rows, kv_dim) = (w.wq.rows, w.wk.rows);
     // A gated q_proj (Qwen3-Next/3.5) yields [q | gate] per head: twice q_dim.
-    let q_rows = w.wq.rows;
     let mut q = vec![0f32; n * q_rows]; // [n, n_heads, head_dim] (or [n, n_heads, 2, head_dim] gated)
     let mut k = vec![0f32; n * kv_dim]; // [n, n_kv_heads, head_dim]
     let mut v = vec![0f32; n * kv_dim]; // [n, n_kv_heads, head_dim]
@@ -120,11 +128,40 @@ pub fn attention(
         q.copy_from_slice(&qkv[..q_rows]);
         k.copy_from_slice(&qkv[q_rows..q_rows + kv_dim]);
         v.copy_from_slice(&qkv[q_rows + kv_dim..]);
+    } else if independent {
+        w.wq.matvec_rows(h, n, &mut q);
+        w.wk.matvec_rows(h, n, &mut k);
+        w.wv.matvec_rows(h, n, &mut v);
     } else {
         w.wq.matmul(h, n, &mut q);
         w.wk.matmul(h, n, &mut k);
         w.wv.matmul(h, n, &mut v);
     }
+    (q, k, v)
+}
+
+/// The attention after its input projections: q [n, wq.rows], k, v [n, kv_dim] of n positions
+/// from `pos0` of one sequence -> (o [n, n_heads, head_dim] before the output projection, the
+/// gate of a gated q_proj). Appends k, v to the sequence's cache (or steps its O(1) state).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_core(
+    cfg: &ModelConfig,
+    w: &AttentionWeights,
+    rope_cfg: &Rope,
+    window: Option<usize>,
+    mut q: Vec<f32>,
+    mut k: Vec<f32>,
+    mut v: Vec<f32>,
+    n: usize,
+    pos0: usize,
+    kv: &mut LayerState,
+    num: Numerics,
+    lc: LlamaCppCtx,
+    o1: AttnO1,
+    trace: &mut dyn FnMut(&str, &[f32]),
+) -> Result<(Vec<f32>, Option<Vec<f32>>)> {
+    let (hd, nh, nkv) = (cfg.head_dim, cfg.n_heads, cfg.n_kv_heads);
+    let (q_dim, kv_dim) = (cfg.q_dim(), cfg.kv_dim());
     let gate = if cfg.attn_gate {
         let mut qs = vec![0f32; n * q_dim]; // [n, n_heads, head_dim]
         let mut g = vec![0f32; n * q_dim]; // [n, n_heads, head_dim]
@@ -183,7 +220,7 @@ pub fn attention(
             s.rows += n * nh;
             s.dropped += dropped;
         }
-        return Ok(attn_output(cfg, w, o, gate.as_deref(), n, trace));
+        return Ok((o, gate));
     }
     match kv {
         LayerState::Kv { k: kc, v: vc } => {
@@ -202,7 +239,7 @@ pub fn attention(
             q_hist.extend_from_slice(&q);
             let _s = profile::span(Op::Attention);
             o_matrix_form(cfg, &plan, q_hist, kv, pos0, &mut o, stats)?;
-            return Ok(attn_output(cfg, w, o, gate.as_deref(), n, trace));
+            return Ok((o, gate));
         }
         AttnO1::Off | AttnO1::Stats(_) => {}
     }
@@ -272,17 +309,20 @@ pub fn attention(
         }
     }
     drop(attn_span);
-    Ok(attn_output(cfg, w, o, gate.as_deref(), n, trace))
+    Ok((o, gate))
 }
 
 /// The attention block's tail: the gate (gated attention), then the output projection.
 /// o: [n, n_heads, head_dim] -> [n, d_model]
-fn attn_output(
+/// Gate (if any) and output projection: o [n, n_heads, head_dim] -> [n, d_model]; `independent`
+/// as in `attn_project`.
+pub fn attn_output(
     cfg: &ModelConfig,
     w: &AttentionWeights,
     mut o: Vec<f32>,
     gate: Option<&[f32]>,
     n: usize,
+    independent: bool,
     trace: &mut dyn FnMut(&str, &[f32]),
 ) -> Vec<f32> {
     if let Some(g) = gate {
@@ -291,7 +331,11 @@ fn attn_output(
     }
     trace("attn_out", &o);
     let mut y = vec![0f32; n * cfg.d_model]; // [n, d_model]
-    w.wo.matmul(&o, n, &mut y);
+    if independent {
+        w.wo.matvec_rows(&o, n, &mut y);
+    } else {
+        w.wo.matmul(&o, n, &mut y);
+    }
     y
 }
 

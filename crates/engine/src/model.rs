@@ -2,7 +2,10 @@
 //! positions (prefill and decode are the same code with n = chunk or 1), and a trace hook that
 //! names every intermediate so a run can be diffed against the HF reference layer by layer.
 
-use crate::blocks::{AttentionWeights, FfnWeights, attention, ffn, ffn_rows, rmsnorm_rows_in, rmsnorm_segments_in};
+use crate::blocks::{
+    AttentionWeights, FfnWeights, attention, attention_core, attn_output, attn_project, ffn, ffn_rows, rmsnorm_rows_in,
+    rmsnorm_segments_in,
+};
 use crate::compat::{LlamaCppCtx, Numerics};
 use crate::config::{LayerSpec, MixerKind, ModelConfig};
 use crate::error::{EngineError, Result};
@@ -405,9 +408,13 @@ impl Model {
         let kb = batched.len();
         let mut x: Vec<f32> = xs.concat(); // [kb, d_model]
         for il in 0..self.layers.len() {
-            for (xr, &j) in x.chunks_exact_mut(d).zip(&batched) {
-                let pos = states[j].len;
-                self.layer_mixer(il, xr, 1, pos, states[j], trace)?;
+            if matches!(self.layers[il].mixer, MixerWeights::Attention(_)) && kb > 1 {
+                self.layer_attention_rows(il, &mut x, states, &batched)?;
+            } else {
+                for (xr, &j) in x.chunks_exact_mut(d).zip(&batched) {
+                    let pos = states[j].len;
+                    self.layer_mixer(il, xr, 1, pos, states[j], trace)?;
+                }
             }
             self.layer_ffn(il, &mut x, kb, true, trace);
         }
@@ -515,6 +522,61 @@ impl Model {
             rmsnorm_segments_in(num, &mut a, g, cfg.norm_eps);
         }
         trace("attn_proj", il, &a);
+        x.iter_mut().zip(&a).for_each(|(xi, ai)| *xi += ai);
+        Ok(())
+    }
+
+    /// An attention layer's mixer half for the decode batch: x [kb, d_model], row i the next
+    /// position of sequence `batched[i]`. The input and output projections run over all rows at
+    /// once (each row on the decode path), the attention itself per sequence on its own cache;
+    /// row for row the same as `layer_mixer(il, row, 1, ..)`.
+    fn layer_attention_rows(&self, il: usize, x: &mut [f32], states: &mut [&mut SeqState], batched: &[usize]) -> Result<()> {
+        let cfg = &self.cfg;
+        let (d, kb, num) = (cfg.d_model, batched.len(), self.numerics);
+        let (lw, spec) = (&self.layers[il], &cfg.layers[il]);
+        let MixerWeights::Attention(aw) = &lw.mixer else { unreachable!("called for attention layers") };
+        let mut h = vec![0f32; kb * d]; // [kb, d_model]
+        rmsnorm_rows_in(num, x, &lw.attn_norm, cfg.norm_eps, &mut h);
+        let (q, k, v) = attn_project(aw, &h, kb, true); // [kb, wq.rows], [kb, kv_dim] x2
+        let (qr, kvr) = (aw.wq.rows, aw.wk.rows);
+        let mut o = Vec::with_capacity(kb * cfg.q_dim()); // [kb, n_heads, head_dim]
+        let mut gate = Vec::new(); // [kb, n_heads, head_dim] when gated
+        for (i, &j) in batched.iter().enumerate() {
+            let st = &mut *states[j];
+            let pos0 = st.len;
+            let lc = LlamaCppCtx { cache_cells: st.n_ctx, threads: self.llamacpp_threads };
+            let hook = st.o1.as_mut().map_or(AttnO1::Off, |r| r.hook(il));
+            let ls = &mut st.layers[il];
+            let (qi, ki, vi) =
+                (q[i * qr..(i + 1) * qr].to_vec(), k[i * kvr..(i + 1) * kvr].to_vec(), v[i * kvr..(i + 1) * kvr].to_vec());
+            let (oi, gi) = attention_core(
+                cfg,
+                aw,
+                &cfg.ropes[spec.rope],
+                spec.sliding_window,
+                qi,
+                ki,
+                vi,
+                1,
+                pos0,
+                ls,
+                num,
+                lc,
+                hook,
+                &mut |_, _| {},
+            )?;
+            if let Some(run) = st.o1.as_mut().filter(|r| r.seals_after(il, pos0 + 1)) {
+                run.seal(il, &mut st.layers[il])
+                    .map_err(|e| EngineError::BadConfig { file: "o(1) seal".into(), what: e.to_string() })?;
+            }
+            o.extend_from_slice(&oi);
+            gate.extend_from_slice(gi.as_deref().unwrap_or(&[]));
+        }
+        let gate = (!gate.is_empty()).then_some(&gate[..]);
+        let mut a = attn_output(cfg, aw, o, gate, kb, true, &mut |_, _| {});
+        if let Some(g) = &lw.post_attn_norm {
+            rmsnorm_segments_in(num, &mut a, g, cfg.norm_eps);
+        }
         x.iter_mut().zip(&a).for_each(|(xi, ai)| *xi += ai);
         Ok(())
     }

@@ -39,12 +39,17 @@ fn first_diff(a: &[f32], b: &[f32]) -> Option<(usize, f32, f32)> {
 /// Four sequences (prompts of different lengths from `toks`), each decoding its own fixed
 /// token stream; alone vs batched per `schedule`.
 fn check(name: &str, model: &Model, toks: &[u32]) {
+    check_with(name, model, toks, &|_| model.new_state(128));
+}
+
+/// `check` with each sequence's empty state from `make(j)` (O(1) plans, ...).
+fn check_with(name: &str, model: &Model, toks: &[u32], make: &dyn Fn(usize) -> SeqState) {
     let v = model.cfg.vocab;
     let plen = [toks.len().min(40) - 8, 5, 1, 17.min(toks.len() - 8)];
     let prompt = |j: usize| &toks[j..j + plen[j]];
     let stream = |j: usize, i: usize| toks[(3 * j + 5 * i + 1) % toks.len()];
     let fresh = |j: usize| {
-        let mut st = model.new_state(128);
+        let mut st = make(j);
         model.forward(prompt(j), &mut st, Logits::None).unwrap();
         st
     };
@@ -141,6 +146,34 @@ fn decode_batch_lfm2() {
 #[test]
 fn decode_batch_kimi_linear() {
     all_modes("kimi_linear");
+}
+
+/// O(1) states in the batch: sequence 1 sealed at the end of its prompt (Nyström skeleton),
+/// sequence 3 sealing at its first batched step (which it takes alone) and stepping sealed in
+/// the batch afterwards (StreamingLLM drop), beside exact ones.
+#[test]
+fn decode_batch_with_o1_states() {
+    use cortiq_engine::mixers::nystrom::{DEFAULT_RIDGE, Far, O1Settings, StatePrecision};
+    use cortiq_engine::o1::O1Plan;
+    for name in ["llama", "qwen3_5"] {
+        let toks = ids(&fixture(name).join("tokens.json"));
+        for num in [Numerics::Exact, Numerics::Fast] {
+            let mut model = load(&fixture(name)).unwrap().model;
+            model.set_numerics(num);
+            let plan = |tp: usize, far: Far| O1Plan {
+                tp,
+                settings: O1Settings { window: 4, sinks: 1, landmarks: 4, ridge: DEFAULT_RIDGE, state: StatePrecision::Single },
+                far,
+                check: None,
+            };
+            let make = |j: usize| match j {
+                1 => model.new_state_o1(128, plan(5, Far::Skeleton)).unwrap(),
+                3 => model.new_state_o1(128, plan(17.min(toks.len() - 8) + 1, Far::Drop)).unwrap(),
+                _ => model.new_state(128),
+            };
+            check_with(&format!("{name} {num:?} with O(1) states"), &model, &toks, &make);
+        }
+    }
 }
 
 /// A bad token or a full context in any entry is an error naming the entry, and no state moves.
