@@ -495,9 +495,7 @@ impl Model {
             (MixerWeights::Attention(aw), ls) => {
                 let hook = state.o1.as_mut().map_or(AttnO1::Off, |r| r.hook(il));
                 let a = attention(cfg, aw, &cfg.ropes[spec.rope], spec.sliding_window, &h, n, pos0, ls, num, lc, hook, &mut tr)?;
-                if let Some(run) = state.o1.as_mut().filter(|r| r.seals_after(il, pos0 + n)) {
-                    run.seal(il, ls).map_err(|e| EngineError::BadConfig { file: "o(1) seal".into(), what: e.to_string() })?;
-                }
+                seal_if_due(&mut state.o1, il, pos0 + n, ls)?;
                 a
             }
             (MixerWeights::ShortConv(cw), LayerState::ShortConv(cs)) => {
@@ -565,10 +563,7 @@ impl Model {
                 hook,
                 &mut |_, _| {},
             )?;
-            if let Some(run) = st.o1.as_mut().filter(|r| r.seals_after(il, pos0 + 1)) {
-                run.seal(il, &mut st.layers[il])
-                    .map_err(|e| EngineError::BadConfig { file: "o(1) seal".into(), what: e.to_string() })?;
-            }
+            seal_if_due(&mut st.o1, il, pos0 + 1, &mut st.layers[il])?;
             o.extend_from_slice(&oi);
             gate.extend_from_slice(gi.as_deref().unwrap_or(&[]));
         }
@@ -857,4 +852,13 @@ fn mla_kv_b(src: &dyn TensorSource, c: &crate::mixers::mla::MlaConfig, il: usize
         }
     }
     Ok(QTensor::from_f32(n("attn_kv_b.weight"), nh * (nope + vd), lora, out))
+}
+
+/// A planned O(1) layer seals its cache into the constant-size state when a chunk ends at the
+/// plan's tp (`end` = the position after the chunk).
+fn seal_if_due(o1: &mut Option<O1Run>, il: usize, end: usize, ls: &mut LayerState) -> Result<()> {
+    if let Some(run) = o1.as_mut().filter(|r| r.seals_after(il, end)) {
+        run.seal(il, ls).map_err(|e| EngineError::BadConfig { file: "o(1) seal".into(), what: e.to_string() })?;
+    }
+    Ok(())
 }

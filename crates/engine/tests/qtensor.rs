@@ -8,21 +8,9 @@ use std::sync::Arc;
 use cortiq_engine::compat::Numerics;
 use cortiq_engine::qtensor::QTensor;
 use cortiq_kernels::quant::QuantType;
+use cortiq_testkit::XorShift as Rng;
 use cortiq_testkit::{max_err, nan_max};
 use half::f16;
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn f(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-    }
-}
 
 /// Random blocks of `ty` with sane f16 scale fields.
 fn random_tensor(ty: QuantType, rows: usize, cols: usize, rng: &mut Rng) -> QTensor {

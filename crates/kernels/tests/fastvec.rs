@@ -5,21 +5,9 @@
 use cortiq_kernels::quant::{
     QuantType, act_type, dequantize_act, dequantize_row, matvec_fast_scalar, matvec_own, quantize_act, vec_dot_scalar,
 };
+use cortiq_testkit::XorShift as Rng;
 use cortiq_testkit::nan_max;
 use half::f16;
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn f(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-    }
-}
 
 /// Random blocks with sane f16 scales (and mins) in their first bytes.
 fn random_rows(ty: QuantType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {

@@ -7,20 +7,8 @@
 use cortiq_kernels::quant::{
     QuantType, act_type, matvec_fast, matvec_fast_multi, matvec_fast_multi_scalar, matvec_fast_scalar, quantize_act,
 };
+use cortiq_testkit::XorShift as Rng;
 use half::f16;
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn f(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-    }
-}
 
 /// Random blocks with finite, sane f16 scales where each type keeps them.
 fn random_rows(ty: QuantType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {

@@ -71,6 +71,26 @@ pub fn real_text_arg(name: &str) -> String {
     real_text(name).to_str().expect("cache path is UTF-8").to_string()
 }
 
+/// The tests' deterministic generator (xorshift64): same seed, same draws on every machine.
+pub struct XorShift(pub u64);
+
+impl XorShift {
+    /// The next 64 random bits (the seed must not be 0). Named as the tests' generators always
+    /// were, not an `Iterator` (it never ends).
+    #[allow(clippy::should_implement_trait)]
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// Uniform in [-1, 1) on a 2^-23 grid.
+    pub fn f(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+}
+
 /// The larger of `acc` and `x`, NaN if either is NaN (`f64::max` would drop the NaN).
 #[inline]
 pub fn nan_max(acc: f64, x: f64) -> f64 {
