@@ -403,10 +403,10 @@ impl Model {
         if batched.is_empty() {
             return Ok(logits);
         }
-        let xs: Vec<Vec<f32>> = batched.iter().map(|&j| self.embed(&tokens[j..j + 1])).collect(); // [1, d_model] each
+        let batch_tokens: Vec<u32> = batched.iter().map(|&j| tokens[j]).collect();
         let trace: Trace = &mut |_, _, _| {};
         let kb = batched.len();
-        let mut x: Vec<f32> = xs.concat(); // [kb, d_model]
+        let mut x = self.embed(&batch_tokens); // [kb, d_model], row by row as alone
         for il in 0..self.layers.len() {
             if matches!(self.layers[il].mixer, MixerWeights::Attention(_)) && kb > 1 {
                 self.layer_attention_rows(il, &mut x, states, &batched)?;
