@@ -24,4 +24,5 @@ pub use compat::Numerics;
 pub use error::{EngineError, Result};
 pub use model::{Logits, Model};
 pub mod sampling;
+pub mod sched;
 pub mod stop;

@@ -70,6 +70,21 @@ pub fn render(template: &str, messages: &[ChatMessage], add_generation_prompt: b
     .map_err(|e| template_error(&e))
 }
 
+/// Render the conversation with the tokenizer's chat template and tokenize it (special tokens
+/// parsed; BOS added only when the template did not already write it). The one place the CLI's
+/// `--chat` and the server's chat endpoint turn messages into ids.
+pub fn encode(tok: &crate::tokenizer::Tokenizer, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<Vec<u32>> {
+    let template = tok
+        .chat_template()
+        .ok_or_else(|| FormatError::field(tok.source(), "tokenizer.chat_template", "the model has no chat template"))?;
+    let text_of = |id: u32| tok.token_text(id).unwrap_or_default().to_string();
+    let bos = tok.bos_id().map(text_of).unwrap_or_default();
+    let eos = tok.eos_id().map(text_of).unwrap_or_default();
+    let text = render(template, messages, add_generation_prompt, &bos, &eos)?;
+    let add_bos = tok.add_bos() && !(!bos.is_empty() && text.starts_with(&bos));
+    tok.encode_with(&text, add_bos, true)
+}
+
 /// `tojson` as transformers defines it: json.dumps(x, ensure_ascii=False, indent=indent).
 fn tojson(v: &Value, kwargs: Kwargs) -> std::result::Result<String, Error> {
     let indent: Option<usize> = kwargs.get("indent")?;

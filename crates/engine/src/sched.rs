@@ -1,0 +1,550 @@
+//! The serving core's scheduler: N slots over one model, a bounded admission queue, prompts
+//! prefilled in chunks between the running sequences' decode steps (continuous batching),
+//! cancellation, timeouts and per-request context limits. It knows sequences, tokens and text;
+//! it knows no HTTP (the server crate feeds it requests and reads events through a [`Sink`]).
+//!
+//! Written here rather than taken from a crate: the scheduler is the product's core (what runs
+//! in the next step decides latency and throughput), and it must keep the determinism contract.
+//!
+//! **A sequence's result does not depend on what else runs.** Decode steps go through
+//! `Model::forward_decode_batch`, whose rows are bit-identical to a sequence's own single step;
+//! a prompt is prefilled in chunks whose boundaries are a function of the prompt alone
+//! (positions `0, C, 2C, ...` with `C = SchedConfig::prefill_chunk`), never of the load, so the
+//! prompt's state is the same whenever its chunks run. The sampler is the request's own (its
+//! seed, its RNG stream). So for the same request and seed the tokens are identical alone or
+//! beside any neighbours, and whatever step each chunk ran in (tests/sched.rs checks it).
+//!
+//! One step: drop cancelled or timed-out work, admit queued requests into free slots, run one
+//! decode batch over every slot that has a token to decode, then one prompt chunk of the
+//! prefilling slot that has waited longest. A running stream thus waits at most one decode
+//! batch plus one chunk between two tokens; `prefill_chunk` bounds that wait.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use cortiq_formats::tokenizer::{StreamDecoder, Tokenizer};
+
+use crate::model::{Logits, Model};
+use crate::sampling::{Sampler, SamplerParams};
+use crate::state::SeqState;
+use crate::stop::StopMatcher;
+
+/// The scheduler's fixed settings.
+#[derive(Clone, Debug)]
+pub struct SchedConfig {
+    /// Sequences decoded together at most (`--parallel`).
+    pub slots: usize,
+    /// Positions each slot's state may hold (prompt + generated).
+    pub n_ctx: usize,
+    /// Requests waiting for a slot at most; beyond that `submit` refuses.
+    pub queue: usize,
+    /// Prompt positions per prefill chunk (also the determinism grid, see the module doc).
+    pub prefill_chunk: usize,
+    /// A request still running this long after it was submitted ends with an error.
+    pub timeout: Option<Duration>,
+}
+
+/// Where a request's events go. `send` returns false once the receiver is gone; `is_closed`
+/// says so without sending (a client that disconnected): the slot is freed at the next step.
+pub trait Sink: Send {
+    fn send(&self, ev: Event) -> bool;
+    fn is_closed(&self) -> bool;
+}
+
+/// One generation to run.
+pub struct Request {
+    pub prompt: Vec<u32>,
+    /// Tokens to generate at most.
+    pub n_predict: usize,
+    pub sampler: SamplerParams,
+    /// Generation ends when one of these is sampled (not emitted).
+    pub eos: Vec<u32>,
+    /// Generation ends when the text contains one of these (not emitted).
+    pub stops: Vec<String>,
+    /// Report each token's log-probability and this many most likely alternatives.
+    pub logprobs: Option<usize>,
+    /// Added to the logits of these ids before sampling (and before the log-probabilities).
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Passed back in every event (the choice index of an `n > 1` request).
+    pub index: usize,
+    pub sink: Box<dyn Sink>,
+}
+
+/// A token's log-probability and the most likely alternatives at its position.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    pub id: u32,
+    pub logprob: f32,
+    /// (id, logprob), most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finish {
+    /// An end-of-generation token or a stop string.
+    Stop,
+    /// `n_predict` tokens, or the context filled up.
+    Length,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// The prompt is admitted to a slot and its processing begins.
+    Started {
+        index: usize,
+    },
+    /// A generated token: `piece` is its own text (what a log-probability entry names), `text`
+    /// what is safe to show now (stop strings held back or cut).
+    Token {
+        index: usize,
+        id: u32,
+        piece: String,
+        text: String,
+        logprob: Option<TokenLogprob>,
+    },
+    /// The end: `tail` is text still held back that belongs to the output.
+    Done {
+        index: usize,
+        finish: Finish,
+        tail: String,
+        n_prompt: usize,
+        n_generated: usize,
+    },
+    Error {
+        index: usize,
+        kind: ErrorKind,
+        message: String,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The request ran past `SchedConfig::timeout`.
+    Timeout,
+    /// The forward failed (a bug or an exhausted resource, never the client's input: that is
+    /// checked before `submit`).
+    Engine,
+}
+
+/// Why `submit` refused a request.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SubmitError {
+    #[error("the request queue is full ({0} waiting)")]
+    QueueFull(usize),
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("the prompt has {n_prompt} tokens; the context is {n_ctx}")]
+    TooLong { n_prompt: usize, n_ctx: usize },
+    #[error("the server is shutting down")]
+    ShuttingDown,
+}
+
+/// Counters the scheduler keeps (read by /metrics).
+#[derive(Default, Debug)]
+pub struct Counters {
+    pub queued: AtomicUsize,
+    pub busy_slots: AtomicUsize,
+    pub prompt_tokens: AtomicU64,
+    pub generated_tokens: AtomicU64,
+    pub decode_steps: AtomicU64,
+    /// Rows decoded over all decode steps (rows / steps = mean batch).
+    pub decode_rows: AtomicU64,
+    pub cancelled: AtomicU64,
+    pub timed_out: AtomicU64,
+    /// Generated tokens per second over the last few seconds of work, × 1000.
+    pub tok_per_s_milli: AtomicU64,
+}
+
+struct Queue {
+    items: VecDeque<(Request, Instant)>,
+    shutdown: bool,
+}
+
+/// The submitting side: cheap to clone, shared by the HTTP handlers.
+#[derive(Clone)]
+pub struct Handle {
+    inner: Arc<Shared>,
+}
+
+struct Shared {
+    queue: Mutex<Queue>,
+    wake: Condvar,
+    cfg: SchedConfig,
+    counters: Counters,
+    ready: AtomicBool,
+}
+
+impl Handle {
+    pub fn new(cfg: SchedConfig) -> Handle {
+        let q = Queue { items: VecDeque::new(), shutdown: false };
+        Handle {
+            inner: Arc::new(Shared {
+                queue: Mutex::new(q),
+                wake: Condvar::new(),
+                cfg,
+                counters: Counters::default(),
+                ready: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    pub fn config(&self) -> &SchedConfig {
+        &self.inner.cfg
+    }
+
+    pub fn counters(&self) -> &Counters {
+        &self.inner.counters
+    }
+
+    /// True once `run` has started (the model is loaded).
+    pub fn is_ready(&self) -> bool {
+        self.inner.ready.load(Ordering::Acquire)
+    }
+
+    /// Queue requests that belong together (the choices of one `n > 1` request): all or none.
+    pub fn submit(&self, reqs: Vec<Request>) -> Result<(), SubmitError> {
+        let cfg = &self.inner.cfg;
+        for r in &reqs {
+            if r.prompt.is_empty() {
+                return Err(SubmitError::EmptyPrompt);
+            }
+            if r.prompt.len() >= cfg.n_ctx {
+                return Err(SubmitError::TooLong { n_prompt: r.prompt.len(), n_ctx: cfg.n_ctx });
+            }
+        }
+        let mut q = self.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
+        if q.shutdown {
+            return Err(SubmitError::ShuttingDown);
+        }
+        if q.items.len() + reqs.len() > cfg.queue {
+            return Err(SubmitError::QueueFull(q.items.len()));
+        }
+        let now = Instant::now();
+        q.items.extend(reqs.into_iter().map(|r| (r, now)));
+        self.inner.counters.queued.store(q.items.len(), Ordering::Relaxed);
+        drop(q);
+        self.inner.wake.notify_one();
+        Ok(())
+    }
+
+    /// Ask `run` to return once the running and queued requests are done.
+    pub fn shutdown(&self) {
+        let mut q = self.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
+        q.shutdown = true;
+        drop(q);
+        self.inner.wake.notify_all();
+    }
+
+    /// The scheduler loop: call on the engine's own thread; returns after `shutdown` once the
+    /// work in hand is done.
+    pub fn run(&self, model: &Model, tok: &Tokenizer) {
+        let cfg = self.inner.cfg.clone();
+        let mut slots: Vec<Option<Slot<'_>>> = (0..cfg.slots).map(|_| None).collect();
+        let mut states: Vec<SeqState> = (0..cfg.slots).map(|_| model.new_state(cfg.n_ctx)).collect();
+        let mut rate = Rate::new();
+        let mut admitted = 0u64;
+        self.inner.ready.store(true, Ordering::Release);
+        loop {
+            // Wait for work; admit what fits.
+            {
+                let mut q = self.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
+                while q.items.is_empty() && slots.iter().all(Option::is_none) && !q.shutdown {
+                    rate.idle();
+                    self.inner.counters.tok_per_s_milli.store(0, Ordering::Relaxed);
+                    q = self.inner.wake.wait(q).unwrap_or_else(|e| e.into_inner());
+                }
+                if q.shutdown && q.items.is_empty() && slots.iter().all(Option::is_none) {
+                    return;
+                }
+                // Requests whose client left while they waited never take a slot.
+                let before = q.items.len();
+                q.items.retain(|(r, _)| !r.sink.is_closed());
+                let gone = before - q.items.len();
+                self.inner.counters.cancelled.fetch_add(gone as u64, Ordering::Relaxed);
+                for (si, slot) in slots.iter_mut().enumerate() {
+                    if slot.is_some() {
+                        continue;
+                    }
+                    let Some((req, t_submit)) = q.items.pop_front() else { break };
+                    states[si].clear();
+                    admitted += 1;
+                    req.sink.send(Event::Started { index: req.index });
+                    *slot = Some(Slot::new(req, tok, t_submit, admitted, cfg.timeout));
+                }
+                self.inner.counters.queued.store(q.items.len(), Ordering::Relaxed);
+            }
+            let now = Instant::now();
+            for slot in slots.iter_mut() {
+                let Some(s) = slot else { continue };
+                if s.req.sink.is_closed() {
+                    self.inner.counters.cancelled.fetch_add(1, Ordering::Relaxed);
+                    *slot = None;
+                } else if s.deadline.is_some_and(|d| now >= d) {
+                    self.inner.counters.timed_out.fetch_add(1, Ordering::Relaxed);
+                    let secs = cfg.timeout.map_or(0.0, |t| t.as_secs_f64());
+                    s.req.sink.send(Event::Error {
+                        index: s.req.index,
+                        kind: ErrorKind::Timeout,
+                        message: format!("the request ran past the timeout of {secs:.0} s"),
+                    });
+                    *slot = None;
+                }
+            }
+            self.inner.counters.busy_slots.store(slots.iter().filter(|s| s.is_some()).count(), Ordering::Relaxed);
+
+            let generated =
+                self.decode_step(model, &mut slots, &mut states) + self.prefill_step(model, &cfg, &mut slots, &mut states);
+            rate.add(generated);
+            self.inner.counters.tok_per_s_milli.store((rate.per_second() * 1000.0) as u64, Ordering::Relaxed);
+            self.inner.counters.busy_slots.store(slots.iter().filter(|s| s.is_some()).count(), Ordering::Relaxed);
+        }
+    }
+
+    /// One decode batch over every slot with a token to decode. Returns tokens generated.
+    fn decode_step(&self, model: &Model, slots: &mut [Option<Slot<'_>>], states: &mut [SeqState]) -> usize {
+        let mut tokens = Vec::new();
+        let mut idx = Vec::new();
+        for (si, s) in slots.iter().enumerate() {
+            if let Some(Slot { phase: Phase::Decode { next }, .. }) = s {
+                tokens.push(*next);
+                idx.push(si);
+            }
+        }
+        if tokens.is_empty() {
+            return 0;
+        }
+        // idx ascends, so the states come out in the same order as the tokens.
+        let mut refs: Vec<&mut SeqState> =
+            states.iter_mut().enumerate().filter(|(si, _)| idx.contains(si)).map(|(_, st)| st).collect();
+        let c = &self.inner.counters;
+        match model.forward_decode_batch(&tokens, &mut refs) {
+            Ok(logits) => {
+                c.decode_steps.fetch_add(1, Ordering::Relaxed);
+                c.decode_rows.fetch_add(idx.len() as u64, Ordering::Relaxed);
+                let vocab = model.cfg.vocab;
+                let mut n = 0;
+                for (i, &si) in idx.iter().enumerate() {
+                    let row = &logits[i * vocab..(i + 1) * vocab];
+                    n += self.take_token(&mut slots[si], row, states[si].len, states[si].n_ctx);
+                }
+                n
+            }
+            Err(e) => {
+                // Nothing in the batch moved; the entry at fault ends, the others retry.
+                let (entry, msg) = match &e {
+                    crate::EngineError::Batch { entry, source } => (Some(*entry), source.to_string()),
+                    other => (None, other.to_string()),
+                };
+                for (i, &si) in idx.iter().enumerate() {
+                    if entry.is_none() || entry == Some(i) {
+                        if let Some(s) = slots[si].take() {
+                            s.req.sink.send(Event::Error { index: s.req.index, kind: ErrorKind::Engine, message: msg.clone() });
+                        }
+                    }
+                }
+                0
+            }
+        }
+    }
+
+    /// One prompt chunk for the prefilling slot admitted first. Returns tokens generated (1
+    /// when the chunk was the prompt's last and its first token was taken).
+    fn prefill_step(&self, model: &Model, cfg: &SchedConfig, slots: &mut [Option<Slot<'_>>], states: &mut [SeqState]) -> usize {
+        let pick = slots
+            .iter()
+            .enumerate()
+            .filter_map(|(si, s)| match s {
+                Some(Slot { phase: Phase::Prefill { .. }, order, .. }) => Some((*order, si)),
+                _ => None,
+            })
+            .min();
+        let Some((_, si)) = pick else { return 0 };
+        let slot = slots[si].as_mut().expect("picked");
+        let Phase::Prefill { done } = slot.phase else { unreachable!("picked a prefilling slot") };
+        let n = slot.req.prompt.len();
+        let chunk = cfg.prefill_chunk.max(1);
+        let end = (done + chunk).min(n);
+        let last = end == n;
+        let want = if last { Logits::Last } else { Logits::None };
+        let st = &mut states[si];
+        match model.forward(&slot.req.prompt[done..end], st, want) {
+            Ok(logits) => {
+                self.inner.counters.prompt_tokens.fetch_add((end - done) as u64, Ordering::Relaxed);
+                if !last {
+                    slot.phase = Phase::Prefill { done: end };
+                    return 0;
+                }
+                let (len, n_ctx) = (st.len, st.n_ctx);
+                self.take_token(&mut slots[si], &logits, len, n_ctx)
+            }
+            Err(e) => {
+                if let Some(s) = slots[si].take() {
+                    s.req.sink.send(Event::Error { index: s.req.index, kind: ErrorKind::Engine, message: e.to_string() });
+                }
+                0
+            }
+        }
+    }
+
+    /// Sample the slot's next token from `logits` (the state now `len` long), send it, and
+    /// either set up its decode or end the request. Returns 1 when a token was generated.
+    fn take_token(&self, slot: &mut Option<Slot<'_>>, logits: &[f32], len: usize, n_ctx: usize) -> usize {
+        let s = slot.as_mut().expect("a live slot");
+        let biased;
+        let logits = if s.req.logit_bias.is_empty() {
+            logits
+        } else {
+            let mut l = logits.to_vec();
+            for &(id, b) in &s.req.logit_bias {
+                if let Some(v) = l.get_mut(id as usize) {
+                    *v += b;
+                }
+            }
+            biased = l;
+            &biased
+        };
+        let id = s.sampler.sample(logits, &s.history);
+        let index = s.req.index;
+        if s.req.eos.contains(&id) {
+            let done = s.finish(Finish::Stop, true);
+            s.req.sink.send(done);
+            *slot = None;
+            return 0;
+        }
+        let logprob = s.req.logprobs.map(|top| token_logprob(logits, id, top));
+        s.generated += 1;
+        s.history.push(id);
+        self.inner.counters.generated_tokens.fetch_add(1, Ordering::Relaxed);
+        let piece = s.dec.push(id);
+        let (text, stopped) = s.stops.push(&piece);
+        s.req.sink.send(Event::Token { index, id, piece, text, logprob });
+        let finish = if stopped {
+            Some((Finish::Stop, false))
+        } else if s.generated >= s.req.n_predict || len >= n_ctx {
+            Some((Finish::Length, true))
+        } else {
+            None
+        };
+        match finish {
+            Some((f, flush)) => {
+                let done = s.finish(f, flush);
+                s.req.sink.send(done);
+                *slot = None;
+            }
+            None => s.phase = Phase::Decode { next: id },
+        }
+        1
+    }
+}
+
+/// `log softmax(logits)[id]` and the `top` most likely ids (ties: lower id first).
+fn token_logprob(logits: &[f32], id: u32, top: usize) -> TokenLogprob {
+    let max = logits.iter().copied().filter(|v| !v.is_nan()).fold(f32::NEG_INFINITY, f32::max);
+    let z: f64 = logits.iter().filter(|v| !v.is_nan()).map(|&v| ((v - max) as f64).exp()).sum();
+    let lz = max as f64 + z.ln();
+    let lp = |v: f32| if v.is_nan() { f32::NEG_INFINITY } else { (v as f64 - lz) as f32 };
+    let mut best: Vec<(u32, f32)> = Vec::new();
+    if top > 0 {
+        let mut order: Vec<u32> = (0..logits.len() as u32).collect();
+        let key = |i: &u32| {
+            let v = logits[*i as usize];
+            if v.is_nan() { f32::NEG_INFINITY } else { v }
+        };
+        let k = top.min(order.len());
+        order.select_nth_unstable_by(k - 1, |a, b| key(b).total_cmp(&key(a)).then(a.cmp(b)));
+        order.truncate(k);
+        order.sort_unstable_by(|a, b| key(b).total_cmp(&key(a)).then(a.cmp(b)));
+        best = order.into_iter().map(|i| (i, lp(logits[i as usize]))).collect();
+    }
+    TokenLogprob { id, logprob: lp(logits[id as usize]), top: best }
+}
+
+enum Phase {
+    /// `done` prompt positions are in the state.
+    Prefill { done: usize },
+    /// `next` was sampled and goes through the next decode batch.
+    Decode { next: u32 },
+}
+
+struct Slot<'t> {
+    req: Request,
+    phase: Phase,
+    dec: StreamDecoder<'t>,
+    stops: StopMatcher,
+    sampler: Sampler,
+    /// Prompt and generated ids (the penalties' window).
+    history: Vec<u32>,
+    generated: usize,
+    /// Admission order: the oldest prefilling slot gets the next chunk.
+    order: u64,
+    deadline: Option<Instant>,
+}
+
+impl<'t> Slot<'t> {
+    fn new(req: Request, tok: &'t Tokenizer, t_submit: Instant, order: u64, timeout: Option<Duration>) -> Slot<'t> {
+        let stops = StopMatcher::new(req.stops.clone());
+        let sampler = Sampler::new(req.sampler.clone());
+        let history = req.prompt.clone();
+        Slot {
+            req,
+            phase: Phase::Prefill { done: 0 },
+            dec: StreamDecoder::new(tok),
+            stops,
+            sampler,
+            history,
+            generated: 0,
+            order,
+            deadline: timeout.map(|t| t_submit + t),
+        }
+    }
+
+    /// The final event; `flush` gives back text the stop matcher and the decoder still hold.
+    fn finish(&mut self, finish: Finish, flush: bool) -> Event {
+        let mut tail = String::new();
+        if flush {
+            let rest = self.dec.finish();
+            let (t, _) = self.stops.push(&rest);
+            tail.push_str(&t);
+            let held = std::mem::replace(&mut self.stops, StopMatcher::new(Vec::new()));
+            tail.push_str(&held.finish());
+        }
+        Event::Done { index: self.req.index, finish, tail, n_prompt: self.req.prompt.len(), n_generated: self.generated }
+    }
+}
+
+/// Generated tokens per second over a sliding window of recent steps.
+struct Rate {
+    window: VecDeque<(Instant, usize)>,
+}
+
+impl Rate {
+    const SPAN: Duration = Duration::from_secs(5);
+
+    fn new() -> Rate {
+        Rate { window: VecDeque::new() }
+    }
+
+    fn add(&mut self, n: usize) {
+        let now = Instant::now();
+        self.window.push_back((now, n));
+        while self.window.front().is_some_and(|(t, _)| now.duration_since(*t) > Self::SPAN) {
+            self.window.pop_front();
+        }
+    }
+
+    fn idle(&mut self) {
+        self.window.clear();
+    }
+
+    fn per_second(&self) -> f64 {
+        let (Some(first), Some(last)) = (self.window.front(), self.window.back()) else { return 0.0 };
+        let span = last.0.duration_since(first.0).as_secs_f64();
+        if span <= 0.0 {
+            return 0.0;
+        }
+        let n: usize = self.window.iter().skip(1).map(|(_, n)| n).sum();
+        n as f64 / span
+    }
+}

@@ -1,0 +1,161 @@
+//! The scheduler (`sched.rs`): a request's tokens equal the plain generation loop's with the
+//! same prefill chunk and seed, alone or beside any neighbours and whatever the arrival order;
+//! cancellation frees a slot; the queue bound and the context limit refuse at `submit`.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::fixture;
+use cortiq_engine::generate::{GenOptions, generate};
+use cortiq_engine::load::load;
+use cortiq_engine::sampling::SamplerParams;
+use cortiq_engine::sched::{Event, Finish, Handle, Request, SchedConfig, Sink, SubmitError};
+
+struct ChanSink(mpsc::Sender<Event>, Arc<AtomicBool>);
+
+impl Sink for ChanSink {
+    fn send(&self, ev: Event) -> bool {
+        self.0.send(ev).is_ok()
+    }
+    fn is_closed(&self) -> bool {
+        self.1.load(Ordering::Relaxed)
+    }
+}
+
+fn sampler(seed: u64) -> SamplerParams {
+    SamplerParams { temperature: 0.9, top_k: 0, top_p: 1.0, min_p: 0.0, seed, ..SamplerParams::greedy() }
+}
+
+fn request(prompt: Vec<u32>, seed: u64, n: usize, tx: &mpsc::Sender<Event>, closed: &Arc<AtomicBool>) -> Request {
+    Request {
+        prompt,
+        n_predict: n,
+        sampler: sampler(seed),
+        eos: Vec::new(),
+        stops: Vec::new(),
+        logprobs: None,
+        logit_bias: Vec::new(),
+        index: seed as usize,
+        sink: Box::new(ChanSink(tx.clone(), closed.clone())),
+    }
+}
+
+/// Tokens per request index until every one of `n` requests is done.
+fn collect(rx: &mpsc::Receiver<Event>, n: usize) -> Vec<(usize, Vec<u32>)> {
+    let mut out: std::collections::BTreeMap<usize, Vec<u32>> = Default::default();
+    let mut done = 0;
+    while done < n {
+        match rx.recv_timeout(Duration::from_secs(60)).expect("scheduler event") {
+            Event::Token { index, id, .. } => out.entry(index).or_default().push(id),
+            Event::Done { finish, .. } => {
+                assert_eq!(finish, Finish::Length);
+                done += 1;
+            }
+            Event::Error { message, .. } => panic!("{message}"),
+            Event::Started { .. } => {}
+        }
+    }
+    out.into_iter().collect()
+}
+
+fn prompts() -> Vec<Vec<u32>> {
+    (0..5u32).map(|i| (0..(3 + 11 * i)).map(|t| 3 + (t * 29 + i * 7) % 250).collect()).collect()
+}
+
+#[test]
+fn sched_equals_generate_alone_and_under_load() {
+    // Dense with sliding windows (Gemma 3), short conv + attention (LFM2), GatedDeltaNet +
+    // gated attention (Qwen3.5), KDA + MLA + MoE (Kimi Linear): all 256-token vocabularies, so
+    // one tokenizer detokenizes them all.
+    let tok = Arc::new(loaded_tokenizer());
+    for arch in ["gemma3", "lfm2", "qwen3_5", "kimi_linear"] {
+        let model = Arc::new(load(&fixture(arch)).unwrap().model);
+        let chunk = 8;
+        let n = 12;
+        // The plain loop, one request at a time.
+        let reference: Vec<Vec<u32>> = prompts()
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let mut st = model.new_state(256);
+                let opt =
+                    GenOptions { n_predict: n, sampler: sampler(i as u64), eos: vec![], stops: vec![], prefill_chunk: chunk };
+                generate(&model, &mut st, p, &opt, &mut |_| String::new(), &mut |_| {}).unwrap().tokens
+            })
+            .collect();
+        let h = Handle::new(SchedConfig { slots: 5, n_ctx: 256, queue: 16, prefill_chunk: chunk, timeout: None });
+        let (m2, t2, h2) = (model.clone(), tok.clone(), h.clone());
+        let engine = std::thread::spawn(move || h2.run(&m2, &t2));
+        let closed = Arc::new(AtomicBool::new(false));
+        // Alone, one after the other; then all five at once; then in reverse order at once.
+        let (tx, rx) = mpsc::channel();
+        for (i, p) in prompts().into_iter().enumerate() {
+            h.submit(vec![request(p, i as u64, n, &tx, &closed)]).unwrap();
+            let got = collect(&rx, 1);
+            assert_eq!(got[0].1, reference[i], "{arch}: request {i} alone differs from generate()");
+        }
+        for order in [vec![0, 1, 2, 3, 4], vec![4, 2, 0, 3, 1]] {
+            let ps = prompts();
+            let reqs = order.iter().map(|&i| request(ps[i].clone(), i as u64, n, &tx, &closed)).collect();
+            h.submit(reqs).unwrap();
+            for (i, toks) in collect(&rx, 5) {
+                assert_eq!(toks, reference[i], "{arch}: request {i} beside 4 others (order {order:?}) differs");
+            }
+        }
+        let c = h.counters();
+        assert!(c.decode_rows.load(Ordering::Relaxed) > c.decode_steps.load(Ordering::Relaxed), "{arch}: decode steps did batch");
+        h.shutdown();
+        engine.join().unwrap();
+    }
+}
+
+#[test]
+fn sched_cancel_queue_and_context() {
+    let loaded = load(&fixture("qwen3_5")).unwrap();
+    let model = Arc::new(loaded.model);
+    let tok = Arc::new(loaded_tokenizer());
+    let h = Handle::new(SchedConfig { slots: 1, n_ctx: 64, queue: 1, prefill_chunk: 4, timeout: None });
+    let (m2, t2, h2) = (model.clone(), tok.clone(), h.clone());
+    let engine = std::thread::spawn(move || h2.run(&m2, &t2));
+    let (tx, rx) = mpsc::channel();
+    let open = Arc::new(AtomicBool::new(false));
+    assert_eq!(
+        h.submit(vec![request(vec![5; 64], 0, 4, &tx, &open)]).unwrap_err(),
+        SubmitError::TooLong { n_prompt: 64, n_ctx: 64 }
+    );
+    assert_eq!(h.submit(vec![request(vec![], 0, 4, &tx, &open)]).unwrap_err(), SubmitError::EmptyPrompt);
+    // A request bound to run until the context fills, then cancelled once it is generating.
+    let gone = Arc::new(AtomicBool::new(false));
+    h.submit(vec![request(vec![7, 8, 9], 1, 1000, &tx, &gone)]).unwrap();
+    loop {
+        if let Event::Token { .. } = rx.recv_timeout(Duration::from_secs(30)).unwrap() {
+            break;
+        }
+    }
+    // One queued behind it, then a third is refused.
+    h.submit(vec![request(vec![1, 2], 2, 3, &tx, &open)]).unwrap();
+    assert!(matches!(h.submit(vec![request(vec![1, 2], 3, 3, &tx, &open)]), Err(SubmitError::QueueFull(1))));
+    gone.store(true, Ordering::Relaxed);
+    // The queued request now runs to its end.
+    loop {
+        match rx.recv_timeout(Duration::from_secs(30)).unwrap() {
+            Event::Done { index: 2, n_generated, .. } => {
+                assert_eq!(n_generated, 3);
+                break;
+            }
+            Event::Done { index, .. } => panic!("request {index} finished; the cancelled one must not"),
+            _ => {}
+        }
+    }
+    assert_eq!(h.counters().cancelled.load(Ordering::Relaxed), 1);
+    h.shutdown();
+    engine.join().unwrap();
+}
+
+fn loaded_tokenizer() -> cortiq_formats::tokenizer::Tokenizer {
+    load(&fixture("qwen3_5")).unwrap().tokenizer().unwrap()
+}

@@ -1,0 +1,399 @@
+//! The two generation endpoints: `/v1/chat/completions` and `/v1/completions`, whole or
+//! streamed (SSE as the official clients expect: the role first, one id on every chunk,
+//! exactly one finish_reason per choice, a usage chunk only when `include_usage` asks, then
+//! `data: [DONE]`; keep-alive comments while a long prompt is processed).
+//!
+//! Everything the client sent is checked (api.rs) and the prompt measured against the context
+//! before anything is queued or any stream byte is written, so input errors are always a plain
+//! 4xx response.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use cortiq_engine::sched::{ErrorKind, Event, Finish, Request, Sink, SubmitError, TokenLogprob};
+use cortiq_formats::chat;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use crate::api::{self, GenParams, Prompt};
+use crate::error::ApiError;
+use crate::{App, body_error, unix_now};
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Chat,
+    Text,
+}
+
+struct ChanSink(mpsc::UnboundedSender<Event>);
+
+impl Sink for ChanSink {
+    fn send(&self, ev: Event) -> bool {
+        self.0.send(ev).is_ok()
+    }
+    fn is_closed(&self) -> bool {
+        self.0.is_closed()
+    }
+}
+
+pub(crate) async fn chat(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let info = app.info()?;
+    let o = api::object(&body.map_err(body_error)?)?;
+    let gp = api::gen_params(&o, info.vocab, true)?;
+    app.check_model(&gp.model)?;
+    let msgs = api::messages(&o)?;
+    let ids = chat::encode(&info.tok, &msgs, true).map_err(|e| ApiError::bad_request("chat_template_failed", e.to_string()))?;
+    run(app.clone(), Kind::Chat, vec![ids], gp, "messages").await
+}
+
+pub(crate) async fn completions(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let info = app.info()?;
+    let o = api::object(&body.map_err(body_error)?)?;
+    let gp = api::gen_params(&o, info.vocab, false)?;
+    app.check_model(&gp.model)?;
+    let mut prompts = Vec::new();
+    for p in api::prompts(&o, info.vocab)? {
+        prompts.push(match p {
+            // As llama-server: BOS where the model adds one, special tokens parsed.
+            Prompt::Text(s) => {
+                info.tok.encode_with(&s, info.tok.add_bos(), true).map_err(|e| ApiError::invalid("prompt", e.to_string()))?
+            }
+            Prompt::Tokens(t) => t,
+        });
+    }
+    run(app.clone(), Kind::Text, prompts, gp, "prompt").await
+}
+
+/// Check the prompts against the context, queue `n` choices per prompt, answer whole or as SSE.
+async fn run(app: Arc<App>, kind: Kind, prompts: Vec<Vec<u32>>, gp: GenParams, prompt_param: &str) -> Result<Response, ApiError> {
+    let info = app.info()?;
+    let n_ctx = info.sched.config().n_ctx;
+    for p in &prompts {
+        if p.is_empty() {
+            return Err(ApiError::invalid(prompt_param, "the prompt is empty"));
+        }
+        if p.len() >= n_ctx {
+            return Err(ApiError::context_exceeded(p.len(), n_ctx, prompt_param));
+        }
+    }
+    let (tx, rx) = mpsc::unbounded_channel();
+    let eos = if gp.ignore_eos { Vec::new() } else { info.eos.clone() };
+    let mut reqs = Vec::new();
+    for (pi, p) in prompts.iter().enumerate() {
+        for j in 0..gp.n {
+            let mut sampler = gp.sampler.clone();
+            // Choice j of a request draws from its own stream: seed + j.
+            sampler.seed = sampler.seed.wrapping_add(j as u64);
+            reqs.push(Request {
+                prompt: p.clone(),
+                n_predict: gp.max_tokens.unwrap_or(n_ctx),
+                sampler,
+                eos: eos.clone(),
+                stops: gp.stops.clone(),
+                logprobs: gp.logprobs,
+                logit_bias: gp.logit_bias.clone(),
+                index: pi * gp.n + j,
+                sink: Box::new(ChanSink(tx.clone())),
+            });
+        }
+    }
+    drop(tx);
+    info.sched.submit(reqs).map_err(|e| match e {
+        SubmitError::QueueFull(_) | SubmitError::ShuttingDown => ApiError::busy(format!("{e}; retry later")),
+        SubmitError::TooLong { n_prompt, n_ctx } => ApiError::context_exceeded(n_prompt, n_ctx, prompt_param),
+        SubmitError::EmptyPrompt => ApiError::invalid(prompt_param, "the prompt is empty"),
+    })?;
+    let out = Out {
+        kind,
+        id: app.new_id(if kind == Kind::Chat { "chatcmpl" } else { "cmpl" }),
+        created: unix_now(),
+        model: app.opts.model_id.clone(),
+        n_prompt: prompts.iter().map(Vec::len).sum(),
+        choices: prompts.len() * gp.n,
+        include_usage: gp.include_usage,
+        tok: info.tok.clone(),
+    };
+    if gp.stream { Ok(stream(out, rx, app.opts.keepalive).into_response()) } else { whole(out, rx).await }
+}
+
+/// What every chunk or response of one request shares.
+struct Out {
+    kind: Kind,
+    id: String,
+    created: u64,
+    model: String,
+    /// Prompt tokens over the distinct prompts (an n > 1 prompt counts once).
+    n_prompt: usize,
+    choices: usize,
+    include_usage: bool,
+    tok: Arc<cortiq_formats::tokenizer::Tokenizer>,
+}
+
+fn finish_reason(f: Finish) -> &'static str {
+    match f {
+        Finish::Stop => "stop",
+        Finish::Length => "length",
+    }
+}
+
+fn engine_error(kind: ErrorKind, message: String) -> ApiError {
+    match kind {
+        ErrorKind::Timeout => ApiError::timeout(message),
+        ErrorKind::Engine => ApiError::internal(message),
+    }
+}
+
+impl Out {
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.kind, chunk) {
+            (Kind::Chat, false) => "chat.completion",
+            (Kind::Chat, true) => "chat.completion.chunk",
+            (Kind::Text, _) => "text_completion",
+        }
+    }
+
+    fn usage(&self, generated: usize) -> Value {
+        json!({"prompt_tokens": self.n_prompt, "completion_tokens": generated, "total_tokens": self.n_prompt + generated})
+    }
+
+    fn bytes_of(&self, id: u32) -> Vec<u8> {
+        self.tok.token_bytes(id)
+    }
+
+    /// A chat logprobs entry: the token as it reads in the text, its bytes, the alternatives.
+    fn chat_logprob(&self, piece: &str, lp: &TokenLogprob) -> Value {
+        let top: Vec<Value> = lp
+            .top
+            .iter()
+            .map(|&(id, l)| {
+                let b = self.bytes_of(id);
+                json!({"token": String::from_utf8_lossy(&b), "logprob": l, "bytes": b})
+            })
+            .collect();
+        json!({"token": piece, "logprob": lp.logprob, "bytes": self.bytes_of(lp.id), "top_logprobs": top})
+    }
+
+    /// The legacy completions logprobs object for a run of tokens starting at `offset` chars.
+    fn text_logprobs(&self, toks: &[(String, TokenLogprob)], mut offset: usize) -> Value {
+        let mut tokens = Vec::new();
+        let mut lps = Vec::new();
+        let mut tops = Vec::new();
+        let mut offsets = Vec::new();
+        for (piece, lp) in toks {
+            tokens.push(json!(piece));
+            lps.push(json!(lp.logprob));
+            let mut m = serde_json::Map::new();
+            for &(id, l) in &lp.top {
+                m.insert(String::from_utf8_lossy(&self.bytes_of(id)).into_owned(), json!(l));
+            }
+            tops.push(Value::Object(m));
+            offsets.push(json!(offset));
+            offset += piece.chars().count();
+        }
+        json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
+    }
+}
+
+#[derive(Default)]
+struct Choice {
+    text: String,
+    logprobs: Vec<(String, TokenLogprob)>,
+    finish: Option<Finish>,
+    generated: usize,
+}
+
+/// Collect every choice, then answer once.
+async fn whole(out: Out, mut rx: mpsc::UnboundedReceiver<Event>) -> Result<Response, ApiError> {
+    let mut choices: Vec<Choice> = (0..out.choices).map(|_| Choice::default()).collect();
+    let mut done = 0;
+    while done < out.choices {
+        let Some(ev) = rx.recv().await else { return Err(ApiError::internal("the engine stopped before the request finished")) };
+        match ev {
+            Event::Started { .. } => {}
+            Event::Token { index, piece, text, logprob, .. } => {
+                let c = &mut choices[index];
+                c.text.push_str(&text);
+                if let Some(lp) = logprob {
+                    c.logprobs.push((piece, lp));
+                }
+            }
+            Event::Done { index, finish, tail, n_generated, .. } => {
+                let c = &mut choices[index];
+                c.text.push_str(&tail);
+                c.finish = Some(finish);
+                c.generated = n_generated;
+                done += 1;
+            }
+            Event::Error { kind, message, .. } => return Err(engine_error(kind, message)),
+        }
+    }
+    let generated: usize = choices.iter().map(|c| c.generated).sum();
+    let with_lp = choices.iter().any(|c| !c.logprobs.is_empty());
+    let list: Vec<Value> = choices
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let finish = finish_reason(c.finish.expect("every choice finished"));
+            match out.kind {
+                Kind::Chat => {
+                    let lp = with_lp.then(|| json!({"content": c.logprobs.iter().map(|(p, l)| out.chat_logprob(p, l)).collect::<Vec<_>>()}));
+                    json!({"index": i, "message": {"role": "assistant", "content": c.text}, "logprobs": lp, "finish_reason": finish})
+                }
+                Kind::Text => {
+                    let lp = with_lp.then(|| out.text_logprobs(&c.logprobs, 0));
+                    json!({"index": i, "text": c.text, "logprobs": lp, "finish_reason": finish})
+                }
+            }
+        })
+        .collect();
+    Ok(axum::Json(json!({
+        "id": out.id,
+        "object": out.object(false),
+        "created": out.created,
+        "model": out.model,
+        "system_fingerprint": fingerprint(),
+        "choices": list,
+        "usage": out.usage(generated),
+    }))
+    .into_response())
+}
+
+fn fingerprint() -> String {
+    format!("cortiq-{}", env!("CARGO_PKG_VERSION"))
+}
+
+/// The SSE stream's state: events become chunks; `pending` holds chunks not yet yielded.
+struct Streamer {
+    out: Out,
+    rx: mpsc::UnboundedReceiver<Event>,
+    pending: VecDeque<SseEvent>,
+    done: usize,
+    generated: usize,
+    /// Characters of text sent per choice (completions' text_offset).
+    sent_chars: Vec<usize>,
+    ended: bool,
+}
+
+impl Streamer {
+    fn chunk(&self, choice: Value) -> SseEvent {
+        let mut c = json!({
+            "id": self.out.id,
+            "object": self.out.object(true),
+            "created": self.out.created,
+            "model": self.out.model,
+            "system_fingerprint": fingerprint(),
+            "choices": [choice],
+        });
+        if self.out.include_usage {
+            c["usage"] = Value::Null;
+        }
+        SseEvent::default().data(c.to_string())
+    }
+
+    /// A content chunk for `text` (and the log-probabilities of the tokens it completes).
+    fn content(&mut self, index: usize, text: &str, lps: &[(String, TokenLogprob)]) {
+        let choice = match self.out.kind {
+            Kind::Chat => {
+                let lp = (!lps.is_empty())
+                    .then(|| json!({"content": lps.iter().map(|(p, l)| self.out.chat_logprob(p, l)).collect::<Vec<_>>()}));
+                json!({"index": index, "delta": {"content": text}, "logprobs": lp, "finish_reason": null})
+            }
+            Kind::Text => {
+                let lp = (!lps.is_empty()).then(|| self.out.text_logprobs(lps, self.sent_chars[index]));
+                json!({"index": index, "text": text, "logprobs": lp, "finish_reason": null})
+            }
+        };
+        self.sent_chars[index] += text.chars().count();
+        let ev = self.chunk(choice);
+        self.pending.push_back(ev);
+    }
+
+    fn finish(&mut self, index: usize, f: Finish) {
+        let choice = match self.out.kind {
+            Kind::Chat => json!({"index": index, "delta": {}, "logprobs": null, "finish_reason": finish_reason(f)}),
+            Kind::Text => json!({"index": index, "text": "", "logprobs": null, "finish_reason": finish_reason(f)}),
+        };
+        let ev = self.chunk(choice);
+        self.pending.push_back(ev);
+    }
+
+    fn end(&mut self, error: Option<ApiError>) {
+        if let Some(e) = error {
+            self.pending.push_back(SseEvent::default().data(e.body().to_string()));
+        } else if self.out.include_usage {
+            let c = json!({
+                "id": self.out.id,
+                "object": self.out.object(true),
+                "created": self.out.created,
+                "model": self.out.model,
+                "system_fingerprint": fingerprint(),
+                "choices": [],
+                "usage": self.out.usage(self.generated),
+            });
+            self.pending.push_back(SseEvent::default().data(c.to_string()));
+        }
+        self.pending.push_back(SseEvent::default().data("[DONE]"));
+        self.ended = true;
+    }
+
+    fn on(&mut self, ev: Option<Event>) {
+        match ev {
+            None => self.end(Some(ApiError::internal("the engine stopped before the request finished"))),
+            Some(Event::Started { .. }) => {}
+            Some(Event::Token { index, piece, text, logprob, .. }) => {
+                let lps: Vec<_> = logprob.map(|l| (piece, l)).into_iter().collect();
+                if !text.is_empty() || !lps.is_empty() {
+                    self.content(index, &text, &lps);
+                }
+            }
+            Some(Event::Done { index, finish, tail, n_generated, .. }) => {
+                if !tail.is_empty() {
+                    self.content(index, &tail, &[]);
+                }
+                self.finish(index, finish);
+                self.generated += n_generated;
+                self.done += 1;
+                if self.done == self.out.choices {
+                    self.end(None);
+                }
+            }
+            Some(Event::Error { kind, message, .. }) => self.end(Some(engine_error(kind, message))),
+        }
+    }
+}
+
+fn stream(
+    out: Out,
+    rx: mpsc::UnboundedReceiver<Event>,
+    keepalive: std::time::Duration,
+) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
+    let n = out.choices;
+    let mut st = Streamer { out, rx, pending: VecDeque::new(), done: 0, generated: 0, sent_chars: vec![0; n], ended: false };
+    if st.out.kind == Kind::Chat {
+        for i in 0..n {
+            let c = st.chunk(
+                json!({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}),
+            );
+            st.pending.push_back(c);
+        }
+    }
+    let s = futures_util::stream::unfold(st, |mut st| async move {
+        loop {
+            if let Some(ev) = st.pending.pop_front() {
+                return Some((Ok(ev), st));
+            }
+            if st.ended {
+                return None;
+            }
+            let ev = st.rx.recv().await;
+            st.on(ev);
+        }
+    });
+    Sse::new(s).keep_alive(KeepAlive::new().interval(keepalive))
+}

@@ -1,0 +1,423 @@
+//! cortiq-server: the OpenAI-compatible HTTP server (axum + tokio) over the engine's serving
+//! core. It knows HTTP, JSON and SSE only: requests are parsed and validated here (api.rs),
+//! tokenized, and handed to the scheduler (`cortiq_engine::sched`), which runs on the engine's
+//! own thread and answers through a channel per request. No kernels, no model math here.
+//!
+//! Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`, `GET /health`
+//! (503 while the model loads, 200 when ready), `GET /metrics` (Prometheus text),
+//! `POST /tokenize`, `POST /detokenize`. Every error is OpenAI's JSON (error.rs); one log line
+//! per request.
+
+pub mod api;
+pub mod error;
+mod generate;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use cortiq_engine::Model;
+use cortiq_engine::sched::{Handle, SchedConfig};
+use cortiq_formats::tokenizer::Tokenizer;
+use serde_json::{Value, json};
+
+use crate::error::ApiError;
+
+/// How the server runs (the CLI's `cortiq serve` flags).
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    pub host: String,
+    pub port: u16,
+    /// `sched.n_ctx == 0`: the model's training context, at most 4096.
+    /// The model id clients see and send (`--alias`); requests naming another model get 404.
+    pub model_id: String,
+    pub api_key: Option<String>,
+    pub sched: SchedConfig,
+    /// Largest request body accepted (413 beyond).
+    pub body_limit: usize,
+    /// SSE keep-alive comment interval while a stream has nothing to send (long prompts).
+    pub keepalive: Duration,
+    /// Threads of the HTTP runtime (the engine has its own pool).
+    pub http_threads: usize,
+}
+
+/// What the load step hands over: the model and its tokenizer, on the engine's thread.
+pub type Loader = Box<dyn FnOnce() -> Result<(Model, Tokenizer), String> + Send>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: String, source: std::io::Error },
+    #[error("{0}")]
+    Load(String),
+    #[error("the HTTP runtime failed: {0}")]
+    Runtime(std::io::Error),
+}
+
+/// The model as the HTTP side sees it, set once loading is done.
+pub(crate) struct Info {
+    pub tok: Arc<Tokenizer>,
+    pub vocab: usize,
+    pub eos: Vec<u32>,
+    pub arch: String,
+    pub n_ctx_train: usize,
+    /// The scheduler (its context size resolved against the model).
+    pub sched: Handle,
+}
+
+pub(crate) struct App {
+    pub opts: ServeOptions,
+    pub info: OnceLock<Info>,
+    pub created: u64,
+    pub next_id: AtomicU64,
+    /// Responses by HTTP status.
+    pub statuses: Mutex<BTreeMap<u16, u64>>,
+}
+
+impl App {
+    pub fn info(&self) -> Result<&Info, ApiError> {
+        self.info.get().ok_or_else(ApiError::loading)
+    }
+
+    /// A request's `model`: absent, or one of the names this server answers to.
+    pub fn check_model(&self, m: &Option<String>) -> Result<(), ApiError> {
+        match m {
+            Some(m) if *m != self.opts.model_id => Err(ApiError {
+                param: Some("model".into()),
+                ..ApiError::not_found(
+                    "model_not_found",
+                    format!("The model '{m}' does not exist; this server serves '{}'", self.opts.model_id),
+                )
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    pub fn new_id(&self, prefix: &str) -> String {
+        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        format!("{prefix}-{:x}{n:06x}", self.created)
+    }
+}
+
+pub(crate) fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// Bind, start loading the model on the engine thread, serve until Ctrl-C (or a failed load).
+/// `on_ready` runs once the model is loaded, with the line to print about it.
+pub fn serve(opts: ServeOptions, load: Loader) -> Result<(), ServeError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(opts.http_threads.max(1))
+        .thread_name("cortiq-http")
+        .enable_all()
+        .build()
+        .map_err(ServeError::Runtime)?;
+    rt.block_on(serve_async(opts, load))
+}
+
+async fn serve_async(opts: ServeOptions, load: Loader) -> Result<(), ServeError> {
+    let addr = format!("{}:{}", opts.host, opts.port);
+    let listener =
+        tokio::net::TcpListener::bind(&addr).await.map_err(|source| ServeError::Bind { addr: addr.clone(), source })?;
+    let local: SocketAddr = listener.local_addr().map_err(|source| ServeError::Bind { addr: addr.clone(), source })?;
+    let app = Arc::new(App {
+        opts: opts.clone(),
+        info: OnceLock::new(),
+        created: unix_now(),
+        next_id: AtomicU64::new(0),
+        statuses: Mutex::new(BTreeMap::new()),
+    });
+    eprintln!("cortiq serve: listening on http://{local} (model '{}' loading)", opts.model_id);
+
+    let (fail_tx, fail_rx) = tokio::sync::oneshot::channel::<String>();
+    let engine_app = app.clone();
+    let engine = std::thread::Builder::new()
+        .name("cortiq-engine".into())
+        .spawn(move || engine_thread(engine_app, load, fail_tx))
+        .map_err(ServeError::Runtime)?;
+
+    let router = router(app.clone());
+    let failed = Arc::new(Mutex::new(None::<String>));
+    let failed_w = failed.clone();
+    let shutdown = async move {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => { eprintln!("cortiq serve: shutting down"); }
+            msg = fail_rx => { if let Ok(m) = msg { *failed_w.lock().unwrap_or_else(|e| e.into_inner()) = Some(m); } }
+        }
+    };
+    let served = axum::serve(listener, router.into_make_service()).with_graceful_shutdown(shutdown).await;
+    if let Some(info) = app.info.get() {
+        info.sched.shutdown();
+    }
+    if let Some(m) = failed.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        return Err(ServeError::Load(m));
+    }
+    served.map_err(ServeError::Runtime)?;
+    let _ = engine.join();
+    Ok(())
+}
+
+/// The engine's own thread: load, publish the model's facts, run the scheduler.
+fn engine_thread(app: Arc<App>, load: Loader, fail: tokio::sync::oneshot::Sender<String>) {
+    let t0 = Instant::now();
+    let (model, tok) = match load() {
+        Ok(x) => x,
+        Err(e) => {
+            let _ = fail.send(e);
+            return;
+        }
+    };
+    let mut cfg = app.opts.sched.clone();
+    if cfg.n_ctx == 0 {
+        cfg.n_ctx = model.cfg.n_ctx_train.clamp(1, 4096);
+    }
+    let (fixed, per_pos) = state_cost(&model);
+    let per_slot = fixed + per_pos * cfg.n_ctx;
+    eprintln!(
+        "cortiq serve: model '{}' ({}, {} layers) ready in {:.1}s; {} slots x {} ctx, state up to {:.1} MiB per slot ({:.1} MiB in all), prefill chunk {}",
+        app.opts.model_id,
+        model.cfg.arch,
+        model.layers.len(),
+        t0.elapsed().as_secs_f64(),
+        cfg.slots,
+        cfg.n_ctx,
+        per_slot as f64 / (1 << 20) as f64,
+        (per_slot * cfg.slots) as f64 / (1 << 20) as f64,
+        cfg.prefill_chunk,
+    );
+    let tok = Arc::new(tok);
+    let mut eos = tok.eos_ids();
+    eos.sort_unstable();
+    eos.dedup();
+    let sched = Handle::new(cfg);
+    let info = Info {
+        tok: tok.clone(),
+        vocab: model.cfg.vocab,
+        eos,
+        arch: model.cfg.arch.to_string(),
+        n_ctx_train: model.cfg.n_ctx_train,
+        sched: sched.clone(),
+    };
+    let _ = app.info.set(info);
+    sched.run(&model, &tok);
+}
+
+/// (bytes every slot holds whatever its length, bytes per position): two one-token steps on a
+/// scratch state (KV grows per position; recurrent states are fixed).
+fn state_cost(model: &Model) -> (usize, usize) {
+    let mut st = model.new_state(4);
+    let one = |st: &mut cortiq_engine::state::SeqState| {
+        let _ = model.forward(&[0], st, cortiq_engine::Logits::None);
+        st.bytes()
+    };
+    let b1 = one(&mut st);
+    let b2 = one(&mut st);
+    let per = b2.saturating_sub(b1);
+    (b1.saturating_sub(per), per)
+}
+
+fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/v1/health", get(health))
+        .route("/v1/models", get(models))
+        .route("/metrics", get(metrics))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .route("/v1/chat/completions", post(generate::chat))
+        .route("/v1/completions", post(generate::completions))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(app.clone(), auth))
+        .layer(middleware::from_fn_with_state(app.clone(), log_and_count))
+        .layer(DefaultBodyLimit::max(app.opts.body_limit))
+        .with_state(app)
+}
+
+/// One log line per request and the per-status counter.
+async fn log_and_count(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+    let t0 = Instant::now();
+    let (method, path) = (req.method().clone(), req.uri().path().to_string());
+    let resp = next.run(req).await;
+    let status = resp.status().as_u16();
+    *app.statuses.lock().unwrap_or_else(|e| e.into_inner()).entry(status).or_default() += 1;
+    tracing::info!(target: "cortiq::server", "{method} {path} {status} {:.1}ms", t0.elapsed().as_secs_f64() * 1e3);
+    resp
+}
+
+/// `--api-key`: every route but /health needs `Authorization: Bearer KEY` (or `x-api-key`).
+async fn auth(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+    let Some(key) = &app.opts.api_key else { return next.run(req).await };
+    if matches!(req.uri().path(), "/health" | "/v1/health") {
+        return next.run(req).await;
+    }
+    let h = req.headers();
+    let given = h
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer ").map(str::trim))
+        .or_else(|| h.get("x-api-key").and_then(|v| v.to_str().ok()));
+    match given {
+        Some(g) if g == key => next.run(req).await,
+        Some(_) => ApiError::unauthorized("Invalid API key").into_response(),
+        None => ApiError::unauthorized("Missing API key: send 'Authorization: Bearer KEY'").into_response(),
+    }
+}
+
+async fn not_found(req: Request) -> ApiError {
+    ApiError::not_found("unknown_route", format!("Unknown route {} {}", req.method(), req.uri().path()))
+}
+
+async fn method_not_allowed(req: Request) -> ApiError {
+    ApiError {
+        status: StatusCode::METHOD_NOT_ALLOWED,
+        ..ApiError::not_found("method_not_allowed", format!("{} is not allowed on {}", req.method(), req.uri().path()))
+    }
+}
+
+/// A body extractor's failure (too large, unreadable) as OpenAI JSON.
+pub(crate) fn body_error(r: BytesRejection) -> ApiError {
+    let status = r.status();
+    if status == StatusCode::PAYLOAD_TOO_LARGE {
+        return ApiError {
+            status,
+            code: Some("request_too_large"),
+            ..ApiError::bad_request("request_too_large", "the request body is too large")
+        };
+    }
+    ApiError { status, ..ApiError::bad_request("invalid_body", r.body_text()) }
+}
+
+async fn health(State(app): State<Arc<App>>) -> Response {
+    match app.info() {
+        Ok(_) => axum::Json(json!({"status": "ok"})).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn models(State(app): State<Arc<App>>) -> Result<Response, ApiError> {
+    let info = app.info()?;
+    let cfg = info.sched.config();
+    Ok(axum::Json(json!({
+        "object": "list",
+        "data": [{
+            "id": app.opts.model_id,
+            "object": "model",
+            "created": app.created,
+            "owned_by": "cortiq",
+            "meta": {"arch": info.arch, "vocab": info.vocab, "n_ctx": cfg.n_ctx, "n_ctx_train": info.n_ctx_train, "slots": cfg.slots},
+        }],
+    }))
+    .into_response())
+}
+
+async fn metrics(State(app): State<Arc<App>>) -> Response {
+    let idle = cortiq_engine::sched::Counters::default();
+    let (c, slots) = match app.info.get() {
+        Some(i) => (i.sched.counters(), i.sched.config().slots),
+        None => (&idle, 0),
+    };
+    let mut out = String::new();
+    let mut metric = |name: &str, kind: &str, help: &str, lines: Vec<(String, f64)>| {
+        out.push_str(&format!("# HELP cortiq_{name} {help}\n# TYPE cortiq_{name} {kind}\n"));
+        for (labels, v) in lines {
+            out.push_str(&format!("cortiq_{name}{labels} {v}\n"));
+        }
+    };
+    let statuses = app.statuses.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    metric(
+        "requests_total",
+        "counter",
+        "HTTP responses by status code.",
+        statuses.iter().map(|(s, n)| (format!("{{status=\"{s}\"}}"), *n as f64)).collect(),
+    );
+    let g = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
+    metric("prompt_tokens_total", "counter", "Prompt tokens processed.", vec![(String::new(), g(&c.prompt_tokens))]);
+    metric("generated_tokens_total", "counter", "Tokens generated.", vec![(String::new(), g(&c.generated_tokens))]);
+    metric("decode_steps_total", "counter", "Batched decode steps.", vec![(String::new(), g(&c.decode_steps))]);
+    metric("decode_rows_total", "counter", "Sequences decoded over all decode steps.", vec![(String::new(), g(&c.decode_rows))]);
+    metric("requests_cancelled_total", "counter", "Requests whose client went away.", vec![(String::new(), g(&c.cancelled))]);
+    metric("requests_timed_out_total", "counter", "Requests that ran past the timeout.", vec![(String::new(), g(&c.timed_out))]);
+    metric(
+        "queue_length",
+        "gauge",
+        "Requests waiting for a slot.",
+        vec![(String::new(), c.queued.load(Ordering::Relaxed) as f64)],
+    );
+    metric("busy_slots", "gauge", "Slots running a request.", vec![(String::new(), c.busy_slots.load(Ordering::Relaxed) as f64)]);
+    metric("slots", "gauge", "Slots (--parallel).", vec![(String::new(), slots as f64)]);
+    metric(
+        "tokens_per_second",
+        "gauge",
+        "Generated tokens per second over the last seconds of work.",
+        vec![(String::new(), c.tok_per_s_milli.load(Ordering::Relaxed) as f64 / 1000.0)],
+    );
+    metric(
+        "ready",
+        "gauge",
+        "1 once the model is loaded.",
+        vec![(String::new(), if app.info.get().is_some() { 1.0 } else { 0.0 })],
+    );
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
+}
+
+/// `POST /tokenize {"content", "add_special": false, "parse_special": true, "with_pieces": false}`
+/// as llama-server's.
+async fn tokenize(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let info = app.info()?;
+    let o = api::object(&body.map_err(body_error)?)?;
+    let Some(text) = api::opt_str(&o, "content")? else {
+        return Err(ApiError::invalid("content", "'content' (a string) is required"));
+    };
+    let add = api::opt_bool(&o, "add_special")?.unwrap_or(false);
+    let parse = api::opt_bool(&o, "parse_special")?.unwrap_or(true);
+    let pieces = api::opt_bool(&o, "with_pieces")?.unwrap_or(false);
+    let ids = info
+        .tok
+        .encode_with(text, add && info.tok.add_bos(), parse)
+        .map_err(|e| ApiError::bad_request("tokenize_failed", e.to_string()))?;
+    let tokens: Vec<Value> = if pieces {
+        ids.iter()
+            .map(|&id| {
+                let b = info.tok.token_bytes(id);
+                let piece = match String::from_utf8(b) {
+                    Ok(s) => json!(s),
+                    Err(e) => json!(e.into_bytes()),
+                };
+                json!({"id": id, "piece": piece})
+            })
+            .collect()
+    } else {
+        ids.iter().map(|&id| json!(id)).collect()
+    };
+    Ok(axum::Json(json!({"tokens": tokens})).into_response())
+}
+
+/// `POST /detokenize {"tokens": [ids]}` -> `{"content"}`.
+async fn detokenize(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let info = app.info()?;
+    let o = api::object(&body.map_err(body_error)?)?;
+    let Some(Value::Array(a)) = o.get("tokens") else {
+        return Err(ApiError::invalid("tokens", "'tokens' (a list of token ids) is required"));
+    };
+    let ids = a
+        .iter()
+        .map(|v| {
+            v.as_u64()
+                .filter(|&id| (id as usize) < info.vocab)
+                .map(|id| id as u32)
+                .ok_or_else(|| ApiError::invalid("tokens", format!("{v} is not a token id below {}", info.vocab)))
+        })
+        .collect::<Result<Vec<u32>, _>>()?;
+    Ok(axum::Json(json!({"content": info.tok.decode(&ids)})).into_response())
+}
