@@ -1,7 +1,20 @@
 //! cortiq-cli as a library: the pieces of the `cortiq` binary that tests and other tools reuse.
-//! `main.rs` is the thin shell; `pull` fetches known models and texts into the user cache.
+//! `main.rs` is the thin shell (parse, log, dispatch); each subcommand is one module here that
+//! owns its clap arguments and its `cmd_*` function:
+//!
+//! - `run`: generation and interactive chat; also the reusable `SamplingArgs` and `encode_chat`
+//! - `ppl`, `logits`, `tokenize`, `bench`, `convert`, `polish`: one subcommand each
+//! - `pull`: fetching known models and texts into the user cache, and `cortiq pull`
+//! - `common`: what the model-running subcommands share (MODEL and numerics flags, opening the
+//!   model, `--profile`, the O(1) / StreamingLLM flags and plan)
 
+pub mod bench;
+pub mod common;
 pub mod convert;
+pub mod logits;
 pub mod polish;
+pub mod ppl;
 pub mod pull;
+pub mod run;
+pub mod tokenize;
 pub use cortiq_formats::registry;

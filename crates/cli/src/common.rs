@@ -1,0 +1,251 @@
+//! What the model-running subcommands share: the flags every one takes (`Common`: MODEL,
+//! threads, numerics, profiling), opening the model and its tokenizer, the `--profile` report,
+//! the O(1) / StreamingLLM flags (`O1Args`) with their plan and a polished model's served
+//! settings, and the one-line summary of a sequence's state bytes.
+
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use cortiq_engine::load::{Loaded, load};
+use cortiq_engine::mixers::nystrom::{DEFAULT_RIDGE, Far, Guard, O1Settings, StatePrecision};
+use cortiq_engine::o1::O1Plan;
+use cortiq_formats::tokenizer::Tokenizer;
+
+use crate::pull;
+
+/// The flags every model-running subcommand flattens in first.
+#[derive(Args)]
+pub struct Common {
+    /// A .gguf file, an HF folder, or a known model name (pulled on first use).
+    #[arg(short, long, value_name = "MODEL")]
+    pub model: String,
+    /// Worker threads (default: all cores).
+    #[arg(short, long)]
+    pub threads: Option<usize>,
+    /// Whose arithmetic to follow: `fast` (the default: quantized weights times 8-bit
+    /// activations with integer dot products, llama.cpp's arithmetic class in cortiq's kernel
+    /// order), `exact` (f32 math on dequantized weights: transformers' numerics, reproducible to
+    /// ~1e-5) or `llamacpp` (llama.cpp's bits: its kernel orders, f16 KV cache, its flash
+    /// attention and ops, for reproducing its greedy text; keep --batch at 512 = its ubatch).
+    #[arg(long, value_enum, default_value_t = NumericsArg::Fast)]
+    pub numerics: NumericsArg,
+    /// Print where the time went per op class (matvec/matmat per weight type, attention, norms,
+    /// sampling, pool waits) when the command ends.
+    #[arg(long)]
+    pub profile: bool,
+    /// Keep the KV cache in f16 (half the memory; llama.cpp's default cache type).
+    #[arg(long)]
+    pub kv_f16: bool,
+    /// With --numerics llamacpp: the thread count of the llama.cpp run to reproduce (its decode
+    /// attention past 256 positions depends on it; llama-cli's -t, 4 for the library default).
+    #[arg(long, default_value_t = 4)]
+    pub llamacpp_threads: usize,
+}
+
+/// `--numerics`: which arithmetic the engine follows (see `Common::numerics`).
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum NumericsArg {
+    Fast,
+    Exact,
+    Llamacpp,
+}
+
+/// `--threads`: sizes the global pool once, before anything uses it (None: all cores).
+pub fn set_threads(n: Option<usize>) -> Result<()> {
+    if let Some(n) = n {
+        if n == 0 {
+            bail!("--threads must be at least 1");
+        }
+        cortiq_engine::par::init(n).map_err(anyhow::Error::msg).context("setting up the thread pool")?;
+    }
+    Ok(())
+}
+
+/// Sets the threads, resolves MODEL (pulling a known name), loads it and applies --numerics,
+/// --llamacpp-threads and --kv-f16.
+pub fn open_model(c: &Common) -> Result<Loaded> {
+    set_threads(c.threads)?;
+    let path = pull::resolve_model(&c.model)?;
+    let t = Instant::now();
+    let mut loaded = load(&path)?;
+    use cortiq_engine::compat::Numerics;
+    match c.numerics {
+        NumericsArg::Fast => loaded.model.set_numerics(Numerics::Fast),
+        NumericsArg::Exact => loaded.model.set_numerics(Numerics::Exact),
+        NumericsArg::Llamacpp => {
+            loaded.model.set_numerics(Numerics::LlamaCpp);
+            loaded.model.set_llamacpp_threads(c.llamacpp_threads);
+        }
+    }
+    if c.kv_f16 {
+        loaded.model.set_kv_f16(true);
+    }
+    tracing::info!("loaded {} ({}) in {:.2}s", path.display(), loaded.model.cfg.arch, t.elapsed().as_secs_f64());
+    Ok(loaded)
+}
+
+/// `--profile`: counters on from `start`; `finish` prints where the time went to stderr.
+pub struct Profiler(Option<Instant>);
+
+impl Profiler {
+    pub fn start(c: &Common) -> Profiler {
+        if !c.profile {
+            return Profiler(None);
+        }
+        cortiq_engine::profile::enable(true);
+        cortiq_engine::profile::reset();
+        Profiler(Some(Instant::now()))
+    }
+
+    pub fn finish(self, what: &str) {
+        if let Some(t0) = self.0 {
+            eprint!("{what} {}", cortiq_engine::profile::format_report(t0.elapsed().as_secs_f64() * 1e3));
+        }
+    }
+}
+
+/// The loaded model's tokenizer (from the GGUF metadata or the HF folder).
+pub fn open_tokenizer(l: &Loaded) -> Result<Tokenizer> {
+    Ok(l.tokenizer()?)
+}
+
+/// O(1)-memory decode (issue 5) and the StreamingLLM baseline, shared by run, ppl and bench.
+#[derive(Args)]
+pub struct O1Args {
+    /// O(1)-memory decode: after the prompt each global softmax-attention layer keeps the S
+    /// sink keys and the last W keys exact and a Nyström landmark skeleton of every other key,
+    /// folded into fixed-size accumulators (constant memory and time per token). The prompt
+    /// itself runs exact attention. Sliding-window layers (Gemma 3 local) stay exact, keeping
+    /// only their window from the seal on; recurrent mixers and MLA layers are unchanged.
+    #[arg(long)]
+    pub o1: bool,
+    /// --o1 exact window W: keys fewer than W positions back [default: 512].
+    #[arg(long, value_name = "W")]
+    pub o1_window: Option<usize>,
+    /// --o1 sink keys: the first S positions stay exact; S <= W [default: 4].
+    #[arg(long, value_name = "S")]
+    pub o1_sinks: Option<usize>,
+    /// --o1 landmark cap m, 4..=256 [default: 64]. A prompt of tp tokens gets
+    /// m_eff = clamp(tp/8, 4, m) landmarks (a cap above tp/8 is clamped, not an error); a prompt
+    /// of at most W + S + 8 tokens seals no skeleton (every key stays exact).
+    #[arg(long, value_name = "M")]
+    pub o1_landmarks: Option<usize>,
+    /// --o1 ridge factor of the landmark inverse: λ = ridge · tr(AᵀA) / m [default: 1e-3].
+    #[arg(long, value_name = "R")]
+    pub o1_ridge: Option<f64>,
+    /// --o1 storage of the landmark skeleton and its accumulators: f32 (half the bytes) or
+    /// pair (f32 hi/lo pairs, ~48-bit mantissa: the matrix form's agreement to ~1e-7, for
+    /// checking) [default: f32].
+    #[arg(long, value_name = "KIND", value_parser = ["f32", "pair"])]
+    pub o1_state: Option<String>,
+    /// StreamingLLM baseline: after the prompt keep only the sink keys and the last W keys
+    /// (the middle is evicted). Positions are kept: keys are stored already rotated at their
+    /// own positions and never re-rotated (StreamingLLM's no-shift variant). Not with --o1.
+    #[arg(long, value_name = "W")]
+    pub kv_window: Option<usize>,
+    /// --kv-window sink keys, S <= W [default: 4].
+    #[arg(long, value_name = "S")]
+    pub kv_sinks: Option<usize>,
+    /// A polished model (`cortiq polish`) is served in O(1) mode with the settings recorded in
+    /// its .cmf; --exact serves it with exact attention instead (as any other model). With
+    /// --o1, the recorded settings are the defaults of the --o1-* flags.
+    #[arg(long)]
+    pub exact: bool,
+}
+
+impl O1Args {
+    /// Whether an O(1) or StreamingLLM plan is asked for.
+    pub fn any(&self) -> bool {
+        self.o1 || self.kv_window.is_some()
+    }
+
+    /// The plan for a prompt of `tp` tokens (None without --o1 / --kv-window), `check` for the
+    /// matrix form. `o1_implied`: --o1-check given, which means --o1 unless --kv-window is.
+    /// `served`: the O(1) settings a polished model records (see [`served_o1`]): its plan
+    /// unless --exact or --kv-window is given, and the --o1-* defaults.
+    pub fn plan(&self, tp: usize, check: Option<Guard>, o1_implied: bool, served: Option<O1Settings>) -> Result<Option<O1Plan>> {
+        if self.exact && (self.o1 || o1_implied || self.kv_window.is_some()) {
+            bail!("--exact turns O(1) serving off; it does not go with --o1, --o1-check or --kv-window");
+        }
+        let served = served.filter(|_| !self.exact);
+        let o1 = self.o1 || (o1_implied && self.kv_window.is_none()) || (served.is_some() && self.kv_window.is_none());
+        if self.o1 && self.kv_window.is_some() {
+            bail!("--o1 and --kv-window are exclusive (--kv-window is the StreamingLLM baseline)");
+        }
+        if !o1 {
+            for (flag, given) in [
+                ("--o1-window", self.o1_window.is_some()),
+                ("--o1-sinks", self.o1_sinks.is_some()),
+                ("--o1-landmarks", self.o1_landmarks.is_some()),
+                ("--o1-ridge", self.o1_ridge.is_some()),
+                ("--o1-state", self.o1_state.is_some()),
+            ] {
+                if given {
+                    bail!("{flag} needs --o1");
+                }
+            }
+        }
+        if self.kv_sinks.is_some() && self.kv_window.is_none() {
+            bail!("--kv-sinks needs --kv-window");
+        }
+        let d = served.unwrap_or(O1Settings { ridge: DEFAULT_RIDGE, ..O1Settings::default() });
+        let (settings, far) = if o1 {
+            let st = O1Settings {
+                window: self.o1_window.unwrap_or(d.window),
+                sinks: self.o1_sinks.unwrap_or(d.sinks),
+                landmarks: self.o1_landmarks.unwrap_or(d.landmarks),
+                ridge: self.o1_ridge.unwrap_or(d.ridge),
+                state: match self.o1_state.as_deref() {
+                    Some("pair") => StatePrecision::Pair,
+                    _ => d.state,
+                },
+            };
+            st.validate()?;
+            (st, Far::Skeleton)
+        } else if let Some(w) = self.kv_window {
+            let sinks = self.kv_sinks.unwrap_or(d.sinks);
+            if w == 0 {
+                bail!("--kv-window: must be at least 1, got 0");
+            }
+            if sinks > w {
+                bail!("--kv-sinks: {sinks} exceeds --kv-window {w}");
+            }
+            // Landmarks are unused when far keys are dropped.
+            (O1Settings { window: w, sinks, landmarks: 4, ridge: DEFAULT_RIDGE, state: d.state }, Far::Drop)
+        } else {
+            return Ok(None);
+        };
+        Ok(Some(O1Plan { tp, settings, far, check }))
+    }
+}
+
+/// The O(1) settings a polished .cmf records (`cortiq polish`), served by default.
+pub fn served_o1(l: &Loaded) -> Option<O1Settings> {
+    match &l.origin {
+        cortiq_engine::load::Origin::Cmf(c) => c.header.o1.as_ref().map(|h| O1Settings {
+            window: h.window,
+            sinks: h.sinks,
+            landmarks: h.landmarks,
+            ridge: h.ridge,
+            state: StatePrecision::default(),
+        }),
+        _ => None,
+    }
+}
+
+/// Says on stderr that a polished model is served in O(1) mode by its own settings.
+pub fn note_served(plan: &Option<O1Plan>, served: Option<O1Settings>, o1_flag: bool) {
+    if let (Some(p), Some(_), false) = (plan, served, o1_flag) {
+        eprintln!(
+            "polished model: serving in O(1) mode (window {}, sinks {}, landmarks {}, ridge {:e}); --exact turns it off",
+            p.settings.window, p.settings.sinks, p.settings.landmarks, p.settings.ridge
+        );
+    }
+}
+
+/// Prints a sequence's state bytes by kind.
+pub fn state_line(st: &cortiq_engine::state::SeqState) -> String {
+    let b = st.bytes_by_kind();
+    format!("{} bytes per sequence at {} positions (KV {}, O(1) {}, recurrent {})", b.total(), st.len, b.kv, b.o1, b.recurrent)
+}
