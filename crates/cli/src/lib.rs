@@ -3,6 +3,7 @@
 //! owns its clap arguments and its `cmd_*` function:
 //!
 //! - `run`: generation and interactive chat; also the reusable `SamplingArgs` and `encode_chat`
+//! - `serve`: the OpenAI-compatible server (crates/server) and its flags
 //! - `ppl`, `logits`, `tokenize`, `bench`, `convert`, `polish`: one subcommand each
 //! - `pull`: fetching known models and texts into the user cache, and `cortiq pull`
 //! - `common`: what the model-running subcommands share (MODEL and numerics flags, opening the
@@ -16,5 +17,6 @@ pub mod polish;
 pub mod ppl;
 pub mod pull;
 pub mod run;
+pub mod serve;
 pub mod tokenize;
 pub use cortiq_formats::registry;

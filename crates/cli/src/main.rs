@@ -7,7 +7,7 @@
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use cortiq_cli::{bench, convert, logits, polish, ppl, pull, run, tokenize};
+use cortiq_cli::{bench, convert, logits, polish, ppl, pull, run, serve, tokenize};
 
 #[derive(Parser)]
 #[command(name = "cortiq", version, about = "Run language models on the CPU: GGUF files and Hugging Face folders")]
@@ -33,6 +33,9 @@ enum Cmd {
     Tokenize(tokenize::TokenizeArgs),
     /// Prompt-processing and generation speed, like llama-bench (pp then tg lines, mean ± sd).
     Bench(bench::BenchArgs),
+    /// The OpenAI-compatible HTTP server: chat and text completions, streamed or whole, many
+    /// sequences decoded together (continuous batching).
+    Serve(serve::ServeArgs),
     /// Write cortiq's own model file (.cmf) from a GGUF, an HF folder or a .cmf, optionally
     /// re-quantized (keep, f32, f16, bf16, q8r, q4t, q1).
     Convert(convert::ConvertArgs),
@@ -81,6 +84,7 @@ fn dispatch(cmd: Cmd, verbose: bool) -> Result<()> {
         Cmd::Logits(a) => logits::cmd_logits(a),
         Cmd::Tokenize(a) => tokenize::cmd_tokenize(a),
         Cmd::Bench(a) => bench::cmd_bench(a),
+        Cmd::Serve(a) => serve::cmd_serve(a),
         Cmd::Convert(a) => convert::cmd_convert(a),
         Cmd::Polish(a) => polish::cmd_polish(a),
     }

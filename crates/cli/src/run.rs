@@ -218,13 +218,9 @@ fn stream(
 /// Render the conversation with the model's template and tokenize it (special tokens parsed;
 /// BOS added only when the template did not already write it).
 pub fn encode_chat(tok: &Tokenizer, msgs: &[ChatMessage]) -> Result<Vec<u32>> {
-    let template = tok.chat_template().context("the model has no chat template (run without --chat)")?;
-    let text_of = |id: u32| tok.token_text(id).unwrap_or_default().to_string();
-    let bos = tok.bos_id().map(text_of).unwrap_or_default();
-    let eos = tok.eos_id().map(text_of).unwrap_or_default();
-    let text = chat::render(template, msgs, true, &bos, &eos)?;
-    let add_bos = tok.add_bos() && (bos.is_empty() || !text.starts_with(&bos));
-    Ok(tok.encode_with(&text, add_bos, true)?)
+    // The message the CLI has always given (run without --chat) when there is no template.
+    tok.chat_template().context("the model has no chat template (run without --chat)")?;
+    Ok(chat::encode(tok, msgs, true)?)
 }
 
 /// Interactive chat on stdin: one user turn per line; the conversation so far is re-rendered

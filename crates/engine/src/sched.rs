@@ -70,6 +70,18 @@ pub struct Request {
     /// Passed back in every event (the choice index of an `n > 1` request).
     pub index: usize,
     pub sink: Box<dyn Sink>,
+    /// Structured output: only tokens the constraint allows are sampled.
+    pub constraint: Option<Box<dyn Constraint>>,
+}
+
+/// A constraint on the tokens a request may generate (structured output; the server's JSON
+/// schema matcher implements it). Applied after the logit bias, before sampling, so the
+/// log-probabilities reported are those of the constrained distribution.
+pub trait Constraint: Send {
+    /// Set the logits of the tokens not allowed next to -inf.
+    fn mask(&mut self, logits: &mut [f32]) -> Result<(), String>;
+    /// Advance by the sampled token; true when the output is complete (nothing may follow).
+    fn commit(&mut self, id: u32) -> Result<bool, String>;
 }
 
 /// A token's log-probability and the most likely alternatives at its position.
@@ -392,8 +404,8 @@ impl Handle {
     /// either set up its decode or end the request. Returns 1 when a token was generated.
     fn take_token(&self, slot: &mut Option<Slot<'_>>, logits: &[f32], len: usize, n_ctx: usize) -> usize {
         let s = slot.as_mut().expect("a live slot");
-        let biased;
-        let logits = if s.req.logit_bias.is_empty() {
+        let adjusted;
+        let logits = if s.req.logit_bias.is_empty() && s.req.constraint.is_none() {
             logits
         } else {
             let mut l = logits.to_vec();
@@ -402,8 +414,13 @@ impl Handle {
                     *v += b;
                 }
             }
-            biased = l;
-            &biased
+            if let Some(c) = s.req.constraint.as_mut() {
+                if let Err(e) = c.mask(&mut l) {
+                    return self.fail(slot, format!("structured output: {e}"));
+                }
+            }
+            adjusted = l;
+            &adjusted
         };
         let id = s.sampler.sample(logits, &s.history);
         let index = s.req.index;
@@ -414,6 +431,11 @@ impl Handle {
             return 0;
         }
         let logprob = s.req.logprobs.map(|top| token_logprob(logits, id, top));
+        let complete = match s.req.constraint.as_mut().map(|c| c.commit(id)) {
+            Some(Err(e)) => return self.fail(slot, format!("structured output: {e}")),
+            Some(Ok(done)) => done,
+            None => false,
+        };
         s.generated += 1;
         s.history.push(id);
         self.inner.counters.generated_tokens.fetch_add(1, Ordering::Relaxed);
@@ -422,6 +444,8 @@ impl Handle {
         s.req.sink.send(Event::Token { index, id, piece, text, logprob });
         let finish = if stopped {
             Some((Finish::Stop, false))
+        } else if complete {
+            Some((Finish::Stop, true))
         } else if s.generated >= s.req.n_predict || len >= n_ctx {
             Some((Finish::Length, true))
         } else {
@@ -436,6 +460,16 @@ impl Handle {
             None => s.phase = Phase::Decode { next: id },
         }
         1
+    }
+}
+
+impl Handle {
+    /// End the slot's request with an engine error.
+    fn fail(&self, slot: &mut Option<Slot<'_>>, message: String) -> usize {
+        if let Some(s) = slot.take() {
+            s.req.sink.send(Event::Error { index: s.req.index, kind: ErrorKind::Engine, message });
+        }
+        0
     }
 }
 
@@ -456,7 +490,8 @@ fn token_logprob(logits: &[f32], id: u32, top: usize) -> TokenLogprob {
         order.select_nth_unstable_by(k - 1, |a, b| key(b).total_cmp(&key(a)).then(a.cmp(b)));
         order.truncate(k);
         order.sort_unstable_by(|a, b| key(b).total_cmp(&key(a)).then(a.cmp(b)));
-        best = order.into_iter().map(|i| (i, lp(logits[i as usize]))).collect();
+        // Masked tokens (-inf) are not alternatives.
+        best = order.into_iter().map(|i| (i, lp(logits[i as usize]))).filter(|(_, l)| l.is_finite()).collect();
     }
     TokenLogprob { id, logprob: lp(logits[id as usize]), top: best }
 }

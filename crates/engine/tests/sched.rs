@@ -41,6 +41,7 @@ fn request(prompt: Vec<u32>, seed: u64, n: usize, tx: &mpsc::Sender<Event>, clos
         logit_bias: Vec::new(),
         index: seed as usize,
         sink: Box::new(ChanSink(tx.clone(), closed.clone())),
+        constraint: None,
     }
 }
 

@@ -84,6 +84,8 @@ pub struct GenParams {
     pub include_usage: bool,
     pub ignore_eos: bool,
     pub model: Option<String>,
+    /// The JSON schema the output must follow (`json_object`: any object).
+    pub json_schema: Option<Value>,
 }
 
 /// Stop strings per request at most (OpenAI allows 4; llama.cpp any number).
@@ -205,19 +207,24 @@ pub fn gen_params(o: &Obj, vocab: usize, chat: bool) -> Result<GenParams, ApiErr
         Some(v) => return Err(ApiError::invalid("stream_options", format!("'stream_options' must be an object, got {v}"))),
     };
 
-    match field(o, "response_format") {
-        None => {}
+    let json_schema = match field(o, "response_format") {
+        None => None,
         Some(Value::Object(rf)) => match rf.get("type").and_then(Value::as_str) {
-            Some("text") => {}
-            Some(t @ ("json_object" | "json_schema")) => {
-                return Err(ApiError {
-                    code: Some("unsupported_value"),
-                    ..ApiError::invalid(
+            Some("text") => None,
+            Some("json_object") => Some(match rf.get("schema") {
+                // llama.cpp's form: a schema beside json_object.
+                Some(s @ Value::Object(_)) => s.clone(),
+                _ => serde_json::json!({"type": "object"}),
+            }),
+            Some("json_schema") => match rf.get("json_schema").and_then(|j| j.get("schema")) {
+                Some(s @ (Value::Object(_) | Value::Bool(true))) => Some(s.clone()),
+                _ => {
+                    return Err(ApiError::invalid(
                         "response_format",
-                        format!("response_format type '{t}' is not supported by this server yet"),
-                    )
-                });
-            }
+                        "'response_format.json_schema.schema' must be a JSON schema object",
+                    ));
+                }
+            },
             _ => {
                 return Err(ApiError::invalid(
                     "response_format",
@@ -226,7 +233,7 @@ pub fn gen_params(o: &Obj, vocab: usize, chat: bool) -> Result<GenParams, ApiErr
             }
         },
         Some(v) => return Err(ApiError::invalid("response_format", format!("'response_format' must be an object, got {v}"))),
-    }
+    };
     if opt_bool(o, "echo")?.unwrap_or(false) {
         return Err(ApiError { code: Some("unsupported_value"), ..ApiError::invalid("echo", "'echo' is not supported") });
     }
@@ -242,6 +249,7 @@ pub fn gen_params(o: &Obj, vocab: usize, chat: bool) -> Result<GenParams, ApiErr
         include_usage,
         ignore_eos: opt_bool(o, "ignore_eos")?.unwrap_or(false),
         model: opt_str(o, "model")?.map(str::to_string),
+        json_schema,
     })
 }
 

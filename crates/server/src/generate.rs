@@ -82,11 +82,22 @@ async fn run(app: Arc<App>, kind: Kind, prompts: Vec<Vec<u32>>, gp: GenParams, p
             return Err(ApiError::context_exceeded(p.len(), n_ctx, prompt_param));
         }
     }
+    let structured = match &gp.json_schema {
+        None => None,
+        Some(_) => Some(app.structured(info).map_err(|e| ApiError::internal(format!("structured output unavailable: {e}")))?),
+    };
     let (tx, rx) = mpsc::unbounded_channel();
     let eos = if gp.ignore_eos { Vec::new() } else { info.eos.clone() };
     let mut reqs = Vec::new();
     for (pi, p) in prompts.iter().enumerate() {
         for j in 0..gp.n {
+            let constraint = match (&structured, &gp.json_schema) {
+                (Some(st), Some(schema)) => Some(st.json(schema).map_err(|e| ApiError {
+                    code: Some("invalid_schema"),
+                    ..ApiError::invalid("response_format", format!("the JSON schema cannot be used: {e}"))
+                })?),
+                _ => None,
+            };
             let mut sampler = gp.sampler.clone();
             // Choice j of a request draws from its own stream: seed + j.
             sampler.seed = sampler.seed.wrapping_add(j as u64);
@@ -100,6 +111,7 @@ async fn run(app: Arc<App>, kind: Kind, prompts: Vec<Vec<u32>>, gp: GenParams, p
                 logit_bias: gp.logit_bias.clone(),
                 index: pi * gp.n + j,
                 sink: Box::new(ChanSink(tx.clone())),
+                constraint,
             });
         }
     }

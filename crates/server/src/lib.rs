@@ -11,6 +11,7 @@
 pub mod api;
 pub mod error;
 mod generate;
+mod structured;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -82,6 +83,8 @@ pub(crate) struct App {
     pub next_id: AtomicU64,
     /// Responses by HTTP status.
     pub statuses: Mutex<BTreeMap<u16, u64>>,
+    /// The structured-output engine, built on the first request that asks for it.
+    pub structured: OnceLock<Result<Arc<structured::Structured>, String>>,
 }
 
 impl App {
@@ -101,6 +104,15 @@ impl App {
             }),
             _ => Ok(()),
         }
+    }
+
+    pub fn structured(&self, info: &Info) -> Result<Arc<structured::Structured>, String> {
+        self.structured
+            .get_or_init(|| {
+                let eos = info.tok.eos_id().or(info.eos.first().copied()).unwrap_or(0);
+                structured::Structured::new(info.tok.clone(), info.vocab, eos).map(Arc::new)
+            })
+            .clone()
     }
 
     pub fn new_id(&self, prefix: &str) -> String {
@@ -136,6 +148,7 @@ async fn serve_async(opts: ServeOptions, load: Loader) -> Result<(), ServeError>
         created: unix_now(),
         next_id: AtomicU64::new(0),
         statuses: Mutex::new(BTreeMap::new()),
+        structured: OnceLock::new(),
     });
     eprintln!("cortiq serve: listening on http://{local} (model '{}' loading)", opts.model_id);
 
@@ -209,7 +222,12 @@ fn engine_thread(app: Arc<App>, load: Loader, fail: tokio::sync::oneshot::Sender
         sched: sched.clone(),
     };
     let _ = app.info.set(info);
-    sched.run(&model, &tok);
+    // A panic in the engine is a bug; a server whose engine is gone would accept requests and
+    // never answer them, so it exits (non-zero) for its supervisor to restart it.
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sched.run(&model, &tok))).is_err() {
+        eprintln!("cortiq serve: the engine thread panicked; exiting");
+        std::process::exit(70);
+    }
 }
 
 /// (bytes every slot holds whatever its length, bytes per position): two one-token steps on a

@@ -56,3 +56,4 @@ pub fn byte_tokenizer_json() -> String {
         vocab.join(",")
     )
 }
+pub mod http;

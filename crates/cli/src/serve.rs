@@ -1,0 +1,99 @@
+//! `cortiq serve`: the OpenAI-compatible server (crates/server) over the serving core. Owns the
+//! flags; the model loads on the engine's thread while /health answers 503.
+
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+use clap::Args;
+use cortiq_engine::sched::SchedConfig;
+use cortiq_server::{ServeOptions, serve};
+
+use crate::common::{Common, open_model, open_tokenizer};
+
+#[derive(Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// Address to listen on (loopback by default; 0.0.0.0 for every interface).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0 = any free port; the address is printed).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Sequences decoded together (slots); more requests wait in the queue.
+    #[arg(long, visible_alias = "np", default_value_t = 4)]
+    pub parallel: usize,
+    /// Context per slot in tokens: prompt plus completion (default: the model's, at most 4096).
+    #[arg(short, long)]
+    pub ctx: Option<usize>,
+    /// The model id clients see and send (default: the MODEL argument's file name).
+    #[arg(long)]
+    pub alias: Option<String>,
+    /// Require `Authorization: Bearer KEY` on every route but /health (or set CORTIQ_API_KEY).
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// Requests waiting for a slot at most; beyond, 503 with Retry-After.
+    #[arg(long, default_value_t = 256)]
+    pub queue: usize,
+    /// Prompt positions per prefill chunk, interleaved with the running streams' decode steps:
+    /// smaller keeps running streams smoother while a long prompt arrives.
+    #[arg(long, default_value_t = 64)]
+    pub prefill_chunk: usize,
+    /// Seconds a request may run (queue wait included) before it ends with a timeout error
+    /// (0 = no limit).
+    #[arg(long, default_value_t = 600)]
+    pub timeout: u64,
+    /// Seconds between SSE keep-alive comments while a stream has nothing to send.
+    #[arg(long, default_value_t = 5.0)]
+    pub sse_ping: f64,
+    /// Largest request body in MiB (413 beyond).
+    #[arg(long, default_value_t = 16)]
+    pub max_body_mb: usize,
+}
+
+pub fn cmd_serve(a: ServeArgs) -> Result<()> {
+    if a.parallel == 0 {
+        bail!("--parallel must be at least 1");
+    }
+    if a.ctx == Some(0) {
+        bail!("--ctx must be at least 1");
+    }
+    if a.prefill_chunk == 0 {
+        bail!("--prefill-chunk must be at least 1");
+    }
+    if !(a.sse_ping > 0.0 && a.sse_ping.is_finite()) {
+        bail!("--sse-ping must be a positive number of seconds, got {}", a.sse_ping);
+    }
+    let model_id = a.alias.clone().unwrap_or_else(|| default_id(&a.common.model));
+    let opts = ServeOptions {
+        host: a.host.clone(),
+        port: a.port,
+        model_id,
+        api_key: a.api_key.clone().or_else(|| std::env::var("CORTIQ_API_KEY").ok()).filter(|k| !k.is_empty()),
+        sched: SchedConfig {
+            slots: a.parallel,
+            n_ctx: a.ctx.unwrap_or(0),
+            queue: a.queue,
+            prefill_chunk: a.prefill_chunk,
+            timeout: (a.timeout > 0).then(|| Duration::from_secs(a.timeout)),
+        },
+        body_limit: a.max_body_mb.max(1) << 20,
+        keepalive: Duration::from_secs_f64(a.sse_ping),
+        http_threads: 2,
+    };
+    let common = a.common;
+    let load = Box::new(move || -> std::result::Result<_, String> {
+        let loaded = open_model(&common).map_err(|e| format!("{e:#}"))?;
+        let tok = open_tokenizer(&loaded).map_err(|e| format!("{e:#}"))?;
+        Ok((loaded.model, tok))
+    });
+    serve(opts, load)?;
+    Ok(())
+}
+
+/// The model's id by default: the file or folder name without a .gguf / .cmf extension.
+fn default_id(model: &str) -> String {
+    let p = std::path::Path::new(model.trim_end_matches('/'));
+    let name = p.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| model.to_string());
+    name.strip_suffix(".gguf").or_else(|| name.strip_suffix(".cmf")).unwrap_or(&name).to_string()
+}

@@ -1,0 +1,428 @@
+//! `cortiq serve` end to end: the wire format and every error case over raw HTTP, cancellation,
+//! the queue, 64 concurrent streams, determinism under load (dense, hybrid, real model), and the
+//! official `openai` Python client (crates/cli/tests/py/openai_client.py, run with the venv that
+//! scripts/test creates and names in CORTIQ_TEST_PYTHON).
+
+mod common;
+
+use std::io::Read;
+use std::time::{Duration, Instant};
+
+use common::http::{Response, Server};
+use common::{byte_tokenizer_json, copy_fixture, fixture};
+use serde_json::{Value, json};
+
+const KEY: &str = "test-key-123";
+
+fn auth() -> [(&'static str, &'static str); 2] {
+    [("content-type", "application/json"), ("authorization", "Bearer test-key-123")]
+}
+
+fn post_auth(s: &Server, path: &str, body: &Value) -> Response {
+    s.request("POST", path, &auth(), body.to_string().as_bytes())
+}
+
+/// An OpenAI error body with this status, type and (when given) code / param.
+fn assert_error(r: &Response, status: u16, kind: &str, code: Option<&str>, param: Option<&str>) {
+    assert_eq!(r.status, status, "status; body: {}", r.text());
+    assert!(r.header("content-type").unwrap_or("").starts_with("application/json"), "error content-type: {:?}", r.headers);
+    let j = r.json();
+    let e = &j["error"];
+    assert_eq!(e["type"], kind, "{j}");
+    assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{j}");
+    if let Some(c) = code {
+        assert_eq!(e["code"], c, "{j}");
+    }
+    if let Some(p) = param {
+        assert_eq!(e["param"], p, "{j}");
+    }
+}
+
+fn qwen35() -> String {
+    fixture("qwen3_5").display().to_string()
+}
+
+#[test]
+fn serve_errors_and_auth() {
+    let s = Server::start(&qwen35(), &["--api-key", KEY, "--ctx", "64", "--max-body-mb", "1", "--parallel", "2"]);
+    // /health is public; everything else needs the key.
+    assert_eq!(s.get("/health").status, 200);
+    let r = s.post("/v1/completions", &json!({"prompt": "hi", "max_tokens": 2}));
+    assert_error(&r, 401, "authentication_error", None, None);
+    let r = s.request("POST", "/v1/completions", &[("authorization", "Bearer nope")], b"{}");
+    assert_error(&r, 401, "authentication_error", None, None);
+    let r = s.request("GET", "/v1/models", &[("x-api-key", KEY)], b"");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["data"][0]["id"], "qwen3_5");
+
+    let cases: Vec<(&[u8], Option<&str>)> = vec![
+        (b"{not json", None),
+        (b"[1, 2]", None),
+        (br#"{"prompt": "a", "temperature": "hot"}"#, Some("temperature")),
+        (br#"{"prompt": "a", "top_p": 1.5}"#, Some("top_p")),
+        (br#"{"prompt": "a", "max_tokens": 0}"#, Some("max_tokens")),
+        (br#"{"prompt": "a", "max_tokens": 2.5}"#, Some("max_tokens")),
+        (br#"{"prompt": "a", "n": 0}"#, Some("n")),
+        (br#"{"prompt": "a", "logprobs": 50}"#, Some("logprobs")),
+        (br#"{"prompt": "a", "stop": 5}"#, Some("stop")),
+        (br#"{"prompt": "a", "seed": "x"}"#, Some("seed")),
+        (br#"{"prompt": "a", "logit_bias": {"999999": 1}}"#, Some("logit_bias")),
+        (br#"{"prompt": "a", "logit_bias": {"5": 500}}"#, Some("logit_bias")),
+        (br#"{"prompt": "a", "stream": "yes"}"#, Some("stream")),
+        (br#"{"prompt": "a", "stream_options": {"include_usage": true}}"#, Some("stream_options")),
+        (br#"{"prompt": "a", "response_format": {"type": "sound"}}"#, Some("response_format")),
+        (br#"{"max_tokens": 3}"#, Some("prompt")),
+        (br#"{"prompt": [1, 2, 9999]}"#, Some("prompt")),
+        (br#"{"prompt": []}"#, Some("prompt")),
+        (br#"{"prompt": [{"a": 1}]}"#, Some("prompt")),
+    ];
+    for (body, param) in &cases {
+        let r = s.request("POST", "/v1/completions", &auth(), body);
+        assert_error(&r, 400, "invalid_request_error", None, *param);
+    }
+    let chat_cases: Vec<(Value, &str)> = vec![
+        (json!({"messages": "hello"}), "messages"),
+        (json!({"messages": []}), "messages"),
+        (json!({"messages": [123]}), "messages[0]"),
+        (json!({"messages": [{"role": 5, "content": "x"}]}), "messages[0].role"),
+        (json!({"messages": [{"role": "wizard", "content": "x"}]}), "messages[0].role"),
+        (json!({"messages": [{"role": "user", "content": 7}]}), "messages[0].content"),
+        (json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}), "messages[0].content[0]"),
+        (json!({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}), "top_logprobs"),
+    ];
+    for (body, param) in &chat_cases {
+        let r = post_auth(&s, "/v1/chat/completions", body);
+        assert_error(&r, 400, "invalid_request_error", None, Some(param));
+    }
+    // The fixture has no chat template: a clear 400, not a 500.
+    let r = post_auth(&s, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "x"}]}));
+    assert_error(&r, 400, "invalid_request_error", Some("chat_template_failed"), None);
+
+    // A prompt past the context: 400 before any stream byte, streamed or not.
+    let long: Vec<u32> = (0..80).map(|i| 3 + i % 200).collect();
+    for stream in [false, true] {
+        let r = post_auth(&s, "/v1/completions", &json!({"prompt": long, "stream": stream}));
+        assert_error(&r, 400, "invalid_request_error", Some("context_length_exceeded"), Some("prompt"));
+    }
+    let r = post_auth(&s, "/v1/completions", &json!({"prompt": "a", "model": "gpt-4"}));
+    assert_error(&r, 404, "not_found_error", Some("model_not_found"), Some("model"));
+    let r = s.request("GET", "/v1/nothing", &auth(), b"");
+    assert_error(&r, 404, "not_found_error", None, None);
+    let r = s.request("GET", "/v1/completions", &auth(), b"");
+    assert_eq!(r.status, 405, "{}", r.text());
+    assert!(r.json()["error"]["message"].is_string());
+    let big = vec![b' '; 2 << 20];
+    let r = s.request("POST", "/v1/completions", &auth(), &big);
+    assert_error(&r, 413, "invalid_request_error", None, None);
+    let r = post_auth(&s, "/v1/completions", &json!({"prompt": "a", "response_format": {"type": "json_schema"}}));
+    assert_error(&r, 400, "invalid_request_error", None, Some("response_format"));
+    let bad_schema = json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "hiccup"}}});
+    let r = post_auth(&s, "/v1/completions", &json!({"prompt": "a", "response_format": bad_schema}));
+    assert_error(&r, 400, "invalid_request_error", Some("invalid_schema"), Some("response_format"));
+
+    // tokenize / detokenize
+    let r = post_auth(&s, "/tokenize", &json!({"content": "hello"}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let toks = r.json()["tokens"].clone();
+    assert!(toks.as_array().is_some_and(|a| !a.is_empty()), "{toks}");
+    let r = post_auth(&s, "/detokenize", &json!({"tokens": toks}));
+    assert_eq!(r.json()["content"], "hello");
+    let r = post_auth(&s, "/tokenize", &json!({"content": "hello", "with_pieces": true}));
+    assert!(r.json()["tokens"][0]["piece"].is_string(), "{}", r.text());
+    let r = post_auth(&s, "/detokenize", &json!({"tokens": [1, 100000]}));
+    assert_error(&r, 400, "invalid_request_error", None, Some("tokens"));
+    let r = post_auth(&s, "/tokenize", &json!({"text": "x"}));
+    assert_error(&r, 400, "invalid_request_error", None, Some("content"));
+
+    // Still healthy, still serving; the counters saw all of it.
+    assert_eq!(s.get("/health").status, 200);
+    let r = post_auth(&s, "/v1/completions", &json!({"prompt": "abc", "max_tokens": 4, "temperature": 0}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let j = r.json();
+    assert_eq!(j["object"], "text_completion");
+    assert_eq!(j["choices"][0]["finish_reason"], "length");
+    assert_eq!(j["usage"]["completion_tokens"], 4);
+    let m = s.request("GET", "/metrics", &auth(), b"").text();
+    let count = |status: u16| -> f64 {
+        m.lines()
+            .find_map(|l| l.strip_prefix(&format!("cortiq_requests_total{{status=\"{status}\"}} ")))
+            .map_or(0.0, |v| v.parse().unwrap())
+    };
+    assert!(count(400) >= (cases.len() + chat_cases.len() + 3) as f64, "{m}");
+    assert!(count(401) >= 2.0 && count(404) >= 2.0 && count(413) >= 1.0, "{m}");
+    assert!(m.contains("cortiq_generated_tokens_total"), "{m}");
+    // One log line per request.
+    assert!(s.log().contains("POST /v1/completions 400"), "{}", s.log());
+}
+
+/// The SSE wire format over raw HTTP: event-stream, JSON chunks with one id, one
+/// finish_reason, usage only when asked, `data: [DONE]` last.
+#[test]
+fn serve_sse_wire_format() {
+    let s = Server::start(&qwen35(), &[]);
+    for include_usage in [false, true] {
+        let mut body = json!({"prompt": "hello world", "max_tokens": 6, "temperature": 0, "stream": true});
+        if include_usage {
+            body["stream_options"] = json!({"include_usage": true});
+        }
+        let r = s.post("/v1/completions", &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert!(r.header("content-type").unwrap().starts_with("text/event-stream"), "{:?}", r.headers);
+        let (data, _) = r.sse();
+        assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{data:?}");
+        assert!(r.text().ends_with("data: [DONE]\n\n"), "the terminator is a complete event");
+        let chunks: Vec<Value> = data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+        let ids: std::collections::BTreeSet<String> = chunks.iter().map(|c| c["id"].as_str().unwrap().to_string()).collect();
+        assert_eq!(ids.len(), 1, "one id: {ids:?}");
+        let finishes: Vec<&Value> =
+            chunks.iter().filter_map(|c| c["choices"].get(0)).map(|c| &c["finish_reason"]).filter(|f| !f.is_null()).collect();
+        assert_eq!(finishes, [&json!("length")], "exactly one finish_reason");
+        let usage: Vec<&Value> = chunks.iter().filter(|c| c.get("usage").is_some_and(|u| !u.is_null())).collect();
+        if include_usage {
+            assert_eq!(usage.len(), 1, "one usage chunk");
+            assert_eq!(usage[0]["choices"], json!([]), "usage chunk has no choices");
+            assert_eq!(usage[0]["usage"]["completion_tokens"], 6);
+            assert!(std::ptr::eq(usage[0], chunks.last().unwrap()), "usage is the last chunk before [DONE]");
+        } else {
+            assert!(usage.is_empty(), "no usage unless asked: {usage:?}");
+        }
+        let streamed: String = chunks.iter().filter_map(|c| c["choices"].get(0)).map(|c| c["text"].as_str().unwrap()).collect();
+        let whole = s.post("/v1/completions", &json!({"prompt": "hello world", "max_tokens": 6, "temperature": 0}));
+        assert_eq!(streamed, whole.json()["choices"][0]["text"].as_str().unwrap(), "streamed == whole");
+    }
+}
+
+/// Keep-alive comments while a long prompt is processed (a tiny ping interval, a long prompt
+/// in small chunks on a real model).
+#[test]
+fn serve_sse_keepalive_during_prompt() {
+    let model = cortiq_testkit::real_model_arg("smollm2-135m");
+    let s = Server::start(&model, &["--sse-ping", "0.05", "--prefill-chunk", "8", "--ctx", "2048"]);
+    let prompt: Vec<u32> = (0..1500).map(|i| 100 + (i * 7) % 20000).collect();
+    let r = s.post("/v1/completions", &json!({"prompt": prompt, "max_tokens": 2, "stream": true}));
+    let (data, comments) = r.sse();
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
+    assert!(comments >= 1, "keep-alive comments during the prompt: {comments}");
+}
+
+/// The completion's tokens (as texts) of a seeded request, via completions logprobs.
+fn tokens_of(s: &Server, body: &Value) -> Vec<String> {
+    let r = s.post("/v1/completions", body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let j = r.json();
+    j["choices"][0]["logprobs"]["tokens"].as_array().unwrap().iter().map(|t| t.as_str().unwrap().to_string()).collect()
+}
+
+/// The same seeded requests alone, then each beside 4 neighbours (one with a long prompt that
+/// prefills in chunks while the others decode): identical tokens.
+fn determinism(model: &str, extra: &[&str], vocab: u32) {
+    let mut args = vec!["--parallel", "5", "--prefill-chunk", "16"];
+    args.extend_from_slice(extra);
+    let s = Server::start(model, &args);
+    let reqs: Vec<Value> = (0..5u32)
+        .map(|i| {
+            let n = if i == 2 { 120 } else { 5 + 7 * i as usize };
+            let prompt: Vec<u32> = (0..n as u32).map(|t| 3 + (t * 31 + i * 17) % (vocab - 3)).collect();
+            json!({"prompt": prompt, "max_tokens": 24, "temperature": 0.9, "top_k": 0, "top_p": 1.0, "min_p": 0.0,
+                   "seed": 1000 + i, "logprobs": 0, "ignore_eos": true})
+        })
+        .collect();
+    let alone: Vec<Vec<String>> = reqs.iter().map(|b| tokens_of(&s, b)).collect();
+    for (i, t) in alone.iter().enumerate() {
+        assert_eq!(t.len(), 24, "request {i} generated 24 tokens");
+    }
+    // All five in one request (a list of prompts is queued at once, so they share decode steps).
+    let mut list = reqs[0].clone();
+    list["prompt"] = Value::Array(reqs.iter().map(|r| r["prompt"].clone()).collect());
+    let (rows0, steps0) = (s.metric("cortiq_decode_rows_total"), s.metric("cortiq_decode_steps_total"));
+    let r = s.post("/v1/completions", &list);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let rows = s.metric("cortiq_decode_rows_total") - rows0;
+    let steps = s.metric("cortiq_decode_steps_total") - steps0;
+    let j = r.json();
+    for i in 0..reqs.len() {
+        // Same seed as alone only for request 0's; the others compare their own seeds below.
+        let toks: Vec<String> =
+            j["choices"][i]["logprobs"]["tokens"].as_array().unwrap().iter().map(|t| t.as_str().unwrap().to_string()).collect();
+        let mut one = reqs[i].clone();
+        one["seed"] = reqs[0]["seed"].clone();
+        assert_eq!(toks, tokens_of(&s, &one), "{model}: prompt {i} in a batch of 5 differs from alone");
+    }
+    for round in 0..2 {
+        let together: Vec<Vec<String>> = std::thread::scope(|sc| {
+            let hs: Vec<_> = reqs
+                .iter()
+                .enumerate()
+                .map(|(i, b)| {
+                    let s = &s;
+                    sc.spawn(move || {
+                        // Stagger the arrivals so prompts land in the middle of others' decode.
+                        std::thread::sleep(Duration::from_millis((i as u64 * 13 + round * 7) % 40));
+                        tokens_of(s, b)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for i in 0..reqs.len() {
+            assert_eq!(together[i], alone[i], "{model}: request {i} beside 4 neighbours (round {round}) differs from alone");
+        }
+    }
+    assert!(rows / steps > 1.2, "{model}: the batch of 5 did share decode steps ({rows} rows in {steps} steps)");
+}
+
+#[test]
+fn serve_determinism_under_load_hybrid_fixture() {
+    determinism(&qwen35(), &[], 256);
+}
+
+#[test]
+fn serve_determinism_under_load_dense_fixture() {
+    // Gemma 3 (dense, sliding-window layers) with a byte-level tokenizer beside it.
+    let t = copy_fixture("gemma3", "serve-gemma3");
+    std::fs::write(t.0.join("tokenizer.json"), byte_tokenizer_json()).unwrap();
+    determinism(&t.0.display().to_string(), &[], 256);
+}
+
+#[test]
+fn serve_determinism_under_load_real_model() {
+    // Q4_K_M: the decode batch runs the multi-column Q4_K kernel.
+    determinism(&cortiq_testkit::real_model_arg("qwen2.5-coder-0.5b"), &["--ctx", "512"], 150000);
+}
+
+/// A client that disconnects mid-prompt or mid-decode frees its slot at the next step: with
+/// one slot, the next request starts at once instead of waiting for the abandoned one.
+#[test]
+fn serve_disconnect_frees_slot() {
+    let model = cortiq_testkit::real_model_arg("smollm2-135m");
+    let s = Server::start(&model, &["--parallel", "1", "--prefill-chunk", "16", "--ctx", "2048"]);
+    let long: Vec<u32> = (0..1500).map(|i| 100 + (i * 7) % 20000).collect();
+    let small = json!({"prompt": "Hello", "max_tokens": 4, "temperature": 0});
+    let t = Instant::now();
+    let _ = s.post("/v1/completions", &json!({"prompt": long, "max_tokens": 1}));
+    let full_prompt = t.elapsed();
+    let t = Instant::now();
+    assert_eq!(s.post("/v1/completions", &small).status, 200);
+    let small_alone = t.elapsed();
+    assert!(
+        full_prompt > small_alone * 4,
+        "the long prompt must take long enough to measure ({full_prompt:?} vs {small_alone:?})"
+    );
+
+    // Mid-prompt: send the long prompt, leave after a moment.
+    let body = json!({"prompt": long, "max_tokens": 1000, "ignore_eos": true, "stream": true}).to_string();
+    let mut c = s.connect().unwrap();
+    common::http::send(&mut c, "POST", "/v1/completions", &[("content-type", "application/json")], body.as_bytes()).unwrap();
+    std::thread::sleep(full_prompt / 5);
+    drop(c);
+    let t = Instant::now();
+    assert_eq!(s.post("/v1/completions", &small).status, 200);
+    let after = t.elapsed();
+    assert!(
+        after < full_prompt / 2,
+        "after a mid-prompt disconnect the next request waited {after:?} (prompt alone {full_prompt:?})"
+    );
+
+    // Mid-decode: read the first chunks of an endless stream, leave.
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 100000, "ignore_eos": true, "stream": true}).to_string();
+    let mut c = s.connect().unwrap();
+    common::http::send(&mut c, "POST", "/v1/completions", &[("content-type", "application/json")], body.as_bytes()).unwrap();
+    let mut buf = vec![0u8; 4096];
+    let mut got = 0;
+    while got < 2000 {
+        got += c.read(&mut buf).unwrap();
+    }
+    drop(c);
+    let t = Instant::now();
+    assert_eq!(s.post("/v1/completions", &small).status, 200);
+    let after = t.elapsed();
+    assert!(
+        after < small_alone * 3 + Duration::from_millis(300),
+        "after a mid-decode disconnect the next request waited {after:?}"
+    );
+    assert!(s.metric("cortiq_requests_cancelled_total") >= 2.0);
+    assert_eq!(s.metric("cortiq_busy_slots"), 0.0);
+    assert_eq!(s.get("/health").status, 200);
+}
+
+/// More requests than slots + queue: 503 with Retry-After, and the server carries on.
+#[test]
+fn serve_queue_full() {
+    let s = Server::start(&qwen35(), &["--parallel", "1", "--queue", "1", "--ctx", "512"]);
+    let endless = json!({"prompt": "a", "max_tokens": 100000, "ignore_eos": true, "stream": true}).to_string();
+    let open = |s: &Server| {
+        let mut c = s.connect().unwrap();
+        common::http::send(&mut c, "POST", "/v1/completions", &[("content-type", "application/json")], endless.as_bytes())
+            .unwrap();
+        let mut buf = [0u8; 256];
+        let n = c.read(&mut buf).unwrap();
+        assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"), "{}", String::from_utf8_lossy(&buf[..n]));
+        c
+    };
+    let a = open(&s); // running (context-bound at 512)
+    let b = open(&s); // queued
+    let r = s.post("/v1/completions", &json!({"prompt": "a", "max_tokens": 2}));
+    assert_error(&r, 503, "unavailable_error", Some("server_busy"), None);
+    assert_eq!(r.header("retry-after"), Some("1"));
+    drop((a, b));
+    let t = Instant::now();
+    loop {
+        let r = s.post("/v1/completions", &json!({"prompt": "a", "max_tokens": 2}));
+        if r.status == 200 {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "still refused after the clients left: {}", r.text());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(s.get("/health").status, 200);
+}
+
+/// 64 concurrent streams over 4 slots all complete; nothing leaks.
+#[test]
+fn serve_64_concurrent_streams() {
+    let s = Server::start(&qwen35(), &["--parallel", "4", "--ctx", "256"]);
+    let done: Vec<(u16, String)> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..64)
+            .map(|i| {
+                let s = &s;
+                sc.spawn(move || {
+                    let r = s.post(
+                        "/v1/completions",
+                        &json!({"prompt": format!("stream {i}"), "max_tokens": 8, "stream": true, "seed": i}),
+                    );
+                    let (data, _) = r.sse();
+                    (r.status, data.last().cloned().unwrap_or_default())
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (i, (status, last)) in done.iter().enumerate() {
+        assert_eq!((*status, last.as_str()), (200, "[DONE]"), "stream {i}");
+    }
+    assert_eq!(s.metric("cortiq_busy_slots"), 0.0);
+    assert_eq!(s.metric("cortiq_queue_length"), 0.0);
+    assert!(s.metric("cortiq_generated_tokens_total") >= 64.0 * 8.0 - 64.0);
+    assert_eq!(s.get("/health").status, 200);
+}
+
+/// The official `openai` Python package against the server on a real chat model.
+#[test]
+fn serve_openai_python_client() {
+    let py = std::env::var("CORTIQ_TEST_PYTHON").unwrap_or_else(|_| {
+        panic!("CORTIQ_TEST_PYTHON is not set: run scripts/test (it makes the venv with the pinned openai package)")
+    });
+    let model = cortiq_testkit::real_model_arg("smollm2-135m");
+    let s = Server::start(&model, &["--api-key", KEY, "--alias", "smol", "--ctx", "2048"]);
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/openai_client.py");
+    let out = std::process::Command::new(&py)
+        .arg(&script)
+        .args([&format!("http://127.0.0.1:{}/v1", s.port), KEY, "smol", "--chat"])
+        .output()
+        .unwrap_or_else(|e| panic!("running {py}: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "openai client checks failed:\n{stdout}\n{stderr}\nserver log:\n{}", s.log());
+    assert!(stdout.contains("all checks passed"), "{stdout}");
+    assert_eq!(s.get("/health").status, 200);
+}
