@@ -63,16 +63,22 @@ fn main() {
             std::process::exit(2);
         }
     };
-    init_logging(cli.verbose);
+    init_logging(cli.verbose, matches!(cli.cmd, Cmd::Serve(_)));
     if let Err(e) = dispatch(cli.cmd, cli.verbose) {
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }
 }
 
-fn init_logging(verbose: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(if verbose { "debug" } else { "warn" }));
+/// Warnings only by default; `serve` also logs its one line per request (target cortiq::server).
+fn init_logging(verbose: bool, serving: bool) {
+    let default = match (verbose, serving) {
+        (true, _) => "debug",
+        (false, true) => "warn,cortiq::server=info",
+        (false, false) => "warn",
+    };
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
 }
 

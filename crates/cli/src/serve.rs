@@ -6,9 +6,9 @@ use std::time::Duration;
 use anyhow::{Result, bail};
 use clap::Args;
 use cortiq_engine::sched::SchedConfig;
-use cortiq_server::{ServeOptions, serve};
+use cortiq_server::{O1Planner, Ready, ServeOptions, serve};
 
-use crate::common::{Common, open_model, open_tokenizer};
+use crate::common::{Common, O1Args, open_model, open_tokenizer, served_o1};
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -49,6 +49,10 @@ pub struct ServeArgs {
     /// Largest request body in MiB (413 beyond).
     #[arg(long, default_value_t = 16)]
     pub max_body_mb: usize,
+    /// Constant-memory decode for every request: each prompt is the sealed part (tp = its
+    /// length), generation takes the O(1) (or StreamingLLM) steps.
+    #[command(flatten)]
+    pub o1: O1Args,
 }
 
 pub fn cmd_serve(a: ServeArgs) -> Result<()> {
@@ -64,6 +68,8 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
     if !(a.sse_ping > 0.0 && a.sse_ping.is_finite()) {
         bail!("--sse-ping must be a positive number of seconds, got {}", a.sse_ping);
     }
+    // The O(1) flags' own errors before the model loads (tp is each prompt's length).
+    a.o1.plan(0, None, false, None)?;
     let model_id = a.alias.clone().unwrap_or_else(|| default_id(&a.common.model));
     let opts = ServeOptions {
         host: a.host.clone(),
@@ -81,11 +87,26 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         keepalive: Duration::from_secs_f64(a.sse_ping),
         http_threads: 2,
     };
-    let common = a.common;
-    let load = Box::new(move || -> std::result::Result<_, String> {
+    let (common, o1) = (a.common, a.o1);
+    let load = Box::new(move || -> std::result::Result<Ready, String> {
         let loaded = open_model(&common).map_err(|e| format!("{e:#}"))?;
         let tok = open_tokenizer(&loaded).map_err(|e| format!("{e:#}"))?;
-        Ok((loaded.model, tok))
+        let served = served_o1(&loaded);
+        // Checked: the flags' combinations were validated above, and a prompt length cannot
+        // make a valid combination invalid.
+        let first = o1.plan(1, None, false, served).map_err(|e| format!("{e:#}"))?;
+        let note = first.map(|p| {
+            format!(
+                "constant-memory decode: {} window {}, sinks {}{}",
+                if o1.kv_window.is_some() { "StreamingLLM" } else { "O(1)" },
+                p.settings.window,
+                p.settings.sinks,
+                if o1.kv_window.is_some() { String::new() } else { format!(", landmarks {}", p.settings.landmarks) }
+            )
+        });
+        let planner: Option<O1Planner> =
+            first.is_some().then(|| Box::new(move |tp: usize| o1.plan(tp, None, false, served).ok().flatten()) as O1Planner);
+        Ok(Ready { model: loaded.model, tok, o1: planner, note })
     });
     serve(opts, load)?;
     Ok(())

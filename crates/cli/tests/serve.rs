@@ -426,3 +426,47 @@ fn serve_openai_python_client() {
     assert!(stdout.contains("all checks passed"), "{stdout}");
     assert_eq!(s.get("/health").status, 200);
 }
+
+/// The server's greedy completion equals `cortiq run` with the same prefill grid (`--batch`
+/// = `--prefill-chunk`), plain and in both constant-memory modes, alone and beside neighbours.
+#[test]
+fn serve_equals_run_plain_and_constant_memory() {
+    let model = cortiq_testkit::real_model_arg("smollm2-135m");
+    let prompt = "The history of the printing press begins in the fifteenth century, when a goldsmith in Mainz \
+                  combined movable metal type, oil-based ink and a wooden press adapted from wine making. Within fifty years";
+    for mode in
+        [&[][..], &["--kv-window", "24", "--kv-sinks", "4"][..], &["--o1", "--o1-window", "24", "--o1-landmarks", "8"][..]]
+    {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_cortiq"))
+            .args(["run", "-m", &model, "-p", prompt, "-n", "24", "--temp", "0", "--batch", "16", "-t", "2", "--ctx", "512"])
+            .args(mode)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "run {mode:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let want = String::from_utf8(out.stdout).unwrap();
+        let mut args = vec!["--prefill-chunk", "16", "--ctx", "512"];
+        args.extend_from_slice(mode);
+        let s = Server::start(&model, &args);
+        let body = json!({"prompt": prompt, "max_tokens": 24, "temperature": 0});
+        let got = s.post("/v1/completions", &body).json()["choices"][0]["text"].as_str().unwrap().to_string();
+        assert_eq!(got, want, "serve {mode:?} vs run");
+        let together: Vec<String> = std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..3)
+                .map(|i| {
+                    let (s, body) = (&s, body.clone());
+                    sc.spawn(move || {
+                        std::thread::sleep(Duration::from_millis(i * 20));
+                        s.post("/v1/completions", &body).json()["choices"][0]["text"].as_str().unwrap().to_string()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for t in together {
+            assert_eq!(t, want, "serve {mode:?} beside 2 neighbours vs run");
+        }
+        if !mode.is_empty() {
+            assert!(s.log().contains("constant-memory decode"), "{}", s.log());
+        }
+    }
+}

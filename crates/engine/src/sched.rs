@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use cortiq_formats::tokenizer::{StreamDecoder, Tokenizer};
 
 use crate::model::{Logits, Model};
+use crate::o1::O1Plan;
 use crate::sampling::{Sampler, SamplerParams};
 use crate::state::SeqState;
 use crate::stop::StopMatcher;
@@ -72,6 +73,9 @@ pub struct Request {
     pub sink: Box<dyn Sink>,
     /// Structured output: only tokens the constraint allows are sampled.
     pub constraint: Option<Box<dyn Constraint>>,
+    /// Constant-memory decode (`--o1` / `--kv-window`): the plan for this prompt (its tp is
+    /// the prompt's length); the slot's state is built for it.
+    pub o1: Option<O1Plan>,
 }
 
 /// A constraint on the tokens a request may generate (structured output; the server's JSON
@@ -255,6 +259,8 @@ impl Handle {
         let cfg = self.inner.cfg.clone();
         let mut slots: Vec<Option<Slot<'_>>> = (0..cfg.slots).map(|_| None).collect();
         let mut states: Vec<SeqState> = (0..cfg.slots).map(|_| model.new_state(cfg.n_ctx)).collect();
+        // Whether a slot's state is the plain kind (else it was built for an O(1) plan).
+        let mut plain = vec![true; cfg.slots];
         let mut rate = Rate::new();
         let mut admitted = 0u64;
         self.inner.ready.store(true, Ordering::Release);
@@ -280,7 +286,23 @@ impl Handle {
                         continue;
                     }
                     let Some((req, t_submit)) = q.items.pop_front() else { break };
-                    states[si].clear();
+                    match req.o1 {
+                        Some(plan) => match model.new_state_o1(cfg.n_ctx, plan) {
+                            Ok(st) => {
+                                states[si] = st;
+                                plain[si] = false;
+                            }
+                            Err(e) => {
+                                req.sink.send(Event::Error { index: req.index, kind: ErrorKind::Engine, message: e.to_string() });
+                                continue;
+                            }
+                        },
+                        None if !plain[si] => {
+                            states[si] = model.new_state(cfg.n_ctx);
+                            plain[si] = true;
+                        }
+                        None => states[si].clear(),
+                    }
                     admitted += 1;
                     req.sink.send(Event::Started { index: req.index });
                     *slot = Some(Slot::new(req, tok, t_submit, admitted, cfg.timeout));

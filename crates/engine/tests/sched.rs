@@ -42,6 +42,7 @@ fn request(prompt: Vec<u32>, seed: u64, n: usize, tx: &mpsc::Sender<Event>, clos
         index: seed as usize,
         sink: Box::new(ChanSink(tx.clone(), closed.clone())),
         constraint: None,
+        o1: None,
     }
 }
 

@@ -112,6 +112,7 @@ async fn run(app: Arc<App>, kind: Kind, prompts: Vec<Vec<u32>>, gp: GenParams, p
                 index: pi * gp.n + j,
                 sink: Box::new(ChanSink(tx.clone())),
                 constraint,
+                o1: info.o1.as_ref().and_then(|plan| plan(p.len())),
             });
         }
     }

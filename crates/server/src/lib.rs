@@ -52,8 +52,20 @@ pub struct ServeOptions {
     pub http_threads: usize,
 }
 
-/// What the load step hands over: the model and its tokenizer, on the engine's thread.
-pub type Loader = Box<dyn FnOnce() -> Result<(Model, Tokenizer), String> + Send>;
+/// The constant-memory plan for a prompt of `tp` tokens (`--o1` / `--kv-window`, or what a
+/// polished model records); None serves exact attention.
+pub type O1Planner = Box<dyn Fn(usize) -> Option<cortiq_engine::o1::O1Plan> + Send + Sync>;
+
+/// What the load step hands over, on the engine's thread.
+pub struct Ready {
+    pub model: Model,
+    pub tok: Tokenizer,
+    pub o1: Option<O1Planner>,
+    /// A line about how the model is served (printed once it is ready), if any.
+    pub note: Option<String>,
+}
+
+pub type Loader = Box<dyn FnOnce() -> Result<Ready, String> + Send>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -74,6 +86,7 @@ pub(crate) struct Info {
     pub n_ctx_train: usize,
     /// The scheduler (its context size resolved against the model).
     pub sched: Handle,
+    pub o1: Option<O1Planner>,
 }
 
 pub(crate) struct App {
@@ -183,7 +196,7 @@ async fn serve_async(opts: ServeOptions, load: Loader) -> Result<(), ServeError>
 /// The engine's own thread: load, publish the model's facts, run the scheduler.
 fn engine_thread(app: Arc<App>, load: Loader, fail: tokio::sync::oneshot::Sender<String>) {
     let t0 = Instant::now();
-    let (model, tok) = match load() {
+    let Ready { model, tok, o1, note } = match load() {
         Ok(x) => x,
         Err(e) => {
             let _ = fail.send(e);
@@ -208,6 +221,9 @@ fn engine_thread(app: Arc<App>, load: Loader, fail: tokio::sync::oneshot::Sender
         (per_slot * cfg.slots) as f64 / (1 << 20) as f64,
         cfg.prefill_chunk,
     );
+    if let Some(n) = note {
+        eprintln!("cortiq serve: {n}");
+    }
     let tok = Arc::new(tok);
     let mut eos = tok.eos_ids();
     eos.sort_unstable();
@@ -220,6 +236,7 @@ fn engine_thread(app: Arc<App>, load: Loader, fail: tokio::sync::oneshot::Sender
         arch: model.cfg.arch.to_string(),
         n_ctx_train: model.cfg.n_ctx_train,
         sched: sched.clone(),
+        o1,
     };
     let _ = app.info.set(info);
     // A panic in the engine is a bug; a server whose engine is gone would accept requests and

@@ -21,7 +21,6 @@ impl Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_cortiq"))
             .args(["serve", "-m", model, "--port", "0", "-t", "2"])
             .args(args)
-            .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
