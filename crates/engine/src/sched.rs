@@ -372,10 +372,10 @@ impl Handle {
                     other => (None, other.to_string()),
                 };
                 for (i, &si) in idx.iter().enumerate() {
-                    if entry.is_none() || entry == Some(i) {
-                        if let Some(s) = slots[si].take() {
-                            s.req.sink.send(Event::Error { index: s.req.index, kind: ErrorKind::Engine, message: msg.clone() });
-                        }
+                    if (entry.is_none() || entry == Some(i))
+                        && let Some(s) = slots[si].take()
+                    {
+                        s.req.sink.send(Event::Error { index: s.req.index, kind: ErrorKind::Engine, message: msg.clone() });
                     }
                 }
                 0
@@ -436,10 +436,10 @@ impl Handle {
                     *v += b;
                 }
             }
-            if let Some(c) = s.req.constraint.as_mut() {
-                if let Err(e) = c.mask(&mut l) {
-                    return self.fail(slot, format!("structured output: {e}"));
-                }
+            if let Some(c) = s.req.constraint.as_mut()
+                && let Err(e) = c.mask(&mut l)
+            {
+                return self.fail(slot, format!("structured output: {e}"));
             }
             adjusted = l;
             &adjusted

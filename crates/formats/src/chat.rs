@@ -81,7 +81,7 @@ pub fn encode(tok: &crate::tokenizer::Tokenizer, messages: &[ChatMessage], add_g
     let bos = tok.bos_id().map(text_of).unwrap_or_default();
     let eos = tok.eos_id().map(text_of).unwrap_or_default();
     let text = render(template, messages, add_generation_prompt, &bos, &eos)?;
-    let add_bos = tok.add_bos() && !(!bos.is_empty() && text.starts_with(&bos));
+    let add_bos = tok.add_bos() && (bos.is_empty() || !text.starts_with(&bos));
     tok.encode_with(&text, add_bos, true)
 }
 
