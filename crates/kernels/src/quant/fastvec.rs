@@ -205,8 +205,9 @@ pub fn matvec_fast_scalar(ty: QuantType, w: &[u8], rows: usize, cols: usize, act
 ///
 /// Every column is **bit-identical to `matvec_fast` on that activation row alone**, whatever
 /// `k` and the other columns are: a sequence's result must not depend on what runs beside it.
-/// Q4_K reads each weight block once for up to 8 columns (`fastk::matvec_q4k_multi`); the other
-/// types run `matvec_fast` per column for now (same bits, the weights streamed k times).
+/// Q4_K reads each weight block once for up to 8 columns (`fastk::matvec_q4k_multi`), and so do
+/// Q8_0, Q4_0, Q5_0 and Q6_K in ggml's order (`vecmulti`); the other types run `matvec_fast`
+/// per column for now (same bits, the weights streamed k times).
 #[track_caller]
 pub fn matvec_fast_multi(ty: QuantType, w: &[u8], rows: usize, cols: usize, acts: &[u8], k: usize, y: &mut [f32]) {
     check_multi("matvec_fast_multi", ty, w, rows, cols, acts, k, y);
@@ -217,11 +218,15 @@ pub fn matvec_fast_multi(ty: QuantType, w: &[u8], rows: usize, cols: usize, acts
         super::fastk::matvec_q4k_multi(w, rows, cols, acts, k, y);
         return;
     }
+    if super::vecmulti::supported(ty) {
+        super::vecmulti::matvec_multi(ty, w, rows, cols, acts, k, y);
+        return;
+    }
     per_column(acts, k, rows, y, |a, yj| matvec_fast(ty, w, rows, cols, a, yj));
 }
 
-/// The scalar twin of `matvec_fast_multi` (Q4_K: `fastk`'s scalar row per column; the other
-/// types: `matvec_fast_scalar` per column).
+/// The scalar twin of `matvec_fast_multi` (Q4_K: `fastk`'s scalar row per column; Q8_0, Q4_0,
+/// Q5_0, Q6_K: `vecmulti`'s scalar twin; the other types: `matvec_fast_scalar` per column).
 #[track_caller]
 pub fn matvec_fast_multi_scalar(ty: QuantType, w: &[u8], rows: usize, cols: usize, acts: &[u8], k: usize, y: &mut [f32]) {
     check_multi("matvec_fast_multi_scalar", ty, w, rows, cols, acts, k, y);
@@ -230,6 +235,10 @@ pub fn matvec_fast_multi_scalar(ty: QuantType, w: &[u8], rows: usize, cols: usiz
     }
     if ty == QuantType::Q4K {
         super::fastk::matvec_q4k_multi_scalar(w, rows, cols, acts, k, y);
+        return;
+    }
+    if super::vecmulti::supported(ty) {
+        super::vecmulti::matvec_multi_scalar(ty, w, rows, cols, acts, k, y);
         return;
     }
     per_column(acts, k, rows, y, |a, yj| matvec_fast_scalar(ty, w, rows, cols, a, yj));
