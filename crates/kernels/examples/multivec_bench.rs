@@ -28,8 +28,10 @@ fn main() {
         _ => vec![(2048, 1024), (65536, 1024)],
     };
     let all = [QuantType::Q4K, QuantType::Q6K, QuantType::Q8_0, QuantType::Q5_0, QuantType::Q4_0];
-    let mut types: Vec<QuantType> =
-        std::env::args().skip(1).filter_map(|a| all.iter().copied().find(|t| t.to_string().to_lowercase() == a.to_lowercase())).collect();
+    let mut types: Vec<QuantType> = std::env::args()
+        .skip(1)
+        .filter_map(|a| all.iter().copied().find(|t| t.to_string().to_lowercase() == a.to_lowercase()))
+        .collect();
     if types.is_empty() {
         types = all[..4].to_vec();
     }

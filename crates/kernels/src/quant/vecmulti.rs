@@ -11,10 +11,11 @@
 //! as ggml does), then `acc[l] = fma(d_w,b · d_a,b, f32(p_b[l]), acc[l])` block after block and
 //! `hsum8(acc)`. Integers are exact whichever instructions produce them, so the lanes are
 //! computed here the cheapest way for many columns, and the float steps are the same per column:
-//! - Q8_0/Q4_0/Q5_0: the weight quants as unsigned bytes u = q + off (off 128 / 8 / 16), unpacked
-//!   once per pair of blocks into one 512-bit register; per column one `vpdpbusd` whose
-//!   accumulator starts at the column's precomputed `-off · Σ4 a` lanes, one convert, and the
-//!   two blocks' multiplies and FMAs.
+//! - Q8_0/Q4_0/Q5_0: the weight quants as unsigned bytes u = q + off (off 128 / 8 / 16),
+//!   unpacked once per block into both halves of a 512-bit register; the columns go in pairs,
+//!   their activations interleaved per block at unpack time (lanes 0..8 column 2i, 8..16
+//!   column 2i+1), so one `vpdpbusd` from the precomputed `-off · Σ4 a` lanes, one convert, one
+//!   multiply (dx · dy) and one FMA serve two columns' block step.
 //! - Q6_K: the 6-bit quants (0..63) and the scales as i16 lanes unpacked once per block; per
 //!   column four `vpmaddubsw` + `vpdpwssd` (the scale step fused into the accumulation), one
 //!   `vpdpwssd` for the offset term, a fold of 16 lanes to 8, one convert and one FMA.
@@ -45,30 +46,43 @@ fn legacy_geo(ty: QuantType) -> Option<(usize, i32)> {
     }
 }
 
-/// A Q8_0 activation row unpacked for the SIMD legacy kernel: quants back to back, per-block
-/// f32 scale repeated for the 8 lanes, per-lane (4 quants) offset term `-off · Σ4 a`.
+/// Two Q8_0 activation rows (a column pair) unpacked for the SIMD legacy kernel, interleaved
+/// per block so that one 512-bit register holds block b of both columns (lanes 0..8 the first,
+/// 8..16 the second): per block 32 + 32 quants, the per-lane (4 quants) offset terms
+/// `-off · Σ4 a` and each column's f32 scale repeated for its 8 lanes. A pair's missing second
+/// column is all zeros (its lanes compute 0 and are dropped).
 #[derive(Default)]
-pub struct Act32 {
+pub struct Pair32 {
     q: Vec<i8>,
-    d8: Vec<f32>,
     bias: Vec<i32>,
+    d: Vec<f32>,
 }
 
-impl Act32 {
-    fn fill(&mut self, a: &[u8], nb: usize, off: i32) {
+impl Pair32 {
+    fn fill(&mut self, a0: &[u8], a1: Option<&[u8]>, nb: usize, off: i32) {
         self.q.clear();
-        self.d8.clear();
         self.bias.clear();
-        for y in view::<BlockQ8_0>(&a[..nb * 34]) {
-            self.d8.extend([h16(y.d); 8]);
-            self.q.extend_from_slice(&y.qs);
-            self.bias.extend(y.qs.chunks_exact(4).map(|c| -off * c.iter().map(|&v| v as i32).sum::<i32>()));
+        self.d.clear();
+        let zero = BlockQ8_0 { d: [0; 2], qs: [0; QK] };
+        let c0 = view::<BlockQ8_0>(&a0[..nb * 34]);
+        let c1 = a1.map(|a| view::<BlockQ8_0>(&a[..nb * 34]));
+        for b in 0..nb {
+            let ys = [&c0[b], c1.map_or(&zero, |c| &c[b])];
+            for y in ys {
+                self.q.extend_from_slice(&y.qs);
+            }
+            for y in ys {
+                self.bias.extend(y.qs.chunks_exact(4).map(|c| -off * c.iter().map(|&v| v as i32).sum::<i32>()));
+            }
+            for y in ys {
+                self.d.extend([h16(y.d); 8]);
+            }
         }
     }
 }
 
 thread_local! {
-    static ACTS: std::cell::RefCell<Vec<Act32>> = const { std::cell::RefCell::new(Vec::new()) };
+    static PAIRS: std::cell::RefCell<Vec<Pair32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// `y[r, j] = W[r] · x̃_j` (y: [rows, k]) in ggml's order per column; lengths checked by
@@ -81,13 +95,15 @@ pub(super) fn matvec_multi(ty: QuantType, w: &[u8], rows: usize, cols: usize, ac
     let ab = acts.len() / k;
     if let Some((_, off)) = legacy_geo(ty) {
         let nb = cols / QK;
-        let done = ACTS.with(|us| {
-            let mut us = us.borrow_mut();
-            us.resize_with(k, Act32::default);
-            for (u, a) in us.iter_mut().zip(acts.chunks_exact(ab)) {
-                u.fill(a, nb, off);
+        let done = PAIRS.with(|ps| {
+            let mut ps = ps.borrow_mut();
+            let np = k.div_ceil(2);
+            ps.resize_with(np, Pair32::default);
+            let cols: Vec<&[u8]> = acts.chunks_exact(ab).collect();
+            for (p, c) in ps.iter_mut().zip(cols.chunks(2)) {
+                p.fill(c[0], c.get(1).copied(), nb, off);
             }
-            avx512::legacy(ty, w, rows, &us[..k], y)
+            avx512::legacy(ty, w, rows, &ps[..np], k, y)
         });
         if !done {
             matvec_multi_scalar(ty, w, rows, cols, acts, k, y);
@@ -154,38 +170,50 @@ fn legacy_quants(ty: QuantType, blk: &[u8]) -> (f32, [i8; QK]) {
 
 mod avx512 {
     use super::super::QuantType;
-    use super::Act32;
+    use super::Pair32;
 
-    /// The legacy kernel over all rows; `false` (nothing written) without the CPU features.
-    pub(super) fn legacy(ty: QuantType, w: &[u8], rows: usize, us: &[Act32], y: &mut [f32]) -> bool {
+    /// Column pairs per pass over a row (8 columns). 8 pairs ran k = 16 slower than two passes of
+    /// 4: their unpacked activations (6 KiB per pair per 1024 columns) overflow L1.
+    const PAIRS_MAX: usize = 4;
+
+    /// Weight rows per tile when the columns take more than one pass.
+    const ROW_TILE: usize = 16;
+
+    /// The legacy kernel over all rows (`ps`: the k columns in pairs); `false` (nothing
+    /// written) without the CPU features. y: [rows, k]
+    pub(super) fn legacy(ty: QuantType, w: &[u8], rows: usize, ps: &[Pair32], k: usize, y: &mut [f32]) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
-            if super::super::vecdot_avx512::available() && rows > 0 && !us.is_empty() {
-                let (rb, k) = (w.len() / rows, us.len());
-                for (r, (yr, row)) in y.chunks_exact_mut(k).zip(w.chunks_exact(rb)).enumerate() {
-                    super::super::vecdot_avx512::prefetch_ahead(w, r * rb, rb);
-                    for (j0, us) in us.chunks(super::MULTI_MAX).enumerate() {
-                        let out = &mut yr[j0 * super::MULTI_MAX..][..us.len()];
-                        macro_rules! go {
-                            ($T:literal) => {
-                                match us.len() {
-                                    1 => imp::legacy::<1, $T>(row, us, out),
-                                    2 => imp::legacy::<2, $T>(row, us, out),
-                                    3 => imp::legacy::<3, $T>(row, us, out),
-                                    4 => imp::legacy::<4, $T>(row, us, out),
-                                    5 => imp::legacy::<5, $T>(row, us, out),
-                                    6 => imp::legacy::<6, $T>(row, us, out),
-                                    7 => imp::legacy::<7, $T>(row, us, out),
-                                    _ => imp::legacy::<8, $T>(row, us, out),
+            if super::super::vecdot_avx512::available() && rows > 0 && k > 0 && ps.len() == k.div_ceil(2) {
+                let rb = w.len() / rows;
+                // Tiles of rows, each column chunk over the whole tile before the next: more
+                // than 8 columns' unpacked activations do not fit L1 beside each other, a tile's
+                // weight rows (a few KiB) do.
+                for (t, (yt, wt)) in y.chunks_mut(k * ROW_TILE).zip(w.chunks(rb * ROW_TILE)).enumerate() {
+                    for (i0, ps) in ps.chunks(PAIRS_MAX).enumerate() {
+                        for (r, (yr, row)) in yt.chunks_exact_mut(k).zip(wt.chunks_exact(rb)).enumerate() {
+                            if i0 == 0 {
+                                super::super::vecdot_avx512::prefetch_ahead(w, (t * ROW_TILE + r) * rb, rb);
+                            }
+                            let j0 = 2 * PAIRS_MAX * i0;
+                            let out = &mut yr[j0..(j0 + 2 * ps.len()).min(k)];
+                            macro_rules! go {
+                                ($T:literal) => {
+                                    match ps.len() {
+                                        1 => imp::legacy::<1, $T>(row, ps, out),
+                                        2 => imp::legacy::<2, $T>(row, ps, out),
+                                        3 => imp::legacy::<3, $T>(row, ps, out),
+                                        _ => imp::legacy::<4, $T>(row, ps, out),
+                                    }
+                                };
+                            }
+                            // SAFETY: available() confirmed avx512f/bw/vl/vnni, avx2, fma and f16c.
+                            unsafe {
+                                match ty {
+                                    QuantType::Q8_0 => go!(0),
+                                    QuantType::Q4_0 => go!(1),
+                                    _ => go!(2),
                                 }
-                            };
-                        }
-                        // SAFETY: available() confirmed avx512f/bw/vl/vnni, avx2, fma and f16c.
-                        unsafe {
-                            match ty {
-                                QuantType::Q8_0 => go!(0),
-                                QuantType::Q4_0 => go!(1),
-                                _ => go!(2),
                             }
                         }
                     }
@@ -194,7 +222,7 @@ mod avx512 {
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
-        let _ = (ty, w, rows, us, y);
+        let _ = (ty, w, rows, ps, k, y);
         false
     }
 
@@ -236,7 +264,7 @@ mod avx512 {
     mod imp {
         use super::super::super::blocks::{QK, QK_K};
         use super::super::super::vecdot::{h16, hsum8};
-        use super::super::Act32;
+        use super::super::Pair32;
         use std::arch::x86_64::*;
 
         /// 8 f32 lanes -> `hsum8`, ggml's reduction.
@@ -275,64 +303,48 @@ mod avx512 {
             }
         }
 
-        /// `K` columns of one Q8_0 / Q4_0 / Q5_0 row (T as `unsigned_quants`), two blocks per
-        /// 512-bit step: per column one `vpdpbusd` from the offset lanes, one convert, then block
-        /// b's and b+1's `fma(dx·dy, lanes, acc)` in that order, exactly `vecdot`'s per-block
-        /// step. `us.len() == K == out.len()`.
+        /// `P` column pairs of one Q8_0 / Q4_0 / Q5_0 row (T as `unsigned_quants`); `out`
+        /// holds 2P columns, or 2P - 1 when the last pair has no second column. Per block the
+        /// unsigned quants are unpacked once into both halves of a 512-bit register; per pair one
+        /// `vpdpbusd` from the offset lanes, one convert, one multiply (dx · dy) and one FMA,
+        /// lane for lane `vecdot_avx512`'s per-block step for each of the two columns.
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-        pub(super) fn legacy<const K: usize, const T: u8>(row: &[u8], us: &[Act32], out: &mut [f32]) {
+        pub(super) fn legacy<const P: usize, const T: u8>(row: &[u8], ps: &[Pair32], out: &mut [f32]) {
             let bb = [34, 18, 22][T as usize];
             let nb = row.len() / bb;
-            assert!(us.len() == K && out.len() == K, "legacy: {K} columns");
-            for u in us {
-                assert!(u.d8.len() >= nb * 8 && u.q.len() >= nb * QK && u.bias.len() >= nb * 8, "activation shorter than the row");
+            assert!(ps.len() == P && (out.len() == 2 * P || out.len() + 1 == 2 * P), "legacy: {P} column pairs");
+            for p in ps {
+                assert!(
+                    p.q.len() >= nb * 2 * QK && p.bias.len() >= nb * 16 && p.d.len() >= nb * 16,
+                    "activation shorter than the row"
+                );
             }
-            // the f16 scale in all 8 lanes (exact); broadcast first, as vecdot_avx512's f16x8
-            let dxv = |blk: &[u8]| _mm256_cvtph_ps(_mm_set1_epi16(i16::from_le_bytes([blk[0], blk[1]])));
-            let mut acc = [_mm256_setzero_ps(); K];
-            let mut b = 0;
-            while b + 2 <= nb {
-                let (x0, x1) = (&row[b * bb..(b + 1) * bb], &row[(b + 1) * bb..(b + 2) * bb]);
-                // blocks b (bytes 0..32) and b+1 (32..64), shared by every column
-                let w2 = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(unsigned_quants::<T>(x0)), unsigned_quants::<T>(x1));
-                let dx2 = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
-                    _mm512_castpd256_pd512(_mm256_castps_pd(dxv(x0))),
-                    _mm256_castps_pd(dxv(x1)),
-                ));
-                let hi = |v: __m512| _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
-                for j in 0..K {
-                    let u = &us[j];
-                    // SAFETY: q has >= nb*32 i8, bias and d8 >= nb*8 (asserted), b + 2 <= nb: the
-                    // 64-byte loads at q[32b..], bias[8b..] and d8[8b..] are in bounds; unaligned.
-                    let (p, dy2) = unsafe {
-                        let a = _mm512_loadu_si512(u.q.as_ptr().add(QK * b).cast());
-                        let bias = _mm512_loadu_si512(u.bias.as_ptr().add(8 * b).cast());
-                        (_mm512_dpbusd_epi32(bias, w2, a), _mm512_loadu_ps(u.d8.as_ptr().add(8 * b)))
+            let mut acc = [_mm512_setzero_ps(); P];
+            for b in 0..nb {
+                let x = &row[b * bb..(b + 1) * bb];
+                let w = _mm512_broadcast_i64x4(unsigned_quants::<T>(x));
+                // the f16 scale in all 16 lanes (exact); broadcast first, as vecdot_avx512's f16x8
+                let dx = _mm512_cvtph_ps(_mm256_set1_epi16(i16::from_le_bytes([x[0], x[1]])));
+                for i in 0..P {
+                    let p = &ps[i];
+                    // SAFETY: q has >= nb*64 i8, bias and d >= nb*16 (asserted) and b < nb: the
+                    // 64-byte loads at q[64b..], bias[16b..] and d[16b..] are in bounds; unaligned.
+                    let (lanes, dy) = unsafe {
+                        let a = _mm512_loadu_si512(p.q.as_ptr().add(2 * QK * b).cast());
+                        let bias = _mm512_loadu_si512(p.bias.as_ptr().add(16 * b).cast());
+                        (_mm512_dpbusd_epi32(bias, w, a), _mm512_loadu_ps(p.d.as_ptr().add(16 * b)))
                     };
-                    // dx·dy of blocks b (lanes 0..8) and b+1, as vecdot_avx512's per-block mul
-                    let (pf, d) = (_mm512_cvtepi32_ps(p), _mm512_mul_ps(dx2, dy2));
-                    acc[j] = _mm256_fmadd_ps(_mm512_castps512_ps256(d), _mm512_castps512_ps256(pf), acc[j]);
-                    acc[j] = _mm256_fmadd_ps(hi(d), hi(pf), acc[j]);
-                }
-                b += 2;
-            }
-            if b < nb {
-                let x0 = &row[b * bb..(b + 1) * bb];
-                let w1 = unsigned_quants::<T>(x0);
-                let d0 = dxv(x0);
-                for j in 0..K {
-                    let u = &us[j];
-                    // SAFETY: b < nb: the 32-byte loads at q[32b..] and bias[8b..] are in bounds.
-                    let p = unsafe {
-                        let a = _mm256_loadu_si256(u.q.as_ptr().add(QK * b).cast());
-                        let bias = _mm256_loadu_si256(u.bias.as_ptr().add(8 * b).cast());
-                        _mm256_dpbusd_epi32(bias, w1, a)
-                    };
-                    acc[j] = _mm256_fmadd_ps(_mm256_mul_ps(d0, _mm256_set1_ps(u.d8[8 * b])), _mm256_cvtepi32_ps(p), acc[j]);
+                    acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(dx, dy), _mm512_cvtepi32_ps(lanes), acc[i]);
                 }
             }
-            for j in 0..K {
-                out[j] = hsum(acc[j]);
+            for i in 0..P {
+                let mut a = [0f32; 16];
+                // SAFETY: `a` is 16 writable f32; storeu has no alignment requirement.
+                unsafe { _mm512_storeu_ps(a.as_mut_ptr(), acc[i]) };
+                out[2 * i] = hsum8(a[..8].try_into().expect("8 lanes"));
+                if let Some(o) = out.get_mut(2 * i + 1) {
+                    *o = hsum8(a[8..].try_into().expect("8 lanes"));
+                }
             }
         }
 
