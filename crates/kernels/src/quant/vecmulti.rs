@@ -375,7 +375,7 @@ mod avx512 {
             for b in 0..nb {
                 let x = &row[b * BB..(b + 1) * BB];
                 let (ql, qh, scales) = (&x[0..128], &x[128..192], &x[192..208]);
-                let dx = h16([x[208], x[209]]);
+                let dxv = _mm256_set1_ps(h16([x[208], x[209]]));
                 // SAFETY: ql is 128 bytes, qh 64 and scales 16: the loads at 64h (64 bytes),
                 // 32h (32 bytes) and 0 (16 bytes) are in bounds; unaligned loads.
                 let (q, sc16) = unsafe {
@@ -408,7 +408,9 @@ mod avx512 {
                         s
                     };
                     let p = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64::<1>(s));
-                    acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(dy * dx), _mm256_cvtepi32_ps(p), acc[j]);
+                    // dy · dx lane-wise (the scalar product of ggml's kernel) from a broadcast load
+                    let d = _mm256_mul_ps(_mm256_set1_ps(dy), dxv);
+                    acc[j] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[j]);
                 }
             }
             for j in 0..K {
