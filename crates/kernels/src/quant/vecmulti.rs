@@ -277,16 +277,19 @@ mod avx512 {
             hsum8(a)
         }
 
-        /// A block's unsigned quants u = q + off in element order (T: 0 Q8_0, 1 Q4_0, 2 Q5_0).
+        /// A block's unsigned quants u = q + off in element order, in both 256-bit halves (T: 0
+        /// Q8_0, 1 Q4_0, 2 Q5_0).
         #[inline]
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-        fn unsigned_quants<const T: u8>(blk: &[u8]) -> __m256i {
+        fn unsigned_quants<const T: u8>(blk: &[u8]) -> __m512i {
+            // Both 256-bit halves hold the block (one column of the pair each): the packed bytes
+            // are broadcast straight from memory, so the unpack works on all 64 lanes at once.
             match T {
                 0 => {
                     let q = &blk[2..34];
-                    // SAFETY: `q` is exactly 32 readable bytes; unaligned load.
-                    let v = unsafe { _mm256_loadu_si256(q.as_ptr().cast()) };
-                    _mm256_xor_si256(v, _mm256_set1_epi8(-128))
+                    // SAFETY: `q` is exactly 32 readable bytes; unaligned broadcast load.
+                    let v = unsafe { _mm512_broadcast_i64x4(_mm256_loadu_si256(q.as_ptr().cast())) };
+                    _mm512_xor_si512(v, _mm512_set1_epi8(-128))
                 }
                 _ => {
                     let (qs, qh) = if T == 1 {
@@ -294,11 +297,26 @@ mod avx512 {
                     } else {
                         (&blk[6..22], u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]))
                     };
-                    // SAFETY: `qs` is exactly 16 readable bytes; unaligned load.
-                    let b = unsafe { _mm_loadu_si128(qs.as_ptr().cast()) };
-                    let m = _mm_set1_epi8(0x0F);
-                    let n = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16::<4>(b), m), _mm_and_si128(b, m));
-                    if T == 1 { n } else { _mm256_mask_add_epi8(n, qh, n, _mm256_set1_epi8(16)) }
+                    // SAFETY: `qs` is exactly 16 readable bytes; unaligned broadcast load.
+                    let b = unsafe { _mm512_broadcast_i32x4(_mm_loadu_si128(qs.as_ptr().cast())) };
+                    // 128-bit lanes 0, 2: low nibbles (elements 0..16), 1, 3: high (16..32)
+                    let shift = _mm512_set_epi64(
+                        0x0004_0004_0004_0004,
+                        0x0004_0004_0004_0004,
+                        0,
+                        0,
+                        0x0004_0004_0004_0004,
+                        0x0004_0004_0004_0004,
+                        0,
+                        0,
+                    );
+                    let n = _mm512_and_si512(_mm512_srlv_epi16(b, shift), _mm512_set1_epi8(0x0F));
+                    if T == 1 {
+                        n
+                    } else {
+                        let m = qh as u64 | (qh as u64) << 32;
+                        _mm512_mask_add_epi8(n, m, n, _mm512_set1_epi8(16))
+                    }
                 }
             }
         }
@@ -322,7 +340,7 @@ mod avx512 {
             let mut acc = [_mm512_setzero_ps(); P];
             for b in 0..nb {
                 let x = &row[b * bb..(b + 1) * bb];
-                let w = _mm512_broadcast_i64x4(unsigned_quants::<T>(x));
+                let w = unsigned_quants::<T>(x);
                 // the f16 scale in all 16 lanes (exact); broadcast first, as vecdot_avx512's f16x8
                 let dx = _mm512_cvtph_ps(_mm256_set1_epi16(i16::from_le_bytes([x[0], x[1]])));
                 for i in 0..P {
