@@ -191,28 +191,62 @@ mod avx512 {
                 // weight rows (a few KiB) do.
                 for (t, (yt, wt)) in y.chunks_mut(k * ROW_TILE).zip(w.chunks(rb * ROW_TILE)).enumerate() {
                     for (i0, ps) in ps.chunks(PAIRS_MAX).enumerate() {
-                        for (r, (yr, row)) in yt.chunks_exact_mut(k).zip(wt.chunks_exact(rb)).enumerate() {
+                        // two rows at a time (four for a single pair): as many more independent
+                        // FMA chains (one per pair and row; with one row and k <= 4 the loop
+                        // waited on FMA latency), and each activation load serves every row
+                        let j0 = 2 * PAIRS_MAX * i0;
+                        let j1 = (j0 + 2 * ps.len()).min(k);
+                        let rg = if ps.len() == 1 { 4 } else { 2 };
+                        let mut r = 0;
+                        for (yr2, rows2) in yt.chunks_mut(rg * k).zip(wt.chunks(rg * rb)) {
                             if i0 == 0 {
-                                super::super::vecdot_avx512::prefetch_ahead(w, (t * ROW_TILE + r) * rb, rb);
+                                for i in 0..rows2.len() / rb {
+                                    super::super::vecdot_avx512::prefetch_ahead(w, (t * ROW_TILE + r + i) * rb, rb);
+                                }
                             }
-                            let j0 = 2 * PAIRS_MAX * i0;
-                            let out = &mut yr[j0..(j0 + 2 * ps.len()).min(k)];
+                            r += rg;
                             macro_rules! go {
-                                ($T:literal) => {
+                                ($R:literal, $T:literal, $rows:expr, $outs:expr) => {
                                     match ps.len() {
-                                        1 => imp::legacy::<1, $T>(row, ps, out),
-                                        2 => imp::legacy::<2, $T>(row, ps, out),
-                                        3 => imp::legacy::<3, $T>(row, ps, out),
-                                        _ => imp::legacy::<4, $T>(row, ps, out),
+                                        1 => imp::legacy::<1, $T, $R>($rows, ps, $outs),
+                                        2 => imp::legacy::<2, $T, $R>($rows, ps, $outs),
+                                        3 => imp::legacy::<3, $T, $R>($rows, ps, $outs),
+                                        _ => imp::legacy::<4, $T, $R>($rows, ps, $outs),
                                     }
                                 };
                             }
-                            // SAFETY: available() confirmed avx512f/bw/vl/vnni, avx2, fma and f16c.
-                            unsafe {
-                                match ty {
-                                    QuantType::Q8_0 => go!(0),
-                                    QuantType::Q4_0 => go!(1),
-                                    _ => go!(2),
+                            macro_rules! ty {
+                                ($R:literal, $rows:expr, $outs:expr) => {
+                                    match ty {
+                                        QuantType::Q8_0 => go!($R, 0, $rows, $outs),
+                                        QuantType::Q4_0 => go!($R, 1, $rows, $outs),
+                                        _ => go!($R, 2, $rows, $outs),
+                                    }
+                                };
+                            }
+                            let n = rows2.len() / rb;
+                            let mut ys = yr2.chunks_exact_mut(k);
+                            let mut outs = std::iter::from_fn(|| ys.next().map(|y| &mut y[j0..j1]));
+                            if n == 4 {
+                                let rows: [&[u8]; 4] = std::array::from_fn(|i| &rows2[i * rb..(i + 1) * rb]);
+                                let outs: [&mut [f32]; 4] = std::array::from_fn(|_| outs.next().expect("4 rows"));
+                                // SAFETY: available() confirmed avx512f/bw/vl/vnni, avx2, fma, f16c.
+                                unsafe {
+                                    match ty {
+                                        QuantType::Q8_0 => imp::legacy::<1, 0, 4>(rows, ps, outs),
+                                        QuantType::Q4_0 => imp::legacy::<1, 1, 4>(rows, ps, outs),
+                                        _ => imp::legacy::<1, 2, 4>(rows, ps, outs),
+                                    }
+                                }
+                            } else if n == 2 {
+                                let rows = [&rows2[..rb], &rows2[rb..]];
+                                let outs: [&mut [f32]; 2] = std::array::from_fn(|_| outs.next().expect("2 rows"));
+                                // SAFETY: as above.
+                                unsafe { ty!(2, rows, outs) }
+                            } else {
+                                for (row, out) in rows2.chunks_exact(rb).zip(outs) {
+                                    // SAFETY: as above.
+                                    unsafe { ty!(1, [row], [out]) }
                                 }
                             }
                         }
@@ -321,47 +355,65 @@ mod avx512 {
             }
         }
 
-        /// `P` column pairs of one Q8_0 / Q4_0 / Q5_0 row (T as `unsigned_quants`); `out`
+        /// `P` column pairs of `R` Q8_0 / Q4_0 / Q5_0 rows (T as `unsigned_quants`); each `outs[r]`
         /// holds 2P columns, or 2P - 1 when the last pair has no second column. Per block the
         /// unsigned quants are unpacked once into both halves of a 512-bit register; per pair one
         /// `vpdpbusd` from the offset lanes, one convert, one multiply (dx · dy) and one FMA,
         /// lane for lane `vecdot_avx512`'s per-block step for each of the two columns.
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-        pub(super) fn legacy<const P: usize, const T: u8>(row: &[u8], ps: &[Pair32], out: &mut [f32]) {
+        pub(super) fn legacy<const P: usize, const T: u8, const R: usize>(
+            rows: [&[u8]; R],
+            ps: &[Pair32],
+            outs: [&mut [f32]; R],
+        ) {
             let bb = [34, 18, 22][T as usize];
-            let nb = row.len() / bb;
-            assert!(ps.len() == P && (out.len() == 2 * P || out.len() + 1 == 2 * P), "legacy: {P} column pairs");
+            let nb = rows[0].len() / bb;
+            assert!(rows.iter().all(|r| r.len() == nb * bb), "legacy: rows of equal length");
+            for out in &outs {
+                assert!(ps.len() == P && (out.len() == 2 * P || out.len() + 1 == 2 * P), "legacy: {P} column pairs");
+            }
             for p in ps {
                 assert!(
                     p.q.len() >= nb * 2 * QK && p.bias.len() >= nb * 16 && p.d.len() >= nb * 16,
                     "activation shorter than the row"
                 );
             }
-            let mut acc = [_mm512_setzero_ps(); P];
+            let mut acc = [[_mm512_setzero_ps(); P]; R];
             for b in 0..nb {
-                let x = &row[b * bb..(b + 1) * bb];
-                let w = unsigned_quants::<T>(x);
-                // the f16 scale in all 16 lanes (exact); broadcast first, as vecdot_avx512's f16x8
-                let dx = _mm512_cvtph_ps(_mm256_set1_epi16(i16::from_le_bytes([x[0], x[1]])));
+                let mut w = [_mm512_setzero_si512(); R];
+                let mut dx = [_mm512_setzero_ps(); R];
+                for r in 0..R {
+                    let x = &rows[r][b * bb..(b + 1) * bb];
+                    w[r] = unsigned_quants::<T>(x);
+                    // the f16 scale in all 16 lanes (exact); broadcast first, as vecdot_avx512's f16x8
+                    dx[r] = _mm512_cvtph_ps(_mm256_set1_epi16(i16::from_le_bytes([x[0], x[1]])));
+                }
                 for i in 0..P {
                     let p = &ps[i];
                     // SAFETY: q has >= nb*64 i8, bias and d >= nb*16 (asserted) and b < nb: the
                     // 64-byte loads at q[64b..], bias[16b..] and d[16b..] are in bounds; unaligned.
-                    let (lanes, dy) = unsafe {
-                        let a = _mm512_loadu_si512(p.q.as_ptr().add(2 * QK * b).cast());
-                        let bias = _mm512_loadu_si512(p.bias.as_ptr().add(16 * b).cast());
-                        (_mm512_dpbusd_epi32(bias, w, a), _mm512_loadu_ps(p.d.as_ptr().add(16 * b)))
+                    let (a, bias, dy) = unsafe {
+                        (
+                            _mm512_loadu_si512(p.q.as_ptr().add(2 * QK * b).cast()),
+                            _mm512_loadu_si512(p.bias.as_ptr().add(16 * b).cast()),
+                            _mm512_loadu_ps(p.d.as_ptr().add(16 * b)),
+                        )
                     };
-                    acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(dx, dy), _mm512_cvtepi32_ps(lanes), acc[i]);
+                    for r in 0..R {
+                        let lanes = _mm512_dpbusd_epi32(bias, w[r], a);
+                        acc[r][i] = _mm512_fmadd_ps(_mm512_mul_ps(dx[r], dy), _mm512_cvtepi32_ps(lanes), acc[r][i]);
+                    }
                 }
             }
-            for i in 0..P {
-                let mut a = [0f32; 16];
-                // SAFETY: `a` is 16 writable f32; storeu has no alignment requirement.
-                unsafe { _mm512_storeu_ps(a.as_mut_ptr(), acc[i]) };
-                out[2 * i] = hsum8(a[..8].try_into().expect("8 lanes"));
-                if let Some(o) = out.get_mut(2 * i + 1) {
-                    *o = hsum8(a[8..].try_into().expect("8 lanes"));
+            for (acc, out) in acc.iter().zip(outs) {
+                for i in 0..P {
+                    let mut a = [0f32; 16];
+                    // SAFETY: `a` is 16 writable f32; storeu has no alignment requirement.
+                    unsafe { _mm512_storeu_ps(a.as_mut_ptr(), acc[i]) };
+                    out[2 * i] = hsum8(a[..8].try_into().expect("8 lanes"));
+                    if let Some(o) = out.get_mut(2 * i + 1) {
+                        *o = hsum8(a[8..].try_into().expect("8 lanes"));
+                    }
                 }
             }
         }
