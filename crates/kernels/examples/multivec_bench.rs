@@ -5,7 +5,7 @@
 //! several repetitions; the ratio is what batching k sequences' decode rows buys.
 //!
 //! `cargo run --release -p cortiq-kernels --example multivec_bench [-- ROWS COLS] [TYPE ...]`
-//! (TYPE: q4_k, q6_k, q8_0, q5_0, q4_0; default the first four)
+//! (TYPE: q4_k, q6_k, q8_0, q5_0, q4_0, q4_1, q5_1; default the first four)
 
 use cortiq_kernels::quant::{QuantType, act_type, matvec_fast, matvec_fast_multi, quantize_act};
 use std::hint::black_box;
@@ -27,7 +27,8 @@ fn main() {
         [r, c, ..] => vec![(r, c)],
         _ => vec![(2048, 1024), (65536, 1024)],
     };
-    let all = [QuantType::Q4K, QuantType::Q6K, QuantType::Q8_0, QuantType::Q5_0, QuantType::Q4_0];
+    let all =
+        [QuantType::Q4K, QuantType::Q6K, QuantType::Q8_0, QuantType::Q5_0, QuantType::Q4_0, QuantType::Q4_1, QuantType::Q5_1];
     let mut types: Vec<QuantType> = std::env::args()
         .skip(1)
         .filter_map(|a| all.iter().copied().find(|t| t.to_string().to_lowercase() == a.to_lowercase()))
@@ -51,7 +52,7 @@ fn main() {
             let bb = ty.type_size();
             for blk in w.chunks_exact_mut(bb) {
                 match ty {
-                    QuantType::Q4K => blk[..4].copy_from_slice(&[0x1e, 0x20, 0x1e, 0x1c]), // d, dmin: small f16s
+                    QuantType::Q4K | QuantType::Q4_1 | QuantType::Q5_1 => blk[..4].copy_from_slice(&[0x1e, 0x20, 0x1e, 0x1c]), // d, dmin / m: small f16s
                     QuantType::Q6K => blk[bb - 2..].copy_from_slice(&[0x1e, 0x20]),
                     _ => blk[..2].copy_from_slice(&[0x1e, 0x20]),
                 }

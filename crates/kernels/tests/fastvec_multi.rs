@@ -74,7 +74,8 @@ fn every_column_equals_the_single_row_kernel_bit_for_bit() {
         (QuantType::Q4K, &[256usize, 1024, 2304][..]),
         (QuantType::Q6K, &[256, 768, 4864]),
         (QuantType::Q4_0, &[32, 64, 896]),
-        (QuantType::Q4_1, &[64, 576]),
+        (QuantType::Q4_1, &[64, 96, 576]),
+        (QuantType::Q5_1, &[32, 64, 160, 576]),
         (QuantType::Q5_0, &[32, 96, 640, 896]),
         (QuantType::Q8_0, &[32, 96, 896]),
     ];
@@ -140,7 +141,9 @@ fn a_column_does_not_depend_on_its_neighbours() {
     // drawn afresh each time: column 0 never moves.
     let mut rng = Rng(0x5EED_0000_4B17_0002);
     let (rows, cols) = (64, 1024);
-    for ty in [QuantType::Q4K, QuantType::Q6K, QuantType::Q5_0, QuantType::Q8_0, QuantType::Q4_0] {
+    for ty in
+        [QuantType::Q4K, QuantType::Q6K, QuantType::Q5_0, QuantType::Q8_0, QuantType::Q4_0, QuantType::Q4_1, QuantType::Q5_1]
+    {
         let w = random_rows(ty, rows, cols, &mut rng);
         let (a0, ab) = acts(ty, cols, 1, &mut rng);
         let mut first: Option<Vec<u32>> = None;
