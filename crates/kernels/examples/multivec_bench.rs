@@ -1,10 +1,11 @@
 //! Multi-column decode matvec (`matvec_fast_multi`), single thread: k activation rows through
-//! one Q4_K weight stream against k separate `matvec_fast` calls, on a cache-resident matrix
+//! one weight stream (Q4_K, Q6_K, Q8_0, Q5_0) against k separate `matvec_fast` calls, on a cache-resident matrix
 //! and a streamed one (larger than L3). Prints, per k, the time of one call and the products
 //! computed per second (k × rows × cols weight·activation products, in G/s) for both, best of
 //! several repetitions; the ratio is what batching k sequences' decode rows buys.
 //!
-//! `cargo run --release -p cortiq-kernels --example multivec_bench [-- ROWS COLS]`
+//! `cargo run --release -p cortiq-kernels --example multivec_bench [-- ROWS COLS] [TYPE ...]`
+//! (TYPE: q4_k, q6_k, q8_0, q5_0, q4_0, q4_1, q5_1; default the first four)
 
 use cortiq_kernels::quant::{QuantType, act_type, matvec_fast, matvec_fast_multi, quantize_act};
 use std::hint::black_box;
@@ -26,54 +27,69 @@ fn main() {
         [r, c, ..] => vec![(r, c)],
         _ => vec![(2048, 1024), (65536, 1024)],
     };
-    let ty = QuantType::Q4K;
-    let at = act_type(ty).unwrap();
-    for (rows, cols) in shapes {
-        let rb = ty.row_bytes(cols).unwrap();
-        let mut s = 0x9E37_79B9u64;
-        let mut w: Vec<u8> = (0..rows * rb)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                s as u8
-            })
-            .collect();
-        for blk in w.chunks_exact_mut(ty.type_size()) {
-            blk[..4].copy_from_slice(&[0x1e, 0x20, 0x1e, 0x1c]); // d, dmin: small f16s
-        }
-        let reps = if rows * rb > 16 << 20 { 5 } else { 50 };
-        println!(
-            "Q4_K {rows} x {cols} ({:.1} MB): k   multi ms   G prod/s   k x single ms   G prod/s   ratio",
-            (rows * rb) as f64 / 1e6
-        );
-        for k in [1usize, 2, 4, 8, 16] {
-            let mut acts = Vec::new();
-            let mut a = Vec::new();
-            for j in 0..k {
-                let x: Vec<f32> = (0..cols).map(|i| ((i * (j + 3)) as f32 * 0.37).sin()).collect();
-                quantize_act(at, &x, &mut a);
-                acts.extend_from_slice(&a);
-            }
-            let ab = acts.len() / k;
-            let mut y = vec![0f32; rows * k];
-            let mut yj = vec![0f32; rows];
-            let tm = best(reps, || matvec_fast_multi(ty, black_box(&w), rows, cols, &acts, k, &mut y));
-            let ts = best(reps, || {
-                for j in 0..k {
-                    matvec_fast(ty, black_box(&w), rows, cols, &acts[j * ab..(j + 1) * ab], &mut yj);
+    let all =
+        [QuantType::Q4K, QuantType::Q6K, QuantType::Q8_0, QuantType::Q5_0, QuantType::Q4_0, QuantType::Q4_1, QuantType::Q5_1];
+    let mut types: Vec<QuantType> = std::env::args()
+        .skip(1)
+        .filter_map(|a| all.iter().copied().find(|t| t.to_string().to_lowercase() == a.to_lowercase()))
+        .collect();
+    if types.is_empty() {
+        types = all[..4].to_vec();
+    }
+    for ty in types {
+        let at = act_type(ty).unwrap();
+        for &(rows, cols) in &shapes {
+            let rb = ty.row_bytes(cols).unwrap();
+            let mut s = 0x9E37_79B9u64;
+            let mut w: Vec<u8> = (0..rows * rb)
+                .map(|_| {
+                    s ^= s << 13;
+                    s ^= s >> 7;
+                    s ^= s << 17;
+                    s as u8
+                })
+                .collect();
+            let bb = ty.type_size();
+            for blk in w.chunks_exact_mut(bb) {
+                match ty {
+                    QuantType::Q4K | QuantType::Q4_1 | QuantType::Q5_1 => blk[..4].copy_from_slice(&[0x1e, 0x20, 0x1e, 0x1c]), // d, dmin / m: small f16s
+                    QuantType::Q6K => blk[bb - 2..].copy_from_slice(&[0x1e, 0x20]),
+                    _ => blk[..2].copy_from_slice(&[0x1e, 0x20]),
                 }
-            });
-            black_box((&y, &yj));
-            let prods = (k * rows * cols) as f64;
+            }
+            let reps = if rows * rb > 16 << 20 { 5 } else { 50 };
             println!(
-                "                                 {k:>2}   {:>8.3}   {:>8.1}   {:>13.3}   {:>8.1}   {:>5.2}",
-                tm * 1e3,
-                prods / tm / 1e9,
-                ts * 1e3,
-                prods / ts / 1e9,
-                ts / tm
+                "{ty} {rows} x {cols} ({:.1} MB): k   multi ms   G prod/s   k x single ms   G prod/s   ratio",
+                (rows * rb) as f64 / 1e6
             );
+            for k in [1usize, 2, 4, 8, 16] {
+                let mut acts = Vec::new();
+                let mut a = Vec::new();
+                for j in 0..k {
+                    let x: Vec<f32> = (0..cols).map(|i| ((i * (j + 3)) as f32 * 0.37).sin()).collect();
+                    quantize_act(at, &x, &mut a);
+                    acts.extend_from_slice(&a);
+                }
+                let ab = acts.len() / k;
+                let mut y = vec![0f32; rows * k];
+                let mut yj = vec![0f32; rows];
+                let tm = best(reps, || matvec_fast_multi(ty, black_box(&w), rows, cols, &acts, k, &mut y));
+                let ts = best(reps, || {
+                    for j in 0..k {
+                        matvec_fast(ty, black_box(&w), rows, cols, &acts[j * ab..(j + 1) * ab], &mut yj);
+                    }
+                });
+                black_box((&y, &yj));
+                let prods = (k * rows * cols) as f64;
+                println!(
+                    "                                 {k:>2}   {:>8.3}   {:>8.1}   {:>13.3}   {:>8.1}   {:>5.2}",
+                    tm * 1e3,
+                    prods / tm / 1e9,
+                    ts * 1e3,
+                    prods / ts / 1e9,
+                    ts / tm
+                );
+            }
         }
     }
 }

@@ -1,11 +1,15 @@
 //! quant::matvec_fast_multi (several activation rows through one weight stream): every column
 //! must be bit-identical to `matvec_fast` on that row alone, for every column count and whatever
 //! the other columns hold — the property that makes a sequence's tokens independent of what is
-//! batched beside it. The scalar twin likewise equals `matvec_fast_scalar` per column, and for
-//! Q4_K (whose twins agree bit for bit) the SIMD multi-column kernel equals the scalar one.
+//! batched beside it. The scalar twin likewise equals the scalar single-row kernel of
+//! `matvec_fast`'s order per column (`matvec_fast_scalar` for the types in `fastvec_supported`,
+//! ggml's `vec_dot_scalar` for those `matvec_fast` sends to `matvec_q`), and where the two
+//! single-row twins agree bit for bit (Q4_K, and the ggml-order Q8_0, Q4_0, Q5_0, Q6_K) the SIMD
+//! multi-column kernel equals the scalar one.
 
 use cortiq_kernels::quant::{
-    QuantType, act_type, matvec_fast, matvec_fast_multi, matvec_fast_multi_scalar, matvec_fast_scalar, quantize_act,
+    QuantType, act_type, fastvec_supported, matvec_fast, matvec_fast_multi, matvec_fast_multi_scalar, matvec_fast_scalar,
+    quantize_act, vec_dot_scalar,
 };
 use cortiq_testkit::XorShift as Rng;
 use half::f16;
@@ -68,18 +72,19 @@ fn every_column_equals_the_single_row_kernel_bit_for_bit() {
     let mut rng = Rng(0x5EED_0000_4B17_0001);
     let types = [
         (QuantType::Q4K, &[256usize, 1024, 2304][..]),
-        (QuantType::Q6K, &[256, 768]),
-        (QuantType::Q4_0, &[32, 896]),
-        (QuantType::Q4_1, &[64, 576]),
-        (QuantType::Q5_0, &[96, 640]),
-        (QuantType::Q8_0, &[32, 896]),
+        (QuantType::Q6K, &[256, 768, 4864]),
+        (QuantType::Q4_0, &[32, 64, 896]),
+        (QuantType::Q4_1, &[64, 96, 576]),
+        (QuantType::Q5_1, &[32, 64, 160, 576]),
+        (QuantType::Q5_0, &[32, 96, 640, 896]),
+        (QuantType::Q8_0, &[32, 96, 896]),
     ];
     let mut checked = 0;
     for (ty, colss) in types {
         for &cols in colss {
             let rows = 37;
             let w = random_rows(ty, rows, cols, &mut rng);
-            for k in [1usize, 2, 3, 4, 7, 8, 9, 16, 17] {
+            for k in 1usize..=17 {
                 let (a, ab) = acts(ty, cols, k, &mut rng);
                 let mut y = vec![f32::NAN; rows * k];
                 matvec_fast_multi(ty, &w, rows, cols, &a, k, &mut y);
@@ -94,18 +99,27 @@ fn every_column_equals_the_single_row_kernel_bit_for_bit() {
                 let mut ys = vec![f32::NAN; rows * k];
                 matvec_fast_multi_scalar(ty, &w, rows, cols, &a, k, &mut ys);
                 let single_scalar = |j: usize| {
+                    let aj = &a[j * ab..(j + 1) * ab];
                     let mut s = vec![0f32; rows];
-                    matvec_fast_scalar(ty, &w, rows, cols, &a[j * ab..(j + 1) * ab], &mut s);
+                    if fastvec_supported(ty) {
+                        matvec_fast_scalar(ty, &w, rows, cols, aj, &mut s);
+                    } else {
+                        let rb = w.len() / rows;
+                        for (o, row) in s.iter_mut().zip(w.chunks_exact(rb)) {
+                            *o = vec_dot_scalar(ty, row, aj, cols);
+                        }
+                    }
                     s
                 };
                 if let Some((r, j, m, s)) = first_mismatch(&ys, k, &single_scalar) {
                     panic!("{ty} {rows}x{cols}, k {k}: scalar twin column {j} row {r}: multi {m:e} vs alone {s:e}");
                 }
-                if ty == QuantType::Q4K {
-                    // Q4_K's SIMD and scalar twins agree bit for bit, so the multi kernels must too.
+                if matches!(ty, QuantType::Q4K | QuantType::Q6K | QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0) {
+                    // These types' SIMD and scalar twins agree bit for bit (Q4_K in cortiq's
+                    // order, the others in ggml's), so the multi-column kernels must too.
                     if let Some(i) = y.iter().zip(&ys).position(|(a, b)| a.to_bits() != b.to_bits()) {
                         panic!(
-                            "Q4_K {rows}x{cols}, k {k}: SIMD {:e} vs scalar {:e} at row {} column {}",
+                            "{ty} {rows}x{cols}, k {k}: SIMD {:e} vs scalar {:e} at row {} column {}",
                             y[i],
                             ys[i],
                             i / k,
@@ -127,21 +141,24 @@ fn a_column_does_not_depend_on_its_neighbours() {
     // drawn afresh each time: column 0 never moves.
     let mut rng = Rng(0x5EED_0000_4B17_0002);
     let (rows, cols) = (64, 1024);
-    let ty = QuantType::Q4K;
-    let w = random_rows(ty, rows, cols, &mut rng);
-    let (a0, ab) = acts(ty, cols, 1, &mut rng);
-    let mut first: Option<Vec<u32>> = None;
-    for k in [1usize, 3, 8, 5, 2] {
-        let (rest, _) = acts(ty, cols, k - 1, &mut rng);
-        let mut a = a0.clone();
-        a.extend_from_slice(&rest);
-        assert_eq!(a.len(), k * ab);
-        let mut y = vec![0f32; rows * k];
-        matvec_fast_multi(ty, &w, rows, cols, &a, k, &mut y);
-        let col0: Vec<u32> = (0..rows).map(|r| y[r * k].to_bits()).collect();
-        match &first {
-            None => first = Some(col0),
-            Some(f) => assert_eq!(f, &col0, "column 0 changed with {k} columns"),
+    for ty in
+        [QuantType::Q4K, QuantType::Q6K, QuantType::Q5_0, QuantType::Q8_0, QuantType::Q4_0, QuantType::Q4_1, QuantType::Q5_1]
+    {
+        let w = random_rows(ty, rows, cols, &mut rng);
+        let (a0, ab) = acts(ty, cols, 1, &mut rng);
+        let mut first: Option<Vec<u32>> = None;
+        for k in [1usize, 3, 8, 5, 2, 16, 11] {
+            let (rest, _) = acts(ty, cols, k - 1, &mut rng);
+            let mut a = a0.clone();
+            a.extend_from_slice(&rest);
+            assert_eq!(a.len(), k * ab);
+            let mut y = vec![0f32; rows * k];
+            matvec_fast_multi(ty, &w, rows, cols, &a, k, &mut y);
+            let col0: Vec<u32> = (0..rows).map(|r| y[r * k].to_bits()).collect();
+            match &first {
+                None => first = Some(col0),
+                Some(f) => assert_eq!(f, &col0, "{ty}: column 0 changed with {k} columns"),
+            }
         }
     }
 }

@@ -5,8 +5,9 @@
 //! `maddubs`/`madd` steps and one horizontal scale/min pass per block; on this machine it
 //! streamed Q4_K at ~38 GB/s in decode while Q6_K ran at ~54 GB/s — compute-bound. Here the
 //! activation row is unpacked once per call (quants permuted into the weights' nibble order,
-//! per-sub-block sums), then each 256-weight block takes two 512-bit loads, four `vpdpbusd`,
-//! four 32-bit lane multiplies by the 6-bit scales and one FMA.
+//! per-sub-block sums), then each 256-weight block takes two 512-bit loads, four
+//! `vpmaddubsw` + `vpdpwssd` pairs (the 6-bit scales applied inside the accumulation) and one
+//! FMA. (Four `vpdpbusd` and four 32-bit lane multiplies before: the same exact integers.)
 //!
 //! Arithmetic, defined lane by lane so the scalar twin reproduces the SIMD one bit for bit:
 //! the block's 128 quant bytes in two halves c = 0, 1 of 64; in half c the low nibbles hold
@@ -21,8 +22,9 @@
 //! through one pass over the weights: the block's nibbles, scales and mins are loaded and
 //! unpacked once for up to 8 columns, and each column then takes exactly the per-lane operations
 //! above, so each column is bit-identical to the single-row kernel whatever runs beside it. The
-//! per-column work (four `vpdpbusd`, four lane multiplies, two FMAs) stays: measured 1.6x the
-//! products per second of k single calls at k = 8 (examples/multivec_bench), not k x.
+//! per-column work (four `vpmaddubsw` + `vpdpwssd`, the min lanes' multiply, two FMAs) stays:
+//! measured 1.85x the products per second of k single calls at k = 8 (examples/multivec_bench;
+//! 1.56x with `vpdpbusd` + `vpmulld`), not k x.
 
 use super::blocks::{BlockQ4K, BlockQ8K, QK_K, f16_soft};
 use super::dequant::k4_scale_min;
@@ -304,6 +306,9 @@ mod avx512 {
                 let sc32 = _mm512_cvtepu8_epi32(_mm_cvtsi64_si128(sc as i64));
                 let qs = &blk[16..16 + QK_K / 2];
                 let aq = &u.q[b * QK_K..(b + 1) * QK_K];
+                // Lane integers sc · Σ4 q·a per group as `vpmaddubsw` pairs (|q·a + q·a| <=
+                // 2·15·127: no saturation) into `vpdpwssd` with the scale in both i16 halves of
+                // each lane: exact, the same integers as `vpdpbusd` + `vpmulld`, one op fewer.
                 // SAFETY: qs has 128 bytes and aq 256, so the 64-byte loads at 0/64 and
                 // 0/64/128/192 are in bounds; unaligned loads.
                 let s = unsafe {
@@ -314,9 +319,9 @@ mod avx512 {
                         let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(bits), m4);
                         for (g, q) in [(0, lo), (1, hi)] {
                             let a = _mm512_loadu_si512(aq.as_ptr().add(128 * c + 64 * g).cast());
-                            let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, a);
                             let scl = _mm512_permutexvar_epi32(idx[2 * c + g], sc32);
-                            s = _mm512_add_epi32(s, _mm512_mullo_epi32(dot, scl));
+                            let scl = _mm512_or_si512(scl, _mm512_slli_epi32::<16>(scl));
+                            s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(q, a), scl);
                         }
                     }
                     s
@@ -366,8 +371,10 @@ mod avx512 {
                 let (sc, mn) = scale_min_words(blk[4..16].try_into().expect("12 scale bytes"));
                 let sc32 = _mm512_cvtepu8_epi32(_mm_cvtsi64_si128(sc as i64));
                 let m32 = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(mn as i64));
+                let (dwv, dminv) = (_mm512_set1_ps(dw), _mm256_set1_ps(dmin));
                 let qs = &blk[16..16 + QK_K / 2];
-                // The block's nibbles and their scales, shared by every column: [c][g].
+                // The block's nibbles and their scales, shared by every column: [c][g]; each
+                // 32-bit scale lane as two equal i16 halves for `vpdpwssd`.
                 // SAFETY: qs has 128 bytes, so the 64-byte loads at 0 and 64 are in bounds.
                 let (q, scl): ([__m512i; 4], [__m512i; 4]) = unsafe {
                     let b0 = _mm512_loadu_si512(qs.as_ptr().cast());
@@ -379,30 +386,40 @@ mod avx512 {
                             _mm512_and_si512(b1, m4),
                             _mm512_and_si512(_mm512_srli_epi16::<4>(b1), m4),
                         ],
-                        std::array::from_fn(|i| _mm512_permutexvar_epi32(idx[i], sc32)),
+                        std::array::from_fn(|i| {
+                            let v = _mm512_permutexvar_epi32(idx[i], sc32);
+                            _mm512_or_si512(v, _mm512_slli_epi32::<16>(v))
+                        }),
                     )
                 };
                 for j in 0..K {
                     let u = &us[j];
                     let aq = &u.q[b * QK_K..(b + 1) * QK_K];
+                    // The same exact lane integers as `row` (sc · Σ4 q·a per group) with two
+                    // instructions per group instead of three: `vpmaddubsw` pairs (|q·a + q·a| <=
+                    // 2·15·127, no saturation), then `vpdpwssd` multiplies both by the scale and
+                    // accumulates.
                     // SAFETY: aq has 256 bytes: the 64-byte loads at 0/64/128/192 are in bounds.
                     let s = unsafe {
                         let mut s = _mm512_setzero_si512();
                         for (i, (&qi, &si)) in q.iter().zip(&scl).enumerate() {
                             let a = _mm512_loadu_si512(aq.as_ptr().add(64 * i).cast());
-                            let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), qi, a);
-                            s = _mm512_add_epi32(s, _mm512_mullo_epi32(dot, si));
+                            s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(qi, a), si);
                         }
                         s
                     };
-                    let (dd, dm) = (u.d[b] * dw, u.d[b] * dmin);
-                    acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(dd), acc[j]);
+                    // d_a · d_w and d_a · dmin_w lane-wise from the shared broadcasts (the same
+                    // products as `row`'s scalar ones; one vector multiply with a broadcast load
+                    // each instead of a scalar multiply and a broadcast)
+                    let da = u.d[b];
+                    let (dd, dm) = (_mm512_mul_ps(_mm512_set1_ps(da), dwv), _mm256_mul_ps(_mm256_set1_ps(da), dminv));
+                    acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), dd, acc[j]);
                     // SAFETY: sums[b*8..b*8+8] is in bounds (asserted above).
                     let mm = unsafe {
                         let s32 = _mm256_loadu_si256(u.sums.as_ptr().add(b * 8).cast());
                         _mm256_mullo_epi32(m32, s32)
                     };
-                    accm[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mm), _mm256_set1_ps(dm), accm[j]);
+                    accm[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mm), dm, accm[j]);
                 }
             }
             for j in 0..K {

@@ -114,6 +114,8 @@ pub(super) fn row_scalar(ty: QuantType, row: &[u8], u: &Unpacked) -> f32 {
 
 thread_local! {
     static UNPACKED: std::cell::RefCell<Unpacked> = std::cell::RefCell::new(Unpacked::default());
+    static MULTI: std::cell::RefCell<(Vec<Unpacked>, Vec<super::fastvec_avx512::MultiCol>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
 #[track_caller]
@@ -205,8 +207,10 @@ pub fn matvec_fast_scalar(ty: QuantType, w: &[u8], rows: usize, cols: usize, act
 ///
 /// Every column is **bit-identical to `matvec_fast` on that activation row alone**, whatever
 /// `k` and the other columns are: a sequence's result must not depend on what runs beside it.
-/// Q4_K reads each weight block once for up to 8 columns (`fastk::matvec_q4k_multi`); the other
-/// types run `matvec_fast` per column for now (same bits, the weights streamed k times).
+/// Q4_K reads each weight block once for up to 8 columns (`fastk::matvec_q4k_multi`), and so do
+/// Q8_0, Q4_0, Q5_0 and Q6_K in ggml's order (`vecmulti`) and Q4_1 / Q5_1 in cortiq's
+/// (`fastvec_avx512::matvec_multi`); the other types run `matvec_fast` per column for now (same
+/// bits, the weights streamed k times).
 #[track_caller]
 pub fn matvec_fast_multi(ty: QuantType, w: &[u8], rows: usize, cols: usize, acts: &[u8], k: usize, y: &mut [f32]) {
     check_multi("matvec_fast_multi", ty, w, rows, cols, acts, k, y);
@@ -217,11 +221,32 @@ pub fn matvec_fast_multi(ty: QuantType, w: &[u8], rows: usize, cols: usize, acts
         super::fastk::matvec_q4k_multi(w, rows, cols, acts, k, y);
         return;
     }
+    if super::vecmulti::supported(ty) {
+        super::vecmulti::matvec_multi(ty, w, rows, cols, acts, k, y);
+        return;
+    }
+    if matches!(ty, QuantType::Q4_1 | QuantType::Q5_1) {
+        let at = act_type(ty).expect("checked");
+        let ab = acts.len() / k;
+        let done = MULTI.with(|m| {
+            let (us, ms) = &mut *m.borrow_mut();
+            us.resize_with(k, Unpacked::default);
+            ms.resize_with(k, Default::default);
+            for ((u, mc), a) in us.iter_mut().zip(ms.iter_mut()).zip(acts.chunks_exact(ab)) {
+                u.fill(at, a, cols);
+                mc.fill(u);
+            }
+            super::fastvec_avx512::matvec_multi(ty, w, rows, cols, &us[..k], &ms[..k], y)
+        });
+        if done {
+            return;
+        }
+    }
     per_column(acts, k, rows, y, |a, yj| matvec_fast(ty, w, rows, cols, a, yj));
 }
 
-/// The scalar twin of `matvec_fast_multi` (Q4_K: `fastk`'s scalar row per column; the other
-/// types: `matvec_fast_scalar` per column).
+/// The scalar twin of `matvec_fast_multi` (Q4_K: `fastk`'s scalar row per column; Q8_0, Q4_0,
+/// Q5_0, Q6_K: `vecmulti`'s scalar twin; the other types: `matvec_fast_scalar` per column).
 #[track_caller]
 pub fn matvec_fast_multi_scalar(ty: QuantType, w: &[u8], rows: usize, cols: usize, acts: &[u8], k: usize, y: &mut [f32]) {
     check_multi("matvec_fast_multi_scalar", ty, w, rows, cols, acts, k, y);
@@ -230,6 +255,10 @@ pub fn matvec_fast_multi_scalar(ty: QuantType, w: &[u8], rows: usize, cols: usiz
     }
     if ty == QuantType::Q4K {
         super::fastk::matvec_q4k_multi_scalar(w, rows, cols, acts, k, y);
+        return;
+    }
+    if super::vecmulti::supported(ty) {
+        super::vecmulti::matvec_multi_scalar(ty, w, rows, cols, acts, k, y);
         return;
     }
     per_column(acts, k, rows, y, |a, yj| matvec_fast_scalar(ty, w, rows, cols, a, yj));

@@ -11,6 +11,14 @@ pub(super) fn matvec(ty: QuantType, w: &[u8], rows: usize, cols: usize, u: &Unpa
     #[cfg(target_arch = "x86_64")]
     {
         if super::vecdot_avx512::available() {
+            if matches!(ty, QuantType::Q4_1 | QuantType::Q5_1) {
+                // The one-column case of the multi-column kernel: the same lane operations as
+                // `imp::row` (bit for bit, tests/fastvec_multi.rs), 1.3-1.6x its speed
+                // (examples/multivec_bench, k = 1) without its per-pair scale shuffles.
+                let mut m = MultiCol::default();
+                m.fill(u);
+                return matvec_multi(ty, w, rows, cols, std::slice::from_ref(u), std::slice::from_ref(&m), y);
+            }
             let rb = w.len() / rows;
             for (r, (o, row)) in y.iter_mut().zip(w.chunks_exact(rb)).enumerate() {
                 super::vecdot_avx512::prefetch_ahead(w, r * rb, rb);
@@ -153,4 +161,148 @@ mod imp {
         }
         r
     }
+
+    /// `K` columns of one Q4_1 (T = 0) / Q5_1 (T = 1) row: per block pair the weight quants and
+    /// `[d0, m0, d1, m1]` are unpacked once; per column the very lane operations of `row` (the
+    /// `vpdpbusd`, the convert, `d_w · d_a` per lane, the FMA, the min lanes' FMA, the same
+    /// final reduction and odd-block term), so `out[j]` equals `row(ty, row, cols, &us[j])`
+    /// bit for bit.
+    ///
+    /// # Safety
+    /// As `row`; `us`, `ms` and `out` hold `K` columns, `ms[j]` filled from `us[j]`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+    pub(super) unsafe fn row_multi<const K: usize, const T: u8>(
+        row: &[u8],
+        cols: usize,
+        us: &[Unpacked],
+        ms: &[super::MultiCol],
+        out: &mut [f32],
+    ) {
+        let ty = if T == 0 { QuantType::Q4_1 } else { QuantType::Q5_1 };
+        let (bb, _, _) = geo(ty).expect("a min type");
+        let nb = cols / 32;
+        let pairs = nb / 2;
+        assert!(us.len() == K && ms.len() == K && out.len() == K, "row_multi: {K} columns");
+        for (u, m) in us.iter().zip(ms) {
+            assert!(
+                u.q.len() >= pairs * 64 && m.da16.len() >= pairs * 16 && m.s4.len() >= pairs * 4,
+                "activation shorter than the row"
+            );
+        }
+        let mut acc = [_mm512_setzero_ps(); K];
+        let mut macc = [_mm_setzero_ps(); K];
+        for p in 0..pairs {
+            let (b0, b1) = (&row[2 * p * bb..(2 * p + 1) * bb], &row[(2 * p + 1) * bb..(2 * p + 2) * bb]);
+            let wq = if T == 0 {
+                nibbles(ld16(&b0[4..]), ld16(&b1[4..]))
+            } else {
+                let v = nibbles(ld16(&b0[8..]), ld16(&b1[8..]));
+                let hb = u32_at(b0, 4) as u64 | (u32_at(b1, 4) as u64) << 32;
+                _mm512_mask_blend_epi8(hb, v, _mm512_or_si512(v, _mm512_set1_epi8(0x10)))
+            };
+            let dw = _mm_cvtph_ps(_mm_set_epi32(0, 0, u32_at(b1, 0) as i32, u32_at(b0, 0) as i32));
+            let dw16 = spread(dw, 0, 2);
+            for j in 0..K {
+                let (u, m) = (&us[j], &ms[j]);
+                // SAFETY: q has >= 64·pairs i8, da16 >= 16·pairs and s4 >= 4·pairs f32 (asserted).
+                let (a, da, s) = unsafe {
+                    (
+                        _mm512_loadu_si512(u.q.as_ptr().add(64 * p).cast()),
+                        _mm512_loadu_ps(m.da16.as_ptr().add(16 * p)),
+                        _mm_loadu_ps(m.s4.as_ptr().add(4 * p)),
+                    )
+                };
+                let isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, a);
+                // lane for lane `row`'s spread(dw · da): the same products
+                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw16, da), acc[j]);
+                macc[j] = _mm_fmadd_ps(dw, s, macc[j]);
+            }
+        }
+        for j in 0..K {
+            let mut r = _mm512_reduce_add_ps(acc[j]);
+            let mut m = [0f32; 4];
+            // SAFETY: m holds 4 f32.
+            unsafe { _mm_storeu_ps(m.as_mut_ptr(), macc[j]) };
+            r += m[1] + m[3];
+            if nb % 2 == 1 {
+                let u = &us[j];
+                let last = Unpacked {
+                    q: u.q[(nb - 1) * 32..nb * 32].to_vec(),
+                    d: vec![u.d[nb - 1]],
+                    sum4: u.sum4[(nb - 1) * 8..nb * 8].to_vec(),
+                    s: vec![u.s[nb - 1]],
+                };
+                r += row_scalar(ty, &row[(nb - 1) * bb..nb * bb], &last);
+            }
+            out[j] = r;
+        }
+    }
+}
+
+/// Per column of a multi-column call, `Unpacked`'s scales laid out for `imp::row_multi`: per
+/// block pair `[d_a,0 x8, d_a,1 x8]` and `[0, s0, 0, s1]`.
+#[derive(Default)]
+pub(super) struct MultiCol {
+    da16: Vec<f32>,
+    s4: Vec<f32>,
+}
+
+impl MultiCol {
+    pub(super) fn fill(&mut self, u: &Unpacked) {
+        self.da16.clear();
+        self.s4.clear();
+        for (d, s) in u.d.chunks_exact(2).zip(u.s.chunks_exact(2)) {
+            self.da16.extend([d[0]; 8]);
+            self.da16.extend([d[1]; 8]);
+            self.s4.extend([0.0, s[0], 0.0, s[1]]);
+        }
+    }
+}
+
+/// Columns per pass over a row of `matvec_multi`.
+pub(super) const MULTI_MAX: usize = 8;
+
+/// `y[r, j]` for the k columns `us` / `ms` (y: [rows, k]) of a Q4_1 / Q5_1 matrix, each column
+/// bit-identical to `matvec` on it alone; `false` (nothing written) without the CPU features.
+pub(super) fn matvec_multi(
+    ty: QuantType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    us: &[Unpacked],
+    ms: &[MultiCol],
+    y: &mut [f32],
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if super::vecdot_avx512::available() && rows > 0 && !us.is_empty() && matches!(ty, QuantType::Q4_1 | QuantType::Q5_1) {
+            let (rb, k) = (w.len() / rows, us.len());
+            for (r, (yr, row)) in y.chunks_exact_mut(k).zip(w.chunks_exact(rb)).enumerate() {
+                super::vecdot_avx512::prefetch_ahead(w, r * rb, rb);
+                for (j0, (us, ms)) in us.chunks(MULTI_MAX).zip(ms.chunks(MULTI_MAX)).enumerate() {
+                    let out = &mut yr[j0 * MULTI_MAX..][..us.len()];
+                    macro_rules! go {
+                        ($T:literal) => {
+                            match us.len() {
+                                1 => imp::row_multi::<1, $T>(row, cols, us, ms, out),
+                                2 => imp::row_multi::<2, $T>(row, cols, us, ms, out),
+                                3 => imp::row_multi::<3, $T>(row, cols, us, ms, out),
+                                4 => imp::row_multi::<4, $T>(row, cols, us, ms, out),
+                                5 => imp::row_multi::<5, $T>(row, cols, us, ms, out),
+                                6 => imp::row_multi::<6, $T>(row, cols, us, ms, out),
+                                7 => imp::row_multi::<7, $T>(row, cols, us, ms, out),
+                                _ => imp::row_multi::<8, $T>(row, cols, us, ms, out),
+                            }
+                        };
+                    }
+                    // SAFETY: available() confirmed avx512f/bw/vl/vnni and f16c on this CPU.
+                    unsafe { if ty == QuantType::Q4_1 { go!(0) } else { go!(1) } }
+                }
+            }
+            return true;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (ty, w, rows, cols, us, ms, y);
+    false
 }

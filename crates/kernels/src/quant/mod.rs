@@ -17,6 +17,7 @@ mod q8r;
 pub mod quantize;
 pub mod vecdot;
 pub mod vecdot_avx512;
+mod vecmulti;
 
 pub use dequant::{dequantize_row, dequantize_row_scalar, dequantize_rows, dot_row};
 pub use fastvec::{fastvec_supported, matvec_fast, matvec_fast_multi, matvec_fast_multi_scalar, matvec_fast_scalar, matvec_own};

@@ -183,7 +183,7 @@ fn quantize_act_into(act: ActType, x: &[f32], out: &mut [u8]) {
 /// Little-endian IEEE half -> f32, exact, in software: `half`'s `to_f32` re-detects F16C on
 /// every call, which made the scalar legacy dot products 2x slower.
 #[inline(always)]
-fn h16(b: [u8; 2]) -> f32 {
+pub(super) fn h16(b: [u8; 2]) -> f32 {
     half::f16::from_bits(u16::from_le_bytes(b)).to_f32_const()
 }
 
@@ -596,7 +596,7 @@ pub(super) fn hsum4(a: [f32; 4]) -> f32 {
 
 /// `acc[l] = fma(d, lanes[l] as f32, acc[l])`: the one float step per block of every kernel.
 #[inline(always)]
-fn fma_lanes(acc: &mut [f32; 8], d: f32, lanes: &[i32; 8]) {
+pub(super) fn fma_lanes(acc: &mut [f32; 8], d: f32, lanes: &[i32; 8]) {
     for (a, &p) in acc.iter_mut().zip(lanes) {
         *a = d.mul_add(p as f32, *a);
     }
@@ -604,7 +604,7 @@ fn fma_lanes(acc: &mut [f32; 8], d: f32, lanes: &[i32; 8]) {
 
 /// The 8 lane sums of a 32-element block: lane l = sum of w[e] * a[e] for e in 4l..4l+4.
 #[inline(always)]
-fn lanes32(w: &[i8; QK], a: &[i8; QK]) -> [i32; 8] {
+pub(super) fn lanes32(w: &[i8; QK], a: &[i8; QK]) -> [i32; 8] {
     // products first (a straight 32-lane loop the compiler vectorizes), then the lane sums
     let mut t = [0i16; QK];
     for (o, (&x, &y)) in t.iter_mut().zip(w.iter().zip(a)) {
@@ -631,7 +631,7 @@ fn q8_1_block(a: &[u8], i: usize) -> (f32, f32, [i8; QK]) {
 /// Nibble-unpacked quants of a 4-bit legacy block: element j < 16 is the low nibble of qs[j],
 /// j >= 16 the high nibble of qs[j-16] (`bytes_from_nibbles_32`).
 #[inline(always)]
-fn nibbles(qs: &[u8; QK / 2]) -> [i8; QK] {
+pub(super) fn nibbles(qs: &[u8; QK / 2]) -> [i8; QK] {
     let mut q = [0i8; QK];
     for j in 0..QK / 2 {
         q[j] = (qs[j] & 0x0F) as i8;
@@ -642,7 +642,7 @@ fn nibbles(qs: &[u8; QK / 2]) -> [i8; QK] {
 
 /// Bit 4 of each element of a Q5 block: bit j of the little-endian u32 qh.
 #[inline(always)]
-fn high_bits(qh: [u8; 4]) -> [i8; QK] {
+pub(super) fn high_bits(qh: [u8; 4]) -> [i8; QK] {
     let qh = u32::from_le_bytes(qh);
     let mut h = [0i8; QK];
     for (j, o) in h.iter_mut().enumerate() {
@@ -730,7 +730,7 @@ fn dot_q8_0(w: &[BlockQ8_0], a: &[BlockQ8_0]) -> f32 {
 /// Lane sums of a 256-element block with a per-16-element scale: lane l = sum over elements e
 /// with (e % 32) / 4 == l of scale[e / 16] * q[e] * a[e].
 #[inline(always)]
-fn lanes256(q: &[i8; QK_K], sc16: &[i32; 16], a: &[i8; QK_K]) -> [i32; 8] {
+pub(super) fn lanes256(q: &[i8; QK_K], sc16: &[i32; 16], a: &[i8; QK_K]) -> [i32; 8] {
     // per 16-element group: 4 sums of 4 products (|q*a| <= 128*128, 4 of them fit an i32
     // comfortably), times the group's scale; group g feeds lanes 4*(g%2)..4*(g%2)+4
     let mut p = [0i32; 8];
@@ -758,7 +758,7 @@ fn group_sums(q: &[i8; QK_K], sc16: &[i32; 16], a: &[i8; QK_K]) -> [i32; 16] {
 }
 
 #[inline(always)]
-fn bsums(y: &BlockQ8K) -> [i32; 16] {
+pub(super) fn bsums(y: &BlockQ8K) -> [i32; 16] {
     let mut s = [0i32; 16];
     for (o, b) in s.iter_mut().zip(y.bsums) {
         *o = i16::from_le_bytes(b) as i32;
@@ -767,7 +767,7 @@ fn bsums(y: &BlockQ8K) -> [i32; 16] {
 }
 
 #[inline(always)]
-fn q8k_d(y: &BlockQ8K) -> f32 {
+pub(super) fn q8k_d(y: &BlockQ8K) -> f32 {
     f32::from_le_bytes(y.d)
 }
 
@@ -935,8 +935,14 @@ fn dot_q6k(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
 /// Q6_K lanes, the per-lane -32 offset correction included.
 #[inline(always)]
 fn q6k_lanes(x: &BlockQ6K, y: &BlockQ8K) -> [i32; 8] {
-    // element 128h + 32s + l: low nibble of ql[64h + 32(s%2) + l] (nibble s/2), high bits
-    // (qh[32h + l] >> 2s) & 3
+    let sc: [i32; 16] = std::array::from_fn(|g| x.scales[g] as i32);
+    q6k_lanes_of(&q6k_quants(x), &sc, y)
+}
+
+/// Q6_K quants (0..63, offset not applied) in element order: element 128h + 32s + l is the
+/// nibble s/2 of ql[64h + 32(s%2) + l] with bits 4..6 from (qh[32h + l] >> 2s) & 3.
+#[inline(always)]
+pub(super) fn q6k_quants(x: &BlockQ6K) -> [i8; QK_K] {
     let mut q = [0i8; QK_K];
     for h in 0..2 {
         for s in 0..4 {
@@ -948,9 +954,14 @@ fn q6k_lanes(x: &BlockQ6K, y: &BlockQ8K) -> [i32; 8] {
             }
         }
     }
-    let sc: [i32; 16] = std::array::from_fn(|g| x.scales[g] as i32);
+    q
+}
+
+/// Q6_K lanes of one activation block from the unpacked quants `q` and scales `sc`.
+#[inline(always)]
+pub(super) fn q6k_lanes_of(q: &[i8; QK_K], sc: &[i32; 16], y: &BlockQ8K) -> [i32; 8] {
     let bs = bsums(y);
-    let mut p = lanes256(&q, &sc, &y.qs);
+    let mut p = lanes256(q, sc, &y.qs);
     for (l, v) in p.iter_mut().enumerate() {
         *v -= (bs[2 * l] * sc[2 * l] + bs[2 * l + 1] * sc[2 * l + 1]) << 5;
     }
