@@ -118,7 +118,7 @@ def long_prompt_probe(port, tokens, n_long):
 def start(tool, args, port, np_):
     if tool == "cortiq":
         cmd = [args.cortiq, "serve", "-m", args.model, "-t", str(args.threads), "--port", str(port),
-               "--parallel", str(np_), "--ctx", str(args.ctx)]
+               "--parallel", str(np_), "--ctx", str(args.ctx)] + args.cortiq_args.split()
     else:
         cmd = [args.llama_server, "-m", args.model, "-t", str(args.threads), "--port", str(port), "-np", str(np_),
                "-c", str(args.ctx * np_), "-fa", "on", "--no-webui"]
@@ -142,6 +142,7 @@ def main():
     ap.add_argument("--long-prompt", type=int, default=1000)
     ap.add_argument("--port", type=int, default=18431)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--cortiq-args", default="", help="extra flags for cortiq serve, e.g. '--prefill-chunk 32'")
     args = ap.parse_args()
     streams = [int(x) for x in args.streams.split(",")]
     tools = ["cortiq"] + (["llama-server"] if args.llama_server else [])

@@ -470,3 +470,24 @@ fn serve_equals_run_plain_and_constant_memory() {
         }
     }
 }
+
+/// `--timeout`: a request still running past it ends with 504 (whole) or an error event then
+/// `[DONE]` (streamed), and its slot is free again.
+#[test]
+fn serve_request_timeout() {
+    let model = cortiq_testkit::real_model_arg("smollm2-135m");
+    let s = Server::start(&model, &["--timeout", "1", "--ctx", "4096", "--parallel", "1"]);
+    let endless = json!({"prompt": "Once upon a time", "max_tokens": 100000, "ignore_eos": true});
+    let t = Instant::now();
+    let r = s.post("/v1/completions", &endless);
+    assert_error(&r, 504, "timeout_error", Some("timeout"), None);
+    assert!(t.elapsed() < Duration::from_secs(5), "answered after {:?}", t.elapsed());
+    let mut streamed = endless.clone();
+    streamed["stream"] = json!(true);
+    let (data, _) = s.post("/v1/completions", &streamed).sse();
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
+    let err: Value = serde_json::from_str(&data[data.len() - 2]).unwrap();
+    assert_eq!(err["error"]["code"], "timeout", "{err}");
+    assert_eq!(s.post("/v1/completions", &json!({"prompt": "Hi", "max_tokens": 2})).status, 200);
+    assert_eq!(s.metric("cortiq_requests_timed_out_total"), 2.0);
+}
