@@ -12,15 +12,17 @@ pub mod load;
 pub mod mixers;
 pub mod model;
 pub mod moe;
+pub mod numerics;
 pub mod o1;
 pub mod par;
 pub mod perplexity;
 pub mod profile;
 pub mod qtensor;
+pub mod rope;
 pub mod state;
 pub mod weights;
 
-pub use compat::Numerics;
+pub use numerics::Numerics;
 pub use error::{EngineError, Result};
 pub use model::{Logits, Model};
 pub mod sampling;

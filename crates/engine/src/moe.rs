@@ -8,7 +8,7 @@
 //! routed sum.
 
 use crate::blocks::{FfnWeights, ffn};
-use crate::compat::Numerics;
+use crate::numerics::Numerics;
 use crate::config::ModelConfig;
 use crate::qtensor::QTensor;
 
