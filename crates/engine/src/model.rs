@@ -19,6 +19,7 @@ use crate::par::pool;
 use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
 use crate::state::SeqState;
+use crate::mixers::attention::KvState;
 use crate::state::{Checkpoint, LayerState};
 use crate::weights::TensorSource;
 
@@ -221,17 +222,14 @@ impl Model {
             .layers
             .iter()
             .map(|spec| match spec.mixer {
-                MixerKind::Attention if self.kv_f16 => LayerState::KvF16 { k: Vec::new(), v: Vec::new() },
-                MixerKind::Attention => LayerState::Kv { k: Vec::new(), v: Vec::new() },
-                MixerKind::ShortConv { kernel, .. } => LayerState::ShortConv(ShortConvState::new(self.cfg.d_model, kernel)),
-                MixerKind::GatedDeltaNet(g) => LayerState::Gdn(GdnState::new(&g)),
-                MixerKind::Kda(c) => LayerState::Kda(KdaState::new(&c)),
-                MixerKind::Mla(c) => {
-                    LayerState::Mla { st: MlaState::default(), k_width: c.n_heads * c.qk_dim(), v_width: c.n_heads * c.v_dim }
-                }
+                MixerKind::Attention => LayerState::new(KvState::new(self.cfg.kv_dim(), self.kv_f16)),
+                MixerKind::ShortConv { kernel, .. } => LayerState::new(ShortConvState::new(self.cfg.d_model, kernel)),
+                MixerKind::GatedDeltaNet(g) => LayerState::new(GdnState::new(&g)),
+                MixerKind::Kda(c) => LayerState::new(KdaState::new(&c)),
+                MixerKind::Mla(c) => LayerState::new(MlaState::new(&c)),
             })
             .collect();
-        SeqState::from_layers(layers, self.cfg.kv_dim(), n_ctx)
+        SeqState::from_layers(layers, n_ctx)
     }
 
     /// A fresh sequence state whose global softmax-attention layers follow `plan` (O(1)-memory
@@ -270,7 +268,7 @@ impl Model {
             head_dim: self.cfg.head_dim,
         };
         let mut st = self.new_state(n_ctx);
-        let mut run = O1Run::new(plan, serve, geom, self.kv_f16);
+        let mut run = O1Run::new(plan, serve, geom);
         if plan.check.is_none() && plan.tp == 0 {
             run.seal_all(&mut st.layers).map_err(|e| bad(e.to_string()))?;
         }
@@ -494,27 +492,27 @@ impl Model {
         let mut a = match (&lw.mixer, &mut state.layers[il]) {
             (MixerWeights::Attention(aw), ls) => {
                 let hook = state.o1.as_mut().map_or(AttnO1::Off, |r| r.hook(il));
-                let a = attention(cfg, aw, &cfg.ropes[spec.rope], spec.sliding_window, &h, n, pos0, ls, num, lc, hook, &mut tr)?;
+                let kv = &mut ls.of::<KvState>().cache;
+                let a = attention(cfg, aw, &cfg.ropes[spec.rope], spec.sliding_window, &h, n, pos0, kv, num, lc, hook, &mut tr)?;
                 seal_if_due(&mut state.o1, il, pos0 + n, ls)?;
                 a
             }
-            (MixerWeights::ShortConv(cw), LayerState::ShortConv(cs)) => {
+            (MixerWeights::ShortConv(cw), ls) => {
                 let MixerKind::ShortConv { kernel, .. } = spec.mixer else { unreachable!("weights follow the spec") };
-                short_conv(cw, d, kernel, &h, n, cs)
+                short_conv(cw, d, kernel, &h, n, ls.of())
             }
-            (MixerWeights::GatedDeltaNet(gw), LayerState::Gdn(gs)) => {
+            (MixerWeights::GatedDeltaNet(gw), ls) => {
                 let MixerKind::GatedDeltaNet(g) = spec.mixer else { unreachable!("weights follow the spec") };
-                gated_deltanet(&g, gw, &h, n, gs)
+                gated_deltanet(&g, gw, &h, n, ls.of())
             }
-            (MixerWeights::Kda(kw), LayerState::Kda(ks)) => {
+            (MixerWeights::Kda(kw), ls) => {
                 let MixerKind::Kda(c) = spec.mixer else { unreachable!("weights follow the spec") };
-                kda(&c, kw, &h, n, ks)
+                kda(&c, kw, &h, n, ls.of())
             }
-            (MixerWeights::Mla(mw), LayerState::Mla { st, .. }) => {
+            (MixerWeights::Mla(mw), ls) => {
                 let MixerKind::Mla(c) = spec.mixer else { unreachable!("weights follow the spec") };
-                mla(&c, mw, &h, n, st)
+                mla(&c, mw, &h, n, ls.of())
             }
-            _ => unreachable!("states follow the spec"),
         };
         if let Some(g) = &lw.post_attn_norm {
             rmsnorm_segments_in(num, &mut a, g, cfg.norm_eps);
@@ -544,7 +542,7 @@ impl Model {
             let pos0 = st.len;
             let lc = LlamaCppCtx { cache_cells: st.n_ctx, threads: self.llamacpp_threads };
             let hook = st.o1.as_mut().map_or(AttnO1::Off, |r| r.hook(il));
-            let ls = &mut st.layers[il];
+            let kv = &mut st.layers[il].of::<KvState>().cache;
             let (qi, ki, vi) =
                 (q[i * qr..(i + 1) * qr].to_vec(), k[i * kvr..(i + 1) * kvr].to_vec(), v[i * kvr..(i + 1) * kvr].to_vec());
             let (oi, gi) = attention_core(
@@ -557,7 +555,7 @@ impl Model {
                 vi,
                 1,
                 pos0,
-                ls,
+                kv,
                 num,
                 lc,
                 hook,

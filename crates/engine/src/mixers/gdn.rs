@@ -14,9 +14,11 @@ use cortiq_kernels::act::silu_fast;
 use cortiq_kernels::conv::causal_conv1d_par;
 use cortiq_kernels::delta::{CHUNK, gated_delta_chunked, gated_delta_recurrent};
 
+use crate::mixers::MixerState;
 use crate::par::pool;
 use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
+use crate::state::StateBytes;
 
 /// How the per-head output norm is gated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,6 +97,19 @@ impl GdnState {
 
     pub fn bytes(&self) -> usize {
         (self.conv.len() + self.s.len()) * 4
+    }
+}
+
+impl MixerState for GdnState {
+    fn is_recurrent(&self) -> bool {
+        true
+    }
+    fn clear(&mut self) {
+        self.conv.fill(0.0);
+        self.s.fill(0.0);
+    }
+    fn bytes(&self) -> StateBytes {
+        StateBytes { recurrent: GdnState::bytes(self), ..StateBytes::default() }
     }
 }
 

@@ -9,9 +9,11 @@
 use cortiq_kernels::conv::causal_conv1d_par;
 use cortiq_kernels::delta::{CHUNK, kda_chunked, kda_recurrent};
 
+use crate::mixers::MixerState;
 use crate::par::pool;
 use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
+use crate::state::StateBytes;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct KdaConfig {
@@ -65,6 +67,19 @@ impl KdaState {
     }
     pub fn bytes(&self) -> usize {
         (self.conv.len() + self.s.len()) * 4
+    }
+}
+
+impl MixerState for KdaState {
+    fn is_recurrent(&self) -> bool {
+        true
+    }
+    fn clear(&mut self) {
+        self.conv.fill(0.0);
+        self.s.fill(0.0);
+    }
+    fn bytes(&self) -> StateBytes {
+        StateBytes { recurrent: KdaState::bytes(self), ..StateBytes::default() }
     }
 }
 

@@ -4,7 +4,9 @@
 //! keys are [k_nope | k_rot], scores scaled by 1/√(nope + rope). The cache keeps the expanded
 //! keys and values (simple and exact; caching the latent instead is a later memory saving).
 
+use crate::mixers::MixerState;
 use crate::qtensor::QTensor;
+use crate::state::StateBytes;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MlaConfig {
@@ -37,10 +39,40 @@ pub struct MlaWeights {
 }
 
 /// The expanded keys [len, n_heads, nope + rope] and values [len, n_heads, v_dim].
-#[derive(Clone, Debug, PartialEq, Default)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct MlaState {
     pub k: Vec<f32>,
     pub v: Vec<f32>,
+    /// Values per position in `k` (n_heads · (nope + rope)) and in `v` (n_heads · v_dim).
+    k_width: usize,
+    v_width: usize,
+}
+
+impl MlaState {
+    pub fn new(c: &MlaConfig) -> MlaState {
+        MlaState { k: Vec::new(), v: Vec::new(), k_width: c.n_heads * c.qk_dim(), v_width: c.n_heads * c.v_dim }
+    }
+}
+
+impl MixerState for MlaState {
+    fn is_recurrent(&self) -> bool {
+        false
+    }
+    fn truncate(&mut self, len: usize) {
+        self.k.truncate(len * self.k_width);
+        self.v.truncate(len * self.v_width);
+    }
+    fn reserve(&mut self, extra: usize) {
+        self.k.reserve(extra * self.k_width);
+        self.v.reserve(extra * self.v_width);
+    }
+    fn clear(&mut self) {
+        self.k.clear();
+        self.v.clear();
+    }
+    fn bytes(&self) -> StateBytes {
+        StateBytes { kv: (self.k.len() + self.v.len()) * 4, ..StateBytes::default() }
+    }
 }
 
 /// Attention over `n` new tokens at positions pos0.. (causal). h: [n, d_model] -> [n, d_model].

@@ -4,9 +4,11 @@
 
 use cortiq_kernels::conv::causal_conv1d_par;
 
+use crate::mixers::MixerState;
 use crate::par::pool;
 use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
+use crate::state::StateBytes;
 
 pub struct ShortConvWeights {
     /// [3·d_model, d_model]: B | C | x.
@@ -32,6 +34,18 @@ pub struct ShortConvState {
 impl ShortConvState {
     pub fn new(d_model: usize, kernel: usize) -> ShortConvState {
         ShortConvState { conv: vec![0.0; (kernel - 1) * d_model] }
+    }
+}
+
+impl MixerState for ShortConvState {
+    fn is_recurrent(&self) -> bool {
+        true
+    }
+    fn clear(&mut self) {
+        self.conv.fill(0.0);
+    }
+    fn bytes(&self) -> StateBytes {
+        StateBytes { recurrent: self.conv.len() * 4, ..StateBytes::default() }
     }
 }
 
