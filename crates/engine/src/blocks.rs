@@ -16,12 +16,12 @@ use crate::compat::{
 };
 use crate::config::{Activation, ModelConfig, Rope};
 use crate::error::{EngineError, Result};
+use crate::mixers::attention::Cache;
 use crate::mixers::nystrom::matrix_form;
 use crate::o1::AttnO1;
 use crate::par::pool;
 use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
-use crate::mixers::attention::Cache;
 
 /// Rows per norm work item: a decode step's single row runs inline, a prefill chunk's rows are
 /// split over the pool.

@@ -22,9 +22,9 @@ pub mod rope;
 pub mod state;
 pub mod weights;
 
-pub use numerics::Numerics;
 pub use error::{EngineError, Result};
 pub use model::{Logits, Model};
+pub use numerics::Numerics;
 pub mod sampling;
 pub mod sched;
 pub mod stop;

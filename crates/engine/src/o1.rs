@@ -11,8 +11,8 @@
 //! sliding window), so it stops keeping keys it can no longer see. GatedDeltaNet, KDA and
 //! short-conv layers are already O(1); MLA (Kimi) keeps its exact cache.
 
-use crate::mixers::nystrom::{Far, Guard, NystromError, O1Layer, O1Settings, QuerySegments};
 use crate::mixers::attention::{Cache, KvState};
+use crate::mixers::nystrom::{Far, Guard, NystromError, O1Layer, O1Settings, QuerySegments};
 use crate::state::LayerState;
 
 /// How a sequence serves its planned attention layers.
@@ -105,8 +105,7 @@ pub enum AttnO1<'a> {
 impl O1Run {
     pub(crate) fn new(plan: O1Plan, serve: Vec<Serve>, geom: Geom) -> O1Run {
         let n = serve.len();
-        let mut run =
-            O1Run { plan, serve, segs: vec![None; n], q_hist: vec![Vec::new(); n], geom, stats: O1Stats::default() };
+        let mut run = O1Run { plan, serve, segs: vec![None; n], q_hist: vec![Vec::new(); n], geom, stats: O1Stats::default() };
         run.restart_segments();
         run
     }

@@ -2,13 +2,26 @@
 //! (`attention`: exact or sliding, f32 or f16 cache, the sealed O(1) state), GatedDeltaNet
 //! (`gdn`), Kimi Delta Attention (`kda`), multi-head latent attention (`mla`) and LFM2's short
 //! convolution (`shortconv`); `nystrom` is the O(1) operator a sealed attention state runs.
-//! Each module owns its per-sequence state type and that state's operations behind
-//! `MixerState`; `SeqState` (checkpoint, rollback, truncate, clear, reserve, bytes) dispatches
-//! through it once per layer and never looks inside.
+//!
+//! Each module owns its weights (and their loading by GGUF names), its per-sequence state, its
+//! forward over a chunk of one sequence and over the decode rows of many, and its state's
+//! operations, behind two interfaces: `Mixer` (weights side) and `MixerState` (state side).
+//! `Model` and `SeqState` dispatch through them once per layer and never look inside; `load`
+//! is the registry. A new mixer is one module here, a `MixerKind` variant (its validated
+//! config, config.rs) and one line in `load`.
+//!
+//! Dispatch cost: one virtual call per layer per step (and per sequence in the decode batch),
+//! beside a layer's ~µs-to-ms of matmuls; nothing inside a mixer is dynamic.
 
 use std::any::Any;
 
-use crate::state::StateBytes;
+use crate::config::{LayerSpec, MixerKind, ModelConfig};
+use crate::error::Result;
+use crate::numerics::{LlamaCppCtx, Numerics};
+use crate::o1::{AttnO1, Serve};
+use crate::qtensor::QTensor;
+use crate::state::{LayerState, StateBytes};
+use crate::weights::TensorSource;
 
 pub mod attention;
 pub mod gdn;
@@ -58,4 +71,75 @@ impl<T: MixerState + Clone + 'static> StateAny for T {
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
     }
+}
+
+/// The model-wide settings a mixer's forward reads.
+pub struct Env<'a> {
+    pub cfg: &'a ModelConfig,
+    pub num: Numerics,
+}
+
+/// One sequence's side of a layer step: the layer's state, the chunk's first position, what
+/// llama.cpp's attention order depends on, and the sequence's O(1) plan for this layer (`Off`
+/// for layers the plan does not touch).
+pub struct Seq<'a> {
+    pub state: &'a mut LayerState,
+    pub pos0: usize,
+    pub lc: LlamaCppCtx,
+    pub o1: AttnO1<'a>,
+}
+
+/// A layer's token mixer: its weights and how it advances a sequence.
+pub trait Mixer: Any + Send + Sync {
+    /// What it is, for messages ("a gated delta net").
+    fn name(&self) -> &'static str;
+
+    /// The weight matrices, in a fixed order.
+    fn matrices(&self) -> Vec<&QTensor>;
+
+    fn matrices_mut(&mut self) -> Vec<&mut QTensor>;
+
+    /// A fresh per-sequence state (`kv_f16`: keep K/V as f16 where the mixer caches them).
+    fn new_state(&self, kv_f16: bool) -> LayerState;
+
+    /// How an O(1) plan serves the layer (only softmax attention is planned or bounded).
+    fn o1_serve(&self) -> Serve {
+        Serve::Untouched
+    }
+
+    /// The mixer over `n` positions of one sequence from `seq.pos0`: h [n, d_model] normed
+    /// input -> [n, d_model]; the state grows by n positions. Errors only from the O(1)
+    /// check's solve.
+    fn forward(&self, env: &Env, h: &[f32], n: usize, seq: Seq<'_>, trace: &mut dyn FnMut(&str, &[f32])) -> Result<Vec<f32>>;
+
+    /// One decode position for each of several sequences (the decode batch): h [k, d_model],
+    /// row i the next position of `rows[i]` -> [k, d_model], row for row bit-identical to
+    /// `forward(.., n = 1, ..)`. By default the rows run one by one; a mixer whose projections
+    /// have a multi-row decode path overrides it.
+    fn forward_rows(&self, env: &Env, h: &[f32], rows: Vec<Seq<'_>>) -> Result<Vec<f32>> {
+        let d = env.cfg.d_model;
+        let mut out = Vec::with_capacity(h.len()); // [k, d_model]
+        for (hr, seq) in h.chunks_exact(d).zip(rows) {
+            out.extend(self.forward(env, hr, 1, seq, &mut |_, _| {})?);
+        }
+        Ok(out)
+    }
+}
+
+impl dyn Mixer {
+    /// The mixer's own type (a trainer or converter that needs its weights).
+    pub fn downcast_ref<T: Mixer>(&self) -> Option<&T> {
+        (self as &dyn Any).downcast_ref()
+    }
+}
+
+/// The registry: layer `il`'s mixer by GGUF tensor names, as `spec` says.
+pub fn load(src: &dyn TensorSource, cfg: &ModelConfig, il: usize, spec: &LayerSpec) -> Result<Box<dyn Mixer>> {
+    Ok(match spec.mixer {
+        MixerKind::Attention => Box::new(attention::Attention::load(src, cfg, il, spec)?),
+        MixerKind::ShortConv { kernel, bias } => Box::new(shortconv::ShortConv::load(src, cfg.d_model, il, kernel, bias)?),
+        MixerKind::GatedDeltaNet(c) => Box::new(gdn::GatedDeltaNet::load(src, c, il)?),
+        MixerKind::Kda(c) => Box::new(kda::Kda::load(src, c, il)?),
+        MixerKind::Mla(c) => Box::new(mla::Mla::load(src, c, il)?),
+    })
 }
