@@ -16,12 +16,12 @@ use crate::compat::{
 };
 use crate::config::{Activation, ModelConfig, Rope};
 use crate::error::{EngineError, Result};
+use crate::mixers::attention::Cache;
 use crate::mixers::nystrom::matrix_form;
 use crate::o1::AttnO1;
 use crate::par::pool;
 use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
-use crate::state::LayerState;
 
 /// Rows per norm work item: a decode step's single row runs inline, a prefill chunk's rows are
 /// split over the pool.
@@ -88,7 +88,7 @@ pub struct AttentionWeights {
 
 /// Attention over a chunk of `n` new positions starting at `pos0`.
 /// h: [n, d_model] normed input; k_cache/v_cache grow by n rows of kv_dim; returns [n, d_model].
-/// `o1` is the sequence's O(1) plan for this layer: a sealed state (`LayerState::O1`) takes one
+/// `o1` is the sequence's O(1) plan for this layer: a sealed state (`attention::Cache::O1`) takes one
 /// streaming step per position; before the seal the queries are summed per landmark; the check
 /// mode replaces the softmax by the matrix form. Errors only from the matrix form's solve.
 #[allow(clippy::too_many_arguments)]
@@ -100,7 +100,7 @@ pub fn attention(
     h: &[f32],
     n: usize,
     pos0: usize,
-    kv: &mut LayerState,
+    kv: &mut Cache,
     num: Numerics,
     lc: LlamaCppCtx,
     o1: AttnO1,
@@ -154,7 +154,7 @@ pub fn attention_core(
     mut v: Vec<f32>,
     n: usize,
     pos0: usize,
-    kv: &mut LayerState,
+    kv: &mut Cache,
     num: Numerics,
     lc: LlamaCppCtx,
     o1: AttnO1,
@@ -208,7 +208,7 @@ pub fn attention_core(
     trace("k", &k);
     trace("v", &v);
     let mut o = vec![0f32; n * q_dim]; // [n, n_heads, head_dim]
-    if let LayerState::O1(st) = kv {
+    if let Cache::O1(st) = kv {
         // Sealed: one streaming step per position (projections above were batched).
         let _s = profile::span(Op::Attention);
         let mut dropped = 0;
@@ -223,15 +223,15 @@ pub fn attention_core(
         return Ok((o, gate));
     }
     match kv {
-        LayerState::Kv { k: kc, v: vc } => {
+        Cache::Kv { k: kc, v: vc } => {
             kc.extend_from_slice(&k);
             vc.extend_from_slice(&v);
         }
-        LayerState::KvF16 { k: kc, v: vc } => {
+        Cache::KvF16 { k: kc, v: vc } => {
             kc.extend(k.iter().map(|&x| f16::from_f32(x)));
             vc.extend(v.iter().map(|&x| f16::from_f32(x)));
         }
-        _ => unreachable!("attention layer given another mixer's state: the model builds states per layer kind"),
+        Cache::O1(_) => unreachable!("a sealed state took its streaming step above"),
     }
     match o1 {
         AttnO1::Segments(s) => s.add(pos0, &q),
@@ -262,9 +262,9 @@ pub fn attention_core(
         }
         // The cache widened to f32 once (exact for f16 values; an f32 cache is rounded first).
         let (kc, vc): (Vec<f32>, Vec<f32>) = match kv {
-            LayerState::KvF16 { k, v } => (k.iter().map(|x| x.to_f32()).collect(), v.iter().map(|x| x.to_f32()).collect()),
-            LayerState::Kv { k, v } => (k.iter().map(|&x| round_f16(x)).collect(), v.iter().map(|&x| round_f16(x)).collect()),
-            _ => unreachable!("attention layer given another mixer's state"),
+            Cache::KvF16 { k, v } => (k.iter().map(|x| x.to_f32()).collect(), v.iter().map(|x| x.to_f32()).collect()),
+            Cache::Kv { k, v } => (k.iter().map(|&x| round_f16(x)).collect(), v.iter().map(|&x| round_f16(x)).collect()),
+            Cache::O1(_) => unreachable!("a sealed state took its streaming step above"),
         };
         // A single query over >= 512 cache cells: ggml splits the cells over its threads.
         let n_kv = llamacpp_n_kv(pos0 + n, lc.cache_cells);
@@ -286,12 +286,12 @@ pub fn attention_core(
         // over that span alone (a sliding layer's window, not the whole context).
         let lo = visible(pos0);
         let (kc, vc): (Cow<[f32]>, Cow<[f32]>) = match kv {
-            LayerState::Kv { k, v } => (Cow::Borrowed(&k[lo * kv_dim..]), Cow::Borrowed(&v[lo * kv_dim..])),
-            LayerState::KvF16 { k, v } => (
+            Cache::Kv { k, v } => (Cow::Borrowed(&k[lo * kv_dim..]), Cow::Borrowed(&v[lo * kv_dim..])),
+            Cache::KvF16 { k, v } => (
                 Cow::Owned(k[lo * kv_dim..].iter().map(|x| x.to_f32()).collect()),
                 Cow::Owned(v[lo * kv_dim..].iter().map(|x| x.to_f32()).collect()),
             ),
-            _ => unreachable!("attention layer given another mixer's state"),
+            Cache::O1(_) => unreachable!("a sealed state took its streaming step above"),
         };
         let (kc, vc) = (&kc[..], &vc[..]);
         let at = AttnCtx { hd, nh, group, kv_dim, q_dim, pos0, lo, scale, softcap, window, fast: num == Numerics::Fast };
@@ -347,7 +347,7 @@ fn o_matrix_form(
     cfg: &ModelConfig,
     plan: &crate::o1::O1Plan,
     q_hist: &[f32],
-    kv: &LayerState,
+    kv: &Cache,
     pos0: usize,
     o: &mut [f32],
     stats: &mut crate::o1::O1Stats,
@@ -355,9 +355,9 @@ fn o_matrix_form(
     let (nh, q_dim) = (cfg.n_heads, cfg.q_dim());
     let wide = |x: &[f32]| x.iter().map(|&y| y as f64).collect::<Vec<f64>>();
     let (k, v) = match kv {
-        LayerState::Kv { k, v } => (wide(k), wide(v)),
-        LayerState::KvF16 { k, v } => (k.iter().map(|x| x.to_f64()).collect(), v.iter().map(|x| x.to_f64()).collect()),
-        _ => unreachable!("the matrix form runs on attention caches"),
+        Cache::Kv { k, v } => (wide(k), wide(v)),
+        Cache::KvF16 { k, v } => (k.iter().map(|x| x.to_f64()).collect(), v.iter().map(|x| x.to_f64()).collect()),
+        Cache::O1(_) => unreachable!("the check mode never seals"),
     };
     let t_len = q_hist.len() / q_dim;
     // A window shorter than the prompt is exact throughout, as with tp = T.

@@ -2,7 +2,7 @@
 //! of llama.cpp's x86 CPU backend (AVX-512 build, default settings) op by op, so that greedy
 //! text agrees with llama.cpp's token for token through near-ties.
 //!
-//! Owns: `Numerics` (the mode switch) and `rope_tables_ggml` (built from the model's RoPE
+//! Owns: `rope_tables_ggml` (built from the model's RoPE
 //! config). The ggml-order twins of the other ops live in `cortiq_kernels::ggml` (kernels own
 //! every unsafe/SIMD body) and are re-exported here: `rmsnorm_ggml` (sum of f32 squares in f64, f32 mean and scale),
 //! `rope_tables_ggml` (theta advanced by f32 products, `cosf`/`sinf`) and `rope_ggml` (the
@@ -35,31 +35,8 @@
 
 pub use cortiq_kernels::ggml::*;
 
-use crate::config::{Rope, RopeScaling};
-
-/// Which arithmetic the engine follows.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Numerics {
-    /// f32 math on dequantized weights, f32 KV cache: transformers' numerics (the library
-    /// default, the reproducible reference).
-    #[default]
-    Exact,
-    /// Quantized weights times 8-bit activations with integer dot products in cortiq's own
-    /// kernel order (llama.cpp's arithmetic class, not its bits); everything else as `Exact`.
-    /// The CLI's default.
-    Fast,
-    /// llama.cpp's CPU numerics: 8-bit activations in ggml's kernel orders, f16 KV cache,
-    /// ggml's flash attention, norms, RoPE and activations.
-    LlamaCpp,
-}
-
-/// What llama.cpp's attention order depends on beyond the values: its thread count and the
-/// size of its KV cache in cells (only decode past 256 positions uses them).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LlamaCppCtx {
-    pub cache_cells: usize,
-    pub threads: usize,
-}
+pub use crate::numerics::{LlamaCppCtx, Numerics};
+use crate::rope::{Rope, RopeScaling};
 
 /// cos and sin for `n` positions from `pos0` as ggml_rope_cache_init computes them:
 /// `theta_scale = powf(base, -2.0f/n_dims)`, theta starts at the position (f32) and is

@@ -1,62 +1,22 @@
-//! The dense decoder-only model: weights laid out per layer, the forward pass over a chunk of
-//! positions (prefill and decode are the same code with n = chunk or 1), and a trace hook that
-//! names every intermediate so a run can be diffed against the HF reference layer by layer.
+//! The decoder-only model: weights laid out per layer (norms, the layer's token mixer behind
+//! `mixers::Mixer`, the FFN or mixture of experts), the forward pass over a chunk of positions
+//! (prefill and decode are the same code with n = chunk or 1), the decode batch and the
+//! speculative pair, and a trace hook that names every intermediate so a run can be diffed
+//! against the HF reference layer by layer. Nothing here matches on a mixer kind: each layer's
+//! mixer is called once per step (`mixers` owns their weights, states and forwards).
 
-use crate::blocks::{
-    AttentionWeights, FfnWeights, attention, attention_core, attn_output, attn_project, ffn, ffn_rows, rmsnorm_rows_in,
-    rmsnorm_segments_in,
-};
-use crate::compat::{LlamaCppCtx, Numerics};
+use crate::blocks::{FfnWeights, ffn, ffn_rows, rmsnorm_rows_in, rmsnorm_segments_in};
 use crate::config::{LayerSpec, MixerKind, ModelConfig};
 use crate::error::{EngineError, Result};
-use crate::mixers::gdn::{GdnConfig, GdnState, GdnWeights, gated_deltanet};
-use crate::mixers::kda::{KdaConfig, KdaState, KdaWeights, kda};
-use crate::mixers::mla::{MlaState, MlaWeights, mla};
-use crate::mixers::shortconv::{ShortConvState, ShortConvWeights, short_conv};
+use crate::mixers::{self, Env, Mixer, Seq};
 use crate::moe::{MoeConfig, MoeWeights, moe};
+use crate::numerics::{LlamaCppCtx, Numerics};
 use crate::o1::{AttnO1, Geom, O1Plan, O1Run, Serve};
 use crate::par::pool;
 use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
-use crate::state::SeqState;
-use crate::state::{Checkpoint, LayerState};
+use crate::state::{Checkpoint, LayerState, SeqState};
 use crate::weights::TensorSource;
-
-/// A layer's token mixer and its weights.
-pub enum MixerWeights {
-    Attention(AttentionWeights),
-    ShortConv(ShortConvWeights),
-    GatedDeltaNet(GdnWeights),
-    Kda(KdaWeights),
-    Mla(MlaWeights),
-}
-
-impl MixerWeights {
-    /// The mixer's weight matrices.
-    fn matrices_mut(&mut self) -> Vec<&mut QTensor> {
-        match self {
-            MixerWeights::Attention(a) => vec![&mut a.wq, &mut a.wk, &mut a.wv, &mut a.wo],
-            MixerWeights::ShortConv(c) => vec![&mut c.in_proj, &mut c.out_proj],
-            MixerWeights::GatedDeltaNet(g) => {
-                vec![&mut g.in_proj_qkv, &mut g.in_proj_z, &mut g.in_proj_b, &mut g.in_proj_a, &mut g.out_proj]
-            }
-            MixerWeights::Kda(k) => {
-                vec![&mut k.qkv, &mut k.f_a, &mut k.f_b, &mut k.b_proj, &mut k.g_a, &mut k.g_b, &mut k.o_proj]
-            }
-            MixerWeights::Mla(m) => vec![&mut m.q, &mut m.kv_a, &mut m.kv_b, &mut m.o],
-        }
-    }
-
-    pub fn matrices(&self) -> Vec<&QTensor> {
-        match self {
-            MixerWeights::Attention(a) => vec![&a.wq, &a.wk, &a.wv, &a.wo],
-            MixerWeights::ShortConv(c) => vec![&c.in_proj, &c.out_proj],
-            MixerWeights::GatedDeltaNet(g) => vec![&g.in_proj_qkv, &g.in_proj_z, &g.in_proj_b, &g.in_proj_a, &g.out_proj],
-            MixerWeights::Kda(k) => vec![&k.qkv, &k.f_a, &k.f_b, &k.b_proj, &k.g_a, &k.g_b, &k.o_proj],
-            MixerWeights::Mla(m) => vec![&m.q, &m.kv_a, &m.kv_b, &m.o],
-        }
-    }
-}
 
 /// A layer's feed-forward block: one gated FFN, or a mixture of experts.
 pub enum Ffn {
@@ -89,7 +49,8 @@ impl LayerWeights {
 
 pub struct LayerWeights {
     pub attn_norm: Vec<f32>,
-    pub mixer: MixerWeights,
+    /// The token mixer (`mixers`): its weights, state and forward behind one interface.
+    pub mixer: Box<dyn Mixer>,
     pub post_attn_norm: Option<Vec<f32>>,
     pub ffn_norm: Vec<f32>,
     pub ffn: Ffn,
@@ -216,22 +177,8 @@ impl Model {
 
     /// A fresh sequence state holding up to `n_ctx` positions.
     pub fn new_state(&self, n_ctx: usize) -> SeqState {
-        let layers = self
-            .cfg
-            .layers
-            .iter()
-            .map(|spec| match spec.mixer {
-                MixerKind::Attention if self.kv_f16 => LayerState::KvF16 { k: Vec::new(), v: Vec::new() },
-                MixerKind::Attention => LayerState::Kv { k: Vec::new(), v: Vec::new() },
-                MixerKind::ShortConv { kernel, .. } => LayerState::ShortConv(ShortConvState::new(self.cfg.d_model, kernel)),
-                MixerKind::GatedDeltaNet(g) => LayerState::Gdn(GdnState::new(&g)),
-                MixerKind::Kda(c) => LayerState::Kda(KdaState::new(&c)),
-                MixerKind::Mla(c) => {
-                    LayerState::Mla { st: MlaState::default(), k_width: c.n_heads * c.qk_dim(), v_width: c.n_heads * c.v_dim }
-                }
-            })
-            .collect();
-        SeqState::from_layers(layers, self.cfg.kv_dim(), n_ctx)
+        let layers = self.layers.iter().map(|l| l.mixer.new_state(self.kv_f16)).collect();
+        SeqState::from_layers(layers, n_ctx)
     }
 
     /// A fresh sequence state whose global softmax-attention layers follow `plan` (O(1)-memory
@@ -247,16 +194,7 @@ impl Model {
         if self.cfg.attn_logit_softcap.is_some() {
             return Err(bad(format!("{}: attention logit soft-capping is not supported by the O(1) operator", self.cfg.arch)));
         }
-        let serve: Vec<Serve> = self
-            .cfg
-            .layers
-            .iter()
-            .map(|l| match (l.mixer, l.sliding_window) {
-                (MixerKind::Attention, None) => Serve::Planned,
-                (MixerKind::Attention, Some(w)) => Serve::Sliding(w.max(1)),
-                _ => Serve::Untouched,
-            })
-            .collect();
+        let serve: Vec<Serve> = self.layers.iter().map(|l| l.mixer.o1_serve()).collect();
         if !serve.contains(&Serve::Planned) {
             return Err(bad(format!(
                 "{}: no global softmax-attention layer to serve in O(1) memory (sliding, recurrent and MLA layers are not planned)",
@@ -270,7 +208,7 @@ impl Model {
             head_dim: self.cfg.head_dim,
         };
         let mut st = self.new_state(n_ctx);
-        let mut run = O1Run::new(plan, serve, geom, self.kv_f16);
+        let mut run = O1Run::new(plan, serve, geom);
         if plan.check.is_none() && plan.tp == 0 {
             run.seal_all(&mut st.layers).map_err(|e| bad(e.to_string()))?;
         }
@@ -406,20 +344,20 @@ impl Model {
         let batch_tokens: Vec<u32> = batched.iter().map(|&j| tokens[j]).collect();
         let trace: Trace = &mut |_, _, _| {};
         let kb = batched.len();
+        let mut batch: Vec<&mut SeqState> =
+            states.iter_mut().zip(&alone).filter(|(_, a)| !**a).map(|(st, _)| &mut **st).collect();
         let mut x = self.embed(&batch_tokens); // [kb, d_model], row by row as alone
         for il in 0..self.layers.len() {
-            if matches!(self.layers[il].mixer, MixerWeights::Attention(_)) && kb > 1 {
-                self.layer_attention_rows(il, &mut x, states, &batched)?;
+            if kb > 1 {
+                self.layer_mixer_rows(il, &mut x, &mut batch)?;
             } else {
-                for (xr, &j) in x.chunks_exact_mut(d).zip(&batched) {
-                    let pos = states[j].len;
-                    self.layer_mixer(il, xr, 1, pos, states[j], trace)?;
-                }
+                let pos = batch[0].len;
+                self.layer_mixer(il, &mut x, 1, pos, &mut *batch[0], trace)?;
             }
             self.layer_ffn(il, &mut x, kb, true, trace);
         }
-        for &j in &batched {
-            states[j].len += 1;
+        for st in batch {
+            st.len += 1;
         }
         let mut normed = vec![0f32; kb * d]; // [kb, d_model]
         rmsnorm_rows_in(self.numerics, &x, &self.output_norm, self.cfg.norm_eps, &mut normed);
@@ -483,97 +421,60 @@ impl Model {
     /// [n, d_model] in place; the layer's state grows by n positions.
     fn layer_mixer(&self, il: usize, x: &mut [f32], n: usize, pos0: usize, state: &mut SeqState, trace: Trace) -> Result<()> {
         let cfg = &self.cfg;
-        let d = cfg.d_model;
-        let (lw, spec) = (&self.layers[il], &cfg.layers[il]);
-        let mut h = vec![0f32; n * d]; // [n, d_model]
-        let num = self.numerics;
-        let lc = LlamaCppCtx { cache_cells: state.n_ctx, threads: self.llamacpp_threads };
-        rmsnorm_rows_in(num, x, &lw.attn_norm, cfg.norm_eps, &mut h);
+        let lw = &self.layers[il];
+        let mut h = vec![0f32; n * cfg.d_model]; // [n, d_model]
+        rmsnorm_rows_in(self.numerics, x, &lw.attn_norm, cfg.norm_eps, &mut h);
         trace("attn_norm", il, &h);
         let mut tr = |name: &str, vals: &[f32]| trace(name, il, vals);
-        let mut a = match (&lw.mixer, &mut state.layers[il]) {
-            (MixerWeights::Attention(aw), ls) => {
-                let hook = state.o1.as_mut().map_or(AttnO1::Off, |r| r.hook(il));
-                let a = attention(cfg, aw, &cfg.ropes[spec.rope], spec.sliding_window, &h, n, pos0, ls, num, lc, hook, &mut tr)?;
-                seal_if_due(&mut state.o1, il, pos0 + n, ls)?;
-                a
-            }
-            (MixerWeights::ShortConv(cw), LayerState::ShortConv(cs)) => {
-                let MixerKind::ShortConv { kernel, .. } = spec.mixer else { unreachable!("weights follow the spec") };
-                short_conv(cw, d, kernel, &h, n, cs)
-            }
-            (MixerWeights::GatedDeltaNet(gw), LayerState::Gdn(gs)) => {
-                let MixerKind::GatedDeltaNet(g) = spec.mixer else { unreachable!("weights follow the spec") };
-                gated_deltanet(&g, gw, &h, n, gs)
-            }
-            (MixerWeights::Kda(kw), LayerState::Kda(ks)) => {
-                let MixerKind::Kda(c) = spec.mixer else { unreachable!("weights follow the spec") };
-                kda(&c, kw, &h, n, ks)
-            }
-            (MixerWeights::Mla(mw), LayerState::Mla { st, .. }) => {
-                let MixerKind::Mla(c) = spec.mixer else { unreachable!("weights follow the spec") };
-                mla(&c, mw, &h, n, st)
-            }
-            _ => unreachable!("states follow the spec"),
-        };
-        if let Some(g) = &lw.post_attn_norm {
-            rmsnorm_segments_in(num, &mut a, g, cfg.norm_eps);
-        }
-        trace("attn_proj", il, &a);
-        x.iter_mut().zip(&a).for_each(|(xi, ai)| *xi += ai);
+        let a = lw.mixer.forward(&self.env(), &h, n, self.seq(il, state, pos0), &mut tr)?;
+        seal_if_due(&mut state.o1, il, pos0 + n, &mut state.layers[il])?;
+        self.mixer_residual(il, x, a, trace);
         Ok(())
     }
 
-    /// An attention layer's mixer half for the decode batch: x [kb, d_model], row i the next
-    /// position of sequence `batched[i]`. The input and output projections run over all rows at
-    /// once (each row on the decode path), the attention itself per sequence on its own cache;
-    /// row for row the same as `layer_mixer(il, row, 1, ..)`.
-    fn layer_attention_rows(&self, il: usize, x: &mut [f32], states: &mut [&mut SeqState], batched: &[usize]) -> Result<()> {
+    /// The mixer half for the decode batch: x [kb, d_model], row i the next position of
+    /// `batch[i]`; `Mixer::forward_rows` (one projection pass over all rows where the mixer
+    /// has one), row for row the same as `layer_mixer(il, row, 1, ..)`.
+    fn layer_mixer_rows(&self, il: usize, x: &mut [f32], batch: &mut [&mut SeqState]) -> Result<()> {
         let cfg = &self.cfg;
-        let (d, kb, num) = (cfg.d_model, batched.len(), self.numerics);
-        let (lw, spec) = (&self.layers[il], &cfg.layers[il]);
-        let MixerWeights::Attention(aw) = &lw.mixer else { unreachable!("called for attention layers") };
-        let mut h = vec![0f32; kb * d]; // [kb, d_model]
-        rmsnorm_rows_in(num, x, &lw.attn_norm, cfg.norm_eps, &mut h);
-        let (q, k, v) = attn_project(aw, &h, kb, true); // [kb, wq.rows], [kb, kv_dim] x2
-        let (qr, kvr) = (aw.wq.rows, aw.wk.rows);
-        let mut o = Vec::with_capacity(kb * cfg.q_dim()); // [kb, n_heads, head_dim]
-        let mut gate = Vec::new(); // [kb, n_heads, head_dim] when gated
-        for (i, &j) in batched.iter().enumerate() {
-            let st = &mut *states[j];
-            let pos0 = st.len;
-            let lc = LlamaCppCtx { cache_cells: st.n_ctx, threads: self.llamacpp_threads };
-            let hook = st.o1.as_mut().map_or(AttnO1::Off, |r| r.hook(il));
-            let ls = &mut st.layers[il];
-            let (qi, ki, vi) =
-                (q[i * qr..(i + 1) * qr].to_vec(), k[i * kvr..(i + 1) * kvr].to_vec(), v[i * kvr..(i + 1) * kvr].to_vec());
-            let (oi, gi) = attention_core(
-                cfg,
-                aw,
-                &cfg.ropes[spec.rope],
-                spec.sliding_window,
-                qi,
-                ki,
-                vi,
-                1,
-                pos0,
-                ls,
-                num,
-                lc,
-                hook,
-                &mut |_, _| {},
-            )?;
-            seal_if_due(&mut st.o1, il, pos0 + 1, &mut st.layers[il])?;
-            o.extend_from_slice(&oi);
-            gate.extend_from_slice(gi.as_deref().unwrap_or(&[]));
+        let lw = &self.layers[il];
+        let mut h = vec![0f32; batch.len() * cfg.d_model]; // [kb, d_model]
+        rmsnorm_rows_in(self.numerics, x, &lw.attn_norm, cfg.norm_eps, &mut h);
+        let rows: Vec<Seq> = batch
+            .iter_mut()
+            .map(|st| {
+                let pos0 = st.len;
+                self.seq(il, st, pos0)
+            })
+            .collect();
+        let a = lw.mixer.forward_rows(&self.env(), &h, rows)?;
+        for st in batch.iter_mut() {
+            let end = st.len + 1;
+            seal_if_due(&mut st.o1, il, end, &mut st.layers[il])?;
         }
-        let gate = (!gate.is_empty()).then_some(&gate[..]);
-        let mut a = attn_output(cfg, aw, o, gate, kb, true, &mut |_, _| {});
-        if let Some(g) = &lw.post_attn_norm {
-            rmsnorm_segments_in(num, &mut a, g, cfg.norm_eps);
-        }
-        x.iter_mut().zip(&a).for_each(|(xi, ai)| *xi += ai);
+        self.mixer_residual(il, x, a, &mut |_, _, _| {});
         Ok(())
+    }
+
+    /// The mixer half's tail: post-norm (Gemma 3), trace, residual add of a [n, d_model].
+    fn mixer_residual(&self, il: usize, x: &mut [f32], mut a: Vec<f32>, trace: Trace) {
+        if let Some(g) = &self.layers[il].post_attn_norm {
+            rmsnorm_segments_in(self.numerics, &mut a, g, self.cfg.norm_eps);
+        }
+        trace("attn_proj", il, &a);
+        x.iter_mut().zip(&a).for_each(|(xi, ai)| *xi += ai);
+    }
+
+    /// What every mixer's forward reads of the model.
+    fn env(&self) -> Env<'_> {
+        Env { cfg: &self.cfg, num: self.numerics }
+    }
+
+    /// Sequence `st`'s side of a step of layer `il` from position `pos0`.
+    fn seq<'a>(&self, il: usize, st: &'a mut SeqState, pos0: usize) -> Seq<'a> {
+        let lc = LlamaCppCtx { cache_cells: st.n_ctx, threads: self.llamacpp_threads };
+        let o1 = st.o1.as_mut().map_or(AttnO1::Off, |r| r.hook(il));
+        Seq { state: &mut st.layers[il], pos0, lc, o1 }
     }
 
     /// A layer's FFN half over x [n, d_model] in place (norm, FFN, post-norm, residual).
@@ -677,60 +578,10 @@ fn load_mtp(src: &dyn TensorSource, cfg: &ModelConfig) -> Result<Vec<MtpWeights>
 
 /// One decoder layer's weights at block `il`, laid out as `spec` says.
 fn load_layer(src: &dyn TensorSource, cfg: &ModelConfig, il: usize, spec: &LayerSpec) -> Result<LayerWeights> {
-    let (d, q_dim, kv_dim, ff, hd) = (cfg.d_model, cfg.q_dim(), cfg.kv_dim(), cfg.d_ff, cfg.head_dim);
+    let (d, ff) = (cfg.d_model, cfg.d_ff);
     let n = |s: &str| format!("blk.{il}.{s}");
-    let bias = |s: &str, len: usize| -> Result<Option<Vec<f32>>> {
-        if cfg.qkv_bias { Ok(Some(src.vector(&n(s), len)?)) } else { Ok(None) }
-    };
-    let qk_norm = |s: &str| -> Result<Option<Vec<f32>>> { if cfg.qk_norm { Ok(Some(src.vector(&n(s), hd)?)) } else { Ok(None) } };
     let post = |s: &str| -> Result<Option<Vec<f32>>> { if cfg.post_norms { Ok(Some(src.vector(&n(s), d)?)) } else { Ok(None) } };
-    let opt_vec =
-        |s: &str, len: usize, on: bool| -> Result<Vec<f32>> { if on { src.vector(&n(s), len) } else { Ok(Vec::new()) } };
-    let mixer = match spec.mixer {
-        MixerKind::Attention => MixerWeights::Attention(AttentionWeights {
-            // A gated q_proj holds [q | gate] per head: twice the rows.
-            wq: src.require(&n("attn_q.weight"), if cfg.attn_gate { 2 * q_dim } else { q_dim }, d)?,
-            wk: src.require(&n("attn_k.weight"), kv_dim, d)?,
-            wv: src.require(&n("attn_v.weight"), kv_dim, d)?,
-            wo: src.require(&n("attn_output.weight"), d, q_dim)?,
-            bq: bias("attn_q.bias", q_dim)?,
-            bk: bias("attn_k.bias", kv_dim)?,
-            bv: bias("attn_v.bias", kv_dim)?,
-            q_norm: qk_norm("attn_q_norm.weight")?,
-            k_norm: qk_norm("attn_k_norm.weight")?,
-        }),
-        MixerKind::ShortConv { kernel, bias: b } => MixerWeights::ShortConv(ShortConvWeights {
-            in_proj: src.require(&n("shortconv.in_proj.weight"), 3 * d, d)?,
-            in_bias: opt_vec("shortconv.in_proj.bias", 3 * d, b)?,
-            conv: src.require(&n("shortconv.conv.weight"), d, kernel)?.to_f32(),
-            conv_bias: opt_vec("shortconv.conv.bias", d, b)?,
-            out_proj: src.require(&n("shortconv.out_proj.weight"), d, d)?,
-            out_bias: opt_vec("shortconv.out_proj.bias", d, b)?,
-        }),
-        MixerKind::GatedDeltaNet(g) => {
-            let (qkv, z) = gdn_qkvz(src, &g, il, d)?;
-            let (b, a) = gdn_ba(src, &g, il, d)?;
-            MixerWeights::GatedDeltaNet(GdnWeights {
-                in_proj_qkv: qkv,
-                in_proj_z: z,
-                in_proj_b: b,
-                in_proj_a: a,
-                conv: src.require(&n("ssm_conv1d.weight"), g.conv_dim(), g.conv_kernel)?.to_f32(),
-                dt_bias: src.vector(&n("ssm_dt.bias"), g.n_v_heads)?,
-                a: src.vector(&n("ssm_a"), g.n_v_heads)?,
-                norm: src.vector(&n("ssm_norm.weight"), g.d_v)?,
-                out_proj: src.require(&n("ssm_out.weight"), d, g.value_dim())?,
-            })
-        }
-        MixerKind::Kda(c) => MixerWeights::Kda(load_kda(src, &c, il)?),
-        MixerKind::Mla(c) => MixerWeights::Mla(MlaWeights {
-            q: src.require(&n("attn_q.weight"), c.n_heads * c.qk_dim(), d)?,
-            kv_a: src.require(&n("attn_kv_a_mqa.weight"), c.kv_lora + c.rope, d)?,
-            kv_a_norm: src.vector(&n("attn_kv_a_norm.weight"), c.kv_lora)?,
-            kv_b: mla_kv_b(src, &c, il)?,
-            o: src.require(&n("attn_output.weight"), d, c.n_heads * c.v_dim)?,
-        }),
-    };
+    let mixer = mixers::load(src, cfg, il, spec)?;
     Ok(LayerWeights {
         attn_norm: src.vector(&n("attn_norm.weight"), d)?,
         mixer,
@@ -751,107 +602,6 @@ fn load_layer(src: &dyn TensorSource, cfg: &ModelConfig, il: usize, spec: &Layer
         },
         post_ffn_norm: post("post_ffw_norm.weight")?,
     })
-}
-
-/// A GatedDeltaNet layer's q|k|v and z projections: split tensors (Qwen3.5; llama.cpp's files),
-/// or Qwen3-Next's fused `in_proj_qkvz` (HF) whose rows come grouped per key head as
-/// [q (d_k), k (d_k), v (r·d_v), z (r·d_v)], r = n_v / n_k — re-laid out here into all q heads,
-/// all k heads, all v heads (in grouped order) and z, so the mixer has one layout.
-fn gdn_qkvz(src: &dyn TensorSource, g: &GdnConfig, il: usize, d: usize) -> Result<(QTensor, QTensor)> {
-    let n = |s: &str| format!("blk.{il}.{s}");
-    if let Some(qkv) = src.optional(&n("attn_qkv.weight"), g.conv_dim(), d)? {
-        return Ok((qkv, src.require(&n("attn_gate.weight"), g.value_dim(), d)?));
-    }
-    let fused = src.require(&n("ssm_in_qkvz.weight"), g.conv_dim() + g.value_dim(), d)?;
-    let (nk, dk, r, dv) = (g.n_k_heads, g.d_k, g.n_v_heads / g.n_k_heads, g.d_v);
-    let per = 2 * dk + 2 * r * dv; // rows per key head
-    let rows =
-        |part: usize, len: usize| -> Vec<usize> { (0..nk).flat_map(|kh| (0..len).map(move |i| kh * per + part + i)).collect() };
-    let mut qkv_rows = rows(0, dk); // all q heads
-    qkv_rows.extend(rows(dk, dk)); // all k heads
-    qkv_rows.extend(rows(2 * dk, r * dv)); // all v heads, grouped by key head
-    let z_rows = rows(2 * dk + r * dv, r * dv);
-    let bad = || EngineError::BadConfig { file: src.file(), what: format!("tensor '{}' does not fit its geometry", fused.name) };
-    Ok((
-        fused.gather_rows(n("attn_qkv.weight"), &qkv_rows).ok_or_else(bad)?,
-        fused.gather_rows(n("attn_gate.weight"), &z_rows).ok_or_else(bad)?,
-    ))
-}
-
-/// β and decay-input projections: split (`ssm_beta`, `ssm_alpha`) or Qwen3-Next's fused
-/// `ssm_ba` grouped per key head as [b (r), a (r)].
-fn gdn_ba(src: &dyn TensorSource, g: &GdnConfig, il: usize, d: usize) -> Result<(QTensor, QTensor)> {
-    let n = |s: &str| format!("blk.{il}.{s}");
-    if let Some(b) = src.optional(&n("ssm_beta.weight"), g.n_v_heads, d)? {
-        return Ok((b, src.require(&n("ssm_alpha.weight"), g.n_v_heads, d)?));
-    }
-    let fused = src.require(&n("ssm_ba.weight"), 2 * g.n_v_heads, d)?;
-    let r = g.n_v_heads / g.n_k_heads;
-    let rows =
-        |part: usize| -> Vec<usize> { (0..g.n_k_heads).flat_map(|kh| (0..r).map(move |i| kh * 2 * r + part + i)).collect() };
-    let bad = || EngineError::BadConfig { file: src.file(), what: format!("tensor '{}' does not fit its geometry", fused.name) };
-    Ok((
-        fused.gather_rows(n("ssm_beta.weight"), &rows(0)).ok_or_else(bad)?,
-        fused.gather_rows(n("ssm_alpha.weight"), &rows(r)).ok_or_else(bad)?,
-    ))
-}
-
-/// A KDA layer: q/k/v projections joined into one [3·dim, d] tensor (their three depthwise
-/// convolutions side by side), the low-rank forget and output gates, β, the σ-gated norm.
-fn load_kda(src: &dyn TensorSource, c: &KdaConfig, il: usize) -> Result<KdaWeights> {
-    let n = |s: &str| format!("blk.{il}.{s}");
-    let (d, dim, dh) = (c.d_model, c.dim(), c.d_head);
-    let (q, k, v) = (
-        src.require(&n("attn_q.weight"), dim, d)?,
-        src.require(&n("attn_k.weight"), dim, d)?,
-        src.require(&n("attn_v.weight"), dim, d)?,
-    );
-    let qkv = QTensor::concat_rows(n("attn_qkv.weight"), &[&q, &k, &v]).ok_or_else(|| EngineError::BadConfig {
-        file: src.file(),
-        what: format!("{}: q, k and v projections differ in type or width", n("attn_q.weight")),
-    })?;
-    let mut conv = Vec::with_capacity(3 * dim * c.conv_kernel);
-    for part in ["q", "k", "v"] {
-        conv.extend(src.require(&n(&format!("ssm_conv1d_{part}.weight")), dim, c.conv_kernel)?.to_f32());
-    }
-    Ok(KdaWeights {
-        qkv,
-        conv,
-        f_a: src.require(&n("ssm_f_a.weight"), dh, d)?,
-        f_b: src.require(&n("ssm_f_b.weight"), dim, dh)?,
-        dt_bias: src.vector(&n("ssm_dt.bias"), dim)?,
-        a: src.vector(&n("ssm_a"), c.n_heads)?,
-        b_proj: src.require(&n("ssm_beta.weight"), c.n_heads, d)?,
-        g_a: src.require(&n("ssm_g_a.weight"), dh, d)?,
-        g_b: src.require(&n("ssm_g_b.weight"), dim, dh)?,
-        o_norm: src.vector(&n("ssm_norm.weight"), dh)?,
-        o_proj: src.require(&n("attn_output.weight"), d, dim)?,
-    })
-}
-
-/// MLA's kv_b [n_heads·(nope + v_dim), kv_lora]: whole (HF), or rejoined from llama.cpp's
-/// per-head k_b (stored transposed, [n_heads, kv_lora, nope]) and v_b ([n_heads, v_dim,
-/// kv_lora]), widened to f32.
-fn mla_kv_b(src: &dyn TensorSource, c: &crate::mixers::mla::MlaConfig, il: usize) -> Result<QTensor> {
-    let n = |s: &str| format!("blk.{il}.{s}");
-    let (nh, nope, vd, lora) = (c.n_heads, c.nope, c.v_dim, c.kv_lora);
-    if let Some(t) = src.optional(&n("attn_kv_b.weight"), nh * (nope + vd), lora)? {
-        return Ok(t);
-    }
-    let kb = src.require(&n("attn_k_b.weight"), nh * lora, nope)?.to_f32(); // [nh, lora, nope]
-    let vb = src.require(&n("attn_v_b.weight"), nh * vd, lora)?.to_f32(); // [nh, v_dim, lora]
-    let mut out = vec![0f32; nh * (nope + vd) * lora]; // [nh, nope + v_dim, lora]
-    for h in 0..nh {
-        for i in 0..nope {
-            for j in 0..lora {
-                out[(h * (nope + vd) + i) * lora + j] = kb[(h * lora + j) * nope + i];
-            }
-        }
-        for i in 0..vd {
-            out[(h * (nope + vd) + nope + i) * lora..][..lora].copy_from_slice(&vb[(h * vd + i) * lora..][..lora]);
-        }
-    }
-    Ok(QTensor::from_f32(n("attn_kv_b.weight"), nh * (nope + vd), lora, out))
 }
 
 /// A planned O(1) layer seals its cache into the constant-size state when a chunk ends at the

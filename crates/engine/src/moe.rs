@@ -8,8 +8,8 @@
 //! routed sum.
 
 use crate::blocks::{FfnWeights, ffn};
-use crate::compat::Numerics;
 use crate::config::ModelConfig;
+use crate::numerics::Numerics;
 use crate::qtensor::QTensor;
 
 #[derive(Clone, Copy, Debug, PartialEq)]

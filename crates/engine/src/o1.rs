@@ -11,8 +11,7 @@
 //! sliding window), so it stops keeping keys it can no longer see. GatedDeltaNet, KDA and
 //! short-conv layers are already O(1); MLA (Kimi) keeps its exact cache.
 
-use half::f16;
-
+use crate::mixers::attention::{Cache, KvState};
 use crate::mixers::nystrom::{Far, Guard, NystromError, O1Layer, O1Settings, QuerySegments};
 use crate::state::LayerState;
 
@@ -87,8 +86,6 @@ pub struct O1Run {
     /// Check mode, per planned layer: every position's queries [len, n_heads, head_dim].
     q_hist: Vec<Vec<f32>>,
     geom: Geom,
-    /// Planned layers return to f16 caches on `clear` (the model's cache format).
-    kv_f16: bool,
     pub stats: O1Stats,
 }
 
@@ -99,17 +96,16 @@ pub enum AttnO1<'a> {
     /// Prompt phase: exact attention, and the chunk's queries (post-RoPE) summed per landmark.
     Segments(&'a mut QuerySegments),
     /// Exact before the seal (a StreamingLLM plan keeps no segments); after it the layer's state
-    /// is `LayerState::O1` and steps count into these statistics.
+    /// is sealed (`attention::Cache::O1`) and steps count into these statistics.
     Stats(&'a mut O1Stats),
     /// The matrix-form check: append this chunk's queries, output from `matrix_form`.
     Matrix { plan: O1Plan, q_hist: &'a mut Vec<f32>, stats: &'a mut O1Stats },
 }
 
 impl O1Run {
-    pub(crate) fn new(plan: O1Plan, serve: Vec<Serve>, geom: Geom, kv_f16: bool) -> O1Run {
+    pub(crate) fn new(plan: O1Plan, serve: Vec<Serve>, geom: Geom) -> O1Run {
         let n = serve.len();
-        let mut run =
-            O1Run { plan, serve, segs: vec![None; n], q_hist: vec![Vec::new(); n], geom, kv_f16, stats: O1Stats::default() };
+        let mut run = O1Run { plan, serve, segs: vec![None; n], q_hist: vec![Vec::new(); n], geom, stats: O1Stats::default() };
         run.restart_segments();
         run
     }
@@ -167,20 +163,20 @@ impl O1Run {
             Serve::Sliding(w) => (O1Settings { window: w, sinks: 0, landmarks: 4, ..self.plan.settings }, Far::Drop),
             _ => (self.plan.settings, self.plan.far),
         };
-        let sealed = match ls {
-            LayerState::Kv { k, v } => {
+        let kv = ls.of::<KvState>();
+        let sealed = match &kv.cache {
+            Cache::Kv { k, v } => {
                 O1Layer::seal(&settings, far, g.scale, g.n_heads, g.n_kv, g.head_dim, self.segs[il].as_ref(), k, v)?
             }
-            LayerState::KvF16 { k, v } => {
+            Cache::KvF16 { k, v } => {
                 let (k, v): (Vec<f32>, Vec<f32>) =
                     (k.iter().map(|x| x.to_f32()).collect(), v.iter().map(|x| x.to_f32()).collect());
                 O1Layer::seal(&settings, far, g.scale, g.n_heads, g.n_kv, g.head_dim, self.segs[il].as_ref(), &k, &v)?
             }
-            LayerState::O1(_) => return Ok(()),
-            _ => unreachable!("only attention layers are planned"),
+            Cache::O1(_) => return Ok(()),
         };
         self.segs[il] = None;
-        *ls = LayerState::O1(Box::new(sealed));
+        kv.seal(sealed, matches!(self.serve[il], Serve::Sliding(_)));
         Ok(())
     }
 
@@ -194,18 +190,9 @@ impl O1Run {
         Ok(())
     }
 
-    /// Back to an empty sequence: planned layers become empty KV caches again, segments and
-    /// statistics restart, a tp = 0 plan seals at once.
+    /// Back to an empty sequence (the layers were cleared, sealed ones back to empty KV
+    /// caches): segments and statistics restart, a tp = 0 plan seals at once.
     pub(crate) fn reset(&mut self, layers: &mut [LayerState]) {
-        for (il, ls) in layers.iter_mut().enumerate() {
-            if self.seals(il) {
-                *ls = if self.kv_f16 {
-                    LayerState::KvF16 { k: Vec::<f16>::new(), v: Vec::new() }
-                } else {
-                    LayerState::Kv { k: Vec::new(), v: Vec::new() }
-                };
-            }
-        }
         self.q_hist.iter_mut().for_each(Vec::clear);
         self.stats = O1Stats::default();
         self.restart_segments();
@@ -223,7 +210,6 @@ impl O1Run {
             segs: self.segs.clone(),
             q_hist: vec![Vec::new(); self.serve.len()],
             geom: self.geom,
-            kv_f16: self.kv_f16,
             stats: self.stats,
         }
     }

@@ -31,7 +31,7 @@ use cortiq_kernels::quant::{
     quantize_act,
 };
 
-use crate::compat::Numerics;
+use crate::numerics::Numerics;
 use crate::par::pool;
 use crate::profile::{self, Op};
 

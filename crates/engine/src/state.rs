@@ -1,45 +1,52 @@
-//! Per-sequence state: one entry per layer (STYLE principle 9). Dense models have only KV
-//! caches (f32, or f16 for half the memory and llama.cpp's cache format); hybrid mixers add
-//! their own variants; a sequence with an O(1) plan (`o1`) turns its global attention caches
-//! into sealed `O1` states at the end of the prompt. Callers use `len`, `checkpoint` and
-//! `rollback`, never the layer internals.
+//! Per-sequence state (STYLE principle 9): one `LayerState` per layer, each its mixer's own
+//! state type behind `mixers::MixerState` (KV caches f32 or f16, recurrent states, sealed O(1)
+//! attention), and the sequence-level operations built from those per-layer ones: checkpoint,
+//! rollback, truncate, clear, reserve, bytes. A sequence with an O(1) plan (`o1`) turns its
+//! global attention caches into sealed states at the end of the prompt. Callers use `len`,
+//! `checkpoint` and `rollback`, never the layer internals; nothing here matches on a mixer.
 
-use half::f16;
+use crate::mixers::MixerState;
+use crate::mixers::attention::KvState;
+use crate::o1::{O1Run, O1Stats};
 
-use crate::mixers::gdn::GdnState;
-use crate::mixers::kda::KdaState;
-use crate::mixers::mla::MlaState;
-use crate::mixers::nystrom::O1Layer;
-use crate::mixers::shortconv::ShortConvState;
-use crate::o1::{O1Run, O1Stats, Serve};
+/// One layer's state: its mixer's own type (`Mixer::new_state`), reached by the mixer through
+/// `get_mut` and by everything else through `MixerState`.
+pub struct LayerState(Box<dyn MixerState>);
 
-/// One layer's state.
-#[derive(Clone)]
-pub enum LayerState {
-    /// Keys and values of every position so far: each [len, n_kv_heads, head_dim].
-    Kv { k: Vec<f32>, v: Vec<f32> },
-    /// The same, stored as f16 (llama.cpp's default cache type): half the bytes. Values are
-    /// rounded to nearest-even on append, as ggml's f32 -> f16 copy does.
-    KvF16 { k: Vec<f16>, v: Vec<f16> },
-    /// LFM2's short convolution: the last kernel − 1 gated inputs (constant size).
-    ShortConv(ShortConvState),
-    /// GatedDeltaNet: conv history and the recurrent matrix per value head (constant size).
-    Gdn(GdnState),
-    /// Kimi Delta Attention: conv history and the recurrent matrix per head (constant size).
-    Kda(KdaState),
-    /// Multi-head latent attention's expanded keys and values, `k_width` / `v_width` values per
-    /// position.
-    Mla { st: MlaState, k_width: usize, v_width: usize },
-    /// A global attention layer sealed at the end of the prompt (`o1` plan): sinks, a window
-    /// ring and the Nyström skeleton's accumulators, constant size (`mixers::nystrom`).
-    O1(Box<O1Layer>),
+impl Clone for LayerState {
+    fn clone(&self) -> LayerState {
+        LayerState(self.0.box_clone())
+    }
 }
 
 impl LayerState {
+    pub fn new(s: impl MixerState + 'static) -> LayerState {
+        LayerState(Box::new(s))
+    }
+
     /// Whether the state can only go forward (no truncation to an earlier length: a
     /// checkpoint must snapshot it).
     pub fn is_recurrent(&self) -> bool {
-        matches!(self, LayerState::ShortConv(_) | LayerState::Gdn(_) | LayerState::Kda(_) | LayerState::O1(_))
+        self.0.is_recurrent()
+    }
+
+    /// The mixer's own state type, if this layer holds one.
+    pub fn get<S: MixerState + 'static>(&self) -> Option<&S> {
+        self.0.as_any().downcast_ref()
+    }
+
+    pub fn get_mut<S: MixerState + 'static>(&mut self) -> Option<&mut S> {
+        self.0.as_any_mut().downcast_mut()
+    }
+
+    /// The mixer's own state type; the model builds every layer's state from that layer's
+    /// mixer, so another type is a bug.
+    pub(crate) fn of<S: MixerState + 'static>(&mut self) -> &mut S {
+        self.get_mut().expect("a layer's state is made by its own mixer")
+    }
+
+    pub fn bytes(&self) -> StateBytes {
+        self.0.bytes()
     }
 }
 
@@ -60,6 +67,13 @@ impl StateBytes {
     }
 }
 
+impl std::ops::Add for StateBytes {
+    type Output = StateBytes;
+    fn add(self, o: StateBytes) -> StateBytes {
+        StateBytes { kv: self.kv + o.kv, o1: self.o1 + o.o1, recurrent: self.recurrent + o.recurrent }
+    }
+}
+
 #[derive(Clone)]
 pub struct SeqState {
     pub layers: Vec<LayerState>,
@@ -67,7 +81,6 @@ pub struct SeqState {
     pub len: usize,
     /// Maximum positions this sequence may hold.
     pub n_ctx: usize,
-    kv_dim: usize,
     /// The O(1) decode plan and its bookkeeping (`Model::new_state_o1`).
     pub(crate) o1: Option<O1Run>,
 }
@@ -99,21 +112,13 @@ impl SeqState {
 
     /// A state whose KV caches hold f16 (`kv_f16`) or f32 values.
     pub fn with_kv(n_layers: usize, kv_dim: usize, n_ctx: usize, kv_f16: bool) -> SeqState {
-        let layers = (0..n_layers)
-            .map(|_| {
-                if kv_f16 {
-                    LayerState::KvF16 { k: Vec::new(), v: Vec::new() }
-                } else {
-                    LayerState::Kv { k: Vec::new(), v: Vec::new() }
-                }
-            })
-            .collect();
-        SeqState { layers, len: 0, n_ctx, kv_dim, o1: None }
+        let layers = (0..n_layers).map(|_| LayerState::new(KvState::new(kv_dim, kv_f16))).collect();
+        SeqState::from_layers(layers, n_ctx)
     }
 
     /// A sequence with the given per-layer states (hybrid models: one per layer kind).
-    pub fn from_layers(layers: Vec<LayerState>, kv_dim: usize, n_ctx: usize) -> SeqState {
-        SeqState { layers, len: 0, n_ctx, kv_dim, o1: None }
+    pub fn from_layers(layers: Vec<LayerState>, n_ctx: usize) -> SeqState {
+        SeqState { layers, len: 0, n_ctx, o1: None }
     }
 
     /// The O(1) plan's bookkeeping, if the sequence has one.
@@ -143,27 +148,12 @@ impl SeqState {
     pub fn rollback(&mut self, cp: Checkpoint) {
         assert!(cp.len <= self.len, "rollback to {} beyond current length {}", cp.len, self.len);
         self.len = cp.len;
-        let n = cp.len * self.kv_dim;
         for (l, snap) in self.layers.iter_mut().zip(cp.recurrent) {
-            if let Some(s) = snap {
-                *l = s;
-                continue;
-            }
-            match l {
-                LayerState::Kv { k, v } => {
-                    k.truncate(n);
-                    v.truncate(n);
-                }
-                LayerState::KvF16 { k, v } => {
-                    k.truncate(n);
-                    v.truncate(n);
-                }
-                LayerState::Mla { st, k_width, v_width } => {
-                    st.k.truncate(cp.len * *k_width);
-                    st.v.truncate(cp.len * *v_width);
-                }
-                LayerState::ShortConv(_) | LayerState::Gdn(_) | LayerState::Kda(_) | LayerState::O1(_) => {
-                    panic!("a checkpoint snapshots every recurrent layer");
+            match snap {
+                Some(s) => *l = s,
+                None => {
+                    assert!(!l.is_recurrent(), "a checkpoint snapshots every recurrent layer");
+                    l.0.truncate(cp.len);
                 }
             }
         }
@@ -180,24 +170,7 @@ impl SeqState {
     /// Room for `extra` more positions in every KV cache without reallocating (a cloned state
     /// holds exactly its length).
     pub fn reserve(&mut self, extra: usize) {
-        let n = extra * self.kv_dim;
-        for l in &mut self.layers {
-            match l {
-                LayerState::Kv { k, v } => {
-                    k.reserve(n);
-                    v.reserve(n);
-                }
-                LayerState::KvF16 { k, v } => {
-                    k.reserve(n);
-                    v.reserve(n);
-                }
-                LayerState::Mla { st, k_width, v_width } => {
-                    st.k.reserve(extra * *k_width);
-                    st.v.reserve(extra * *v_width);
-                }
-                _ => {}
-            }
-        }
+        self.layers.iter_mut().for_each(|l| l.0.reserve(extra));
     }
 
     /// Keep the first `len` positions (len ≤ self.len). Models with recurrent layers cannot
@@ -216,33 +189,7 @@ impl SeqState {
     /// Back to an empty sequence (recurrent states zeroed).
     pub fn clear(&mut self) {
         self.len = 0;
-        for l in &mut self.layers {
-            match l {
-                LayerState::Kv { k, v } => {
-                    k.clear();
-                    v.clear();
-                }
-                LayerState::KvF16 { k, v } => {
-                    k.clear();
-                    v.clear();
-                }
-                LayerState::ShortConv(s) => s.conv.fill(0.0),
-                LayerState::Gdn(s) => {
-                    s.conv.fill(0.0);
-                    s.s.fill(0.0);
-                }
-                LayerState::Kda(s) => {
-                    s.conv.fill(0.0);
-                    s.s.fill(0.0);
-                }
-                LayerState::Mla { st, .. } => {
-                    st.k.clear();
-                    st.v.clear();
-                }
-                // Planned layers go back to empty caches below.
-                LayerState::O1(_) => {}
-            }
-        }
+        self.layers.iter_mut().for_each(|l| l.0.clear());
         if let Some(run) = &mut self.o1 {
             run.reset(&mut self.layers);
         }
@@ -256,42 +203,33 @@ impl SeqState {
     /// Bytes held by the state, by kind. A sliding layer's bounded cache (sealed by an O(1)
     /// plan) counts as KV.
     pub fn bytes_by_kind(&self) -> StateBytes {
-        let mut b = StateBytes { o1: self.o1.as_ref().map_or(0, O1Run::bytes), ..StateBytes::default() };
-        for (il, l) in self.layers.iter().enumerate() {
-            match l {
-                LayerState::Kv { k, v } => b.kv += (k.len() + v.len()) * 4,
-                LayerState::KvF16 { k, v } => b.kv += (k.len() + v.len()) * 2,
-                LayerState::Mla { st, .. } => b.kv += (st.k.len() + st.v.len()) * 4,
-                LayerState::ShortConv(s) => b.recurrent += s.conv.len() * 4,
-                LayerState::Gdn(s) => b.recurrent += s.bytes(),
-                LayerState::Kda(s) => b.recurrent += s.bytes(),
-                LayerState::O1(o) if self.o1.as_ref().is_some_and(|r| matches!(r.serve[il], Serve::Sliding(_))) => {
-                    b.kv += o.bytes()
-                }
-                LayerState::O1(o) => b.o1 += o.bytes(),
-            }
-        }
-        b
+        let plan = StateBytes { o1: self.o1.as_ref().map_or(0, O1Run::bytes), ..StateBytes::default() };
+        self.layers.iter().map(LayerState::bytes).fold(plan, |a, b| a + b)
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use half::f16;
+
     use super::*;
+    use crate::mixers::attention::Cache;
+    use crate::mixers::gdn::GdnState;
+    use crate::mixers::shortconv::ShortConvState;
 
     /// Fill every layer with `n` positions of kv_dim values each.
     fn fill(st: &mut SeqState, kv_dim: usize, n: usize) {
         for l in &mut st.layers {
-            match l {
-                LayerState::Kv { k, v } => {
+            match &mut l.of::<KvState>().cache {
+                Cache::Kv { k, v } => {
                     k.resize(n * kv_dim, 1.0);
                     v.resize(n * kv_dim, 1.0);
                 }
-                LayerState::KvF16 { k, v } => {
+                Cache::KvF16 { k, v } => {
                     k.resize(n * kv_dim, f16::ONE);
                     v.resize(n * kv_dim, f16::ONE);
                 }
-                _ => unreachable!("dense states only"),
+                Cache::O1(_) => unreachable!("dense states only"),
             }
         }
         st.len = n;
@@ -312,6 +250,18 @@ mod tests {
         assert_eq!(b.bytes(), 0);
     }
 
+    /// One layer's values to compare: the K cache, or the recurrent matrix / conv history.
+    fn values(l: &LayerState) -> Vec<f32> {
+        if let Some(kv) = l.get::<KvState>() {
+            let Cache::Kv { k, .. } = &kv.cache else { unreachable!("f32 cache") };
+            k.clone()
+        } else if let Some(g) = l.get::<GdnState>() {
+            g.s.clone()
+        } else {
+            l.get::<ShortConvState>().expect("test layers").conv.clone()
+        }
+    }
+
     /// A hybrid sequence: rollback truncates the KV layer and restores the recurrent layers'
     /// snapshots bit for bit; truncate refuses to go back, clear zeroes.
     #[test]
@@ -330,60 +280,39 @@ mod tests {
         };
         let kv_dim = 6;
         let layers = vec![
-            LayerState::Kv { k: Vec::new(), v: Vec::new() },
-            LayerState::Gdn(GdnState::new(&cfg)),
-            LayerState::ShortConv(ShortConvState::new(8, 3)),
+            LayerState::new(KvState::new(kv_dim, false)),
+            LayerState::new(GdnState::new(&cfg)),
+            LayerState::new(ShortConvState::new(8, 3)),
         ];
-        let mut st = SeqState::from_layers(layers, kv_dim, 64);
+        let mut st = SeqState::from_layers(layers, 64);
         let advance = |st: &mut SeqState, x: f32| {
             for l in &mut st.layers {
-                match l {
-                    LayerState::Kv { k, v } => {
-                        k.extend(std::iter::repeat_n(x, kv_dim));
-                        v.extend(std::iter::repeat_n(x, kv_dim));
-                    }
-                    LayerState::Gdn(g) => g.s.iter_mut().for_each(|s| *s = *s * 0.5 + x),
-                    LayerState::ShortConv(c) => c.conv.iter_mut().for_each(|s| *s += x),
-                    _ => unreachable!(),
+                if let Some(kv) = l.get_mut::<KvState>() {
+                    let Cache::Kv { k, v } = &mut kv.cache else { unreachable!("f32 cache") };
+                    k.extend(std::iter::repeat_n(x, kv_dim));
+                    v.extend(std::iter::repeat_n(x, kv_dim));
+                } else if let Some(g) = l.get_mut::<GdnState>() {
+                    g.s.iter_mut().for_each(|s| *s = *s * 0.5 + x);
+                } else {
+                    l.of::<ShortConvState>().conv.iter_mut().for_each(|s| *s += x);
                 }
             }
             st.len += 1;
         };
         advance(&mut st, 1.0);
         let cp = st.checkpoint();
-        let before: Vec<Vec<f32>> = st
-            .layers
-            .iter()
-            .map(|l| match l {
-                LayerState::Kv { k, .. } => k.clone(),
-                LayerState::Gdn(g) => g.s.clone(),
-                LayerState::ShortConv(c) => c.conv.clone(),
-                _ => unreachable!(),
-            })
-            .collect();
+        let before: Vec<Vec<f32>> = st.layers.iter().map(values).collect();
         advance(&mut st, 2.5);
         advance(&mut st, -1.0);
         assert!(!st.can_truncate());
         st.rollback(cp);
         assert_eq!(st.len, 1);
-        let after: Vec<Vec<f32>> = st
-            .layers
-            .iter()
-            .map(|l| match l {
-                LayerState::Kv { k, .. } => k.clone(),
-                LayerState::Gdn(g) => g.s.clone(),
-                LayerState::ShortConv(c) => c.conv.clone(),
-                _ => unreachable!(),
-            })
-            .collect();
+        let after: Vec<Vec<f32>> = st.layers.iter().map(values).collect();
         assert_eq!(before, after, "rollback must restore every layer exactly");
         st.clear();
         assert_eq!(st.len, 0);
-        assert!(st.layers.iter().all(|l| match l {
-            LayerState::Kv { k, .. } => k.is_empty(),
-            LayerState::Gdn(g) => g.s.iter().all(|&x| x == 0.0),
-            LayerState::ShortConv(c) => c.conv.iter().all(|&x| x == 0.0),
-            _ => false,
-        }));
+        assert!(values(&st.layers[0]).is_empty());
+        assert!(st.layers[1..].iter().all(|l| values(l).iter().all(|&x| x == 0.0)));
+        assert_eq!(st.bytes_by_kind().kv, 0);
     }
 }

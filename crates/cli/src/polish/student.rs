@@ -18,7 +18,8 @@
 use cortiq_engine::Model;
 use cortiq_engine::blocks::AttentionWeights;
 use cortiq_engine::config::{Activation, MixerKind};
-use cortiq_engine::model::{Ffn, MixerWeights};
+use cortiq_engine::mixers::attention::Attention;
+use cortiq_engine::model::Ffn;
 use cortiq_train::act::Act;
 use cortiq_train::block::{BlockConfig, BlockMixer, BlockWeights};
 use cortiq_train::model::{Student, StudentLayer};
@@ -118,13 +119,10 @@ impl StudentWeights {
         let mut train = Vec::with_capacity(cfg.n_layers);
         for (il, (lw, spec)) in model.layers.iter().zip(&cfg.layers).enumerate() {
             let unsupported = |what| Err(StudentError::Unsupported { layer: il, what });
-            let aw: &AttentionWeights = match &lw.mixer {
-                MixerWeights::Attention(a) if spec.mixer == MixerKind::Attention => a,
-                MixerWeights::Attention(_) => return unsupported("an attention variant"),
-                MixerWeights::ShortConv(_) => return unsupported("a short convolution"),
-                MixerWeights::GatedDeltaNet(_) => return unsupported("a gated delta net"),
-                MixerWeights::Kda(_) => return unsupported("Kimi delta attention"),
-                MixerWeights::Mla(_) => return unsupported("multi-head latent attention"),
+            let aw: &AttentionWeights = match lw.mixer.downcast_ref::<Attention>() {
+                Some(a) if spec.mixer == MixerKind::Attention => &a.w,
+                Some(_) => return unsupported("an attention variant"),
+                None => return unsupported(lw.mixer.name()),
             };
             if cfg.attn_gate {
                 return unsupported("a gated attention output");

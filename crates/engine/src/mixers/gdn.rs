@@ -14,9 +14,13 @@ use cortiq_kernels::act::silu_fast;
 use cortiq_kernels::conv::causal_conv1d_par;
 use cortiq_kernels::delta::{CHUNK, gated_delta_chunked, gated_delta_recurrent};
 
+use crate::error::{EngineError, Result};
+use crate::mixers::{Env, Mixer, MixerState, Seq};
 use crate::par::pool;
 use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
+use crate::state::{LayerState, StateBytes};
+use crate::weights::TensorSource;
 
 /// How the per-head output norm is gated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,6 +100,109 @@ impl GdnState {
     pub fn bytes(&self) -> usize {
         (self.conv.len() + self.s.len()) * 4
     }
+}
+
+impl MixerState for GdnState {
+    fn is_recurrent(&self) -> bool {
+        true
+    }
+    fn clear(&mut self) {
+        self.conv.fill(0.0);
+        self.s.fill(0.0);
+    }
+    fn bytes(&self) -> StateBytes {
+        StateBytes { recurrent: GdnState::bytes(self), ..StateBytes::default() }
+    }
+}
+
+/// A GatedDeltaNet layer: its geometry and weights.
+pub struct GatedDeltaNet {
+    pub cfg: GdnConfig,
+    pub w: GdnWeights,
+}
+
+impl GatedDeltaNet {
+    /// Layer `il` by GGUF names; Qwen3-Next's fused projections are split here (sanitize).
+    pub fn load(src: &dyn TensorSource, g: GdnConfig, il: usize) -> Result<GatedDeltaNet> {
+        let n = |s: &str| format!("blk.{il}.{s}");
+        let (qkv, z) = gdn_qkvz(src, &g, il, g.d_model)?;
+        let (b, a) = gdn_ba(src, &g, il, g.d_model)?;
+        let w = GdnWeights {
+            in_proj_qkv: qkv,
+            in_proj_z: z,
+            in_proj_b: b,
+            in_proj_a: a,
+            conv: src.require(&n("ssm_conv1d.weight"), g.conv_dim(), g.conv_kernel)?.to_f32(),
+            dt_bias: src.vector(&n("ssm_dt.bias"), g.n_v_heads)?,
+            a: src.vector(&n("ssm_a"), g.n_v_heads)?,
+            norm: src.vector(&n("ssm_norm.weight"), g.d_v)?,
+            out_proj: src.require(&n("ssm_out.weight"), g.d_model, g.value_dim())?,
+        };
+        Ok(GatedDeltaNet { cfg: g, w })
+    }
+}
+
+impl Mixer for GatedDeltaNet {
+    fn name(&self) -> &'static str {
+        "a gated delta net"
+    }
+    fn matrices(&self) -> Vec<&QTensor> {
+        let w = &self.w;
+        vec![&w.in_proj_qkv, &w.in_proj_z, &w.in_proj_b, &w.in_proj_a, &w.out_proj]
+    }
+    fn matrices_mut(&mut self) -> Vec<&mut QTensor> {
+        let w = &mut self.w;
+        vec![&mut w.in_proj_qkv, &mut w.in_proj_z, &mut w.in_proj_b, &mut w.in_proj_a, &mut w.out_proj]
+    }
+    fn new_state(&self, _kv_f16: bool) -> LayerState {
+        LayerState::new(GdnState::new(&self.cfg))
+    }
+    fn forward(&self, _env: &Env, h: &[f32], n: usize, seq: Seq<'_>, _trace: &mut dyn FnMut(&str, &[f32])) -> Result<Vec<f32>> {
+        Ok(gated_deltanet(&self.cfg, &self.w, h, n, seq.state.of()))
+    }
+}
+
+/// A GatedDeltaNet layer's q|k|v and z projections: split tensors (Qwen3.5; llama.cpp's files),
+/// or Qwen3-Next's fused `in_proj_qkvz` (HF) whose rows come grouped per key head as
+/// [q (d_k), k (d_k), v (r·d_v), z (r·d_v)], r = n_v / n_k — re-laid out here into all q heads,
+/// all k heads, all v heads (in grouped order) and z, so the mixer has one layout.
+fn gdn_qkvz(src: &dyn TensorSource, g: &GdnConfig, il: usize, d: usize) -> Result<(QTensor, QTensor)> {
+    let n = |s: &str| format!("blk.{il}.{s}");
+    if let Some(qkv) = src.optional(&n("attn_qkv.weight"), g.conv_dim(), d)? {
+        return Ok((qkv, src.require(&n("attn_gate.weight"), g.value_dim(), d)?));
+    }
+    let fused = src.require(&n("ssm_in_qkvz.weight"), g.conv_dim() + g.value_dim(), d)?;
+    let (nk, dk, r, dv) = (g.n_k_heads, g.d_k, g.n_v_heads / g.n_k_heads, g.d_v);
+    let per = 2 * dk + 2 * r * dv; // rows per key head
+    let rows =
+        |part: usize, len: usize| -> Vec<usize> { (0..nk).flat_map(|kh| (0..len).map(move |i| kh * per + part + i)).collect() };
+    let mut qkv_rows = rows(0, dk); // all q heads
+    qkv_rows.extend(rows(dk, dk)); // all k heads
+    qkv_rows.extend(rows(2 * dk, r * dv)); // all v heads, grouped by key head
+    let z_rows = rows(2 * dk + r * dv, r * dv);
+    let bad = || EngineError::BadConfig { file: src.file(), what: format!("tensor '{}' does not fit its geometry", fused.name) };
+    Ok((
+        fused.gather_rows(n("attn_qkv.weight"), &qkv_rows).ok_or_else(bad)?,
+        fused.gather_rows(n("attn_gate.weight"), &z_rows).ok_or_else(bad)?,
+    ))
+}
+
+/// β and decay-input projections: split (`ssm_beta`, `ssm_alpha`) or Qwen3-Next's fused
+/// `ssm_ba` grouped per key head as [b (r), a (r)].
+fn gdn_ba(src: &dyn TensorSource, g: &GdnConfig, il: usize, d: usize) -> Result<(QTensor, QTensor)> {
+    let n = |s: &str| format!("blk.{il}.{s}");
+    if let Some(b) = src.optional(&n("ssm_beta.weight"), g.n_v_heads, d)? {
+        return Ok((b, src.require(&n("ssm_alpha.weight"), g.n_v_heads, d)?));
+    }
+    let fused = src.require(&n("ssm_ba.weight"), 2 * g.n_v_heads, d)?;
+    let r = g.n_v_heads / g.n_k_heads;
+    let rows =
+        |part: usize| -> Vec<usize> { (0..g.n_k_heads).flat_map(|kh| (0..r).map(move |i| kh * 2 * r + part + i)).collect() };
+    let bad = || EngineError::BadConfig { file: src.file(), what: format!("tensor '{}' does not fit its geometry", fused.name) };
+    Ok((
+        fused.gather_rows(n("ssm_beta.weight"), &rows(0)).ok_or_else(bad)?,
+        fused.gather_rows(n("ssm_alpha.weight"), &rows(r)).ok_or_else(bad)?,
+    ))
 }
 
 fn softplus(x: f32) -> f32 {

@@ -9,9 +9,13 @@
 use cortiq_kernels::conv::causal_conv1d_par;
 use cortiq_kernels::delta::{CHUNK, kda_chunked, kda_recurrent};
 
+use crate::error::{EngineError, Result};
+use crate::mixers::{Env, Mixer, MixerState, Seq};
 use crate::par::pool;
 use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
+use crate::state::{LayerState, StateBytes};
+use crate::weights::TensorSource;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct KdaConfig {
@@ -66,6 +70,84 @@ impl KdaState {
     pub fn bytes(&self) -> usize {
         (self.conv.len() + self.s.len()) * 4
     }
+}
+
+impl MixerState for KdaState {
+    fn is_recurrent(&self) -> bool {
+        true
+    }
+    fn clear(&mut self) {
+        self.conv.fill(0.0);
+        self.s.fill(0.0);
+    }
+    fn bytes(&self) -> StateBytes {
+        StateBytes { recurrent: KdaState::bytes(self), ..StateBytes::default() }
+    }
+}
+
+/// A KDA layer: its geometry and weights.
+pub struct Kda {
+    pub cfg: KdaConfig,
+    pub w: KdaWeights,
+}
+
+impl Kda {
+    pub fn load(src: &dyn TensorSource, c: KdaConfig, il: usize) -> Result<Kda> {
+        Ok(Kda { w: load_kda(src, &c, il)?, cfg: c })
+    }
+}
+
+impl Mixer for Kda {
+    fn name(&self) -> &'static str {
+        "Kimi delta attention"
+    }
+    fn matrices(&self) -> Vec<&QTensor> {
+        let k = &self.w;
+        vec![&k.qkv, &k.f_a, &k.f_b, &k.b_proj, &k.g_a, &k.g_b, &k.o_proj]
+    }
+    fn matrices_mut(&mut self) -> Vec<&mut QTensor> {
+        let k = &mut self.w;
+        vec![&mut k.qkv, &mut k.f_a, &mut k.f_b, &mut k.b_proj, &mut k.g_a, &mut k.g_b, &mut k.o_proj]
+    }
+    fn new_state(&self, _kv_f16: bool) -> LayerState {
+        LayerState::new(KdaState::new(&self.cfg))
+    }
+    fn forward(&self, _env: &Env, h: &[f32], n: usize, seq: Seq<'_>, _trace: &mut dyn FnMut(&str, &[f32])) -> Result<Vec<f32>> {
+        Ok(kda(&self.cfg, &self.w, h, n, seq.state.of()))
+    }
+}
+
+/// A KDA layer: q/k/v projections joined into one [3·dim, d] tensor (their three depthwise
+/// convolutions side by side), the low-rank forget and output gates, β, the σ-gated norm.
+fn load_kda(src: &dyn TensorSource, c: &KdaConfig, il: usize) -> Result<KdaWeights> {
+    let n = |s: &str| format!("blk.{il}.{s}");
+    let (d, dim, dh) = (c.d_model, c.dim(), c.d_head);
+    let (q, k, v) = (
+        src.require(&n("attn_q.weight"), dim, d)?,
+        src.require(&n("attn_k.weight"), dim, d)?,
+        src.require(&n("attn_v.weight"), dim, d)?,
+    );
+    let qkv = QTensor::concat_rows(n("attn_qkv.weight"), &[&q, &k, &v]).ok_or_else(|| EngineError::BadConfig {
+        file: src.file(),
+        what: format!("{}: q, k and v projections differ in type or width", n("attn_q.weight")),
+    })?;
+    let mut conv = Vec::with_capacity(3 * dim * c.conv_kernel);
+    for part in ["q", "k", "v"] {
+        conv.extend(src.require(&n(&format!("ssm_conv1d_{part}.weight")), dim, c.conv_kernel)?.to_f32());
+    }
+    Ok(KdaWeights {
+        qkv,
+        conv,
+        f_a: src.require(&n("ssm_f_a.weight"), dh, d)?,
+        f_b: src.require(&n("ssm_f_b.weight"), dim, dh)?,
+        dt_bias: src.vector(&n("ssm_dt.bias"), dim)?,
+        a: src.vector(&n("ssm_a"), c.n_heads)?,
+        b_proj: src.require(&n("ssm_beta.weight"), c.n_heads, d)?,
+        g_a: src.require(&n("ssm_g_a.weight"), dh, d)?,
+        g_b: src.require(&n("ssm_g_b.weight"), dim, dh)?,
+        o_norm: src.vector(&n("ssm_norm.weight"), dh)?,
+        o_proj: src.require(&n("attn_output.weight"), d, dim)?,
+    })
 }
 
 fn softplus(x: f32) -> f32 {

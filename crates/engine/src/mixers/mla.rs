@@ -4,7 +4,11 @@
 //! keys are [k_nope | k_rot], scores scaled by 1/√(nope + rope). The cache keeps the expanded
 //! keys and values (simple and exact; caching the latent instead is a later memory saving).
 
+use crate::error::Result;
+use crate::mixers::{Env, Mixer, MixerState, Seq};
 use crate::qtensor::QTensor;
+use crate::state::{LayerState, StateBytes};
+use crate::weights::TensorSource;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MlaConfig {
@@ -37,10 +41,104 @@ pub struct MlaWeights {
 }
 
 /// The expanded keys [len, n_heads, nope + rope] and values [len, n_heads, v_dim].
-#[derive(Clone, Debug, PartialEq, Default)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct MlaState {
     pub k: Vec<f32>,
     pub v: Vec<f32>,
+    /// Values per position in `k` (n_heads · (nope + rope)) and in `v` (n_heads · v_dim).
+    k_width: usize,
+    v_width: usize,
+}
+
+impl MlaState {
+    pub fn new(c: &MlaConfig) -> MlaState {
+        MlaState { k: Vec::new(), v: Vec::new(), k_width: c.n_heads * c.qk_dim(), v_width: c.n_heads * c.v_dim }
+    }
+}
+
+impl MixerState for MlaState {
+    fn is_recurrent(&self) -> bool {
+        false
+    }
+    fn truncate(&mut self, len: usize) {
+        self.k.truncate(len * self.k_width);
+        self.v.truncate(len * self.v_width);
+    }
+    fn reserve(&mut self, extra: usize) {
+        self.k.reserve(extra * self.k_width);
+        self.v.reserve(extra * self.v_width);
+    }
+    fn clear(&mut self) {
+        self.k.clear();
+        self.v.clear();
+    }
+    fn bytes(&self) -> StateBytes {
+        StateBytes { kv: (self.k.len() + self.v.len()) * 4, ..StateBytes::default() }
+    }
+}
+
+/// An MLA layer: its geometry and weights.
+pub struct Mla {
+    pub cfg: MlaConfig,
+    pub w: MlaWeights,
+}
+
+impl Mla {
+    pub fn load(src: &dyn TensorSource, c: MlaConfig, il: usize) -> Result<Mla> {
+        let n = |s: &str| format!("blk.{il}.{s}");
+        let d = c.d_model;
+        let w = MlaWeights {
+            q: src.require(&n("attn_q.weight"), c.n_heads * c.qk_dim(), d)?,
+            kv_a: src.require(&n("attn_kv_a_mqa.weight"), c.kv_lora + c.rope, d)?,
+            kv_a_norm: src.vector(&n("attn_kv_a_norm.weight"), c.kv_lora)?,
+            kv_b: mla_kv_b(src, &c, il)?,
+            o: src.require(&n("attn_output.weight"), d, c.n_heads * c.v_dim)?,
+        };
+        Ok(Mla { cfg: c, w })
+    }
+}
+
+impl Mixer for Mla {
+    fn name(&self) -> &'static str {
+        "multi-head latent attention"
+    }
+    fn matrices(&self) -> Vec<&QTensor> {
+        vec![&self.w.q, &self.w.kv_a, &self.w.kv_b, &self.w.o]
+    }
+    fn matrices_mut(&mut self) -> Vec<&mut QTensor> {
+        vec![&mut self.w.q, &mut self.w.kv_a, &mut self.w.kv_b, &mut self.w.o]
+    }
+    fn new_state(&self, _kv_f16: bool) -> LayerState {
+        LayerState::new(MlaState::new(&self.cfg))
+    }
+    fn forward(&self, _env: &Env, h: &[f32], n: usize, seq: Seq<'_>, _trace: &mut dyn FnMut(&str, &[f32])) -> Result<Vec<f32>> {
+        Ok(mla(&self.cfg, &self.w, h, n, seq.state.of()))
+    }
+}
+
+/// MLA's kv_b [n_heads·(nope + v_dim), kv_lora]: whole (HF), or rejoined from llama.cpp's
+/// per-head k_b (stored transposed, [n_heads, kv_lora, nope]) and v_b ([n_heads, v_dim,
+/// kv_lora]), widened to f32.
+fn mla_kv_b(src: &dyn TensorSource, c: &MlaConfig, il: usize) -> Result<QTensor> {
+    let n = |s: &str| format!("blk.{il}.{s}");
+    let (nh, nope, vd, lora) = (c.n_heads, c.nope, c.v_dim, c.kv_lora);
+    if let Some(t) = src.optional(&n("attn_kv_b.weight"), nh * (nope + vd), lora)? {
+        return Ok(t);
+    }
+    let kb = src.require(&n("attn_k_b.weight"), nh * lora, nope)?.to_f32(); // [nh, lora, nope]
+    let vb = src.require(&n("attn_v_b.weight"), nh * vd, lora)?.to_f32(); // [nh, v_dim, lora]
+    let mut out = vec![0f32; nh * (nope + vd) * lora]; // [nh, nope + v_dim, lora]
+    for h in 0..nh {
+        for i in 0..nope {
+            for j in 0..lora {
+                out[(h * (nope + vd) + i) * lora + j] = kb[(h * lora + j) * nope + i];
+            }
+        }
+        for i in 0..vd {
+            out[(h * (nope + vd) + nope + i) * lora..][..lora].copy_from_slice(&vb[(h * vd + i) * lora..][..lora]);
+        }
+    }
+    Ok(QTensor::from_f32(n("attn_kv_b.weight"), nh * (nope + vd), lora, out))
 }
 
 /// Attention over `n` new tokens at positions pos0.. (causal). h: [n, d_model] -> [n, d_model].

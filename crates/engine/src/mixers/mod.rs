@@ -1,9 +1,145 @@
-//! Token mixers other than softmax attention (issue 4): each a block function with its own
-//! constant-size per-sequence state. Architecture files will compose them with the shared
-//! blocks; `LayerState` will carry their states.
+//! Token mixers, one module each (STYLE principle 9): softmax attention and its variants
+//! (`attention`: exact or sliding, f32 or f16 cache, the sealed O(1) state), GatedDeltaNet
+//! (`gdn`), Kimi Delta Attention (`kda`), multi-head latent attention (`mla`) and LFM2's short
+//! convolution (`shortconv`); `nystrom` is the O(1) operator a sealed attention state runs.
+//!
+//! Each module owns its weights (and their loading by GGUF names), its per-sequence state, its
+//! forward over a chunk of one sequence and over the decode rows of many, and its state's
+//! operations, behind two interfaces: `Mixer` (weights side) and `MixerState` (state side).
+//! `Model` and `SeqState` dispatch through them once per layer and never look inside; `load`
+//! is the registry. A new mixer is one module here, a `MixerKind` variant (its validated
+//! config, config.rs) and one line in `load`.
+//!
+//! Dispatch cost: one virtual call per layer per step (and per sequence in the decode batch),
+//! beside a layer's ~µs-to-ms of matmuls; nothing inside a mixer is dynamic.
 
+use std::any::Any;
+
+use crate::config::{LayerSpec, MixerKind, ModelConfig};
+use crate::error::Result;
+use crate::numerics::{LlamaCppCtx, Numerics};
+use crate::o1::{AttnO1, Serve};
+use crate::qtensor::QTensor;
+use crate::state::{LayerState, StateBytes};
+use crate::weights::TensorSource;
+
+pub mod attention;
 pub mod gdn;
 pub mod kda;
 pub mod mla;
 pub mod nystrom;
 pub mod shortconv;
+
+/// One layer's per-sequence state, whatever its mixer. A checkpoint snapshots a recurrent state
+/// whole (a clone) and restores it by replacement; any other state is truncated instead.
+pub trait MixerState: StateAny + Send + Sync {
+    /// Whether the state only goes forward (constant-size recurrent states, sealed O(1)
+    /// attention): `truncate` cannot take it back, a checkpoint snapshots it.
+    fn is_recurrent(&self) -> bool;
+
+    /// Keep the first `len` positions. Called only on a state that is not recurrent (the
+    /// default, for recurrent states, says so).
+    fn truncate(&mut self, _len: usize) {
+        unreachable!("a recurrent state is restored from its snapshot, never truncated");
+    }
+
+    /// Room for `extra` more positions without reallocating (constant-size states: nothing).
+    fn reserve(&mut self, _extra: usize) {}
+
+    /// Back to an empty sequence (recurrent states zeroed).
+    fn clear(&mut self);
+
+    /// Bytes held, by kind.
+    fn bytes(&self) -> StateBytes;
+}
+
+/// The object plumbing every `MixerState` gets for free: a boxed clone (checkpoints) and the
+/// downcast to its mixer's own type (the mixer's forward, the O(1) seal).
+pub trait StateAny {
+    fn box_clone(&self) -> Box<dyn MixerState>;
+    fn as_any(&self) -> &dyn Any;
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+impl<T: MixerState + Clone + 'static> StateAny for T {
+    fn box_clone(&self) -> Box<dyn MixerState> {
+        Box::new(self.clone())
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+/// The model-wide settings a mixer's forward reads.
+pub struct Env<'a> {
+    pub cfg: &'a ModelConfig,
+    pub num: Numerics,
+}
+
+/// One sequence's side of a layer step: the layer's state, the chunk's first position, what
+/// llama.cpp's attention order depends on, and the sequence's O(1) plan for this layer (`Off`
+/// for layers the plan does not touch).
+pub struct Seq<'a> {
+    pub state: &'a mut LayerState,
+    pub pos0: usize,
+    pub lc: LlamaCppCtx,
+    pub o1: AttnO1<'a>,
+}
+
+/// A layer's token mixer: its weights and how it advances a sequence.
+pub trait Mixer: Any + Send + Sync {
+    /// What it is, for messages ("a gated delta net").
+    fn name(&self) -> &'static str;
+
+    /// The weight matrices, in a fixed order.
+    fn matrices(&self) -> Vec<&QTensor>;
+
+    fn matrices_mut(&mut self) -> Vec<&mut QTensor>;
+
+    /// A fresh per-sequence state (`kv_f16`: keep K/V as f16 where the mixer caches them).
+    fn new_state(&self, kv_f16: bool) -> LayerState;
+
+    /// How an O(1) plan serves the layer (only softmax attention is planned or bounded).
+    fn o1_serve(&self) -> Serve {
+        Serve::Untouched
+    }
+
+    /// The mixer over `n` positions of one sequence from `seq.pos0`: h [n, d_model] normed
+    /// input -> [n, d_model]; the state grows by n positions. Errors only from the O(1)
+    /// check's solve.
+    fn forward(&self, env: &Env, h: &[f32], n: usize, seq: Seq<'_>, trace: &mut dyn FnMut(&str, &[f32])) -> Result<Vec<f32>>;
+
+    /// One decode position for each of several sequences (the decode batch): h [k, d_model],
+    /// row i the next position of `rows[i]` -> [k, d_model], row for row bit-identical to
+    /// `forward(.., n = 1, ..)`. By default the rows run one by one; a mixer whose projections
+    /// have a multi-row decode path overrides it.
+    fn forward_rows(&self, env: &Env, h: &[f32], rows: Vec<Seq<'_>>) -> Result<Vec<f32>> {
+        let d = env.cfg.d_model;
+        let mut out = Vec::with_capacity(h.len()); // [k, d_model]
+        for (hr, seq) in h.chunks_exact(d).zip(rows) {
+            out.extend(self.forward(env, hr, 1, seq, &mut |_, _| {})?);
+        }
+        Ok(out)
+    }
+}
+
+impl dyn Mixer {
+    /// The mixer's own type (a trainer or converter that needs its weights).
+    pub fn downcast_ref<T: Mixer>(&self) -> Option<&T> {
+        (self as &dyn Any).downcast_ref()
+    }
+}
+
+/// The registry: layer `il`'s mixer by GGUF tensor names, as `spec` says.
+pub fn load(src: &dyn TensorSource, cfg: &ModelConfig, il: usize, spec: &LayerSpec) -> Result<Box<dyn Mixer>> {
+    Ok(match spec.mixer {
+        MixerKind::Attention => Box::new(attention::Attention::load(src, cfg, il, spec)?),
+        MixerKind::ShortConv { kernel, bias } => Box::new(shortconv::ShortConv::load(src, cfg.d_model, il, kernel, bias)?),
+        MixerKind::GatedDeltaNet(c) => Box::new(gdn::GatedDeltaNet::load(src, c, il)?),
+        MixerKind::Kda(c) => Box::new(kda::Kda::load(src, c, il)?),
+        MixerKind::Mla(c) => Box::new(mla::Mla::load(src, c, il)?),
+    })
+}

@@ -4,9 +4,13 @@
 
 use cortiq_kernels::conv::causal_conv1d_par;
 
+use crate::error::Result;
+use crate::mixers::{Env, Mixer, MixerState, Seq};
 use crate::par::pool;
 use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
+use crate::state::{LayerState, StateBytes};
+use crate::weights::TensorSource;
 
 pub struct ShortConvWeights {
     /// [3·d_model, d_model]: B | C | x.
@@ -32,6 +36,60 @@ pub struct ShortConvState {
 impl ShortConvState {
     pub fn new(d_model: usize, kernel: usize) -> ShortConvState {
         ShortConvState { conv: vec![0.0; (kernel - 1) * d_model] }
+    }
+}
+
+impl MixerState for ShortConvState {
+    fn is_recurrent(&self) -> bool {
+        true
+    }
+    fn clear(&mut self) {
+        self.conv.fill(0.0);
+    }
+    fn bytes(&self) -> StateBytes {
+        StateBytes { recurrent: self.conv.len() * 4, ..StateBytes::default() }
+    }
+}
+
+/// A short-convolution layer: its width, taps and weights.
+pub struct ShortConv {
+    pub d_model: usize,
+    pub kernel: usize,
+    pub w: ShortConvWeights,
+}
+
+impl ShortConv {
+    /// Layer `il` by GGUF names (`bias`: the in/conv/out biases exist).
+    pub fn load(src: &dyn TensorSource, d: usize, il: usize, kernel: usize, bias: bool) -> Result<ShortConv> {
+        let n = |s: &str| format!("blk.{il}.{s}");
+        let opt_vec = |s: &str, len: usize| -> Result<Vec<f32>> { if bias { src.vector(&n(s), len) } else { Ok(Vec::new()) } };
+        let w = ShortConvWeights {
+            in_proj: src.require(&n("shortconv.in_proj.weight"), 3 * d, d)?,
+            in_bias: opt_vec("shortconv.in_proj.bias", 3 * d)?,
+            conv: src.require(&n("shortconv.conv.weight"), d, kernel)?.to_f32(),
+            conv_bias: opt_vec("shortconv.conv.bias", d)?,
+            out_proj: src.require(&n("shortconv.out_proj.weight"), d, d)?,
+            out_bias: opt_vec("shortconv.out_proj.bias", d)?,
+        };
+        Ok(ShortConv { d_model: d, kernel, w })
+    }
+}
+
+impl Mixer for ShortConv {
+    fn name(&self) -> &'static str {
+        "a short convolution"
+    }
+    fn matrices(&self) -> Vec<&QTensor> {
+        vec![&self.w.in_proj, &self.w.out_proj]
+    }
+    fn matrices_mut(&mut self) -> Vec<&mut QTensor> {
+        vec![&mut self.w.in_proj, &mut self.w.out_proj]
+    }
+    fn new_state(&self, _kv_f16: bool) -> LayerState {
+        LayerState::new(ShortConvState::new(self.d_model, self.kernel))
+    }
+    fn forward(&self, _env: &Env, h: &[f32], n: usize, seq: Seq<'_>, _trace: &mut dyn FnMut(&str, &[f32])) -> Result<Vec<f32>> {
+        Ok(short_conv(&self.w, self.d_model, self.kernel, h, n, seq.state.of()))
     }
 }
 

@@ -1,0 +1,219 @@
+//! Softmax attention as a mixer, in all its variants: exact or sliding-window, gated or not,
+//! an f32 or f16 KV cache, and the sealed O(1) state an `o1` plan turns a cache into at the end
+//! of the prompt (`mixers::nystrom`'s operator). Owns the layer's weights and their loading
+//! (`Attention`), its per-sequence state (`KvState`) and that state's operations (truncate,
+//! reserve, clear, bytes), its forward and the decode batch's (projections over all rows at
+//! once, attention per sequence). The arithmetic is the shared block in `blocks.rs`
+//! (projections, QK-norm, RoPE, the softmax kernels, the O(1) hook), which MTP layers reuse.
+
+use half::f16;
+
+use crate::blocks::{AttentionWeights, attention, attention_core, attn_output, attn_project};
+use crate::config::{LayerSpec, ModelConfig};
+use crate::error::Result;
+use crate::mixers::nystrom::O1Layer;
+use crate::mixers::{Env, Mixer, MixerState, Seq};
+use crate::o1::Serve;
+use crate::qtensor::QTensor;
+use crate::state::{LayerState, StateBytes};
+use crate::weights::TensorSource;
+
+/// An attention layer: its weights, which of the model's RoPE tables it rotates by, its
+/// sliding window (None: every earlier key) and its cache's row width.
+pub struct Attention {
+    pub w: AttentionWeights,
+    /// Index into `ModelConfig::ropes`.
+    rope: usize,
+    window: Option<usize>,
+    /// n_kv_heads · head_dim.
+    kv_dim: usize,
+}
+
+impl Attention {
+    /// Layer `il`'s projections (biases and QK-norms where the model has them).
+    pub fn load(src: &dyn TensorSource, cfg: &ModelConfig, il: usize, spec: &LayerSpec) -> Result<Attention> {
+        let (d, q_dim, kv_dim, hd) = (cfg.d_model, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
+        let n = |s: &str| format!("blk.{il}.{s}");
+        let bias = |s: &str, len: usize| -> Result<Option<Vec<f32>>> {
+            if cfg.qkv_bias { Ok(Some(src.vector(&n(s), len)?)) } else { Ok(None) }
+        };
+        let qk_norm =
+            |s: &str| -> Result<Option<Vec<f32>>> { if cfg.qk_norm { Ok(Some(src.vector(&n(s), hd)?)) } else { Ok(None) } };
+        let w = AttentionWeights {
+            // A gated q_proj holds [q | gate] per head: twice the rows.
+            wq: src.require(&n("attn_q.weight"), if cfg.attn_gate { 2 * q_dim } else { q_dim }, d)?,
+            wk: src.require(&n("attn_k.weight"), kv_dim, d)?,
+            wv: src.require(&n("attn_v.weight"), kv_dim, d)?,
+            wo: src.require(&n("attn_output.weight"), d, q_dim)?,
+            bq: bias("attn_q.bias", q_dim)?,
+            bk: bias("attn_k.bias", kv_dim)?,
+            bv: bias("attn_v.bias", kv_dim)?,
+            q_norm: qk_norm("attn_q_norm.weight")?,
+            k_norm: qk_norm("attn_k_norm.weight")?,
+        };
+        Ok(Attention { w, rope: spec.rope, window: spec.sliding_window, kv_dim })
+    }
+}
+
+impl Mixer for Attention {
+    fn name(&self) -> &'static str {
+        "softmax attention"
+    }
+
+    fn matrices(&self) -> Vec<&QTensor> {
+        vec![&self.w.wq, &self.w.wk, &self.w.wv, &self.w.wo]
+    }
+
+    fn matrices_mut(&mut self) -> Vec<&mut QTensor> {
+        vec![&mut self.w.wq, &mut self.w.wk, &mut self.w.wv, &mut self.w.wo]
+    }
+
+    fn new_state(&self, kv_f16: bool) -> LayerState {
+        LayerState::new(KvState::new(self.kv_dim, kv_f16))
+    }
+
+    fn o1_serve(&self) -> Serve {
+        match self.window {
+            None => Serve::Planned,
+            Some(w) => Serve::Sliding(w.max(1)),
+        }
+    }
+
+    fn forward(&self, env: &Env, h: &[f32], n: usize, seq: Seq<'_>, trace: &mut dyn FnMut(&str, &[f32])) -> Result<Vec<f32>> {
+        let cfg = env.cfg;
+        let kv = &mut seq.state.of::<KvState>().cache;
+        attention(cfg, &self.w, &cfg.ropes[self.rope], self.window, h, n, seq.pos0, kv, env.num, seq.lc, seq.o1, trace)
+    }
+
+    /// The input and output projections run over all rows at once (each row on the decode
+    /// path, `QTensor::matvec_rows`), the attention itself per sequence on its own cache.
+    fn forward_rows(&self, env: &Env, h: &[f32], rows: Vec<Seq<'_>>) -> Result<Vec<f32>> {
+        let cfg = env.cfg;
+        let kb = rows.len();
+        let (q, k, v) = attn_project(&self.w, h, kb, true); // [kb, wq.rows], [kb, kv_dim] x2
+        let (qr, kvr) = (self.w.wq.rows, self.w.wk.rows);
+        let mut o = Vec::with_capacity(kb * cfg.q_dim()); // [kb, n_heads, head_dim]
+        let mut gate = Vec::new(); // [kb, n_heads, head_dim] when gated
+        for (i, seq) in rows.into_iter().enumerate() {
+            let kv = &mut seq.state.of::<KvState>().cache;
+            let (qi, ki, vi) =
+                (q[i * qr..(i + 1) * qr].to_vec(), k[i * kvr..(i + 1) * kvr].to_vec(), v[i * kvr..(i + 1) * kvr].to_vec());
+            let rope = &cfg.ropes[self.rope];
+            let (oi, gi) = attention_core(
+                cfg,
+                &self.w,
+                rope,
+                self.window,
+                qi,
+                ki,
+                vi,
+                1,
+                seq.pos0,
+                kv,
+                env.num,
+                seq.lc,
+                seq.o1,
+                &mut |_, _| {},
+            )?;
+            o.extend_from_slice(&oi);
+            gate.extend_from_slice(gi.as_deref().unwrap_or(&[]));
+        }
+        let gate = (!gate.is_empty()).then_some(&gate[..]);
+        Ok(attn_output(cfg, &self.w, o, gate, kb, true, &mut |_, _| {}))
+    }
+}
+
+/// What an attention layer keeps of a sequence.
+#[derive(Clone)]
+pub enum Cache {
+    /// Keys and values of every position so far: each [len, n_kv_heads, head_dim].
+    Kv { k: Vec<f32>, v: Vec<f32> },
+    /// The same, stored as f16 (llama.cpp's default cache type): half the bytes. Values are
+    /// rounded to nearest-even on append, as ggml's f32 -> f16 copy does.
+    KvF16 { k: Vec<f16>, v: Vec<f16> },
+    /// Sealed at the end of the prompt by an O(1) plan: sinks, a window ring and the Nyström
+    /// skeleton's accumulators, constant size.
+    O1(Box<O1Layer>),
+}
+
+/// An attention layer's per-sequence state: the cache, its row width and format (what `clear`
+/// returns to), and whether a seal made it a sliding layer's bounded cache.
+#[derive(Clone)]
+pub struct KvState {
+    pub cache: Cache,
+    /// Values per position in `k` and in `v` (n_kv_heads · head_dim).
+    row: usize,
+    f16: bool,
+    /// Sealed as a sliding layer's window (counts as KV in `bytes`, not as O(1) state).
+    sliding: bool,
+}
+
+impl KvState {
+    /// An empty cache of `row` values per position, f16 or f32.
+    pub fn new(row: usize, f16: bool) -> KvState {
+        KvState { cache: KvState::empty(f16), row, f16, sliding: false }
+    }
+
+    fn empty(f16: bool) -> Cache {
+        if f16 { Cache::KvF16 { k: Vec::new(), v: Vec::new() } } else { Cache::Kv { k: Vec::new(), v: Vec::new() } }
+    }
+
+    /// Replace the cache by its sealed O(1) state (`o1::O1Run::seal`); `sliding`: a sliding
+    /// layer's bounded window rather than a planned layer.
+    pub(crate) fn seal(&mut self, sealed: O1Layer, sliding: bool) {
+        self.cache = Cache::O1(Box::new(sealed));
+        self.sliding = sliding;
+    }
+}
+
+impl MixerState for KvState {
+    fn is_recurrent(&self) -> bool {
+        matches!(self.cache, Cache::O1(_))
+    }
+
+    fn truncate(&mut self, len: usize) {
+        let n = len * self.row;
+        match &mut self.cache {
+            Cache::Kv { k, v } => {
+                k.truncate(n);
+                v.truncate(n);
+            }
+            Cache::KvF16 { k, v } => {
+                k.truncate(n);
+                v.truncate(n);
+            }
+            Cache::O1(_) => unreachable!("a sealed O(1) state is recurrent: a checkpoint snapshots it"),
+        }
+    }
+
+    fn reserve(&mut self, extra: usize) {
+        let n = extra * self.row;
+        match &mut self.cache {
+            Cache::Kv { k, v } => {
+                k.reserve(n);
+                v.reserve(n);
+            }
+            Cache::KvF16 { k, v } => {
+                k.reserve(n);
+                v.reserve(n);
+            }
+            Cache::O1(_) => {}
+        }
+    }
+
+    /// Back to an empty cache in the layer's format (a sealed layer too: an O(1) plan seals
+    /// it again at the next prompt's end).
+    fn clear(&mut self) {
+        self.cache = KvState::empty(self.f16);
+        self.sliding = false;
+    }
+
+    fn bytes(&self) -> StateBytes {
+        match &self.cache {
+            Cache::Kv { k, v } => StateBytes { kv: (k.len() + v.len()) * 4, ..StateBytes::default() },
+            Cache::KvF16 { k, v } => StateBytes { kv: (k.len() + v.len()) * 2, ..StateBytes::default() },
+            Cache::O1(o) if self.sliding => StateBytes { kv: o.bytes(), ..StateBytes::default() },
+            Cache::O1(o) => StateBytes { o1: o.bytes(), ..StateBytes::default() },
+        }
+    }
+}
