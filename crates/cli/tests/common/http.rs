@@ -98,6 +98,22 @@ impl Server {
     }
 }
 
+impl Server {
+    /// Wait (at most 5 s) for a gauge to reach `want`: gauges are updated once per scheduler
+    /// step, so a response can arrive before the step that sent it has finished.
+    pub fn wait_metric(&self, name: &str, want: f64) {
+        let t0 = Instant::now();
+        loop {
+            let v = self.metric(name);
+            if v == want {
+                return;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(5), "{name} is {v}, expected {want}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
