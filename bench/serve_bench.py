@@ -123,7 +123,8 @@ def start(tool, args, port, np_):
         cmd = [args.llama_server, "-m", args.model, "-t", str(args.threads), "--port", str(port), "-np", str(np_),
                "-c", str(args.ctx * np_), "-fa", "on", "--no-webui"]
     env = dict(os.environ)
-    env["LD_LIBRARY_PATH"] = os.path.dirname(args.llama_server) + ":" + env.get("LD_LIBRARY_PATH", "")
+    if args.llama_server:
+        env["LD_LIBRARY_PATH"] = os.path.dirname(args.llama_server) + ":" + env.get("LD_LIBRARY_PATH", "")
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     wait_health(port, p)
     return p
