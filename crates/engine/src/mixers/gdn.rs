@@ -160,6 +160,28 @@ impl Mixer for GatedDeltaNet {
     fn forward(&self, _env: &Env, h: &[f32], n: usize, seq: Seq<'_>, _trace: &mut dyn FnMut(&str, &[f32])) -> Result<Vec<f32>> {
         Ok(gated_deltanet(&self.cfg, &self.w, h, n, seq.state.of()))
     }
+    /// The four input projections and the output projection over all rows at once (each row on
+    /// the decode path, `QTensor::matvec_rows`); the conv ring and the delta-rule state per
+    /// sequence.
+    fn forward_rows(&self, env: &Env, h: &[f32], rows: Vec<Seq<'_>>) -> Result<Vec<f32>> {
+        let cfg = &self.cfg;
+        let kb = rows.len();
+        let (cd, vd, nv) = (cfg.conv_dim(), cfg.value_dim(), cfg.n_v_heads);
+        let p = project(&self.w, h, kb, true);
+        let mut o = Vec::with_capacity(kb * vd); // [kb, n_v, d_v]
+        for (i, seq) in rows.into_iter().enumerate() {
+            let one = Projected {
+                mixed: p.mixed[i * cd..(i + 1) * cd].to_vec(),
+                z: p.z[i * vd..(i + 1) * vd].to_vec(),
+                b: p.b[i * nv..(i + 1) * nv].to_vec(),
+                a: p.a[i * nv..(i + 1) * nv].to_vec(),
+            };
+            o.extend(core(cfg, &self.w, &one, 1, seq.state.of()));
+        }
+        let mut y = vec![0f32; kb * env.cfg.d_model]; // [kb, d_model]
+        self.w.out_proj.matvec_rows(&o, kb, &mut y);
+        Ok(y)
+    }
 }
 
 /// A GatedDeltaNet layer's q|k|v and z projections: split tensors (Qwen3.5; llama.cpp's files),
@@ -220,19 +242,45 @@ fn l2norm(x: &mut [f32], scale: f32) {
 /// The mixer over `n` new tokens. h: [n, d_model] normed input -> [n, d_model]; `state` is
 /// advanced by the n tokens.
 pub fn gated_deltanet(cfg: &GdnConfig, w: &GdnWeights, h: &[f32], n: usize, state: &mut GdnState) -> Vec<f32> {
+    let p = project(w, h, n, false);
+    let o = core(cfg, w, &p, n, state);
+    let mut y = vec![0f32; n * cfg.d_model]; // [n, d_model]
+    w.out_proj.matmul(&o, n, &mut y);
+    y
+}
+
+/// The input projections of `n` rows.
+struct Projected {
+    mixed: Vec<f32>, // [n, conv_dim]
+    z: Vec<f32>,     // [n, n_v, d_v]
+    b: Vec<f32>,     // [n, n_v]
+    a: Vec<f32>,     // [n, n_v]
+}
+
+/// h [n, d_model] through the four input projections; `rows`: n independent decode rows
+/// (`matvec_rows`, each row as its own n = 1 step) rather than n positions of one sequence.
+fn project(w: &GdnWeights, h: &[f32], n: usize, rows: bool) -> Projected {
+    let mm = |t: &QTensor| {
+        let mut y = vec![0f32; n * t.rows]; // [n, t.rows]
+        if rows {
+            t.matvec_rows(h, n, &mut y)
+        } else {
+            t.matmul(h, n, &mut y)
+        }
+        y
+    };
+    Projected { mixed: mm(&w.in_proj_qkv), z: mm(&w.in_proj_z), b: mm(&w.in_proj_b), a: mm(&w.in_proj_a) }
+}
+
+/// Conv, delta rule and gated norm over `n` positions of one sequence -> o [n, n_v, d_v]
+/// (before the output projection); `state` is advanced by the n positions.
+fn core(cfg: &GdnConfig, w: &GdnWeights, p: &Projected, n: usize, state: &mut GdnState) -> Vec<f32> {
     let (nk, nv, dk, dv) = (cfg.n_k_heads, cfg.n_v_heads, cfg.d_k, cfg.d_v);
     let (kd, vd, cd) = (cfg.key_dim(), cfg.value_dim(), cfg.conv_dim());
-    let mut mixed = vec![0f32; n * cd]; // [n, conv_dim]
-    let mut z = vec![0f32; n * vd]; // [n, n_v, d_v]
-    let mut b = vec![0f32; n * nv]; // [n, n_v]
-    let mut a = vec![0f32; n * nv]; // [n, n_v]
-    w.in_proj_qkv.matmul(h, n, &mut mixed);
-    w.in_proj_z.matmul(h, n, &mut z);
-    w.in_proj_b.matmul(h, n, &mut b);
-    w.in_proj_a.matmul(h, n, &mut a);
+    let (mixed, z, b, a) = (&p.mixed, &p.z, &p.b, &p.a);
     let mut conv_out = vec![0f32; n * cd]; // [n, conv_dim]
     let conv_span = profile::span(Op::Conv);
-    causal_conv1d_par(pool(), &mixed, n, cd, &w.conv, cfg.conv_kernel, &[], &mut state.conv, true, &mut conv_out);
+    causal_conv1d_par(pool(), mixed, n, cd, &w.conv, cfg.conv_kernel, &[], &mut state.conv, true, &mut conv_out);
     drop(conv_span);
 
     // Per value head, contiguous inputs for the kernel: q, k [n, d_k] (of its key head), v
@@ -296,9 +344,7 @@ pub fn gated_deltanet(cfg: &GdnConfig, w: &GdnWeights, h: &[f32], n: usize, stat
         }
     });
     drop(mixer_span);
-    let mut y = vec![0f32; n * cfg.d_model]; // [n, d_model]
-    w.out_proj.matmul(&o, n, &mut y);
-    y
+    o
 }
 
 #[cfg(test)]
