@@ -206,3 +206,24 @@ fn real_qwen25_decode_batch_equals_alone() {
         check(&format!("qwen2.5-coder-0.5b {num:?}"), &loaded.model, &toks);
     }
 }
+
+/// The recurrent mixers' batched projections on quantized weights: each hybrid fixture
+/// converted to Q8_0 (a multi-column kernel), fast numerics, rows bit-identical to alone.
+#[test]
+fn decode_batch_hybrids_quantized() {
+    use cortiq_engine::convert::{ConvertOptions, QuantSpec, convert};
+    use cortiq_kernels::quant::QuantType;
+    let dir = std::env::temp_dir().join(format!("cortiq-decode-batch-q8-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for name in ["qwen3_5", "qwen3_next", "lfm2", "kimi_linear"] {
+        let out = dir.join(format!("{name}.cmf"));
+        let opts = ConvertOptions { quant: QuantSpec::To(QuantType::Q8_0), embeddings: None, force: true };
+        convert(&fixture(name), &out, &opts, &|_, _, _| {}).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let mut model = load(&out).unwrap().model;
+        model.set_numerics(Numerics::Fast);
+        let quantized = model.layers.iter().flat_map(|l| l.mixer.matrices()).filter(|t| t.dtype == QuantType::Q8_0).count();
+        assert!(quantized > 0, "{name}: the mixers' matrices are Q8_0");
+        check(&format!("{name} Q8_0 fast"), &model, &ids(&fixture(name).join("tokens.json")));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

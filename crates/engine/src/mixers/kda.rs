@@ -115,6 +115,27 @@ impl Mixer for Kda {
     fn forward(&self, _env: &Env, h: &[f32], n: usize, seq: Seq<'_>, _trace: &mut dyn FnMut(&str, &[f32])) -> Result<Vec<f32>> {
         Ok(kda(&self.cfg, &self.w, h, n, seq.state.of()))
     }
+    /// The projections (q|k|v, both low-rank gates, β, output) over all rows at once (each row
+    /// on the decode path, `QTensor::matvec_rows`); conv ring and delta state per sequence.
+    fn forward_rows(&self, _env: &Env, h: &[f32], rows: Vec<Seq<'_>>) -> Result<Vec<f32>> {
+        let c = &self.cfg;
+        let kb = rows.len();
+        let (dim, nh) = (c.dim(), c.n_heads);
+        let p = project(&self.w, h, kb, true);
+        let mut o = Vec::with_capacity(kb * dim); // [kb, dim]
+        for (i, seq) in rows.into_iter().enumerate() {
+            let one = Projected {
+                mixed: p.mixed[i * 3 * dim..(i + 1) * 3 * dim].to_vec(),
+                g: p.g[i * dim..(i + 1) * dim].to_vec(),
+                b: p.b[i * nh..(i + 1) * nh].to_vec(),
+                gate: p.gate[i * dim..(i + 1) * dim].to_vec(),
+            };
+            o.extend(core(c, &self.w, &one, 1, seq.state.of()));
+        }
+        let mut y = vec![0f32; kb * c.d_model]; // [kb, d_model]
+        self.w.o_proj.matvec_rows(&o, kb, &mut y);
+        Ok(y)
+    }
 }
 
 /// A KDA layer: q/k/v projections joined into one [3·dim, d] tensor (their three depthwise
@@ -162,23 +183,47 @@ fn l2norm(x: &mut [f32], scale: f32) {
 
 /// The mixer over `n` tokens. h: [n, d_model] -> [n, d_model].
 pub fn kda(c: &KdaConfig, w: &KdaWeights, h: &[f32], n: usize, state: &mut KdaState) -> Vec<f32> {
+    let p = project(w, h, n, false);
+    let o = core(c, w, &p, n, state);
+    let mut y = vec![0f32; n * c.d_model]; // [n, d_model]
+    w.o_proj.matmul(&o, n, &mut y);
+    y
+}
+
+/// The input projections of `n` rows.
+struct Projected {
+    mixed: Vec<f32>, // [n, 3·dim]
+    g: Vec<f32>,     // [n, dim] forget-gate input
+    b: Vec<f32>,     // [n, n_heads]
+    gate: Vec<f32>,  // [n, dim] output-gate input
+}
+
+/// h [n, d_model] through the input projections; `rows`: n independent decode rows
+/// (`matvec_rows`, each row as its own n = 1 step) rather than n positions of one sequence.
+fn project(w: &KdaWeights, h: &[f32], n: usize, rows: bool) -> Projected {
+    let mm = |t: &QTensor, x: &[f32]| {
+        let mut y = vec![0f32; n * t.rows]; // [n, t.rows]
+        if rows {
+            t.matvec_rows(x, n, &mut y)
+        } else {
+            t.matmul(x, n, &mut y)
+        }
+        y
+    };
+    let fa = mm(&w.f_a, h); // [n, d_head]
+    let ga = mm(&w.g_a, h); // [n, d_head]
+    Projected { mixed: mm(&w.qkv, h), g: mm(&w.f_b, &fa), b: mm(&w.b_proj, h), gate: mm(&w.g_b, &ga) }
+}
+
+/// Conv, delta rule and gated norm over `n` positions of one sequence -> o [n, dim] (before
+/// the output projection); `state` is advanced by the n positions.
+fn core(c: &KdaConfig, w: &KdaWeights, p: &Projected, n: usize, state: &mut KdaState) -> Vec<f32> {
     let (nh, dh, dim) = (c.n_heads, c.d_head, c.dim());
-    let mut mixed = vec![0f32; n * 3 * dim]; // [n, 3·dim]
-    w.qkv.matmul(h, n, &mut mixed);
+    let (g, b, gate) = (&p.g, &p.b, &p.gate);
     let conv_span = profile::span(Op::Mixer);
     let mut conv = vec![0f32; n * 3 * dim]; // [n, 3·dim]
-    causal_conv1d_par(pool(), &mixed, n, 3 * dim, &w.conv, c.conv_kernel, &[], &mut state.conv, true, &mut conv);
+    causal_conv1d_par(pool(), &p.mixed, n, 3 * dim, &w.conv, c.conv_kernel, &[], &mut state.conv, true, &mut conv);
     drop(conv_span);
-    let mut fa = vec![0f32; n * dh]; // [n, d_head]
-    w.f_a.matmul(h, n, &mut fa);
-    let mut g = vec![0f32; n * dim]; // [n, dim]
-    w.f_b.matmul(&fa, n, &mut g);
-    let mut b = vec![0f32; n * nh]; // [n, n_heads]
-    w.b_proj.matmul(h, n, &mut b);
-    let mut ga = vec![0f32; n * dh]; // [n, d_head]
-    w.g_a.matmul(h, n, &mut ga);
-    let mut gate = vec![0f32; n * dim]; // [n, dim]
-    w.g_b.matmul(&ga, n, &mut gate);
 
     let mixer_span = profile::span(Op::Mixer);
     let mut per_head = vec![0f32; nh * n * dh]; // [n_heads, n, d_head]
@@ -223,7 +268,5 @@ pub fn kda(c: &KdaConfig, w: &KdaWeights, h: &[f32], n: usize, state: &mut KdaSt
         }
     }
     drop(mixer_span);
-    let mut y = vec![0f32; n * c.d_model]; // [n, d_model]
-    w.o_proj.matmul(&o, n, &mut y);
-    y
+    o
 }

@@ -91,12 +91,28 @@ impl Mixer for ShortConv {
     fn forward(&self, _env: &Env, h: &[f32], n: usize, seq: Seq<'_>, _trace: &mut dyn FnMut(&str, &[f32])) -> Result<Vec<f32>> {
         Ok(short_conv(&self.w, self.d_model, self.kernel, h, n, seq.state.of()))
     }
+    /// Both projections over all rows at once (each row on the decode path,
+    /// `QTensor::matvec_rows`); the conv ring per sequence.
+    fn forward_rows(&self, _env: &Env, h: &[f32], rows: Vec<Seq<'_>>) -> Result<Vec<f32>> {
+        let mut states: Vec<&mut ShortConvState> = rows.into_iter().map(|seq| seq.state.of()).collect();
+        Ok(run(&self.w, self.d_model, self.kernel, h, &mut states, true))
+    }
 }
 
 /// The mixer over `n` new tokens. h: [n, d_model] normed input -> [n, d_model].
 pub fn short_conv(w: &ShortConvWeights, d: usize, kernel: usize, h: &[f32], n: usize, state: &mut ShortConvState) -> Vec<f32> {
+    debug_assert_eq!(h.len(), n * d);
+    run(w, d, kernel, h, &mut [state], false)
+}
+
+/// `rows`: h holds one decode position for each of `states` (the decode batch); else h holds
+/// consecutive positions of the one sequence `states[0]`. Everything but the projections and
+/// the conv is elementwise per row, so a batch row computes exactly its n = 1 step.
+fn run(w: &ShortConvWeights, d: usize, kernel: usize, h: &[f32], states: &mut [&mut ShortConvState], rows: bool) -> Vec<f32> {
+    let n = h.len() / d;
+    let mm = |t: &QTensor, x: &[f32], y: &mut [f32]| if rows { t.matvec_rows(x, n, y) } else { t.matmul(x, n, y) };
     let mut bcx = vec![0f32; n * 3 * d]; // [n, 3·d_model]
-    w.in_proj.matmul(h, n, &mut bcx);
+    mm(&w.in_proj, h, &mut bcx);
     if !w.in_bias.is_empty() {
         for row in bcx.chunks_mut(3 * d) {
             row.iter_mut().zip(&w.in_bias).for_each(|(v, b)| *v += b);
@@ -110,13 +126,20 @@ pub fn short_conv(w: &ShortConvWeights, d: usize, kernel: usize, h: &[f32], n: u
         }
     }
     let mut conv = vec![0f32; n * d]; // [n, d_model]
-    causal_conv1d_par(pool(), &bx, n, d, &w.conv, kernel, &w.conv_bias, &mut state.conv, false, &mut conv);
+    if rows {
+        for (i, st) in states.iter_mut().enumerate() {
+            let r = i * d..(i + 1) * d;
+            causal_conv1d_par(pool(), &bx[r.clone()], 1, d, &w.conv, kernel, &w.conv_bias, &mut st.conv, false, &mut conv[r]);
+        }
+    } else {
+        causal_conv1d_par(pool(), &bx, n, d, &w.conv, kernel, &w.conv_bias, &mut states[0].conv, false, &mut conv);
+    }
     for (o, row) in conv.chunks_mut(d).zip(bcx.chunks(3 * d)) {
         o.iter_mut().zip(&row[d..2 * d]).for_each(|(v, c)| *v *= c);
     }
     drop(mixer_span);
     let mut y = vec![0f32; n * d]; // [n, d_model]
-    w.out_proj.matmul(&conv, n, &mut y);
+    mm(&w.out_proj, &conv, &mut y);
     if !w.out_bias.is_empty() {
         for row in y.chunks_mut(d) {
             row.iter_mut().zip(&w.out_bias).for_each(|(v, b)| *v += b);
