@@ -114,6 +114,27 @@ impl Mixer for Mla {
     fn forward(&self, _env: &Env, h: &[f32], n: usize, seq: Seq<'_>, _trace: &mut dyn FnMut(&str, &[f32])) -> Result<Vec<f32>> {
         Ok(mla(&self.cfg, &self.w, h, n, seq.state.of()))
     }
+    /// The projections (q, kv_a, kv_b, o) over all rows at once (each row on the decode path,
+    /// `QTensor::matvec_rows`); the latent cache and the attention per sequence.
+    fn forward_rows(&self, _env: &Env, h: &[f32], rows: Vec<Seq<'_>>) -> Result<Vec<f32>> {
+        let c = &self.cfg;
+        let kb = rows.len();
+        let (nh, qk, vd) = (c.n_heads, c.qk_dim(), c.v_dim);
+        let (lw, bw) = (c.kv_lora + c.rope, nh * (c.nope + vd));
+        let p = project(c, &self.w, h, kb, true);
+        let mut o = Vec::with_capacity(kb * nh * vd); // [kb, n_heads, v_dim]
+        for (i, seq) in rows.into_iter().enumerate() {
+            let one = Projected {
+                q: p.q[i * nh * qk..(i + 1) * nh * qk].to_vec(),
+                lat: p.lat[i * lw..(i + 1) * lw].to_vec(),
+                kvb: p.kvb[i * bw..(i + 1) * bw].to_vec(),
+            };
+            o.extend(core(c, &one, 1, seq.state.of()));
+        }
+        let mut y = vec![0f32; kb * c.d_model]; // [kb, d_model]
+        self.w.o.matvec_rows(&o, kb, &mut y);
+        Ok(y)
+    }
 }
 
 /// MLA's kv_b [n_heads·(nope + v_dim), kv_lora]: whole (HF), or rejoined from llama.cpp's
@@ -143,11 +164,35 @@ fn mla_kv_b(src: &dyn TensorSource, c: &MlaConfig, il: usize) -> Result<QTensor>
 
 /// Attention over `n` new tokens at positions pos0.. (causal). h: [n, d_model] -> [n, d_model].
 pub fn mla(c: &MlaConfig, w: &MlaWeights, h: &[f32], n: usize, state: &mut MlaState) -> Vec<f32> {
-    let (nh, qk, vd, lora) = (c.n_heads, c.qk_dim(), c.v_dim, c.kv_lora);
-    let mut q = vec![0f32; n * nh * qk]; // [n, n_heads, qk]
-    w.q.matmul(h, n, &mut q);
-    let mut lat = vec![0f32; n * (lora + c.rope)]; // [n, kv_lora + rope]
-    w.kv_a.matmul(h, n, &mut lat);
+    let p = project(c, w, h, n, false);
+    let o = core(c, &p, n, state);
+    let mut y = vec![0f32; n * c.d_model]; // [n, d_model]
+    w.o.matmul(&o, n, &mut y);
+    y
+}
+
+/// The projections of `n` rows.
+struct Projected {
+    q: Vec<f32>,   // [n, n_heads, qk]
+    lat: Vec<f32>, // [n, kv_lora + rope]
+    kvb: Vec<f32>, // [n, n_heads, nope + v_dim]
+}
+
+/// h [n, d_model] through q, kv_a, the latent norm and kv_b; `rows`: n independent decode rows
+/// (`matvec_rows`, each row as its own n = 1 step) rather than n positions of one sequence.
+fn project(c: &MlaConfig, w: &MlaWeights, h: &[f32], n: usize, rows: bool) -> Projected {
+    let lora = c.kv_lora;
+    let mm = |t: &QTensor, x: &[f32]| {
+        let mut y = vec![0f32; n * t.rows]; // [n, t.rows]
+        if rows {
+            t.matvec_rows(x, n, &mut y)
+        } else {
+            t.matmul(x, n, &mut y)
+        }
+        y
+    };
+    let q = mm(&w.q, h);
+    let lat = mm(&w.kv_a, h);
     let mut cn = vec![0f32; n * lora]; // [n, kv_lora]: the normed latent
     for t in 0..n {
         let src = &lat[t * (lora + c.rope)..t * (lora + c.rope) + lora];
@@ -156,8 +201,14 @@ pub fn mla(c: &MlaConfig, w: &MlaWeights, h: &[f32], n: usize, state: &mut MlaSt
             *o = src[j] * inv * w.kv_a_norm[j];
         }
     }
-    let mut kvb = vec![0f32; n * nh * (c.nope + vd)]; // [n, n_heads, nope + v_dim]
-    w.kv_b.matmul(&cn, n, &mut kvb);
+    let kvb = mm(&w.kv_b, &cn);
+    Projected { q, lat, kvb }
+}
+
+/// Append `n` positions to the latent cache and attend -> o [n, n_heads, v_dim].
+fn core(c: &MlaConfig, p: &Projected, n: usize, state: &mut MlaState) -> Vec<f32> {
+    let (nh, qk, vd, lora) = (c.n_heads, c.qk_dim(), c.v_dim, c.kv_lora);
+    let (q, lat, kvb) = (&p.q, &p.lat, &p.kvb);
     for t in 0..n {
         let k_rot = &lat[t * (lora + c.rope) + lora..(t + 1) * (lora + c.rope)];
         for hh in 0..nh {
@@ -189,7 +240,5 @@ pub fn mla(c: &MlaConfig, w: &MlaWeights, h: &[f32], n: usize, state: &mut MlaSt
             }
         }
     }
-    let mut y = vec![0f32; n * c.d_model]; // [n, d_model]
-    w.o.matmul(&o, n, &mut y);
-    y
+    o
 }
