@@ -117,27 +117,17 @@ pub fn attention(
 /// one sequence.
 pub fn attn_project(w: &AttentionWeights, h: &[f32], n: usize, independent: bool) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let (q_rows, kv_dim) = (w.wq.rows, w.wk.rows);
-    // A gated q_proj (Qwen3-Next/3.5) yields [q | gate] per head: twice q_dim.
-    let mut q = vec![0f32; n * q_rows]; // [n, n_heads, head_dim] (or [n, n_heads, 2, head_dim] gated)
-    let mut k = vec![0f32; n * kv_dim]; // [n, n_kv_heads, head_dim]
-    let mut v = vec![0f32; n * kv_dim]; // [n, n_kv_heads, head_dim]
     if n == 1 {
         // Decode: one input quantization and one dispatch for the three projections.
         let mut qkv = vec![0f32; q_rows + 2 * kv_dim]; // [q_rows | kv_dim | kv_dim]
         QTensor::matmul_many(&[&w.wq, &w.wk, &w.wv], h, 1, &mut qkv);
-        q.copy_from_slice(&qkv[..q_rows]);
-        k.copy_from_slice(&qkv[q_rows..q_rows + kv_dim]);
-        v.copy_from_slice(&qkv[q_rows + kv_dim..]);
-    } else if independent {
-        w.wq.matvec_rows(h, n, &mut q);
-        w.wk.matvec_rows(h, n, &mut k);
-        w.wv.matvec_rows(h, n, &mut v);
-    } else {
-        w.wq.matmul(h, n, &mut q);
-        w.wk.matmul(h, n, &mut k);
-        w.wv.matmul(h, n, &mut v);
+        let v = qkv.split_off(q_rows + kv_dim);
+        let k = qkv.split_off(q_rows);
+        return (qkv, k, v);
     }
-    (q, k, v)
+    // A gated q_proj (Qwen3-Next/3.5) yields [q | gate] per head: twice q_dim.
+    // q [n, n_heads, head_dim] (or [n, n_heads, 2, head_dim] gated), k and v [n, n_kv_heads, head_dim]
+    (w.wq.project(h, n, independent), w.wk.project(h, n, independent), w.wv.project(h, n, independent))
 }
 
 /// The attention after its input projections: q [n, wq.rows], k, v [n, kv_dim] of n positions
@@ -330,13 +320,8 @@ pub fn attn_output(
         o.iter_mut().zip(g).for_each(|(x, &gv)| *x /= 1.0 + (-gv).exp());
     }
     trace("attn_out", &o);
-    let mut y = vec![0f32; n * cfg.d_model]; // [n, d_model]
-    if independent {
-        w.wo.matvec_rows(&o, n, &mut y);
-    } else {
-        w.wo.matmul(&o, n, &mut y);
-    }
-    y
+    debug_assert_eq!(w.wo.rows, cfg.d_model);
+    w.wo.project(&o, n, independent) // [n, d_model]
 }
 
 /// The O(1) plan's checking path: the teacher-forced matrix form (f64) over every position so

@@ -256,6 +256,19 @@ impl QTensor {
         y1.copy_from_slice(&y[self.rows..]);
     }
 
+    /// x [n, cols] -> [n, rows], newly allocated. `independent`: the n rows are decode rows of
+    /// n different sequences (`matvec_rows`, each row as its own n = 1 step); else n positions
+    /// of one sequence (`matmul`). The one switch every mixer's projections go through.
+    pub fn project(&self, x: &[f32], n: usize, independent: bool) -> Vec<f32> {
+        let mut y = vec![0f32; n * self.rows]; // [n, rows]
+        if independent {
+            self.matvec_rows(x, n, &mut y);
+        } else {
+            self.matmul(x, n, &mut y);
+        }
+        y
+    }
+
     /// `k` decode rows (one per running sequence) through this matrix: `y[j] = W · x[j]`, each
     /// row bit-identical to `matmul(x[j], 1, ..)` — the decode path — whatever the other rows
     /// are, so a sequence's result does not depend on what is batched beside it. Under

@@ -163,7 +163,7 @@ impl Mixer for GatedDeltaNet {
     /// The four input projections and the output projection over all rows at once (each row on
     /// the decode path, `QTensor::matvec_rows`); the conv ring and the delta-rule state per
     /// sequence.
-    fn forward_rows(&self, env: &Env, h: &[f32], rows: Vec<Seq<'_>>) -> Result<Vec<f32>> {
+    fn forward_rows(&self, _env: &Env, h: &[f32], rows: Vec<Seq<'_>>) -> Result<Vec<f32>> {
         let cfg = &self.cfg;
         let kb = rows.len();
         let (cd, vd, nv) = (cfg.conv_dim(), cfg.value_dim(), cfg.n_v_heads);
@@ -178,9 +178,7 @@ impl Mixer for GatedDeltaNet {
             };
             o.extend(core(cfg, &self.w, &one, 1, seq.state.of()));
         }
-        let mut y = vec![0f32; kb * env.cfg.d_model]; // [kb, d_model]
-        self.w.out_proj.matvec_rows(&o, kb, &mut y);
-        Ok(y)
+        Ok(self.w.out_proj.project(&o, kb, true)) // [kb, d_model]
     }
 }
 
@@ -244,9 +242,7 @@ fn l2norm(x: &mut [f32], scale: f32) {
 pub fn gated_deltanet(cfg: &GdnConfig, w: &GdnWeights, h: &[f32], n: usize, state: &mut GdnState) -> Vec<f32> {
     let p = project(w, h, n, false);
     let o = core(cfg, w, &p, n, state);
-    let mut y = vec![0f32; n * cfg.d_model]; // [n, d_model]
-    w.out_proj.matmul(&o, n, &mut y);
-    y
+    w.out_proj.project(&o, n, false) // [n, d_model]
 }
 
 /// The input projections of `n` rows.
@@ -260,15 +256,7 @@ struct Projected {
 /// h [n, d_model] through the four input projections; `rows`: n independent decode rows
 /// (`matvec_rows`, each row as its own n = 1 step) rather than n positions of one sequence.
 fn project(w: &GdnWeights, h: &[f32], n: usize, rows: bool) -> Projected {
-    let mm = |t: &QTensor| {
-        let mut y = vec![0f32; n * t.rows]; // [n, t.rows]
-        if rows {
-            t.matvec_rows(h, n, &mut y)
-        } else {
-            t.matmul(h, n, &mut y)
-        }
-        y
-    };
+    let mm = |t: &QTensor| t.project(h, n, rows);
     Projected { mixed: mm(&w.in_proj_qkv), z: mm(&w.in_proj_z), b: mm(&w.in_proj_b), a: mm(&w.in_proj_a) }
 }
 

@@ -132,9 +132,7 @@ impl Mixer for Kda {
             };
             o.extend(core(c, &self.w, &one, 1, seq.state.of()));
         }
-        let mut y = vec![0f32; kb * c.d_model]; // [kb, d_model]
-        self.w.o_proj.matvec_rows(&o, kb, &mut y);
-        Ok(y)
+        Ok(self.w.o_proj.project(&o, kb, true)) // [kb, d_model]
     }
 }
 
@@ -185,9 +183,7 @@ fn l2norm(x: &mut [f32], scale: f32) {
 pub fn kda(c: &KdaConfig, w: &KdaWeights, h: &[f32], n: usize, state: &mut KdaState) -> Vec<f32> {
     let p = project(w, h, n, false);
     let o = core(c, w, &p, n, state);
-    let mut y = vec![0f32; n * c.d_model]; // [n, d_model]
-    w.o_proj.matmul(&o, n, &mut y);
-    y
+    w.o_proj.project(&o, n, false) // [n, d_model]
 }
 
 /// The input projections of `n` rows.
@@ -201,15 +197,7 @@ struct Projected {
 /// h [n, d_model] through the input projections; `rows`: n independent decode rows
 /// (`matvec_rows`, each row as its own n = 1 step) rather than n positions of one sequence.
 fn project(w: &KdaWeights, h: &[f32], n: usize, rows: bool) -> Projected {
-    let mm = |t: &QTensor, x: &[f32]| {
-        let mut y = vec![0f32; n * t.rows]; // [n, t.rows]
-        if rows {
-            t.matvec_rows(x, n, &mut y)
-        } else {
-            t.matmul(x, n, &mut y)
-        }
-        y
-    };
+    let mm = |t: &QTensor, x: &[f32]| t.project(x, n, rows);
     let fa = mm(&w.f_a, h); // [n, d_head]
     let ga = mm(&w.g_a, h); // [n, d_head]
     Projected { mixed: mm(&w.qkv, h), g: mm(&w.f_b, &fa), b: mm(&w.b_proj, h), gate: mm(&w.g_b, &ga) }

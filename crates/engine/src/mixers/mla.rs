@@ -131,9 +131,7 @@ impl Mixer for Mla {
             };
             o.extend(core(c, &one, 1, seq.state.of()));
         }
-        let mut y = vec![0f32; kb * c.d_model]; // [kb, d_model]
-        self.w.o.matvec_rows(&o, kb, &mut y);
-        Ok(y)
+        Ok(self.w.o.project(&o, kb, true)) // [kb, d_model]
     }
 }
 
@@ -166,9 +164,7 @@ fn mla_kv_b(src: &dyn TensorSource, c: &MlaConfig, il: usize) -> Result<QTensor>
 pub fn mla(c: &MlaConfig, w: &MlaWeights, h: &[f32], n: usize, state: &mut MlaState) -> Vec<f32> {
     let p = project(c, w, h, n, false);
     let o = core(c, &p, n, state);
-    let mut y = vec![0f32; n * c.d_model]; // [n, d_model]
-    w.o.matmul(&o, n, &mut y);
-    y
+    w.o.project(&o, n, false) // [n, d_model]
 }
 
 /// The projections of `n` rows.
@@ -182,15 +178,7 @@ struct Projected {
 /// (`matvec_rows`, each row as its own n = 1 step) rather than n positions of one sequence.
 fn project(c: &MlaConfig, w: &MlaWeights, h: &[f32], n: usize, rows: bool) -> Projected {
     let lora = c.kv_lora;
-    let mm = |t: &QTensor, x: &[f32]| {
-        let mut y = vec![0f32; n * t.rows]; // [n, t.rows]
-        if rows {
-            t.matvec_rows(x, n, &mut y)
-        } else {
-            t.matmul(x, n, &mut y)
-        }
-        y
-    };
+    let mm = |t: &QTensor, x: &[f32]| t.project(x, n, rows);
     let q = mm(&w.q, h);
     let lat = mm(&w.kv_a, h);
     let mut cn = vec![0f32; n * lora]; // [n, kv_lora]: the normed latent

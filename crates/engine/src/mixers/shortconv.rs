@@ -110,9 +110,7 @@ pub fn short_conv(w: &ShortConvWeights, d: usize, kernel: usize, h: &[f32], n: u
 /// the conv is elementwise per row, so a batch row computes exactly its n = 1 step.
 fn run(w: &ShortConvWeights, d: usize, kernel: usize, h: &[f32], states: &mut [&mut ShortConvState], rows: bool) -> Vec<f32> {
     let n = h.len() / d;
-    let mm = |t: &QTensor, x: &[f32], y: &mut [f32]| if rows { t.matvec_rows(x, n, y) } else { t.matmul(x, n, y) };
-    let mut bcx = vec![0f32; n * 3 * d]; // [n, 3·d_model]
-    mm(&w.in_proj, h, &mut bcx);
+    let mut bcx = w.in_proj.project(h, n, rows); // [n, 3·d_model]
     if !w.in_bias.is_empty() {
         for row in bcx.chunks_mut(3 * d) {
             row.iter_mut().zip(&w.in_bias).for_each(|(v, b)| *v += b);
@@ -138,8 +136,7 @@ fn run(w: &ShortConvWeights, d: usize, kernel: usize, h: &[f32], states: &mut [&
         o.iter_mut().zip(&row[d..2 * d]).for_each(|(v, c)| *v *= c);
     }
     drop(mixer_span);
-    let mut y = vec![0f32; n * d]; // [n, d_model]
-    mm(&w.out_proj, &conv, &mut y);
+    let mut y = w.out_proj.project(&conv, n, rows); // [n, d_model]
     if !w.out_bias.is_empty() {
         for row in y.chunks_mut(d) {
             row.iter_mut().zip(&w.out_bias).for_each(|(v, b)| *v += b);
