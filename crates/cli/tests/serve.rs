@@ -360,7 +360,11 @@ fn serve_queue_full() {
         c
     };
     let a = open(&s); // running (context-bound at 512)
+    // a's 200 comes at submission; it holds the slot only once the engine admits it (a loaded
+    // machine can delay that past the next request)
+    s.wait_metric("cortiq_busy_slots", 1.0);
     let b = open(&s); // queued
+    s.wait_metric("cortiq_queue_length", 1.0);
     let r = s.post("/v1/completions", &json!({"prompt": "a", "max_tokens": 2}));
     assert_error(&r, 503, "unavailable_error", Some("server_busy"), None);
     assert_eq!(r.header("retry-after"), Some("1"));

@@ -125,6 +125,20 @@ pub fn attn_project(w: &AttentionWeights, h: &[f32], n: usize, independent: bool
         let k = qkv.split_off(q_rows);
         return (qkv, k, v);
     }
+    if independent {
+        // The decode batch: the same, over every row at once.
+        let all = q_rows + 2 * kv_dim;
+        let mut qkv = vec![0f32; n * all]; // [n, q_rows | kv_dim | kv_dim]
+        QTensor::matvec_rows_many(&[&w.wq, &w.wk, &w.wv], h, n, &mut qkv);
+        let (mut q, mut k, mut v) =
+            (Vec::with_capacity(n * q_rows), Vec::with_capacity(n * kv_dim), Vec::with_capacity(n * kv_dim));
+        for row in qkv.chunks_exact(all) {
+            q.extend_from_slice(&row[..q_rows]);
+            k.extend_from_slice(&row[q_rows..q_rows + kv_dim]);
+            v.extend_from_slice(&row[q_rows + kv_dim..]);
+        }
+        return (q, k, v);
+    }
     // A gated q_proj (Qwen3-Next/3.5) yields [q | gate] per head: twice q_dim.
     // q [n, n_heads, head_dim] (or [n, n_heads, 2, head_dim] gated), k and v [n, n_kv_heads, head_dim]
     (w.wq.project(h, n, independent), w.wk.project(h, n, independent), w.wv.project(h, n, independent))
@@ -601,10 +615,13 @@ fn gated_rows(cfg: &ModelConfig, num: Numerics, g: &mut [f32], u: &[f32], ff: us
 /// once for all rows where `QTensor::matvec_rows` can. h: [n, d_model] -> [n, d_model]
 pub fn ffn_rows(cfg: &ModelConfig, w: &FfnWeights, h: &[f32], n: usize, num: Numerics) -> Vec<f32> {
     let ff = w.gate.rows;
-    let mut g = vec![0f32; n * ff]; // [n, d_ff]
-    let mut u = vec![0f32; n * ff]; // [n, d_ff]
-    w.gate.matvec_rows(h, n, &mut g);
-    w.up.matvec_rows(h, n, &mut u);
+    let mut gu = vec![0f32; n * 2 * ff]; // [n, gate | up]
+    QTensor::matvec_rows_many(&[&w.gate, &w.up], h, n, &mut gu);
+    let (mut g, mut u) = (Vec::with_capacity(n * ff), Vec::with_capacity(n * ff)); // [n, d_ff] each
+    for row in gu.chunks_exact(2 * ff) {
+        g.extend_from_slice(&row[..ff]);
+        u.extend_from_slice(&row[ff..]);
+    }
     gated_rows(cfg, num, &mut g, &u, ff);
     let mut y = vec![0f32; n * cfg.d_model]; // [n, d_model]
     w.down.matvec_rows(&g, n, &mut y);

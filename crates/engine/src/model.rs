@@ -141,11 +141,16 @@ impl Model {
         self.numerics = num;
         self.kv_f16 = num == Numerics::LlamaCpp;
         let tied = self.tied;
+        // Fast decode reads the multiplied matrices in the interleaved layout (the embedding
+        // is only read by row and keeps its bytes; a tied output gets its own interleaved copy).
+        let il = num == Numerics::Fast;
         self.tok_embd.set_numerics(num, false);
         self.output.set_numerics(num, !tied);
+        self.output.set_interleaved(il);
         for l in self.layers.iter_mut().chain(self.mtp.iter_mut().map(|m| &mut m.layer)) {
             for t in l.mixer.matrices_mut().into_iter().chain(l.ffn.matrices_mut()) {
                 t.set_numerics(num, true);
+                t.set_interleaved(il);
             }
         }
     }

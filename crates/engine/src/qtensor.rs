@@ -7,8 +7,12 @@
 //!   8 bits per block (Q8_0 / Q8_1 / Q8_K, the format ggml pairs with each weight type) with
 //!   integer dot products, in our own kernel order: the arithmetic class llama.cpp uses, at our
 //!   speed. Decode is one fused pass per input (`matmul_many`: q/k/v or gate/up share one
-//!   activation quantization and one pool dispatch); each thread streams one contiguous slab of
-//!   weight rows. Float weights use the exact path.
+//!   activation quantization and one pool dispatch; `matvec_rows_many` the same for the decode
+//!   batch's rows); each thread streams one contiguous slab of weight rows. Q4_0, Q5_0 and Q8_0
+//!   matrices are kept in the 16-row interleaved layout of `quant::ileave` (`set_interleaved`,
+//!   set by the model for every multiplied matrix): its kernel serves one decode row or a
+//!   batch of them with the same per-row arithmetic. Prefill un-interleaves tiles of rows for
+//!   the matmat kernel. Float weights use the exact path.
 //! - `Numerics::Exact` (the library default): weights dequantized to f32, f32 products — what
 //!   transformers computes on the dequantized checkpoint, the reproducible reference.
 //!   Re-quantizing activations at every layer makes results discontinuous (a 1e-7 change can
@@ -21,22 +25,25 @@
 //! Prefill without an integer matmat kernel dequantizes a tile of weight rows to f32 once and
 //! reuses it for every token of the chunk (f32 GEMM, ~90% of prefill time).
 
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::sync::Arc;
 
 use cortiq_kernels::dot::{dot, gemm_nt};
 use cortiq_kernels::quant::{
-    ActType, MatmatActs, Order, QuantType, act_type, dequantize_act, dequantize_row, dequantize_rows, llamacpp_order,
-    matmat_q_prepared, matmat_q_prepared_tm, matmat_supported, matvec_fast, matvec_fast_multi, matvec_q_order, order_supported,
-    quantize_act,
+    ActType, IL_ROWS, MatmatActs, Order, QuantType, act_type, dequantize_act, dequantize_row, dequantize_rows, ileave,
+    ileave_group_bytes, ileave_rows, ileave_supported, llamacpp_order, matmat_q_prepared, matmat_q_prepared_tm, matmat_supported,
+    matvec_fast, matvec_fast_multi, matvec_ileave, matvec_q_order, order_supported, quantize_act,
 };
+
+use cortiq_formats::WeightBytes;
 
 use crate::numerics::Numerics;
 use crate::par::pool;
 use crate::profile::{self, Op};
 
 /// Bytes a QTensor points into: a memory map or an owned buffer.
-pub type Backing = Arc<dyn AsRef<[u8]> + Send + Sync>;
+pub type Backing = Arc<dyn WeightBytes>;
 
 #[derive(Clone)]
 pub struct QTensor {
@@ -53,6 +60,9 @@ pub struct QTensor {
     /// Whether llama.cpp would keep this matrix in its repacked layout (false for tensors it
     /// reads by row, the token embedding and a tied output). Only `Numerics::LlamaCpp` uses it.
     repackable: bool,
+    /// The bytes are in the 16-row interleaved layout of `quant::ileave` (rows padded to a
+    /// multiple of 16, owned, offset 0) rather than GGUF's row-major one (`set_interleaved`).
+    il: bool,
 }
 
 impl std::fmt::Debug for QTensor {
@@ -69,8 +79,12 @@ const TOKEN_SPLIT_MIN: usize = 16;
 /// Rows per decode grain: threads get contiguous slabs on multiples of this.
 const MATVEC_GRAIN: usize = 16;
 
+/// Rows per un-interleaved prefill tile of an interleaved tensor (a few hundred KiB of bytes).
+const IL_TILE: usize = 256;
+
 thread_local! {
     static TILE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static IL_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Activation rows quantized once per input, per activation format (q/k/v or gate/up may be
@@ -107,7 +121,7 @@ impl QTensor {
     ) -> Option<QTensor> {
         let row_bytes = dtype.row_bytes(cols)?;
         let end = offset.checked_add(row_bytes.checked_mul(rows)?)?;
-        if end > (*backing).as_ref().len() {
+        if end > backing.bytes().len() {
             return None;
         }
         Some(QTensor {
@@ -120,6 +134,7 @@ impl QTensor {
             row_bytes,
             numerics: Numerics::Exact,
             repackable: true,
+            il: false,
         })
     }
 
@@ -135,6 +150,9 @@ impl QTensor {
     pub fn set_numerics(&mut self, num: Numerics, repackable: bool) {
         self.numerics = num;
         self.repackable = repackable;
+        if num != Numerics::Fast {
+            self.set_interleaved(false);
+        }
     }
 
     /// Rows `r0..r0 + n` as a tensor of their own, sharing the bytes (one expert of a stacked
@@ -142,6 +160,13 @@ impl QTensor {
     pub fn rows_view(&self, name: impl Into<String>, r0: usize, n: usize) -> Option<QTensor> {
         if r0.checked_add(n)? > self.rows {
             return None;
+        }
+        if self.il {
+            let bytes = self.rows_data(r0, n).into_owned();
+            let mut t = QTensor::new(name, self.dtype, n, self.cols, Arc::new(bytes), 0)?;
+            t.numerics = self.numerics;
+            t.repackable = self.repackable;
+            return Some(t);
         }
         let mut t = QTensor::new(name, self.dtype, n, self.cols, Arc::clone(&self.backing), self.offset + r0 * self.row_bytes)?;
         t.numerics = self.numerics;
@@ -157,7 +182,7 @@ impl QTensor {
             if r >= self.rows {
                 return None;
             }
-            bytes.extend_from_slice(self.row_data(r));
+            bytes.extend_from_slice(&self.rows_data(r, 1));
         }
         let mut t = QTensor::new(name, self.dtype, rows.len(), self.cols, Arc::new(bytes), 0)?;
         t.numerics = self.numerics;
@@ -174,7 +199,7 @@ impl QTensor {
         }
         let mut bytes = Vec::new();
         for p in parts {
-            bytes.extend_from_slice(p.bytes());
+            bytes.extend_from_slice(&p.bytes());
         }
         let rows = parts.iter().map(|p| p.rows).sum();
         let mut t = QTensor::new(name, first.dtype, rows, first.cols, Arc::new(bytes), 0)?;
@@ -188,9 +213,52 @@ impl QTensor {
         self.rows * self.row_bytes
     }
 
-    /// The stored bytes of the whole tensor.
-    pub fn bytes(&self) -> &[u8] {
+    /// The whole tensor in GGUF's row-major bytes (borrowed unless the tensor is interleaved).
+    pub fn bytes(&self) -> Cow<'_, [u8]> {
         self.rows_data(0, self.rows)
+    }
+
+    /// Keep the bytes in the 16-row interleaved layout (`quant::ileave`: the decode kernel that
+    /// reads each weight once for every row of a batch at a fraction of the row-major kernel's
+    /// instructions) or in GGUF's. Only `Numerics::Fast` reads the layout, and only Q4_0, Q5_0 and
+    /// Q8_0 have it; for anything else this keeps (or restores) the row-major bytes. The
+    /// interleaved bytes are a new owned buffer of the same size (plus padding to 16 rows).
+    pub fn set_interleaved(&mut self, on: bool) {
+        let on = on && self.numerics == Numerics::Fast && ileave_supported(self.dtype);
+        if on == self.il {
+            return;
+        }
+        let bytes = if on {
+            ileave(self.dtype, &self.rows_data(0, self.rows), self.rows, self.cols)
+        } else {
+            self.rows_data(0, self.rows).into_owned()
+        };
+        // The row-major bytes are not read again here: a map gives their pages back.
+        self.backing.release(self.offset..self.offset + self.rows * self.row_bytes);
+        self.backing = Arc::new(bytes);
+        self.offset = 0;
+        self.il = on;
+    }
+
+    /// Whether the bytes are interleaved (`set_interleaved`).
+    pub fn interleaved(&self) -> bool {
+        self.il
+    }
+
+    /// Rows `r0..r0 + n` times `k` activation rows (Q8_0, [k, row bytes]) with the interleaved
+    /// kernel: y [n, k]. A range that cuts a group computes the whole group into a buffer and
+    /// keeps its rows; each row's value is the same either way.
+    fn matvec_il(&self, r0: usize, n: usize, acts: &[u8], k: usize, y: &mut [f32]) {
+        let gb = ileave_group_bytes(self.dtype, self.cols).expect("an interleaved tensor's type has the layout");
+        let (g0, g1) = (r0 / IL_ROWS, (r0 + n).div_ceil(IL_ROWS));
+        let packed = &self.backing.bytes()[g0 * gb..g1 * gb];
+        if r0.is_multiple_of(IL_ROWS) && n.is_multiple_of(IL_ROWS) {
+            matvec_ileave(self.dtype, packed, self.cols, acts, k, y);
+        } else {
+            let mut all = vec![0f32; (g1 - g0) * IL_ROWS * k];
+            matvec_ileave(self.dtype, packed, self.cols, acts, k, &mut all);
+            y.copy_from_slice(&all[(r0 - g0 * IL_ROWS) * k..][..n * k]);
+        }
     }
 
     /// The float order llama.cpp uses for token `t` of a batch of `batch`.
@@ -212,19 +280,39 @@ impl QTensor {
         }
     }
 
-    fn rows_data(&self, r0: usize, n: usize) -> &[u8] {
+    /// Rows `r0..r0 + n` in GGUF's row-major bytes: borrowed, or un-interleaved into a new
+    /// buffer for an interleaved tensor.
+    fn rows_data(&self, r0: usize, n: usize) -> Cow<'_, [u8]> {
+        if self.il {
+            let mut out = vec![0u8; n * self.row_bytes];
+            ileave_rows(self.dtype, self.backing.bytes(), self.cols, r0, n, &mut out);
+            return Cow::Owned(out);
+        }
         let start = self.offset + r0 * self.row_bytes;
-        &(*self.backing).as_ref()[start..start + n * self.row_bytes]
+        Cow::Borrowed(&self.backing.bytes()[start..start + n * self.row_bytes])
     }
 
-    fn row_data(&self, r: usize) -> &[u8] {
-        let start = self.offset + r * self.row_bytes;
-        &(*self.backing).as_ref()[start..start + self.row_bytes]
+    /// `f(first row, its GGUF bytes)` over rows `r0..r0 + n` in pieces: one borrowed piece for a
+    /// row-major tensor, tiles of `IL_TILE` rows un-interleaved into a per-thread buffer for an
+    /// interleaved one (prefill never holds a whole un-interleaved copy).
+    fn with_rows(&self, r0: usize, n: usize, mut f: impl FnMut(usize, &[u8])) {
+        if !self.il {
+            f(r0, &self.rows_data(r0, n));
+            return;
+        }
+        IL_BUF.with(|buf| {
+            let mut buf = buf.borrow_mut();
+            for (a, b) in chunks(n, IL_TILE) {
+                buf.resize((b - a) * self.row_bytes, 0);
+                ileave_rows(self.dtype, self.backing.bytes(), self.cols, r0 + a, b - a, &mut buf[..]);
+                f(r0 + a, &buf[..]);
+            }
+        });
     }
 
     /// Dequantize row `r` into `out` (len = cols).
     pub fn row_f32(&self, r: usize, out: &mut [f32]) {
-        dequantize_row(self.dtype, self.row_data(r), out);
+        dequantize_row(self.dtype, &self.rows_data(r, 1), out);
     }
 
     /// The whole tensor as f32 (norm gains, biases, small tensors).
@@ -272,38 +360,92 @@ impl QTensor {
     /// `k` decode rows (one per running sequence) through this matrix: `y[j] = W · x[j]`, each
     /// row bit-identical to `matmul(x[j], 1, ..)` — the decode path — whatever the other rows
     /// are, so a sequence's result does not depend on what is batched beside it. Under
-    /// `Numerics::Fast` the weights stream once for all rows (`matvec_fast_multi`); the other
-    /// numerics run the rows one by one. x: [k, cols] -> y: [k, rows]
+    /// `Numerics::Fast` the weights stream once for all rows (`matvec_ileave` or
+    /// `matvec_fast_multi`); the other numerics run the rows one by one. x: [k, cols] -> y: [k, rows]
     pub fn matvec_rows(&self, x: &[f32], k: usize, y: &mut [f32]) {
-        assert_eq!(x.len(), k * self.cols, "{}: input has {} values, expected {k}x{}", self.name, x.len(), self.cols);
-        assert_eq!(y.len(), k * self.rows, "{}: output has {} values, expected {k}x{}", self.name, y.len(), self.rows);
-        let act = match (self.act(), self.numerics) {
-            (Some(act), Numerics::Fast) if k > 1 => act,
-            _ => {
-                for (xj, yj) in x.chunks_exact(self.cols).zip(y.chunks_exact_mut(self.rows)) {
-                    self.matmul(xj, 1, yj);
-                }
-                return;
+        QTensor::matvec_rows_many(&[self], x, k, y);
+    }
+
+    /// `matvec_rows` of several matrices on the same k rows (q|k|v, gate|up) in one pool
+    /// dispatch over their concatenated rows, each input row quantized once per activation
+    /// format: y [k, Σ rows_i], each row's matrices side by side. Every value is the one
+    /// `matvec_rows` (and the decode path) gives: a weight row's result does not depend on the
+    /// slab it falls in. x: [k, cols]
+    pub fn matvec_rows_many(ws: &[&QTensor], x: &[f32], k: usize, y: &mut [f32]) {
+        let cols = ws.first().map_or(0, |w| w.cols);
+        let total: usize = ws.iter().map(|w| w.rows).sum();
+        for w in ws {
+            assert_eq!(w.cols, cols, "{}: {} columns, the other matrices of this input have {cols}", w.name, w.cols);
+        }
+        let name = ws.iter().map(|w| w.name.as_str()).collect::<Vec<_>>().join("+");
+        assert_eq!(x.len(), k * cols, "{name}: input has {} values, expected {k}x{cols}", x.len());
+        assert_eq!(y.len(), k * total, "{name}: output has {} values, expected {k}x{total}", y.len());
+        if ws.is_empty() || k == 0 {
+            return;
+        }
+        let batched = k > 1 && ws.iter().all(|w| w.numerics == Numerics::Fast && w.act().is_some());
+        if !batched {
+            let mut yj = vec![0f32; total];
+            for (xj, out) in x.chunks_exact(cols).zip(y.chunks_exact_mut(total)) {
+                QTensor::matmul_many(ws, xj, 1, &mut yj);
+                out.copy_from_slice(&yj);
             }
-        };
-        let mut acts = Vec::new(); // [k, act row bytes]
+            return;
+        }
+        // [k, act row bytes] per activation format, quantized once before the dispatch.
+        let mut acts: Vec<(ActType, Vec<u8>)> = Vec::new();
         {
             let _s = profile::span(Op::QuantizeAct);
             let mut q = Vec::new();
-            for xj in x.chunks_exact(self.cols) {
-                quantize_act(act, xj, &mut q);
-                acts.extend_from_slice(&q);
+            for act in ws.iter().filter_map(|w| w.act()) {
+                if acts.iter().any(|(a, _)| *a == act) {
+                    continue;
+                }
+                let mut all = Vec::new();
+                for xj in x.chunks_exact(cols) {
+                    quantize_act(act, xj, &mut q);
+                    all.extend_from_slice(&q);
+                }
+                acts.push((act, all));
             }
         }
+        let starts: Vec<usize> = ws
+            .iter()
+            .scan(0, |acc, w| {
+                let s = *acc;
+                *acc += w.rows;
+                Some(s)
+            })
+            .collect();
         let t0 = profile::enabled().then(std::time::Instant::now);
-        let mut yt = vec![0f32; self.rows * k]; // [rows, k]
-        pool().for_rows_mut(&mut yt, k, MATVEC_GRAIN, |r0, out| {
-            let n = out.len() / k;
-            matvec_fast_multi(self.dtype, self.rows_data(r0, n), n, self.cols, &acts, k, out);
+        let mut yt = vec![0f32; total * k]; // [Σ rows, k]
+        let acts = &acts;
+        pool().for_rows_mut(&mut yt, k, MATVEC_GRAIN, |g0, out| {
+            let g1 = g0 + out.len() / k;
+            for (w, &s) in ws.iter().zip(&starts) {
+                // This thread's slab of the concatenated rows, intersected with matrix w.
+                let (a, b) = (g0.max(s), g1.min(s + w.rows));
+                if a >= b {
+                    continue;
+                }
+                let o = &mut out[(a - g0) * k..(b - g0) * k];
+                let (r0, n) = (a - s, b - a);
+                let act = w.act().expect("batched: every matrix quantizes its input");
+                let q = &acts.iter().find(|(t, _)| *t == act).expect("quantized before the dispatch").1;
+                if w.il {
+                    w.matvec_il(r0, n, q, k, o);
+                } else {
+                    matvec_fast_multi(w.dtype, &w.rows_data(r0, n), n, w.cols, q, k, o);
+                }
+            }
         });
-        transpose_into(&yt, self.rows, k, y);
+        transpose_into(&yt, total, k, y);
         if let Some(t0) = t0 {
-            profile::add_matmul(self.dtype, k, t0.elapsed().as_nanos() as f64);
+            let ns = t0.elapsed().as_nanos() as f64;
+            let bytes: f64 = ws.iter().map(|w| (w.rows * w.row_bytes) as f64).sum();
+            for w in ws {
+                profile::add_matmul(w.dtype, k, ns * (w.rows * w.row_bytes) as f64 / bytes);
+            }
         }
     }
 
@@ -389,7 +531,10 @@ impl QTensor {
                     out.copy_from_slice(&q);
                 }
                 let prep = MatmatActs::new(self.dtype, &xq, cols, nt);
-                matmat_q_prepared_tm(self.dtype, self.bytes(), self.rows, &prep, ys, self.rows);
+                self.with_rows(0, self.rows, |r0, w| {
+                    let nr = w.len() / self.row_bytes;
+                    matmat_q_prepared_tm(self.dtype, w, nr, &prep, &mut ys[r0..], self.rows);
+                });
             });
             return;
         }
@@ -408,7 +553,10 @@ impl QTensor {
         let mut yt = vec![0f32; self.rows * n_t]; // [rows, n_t]
         pool().for_rows_mut(&mut yt, n_t, TILE_ROWS, |r0, out| {
             let nr = out.len() / n_t;
-            matmat_q_prepared(self.dtype, self.rows_data(r0, nr), nr, &prep, out);
+            self.with_rows(r0, nr, |r, w| {
+                let n = w.len() / self.row_bytes;
+                matmat_q_prepared(self.dtype, w, n, &prep, &mut out[(r - r0) * n_t..(r - r0 + n) * n_t]);
+            });
         });
         transpose_into(&yt, self.rows, n_t, y);
     }
@@ -423,7 +571,7 @@ impl QTensor {
                 let t = t0 + i;
                 quantize_act(act, &x[t * self.cols..(t + 1) * self.cols], &mut q);
                 let order = self.order(n_t, t);
-                matvec_q_order(self.dtype, order, self.bytes(), self.rows, self.cols, &q, yt);
+                matvec_q_order(self.dtype, order, &self.bytes(), self.rows, self.cols, &q, yt);
             }
         });
     }
@@ -435,7 +583,7 @@ impl QTensor {
             for (c0, c1) in chunks(nr, TILE_ROWS) {
                 let n = c1 - c0;
                 buf.resize(TILE_ROWS * self.cols, 0.0);
-                dequantize_rows(self.dtype, self.rows_data(r0 + c0, n), self.cols, &mut buf[..n * self.cols]);
+                dequantize_rows(self.dtype, &self.rows_data(r0 + c0, n), self.cols, &mut buf[..n * self.cols]);
                 let out = &mut out[c0 * n_t..c1 * n_t];
                 if n_t == 1 {
                     for (r, o) in out.iter_mut().enumerate() {
@@ -503,13 +651,15 @@ fn matvec_many(ws: &[&QTensor], x: &[f32], y: &mut [f32]) {
             match act {
                 Some(act) => {
                     let q = &cache.entries.iter().find(|(k, _)| k == act).expect("quantized before the dispatch").1;
-                    if w.numerics == Numerics::Fast {
-                        matvec_fast(w.dtype, w.rows_data(r0, n), n, w.cols, q, o);
+                    if w.il {
+                        w.matvec_il(r0, n, q, 1, o);
+                    } else if w.numerics == Numerics::Fast {
+                        matvec_fast(w.dtype, &w.rows_data(r0, n), n, w.cols, q, o);
                     } else {
                         // llama.cpp's order for a one-token batch: its repacked gemv where it
                         // repacks the matrix (Q4_0 / Q4_K / Q2_K, rows a multiple of 8), else
                         // vec_dot. Each row's sum is independent of the slab it falls in.
-                        matvec_q_order(w.dtype, w.order(1, 0), w.rows_data(r0, n), n, w.cols, q, o);
+                        matvec_q_order(w.dtype, w.order(1, 0), &w.rows_data(r0, n), n, w.cols, q, o);
                     }
                 }
                 None => w.tile_times(r0, n, x, 1, o),

@@ -17,3 +17,4 @@ pub mod safetensors;
 pub mod tokenizer;
 
 pub use error::FormatError;
+pub use mapping::WeightBytes;

@@ -3,8 +3,12 @@
 //! (`MADV_HUGEPAGE`: where the kernel backs read-only file mappings with them, each 2 MiB page
 //! costs one TLB entry instead of 512 and the hardware prefetchers run across it). The advice
 //! is best effort: refusing it changes speed, never results.
+//!
+//! `WeightBytes` is what a loaded tensor points into (a map or an owned buffer); a map can give
+//! back the pages of a range the engine has copied into a layout of its own.
 
 use std::fs::File;
+use std::ops::Range;
 use std::path::Path;
 
 use memmap2::Mmap;
@@ -22,4 +26,40 @@ pub(crate) fn map_readonly(file: &File, path: &Path) -> Result<Mmap, FormatError
         let _ = mmap.advise(memmap2::Advice::HugePage);
     }
     Ok(mmap)
+}
+
+/// The bytes a loaded tensor points into: a read-only file map or an owned buffer.
+pub trait WeightBytes: Send + Sync {
+    fn bytes(&self) -> &[u8];
+
+    /// The bytes of `range` will not be read again soon (the engine keeps its own copy of
+    /// them): a map drops those pages from the process's resident memory, which the next read
+    /// would fault back in from the file; an owned buffer ignores it. Best effort.
+    fn release(&self, _range: Range<usize>) {}
+}
+
+impl WeightBytes for Vec<u8> {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+}
+
+impl WeightBytes for Mmap {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+
+    fn release(&self, range: Range<usize>) {
+        // whole pages inside the range only (the map starts on a page boundary)
+        const PAGE: usize = 4096;
+        let (start, end) = (range.start.div_ceil(PAGE) * PAGE, range.end.min(self.len()) / PAGE * PAGE);
+        if start < end {
+            // SAFETY: this map is read-only and private (`map_readonly`): its pages are never
+            // written, so dropping them loses nothing — a later read faults the same bytes back
+            // in from the file (the map's standing assumption that the file is not modified
+            // under it). The range lies inside the map. An error (e.g. another page size) only
+            // means the pages stay resident.
+            let _ = unsafe { self.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start) };
+        }
+    }
 }

@@ -5,9 +5,12 @@
 //! several repetitions; the ratio is what batching k sequences' decode rows buys.
 //!
 //! `cargo run --release -p cortiq-kernels --example multivec_bench [-- ROWS COLS] [TYPE ...]`
-//! (TYPE: q4_k, q6_k, q8_0, q5_0, q4_0, q4_1, q5_1; default the first four)
+//! (TYPE: q4_k, q6_k, q8_0, q5_0, q4_0, q4_1, q5_1; default the first four; Q4_0 / Q5_0 / Q8_0
+//! also run in the 16-row interleaved layout, `quant::ileave`)
 
-use cortiq_kernels::quant::{QuantType, act_type, matvec_fast, matvec_fast_multi, quantize_act};
+use cortiq_kernels::quant::{
+    QuantType, act_type, ileave, ileave_supported, matvec_fast, matvec_fast_multi, matvec_ileave, quantize_act,
+};
 use std::hint::black_box;
 use std::time::Instant;
 
@@ -81,6 +84,11 @@ fn main() {
                 });
                 black_box((&y, &yj));
                 let prods = (k * rows * cols) as f64;
+                if ileave_supported(ty) && rows % 16 == 0 {
+                    let p = ileave(ty, &w, rows, cols);
+                    let ti = best(reps, || matvec_ileave(ty, black_box(&p), cols, &acts, k, &mut y));
+                    println!("                        interleaved {k:>2}   {:>8.3}   {:>8.1}", ti * 1e3, prods / ti / 1e9);
+                }
                 println!(
                     "                                 {k:>2}   {:>8.3}   {:>8.1}   {:>13.3}   {:>8.1}   {:>5.2}",
                     tm * 1e3,

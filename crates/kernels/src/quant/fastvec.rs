@@ -22,7 +22,8 @@ use super::vecdot::{ActType, Q8_1_BYTES, act_type};
 /// it measured faster (examples/fastvec_bench, single thread, G weights/s ggml order -> own:
 /// Q4_1 19.7 -> 26.3 in cache and 12.9 -> 24.9 streamed; Q5_1 even; Q4_0, Q5_0 and Q8_0 lose
 /// 10-30% to ggml's kernels, whose per-block work is already light). `matvec_own` runs it for
-/// every type of `geo` (tests, benches).
+/// every type of `geo` (tests, benches). The engine's fast decode keeps Q4_0, Q5_0 and Q8_0 in the
+/// interleaved layout of `quant::ileave`, whose kernel beats both.
 /// Q4_K (quant/fastk.rs): 40 -> 59 in cache, 39 -> 58 streamed (2048 / 65536 x 1024).
 pub fn fastvec_supported(ty: QuantType) -> bool {
     matches!(ty, QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4K)

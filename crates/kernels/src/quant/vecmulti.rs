@@ -2,7 +2,9 @@
 //! to `vecdot::matvec_q`: Q8_0, Q4_0, Q5_0 and Q6_K. `y[r, j] = W[r] · x̃_j` for k activation
 //! rows, each weight block read and unpacked once for up to `MULTI_MAX` columns. Qwen2.5-0.5B's
 //! Q4_K_M file is mostly these: Q5_0 for every 896-column matrix (44% of its weight bytes), Q8_0
-//! for the output matrix (37%), Q6_K for half of the FFN down projections.
+//! for the output matrix (37%), Q6_K for half of the FFN down projections. The engine's fast
+//! decode runs Q4_0 / Q5_0 / Q8_0 matrices in the interleaved layout instead (`quant::ileave`,
+//! 1.3-2.7x these kernels); the row-major ones here serve Q6_K and any matrix left row-major.
 //!
 //! Contract: every column is bit-identical to `vecdot::matvec_q` on that activation row alone,
 //! whatever k and the other columns are. That kernel's float order per row: per block b the

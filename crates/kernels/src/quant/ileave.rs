@@ -1,0 +1,488 @@
+//! Row-interleaved layout of Q4_0, Q5_0 and Q8_0 weights for decode (`Numerics::Fast`), and its
+//! matvec for 1..k activation rows: the serving core's decode batch and the single-sequence
+//! decode step run the same kernel.
+//!
+//! Why a layout of our own: in the row-major GGUF layout a 32-element block of one row fills
+//! half of a 512-bit register, so each block of each activation row costs a `vpdpbusd`, a
+//! convert, a multiply and an FMA for 32 products, and the block's float step must then be
+//! reduced across lanes. With 16 rows interleaved, lane r of a register holds 4 consecutive
+//! quants of row r: one `vpdpbusd` against 4 activation bytes broadcast does 64 products of 16
+//! rows, the 16 lanes are the 16 rows' exact block sums (no lane reduction at all) and one
+//! convert, multiply and FMA per block serve 16 rows. Decode of these types was compute-bound
+//! (about half the bandwidth roofline with 2 threads, and a 4-row batch cost 1.8x one row);
+//! here the weight unpack is shared by all columns and each extra column costs 11 instructions
+//! per 16 × 32 weights.
+//!
+//! Layout: rows in groups of `IL_ROWS` = 16 (the last group padded with zero rows), groups back
+//! to back, within a group the blocks b = 0..cols/32 back to back, each block-group holding the
+//! 16 rows' block b (the same bytes as 16 GGUF blocks):
+//! - 16 f16 scales (32 bytes, row order);
+//! - Q5_0 only: 8 × u64 high-bit masks, mask m bit 4r + i = the 5th bit of element 4m + i of
+//!   row r (64 bytes);
+//! - Q4_0 / Q5_0: 4 × 64 bytes of nibbles, chunk c bytes 4r..4r+4 = row r's `qs[4c..4c+4]`
+//!   (low nibbles: elements 4c.., high nibbles: elements 16 + 4c..);
+//! - Q8_0: 8 × 64 bytes, chunk c bytes 4r..4r+4 = row r's quants 4c..4c+4 stored unsigned
+//!   (q + 128).
+//!
+//! Arithmetic (both twins, bit for bit): per row r and block b the exact integer sum
+//! `i = Σ u·a - off·Σ a` (u the unsigned quant 0..15 / 0..31 / 0..255, off 8 / 16 / 128),
+//! then `acc_r = fma(f32(i), d_w · d_a, acc_r)` block after block; y_r = acc_r. Each column
+//! (activation row) is computed by the same instructions whatever the other columns are, so
+//! every column is bit-identical to the kernel run on that row alone.
+
+use super::QuantType;
+use super::blocks::f16_le;
+
+/// Rows per interleaved group.
+pub const IL_ROWS: usize = 16;
+
+/// Columns per pass over a group: one accumulator register per column.
+const PASS_COLS: usize = 8;
+
+/// Whether `ty` has an interleaved layout (Q4_0, Q5_0, Q8_0 here; Q4_K in `ileave_k`).
+pub fn ileave_supported(ty: QuantType) -> bool {
+    geo(ty).is_some() || ty == QuantType::Q4K
+}
+
+/// Bytes of one interleaved group of 16 rows of `cols` elements (16 × the row bytes, and for
+/// Q4_K its unpacked scales on top), or `None` for an unsupported type or width.
+pub fn ileave_group_bytes(ty: QuantType, cols: usize) -> Option<usize> {
+    if ty == QuantType::Q4K {
+        return cols.is_multiple_of(256).then(|| cols / 256 * super::ileave_k::GBB);
+    }
+    geo(ty)?;
+    IL_ROWS.checked_mul(ty.row_bytes(cols)?)
+}
+
+/// Bytes of one activation row of `cols` elements for `ty`'s kernel (Q8_0, Q8_K for Q4_K).
+fn act_row_bytes(ty: QuantType, cols: usize) -> usize {
+    if ty == QuantType::Q4K { cols / 256 * 292 } else { cols / 32 * 34 }
+}
+
+/// (block bytes, quant offset) of the interleaved types.
+fn geo(ty: QuantType) -> Option<(usize, i32)> {
+    match ty {
+        QuantType::Q4_0 => Some((18, 8)),
+        QuantType::Q5_0 => Some((22, 16)),
+        QuantType::Q8_0 => Some((34, 128)),
+        _ => None,
+    }
+}
+
+/// Bytes of the interleaved form of `rows × cols` elements of `ty` (rows padded to a whole
+/// number of groups), or `None` for an unsupported type or a width that is not whole blocks.
+pub fn ileave_bytes(ty: QuantType, rows: usize, cols: usize) -> Option<usize> {
+    rows.div_ceil(IL_ROWS).checked_mul(ileave_group_bytes(ty, cols)?)
+}
+
+/// The interleaved form of `rows` row-major rows of `ty` (`w`: rows × row bytes), padded with
+/// zero rows to a multiple of `IL_ROWS`. Groups are packed in parallel (load time).
+#[track_caller]
+pub fn ileave(ty: QuantType, w: &[u8], rows: usize, cols: usize) -> Vec<u8> {
+    use rayon::prelude::*;
+    let gbytes = ileave_group_bytes(ty, cols).unwrap_or_else(|| panic!("ileave({ty}): no interleaved layout for {cols} columns"));
+    let rb = ty.row_bytes(cols).expect("whole blocks");
+    assert_eq!(w.len(), rows * rb, "ileave({ty}): {rows}x{cols} needs {} bytes, got {}", rows * rb, w.len());
+    let groups = rows.div_ceil(IL_ROWS);
+    if ty == QuantType::Q4K {
+        let mut out = huge_zeroed(groups * gbytes);
+        super::ileave_k::ileave(w, rows, cols, &mut out);
+        return out;
+    }
+    let (bb, _) = geo(ty).expect("checked");
+    let mut out = huge_zeroed(groups * IL_ROWS * rb);
+    let zero = vec![0u8; rb];
+    out.par_chunks_mut((IL_ROWS * rb).max(1)).enumerate().for_each(|(g, dst)| {
+        let src: [&[u8]; IL_ROWS] = std::array::from_fn(|r| {
+            let row = g * IL_ROWS + r;
+            if row < rows { &w[row * rb..(row + 1) * rb] } else { &zero[..] }
+        });
+        for (b, d) in dst.chunks_exact_mut(IL_ROWS * bb).enumerate() {
+            pack_block(ty, &src, b * bb, d);
+        }
+    });
+    out
+}
+
+/// `n` zero bytes, asking the kernel for transparent huge pages first (`MADV_HUGEPAGE`, before
+/// any page is touched): decode streams these bytes every token, and with 4 KiB pages the
+/// hardware prefetchers stop at every page boundary and every page costs a TLB entry. Best
+/// effort: a refused advice changes speed, never contents.
+fn huge_zeroed(n: usize) -> Vec<u8> {
+    let mut v = Vec::<u8>::with_capacity(n);
+    #[cfg(target_os = "linux")]
+    {
+        const PAGE: usize = 4096;
+        let p = v.as_mut_ptr() as usize;
+        let (start, end) = (p.div_ceil(PAGE) * PAGE, (p + n) / PAGE * PAGE);
+        if start < end {
+            // SAFETY: [start, end) lies inside the allocation `v` owns (capacity n) and is page
+            // aligned; MADV_HUGEPAGE only changes how the kernel backs the pages, never their
+            // contents, and none of them has been written yet.
+            let _ = unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
+        }
+    }
+    v.resize(n, 0);
+    v
+}
+
+/// One block-group: block b (at byte `at`) of the 16 rows `src` (GGUF bytes) into `dst`
+/// (16 × block bytes). Quants move 4 bytes at a time (register c, lane r).
+fn pack_block(ty: QuantType, src: &[&[u8]; IL_ROWS], at: usize, dst: &mut [u8]) {
+    let (scales, body) = dst.split_at_mut(32);
+    for (r, row) in src.iter().enumerate() {
+        scales[2 * r..2 * r + 2].copy_from_slice(&row[at..at + 2]);
+    }
+    let (q0, nq, xor, body) = match ty {
+        QuantType::Q8_0 => (2, 8, 0x80, body),
+        QuantType::Q4_0 => (2, 4, 0, body),
+        _ => {
+            let (hb, nib) = body.split_at_mut(64);
+            let mut masks = [0u64; 8];
+            for (r, row) in src.iter().enumerate() {
+                let qh = u32::from_le_bytes(row[at + 2..at + 6].try_into().expect("4 bytes")) as u64;
+                for (m, mask) in masks.iter_mut().enumerate() {
+                    *mask |= ((qh >> (4 * m)) & 0xF) << (4 * r);
+                }
+            }
+            for (d, m) in hb.chunks_exact_mut(8).zip(masks) {
+                d.copy_from_slice(&m.to_le_bytes());
+            }
+            (6, 4, 0, nib)
+        }
+    };
+    for c in 0..nq {
+        for (r, row) in src.iter().enumerate() {
+            let q = &row[at + q0 + 4 * c..at + q0 + 4 * c + 4];
+            for (d, &v) in body[64 * c + 4 * r..64 * c + 4 * r + 4].iter_mut().zip(q) {
+                *d = v ^ xor;
+            }
+        }
+    }
+}
+
+/// Rows `r0..r0 + n` of an interleaved tensor back in GGUF's row-major bytes (`out`: n × row
+/// bytes): the inverse of `ileave` (prefill tiles, embedding rows, file export).
+#[track_caller]
+pub fn ileave_rows(ty: QuantType, packed: &[u8], cols: usize, r0: usize, n: usize, out: &mut [u8]) {
+    let gbytes =
+        ileave_group_bytes(ty, cols).unwrap_or_else(|| panic!("ileave_rows({ty}): no interleaved layout for {cols} columns"));
+    let rb = ty.row_bytes(cols).expect("whole blocks");
+    assert!((r0 + n).div_ceil(IL_ROWS) * gbytes <= packed.len(), "ileave_rows({ty}): rows {r0}..{} out of range", r0 + n);
+    assert_eq!(out.len(), n * rb, "ileave_rows({ty}): {n} rows need {} bytes, got {}", n * rb, out.len());
+    if ty == QuantType::Q4K {
+        let gbb = super::ileave_k::GBB;
+        for (i, row) in out.chunks_exact_mut(rb).enumerate() {
+            let (g, r) = ((r0 + i) / IL_ROWS, (r0 + i) % IL_ROWS);
+            for (b, blk) in row.chunks_exact_mut(144).enumerate() {
+                super::ileave_k::unpack_block(&packed[g * gbytes + b * gbb..][..gbb], r, blk);
+            }
+        }
+        return;
+    }
+    let (bb, _) = geo(ty).expect("checked");
+    let nb = cols / 32;
+    for (i, row) in out.chunks_exact_mut(rb).enumerate() {
+        let (g, r) = ((r0 + i) / IL_ROWS, (r0 + i) % IL_ROWS);
+        for (b, blk) in row.chunks_exact_mut(bb).enumerate() {
+            let src = &packed[(g * nb + b) * IL_ROWS * bb..][..IL_ROWS * bb];
+            unpack_block(ty, src, r, blk);
+        }
+    }
+}
+
+/// Row r's GGUF block out of one block-group.
+fn unpack_block(ty: QuantType, src: &[u8], r: usize, blk: &mut [u8]) {
+    blk[..2].copy_from_slice(&src[2 * r..2 * r + 2]);
+    let body = &src[32..];
+    let (q0, nq, xor, body) = match ty {
+        QuantType::Q8_0 => (2, 8, 0x80, body),
+        QuantType::Q4_0 => (2, 4, 0, body),
+        _ => {
+            let mut qh = 0u32;
+            for m in 0..8 {
+                let mask = u64::from_le_bytes(body[8 * m..8 * m + 8].try_into().expect("8 bytes"));
+                qh |= (((mask >> (4 * r)) & 0xF) as u32) << (4 * m);
+            }
+            blk[2..6].copy_from_slice(&qh.to_le_bytes());
+            (6, 4, 0, &body[64..])
+        }
+    };
+    for c in 0..nq {
+        for (d, &v) in blk[q0 + 4 * c..q0 + 4 * c + 4].iter_mut().zip(&body[64 * c + 4 * r..64 * c + 4 * r + 4]) {
+            *d = v ^ xor;
+        }
+    }
+}
+
+/// Unsigned quant of element e of row r in a block-group (offset not applied).
+fn quant(ty: QuantType, src: &[u8], r: usize, e: usize) -> i32 {
+    let body = &src[32..];
+    match ty {
+        QuantType::Q8_0 => body[(e / 4) * 64 + 4 * r + e % 4] as i32,
+        _ => {
+            let nib = if ty == QuantType::Q5_0 { &body[64..] } else { body };
+            let j = e % 16;
+            let byte = nib[(j / 4) * 64 + 4 * r + j % 4];
+            let mut u = if e < 16 { byte & 0x0F } else { byte >> 4 } as i32;
+            if ty == QuantType::Q5_0 {
+                let m = u64::from_le_bytes(body[8 * (e / 4)..8 * (e / 4) + 8].try_into().expect("8 bytes"));
+                u |= (((m >> (4 * r + e % 4)) & 1) as i32) << 4;
+            }
+            u
+        }
+    }
+}
+
+/// The activation side of one column: per block the f32 scale and the offset term `-off·Σ a`.
+#[derive(Default)]
+struct Col {
+    d: Vec<f32>,
+    bias: Vec<i32>,
+}
+
+impl Col {
+    fn fill(&mut self, act: &[u8], nb: usize, off: i32) {
+        self.d.clear();
+        self.bias.clear();
+        for blk in act.chunks_exact(34).take(nb) {
+            self.d.push(f16_le([blk[0], blk[1]]));
+            self.bias.push(-off * blk[2..34].iter().map(|&v| v as i8 as i32).sum::<i32>());
+        }
+    }
+}
+
+thread_local! {
+    static COLS: std::cell::RefCell<Vec<Col>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+#[track_caller]
+fn check(func: &str, ty: QuantType, packed: &[u8], cols: usize, acts: &[u8], k: usize, y: &[f32]) -> (usize, i32) {
+    let gb = ileave_group_bytes(ty, cols).unwrap_or_else(|| panic!("{func}({ty}): no interleaved layout for {cols} columns"));
+    let off = geo(ty).map_or(0, |g| g.1);
+    let ab = act_row_bytes(ty, cols);
+    assert!(
+        gb > 0 && packed.len().is_multiple_of(gb) && acts.len() == k * ab && y.len() == packed.len() / gb * IL_ROWS * k,
+        "{func}({ty}): {cols} columns times {k} activation rows: weights {} bytes (groups of {gb}), activations {} (expected {}), outputs {} (expected {})",
+        packed.len(),
+        acts.len(),
+        k * ab,
+        y.len(),
+        packed.len() / gb.max(1) * IL_ROWS * k
+    );
+    (packed.len() / gb, off)
+}
+
+/// `y[r, j] = W[r] · x̃_j` over whole interleaved groups (`packed`: g groups; y: [16 g, k]) for k
+/// activation rows quantized by `quantize_act(act_type(ty), ..)` (`acts`: [k, row bytes]: Q8_0,
+/// Q8_K for Q4_K); single-threaded (the engine
+/// splits groups). AVX-512 VNNI when available, else the scalar twin, bit for bit the same.
+#[track_caller]
+pub fn matvec_ileave(ty: QuantType, packed: &[u8], cols: usize, acts: &[u8], k: usize, y: &mut [f32]) {
+    let (groups, off) = check("matvec_ileave", ty, packed, cols, acts, k, y);
+    if groups == 0 || k == 0 {
+        return;
+    }
+    if ty == QuantType::Q4K {
+        super::ileave_k::matvec(packed, cols, acts, k, y);
+        return;
+    }
+    let nb = cols / 32;
+    let done = COLS.with(|cs| {
+        let mut cs = cs.borrow_mut();
+        cs.resize_with(k, Col::default);
+        for (c, a) in cs.iter_mut().zip(acts.chunks_exact(34 * nb)) {
+            c.fill(a, nb, off);
+        }
+        avx512::matvec(ty, packed, nb, acts, &cs[..k], y)
+    });
+    if !done {
+        matvec_ileave_scalar(ty, packed, cols, acts, k, y);
+    }
+}
+
+/// The scalar twin of `matvec_ileave`: the same integer sums and the same FMA chain per row.
+#[track_caller]
+pub fn matvec_ileave_scalar(ty: QuantType, packed: &[u8], cols: usize, acts: &[u8], k: usize, y: &mut [f32]) {
+    let (groups, off) = check("matvec_ileave_scalar", ty, packed, cols, acts, k, y);
+    if ty == QuantType::Q4K {
+        super::ileave_k::matvec_scalar(packed, cols, acts, k, y);
+        return;
+    }
+    let (bb, _) = geo(ty).expect("checked");
+    let nb = cols / 32;
+    let mut col = Col::default();
+    for (j, a) in acts.chunks_exact(34 * nb).enumerate() {
+        col.fill(a, nb, off);
+        for g in 0..groups {
+            let mut acc = [0f32; IL_ROWS];
+            for b in 0..nb {
+                let src = &packed[(g * nb + b) * IL_ROWS * bb..][..IL_ROWS * bb];
+                let q = &a[b * 34 + 2..b * 34 + 34];
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let mut i = col.bias[b];
+                    for (e, &qa) in q.iter().enumerate() {
+                        i += quant(ty, src, r, e) * qa as i8 as i32;
+                    }
+                    let dw = f16_le([src[2 * r], src[2 * r + 1]]);
+                    *acc = (i as f32).mul_add(dw * col.d[b], *acc);
+                }
+            }
+            for (r, v) in acc.into_iter().enumerate() {
+                y[(g * IL_ROWS + r) * k + j] = v;
+            }
+        }
+    }
+}
+
+mod avx512 {
+    use super::super::QuantType;
+    use super::{Col, IL_ROWS, PASS_COLS};
+
+    /// The SIMD kernel over `groups` groups; `false` (nothing written) without the CPU features.
+    pub(super) fn matvec(ty: QuantType, packed: &[u8], nb: usize, acts: &[u8], cs: &[Col], y: &mut [f32]) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if !super::super::vecdot_avx512::available() {
+                return false;
+            }
+            let k = cs.len();
+            let bb = super::geo(ty).expect("checked").0;
+            let gb = nb * IL_ROWS * bb;
+            let ab = 34 * nb;
+            for (g, yg) in y.chunks_exact_mut(IL_ROWS * k).enumerate() {
+                let grp = &packed[g * gb..(g + 1) * gb];
+                // a sliding window ahead of the group (the hardware prefetchers alone left the
+                // streamed kernel well under memory speed)
+                super::super::vecdot_avx512::prefetch_ahead(packed, g * gb, gb);
+                for j0 in (0..k).step_by(PASS_COLS) {
+                    let kk = (k - j0).min(PASS_COLS);
+                    let a: [&[u8]; PASS_COLS] = std::array::from_fn(|j| &acts[(j0 + j.min(kk - 1)) * ab..][..ab]);
+                    let c: [&Col; PASS_COLS] = std::array::from_fn(|j| &cs[j0 + j.min(kk - 1)]);
+                    let mut out = [[0f32; IL_ROWS]; PASS_COLS];
+                    macro_rules! go {
+                        ($T:literal) => {
+                            // SAFETY: available() confirmed avx512f/bw/vl/vnni, avx2, fma and f16c.
+                            unsafe {
+                                match kk {
+                                    1 => imp::group::<$T, 1>(grp, nb, &a, &c, &mut out),
+                                    2 => imp::group::<$T, 2>(grp, nb, &a, &c, &mut out),
+                                    3 => imp::group::<$T, 3>(grp, nb, &a, &c, &mut out),
+                                    4 => imp::group::<$T, 4>(grp, nb, &a, &c, &mut out),
+                                    5 => imp::group::<$T, 5>(grp, nb, &a, &c, &mut out),
+                                    6 => imp::group::<$T, 6>(grp, nb, &a, &c, &mut out),
+                                    7 => imp::group::<$T, 7>(grp, nb, &a, &c, &mut out),
+                                    _ => imp::group::<$T, 8>(grp, nb, &a, &c, &mut out),
+                                }
+                            }
+                        };
+                    }
+                    match ty {
+                        QuantType::Q8_0 => go!(0),
+                        QuantType::Q4_0 => go!(1),
+                        _ => go!(2),
+                    }
+                    for (j, o) in out.iter().enumerate().take(kk) {
+                        for (r, &v) in o.iter().enumerate() {
+                            yg[r * k + j0 + j] = v;
+                        }
+                    }
+                }
+            }
+            true
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (ty, packed, nb, acts, cs, y);
+            false
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    mod imp {
+        use super::super::{Col, IL_ROWS, PASS_COLS};
+        use std::arch::x86_64::*;
+
+        /// The 8 registers of unsigned quants of one block-group (T: 0 Q8_0, 1 Q4_0, 2 Q5_0):
+        /// register c, lane r = row r's elements 4c..4c+4.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        fn quants<const T: u8>(body: &[u8]) -> [__m512i; 8] {
+            let mut u = [_mm512_setzero_si512(); 8];
+            if T == 0 {
+                assert!(body.len() >= 512);
+                for (c, u) in u.iter_mut().enumerate() {
+                    // SAFETY: body has >= 512 bytes (asserted): the 64-byte load at 64c is in bounds.
+                    *u = unsafe { _mm512_loadu_si512(body.as_ptr().add(64 * c).cast()) };
+                }
+                return u;
+            }
+            let (hb, nib) = if T == 2 { body.split_at(64) } else { (&body[..0], body) };
+            assert!(nib.len() >= 256);
+            let m4 = _mm512_set1_epi8(0x0F);
+            for c in 0..4 {
+                // SAFETY: nib has >= 256 bytes (asserted): the 64-byte load at 64c is in bounds.
+                let v = unsafe { _mm512_loadu_si512(nib.as_ptr().add(64 * c).cast()) };
+                u[c] = _mm512_and_si512(v, m4);
+                u[c + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
+            }
+            if T == 2 {
+                let sixteen = _mm512_set1_epi8(16);
+                for (c, u) in u.iter_mut().enumerate() {
+                    let m = u64::from_le_bytes(hb[8 * c..8 * c + 8].try_into().expect("8 bytes"));
+                    *u = _mm512_mask_add_epi8(*u, m, *u, sixteen);
+                }
+            }
+            u
+        }
+
+        /// One group of 16 rows times K columns (`a[j]`: column j's Q8_0 row, `c[j]` its
+        /// scales and offset terms); `out[j][r]` = row r · column j.
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        pub(super) fn group<const T: u8, const K: usize>(
+            grp: &[u8],
+            nb: usize,
+            a: &[&[u8]; PASS_COLS],
+            c: &[&Col; PASS_COLS],
+            out: &mut [[f32; IL_ROWS]; PASS_COLS],
+        ) {
+            let bb = [34, 18, 22][T as usize];
+            let gbb = IL_ROWS * bb;
+            assert!(grp.len() == nb * gbb, "group: {nb} block-groups");
+            for j in 0..K {
+                assert!(a[j].len() >= 34 * nb && c[j].d.len() >= nb && c[j].bias.len() >= nb, "activation shorter than the row");
+            }
+            let mut acc = [_mm512_setzero_ps(); K];
+            let ap: [*const u8; K] = std::array::from_fn(|j| a[j].as_ptr());
+            let dp: [*const f32; K] = std::array::from_fn(|j| c[j].d.as_ptr());
+            let bp: [*const i32; K] = std::array::from_fn(|j| c[j].bias.as_ptr());
+            for b in 0..nb {
+                let src = &grp[b * gbb..(b + 1) * gbb];
+                // SAFETY: src has gbb >= 32 bytes: the 32-byte load of the 16 f16 scales is in bounds.
+                let dw = _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(src.as_ptr().cast()) });
+                let u = quants::<T>(&src[32..]);
+                for j in 0..K {
+                    // SAFETY: a[j] has >= 34 nb bytes and c[j].d, c[j].bias >= nb entries
+                    // (asserted above) and b < nb: the 4-byte reads at 34b + 2 + 4i (i < 8) and
+                    // the entries at b are in bounds; unaligned reads.
+                    let (q, bias, da) = unsafe { (ap[j].add(34 * b + 2), *bp[j].add(b), *dp[j].add(b)) };
+                    // SAFETY: as above, q + 4i..q + 4i + 4 lies inside block b's 32 quants.
+                    let bc = |i: usize| _mm512_set1_epi32(unsafe { q.add(4 * i).cast::<i32>().read_unaligned() });
+                    // two chains of four (integer sums: any association is exact)
+                    let mut p0 = _mm512_set1_epi32(bias);
+                    let mut p1 = _mm512_setzero_si512();
+                    for i in 0..4 {
+                        p0 = _mm512_dpbusd_epi32(p0, u[2 * i], bc(2 * i));
+                        p1 = _mm512_dpbusd_epi32(p1, u[2 * i + 1], bc(2 * i + 1));
+                    }
+                    let s = _mm512_cvtepi32_ps(_mm512_add_epi32(p0, p1));
+                    acc[j] = _mm512_fmadd_ps(s, _mm512_mul_ps(dw, _mm512_set1_ps(da)), acc[j]);
+                }
+            }
+            for j in 0..K {
+                // SAFETY: out[j] is 16 writable f32; storeu has no alignment requirement.
+                unsafe { _mm512_storeu_ps(out[j].as_mut_ptr(), acc[j]) };
+            }
+        }
+    }
+}

@@ -1,0 +1,287 @@
+//! Q4_K in the 16-row interleaved layout of `quant::ileave` (the same idea: lane r of a register
+//! holds 4 consecutive quants of row r, one `vpdpbusd` against 4 broadcast activation bytes does
+//! 64 products of 16 rows, no lane reduction), with Q8_K activations.
+//!
+//! Layout: per group of 16 rows, per 256-element super-block b, 2368 bytes (GGUF's 16 × 144 =
+//! 2304 plus 64: the 6-bit scales and mins are stored unpacked, one byte each, so that a
+//! sub-block's 16 row scales are one 16-byte load):
+//! - 16 f16 `d`, 16 f16 `dmin` (64 bytes, row order);
+//! - 8 × 16 scale bytes (sub-block j, row r), then 8 × 16 min bytes (256 bytes);
+//! - 4 × 8 chunks of 64 bytes: chunk (c, i) bytes 4r..4r+4 = row r's `qs[32c + 4i..+4]` (low
+//!   nibbles: sub-block 2c elements 4i.., high nibbles: sub-block 2c + 1).
+//!
+//! Arithmetic (both twins, bit for bit), per row r and super-block b with activation scale d_a:
+//! `S = Σ_j sc_j · Σ_{e in j} q·a` and `M = Σ_j m_j · Σ_{e in j} a` (exact i32), then
+//! `acc = fma(f32(S), d·d_a, acc)` and `acc = fma(-f32(M), dmin·d_a, acc)`; y_r = acc.
+
+use super::blocks::f16_le;
+use super::dequant::k4_scale_min;
+use super::ileave::IL_ROWS;
+
+/// GGUF bytes of one Q4_K block, and of one interleaved 16-row block-group.
+const BB: usize = 144;
+pub(super) const GBB: usize = 2368;
+/// Bytes of one Q8_K activation block.
+const AB: usize = 292;
+/// Columns per pass over a group (register budget: 16 unpacked quant registers plus two
+/// accumulators per column).
+const PASS_COLS: usize = 4;
+
+/// The interleaved form of `rows` Q4_K rows (`w`: rows × row bytes), zero rows padding the last
+/// group; groups packed in parallel.
+pub(super) fn ileave(w: &[u8], rows: usize, cols: usize, out: &mut [u8]) {
+    use rayon::prelude::*;
+    let nb = cols / 256;
+    let rb = nb * BB;
+    let zero = vec![0u8; rb];
+    out.par_chunks_mut((nb * GBB).max(1)).enumerate().for_each(|(g, dst)| {
+        let src: [&[u8]; IL_ROWS] = std::array::from_fn(|r| {
+            let row = g * IL_ROWS + r;
+            if row < rows { &w[row * rb..(row + 1) * rb] } else { &zero[..] }
+        });
+        for (b, d) in dst.chunks_exact_mut(GBB).enumerate() {
+            pack_block(&src, b * BB, d);
+        }
+    });
+}
+
+fn pack_block(src: &[&[u8]; IL_ROWS], at: usize, dst: &mut [u8]) {
+    for (r, row) in src.iter().enumerate() {
+        let blk = &row[at..at + BB];
+        dst[2 * r..2 * r + 2].copy_from_slice(&blk[0..2]);
+        dst[32 + 2 * r..32 + 2 * r + 2].copy_from_slice(&blk[2..4]);
+        let (sc, mn) = k4_scale_min(blk[4..16].try_into().expect("12 bytes"));
+        for j in 0..8 {
+            dst[64 + 16 * j + r] = sc[j];
+            dst[192 + 16 * j + r] = mn[j];
+        }
+        for c in 0..4 {
+            for i in 0..8 {
+                let o = 320 + (8 * c + i) * 64 + 4 * r;
+                dst[o..o + 4].copy_from_slice(&blk[16 + 32 * c + 4 * i..16 + 32 * c + 4 * i + 4]);
+            }
+        }
+    }
+}
+
+/// Row r's GGUF block out of one block-group (the inverse of `pack_block`; the 12 scale bytes
+/// re-packed as ggml packs them).
+pub(super) fn unpack_block(src: &[u8], r: usize, blk: &mut [u8]) {
+    blk[0..2].copy_from_slice(&src[2 * r..2 * r + 2]);
+    blk[2..4].copy_from_slice(&src[32 + 2 * r..32 + 2 * r + 2]);
+    let sc: [u8; 8] = std::array::from_fn(|j| src[64 + 16 * j + r]);
+    let mn: [u8; 8] = std::array::from_fn(|j| src[192 + 16 * j + r]);
+    let q = &mut blk[4..16];
+    for j in 0..4 {
+        q[j] = sc[j] | ((sc[j + 4] >> 4) << 6);
+        q[j + 4] = mn[j] | ((mn[j + 4] >> 4) << 6);
+        q[j + 8] = (sc[j + 4] & 0x0F) | ((mn[j + 4] & 0x0F) << 4);
+    }
+    for c in 0..4 {
+        for i in 0..8 {
+            let o = 320 + (8 * c + i) * 64 + 4 * r;
+            blk[16 + 32 * c + 4 * i..16 + 32 * c + 4 * i + 4].copy_from_slice(&src[o..o + 4]);
+        }
+    }
+}
+
+/// One column's activation side: per super-block d_a and the 8 sub-block sums Σ a.
+#[derive(Default)]
+struct Col {
+    d: Vec<f32>,
+    sums: Vec<[i32; 8]>,
+}
+
+impl Col {
+    fn fill(&mut self, act: &[u8], nb: usize) {
+        self.d.clear();
+        self.sums.clear();
+        for blk in act.chunks_exact(AB).take(nb) {
+            self.d.push(f32::from_le_bytes([blk[0], blk[1], blk[2], blk[3]]));
+            let bs = |i: usize| i16::from_le_bytes([blk[260 + 2 * i], blk[261 + 2 * i]]) as i32;
+            self.sums.push(std::array::from_fn(|j| bs(2 * j) + bs(2 * j + 1)));
+        }
+    }
+}
+
+thread_local! {
+    static COLS: std::cell::RefCell<Vec<Col>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `matvec_ileave` for Q4_K (lengths checked by the caller): y [16 g, k].
+pub(super) fn matvec(packed: &[u8], cols: usize, acts: &[u8], k: usize, y: &mut [f32]) {
+    let nb = cols / 256;
+    let done = COLS.with(|cs| {
+        let mut cs = cs.borrow_mut();
+        cs.resize_with(k, Col::default);
+        for (c, a) in cs.iter_mut().zip(acts.chunks_exact(AB * nb)) {
+            c.fill(a, nb);
+        }
+        avx512::matvec(packed, nb, acts, &cs[..k], y)
+    });
+    if !done {
+        matvec_scalar(packed, cols, acts, k, y);
+    }
+}
+
+/// The scalar twin (lengths checked by the caller).
+pub(super) fn matvec_scalar(packed: &[u8], cols: usize, acts: &[u8], k: usize, y: &mut [f32]) {
+    let nb = cols / 256;
+    let groups = packed.len() / (nb * GBB).max(1);
+    let mut col = Col::default();
+    for (j, a) in acts.chunks_exact(AB * nb).enumerate() {
+        col.fill(a, nb);
+        for g in 0..groups {
+            let mut acc = [0f32; IL_ROWS];
+            for b in 0..nb {
+                let src = &packed[(g * nb + b) * GBB..][..GBB];
+                let q = &a[b * AB + 4..b * AB + 260];
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let (mut s, mut m) = (0i32, 0i32);
+                    for sb in 0..8 {
+                        let (c, hi) = (sb / 2, sb % 2 == 1);
+                        let mut isum = 0i32;
+                        for e in 0..32 {
+                            let (i, l) = (e / 4, e % 4);
+                            let byte = src[320 + (8 * c + i) * 64 + 4 * r + l];
+                            let u = if hi { byte >> 4 } else { byte & 0x0F } as i32;
+                            isum += u * q[32 * sb + e] as i8 as i32;
+                        }
+                        s += src[64 + 16 * sb + r] as i32 * isum;
+                        m += src[192 + 16 * sb + r] as i32 * col.sums[b][sb];
+                    }
+                    let d = f16_le([src[2 * r], src[2 * r + 1]]);
+                    let dmin = f16_le([src[32 + 2 * r], src[33 + 2 * r]]);
+                    *acc = (s as f32).mul_add(d * col.d[b], *acc);
+                    *acc = (-(m as f32)).mul_add(dmin * col.d[b], *acc);
+                }
+            }
+            for (r, v) in acc.into_iter().enumerate() {
+                y[(g * IL_ROWS + r) * k + j] = v;
+            }
+        }
+    }
+}
+
+mod avx512 {
+    use super::{AB, Col, GBB, IL_ROWS, PASS_COLS};
+
+    pub(super) fn matvec(packed: &[u8], nb: usize, acts: &[u8], cs: &[Col], y: &mut [f32]) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if !super::super::vecdot_avx512::available() {
+                return false;
+            }
+            let k = cs.len();
+            let gb = nb * GBB;
+            let ab = AB * nb;
+            for (g, yg) in y.chunks_exact_mut(IL_ROWS * k).enumerate() {
+                let grp = &packed[g * gb..(g + 1) * gb];
+                super::super::vecdot_avx512::prefetch_ahead(packed, g * gb, gb);
+                for j0 in (0..k).step_by(PASS_COLS) {
+                    let kk = (k - j0).min(PASS_COLS);
+                    let a: [&[u8]; PASS_COLS] = std::array::from_fn(|j| &acts[(j0 + j.min(kk - 1)) * ab..][..ab]);
+                    let c: [&Col; PASS_COLS] = std::array::from_fn(|j| &cs[j0 + j.min(kk - 1)]);
+                    let mut out = [[0f32; IL_ROWS]; PASS_COLS];
+                    // SAFETY: available() confirmed avx512f/bw/vl/vnni, avx2, fma and f16c.
+                    unsafe {
+                        match kk {
+                            1 => imp::group::<1>(grp, nb, &a, &c, &mut out),
+                            2 => imp::group::<2>(grp, nb, &a, &c, &mut out),
+                            3 => imp::group::<3>(grp, nb, &a, &c, &mut out),
+                            _ => imp::group::<4>(grp, nb, &a, &c, &mut out),
+                        }
+                    }
+                    for (j, o) in out.iter().enumerate().take(kk) {
+                        for (r, &v) in o.iter().enumerate() {
+                            yg[r * k + j0 + j] = v;
+                        }
+                    }
+                }
+            }
+            true
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (packed, nb, acts, cs, y);
+            false
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    mod imp {
+        use super::{AB, Col, GBB, IL_ROWS, PASS_COLS};
+        use std::arch::x86_64::*;
+
+        /// One group of 16 rows times K columns; `out[j][r]` = row r · column j.
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        pub(super) fn group<const K: usize>(
+            grp: &[u8],
+            nb: usize,
+            a: &[&[u8]; PASS_COLS],
+            c: &[&Col; PASS_COLS],
+            out: &mut [[f32; IL_ROWS]; PASS_COLS],
+        ) {
+            assert!(grp.len() == nb * GBB, "group: {nb} block-groups");
+            for j in 0..K {
+                assert!(a[j].len() >= AB * nb && c[j].d.len() >= nb && c[j].sums.len() >= nb, "activation shorter than the row");
+            }
+            let m4 = _mm512_set1_epi8(0x0F);
+            let mut acc = [_mm512_setzero_ps(); K];
+            let ap: [*const u8; K] = std::array::from_fn(|j| a[j].as_ptr());
+            for b in 0..nb {
+                let src = &grp[b * GBB..(b + 1) * GBB];
+                let p = src.as_ptr();
+                // SAFETY: src is GBB = 2368 bytes: d at 0..32, dmin at 32..64, the scale and
+                // min bytes at 64..320 (16-byte loads at 64 + 16j and 192 + 16j, j < 8) and the
+                // quant chunks at 320 + 64n (n < 32) are in bounds; unaligned loads.
+                let (dw, dm) = unsafe {
+                    (_mm512_cvtph_ps(_mm256_loadu_si256(p.cast())), _mm512_cvtph_ps(_mm256_loadu_si256(p.add(32).cast())))
+                };
+                // SAFETY: as above.
+                let sc = |j: usize| unsafe { _mm512_cvtepu8_epi32(_mm_loadu_si128(p.add(64 + 16 * j).cast())) };
+                // SAFETY: as above.
+                let mn = |j: usize| unsafe { _mm512_cvtepu8_epi32(_mm_loadu_si128(p.add(192 + 16 * j).cast())) };
+                let mut s = [_mm512_setzero_si512(); K];
+                for cc in 0..4 {
+                    let mut lo = [_mm512_setzero_si512(); 8];
+                    let mut hi = [_mm512_setzero_si512(); 8];
+                    for i in 0..8 {
+                        // SAFETY: as above (chunk 8cc + i < 32).
+                        let v = unsafe { _mm512_loadu_si512(p.add(320 + (8 * cc + i) * 64).cast()) };
+                        lo[i] = _mm512_and_si512(v, m4);
+                        hi[i] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
+                    }
+                    let (sl, sh) = (sc(2 * cc), sc(2 * cc + 1));
+                    for j in 0..K {
+                        // SAFETY: a[j] has >= AB nb bytes (asserted) and b < nb: the 4-byte
+                        // reads at AB b + 4 + 64cc + 4i and + 32 lie inside block b's quants.
+                        let q = unsafe { ap[j].add(AB * b + 4 + 64 * cc) };
+                        // SAFETY: as above.
+                        let bc = |o: usize| _mm512_set1_epi32(unsafe { q.add(o).cast::<i32>().read_unaligned() });
+                        let (mut pl, mut ph) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+                        for i in 0..8 {
+                            pl = _mm512_dpbusd_epi32(pl, lo[i], bc(4 * i));
+                            ph = _mm512_dpbusd_epi32(ph, hi[i], bc(32 + 4 * i));
+                        }
+                        s[j] = _mm512_add_epi32(s[j], _mm512_add_epi32(_mm512_mullo_epi32(pl, sl), _mm512_mullo_epi32(ph, sh)));
+                    }
+                }
+                for j in 0..K {
+                    let sums = &c[j].sums[b];
+                    let mut m = _mm512_setzero_si512();
+                    for (sb, &sum) in sums.iter().enumerate() {
+                        m = _mm512_add_epi32(m, _mm512_mullo_epi32(mn(sb), _mm512_set1_epi32(sum)));
+                    }
+                    let da = _mm512_set1_ps(c[j].d[b]);
+                    acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[j]), _mm512_mul_ps(dw, da), acc[j]);
+                    acc[j] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(m), _mm512_mul_ps(dm, da), acc[j]);
+                }
+            }
+            for j in 0..K {
+                // SAFETY: out[j] is 16 writable f32; storeu has no alignment requirement.
+                unsafe { _mm512_storeu_ps(out[j].as_mut_ptr(), acc[j]) };
+            }
+        }
+    }
+}
