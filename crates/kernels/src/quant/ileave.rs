@@ -39,9 +39,9 @@ pub const IL_ROWS: usize = 16;
 /// Columns per pass over a group: one accumulator register per column.
 const PASS_COLS: usize = 8;
 
-/// Whether `ty` has an interleaved layout (Q4_0, Q5_0, Q8_0 here; Q4_K in `ileave_k`).
+/// Whether `ty` has an interleaved layout (Q4_0, Q5_0, Q8_0 here; Q4_K and Q6_K in `ileave_k`).
 pub fn ileave_supported(ty: QuantType) -> bool {
-    geo(ty).is_some() || ty == QuantType::Q4K
+    geo(ty).is_some() || matches!(ty, QuantType::Q4K | QuantType::Q6K)
 }
 
 /// Bytes of one interleaved group of 16 rows of `cols` elements (16 × the row bytes, and for
@@ -50,13 +50,16 @@ pub fn ileave_group_bytes(ty: QuantType, cols: usize) -> Option<usize> {
     if ty == QuantType::Q4K {
         return cols.is_multiple_of(256).then(|| cols / 256 * super::ileave_k::GBB);
     }
+    if ty == QuantType::Q6K {
+        return cols.is_multiple_of(256).then(|| cols / 256 * super::ileave_k::Q6_GBB);
+    }
     geo(ty)?;
     IL_ROWS.checked_mul(ty.row_bytes(cols)?)
 }
 
 /// Bytes of one activation row of `cols` elements for `ty`'s kernel (Q8_0, Q8_K for Q4_K).
 fn act_row_bytes(ty: QuantType, cols: usize) -> usize {
-    if ty == QuantType::Q4K { cols / 256 * 292 } else { cols / 32 * 34 }
+    if matches!(ty, QuantType::Q4K | QuantType::Q6K) { cols / 256 * 292 } else { cols / 32 * 34 }
 }
 
 /// (block bytes, quant offset) of the interleaved types.
@@ -87,6 +90,11 @@ pub fn ileave(ty: QuantType, w: &[u8], rows: usize, cols: usize) -> Vec<u8> {
     if ty == QuantType::Q4K {
         let mut out = huge_zeroed(groups * gbytes);
         super::ileave_k::ileave(w, rows, cols, &mut out);
+        return out;
+    }
+    if ty == QuantType::Q6K {
+        let mut out = huge_zeroed(groups * gbytes);
+        super::ileave_k::q6_ileave(w, rows, cols, &mut out);
         return out;
     }
     let (bb, _) = geo(ty).expect("checked");
@@ -176,6 +184,16 @@ pub fn ileave_rows(ty: QuantType, packed: &[u8], cols: usize, r0: usize, n: usiz
             let (g, r) = ((r0 + i) / IL_ROWS, (r0 + i) % IL_ROWS);
             for (b, blk) in row.chunks_exact_mut(144).enumerate() {
                 super::ileave_k::unpack_block(&packed[g * gbytes + b * gbb..][..gbb], r, blk);
+            }
+        }
+        return;
+    }
+    if ty == QuantType::Q6K {
+        let gbb = super::ileave_k::Q6_GBB;
+        for (i, row) in out.chunks_exact_mut(rb).enumerate() {
+            let (g, r) = ((r0 + i) / IL_ROWS, (r0 + i) % IL_ROWS);
+            for (b, blk) in row.chunks_exact_mut(210).enumerate() {
+                super::ileave_k::q6_unpack_block(&packed[g * gbytes + b * gbb..][..gbb], r, blk);
             }
         }
         return;
@@ -287,6 +305,10 @@ pub fn matvec_ileave(ty: QuantType, packed: &[u8], cols: usize, acts: &[u8], k: 
         super::ileave_k::matvec(packed, cols, acts, k, y);
         return;
     }
+    if ty == QuantType::Q6K {
+        super::ileave_k::q6_matvec(packed, cols, acts, k, y);
+        return;
+    }
     let nb = cols / 32;
     let done = COLS.with(|cs| {
         let mut cs = cs.borrow_mut();
@@ -307,6 +329,10 @@ pub fn matvec_ileave_scalar(ty: QuantType, packed: &[u8], cols: usize, acts: &[u
     let (groups, off) = check("matvec_ileave_scalar", ty, packed, cols, acts, k, y);
     if ty == QuantType::Q4K {
         super::ileave_k::matvec_scalar(packed, cols, acts, k, y);
+        return;
+    }
+    if ty == QuantType::Q6K {
+        super::ileave_k::q6_matvec_scalar(packed, cols, acts, k, y);
         return;
     }
     let (bb, _) = geo(ty).expect("checked");

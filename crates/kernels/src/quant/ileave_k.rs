@@ -1,8 +1,8 @@
-//! Q4_K in the 16-row interleaved layout of `quant::ileave` (the same idea: lane r of a register
-//! holds 4 consecutive quants of row r, one `vpdpbusd` against 4 broadcast activation bytes does
-//! 64 products of 16 rows, no lane reduction), with Q8_K activations.
+//! Q4_K and Q6_K in the 16-row interleaved layout of `quant::ileave` (the same idea: lane r of a
+//! register holds 4 consecutive quants of row r, one `vpdpbusd` against 4 broadcast activation
+//! bytes does 64 products of 16 rows, no lane reduction), with Q8_K activations.
 //!
-//! Layout: per group of 16 rows, per 256-element super-block b, 2368 bytes (GGUF's 16 × 144 =
+//! Q4_K layout: per group of 16 rows, per 256-element super-block b, 2368 bytes (GGUF's 16 × 144 =
 //! 2304 plus 64: the 6-bit scales and mins are stored unpacked, one byte each, so that a
 //! sub-block's 16 row scales are one 16-byte load):
 //! - 16 f16 `d`, 16 f16 `dmin` (64 bytes, row order);
@@ -13,6 +13,16 @@
 //! Arithmetic (both twins, bit for bit), per row r and super-block b with activation scale d_a:
 //! `S = Σ_j sc_j · Σ_{e in j} q·a` and `M = Σ_j m_j · Σ_{e in j} a` (exact i32), then
 //! `acc = fma(f32(S), d·d_a, acc)` and `acc = fma(-f32(M), dmin·d_a, acc)`; y_r = acc.
+//!
+//! Q6_K layout: per group of 16 rows, per super-block, 3360 bytes (exactly GGUF's 16 × 210):
+//! - 16 f16 `d` (32 bytes), then 16 × 16 signed scale bytes (sub-block j of 16, row r);
+//! - 32 chunks of 64 bytes of nibbles: chunk n bytes 4r..4r+4 = the low 4 bits of row r's
+//!   elements 4n..4n+4 (low nibbles) and 128 + 4n.. (high nibbles);
+//! - 16 planes of 64 bytes: plane j byte 4r + i bits 2s..2s+2 = the top 2 bits of row r's
+//!   element 16j + 4s + i.
+//!
+//! Q6_K arithmetic: `S = Σ_j sc_j · (Σ_{e in j} u·a − 32·Σ_{e in j} a)` (u the unsigned 6-bit
+//! quant, exact i32), then `acc = fma(f32(S), d·d_a, acc)`.
 
 use super::blocks::f16_le;
 use super::dequant::k4_scale_min;
@@ -164,7 +174,49 @@ pub(super) fn matvec_scalar(packed: &[u8], cols: usize, acts: &[u8], k: usize, y
 }
 
 mod avx512 {
-    use super::{AB, Col, GBB, IL_ROWS, PASS_COLS};
+    use super::{AB, Col, Col6, GBB, IL_ROWS, PASS_COLS, Q6_GBB};
+
+    pub(super) fn q6_matvec(packed: &[u8], nb: usize, acts: &[u8], cs: &[Col6], y: &mut [f32]) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if !super::super::vecdot_avx512::available() {
+                return false;
+            }
+            let k = cs.len();
+            let gb = nb * Q6_GBB;
+            let ab = AB * nb;
+            for (g, yg) in y.chunks_exact_mut(IL_ROWS * k).enumerate() {
+                let grp = &packed[g * gb..(g + 1) * gb];
+                super::super::vecdot_avx512::prefetch_ahead(packed, g * gb, gb);
+                for j0 in (0..k).step_by(PASS_COLS) {
+                    let kk = (k - j0).min(PASS_COLS);
+                    let a: [&[u8]; PASS_COLS] = std::array::from_fn(|j| &acts[(j0 + j.min(kk - 1)) * ab..][..ab]);
+                    let c: [&Col6; PASS_COLS] = std::array::from_fn(|j| &cs[j0 + j.min(kk - 1)]);
+                    let mut out = [[0f32; IL_ROWS]; PASS_COLS];
+                    // SAFETY: available() confirmed avx512f/bw/vl/vnni, avx2, fma and f16c.
+                    unsafe {
+                        match kk {
+                            1 => imp::q6_group::<1>(grp, nb, &a, &c, &mut out),
+                            2 => imp::q6_group::<2>(grp, nb, &a, &c, &mut out),
+                            3 => imp::q6_group::<3>(grp, nb, &a, &c, &mut out),
+                            _ => imp::q6_group::<4>(grp, nb, &a, &c, &mut out),
+                        }
+                    }
+                    for (j, o) in out.iter().enumerate().take(kk) {
+                        for (r, &v) in o.iter().enumerate() {
+                            yg[r * k + j0 + j] = v;
+                        }
+                    }
+                }
+            }
+            true
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (packed, nb, acts, cs, y);
+            false
+        }
+    }
 
     pub(super) fn matvec(packed: &[u8], nb: usize, acts: &[u8], cs: &[Col], y: &mut [f32]) -> bool {
         #[cfg(target_arch = "x86_64")]
@@ -210,8 +262,83 @@ mod avx512 {
 
     #[cfg(target_arch = "x86_64")]
     mod imp {
-        use super::{AB, Col, GBB, IL_ROWS, PASS_COLS};
+        use super::{AB, Col, Col6, GBB, IL_ROWS, PASS_COLS, Q6_GBB};
         use std::arch::x86_64::*;
+
+        /// One Q6_K group of 16 rows times K columns; `out[j][r]` = row r · column j.
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        pub(super) fn q6_group<const K: usize>(
+            grp: &[u8],
+            nb: usize,
+            a: &[&[u8]; PASS_COLS],
+            c: &[&Col6; PASS_COLS],
+            out: &mut [[f32; IL_ROWS]; PASS_COLS],
+        ) {
+            assert!(grp.len() == nb * Q6_GBB, "q6_group: {nb} block-groups");
+            for j in 0..K {
+                assert!(a[j].len() >= AB * nb && c[j].d.len() >= nb && c[j].bias.len() >= nb, "activation shorter than the row");
+            }
+            let (m4, m30) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x30));
+            let mut acc = [_mm512_setzero_ps(); K];
+            let ap: [*const u8; K] = std::array::from_fn(|j| a[j].as_ptr());
+            for b in 0..nb {
+                let p = grp[b * Q6_GBB..(b + 1) * Q6_GBB].as_ptr();
+                // SAFETY: the block-group is Q6_GBB = 3360 bytes: d at 0..32, the scale bytes at
+                // 32..288 (16-byte loads at 32 + 16j, j < 16), the nibble chunks at 288 + 64n
+                // (n < 32) and the planes at 2336 + 64j (j < 16) are in bounds; unaligned loads.
+                let dw = _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(p.cast()) });
+                // SAFETY: as above.
+                let sc = |j: usize| unsafe { _mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(32 + 16 * j).cast())) };
+                let mut s = [_mm512_setzero_si512(); K];
+                // sub-blocks h (elements 16h.., low nibbles of chunks 4h..4h+4) and h + 8
+                // (128 + 16h.., their high nibbles)
+                for h in 0..8 {
+                    let mut u = [[_mm512_setzero_si512(); 4]; 2];
+                    for (half, plane) in [(0, h), (1, h + 8)] {
+                        // SAFETY: as above.
+                        let hb = unsafe { _mm512_loadu_si512(p.add(2336 + 64 * plane).cast()) };
+                        for t in 0..4 {
+                            // SAFETY: as above (chunk 4h + t < 32).
+                            let v = unsafe { _mm512_loadu_si512(p.add(288 + 64 * (4 * h + t)).cast()) };
+                            let nib =
+                                if half == 0 { _mm512_and_si512(v, m4) } else { _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4) };
+                            // the 2 top bits of chunk t sit at bits 2t..2t+2: move them to 4..6
+                            let top = match t {
+                                0 => _mm512_slli_epi16::<4>(hb),
+                                1 => _mm512_slli_epi16::<2>(hb),
+                                2 => hb,
+                                _ => _mm512_srli_epi16::<2>(hb),
+                            };
+                            u[half][t] = _mm512_ternarylogic_epi32::<0xF8>(nib, top, m30);
+                        }
+                    }
+                    let scs = [sc(h), sc(h + 8)];
+                    for j in 0..K {
+                        for half in 0..2 {
+                            let sb = h + 8 * half;
+                            // SAFETY: a[j] has >= AB nb bytes (asserted) and b < nb: the 4-byte
+                            // reads at AB b + 4 + 16 sb + 4t lie inside block b's quants.
+                            let q = unsafe { ap[j].add(AB * b + 4 + 16 * sb) };
+                            // SAFETY: as above.
+                            let bc = |t: usize| _mm512_set1_epi32(unsafe { q.add(4 * t).cast::<i32>().read_unaligned() });
+                            let mut pp = _mm512_set1_epi32(c[j].bias[b][sb]);
+                            for t in 0..4 {
+                                pp = _mm512_dpbusd_epi32(pp, u[half][t], bc(t));
+                            }
+                            s[j] = _mm512_add_epi32(s[j], _mm512_mullo_epi32(pp, scs[half]));
+                        }
+                    }
+                }
+                for j in 0..K {
+                    let da = _mm512_set1_ps(c[j].d[b]);
+                    acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[j]), _mm512_mul_ps(dw, da), acc[j]);
+                }
+            }
+            for j in 0..K {
+                // SAFETY: out[j] is 16 writable f32; storeu has no alignment requirement.
+                unsafe { _mm512_storeu_ps(out[j].as_mut_ptr(), acc[j]) };
+            }
+        }
 
         /// One group of 16 rows times K columns; `out[j][r]` = row r · column j.
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
@@ -281,6 +408,150 @@ mod avx512 {
             for j in 0..K {
                 // SAFETY: out[j] is 16 writable f32; storeu has no alignment requirement.
                 unsafe { _mm512_storeu_ps(out[j].as_mut_ptr(), acc[j]) };
+            }
+        }
+    }
+}
+
+/// Q6_K: GGUF bytes of one block and of one interleaved 16-row block-group.
+const Q6_BB: usize = 210;
+pub(super) const Q6_GBB: usize = 3360;
+
+/// The 256 unsigned 6-bit quants of a GGUF Q6_K block, in element order.
+fn q6_quants(blk: &[u8]) -> [u8; 256] {
+    let (ql, qh) = (&blk[0..128], &blk[128..192]);
+    let mut u = [0u8; 256];
+    for h in 0..2 {
+        for l in 0..32 {
+            let (a, b, hb) = (ql[64 * h + l], ql[64 * h + l + 32], qh[32 * h + l]);
+            u[128 * h + l] = (a & 0x0F) | ((hb & 3) << 4);
+            u[128 * h + l + 32] = (b & 0x0F) | (((hb >> 2) & 3) << 4);
+            u[128 * h + l + 64] = (a >> 4) | (((hb >> 4) & 3) << 4);
+            u[128 * h + l + 96] = (b >> 4) | (((hb >> 6) & 3) << 4);
+        }
+    }
+    u
+}
+
+/// The interleaved form of `rows` Q6_K rows, zero rows padding the last group.
+pub(super) fn q6_ileave(w: &[u8], rows: usize, cols: usize, out: &mut [u8]) {
+    use rayon::prelude::*;
+    let nb = cols / 256;
+    let rb = nb * Q6_BB;
+    let zero = vec![0u8; rb];
+    out.par_chunks_mut((nb * Q6_GBB).max(1)).enumerate().for_each(|(g, dst)| {
+        for (b, d) in dst.chunks_exact_mut(Q6_GBB).enumerate() {
+            for r in 0..IL_ROWS {
+                let row = g * IL_ROWS + r;
+                let blk = if row < rows { &w[row * rb + b * Q6_BB..][..Q6_BB] } else { &zero[..Q6_BB] };
+                d[2 * r..2 * r + 2].copy_from_slice(&blk[208..210]);
+                for j in 0..16 {
+                    d[32 + 16 * j + r] = blk[192 + j];
+                }
+                let u = q6_quants(blk);
+                for (e, &v) in u.iter().enumerate() {
+                    let (n, i, hi) = ((e % 128) / 4, e % 4, e >= 128);
+                    let o = 288 + 64 * n + 4 * r + i;
+                    d[o] |= if hi { (v & 0x0F) << 4 } else { v & 0x0F };
+                    let (j, s) = (e / 16, (e % 16) / 4);
+                    d[2336 + 64 * j + 4 * r + i] |= (v >> 4) << (2 * s);
+                }
+            }
+        }
+    });
+}
+
+/// Unsigned quant of element e of row r in a Q6_K block-group.
+fn q6_quant(src: &[u8], r: usize, e: usize) -> u8 {
+    let (n, i) = ((e % 128) / 4, e % 4);
+    let byte = src[288 + 64 * n + 4 * r + i];
+    let lo = if e >= 128 { byte >> 4 } else { byte & 0x0F };
+    let (j, s) = (e / 16, (e % 16) / 4);
+    lo | (((src[2336 + 64 * j + 4 * r + i] >> (2 * s)) & 3) << 4)
+}
+
+/// Row r's GGUF Q6_K block out of one block-group.
+pub(super) fn q6_unpack_block(src: &[u8], r: usize, blk: &mut [u8]) {
+    let u: [u8; 256] = std::array::from_fn(|e| q6_quant(src, r, e));
+    for h in 0..2 {
+        for l in 0..32 {
+            let (u1, u2, u3, u4) = (u[128 * h + l], u[128 * h + l + 32], u[128 * h + l + 64], u[128 * h + l + 96]);
+            blk[64 * h + l] = (u1 & 0x0F) | ((u3 & 0x0F) << 4);
+            blk[64 * h + l + 32] = (u2 & 0x0F) | ((u4 & 0x0F) << 4);
+            blk[128 + 32 * h + l] = (u1 >> 4) | ((u2 >> 4) << 2) | ((u3 >> 4) << 4) | ((u4 >> 4) << 6);
+        }
+    }
+    for j in 0..16 {
+        blk[192 + j] = src[32 + 16 * j + r];
+    }
+    blk[208..210].copy_from_slice(&src[2 * r..2 * r + 2]);
+}
+
+/// One column's Q6_K activation side: per super-block d_a and the 16 offset terms -32·Σ a.
+#[derive(Default)]
+struct Col6 {
+    d: Vec<f32>,
+    bias: Vec<[i32; 16]>,
+}
+
+impl Col6 {
+    fn fill(&mut self, act: &[u8], nb: usize) {
+        self.d.clear();
+        self.bias.clear();
+        for blk in act.chunks_exact(AB).take(nb) {
+            self.d.push(f32::from_le_bytes([blk[0], blk[1], blk[2], blk[3]]));
+            self.bias.push(std::array::from_fn(|j| -32 * i16::from_le_bytes([blk[260 + 2 * j], blk[261 + 2 * j]]) as i32));
+        }
+    }
+}
+
+thread_local! {
+    static COLS6: std::cell::RefCell<Vec<Col6>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `matvec_ileave` for Q6_K (lengths checked by the caller): y [16 g, k].
+pub(super) fn q6_matvec(packed: &[u8], cols: usize, acts: &[u8], k: usize, y: &mut [f32]) {
+    let nb = cols / 256;
+    let done = COLS6.with(|cs| {
+        let mut cs = cs.borrow_mut();
+        cs.resize_with(k, Col6::default);
+        for (c, a) in cs.iter_mut().zip(acts.chunks_exact(AB * nb)) {
+            c.fill(a, nb);
+        }
+        avx512::q6_matvec(packed, nb, acts, &cs[..k], y)
+    });
+    if !done {
+        q6_matvec_scalar(packed, cols, acts, k, y);
+    }
+}
+
+/// The Q6_K scalar twin (lengths checked by the caller).
+pub(super) fn q6_matvec_scalar(packed: &[u8], cols: usize, acts: &[u8], k: usize, y: &mut [f32]) {
+    let nb = cols / 256;
+    let groups = packed.len() / (nb * Q6_GBB).max(1);
+    let mut col = Col6::default();
+    for (jc, a) in acts.chunks_exact(AB * nb).enumerate() {
+        col.fill(a, nb);
+        for g in 0..groups {
+            let mut acc = [0f32; IL_ROWS];
+            for b in 0..nb {
+                let src = &packed[(g * nb + b) * Q6_GBB..][..Q6_GBB];
+                let q = &a[b * AB + 4..b * AB + 260];
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let mut s = 0i32;
+                    for j in 0..16 {
+                        let mut isum = col.bias[b][j];
+                        for e in 16 * j..16 * j + 16 {
+                            isum += q6_quant(src, r, e) as i32 * q[e] as i8 as i32;
+                        }
+                        s += src[32 + 16 * j + r] as i8 as i32 * isum;
+                    }
+                    let d = f16_le([src[2 * r], src[2 * r + 1]]);
+                    *acc = (s as f32).mul_add(d * col.d[b], *acc);
+                }
+            }
+            for (r, v) in acc.into_iter().enumerate() {
+                y[(g * IL_ROWS + r) * k + jc] = v;
             }
         }
     }
