@@ -19,6 +19,7 @@ import argparse
 import http.client
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -125,9 +126,25 @@ def start(tool, args, port, np_):
     env = dict(os.environ)
     if args.llama_server:
         env["LD_LIBRARY_PATH"] = os.path.dirname(args.llama_server) + ":" + env.get("LD_LIBRARY_PATH", "")
+    try:  # a server left on the port would answer for the one we start: refuse to measure it
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        sys.exit("port %d is already in use (a server left running?)" % port)
+    except OSError:
+        pass
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    RUNNING.append(p)
     wait_health(port, p)
     return p
+
+
+RUNNING = []
+
+
+def stop_all():
+    for p in RUNNING:
+        if p.poll() is None:
+            p.terminate()
+            p.wait()
 
 
 def main():
@@ -186,4 +203,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    finally:  # never leave a server behind (it would load the machine and hold the port)
+        stop_all()

@@ -528,7 +528,8 @@ impl QTensor {
     fn matmat_int8(&self, act: ActType, x: &[f32], n_t: usize, y: &mut [f32]) {
         let cols = self.cols;
         let arb = act.row_bytes(cols).expect("activation format fits the weight's blocks");
-        if n_t >= TOKEN_SPLIT_MIN * pool().n_threads() {
+        // (An interleaved matrix splits rows: each thread un-interleaves only its own rows, once.)
+        if n_t >= TOKEN_SPLIT_MIN * pool().n_threads() && !self.il {
             // Tokens split over the pool: each thread quantizes its tokens and multiplies them
             // by the whole matrix, writing its own rows of y [n_t, rows] (no transpose, no
             // [rows, n_t] buffer). Every thread reads every weight tile, which prefill reuses

@@ -9,7 +9,7 @@
 //! also run in the 16-row interleaved layout, `quant::ileave`)
 
 use cortiq_kernels::quant::{
-    QuantType, act_type, ileave, ileave_supported, matvec_fast, matvec_fast_multi, matvec_ileave, quantize_act,
+    QuantType, act_type, ileave, ileave_rows, ileave_supported, matvec_fast, matvec_fast_multi, matvec_ileave, quantize_act,
 };
 use std::hint::black_box;
 use std::time::Instant;
@@ -61,6 +61,13 @@ fn main() {
                 }
             }
             let reps = if rows * rb > 16 << 20 { 5 } else { 50 };
+            if ileave_supported(ty) {
+                // the inverse layout change prefill pays per matmul over whole tiles
+                let p = ileave(ty, &w, rows, cols);
+                let mut back = vec![0u8; rows * rb];
+                let t = best(reps, || ileave_rows(ty, black_box(&p), cols, 0, rows, &mut back));
+                println!("{ty} {rows} x {cols}: un-interleave {:.3} ms ({:.1} GB/s)", t * 1e3, (rows * rb) as f64 / t / 1e9);
+            }
             println!(
                 "{ty} {rows} x {cols} ({:.1} MB): k   multi ms   G prod/s   k x single ms   G prod/s   ratio",
                 (rows * rb) as f64 / 1e6
