@@ -1,4 +1,4 @@
-//! quant::ileave (16-row interleaved Q4_0 / Q5_0 / Q8_0 / Q4_K / Q6_K for decode): the layout round-trips to
+//! quant::ileave (16-row interleaved Q4_0 / Q5_0 / Q8_0 / Q4_K / Q5_K / Q6_K for decode): the layout round-trips to
 //! the GGUF bytes; the AVX-512 kernel equals its scalar twin bit for bit for every column count;
 //! every column of a k-column call equals the one-column call on that activation row bit for
 //! bit, whatever the other columns hold; and the results agree with the f64 dot product of the
@@ -11,11 +11,11 @@ use cortiq_kernels::quant::{
 use cortiq_testkit::XorShift as Rng;
 use half::f16;
 
-const TYPES: [QuantType; 5] = [QuantType::Q4_0, QuantType::Q5_0, QuantType::Q8_0, QuantType::Q4K, QuantType::Q6K];
+const TYPES: [QuantType; 6] = [QuantType::Q4_0, QuantType::Q5_0, QuantType::Q8_0, QuantType::Q4K, QuantType::Q5K, QuantType::Q6K];
 
 /// Widths to test: the 32-element types take any multiple of 32, Q4_K multiples of 256.
 fn widths(ty: QuantType, legacy: &[usize]) -> Vec<usize> {
-    if matches!(ty, QuantType::Q4K | QuantType::Q6K) { vec![256, 512, 1024, 4864] } else { legacy.to_vec() }
+    if matches!(ty, QuantType::Q4K | QuantType::Q5K | QuantType::Q6K) { vec![256, 512, 1024, 4864] } else { legacy.to_vec() }
 }
 
 fn random_rows(ty: QuantType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
@@ -29,7 +29,7 @@ fn random_rows(ty: QuantType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8
             continue;
         }
         blk[..2].copy_from_slice(&d);
-        if ty == QuantType::Q4K {
+        if matches!(ty, QuantType::Q4K | QuantType::Q5K) {
             blk[2..4].copy_from_slice(&f16::from_f32(0.001 + 0.01 * rng.f().abs()).to_le_bytes());
         }
     }
@@ -74,7 +74,7 @@ fn layout_round_trips_and_pads() {
             }
         }
     }
-    assert_eq!(ileave_bytes(QuantType::Q5K, 16, 256), None);
+    assert_eq!(ileave_bytes(QuantType::Q3K, 16, 256), None);
     assert_eq!(ileave_bytes(QuantType::Q4K, 16, 320), None, "Q4_K needs whole 256-element blocks");
 }
 

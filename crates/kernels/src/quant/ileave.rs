@@ -39,9 +39,9 @@ pub const IL_ROWS: usize = 16;
 /// Columns per pass over a group: one accumulator register per column.
 const PASS_COLS: usize = 8;
 
-/// Whether `ty` has an interleaved layout (Q4_0, Q5_0, Q8_0 here; Q4_K and Q6_K in `ileave_k`).
+/// Whether `ty` has an interleaved layout (Q4_0, Q5_0, Q8_0 here; Q4_K, Q5_K, Q6_K in `ileave_k`).
 pub fn ileave_supported(ty: QuantType) -> bool {
-    geo(ty).is_some() || matches!(ty, QuantType::Q4K | QuantType::Q6K)
+    geo(ty).is_some() || matches!(ty, QuantType::Q4K | QuantType::Q5K | QuantType::Q6K)
 }
 
 /// Bytes of one interleaved group of 16 rows of `cols` elements (16 × the row bytes, and for
@@ -53,13 +53,16 @@ pub fn ileave_group_bytes(ty: QuantType, cols: usize) -> Option<usize> {
     if ty == QuantType::Q6K {
         return cols.is_multiple_of(256).then(|| cols / 256 * super::ileave_k::Q6_GBB);
     }
+    if ty == QuantType::Q5K {
+        return cols.is_multiple_of(256).then(|| cols / 256 * super::ileave_k::Q5_GBB);
+    }
     geo(ty)?;
     IL_ROWS.checked_mul(ty.row_bytes(cols)?)
 }
 
 /// Bytes of one activation row of `cols` elements for `ty`'s kernel (Q8_0, Q8_K for Q4_K).
 fn act_row_bytes(ty: QuantType, cols: usize) -> usize {
-    if matches!(ty, QuantType::Q4K | QuantType::Q6K) { cols / 256 * 292 } else { cols / 32 * 34 }
+    if matches!(ty, QuantType::Q4K | QuantType::Q5K | QuantType::Q6K) { cols / 256 * 292 } else { cols / 32 * 34 }
 }
 
 /// (block bytes, quant offset) of the interleaved types.
@@ -87,9 +90,9 @@ pub fn ileave(ty: QuantType, w: &[u8], rows: usize, cols: usize) -> Vec<u8> {
     let rb = ty.row_bytes(cols).expect("whole blocks");
     assert_eq!(w.len(), rows * rb, "ileave({ty}): {rows}x{cols} needs {} bytes, got {}", rows * rb, w.len());
     let groups = rows.div_ceil(IL_ROWS);
-    if ty == QuantType::Q4K {
+    if matches!(ty, QuantType::Q4K | QuantType::Q5K) {
         let mut out = huge_zeroed(groups * gbytes);
-        super::ileave_k::ileave(w, rows, cols, &mut out);
+        super::ileave_k::ileave(ty == QuantType::Q5K, w, rows, cols, &mut out);
         return out;
     }
     if ty == QuantType::Q6K {
@@ -178,12 +181,13 @@ pub fn ileave_rows(ty: QuantType, packed: &[u8], cols: usize, r0: usize, n: usiz
     let rb = ty.row_bytes(cols).expect("whole blocks");
     assert!((r0 + n).div_ceil(IL_ROWS) * gbytes <= packed.len(), "ileave_rows({ty}): rows {r0}..{} out of range", r0 + n);
     assert_eq!(out.len(), n * rb, "ileave_rows({ty}): {n} rows need {} bytes, got {}", n * rb, out.len());
-    if ty == QuantType::Q4K {
-        let gbb = super::ileave_k::GBB;
+    if matches!(ty, QuantType::Q4K | QuantType::Q5K) {
+        let h5 = ty == QuantType::Q5K;
+        let gbb = gbytes / (cols / 256);
         for (i, row) in out.chunks_exact_mut(rb).enumerate() {
             let (g, r) = ((r0 + i) / IL_ROWS, (r0 + i) % IL_ROWS);
-            for (b, blk) in row.chunks_exact_mut(144).enumerate() {
-                super::ileave_k::unpack_block(&packed[g * gbytes + b * gbb..][..gbb], r, blk);
+            for (b, blk) in row.chunks_exact_mut(ty.type_size()).enumerate() {
+                super::ileave_k::unpack_block(h5, &packed[g * gbytes + b * gbb..][..gbb], r, blk);
             }
         }
         return;
@@ -301,8 +305,8 @@ pub fn matvec_ileave(ty: QuantType, packed: &[u8], cols: usize, acts: &[u8], k: 
     if groups == 0 || k == 0 {
         return;
     }
-    if ty == QuantType::Q4K {
-        super::ileave_k::matvec(packed, cols, acts, k, y);
+    if matches!(ty, QuantType::Q4K | QuantType::Q5K) {
+        super::ileave_k::matvec(ty == QuantType::Q5K, packed, cols, acts, k, y);
         return;
     }
     if ty == QuantType::Q6K {
@@ -327,8 +331,8 @@ pub fn matvec_ileave(ty: QuantType, packed: &[u8], cols: usize, acts: &[u8], k: 
 #[track_caller]
 pub fn matvec_ileave_scalar(ty: QuantType, packed: &[u8], cols: usize, acts: &[u8], k: usize, y: &mut [f32]) {
     let (groups, off) = check("matvec_ileave_scalar", ty, packed, cols, acts, k, y);
-    if ty == QuantType::Q4K {
-        super::ileave_k::matvec_scalar(packed, cols, acts, k, y);
+    if matches!(ty, QuantType::Q4K | QuantType::Q5K) {
+        super::ileave_k::matvec_scalar(ty == QuantType::Q5K, packed, cols, acts, k, y);
         return;
     }
     if ty == QuantType::Q6K {

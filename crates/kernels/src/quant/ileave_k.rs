@@ -1,4 +1,4 @@
-//! Q4_K and Q6_K in the 16-row interleaved layout of `quant::ileave` (the same idea: lane r of a
+//! Q4_K, Q5_K and Q6_K in the 16-row interleaved layout of `quant::ileave` (the same idea: lane r of a
 //! register holds 4 consecutive quants of row r, one `vpdpbusd` against 4 broadcast activation
 //! bytes does 64 products of 16 rows, no lane reduction), with Q8_K activations.
 //!
@@ -13,6 +13,10 @@
 //! Arithmetic (both twins, bit for bit), per row r and super-block b with activation scale d_a:
 //! `S = Σ_j sc_j · Σ_{e in j} q·a` and `M = Σ_j m_j · Σ_{e in j} a` (exact i32), then
 //! `acc = fma(f32(S), d·d_a, acc)` and `acc = fma(-f32(M), dmin·d_a, acc)`; y_r = acc.
+//!
+//! Q5_K: the Q4_K layout plus 64 × u64 masks of the fifth bits (2880 bytes, GGUF's 2816 + 64):
+//! mask 2·(8c + i) + h, bit 4r + l = the fifth bit of element 4i + l of sub-block 2c + h of row
+//! r; u = nibble + 16·bit, the same arithmetic.
 //!
 //! Q6_K layout: per group of 16 rows, per super-block, 3360 bytes (exactly GGUF's 16 × 210):
 //! - 16 f16 `d` (32 bytes), then 16 × 16 signed scale bytes (sub-block j of 16, row r);
@@ -31,6 +35,14 @@ use super::ileave::IL_ROWS;
 /// GGUF bytes of one Q4_K block, and of one interleaved 16-row block-group.
 const BB: usize = 144;
 pub(super) const GBB: usize = 2368;
+/// Q5_K: GGUF block bytes and the interleaved block-group (GBB + the 512 bytes of masks).
+const Q5_BB: usize = 176;
+pub(super) const Q5_GBB: usize = GBB + 512;
+
+/// (GGUF block bytes, interleaved block-group bytes) for Q4_K (`h5` false) or Q5_K.
+fn sizes(h5: bool) -> (usize, usize) {
+    if h5 { (Q5_BB, Q5_GBB) } else { (BB, GBB) }
+}
 /// Bytes of one Q8_K activation block.
 const AB: usize = 292;
 /// Columns per pass over a group (register budget: 16 unpacked quant registers plus two
@@ -39,25 +51,29 @@ const PASS_COLS: usize = 4;
 
 /// The interleaved form of `rows` Q4_K rows (`w`: rows × row bytes), zero rows padding the last
 /// group; groups packed in parallel.
-pub(super) fn ileave(w: &[u8], rows: usize, cols: usize, out: &mut [u8]) {
+pub(super) fn ileave(h5: bool, w: &[u8], rows: usize, cols: usize, out: &mut [u8]) {
     use rayon::prelude::*;
+    let (bb, gbb) = sizes(h5);
     let nb = cols / 256;
-    let rb = nb * BB;
+    let rb = nb * bb;
     let zero = vec![0u8; rb];
-    out.par_chunks_mut((nb * GBB).max(1)).enumerate().for_each(|(g, dst)| {
+    out.par_chunks_mut((nb * gbb).max(1)).enumerate().for_each(|(g, dst)| {
         let src: [&[u8]; IL_ROWS] = std::array::from_fn(|r| {
             let row = g * IL_ROWS + r;
             if row < rows { &w[row * rb..(row + 1) * rb] } else { &zero[..] }
         });
-        for (b, d) in dst.chunks_exact_mut(GBB).enumerate() {
-            pack_block(&src, b * BB, d);
+        for (b, d) in dst.chunks_exact_mut(gbb).enumerate() {
+            pack_block(h5, &src, b * bb, d);
         }
     });
 }
 
-fn pack_block(src: &[&[u8]; IL_ROWS], at: usize, dst: &mut [u8]) {
+fn pack_block(h5: bool, src: &[&[u8]; IL_ROWS], at: usize, dst: &mut [u8]) {
+    let (bb, _) = sizes(h5);
+    // Q5_K's quants follow its 32 fifth-bit bytes
+    let q0 = if h5 { 48 } else { 16 };
     for (r, row) in src.iter().enumerate() {
-        let blk = &row[at..at + BB];
+        let blk = &row[at..at + bb];
         dst[2 * r..2 * r + 2].copy_from_slice(&blk[0..2]);
         dst[32 + 2 * r..32 + 2 * r + 2].copy_from_slice(&blk[2..4]);
         let (sc, mn) = k4_scale_min(blk[4..16].try_into().expect("12 bytes"));
@@ -68,7 +84,18 @@ fn pack_block(src: &[&[u8]; IL_ROWS], at: usize, dst: &mut [u8]) {
         for c in 0..4 {
             for i in 0..8 {
                 let o = 320 + (8 * c + i) * 64 + 4 * r;
-                dst[o..o + 4].copy_from_slice(&blk[16 + 32 * c + 4 * i..16 + 32 * c + 4 * i + 4]);
+                dst[o..o + 4].copy_from_slice(&blk[q0 + 32 * c + 4 * i..q0 + 32 * c + 4 * i + 4]);
+                if h5 {
+                    for h in 0..2 {
+                        let mi = GBB + 8 * (2 * (8 * c + i) + h);
+                        let mut m = u64::from_le_bytes(dst[mi..mi + 8].try_into().expect("8 bytes"));
+                        for l in 0..4 {
+                            let bit = (blk[16 + 4 * i + l] >> (2 * c + h)) & 1;
+                            m |= u64::from(bit) << (4 * r + l);
+                        }
+                        dst[mi..mi + 8].copy_from_slice(&m.to_le_bytes());
+                    }
+                }
             }
         }
     }
@@ -76,7 +103,8 @@ fn pack_block(src: &[&[u8]; IL_ROWS], at: usize, dst: &mut [u8]) {
 
 /// Row r's GGUF block out of one block-group (the inverse of `pack_block`; the 12 scale bytes
 /// re-packed as ggml packs them).
-pub(super) fn unpack_block(src: &[u8], r: usize, blk: &mut [u8]) {
+pub(super) fn unpack_block(h5: bool, src: &[u8], r: usize, blk: &mut [u8]) {
+    let q0 = if h5 { 48 } else { 16 };
     blk[0..2].copy_from_slice(&src[2 * r..2 * r + 2]);
     blk[2..4].copy_from_slice(&src[32 + 2 * r..32 + 2 * r + 2]);
     let sc: [u8; 8] = std::array::from_fn(|j| src[64 + 16 * j + r]);
@@ -90,7 +118,19 @@ pub(super) fn unpack_block(src: &[u8], r: usize, blk: &mut [u8]) {
     for c in 0..4 {
         for i in 0..8 {
             let o = 320 + (8 * c + i) * 64 + 4 * r;
-            blk[16 + 32 * c + 4 * i..16 + 32 * c + 4 * i + 4].copy_from_slice(&src[o..o + 4]);
+            blk[q0 + 32 * c + 4 * i..q0 + 32 * c + 4 * i + 4].copy_from_slice(&src[o..o + 4]);
+        }
+    }
+    if h5 {
+        for e in 0..32 {
+            let (i, l) = (e / 4, e % 4);
+            let mut qh = 0u8;
+            for j in 0..8 {
+                let mi = GBB + 8 * (2 * (8 * (j / 2) + i) + j % 2);
+                let m = u64::from_le_bytes(src[mi..mi + 8].try_into().expect("8 bytes"));
+                qh |= (((m >> (4 * r + l)) & 1) as u8) << j;
+            }
+            blk[16 + e] = qh;
         }
     }
 }
@@ -119,7 +159,7 @@ thread_local! {
 }
 
 /// `matvec_ileave` for Q4_K (lengths checked by the caller): y [16 g, k].
-pub(super) fn matvec(packed: &[u8], cols: usize, acts: &[u8], k: usize, y: &mut [f32]) {
+pub(super) fn matvec(h5: bool, packed: &[u8], cols: usize, acts: &[u8], k: usize, y: &mut [f32]) {
     let nb = cols / 256;
     let done = COLS.with(|cs| {
         let mut cs = cs.borrow_mut();
@@ -127,24 +167,25 @@ pub(super) fn matvec(packed: &[u8], cols: usize, acts: &[u8], k: usize, y: &mut 
         for (c, a) in cs.iter_mut().zip(acts.chunks_exact(AB * nb)) {
             c.fill(a, nb);
         }
-        avx512::matvec(packed, nb, acts, &cs[..k], y)
+        avx512::matvec(h5, packed, nb, acts, &cs[..k], y)
     });
     if !done {
-        matvec_scalar(packed, cols, acts, k, y);
+        matvec_scalar(h5, packed, cols, acts, k, y);
     }
 }
 
 /// The scalar twin (lengths checked by the caller).
-pub(super) fn matvec_scalar(packed: &[u8], cols: usize, acts: &[u8], k: usize, y: &mut [f32]) {
+pub(super) fn matvec_scalar(h5: bool, packed: &[u8], cols: usize, acts: &[u8], k: usize, y: &mut [f32]) {
+    let gbb = sizes(h5).1;
     let nb = cols / 256;
-    let groups = packed.len() / (nb * GBB).max(1);
+    let groups = packed.len() / (nb * gbb).max(1);
     let mut col = Col::default();
     for (j, a) in acts.chunks_exact(AB * nb).enumerate() {
         col.fill(a, nb);
         for g in 0..groups {
             let mut acc = [0f32; IL_ROWS];
             for b in 0..nb {
-                let src = &packed[(g * nb + b) * GBB..][..GBB];
+                let src = &packed[(g * nb + b) * gbb..][..gbb];
                 let q = &a[b * AB + 4..b * AB + 260];
                 for (r, acc) in acc.iter_mut().enumerate() {
                     let (mut s, mut m) = (0i32, 0i32);
@@ -154,7 +195,12 @@ pub(super) fn matvec_scalar(packed: &[u8], cols: usize, acts: &[u8], k: usize, y
                         for e in 0..32 {
                             let (i, l) = (e / 4, e % 4);
                             let byte = src[320 + (8 * c + i) * 64 + 4 * r + l];
-                            let u = if hi { byte >> 4 } else { byte & 0x0F } as i32;
+                            let mut u = if hi { byte >> 4 } else { byte & 0x0F } as i32;
+                            if h5 {
+                                let mi = GBB + 8 * (2 * (8 * c + i) + usize::from(hi));
+                                let mask = u64::from_le_bytes(src[mi..mi + 8].try_into().expect("8 bytes"));
+                                u += 16 * ((mask >> (4 * r + l)) & 1) as i32;
+                            }
                             isum += u * q[32 * sb + e] as i8 as i32;
                         }
                         s += src[64 + 16 * sb + r] as i32 * isum;
@@ -218,14 +264,14 @@ mod avx512 {
         }
     }
 
-    pub(super) fn matvec(packed: &[u8], nb: usize, acts: &[u8], cs: &[Col], y: &mut [f32]) -> bool {
+    pub(super) fn matvec(h5: bool, packed: &[u8], nb: usize, acts: &[u8], cs: &[Col], y: &mut [f32]) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
             if !super::super::vecdot_avx512::available() {
                 return false;
             }
             let k = cs.len();
-            let gb = nb * GBB;
+            let gb = nb * super::sizes(h5).1;
             let ab = AB * nb;
             for (g, yg) in y.chunks_exact_mut(IL_ROWS * k).enumerate() {
                 let grp = &packed[g * gb..(g + 1) * gb];
@@ -237,11 +283,15 @@ mod avx512 {
                     let mut out = [[0f32; IL_ROWS]; PASS_COLS];
                     // SAFETY: available() confirmed avx512f/bw/vl/vnni, avx2, fma and f16c.
                     unsafe {
-                        match kk {
-                            1 => imp::group::<1>(grp, nb, &a, &c, &mut out),
-                            2 => imp::group::<2>(grp, nb, &a, &c, &mut out),
-                            3 => imp::group::<3>(grp, nb, &a, &c, &mut out),
-                            _ => imp::group::<4>(grp, nb, &a, &c, &mut out),
+                        match (h5, kk) {
+                            (false, 1) => imp::group::<1, false>(grp, nb, &a, &c, &mut out),
+                            (false, 2) => imp::group::<2, false>(grp, nb, &a, &c, &mut out),
+                            (false, 3) => imp::group::<3, false>(grp, nb, &a, &c, &mut out),
+                            (false, _) => imp::group::<4, false>(grp, nb, &a, &c, &mut out),
+                            (true, 1) => imp::group::<1, true>(grp, nb, &a, &c, &mut out),
+                            (true, 2) => imp::group::<2, true>(grp, nb, &a, &c, &mut out),
+                            (true, 3) => imp::group::<3, true>(grp, nb, &a, &c, &mut out),
+                            (true, _) => imp::group::<4, true>(grp, nb, &a, &c, &mut out),
                         }
                     }
                     for (j, o) in out.iter().enumerate().take(kk) {
@@ -255,7 +305,7 @@ mod avx512 {
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
-            let _ = (packed, nb, acts, cs, y);
+            let _ = (h5, packed, nb, acts, cs, y);
             false
         }
     }
@@ -342,14 +392,15 @@ mod avx512 {
 
         /// One group of 16 rows times K columns; `out[j][r]` = row r · column j.
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-        pub(super) fn group<const K: usize>(
+        pub(super) fn group<const K: usize, const H5: bool>(
             grp: &[u8],
             nb: usize,
             a: &[&[u8]; PASS_COLS],
             c: &[&Col; PASS_COLS],
             out: &mut [[f32; IL_ROWS]; PASS_COLS],
         ) {
-            assert!(grp.len() == nb * GBB, "group: {nb} block-groups");
+            let gbb = if H5 { super::super::Q5_GBB } else { GBB };
+            assert!(grp.len() == nb * gbb, "group: {nb} block-groups");
             for j in 0..K {
                 assert!(a[j].len() >= AB * nb && c[j].d.len() >= nb && c[j].sums.len() >= nb, "activation shorter than the row");
             }
@@ -357,7 +408,7 @@ mod avx512 {
             let mut acc = [_mm512_setzero_ps(); K];
             let ap: [*const u8; K] = std::array::from_fn(|j| a[j].as_ptr());
             for b in 0..nb {
-                let src = &grp[b * GBB..(b + 1) * GBB];
+                let src = &grp[b * gbb..(b + 1) * gbb];
                 let p = src.as_ptr();
                 // SAFETY: src is GBB = 2368 bytes: d at 0..32, dmin at 32..64, the scale and
                 // min bytes at 64..320 (16-byte loads at 64 + 16j and 192 + 16j, j < 8) and the
@@ -378,6 +429,14 @@ mod avx512 {
                         let v = unsafe { _mm512_loadu_si512(p.add(320 + (8 * cc + i) * 64).cast()) };
                         lo[i] = _mm512_and_si512(v, m4);
                         hi[i] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
+                        if H5 {
+                            // the fifth bits: masks 2(8cc + i) and 2(8cc + i) + 1 after the Q4_K part
+                            let mi = GBB + 16 * (8 * cc + i);
+                            let ml = u64::from_le_bytes(src[mi..mi + 8].try_into().expect("8 bytes"));
+                            let mh = u64::from_le_bytes(src[mi + 8..mi + 16].try_into().expect("8 bytes"));
+                            lo[i] = _mm512_mask_add_epi8(lo[i], ml, lo[i], _mm512_set1_epi8(16));
+                            hi[i] = _mm512_mask_add_epi8(hi[i], mh, hi[i], _mm512_set1_epi8(16));
+                        }
                     }
                     let (sl, sh) = (sc(2 * cc), sc(2 * cc + 1));
                     for j in 0..K {
