@@ -416,14 +416,7 @@ impl QTensor {
                 acts.push((act, all));
             }
         }
-        let starts: Vec<usize> = ws
-            .iter()
-            .scan(0, |acc, w| {
-                let s = *acc;
-                *acc += w.rows;
-                Some(s)
-            })
-            .collect();
+        let starts = row_starts(ws);
         let t0 = profile::enabled().then(std::time::Instant::now);
         let mut yt = vec![0f32; total * k]; // [Σ rows, k]
         let acts = &acts;
@@ -447,13 +440,7 @@ impl QTensor {
             }
         });
         transpose_into(&yt, total, k, y);
-        if let Some(t0) = t0 {
-            let ns = t0.elapsed().as_nanos() as f64;
-            let bytes: f64 = ws.iter().map(|w| (w.rows * w.row_bytes) as f64).sum();
-            for w in ws {
-                profile::add_matmul(w.dtype, k, ns * (w.rows * w.row_bytes) as f64 / bytes);
-            }
-        }
+        profile_dispatch(ws, k, t0);
     }
 
     /// Several matrices on one input: `y[t] = [W_0 · x[t], W_1 · x[t], ...]` with the outputs
@@ -641,14 +628,7 @@ fn matvec_many(ws: &[&QTensor], x: &[f32], y: &mut [f32]) {
         cache.get(*a, x);
     }
     let t0 = profile::enabled().then(std::time::Instant::now);
-    let starts: Vec<usize> = ws
-        .iter()
-        .scan(0, |acc, w| {
-            let s = *acc;
-            *acc += w.rows;
-            Some(s)
-        })
-        .collect();
+    let starts = row_starts(ws);
     let cache = &cache;
     pool().for_rows_mut(y, 1, MATVEC_GRAIN, |g0, out| {
         let g1 = g0 + out.len();
@@ -678,12 +658,28 @@ fn matvec_many(ws: &[&QTensor], x: &[f32], y: &mut [f32]) {
             }
         }
     });
-    // Profile: the dispatch's wall time, shared among the matrices by their byte counts.
+    profile_dispatch(ws, 1, t0);
+}
+
+/// Where each matrix starts in the concatenated rows of a fused dispatch.
+fn row_starts(ws: &[&QTensor]) -> Vec<usize> {
+    ws.iter()
+        .scan(0, |acc, w| {
+            let s = *acc;
+            *acc += w.rows;
+            Some(s)
+        })
+        .collect()
+}
+
+/// Profile: a fused dispatch's wall time (since `t0`, set when profiling), shared among its
+/// matrices by their byte counts.
+fn profile_dispatch(ws: &[&QTensor], k: usize, t0: Option<std::time::Instant>) {
     if let Some(t0) = t0 {
         let ns = t0.elapsed().as_nanos() as f64;
         let bytes: f64 = ws.iter().map(|w| (w.rows * w.row_bytes) as f64).sum();
         for w in ws {
-            profile::add_matmul(w.dtype, 1, ns * (w.rows * w.row_bytes) as f64 / bytes);
+            profile::add_matmul(w.dtype, k, ns * (w.rows * w.row_bytes) as f64 / bytes);
         }
     }
 }

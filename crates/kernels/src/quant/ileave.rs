@@ -36,8 +36,41 @@ use super::blocks::f16_le;
 /// Rows per interleaved group.
 pub const IL_ROWS: usize = 16;
 
-/// Columns per pass over a group: one accumulator register per column.
+/// Columns per pass over a group: one accumulator register per column (the k-quant kernels
+/// take 4).
 const PASS_COLS: usize = 8;
+
+/// One pass's results: `out[j][r]` = row r of the group times the pass's column j.
+pub(super) type PassOut = [[f32; IL_ROWS]; PASS_COLS];
+
+/// The pass structure every interleaved SIMD kernel shares: per group of `gb` bytes (with a
+/// sliding prefetch window ahead of it: the hardware prefetchers alone left the streamed
+/// kernel well under memory speed), the k columns in passes of at most `pass` (<= 8);
+/// `kernel(group, j0, kk, out)` fills `out[j]` for the columns j0 + j, j < kk, which land in
+/// y [16 g, k].
+pub(super) fn passes(
+    packed: &[u8],
+    gb: usize,
+    k: usize,
+    pass: usize,
+    y: &mut [f32],
+    mut kernel: impl FnMut(&[u8], usize, usize, &mut PassOut),
+) {
+    for (g, yg) in y.chunks_exact_mut(IL_ROWS * k).enumerate() {
+        let grp = &packed[g * gb..(g + 1) * gb];
+        super::vecdot_avx512::prefetch_ahead(packed, g * gb, gb);
+        for j0 in (0..k).step_by(pass) {
+            let kk = (k - j0).min(pass);
+            let mut out = [[0f32; IL_ROWS]; PASS_COLS];
+            kernel(grp, j0, kk, &mut out);
+            for (j, o) in out.iter().enumerate().take(kk) {
+                for (r, &v) in o.iter().enumerate() {
+                    yg[r * k + j0 + j] = v;
+                }
+            }
+        }
+    }
+}
 
 /// Whether `ty` has an interleaved layout (Q4_0, Q5_0, Q8_0 here; Q4_K, Q5_K, Q6_K in `ileave_k`).
 pub fn ileave_supported(ty: QuantType) -> bool {
@@ -380,45 +413,32 @@ mod avx512 {
             let bb = super::geo(ty).expect("checked").0;
             let gb = nb * IL_ROWS * bb;
             let ab = 34 * nb;
-            for (g, yg) in y.chunks_exact_mut(IL_ROWS * k).enumerate() {
-                let grp = &packed[g * gb..(g + 1) * gb];
-                // a sliding window ahead of the group (the hardware prefetchers alone left the
-                // streamed kernel well under memory speed)
-                super::super::vecdot_avx512::prefetch_ahead(packed, g * gb, gb);
-                for j0 in (0..k).step_by(PASS_COLS) {
-                    let kk = (k - j0).min(PASS_COLS);
-                    let a: [&[u8]; PASS_COLS] = std::array::from_fn(|j| &acts[(j0 + j.min(kk - 1)) * ab..][..ab]);
-                    let c: [&Col; PASS_COLS] = std::array::from_fn(|j| &cs[j0 + j.min(kk - 1)]);
-                    let mut out = [[0f32; IL_ROWS]; PASS_COLS];
-                    macro_rules! go {
-                        ($T:literal) => {
-                            // SAFETY: available() confirmed avx512f/bw/vl/vnni, avx2, fma and f16c.
-                            unsafe {
-                                match kk {
-                                    1 => imp::group::<$T, 1>(grp, nb, &a, &c, &mut out),
-                                    2 => imp::group::<$T, 2>(grp, nb, &a, &c, &mut out),
-                                    3 => imp::group::<$T, 3>(grp, nb, &a, &c, &mut out),
-                                    4 => imp::group::<$T, 4>(grp, nb, &a, &c, &mut out),
-                                    5 => imp::group::<$T, 5>(grp, nb, &a, &c, &mut out),
-                                    6 => imp::group::<$T, 6>(grp, nb, &a, &c, &mut out),
-                                    7 => imp::group::<$T, 7>(grp, nb, &a, &c, &mut out),
-                                    _ => imp::group::<$T, 8>(grp, nb, &a, &c, &mut out),
-                                }
+            super::passes(packed, gb, k, PASS_COLS, y, |grp, j0, kk, out| {
+                let a: [&[u8]; PASS_COLS] = std::array::from_fn(|j| &acts[(j0 + j.min(kk - 1)) * ab..][..ab]);
+                let c: [&Col; PASS_COLS] = std::array::from_fn(|j| &cs[j0 + j.min(kk - 1)]);
+                macro_rules! go {
+                    ($T:literal) => {
+                        // SAFETY: available() confirmed avx512f/bw/vl/vnni, avx2, fma and f16c.
+                        unsafe {
+                            match kk {
+                                1 => imp::group::<$T, 1>(grp, nb, &a, &c, out),
+                                2 => imp::group::<$T, 2>(grp, nb, &a, &c, out),
+                                3 => imp::group::<$T, 3>(grp, nb, &a, &c, out),
+                                4 => imp::group::<$T, 4>(grp, nb, &a, &c, out),
+                                5 => imp::group::<$T, 5>(grp, nb, &a, &c, out),
+                                6 => imp::group::<$T, 6>(grp, nb, &a, &c, out),
+                                7 => imp::group::<$T, 7>(grp, nb, &a, &c, out),
+                                _ => imp::group::<$T, 8>(grp, nb, &a, &c, out),
                             }
-                        };
-                    }
-                    match ty {
-                        QuantType::Q8_0 => go!(0),
-                        QuantType::Q4_0 => go!(1),
-                        _ => go!(2),
-                    }
-                    for (j, o) in out.iter().enumerate().take(kk) {
-                        for (r, &v) in o.iter().enumerate() {
-                            yg[r * k + j0 + j] = v;
                         }
-                    }
+                    };
                 }
-            }
+                match ty {
+                    QuantType::Q8_0 => go!(0),
+                    QuantType::Q4_0 => go!(1),
+                    _ => go!(2),
+                }
+            });
             true
         }
         #[cfg(not(target_arch = "x86_64"))]

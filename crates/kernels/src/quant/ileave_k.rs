@@ -30,7 +30,7 @@
 
 use super::blocks::f16_le;
 use super::dequant::k4_scale_min;
-use super::ileave::IL_ROWS;
+use super::ileave::{IL_ROWS, PassOut};
 
 /// GGUF bytes of one Q4_K block, and of one interleaved 16-row block-group.
 const BB: usize = 144;
@@ -220,7 +220,7 @@ pub(super) fn matvec_scalar(h5: bool, packed: &[u8], cols: usize, acts: &[u8], k
 }
 
 mod avx512 {
-    use super::{AB, Col, Col6, GBB, IL_ROWS, PASS_COLS, Q6_GBB};
+    use super::{AB, Col, Col6, GBB, PASS_COLS, PassOut, Q6_GBB};
 
     pub(super) fn q6_matvec(packed: &[u8], nb: usize, acts: &[u8], cs: &[Col6], y: &mut [f32]) -> bool {
         #[cfg(target_arch = "x86_64")]
@@ -229,32 +229,20 @@ mod avx512 {
                 return false;
             }
             let k = cs.len();
-            let gb = nb * Q6_GBB;
             let ab = AB * nb;
-            for (g, yg) in y.chunks_exact_mut(IL_ROWS * k).enumerate() {
-                let grp = &packed[g * gb..(g + 1) * gb];
-                super::super::vecdot_avx512::prefetch_ahead(packed, g * gb, gb);
-                for j0 in (0..k).step_by(PASS_COLS) {
-                    let kk = (k - j0).min(PASS_COLS);
-                    let a: [&[u8]; PASS_COLS] = std::array::from_fn(|j| &acts[(j0 + j.min(kk - 1)) * ab..][..ab]);
-                    let c: [&Col6; PASS_COLS] = std::array::from_fn(|j| &cs[j0 + j.min(kk - 1)]);
-                    let mut out = [[0f32; IL_ROWS]; PASS_COLS];
-                    // SAFETY: available() confirmed avx512f/bw/vl/vnni, avx2, fma and f16c.
-                    unsafe {
-                        match kk {
-                            1 => imp::q6_group::<1>(grp, nb, &a, &c, &mut out),
-                            2 => imp::q6_group::<2>(grp, nb, &a, &c, &mut out),
-                            3 => imp::q6_group::<3>(grp, nb, &a, &c, &mut out),
-                            _ => imp::q6_group::<4>(grp, nb, &a, &c, &mut out),
-                        }
-                    }
-                    for (j, o) in out.iter().enumerate().take(kk) {
-                        for (r, &v) in o.iter().enumerate() {
-                            yg[r * k + j0 + j] = v;
-                        }
+            super::super::ileave::passes(packed, nb * Q6_GBB, k, PASS_COLS, y, |grp, j0, kk, out| {
+                let a: [&[u8]; PASS_COLS] = std::array::from_fn(|j| &acts[(j0 + j.min(kk - 1)) * ab..][..ab]);
+                let c: [&Col6; PASS_COLS] = std::array::from_fn(|j| &cs[j0 + j.min(kk - 1)]);
+                // SAFETY: available() confirmed avx512f/bw/vl/vnni, avx2, fma and f16c.
+                unsafe {
+                    match kk {
+                        1 => imp::q6_group::<1>(grp, nb, &a, &c, out),
+                        2 => imp::q6_group::<2>(grp, nb, &a, &c, out),
+                        3 => imp::q6_group::<3>(grp, nb, &a, &c, out),
+                        _ => imp::q6_group::<4>(grp, nb, &a, &c, out),
                     }
                 }
-            }
+            });
             true
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -271,36 +259,24 @@ mod avx512 {
                 return false;
             }
             let k = cs.len();
-            let gb = nb * super::sizes(h5).1;
             let ab = AB * nb;
-            for (g, yg) in y.chunks_exact_mut(IL_ROWS * k).enumerate() {
-                let grp = &packed[g * gb..(g + 1) * gb];
-                super::super::vecdot_avx512::prefetch_ahead(packed, g * gb, gb);
-                for j0 in (0..k).step_by(PASS_COLS) {
-                    let kk = (k - j0).min(PASS_COLS);
-                    let a: [&[u8]; PASS_COLS] = std::array::from_fn(|j| &acts[(j0 + j.min(kk - 1)) * ab..][..ab]);
-                    let c: [&Col; PASS_COLS] = std::array::from_fn(|j| &cs[j0 + j.min(kk - 1)]);
-                    let mut out = [[0f32; IL_ROWS]; PASS_COLS];
-                    // SAFETY: available() confirmed avx512f/bw/vl/vnni, avx2, fma and f16c.
-                    unsafe {
-                        match (h5, kk) {
-                            (false, 1) => imp::group::<1, false>(grp, nb, &a, &c, &mut out),
-                            (false, 2) => imp::group::<2, false>(grp, nb, &a, &c, &mut out),
-                            (false, 3) => imp::group::<3, false>(grp, nb, &a, &c, &mut out),
-                            (false, _) => imp::group::<4, false>(grp, nb, &a, &c, &mut out),
-                            (true, 1) => imp::group::<1, true>(grp, nb, &a, &c, &mut out),
-                            (true, 2) => imp::group::<2, true>(grp, nb, &a, &c, &mut out),
-                            (true, 3) => imp::group::<3, true>(grp, nb, &a, &c, &mut out),
-                            (true, _) => imp::group::<4, true>(grp, nb, &a, &c, &mut out),
-                        }
-                    }
-                    for (j, o) in out.iter().enumerate().take(kk) {
-                        for (r, &v) in o.iter().enumerate() {
-                            yg[r * k + j0 + j] = v;
-                        }
+            super::super::ileave::passes(packed, nb * super::sizes(h5).1, k, PASS_COLS, y, |grp, j0, kk, out| {
+                let a: [&[u8]; PASS_COLS] = std::array::from_fn(|j| &acts[(j0 + j.min(kk - 1)) * ab..][..ab]);
+                let c: [&Col; PASS_COLS] = std::array::from_fn(|j| &cs[j0 + j.min(kk - 1)]);
+                // SAFETY: available() confirmed avx512f/bw/vl/vnni, avx2, fma and f16c.
+                unsafe {
+                    match (h5, kk) {
+                        (false, 1) => imp::group::<1, false>(grp, nb, &a, &c, out),
+                        (false, 2) => imp::group::<2, false>(grp, nb, &a, &c, out),
+                        (false, 3) => imp::group::<3, false>(grp, nb, &a, &c, out),
+                        (false, _) => imp::group::<4, false>(grp, nb, &a, &c, out),
+                        (true, 1) => imp::group::<1, true>(grp, nb, &a, &c, out),
+                        (true, 2) => imp::group::<2, true>(grp, nb, &a, &c, out),
+                        (true, 3) => imp::group::<3, true>(grp, nb, &a, &c, out),
+                        (true, _) => imp::group::<4, true>(grp, nb, &a, &c, out),
                     }
                 }
-            }
+            });
             true
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -312,7 +288,7 @@ mod avx512 {
 
     #[cfg(target_arch = "x86_64")]
     mod imp {
-        use super::{AB, Col, Col6, GBB, IL_ROWS, PASS_COLS, Q6_GBB};
+        use super::{AB, Col, Col6, GBB, PASS_COLS, PassOut, Q6_GBB};
         use std::arch::x86_64::*;
 
         /// One Q6_K group of 16 rows times K columns; `out[j][r]` = row r · column j.
@@ -322,7 +298,7 @@ mod avx512 {
             nb: usize,
             a: &[&[u8]; PASS_COLS],
             c: &[&Col6; PASS_COLS],
-            out: &mut [[f32; IL_ROWS]; PASS_COLS],
+            out: &mut PassOut,
         ) {
             assert!(grp.len() == nb * Q6_GBB, "q6_group: {nb} block-groups");
             for j in 0..K {
@@ -397,7 +373,7 @@ mod avx512 {
             nb: usize,
             a: &[&[u8]; PASS_COLS],
             c: &[&Col; PASS_COLS],
-            out: &mut [[f32; IL_ROWS]; PASS_COLS],
+            out: &mut PassOut,
         ) {
             let gbb = if H5 { super::super::Q5_GBB } else { GBB };
             assert!(grp.len() == nb * gbb, "group: {nb} block-groups");
