@@ -252,19 +252,25 @@ impl QTensor {
         self.il
     }
 
-    /// Rows `r0..r0 + n` times `k` activation rows (Q8_0, [k, row bytes]) with the interleaved
-    /// kernel: y [n, k]. A range that cuts a group computes the whole group into a buffer and
-    /// keeps its rows; each row's value is the same either way.
-    fn matvec_il(&self, r0: usize, n: usize, acts: &[u8], k: usize, y: &mut [f32]) {
+    /// Rows `r0..r0 + n` times `k` = `ys.len()` activation rows (Q8_0 / Q8_K, [k, row bytes])
+    /// with the interleaved kernel: `ys[j][i]` = row r0 + i times activation row j. A range that
+    /// cuts a group computes the whole group into a buffer and keeps its rows; each row's value
+    /// is the same either way.
+    fn matvec_il(&self, r0: usize, n: usize, acts: &[u8], ys: &mut [&mut [f32]]) {
         let gb = ileave_group_bytes(self.dtype, self.cols).expect("an interleaved tensor's type has the layout");
         let (g0, g1) = (r0 / IL_ROWS, (r0 + n).div_ceil(IL_ROWS));
         let packed = &self.backing.bytes()[g0 * gb..g1 * gb];
         if r0.is_multiple_of(IL_ROWS) && n.is_multiple_of(IL_ROWS) {
-            matvec_ileave(self.dtype, packed, self.cols, acts, k, y);
+            matvec_ileave(self.dtype, packed, self.cols, acts, ys);
         } else {
-            let mut all = vec![0f32; (g1 - g0) * IL_ROWS * k];
-            matvec_ileave(self.dtype, packed, self.cols, acts, k, &mut all);
-            y.copy_from_slice(&all[(r0 - g0 * IL_ROWS) * k..][..n * k]);
+            let m = (g1 - g0) * IL_ROWS;
+            let mut all = vec![0f32; ys.len() * m]; // [k, m]
+            let mut pieces: Vec<&mut [f32]> = all.chunks_exact_mut(m).collect();
+            matvec_ileave(self.dtype, packed, self.cols, acts, &mut pieces);
+            let at = r0 - g0 * IL_ROWS;
+            for (y, a) in ys.iter_mut().zip(all.chunks_exact(m)) {
+                y.copy_from_slice(&a[at..at + n]);
+            }
         }
     }
 
@@ -379,14 +385,7 @@ impl QTensor {
     /// `matvec_rows` (and the decode path) gives: a weight row's result does not depend on the
     /// slab it falls in. x: [k, cols]
     pub fn matvec_rows_many(ws: &[&QTensor], x: &[f32], k: usize, y: &mut [f32]) {
-        let cols = ws.first().map_or(0, |w| w.cols);
-        let total: usize = ws.iter().map(|w| w.rows).sum();
-        for w in ws {
-            assert_eq!(w.cols, cols, "{}: {} columns, the other matrices of this input have {cols}", w.name, w.cols);
-        }
-        let name = ws.iter().map(|w| w.name.as_str()).collect::<Vec<_>>().join("+");
-        assert_eq!(x.len(), k * cols, "{name}: input has {} values, expected {k}x{cols}", x.len());
-        assert_eq!(y.len(), k * total, "{name}: output has {} values, expected {k}x{total}", y.len());
+        let (cols, total) = check_many(ws, x, k, y);
         if ws.is_empty() || k == 0 {
             return;
         }
@@ -418,28 +417,34 @@ impl QTensor {
         }
         let starts = row_starts(ws);
         let t0 = profile::enabled().then(std::time::Instant::now);
-        let mut yt = vec![0f32; total * k]; // [Σ rows, k]
         let acts = &acts;
-        pool().for_rows_mut(&mut yt, k, MATVEC_GRAIN, |g0, out| {
-            let g1 = g0 + out.len() / k;
+        // Each thread's slab of the concatenated rows, written straight into every sequence's
+        // row of y [k, total].
+        pool().for_cols_mut(y, k, total, MATVEC_GRAIN, |c0, outs| {
+            let c1 = c0 + outs[0].len();
             for (w, &s) in ws.iter().zip(&starts) {
                 // This thread's slab of the concatenated rows, intersected with matrix w.
-                let (a, b) = (g0.max(s), g1.min(s + w.rows));
+                let (a, b) = (c0.max(s), c1.min(s + w.rows));
                 if a >= b {
                     continue;
                 }
-                let o = &mut out[(a - g0) * k..(b - g0) * k];
+                let mut o: Vec<&mut [f32]> = outs.iter_mut().map(|y| &mut y[a - c0..b - c0]).collect();
                 let (r0, n) = (a - s, b - a);
                 let act = w.act().expect("batched: every matrix quantizes its input");
                 let q = &acts.iter().find(|(t, _)| *t == act).expect("quantized before the dispatch").1;
                 if w.il {
-                    w.matvec_il(r0, n, q, k, o);
+                    w.matvec_il(r0, n, q, &mut o);
                 } else {
-                    matvec_fast_multi(w.dtype, &w.rows_data(r0, n), n, w.cols, q, k, o);
+                    let mut yt = vec![0f32; n * k]; // [n, k]
+                    matvec_fast_multi(w.dtype, &w.rows_data(r0, n), n, w.cols, q, k, &mut yt);
+                    for (j, y) in o.iter_mut().enumerate() {
+                        for (i, v) in y.iter_mut().enumerate() {
+                            *v = yt[i * k + j];
+                        }
+                    }
                 }
             }
         });
-        transpose_into(&yt, total, k, y);
         profile_dispatch(ws, k, t0);
     }
 
@@ -448,14 +453,7 @@ impl QTensor {
     /// Decode (n_t == 1) quantizes x once per activation format and runs every matrix in one
     /// pool dispatch, each thread streaming a contiguous slab of the concatenated rows.
     pub fn matmul_many(ws: &[&QTensor], x: &[f32], n_t: usize, y: &mut [f32]) {
-        let cols = ws.first().map_or(0, |w| w.cols);
-        let total: usize = ws.iter().map(|w| w.rows).sum();
-        for w in ws {
-            assert_eq!(w.cols, cols, "{}: {} columns, the other matrices of this input have {cols}", w.name, w.cols);
-        }
-        let name = ws.iter().map(|w| w.name.as_str()).collect::<Vec<_>>().join("+");
-        assert_eq!(x.len(), n_t * cols, "{name}: input has {} values, expected {n_t}x{cols}", x.len());
-        assert_eq!(y.len(), n_t * total, "{name}: output has {} values, expected {n_t}x{total}", y.len());
+        let (_, total) = check_many(ws, x, n_t, y);
         if ws.is_empty() || n_t == 0 {
             return;
         }
@@ -644,7 +642,7 @@ fn matvec_many(ws: &[&QTensor], x: &[f32], y: &mut [f32]) {
                 Some(act) => {
                     let q = &cache.entries.iter().find(|(k, _)| k == act).expect("quantized before the dispatch").1;
                     if w.il {
-                        w.matvec_il(r0, n, q, 1, o);
+                        w.matvec_il(r0, n, q, &mut [o]);
                     } else if w.numerics == Numerics::Fast {
                         matvec_fast(w.dtype, &w.rows_data(r0, n), n, w.cols, q, o);
                     } else {
@@ -662,6 +660,20 @@ fn matvec_many(ws: &[&QTensor], x: &[f32], y: &mut [f32]) {
 }
 
 /// Where each matrix starts in the concatenated rows of a fused dispatch.
+/// The shared input and output width of `ws` (q|k|v, gate|up) on n rows, checked: (cols, Σ rows).
+#[track_caller]
+fn check_many(ws: &[&QTensor], x: &[f32], n: usize, y: &[f32]) -> (usize, usize) {
+    let cols = ws.first().map_or(0, |w| w.cols);
+    let total: usize = ws.iter().map(|w| w.rows).sum();
+    for w in ws {
+        assert_eq!(w.cols, cols, "{}: {} columns, the other matrices of this input have {cols}", w.name, w.cols);
+    }
+    let name = || ws.iter().map(|w| w.name.as_str()).collect::<Vec<_>>().join("+");
+    assert_eq!(x.len(), n * cols, "{}: input has {} values, expected {n}x{cols}", name(), x.len());
+    assert_eq!(y.len(), n * total, "{}: output has {} values, expected {n}x{total}", name(), y.len());
+    (cols, total)
+}
+
 fn row_starts(ws: &[&QTensor]) -> Vec<usize> {
     ws.iter()
         .scan(0, |acc, w| {

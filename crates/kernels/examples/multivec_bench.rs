@@ -93,7 +93,10 @@ fn main() {
                 let prods = (k * rows * cols) as f64;
                 if ileave_supported(ty) && rows % 16 == 0 {
                     let p = ileave(ty, &w, rows, cols);
-                    let ti = best(reps, || matvec_ileave(ty, black_box(&p), cols, &acts, k, &mut y));
+                    let ti = best(reps, || {
+                        let mut ys: Vec<&mut [f32]> = y.chunks_exact_mut(rows).collect();
+                        matvec_ileave(ty, black_box(&p), cols, &acts, &mut ys)
+                    });
                     println!("                        interleaved {k:>2}   {:>8.3}   {:>8.1}", ti * 1e3, prods / ti / 1e9);
                 }
                 println!(

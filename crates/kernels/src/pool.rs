@@ -432,6 +432,41 @@ impl Pool {
         });
     }
 
+    /// `for_ranges` over the columns of a row-major [n_rows, n_cols] output: `f(c0, pieces)`
+    /// gets, for its range c0..c1 of columns (boundaries on multiples of `grain`), the n_rows
+    /// pieces `out[i * n_cols + c0..i * n_cols + c1]` as disjoint `&mut` slices. The batched
+    /// decode's output: k sequences' rows side by side, each thread writing its weight rows'
+    /// results straight into every sequence's row (no [rows, k] buffer and transpose).
+    /// Re-raises a task's panic.
+    pub fn for_cols_mut<T: Send, F: Fn(usize, &mut [&mut [T]]) + Sync>(
+        &self,
+        out: &mut [T],
+        n_rows: usize,
+        n_cols: usize,
+        grain: usize,
+        f: F,
+    ) {
+        assert_eq!(out.len(), n_rows * n_cols, "for_cols_mut: {} elements for {n_rows} x {n_cols}", out.len());
+        if n_rows == 0 || n_cols == 0 {
+            return;
+        }
+        let base = SendPtr(out.as_mut_ptr());
+        self.for_ranges(n_cols, grain, |c0, c1| {
+            let mut pieces: Vec<&mut [T]> = (0..n_rows)
+                .map(|i| {
+                    // SAFETY: `for_ranges` hands out disjoint column ranges c0..c1 <= n_cols,
+                    // each once, and returns only after every call is done; within one call the
+                    // n_rows pieces lie in different rows (i * n_cols + c0..i * n_cols + c1,
+                    // inside `out` as out.len() == n_rows * n_cols was asserted). So every
+                    // piece is the only live reference to its elements while `out` is borrowed
+                    // mutably by this function; T: Send as they are written from other threads.
+                    unsafe { std::slice::from_raw_parts_mut(base.get().add(i * n_cols + c0), c1 - c0) }
+                })
+                .collect();
+            f(c0, &mut pieces);
+        });
+    }
+
     /// `for_ranges_dynamic` over an output slice: rows of `row_len` elements handed out in
     /// chunks of `grain` rows from an atomic counter, each chunk as its own `&mut` sub-slice
     /// (uneven rows: causal attention, where later positions see more keys). Re-raises a

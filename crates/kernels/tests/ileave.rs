@@ -78,6 +78,11 @@ fn layout_round_trips_and_pads() {
     assert_eq!(ileave_bytes(QuantType::Q4K, 16, 320), None, "Q4_K needs whole 256-element blocks");
 }
 
+/// The k columns of y [k, n] as the kernels' output pieces.
+fn cols_mut(y: &mut [f32], n: usize) -> Vec<&mut [f32]> {
+    y.chunks_exact_mut(n).collect()
+}
+
 #[test]
 fn simd_equals_scalar_and_columns_equal_alone() {
     let mut rng = Rng(0x11EA_0002);
@@ -89,27 +94,28 @@ fn simd_equals_scalar_and_columns_equal_alone() {
             let ab = act_type(ty).unwrap().row_bytes(cols).unwrap();
             for k in [1, 2, 3, 4, 5, 7, 8, 9, 16, 17] {
                 let a = acts(ty, cols, k, &mut rng);
+                // y [k, padded]: column j's outputs side by side
                 let (mut ys, mut yv) = (vec![0f32; padded * k], vec![0f32; padded * k]);
-                matvec_ileave(ty, &p, cols, &a, k, &mut yv);
-                matvec_ileave_scalar(ty, &p, cols, &a, k, &mut ys);
+                matvec_ileave(ty, &p, cols, &a, &mut cols_mut(&mut yv, padded));
+                matvec_ileave_scalar(ty, &p, cols, &a, &mut cols_mut(&mut ys, padded));
                 for (i, (v, s)) in yv.iter().zip(&ys).enumerate() {
                     assert!(
                         v.to_bits() == s.to_bits(),
                         "{ty} {rows}x{cols} k {k}: row {} col {}: simd {v} scalar {s}",
-                        i / k,
-                        i % k
+                        i % padded,
+                        i / padded
                     );
                 }
                 for j in 0..k {
                     let mut y1 = vec![0f32; padded];
-                    matvec_ileave(ty, &p, cols, &a[j * ab..(j + 1) * ab], 1, &mut y1);
+                    matvec_ileave(ty, &p, cols, &a[j * ab..(j + 1) * ab], &mut [&mut y1[..]]);
                     for r in 0..padded {
-                        let m = yv[r * k + j];
+                        let m = yv[j * padded + r];
                         assert!(m.to_bits() == y1[r].to_bits(), "{ty} k {k}: row {r} col {j}: {m} in the batch, {} alone", y1[r]);
                     }
+                    // padding rows are zero
+                    assert!(yv[j * padded + rows..(j + 1) * padded].iter().all(|&v| v == 0.0), "{ty}: padding rows not zero");
                 }
-                // padding rows are zero
-                assert!(yv[rows * k..].iter().all(|&v| v == 0.0), "{ty}: padding rows not zero");
             }
         }
     }
@@ -127,7 +133,7 @@ fn agrees_with_the_f64_dot_and_ggml() {
             let p = ileave(ty, &w, rows, cols);
             let a = acts(ty, cols, 1, &mut rng);
             let mut y = vec![0f32; rows.div_ceil(IL_ROWS) * IL_ROWS];
-            matvec_ileave(ty, &p, cols, &a, 1, &mut y);
+            matvec_ileave(ty, &p, cols, &a, &mut [&mut y[..]]);
             let mut xa = vec![0f64; cols];
             dequantize_act(at, &a, &mut xa);
             let rb = ty.row_bytes(cols).unwrap();

@@ -43,30 +43,48 @@ const PASS_COLS: usize = 8;
 /// One pass's results: `out[j][r]` = row r of the group times the pass's column j.
 pub(super) type PassOut = [[f32; IL_ROWS]; PASS_COLS];
 
-/// The pass structure every interleaved SIMD kernel shares: per group of `gb` bytes (with a
-/// sliding prefetch window ahead of it: the hardware prefetchers alone left the streamed
-/// kernel well under memory speed), the k columns in passes of at most `pass` (<= 8);
-/// `kernel(group, j0, kk, out)` fills `out[j]` for the columns j0 + j, j < kk, which land in
-/// y [16 g, k].
+/// The bytes a kernel prefetches while it works on one group: `fetch(off, len)` asks for the
+/// lines of `w[at + off + PREFETCH_AHEAD..][..len]` that exist. A kernel calls it once per block
+/// (or sub-block) with that piece's offset inside the group, so the prefetches trickle out at
+/// the rate the kernel consumes bytes. One burst per group (10-60 KiB of prefetches at the top
+/// of each group) filled the miss queues and stalled the kernel's own loads: the streamed
+/// kernel then cost its compute plus its memory time instead of the larger of the two
+/// (`examples/multivec_bench 65536 896 q5_0`, one thread: k = 1 2.9-3.1 ms → 1.3-1.9, k = 4
+/// 4.4 → 2.3-3.0).
+#[derive(Clone, Copy)]
+pub(super) struct Ahead<'a> {
+    w: &'a [u8],
+    at: usize,
+}
+
+impl Ahead<'_> {
+    #[inline(always)]
+    pub(super) fn fetch(self, off: usize, len: usize) {
+        super::vecdot_avx512::prefetch_ahead(self.w, self.at + off, len);
+    }
+}
+
+/// The pass structure every interleaved SIMD kernel shares: per group of `gb` bytes, the k
+/// columns in passes of at most `pass` (<= 8); `kernel(group, ahead, j0, kk, out)` fills
+/// `out[j]` for the columns j0 + j, j < kk, which land in `ys[j0 + j][16 g..16 g + 16]`. Only
+/// the first pass over a group prefetches (`ahead` is empty for the others).
 pub(super) fn passes(
     packed: &[u8],
     gb: usize,
-    k: usize,
     pass: usize,
-    y: &mut [f32],
-    mut kernel: impl FnMut(&[u8], usize, usize, &mut PassOut),
+    ys: &mut [&mut [f32]],
+    mut kernel: impl FnMut(&[u8], Ahead, usize, usize, &mut PassOut),
 ) {
-    for (g, yg) in y.chunks_exact_mut(IL_ROWS * k).enumerate() {
+    let k = ys.len();
+    for g in 0..packed.len() / gb {
         let grp = &packed[g * gb..(g + 1) * gb];
-        super::vecdot_avx512::prefetch_ahead(packed, g * gb, gb);
         for j0 in (0..k).step_by(pass) {
             let kk = (k - j0).min(pass);
+            let ahead = if j0 == 0 { Ahead { w: packed, at: g * gb } } else { Ahead { w: &[], at: 0 } };
             let mut out = [[0f32; IL_ROWS]; PASS_COLS];
-            kernel(grp, j0, kk, &mut out);
+            kernel(grp, ahead, j0, kk, &mut out);
             for (j, o) in out.iter().enumerate().take(kk) {
-                for (r, &v) in o.iter().enumerate() {
-                    yg[r * k + j0 + j] = v;
-                }
+                ys[j0 + j][g * IL_ROWS..(g + 1) * IL_ROWS].copy_from_slice(o);
             }
         }
     }
@@ -312,38 +330,40 @@ thread_local! {
 }
 
 #[track_caller]
-fn check(func: &str, ty: QuantType, packed: &[u8], cols: usize, acts: &[u8], k: usize, y: &[f32]) -> (usize, i32) {
+fn check(func: &str, ty: QuantType, packed: &[u8], cols: usize, acts: &[u8], ys: &[&mut [f32]]) -> (usize, i32) {
     let gb = ileave_group_bytes(ty, cols).unwrap_or_else(|| panic!("{func}({ty}): no interleaved layout for {cols} columns"));
     let off = geo(ty).map_or(0, |g| g.1);
-    let ab = act_row_bytes(ty, cols);
+    let (ab, k) = (act_row_bytes(ty, cols), ys.len());
+    let n = packed.len() / gb.max(1) * IL_ROWS;
     assert!(
-        gb > 0 && packed.len().is_multiple_of(gb) && acts.len() == k * ab && y.len() == packed.len() / gb * IL_ROWS * k,
-        "{func}({ty}): {cols} columns times {k} activation rows: weights {} bytes (groups of {gb}), activations {} (expected {}), outputs {} (expected {})",
+        gb > 0 && packed.len().is_multiple_of(gb) && acts.len() == k * ab && ys.iter().all(|y| y.len() == n),
+        "{func}({ty}): {cols} columns times {k} activation rows: weights {} bytes (groups of {gb}), activations {} (expected {}), outputs of {:?} values (expected {n} each)",
         packed.len(),
         acts.len(),
         k * ab,
-        y.len(),
-        packed.len() / gb.max(1) * IL_ROWS * k
+        ys.iter().map(|y| y.len()).collect::<Vec<_>>(),
     );
     (packed.len() / gb, off)
 }
 
-/// `y[r, j] = W[r] · x̃_j` over whole interleaved groups (`packed`: g groups; y: [16 g, k]) for k
+/// `ys[j][r] = W[r] · x̃_j` over whole interleaved groups (`packed`: g groups; each `ys[j]`:
+/// 16 g values, the k outputs may be pieces of one [k, ld] matrix) for k = `ys.len()`
 /// activation rows quantized by `quantize_act(act_type(ty), ..)` (`acts`: [k, row bytes]: Q8_0,
-/// Q8_K for Q4_K); single-threaded (the engine
-/// splits groups). AVX-512 VNNI when available, else the scalar twin, bit for bit the same.
+/// Q8_K for the k-quants); single-threaded (the engine splits groups). AVX-512 VNNI when
+/// available, else the scalar twin, bit for bit the same.
 #[track_caller]
-pub fn matvec_ileave(ty: QuantType, packed: &[u8], cols: usize, acts: &[u8], k: usize, y: &mut [f32]) {
-    let (groups, off) = check("matvec_ileave", ty, packed, cols, acts, k, y);
+pub fn matvec_ileave(ty: QuantType, packed: &[u8], cols: usize, acts: &[u8], ys: &mut [&mut [f32]]) {
+    let (groups, off) = check("matvec_ileave", ty, packed, cols, acts, ys);
+    let k = ys.len();
     if groups == 0 || k == 0 {
         return;
     }
     if matches!(ty, QuantType::Q4K | QuantType::Q5K) {
-        super::ileave_k::matvec(ty == QuantType::Q5K, packed, cols, acts, k, y);
+        super::ileave_k::matvec(ty == QuantType::Q5K, packed, cols, acts, ys);
         return;
     }
     if ty == QuantType::Q6K {
-        super::ileave_k::q6_matvec(packed, cols, acts, k, y);
+        super::ileave_k::q6_matvec(packed, cols, acts, ys);
         return;
     }
     let nb = cols / 32;
@@ -353,23 +373,23 @@ pub fn matvec_ileave(ty: QuantType, packed: &[u8], cols: usize, acts: &[u8], k: 
         for (c, a) in cs.iter_mut().zip(acts.chunks_exact(34 * nb)) {
             c.fill(a, nb, off);
         }
-        avx512::matvec(ty, packed, nb, acts, &cs[..k], y)
+        avx512::matvec(ty, packed, nb, acts, &cs[..k], ys)
     });
     if !done {
-        matvec_ileave_scalar(ty, packed, cols, acts, k, y);
+        matvec_ileave_scalar(ty, packed, cols, acts, ys);
     }
 }
 
 /// The scalar twin of `matvec_ileave`: the same integer sums and the same FMA chain per row.
 #[track_caller]
-pub fn matvec_ileave_scalar(ty: QuantType, packed: &[u8], cols: usize, acts: &[u8], k: usize, y: &mut [f32]) {
-    let (groups, off) = check("matvec_ileave_scalar", ty, packed, cols, acts, k, y);
+pub fn matvec_ileave_scalar(ty: QuantType, packed: &[u8], cols: usize, acts: &[u8], ys: &mut [&mut [f32]]) {
+    let (groups, off) = check("matvec_ileave_scalar", ty, packed, cols, acts, ys);
     if matches!(ty, QuantType::Q4K | QuantType::Q5K) {
-        super::ileave_k::matvec_scalar(ty == QuantType::Q5K, packed, cols, acts, k, y);
+        super::ileave_k::matvec_scalar(ty == QuantType::Q5K, packed, cols, acts, ys);
         return;
     }
     if ty == QuantType::Q6K {
-        super::ileave_k::q6_matvec_scalar(packed, cols, acts, k, y);
+        super::ileave_k::q6_matvec_scalar(packed, cols, acts, ys);
         return;
     }
     let (bb, _) = geo(ty).expect("checked");
@@ -391,9 +411,7 @@ pub fn matvec_ileave_scalar(ty: QuantType, packed: &[u8], cols: usize, acts: &[u
                     *acc = (i as f32).mul_add(dw * col.d[b], *acc);
                 }
             }
-            for (r, v) in acc.into_iter().enumerate() {
-                y[(g * IL_ROWS + r) * k + j] = v;
-            }
+            ys[j][g * IL_ROWS..(g + 1) * IL_ROWS].copy_from_slice(&acc);
         }
     }
 }
@@ -403,17 +421,16 @@ mod avx512 {
     use super::{Col, IL_ROWS, PASS_COLS};
 
     /// The SIMD kernel over `groups` groups; `false` (nothing written) without the CPU features.
-    pub(super) fn matvec(ty: QuantType, packed: &[u8], nb: usize, acts: &[u8], cs: &[Col], y: &mut [f32]) -> bool {
+    pub(super) fn matvec(ty: QuantType, packed: &[u8], nb: usize, acts: &[u8], cs: &[Col], ys: &mut [&mut [f32]]) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
             if !super::super::vecdot_avx512::available() {
                 return false;
             }
-            let k = cs.len();
             let bb = super::geo(ty).expect("checked").0;
             let gb = nb * IL_ROWS * bb;
             let ab = 34 * nb;
-            super::passes(packed, gb, k, PASS_COLS, y, |grp, j0, kk, out| {
+            super::passes(packed, gb, PASS_COLS, ys, |grp, pf, j0, kk, out| {
                 let a: [&[u8]; PASS_COLS] = std::array::from_fn(|j| &acts[(j0 + j.min(kk - 1)) * ab..][..ab]);
                 let c: [&Col; PASS_COLS] = std::array::from_fn(|j| &cs[j0 + j.min(kk - 1)]);
                 macro_rules! go {
@@ -421,14 +438,14 @@ mod avx512 {
                         // SAFETY: available() confirmed avx512f/bw/vl/vnni, avx2, fma and f16c.
                         unsafe {
                             match kk {
-                                1 => imp::group::<$T, 1>(grp, nb, &a, &c, out),
-                                2 => imp::group::<$T, 2>(grp, nb, &a, &c, out),
-                                3 => imp::group::<$T, 3>(grp, nb, &a, &c, out),
-                                4 => imp::group::<$T, 4>(grp, nb, &a, &c, out),
-                                5 => imp::group::<$T, 5>(grp, nb, &a, &c, out),
-                                6 => imp::group::<$T, 6>(grp, nb, &a, &c, out),
-                                7 => imp::group::<$T, 7>(grp, nb, &a, &c, out),
-                                _ => imp::group::<$T, 8>(grp, nb, &a, &c, out),
+                                1 => imp::group::<$T, 1>(grp, pf, nb, &a, &c, out),
+                                2 => imp::group::<$T, 2>(grp, pf, nb, &a, &c, out),
+                                3 => imp::group::<$T, 3>(grp, pf, nb, &a, &c, out),
+                                4 => imp::group::<$T, 4>(grp, pf, nb, &a, &c, out),
+                                5 => imp::group::<$T, 5>(grp, pf, nb, &a, &c, out),
+                                6 => imp::group::<$T, 6>(grp, pf, nb, &a, &c, out),
+                                7 => imp::group::<$T, 7>(grp, pf, nb, &a, &c, out),
+                                _ => imp::group::<$T, 8>(grp, pf, nb, &a, &c, out),
                             }
                         }
                     };
@@ -450,7 +467,7 @@ mod avx512 {
 
     #[cfg(target_arch = "x86_64")]
     mod imp {
-        use super::super::{Col, IL_ROWS, PASS_COLS};
+        use super::super::{Ahead, Col, IL_ROWS, PASS_COLS};
         use std::arch::x86_64::*;
 
         /// The 8 registers of unsigned quants of one block-group (T: 0 Q8_0, 1 Q4_0, 2 Q5_0):
@@ -491,6 +508,7 @@ mod avx512 {
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
         pub(super) fn group<const T: u8, const K: usize>(
             grp: &[u8],
+            pf: Ahead,
             nb: usize,
             a: &[&[u8]; PASS_COLS],
             c: &[&Col; PASS_COLS],
@@ -508,6 +526,7 @@ mod avx512 {
             let bp: [*const i32; K] = std::array::from_fn(|j| c[j].bias.as_ptr());
             for b in 0..nb {
                 let src = &grp[b * gbb..(b + 1) * gbb];
+                pf.fetch(b * gbb, gbb);
                 // SAFETY: src has gbb >= 32 bytes: the 32-byte load of the 16 f16 scales is in bounds.
                 let dw = _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(src.as_ptr().cast()) });
                 let u = quants::<T>(&src[32..]);

@@ -30,7 +30,7 @@
 
 use super::blocks::f16_le;
 use super::dequant::k4_scale_min;
-use super::ileave::{IL_ROWS, PassOut};
+use super::ileave::{Ahead, IL_ROWS, PassOut};
 
 /// GGUF bytes of one Q4_K block, and of one interleaved 16-row block-group.
 const BB: usize = 144;
@@ -158,24 +158,24 @@ thread_local! {
     static COLS: std::cell::RefCell<Vec<Col>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// `matvec_ileave` for Q4_K (lengths checked by the caller): y [16 g, k].
-pub(super) fn matvec(h5: bool, packed: &[u8], cols: usize, acts: &[u8], k: usize, y: &mut [f32]) {
-    let nb = cols / 256;
+/// `matvec_ileave` for Q4_K and Q5_K (lengths checked by the caller).
+pub(super) fn matvec(h5: bool, packed: &[u8], cols: usize, acts: &[u8], ys: &mut [&mut [f32]]) {
+    let (nb, k) = (cols / 256, ys.len());
     let done = COLS.with(|cs| {
         let mut cs = cs.borrow_mut();
         cs.resize_with(k, Col::default);
         for (c, a) in cs.iter_mut().zip(acts.chunks_exact(AB * nb)) {
             c.fill(a, nb);
         }
-        avx512::matvec(h5, packed, nb, acts, &cs[..k], y)
+        avx512::matvec(h5, packed, nb, acts, &cs[..k], ys)
     });
     if !done {
-        matvec_scalar(h5, packed, cols, acts, k, y);
+        matvec_scalar(h5, packed, cols, acts, ys);
     }
 }
 
 /// The scalar twin (lengths checked by the caller).
-pub(super) fn matvec_scalar(h5: bool, packed: &[u8], cols: usize, acts: &[u8], k: usize, y: &mut [f32]) {
+pub(super) fn matvec_scalar(h5: bool, packed: &[u8], cols: usize, acts: &[u8], ys: &mut [&mut [f32]]) {
     let gbb = sizes(h5).1;
     let nb = cols / 256;
     let groups = packed.len() / (nb * gbb).max(1);
@@ -212,34 +212,31 @@ pub(super) fn matvec_scalar(h5: bool, packed: &[u8], cols: usize, acts: &[u8], k
                     *acc = (-(m as f32)).mul_add(dmin * col.d[b], *acc);
                 }
             }
-            for (r, v) in acc.into_iter().enumerate() {
-                y[(g * IL_ROWS + r) * k + j] = v;
-            }
+            ys[j][g * IL_ROWS..(g + 1) * IL_ROWS].copy_from_slice(&acc);
         }
     }
 }
 
 mod avx512 {
-    use super::{AB, Col, Col6, GBB, PASS_COLS, PassOut, Q6_GBB};
+    use super::{AB, Ahead, Col, Col6, GBB, PASS_COLS, PassOut, Q6_GBB};
 
-    pub(super) fn q6_matvec(packed: &[u8], nb: usize, acts: &[u8], cs: &[Col6], y: &mut [f32]) -> bool {
+    pub(super) fn q6_matvec(packed: &[u8], nb: usize, acts: &[u8], cs: &[Col6], ys: &mut [&mut [f32]]) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
             if !super::super::vecdot_avx512::available() {
                 return false;
             }
-            let k = cs.len();
             let ab = AB * nb;
-            super::super::ileave::passes(packed, nb * Q6_GBB, k, PASS_COLS, y, |grp, j0, kk, out| {
+            super::super::ileave::passes(packed, nb * Q6_GBB, PASS_COLS, ys, |grp, pf, j0, kk, out| {
                 let a: [&[u8]; PASS_COLS] = std::array::from_fn(|j| &acts[(j0 + j.min(kk - 1)) * ab..][..ab]);
                 let c: [&Col6; PASS_COLS] = std::array::from_fn(|j| &cs[j0 + j.min(kk - 1)]);
                 // SAFETY: available() confirmed avx512f/bw/vl/vnni, avx2, fma and f16c.
                 unsafe {
                     match kk {
-                        1 => imp::q6_group::<1>(grp, nb, &a, &c, out),
-                        2 => imp::q6_group::<2>(grp, nb, &a, &c, out),
-                        3 => imp::q6_group::<3>(grp, nb, &a, &c, out),
-                        _ => imp::q6_group::<4>(grp, nb, &a, &c, out),
+                        1 => imp::q6_group::<1>(grp, pf, nb, &a, &c, out),
+                        2 => imp::q6_group::<2>(grp, pf, nb, &a, &c, out),
+                        3 => imp::q6_group::<3>(grp, pf, nb, &a, &c, out),
+                        _ => imp::q6_group::<4>(grp, pf, nb, &a, &c, out),
                     }
                 }
             });
@@ -252,28 +249,27 @@ mod avx512 {
         }
     }
 
-    pub(super) fn matvec(h5: bool, packed: &[u8], nb: usize, acts: &[u8], cs: &[Col], y: &mut [f32]) -> bool {
+    pub(super) fn matvec(h5: bool, packed: &[u8], nb: usize, acts: &[u8], cs: &[Col], ys: &mut [&mut [f32]]) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
             if !super::super::vecdot_avx512::available() {
                 return false;
             }
-            let k = cs.len();
             let ab = AB * nb;
-            super::super::ileave::passes(packed, nb * super::sizes(h5).1, k, PASS_COLS, y, |grp, j0, kk, out| {
+            super::super::ileave::passes(packed, nb * super::sizes(h5).1, PASS_COLS, ys, |grp, pf, j0, kk, out| {
                 let a: [&[u8]; PASS_COLS] = std::array::from_fn(|j| &acts[(j0 + j.min(kk - 1)) * ab..][..ab]);
                 let c: [&Col; PASS_COLS] = std::array::from_fn(|j| &cs[j0 + j.min(kk - 1)]);
                 // SAFETY: available() confirmed avx512f/bw/vl/vnni, avx2, fma and f16c.
                 unsafe {
                     match (h5, kk) {
-                        (false, 1) => imp::group::<1, false>(grp, nb, &a, &c, out),
-                        (false, 2) => imp::group::<2, false>(grp, nb, &a, &c, out),
-                        (false, 3) => imp::group::<3, false>(grp, nb, &a, &c, out),
-                        (false, _) => imp::group::<4, false>(grp, nb, &a, &c, out),
-                        (true, 1) => imp::group::<1, true>(grp, nb, &a, &c, out),
-                        (true, 2) => imp::group::<2, true>(grp, nb, &a, &c, out),
-                        (true, 3) => imp::group::<3, true>(grp, nb, &a, &c, out),
-                        (true, _) => imp::group::<4, true>(grp, nb, &a, &c, out),
+                        (false, 1) => imp::group::<1, false>(grp, pf, nb, &a, &c, out),
+                        (false, 2) => imp::group::<2, false>(grp, pf, nb, &a, &c, out),
+                        (false, 3) => imp::group::<3, false>(grp, pf, nb, &a, &c, out),
+                        (false, _) => imp::group::<4, false>(grp, pf, nb, &a, &c, out),
+                        (true, 1) => imp::group::<1, true>(grp, pf, nb, &a, &c, out),
+                        (true, 2) => imp::group::<2, true>(grp, pf, nb, &a, &c, out),
+                        (true, 3) => imp::group::<3, true>(grp, pf, nb, &a, &c, out),
+                        (true, _) => imp::group::<4, true>(grp, pf, nb, &a, &c, out),
                     }
                 }
             });
@@ -288,13 +284,14 @@ mod avx512 {
 
     #[cfg(target_arch = "x86_64")]
     mod imp {
-        use super::{AB, Col, Col6, GBB, PASS_COLS, PassOut, Q6_GBB};
+        use super::{AB, Ahead, Col, Col6, GBB, PASS_COLS, PassOut, Q6_GBB};
         use std::arch::x86_64::*;
 
         /// One Q6_K group of 16 rows times K columns; `out[j][r]` = row r · column j.
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
         pub(super) fn q6_group<const K: usize>(
             grp: &[u8],
+            pf: Ahead,
             nb: usize,
             a: &[&[u8]; PASS_COLS],
             c: &[&Col6; PASS_COLS],
@@ -319,6 +316,7 @@ mod avx512 {
                 // sub-blocks h (elements 16h.., low nibbles of chunks 4h..4h+4) and h + 8
                 // (128 + 16h.., their high nibbles)
                 for h in 0..8 {
+                    pf.fetch(b * Q6_GBB + h * (Q6_GBB / 8), Q6_GBB / 8);
                     let mut u = [[_mm512_setzero_si512(); 4]; 2];
                     for (half, plane) in [(0, h), (1, h + 8)] {
                         // SAFETY: as above.
@@ -370,6 +368,7 @@ mod avx512 {
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
         pub(super) fn group<const K: usize, const H5: bool>(
             grp: &[u8],
+            pf: Ahead,
             nb: usize,
             a: &[&[u8]; PASS_COLS],
             c: &[&Col; PASS_COLS],
@@ -398,6 +397,7 @@ mod avx512 {
                 let mn = |j: usize| unsafe { _mm512_cvtepu8_epi32(_mm_loadu_si128(p.add(192 + 16 * j).cast())) };
                 let mut s = [_mm512_setzero_si512(); K];
                 for cc in 0..4 {
+                    pf.fetch(b * gbb + cc * (gbb / 4), gbb / 4);
                     let mut lo = [_mm512_setzero_si512(); 8];
                     let mut hi = [_mm512_setzero_si512(); 8];
                     for i in 0..8 {
@@ -544,24 +544,24 @@ thread_local! {
     static COLS6: std::cell::RefCell<Vec<Col6>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// `matvec_ileave` for Q6_K (lengths checked by the caller): y [16 g, k].
-pub(super) fn q6_matvec(packed: &[u8], cols: usize, acts: &[u8], k: usize, y: &mut [f32]) {
-    let nb = cols / 256;
+/// `matvec_ileave` for Q6_K (lengths checked by the caller).
+pub(super) fn q6_matvec(packed: &[u8], cols: usize, acts: &[u8], ys: &mut [&mut [f32]]) {
+    let (nb, k) = (cols / 256, ys.len());
     let done = COLS6.with(|cs| {
         let mut cs = cs.borrow_mut();
         cs.resize_with(k, Col6::default);
         for (c, a) in cs.iter_mut().zip(acts.chunks_exact(AB * nb)) {
             c.fill(a, nb);
         }
-        avx512::q6_matvec(packed, nb, acts, &cs[..k], y)
+        avx512::q6_matvec(packed, nb, acts, &cs[..k], ys)
     });
     if !done {
-        q6_matvec_scalar(packed, cols, acts, k, y);
+        q6_matvec_scalar(packed, cols, acts, ys);
     }
 }
 
 /// The Q6_K scalar twin (lengths checked by the caller).
-pub(super) fn q6_matvec_scalar(packed: &[u8], cols: usize, acts: &[u8], k: usize, y: &mut [f32]) {
+pub(super) fn q6_matvec_scalar(packed: &[u8], cols: usize, acts: &[u8], ys: &mut [&mut [f32]]) {
     let nb = cols / 256;
     let groups = packed.len() / (nb * Q6_GBB).max(1);
     let mut col = Col6::default();
@@ -585,9 +585,7 @@ pub(super) fn q6_matvec_scalar(packed: &[u8], cols: usize, acts: &[u8], k: usize
                     *acc = (s as f32).mul_add(d * col.d[b], *acc);
                 }
             }
-            for (r, v) in acc.into_iter().enumerate() {
-                y[(g * IL_ROWS + r) * k + jc] = v;
-            }
+            ys[jc][g * IL_ROWS..(g + 1) * IL_ROWS].copy_from_slice(&acc);
         }
     }
 }
