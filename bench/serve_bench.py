@@ -157,7 +157,7 @@ def main():
     ap.add_argument("--streams", default="1,4,8")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=2048)
-    ap.add_argument("--long-prompt", type=int, default=1000)
+    ap.add_argument("--long-prompt", type=int, default=1000, help="words of the long-prompt probe; 0 skips it")
     ap.add_argument("--port", type=int, default=18431)
     ap.add_argument("--json", default=None)
     ap.add_argument("--cortiq-args", default="", help="extra flags for cortiq serve, e.g. '--prefill-chunk 32'")
@@ -173,7 +173,8 @@ def main():
                 concurrent(args.port, 1, 16, 10_000)  # warm-up
                 for c in streams:
                     res[tool][c].append(concurrent(args.port, c, args.tokens, 100 * rnd + 10 * c))
-                probe[tool].append(long_prompt_probe(args.port, args.tokens, args.long_prompt))
+                if args.long_prompt > 0:
+                    probe[tool].append(long_prompt_probe(args.port, args.tokens, args.long_prompt))
                 p.terminate()
                 p.wait()
             else:
@@ -181,7 +182,7 @@ def main():
                     p = start(tool, args, args.port, c)
                     concurrent(args.port, 1, 16, 10_000)
                     res[tool][c].append(concurrent(args.port, c, args.tokens, 100 * rnd + 10 * c))
-                    if c == max(streams):
+                    if c == max(streams) and args.long_prompt > 0:
                         probe[tool].append(long_prompt_probe(args.port, args.tokens, args.long_prompt))
                     p.terminate()
                     p.wait()

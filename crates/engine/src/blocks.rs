@@ -6,7 +6,8 @@
 use std::borrow::Cow;
 
 use cortiq_kernels::act::{GatedAct, gated_act_fast, softmax_fast};
-use cortiq_kernels::dot::{axpy, dot, gemm_nn};
+use cortiq_kernels::attn::{axpy_rows, dot_rows};
+use cortiq_kernels::dot::gemm_nn;
 use cortiq_kernels::ops::{RopeStyle, gated_act, rmsnorm, rmsnorm_inplace, rope, softmax_inplace};
 use half::f16;
 
@@ -301,7 +302,7 @@ pub fn attention_core(
         let at = AttnCtx { hd, nh, group, kv_dim, q_dim, pos0, lo, scale, softcap, window, fast: num == Numerics::Fast };
         if n >= ATTN_GEMM_MIN {
             attend_blocked(&at, &q, n, kc, vc, &mut o);
-        } else if n == 1 && group > 1 && pos0 + 1 - lo >= GROUPED_DECODE_MIN {
+        } else if n == 1 && group > 1 && (nh / group >= pool().n_threads() || pos0 + 1 - lo >= GROUPED_DECODE_MIN) {
             // Decode with GQA: the query heads sharing a kv head read its keys and values once.
             pool().for_rows_mut_dynamic(&mut o, group * hd, 1, |kvh, out| {
                 attend_group(&at, &q[kvh * group * hd..(kvh + 1) * group * hd], pos0, kvh, kc, vc, out)
@@ -443,47 +444,40 @@ impl AttnCtx {
 /// One query (absolute position `p`, head `head`) over its visible keys: scores, softmax,
 /// weighted sum. kc/vc: [positions lo.., kv_dim]; out: [hd].
 fn attend_one(at: &AttnCtx, qv: &[f32], p: usize, head: usize, kc: &[f32], vc: &[f32], out: &mut [f32]) {
-    let (hd, kv_dim, lo) = (at.hd, at.kv_dim, at.lo);
-    let kvh = head / at.group;
-    let first = at.first(p);
-    let mut scores: Vec<f32> = (first..=p).map(|j| at.score(dot(qv, &kc[(j - lo) * kv_dim + kvh * hd..][..hd]))).collect();
-    at.softmax(&mut scores);
-    out.fill(0.0);
-    for (jj, &pj) in scores.iter().enumerate() {
-        let j = first + jj - lo;
-        axpy(pj, &vc[j * kv_dim + kvh * hd..][..hd], out);
-    }
+    attend_heads(at, qv, p, head / at.group, kc, vc, out);
 }
 
-/// From this many visible keys decode attends per kv group (`attend_group`): below it the
-/// cache is small and one work item per query head balances the pool better.
+/// From this many visible keys decode attends per kv group (`attend_group`) even when there
+/// are fewer kv groups than threads: below it the cache is small and one work item per query
+/// head balances the pool better.
 const GROUPED_DECODE_MIN: usize = 512;
 
 /// One decode query per head of kv group `kvh` (the `group` heads sharing it) over the visible
 /// keys: each key and value row is read once for all of them (with GQA the per-head loop read
-/// the cache `group` times; at 8k context that traffic dominated decode). Same values as
-/// `attend_one` per head, up to the order of the softmax sum. q: [group, hd] -> out: [group, hd]
+/// the cache `group` times; at 8k context that traffic dominated decode). The same values as
+/// `attend_one` per head, bit for bit. q: [group, hd] -> out: [group, hd]
 fn attend_group(at: &AttnCtx, q: &[f32], p: usize, kvh: usize, kc: &[f32], vc: &[f32], out: &mut [f32]) {
-    let (hd, kv_dim, lo, g) = (at.hd, at.kv_dim, at.lo, at.group);
+    attend_heads(at, q, p, kvh, kc, vc, out);
+}
+
+/// The query heads `q` [h, hd] of kv head `kvh` at position `p` over their visible keys: the
+/// scores of each head (`attn::dot_rows`: `dot` per key), scaled and capped, its softmax, and
+/// the weighted sum of the values (`attn::axpy_rows`: `axpy` per key, in key order). Each
+/// head's result is the same whether it is attended alone or with the others of its group.
+/// out: [h, hd]
+fn attend_heads(at: &AttnCtx, q: &[f32], p: usize, kvh: usize, kc: &[f32], vc: &[f32], out: &mut [f32]) {
+    let (hd, kv_dim, lo) = (at.hd, at.kv_dim, at.lo);
     let first = at.first(p);
     let nk = p + 1 - first;
-    let mut scores = vec![0f32; g * nk]; // [group, nk]
-    for (jj, j) in (first..=p).enumerate() {
-        let krow = &kc[(j - lo) * kv_dim + kvh * hd..][..hd];
-        for h in 0..g {
-            scores[h * nk + jj] = at.score(dot(&q[h * hd..(h + 1) * hd], krow));
-        }
-    }
-    for h in 0..g {
-        at.softmax(&mut scores[h * nk..(h + 1) * nk]);
+    let at0 = (first - lo) * kv_dim + kvh * hd;
+    let mut scores = vec![0f32; q.len() / hd * nk]; // [h, nk]
+    dot_rows(q, hd, &kc[at0..], kv_dim, nk, &mut scores);
+    scores.iter_mut().for_each(|s| *s = at.score(*s));
+    for sh in scores.chunks_exact_mut(nk) {
+        at.softmax(sh);
     }
     out.fill(0.0);
-    for (jj, j) in (first..=p).enumerate() {
-        let vrow = &vc[(j - lo) * kv_dim + kvh * hd..][..hd];
-        for h in 0..g {
-            axpy(scores[h * nk + jj], vrow, &mut out[h * hd..(h + 1) * hd]);
-        }
-    }
+    axpy_rows(&scores, nk, &vc[at0..], kv_dim, hd, out);
 }
 
 /// Attention for a chunk of n >= ATTN_GEMM_MIN queries, by (head, block of ATTN_QB queries):

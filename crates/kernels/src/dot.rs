@@ -142,13 +142,25 @@ unsafe fn axpy_avx512(a: f32, x: &[f32], y: &mut [f32]) {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
+pub(crate) mod avx512 {
     use std::arch::x86_64::*;
 
     #[target_feature(enable = "avx512f,fma")]
     pub unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
-        let n = a.len();
-        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        // SAFETY: a and b have a.len() elements (asserted by the caller).
+        hsum(unsafe { parts(a.as_ptr(), b.as_ptr(), a.len()) })
+    }
+
+    /// The 16 lane sums of `dot(a[..n], b[..n])` before the horizontal sum: two accumulators
+    /// over 32-element steps, then a 16-element step into the first, then a masked tail into
+    /// the second. `attn` batches many dot products on exactly this sequence, so its scores are
+    /// bit-identical to `dot`.
+    ///
+    /// # Safety
+    /// `pa` and `pb` must be valid for reads of `n` f32 each; AVX-512 F and FMA available.
+    #[inline]
+    #[target_feature(enable = "avx512f,fma")]
+    pub(crate) unsafe fn parts(pa: *const f32, pb: *const f32, n: usize) -> __m512 {
         let mut acc0 = _mm512_setzero_ps();
         let mut acc1 = _mm512_setzero_ps();
         let mut i = 0;
@@ -169,7 +181,20 @@ mod avx512 {
                 acc1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, pa.add(i)), _mm512_maskz_loadu_ps(m, pb.add(i)), acc1);
             }
         }
-        _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1))
+        _mm512_add_ps(acc0, acc1)
+    }
+
+    /// The horizontal sum in a fixed tree: lanes (i, i + 8), then (i, i + 4), then (i, i + 2),
+    /// then (0, 1) — the order `_mm512_reduce_add_ps` lowers to, written out so that `attn`'s
+    /// 16-at-once transposed sums can follow it exactly.
+    #[inline]
+    #[target_feature(enable = "avx512f,fma")]
+    pub(crate) fn hsum(v: __m512) -> f32 {
+        let hi = _mm512_castps512_ps256(_mm512_shuffle_f32x4::<0b11_10_11_10>(v, v));
+        let u = _mm256_add_ps(_mm512_castps512_ps256(v), hi);
+        let w = _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps::<1>(u));
+        let x = _mm_add_ps(w, _mm_movehl_ps(w, w));
+        _mm_cvtss_f32(_mm_add_ss(x, _mm_shuffle_ps::<1>(x, x)))
     }
 
     #[inline(always)]

@@ -6,6 +6,7 @@
 //! against it; the SIMD path is chosen at run time.
 
 pub mod act;
+pub mod attn;
 pub mod conv;
 pub mod delta;
 pub mod dot;
