@@ -336,15 +336,14 @@ impl Model {
         let (d, vocab) = (self.cfg.d_model, self.cfg.vocab);
         let k = tokens.len();
         let own = |st: &SeqState| st.o1.as_ref().is_some_and(|r| r.plan.check.is_some() || r.pending(st.len));
-        let mut logits = vec![0f32; k * vocab]; // [k, vocab]
         let alone: Vec<bool> = states.iter().map(|st| own(st)).collect();
         let batched: Vec<usize> = (0..k).filter(|&j| !alone[j]).collect();
+        let mut alone_logits = Vec::new();
         for j in (0..k).filter(|&j| alone[j]) {
-            let l = self.forward(&tokens[j..j + 1], states[j], Logits::Last)?;
-            logits[j * vocab..(j + 1) * vocab].copy_from_slice(&l);
+            alone_logits.push((j, self.forward(&tokens[j..j + 1], states[j], Logits::Last)?));
         }
         if batched.is_empty() {
-            return Ok(logits);
+            return Ok(alone_logits.into_iter().flat_map(|(_, l)| l).collect());
         }
         let batch_tokens: Vec<u32> = batched.iter().map(|&j| tokens[j]).collect();
         let trace: Trace = &mut |_, _, _| {};
@@ -370,6 +369,13 @@ impl Model {
         self.output.matvec_rows(&normed, kb, &mut out);
         if let Some(c) = self.cfg.final_logit_softcap {
             pool().for_rows_mut(&mut out, 4096, 1, |_, ls| ls.iter_mut().for_each(|l| *l = (*l / c).tanh() * c));
+        }
+        if kb == k {
+            return Ok(out); // every entry batched, in order
+        }
+        let mut logits = vec![0f32; k * vocab]; // [k, vocab]
+        for (j, l) in alone_logits {
+            logits[j * vocab..(j + 1) * vocab].copy_from_slice(&l);
         }
         for (i, &j) in batched.iter().enumerate() {
             logits[j * vocab..(j + 1) * vocab].copy_from_slice(&out[i * vocab..(i + 1) * vocab]);

@@ -215,6 +215,19 @@ fn lane_sum(v: &[f64]) -> f64 {
 /// First index holding `v` (0 if none). Scans 64-wide blocks with a non-short-circuiting
 /// compare, which vectorises, and walks only the block that holds it: `position` alone does
 /// one compare-and-branch per element (~4x slower at V = 262,144).
+/// The largest value of `src` in 8 lanes (vectorises), NaNs skipped (`x > lane` is false for
+/// them); -inf when there is none.
+fn lane_max(src: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    let mut chunks = src.chunks_exact(8);
+    for c in &mut chunks {
+        for j in 0..8 {
+            lanes[j] = if c[j] > lanes[j] { c[j] } else { lanes[j] };
+        }
+    }
+    lanes.iter().chain(chunks.remainder()).fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m })
+}
+
 fn first_index_of(src: &[f32], v: f32) -> usize {
     for (bi, block) in src.chunks(64).enumerate() {
         if block.iter().fold(false, |hit, &x| hit | (x == v)) {
@@ -323,6 +336,12 @@ impl Sampler {
     /// Picks the next token from `logits` ([V]); `history` is every token so far (prompt and
     /// generated; only its last `repeat_last_n` matter).
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        if self.params.is_greedy() && !self.penalized(history) {
+            // What `prepare` would find, without copying the row: the first index of the
+            // largest non-NaN logit (-0.0 and +0.0 compare equal either way), 0 if none.
+            let max = lane_max(logits);
+            return if max == f32::NEG_INFINITY { 0 } else { first_index_of(logits, max) as u32 };
+        }
         let prep = self.prepare(logits, history);
         if self.params.is_greedy() {
             return prep.argmax;
@@ -375,6 +394,21 @@ impl Sampler {
         exp_rel_into(&self.cand_l, max, inv_t, &mut self.cand_w);
     }
 
+    /// The repeat, frequency and presence penalties as applied (non-finite or invalid: off).
+    fn penalties(&self) -> (f32, f32, f32) {
+        let p = &self.params;
+        let rp = if p.repeat_penalty.is_finite() && p.repeat_penalty > 0.0 { p.repeat_penalty } else { 1.0 };
+        let fp = if p.frequency_penalty.is_finite() { p.frequency_penalty } else { 0.0 };
+        let pp = if p.presence_penalty.is_finite() { p.presence_penalty } else { 0.0 };
+        (rp, fp, pp)
+    }
+
+    /// Whether any penalty changes a logit of this row.
+    fn penalized(&self, history: &[u32]) -> bool {
+        let (rp, fp, pp) = self.penalties();
+        self.params.repeat_last_n > 0 && !history.is_empty() && (rp != 1.0 || fp != 0.0 || pp != 0.0)
+    }
+
     /// Copies `logits` into `scratch` with NaN -> -inf and -0.0 -> +0.0, applies the
     /// penalties, resolves +inf, and finds the max and (lowest-id) argmax.
     fn prepare(&mut self, logits: &[f32], history: &[u32]) -> Prepared {
@@ -383,10 +417,8 @@ impl Sampler {
         // `x + 0.0` turns -0.0 into +0.0 so ties order the same in `>` and `total_cmp`.
         self.scratch.extend(logits.iter().map(|&x| if x.is_nan() { f32::NEG_INFINITY } else { x + 0.0 }));
 
-        let rp = if p.repeat_penalty.is_finite() && p.repeat_penalty > 0.0 { p.repeat_penalty } else { 1.0 };
-        let fp = if p.frequency_penalty.is_finite() { p.frequency_penalty } else { 0.0 };
-        let pp = if p.presence_penalty.is_finite() { p.presence_penalty } else { 0.0 };
-        if p.repeat_last_n > 0 && (rp != 1.0 || fp != 0.0 || pp != 0.0) {
+        let (rp, fp, pp) = self.penalties();
+        if self.penalized(history) {
             let start = history.len().saturating_sub(p.repeat_last_n);
             self.window.clear();
             self.window.extend_from_slice(&history[start..]);
@@ -401,15 +433,8 @@ impl Sampler {
             }
         }
 
-        // Max in 8 lanes (vectorises; no NaN is left), then the first index holding it.
-        let mut lanes = [f32::NEG_INFINITY; 8];
-        let mut chunks = self.scratch.chunks_exact(8);
-        for c in &mut chunks {
-            for j in 0..8 {
-                lanes[j] = if c[j] > lanes[j] { c[j] } else { lanes[j] };
-            }
-        }
-        let mut max = lanes.iter().chain(chunks.remainder()).fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m });
+        // Max in 8 lanes (no NaN is left), then the first index holding it.
+        let mut max = lane_max(&self.scratch);
         if max == f32::NEG_INFINITY {
             return Prepared { max: None, argmax: 0 };
         }
