@@ -1,3 +1,10 @@
+//! Decode attention's loops (`attn::dot_rows`, `attn::axpy_rows`), single thread, hot in cache:
+//! ns per (query head, cached position) for a few shapes — heads sharing a kv head, head_dim,
+//! positions, and the row stride (2 × head_dim is a cache holding 2 kv heads side by side, as
+//! Qwen2.5-0.5B's does; 1 × is one kv head's contiguous rows).
+//!
+//! `cargo run --release -p cortiq-kernels --example attn_bench`
+
 use cortiq_kernels::attn::{axpy_rows, dot_rows};
 use std::time::Instant;
 fn main() {
