@@ -64,28 +64,43 @@ impl Ahead<'_> {
     }
 }
 
-/// The pass structure every interleaved SIMD kernel shares: per group of `gb` bytes, the k
-/// columns in passes of at most `pass` (<= 8); `kernel(group, ahead, j0, kk, out)` fills
-/// `out[j]` for the columns j0 + j, j < kk, which land in `ys[j0 + j][16 g..16 g + 16]`. Only
-/// the first pass over a group prefetches (`ahead` is empty for the others).
-pub(super) fn passes(
+/// The pass structure every interleaved SIMD kernel shares: the k columns in passes of at
+/// most `pass` (<= 8) columns; `run(g0, g1, j0, kk)` computes groups g0..g1 for the columns
+/// j0..j0 + kk (`ys[j0 + j][16 g..16 g + 16]`). With k <= pass that is one call over every group
+/// (the per-group set-up paid once per matrix); with more columns the passes go group by group,
+/// so that a group's bytes stay in cache for its later passes. Only the first pass over a
+/// group prefetches (`Ahead::new`).
+pub(super) fn passes(groups: usize, k: usize, pass: usize, mut run: impl FnMut(usize, usize, usize, usize)) {
+    if k <= pass {
+        run(0, groups, 0, k);
+        return;
+    }
+    for g in 0..groups {
+        for j0 in (0..k).step_by(pass) {
+            run(g, g + 1, j0, (k - j0).min(pass));
+        }
+    }
+}
+
+/// Group g of `packed` (`gb` bytes a group) through `one(group, ahead, out)` for g in g0..g1,
+/// each result landing in `ys[j0 + j][16 g..16 g + 16]` for j < kk.
+#[inline]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn groups(
     packed: &[u8],
     gb: usize,
-    pass: usize,
+    (g0, g1): (usize, usize),
+    j0: usize,
+    kk: usize,
     ys: &mut [&mut [f32]],
-    mut kernel: impl FnMut(&[u8], Ahead, usize, usize, &mut PassOut),
+    mut one: impl FnMut(&[u8], Ahead, &mut PassOut),
 ) {
-    let k = ys.len();
-    for g in 0..packed.len() / gb {
-        let grp = &packed[g * gb..(g + 1) * gb];
-        for j0 in (0..k).step_by(pass) {
-            let kk = (k - j0).min(pass);
-            let ahead = if j0 == 0 { Ahead { w: packed, at: g * gb } } else { Ahead { w: &[], at: 0 } };
-            let mut out = [[0f32; IL_ROWS]; PASS_COLS];
-            kernel(grp, ahead, j0, kk, &mut out);
-            for (j, o) in out.iter().enumerate().take(kk) {
-                ys[j0 + j][g * IL_ROWS..(g + 1) * IL_ROWS].copy_from_slice(o);
-            }
+    for g in g0..g1 {
+        let ahead = if j0 == 0 { Ahead { w: packed, at: g * gb } } else { Ahead { w: &[], at: 0 } };
+        let mut out = [[0f32; IL_ROWS]; PASS_COLS];
+        one(&packed[g * gb..(g + 1) * gb], ahead, &mut out);
+        for (j, o) in out.iter().enumerate().take(kk) {
+            ys[j0 + j][g * IL_ROWS..(g + 1) * IL_ROWS].copy_from_slice(o);
         }
     }
 }
@@ -430,24 +445,26 @@ mod avx512 {
             let bb = super::geo(ty).expect("checked").0;
             let gb = nb * IL_ROWS * bb;
             let ab = 34 * nb;
-            super::passes(packed, gb, PASS_COLS, ys, |grp, pf, j0, kk, out| {
+            super::passes(packed.len() / gb, cs.len(), PASS_COLS, |g0, g1, j0, kk| {
                 let a: [&[u8]; PASS_COLS] = std::array::from_fn(|j| &acts[(j0 + j.min(kk - 1)) * ab..][..ab]);
                 let c: [&Col; PASS_COLS] = std::array::from_fn(|j| &cs[j0 + j.min(kk - 1)]);
                 macro_rules! go {
                     ($T:literal) => {
-                        // SAFETY: available() confirmed avx512f/bw/vl/vnni, avx2, fma and f16c.
-                        unsafe {
-                            match kk {
-                                1 => imp::group::<$T, 1>(grp, pf, nb, &a, &c, out),
-                                2 => imp::group::<$T, 2>(grp, pf, nb, &a, &c, out),
-                                3 => imp::group::<$T, 3>(grp, pf, nb, &a, &c, out),
-                                4 => imp::group::<$T, 4>(grp, pf, nb, &a, &c, out),
-                                5 => imp::group::<$T, 5>(grp, pf, nb, &a, &c, out),
-                                6 => imp::group::<$T, 6>(grp, pf, nb, &a, &c, out),
-                                7 => imp::group::<$T, 7>(grp, pf, nb, &a, &c, out),
-                                _ => imp::group::<$T, 8>(grp, pf, nb, &a, &c, out),
+                        super::groups(packed, gb, (g0, g1), j0, kk, ys, |grp, pf, out| {
+                            // SAFETY: available() confirmed avx512f/bw/vl/vnni, avx2, fma and f16c.
+                            unsafe {
+                                match kk {
+                                    1 => imp::group::<$T, 1>(grp, pf, nb, &a, &c, out),
+                                    2 => imp::group::<$T, 2>(grp, pf, nb, &a, &c, out),
+                                    3 => imp::group::<$T, 3>(grp, pf, nb, &a, &c, out),
+                                    4 => imp::group::<$T, 4>(grp, pf, nb, &a, &c, out),
+                                    5 => imp::group::<$T, 5>(grp, pf, nb, &a, &c, out),
+                                    6 => imp::group::<$T, 6>(grp, pf, nb, &a, &c, out),
+                                    7 => imp::group::<$T, 7>(grp, pf, nb, &a, &c, out),
+                                    _ => imp::group::<$T, 8>(grp, pf, nb, &a, &c, out),
+                                }
                             }
-                        }
+                        })
                     };
                 }
                 match ty {

@@ -227,18 +227,21 @@ mod avx512 {
                 return false;
             }
             let ab = AB * nb;
-            super::super::ileave::passes(packed, nb * Q6_GBB, PASS_COLS, ys, |grp, pf, j0, kk, out| {
+            let gb = nb * Q6_GBB;
+            super::super::ileave::passes(packed.len() / gb, cs.len(), PASS_COLS, |g0, g1, j0, kk| {
                 let a: [&[u8]; PASS_COLS] = std::array::from_fn(|j| &acts[(j0 + j.min(kk - 1)) * ab..][..ab]);
                 let c: [&Col6; PASS_COLS] = std::array::from_fn(|j| &cs[j0 + j.min(kk - 1)]);
-                // SAFETY: available() confirmed avx512f/bw/vl/vnni, avx2, fma and f16c.
-                unsafe {
-                    match kk {
-                        1 => imp::q6_group::<1>(grp, pf, nb, &a, &c, out),
-                        2 => imp::q6_group::<2>(grp, pf, nb, &a, &c, out),
-                        3 => imp::q6_group::<3>(grp, pf, nb, &a, &c, out),
-                        _ => imp::q6_group::<4>(grp, pf, nb, &a, &c, out),
+                super::super::ileave::groups(packed, gb, (g0, g1), j0, kk, ys, |grp, pf, out| {
+                    // SAFETY: available() confirmed avx512f/bw/vl/vnni, avx2, fma and f16c.
+                    unsafe {
+                        match kk {
+                            1 => imp::q6_group::<1>(grp, pf, nb, &a, &c, out),
+                            2 => imp::q6_group::<2>(grp, pf, nb, &a, &c, out),
+                            3 => imp::q6_group::<3>(grp, pf, nb, &a, &c, out),
+                            _ => imp::q6_group::<4>(grp, pf, nb, &a, &c, out),
+                        }
                     }
-                }
+                })
             });
             true
         }
@@ -256,22 +259,25 @@ mod avx512 {
                 return false;
             }
             let ab = AB * nb;
-            super::super::ileave::passes(packed, nb * super::sizes(h5).1, PASS_COLS, ys, |grp, pf, j0, kk, out| {
+            let gb = nb * super::sizes(h5).1;
+            super::super::ileave::passes(packed.len() / gb, cs.len(), PASS_COLS, |g0, g1, j0, kk| {
                 let a: [&[u8]; PASS_COLS] = std::array::from_fn(|j| &acts[(j0 + j.min(kk - 1)) * ab..][..ab]);
                 let c: [&Col; PASS_COLS] = std::array::from_fn(|j| &cs[j0 + j.min(kk - 1)]);
-                // SAFETY: available() confirmed avx512f/bw/vl/vnni, avx2, fma and f16c.
-                unsafe {
-                    match (h5, kk) {
-                        (false, 1) => imp::group::<1, false>(grp, pf, nb, &a, &c, out),
-                        (false, 2) => imp::group::<2, false>(grp, pf, nb, &a, &c, out),
-                        (false, 3) => imp::group::<3, false>(grp, pf, nb, &a, &c, out),
-                        (false, _) => imp::group::<4, false>(grp, pf, nb, &a, &c, out),
-                        (true, 1) => imp::group::<1, true>(grp, pf, nb, &a, &c, out),
-                        (true, 2) => imp::group::<2, true>(grp, pf, nb, &a, &c, out),
-                        (true, 3) => imp::group::<3, true>(grp, pf, nb, &a, &c, out),
-                        (true, _) => imp::group::<4, true>(grp, pf, nb, &a, &c, out),
+                super::super::ileave::groups(packed, gb, (g0, g1), j0, kk, ys, |grp, pf, out| {
+                    // SAFETY: available() confirmed avx512f/bw/vl/vnni, avx2, fma and f16c.
+                    unsafe {
+                        match (h5, kk) {
+                            (false, 1) => imp::group::<1, false>(grp, pf, nb, &a, &c, out),
+                            (false, 2) => imp::group::<2, false>(grp, pf, nb, &a, &c, out),
+                            (false, 3) => imp::group::<3, false>(grp, pf, nb, &a, &c, out),
+                            (false, _) => imp::group::<4, false>(grp, pf, nb, &a, &c, out),
+                            (true, 1) => imp::group::<1, true>(grp, pf, nb, &a, &c, out),
+                            (true, 2) => imp::group::<2, true>(grp, pf, nb, &a, &c, out),
+                            (true, 3) => imp::group::<3, true>(grp, pf, nb, &a, &c, out),
+                            (true, _) => imp::group::<4, true>(grp, pf, nb, &a, &c, out),
+                        }
                     }
-                }
+                })
             });
             true
         }
