@@ -156,26 +156,34 @@ mod avx512 {
     #[target_feature(enable = "avx512f,fma")]
     unsafe fn dot_rows_hd<const HD: usize>(q: &[f32], hd: usize, keys: &[f32], stride: usize, n: usize, out: &mut [f32]) {
         let hd = if HD == 0 { hd } else { HD };
-        let kp = keys.as_ptr();
-        // Heads outer: a head's query stays in registers over all positions (the key rows of a
-        // block are re-read per head from L1/L2, which costs less than spilling them).
-        for (h, qh) in q.chunks_exact(hd).enumerate() {
-            let oh = &mut out[h * n..(h + 1) * n];
-            let mut t0 = 0;
-            while t0 + TB <= n {
+        let g = q.len() / hd;
+        // Blocks of 16 positions outer, heads inner: the block's key rows (16 × hd values) stay
+        // in L1 for every head. Over the whole run they would not: a cache that holds several kv
+        // heads side by side puts a head's rows a multiple of 512 bytes apart, which maps them
+        // onto a fraction of L1's sets (7 heads over 110 positions: 4.3 -> 2.6 ns per pair).
+        let mut t0 = 0;
+        while t0 + TB <= n {
+            for (h, qh) in q.chunks_exact(hd).enumerate() {
+                // Opaque per head, so the compiler reloads the block's rows from L1 rather than
+                // hoisting all of them out of the head loop into spilled registers.
+                let kp = std::hint::black_box(keys.as_ptr());
                 let mut v = [_mm512_setzero_ps(); TB];
                 for (i, v) in v.iter_mut().enumerate() {
                     // SAFETY: key rows t0..t0 + 16 < n start at t * stride and have hd values
                     // inside keys (checked: keys.len() >= (n - 1) * stride + hd); qh has hd.
                     *v = unsafe { parts(qh.as_ptr(), kp.add((t0 + i) * stride), hd) };
                 }
-                // SAFETY: oh[t0..t0 + 16] is in bounds (t0 + 16 <= n).
-                unsafe { _mm512_storeu_ps(oh.as_mut_ptr().add(t0), hsum16(v)) };
-                t0 += TB;
+                // SAFETY: out[h n + t0..h n + t0 + 16] is in bounds (t0 + 16 <= n, h < g).
+                unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(h * n + t0), hsum16(v)) };
             }
-            for (t, o) in oh.iter_mut().enumerate().skip(t0) {
+            t0 += TB;
+        }
+        let kp = keys.as_ptr();
+        for h in 0..g {
+            let qh = &q[h * hd..(h + 1) * hd];
+            for t in t0..n {
                 // SAFETY: as above, row t < n.
-                *o = hsum(unsafe { parts(qh.as_ptr(), kp.add(t * stride), hd) });
+                out[h * n + t] = hsum(unsafe { parts(qh.as_ptr(), kp.add(t * stride), hd) });
             }
         }
     }
@@ -204,32 +212,36 @@ mod avx512 {
     unsafe fn axpy_rows_hd<const HD: usize>(p: &[f32], n: usize, vals: &[f32], stride: usize, hd: usize, out: &mut [f32]) {
         const W: usize = 8; // vectors of a row kept in registers at once
         let hd = if HD == 0 { hd } else { HD };
-        let vp = vals.as_ptr();
-        // Heads outer, as in dot_rows: a head's output row stays in registers over all positions.
-        for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
-            let ph = &p[h * n..(h + 1) * n];
-            for c0 in (0..hd).step_by(16 * W) {
-                let nv = (hd - c0).div_ceil(16).min(W);
-                let mask = |i: usize| -> __mmask16 {
-                    let rem = hd - c0 - 16 * i;
-                    if rem >= 16 { 0xffff } else { ((1u32 << rem) - 1) as u16 }
-                };
-                let mut acc = [_mm512_setzero_ps(); W];
-                for (i, a) in acc.iter_mut().enumerate().take(nv) {
-                    // SAFETY: masked load of oh[c0 + 16i..] lanes < hd - c0 - 16i, in bounds.
-                    *a = unsafe { _mm512_maskz_loadu_ps(mask(i), oh.as_ptr().add(c0 + 16 * i)) };
-                }
-                for (t, &pt) in ph.iter().enumerate() {
-                    let pv = _mm512_set1_ps(pt);
+        // Blocks of 16 positions outer, heads inner, as in dot_rows: the block's value rows stay
+        // in L1 for every head; each head's output row is loaded and stored once per block.
+        for t0 in (0..n).step_by(TB) {
+            let t1 = (t0 + TB).min(n);
+            for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
+                let vp = std::hint::black_box(vals.as_ptr());
+                let ph = &p[h * n + t0..h * n + t1];
+                for c0 in (0..hd).step_by(16 * W) {
+                    let nv = (hd - c0).div_ceil(16).min(W);
+                    let mask = |i: usize| -> __mmask16 {
+                        let rem = hd - c0 - 16 * i;
+                        if rem >= 16 { 0xffff } else { ((1u32 << rem) - 1) as u16 }
+                    };
+                    let mut acc = [_mm512_setzero_ps(); W];
                     for (i, a) in acc.iter_mut().enumerate().take(nv) {
-                        // SAFETY: row t < n lies inside vals (checked); lanes masked to < hd.
-                        let x = unsafe { _mm512_maskz_loadu_ps(mask(i), vp.add(t * stride + c0 + 16 * i)) };
-                        *a = _mm512_add_ps(*a, _mm512_mul_ps(pv, x));
+                        // SAFETY: masked load of oh[c0 + 16i..] lanes < hd - c0 - 16i, in bounds.
+                        *a = unsafe { _mm512_maskz_loadu_ps(mask(i), oh.as_ptr().add(c0 + 16 * i)) };
                     }
-                }
-                for (i, a) in acc.iter().enumerate().take(nv) {
-                    // SAFETY: masked store to oh[c0 + 16i..], lanes < hd - c0 - 16i.
-                    unsafe { _mm512_mask_storeu_ps(oh.as_mut_ptr().add(c0 + 16 * i), mask(i), *a) };
+                    for (t, &pt) in (t0..t1).zip(ph) {
+                        let pv = _mm512_set1_ps(pt);
+                        for (i, a) in acc.iter_mut().enumerate().take(nv) {
+                            // SAFETY: row t < n lies inside vals (checked); lanes masked to < hd.
+                            let x = unsafe { _mm512_maskz_loadu_ps(mask(i), vp.add(t * stride + c0 + 16 * i)) };
+                            *a = _mm512_add_ps(*a, _mm512_mul_ps(pv, x));
+                        }
+                    }
+                    for (i, a) in acc.iter().enumerate().take(nv) {
+                        // SAFETY: masked store to oh[c0 + 16i..], lanes < hd - c0 - 16i.
+                        unsafe { _mm512_mask_storeu_ps(oh.as_mut_ptr().add(c0 + 16 * i), mask(i), *a) };
+                    }
                 }
             }
         }
