@@ -294,15 +294,21 @@ struct Streamer {
 }
 
 impl Streamer {
-    fn chunk(&self, choice: Value) -> SseEvent {
-        let mut c = json!({
+    /// A chunk's envelope around `choices`: the id, object, creation time and model every
+    /// chunk of the stream repeats.
+    fn envelope(&self, choices: Value) -> Value {
+        json!({
             "id": self.out.id,
             "object": self.out.object(true),
             "created": self.out.created,
             "model": self.out.model,
             "system_fingerprint": fingerprint(),
-            "choices": [choice],
-        });
+            "choices": choices,
+        })
+    }
+
+    fn chunk(&self, choice: Value) -> SseEvent {
+        let mut c = self.envelope(json!([choice]));
         if self.out.include_usage {
             c["usage"] = Value::Null;
         }
@@ -340,15 +346,8 @@ impl Streamer {
         if let Some(e) = error {
             self.pending.push_back(SseEvent::default().data(e.body().to_string()));
         } else if self.out.include_usage {
-            let c = json!({
-                "id": self.out.id,
-                "object": self.out.object(true),
-                "created": self.out.created,
-                "model": self.out.model,
-                "system_fingerprint": fingerprint(),
-                "choices": [],
-                "usage": self.out.usage(self.generated),
-            });
+            let mut c = self.envelope(json!([]));
+            c["usage"] = self.out.usage(self.generated);
             self.pending.push_back(SseEvent::default().data(c.to_string()));
         }
         self.pending.push_back(SseEvent::default().data("[DONE]"));
