@@ -8,6 +8,8 @@ use cortiq_kernels::quant::{QuantType, act_type, matvec_own, matvec_q, quantize_
 use std::hint::black_box;
 use std::time::Instant;
 
+mod common;
+
 fn main() {
     let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let shapes = match args[..] {
@@ -17,22 +19,11 @@ fn main() {
     for (rows, cols) in shapes {
         println!("{rows} x {cols}: G weights/s   ggml order   fast   ratio");
         for ty in [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q5_0, QuantType::Q5_1, QuantType::Q8_0, QuantType::Q4K] {
-            let Some(rb) = ty.row_bytes(cols) else {
+            if ty.row_bytes(cols).is_none() {
                 println!("    {:<5}  (no whole blocks in {cols} columns)", ty.name());
                 continue;
-            };
-            let mut s = 0x9E37_79B9u64;
-            let mut w: Vec<u8> = (0..rows * rb)
-                .map(|_| {
-                    s ^= s << 13;
-                    s ^= s >> 7;
-                    s ^= s << 17;
-                    s as u8
-                })
-                .collect();
-            for blk in w.chunks_exact_mut(ty.type_size()) {
-                blk[..2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
             }
+            let w = common::random_weights(ty, rows, cols, 0x9E37_79B9);
             let x: Vec<f32> = (0..cols).map(|i| (i as f32 * 0.37).sin()).collect();
             let mut a = Vec::new();
             quantize_act(act_type(ty).unwrap(), &x, &mut a);

@@ -11,6 +11,8 @@
 use cortiq_kernels::quant::{QuantType, act_type, ileave, ileave_bytes, matvec_ileave, quantize_act};
 use std::time::Instant;
 
+mod common;
+
 struct Mat {
     ty: QuantType,
     rows: usize,
@@ -19,24 +21,7 @@ struct Mat {
 }
 
 fn mat(ty: QuantType, rows: usize, cols: usize, seed: u64) -> Mat {
-    let rb = ty.row_bytes(cols).unwrap();
-    let mut s = seed | 1;
-    let mut w: Vec<u8> = (0..rows * rb)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s as u8
-        })
-        .collect();
-    let bb = ty.type_size();
-    for blk in w.chunks_exact_mut(bb) {
-        match ty {
-            QuantType::Q4K => blk[..4].copy_from_slice(&[0x1e, 0x20, 0x1e, 0x1c]),
-            _ => blk[..2].copy_from_slice(&[0x1e, 0x20]),
-        }
-    }
-    Mat { ty, rows, cols, packed: ileave(ty, &w, rows, cols) }
+    Mat { ty, rows, cols, packed: ileave(ty, &common::random_weights(ty, rows, cols, seed), rows, cols) }
 }
 
 fn main() {

@@ -12,6 +12,8 @@ use cortiq_kernels::quant::{
     QuantType, act_type, ileave, ileave_rows, ileave_supported, matvec_fast, matvec_fast_multi, matvec_ileave, quantize_act,
 };
 use std::hint::black_box;
+
+mod common;
 use std::time::Instant;
 
 fn best(reps: usize, mut f: impl FnMut()) -> f64 {
@@ -43,23 +45,7 @@ fn main() {
         let at = act_type(ty).unwrap();
         for &(rows, cols) in &shapes {
             let rb = ty.row_bytes(cols).unwrap();
-            let mut s = 0x9E37_79B9u64;
-            let mut w: Vec<u8> = (0..rows * rb)
-                .map(|_| {
-                    s ^= s << 13;
-                    s ^= s >> 7;
-                    s ^= s << 17;
-                    s as u8
-                })
-                .collect();
-            let bb = ty.type_size();
-            for blk in w.chunks_exact_mut(bb) {
-                match ty {
-                    QuantType::Q4K | QuantType::Q4_1 | QuantType::Q5_1 => blk[..4].copy_from_slice(&[0x1e, 0x20, 0x1e, 0x1c]), // d, dmin / m: small f16s
-                    QuantType::Q6K => blk[bb - 2..].copy_from_slice(&[0x1e, 0x20]),
-                    _ => blk[..2].copy_from_slice(&[0x1e, 0x20]),
-                }
-            }
+            let w = common::random_weights(ty, rows, cols, 0x9E37_79B9);
             let reps = if rows * rb > 16 << 20 { 5 } else { 50 };
             if ileave_supported(ty) {
                 // the inverse layout change prefill pays per matmul over whole tiles
