@@ -3,7 +3,8 @@
 
 Loopback only; stdlib only (http.client + threads). For each tool in turn (alternating over
 --rounds): start the server, wait for /health, warm up, then
-  - C concurrent streams for each C in --streams: /v1/completions, stream, temperature 0,
+  - C concurrent streams for each C in --streams: /v1/completions, stream, temperature 0 (or
+    --temperature T, seed 1, each server's other sampling defaults),
     ignore_eos, --tokens tokens each, distinct short prompts. Aggregate decode tok/s =
     (tokens after each stream's first) / (last token time - first "first token" time).
   - the long-prompt probe: a ~--long-prompt token prompt alone (idle TTFT), then the same
@@ -50,9 +51,12 @@ def wait_health(port, proc, timeout=300):
     sys.exit("server not healthy after %ds" % timeout)
 
 
+TEMPERATURE = 0  # --temperature; 0 is greedy
+
+
 def stream(port, prompt, tokens, out, key):
     """One streamed completion; appends (t_send, [token arrival times]) to out[key]."""
-    body = json.dumps({"prompt": prompt, "max_tokens": tokens, "temperature": 0, "stream": True,
+    body = json.dumps({"prompt": prompt, "max_tokens": tokens, "temperature": TEMPERATURE, "seed": 1, "stream": True,
                        "ignore_eos": True, "cache_prompt": False})
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     t_send = time.time()
@@ -160,8 +164,13 @@ def main():
     ap.add_argument("--long-prompt", type=int, default=1000, help="words of the long-prompt probe; 0 skips it")
     ap.add_argument("--port", type=int, default=18431)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="sampling temperature of every request (0: greedy, the default; the other "
+                         "settings stay each server's defaults)")
     ap.add_argument("--cortiq-args", default="", help="extra flags for cortiq serve, e.g. '--prefill-chunk 32'")
     args = ap.parse_args()
+    global TEMPERATURE
+    TEMPERATURE = args.temperature
     streams = [int(x) for x in args.streams.split(",")]
     tools = ["cortiq"] + (["llama-server"] if args.llama_server else [])
     res = {t: {c: [] for c in streams} for t in tools}

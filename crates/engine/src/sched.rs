@@ -28,6 +28,7 @@ use cortiq_formats::tokenizer::{StreamDecoder, Tokenizer};
 
 use crate::model::{Logits, Model};
 use crate::o1::O1Plan;
+use crate::par::pool;
 use crate::sampling::{Sampler, SamplerParams};
 use crate::state::SeqState;
 use crate::stop::StopMatcher;
@@ -358,10 +359,11 @@ impl Handle {
                 c.decode_steps.fetch_add(1, Ordering::Relaxed);
                 c.decode_rows.fetch_add(idx.len() as u64, Ordering::Relaxed);
                 let vocab = model.cfg.vocab;
+                let drawn = presample(slots, &idx, &logits, vocab);
                 let mut n = 0;
                 for (i, &si) in idx.iter().enumerate() {
                     let row = &logits[i * vocab..(i + 1) * vocab];
-                    n += self.take_token(&mut slots[si], row, states[si].len, states[si].n_ctx);
+                    n += self.take_token_drawn(&mut slots[si], row, states[si].len, states[si].n_ctx, drawn[i]);
                 }
                 n
             }
@@ -425,6 +427,18 @@ impl Handle {
     /// Sample the slot's next token from `logits` (the state now `len` long), send it, and
     /// either set up its decode or end the request. Returns 1 when a token was generated.
     fn take_token(&self, slot: &mut Option<Slot<'_>>, logits: &[f32], len: usize, n_ctx: usize) -> usize {
+        self.take_token_drawn(slot, logits, len, n_ctx, None)
+    }
+
+    /// `take_token` with the token already drawn by `presample` (Some) or to draw here (None).
+    fn take_token_drawn(
+        &self,
+        slot: &mut Option<Slot<'_>>,
+        logits: &[f32],
+        len: usize,
+        n_ctx: usize,
+        drawn: Option<u32>,
+    ) -> usize {
         let s = slot.as_mut().expect("a live slot");
         let adjusted;
         let logits = if s.req.logit_bias.is_empty() && s.req.constraint.is_none() {
@@ -444,7 +458,7 @@ impl Handle {
             adjusted = l;
             &adjusted
         };
-        let id = s.sampler.sample(logits, &s.history);
+        let id = drawn.unwrap_or_else(|| s.sampler.sample(logits, &s.history));
         let index = s.req.index;
         if s.req.eos.contains(&id) {
             let done = s.finish(Finish::Stop, true);
@@ -493,6 +507,47 @@ impl Handle {
         }
         0
     }
+}
+
+/// Draws the next token of every decode-batch slot whose row needs no adjustment (no logit
+/// bias, no constraint) over the pool, one slot per task: a stochastic draw over a large
+/// vocabulary costs ~100-500 µs, and the batch's slots are independent. Each slot's sampler
+/// makes the same call on the same row as `take_token` would, so its RNG and its tokens are
+/// the same. `drawn[i]` is None for the slots left to `take_token` (adjusted rows, greedy rows —
+/// an argmax is cheaper than a dispatch — or a batch of one).
+fn presample(slots: &mut [Option<Slot<'_>>], idx: &[usize], logits: &[f32], vocab: usize) -> Vec<Option<u32>> {
+    let mut drawn = vec![None; idx.len()];
+    struct Job<'a> {
+        sampler: &'a mut Sampler,
+        history: &'a [u32],
+        row: &'a [f32],
+        out: &'a mut Option<u32>,
+    }
+    let mut jobs: Vec<Job<'_>> = Vec::new();
+    let mut rest = &mut slots[..];
+    let mut base = 0;
+    for ((i, &si), out) in idx.iter().enumerate().zip(drawn.iter_mut()) {
+        // idx ascends: split the slots so that each job borrows its own slot.
+        let (_, tail) = std::mem::take(&mut rest).split_at_mut(si - base);
+        let (slot, after) = tail.split_first_mut().expect("si is a slot index");
+        rest = after;
+        base = si + 1;
+        let Some(s) = slot else { continue };
+        if !s.req.logit_bias.is_empty() || s.req.constraint.is_some() || s.sampler.params().is_greedy() {
+            continue;
+        }
+        jobs.push(Job { sampler: &mut s.sampler, history: &s.history, row: &logits[i * vocab..(i + 1) * vocab], out });
+    }
+    if jobs.len() > 1 {
+        pool().for_rows_mut_dynamic(&mut jobs, 1, 1, |_, js| {
+            for j in js {
+                *j.out = Some(j.sampler.sample(j.row, j.history));
+            }
+        });
+    }
+    // (A single job is not worth a dispatch: it stays None and take_token draws it.)
+    drop(jobs);
+    drawn
 }
 
 /// `log softmax(logits)[id]` and the `top` most likely ids (ties: lower id first).
