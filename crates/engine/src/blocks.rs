@@ -305,11 +305,11 @@ pub fn attention_core(
         } else if n == 1 && group > 1 && (nh / group >= pool().n_threads() || pos0 + 1 - lo >= GROUPED_DECODE_MIN) {
             // Decode with GQA: the query heads sharing a kv head read its keys and values once.
             pool().for_rows_mut_dynamic(&mut o, group * hd, 1, |kvh, out| {
-                attend_group(&at, &q[kvh * group * hd..(kvh + 1) * group * hd], pos0, kvh, kc, vc, out)
+                attend_heads(&at, &q[kvh * group * hd..(kvh + 1) * group * hd], pos0, kvh, kc, vc, out)
             });
         } else {
             pool().for_rows_mut_dynamic(&mut o, hd, 1, |idx, out| {
-                attend_one(&at, &q[idx * hd..(idx + 1) * hd], pos0 + idx / nh, idx % nh, kc, vc, out)
+                attend_heads(&at, &q[idx * hd..(idx + 1) * hd], pos0 + idx / nh, idx % nh / group, kc, vc, out)
             });
         }
     }
@@ -441,30 +441,18 @@ impl AttnCtx {
     }
 }
 
-/// One query (absolute position `p`, head `head`) over its visible keys: scores, softmax,
-/// weighted sum. kc/vc: [positions lo.., kv_dim]; out: [hd].
-fn attend_one(at: &AttnCtx, qv: &[f32], p: usize, head: usize, kc: &[f32], vc: &[f32], out: &mut [f32]) {
-    attend_heads(at, qv, p, head / at.group, kc, vc, out);
-}
-
-/// From this many visible keys decode attends per kv group (`attend_group`) even when there
-/// are fewer kv groups than threads: below it the cache is small and one work item per query
-/// head balances the pool better.
+/// From this many visible keys decode attends per kv group (one work item for the heads that
+/// share a kv head) even when there are fewer kv groups than threads: below it the cache is
+/// small and one work item per query head balances the pool better.
 const GROUPED_DECODE_MIN: usize = 512;
 
-/// One decode query per head of kv group `kvh` (the `group` heads sharing it) over the visible
-/// keys: each key and value row is read once for all of them (with GQA the per-head loop read
-/// the cache `group` times; at 8k context that traffic dominated decode). The same values as
-/// `attend_one` per head, bit for bit. q: [group, hd] -> out: [group, hd]
-fn attend_group(at: &AttnCtx, q: &[f32], p: usize, kvh: usize, kc: &[f32], vc: &[f32], out: &mut [f32]) {
-    attend_heads(at, q, p, kvh, kc, vc, out);
-}
-
-/// The query heads `q` [h, hd] of kv head `kvh` at position `p` over their visible keys: the
-/// scores of each head (`attn::dot_rows`: `dot` per key), scaled and capped, its softmax, and
-/// the weighted sum of the values (`attn::axpy_rows`: `axpy` per key, in key order). Each
-/// head's result is the same whether it is attended alone or with the others of its group.
-/// out: [h, hd]
+/// Decode attention of the query heads `q` [h, hd] of kv head `kvh` at position `p` (one head,
+/// or all the heads of its group) over their visible keys: the scores of each head
+/// (`attn::dot_rows`: `dot` per key), scaled and capped, its softmax, and the weighted sum of
+/// the values (`attn::axpy_rows`: `axpy` per key, in key order). With GQA a group's heads read
+/// each key and value row once together (at 8k context the per-head reads dominated decode).
+/// Each head's result is the same, bit for bit, whether it is attended alone or with its
+/// group. kc/vc: [positions lo.., kv_dim]; out: [h, hd]
 fn attend_heads(at: &AttnCtx, q: &[f32], p: usize, kvh: usize, kc: &[f32], vc: &[f32], out: &mut [f32]) {
     let (hd, kv_dim, lo) = (at.hd, at.kv_dim, at.lo);
     let first = at.first(p);
@@ -663,7 +651,7 @@ mod tests {
             let mut max = (0f32, 0);
             for idx in 0..n * nh {
                 let mut one = vec![0f32; hd];
-                attend_one(&at, &q[idx * hd..(idx + 1) * hd], pos0 + idx / nh, idx % nh, kc, vc, &mut one);
+                attend_heads(&at, &q[idx * hd..(idx + 1) * hd], pos0 + idx / nh, idx % nh / at.group, kc, vc, &mut one);
                 // NaN-propagating (cortiq-testkit); a NaN stays (nothing compares greater).
                 let (diff, d) = cortiq_testkit::max_abs_diff(&one, &blocked[idx * hd..(idx + 1) * hd]);
                 if (diff > max.0 || diff.is_nan()) && !max.0.is_nan() {
@@ -675,8 +663,8 @@ mod tests {
         }
     }
 
-    /// Grouped decode attention equals the per-head loop: GQA groups of 1-4, a window, a
-    /// cache that starts mid-sequence.
+    /// Grouped decode attention equals the per-head loop bit for bit: GQA groups of 1-4, a
+    /// window, a cache that starts mid-sequence, positions off the 16-position blocks.
     #[test]
     fn grouped_decode_matches_per_head() {
         let mut seed = 0x0DEC_0DE0_1234_5678u64;
@@ -698,17 +686,18 @@ mod tests {
             let mut max = 0f32;
             for kvh in 0..nkv {
                 let mut grouped = vec![0f32; group * hd];
-                attend_group(&at, &q[kvh * group * hd..(kvh + 1) * group * hd], p, kvh, kc, vc, &mut grouped);
+                attend_heads(&at, &q[kvh * group * hd..(kvh + 1) * group * hd], p, kvh, kc, vc, &mut grouped);
                 for g in 0..group {
                     let head = kvh * group + g;
                     let mut one = vec![0f32; hd];
-                    attend_one(&at, &q[head * hd..(head + 1) * hd], p, head, kc, vc, &mut one);
+                    attend_heads(&at, &q[head * hd..(head + 1) * hd], p, kvh, kc, vc, &mut one);
+                    let same = one.iter().zip(&grouped[g * hd..(g + 1) * hd]).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "nh {nh} nkv {nkv} hd {hd} p {p}: head {head} grouped differs from alone");
                     let d = cortiq_testkit::max_abs_diff(&one, &grouped[g * hd..(g + 1) * hd]).0;
                     max = cortiq_testkit::nan_max(max as f64, d as f64) as f32;
                 }
             }
-            println!("grouped decode nh {nh} nkv {nkv} hd {hd} p {p} window {window:?}: max diff {max:.2e}");
-            assert!(max <= 1e-6, "grouped decode differs by {max}");
+            assert!(max == 0.0, "grouped decode differs by {max}");
         }
     }
 }

@@ -8,10 +8,10 @@
 //!   integer dot products, in our own kernel order: the arithmetic class llama.cpp uses, at our
 //!   speed. Decode is one fused pass per input (`matmul_many`: q/k/v or gate/up share one
 //!   activation quantization and one pool dispatch; `matvec_rows_many` the same for the decode
-//!   batch's rows); each thread streams one contiguous slab of weight rows. Q4_0, Q5_0 and Q8_0
-//!   matrices are kept in the 16-row interleaved layout of `quant::ileave` (`set_interleaved`,
-//!   set by the model for every multiplied matrix): its kernel serves one decode row or a
-//!   batch of them with the same per-row arithmetic. Prefill un-interleaves tiles of rows for
+//!   batch's rows); each thread streams one contiguous slab of weight rows. Q4_0, Q5_0, Q8_0,
+//!   Q4_K, Q5_K and Q6_K matrices are kept in the 16-row interleaved layout of `quant::ileave`
+//!   (`set_interleaved`, set by the model for every multiplied matrix): its kernel serves one
+//!   decode row or a batch of them with the same per-row arithmetic. Prefill un-interleaves tiles of rows for
 //!   the matmat kernel. Float weights use the exact path.
 //! - `Numerics::Exact` (the library default): weights dequantized to f32, f32 products — what
 //!   transformers computes on the dequantized checkpoint, the reproducible reference.
@@ -659,7 +659,6 @@ fn matvec_many(ws: &[&QTensor], x: &[f32], y: &mut [f32]) {
     profile_dispatch(ws, 1, t0);
 }
 
-/// Where each matrix starts in the concatenated rows of a fused dispatch.
 /// The shared input and output width of `ws` (q|k|v, gate|up) on n rows, checked: (cols, Σ rows).
 #[track_caller]
 fn check_many(ws: &[&QTensor], x: &[f32], n: usize, y: &[f32]) -> (usize, usize) {
@@ -674,6 +673,7 @@ fn check_many(ws: &[&QTensor], x: &[f32], n: usize, y: &[f32]) -> (usize, usize)
     (cols, total)
 }
 
+/// Where each matrix starts in the concatenated rows of a fused dispatch.
 fn row_starts(ws: &[&QTensor]) -> Vec<usize> {
     ws.iter()
         .scan(0, |acc, w| {

@@ -363,7 +363,7 @@ impl Handle {
                 let mut n = 0;
                 for (i, &si) in idx.iter().enumerate() {
                     let row = &logits[i * vocab..(i + 1) * vocab];
-                    n += self.take_token_drawn(&mut slots[si], row, states[si].len, states[si].n_ctx, drawn[i]);
+                    n += self.take_token(&mut slots[si], row, states[si].len, states[si].n_ctx, drawn[i]);
                 }
                 n
             }
@@ -413,7 +413,7 @@ impl Handle {
                     return 0;
                 }
                 let (len, n_ctx) = (st.len, st.n_ctx);
-                self.take_token(&mut slots[si], &logits, len, n_ctx)
+                self.take_token(&mut slots[si], &logits, len, n_ctx, None)
             }
             Err(e) => {
                 if let Some(s) = slots[si].take() {
@@ -426,19 +426,8 @@ impl Handle {
 
     /// Sample the slot's next token from `logits` (the state now `len` long), send it, and
     /// either set up its decode or end the request. Returns 1 when a token was generated.
-    fn take_token(&self, slot: &mut Option<Slot<'_>>, logits: &[f32], len: usize, n_ctx: usize) -> usize {
-        self.take_token_drawn(slot, logits, len, n_ctx, None)
-    }
-
-    /// `take_token` with the token already drawn by `presample` (Some) or to draw here (None).
-    fn take_token_drawn(
-        &self,
-        slot: &mut Option<Slot<'_>>,
-        logits: &[f32],
-        len: usize,
-        n_ctx: usize,
-        drawn: Option<u32>,
-    ) -> usize {
+    /// `drawn`: the token `presample` already drew from this row, if it did.
+    fn take_token(&self, slot: &mut Option<Slot<'_>>, logits: &[f32], len: usize, n_ctx: usize, drawn: Option<u32>) -> usize {
         let s = slot.as_mut().expect("a live slot");
         let adjusted;
         let logits = if s.req.logit_bias.is_empty() && s.req.constraint.is_none() {
