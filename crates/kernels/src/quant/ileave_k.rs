@@ -327,7 +327,7 @@ mod avx512 {
                     for (half, plane) in [(0, h), (1, h + 8)] {
                         // SAFETY: as above.
                         let hb = unsafe { _mm512_loadu_si512(p.add(2336 + 64 * plane).cast()) };
-                        for t in 0..4 {
+                        for (t, ut) in u[half].iter_mut().enumerate() {
                             // SAFETY: as above (chunk 4h + t < 32).
                             let v = unsafe { _mm512_loadu_si512(p.add(288 + 64 * (4 * h + t)).cast()) };
                             let nib =
@@ -339,7 +339,7 @@ mod avx512 {
                                 2 => hb,
                                 _ => _mm512_srli_epi16::<2>(hb),
                             };
-                            u[half][t] = _mm512_ternarylogic_epi32::<0xF8>(nib, top, m30);
+                            *ut = _mm512_ternarylogic_epi32::<0xF8>(nib, top, m30);
                         }
                     }
                     let scs = [sc(h), sc(h + 8)];
@@ -352,8 +352,8 @@ mod avx512 {
                             // SAFETY: as above.
                             let bc = |t: usize| _mm512_set1_epi32(unsafe { q.add(4 * t).cast::<i32>().read_unaligned() });
                             let mut pp = _mm512_set1_epi32(c[j].bias[b][sb]);
-                            for t in 0..4 {
-                                pp = _mm512_dpbusd_epi32(pp, u[half][t], bc(t));
+                            for (t, &ut) in u[half].iter().enumerate() {
+                                pp = _mm512_dpbusd_epi32(pp, ut, bc(t));
                             }
                             s[j] = _mm512_add_epi32(s[j], _mm512_mullo_epi32(pp, scs[half]));
                         }
@@ -582,8 +582,8 @@ pub(super) fn q6_matvec_scalar(packed: &[u8], cols: usize, acts: &[u8], ys: &mut
                     let mut s = 0i32;
                     for j in 0..16 {
                         let mut isum = col.bias[b][j];
-                        for e in 16 * j..16 * j + 16 {
-                            isum += q6_quant(src, r, e) as i32 * q[e] as i8 as i32;
+                        for (e, &qa) in q.iter().enumerate().skip(16 * j).take(16) {
+                            isum += q6_quant(src, r, e) as i32 * qa as i8 as i32;
                         }
                         s += src[32 + 16 * j + r] as i8 as i32 * isum;
                     }
