@@ -41,6 +41,11 @@ pub struct ServeArgs {
     /// their tokens, 64 ~300 ms, at the same prompt speed: chunks up to 256 run the decode kernel)
     #[arg(long, default_value_t = 32)]
     pub prefill_chunk: usize,
+    /// Prompt positions per step over all prompts being prefilled (at least --prefill-chunk):
+    /// prompts that arrive together start together, each on its own chunk grid, in the same
+    /// weight pass as the running streams' tokens; a long prompt still takes one chunk a step.
+    #[arg(long, default_value_t = 64)]
+    pub prefill_budget: usize,
     /// Seconds a request may run (queue wait included) before it ends with a timeout error
     /// (0 = no limit).
     #[arg(long, default_value_t = 600)]
@@ -83,6 +88,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
             n_ctx: a.ctx.unwrap_or(0),
             queue: a.queue,
             prefill_chunk: a.prefill_chunk,
+            prefill_budget: a.prefill_budget,
             timeout: (a.timeout > 0).then(|| Duration::from_secs(a.timeout)),
         },
         body_limit: a.max_body_mb.max(1) << 20,

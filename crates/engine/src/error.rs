@@ -18,6 +18,8 @@ pub enum EngineError {
     ContextOverflow { what: String, n_tokens: usize, n_ctx: usize },
     #[error("token id {id} is outside the vocabulary of {vocab}")]
     BadToken { id: u32, vocab: usize },
+    #[error("a batch entry has no tokens")]
+    EmptyEntry,
     /// One entry of a batched call failed (nothing in the batch has moved).
     #[error("batch entry {entry}: {source}")]
     Batch { entry: usize, source: Box<EngineError> },

@@ -93,6 +93,14 @@ pub struct Model {
     llamacpp_threads: usize,
 }
 
+/// One entry of `Model::forward_batch`: `tokens` (at least one) at positions `state.len..` of
+/// the entry's own sequence, and the positions to produce logits for.
+pub struct BatchEntry<'a> {
+    pub tokens: &'a [u32],
+    pub state: &'a mut SeqState,
+    pub want: Logits,
+}
+
 /// Which positions of a chunk to produce logits for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Logits {
@@ -317,70 +325,112 @@ impl Model {
     /// One decode step for each of several sequences (the serving core's decode batch):
     /// `tokens[j]` at position `states[j].len` of sequence j. Logits [k, vocab], row j
     /// **bit-identical to `forward(&[tokens[j]], states[j], Logits::Last)`** run alone, whatever
-    /// else is in the batch: every layer runs the sequences' mixers (attention, recurrent state)
-    /// one by one on the decode path, then the FFN and the LM head over all rows at once through
-    /// `QTensor::matvec_rows` (one weight pass for all rows where the multi-column kernel exists,
-    /// Q4_K today; each row still on the decode path). This is the serving core's contract more
-    /// than its speed yet: Qwen2.5-Coder-0.5B Q4_K_M, 2 threads, aggregate decode 1.07-1.16x one
-    /// sequence at k = 2..8 (BENCHMARKS.md); the per-core decode kernels are compute-bound here,
-    /// so the attention projections and the other weight types need multi-column kernels too.
-    /// A sequence whose O(1) plan seals at this step (or checks) takes its own `forward`, same
-    /// result. Every token and context is checked before any state
-    /// moves; an error names the batch entry.
+    /// else is in the batch (`forward_batch` with one position per entry).
     pub fn forward_decode_batch(&self, tokens: &[u32], states: &mut [&mut SeqState]) -> Result<Vec<f32>> {
         assert_eq!(tokens.len(), states.len(), "forward_decode_batch: one token per sequence");
+        let mut batch: Vec<BatchEntry<'_>> = tokens
+            .iter()
+            .zip(states.iter_mut())
+            .map(|(t, st)| BatchEntry { tokens: std::slice::from_ref(t), state: st, want: Logits::Last })
+            .collect();
+        self.forward_batch(&mut batch)
+    }
+
+    /// One step of the serving core over several sequences, each with its own chunk (a decode
+    /// position, a prompt chunk): entry j runs `tokens` at positions `state.len..` of its own
+    /// sequence. Returns the logits every entry's `want` selects, [Σ rows_j, vocab] in entry
+    /// order, each entry's rows and state **bit-identical to `forward(tokens, state, want)`**
+    /// run alone, whatever else is in the batch. Every layer runs the sequences' mixers (their
+    /// attention, their recurrent state) one by one and the projections, FFNs and the LM head
+    /// over the rows of every entry at once where each row's value does not depend on the rows
+    /// beside it (`QTensor::rowwise`: the decode path, which a chunk on interleaved weights
+    /// also takes), so one read of each weight serves the whole step; where it would (another
+    /// weight layout, MoE routing over a chunk) that part runs per entry. An entry whose O(1)
+    /// plan is before its seal (or checks) takes its own `forward`, same result. Every token and
+    /// context is checked before any state moves; an error names the batch entry.
+    pub fn forward_batch(&self, batch: &mut [BatchEntry<'_>]) -> Result<Vec<f32>> {
         cortiq_kernels::simd::flush_denormals();
-        for (j, (t, st)) in tokens.iter().zip(states.iter()).enumerate() {
-            self.check_tokens(std::slice::from_ref(t), st).map_err(|e| EngineError::Batch { entry: j, source: Box::new(e) })?;
+        let entry_err = |j: usize, e: EngineError| EngineError::Batch { entry: j, source: Box::new(e) };
+        for (j, e) in batch.iter().enumerate() {
+            if e.tokens.is_empty() {
+                return Err(entry_err(j, EngineError::EmptyEntry));
+            }
+            self.check_tokens(e.tokens, e.state).map_err(|err| entry_err(j, err))?;
         }
         let (d, vocab) = (self.cfg.d_model, self.cfg.vocab);
-        let k = tokens.len();
-        let own = |st: &SeqState| st.o1.as_ref().is_some_and(|r| r.plan.check.is_some() || r.pending(st.len));
-        let alone: Vec<bool> = states.iter().map(|st| own(st)).collect();
-        let batched: Vec<usize> = (0..k).filter(|&j| !alone[j]).collect();
-        let mut alone_logits = Vec::new();
-        for j in (0..k).filter(|&j| alone[j]) {
-            alone_logits.push((j, self.forward(&tokens[j..j + 1], states[j], Logits::Last)?));
+        let own = |e: &BatchEntry<'_>| e.state.o1.as_ref().is_some_and(|r| r.plan.check.is_some() || r.pending(e.state.len));
+        let alone: Vec<bool> = batch.iter().map(own).collect();
+        let merged: Vec<usize> = (0..batch.len()).filter(|&j| !alone[j]).collect();
+        let mut outs: Vec<Option<Vec<f32>>> = vec![None; batch.len()];
+        for j in (0..batch.len()).filter(|&j| alone[j] || merged.len() == 1) {
+            let e = &mut batch[j];
+            outs[j] = Some(self.forward(e.tokens, e.state, e.want).map_err(|err| entry_err(j, err))?);
         }
-        if batched.is_empty() {
-            return Ok(alone_logits.into_iter().flat_map(|(_, l)| l).collect());
-        }
-        let batch_tokens: Vec<u32> = batched.iter().map(|&j| tokens[j]).collect();
-        let trace: Trace = &mut |_, _, _| {};
-        let kb = batched.len();
-        let mut batch: Vec<&mut SeqState> =
-            states.iter_mut().zip(&alone).filter(|(_, a)| !**a).map(|(st, _)| &mut **st).collect();
-        let mut x = self.embed(&batch_tokens); // [kb, d_model], row by row as alone
-        for il in 0..self.layers.len() {
-            if kb > 1 {
-                self.layer_mixer_rows(il, &mut x, &mut batch)?;
-            } else {
-                let pos = batch[0].len;
-                self.layer_mixer(il, &mut x, 1, pos, &mut *batch[0], trace)?;
+        if merged.len() > 1 {
+            let ns: Vec<usize> = merged.iter().map(|&j| batch[j].tokens.len()).collect();
+            let all: Vec<u32> = merged.iter().flat_map(|&j| batch[j].tokens.iter().copied()).collect();
+            let wants: Vec<Logits> = merged.iter().map(|&j| batch[j].want).collect();
+            let mut sts: Vec<&mut SeqState> =
+                batch.iter_mut().zip(&alone).filter(|(_, a)| !**a).map(|(e, _)| &mut *e.state).collect();
+            let mut x = self.embed(&all); // [Σ n, d_model], row by row as alone
+            for il in 0..self.layers.len() {
+                self.layer_mixer_segments(il, &mut x, &mut sts, &ns)?;
+                self.layer_ffn(il, &mut x, &ns, &mut |_, _, _| {});
             }
-            self.layer_ffn(il, &mut x, kb, true, trace);
+            for (st, n) in sts.iter_mut().zip(&ns) {
+                st.len += n;
+            }
+            // The rows each entry wants, gathered for one LM head pass.
+            let (mut rows, mut n_out) = (Vec::new(), Vec::with_capacity(ns.len())); // [Σ n_out, d_model]
+            let mut r0 = 0;
+            for (&n, want) in ns.iter().zip(&wants) {
+                let from = match want {
+                    Logits::None => n,
+                    Logits::Last => n - 1,
+                    Logits::From(i) => (*i).min(n),
+                };
+                rows.extend_from_slice(&x[(r0 + from) * d..(r0 + n) * d]);
+                n_out.push(n - from);
+                r0 += n;
+            }
+            let head_rowwise = n_out.iter().all(|&m| m <= 1 || self.output.rowwise(m));
+            if head_rowwise {
+                let logits = self.head_rows(&rows); // [Σ n_out, vocab]
+                if merged.len() == batch.len() {
+                    return Ok(logits); // every entry merged, in order
+                }
+                let mut at = 0;
+                for (&j, &m) in merged.iter().zip(&n_out) {
+                    outs[j] = Some(logits[at * vocab..(at + m) * vocab].to_vec());
+                    at += m;
+                }
+            } else {
+                let mut at = 0;
+                for (&j, &m) in merged.iter().zip(&n_out) {
+                    outs[j] = Some(if m == 0 { Vec::new() } else { self.head(&rows[at * d..(at + m) * d], &mut |_, _, _| {}) });
+                    at += m;
+                }
+            }
         }
-        for st in batch {
-            st.len += 1;
+        Ok(outs.into_iter().flat_map(|o| o.expect("every entry ran")).collect())
+    }
+
+    /// The LM head over independent rows x [k, d_model] (each one position's) -> [k, vocab],
+    /// every row as `head` gives it alone: one weight pass for all rows (`matvec_rows`).
+    fn head_rows(&self, x: &[f32]) -> Vec<f32> {
+        let (d, vocab) = (self.cfg.d_model, self.cfg.vocab);
+        let k = x.len() / d;
+        if k <= 1 {
+            return if k == 0 { Vec::new() } else { self.head(x, &mut |_, _, _| {}) };
         }
-        let mut normed = vec![0f32; kb * d]; // [kb, d_model]
-        rmsnorm_rows_in(self.numerics, &x, &self.output_norm, self.cfg.norm_eps, &mut normed);
-        let mut out = vec![0f32; kb * vocab]; // [kb, vocab]
-        self.output.matvec_rows(&normed, kb, &mut out);
+        let mut normed = vec![0f32; k * d]; // [k, d_model]
+        rmsnorm_rows_in(self.numerics, x, &self.output_norm, self.cfg.norm_eps, &mut normed);
+        let mut out = vec![0f32; k * vocab]; // [k, vocab]
+        self.output.matvec_rows(&normed, k, &mut out);
         if let Some(c) = self.cfg.final_logit_softcap {
             pool().for_rows_mut(&mut out, 4096, 1, |_, ls| ls.iter_mut().for_each(|l| *l = (*l / c).tanh() * c));
         }
-        if kb == k {
-            return Ok(out); // every entry batched, in order
-        }
-        let mut logits = vec![0f32; k * vocab]; // [k, vocab]
-        for (j, l) in alone_logits {
-            logits[j * vocab..(j + 1) * vocab].copy_from_slice(&l);
-        }
-        for (i, &j) in batched.iter().enumerate() {
-            logits[j * vocab..(j + 1) * vocab].copy_from_slice(&out[i * vocab..(i + 1) * vocab]);
-        }
-        Ok(logits)
+        out
     }
 
     /// The speculative pair: `tokens[0]` (accepted) and `tokens[1]` (tentative) at positions
@@ -424,7 +474,7 @@ impl Model {
     /// A planned O(1) layer seals when the chunk ends at the plan's tp.
     fn layer_forward(&self, il: usize, x: &mut [f32], n: usize, pos0: usize, state: &mut SeqState, trace: Trace) -> Result<()> {
         self.layer_mixer(il, x, n, pos0, state, trace)?;
-        self.layer_ffn(il, x, n, false, trace);
+        self.layer_ffn(il, x, &[n], trace);
         Ok(())
     }
 
@@ -443,24 +493,25 @@ impl Model {
         Ok(())
     }
 
-    /// The mixer half for the decode batch: x [kb, d_model], row i the next position of
-    /// `batch[i]`; `Mixer::forward_rows` (one projection pass over all rows where the mixer
-    /// has one), row for row the same as `layer_mixer(il, row, 1, ..)`.
-    fn layer_mixer_rows(&self, il: usize, x: &mut [f32], batch: &mut [&mut SeqState]) -> Result<()> {
+    /// The mixer half for the serving batch: x [Σ n_i, d_model], the rows of `batch[0]`'s
+    /// chunk (`ns[0]` positions from its `len`) first; `Mixer::forward_segments`, each
+    /// segment the same as `layer_mixer` over it alone.
+    fn layer_mixer_segments(&self, il: usize, x: &mut [f32], batch: &mut [&mut SeqState], ns: &[usize]) -> Result<()> {
         let cfg = &self.cfg;
         let lw = &self.layers[il];
-        let mut h = vec![0f32; batch.len() * cfg.d_model]; // [kb, d_model]
+        let mut h = vec![0f32; x.len()]; // [Σ n_i, d_model]
         rmsnorm_rows_in(self.numerics, x, &lw.attn_norm, cfg.norm_eps, &mut h);
-        let rows: Vec<Seq> = batch
+        let segs: Vec<(Seq, usize)> = batch
             .iter_mut()
-            .map(|st| {
+            .zip(ns)
+            .map(|(st, &n)| {
                 let pos0 = st.len;
-                self.seq(il, st, pos0)
+                (self.seq(il, st, pos0), n)
             })
             .collect();
-        let a = lw.mixer.forward_rows(&self.env(), &h, rows)?;
-        for st in batch.iter_mut() {
-            let end = st.len + 1;
+        let a = lw.mixer.forward_segments(&self.env(), &h, segs)?;
+        for (st, &n) in batch.iter_mut().zip(ns) {
+            let end = st.len + n;
             seal_if_due(&mut st.o1, il, end, &mut st.layers[il])?;
         }
         self.mixer_residual(il, x, a, &mut |_, _, _| {});
@@ -488,24 +539,35 @@ impl Model {
         Seq { state: &mut st.layers[il], pos0, lc, o1 }
     }
 
-    /// A layer's FFN half over x [n, d_model] in place (norm, FFN, post-norm, residual).
-    /// `independent`: the n rows are decode rows of n different sequences (the decode batch):
-    /// each takes the decode path, bit-identical to running it alone; else they are n positions
-    /// of one sequence.
-    fn layer_ffn(&self, il: usize, x: &mut [f32], n: usize, independent: bool, trace: Trace) {
+    /// A layer's FFN half over x [Σ n_i, d_model] in place (norm, FFN, post-norm, residual):
+    /// `segs` = [n] for n positions of one sequence; several entries for the serving batch
+    /// (`forward_batch`: segment i is n_i positions of its own sequence), each segment's rows
+    /// bit-identical to its FFN alone — one pass over all rows when the matrices are row-wise
+    /// for every segment, else segment by segment.
+    fn layer_ffn(&self, il: usize, x: &mut [f32], segs: &[usize], trace: Trace) {
         let cfg = &self.cfg;
         let (lw, num) = (&self.layers[il], self.numerics);
-        let mut h = vec![0f32; n * cfg.d_model]; // [n, d_model]
+        let d = cfg.d_model;
+        let mut h = vec![0f32; x.len()]; // [Σ n_i, d_model]
         rmsnorm_rows_in(num, x, &lw.ffn_norm, cfg.norm_eps, &mut h);
         trace("ffn_norm", il, &h);
+        let one = |h: &[f32], n: usize| match &lw.ffn {
+            Ffn::Dense(f) => ffn(cfg, f, h, n, num),
+            Ffn::Moe(mw) => moe(cfg, cfg.moe.as_ref().expect("checked at load"), mw, h, n, num),
+        };
+        let n_max = segs.iter().copied().max().unwrap_or(0);
         let mut m = match &lw.ffn {
-            Ffn::Dense(f) if independent && n > 1 => ffn_rows(cfg, f, &h, n, num),
-            Ffn::Dense(f) => ffn(cfg, f, &h, n, num),
-            Ffn::Moe(mw) if independent && n > 1 => {
-                let mc = cfg.moe.as_ref().expect("checked at load");
-                h.chunks_exact(cfg.d_model).flat_map(|hr| moe(cfg, mc, mw, hr, 1, num)).collect()
+            _ if segs.len() == 1 => one(&h, segs[0]),
+            Ffn::Dense(f) if [&f.gate, &f.up, &f.down].iter().all(|w| w.rowwise(n_max)) => ffn_rows(cfg, f, &h, h.len() / d, num),
+            _ => {
+                let mut out = Vec::with_capacity(h.len());
+                let mut r0 = 0;
+                for &n in segs {
+                    out.extend(one(&h[r0 * d..(r0 + n) * d], n));
+                    r0 += n;
+                }
+                out
             }
-            Ffn::Moe(mw) => moe(cfg, cfg.moe.as_ref().expect("checked at load"), mw, &h, n, num),
         };
         if let Some(g) = &lw.post_ffn_norm {
             rmsnorm_segments_in(num, &mut m, g, cfg.norm_eps);

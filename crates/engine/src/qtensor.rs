@@ -476,6 +476,19 @@ impl QTensor {
         }
     }
 
+    /// Whether `matmul` over n positions gives every row exactly what `matvec_rows` (the decode
+    /// path, each row alone) gives: one position, or a chunk an interleaved matrix multiplies
+    /// with its decode kernel (up to `IL_MATMAT_MAX`). Then the rows of several sequences'
+    /// chunks may share one product (`Model::forward_batch`) without changing any value.
+    pub fn rowwise(&self, n: usize) -> bool {
+        n == 1
+            || (self.il
+                && n <= IL_MATMAT_MAX
+                && self.numerics != Numerics::LlamaCpp
+                && self.act().is_some()
+                && matmat_supported(self.dtype))
+    }
+
     /// Prefill product for n_t > 1. x: [n_t, cols] -> y: [n_t, rows]
     fn matmat(&self, x: &[f32], n_t: usize, y: &mut [f32]) {
         let _s = profile::matmul(self.dtype, n_t);
@@ -484,11 +497,11 @@ impl QTensor {
             self.matmul_ggml(act, x, n_t, y);
             return;
         }
+        if self.rowwise(n_t) {
+            self.matvec_rows(x, n_t, y);
+            return;
+        }
         if let (Some(act), true) = (act, matmat_supported(self.dtype)) {
-            if self.il && n_t <= IL_MATMAT_MAX {
-                self.matvec_rows(x, n_t, y);
-                return;
-            }
             self.matmat_int8(act, x, n_t, y);
             return;
         }

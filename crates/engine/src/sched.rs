@@ -6,18 +6,21 @@
 //! Written here rather than taken from a crate: the scheduler is the product's core (what runs
 //! in the next step decides latency and throughput), and it must keep the determinism contract.
 //!
-//! **A sequence's result does not depend on what else runs.** Decode steps go through
-//! `Model::forward_decode_batch`, whose rows are bit-identical to a sequence's own single step;
-//! a prompt is prefilled in chunks whose boundaries are a function of the prompt alone
+//! **A sequence's result does not depend on what else runs.** A step goes through
+//! `Model::forward_batch`, whose every entry (a decode position, a prompt chunk) is
+//! bit-identical to that entry run alone; a prompt is prefilled in chunks whose boundaries are
+//! a function of the prompt alone
 //! (positions `0, C, 2C, ...` with `C = SchedConfig::prefill_chunk`), never of the load, so the
 //! prompt's state is the same whenever its chunks run. The sampler is the request's own (its
 //! seed, its RNG stream). So for the same request and seed the tokens are identical alone or
 //! beside any neighbours, and whatever step each chunk ran in (tests/sched.rs checks it).
 //!
-//! One step: drop cancelled or timed-out work, admit queued requests into free slots, run one
-//! decode batch over every slot that has a token to decode, then one prompt chunk of the
-//! prefilling slot that has waited longest. A running stream thus waits at most one decode
-//! batch plus one chunk between two tokens; `prefill_chunk` bounds that wait.
+//! One step: drop cancelled or timed-out work, admit queued requests into free slots, then one
+//! forward over every slot that has a token to decode and the next prompt chunk of each
+//! prefilling slot, oldest first, while their positions fit `prefill_budget` (the oldest
+//! always goes) — continuous batching: the weights stream once for the decode rows and the
+//! prompt rows together. A running stream thus waits at most one step of its neighbours'
+//! decode rows plus `prefill_budget` prompt positions between two tokens.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -26,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use cortiq_formats::tokenizer::{StreamDecoder, Tokenizer};
 
-use crate::model::{Logits, Model};
+use crate::model::{BatchEntry, Logits, Model};
 use crate::o1::O1Plan;
 use crate::par::pool;
 use crate::sampling::{Sampler, SamplerParams};
@@ -44,6 +47,9 @@ pub struct SchedConfig {
     pub queue: usize,
     /// Prompt positions per prefill chunk (also the determinism grid, see the module doc).
     pub prefill_chunk: usize,
+    /// Prompt positions per step over all prefilling slots (raised to `prefill_chunk`): several
+    /// short prompts start in one step, while a step stays bounded for the running streams.
+    pub prefill_budget: usize,
     /// A request still running this long after it was submitted ends with an error.
     pub timeout: Option<Duration>,
 }
@@ -329,99 +335,110 @@ impl Handle {
             }
             self.inner.counters.busy_slots.store(slots.iter().filter(|s| s.is_some()).count(), Ordering::Relaxed);
 
-            let generated =
-                self.decode_step(model, &mut slots, &mut states) + self.prefill_step(model, &cfg, &mut slots, &mut states);
+            let generated = self.step(model, &cfg, &mut slots, &mut states);
             rate.add(generated);
             self.inner.counters.tok_per_s_milli.store((rate.per_second() * 1000.0) as u64, Ordering::Relaxed);
             self.inner.counters.busy_slots.store(slots.iter().filter(|s| s.is_some()).count(), Ordering::Relaxed);
         }
     }
 
-    /// One decode batch over every slot with a token to decode. Returns tokens generated.
-    fn decode_step(&self, model: &Model, slots: &mut [Option<Slot<'_>>], states: &mut [SeqState]) -> usize {
-        let mut tokens = Vec::new();
-        let mut idx = Vec::new();
+    /// One step: a forward over every slot with a token to decode and the next prompt chunk of
+    /// the prefilling slots, oldest first, as long as their positions stay within
+    /// `prefill_budget` (at least one chunk) — one weight pass for all of it
+    /// (`Model::forward_batch`, each entry as if alone). Returns tokens generated.
+    fn step(&self, model: &Model, cfg: &SchedConfig, slots: &mut [Option<Slot<'_>>], states: &mut [SeqState]) -> usize {
+        // What each slot runs: (slot, tokens, prompt chunk end if it is a chunk).
+        let mut plan: Vec<(usize, Vec<u32>, Option<usize>)> = Vec::new();
         for (si, s) in slots.iter().enumerate() {
             if let Some(Slot { phase: Phase::Decode { next }, .. }) = s {
-                tokens.push(*next);
-                idx.push(si);
+                plan.push((si, vec![*next], None));
             }
         }
-        if tokens.is_empty() {
-            return 0;
-        }
-        // idx ascends, so the states come out in the same order as the tokens.
-        let mut refs: Vec<&mut SeqState> =
-            states.iter_mut().enumerate().filter(|(si, _)| idx.contains(si)).map(|(_, st)| st).collect();
-        let c = &self.inner.counters;
-        match model.forward_decode_batch(&tokens, &mut refs) {
-            Ok(logits) => {
-                c.decode_steps.fetch_add(1, Ordering::Relaxed);
-                c.decode_rows.fetch_add(idx.len() as u64, Ordering::Relaxed);
-                let vocab = model.cfg.vocab;
-                let drawn = presample(slots, &idx, &logits, vocab);
-                let mut n = 0;
-                for (i, &si) in idx.iter().enumerate() {
-                    let row = &logits[i * vocab..(i + 1) * vocab];
-                    n += self.take_token(&mut slots[si], row, states[si].len, states[si].n_ctx, drawn[i]);
-                }
-                n
-            }
-            Err(e) => {
-                // Nothing in the batch moved; the entry at fault ends, the others retry.
-                let (entry, msg) = match &e {
-                    crate::EngineError::Batch { entry, source } => (Some(*entry), source.to_string()),
-                    other => (None, other.to_string()),
-                };
-                for (i, &si) in idx.iter().enumerate() {
-                    if (entry.is_none() || entry == Some(i))
-                        && let Some(s) = slots[si].take()
-                    {
-                        s.req.sink.send(Event::Error { index: s.req.index, kind: ErrorKind::Engine, message: msg.clone() });
-                    }
-                }
-                0
-            }
-        }
-    }
-
-    /// One prompt chunk for the prefilling slot admitted first. Returns tokens generated (1
-    /// when the chunk was the prompt's last and its first token was taken).
-    fn prefill_step(&self, model: &Model, cfg: &SchedConfig, slots: &mut [Option<Slot<'_>>], states: &mut [SeqState]) -> usize {
-        let pick = slots
+        let mut prefilling: Vec<(u64, usize)> = slots
             .iter()
             .enumerate()
             .filter_map(|(si, s)| match s {
                 Some(Slot { phase: Phase::Prefill { .. }, order, .. }) => Some((*order, si)),
                 _ => None,
             })
-            .min();
-        let Some((_, si)) = pick else { return 0 };
-        let slot = slots[si].as_mut().expect("picked");
-        let Phase::Prefill { done } = slot.phase else { unreachable!("picked a prefilling slot") };
-        let n = slot.req.prompt.len();
+            .collect();
+        prefilling.sort_unstable();
         let chunk = cfg.prefill_chunk.max(1);
-        let end = (done + chunk).min(n);
-        let last = end == n;
-        let want = if last { Logits::Last } else { Logits::None };
-        let st = &mut states[si];
-        match model.forward(&slot.req.prompt[done..end], st, want) {
-            Ok(logits) => {
-                self.inner.counters.prompt_tokens.fetch_add((end - done) as u64, Ordering::Relaxed);
-                if !last {
-                    slot.phase = Phase::Prefill { done: end };
-                    return 0;
-                }
-                let (len, n_ctx) = (st.len, st.n_ctx);
-                self.take_token(&mut slots[si], &logits, len, n_ctx, None)
+        let mut budget = cfg.prefill_budget.max(chunk);
+        for (k, &(_, si)) in prefilling.iter().enumerate() {
+            let s = slots[si].as_ref().expect("a prefilling slot");
+            let Phase::Prefill { done } = s.phase else { unreachable!("listed as prefilling") };
+            let end = (done + chunk).min(s.req.prompt.len());
+            if k > 0 && end - done > budget {
+                break;
             }
-            Err(e) => {
-                if let Some(s) = slots[si].take() {
-                    s.req.sink.send(Event::Error { index: s.req.index, kind: ErrorKind::Engine, message: e.to_string() });
-                }
-                0
-            }
+            budget = budget.saturating_sub(end - done);
+            plan.push((si, s.req.prompt[done..end].to_vec(), Some(end)));
         }
+        if plan.is_empty() {
+            return 0;
+        }
+        // Entries in slot order (so the states come out of one pass over them).
+        plan.sort_unstable_by_key(|p| p.0);
+        let wants: Vec<Logits> = plan
+            .iter()
+            .map(|(si, _, end)| match end {
+                Some(e) if *e < slots[*si].as_ref().expect("planned").req.prompt.len() => Logits::None,
+                _ => Logits::Last,
+            })
+            .collect();
+        let result = {
+            let mut states_of = states.iter_mut().enumerate();
+            let mut batch: Vec<BatchEntry<'_>> = Vec::with_capacity(plan.len());
+            for ((si, toks, _), &want) in plan.iter().zip(&wants) {
+                let state = states_of.find(|(i, _)| i == si).map(|(_, st)| st).expect("slot order ascends");
+                batch.push(BatchEntry { tokens: toks, state, want });
+            }
+            model.forward_batch(&mut batch)
+        };
+        let c = &self.inner.counters;
+        let logits = match result {
+            Ok(l) => l,
+            Err(e) => {
+                // Nothing in the batch moved; the entry at fault ends, the others retry.
+                let (entry, msg) = match &e {
+                    crate::EngineError::Batch { entry, source } => (Some(*entry), source.to_string()),
+                    other => (None, other.to_string()),
+                };
+                for (i, (si, _, _)) in plan.iter().enumerate() {
+                    if (entry.is_none() || entry == Some(i))
+                        && let Some(s) = slots[*si].take()
+                    {
+                        s.req.sink.send(Event::Error { index: s.req.index, kind: ErrorKind::Engine, message: msg.clone() });
+                    }
+                }
+                return 0;
+            }
+        };
+        let n_decode = plan.iter().filter(|p| p.2.is_none()).count();
+        if n_decode > 0 {
+            c.decode_steps.fetch_add(1, Ordering::Relaxed);
+            c.decode_rows.fetch_add(n_decode as u64, Ordering::Relaxed);
+        }
+        let mut idx = Vec::new(); // the slots that take a token, in row order
+        for ((si, toks, end), want) in plan.iter().zip(&wants) {
+            if let Some(end) = end {
+                c.prompt_tokens.fetch_add(toks.len() as u64, Ordering::Relaxed);
+                if *want == Logits::None {
+                    slots[*si].as_mut().expect("planned").phase = Phase::Prefill { done: *end };
+                    continue;
+                }
+            }
+            idx.push(*si);
+        }
+        let vocab = model.cfg.vocab;
+        let drawn = presample(slots, &idx, &logits, vocab);
+        let mut n = 0;
+        for (i, &si) in idx.iter().enumerate() {
+            let row = &logits[i * vocab..(i + 1) * vocab];
+            n += self.take_token(&mut slots[si], row, states[si].len, states[si].n_ctx, drawn[i]);
+        }
+        n
     }
 
     /// Sample the slot's next token from `logits` (the state now `len` long), send it, and

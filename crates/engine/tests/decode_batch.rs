@@ -10,7 +10,7 @@ mod common;
 use common::{fixture, ids};
 use cortiq_engine::load::load;
 use cortiq_engine::state::SeqState;
-use cortiq_engine::{EngineError, Logits, Model, Numerics};
+use cortiq_engine::{BatchEntry, EngineError, Logits, Model, Numerics};
 
 const STEPS: usize = 6;
 
@@ -94,6 +94,62 @@ fn check_with(name: &str, model: &Model, toks: &[u32], make: &dyn Fn(usize) -> S
     println!("{name}: {rows} batched rows bit-identical to decoding alone (batches of 1-4, vocab {v})");
 }
 
+/// Positions each of four sequences runs at step s of the mixed batch (0: not in the step):
+/// prompt chunks of 2-40 positions beside decode rows, entries joining and leaving.
+const MIXED: [[usize; 4]; 5] = [[7, 1, 12, 0], [1, 5, 3, 20], [1, 1, 9, 1], [2, 0, 1, 33], [1, 1, 1, 1]];
+
+/// What entry j at step s asks for: the last position mostly, nothing or a tail sometimes.
+fn mixed_want(s: usize, j: usize, n: usize) -> Logits {
+    match (s + j) % 5 {
+        1 if n > 1 => Logits::None,
+        3 if n > 2 => Logits::From(n - 2),
+        _ => Logits::Last,
+    }
+}
+
+/// `Model::forward_batch` over mixed steps (`MIXED`): every entry's logits equal its own
+/// `forward` of the same chunk alone, bit for bit, and so do the states after (one more step
+/// of each sequence alone compares them).
+fn check_mixed(name: &str, model: &Model, toks: &[u32]) {
+    let v = model.cfg.vocab;
+    let at = |j: usize, i: usize| toks[(7 * j + i) % toks.len()];
+    let mut alone: Vec<SeqState> = (0..4).map(|_| model.new_state(256)).collect();
+    let mut batched: Vec<SeqState> = (0..4).map(|_| model.new_state(256)).collect();
+    let mut done = [0usize; 4];
+    let mut entries = 0;
+    for (s, step) in MIXED.iter().enumerate() {
+        let on: Vec<usize> = (0..4).filter(|&j| step[j] > 0).collect();
+        let chunks: Vec<Vec<u32>> = on.iter().map(|&j| (0..step[j]).map(|i| at(j, done[j] + i)).collect()).collect();
+        let mut want = Vec::new();
+        for (&j, c) in on.iter().zip(&chunks) {
+            want.extend(model.forward(c, &mut alone[j], mixed_want(s, j, c.len())).unwrap());
+        }
+        let mut slots: Vec<Option<&mut SeqState>> = batched.iter_mut().map(Some).collect();
+        let mut batch: Vec<BatchEntry<'_>> = on
+            .iter()
+            .zip(&chunks)
+            .map(|(&j, c)| BatchEntry { tokens: c, state: slots[j].take().unwrap(), want: mixed_want(s, j, c.len()) })
+            .collect();
+        let got = model.forward_batch(&mut batch).unwrap();
+        assert_eq!(got.len(), want.len(), "{name}: step {s}: logits rows");
+        if let Some((i, a, b)) = first_diff(&got, &want) {
+            panic!("{name}: step {s} (entries {on:?}, sizes {step:?}): logit {i} (row {}) batched {a:e} vs alone {b:e}", i / v);
+        }
+        for (&j, c) in on.iter().zip(&chunks) {
+            done[j] += c.len();
+        }
+        entries += on.len();
+    }
+    for j in 0..4 {
+        assert_eq!(batched[j].len, done[j], "{name}: sequence {j} length");
+        let t = at(j, done[j]);
+        let a = model.forward(&[t], &mut alone[j], Logits::Last).unwrap();
+        let b = model.forward(&[t], &mut batched[j], Logits::Last).unwrap();
+        assert!(first_diff(&a, &b).is_none(), "{name}: sequence {j}'s state differs after the mixed steps");
+    }
+    println!("{name}: {entries} mixed entries (chunks of 1-40 positions) bit-identical to running alone");
+}
+
 fn all_modes(name: &str) {
     let toks = ids(&fixture(name).join("tokens.json"));
     for (path, num) in [
@@ -104,7 +160,9 @@ fn all_modes(name: &str) {
     ] {
         let mut model = load(&path).unwrap_or_else(|e| panic!("{name}: {e}")).model;
         model.set_numerics(num);
-        check(&format!("{name} {num:?} {}", path.file_name().unwrap().to_string_lossy()), &model, &toks);
+        let label = format!("{name} {num:?} {}", path.file_name().unwrap().to_string_lossy());
+        check(&label, &model, &toks);
+        check_mixed(&label, &model, &toks);
     }
 }
 
@@ -204,6 +262,12 @@ fn real_qwen25_decode_batch_equals_alone() {
     for num in [Numerics::Fast, Numerics::Exact] {
         loaded.model.set_numerics(num);
         check(&format!("qwen2.5-coder-0.5b {num:?}"), &loaded.model, &toks);
+        check_mixed(&format!("qwen2.5-coder-0.5b {num:?}"), &loaded.model, &toks);
+        // Under fast numerics the chunks above shared their layers' products with the decode
+        // rows beside them (the merged path), not only the fallback that runs them apart.
+        let m = &loaded.model;
+        let rowwise = m.layers.iter().flat_map(|l| l.mixer.matrices().into_iter().chain(l.ffn.matrices())).all(|t| t.rowwise(40));
+        assert_eq!(rowwise, num == Numerics::Fast, "{num:?}: chunks of 40 positions are row-wise on every layer matrix");
     }
 }
 
@@ -223,7 +287,9 @@ fn decode_batch_hybrids_quantized() {
         model.set_numerics(Numerics::Fast);
         let quantized = model.layers.iter().flat_map(|l| l.mixer.matrices()).filter(|t| t.dtype == QuantType::Q8_0).count();
         assert!(quantized > 0, "{name}: the mixers' matrices are Q8_0");
-        check(&format!("{name} Q8_0 fast"), &model, &ids(&fixture(name).join("tokens.json")));
+        let toks = ids(&fixture(name).join("tokens.json"));
+        check(&format!("{name} Q8_0 fast"), &model, &toks);
+        check_mixed(&format!("{name} Q8_0 fast"), &model, &toks);
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

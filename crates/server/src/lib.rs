@@ -210,7 +210,7 @@ fn engine_thread(app: Arc<App>, load: Loader, fail: tokio::sync::oneshot::Sender
     let (fixed, per_pos) = state_cost(&model);
     let per_slot = fixed + per_pos * cfg.n_ctx;
     eprintln!(
-        "cortiq serve: model '{}' ({}, {} layers) ready in {:.1}s; {} slots x {} ctx, state up to {:.1} MiB per slot ({:.1} MiB in all), prefill chunk {}",
+        "cortiq serve: model '{}' ({}, {} layers) ready in {:.1}s; {} slots x {} ctx, state up to {:.1} MiB per slot ({:.1} MiB in all), prefill chunk {} (up to {} positions a step)",
         app.opts.model_id,
         model.cfg.arch,
         model.layers.len(),
@@ -220,6 +220,7 @@ fn engine_thread(app: Arc<App>, load: Loader, fail: tokio::sync::oneshot::Sender
         per_slot as f64 / (1 << 20) as f64,
         (per_slot * cfg.slots) as f64 / (1 << 20) as f64,
         cfg.prefill_chunk,
+        cfg.prefill_budget.max(cfg.prefill_chunk),
     );
     if let Some(n) = note {
         eprintln!("cortiq serve: {n}");

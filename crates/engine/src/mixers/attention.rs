@@ -2,8 +2,8 @@
 //! an f32 or f16 KV cache, and the sealed O(1) state an `o1` plan turns a cache into at the end
 //! of the prompt (`mixers::nystrom`'s operator). Owns the layer's weights and their loading
 //! (`Attention`), its per-sequence state (`KvState`) and that state's operations (truncate,
-//! reserve, clear, bytes), its forward and the decode batch's (projections over all rows at
-//! once, attention per sequence). The arithmetic is the shared block in `blocks.rs`
+//! reserve, clear, bytes), its forward and the serving batch's (projections over all rows
+//! at once, attention per sequence). The arithmetic is the shared block in `blocks.rs`
 //! (projections, QK-norm, RoPE, the softmax kernels, the O(1) hook), which MTP layers reuse.
 
 use half::f16;
@@ -12,7 +12,7 @@ use crate::blocks::{AttentionWeights, attention, attention_core, attn_output, at
 use crate::config::{LayerSpec, ModelConfig};
 use crate::error::Result;
 use crate::mixers::nystrom::O1Layer;
-use crate::mixers::{Env, Mixer, MixerState, Seq};
+use crate::mixers::{Env, Mixer, MixerState, Seq, segments_apart};
 use crate::o1::Serve;
 use crate::qtensor::QTensor;
 use crate::state::{LayerState, StateBytes};
@@ -85,41 +85,36 @@ impl Mixer for Attention {
         attention(cfg, &self.w, &cfg.ropes[self.rope], self.window, h, n, seq.pos0, kv, env.num, seq.lc, seq.o1, trace)
     }
 
-    /// The input and output projections run over all rows at once (each row on the decode
-    /// path, `QTensor::matvec_rows`), the attention itself per sequence on its own cache.
-    fn forward_rows(&self, env: &Env, h: &[f32], rows: Vec<Seq<'_>>) -> Result<Vec<f32>> {
+    /// The input and output projections run over the rows of every segment at once when they
+    /// are row-wise for its chunks (`QTensor::rowwise`: each row on the decode path, as the
+    /// segment alone would have it), the attention itself per sequence on its own cache;
+    /// otherwise the segments run apart.
+    fn forward_segments(&self, env: &Env, h: &[f32], segs: Vec<(Seq<'_>, usize)>) -> Result<Vec<f32>> {
+        let n_max = segs.iter().map(|(_, n)| *n).max().unwrap_or(0);
+        let w = &self.w;
+        if segs.len() == 1 || ![&w.wq, &w.wk, &w.wv, &w.wo].iter().all(|m| m.rowwise(n_max)) {
+            return segments_apart(self, env, h, segs);
+        }
         let cfg = env.cfg;
-        let kb = rows.len();
-        let (q, k, v) = attn_project(&self.w, h, kb, true); // [kb, wq.rows], [kb, kv_dim] x2
-        let (qr, kvr) = (self.w.wq.rows, self.w.wk.rows);
-        let mut o = Vec::with_capacity(kb * cfg.q_dim()); // [kb, n_heads, head_dim]
-        let mut gate = Vec::new(); // [kb, n_heads, head_dim] when gated
-        for (i, seq) in rows.into_iter().enumerate() {
+        let total: usize = segs.iter().map(|(_, n)| n).sum();
+        let (q, k, v) = attn_project(w, h, total, true); // [total, wq.rows], [total, kv_dim] x2
+        let (qr, kvr) = (w.wq.rows, w.wk.rows);
+        let mut o = Vec::with_capacity(total * cfg.q_dim()); // [total, n_heads, head_dim]
+        let mut gate = Vec::new(); // [total, n_heads, head_dim] when gated
+        let mut r0 = 0;
+        for (seq, n) in segs {
             let kv = &mut seq.state.of::<KvState>().cache;
-            let (qi, ki, vi) =
-                (q[i * qr..(i + 1) * qr].to_vec(), k[i * kvr..(i + 1) * kvr].to_vec(), v[i * kvr..(i + 1) * kvr].to_vec());
+            let (r, e) = (r0, r0 + n);
+            let (qi, ki, vi) = (q[r * qr..e * qr].to_vec(), k[r * kvr..e * kvr].to_vec(), v[r * kvr..e * kvr].to_vec());
             let rope = &cfg.ropes[self.rope];
-            let (oi, gi) = attention_core(
-                cfg,
-                &self.w,
-                rope,
-                self.window,
-                qi,
-                ki,
-                vi,
-                1,
-                seq.pos0,
-                kv,
-                env.num,
-                seq.lc,
-                seq.o1,
-                &mut |_, _| {},
-            )?;
+            let (oi, gi) =
+                attention_core(cfg, w, rope, self.window, qi, ki, vi, n, seq.pos0, kv, env.num, seq.lc, seq.o1, &mut |_, _| {})?;
             o.extend_from_slice(&oi);
             gate.extend_from_slice(gi.as_deref().unwrap_or(&[]));
+            r0 = e;
         }
         let gate = (!gate.is_empty()).then_some(&gate[..]);
-        Ok(attn_output(cfg, &self.w, o, gate, kb, true, &mut |_, _| {}))
+        Ok(attn_output(cfg, w, o, gate, total, true, &mut |_, _| {}))
     }
 }
 

@@ -124,6 +124,54 @@ pub trait Mixer: Any + Send + Sync {
         }
         Ok(out)
     }
+
+    /// Several sequences' chunks in one step (the serving core's batch, `Model::forward_batch`):
+    /// h [Σ n_i, d_model] holds the rows of `segs[0]` first, then those of `segs[1]`, ...;
+    /// `segs[i]` is (its side, n_i ≥ 1 positions) -> [Σ n_i, d_model], each segment's rows
+    /// bit-identical to `forward(.., n_i, ..)` alone. By default the one-position segments go
+    /// through `forward_rows` together and the longer ones run alone (`segments_apart`); a mixer
+    /// whose projections are row-wise over chunks (`QTensor::rowwise`) merges them all.
+    fn forward_segments(&self, env: &Env, h: &[f32], segs: Vec<(Seq<'_>, usize)>) -> Result<Vec<f32>> {
+        segments_apart(self, env, h, segs)
+    }
+}
+
+/// `Mixer::forward_segments` without merging the chunks: a lone segment takes `forward`, the
+/// one-position segments `forward_rows` together, each longer one `forward` alone.
+pub fn segments_apart<M: Mixer + ?Sized>(m: &M, env: &Env, h: &[f32], segs: Vec<(Seq<'_>, usize)>) -> Result<Vec<f32>> {
+    let d = env.cfg.d_model;
+    let noop = &mut |_: &str, _: &[f32]| {};
+    if segs.len() == 1 {
+        let (seq, n) = segs.into_iter().next().expect("one segment");
+        return m.forward(env, h, n, seq, noop);
+    }
+    if segs.iter().all(|(_, n)| *n == 1) {
+        return m.forward_rows(env, h, segs.into_iter().map(|(s, _)| s).collect());
+    }
+    let mut out = vec![0f32; h.len()]; // [Σ n_i, d_model]
+    let (mut singles, mut single_at, mut hs) = (Vec::new(), Vec::new(), Vec::new());
+    let mut r0 = 0;
+    for (seq, n) in segs {
+        let rows = r0 * d..(r0 + n) * d;
+        if n == 1 {
+            singles.push(seq);
+            single_at.push(r0);
+            hs.extend_from_slice(&h[rows]);
+        } else {
+            let o = m.forward(env, &h[rows.clone()], n, seq, noop)?;
+            out[rows].copy_from_slice(&o);
+        }
+        r0 += n;
+    }
+    let o = match singles.len() {
+        0 => Vec::new(),
+        1 => m.forward(env, &hs, 1, singles.pop().expect("one"), noop)?,
+        _ => m.forward_rows(env, &hs, singles)?,
+    };
+    for (row, &at) in o.chunks_exact(d).zip(&single_at) {
+        out[at * d..(at + 1) * d].copy_from_slice(row);
+    }
+    Ok(out)
 }
 
 impl dyn Mixer {
