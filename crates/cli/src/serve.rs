@@ -46,6 +46,10 @@ pub struct ServeArgs {
     /// weight pass as the running streams' tokens; a long prompt still takes one chunk a step.
     #[arg(long, default_value_t = 64)]
     pub prefill_budget: usize,
+    /// Milliseconds the first request after an idle spell waits for others sent with it, so a
+    /// burst of requests starts decoding together (0: never wait).
+    #[arg(long, default_value_t = 3.0)]
+    pub batch_wait_ms: f64,
     /// Seconds a request may run (queue wait included) before it ends with a timeout error
     /// (0 = no limit).
     #[arg(long, default_value_t = 600)]
@@ -72,6 +76,9 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
     if a.prefill_chunk == 0 {
         bail!("--prefill-chunk must be at least 1");
     }
+    if !(a.batch_wait_ms >= 0.0 && a.batch_wait_ms <= 1000.0) {
+        bail!("--batch-wait-ms must be between 0 and 1000, got {}", a.batch_wait_ms);
+    }
     if !(a.sse_ping > 0.0 && a.sse_ping.is_finite()) {
         bail!("--sse-ping must be a positive number of seconds, got {}", a.sse_ping);
     }
@@ -89,6 +96,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
             queue: a.queue,
             prefill_chunk: a.prefill_chunk,
             prefill_budget: a.prefill_budget,
+            gather: Duration::from_secs_f64(a.batch_wait_ms / 1000.0),
             timeout: (a.timeout > 0).then(|| Duration::from_secs(a.timeout)),
         },
         body_limit: a.max_body_mb.max(1) << 20,

@@ -18,9 +18,10 @@
 //! One step: drop cancelled or timed-out work, admit queued requests into free slots, then one
 //! forward over every slot that has a token to decode and the next prompt chunk of each
 //! prefilling slot, oldest first, while their positions fit `prefill_budget` (the oldest
-//! always goes) — continuous batching: the weights stream once for the decode rows and the
+//! always goes; with no stream running, every prefilling slot goes) — continuous batching: the weights stream once for the decode rows and the
 //! prompt rows together. A running stream thus waits at most one step of its neighbours'
-//! decode rows plus `prefill_budget` prompt positions between two tokens.
+//! decode rows plus `prefill_budget` prompt positions between two tokens. After an idle
+//! spell the first request waits up to `gather` for the others of its burst.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -50,6 +51,9 @@ pub struct SchedConfig {
     /// Prompt positions per step over all prefilling slots (raised to `prefill_chunk`): several
     /// short prompts start in one step, while a step stays bounded for the running streams.
     pub prefill_budget: usize,
+    /// How long the first request after an idle spell waits for others sent with it (0: not
+    /// at all), so that a burst starts in one step.
+    pub gather: Duration,
     /// A request still running this long after it was submitted ends with an error.
     pub timeout: Option<Duration>,
 }
@@ -275,10 +279,25 @@ impl Handle {
             // Wait for work; admit what fits.
             {
                 let mut q = self.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
+                let mut idle = false;
                 while q.items.is_empty() && slots.iter().all(Option::is_none) && !q.shutdown {
+                    idle = true;
                     rate.idle();
                     self.inner.counters.tok_per_s_milli.store(0, Ordering::Relaxed);
                     q = self.inner.wake.wait(q).unwrap_or_else(|e| e.into_inner());
+                }
+                // Work after idling: requests sent together (parallel calls, n > 1 split by a
+                // client) reach the queue a few milliseconds apart; gather them for up to
+                // `gather`, so that they start in one step instead of one step each.
+                if idle && !cfg.gather.is_zero() {
+                    let until = Instant::now() + cfg.gather;
+                    while q.items.len() < cfg.slots && !q.shutdown {
+                        let left = until.saturating_duration_since(Instant::now());
+                        if left.is_zero() {
+                            break;
+                        }
+                        q = self.inner.wake.wait_timeout(q, left).unwrap_or_else(|e| e.into_inner()).0;
+                    }
                 }
                 if q.shutdown && q.items.is_empty() && slots.iter().all(Option::is_none) {
                     return;
@@ -364,7 +383,9 @@ impl Handle {
             .collect();
         prefilling.sort_unstable();
         let chunk = cfg.prefill_chunk.max(1);
-        let mut budget = cfg.prefill_budget.max(chunk);
+        // The budget bounds the running streams' wait; with none running, every prefilling
+        // slot takes its next chunk.
+        let mut budget = if plan.is_empty() { usize::MAX } else { cfg.prefill_budget.max(chunk) };
         for (k, &(_, si)) in prefilling.iter().enumerate() {
             let s = slots[si].as_ref().expect("a prefilling slot");
             let Phase::Prefill { done } = s.phase else { unreachable!("listed as prefilling") };

@@ -95,6 +95,7 @@ fn sched_equals_generate_alone_and_under_load() {
             queue: 16,
             prefill_chunk: chunk,
             prefill_budget: 2 * chunk,
+            gather: Duration::from_millis(1),
             timeout: None,
         });
         let (m2, t2, h2) = (model.clone(), tok.clone(), h.clone());
@@ -127,7 +128,15 @@ fn sched_cancel_queue_and_context() {
     let loaded = load(&fixture("qwen3_5")).unwrap();
     let model = Arc::new(loaded.model);
     let tok = Arc::new(loaded_tokenizer());
-    let h = Handle::new(SchedConfig { slots: 1, n_ctx: 64, queue: 1, prefill_chunk: 4, prefill_budget: 4, timeout: None });
+    let h = Handle::new(SchedConfig {
+        slots: 1,
+        n_ctx: 64,
+        queue: 1,
+        prefill_chunk: 4,
+        prefill_budget: 4,
+        gather: Duration::from_millis(2),
+        timeout: None,
+    });
     let (m2, t2, h2) = (model.clone(), tok.clone(), h.clone());
     let engine = std::thread::spawn(move || h2.run(&m2, &t2));
     let (tx, rx) = mpsc::channel();
