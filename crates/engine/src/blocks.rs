@@ -167,48 +167,7 @@ pub fn attention_core(
 ) -> Result<(Vec<f32>, Option<Vec<f32>>)> {
     let (hd, nh, nkv) = (cfg.head_dim, cfg.n_heads, cfg.n_kv_heads);
     let (q_dim, kv_dim) = (cfg.q_dim(), cfg.kv_dim());
-    let gate = if cfg.attn_gate {
-        let mut qs = vec![0f32; n * q_dim]; // [n, n_heads, head_dim]
-        let mut g = vec![0f32; n * q_dim]; // [n, n_heads, head_dim]
-        for (src, (qd, gd)) in q.chunks(2 * hd).zip(qs.chunks_mut(hd).zip(g.chunks_mut(hd))) {
-            qd.copy_from_slice(&src[..hd]);
-            gd.copy_from_slice(&src[hd..]);
-        }
-        q = qs;
-        Some(g)
-    } else {
-        None
-    };
-    if let Some(b) = &w.bq {
-        add_bias(&mut q, b);
-    }
-    if let Some(b) = &w.bk {
-        add_bias(&mut k, b);
-    }
-    if let Some(b) = &w.bv {
-        add_bias(&mut v, b);
-    }
-    if let Some(g) = &w.q_norm {
-        rmsnorm_segments_in(num, &mut q, g, cfg.norm_eps);
-    }
-    if let Some(g) = &w.k_norm {
-        rmsnorm_segments_in(num, &mut k, g, cfg.norm_eps);
-    }
-    let rope_span = profile::span(Op::Rope);
-    let ggml_tables = if num == Numerics::LlamaCpp { rope_tables_ggml(rope_cfg, pos0, n) } else { None };
-    let (cos, sin) = ggml_tables.unwrap_or_else(|| rope_cfg.tables(pos0, n)); // [n, rot_dim/2] each
-    let half = rope_cfg.rot_dim / 2;
-    for i in 0..n {
-        let (c, s) = (&cos[i * half..(i + 1) * half], &sin[i * half..(i + 1) * half]);
-        let rot: fn(&mut [f32], &[f32], &[f32], RopeStyle) = if num == Numerics::LlamaCpp { rope_ggml } else { rope };
-        for head in q[i * q_dim..(i + 1) * q_dim].chunks_mut(hd) {
-            rot(head, c, s, rope_cfg.style);
-        }
-        for head in k[i * kv_dim..(i + 1) * kv_dim].chunks_mut(hd) {
-            rot(head, c, s, rope_cfg.style);
-        }
-    }
-    drop(rope_span);
+    let gate = attn_prep(cfg, w, rope_cfg, &mut q, &mut k, &mut v, n, pos0, num);
     trace("q", &q);
     trace("k", &k);
     trace("v", &v);
@@ -315,6 +274,179 @@ pub fn attention_core(
     }
     drop(attn_span);
     Ok((o, gate))
+}
+
+/// Attention's per-position preprocessing of projected q, k, v (n positions from `pos0`): a
+/// gated q_proj's [q | gate] split (the gate returned), the biases, the QK-norms and RoPE, in
+/// place.
+#[allow(clippy::too_many_arguments)]
+fn attn_prep(
+    cfg: &ModelConfig,
+    w: &AttentionWeights,
+    rope_cfg: &Rope,
+    q: &mut Vec<f32>,
+    k: &mut [f32],
+    v: &mut [f32],
+    n: usize,
+    pos0: usize,
+    num: Numerics,
+) -> Option<Vec<f32>> {
+    let hd = cfg.head_dim;
+    let (q_dim, kv_dim) = (cfg.q_dim(), cfg.kv_dim());
+    let gate = if cfg.attn_gate {
+        let mut qs = vec![0f32; n * q_dim]; // [n, n_heads, head_dim]
+        let mut g = vec![0f32; n * q_dim]; // [n, n_heads, head_dim]
+        for (src, (qd, gd)) in q.chunks(2 * hd).zip(qs.chunks_mut(hd).zip(g.chunks_mut(hd))) {
+            qd.copy_from_slice(&src[..hd]);
+            gd.copy_from_slice(&src[hd..]);
+        }
+        *q = qs;
+        Some(g)
+    } else {
+        None
+    };
+    if let Some(b) = &w.bq {
+        add_bias(q, b);
+    }
+    if let Some(b) = &w.bk {
+        add_bias(k, b);
+    }
+    if let Some(b) = &w.bv {
+        add_bias(v, b);
+    }
+    if let Some(g) = &w.q_norm {
+        rmsnorm_segments_in(num, q, g, cfg.norm_eps);
+    }
+    if let Some(g) = &w.k_norm {
+        rmsnorm_segments_in(num, k, g, cfg.norm_eps);
+    }
+    let rope_span = profile::span(Op::Rope);
+    let ggml_tables = if num == Numerics::LlamaCpp { rope_tables_ggml(rope_cfg, pos0, n) } else { None };
+    let (cos, sin) = ggml_tables.unwrap_or_else(|| rope_cfg.tables(pos0, n)); // [n, rot_dim/2] each
+    let half = rope_cfg.rot_dim / 2;
+    for i in 0..n {
+        let (c, s) = (&cos[i * half..(i + 1) * half], &sin[i * half..(i + 1) * half]);
+        let rot: fn(&mut [f32], &[f32], &[f32], RopeStyle) = if num == Numerics::LlamaCpp { rope_ggml } else { rope };
+        for head in q[i * q_dim..(i + 1) * q_dim].chunks_mut(hd) {
+            rot(head, c, s, rope_cfg.style);
+        }
+        for head in k[i * kv_dim..(i + 1) * kv_dim].chunks_mut(hd) {
+            rot(head, c, s, rope_cfg.style);
+        }
+    }
+    drop(rope_span);
+    gate
+}
+
+/// One sequence of `attention_rows`: its next position, its cache and its O(1) hook.
+pub struct DecodeSeq<'a, 'b> {
+    pub pos0: usize,
+    pub kv: &'a mut Cache,
+    pub o1: &'a AttnO1<'b>,
+}
+
+/// One decode position of each of several sequences (the serving batch): q [kb, wq.rows], k, v
+/// [kb, kv_dim] projected, `seqs[i]` row i's sequence -> (o [kb, n_heads, head_dim], the gate
+/// of a gated q_proj), row i bit-identical to `attention_core(.., n = 1, ..)` on that sequence
+/// alone: the same preprocessing and cache append, then every sequence's heads in one pool
+/// dispatch (a work item per kv group of a sequence, or per head where the lone step would take
+/// heads one by one) instead of one dispatch per sequence. None, with nothing touched, where a
+/// sequence needs another path (a sealed O(1) state or a planned O(1) layer, llama.cpp
+/// numerics): the caller then runs `attention_core` per sequence.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_rows(
+    cfg: &ModelConfig,
+    w: &AttentionWeights,
+    rope_cfg: &Rope,
+    window: Option<usize>,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    num: Numerics,
+    seqs: &mut [DecodeSeq<'_, '_>],
+) -> Option<(Vec<f32>, Option<Vec<f32>>)> {
+    let plain = |s: &DecodeSeq| !matches!(s.kv, Cache::O1(_)) && matches!(s.o1, AttnO1::Off | AttnO1::Stats(_));
+    if num == Numerics::LlamaCpp || !seqs.iter().all(plain) {
+        return None;
+    }
+    let (hd, nh, nkv) = (cfg.head_dim, cfg.n_heads, cfg.n_kv_heads);
+    let (q_dim, kv_dim, qr) = (cfg.q_dim(), cfg.kv_dim(), w.wq.rows);
+    let group = nh / nkv;
+    let visible = |p: usize| match window {
+        Some(wn) => (p + 1).saturating_sub(wn),
+        None => 0,
+    };
+    let mut qs = Vec::with_capacity(seqs.len() * q_dim); // [kb, n_heads, head_dim]
+    let mut gates = Vec::new(); // [kb, n_heads, head_dim] when gated
+    for (i, s) in seqs.iter_mut().enumerate() {
+        let (mut qi, mut ki, mut vi) = (
+            q[i * qr..(i + 1) * qr].to_vec(),
+            k[i * kv_dim..(i + 1) * kv_dim].to_vec(),
+            v[i * kv_dim..(i + 1) * kv_dim].to_vec(),
+        );
+        let g = attn_prep(cfg, w, rope_cfg, &mut qi, &mut ki, &mut vi, 1, s.pos0, num);
+        match &mut *s.kv {
+            Cache::Kv { k: kc, v: vc } => {
+                kc.extend_from_slice(&ki);
+                vc.extend_from_slice(&vi);
+            }
+            Cache::KvF16 { k: kc, v: vc } => {
+                kc.extend(ki.iter().map(|&x| f16::from_f32(x)));
+                vc.extend(vi.iter().map(|&x| f16::from_f32(x)));
+            }
+            Cache::O1(_) => unreachable!("checked above"),
+        }
+        qs.extend_from_slice(&qi);
+        gates.extend(g.unwrap_or_default());
+    }
+    let _s = profile::span(Op::Attention);
+    // Each sequence's visible keys (an f16 cache widened over them, as alone) and loop context.
+    let spans: Vec<(AttnCtx, Cow<[f32]>, Cow<[f32]>, bool)> = seqs
+        .iter()
+        .map(|s| {
+            let lo = visible(s.pos0);
+            let (kc, vc): (Cow<[f32]>, Cow<[f32]>) = match &*s.kv {
+                Cache::Kv { k, v } => (Cow::Borrowed(&k[lo * kv_dim..]), Cow::Borrowed(&v[lo * kv_dim..])),
+                Cache::KvF16 { k, v } => (
+                    Cow::Owned(k[lo * kv_dim..].iter().map(|x| x.to_f32()).collect()),
+                    Cow::Owned(v[lo * kv_dim..].iter().map(|x| x.to_f32()).collect()),
+                ),
+                Cache::O1(_) => unreachable!("checked above"),
+            };
+            let at = AttnCtx {
+                hd,
+                nh,
+                group,
+                kv_dim,
+                q_dim,
+                pos0: s.pos0,
+                lo,
+                scale: cfg.attn_scale,
+                softcap: cfg.attn_logit_softcap,
+                window,
+                fast: num == Numerics::Fast,
+            };
+            // The lone step's choice (`attention_core`): per kv group, or head by head.
+            let grouped = group > 1 && (nh / group >= pool().n_threads() || s.pos0 + 1 - lo >= GROUPED_DECODE_MIN);
+            (at, kc, vc, grouped)
+        })
+        .collect();
+    let mut o = vec![0f32; seqs.len() * q_dim]; // [kb, n_heads, head_dim]
+    // Work items of one kv group's heads (`group` rows of hd): never across two sequences.
+    pool().for_rows_mut_dynamic(&mut o, hd, group, |r0, out| {
+        let (i, h0) = (r0 / nh, r0 % nh);
+        let (at, kc, vc, grouped) = &spans[i];
+        let qi = &qs[i * q_dim..(i + 1) * q_dim];
+        if *grouped {
+            attend_heads(at, &qi[h0 * hd..(h0 + group) * hd], at.pos0, h0 / group, kc, vc, out);
+        } else {
+            for (t, oh) in out.chunks_mut(hd).enumerate() {
+                let h = h0 + t;
+                attend_heads(at, &qi[h * hd..(h + 1) * hd], at.pos0, h / group, kc, vc, oh);
+            }
+        }
+    });
+    Some((o, (!gates.is_empty()).then_some(gates)))
 }
 
 /// The attention block's tail: the gate (gated attention), then the output projection.
@@ -555,19 +687,16 @@ pub struct FfnWeights {
 
 /// Gated FFN: down(act(gate·h) ⊙ up·h). h: [n, d_model] -> [n, d_model].
 pub fn ffn(cfg: &ModelConfig, w: &FfnWeights, h: &[f32], n: usize, num: Numerics) -> Vec<f32> {
+    if n == 1 {
+        // Decode: gate and up share one input quantization and one dispatch (`ffn_rows` of
+        // one row is exactly that path).
+        return ffn_rows(cfg, w, h, 1, num);
+    }
     let ff = w.gate.rows; // the layer's width (an expert's or a shared expert's in MoE layers)
     let mut g = vec![0f32; n * ff]; // [n, d_ff]
     let mut u = vec![0f32; n * ff]; // [n, d_ff]
-    if n == 1 {
-        // Decode: gate and up share one input quantization and one dispatch.
-        let mut gu = vec![0f32; 2 * ff]; // [gate | up]
-        QTensor::matmul_many(&[&w.gate, &w.up], h, 1, &mut gu);
-        g.copy_from_slice(&gu[..ff]);
-        u.copy_from_slice(&gu[ff..]);
-    } else {
-        w.gate.matmul(h, n, &mut g);
-        w.up.matmul(h, n, &mut u);
-    }
+    w.gate.matmul(h, n, &mut g);
+    w.up.matmul(h, n, &mut u);
     gated_rows(cfg, num, &mut g, &u, ff);
     let mut y = vec![0f32; n * cfg.d_model]; // [n, d_model]
     w.down.matmul(&g, n, &mut y);
@@ -576,20 +705,23 @@ pub fn ffn(cfg: &ModelConfig, w: &FfnWeights, h: &[f32], n: usize, num: Numerics
 
 /// g = act(g) * u row by row (each row on its own, whatever n is). g, u: [n, d_ff]
 fn gated_rows(cfg: &ModelConfig, num: Numerics, g: &mut [f32], u: &[f32], ff: usize) {
-    let act = cfg.act.f();
     let _s = profile::span(Op::Activation);
     pool().for_rows_mut(g, ff, NORM_GRAIN, |r0, gs| {
         for (i, gi) in gs.chunks_mut(ff).enumerate() {
-            let ui = &u[(r0 + i) * ff..(r0 + i + 1) * ff];
-            match (num, cfg.act) {
-                (Numerics::Exact, _) => gated_act(gi, ui, act),
-                (Numerics::Fast, Activation::Silu) => gated_act_fast(GatedAct::Silu, gi, ui),
-                (Numerics::Fast, Activation::GeluTanh) => gated_act_fast(GatedAct::GeluTanh, gi, ui),
-                (Numerics::LlamaCpp, Activation::Silu) => swiglu_ggml(gi, ui),
-                (Numerics::LlamaCpp, Activation::GeluTanh) => geglu_ggml(gi, ui),
-            }
+            gated_span(cfg, num, gi, &u[(r0 + i) * ff..(r0 + i + 1) * ff]);
         }
     });
+}
+
+/// One row of `gated_rows`: g = act(g) * u. g, u: [d_ff]
+fn gated_span(cfg: &ModelConfig, num: Numerics, g: &mut [f32], u: &[f32]) {
+    match (num, cfg.act) {
+        (Numerics::Exact, _) => gated_act(g, u, cfg.act.f()),
+        (Numerics::Fast, Activation::Silu) => gated_act_fast(GatedAct::Silu, g, u),
+        (Numerics::Fast, Activation::GeluTanh) => gated_act_fast(GatedAct::GeluTanh, g, u),
+        (Numerics::LlamaCpp, Activation::Silu) => swiglu_ggml(g, u),
+        (Numerics::LlamaCpp, Activation::GeluTanh) => geglu_ggml(g, u),
+    }
 }
 
 /// `ffn` over n independent decode rows (one per sequence of a decode batch): every row gives
@@ -599,12 +731,17 @@ pub fn ffn_rows(cfg: &ModelConfig, w: &FfnWeights, h: &[f32], n: usize, num: Num
     let ff = w.gate.rows;
     let mut gu = vec![0f32; n * 2 * ff]; // [n, gate | up]
     QTensor::matvec_rows_many(&[&w.gate, &w.up], h, n, &mut gu);
-    let (mut g, mut u) = (Vec::with_capacity(n * ff), Vec::with_capacity(n * ff)); // [n, d_ff] each
-    for row in gu.chunks_exact(2 * ff) {
-        g.extend_from_slice(&row[..ff]);
-        u.extend_from_slice(&row[ff..]);
+    // g = act(gate) * up straight out of the fused rows (the gate halves copied once, the up
+    // halves read in place), split as `gated_rows` splits rows.
+    let mut g: Vec<f32> = gu.chunks_exact(2 * ff).flat_map(|r| r[..ff].iter().copied()).collect(); // [n, d_ff]
+    {
+        let _s = profile::span(Op::Activation);
+        pool().for_rows_mut(&mut g, ff, NORM_GRAIN, |r0, gs| {
+            for (i, gi) in gs.chunks_mut(ff).enumerate() {
+                gated_span(cfg, num, gi, &gu[(r0 + i) * 2 * ff + ff..(r0 + i + 1) * 2 * ff]);
+            }
+        });
     }
-    gated_rows(cfg, num, &mut g, &u, ff);
     let mut y = vec![0f32; n * cfg.d_model]; // [n, d_model]
     w.down.matvec_rows(&g, n, &mut y);
     y

@@ -70,8 +70,10 @@ pub fn expf_ggml(x: f32) -> f32 {
     if n.abs() > 192.0 {
         return if n <= 0.0 { 0.0 } else { f32::INFINITY };
     }
-    // _mm512_scalef_ps(j, n) = j * 2^floor(n): one rounding, done in f64 (exact product).
-    (j as f64 * 2f64.powi(n as i32)) as f32
+    // _mm512_scalef_ps(j, n) = j * 2^floor(n): one rounding, done in f64 (exact product);
+    // 2^n (|n| <= 192, so a normal f64) built from its exponent bits rather than by powi.
+    let two_n = f64::from_bits(((n as i64 + 1023) as u64) << 52);
+    (j as f64 * two_n) as f32
 }
 
 /// `gate[i] = silu(gate[i]) * up[i]` as ggml_vec_swiglu_f32 computes it on AVX-512:

@@ -8,7 +8,7 @@
 
 use half::f16;
 
-use crate::blocks::{AttentionWeights, attention, attention_core, attn_output, attn_project};
+use crate::blocks::{AttentionWeights, DecodeSeq, attention, attention_core, attention_rows, attn_output, attn_project};
 use crate::config::{LayerSpec, ModelConfig};
 use crate::error::Result;
 use crate::mixers::nystrom::O1Layer;
@@ -98,6 +98,21 @@ impl Mixer for Attention {
         let cfg = env.cfg;
         let total: usize = segs.iter().map(|(_, n)| n).sum();
         let (q, k, v) = attn_project(w, h, total, true); // [total, wq.rows], [total, kv_dim] x2
+        let mut segs = segs;
+        if segs.iter().all(|(_, n)| *n == 1) {
+            // Decode rows only: every sequence's attention in one dispatch.
+            let rope = &cfg.ropes[self.rope];
+            let done = {
+                let mut rows: Vec<DecodeSeq> = segs
+                    .iter_mut()
+                    .map(|(seq, _)| DecodeSeq { pos0: seq.pos0, kv: &mut seq.state.of::<KvState>().cache, o1: &seq.o1 })
+                    .collect();
+                attention_rows(cfg, w, rope, self.window, &q, &k, &v, env.num, &mut rows)
+            };
+            if let Some((o, gate)) = done {
+                return Ok(attn_output(cfg, w, o, gate.as_deref(), total, true, &mut |_, _| {}));
+            }
+        }
         let (qr, kvr) = (w.wq.rows, w.wk.rows);
         let mut o = Vec::with_capacity(total * cfg.q_dim()); // [total, n_heads, head_dim]
         let mut gate = Vec::new(); // [total, n_heads, head_dim] when gated
