@@ -338,6 +338,15 @@ fn attn_prep(
     gate
 }
 
+/// One sequence's side of `attention_rows`' dispatch: its loop context, its visible keys and
+/// values, and whether its lone step would attend per kv group.
+struct SeqSpan<'a> {
+    at: AttnCtx,
+    kc: Cow<'a, [f32]>,
+    vc: Cow<'a, [f32]>,
+    grouped: bool,
+}
+
 /// One sequence of `attention_rows`: its next position, its cache and its O(1) hook.
 pub struct DecodeSeq<'a, 'b> {
     pub pos0: usize,
@@ -401,7 +410,7 @@ pub fn attention_rows(
     }
     let _s = profile::span(Op::Attention);
     // Each sequence's visible keys (an f16 cache widened over them, as alone) and loop context.
-    let spans: Vec<(AttnCtx, Cow<[f32]>, Cow<[f32]>, bool)> = seqs
+    let spans: Vec<SeqSpan> = seqs
         .iter()
         .map(|s| {
             let lo = visible(s.pos0);
@@ -428,14 +437,14 @@ pub fn attention_rows(
             };
             // The lone step's choice (`attention_core`): per kv group, or head by head.
             let grouped = group > 1 && (nh / group >= pool().n_threads() || s.pos0 + 1 - lo >= GROUPED_DECODE_MIN);
-            (at, kc, vc, grouped)
+            SeqSpan { at, kc, vc, grouped }
         })
         .collect();
     let mut o = vec![0f32; seqs.len() * q_dim]; // [kb, n_heads, head_dim]
     // Work items of one kv group's heads (`group` rows of hd): never across two sequences.
     pool().for_rows_mut_dynamic(&mut o, hd, group, |r0, out| {
         let (i, h0) = (r0 / nh, r0 % nh);
-        let (at, kc, vc, grouped) = &spans[i];
+        let SeqSpan { at, kc, vc, grouped } = &spans[i];
         let qi = &qs[i * q_dim..(i + 1) * q_dim];
         if *grouped {
             attend_heads(at, &qi[h0 * hd..(h0 + group) * hd], at.pos0, h0 / group, kc, vc, out);
