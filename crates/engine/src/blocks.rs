@@ -742,7 +742,10 @@ pub fn ffn_rows(cfg: &ModelConfig, w: &FfnWeights, h: &[f32], n: usize, num: Num
     QTensor::matvec_rows_many(&[&w.gate, &w.up], h, n, &mut gu);
     // g = act(gate) * up straight out of the fused rows (the gate halves copied once, the up
     // halves read in place), split as `gated_rows` splits rows.
-    let mut g: Vec<f32> = gu.chunks_exact(2 * ff).flat_map(|r| r[..ff].iter().copied()).collect(); // [n, d_ff]
+    let mut g = Vec::with_capacity(n * ff); // [n, d_ff]
+    for r in gu.chunks_exact(2 * ff) {
+        g.extend_from_slice(&r[..ff]);
+    }
     {
         let _s = profile::span(Op::Activation);
         pool().for_rows_mut(&mut g, ff, NORM_GRAIN, |r0, gs| {

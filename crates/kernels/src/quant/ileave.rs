@@ -95,9 +95,12 @@ pub(super) fn groups(
     ys: &mut [&mut [f32]],
     mut one: impl FnMut(&[u8], Ahead, &mut PassOut),
 ) {
+    // One result buffer for every group: each kernel call writes out[j] whole for the j < kk
+    // it computes, the only rows read back (a fresh zeroed buffer per group was a 512-byte
+    // memset call per 16 rows, ~1% of a decode step).
+    let mut out = [[0f32; IL_ROWS]; PASS_COLS];
     for g in g0..g1 {
         let ahead = if j0 == 0 { Ahead { w: packed, at: g * gb } } else { Ahead { w: &[], at: 0 } };
-        let mut out = [[0f32; IL_ROWS]; PASS_COLS];
         one(&packed[g * gb..(g + 1) * gb], ahead, &mut out);
         for (j, o) in out.iter().enumerate().take(kk) {
             ys[j0 + j][g * IL_ROWS..(g + 1) * IL_ROWS].copy_from_slice(o);
