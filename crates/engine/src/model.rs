@@ -412,7 +412,15 @@ impl Model {
                 }
             }
         }
-        Ok(outs.into_iter().flat_map(|o| o.expect("every entry ran")).collect())
+        let mut outs = outs.into_iter().map(|o| o.expect("every entry ran"));
+        if batch.len() == 1 {
+            return Ok(outs.next().expect("one entry")); // a lone entry's own logits, no copy
+        }
+        let mut all = Vec::new();
+        for o in outs {
+            all.extend_from_slice(&o);
+        }
+        Ok(all)
     }
 
     /// The LM head over independent rows x [k, d_model] (each one position's) -> [k, vocab],
