@@ -174,6 +174,46 @@ fn sched_cancel_queue_and_context() {
     engine.join().unwrap();
 }
 
+/// A burst after an idle spell starts in one step: three requests submitted 30 ms apart (as
+/// three HTTP handlers might), within the gather window, all begin decoding together, so every decode step carries all
+/// three rows. The request sent alone afterwards still runs (it waits at most the window).
+#[test]
+fn sched_gathers_a_burst_into_one_step() {
+    let model = Arc::new(load(&fixture("llama")).unwrap().model);
+    let tok = Arc::new(loaded_tokenizer());
+    let h = Handle::new(SchedConfig {
+        slots: 4,
+        n_ctx: 128,
+        queue: 8,
+        prefill_chunk: 8,
+        prefill_budget: 8,
+        gather: Duration::from_millis(200),
+        timeout: None,
+    });
+    let (m2, t2, h2) = (model.clone(), tok.clone(), h.clone());
+    let engine = std::thread::spawn(move || h2.run(&m2, &t2));
+    let (tx, rx) = mpsc::channel();
+    let open = Arc::new(AtomicBool::new(false));
+    while !h.is_ready() {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(20)); // the engine waits for work, idle
+    for i in 0..3u64 {
+        h.submit(vec![request(vec![3 + i as u32; 6], i, 5, &tx, &open)]).unwrap();
+        // Time enough for the engine to wake and step (µs on this fixture) if it did not wait.
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    assert_eq!(collect(&rx, 3).len(), 3);
+    let c = h.counters();
+    let (steps, rows) = (c.decode_steps.load(Ordering::Relaxed), c.decode_rows.load(Ordering::Relaxed));
+    assert_eq!(rows, 3 * steps, "every decode step held the whole burst ({rows} rows in {steps} steps)");
+    assert_eq!(steps, 4, "5 tokens each: the first from the prompt step, then 4 decode steps together");
+    h.submit(vec![request(vec![9; 3], 7, 2, &tx, &open)]).unwrap();
+    assert_eq!(collect(&rx, 1)[0].1.len(), 2);
+    h.shutdown();
+    engine.join().unwrap();
+}
+
 fn loaded_tokenizer() -> cortiq_formats::tokenizer::Tokenizer {
     load(&fixture("qwen3_5")).unwrap().tokenizer().unwrap()
 }
