@@ -349,6 +349,15 @@ impl Model {
     /// plan is before its seal (or checks) takes its own `forward`, same result. Every token and
     /// context is checked before any state moves; an error names the batch entry.
     pub fn forward_batch(&self, batch: &mut [BatchEntry<'_>]) -> Result<Vec<f32>> {
+        let mut out = Vec::new();
+        self.forward_batch_into(batch, &mut out)?;
+        Ok(out)
+    }
+
+    /// `forward_batch` into `out` (replaced): a buffer kept from step to step, so that the LM
+    /// head's rows (megabytes at a 150k vocabulary) are not zeroed again before every step's
+    /// product overwrites them.
+    pub fn forward_batch_into(&self, batch: &mut [BatchEntry<'_>], out: &mut Vec<f32>) -> Result<()> {
         cortiq_kernels::simd::flush_denormals();
         let entry_err = |j: usize, e: EngineError| EngineError::Batch { entry: j, source: Box::new(e) };
         for (j, e) in batch.iter().enumerate() {
@@ -395,10 +404,11 @@ impl Model {
             }
             let head_rowwise = n_out.iter().all(|&m| m <= 1 || self.output.rowwise(m));
             if head_rowwise {
-                let logits = self.head_rows(&rows); // [Σ n_out, vocab]
+                self.head_rows(&rows, out); // [Σ n_out, vocab]
                 if merged.len() == batch.len() {
-                    return Ok(logits); // every entry merged, in order
+                    return Ok(()); // every entry merged, in order
                 }
+                let logits = std::mem::take(out);
                 let mut at = 0;
                 for (&j, &m) in merged.iter().zip(&n_out) {
                     outs[j] = Some(logits[at * vocab..(at + m) * vocab].to_vec());
@@ -414,31 +424,33 @@ impl Model {
         }
         let mut outs = outs.into_iter().map(|o| o.expect("every entry ran"));
         if batch.len() == 1 {
-            return Ok(outs.next().expect("one entry")); // a lone entry's own logits, no copy
+            *out = outs.next().expect("one entry"); // a lone entry's own logits, no copy
+            return Ok(());
         }
-        let mut all = Vec::new();
+        out.clear();
         for o in outs {
-            all.extend_from_slice(&o);
+            out.extend_from_slice(&o);
         }
-        Ok(all)
+        Ok(())
     }
 
-    /// The LM head over independent rows x [k, d_model] (each one position's) -> [k, vocab],
+    /// The LM head over independent rows x [k, d_model] (each one position's) -> out [k, vocab],
     /// every row as `head` gives it alone: one weight pass for all rows (`matvec_rows`).
-    fn head_rows(&self, x: &[f32]) -> Vec<f32> {
+    fn head_rows(&self, x: &[f32], out: &mut Vec<f32>) {
         let (d, vocab) = (self.cfg.d_model, self.cfg.vocab);
         let k = x.len() / d;
         if k <= 1 {
-            return if k == 0 { Vec::new() } else { self.head(x, &mut |_, _, _| {}) };
+            *out = if k == 0 { Vec::new() } else { self.head(x, &mut |_, _, _| {}) };
+            return;
         }
         let mut normed = vec![0f32; k * d]; // [k, d_model]
         rmsnorm_rows_in(self.numerics, x, &self.output_norm, self.cfg.norm_eps, &mut normed);
-        let mut out = vec![0f32; k * vocab]; // [k, vocab]
-        self.output.matvec_rows(&normed, k, &mut out);
+        // Every value is overwritten by the product: what the buffer held does not matter.
+        out.resize(k * vocab, 0.0); // [k, vocab]
+        self.output.matvec_rows(&normed, k, out);
         if let Some(c) = self.cfg.final_logit_softcap {
-            pool().for_rows_mut(&mut out, 4096, 1, |_, ls| ls.iter_mut().for_each(|l| *l = (*l / c).tanh() * c));
+            pool().for_rows_mut(out, 4096, 1, |_, ls| ls.iter_mut().for_each(|l| *l = (*l / c).tanh() * c));
         }
-        out
     }
 
     /// The speculative pair: `tokens[0]` (accepted) and `tokens[1]` (tentative) at positions

@@ -274,6 +274,7 @@ impl Handle {
         let mut plain = vec![true; cfg.slots];
         let mut rate = Rate::new();
         let mut admitted = 0u64;
+        let mut logits = Vec::new(); // each step's logits rows, the buffer kept between steps
         self.inner.ready.store(true, Ordering::Release);
         loop {
             // Wait for work; admit what fits.
@@ -354,7 +355,7 @@ impl Handle {
             }
             self.inner.counters.busy_slots.store(slots.iter().filter(|s| s.is_some()).count(), Ordering::Relaxed);
 
-            let generated = self.step(model, &cfg, &mut slots, &mut states);
+            let generated = self.step(model, &cfg, &mut slots, &mut states, &mut logits);
             rate.add(generated);
             self.inner.counters.tok_per_s_milli.store((rate.per_second() * 1000.0) as u64, Ordering::Relaxed);
             self.inner.counters.busy_slots.store(slots.iter().filter(|s| s.is_some()).count(), Ordering::Relaxed);
@@ -365,7 +366,14 @@ impl Handle {
     /// the prefilling slots, oldest first, as long as their positions stay within
     /// `prefill_budget` (at least one chunk) — one weight pass for all of it
     /// (`Model::forward_batch`, each entry as if alone). Returns tokens generated.
-    fn step(&self, model: &Model, cfg: &SchedConfig, slots: &mut [Option<Slot<'_>>], states: &mut [SeqState]) -> usize {
+    fn step(
+        &self,
+        model: &Model,
+        cfg: &SchedConfig,
+        slots: &mut [Option<Slot<'_>>],
+        states: &mut [SeqState],
+        logits: &mut Vec<f32>,
+    ) -> usize {
         // What each slot runs: (slot, tokens, prompt chunk end if it is a chunk).
         let mut plan: Vec<(usize, Vec<u32>, Option<usize>)> = Vec::new();
         for (si, s) in slots.iter().enumerate() {
@@ -415,11 +423,11 @@ impl Handle {
                 let state = states_of.find(|(i, _)| i == si).map(|(_, st)| st).expect("slot order ascends");
                 batch.push(BatchEntry { tokens: toks, state, want });
             }
-            model.forward_batch(&mut batch)
+            model.forward_batch_into(&mut batch, logits)
         };
         let c = &self.inner.counters;
-        let logits = match result {
-            Ok(l) => l,
+        match result {
+            Ok(()) => {}
             Err(e) => {
                 // Nothing in the batch moved; the entry at fault ends, the others retry.
                 let (entry, msg) = match &e {
@@ -435,7 +443,7 @@ impl Handle {
                 }
                 return 0;
             }
-        };
+        }
         let n_decode = plan.iter().filter(|p| p.2.is_none()).count();
         if n_decode > 0 {
             c.decode_steps.fetch_add(1, Ordering::Relaxed);
@@ -453,7 +461,7 @@ impl Handle {
             idx.push(*si);
         }
         let vocab = model.cfg.vocab;
-        let drawn = presample(slots, &idx, &logits, vocab);
+        let drawn = presample(slots, &idx, logits, vocab);
         let mut n = 0;
         for (i, &si) in idx.iter().enumerate() {
             let row = &logits[i * vocab..(i + 1) * vocab];
