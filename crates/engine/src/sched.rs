@@ -544,12 +544,12 @@ impl Handle {
     }
 }
 
-/// Draws the next token of every decode-batch slot whose row needs no adjustment (no logit
+/// Draws the next token of every slot of the step whose row needs no adjustment (no logit
 /// bias, no constraint) over the pool, one slot per task: a stochastic draw over a large
-/// vocabulary costs ~100-500 µs, and the batch's slots are independent. Each slot's sampler
-/// makes the same call on the same row as `take_token` would, so its RNG and its tokens are
-/// the same. `drawn[i]` is None for the slots left to `take_token` (adjusted rows, greedy rows —
-/// an argmax is cheaper than a dispatch — or a batch of one).
+/// vocabulary costs ~100-500 µs and a greedy one (two passes over the row) ~30-40 µs, and the
+/// step's slots are independent. Each slot's sampler makes the same call on the same row as
+/// `take_token` would, so its RNG and its tokens are the same. `drawn[i]` is None for the slots
+/// left to `take_token` (adjusted rows, or a step with one such row: not worth a dispatch).
 fn presample(slots: &mut [Option<Slot<'_>>], idx: &[usize], logits: &[f32], vocab: usize) -> Vec<Option<u32>> {
     let mut drawn = vec![None; idx.len()];
     struct Job<'a> {
@@ -568,7 +568,7 @@ fn presample(slots: &mut [Option<Slot<'_>>], idx: &[usize], logits: &[f32], voca
         rest = after;
         base = si + 1;
         let Some(s) = slot else { continue };
-        if !s.req.logit_bias.is_empty() || s.req.constraint.is_some() || s.sampler.params().is_greedy() {
+        if !s.req.logit_bias.is_empty() || s.req.constraint.is_some() {
             continue;
         }
         jobs.push(Job { sampler: &mut s.sampler, history: &s.history, row: &logits[i * vocab..(i + 1) * vocab], out });
