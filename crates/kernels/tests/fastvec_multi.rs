@@ -23,10 +23,17 @@ fn random_rows(ty: QuantType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8
         let d = f16::from_f32(0.002 + 0.02 * rng.f().abs()).to_le_bytes();
         let m = f16::from_f32(0.05 * rng.f()).to_le_bytes();
         match ty {
-            QuantType::Q4K | QuantType::Q5K | QuantType::Q2K => {
+            QuantType::Q4K | QuantType::Q5K => {
                 blk[..2].copy_from_slice(&d);
                 blk[2..4].copy_from_slice(&m);
             }
+            // Q2_K: 16 scale bytes and 64 quant bytes, then d and dmin.
+            QuantType::Q2K => {
+                blk[80..82].copy_from_slice(&d);
+                blk[82..84].copy_from_slice(&m);
+            }
+            // Q3_K: 32 high-bit bytes, 64 quant bytes and 12 scale bytes, then d.
+            QuantType::Q3K => blk[bb - 2..].copy_from_slice(&d),
             QuantType::Q6K => blk[bb - 2..].copy_from_slice(&d),
             QuantType::Q4_1 | QuantType::Q5_1 => {
                 blk[..2].copy_from_slice(&d);
@@ -78,6 +85,10 @@ fn every_column_equals_the_single_row_kernel_bit_for_bit() {
         (QuantType::Q5_1, &[32, 64, 160, 576]),
         (QuantType::Q5_0, &[32, 96, 640, 896]),
         (QuantType::Q8_0, &[32, 96, 896]),
+        // The cache-tiled per-column fallback (no multi-column kernel of their own yet).
+        (QuantType::Q2K, &[256, 1024]),
+        (QuantType::Q3K, &[256, 1024]),
+        (QuantType::Q5K, &[256, 1024]),
     ];
     let mut checked = 0;
     for (ty, colss) in types {

@@ -210,8 +210,10 @@ pub fn matvec_fast_scalar(ty: QuantType, w: &[u8], rows: usize, cols: usize, act
 /// `k` and the other columns are: a sequence's result must not depend on what runs beside it.
 /// Q4_K reads each weight block once for up to 8 columns (`fastk::matvec_q4k_multi`), and so do
 /// Q8_0, Q4_0, Q5_0 and Q6_K in ggml's order (`vecmulti`) and Q4_1 / Q5_1 in cortiq's
-/// (`fastvec_avx512::matvec_multi`); the other types run `matvec_fast` per column for now (same
-/// bits, the weights streamed k times).
+/// (`fastvec_avx512::matvec_multi`); the other types (Q2_K, Q3_K, Q5_K, ...) run `matvec_fast`
+/// per column over tiles of `MULTI_TILE_ROWS` rows (same bits: each row's dot product is its
+/// own): a tile's bytes stay in L1/L2 while every column passes, so memory streams the matrix
+/// once and only the unpacking is repeated per column.
 #[track_caller]
 pub fn matvec_fast_multi(ty: QuantType, w: &[u8], rows: usize, cols: usize, acts: &[u8], k: usize, y: &mut [f32]) {
     check_multi("matvec_fast_multi", ty, w, rows, cols, acts, k, y);
@@ -243,7 +245,38 @@ pub fn matvec_fast_multi(ty: QuantType, w: &[u8], rows: usize, cols: usize, acts
             return;
         }
     }
-    per_column(acts, k, rows, y, |a, yj| matvec_fast(ty, w, rows, cols, a, yj));
+    per_column_tiled(ty, w, rows, cols, acts, k, y, matvec_fast);
+}
+
+/// Rows per tile of the per-column fallback: 16 rows of a k-quant at 4096 columns are ~40 KiB.
+const MULTI_TILE_ROWS: usize = 16;
+
+/// y [rows, k] by `f(ty, tile rows, n, cols, activation row j, [n] out)` tile by tile, every
+/// column over a tile before the next tile.
+#[allow(clippy::too_many_arguments)]
+fn per_column_tiled(
+    ty: QuantType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    acts: &[u8],
+    k: usize,
+    y: &mut [f32],
+    f: fn(QuantType, &[u8], usize, usize, &[u8], &mut [f32]),
+) {
+    let rb = w.len() / rows;
+    let ab = acts.len() / k;
+    let mut yj = [0f32; MULTI_TILE_ROWS];
+    for r0 in (0..rows).step_by(MULTI_TILE_ROWS) {
+        let n = MULTI_TILE_ROWS.min(rows - r0);
+        let tile = &w[r0 * rb..(r0 + n) * rb];
+        for (j, a) in acts.chunks_exact(ab).enumerate() {
+            f(ty, tile, n, cols, a, &mut yj[..n]);
+            for (i, &v) in yj[..n].iter().enumerate() {
+                y[(r0 + i) * k + j] = v;
+            }
+        }
+    }
 }
 
 /// The scalar twin of `matvec_fast_multi` (Q4_K: `fastk`'s scalar row per column; Q8_0, Q4_0,
