@@ -248,6 +248,9 @@ pub fn matvec_fast_multi(ty: QuantType, w: &[u8], rows: usize, cols: usize, acts
     per_column_tiled(ty, w, rows, cols, acts, k, y, matvec_fast);
 }
 
+/// A single-column kernel: (type, rows' bytes, rows, cols, activation row, [rows] out).
+type RowsKernel = fn(QuantType, &[u8], usize, usize, &[u8], &mut [f32]);
+
 /// Rows per tile of the per-column fallback: 16 rows of a k-quant at 4096 columns are ~40 KiB.
 const MULTI_TILE_ROWS: usize = 16;
 
@@ -262,7 +265,7 @@ fn per_column_tiled(
     acts: &[u8],
     k: usize,
     y: &mut [f32],
-    f: fn(QuantType, &[u8], usize, usize, &[u8], &mut [f32]),
+    f: RowsKernel,
 ) {
     let rb = w.len() / rows;
     let ab = acts.len() / k;
