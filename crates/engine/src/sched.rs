@@ -18,10 +18,11 @@
 //! One step: drop cancelled or timed-out work, admit queued requests into free slots, then one
 //! forward over every slot that has a token to decode and the next prompt chunk of each
 //! prefilling slot, oldest first, while their positions fit `prefill_budget` (the oldest
-//! always goes; with no stream running, every prefilling slot goes) — continuous batching: the weights stream once for the decode rows and the
-//! prompt rows together. A running stream thus waits at most one step of its neighbours'
-//! decode rows plus `prefill_budget` prompt positions between two tokens. After an idle
-//! spell the first request waits up to `gather` for the others of its burst.
+//! always goes; with no stream running, every prefilling slot goes). That is continuous
+//! batching: the weights stream once for the decode rows and the prompt rows together. A
+//! running stream thus waits at most one step of its neighbours' decode rows plus
+//! `prefill_budget` prompt positions between two tokens. After an idle spell the first
+//! request waits up to `gather` for the others of its burst.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

@@ -257,16 +257,7 @@ const MULTI_TILE_ROWS: usize = 16;
 /// y [rows, k] by `f(ty, tile rows, n, cols, activation row j, [n] out)` tile by tile, every
 /// column over a tile before the next tile.
 #[allow(clippy::too_many_arguments)]
-fn per_column_tiled(
-    ty: QuantType,
-    w: &[u8],
-    rows: usize,
-    cols: usize,
-    acts: &[u8],
-    k: usize,
-    y: &mut [f32],
-    f: RowsKernel,
-) {
+fn per_column_tiled(ty: QuantType, w: &[u8], rows: usize, cols: usize, acts: &[u8], k: usize, y: &mut [f32], f: RowsKernel) {
     let rb = w.len() / rows;
     let ab = acts.len() / k;
     let mut yj = [0f32; MULTI_TILE_ROWS];
