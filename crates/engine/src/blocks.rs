@@ -9,7 +9,6 @@ use cortiq_kernels::act::{GatedAct, gated_act_fast, softmax_fast};
 use cortiq_kernels::attn::{axpy_rows, dot_rows};
 use cortiq_kernels::dot::gemm_nn;
 use cortiq_kernels::ops::{RopeStyle, gated_act, rmsnorm, rmsnorm_inplace, rope, softmax_inplace};
-use half::f16;
 
 use crate::compat::{
     FA_TILE_Q, LlamaCppCtx, Numerics, flash_attn_ggml, flash_attn_ggml_tiled, geglu_ggml, llamacpp_n_kv, rmsnorm_ggml,
@@ -186,17 +185,7 @@ pub fn attention_core(
         }
         return Ok((o, gate));
     }
-    match kv {
-        Cache::Kv { k: kc, v: vc } => {
-            kc.extend_from_slice(&k);
-            vc.extend_from_slice(&v);
-        }
-        Cache::KvF16 { k: kc, v: vc } => {
-            kc.extend(k.iter().map(|&x| f16::from_f32(x)));
-            vc.extend(v.iter().map(|&x| f16::from_f32(x)));
-        }
-        Cache::O1(_) => unreachable!("a sealed state took its streaming step above"),
-    }
+    kv.append(&k, &v);
     match o1 {
         AttnO1::Segments(s) => s.add(pos0, &q),
         AttnO1::Matrix { plan, q_hist, stats } => {
@@ -249,14 +238,7 @@ pub fn attention_core(
         // Positions lo.. are the only ones any query of this chunk sees: an f16 cache is widened
         // over that span alone (a sliding layer's window, not the whole context).
         let lo = visible(pos0);
-        let (kc, vc): (Cow<[f32]>, Cow<[f32]>) = match kv {
-            Cache::Kv { k, v } => (Cow::Borrowed(&k[lo * kv_dim..]), Cow::Borrowed(&v[lo * kv_dim..])),
-            Cache::KvF16 { k, v } => (
-                Cow::Owned(k[lo * kv_dim..].iter().map(|x| x.to_f32()).collect()),
-                Cow::Owned(v[lo * kv_dim..].iter().map(|x| x.to_f32()).collect()),
-            ),
-            Cache::O1(_) => unreachable!("a sealed state took its streaming step above"),
-        };
+        let (kc, vc) = kv.f32_from(lo, kv_dim);
         let (kc, vc) = (&kc[..], &vc[..]);
         let at = AttnCtx { hd, nh, group, kv_dim, q_dim, pos0, lo, scale, softcap, window, fast: num == Numerics::Fast };
         if n >= ATTN_GEMM_MIN {
@@ -394,17 +376,7 @@ pub fn attention_rows(
             v[i * kv_dim..(i + 1) * kv_dim].to_vec(),
         );
         let g = attn_prep(cfg, w, rope_cfg, &mut qi, &mut ki, &mut vi, 1, s.pos0, num);
-        match &mut *s.kv {
-            Cache::Kv { k: kc, v: vc } => {
-                kc.extend_from_slice(&ki);
-                vc.extend_from_slice(&vi);
-            }
-            Cache::KvF16 { k: kc, v: vc } => {
-                kc.extend(ki.iter().map(|&x| f16::from_f32(x)));
-                vc.extend(vi.iter().map(|&x| f16::from_f32(x)));
-            }
-            Cache::O1(_) => unreachable!("checked above"),
-        }
+        s.kv.append(&ki, &vi);
         qs.extend_from_slice(&qi);
         gates.extend(g.unwrap_or_default());
     }
@@ -414,14 +386,7 @@ pub fn attention_rows(
         .iter()
         .map(|s| {
             let lo = visible(s.pos0);
-            let (kc, vc): (Cow<[f32]>, Cow<[f32]>) = match &*s.kv {
-                Cache::Kv { k, v } => (Cow::Borrowed(&k[lo * kv_dim..]), Cow::Borrowed(&v[lo * kv_dim..])),
-                Cache::KvF16 { k, v } => (
-                    Cow::Owned(k[lo * kv_dim..].iter().map(|x| x.to_f32()).collect()),
-                    Cow::Owned(v[lo * kv_dim..].iter().map(|x| x.to_f32()).collect()),
-                ),
-                Cache::O1(_) => unreachable!("checked above"),
-            };
+            let (kc, vc) = s.kv.f32_from(lo, kv_dim);
             let at = AttnCtx {
                 hd,
                 nh,

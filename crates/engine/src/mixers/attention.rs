@@ -6,6 +6,8 @@
 //! at once, attention per sequence). The arithmetic is the shared block in `blocks.rs`
 //! (projections, QK-norm, RoPE, the softmax kernels, the O(1) hook), which MTP layers reuse.
 
+use std::borrow::Cow;
+
 use half::f16;
 
 use crate::blocks::{AttentionWeights, DecodeSeq, attention, attention_core, attention_rows, attn_output, attn_project};
@@ -144,6 +146,37 @@ pub enum Cache {
     /// Sealed at the end of the prompt by an O(1) plan: sinks, a window ring and the Nyström
     /// skeleton's accumulators, constant size.
     O1(Box<O1Layer>),
+}
+
+impl Cache {
+    /// Append positions' keys and values k, v [n, kv_dim] (rounded to f16 for an f16 cache).
+    /// A sealed state takes its streaming step instead; calling this on one is a bug.
+    pub(crate) fn append(&mut self, k: &[f32], v: &[f32]) {
+        match self {
+            Cache::Kv { k: kc, v: vc } => {
+                kc.extend_from_slice(k);
+                vc.extend_from_slice(v);
+            }
+            Cache::KvF16 { k: kc, v: vc } => {
+                kc.extend(k.iter().map(|&x| f16::from_f32(x)));
+                vc.extend(v.iter().map(|&x| f16::from_f32(x)));
+            }
+            Cache::O1(_) => unreachable!("a sealed state takes its streaming step, not an append"),
+        }
+    }
+
+    /// The keys and values of positions lo.. as f32: borrowed from an f32 cache, an f16 one
+    /// widened over that span alone (a sliding layer's window, not the whole context).
+    pub(crate) fn f32_from(&self, lo: usize, kv_dim: usize) -> (Cow<'_, [f32]>, Cow<'_, [f32]>) {
+        match self {
+            Cache::Kv { k, v } => (Cow::Borrowed(&k[lo * kv_dim..]), Cow::Borrowed(&v[lo * kv_dim..])),
+            Cache::KvF16 { k, v } => (
+                Cow::Owned(k[lo * kv_dim..].iter().map(|x| x.to_f32()).collect()),
+                Cow::Owned(v[lo * kv_dim..].iter().map(|x| x.to_f32()).collect()),
+            ),
+            Cache::O1(_) => unreachable!("a sealed state has no cache rows to attend"),
+        }
+    }
 }
 
 /// An attention layer's per-sequence state: the cache, its row width and format (what `clear`
