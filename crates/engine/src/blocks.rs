@@ -705,22 +705,19 @@ pub fn ffn_rows(cfg: &ModelConfig, w: &FfnWeights, h: &[f32], n: usize, num: Num
     let ff = w.gate.rows;
     let mut gu = vec![0f32; n * 2 * ff]; // [n, gate | up]
     QTensor::matvec_rows_many(&[&w.gate, &w.up], h, n, &mut gu);
-    // g = act(gate) * up straight out of the fused rows (the gate halves copied once, the up
-    // halves read in place), split as `gated_rows` splits rows.
-    let mut g = Vec::with_capacity(n * ff); // [n, d_ff]
-    for r in gu.chunks_exact(2 * ff) {
-        g.extend_from_slice(&r[..ff]);
-    }
+    // act(gate) * up in place over each fused row's gate half, split as `gated_rows` splits
+    // rows; the down projection then reads those halves where they are.
     {
         let _s = profile::span(Op::Activation);
-        pool().for_rows_mut(&mut g, ff, NORM_GRAIN, |r0, gs| {
-            for (i, gi) in gs.chunks_mut(ff).enumerate() {
-                gated_span(cfg, num, gi, &gu[(r0 + i) * 2 * ff + ff..(r0 + i + 1) * 2 * ff]);
+        pool().for_rows_mut(&mut gu, 2 * ff, NORM_GRAIN, |_, rows| {
+            for r in rows.chunks_mut(2 * ff) {
+                let (g, u) = r.split_at_mut(ff);
+                gated_span(cfg, num, g, u);
             }
         });
     }
     let mut y = vec![0f32; n * cfg.d_model]; // [n, d_model]
-    w.down.matvec_rows(&g, n, &mut y);
+    w.down.matvec_rows_strided(&gu, 2 * ff, n, &mut y);
     y
 }
 

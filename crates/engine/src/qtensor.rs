@@ -385,15 +385,36 @@ impl QTensor {
     /// `matvec_rows` (and the decode path) gives: a weight row's result does not depend on the
     /// slab it falls in. x: [k, cols]
     pub fn matvec_rows_many(ws: &[&QTensor], x: &[f32], k: usize, y: &mut [f32]) {
-        let (cols, total) = check_many(ws, x, k, y);
+        let (cols, _) = check_many(ws, x, k, y);
+        QTensor::matvec_rows_many_strided(ws, x, cols, k, y);
+    }
+
+    /// `matvec_rows` of rows that lie `stride` values apart in x (row j at x[j·stride..][..cols]:
+    /// the first half of each fused gate|up row, say), each row's value the same as from a
+    /// contiguous copy. y: [k, rows]
+    pub fn matvec_rows_strided(&self, x: &[f32], stride: usize, k: usize, y: &mut [f32]) {
+        assert!(
+            stride >= self.cols && (k == 0 || x.len() >= (k - 1) * stride + self.cols),
+            "{}: strided input too short",
+            self.name
+        );
+        assert_eq!(y.len(), k * self.rows, "{}: output has {} values, expected {k}x{}", self.name, y.len(), self.rows);
+        QTensor::matvec_rows_many_strided(&[self], x, stride, k, y);
+    }
+
+    /// `matvec_rows_many` over rows `stride` values apart (shapes checked by the callers).
+    fn matvec_rows_many_strided(ws: &[&QTensor], x: &[f32], stride: usize, k: usize, y: &mut [f32]) {
+        let cols = ws.first().map_or(0, |w| w.cols);
+        let total: usize = ws.iter().map(|w| w.rows).sum();
         if ws.is_empty() || k == 0 {
             return;
         }
+        let row = |j: usize| &x[j * stride..j * stride + cols];
         let batched = k > 1 && ws.iter().all(|w| w.numerics == Numerics::Fast && w.act().is_some());
         if !batched {
             let mut yj = vec![0f32; total];
-            for (xj, out) in x.chunks_exact(cols).zip(y.chunks_exact_mut(total)) {
-                QTensor::matmul_many(ws, xj, 1, &mut yj);
+            for (j, out) in y.chunks_exact_mut(total).enumerate() {
+                QTensor::matmul_many(ws, row(j), 1, &mut yj);
                 out.copy_from_slice(&yj);
             }
             return;
@@ -408,8 +429,8 @@ impl QTensor {
                     continue;
                 }
                 let mut all = Vec::new();
-                for xj in x.chunks_exact(cols) {
-                    quantize_act(act, xj, &mut q);
+                for j in 0..k {
+                    quantize_act(act, row(j), &mut q);
                     all.extend_from_slice(&q);
                 }
                 acts.push((act, all));
