@@ -87,6 +87,12 @@ impl Mixer for Attention {
         attention(cfg, &self.w, &cfg.ropes[self.rope], self.window, h, n, seq.pos0, kv, env.num, seq.lc, seq.o1, trace)
     }
 
+    /// Decode rows only: the merged path of `forward_segments` (always row-wise for one
+    /// position), so the decode rows of a step whose chunks run apart still share one pass.
+    fn forward_rows(&self, env: &Env, h: &[f32], rows: Vec<Seq<'_>>) -> Result<Vec<f32>> {
+        self.forward_segments(env, h, rows.into_iter().map(|s| (s, 1)).collect())
+    }
+
     /// The input and output projections run over the rows of every segment at once when they
     /// are row-wise for its chunks (`QTensor::rowwise`: each row on the decode path, as the
     /// segment alone would have it), the attention itself per sequence on its own cache;
