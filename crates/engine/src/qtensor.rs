@@ -33,7 +33,7 @@ use cortiq_kernels::dot::{dot, gemm_nt};
 use cortiq_kernels::quant::{
     ActType, IL_ROWS, MatmatActs, Order, QuantType, act_type, dequantize_act, dequantize_row, dequantize_rows, ileave,
     ileave_group_bytes, ileave_rows, ileave_supported, llamacpp_order, matmat_q_prepared, matmat_q_prepared_tm, matmat_supported,
-    matvec_fast, matvec_fast_multi, matvec_ileave, matvec_q_order, order_supported, quantize_act,
+    matvec_fast, matvec_fast_multi, matvec_ileave, matvec_q_order, order_supported, quantize_act, quantize_act_to,
 };
 
 use cortiq_formats::WeightBytes;
@@ -423,15 +423,14 @@ impl QTensor {
         let mut acts: Vec<(ActType, Vec<u8>)> = Vec::new();
         {
             let _s = profile::span(Op::QuantizeAct);
-            let mut q = Vec::new();
             for act in ws.iter().filter_map(|w| w.act()) {
                 if acts.iter().any(|(a, _)| *a == act) {
                     continue;
                 }
-                let mut all = Vec::new();
-                for j in 0..k {
-                    quantize_act(act, row(j), &mut q);
-                    all.extend_from_slice(&q);
+                let rb = act.row_bytes(cols).expect("activation format fits the weight's blocks");
+                let mut all = vec![0u8; k * rb]; // [k, act row bytes]
+                for (j, out) in all.chunks_exact_mut(rb).enumerate() {
+                    quantize_act_to(act, row(j), out);
                 }
                 acts.push((act, all));
             }

@@ -32,8 +32,8 @@
 
 use cortiq_kernels::quant::{
     ActType, Order, QuantType, act_type, dequantize_act, dequantize_row_scalar, llamacpp_order, llamacpp_repacks, matvec_q,
-    matvec_q_order, order_supported, quantize_act, quantize_act_scalar, vec_dot, vec_dot_order, vec_dot_order_scalar,
-    vec_dot_scalar,
+    matvec_q_order, order_supported, quantize_act, quantize_act_scalar, quantize_act_to, vec_dot, vec_dot_order,
+    vec_dot_order_scalar, vec_dot_scalar,
 };
 use cortiq_testkit::nan_max;
 use std::path::PathBuf;
@@ -385,6 +385,10 @@ fn quantize_simd_matches_scalar() {
         for (i, x) in rows.iter().enumerate() {
             quantize_act(at, x, &mut a);
             quantize_act_scalar(at, x, &mut b);
+            // The slice form writes the same bytes (into stale ones, which it must overwrite).
+            let mut c = vec![0xA5u8; a.len()];
+            quantize_act_to(at, x, &mut c);
+            assert_eq!(c, a, "{at} row {i}: quantize_act_to differs from quantize_act");
             if a != b {
                 bad += 1;
                 let j = a.iter().zip(&b).position(|(p, q)| p != q).unwrap();

@@ -138,6 +138,20 @@ pub fn quantize_act(act: ActType, x: &[f32], out: &mut Vec<u8>) {
     quantize_act_into(act, x, out);
 }
 
+/// `quantize_act` into a slice of exactly `act.row_bytes(x.len())` bytes (one row of a
+/// [k, row bytes] buffer, say), the same bytes.
+#[track_caller]
+pub fn quantize_act_to(act: ActType, x: &[f32], out: &mut [u8]) {
+    let Some(bytes) = act.row_bytes(x.len()) else {
+        panic!("quantize_act_to({act}): {} elements is not a whole number of {}-element blocks", x.len(), act.block_size());
+    };
+    assert_eq!(out.len(), bytes, "quantize_act_to({act}): {} output bytes for {} elements, expected {bytes}", out.len(), x.len());
+    if super::vecdot_avx512::quantize_act(act, x, out) {
+        return;
+    }
+    quantize_act_into(act, x, out);
+}
+
 /// The scalar reference of `quantize_act` (same contract, same bytes).
 #[track_caller]
 pub fn quantize_act_scalar(act: ActType, x: &[f32], out: &mut Vec<u8>) {
