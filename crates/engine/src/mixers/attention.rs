@@ -104,39 +104,67 @@ impl Mixer for Attention {
             return segments_apart(self, env, h, segs);
         }
         let cfg = env.cfg;
+        let rope = &cfg.ropes[self.rope];
         let total: usize = segs.iter().map(|(_, n)| n).sum();
         let (q, k, v) = attn_project(w, h, total, true); // [total, wq.rows], [total, kv_dim] x2
+        let (qr, kvr, q_dim) = (w.wq.rows, w.wk.rows, cfg.q_dim());
+        let starts: Vec<usize> = segs.iter().scan(0, |r, (_, n)| Some(std::mem::replace(r, *r + n))).collect();
+        let mut o = vec![0f32; total * q_dim]; // [total, n_heads, head_dim]
+        let mut gate = if cfg.attn_gate { vec![0f32; total * q_dim] } else { Vec::new() }; // the same, gated
         let mut segs = segs;
-        if segs.iter().all(|(_, n)| *n == 1) {
-            // Decode rows only: every sequence's attention in one dispatch.
-            let rope = &cfg.ropes[self.rope];
+        // The decode rows (one position each): every sequence's attention in one dispatch.
+        let singles: Vec<usize> = (0..segs.len()).filter(|&i| segs[i].1 == 1).collect();
+        let mut singles_done = false;
+        if singles.len() > 1 {
+            let rows_of = |x: &[f32], width: usize| -> Vec<f32> {
+                let mut out = Vec::with_capacity(singles.len() * width);
+                for &i in &singles {
+                    out.extend_from_slice(&x[starts[i] * width..(starts[i] + 1) * width]);
+                }
+                out
+            };
+            let gathered;
+            let (qs, ks, vs): (&[f32], &[f32], &[f32]) = if singles.len() == segs.len() {
+                (&q, &k, &v)
+            } else {
+                gathered = (rows_of(&q, qr), rows_of(&k, kvr), rows_of(&v, kvr));
+                (&gathered.0, &gathered.1, &gathered.2)
+            };
             let done = {
                 let mut rows: Vec<DecodeSeq> = segs
                     .iter_mut()
+                    .filter(|(_, n)| *n == 1)
                     .map(|(seq, _)| DecodeSeq { pos0: seq.pos0, kv: &mut seq.state.of::<KvState>().cache, o1: &seq.o1 })
                     .collect();
-                attention_rows(cfg, w, rope, self.window, &q, &k, &v, env.num, &mut rows)
+                attention_rows(cfg, w, rope, self.window, qs, ks, vs, env.num, &mut rows)
             };
-            if let Some((o, gate)) = done {
-                return Ok(attn_output(cfg, w, o, gate.as_deref(), total, true, &mut |_, _| {}));
+            if let Some((os, gs)) = done {
+                for (t, &i) in singles.iter().enumerate() {
+                    let (at, from) = (starts[i] * q_dim..(starts[i] + 1) * q_dim, t * q_dim..(t + 1) * q_dim);
+                    o[at.clone()].copy_from_slice(&os[from.clone()]);
+                    if let Some(g) = &gs {
+                        gate[at].copy_from_slice(&g[from]);
+                    }
+                }
+                singles_done = true;
             }
         }
-        let (qr, kvr) = (w.wq.rows, w.wk.rows);
-        let mut o = Vec::with_capacity(total * cfg.q_dim()); // [total, n_heads, head_dim]
-        let mut gate = Vec::new(); // [total, n_heads, head_dim] when gated
-        let mut r0 = 0;
-        for (seq, n) in segs {
+        // The prompt chunks (and the decode rows, where they could not share a dispatch).
+        for (i, (seq, n)) in segs.into_iter().enumerate() {
+            if n == 1 && singles_done {
+                continue;
+            }
             let kv = &mut seq.state.of::<KvState>().cache;
-            let (r, e) = (r0, r0 + n);
+            let (r, e) = (starts[i], starts[i] + n);
             let (qi, ki, vi) = (q[r * qr..e * qr].to_vec(), k[r * kvr..e * kvr].to_vec(), v[r * kvr..e * kvr].to_vec());
-            let rope = &cfg.ropes[self.rope];
             let (oi, gi) =
                 attention_core(cfg, w, rope, self.window, qi, ki, vi, n, seq.pos0, kv, env.num, seq.lc, seq.o1, &mut |_, _| {})?;
-            o.extend_from_slice(&oi);
-            gate.extend_from_slice(gi.as_deref().unwrap_or(&[]));
-            r0 = e;
+            o[r * q_dim..e * q_dim].copy_from_slice(&oi);
+            if let Some(g) = gi {
+                gate[r * q_dim..e * q_dim].copy_from_slice(&g);
+            }
         }
-        let gate = (!gate.is_empty()).then_some(&gate[..]);
+        let gate = cfg.attn_gate.then_some(&gate[..]);
         Ok(attn_output(cfg, w, o, gate, total, true, &mut |_, _| {}))
     }
 }
