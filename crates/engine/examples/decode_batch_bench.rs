@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use cortiq_engine::load::load;
 use cortiq_engine::state::SeqState;
-use cortiq_engine::{Logits, Numerics, par, profile};
+use cortiq_engine::{BatchEntry, Logits, Numerics, par, profile};
 
 fn argmax(row: &[f32]) -> u32 {
     let mut best = 0;
@@ -67,10 +67,16 @@ fn main() {
             profile::reset();
             profile::enable(true);
         }
+        // The logits buffer is kept across steps, as the server's scheduler keeps it.
+        let mut logits = Vec::new();
         let t0 = Instant::now();
         for _ in 0..steps {
-            let mut refs: Vec<&mut SeqState> = states.iter_mut().collect();
-            let logits = model.forward_decode_batch(&next, &mut refs).unwrap();
+            let mut batch: Vec<BatchEntry> = next
+                .iter()
+                .zip(states.iter_mut())
+                .map(|(t, st)| BatchEntry { tokens: std::slice::from_ref(t), state: st, want: Logits::Last })
+                .collect();
+            model.forward_batch_into(&mut batch, &mut logits).unwrap();
             for (j, n) in next.iter_mut().enumerate() {
                 *n = argmax(&logits[j * v..(j + 1) * v]);
             }

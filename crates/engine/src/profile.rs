@@ -124,6 +124,7 @@ pub fn reset() {
         c.calls.store(0, Ordering::Relaxed);
     }
     crate::par::pool().take_wait_nanos();
+    crate::par::pool().take_busy_nanos();
 }
 
 /// One line of a profile report.
@@ -157,6 +158,14 @@ pub fn report(total_ms: f64) -> Vec<Line> {
     let wait = crate::par::pool().take_wait_nanos() as f64 / 1e6;
     lines.push(Line { what: "(pool wait, inside the above)".into(), ms: wait, calls: 0 });
     lines.push(Line { what: "unaccounted".into(), ms: (total_ms - accounted).max(0.0), calls: 0 });
+    // Worker-thread time not spent in jobs, per worker: the caller's serial sections plus its
+    // share of jobs running past the workers'.
+    let pool = crate::par::pool();
+    let workers = pool.n_threads().saturating_sub(1);
+    if workers > 0 {
+        let busy = pool.take_busy_nanos() as f64 / 1e6 / workers as f64;
+        lines.push(Line { what: "(workers idle, per worker)".into(), ms: (total_ms - busy).max(0.0), calls: 0 });
+    }
     lines
 }
 

@@ -54,6 +54,25 @@ impl Rope {
 
     /// cos and sin for `n` consecutive positions from `pos0`: each [n, rot_dim/2].
     pub fn tables(&self, pos0: usize, n: usize) -> (Vec<f32>, Vec<f32>) {
+        if n == 1 {
+            // A decode step asks every layer for the same position's table: keep the last few
+            // positions' (per thread), matched on the position and the frequencies themselves.
+            return ONE_POS.with_borrow_mut(|cache| {
+                if let Some(e) = cache.iter().find(|e| e.pos == pos0 && e.inv_freq == self.inv_freq) {
+                    return (e.cos.clone(), e.sin.clone());
+                }
+                let (cos, sin) = self.compute(pos0, 1);
+                if cache.len() >= ONE_POS_KEPT {
+                    cache.remove(0);
+                }
+                cache.push(OnePos { inv_freq: self.inv_freq.clone(), pos: pos0, cos: cos.clone(), sin: sin.clone() });
+                (cos, sin)
+            });
+        }
+        self.compute(pos0, n)
+    }
+
+    fn compute(&self, pos0: usize, n: usize) -> (Vec<f32>, Vec<f32>) {
         let half = self.inv_freq.len();
         let mut cos = Vec::with_capacity(n * half);
         let mut sin = Vec::with_capacity(n * half);
@@ -65,5 +84,49 @@ impl Rope {
             }
         }
         (cos, sin)
+    }
+}
+
+/// One position's RoPE table, as `Rope::tables(pos, 1)` gives it.
+struct OnePos {
+    inv_freq: Vec<f64>,
+    pos: usize,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+/// Positions kept: a decode batch of 16 sequences over two RoPE configurations (Gemma 3's
+/// local and global layers).
+const ONE_POS_KEPT: usize = 32;
+
+thread_local! {
+    static ONE_POS: std::cell::RefCell<Vec<OnePos>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kept one-position tables are the computed ones, per configuration: two RoPEs that
+    /// differ only in base, asked alternately for the same positions (hits after the first
+    /// round) and for more positions than are kept (evictions), always give their own table.
+    #[test]
+    fn one_position_tables_are_kept_per_configuration() {
+        let a = Rope::new(RopeStyle::NeoX, 64, 10_000.0, &RopeScaling::None);
+        let b = Rope::new(RopeStyle::NeoX, 64, 1_000_000.0, &RopeScaling::None);
+        for round in 0..3 {
+            for p in (0..2 * ONE_POS_KEPT).chain([5, 5, 7]) {
+                for r in [&a, &b] {
+                    assert_eq!(r.tables(p, 1), r.compute(p, 1), "round {round}, position {p}");
+                }
+            }
+        }
+        assert_ne!(a.tables(9, 1), b.tables(9, 1));
+        // Several positions at once are computed as always, row for row the one-position tables.
+        let (c, s) = a.tables(3, 4);
+        for i in 0..4 {
+            let (c1, s1) = a.tables(3 + i, 1);
+            assert_eq!((&c[i * 32..(i + 1) * 32], &s[i * 32..(i + 1) * 32]), (&c1[..], &s1[..]));
+        }
     }
 }

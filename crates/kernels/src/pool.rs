@@ -151,6 +151,8 @@ struct Shared {
     /// `Pool::set_timing`: accumulate callers' waits into `wait_ns`.
     timing: AtomicBool,
     wait_ns: AtomicU64,
+    /// `Pool::set_timing`: accumulate workers' time inside jobs into `busy_ns`.
+    busy_ns: AtomicU64,
     done_lock: Mutex<()>,
     done: Condvar,
     spin: Duration,
@@ -266,7 +268,11 @@ fn worker_main(shared: Arc<Shared>) {
         // closure's borrow) until we leave below.
         let job = unsafe { (*sh.job.get()).expect("pool: gate opened without a job") };
         // SAFETY: as above, the pointee outlives this use.
+        let busy_from = sh.timing.load(Ordering::Relaxed).then(Instant::now);
         sh.run_units(unsafe { &*job });
+        if let Some(t0) = busy_from {
+            sh.busy_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        }
         // Leave: our last access to the job is above; the release half of SeqCst publishes
         // the units' writes to the caller's acquire load of the gate.
         let prev = sh.gate.0.fetch_sub(1, Ordering::SeqCst);
@@ -333,6 +339,7 @@ impl Pool {
             caller_sleeping: AtomicBool::new(false),
             timing: AtomicBool::new(false),
             wait_ns: AtomicU64::new(0),
+            busy_ns: AtomicU64::new(0),
             done_lock: Mutex::new(()),
             done: Condvar::new(),
             spin,
@@ -366,6 +373,14 @@ impl Pool {
     /// timing is on).
     pub fn take_wait_nanos(&self) -> u64 {
         self.shared.wait_ns.swap(0, Ordering::Relaxed)
+    }
+
+    /// Nanoseconds the workers (not the caller) spent running jobs since the last
+    /// `take_busy_nanos`, summed over workers (0 unless timing is on). Wall time times
+    /// `n_threads - 1` minus this is the workers' idle time: the caller's serial sections and
+    /// its own share of the jobs running past theirs.
+    pub fn take_busy_nanos(&self) -> u64 {
+        self.shared.busy_ns.swap(0, Ordering::Relaxed)
     }
 
     /// Calls `f(ith, nth)` once for each `ith` in `0..nth`, ggml style: the closure splits the

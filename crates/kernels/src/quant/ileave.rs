@@ -507,17 +507,27 @@ mod avx512 {
             let (hb, nib) = if T == 2 { body.split_at(64) } else { (&body[..0], body) };
             assert!(nib.len() >= 256);
             let m4 = _mm512_set1_epi8(0x0F);
+            // Q5_0's fifth bit, 16 where set: one zero-masked move per register, merged with the
+            // nibble mask in one ternary op below ((v & 0x0F) | hi; imm 0xEA = A & B | C). An
+            // add under the mask would compile to an or plus a blend: two ops, not one.
+            let sixteen = _mm512_set1_epi8(16);
+            let hi = |c: usize| {
+                if T == 2 {
+                    let m = u64::from_le_bytes(hb[8 * c..8 * c + 8].try_into().expect("8 bytes"));
+                    _mm512_maskz_mov_epi8(m, sixteen)
+                } else {
+                    _mm512_setzero_si512()
+                }
+            };
             for c in 0..4 {
                 // SAFETY: nib has >= 256 bytes (asserted): the 64-byte load at 64c is in bounds.
                 let v = unsafe { _mm512_loadu_si512(nib.as_ptr().add(64 * c).cast()) };
-                u[c] = _mm512_and_si512(v, m4);
-                u[c + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
-            }
-            if T == 2 {
-                let sixteen = _mm512_set1_epi8(16);
-                for (c, u) in u.iter_mut().enumerate() {
-                    let m = u64::from_le_bytes(hb[8 * c..8 * c + 8].try_into().expect("8 bytes"));
-                    *u = _mm512_mask_add_epi8(*u, m, *u, sixteen);
+                if T == 2 {
+                    u[c] = _mm512_ternarylogic_epi32::<0xEA>(v, m4, hi(c));
+                    u[c + 4] = _mm512_ternarylogic_epi32::<0xEA>(_mm512_srli_epi16::<4>(v), m4, hi(c + 4));
+                } else {
+                    u[c] = _mm512_and_si512(v, m4);
+                    u[c + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
                 }
             }
             u

@@ -140,16 +140,21 @@ pub(super) fn unpack_block(h5: bool, src: &[u8], r: usize, blk: &mut [u8]) {
 struct Col {
     d: Vec<f32>,
     sums: Vec<[i32; 8]>,
+    /// `sums` as f32 (exact: |sum| <= 4096), for the kernel's float min term.
+    sumsf: Vec<[f32; 8]>,
 }
 
 impl Col {
     fn fill(&mut self, act: &[u8], nb: usize) {
         self.d.clear();
         self.sums.clear();
+        self.sumsf.clear();
         for blk in act.chunks_exact(AB).take(nb) {
             self.d.push(f32::from_le_bytes([blk[0], blk[1], blk[2], blk[3]]));
             let bs = |i: usize| i16::from_le_bytes([blk[260 + 2 * i], blk[261 + 2 * i]]) as i32;
-            self.sums.push(std::array::from_fn(|j| bs(2 * j) + bs(2 * j + 1)));
+            let sums: [i32; 8] = std::array::from_fn(|j| bs(2 * j) + bs(2 * j + 1));
+            self.sums.push(sums);
+            self.sumsf.push(sums.map(|x| x as f32));
         }
     }
 }
@@ -383,7 +388,7 @@ mod avx512 {
             let gbb = if H5 { super::super::Q5_GBB } else { GBB };
             assert!(grp.len() == nb * gbb, "group: {nb} block-groups");
             for j in 0..K {
-                assert!(a[j].len() >= AB * nb && c[j].d.len() >= nb && c[j].sums.len() >= nb, "activation shorter than the row");
+                assert!(a[j].len() >= AB * nb && c[j].d.len() >= nb && c[j].sumsf.len() >= nb, "activation shorter than the row");
             }
             let m4 = _mm512_set1_epi8(0x0F);
             let mut acc = [_mm512_setzero_ps(); K];
@@ -435,15 +440,20 @@ mod avx512 {
                         s[j] = _mm512_add_epi32(s[j], _mm512_add_epi32(_mm512_mullo_epi32(pl, sl), _mm512_mullo_epi32(ph, sh)));
                     }
                 }
+                // The min term Σ_sb min[sb] · sum[sb] in f32 FMAs: every partial sum is an integer
+                // below 2^24 (63 · 4096 · 8), so each step is exact and the result equals the
+                // integer sum converted, as the scalar twin computes it. FMAs issue on two ports
+                // where the integer multiply (two uops) has one, beside the dpbusd chains.
+                let mnf: [__m512; 8] = std::array::from_fn(|sb| _mm512_cvtepi32_ps(mn(sb)));
                 for j in 0..K {
-                    let sums = &c[j].sums[b];
-                    let mut m = _mm512_setzero_si512();
+                    let sums = &c[j].sumsf[b];
+                    let mut m = _mm512_setzero_ps();
                     for (sb, &sum) in sums.iter().enumerate() {
-                        m = _mm512_add_epi32(m, _mm512_mullo_epi32(mn(sb), _mm512_set1_epi32(sum)));
+                        m = _mm512_fmadd_ps(mnf[sb], _mm512_set1_ps(sum), m);
                     }
                     let da = _mm512_set1_ps(c[j].d[b]);
                     acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[j]), _mm512_mul_ps(dw, da), acc[j]);
-                    acc[j] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(m), _mm512_mul_ps(dm, da), acc[j]);
+                    acc[j] = _mm512_fnmadd_ps(m, _mm512_mul_ps(dm, da), acc[j]);
                 }
             }
             for j in 0..K {
