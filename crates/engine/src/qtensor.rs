@@ -31,9 +31,10 @@ use std::sync::Arc;
 
 use cortiq_kernels::dot::{dot, gemm_nt};
 use cortiq_kernels::quant::{
-    ActType, IL_ROWS, MatmatActs, Order, QuantType, act_type, dequantize_act, dequantize_row, dequantize_rows, ileave,
-    ileave_group_bytes, ileave_rows, ileave_supported, llamacpp_order, matmat_q_prepared, matmat_q_prepared_tm, matmat_supported,
-    matvec_fast, matvec_fast_multi, matvec_ileave, matvec_q_order, order_supported, quantize_act, quantize_act_to,
+    ActType, IL_ROWS, IleaveCols, MatmatActs, Order, QuantType, act_type, dequantize_act, dequantize_row, dequantize_rows,
+    ileave, ileave_cols, ileave_group_bytes, ileave_rows, ileave_supported, llamacpp_order, matmat_q_prepared,
+    matmat_q_prepared_tm, matmat_supported, matvec_fast, matvec_fast_multi, matvec_ileave, matvec_ileave_cols, matvec_q_order,
+    order_supported, quantize_act, quantize_act_to,
 };
 
 use cortiq_formats::WeightBytes;
@@ -255,18 +256,24 @@ impl QTensor {
     /// Rows `r0..r0 + n` times `k` = `ys.len()` activation rows (Q8_0 / Q8_K, [k, row bytes])
     /// with the interleaved kernel: `ys[j][i]` = row r0 + i times activation row j. A range that
     /// cuts a group computes the whole group into a buffer and keeps its rows; each row's value
-    /// is the same either way.
-    fn matvec_il(&self, r0: usize, n: usize, acts: &[u8], ys: &mut [&mut [f32]]) {
+    /// is the same either way. `prep`: the activation columns prepared once by the caller
+    /// (`ileave_cols` on these `acts` for this tensor's type and width), or None to prepare
+    /// them here, per call.
+    fn matvec_il(&self, r0: usize, n: usize, acts: &[u8], prep: Option<&IleaveCols>, ys: &mut [&mut [f32]]) {
         let gb = ileave_group_bytes(self.dtype, self.cols).expect("an interleaved tensor's type has the layout");
         let (g0, g1) = (r0 / IL_ROWS, (r0 + n).div_ceil(IL_ROWS));
         let packed = &self.backing.bytes()[g0 * gb..g1 * gb];
+        let run = |ys: &mut [&mut [f32]]| match prep {
+            Some(p) => matvec_ileave_cols(self.dtype, packed, self.cols, acts, p, ys),
+            None => matvec_ileave(self.dtype, packed, self.cols, acts, ys),
+        };
         if r0.is_multiple_of(IL_ROWS) && n.is_multiple_of(IL_ROWS) {
-            matvec_ileave(self.dtype, packed, self.cols, acts, ys);
+            run(ys);
         } else {
             let m = (g1 - g0) * IL_ROWS;
             let mut all = vec![0f32; ys.len() * m]; // [k, m]
             let mut pieces: Vec<&mut [f32]> = all.chunks_exact_mut(m).collect();
-            matvec_ileave(self.dtype, packed, self.cols, acts, &mut pieces);
+            run(&mut pieces);
             let at = r0 - g0 * IL_ROWS;
             for (y, a) in ys.iter_mut().zip(all.chunks_exact(m)) {
                 y.copy_from_slice(&a[at..at + n]);
@@ -435,12 +442,13 @@ impl QTensor {
                 acts.push((act, all));
             }
         }
+        let preps = il_preps(ws, cols, |act| &acts.iter().find(|(t, _)| *t == act).expect("quantized above").1);
         let starts = row_starts(ws);
         let t0 = profile::enabled().then(std::time::Instant::now);
-        let acts = &acts;
-        // Each thread's slab of the concatenated rows, written straight into every sequence's
-        // row of y [k, total].
-        pool().for_cols_mut(y, k, total, MATVEC_GRAIN, |c0, outs| {
+        let (acts, preps) = (&acts, &preps);
+        // Each thread's slab of the concatenated rows (its tail shared out), written straight
+        // into every sequence's row of y [k, total].
+        pool().for_cols_mut_balanced(y, k, total, MATVEC_GRAIN, piece_rows(ws), |c0, outs| {
             let c1 = c0 + outs[0].len();
             for (w, &s) in ws.iter().zip(&starts) {
                 // This thread's slab of the concatenated rows, intersected with matrix w.
@@ -453,7 +461,7 @@ impl QTensor {
                 let act = w.act().expect("batched: every matrix quantizes its input");
                 let q = &acts.iter().find(|(t, _)| *t == act).expect("quantized before the dispatch").1;
                 if w.il {
-                    w.matvec_il(r0, n, q, &mut o);
+                    w.matvec_il(r0, n, q, prep_of(preps, w.dtype), &mut o);
                 } else {
                     let mut yt = vec![0f32; n * k]; // [n, k]
                     matvec_fast_multi(w.dtype, &w.rows_data(r0, n), n, w.cols, q, k, &mut yt);
@@ -658,10 +666,14 @@ fn matvec_many(ws: &[&QTensor], x: &[f32], y: &mut [f32]) {
     for a in acts.iter().flatten() {
         cache.get(*a, x);
     }
+    let preps = il_preps(ws, x.len(), |act| &cache.entries.iter().find(|(k, _)| *k == act).expect("quantized above").1);
     let t0 = profile::enabled().then(std::time::Instant::now);
     let starts = row_starts(ws);
-    let cache = &cache;
-    pool().for_rows_mut(y, 1, MATVEC_GRAIN, |g0, out| {
+    let (cache, preps) = (&cache, &preps);
+    // Each thread's slab of the concatenated rows, its tail shared out (every row's value is
+    // the same whichever thread or piece computes it).
+    pool().for_cols_mut_balanced(y, 1, y.len(), MATVEC_GRAIN, piece_rows(ws), |g0, outs| {
+        let out = &mut *outs[0];
         let g1 = g0 + out.len();
         for ((w, &s), act) in ws.iter().zip(&starts).zip(&acts) {
             // This thread's slab of the concatenated rows, intersected with matrix w.
@@ -675,7 +687,7 @@ fn matvec_many(ws: &[&QTensor], x: &[f32], y: &mut [f32]) {
                 Some(act) => {
                     let q = &cache.entries.iter().find(|(k, _)| k == act).expect("quantized before the dispatch").1;
                     if w.il {
-                        w.matvec_il(r0, n, q, &mut [o]);
+                        w.matvec_il(r0, n, q, prep_of(preps, w.dtype), &mut [o]);
                     } else if w.numerics == Numerics::Fast {
                         matvec_fast(w.dtype, &w.rows_data(r0, n), n, w.cols, q, o);
                     } else {
@@ -704,6 +716,36 @@ fn check_many(ws: &[&QTensor], x: &[f32], n: usize, y: &[f32]) -> (usize, usize)
     assert_eq!(x.len(), n * cols, "{}: input has {} values, expected {n}x{cols}", name(), x.len());
     assert_eq!(y.len(), n * total, "{}: output has {} values, expected {n}x{total}", name(), y.len());
     (cols, total)
+}
+
+/// The interleaved kernels' activation columns for each interleaved weight type among `ws`,
+/// prepared once per dispatch (not per thread and piece); `quantized(act)` is the input
+/// quantized to `act`.
+fn il_preps<'a>(ws: &[&QTensor], cols: usize, quantized: impl Fn(ActType) -> &'a [u8]) -> Vec<(QuantType, IleaveCols)> {
+    let mut preps: Vec<(QuantType, IleaveCols)> = Vec::new();
+    for w in ws.iter().filter(|w| w.il) {
+        if !preps.iter().any(|(t, _)| *t == w.dtype) {
+            let act = w.act().expect("an interleaved tensor quantizes its input");
+            preps.push((w.dtype, ileave_cols(w.dtype, cols, quantized(act))));
+        }
+    }
+    preps
+}
+
+/// The prepared columns for weight type `ty` (`il_preps`).
+fn prep_of(preps: &[(QuantType, IleaveCols)], ty: QuantType) -> Option<&IleaveCols> {
+    preps.iter().find(|(t, _)| *t == ty).map(|(_, p)| p)
+}
+
+/// Weight bytes of one piece of a balanced split (`Pool::for_cols_mut_balanced`): ~20 us of
+/// one core's stream, fine enough that the last pieces even out the threads' finish, coarse
+/// enough that claiming them (one compare-and-swap each) costs nothing.
+const PIECE_BYTES: usize = 256 << 10;
+
+/// Rows of `ws` (concatenated) per piece of a balanced split: PIECE_BYTES of the widest rows.
+fn piece_rows(ws: &[&QTensor]) -> usize {
+    let row_bytes = ws.iter().map(|w| w.row_bytes).max().unwrap_or(1).max(1);
+    (PIECE_BYTES / row_bytes).max(MATVEC_GRAIN)
 }
 
 /// Where each matrix starts in the concatenated rows of a fused dispatch.

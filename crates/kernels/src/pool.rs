@@ -482,6 +482,89 @@ impl Pool {
         });
     }
 
+    /// `for_cols_mut` with the static split's tail balanced: each participant's slab of columns
+    /// is cut into pieces of `piece` columns (a multiple of `grain`); the owner takes its
+    /// pieces front to back, and a participant whose slab is done takes the other slabs'
+    /// pieces from the back (one compare-and-swap per piece). A streaming kernel keeps
+    /// reading one contiguous slab, as with the static split, while a slower core (a shared
+    /// one, a late start) no longer leaves the others waiting for its last rows. `f` may be
+    /// called several times per thread, with any column range of whole grains. Re-raises a
+    /// task's panic.
+    pub fn for_cols_mut_balanced<T: Send, F: Fn(usize, &mut [&mut [T]]) + Sync>(
+        &self,
+        out: &mut [T],
+        n_rows: usize,
+        n_cols: usize,
+        grain: usize,
+        piece: usize,
+        f: F,
+    ) {
+        assert_eq!(out.len(), n_rows * n_cols, "for_cols_mut_balanced: {} elements for {n_rows} x {n_cols}", out.len());
+        if n_rows == 0 || n_cols == 0 {
+            return;
+        }
+        let grain = grain.max(1);
+        let piece = piece.div_ceil(grain).max(1) * grain;
+        let n_chunks = n_cols.div_ceil(grain);
+        let nth = self.n_threads.min(n_chunks);
+        // Slab t: columns [start(t), start(t + 1)), as `for_ranges` splits them.
+        let start = |t: usize| (t * n_chunks / nth * grain).min(n_cols);
+        let pieces_of = |t: usize| (start(t + 1) - start(t)).div_ceil(piece);
+        if nth <= 1 || !self.parallel_here() || (0..nth).all(|t| pieces_of(t) <= 1) {
+            // One piece per slab: nothing to balance.
+            return self.for_cols_mut(out, n_rows, n_cols, grain, f);
+        }
+        let base = SendPtr(out.as_mut_ptr());
+        // Per slab: the next piece from the front (low 32 bits) and one past the last
+        // unclaimed piece (high 32 bits); a claim moves one end, they meet when all is taken.
+        let ends: Vec<AtomicU64> = (0..nth).map(|t| AtomicU64::new((pieces_of(t) as u64) << 32)).collect();
+        let claim = |t: usize, front: bool| -> Option<usize> {
+            let mut cur = ends[t].load(Ordering::Relaxed);
+            loop {
+                let (lo, hi) = (cur & 0xFFFF_FFFF, cur >> 32);
+                if lo >= hi {
+                    return None;
+                }
+                let (next, got) = if front { (cur + 1, lo) } else { (cur - (1 << 32), hi - 1) };
+                // Relaxed: a claim only has to be unique; the data rides on the dispatch.
+                match ends[t].compare_exchange_weak(cur, next, Ordering::Relaxed, Ordering::Relaxed) {
+                    Ok(_) => return Some(got as usize),
+                    Err(now) => cur = now,
+                }
+            }
+        };
+        let run_piece = |t: usize, p: usize| {
+            let c0 = start(t) + p * piece;
+            let c1 = (c0 + piece).min(start(t + 1));
+            let mut pieces: Vec<&mut [T]> = (0..n_rows)
+                .map(|i| {
+                    // SAFETY: each (slab, piece) is claimed exactly once (the compare-and-swap
+                    // above hands every index out once, from either end), pieces of a slab and
+                    // slabs are disjoint column ranges c0..c1 <= n_cols, and the dispatch
+                    // returns only after every call is done; within one call the n_rows pieces
+                    // lie in different rows of `out` (out.len() == n_rows * n_cols was
+                    // asserted). So every slice is the only live reference to its elements
+                    // while `out` is borrowed mutably here; T: Send as other threads write them.
+                    unsafe { std::slice::from_raw_parts_mut(base.get().add(i * n_cols + c0), c1 - c0) }
+                })
+                .collect();
+            f(c0, &mut pieces);
+        };
+        let r = self.dispatch(nth, &|ith| {
+            while let Some(p) = claim(ith, true) {
+                run_piece(ith, p);
+            }
+            for t in (1..nth).map(|d| (ith + d) % nth) {
+                while let Some(p) = claim(t, false) {
+                    run_piece(t, p);
+                }
+            }
+        });
+        if let Err(e) = r {
+            resume_unwind(e);
+        }
+    }
+
     /// `for_ranges_dynamic` over an output slice: rows of `row_len` elements handed out in
     /// chunks of `grain` rows from an atomic counter, each chunk as its own `&mut` sub-slice
     /// (uneven rows: causal attention, where later positions see more keys). Re-raises a

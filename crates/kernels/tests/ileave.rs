@@ -5,8 +5,8 @@
 //! dequantized operands (and ggml's `vec_dot_scalar`) to f32 rounding of Σ|w·x̃|.
 
 use cortiq_kernels::quant::{
-    IL_ROWS, QuantType, act_type, dequantize_act, dequantize_row, ileave, ileave_bytes, ileave_group_bytes, ileave_rows,
-    matvec_ileave, matvec_ileave_scalar, quantize_act, vec_dot_scalar,
+    IL_ROWS, QuantType, act_type, dequantize_act, dequantize_row, ileave, ileave_bytes, ileave_cols, ileave_group_bytes,
+    ileave_rows, matvec_ileave, matvec_ileave_cols, matvec_ileave_scalar, quantize_act, vec_dot_scalar,
 };
 use cortiq_testkit::XorShift as Rng;
 use half::f16;
@@ -118,6 +118,42 @@ fn simd_equals_scalar_and_columns_equal_alone() {
                 }
             }
         }
+    }
+}
+
+/// Columns prepared once (`ileave_cols`) and the product cut into pieces of groups, each piece
+/// its own `matvec_ileave_cols` call (a balanced split's pieces), give the one-call
+/// `matvec_ileave` result bit for bit; a preparation for another type, width or row count is
+/// refused.
+#[test]
+fn prepared_columns_over_pieces_equal_one_call() {
+    let mut rng = Rng(0x11EA_0003);
+    for ty in TYPES {
+        let cols = if ty.block_size() == 256 { 512 } else { 896 };
+        let rows = 80; // 5 groups
+        let w = random_rows(ty, rows, cols, &mut rng);
+        let p = ileave(ty, &w, rows, cols);
+        let gb = ileave_group_bytes(ty, cols).unwrap();
+        for k in [1, 3, 4, 8] {
+            let a = acts(ty, cols, k, &mut rng);
+            let mut whole = vec![0f32; rows * k];
+            matvec_ileave(ty, &p, cols, &a, &mut cols_mut(&mut whole, rows));
+            let prep = ileave_cols(ty, cols, &a);
+            let mut pieced = vec![0f32; rows * k];
+            for (g0, g1) in [(0, 2), (2, 3), (3, 5)] {
+                let mut ys: Vec<&mut [f32]> = pieced.chunks_exact_mut(rows).map(|y| &mut y[g0 * IL_ROWS..g1 * IL_ROWS]).collect();
+                matvec_ileave_cols(ty, &p[g0 * gb..g1 * gb], cols, &a, &prep, &mut ys);
+            }
+            let same = whole.iter().zip(&pieced).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "{ty} k {k}: pieces with prepared columns differ from one call");
+        }
+        let a = acts(ty, cols, 2, &mut rng);
+        let prep = ileave_cols(ty, cols, &a[..a.len() / 2]);
+        let mut y = vec![0f32; rows * 2];
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            matvec_ileave_cols(ty, &p, cols, &a, &prep, &mut cols_mut(&mut y, rows))
+        }));
+        assert!(r.is_err(), "{ty}: columns prepared for one row accepted for two");
     }
 }
 

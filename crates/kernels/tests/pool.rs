@@ -441,6 +441,62 @@ fn for_cols_mut_gives_disjoint_column_pieces() {
     }
 }
 
+/// The balanced split covers every element exactly once, in ranges of whole grains inside one
+/// slab's piece grid, over thread counts, grains and piece sizes (one piece per slab falls
+/// back to the static split); and with a participant slowed down (a shared core), the others
+/// take pieces of its slab: it no longer runs all of its own.
+#[test]
+fn for_cols_mut_balanced_covers_once_and_shares_a_slow_slab() {
+    for n_threads in [1, 2, 3] {
+        let pool = Pool::new(n_threads).unwrap();
+        for (n_rows, n_cols, grain, piece) in [
+            (0, 5, 1, 1),
+            (3, 0, 1, 1),
+            (1, 10, 1, 3),
+            (4, 37, 16, 16),
+            (8, 1000, 16, 48),
+            (2, 7, 8, 8),
+            (1, 4096, 16, 1),
+            (2, 500, 4, 1000),
+        ] {
+            let mut out = vec![usize::MAX; n_rows * n_cols];
+            pool.for_cols_mut_balanced(&mut out, n_rows, n_cols, grain, piece, |c0, pieces| {
+                assert_eq!(pieces.len(), n_rows, "one piece per row");
+                let w = pieces[0].len();
+                assert!(c0 % grain.max(1) == 0 && c0 + w <= n_cols, "range {c0}+{w} of {n_cols} columns, grain {grain}");
+                for (i, p) in pieces.iter_mut().enumerate() {
+                    assert_eq!(p.len(), w, "every row's piece covers the same columns");
+                    for (j, v) in p.iter_mut().enumerate() {
+                        assert_eq!(*v, usize::MAX, "element ({i}, {}) written twice", c0 + j);
+                        *v = i * n_cols + c0 + j;
+                    }
+                }
+            });
+            let bad = out.iter().enumerate().find(|&(i, &v)| v != i);
+            assert!(
+                bad.is_none(),
+                "n_threads={n_threads} {n_rows}x{n_cols} grain {grain} piece {piece}: first wrong element {bad:?}"
+            );
+        }
+    }
+    // Two participants, 64 pieces of 16 columns in two slabs; whoever runs a piece of the
+    // second slab sleeps 2 ms per piece, the first slab's pieces are instant. The second
+    // slab's owner alone would take 64 ms; shared, the first thread takes most of it.
+    let pool = Pool::new(2).unwrap();
+    let owner_of_second = Mutex::new(std::collections::HashMap::<std::thread::ThreadId, usize>::new());
+    let mut out = vec![0u8; 1024];
+    let t = std::time::Instant::now();
+    pool.for_cols_mut_balanced(&mut out, 1, 1024, 16, 16, |c0, _| {
+        if c0 >= 512 {
+            *owner_of_second.lock().unwrap().entry(std::thread::current().id()).or_default() += 1;
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    });
+    let counts = owner_of_second.into_inner().unwrap();
+    assert_eq!(counts.values().sum::<usize>(), 32, "the second slab's 32 pieces run once each");
+    assert!(counts.len() == 2, "one thread ran the whole slow slab ({counts:?}, {:?})", t.elapsed());
+}
+
 #[test]
 fn too_many_threads_is_an_error() {
     match Pool::new(1 << 21) {

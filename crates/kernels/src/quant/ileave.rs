@@ -398,6 +398,91 @@ pub fn matvec_ileave(ty: QuantType, packed: &[u8], cols: usize, acts: &[u8], ys:
     }
 }
 
+/// The activation side of `matvec_ileave` for one weight type and k activation rows, prepared
+/// once: per block the activation's f32 scale and the offset or sub-block sums the kernel adds.
+/// `matvec_ileave` prepares it on every call (per thread); a caller that cuts one product into
+/// many calls (the pieces of a balanced split) prepares it once with `ileave_cols` and passes
+/// it to `matvec_ileave_cols`.
+pub struct IleaveCols {
+    ty: QuantType,
+    cols: usize,
+    acts_len: usize,
+    of: ColsOf,
+}
+
+enum ColsOf {
+    Legacy(Vec<Col>),
+    K(Vec<super::ileave_k::Col>),
+    Q6(Vec<super::ileave_k::Col6>),
+}
+
+/// The prepared columns of `acts` ([k, row bytes] as `matvec_ileave` takes them) for weights of
+/// type `ty` and `cols` columns.
+#[track_caller]
+pub fn ileave_cols(ty: QuantType, cols: usize, acts: &[u8]) -> IleaveCols {
+    assert!(ileave_group_bytes(ty, cols).is_some(), "ileave_cols({ty}): no interleaved layout for {cols} columns");
+    let ab = act_row_bytes(ty, cols);
+    assert!(acts.len().is_multiple_of(ab), "ileave_cols({ty}): {} activation bytes, not whole rows of {ab}", acts.len());
+    let rows = acts.chunks_exact(ab);
+    let of = match ty {
+        QuantType::Q4K | QuantType::Q5K => ColsOf::K(
+            rows.map(|a| {
+                let mut c = super::ileave_k::Col::default();
+                c.fill(a, cols / 256);
+                c
+            })
+            .collect(),
+        ),
+        QuantType::Q6K => ColsOf::Q6(
+            rows.map(|a| {
+                let mut c = super::ileave_k::Col6::default();
+                c.fill(a, cols / 256);
+                c
+            })
+            .collect(),
+        ),
+        _ => {
+            let off = geo(ty).expect("checked").1;
+            ColsOf::Legacy(
+                rows.map(|a| {
+                    let mut c = Col::default();
+                    c.fill(a, cols / 32, off);
+                    c
+                })
+                .collect(),
+            )
+        }
+    };
+    IleaveCols { ty, cols, acts_len: acts.len(), of }
+}
+
+/// `matvec_ileave` with the columns prepared by `ileave_cols(ty, cols, acts)` on these very
+/// `acts` (type, width and row count are checked; the contents are the caller's promise).
+/// The same kernel and the same values, bit for bit.
+#[track_caller]
+pub fn matvec_ileave_cols(ty: QuantType, packed: &[u8], cols: usize, acts: &[u8], prep: &IleaveCols, ys: &mut [&mut [f32]]) {
+    let (groups, _) = check("matvec_ileave_cols", ty, packed, cols, acts, ys);
+    assert!(
+        prep.ty == ty && prep.cols == cols && prep.acts_len == acts.len(),
+        "matvec_ileave_cols({ty}): columns prepared for {} x {} columns over {} bytes",
+        prep.ty,
+        prep.cols,
+        prep.acts_len
+    );
+    if groups == 0 || ys.is_empty() {
+        return;
+    }
+    match &prep.of {
+        ColsOf::K(cs) => super::ileave_k::matvec_with(ty == QuantType::Q5K, packed, cols, acts, cs, ys),
+        ColsOf::Q6(cs) => super::ileave_k::q6_matvec_with(packed, cols, acts, cs, ys),
+        ColsOf::Legacy(cs) => {
+            if !avx512::matvec(ty, packed, cols / 32, acts, cs, ys) {
+                matvec_ileave_scalar(ty, packed, cols, acts, ys);
+            }
+        }
+    }
+}
+
 /// The scalar twin of `matvec_ileave`: the same integer sums and the same FMA chain per row.
 #[track_caller]
 pub fn matvec_ileave_scalar(ty: QuantType, packed: &[u8], cols: usize, acts: &[u8], ys: &mut [&mut [f32]]) {

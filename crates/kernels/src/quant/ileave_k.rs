@@ -137,7 +137,7 @@ pub(super) fn unpack_block(h5: bool, src: &[u8], r: usize, blk: &mut [u8]) {
 
 /// One column's activation side: per super-block d_a and the 8 sub-block sums Σ a.
 #[derive(Default)]
-struct Col {
+pub(super) struct Col {
     d: Vec<f32>,
     sums: Vec<[i32; 8]>,
     /// `sums` as f32 (exact: |sum| <= 4096), for the kernel's float min term.
@@ -145,7 +145,7 @@ struct Col {
 }
 
 impl Col {
-    fn fill(&mut self, act: &[u8], nb: usize) {
+    pub(super) fn fill(&mut self, act: &[u8], nb: usize) {
         self.d.clear();
         self.sums.clear();
         self.sumsf.clear();
@@ -161,6 +161,20 @@ impl Col {
 
 thread_local! {
     static COLS: std::cell::RefCell<Vec<Col>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `matvec` with the columns prepared by the caller (`cs[j]` filled from activation row j).
+pub(super) fn matvec_with(h5: bool, packed: &[u8], cols: usize, acts: &[u8], cs: &[Col], ys: &mut [&mut [f32]]) {
+    if !avx512::matvec(h5, packed, cols / 256, acts, cs, ys) {
+        matvec_scalar(h5, packed, cols, acts, ys);
+    }
+}
+
+/// `q6_matvec` with the columns prepared by the caller (`cs[j]` filled from activation row j).
+pub(super) fn q6_matvec_with(packed: &[u8], cols: usize, acts: &[u8], cs: &[Col6], ys: &mut [&mut [f32]]) {
+    if !avx512::q6_matvec(packed, cols / 256, acts, cs, ys) {
+        q6_matvec_scalar(packed, cols, acts, ys);
+    }
 }
 
 /// `matvec_ileave` for Q4_K and Q5_K (lengths checked by the caller).
@@ -540,13 +554,13 @@ pub(super) fn q6_unpack_block(src: &[u8], r: usize, blk: &mut [u8]) {
 
 /// One column's Q6_K activation side: per super-block d_a and the 16 offset terms -32·Σ a.
 #[derive(Default)]
-struct Col6 {
+pub(super) struct Col6 {
     d: Vec<f32>,
     bias: Vec<[i32; 16]>,
 }
 
 impl Col6 {
-    fn fill(&mut self, act: &[u8], nb: usize) {
+    pub(super) fn fill(&mut self, act: &[u8], nb: usize) {
         self.d.clear();
         self.bias.clear();
         for blk in act.chunks_exact(AB).take(nb) {
