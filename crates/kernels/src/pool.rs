@@ -292,6 +292,21 @@ impl<T> SendPtr<T> {
     fn get(&self) -> *mut T {
         self.0
     }
+
+    /// Columns c0..c1 of the row-major [n_rows, n_cols] buffer at the pointer: the n_rows
+    /// slices `[i * n_cols + c0, i * n_cols + c1)`, disjoint from each other (different rows).
+    ///
+    /// # Safety
+    /// The pointer addresses n_rows * n_cols live elements, c0 <= c1 <= n_cols, and no other
+    /// reference to these elements exists while the slices live (the callers hand each column
+    /// range to one call only and outlive every call).
+    unsafe fn col_pieces<'a>(&self, n_rows: usize, n_cols: usize, c0: usize, c1: usize) -> Vec<&'a mut [T]> {
+        (0..n_rows)
+            // SAFETY: row i's piece lies inside the buffer (the contract above) and the rows'
+            // pieces do not overlap; exclusivity is the caller's promise.
+            .map(|i| unsafe { std::slice::from_raw_parts_mut(self.get().add(i * n_cols + c0), c1 - c0) })
+            .collect()
+    }
 }
 
 /// A fixed set of `n_threads - 1` workers plus the calling thread. See the module header.
@@ -467,17 +482,10 @@ impl Pool {
         }
         let base = SendPtr(out.as_mut_ptr());
         self.for_ranges(n_cols, grain, |c0, c1| {
-            let mut pieces: Vec<&mut [T]> = (0..n_rows)
-                .map(|i| {
-                    // SAFETY: `for_ranges` hands out disjoint column ranges c0..c1 <= n_cols,
-                    // each once, and returns only after every call is done; within one call the
-                    // n_rows pieces lie in different rows (i * n_cols + c0..i * n_cols + c1,
-                    // inside `out` as out.len() == n_rows * n_cols was asserted). So every
-                    // piece is the only live reference to its elements while `out` is borrowed
-                    // mutably by this function; T: Send as they are written from other threads.
-                    unsafe { std::slice::from_raw_parts_mut(base.get().add(i * n_cols + c0), c1 - c0) }
-                })
-                .collect();
+            // SAFETY: `for_ranges` hands out disjoint column ranges c0..c1 <= n_cols, each
+            // once, and returns only after every call is done; `out` has n_rows * n_cols
+            // elements (asserted) and stays borrowed mutably by this function meanwhile.
+            let mut pieces = unsafe { base.col_pieces(n_rows, n_cols, c0, c1) };
             f(c0, &mut pieces);
         });
     }
@@ -536,18 +544,11 @@ impl Pool {
         let run_piece = |t: usize, p: usize| {
             let c0 = start(t) + p * piece;
             let c1 = (c0 + piece).min(start(t + 1));
-            let mut pieces: Vec<&mut [T]> = (0..n_rows)
-                .map(|i| {
-                    // SAFETY: each (slab, piece) is claimed exactly once (the compare-and-swap
-                    // above hands every index out once, from either end), pieces of a slab and
-                    // slabs are disjoint column ranges c0..c1 <= n_cols, and the dispatch
-                    // returns only after every call is done; within one call the n_rows pieces
-                    // lie in different rows of `out` (out.len() == n_rows * n_cols was
-                    // asserted). So every slice is the only live reference to its elements
-                    // while `out` is borrowed mutably here; T: Send as other threads write them.
-                    unsafe { std::slice::from_raw_parts_mut(base.get().add(i * n_cols + c0), c1 - c0) }
-                })
-                .collect();
+            // SAFETY: each (slab, piece) is claimed exactly once (the compare-and-swap above
+            // hands every index out once, from either end), pieces and slabs are disjoint
+            // column ranges c0..c1 <= n_cols, the dispatch returns only after every call is
+            // done, and `out` has n_rows * n_cols elements (asserted), borrowed mutably here.
+            let mut pieces = unsafe { base.col_pieces(n_rows, n_cols, c0, c1) };
             f(c0, &mut pieces);
         };
         let r = self.dispatch(nth, &|ith| {
