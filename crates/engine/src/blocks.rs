@@ -716,7 +716,8 @@ pub fn ffn_rows(cfg: &ModelConfig, w: &FfnWeights, h: &[f32], n: usize, num: Num
     // rows; the down projection then reads those halves where they are.
     {
         let _s = profile::span(Op::Activation);
-        pool().for_rows_mut(gu, 2 * ff, NORM_GRAIN, |_, rows| {
+        // One row per work item: a decode batch's few rows are each a whole FFN width.
+        pool().for_rows_mut(gu, 2 * ff, 1, |_, rows| {
             for r in rows.chunks_mut(2 * ff) {
                 let (g, u) = r.split_at_mut(ff);
                 gated_span(cfg, num, g, u);
