@@ -27,4 +27,5 @@ pub use model::{BatchEntry, Logits, Model};
 pub use numerics::Numerics;
 pub mod sampling;
 pub mod sched;
+pub mod spec;
 pub mod stop;

@@ -1,0 +1,167 @@
+//! Speculative decoding's drafters (issue 13 groundwork): what proposes the tokens a
+//! k-position verify then checks. This module holds the n-gram drafter (prompt lookup, as
+//! llama.cpp's `ngram-simple`); the verify forward, the draft model and MTP come next.
+//!
+//! A drafter sees the sequence's whole token history (prompt and generated text) and proposes
+//! up to `n_max` next tokens; it never sees logits, so a draft changes only how many positions
+//! one forward verifies, never which tokens come out (sample-and-match keeps a drafted token
+//! only where the target's own sample equals it).
+//!
+//! Written by hand: the lookup runs once per decode step on the engine thread, so it must cost
+//! O(1) per new token (an index updated incrementally), not a scan of the history.
+
+use std::collections::HashMap;
+
+/// Proposes the next tokens of a sequence from its history.
+pub trait Drafter {
+    /// Up to `n_max` tokens expected to follow `history` (empty: no guess, decode plainly).
+    /// `history` is the accepted text (prompt and tokens kept so far): it grows between calls;
+    /// a rejected draft never entered it.
+    fn draft(&mut self, history: &[u32], n_max: usize) -> Vec<u32>;
+}
+
+/// Prompt lookup: the most recent earlier occurrence of the history's last `n` tokens gives
+/// the draft (the tokens that followed it there), for n from `n_max_match` down to
+/// `n_min_match`: the longest match wins, ties to the most recent occurrence. Text with no
+/// repeat of at least `n_min_match` tokens yields no draft, so it costs nothing.
+#[derive(Debug)]
+pub struct NgramDrafter {
+    n_min_match: usize,
+    n_max_match: usize,
+    /// Per match length n (index n - n_min_match): n-gram -> the position just after its most
+    /// recent occurrence that ends before the history's last token.
+    index: Vec<HashMap<Vec<u32>, usize>>,
+    /// The history the index was built over (a prefix of every later call's history, else the
+    /// index is rebuilt).
+    seen: Vec<u32>,
+}
+
+impl NgramDrafter {
+    /// A drafter matching n-grams of `n_min_match..=n_max_match` tokens (both at least 1).
+    pub fn new(n_min_match: usize, n_max_match: usize) -> NgramDrafter {
+        let n_min_match = n_min_match.max(1);
+        let n_max_match = n_max_match.max(n_min_match);
+        NgramDrafter { n_min_match, n_max_match, index: vec![HashMap::new(); n_max_match - n_min_match + 1], seen: Vec::new() }
+    }
+
+    /// Brings the index up to `h`: every n-gram `h[p - n..p]` for p in 1..=h.len() maps to p
+    /// (its continuation's start), a later occurrence overwriting an earlier one. Growth costs
+    /// work per new token; a history that is not an extension of the last one (cut back, replaced:
+    /// rare, as drafts enter the history only once accepted) rebuilds the index.
+    fn update(&mut self, h: &[u32]) {
+        if !h.starts_with(&self.seen) {
+            self.index.iter_mut().for_each(HashMap::clear);
+            self.seen.clear();
+        }
+        let (from, to) = (self.seen.len(), h.len());
+        for end in (from + 1)..=to {
+            for (i, map) in self.index.iter_mut().enumerate() {
+                let n = self.n_min_match + i;
+                if end >= n {
+                    map.insert(h[end - n..end].to_vec(), end);
+                }
+            }
+        }
+        self.seen.extend_from_slice(&h[from..]);
+    }
+}
+
+impl Drafter for NgramDrafter {
+    fn draft(&mut self, history: &[u32], n_max: usize) -> Vec<u32> {
+        if n_max == 0 || history.is_empty() {
+            return Vec::new();
+        }
+        // Index the n-grams whose continuation exists (ending at len - 1 at the latest); the
+        // suffix itself, ending at len, is the key and must not find itself.
+        self.update(&history[..history.len() - 1]);
+        let len = history.len();
+        for n in (self.n_min_match..=self.n_max_match.min(len - 1)).rev() {
+            let key = &history[len - n..];
+            if let Some(&at) = self.index[n - self.n_min_match].get(key) {
+                return history[at..(at + n_max).min(len)].to_vec();
+            }
+        }
+        Vec::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The lookup by brute force: longest n first, the most recent earlier occurrence.
+    fn brute(history: &[u32], n_min: usize, n_max_match: usize, n_max: usize) -> Vec<u32> {
+        let len = history.len();
+        if n_max == 0 || len == 0 {
+            return Vec::new();
+        }
+        for n in (n_min..=n_max_match.min(len - 1)).rev() {
+            let key = &history[len - n..];
+            // occurrences ending at end < len
+            for end in (n..len).rev() {
+                if &history[end - n..end] == key {
+                    return history[end..(end + n_max).min(len)].to_vec();
+                }
+            }
+        }
+        Vec::new()
+    }
+
+    #[test]
+    fn repeats_are_drafted_and_novel_text_is_not() {
+        let mut d = NgramDrafter::new(2, 4);
+        // "a b c d e ... a b c" -> continue with "d e"
+        let h = [1, 2, 3, 4, 5, 9, 9, 1, 2, 3];
+        assert_eq!(d.draft(&h, 2), vec![4, 5]);
+        assert_eq!(d.draft(&h, 8), vec![4, 5, 9, 9, 1, 2, 3]);
+        let mut d = NgramDrafter::new(2, 4);
+        assert!(d.draft(&[1, 2, 3, 4, 5, 6, 7], 8).is_empty(), "no repeat, no draft");
+        assert!(d.draft(&[], 8).is_empty() && d.draft(&[1], 8).is_empty());
+        assert!(d.draft(&[1, 2, 1, 2], 0).is_empty(), "n_max 0");
+    }
+
+    /// The longest match wins over a more recent shorter one.
+    #[test]
+    fn the_longest_match_wins() {
+        let mut d = NgramDrafter::new(1, 3);
+        // ...7 8 9 [5] ... 8 9 [6] ... 7 8 9 -> the 3-gram "7 8 9" continues with 5
+        let h = [7, 8, 9, 5, 0, 8, 9, 6, 0, 7, 8, 9];
+        assert_eq!(d.draft(&h, 1), vec![5]);
+        let mut d = NgramDrafter::new(1, 2);
+        assert_eq!(d.draft(&h, 1), vec![6], "with 2-grams at most, the most recent \"8 9\"");
+    }
+
+    /// The incremental index gives the brute-force answer at every step of growing histories
+    /// (small vocabularies: many repeats), also when the history is cut back (a rejected
+    /// draft) or replaced.
+    #[test]
+    fn incremental_lookup_equals_brute_force() {
+        let mut s = 0x5EED_1234_ABCD_0001u64;
+        let mut next = |m: u64| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % m) as u32
+        };
+        for (vocab, n_min, n_max_match) in [(3, 1, 3), (5, 2, 4), (20, 1, 2), (2, 3, 6)] {
+            let mut d = NgramDrafter::new(n_min, n_max_match);
+            let mut h: Vec<u32> = Vec::new();
+            for step in 0..400 {
+                match next(10) {
+                    0 if h.len() > 3 => {
+                        let cut = h.len() - 1 - next(3) as usize;
+                        h.truncate(cut);
+                    }
+                    1 if step % 97 == 0 => h = (0..next(30)).map(|_| next(vocab as u64)).collect(),
+                    _ => h.push(next(vocab as u64)),
+                }
+                let n_max = next(6) as usize;
+                assert_eq!(
+                    d.draft(&h, n_max),
+                    brute(&h, n_min, n_max_match, n_max),
+                    "vocab {vocab} n {n_min}..={n_max_match} step {step} history {h:?}"
+                );
+            }
+        }
+    }
+}
