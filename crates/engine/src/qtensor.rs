@@ -33,8 +33,8 @@ use cortiq_kernels::dot::{dot, gemm_nt};
 use cortiq_kernels::quant::{
     ActType, IL_ROWS, IleaveCols, MatmatActs, Order, QuantType, act_type, dequantize_act, dequantize_row, dequantize_rows,
     ileave, ileave_cols, ileave_group_bytes, ileave_rows, ileave_supported, llamacpp_order, matmat_q_prepared,
-    matmat_q_prepared_tm, matmat_supported, matvec_fast, matvec_fast_multi, matvec_ileave, matvec_ileave_cols, matvec_q_order,
-    order_supported, quantize_act, quantize_act_to,
+    matmat_q_prepared_tm, matmat_supported, matvec_fast, matvec_fast_multi, matvec_ileave_cols, matvec_q_order, order_supported,
+    quantize_act, quantize_act_to,
 };
 
 use cortiq_formats::WeightBytes;
@@ -256,17 +256,13 @@ impl QTensor {
     /// Rows `r0..r0 + n` times `k` = `ys.len()` activation rows (Q8_0 / Q8_K, [k, row bytes])
     /// with the interleaved kernel: `ys[j][i]` = row r0 + i times activation row j. A range that
     /// cuts a group computes the whole group into a buffer and keeps its rows; each row's value
-    /// is the same either way. `prep`: the activation columns prepared once by the caller
-    /// (`ileave_cols` on these `acts` for this tensor's type and width), or None to prepare
-    /// them here, per call.
-    fn matvec_il(&self, r0: usize, n: usize, acts: &[u8], prep: Option<&IleaveCols>, ys: &mut [&mut [f32]]) {
+    /// is the same either way. `prep`: the activation columns, prepared once per dispatch by
+    /// the caller (`ileave_cols` on these `acts` for this tensor's type and width).
+    fn matvec_il(&self, r0: usize, n: usize, acts: &[u8], prep: &IleaveCols, ys: &mut [&mut [f32]]) {
         let gb = ileave_group_bytes(self.dtype, self.cols).expect("an interleaved tensor's type has the layout");
         let (g0, g1) = (r0 / IL_ROWS, (r0 + n).div_ceil(IL_ROWS));
         let packed = &self.backing.bytes()[g0 * gb..g1 * gb];
-        let run = |ys: &mut [&mut [f32]]| match prep {
-            Some(p) => matvec_ileave_cols(self.dtype, packed, self.cols, acts, p, ys),
-            None => matvec_ileave(self.dtype, packed, self.cols, acts, ys),
-        };
+        let run = |ys: &mut [&mut [f32]]| matvec_ileave_cols(self.dtype, packed, self.cols, acts, prep, ys);
         if r0.is_multiple_of(IL_ROWS) && n.is_multiple_of(IL_ROWS) {
             run(ys);
         } else {
@@ -738,9 +734,9 @@ fn il_preps<'a>(ws: &[&QTensor], cols: usize, quantized: impl Fn(ActType) -> &'a
     preps
 }
 
-/// The prepared columns for weight type `ty` (`il_preps`).
-fn prep_of(preps: &[(QuantType, IleaveCols)], ty: QuantType) -> Option<&IleaveCols> {
-    preps.iter().find(|(t, _)| *t == ty).map(|(_, p)| p)
+/// The prepared columns for interleaved weight type `ty` (`il_preps` made one for each).
+fn prep_of(preps: &[(QuantType, IleaveCols)], ty: QuantType) -> &IleaveCols {
+    &preps.iter().find(|(t, _)| *t == ty).expect("il_preps covers every interleaved type of the dispatch").1
 }
 
 /// Row width from which a batch's activation rows are quantized over the pool (one row per

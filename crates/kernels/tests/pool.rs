@@ -417,24 +417,31 @@ fn for_rows_mut_gives_disjoint_row_slices() {
     }
 }
 
+/// A `for_cols_mut*` task over [n_rows, n_cols] elements that start at usize::MAX: checks its
+/// column range (whole grains, one piece per row, all the same width) and writes each element's
+/// own index, refusing one written before.
+fn mark_once(n_rows: usize, n_cols: usize, grain: usize) -> impl Fn(usize, &mut [&mut [usize]]) + Sync {
+    move |c0, pieces| {
+        assert_eq!(pieces.len(), n_rows, "one piece per row");
+        let w = pieces[0].len();
+        assert!(c0 % grain.max(1) == 0 && c0 + w <= n_cols, "range {c0}+{w} of {n_cols} columns, grain {grain}");
+        for (i, piece) in pieces.iter_mut().enumerate() {
+            assert_eq!(piece.len(), w, "every row's piece covers the same columns");
+            for (j, v) in piece.iter_mut().enumerate() {
+                assert_eq!(*v, usize::MAX, "element ({i}, {}) written twice", c0 + j);
+                *v = i * n_cols + c0 + j;
+            }
+        }
+    }
+}
+
 #[test]
 fn for_cols_mut_gives_disjoint_column_pieces() {
     for n_threads in [1, 2, 3] {
         let pool = Pool::new(n_threads).unwrap();
         for (n_rows, n_cols, grain) in [(0, 5, 1), (3, 0, 1), (1, 10, 1), (4, 37, 16), (8, 1000, 16), (2, 7, 8)] {
             let mut out = vec![usize::MAX; n_rows * n_cols];
-            pool.for_cols_mut(&mut out, n_rows, n_cols, grain, |c0, pieces| {
-                assert_eq!(pieces.len(), n_rows, "one piece per row");
-                let w = pieces[0].len();
-                assert!(c0 % grain == 0 && c0 + w <= n_cols, "range {c0}+{w} of {n_cols} columns, grain {grain}");
-                for (i, piece) in pieces.iter_mut().enumerate() {
-                    assert_eq!(piece.len(), w, "every row's piece covers the same columns");
-                    for (j, v) in piece.iter_mut().enumerate() {
-                        assert_eq!(*v, usize::MAX, "element ({i}, {}) written twice", c0 + j);
-                        *v = i * n_cols + c0 + j;
-                    }
-                }
-            });
+            pool.for_cols_mut(&mut out, n_rows, n_cols, grain, mark_once(n_rows, n_cols, grain));
             let bad = out.iter().enumerate().find(|&(i, &v)| v != i);
             assert!(bad.is_none(), "n_threads={n_threads} {n_rows}x{n_cols} grain {grain}: first wrong element {bad:?}");
         }
@@ -460,18 +467,7 @@ fn for_cols_mut_balanced_covers_once_and_shares_a_slow_slab() {
             (2, 500, 4, 1000),
         ] {
             let mut out = vec![usize::MAX; n_rows * n_cols];
-            pool.for_cols_mut_balanced(&mut out, n_rows, n_cols, grain, piece, |c0, pieces| {
-                assert_eq!(pieces.len(), n_rows, "one piece per row");
-                let w = pieces[0].len();
-                assert!(c0 % grain.max(1) == 0 && c0 + w <= n_cols, "range {c0}+{w} of {n_cols} columns, grain {grain}");
-                for (i, p) in pieces.iter_mut().enumerate() {
-                    assert_eq!(p.len(), w, "every row's piece covers the same columns");
-                    for (j, v) in p.iter_mut().enumerate() {
-                        assert_eq!(*v, usize::MAX, "element ({i}, {}) written twice", c0 + j);
-                        *v = i * n_cols + c0 + j;
-                    }
-                }
-            });
+            pool.for_cols_mut_balanced(&mut out, n_rows, n_cols, grain, piece, mark_once(n_rows, n_cols, grain));
             let bad = out.iter().enumerate().find(|&(i, &v)| v != i);
             assert!(
                 bad.is_none(),

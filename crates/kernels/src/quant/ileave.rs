@@ -343,10 +343,6 @@ impl Col {
     }
 }
 
-thread_local! {
-    static COLS: std::cell::RefCell<Vec<Col>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
 #[track_caller]
 fn check(func: &str, ty: QuantType, packed: &[u8], cols: usize, acts: &[u8], ys: &[&mut [f32]]) -> (usize, i32) {
     let gb = ileave_group_bytes(ty, cols).unwrap_or_else(|| panic!("{func}({ty}): no interleaved layout for {cols} columns"));
@@ -371,36 +367,13 @@ fn check(func: &str, ty: QuantType, packed: &[u8], cols: usize, acts: &[u8], ys:
 /// available, else the scalar twin, bit for bit the same.
 #[track_caller]
 pub fn matvec_ileave(ty: QuantType, packed: &[u8], cols: usize, acts: &[u8], ys: &mut [&mut [f32]]) {
-    let (groups, off) = check("matvec_ileave", ty, packed, cols, acts, ys);
-    let k = ys.len();
-    if groups == 0 || k == 0 {
-        return;
-    }
-    if matches!(ty, QuantType::Q4K | QuantType::Q5K) {
-        super::ileave_k::matvec(ty == QuantType::Q5K, packed, cols, acts, ys);
-        return;
-    }
-    if ty == QuantType::Q6K {
-        super::ileave_k::q6_matvec(packed, cols, acts, ys);
-        return;
-    }
-    let nb = cols / 32;
-    let done = COLS.with(|cs| {
-        let mut cs = cs.borrow_mut();
-        cs.resize_with(k, Col::default);
-        for (c, a) in cs.iter_mut().zip(acts.chunks_exact(34 * nb)) {
-            c.fill(a, nb, off);
-        }
-        avx512::matvec(ty, packed, nb, acts, &cs[..k], ys)
-    });
-    if !done {
-        matvec_ileave_scalar(ty, packed, cols, acts, ys);
-    }
+    check("matvec_ileave", ty, packed, cols, acts, ys);
+    matvec_ileave_cols(ty, packed, cols, acts, &ileave_cols(ty, cols, acts), ys);
 }
 
 /// The activation side of `matvec_ileave` for one weight type and k activation rows, prepared
 /// once: per block the activation's f32 scale and the offset or sub-block sums the kernel adds.
-/// `matvec_ileave` prepares it on every call (per thread); a caller that cuts one product into
+/// `matvec_ileave` prepares it on every call; a caller that cuts one product into
 /// many calls (the pieces of a balanced split) prepares it once with `ileave_cols` and passes
 /// it to `matvec_ileave_cols`.
 pub struct IleaveCols {

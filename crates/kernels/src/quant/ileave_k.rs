@@ -159,37 +159,19 @@ impl Col {
     }
 }
 
-thread_local! {
-    static COLS: std::cell::RefCell<Vec<Col>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// `matvec` with the columns prepared by the caller (`cs[j]` filled from activation row j).
+/// `matvec_ileave` for Q4_K and Q5_K with the columns prepared (`cs[j]` filled from activation
+/// row j; lengths checked by the caller).
 pub(super) fn matvec_with(h5: bool, packed: &[u8], cols: usize, acts: &[u8], cs: &[Col], ys: &mut [&mut [f32]]) {
     if !avx512::matvec(h5, packed, cols / 256, acts, cs, ys) {
         matvec_scalar(h5, packed, cols, acts, ys);
     }
 }
 
-/// `q6_matvec` with the columns prepared by the caller (`cs[j]` filled from activation row j).
+/// `matvec_ileave` for Q6_K with the columns prepared (`cs[j]` filled from activation row j;
+/// lengths checked by the caller).
 pub(super) fn q6_matvec_with(packed: &[u8], cols: usize, acts: &[u8], cs: &[Col6], ys: &mut [&mut [f32]]) {
     if !avx512::q6_matvec(packed, cols / 256, acts, cs, ys) {
         q6_matvec_scalar(packed, cols, acts, ys);
-    }
-}
-
-/// `matvec_ileave` for Q4_K and Q5_K (lengths checked by the caller).
-pub(super) fn matvec(h5: bool, packed: &[u8], cols: usize, acts: &[u8], ys: &mut [&mut [f32]]) {
-    let (nb, k) = (cols / 256, ys.len());
-    let done = COLS.with(|cs| {
-        let mut cs = cs.borrow_mut();
-        cs.resize_with(k, Col::default);
-        for (c, a) in cs.iter_mut().zip(acts.chunks_exact(AB * nb)) {
-            c.fill(a, nb);
-        }
-        avx512::matvec(h5, packed, nb, acts, &cs[..k], ys)
-    });
-    if !done {
-        matvec_scalar(h5, packed, cols, acts, ys);
     }
 }
 
@@ -567,26 +549,6 @@ impl Col6 {
             self.d.push(f32::from_le_bytes([blk[0], blk[1], blk[2], blk[3]]));
             self.bias.push(std::array::from_fn(|j| -32 * i16::from_le_bytes([blk[260 + 2 * j], blk[261 + 2 * j]]) as i32));
         }
-    }
-}
-
-thread_local! {
-    static COLS6: std::cell::RefCell<Vec<Col6>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// `matvec_ileave` for Q6_K (lengths checked by the caller).
-pub(super) fn q6_matvec(packed: &[u8], cols: usize, acts: &[u8], ys: &mut [&mut [f32]]) {
-    let (nb, k) = (cols / 256, ys.len());
-    let done = COLS6.with(|cs| {
-        let mut cs = cs.borrow_mut();
-        cs.resize_with(k, Col6::default);
-        for (c, a) in cs.iter_mut().zip(acts.chunks_exact(AB * nb)) {
-            c.fill(a, nb);
-        }
-        avx512::q6_matvec(packed, nb, acts, &cs[..k], ys)
-    });
-    if !done {
-        q6_matvec_scalar(packed, cols, acts, ys);
     }
 }
 
