@@ -320,30 +320,33 @@ fn attn_prep(
     gate
 }
 
-/// One sequence's side of `attention_rows`' dispatch: its loop context, its visible keys and
-/// values, and whether its lone step would attend per kv group.
+/// One sequence's side of `attention_rows`' dispatch: its loop context and its visible keys
+/// and values (from its first row's first visible key).
 struct SeqSpan<'a> {
     at: AttnCtx,
     kc: Cow<'a, [f32]>,
     vc: Cow<'a, [f32]>,
-    grouped: bool,
 }
 
-/// One sequence of `attention_rows`: its next position, its cache and its O(1) hook.
+/// One sequence of `attention_rows`: `n` consecutive positions from `pos0` (one for a decode
+/// row; the verify of speculative decoding checks several), its cache and its O(1) hook.
 pub struct DecodeSeq<'a, 'b> {
     pub pos0: usize,
+    pub n: usize,
     pub kv: &'a mut Cache,
     pub o1: &'a AttnO1<'b>,
 }
 
-/// One decode position of each of several sequences (the serving batch): q [kb, wq.rows], k, v
-/// [kb, kv_dim] projected, `seqs[i]` row i's sequence -> (o [kb, n_heads, head_dim], the gate
-/// of a gated q_proj), row i bit-identical to `attention_core(.., n = 1, ..)` on that sequence
-/// alone: the same preprocessing and cache append, then every sequence's heads in one pool
-/// dispatch (a work item per kv group of a sequence, or per head where the lone step would take
-/// heads one by one) instead of one dispatch per sequence. None, with nothing touched, where a
-/// sequence needs another path (a sealed O(1) state or a planned O(1) layer, llama.cpp
-/// numerics): the caller then runs `attention_core` per sequence.
+/// Decode positions of several sequences (the serving batch; the verify's positions of one):
+/// q [Σ n_i, wq.rows], k, v [Σ n_i, kv_dim] projected, the rows of `seqs[0]` first -> (o
+/// [Σ n_i, n_heads, head_dim], the gate of a gated q_proj), each row bit-identical to its own
+/// `attention_core(.., n = 1, ..)` step on that sequence alone, in order: the same
+/// preprocessing and cache append position by position, then every row's heads in one pool
+/// dispatch (a work item per kv group of a row, or per head where the lone step would take
+/// heads one by one) instead of one dispatch per step. A row sees its sequence's keys up to its
+/// own position only, so the later rows' keys already in the cache change nothing. None, with
+/// nothing touched, where a sequence needs another path (a sealed O(1) state or a planned O(1)
+/// layer, llama.cpp numerics): the caller then runs `attention_core` per step.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_rows(
     cfg: &ModelConfig,
@@ -367,18 +370,26 @@ pub fn attention_rows(
         Some(wn) => (p + 1).saturating_sub(wn),
         None => 0,
     };
-    let mut qs = Vec::with_capacity(seqs.len() * q_dim); // [kb, n_heads, head_dim]
-    let mut gates = Vec::new(); // [kb, n_heads, head_dim] when gated
+    // Per row: its sequence, its position, and the lone step's choice (`attention_core`): per
+    // kv group, or head by head.
+    let mut rows: Vec<(usize, usize, bool)> = Vec::new();
+    let mut qs = Vec::with_capacity(q.len() / qr * q_dim); // [Σ n_i, n_heads, head_dim]
+    let mut gates = Vec::new(); // [Σ n_i, n_heads, head_dim] when gated
     for (i, s) in seqs.iter_mut().enumerate() {
-        let (mut qi, mut ki, mut vi) = (
-            q[i * qr..(i + 1) * qr].to_vec(),
-            k[i * kv_dim..(i + 1) * kv_dim].to_vec(),
-            v[i * kv_dim..(i + 1) * kv_dim].to_vec(),
-        );
-        let g = attn_prep(cfg, w, rope_cfg, &mut qi, &mut ki, &mut vi, 1, s.pos0, num);
-        s.kv.append(&ki, &vi);
-        qs.extend_from_slice(&qi);
-        gates.extend(g.unwrap_or_default());
+        for t in 0..s.n {
+            let (r, p) = (rows.len(), s.pos0 + t);
+            let (mut qi, mut ki, mut vi) = (
+                q[r * qr..(r + 1) * qr].to_vec(),
+                k[r * kv_dim..(r + 1) * kv_dim].to_vec(),
+                v[r * kv_dim..(r + 1) * kv_dim].to_vec(),
+            );
+            let g = attn_prep(cfg, w, rope_cfg, &mut qi, &mut ki, &mut vi, 1, p, num);
+            s.kv.append(&ki, &vi);
+            qs.extend_from_slice(&qi);
+            gates.extend(g.unwrap_or_default());
+            let grouped = group > 1 && (nh / group >= pool().n_threads() || p + 1 - visible(p) >= GROUPED_DECODE_MIN);
+            rows.push((i, p, grouped));
+        }
     }
     let _s = profile::span(Op::Attention);
     // Each sequence's visible keys (an f16 cache widened over them, as alone) and loop context.
@@ -400,23 +411,22 @@ pub fn attention_rows(
                 window,
                 fast: num == Numerics::Fast,
             };
-            // The lone step's choice (`attention_core`): per kv group, or head by head.
-            let grouped = group > 1 && (nh / group >= pool().n_threads() || s.pos0 + 1 - lo >= GROUPED_DECODE_MIN);
-            SeqSpan { at, kc, vc, grouped }
+            SeqSpan { at, kc, vc }
         })
         .collect();
-    let mut o = vec![0f32; seqs.len() * q_dim]; // [kb, n_heads, head_dim]
-    // Work items of one kv group's heads (`group` rows of hd): never across two sequences.
+    let mut o = vec![0f32; rows.len() * q_dim]; // [Σ n_i, n_heads, head_dim]
+    // Work items of one kv group's heads (`group` rows of hd): never across two rows.
     pool().for_rows_mut_dynamic(&mut o, hd, group, |r0, out| {
-        let (i, h0) = (r0 / nh, r0 % nh);
-        let SeqSpan { at, kc, vc, grouped } = &spans[i];
-        let qi = &qs[i * q_dim..(i + 1) * q_dim];
-        if *grouped {
-            attend_heads(at, &qi[h0 * hd..(h0 + group) * hd], at.pos0, h0 / group, kc, vc, out);
+        let (r, h0) = (r0 / nh, r0 % nh);
+        let (i, p, grouped) = rows[r];
+        let SeqSpan { at, kc, vc } = &spans[i];
+        let qi = &qs[r * q_dim..(r + 1) * q_dim];
+        if grouped {
+            attend_heads(at, &qi[h0 * hd..(h0 + group) * hd], p, h0 / group, kc, vc, out);
         } else {
             for (t, oh) in out.chunks_mut(hd).enumerate() {
                 let h = h0 + t;
-                attend_heads(at, &qi[h * hd..(h + 1) * hd], at.pos0, h / group, kc, vc, oh);
+                attend_heads(at, &qi[h * hd..(h + 1) * hd], p, h / group, kc, vc, oh);
             }
         }
     });

@@ -8,10 +8,10 @@
 use crate::blocks::{FfnWeights, ffn, ffn_rows, rmsnorm_rows_in, rmsnorm_segments_in};
 use crate::config::{LayerSpec, MixerKind, ModelConfig};
 use crate::error::{EngineError, Result};
-use crate::mixers::{self, Env, Mixer, Seq};
+use crate::mixers::{self, Env, Journal, Mixer, Seq};
 use crate::moe::{MoeConfig, MoeWeights, moe};
 use crate::numerics::{LlamaCppCtx, Numerics};
-use crate::o1::{AttnO1, Geom, O1Plan, O1Run, Serve};
+use crate::o1::{AttnO1, Geom, O1Plan, O1Run, O1Stats, Serve};
 use crate::par::pool;
 use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
@@ -108,6 +108,18 @@ pub enum Logits {
     Last,
     /// Positions from this index of the chunk to its end.
     From(usize),
+}
+
+/// What `Model::verify_keep` needs of the last `forward_verify` on a sequence: per layer its
+/// mixer's journal, the O(1) counters before the chunk, or (before an O(1) seal) an ordinary
+/// checkpoint and the tokens. One per sequence, kept from verify to verify.
+#[derive(Default)]
+pub struct VerifyJournal {
+    pos0: usize,
+    n: usize,
+    layers: Vec<Journal>,
+    o1_stats: Option<O1Stats>,
+    fallback: Option<(Checkpoint, Vec<u32>)>,
 }
 
 /// A trace callback: (intermediate name, layer index or usize::MAX for model-level, values).
@@ -487,6 +499,84 @@ impl Model {
         logits.extend(self.head(&xs[1], trace));
         debug_assert_eq!(xs[0].len(), d);
         Ok((logits, Checkpoint::at(pos0 + 1, snaps)))
+    }
+
+    /// The verify of speculative decoding: `tokens` (the last accepted token, then a draft)
+    /// at positions state.len.., every position computed as its own decode step, with one
+    /// read of each weight for all of them (the projections, FFNs and LM head take the
+    /// serving batch's row-wise path; attention and recurrent mixers step position by position,
+    /// `Mixer::forward_steps`). Returns logits [n, vocab], row i **bit-identical to the i-th of
+    /// n single `forward` steps**; the state holds all n positions, and `verify_keep` then
+    /// keeps any prefix of them, leaving the state bit for bit as having decoded exactly that
+    /// prefix. `journal` (one per sequence, kept from verify to verify) records what that
+    /// needs: nothing for KV caches (they truncate), for recurrent layers their state before
+    /// the chunk and the rows that step it again, never a copy of the whole sequence state.
+    /// Before an O(1) plan's seal (or in its check mode) the positions run as single steps
+    /// after an ordinary checkpoint.
+    pub fn forward_verify(&self, tokens: &[u32], state: &mut SeqState, journal: &mut VerifyJournal) -> Result<Vec<f32>> {
+        cortiq_kernels::simd::flush_denormals();
+        if tokens.is_empty() {
+            return Err(EngineError::EmptyEntry);
+        }
+        self.check_tokens(tokens, state)?;
+        let (n, pos0) = (tokens.len(), state.len);
+        journal.pos0 = pos0;
+        journal.n = n;
+        journal.fallback = None;
+        if state.o1.as_ref().is_some_and(|r| r.plan.check.is_some() || r.pending(pos0)) {
+            let cp = state.checkpoint();
+            let mut logits = Vec::with_capacity(n * self.cfg.vocab); // [n, vocab]
+            for &t in tokens {
+                logits.extend(self.forward(&[t], state, Logits::Last)?);
+            }
+            journal.fallback = Some((cp, tokens.to_vec()));
+            return Ok(logits);
+        }
+        journal.layers.resize_with(self.layers.len(), Journal::default);
+        journal.o1_stats = state.o1.as_ref().map(|r| r.stats);
+        let (cfg, env) = (&self.cfg, self.env());
+        let ones = vec![1usize; n];
+        let mut x = self.embed(tokens); // [n, d_model], row by row as alone
+        for il in 0..self.layers.len() {
+            let lw = &self.layers[il];
+            let mut h = vec![0f32; x.len()]; // [n, d_model]
+            rmsnorm_rows_in(self.numerics, &x, &lw.attn_norm, cfg.norm_eps, &mut h);
+            let a = lw.mixer.forward_steps(&env, &h, n, self.seq(il, state, pos0), &mut journal.layers[il])?;
+            self.mixer_residual(il, &mut x, a, &mut |_, _, _| {});
+            self.layer_ffn(il, &mut x, &ones, &mut |_, _, _| {});
+        }
+        state.len = pos0 + n;
+        let mut logits = Vec::new();
+        self.head_rows(&x, &mut logits); // [n, vocab]
+        Ok(logits)
+    }
+
+    /// Keep the first `keep` positions of the last `forward_verify` on `state` (0 ≤ keep ≤ its
+    /// n; the state must not have moved since): KV caches are truncated, recurrent layers
+    /// restored and stepped again over the kept rows (`Mixer::rewind`), the O(1) counters put
+    /// back. The state is then bit for bit what decoding exactly those tokens leaves.
+    pub fn verify_keep(&self, state: &mut SeqState, journal: &mut VerifyJournal, keep: usize) -> Result<()> {
+        assert!(keep <= journal.n && state.len == journal.pos0 + journal.n, "verify_keep: the state moved since its verify");
+        if keep == journal.n {
+            return Ok(());
+        }
+        if let Some((cp, tokens)) = journal.fallback.take() {
+            state.rollback(cp);
+            for &t in &tokens[..keep] {
+                self.forward(&[t], state, Logits::None)?;
+            }
+            return Ok(());
+        }
+        if let (Some(run), Some(stats)) = (state.o1.as_mut(), journal.o1_stats) {
+            run.stats = stats;
+        }
+        let (env, pos0) = (self.env(), journal.pos0);
+        for il in 0..self.layers.len() {
+            self.layers[il].mixer.rewind(&env, self.seq(il, state, pos0), &mut journal.layers[il], keep)?;
+        }
+        state.len = pos0 + keep;
+        journal.n = keep;
+        Ok(())
     }
 
     /// One decoder layer over `n` positions from `pos0`: x [n, d_model] is updated in place

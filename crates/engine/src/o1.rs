@@ -102,6 +102,18 @@ pub enum AttnO1<'a> {
     Matrix { plan: O1Plan, q_hist: &'a mut Vec<f32>, stats: &'a mut O1Stats },
 }
 
+impl AttnO1<'_> {
+    /// The same hook for one more call (the verify's per-position steps share it).
+    pub(crate) fn reborrow(&mut self) -> AttnO1<'_> {
+        match self {
+            AttnO1::Off => AttnO1::Off,
+            AttnO1::Segments(s) => AttnO1::Segments(s),
+            AttnO1::Stats(s) => AttnO1::Stats(s),
+            AttnO1::Matrix { plan, q_hist, stats } => AttnO1::Matrix { plan: *plan, q_hist, stats },
+        }
+    }
+}
+
 impl O1Run {
     pub(crate) fn new(plan: O1Plan, serve: Vec<Serve>, geom: Geom) -> O1Run {
         let n = serve.len();

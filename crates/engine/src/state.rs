@@ -48,6 +48,11 @@ impl LayerState {
     pub fn bytes(&self) -> StateBytes {
         self.0.bytes()
     }
+
+    /// Keep the first `len` positions of a state that is not recurrent.
+    pub(crate) fn truncate(&mut self, len: usize) {
+        self.0.truncate(len);
+    }
 }
 
 /// A sequence's state bytes by kind (`SeqState::bytes_by_kind`).

@@ -14,7 +14,7 @@ use crate::blocks::{AttentionWeights, DecodeSeq, attention, attention_core, atte
 use crate::config::{LayerSpec, ModelConfig};
 use crate::error::Result;
 use crate::mixers::nystrom::O1Layer;
-use crate::mixers::{Env, Mixer, MixerState, Seq, segments_apart};
+use crate::mixers::{Env, Journal, Mixer, MixerState, Seq, segments_apart};
 use crate::o1::Serve;
 use crate::qtensor::QTensor;
 use crate::state::{LayerState, StateBytes};
@@ -93,6 +93,33 @@ impl Mixer for Attention {
         self.forward_segments(env, h, rows.into_iter().map(|s| (s, 1)).collect())
     }
 
+    /// The projections over all n rows at once (each on the decode path), then each position's
+    /// attention as its own step: in one dispatch for every position (`attention_rows`), or
+    /// step by step where that path does not apply. A sealed O(1) state is journaled as its
+    /// snapshot and the projected rows.
+    fn forward_steps(&self, env: &Env, h: &[f32], n: usize, mut seq: Seq<'_>, journal: &mut Journal) -> Result<Vec<f32>> {
+        let (q, k, v) = attn_project(&self.w, h, n, true);
+        journal.begin(seq.state, n);
+        if journal.snap.is_some() {
+            journal.record = Some(Box::new((q.clone(), k.clone(), v.clone())));
+        }
+        let (o, gate) = self.steps_core(env, &q, &k, &v, n, &mut seq)?;
+        Ok(attn_output(env.cfg, &self.w, o, gate.as_deref(), n, true, &mut |_, _| {}))
+    }
+
+    fn rewind(&self, env: &Env, mut seq: Seq<'_>, journal: &mut Journal, keep: usize) -> Result<()> {
+        match journal.snap.take() {
+            None => seq.state.truncate(seq.pos0 + keep),
+            Some(snap) => {
+                *seq.state = snap;
+                let (q, k, v): &(Vec<f32>, Vec<f32>, Vec<f32>) = journal.record();
+                let (qr, kvr) = (self.w.wq.rows, self.kv_dim);
+                self.steps_core(env, &q[..keep * qr], &k[..keep * kvr], &v[..keep * kvr], keep, &mut seq)?;
+            }
+        }
+        Ok(())
+    }
+
     /// The input and output projections run over the rows of every segment at once when they
     /// are row-wise for its chunks (`QTensor::rowwise`: each row on the decode path, as the
     /// segment alone would have it), the attention itself per sequence on its own cache;
@@ -134,7 +161,7 @@ impl Mixer for Attention {
                 let mut rows: Vec<DecodeSeq> = segs
                     .iter_mut()
                     .filter(|(_, n)| *n == 1)
-                    .map(|(seq, _)| DecodeSeq { pos0: seq.pos0, kv: &mut seq.state.of::<KvState>().cache, o1: &seq.o1 })
+                    .map(|(seq, _)| DecodeSeq { pos0: seq.pos0, n: 1, kv: &mut seq.state.of::<KvState>().cache, o1: &seq.o1 })
                     .collect();
                 attention_rows(cfg, w, rope, self.window, qs, ks, vs, env.num, &mut rows)
             };
@@ -166,6 +193,57 @@ impl Mixer for Attention {
         }
         let gate = cfg.attn_gate.then_some(&gate[..]);
         Ok(attn_output(cfg, w, o, gate, total, true, &mut |_, _| {}))
+    }
+}
+
+impl Attention {
+    /// The attention of n projected positions (q [n, wq.rows], k, v [n, kv_dim]) of one
+    /// sequence, each as its own decode step -> (o [n, n_heads, head_dim], the gate).
+    fn steps_core(
+        &self,
+        env: &Env,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        n: usize,
+        seq: &mut Seq<'_>,
+    ) -> Result<(Vec<f32>, Option<Vec<f32>>)> {
+        let cfg = env.cfg;
+        let rope = &cfg.ropes[self.rope];
+        let done = {
+            let kv = &mut seq.state.of::<KvState>().cache;
+            let mut one = [DecodeSeq { pos0: seq.pos0, n, kv, o1: &seq.o1 }];
+            attention_rows(cfg, &self.w, rope, self.window, q, k, v, env.num, &mut one)
+        };
+        if let Some(r) = done {
+            return Ok(r);
+        }
+        let (qr, kvr) = (self.w.wq.rows, self.kv_dim);
+        let (mut o, mut gate) = (Vec::with_capacity(n * cfg.q_dim()), Vec::new());
+        for i in 0..n {
+            let kv = &mut seq.state.of::<KvState>().cache;
+            let (qi, ki, vi) =
+                (q[i * qr..(i + 1) * qr].to_vec(), k[i * kvr..(i + 1) * kvr].to_vec(), v[i * kvr..(i + 1) * kvr].to_vec());
+            let (oi, gi) = attention_core(
+                cfg,
+                &self.w,
+                rope,
+                self.window,
+                qi,
+                ki,
+                vi,
+                1,
+                seq.pos0 + i,
+                kv,
+                env.num,
+                seq.lc,
+                seq.o1.reborrow(),
+                &mut |_, _| {},
+            )?;
+            o.extend(oi);
+            gate.extend(gi.unwrap_or_default());
+        }
+        Ok((o, cfg.attn_gate.then_some(gate)))
     }
 }
 

@@ -15,7 +15,7 @@ use cortiq_kernels::conv::causal_conv1d_par;
 use cortiq_kernels::delta::{CHUNK, gated_delta_chunked, gated_delta_recurrent};
 
 use crate::error::{EngineError, Result};
-use crate::mixers::{Env, Mixer, MixerState, Seq};
+use crate::mixers::{Env, Journal, Mixer, MixerState, Seq};
 use crate::par::pool;
 use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
@@ -166,20 +166,37 @@ impl Mixer for GatedDeltaNet {
     fn forward_rows(&self, _env: &Env, h: &[f32], rows: Vec<Seq<'_>>) -> Result<Vec<f32>> {
         let cfg = &self.cfg;
         let kb = rows.len();
-        let (cd, vd, nv) = (cfg.conv_dim(), cfg.value_dim(), cfg.n_v_heads);
         let p = project(&self.w, h, kb, true);
-        let mut o = Vec::with_capacity(kb * vd); // [kb, n_v, d_v]
+        let mut o = Vec::with_capacity(kb * cfg.value_dim()); // [kb, n_v, d_v]
         for (i, seq) in rows.into_iter().enumerate() {
-            let one = Projected {
-                mixed: p.mixed[i * cd..(i + 1) * cd].to_vec(),
-                z: p.z[i * vd..(i + 1) * vd].to_vec(),
-                b: p.b[i * nv..(i + 1) * nv].to_vec(),
-                a: p.a[i * nv..(i + 1) * nv].to_vec(),
-            };
-            o.extend(core(cfg, &self.w, &one, 1, seq.state.of()));
+            o.extend(core(cfg, &self.w, &p.row(cfg, i), 1, seq.state.of()));
         }
         Ok(self.w.out_proj.project(&o, kb, true)) // [kb, d_model]
     }
+    /// The projections over all n rows at once (each on the decode path), then the conv ring
+    /// and the delta rule one position at a time; journaled as the state's snapshot and the
+    /// projected rows (a rewind steps the kept rows again, without the projections).
+    fn forward_steps(&self, _env: &Env, h: &[f32], n: usize, seq: Seq<'_>, journal: &mut Journal) -> Result<Vec<f32>> {
+        let p = project(&self.w, h, n, true);
+        journal.begin(seq.state, n);
+        let o = steps(&self.cfg, &self.w, &p, n, seq.state.of());
+        journal.record = Some(Box::new(p));
+        Ok(self.w.out_proj.project(&o, n, true)) // [n, d_model]
+    }
+    fn rewind(&self, _env: &Env, seq: Seq<'_>, journal: &mut Journal, keep: usize) -> Result<()> {
+        *seq.state = journal.snap.take().expect("a gated delta net's state is recurrent: forward_steps snapshotted it");
+        steps(&self.cfg, &self.w, journal.record(), keep, seq.state.of());
+        Ok(())
+    }
+}
+
+/// The first `n` projected rows of `p`, each as its own decode step on `state` -> o [n, n_v, d_v].
+fn steps(cfg: &GdnConfig, w: &GdnWeights, p: &Projected, n: usize, state: &mut GdnState) -> Vec<f32> {
+    let mut o = Vec::with_capacity(n * cfg.value_dim()); // [n, n_v, d_v]
+    for i in 0..n {
+        o.extend(core(cfg, w, &p.row(cfg, i), 1, state));
+    }
+    o
 }
 
 /// A GatedDeltaNet layer's q|k|v and z projections: split tensors (Qwen3.5; llama.cpp's files),
@@ -251,6 +268,19 @@ struct Projected {
     z: Vec<f32>,     // [n, n_v, d_v]
     b: Vec<f32>,     // [n, n_v]
     a: Vec<f32>,     // [n, n_v]
+}
+
+impl Projected {
+    /// Row i alone.
+    fn row(&self, cfg: &GdnConfig, i: usize) -> Projected {
+        let (cd, vd, nv) = (cfg.conv_dim(), cfg.value_dim(), cfg.n_v_heads);
+        Projected {
+            mixed: self.mixed[i * cd..(i + 1) * cd].to_vec(),
+            z: self.z[i * vd..(i + 1) * vd].to_vec(),
+            b: self.b[i * nv..(i + 1) * nv].to_vec(),
+            a: self.a[i * nv..(i + 1) * nv].to_vec(),
+        }
+    }
 }
 
 /// h [n, d_model] through the four input projections; `rows`: n independent decode rows

@@ -10,7 +10,7 @@ use cortiq_kernels::conv::causal_conv1d_par;
 use cortiq_kernels::delta::{CHUNK, kda_chunked, kda_recurrent};
 
 use crate::error::{EngineError, Result};
-use crate::mixers::{Env, Mixer, MixerState, Seq};
+use crate::mixers::{Env, Journal, Mixer, MixerState, Seq};
 use crate::par::pool;
 use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
@@ -120,20 +120,37 @@ impl Mixer for Kda {
     fn forward_rows(&self, _env: &Env, h: &[f32], rows: Vec<Seq<'_>>) -> Result<Vec<f32>> {
         let c = &self.cfg;
         let kb = rows.len();
-        let (dim, nh) = (c.dim(), c.n_heads);
         let p = project(&self.w, h, kb, true);
-        let mut o = Vec::with_capacity(kb * dim); // [kb, dim]
+        let mut o = Vec::with_capacity(kb * c.dim()); // [kb, dim]
         for (i, seq) in rows.into_iter().enumerate() {
-            let one = Projected {
-                mixed: p.mixed[i * 3 * dim..(i + 1) * 3 * dim].to_vec(),
-                g: p.g[i * dim..(i + 1) * dim].to_vec(),
-                b: p.b[i * nh..(i + 1) * nh].to_vec(),
-                gate: p.gate[i * dim..(i + 1) * dim].to_vec(),
-            };
-            o.extend(core(c, &self.w, &one, 1, seq.state.of()));
+            o.extend(core(c, &self.w, &p.row(c, i), 1, seq.state.of()));
         }
         Ok(self.w.o_proj.project(&o, kb, true)) // [kb, d_model]
     }
+    /// The projections over all n rows at once (each on the decode path), then the conv ring
+    /// and the delta rule one position at a time; journaled as the state's snapshot and the
+    /// projected rows.
+    fn forward_steps(&self, _env: &Env, h: &[f32], n: usize, seq: Seq<'_>, journal: &mut Journal) -> Result<Vec<f32>> {
+        let p = project(&self.w, h, n, true);
+        journal.begin(seq.state, n);
+        let o = steps(&self.cfg, &self.w, &p, n, seq.state.of());
+        journal.record = Some(Box::new(p));
+        Ok(self.w.o_proj.project(&o, n, true)) // [n, d_model]
+    }
+    fn rewind(&self, _env: &Env, seq: Seq<'_>, journal: &mut Journal, keep: usize) -> Result<()> {
+        *seq.state = journal.snap.take().expect("a KDA state is recurrent: forward_steps snapshotted it");
+        steps(&self.cfg, &self.w, journal.record(), keep, seq.state.of());
+        Ok(())
+    }
+}
+
+/// The first `n` projected rows of `p`, each as its own decode step on `state` -> o [n, dim].
+fn steps(c: &KdaConfig, w: &KdaWeights, p: &Projected, n: usize, state: &mut KdaState) -> Vec<f32> {
+    let mut o = Vec::with_capacity(n * c.dim()); // [n, dim]
+    for i in 0..n {
+        o.extend(core(c, w, &p.row(c, i), 1, state));
+    }
+    o
 }
 
 /// A KDA layer: q/k/v projections joined into one [3·dim, d] tensor (their three depthwise
@@ -192,6 +209,19 @@ struct Projected {
     g: Vec<f32>,     // [n, dim] forget-gate input
     b: Vec<f32>,     // [n, n_heads]
     gate: Vec<f32>,  // [n, dim] output-gate input
+}
+
+impl Projected {
+    /// Row i alone.
+    fn row(&self, c: &KdaConfig, i: usize) -> Projected {
+        let (dim, nh) = (c.dim(), c.n_heads);
+        Projected {
+            mixed: self.mixed[i * 3 * dim..(i + 1) * 3 * dim].to_vec(),
+            g: self.g[i * dim..(i + 1) * dim].to_vec(),
+            b: self.b[i * nh..(i + 1) * nh].to_vec(),
+            gate: self.gate[i * dim..(i + 1) * dim].to_vec(),
+        }
+    }
 }
 
 /// h [n, d_model] through the input projections; `rows`: n independent decode rows

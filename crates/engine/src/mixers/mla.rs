@@ -5,7 +5,7 @@
 //! keys and values (simple and exact; caching the latent instead is a later memory saving).
 
 use crate::error::Result;
-use crate::mixers::{Env, Mixer, MixerState, Seq};
+use crate::mixers::{Env, Journal, Mixer, MixerState, Seq};
 use crate::qtensor::QTensor;
 use crate::state::{LayerState, StateBytes};
 use crate::weights::TensorSource;
@@ -119,19 +119,38 @@ impl Mixer for Mla {
     fn forward_rows(&self, _env: &Env, h: &[f32], rows: Vec<Seq<'_>>) -> Result<Vec<f32>> {
         let c = &self.cfg;
         let kb = rows.len();
-        let (nh, qk, vd) = (c.n_heads, c.qk_dim(), c.v_dim);
-        let (lw, bw) = (c.kv_lora + c.rope, nh * (c.nope + vd));
         let p = project(c, &self.w, h, kb, true);
-        let mut o = Vec::with_capacity(kb * nh * vd); // [kb, n_heads, v_dim]
+        let mut o = Vec::with_capacity(kb * c.n_heads * c.v_dim); // [kb, n_heads, v_dim]
         for (i, seq) in rows.into_iter().enumerate() {
-            let one = Projected {
-                q: p.q[i * nh * qk..(i + 1) * nh * qk].to_vec(),
-                lat: p.lat[i * lw..(i + 1) * lw].to_vec(),
-                kvb: p.kvb[i * bw..(i + 1) * bw].to_vec(),
-            };
-            o.extend(core(c, &one, 1, seq.state.of()));
+            o.extend(core(c, &p.row(c, i), 1, seq.state.of()));
         }
         Ok(self.w.o.project(&o, kb, true)) // [kb, d_model]
+    }
+    /// The projections over all n rows at once (each on the decode path), then the latent
+    /// cache and the attention one position at a time (the cache truncates on rewind).
+    fn forward_steps(&self, _env: &Env, h: &[f32], n: usize, seq: Seq<'_>, journal: &mut Journal) -> Result<Vec<f32>> {
+        let c = &self.cfg;
+        let p = project(c, &self.w, h, n, true);
+        journal.begin(seq.state, n);
+        let st = seq.state.of();
+        let mut o = Vec::with_capacity(n * c.n_heads * c.v_dim); // [n, n_heads, v_dim]
+        for i in 0..n {
+            o.extend(core(c, &p.row(c, i), 1, st));
+        }
+        Ok(self.w.o.project(&o, n, true)) // [n, d_model]
+    }
+}
+
+impl Projected {
+    /// Row i alone.
+    fn row(&self, c: &MlaConfig, i: usize) -> Projected {
+        let (nh, qk, vd) = (c.n_heads, c.qk_dim(), c.v_dim);
+        let (lw, bw) = (c.kv_lora + c.rope, nh * (c.nope + vd));
+        Projected {
+            q: self.q[i * nh * qk..(i + 1) * nh * qk].to_vec(),
+            lat: self.lat[i * lw..(i + 1) * lw].to_vec(),
+            kvb: self.kvb[i * bw..(i + 1) * bw].to_vec(),
+        }
     }
 }
 

@@ -134,6 +134,76 @@ pub trait Mixer: Any + Send + Sync {
     fn forward_segments(&self, env: &Env, h: &[f32], segs: Vec<(Seq<'_>, usize)>) -> Result<Vec<f32>> {
         segments_apart(self, env, h, segs)
     }
+
+    /// `n` positions of one sequence from `seq.pos0`, each computed as its own decode step (the
+    /// verify of speculative decoding): h [n, d_model] -> [n, d_model], row i bit-identical to
+    /// the i-th of n successive `forward(.., 1, ..)` calls, and the state after them the same.
+    /// `journal` receives what `rewind` needs to take the state back to any prefix of the n
+    /// positions. By default the positions run one by one (the mixer's weights are read n
+    /// times) and a recurrent state is journaled as its snapshot and the input rows; a mixer
+    /// whose projections have a multi-row decode path overrides it.
+    fn forward_steps(&self, env: &Env, h: &[f32], n: usize, seq: Seq<'_>, journal: &mut Journal) -> Result<Vec<f32>> {
+        journal.begin(seq.state, n);
+        if journal.snap.is_some() {
+            journal.record = Some(Box::new(h.to_vec()));
+        }
+        steps_one_by_one(self, env, h, n, seq)
+    }
+
+    /// Keep the first `keep` (≤ n) positions of the last `forward_steps` on this state
+    /// (`seq.pos0` its first position): the state is then bit for bit what `keep` single steps
+    /// leave. A cache is truncated; by default a recurrent state is restored from its snapshot
+    /// and the kept input rows are stepped again.
+    fn rewind(&self, env: &Env, seq: Seq<'_>, journal: &mut Journal, keep: usize) -> Result<()> {
+        match journal.snap.take() {
+            None => seq.state.truncate(seq.pos0 + keep),
+            Some(snap) => {
+                *seq.state = snap;
+                let h: &Vec<f32> = journal.record();
+                steps_one_by_one(self, env, &h[..keep * env.cfg.d_model], keep, seq)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a mixer keeps of `forward_steps` to take its state back to any prefix of those
+/// positions (`rewind`): nothing for a cache (it truncates); for a recurrent state, the state
+/// before the first position and what steps a position again (the mixer's own record: its
+/// input rows by default, its projected rows where it overrides). Kept from verify to verify.
+#[derive(Default)]
+pub struct Journal {
+    /// Positions journaled.
+    pub n: usize,
+    /// The state before them (recurrent states only).
+    pub snap: Option<LayerState>,
+    /// What replays them, in the journaling mixer's own type.
+    pub record: Option<Box<dyn Any + Send + Sync>>,
+}
+
+impl Journal {
+    /// Start journaling `n` positions of `state`: a recurrent state is snapshotted.
+    pub fn begin(&mut self, state: &LayerState, n: usize) {
+        self.n = n;
+        self.snap = state.is_recurrent().then(|| state.clone());
+        self.record = None;
+    }
+
+    /// The record the journaling mixer stored, as its own type.
+    pub fn record<T: 'static>(&self) -> &T {
+        self.record.as_ref().and_then(|r| r.downcast_ref()).expect("the mixer that journaled reads its own record")
+    }
+}
+
+/// `n` positions of one sequence as n single `forward` steps (the default `forward_steps`).
+fn steps_one_by_one<M: Mixer + ?Sized>(m: &M, env: &Env, h: &[f32], n: usize, mut seq: Seq<'_>) -> Result<Vec<f32>> {
+    let d = env.cfg.d_model;
+    let mut out = Vec::with_capacity(n * d); // [n, d_model]
+    for (i, hr) in h.chunks_exact(d).take(n).enumerate() {
+        let one = Seq { state: &mut *seq.state, pos0: seq.pos0 + i, lc: seq.lc, o1: seq.o1.reborrow() };
+        out.extend(m.forward(env, hr, 1, one, &mut |_, _| {})?);
+    }
+    Ok(out)
 }
 
 /// `Mixer::forward_segments` without merging the chunks: a lone segment takes `forward`, the
