@@ -1,5 +1,5 @@
 //! The generation loop: chunked prefill of the prompt, then sample → stop checks → decode one
-//! token at a time. Detokenization is the caller's (`piece`), so this loop knows no tokenizer;
+//! token at a time, or (speculative decoding, `generate_spec`) a draft's tokens per verify. Detokenization is the caller's (`piece`), so this loop knows no tokenizer;
 //! stop strings are matched on the streamed text and never emitted.
 
 use std::time::{Duration, Instant};
@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use crate::error::Result;
 use crate::model::{Logits, Model};
 use crate::sampling::{Sampler, SamplerParams};
+use crate::spec::Speculator;
 use crate::state::SeqState;
 use crate::stop::StopMatcher;
 
@@ -63,19 +64,59 @@ pub fn generate(
     piece: &mut dyn FnMut(u32) -> String,
     emit: &mut dyn FnMut(&str),
 ) -> Result<GenStats> {
+    run(model, state, prompt, opt, None, piece, emit)
+}
+
+/// `generate` with speculative decoding: before each decode step `spec`'s drafter proposes
+/// the next tokens, one `forward_verify` checks them all, and sample-and-match keeps a drafted
+/// token only where the sampler, run on that position's logits with the same history, draws
+/// it. The sampler is called once per emitted token, in order, on logits bit-identical to
+/// plain decoding's, so the output **equals `generate`'s token for token** at any temperature
+/// and seed, and the state ends where plain decoding leaves it. `spec.stats` counts drafted
+/// and accepted tokens.
+pub fn generate_spec(
+    model: &Model,
+    state: &mut SeqState,
+    prompt: &[u32],
+    opt: &GenOptions,
+    spec: &mut Speculator,
+    piece: &mut dyn FnMut(u32) -> String,
+    emit: &mut dyn FnMut(&str),
+) -> Result<GenStats> {
+    run(model, state, prompt, opt, Some(spec), piece, emit)
+}
+
+/// A draft under verification: its tokens and how many of them the sampler has drawn so far.
+struct Pending {
+    draft: Vec<u32>,
+    accepted: usize,
+}
+
+fn run(
+    model: &Model,
+    state: &mut SeqState,
+    prompt: &[u32],
+    opt: &GenOptions,
+    mut spec: Option<&mut Speculator>,
+    piece: &mut dyn FnMut(u32) -> String,
+    emit: &mut dyn FnMut(&str),
+) -> Result<GenStats> {
     let t0 = Instant::now();
-    let mut logits = model.prefill(prompt, state, opt.prefill_chunk)?;
+    // Logits rows still to sample from: one after a plain step, 1 + draft after a verify.
+    let mut rows = model.prefill(prompt, state, opt.prefill_chunk)?; // [r, vocab]
+    let (vocab, mut row) = (model.cfg.vocab, 0);
     let prefill = t0.elapsed();
     let mut history: Vec<u32> = prompt.to_vec();
     let mut sampler = Sampler::new(opt.sampler.clone());
     let mut stops = StopMatcher::new(opt.stops.clone());
     let mut out = Vec::new();
+    let mut pending: Option<Pending> = None;
     let t1 = Instant::now();
     let mut reason = StopReason::Length;
     while out.len() < opt.n_predict {
         let id = {
             let _s = crate::profile::span(crate::profile::Op::Sampling);
-            sampler.sample(&logits, &history)
+            sampler.sample(&rows[row * vocab..(row + 1) * vocab], &history)
         };
         if opt.eos.contains(&id) {
             reason = StopReason::Eos;
@@ -94,11 +135,44 @@ pub fn generate(
         if out.len() == opt.n_predict {
             break;
         }
+        // The draft goes on where the sampler drew its next token: that position is already in
+        // the state, its logits the next row.
+        if let Some(p) = &mut pending {
+            if p.accepted < p.draft.len() && p.draft[p.accepted] == id {
+                p.accepted += 1;
+                row += 1;
+                continue;
+            }
+        }
+        if let Some(p) = pending.take() {
+            finish(model, state, spec.as_deref_mut(), &p)?;
+        }
         if state.len >= state.n_ctx {
             reason = StopReason::Context;
             break;
         }
-        logits = model.forward(&[id], state, Logits::Last)?;
+        // Feed `id`, with a draft after it where the drafter has one and it fits.
+        let draft = match spec.as_deref_mut() {
+            Some(sp) => {
+                let room = (opt.n_predict - out.len() - 1).min(state.n_ctx - state.len - 1);
+                sp.draft(&history, room)
+            }
+            None => Vec::new(),
+        };
+        row = 0;
+        if draft.is_empty() {
+            rows = model.forward(&[id], state, Logits::Last)?;
+        } else {
+            let sp = spec.as_deref_mut().expect("a draft comes from the speculator");
+            let mut tokens = Vec::with_capacity(1 + draft.len());
+            tokens.push(id);
+            tokens.extend_from_slice(&draft);
+            rows = model.forward_verify(&tokens, state, &mut sp.journal)?;
+            pending = Some(Pending { draft, accepted: 0 });
+        }
+    }
+    if let Some(p) = pending.take() {
+        finish(model, state, spec.as_deref_mut(), &p)?;
     }
     if reason != StopReason::StopString {
         let rest = stops.finish();
@@ -107,4 +181,12 @@ pub fn generate(
         }
     }
     Ok(GenStats { n_prompt: prompt.len(), n_generated: out.len(), prefill, decode: t1.elapsed(), stop: reason, tokens: out })
+}
+
+/// A verify is over: keep its fed token and the drafted tokens the sampler drew, and count.
+fn finish(model: &Model, state: &mut SeqState, spec: Option<&mut Speculator>, p: &Pending) -> Result<()> {
+    let sp = spec.expect("a pending draft comes from the speculator");
+    model.verify_keep(state, &mut sp.journal, 1 + p.accepted)?;
+    sp.record(p.draft.len(), p.accepted);
+    Ok(())
 }

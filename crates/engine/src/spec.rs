@@ -1,6 +1,8 @@
-//! Speculative decoding's drafters (issue 13 groundwork): what proposes the tokens a
-//! k-position verify then checks. This module holds the n-gram drafter (prompt lookup, as
-//! llama.cpp's `ngram-simple`); the verify forward, the draft model and MTP come next.
+//! Speculative decoding's drafters (issue 13): what proposes the tokens a k-position verify
+//! (`Model::forward_verify`) then checks, and the `Speculator` a generation loop drives: the
+//! drafter, the draft length bounds and their adaptation, the verify's journal and the
+//! drafted/accepted counts. This module holds the n-gram drafter (prompt lookup, as
+//! llama.cpp's `ngram-simple`).
 //!
 //! A drafter sees the sequence's whole token history (prompt and generated text) and proposes
 //! up to `n_max` next tokens; it never sees logits, so a draft changes only how many positions
@@ -11,6 +13,8 @@
 //! O(1) per new token (an index updated incrementally), not a scan of the history.
 
 use std::collections::HashMap;
+
+use crate::model::VerifyJournal;
 
 /// Proposes the next tokens of a sequence from its history.
 pub trait Drafter {
@@ -82,6 +86,60 @@ impl Drafter for NgramDrafter {
             }
         }
         Vec::new()
+    }
+}
+
+/// Drafted and accepted tokens so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SpecStats {
+    /// Tokens proposed and verified.
+    pub drafted: usize,
+    /// Of those, kept (the target sampled the same token).
+    pub accepted: usize,
+    /// Verify forwards run (decode steps that checked a draft).
+    pub verifies: usize,
+}
+
+/// One sequence's speculation: its drafter, the draft length bounds, the verify's journal and
+/// the counts. The draft length adapts to what is accepted: it doubles (up to `n_max`) after a
+/// draft kept whole and falls to one more than what was kept after a rejection, so text the
+/// drafter guesses badly pays for short drafts only.
+pub struct Speculator {
+    drafter: Box<dyn Drafter + Send>,
+    n_max: usize,
+    n_min: usize,
+    /// The current bound on the draft length (adaptive, within n_min.max(1)..=n_max).
+    cap: usize,
+    pub(crate) journal: VerifyJournal,
+    pub stats: SpecStats,
+}
+
+impl Speculator {
+    /// Drafts of at most `n_max` tokens; shorter than `n_min` ones are not verified (a plain
+    /// step instead).
+    pub fn new(drafter: Box<dyn Drafter + Send>, n_max: usize, n_min: usize) -> Speculator {
+        let n_min = n_min.min(n_max);
+        Speculator { drafter, n_max, n_min, cap: n_max, journal: VerifyJournal::default(), stats: SpecStats::default() }
+    }
+
+    /// The draft to verify after `history` (its last token the one about to be fed), at most
+    /// `room` tokens: empty when the drafter has none or fewer than n_min.
+    pub(crate) fn draft(&mut self, history: &[u32], room: usize) -> Vec<u32> {
+        let n = self.cap.min(room);
+        if n == 0 || n < self.n_min {
+            return Vec::new();
+        }
+        let d = self.drafter.draft(history, n);
+        if d.len() < self.n_min.max(1) { Vec::new() } else { d }
+    }
+
+    /// A verify of `drafted` tokens kept `accepted` of them.
+    pub(crate) fn record(&mut self, drafted: usize, accepted: usize) {
+        self.stats.drafted += drafted;
+        self.stats.accepted += accepted;
+        self.stats.verifies += 1;
+        let lo = self.n_min.max(1);
+        self.cap = if accepted == drafted { (2 * self.cap).min(self.n_max) } else { (accepted + 1).clamp(lo, self.n_max) };
     }
 }
 

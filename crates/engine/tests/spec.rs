@@ -1,0 +1,173 @@
+//! Speculative decoding equals plain decoding (issue 13): `generate_spec` gives `generate`'s
+//! tokens, token for token, greedy and sampled (temperature 0.8, fixed seeds), for every
+//! architecture fixture and the O(1) mode, with the n-gram drafter and with an oracle drafter
+//! that proposes the plain output with planted mistakes (so drafts are kept whole, in part and
+//! not at all); the state after generation equals plain decoding's (the next step's logits,
+//! bitwise), also when generation ends at the context's end.
+
+mod common;
+
+use common::fixture;
+use cortiq_engine::generate::{GenOptions, generate, generate_spec};
+use cortiq_engine::load::load;
+use cortiq_engine::mixers::nystrom::{DEFAULT_RIDGE, Far, O1Settings, StatePrecision};
+use cortiq_engine::o1::O1Plan;
+use cortiq_engine::sampling::SamplerParams;
+use cortiq_engine::spec::{Drafter, NgramDrafter, Speculator};
+use cortiq_engine::state::SeqState;
+use cortiq_engine::{Logits, Model, Numerics};
+
+/// Proposes the continuation of `reference` (plain decoding's text) after the history, with
+/// the token at every `wrong_every`-th history length replaced: drafts are kept whole, cut at
+/// the planted mistake, or (the mistake first) not at all.
+struct Oracle {
+    reference: Vec<u32>,
+    wrong_every: usize,
+    vocab: u32,
+}
+
+impl Drafter for Oracle {
+    fn draft(&mut self, history: &[u32], n_max: usize) -> Vec<u32> {
+        if !self.reference.starts_with(history) {
+            return Vec::new();
+        }
+        let at = history.len();
+        let mut d: Vec<u32> = self.reference[at..(at + n_max).min(self.reference.len())].to_vec();
+        for (i, t) in d.iter_mut().enumerate() {
+            if (at + i) % self.wrong_every == 0 {
+                *t = (*t + 1) % self.vocab;
+            }
+        }
+        d
+    }
+}
+
+fn prompt(vocab: usize) -> Vec<u32> {
+    // A prompt with repeats, so that the n-gram drafter finds matches.
+    let base: Vec<u32> = (0..12u32).map(|t| 3 + (t * 29 + 7) % (vocab as u32 - 3)).collect();
+    [&base[..], &base[..8], &base[2..10]].concat()
+}
+
+fn state(m: &Model, o1: bool, n_ctx: usize, tp: usize) -> SeqState {
+    if !o1 {
+        return m.new_state(n_ctx);
+    }
+    let plan = O1Plan {
+        tp,
+        settings: O1Settings { window: 4, sinks: 2, landmarks: 4, ridge: DEFAULT_RIDGE, state: StatePrecision::Pair },
+        far: Far::Skeleton,
+        check: None,
+    };
+    m.new_state_o1(n_ctx, plan).unwrap()
+}
+
+fn check(name: &str, num: Numerics, o1: bool) {
+    let mut model = load(&fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}")).model;
+    model.set_numerics(num);
+    let vocab = model.cfg.vocab;
+    let p = prompt(vocab);
+    let (mut drafted, mut accepted, mut partial) = (0, 0, 0);
+    for (sampler, n_ctx) in [
+        (SamplerParams::greedy(), 128),
+        (SamplerParams { seed: 7, ..SamplerParams::default() }, 128),
+        (SamplerParams::greedy(), p.len() + 17),
+    ] {
+        let opt = GenOptions { n_predict: 40, sampler: sampler.clone(), eos: vec![], stops: vec![], prefill_chunk: 8 };
+        let mut st = state(&model, o1, n_ctx, p.len());
+        let plain = generate(&model, &mut st, &p, &opt, &mut |_| String::new(), &mut |_| {}).unwrap();
+        let probe = |m: &Model, st: &mut SeqState| (st.len < st.n_ctx).then(|| m.forward(&[5], st, Logits::Last).unwrap());
+        let plain_next = probe(&model, &mut st);
+        let reference = [&p[..], &plain.tokens[..]].concat();
+        for dname in ["ngram", "oracle/3", "oracle/7"] {
+            for n_max in [1, 4, 9] {
+                let mut spec = Speculator::new(drafter(dname, &reference, vocab), n_max, 0);
+                let mut st = state(&model, o1, n_ctx, p.len());
+                let got = generate_spec(&model, &mut st, &p, &opt, &mut spec, &mut |_| String::new(), &mut |_| {}).unwrap();
+                let what = format!("{name} {num:?} o1={o1} temp {} n_ctx {n_ctx} {dname} n_max {n_max}", sampler.temperature);
+                assert_eq!(got.tokens, plain.tokens, "{what}: tokens differ from plain decoding");
+                assert_eq!(got.stop, plain.stop, "{what}: stop reason");
+                assert_eq!(st.len, p.len() + plain.tokens.len() - 1, "{what}: state length");
+                let next = probe(&model, &mut st);
+                assert_eq!(
+                    next.map(|l| l.iter().map(|x| x.to_bits()).collect::<Vec<_>>()),
+                    plain_next.as_ref().map(|l| l.iter().map(|x| x.to_bits()).collect::<Vec<_>>()),
+                    "{what}: the state after generation differs from plain decoding's"
+                );
+                let s = spec.stats;
+                drafted += s.drafted;
+                accepted += s.accepted;
+                partial += usize::from(s.accepted > 0 && s.accepted < s.drafted);
+            }
+        }
+    }
+    println!("{name} {num:?} o1={o1}: equal to plain decoding; drafted {drafted}, accepted {accepted}");
+    assert!(accepted > 0 && accepted < drafted && partial > 0, "{name}: drafts were not kept in part ({accepted} of {drafted})");
+}
+
+/// A fresh drafter by name (each run starts from an empty index).
+fn drafter(name: &str, reference: &[u32], vocab: usize) -> Box<dyn Drafter + Send> {
+    let oracle = |wrong_every| Box::new(Oracle { reference: reference.to_vec(), wrong_every, vocab: vocab as u32 });
+    match name {
+        "ngram" => Box::new(NgramDrafter::new(1, 4)),
+        "oracle/3" => oracle(3),
+        "oracle/7" => oracle(7),
+        _ => unreachable!("a drafter of this test"),
+    }
+}
+
+fn all(name: &str) {
+    check(name, Numerics::Fast, false);
+    check(name, Numerics::Exact, false);
+}
+
+#[test]
+fn spec_equals_plain_llama() {
+    all("llama");
+}
+
+#[test]
+fn spec_equals_plain_qwen2() {
+    all("qwen2");
+}
+
+#[test]
+fn spec_equals_plain_qwen3() {
+    all("qwen3");
+}
+
+#[test]
+fn spec_equals_plain_gemma3() {
+    all("gemma3");
+}
+
+#[test]
+fn spec_equals_plain_lfm2() {
+    all("lfm2");
+}
+
+#[test]
+fn spec_equals_plain_qwen3_5() {
+    all("qwen3_5");
+}
+
+#[test]
+fn spec_equals_plain_qwen3_5_moe() {
+    all("qwen3_5_moe");
+}
+
+#[test]
+fn spec_equals_plain_qwen3_next() {
+    all("qwen3_next");
+}
+
+#[test]
+fn spec_equals_plain_kimi_linear() {
+    all("kimi_linear");
+}
+
+#[test]
+fn spec_equals_plain_o1() {
+    for name in ["llama", "gemma3", "qwen3_5"] {
+        check(name, Numerics::Exact, true);
+    }
+}
