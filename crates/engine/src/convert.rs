@@ -266,7 +266,7 @@ fn open_source(path: &Path) -> Result<Opened> {
             }
         }
         let weights = HfWeights::open_dir(path)?;
-        let src = HfSource::new(path, weights, arch, cfg.n_layers);
+        let src = HfSource::new(path, weights, arch, &config, &cfg);
         let dropped = src.unmapped();
         let offset = src.norm_offset();
         return Ok((Source::Hf(src), arch.name.to_string(), Metadata::Hf { files }, offset, "hf", dropped));

@@ -1,8 +1,10 @@
 //! Opening a model as people ship it: a GGUF file, a Hugging Face folder, or cortiq's own .cmf
 //! (told apart by content, not extension). All end as the same `Model`, addressed by GGUF tensor
 //! names; HF tensors are renamed through formats' one name table and sanitized here (Gemma's +1
-//! on norm gains), never in the forward pass. A .cmf is already sanitized: its tensors are used
-//! as stored, its configuration parsed by the GGUF or HF code according to what it embeds.
+//! on norm gains), never in the forward pass; an HF folder's MTP block is kept only when whole
+//! (a partial or absent one loads the model without MTP, with a warning). A .cmf is already
+//! sanitized: its tensors are used as stored, its configuration parsed by the GGUF or HF code
+//! according to what it embeds.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -11,11 +13,12 @@ use cortiq_formats::FormatError;
 use cortiq_formats::cmf::{self, Cmf, Metadata};
 use cortiq_formats::gguf::Gguf;
 use cortiq_formats::hf::HfConfig;
-use cortiq_formats::names::{hf_mtp_to_gguf, hf_to_gguf};
+use cortiq_formats::names::{gguf_mtp_to_hf, hf_mtp_to_gguf, hf_to_gguf, mtp_own_gguf};
 use cortiq_formats::safetensors::HfWeights;
 use cortiq_formats::tokenizer::Tokenizer;
 
 use crate::arch::{self, Arch};
+use crate::config::{MixerKind, ModelConfig};
 use crate::error::{EngineError, Result};
 use crate::model::Model;
 use crate::qtensor::{Backing, QTensor};
@@ -74,7 +77,7 @@ pub fn load(path: &Path) -> Result<Loaded> {
         let arch = arch::by_hf_name(&config.path.display().to_string(), &hf_arch_names(&config))?;
         let cfg = (arch.from_hf)(&config)?;
         let weights = HfWeights::open_dir(path)?;
-        let src = HfSource::new(path, weights, arch, cfg.n_layers);
+        let src = HfSource::new(path, weights, arch, &config, &cfg);
         let model = Model::load_dense(&src, cfg)?;
         Ok(Loaded { model, origin: Origin::Hf { dir: path.to_path_buf(), config } })
     } else {
@@ -125,14 +128,67 @@ pub(crate) struct HfSource {
 }
 
 impl HfSource {
-    /// `n_layers`: the ordinary layers (MTP blocks are numbered after them).
-    pub(crate) fn new(dir: &Path, weights: HfWeights, arch: &Arch, n_layers: usize) -> HfSource {
-        let names = weights
+    /// `hf` / `cfg`: the folder's config and the model built from it (MTP blocks are numbered
+    /// after its `n_layers` ordinary layers and checked against them, see [`keep_whole_mtp`]).
+    pub(crate) fn new(dir: &Path, weights: HfWeights, arch: &Arch, hf: &HfConfig, cfg: &ModelConfig) -> HfSource {
+        let n_layers = cfg.n_layers;
+        let mut names = weights
             .names()
             .filter_map(|n| Some((hf_to_gguf(arch.name, n).or_else(|| hf_mtp_to_gguf(arch.name, n, n_layers))?, n.to_string())))
             .collect();
+        keep_whole_mtp(dir, arch, hf, cfg, &mut names);
         HfSource { dir: dir.to_path_buf(), weights, names, norm_offset: arch.hf_norm_offset, plain_norms: arch.hf_plain_norms }
     }
+}
+
+/// Keeps the `mtp.*` tensors only when MTP block 0 is whole: its own `nextn.*` tensors and
+/// every tensor the model's first full-attention layer has (the MTP layer is built like it).
+/// Otherwise they all leave `names` (unmapped, so `convert` reports them dropped) and the model
+/// loads without MTP, saying so: fine-tunes saved by transformers drop the block (its text
+/// classes ignore `mtp.*`) or keep part of it, and their forward pass is whole without it —
+/// refusing them (the engine's MTP loader errors on a partial block) would help no one.
+/// Warns too when the config announces MTP layers (`mtp_num_hidden_layers`) that are absent.
+fn keep_whole_mtp(dir: &Path, arch: &Arch, hf: &HfConfig, cfg: &ModelConfig, names: &mut HashMap<String, String>) {
+    let n = cfg.n_layers;
+    let is_mtp = |h: &str| h.starts_with("mtp.");
+    if !names.values().any(|h| is_mtp(h)) {
+        if hf.mtp_layers > 0 {
+            tracing::warn!(
+                model = %dir.display(),
+                "config.json announces {} MTP layer(s) (mtp_num_hidden_layers) but the checkpoint has no mtp.* tensors; \
+                 multi-token prediction is disabled",
+                hf.mtp_layers
+            );
+        }
+        return;
+    }
+    // No attention layer to build the MTP layer like: the engine loads no MTP block anyway.
+    let Some(attn) = cfg.layers.iter().position(|l| l.mixer == MixerKind::Attention) else { return };
+    let (attn_blk, mtp_blk) = (format!("blk.{attn}."), format!("blk.{n}."));
+    let want: Vec<String> =
+        names.keys().filter_map(|g| Some(format!("{mtp_blk}{}", g.strip_prefix(&attn_blk)?))).chain(mtp_own_gguf(n)).collect();
+    // Named as the checkpoint names them (mtp.*); the GGUF name only where there is no HF twin.
+    let mut missing: Vec<String> = want
+        .iter()
+        .filter(|g| !names.contains_key(*g))
+        .map(|g| gguf_mtp_to_hf(arch.name, g, n).unwrap_or_else(|| g.clone()))
+        .collect();
+    if missing.is_empty() {
+        return;
+    }
+    missing.sort();
+    // A MoE block misses hundreds of expert tensors at once: name the first few.
+    const SHOWN: usize = 16;
+    let more = if missing.len() > SHOWN { format!(", and {} more", missing.len() - SHOWN) } else { String::new() };
+    tracing::warn!(
+        model = %dir.display(),
+        "the MTP block is incomplete (missing {} of its {} tensors: {}{more}); its mtp.* tensors are ignored and \
+         multi-token prediction is disabled",
+        missing.len(),
+        want.len(),
+        missing[..missing.len().min(SHOWN)].join(", ")
+    );
+    names.retain(|_, h| !is_mtp(h));
 }
 
 impl HfSource {

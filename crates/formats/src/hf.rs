@@ -74,7 +74,8 @@ pub struct RopeParams {
 // config.json
 
 /// A typed `config.json`. For multimodal checkpoints that nest the text model under
-/// `text_config` (Gemma3ForConditionalGeneration), the fields describe the text model.
+/// `text_config` (Gemma3ForConditionalGeneration, Qwen3_5ForConditionalGeneration), the fields
+/// describe the text model; the vision tower's `vision_config` is not read.
 #[derive(Clone, Debug)]
 pub struct HfConfig {
     /// The file these values came from (for error messages further up).
@@ -132,6 +133,10 @@ pub struct HfConfig {
     /// One entry per layer: "full_attention", "sliding_attention", "linear_attention",
     /// "conv", ... (length == num_hidden_layers).
     pub layer_types: Vec<String>,
+    /// `mtp_num_hidden_layers` (Qwen3-Next, Qwen3.5): the multi-token-prediction layers the
+    /// checkpoint was released with; 0 when the key is absent. Fine-tunes may have dropped the
+    /// tensors while keeping the key, so this says what to expect, not what is there.
+    pub mtp_layers: usize,
     /// The whole file, for fields later issues need.
     pub raw: Value,
 }
@@ -178,9 +183,11 @@ impl HfConfig {
         let outer_type = f.top_str("model_type")?;
         let model_type = match f.text_str("model_type")? {
             Some(t) => t,
-            // A nested text_config without model_type: Gemma3Config's sub-config class.
-            None if !prefix.is_empty() && outer_type.as_deref() == Some("gemma3") => "gemma3_text".to_string(),
-            None => outer_type.clone().ok_or_else(|| FormatError::missing(&path, "field 'model_type'"))?,
+            // A nested text_config without model_type: the composite config's text class.
+            None => match outer_type.as_deref().filter(|_| !prefix.is_empty()).and_then(nested_text_type) {
+                Some(t) => t.to_string(),
+                None => outer_type.clone().ok_or_else(|| FormatError::missing(&path, "field 'model_type'"))?,
+            },
         };
         let outer_model_type = if prefix.is_empty() { None } else { outer_type };
         let d = ClassDefaults::for_model_type(&model_type);
@@ -268,6 +275,7 @@ impl HfConfig {
         };
 
         let layer_types = derive_layer_types(&f, &model_type, num_hidden_layers, sliding_window)?;
+        let mtp_layers = f.opt_usize("mtp_num_hidden_layers")?.unwrap_or(0);
         let (rope, rope_local) = parse_rope(&f, &model_type, max_position_embeddings)?;
 
         Ok(HfConfig {
@@ -301,6 +309,7 @@ impl HfConfig {
             rope,
             rope_local,
             layer_types,
+            mtp_layers,
             raw,
         })
     }
@@ -428,6 +437,16 @@ impl ClassDefaults {
             _ => return None,
         })
     }
+}
+
+/// The text class of a composite (multimodal) config's `text_config`, by the outer `model_type`.
+fn nested_text_type(outer: &str) -> Option<&'static str> {
+    Some(match outer {
+        "gemma3" => "gemma3_text",
+        "qwen3_5" => "qwen3_5_text",
+        "qwen3_5_moe" => "qwen3_5_moe_text",
+        _ => return None,
+    })
 }
 
 /// `tie_word_embeddings` when the key is absent: the model class's default in transformers 5

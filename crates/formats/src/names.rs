@@ -325,6 +325,29 @@ pub fn hf_mtp_to_gguf(arch: &str, hf: &str, n_layers: usize) -> Option<String> {
     hf_to_gguf(arch, &format!("model.layers.{}.{inner}", n_layers + i))
 }
 
+/// The GGUF names of MTP block 0's own tensors (`nextn.*`) in a model with `n_layers` ordinary
+/// layers: with the tensors of its decoder layer, what a complete MTP block holds.
+pub fn mtp_own_gguf(n_layers: usize) -> impl Iterator<Item = String> {
+    MTP_OWN.iter().map(move |(_, g)| format!("blk.{n_layers}.{g}"))
+}
+
+/// The HF name (`mtp.*`) of a GGUF MTP-block tensor of a model with `n_layers` ordinary layers,
+/// or `None` when `gguf` is not one: the inverse of [`hf_mtp_to_gguf`].
+pub fn gguf_mtp_to_hf(arch: &str, gguf: &str, n_layers: usize) -> Option<String> {
+    if !parse_arch(arch)?.qwen_hybrid() {
+        return None;
+    }
+    let (n, rest) = split_layer(gguf.strip_prefix("blk.")?)?;
+    let i = n.checked_sub(n_layers)?;
+    if i == 0
+        && let Some(&(h, _)) = MTP_OWN.iter().find(|(_, g)| *g == rest)
+    {
+        return Some(format!("mtp.{h}"));
+    }
+    let hf = gguf_to_hf(arch, gguf)?;
+    Some(format!("mtp.layers.{i}.{}", hf.strip_prefix(&format!("model.layers.{n}."))?))
+}
+
 /// The architectures this table covers, in GGUF spelling.
 pub const ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "gemma3", "lfm2", "qwen35", "qwen35moe", "qwen3next", "kimi-linear"];
 
@@ -358,6 +381,43 @@ mod lfm2_tests {
         ] {
             assert_eq!(hf_mtp_to_gguf("qwen35moe", hf, 24).as_deref(), Some(gguf), "{hf}");
         }
+        for hf in [
+            "mtp.fc.weight",
+            "mtp.norm.weight",
+            "mtp.pre_fc_norm_hidden.weight",
+            "mtp.layers.0.self_attn.k_norm.weight",
+            "mtp.layers.0.mlp.experts.3.up_proj.weight",
+            "mtp.layers.1.mlp.shared_expert_gate.weight",
+        ] {
+            let gguf = hf_mtp_to_gguf("qwen35moe", hf, 24).unwrap();
+            assert_eq!(gguf_mtp_to_hf("qwen35moe", &gguf, 24).as_deref(), Some(hf), "{gguf}");
+        }
+        assert_eq!(mtp_own_gguf(24).count(), MTP_OWN.len());
+        // Released Qwen3.5 (Qwen3_5ForConditionalGeneration): the text model under
+        // model.language_model., the vision tower's model.visual.* part of no text tensor.
+        for (hf, gguf) in [
+            ("model.language_model.layers.0.linear_attn.in_proj_qkv.weight", "blk.0.attn_qkv.weight"),
+            ("model.language_model.layers.0.linear_attn.A_log", "blk.0.ssm_a"),
+            ("model.language_model.embed_tokens.weight", "token_embd.weight"),
+            ("model.language_model.norm.weight", "output_norm.weight"),
+            ("lm_head.weight", "output.weight"),
+        ] {
+            assert_eq!(hf_to_gguf("qwen35", hf).as_deref(), Some(gguf), "{hf}");
+        }
+        for hf in [
+            "model.visual.merger.norm.weight",
+            "model.visual.blocks.0.norm1.weight",
+            "model.visual.blocks.0.attn.qkv.weight",
+            "model.visual.patch_embed.proj.weight",
+            "model.visual.pos_embed.weight",
+        ] {
+            assert_eq!(hf_to_gguf("qwen35", hf), None, "{hf}");
+            assert_eq!(hf_mtp_to_gguf("qwen35", hf, 24), None, "{hf}");
+        }
+        assert!(mtp_own_gguf(24).all(|g| gguf_mtp_to_hf("qwen35", &g, 24).is_some()), "own tensors map back");
+        assert_eq!(gguf_mtp_to_hf("qwen35", "blk.23.attn_q.weight", 24), None);
+        assert_eq!(gguf_mtp_to_hf("qwen35", "blk.25.nextn.eh_proj.weight", 24), None);
+        assert_eq!(gguf_mtp_to_hf("lfm2", "blk.24.attn_q.weight", 24), None);
         assert_eq!(hf_mtp_to_gguf("lfm2", "mtp.fc.weight", 24), None);
         assert_eq!(hf_mtp_to_gguf("qwen35", "model.layers.0.self_attn.q_proj.weight", 24), None);
         for (hf, gguf) in [

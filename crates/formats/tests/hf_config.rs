@@ -406,6 +406,59 @@ fn gemma3_multimodal_uses_text_config_and_class_defaults() {
     assert_eq!(c5.rope_local, c.rope_local);
 }
 
+/// Shaped like a released Qwen3.5 config.json (Qwen3_5ForConditionalGeneration: the text model
+/// under text_config, a vision_config beside it, tie_word_embeddings on top); sizes illustrative.
+const QWEN3_5_RELEASED: &str = r#"{
+  "architectures": ["Qwen3_5ForConditionalGeneration"],
+  "image_token_id": 248056, "model_type": "qwen3_5",
+  "text_config": {
+    "attention_bias": false, "dtype": "bfloat16", "eos_token_id": 248044, "full_attention_interval": 4,
+    "head_dim": 256, "hidden_act": "silu", "hidden_size": 1024, "intermediate_size": 3584,
+    "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_num_key_heads": 16,
+    "linear_num_value_heads": 16, "linear_value_head_dim": 128, "max_position_embeddings": 262144,
+    "model_type": "qwen3_5_text", "mtp_num_hidden_layers": 1, "mtp_use_dedicated_embeddings": false,
+    "num_attention_heads": 8, "num_hidden_layers": 8, "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
+    "rope_parameters": {"mrope_interleaved": true, "mrope_section": [11, 11, 10], "rope_type": "default",
+      "rope_theta": 10000000, "partial_rotary_factor": 0.25},
+    "vocab_size": 248320
+  },
+  "tie_word_embeddings": true, "transformers_version": "4.57.0.dev0", "video_token_id": 248057,
+  "vision_config": {"deepstack_visual_indexes": [], "depth": 12, "hidden_act": "gelu_pytorch_tanh",
+    "hidden_size": 768, "in_channels": 3, "intermediate_size": 3072, "model_type": "qwen3_5",
+    "num_heads": 12, "num_position_embeddings": 2304, "out_hidden_size": 1024, "patch_size": 16,
+    "spatial_merge_size": 2, "temporal_patch_size": 2},
+  "vision_end_token_id": 248054, "vision_start_token_id": 248053
+}"#;
+
+#[test]
+fn qwen3_5_released_uses_text_config() {
+    let c = parse(QWEN3_5_RELEASED);
+    assert_eq!(c.architectures, ["Qwen3_5ForConditionalGeneration"]);
+    assert_eq!((c.model_type.as_str(), c.outer_model_type.as_deref()), ("qwen3_5_text", Some("qwen3_5")));
+    // The text model's geometry, not the vision tower's (hidden_size 768, depth 12, 12 heads).
+    assert_eq!((c.hidden_size, c.intermediate_size, c.num_hidden_layers), (1024, 3584, 8));
+    assert_eq!((c.num_attention_heads, c.num_key_value_heads, c.head_dim()), (8, 2, 256));
+    assert_eq!(c.vocab_size, 248_320);
+    assert!(c.tie_word_embeddings, "top-level tie_word_embeddings");
+    assert_eq!(c.eos_token_ids, [248_044]);
+    assert_eq!(c.mtp_layers, 1);
+    assert_eq!(c.rope, RopeParams { theta: 1e7, scaling: RopeScaling::None, partial_rotary_factor: 0.25 });
+    // full_attention_interval 4: every fourth layer is full attention.
+    let mut want = all(8, "linear_attention");
+    want[3] = "full_attention".into();
+    want[7] = "full_attention".into();
+    assert_eq!(c.layer_types, want);
+    assert_eq!(c.text_raw()["linear_num_key_heads"], 16);
+
+    // A text_config without model_type is Qwen3_5Config's text class.
+    let c = parse(&QWEN3_5_RELEASED.replace(r#""model_type": "qwen3_5_text","#, ""));
+    assert_eq!(c.model_type, "qwen3_5_text");
+    // Flat configs without the key expect no MTP layers.
+    assert_eq!(parse(&QWEN3_5_RELEASED.replace(r#""mtp_num_hidden_layers": 1,"#, "")).mtp_layers, 0);
+    let e = parse_err(&QWEN3_5_RELEASED.replace(r#""mtp_num_hidden_layers": 1"#, r#""mtp_num_hidden_layers": "one""#));
+    assert!(e.contains("text_config.mtp_num_hidden_layers"), "{e}");
+}
+
 #[test]
 fn hybrid_layer_type_spellings() {
     // Qwen3-Next style: full_attention_interval, partial_rotary_factor at the top level.

@@ -7,6 +7,11 @@
 //! (`nextn_predict_layers`), `attention.recurrent_layers` marks the GatedDeltaNet layers, the
 //! (1+w) norms are stored folded, the pre-FFN norm is named `post_attention_norm`, A is stored
 //! as −exp(A_log), and value heads are reordered so that head h uses key head h % n_k.
+//!
+//! HF folders come in two layouts with the same text model: the text-only `*ForCausalLM`
+//! (flat config.json, `model.*` tensors) and the released multimodal
+//! `*ForConditionalGeneration` (the text config under `text_config` beside a `vision_config`,
+//! tensors under `model.language_model.*`, the vision tower's `model.visual.*` ignored).
 
 use cortiq_formats::gguf::GgufMeta;
 use cortiq_formats::hf::HfConfig;
@@ -20,7 +25,7 @@ use crate::moe::{MoeConfig, Scoring};
 
 pub const ARCH: Arch = Arch {
     name: "qwen35",
-    hf_names: &["Qwen3_5ForCausalLM", "qwen3_5_text"],
+    hf_names: &["Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration", "qwen3_5_text"],
     from_gguf: |g| from_gguf_as(g, "qwen35"),
     from_hf: |h| from_hf_as(h, "qwen35"),
     hf_norm_offset: 1.0,
@@ -31,7 +36,7 @@ pub const ARCH: Arch = Arch {
 /// top-k renormalized, a shared expert scaled by σ(shared_expert_gate·x)).
 pub const ARCH_MOE: Arch = Arch {
     name: "qwen35moe",
-    hf_names: &["Qwen3_5MoeForCausalLM", "qwen3_5_moe_text"],
+    hf_names: &["Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe_text"],
     from_gguf: |g| from_gguf_as(g, "qwen35moe"),
     from_hf: |h| from_hf_as(h, "qwen35moe"),
     hf_norm_offset: 1.0,
@@ -52,9 +57,14 @@ pub const ARCH_NEXT: Arch = Arch {
 fn from_hf_as(h: &HfConfig, arch: &'static str) -> Result<ModelConfig> {
     let mut cfg = hf_dense_base(h, arch)?;
     let bad = |what: String| EngineError::BadConfig { file: h.path.display().to_string(), what };
-    let raw = &h.raw;
+    // The text model's keys: `text_config` of a released (multimodal) config, else the file.
+    let raw = h.text_raw();
+    let prefix = if h.outer_model_type.is_some() { "text_config." } else { "" };
     let get = |k: &str| -> Result<usize> {
-        raw.get(k).and_then(|v| v.as_u64()).map(|v| v as usize).ok_or_else(|| bad(format!("missing or non-integer '{k}'")))
+        raw.get(k)
+            .and_then(|v| v.as_u64())
+            .map(|v| v as usize)
+            .ok_or_else(|| bad(format!("missing or non-integer '{prefix}{k}'")))
     };
     let g = GdnConfig {
         d_model: cfg.d_model,
@@ -96,7 +106,9 @@ fn from_hf_as(h: &HfConfig, arch: &'static str) -> Result<ModelConfig> {
         .map(|(i, t)| match t.as_str() {
             "linear_attention" => Ok(LayerSpec { mixer: MixerKind::GatedDeltaNet(g), moe, sliding_window: None, rope: 0 }),
             "full_attention" => Ok(LayerSpec { moe, ..LayerSpec::attention(0) }),
-            other => Err(bad(format!("layer_types[{i}] = '{other}': Qwen3.5 layers are 'linear_attention' or 'full_attention'"))),
+            other => Err(bad(format!(
+                "{prefix}layer_types[{i}] = '{other}': Qwen3.5 layers are 'linear_attention' or 'full_attention'"
+            ))),
         })
         .collect::<Result<_>>()?;
     Ok(cfg)
