@@ -5,6 +5,7 @@
 //! - `run`: generation and interactive chat; also the reusable `SamplingArgs` and `encode_chat`
 //! - `serve`: the OpenAI-compatible server (crates/server) and its flags
 //! - `ppl`, `logits`, `tokenize`, `bench`, `convert`, `polish`: one subcommand each
+//! - `spec`: the speculative-decoding flags (`--spec`) and their `Speculator`
 //! - `pull`: fetching known models and texts into the user cache, and `cortiq pull`
 //! - `common`: what the model-running subcommands share (MODEL and numerics flags, opening the
 //!   model, `--profile`, the O(1) / StreamingLLM flags and plan)
@@ -18,5 +19,6 @@ pub mod ppl;
 pub mod pull;
 pub mod run;
 pub mod serve;
+pub mod spec;
 pub mod tokenize;
 pub use cortiq_formats::registry;

@@ -8,13 +8,15 @@ use std::io::{BufRead, IsTerminal, Write};
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use cortiq_engine::generate::{GenOptions, generate};
+use cortiq_engine::generate::{GenOptions, generate, generate_spec};
 use cortiq_engine::load::Loaded;
 use cortiq_engine::sampling::SamplerParams;
+use cortiq_engine::spec::Speculator;
 use cortiq_formats::chat::{self, ChatMessage};
 use cortiq_formats::tokenizer::{StreamDecoder, Tokenizer};
 
 use crate::common::{Common, O1Args, Profiler, note_served, open_model, open_tokenizer, served_o1, state_line};
+use crate::spec::{SpecArgs, stats_line};
 
 /// The flags of `cortiq run`.
 #[derive(Args)]
@@ -52,6 +54,9 @@ pub struct RunArgs {
     /// generation takes the constant-memory steps.
     #[command(flatten)]
     pub o1: O1Args,
+    /// Speculative decoding (--spec and its draft bounds).
+    #[command(flatten)]
+    pub spec: SpecArgs,
 }
 
 /// The sampling flags, flattened into `run` (and any front end that wants the same flags and
@@ -124,6 +129,7 @@ pub fn cmd_run(a: RunArgs, verbose: bool) -> Result<()> {
     // The flags' own errors before the model loads (the plan's tp is the prompt's length).
     a.o1.plan(0, None, false, None)?;
     a.sampling.validate()?;
+    a.spec.validate()?;
     let loaded = open_model(&a.common)?;
     let tok = open_tokenizer(&loaded)?;
     let model = &loaded.model;
@@ -177,7 +183,8 @@ pub fn cmd_run(a: RunArgs, verbose: bool) -> Result<()> {
         None => model.new_state(n_ctx),
     };
     let prof = Profiler::start(&a.common);
-    let stats = stream(&loaded, &tok, &mut state, &ids, &opt)?;
+    let mut spec = a.spec.speculator();
+    let stats = stream(&loaded, &tok, &mut state, &ids, &opt, spec.as_mut())?;
     prof.finish("run");
     if verbose {
         eprintln!("\nstate: {}", state_line(&state));
@@ -195,6 +202,9 @@ pub fn cmd_run(a: RunArgs, verbose: bool) -> Result<()> {
         stats.decode_tps(),
         stats.stop
     );
+    if let Some(sp) = &spec {
+        eprintln!("{}", stats_line(&sp.stats));
+    }
     Ok(())
 }
 
@@ -204,14 +214,19 @@ fn stream(
     state: &mut cortiq_engine::state::SeqState,
     ids: &[u32],
     opt: &GenOptions,
+    spec: Option<&mut Speculator>,
 ) -> Result<cortiq_engine::generate::GenStats> {
     let mut dec = StreamDecoder::new(tok);
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    let stats = generate(&loaded.model, state, ids, opt, &mut |id| dec.push(id), &mut |s| {
+    let mut emit = |s: &str| {
         let _ = out.write_all(s.as_bytes());
         let _ = out.flush();
-    })?;
+    };
+    let stats = match spec {
+        Some(sp) => generate_spec(&loaded.model, state, ids, opt, sp, &mut |id| dec.push(id), &mut emit)?,
+        None => generate(&loaded.model, state, ids, opt, &mut |id| dec.push(id), &mut emit)?,
+    };
     Ok(stats)
 }
 
@@ -233,6 +248,7 @@ fn chat_loop(loaded: &Loaded, tok: &Tokenizer, a: &RunArgs, opt: &GenOptions, n_
     if let Some(s) = &a.system {
         msgs.push(ChatMessage { role: "system".into(), content: s.clone() });
     }
+    let mut spec = a.spec.speculator();
     let interactive = std::io::stdin().is_terminal();
     let stdin = std::io::stdin();
     loop {
@@ -263,7 +279,7 @@ fn chat_loop(loaded: &Loaded, tok: &Tokenizer, a: &RunArgs, opt: &GenOptions, n_
             state.clear();
         }
         let start = state.len;
-        let stats = stream(loaded, tok, &mut state, &ids[start..], opt)?;
+        let stats = stream(loaded, tok, &mut state, &ids[start..], opt, spec.as_mut())?;
         println!();
         let reply = tok.decode(&stats.tokens);
         msgs.push(ChatMessage { role: "assistant".into(), content: reply.trim().to_string() });
