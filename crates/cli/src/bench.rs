@@ -1,13 +1,14 @@
 //! `cortiq bench`: prompt-processing and generation speed with llama-bench's method (pp then tg
 //! lines, mean ± sd over repetitions), optionally after a depth context, with an O(1) or
-//! StreamingLLM plan, in speculative pairs, or against the memory-bandwidth roofline.
+//! StreamingLLM plan, with the verify cost curve of speculative decoding, or against the
+//! memory-bandwidth roofline.
 
 use std::time::Instant;
 
 use anyhow::{Result, bail};
 use clap::Args;
-use cortiq_engine::Logits;
 use cortiq_engine::mixers::nystrom::Far;
+use cortiq_engine::{Logits, VerifyJournal};
 
 use crate::common::{Common, O1Args, Profiler, open_model, state_line};
 
@@ -36,10 +37,14 @@ pub struct BenchArgs {
     /// an unmeasured prefill of this many tokens (`pp512 @ d8192`).
     #[arg(short = 'd', long = "depth", default_value_t = 0)]
     pub depth: usize,
-    /// Also time decode in speculative pairs (`forward_tentative`: two positions per call,
-    /// layers in lockstep, equal to two single steps bit for bit) beside single steps.
+    /// Also measure the verify cost of speculative decoding, V(k) = one k-position
+    /// `forward_verify` ÷ one decode step, for k = 1..=SPEC_K_MAX (n-gen calls of each,
+    /// alternating with the single steps they are divided by).
     #[arg(long)]
-    pub pairs: bool,
+    pub spec: bool,
+    /// The longest verify --spec measures.
+    #[arg(long, default_value_t = 8)]
+    pub spec_k_max: usize,
     /// With --o1 / --kv-window the depth context is the sealed prompt (tp = DEPTH, prefilled
     /// once, exact) and pp/tg run after the seal; the per-sequence state bytes are printed.
     #[command(flatten)]
@@ -70,7 +75,8 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
     let at = if a.depth > 0 { format!(" @ d{}{mode}", a.depth) } else { mode.clone() };
     // The state holding the depth context (with a plan: the sealed prompt), prefilled once,
     // unmeasured; each test starts from a copy with room for its positions.
-    let n_max = a.n_prompt.max(a.n_gen);
+    // --spec's verifies reach k − 1 positions past the n_gen steps.
+    let n_max = a.n_prompt.max(a.n_gen) + if a.spec { a.spec_k_max } else { 0 };
     let mut base = match plan {
         Some(p) => model.new_state_o1(a.depth + n_max, p)?,
         None => model.new_state(a.depth + n_max),
@@ -130,21 +136,8 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
             last_state = Some(st);
         }
         let tg = report(format!("tg{}{at}", a.n_gen), a.n_gen, &times);
-        if a.pairs {
-            let mut times = Vec::new();
-            let n = a.n_gen / 2 * 2;
-            for rep in 0..=a.reps {
-                let mut st = fresh(n)?;
-                let t = Instant::now();
-                for p in rest[..n].chunks_exact(2) {
-                    model.forward_tentative([p[0], p[1]], &mut st)?;
-                }
-                if rep > 0 {
-                    times.push(t.elapsed().as_secs_f64());
-                }
-            }
-            let pr = report(format!("tg{n}{at} in pairs"), n, &times);
-            println!("pairs / single steps: {:.2}x", pr / tg);
+        if a.spec {
+            verify_costs(model, &a, &fresh, rest, &at)?;
         }
         if a.roofline {
             // Measured here, between the runs it judges: the machine's state is the same.
@@ -165,6 +158,62 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
     println!("state: {}", state_line(&st));
     if let Some(s) = st.o1_stats().filter(|s| s.rows > 0) {
         println!("o1 guard: dropped {} of {} (position, head) rows", s.dropped, s.rows);
+    }
+    Ok(())
+}
+
+/// The verify cost curve: per round, n_gen single steps, then for each k n_gen verifies of k
+/// positions (each keeping one position, untimed, so the context grows as in decode), every
+/// test from the depth state; V(k) = mean verify time ÷ mean step time of the same round, then
+/// averaged over rounds (the machine drifts between rounds, less within one).
+fn verify_costs(
+    model: &cortiq_engine::Model,
+    a: &BenchArgs,
+    fresh: &dyn Fn(usize) -> Result<cortiq_engine::state::SeqState>,
+    toks: &[u32],
+    at: &str,
+) -> Result<()> {
+    if a.spec_k_max == 0 {
+        bail!("--spec-k-max must be at least 1");
+    }
+    let (n, kmax) = (a.n_gen, a.spec_k_max);
+    let mut v = vec![Vec::new(); kmax + 1]; // per k: V of each round
+    let mut step_ms = Vec::new();
+    let mut journal = VerifyJournal::default();
+    for rep in 0..=a.reps {
+        let mut st = fresh(n)?;
+        let t = Instant::now();
+        for &tk in &toks[..n] {
+            model.forward(&[tk], &mut st, Logits::Last)?;
+        }
+        let step = t.elapsed().as_secs_f64() / n as f64;
+        for k in 1..=kmax {
+            let mut st = fresh(n + k)?;
+            let mut secs = 0.0;
+            for i in 0..n {
+                let chunk: Vec<u32> = (0..k).map(|j| toks[(i + j) % toks.len()]).collect();
+                let t = Instant::now();
+                model.forward_verify(&chunk, &mut st, &mut journal)?;
+                secs += t.elapsed().as_secs_f64();
+                model.verify_keep(&mut st, &mut journal, 1)?;
+            }
+            if rep > 0 {
+                v[k].push(secs / n as f64 / step);
+            }
+        }
+        if rep > 0 {
+            step_ms.push(step * 1e3);
+        }
+    }
+    let mean = |x: &[f64]| x.iter().sum::<f64>() / x.len() as f64;
+    println!("verify cost{at}: one decode step {:.2} ms; V(k) = k-position verify / step", mean(&step_ms));
+    for (k, vk) in v.iter().enumerate().skip(1) {
+        println!(
+            "  V({k}) = {:.3}  ({:.2} ms, {:.1} positions per step-time)",
+            mean(vk),
+            mean(vk) * mean(&step_ms),
+            k as f64 / mean(vk)
+        );
     }
     Ok(())
 }

@@ -9,6 +9,7 @@ use cortiq_engine::sched::SchedConfig;
 use cortiq_server::{O1Planner, Ready, ServeOptions, serve};
 
 use crate::common::{Common, O1Args, open_model, open_tokenizer, served_o1};
+use crate::spec::SpecArgs;
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -64,6 +65,10 @@ pub struct ServeArgs {
     /// length), generation takes the O(1) (or StreamingLLM) steps.
     #[command(flatten)]
     pub o1: O1Args,
+    /// Speculative decoding for every request that does not set its own (`speculative`:
+    /// {"type": "ngram" | "none", "n_max", "n_min"}).
+    #[command(flatten)]
+    pub spec: SpecArgs,
 }
 
 pub fn cmd_serve(a: ServeArgs) -> Result<()> {
@@ -84,6 +89,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
     }
     // The O(1) flags' own errors before the model loads (tp is each prompt's length).
     a.o1.plan(0, None, false, None)?;
+    a.spec.validate()?;
     let model_id = a.alias.clone().unwrap_or_else(|| default_id(&a.common.model));
     let opts = ServeOptions {
         host: a.host.clone(),
@@ -102,6 +108,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         body_limit: a.max_body_mb.max(1) << 20,
         keepalive: Duration::from_secs_f64(a.sse_ping),
         http_threads: 2,
+        spec: a.spec.params(),
     };
     let (common, o1) = (a.common, a.o1);
     let load = Box::new(move || -> std::result::Result<Ready, String> {

@@ -4,7 +4,7 @@
 
 use anyhow::{Result, bail};
 use clap::{Args, ValueEnum};
-use cortiq_engine::spec::{NgramDrafter, SpecStats, Speculator};
+use cortiq_engine::spec::{self, SpecMethod as EngineMethod, SpecParams, SpecStats, Speculator};
 
 /// How drafts are proposed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -24,16 +24,16 @@ pub struct SpecArgs {
     #[arg(long, value_enum, default_value_t = SpecMethod::None)]
     pub spec: SpecMethod,
     /// Tokens per draft at most.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = spec::DEFAULT_N_MAX)]
     pub spec_draft_n_max: usize,
     /// Drafts shorter than this are not verified (a plain step instead).
     #[arg(long, default_value_t = 0)]
     pub spec_draft_n_min: usize,
     /// N-gram drafts: the shortest match that proposes a draft, in tokens.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = spec::DEFAULT_NGRAM_MIN)]
     pub spec_ngram_min: usize,
     /// N-gram drafts: the longest match tried first, in tokens.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = spec::DEFAULT_NGRAM_MAX)]
     pub spec_ngram_max: usize,
 }
 
@@ -56,16 +56,18 @@ impl SpecArgs {
         Ok(())
     }
 
+    /// The engine's settings (None without --spec).
+    pub fn params(&self) -> Option<SpecParams> {
+        let method = match self.spec {
+            SpecMethod::None => return None,
+            SpecMethod::Ngram => EngineMethod::Ngram { min: self.spec_ngram_min, max: self.spec_ngram_max },
+        };
+        Some(SpecParams { method, n_max: self.spec_draft_n_max, n_min: self.spec_draft_n_min })
+    }
+
     /// A fresh speculator for one sequence (None without --spec).
     pub fn speculator(&self) -> Option<Speculator> {
-        match self.spec {
-            SpecMethod::None => None,
-            SpecMethod::Ngram => Some(Speculator::new(
-                Box::new(NgramDrafter::new(self.spec_ngram_min, self.spec_ngram_max)),
-                self.spec_draft_n_max,
-                self.spec_draft_n_min,
-            )),
-        }
+        self.params().map(|p| p.speculator())
     }
 }
 

@@ -140,6 +140,7 @@ fn run(
         if let Some(p) = &mut pending {
             if p.accepted < p.draft.len() && p.draft[p.accepted] == id {
                 p.accepted += 1;
+                spec.as_deref_mut().expect("a pending draft comes from the speculator").accept_one();
                 row += 1;
                 continue;
             }
@@ -187,6 +188,6 @@ fn run(
 fn finish(model: &Model, state: &mut SeqState, spec: Option<&mut Speculator>, p: &Pending) -> Result<()> {
     let sp = spec.expect("a pending draft comes from the speculator");
     model.verify_keep(state, &mut sp.journal, 1 + p.accepted)?;
-    sp.record(p.draft.len(), p.accepted);
+    sp.adapt(p.draft.len(), p.accepted);
     Ok(())
 }

@@ -1,7 +1,7 @@
 //! The decoder-only model: weights laid out per layer (norms, the layer's token mixer behind
 //! `mixers::Mixer`, the FFN or mixture of experts), the forward pass over a chunk of positions
 //! (prefill and decode are the same code with n = chunk or 1), the decode batch and the
-//! speculative pair, and a trace hook that names every intermediate so a run can be diffed
+//! speculative verify, and a trace hook that names every intermediate so a run can be diffed
 //! against the HF reference layer by layer. Nothing here matches on a mixer kind: each layer's
 //! mixer is called once per step (`mixers` owns their weights, states and forwards).
 
@@ -463,42 +463,6 @@ impl Model {
         if let Some(c) = self.cfg.final_logit_softcap {
             pool().for_rows_mut(out, 4096, 1, |_, ls| ls.iter_mut().for_each(|l| *l = (*l / c).tanh() * c));
         }
-    }
-
-    /// The speculative pair: `tokens[0]` (accepted) and `tokens[1]` (tentative) at positions
-    /// state.len and state.len + 1. The layers run in lockstep — each layer for the first
-    /// token, then for the second — so a layer's weights come from memory once and from the
-    /// cache for the second token (a layer of a 0.8B model is ~12 MB beside a 32 MB L3).
-    /// Every position takes the decode path (n = 1), so the logits [2, vocab] equal two single
-    /// `forward` steps bit for bit. Also returns a checkpoint at the first position:
-    /// `state.rollback(cp)` rejects the second token and leaves the state exactly as one step
-    /// would have.
-    pub fn forward_tentative(&self, tokens: [u32; 2], state: &mut SeqState) -> Result<(Vec<f32>, Checkpoint)> {
-        cortiq_kernels::simd::flush_denormals();
-        self.check_tokens(&tokens, state)?;
-        if state.o1.as_ref().is_some_and(|r| r.plan.check.is_some() || r.pending(state.len)) {
-            // An O(1) plan before its seal (or checking): two single steps with an ordinary
-            // checkpoint between them, which snapshots what a seal would replace.
-            let mut logits = self.forward(&tokens[..1], state, Logits::Last)?;
-            let cp = state.checkpoint();
-            logits.extend(self.forward(&tokens[1..], state, Logits::Last)?);
-            return Ok((logits, cp));
-        }
-        let d = self.cfg.d_model;
-        let pos0 = state.len;
-        let mut xs = [self.embed(&tokens[..1]), self.embed(&tokens[1..])]; // 2 × [1, d_model]
-        let mut snaps = Vec::with_capacity(self.layers.len());
-        let trace: Trace = &mut |_, _, _| {};
-        for il in 0..self.layers.len() {
-            self.layer_forward(il, &mut xs[0], 1, pos0, state, trace)?;
-            snaps.push(state.layers[il].is_recurrent().then(|| state.layers[il].clone()));
-            self.layer_forward(il, &mut xs[1], 1, pos0 + 1, state, trace)?;
-        }
-        state.len = pos0 + 2;
-        let mut logits = self.head(&xs[0], trace); // [2, vocab]
-        logits.extend(self.head(&xs[1], trace));
-        debug_assert_eq!(xs[0].len(), d);
-        Ok((logits, Checkpoint::at(pos0 + 1, snaps)))
     }
 
     /// The verify of speculative decoding: `tokens` (the last accepted token, then a draft)

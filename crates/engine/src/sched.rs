@@ -35,6 +35,7 @@ use crate::model::{BatchEntry, Logits, Model};
 use crate::o1::O1Plan;
 use crate::par::pool;
 use crate::sampling::{Sampler, SamplerParams};
+use crate::spec::{SpecParams, Speculator};
 use crate::state::SeqState;
 use crate::stop::StopMatcher;
 
@@ -88,6 +89,9 @@ pub struct Request {
     /// Constant-memory decode (`--o1` / `--kv-window`): the plan for this prompt (its tp is
     /// the prompt's length); the slot's state is built for it.
     pub o1: Option<O1Plan>,
+    /// Speculative decoding: the slot drafts and verifies (`Model::forward_verify`), same
+    /// tokens as without.
+    pub spec: Option<SpecParams>,
 }
 
 /// A constraint on the tokens a request may generate (structured output; the server's JSON
@@ -139,6 +143,9 @@ pub enum Event {
         tail: String,
         n_prompt: usize,
         n_generated: usize,
+        /// Speculative decoding: tokens drafted and of those accepted (0 without it).
+        drafted: usize,
+        accepted: usize,
     },
     Error {
         index: usize,
@@ -375,11 +382,22 @@ impl Handle {
         states: &mut [SeqState],
         logits: &mut Vec<f32>,
     ) -> usize {
-        // What each slot runs: (slot, tokens, prompt chunk end if it is a chunk).
+        // What each slot runs: (slot, tokens, prompt chunk end if it is a chunk). A decoding
+        // slot whose drafter has a draft verifies it on its own after the batch (`verifies`:
+        // slot, its token then the draft).
         let mut plan: Vec<(usize, Vec<u32>, Option<usize>)> = Vec::new();
-        for (si, s) in slots.iter().enumerate() {
-            if let Some(Slot { phase: Phase::Decode { next }, .. }) = s {
+        let mut verifies: Vec<(usize, Vec<u32>)> = Vec::new();
+        for (si, s) in slots.iter_mut().enumerate() {
+            let Some(Slot { phase: Phase::Decode { next }, spec, history, generated, req, .. }) = s else { continue };
+            let st = &states[si];
+            let draft = match spec {
+                Some(sp) => sp.draft(history, (req.n_predict - *generated - 1).min(st.n_ctx - st.len - 1)),
+                None => Vec::new(),
+            };
+            if draft.is_empty() {
                 plan.push((si, vec![*next], None));
+            } else {
+                verifies.push((si, [&[*next][..], &draft].concat()));
             }
         }
         let mut prefilling: Vec<(u64, usize)> = slots
@@ -405,8 +423,12 @@ impl Handle {
             budget = budget.saturating_sub(end - done);
             plan.push((si, s.req.prompt[done..end].to_vec(), Some(end)));
         }
+        let mut n = 0;
+        for (si, toks) in verifies {
+            n += self.verify(model, &mut slots[si], &mut states[si], &toks);
+        }
         if plan.is_empty() {
-            return 0;
+            return n;
         }
         // Entries in slot order (so the states come out of one pass over them).
         plan.sort_unstable_by_key(|p| p.0);
@@ -442,7 +464,7 @@ impl Handle {
                         s.req.sink.send(Event::Error { index: s.req.index, kind: ErrorKind::Engine, message: msg.clone() });
                     }
                 }
-                return 0;
+                return n;
             }
         }
         let n_decode = plan.iter().filter(|p| p.2.is_none()).count();
@@ -463,10 +485,47 @@ impl Handle {
         }
         let vocab = model.cfg.vocab;
         let drawn = presample(slots, &idx, logits, vocab);
-        let mut n = 0;
         for (i, &si) in idx.iter().enumerate() {
             let row = &logits[i * vocab..(i + 1) * vocab];
             n += self.take_token(&mut slots[si], row, states[si].len, states[si].n_ctx, drawn[i]);
+        }
+        n
+    }
+
+    /// A decoding slot's verify of `toks` (its sampled token, then the draft): one
+    /// `forward_verify`, then sample-and-match row by row through `take_token` (each row's
+    /// token sent as in a plain step; the next row only while the token drawn is the drafted
+    /// one), and the state cut back to what was fed and kept. Returns tokens generated.
+    fn verify(&self, model: &Model, slot: &mut Option<Slot<'_>>, state: &mut SeqState, toks: &[u32]) -> usize {
+        let Some(sp) = slot.as_mut().and_then(|s| s.spec.as_mut()) else {
+            unreachable!("a verify comes from a speculating slot")
+        };
+        let rows = match model.forward_verify(toks, state, &mut sp.journal) {
+            Ok(r) => r,
+            Err(e) => return self.fail(slot, e.to_string()),
+        };
+        let c = &self.inner.counters;
+        c.decode_steps.fetch_add(1, Ordering::Relaxed);
+        c.decode_rows.fetch_add(1, Ordering::Relaxed);
+        let (vocab, d, pos0) = (model.cfg.vocab, toks.len() - 1, state.len - toks.len());
+        let (mut n, mut accepted) = (0, 0);
+        for i in 0..=d {
+            // The state as plain decoding would have it: the positions fed so far.
+            n += self.take_token(slot, &rows[i * vocab..(i + 1) * vocab], pos0 + 1 + i, state.n_ctx, None);
+            let Some(s) = slot.as_mut() else { break };
+            let Phase::Decode { next } = s.phase else { unreachable!("a live slot after a token decodes") };
+            if i == d || next != toks[1 + i] {
+                break;
+            }
+            accepted += 1;
+            s.spec.as_mut().expect("speculating").accept_one();
+        }
+        // A slot that ended is cleared on its next admission; a live one keeps what was fed.
+        if let Some(sp) = slot.as_mut().and_then(|s| s.spec.as_mut()) {
+            sp.adapt(d, accepted);
+            if let Err(e) = model.verify_keep(state, &mut sp.journal, 1 + accepted) {
+                return n + self.fail(slot, e.to_string());
+            }
         }
         n
     }
@@ -628,6 +687,8 @@ struct Slot<'t> {
     /// Admission order: the oldest prefilling slot gets the next chunk.
     order: u64,
     deadline: Option<Instant>,
+    /// Speculative decoding's drafter, journal and counts.
+    spec: Option<Speculator>,
 }
 
 impl<'t> Slot<'t> {
@@ -635,6 +696,7 @@ impl<'t> Slot<'t> {
         let stops = StopMatcher::new(req.stops.clone());
         let sampler = Sampler::new(req.sampler.clone());
         let history = req.prompt.clone();
+        let spec = req.spec.map(|p| p.speculator());
         Slot {
             req,
             phase: Phase::Prefill { done: 0 },
@@ -645,6 +707,7 @@ impl<'t> Slot<'t> {
             generated: 0,
             order,
             deadline: timeout.map(|t| t_submit + t),
+            spec,
         }
     }
 
@@ -658,7 +721,16 @@ impl<'t> Slot<'t> {
             let held = std::mem::replace(&mut self.stops, StopMatcher::new(Vec::new()));
             tail.push_str(&held.finish());
         }
-        Event::Done { index: self.req.index, finish, tail, n_prompt: self.req.prompt.len(), n_generated: self.generated }
+        let st = self.spec.as_ref().map(|sp| sp.stats).unwrap_or_default();
+        Event::Done {
+            index: self.req.index,
+            finish,
+            tail,
+            n_prompt: self.req.prompt.len(),
+            n_generated: self.generated,
+            drafted: st.drafted,
+            accepted: st.accepted,
+        }
     }
 }
 

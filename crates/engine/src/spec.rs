@@ -100,6 +100,49 @@ pub struct SpecStats {
     pub verifies: usize,
 }
 
+/// How a sequence speculates (the CLI's and the server's settings, per request): the drafter
+/// and the draft length bounds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SpecParams {
+    pub method: SpecMethod,
+    /// Tokens per draft at most.
+    pub n_max: usize,
+    /// Drafts shorter than this are not verified (a plain step instead).
+    pub n_min: usize,
+}
+
+/// Which drafter proposes the tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpecMethod {
+    /// Prompt lookup (`NgramDrafter`) with matches of `min..=max` tokens.
+    Ngram { min: usize, max: usize },
+}
+
+/// The defaults of `cortiq run --spec` and of a server request asking for n-gram drafts: up
+/// to 16 tokens per draft, matches of 3 to 8 tokens.
+pub const DEFAULT_N_MAX: usize = 16;
+pub const DEFAULT_NGRAM_MIN: usize = 3;
+pub const DEFAULT_NGRAM_MAX: usize = 8;
+
+impl SpecParams {
+    /// N-gram drafts with the default bounds.
+    pub fn ngram() -> SpecParams {
+        SpecParams {
+            method: SpecMethod::Ngram { min: DEFAULT_NGRAM_MIN, max: DEFAULT_NGRAM_MAX },
+            n_max: DEFAULT_N_MAX,
+            n_min: 0,
+        }
+    }
+
+    /// A fresh speculator for one sequence.
+    pub fn speculator(&self) -> Speculator {
+        let drafter: Box<dyn Drafter + Send> = match self.method {
+            SpecMethod::Ngram { min, max } => Box::new(NgramDrafter::new(min, max)),
+        };
+        Speculator::new(drafter, self.n_max, self.n_min)
+    }
+}
+
 /// One sequence's speculation: its drafter, the draft length bounds, the verify's journal and
 /// the counts. The draft length adapts to what is accepted: it doubles (up to `n_max`) after a
 /// draft kept whole and falls to one more than what was kept after a rejection, so text the
@@ -123,21 +166,29 @@ impl Speculator {
     }
 
     /// The draft to verify after `history` (its last token the one about to be fed), at most
-    /// `room` tokens: empty when the drafter has none or fewer than n_min.
+    /// `room` tokens: empty when the drafter has none or fewer than n_min. A draft returned is
+    /// verified: it is counted as drafted.
     pub(crate) fn draft(&mut self, history: &[u32], room: usize) -> Vec<u32> {
         let n = self.cap.min(room);
         if n == 0 || n < self.n_min {
             return Vec::new();
         }
         let d = self.drafter.draft(history, n);
-        if d.len() < self.n_min.max(1) { Vec::new() } else { d }
+        if d.len() < self.n_min.max(1) {
+            return Vec::new();
+        }
+        self.stats.drafted += d.len();
+        self.stats.verifies += 1;
+        d
     }
 
-    /// A verify of `drafted` tokens kept `accepted` of them.
-    pub(crate) fn record(&mut self, drafted: usize, accepted: usize) {
-        self.stats.drafted += drafted;
-        self.stats.accepted += accepted;
-        self.stats.verifies += 1;
+    /// The sampler drew the next drafted token.
+    pub(crate) fn accept_one(&mut self) {
+        self.stats.accepted += 1;
+    }
+
+    /// A verify of `drafted` tokens kept `accepted` of them: the next draft's length bound.
+    pub(crate) fn adapt(&mut self, drafted: usize, accepted: usize) {
         let lo = self.n_min.max(1);
         self.cap = if accepted == drafted { (2 * self.cap).min(self.n_max) } else { (accepted + 1).clamp(lo, self.n_max) };
     }

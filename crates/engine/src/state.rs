@@ -101,14 +101,6 @@ pub struct Checkpoint {
     o1: Option<O1Run>,
 }
 
-impl Checkpoint {
-    /// A checkpoint at length `len` from per-layer snapshots (`Some` for every recurrent
-    /// layer, taken when the sequence was `len` long).
-    pub(crate) fn at(len: usize, recurrent: Vec<Option<LayerState>>) -> Checkpoint {
-        Checkpoint { len, recurrent, o1: None }
-    }
-}
-
 impl SeqState {
     /// A state with f32 KV caches.
     pub fn new(n_layers: usize, kv_dim: usize, n_ctx: usize) -> SeqState {

@@ -224,7 +224,7 @@ fn checkpoint_rollback_of_sealed_state_is_bitwise() {
         let again = m.forward(&toks[30..70], &mut st, Logits::From(0)).unwrap();
         assert!(same(&first, &again), "{name}: rollback across the seal is not bitwise");
 
-        // The speculative pair after the seal, and straddling it (tp − 1, tp).
+        // A two-position verify after the seal, and straddling it (tp − 1, tp), its second rejected.
         for at in [60, 39] {
             let mut one = m.new_state_o1(100, p).unwrap();
             m.forward(&toks[..at], &mut one, Logits::None).unwrap();
@@ -232,10 +232,11 @@ fn checkpoint_rollback_of_sealed_state_is_bitwise() {
             let la = m.forward(&toks[at..at + 1], &mut one, Logits::Last).unwrap();
             let after_a = one.clone();
             let lb = m.forward(&toks[at + 1..at + 2], &mut one, Logits::Last).unwrap();
-            let (l2, cp) = m.forward_tentative([toks[at], toks[at + 1]], &mut pair).unwrap();
+            let mut journal = cortiq_engine::VerifyJournal::default();
+            let l2 = m.forward_verify(&toks[at..at + 2], &mut pair, &mut journal).unwrap();
             let v = m.cfg.vocab;
             assert!(same(&l2[..v], &la) && same(&l2[v..], &lb), "{name}: pair at {at} differs from two steps");
-            pair.rollback(cp);
+            m.verify_keep(&mut pair, &mut journal, 1).unwrap();
             let mut ref_a = after_a;
             let n1 = m.forward(&toks[at + 2..at + 3], &mut pair, Logits::Last).unwrap();
             let n2 = m.forward(&toks[at + 2..at + 3], &mut ref_a, Logits::Last).unwrap();

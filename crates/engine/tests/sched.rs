@@ -1,5 +1,6 @@
 //! The scheduler (`sched.rs`): a request's tokens equal the plain generation loop's with the
 //! same prefill chunk and seed, alone or beside any neighbours and whatever the arrival order;
+//! speculative decoding changes no token;
 //! cancellation frees a slot; the queue bound and the context limit refuse at `submit`.
 
 mod common;
@@ -14,6 +15,7 @@ use cortiq_engine::generate::{GenOptions, generate};
 use cortiq_engine::load::load;
 use cortiq_engine::sampling::SamplerParams;
 use cortiq_engine::sched::{Event, Finish, Handle, Request, SchedConfig, Sink, SubmitError};
+use cortiq_engine::spec::{SpecMethod, SpecParams};
 
 struct ChanSink(mpsc::Sender<Event>, Arc<AtomicBool>);
 
@@ -43,25 +45,33 @@ fn request(prompt: Vec<u32>, seed: u64, n: usize, tx: &mpsc::Sender<Event>, clos
         sink: Box::new(ChanSink(tx.clone(), closed.clone())),
         constraint: None,
         o1: None,
+        spec: None,
     }
 }
 
 /// Tokens per request index until every one of `n` requests is done.
 fn collect(rx: &mpsc::Receiver<Event>, n: usize) -> Vec<(usize, Vec<u32>)> {
+    collect_counting(rx, n).0
+}
+
+/// `collect`, and the drafted and accepted tokens the requests' Done events report.
+fn collect_counting(rx: &mpsc::Receiver<Event>, n: usize) -> (Vec<(usize, Vec<u32>)>, usize, usize) {
     let mut out: std::collections::BTreeMap<usize, Vec<u32>> = Default::default();
-    let mut done = 0;
+    let (mut done, mut n_drafted, mut n_accepted) = (0, 0, 0);
     while done < n {
         match rx.recv_timeout(Duration::from_secs(60)).expect("scheduler event") {
             Event::Token { index, id, .. } => out.entry(index).or_default().push(id),
-            Event::Done { finish, .. } => {
+            Event::Done { finish, drafted, accepted, .. } => {
                 assert_eq!(finish, Finish::Length);
+                n_drafted += drafted;
+                n_accepted += accepted;
                 done += 1;
             }
             Event::Error { message, .. } => panic!("{message}"),
             Event::Started { .. } => {}
         }
     }
-    out.into_iter().collect()
+    (out.into_iter().collect(), n_drafted, n_accepted)
 }
 
 fn prompts() -> Vec<Vec<u32>> {
@@ -115,6 +125,27 @@ fn sched_equals_generate_alone_and_under_load() {
             for (i, toks) in collect(&rx, 5) {
                 assert_eq!(toks, reference[i], "{arch}: request {i} beside 4 others (order {order:?}) differs");
             }
+        }
+        // Speculative decoding (n-gram drafts, verified on their own beside the batch): the
+        // same tokens, for the speculating requests and for their plain neighbours.
+        for speculating in [vec![1, 3], vec![0, 1, 2, 3, 4]] {
+            let ps = prompts();
+            let reqs = (0..5)
+                .map(|i| {
+                    let mut r = request(ps[i].clone(), i as u64, n, &tx, &closed);
+                    if speculating.contains(&i) {
+                        r.spec = Some(SpecParams { method: SpecMethod::Ngram { min: 1, max: 4 }, n_max: 4, n_min: 0 });
+                    }
+                    r
+                })
+                .collect();
+            h.submit(reqs).unwrap();
+            let (got, drafted, accepted) = collect_counting(&rx, 5);
+            for (i, toks) in got {
+                assert_eq!(toks, reference[i], "{arch}: request {i} (speculating: {speculating:?}) differs");
+            }
+            println!("{arch}: speculating {speculating:?}: drafted {drafted}, accepted {accepted}");
+            assert!(drafted > 0, "{arch}: no draft was verified");
         }
         let c = h.counters();
         assert!(c.decode_rows.load(Ordering::Relaxed) > c.decode_steps.load(Ordering::Relaxed), "{arch}: decode steps did batch");

@@ -3,6 +3,7 @@
 //! repeat_penalty); unknown fields are ignored, `null` means absent.
 
 use cortiq_engine::sampling::{SamplerParams, random_seed};
+use cortiq_engine::spec::SpecParams;
 use cortiq_formats::chat::ChatMessage;
 use serde_json::{Map, Value};
 
@@ -86,6 +87,63 @@ pub struct GenParams {
     pub model: Option<String>,
     /// The JSON schema the output must follow (`json_object`: any object).
     pub json_schema: Option<Value>,
+    /// The request's `speculative` settings, over the server's default (`spec_params`).
+    pub speculative: SpecRequest,
+}
+
+/// A request's `speculative` object, llama-server's names: `{"type": "ngram" | "none",
+/// "n_max": N, "n_min": N}`; every field optional, each over the server's default.
+#[derive(Debug, Clone, Default)]
+pub struct SpecRequest {
+    /// Some(false): "none"; Some(true): "ngram".
+    pub on: Option<bool>,
+    pub n_max: Option<usize>,
+    pub n_min: Option<usize>,
+}
+
+/// Draft tokens per verify at most, per request.
+pub const MAX_DRAFT: i64 = 64;
+
+impl SpecRequest {
+    fn parse(o: &Obj) -> Result<SpecRequest, ApiError> {
+        let Some(v) = field(o, "speculative") else { return Ok(SpecRequest::default()) };
+        let Value::Object(so) = v else {
+            return Err(ApiError::invalid("speculative", format!("'speculative' must be an object, got {v}")));
+        };
+        let sub = |e: ApiError, key: &str| ApiError { param: Some(format!("speculative.{key}")), ..e };
+        let on = match opt_str(so, "type").map_err(|e| sub(e, "type"))? {
+            None => None,
+            Some("none") => Some(false),
+            Some("ngram") => Some(true),
+            Some(t) => {
+                return Err(sub(
+                    ApiError::invalid("type", format!("'speculative.type' must be 'ngram' or 'none', got {t:?}")),
+                    "type",
+                ));
+            }
+        };
+        let n_max = opt_int(so, "n_max", 1, MAX_DRAFT).map_err(|e| sub(e, "n_max"))?.map(|n| n as usize);
+        let n_min = opt_int(so, "n_min", 0, MAX_DRAFT).map_err(|e| sub(e, "n_min"))?.map(|n| n as usize);
+        Ok(SpecRequest { on, n_max, n_min })
+    }
+
+    /// The settings the request runs with: the server's `default` with this request's fields
+    /// over it ("ngram" on a server without a default takes the CLI's defaults).
+    pub fn resolve(&self, default: Option<SpecParams>) -> Result<Option<SpecParams>, ApiError> {
+        let base = match (self.on, default) {
+            (Some(false), _) | (None, None) => return Ok(None),
+            (_, Some(d)) => d,
+            (Some(true), None) => SpecParams::ngram(),
+        };
+        let p = SpecParams { n_max: self.n_max.unwrap_or(base.n_max), n_min: self.n_min.unwrap_or(base.n_min), ..base };
+        if p.n_min > p.n_max {
+            return Err(ApiError::invalid(
+                "speculative.n_min",
+                format!("'speculative.n_min' ({}) is above 'speculative.n_max' ({})", p.n_min, p.n_max),
+            ));
+        }
+        Ok(Some(p))
+    }
 }
 
 /// Stop strings per request at most (OpenAI allows 4; llama.cpp any number).
@@ -250,6 +308,7 @@ pub fn gen_params(o: &Obj, vocab: usize, chat: bool) -> Result<GenParams, ApiErr
         ignore_eos: opt_bool(o, "ignore_eos")?.unwrap_or(false),
         model: opt_str(o, "model")?.map(str::to_string),
         json_schema,
+        speculative: SpecRequest::parse(o)?,
     })
 }
 

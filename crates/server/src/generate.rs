@@ -86,6 +86,7 @@ async fn run(app: Arc<App>, kind: Kind, prompts: Vec<Vec<u32>>, gp: GenParams, p
         None => None,
         Some(_) => Some(app.structured(info).map_err(|e| ApiError::internal(format!("structured output unavailable: {e}")))?),
     };
+    let spec = gp.speculative.resolve(app.opts.spec)?;
     let (tx, rx) = mpsc::unbounded_channel();
     let eos = if gp.ignore_eos { Vec::new() } else { info.eos.clone() };
     let mut reqs = Vec::new();
@@ -113,6 +114,7 @@ async fn run(app: Arc<App>, kind: Kind, prompts: Vec<Vec<u32>>, gp: GenParams, p
                 sink: Box::new(ChanSink(tx.clone())),
                 constraint,
                 o1: info.o1.as_ref().and_then(|plan| plan(p.len())),
+                spec,
             });
         }
     }
@@ -130,6 +132,7 @@ async fn run(app: Arc<App>, kind: Kind, prompts: Vec<Vec<u32>>, gp: GenParams, p
         n_prompt: prompts.iter().map(Vec::len).sum(),
         choices: prompts.len() * gp.n,
         include_usage: gp.include_usage,
+        spec: spec.is_some(),
         tok: info.tok.clone(),
     };
     if gp.stream { Ok(stream(out, rx, app.opts.keepalive).into_response()) } else { whole(out, rx).await }
@@ -145,7 +148,25 @@ struct Out {
     n_prompt: usize,
     choices: usize,
     include_usage: bool,
+    /// The request speculated: its usage reports drafted tokens kept and rejected.
+    spec: bool,
     tok: Arc<cortiq_formats::tokenizer::Tokenizer>,
+}
+
+/// Tokens a choice generated, and of speculative decoding's drafts those kept and not.
+#[derive(Clone, Copy, Default)]
+struct Counts {
+    generated: usize,
+    drafted: usize,
+    accepted: usize,
+}
+
+impl std::ops::AddAssign for Counts {
+    fn add_assign(&mut self, o: Counts) {
+        self.generated += o.generated;
+        self.drafted += o.drafted;
+        self.accepted += o.accepted;
+    }
 }
 
 fn finish_reason(f: Finish) -> &'static str {
@@ -171,8 +192,15 @@ impl Out {
         }
     }
 
-    fn usage(&self, generated: usize) -> Value {
-        json!({"prompt_tokens": self.n_prompt, "completion_tokens": generated, "total_tokens": self.n_prompt + generated})
+    /// OpenAI's usage object; with speculation, its predicted-output counts: the drafted
+    /// tokens kept (`accepted_prediction_tokens`) and not.
+    fn usage(&self, c: Counts) -> Value {
+        let mut u = json!({"prompt_tokens": self.n_prompt, "completion_tokens": c.generated, "total_tokens": self.n_prompt + c.generated});
+        if self.spec {
+            u["completion_tokens_details"] =
+                json!({"accepted_prediction_tokens": c.accepted, "rejected_prediction_tokens": c.drafted - c.accepted});
+        }
+        u
     }
 
     fn bytes_of(&self, id: u32) -> Vec<u8> {
@@ -218,7 +246,7 @@ struct Choice {
     text: String,
     logprobs: Vec<(String, TokenLogprob)>,
     finish: Option<Finish>,
-    generated: usize,
+    counts: Counts,
 }
 
 /// Collect every choice, then answer once.
@@ -236,17 +264,18 @@ async fn whole(out: Out, mut rx: mpsc::UnboundedReceiver<Event>) -> Result<Respo
                     c.logprobs.push((piece, lp));
                 }
             }
-            Event::Done { index, finish, tail, n_generated, .. } => {
+            Event::Done { index, finish, tail, n_generated, drafted, accepted, .. } => {
                 let c = &mut choices[index];
                 c.text.push_str(&tail);
                 c.finish = Some(finish);
-                c.generated = n_generated;
+                c.counts = Counts { generated: n_generated, drafted, accepted };
                 done += 1;
             }
             Event::Error { kind, message, .. } => return Err(engine_error(kind, message)),
         }
     }
-    let generated: usize = choices.iter().map(|c| c.generated).sum();
+    let mut counts = Counts::default();
+    choices.iter().for_each(|c| counts += c.counts);
     let with_lp = choices.iter().any(|c| !c.logprobs.is_empty());
     let list: Vec<Value> = choices
         .iter()
@@ -272,7 +301,7 @@ async fn whole(out: Out, mut rx: mpsc::UnboundedReceiver<Event>) -> Result<Respo
         "model": out.model,
         "system_fingerprint": fingerprint(),
         "choices": list,
-        "usage": out.usage(generated),
+        "usage": out.usage(counts),
     }))
     .into_response())
 }
@@ -287,7 +316,7 @@ struct Streamer {
     rx: mpsc::UnboundedReceiver<Event>,
     pending: VecDeque<SseEvent>,
     done: usize,
-    generated: usize,
+    counts: Counts,
     /// Characters of text sent per choice (completions' text_offset).
     sent_chars: Vec<usize>,
     ended: bool,
@@ -347,7 +376,7 @@ impl Streamer {
             self.pending.push_back(SseEvent::default().data(e.body().to_string()));
         } else if self.out.include_usage {
             let mut c = self.envelope(json!([]));
-            c["usage"] = self.out.usage(self.generated);
+            c["usage"] = self.out.usage(self.counts);
             self.pending.push_back(SseEvent::default().data(c.to_string()));
         }
         self.pending.push_back(SseEvent::default().data("[DONE]"));
@@ -364,12 +393,12 @@ impl Streamer {
                     self.content(index, &text, &lps);
                 }
             }
-            Some(Event::Done { index, finish, tail, n_generated, .. }) => {
+            Some(Event::Done { index, finish, tail, n_generated, drafted, accepted, .. }) => {
                 if !tail.is_empty() {
                     self.content(index, &tail, &[]);
                 }
                 self.finish(index, finish);
-                self.generated += n_generated;
+                self.counts += Counts { generated: n_generated, drafted, accepted };
                 self.done += 1;
                 if self.done == self.out.choices {
                     self.end(None);
@@ -386,7 +415,8 @@ fn stream(
     keepalive: std::time::Duration,
 ) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
     let n = out.choices;
-    let mut st = Streamer { out, rx, pending: VecDeque::new(), done: 0, generated: 0, sent_chars: vec![0; n], ended: false };
+    let mut st =
+        Streamer { out, rx, pending: VecDeque::new(), done: 0, counts: Counts::default(), sent_chars: vec![0; n], ended: false };
     if st.out.kind == Kind::Chat {
         for i in 0..n {
             let c = st.chunk(

@@ -50,6 +50,9 @@ pub struct ServeOptions {
     pub keepalive: Duration,
     /// Threads of the HTTP runtime (the engine has its own pool).
     pub http_threads: usize,
+    /// Speculative decoding for requests that do not say (`--spec`); a request's
+    /// `speculative` object overrides it.
+    pub spec: Option<cortiq_engine::spec::SpecParams>,
 }
 
 /// The constant-memory plan for a prompt of `tp` tokens (`--o1` / `--kv-window`, or what a

@@ -152,4 +152,30 @@ if chat_ok:
     check(r.choices[0].finish_reason == "stop" and isinstance(json.loads(r.choices[0].message.content), dict),
           f"json_object: the output is a JSON object ({r.choices[0].message.content!r})")
 
+    # Speculative decoding per request (`speculative` through extra_body): the same text as
+    # without, greedy and seeded, streamed and whole; usage reports the drafts kept and not.
+    edit = [{"role": "user", "content": "Repeat this list exactly, one item per line: apple, banana, cherry, "
+                                        "apple, banana, cherry, apple, banana, cherry."}]
+    for temp, seed in [(0, 0), (0.8, 5)]:
+        plain = client.chat.completions.create(model=model, messages=edit, max_tokens=64, temperature=temp, seed=seed)
+        spec = client.chat.completions.create(model=model, messages=edit, max_tokens=64, temperature=temp, seed=seed,
+                                              extra_body={"speculative": {"type": "ngram", "n_max": 8}})
+        check(spec.choices[0].message.content == plain.choices[0].message.content,
+              f"speculative == plain at temperature {temp} ({spec.choices[0].message.content!r} vs {plain.choices[0].message.content!r})")
+        d = spec.usage.completion_tokens_details
+        check(d is not None and d.accepted_prediction_tokens >= 0 and d.rejected_prediction_tokens >= 0,
+              f"speculative usage: drafted tokens kept and rejected ({spec.usage})")
+        check(plain.usage.completion_tokens_details is None, "plain usage: no prediction counts")
+        chunks = list(client.chat.completions.create(model=model, messages=edit, max_tokens=64, temperature=temp, seed=seed,
+                                                     stream=True, stream_options={"include_usage": True},
+                                                     extra_body={"speculative": {"type": "ngram"}}))
+        streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        check(streamed == plain.choices[0].message.content, f"speculative stream == plain at temperature {temp}")
+        check(chunks[-1].usage.completion_tokens_details is not None, "speculative stream: usage with prediction counts")
+    try:
+        client.chat.completions.create(model=model, messages=edit, max_tokens=8, extra_body={"speculative": {"type": "magic"}})
+        check(False, "a bad speculative type is refused")
+    except openai.BadRequestError as e:
+        check(e.body.get("param") == "speculative.type", f"bad speculative type: 400 naming the field ({e.body})")
+
 print("all checks passed")
