@@ -3,7 +3,8 @@
 //! architecture fixture and the O(1) mode, with the n-gram drafter and with an oracle drafter
 //! that proposes the plain output with planted mistakes (so drafts are kept whole, in part and
 //! not at all); the state after generation equals plain decoding's (the next step's logits,
-//! bitwise), also when generation ends at the context's end.
+//! bitwise), also when generation ends at the context's end. The real-model group does the
+//! same on the three real models.
 
 mod common;
 
@@ -64,30 +65,37 @@ fn state(m: &Model, o1: bool, n_ctx: usize, tp: usize) -> SeqState {
 fn check(name: &str, num: Numerics, o1: bool) {
     let mut model = load(&fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}")).model;
     model.set_numerics(num);
+    let p = prompt(model.cfg.vocab);
+    check_model(name, &model, &p, num, o1, 40, 128);
+}
+
+/// Every drafter and draft bound against plain decoding on `model` after `p`: greedy and
+/// sampled with `n_predict` tokens in a context of `n_ctx`, and greedy in a context that ends
+/// before `n_predict`.
+fn check_model(name: &str, model: &Model, p: &[u32], num: Numerics, o1: bool, n_predict: usize, n_ctx: usize) {
     let vocab = model.cfg.vocab;
-    let p = prompt(vocab);
     let (mut drafted, mut accepted, mut partial) = (0, 0, 0);
     for (sampler, n_ctx) in [
-        (SamplerParams::greedy(), 128),
-        (SamplerParams { seed: 7, ..SamplerParams::default() }, 128),
-        (SamplerParams::greedy(), p.len() + 17),
+        (SamplerParams::greedy(), n_ctx),
+        (SamplerParams { seed: 7, ..SamplerParams::default() }, n_ctx),
+        (SamplerParams::greedy(), p.len() + n_predict / 2 - 3),
     ] {
-        let opt = GenOptions { n_predict: 40, sampler: sampler.clone(), eos: vec![], stops: vec![], prefill_chunk: 8 };
-        let mut st = state(&model, o1, n_ctx, p.len());
-        let plain = generate(&model, &mut st, &p, &opt, &mut |_| String::new(), &mut |_| {}).unwrap();
+        let opt = GenOptions { n_predict, sampler: sampler.clone(), eos: vec![], stops: vec![], prefill_chunk: 8 };
+        let mut st = state(model, o1, n_ctx, p.len());
+        let plain = generate(model, &mut st, p, &opt, &mut |_| String::new(), &mut |_| {}).unwrap();
         let probe = |m: &Model, st: &mut SeqState| (st.len < st.n_ctx).then(|| m.forward(&[5], st, Logits::Last).unwrap());
-        let plain_next = probe(&model, &mut st);
-        let reference = [&p[..], &plain.tokens[..]].concat();
+        let plain_next = probe(model, &mut st);
+        let reference = [p, &plain.tokens[..]].concat();
         for dname in ["ngram", "oracle/3", "oracle/7"] {
             for n_max in [1, 4, 9] {
                 let mut spec = Speculator::new(drafter(dname, &reference, vocab), n_max, 0);
-                let mut st = state(&model, o1, n_ctx, p.len());
-                let got = generate_spec(&model, &mut st, &p, &opt, &mut spec, &mut |_| String::new(), &mut |_| {}).unwrap();
+                let mut st = state(model, o1, n_ctx, p.len());
+                let got = generate_spec(model, &mut st, p, &opt, &mut spec, &mut |_| String::new(), &mut |_| {}).unwrap();
                 let what = format!("{name} {num:?} o1={o1} temp {} n_ctx {n_ctx} {dname} n_max {n_max}", sampler.temperature);
                 assert_eq!(got.tokens, plain.tokens, "{what}: tokens differ from plain decoding");
                 assert_eq!(got.stop, plain.stop, "{what}: stop reason");
                 assert_eq!(st.len, p.len() + plain.tokens.len() - 1, "{what}: state length");
-                let next = probe(&model, &mut st);
+                let next = probe(model, &mut st);
                 assert_eq!(
                     next.map(|l| l.iter().map(|x| x.to_bits()).collect::<Vec<_>>()),
                     plain_next.as_ref().map(|l| l.iter().map(|x| x.to_bits()).collect::<Vec<_>>()),
@@ -169,5 +177,20 @@ fn spec_equals_plain_kimi_linear() {
 fn spec_equals_plain_o1() {
     for name in ["llama", "gemma3", "qwen3_5"] {
         check(name, Numerics::Exact, true);
+    }
+}
+
+/// Real-model group: the three real models (Q4_K_M interleaved, Q4_K_M with a tied 262k
+/// head, Q4_1 on the non-interleaved layout), default numerics, a code-edit prompt.
+#[test]
+fn real_models_spec_equals_plain() {
+    for name in ["qwen2.5-coder-0.5b", "gemma3-270m", "smollm2-135m"] {
+        let mut loaded = load(&cortiq_testkit::real_model(name)).unwrap();
+        let tok = loaded.tokenizer().unwrap();
+        let code = "def area(w, h):\n    return w * h\n\n\ndef perimeter(w, h):\n    return 2 * (w + h)\n";
+        let text = format!("{code}\n# The same two functions, with `w` renamed to `width`:\n");
+        let p = tok.encode(&text, true).unwrap();
+        loaded.model.set_numerics(Numerics::Fast);
+        check_model(name, &loaded.model, &p, Numerics::Fast, false, 48, 256);
     }
 }
