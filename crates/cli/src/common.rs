@@ -15,7 +15,7 @@ use cortiq_formats::tokenizer::Tokenizer;
 use crate::pull;
 
 /// The flags every model-running subcommand flattens in first.
-#[derive(Args)]
+#[derive(Args, Clone)]
 pub struct Common {
     /// A .gguf file, an HF folder, or a known model name (pulled on first use).
     #[arg(short, long, value_name = "MODEL")]

@@ -5,9 +5,11 @@
 //! `encode_chat` (render a conversation with the model's template and tokenize it).
 
 use std::io::{BufRead, IsTerminal, Write};
+use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use cortiq_engine::Model;
 use cortiq_engine::generate::{GenOptions, generate, generate_spec};
 use cortiq_engine::load::Loaded;
 use cortiq_engine::sampling::SamplerParams;
@@ -132,6 +134,7 @@ pub fn cmd_run(a: RunArgs, verbose: bool) -> Result<()> {
     a.spec.validate()?;
     let loaded = open_model(&a.common)?;
     let tok = open_tokenizer(&loaded)?;
+    let draft = a.spec.open_draft(&a.common, &loaded)?;
     let model = &loaded.model;
     let n_ctx = a.ctx.unwrap_or(model.cfg.n_ctx_train.min(4096));
     if n_ctx == 0 {
@@ -152,7 +155,7 @@ pub fn cmd_run(a: RunArgs, verbose: bool) -> Result<()> {
         if a.o1.any() {
             bail!("--o1 / --kv-window need a single prompt (-p or stdin), not an interactive --chat");
         }
-        return chat_loop(&loaded, &tok, &a, &opt, n_ctx);
+        return chat_loop(&loaded, &tok, &a, &opt, n_ctx, draft.as_ref());
     }
     let prompt_text = match &a.prompt {
         Some(p) => p.clone(),
@@ -183,7 +186,7 @@ pub fn cmd_run(a: RunArgs, verbose: bool) -> Result<()> {
         None => model.new_state(n_ctx),
     };
     let prof = Profiler::start(&a.common);
-    let mut spec = a.spec.speculator();
+    let mut spec = a.spec.speculator(draft.as_ref(), n_ctx)?;
     let stats = stream(&loaded, &tok, &mut state, &ids, &opt, spec.as_mut())?;
     prof.finish("run");
     if verbose {
@@ -240,7 +243,14 @@ pub fn encode_chat(tok: &Tokenizer, msgs: &[ChatMessage]) -> Result<Vec<u32>> {
 
 /// Interactive chat on stdin: one user turn per line; the conversation so far is re-rendered
 /// each turn and only the part after the common prefix with the cached state is prefilled.
-fn chat_loop(loaded: &Loaded, tok: &Tokenizer, a: &RunArgs, opt: &GenOptions, n_ctx: usize) -> Result<()> {
+fn chat_loop(
+    loaded: &Loaded,
+    tok: &Tokenizer,
+    a: &RunArgs,
+    opt: &GenOptions,
+    n_ctx: usize,
+    draft: Option<&Arc<Model>>,
+) -> Result<()> {
     let model = &loaded.model;
     let mut state = model.new_state(n_ctx);
     let mut cached: Vec<u32> = Vec::new();
@@ -248,7 +258,7 @@ fn chat_loop(loaded: &Loaded, tok: &Tokenizer, a: &RunArgs, opt: &GenOptions, n_
     if let Some(s) = &a.system {
         msgs.push(ChatMessage { role: "system".into(), content: s.clone() });
     }
-    let mut spec = a.spec.speculator();
+    let mut spec = a.spec.speculator(draft, n_ctx)?;
     let interactive = std::io::stdin().is_terminal();
     let stdin = std::io::stdin();
     loop {

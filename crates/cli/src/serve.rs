@@ -110,10 +110,11 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         http_threads: 2,
         spec: a.spec.params(),
     };
-    let (common, o1) = (a.common, a.o1);
+    let (common, o1, spec) = (a.common, a.o1, a.spec);
     let load = Box::new(move || -> std::result::Result<Ready, String> {
         let loaded = open_model(&common).map_err(|e| format!("{e:#}"))?;
         let tok = open_tokenizer(&loaded).map_err(|e| format!("{e:#}"))?;
+        let draft = spec.open_draft(&common, &loaded).map_err(|e| format!("{e:#}"))?;
         let served = served_o1(&loaded);
         // Checked: the flags' combinations were validated above, and a prompt length cannot
         // make a valid combination invalid.
@@ -129,7 +130,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         });
         let planner: Option<O1Planner> =
             first.is_some().then(|| Box::new(move |tp: usize| o1.plan(tp, None, false, served).ok().flatten()) as O1Planner);
-        Ok(Ready { model: loaded.model, tok, o1: planner, note })
+        Ok(Ready { model: loaded.model, tok, o1: planner, draft, note })
     });
     serve(opts, load)?;
     Ok(())

@@ -1,10 +1,16 @@
-//! The speculative-decoding flags (`--spec` and its draft bounds), shared by `cortiq run` and
-//! any front end that wants the same flags and defaults; [`SpecArgs::speculator`] turns them
-//! into the engine's `Speculator`.
+//! The speculative-decoding flags (`--spec` and its draft bounds, the draft model), shared by
+//! `cortiq run` and `cortiq serve`; [`SpecArgs::params`] turns them into the engine's
+//! `SpecParams` and [`SpecArgs::open_draft`] loads and checks the draft model.
 
-use anyhow::{Result, bail};
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
-use cortiq_engine::spec::{self, SpecMethod as EngineMethod, SpecParams, SpecStats, Speculator};
+use cortiq_engine::Model;
+use cortiq_engine::load::Loaded;
+use cortiq_engine::spec::{self, SpecMethod as EngineMethod, SpecParams, SpecStats, Speculator, check_draft_vocab};
+
+use crate::common::{Common, open_model, open_tokenizer};
 
 /// How drafts are proposed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -14,6 +20,8 @@ pub enum SpecMethod {
     /// Prompt lookup: the tokens that followed the last earlier occurrence of the text's most
     /// recent n-gram (prompt and output so far).
     Ngram,
+    /// A smaller model with the same vocabulary (--spec-draft) decodes ahead greedily.
+    Draft,
 }
 
 /// The speculative-decoding flags.
@@ -23,12 +31,19 @@ pub struct SpecArgs {
     /// same as without it, token for token, at any temperature and seed.
     #[arg(long, value_enum, default_value_t = SpecMethod::None)]
     pub spec: SpecMethod,
+    /// The draft model of --spec draft (a .gguf, HF folder, .cmf or known name) sharing the
+    /// target's vocabulary; it runs with the target's numerics and threads.
+    #[arg(long, value_name = "MODEL")]
+    pub spec_draft: Option<String>,
     /// Tokens per draft at most.
     #[arg(long, default_value_t = spec::DEFAULT_N_MAX)]
     pub spec_draft_n_max: usize,
     /// Drafts shorter than this are not verified (a plain step instead).
     #[arg(long, default_value_t = 0)]
     pub spec_draft_n_min: usize,
+    /// --spec draft: stop drafting where the draft model's top token has a probability below P.
+    #[arg(long, default_value_t = 0.0, value_name = "P")]
+    pub spec_draft_p_min: f32,
     /// N-gram drafts: the shortest match that proposes a draft, in tokens.
     #[arg(long, default_value_t = spec::DEFAULT_NGRAM_MIN)]
     pub spec_ngram_min: usize,
@@ -53,7 +68,14 @@ impl SpecArgs {
                 self.spec_ngram_max
             );
         }
-        Ok(())
+        if !(0.0..=1.0).contains(&self.spec_draft_p_min) {
+            bail!("--spec-draft-p-min must be within [0, 1], got {}", self.spec_draft_p_min);
+        }
+        match (self.spec, &self.spec_draft) {
+            (SpecMethod::Draft, None) => bail!("--spec draft needs a draft model: --spec-draft MODEL"),
+            (SpecMethod::None | SpecMethod::Ngram, Some(_)) => bail!("--spec-draft is for --spec draft"),
+            _ => Ok(()),
+        }
     }
 
     /// The engine's settings (None without --spec).
@@ -61,13 +83,26 @@ impl SpecArgs {
         let method = match self.spec {
             SpecMethod::None => return None,
             SpecMethod::Ngram => EngineMethod::Ngram { min: self.spec_ngram_min, max: self.spec_ngram_max },
+            SpecMethod::Draft => EngineMethod::Draft { p_min: self.spec_draft_p_min },
         };
         Some(SpecParams { method, n_max: self.spec_draft_n_max, n_min: self.spec_draft_n_min })
     }
 
-    /// A fresh speculator for one sequence (None without --spec).
-    pub fn speculator(&self) -> Option<Speculator> {
-        self.params().map(|p| p.speculator())
+    /// The draft model of --spec draft, loaded with the target's flags and checked to share
+    /// its vocabulary (None without one).
+    pub fn open_draft(&self, common: &Common, target: &Loaded) -> Result<Option<Arc<Model>>> {
+        let Some(name) = &self.spec_draft else { return Ok(None) };
+        let c = Common { model: name.clone(), ..common.clone() };
+        let draft = open_model(&c).with_context(|| format!("loading the draft model {name}"))?;
+        let (tt, dt) = (open_tokenizer(target)?, open_tokenizer(&draft).with_context(|| format!("the draft model {name}"))?);
+        check_draft_vocab(tt.vocab_size(), dt.vocab_size(), &|id| tt.token_bytes(id), &|id| dt.token_bytes(id))
+            .with_context(|| format!("--spec-draft {name}"))?;
+        Ok(Some(Arc::new(draft.model)))
+    }
+
+    /// A fresh speculator for one sequence of `n_ctx` positions (None without --spec).
+    pub fn speculator(&self, draft: Option<&Arc<Model>>, n_ctx: usize) -> Result<Option<Speculator>> {
+        self.params().map(|p| p.speculator(draft, n_ctx)).transpose().context("speculative decoding")
     }
 }
 

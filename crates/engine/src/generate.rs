@@ -156,7 +156,7 @@ fn run(
         let draft = match spec.as_deref_mut() {
             Some(sp) => {
                 let room = (opt.n_predict - out.len() - 1).min(state.n_ctx - state.len - 1);
-                sp.draft(&history, room)
+                sp.draft(&history, room, model.cfg.vocab)
             }
             None => Vec::new(),
         };

@@ -275,6 +275,12 @@ impl Handle {
     /// The scheduler loop: call on the engine's own thread; returns after `shutdown` once the
     /// work in hand is done.
     pub fn run(&self, model: &Model, tok: &Tokenizer) {
+        self.run_with_draft(model, None, tok)
+    }
+
+    /// `run` with a draft model for the requests that speculate with one
+    /// (`SpecMethod::Draft`; checked against the target's vocabulary when it was loaded).
+    pub fn run_with_draft(&self, model: &Model, draft: Option<&Arc<Model>>, tok: &Tokenizer) {
         let cfg = self.inner.cfg.clone();
         let mut slots: Vec<Option<Slot<'_>>> = (0..cfg.slots).map(|_| None).collect();
         let mut states: Vec<SeqState> = (0..cfg.slots).map(|_| model.new_state(cfg.n_ctx)).collect();
@@ -338,9 +344,16 @@ impl Handle {
                         }
                         None => states[si].clear(),
                     }
+                    let spec = match req.spec.map(|p| p.speculator(draft, cfg.n_ctx)).transpose() {
+                        Ok(sp) => sp,
+                        Err(e) => {
+                            req.sink.send(Event::Error { index: req.index, kind: ErrorKind::Engine, message: e.to_string() });
+                            continue;
+                        }
+                    };
                     admitted += 1;
                     req.sink.send(Event::Started { index: req.index });
-                    *slot = Some(Slot::new(req, tok, t_submit, admitted, cfg.timeout));
+                    *slot = Some(Slot::new(req, tok, t_submit, admitted, cfg.timeout, spec));
                 }
                 self.inner.counters.queued.store(q.items.len(), Ordering::Relaxed);
             }
@@ -391,7 +404,7 @@ impl Handle {
             let Some(Slot { phase: Phase::Decode { next }, spec, history, generated, req, .. }) = s else { continue };
             let st = &states[si];
             let draft = match spec {
-                Some(sp) => sp.draft(history, (req.n_predict - *generated - 1).min(st.n_ctx - st.len - 1)),
+                Some(sp) => sp.draft(history, (req.n_predict - *generated - 1).min(st.n_ctx - st.len - 1), model.cfg.vocab),
                 None => Vec::new(),
             };
             if draft.is_empty() {
@@ -692,11 +705,17 @@ struct Slot<'t> {
 }
 
 impl<'t> Slot<'t> {
-    fn new(req: Request, tok: &'t Tokenizer, t_submit: Instant, order: u64, timeout: Option<Duration>) -> Slot<'t> {
+    fn new(
+        req: Request,
+        tok: &'t Tokenizer,
+        t_submit: Instant,
+        order: u64,
+        timeout: Option<Duration>,
+        spec: Option<Speculator>,
+    ) -> Slot<'t> {
         let stops = StopMatcher::new(req.stops.clone());
         let sampler = Sampler::new(req.sampler.clone());
         let history = req.prompt.clone();
-        let spec = req.spec.map(|p| p.speculator());
         Slot {
             req,
             phase: Phase::Prefill { done: 0 },

@@ -13,8 +13,10 @@
 //! O(1) per new token (an index updated incrementally), not a scan of the history.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
-use crate::model::VerifyJournal;
+use crate::model::{Logits, Model, VerifyJournal};
+use crate::state::SeqState;
 
 /// Proposes the next tokens of a sequence from its history.
 pub trait Drafter {
@@ -102,7 +104,7 @@ pub struct SpecStats {
 
 /// How a sequence speculates (the CLI's and the server's settings, per request): the drafter
 /// and the draft length bounds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SpecParams {
     pub method: SpecMethod,
     /// Tokens per draft at most.
@@ -112,10 +114,13 @@ pub struct SpecParams {
 }
 
 /// Which drafter proposes the tokens.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum SpecMethod {
     /// Prompt lookup (`NgramDrafter`) with matches of `min..=max` tokens.
     Ngram { min: usize, max: usize },
+    /// A smaller model sharing the target's vocabulary (`ModelDrafter`), drafting greedily
+    /// while its top token's probability is at least `p_min`.
+    Draft { p_min: f32 },
 }
 
 /// The defaults of `cortiq run --spec` and of a server request asking for n-gram drafts: up
@@ -134,12 +139,129 @@ impl SpecParams {
         }
     }
 
-    /// A fresh speculator for one sequence.
-    pub fn speculator(&self) -> Speculator {
+    /// A fresh speculator for one sequence; `draft` is the draft model (`SpecMethod::Draft`
+    /// needs one; checked against the target by `check_draft_vocab` when it was loaded).
+    pub fn speculator(&self, draft: Option<&Arc<Model>>, n_ctx: usize) -> Result<Speculator, SpecError> {
         let drafter: Box<dyn Drafter + Send> = match self.method {
             SpecMethod::Ngram { min, max } => Box::new(NgramDrafter::new(min, max)),
+            SpecMethod::Draft { p_min } => {
+                let m = draft.ok_or(SpecError::NoDraftModel)?;
+                Box::new(ModelDrafter::new(m.clone(), n_ctx, p_min))
+            }
         };
-        Speculator::new(drafter, self.n_max, self.n_min)
+        Ok(Speculator::new(drafter, self.n_max, self.n_min))
+    }
+}
+
+/// Why speculation cannot be set up.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum SpecError {
+    #[error("draft-model speculation needs a draft model (--spec-draft MODEL)")]
+    NoDraftModel,
+    #[error("the draft model's vocabulary differs from the target's: {0}")]
+    Vocab(String),
+}
+
+/// A draft model proposes tokens by greedy decoding of its own copy of the sequence: before
+/// each draft its state is brought up to the history (the tokens accepted since the last
+/// draft, in one chunk), then it decodes up to n tokens, stopping early where its top token's
+/// probability falls below `p_min`, and rolls back to the history (a checkpoint: KV caches
+/// truncate, recurrent states are restored), so that whatever the target keeps is fed again
+/// next time. Written by hand: it is the draft loop of the product's speculation.
+pub struct ModelDrafter {
+    model: Arc<Model>,
+    state: SeqState,
+    /// The tokens in `state`, in order.
+    fed: Vec<u32>,
+    p_min: f32,
+}
+
+impl ModelDrafter {
+    /// A drafter over `model` with a context of `n_ctx` positions (the target's).
+    pub fn new(model: Arc<Model>, n_ctx: usize, p_min: f32) -> ModelDrafter {
+        let state = model.new_state(n_ctx);
+        ModelDrafter { model, state, fed: Vec::new(), p_min }
+    }
+
+    /// The draft model's logits after `history` (its state brought up to it), or None where
+    /// it cannot follow (an error of its own: then no draft, plain decoding goes on).
+    fn sync(&mut self, history: &[u32]) -> Option<Vec<f32>> {
+        let common = self.fed.iter().zip(history).take_while(|(a, b)| a == b).count();
+        if common < self.fed.len() || common == history.len() {
+            // Cut back (or the history did not grow: its last token is fed again for logits).
+            let keep = common.min(history.len() - 1);
+            if self.state.can_truncate() {
+                self.state.truncate(keep);
+                self.fed.truncate(keep);
+            } else {
+                self.state.clear();
+                self.fed.clear();
+            }
+        }
+        let new = &history[self.fed.len()..];
+        let logits = self.model.prefill(new, &mut self.state, 512).ok()?;
+        self.fed.extend_from_slice(new);
+        Some(logits)
+    }
+}
+
+impl Drafter for ModelDrafter {
+    fn draft(&mut self, history: &[u32], n_max: usize) -> Vec<u32> {
+        if n_max == 0 || history.is_empty() || history.len() + n_max >= self.state.n_ctx {
+            return Vec::new();
+        }
+        let Some(mut logits) = self.sync(history) else { return Vec::new() };
+        let cp = self.state.checkpoint();
+        let mut out = Vec::with_capacity(n_max);
+        while out.len() < n_max {
+            let (id, p) = top_token(&logits);
+            if p < self.p_min {
+                break;
+            }
+            out.push(id);
+            if out.len() == n_max {
+                break;
+            }
+            match self.model.forward(&[id], &mut self.state, Logits::Last) {
+                Ok(l) => logits = l,
+                Err(_) => break,
+            }
+        }
+        self.state.rollback(cp);
+        out
+    }
+}
+
+/// The most likely token of a logits row and its softmax probability.
+fn top_token(logits: &[f32]) -> (u32, f32) {
+    let (mut best, mut max) = (0usize, f32::NEG_INFINITY);
+    for (i, &v) in logits.iter().enumerate() {
+        if v > max {
+            (best, max) = (i, v);
+        }
+    }
+    let z: f32 = logits.iter().map(|&v| (v - max).exp()).sum();
+    (best as u32, 1.0 / z)
+}
+
+/// The draft model must speak the target's vocabulary: the same ids for the same bytes.
+/// `target` and `draft` give each id's bytes; `n` ids are compared (the tokenizers' size).
+pub fn check_draft_vocab(
+    n_target: usize,
+    n_draft: usize,
+    target: &dyn Fn(u32) -> Vec<u8>,
+    draft: &dyn Fn(u32) -> Vec<u8>,
+) -> Result<(), SpecError> {
+    if n_target != n_draft {
+        return Err(SpecError::Vocab(format!("{n_draft} tokens against the target's {n_target}")));
+    }
+    match (0..n_target as u32).find(|&id| target(id) != draft(id)) {
+        None => Ok(()),
+        Some(id) => Err(SpecError::Vocab(format!(
+            "token {id} is {:?} in the draft model, {:?} in the target",
+            String::from_utf8_lossy(&draft(id)),
+            String::from_utf8_lossy(&target(id))
+        ))),
     }
 }
 
@@ -166,14 +288,18 @@ impl Speculator {
     }
 
     /// The draft to verify after `history` (its last token the one about to be fed), at most
-    /// `room` tokens: empty when the drafter has none or fewer than n_min. A draft returned is
-    /// verified: it is counted as drafted.
-    pub(crate) fn draft(&mut self, history: &[u32], room: usize) -> Vec<u32> {
+    /// `room` tokens, cut before any id outside the target's `vocab`: empty when the drafter
+    /// has none or fewer than n_min. A draft returned is verified: it is counted as drafted.
+    pub(crate) fn draft(&mut self, history: &[u32], room: usize, vocab: usize) -> Vec<u32> {
         let n = self.cap.min(room);
         if n == 0 || n < self.n_min {
             return Vec::new();
         }
-        let d = self.drafter.draft(history, n);
+        let mut d = self.drafter.draft(history, n);
+        d.truncate(n);
+        if let Some(bad) = d.iter().position(|&t| t as usize >= vocab) {
+            d.truncate(bad);
+        }
         if d.len() < self.n_min.max(1) {
             return Vec::new();
         }
@@ -214,6 +340,18 @@ mod tests {
             }
         }
         Vec::new()
+    }
+
+    /// The vocabulary check names the first id whose bytes differ, or the sizes.
+    #[test]
+    fn draft_vocab_must_match() {
+        let a = |id: u32| format!("t{id}").into_bytes();
+        let b = |id: u32| if id == 7 { b"seven".to_vec() } else { format!("t{id}").into_bytes() };
+        assert_eq!(check_draft_vocab(10, 10, &a, &a), Ok(()));
+        let e = check_draft_vocab(10, 10, &a, &b).unwrap_err().to_string();
+        assert!(e.contains("token 7") && e.contains("seven") && e.contains("t7"), "{e}");
+        let e = check_draft_vocab(10, 12, &a, &a).unwrap_err().to_string();
+        assert!(e.contains("12 tokens") && e.contains("10"), "{e}");
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! repeat_penalty); unknown fields are ignored, `null` means absent.
 
 use cortiq_engine::sampling::{SamplerParams, random_seed};
-use cortiq_engine::spec::SpecParams;
+use cortiq_engine::spec::{SpecMethod, SpecParams};
 use cortiq_formats::chat::ChatMessage;
 use serde_json::{Map, Value};
 
@@ -91,14 +91,21 @@ pub struct GenParams {
     pub speculative: SpecRequest,
 }
 
-/// A request's `speculative` object, llama-server's names: `{"type": "ngram" | "none",
-/// "n_max": N, "n_min": N}`; every field optional, each over the server's default.
+/// A request's `speculative` object, llama-server's names: `{"type": "ngram" | "draft" |
+/// "none", "n_max": N, "n_min": N}`; every field optional, each over the server's default.
 #[derive(Debug, Clone, Default)]
 pub struct SpecRequest {
-    /// Some(false): "none"; Some(true): "ngram".
-    pub on: Option<bool>,
+    /// The drafter asked for (None: the server's default).
+    pub kind: Option<SpecKind>,
     pub n_max: Option<usize>,
     pub n_min: Option<usize>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpecKind {
+    None,
+    Ngram,
+    Draft,
 }
 
 /// Draft tokens per verify at most, per request.
@@ -111,29 +118,41 @@ impl SpecRequest {
             return Err(ApiError::invalid("speculative", format!("'speculative' must be an object, got {v}")));
         };
         let sub = |e: ApiError, key: &str| ApiError { param: Some(format!("speculative.{key}")), ..e };
-        let on = match opt_str(so, "type").map_err(|e| sub(e, "type"))? {
+        let kind = match opt_str(so, "type").map_err(|e| sub(e, "type"))? {
             None => None,
-            Some("none") => Some(false),
-            Some("ngram") => Some(true),
+            Some("none") => Some(SpecKind::None),
+            Some("ngram") => Some(SpecKind::Ngram),
+            Some("draft") => Some(SpecKind::Draft),
             Some(t) => {
-                return Err(sub(
-                    ApiError::invalid("type", format!("'speculative.type' must be 'ngram' or 'none', got {t:?}")),
-                    "type",
-                ));
+                let msg = format!("'speculative.type' must be 'ngram', 'draft' or 'none', got {t:?}");
+                return Err(sub(ApiError::invalid("type", msg), "type"));
             }
         };
         let n_max = opt_int(so, "n_max", 1, MAX_DRAFT).map_err(|e| sub(e, "n_max"))?.map(|n| n as usize);
         let n_min = opt_int(so, "n_min", 0, MAX_DRAFT).map_err(|e| sub(e, "n_min"))?.map(|n| n as usize);
-        Ok(SpecRequest { on, n_max, n_min })
+        Ok(SpecRequest { kind, n_max, n_min })
     }
 
     /// The settings the request runs with: the server's `default` with this request's fields
-    /// over it ("ngram" on a server without a default takes the CLI's defaults).
-    pub fn resolve(&self, default: Option<SpecParams>) -> Result<Option<SpecParams>, ApiError> {
-        let base = match (self.on, default) {
-            (Some(false), _) | (None, None) => return Ok(None),
-            (_, Some(d)) => d,
-            (Some(true), None) => SpecParams::ngram(),
+    /// over it ("ngram" on a server without n-gram settings takes the CLI's defaults; "draft"
+    /// needs the server's draft model).
+    pub fn resolve(&self, default: Option<SpecParams>, has_draft: bool) -> Result<Option<SpecParams>, ApiError> {
+        let is_draft = |p: &SpecParams| matches!(p.method, SpecMethod::Draft { .. });
+        let base = match (self.kind, default) {
+            (Some(SpecKind::None), _) | (None, None) => return Ok(None),
+            (None, Some(d)) => d,
+            (Some(SpecKind::Ngram), Some(d)) if !is_draft(&d) => d,
+            (Some(SpecKind::Ngram), _) => SpecParams::ngram(),
+            (Some(SpecKind::Draft), Some(d)) if is_draft(&d) => d,
+            (Some(SpecKind::Draft), d) => {
+                if !has_draft {
+                    return Err(ApiError::invalid(
+                        "speculative.type",
+                        "'speculative.type' \"draft\" needs a server started with a draft model (--spec-draft MODEL)",
+                    ));
+                }
+                SpecParams { method: SpecMethod::Draft { p_min: 0.0 }, ..d.unwrap_or_else(SpecParams::ngram) }
+            }
         };
         let p = SpecParams { n_max: self.n_max.unwrap_or(base.n_max), n_min: self.n_min.unwrap_or(base.n_min), ..base };
         if p.n_min > p.n_max {

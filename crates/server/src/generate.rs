@@ -86,7 +86,7 @@ async fn run(app: Arc<App>, kind: Kind, prompts: Vec<Vec<u32>>, gp: GenParams, p
         None => None,
         Some(_) => Some(app.structured(info).map_err(|e| ApiError::internal(format!("structured output unavailable: {e}")))?),
     };
-    let spec = gp.speculative.resolve(app.opts.spec)?;
+    let spec = gp.speculative.resolve(app.opts.spec, info.has_draft)?;
     let (tx, rx) = mpsc::unbounded_channel();
     let eos = if gp.ignore_eos { Vec::new() } else { info.eos.clone() };
     let mut reqs = Vec::new();

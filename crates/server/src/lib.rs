@@ -64,6 +64,8 @@ pub struct Ready {
     pub model: Model,
     pub tok: Tokenizer,
     pub o1: Option<O1Planner>,
+    /// The draft model of draft-model speculation (checked to share the vocabulary).
+    pub draft: Option<Arc<Model>>,
     /// A line about how the model is served (printed once it is ready), if any.
     pub note: Option<String>,
 }
@@ -90,6 +92,8 @@ pub(crate) struct Info {
     /// The scheduler (its context size resolved against the model).
     pub sched: Handle,
     pub o1: Option<O1Planner>,
+    /// A draft model is loaded (requests may ask for draft-model speculation).
+    pub has_draft: bool,
 }
 
 pub(crate) struct App {
@@ -199,7 +203,7 @@ async fn serve_async(opts: ServeOptions, load: Loader) -> Result<(), ServeError>
 /// The engine's own thread: load, publish the model's facts, run the scheduler.
 fn engine_thread(app: Arc<App>, load: Loader, fail: tokio::sync::oneshot::Sender<String>) {
     let t0 = Instant::now();
-    let Ready { model, tok, o1, note } = match load() {
+    let Ready { model, tok, o1, draft, note } = match load() {
         Ok(x) => x,
         Err(e) => {
             let _ = fail.send(e);
@@ -241,11 +245,12 @@ fn engine_thread(app: Arc<App>, load: Loader, fail: tokio::sync::oneshot::Sender
         n_ctx_train: model.cfg.n_ctx_train,
         sched: sched.clone(),
         o1,
+        has_draft: draft.is_some(),
     };
     let _ = app.info.set(info);
     // A panic in the engine is a bug; a server whose engine is gone would accept requests and
     // never answer them, so it exits (non-zero) for its supervisor to restart it.
-    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sched.run(&model, &tok))).is_err() {
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sched.run_with_draft(&model, draft.as_ref(), &tok))).is_err() {
         eprintln!("cortiq serve: the engine thread panicked; exiting");
         std::process::exit(70);
     }
