@@ -90,6 +90,11 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
     // The O(1) flags' own errors before the model loads (tp is each prompt's length).
     a.o1.plan(0, None, false, None)?;
     a.spec.validate()?;
+    if a.spec.spec == crate::spec::SpecMethod::Mtp {
+        bail!(
+            "--spec mtp is not served yet (the serving core does not hand MTP heads the hidden states); use it with cortiq run"
+        );
+    }
     let model_id = a.alias.clone().unwrap_or_else(|| default_id(&a.common.model));
     let opts = ServeOptions {
         host: a.host.clone(),

@@ -22,6 +22,9 @@ pub enum SpecMethod {
     Ngram,
     /// A smaller model with the same vocabulary (--spec-draft) decodes ahead greedily.
     Draft,
+    /// The model's own multi-token-prediction block (Qwen3-Next / Qwen3.5 checkpoints that
+    /// ship one), chained for longer drafts.
+    Mtp,
 }
 
 /// The speculative-decoding flags.
@@ -73,7 +76,7 @@ impl SpecArgs {
         }
         match (self.spec, &self.spec_draft) {
             (SpecMethod::Draft, None) => bail!("--spec draft needs a draft model: --spec-draft MODEL"),
-            (SpecMethod::None | SpecMethod::Ngram, Some(_)) => bail!("--spec-draft is for --spec draft"),
+            (SpecMethod::None | SpecMethod::Ngram | SpecMethod::Mtp, Some(_)) => bail!("--spec-draft is for --spec draft"),
             _ => Ok(()),
         }
     }
@@ -84,13 +87,20 @@ impl SpecArgs {
             SpecMethod::None => return None,
             SpecMethod::Ngram => EngineMethod::Ngram { min: self.spec_ngram_min, max: self.spec_ngram_max },
             SpecMethod::Draft => EngineMethod::Draft { p_min: self.spec_draft_p_min },
+            SpecMethod::Mtp => EngineMethod::Mtp,
         };
         Some(SpecParams { method, n_max: self.spec_draft_n_max, n_min: self.spec_draft_n_min })
     }
 
     /// The draft model of --spec draft, loaded with the target's flags and checked to share
-    /// its vocabulary (None without one).
+    /// its vocabulary (None without one); --spec mtp checks that the target has an MTP block.
     pub fn open_draft(&self, common: &Common, target: &Loaded) -> Result<Option<Arc<Model>>> {
+        if self.spec == SpecMethod::Mtp && target.model.mtp.is_empty() {
+            bail!(
+                "--spec mtp: {} has no multi-token-prediction block (only Qwen3-Next / Qwen3.5 checkpoints that ship their mtp.* tensors do)",
+                common.model
+            );
+        }
         let Some(name) = &self.spec_draft else { return Ok(None) };
         let c = Common { model: name.clone(), ..common.clone() };
         let draft = open_model(&c).with_context(|| format!("loading the draft model {name}"))?;

@@ -103,7 +103,15 @@ fn run(
 ) -> Result<GenStats> {
     let t0 = Instant::now();
     // Logits rows still to sample from: one after a plain step, 1 + draft after a verify.
-    let mut rows = model.prefill(prompt, state, opt.prefill_chunk)?; // [r, vocab]
+    let d_model = model.cfg.d_model;
+    let mut rows = match spec.as_deref_mut().filter(|sp| sp.wants_hidden()) {
+        Some(sp) => {
+            let (last, hidden) = model.prefill_hidden(prompt, state, opt.prefill_chunk)?;
+            sp.observe(&hidden, d_model);
+            last
+        }
+        None => model.prefill(prompt, state, opt.prefill_chunk)?,
+    }; // [r, vocab]
     let (vocab, mut row) = (model.cfg.vocab, 0);
     let prefill = t0.elapsed();
     let mut history: Vec<u32> = prompt.to_vec();
@@ -156,13 +164,20 @@ fn run(
         let draft = match spec.as_deref_mut() {
             Some(sp) => {
                 let room = (opt.n_predict - out.len() - 1).min(state.n_ctx - state.len - 1);
-                sp.draft(&history, room, model.cfg.vocab)
+                sp.draft(model, &history, room)
             }
             None => Vec::new(),
         };
         row = 0;
         if draft.is_empty() {
-            rows = model.forward(&[id], state, Logits::Last)?;
+            match spec.as_deref_mut().filter(|sp| sp.wants_hidden()) {
+                // A plain step as a one-position verify (the same logits) for its hidden row.
+                Some(sp) => {
+                    rows = model.forward_verify(&[id], state, &mut sp.journal)?;
+                    sp.observe(sp.journal.hidden(d_model).to_vec().as_slice(), d_model);
+                }
+                None => rows = model.forward(&[id], state, Logits::Last)?,
+            }
         } else {
             let sp = spec.as_deref_mut().expect("a draft comes from the speculator");
             let mut tokens = Vec::with_capacity(1 + draft.len());
@@ -189,5 +204,9 @@ fn finish(model: &Model, state: &mut SeqState, spec: Option<&mut Speculator>, p:
     let sp = spec.expect("a pending draft comes from the speculator");
     model.verify_keep(state, &mut sp.journal, 1 + p.accepted)?;
     sp.adapt(p.draft.len(), p.accepted);
+    if sp.wants_hidden() {
+        let rows = sp.journal.hidden(model.cfg.d_model).to_vec();
+        sp.observe(&rows, model.cfg.d_model);
+    }
     Ok(())
 }

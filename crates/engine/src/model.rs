@@ -120,6 +120,15 @@ pub struct VerifyJournal {
     layers: Vec<Journal>,
     o1_stats: Option<O1Stats>,
     fallback: Option<(Checkpoint, Vec<u32>)>,
+    /// The verified positions' final-normed hidden rows [n, d_model] (what MTP heads read).
+    hidden: Vec<f32>,
+}
+
+impl VerifyJournal {
+    /// The final-normed hidden rows of the last verify's positions still kept, [n, d_model].
+    pub fn hidden(&self, d_model: usize) -> &[f32] {
+        &self.hidden[..(self.n * d_model).min(self.hidden.len())]
+    }
 }
 
 /// A trace callback: (intermediate name, layer index or usize::MAX for model-level, values).
@@ -449,17 +458,28 @@ impl Model {
     /// The LM head over independent rows x [k, d_model] (each one position's) -> out [k, vocab],
     /// every row as `head` gives it alone: one weight pass for all rows (`matvec_rows`).
     fn head_rows(&self, x: &[f32], out: &mut Vec<f32>) {
-        let (d, vocab) = (self.cfg.d_model, self.cfg.vocab);
-        let k = x.len() / d;
+        let (d, k) = (self.cfg.d_model, x.len() / self.cfg.d_model);
         if k <= 1 {
             *out = if k == 0 { Vec::new() } else { self.head(x, &mut |_, _, _| {}) };
             return;
         }
         let mut normed = vec![0f32; k * d]; // [k, d_model]
         rmsnorm_rows_in(self.numerics, x, &self.output_norm, self.cfg.norm_eps, &mut normed);
+        self.head_normed_rows(&normed, out);
+    }
+
+    /// The LM head's product over final-normed independent rows [k, d_model] -> out [k, vocab],
+    /// each row as `head` gives it alone (k = 1: the decode path itself).
+    fn head_normed_rows(&self, normed: &[f32], out: &mut Vec<f32>) {
+        let (d, vocab) = (self.cfg.d_model, self.cfg.vocab);
+        let k = normed.len() / d;
         // Every value is overwritten by the product: what the buffer held does not matter.
         out.resize(k * vocab, 0.0); // [k, vocab]
-        self.output.matvec_rows(&normed, k, out);
+        if k == 1 {
+            self.output.matmul(normed, 1, out);
+        } else {
+            self.output.matvec_rows(normed, k, out);
+        }
         if let Some(c) = self.cfg.final_logit_softcap {
             pool().for_rows_mut(out, 4096, 1, |_, ls| ls.iter_mut().for_each(|l| *l = (*l / c).tanh() * c));
         }
@@ -490,8 +510,15 @@ impl Model {
         if state.o1.as_ref().is_some_and(|r| r.plan.check.is_some() || r.pending(pos0)) {
             let cp = state.checkpoint();
             let mut logits = Vec::with_capacity(n * self.cfg.vocab); // [n, vocab]
+            journal.hidden.clear();
             for &t in tokens {
-                logits.extend(self.forward(&[t], state, Logits::Last)?);
+                let mut row = Vec::new();
+                logits.extend(self.forward_traced(&[t], state, Logits::Last, &mut |name, _, v| {
+                    if name == "result_norm" {
+                        row = v.to_vec();
+                    }
+                })?);
+                journal.hidden.extend(row);
             }
             journal.fallback = Some((cp, tokens.to_vec()));
             return Ok(logits);
@@ -510,8 +537,11 @@ impl Model {
             self.layer_ffn(il, &mut x, &ones, &mut |_, _, _| {});
         }
         state.len = pos0 + n;
+        // The final-normed rows, kept for a drafter that reads them (MTP), then the LM head.
+        journal.hidden.resize(x.len(), 0.0); // [n, d_model]
+        rmsnorm_rows_in(self.numerics, &x, &self.output_norm, cfg.norm_eps, &mut journal.hidden);
         let mut logits = Vec::new();
-        self.head_rows(&x, &mut logits); // [n, vocab]
+        self.head_normed_rows(&journal.hidden, &mut logits); // [n, vocab]
         Ok(logits)
     }
 
@@ -529,6 +559,7 @@ impl Model {
             for &t in &tokens[..keep] {
                 self.forward(&[t], state, Logits::None)?;
             }
+            journal.n = keep;
             return Ok(());
         }
         if let (Some(run), Some(stats)) = (state.o1.as_mut(), journal.o1_stats) {
@@ -649,6 +680,87 @@ impl Model {
         trace("ffn_out", il, &m);
         x.iter_mut().zip(&m).for_each(|(xi, mi)| *xi += mi);
         trace("l_out", il, x);
+    }
+
+    /// `prefill`, also returning every position's final-normed hidden row [n, d_model] (what
+    /// an MTP head reads); the logits are the same.
+    pub fn prefill_hidden(&self, tokens: &[u32], state: &mut SeqState, chunk: usize) -> Result<(Vec<f32>, Vec<f32>)> {
+        let (chunk, d) = (chunk.max(1), self.cfg.d_model);
+        let (mut last, mut hidden) = (Vec::new(), Vec::with_capacity(tokens.len() * d));
+        let n_chunks = tokens.len().div_ceil(chunk);
+        for (ci, c) in tokens.chunks(chunk).enumerate() {
+            let want = if ci + 1 == n_chunks { Logits::Last } else { Logits::None };
+            let mut rows = Vec::new();
+            last = self.forward_traced(c, state, want, &mut |name, il, v| {
+                if name == "l_out" && il + 1 == self.layers.len() {
+                    rows = v.to_vec();
+                }
+            })?;
+            let mut normed = vec![0f32; rows.len()];
+            rmsnorm_rows_in(self.numerics, &rows, &self.output_norm, self.cfg.norm_eps, &mut normed);
+            hidden.extend(normed);
+        }
+        Ok((last, hidden))
+    }
+
+    /// A fresh state for MTP block `block`'s attention layer.
+    pub fn new_mtp_state(&self, block: usize) -> LayerState {
+        self.mtp[block].layer.mixer.new_state(self.kv_f16)
+    }
+
+    /// MTP block `block` over `n` positions from `pos0` (Qwen3-Next / Qwen3.5, as llama.cpp's
+    /// draft graph): position p takes the target's final-normed hidden row h_p and the next
+    /// token x_{p+1}, x = eh_proj · [enorm(embed(x_{p+1})) | hnorm(h_p)], then the block's
+    /// attention (its own cache, `state`) and FFN, then shared_head_norm. Returns those normed
+    /// rows [n, d_model] (the next chained step's h) and the LM head's logits of the last.
+    pub fn mtp_forward(
+        &self,
+        block: usize,
+        tokens: &[u32],
+        hidden: &[f32],
+        pos0: usize,
+        state: &mut LayerState,
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        let (cfg, num) = (&self.cfg, self.numerics);
+        let (d, n) = (cfg.d_model, tokens.len());
+        let m = &self.mtp[block];
+        assert_eq!(hidden.len(), n * d, "mtp_forward: one hidden row per token");
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= cfg.vocab) {
+            return Err(EngineError::BadToken { id, vocab: cfg.vocab });
+        }
+        let e = self.embed(tokens); // [n, d_model]
+        let mut cat = vec![0f32; n * 2 * d]; // [n, 2·d_model]: enorm(e) | hnorm(h)
+        let (mut en, mut hn) = (vec![0f32; n * d], vec![0f32; n * d]);
+        rmsnorm_rows_in(num, &e, &m.enorm, cfg.norm_eps, &mut en);
+        rmsnorm_rows_in(num, hidden, &m.hnorm, cfg.norm_eps, &mut hn);
+        for (row, (a, b)) in cat.chunks_mut(2 * d).zip(en.chunks(d).zip(hn.chunks(d))) {
+            row[..d].copy_from_slice(a);
+            row[d..].copy_from_slice(b);
+        }
+        let mut x = m.eh_proj.project(&cat, n, false); // [n, d_model]
+        let lw = &m.layer;
+        let mut h = vec![0f32; x.len()];
+        rmsnorm_rows_in(num, &x, &lw.attn_norm, cfg.norm_eps, &mut h);
+        let lc = LlamaCppCtx { cache_cells: pos0 + n, threads: self.llamacpp_threads };
+        let mut a = lw.mixer.forward(&self.env(), &h, n, Seq { state, pos0, lc, o1: AttnO1::Off }, &mut |_, _| {})?;
+        if let Some(g) = &lw.post_attn_norm {
+            rmsnorm_segments_in(num, &mut a, g, cfg.norm_eps);
+        }
+        x.iter_mut().zip(&a).for_each(|(xi, ai)| *xi += ai);
+        rmsnorm_rows_in(num, &x, &lw.ffn_norm, cfg.norm_eps, &mut h);
+        let mut f = match &lw.ffn {
+            Ffn::Dense(fw) => ffn(cfg, fw, &h, n, num),
+            Ffn::Moe(mw) => moe(cfg, cfg.moe.as_ref().expect("checked at load"), mw, &h, n, num),
+        };
+        if let Some(g) = &lw.post_ffn_norm {
+            rmsnorm_segments_in(num, &mut f, g, cfg.norm_eps);
+        }
+        x.iter_mut().zip(&f).for_each(|(xi, fi)| *xi += fi);
+        let mut out = vec![0f32; x.len()];
+        rmsnorm_rows_in(num, &x, &m.shared_head_norm, cfg.norm_eps, &mut out);
+        let mut logits = Vec::new();
+        self.head_normed_rows(&out[(n - 1) * d..], &mut logits); // [vocab]
+        Ok((out, logits))
     }
 
     /// Prefill a prompt in chunks of `chunk` positions; returns the last position's logits.

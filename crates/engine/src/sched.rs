@@ -404,7 +404,7 @@ impl Handle {
             let Some(Slot { phase: Phase::Decode { next }, spec, history, generated, req, .. }) = s else { continue };
             let st = &states[si];
             let draft = match spec {
-                Some(sp) => sp.draft(history, (req.n_predict - *generated - 1).min(st.n_ctx - st.len - 1), model.cfg.vocab),
+                Some(sp) => sp.draft(model, history, (req.n_predict - *generated - 1).min(st.n_ctx - st.len - 1)),
                 None => Vec::new(),
             };
             if draft.is_empty() {

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::model::{Logits, Model, VerifyJournal};
-use crate::state::SeqState;
+use crate::state::{LayerState, SeqState};
 
 /// Proposes the next tokens of a sequence from its history.
 pub trait Drafter {
@@ -24,6 +24,93 @@ pub trait Drafter {
     /// `history` is the accepted text (prompt and tokens kept so far): it grows between calls;
     /// a rejected draft never entered it.
     fn draft(&mut self, history: &[u32], n_max: usize) -> Vec<u32>;
+
+    /// `draft` for a drafter that reads the target model itself (its MTP heads); the others
+    /// ignore it.
+    fn draft_for(&mut self, _target: &Model, history: &[u32], n_max: usize) -> Vec<u32> {
+        self.draft(history, n_max)
+    }
+
+    /// Whether the drafter reads the target's final hidden states: then every target forward
+    /// is followed by `observe` with the rows of the positions it kept.
+    fn wants_hidden(&self) -> bool {
+        false
+    }
+
+    /// The target's final-normed hidden rows [n, d_model] of the next n positions kept, in
+    /// order from the sequence's start.
+    fn observe(&mut self, _hidden: &[f32], _d_model: usize) {}
+}
+
+/// Multi-token prediction: the target's own MTP block (Qwen3-Next / Qwen3.5) drafts from the
+/// last kept position's hidden state and the token about to be fed, chained for k > 1 on its
+/// own output (`Model::mtp_forward`). Its attention cache holds one entry per position of the
+/// sequence (h_p with x_{p+1}); before a draft the positions observed since the last one
+/// enter it in one chunk, and the chained entries are cut off after the draft.
+pub struct MtpDrafter {
+    block: usize,
+    state: Option<LayerState>,
+    /// Positions in the MTP cache.
+    entered: usize,
+    /// Hidden rows of positions entered.. (observed, not yet in the cache).
+    pending: Vec<f32>,
+    /// Positions observed.
+    seen: usize,
+}
+
+impl MtpDrafter {
+    /// Drafts with MTP block `block` of the target.
+    pub fn new(block: usize) -> MtpDrafter {
+        MtpDrafter { block, state: None, entered: 0, pending: Vec::new(), seen: 0 }
+    }
+}
+
+impl Drafter for MtpDrafter {
+    fn draft(&mut self, _history: &[u32], _n_max: usize) -> Vec<u32> {
+        Vec::new() // MTP drafts from the target: `draft_for`
+    }
+
+    fn draft_for(&mut self, target: &Model, history: &[u32], n_max: usize) -> Vec<u32> {
+        let (d, l) = (target.cfg.d_model, history.len().saturating_sub(1));
+        // The target holds positions 0..l; its rows must all have been observed.
+        if n_max == 0 || l == 0 || self.seen != l || self.block >= target.mtp.len() {
+            return Vec::new();
+        }
+        let state = self.state.get_or_insert_with(|| target.new_mtp_state(self.block));
+        // Positions entered..l with their next tokens; the last one's logits give the draft.
+        let Ok((mut h, mut logits)) =
+            target.mtp_forward(self.block, &history[self.entered + 1..=l], &self.pending, self.entered, state)
+        else {
+            return Vec::new();
+        };
+        self.entered = l;
+        self.pending.clear();
+        let mut out = Vec::with_capacity(n_max);
+        loop {
+            let (id, _) = top_token(&logits);
+            out.push(id);
+            if out.len() == n_max {
+                break;
+            }
+            let last = h[h.len() - d..].to_vec();
+            match target.mtp_forward(self.block, &[id], &last, l + out.len() - 1, state) {
+                Ok(r) => (h, logits) = r,
+                Err(_) => break,
+            }
+        }
+        // The chained entries came from drafted tokens: only the sequence's own stay.
+        state.truncate(l);
+        out
+    }
+
+    fn wants_hidden(&self) -> bool {
+        true
+    }
+
+    fn observe(&mut self, hidden: &[f32], d_model: usize) {
+        self.pending.extend_from_slice(hidden);
+        self.seen += hidden.len() / d_model;
+    }
 }
 
 /// Prompt lookup: the most recent earlier occurrence of the history's last `n` tokens gives
@@ -121,6 +208,8 @@ pub enum SpecMethod {
     /// A smaller model sharing the target's vocabulary (`ModelDrafter`), drafting greedily
     /// while its top token's probability is at least `p_min`.
     Draft { p_min: f32 },
+    /// The target's own first MTP block (`MtpDrafter`).
+    Mtp,
 }
 
 /// The defaults of `cortiq run --spec` and of a server request asking for n-gram drafts: up
@@ -148,6 +237,7 @@ impl SpecParams {
                 let m = draft.ok_or(SpecError::NoDraftModel)?;
                 Box::new(ModelDrafter::new(m.clone(), n_ctx, p_min))
             }
+            SpecMethod::Mtp => Box::new(MtpDrafter::new(0)),
         };
         Ok(Speculator::new(drafter, self.n_max, self.n_min))
     }
@@ -290,12 +380,12 @@ impl Speculator {
     /// The draft to verify after `history` (its last token the one about to be fed), at most
     /// `room` tokens, cut before any id outside the target's `vocab`: empty when the drafter
     /// has none or fewer than n_min. A draft returned is verified: it is counted as drafted.
-    pub(crate) fn draft(&mut self, history: &[u32], room: usize, vocab: usize) -> Vec<u32> {
-        let n = self.cap.min(room);
+    pub(crate) fn draft(&mut self, target: &Model, history: &[u32], room: usize) -> Vec<u32> {
+        let (n, vocab) = (self.cap.min(room), target.cfg.vocab);
         if n == 0 || n < self.n_min {
             return Vec::new();
         }
-        let mut d = self.drafter.draft(history, n);
+        let mut d = self.drafter.draft_for(target, history, n);
         d.truncate(n);
         if let Some(bad) = d.iter().position(|&t| t as usize >= vocab) {
             d.truncate(bad);
@@ -306,6 +396,16 @@ impl Speculator {
         self.stats.drafted += d.len();
         self.stats.verifies += 1;
         d
+    }
+
+    /// Whether the target's hidden rows must be handed to `observe`.
+    pub(crate) fn wants_hidden(&self) -> bool {
+        self.drafter.wants_hidden()
+    }
+
+    /// The target kept these positions (their final-normed hidden rows, [n, d_model]).
+    pub(crate) fn observe(&mut self, hidden: &[f32], d_model: usize) {
+        self.drafter.observe(hidden, d_model);
     }
 
     /// The sampler drew the next drafted token.

@@ -16,7 +16,7 @@ use cortiq_engine::o1::O1Plan;
 use cortiq_engine::sampling::SamplerParams;
 use std::sync::Arc;
 
-use cortiq_engine::spec::{Drafter, ModelDrafter, NgramDrafter, Speculator};
+use cortiq_engine::spec::{Drafter, ModelDrafter, MtpDrafter, NgramDrafter, Speculator};
 use cortiq_engine::state::SeqState;
 use cortiq_engine::{Logits, Model, Numerics};
 
@@ -143,6 +143,7 @@ fn drafter(name: &str, reference: &[u32], vocab: usize, draft: Option<&Arc<Model
     match name {
         "ngram" => Box::new(NgramDrafter::new(1, 4)),
         "model" => Box::new(ModelDrafter::new(draft.expect("a draft model").clone(), n_ctx, 0.0)),
+        "mtp" => Box::new(MtpDrafter::new(0)),
         "oracle/3" => oracle(3),
         "oracle/7" => oracle(7),
         _ => unreachable!("a drafter of this test"),
@@ -239,6 +240,21 @@ fn spec_draft_model_equals_plain() {
             &["model"],
             Some(&d),
         );
+    }
+}
+
+/// MTP drafts (the fixtures' own MTP blocks, chained for k > 1): equal to plain decoding,
+/// greedy and sampled; random weights keep few drafts.
+#[test]
+fn spec_mtp_equals_plain() {
+    for name in ["qwen3_5", "qwen3_5_moe", "qwen3_next"] {
+        for num in [Numerics::Fast, Numerics::Exact] {
+            let mut model = load(&fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}")).model;
+            assert!(!model.mtp.is_empty(), "{name}: the fixture has an MTP block");
+            model.set_numerics(num);
+            let p = prompt(model.cfg.vocab);
+            check_drafters(name, &model, &p, num, false, 40, 128, &["mtp"], None);
+        }
     }
 }
 
