@@ -13,7 +13,7 @@ speculative output equals its plain output byte for byte; then the sums (tokens 
 all edit prompts) and the ratios.
 
 usage: bench/spec_edit.py MODEL.gguf [--cortiq target/release/cortiq] [--llama-bin DIR]
-       [--threads 2] [--n 768] [--rounds 1] [--skip-llama]
+       [--threads 2] [--n 768] [--rounds 1] [--skip-llama] [--story-rounds 3] [--only-story]
 """
 
 import argparse
@@ -114,6 +114,8 @@ def main():
     ap.add_argument("--n", type=int, default=768)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--skip-llama", action="store_true")
+    ap.add_argument("--story-rounds", type=int, default=3)
+    ap.add_argument("--only-story", action="store_true")
     a = ap.parse_args()
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "cortiq" / "bench-spec"
     prompts = []
@@ -122,15 +124,16 @@ def main():
         prompts.append((f"{pin.split('==')[0]}.{func}",
                         f"Here is a Python function from the {pin.split('==')[0]} package:\n\n```python\n{code}\n```\n\n{instr} {TAIL}"))
     servers = {}
-    if not a.skip_llama:
+    if not a.skip_llama and not a.only_story:
         servers = {"ngram-simple": (start_llama(a.llama_bin, a.model, a.threads, 18711, "ngram-simple"), 18711),
                    "ngram-mod": (start_llama(a.llama_bin, a.model, a.threads, 18712, "ngram-mod"), 18712)}
     tools = ["cortiq plain", "cortiq ngram"] + list(servers)
     sums = {t: [0, 0.0] for t in tools}
     same = True
+    story = [0.0, 0.0]  # decode seconds of the story: plain, ngram
     try:
         for rnd in range(a.rounds):
-            for name, prompt in prompts + [("story", STORY)]:
+            for name, prompt in ([] if a.only_story else prompts) + [("story", STORY)]:
                 res = {}
                 # The story is sampled (temperature 0.8, seed 1): greedy decoding of a small model
                 # falls into loops, which are repeats the drafter would find.
@@ -152,11 +155,20 @@ def main():
                         sums[t][0] += r["n"]
                         sums[t][1] += r["s"]
                 else:
-                    p, s = res["cortiq plain"], res["cortiq ngram"]
-                    print(f"story: cortiq ngram / plain {s['n'] / s['s'] / (p['n'] / p['s']):.3f}")
+                    story[0] += res["cortiq plain"]["s"]
+                    story[1] += res["cortiq ngram"]["s"]
+                    for _ in range(a.story_rounds - 1):
+                        for spec, i in [(False, 0), (True, 1)]:
+                            r = cortiq_run(a.cortiq, a.model, prompt, a.n, a.threads, spec, temp)
+                            story[i] += r["s"]
+                            same &= r["text"] == res["cortiq plain"]["text"]
+                    print(f"story, {a.story_rounds} alternated rounds: cortiq ngram / plain decode time "
+                          f"{story[1] / story[0]:.3f} (plain {story[0]:.2f} s, ngram {story[1]:.2f} s)", flush=True)
     finally:
         for p, _ in servers.values():
             p.kill()
+    if a.only_story:
+        return
     tps = {t: n / s for t, (n, s) in sums.items()}
     print("edit prompts, tokens / seconds: " + ", ".join(f"{t} {v:.1f}" for t, v in tps.items()))
     print(f"cortiq ngram / cortiq plain: {tps['cortiq ngram'] / tps['cortiq plain']:.2f}x")

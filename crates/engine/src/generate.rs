@@ -171,10 +171,15 @@ fn run(
         row = 0;
         if draft.is_empty() {
             match spec.as_deref_mut().filter(|sp| sp.wants_hidden()) {
-                // A plain step as a one-position verify (the same logits) for its hidden row.
+                // A plain step that also hands its final-normed row to the drafter.
                 Some(sp) => {
-                    rows = model.forward_verify(&[id], state, &mut sp.journal)?;
-                    sp.observe(sp.journal.hidden(d_model).to_vec().as_slice(), d_model);
+                    let mut hidden = Vec::new();
+                    rows = model.forward_traced(&[id], state, Logits::Last, &mut |name, _, v| {
+                        if name == "result_norm" {
+                            hidden = v.to_vec();
+                        }
+                    })?;
+                    sp.observe(&hidden, d_model);
                 }
                 None => rows = model.forward(&[id], state, Logits::Last)?,
             }

@@ -358,13 +358,18 @@ pub fn check_draft_vocab(
 /// One sequence's speculation: its drafter, the draft length bounds, the verify's journal and
 /// the counts. The draft length adapts to what is accepted: it doubles (up to `n_max`) after a
 /// draft kept whole and falls to one more than what was kept after a rejection, so text the
-/// drafter guesses badly pays for short drafts only.
+/// drafter guesses badly pays for short drafts only; after drafts rejected outright the next
+/// 1, 3, 7, .. (at most 31) steps decode plainly, so a drafter that keeps missing (novel text,
+/// an untrained MTP head) costs next to nothing.
 pub struct Speculator {
     drafter: Box<dyn Drafter + Send>,
     n_max: usize,
     n_min: usize,
     /// The current bound on the draft length (adaptive, within n_min.max(1)..=n_max).
     cap: usize,
+    /// Steps left to decode without drafting, and the length of the last such pause.
+    skip: usize,
+    backoff: usize,
     pub(crate) journal: VerifyJournal,
     pub stats: SpecStats,
 }
@@ -374,7 +379,8 @@ impl Speculator {
     /// step instead).
     pub fn new(drafter: Box<dyn Drafter + Send>, n_max: usize, n_min: usize) -> Speculator {
         let n_min = n_min.min(n_max);
-        Speculator { drafter, n_max, n_min, cap: n_max, journal: VerifyJournal::default(), stats: SpecStats::default() }
+        let journal = VerifyJournal::default();
+        Speculator { drafter, n_max, n_min, cap: n_max, skip: 0, backoff: 0, journal, stats: SpecStats::default() }
     }
 
     /// The draft to verify after `history` (its last token the one about to be fed), at most
@@ -382,6 +388,10 @@ impl Speculator {
     /// has none or fewer than n_min. A draft returned is verified: it is counted as drafted.
     pub(crate) fn draft(&mut self, target: &Model, history: &[u32], room: usize) -> Vec<u32> {
         let (n, vocab) = (self.cap.min(room), target.cfg.vocab);
+        if self.skip > 0 {
+            self.skip -= 1;
+            return Vec::new();
+        }
         if n == 0 || n < self.n_min {
             return Vec::new();
         }
@@ -417,6 +427,12 @@ impl Speculator {
     pub(crate) fn adapt(&mut self, drafted: usize, accepted: usize) {
         let lo = self.n_min.max(1);
         self.cap = if accepted == drafted { (2 * self.cap).min(self.n_max) } else { (accepted + 1).clamp(lo, self.n_max) };
+        if accepted == 0 {
+            self.backoff = (2 * self.backoff + 1).min(31);
+            self.skip = self.backoff;
+        } else {
+            self.backoff = 0;
+        }
     }
 }
 

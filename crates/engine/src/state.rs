@@ -49,6 +49,11 @@ impl LayerState {
         self.0.bytes()
     }
 
+    /// Become a copy of `other`, reusing this state's buffers where it is of the same type.
+    pub(crate) fn copy_from(&mut self, other: &LayerState) {
+        other.0.clone_into_box(&mut self.0);
+    }
+
     /// Keep the first `len` positions of a state that is not recurrent.
     pub(crate) fn truncate(&mut self, len: usize) {
         self.0.truncate(len);

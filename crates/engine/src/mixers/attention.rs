@@ -100,7 +100,7 @@ impl Mixer for Attention {
     fn forward_steps(&self, env: &Env, h: &[f32], n: usize, mut seq: Seq<'_>, journal: &mut Journal) -> Result<Vec<f32>> {
         let (q, k, v) = attn_project(&self.w, h, n, true);
         journal.begin(seq.state, n);
-        if journal.snap.is_some() {
+        if journal.is_recurrent() {
             journal.record = Some(Box::new((q.clone(), k.clone(), v.clone())));
         }
         let (o, gate) = self.steps_core(env, &q, &k, &v, n, &mut seq)?;
@@ -108,14 +108,12 @@ impl Mixer for Attention {
     }
 
     fn rewind(&self, env: &Env, mut seq: Seq<'_>, journal: &mut Journal, keep: usize) -> Result<()> {
-        match journal.snap.take() {
-            None => seq.state.truncate(seq.pos0 + keep),
-            Some(snap) => {
-                *seq.state = snap;
-                let (q, k, v): &(Vec<f32>, Vec<f32>, Vec<f32>) = journal.record();
-                let (qr, kvr) = (self.w.wq.rows, self.kv_dim);
-                self.steps_core(env, &q[..keep * qr], &k[..keep * kvr], &v[..keep * kvr], keep, &mut seq)?;
-            }
+        if journal.restore(seq.state) {
+            let (q, k, v): &(Vec<f32>, Vec<f32>, Vec<f32>) = journal.record();
+            let (qr, kvr) = (self.w.wq.rows, self.kv_dim);
+            self.steps_core(env, &q[..keep * qr], &k[..keep * kvr], &v[..keep * kvr], keep, &mut seq)?;
+        } else {
+            seq.state.truncate(seq.pos0 + keep);
         }
         Ok(())
     }

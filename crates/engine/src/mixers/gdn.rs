@@ -84,12 +84,23 @@ pub struct GdnWeights {
 
 /// One sequence's GatedDeltaNet state: the last `conv_kernel − 1` inputs of the convolution and
 /// the recurrent matrix of every value head. Constant size, whatever the context length.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Debug, PartialEq)]
 pub struct GdnState {
     /// [conv_kernel − 1, conv_dim], oldest first.
     pub conv: Vec<f32>,
     /// [n_v, d_k, d_v]
     pub s: Vec<f32>,
+}
+
+/// By hand for `clone_from`: a verify's snapshot is copied into the buffers of the last one.
+impl Clone for GdnState {
+    fn clone(&self) -> GdnState {
+        GdnState { conv: self.conv.clone(), s: self.s.clone() }
+    }
+    fn clone_from(&mut self, o: &GdnState) {
+        self.conv.clone_from(&o.conv);
+        self.s.clone_from(&o.s);
+    }
 }
 
 impl GdnState {
@@ -184,7 +195,7 @@ impl Mixer for GatedDeltaNet {
         Ok(self.w.out_proj.project(&o, n, true)) // [n, d_model]
     }
     fn rewind(&self, _env: &Env, seq: Seq<'_>, journal: &mut Journal, keep: usize) -> Result<()> {
-        *seq.state = journal.snap.take().expect("a gated delta net's state is recurrent: forward_steps snapshotted it");
+        assert!(journal.restore(seq.state), "a gated delta net's state is recurrent: forward_steps snapshotted it");
         steps(&self.cfg, &self.w, journal.record(), keep, seq.state.of());
         Ok(())
     }

@@ -55,12 +55,23 @@ pub struct KdaWeights {
     pub o_proj: QTensor,
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Debug, PartialEq)]
 pub struct KdaState {
     /// [conv_kernel − 1, 3·dim]
     pub conv: Vec<f32>,
     /// [n_heads, d_head, d_head]
     pub s: Vec<f32>,
+}
+
+/// By hand for `clone_from`: a verify's snapshot is copied into the buffers of the last one.
+impl Clone for KdaState {
+    fn clone(&self) -> KdaState {
+        KdaState { conv: self.conv.clone(), s: self.s.clone() }
+    }
+    fn clone_from(&mut self, o: &KdaState) {
+        self.conv.clone_from(&o.conv);
+        self.s.clone_from(&o.s);
+    }
 }
 
 impl KdaState {
@@ -138,7 +149,7 @@ impl Mixer for Kda {
         Ok(self.w.o_proj.project(&o, n, true)) // [n, d_model]
     }
     fn rewind(&self, _env: &Env, seq: Seq<'_>, journal: &mut Journal, keep: usize) -> Result<()> {
-        *seq.state = journal.snap.take().expect("a KDA state is recurrent: forward_steps snapshotted it");
+        assert!(journal.restore(seq.state), "a KDA state is recurrent: forward_steps snapshotted it");
         steps(&self.cfg, &self.w, journal.record(), keep, seq.state.of());
         Ok(())
     }

@@ -57,6 +57,8 @@ pub trait MixerState: StateAny + Send + Sync {
 /// downcast to its mixer's own type (the mixer's forward, the O(1) seal).
 pub trait StateAny {
     fn box_clone(&self) -> Box<dyn MixerState>;
+    /// `dst` becomes a copy of this state, reusing its buffers when it is of the same type.
+    fn clone_into_box(&self, dst: &mut Box<dyn MixerState>);
     fn as_any(&self) -> &dyn Any;
     fn as_any_mut(&mut self) -> &mut dyn Any;
 }
@@ -64,6 +66,12 @@ pub trait StateAny {
 impl<T: MixerState + Clone + 'static> StateAny for T {
     fn box_clone(&self) -> Box<dyn MixerState> {
         Box::new(self.clone())
+    }
+    fn clone_into_box(&self, dst: &mut Box<dyn MixerState>) {
+        match dst.as_any_mut().downcast_mut::<T>() {
+            Some(d) => d.clone_from(self),
+            None => *dst = Box::new(self.clone()),
+        }
     }
     fn as_any(&self) -> &dyn Any {
         self
@@ -144,7 +152,7 @@ pub trait Mixer: Any + Send + Sync {
     /// whose projections have a multi-row decode path overrides it.
     fn forward_steps(&self, env: &Env, h: &[f32], n: usize, seq: Seq<'_>, journal: &mut Journal) -> Result<Vec<f32>> {
         journal.begin(seq.state, n);
-        if journal.snap.is_some() {
+        if journal.is_recurrent() {
             journal.record = Some(Box::new(h.to_vec()));
         }
         steps_one_by_one(self, env, h, n, seq)
@@ -155,13 +163,11 @@ pub trait Mixer: Any + Send + Sync {
     /// leave. A cache is truncated; by default a recurrent state is restored from its snapshot
     /// and the kept input rows are stepped again.
     fn rewind(&self, env: &Env, seq: Seq<'_>, journal: &mut Journal, keep: usize) -> Result<()> {
-        match journal.snap.take() {
-            None => seq.state.truncate(seq.pos0 + keep),
-            Some(snap) => {
-                *seq.state = snap;
-                let h: &Vec<f32> = journal.record();
-                steps_one_by_one(self, env, &h[..keep * env.cfg.d_model], keep, seq)?;
-            }
+        if journal.restore(seq.state) {
+            let h: &Vec<f32> = journal.record();
+            steps_one_by_one(self, env, &h[..keep * env.cfg.d_model], keep, seq)?;
+        } else {
+            seq.state.truncate(seq.pos0 + keep);
         }
         Ok(())
     }
@@ -170,13 +176,16 @@ pub trait Mixer: Any + Send + Sync {
 /// What a mixer keeps of `forward_steps` to take its state back to any prefix of those
 /// positions (`rewind`): nothing for a cache (it truncates); for a recurrent state, the state
 /// before the first position and what steps a position again (the mixer's own record: its
-/// input rows by default, its projected rows where it overrides). Kept from verify to verify.
+/// input rows by default, its projected rows where it overrides). Kept from verify to verify:
+/// the snapshot's buffers are reused (copied into, swapped out), not allocated per verify.
 #[derive(Default)]
 pub struct Journal {
     /// Positions journaled.
     pub n: usize,
-    /// The state before them (recurrent states only).
-    pub snap: Option<LayerState>,
+    /// The state before them (while `recurrent`; else a buffer to reuse).
+    snap: Option<LayerState>,
+    /// The journaled state is recurrent: `snap` holds it as it was before the positions.
+    recurrent: bool,
     /// What replays them, in the journaling mixer's own type.
     pub record: Option<Box<dyn Any + Send + Sync>>,
 }
@@ -185,8 +194,29 @@ impl Journal {
     /// Start journaling `n` positions of `state`: a recurrent state is snapshotted.
     pub fn begin(&mut self, state: &LayerState, n: usize) {
         self.n = n;
-        self.snap = state.is_recurrent().then(|| state.clone());
         self.record = None;
+        self.recurrent = state.is_recurrent();
+        if self.recurrent {
+            match &mut self.snap {
+                Some(s) => s.copy_from(state),
+                None => self.snap = Some(state.clone()),
+            }
+        }
+    }
+
+    /// Whether the journaled state is recurrent (a snapshot was taken).
+    pub fn is_recurrent(&self) -> bool {
+        self.recurrent
+    }
+
+    /// Put the snapshot back into `state` (false, nothing done, for a state that truncates).
+    /// The journal keeps the replaced state's buffers for the next snapshot.
+    pub fn restore(&mut self, state: &mut LayerState) -> bool {
+        if !std::mem::take(&mut self.recurrent) {
+            return false;
+        }
+        std::mem::swap(state, self.snap.as_mut().expect("a recurrent journal holds its snapshot"));
+        true
     }
 
     /// The record the journaling mixer stored, as its own type.
