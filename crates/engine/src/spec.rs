@@ -253,11 +253,12 @@ pub enum SpecError {
 }
 
 /// A draft model proposes tokens by greedy decoding of its own copy of the sequence: before
-/// each draft its state is brought up to the history (the tokens accepted since the last
-/// draft, in one chunk), then it decodes up to n tokens, stopping early where its top token's
-/// probability falls below `p_min`, and rolls back to the history (a checkpoint: KV caches
-/// truncate, recurrent states are restored), so that whatever the target keeps is fed again
-/// next time. Written by hand: it is the draft loop of the product's speculation.
+/// each draft its state is brought up to the history (cut back to the part it shares with it,
+/// then the new tokens in one chunk), then it decodes up to n tokens, stopping early where its
+/// top token's probability falls below `p_min`. A KV cache keeps the drafted tokens (what the
+/// target accepts is then already in it); a recurrent draft model rolls back to the history
+/// after each draft (a checkpoint), so what the target keeps is fed again next time. Written
+/// by hand: it is the draft loop of the product's speculation.
 pub struct ModelDrafter {
     model: Arc<Model>,
     state: SeqState,
@@ -301,7 +302,9 @@ impl Drafter for ModelDrafter {
             return Vec::new();
         }
         let Some(mut logits) = self.sync(history) else { return Vec::new() };
-        let cp = self.state.checkpoint();
+        // A cache that truncates keeps the drafted tokens it was fed (the next sync cuts back
+        // to what the target kept); a recurrent one goes back to the history.
+        let cp = (!self.state.can_truncate()).then(|| self.state.checkpoint());
         let mut out = Vec::with_capacity(n_max);
         while out.len() < n_max {
             let (id, p) = top_token(&logits);
@@ -313,11 +316,17 @@ impl Drafter for ModelDrafter {
                 break;
             }
             match self.model.forward(&[id], &mut self.state, Logits::Last) {
-                Ok(l) => logits = l,
+                Ok(l) => {
+                    logits = l;
+                    self.fed.push(id);
+                }
                 Err(_) => break,
             }
         }
-        self.state.rollback(cp);
+        if let Some(cp) = cp {
+            self.state.rollback(cp);
+            self.fed.truncate(history.len());
+        }
         out
     }
 }
