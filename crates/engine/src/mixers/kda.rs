@@ -63,14 +63,19 @@ pub struct KdaState {
     pub s: Vec<f32>,
 }
 
-/// By hand for `clone_from`: a verify's snapshot is copied into the buffers of the last one.
+/// By hand for `clone_from`: a verify's snapshot is copied into the buffers of the last one,
+/// the recurrent matrices (megabytes per layer) over the pool.
 impl Clone for KdaState {
     fn clone(&self) -> KdaState {
         KdaState { conv: self.conv.clone(), s: self.s.clone() }
     }
     fn clone_from(&mut self, o: &KdaState) {
         self.conv.clone_from(&o.conv);
-        self.s.clone_from(&o.s);
+        if self.s.len() != o.s.len() {
+            self.s.clone_from(&o.s);
+            return;
+        }
+        pool().for_rows_mut(&mut self.s, 1 << 14, 1, |r0, rows| rows.copy_from_slice(&o.s[r0 * (1 << 14)..][..rows.len()]));
     }
 }
 
