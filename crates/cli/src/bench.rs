@@ -187,7 +187,7 @@ fn verify_costs(
             model.forward(&[tk], &mut st, Logits::Last)?;
         }
         let step = t.elapsed().as_secs_f64() / n as f64;
-        for k in 1..=kmax {
+        for (k, vk) in v.iter_mut().enumerate().skip(1) {
             let mut st = fresh(n + k)?;
             let mut secs = 0.0;
             for i in 0..n {
@@ -198,7 +198,7 @@ fn verify_costs(
                 model.verify_keep(&mut st, &mut journal, 1)?;
             }
             if rep > 0 {
-                v[k].push(secs / n as f64 / step);
+                vk.push(secs / n as f64 / step);
             }
         }
         if rep > 0 {

@@ -145,13 +145,14 @@ fn run(
         }
         // The draft goes on where the sampler drew its next token: that position is already in
         // the state, its logits the next row.
-        if let Some(p) = &mut pending {
-            if p.accepted < p.draft.len() && p.draft[p.accepted] == id {
-                p.accepted += 1;
-                spec.as_deref_mut().expect("a pending draft comes from the speculator").accept_one();
-                row += 1;
-                continue;
-            }
+        if let Some(p) = &mut pending
+            && p.accepted < p.draft.len()
+            && p.draft[p.accepted] == id
+        {
+            p.accepted += 1;
+            spec.as_deref_mut().expect("a pending draft comes from the speculator").accept_one();
+            row += 1;
+            continue;
         }
         if let Some(p) = pending.take() {
             finish(model, state, spec.as_deref_mut(), &p)?;
@@ -193,7 +194,7 @@ fn run(
         }
     }
     if let Some(p) = pending.take() {
-        finish(model, state, spec.as_deref_mut(), &p)?;
+        finish(model, state, spec, &p)?;
     }
     if reason != StopReason::StopString {
         let rest = stops.finish();

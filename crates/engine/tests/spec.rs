@@ -37,7 +37,7 @@ impl Drafter for Oracle {
         let at = history.len();
         let mut d: Vec<u32> = self.reference[at..(at + n_max).min(self.reference.len())].to_vec();
         for (i, t) in d.iter_mut().enumerate() {
-            if (at + i) % self.wrong_every == 0 {
+            if (at + i).is_multiple_of(self.wrong_every) {
                 *t = (*t + 1) % self.vocab;
             }
         }
@@ -259,7 +259,8 @@ fn spec_mtp_equals_plain() {
 }
 
 /// Real-model group: the three real models (Q4_K_M interleaved, Q4_K_M with a tied 262k
-/// head, Q4_1 on the non-interleaved layout), default numerics, a code-edit prompt.
+/// head, Q4_1 on the non-interleaved layout), default numerics, a code-edit prompt; the
+/// n-gram and oracle drafters, and the model itself as its draft model.
 #[test]
 fn real_models_spec_equals_plain() {
     for name in ["qwen2.5-coder-0.5b", "gemma3-270m", "smollm2-135m"] {
@@ -270,5 +271,20 @@ fn real_models_spec_equals_plain() {
         let p = tok.encode(&text, true).unwrap();
         loaded.model.set_numerics(Numerics::Fast);
         check_model(name, &loaded.model, &p, Numerics::Fast, false, 48, 256);
+        // A draft model of the same vocabulary: the model itself under exact numerics.
+        let mut draft = load(&cortiq_testkit::real_model(name)).unwrap().model;
+        draft.set_numerics(Numerics::Exact);
+        let draft = Arc::new(draft);
+        check_drafters(
+            &format!("{name} drafted by itself"),
+            &loaded.model,
+            &p,
+            Numerics::Fast,
+            false,
+            48,
+            256,
+            &["model"],
+            Some(&draft),
+        );
     }
 }

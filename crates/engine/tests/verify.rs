@@ -74,15 +74,15 @@ fn check(name: &str, path: &std::path::Path, num: Numerics, mode: Mode) {
         // Reference: single steps; after each prefix, the probe token's logits.
         let mut st = base.clone();
         let (mut steps, mut next) = (Vec::new(), Vec::new());
-        for keep in 0..=k {
+        for t in draft.iter().map(Some).chain([None]) {
             next.push(model.forward(&[probe], &mut st.clone(), Logits::Last).unwrap());
-            if keep < k {
-                steps.extend(model.forward(&[draft[keep]], &mut st, Logits::Last).unwrap());
+            if let Some(&t) = t {
+                steps.extend(model.forward(&[t], &mut st, Logits::Last).unwrap());
             }
         }
         assert!(first_diff(&next[0], &next[k]).is_some(), "{name}: the prefix does not change the next logits");
         let mut journal = VerifyJournal::default();
-        for keep in 0..=k {
+        for (keep, next_kept) in next.iter().enumerate() {
             let mut st = base.clone();
             let logits = model.forward_verify(&draft, &mut st, &mut journal).unwrap();
             assert_eq!(st.len, prompt.len() + k);
@@ -96,7 +96,7 @@ fn check(name: &str, path: &std::path::Path, num: Numerics, mode: Mode) {
             assert_eq!(st.len, prompt.len() + keep);
             // The journal is reused: a second verify from the kept state equals steps from it.
             let again = model.forward_verify(&[probe, draft[0]], &mut st, &mut journal).unwrap();
-            assert_eq!(first_diff(&again[..v], &next[keep]), None, "{name} {num:?} {mode:?} k={k}: state after keeping {keep}");
+            assert_eq!(first_diff(&again[..v], next_kept), None, "{name} {num:?} {mode:?} k={k}: state after keeping {keep}");
             model.verify_keep(&mut st, &mut journal, 1).unwrap();
             assert_eq!(st.len, prompt.len() + keep + 1);
         }

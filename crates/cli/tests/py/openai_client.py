@@ -177,5 +177,12 @@ if chat_ok:
         check(False, "a bad speculative type is refused")
     except openai.BadRequestError as e:
         check(e.body.get("param") == "speculative.type", f"bad speculative type: 400 naming the field ({e.body})")
+    for bad, param in [({"type": "draft"}, "speculative.type"), ({"type": "ngram", "n_max": 2, "n_min": 5}, "speculative.n_min"),
+                       ({"n_max": 0}, "speculative.n_max"), ("ngram", "speculative")]:
+        try:
+            client.chat.completions.create(model=model, messages=edit, max_tokens=8, extra_body={"speculative": bad})
+            check(False, f"speculative {bad} is refused")
+        except openai.BadRequestError as e:
+            check(e.body.get("param") == param, f"speculative {bad}: 400 naming {param} ({e.body})")
 
 print("all checks passed")
