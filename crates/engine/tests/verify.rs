@@ -21,17 +21,10 @@ fn first_diff(a: &[f32], b: &[f32]) -> Option<(usize, f32, f32)> {
     a.iter().zip(b).enumerate().find(|(_, (x, y))| x.to_bits() != y.to_bits()).map(|(i, (x, y))| (i, *x, *y))
 }
 
-/// Deterministic draft ids below the vocabulary (xorshift).
+/// Deterministic draft ids below the vocabulary (the tests' xorshift).
 fn draft_ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
-    let mut s = seed | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s % vocab as u64) as u32
-        })
-        .collect()
+    let mut r = cortiq_testkit::XorShift(seed | 1);
+    (0..n).map(|_| (r.next() % vocab as u64) as u32).collect()
 }
 
 /// How the sequence's state is made.
