@@ -173,8 +173,8 @@ fn verify_costs(
     toks: &[u32],
     at: &str,
 ) -> Result<()> {
-    if a.spec_k_max == 0 {
-        bail!("--spec-k-max must be at least 1");
+    if a.spec_k_max == 0 || a.n_gen == 0 {
+        bail!("--spec needs --spec-k-max and --n-gen of at least 1");
     }
     let (n, kmax) = (a.n_gen, a.spec_k_max);
     let mut v = vec![Vec::new(); kmax + 1]; // per k: V of each round

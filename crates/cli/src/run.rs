@@ -289,6 +289,9 @@ fn chat_loop(
             state.clear();
         }
         let start = state.len;
+        if let Some(sp) = spec.as_mut() {
+            sp.set_prior(&ids[..start]);
+        }
         let stats = stream(loaded, tok, &mut state, &ids[start..], opt, spec.as_mut())?;
         println!();
         let reply = tok.decode(&stats.tokens);
@@ -297,6 +300,9 @@ fn chat_loop(
         cached.extend(&stats.tokens);
         // The state holds the prompt plus every generated token that went through a forward.
         cached.truncate(state.len);
+    }
+    if let Some(sp) = &spec {
+        eprintln!("{}", stats_line(&sp.stats));
     }
     Ok(())
 }

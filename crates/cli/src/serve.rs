@@ -66,7 +66,7 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub o1: O1Args,
     /// Speculative decoding for every request that does not set its own (`speculative`:
-    /// {"type": "ngram" | "none", "n_max", "n_min"}).
+    /// {"type": "ngram" | "draft" | "none", "n_max", "n_min"}).
     #[command(flatten)]
     pub spec: SpecArgs,
 }

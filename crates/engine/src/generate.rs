@@ -1,6 +1,7 @@
 //! The generation loop: chunked prefill of the prompt, then sample → stop checks → decode one
-//! token at a time, or (speculative decoding, `generate_spec`) a draft's tokens per verify. Detokenization is the caller's (`piece`), so this loop knows no tokenizer;
-//! stop strings are matched on the streamed text and never emitted.
+//! token at a time, or (speculative decoding, `generate_spec`) a draft's tokens per verify.
+//! Detokenization is the caller's (`piece`), so this loop knows no tokenizer; stop strings are
+//! matched on the streamed text and never emitted.
 
 use std::time::{Duration, Instant};
 
@@ -102,6 +103,9 @@ fn run(
     emit: &mut dyn FnMut(&str),
 ) -> Result<GenStats> {
     let t0 = Instant::now();
+    // The drafter's history: what the state holds already, then the prompt and the output.
+    // The sampler's (its penalties' window) is plain decoding's: the prompt and the output.
+    let prior = spec.as_deref_mut().map(|sp| sp.begin(state.len)).unwrap_or_default();
     // Logits rows still to sample from: one after a plain step, 1 + draft after a verify.
     let d_model = model.cfg.d_model;
     let mut rows = match spec.as_deref_mut().filter(|sp| sp.wants_hidden()) {
@@ -114,7 +118,8 @@ fn run(
     }; // [r, vocab]
     let (vocab, mut row) = (model.cfg.vocab, 0);
     let prefill = t0.elapsed();
-    let mut history: Vec<u32> = prompt.to_vec();
+    let h0 = prior.len();
+    let mut history: Vec<u32> = [&prior[..], prompt].concat();
     let mut sampler = Sampler::new(opt.sampler.clone());
     let mut stops = StopMatcher::new(opt.stops.clone());
     let mut out = Vec::new();
@@ -124,7 +129,7 @@ fn run(
     while out.len() < opt.n_predict {
         let id = {
             let _s = crate::profile::span(crate::profile::Op::Sampling);
-            sampler.sample(&rows[row * vocab..(row + 1) * vocab], &history)
+            sampler.sample(&rows[row * vocab..(row + 1) * vocab], &history[h0..])
         };
         if opt.eos.contains(&id) {
             reason = StopReason::Eos;

@@ -344,13 +344,22 @@ impl Handle {
                         }
                         None => states[si].clear(),
                     }
-                    let spec = match req.spec.map(|p| p.speculator(draft, cfg.n_ctx)).transpose() {
+                    // MTP drafts read the hidden rows of every position, which the batch does
+                    // not hand out: refused here rather than run without drafts.
+                    let mtp = req.spec.is_some_and(|p| p.method == crate::spec::SpecMethod::Mtp);
+                    let spec = match req.spec.filter(|_| !mtp).map(|p| p.speculator(draft, cfg.n_ctx)).transpose() {
                         Ok(sp) => sp,
                         Err(e) => {
                             req.sink.send(Event::Error { index: req.index, kind: ErrorKind::Engine, message: e.to_string() });
                             continue;
                         }
                     };
+                    if mtp {
+                        let message =
+                            "MTP speculation is not served (the serving core does not hand out hidden states)".to_string();
+                        req.sink.send(Event::Error { index: req.index, kind: ErrorKind::Engine, message });
+                        continue;
+                    }
                     admitted += 1;
                     req.sink.send(Event::Started { index: req.index });
                     *slot = Some(Slot::new(req, tok, t_submit, admitted, cfg.timeout, spec));
@@ -425,7 +434,8 @@ impl Handle {
         let chunk = cfg.prefill_chunk.max(1);
         // The budget bounds the running streams' wait; with none running, every prefilling
         // slot takes its next chunk.
-        let mut budget = if plan.is_empty() { usize::MAX } else { cfg.prefill_budget.max(chunk) };
+        let running = !plan.is_empty() || !verifies.is_empty();
+        let mut budget = if running { cfg.prefill_budget.max(chunk) } else { usize::MAX };
         for (k, &(_, si)) in prefilling.iter().enumerate() {
             let s = slots[si].as_ref().expect("a prefilling slot");
             let Phase::Prefill { done } = s.phase else { unreachable!("listed as prefilling") };

@@ -1,13 +1,13 @@
 //! Speculative decoding's drafters (issue 13): what proposes the tokens a k-position verify
 //! (`Model::forward_verify`) then checks, and the `Speculator` a generation loop drives: the
 //! drafter, the draft length bounds and their adaptation, the verify's journal and the
-//! drafted/accepted counts. This module holds the n-gram drafter (prompt lookup, as
-//! llama.cpp's `ngram-simple`).
+//! drafted/accepted counts. The drafters: n-gram (prompt lookup, as llama.cpp's
+//! `ngram-simple`), a draft model, and the target's own MTP block.
 //!
 //! A drafter sees the sequence's whole token history (prompt and generated text) and proposes
-//! up to `n_max` next tokens; it never sees logits, so a draft changes only how many positions
-//! one forward verifies, never which tokens come out (sample-and-match keeps a drafted token
-//! only where the target's own sample equals it).
+//! up to `n_max` next tokens; its draft changes only how many positions one forward verifies,
+//! never which tokens come out (sample-and-match keeps a drafted token only where the
+//! target's own sample, on its own logits, equals it).
 //!
 //! Written by hand: the lookup runs once per decode step on the engine thread, so it must cost
 //! O(1) per new token (an index updated incrementally), not a scan of the history.
@@ -40,6 +40,9 @@ pub trait Drafter {
     /// The target's final-normed hidden rows [n, d_model] of the next n positions kept, in
     /// order from the sequence's start.
     fn observe(&mut self, _hidden: &[f32], _d_model: usize) {}
+
+    /// The target's sequence starts over (its state was cleared).
+    fn reset(&mut self) {}
 }
 
 /// Multi-token prediction: the target's own MTP block (Qwen3-Next / Qwen3.5) drafts from the
@@ -110,6 +113,10 @@ impl Drafter for MtpDrafter {
     fn observe(&mut self, hidden: &[f32], d_model: usize) {
         self.pending.extend_from_slice(hidden);
         self.seen += hidden.len() / d_model;
+    }
+
+    fn reset(&mut self) {
+        *self = MtpDrafter::new(self.block);
     }
 }
 
@@ -290,9 +297,18 @@ impl ModelDrafter {
             }
         }
         let new = &history[self.fed.len()..];
-        let logits = self.model.prefill(new, &mut self.state, 512).ok()?;
-        self.fed.extend_from_slice(new);
-        Some(logits)
+        match self.model.prefill(new, &mut self.state, 512) {
+            Ok(logits) => {
+                self.fed.extend_from_slice(new);
+                Some(logits)
+            }
+            Err(_) => {
+                // The state may have moved part way: start over at the next draft.
+                self.state.clear();
+                self.fed.clear();
+                None
+            }
+        }
     }
 }
 
@@ -381,6 +397,9 @@ pub struct Speculator {
     backoff: usize,
     pub(crate) journal: VerifyJournal,
     pub stats: SpecStats,
+    /// The tokens already in the sequence's state before the next generation's prompt (a chat
+    /// turn that continues the conversation's state): the drafter sees them as history.
+    prior: Vec<u32>,
 }
 
 impl Speculator {
@@ -389,7 +408,17 @@ impl Speculator {
     pub fn new(drafter: Box<dyn Drafter + Send>, n_max: usize, n_min: usize) -> Speculator {
         let n_min = n_min.min(n_max);
         let journal = VerifyJournal::default();
-        Speculator { drafter, n_max, n_min, cap: n_max, skip: 0, backoff: 0, journal, stats: SpecStats::default() }
+        Speculator {
+            drafter,
+            n_max,
+            n_min,
+            cap: n_max,
+            skip: 0,
+            backoff: 0,
+            journal,
+            stats: SpecStats::default(),
+            prior: Vec::new(),
+        }
     }
 
     /// The draft to verify after `history` (its last token the one about to be fed), at most
@@ -415,6 +444,24 @@ impl Speculator {
         self.stats.drafted += d.len();
         self.stats.verifies += 1;
         d
+    }
+
+    /// The next generation continues a state that already holds `tokens` (its prompt comes
+    /// after them): the drafter's history starts with them. A generation on an empty state
+    /// starts the drafter over instead.
+    pub fn set_prior(&mut self, tokens: &[u32]) {
+        self.prior = tokens.to_vec();
+    }
+
+    /// The history before the prompt, and the drafter started over when the state is empty.
+    pub(crate) fn begin(&mut self, state_len: usize) -> Vec<u32> {
+        // An empty state, or one whose tokens were not given: the drafter starts over (an MTP
+        // head, which must have seen every position, then stays silent: plain decoding).
+        if state_len == 0 || self.prior.len() != state_len {
+            self.drafter.reset();
+            self.prior.clear();
+        }
+        self.prior.clone()
     }
 
     /// Whether the target's hidden rows must be handed to `observe`.

@@ -258,6 +258,57 @@ fn spec_mtp_equals_plain() {
     }
 }
 
+/// A second generation that continues the first one's state (a chat turn): the drafter is told
+/// the tokens already in the state (`set_prior`), and the tokens equal plain decoding's over
+/// both turns; MTP keeps drafting in the second turn (it has seen every position).
+#[test]
+fn spec_continues_a_state() {
+    for (name, dname) in [("qwen3_5", "mtp"), ("llama", "ngram")] {
+        let model = load(&fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}")).model;
+        let vocab = model.cfg.vocab;
+        let (p1, p2) = (prompt(vocab), prompt(vocab)[3..11].to_vec());
+        let opt = GenOptions {
+            n_predict: 24,
+            sampler: SamplerParams { seed: 5, ..SamplerParams::default() },
+            eos: vec![],
+            stops: vec![],
+            prefill_chunk: 8,
+        };
+        let two_turns = |spec: Option<&mut Speculator>| {
+            let mut st = model.new_state(256);
+            let mut out = Vec::new();
+            let mut spec = spec;
+            let mut fed: Vec<u32> = Vec::new();
+            for p in [&p1, &p2] {
+                let r = match spec.as_deref_mut() {
+                    Some(sp) => {
+                        sp.set_prior(&fed);
+                        generate_spec(&model, &mut st, p, &opt, sp, &mut |_| String::new(), &mut |_| {}).unwrap()
+                    }
+                    None => generate(&model, &mut st, p, &opt, &mut |_| String::new(), &mut |_| {}).unwrap(),
+                };
+                fed.extend_from_slice(p);
+                fed.extend_from_slice(&r.tokens[..r.tokens.len() - 1]);
+                assert_eq!(st.len, fed.len(), "{name}: the state holds what was fed");
+                out.push(r.tokens);
+            }
+            out
+        };
+        let plain = two_turns(None);
+        let mut sp = Speculator::new(drafter(dname, &[], vocab, None, 256), 4, 0);
+        let got = two_turns(Some(&mut sp));
+        assert_eq!(got, plain, "{name} {dname}: two turns differ from plain decoding");
+        let first = {
+            let mut sp1 = Speculator::new(drafter(dname, &[], vocab, None, 256), 4, 0);
+            let mut st = model.new_state(256);
+            generate_spec(&model, &mut st, &p1, &opt, &mut sp1, &mut |_| String::new(), &mut |_| {}).unwrap();
+            sp1.stats.drafted
+        };
+        println!("{name} {dname}: two turns equal; drafted {} in turn one, {} in both", first, sp.stats.drafted);
+        assert!(sp.stats.drafted > first, "{name} {dname}: nothing was drafted in the second turn");
+    }
+}
+
 /// Real-model group: the three real models (Q4_K_M interleaved, Q4_K_M with a tied 262k
 /// head, Q4_1 on the non-interleaved layout), default numerics, a code-edit prompt; the
 /// n-gram and oracle drafters, and the model itself as its draft model.
