@@ -179,12 +179,8 @@ fn run(
             match spec.as_deref_mut().filter(|sp| sp.wants_hidden()) {
                 // A plain step that also hands its final-normed row to the drafter.
                 Some(sp) => {
-                    let mut hidden = Vec::new();
-                    rows = model.forward_traced(&[id], state, Logits::Last, &mut |name, _, v| {
-                        if name == "result_norm" {
-                            hidden = v.to_vec();
-                        }
-                    })?;
+                    let hidden;
+                    (rows, hidden) = model.forward_hidden(&[id], state, Logits::Last)?;
                     sp.observe(&hidden, d_model);
                 }
                 None => rows = model.forward(&[id], state, Logits::Last)?,

@@ -512,13 +512,9 @@ impl Model {
             let mut logits = Vec::with_capacity(n * self.cfg.vocab); // [n, vocab]
             journal.hidden.clear();
             for &t in tokens {
-                let mut row = Vec::new();
-                logits.extend(self.forward_traced(&[t], state, Logits::Last, &mut |name, _, v| {
-                    if name == "result_norm" {
-                        row = v.to_vec();
-                    }
-                })?);
-                journal.hidden.extend(row);
+                let (l, h) = self.forward_hidden(&[t], state, Logits::Last)?;
+                logits.extend(l);
+                journal.hidden.extend(h);
             }
             journal.fallback = Some((cp, tokens.to_vec()));
             return Ok(logits);
@@ -682,23 +678,32 @@ impl Model {
         trace("l_out", il, x);
     }
 
-    /// `prefill`, also returning every position's final-normed hidden row [n, d_model] (what
-    /// an MTP head reads); the logits are the same.
+    /// `forward`, also returning every position's final-normed hidden row [n, d_model] (what
+    /// an MTP head reads: the rows the LM head multiplies); the logits are the same.
+    pub fn forward_hidden(&self, tokens: &[u32], state: &mut SeqState, want: Logits) -> Result<(Vec<f32>, Vec<f32>)> {
+        let mut rows = Vec::new();
+        let last_layer = self.layers.len() - 1;
+        let logits = self.forward_traced(tokens, state, want, &mut |name, il, v| {
+            if name == "l_out" && il == last_layer {
+                rows.extend_from_slice(v);
+            }
+        })?;
+        let mut normed = vec![0f32; rows.len()];
+        rmsnorm_rows_in(self.numerics, &rows, &self.output_norm, self.cfg.norm_eps, &mut normed);
+        Ok((logits, normed))
+    }
+
+    /// `prefill` with `forward_hidden`: the last position's logits and every position's
+    /// final-normed hidden row.
     pub fn prefill_hidden(&self, tokens: &[u32], state: &mut SeqState, chunk: usize) -> Result<(Vec<f32>, Vec<f32>)> {
-        let (chunk, d) = (chunk.max(1), self.cfg.d_model);
-        let (mut last, mut hidden) = (Vec::new(), Vec::with_capacity(tokens.len() * d));
+        let chunk = chunk.max(1);
+        let (mut last, mut hidden) = (Vec::new(), Vec::with_capacity(tokens.len() * self.cfg.d_model));
         let n_chunks = tokens.len().div_ceil(chunk);
         for (ci, c) in tokens.chunks(chunk).enumerate() {
             let want = if ci + 1 == n_chunks { Logits::Last } else { Logits::None };
-            let mut rows = Vec::new();
-            last = self.forward_traced(c, state, want, &mut |name, il, v| {
-                if name == "l_out" && il + 1 == self.layers.len() {
-                    rows = v.to_vec();
-                }
-            })?;
-            let mut normed = vec![0f32; rows.len()];
-            rmsnorm_rows_in(self.numerics, &rows, &self.output_norm, self.cfg.norm_eps, &mut normed);
-            hidden.extend(normed);
+            let (l, h) = self.forward_hidden(c, state, want)?;
+            last = l;
+            hidden.extend(h);
         }
         Ok((last, hidden))
     }

@@ -7,7 +7,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{fixture, ids};
+use common::{assert_bits_equal, fixture, ids};
 use cortiq_engine::compat::Numerics;
 use cortiq_engine::convert::{ConvertOptions, QuantSpec, convert};
 use cortiq_engine::load::{Origin, load};
@@ -38,24 +38,7 @@ fn conv(src: &Path, out: &Path, o: &ConvertOptions) {
 
 /// Logits of the whole token sequence, then of 8 cached greedy decode steps, concatenated.
 fn run(m: &Model, tokens: &[u32]) -> Vec<f32> {
-    let v = m.cfg.vocab;
-    let mut st = m.new_state(tokens.len() + 8);
-    let mut all = m.forward(tokens, &mut st, Logits::From(0)).unwrap();
-    let mut last = all[all.len() - v..].to_vec();
-    for _ in 0..8 {
-        let next = common::argmax(&last);
-        last = m.forward(&[next], &mut st, Logits::Last).unwrap();
-        all.extend_from_slice(&last);
-    }
-    all
-}
-
-fn assert_bits_equal(what: &str, got: &[f32], want: &[f32]) {
-    assert_eq!(got.len(), want.len(), "{what}: logit counts differ");
-    let differing = got.iter().zip(want).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
-    let (md, at) = max_diff(got, want);
-    println!("{what}: {differing} of {} logits differ in bits, max diff {md:.3e} at {at}", got.len());
-    assert_eq!(differing, 0, "{what}: {differing} logits differ (max diff {md:.3e} at flat index {at})");
+    common::logits_then_greedy(m, tokens)
 }
 
 #[test]

@@ -11,10 +11,10 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use common::{argmax, fixture, ids, max_diff};
+use common::{assert_bits_equal, fixture, ids};
+use cortiq_engine::Model;
 use cortiq_engine::convert::{ConvertOptions, QuantSpec, convert};
 use cortiq_engine::load::{Loaded, load};
-use cortiq_engine::{Logits, Model};
 use serde_json::{Value, json};
 
 /// One safetensors entry: (name, dtype, shape, bytes).
@@ -239,24 +239,7 @@ fn run(m: &Model) -> Vec<f32> {
 
 /// `run` with fixture `f`'s tokens.
 fn run_on(f: &Flat, m: &Model) -> Vec<f32> {
-    let tokens = ids(&fixture(f.fixture).join("tokens.json"));
-    let v = m.cfg.vocab;
-    let mut st = m.new_state(tokens.len() + 8);
-    let mut all = m.forward(&tokens, &mut st, Logits::From(0)).unwrap();
-    let mut last = all[all.len() - v..].to_vec();
-    for _ in 0..8 {
-        last = m.forward(&[argmax(&last)], &mut st, Logits::Last).unwrap();
-        all.extend_from_slice(&last);
-    }
-    all
-}
-
-fn assert_bits_equal(what: &str, got: &[f32], want: &[f32]) {
-    assert_eq!(got.len(), want.len(), "{what}: logit counts differ");
-    let differing = got.iter().zip(want).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
-    let (md, at) = max_diff(got, want);
-    println!("{what}: {differing} of {} logits differ in bits, max diff {md:.3e} at {at}", got.len());
-    assert_eq!(differing, 0, "{what}: {differing} logits differ (max diff {md:.3e} at flat index {at})");
+    common::logits_then_greedy(m, &ids(&fixture(f.fixture).join("tokens.json")))
 }
 
 /// The flat fixture's model and its logits, the reference for every layout here.

@@ -130,3 +130,26 @@ pub fn check_parity_tol(arch: &str, path: &Path, prefix: &str, tol: f32) {
     assert!(worst.0 <= tol, "{arch}: {what} decode logits max diff {:.3e} at step {} token {}", worst.0, worst.1, worst.2);
     assert_eq!(produced, greedy, "{arch}: {what} greedy tokens differ from the reference");
 }
+
+/// Logits of the whole token sequence, then of 8 cached greedy decode steps, concatenated
+/// (the bitwise comparisons of converted or re-laid-out models).
+pub fn logits_then_greedy(m: &Model, tokens: &[u32]) -> Vec<f32> {
+    let v = m.cfg.vocab;
+    let mut st = m.new_state(tokens.len() + 8);
+    let mut all = m.forward(tokens, &mut st, Logits::From(0)).unwrap();
+    let mut last = all[all.len() - v..].to_vec();
+    for _ in 0..8 {
+        last = m.forward(&[argmax(&last)], &mut st, Logits::Last).unwrap();
+        all.extend_from_slice(&last);
+    }
+    all
+}
+
+/// Every logit equal in bits, or a failure naming how many differ and the largest gap.
+pub fn assert_bits_equal(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: logit counts differ");
+    let differing = got.iter().zip(want).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+    let (md, at) = max_diff(got, want);
+    println!("{what}: {differing} of {} logits differ in bits, max diff {md:.3e} at {at}", got.len());
+    assert_eq!(differing, 0, "{what}: {differing} logits differ (max diff {md:.3e} at flat index {at})");
+}
