@@ -10,8 +10,9 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use cortiq_engine::Model;
-use cortiq_engine::generate::{GenOptions, generate, generate_spec};
+use cortiq_engine::generate::{GenOptions, generate, generate_cached, generate_spec};
 use cortiq_engine::load::Loaded;
+use cortiq_engine::prefix::{CacheConfig, PrefixCache};
 use cortiq_engine::sampling::SamplerParams;
 use cortiq_engine::spec::Speculator;
 use cortiq_formats::chat::{self, ChatMessage};
@@ -59,6 +60,12 @@ pub struct RunArgs {
     /// Speculative decoding (--spec and its draft bounds).
     #[command(flatten)]
     pub spec: SpecArgs,
+    /// Keep the conversation's state in FILE (a session file, as `serve`'s slot files): a run
+    /// whose prompt starts with the saved tokens computes only the rest, with the tokens a
+    /// cold run gives; after the run, prompt + output are saved there (atomically), so the
+    /// next run's prompt can continue them. A file of another model or version is refused.
+    #[arg(long, value_name = "FILE")]
+    pub prompt_cache: Option<std::path::PathBuf>,
 }
 
 /// The sampling flags, flattened into `run` (and any front end that wants the same flags and
@@ -155,6 +162,9 @@ pub fn cmd_run(a: RunArgs, verbose: bool) -> Result<()> {
         if a.o1.any() {
             bail!("--o1 / --kv-window need a single prompt (-p or stdin), not an interactive --chat");
         }
+        if a.prompt_cache.is_some() {
+            bail!("--prompt-cache takes a single prompt (-p or stdin), not an interactive --chat");
+        }
         return chat_loop(&loaded, &tok, &a, &opt, n_ctx, draft.as_ref());
     }
     let prompt_text = match &a.prompt {
@@ -187,8 +197,44 @@ pub fn cmd_run(a: RunArgs, verbose: bool) -> Result<()> {
     };
     let prof = Profiler::start(&a.common);
     let mut spec = a.spec.speculator(draft.as_ref(), n_ctx)?;
-    let stats = stream(&loaded, &tok, &mut state, &ids, &opt, spec.as_mut())?;
+    let mut cache = match &a.prompt_cache {
+        Some(path) => {
+            if plan.is_some() {
+                bail!("--prompt-cache does not keep constant-memory states (--o1 / --kv-window)");
+            }
+            Some(open_prompt_cache(path, model, n_ctx)?)
+        }
+        None => None,
+    };
+    let t_cache = std::time::Instant::now();
+    let (reused, cached) = match cache.as_mut() {
+        Some(c) => {
+            let stop = cortiq_engine::prefix::entry_point(ids.len());
+            let (reused, _) = cortiq_engine::prefix::advance(model, Some(c), &ids, &mut state, opt.prefill_chunk, stop)?;
+            eprintln!("prompt cache: {reused} of {} prompt tokens restored", ids.len());
+            (reused, state.len)
+        }
+        None => (0, 0),
+    };
+    let t_cache = t_cache.elapsed();
+    let mut stats = stream(&loaded, &tok, &mut state, &ids, cached, &opt, spec.as_mut())?;
+    // The prompt positions computed before the generation loop count as its prefill.
+    stats.n_prompt += cached - reused;
+    stats.prefill += t_cache;
     prof.finish("run");
+    if let (Some(path), Some(c)) = (&a.prompt_cache, cache.as_mut()) {
+        // Prompt + output, prefilled again from the prompt's entry (a decode step's values are
+        // not a prefill's), cached and saved.
+        let all: Vec<u32> = [&ids[..], &stats.tokens].concat();
+        let all = &all[..all.len().min(n_ctx - 1)];
+        let mut scratch = model.new_state(n_ctx);
+        let stop = cortiq_engine::prefix::entry_point(all.len());
+        cortiq_engine::prefix::advance(model, Some(c), all, &mut scratch, opt.prefill_chunk, stop)?;
+        if let Some((toks, st, cps)) = c.best_for(all) {
+            cortiq_engine::session::save(path, model, toks, st, cps).context("--prompt-cache")?;
+            eprintln!("\nprompt cache: {} tokens saved to {}", toks.len(), path.display());
+        }
+    }
     if verbose {
         eprintln!("\nstate: {}", state_line(&state));
         if let Some(s) = state.o1_stats() {
@@ -211,11 +257,23 @@ pub fn cmd_run(a: RunArgs, verbose: bool) -> Result<()> {
     Ok(())
 }
 
+/// A prompt cache holding the session `path` if it exists (an unreadable, foreign or corrupt
+/// file is an error: it is not overwritten).
+fn open_prompt_cache(path: &std::path::Path, model: &cortiq_engine::Model, n_ctx: usize) -> Result<PrefixCache> {
+    let mut cache = PrefixCache::new(CacheConfig { ram: usize::MAX, every: 1024 });
+    if path.exists() {
+        let s = cortiq_engine::session::load(path, model, n_ctx).context("--prompt-cache (the file is left as it is)")?;
+        cache.insert(&s.tokens, &s.state, s.checkpoints);
+    }
+    Ok(cache)
+}
+
 fn stream(
     loaded: &Loaded,
     tok: &Tokenizer,
     state: &mut cortiq_engine::state::SeqState,
     ids: &[u32],
+    cached: usize,
     opt: &GenOptions,
     spec: Option<&mut Speculator>,
 ) -> Result<cortiq_engine::generate::GenStats> {
@@ -227,6 +285,7 @@ fn stream(
         let _ = out.flush();
     };
     let stats = match spec {
+        _ if cached > 0 => generate_cached(&loaded.model, state, ids, cached, opt, spec, &mut |id| dec.push(id), &mut emit)?,
         Some(sp) => generate_spec(&loaded.model, state, ids, opt, sp, &mut |id| dec.push(id), &mut emit)?,
         None => generate(&loaded.model, state, ids, opt, &mut |id| dec.push(id), &mut emit)?,
     };
@@ -292,7 +351,7 @@ fn chat_loop(
         if let Some(sp) = spec.as_mut() {
             sp.set_prior(&ids[..start]);
         }
-        let stats = stream(loaded, tok, &mut state, &ids[start..], opt, spec.as_mut())?;
+        let stats = stream(loaded, tok, &mut state, &ids[start..], 0, opt, spec.as_mut())?;
         println!();
         let reply = tok.decode(&stats.tokens);
         msgs.push(ChatMessage { role: "assistant".into(), content: reply.trim().to_string() });

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use anyhow::{Result, bail};
 use clap::Args;
+use cortiq_engine::prefix::CacheConfig;
 use cortiq_engine::sched::SchedConfig;
 use cortiq_server::{O1Planner, Ready, ServeOptions, serve};
 
@@ -51,6 +52,21 @@ pub struct ServeArgs {
     /// burst of requests starts decoding together (0: never wait).
     #[arg(long, default_value_t = 3.0)]
     pub batch_wait_ms: f64,
+    /// MiB of RAM the prompt cache may hold (0: no cache): prompt prefixes' states (KV caches,
+    /// recurrent states and their checkpoints, every byte counted), so that a request starting
+    /// with a cached prefix computes only the rest. The count of cached prefixes does not
+    /// depend on --parallel.
+    #[arg(long, default_value_t = 2048)]
+    pub cache_ram: usize,
+    /// A prompt-cache checkpoint every this many positions of a prompt (rounded up to 16): a
+    /// prompt that leaves a cached one part-way resumes from the last checkpoint before they
+    /// part (models with recurrent layers; KV caches restore anywhere).
+    #[arg(long, default_value_t = 1024)]
+    pub cache_checkpoint_every: usize,
+    /// Folder for session files (`POST /slots/{id}?action=save|restore` with
+    /// {"filename": NAME}); without it those routes answer 501.
+    #[arg(long)]
+    pub slot_dir: Option<std::path::PathBuf>,
     /// Seconds a request may run (queue wait included) before it ends with a timeout error
     /// (0 = no limit).
     #[arg(long, default_value_t = 600)]
@@ -84,6 +100,11 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
     if !(a.batch_wait_ms >= 0.0 && a.batch_wait_ms <= 1000.0) {
         bail!("--batch-wait-ms must be between 0 and 1000, got {}", a.batch_wait_ms);
     }
+    if let Some(d) = &a.slot_dir
+        && !d.is_dir()
+    {
+        bail!("--slot-dir {}: not a folder", d.display());
+    }
     if !(a.sse_ping > 0.0 && a.sse_ping.is_finite()) {
         bail!("--sse-ping must be a positive number of seconds, got {}", a.sse_ping);
     }
@@ -109,11 +130,13 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
             prefill_budget: a.prefill_budget,
             gather: Duration::from_secs_f64(a.batch_wait_ms / 1000.0),
             timeout: (a.timeout > 0).then(|| Duration::from_secs(a.timeout)),
+            cache: (a.cache_ram > 0).then(|| CacheConfig { ram: a.cache_ram << 20, every: a.cache_checkpoint_every.max(1) }),
         },
         body_limit: a.max_body_mb.max(1) << 20,
         keepalive: Duration::from_secs_f64(a.sse_ping),
         http_threads: 2,
         spec: a.spec.params(),
+        slot_dir: a.slot_dir.clone(),
     };
     let (common, o1, spec) = (a.common, a.o1, a.spec);
     let load = Box::new(move || -> std::result::Result<Ready, String> {

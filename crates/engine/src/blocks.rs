@@ -501,10 +501,13 @@ fn o_matrix_form(
     Ok(())
 }
 
-/// Below this many queries a chunk attends query by query; from it on, in blocks of queries
-/// through the f32 GEMM (scores and the weighted sum), which prefill needs: at 512 tokens the
-/// per-query loop was a fifth of Gemma3's prefill.
-const ATTN_GEMM_MIN: usize = 8;
+/// From this many queries on, a chunk attends in blocks of queries through the f32 GEMM
+/// (scores and the weighted sum), which prefill needs: at 512 tokens the per-query loop was a
+/// fifth of Gemma3's prefill. A single query (decode) attends alone. Every chunk of two or more
+/// takes the blocked form, whose value per query does not depend on the chunk's length or
+/// start: a prompt's values are then the same however its prefill is cut (`prefix`, the
+/// prompt-state cache, relies on it; with 8 here a call of 2-7 positions gave other bits).
+const ATTN_GEMM_MIN: usize = 2;
 /// Queries per block of the GEMM form: a [QB, keys] score tile stays in L2.
 const ATTN_QB: usize = 32;
 

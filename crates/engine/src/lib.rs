@@ -16,9 +16,11 @@ pub mod numerics;
 pub mod o1;
 pub mod par;
 pub mod perplexity;
+pub mod prefix;
 pub mod profile;
 pub mod qtensor;
 pub mod rope;
+pub mod session;
 pub mod state;
 pub mod weights;
 

@@ -696,14 +696,16 @@ impl Model {
     /// `prefill` with `forward_hidden`: the last position's logits and every position's
     /// final-normed hidden row.
     pub fn prefill_hidden(&self, tokens: &[u32], state: &mut SeqState, chunk: usize) -> Result<(Vec<f32>, Vec<f32>)> {
-        let chunk = chunk.max(1);
         let (mut last, mut hidden) = (Vec::new(), Vec::with_capacity(tokens.len() * self.cfg.d_model));
-        let n_chunks = tokens.len().div_ceil(chunk);
-        for (ci, c) in tokens.chunks(chunk).enumerate() {
-            let want = if ci + 1 == n_chunks { Logits::Last } else { Logits::None };
-            let (l, h) = self.forward_hidden(c, state, want)?;
+        let (base, len) = (state.len, state.len + tokens.len());
+        let mut done = base;
+        while done < len {
+            let end = crate::prefix::next_cut(done, len, chunk, None, false).end;
+            let want = if end == len { Logits::Last } else { Logits::None };
+            let (l, h) = self.forward_hidden(&tokens[done - base..end - base], state, want)?;
             last = l;
             hidden.extend(h);
+            done = end;
         }
         Ok((last, hidden))
     }
@@ -768,14 +770,19 @@ impl Model {
         Ok((out, logits))
     }
 
-    /// Prefill a prompt in chunks of `chunk` positions; returns the last position's logits.
+    /// Prefill a prompt (on top of what the state holds) in calls of about `chunk` positions,
+    /// cut as the prompt cache cuts (`prefix::next_cut`: absolute multiples of the chunk on
+    /// the grid, two to `prefix::MAX_CALL` positions each), so its values are the same as the
+    /// scheduler's, cached or cold; returns the last position's logits.
     pub fn prefill(&self, tokens: &[u32], state: &mut SeqState, chunk: usize) -> Result<Vec<f32>> {
-        let chunk = chunk.max(1);
         let mut last = Vec::new();
-        let n_chunks = tokens.len().div_ceil(chunk);
-        for (ci, c) in tokens.chunks(chunk).enumerate() {
-            let want = if ci + 1 == n_chunks { Logits::Last } else { Logits::None };
-            last = self.forward(c, state, want)?;
+        let (base, len) = (state.len, state.len + tokens.len());
+        let mut done = base;
+        while done < len {
+            let end = crate::prefix::next_cut(done, len, chunk, None, false).end;
+            let want = if end == len { Logits::Last } else { Logits::None };
+            last = self.forward(&tokens[done - base..end - base], state, want)?;
+            done = end;
         }
         Ok(last)
     }

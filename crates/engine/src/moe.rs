@@ -110,12 +110,21 @@ pub fn moe(cfg: &ModelConfig, mc: &MoeConfig, w: &MoeWeights, h: &[f32], n: usiz
         if toks.is_empty() {
             continue;
         }
+        // In a call of several positions every expert takes the multi-row product, also when
+        // one token picked it (its row duplicated, the copy's result dropped): one position's
+        // value then does not depend on how many others share its expert, so a prompt's
+        // state is the same however its prefill is split (the prompt-state cache relies on
+        // it, `prefix`). A decode step (n = 1) keeps the one-row product.
         let m = toks.len();
-        let mut x = vec![0f32; m * d]; // [m, d_model]: the routed tokens' inputs
+        let rows = if n > 1 { m.max(2) } else { m };
+        let mut x = vec![0f32; rows * d]; // [rows, d_model]: the routed tokens' inputs
         for (i, &(t, _)) in toks.iter().enumerate() {
             x[i * d..(i + 1) * d].copy_from_slice(&h[t * d..(t + 1) * d]);
         }
-        let out = ffn(cfg, &w.experts[e], &x, m, num); // [m, d_model]
+        if rows > m {
+            x.copy_within(0..d, d);
+        }
+        let out = ffn(cfg, &w.experts[e], &x, rows, num); // [rows, d_model]
         for (i, &(t, wt)) in toks.iter().enumerate() {
             let s = wt * mc.routed_scale;
             y[t * d..(t + 1) * d].iter_mut().zip(&out[i * d..(i + 1) * d]).for_each(|(a, b)| *a += s * b);

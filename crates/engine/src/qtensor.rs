@@ -85,7 +85,7 @@ const MATVEC_GRAIN: usize = 16;
 /// matmat kernel on un-interleaved tiles. Measured on Qwen2.5-0.5B Q4_K_M, 2 threads, pp512 by
 /// chunk: 64 → 269-329 vs 122-155 tok/s, 128 → 375 vs 251, 256 → 387 vs 336, 512 → 272-324 vs
 /// 359-450.
-const IL_MATMAT_MAX: usize = 256;
+pub(crate) const IL_MATMAT_MAX: usize = 256;
 
 /// Rows per un-interleaved prefill tile of an interleaved tensor (a few hundred KiB of bytes).
 const IL_TILE: usize = 256;
@@ -219,6 +219,17 @@ impl QTensor {
     /// Size of the stored tensor in bytes.
     pub fn n_bytes(&self) -> usize {
         self.rows * self.row_bytes
+    }
+
+    /// Its first and last rows in GGUF's row-major bytes, with its type and shape: enough to
+    /// tell two models' weights apart (a session file's model identity) without reading them.
+    pub(crate) fn sample(&self) -> Vec<u8> {
+        let mut out = format!("{:?} {}x{}", self.dtype, self.rows, self.cols).into_bytes();
+        if self.rows > 0 {
+            out.extend_from_slice(&self.rows_data(0, 1));
+            out.extend_from_slice(&self.rows_data(self.rows - 1, 1));
+        }
+        out
     }
 
     /// The whole tensor in GGUF's row-major bytes (borrowed unless the tensor is interleaved).

@@ -6,14 +6,23 @@
 //! Written here rather than taken from a crate: the scheduler is the product's core (what runs
 //! in the next step decides latency and throughput), and it must keep the determinism contract.
 //!
-//! **A sequence's result does not depend on what else runs.** A step goes through
-//! `Model::forward_batch`, whose every entry (a decode position, a prompt chunk) is
-//! bit-identical to that entry run alone; a prompt is prefilled in chunks whose boundaries are
-//! a function of the prompt alone
-//! (positions `0, C, 2C, ...` with `C = SchedConfig::prefill_chunk`), never of the load, so the
-//! prompt's state is the same whenever its chunks run. The sampler is the request's own (its
-//! seed, its RNG stream). So for the same request and seed the tokens are identical alone or
-//! beside any neighbours, and whatever step each chunk ran in (tests/sched.rs checks it).
+//! **A sequence's result does not depend on what else runs, nor on the prompt cache.** A step
+//! goes through `Model::forward_batch`, whose every entry (a decode position, a prompt chunk)
+//! is bit-identical to that entry run alone; a prompt is prefilled in chunks whose boundaries
+//! are a function of the prompt and where its prefill started, never of the load
+//! (`prefix::next_cut`: up to multiples of `C = SchedConfig::prefill_chunk`, every chunk on the
+//! grid and two positions or more, which makes the values independent of the cuts), so the
+//! prompt's state is the same whenever its chunks run and whether it started from a cached
+//! prefix (`prefix` module doc). The sampler is the request's own (its seed, its RNG stream).
+//! So for the same request and seed the tokens are identical alone or beside any neighbours,
+//! whatever step each chunk ran in and whatever the cache held (tests/sched.rs checks it).
+//!
+//! The prompt cache (`SchedConfig::cache`): at admission a request's state becomes the longest
+//! cached prefix of its prompt; while prefilling, checkpoints every `CacheConfig::every`
+//! positions and the prompt's entry are kept; after a generation, while no request waits, the
+//! prompt and the generated tokens are prefilled again and cached (a decode step's values
+//! differ from a prefill's in the last bits, so they are not cached as they are), so that a
+//! conversation's next turn processes only its new tokens.
 //!
 //! One step: drop cancelled or timed-out work, admit queued requests into free slots, then one
 //! forward over every slot that has a token to decode and the next prompt chunk of each
@@ -32,8 +41,10 @@ use std::time::{Duration, Instant};
 use cortiq_formats::tokenizer::{StreamDecoder, Tokenizer};
 
 use crate::model::{BatchEntry, Logits, Model};
+use crate::numerics::Numerics;
 use crate::o1::O1Plan;
 use crate::par::pool;
+use crate::prefix::{CacheConfig, Filling, Keep, PrefixCache, entry_point, next_cut};
 use crate::sampling::{Sampler, SamplerParams};
 use crate::spec::{SpecParams, Speculator};
 use crate::state::SeqState;
@@ -58,6 +69,8 @@ pub struct SchedConfig {
     pub gather: Duration,
     /// A request still running this long after it was submitted ends with an error.
     pub timeout: Option<Duration>,
+    /// The prompt cache (None: off). Not used under llama.cpp numerics (`prefix` module doc).
+    pub cache: Option<CacheConfig>,
 }
 
 /// Where a request's events go. `send` returns false once the receiver is gone; `is_closed`
@@ -92,6 +105,9 @@ pub struct Request {
     /// Speculative decoding: the slot drafts and verifies (`Model::forward_verify`), same
     /// tokens as without.
     pub spec: Option<SpecParams>,
+    /// Use the prompt cache (when the scheduler has one): start from the longest cached
+    /// prefix, cache this prompt and, after the generation, prompt + output.
+    pub cache: bool,
 }
 
 /// A constraint on the tokens a request may generate (structured output; the server's JSON
@@ -142,6 +158,8 @@ pub enum Event {
         finish: Finish,
         tail: String,
         n_prompt: usize,
+        /// Prompt positions restored from the prompt cache rather than computed.
+        n_cached: usize,
         n_generated: usize,
         /// Speculative decoding: tokens drafted and of those accepted (0 without it).
         drafted: usize,
@@ -190,11 +208,41 @@ pub struct Counters {
     pub timed_out: AtomicU64,
     /// Generated tokens per second over the last few seconds of work, × 1000.
     pub tok_per_s_milli: AtomicU64,
+    /// Prompt cache: requests that restored a prefix, requests that found none.
+    pub cache_hits: AtomicU64,
+    pub cache_misses: AtomicU64,
+    /// Prompt positions restored instead of computed.
+    pub cache_reused_tokens: AtomicU64,
+    /// Bytes and prefixes held now.
+    pub cache_bytes: AtomicU64,
+    pub cache_entries: AtomicUsize,
+    /// Entries dropped to stay within the budget.
+    pub cache_evictions: AtomicU64,
+    /// Finished generations prefilled again while idle, and the positions that took.
+    pub cache_refills: AtomicU64,
+    pub cache_refill_tokens: AtomicU64,
 }
 
 struct Queue {
     items: VecDeque<(Request, Instant)>,
     shutdown: bool,
+    /// Session saves and restores for the engine thread, with where to answer.
+    controls: VecDeque<(Control, std::sync::mpsc::Sender<Result<SessionInfo, String>>)>,
+}
+
+/// A session operation the engine thread runs between steps (`Handle::save_session`).
+enum Control {
+    Save { slot: usize, path: std::path::PathBuf },
+    Restore { path: std::path::PathBuf },
+}
+
+/// What a session save or restore did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionInfo {
+    /// Tokens saved or restored.
+    pub tokens: usize,
+    /// File bytes written or read.
+    pub bytes: u64,
 }
 
 /// The submitting side: cheap to clone, shared by the HTTP handlers.
@@ -209,11 +257,16 @@ struct Shared {
     cfg: SchedConfig,
     counters: Counters,
     ready: AtomicBool,
+    /// Finished generations (prompt + output) to prefill again and cache while idle, newest last.
+    refills: Mutex<VecDeque<Vec<u32>>>,
+    /// Each slot's last cached request's prompt and output (what a session save of it writes).
+    last: Mutex<Vec<Vec<u32>>>,
 }
 
 impl Handle {
     pub fn new(cfg: SchedConfig) -> Handle {
-        let q = Queue { items: VecDeque::new(), shutdown: false };
+        let cfg_slots = cfg.slots;
+        let q = Queue { items: VecDeque::new(), shutdown: false, controls: VecDeque::new() };
         Handle {
             inner: Arc::new(Shared {
                 queue: Mutex::new(q),
@@ -221,6 +274,8 @@ impl Handle {
                 cfg,
                 counters: Counters::default(),
                 ready: AtomicBool::new(false),
+                refills: Mutex::new(VecDeque::new()),
+                last: Mutex::new(vec![Vec::new(); cfg_slots]),
             }),
         }
     }
@@ -264,6 +319,32 @@ impl Handle {
         Ok(())
     }
 
+    /// Save the conversation slot `slot` last served (its prompt and output, as the prompt
+    /// cache holds it: the entry sharing the longest prefix) to the session file `path`
+    /// (atomically). Waits for the engine thread (between two steps).
+    pub fn save_session(&self, slot: usize, path: &std::path::Path) -> Result<SessionInfo, String> {
+        self.control(Control::Save { slot, path: path.to_path_buf() })
+    }
+
+    /// Read the session file `path` into the prompt cache: a request whose prompt starts with
+    /// the saved tokens continues from the saved state.
+    pub fn restore_session(&self, path: &std::path::Path) -> Result<SessionInfo, String> {
+        self.control(Control::Restore { path: path.to_path_buf() })
+    }
+
+    fn control(&self, c: Control) -> Result<SessionInfo, String> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        {
+            let mut q = self.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
+            if q.shutdown {
+                return Err("the server is shutting down".into());
+            }
+            q.controls.push_back((c, tx));
+        }
+        self.inner.wake.notify_all();
+        rx.recv().map_err(|_| "the engine stopped".to_string())?
+    }
+
     /// Ask `run` to return once the running and queued requests are done.
     pub fn shutdown(&self) {
         let mut q = self.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
@@ -289,6 +370,12 @@ impl Handle {
         let mut rate = Rate::new();
         let mut admitted = 0u64;
         let mut logits = Vec::new(); // each step's logits rows, the buffer kept between steps
+        // llama.cpp numerics order a matmul by the call's length: a prompt's values depend on
+        // its cuts there, which the cache cannot allow (`prefix` module doc).
+        let mut cache = cfg.cache.filter(|_| model.numerics != Numerics::LlamaCpp).map(PrefixCache::new);
+        if cfg.cache.is_some() && cache.is_none() {
+            tracing::warn!("the prompt cache is off under llama.cpp numerics (its values depend on how a prompt is cut)");
+        }
         self.inner.ready.store(true, Ordering::Release);
         loop {
             // Wait for work; admit what fits.
@@ -297,6 +384,22 @@ impl Handle {
                 let mut idle = false;
                 while q.items.is_empty() && slots.iter().all(Option::is_none) && !q.shutdown {
                     idle = true;
+                    if !q.controls.is_empty() {
+                        break;
+                    }
+                    // Idle: prefill a finished generation again for the cache (slot 0's state
+                    // is free), stopping at the first chunk boundary after a request arrives.
+                    let job = self.inner.refills.lock().unwrap_or_else(|e| e.into_inner()).pop_back();
+                    if let (Some(c), Some(tokens)) = (cache.as_mut(), job) {
+                        drop(q);
+                        if !plain[0] {
+                            states[0] = model.new_state(cfg.n_ctx);
+                            plain[0] = true;
+                        }
+                        self.refill(model, &cfg, c, tokens, &mut states[0]);
+                        q = self.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
+                        continue;
+                    }
                     rate.idle();
                     self.inner.counters.tok_per_s_milli.store(0, Ordering::Relaxed);
                     q = self.inner.wake.wait(q).unwrap_or_else(|e| e.into_inner());
@@ -313,6 +416,9 @@ impl Handle {
                         }
                         q = self.inner.wake.wait_timeout(q, left).unwrap_or_else(|e| e.into_inner()).0;
                     }
+                }
+                for (c, answer) in q.controls.drain(..) {
+                    let _ = answer.send(self.session_op(model, &cfg, cache.as_mut(), c));
                 }
                 if q.shutdown && q.items.is_empty() && slots.iter().all(Option::is_none) {
                     return;
@@ -344,6 +450,17 @@ impl Handle {
                         }
                         None => states[si].clear(),
                     }
+                    // The longest cached prefix of the prompt (plain states only).
+                    let (fill, cached) = match cache.as_mut() {
+                        Some(c) if req.cache && req.o1.is_none() => {
+                            let (fill, n) = Filling::start(c, &req.prompt, &mut states[si]);
+                            let counter = if n > 0 { &self.inner.counters.cache_hits } else { &self.inner.counters.cache_misses };
+                            counter.fetch_add(1, Ordering::Relaxed);
+                            self.inner.counters.cache_reused_tokens.fetch_add(n as u64, Ordering::Relaxed);
+                            (Some(fill), n)
+                        }
+                        _ => (None, 0),
+                    };
                     // MTP drafts read the hidden rows of every position, which the batch does
                     // not hand out: refused here rather than run without drafts.
                     let mtp = req.spec.is_some_and(|p| p.method == crate::spec::SpecMethod::Mtp);
@@ -362,7 +479,10 @@ impl Handle {
                     }
                     admitted += 1;
                     req.sink.send(Event::Started { index: req.index });
-                    *slot = Some(Slot::new(req, tok, t_submit, admitted, cfg.timeout, spec));
+                    let mut s = Slot::new(req, tok, t_submit, admitted, cfg.timeout, spec);
+                    s.phase = Phase::Prefill { done: cached };
+                    (s.fill, s.cached, s.slot) = (fill, cached, si);
+                    *slot = Some(s);
                 }
                 self.inner.counters.queued.store(q.items.len(), Ordering::Relaxed);
             }
@@ -385,7 +505,11 @@ impl Handle {
             }
             self.inner.counters.busy_slots.store(slots.iter().filter(|s| s.is_some()).count(), Ordering::Relaxed);
 
-            let generated = self.step(model, &cfg, &mut slots, &mut states, &mut logits);
+            let generated = self.step(model, &cfg, &mut slots, &mut states, &mut logits, cache.as_mut());
+            if let Some(c) = &cache {
+                self.inner.counters.cache_bytes.store(c.bytes() as u64, Ordering::Relaxed);
+                self.inner.counters.cache_entries.store(c.len(), Ordering::Relaxed);
+            }
             rate.add(generated);
             self.inner.counters.tok_per_s_milli.store((rate.per_second() * 1000.0) as u64, Ordering::Relaxed);
             self.inner.counters.busy_slots.store(slots.iter().filter(|s| s.is_some()).count(), Ordering::Relaxed);
@@ -403,11 +527,12 @@ impl Handle {
         slots: &mut [Option<Slot<'_>>],
         states: &mut [SeqState],
         logits: &mut Vec<f32>,
+        mut cache: Option<&mut PrefixCache>,
     ) -> usize {
         // What each slot runs: (slot, tokens, prompt chunk end if it is a chunk). A decoding
         // slot whose drafter has a draft verifies it on its own after the batch (`verifies`:
         // slot, its token then the draft).
-        let mut plan: Vec<(usize, Vec<u32>, Option<usize>)> = Vec::new();
+        let mut plan: Vec<(usize, Vec<u32>, Option<(usize, Keep)>)> = Vec::new();
         let mut verifies: Vec<(usize, Vec<u32>)> = Vec::new();
         for (si, s) in slots.iter_mut().enumerate() {
             let Some(Slot { phase: Phase::Decode { next }, spec, history, generated, req, .. }) = s else { continue };
@@ -439,12 +564,14 @@ impl Handle {
         for (k, &(_, si)) in prefilling.iter().enumerate() {
             let s = slots[si].as_ref().expect("a prefilling slot");
             let Phase::Prefill { done } = s.phase else { unreachable!("listed as prefilling") };
-            let end = (done + chunk).min(s.req.prompt.len());
+            let every = cache.as_ref().filter(|_| s.fill.is_some()).map(|c| c.config().every);
+            let cut = next_cut(done, s.req.prompt.len(), chunk, every, s.fill.is_some());
+            let end = cut.end;
             if k > 0 && end - done > budget {
                 break;
             }
             budget = budget.saturating_sub(end - done);
-            plan.push((si, s.req.prompt[done..end].to_vec(), Some(end)));
+            plan.push((si, s.req.prompt[done..end].to_vec(), Some((end, cut.keep))));
         }
         let mut n = 0;
         for (si, toks) in verifies {
@@ -458,7 +585,7 @@ impl Handle {
         let wants: Vec<Logits> = plan
             .iter()
             .map(|(si, _, end)| match end {
-                Some(e) if *e < slots[*si].as_ref().expect("planned").req.prompt.len() => Logits::None,
+                Some((e, _)) if *e < slots[*si].as_ref().expect("planned").req.prompt.len() => Logits::None,
                 _ => Logits::Last,
             })
             .collect();
@@ -497,8 +624,13 @@ impl Handle {
         }
         let mut idx = Vec::new(); // the slots that take a token, in row order
         for ((si, toks, end), want) in plan.iter().zip(&wants) {
-            if let Some(end) = end {
+            if let Some((end, keep)) = end {
                 c.prompt_tokens.fetch_add(toks.len() as u64, Ordering::Relaxed);
+                let s = slots[*si].as_mut().expect("planned");
+                if let (Some(fill), Some(cache)) = (s.fill.as_mut(), cache.as_deref_mut()) {
+                    let evicted = fill.after(cache, *keep, &s.req.prompt[..*end], &states[*si]);
+                    c.cache_evictions.fetch_add(evicted as u64, Ordering::Relaxed);
+                }
                 if *want == Logits::None {
                     slots[*si].as_mut().expect("planned").phase = Phase::Prefill { done: *end };
                     continue;
@@ -581,6 +713,7 @@ impl Handle {
         if s.req.eos.contains(&id) {
             let done = s.finish(Finish::Stop, true);
             s.req.sink.send(done);
+            self.queue_refill(s);
             *slot = None;
             return 0;
         }
@@ -609,6 +742,7 @@ impl Handle {
             Some((f, flush)) => {
                 let done = s.finish(f, flush);
                 s.req.sink.send(done);
+                self.queue_refill(s);
                 *slot = None;
             }
             None => s.phase = Phase::Decode { next: id },
@@ -618,6 +752,101 @@ impl Handle {
 }
 
 impl Handle {
+    /// A cached request's generation ended: its prompt and output go to the idle refills (the
+    /// most recent few; older ones are dropped).
+    fn queue_refill(&self, s: &mut Slot<'_>) {
+        if s.fill.is_none() || s.generated == 0 {
+            return;
+        }
+        if let Some(l) = self.inner.last.lock().unwrap_or_else(|e| e.into_inner()).get_mut(s.slot) {
+            l.clone_from(&s.history);
+        }
+        let mut q = self.inner.refills.lock().unwrap_or_else(|e| e.into_inner());
+        q.push_back(std::mem::take(&mut s.history));
+        while q.len() > 2 * self.inner.cfg.slots.max(1) {
+            q.pop_front();
+        }
+    }
+
+    /// Whether a request waits (or shutdown was asked): an idle refill stops.
+    fn work_waiting(&self) -> bool {
+        let q = self.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
+        !q.items.is_empty() || q.shutdown
+    }
+
+    /// Prefill `tokens` (a finished generation's prompt and output) from the longest cached
+    /// prefix up to its entry point and cache it, the same cuts a prompt of these tokens takes;
+    /// stops early when a request arrives (the request goes first; the refill goes back to the
+    /// list, newest, and starts over at the next idle spell).
+    fn refill(&self, model: &Model, cfg: &SchedConfig, cache: &mut PrefixCache, tokens: Vec<u32>, state: &mut SeqState) {
+        let c = &self.inner.counters;
+        state.clear();
+        let (mut fill, mut done) = Filling::start(cache, &tokens, state);
+        let (start, stop) = (done, entry_point(tokens.len()));
+        while done < stop {
+            if self.work_waiting() {
+                let mut q = self.inner.refills.lock().unwrap_or_else(|e| e.into_inner());
+                q.push_back(tokens);
+                while q.len() > 2 * self.inner.cfg.slots.max(1) {
+                    q.pop_front();
+                }
+                break;
+            }
+            let cut = next_cut(done, tokens.len(), cfg.prefill_chunk.max(1), Some(cache.config().every), true);
+            if let Err(e) = model.forward(&tokens[done..cut.end], state, Logits::None) {
+                tracing::warn!("prompt cache refill stopped: {e}");
+                break;
+            }
+            done = cut.end;
+            let evicted = fill.after(cache, cut.keep, &tokens[..done], state);
+            c.cache_evictions.fetch_add(evicted as u64, Ordering::Relaxed);
+        }
+        if done == stop && done > start {
+            c.cache_refills.fetch_add(1, Ordering::Relaxed);
+            c.cache_refill_tokens.fetch_add((done - start) as u64, Ordering::Relaxed);
+        }
+        c.cache_bytes.store(cache.bytes() as u64, Ordering::Relaxed);
+        c.cache_entries.store(cache.len(), Ordering::Relaxed);
+        state.clear();
+    }
+
+    /// A session save or restore (`Handle::save_session`), on the engine thread.
+    fn session_op(
+        &self,
+        model: &Model,
+        cfg: &SchedConfig,
+        cache: Option<&mut PrefixCache>,
+        c: Control,
+    ) -> Result<SessionInfo, String> {
+        let Some(cache) = cache else { return Err("the prompt cache is off (--cache-ram 0, or llama.cpp numerics)".into()) };
+        let size = |p: &std::path::Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+        match c {
+            Control::Save { slot, path } => {
+                let last = self.inner.last.lock().unwrap_or_else(|e| e.into_inner()).get(slot).cloned();
+                let Some(history) = last.filter(|h| !h.is_empty()) else {
+                    return Err(format!("slot {slot} has served no cached request to save"));
+                };
+                let Some((tokens, state, cps)) = cache.best_for(&history) else {
+                    return Err(format!("slot {slot}'s conversation is no longer in the prompt cache"));
+                };
+                crate::session::save(&path, model, tokens, state, cps).map_err(|e| e.to_string())?;
+                Ok(SessionInfo { tokens: tokens.len(), bytes: size(&path) })
+            }
+            Control::Restore { path } => {
+                let s = crate::session::load(&path, model, cfg.n_ctx).map_err(|e| e.to_string())?;
+                let evicted = cache.insert(&s.tokens, &s.state, s.checkpoints);
+                let c = &self.inner.counters;
+                c.cache_evictions.fetch_add(evicted as u64, Ordering::Relaxed);
+                c.cache_bytes.store(cache.bytes() as u64, Ordering::Relaxed);
+                c.cache_entries.store(cache.len(), Ordering::Relaxed);
+                if cache.best_for(&s.tokens).is_none_or(|(t, _, _)| t.len() < s.tokens.len()) {
+                    return Err(format!("the session ({} tokens) does not fit --cache-ram", s.tokens.len()));
+                }
+                Ok(SessionInfo { tokens: s.tokens.len(), bytes: size(&path) })
+            }
+        }
+    }
+
     /// End the slot's request with an engine error.
     fn fail(&self, slot: &mut Option<Slot<'_>>, message: String) -> usize {
         if let Some(s) = slot.take() {
@@ -712,6 +941,12 @@ struct Slot<'t> {
     deadline: Option<Instant>,
     /// Speculative decoding's drafter, journal and counts.
     spec: Option<Speculator>,
+    /// The prompt cache's bookkeeping (None: the request does not use the cache).
+    fill: Option<Filling>,
+    /// Prompt positions restored from the cache.
+    cached: usize,
+    /// Its index among the slots.
+    slot: usize,
 }
 
 impl<'t> Slot<'t> {
@@ -737,6 +972,9 @@ impl<'t> Slot<'t> {
             order,
             deadline: timeout.map(|t| t_submit + t),
             spec,
+            fill: None,
+            cached: 0,
+            slot: 0,
         }
     }
 
@@ -756,6 +994,7 @@ impl<'t> Slot<'t> {
             finish,
             tail,
             n_prompt: self.req.prompt.len(),
+            n_cached: self.cached,
             n_generated: self.generated,
             drafted: st.drafted,
             accepted: st.accepted,

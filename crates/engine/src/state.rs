@@ -106,6 +106,64 @@ pub struct Checkpoint {
     o1: Option<O1Run>,
 }
 
+impl Checkpoint {
+    /// Append to a session file: its length, then per layer whether it holds a snapshot and
+    /// the snapshot (`session`).
+    pub(crate) fn save(&self, out: &mut Vec<u8>) -> Result<(), String> {
+        if self.o1.is_some() {
+            return Err("a checkpoint of a constant-memory (O(1)) sequence is not saved".into());
+        }
+        crate::session::put_u64(out, self.len as u64);
+        for snap in &self.recurrent {
+            out.push(u8::from(snap.is_some()));
+            if let Some(l) = snap {
+                l.0.save(out)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Read what `save` wrote, for a sequence whose fresh layers are `like`'s.
+    pub(crate) fn load(r: &mut &[u8], like: &SeqState) -> Result<Checkpoint, String> {
+        let len = crate::session::get_u64(r)? as usize;
+        let mut recurrent = Vec::with_capacity(like.layers.len());
+        for (il, l) in like.layers.iter().enumerate() {
+            let snap = match crate::session::get_u8(r)? {
+                0 if !l.is_recurrent() => None,
+                1 if l.is_recurrent() => {
+                    let mut s = l.clone();
+                    s.0.clear();
+                    s.0.load(r, len).map_err(|e| format!("checkpoint at {len}, layer {il}: {e}"))?;
+                    Some(s)
+                }
+                _ => {
+                    return Err(format!(
+                        "checkpoint at {len}, layer {il}: a snapshot where the layer keeps none, or none where it must"
+                    ));
+                }
+            };
+            recurrent.push(snap);
+        }
+        Ok(Checkpoint { len, recurrent, o1: None })
+    }
+
+    /// The length the checkpoint goes back to.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it goes back to the empty sequence.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes its snapshots hold (the O(1) plan's bookkeeping included).
+    pub fn bytes(&self) -> usize {
+        let layers: usize = self.recurrent.iter().flatten().map(|l| l.bytes().total()).sum();
+        layers + self.o1.as_ref().map_or(0, O1Run::bytes)
+    }
+}
+
 impl SeqState {
     /// A state with f32 KV caches.
     pub fn new(n_layers: usize, kv_dim: usize, n_ctx: usize) -> SeqState {
@@ -195,6 +253,28 @@ impl SeqState {
         if let Some(run) = &mut self.o1 {
             run.reset(&mut self.layers);
         }
+    }
+
+    /// Append to a session file: the length, then every layer's state (`session`).
+    pub(crate) fn save(&self, out: &mut Vec<u8>) -> Result<(), String> {
+        if self.o1.is_some() {
+            return Err("a constant-memory (O(1)) sequence is not saved".into());
+        }
+        crate::session::put_u64(out, self.len as u64);
+        self.layers.iter().try_for_each(|l| l.0.save(out))
+    }
+
+    /// Become what `save` wrote; `self` is a fresh state of the model (its layers' formats).
+    pub(crate) fn load(&mut self, r: &mut &[u8]) -> Result<(), String> {
+        let len = crate::session::get_u64(r)? as usize;
+        if len > self.n_ctx {
+            return Err(format!("{len} positions do not fit the context of {}", self.n_ctx));
+        }
+        for (il, l) in self.layers.iter_mut().enumerate() {
+            l.0.load(r, len).map_err(|e| format!("layer {il}: {e}"))?;
+        }
+        self.len = len;
+        Ok(())
     }
 
     /// Bytes held by the state (KV caches, recurrent states, O(1) states).

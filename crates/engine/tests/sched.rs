@@ -46,6 +46,7 @@ fn request(prompt: Vec<u32>, seed: u64, n: usize, tx: &mpsc::Sender<Event>, clos
         constraint: None,
         o1: None,
         spec: None,
+        cache: true,
     }
 }
 
@@ -107,6 +108,7 @@ fn sched_equals_generate_alone_and_under_load() {
             prefill_budget: 2 * chunk,
             gather: Duration::from_millis(1),
             timeout: None,
+            cache: None,
         });
         let (m2, t2, h2) = (model.clone(), tok.clone(), h.clone());
         let engine = std::thread::spawn(move || h2.run(&m2, &t2));
@@ -167,6 +169,7 @@ fn sched_cancel_queue_and_context() {
         prefill_budget: 4,
         gather: Duration::from_millis(2),
         timeout: None,
+        cache: None,
     });
     let (m2, t2, h2) = (model.clone(), tok.clone(), h.clone());
     let engine = std::thread::spawn(move || h2.run(&m2, &t2));
@@ -220,6 +223,7 @@ fn sched_gathers_a_burst_into_one_step() {
         prefill_budget: 8,
         gather: Duration::from_millis(200),
         timeout: None,
+        cache: None,
     });
     let (m2, t2, h2) = (model.clone(), tok.clone(), h.clone());
     let engine = std::thread::spawn(move || h2.run(&m2, &t2));
@@ -247,4 +251,100 @@ fn sched_gathers_a_burst_into_one_step() {
 
 fn loaded_tokenizer() -> cortiq_formats::tokenizer::Tokenizer {
     load(&fixture("qwen3_5")).unwrap().tokenizer().unwrap()
+}
+
+/// One request's tokens, the bits of its log-probabilities (chosen and top 3), and the prompt
+/// positions its Done event says the cache restored.
+fn collect_one(rx: &mpsc::Receiver<Event>) -> (Vec<u32>, Vec<u32>, usize) {
+    let (mut toks, mut bits) = (Vec::new(), Vec::new());
+    loop {
+        match rx.recv_timeout(Duration::from_secs(60)).expect("scheduler event") {
+            Event::Token { id, logprob, .. } => {
+                toks.push(id);
+                let lp = logprob.expect("logprobs asked");
+                bits.push(lp.logprob.to_bits());
+                bits.extend(lp.top.iter().flat_map(|&(i, l)| [i, l.to_bits()]));
+            }
+            Event::Done { n_cached, .. } => return (toks, bits, n_cached),
+            Event::Error { message, .. } => panic!("{message}"),
+            Event::Started { .. } => {}
+        }
+    }
+}
+
+/// The prompt cache in the scheduler: a request served from a cached prefix gives the tokens
+/// and log-probabilities (in bits) of the same request on a scheduler without a cache; Done
+/// says how many positions were restored. After a generation the idle refill caches prompt +
+/// output, so a chat's next turn (prompt + output + new tokens) restores all but the last
+/// 2-17 positions of what it shares; a prompt leaving a cached one part-way restores up to the
+/// last checkpoint (recurrent layers) or grid point (KV caches) before they part.
+#[test]
+fn sched_prompt_cache_equals_cold() {
+    use cortiq_engine::prefix::{CacheConfig, entry_point};
+    let tok = Arc::new(loaded_tokenizer());
+    for arch in ["qwen2", "gemma3", "lfm2", "qwen3_5", "kimi_linear"] {
+        let model = Arc::new(load(&fixture(arch)).unwrap().model);
+        let hybrid = !model.new_state(1).can_truncate();
+        let start = |cache: Option<CacheConfig>| {
+            let h = Handle::new(SchedConfig {
+                slots: 2,
+                n_ctx: 256,
+                queue: 8,
+                prefill_chunk: 16,
+                prefill_budget: 32,
+                gather: Duration::ZERO,
+                timeout: None,
+                cache,
+            });
+            let (m2, t2, h2) = (model.clone(), tok.clone(), h.clone());
+            (h.clone(), std::thread::spawn(move || h2.run(&m2, &t2)))
+        };
+        let (warm, warm_thread) = start(Some(CacheConfig { ram: 1 << 30, every: 32 }));
+        let (cold, cold_thread) = start(None);
+        let closed = Arc::new(AtomicBool::new(false));
+        let ask = |h: &Handle, prompt: &[u32]| {
+            let (tx, rx) = mpsc::channel();
+            let mut r = request(prompt.to_vec(), 7, 12, &tx, &closed);
+            r.logprobs = Some(3);
+            h.submit(vec![r]).unwrap();
+            collect_one(&rx)
+        };
+        let turn1: Vec<u32> = (0..90u32).map(|t| 3 + (t * 37 + 11) % 250).collect();
+        let (t1, b1, c1) = ask(&warm, &turn1);
+        assert_eq!(c1, 0, "{arch}: nothing cached yet");
+        assert_eq!((&t1, &b1), (&ask(&cold, &turn1).0, &ask(&cold, &turn1).1), "{arch}: first turn");
+        // The refill of turn 1's prompt + output runs while the scheduler idles.
+        let t0 = std::time::Instant::now();
+        while warm.counters().cache_refills.load(Ordering::Relaxed) == 0 {
+            assert!(t0.elapsed() < Duration::from_secs(30), "{arch}: no refill after a generation");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let said: Vec<u32> = [&turn1[..], &t1].concat();
+        let turn2: Vec<u32> = [&said[..], &[5, 6, 7, 8, 9, 10, 11]].concat();
+        let (t2, b2, c2) = ask(&warm, &turn2);
+        assert_eq!(c2, entry_point(said.len()), "{arch}: the next turn restores prompt + output");
+        let (t2c, b2c, _) = ask(&cold, &turn2);
+        assert_eq!((t2, b2), (t2c, b2c), "{arch}: next turn, cached vs cold");
+        let part = 50;
+        let other: Vec<u32> = [&turn1[..part], &(0..30u32).map(|t| 200 - t).collect::<Vec<_>>()[..]].concat();
+        let (t3, b3, c3) = ask(&warm, &other);
+        assert_eq!(c3, if hybrid { part / 32 * 32 } else { part / 16 * 16 }, "{arch}: parting prompt");
+        let (t3c, b3c, _) = ask(&cold, &other);
+        assert_eq!((t3, b3), (t3c, b3c), "{arch}: parting prompt, cached vs cold");
+        let c = warm.counters();
+        println!(
+            "{arch}: hits {}, misses {}, reused {} positions, {} entries, {} bytes, refills {} ({} positions)",
+            c.cache_hits.load(Ordering::Relaxed),
+            c.cache_misses.load(Ordering::Relaxed),
+            c.cache_reused_tokens.load(Ordering::Relaxed),
+            c.cache_entries.load(Ordering::Relaxed),
+            c.cache_bytes.load(Ordering::Relaxed),
+            c.cache_refills.load(Ordering::Relaxed),
+            c.cache_refill_tokens.load(Ordering::Relaxed),
+        );
+        for (h, t) in [(warm, warm_thread), (cold, cold_thread)] {
+            h.shutdown();
+            t.join().unwrap();
+        }
+    }
 }

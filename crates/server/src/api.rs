@@ -84,6 +84,8 @@ pub struct GenParams {
     pub stream: bool,
     pub include_usage: bool,
     pub ignore_eos: bool,
+    /// `cache_prompt` (llama-server's field, default true): use the prompt cache.
+    pub cache_prompt: bool,
     pub model: Option<String>,
     /// The JSON schema the output must follow (`json_object`: any object).
     pub json_schema: Option<Value>,
@@ -325,6 +327,7 @@ pub fn gen_params(o: &Obj, vocab: usize, chat: bool) -> Result<GenParams, ApiErr
         stream,
         include_usage,
         ignore_eos: opt_bool(o, "ignore_eos")?.unwrap_or(false),
+        cache_prompt: opt_bool(o, "cache_prompt")?.unwrap_or(true),
         model: opt_str(o, "model")?.map(str::to_string),
         json_schema,
         speculative: SpecRequest::parse(o)?,

@@ -115,6 +115,7 @@ async fn run(app: Arc<App>, kind: Kind, prompts: Vec<Vec<u32>>, gp: GenParams, p
                 constraint,
                 o1: info.o1.as_ref().and_then(|plan| plan(p.len())),
                 spec,
+                cache: gp.cache_prompt,
             });
         }
     }
@@ -131,6 +132,7 @@ async fn run(app: Arc<App>, kind: Kind, prompts: Vec<Vec<u32>>, gp: GenParams, p
         model: app.opts.model_id.clone(),
         n_prompt: prompts.iter().map(Vec::len).sum(),
         choices: prompts.len() * gp.n,
+        per_prompt: gp.n,
         include_usage: gp.include_usage,
         spec: spec.is_some(),
         tok: info.tok.clone(),
@@ -147,6 +149,8 @@ struct Out {
     /// Prompt tokens over the distinct prompts (an n > 1 prompt counts once).
     n_prompt: usize,
     choices: usize,
+    /// Choices per prompt (`n`): choice i answers prompt i / per_prompt.
+    per_prompt: usize,
     include_usage: bool,
     /// The request speculated: its usage reports drafted tokens kept and rejected.
     spec: bool,
@@ -154,18 +158,24 @@ struct Out {
 }
 
 /// Tokens a choice generated, and of speculative decoding's drafts those kept and not.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Default)]
 struct Counts {
     generated: usize,
     drafted: usize,
     accepted: usize,
+    /// Prompt positions each choice restored from the prompt cache.
+    cached: Vec<usize>,
 }
 
-impl std::ops::AddAssign for Counts {
-    fn add_assign(&mut self, o: Counts) {
-        self.generated += o.generated;
-        self.drafted += o.drafted;
-        self.accepted += o.accepted;
+impl Counts {
+    fn add(&mut self, index: usize, n_generated: usize, drafted: usize, accepted: usize, n_cached: usize) {
+        self.generated += n_generated;
+        self.drafted += drafted;
+        self.accepted += accepted;
+        if self.cached.len() <= index {
+            self.cached.resize(index + 1, 0);
+        }
+        self.cached[index] = n_cached;
     }
 }
 
@@ -192,10 +202,18 @@ impl Out {
         }
     }
 
-    /// OpenAI's usage object; with speculation, its predicted-output counts: the drafted
-    /// tokens kept (`accepted_prediction_tokens`) and not.
-    fn usage(&self, c: Counts) -> Value {
-        let mut u = json!({"prompt_tokens": self.n_prompt, "completion_tokens": c.generated, "total_tokens": self.n_prompt + c.generated});
+    /// OpenAI's usage object: `prompt_tokens_details.cached_tokens`, the prompt positions
+    /// restored from the prompt cache (per prompt, the most any of its choices restored); with
+    /// speculation, its predicted-output counts: the drafted tokens kept
+    /// (`accepted_prediction_tokens`) and not.
+    fn usage(&self, c: &Counts) -> Value {
+        let cached: usize = c.cached.chunks(self.per_prompt.max(1)).map(|ch| ch.iter().copied().max().unwrap_or(0)).sum();
+        let mut u = json!({
+            "prompt_tokens": self.n_prompt,
+            "completion_tokens": c.generated,
+            "total_tokens": self.n_prompt + c.generated,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        });
         if self.spec {
             u["completion_tokens_details"] =
                 json!({"accepted_prediction_tokens": c.accepted, "rejected_prediction_tokens": c.drafted - c.accepted});
@@ -246,12 +264,12 @@ struct Choice {
     text: String,
     logprobs: Vec<(String, TokenLogprob)>,
     finish: Option<Finish>,
-    counts: Counts,
 }
 
 /// Collect every choice, then answer once.
 async fn whole(out: Out, mut rx: mpsc::UnboundedReceiver<Event>) -> Result<Response, ApiError> {
     let mut choices: Vec<Choice> = (0..out.choices).map(|_| Choice::default()).collect();
+    let mut counts = Counts::default();
     let mut done = 0;
     while done < out.choices {
         let Some(ev) = rx.recv().await else { return Err(ApiError::internal("the engine stopped before the request finished")) };
@@ -264,18 +282,16 @@ async fn whole(out: Out, mut rx: mpsc::UnboundedReceiver<Event>) -> Result<Respo
                     c.logprobs.push((piece, lp));
                 }
             }
-            Event::Done { index, finish, tail, n_generated, drafted, accepted, .. } => {
+            Event::Done { index, finish, tail, n_generated, drafted, accepted, n_cached, .. } => {
                 let c = &mut choices[index];
                 c.text.push_str(&tail);
                 c.finish = Some(finish);
-                c.counts = Counts { generated: n_generated, drafted, accepted };
+                counts.add(index, n_generated, drafted, accepted, n_cached);
                 done += 1;
             }
             Event::Error { kind, message, .. } => return Err(engine_error(kind, message)),
         }
     }
-    let mut counts = Counts::default();
-    choices.iter().for_each(|c| counts += c.counts);
     let with_lp = choices.iter().any(|c| !c.logprobs.is_empty());
     let list: Vec<Value> = choices
         .iter()
@@ -301,7 +317,7 @@ async fn whole(out: Out, mut rx: mpsc::UnboundedReceiver<Event>) -> Result<Respo
         "model": out.model,
         "system_fingerprint": fingerprint(),
         "choices": list,
-        "usage": out.usage(counts),
+        "usage": out.usage(&counts),
     }))
     .into_response())
 }
@@ -376,7 +392,7 @@ impl Streamer {
             self.pending.push_back(SseEvent::default().data(e.body().to_string()));
         } else if self.out.include_usage {
             let mut c = self.envelope(json!([]));
-            c["usage"] = self.out.usage(self.counts);
+            c["usage"] = self.out.usage(&self.counts);
             self.pending.push_back(SseEvent::default().data(c.to_string()));
         }
         self.pending.push_back(SseEvent::default().data("[DONE]"));
@@ -393,12 +409,12 @@ impl Streamer {
                     self.content(index, &text, &lps);
                 }
             }
-            Some(Event::Done { index, finish, tail, n_generated, drafted, accepted, .. }) => {
+            Some(Event::Done { index, finish, tail, n_generated, drafted, accepted, n_cached, .. }) => {
                 if !tail.is_empty() {
                     self.content(index, &tail, &[]);
                 }
                 self.finish(index, finish);
-                self.counts += Counts { generated: n_generated, drafted, accepted };
+                self.counts.add(index, n_generated, drafted, accepted, n_cached);
                 self.done += 1;
                 if self.done == self.out.choices {
                     self.end(None);

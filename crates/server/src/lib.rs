@@ -11,6 +11,7 @@
 pub mod api;
 pub mod error;
 mod generate;
+mod slots;
 mod structured;
 
 use std::collections::BTreeMap;
@@ -53,6 +54,9 @@ pub struct ServeOptions {
     /// Speculative decoding for requests that do not say (`--spec`); a request's
     /// `speculative` object overrides it.
     pub spec: Option<cortiq_engine::spec::SpecParams>,
+    /// Where `POST /slots/{id}?action=save|restore` keeps session files (`--slot-dir`; None:
+    /// the routes answer 501).
+    pub slot_dir: Option<std::path::PathBuf>,
 }
 
 /// The constant-memory plan for a prompt of `tp` tokens (`--o1` / `--kv-window`, or what a
@@ -280,6 +284,8 @@ fn router(app: Arc<App>) -> Router {
         .route("/detokenize", post(detokenize))
         .route("/v1/chat/completions", post(generate::chat))
         .route("/v1/completions", post(generate::completions))
+        .route("/slots/{id}", post(slots::slot_action))
+        .route("/", get(chat_page))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(app.clone(), auth))
@@ -302,7 +308,8 @@ async fn log_and_count(State(app): State<Arc<App>>, req: Request, next: Next) ->
 /// `--api-key`: every route but /health needs `Authorization: Bearer KEY` (or `x-api-key`).
 async fn auth(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
     let Some(key) = &app.opts.api_key else { return next.run(req).await };
-    if matches!(req.uri().path(), "/health" | "/v1/health") {
+    // The chat page itself is public (it asks for the key and sends it with its requests).
+    if matches!(req.uri().path(), "/health" | "/v1/health" | "/") {
         return next.run(req).await;
     }
     let h = req.headers();
@@ -316,6 +323,13 @@ async fn auth(State(app): State<Arc<App>>, req: Request, next: Next) -> Response
         Some(_) => ApiError::unauthorized("Invalid API key").into_response(),
         None => ApiError::unauthorized("Missing API key: send 'Authorization: Bearer KEY'").into_response(),
     }
+}
+
+/// `GET /`: the chat page, one static file embedded in the binary (chat.html: no build step,
+/// no framework; it streams from /v1/chat/completions and shows each turn's prompt tokens
+/// processed and reused, and tok/s).
+async fn chat_page() -> Response {
+    ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], include_str!("chat.html")).into_response()
 }
 
 async fn not_found(req: Request) -> ApiError {
@@ -398,6 +412,25 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
         "Requests waiting for a slot.",
         vec![(String::new(), c.queued.load(Ordering::Relaxed) as f64)],
     );
+    let one = |v: f64| vec![(String::new(), v)];
+    metric("cache_hits_total", "counter", "Requests that restored a prefix from the prompt cache.", one(g(&c.cache_hits)));
+    metric("cache_misses_total", "counter", "Requests that found no cached prefix.", one(g(&c.cache_misses)));
+    metric(
+        "cache_reused_tokens_total",
+        "counter",
+        "Prompt tokens restored from the cache, not computed.",
+        one(g(&c.cache_reused_tokens)),
+    );
+    metric("cache_bytes", "gauge", "Bytes the prompt cache holds (states, checkpoints, tokens).", one(g(&c.cache_bytes)));
+    metric("cache_entries", "gauge", "Prefixes the prompt cache holds.", one(c.cache_entries.load(Ordering::Relaxed) as f64));
+    metric("cache_evictions_total", "counter", "Cached prefixes dropped to stay within --cache-ram.", one(g(&c.cache_evictions)));
+    metric(
+        "cache_refills_total",
+        "counter",
+        "Finished generations prefilled again while idle, for the cache.",
+        one(g(&c.cache_refills)),
+    );
+    metric("cache_refill_tokens_total", "counter", "Positions those refills computed.", one(g(&c.cache_refill_tokens)));
     metric("busy_slots", "gauge", "Slots running a request.", vec![(String::new(), c.busy_slots.load(Ordering::Relaxed) as f64)]);
     metric("slots", "gauge", "Slots (--parallel).", vec![(String::new(), slots as f64)]);
     metric(

@@ -185,4 +185,27 @@ if chat_ok:
         except openai.BadRequestError as e:
             check(e.body.get("param") == param, f"speculative {bad}: 400 naming {param} ({e.body})")
 
+    # The prompt cache over a multi-turn chat: each turn resends the conversation; from the
+    # second turn on, usage.prompt_tokens_details.cached_tokens counts the positions restored
+    # (the previous turns' prompt and answer, prefilled again while the server idled), and the
+    # answer equals the same request with the cache off (`cache_prompt: false`).
+    import time
+    conv = [{"role": "system", "content": "You are terse."}]
+    for turn, ask_text in enumerate(["Name a colour.", "Name another.", "And a third?"]):
+        conv.append({"role": "user", "content": ask_text})
+        r = client.chat.completions.create(model=model, messages=conv, max_tokens=16, temperature=0.7, seed=turn)
+        cold = client.chat.completions.create(model=model, messages=conv, max_tokens=16, temperature=0.7, seed=turn,
+                                              extra_body={"cache_prompt": False})
+        check(r.choices[0].message.content == cold.choices[0].message.content,
+              f"turn {turn}: cached == uncached ({r.choices[0].message.content!r} vs {cold.choices[0].message.content!r})")
+        d = r.usage.prompt_tokens_details
+        check(d is not None and d.cached_tokens <= r.usage.prompt_tokens, f"turn {turn}: cached_tokens reported ({r.usage})")
+        check(cold.usage.prompt_tokens_details.cached_tokens == 0, f"turn {turn}: cache_prompt false reuses nothing")
+        if turn > 0:
+            check(d.cached_tokens >= r.usage.prompt_tokens - 40,
+                  f"turn {turn}: only the new tokens are computed ({d.cached_tokens} of {r.usage.prompt_tokens} cached)")
+        print(f"turn {turn}: {r.usage.prompt_tokens} prompt tokens, {d.cached_tokens} cached")
+        conv.append({"role": "assistant", "content": r.choices[0].message.content})
+        time.sleep(0.3)  # the idle refill of prompt + answer
+
 print("all checks passed")

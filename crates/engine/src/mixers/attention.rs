@@ -361,6 +361,34 @@ impl MixerState for KvState {
         self.sliding = false;
     }
 
+    fn save(&self, out: &mut Vec<u8>) -> std::result::Result<(), String> {
+        use crate::session::{put_f16s, put_f32s};
+        match &self.cache {
+            Cache::Kv { k, v } => {
+                put_f32s(out, k);
+                put_f32s(out, v);
+            }
+            Cache::KvF16 { k, v } => {
+                put_f16s(out, k);
+                put_f16s(out, v);
+            }
+            Cache::O1(_) => return Err("a sealed constant-memory (O(1)) layer is not saved".into()),
+        }
+        Ok(())
+    }
+
+    fn load(&mut self, r: &mut &[u8], len: usize) -> std::result::Result<(), String> {
+        use crate::session::{get_f16s, get_f32s};
+        let n = len * self.row;
+        self.cache = if self.f16 {
+            Cache::KvF16 { k: get_f16s(r, n, "f16 keys")?, v: get_f16s(r, n, "f16 values")? }
+        } else {
+            Cache::Kv { k: get_f32s(r, n, "keys")?, v: get_f32s(r, n, "values")? }
+        };
+        self.sliding = false;
+        Ok(())
+    }
+
     fn bytes(&self) -> StateBytes {
         match &self.cache {
             Cache::Kv { k, v } => StateBytes { kv: (k.len() + v.len()) * 4, ..StateBytes::default() },

@@ -126,6 +126,16 @@ impl MixerState for GdnState {
         self.conv.fill(0.0);
         self.s.fill(0.0);
     }
+    fn save(&self, out: &mut Vec<u8>) -> std::result::Result<(), String> {
+        crate::session::put_f32s(out, &self.conv);
+        crate::session::put_f32s(out, &self.s);
+        Ok(())
+    }
+    fn load(&mut self, r: &mut &[u8], _len: usize) -> std::result::Result<(), String> {
+        self.conv = crate::session::get_f32s(r, self.conv.len(), "GatedDeltaNet conv state")?;
+        self.s = crate::session::get_f32s(r, self.s.len(), "GatedDeltaNet recurrent state")?;
+        Ok(())
+    }
     fn bytes(&self) -> StateBytes {
         StateBytes { recurrent: GdnState::bytes(self), ..StateBytes::default() }
     }

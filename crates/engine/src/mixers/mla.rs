@@ -72,6 +72,16 @@ impl MixerState for MlaState {
         self.k.clear();
         self.v.clear();
     }
+    fn save(&self, out: &mut Vec<u8>) -> std::result::Result<(), String> {
+        crate::session::put_f32s(out, &self.k);
+        crate::session::put_f32s(out, &self.v);
+        Ok(())
+    }
+    fn load(&mut self, r: &mut &[u8], len: usize) -> std::result::Result<(), String> {
+        self.k = crate::session::get_f32s(r, len * self.k_width, "MLA keys")?;
+        self.v = crate::session::get_f32s(r, len * self.v_width, "MLA values")?;
+        Ok(())
+    }
     fn bytes(&self) -> StateBytes {
         StateBytes { kv: (self.k.len() + self.v.len()) * 4, ..StateBytes::default() }
     }

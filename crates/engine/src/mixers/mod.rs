@@ -51,6 +51,15 @@ pub trait MixerState: StateAny + Send + Sync {
 
     /// Bytes held, by kind.
     fn bytes(&self) -> StateBytes;
+
+    /// Append the state to a session file's body (`session`: its arrays, length-prefixed); Err
+    /// when this kind of state is not saved (a sealed O(1) layer).
+    fn save(&self, out: &mut Vec<u8>) -> std::result::Result<(), String>;
+
+    /// Become the state `save` wrote, read from the front of `r` (advanced past it), for a
+    /// sequence of `len` positions; `self` is a fresh state of the layer (its format and
+    /// sizes). Err names what does not fit, leaving `self` unspecified.
+    fn load(&mut self, r: &mut &[u8], len: usize) -> std::result::Result<(), String>;
 }
 
 /// The object plumbing every `MixerState` gets for free: a boxed clone (checkpoints) and the

@@ -46,6 +46,14 @@ impl MixerState for ShortConvState {
     fn clear(&mut self) {
         self.conv.fill(0.0);
     }
+    fn save(&self, out: &mut Vec<u8>) -> std::result::Result<(), String> {
+        crate::session::put_f32s(out, &self.conv);
+        Ok(())
+    }
+    fn load(&mut self, r: &mut &[u8], _len: usize) -> std::result::Result<(), String> {
+        self.conv = crate::session::get_f32s(r, self.conv.len(), "short conv state")?;
+        Ok(())
+    }
     fn bytes(&self) -> StateBytes {
         StateBytes { recurrent: self.conv.len() * 4, ..StateBytes::default() }
     }

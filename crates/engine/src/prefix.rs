@@ -1,0 +1,449 @@
+//! The prompt-state cache: the states of prompt prefixes kept in RAM, so that a request whose
+//! prompt starts with a cached prefix processes only the rest. It holds dense KV caches,
+//! sliding-window caches, MLA caches and recurrent states (GatedDeltaNet, KDA, short conv)
+//! alike, through the state API only (`SeqState::checkpoint` / `rollback` / `truncate`):
+//! an entry is a prefix's whole state plus checkpoints (recurrent snapshots) at earlier points
+//! of it, so a prompt that leaves the cached one part-way resumes from the last checkpoint
+//! before the point where they part. Bounded in bytes (every byte of every entry counted,
+//! checkpoints shared between entries counted once), least recently used out first.
+//!
+//! Written here rather than taken from a crate: what is cached, where, and how it is restored
+//! is the serving core's (principle 14), and it must keep the determinism contract:
+//!
+//! **Served from the cache == served cold, bit for bit.** The cache only ever holds a state a
+//! cold prefill of that prefix computes, and restores it where a cold prefill passes through
+//! the same values. That rests on one property of the forward, which tests/prefix.rs checks on
+//! every fixture and real model: *a prompt's values do not depend on where its prefill is cut
+//! into calls, as long as every call starts at a multiple of [`GRID`] and spans two to
+//! [`MAX_CALL`] positions.* The conditions are where it fails otherwise: the delta-rule kernels
+//! (GatedDeltaNet, KDA) chunk by `GRID` from a call's start; a one-position call takes the
+//! decode product, whose summation order differs from the multi-row product's; and under fast
+//! numerics an interleaved matrix multiplies up to `MAX_CALL` positions with its decode kernel
+//! and more with the integer matmat, whose values differ (by up to ~0.3 in Qwen2.5-Coder's
+//! logits: another rounding of the same integer products, amplified over 24 layers). Calls
+//! of at most 256 positions cost no prefill speed (Qwen2.5-Coder-0.5B Q4_K_M, 2 threads,
+//! 2048 positions: 335-343 tok/s in calls of 256 vs 305-334 in calls of 512). So
+//! [`next_cut`] cuts every prefill that way (cold or cached, `Model::prefill` too), entries and
+//! checkpoints sit at grid points, and a restored request still computes at least its last two
+//! positions.
+//!
+//! Positions a generation decoded are not reused as they are: a decode step's values differ
+//! from a prefill's in the last bits (one-row products, the recurrence instead of the chunked
+//! form), so a conversation's next turn built on them would not equal the same request sent
+//! cold. The scheduler prefills a finished generation's tokens again while it is idle
+//! instead, and caches that (the next turn then processes only its new tokens, exactly).
+//!
+//! Not cached: requests with an O(1) plan (the seal depends on the prompt's length) and
+//! llama.cpp numerics (its matmul order depends on the call's length, so the property fails).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use crate::Result;
+use crate::model::{Logits, Model};
+use crate::state::{Checkpoint, SeqState};
+
+/// Where prefill calls may start and the cache may restore: the delta-rule kernels' chunk.
+pub const GRID: usize = cortiq_kernels::delta::CHUNK;
+
+/// The most positions one prefill call takes: up to here an interleaved matrix multiplies with
+/// its decode kernel, beyond with another product (module doc).
+pub const MAX_CALL: usize = crate::qtensor::IL_MATMAT_MAX;
+const _: () = assert!(MAX_CALL.is_multiple_of(GRID));
+
+/// What to keep of the state at a prefill call's end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Keep {
+    Nothing,
+    /// A checkpoint (every `CacheConfig::every` positions of a long prompt).
+    Checkpoint,
+    /// The prompt's cache entry: the last grid point a continuation can restore (at least two
+    /// positions before the prompt's end).
+    Entry,
+}
+
+/// One prefill call: positions `done..end`, then `keep`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cut {
+    pub end: usize,
+    pub keep: Keep,
+}
+
+/// The last grid point at least two positions before `len` (0 when there is none): where a
+/// prompt of `len` positions leaves its cache entry.
+pub fn entry_point(len: usize) -> usize {
+    len.saturating_sub(2) / GRID * GRID
+}
+
+/// The next prefill call of a sequence of `len` positions with `done` of them in the state:
+/// up to the next multiple (absolute positions) of `chunk` (rounded up to the grid, at most
+/// [`MAX_CALL`]), of `every` (checkpoints; None: none), the entry point (when `entry`: the
+/// prompt is cached), or the end, whichever comes first — never leaving a single position for
+/// a call (a cut that would moves on). The calls thus depend on the positions alone, and from
+/// a grid point every one of them starts on the grid and spans two to `MAX_CALL` positions
+/// (one for a one-token prompt), which makes the values independent of the cuts (module doc).
+/// A state that ends off the grid (a chat's next turn on top of its decoded answer) gets on
+/// it at its first cut.
+pub fn next_cut(done: usize, len: usize, chunk: usize, every: Option<usize>, entry: bool) -> Cut {
+    debug_assert!(done < len);
+    let round = |n: usize| n.max(1).div_ceil(GRID) * GRID;
+    // The first multiple of m at least two positions on.
+    let next_multiple = |m: usize| (done + 2).div_ceil(m) * m;
+    let entry = if entry { entry_point(len) } else { 0 };
+    let mut end = len;
+    let mut fit = |c: usize| {
+        if c >= done + 2 && c + 2 <= len {
+            end = end.min(c);
+        }
+    };
+    let m = round(chunk).min(MAX_CALL);
+    let mut c = next_multiple(m);
+    // At most MAX_CALL positions: from off the grid, and where the end is one position past
+    // the multiple (the call would run to the end), one grid step back.
+    if c - done > MAX_CALL || (c + 2 > len && len - done > MAX_CALL) {
+        c -= GRID;
+    }
+    fit(c);
+    if let Some(e) = every {
+        fit(next_multiple(round(e)));
+    }
+    fit(entry);
+    let keep = if end == entry && end > 0 {
+        Keep::Entry
+    } else if every.is_some_and(|e| end < len && end % round(e) == 0) {
+        Keep::Checkpoint
+    } else {
+        Keep::Nothing
+    };
+    Cut { end, keep }
+}
+
+/// The cache's settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheConfig {
+    /// Bytes the cache holds at most (`--cache-ram`).
+    pub ram: usize,
+    /// A checkpoint every this many positions of a prompt (rounded up to the grid), so that a
+    /// prompt leaving a cached one part-way resumes near where they part.
+    pub every: usize,
+}
+
+/// What a restore found: the positions now in the state, and the checkpoints up to there (the
+/// requesting sequence's entry inherits them, shared).
+pub struct Restored {
+    pub len: usize,
+    pub checkpoints: Vec<Arc<Checkpoint>>,
+}
+
+struct Entry {
+    tokens: Vec<u32>,
+    /// The state after `tokens`.
+    state: SeqState,
+    /// Snapshots at grid points before `tokens.len()`, ascending (none for a state that can be
+    /// truncated: it restores anywhere on the grid).
+    checkpoints: Vec<Arc<Checkpoint>>,
+    /// The state's and tokens' bytes (checkpoints are counted apart, once each).
+    own: usize,
+    used: u64,
+}
+
+impl Entry {
+    /// The furthest point of this entry a prompt with `common` positions in common with it can
+    /// restore, leaving at least two positions of its `len` to compute.
+    fn reach(&self, common: usize, len: usize) -> usize {
+        let cap = common.min(len.saturating_sub(2));
+        if cap >= self.tokens.len() {
+            self.tokens.len()
+        } else if self.state.can_truncate() {
+            cap / GRID * GRID
+        } else {
+            self.checkpoints.iter().map(|c| c.len()).filter(|&l| l <= cap).max().unwrap_or(0)
+        }
+    }
+
+    /// Whether every point this entry restores, `other` restores too (with the same values:
+    /// `other`'s tokens start with this one's).
+    fn covered_by(&self, other: &Entry) -> bool {
+        let n = self.tokens.len();
+        if n > other.tokens.len() || other.tokens[..n] != self.tokens[..] {
+            return false;
+        }
+        if other.state.can_truncate() || n == other.tokens.len() {
+            return true;
+        }
+        let theirs: HashSet<usize> = other.checkpoints.iter().map(|c| c.len()).collect();
+        theirs.contains(&n) && self.checkpoints.iter().all(|c| theirs.contains(&c.len()))
+    }
+}
+
+/// The cache: entries, least recently used out first once the bytes pass `CacheConfig::ram`.
+pub struct PrefixCache {
+    cfg: CacheConfig,
+    entries: Vec<Entry>,
+    bytes: usize,
+    clock: u64,
+}
+
+impl PrefixCache {
+    pub fn new(cfg: CacheConfig) -> PrefixCache {
+        PrefixCache { cfg, entries: Vec::new(), bytes: 0, clock: 0 }
+    }
+
+    pub fn config(&self) -> &CacheConfig {
+        &self.cfg
+    }
+
+    /// Bytes held: every entry's state and tokens, and each checkpoint once.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Cached prefixes.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Make `state` the state of the longest prefix of `prompt` the cache can restore (leaving
+    /// at least two positions to compute), keeping its `n_ctx`; None (state untouched) when no
+    /// entry shares a restorable prefix.
+    pub fn restore(&mut self, prompt: &[u32], state: &mut SeqState) -> Option<Restored> {
+        let (mut best, mut reach) = (None, 0);
+        for (i, e) in self.entries.iter().enumerate() {
+            let common = e.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+            let r = e.reach(common, prompt.len());
+            if r > reach || (r == reach && r > 0 && best.is_some_and(|b: usize| e.used > self.entries[b].used)) {
+                (best, reach) = (Some(i), r);
+            }
+        }
+        let i = best?;
+        self.clock += 1;
+        let e = &mut self.entries[i];
+        e.used = self.clock;
+        let n_ctx = state.n_ctx;
+        *state = e.state.clone();
+        state.n_ctx = n_ctx;
+        if reach < e.tokens.len() {
+            if state.can_truncate() {
+                state.truncate(reach);
+            } else {
+                let cp = e.checkpoints.iter().find(|c| c.len() == reach).expect("reach is a checkpoint");
+                state.rollback(Checkpoint::clone(cp));
+            }
+        }
+        let checkpoints = e.checkpoints.iter().filter(|c| c.len() <= reach).cloned().collect();
+        Some(Restored { len: reach, checkpoints })
+    }
+
+    /// Cache `state` as the state after `tokens` (a grid point), with the checkpoints taken on
+    /// the way. Entries it covers go; it is not stored when one covers it or it alone exceeds
+    /// the budget. Returns how many entries left to make room (least recently used first).
+    pub fn insert(&mut self, tokens: &[u32], state: &SeqState, checkpoints: Vec<Arc<Checkpoint>>) -> usize {
+        debug_assert_eq!(tokens.len(), state.len);
+        let checkpoints = if state.can_truncate() { Vec::new() } else { checkpoints };
+        let own = state.bytes() + std::mem::size_of_val(tokens) + std::mem::size_of::<Entry>();
+        let cps: usize = checkpoints.iter().map(|c| c.bytes()).sum();
+        if own + cps > self.cfg.ram || tokens.is_empty() {
+            return 0;
+        }
+        self.clock += 1;
+        let new = Entry { tokens: tokens.to_vec(), state: state.clone(), checkpoints, own, used: self.clock };
+        if let Some(old) = self.entries.iter_mut().find(|e| new.covered_by(e)) {
+            old.used = self.clock;
+            return 0;
+        }
+        self.entries.retain(|e| !e.covered_by(&new));
+        self.entries.push(new);
+        let mut evicted = 0;
+        self.recount();
+        while self.bytes > self.cfg.ram {
+            let lru = (0..self.entries.len()).min_by_key(|&i| self.entries[i].used).expect("over budget means an entry");
+            self.entries.swap_remove(lru);
+            evicted += 1;
+            self.recount();
+        }
+        evicted
+    }
+
+    /// The entry sharing the longest prefix with `tokens` (a conversation to save): its tokens,
+    /// state and checkpoints.
+    pub fn best_for(&self, tokens: &[u32]) -> Option<(&[u32], &SeqState, &[Arc<Checkpoint>])> {
+        let common = |e: &Entry| e.tokens.iter().zip(tokens).take_while(|(a, b)| a == b).count();
+        let e = self.entries.iter().filter(|e| common(e) > 0).max_by_key(|e| (common(e), e.used))?;
+        Some((&e.tokens, &e.state, &e.checkpoints))
+    }
+
+    /// Drop every entry.
+    pub fn clear(&mut self) {
+        self.entries.clear();
+        self.bytes = 0;
+    }
+
+    fn recount(&mut self) {
+        let mut seen = HashSet::new();
+        let mut bytes = 0;
+        for e in &self.entries {
+            bytes += e.own;
+            for c in &e.checkpoints {
+                if seen.insert(Arc::as_ptr(c)) {
+                    bytes += c.bytes() + std::mem::size_of::<Checkpoint>();
+                }
+            }
+        }
+        self.bytes = bytes;
+    }
+}
+
+/// A cached prefill's bookkeeping: the checkpoints taken on the way, which the prompt's entry
+/// takes along (shared with the entry it started from).
+#[derive(Default)]
+pub struct Filling {
+    checkpoints: Vec<Arc<Checkpoint>>,
+}
+
+impl Filling {
+    /// Start a prefill of `prompt` (state cleared by the caller): the state becomes the longest
+    /// cached prefix; returns the bookkeeping and the positions restored (0: none).
+    pub fn start(cache: &mut PrefixCache, prompt: &[u32], state: &mut SeqState) -> (Filling, usize) {
+        let Some(r) = cache.restore(prompt, state) else { return (Filling::default(), 0) };
+        let mut checkpoints = r.checkpoints;
+        // The entry this prompt leaves must restore where this one started, too.
+        if !state.can_truncate() && checkpoints.last().is_none_or(|c| c.len() < r.len) {
+            checkpoints.push(Arc::new(state.checkpoint()));
+        }
+        (Filling { checkpoints }, r.len)
+    }
+
+    /// After a call that ended at `tokens.len()` (the state's length), keep what the cut says:
+    /// a checkpoint, or the entry. Returns the entries evicted to make room.
+    pub fn after(&mut self, cache: &mut PrefixCache, keep: Keep, tokens: &[u32], state: &SeqState) -> usize {
+        match keep {
+            Keep::Checkpoint if !state.can_truncate() => {
+                self.checkpoints.push(Arc::new(state.checkpoint()));
+                0
+            }
+            Keep::Entry => cache.insert(tokens, state, self.checkpoints.clone()),
+            _ => 0,
+        }
+    }
+}
+
+/// Prefill `prompt` into `state` through `cache` (None: cold, the same cuts without the
+/// entry): the longest cached prefix restored, the rest computed in [`next_cut`] calls of at
+/// most `chunk` positions, its checkpoints and entry cached. Returns the logits of the last
+/// position and the positions reused. `state` is cleared first. The tests' prefill path; the
+/// scheduler takes the same cuts step by step.
+pub fn prefill(
+    model: &Model,
+    cache: Option<&mut PrefixCache>,
+    prompt: &[u32],
+    state: &mut SeqState,
+    chunk: usize,
+) -> Result<(Vec<f32>, usize)> {
+    let (reused, logits) = advance(model, cache, prompt, state, chunk, prompt.len())?;
+    Ok((logits, reused))
+}
+
+/// `prefill` up to position `stop` (≤ prompt.len(); the prompt's entry point leaves the rest to
+/// a generation loop, `generate::generate_cached`): returns the positions reused, and the
+/// last position's logits when `stop` is the prompt's end (else empty).
+pub fn advance(
+    model: &Model,
+    mut cache: Option<&mut PrefixCache>,
+    prompt: &[u32],
+    state: &mut SeqState,
+    chunk: usize,
+    stop: usize,
+) -> Result<(usize, Vec<f32>)> {
+    state.clear();
+    let (mut fill, mut done) = match cache.as_deref_mut() {
+        Some(c) => Filling::start(c, prompt, state),
+        None => (Filling::default(), 0),
+    };
+    let reused = done;
+    let every = cache.as_deref().map(|c| c.config().every);
+    let mut logits = Vec::new();
+    while done < stop.min(prompt.len()) {
+        let cut = next_cut(done, prompt.len(), chunk, every, cache.is_some());
+        let want = if cut.end == prompt.len() { Logits::Last } else { Logits::None };
+        logits = model.forward(&prompt[done..cut.end], state, want)?;
+        done = cut.end;
+        if let Some(c) = cache.as_deref_mut() {
+            fill.after(c, cut.keep, &prompt[..done], state);
+        }
+    }
+    Ok((reused, logits))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The calls of a prefill from `start`.
+    fn cuts(start: usize, len: usize, chunk: usize, every: Option<usize>, entry: bool) -> Vec<Cut> {
+        let mut out = Vec::new();
+        let mut done = start;
+        while done < len {
+            let c = next_cut(done, len, chunk, every, entry);
+            assert!(c.end > done, "progress from {done}");
+            out.push(c);
+            done = c.end;
+        }
+        out
+    }
+
+    #[test]
+    fn cuts_start_on_the_grid_and_span_two_positions() {
+        for len in 1usize..600 {
+            for chunk in [1, 16, 40, 64, 256, 512] {
+                for (every, entry) in [(None, false), (None, true), (Some(16), true), (Some(50), true), (Some(128), true)] {
+                    for start in (0..len.saturating_sub(1)).step_by(GRID) {
+                        let mut done = start;
+                        let mut entries = 0;
+                        for c in cuts(start, len, chunk, every, entry) {
+                            assert!(done % GRID == 0, "call from {done} (len {len}, chunk {chunk})");
+                            assert!(c.end - done >= 2 || len == 1, "call {done}..{} of {len}", c.end);
+                            assert!(c.end - done <= MAX_CALL, "call {done}..{} of {len}", c.end);
+                            if c.keep == Keep::Entry {
+                                assert_eq!(c.end, entry_point(len));
+                                entries += 1;
+                            }
+                            done = c.end;
+                        }
+                        assert_eq!(done, len);
+                        let want = usize::from(entry && entry_point(len) > start);
+                        assert_eq!(entries, want, "len {len} start {start}: one entry point past the start");
+                    }
+                }
+            }
+        }
+        // From off the grid (a chat's next turn on its decoded answer): on the grid after the
+        // first call, which spans 2 to MAX_CALL positions.
+        for len in 300usize..800 {
+            for start in [1, 15, 17, 254, 255, 257] {
+                for chunk in [16, 256] {
+                    let all = cuts(start, len, chunk, None, false);
+                    let mut done = start;
+                    for (i, c) in all.iter().enumerate() {
+                        assert!(i == 0 || done % GRID == 0, "call {i} from {done}");
+                        assert!((2..=MAX_CALL).contains(&(c.end - done)), "call {done}..{} of {len}", c.end);
+                        done = c.end;
+                    }
+                }
+            }
+        }
+        // A 100-position prompt in chunks of 64 with checkpoints every 32: 32, 64 (the chunk's
+        // end, a checkpoint), the entry at 96, then the last 4.
+        let ends: Vec<(usize, Keep)> = cuts(0, 100, 64, Some(32), true).iter().map(|c| (c.end, c.keep)).collect();
+        assert_eq!(ends, [(32, Keep::Checkpoint), (64, Keep::Checkpoint), (96, Keep::Entry), (100, Keep::Nothing)]);
+        // 65 positions in chunks of 64: not 64 + 1, but 48 (the entry point) + 17.
+        let ends: Vec<usize> = cuts(0, 65, 64, None, true).iter().map(|c| c.end).collect();
+        assert_eq!(ends, [48, 65]);
+        // Uncached, 65 in chunks of 64 is one call (no call of one position).
+        let ends: Vec<usize> = cuts(0, 65, 64, None, false).iter().map(|c| c.end).collect();
+        assert_eq!(ends, [65]);
+    }
+}

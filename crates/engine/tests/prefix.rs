@@ -1,0 +1,309 @@
+//! The prompt-state cache (issue 14): a prompt served from a cached prefix gives logits
+//! bit-identical to the same prompt served cold, and so do the decode steps after — for every
+//! mixer the fixtures have (dense attention, Gemma 3's sliding window, LFM2's short conv,
+//! GatedDeltaNet in Qwen3.5 / Qwen3.5-MoE / Qwen3-Next, KDA + MLA in Kimi Linear), in every
+//! numerics mode the cache serves, plus the three real models (real-model group). The cases:
+//! a prompt that leaves a cached one part-way between two checkpoints, an exact repeat, and an
+//! append-only continuation (a chat's next turn), each against a cold prefill cut differently.
+//!
+//! Underneath sits the property the cache's design rests on (`prefix` module doc): a prompt's
+//! values do not depend on where its prefill is cut, when every call starts on the grid and
+//! spans two positions or more. `cuts_do_not_change_values` checks it directly.
+
+mod common;
+
+use common::{argmax, assert_bits_equal, fixture};
+use cortiq_engine::load::load;
+use cortiq_engine::prefix::{CacheConfig, GRID, PrefixCache, prefill};
+use cortiq_engine::session;
+use cortiq_engine::state::SeqState;
+use cortiq_engine::{Logits, Model, Numerics};
+
+const N_CTX: usize = 1024;
+
+/// Deterministic token ids below `vocab` (xorshift), the prompts' material.
+fn tokens(vocab: usize, n: usize, seed: u64) -> Vec<u32> {
+    let mut x = seed | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % vocab as u64) as u32
+        })
+        .collect()
+}
+
+/// The last position's logits, then those of `steps` greedy decode steps, concatenated.
+fn then_decode(m: &Model, st: &mut SeqState, mut last: Vec<f32>, steps: usize) -> Vec<f32> {
+    let mut all = last.clone();
+    for _ in 0..steps {
+        last = m.forward(&[argmax(&last)], st, Logits::Last).unwrap();
+        all.extend_from_slice(&last);
+    }
+    all
+}
+
+fn cold(m: &Model, prompt: &[u32], chunk: usize) -> Vec<f32> {
+    let mut st = m.new_state(N_CTX);
+    let (l, reused) = prefill(m, None, prompt, &mut st, chunk).unwrap();
+    assert_eq!(reused, 0);
+    then_decode(m, &mut st, l, 4)
+}
+
+/// Prompts through one cache, each against its cold run (chunks of `chunk` cached, of
+/// `cold_chunk` cold): the expected positions reused, and every logit equal in bits.
+fn check(label: &str, m: &Model, len: usize, chunk: usize, cold_chunk: usize, every: usize) {
+    let v = m.cfg.vocab;
+    let a = tokens(v, len, 0x5EED_0001);
+    let other = tokens(v, len, 0x5EED_0002);
+    let hybrid = !m.new_state(1).can_truncate();
+    let mut cache = PrefixCache::new(CacheConfig { ram: 1 << 32, every });
+    let entry = |n: usize| (n - 2) / GRID * GRID;
+    // (prompt, what it is, positions the cache restores)
+    let part = len * 5 / 9; // leaves `a` part-way between two checkpoints
+    assert!(part % every != 0 && part % GRID != 0, "the parting point lies between checkpoints");
+    let b: Vec<u32> = [&a[..part], &other[..len - part]].concat();
+    let longer: Vec<u32> = [&a[..], &other[..30]].concat();
+    let longest: Vec<u32> = [&longer[..], &other[30..41]].concat();
+    let cases: Vec<(&[u32], &str, usize)> = vec![
+        (&a, "first (nothing cached)", 0),
+        (&b, "parts part-way", if hybrid { part / every * every } else { part / GRID * GRID }),
+        (&a, "exact repeat", entry(a.len())),
+        (&longer, "next turn", entry(a.len())),
+        (&longest, "turn after", entry(longer.len())),
+    ];
+    for (prompt, what, want_reused) in cases {
+        let mut st = m.new_state(N_CTX);
+        let (l, reused) = prefill(m, Some(&mut cache), prompt, &mut st, chunk).unwrap();
+        assert_eq!(reused, want_reused, "{label}: {what}: positions reused");
+        let got = then_decode(m, &mut st, l, 4);
+        assert_bits_equal(&format!("{label}: {what} ({reused} of {} cached)", prompt.len()), &got, &cold(m, prompt, cold_chunk));
+    }
+    println!("{label}: cache {} entries, {} bytes", cache.len(), cache.bytes());
+}
+
+fn all_modes(name: &str) {
+    for (path, num) in
+        [(fixture(name), Numerics::Exact), (fixture(name), Numerics::Fast), (fixture(name).join("model.gguf"), Numerics::Fast)]
+    {
+        let mut model = load(&path).unwrap_or_else(|e| panic!("{name}: {e}")).model;
+        model.set_numerics(num);
+        let label = format!("{name} {num:?} {}", path.file_name().unwrap().to_string_lossy());
+        check(&label, &model, 90, 64, 48, 32);
+    }
+}
+
+#[test]
+fn cached_equals_cold_llama() {
+    all_modes("llama");
+}
+
+#[test]
+fn cached_equals_cold_qwen2() {
+    all_modes("qwen2");
+}
+
+#[test]
+fn cached_equals_cold_qwen3() {
+    all_modes("qwen3");
+}
+
+#[test]
+fn cached_equals_cold_gemma3_sliding_window() {
+    all_modes("gemma3");
+}
+
+#[test]
+fn cached_equals_cold_lfm2_short_conv() {
+    all_modes("lfm2");
+}
+
+#[test]
+fn cached_equals_cold_qwen3_5_gated_deltanet() {
+    all_modes("qwen3_5");
+}
+
+#[test]
+fn cached_equals_cold_qwen3_5_moe() {
+    all_modes("qwen3_5_moe");
+}
+
+#[test]
+fn cached_equals_cold_qwen3_next() {
+    all_modes("qwen3_next");
+}
+
+#[test]
+fn cached_equals_cold_kimi_linear_kda_mla() {
+    all_modes("kimi_linear");
+}
+
+/// The property underneath, directly: one call vs cuts at grid points (calls of 2 to 96
+/// positions), logits and the state after.
+#[test]
+fn cuts_do_not_change_values() {
+    for name in ["qwen2", "gemma3", "lfm2", "qwen3_5", "qwen3_5_moe", "kimi_linear"] {
+        let m = load(&fixture(name)).unwrap().model;
+        let p = tokens(m.cfg.vocab, 100, 0x5EED_0003);
+        let run = |cuts: &[usize]| {
+            let mut st = m.new_state(N_CTX);
+            let mut l = Vec::new();
+            for w in cuts.windows(2) {
+                l = m.forward(&p[w[0]..w[1]], &mut st, Logits::Last).unwrap();
+            }
+            then_decode(&m, &mut st, l, 2)
+        };
+        for cuts in
+            [&[0, 16, 100][..], &[0, 48, 96, 100], &[0, 32, 64, 80, 100], &[0, 96, 100], &[0, 96, 98], &[0, 16, 32, 96, 98]]
+        {
+            let one = run(&[0, *cuts.last().unwrap()]);
+            assert_bits_equal(&format!("{name}: cuts {cuts:?}"), &run(cuts), &one);
+        }
+    }
+}
+
+/// A cache that cannot hold an entry stores nothing and restores nothing; a small one keeps
+/// its bytes under the budget, dropping the least recently used.
+#[test]
+fn budget_holds() {
+    let m = load(&fixture("qwen3_5")).unwrap().model;
+    let v = m.cfg.vocab;
+    let mut st = m.new_state(N_CTX);
+    let mut tiny = PrefixCache::new(CacheConfig { ram: 1000, every: 32 });
+    let p = tokens(v, 90, 7);
+    prefill(&m, Some(&mut tiny), &p, &mut st, 64).unwrap();
+    assert_eq!((tiny.len(), tiny.bytes()), (0, 0));
+    // Room for about two entries of 90 positions.
+    let mut one = PrefixCache::new(CacheConfig { ram: 1 << 32, every: 32 });
+    prefill(&m, Some(&mut one), &p, &mut st, 64).unwrap();
+    let per_entry = one.bytes();
+    let mut small = PrefixCache::new(CacheConfig { ram: per_entry * 5 / 2, every: 32 });
+    for seed in 0..6 {
+        prefill(&m, Some(&mut small), &tokens(v, 90, 100 + seed), &mut st, 64).unwrap();
+        assert!(small.bytes() <= per_entry * 5 / 2, "{} bytes over the budget", small.bytes());
+    }
+    assert_eq!(small.len(), 2, "two entries fit");
+    // The newest survive: the last prompt hits, the first misses.
+    let (_, reused) = prefill(&m, Some(&mut small), &tokens(v, 90, 105), &mut st, 64).unwrap();
+    assert!(reused > 0);
+    let (_, reused) = prefill(&m, Some(&mut small), &tokens(v, 90, 100), &mut st, 64).unwrap();
+    assert_eq!(reused, 0);
+    println!("entry of 90 positions: {per_entry} bytes");
+}
+
+/// The three real models (real-model group: fails when a model is not in the cache), prompts
+/// of 700 positions in the server's chunks of 512, checkpoints every 256.
+#[test]
+fn real_models_cached_equals_cold() {
+    for name in ["qwen2.5-coder-0.5b", "gemma3-270m", "smollm2-135m"] {
+        let mut model = load(&cortiq_testkit::real_model(name)).unwrap().model;
+        model.set_numerics(Numerics::Fast);
+        check(name, &model, 700, 512, 384, 256);
+    }
+}
+
+/// Sessions on disk: a cached prompt saved, read back into a new cache (a restarted process),
+/// and continued gives the logits of the same continuation served cold, with the saved
+/// positions restored — for a dense, a sliding-window, a short-conv and two recurrent models;
+/// the checkpoints come along (a prompt parting from the saved one part-way restores one).
+#[test]
+fn session_save_restore_continue() {
+    let dir = std::env::temp_dir().join(format!("cortiq-session-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for name in ["qwen2", "gemma3", "lfm2", "qwen3_5", "kimi_linear"] {
+        let mut model = load(&fixture(name)).unwrap().model;
+        model.set_numerics(Numerics::Fast);
+        let m = &model;
+        let v = m.cfg.vocab;
+        let a = tokens(v, 90, 0x5EED_0011);
+        let more: Vec<u32> = [&a[..], &tokens(v, 20, 0x5EED_0012)].concat();
+        let mut cache = PrefixCache::new(CacheConfig { ram: 1 << 32, every: 32 });
+        let mut st = m.new_state(N_CTX);
+        prefill(m, Some(&mut cache), &a, &mut st, 64).unwrap();
+        let path = dir.join(format!("{name}.session"));
+        let (toks, state, cps) = cache.best_for(&a).unwrap();
+        session::save(&path, m, toks, state, cps).unwrap();
+        // A new process: nothing cached but the session.
+        let s = session::load(&path, m, N_CTX).unwrap();
+        assert_eq!(s.tokens, a[..80]);
+        let mut fresh = PrefixCache::new(CacheConfig { ram: 1 << 32, every: 32 });
+        fresh.insert(&s.tokens, &s.state, s.checkpoints);
+        let mut st = m.new_state(N_CTX);
+        let (l, reused) = prefill(m, Some(&mut fresh), &more, &mut st, 64).unwrap();
+        assert_eq!(reused, 80, "{name}: the saved positions are restored");
+        let got = then_decode(m, &mut st, l, 4);
+        assert_bits_equal(&format!("{name}: continued from a session"), &got, &cold(m, &more, 48));
+        // A prompt parting from the saved one at 50 restores a checkpoint (recurrent) or a
+        // grid point (KV) — from the session alone.
+        let mut fresh = PrefixCache::new(CacheConfig { ram: 1 << 32, every: 32 });
+        let s = session::load(&path, m, N_CTX).unwrap();
+        fresh.insert(&s.tokens, &s.state, s.checkpoints);
+        let part: Vec<u32> = [&a[..50], &tokens(v, 30, 0x5EED_0013)].concat();
+        let mut st = m.new_state(N_CTX);
+        let (l, reused) = prefill(m, Some(&mut fresh), &part, &mut st, 64).unwrap();
+        let hybrid = !m.new_state(1).can_truncate();
+        assert_eq!(reused, if hybrid { 32 } else { 48 }, "{name}: parting from a restored session");
+        assert_bits_equal(&format!("{name}: parting from a session"), &then_decode(m, &mut st, l, 2), &{
+            let mut st = m.new_state(N_CTX);
+            let (l, _) = prefill(m, None, &part, &mut st, 48).unwrap();
+            then_decode(m, &mut st, l, 2)
+        });
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Bad session files are refused with an error naming the problem, never a panic: truncated,
+/// a flipped byte, another version, another model, other numerics, not a session at all, and
+/// a file that does not exist. A failed save leaves no file behind.
+#[test]
+fn bad_sessions_are_refused() {
+    let dir = std::env::temp_dir().join(format!("cortiq-bad-session-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut m = load(&fixture("qwen3_5")).unwrap().model;
+    m.set_numerics(Numerics::Fast);
+    let a = tokens(m.cfg.vocab, 60, 0x5EED_0021);
+    let mut cache = PrefixCache::new(CacheConfig { ram: 1 << 32, every: 32 });
+    let mut st = m.new_state(N_CTX);
+    prefill(&m, Some(&mut cache), &a, &mut st, 64).unwrap();
+    let good = dir.join("good.session");
+    let (toks, state, cps) = cache.best_for(&a).unwrap();
+    session::save(&good, &m, toks, state, cps).unwrap();
+    let bytes = std::fs::read(&good).unwrap();
+    let write = |name: &str, b: &[u8]| {
+        let p = dir.join(name);
+        std::fs::write(&p, b).unwrap();
+        p
+    };
+    let err = |p: &std::path::Path, model: &Model| session::load(p, model, N_CTX).err().expect("refused").to_string();
+    let truncated = write("truncated", &bytes[..bytes.len() - 100]);
+    let mut flipped = bytes.clone();
+    flipped[bytes.len() / 2] ^= 0x10;
+    let flipped = write("flipped", &flipped);
+    let mut version = bytes.clone();
+    version[8] = 99;
+    let version = write("version", &version);
+    let text = write("text", b"hello, this is not a session\n");
+    let cases = [
+        (truncated, "truncated or corrupted"),
+        (flipped, "truncated or corrupted"),
+        (version, "version 99"),
+        (text, "not a cortiq session file"),
+        (dir.join("missing"), "No such file"),
+    ];
+    for (p, want) in &cases {
+        let e = err(p, &m);
+        println!("{}: {e}", p.display());
+        assert!(e.contains(want), "{}: {e:?} should say {want:?}", p.display());
+    }
+    let other = load(&fixture("qwen3_next")).unwrap().model;
+    assert!(err(&good, &other).contains("another model"));
+    let mut exact = load(&fixture("qwen3_5")).unwrap().model;
+    exact.set_numerics(Numerics::Exact);
+    assert!(err(&good, &exact).contains("another model"), "other numerics");
+    // A save into a folder that does not exist fails cleanly and writes nothing.
+    let nowhere = dir.join("no/such/dir/x.session");
+    assert!(session::save(&nowhere, &m, toks, state, cps).is_err());
+    assert!(!nowhere.exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
