@@ -51,7 +51,7 @@ def wait_health(port, proc, what):
 
 def start_cortiq(a, port, cache_ram):
     p = subprocess.Popen([a.cortiq, "serve", "-m", a.model, "-t", str(a.threads), "--port", str(port),
-                          "--ctx", str(a.ctx), "--parallel", "1", "--cache-ram", str(cache_ram)],
+                          "--ctx", str(a.ctx), "--parallel", "1", "--cache-ram", str(cache_ram), "--alias", "m"],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_health(port, p, "cortiq serve")
     return p

@@ -209,7 +209,7 @@ pub fn cmd_run(a: RunArgs, verbose: bool) -> Result<()> {
     let t_cache = std::time::Instant::now();
     let (reused, cached) = match cache.as_mut() {
         Some(c) => {
-            let stop = cortiq_engine::prefix::entry_point(ids.len());
+            let stop = cortiq_engine::prefix::entry_point(ids.len(), state.grid());
             let (reused, _) = cortiq_engine::prefix::advance(model, Some(c), &ids, &mut state, opt.prefill_chunk, stop)?;
             eprintln!("prompt cache: {reused} of {} prompt tokens restored", ids.len());
             (reused, state.len)
@@ -228,7 +228,7 @@ pub fn cmd_run(a: RunArgs, verbose: bool) -> Result<()> {
         let all: Vec<u32> = [&ids[..], &stats.tokens].concat();
         let all = &all[..all.len().min(n_ctx - 1)];
         let mut scratch = model.new_state(n_ctx);
-        let stop = cortiq_engine::prefix::entry_point(all.len());
+        let stop = cortiq_engine::prefix::entry_point(all.len(), scratch.grid());
         cortiq_engine::prefix::advance(model, Some(c), all, &mut scratch, opt.prefill_chunk, stop)?;
         if let Some((toks, st, cps)) = c.best_for(all) {
             cortiq_engine::session::save(path, model, toks, st, cps).context("--prompt-cache")?;

@@ -212,7 +212,15 @@ impl Model {
     /// A fresh sequence state holding up to `n_ctx` positions.
     pub fn new_state(&self, n_ctx: usize) -> SeqState {
         let layers = self.layers.iter().map(|l| l.mixer.new_state(self.kv_f16)).collect();
-        SeqState::from_layers(layers, n_ctx)
+        let mut st = SeqState::from_layers(layers, n_ctx);
+        st.grid = self.cut_grid();
+        st
+    }
+
+    /// Where a prefill call may start without changing the prompt's values (`prefix`): the
+    /// delta-rule chunk (16) with GatedDeltaNet or KDA layers, else any position.
+    pub fn cut_grid(&self) -> usize {
+        self.layers.iter().map(|l| l.mixer.cut_grid()).max().unwrap_or(1)
     }
 
     /// A fresh sequence state whose global softmax-attention layers follow `plan` (O(1)-memory
@@ -700,7 +708,7 @@ impl Model {
         let (base, len) = (state.len, state.len + tokens.len());
         let mut done = base;
         while done < len {
-            let end = crate::prefix::next_cut(done, len, chunk, None, false).end;
+            let end = crate::prefix::next_cut(done, len, chunk, None, false, self.cut_grid()).end;
             let want = if end == len { Logits::Last } else { Logits::None };
             let (l, h) = self.forward_hidden(&tokens[done - base..end - base], state, want)?;
             last = l;
@@ -779,7 +787,7 @@ impl Model {
         let (base, len) = (state.len, state.len + tokens.len());
         let mut done = base;
         while done < len {
-            let end = crate::prefix::next_cut(done, len, chunk, None, false).end;
+            let end = crate::prefix::next_cut(done, len, chunk, None, false, self.cut_grid()).end;
             let want = if end == len { Logits::Last } else { Logits::None };
             last = self.forward(&tokens[done - base..end - base], state, want)?;
             done = end;

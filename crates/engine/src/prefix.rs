@@ -14,7 +14,8 @@
 //! cold prefill of that prefix computes, and restores it where a cold prefill passes through
 //! the same values. That rests on one property of the forward, which tests/prefix.rs checks on
 //! every fixture and real model: *a prompt's values do not depend on where its prefill is cut
-//! into calls, as long as every call starts at a multiple of [`GRID`] and spans two to
+//! into calls, as long as every call starts at a multiple of the model's grid
+//! (`Model::cut_grid`: [`GRID`] with GatedDeltaNet or KDA layers, else 1) and spans two to
 //! [`MAX_CALL`] positions.* The conditions are where it fails otherwise: the delta-rule kernels
 //! (GatedDeltaNet, KDA) chunk by `GRID` from a call's start; a one-position call takes the
 //! decode product, whose summation order differs from the multi-row product's; and under fast
@@ -43,7 +44,8 @@ use crate::Result;
 use crate::model::{Logits, Model};
 use crate::state::{Checkpoint, SeqState};
 
-/// Where prefill calls may start and the cache may restore: the delta-rule kernels' chunk.
+/// Where prefill calls may start and the cache may restore in a model with delta-rule layers
+/// (their kernels' chunk); other models restore anywhere (a grid of 1).
 pub const GRID: usize = cortiq_kernels::delta::CHUNK;
 
 /// The most positions one prefill call takes: up to here an interleaved matrix multiplies with
@@ -69,10 +71,10 @@ pub struct Cut {
     pub keep: Keep,
 }
 
-/// The last grid point at least two positions before `len` (0 when there is none): where a
-/// prompt of `len` positions leaves its cache entry.
-pub fn entry_point(len: usize) -> usize {
-    len.saturating_sub(2) / GRID * GRID
+/// The last point of the `grid` at least two positions before `len` (0 when there is none):
+/// where a prompt of `len` positions leaves its cache entry.
+pub fn entry_point(len: usize, grid: usize) -> usize {
+    len.saturating_sub(2) / grid * grid
 }
 
 /// The next prefill call of a sequence of `len` positions with `done` of them in the state:
@@ -84,24 +86,26 @@ pub fn entry_point(len: usize) -> usize {
 /// (one for a one-token prompt), which makes the values independent of the cuts (module doc).
 /// A state that ends off the grid (a chat's next turn on top of its decoded answer) gets on
 /// it at its first cut.
-pub fn next_cut(done: usize, len: usize, chunk: usize, every: Option<usize>, entry: bool) -> Cut {
-    debug_assert!(done < len);
-    let round = |n: usize| n.max(1).div_ceil(GRID) * GRID;
+pub fn next_cut(done: usize, len: usize, chunk: usize, every: Option<usize>, entry: bool, grid: usize) -> Cut {
+    debug_assert!(done < len && MAX_CALL.is_multiple_of(grid));
+    let round = |n: usize| n.max(1).div_ceil(grid) * grid;
     // The first multiple of m at least two positions on.
     let next_multiple = |m: usize| (done + 2).div_ceil(m) * m;
-    let entry = if entry { entry_point(len) } else { 0 };
+    let entry = if entry { entry_point(len, grid) } else { 0 };
     let mut end = len;
+    // A cut leaves two positions or more before the end and before the entry point.
     let mut fit = |c: usize| {
-        if c >= done + 2 && c + 2 <= len {
+        if c >= done + 2 && c + 2 <= len && (entry == 0 || c >= entry || c + 2 <= entry) {
             end = end.min(c);
         }
     };
     let m = round(chunk).min(MAX_CALL);
     let mut c = next_multiple(m);
     // At most MAX_CALL positions: from off the grid, and where the end is one position past
-    // the multiple (the call would run to the end), one grid step back.
-    if c - done > MAX_CALL || (c + 2 > len && len - done > MAX_CALL) {
-        c -= GRID;
+    // the multiple (the call would run to the end), one grid step back; likewise one position
+    // before the entry point (a grid of 1).
+    if c - done > MAX_CALL || (c + 2 > len && len - done > MAX_CALL) || c + 1 == entry {
+        c -= grid;
     }
     fit(c);
     if let Some(e) = every {
@@ -155,7 +159,7 @@ impl Entry {
         if cap >= self.tokens.len() {
             self.tokens.len()
         } else if self.state.can_truncate() {
-            cap / GRID * GRID
+            cap / self.state.grid() * self.state.grid()
         } else {
             self.checkpoints.iter().map(|c| c.len()).filter(|&l| l <= cap).max().unwrap_or(0)
         }
@@ -367,7 +371,7 @@ pub fn advance(
     let every = cache.as_deref().map(|c| c.config().every);
     let mut logits = Vec::new();
     while done < stop.min(prompt.len()) {
-        let cut = next_cut(done, prompt.len(), chunk, every, cache.is_some());
+        let cut = next_cut(done, prompt.len(), chunk, every, cache.is_some(), state.grid());
         let want = if cut.end == prompt.len() { Logits::Last } else { Logits::None };
         logits = model.forward(&prompt[done..cut.end], state, want)?;
         done = cut.end;
@@ -384,10 +388,14 @@ mod tests {
 
     /// The calls of a prefill from `start`.
     fn cuts(start: usize, len: usize, chunk: usize, every: Option<usize>, entry: bool) -> Vec<Cut> {
+        cuts_on(start, len, chunk, every, entry, GRID)
+    }
+
+    fn cuts_on(start: usize, len: usize, chunk: usize, every: Option<usize>, entry: bool, grid: usize) -> Vec<Cut> {
         let mut out = Vec::new();
         let mut done = start;
         while done < len {
-            let c = next_cut(done, len, chunk, every, entry);
+            let c = next_cut(done, len, chunk, every, entry, grid);
             assert!(c.end > done, "progress from {done}");
             out.push(c);
             done = c.end;
@@ -397,25 +405,27 @@ mod tests {
 
     #[test]
     fn cuts_start_on_the_grid_and_span_two_positions() {
-        for len in 1usize..600 {
-            for chunk in [1, 16, 40, 64, 256, 512] {
-                for (every, entry) in [(None, false), (None, true), (Some(16), true), (Some(50), true), (Some(128), true)] {
-                    for start in (0..len.saturating_sub(1)).step_by(GRID) {
-                        let mut done = start;
-                        let mut entries = 0;
-                        for c in cuts(start, len, chunk, every, entry) {
-                            assert!(done % GRID == 0, "call from {done} (len {len}, chunk {chunk})");
-                            assert!(c.end - done >= 2 || len == 1, "call {done}..{} of {len}", c.end);
-                            assert!(c.end - done <= MAX_CALL, "call {done}..{} of {len}", c.end);
-                            if c.keep == Keep::Entry {
-                                assert_eq!(c.end, entry_point(len));
-                                entries += 1;
+        for grid in [1, GRID] {
+            for len in 1usize..600 {
+                for chunk in [1, 16, 40, 64, 256, 512] {
+                    for (every, entry) in [(None, false), (None, true), (Some(16), true), (Some(50), true), (Some(128), true)] {
+                        for start in (0..len.saturating_sub(1)).step_by(if grid == 1 { 7 } else { grid }) {
+                            let mut done = start;
+                            let mut entries = 0;
+                            for c in cuts_on(start, len, chunk, every, entry, grid) {
+                                assert!(done % grid == 0, "call from {done} (len {len}, chunk {chunk})");
+                                assert!(c.end - done >= 2 || len == 1, "call {done}..{} of {len}", c.end);
+                                assert!(c.end - done <= MAX_CALL, "call {done}..{} of {len}", c.end);
+                                if c.keep == Keep::Entry {
+                                    assert_eq!(c.end, entry_point(len, grid));
+                                    entries += 1;
+                                }
+                                done = c.end;
                             }
-                            done = c.end;
+                            assert_eq!(done, len);
+                            let want = usize::from(entry && entry_point(len, grid) >= start + 2);
+                            assert_eq!(entries, want, "len {len} start {start}: one entry point past the start");
                         }
-                        assert_eq!(done, len);
-                        let want = usize::from(entry && entry_point(len) > start);
-                        assert_eq!(entries, want, "len {len} start {start}: one entry point past the start");
                     }
                 }
             }
@@ -445,5 +455,8 @@ mod tests {
         // Uncached, 65 in chunks of 64 is one call (no call of one position).
         let ends: Vec<usize> = cuts(0, 65, 64, None, false).iter().map(|c| c.end).collect();
         assert_eq!(ends, [65]);
+        // Without delta-rule layers (a grid of 1) the entry is two positions before the end.
+        let ends: Vec<usize> = cuts_on(0, 65, 64, None, true, 1).iter().map(|c| c.end).collect();
+        assert_eq!(ends, [63, 65]);
     }
 }

@@ -565,7 +565,7 @@ impl Handle {
             let s = slots[si].as_ref().expect("a prefilling slot");
             let Phase::Prefill { done } = s.phase else { unreachable!("listed as prefilling") };
             let every = cache.as_ref().filter(|_| s.fill.is_some()).map(|c| c.config().every);
-            let cut = next_cut(done, s.req.prompt.len(), chunk, every, s.fill.is_some());
+            let cut = next_cut(done, s.req.prompt.len(), chunk, every, s.fill.is_some(), states[si].grid());
             let end = cut.end;
             if k > 0 && end - done > budget {
                 break;
@@ -782,7 +782,7 @@ impl Handle {
         let c = &self.inner.counters;
         state.clear();
         let (mut fill, mut done) = Filling::start(cache, &tokens, state);
-        let (start, stop) = (done, entry_point(tokens.len()));
+        let (start, stop) = (done, entry_point(tokens.len(), state.grid()));
         while done < stop {
             if self.work_waiting() {
                 let mut q = self.inner.refills.lock().unwrap_or_else(|e| e.into_inner());
@@ -792,7 +792,7 @@ impl Handle {
                 }
                 break;
             }
-            let cut = next_cut(done, tokens.len(), cfg.prefill_chunk.max(1), Some(cache.config().every), true);
+            let cut = next_cut(done, tokens.len(), cfg.prefill_chunk.max(1), Some(cache.config().every), true, state.grid());
             if let Err(e) = model.forward(&tokens[done..cut.end], state, Logits::None) {
                 tracing::warn!("prompt cache refill stopped: {e}");
                 break;

@@ -93,6 +93,8 @@ pub struct SeqState {
     pub n_ctx: usize,
     /// The O(1) decode plan and its bookkeeping (`Model::new_state_o1`).
     pub(crate) o1: Option<O1Run>,
+    /// Where a prefill call may start without changing the values (`Model::cut_grid`).
+    pub(crate) grid: usize,
 }
 
 /// A point to roll a sequence back to: the length, and a snapshot of every recurrent layer's
@@ -178,7 +180,12 @@ impl SeqState {
 
     /// A sequence with the given per-layer states (hybrid models: one per layer kind).
     pub fn from_layers(layers: Vec<LayerState>, n_ctx: usize) -> SeqState {
-        SeqState { layers, len: 0, n_ctx, o1: None }
+        SeqState { layers, len: 0, n_ctx, o1: None, grid: 1 }
+    }
+
+    /// Where its prefill calls start (`Model::cut_grid`): the prompt cache restores it there.
+    pub fn grid(&self) -> usize {
+        self.grid
     }
 
     /// The O(1) plan's bookkeeping, if the sequence has one.

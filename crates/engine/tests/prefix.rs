@@ -14,7 +14,7 @@ mod common;
 
 use common::{argmax, assert_bits_equal, fixture};
 use cortiq_engine::load::load;
-use cortiq_engine::prefix::{CacheConfig, GRID, PrefixCache, prefill};
+use cortiq_engine::prefix::{CacheConfig, PrefixCache, entry_point, prefill};
 use cortiq_engine::session;
 use cortiq_engine::state::SeqState;
 use cortiq_engine::{Logits, Model, Numerics};
@@ -59,16 +59,17 @@ fn check(label: &str, m: &Model, len: usize, chunk: usize, cold_chunk: usize, ev
     let other = tokens(v, len, 0x5EED_0002);
     let hybrid = !m.new_state(1).can_truncate();
     let mut cache = PrefixCache::new(CacheConfig { ram: 1 << 32, every });
-    let entry = |n: usize| (n - 2) / GRID * GRID;
+    let grid = m.cut_grid();
+    let entry = |n: usize| entry_point(n, grid);
     // (prompt, what it is, positions the cache restores)
     let part = len * 5 / 9; // leaves `a` part-way between two checkpoints
-    assert!(part % every != 0 && part % GRID != 0, "the parting point lies between checkpoints");
+    assert!(part % every != 0 && part % 16 != 0, "the parting point lies between checkpoints");
     let b: Vec<u32> = [&a[..part], &other[..len - part]].concat();
     let longer: Vec<u32> = [&a[..], &other[..30]].concat();
     let longest: Vec<u32> = [&longer[..], &other[30..41]].concat();
     let cases: Vec<(&[u32], &str, usize)> = vec![
         (&a, "first (nothing cached)", 0),
-        (&b, "parts part-way", if hybrid { part / every * every } else { part / GRID * GRID }),
+        (&b, "parts part-way", if hybrid { part / every * every } else { part }),
         (&a, "exact repeat", entry(a.len())),
         (&longer, "next turn", entry(a.len())),
         (&longest, "turn after", entry(longer.len())),
@@ -226,12 +227,13 @@ fn session_save_restore_continue() {
         session::save(&path, m, toks, state, cps).unwrap();
         // A new process: nothing cached but the session.
         let s = session::load(&path, m, N_CTX).unwrap();
-        assert_eq!(s.tokens, a[..80]);
+        let grid = m.cut_grid();
+        assert_eq!(s.tokens, a[..entry_point(90, grid)]);
         let mut fresh = PrefixCache::new(CacheConfig { ram: 1 << 32, every: 32 });
         fresh.insert(&s.tokens, &s.state, s.checkpoints);
         let mut st = m.new_state(N_CTX);
         let (l, reused) = prefill(m, Some(&mut fresh), &more, &mut st, 64).unwrap();
-        assert_eq!(reused, 80, "{name}: the saved positions are restored");
+        assert_eq!(reused, entry_point(90, grid), "{name}: the saved positions are restored");
         let got = then_decode(m, &mut st, l, 4);
         assert_bits_equal(&format!("{name}: continued from a session"), &got, &cold(m, &more, 48));
         // A prompt parting from the saved one at 50 restores a checkpoint (recurrent) or a
@@ -243,7 +245,7 @@ fn session_save_restore_continue() {
         let mut st = m.new_state(N_CTX);
         let (l, reused) = prefill(m, Some(&mut fresh), &part, &mut st, 64).unwrap();
         let hybrid = !m.new_state(1).can_truncate();
-        assert_eq!(reused, if hybrid { 32 } else { 48 }, "{name}: parting from a restored session");
+        assert_eq!(reused, if hybrid { 32 } else { 50 }, "{name}: parting from a restored session");
         assert_bits_equal(&format!("{name}: parting from a session"), &then_decode(m, &mut st, l, 2), &{
             let mut st = m.new_state(N_CTX);
             let (l, _) = prefill(m, None, &part, &mut st, 48).unwrap();

@@ -169,6 +169,11 @@ impl GatedDeltaNet {
 }
 
 impl Mixer for GatedDeltaNet {
+    /// The chunked delta-rule kernel chunks from a call's start.
+    fn cut_grid(&self) -> usize {
+        CHUNK
+    }
+
     fn name(&self) -> &'static str {
         "a gated delta net"
     }

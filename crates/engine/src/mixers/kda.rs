@@ -124,6 +124,11 @@ impl Kda {
 }
 
 impl Mixer for Kda {
+    /// The chunked delta-rule kernel chunks from a call's start.
+    fn cut_grid(&self) -> usize {
+        CHUNK
+    }
+
     fn name(&self) -> &'static str {
         "Kimi delta attention"
     }

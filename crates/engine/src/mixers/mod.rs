@@ -119,6 +119,12 @@ pub trait Mixer: Any + Send + Sync {
     /// A fresh per-sequence state (`kv_f16`: keep K/V as f16 where the mixer caches them).
     fn new_state(&self, kv_f16: bool) -> LayerState;
 
+    /// The positions a prefill call must start at a multiple of for its values not to depend
+    /// on the cut (`prefix`): a chunked kernel's chunk, else 1.
+    fn cut_grid(&self) -> usize {
+        1
+    }
+
     /// How an O(1) plan serves the layer (only softmax attention is planned or bounded).
     fn o1_serve(&self) -> Serve {
         Serve::Untouched
