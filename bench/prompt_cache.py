@@ -19,6 +19,7 @@ usage: ~/.cache/cortiq/pyenv-openai-*/bin/python bench/prompt_cache.py MODEL.ggu
 """
 
 import argparse
+import json
 import os
 import random
 import subprocess
@@ -74,9 +75,16 @@ def rss_mb(pid):
     return 0.0
 
 
+RAW = False  # --raw: /v1/completions over a plain-text transcript (models without a chat template)
+
+
 def ask(client, msgs, n, **extra):
     t0 = time.time()
-    r = client.chat.completions.create(model="m", messages=msgs, max_tokens=n, temperature=0, extra_body=extra or None)
+    if RAW:
+        text = "".join(f"{m['role'].capitalize()}: {m['content']}\n" for m in msgs) + "Assistant:"
+        r = client.completions.create(model="m", prompt=text, max_tokens=n, temperature=0, extra_body=extra or None)
+    else:
+        r = client.chat.completions.create(model="m", messages=msgs, max_tokens=n, temperature=0, extra_body=extra or None)
     secs = time.time() - t0
     u = r.usage
     cached = (u.prompt_tokens_details.cached_tokens if u.prompt_tokens_details else 0) or 0
@@ -85,7 +93,40 @@ def ask(client, msgs, n, **extra):
         computed, cached = t["prompt_n"], t.get("cache_n", cached)
     else:
         computed = u.prompt_tokens - cached
-    return r.choices[0].message.content, u.prompt_tokens, computed, cached, secs
+    out = r.choices[0].text if RAW else r.choices[0].message.content
+    return out, u.prompt_tokens, computed, cached, secs
+
+
+def post(port, path, body):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(), {"content-type": "application/json"})
+    return json.load(urllib.request.urlopen(req, timeout=3600))
+
+
+def chat_ids(a, ports):
+    """The conversation kept as token ids (models without a chat template, random weights
+    whose output text does not re-tokenize to the same ids): each turn sends the ids so far +
+    the new user line, and appends the ids the server generated (`return_tokens`)."""
+    print(f"## chat over token ids: {len(TURNS)} turns, 48 tokens per answer, temperature 0")
+    hist = {n: [] for n in ports}
+    for i, q in enumerate(TURNS):
+        cells = []
+        for name, port in ports.items():
+            ids = hist[name] + post(port, "/tokenize", {"content": f"User: {q}\nAssistant:"})["tokens"]
+            t0 = time.time()
+            if name == "cortiq":
+                r = post(port, "/v1/completions", {"prompt": ids, "max_tokens": 48, "temperature": 0, "return_tokens": True,
+                                                   "ignore_eos": True})
+                out, cached = r["choices"][0]["tokens"], r["usage"]["prompt_tokens_details"]["cached_tokens"]
+                computed = len(ids) - cached
+            else:
+                r = post(port, "/completion", {"prompt": ids, "n_predict": 48, "temperature": 0, "return_tokens": True,
+                                               "cache_prompt": True, "ignore_eos": True})
+                out, cached, computed = r["tokens"], r["timings"].get("cache_n", 0), r["timings"]["prompt_n"]
+            secs = time.time() - t0
+            hist[name] = ids + out + post(port, "/tokenize", {"content": "\n"})["tokens"]
+            cells.append(f"{name}: prompt {len(ids)}, computed {computed}, reused {cached}, {secs:.2f} s")
+            time.sleep(1.0)
+        print(f"turn {i + 1}: " + " | ".join(cells), flush=True)
 
 
 def chat(a, clients):
@@ -139,7 +180,7 @@ def memory(a, proc, client, port):
     peak = base
     for i in range(a.requests):
         msgs = [{"role": "user", "content": rng.choice(heads) + "\n" + rng.choice(tails)}]
-        client.chat.completions.create(model="m", messages=msgs, max_tokens=4, temperature=0)
+        ask(client, msgs, 4)
         peak = max(peak, rss_mb(proc.pid))
     metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
     val = {l.split()[0]: float(l.split()[1]) for l in metrics.splitlines() if l.startswith("cortiq_cache")}
@@ -163,7 +204,10 @@ def main():
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--cache-ram", type=int, default=512)
     ap.add_argument("--skip-llama", action="store_true")
+    ap.add_argument("--raw", action="store_true", help="completions over a plain transcript (no chat template)")
     a = ap.parse_args()
+    global RAW
+    RAW = a.raw
     parts = a.parts.split(",")
     procs = {}
     try:
@@ -172,7 +216,9 @@ def main():
             procs["llama.cpp"] = (start_llama(a, 18802), 18802)
         clients = {n: openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", timeout=3600)
                    for n, (_, port) in procs.items()}
-        if "chat" in parts:
+        if "chat" in parts and a.raw:
+            chat_ids(a, {n: port for n, (_, port) in procs.items()})
+        elif "chat" in parts:
             chat(a, clients)
         if "speed" in parts:
             speed(a, clients["cortiq"])

@@ -431,6 +431,31 @@ fn serve_openai_python_client() {
     assert_eq!(s.get("/health").status, 200);
 }
 
+/// The chat page at `/` in a real browser (headless Chromium through Selenium: scripts/test
+/// installs Debian's chromium and chromium-driver and names the venv in
+/// CORTIQ_TEST_SELENIUM_PYTHON): two streamed turns, the second reusing the first's prompt
+/// and answer, and the stop button. The screenshot lands in the test's temporary folder.
+#[test]
+fn serve_chat_page_in_a_browser() {
+    let py = std::env::var("CORTIQ_TEST_SELENIUM_PYTHON").unwrap_or_else(|_| {
+        panic!("CORTIQ_TEST_SELENIUM_PYTHON is not set: run scripts/test (it installs chromium and the selenium venv)")
+    });
+    let model = cortiq_testkit::real_model_arg("smollm2-135m");
+    let s = Server::start(&model, &["--ctx", "2048"]);
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/chat_page.py");
+    let shot = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("chat-page.png");
+    let out = std::process::Command::new(&py)
+        .arg(&script)
+        .args([&format!("http://127.0.0.1:{}", s.port), &shot.display().to_string()])
+        .output()
+        .unwrap_or_else(|e| panic!("running {py}: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}");
+    assert!(out.status.success(), "chat page checks failed:\n{stdout}\n{stderr}\nserver log:\n{}", s.log());
+    assert!(stdout.contains("all checks passed") && shot.exists(), "{stdout}");
+}
+
 /// The server's greedy completion equals `cortiq run` with the same prefill grid (`--batch`
 /// = `--prefill-chunk`), plain and in both constant-memory modes, alone and beside neighbours.
 #[test]

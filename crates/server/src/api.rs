@@ -86,6 +86,9 @@ pub struct GenParams {
     pub ignore_eos: bool,
     /// `cache_prompt` (llama-server's field, default true): use the prompt cache.
     pub cache_prompt: bool,
+    /// `return_tokens` (llama-server's field): each choice of a whole response carries the ids
+    /// it generated (`tokens`), so a client can resend them exactly.
+    pub return_tokens: bool,
     pub model: Option<String>,
     /// The JSON schema the output must follow (`json_object`: any object).
     pub json_schema: Option<Value>,
@@ -328,6 +331,7 @@ pub fn gen_params(o: &Obj, vocab: usize, chat: bool) -> Result<GenParams, ApiErr
         include_usage,
         ignore_eos: opt_bool(o, "ignore_eos")?.unwrap_or(false),
         cache_prompt: opt_bool(o, "cache_prompt")?.unwrap_or(true),
+        return_tokens: opt_bool(o, "return_tokens")?.unwrap_or(false),
         model: opt_str(o, "model")?.map(str::to_string),
         json_schema,
         speculative: SpecRequest::parse(o)?,

@@ -133,6 +133,7 @@ async fn run(app: Arc<App>, kind: Kind, prompts: Vec<Vec<u32>>, gp: GenParams, p
         n_prompt: prompts.iter().map(Vec::len).sum(),
         choices: prompts.len() * gp.n,
         per_prompt: gp.n,
+        return_tokens: gp.return_tokens,
         include_usage: gp.include_usage,
         spec: spec.is_some(),
         tok: info.tok.clone(),
@@ -151,6 +152,8 @@ struct Out {
     choices: usize,
     /// Choices per prompt (`n`): choice i answers prompt i / per_prompt.
     per_prompt: usize,
+    /// Whole responses list each choice's generated ids (`return_tokens`).
+    return_tokens: bool,
     include_usage: bool,
     /// The request speculated: its usage reports drafted tokens kept and rejected.
     spec: bool,
@@ -264,6 +267,7 @@ struct Choice {
     text: String,
     logprobs: Vec<(String, TokenLogprob)>,
     finish: Option<Finish>,
+    ids: Vec<u32>,
 }
 
 /// Collect every choice, then answer once.
@@ -275,8 +279,9 @@ async fn whole(out: Out, mut rx: mpsc::UnboundedReceiver<Event>) -> Result<Respo
         let Some(ev) = rx.recv().await else { return Err(ApiError::internal("the engine stopped before the request finished")) };
         match ev {
             Event::Started { .. } => {}
-            Event::Token { index, piece, text, logprob, .. } => {
+            Event::Token { index, id, piece, text, logprob } => {
                 let c = &mut choices[index];
+                c.ids.push(id);
                 c.text.push_str(&text);
                 if let Some(lp) = logprob {
                     c.logprobs.push((piece, lp));
@@ -298,7 +303,7 @@ async fn whole(out: Out, mut rx: mpsc::UnboundedReceiver<Event>) -> Result<Respo
         .enumerate()
         .map(|(i, c)| {
             let finish = finish_reason(c.finish.expect("every choice finished"));
-            match out.kind {
+            let mut v = match out.kind {
                 Kind::Chat => {
                     let lp = with_lp.then(|| json!({"content": c.logprobs.iter().map(|(p, l)| out.chat_logprob(p, l)).collect::<Vec<_>>()}));
                     json!({"index": i, "message": {"role": "assistant", "content": c.text}, "logprobs": lp, "finish_reason": finish})
@@ -307,7 +312,11 @@ async fn whole(out: Out, mut rx: mpsc::UnboundedReceiver<Event>) -> Result<Respo
                     let lp = with_lp.then(|| out.text_logprobs(&c.logprobs, 0));
                     json!({"index": i, "text": c.text, "logprobs": lp, "finish_reason": finish})
                 }
+            };
+            if out.return_tokens {
+                v["tokens"] = json!(c.ids);
             }
+            v
         })
         .collect();
     Ok(axum::Json(json!({
