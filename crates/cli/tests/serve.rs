@@ -456,6 +456,95 @@ fn serve_chat_page_in_a_browser() {
     assert!(stdout.contains("all checks passed") && shot.exists(), "{stdout}");
 }
 
+/// Sessions: a conversation saved (`POST /slots/0?action=save`), the server restarted, the file
+/// restored: the next turn restores the saved positions and samples the tokens the first
+/// server gave the same request without the restart. Bad requests and files are 4xx naming
+/// the problem: a garbage, truncated or flipped file, another format version, another model's
+/// file, a path for a name, a missing file, an unknown slot or action, no --slot-dir.
+#[test]
+fn serve_session_save_restart_restore() {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("sessions-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let d = dir.display().to_string();
+    let model = cortiq_testkit::real_model_arg("smollm2-135m");
+    let args = ["--ctx", "2048", "--slot-dir", d.as_str()];
+    let ids = |s: &Server, text: &str| -> Vec<u64> {
+        s.post("/tokenize", &json!({"content": text}))
+            .json()["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect()
+    };
+    let complete = |s: &Server, prompt: &[u64], seed: u64| -> (Vec<u64>, u64) {
+        let r = s.post(
+            "/v1/completions",
+            &json!({"prompt": prompt, "max_tokens": 24, "temperature": 0.8, "seed": seed, "return_tokens": true}),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        let j = r.json();
+        let toks = j["choices"][0]["tokens"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+        (toks, j["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap())
+    };
+    let s1 = Server::start(&model, &args);
+    let a = ids(&s1, "The lighthouse keeper climbed the stairs every evening, and on the last night of the year he found");
+    let (out_a, _) = complete(&s1, &a, 1);
+    std::thread::sleep(std::time::Duration::from_millis(800)); // the idle refill of prompt + output
+    let r = s1.post("/slots/0?action=save", &json!({"filename": "chat.bin"}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let n_saved = r.json()["n_saved"].as_u64().unwrap();
+    assert!(n_saved as usize >= a.len() + out_a.len() - 2, "saved {n_saved} of {} + {}", a.len(), out_a.len());
+    let b: Vec<u64> = [&a[..], &out_a, &ids(&s1, " Then the storm came.")].concat();
+    let (uninterrupted, cached1) = complete(&s1, &b, 2);
+    drop(s1);
+    let s2 = Server::start(&model, &args);
+    let r = s2.post("/slots/0?action=restore", &json!({"filename": "chat.bin"}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["n_restored"].as_u64().unwrap(), n_saved);
+    let (restored, cached2) = complete(&s2, &b, 2);
+    assert_eq!(restored, uninterrupted, "the turn after a restart differs from the uninterrupted one");
+    assert_eq!(cached2, cached1, "the restored session serves the same prefix");
+    assert!(cached2 >= n_saved, "{cached2} cached of the {n_saved} restored");
+    println!("session: {n_saved} tokens saved; after the restart {cached2} of {} prompt tokens restored", b.len());
+    // Bad files and requests.
+    let good = std::fs::read(dir.join("chat.bin")).unwrap();
+    let mut flipped = good.clone();
+    flipped[good.len() / 2] ^= 1;
+    let mut version = good.clone();
+    version[8] = 7;
+    std::fs::write(dir.join("garbage.bin"), b"not a session at all").unwrap();
+    std::fs::write(dir.join("truncated.bin"), &good[..good.len() / 3]).unwrap();
+    std::fs::write(dir.join("flipped.bin"), &flipped).unwrap();
+    std::fs::write(dir.join("version.bin"), &version).unwrap();
+    for (path, body, status, says) in [
+        ("/slots/0?action=restore", json!({"filename": "garbage.bin"}), 400, "not a cortiq session file"),
+        ("/slots/0?action=restore", json!({"filename": "truncated.bin"}), 400, "truncated or corrupted"),
+        ("/slots/0?action=restore", json!({"filename": "flipped.bin"}), 400, "truncated or corrupted"),
+        ("/slots/0?action=restore", json!({"filename": "version.bin"}), 400, "version 7"),
+        ("/slots/0?action=restore", json!({"filename": "missing.bin"}), 400, "no session file"),
+        ("/slots/0?action=restore", json!({"filename": "../chat.bin"}), 400, "not a plain file name"),
+        ("/slots/0?action=restore", json!({}), 400, "'filename'"),
+        ("/slots/9?action=restore", json!({"filename": "chat.bin"}), 400, "does not exist"),
+        ("/slots/0?action=erase", json!({"filename": "chat.bin"}), 400, "not one of save, restore"),
+    ] {
+        let r = s2.post(path, &body);
+        let msg = r.json()["error"]["message"].as_str().unwrap_or_default().to_string();
+        assert_eq!(r.status, status, "{path} {body}: {}", r.text());
+        assert!(msg.contains(says), "{path} {body}: {msg:?} should say {says:?}");
+    }
+    assert_eq!(s2.get("/health").status, 200);
+    drop(s2);
+    let other = Server::start(&cortiq_testkit::real_model_arg("gemma3-270m"), &args);
+    let r = other.post("/slots/0?action=restore", &json!({"filename": "chat.bin"}));
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("another model"), "{}", r.text());
+    drop(other);
+    let plain = Server::start(&model, &["--ctx", "2048"]);
+    assert_eq!(plain.post("/slots/0?action=save", &json!({"filename": "x.bin"})).status, 501);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// The server's greedy completion equals `cortiq run` with the same prefill grid (`--batch`
 /// = `--prefill-chunk`), plain and in both constant-memory modes, alone and beside neighbours.
 #[test]
