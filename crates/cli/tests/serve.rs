@@ -469,8 +469,7 @@ fn serve_session_save_restart_restore() {
     let model = cortiq_testkit::real_model_arg("smollm2-135m");
     let args = ["--ctx", "2048", "--slot-dir", d.as_str()];
     let ids = |s: &Server, text: &str| -> Vec<u64> {
-        s.post("/tokenize", &json!({"content": text}))
-            .json()["tokens"]
+        s.post("/tokenize", &json!({"content": text})).json()["tokens"]
             .as_array()
             .unwrap()
             .iter()

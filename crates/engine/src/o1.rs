@@ -132,6 +132,13 @@ impl O1Run {
         }
     }
 
+    /// Whether the prompt phase is exact attention and nothing else: no per-landmark query sums
+    /// (a skeleton plan's depend on its own tp) and no check mode. Such a sequence's state
+    /// before the seal is a plain sequence's, so the prompt cache can serve it.
+    pub fn plain_prompt(&self) -> bool {
+        self.plan.check.is_none() && self.segs.iter().all(Option::is_none)
+    }
+
     /// Whether positions < tp are still to come (the streaming plan has not sealed yet).
     pub fn pending(&self, len: usize) -> bool {
         self.plan.check.is_none() && len < self.plan.tp

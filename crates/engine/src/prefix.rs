@@ -34,8 +34,12 @@
 //! cold. The scheduler prefills a finished generation's tokens again while it is idle
 //! instead, and caches that (the next turn then processes only its new tokens, exactly).
 //!
-//! Not cached: requests with an O(1) plan (the seal depends on the prompt's length) and
-//! llama.cpp numerics (its matmul order depends on the call's length, so the property fails).
+//! Constant-memory sequences: before the seal at the end of their prompt, a StreamingLLM plan's
+//! layers are exact attention's KV caches, so such a sequence restores a plain prefix (its
+//! plan kept) and leaves its prompt's entry as the plain state it equals; the seal then runs
+//! as cold. Not cached: Nyström skeleton plans (the prompt's query sums per landmark depend on
+//! the plan's own prompt length and are not in a cached prefix) and llama.cpp numerics (its
+//! matmul order depends on the call's length, so the property fails).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -215,6 +219,9 @@ impl PrefixCache {
     /// at least two positions to compute), keeping its `n_ctx`; None (state untouched) when no
     /// entry shares a restorable prefix.
     pub fn restore(&mut self, prompt: &[u32], state: &mut SeqState) -> Option<Restored> {
+        if !state.cacheable() {
+            return None;
+        }
         let (mut best, mut reach) = (None, 0);
         for (i, e) in self.entries.iter().enumerate() {
             let common = e.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
@@ -227,7 +234,8 @@ impl PrefixCache {
         self.clock += 1;
         let e = &mut self.entries[i];
         e.used = self.clock;
-        let n_ctx = state.n_ctx;
+        // An O(1) sequence keeps its plan: before the seal its caches are a plain one's.
+        let (n_ctx, o1) = (state.n_ctx, state.o1.take());
         *state = e.state.clone();
         state.n_ctx = n_ctx;
         if reach < e.tokens.len() {
@@ -238,6 +246,7 @@ impl PrefixCache {
                 state.rollback(Checkpoint::clone(cp));
             }
         }
+        state.o1 = o1;
         let checkpoints = e.checkpoints.iter().filter(|c| c.len() <= reach).cloned().collect();
         Some(Restored { len: reach, checkpoints })
     }
@@ -247,6 +256,20 @@ impl PrefixCache {
     /// the budget. Returns how many entries left to make room (least recently used first).
     pub fn insert(&mut self, tokens: &[u32], state: &SeqState, checkpoints: Vec<Arc<Checkpoint>>) -> usize {
         debug_assert_eq!(tokens.len(), state.len);
+        if !state.cacheable() {
+            return 0;
+        }
+        // An O(1) sequence before its seal is cached as the plain one it equals.
+        let plain;
+        let state = match state.o1 {
+            Some(_) => {
+                let mut s = state.clone();
+                s.o1 = None;
+                plain = s;
+                &plain
+            }
+            None => state,
+        };
         let checkpoints = if state.can_truncate() { Vec::new() } else { checkpoints };
         let own = state.bytes() + std::mem::size_of_val(tokens) + std::mem::size_of::<Entry>();
         let cps: usize = checkpoints.iter().map(|c| c.bytes()).sum();
@@ -315,8 +338,8 @@ impl Filling {
         let Some(r) = cache.restore(prompt, state) else { return (Filling::default(), 0) };
         let mut checkpoints = r.checkpoints;
         // The entry this prompt leaves must restore where this one started, too.
-        if !state.can_truncate() && checkpoints.last().is_none_or(|c| c.len() < r.len) {
-            checkpoints.push(Arc::new(state.checkpoint()));
+        if !state.layers.iter().all(|l| !l.is_recurrent()) && checkpoints.last().is_none_or(|c| c.len() < r.len) {
+            checkpoints.push(Arc::new(state.plain_checkpoint()));
         }
         (Filling { checkpoints }, r.len)
     }
@@ -325,8 +348,8 @@ impl Filling {
     /// a checkpoint, or the entry. Returns the entries evicted to make room.
     pub fn after(&mut self, cache: &mut PrefixCache, keep: Keep, tokens: &[u32], state: &SeqState) -> usize {
         match keep {
-            Keep::Checkpoint if !state.can_truncate() => {
-                self.checkpoints.push(Arc::new(state.checkpoint()));
+            Keep::Checkpoint if state.layers.iter().any(|l| l.is_recurrent()) => {
+                self.checkpoints.push(Arc::new(state.plain_checkpoint()));
                 0
             }
             Keep::Entry => cache.insert(tokens, state, self.checkpoints.clone()),

@@ -452,7 +452,7 @@ impl Handle {
                     }
                     // The longest cached prefix of the prompt (plain states only).
                     let (fill, cached) = match cache.as_mut() {
-                        Some(c) if req.cache && req.o1.is_none() => {
+                        Some(c) if req.cache && states[si].cacheable() => {
                             let (fill, n) = Filling::start(c, &req.prompt, &mut states[si]);
                             let counter = if n > 0 { &self.inner.counters.cache_hits } else { &self.inner.counters.cache_misses };
                             counter.fetch_add(1, Ordering::Relaxed);

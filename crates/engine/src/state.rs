@@ -210,6 +210,21 @@ impl SeqState {
         Checkpoint { len: self.len, recurrent, o1: self.o1.as_ref().map(O1Run::snapshot) }
     }
 
+    /// A checkpoint as the plain sequence would take it: recurrent layers only, without the O(1)
+    /// plan's part (the prompt cache's checkpoints, shared between plain sequences and O(1)
+    /// ones before their seal, whose caches are the same).
+    pub fn plain_checkpoint(&self) -> Checkpoint {
+        let recurrent = self.layers.iter().map(|l| l.is_recurrent().then(|| l.clone())).collect();
+        Checkpoint { len: self.len, recurrent, o1: None }
+    }
+
+    /// Whether the prompt cache can serve this sequence: no O(1) plan, or one whose prompt
+    /// phase is exact attention alone (StreamingLLM's sinks + window: `O1Run::plain_prompt`),
+    /// before its seal.
+    pub fn cacheable(&self) -> bool {
+        self.o1.as_ref().is_none_or(|r| r.plain_prompt() && r.pending(self.len))
+    }
+
     /// Forget every position after the checkpoint (KV caches truncated, recurrent states
     /// restored from the checkpoint's snapshots).
     pub fn rollback(&mut self, cp: Checkpoint) {

@@ -309,3 +309,49 @@ fn bad_sessions_are_refused() {
     assert!(!nowhere.exists());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Constant-memory decode (StreamingLLM's sinks + window, `--kv-window`): a request with an
+/// O(1) plan restores a prefix a plain request cached, prefills the rest, seals at its prompt's
+/// end and decodes in constant memory — the same logits, prompt and decode steps, as the same
+/// plan run cold; and its own prompt's entry serves the next one. Dense, sliding-window and
+/// hybrid models. A skeleton plan is not served from the cache (restores nothing).
+#[test]
+fn cached_equals_cold_constant_memory() {
+    use cortiq_engine::mixers::nystrom::{DEFAULT_RIDGE, Far, O1Settings, StatePrecision};
+    use cortiq_engine::o1::O1Plan;
+    let plan = |tp: usize, far: Far| O1Plan {
+        tp,
+        settings: O1Settings { window: 24, sinks: 4, landmarks: 8, ridge: DEFAULT_RIDGE, state: StatePrecision::Pair },
+        far,
+        check: None,
+    };
+    for name in ["qwen2", "gemma3", "qwen3_5"] {
+        let mut m = load(&fixture(name)).unwrap().model;
+        m.set_numerics(Numerics::Fast);
+        let v = m.cfg.vocab;
+        let a = tokens(v, 90, 0x5EED_0031);
+        let b: Vec<u32> = [&a[..], &tokens(v, 30, 0x5EED_0032)].concat();
+        let c: Vec<u32> = [&b[..], &tokens(v, 12, 0x5EED_0033)].concat();
+        let mut cache = PrefixCache::new(CacheConfig { ram: 1 << 32, every: 32 });
+        let mut st = m.new_state(N_CTX);
+        prefill(&m, Some(&mut cache), &a, &mut st, 64).unwrap();
+        let grid = m.cut_grid();
+        for (prompt, want) in [(&b, entry_point(a.len(), grid)), (&c, entry_point(b.len(), grid))] {
+            let mut st = m.new_state_o1(N_CTX, plan(prompt.len(), Far::Drop)).unwrap();
+            let (l, reused) = prefill(&m, Some(&mut cache), prompt, &mut st, 64).unwrap();
+            assert_eq!(reused, want, "{name}: an O(1) prompt of {} restores", prompt.len());
+            let got = then_decode(&m, &mut st, l, 8);
+            assert!(st.o1().is_some() && !st.cacheable(), "{name}: sealed");
+            let mut cold_st = m.new_state_o1(N_CTX, plan(prompt.len(), Far::Drop)).unwrap();
+            let (l, _) = prefill(&m, None, prompt, &mut cold_st, 48).unwrap();
+            assert_bits_equal(
+                &format!("{name}: StreamingLLM, {reused} of {} cached", prompt.len()),
+                &got,
+                &then_decode(&m, &mut cold_st, l, 8),
+            );
+        }
+        let mut st = m.new_state_o1(N_CTX, plan(c.len(), Far::Skeleton)).unwrap();
+        let (_, reused) = prefill(&m, Some(&mut cache), &c, &mut st, 64).unwrap();
+        assert_eq!(reused, 0, "{name}: a skeleton plan is not served from the cache");
+    }
+}
