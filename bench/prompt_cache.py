@@ -147,13 +147,16 @@ def chat(a, clients):
     print("totals: " + " | ".join(f"{n}: computed {t[0]}, reused {t[1]}" for n, t in totals.items()))
 
 
-def speed(a, client):
+def speed(a, client, port):
     rng = random.Random(7)
     words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho".split()
     text = lambda n: " ".join(rng.choice(words) for _ in range(n))
-    # ~1.1 tokens per word for this vocabulary; trimmed by the server's count below.
-    head = text(a.long // 2)
-    tail1, tail2 = text(a.long // 2), text(a.long // 2)
+    # Words per token of this vocabulary, from the server's tokenizer.
+    probe = text(1000)
+    per = 1000 / len(post(port, "/tokenize", {"content": probe})["tokens"])
+    n_words = int(a.long // 2 * per)
+    head = text(n_words)
+    tail1, tail2 = text(n_words), text(n_words)
     full = [{"role": "user", "content": head + " " + tail1}]
     half = [{"role": "user", "content": tail2}]
     other = [{"role": "user", "content": head + " " + tail2}]
@@ -176,6 +179,10 @@ def memory(a, proc, client, port):
     rng = random.Random(11)
     heads = [" ".join(rng.choice("abcdefghij") * rng.randint(1, 4) for _ in range(rng.randint(200, 900))) for _ in range(6)]
     tails = [" ".join(rng.choice("klmnopqrst") * rng.randint(1, 3) for _ in range(rng.randint(5, 120))) for _ in range(40)]
+    # The baseline after a warm-up (every weight page touched, the slot's buffers grown to the
+    # longest prompt), so that what grows after is the cache.
+    for h in heads:
+        ask(client, [{"role": "user", "content": h + "\n" + tails[0]}], 4, cache_prompt=False)
     base = rss_mb(proc.pid)
     peak = base
     for i in range(a.requests):
@@ -183,13 +190,15 @@ def memory(a, proc, client, port):
         ask(client, msgs, 4)
         peak = max(peak, rss_mb(proc.pid))
     metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
-    val = {l.split()[0]: float(l.split()[1]) for l in metrics.splitlines() if l.startswith("cortiq_cache")}
+    val = {l.split()[0]: float(l.split()[1]) for l in metrics.splitlines() if l.startswith("cortiq_") and " " in l}
     hits, misses = val["cortiq_cache_hits_total"], val["cortiq_cache_misses_total"]
     print(f"## memory: {a.requests} requests, --cache-ram {a.cache_ram} MiB: RSS {base:.0f} MiB before, "
           f"peak {peak:.0f} MiB (+{peak - base:.0f}); cache {val['cortiq_cache_bytes'] / 2**20:.0f} MiB in "
           f"{val['cortiq_cache_entries']:.0f} entries, {val['cortiq_cache_evictions_total']:.0f} evictions; "
           f"hit rate {hits / max(1, hits + misses):.2f} ({hits:.0f} of {hits + misses:.0f}), "
-          f"{val['cortiq_cache_reused_tokens_total']:.0f} tokens reused")
+          f"{val['cortiq_cache_reused_tokens_total']:.0f} tokens reused, {val['cortiq_prompt_tokens_total']:.0f} computed "
+          f"(reuse {val['cortiq_cache_reused_tokens_total'] / max(1, val['cortiq_cache_reused_tokens_total'] + val['cortiq_prompt_tokens_total']):.2f} "
+          f"of prompt positions, warm-up and refills included)")
 
 
 def main():
@@ -221,7 +230,7 @@ def main():
         elif "chat" in parts:
             chat(a, clients)
         if "speed" in parts:
-            speed(a, clients["cortiq"])
+            speed(a, clients["cortiq"], procs["cortiq"][1])
         for p, _ in procs.values():
             p.kill()
         procs = {}

@@ -141,6 +141,8 @@ pub struct CacheConfig {
 pub struct Restored {
     pub len: usize,
     pub checkpoints: Vec<Arc<Checkpoint>>,
+    /// Positions the prompt shares with the entry restored (≥ len): where they part.
+    pub common: usize,
 }
 
 struct Entry {
@@ -248,7 +250,8 @@ impl PrefixCache {
         }
         state.o1 = o1;
         let checkpoints = e.checkpoints.iter().filter(|c| c.len() <= reach).cloned().collect();
-        Some(Restored { len: reach, checkpoints })
+        let common = e.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+        Some(Restored { len: reach, checkpoints, common })
     }
 
     /// Cache `state` as the state after `tokens` (a grid point), with the checkpoints taken on
@@ -329,6 +332,10 @@ impl PrefixCache {
 #[derive(Default)]
 pub struct Filling {
     checkpoints: Vec<Arc<Checkpoint>>,
+    /// The last grid point the prompt shares with the entry it restored, past the checkpoint
+    /// it restored: a checkpoint there lets the next prompt that parts at the same place (the
+    /// same system prompt or document, another question) restore all of it.
+    branch: Option<usize>,
 }
 
 impl Filling {
@@ -337,11 +344,24 @@ impl Filling {
     pub fn start(cache: &mut PrefixCache, prompt: &[u32], state: &mut SeqState) -> (Filling, usize) {
         let Some(r) = cache.restore(prompt, state) else { return (Filling::default(), 0) };
         let mut checkpoints = r.checkpoints;
+        let recurrent = state.layers.iter().any(|l| l.is_recurrent());
         // The entry this prompt leaves must restore where this one started, too.
-        if !state.layers.iter().all(|l| !l.is_recurrent()) && checkpoints.last().is_none_or(|c| c.len() < r.len) {
+        if recurrent && checkpoints.last().is_none_or(|c| c.len() < r.len) {
             checkpoints.push(Arc::new(state.plain_checkpoint()));
         }
-        (Filling { checkpoints }, r.len)
+        let g = state.grid();
+        let branch = (r.common.min(prompt.len().saturating_sub(2)) / g * g).max(r.len);
+        let branch = (recurrent && branch > r.len).then_some(branch);
+        (Filling { checkpoints, branch }, r.len)
+    }
+
+    /// The next prefill call ([`next_cut`]), cut short at the branch point (a checkpoint).
+    pub fn cut(&self, done: usize, len: usize, chunk: usize, every: Option<usize>, grid: usize) -> Cut {
+        let c = next_cut(done, len, chunk, every, true, grid);
+        match self.branch {
+            Some(b) if done < b && b < c.end && b >= done + 2 => Cut { end: b, keep: Keep::Checkpoint },
+            _ => c,
+        }
     }
 
     /// After a call that ended at `tokens.len()` (the state's length), keep what the cut says:
@@ -394,7 +414,10 @@ pub fn advance(
     let every = cache.as_deref().map(|c| c.config().every);
     let mut logits = Vec::new();
     while done < stop.min(prompt.len()) {
-        let cut = next_cut(done, prompt.len(), chunk, every, cache.is_some(), state.grid());
+        let cut = match cache {
+            Some(_) => fill.cut(done, prompt.len(), chunk, every, state.grid()),
+            None => next_cut(done, prompt.len(), chunk, every, false, state.grid()),
+        };
         let want = if cut.end == prompt.len() { Logits::Last } else { Logits::None };
         logits = model.forward(&prompt[done..cut.end], state, want)?;
         done = cut.end;

@@ -565,7 +565,11 @@ impl Handle {
             let s = slots[si].as_ref().expect("a prefilling slot");
             let Phase::Prefill { done } = s.phase else { unreachable!("listed as prefilling") };
             let every = cache.as_ref().filter(|_| s.fill.is_some()).map(|c| c.config().every);
-            let cut = next_cut(done, s.req.prompt.len(), chunk, every, s.fill.is_some(), states[si].grid());
+            let (len, grid) = (s.req.prompt.len(), states[si].grid());
+            let cut = match &s.fill {
+                Some(f) => f.cut(done, len, chunk, every, grid),
+                None => next_cut(done, len, chunk, every, false, grid),
+            };
             let end = cut.end;
             if k > 0 && end - done > budget {
                 break;
@@ -792,7 +796,7 @@ impl Handle {
                 }
                 break;
             }
-            let cut = next_cut(done, tokens.len(), cfg.prefill_chunk.max(1), Some(cache.config().every), true, state.grid());
+            let cut = fill.cut(done, tokens.len(), cfg.prefill_chunk.max(1), Some(cache.config().every), state.grid());
             if let Err(e) = model.forward(&tokens[done..cut.end], state, Logits::None) {
                 tracing::warn!("prompt cache refill stopped: {e}");
                 break;

@@ -65,11 +65,15 @@ fn check(label: &str, m: &Model, len: usize, chunk: usize, cold_chunk: usize, ev
     let part = len * 5 / 9; // leaves `a` part-way between two checkpoints
     assert!(part % every != 0 && part % 16 != 0, "the parting point lies between checkpoints");
     let b: Vec<u32> = [&a[..part], &other[..len - part]].concat();
+    let third = tokens(v, len, 0x5EED_0004);
+    let b2: Vec<u32> = [&a[..part], &third[..len - part]].concat();
     let longer: Vec<u32> = [&a[..], &other[..30]].concat();
     let longest: Vec<u32> = [&longer[..], &other[30..41]].concat();
     let cases: Vec<(&[u32], &str, usize)> = vec![
         (&a, "first (nothing cached)", 0),
         (&b, "parts part-way", if hybrid { part / every * every } else { part }),
+        // b left a checkpoint where it parted from a: the next prompt parting there restores it.
+        (&b2, "parts at the same place again", part / grid * grid),
         (&a, "exact repeat", entry(a.len())),
         (&longer, "next turn", entry(a.len())),
         (&longest, "turn after", entry(longer.len())),
