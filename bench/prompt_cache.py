@@ -52,7 +52,8 @@ def wait_health(port, proc, what):
 
 def start_cortiq(a, port, cache_ram):
     p = subprocess.Popen([a.cortiq, "serve", "-m", a.model, "-t", str(a.threads), "--port", str(port),
-                          "--ctx", str(a.ctx), "--parallel", "1", "--cache-ram", str(cache_ram), "--alias", "m"],
+                          "--ctx", str(a.ctx), "--parallel", "1", "--cache-ram", str(cache_ram), "--alias", "m",
+                          "--cache-checkpoint-every", str(a.every)],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_health(port, p, "cortiq serve")
     return p
@@ -213,6 +214,7 @@ def main():
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--cache-ram", type=int, default=512)
     ap.add_argument("--skip-llama", action="store_true")
+    ap.add_argument("--every", type=int, default=1024, help="cortiq's --cache-checkpoint-every")
     ap.add_argument("--raw", action="store_true", help="completions over a plain transcript (no chat template)")
     a = ap.parse_args()
     global RAW

@@ -118,7 +118,7 @@ pub fn next_cut(done: usize, len: usize, chunk: usize, every: Option<usize>, ent
     fit(entry);
     let keep = if end == entry && end > 0 {
         Keep::Entry
-    } else if every.is_some_and(|e| end < len && end % round(e) == 0) {
+    } else if every.is_some_and(|e| end < len && end.is_multiple_of(round(e))) {
         Keep::Checkpoint
     } else {
         Keep::Nothing
@@ -135,6 +135,9 @@ pub struct CacheConfig {
     /// prompt leaving a cached one part-way resumes near where they part.
     pub every: usize,
 }
+
+/// A cached entry seen from outside: its tokens, the state after them, its checkpoints.
+pub type EntryView<'a> = (&'a [u32], &'a SeqState, &'a [Arc<Checkpoint>]);
 
 /// What a restore found: the positions now in the state, and the checkpoints up to there (the
 /// requesting sequence's entry inherits them, shared).
@@ -300,7 +303,7 @@ impl PrefixCache {
 
     /// The entry sharing the longest prefix with `tokens` (a conversation to save): its tokens,
     /// state and checkpoints.
-    pub fn best_for(&self, tokens: &[u32]) -> Option<(&[u32], &SeqState, &[Arc<Checkpoint>])> {
+    pub fn best_for(&self, tokens: &[u32]) -> Option<EntryView<'_>> {
         let common = |e: &Entry| e.tokens.iter().zip(tokens).take_while(|(a, b)| a == b).count();
         let e = self.entries.iter().filter(|e| common(e) > 0).max_by_key(|e| (common(e), e.used))?;
         Some((&e.tokens, &e.state, &e.checkpoints))

@@ -532,7 +532,9 @@ impl Handle {
         // What each slot runs: (slot, tokens, prompt chunk end if it is a chunk). A decoding
         // slot whose drafter has a draft verifies it on its own after the batch (`verifies`:
         // slot, its token then the draft).
-        let mut plan: Vec<(usize, Vec<u32>, Option<(usize, Keep)>)> = Vec::new();
+        // (slot, tokens, for a prompt chunk: its end and what to keep there)
+        type Planned = (usize, Vec<u32>, Option<(usize, Keep)>);
+        let mut plan: Vec<Planned> = Vec::new();
         let mut verifies: Vec<(usize, Vec<u32>)> = Vec::new();
         for (si, s) in slots.iter_mut().enumerate() {
             let Some(Slot { phase: Phase::Decode { next }, spec, history, generated, req, .. }) = s else { continue };

@@ -63,7 +63,7 @@ fn check(label: &str, m: &Model, len: usize, chunk: usize, cold_chunk: usize, ev
     let entry = |n: usize| entry_point(n, grid);
     // (prompt, what it is, positions the cache restores)
     let part = len * 5 / 9; // leaves `a` part-way between two checkpoints
-    assert!(part % every != 0 && part % 16 != 0, "the parting point lies between checkpoints");
+    assert!(!part.is_multiple_of(every) && !part.is_multiple_of(16), "the parting point lies between checkpoints");
     let b: Vec<u32> = [&a[..part], &other[..len - part]].concat();
     let third = tokens(v, len, 0x5EED_0004);
     let b2: Vec<u32> = [&a[..part], &third[..len - part]].concat();
