@@ -23,15 +23,7 @@ fn model(name: &str) -> Model {
 
 /// Deterministic token ids below the vocabulary (xorshift).
 fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
-    let mut s = seed | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s % vocab as u64) as u32
-        })
-        .collect()
+    cortiq_testkit::XorShift(seed | 1).ids(n, vocab)
 }
 
 fn plan(tp: usize, window: usize, sinks: usize, landmarks: usize, far: Far, check: Option<Guard>) -> O1Plan {

@@ -23,15 +23,7 @@ const N_CTX: usize = 1024;
 
 /// Deterministic token ids below `vocab` (xorshift), the prompts' material.
 fn tokens(vocab: usize, n: usize, seed: u64) -> Vec<u32> {
-    let mut x = seed | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % vocab as u64) as u32
-        })
-        .collect()
+    cortiq_testkit::XorShift(seed | 1).ids(n, vocab)
 }
 
 /// The last position's logits, then those of `steps` greedy decode steps, concatenated.

@@ -23,8 +23,7 @@ fn first_diff(a: &[f32], b: &[f32]) -> Option<(usize, f32, f32)> {
 
 /// Deterministic draft ids below the vocabulary (the tests' xorshift).
 fn draft_ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
-    let mut r = cortiq_testkit::XorShift(seed | 1);
-    (0..n).map(|_| (r.next() % vocab as u64) as u32).collect()
+    cortiq_testkit::XorShift(seed | 1).ids(n, vocab)
 }
 
 /// How the sequence's state is made.

@@ -85,6 +85,11 @@ impl XorShift {
         self.0
     }
 
+    /// `n` token ids below `vocab` (the tests' prompts and drafts).
+    pub fn ids(&mut self, n: usize, vocab: usize) -> Vec<u32> {
+        (0..n).map(|_| (self.next() % vocab as u64) as u32).collect()
+    }
+
     /// Uniform in [-1, 1) on a 2^-23 grid.
     pub fn f(&mut self) -> f32 {
         (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
