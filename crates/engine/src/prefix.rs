@@ -177,16 +177,22 @@ impl Entry {
     /// Whether every point this entry restores, `other` restores too (with the same values:
     /// `other`'s tokens start with this one's).
     fn covered_by(&self, other: &Entry) -> bool {
-        let n = self.tokens.len();
-        if n > other.tokens.len() || other.tokens[..n] != self.tokens[..] {
-            return false;
-        }
-        if other.state.can_truncate() || n == other.tokens.len() {
-            return true;
-        }
-        let theirs: HashSet<usize> = other.checkpoints.iter().map(|c| c.len()).collect();
-        theirs.contains(&n) && self.checkpoints.iter().all(|c| theirs.contains(&c.len()))
+        covers(other, &self.tokens, &self.checkpoints)
     }
+}
+
+/// Whether every point an entry of `tokens` with `checkpoints` restores, `big` restores too
+/// (with the same values: `big`'s tokens start with these).
+fn covers(big: &Entry, tokens: &[u32], checkpoints: &[Arc<Checkpoint>]) -> bool {
+    let n = tokens.len();
+    if n > big.tokens.len() || big.tokens[..n] != tokens[..] {
+        return false;
+    }
+    if big.state.can_truncate() || n == big.tokens.len() {
+        return true;
+    }
+    let theirs: HashSet<usize> = big.checkpoints.iter().map(|c| c.len()).collect();
+    theirs.contains(&n) && checkpoints.iter().all(|c| theirs.contains(&c.len()))
 }
 
 /// The cache: entries, least recently used out first once the bytes pass `CacheConfig::ram`.
@@ -227,12 +233,12 @@ impl PrefixCache {
         if !state.cacheable() {
             return None;
         }
-        let (mut best, mut reach) = (None, 0);
+        let (mut best, mut reach, mut common) = (None, 0, 0);
         for (i, e) in self.entries.iter().enumerate() {
-            let common = e.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
-            let r = e.reach(common, prompt.len());
+            let c = e.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+            let r = e.reach(c, prompt.len());
             if r > reach || (r == reach && r > 0 && best.is_some_and(|b: usize| e.used > self.entries[b].used)) {
-                (best, reach) = (Some(i), r);
+                (best, reach, common) = (Some(i), r, c);
             }
         }
         let i = best?;
@@ -253,7 +259,6 @@ impl PrefixCache {
         }
         state.o1 = o1;
         let checkpoints = e.checkpoints.iter().filter(|c| c.len() <= reach).cloned().collect();
-        let common = e.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
         Some(Restored { len: reach, checkpoints, common })
     }
 
@@ -265,29 +270,25 @@ impl PrefixCache {
         if !state.cacheable() {
             return 0;
         }
-        // An O(1) sequence before its seal is cached as the plain one it equals.
-        let plain;
-        let state = match state.o1 {
-            Some(_) => {
-                let mut s = state.clone();
-                s.o1 = None;
-                plain = s;
-                &plain
-            }
-            None => state,
-        };
-        let checkpoints = if state.can_truncate() { Vec::new() } else { checkpoints };
-        let own = state.bytes() + std::mem::size_of_val(tokens) + std::mem::size_of::<Entry>();
+        // The entry holds the plain state: an O(1) sequence before its seal is cached as the
+        // plain one it equals. Coverage is checked before the copy (a covering entry is only
+        // touched).
+        let truncatable = state.layers.iter().all(|l| !l.is_recurrent());
+        let checkpoints = if truncatable { Vec::new() } else { checkpoints };
+        self.clock += 1;
+        if let Some(old) = self.entries.iter_mut().find(|e| covers(e, tokens, &checkpoints)) {
+            old.used = self.clock;
+            return 0;
+        }
+        let plan = state.o1().map_or(0, |r| r.bytes());
+        let own = state.bytes() - plan + std::mem::size_of_val(tokens) + std::mem::size_of::<Entry>();
         let cps: usize = checkpoints.iter().map(|c| c.bytes()).sum();
         if own + cps > self.cfg.ram || tokens.is_empty() {
             return 0;
         }
-        self.clock += 1;
-        let new = Entry { tokens: tokens.to_vec(), state: state.clone(), checkpoints, own, used: self.clock };
-        if let Some(old) = self.entries.iter_mut().find(|e| new.covered_by(e)) {
-            old.used = self.clock;
-            return 0;
-        }
+        let mut plain = state.clone();
+        plain.o1 = None;
+        let new = Entry { tokens: tokens.to_vec(), state: plain, checkpoints, own, used: self.clock };
         self.entries.retain(|e| !e.covered_by(&new));
         self.entries.push(new);
         let mut evicted = 0;

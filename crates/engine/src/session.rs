@@ -114,6 +114,10 @@ pub fn save(
 /// Read a session `save` wrote for this model, its state sized for `n_ctx` positions.
 pub fn load(path: &Path, model: &Model, n_ctx: usize) -> Result<Session, SessionError> {
     let p = path.display().to_string();
+    if model.numerics == Numerics::LlamaCpp {
+        let what = "sessions are not restored under llama.cpp numerics (the prompt cache is off there)".into();
+        return Err(SessionError::Bad { path: p, what });
+    }
     let bytes = std::fs::read(path).map_err(|source| SessionError::Io { path: p.clone(), source })?;
     if bytes.len() < 8 || &bytes[..8] != MAGIC {
         return Err(SessionError::NotASession(p));
@@ -163,9 +167,6 @@ pub fn load(path: &Path, model: &Model, n_ctx: usize) -> Result<Session, Session
     if checkpoints.windows(2).any(|w| w[0].len() >= w[1].len()) || checkpoints.last().is_some_and(|c| c.len() >= n) {
         return Err(bad("checkpoints out of order".into()));
     }
-    if model.numerics == Numerics::LlamaCpp {
-        return Err(bad("sessions are not restored under llama.cpp numerics (the prompt cache is off there)".into()));
-    }
     Ok(Session { tokens, state, checkpoints })
 }
 
@@ -197,16 +198,7 @@ pub(crate) fn put_f32s(out: &mut Vec<u8>, v: &[f32]) {
 
 /// An f32 array of exactly `want` values (`what` names it in the error).
 pub(crate) fn get_f32s(r: &mut &[u8], want: usize, what: &str) -> Result<Vec<f32>, String> {
-    let n = get_u64(r)? as usize;
-    if n != want {
-        return Err(format!("{what}: {n} values where this model's layer holds {want}"));
-    }
-    if r.len() / 4 < n {
-        return Err(format!("{what}: truncated"));
-    }
-    let v = r[..4 * n].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))).collect();
-    *r = &r[4 * n..];
-    Ok(v)
+    get_array(r, want, what, |c: [u8; 4]| f32::from_le_bytes(c))
 }
 
 pub(crate) fn put_f16s(out: &mut Vec<u8>, v: &[f16]) {
@@ -216,15 +208,20 @@ pub(crate) fn put_f16s(out: &mut Vec<u8>, v: &[f16]) {
 }
 
 pub(crate) fn get_f16s(r: &mut &[u8], want: usize, what: &str) -> Result<Vec<f16>, String> {
+    get_array(r, want, what, |c: [u8; 2]| f16::from_bits(u16::from_le_bytes(c)))
+}
+
+/// A length-prefixed array of exactly `want` values of W bytes each, decoded by `value`.
+fn get_array<T, const W: usize>(r: &mut &[u8], want: usize, what: &str, value: impl Fn([u8; W]) -> T) -> Result<Vec<T>, String> {
     let n = get_u64(r)? as usize;
     if n != want {
         return Err(format!("{what}: {n} values where this model's layer holds {want}"));
     }
-    if r.len() / 2 < n {
+    if r.len() / W < n {
         return Err(format!("{what}: truncated"));
     }
-    let v = r[..2 * n].chunks_exact(2).map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]]))).collect();
-    *r = &r[2 * n..];
+    let v = r[..W * n].chunks_exact(W).map(|c| value(c.try_into().expect("W bytes"))).collect();
+    *r = &r[W * n..];
     Ok(v)
 }
 

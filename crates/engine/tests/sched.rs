@@ -28,6 +28,19 @@ impl Sink for ChanSink {
     }
 }
 
+/// A client that takes `1` to read each event.
+struct SlowSink(ChanSink, Duration);
+
+impl Sink for SlowSink {
+    fn send(&self, ev: Event) -> bool {
+        std::thread::sleep(self.1);
+        self.0.send(ev)
+    }
+    fn is_closed(&self) -> bool {
+        self.0.is_closed()
+    }
+}
+
 fn sampler(seed: u64) -> SamplerParams {
     SamplerParams { temperature: 0.9, top_k: 0, top_p: 1.0, min_p: 0.0, seed, ..SamplerParams::greedy() }
 }
@@ -181,8 +194,12 @@ fn sched_cancel_queue_and_context() {
     );
     assert_eq!(h.submit(vec![request(vec![], 0, 4, &tx, &open)]).unwrap_err(), SubmitError::EmptyPrompt);
     // A request bound to run until the context fills, then cancelled once it is generating.
+    // Its client reads slowly (20 ms a token): the context (61 tokens) cannot fill before the
+    // test cancels it, however the threads are scheduled.
     let gone = Arc::new(AtomicBool::new(false));
-    h.submit(vec![request(vec![7, 8, 9], 1, 1000, &tx, &gone)]).unwrap();
+    let mut long = request(vec![7, 8, 9], 1, 1000, &tx, &gone);
+    long.sink = Box::new(SlowSink(ChanSink(tx.clone(), gone.clone()), Duration::from_millis(20)));
+    h.submit(vec![long]).unwrap();
     loop {
         if let Event::Token { .. } = rx.recv_timeout(Duration::from_secs(30)).unwrap() {
             break;
