@@ -173,25 +173,31 @@ impl Entry {
             self.checkpoints.iter().map(|c| c.len()).filter(|&l| l <= cap).max().unwrap_or(0)
         }
     }
-
-    /// Whether every point this entry restores, `other` restores too (with the same values:
-    /// `other`'s tokens start with this one's).
-    fn covered_by(&self, other: &Entry) -> bool {
-        covers(other, &self.tokens, &self.checkpoints)
-    }
 }
 
 /// Whether every point an entry of `tokens` with `checkpoints` restores, `big` restores too
 /// (with the same values: `big`'s tokens start with these).
 fn covers(big: &Entry, tokens: &[u32], checkpoints: &[Arc<Checkpoint>]) -> bool {
+    covers_parts(&big.tokens, big.state.can_truncate(), &big.checkpoints, tokens, checkpoints)
+}
+
+/// `covers` for an entry not built yet: its tokens, whether its state truncates, its
+/// checkpoints.
+fn covers_parts(
+    big: &[u32],
+    truncatable: bool,
+    big_checkpoints: &[Arc<Checkpoint>],
+    tokens: &[u32],
+    checkpoints: &[Arc<Checkpoint>],
+) -> bool {
     let n = tokens.len();
-    if n > big.tokens.len() || big.tokens[..n] != tokens[..] {
+    if n > big.len() || big[..n] != tokens[..] {
         return false;
     }
-    if big.state.can_truncate() || n == big.tokens.len() {
+    if truncatable || n == big.len() {
         return true;
     }
-    let theirs: HashSet<usize> = big.checkpoints.iter().map(|c| c.len()).collect();
+    let theirs: HashSet<usize> = big_checkpoints.iter().map(|c| c.len()).collect();
     theirs.contains(&n) && checkpoints.iter().all(|c| theirs.contains(&c.len()))
 }
 
@@ -246,15 +252,14 @@ impl PrefixCache {
         let e = &mut self.entries[i];
         e.used = self.clock;
         // An O(1) sequence keeps its plan: before the seal its caches are a plain one's.
-        let (n_ctx, o1) = (state.n_ctx, state.o1.take());
-        *state = e.state.clone();
-        state.n_ctx = n_ctx;
+        let o1 = state.o1.take();
+        state.copy_from(&e.state);
         if reach < e.tokens.len() {
             if state.can_truncate() {
                 state.truncate(reach);
             } else {
                 let cp = e.checkpoints.iter().find(|c| c.len() == reach).expect("reach is a checkpoint");
-                state.rollback(Checkpoint::clone(cp));
+                state.rollback_to(cp);
             }
         }
         state.o1 = o1;
@@ -286,20 +291,34 @@ impl PrefixCache {
         if own + cps > self.cfg.ram || tokens.is_empty() {
             return 0;
         }
-        let mut plain = state.clone();
-        plain.o1 = None;
-        let new = Entry { tokens: tokens.to_vec(), state: plain, checkpoints, own, used: self.clock };
-        self.entries.retain(|e| !e.covered_by(&new));
-        self.entries.push(new);
-        let mut evicted = 0;
+        // Room first, then the copy: the process never holds the full budget and the new
+        // entry at once (the entries it covers go, then the least recently used ones).
+        let before = self.entries.len();
+        self.entries.retain(|e| !covers_parts(tokens, truncatable, &checkpoints, &e.tokens, &e.checkpoints));
         self.recount();
-        while self.bytes > self.cfg.ram {
-            let lru = (0..self.entries.len()).min_by_key(|&i| self.entries[i].used).expect("over budget means an entry");
+        let mut evicted = 0;
+        while !self.entries.is_empty() && self.bytes + own + self.unheld(&checkpoints) > self.cfg.ram {
+            let lru = (0..self.entries.len()).min_by_key(|&i| self.entries[i].used).expect("not empty");
             self.entries.swap_remove(lru);
             evicted += 1;
             self.recount();
         }
+        if self.entries.len() < before {
+            // The freed entries' pages go back to the kernel (the process keeps freed memory
+            // for the forward pass otherwise: `cortiq_kernels::mem`).
+            cortiq_kernels::mem::release_freed_memory();
+        }
+        let plain = SeqState { layers: state.layers.clone(), len: state.len, n_ctx: state.n_ctx, o1: None, grid: state.grid };
+        self.entries.push(Entry { tokens: tokens.to_vec(), state: plain, checkpoints, own, used: self.clock });
+        self.recount();
+        debug_assert!(self.bytes <= self.cfg.ram, "room was made before the entry went in");
         evicted
+    }
+
+    /// Bytes of those `checkpoints` that no entry holds yet (what storing them adds).
+    fn unheld(&self, checkpoints: &[Arc<Checkpoint>]) -> usize {
+        let held: HashSet<*const Checkpoint> = self.entries.iter().flat_map(|e| e.checkpoints.iter().map(Arc::as_ptr)).collect();
+        checkpoints.iter().filter(|c| !held.contains(&Arc::as_ptr(c))).map(|c| c.bytes() + std::mem::size_of::<Checkpoint>()).sum()
     }
 
     /// The entry sharing the longest prefix with `tokens` (a conversation to save): its tokens,
@@ -314,6 +333,7 @@ impl PrefixCache {
     pub fn clear(&mut self) {
         self.entries.clear();
         self.bytes = 0;
+        cortiq_kernels::mem::release_freed_memory();
     }
 
     fn recount(&mut self) {

@@ -364,7 +364,7 @@ impl Handle {
     pub fn run_with_draft(&self, model: &Model, draft: Option<&Arc<Model>>, tok: &Tokenizer) {
         let cfg = self.inner.cfg.clone();
         let mut slots: Vec<Option<Slot<'_>>> = (0..cfg.slots).map(|_| None).collect();
-        let mut states: Vec<SeqState> = (0..cfg.slots).map(|_| model.new_state(cfg.n_ctx)).collect();
+        let mut states: Vec<SeqState> = (0..cfg.slots).map(|_| slot_state(model, cfg.n_ctx)).collect();
         // Whether a slot's state is the plain kind (else it was built for an O(1) plan).
         let mut plain = vec![true; cfg.slots];
         let mut rate = Rate::new();
@@ -393,7 +393,7 @@ impl Handle {
                     if let (Some(c), Some(tokens)) = (cache.as_mut(), job) {
                         drop(q);
                         if !plain[0] {
-                            states[0] = model.new_state(cfg.n_ctx);
+                            states[0] = slot_state(model, cfg.n_ctx);
                             plain[0] = true;
                         }
                         self.refill(model, &cfg, c, tokens, &mut states[0]);
@@ -445,7 +445,7 @@ impl Handle {
                             }
                         },
                         None if !plain[si] => {
-                            states[si] = model.new_state(cfg.n_ctx);
+                            states[si] = slot_state(model, cfg.n_ctx);
                             plain[si] = true;
                         }
                         None => states[si].clear(),
@@ -868,6 +868,16 @@ impl Handle {
 /// step's slots are independent. Each slot's sampler makes the same call on the same row as
 /// `take_token` would, so its RNG and its tokens are the same. `drawn[i]` is None for the slots
 /// left to `take_token` (adjusted rows, or a step with one such row: not worth a dispatch).
+/// A serving slot's plain state, its KV caches' room for the whole context taken at once: pages
+/// the slot never writes cost no memory, and the buffers are never grown again (a grown
+/// buffer's old one stays with the allocator, which RSS counts), as a restore from the prompt
+/// cache copies into them (`SeqState::copy_from`).
+fn slot_state(model: &Model, n_ctx: usize) -> SeqState {
+    let mut s = model.new_state(n_ctx);
+    s.reserve(n_ctx);
+    s
+}
+
 fn presample(slots: &mut [Option<Slot<'_>>], idx: &[usize], logits: &[f32], vocab: usize) -> Vec<Option<u32>> {
     let mut drawn = vec![None; idx.len()];
     struct Job<'a> {

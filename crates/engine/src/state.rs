@@ -244,6 +244,38 @@ impl SeqState {
         }
     }
 
+    /// Become a copy of `src` (its layers, length, plan and grid; `n_ctx` kept), in this
+    /// state's own buffers where a layer is of the same type: the prompt cache restores a
+    /// serving slot this way, so the slot's buffers are reused rather than freed and grown
+    /// again on every request.
+    pub fn copy_from(&mut self, src: &SeqState) {
+        if self.layers.len() == src.layers.len() {
+            self.layers.iter_mut().zip(&src.layers).for_each(|(l, s)| l.copy_from(s));
+        } else {
+            self.layers = src.layers.clone();
+        }
+        (self.len, self.o1, self.grid) = (src.len, src.o1.clone(), src.grid);
+    }
+
+    /// `rollback` to a checkpoint kept elsewhere (the prompt cache's): its snapshots are copied
+    /// into this state's buffers.
+    pub fn rollback_to(&mut self, cp: &Checkpoint) {
+        assert!(cp.len <= self.len, "rollback to {} beyond current length {}", cp.len, self.len);
+        self.len = cp.len;
+        for (l, snap) in self.layers.iter_mut().zip(&cp.recurrent) {
+            match snap {
+                Some(s) => l.copy_from(s),
+                None => {
+                    assert!(!l.is_recurrent(), "a checkpoint snapshots every recurrent layer");
+                    l.0.truncate(cp.len);
+                }
+            }
+        }
+        if let (Some(run), Some(snap)) = (&mut self.o1, &cp.o1) {
+            run.restore(snap.clone(), cp.len);
+        }
+    }
+
     /// Whether `truncate` can go back to any earlier length (no recurrent layer, no O(1) plan).
     pub fn can_truncate(&self) -> bool {
         !self.layers.iter().any(LayerState::is_recurrent) && self.o1.is_none()

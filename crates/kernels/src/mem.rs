@@ -17,3 +17,18 @@ pub fn keep_freed_memory() {
         libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
     }
 }
+
+/// Hand the heap's free pages back to the kernel now (glibc's `malloc_trim`; no-op elsewhere).
+/// For memory freed in bulk that the forward pass will not reuse soon: the prompt cache calls
+/// it after evicting entries, so that the process's RSS follows the cache's budget rather than
+/// keeping the evicted entries' pages (which `keep_freed_memory` otherwise would). The next
+/// forward pass faults its scratch buffers in again once.
+pub fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free heap pages to the kernel (madvise / sbrk on chunks
+    // the allocator owns and no live allocation uses); it is thread-safe in glibc and takes
+    // any pad value.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}

@@ -246,7 +246,6 @@ impl Attention {
 }
 
 /// What an attention layer keeps of a sequence.
-#[derive(Clone)]
 pub enum Cache {
     /// Keys and values of every position so far: each [len, n_kv_heads, head_dim].
     Kv { k: Vec<f32>, v: Vec<f32> },
@@ -256,6 +255,32 @@ pub enum Cache {
     /// Sealed at the end of the prompt by an O(1) plan: sinks, a window ring and the Nyström
     /// skeleton's accumulators, constant size.
     O1(Box<O1Layer>),
+}
+
+impl Clone for Cache {
+    fn clone(&self) -> Cache {
+        match self {
+            Cache::Kv { k, v } => Cache::Kv { k: k.clone(), v: v.clone() },
+            Cache::KvF16 { k, v } => Cache::KvF16 { k: k.clone(), v: v.clone() },
+            Cache::O1(o) => Cache::O1(o.clone()),
+        }
+    }
+
+    /// Into this cache's own buffers where the formats match (the prompt cache restores a slot
+    /// this way: no allocation, no freed buffer left behind).
+    fn clone_from(&mut self, src: &Cache) {
+        match (self, src) {
+            (Cache::Kv { k, v }, Cache::Kv { k: sk, v: sv }) => {
+                k.clone_from(sk);
+                v.clone_from(sv);
+            }
+            (Cache::KvF16 { k, v }, Cache::KvF16 { k: sk, v: sv }) => {
+                k.clone_from(sk);
+                v.clone_from(sv);
+            }
+            (dst, src) => *dst = src.clone(),
+        }
+    }
 }
 
 impl Cache {
@@ -291,7 +316,6 @@ impl Cache {
 
 /// An attention layer's per-sequence state: the cache, its row width and format (what `clear`
 /// returns to), and whether a seal made it a sliding layer's bounded cache.
-#[derive(Clone)]
 pub struct KvState {
     pub cache: Cache,
     /// Values per position in `k` and in `v` (n_kv_heads · head_dim).
@@ -299,6 +323,17 @@ pub struct KvState {
     f16: bool,
     /// Sealed as a sliding layer's window (counts as KV in `bytes`, not as O(1) state).
     sliding: bool,
+}
+
+impl Clone for KvState {
+    fn clone(&self) -> KvState {
+        KvState { cache: self.cache.clone(), row: self.row, f16: self.f16, sliding: self.sliding }
+    }
+
+    fn clone_from(&mut self, src: &KvState) {
+        self.cache.clone_from(&src.cache);
+        (self.row, self.f16, self.sliding) = (src.row, src.f16, src.sliding);
+    }
 }
 
 impl KvState {
@@ -355,9 +390,21 @@ impl MixerState for KvState {
     }
 
     /// Back to an empty cache in the layer's format (a sealed layer too: an O(1) plan seals
-    /// it again at the next prompt's end).
+    /// it again at the next prompt's end). A plain cache keeps its buffers: a serving slot
+    /// reuses them for its next request rather than growing new ones (the allocator keeps
+    /// freed KV buffers as holes it cannot always fill, which RSS counts).
     fn clear(&mut self) {
-        self.cache = KvState::empty(self.f16);
+        match &mut self.cache {
+            Cache::Kv { k, v } if !self.f16 => {
+                k.clear();
+                v.clear();
+            }
+            Cache::KvF16 { k, v } if self.f16 => {
+                k.clear();
+                v.clear();
+            }
+            c => *c = KvState::empty(self.f16),
+        }
         self.sliding = false;
     }
 

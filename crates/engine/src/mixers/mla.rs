@@ -41,13 +41,26 @@ pub struct MlaWeights {
 }
 
 /// The expanded keys [len, n_heads, nope + rope] and values [len, n_heads, v_dim].
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Debug, PartialEq)]
 pub struct MlaState {
     pub k: Vec<f32>,
     pub v: Vec<f32>,
     /// Values per position in `k` (n_heads · (nope + rope)) and in `v` (n_heads · v_dim).
     k_width: usize,
     v_width: usize,
+}
+
+impl Clone for MlaState {
+    fn clone(&self) -> MlaState {
+        MlaState { k: self.k.clone(), v: self.v.clone(), k_width: self.k_width, v_width: self.v_width }
+    }
+
+    /// Into this state's own buffers (a serving slot restored from the prompt cache).
+    fn clone_from(&mut self, src: &MlaState) {
+        self.k.clone_from(&src.k);
+        self.v.clone_from(&src.v);
+        (self.k_width, self.v_width) = (src.k_width, src.v_width);
+    }
 }
 
 impl MlaState {
