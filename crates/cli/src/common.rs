@@ -8,6 +8,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use cortiq_engine::load::{Loaded, load};
+use cortiq_engine::mixers::evict::ScoreRule;
 use cortiq_engine::mixers::nystrom::{DEFAULT_RIDGE, Far, Guard, O1Settings, StatePrecision};
 use cortiq_engine::o1::O1Plan;
 use cortiq_formats::tokenizer::Tokenizer;
@@ -147,6 +148,20 @@ pub struct O1Args {
     /// --kv-window sink keys, S <= W [default: 4].
     #[arg(long, value_name = "S")]
     pub kv_sinks: Option<usize>,
+    /// Which keys the --kv-window budget keeps after the prompt: `window` (StreamingLLM: the
+    /// sinks and the last W) or `score` (the same bytes, sinks + W slots; each step the key
+    /// with the lowest attention from the current query, summed over the layer's heads,
+    /// leaves: TOVA's layer-shared rule) [default: window].
+    #[arg(long, value_name = "RULE", value_parser = ["window", "score"])]
+    pub kv_evict: Option<String>,
+    /// --kv-evict score: weight of a key's previous score in its new one, in [0, 1) (0: the
+    /// current query alone, TOVA's rule) [default: 0.7].
+    #[arg(long, value_name = "D")]
+    pub kv_evict_decay: Option<f32>,
+    /// --kv-evict score: keys this many positions old or younger are never evicted
+    /// [default: 16].
+    #[arg(long, value_name = "R")]
+    pub kv_evict_recent: Option<usize>,
     /// A polished model (`cortiq polish`) is served in O(1) mode with the settings recorded in
     /// its .cmf; --exact serves it with exact attention instead (as any other model). With
     /// --o1, the recorded settings are the defaults of the --o1-* flags.
@@ -189,6 +204,17 @@ impl O1Args {
         if self.kv_sinks.is_some() && self.kv_window.is_none() {
             bail!("--kv-sinks needs --kv-window");
         }
+        if self.kv_evict.is_some() && self.kv_window.is_none() {
+            bail!("--kv-evict needs --kv-window");
+        }
+        let score = self.kv_evict.as_deref() == Some("score");
+        for (flag, given) in
+            [("--kv-evict-decay", self.kv_evict_decay.is_some()), ("--kv-evict-recent", self.kv_evict_recent.is_some())]
+        {
+            if given && !score {
+                bail!("{flag} needs --kv-evict score");
+            }
+        }
         let d = served.unwrap_or(O1Settings { ridge: DEFAULT_RIDGE, ..O1Settings::default() });
         let (settings, far) = if o1 {
             let st = O1Settings {
@@ -212,7 +238,20 @@ impl O1Args {
                 bail!("--kv-sinks: {sinks} exceeds --kv-window {w}");
             }
             // Landmarks are unused when far keys are dropped.
-            (O1Settings { window: w, sinks, landmarks: 4, ridge: DEFAULT_RIDGE, state: d.state }, Far::Drop)
+            let far = if score {
+                let d = ScoreRule::default();
+                let decay = self.kv_evict_decay.unwrap_or(d.decay);
+                if !(0.0..1.0).contains(&decay) {
+                    bail!("--kv-evict-decay: must be in [0, 1), got {decay}");
+                }
+                Far::Score(ScoreRule { decay, recent: self.kv_evict_recent.unwrap_or(d.recent) })
+            } else {
+                Far::Drop
+            };
+            if score && check.is_some() {
+                bail!("--o1-check covers the Nyström skeleton and sink+window, not --kv-evict score");
+            }
+            (O1Settings { window: w, sinks, landmarks: 4, ridge: DEFAULT_RIDGE, state: d.state }, far)
         } else {
             return Ok(None);
         };

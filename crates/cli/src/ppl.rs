@@ -126,6 +126,9 @@ pub fn cmd_ppl(a: PplArgs) -> Result<()> {
         let what = match (p.far, p.check) {
             (Far::Skeleton, None) => "o1 streaming".to_string(),
             (Far::Drop, None) => "sink+window (StreamingLLM)".to_string(),
+            (Far::Score(r), None) => {
+                format!("sink+window budget, layer-shared score eviction (decay {}, recent {})", r.decay, r.recent)
+            }
             (far, Some(g)) => format!("matrix form of {far}, guard {g:?}"),
         };
         eprintln!(

@@ -54,6 +54,12 @@ fn bad_o1_settings_are_one_line_errors() {
         (&["--o1-prefill", "10"], "--o1-prefill"),
         (&["--o1-state", "pair"], "--o1-state"),
         (&["--o1", "--o1-state", "f16"], "--o1-state"),
+        (&["--kv-evict", "score"], "--kv-evict"),
+        (&["--kv-window", "8", "--kv-evict", "lru"], "--kv-evict"),
+        (&["--kv-window", "8", "--kv-evict-decay", "0.5"], "--kv-evict-decay"),
+        (&["--kv-window", "8", "--kv-evict", "score", "--kv-evict-decay", "1"], "--kv-evict-decay"),
+        (&["--kv-window", "8", "--kv-evict", "window", "--kv-evict-recent", "4"], "--kv-evict-recent"),
+        (&["--kv-window", "8", "--kv-evict", "score", "--o1-check"], "--o1-check"),
     ] {
         let args: Vec<&str> = base.iter().chain(extra).copied().collect();
         let (_, err, ok) = cortiq(&args);

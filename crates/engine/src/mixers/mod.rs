@@ -24,6 +24,7 @@ use crate::state::{LayerState, StateBytes};
 use crate::weights::TensorSource;
 
 pub mod attention;
+pub mod evict;
 pub mod gdn;
 pub mod kda;
 pub mod mla;

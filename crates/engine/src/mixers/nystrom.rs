@@ -86,6 +86,8 @@ const DEN_FLOOR: f64 = 1e-30;
 /// Bad O(1) settings or bad shapes. Setting errors name the CLI flag.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum NystromError {
+    #[error("the matrix-form check (--o1-check) covers the Nyström skeleton and sink+window, not score eviction")]
+    NoMatrixForm,
     #[error("--o1-window: must be at least 1, got 0")]
     ZeroWindow,
     #[error("--o1-sinks: {sinks} exceeds --o1-window {window}")]
@@ -171,12 +173,15 @@ impl O1Settings {
 }
 
 /// What happens to keys that are neither sinks nor in the window.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Far {
     /// Nyström landmark skeleton.
     Skeleton,
     /// StreamingLLM: far keys are dropped.
     Drop,
+    /// Layer-shared score eviction (`mixers::evict`): the same bytes as `Drop`, the kept keys
+    /// chosen by the layer's attention instead of by recency; the rest dropped.
+    Score(super::evict::ScoreRule),
 }
 
 /// Guard against negative skeleton weights (matrix form; the streaming form is Aggregate).
@@ -373,7 +378,7 @@ fn dot64(a: &[f64], b: &[f64]) -> f64 {
 /// f32 × f32 dot product accumulated in f64 (scores reach the hundreds; f32 accumulation would
 /// put ~1e-5 relative error into their exponentials).
 #[inline]
-fn dot32(a: &[f32], b: &[f32]) -> f64 {
+pub(crate) fn dot32(a: &[f32], b: &[f32]) -> f64 {
     let mut acc = [0.0f64; 4];
     let (ca, cb) = (a.chunks_exact(4), b.chunks_exact(4));
     let tail: f64 = ca.remainder().iter().zip(cb.remainder()).map(|(&x, &y)| x as f64 * y as f64).sum();
@@ -649,6 +654,8 @@ enum Keys {
     All { k: Vec<f32>, v: Vec<f32> },
     /// Sinks [sinks, n_kv, hd] and the window ring [window, n_kv, hd] (position p at slot p % W).
     Window { sink_k: Vec<f32>, sink_v: Vec<f32>, ring_k: Vec<f32>, ring_v: Vec<f32> },
+    /// [`Far::Score`]: sinks + window slots chosen by score.
+    Scored(super::evict::Slots),
 }
 
 /// Sealed O(1) attention state of one layer (all heads). Clone is the checkpoint.
@@ -722,6 +729,10 @@ impl O1Layer {
         };
         if far == Far::Skeleton && !settings.seals_skeleton(tp) {
             layer.keys = Keys::All { k: k.to_vec(), v: v.to_vec() };
+            return Ok(layer);
+        }
+        if let Far::Score(rule) = far {
+            layer.keys = Keys::Scored(super::evict::Slots::seal(k, v, row, sn, w, rule));
             return Ok(layer);
         }
         let mut sink_k = vec![0.0; sn * row];
@@ -814,6 +825,7 @@ impl O1Layer {
         let keys = match &self.keys {
             Keys::All { k, v } => (k.len() + v.len()) * 4,
             Keys::Window { sink_k, sink_v, ring_k, ring_v } => (sink_k.len() + sink_v.len() + ring_k.len() + ring_v.len()) * 4,
+            Keys::Scored(s) => s.bytes(),
         };
         keys + self.skeleton.as_ref().map_or(0, Skeleton::bytes) + self.acc.len() * 4 + size_of::<Self>()
     }
@@ -826,6 +838,11 @@ impl O1Layer {
         let row = nkv * hd;
         assert!(q.len() == nh * hd && o.len() == nh * hd && k.len() == row && v.len() == row, "O1Layer::step: shapes");
         let t = self.len;
+        if let Keys::Scored(slots) = &mut self.keys {
+            slots.step(q, k, v, o, nh, nkv, self.scale as f64);
+            self.len = t + 1;
+            return 0;
+        }
         let (w, sn) = (self.settings.window, self.settings.sinks);
         let group = nh / nkv;
         // The key leaving the window (position t − W) is copied out, then folded per kv group.
@@ -848,11 +865,13 @@ impl O1Layer {
                     ring_v[slot * row..][..row].copy_from_slice(v);
                 }
             }
+            Keys::Scored(_) => unreachable!("stepped above"),
         }
         self.len = t + 1;
         let n_near = match &self.keys {
             Keys::All { .. } => t + 1,
             Keys::Window { .. } => sn.min(t + 1) + (t + 1).saturating_sub(sn.max((t + 1).saturating_sub(w))),
+            Keys::Scored(_) => unreachable!("stepped above"),
         };
         let m = self.skeleton.as_ref().map_or(0, |sk| sk.m);
         let cx = StepCtx {
@@ -993,6 +1012,7 @@ fn for_each_near(keys: &Keys, t: usize, w: usize, sn: usize, row: usize, mut f: 
                 f(&ring_k[slot * row..][..row], &ring_v[slot * row..][..row]);
             }
         }
+        Keys::Scored(_) => unreachable!("a scored layer steps in `evict`"),
     }
 }
 
@@ -1025,6 +1045,9 @@ pub fn matrix_form(
 ) -> Result<MatrixOut, NystromError> {
     settings.validate()?;
     check_heads(n_heads, n_kv_heads)?;
+    if matches!(far, Far::Score(_)) {
+        return Err(NystromError::NoMatrixForm);
+    }
     let (nh, nkv, hd) = (n_heads, n_kv_heads, head_dim);
     if hd == 0 || !q.len().is_multiple_of(nh * hd) {
         return Err(NystromError::Shape {
@@ -1219,6 +1242,7 @@ impl fmt::Display for Far {
         f.write_str(match self {
             Far::Skeleton => "nystrom",
             Far::Drop => "streamingllm",
+            Far::Score(_) => "score eviction",
         })
     }
 }

@@ -1,0 +1,294 @@
+//! Layer-shared score eviction for the O(1) mode (issue 15; TOVA, arXiv 2401.06104): a sealed
+//! attention layer keeps a fixed set of exact keys, the same set for every head of the layer.
+//! Each step attends exactly over the kept keys and the new one; then, when the set is over its
+//! capacity, the key with the lowest score leaves (the new key too may be the one). A key's
+//! score is its attention from the current query summed over every query head of the layer,
+//! plus `decay` times its previous score (decay 0: TOVA's rule, the current query alone). The
+//! first `sinks` positions are pinned, and keys fewer than `recent` positions old are not
+//! candidates. Why the set is shared by the layer's heads: in the published ablation per-head
+//! choices lose to plain sink+window, the layer consensus beats it at every budget.
+//!
+//! Bytes: `sinks + window` rows of keys and values, the rows of a sink+window layer
+//! (`Far::Drop`) with the same settings, plus a position and a score per slot (12 bytes, under
+//! 1% of a row on the models here; counted). Keys are stored rotated at their own positions,
+//! so a slot's order never matters to the attention.
+//!
+//! Written here rather than taken from a crate: it is a step of the model's forward.
+
+use super::nystrom::dot32;
+
+/// The score rule (CLI: `--kv-evict score`, `--kv-evict-decay`, `--kv-evict-recent`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ScoreRule {
+    /// Weight of a key's previous score in its new one, 0 ≤ decay < 1.
+    pub decay: f32,
+    /// Keys this many positions old or younger are not evicted.
+    pub recent: usize,
+}
+
+impl Default for ScoreRule {
+    /// The best of a sweep on SmolLM2-135M, lcet10, ctx 2048, 4 sinks + 124 (BENCHMARKS.md,
+    /// thirteenth session).
+    fn default() -> Self {
+        ScoreRule { decay: 0.7, recent: 16 }
+    }
+}
+
+thread_local! {
+    /// A step's per-head scores [n + 1] and output row [hd], f64, per pool thread.
+    static SCRATCH: std::cell::RefCell<(Vec<f64>, Vec<f64>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// The kept keys of one layer: rows [cap, n_kv, hd] of which the first `n` are filled, the
+/// first min(sinks, n) of them the sink positions; per slot its position and score.
+#[derive(Debug, Clone)]
+pub struct Slots {
+    k: Vec<f32>,
+    v: Vec<f32>,
+    pos: Vec<u32>,
+    score: Vec<f64>,
+    n: usize,
+    cap: usize,
+    sinks: usize,
+    row: usize,
+    rule: ScoreRule,
+    /// The next step's position.
+    t: usize,
+}
+
+impl Slots {
+    /// The set at the seal of a prompt k, v [tp, row]: the sinks and the most recent
+    /// `window` positions (what sink+window keeps; scores start at 0 and the rule takes over
+    /// from the first step on).
+    pub fn seal(k: &[f32], v: &[f32], row: usize, sinks: usize, window: usize, rule: ScoreRule) -> Slots {
+        let tp = k.len() / row;
+        let cap = sinks + window;
+        let mut s = Slots {
+            k: vec![0.0; cap * row],
+            v: vec![0.0; cap * row],
+            pos: vec![0; cap],
+            score: vec![0.0; cap],
+            n: 0,
+            cap,
+            sinks,
+            row,
+            rule,
+            t: tp,
+        };
+        for p in (0..sinks.min(tp)).chain(sinks.max(tp.saturating_sub(window))..tp) {
+            s.put(s.n, p, &k[p * row..][..row], &v[p * row..][..row]);
+            s.n += 1;
+        }
+        s
+    }
+
+    pub fn bytes(&self) -> usize {
+        (self.k.len() + self.v.len()) * 4 + self.pos.len() * 4 + self.score.len() * 8
+    }
+
+    /// Positions of the kept keys, slot order.
+    pub fn positions(&self) -> &[u32] {
+        &self.pos[..self.n]
+    }
+
+    /// One step: q [n_heads, hd] attends over the kept keys and the new k, v [n_kv, hd]
+    /// (position `t`); o [n_heads, hd]. Then the set takes the new key, evicting the
+    /// lowest-scored candidate when full. Per kv group in parallel; the groups' score sums are
+    /// added in group order (the same keys leave however the pool schedules).
+    pub fn step(&mut self, q: &[f32], k: &[f32], v: &[f32], o: &mut [f32], n_heads: usize, n_kv: usize, scale: f64) {
+        let (row, n) = (self.row, self.n);
+        let hd = row / n_kv;
+        let group = n_heads / n_kv;
+        let nc = n + 1; // candidates: the kept keys, then the new one
+        let mut sums = vec![0.0f64; n_kv * nc];
+        let mut items: Vec<(&mut [f32], &mut [f64])> = o.chunks_mut(group * hd).zip(sums.chunks_mut(nc)).collect();
+        let (ks, vs) = (&self.k, &self.v);
+        crate::par::pool().for_rows_mut_dynamic(&mut items, 1, 1, |g, it| {
+            let (og, sum) = &mut it[0];
+            SCRATCH.with(|sc| {
+                let (p, out) = &mut *sc.borrow_mut();
+                p.resize(nc, 0.0);
+                out.resize(hd, 0.0);
+                let key = |j: usize| if j < n { &ks[j * row + g * hd..][..hd] } else { &k[g * hd..][..hd] };
+                let val = |j: usize| if j < n { &vs[j * row + g * hd..][..hd] } else { &v[g * hd..][..hd] };
+                for hh in 0..group {
+                    head_attend(&q[(g * group + hh) * hd..][..hd], nc, key, val, scale, p, out);
+                    og[hh * hd..][..hd].iter_mut().zip(out.iter()).for_each(|(y, &x)| *y = x as f32);
+                    sum.iter_mut().zip(p.iter()).for_each(|(a, &pj)| *a += pj);
+                }
+            });
+        });
+        drop(items);
+        let layer = |j: usize| (0..n_kv).map(|g| sums[g * nc + j]).sum::<f64>();
+        let decay = self.rule.decay as f64;
+        for j in 0..n {
+            self.score[j] = decay * self.score[j] + layer(j);
+        }
+        let (t, new_score) = (self.t, layer(n));
+        self.t += 1;
+        if n < self.cap {
+            self.put(n, t, k, v);
+            self.score[n] = new_score;
+            self.n += 1;
+            return;
+        }
+        let recent = self.rule.recent;
+        let candidate = |j: usize| if j == n { recent == 0 } else { j >= self.sinks && self.pos[j] as usize + recent <= t };
+        let score = |j: usize| if j == n { new_score } else { self.score[j] };
+        // The first lowest (slot order) leaves; with no candidate the new key is dropped.
+        let victim = (0..nc).filter(|&j| candidate(j)).min_by(|&a, &b| score(a).total_cmp(&score(b))).unwrap_or(n);
+        if victim < n {
+            self.put(victim, t, k, v);
+            self.score[victim] = new_score;
+        }
+    }
+
+    fn put(&mut self, slot: usize, pos: usize, k: &[f32], v: &[f32]) {
+        let row = self.row;
+        self.k[slot * row..][..row].copy_from_slice(k);
+        self.v[slot * row..][..row].copy_from_slice(v);
+        self.pos[slot] = pos as u32;
+    }
+}
+
+/// One query head's exact attention over `nc` keys: p [nc] gets the probabilities, out [hd]
+/// the output, both f64.
+fn head_attend<'a>(
+    q: &[f32],
+    nc: usize,
+    key: impl Fn(usize) -> &'a [f32],
+    val: impl Fn(usize) -> &'a [f32],
+    scale: f64,
+    p: &mut [f64],
+    out: &mut [f64],
+) {
+    let mut mx = f64::NEG_INFINITY;
+    for (j, s) in p[..nc].iter_mut().enumerate() {
+        *s = dot32(q, key(j)) * scale;
+        mx = mx.max(*s);
+    }
+    let mut den = 0.0;
+    out.fill(0.0);
+    for (j, s) in p[..nc].iter_mut().enumerate() {
+        *s = (*s - mx).exp();
+        den += *s;
+        out.iter_mut().zip(val(j)).for_each(|(x, &y)| *x += *s * y as f64);
+    }
+    let inv = 1.0 / den;
+    out.iter_mut().for_each(|x| *x *= inv);
+    p[..nc].iter_mut().for_each(|x| *x *= inv);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cortiq_testkit::XorShift;
+
+    /// The rule, one plain loop per step over a list of (position, k, v, score).
+    struct Reference {
+        kept: Vec<(usize, Vec<f32>, Vec<f32>, f64)>,
+    }
+
+    fn attend_all(
+        kept: &[(usize, Vec<f32>, Vec<f32>, f64)],
+        q: &[f32],
+        nh: usize,
+        nkv: usize,
+        hd: usize,
+        scale: f64,
+    ) -> (Vec<f64>, Vec<f64>) {
+        let group = nh / nkv;
+        let mut o = vec![0.0; nh * hd];
+        let mut layer = vec![0.0; kept.len()];
+        for h in 0..nh {
+            let g = h / group;
+            let s: Vec<f64> = kept
+                .iter()
+                .map(|(_, k, _, _)| (0..hd).map(|i| q[h * hd + i] as f64 * k[g * hd + i] as f64).sum::<f64>() * scale)
+                .collect();
+            let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = s.iter().map(|x| (x - mx).exp()).collect();
+            let den: f64 = e.iter().sum();
+            for (j, (_, _, v, _)) in kept.iter().enumerate() {
+                layer[j] += e[j] / den;
+                for i in 0..hd {
+                    o[h * hd + i] += e[j] / den * v[g * hd + i] as f64;
+                }
+            }
+        }
+        (o, layer)
+    }
+
+    #[test]
+    fn steps_follow_the_rule_and_attend_exactly() {
+        let (nh, nkv, hd, scale) = (6, 2, 8, 0.35);
+        let row = nkv * hd;
+        for (sinks, window, rule, seed) in [
+            (2, 5, ScoreRule { decay: 0.0, recent: 0 }, 1),
+            (1, 6, ScoreRule { decay: 0.7, recent: 3 }, 2),
+            (0, 4, ScoreRule { decay: 0.5, recent: 0 }, 3),
+            (3, 3, ScoreRule { decay: 0.9, recent: 2 }, 4),
+        ] {
+            let mut rng = XorShift(0x9E37_79B9 + seed);
+            let tp = 9;
+            let k: Vec<f32> = (0..tp * row).map(|_| rng.f()).collect();
+            let v: Vec<f32> = (0..tp * row).map(|_| rng.f()).collect();
+            let mut s = Slots::seal(&k, &v, row, sinks, window, rule);
+            let mut r = Reference { kept: Vec::new() };
+            for p in (0..sinks.min(tp)).chain(sinks.max(tp - window)..tp) {
+                r.kept.push((p, k[p * row..][..row].to_vec(), v[p * row..][..row].to_vec(), 0.0));
+            }
+            for t in tp..tp + 40 {
+                let q: Vec<f32> = (0..nh * hd).map(|_| 6.0 * rng.f()).collect();
+                let kn: Vec<f32> = (0..row).map(|_| rng.f()).collect();
+                let vn: Vec<f32> = (0..row).map(|_| rng.f()).collect();
+                let mut o = vec![0.0; nh * hd];
+                s.step(&q, &kn, &vn, &mut o, nh, nkv, scale);
+                r.kept.push((t, kn, vn, 0.0));
+                let (ro, layer) = attend_all(&r.kept, &q, nh, nkv, hd, scale);
+                for (a, b) in o.iter().zip(&ro) {
+                    assert!((*a as f64 - b).abs() <= 1e-6 * (1.0 + b.abs()), "t={t}: output {a} vs {b}");
+                }
+                let last = r.kept.len() - 1;
+                for (j, e) in r.kept.iter_mut().enumerate() {
+                    e.3 = if j == last { layer[j] } else { rule.decay as f64 * e.3 + layer[j] };
+                }
+                if r.kept.len() > sinks + window {
+                    let victim = (0..r.kept.len())
+                        .filter(|&j| {
+                            let p = r.kept[j].0;
+                            p >= sinks && p + rule.recent <= t && (j < last || rule.recent == 0)
+                        })
+                        .min_by(|&a, &b| r.kept[a].3.total_cmp(&r.kept[b].3));
+                    r.kept.remove(victim.unwrap_or(last));
+                }
+                let mut want: Vec<u32> = r.kept.iter().map(|e| e.0 as u32).collect();
+                let mut got = s.positions().to_vec();
+                want.sort_unstable();
+                got.sort_unstable();
+                assert_eq!(got, want, "t={t}: kept positions (sinks {sinks}, window {window}, {rule:?})");
+                assert!(got.iter().take(sinks).enumerate().all(|(i, &p)| p as usize == i), "sinks stay");
+            }
+        }
+    }
+
+    #[test]
+    fn a_state_that_never_fills_is_exact_attention() {
+        let (nh, nkv, hd) = (4, 1, 16);
+        let mut rng = XorShift(0x9E37_79B9);
+        let k: Vec<f32> = (0..3 * hd).map(|_| rng.f()).collect();
+        let mut s = Slots::seal(&k, &k, hd, 4, 100, ScoreRule::default());
+        let mut kept: Vec<(usize, Vec<f32>, Vec<f32>, f64)> =
+            (0..3).map(|p| (p, k[p * hd..][..hd].to_vec(), k[p * hd..][..hd].to_vec(), 0.0)).collect();
+        for t in 3..60 {
+            let q: Vec<f32> = (0..nh * hd).map(|_| rng.f()).collect();
+            let kn: Vec<f32> = (0..hd).map(|_| rng.f()).collect();
+            let mut o = vec![0.0; nh * hd];
+            s.step(&q, &kn, &kn, &mut o, nh, nkv, 0.25);
+            kept.push((t, kn.clone(), kn, 0.0));
+            let (ro, _) = attend_all(&kept, &q, nh, nkv, hd, 0.25);
+            assert!(o.iter().zip(&ro).all(|(a, b)| (*a as f64 - b).abs() <= 1e-6 * (1.0 + b.abs())), "t={t}");
+        }
+        assert_eq!(s.positions().len(), 60);
+    }
+}
