@@ -318,7 +318,11 @@ impl PrefixCache {
     /// Bytes of those `checkpoints` that no entry holds yet (what storing them adds).
     fn unheld(&self, checkpoints: &[Arc<Checkpoint>]) -> usize {
         let held: HashSet<*const Checkpoint> = self.entries.iter().flat_map(|e| e.checkpoints.iter().map(Arc::as_ptr)).collect();
-        checkpoints.iter().filter(|c| !held.contains(&Arc::as_ptr(c))).map(|c| c.bytes() + std::mem::size_of::<Checkpoint>()).sum()
+        checkpoints
+            .iter()
+            .filter(|c| !held.contains(&Arc::as_ptr(c)))
+            .map(|c| c.bytes() + std::mem::size_of::<Checkpoint>())
+            .sum()
     }
 
     /// The entry sharing the longest prefix with `tokens` (a conversation to save): its tokens,
