@@ -103,7 +103,7 @@ def post(port, path, body):
     return json.load(urllib.request.urlopen(req, timeout=3600))
 
 
-def chat_ids(a, ports):
+def chat_ids(a, ports, clients):
     """The conversation kept as token ids (models without a chat template, random weights
     whose output text does not re-tokenize to the same ids): each turn sends the ids so far +
     the new user line, and appends the ids the server generated (`return_tokens`)."""
@@ -115,9 +115,12 @@ def chat_ids(a, ports):
             ids = hist[name] + post(port, "/tokenize", {"content": f"User: {q}\nAssistant:"})["tokens"]
             t0 = time.time()
             if name == "cortiq":
-                r = post(port, "/v1/completions", {"prompt": ids, "max_tokens": 48, "temperature": 0, "return_tokens": True,
-                                                   "ignore_eos": True})
-                out, cached = r["choices"][0]["tokens"], r["usage"]["prompt_tokens_details"]["cached_tokens"]
+                # The official client: completions over a token-id prompt, the ids generated
+                # back through `return_tokens`.
+                r = clients[name].completions.create(model="m", prompt=ids, max_tokens=48, temperature=0,
+                                                     extra_body={"return_tokens": True, "ignore_eos": True})
+                out = r.choices[0].model_extra["tokens"]
+                cached = r.usage.prompt_tokens_details.cached_tokens or 0
                 computed = len(ids) - cached
             else:
                 r = post(port, "/completion", {"prompt": ids, "n_predict": 48, "temperature": 0, "return_tokens": True,
@@ -234,7 +237,7 @@ def main():
         clients = {n: openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", timeout=3600)
                    for n, (_, port) in procs.items()}
         if "chat" in parts and a.raw:
-            chat_ids(a, {n: port for n, (_, port) in procs.items()})
+            chat_ids(a, {n: port for n, (_, port) in procs.items()}, clients)
         elif "chat" in parts:
             chat(a, clients)
         if "speed" in parts:
