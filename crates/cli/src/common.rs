@@ -162,6 +162,11 @@ pub struct O1Args {
     /// [default: 16].
     #[arg(long, value_name = "R")]
     pub kv_evict_recent: Option<usize>,
+    /// --kv-evict score: at the end of the prompt the last N prompt queries vote for the
+    /// prompt keys kept (SnapKV); 0 keeps the sinks and the last W, as sink+window does
+    /// [default: 0].
+    #[arg(long, value_name = "N")]
+    pub kv_evict_obs: Option<usize>,
     /// A polished model (`cortiq polish`) is served in O(1) mode with the settings recorded in
     /// its .cmf; --exact serves it with exact attention instead (as any other model). With
     /// --o1, the recorded settings are the defaults of the --o1-* flags.
@@ -244,7 +249,11 @@ impl O1Args {
                 if !(0.0..1.0).contains(&decay) {
                     bail!("--kv-evict-decay: must be in [0, 1), got {decay}");
                 }
-                Far::Score(ScoreRule { decay, recent: self.kv_evict_recent.unwrap_or(d.recent) })
+                Far::Score(ScoreRule {
+                    decay,
+                    recent: self.kv_evict_recent.unwrap_or(d.recent),
+                    obs: self.kv_evict_obs.unwrap_or(d.obs),
+                })
             } else {
                 Far::Drop
             };

@@ -188,6 +188,7 @@ pub fn attention_core(
     kv.append(&k, &v);
     match o1 {
         AttnO1::Segments(s) => s.add(pos0, &q),
+        AttnO1::Recent(r) => r.add(pos0, &q),
         AttnO1::Matrix { plan, q_hist, stats } => {
             q_hist.extend_from_slice(&q);
             let _s = profile::span(Op::Attention);

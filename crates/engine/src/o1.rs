@@ -12,6 +12,7 @@
 //! short-conv layers are already O(1); MLA (Kimi) keeps its exact cache.
 
 use crate::mixers::attention::{Cache, KvState};
+use crate::mixers::evict::{RecentQueries, Slots};
 use crate::mixers::nystrom::{Far, Guard, NystromError, O1Layer, O1Settings, QuerySegments};
 use crate::state::LayerState;
 
@@ -83,6 +84,9 @@ pub struct O1Run {
     pub(crate) serve: Vec<Serve>,
     /// Per planned layer until its seal (skeleton plans): the prompt's query segment sums.
     segs: Vec<Option<QuerySegments>>,
+    /// Per planned layer until its seal (score plans whose seal is voted): the prompt's last
+    /// queries.
+    recent: Vec<Option<RecentQueries>>,
     /// Check mode, per planned layer: every position's queries [len, n_heads, head_dim].
     q_hist: Vec<Vec<f32>>,
     geom: Geom,
@@ -95,6 +99,8 @@ pub enum AttnO1<'a> {
     Off,
     /// Prompt phase: exact attention, and the chunk's queries (post-RoPE) summed per landmark.
     Segments(&'a mut QuerySegments),
+    /// Prompt phase of a voted score plan: exact attention, and the last queries kept.
+    Recent(&'a mut RecentQueries),
     /// Exact before the seal (a StreamingLLM plan keeps no segments); after it the layer's state
     /// is sealed (`attention::Cache::O1`) and steps count into these statistics.
     Stats(&'a mut O1Stats),
@@ -108,6 +114,7 @@ impl AttnO1<'_> {
         match self {
             AttnO1::Off => AttnO1::Off,
             AttnO1::Segments(s) => AttnO1::Segments(s),
+            AttnO1::Recent(r) => AttnO1::Recent(r),
             AttnO1::Stats(s) => AttnO1::Stats(s),
             AttnO1::Matrix { plan, q_hist, stats } => AttnO1::Matrix { plan: *plan, q_hist, stats },
         }
@@ -117,7 +124,15 @@ impl AttnO1<'_> {
 impl O1Run {
     pub(crate) fn new(plan: O1Plan, serve: Vec<Serve>, geom: Geom) -> O1Run {
         let n = serve.len();
-        let mut run = O1Run { plan, serve, segs: vec![None; n], q_hist: vec![Vec::new(); n], geom, stats: O1Stats::default() };
+        let mut run = O1Run {
+            plan,
+            serve,
+            segs: vec![None; n],
+            recent: vec![None; n],
+            q_hist: vec![Vec::new(); n],
+            geom,
+            stats: O1Stats::default(),
+        };
         run.restart_segments();
         run
     }
@@ -130,13 +145,20 @@ impl O1Run {
             *s = (seal_skeleton && how == Serve::Planned)
                 .then(|| QuerySegments::new(p.tp, m, self.geom.n_heads, self.geom.head_dim));
         }
+        let obs = match p.far {
+            Far::Score(rule) if p.check.is_none() => rule.obs,
+            _ => 0,
+        };
+        for (r, &how) in self.recent.iter_mut().zip(&self.serve) {
+            *r = (obs > 0 && how == Serve::Planned).then(|| RecentQueries::new(p.tp, obs, self.geom.n_heads, self.geom.head_dim));
+        }
     }
 
     /// Whether the prompt phase is exact attention and nothing else: no per-landmark query sums
     /// (a skeleton plan's depend on its own tp) and no check mode. Such a sequence's state
     /// before the seal is a plain sequence's, so the prompt cache can serve it.
     pub fn plain_prompt(&self) -> bool {
-        self.plan.check.is_none() && self.segs.iter().all(Option::is_none)
+        self.plan.check.is_none() && self.segs.iter().all(Option::is_none) && self.recent.iter().all(Option::is_none)
     }
 
     /// Whether positions < tp are still to come (the streaming plan has not sealed yet).
@@ -158,9 +180,10 @@ impl O1Run {
         if self.plan.check.is_some() {
             return AttnO1::Matrix { plan: self.plan, q_hist: &mut self.q_hist[il], stats: &mut self.stats };
         }
-        match &mut self.segs[il] {
-            Some(s) => AttnO1::Segments(s),
-            None => AttnO1::Stats(&mut self.stats),
+        match (&mut self.segs[il], &mut self.recent[il]) {
+            (Some(s), _) => AttnO1::Segments(s),
+            (None, Some(r)) => AttnO1::Recent(r),
+            (None, None) => AttnO1::Stats(&mut self.stats),
         }
     }
 
@@ -183,6 +206,24 @@ impl O1Run {
             _ => (self.plan.settings, self.plan.far),
         };
         let kv = ls.of::<KvState>();
+        if let (Far::Score(rule), Some(recent)) = (far, &self.recent[il]) {
+            let widened;
+            let (k, v) = match &kv.cache {
+                Cache::Kv { k, v } => (&k[..], &v[..]),
+                Cache::KvF16 { k, v } => {
+                    widened =
+                        (k.iter().map(|x| x.to_f32()).collect::<Vec<f32>>(), v.iter().map(|x| x.to_f32()).collect::<Vec<f32>>());
+                    (&widened.0[..], &widened.1[..])
+                }
+                Cache::O1(_) => return Ok(()),
+            };
+            let slots = Slots::seal_voted(k, v, recent, g.n_heads, g.n_kv, settings.sinks, settings.window, rule, g.scale as f64);
+            let sealed =
+                O1Layer::scored(&settings, g.scale, g.n_heads, g.n_kv, g.head_dim, k.len() / (g.n_kv * g.head_dim), slots);
+            self.recent[il] = None;
+            kv.seal(sealed, false);
+            return Ok(());
+        }
         let sealed = match &kv.cache {
             Cache::Kv { k, v } => {
                 O1Layer::seal(&settings, far, g.scale, g.n_heads, g.n_kv, g.head_dim, self.segs[il].as_ref(), k, v)?
@@ -227,6 +268,7 @@ impl O1Run {
             plan: self.plan,
             serve: self.serve.clone(),
             segs: self.segs.clone(),
+            recent: self.recent.clone(),
             q_hist: vec![Vec::new(); self.serve.len()],
             geom: self.geom,
             stats: self.stats,
@@ -245,6 +287,7 @@ impl O1Run {
     /// Bytes of the prompt-phase bookkeeping (segment sums; the check mode's query history is
     /// checking scaffolding, not sequence state, and is not counted).
     pub fn bytes(&self) -> usize {
-        self.segs.iter().flatten().map(|s| s.bytes()).sum()
+        self.segs.iter().flatten().map(|s| s.bytes()).sum::<usize>()
+            + self.recent.iter().flatten().map(|r| r.bytes()).sum::<usize>()
     }
 }

@@ -24,13 +24,17 @@ pub struct ScoreRule {
     pub decay: f32,
     /// Keys this many positions old or younger are not evicted.
     pub recent: usize,
+    /// At the seal, the last `obs` prompt queries vote (SnapKV, arXiv 2404.14469): the kept
+    /// prompt keys are the sinks, the last `recent` positions and the highest-voted others.
+    /// 0: the sinks and the last `window` positions, as sink+window keeps them.
+    pub obs: usize,
 }
 
 impl Default for ScoreRule {
     /// The best of a sweep on SmolLM2-135M, lcet10, ctx 2048, 4 sinks + 124 (BENCHMARKS.md,
     /// thirteenth session).
     fn default() -> Self {
-        ScoreRule { decay: 0.7, recent: 16 }
+        ScoreRule { decay: 0.7, recent: 16, obs: 0 }
     }
 }
 
@@ -77,6 +81,69 @@ impl Slots {
         };
         for p in (0..sinks.min(tp)).chain(sinks.max(tp.saturating_sub(window))..tp) {
             s.put(s.n, p, &k[p * row..][..row], &v[p * row..][..row]);
+            s.n += 1;
+        }
+        s
+    }
+
+    /// The set at the seal chosen by the votes of the prompt's last queries (`ScoreRule::obs`;
+    /// `recent` their rows [obs', n_heads, hd] for positions tp − obs'..tp): each key's vote is
+    /// its attention from every such query (causal) summed over the heads; its starting score
+    /// is the mean vote per query over (1 − decay), where per-step scores settle.
+    #[allow(clippy::too_many_arguments)]
+    pub fn seal_voted(
+        k: &[f32],
+        v: &[f32],
+        recent: &RecentQueries,
+        n_heads: usize,
+        n_kv: usize,
+        sinks: usize,
+        window: usize,
+        rule: ScoreRule,
+        scale: f64,
+    ) -> Slots {
+        let row = n_kv * (recent.row / n_heads);
+        let tp = k.len() / row;
+        let cap = sinks + window;
+        if tp <= cap || recent.q.is_empty() {
+            return Slots::seal(k, v, row, sinks, window, rule);
+        }
+        let hd = row / n_kv;
+        let group = n_heads / n_kv;
+        let nq = recent.q.len() / recent.row;
+        let first_q = tp - nq;
+        // Votes per key, summed over queries and heads in a fixed order.
+        let mut votes = vec![0.0f64; tp];
+        let mut p = vec![0.0f64; tp];
+        for i in 0..nq {
+            let pos = first_q + i;
+            for h in 0..n_heads {
+                let (g, qh) = (h / group, &recent.q[i * recent.row + h * hd..][..hd]);
+                let mut mx = f64::NEG_INFINITY;
+                for (j, s) in p[..=pos].iter_mut().enumerate() {
+                    *s = dot32(qh, &k[j * row + g * hd..][..hd]) * scale;
+                    mx = mx.max(*s);
+                }
+                let mut den = 0.0;
+                for s in p[..=pos].iter_mut() {
+                    *s = (*s - mx).exp();
+                    den += *s;
+                }
+                votes[..=pos].iter_mut().zip(&p[..=pos]).for_each(|(a, &e)| *a += e / den);
+            }
+        }
+        let keep_recent = rule.recent.min(window);
+        let mut others: Vec<usize> = (sinks..tp - keep_recent).collect();
+        // Highest vote first; ties to the later position (the more recent), then sorted back.
+        others.sort_by(|&a, &b| votes[b].total_cmp(&votes[a]).then(b.cmp(&a)));
+        others.truncate(window - keep_recent);
+        others.sort_unstable();
+        let mut s = Slots::seal(&k[..0], &v[..0], row, sinks, window, rule);
+        s.t = tp;
+        let settle = 1.0 / (nq as f64 * (1.0 - rule.decay as f64));
+        for p in (0..sinks).chain(others).chain(tp - keep_recent..tp) {
+            s.put(s.n, p, &k[p * row..][..row], &v[p * row..][..row]);
+            s.score[s.n] = votes[p] * settle;
             s.n += 1;
         }
         s
@@ -148,6 +215,40 @@ impl Slots {
         self.k[slot * row..][..row].copy_from_slice(k);
         self.v[slot * row..][..row].copy_from_slice(v);
         self.pos[slot] = pos as u32;
+    }
+}
+
+/// The last `obs` prompt queries of a planned layer ([obs, n_heads, hd], post-RoPE), kept while
+/// the prompt streams through for `Slots::seal_voted`.
+#[derive(Debug, Clone)]
+pub struct RecentQueries {
+    tp: usize,
+    obs: usize,
+    /// n_heads · head_dim.
+    row: usize,
+    q: Vec<f32>,
+}
+
+impl RecentQueries {
+    pub fn new(tp: usize, obs: usize, n_heads: usize, head_dim: usize) -> RecentQueries {
+        RecentQueries { tp, obs: obs.min(tp), row: n_heads * head_dim, q: Vec::new() }
+    }
+
+    /// Queries of positions pos0.. (q: [n, n_heads, head_dim]); only those of the last `obs`
+    /// prompt positions are kept.
+    pub fn add(&mut self, pos0: usize, q: &[f32]) {
+        let first = self.tp - self.obs;
+        for (r, qr) in q.chunks_exact(self.row).enumerate() {
+            let p = pos0 + r;
+            if p >= first && p < self.tp {
+                debug_assert_eq!(self.q.len(), (p - first) * self.row, "queries arrive in order");
+                self.q.extend_from_slice(qr);
+            }
+        }
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.q.capacity() * 4
     }
 }
 
@@ -224,10 +325,10 @@ mod tests {
         let (nh, nkv, hd, scale) = (6, 2, 8, 0.35);
         let row = nkv * hd;
         for (sinks, window, rule, seed) in [
-            (2, 5, ScoreRule { decay: 0.0, recent: 0 }, 1),
-            (1, 6, ScoreRule { decay: 0.7, recent: 3 }, 2),
-            (0, 4, ScoreRule { decay: 0.5, recent: 0 }, 3),
-            (3, 3, ScoreRule { decay: 0.9, recent: 2 }, 4),
+            (2, 5, ScoreRule { decay: 0.0, recent: 0, obs: 0 }, 1),
+            (1, 6, ScoreRule { decay: 0.7, recent: 3, obs: 0 }, 2),
+            (0, 4, ScoreRule { decay: 0.5, recent: 0, obs: 0 }, 3),
+            (3, 3, ScoreRule { decay: 0.9, recent: 2, obs: 0 }, 4),
         ] {
             let mut rng = XorShift(0x9E37_79B9 + seed);
             let tp = 9;
@@ -270,6 +371,51 @@ mod tests {
                 assert!(got.iter().take(sinks).enumerate().all(|(i, &p)| p as usize == i), "sinks stay");
             }
         }
+    }
+
+    #[test]
+    fn a_voted_seal_keeps_the_keys_the_last_queries_attend_to() {
+        let (nh, nkv, hd, tp, scale) = (4, 2, 8, 40, 0.5);
+        let row = nkv * hd;
+        let mut rng = XorShift(0x5EED);
+        let k: Vec<f32> = (0..tp * row).map(|_| rng.f()).collect();
+        let v: Vec<f32> = (0..tp * row).map(|_| rng.f()).collect();
+        let q: Vec<f32> = (0..tp * nh * hd).map(|_| 3.0 * rng.f()).collect();
+        let (sinks, window, obs) = (2, 10, 6);
+        let rule = ScoreRule { decay: 0.5, recent: 3, obs };
+        let mut recent = RecentQueries::new(tp, obs, nh, hd);
+        // The prompt arrives in two calls, cut inside the observed positions.
+        recent.add(0, &q[..37 * nh * hd]);
+        recent.add(37, &q[37 * nh * hd..]);
+        let s = Slots::seal_voted(&k, &v, &recent, nh, nkv, sinks, window, rule, scale);
+        // Reference: every vote from scratch, the top window − recent of the middle positions.
+        let group = nh / nkv;
+        let mut votes = vec![0.0f64; tp];
+        for pos in tp - obs..tp {
+            for h in 0..nh {
+                let g = h / group;
+                let sc: Vec<f64> = (0..=pos)
+                    .map(|j| {
+                        (0..hd).map(|i| q[(pos * nh + h) * hd + i] as f64 * k[j * row + g * hd + i] as f64).sum::<f64>() * scale
+                    })
+                    .collect();
+                let mx = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let den: f64 = sc.iter().map(|x| (x - mx).exp()).sum();
+                for j in 0..=pos {
+                    votes[j] += (sc[j] - mx).exp() / den;
+                }
+            }
+        }
+        let mut middle: Vec<usize> = (sinks..tp - 3).collect();
+        middle.sort_by(|&a, &b| votes[b].total_cmp(&votes[a]));
+        let mut want: Vec<u32> =
+            (0..sinks).chain(middle[..window - 3].iter().copied()).chain(tp - 3..tp).map(|p| p as u32).collect();
+        want.sort_unstable();
+        let mut got = s.positions().to_vec();
+        got.sort_unstable();
+        assert_eq!(got, want);
+        // Not simply the most recent: the votes chose some older key.
+        assert!(got.iter().any(|&p| (p as usize) >= sinks && (p as usize) < tp - window), "{got:?}");
     }
 
     #[test]

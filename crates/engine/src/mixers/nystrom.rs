@@ -805,6 +805,30 @@ impl O1Layer {
         Ok(layer)
     }
 
+    /// A score-eviction layer sealed after a prompt of `tp` positions with its kept `slots`
+    /// (`Slots::seal_voted`).
+    pub(crate) fn scored(
+        settings: &O1Settings,
+        scale: f32,
+        n_heads: usize,
+        n_kv: usize,
+        hd: usize,
+        tp: usize,
+        slots: super::evict::Slots,
+    ) -> O1Layer {
+        O1Layer {
+            settings: *settings,
+            scale,
+            n_heads,
+            n_kv,
+            hd,
+            len: tp,
+            keys: Keys::Scored(slots),
+            skeleton: None,
+            acc: Vec::new(),
+        }
+    }
+
     /// Positions held (prompt + decoded).
     pub fn len(&self) -> usize {
         self.len
