@@ -206,35 +206,25 @@ impl O1Run {
             _ => (self.plan.settings, self.plan.far),
         };
         let kv = ls.of::<KvState>();
-        if let (Far::Score(rule), Some(recent)) = (far, &self.recent[il]) {
-            let widened;
-            let (k, v) = match &kv.cache {
-                Cache::Kv { k, v } => (&k[..], &v[..]),
-                Cache::KvF16 { k, v } => {
-                    widened =
-                        (k.iter().map(|x| x.to_f32()).collect::<Vec<f32>>(), v.iter().map(|x| x.to_f32()).collect::<Vec<f32>>());
-                    (&widened.0[..], &widened.1[..])
-                }
-                Cache::O1(_) => return Ok(()),
-            };
-            let slots = Slots::seal_voted(k, v, recent, g.n_heads, g.n_kv, settings.sinks, settings.window, rule, g.scale as f64);
-            let sealed =
-                O1Layer::scored(&settings, g.scale, g.n_heads, g.n_kv, g.head_dim, k.len() / (g.n_kv * g.head_dim), slots);
-            self.recent[il] = None;
-            kv.seal(sealed, false);
-            return Ok(());
-        }
-        let sealed = match &kv.cache {
-            Cache::Kv { k, v } => {
-                O1Layer::seal(&settings, far, g.scale, g.n_heads, g.n_kv, g.head_dim, self.segs[il].as_ref(), k, v)?
-            }
+        let widened;
+        let (k, v) = match &kv.cache {
+            Cache::Kv { k, v } => (&k[..], &v[..]),
             Cache::KvF16 { k, v } => {
-                let (k, v): (Vec<f32>, Vec<f32>) =
-                    (k.iter().map(|x| x.to_f32()).collect(), v.iter().map(|x| x.to_f32()).collect());
-                O1Layer::seal(&settings, far, g.scale, g.n_heads, g.n_kv, g.head_dim, self.segs[il].as_ref(), &k, &v)?
+                widened =
+                    (k.iter().map(|x| x.to_f32()).collect::<Vec<f32>>(), v.iter().map(|x| x.to_f32()).collect::<Vec<f32>>());
+                (&widened.0[..], &widened.1[..])
             }
             Cache::O1(_) => return Ok(()),
         };
+        let sealed = match (far, &self.recent[il]) {
+            (Far::Score(rule), Some(recent)) => {
+                let slots =
+                    Slots::seal_voted(k, v, recent, g.n_heads, g.n_kv, settings.sinks, settings.window, rule, g.scale as f64);
+                O1Layer::scored(&settings, g.scale, g.n_heads, g.n_kv, g.head_dim, k.len() / (g.n_kv * g.head_dim), slots)
+            }
+            _ => O1Layer::seal(&settings, far, g.scale, g.n_heads, g.n_kv, g.head_dim, self.segs[il].as_ref(), k, v)?,
+        };
+        self.recent[il] = None;
         self.segs[il] = None;
         kv.seal(sealed, matches!(self.serve[il], Serve::Sliding(_)));
         Ok(())

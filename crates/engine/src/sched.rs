@@ -862,12 +862,6 @@ impl Handle {
     }
 }
 
-/// Draws the next token of every slot of the step whose row needs no adjustment (no logit
-/// bias, no constraint) over the pool, one slot per task: a stochastic draw over a large
-/// vocabulary costs ~100-500 µs and a greedy one (two passes over the row) ~30-40 µs, and the
-/// step's slots are independent. Each slot's sampler makes the same call on the same row as
-/// `take_token` would, so its RNG and its tokens are the same. `drawn[i]` is None for the slots
-/// left to `take_token` (adjusted rows, or a step with one such row: not worth a dispatch).
 /// A serving slot's plain state, its KV caches' room for the whole context taken at once: pages
 /// the slot never writes cost no memory, and the buffers are never grown again (a grown
 /// buffer's old one stays with the allocator, which RSS counts), as a restore from the prompt
@@ -878,6 +872,12 @@ fn slot_state(model: &Model, n_ctx: usize) -> SeqState {
     s
 }
 
+/// Draws the next token of every slot of the step whose row needs no adjustment (no logit
+/// bias, no constraint) over the pool, one slot per task: a stochastic draw over a large
+/// vocabulary costs ~100-500 µs and a greedy one (two passes over the row) ~30-40 µs, and the
+/// step's slots are independent. Each slot's sampler makes the same call on the same row as
+/// `take_token` would, so its RNG and its tokens are the same. `drawn[i]` is None for the slots
+/// left to `take_token` (adjusted rows, or a step with one such row: not worth a dispatch).
 fn presample(slots: &mut [Option<Slot<'_>>], idx: &[usize], logits: &[f32], vocab: usize) -> Vec<Option<u32>> {
     let mut drawn = vec![None; idx.len()];
     struct Job<'a> {

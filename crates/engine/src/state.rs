@@ -228,20 +228,7 @@ impl SeqState {
     /// Forget every position after the checkpoint (KV caches truncated, recurrent states
     /// restored from the checkpoint's snapshots).
     pub fn rollback(&mut self, cp: Checkpoint) {
-        assert!(cp.len <= self.len, "rollback to {} beyond current length {}", cp.len, self.len);
-        self.len = cp.len;
-        for (l, snap) in self.layers.iter_mut().zip(cp.recurrent) {
-            match snap {
-                Some(s) => *l = s,
-                None => {
-                    assert!(!l.is_recurrent(), "a checkpoint snapshots every recurrent layer");
-                    l.0.truncate(cp.len);
-                }
-            }
-        }
-        if let (Some(run), Some(snap)) = (&mut self.o1, cp.o1) {
-            run.restore(snap, cp.len);
-        }
+        self.rollback_with(cp.len, cp.recurrent, cp.o1, |l, s| *l = s);
     }
 
     /// Become a copy of `src` (its layers, length, plan and grid; `n_ctx` kept), in this
@@ -260,19 +247,31 @@ impl SeqState {
     /// `rollback` to a checkpoint kept elsewhere (the prompt cache's): its snapshots are copied
     /// into this state's buffers.
     pub fn rollback_to(&mut self, cp: &Checkpoint) {
-        assert!(cp.len <= self.len, "rollback to {} beyond current length {}", cp.len, self.len);
-        self.len = cp.len;
-        for (l, snap) in self.layers.iter_mut().zip(&cp.recurrent) {
+        self.rollback_with(cp.len, cp.recurrent.iter().map(Option::as_ref), cp.o1.clone(), |l, s| l.copy_from(s));
+    }
+
+    /// `rollback`'s body: each snapshot put in place by `put` (moved or copied), every other
+    /// layer truncated.
+    fn rollback_with<T>(
+        &mut self,
+        len: usize,
+        snaps: impl IntoIterator<Item = Option<T>>,
+        o1: Option<O1Run>,
+        put: impl Fn(&mut LayerState, T),
+    ) {
+        assert!(len <= self.len, "rollback to {len} beyond current length {}", self.len);
+        self.len = len;
+        for (l, snap) in self.layers.iter_mut().zip(snaps) {
             match snap {
-                Some(s) => l.copy_from(s),
+                Some(s) => put(l, s),
                 None => {
                     assert!(!l.is_recurrent(), "a checkpoint snapshots every recurrent layer");
-                    l.0.truncate(cp.len);
+                    l.0.truncate(len);
                 }
             }
         }
-        if let (Some(run), Some(snap)) = (&mut self.o1, &cp.o1) {
-            run.restore(snap.clone(), cp.len);
+        if let (Some(run), Some(snap)) = (&mut self.o1, o1) {
+            run.restore(snap, len);
         }
     }
 
