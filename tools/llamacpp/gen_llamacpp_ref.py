@@ -257,6 +257,15 @@ def dump(doc: dict) -> str:
 _QUIET = L.llama_log_callback(lambda level, text, user_data: None)
 
 
+def cpu_has_avx512_fp16():
+    """Whether this CPU has AVX512-FP16 (what a GGML_NATIVE build here compiles f16 rows to)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and "avx512_fp16" in line.split() for line in f)
+    except OSError:
+        return False
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", nargs="*", help="short names to regenerate (default: all three)")
@@ -279,7 +288,13 @@ def main():
         probes = probe_ids(c.n_vocab)
         doc = {
             "generator": "tools/llamacpp/gen_llamacpp_ref.py",
-            "llama_cpp": {"source": "llama-cpp-python==0.3.36 sdist (vendored llama.cpp), built with GGML_NATIVE=ON, AMX off", "system_info": system_info.strip()},
+            "llama_cpp": {
+                "source": "llama-cpp-python==0.3.36 sdist (vendored llama.cpp), built with GGML_NATIVE=ON, AMX off",
+                "system_info": system_info.strip(),
+                # A native build on an AVX512-FP16 CPU does f16 rows in f16 arithmetic (GCC's
+                # __AVX512FP16__); system_info does not say so, the CPU's flags do.
+                "avx512_fp16": cpu_has_avx512_fp16(),
+            },
             "settings": c.settings(),
             "model": {"name": name, "file": file, "sha256": sha256_file(path)},
             "vocab": c.n_vocab,

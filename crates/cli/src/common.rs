@@ -42,6 +42,19 @@ pub struct Common {
     /// attention past 256 positions depends on it; llama-cli's -t, 4 for the library default).
     #[arg(long, default_value_t = 4)]
     pub llamacpp_threads: usize,
+    /// With --numerics llamacpp: whether the llama.cpp build to reproduce does f16 rows in
+    /// AVX512-FP16 arithmetic (`auto`: as a native build on this CPU would; `on`/`off` to match a
+    /// run made on another machine: head_dim >= 128 models' attention depends on it).
+    #[arg(long, value_enum, default_value_t = Fp16Arg::Auto)]
+    pub llamacpp_fp16: Fp16Arg,
+}
+
+/// `--llamacpp-fp16`: the f16 arithmetic of the llama.cpp build to reproduce.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Fp16Arg {
+    Auto,
+    On,
+    Off,
 }
 
 /// `--numerics`: which arithmetic the engine follows (see `Common::numerics`).
@@ -77,6 +90,11 @@ pub fn open_model(c: &Common) -> Result<Loaded> {
         NumericsArg::Llamacpp => {
             loaded.model.set_numerics(Numerics::LlamaCpp);
             loaded.model.set_llamacpp_threads(c.llamacpp_threads);
+            match c.llamacpp_fp16 {
+                Fp16Arg::Auto => {}
+                Fp16Arg::On => loaded.model.set_llamacpp_fp16(true),
+                Fp16Arg::Off => loaded.model.set_llamacpp_fp16(false),
+            }
         }
     }
     if c.kv_f16 {

@@ -25,6 +25,10 @@
 //! the one-chunk attention twin did ggml's native-f16 V accumulation (kernels ggml.rs): this
 //! test found both.
 //!
+//! The references were made on an AVX512-FP16 CPU (`llama_cpp.avx512_fp16` in each file), whose
+//! native build does Gemma 3's head_dim-256 f16 rows in f16 arithmetic; the engine emulates that
+//! build on any CPU (`Model::set_llamacpp_fp16`), so the test holds on machines without it too.
+//!
 //! A model absent from the cache is a failure (cortiq_testkit::real_model), never a skip.
 
 use std::path::Path;
@@ -157,6 +161,9 @@ fn check_model(name: &str) {
     let mut loaded = load(&path).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()));
     loaded.model.set_numerics(Numerics::LlamaCpp);
     loaded.model.set_llamacpp_threads(threads);
+    // The build's f16 arithmetic is the generating machine's, not this one's (both emulated).
+    let fp16 = doc["llama_cpp"]["avx512_fp16"].as_bool().expect("llama_cpp.avx512_fp16: whether the build had AVX512-FP16");
+    loaded.model.set_llamacpp_fp16(fp16);
     let tok = loaded.tokenizer().expect("tokenizer");
     let m = &loaded.model;
     let vocab = m.cfg.vocab;

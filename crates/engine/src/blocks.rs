@@ -231,7 +231,7 @@ pub fn attention_core(
             if n >= FA_TILE_Q {
                 flash_attn_ggml_tiled(qv, &kc, &vc, kv_dim, off, visible(p), p, scale, softcap, out);
             } else {
-                flash_attn_ggml(qv, &kc, &vc, kv_dim, off, visible(p), p, scale, softcap, split, out);
+                flash_attn_ggml(qv, &kc, &vc, kv_dim, off, visible(p), p, scale, softcap, split, lc.fp16_build, out);
             }
         });
     } else {

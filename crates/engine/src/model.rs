@@ -91,6 +91,8 @@ pub struct Model {
     tied: bool,
     /// llama.cpp's thread count, which its decode attention past 256 positions depends on.
     llamacpp_threads: usize,
+    /// The llama.cpp build to reproduce has AVX512-FP16 f16 arithmetic (`set_llamacpp_fp16`).
+    llamacpp_fp16: bool,
 }
 
 /// One entry of `Model::forward_batch`: `tokens` (at least one) at positions `state.len..` of
@@ -156,6 +158,7 @@ impl Model {
             kv_f16: false,
             tied,
             llamacpp_threads: 4,
+            llamacpp_fp16: cortiq_kernels::ggml::cpu_has_avx512fp16(),
         })
     }
 
@@ -202,6 +205,14 @@ impl Model {
     /// stands for llama.cpp's cache size.
     pub fn set_llamacpp_threads(&mut self, n: usize) {
         self.llamacpp_threads = n.max(1);
+    }
+
+    /// Whether the llama.cpp build to reproduce computes f16 rows in native AVX512-FP16
+    /// arithmetic (a `GGML_NATIVE` build on a CPU that has it; default: what a native build on
+    /// this machine would do). Both are emulated on any CPU: a reference made on another
+    /// machine is reproduced by saying what that machine's build did.
+    pub fn set_llamacpp_fp16(&mut self, on: bool) {
+        self.llamacpp_fp16 = on;
     }
 
     /// Keep K/V of new states as f16 (half the memory; values rounded to nearest) or f32.
@@ -643,7 +654,7 @@ impl Model {
 
     /// Sequence `st`'s side of a step of layer `il` from position `pos0`.
     fn seq<'a>(&self, il: usize, st: &'a mut SeqState, pos0: usize) -> Seq<'a> {
-        let lc = LlamaCppCtx { cache_cells: st.n_ctx, threads: self.llamacpp_threads };
+        let lc = LlamaCppCtx { cache_cells: st.n_ctx, threads: self.llamacpp_threads, fp16_build: self.llamacpp_fp16 };
         let o1 = st.o1.as_mut().map_or(AttnO1::Off, |r| r.hook(il));
         Seq { state: &mut st.layers[il], pos0, lc, o1 }
     }
@@ -756,7 +767,7 @@ impl Model {
         let lw = &m.layer;
         let mut h = vec![0f32; x.len()];
         rmsnorm_rows_in(num, &x, &lw.attn_norm, cfg.norm_eps, &mut h);
-        let lc = LlamaCppCtx { cache_cells: pos0 + n, threads: self.llamacpp_threads };
+        let lc = LlamaCppCtx { cache_cells: pos0 + n, threads: self.llamacpp_threads, fp16_build: self.llamacpp_fp16 };
         let mut a = lw.mixer.forward(&self.env(), &h, n, Seq { state, pos0, lc, o1: AttnO1::Off }, &mut |_, _| {})?;
         if let Some(g) = &lw.post_attn_norm {
             rmsnorm_segments_in(num, &mut a, g, cfg.norm_eps);

@@ -19,10 +19,13 @@ pub enum Numerics {
     LlamaCpp,
 }
 
-/// What llama.cpp's attention order depends on beyond the values: its thread count and the
-/// size of its KV cache in cells (only decode past 256 positions uses them).
+/// What llama.cpp's attention depends on beyond the values: its thread count and the size of
+/// its KV cache in cells (only decode past 256 positions uses them), and whether its build does
+/// f16 rows in native AVX512-FP16 arithmetic (`kernels::ggml::ggml_f16_arith_len`; the
+/// one-chunk flash attention of head_dim >= 128 models).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LlamaCppCtx {
     pub cache_cells: usize,
     pub threads: usize,
+    pub fp16_build: bool,
 }

@@ -162,17 +162,24 @@ const GGML_F16_STEP_FP16: usize = 128;
 
 /// How many leading elements of an `n`-element f16 row `ggml_vec_mad_f16` / `ggml_vec_scale_f16`
 /// compute in native f16 arithmetic: a `-march=native` build on a CPU with AVX512-FP16 (GCC
-/// defines `__AVX512FP16__`) runs whole 128-element steps as `vfmadd213ph` / `vmulph` with the
-/// scalar rounded to f16; the leftovers, and every element on any other x86 build, take the
-/// f32 path (`f16(fma(x, v, y))`, `f16(y*v)`). So head_dim 64 rows are all f32, head_dim 256
-/// rows all f16.
-pub fn ggml_f16_arith_len(n: usize) -> usize {
+/// defines `__AVX512FP16__`; `fp16_build`) runs whole 128-element steps as `vfmadd213ph` /
+/// `vmulph` with the scalar rounded to f16; the leftovers, and every element on any other x86
+/// build, take the f32 path (`f16(fma(x, v, y))`, `f16(y*v)`). So head_dim 64 rows are all f32,
+/// head_dim 256 rows all f16 on such a build. Both are emulated here on any CPU: which one to
+/// follow is the build being matched, not this machine (`cpu_has_avx512fp16` says what a native
+/// build here would be).
+pub fn ggml_f16_arith_len(n: usize, fp16_build: bool) -> usize {
+    if fp16_build { n & !(GGML_F16_STEP_FP16 - 1) } else { 0 }
+}
+
+/// Whether this CPU has AVX512-FP16: what a llama.cpp built with `GGML_NATIVE` here computes its
+/// f16 rows with (`ggml_f16_arith_len`).
+pub fn cpu_has_avx512fp16() -> bool {
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx512fp16") {
-        return n & !(GGML_F16_STEP_FP16 - 1);
+        return true;
     }
-    let _ = n;
-    0
+    false
 }
 
 /// Round an f64 to the nearest f16 (ties to even) in one step, as `vcvtsd2sh` does; `half`'s
@@ -225,7 +232,8 @@ pub fn vec_scale_f16_ggml(y: &mut [f32], v: f32, np_h: usize) {
 /// `flash_attn_ext_f16_one_chunk` computes it: Q rounded to f16; per key `s = dot*scale`
 /// (softcap: `c*tanhf(s*scale/c)`); online softmax with libm `expf`; the f16 accumulator scaled
 /// on a new maximum and updated by `acc += v*p` (`vec_scale_f16_ggml` / `vec_mad_f16_ggml`:
-/// native f16 arithmetic on the 128-element steps of an AVX512-FP16 build, else f32 then f16);
+/// native f16 arithmetic on the 128-element steps of an AVX512-FP16 build (`fp16_build`), else
+/// f32 then f16);
 /// finally `acc * (1/S)` in f32.
 /// q: [hd]; kc/vc: [len, kv_dim] f16 cache values widened to f32; `off` = the head's offset in
 /// a row; out: [hd]
@@ -241,15 +249,16 @@ pub fn flash_attn_ggml(
     scale: f32,
     softcap: Option<f32>,
     split: Option<(usize, usize)>,
+    fp16_build: bool,
     out: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("fma") {
         // SAFETY: the CPU has FMA (just checked).
-        unsafe { flash_attn_ggml_fma(q, kc, vc, kv_dim, off, first, last, scale, softcap, split, out) };
+        unsafe { flash_attn_ggml_fma(q, kc, vc, kv_dim, off, first, last, scale, softcap, split, fp16_build, out) };
         return;
     }
-    flash_attn_ggml_body(q, kc, vc, kv_dim, off, first, last, scale, softcap, split, out)
+    flash_attn_ggml_body(q, kc, vc, kv_dim, off, first, last, scale, softcap, split, fp16_build, out)
 }
 
 /// `flash_attn_ggml` compiled with FMA instructions (f32::mul_add is otherwise a libm call); the
@@ -268,9 +277,10 @@ unsafe fn flash_attn_ggml_fma(
     scale: f32,
     softcap: Option<f32>,
     split: Option<(usize, usize)>,
+    fp16_build: bool,
     out: &mut [f32],
 ) {
-    flash_attn_ggml_body(q, kc, vc, kv_dim, off, first, last, scale, softcap, split, out)
+    flash_attn_ggml_body(q, kc, vc, kv_dim, off, first, last, scale, softcap, split, fp16_build, out)
 }
 
 #[inline(always)]
@@ -286,10 +296,11 @@ fn flash_attn_ggml_body(
     scale: f32,
     softcap: Option<f32>,
     split: Option<(usize, usize)>,
+    fp16_build: bool,
     out: &mut [f32],
 ) {
     let hd = q.len();
-    let np_h = ggml_f16_arith_len(hd);
+    let np_h = ggml_f16_arith_len(hd, fp16_build);
     let qh: Vec<f32> = q.iter().map(|&v| f16::from_f32(v).to_f32()).collect();
     let scale = match softcap {
         Some(c) => scale / c,
