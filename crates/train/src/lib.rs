@@ -29,6 +29,7 @@ pub mod block;
 pub mod ckpt;
 pub mod data;
 pub mod delta;
+pub mod farfield;
 pub mod float;
 pub mod gradcheck;
 pub mod landmark;

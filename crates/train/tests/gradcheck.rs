@@ -465,3 +465,55 @@ fn gradcheck_lm_head_distill() {
     });
     assert_all(&[rep]);
 }
+
+/// The learned far field (`farfield`): every feature-map tensor, at a shape where keys leave the
+/// window at several positions, GQA groups of 2, and the sink set non-empty. The parameters are
+/// scaled up from `init_params` so the features matter (norm terms included).
+#[test]
+fn gradcheck_far_field() {
+    use cortiq_train::farfield::{FarParams, FarShape, far_backward, far_forward, near_part};
+    let s = FarShape { t: 14, n_heads: 4, n_kv: 2, hd: 5, rank: 3, sinks: 1, window: 4, scale: 0.45 };
+    let mut rng = Rng(0xFA5);
+    let q = rng.vec(s.t * s.n_heads * s.hd, 1.0);
+    let k = rng.vec(s.t * s.n_kv * s.hd, 1.0);
+    let v = rng.vec(s.t * s.n_kv * s.hd, 1.0);
+    let near = near_part(&s, &q, &k, &v);
+    let mut p = FarParams::zeros(&s);
+    p.u = rng.vec(p.u.len(), 0.4);
+    p.alpha = rng.vec(p.alpha.len(), 0.5);
+    p.gq = rng.vec(p.gq.len(), 0.05);
+    p.w = rng.vec(p.w.len(), 0.4);
+    p.beta = rng.vec(p.beta.len(), 0.5);
+    p.gk = rng.vec(p.gk.len(), 0.05);
+    let r = rng.vec(q.len(), 1.0);
+    let loss = |p: &FarParams<f64>| {
+        let mut o = vec![0.0; q.len()];
+        far_forward(&s, p, &near, &q, &k, &v, &mut o);
+        dotr(&r, &o)
+    };
+    let mut g = FarParams::zeros(&s);
+    g.tensors_mut().into_iter().for_each(|t| t.iter_mut().for_each(|x| *x = PRE));
+    far_backward(&s, &p, &near, &q, &k, &v, &r, &mut g);
+    let names = ["U", "alpha", "gamma_q", "W", "beta", "gamma_k"];
+    let mut reports = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let analytic = unpre(g.tensors()[i]);
+        let mut x = p.tensors()[i].to_vec();
+        let rep = check("far_field", name, &mut x, &analytic, EPS, |x| {
+            let mut pp = p.clone();
+            *pp.tensors_mut()[i] = x.to_vec();
+            loss(&pp)
+        });
+        reports.push(rep);
+    }
+    // The far field is live: it moves the rows past the window.
+    let mut o = vec![0.0; q.len()];
+    far_forward(&s, &p, &near, &q, &k, &v, &mut o);
+    let from = s.first_far() * s.n_heads * s.hd;
+    let sw: Vec<f64> = near.num.chunks(s.hd).zip(&near.den).flat_map(|(n, &d)| n.iter().map(move |&x| x / d)).collect();
+    let (md, _) = max_abs_diff_f64(&o[from..], &sw[from..]);
+    assert!(md > 1e-2, "the far field changed nothing ({md:.3e})");
+    let (md0, _) = max_abs_diff_f64(&o[..from], &sw[..from]);
+    assert!(md0 < 1e-15, "rows before the first eviction must be sink+window's ({md0:.3e})");
+    assert_all(&reports);
+}

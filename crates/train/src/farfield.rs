@@ -1,0 +1,418 @@
+//! The learned far field of the O(1) mode (`--o1-far linear`): a constant-size linear-attention
+//! state per KV head that absorbs every key leaving the sink+window cache, combined with the
+//! exact part under one softmax normalizer (LESS, arXiv 2402.09398, with exponential feature
+//! maps so that the far mass lives on the same scale as the exact scores).
+//!
+//! Per KV head g and feature f < r, a key k leaving the window adds
+//!   b_f(k) = W_g[f]·k − γk_g·|k|² + β_g[f],   H_g[f] += e^{b_f(k)}·v,   z_g[f] += e^{b_f(k)};
+//! per query head h (of group g) at position t with score s_j = scale·q·k_j over the near keys N_t
+//! (sinks j < S, window t − W < j ≤ t):
+//!   a_f(q) = U_h[f]·q − γq_h·|q|² + α_h[f],
+//!   o = (Σ_{N_t} e^{s_j} v_j + Σ_f e^{a_f} H_g[f]) / (Σ_{N_t} e^{s_j} + Σ_f e^{a_f} z_g[f]),
+//! with H, z summing the keys S ≤ j ≤ t − W (those that left). Σ_f e^{a_f(q)+b_f(k)} stands for
+//! e^{s(q, k)} of a far key; the state is r·(hd + 1) values per KV head, whatever the length.
+//!
+//! Teacher-forced form here, f64-checkable like every op of the crate: keys and queries are the
+//! frozen model's (post-RoPE), only the feature maps train (stage 1 of the issue: per-layer
+//! attention transfer, MSE against the exact attention output). The exact part has no
+//! parameters, so it is computed once per sequence ([`near_part`]: its log-shift c, Σ e^{s−c} v
+//! and Σ e^{s−c}); forward and backward then cost O(T·r·hd) per head. Stabilizers (the per-feature
+//! max B_f over the sequence's far keys, the per-row max of the far logits) cancel exactly in o
+//! and are held constant by the backward. No gradient reaches q, k or v (the model is frozen).
+//! The engine's streaming form (`cortiq_engine::mixers::farfield`) keeps running maxima instead
+//! and must equal this one (tests in crates/cli/tests/o1_far.rs).
+
+use crate::float::Float;
+
+/// Sizes and the cache policy the far field sits beside.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FarShape {
+    pub t: usize,
+    pub n_heads: usize,
+    pub n_kv: usize,
+    pub hd: usize,
+    pub rank: usize,
+    pub sinks: usize,
+    pub window: usize,
+    pub scale: f64,
+}
+
+impl FarShape {
+    fn group(&self) -> usize {
+        self.n_heads / self.n_kv
+    }
+
+    /// The first position whose far set is not empty (key S left at t = S + W).
+    pub fn first_far(&self) -> usize {
+        self.sinks + self.window
+    }
+}
+
+/// The trainable feature maps of one layer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FarParams<F> {
+    /// [n_heads, rank, hd]
+    pub u: Vec<F>,
+    /// [n_heads, rank]
+    pub alpha: Vec<F>,
+    /// [n_heads]
+    pub gq: Vec<F>,
+    /// [n_kv, rank, hd]
+    pub w: Vec<F>,
+    /// [n_kv, rank]
+    pub beta: Vec<F>,
+    /// [n_kv]
+    pub gk: Vec<F>,
+}
+
+impl<F: Float> FarParams<F> {
+    /// All zero (gradient buffers).
+    pub fn zeros(s: &FarShape) -> Self {
+        let z = |n: usize| vec![F::ZERO; n];
+        FarParams {
+            u: z(s.n_heads * s.rank * s.hd),
+            alpha: z(s.n_heads * s.rank),
+            gq: z(s.n_heads),
+            w: z(s.n_kv * s.rank * s.hd),
+            beta: z(s.n_kv * s.rank),
+            gk: z(s.n_kv),
+        }
+    }
+
+    /// The tensors in a fixed order (optimizer and checkpoint walk them so).
+    pub fn tensors(&self) -> [&[F]; 6] {
+        [&self.u, &self.alpha, &self.gq, &self.w, &self.beta, &self.gk]
+    }
+
+    pub fn tensors_mut(&mut self) -> [&mut Vec<F>; 6] {
+        [&mut self.u, &mut self.alpha, &mut self.gq, &mut self.w, &mut self.beta, &mut self.gk]
+    }
+
+    /// Element-wise map into another float type.
+    pub fn map<G: Float>(&self, f: impl Fn(F) -> G) -> FarParams<G> {
+        let m = |v: &[F]| v.iter().map(|&x| f(x)).collect();
+        FarParams { u: m(&self.u), alpha: m(&self.alpha), gq: m(&self.gq), w: m(&self.w), beta: m(&self.beta), gk: m(&self.gk) }
+    }
+}
+
+/// The exact part of every row, which no parameter touches: per (t, h) the log-shift c (max
+/// near score), Σ_{N_t} e^{s−c} v and Σ_{N_t} e^{s−c}.
+#[derive(Debug, Clone)]
+pub struct Near<F> {
+    /// [T, n_heads]
+    pub c: Vec<F>,
+    /// [T, n_heads, hd]
+    pub num: Vec<F>,
+    /// [T, n_heads]
+    pub den: Vec<F>,
+}
+
+/// The near keys of position t: sinks 0..min(S, t+1), then the window max(S, t+1−W)..=t.
+fn near_keys(s: &FarShape, t: usize) -> impl Iterator<Item = usize> {
+    (0..s.sinks.min(t + 1)).chain(s.sinks.max((t + 1).saturating_sub(s.window))..=t)
+}
+
+/// [`Near`] of one sequence: q [T, n_heads, hd], k and v [T, n_kv, hd].
+pub fn near_part<F: Float>(s: &FarShape, q: &[F], k: &[F], v: &[F]) -> Near<F> {
+    let (nh, nkv, hd) = (s.n_heads, s.n_kv, s.hd);
+    let group = s.group();
+    let mut near = Near { c: vec![F::ZERO; s.t * nh], num: vec![F::ZERO; s.t * nh * hd], den: vec![F::ZERO; s.t * nh] };
+    let scale = F::from_f64(s.scale);
+    let mut sc = Vec::new();
+    for t in 0..s.t {
+        for h in 0..nh {
+            let g = h / group;
+            let qr = &q[(t * nh + h) * hd..][..hd];
+            sc.clear();
+            sc.extend(near_keys(s, t).map(|j| dot(qr, &k[(j * nkv + g) * hd..][..hd]) * scale));
+            let c = sc.iter().fold(sc[0], |m, &x| m.max(x));
+            let num = &mut near.num[(t * nh + h) * hd..][..hd];
+            let mut den = F::ZERO;
+            for (j, &x) in near_keys(s, t).zip(&sc) {
+                let e = (x - c).exp();
+                den += e;
+                num.iter_mut().zip(&v[(j * nkv + g) * hd..][..hd]).for_each(|(o, &y)| *o += e * y);
+            }
+            near.c[t * nh + h] = c;
+            near.den[t * nh + h] = den;
+        }
+    }
+    near
+}
+
+fn dot<F: Float>(a: &[F], b: &[F]) -> F {
+    a.iter().zip(b).fold(F::ZERO, |s, (&x, &y)| s + x * y)
+}
+
+fn sq<F: Float>(a: &[F]) -> F {
+    dot(a, a)
+}
+
+/// Per KV head: every key's feature logits b [T, r] and the stabilizer B_f = max over the
+/// evictable keys S ≤ j ≤ T−1−W (None when no key ever leaves).
+fn key_logits<F: Float>(s: &FarShape, p: &FarParams<F>, k: &[F], g: usize) -> Option<(Vec<F>, Vec<F>)> {
+    let (nkv, hd, r) = (s.n_kv, s.hd, s.rank);
+    let last = (s.t).checked_sub(1 + s.window).filter(|&l| l >= s.sinks)?;
+    let mut b = vec![F::ZERO; s.t * r];
+    let mut bmax = vec![F::from_f64(f64::NEG_INFINITY); r];
+    for j in s.sinks..=last {
+        let kr = &k[(j * nkv + g) * hd..][..hd];
+        let k2 = sq(kr);
+        for f in 0..r {
+            let x = dot(&p.w[(g * r + f) * hd..][..hd], kr) - p.gk[g] * k2 + p.beta[g * r + f];
+            b[j * r + f] = x;
+            bmax[f] = bmax[f].max(x);
+        }
+    }
+    Some((b, bmax))
+}
+
+/// One row's far weights: ε_f = a_f + B_f − c, shifted by max(0, max ε) so nothing overflows;
+/// returns (w_f = e^{ε_f − cs}, e^{−cs}).
+fn row_weights<F: Float>(s: &FarShape, p: &FarParams<F>, h: usize, qr: &[F], bmax: &[F], c: F, w: &mut [F]) -> F {
+    let (hd, r) = (s.hd, s.rank);
+    let q2 = sq(qr);
+    let mut top = F::ZERO;
+    for f in 0..r {
+        let a = dot(&p.u[(h * r + f) * hd..][..hd], qr) - p.gq[h] * q2 + p.alpha[h * r + f];
+        w[f] = a + bmax[f] - c;
+        top = top.max(w[f]);
+    }
+    w.iter_mut().for_each(|x| *x = (*x - top).exp());
+    (-top).exp()
+}
+
+/// The far field's output: o [T, n_heads, hd] (written) from the exact part and the keys
+/// leaving the window.
+pub fn far_forward<F: Float>(s: &FarShape, p: &FarParams<F>, near: &Near<F>, q: &[F], k: &[F], v: &[F], o: &mut [F]) {
+    sweep(s, p, near, q, k, v, Some(o), None, None);
+}
+
+/// Adds ∂L/∂params to `grads` given ∂L/∂o (`d_o`, [T, n_heads, hd]).
+#[allow(clippy::too_many_arguments)]
+pub fn far_backward<F: Float>(
+    s: &FarShape,
+    p: &FarParams<F>,
+    near: &Near<F>,
+    q: &[F],
+    k: &[F],
+    v: &[F],
+    d_o: &[F],
+    grads: &mut FarParams<F>,
+) {
+    sweep(s, p, near, q, k, v, None, Some(d_o), Some(grads));
+}
+
+/// The forward sweep over t (optionally writing o) and, given ∂L/∂o, the backward: the row
+/// parts (U, α, γq) in the same sweep, the state's per-t gradients summed in reverse into each
+/// key as it left (W, β, γk).
+#[allow(clippy::too_many_arguments)]
+fn sweep<F: Float>(
+    s: &FarShape,
+    p: &FarParams<F>,
+    near: &Near<F>,
+    q: &[F],
+    k: &[F],
+    v: &[F],
+    mut o: Option<&mut [F]>,
+    d_o: Option<&[F]>,
+    mut grads: Option<&mut FarParams<F>>,
+) {
+    let (nh, nkv, hd, r) = (s.n_heads, s.n_kv, s.hd, s.rank);
+    assert!(s.n_kv > 0 && nh.is_multiple_of(nkv), "far field: n_heads must be a multiple of n_kv");
+    assert!(q.len() == s.t * nh * hd && k.len() == s.t * nkv * hd && v.len() == k.len(), "far field: q/k/v shapes");
+    let group = s.group();
+    let mut w = vec![F::ZERO; r];
+    let mut hs = vec![F::ZERO; r * hd];
+    let mut zs = vec![F::ZERO; r];
+    let mut out = vec![F::ZERO; hd];
+    for g in 0..nkv {
+        let lk = key_logits(s, p, k, g);
+        // ∂L/∂H(t), ∂L/∂z(t) per position (backward only): [T, r, hd], [T, r].
+        let (mut gh, mut gz) = match (&d_o, &lk) {
+            (Some(_), Some(_)) => (vec![F::ZERO; s.t * r * hd], vec![F::ZERO; s.t * r]),
+            _ => (Vec::new(), Vec::new()),
+        };
+        hs.fill(F::ZERO);
+        zs.fill(F::ZERO);
+        for t in 0..s.t {
+            // Key t − W leaves the window at t.
+            let far = match &lk {
+                Some((b, bmax)) if t >= s.first_far() => {
+                    let j = t - s.window;
+                    let vr = &v[(j * nkv + g) * hd..][..hd];
+                    for f in 0..r {
+                        let e = (b[j * r + f] - bmax[f]).exp();
+                        zs[f] += e;
+                        hs[f * hd..][..hd].iter_mut().zip(vr).for_each(|(x, &y)| *x += e * y);
+                    }
+                    Some(bmax)
+                }
+                _ => None,
+            };
+            for h in g * group..(g + 1) * group {
+                let row = t * nh + h;
+                let (c, nnum, nden) = (near.c[row], &near.num[row * hd..][..hd], near.den[row]);
+                let qr = &q[row * hd..][..hd];
+                let Some(bmax) = far else {
+                    if let Some(o) = o.as_deref_mut() {
+                        o[row * hd..][..hd].iter_mut().zip(nnum).for_each(|(y, &x)| *y = x / nden);
+                    }
+                    continue;
+                };
+                let e0 = row_weights(s, p, h, qr, bmax, c, &mut w);
+                let mut den = e0 * nden;
+                out.iter_mut().zip(nnum).for_each(|(y, &x)| *y = e0 * x);
+                for f in 0..r {
+                    den += w[f] * zs[f];
+                    out.iter_mut().zip(&hs[f * hd..][..hd]).for_each(|(y, &x)| *y += w[f] * x);
+                }
+                let inv = F::ONE / den;
+                out.iter_mut().for_each(|y| *y *= inv);
+                if let Some(o) = o.as_deref_mut() {
+                    o[row * hd..][..hd].copy_from_slice(&out);
+                }
+                let (Some(d_o), Some(gr)) = (d_o, grads.as_deref_mut()) else { continue };
+                // o = num/den: ∂num = dO/den, ∂den = −(dO·o)/den.
+                let dor = &d_o[row * hd..][..hd];
+                let dden = -dot(dor, &out) * inv;
+                let q2 = sq(qr);
+                for f in 0..r {
+                    let hf = &hs[f * hd..][..hd];
+                    let de = w[f] * (dot(dor, hf) * inv + dden * zs[f]);
+                    gr.u[(h * r + f) * hd..][..hd].iter_mut().zip(qr).for_each(|(x, &y)| *x += de * y);
+                    gr.alpha[h * r + f] += de;
+                    gr.gq[h] -= de * q2;
+                    let wi = w[f] * inv;
+                    gh[(t * r + f) * hd..][..hd].iter_mut().zip(dor).for_each(|(x, &y)| *x += wi * y);
+                    gz[t * r + f] += w[f] * dden;
+                }
+            }
+        }
+        // Reverse: key j = t − W is in every far set from t on.
+        let (Some(gr), Some((b, bmax))) = (grads.as_deref_mut(), &lk) else { continue };
+        hs.fill(F::ZERO); // now Σ_{t' ≥ t} ∂L/∂H(t')
+        zs.fill(F::ZERO);
+        for t in (s.first_far()..s.t).rev() {
+            hs.iter_mut().zip(&gh[t * r * hd..][..r * hd]).for_each(|(x, &y)| *x += y);
+            zs.iter_mut().zip(&gz[t * r..][..r]).for_each(|(x, &y)| *x += y);
+            let j = t - s.window;
+            let kr = &k[(j * nkv + g) * hd..][..hd];
+            let vr = &v[(j * nkv + g) * hd..][..hd];
+            let k2 = sq(kr);
+            for f in 0..r {
+                let e = (b[j * r + f] - bmax[f]).exp();
+                let db = e * (dot(&hs[f * hd..][..hd], vr) + zs[f]);
+                gr.w[(g * r + f) * hd..][..hd].iter_mut().zip(kr).for_each(|(x, &y)| *x += db * y);
+                gr.beta[g * r + f] += db;
+                gr.gk[g] -= db * k2;
+            }
+        }
+    }
+}
+
+/// One training sequence of one layer: the frozen model's q [T, n_heads, hd], k and v
+/// [T, n_kv, hd] and exact attention output y [T, n_heads, hd], with its exact part.
+#[derive(Debug, Clone)]
+pub struct LayerSeq<F> {
+    pub q: Vec<F>,
+    pub k: Vec<F>,
+    pub v: Vec<F>,
+    pub y: Vec<F>,
+    pub near: Near<F>,
+}
+
+impl<F: Float> LayerSeq<F> {
+    pub fn new(s: &FarShape, q: Vec<F>, k: Vec<F>, v: Vec<F>, y: Vec<F>) -> Self {
+        let near = near_part(s, &q, &k, &v);
+        LayerSeq { q, k, v, y, near }
+    }
+
+    /// Σ |o − y|² over the rows with a far set, and their count (rows = positions × heads).
+    fn sq_err(&self, s: &FarShape, o: &[F]) -> (f64, usize) {
+        let from = s.first_far().min(s.t) * s.n_heads * s.hd;
+        let e = o[from..].iter().zip(&self.y[from..]).map(|(&a, &b)| (a - b).to_f64().powi(2)).sum();
+        (e, (s.t - s.first_far().min(s.t)) * s.n_heads)
+    }
+
+    /// The same error of plain sink+window (no far field).
+    pub fn window_err(&self, s: &FarShape) -> (f64, usize) {
+        let o: Vec<F> =
+            self.near.num.chunks(s.hd).zip(&self.near.den).flat_map(|(n, &d)| n.iter().map(move |&x| x / d)).collect();
+        self.sq_err(s, &o)
+    }
+
+    /// Mean squared error per row with the far field `p`, and ∂(that)/∂p added to `grads` when
+    /// given.
+    pub fn loss(&self, s: &FarShape, p: &FarParams<F>, grads: Option<&mut FarParams<F>>) -> (f64, usize) {
+        let mut o = vec![F::ZERO; self.q.len()];
+        far_forward(s, p, &self.near, &self.q, &self.k, &self.v, &mut o);
+        let (e, n) = self.sq_err(s, &o);
+        if let Some(gr) = grads {
+            let from = s.first_far().min(s.t) * s.n_heads * s.hd;
+            let mut d_o = vec![F::ZERO; o.len()];
+            for i in from..o.len() {
+                d_o[i] = F::from_f64(2.0) * (o[i] - self.y[i]);
+            }
+            far_backward(s, p, &self.near, &self.q, &self.k, &self.v, &d_o, gr);
+        }
+        (e, n)
+    }
+}
+
+/// Starting feature maps: small random projections (so the features differ), no norm terms,
+/// zero biases: each far key starts as one score-0 key spread over r features.
+pub fn init_params(s: &FarShape, seed: u64) -> FarParams<f64> {
+    let mut rng = crate::gradcheck::Rng(seed);
+    let std = 0.02;
+    let mut p = FarParams::zeros(s);
+    p.u = rng.vec(p.u.len(), std);
+    p.w = rng.vec(p.w.len(), std);
+    let lr = -(s.rank as f64).ln() / 2.0;
+    p.alpha.iter_mut().chain(p.beta.iter_mut()).for_each(|x| *x = lr);
+    p
+}
+
+/// What `fit_layer` reports per step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FitStep {
+    pub step: usize,
+    /// Mean squared error per row over the training sequences.
+    pub loss: f64,
+}
+
+/// Stage 1 for one layer: full-batch AdamW over `data` (every sequence each step, spread over
+/// the crate's pool), `steps` steps at `lr` with a cosine to lr/20. Returns the parameters.
+pub fn fit_layer<F: Float>(
+    s: &FarShape,
+    data: &[LayerSeq<F>],
+    init: FarParams<F>,
+    steps: usize,
+    lr: f64,
+    mut report: impl FnMut(FitStep),
+) -> FarParams<F> {
+    let opt = crate::optim::AdamW { lr, beta1: 0.9, beta2: 0.999, eps: 1e-12, weight_decay: 0.0 };
+    let mut p = init;
+    let mut st: Vec<crate::optim::AdamState<F>> = p.tensors().iter().map(|t| crate::optim::AdamState::new(t.len())).collect();
+    for step in 0..steps {
+        let mut parts: Vec<(FarParams<F>, f64, usize)> = (0..data.len()).map(|_| (FarParams::zeros(s), 0.0, 0)).collect();
+        crate::par::pool().for_rows_mut_dynamic(&mut parts, 1, 1, |i, it| {
+            let (g, e, n) = &mut it[0];
+            (*e, *n) = data[i].loss(s, &p, Some(g));
+        });
+        let rows: usize = parts.iter().map(|x| x.2).sum::<usize>().max(1);
+        let loss = parts.iter().map(|x| x.1).sum::<f64>() / rows as f64;
+        let mut g = FarParams::zeros(s);
+        for (pg, _, _) in &parts {
+            for (a, b) in g.tensors_mut().into_iter().zip(pg.tensors()) {
+                a.iter_mut().zip(b).for_each(|(x, &y)| *x += y);
+            }
+        }
+        report(FitStep { step, loss });
+        let lr_t = crate::optim::lr_schedule(step as u64, lr, lr / 20.0, (steps / 20).max(1) as u64, steps as u64);
+        for ((t, gt), m) in p.tensors_mut().into_iter().zip(g.tensors()).zip(st.iter_mut()) {
+            opt.step(step as u64 + 1, lr_t, t, gt, 1.0 / rows as f64, m);
+        }
+    }
+    p
+}
