@@ -185,6 +185,12 @@ pub struct O1Args {
     /// [default: 0].
     #[arg(long, value_name = "N")]
     pub kv_evict_obs: Option<usize>,
+    /// What the --kv-window budget does with the keys it evicts: `none` (dropped) or `linear`
+    /// (absorbed into a learned linear-attention state per KV head, read under the window's
+    /// softmax normalizer; the model must carry one: `cortiq polish --o1-far linear`)
+    /// [default: none].
+    #[arg(long, value_name = "KIND", value_parser = ["none", "linear"])]
+    pub o1_far: Option<String>,
     /// A polished model (`cortiq polish`) is served in O(1) mode with the settings recorded in
     /// its .cmf; --exact serves it with exact attention instead (as any other model). With
     /// --o1, the recorded settings are the defaults of the --o1-* flags.
@@ -231,6 +237,16 @@ impl O1Args {
             bail!("--kv-evict needs --kv-window");
         }
         let score = self.kv_evict.as_deref() == Some("score");
+        let linear = self.o1_far.as_deref() == Some("linear");
+        if self.o1_far.is_some() && self.kv_window.is_none() {
+            bail!("--o1-far needs --kv-window");
+        }
+        if linear && score {
+            bail!("--o1-far linear sits beside sink+window; it does not go with --kv-evict score");
+        }
+        if linear && check.is_some() {
+            bail!("--o1-check covers the Nyström skeleton and sink+window, not --o1-far linear");
+        }
         for (flag, given) in
             [("--kv-evict-decay", self.kv_evict_decay.is_some()), ("--kv-evict-recent", self.kv_evict_recent.is_some())]
         {
@@ -272,6 +288,8 @@ impl O1Args {
                     recent: self.kv_evict_recent.unwrap_or(d.recent),
                     obs: self.kv_evict_obs.unwrap_or(d.obs),
                 })
+            } else if linear {
+                Far::Linear
             } else {
                 Far::Drop
             };

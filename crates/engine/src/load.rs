@@ -20,6 +20,7 @@ use cortiq_formats::tokenizer::Tokenizer;
 use crate::arch::{self, Arch};
 use crate::config::{MixerKind, ModelConfig};
 use crate::error::{EngineError, Result};
+use crate::mixers::farfield::FarWeights;
 use crate::model::Model;
 use crate::qtensor::{Backing, QTensor};
 use crate::weights::{CmfSource, GgufSource, TensorSource};
@@ -106,8 +107,39 @@ fn load_cmf(path: &Path) -> Result<Loaded> {
             (arch.from_hf)(&HfConfig::from_json_str(c.embedded_path("config.json"), text)?)?
         }
     };
-    let model = Model::load_dense(&CmfSource { cmf: &c }, cfg)?;
+    let mut model = Model::load_dense(&CmfSource { cmf: &c }, cfg)?;
+    model.o1_far = load_far(path, &c, &model.cfg)?;
     Ok(Loaded { model, origin: Origin::Cmf(c) })
+}
+
+/// The learned far field's feature maps (`blk.N.attn_far_*`, f32, written by `cortiq polish
+/// --o1-far linear`): per layer all six tensors or none; a partial or misshapen set is a
+/// malformed file.
+fn load_far(path: &Path, c: &Cmf, cfg: &ModelConfig) -> Result<Vec<Option<std::sync::Arc<FarWeights>>>> {
+    use crate::mixers::farfield::TENSORS;
+    let bad = |what: String| EngineError::BadConfig { file: path.display().to_string(), what };
+    let mut out = Vec::with_capacity(cfg.n_layers);
+    for il in 0..cfg.n_layers {
+        let infos: Vec<_> = TENSORS.iter().map(|s| c.tensor(&format!("blk.{il}.{s}"))).collect();
+        if infos.iter().all(Option::is_none) {
+            out.push(None);
+            continue;
+        }
+        let mut vals: [Vec<f32>; 6] = Default::default();
+        for ((info, s), v) in infos.iter().zip(TENSORS).zip(vals.iter_mut()) {
+            let info = info.ok_or_else(|| bad(format!("layer {il}: far field tensor blk.{il}.{s} is missing")))?;
+            if info.dtype != cortiq_kernels::quant::QuantType::F32 {
+                return Err(bad(format!("blk.{il}.{s}: a far field tensor must be f32, found {}", info.dtype.name())));
+            }
+            *v = c.tensor_data(info).chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        }
+        let (nh, nkv, hd) = (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim);
+        let rank = if nh == 0 { 0 } else { vals[1].len() / nh };
+        let fw = FarWeights::from_tensors(rank, nh, nkv, hd, vals)
+            .ok_or_else(|| bad(format!("layer {il}: far field tensors do not fit {nh} heads, {nkv} kv heads, head_dim {hd}")))?;
+        out.push(Some(std::sync::Arc::new(fw)));
+    }
+    Ok(out)
 }
 
 pub(crate) fn hf_arch_names(c: &HfConfig) -> Vec<String> {

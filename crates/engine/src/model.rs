@@ -91,6 +91,9 @@ pub struct Model {
     tied: bool,
     /// llama.cpp's thread count, which its decode attention past 256 positions depends on.
     llamacpp_threads: usize,
+    /// Per layer: the learned far field of the O(1) mode (`Far::Linear`), from a polished
+    /// .cmf's `blk.N.attn_far_*` tensors (empty when the file has none).
+    pub o1_far: Vec<Option<std::sync::Arc<crate::mixers::farfield::FarWeights>>>,
     /// The llama.cpp build to reproduce has AVX512-FP16 f16 arithmetic (`set_llamacpp_fp16`).
     llamacpp_fp16: bool,
 }
@@ -158,6 +161,7 @@ impl Model {
             kv_f16: false,
             tied,
             llamacpp_threads: 4,
+            o1_far: Vec::new(),
             llamacpp_fp16: cortiq_kernels::ggml::cpu_has_avx512fp16(),
         })
     }
@@ -241,6 +245,11 @@ impl Model {
     /// bounded to their window from the seal on; recurrent mixers and MLA are unchanged.
     /// Errors: bad settings (naming their CLI flag), a model with attention logit soft-capping
     /// (the operator has no softcap), or no global softmax-attention layer to plan.
+    /// The layers an O(1) plan serves (global softmax attention), in order.
+    pub fn o1_planned_layers(&self) -> Vec<usize> {
+        (0..self.layers.len()).filter(|&il| self.layers[il].mixer.o1_serve() == Serve::Planned).collect()
+    }
+
     pub fn new_state_o1(&self, n_ctx: usize, plan: O1Plan) -> Result<SeqState> {
         let bad = |what: String| EngineError::BadConfig { file: "o(1) decode".into(), what };
         plan.validate().map_err(|e| bad(e.to_string()))?;
@@ -261,7 +270,14 @@ impl Model {
             head_dim: self.cfg.head_dim,
         };
         let mut st = self.new_state(n_ctx);
-        let mut run = O1Run::new(plan, serve, geom);
+        if plan.far == crate::mixers::nystrom::Far::Linear {
+            if let Some(il) =
+                (0..serve.len()).find(|&il| serve[il] == Serve::Planned && self.o1_far.get(il).is_none_or(Option::is_none))
+            {
+                return Err(bad(crate::mixers::nystrom::NystromError::NoFarWeights { layer: il }.to_string()));
+            }
+        }
+        let mut run = O1Run::new(plan, serve, geom, self.o1_far.clone());
         if plan.check.is_none() && plan.tp == 0 {
             run.seal_all(&mut st.layers).map_err(|e| bad(e.to_string()))?;
         }

@@ -90,6 +90,8 @@ pub struct O1Run {
     /// Check mode, per planned layer: every position's queries [len, n_heads, head_dim].
     q_hist: Vec<Vec<f32>>,
     geom: Geom,
+    /// Per layer: the learned far field's feature maps ([`Far::Linear`] plans).
+    far_weights: Vec<Option<std::sync::Arc<crate::mixers::farfield::FarWeights>>>,
     pub stats: O1Stats,
 }
 
@@ -122,7 +124,14 @@ impl AttnO1<'_> {
 }
 
 impl O1Run {
-    pub(crate) fn new(plan: O1Plan, serve: Vec<Serve>, geom: Geom) -> O1Run {
+    /// `far_weights`: per layer, the model's trained far field (needed by every planned layer of
+    /// a [`Far::Linear`] plan; see `Model::new_state_o1`).
+    pub(crate) fn new(
+        plan: O1Plan,
+        serve: Vec<Serve>,
+        geom: Geom,
+        far_weights: Vec<Option<std::sync::Arc<crate::mixers::farfield::FarWeights>>>,
+    ) -> O1Run {
         let n = serve.len();
         let mut run = O1Run {
             plan,
@@ -131,6 +140,7 @@ impl O1Run {
             recent: vec![None; n],
             q_hist: vec![Vec::new(); n],
             geom,
+            far_weights,
             stats: O1Stats::default(),
         };
         run.restart_segments();
@@ -222,6 +232,10 @@ impl O1Run {
                     Slots::seal_voted(k, v, recent, g.n_heads, g.n_kv, settings.sinks, settings.window, rule, g.scale as f64);
                 O1Layer::scored(&settings, g.scale, g.n_heads, g.n_kv, g.head_dim, k.len() / (g.n_kv * g.head_dim), slots)
             }
+            (Far::Linear, _) => {
+                let fw = self.far_weights.get(il).cloned().flatten().ok_or(NystromError::NoFarWeights { layer: il })?;
+                O1Layer::seal(&settings, far, g.scale, g.n_heads, g.n_kv, g.head_dim, None, k, v)?.with_far(fw, k, v)
+            }
             _ => O1Layer::seal(&settings, far, g.scale, g.n_heads, g.n_kv, g.head_dim, self.segs[il].as_ref(), k, v)?,
         };
         self.recent[il] = None;
@@ -261,6 +275,7 @@ impl O1Run {
             recent: self.recent.clone(),
             q_hist: vec![Vec::new(); self.serve.len()],
             geom: self.geom,
+            far_weights: self.far_weights.clone(),
             stats: self.stats,
         }
     }

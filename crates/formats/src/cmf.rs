@@ -149,6 +149,10 @@ pub struct O1Header {
     pub trained_ctx: usize,
     /// Optimizer steps of the polish.
     pub steps: u64,
+    /// The learned far field's feature count when the file carries one (`blk.N.attn_far_*`,
+    /// `cortiq polish --o1-far linear`): window and sinks above are then sink+window's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub far_rank: Option<usize>,
 }
 
 /// An opened .cmf file.

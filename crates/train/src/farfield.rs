@@ -360,45 +360,85 @@ impl<F: Float> LayerSeq<F> {
     }
 }
 
-/// Starting feature maps: small random projections (so the features differ), no norm terms,
-/// zero biases: each far key starts as one score-0 key spread over r features.
-pub fn init_params(s: &FarShape, seed: u64) -> FarParams<f64> {
+/// Starting feature maps: small random projections (so the features differ), no norm terms, and
+/// biases that give the far keys together e^{-3} of the near keys' weight (geometric mean over
+/// the rows of `data`), spread over the r features. A far field that starts with little mass grows
+/// where it helps; one that starts with too much is first pushed to zero, where its gradient
+/// vanishes (measured: most deep SmolLM2 layers stalled at sink+window's error that way).
+pub fn init_params<F: Float>(s: &FarShape, data: &[LayerSeq<F>], seed: u64) -> FarParams<f64> {
     let mut rng = crate::gradcheck::Rng(seed);
-    let std = 0.02;
     let mut p = FarParams::zeros(s);
-    p.u = rng.vec(p.u.len(), std);
-    p.w = rng.vec(p.w.len(), std);
-    let lr = -(s.rank as f64).ln() / 2.0;
-    p.alpha.iter_mut().chain(p.beta.iter_mut()).for_each(|x| *x = lr);
+    let (qs, ks) = rms_norms(s, data);
+    // U·q and W·k start with spread ~0.1 whatever the norms of q and k.
+    p.u = rng.vec(p.u.len(), 0.1 / (qs * (s.hd as f64).sqrt()).max(1e-30));
+    p.w = rng.vec(p.w.len(), 0.1 / (ks * (s.hd as f64).sqrt()).max(1e-30));
+    let (mut sum, mut n) = (0.0, 0usize);
+    for d in data {
+        for t in s.first_far().min(s.t)..s.t {
+            let n_near = (s.sinks.min(t + 1) + (t + 1 - s.sinks.max((t + 1).saturating_sub(s.window)))) as f64;
+            for h in 0..s.n_heads {
+                let i = t * s.n_heads + h;
+                sum += d.near.c[i].to_f64() + (d.near.den[i].to_f64() / n_near).ln();
+                n += 1;
+            }
+        }
+    }
+    // Total far mass e^{-3} of the near mass: per key, divided by the mean far count.
+    let n_far = (s.t.saturating_sub(s.first_far()) as f64 / 2.0).max(1.0);
+    let per_key = if n > 0 { sum / n as f64 } else { 0.0 } - 3.0 + ((s.sinks + s.window) as f64 / n_far).ln();
+    let b = (per_key - (s.rank as f64).ln()) / 2.0;
+    p.alpha.iter_mut().chain(p.beta.iter_mut()).for_each(|x| *x = b);
     p
+}
+
+/// Root-mean-square norms of the queries and of the keys in `data` (the fit's input scales).
+fn rms_norms<F: Float>(s: &FarShape, data: &[LayerSeq<F>]) -> (f64, f64) {
+    let ms = |x: &[F], rows: usize| x.iter().map(|v| v.to_f64().powi(2)).sum::<f64>() / rows.max(1) as f64;
+    let (mut q2, mut k2) = (0.0, 0.0);
+    for d in data {
+        q2 += ms(&d.q, s.t * s.n_heads);
+        k2 += ms(&d.k, s.t * s.n_kv);
+    }
+    let n = data.len().max(1) as f64;
+    ((q2 / n).sqrt(), (k2 / n).sqrt())
 }
 
 /// What `fit_layer` reports per step.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FitStep {
     pub step: usize,
-    /// Mean squared error per row over the training sequences.
+    /// Mean squared error per row over the step's sequences.
     pub loss: f64,
 }
 
 /// Stage 1 for one layer: full-batch AdamW over `data` (every sequence each step, spread over
 /// the crate's pool), `steps` steps at `lr` with a cosine to lr/20. Returns the parameters.
+/// Adam's step is the same size for every element whatever its gradient, so the norm terms take
+/// lr/|q|² (γq) and lr/|k|² (γk), |·| the data's RMS norms: a step then moves the logits by about
+/// lr, not lr·|q|² (which at lr 1e-2 threw the far field away in a few steps on SmolLM2's deep
+/// layers; scaling U and W by 1/|q|, 1/|k| as well slowed the fit, measured).
+/// `batch` sequences per step, taken in order and cycling (all of them: full batch).
 pub fn fit_layer<F: Float>(
     s: &FarShape,
     data: &[LayerSeq<F>],
     init: FarParams<F>,
     steps: usize,
+    batch: usize,
     lr: f64,
     mut report: impl FnMut(FitStep),
 ) -> FarParams<F> {
+    let batch = batch.clamp(1, data.len().max(1));
     let opt = crate::optim::AdamW { lr, beta1: 0.9, beta2: 0.999, eps: 1e-12, weight_decay: 0.0 };
     let mut p = init;
     let mut st: Vec<crate::optim::AdamState<F>> = p.tensors().iter().map(|t| crate::optim::AdamState::new(t.len())).collect();
+    let (qs, ks) = rms_norms(s, data);
+    let (qs, ks) = (qs.max(1e-30), ks.max(1e-30));
+    let mult = [1.0, 1.0, 1.0 / (qs * qs), 1.0, 1.0, 1.0 / (ks * ks)];
     for step in 0..steps {
-        let mut parts: Vec<(FarParams<F>, f64, usize)> = (0..data.len()).map(|_| (FarParams::zeros(s), 0.0, 0)).collect();
+        let mut parts: Vec<(FarParams<F>, f64, usize)> = (0..batch).map(|_| (FarParams::zeros(s), 0.0, 0)).collect();
         crate::par::pool().for_rows_mut_dynamic(&mut parts, 1, 1, |i, it| {
             let (g, e, n) = &mut it[0];
-            (*e, *n) = data[i].loss(s, &p, Some(g));
+            (*e, *n) = data[(step * batch + i) % data.len()].loss(s, &p, Some(g));
         });
         let rows: usize = parts.iter().map(|x| x.2).sum::<usize>().max(1);
         let loss = parts.iter().map(|x| x.1).sum::<f64>() / rows as f64;
@@ -410,8 +450,8 @@ pub fn fit_layer<F: Float>(
         }
         report(FitStep { step, loss });
         let lr_t = crate::optim::lr_schedule(step as u64, lr, lr / 20.0, (steps / 20).max(1) as u64, steps as u64);
-        for ((t, gt), m) in p.tensors_mut().into_iter().zip(g.tensors()).zip(st.iter_mut()) {
-            opt.step(step as u64 + 1, lr_t, t, gt, 1.0 / rows as f64, m);
+        for (((t, gt), m), k) in p.tensors_mut().into_iter().zip(g.tensors()).zip(st.iter_mut()).zip(mult) {
+            opt.step(step as u64 + 1, lr_t * k, t, gt, 1.0 / rows as f64, m);
         }
     }
     p

@@ -38,13 +38,15 @@ fn raw<'a>(l: &'a Loaded, t: &TensorInfo) -> &'a [u8] {
 }
 
 /// Writes `out`: the model of `l` with `replaced` tensors (GGUF names -> f32 values of the same
-/// shape) stored as `matrix_type` (2-D) or f32 (1-D), and `o1` in the header.
+/// shape) stored as `matrix_type` (2-D) or f32 (1-D), `added` tensors (new names, 1-D f32)
+/// after the source's, and `o1` in the header.
 pub fn write_polished(
     l: &Loaded,
     out: &Path,
     replaced: &HashMap<String, Vec<f32>>,
     matrix_type: QuantType,
     o1: O1Header,
+    added: &[(String, Vec<f32>)],
     force: bool,
 ) -> Result<u64> {
     let tensors = source_tensors(l)?;
@@ -81,6 +83,12 @@ pub fn write_polished(
     if let Some(name) = replaced.keys().find(|n| !tensors.iter().any(|t| &&t.name == n)) {
         bail!("polished tensor '{name}' is not in the source model");
     }
+    for (name, v) in added {
+        if tensors.iter().any(|t| &t.name == name) {
+            bail!("added tensor '{name}' is already in the source model");
+        }
+        plan.push(PlannedTensor { name: name.clone(), dtype: QuantType::F32, shape: vec![v.len() as u64] });
+    }
     let header = CmfHeader {
         format_version: cmf::FORMAT_VERSION,
         architecture: arch,
@@ -97,6 +105,10 @@ pub fn write_polished(
             None => w.write_data(raw(l, t))?,
             Some(v) => w.write_data(&encode(v, p.dtype).with_context(|| format!("tensor '{}'", t.name))?)?,
         }
+        w.end_tensor()?;
+    }
+    for (_, v) in added {
+        w.write_data(&encode(v, QuantType::F32)?)?;
         w.end_tensor()?;
     }
     let bytes = w.finish()?;

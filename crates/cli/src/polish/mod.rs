@@ -13,6 +13,7 @@
 //! ```
 
 pub mod export;
+pub mod far;
 pub mod student;
 pub mod teacher;
 
@@ -124,6 +125,21 @@ pub struct PolishArgs {
     /// Stored type of the polished matrices: f16 or f32 (norm gains are always f32).
     #[arg(long, default_value = "f16", value_parser = ["f16", "f32"])]
     pub store: String,
+    /// What is trained: `nystrom` (the converted layers' norm gains and FFNs under the Nyström
+    /// operator, end to end) or `linear` (a learned far field beside sink+window of
+    /// --o1-window/--o1-sinks, fitted per layer to the exact attention output with the model
+    /// frozen; served by `--kv-window W --o1-far linear`) [default: nystrom].
+    #[arg(long, value_name = "KIND", value_parser = ["nystrom", "linear"])]
+    pub o1_far: Option<String>,
+    /// --o1-far linear: features per KV head (state r·(head_dim + 2) values per KV head).
+    #[arg(long, value_name = "R", default_value_t = 16)]
+    pub far_rank: usize,
+    /// --o1-far linear: peak learning rate of the per-layer fit.
+    #[arg(long, value_name = "LR", default_value_t = 1e-2)]
+    pub far_lr: f64,
+    /// --o1-far linear: training windows of --ctx tokens (taken in order from the training texts).
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    pub far_windows: usize,
     /// Overwrite OUT if it exists.
     #[arg(long)]
     pub force: bool,
@@ -216,6 +232,9 @@ fn valid_line(step: u64, r: &ValidReport) -> String {
 }
 
 pub fn cmd_polish(a: PolishArgs) -> Result<()> {
+    if a.o1_far.as_deref() == Some("linear") {
+        return far::cmd_polish_far(&a);
+    }
     // Flag errors first, before anything loads.
     let ridge = a.o1_ridge.unwrap_or(DEFAULT_RIDGE);
     let o1 = O1Config { window: a.o1_window, sinks: a.o1_sinks, landmarks: a.o1_landmarks, ridge, far: Far::Skeleton };
@@ -403,8 +422,9 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
         ridge,
         trained_ctx: a.ctx,
         steps: trainer.step,
+        far_rank: None,
     };
-    let bytes = export::write_polished(&loaded, &a.out, &replaced, store, header, a.force)?;
+    let bytes = export::write_polished(&loaded, &a.out, &replaced, store, header, &[], a.force)?;
     let before = first_ratio.map_or(String::new(), |r| format!("{r:.4} -> "));
     let after = last_valid.map_or(String::from("?"), |r| format!("{:.4}", r.ppl_ratio));
     eprintln!(

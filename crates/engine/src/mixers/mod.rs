@@ -25,6 +25,7 @@ use crate::weights::TensorSource;
 
 pub mod attention;
 pub mod evict;
+pub mod farfield;
 pub mod gdn;
 pub mod kda;
 pub mod mla;

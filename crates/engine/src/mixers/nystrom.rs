@@ -86,8 +86,14 @@ const DEN_FLOOR: f64 = 1e-30;
 /// Bad O(1) settings or bad shapes. Setting errors name the CLI flag.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum NystromError {
-    #[error("the matrix-form check (--o1-check) covers the Nyström skeleton and sink+window, not score eviction")]
+    #[error(
+        "the matrix-form check (--o1-check) covers the Nyström skeleton and sink+window, not score eviction or the learned far field"
+    )]
     NoMatrixForm,
+    #[error(
+        "--o1-far linear: this model has no trained far field for layer {layer} (make one with `cortiq polish --o1-far linear`)"
+    )]
+    NoFarWeights { layer: usize },
     #[error("--o1-window: must be at least 1, got 0")]
     ZeroWindow,
     #[error("--o1-sinks: {sinks} exceeds --o1-window {window}")]
@@ -182,6 +188,9 @@ pub enum Far {
     /// Layer-shared score eviction (`mixers::evict`): the same bytes as `Drop`, the kept keys
     /// chosen by the layer's attention instead of by recency; the rest dropped.
     Score(super::evict::ScoreRule),
+    /// Sink+window with a learned linear-attention state over the keys that left
+    /// (`mixers::farfield`; its feature maps come with the model, one set per planned layer).
+    Linear,
 }
 
 /// Guard against negative skeleton weights (matrix form; the streaming form is Aggregate).
@@ -670,6 +679,8 @@ pub struct O1Layer {
     len: usize,
     keys: Keys,
     skeleton: Option<Skeleton>,
+    /// [`Far::Linear`]: the learned far state (beside the window, never with a skeleton).
+    linear: Option<super::farfield::FarState>,
     /// [n_heads, acc_len] (empty without a skeleton): per query head the accumulators a
     /// step updates, one contiguous block [off (m) | D̂ hi (m) | D̂ lo (m) | N̂ hi (m·hd) | N̂ lo
     /// (m·hd)] (off: log-offsets, −∞ while empty; no lo parts with single f32), so that a kv group's heads are one slice and
@@ -725,6 +736,7 @@ impl O1Layer {
             len: tp,
             keys: Keys::All { k: Vec::new(), v: Vec::new() },
             skeleton: None,
+            linear: None,
             acc: Vec::new(),
         };
         if far == Far::Skeleton && !settings.seals_skeleton(tp) {
@@ -748,7 +760,7 @@ impl O1Layer {
             ring_v[slot * row..][..row].copy_from_slice(&v[p * row..][..row]);
         }
         layer.keys = Keys::Window { sink_k, sink_v, ring_k, ring_v };
-        if far == Far::Drop {
+        if far == Far::Drop || far == Far::Linear {
             return Ok(layer);
         }
         // Skeleton.
@@ -825,8 +837,25 @@ impl O1Layer {
             len: tp,
             keys: Keys::Scored(slots),
             skeleton: None,
+            linear: None,
             acc: Vec::new(),
         }
+    }
+
+    /// A sink+window layer sealed after a prompt of tp positions (k, v its keys and values, as
+    /// given to `seal`) takes the learned far field: the prompt keys already outside the window,
+    /// [sinks, tp − W), are absorbed now and every key leaving later at its step.
+    pub(crate) fn with_far(mut self, weights: std::sync::Arc<super::farfield::FarWeights>, k: &[f32], v: &[f32]) -> O1Layer {
+        let row = self.n_kv * self.hd;
+        let mut fs = super::farfield::FarState::new(weights);
+        let (w, sn, tp) = (self.settings.window, self.settings.sinks, self.len);
+        if matches!(self.keys, Keys::Window { .. }) {
+            for p in sn..tp.saturating_sub(w) {
+                fs.absorb(&k[p * row..][..row], &v[p * row..][..row]);
+            }
+        }
+        self.linear = Some(fs);
+        self
     }
 
     /// Positions held (prompt + decoded).
@@ -851,7 +880,10 @@ impl O1Layer {
             Keys::Window { sink_k, sink_v, ring_k, ring_v } => (sink_k.len() + sink_v.len() + ring_k.len() + ring_v.len()) * 4,
             Keys::Scored(s) => s.bytes(),
         };
-        keys + self.skeleton.as_ref().map_or(0, Skeleton::bytes) + self.acc.len() * 4 + size_of::<Self>()
+        keys + self.skeleton.as_ref().map_or(0, Skeleton::bytes)
+            + self.linear.as_ref().map_or(0, super::farfield::FarState::bytes)
+            + self.acc.len() * 4
+            + size_of::<Self>()
     }
 
     /// One new position t = len(): appends k/v ([n_kv_heads, head_dim], k rotated), folds the key
@@ -882,7 +914,7 @@ impl O1Layer {
                     sink_v[t * row..][..row].copy_from_slice(v);
                 } else {
                     let slot = t % w;
-                    if t >= w + sn && self.skeleton.is_some() {
+                    if t >= w + sn && (self.skeleton.is_some() || self.linear.is_some()) {
                         leaving = Some((ring_k[slot * row..][..row].to_vec(), ring_v[slot * row..][..row].to_vec()));
                     }
                     ring_k[slot * row..][..row].copy_from_slice(k);
@@ -892,6 +924,9 @@ impl O1Layer {
             Keys::Scored(_) => unreachable!("stepped above"),
         }
         self.len = t + 1;
+        if let (Some(fs), Some((lk, lv))) = (&mut self.linear, &leaving) {
+            fs.absorb(lk, lv);
+        }
         let n_near = match &self.keys {
             Keys::All { .. } => t + 1,
             Keys::Window { .. } => sn.min(t + 1) + (t + 1).saturating_sub(sn.max((t + 1).saturating_sub(w))),
@@ -901,6 +936,7 @@ impl O1Layer {
         let cx = StepCtx {
             keys: &self.keys,
             sk: self.skeleton.as_ref(),
+            far: self.linear.as_ref(),
             n_heads: nh,
             nkv,
             hd,
@@ -942,6 +978,7 @@ impl O1Layer {
 struct StepCtx<'a> {
     keys: &'a Keys,
     sk: Option<&'a Skeleton>,
+    far: Option<&'a super::farfield::FarState>,
     n_heads: usize,
     nkv: usize,
     hd: usize,
@@ -991,6 +1028,12 @@ impl StepCtx<'_> {
                         None => dropped += 1,
                     }
                 }
+            }
+            if let Some(fs) = self.far {
+                let mut eps = [0f64; super::farfield::MAX_RANK];
+                let eps = &mut eps[..fs.weights.rank];
+                c = c.max(fs.logits(h, g, &qg[hh * hd..][..hd], eps));
+                dens[hh] = fs.apply(g, eps, c, &mut out[hh * hd..][..hd]);
             }
             cs[hh] = c;
         }
@@ -1069,7 +1112,7 @@ pub fn matrix_form(
 ) -> Result<MatrixOut, NystromError> {
     settings.validate()?;
     check_heads(n_heads, n_kv_heads)?;
-    if matches!(far, Far::Score(_)) {
+    if matches!(far, Far::Score(_) | Far::Linear) {
         return Err(NystromError::NoMatrixForm);
     }
     let (nh, nkv, hd) = (n_heads, n_kv_heads, head_dim);
@@ -1267,6 +1310,7 @@ impl fmt::Display for Far {
             Far::Skeleton => "nystrom",
             Far::Drop => "streamingllm",
             Far::Score(_) => "score eviction",
+            Far::Linear => "learned far field",
         })
     }
 }

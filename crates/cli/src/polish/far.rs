@@ -1,0 +1,212 @@
+//! `cortiq polish --o1-far linear`: stage 1 of the learned far field (issue 15). The model runs
+//! exact on windows of the training texts while every planned layer's post-RoPE q, k, v and
+//! attention output are recorded; then each layer's feature maps are fitted alone, the model
+//! frozen, to the exact attention output beside sink+window of --o1-window/--o1-sinks
+//! (`cortiq_train::farfield`). The result is the source model plus `blk.N.attn_far_*` (f32) in a
+//! .cmf whose header records window, sinks and rank.
+
+use std::collections::HashMap;
+use std::io::IsTerminal;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use cortiq_engine::Logits;
+use cortiq_engine::Numerics;
+use cortiq_engine::load::load;
+use cortiq_engine::mixers::farfield::{MAX_RANK, TENSORS};
+use cortiq_formats::cmf::O1Header;
+use cortiq_train::farfield::{FarShape, LayerSeq, fit_layer, init_params};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use super::{PolishArgs, export};
+use crate::pull;
+
+/// One planned layer's recordings over all windows: q, k, v, attention output (f32).
+#[derive(Default)]
+struct Rec {
+    q: Vec<Vec<f32>>,
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+    y: Vec<Vec<f32>>,
+}
+
+pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
+    let (window, sinks, rank, t) = (a.o1_window, a.o1_sinks, a.far_rank, a.ctx);
+    if window == 0 {
+        bail!("--o1-window: must be at least 1, got 0");
+    }
+    if sinks > window {
+        bail!("--o1-sinks: {sinks} exceeds --o1-window {window}");
+    }
+    if !(1..=MAX_RANK).contains(&rank) {
+        bail!("--far-rank: must be in 1..={MAX_RANK}, got {rank}");
+    }
+    if t <= window + sinks {
+        bail!("--ctx {t}: no key ever leaves a window of {window} + {sinks} sinks; give a longer --ctx");
+    }
+    if a.far_windows == 0 {
+        bail!("--far-windows: must be at least 1");
+    }
+    if !(a.far_lr.is_finite() && a.far_lr > 0.0) {
+        bail!("--far-lr: must be a positive number, got {}", a.far_lr);
+    }
+    if a.out.exists() && !a.force {
+        bail!("{} already exists (pass --force to overwrite)", a.out.display());
+    }
+    if let Some(n) = a.threads {
+        if n == 0 {
+            bail!("--threads must be at least 1");
+        }
+        cortiq_engine::par::init(n).map_err(anyhow::Error::msg).context("setting up the thread pool")?;
+    }
+    cortiq_train::par::install(cortiq_engine::par::pool());
+    let path = pull::resolve_model(&a.model)?;
+    let mut loaded = load(&path)?;
+    loaded.model.set_numerics(Numerics::Exact);
+    let tok = loaded.tokenizer()?;
+    let model = &loaded.model;
+    let cfg = &model.cfg;
+    if t > cfg.n_ctx_train {
+        bail!("--ctx {t} exceeds the model's {} positions", cfg.n_ctx_train);
+    }
+    if cfg.attn_logit_softcap.is_some() {
+        bail!("{}: attention logit soft-capping is not supported by the O(1) operator", cfg.arch);
+    }
+    let planned = model.o1_planned_layers();
+    if planned.is_empty() {
+        bail!("{}: no global softmax-attention layer for a far field", cfg.arch);
+    }
+
+    // Windows of t tokens, in order, from the training texts (the validation text is not read:
+    // `cortiq ppl` on it is the held-out measure).
+    let bos = if tok.add_bos() { tok.bos_id() } else { None };
+    let body = t - usize::from(bos.is_some());
+    let mut windows = Vec::new();
+    for name in &a.train {
+        let p = pull::resolve_text(name)?;
+        let text = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
+        let ids = tok.encode_with(&text, false, false)?;
+        for c in ids.chunks_exact(body) {
+            if windows.len() < a.far_windows {
+                windows.push(bos.into_iter().chain(c.iter().copied()).collect::<Vec<u32>>());
+            }
+        }
+    }
+    if windows.is_empty() {
+        bail!("--train: no window of {t} tokens in the training texts");
+    }
+    let n_tokens = windows.len() * t;
+    let (nh, nkv, hd) = (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim);
+    eprintln!(
+        "polish --o1-far linear: {} ({}), {} planned layers, rank {rank}, window {window} + {sinks} sinks; {} windows of {t} tokens ({n_tokens} tokens)",
+        path.display(),
+        cfg.arch,
+        planned.len(),
+        windows.len()
+    );
+
+    // Record.
+    let t0 = Instant::now();
+    let mut recs: HashMap<usize, Rec> = planned.iter().map(|&il| (il, Rec::default())).collect();
+    for w in &windows {
+        let mut st = model.new_state(t);
+        let mut cur: HashMap<usize, Rec> = planned.iter().map(|&il| (il, Rec::default())).collect();
+        model.forward_traced(w, &mut st, Logits::None, &mut |name, il, x| {
+            let Some(r) = cur.get_mut(&il) else { return };
+            let dst = match name {
+                "q" => &mut r.q,
+                "k" => &mut r.k,
+                "v" => &mut r.v,
+                "attn_out" => &mut r.y,
+                _ => return,
+            };
+            if dst.is_empty() {
+                dst.push(Vec::new());
+            }
+            dst[0].extend_from_slice(x);
+        })?;
+        for (il, r) in cur {
+            let all = recs.get_mut(&il).expect("every planned layer recorded");
+            for (d, s) in [(&mut all.q, r.q), (&mut all.k, r.k), (&mut all.v, r.v), (&mut all.y, r.y)] {
+                let s = s.into_iter().next().unwrap_or_default();
+                d.push(s);
+            }
+        }
+    }
+    for (il, r) in &recs {
+        let ok = r.q.iter().all(|x| x.len() == t * nh * hd)
+            && r.k.iter().chain(&r.v).all(|x| x.len() == t * nkv * hd)
+            && r.y.iter().all(|x| x.len() == t * nh * hd);
+        if !ok {
+            bail!("layer {il}: the recorded attention tensors do not have {t} positions of {nh}/{nkv} heads of {hd}");
+        }
+    }
+    eprintln!("recorded {} layers in {:.1}s", planned.len(), t0.elapsed().as_secs_f64());
+
+    // Fit each layer.
+    let s = FarShape { t, n_heads: nh, n_kv: nkv, hd, rank, sinks, window, scale: cfg.attn_scale as f64 };
+    let bar = if std::io::stderr().is_terminal() { ProgressBar::new(planned.len() as u64) } else { ProgressBar::hidden() };
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:25} {pos}/{len} layers {msg}").expect("valid template"),
+    );
+    let say = |line: String| if bar.is_hidden() { eprintln!("{line}") } else { bar.println(line) };
+    let t1 = Instant::now();
+    let mut added = Vec::new();
+    let (mut sw_sum, mut far_sum) = (0.0, 0.0);
+    for &il in &planned {
+        let r = recs.remove(&il).expect("recorded");
+        let data: Vec<LayerSeq<f32>> =
+            r.q.into_iter().zip(r.k).zip(r.v).zip(r.y).map(|(((q, k), v), y)| LayerSeq::new(&s, q, k, v, y)).collect();
+        let (e, n) = data.iter().map(|d| d.window_err(&s)).fold((0.0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+        let sw = e / n.max(1) as f64;
+        let init = init_params(&s, &data, 0x5EED ^ il as u64).map(|x| x as f32);
+        let mut first = None;
+        let mut last = 0.0;
+        let p = fit_layer(&s, &data, init, a.steps as usize, a.batch, a.far_lr, |st| {
+            first.get_or_insert(st.loss);
+            last = st.loss;
+            bar.set_message(format!("layer {il} step {} mse {:.4e}", st.step, st.loss));
+        });
+        // The final parameters' loss (the last report is the step before the last update).
+        let (e, n) = data.iter().map(|d| d.loss(&s, &p, None)).fold((0.0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+        let fin = e / n.max(1) as f64;
+        let _ = last;
+        say(format!(
+            "layer {il}: attention-output mse sink+window {sw:.4e}, far field at start {:.4e}, fitted {fin:.4e} ({:.1}% of sink+window's)",
+            first.unwrap_or(f64::NAN),
+            100.0 * fin / sw
+        ));
+        if !fin.is_finite() {
+            bail!("layer {il}: the fit diverged (mse {fin}); try a lower --far-lr");
+        }
+        sw_sum += sw;
+        far_sum += fin;
+        for (suffix, v) in TENSORS.iter().zip(p.tensors()) {
+            added.push((format!("blk.{il}.{suffix}"), v.to_vec()));
+        }
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let secs = t1.elapsed().as_secs_f64();
+    let header = O1Header {
+        window,
+        sinks,
+        landmarks: 4,
+        ridge: cortiq_engine::mixers::nystrom::DEFAULT_RIDGE,
+        trained_ctx: t,
+        steps: a.steps,
+        far_rank: Some(rank),
+    };
+    let bytes =
+        export::write_polished(&loaded, &a.out, &HashMap::new(), cortiq_kernels::quant::QuantType::F16, header, &added, a.force)?;
+    eprintln!(
+        "fitted {} layers in {secs:.0}s ({} steps each over {n_tokens} tokens; recording {:.0}s); mean mse {:.1}% of sink+window's; wrote {} ({:.1} MB)",
+        planned.len(),
+        a.steps,
+        t0.elapsed().as_secs_f64() - secs,
+        100.0 * far_sum / sw_sum.max(f64::MIN_POSITIVE),
+        a.out.display(),
+        bytes as f64 / 1e6
+    );
+    Ok(())
+}
