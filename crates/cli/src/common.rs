@@ -208,13 +208,18 @@ impl O1Args {
     /// matrix form. `o1_implied`: --o1-check given, which means --o1 unless --kv-window is.
     /// `served`: the O(1) settings a polished model records (see [`served_o1`]): its plan
     /// unless --exact or --kv-window is given, and the --o1-* defaults.
-    pub fn plan(&self, tp: usize, check: Option<Guard>, o1_implied: bool, served: Option<O1Settings>) -> Result<Option<O1Plan>> {
+    pub fn plan(&self, tp: usize, check: Option<Guard>, o1_implied: bool, served: Option<Served>) -> Result<Option<O1Plan>> {
         if self.exact && (self.o1 || o1_implied || self.kv_window.is_some()) {
             bail!("--exact turns O(1) serving off; it does not go with --o1, --o1-check or --kv-window");
         }
         let served = served.filter(|_| !self.exact);
-        let o1 = self.o1 || (o1_implied && self.kv_window.is_none()) || (served.is_some() && self.kv_window.is_none());
-        if self.o1 && self.kv_window.is_some() {
+        // A model with a learned far field is served as sink+window with it (its recorded window
+        // unless --kv-window says otherwise; --o1-far none drops it); --o1 serves the skeleton.
+        let served_linear = served.is_some_and(|s| s.linear) && !self.o1 && !o1_implied;
+        let kv_window = self.kv_window.or(served.filter(|_| served_linear).map(|s| s.settings.window));
+        let served = served.map(|s| s.settings);
+        let o1 = self.o1 || (o1_implied && kv_window.is_none()) || (served.is_some() && kv_window.is_none());
+        if self.o1 && kv_window.is_some() {
             bail!("--o1 and --kv-window are exclusive (--kv-window is the StreamingLLM baseline)");
         }
         if !o1 {
@@ -230,15 +235,15 @@ impl O1Args {
                 }
             }
         }
-        if self.kv_sinks.is_some() && self.kv_window.is_none() {
+        if self.kv_sinks.is_some() && kv_window.is_none() {
             bail!("--kv-sinks needs --kv-window");
         }
-        if self.kv_evict.is_some() && self.kv_window.is_none() {
+        if self.kv_evict.is_some() && kv_window.is_none() {
             bail!("--kv-evict needs --kv-window");
         }
         let score = self.kv_evict.as_deref() == Some("score");
-        let linear = self.o1_far.as_deref() == Some("linear");
-        if self.o1_far.is_some() && self.kv_window.is_none() {
+        let linear = self.o1_far.as_deref() == Some("linear") || (served_linear && self.o1_far.is_none());
+        if self.o1_far.is_some() && kv_window.is_none() {
             bail!("--o1-far needs --kv-window");
         }
         if linear && score {
@@ -268,7 +273,7 @@ impl O1Args {
             };
             st.validate()?;
             (st, Far::Skeleton)
-        } else if let Some(w) = self.kv_window {
+        } else if let Some(w) = kv_window {
             let sinks = self.kv_sinks.unwrap_or(d.sinks);
             if w == 0 {
                 bail!("--kv-window: must be at least 1, got 0");
@@ -304,27 +309,44 @@ impl O1Args {
     }
 }
 
-/// The O(1) settings a polished .cmf records (`cortiq polish`), served by default.
-pub fn served_o1(l: &Loaded) -> Option<O1Settings> {
+/// What a polished .cmf records for O(1) serving (`cortiq polish`): its settings, and whether
+/// it carries a learned far field (then it is served as sink+window with it).
+#[derive(Clone, Copy, Debug)]
+pub struct Served {
+    pub settings: O1Settings,
+    pub linear: bool,
+}
+
+/// The O(1) settings a polished .cmf records, served by default.
+pub fn served_o1(l: &Loaded) -> Option<Served> {
     match &l.origin {
-        cortiq_engine::load::Origin::Cmf(c) => c.header.o1.as_ref().map(|h| O1Settings {
-            window: h.window,
-            sinks: h.sinks,
-            landmarks: h.landmarks,
-            ridge: h.ridge,
-            state: StatePrecision::default(),
+        cortiq_engine::load::Origin::Cmf(c) => c.header.o1.as_ref().map(|h| Served {
+            settings: O1Settings {
+                window: h.window,
+                sinks: h.sinks,
+                landmarks: h.landmarks,
+                ridge: h.ridge,
+                state: StatePrecision::default(),
+            },
+            linear: h.far_rank.is_some(),
         }),
         _ => None,
     }
 }
 
 /// Says on stderr that a polished model is served in O(1) mode by its own settings.
-pub fn note_served(plan: &Option<O1Plan>, served: Option<O1Settings>, o1_flag: bool) {
-    if let (Some(p), Some(_), false) = (plan, served, o1_flag) {
-        eprintln!(
+pub fn note_served(plan: &Option<O1Plan>, served: Option<Served>, o1_flag: bool) {
+    let Some(p) = plan else { return };
+    match served {
+        Some(s) if s.linear && p.far == Far::Linear => eprintln!(
+            "polished model: serving sink+window (window {}, sinks {}) with its learned far field; --exact turns it off",
+            p.settings.window, p.settings.sinks
+        ),
+        Some(_) if !o1_flag && p.far == Far::Skeleton => eprintln!(
             "polished model: serving in O(1) mode (window {}, sinks {}, landmarks {}, ridge {:e}); --exact turns it off",
             p.settings.window, p.settings.sinks, p.settings.landmarks, p.settings.ridge
-        );
+        ),
+        _ => {}
     }
 }
 

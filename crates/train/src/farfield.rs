@@ -185,7 +185,7 @@ fn row_weights<F: Float>(s: &FarShape, p: &FarParams<F>, h: usize, qr: &[F], bma
 /// The far field's output: o [T, n_heads, hd] (written) from the exact part and the keys
 /// leaving the window.
 pub fn far_forward<F: Float>(s: &FarShape, p: &FarParams<F>, near: &Near<F>, q: &[F], k: &[F], v: &[F], o: &mut [F]) {
-    sweep(s, p, near, q, k, v, Some(o), None, None);
+    sweep(s, p, near, q, k, v, Some(o), Upstream::None, None);
 }
 
 /// Adds ∂L/∂params to `grads` given ∂L/∂o (`d_o`, [T, n_heads, hd]).
@@ -200,7 +200,19 @@ pub fn far_backward<F: Float>(
     d_o: &[F],
     grads: &mut FarParams<F>,
 ) {
-    sweep(s, p, near, q, k, v, None, Some(d_o), Some(grads));
+    sweep(s, p, near, q, k, v, None, Upstream::Given(d_o), Some(grads));
+}
+
+/// What the backward starts from.
+#[derive(Clone, Copy)]
+enum Upstream<'a, F> {
+    /// Forward only.
+    None,
+    /// ∂L/∂o given.
+    Given(&'a [F]),
+    /// L = Σ |o − y|² over the rows with a far set: ∂L/∂o = 2(o − y), formed row by row in the
+    /// one sweep (no second forward).
+    Mse(&'a [F]),
 }
 
 /// The forward sweep over t (optionally writing o) and, given ∂L/∂o, the backward: the row
@@ -215,9 +227,12 @@ fn sweep<F: Float>(
     k: &[F],
     v: &[F],
     mut o: Option<&mut [F]>,
-    d_o: Option<&[F]>,
+    up: Upstream<'_, F>,
     mut grads: Option<&mut FarParams<F>>,
-) {
+) -> f64 {
+    let backward = !matches!(up, Upstream::None);
+    let mut sq_err = 0.0;
+    let mut dmse = vec![F::ZERO; s.hd];
     let (nh, nkv, hd, r) = (s.n_heads, s.n_kv, s.hd, s.rank);
     assert!(s.n_kv > 0 && nh.is_multiple_of(nkv), "far field: n_heads must be a multiple of n_kv");
     assert!(q.len() == s.t * nh * hd && k.len() == s.t * nkv * hd && v.len() == k.len(), "far field: q/k/v shapes");
@@ -229,8 +244,8 @@ fn sweep<F: Float>(
     for g in 0..nkv {
         let lk = key_logits(s, p, k, g);
         // ∂L/∂H(t), ∂L/∂z(t) per position (backward only): [T, r, hd], [T, r].
-        let (mut gh, mut gz) = match (&d_o, &lk) {
-            (Some(_), Some(_)) => (vec![F::ZERO; s.t * r * hd], vec![F::ZERO; s.t * r]),
+        let (mut gh, mut gz) = match (backward, &lk) {
+            (true, Some(_)) => (vec![F::ZERO; s.t * r * hd], vec![F::ZERO; s.t * r]),
             _ => (Vec::new(), Vec::new()),
         };
         hs.fill(F::ZERO);
@@ -272,9 +287,20 @@ fn sweep<F: Float>(
                 if let Some(o) = o.as_deref_mut() {
                     o[row * hd..][..hd].copy_from_slice(&out);
                 }
-                let (Some(d_o), Some(gr)) = (d_o, grads.as_deref_mut()) else { continue };
+                let Some(gr) = grads.as_deref_mut() else { continue };
+                let dor = match up {
+                    Upstream::None => continue,
+                    Upstream::Given(d_o) => &d_o[row * hd..][..hd],
+                    Upstream::Mse(y) => {
+                        for ((d, &a), &b) in dmse.iter_mut().zip(&out).zip(&y[row * hd..][..hd]) {
+                            let e = a - b;
+                            sq_err += (e * e).to_f64();
+                            *d = F::from_f64(2.0) * e;
+                        }
+                        &dmse[..]
+                    }
+                };
                 // o = num/den: ∂num = dO/den, ∂den = −(dO·o)/den.
-                let dor = &d_o[row * hd..][..hd];
                 let dden = -dot(dor, &out) * inv;
                 let q2 = sq(qr);
                 for f in 0..r {
@@ -290,7 +316,7 @@ fn sweep<F: Float>(
             }
         }
         // Reverse: key j = t − W is in every far set from t on.
-        let (Some(gr), Some((b, bmax))) = (grads.as_deref_mut(), &lk) else { continue };
+        let (Some(gr), Some((b, bmax)), true) = (grads.as_deref_mut(), &lk, backward) else { continue };
         hs.fill(F::ZERO); // now Σ_{t' ≥ t} ∂L/∂H(t')
         zs.fill(F::ZERO);
         for t in (s.first_far()..s.t).rev() {
@@ -309,6 +335,7 @@ fn sweep<F: Float>(
             }
         }
     }
+    sq_err
 }
 
 /// One training sequence of one layer: the frozen model's q [T, n_heads, hd], k and v
@@ -345,18 +372,17 @@ impl<F: Float> LayerSeq<F> {
     /// Mean squared error per row with the far field `p`, and ∂(that)/∂p added to `grads` when
     /// given.
     pub fn loss(&self, s: &FarShape, p: &FarParams<F>, grads: Option<&mut FarParams<F>>) -> (f64, usize) {
-        let mut o = vec![F::ZERO; self.q.len()];
-        far_forward(s, p, &self.near, &self.q, &self.k, &self.v, &mut o);
-        let (e, n) = self.sq_err(s, &o);
-        if let Some(gr) = grads {
-            let from = s.first_far().min(s.t) * s.n_heads * s.hd;
-            let mut d_o = vec![F::ZERO; o.len()];
-            for i in from..o.len() {
-                d_o[i] = F::from_f64(2.0) * (o[i] - self.y[i]);
+        match grads {
+            None => {
+                let mut o = vec![F::ZERO; self.q.len()];
+                far_forward(s, p, &self.near, &self.q, &self.k, &self.v, &mut o);
+                self.sq_err(s, &o)
             }
-            far_backward(s, p, &self.near, &self.q, &self.k, &self.v, &d_o, gr);
+            Some(gr) => {
+                let e = sweep(s, p, &self.near, &self.q, &self.k, &self.v, None, Upstream::Mse(&self.y), Some(gr));
+                (e, (s.t - s.first_far().min(s.t)) * s.n_heads)
+            }
         }
-        (e, n)
     }
 }
 
@@ -455,4 +481,43 @@ pub fn fit_layer<F: Float>(
         }
     }
     p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gradcheck::Rng;
+
+    /// The fused MSE sweep (`LayerSeq::loss` with gradients) gives the forward's loss and the
+    /// gradients of `far_backward` fed 2(o − y).
+    #[test]
+    fn fused_mse_equals_forward_then_backward() {
+        let s = FarShape { t: 16, n_heads: 4, n_kv: 2, hd: 6, rank: 3, sinks: 2, window: 5, scale: 0.4 };
+        let mut rng = Rng(7);
+        let (q, k, v, y) = (
+            rng.vec(s.t * s.n_heads * s.hd, 1.0),
+            rng.vec(s.t * s.n_kv * s.hd, 1.0),
+            rng.vec(s.t * s.n_kv * s.hd, 1.0),
+            rng.vec(s.t * s.n_heads * s.hd, 0.5),
+        );
+        let d = LayerSeq::new(&s, q, k, v, y);
+        let mut p = init_params(&s, std::slice::from_ref(&d), 3);
+        p.u.iter_mut().chain(p.w.iter_mut()).for_each(|x| *x *= 20.0);
+        let (e0, n0) = d.loss(&s, &p, None);
+        let mut g1 = FarParams::zeros(&s);
+        let (e1, n1) = d.loss(&s, &p, Some(&mut g1));
+        assert_eq!(n0, n1);
+        assert!((e0 - e1).abs() <= 1e-12 * e0, "loss {e0} vs fused {e1}");
+        let mut o = vec![0.0; d.q.len()];
+        far_forward(&s, &p, &d.near, &d.q, &d.k, &d.v, &mut o);
+        let from = s.first_far() * s.n_heads * s.hd;
+        let d_o: Vec<f64> = (0..o.len()).map(|i| if i < from { 0.0 } else { 2.0 * (o[i] - d.y[i]) }).collect();
+        let mut g2 = FarParams::zeros(&s);
+        far_backward(&s, &p, &d.near, &d.q, &d.k, &d.v, &d_o, &mut g2);
+        for (a, b) in g1.tensors().iter().zip(g2.tensors()) {
+            for (x, y) in a.iter().zip(b) {
+                assert!((x - y).abs() <= 1e-12 * (1.0 + y.abs()), "{x} vs {y}");
+            }
+        }
+    }
 }
