@@ -185,10 +185,11 @@ pub struct O1Args {
     /// [default: 0].
     #[arg(long, value_name = "N")]
     pub kv_evict_obs: Option<usize>,
-    /// What the --kv-window budget does with the keys it evicts: `none` (dropped) or `linear`
-    /// (absorbed into a learned linear-attention state per KV head, read under the window's
-    /// softmax normalizer; the model must carry one: `cortiq polish --o1-far linear`)
-    /// [default: none].
+    /// What the --kv-window budget does with the keys it evicts (by recency, or by
+    /// --kv-evict score): `none` (dropped) or `linear` (absorbed into a learned
+    /// linear-attention state per KV head, read under the kept keys' softmax normalizer; the
+    /// model must carry one: `cortiq polish --o1-far linear`) [default: none, or linear for a
+    /// model that carries one].
     #[arg(long, value_name = "KIND", value_parser = ["none", "linear"])]
     pub o1_far: Option<String>,
     /// A polished model (`cortiq polish`) is served in O(1) mode with the settings recorded in
@@ -246,9 +247,6 @@ impl O1Args {
         if self.o1_far.is_some() && kv_window.is_none() {
             bail!("--o1-far needs --kv-window");
         }
-        if linear && score {
-            bail!("--o1-far linear sits beside sink+window; it does not go with --kv-evict score");
-        }
         if linear && check.is_some() {
             bail!("--o1-check covers the Nyström skeleton and sink+window, not --o1-far linear");
         }
@@ -282,21 +280,24 @@ impl O1Args {
                 bail!("--kv-sinks: {sinks} exceeds --kv-window {w}");
             }
             // Landmarks are unused when far keys are dropped.
-            let far = if score {
+            let rule = if score {
                 let d = ScoreRule::default();
                 let decay = self.kv_evict_decay.unwrap_or(d.decay);
                 if !(0.0..1.0).contains(&decay) {
                     bail!("--kv-evict-decay: must be in [0, 1), got {decay}");
                 }
-                Far::Score(ScoreRule {
+                Some(ScoreRule {
                     decay,
                     recent: self.kv_evict_recent.unwrap_or(d.recent),
                     obs: self.kv_evict_obs.unwrap_or(d.obs),
                 })
-            } else if linear {
-                Far::Linear
             } else {
-                Far::Drop
+                None
+            };
+            let far = match (rule, linear) {
+                (_, true) => Far::Linear(rule),
+                (Some(r), false) => Far::Score(r),
+                (None, false) => Far::Drop,
             };
             if score && check.is_some() {
                 bail!("--o1-check covers the Nyström skeleton and sink+window, not --kv-evict score");
@@ -338,7 +339,7 @@ pub fn served_o1(l: &Loaded) -> Option<Served> {
 pub fn note_served(plan: &Option<O1Plan>, served: Option<Served>, o1_flag: bool) {
     let Some(p) = plan else { return };
     match served {
-        Some(s) if s.linear && p.far == Far::Linear => eprintln!(
+        Some(s) if s.linear && matches!(p.far, Far::Linear(_)) => eprintln!(
             "polished model: serving sink+window (window {}, sinks {}) with its learned far field; --exact turns it off",
             p.settings.window, p.settings.sinks
         ),

@@ -126,7 +126,10 @@ pub fn cmd_ppl(a: PplArgs) -> Result<()> {
         let what = match (p.far, p.check) {
             (Far::Skeleton, None) => "o1 streaming".to_string(),
             (Far::Drop, None) => "sink+window (StreamingLLM)".to_string(),
-            (Far::Linear, None) => "sink+window with the learned far field".to_string(),
+            (Far::Linear(None), None) => "sink+window with the learned far field".to_string(),
+            (Far::Linear(Some(r)), None) => {
+                format!("score eviction (decay {}, recent {}) with the learned far field", r.decay, r.recent)
+            }
             (Far::Score(r), None) => {
                 format!("sink+window budget, layer-shared score eviction (decay {}, recent {})", r.decay, r.recent)
             }
@@ -145,7 +148,7 @@ pub fn cmd_ppl(a: PplArgs) -> Result<()> {
     }
     let b = r.state_bytes;
     eprintln!("state at the end of a chunk: {} bytes (KV {}, O(1) {}, recurrent {})", b.total(), b.kv, b.o1, b.recurrent);
-    if let Some(p) = plan.filter(|p| matches!(p.far, Far::Skeleton | Far::Linear) && p.check.is_none() && b.o1 > 0) {
+    if let Some(p) = plan.filter(|p| matches!(p.far, Far::Skeleton | Far::Linear(_)) && p.check.is_none() && b.o1 > 0) {
         // The StreamingLLM window whose sealed layers hold as many bytes as these O(1) layers:
         // (W' + S) positions of keys and values per kv head.
         let cfg = &loaded.model.cfg;

@@ -270,7 +270,7 @@ impl Model {
             head_dim: self.cfg.head_dim,
         };
         let mut st = self.new_state(n_ctx);
-        if plan.far == crate::mixers::nystrom::Far::Linear {
+        if matches!(plan.far, crate::mixers::nystrom::Far::Linear(_)) {
             if let Some(il) =
                 (0..serve.len()).find(|&il| serve[il] == Serve::Planned && self.o1_far.get(il).is_none_or(Option::is_none))
             {

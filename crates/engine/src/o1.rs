@@ -156,7 +156,7 @@ impl O1Run {
                 .then(|| QuerySegments::new(p.tp, m, self.geom.n_heads, self.geom.head_dim));
         }
         let obs = match p.far {
-            Far::Score(rule) if p.check.is_none() => rule.obs,
+            Far::Score(rule) | Far::Linear(Some(rule)) if p.check.is_none() => rule.obs,
             _ => 0,
         };
         for (r, &how) in self.recent.iter_mut().zip(&self.serve) {
@@ -232,9 +232,26 @@ impl O1Run {
                     Slots::seal_voted(k, v, recent, g.n_heads, g.n_kv, settings.sinks, settings.window, rule, g.scale as f64);
                 O1Layer::scored(&settings, g.scale, g.n_heads, g.n_kv, g.head_dim, k.len() / (g.n_kv * g.head_dim), slots)
             }
-            (Far::Linear, _) => {
+            (Far::Linear(rule), _) => {
                 let fw = self.far_weights.get(il).cloned().flatten().ok_or(NystromError::NoFarWeights { layer: il })?;
-                O1Layer::seal(&settings, far, g.scale, g.n_heads, g.n_kv, g.head_dim, None, k, v)?.with_far(fw, k, v)
+                let layer = match (rule, &self.recent[il]) {
+                    (Some(rule), Some(recent)) => {
+                        let slots = Slots::seal_voted(
+                            k,
+                            v,
+                            recent,
+                            g.n_heads,
+                            g.n_kv,
+                            settings.sinks,
+                            settings.window,
+                            rule,
+                            g.scale as f64,
+                        );
+                        O1Layer::scored(&settings, g.scale, g.n_heads, g.n_kv, g.head_dim, k.len() / (g.n_kv * g.head_dim), slots)
+                    }
+                    _ => O1Layer::seal(&settings, far, g.scale, g.n_heads, g.n_kv, g.head_dim, None, k, v)?,
+                };
+                layer.with_far(fw, k, v)
             }
             _ => O1Layer::seal(&settings, far, g.scale, g.n_heads, g.n_kv, g.head_dim, self.segs[il].as_ref(), k, v)?,
         };

@@ -77,21 +77,13 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
         bail!("{}: no global softmax-attention layer for a far field", cfg.arch);
     }
 
-    // Windows of t tokens, in order, from the training texts (the validation text is not read:
-    // `cortiq ppl` on it is the held-out measure).
+    // Windows of t tokens, in order, from the training texts; the validation text (never
+    // trained on) gives the held-out error of the report.
     let bos = if tok.add_bos() { tok.bos_id() } else { None };
-    let body = t - usize::from(bos.is_some());
-    let mut windows = Vec::new();
-    for name in &a.train {
-        let p = pull::resolve_text(name)?;
-        let text = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
-        let ids = tok.encode_with(&text, false, false)?;
-        for c in ids.chunks_exact(body) {
-            if windows.len() < a.far_windows {
-                windows.push(bos.into_iter().chain(c.iter().copied()).collect::<Vec<u32>>());
-            }
-        }
+    if a.train.iter().any(|n| n == &a.valid) {
+        bail!("--valid {} is also a training text", a.valid);
     }
+    let windows = text_windows(&tok, &a.train, bos, t, a.far_windows)?;
     if windows.is_empty() {
         bail!("--train: no window of {t} tokens in the training texts");
     }
@@ -105,10 +97,117 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
         windows.len()
     );
 
-    // Record.
+    // Record: the training windows, and two windows of the held-out text for the report.
     let t0 = Instant::now();
+    let mut recs = record(model, &planned, &windows, t)?;
+    let valid_windows = text_windows(&tok, &[a.valid.clone()], bos, t, 2)?;
+    let mut vrecs = record(model, &planned, &valid_windows, t)?;
+    eprintln!("recorded {} layers in {:.1}s", planned.len(), t0.elapsed().as_secs_f64());
+
+    // Fit each layer.
+    let s = FarShape { t, n_heads: nh, n_kv: nkv, hd, rank, sinks, window, scale: cfg.attn_scale as f64 };
+    let bar = if std::io::stderr().is_terminal() { ProgressBar::new(planned.len() as u64) } else { ProgressBar::hidden() };
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:25} {pos}/{len} layers {msg}").expect("valid template"),
+    );
+    let say = |line: String| if bar.is_hidden() { eprintln!("{line}") } else { bar.println(line) };
+    let t1 = Instant::now();
+    let mut added = Vec::new();
+    let (mut sw_sum, mut far_sum) = (0.0, 0.0);
+    for &il in &planned {
+        let r = recs.remove(&il).expect("recorded");
+        let data: Vec<LayerSeq<f32>> =
+            r.q.into_iter().zip(r.k).zip(r.v).zip(r.y).map(|(((q, k), v), y)| LayerSeq::new(&s, q, k, v, y)).collect();
+        let vr = vrecs.remove(&il).expect("recorded");
+        let held: Vec<LayerSeq<f32>> =
+            vr.q.into_iter().zip(vr.k).zip(vr.v).zip(vr.y).map(|(((q, k), v), y)| LayerSeq::new(&s, q, k, v, y)).collect();
+        let mean = |f: &dyn Fn(&LayerSeq<f32>) -> (f64, usize), d: &[LayerSeq<f32>]| {
+            let (e, n) = d.iter().map(f).fold((0.0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+            e / n.max(1) as f64
+        };
+        let sw = mean(&|d| d.window_err(&s), &data);
+        let vsw = mean(&|d| d.window_err(&s), &held);
+        let init = init_params(&s, &data, 0x5EED ^ il as u64).map(|x| x as f32);
+        let mut first = None;
+        let mut last = 0.0;
+        let p = fit_layer(&s, &data, init, a.steps as usize, a.batch, a.far_lr, |st| {
+            first.get_or_insert(st.loss);
+            last = st.loss;
+            bar.set_message(format!("layer {il} step {} mse {:.4e}", st.step, st.loss));
+        });
+        // The final parameters' loss (the last report is the step before the last update).
+        let fin = mean(&|d| d.loss(&s, &p, None), &data);
+        let vfin = mean(&|d| d.loss(&s, &p, None), &held);
+        let _ = last;
+        say(format!(
+            "layer {il}: attention-output mse sink+window {sw:.4e}, far field at start {:.4e}, fitted {fin:.4e} ({:.1}% of sink+window's); held out {vfin:.4e} ({:.1}%)",
+            first.unwrap_or(f64::NAN),
+            100.0 * fin / sw,
+            100.0 * vfin / vsw
+        ));
+        if !fin.is_finite() {
+            bail!("layer {il}: the fit diverged (mse {fin}); try a lower --far-lr");
+        }
+        sw_sum += vsw;
+        far_sum += vfin;
+        for (suffix, v) in TENSORS.iter().zip(p.tensors()) {
+            added.push((format!("blk.{il}.{suffix}"), v.to_vec()));
+        }
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let secs = t1.elapsed().as_secs_f64();
+    let header = O1Header {
+        window,
+        sinks,
+        landmarks: 4,
+        ridge: cortiq_engine::mixers::nystrom::DEFAULT_RIDGE,
+        trained_ctx: t,
+        steps: a.steps,
+        far_rank: Some(rank),
+    };
+    let bytes =
+        export::write_polished(&loaded, &a.out, &HashMap::new(), cortiq_kernels::quant::QuantType::F16, header, &added, a.force)?;
+    eprintln!(
+        "fitted {} layers in {secs:.0}s ({} steps each over {n_tokens} tokens; recording {:.0}s); held-out mse {:.1}% of sink+window's (layer sum); wrote {} ({:.1} MB)",
+        planned.len(),
+        a.steps,
+        t0.elapsed().as_secs_f64() - secs,
+        100.0 * far_sum / sw_sum.max(f64::MIN_POSITIVE),
+        a.out.display(),
+        bytes as f64 / 1e6
+    );
+    Ok(())
+}
+
+/// Up to `max` windows of t tokens (BOS first where the model adds one), in order, from the
+/// texts.
+fn text_windows(
+    tok: &cortiq_formats::tokenizer::Tokenizer,
+    names: &[String],
+    bos: Option<u32>,
+    t: usize,
+    max: usize,
+) -> Result<Vec<Vec<u32>>> {
+    let body = t - usize::from(bos.is_some());
+    let mut windows = Vec::new();
+    for name in names {
+        let p = pull::resolve_text(name)?;
+        let text = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
+        let ids = tok.encode_with(&text, false, false)?;
+        for c in ids.chunks_exact(body).take(max.saturating_sub(windows.len())) {
+            windows.push(bos.into_iter().chain(c.iter().copied()).collect::<Vec<u32>>());
+        }
+    }
+    Ok(windows)
+}
+
+/// Runs the model exact over each window, recording every planned layer's q, k, v and
+/// attention output.
+fn record(model: &cortiq_engine::model::Model, planned: &[usize], windows: &[Vec<u32>], t: usize) -> Result<HashMap<usize, Rec>> {
+    let (nh, nkv, hd) = (model.cfg.n_heads, model.cfg.n_kv_heads, model.cfg.head_dim);
     let mut recs: HashMap<usize, Rec> = planned.iter().map(|&il| (il, Rec::default())).collect();
-    for w in &windows {
+    for w in windows {
         let mut st = model.new_state(t);
         let mut cur: HashMap<usize, Rec> = planned.iter().map(|&il| (il, Rec::default())).collect();
         model.forward_traced(w, &mut st, Logits::None, &mut |name, il, x| {
@@ -141,72 +240,5 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
             bail!("layer {il}: the recorded attention tensors do not have {t} positions of {nh}/{nkv} heads of {hd}");
         }
     }
-    eprintln!("recorded {} layers in {:.1}s", planned.len(), t0.elapsed().as_secs_f64());
-
-    // Fit each layer.
-    let s = FarShape { t, n_heads: nh, n_kv: nkv, hd, rank, sinks, window, scale: cfg.attn_scale as f64 };
-    let bar = if std::io::stderr().is_terminal() { ProgressBar::new(planned.len() as u64) } else { ProgressBar::hidden() };
-    bar.set_style(
-        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:25} {pos}/{len} layers {msg}").expect("valid template"),
-    );
-    let say = |line: String| if bar.is_hidden() { eprintln!("{line}") } else { bar.println(line) };
-    let t1 = Instant::now();
-    let mut added = Vec::new();
-    let (mut sw_sum, mut far_sum) = (0.0, 0.0);
-    for &il in &planned {
-        let r = recs.remove(&il).expect("recorded");
-        let data: Vec<LayerSeq<f32>> =
-            r.q.into_iter().zip(r.k).zip(r.v).zip(r.y).map(|(((q, k), v), y)| LayerSeq::new(&s, q, k, v, y)).collect();
-        let (e, n) = data.iter().map(|d| d.window_err(&s)).fold((0.0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
-        let sw = e / n.max(1) as f64;
-        let init = init_params(&s, &data, 0x5EED ^ il as u64).map(|x| x as f32);
-        let mut first = None;
-        let mut last = 0.0;
-        let p = fit_layer(&s, &data, init, a.steps as usize, a.batch, a.far_lr, |st| {
-            first.get_or_insert(st.loss);
-            last = st.loss;
-            bar.set_message(format!("layer {il} step {} mse {:.4e}", st.step, st.loss));
-        });
-        // The final parameters' loss (the last report is the step before the last update).
-        let (e, n) = data.iter().map(|d| d.loss(&s, &p, None)).fold((0.0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
-        let fin = e / n.max(1) as f64;
-        let _ = last;
-        say(format!(
-            "layer {il}: attention-output mse sink+window {sw:.4e}, far field at start {:.4e}, fitted {fin:.4e} ({:.1}% of sink+window's)",
-            first.unwrap_or(f64::NAN),
-            100.0 * fin / sw
-        ));
-        if !fin.is_finite() {
-            bail!("layer {il}: the fit diverged (mse {fin}); try a lower --far-lr");
-        }
-        sw_sum += sw;
-        far_sum += fin;
-        for (suffix, v) in TENSORS.iter().zip(p.tensors()) {
-            added.push((format!("blk.{il}.{suffix}"), v.to_vec()));
-        }
-        bar.inc(1);
-    }
-    bar.finish_and_clear();
-    let secs = t1.elapsed().as_secs_f64();
-    let header = O1Header {
-        window,
-        sinks,
-        landmarks: 4,
-        ridge: cortiq_engine::mixers::nystrom::DEFAULT_RIDGE,
-        trained_ctx: t,
-        steps: a.steps,
-        far_rank: Some(rank),
-    };
-    let bytes =
-        export::write_polished(&loaded, &a.out, &HashMap::new(), cortiq_kernels::quant::QuantType::F16, header, &added, a.force)?;
-    eprintln!(
-        "fitted {} layers in {secs:.0}s ({} steps each over {n_tokens} tokens; recording {:.0}s); mean mse {:.1}% of sink+window's; wrote {} ({:.1} MB)",
-        planned.len(),
-        a.steps,
-        t0.elapsed().as_secs_f64() - secs,
-        100.0 * far_sum / sw_sum.max(f64::MIN_POSITIVE),
-        a.out.display(),
-        bytes as f64 / 1e6
-    );
-    Ok(())
+    Ok(recs)
 }

@@ -162,7 +162,21 @@ impl Slots {
     /// (position `t`); o [n_heads, hd]. Then the set takes the new key, evicting the
     /// lowest-scored candidate when full. Per kv group in parallel; the groups' score sums are
     /// added in group order (the same keys leave however the pool schedules).
-    pub fn step(&mut self, q: &[f32], k: &[f32], v: &[f32], o: &mut [f32], n_heads: usize, n_kv: usize, scale: f64) {
+    /// With a learned far field (`far`) each head's softmax takes its far mass under the same
+    /// normalizer (the scores are the kept keys' shares of it), and the key that leaves is
+    /// absorbed into it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn step(
+        &mut self,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        o: &mut [f32],
+        n_heads: usize,
+        n_kv: usize,
+        scale: f64,
+        mut far: Option<&mut super::farfield::FarState>,
+    ) {
         let (row, n) = (self.row, self.n);
         let hd = row / n_kv;
         let group = n_heads / n_kv;
@@ -170,6 +184,7 @@ impl Slots {
         let mut sums = vec![0.0f64; n_kv * nc];
         let mut items: Vec<(&mut [f32], &mut [f64])> = o.chunks_mut(group * hd).zip(sums.chunks_mut(nc)).collect();
         let (ks, vs) = (&self.k, &self.v);
+        let far_ref = far.as_deref();
         crate::par::pool().for_rows_mut_dynamic(&mut items, 1, 1, |g, it| {
             let (og, sum) = &mut it[0];
             SCRATCH.with(|sc| {
@@ -179,7 +194,8 @@ impl Slots {
                 let key = |j: usize| if j < n { &ks[j * row + g * hd..][..hd] } else { &k[g * hd..][..hd] };
                 let val = |j: usize| if j < n { &vs[j * row + g * hd..][..hd] } else { &v[g * hd..][..hd] };
                 for hh in 0..group {
-                    head_attend(&q[(g * group + hh) * hd..][..hd], nc, key, val, scale, p, out);
+                    let h = g * group + hh;
+                    head_attend(&q[h * hd..][..hd], nc, key, val, scale, far_ref.map(|f| (f, h, g)), p, out);
                     og[hh * hd..][..hd].iter_mut().zip(out.iter()).for_each(|(y, &x)| *y = x as f32);
                     sum.iter_mut().zip(p.iter()).for_each(|(a, &pj)| *a += pj);
                 }
@@ -199,14 +215,20 @@ impl Slots {
             self.n += 1;
             return;
         }
+        let row = self.row;
         let recent = self.rule.recent;
         let candidate = |j: usize| if j == n { recent == 0 } else { j >= self.sinks && self.pos[j] as usize + recent <= t };
         let score = |j: usize| if j == n { new_score } else { self.score[j] };
         // The first lowest (slot order) leaves; with no candidate the new key is dropped.
         let victim = (0..nc).filter(|&j| candidate(j)).min_by(|&a, &b| score(a).total_cmp(&score(b))).unwrap_or(n);
         if victim < n {
+            if let Some(f) = far.as_deref_mut() {
+                f.absorb(&self.k[victim * row..][..row], &self.v[victim * row..][..row]);
+            }
             self.put(victim, t, k, v);
             self.score[victim] = new_score;
+        } else if let Some(f) = far {
+            f.absorb(k, v);
         }
     }
 
@@ -253,13 +275,16 @@ impl RecentQueries {
 }
 
 /// One query head's exact attention over `nc` keys: p [nc] gets the probabilities, out [hd]
-/// the output, both f64.
+/// the output, both f64. `far`: the learned far field and the head's (query head, kv head),
+/// its mass under the same normalizer.
+#[allow(clippy::too_many_arguments)]
 fn head_attend<'a>(
     q: &[f32],
     nc: usize,
     key: impl Fn(usize) -> &'a [f32],
     val: impl Fn(usize) -> &'a [f32],
     scale: f64,
+    far: Option<(&super::farfield::FarState, usize, usize)>,
     p: &mut [f64],
     out: &mut [f64],
 ) {
@@ -270,6 +295,12 @@ fn head_attend<'a>(
     }
     let mut den = 0.0;
     out.fill(0.0);
+    if let Some((f, h, g)) = far {
+        let mut eps = [0f64; super::farfield::MAX_RANK];
+        let eps = &mut eps[..f.weights.rank];
+        mx = mx.max(f.logits(h, g, q, eps));
+        den = f.apply(g, eps, mx, out);
+    }
     for (j, s) in p[..nc].iter_mut().enumerate() {
         *s = (*s - mx).exp();
         den += *s;
@@ -344,7 +375,7 @@ mod tests {
                 let kn: Vec<f32> = (0..row).map(|_| rng.f()).collect();
                 let vn: Vec<f32> = (0..row).map(|_| rng.f()).collect();
                 let mut o = vec![0.0; nh * hd];
-                s.step(&q, &kn, &vn, &mut o, nh, nkv, scale);
+                s.step(&q, &kn, &vn, &mut o, nh, nkv, scale, None);
                 r.kept.push((t, kn, vn, 0.0));
                 let (ro, layer) = attend_all(&r.kept, &q, nh, nkv, hd, scale);
                 for (a, b) in o.iter().zip(&ro) {
@@ -430,7 +461,7 @@ mod tests {
             let q: Vec<f32> = (0..nh * hd).map(|_| rng.f()).collect();
             let kn: Vec<f32> = (0..hd).map(|_| rng.f()).collect();
             let mut o = vec![0.0; nh * hd];
-            s.step(&q, &kn, &kn, &mut o, nh, nkv, 0.25);
+            s.step(&q, &kn, &kn, &mut o, nh, nkv, 0.25, None);
             kept.push((t, kn.clone(), kn, 0.0));
             let (ro, _) = attend_all(&kept, &q, nh, nkv, hd, 0.25);
             assert!(o.iter().zip(&ro).all(|(a, b)| (*a as f64 - b).abs() <= 1e-6 * (1.0 + b.abs())), "t={t}");

@@ -188,9 +188,10 @@ pub enum Far {
     /// Layer-shared score eviction (`mixers::evict`): the same bytes as `Drop`, the kept keys
     /// chosen by the layer's attention instead of by recency; the rest dropped.
     Score(super::evict::ScoreRule),
-    /// Sink+window with a learned linear-attention state over the keys that left
-    /// (`mixers::farfield`; its feature maps come with the model, one set per planned layer).
-    Linear,
+    /// A learned linear-attention state over the keys that left (`mixers::farfield`; its
+    /// feature maps come with the model, one set per planned layer), beside sink+window (None)
+    /// or beside score eviction's slots (the evicted keys absorbed).
+    Linear(Option<super::evict::ScoreRule>),
 }
 
 /// Guard against negative skeleton weights (matrix form; the streaming form is Aggregate).
@@ -760,7 +761,11 @@ impl O1Layer {
             ring_v[slot * row..][..row].copy_from_slice(&v[p * row..][..row]);
         }
         layer.keys = Keys::Window { sink_k, sink_v, ring_k, ring_v };
-        if far == Far::Drop || far == Far::Linear {
+        if let Far::Linear(Some(rule)) = far {
+            layer.keys = Keys::Scored(super::evict::Slots::seal(k, v, row, sn, w, rule));
+            return Ok(layer);
+        }
+        if far == Far::Drop || far == Far::Linear(None) {
             return Ok(layer);
         }
         // Skeleton.
@@ -842,17 +847,27 @@ impl O1Layer {
         }
     }
 
-    /// A sink+window layer sealed after a prompt of tp positions (k, v its keys and values, as
-    /// given to `seal`) takes the learned far field: the prompt keys already outside the window,
-    /// [sinks, tp − W), are absorbed now and every key leaving later at its step.
+    /// A sink+window or score-eviction layer sealed after a prompt of tp positions (k, v its
+    /// keys and values, as given to `seal`) takes the learned far field: the prompt keys it does
+    /// not keep are absorbed now, and every key leaving later at its step.
     pub(crate) fn with_far(mut self, weights: std::sync::Arc<super::farfield::FarWeights>, k: &[f32], v: &[f32]) -> O1Layer {
         let row = self.n_kv * self.hd;
         let mut fs = super::farfield::FarState::new(weights);
         let (w, sn, tp) = (self.settings.window, self.settings.sinks, self.len);
-        if matches!(self.keys, Keys::Window { .. }) {
-            for p in sn..tp.saturating_sub(w) {
-                fs.absorb(&k[p * row..][..row], &v[p * row..][..row]);
+        match &self.keys {
+            Keys::Window { .. } => {
+                for p in sn..tp.saturating_sub(w) {
+                    fs.absorb(&k[p * row..][..row], &v[p * row..][..row]);
+                }
             }
+            Keys::Scored(slots) => {
+                let mut kept = vec![false; tp];
+                slots.positions().iter().for_each(|&p| kept[p as usize] = true);
+                for p in (0..tp).filter(|&p| !kept[p]) {
+                    fs.absorb(&k[p * row..][..row], &v[p * row..][..row]);
+                }
+            }
+            Keys::All { .. } => {}
         }
         self.linear = Some(fs);
         self
@@ -895,7 +910,7 @@ impl O1Layer {
         assert!(q.len() == nh * hd && o.len() == nh * hd && k.len() == row && v.len() == row, "O1Layer::step: shapes");
         let t = self.len;
         if let Keys::Scored(slots) = &mut self.keys {
-            slots.step(q, k, v, o, nh, nkv, self.scale as f64);
+            slots.step(q, k, v, o, nh, nkv, self.scale as f64, self.linear.as_mut());
             self.len = t + 1;
             return 0;
         }
@@ -1112,7 +1127,7 @@ pub fn matrix_form(
 ) -> Result<MatrixOut, NystromError> {
     settings.validate()?;
     check_heads(n_heads, n_kv_heads)?;
-    if matches!(far, Far::Score(_) | Far::Linear) {
+    if matches!(far, Far::Score(_) | Far::Linear(_)) {
         return Err(NystromError::NoMatrixForm);
     }
     let (nh, nkv, hd) = (n_heads, n_kv_heads, head_dim);
@@ -1310,7 +1325,8 @@ impl fmt::Display for Far {
             Far::Skeleton => "nystrom",
             Far::Drop => "streamingllm",
             Far::Score(_) => "score eviction",
-            Far::Linear => "learned far field",
+            Far::Linear(None) => "learned far field",
+            Far::Linear(Some(_)) => "score eviction with the learned far field",
         })
     }
 }
