@@ -404,6 +404,100 @@ mod tests {
         }
     }
 
+    /// With a learned far field: the same keys leave as without one when the far mass counts
+    /// in every head's normalizer (checked against a plain loop that keeps the evicted keys
+    /// and forms each one's far weight Σ_f e^{a_f(q) + b_f(k)} directly, no running offsets).
+    #[test]
+    fn steps_with_a_far_field_absorb_what_leaves() {
+        use crate::mixers::farfield::{FarState, FarWeights};
+        let (nh, nkv, hd, scale, rank) = (4, 2, 6, 0.4, 3);
+        let row = nkv * hd;
+        let (sinks, window, rule) = (1, 4, ScoreRule { decay: 0.6, recent: 1, obs: 0 });
+        let mut rng = XorShift(0xFA7);
+        let mut f = |n: usize, a: f32| (0..n).map(|_| a * rng.f()).collect::<Vec<f32>>();
+        let fw = FarWeights::from_tensors(
+            rank,
+            nh,
+            nkv,
+            hd,
+            [f(nh * rank * hd, 1.0), f(nh * rank, 1.0), f(nh, 0.05), f(nkv * rank * hd, 1.0), f(nkv * rank, 1.0), f(nkv, 0.05)],
+        )
+        .expect("shapes");
+        let fw = std::sync::Arc::new(fw);
+        let logit = |x: &[f32], m: &[f32], gam: f32, b: f32| {
+            (0..hd).map(|i| x[i] as f64 * m[i] as f64).sum::<f64>() - gam as f64 * x.iter().map(|&y| y as f64 * y as f64).sum::<f64>()
+                + b as f64
+        };
+        let tp = 7;
+        let k = f(tp * row, 1.0);
+        let v = f(tp * row, 1.0);
+        let mut s = Slots::seal(&k, &v, row, sinks, window, rule);
+        let mut far = FarState::new(fw.clone());
+        let mut kept: Vec<(usize, Vec<f32>, Vec<f32>, f64)> = Vec::new();
+        let mut gone: Vec<(Vec<f32>, Vec<f32>)> = Vec::new();
+        for p in 0..tp {
+            let (kr, vr) = (k[p * row..][..row].to_vec(), v[p * row..][..row].to_vec());
+            if p < sinks || p >= tp - window {
+                kept.push((p, kr, vr, 0.0));
+            } else {
+                far.absorb(&kr, &vr);
+                gone.push((kr, vr));
+            }
+        }
+        for t in tp..tp + 30 {
+            let q = f(nh * hd, 3.0);
+            let (kn, vn) = (f(row, 1.0), f(row, 1.0));
+            let mut o = vec![0.0; nh * hd];
+            s.step(&q, &kn, &vn, &mut o, nh, nkv, scale, Some(&mut far));
+            kept.push((t, kn, vn, 0.0));
+            let group = nh / nkv;
+            let mut layer = vec![0.0; kept.len()];
+            for h in 0..nh {
+                let g = h / group;
+                let qh = &q[h * hd..][..hd];
+                let e: Vec<f64> = kept.iter().map(|(_, kk, _, _)| (logit(qh, &kk[g * hd..][..hd], 0.0, 0.0) * scale).exp()).collect();
+                let mut num = vec![0.0; hd];
+                let mut den: f64 = e.iter().sum();
+                for (j, (_, _, vv, _)) in kept.iter().enumerate() {
+                    (0..hd).for_each(|i| num[i] += e[j] * vv[g * hd + i] as f64);
+                }
+                for (kk, vv) in &gone {
+                    for r in 0..rank {
+                        let a = logit(qh, &fw.u[(h * rank + r) * hd..][..hd], fw.gq[h], fw.alpha[h * rank + r]);
+                        let b = logit(&kk[g * hd..][..hd], &fw.w[(g * rank + r) * hd..][..hd], fw.gk[g], fw.beta[g * rank + r]);
+                        let w = (a + b).exp();
+                        den += w;
+                        (0..hd).for_each(|i| num[i] += w * vv[g * hd + i] as f64);
+                    }
+                }
+                for i in 0..hd {
+                    let want = num[i] / den;
+                    let got = o[h * hd + i] as f64;
+                    assert!((got - want).abs() <= 2e-5 * (1.0 + want.abs()), "t={t} head {h}: {got} vs {want}");
+                }
+                e.iter().enumerate().for_each(|(j, x)| layer[j] += x / den);
+            }
+            let last = kept.len() - 1;
+            for (j, e) in kept.iter_mut().enumerate() {
+                e.3 = if j == last { layer[j] } else { rule.decay as f64 * e.3 + layer[j] };
+            }
+            if kept.len() > sinks + window {
+                let victim = (0..kept.len())
+                    .filter(|&j| kept[j].0 >= sinks && kept[j].0 + rule.recent <= t && (j < last || rule.recent == 0))
+                    .min_by(|&a, &b| kept[a].3.total_cmp(&kept[b].3))
+                    .unwrap_or(last);
+                let (_, kk, vv, _) = kept.remove(victim);
+                gone.push((kk, vv));
+            }
+            let mut want: Vec<u32> = kept.iter().map(|e| e.0 as u32).collect();
+            let mut got = s.positions().to_vec();
+            want.sort_unstable();
+            got.sort_unstable();
+            assert_eq!(got, want, "t={t}: kept positions");
+        }
+        assert!(gone.len() > 20, "keys were absorbed ({})", gone.len());
+    }
+
     #[test]
     fn a_voted_seal_keeps_the_keys_the_last_queries_attend_to() {
         let (nh, nkv, hd, tp, scale) = (4, 2, 8, 40, 0.5);
