@@ -7,6 +7,7 @@
 #   learned far     --kv-window W'-S-F --o1-far linear on the model polished by
 #                   `cortiq polish --o1-far linear` (F = the far state's bytes in positions,
 #                   rounded up), trained on TRAIN (disjoint from TEXT)
+#   score + far     both, the window shrunk by score eviction's 12 B per slot too
 # Prints a markdown table per model and context: ppl, ratio to exact, the fraction of
 # sink+window's excess closed (1 − (x − exact)/(sw − exact)) and the state bytes each run reports.
 #
@@ -48,7 +49,7 @@ out "text: $TEXT held out (far fields trained on $TRAIN); each chunk: the first 
 for name in "${MODELS[@]}"; do
     path=$("$CORTIQ" pull "$name")
     # The far state in positions of sink+window: r·(hd+2) vs 2·hd values per KV head.
-    case $name in gemma3*) hd=256 ;; *) hd=${HEAD_DIM:-64} ;; esac
+    case $name in gemma3*) hd=256 nkv=1 ;; qwen2.5*) hd=64 nkv=2 ;; smollm2*) hd=64 nkv=3 ;; *) hd=${HEAD_DIM:-64} nkv=${N_KV:-1} ;; esac
     far_pos=$(awk -v r="$RANK" -v d="$hd" 'BEGIN{x = r * (d + 2) / (2 * d); printf "%d", (x == int(x)) ? x : int(x) + 1}')
     first_budget=${BUDGETS%% *}
     wfar=$((first_budget - SINKS - far_pos))
@@ -71,11 +72,17 @@ for name in "${MODELS[@]}"; do
             w=$((b - SINKS))
             read -r sw swb <<<"$(ppl "$path" "$ctx" --kv-window "$w" --kv-sinks "$SINKS")"
             out "| $b | sink+window | --kv-window $w | $sw | $(ratio "$sw" "$exact") | 0% | $(kb "$swb") |"
-            read -r sc scb <<<"$(ppl "$path" "$ctx" --kv-window "$w" --kv-sinks "$SINKS" --kv-evict score)"
-            out "| $b | score eviction | --kv-window $w --kv-evict score | $sc | $(ratio "$sc" "$exact") | $(closed "$sc" "$exact" "$sw") | $(kb "$scb") |"
+            # Score eviction keeps a position and an f64 score per slot: 12 B, in positions.
+            score_pos=$(awk -v b="$b" -v p=$((8 * nkv * hd)) 'BEGIN{x = 12 * b / p; printf "%d", (x == int(x)) ? x : int(x) + 1}')
+            ws=$((w - score_pos))
+            read -r sc scb <<<"$(ppl "$path" "$ctx" --kv-window "$ws" --kv-sinks "$SINKS" --kv-evict score)"
+            out "| $b | score eviction | --kv-window $ws --kv-evict score | $sc | $(ratio "$sc" "$exact") | $(closed "$sc" "$exact" "$sw") | $(kb "$scb") |"
             wl=$((b - SINKS - far_pos))
             read -r lf lfb <<<"$(ppl "$far" "$ctx" --kv-window "$wl" --kv-sinks "$SINKS" --o1-far linear)"
             out "| $b | learned far field (r $RANK) | --kv-window $wl --o1-far linear | $lf | $(ratio "$lf" "$exact") | $(closed "$lf" "$exact" "$sw") | $(kb "$lfb") |"
+            wsl=$((wl - score_pos))
+            read -r sl slb <<<"$(ppl "$far" "$ctx" --kv-window "$wsl" --kv-sinks "$SINKS" --o1-far linear --kv-evict score)"
+            out "| $b | score eviction + learned far field | --kv-window $wsl --kv-evict score --o1-far linear | $sl | $(ratio "$sl" "$exact") | $(closed "$sl" "$exact" "$sw") | $(kb "$slb") |"
         done
     done
 done

@@ -271,10 +271,10 @@ impl Model {
         };
         let mut st = self.new_state(n_ctx);
         if matches!(plan.far, crate::mixers::nystrom::Far::Linear(_)) {
-            if let Some(il) =
-                (0..serve.len()).find(|&il| serve[il] == Serve::Planned && self.o1_far.get(il).is_none_or(Option::is_none))
-            {
-                return Err(bad(crate::mixers::nystrom::NystromError::NoFarWeights { layer: il }.to_string()));
+            // Layers the polish left without a far field keep their eviction rule; a model with
+            // none at all has nothing to serve.
+            if !(0..serve.len()).any(|il| serve[il] == Serve::Planned && self.o1_far.get(il).is_some_and(Option::is_some)) {
+                return Err(bad(crate::mixers::nystrom::NystromError::NoFarWeights.to_string()));
             }
         }
         let mut run = O1Run::new(plan, serve, geom, self.o1_far.clone());

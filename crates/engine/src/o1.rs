@@ -232,8 +232,33 @@ impl O1Run {
                     Slots::seal_voted(k, v, recent, g.n_heads, g.n_kv, settings.sinks, settings.window, rule, g.scale as f64);
                 O1Layer::scored(&settings, g.scale, g.n_heads, g.n_kv, g.head_dim, k.len() / (g.n_kv * g.head_dim), slots)
             }
+            // A planned layer without trained feature maps (the polish found none that helped
+            // it) keeps its eviction rule alone.
+            (Far::Linear(rule), _) if self.far_weights.get(il).is_none_or(Option::is_none) => {
+                let own = match rule {
+                    Some(r) => Far::Score(r),
+                    None => Far::Drop,
+                };
+                match (rule, &self.recent[il]) {
+                    (Some(rule), Some(recent)) => {
+                        let slots = Slots::seal_voted(
+                            k,
+                            v,
+                            recent,
+                            g.n_heads,
+                            g.n_kv,
+                            settings.sinks,
+                            settings.window,
+                            rule,
+                            g.scale as f64,
+                        );
+                        O1Layer::scored(&settings, g.scale, g.n_heads, g.n_kv, g.head_dim, k.len() / (g.n_kv * g.head_dim), slots)
+                    }
+                    _ => O1Layer::seal(&settings, own, g.scale, g.n_heads, g.n_kv, g.head_dim, None, k, v)?,
+                }
+            }
             (Far::Linear(rule), _) => {
-                let fw = self.far_weights.get(il).cloned().flatten().ok_or(NystromError::NoFarWeights { layer: il })?;
+                let fw = self.far_weights.get(il).cloned().flatten().ok_or(NystromError::NoFarWeights)?;
                 let layer = match (rule, &self.recent[il]) {
                     (Some(rule), Some(recent)) => {
                         let slots = Slots::seal_voted(

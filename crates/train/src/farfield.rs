@@ -387,10 +387,11 @@ impl<F: Float> LayerSeq<F> {
 }
 
 /// Starting feature maps: small random projections (so the features differ), no norm terms, and
-/// biases that give the far keys together e^{-3} of the near keys' weight (geometric mean over
+/// biases that give the far keys together e^{-6} of the near keys' weight (geometric mean over
 /// the rows of `data`), spread over the r features. A far field that starts with little mass grows
 /// where it helps; one that starts with too much is first pushed to zero, where its gradient
-/// vanishes (measured: most deep SmolLM2 layers stalled at sink+window's error that way).
+/// vanishes (measured: most deep SmolLM2 layers stalled at sink+window's error that way), or
+/// never comes back down (Qwen2.5 layers ended at 3-13× sink+window's error from e^{-3}).
 pub fn init_params<F: Float>(s: &FarShape, data: &[LayerSeq<F>], seed: u64) -> FarParams<f64> {
     let mut rng = crate::gradcheck::Rng(seed);
     let mut p = FarParams::zeros(s);
@@ -409,9 +410,9 @@ pub fn init_params<F: Float>(s: &FarShape, data: &[LayerSeq<F>], seed: u64) -> F
             }
         }
     }
-    // Total far mass e^{-3} of the near mass: per key, divided by the mean far count.
+    // Total far mass e^{-6} of the near mass: per key, divided by the mean far count.
     let n_far = (s.t.saturating_sub(s.first_far()) as f64 / 2.0).max(1.0);
-    let per_key = if n > 0 { sum / n as f64 } else { 0.0 } - 3.0 + ((s.sinks + s.window) as f64 / n_far).ln();
+    let per_key = if n > 0 { sum / n as f64 } else { 0.0 } - 6.0 + ((s.sinks + s.window) as f64 / n_far).ln();
     let b = (per_key - (s.rank as f64).ln()) / 2.0;
     p.alpha.iter_mut().chain(p.beta.iter_mut()).for_each(|x| *x = b);
     p

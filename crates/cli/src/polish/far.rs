@@ -19,6 +19,9 @@ use cortiq_train::farfield::{FarShape, LayerSeq, fit_layer, init_params};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::{PolishArgs, export};
+
+/// A layer keeps its far field when the held-out error is below this share of sink+window's.
+const KEEP_BELOW: f64 = 0.95;
 use crate::pull;
 
 /// One planned layer's recordings over all windows: q, k, v, attention output (f32).
@@ -114,6 +117,7 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
     let t1 = Instant::now();
     let mut added = Vec::new();
     let (mut sw_sum, mut far_sum) = (0.0, 0.0);
+    let mut kept = 0;
     for &il in &planned {
         let r = recs.remove(&il).expect("recorded");
         let data: Vec<LayerSeq<f32>> =
@@ -148,14 +152,31 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
         if !fin.is_finite() {
             bail!("layer {il}: the fit diverged (mse {fin}); try a lower --far-lr");
         }
+        // A far field that does not beat dropping the keys on the held-out windows is left out:
+        // the layer keeps its eviction rule alone.
+        if !(vfin < KEEP_BELOW * vsw) {
+            say(format!(
+                "layer {il}: no far field (held out {:.1}% of sink+window's, keep below {:.0}%)",
+                100.0 * vfin / vsw,
+                100.0 * KEEP_BELOW
+            ));
+            sw_sum += vsw;
+            far_sum += vsw;
+            bar.inc(1);
+            continue;
+        }
         sw_sum += vsw;
         far_sum += vfin;
+        kept += 1;
         for (suffix, v) in TENSORS.iter().zip(p.tensors()) {
             added.push((format!("blk.{il}.{suffix}"), v.to_vec()));
         }
         bar.inc(1);
     }
     bar.finish_and_clear();
+    if kept == 0 {
+        bail!("no layer's far field beat sink+window on the held-out windows; nothing written");
+    }
     let secs = t1.elapsed().as_secs_f64();
     let header = O1Header {
         window,
@@ -169,7 +190,7 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
     let bytes =
         export::write_polished(&loaded, &a.out, &HashMap::new(), cortiq_kernels::quant::QuantType::F16, header, &added, a.force)?;
     eprintln!(
-        "fitted {} layers in {secs:.0}s ({} steps each over {n_tokens} tokens; recording {:.0}s); held-out mse {:.1}% of sink+window's (layer sum); wrote {} ({:.1} MB)",
+        "fitted {} layers, {kept} with a far field, in {secs:.0}s ({} steps each over {n_tokens} tokens; recording {:.0}s); held-out mse {:.1}% of sink+window's (layer sum); wrote {} ({:.1} MB)",
         planned.len(),
         a.steps,
         t0.elapsed().as_secs_f64() - secs,

@@ -425,7 +425,8 @@ mod tests {
         .expect("shapes");
         let fw = std::sync::Arc::new(fw);
         let logit = |x: &[f32], m: &[f32], gam: f32, b: f32| {
-            (0..hd).map(|i| x[i] as f64 * m[i] as f64).sum::<f64>() - gam as f64 * x.iter().map(|&y| y as f64 * y as f64).sum::<f64>()
+            (0..hd).map(|i| x[i] as f64 * m[i] as f64).sum::<f64>()
+                - gam as f64 * x.iter().map(|&y| y as f64 * y as f64).sum::<f64>()
                 + b as f64
         };
         let tp = 7;
@@ -455,7 +456,8 @@ mod tests {
             for h in 0..nh {
                 let g = h / group;
                 let qh = &q[h * hd..][..hd];
-                let e: Vec<f64> = kept.iter().map(|(_, kk, _, _)| (logit(qh, &kk[g * hd..][..hd], 0.0, 0.0) * scale).exp()).collect();
+                let e: Vec<f64> =
+                    kept.iter().map(|(_, kk, _, _)| (logit(qh, &kk[g * hd..][..hd], 0.0, 0.0) * scale).exp()).collect();
                 let mut num = vec![0.0; hd];
                 let mut den: f64 = e.iter().sum();
                 for (j, (_, _, vv, _)) in kept.iter().enumerate() {

@@ -90,10 +90,8 @@ pub enum NystromError {
         "the matrix-form check (--o1-check) covers the Nyström skeleton and sink+window, not score eviction or the learned far field"
     )]
     NoMatrixForm,
-    #[error(
-        "--o1-far linear: this model has no trained far field for layer {layer} (make one with `cortiq polish --o1-far linear`)"
-    )]
-    NoFarWeights { layer: usize },
+    #[error("--o1-far linear: this model carries no trained far field (make one with `cortiq polish --o1-far linear`)")]
+    NoFarWeights,
     #[error("--o1-window: must be at least 1, got 0")]
     ZeroWindow,
     #[error("--o1-sinks: {sinks} exceeds --o1-window {window}")]

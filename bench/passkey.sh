@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Long-range recall at a fixed state budget (issue 15): a five-digit pass key stated once early in
+# a filler text of LEN tokens, asked for at the end; greedy decode of 8 tokens; a trial counts
+# when the key's digits appear in the answer. Every policy holds at most the bytes of sink+window
+# W' = BUDGET (as bench/o1_budget.sh sizes them); exact attention beside them. The prompt is the
+# sealed part (the question comes last), so the key is far from the window when decoding starts.
+#
+# Usage: bench/passkey.sh MODEL [FAR.cmf]   (FAR: the model polished with `--o1-far linear`;
+#        without it the learned-far rows are skipped)
+# Environment: LENS ("2048 4096", in filler sentences x 10 ≈ tokens), TRIALS (50), BUDGET (128),
+# SINKS (4), FAR_POS (9: the far state in positions), SCORE_POS (1), CORTIQ. Prints a markdown
+# table: retrieval rate per policy and length.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+die() { echo "passkey.sh: $*" >&2; exit 1; }
+CORTIQ=${CORTIQ:-target/release/cortiq}
+[ -x "$CORTIQ" ] || die "build cortiq first: cargo build --release -p cortiq-cli"
+[ $# -ge 1 ] || die "usage: bench/passkey.sh MODEL [FAR.cmf]"
+MODEL=$("$CORTIQ" pull "$1"); FAR=${2:-}
+LENS=${LENS:-2048 4096}; TRIALS=${TRIALS:-50}; BUDGET=${BUDGET:-128}; SINKS=${SINKS:-4}
+FAR_POS=${FAR_POS:-9}; SCORE_POS=${SCORE_POS:-1}
+w=$((BUDGET - SINKS)); ws=$((w - SCORE_POS)); wl=$((w - FAR_POS)); wsl=$((wl - SCORE_POS))
+policies=("exact||$MODEL" "sink+window|--kv-window $w|$MODEL" "score eviction|--kv-window $ws --kv-evict score|$MODEL")
+if [ -n "$FAR" ]; then
+    policies+=("learned far field|--kv-window $wl --o1-far linear|$FAR" "score + far field|--kv-window $wsl --kv-evict score --o1-far linear|$FAR")
+fi
+filler="The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+# prompt LEN KEY SEED: the key's sentence at a seeded depth in the first quarter.
+prompt() {
+    local n=$(( $1 / 20 )) key=$2 seed=$3 at i out=""
+    at=$(( 1 + seed * 7919 % (n / 4 + 1) ))
+    out="There is a pass key hidden in a lot of irrelevant text. Find it and remember it. "
+    for ((i = 0; i < n; i++)); do
+        [ "$i" -eq "$at" ] && out+="The pass key is $key. Remember it. $key is the pass key. "
+        out+=$filler
+    done
+    printf '%sWhat is the pass key? The pass key is' "$out"
+}
+echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; $(date -u +%Y-%m-%dT%H:%MZ)"
+echo "command: LENS=\"$LENS\" TRIALS=$TRIALS BUDGET=$BUDGET bench/passkey.sh $* ; greedy, 8 tokens, exact numerics"
+echo
+echo "| policy | flags | $(for l in $LENS; do printf '~%s tokens | ' "$l"; done)"
+echo "|---|---|$(for _ in $LENS; do printf -- '---|'; done)"
+for p in "${policies[@]}"; do
+    IFS='|' read -r name flags m <<<"$p"
+    row="| $name | ${flags:--} |"
+    for len in $LENS; do
+        hit=0
+        for ((s = 1; s <= TRIALS; s++)); do
+            key=$(( 10000 + (s * 48271) % 90000 ))
+            # shellcheck disable=SC2086
+            ans=$("$CORTIQ" run -m "$m" -p "$(prompt "$len" "$key" "$s")" -n 8 --temp 0 --numerics exact $flags 2>/dev/null) || die "run failed: $name"
+            [[ "$ans" == *"$key"* ]] && hit=$((hit + 1))
+        done
+        row+=" $hit/$TRIALS |"
+    done
+    echo "$row"
+done
