@@ -134,7 +134,7 @@ fn load_far(path: &Path, c: &Cmf, cfg: &ModelConfig) -> Result<Vec<Option<std::s
             *v = c.tensor_data(info).chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
         }
         let (nh, nkv, hd) = (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim);
-        let rank = if nh == 0 { 0 } else { vals[1].len() / nh };
+        let rank = vals[1].len().checked_div(nh).unwrap_or(0);
         let fw = FarWeights::from_tensors(rank, nh, nkv, hd, vals)
             .ok_or_else(|| bad(format!("layer {il}: far field tensors do not fit {nh} heads, {nkv} kv heads, head_dim {hd}")))?;
         out.push(Some(std::sync::Arc::new(fw)));

@@ -233,12 +233,16 @@ impl O1Run {
                 O1Layer::scored(&settings, g.scale, g.n_heads, g.n_kv, g.head_dim, k.len() / (g.n_kv * g.head_dim), slots)
             }
             // A planned layer without trained feature maps (the polish found none that helped
-            // it) keeps its eviction rule alone.
+            // it) keeps its eviction rule alone, and spends the far state's bytes on its window:
+            // every planned layer holds the same budget.
             (Far::Linear(rule), _) if self.far_weights.get(il).is_none_or(Option::is_none) => {
                 let own = match rule {
                     Some(r) => Far::Score(r),
                     None => Far::Drop,
                 };
+                let per_pos = 2 * g.n_kv * g.head_dim * 4;
+                let far_bytes = self.far_weights.iter().flatten().map(|w| w.state_bytes()).max().unwrap_or(0);
+                let settings = O1Settings { window: settings.window + far_bytes / per_pos.max(1), ..settings };
                 match (rule, &self.recent[il]) {
                     (Some(rule), Some(recent)) => {
                         let slots = Slots::seal_voted(

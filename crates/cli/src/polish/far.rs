@@ -103,7 +103,7 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
     // Record: the training windows, and two windows of the held-out text for the report.
     let t0 = Instant::now();
     let mut recs = record(model, &planned, &windows, t)?;
-    let valid_windows = text_windows(&tok, &[a.valid.clone()], bos, t, 2)?;
+    let valid_windows = text_windows(&tok, std::slice::from_ref(&a.valid), bos, t, 2)?;
     let mut vrecs = record(model, &planned, &valid_windows, t)?;
     eprintln!("recorded {} layers in {:.1}s", planned.len(), t0.elapsed().as_secs_f64());
 
@@ -154,7 +154,10 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
         }
         // A far field that does not beat dropping the keys on the held-out windows is left out:
         // the layer keeps its eviction rule alone.
-        if !(vfin < KEEP_BELOW * vsw) {
+        // (Written so that a NaN error also leaves the layer out.)
+        #[allow(clippy::neg_cmp_op_on_partial_ord)]
+        let helps = vfin < KEEP_BELOW * vsw;
+        if !helps {
             say(format!(
                 "layer {il}: no far field (held out {:.1}% of sink+window's, keep below {:.0}%)",
                 100.0 * vfin / vsw,

@@ -122,14 +122,14 @@ impl FarState {
         let (r, hd) = (wt.rank, wt.hd);
         let q2 = dot(q, q);
         let mut top = f64::NEG_INFINITY;
-        for f in 0..r {
+        for (f, e) in eps.iter_mut().enumerate().take(r) {
             let off = self.off[g * r + f] as f64;
-            eps[f] = if off == f64::NEG_INFINITY {
+            *e = if off == f64::NEG_INFINITY {
                 f64::NEG_INFINITY
             } else {
                 dot(&wt.u[(h * r + f) * hd..][..hd], q) - wt.gq[h] as f64 * q2 + wt.alpha[h * r + f] as f64 + off
             };
-            top = top.max(eps[f]);
+            top = top.max(*e);
         }
         top
     }
@@ -139,11 +139,11 @@ impl FarState {
     pub fn apply(&self, g: usize, eps: &[f64], c: f64, out: &mut [f64]) -> f64 {
         let (r, hd) = (self.weights.rank, self.weights.hd);
         let mut den = 0.0;
-        for f in 0..r {
-            if eps[f] == f64::NEG_INFINITY {
+        for (f, &ef) in eps.iter().enumerate().take(r) {
+            if ef == f64::NEG_INFINITY {
                 continue;
             }
-            let e = (eps[f] - c).exp();
+            let e = (ef - c).exp();
             let i = g * r + f;
             den += e * self.z[i] as f64;
             out.iter_mut().zip(&self.h[i * hd..][..hd]).for_each(|(o, &x)| *o += e * x as f64);
