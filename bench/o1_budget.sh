@@ -14,7 +14,8 @@
 # Usage: bench/o1_budget.sh [MODEL ...]   (known cortiq names; default: the three)
 # Environment: TEXT (lcet10.txt), TRAIN (alice29.txt), CTXS ("2048 4096"), BUDGETS ("128 512"),
 # CHUNKS (2), SINKS (4), RANK (16), FAR_STEPS (400), FAR_WINDOWS (8), FAR_CTX (2048),
-# FAR_DIR (~/.cache/cortiq/far: polished models, reused when present), HEAD_DIM (64; Gemma 3's is
+# FAR_DIR (~/.cache/cortiq/far: polished models, reused when present; each polish's per-layer
+# log beside it as MODEL.cmf.log), HEAD_DIM (64; Gemma 3's is
 # 256), CORTIQ
 # (target/release/cortiq). WRITE=1 appends the tables to BENCHMARKS.md.
 set -euo pipefail
@@ -57,8 +58,9 @@ for name in "${MODELS[@]}"; do
     if [ ! -f "$far" ]; then
         t0=$(date +%s)
         "$CORTIQ" polish -m "$path" -o "$far" --o1-far linear --o1-window "$wfar" --o1-sinks "$SINKS" --far-rank "$RANK" \
-            --ctx "$FAR_CTX" --far-windows "$FAR_WINDOWS" --steps "$FAR_STEPS" --batch 2 --train "$TRAIN" --valid "$TEXT" 2>&1 \
-            | tail -1 | tee -a "$REPORT"
+            --ctx "$FAR_CTX" --far-windows "$FAR_WINDOWS" --steps "$FAR_STEPS" --batch 2 --train "$TRAIN" --valid "$TEXT" \
+            > "$far.log" 2>&1 || die "polish failed: $(tail -3 "$far.log")"
+        tail -1 "$far.log" | tee -a "$REPORT"
         out "far field of $name: trained in $(( $(date +%s) - t0 ))s (window $wfar, rank $RANK, head_dim $hd: $far_pos positions)"
     fi
     for ctx in $CTXS; do
