@@ -60,6 +60,9 @@ fn bad_o1_settings_are_one_line_errors() {
         (&["--kv-window", "8", "--kv-evict", "score", "--kv-evict-decay", "1"], "--kv-evict-decay"),
         (&["--kv-window", "8", "--kv-evict", "window", "--kv-evict-recent", "4"], "--kv-evict-recent"),
         (&["--kv-window", "8", "--kv-evict", "score", "--o1-check"], "--o1-check"),
+        (&["--o1-far", "linear"], "--o1-far"),
+        (&["--kv-window", "8", "--o1-far", "cubic"], "--o1-far"),
+        (&["--kv-window", "8", "--o1-far", "linear", "--o1-check"], "--o1-check"),
     ] {
         let args: Vec<&str> = base.iter().chain(extra).copied().collect();
         let (_, err, ok) = cortiq(&args);

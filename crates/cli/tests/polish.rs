@@ -266,3 +266,61 @@ fn init_continues_from_a_polished_model() {
     let (_, err, ok) = cortiq(&polish_args(&st, s(&st.dir.0.join("x.cmf")), &["--steps", "1", "--init", s(&other)]));
     assert!(!ok && err.contains("--init") && err.lines().filter(|l| l.starts_with("error")).count() == 1, "{err}");
 }
+
+/// `--o1-far linear` end to end on the tiny model: the polish fits each global layer's far field
+/// and writes a .cmf that `ppl` serves as sink+window with it by default (the state then holds
+/// the far field's bytes beside the window), `--o1-far none` drops it, and the source model,
+/// which carries none, is refused with a one-line error.
+#[test]
+fn polish_far_field_writes_a_served_cmf() {
+    let st = setup("far");
+    let out = st.dir.0.join("far.cmf");
+    let args = [
+        "polish",
+        "-m",
+        s(&st.model),
+        "-o",
+        s(&out),
+        "--o1-far",
+        "linear",
+        "--train",
+        s(&st.train[0]),
+        s(&st.train[1]),
+        "--valid",
+        s(&st.valid),
+        "--ctx",
+        "64",
+        "--o1-window",
+        "8",
+        "--o1-sinks",
+        "1",
+        "--far-rank",
+        "4",
+        "--far-windows",
+        "6",
+        "--steps",
+        "60",
+        "--batch",
+        "2",
+        "-t",
+        "1",
+    ];
+    let (_, err, ok) = cortiq(&args);
+    assert!(ok, "polish --o1-far linear: {err}");
+    assert!(err.contains("with a far field"), "{err}");
+    let (with, e1) = ppl(s(&out), s(&st.valid), &[]);
+    assert!(e1.contains("with its learned far field"), "served by default: {e1}");
+    let (without, e2) = ppl(s(&out), s(&st.valid), &["--kv-window", "8", "--kv-sinks", "1", "--o1-far", "none"]);
+    let bytes = |e: &str| -> usize {
+        let l =
+            e.lines().find(|l| l.starts_with("state at the end of a chunk: ")).unwrap_or_else(|| panic!("no state line: {e}"));
+        l["state at the end of a chunk: ".len()..].split_whitespace().next().unwrap().parse().unwrap()
+    };
+    assert!(bytes(&e1) > bytes(&e2), "the far field's state is counted: {} vs {}", bytes(&e1), bytes(&e2));
+    assert!(with.is_finite() && without.is_finite() && with != without, "the far field changes the scores: {with} vs {without}");
+    let (_, err, ok) =
+        cortiq(&["ppl", "-m", s(&st.model), "-f", s(&st.valid), "-c", "64", "--kv-window", "8", "--o1-far", "linear"]);
+    // (The ppl progress lines before it are its ordinary stderr.)
+    let last = err.lines().last().unwrap_or_default();
+    assert!(!ok && last.starts_with("error: ") && last.contains("no trained far field"), "{err}");
+}
