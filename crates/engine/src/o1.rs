@@ -226,63 +226,35 @@ impl O1Run {
             }
             Cache::O1(_) => return Ok(()),
         };
+        // A learned far field sits beside the plan's eviction rule (sink+window or score). A
+        // planned layer without feature maps (the polish found none that helped it) keeps the
+        // rule alone and spends the far state's bytes on its window: every planned layer holds
+        // the same budget.
+        let (far, far_weights, settings) = match far {
+            Far::Linear(rule) => {
+                let own = rule.map_or(Far::Drop, Far::Score);
+                match self.far_weights.get(il).cloned().flatten() {
+                    Some(fw) => (own, Some(fw), settings),
+                    None => {
+                        let per_pos = 2 * g.n_kv * g.head_dim * 4;
+                        let far_bytes = self.far_weights.iter().flatten().map(|w| w.state_bytes()).max().unwrap_or(0);
+                        (own, None, O1Settings { window: settings.window + far_bytes / per_pos.max(1), ..settings })
+                    }
+                }
+            }
+            f => (f, None, settings),
+        };
         let sealed = match (far, &self.recent[il]) {
             (Far::Score(rule), Some(recent)) => {
                 let slots =
                     Slots::seal_voted(k, v, recent, g.n_heads, g.n_kv, settings.sinks, settings.window, rule, g.scale as f64);
                 O1Layer::scored(&settings, g.scale, g.n_heads, g.n_kv, g.head_dim, k.len() / (g.n_kv * g.head_dim), slots)
             }
-            // A planned layer without trained feature maps (the polish found none that helped
-            // it) keeps its eviction rule alone, and spends the far state's bytes on its window:
-            // every planned layer holds the same budget.
-            (Far::Linear(rule), _) if self.far_weights.get(il).is_none_or(Option::is_none) => {
-                let own = match rule {
-                    Some(r) => Far::Score(r),
-                    None => Far::Drop,
-                };
-                let per_pos = 2 * g.n_kv * g.head_dim * 4;
-                let far_bytes = self.far_weights.iter().flatten().map(|w| w.state_bytes()).max().unwrap_or(0);
-                let settings = O1Settings { window: settings.window + far_bytes / per_pos.max(1), ..settings };
-                match (rule, &self.recent[il]) {
-                    (Some(rule), Some(recent)) => {
-                        let slots = Slots::seal_voted(
-                            k,
-                            v,
-                            recent,
-                            g.n_heads,
-                            g.n_kv,
-                            settings.sinks,
-                            settings.window,
-                            rule,
-                            g.scale as f64,
-                        );
-                        O1Layer::scored(&settings, g.scale, g.n_heads, g.n_kv, g.head_dim, k.len() / (g.n_kv * g.head_dim), slots)
-                    }
-                    _ => O1Layer::seal(&settings, own, g.scale, g.n_heads, g.n_kv, g.head_dim, None, k, v)?,
-                }
-            }
-            (Far::Linear(rule), _) => {
-                let fw = self.far_weights.get(il).cloned().flatten().ok_or(NystromError::NoFarWeights)?;
-                let layer = match (rule, &self.recent[il]) {
-                    (Some(rule), Some(recent)) => {
-                        let slots = Slots::seal_voted(
-                            k,
-                            v,
-                            recent,
-                            g.n_heads,
-                            g.n_kv,
-                            settings.sinks,
-                            settings.window,
-                            rule,
-                            g.scale as f64,
-                        );
-                        O1Layer::scored(&settings, g.scale, g.n_heads, g.n_kv, g.head_dim, k.len() / (g.n_kv * g.head_dim), slots)
-                    }
-                    _ => O1Layer::seal(&settings, far, g.scale, g.n_heads, g.n_kv, g.head_dim, None, k, v)?,
-                };
-                layer.with_far(fw, k, v)
-            }
             _ => O1Layer::seal(&settings, far, g.scale, g.n_heads, g.n_kv, g.head_dim, self.segs[il].as_ref(), k, v)?,
+        };
+        let sealed = match far_weights {
+            Some(fw) => sealed.with_far(fw, k, v),
+            None => sealed,
         };
         self.recent[il] = None;
         self.segs[il] = None;
