@@ -8,6 +8,10 @@
 #                   `cortiq polish --o1-far linear` (F = the far state's bytes in positions,
 #                   rounded up), trained on TRAIN (disjoint from TEXT)
 #   score + far     both, the window shrunk by score eviction's 12 B per slot too
+# With SPLIT=on (the default) the polish also measures each layer's window curve on TRAIN and
+# the polished model carries it: the far-field rows then split the windows by it (the same
+# total), and two more rows run sink+window and score eviction split the same way on that model
+# with its far field dropped (--o1-far none); --o1-split off on it gives the uniform rows.
 # Prints a markdown table per model and context: ppl, ratio to exact, the fraction of
 # sink+window's excess closed (1 − (x − exact)/(sw − exact)) and the state bytes each run reports.
 #
@@ -26,7 +30,7 @@ CORTIQ=${CORTIQ:-target/release/cortiq}
 TEXT=${TEXT:-lcet10.txt}; TRAIN=${TRAIN:-alice29.txt}
 CTXS=${CTXS:-2048 4096}; BUDGETS=${BUDGETS:-128 512}; CHUNKS=${CHUNKS:-2}; SINKS=${SINKS:-4}
 RANK=${RANK:-16}; FAR_STEPS=${FAR_STEPS:-400}; FAR_WINDOWS=${FAR_WINDOWS:-8}; FAR_CTX=${FAR_CTX:-2048}
-FAR_DIR=${FAR_DIR:-$HOME/.cache/cortiq/far}
+FAR_DIR=${FAR_DIR:-$HOME/.cache/cortiq/far}; SPLIT=${SPLIT:-on}
 MODELS=("$@"); [ ${#MODELS[@]} -gt 0 ] || MODELS=(smollm2-135m qwen2.5-coder-0.5b gemma3-270m)
 text=$("$CORTIQ" pull "$TEXT")
 mkdir -p "$FAR_DIR"
@@ -54,12 +58,12 @@ for name in "${MODELS[@]}"; do
     far_pos=$(awk -v r="$RANK" -v d="$hd" 'BEGIN{x = r * (d + 2) / (2 * d); printf "%d", (x == int(x)) ? x : int(x) + 1}')
     first_budget=${BUDGETS%% *}
     wfar=$((first_budget - SINKS - far_pos))
-    far="$FAR_DIR/$name-far-r$RANK-w$wfar.cmf"
+    far="$FAR_DIR/$name-far-r$RANK-w$wfar$([ "$SPLIT" = on ] && echo -split).cmf"
     if [ ! -f "$far" ]; then
         t0=$(date +%s)
         "$CORTIQ" polish -m "$path" -o "$far" --o1-far linear --o1-window "$wfar" --o1-sinks "$SINKS" --far-rank "$RANK" \
             --ctx "$FAR_CTX" --far-windows "$FAR_WINDOWS" --steps "$FAR_STEPS" --batch 2 --train "$TRAIN" --valid "$TEXT" \
-            > "$far.log" 2>&1 || die "polish failed: $(tail -3 "$far.log")"
+            --o1-split "$SPLIT" > "$far.log" 2>&1 || die "polish failed: $(tail -3 "$far.log")"
         tail -1 "$far.log" | tee -a "$REPORT"
         out "far field of $name: trained in $(( $(date +%s) - t0 ))s (window $wfar, rank $RANK, head_dim $hd: $far_pos positions)"
     fi
@@ -79,6 +83,12 @@ for name in "${MODELS[@]}"; do
             ws=$((w - score_pos))
             read -r sc scb <<<"$(ppl "$path" "$ctx" --kv-window "$ws" --kv-sinks "$SINKS" --kv-evict score)"
             out "| $b | score eviction | --kv-window $ws --kv-evict score | $sc | $(ratio "$sc" "$exact") | $(closed "$sc" "$exact" "$sw") | $(kb "$scb") |"
+            if [ "$SPLIT" = on ]; then
+                read -r sp spb <<<"$(ppl "$far" "$ctx" --kv-window "$w" --kv-sinks "$SINKS" --o1-far none)"
+                out "| $b | sink+window, windows split | --kv-window $w --o1-far none (split model) | $sp | $(ratio "$sp" "$exact") | $(closed "$sp" "$exact" "$sw") | $(kb "$spb") |"
+                read -r ss ssb <<<"$(ppl "$far" "$ctx" --kv-window "$ws" --kv-sinks "$SINKS" --o1-far none --kv-evict score)"
+                out "| $b | score eviction, windows split | --kv-window $ws --o1-far none --kv-evict score (split model) | $ss | $(ratio "$ss" "$exact") | $(closed "$ss" "$exact" "$sw") | $(kb "$ssb") |"
+            fi
             wl=$((b - SINKS - far_pos))
             read -r lf lfb <<<"$(ppl "$far" "$ctx" --kv-window "$wl" --kv-sinks "$SINKS" --o1-far linear)"
             out "| $b | learned far field (r $RANK) | --kv-window $wl --o1-far linear | $lf | $(ratio "$lf" "$exact") | $(closed "$lf" "$exact" "$sw") | $(kb "$lfb") |"

@@ -59,9 +59,12 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
         bail!("--reps must be at least 1");
     }
     // Bench measures what its flags say: a polished model's recorded plan is not applied.
-    let plan = a.o1.plan(a.depth, None, false, None)?;
+    a.o1.plan(a.depth, None, false, None)?;
     let loaded = open_model(&a.common)?;
     let model = &loaded.model;
+    let mut o1 = a.o1.clone();
+    o1.apply_budget(model, None)?;
+    let plan = o1.plan(a.depth, None, false, None)?;
     let vocab = model.cfg.vocab as u32;
     let toks: Vec<u32> = (0..(a.depth + a.n_prompt.max(a.n_gen)) as u32).map(|i| (i.wrapping_mul(7919) + 13) % vocab).collect();
     let (ctx, rest) = toks.split_at(a.depth);

@@ -130,7 +130,7 @@ pub fn open_tokenizer(l: &Loaded) -> Result<Tokenizer> {
 }
 
 /// O(1)-memory decode (issue 5) and the StreamingLLM baseline, shared by run, ppl and bench.
-#[derive(Args)]
+#[derive(Args, Clone)]
 pub struct O1Args {
     /// O(1)-memory decode: after the prompt each global softmax-attention layer keeps the S
     /// sink keys and the last W keys exact and a Nyström landmark skeleton of every other key,
@@ -163,6 +163,17 @@ pub struct O1Args {
     /// own positions and never re-rotated (StreamingLLM's no-shift variant). Not with --o1.
     #[arg(long, value_name = "W")]
     pub kv_window: Option<usize>,
+    /// Size the --kv-window policies to a fixed state budget instead of a window: each planned
+    /// layer holds at most the bytes of `--kv-window N` (plain sink+window, with --kv-sinks S,
+    /// default 4), and the policy the other flags choose spends them its own way: score
+    /// eviction's per-slot scores, the learned far field's state and the window split all come
+    /// out of the same bytes. The sealed state is f32 in every policy (an f16 cache is widened
+    /// at the seal), so the budget is the same with --kv-f16. Not with --kv-window or --o1.
+    #[arg(long, value_name = "N")]
+    pub o1_budget: Option<usize>,
+    /// The window --o1-budget comes to on the open model (`apply_budget`).
+    #[arg(skip)]
+    budget_window: Option<usize>,
     /// --kv-window sink keys, S <= W [default: 4].
     #[arg(long, value_name = "S")]
     pub kv_sinks: Option<usize>,
@@ -192,6 +203,12 @@ pub struct O1Args {
     /// model that carries one].
     #[arg(long, value_name = "KIND", value_parser = ["none", "linear"])]
     pub o1_far: Option<String>,
+    /// --kv-window on a polished model that carries window curves (`cortiq polish`): `on`
+    /// splits the planned layers' windows by them (the same total of positions as W on every
+    /// layer, more where a layer loses more to a short window), `off` gives every layer W
+    /// [default: on].
+    #[arg(long, value_name = "ON", value_parser = ["on", "off"])]
+    pub o1_split: Option<String>,
     /// A polished model (`cortiq polish`) is served in O(1) mode with the settings recorded in
     /// its .cmf; --exact serves it with exact attention instead (as any other model). With
     /// --o1, the recorded settings are the defaults of the --o1-* flags.
@@ -202,7 +219,50 @@ pub struct O1Args {
 impl O1Args {
     /// Whether an O(1) or StreamingLLM plan is asked for.
     pub fn any(&self) -> bool {
-        self.o1 || self.kv_window.is_some()
+        self.o1 || self.kv_window.is_some() || self.o1_budget.is_some()
+    }
+
+    /// Turns --o1-budget into the --kv-window that the chosen policy can afford on this model
+    /// (call once the model is open, before [`O1Args::plan`]). Per planned layer the budget is
+    /// (N + S) positions of f32 keys and values; a score slot costs a position plus 12 bytes
+    /// (its position and score), the far field its state (the largest layer's).
+    pub fn apply_budget(&mut self, model: &cortiq_engine::Model, served: Option<Served>) -> Result<()> {
+        let Some(n) = self.o1_budget else { return Ok(()) };
+        self.budget_checks()?;
+        let served = served.filter(|_| !self.exact);
+        let sinks = self.kv_sinks.unwrap_or(served.map_or(O1Settings::default().sinks, |s| s.settings.sinks));
+        let cfg = &model.cfg;
+        let per_pos = 2 * cfg.n_kv_heads * cfg.head_dim * 4;
+        let budget = (n + sinks) * per_pos;
+        let score = self.kv_evict.as_deref() == Some("score");
+        let linear = self.o1_far.as_deref() == Some("linear") || (served.is_some_and(|s| s.linear) && self.o1_far.is_none());
+        let far = if linear { model.o1_far.iter().flatten().map(|w| w.state_bytes()).max().unwrap_or(0) } else { 0 };
+        let slot = per_pos + if score { SCORE_SLOT_BYTES } else { 0 };
+        let slots = budget.saturating_sub(far) / slot;
+        if slots <= sinks {
+            bail!(
+                "--o1-budget {n}: {budget} bytes per layer hold {slots} slots of {slot} bytes after the far state's {far}, no more than the {sinks} sinks"
+            );
+        }
+        self.budget_window = Some(slots - sinks);
+        Ok(())
+    }
+
+    /// --o1-budget's own checks (before and after the model opens).
+    fn budget_checks(&self) -> Result<()> {
+        let Some(n) = self.o1_budget else { return Ok(()) };
+        if self.kv_window.is_some() {
+            bail!("--o1-budget and --kv-window are exclusive (the budget sets the window)");
+        }
+        if self.o1 {
+            bail!(
+                "--o1-budget sizes the --kv-window policies (sink+window, --kv-evict score, --o1-far linear), not the Nyström skeleton of --o1"
+            );
+        }
+        if let Some(s) = self.kv_sinks.filter(|&s| s > n) {
+            bail!("--kv-sinks: {s} exceeds --o1-budget {n}");
+        }
+        Ok(())
     }
 
     /// The plan for a prompt of `tp` tokens (None without --o1 / --kv-window), `check` for the
@@ -217,7 +277,13 @@ impl O1Args {
         // A model with a learned far field is served as sink+window with it (its recorded window
         // unless --kv-window says otherwise; --o1-far none drops it); --o1 serves the skeleton.
         let served_linear = served.is_some_and(|s| s.linear) && !self.o1 && !o1_implied;
-        let kv_window = self.kv_window.or(served.filter(|_| served_linear).map(|s| s.settings.window));
+        self.budget_checks()?;
+        // Before `apply_budget` the budget stands in for the window (the flags' checks only).
+        let kv_window = self
+            .kv_window
+            .or(self.budget_window)
+            .or(self.o1_budget)
+            .or(served.filter(|_| served_linear).map(|s| s.settings.window));
         let served = served.map(|s| s.settings);
         let o1 = self.o1 || (o1_implied && kv_window.is_none()) || (served.is_some() && kv_window.is_none());
         if self.o1 && kv_window.is_some() {
@@ -246,6 +312,9 @@ impl O1Args {
         let linear = self.o1_far.as_deref() == Some("linear") || (served_linear && self.o1_far.is_none());
         if self.o1_far.is_some() && kv_window.is_none() {
             bail!("--o1-far needs --kv-window");
+        }
+        if self.o1_split.is_some() && kv_window.is_none() {
+            bail!("--o1-split needs --kv-window");
         }
         if linear && check.is_some() {
             bail!("--o1-check covers the Nyström skeleton and sink+window, not --o1-far linear");
@@ -306,9 +375,13 @@ impl O1Args {
         } else {
             return Ok(None);
         };
-        Ok(Some(O1Plan { tp, settings, far, check }))
+        let split = self.o1_split.as_deref() != Some("off") && check.is_none();
+        Ok(Some(O1Plan { tp, settings, far, check, split }))
     }
 }
+
+/// Bytes a score-eviction slot adds to its keys and values: its position (u32) and score (f64).
+pub const SCORE_SLOT_BYTES: usize = 12;
 
 /// What a polished .cmf records for O(1) serving (`cortiq polish`): its settings, and whether
 /// it carries a learned far field (then it is served as sink+window with it).

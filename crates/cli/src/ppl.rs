@@ -84,6 +84,8 @@ pub fn cmd_ppl(a: PplArgs) -> Result<()> {
     let loaded = open_model(&a.common)?;
     // A polished model brings its own O(1) plan (unless --exact).
     let served = served_o1(&loaded);
+    let mut a = a;
+    a.o1.apply_budget(&loaded.model, served)?;
     let plan = a.o1.plan(tp, a.o1_check.then_some(guard), a.o1_check, served)?;
     note_served(&plan, served, a.o1.o1 || a.o1_check);
     let tok = open_tokenizer(&loaded)?;
@@ -145,6 +147,10 @@ pub fn cmd_ppl(a: PplArgs) -> Result<()> {
             s.dropped,
             s.rows
         );
+        if let Some(sp) = loaded.model.o1_split.as_ref().filter(|_| p.split && p.far != Far::Skeleton && p.check.is_none()) {
+            let w: Vec<String> = sp.windows(p.settings.window).iter().map(|(il, w)| format!("{il}:{w}")).collect();
+            eprintln!("windows split by the model's curves (layer:window, the same total): {}", w.join(" "));
+        }
     }
     let b = r.state_bytes;
     eprintln!("state at the end of a chunk: {} bytes (KV {}, O(1) {}, recurrent {})", b.total(), b.kv, b.o1, b.recurrent);

@@ -189,7 +189,9 @@ pub fn cmd_run(a: RunArgs, verbose: bool) -> Result<()> {
         bail!("prompt of {} tokens does not fit the context of {n_ctx} (raise --ctx)", ids.len());
     }
     let served = served_o1(&loaded);
-    let plan = a.o1.plan(ids.len(), None, false, served)?;
+    let mut o1 = a.o1.clone();
+    o1.apply_budget(model, served)?;
+    let plan = o1.plan(ids.len(), None, false, served)?;
     note_served(&plan, served, a.o1.o1);
     let mut state = match plan {
         Some(p) => model.new_state_o1(n_ctx, p)?,

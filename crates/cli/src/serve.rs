@@ -138,22 +138,27 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         spec: a.spec.params(),
         slot_dir: a.slot_dir.clone(),
     };
-    let (common, o1, spec) = (a.common, a.o1, a.spec);
+    let (common, mut o1, spec) = (a.common, a.o1, a.spec);
     let load = Box::new(move || -> std::result::Result<Ready, String> {
         let loaded = open_model(&common).map_err(|e| format!("{e:#}"))?;
         let tok = open_tokenizer(&loaded).map_err(|e| format!("{e:#}"))?;
         let draft = spec.open_draft(&common, &loaded).map_err(|e| format!("{e:#}"))?;
         let served = served_o1(&loaded);
+        o1.apply_budget(&loaded.model, served).map_err(|e| format!("{e:#}"))?;
         // Checked: the flags' combinations were validated above, and a prompt length cannot
         // make a valid combination invalid.
         let first = o1.plan(1, None, false, served).map_err(|e| format!("{e:#}"))?;
         let note = first.map(|p| {
             format!(
                 "constant-memory decode: {} window {}, sinks {}{}",
-                if o1.kv_window.is_some() { "StreamingLLM" } else { "O(1)" },
+                if o1.kv_window.is_some() || o1.o1_budget.is_some() { "StreamingLLM" } else { "O(1)" },
                 p.settings.window,
                 p.settings.sinks,
-                if o1.kv_window.is_some() { String::new() } else { format!(", landmarks {}", p.settings.landmarks) }
+                if o1.kv_window.is_some() || o1.o1_budget.is_some() {
+                    String::new()
+                } else {
+                    format!(", landmarks {}", p.settings.landmarks)
+                }
             )
         });
         let planner: Option<O1Planner> =

@@ -318,6 +318,32 @@ fn polish_far_field_writes_a_served_cmf() {
     };
     assert!(bytes(&e1) > bytes(&e2), "the far field's state is counted: {} vs {}", bytes(&e1), bytes(&e2));
     assert!(with.is_finite() && without.is_finite() && with != without, "the far field changes the scores: {with} vs {without}");
+    // The polish measured the window curves: the served plan splits the windows by them.
+    assert!(e1.contains("windows split by the model's curves"), "{e1}");
+    // --o1-budget: every policy holds at most the bytes of sink+window 8 (1 sink), each spending
+    // them its own way (the far state, the scores, the split all come out of the same bytes).
+    let (_, e_sw) = ppl(s(&out), s(&st.valid), &["--kv-window", "8", "--kv-sinks", "1", "--o1-far", "none", "--o1-split", "off"]);
+    let cap = bytes(&e_sw);
+    for (i, extra) in [
+        &["--o1-far", "none", "--o1-split", "off"][..],
+        &["--o1-far", "none"],
+        &["--o1-far", "none", "--kv-evict", "score"],
+        &[],
+        &["--kv-evict", "score"],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut a = vec!["--o1-budget", "8", "--kv-sinks", "1"];
+        a.extend(extra);
+        let (p, e) = ppl(s(&out), s(&st.valid), &a);
+        let b = bytes(&e);
+        eprintln!("--o1-budget 8 {extra:?}: {b} bytes (sink+window 8: {cap}), ppl {p}");
+        assert!(b <= cap && p.is_finite(), "{extra:?}: {b} bytes over the budget's {cap}");
+        if i < 2 {
+            assert_eq!(b, cap, "{extra:?}: sink+window (split or not) fills its own budget exactly");
+        }
+    }
     let (_, err, ok) =
         cortiq(&["ppl", "-m", s(&st.model), "-f", s(&st.valid), "-c", "64", "--kv-window", "8", "--o1-far", "linear"]);
     // (The ppl progress lines before it are its ordinary stderr.)

@@ -103,7 +103,7 @@ fn check_o1(arch: &str, src: &Path) {
     };
     let w = StudentWeights::from_model(m, t, GlobalAttn::O1 { cfg, tp }).unwrap();
     let z = student_logits(&w.student(), &toks).unwrap();
-    let plan = O1Plan { tp, settings, far: Far::Skeleton, check: Some(Guard::Aggregate) };
+    let plan = O1Plan { tp, settings, far: Far::Skeleton, check: Some(Guard::Aggregate), split: false };
     let e = engine_logits(m, &toks, Some(plan));
     let exact = engine_logits(m, &toks, None);
     let (d, at) = max_diff(&z, &e, v);

@@ -77,7 +77,7 @@ fn smollm2_far_field_streaming_equals_teacher_forced() {
 
     // The streaming run: exact prompt of TP tokens, sealed, then every position a step.
     let settings = O1Settings { window: WINDOW, sinks: SINKS, landmarks: 4, ..O1Settings::default() };
-    let plan = O1Plan { tp: TP, settings, far: Far::Linear(None), check: None };
+    let plan = O1Plan { tp: TP, settings, far: Far::Linear(None), check: None, split: false };
     let mut st = loaded.model.new_state_o1(T, plan).expect("plan");
     let mut rec = record(&loaded.model, &mut st, &ids[..TP]);
     for (il, r) in record(&loaded.model, &mut st, &ids[TP..]) {

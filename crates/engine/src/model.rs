@@ -94,6 +94,8 @@ pub struct Model {
     /// Per layer: the learned far field of the O(1) mode (`Far::Linear`), from a polished
     /// .cmf's `blk.N.attn_far_*` tensors (empty when the file has none).
     pub o1_far: Vec<Option<std::sync::Arc<crate::mixers::farfield::FarWeights>>>,
+    /// The O(1) mode's calibrated window split (`O1Plan::split`), from a polished .cmf's header.
+    pub o1_split: Option<std::sync::Arc<crate::o1::O1Split>>,
     /// The llama.cpp build to reproduce has AVX512-FP16 f16 arithmetic (`set_llamacpp_fp16`).
     llamacpp_fp16: bool,
 }
@@ -162,6 +164,7 @@ impl Model {
             tied,
             llamacpp_threads: 4,
             o1_far: Vec::new(),
+            o1_split: None,
             llamacpp_fp16: cortiq_kernels::ggml::cpu_has_avx512fp16(),
         })
     }
@@ -277,7 +280,7 @@ impl Model {
                 return Err(bad(crate::mixers::nystrom::NystromError::NoFarWeights.to_string()));
             }
         }
-        let mut run = O1Run::new(plan, serve, geom, self.o1_far.clone());
+        let mut run = O1Run::new(plan, serve, geom, self.o1_far.clone(), self.o1_split.as_deref());
         if plan.check.is_none() && plan.tp == 0 {
             run.seal_all(&mut st.layers).map_err(|e| bad(e.to_string()))?;
         }

@@ -30,6 +30,10 @@ pub struct O1Plan {
     /// all T×T weights) over every position so far with the same tp. Costs O(T²·(m + d)) per
     /// head and call: run a whole window in one forward call.
     pub check: Option<Guard>,
+    /// Split the planned layers' windows by the model's calibrated curves ([`O1Split`]): the
+    /// same total of positions as `settings.window` on every planned layer, more where a layer
+    /// loses more of its attention output to eviction. No effect on a model without curves.
+    pub split: bool,
 }
 
 impl O1Plan {
@@ -37,6 +41,69 @@ impl O1Plan {
     /// form always applies the aggregate guard, `check` chooses the matrix form's.
     pub fn validate(&self) -> Result<(), NystromError> {
         self.settings.validate()
+    }
+}
+
+/// Per planned layer, how much of its attention output a cache of sinks + w positions loses:
+/// `curves[i][j]` is layer `layers[i]`'s relative squared error at w = step·(j + 1) (Σ|o_w − o|² /
+/// Σ|o|² over calibration queries; `cortiq polish` measures it on its training texts and the
+/// .cmf carries it). From it [`split_windows`] gives each layer its share of a fixed total.
+#[derive(Clone, Debug, PartialEq)]
+pub struct O1Split {
+    pub step: usize,
+    pub layers: Vec<usize>,
+    pub curves: Vec<Vec<f32>>,
+}
+
+/// No split window below this (the recent positions every layer needs; and the score rule's
+/// protected ones).
+pub const SPLIT_MIN: usize = 16;
+
+impl O1Split {
+    /// The error of layer index `i` at window w (the curve's points are w = step·(j + 1); below
+    /// the first, the first; past the last, the last: the curve is flat there).
+    fn err(&self, i: usize, w: usize) -> f64 {
+        let c = &self.curves[i];
+        let j = (w / self.step).clamp(1, c.len()) - 1;
+        c[j] as f64
+    }
+
+    /// Windows for `layers` (those the split covers) that sum to `window` × their count: each
+    /// starts at min(window, SPLIT_MIN) and the rest goes `step` positions at a time to the layer
+    /// whose error falls most for it (ties to the lower layer); what is left under one step
+    /// goes to the first layer. Deterministic in the curves alone.
+    pub fn windows(&self, window: usize) -> Vec<(usize, usize)> {
+        let n = self.layers.len();
+        let floor = window.min(SPLIT_MIN);
+        let mut w = vec![floor; n];
+        let mut left = (window - floor) * n;
+        let step = self.step.max(1);
+        while left >= step {
+            let gain = |i: usize| self.err(i, w[i]) - self.err(i, w[i] + step);
+            let best = (0..n).fold(0, |b, i| if gain(i) > gain(b) { i } else { b });
+            w[best] += step;
+            left -= step;
+        }
+        if n > 0 {
+            w[0] += left;
+        }
+        self.layers.iter().copied().zip(w).collect()
+    }
+
+    /// The split's own checks: a curve per layer, each with a point, finite errors.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.step == 0 || self.layers.len() != self.curves.len() {
+            return Err(format!(
+                "o(1) split: step {} with {} layers and {} curves",
+                self.step,
+                self.layers.len(),
+                self.curves.len()
+            ));
+        }
+        match self.curves.iter().position(|c| c.is_empty() || c.iter().any(|x| !x.is_finite())) {
+            Some(i) => Err(format!("o(1) split: layer {}'s curve is empty or not finite", self.layers[i])),
+            None => Ok(()),
+        }
     }
 }
 
@@ -92,6 +159,9 @@ pub struct O1Run {
     geom: Geom,
     /// Per layer: the learned far field's feature maps ([`Far::Linear`] plans).
     far_weights: Vec<Option<std::sync::Arc<crate::mixers::farfield::FarWeights>>>,
+    /// Per layer: its window when the plan splits them (`O1Plan::split` and a model with
+    /// curves), else None (the plan's window).
+    windows: Vec<Option<usize>>,
     pub stats: O1Stats,
 }
 
@@ -131,9 +201,19 @@ impl O1Run {
         serve: Vec<Serve>,
         geom: Geom,
         far_weights: Vec<Option<std::sync::Arc<crate::mixers::farfield::FarWeights>>>,
+        split: Option<&O1Split>,
     ) -> O1Run {
         let n = serve.len();
+        let mut windows = vec![None; n];
+        if let Some(sp) = split.filter(|_| plan.split && plan.far != Far::Skeleton) {
+            for (il, w) in sp.windows(plan.settings.window) {
+                if serve.get(il) == Some(&Serve::Planned) {
+                    windows[il] = Some(w);
+                }
+            }
+        }
         let mut run = O1Run {
+            windows,
             plan,
             serve,
             segs: vec![None; n],
@@ -213,7 +293,7 @@ impl O1Run {
         let (settings, far) = match self.serve[il] {
             // Landmarks are unused when far keys are dropped.
             Serve::Sliding(w) => (O1Settings { window: w, sinks: 0, landmarks: 4, ..self.plan.settings }, Far::Drop),
-            _ => (self.plan.settings, self.plan.far),
+            _ => (O1Settings { window: self.window(il), ..self.plan.settings }, self.plan.far),
         };
         let kv = ls.of::<KvState>();
         let widened;
@@ -294,6 +374,7 @@ impl O1Run {
             q_hist: vec![Vec::new(); self.serve.len()],
             geom: self.geom,
             far_weights: self.far_weights.clone(),
+            windows: self.windows.clone(),
             stats: self.stats,
         }
     }
@@ -307,10 +388,65 @@ impl O1Run {
         self.q_hist = q_hist;
     }
 
+    /// A planned layer's window: its split share, or the plan's.
+    pub fn window(&self, il: usize) -> usize {
+        self.windows.get(il).copied().flatten().unwrap_or(self.plan.settings.window)
+    }
+
+    /// The planned layers' windows when the plan splits them by the model's curves.
+    pub fn split_windows(&self) -> Option<Vec<(usize, usize)>> {
+        let w: Vec<(usize, usize)> = self.windows.iter().enumerate().filter_map(|(il, w)| w.map(|w| (il, w))).collect();
+        (!w.is_empty()).then_some(w)
+    }
+
     /// Bytes of the prompt-phase bookkeeping (segment sums; the check mode's query history is
     /// checking scaffolding, not sequence state, and is not counted).
     pub fn bytes(&self) -> usize {
         self.segs.iter().flatten().map(|s| s.bytes()).sum::<usize>()
             + self.recent.iter().flatten().map(|r| r.bytes()).sum::<usize>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn split(curves: Vec<Vec<f32>>, step: usize) -> O1Split {
+        O1Split { step, layers: (0..curves.len()).map(|i| 2 * i + 1).collect(), curves }
+    }
+
+    /// The windows keep the total, never go below the floor, and follow the curves: a layer
+    /// whose error falls steeply gets the positions, a flat one keeps its floor.
+    #[test]
+    fn windows_keep_the_total_and_follow_the_curves() {
+        // Layer 1: error falls 1.0 per 8 positions up to 256; layer 3 flat; layer 5 falls 0.5.
+        let steep: Vec<f32> = (1..=64).map(|j| (32.0 - j as f32).max(0.0)).collect();
+        let flat = vec![0.25f32; 64];
+        let half: Vec<f32> = (1..=64).map(|j| (16.0 - 0.5 * j as f32).max(0.0)).collect();
+        let sp = split(vec![steep, flat, half], 8);
+        sp.validate().unwrap();
+        for window in [20usize, 64, 100, 128, 300] {
+            let w = sp.windows(window);
+            println!("window {window}: {w:?}");
+            assert_eq!(w.iter().map(|x| x.0).collect::<Vec<_>>(), vec![1, 3, 5]);
+            assert_eq!(w.iter().map(|x| x.1).sum::<usize>(), 3 * window, "window {window}: the total");
+            assert!(w.iter().all(|x| x.1 >= window.min(SPLIT_MIN)), "window {window}: the floor");
+            // The flat layer gains nothing from positions: it keeps its floor (plus nothing).
+            assert_eq!(w[1].1, window.min(SPLIT_MIN), "window {window}: the flat layer");
+            // The steeper layer first: it gains 1.0 per step, the other 0.5.
+            assert!(w[0].1 >= w[2].1, "window {window}: steep {} vs half {}", w[0].1, w[2].1);
+        }
+        // Up to 256 the steep layer takes every step (both layers gain until then, it more).
+        assert_eq!(sp.windows(64), vec![(1, 64 * 3 - 32), (3, 16), (5, 16)]);
+    }
+
+    #[test]
+    fn bad_splits_are_refused() {
+        assert!(split(vec![vec![0.5], vec![]], 8).validate().unwrap_err().contains("layer 3"));
+        assert!(split(vec![vec![f32::NAN]], 8).validate().is_err());
+        assert!(split(vec![vec![0.5]], 0).validate().is_err());
+        let mut sp = split(vec![vec![0.5]], 8);
+        sp.layers.push(7);
+        assert!(sp.validate().is_err());
     }
 }

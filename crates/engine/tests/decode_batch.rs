@@ -223,6 +223,7 @@ fn decode_batch_with_o1_states() {
                 settings: O1Settings { window: 4, sinks: 1, landmarks: 4, ridge: DEFAULT_RIDGE, state: StatePrecision::Single },
                 far,
                 check: None,
+                split: false,
             };
             let make = |j: usize| match j {
                 1 => model.new_state_o1(128, plan(5, Far::Skeleton)).unwrap(),

@@ -32,6 +32,7 @@ fn plan(tp: usize, window: usize, sinks: usize, landmarks: usize, far: Far, chec
         settings: O1Settings { window, sinks, landmarks, ridge: DEFAULT_RIDGE, state: StatePrecision::Pair },
         far,
         check,
+        split: false,
     }
 }
 
@@ -361,5 +362,57 @@ fn sealed_sliding_layers_equal_exact_attention() {
         let (d, t) = max_rel(&o1, &exact, v, 0);
         println!("gemma3 {far} with W over the sequence (sliding layers sealed): vs exact max rel {d:.2e} at t={t}");
         assert!(d <= 1e-5, "gemma3 {far}: sealed sliding layers differ from exact attention by {d:.3e} at t={t}");
+    }
+}
+
+/// A plan with `split` on a model that carries window curves seals each planned layer with its
+/// own share (its state holds sinks + its window), the same total as the uniform plan; `split`
+/// off, or a model without curves, is the uniform plan bit for bit.
+#[test]
+fn split_windows_seal_each_layer_with_its_share() {
+    use cortiq_engine::o1::O1Split;
+    for name in ["llama", "qwen3"] {
+        let mut m = model(name);
+        let toks = tokens(120, m.cfg.vocab, 9);
+        let (tp, window, sinks) = (60, 24, 2);
+        let planned: Vec<usize> = m.o1_planned_layers();
+        // Layer i's error falls i+1 times as fast: the later layers take the positions.
+        let curves =
+            (0..planned.len()).map(|i| (1..=16).map(|j| ((i + 1) as f32 * (16 - j) as f32).max(0.0)).collect()).collect();
+        let split = O1Split { step: 4, layers: planned.clone(), curves };
+        let shares = split.windows(window);
+        assert!(shares.iter().any(|&(_, w)| w != window), "{name}: the curves split nothing");
+        let uniform = plan(tp, window, sinks, 4, Far::Drop, None);
+        let split_plan = O1Plan { split: true, ..uniform };
+        let plain = run(&m, &toks, Some(uniform), 32);
+        // No curves: split on is the uniform plan.
+        assert_eq!(run(&m, &toks, Some(split_plan), 32), plain, "{name}: split without curves");
+        m.o1_split = Some(std::sync::Arc::new(split));
+        assert_eq!(run(&m, &toks, Some(uniform), 32), plain, "{name}: split off with curves");
+        let mut st = m.new_state_o1(toks.len(), split_plan).unwrap();
+        let got = {
+            let mut out = Vec::new();
+            for c in toks.chunks(32) {
+                out.extend(m.forward(c, &mut st, Logits::From(0)).unwrap());
+            }
+            out
+        };
+        let uniform_st = {
+            let mut s = m.new_state_o1(toks.len(), uniform).unwrap();
+            m.forward(&toks, &mut s, Logits::None).unwrap();
+            s
+        };
+        // A layer's state differs from the uniform plan's by its window's rows of K and V.
+        let row = 2 * m.cfg.n_kv_heads * m.cfg.head_dim * 4;
+        for &(il, w) in &shares {
+            let (b, bu) = (st.layers[il].bytes().o1 as i64, uniform_st.layers[il].bytes().o1 as i64);
+            println!("{name}: layer {il} window {w}: {b} bytes (uniform {window}: {bu})");
+            assert_eq!(b - bu, (w as i64 - window as i64) * row as i64, "{name}: layer {il} holds {w} positions");
+        }
+        assert_eq!(st.bytes_by_kind().o1, uniform_st.bytes_by_kind().o1, "{name}: the split keeps the total");
+        // The prompt is exact either way; past the seal the windows differ, so do the logits.
+        let v = m.cfg.vocab;
+        assert_eq!(got[..tp * v], plain[..tp * v], "{name}: prompt logits");
+        assert_ne!(got[tp * v..], plain[tp * v..], "{name}: the split changed nothing past the seal");
     }
 }

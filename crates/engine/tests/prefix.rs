@@ -320,6 +320,7 @@ fn cached_equals_cold_constant_memory() {
         settings: O1Settings { window: 24, sinks: 4, landmarks: 8, ridge: DEFAULT_RIDGE, state: StatePrecision::Pair },
         far,
         check: None,
+        split: false,
     };
     for name in ["qwen2", "gemma3", "qwen3_5"] {
         let mut m = load(&fixture(name)).unwrap().model;

@@ -60,6 +60,7 @@ fn state(m: &Model, o1: bool, n_ctx: usize, tp: usize) -> SeqState {
         settings: O1Settings { window: 4, sinks: 2, landmarks: 4, ridge: DEFAULT_RIDGE, state: StatePrecision::Pair },
         far: Far::Skeleton,
         check: None,
+        split: false,
     };
     m.new_state_o1(n_ctx, plan).unwrap()
 }

@@ -42,6 +42,7 @@ fn new_state(m: &Model, mode: Mode, prompt: usize) -> SeqState {
         settings: O1Settings { window: 4, sinks: 2, landmarks: 4, ridge: DEFAULT_RIDGE, state: StatePrecision::Pair },
         far: Far::Skeleton,
         check: None,
+        split: false,
     };
     match mode {
         Mode::Plain => m.new_state(128),

@@ -153,6 +153,18 @@ pub struct O1Header {
     /// `cortiq polish --o1-far linear`): window and sinks above are then sink+window's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub far_rank: Option<usize>,
+    /// The calibrated window split (`cortiq polish`): per planned layer, the relative
+    /// attention-output error of sinks + w exact positions at w = step·(j + 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split: Option<O1SplitHeader>,
+}
+
+/// See [`O1Header::split`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct O1SplitHeader {
+    pub step: usize,
+    pub layers: Vec<usize>,
+    pub curves: Vec<Vec<f32>>,
 }
 
 /// An opened .cmf file.

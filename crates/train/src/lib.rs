@@ -26,6 +26,7 @@
 pub mod act;
 pub mod attention;
 pub mod block;
+pub mod budget;
 pub mod ckpt;
 pub mod data;
 pub mod delta;

@@ -471,13 +471,31 @@ fn gradcheck_lm_head_distill() {
 /// scaled up from `init_params` so the features matter (norm terms included).
 #[test]
 fn gradcheck_far_field() {
-    use cortiq_train::farfield::{FarParams, FarShape, far_backward, far_forward, near_part};
-    let s = FarShape { t: 14, n_heads: 4, n_kv: 2, hd: 5, rank: 3, sinks: 1, window: 4, scale: 0.45 };
+    let s = cortiq_train::farfield::FarShape { t: 14, n_heads: 4, n_kv: 2, hd: 5, rank: 3, sinks: 1, window: 4, scale: 0.45 };
+    gradcheck_far_field_with(s, cortiq_train::farfield::window_exits(&s));
+}
+
+/// The same under score eviction's kind of schedule: the sealed prompt's keys leave together,
+/// later ones one at a time out of position order, some never.
+#[test]
+fn gradcheck_far_field_any_schedule() {
+    use cortiq_train::farfield::NEVER;
+    let s = cortiq_train::farfield::FarShape { t: 16, n_heads: 4, n_kv: 2, hd: 5, rank: 3, sinks: 1, window: 4, scale: 0.45 };
+    let mut exits = vec![NEVER; s.t];
+    (1..=5).for_each(|j| exits[j] = 8);
+    exits[9] = 10;
+    exits[6] = 12;
+    exits[11] = 14;
+    gradcheck_far_field_with(s, exits);
+}
+
+fn gradcheck_far_field_with(s: cortiq_train::farfield::FarShape, exits: Vec<usize>) {
+    use cortiq_train::farfield::{FarParams, far_backward, far_forward, near_part_with};
     let mut rng = Rng(0xFA5);
     let q = rng.vec(s.t * s.n_heads * s.hd, 1.0);
     let k = rng.vec(s.t * s.n_kv * s.hd, 1.0);
     let v = rng.vec(s.t * s.n_kv * s.hd, 1.0);
-    let near = near_part(&s, &q, &k, &v);
+    let near = near_part_with(&s, exits, &q, &k, &v);
     let mut p = FarParams::zeros(&s);
     p.u = rng.vec(p.u.len(), 0.4);
     p.alpha = rng.vec(p.alpha.len(), 0.5);
@@ -509,7 +527,7 @@ fn gradcheck_far_field() {
     // The far field is live: it moves the rows past the window.
     let mut o = vec![0.0; q.len()];
     far_forward(&s, &p, &near, &q, &k, &v, &mut o);
-    let from = s.first_far() * s.n_heads * s.hd;
+    let from = near.first_far() * s.n_heads * s.hd;
     let sw: Vec<f64> = near.num.chunks(s.hd).zip(&near.den).flat_map(|(n, &d)| n.iter().map(move |&x| x / d)).collect();
     let (md, _) = max_abs_diff_f64(&o[from..], &sw[from..]);
     assert!(md > 1e-2, "the far field changed nothing ({md:.3e})");

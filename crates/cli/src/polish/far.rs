@@ -14,7 +14,9 @@ use cortiq_engine::Logits;
 use cortiq_engine::Numerics;
 use cortiq_engine::load::load;
 use cortiq_engine::mixers::farfield::{MAX_RANK, TENSORS};
+use cortiq_engine::o1::O1Split;
 use cortiq_formats::cmf::O1Header;
+use cortiq_train::budget::{CurveShape, CurveSums, window_sums};
 use cortiq_train::farfield::{FarShape, LayerSeq, fit_layer, init_params};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -107,8 +109,26 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
     let mut vrecs = record(model, &planned, &valid_windows, t)?;
     eprintln!("recorded {} layers in {:.1}s", planned.len(), t0.elapsed().as_secs_f64());
 
+    // The window split: each layer's curve on the training windows, then its share of the
+    // same total.
+    let split = (a.o1_split == "on").then(|| {
+        let t2 = Instant::now();
+        let sp = window_split(&recs, &planned, t, nh, nkv, hd, sinks, cfg.attn_scale as f64);
+        eprintln!("measured the window curves in {:.1}s", t2.elapsed().as_secs_f64());
+        sp
+    });
+    let windows: HashMap<usize, usize> = match &split {
+        Some(sp) => sp.windows(window).into_iter().collect(),
+        None => planned.iter().map(|&il| (il, window)).collect(),
+    };
+    if split.is_some() {
+        let list: Vec<String> = planned.iter().map(|il| format!("{il}:{}", windows[il])).collect();
+        eprintln!("window split (layer:window, {window} each on average): {}", list.join(" "));
+    }
+
     // Fit each layer.
-    let s = FarShape { t, n_heads: nh, n_kv: nkv, hd, rank, sinks, window, scale: cfg.attn_scale as f64 };
+    let score = a.far_rule == "score";
+    let s0 = FarShape { t, n_heads: nh, n_kv: nkv, hd, rank, sinks, window, scale: cfg.attn_scale as f64 };
     let bar = if std::io::stderr().is_terminal() { ProgressBar::new(planned.len() as u64) } else { ProgressBar::hidden() };
     bar.set_style(
         ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:25} {pos}/{len} layers {msg}").expect("valid template"),
@@ -119,12 +139,26 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
     let (mut sw_sum, mut far_sum) = (0.0, 0.0);
     let mut kept = 0;
     for &il in &planned {
+        let s = FarShape { window: windows[&il], ..s0 };
+        if s.first_far() >= t {
+            say(format!("layer {il}: window {} holds the whole --ctx {t}; no far field", s.window));
+            bar.inc(1);
+            continue;
+        }
+        // Each window under the rule the far field will serve beside.
+        let seq = |q: Vec<f32>, k: Vec<f32>, v: Vec<f32>, y: Vec<f32>| match score {
+            true => {
+                let exits = score_exits(&q, &k, &v, t, nh, nkv, hd, sinks, s.window, cfg.attn_scale as f64);
+                LayerSeq::with_exits(&s, exits, q, k, v, y)
+            }
+            false => LayerSeq::new(&s, q, k, v, y),
+        };
         let r = recs.remove(&il).expect("recorded");
         let data: Vec<LayerSeq<f32>> =
-            r.q.into_iter().zip(r.k).zip(r.v).zip(r.y).map(|(((q, k), v), y)| LayerSeq::new(&s, q, k, v, y)).collect();
+            r.q.into_iter().zip(r.k).zip(r.v).zip(r.y).map(|(((q, k), v), y)| seq(q, k, v, y)).collect();
         let vr = vrecs.remove(&il).expect("recorded");
         let held: Vec<LayerSeq<f32>> =
-            vr.q.into_iter().zip(vr.k).zip(vr.v).zip(vr.y).map(|(((q, k), v), y)| LayerSeq::new(&s, q, k, v, y)).collect();
+            vr.q.into_iter().zip(vr.k).zip(vr.v).zip(vr.y).map(|(((q, k), v), y)| seq(q, k, v, y)).collect();
         let mean = |f: &dyn Fn(&LayerSeq<f32>) -> (f64, usize), d: &[LayerSeq<f32>]| {
             let (e, n) = d.iter().map(f).fold((0.0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
             e / n.max(1) as f64
@@ -189,6 +223,7 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
         trained_ctx: t,
         steps: a.steps,
         far_rank: Some(rank),
+        split: split.map(|sp| cortiq_formats::cmf::O1SplitHeader { step: sp.step, layers: sp.layers, curves: sp.curves }),
     };
     let bytes =
         export::write_polished(&loaded, &a.out, &HashMap::new(), cortiq_kernels::quant::QuantType::F16, header, &added, a.force)?;
@@ -202,6 +237,94 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
         bytes as f64 / 1e6
     );
     Ok(())
+}
+
+/// Score eviction's schedule on one recorded window (`--far-rule score`): exact attention over
+/// the first t/2 positions (the sealed prompt of `ppl`), then the engine's own layer-shared
+/// slots (`evict::Slots`, the default rule) step through the rest, and each key's exit is the
+/// first position that no longer sees it (t/2 for the prompt keys the seal drops, t' + 1 for
+/// the key evicted after the step at t'). The serving form's scores also count the far
+/// field's mass in each head's normalizer; this schedule is without it (the far field is
+/// fitted to the schedule, not the other way around), so the keys it evicts can differ.
+#[allow(clippy::too_many_arguments)]
+fn score_exits(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    t: usize,
+    nh: usize,
+    nkv: usize,
+    hd: usize,
+    sinks: usize,
+    window: usize,
+    scale: f64,
+) -> Vec<usize> {
+    use cortiq_engine::mixers::evict::{ScoreRule, Slots};
+    use cortiq_train::farfield::NEVER;
+    let row = nkv * hd;
+    let tp = t / 2;
+    let mut exits = vec![NEVER; t];
+    let mut slots = Slots::seal(&k[..tp * row], &v[..tp * row], row, sinks, window, ScoreRule::default());
+    let mut kept: std::collections::BTreeSet<u32> = slots.positions().iter().copied().collect();
+    for (j, e) in exits.iter_mut().enumerate().take(tp) {
+        if !kept.contains(&(j as u32)) {
+            *e = tp;
+        }
+    }
+    let mut o = vec![0f32; nh * hd];
+    for p in tp..t {
+        slots.step(&q[p * nh * hd..][..nh * hd], &k[p * row..][..row], &v[p * row..][..row], &mut o, nh, nkv, scale, None);
+        kept.insert(p as u32);
+        let now: std::collections::BTreeSet<u32> = slots.positions().iter().copied().collect();
+        for &gone in kept.difference(&now) {
+            exits[gone as usize] = p + 1;
+        }
+        kept = now;
+    }
+    exits
+}
+
+/// Grid of the window curves: every SPLIT_STEP positions up to the whole context.
+const SPLIT_STEP: usize = 8;
+
+/// The window split of the recorded layers: each layer's curve over every training window
+/// (queries of the second half, every 4th: the positions a sealed prompt of half the context
+/// serves).
+#[allow(clippy::too_many_arguments)]
+fn window_split(
+    recs: &HashMap<usize, Rec>,
+    planned: &[usize],
+    t: usize,
+    nh: usize,
+    nkv: usize,
+    hd: usize,
+    sinks: usize,
+    scale: f64,
+) -> O1Split {
+    let cs = CurveShape {
+        t,
+        n_heads: nh,
+        n_kv: nkv,
+        hd,
+        sinks,
+        scale,
+        step: SPLIT_STEP,
+        points: t / SPLIT_STEP,
+        from: t / 2,
+        stride: 4,
+    };
+    let curves = planned
+        .iter()
+        .map(|il| {
+            let r = &recs[il];
+            let mut sum = CurveSums::zeros(cs.points);
+            for ((q, k), v) in r.q.iter().zip(&r.k).zip(&r.v) {
+                sum.add(&window_sums(&cs, q, k, v));
+            }
+            sum.curve()
+        })
+        .collect();
+    O1Split { step: SPLIT_STEP, layers: planned.to_vec(), curves }
 }
 
 /// Up to `max` windows of t tokens (BOS first where the model adds one), in order, from the

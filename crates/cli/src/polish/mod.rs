@@ -140,6 +140,18 @@ pub struct PolishArgs {
     /// --o1-far linear: training windows of --ctx tokens (taken in order from the training texts).
     #[arg(long, value_name = "N", default_value_t = 8)]
     pub far_windows: usize,
+    /// --o1-far linear: split the planned layers' windows by how much each loses to a short
+    /// window (measured on the training texts; the same total of positions as --o1-window on
+    /// every layer), fit each layer's far field at its own window, and record the curves so
+    /// that `--kv-window W` on the polished model splits any W the same way [default: on].
+    #[arg(long, value_name = "ON", value_parser = ["on", "off"], default_value = "on")]
+    pub o1_split: String,
+    /// --o1-far linear: the eviction rule the far field is fitted beside: `window` (sink+window,
+    /// every position of the training windows) or `score` (the first half of each window the
+    /// exact prompt, then `--kv-evict score`'s slots, the keys they drop absorbed), as it will be
+    /// served [default: window].
+    #[arg(long, value_name = "RULE", value_parser = ["window", "score"], default_value = "window")]
+    pub far_rule: String,
     /// Overwrite OUT if it exists.
     #[arg(long)]
     pub force: bool,
@@ -423,6 +435,7 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
         trained_ctx: a.ctx,
         steps: trainer.step,
         far_rank: None,
+        split: None,
     };
     let bytes = export::write_polished(&loaded, &a.out, &replaced, store, header, &[], a.force)?;
     let before = first_ratio.map_or(String::new(), |r| format!("{r:.4} -> "));
