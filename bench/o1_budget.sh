@@ -1,27 +1,28 @@
 #!/usr/bin/env bash
 # Constant-memory quality at a fixed state budget (issue 15): perplexity on a held-out text with
 # exact attention and with every O(1) policy holding at most the bytes of sink+window
-# W' = BUDGET (sinks included) per planned layer, at the same KV precision (f32):
-#   sink+window     --kv-window W'-S --kv-sinks S
-#   score eviction  --kv-window W'-S --kv-evict score (+12 B per slot of scores, counted)
-#   learned far     --kv-window W'-S-F --o1-far linear on the model polished by
-#                   `cortiq polish --o1-far linear` (F = the far state's bytes in positions,
-#                   rounded up), trained on TRAIN (disjoint from TEXT)
-#   score + far     both, the window shrunk by score eviction's 12 B per slot too
-# With SPLIT=on (the default) the polish also measures each layer's window curve on TRAIN and
-# the polished model carries it: the far-field rows then split the windows by it (the same
-# total), and two more rows run sink+window and score eviction split the same way on that model
-# with its far field dropped (--o1-far none); --o1-split off on it gives the uniform rows.
-# Prints a markdown table per model and context: ppl, ratio to exact, the fraction of
+# W' = BUDGET positions per planned layer, sinks included (`--o1-budget W'-S`: each policy
+# spends those bytes its own way; the sealed state is f32 in every policy):
+#   sink+window        --o1-far none --o1-split off      (StreamingLLM, every layer W'-S)
+#   score eviction     --o1-far none --kv-evict score --o1-split off   (12 B per slot of scores)
+#   ... windows split  the same two with each layer's share of the same total, by the window
+#                      curves the polish measured on TRAIN
+#   learned far field  the far state per KV head beside sink+window, windows split
+#   score + far field  both
+# All rows run on MODEL polished by `cortiq polish --o1-far linear` (the source weights plus the
+# far field and the window curves, trained on TRAIN, disjoint from TEXT; --o1-far none drops the
+# far field, --o1-split off the split), so every row has the same weights as the source model.
+# Prints a markdown table per model and context: ppl, ratio to exact, the share of
 # sink+window's excess closed (1 − (x − exact)/(sw − exact)) and the state bytes each run reports.
 #
 # Usage: bench/o1_budget.sh [MODEL ...]   (known cortiq names; default: the three)
 # Environment: TEXT (lcet10.txt), TRAIN (alice29.txt), CTXS ("2048 4096"), BUDGETS ("128 512"),
-# CHUNKS (2), SINKS (4), RANK (16), FAR_STEPS (400), FAR_WINDOWS (8), FAR_CTX (2048),
-# FAR_DIR (~/.cache/cortiq/far: polished models, reused when present; each polish's per-layer
-# log beside it as MODEL.cmf.log), HEAD_DIM (64; Gemma 3's is
-# 256), CORTIQ
-# (target/release/cortiq). WRITE=1 appends the tables to BENCHMARKS.md.
+# CHUNKS (2), SINKS (4), RANK (16), FAR_STEPS (400), FAR_WINDOWS (8), FAR_CTX (2048), FAR_WINDOW
+# (the window the far field is fitted beside, on average: 115 = 128 − 4 sinks − the 9 positions
+# of a rank-16 far state at head_dim 64), FAR_RULE (window: the eviction rule the far field is
+# fitted beside), FAR_DIR (~/.cache/cortiq/far: polished models, reused when present; each
+# polish's per-layer log beside it as MODEL.cmf.log), CORTIQ (target/release/cortiq).
+# WRITE=1 appends the tables to BENCHMARKS.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 die() { echo "o1_budget.sh: $*" >&2; exit 1; }
@@ -30,7 +31,8 @@ CORTIQ=${CORTIQ:-target/release/cortiq}
 TEXT=${TEXT:-lcet10.txt}; TRAIN=${TRAIN:-alice29.txt}
 CTXS=${CTXS:-2048 4096}; BUDGETS=${BUDGETS:-128 512}; CHUNKS=${CHUNKS:-2}; SINKS=${SINKS:-4}
 RANK=${RANK:-16}; FAR_STEPS=${FAR_STEPS:-400}; FAR_WINDOWS=${FAR_WINDOWS:-8}; FAR_CTX=${FAR_CTX:-2048}
-FAR_DIR=${FAR_DIR:-$HOME/.cache/cortiq/far}; SPLIT=${SPLIT:-on}
+FAR_WINDOW=${FAR_WINDOW:-115}; FAR_RULE=${FAR_RULE:-window}
+FAR_DIR=${FAR_DIR:-$HOME/.cache/cortiq/far}
 MODELS=("$@"); [ ${#MODELS[@]} -gt 0 ] || MODELS=(smollm2-135m qwen2.5-coder-0.5b gemma3-270m)
 text=$("$CORTIQ" pull "$TEXT")
 mkdir -p "$FAR_DIR"
@@ -49,52 +51,40 @@ closed() { awk -v x="$1" -v e="$2" -v s="$3" 'BEGIN{printf "%.1f%%", 100 * (1 - 
 kb() { awk -v a="$1" 'BEGIN{printf "%.0f", a/1024}'; }
 
 out "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; $(date -u +%Y-%m-%dT%H:%MZ)"
-out "command: CTXS=\"$CTXS\" BUDGETS=\"$BUDGETS\" CHUNKS=$CHUNKS SINKS=$SINKS RANK=$RANK FAR_STEPS=$FAR_STEPS FAR_WINDOWS=$FAR_WINDOWS bench/o1_budget.sh ${MODELS[*]}"
-out "text: $TEXT held out (far fields trained on $TRAIN); each chunk: the first half exact (the sealed prompt), the second half scored"
+out "command: CTXS=\"$CTXS\" BUDGETS=\"$BUDGETS\" CHUNKS=$CHUNKS SINKS=$SINKS RANK=$RANK FAR_STEPS=$FAR_STEPS FAR_WINDOWS=$FAR_WINDOWS FAR_CTX=$FAR_CTX FAR_WINDOW=$FAR_WINDOW FAR_RULE=$FAR_RULE bench/o1_budget.sh ${MODELS[*]}"
+out "text: $TEXT held out (far fields and window curves from $TRAIN); each chunk: the first half exact (the sealed prompt), the second half scored"
 for name in "${MODELS[@]}"; do
     path=$("$CORTIQ" pull "$name")
-    # The far state in positions of sink+window: r·(hd+2) vs 2·hd values per KV head.
-    case $name in gemma3*) hd=256 nkv=1 ;; qwen2.5*) hd=64 nkv=2 ;; smollm2*) hd=64 nkv=3 ;; *) hd=${HEAD_DIM:-64} nkv=${N_KV:-1} ;; esac
-    far_pos=$(awk -v r="$RANK" -v d="$hd" 'BEGIN{x = r * (d + 2) / (2 * d); printf "%d", (x == int(x)) ? x : int(x) + 1}')
-    first_budget=${BUDGETS%% *}
-    wfar=$((first_budget - SINKS - far_pos))
-    far="$FAR_DIR/$name-far-r$RANK-w$wfar$([ "$SPLIT" = on ] && echo -split).cmf"
+    far="$FAR_DIR/$name-far-r$RANK-w$FAR_WINDOW-c$FAR_CTX-$FAR_RULE-split.cmf"
     if [ ! -f "$far" ]; then
         t0=$(date +%s)
-        "$CORTIQ" polish -m "$path" -o "$far" --o1-far linear --o1-window "$wfar" --o1-sinks "$SINKS" --far-rank "$RANK" \
+        "$CORTIQ" polish -m "$path" -o "$far" --o1-far linear --o1-window "$FAR_WINDOW" --o1-sinks "$SINKS" --far-rank "$RANK" \
             --ctx "$FAR_CTX" --far-windows "$FAR_WINDOWS" --steps "$FAR_STEPS" --batch 2 --train "$TRAIN" --valid "$TEXT" \
-            --o1-split "$SPLIT" > "$far.log" 2>&1 || die "polish failed: $(tail -3 "$far.log")"
+            --far-rule "$FAR_RULE" > "$far.log" 2>&1 || die "polish failed: $(tail -3 "$far.log")"
         tail -1 "$far.log" | tee -a "$REPORT"
-        out "far field of $name: trained in $(( $(date +%s) - t0 ))s (window $wfar, rank $RANK, head_dim $hd: $far_pos positions)"
+        out "far field of $name: trained in $(( $(date +%s) - t0 ))s (window $FAR_WINDOW on average, rank $RANK, rule $FAR_RULE)"
     fi
     for ctx in $CTXS; do
-        read -r exact _ <<<"$(ppl "$path" "$ctx")"
+        read -r exact _ <<<"$(ppl "$far" "$ctx" --exact)"
         out
         out "**$name, ctx $ctx**: exact ppl $exact"
         out
         out "| budget W' | policy | flags | ppl | ratio to exact | excess closed | state KiB |"
         out "|---|---|---|---|---|---|---|"
         for b in $BUDGETS; do
-            w=$((b - SINKS))
-            read -r sw swb <<<"$(ppl "$path" "$ctx" --kv-window "$w" --kv-sinks "$SINKS")"
-            out "| $b | sink+window | --kv-window $w | $sw | $(ratio "$sw" "$exact") | 0% | $(kb "$swb") |"
-            # Score eviction keeps a position and an f64 score per slot: 12 B, in positions.
-            score_pos=$(awk -v b="$b" -v p=$((8 * nkv * hd)) 'BEGIN{x = 12 * b / p; printf "%d", (x == int(x)) ? x : int(x) + 1}')
-            ws=$((w - score_pos))
-            read -r sc scb <<<"$(ppl "$path" "$ctx" --kv-window "$ws" --kv-sinks "$SINKS" --kv-evict score)"
-            out "| $b | score eviction | --kv-window $ws --kv-evict score | $sc | $(ratio "$sc" "$exact") | $(closed "$sc" "$exact" "$sw") | $(kb "$scb") |"
-            if [ "$SPLIT" = on ]; then
-                read -r sp spb <<<"$(ppl "$far" "$ctx" --kv-window "$w" --kv-sinks "$SINKS" --o1-far none)"
-                out "| $b | sink+window, windows split | --kv-window $w --o1-far none (split model) | $sp | $(ratio "$sp" "$exact") | $(closed "$sp" "$exact" "$sw") | $(kb "$spb") |"
-                read -r ss ssb <<<"$(ppl "$far" "$ctx" --kv-window "$ws" --kv-sinks "$SINKS" --o1-far none --kv-evict score)"
-                out "| $b | score eviction, windows split | --kv-window $ws --o1-far none --kv-evict score (split model) | $ss | $(ratio "$ss" "$exact") | $(closed "$ss" "$exact" "$sw") | $(kb "$ssb") |"
-            fi
-            wl=$((b - SINKS - far_pos))
-            read -r lf lfb <<<"$(ppl "$far" "$ctx" --kv-window "$wl" --kv-sinks "$SINKS" --o1-far linear)"
-            out "| $b | learned far field (r $RANK) | --kv-window $wl --o1-far linear | $lf | $(ratio "$lf" "$exact") | $(closed "$lf" "$exact" "$sw") | $(kb "$lfb") |"
-            wsl=$((wl - score_pos))
-            read -r sl slb <<<"$(ppl "$far" "$ctx" --kv-window "$wsl" --kv-sinks "$SINKS" --o1-far linear --kv-evict score)"
-            out "| $b | score eviction + learned far field | --kv-window $wsl --kv-evict score --o1-far linear | $sl | $(ratio "$sl" "$exact") | $(closed "$sl" "$exact" "$sw") | $(kb "$slb") |"
+            n=$((b - SINKS))
+            row() { # NAME FLAGS...
+                local label=$1; shift
+                read -r x xb <<<"$(ppl "$far" "$ctx" --o1-budget "$n" --kv-sinks "$SINKS" "$@")"
+                out "| $b | $label | --o1-budget $n $* | $x | $(ratio "$x" "$exact") | $(closed "$x" "$exact" "$sw") | $(kb "$xb") |"
+            }
+            read -r sw swb <<<"$(ppl "$far" "$ctx" --o1-budget "$n" --kv-sinks "$SINKS" --o1-far none --o1-split off)"
+            out "| $b | sink+window | --o1-budget $n --o1-far none --o1-split off | $sw | $(ratio "$sw" "$exact") | 0% | $(kb "$swb") |"
+            row "score eviction" --o1-far none --kv-evict score --o1-split off
+            row "sink+window, windows split" --o1-far none
+            row "score eviction, windows split" --o1-far none --kv-evict score
+            row "learned far field (r $RANK), windows split" --o1-far linear
+            row "score eviction + learned far field, windows split" --o1-far linear --kv-evict score
         done
     done
 done

@@ -2,14 +2,15 @@
 # Long-range recall at a fixed state budget (issue 15): a five-digit pass key stated once early in
 # a filler text of LEN tokens, asked for at the end; greedy decode of 8 tokens; a trial counts
 # when the key's digits appear in the answer. Every policy holds at most the bytes of sink+window
-# W' = BUDGET (as bench/o1_budget.sh sizes them); exact attention beside them. The prompt is the
-# sealed part (the question comes last), so the key is far from the window when decoding starts.
+# W' = BUDGET positions, sinks included (`--o1-budget BUDGET-SINKS`, as bench/o1_budget.sh); exact
+# attention beside them. The prompt is the sealed part (the question comes last), so the key is
+# far from the window when decoding starts. "score eviction, voted seal" lets the prompt's last
+# OBS queries (the question) choose the prompt keys kept at the seal (SnapKV).
 #
 # Usage: bench/passkey.sh MODEL [FAR.cmf]   (FAR: the model polished with `--o1-far linear`;
 #        without it the learned-far rows are skipped)
 # Environment: LENS ("2048 4096", in filler sentences x 10 ≈ tokens), TRIALS (50), BUDGET (128),
-# SINKS (4), FAR_POS (9: the far state in positions), SCORE_POS (1), CORTIQ. Prints a markdown
-# table: retrieval rate per policy and length.
+# SINKS (4), OBS (16), CORTIQ. Prints a markdown table: retrieval rate per policy and length.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 die() { echo "passkey.sh: $*" >&2; exit 1; }
@@ -18,11 +19,13 @@ CORTIQ=${CORTIQ:-target/release/cortiq}
 [ $# -ge 1 ] || die "usage: bench/passkey.sh MODEL [FAR.cmf]"
 MODEL=$("$CORTIQ" pull "$1"); FAR=${2:-}
 LENS=${LENS:-2048 4096}; TRIALS=${TRIALS:-50}; BUDGET=${BUDGET:-128}; SINKS=${SINKS:-4}
-FAR_POS=${FAR_POS:-9}; SCORE_POS=${SCORE_POS:-1}
-w=$((BUDGET - SINKS)); ws=$((w - SCORE_POS)); wl=$((w - FAR_POS)); wsl=$((wl - SCORE_POS))
-policies=("exact||$MODEL" "sink+window|--kv-window $w|$MODEL" "score eviction|--kv-window $ws --kv-evict score|$MODEL")
+OBS=${OBS:-16}
+b="--o1-budget $((BUDGET - SINKS)) --kv-sinks $SINKS"
+policies=("exact||$MODEL" "sink+window|$b|$MODEL" "score eviction|$b --kv-evict score|$MODEL"
+    "score eviction, voted seal|$b --kv-evict score --kv-evict-obs $OBS|$MODEL")
 if [ -n "$FAR" ]; then
-    policies+=("learned far field|--kv-window $wl --o1-far linear|$FAR" "score + far field|--kv-window $wsl --kv-evict score --o1-far linear|$FAR")
+    policies+=("learned far field, windows split|$b --o1-far linear|$FAR" "score + far field, windows split|$b --kv-evict score --o1-far linear|$FAR"
+        "score (voted seal) + far field, windows split|$b --kv-evict score --kv-evict-obs $OBS --o1-far linear|$FAR")
 fi
 filler="The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 # prompt LEN KEY SEED: the key's sentence at a seeded depth in the first quarter.

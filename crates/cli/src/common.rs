@@ -9,6 +9,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use cortiq_engine::load::{Loaded, load};
 use cortiq_engine::mixers::evict::ScoreRule;
+use cortiq_engine::mixers::nystrom::skeleton_bytes;
 use cortiq_engine::mixers::nystrom::{DEFAULT_RIDGE, Far, Guard, O1Settings, StatePrecision};
 use cortiq_engine::o1::O1Plan;
 use cortiq_formats::tokenizer::Tokenizer;
@@ -163,17 +164,23 @@ pub struct O1Args {
     /// own positions and never re-rotated (StreamingLLM's no-shift variant). Not with --o1.
     #[arg(long, value_name = "W")]
     pub kv_window: Option<usize>,
-    /// Size the --kv-window policies to a fixed state budget instead of a window: each planned
-    /// layer holds at most the bytes of `--kv-window N` (plain sink+window, with --kv-sinks S,
-    /// default 4), and the policy the other flags choose spends them its own way: score
-    /// eviction's per-slot scores, the learned far field's state and the window split all come
-    /// out of the same bytes. The sealed state is f32 in every policy (an f16 cache is widened
-    /// at the seal), so the budget is the same with --kv-f16. Not with --kv-window or --o1.
+    /// Size the constant-memory state to a fixed budget instead of a window: each planned layer
+    /// holds at most the bytes of `--kv-window N` (plain sink+window, with --kv-sinks S or
+    /// --o1-sinks S, default 4), and the policy the other flags choose spends them its own way:
+    /// score eviction's per-slot scores, the learned far field's state, the window split, or
+    /// (with --o1) the Nyström skeleton of --o1-landmarks M (default: the most landmarks, at
+    /// least 4, whose skeleton takes at most a quarter of the budget) all come out of the same
+    /// bytes, the window takes the rest. The sealed state is f32 in every policy (an f16 cache
+    /// is widened at the seal), so the budget is the same with --kv-f16. Not with --kv-window
+    /// or --o1-window.
     #[arg(long, value_name = "N")]
     pub o1_budget: Option<usize>,
     /// The window --o1-budget comes to on the open model (`apply_budget`).
     #[arg(skip)]
     budget_window: Option<usize>,
+    /// With --o1: the landmark cap it comes to.
+    #[arg(skip)]
+    budget_landmarks: Option<usize>,
     /// --kv-window sink keys, S <= W [default: 4].
     #[arg(long, value_name = "S")]
     pub kv_sinks: Option<usize>,
@@ -230,12 +237,30 @@ impl O1Args {
         let Some(n) = self.o1_budget else { return Ok(()) };
         self.budget_checks()?;
         let served = served.filter(|_| !self.exact);
-        let sinks = self.kv_sinks.unwrap_or(served.map_or(O1Settings::default().sinks, |s| s.settings.sinks));
+        let d = O1Settings::default();
+        let sinks = self.kv_sinks.or(self.o1_sinks).unwrap_or(served.map_or(d.sinks, |s| s.settings.sinks));
         let cfg = &model.cfg;
         let per_pos = 2 * cfg.n_kv_heads * cfg.head_dim * 4;
         let budget = (n + sinks) * per_pos;
-        let score = self.kv_evict.as_deref() == Some("score");
-        let linear = self.o1_far.as_deref() == Some("linear") || (served.is_some_and(|s| s.linear) && self.o1_far.is_none());
+        if self.o1 {
+            // The skeleton first (its bytes do not depend on the window), the window the rest.
+            let skel = |m: usize| skeleton_bytes(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, m);
+            let m = match self.o1_landmarks {
+                Some(m) => m,
+                None => (4..=256).rev().find(|&m| 4 * skel(m) <= budget).unwrap_or(4),
+            };
+            let slots = budget.saturating_sub(skel(m)) / per_pos;
+            if slots <= sinks {
+                bail!(
+                    "--o1-budget {n}: {budget} bytes per layer hold no window beside {sinks} sinks and a skeleton of {m} landmarks ({} bytes); give fewer --o1-landmarks",
+                    skel(m)
+                );
+            }
+            self.budget_window = Some(slots - sinks);
+            self.budget_landmarks = Some(m);
+            return Ok(());
+        }
+        let (linear, score) = self.far_and_score(served, false);
         let far = if linear { model.o1_far.iter().flatten().map(|w| w.state_bytes()).max().unwrap_or(0) } else { 0 };
         let slot = per_pos + if score { SCORE_SLOT_BYTES } else { 0 };
         let slots = budget.saturating_sub(far) / slot;
@@ -248,19 +273,30 @@ impl O1Args {
         Ok(())
     }
 
+    /// Whether the --kv-window policy has a learned far field and whether it evicts by score:
+    /// the flags, else what a polished model records (its far field, and the rule it was
+    /// fitted beside). `served` already filtered by --exact.
+    fn far_and_score(&self, served: Option<Served>, o1_implied: bool) -> (bool, bool) {
+        let served_linear = served.is_some_and(|s| s.linear) && !self.o1 && !o1_implied;
+        let linear = self.o1_far.as_deref() == Some("linear") || (served_linear && self.o1_far.is_none());
+        let score = self.kv_evict.as_deref() == Some("score")
+            || (self.kv_evict.is_none() && linear && served.is_some_and(|s| s.linear && s.score));
+        (linear, score)
+    }
+
     /// --o1-budget's own checks (before and after the model opens).
     fn budget_checks(&self) -> Result<()> {
         let Some(n) = self.o1_budget else { return Ok(()) };
         if self.kv_window.is_some() {
             bail!("--o1-budget and --kv-window are exclusive (the budget sets the window)");
         }
-        if self.o1 {
-            bail!(
-                "--o1-budget sizes the --kv-window policies (sink+window, --kv-evict score, --o1-far linear), not the Nyström skeleton of --o1"
-            );
+        if self.o1_window.is_some() {
+            bail!("--o1-budget and --o1-window are exclusive (the budget sets the window)");
         }
-        if let Some(s) = self.kv_sinks.filter(|&s| s > n) {
-            bail!("--kv-sinks: {s} exceeds --o1-budget {n}");
+        for (flag, s) in [("--kv-sinks", self.kv_sinks), ("--o1-sinks", self.o1_sinks)] {
+            if let Some(s) = s.filter(|&s| s > n) {
+                bail!("{flag}: {s} exceeds --o1-budget {n}");
+            }
         }
         Ok(())
     }
@@ -279,11 +315,9 @@ impl O1Args {
         let served_linear = served.is_some_and(|s| s.linear) && !self.o1 && !o1_implied;
         self.budget_checks()?;
         // Before `apply_budget` the budget stands in for the window (the flags' checks only).
-        let kv_window = self
-            .kv_window
-            .or(self.budget_window)
-            .or(self.o1_budget)
-            .or(served.filter(|_| served_linear).map(|s| s.settings.window));
+        let budget = if self.o1 { None } else { self.budget_window.or(self.o1_budget) };
+        let kv_window = self.kv_window.or(budget).or(served.filter(|_| served_linear).map(|s| s.settings.window));
+        let (linear, score) = self.far_and_score(served, o1_implied);
         let served = served.map(|s| s.settings);
         let o1 = self.o1 || (o1_implied && kv_window.is_none()) || (served.is_some() && kv_window.is_none());
         if self.o1 && kv_window.is_some() {
@@ -308,8 +342,6 @@ impl O1Args {
         if self.kv_evict.is_some() && kv_window.is_none() {
             bail!("--kv-evict needs --kv-window");
         }
-        let score = self.kv_evict.as_deref() == Some("score");
-        let linear = self.o1_far.as_deref() == Some("linear") || (served_linear && self.o1_far.is_none());
         if self.o1_far.is_some() && kv_window.is_none() {
             bail!("--o1-far needs --kv-window");
         }
@@ -328,10 +360,11 @@ impl O1Args {
         }
         let d = served.unwrap_or(O1Settings { ridge: DEFAULT_RIDGE, ..O1Settings::default() });
         let (settings, far) = if o1 {
+            // Before `apply_budget` the budget stands in for the window (the flags' checks only).
             let st = O1Settings {
-                window: self.o1_window.unwrap_or(d.window),
+                window: self.o1_window.or(self.budget_window).or(self.o1_budget).unwrap_or(d.window),
                 sinks: self.o1_sinks.unwrap_or(d.sinks),
-                landmarks: self.o1_landmarks.unwrap_or(d.landmarks),
+                landmarks: self.o1_landmarks.or(self.budget_landmarks).unwrap_or(d.landmarks),
                 ridge: self.o1_ridge.unwrap_or(d.ridge),
                 state: match self.o1_state.as_deref() {
                     Some("pair") => StatePrecision::Pair,
@@ -389,6 +422,8 @@ pub const SCORE_SLOT_BYTES: usize = 12;
 pub struct Served {
     pub settings: O1Settings,
     pub linear: bool,
+    /// Its far field was fitted beside score eviction: served with it unless --kv-evict says.
+    pub score: bool,
 }
 
 /// The O(1) settings a polished .cmf records, served by default.
@@ -403,6 +438,7 @@ pub fn served_o1(l: &Loaded) -> Option<Served> {
                 state: StatePrecision::default(),
             },
             linear: h.far_rank.is_some(),
+            score: h.far_rank.is_some() && h.far_rule.as_deref() == Some("score"),
         }),
         _ => None,
     }
@@ -413,8 +449,10 @@ pub fn note_served(plan: &Option<O1Plan>, served: Option<Served>, o1_flag: bool)
     let Some(p) = plan else { return };
     match served {
         Some(s) if s.linear && matches!(p.far, Far::Linear(_)) => eprintln!(
-            "polished model: serving sink+window (window {}, sinks {}) with its learned far field; --exact turns it off",
-            p.settings.window, p.settings.sinks
+            "polished model: serving {} (window {}, sinks {}) with its learned far field; --exact turns it off",
+            if matches!(p.far, Far::Linear(Some(_))) { "score eviction" } else { "sink+window" },
+            p.settings.window,
+            p.settings.sinks
         ),
         Some(_) if !o1_flag && p.far == Far::Skeleton => eprintln!(
             "polished model: serving in O(1) mode (window {}, sinks {}, landmarks {}, ridge {:e}); --exact turns it off",

@@ -157,6 +157,10 @@ pub struct O1Header {
     /// attention-output error of sinks + w exact positions at w = step·(j + 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub split: Option<O1SplitHeader>,
+    /// The eviction rule the far field was fitted beside (`polish --far-rule`): "score" when it
+    /// was score eviction (then served with it by default); absent for sink+window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub far_rule: Option<String>,
 }
 
 /// See [`O1Header::split`].

@@ -1,7 +1,9 @@
 //! `cortiq polish --o1-far linear`: stage 1 of the learned far field (issue 15). The model runs
 //! exact on windows of the training texts while every planned layer's post-RoPE q, k, v and
 //! attention output are recorded; then each layer's feature maps are fitted alone, the model
-//! frozen, to the exact attention output beside sink+window of --o1-window/--o1-sinks
+//! frozen, to the exact attention output beside the eviction rule it will serve with
+//! (--far-rule: sink+window, or score eviction's slots) of --o1-window/--o1-sinks; with
+//! --o1-split on (the default) each layer at its own share of the windows' total
 //! (`cortiq_train::farfield`). The result is the source model plus `blk.N.attn_far_*` (f32) in a
 //! .cmf whose header records window, sinks and rank.
 
@@ -22,7 +24,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use super::{PolishArgs, export};
 
-/// A layer keeps its far field when the held-out error is below this share of sink+window's.
+/// A layer keeps its far field when the held-out error is below this share of its rule's alone.
 const KEEP_BELOW: f64 = 0.95;
 use crate::pull;
 
@@ -55,16 +57,8 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
     if !(a.far_lr.is_finite() && a.far_lr > 0.0) {
         bail!("--far-lr: must be a positive number, got {}", a.far_lr);
     }
-    if a.out.exists() && !a.force {
-        bail!("{} already exists (pass --force to overwrite)", a.out.display());
-    }
-    if let Some(n) = a.threads {
-        if n == 0 {
-            bail!("--threads must be at least 1");
-        }
-        cortiq_engine::par::init(n).map_err(anyhow::Error::msg).context("setting up the thread pool")?;
-    }
-    cortiq_train::par::install(cortiq_engine::par::pool());
+    super::check_out(a)?;
+    super::start_pool(a.threads)?;
     let path = pull::resolve_model(&a.model)?;
     let mut loaded = load(&path)?;
     loaded.model.set_numerics(Numerics::Exact);
@@ -111,7 +105,7 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
 
     // The window split: each layer's curve on the training windows, then its share of the
     // same total.
-    let split = (a.o1_split == "on").then(|| {
+    let split = (a.o1_split.as_deref() != Some("off")).then(|| {
         let t2 = Instant::now();
         let sp = window_split(&recs, &planned, t, nh, nkv, hd, sinks, cfg.attn_scale as f64);
         eprintln!("measured the window curves in {:.1}s", t2.elapsed().as_secs_f64());
@@ -127,7 +121,8 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
     }
 
     // Fit each layer.
-    let score = a.far_rule == "score";
+    let score = a.far_rule.as_deref() == Some("score");
+    let rule = if score { "score eviction" } else { "sink+window" };
     let s0 = FarShape { t, n_heads: nh, n_kv: nkv, hd, rank, sinks, window, scale: cfg.attn_scale as f64 };
     let bar = if std::io::stderr().is_terminal() { ProgressBar::new(planned.len() as u64) } else { ProgressBar::hidden() };
     bar.set_style(
@@ -178,7 +173,8 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
         let vfin = mean(&|d| d.loss(&s, &p, None), &held);
         let _ = last;
         say(format!(
-            "layer {il}: attention-output mse sink+window {sw:.4e}, far field at start {:.4e}, fitted {fin:.4e} ({:.1}% of sink+window's); held out {vfin:.4e} ({:.1}%)",
+            "layer {il} (window {}): attention-output mse {rule} {sw:.4e}, far field at start {:.4e}, fitted {fin:.4e} ({:.1}% of {rule}'s); held out {vfin:.4e} ({:.1}%)",
+            s.window,
             first.unwrap_or(f64::NAN),
             100.0 * fin / sw,
             100.0 * vfin / vsw
@@ -193,7 +189,7 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
         let helps = vfin < KEEP_BELOW * vsw;
         if !helps {
             say(format!(
-                "layer {il}: no far field (held out {:.1}% of sink+window's, keep below {:.0}%)",
+                "layer {il}: no far field (held out {:.1}% of {rule}'s, keep below {:.0}%)",
                 100.0 * vfin / vsw,
                 100.0 * KEEP_BELOW
             ));
@@ -212,7 +208,7 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
     }
     bar.finish_and_clear();
     if kept == 0 {
-        bail!("no layer's far field beat sink+window on the held-out windows; nothing written");
+        bail!("no layer's far field beat {rule} on the held-out windows; nothing written");
     }
     let secs = t1.elapsed().as_secs_f64();
     let header = O1Header {
@@ -223,12 +219,13 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
         trained_ctx: t,
         steps: a.steps,
         far_rank: Some(rank),
+        far_rule: score.then(|| "score".to_string()),
         split: split.map(|sp| cortiq_formats::cmf::O1SplitHeader { step: sp.step, layers: sp.layers, curves: sp.curves }),
     };
     let bytes =
         export::write_polished(&loaded, &a.out, &HashMap::new(), cortiq_kernels::quant::QuantType::F16, header, &added, a.force)?;
     eprintln!(
-        "fitted {} layers, {kept} with a far field, in {secs:.0}s ({} steps each over {n_tokens} tokens; recording {:.0}s); held-out mse {:.1}% of sink+window's (layer sum); wrote {} ({:.1} MB)",
+        "fitted {} layers, {kept} with a far field, in {secs:.0}s ({} steps each over {n_tokens} tokens; recording {:.0}s); held-out mse {:.1}% of {rule}'s (layer sum); wrote {} ({:.1} MB)",
         planned.len(),
         a.steps,
         t0.elapsed().as_secs_f64() - secs,

@@ -144,14 +144,14 @@ pub struct PolishArgs {
     /// window (measured on the training texts; the same total of positions as --o1-window on
     /// every layer), fit each layer's far field at its own window, and record the curves so
     /// that `--kv-window W` on the polished model splits any W the same way [default: on].
-    #[arg(long, value_name = "ON", value_parser = ["on", "off"], default_value = "on")]
-    pub o1_split: String,
+    #[arg(long, value_name = "ON", value_parser = ["on", "off"])]
+    pub o1_split: Option<String>,
     /// --o1-far linear: the eviction rule the far field is fitted beside: `window` (sink+window,
     /// every position of the training windows) or `score` (the first half of each window the
     /// exact prompt, then `--kv-evict score`'s slots, the keys they drop absorbed), as it will be
     /// served [default: window].
-    #[arg(long, value_name = "RULE", value_parser = ["window", "score"], default_value = "window")]
-    pub far_rule: String,
+    #[arg(long, value_name = "RULE", value_parser = ["window", "score"])]
+    pub far_rule: Option<String>,
     /// Overwrite OUT if it exists.
     #[arg(long)]
     pub force: bool,
@@ -243,11 +243,37 @@ fn valid_line(step: u64, r: &ValidReport) -> String {
     )
 }
 
+/// OUT is not overwritten without --force (both kinds of polish).
+fn check_out(a: &PolishArgs) -> Result<()> {
+    if a.out.exists() && !a.force {
+        bail!("{} already exists (pass --force to overwrite)", a.out.display());
+    }
+    Ok(())
+}
+
+/// The thread pool of -t, shared by the engine (the teacher, the recordings) and the trainer
+/// (they never run at once, so -t bounds both).
+fn start_pool(threads: Option<usize>) -> Result<()> {
+    if let Some(n) = threads {
+        if n == 0 {
+            bail!("--threads must be at least 1");
+        }
+        cortiq_engine::par::init(n).map_err(anyhow::Error::msg).context("setting up the thread pool")?;
+    }
+    cortiq_train::par::install(cortiq_engine::par::pool());
+    Ok(())
+}
+
 pub fn cmd_polish(a: PolishArgs) -> Result<()> {
     if a.o1_far.as_deref() == Some("linear") {
         return far::cmd_polish_far(&a);
     }
     // Flag errors first, before anything loads.
+    for (flag, given) in [("--o1-split", a.o1_split.is_some()), ("--far-rule", a.far_rule.is_some())] {
+        if given {
+            bail!("{flag} needs --o1-far linear");
+        }
+    }
     let ridge = a.o1_ridge.unwrap_or(DEFAULT_RIDGE);
     let o1 = O1Config { window: a.o1_window, sinks: a.o1_sinks, landmarks: a.o1_landmarks, ridge, far: Far::Skeleton };
     o1.validate()?;
@@ -261,9 +287,7 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
             a.o1_window + a.o1_sinks + 8
         );
     }
-    if a.out.exists() && !a.force {
-        bail!("{} already exists (pass --force to overwrite)", a.out.display());
-    }
+    check_out(&a)?;
     let ckpt = a.checkpoint.clone().unwrap_or_else(|| {
         let mut s = a.out.clone().into_os_string();
         s.push(".ckpt");
@@ -275,14 +299,7 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
     if a.resume && !ckpt.exists() {
         bail!("--resume: no checkpoint at {}", ckpt.display());
     }
-    if let Some(n) = a.threads {
-        if n == 0 {
-            bail!("--threads must be at least 1");
-        }
-        cortiq_engine::par::init(n).map_err(anyhow::Error::msg).context("setting up the thread pool")?;
-    }
-    // One pool for teacher and student (they never run at once): -t bounds both.
-    cortiq_train::par::install(cortiq_engine::par::pool());
+    start_pool(a.threads)?;
 
     // The teacher: the model in exact numerics.
     let path = pull::resolve_model(&a.model)?;
@@ -436,6 +453,7 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
         steps: trainer.step,
         far_rank: None,
         split: None,
+        far_rule: None,
     };
     let bytes = export::write_polished(&loaded, &a.out, &replaced, store, header, &[], a.force)?;
     let before = first_ratio.map_or(String::new(), |r| format!("{r:.4} -> "));

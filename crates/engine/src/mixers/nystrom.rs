@@ -478,6 +478,13 @@ fn acc_len(m: usize, hd: usize, pair: bool) -> usize {
     m + (m + m * hd) * (1 + pair as usize)
 }
 
+/// Bytes a sealed skeleton of m landmarks holds beside its exact keys (single f32: landmark
+/// queries [n_heads, m, hd] and keys [n_kv, m, hd], γ [n_heads], M̂ [n_heads, m, m] and the
+/// accumulators, one block of `acc_len` per query head): what `--o1-budget` sizes the window by.
+pub fn skeleton_bytes(n_heads: usize, n_kv: usize, hd: usize, m: usize) -> usize {
+    4 * (n_heads * m * hd + n_kv * m * hd + n_heads + n_heads * m * m + n_heads * acc_len(m, hd, false))
+}
+
 /// A fresh accumulator block (nothing folded).
 fn acc_init(block: &mut [f32], m: usize) {
     block[..m].fill(f32::NEG_INFINITY);

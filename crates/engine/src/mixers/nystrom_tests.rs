@@ -174,6 +174,22 @@ fn single_f32_state_agrees_and_halves_the_skeleton() {
     assert_eq!(pb - sb, 4 * lo_floats, "single f32 must drop exactly the lo halves");
 }
 
+/// `skeleton_bytes` is what a sealed single-f32 skeleton layer holds beyond its window's keys
+/// (and the layer's fixed struct): a sink+window layer of the same settings holds exactly that
+/// much less.
+#[test]
+fn skeleton_bytes_is_what_the_layer_holds() {
+    for &(nh, nkv, hd, m) in &[(4, 2, 16, 12), (8, 2, 16, 8), (4, 1, 13, 4)] {
+        let single = O1Settings { state: StatePrecision::Single, ..st(16, 4, m) };
+        let c = case(single, Far::Skeleton, nh, nkv, hd, 173, 97, 3);
+        assert_eq!(c.st.m_eff(c.tp), m);
+        let with = stream(&c, &data(&c)).2.bytes();
+        let drop = Case { far: Far::Drop, ..c };
+        let without = stream(&drop, &data(&drop)).2.bytes();
+        assert_eq!(with - without, super::skeleton_bytes(nh, nkv, hd, m), "{nh}/{nkv} heads of {hd}, m {m}");
+    }
+}
+
 #[test]
 fn streaming_matches_matrix_degenerate_boundary() {
     let (w, s) = (12, 3);
