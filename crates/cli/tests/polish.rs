@@ -344,6 +344,13 @@ fn polish_far_field_writes_a_served_cmf() {
             assert_eq!(b, cap, "{extra:?}: sink+window (split or not) fills its own budget exactly");
         }
     }
+    // The Nyström skeleton under a budget: its landmarks first, the window the rest (4
+    // landmarks on this model take more than sink+window 8, so the budget is 24).
+    let (_, e_sw24) =
+        ppl(s(&out), s(&st.valid), &["--kv-window", "24", "--kv-sinks", "1", "--o1-far", "none", "--o1-split", "off"]);
+    let (p, e) = ppl(s(&out), s(&st.valid), &["--o1", "--o1-budget", "24", "--o1-sinks", "1", "--o1-landmarks", "4"]);
+    eprintln!("--o1 --o1-budget 24 --o1-landmarks 4: {} bytes (sink+window 24: {}), ppl {p}", bytes(&e), bytes(&e_sw24));
+    assert!(bytes(&e) <= bytes(&e_sw24) && p.is_finite() && e.contains("landmarks 4 (m_eff 4)"), "{e}");
     let (_, err, ok) =
         cortiq(&["ppl", "-m", s(&st.model), "-f", s(&st.valid), "-c", "64", "--kv-window", "8", "--o1-far", "linear"]);
     // (The ppl progress lines before it are its ordinary stderr.)
