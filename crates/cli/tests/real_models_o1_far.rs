@@ -47,6 +47,17 @@ fn record(
 
 #[test]
 fn smollm2_far_field_streaming_equals_teacher_forced() {
+    check(false);
+}
+
+/// The same with the windows split by curves (each planned layer its own window, the same
+/// total): each layer's teacher-forced form at its own window.
+#[test]
+fn smollm2_far_field_split_windows_streaming_equals_teacher_forced() {
+    check(true);
+}
+
+fn check(split: bool) {
     let path = cortiq_testkit::real_model("smollm2-135m");
     let mut loaded = load(&path).expect("load");
     loaded.model.set_numerics(Numerics::Exact);
@@ -74,10 +85,22 @@ fn smollm2_far_field_streaming_equals_teacher_forced() {
         weights[il] = Some(Arc::new(fw));
     }
     loaded.model.o1_far = weights;
+    // Curves whose error falls at three different rates: the windows come out 16 to a few
+    // hundred, summing to WINDOW per layer.
+    let mut windows: HashMap<usize, usize> = planned.iter().map(|&il| (il, WINDOW)).collect();
+    if split {
+        let curves =
+            planned.iter().map(|&il| (1..=64).map(|j| ((il % 3 + 1) as f32 * (64 - j) as f32).max(0.0)).collect()).collect();
+        let sp = cortiq_engine::o1::O1Split { step: 8, layers: planned.clone(), curves };
+        windows = sp.windows(WINDOW).into_iter().collect();
+        println!("split windows: {windows:?}");
+        assert!(windows.values().any(|&w| w != WINDOW));
+        loaded.model.o1_split = Some(Arc::new(sp));
+    }
 
     // The streaming run: exact prompt of TP tokens, sealed, then every position a step.
     let settings = O1Settings { window: WINDOW, sinks: SINKS, landmarks: 4, ..O1Settings::default() };
-    let plan = O1Plan { tp: TP, settings, far: Far::Linear(None), check: None, split: false };
+    let plan = O1Plan { tp: TP, settings, far: Far::Linear(None), check: None, split };
     let mut st = loaded.model.new_state_o1(T, plan).expect("plan");
     let mut rec = record(&loaded.model, &mut st, &ids[..TP]);
     for (il, r) in record(&loaded.model, &mut st, &ids[TP..]) {
@@ -101,6 +124,7 @@ fn smollm2_far_field_streaming_equals_teacher_forced() {
             gk: f(&fw.gk),
         };
         let (q, k, v) = (f(q), f(k), f(v));
+        let s = FarShape { window: windows[&il], ..s };
         let near = cortiq_train::farfield::near_part(&s, &q, &k, &v);
         let mut o = vec![0.0; q.len()];
         far_forward(&s, &p, &near, &q, &k, &v, &mut o);
