@@ -132,7 +132,7 @@ fn check(split: bool) {
         let scale = o[from..].iter().fold(0f64, |m, x| m.max(x.abs()));
         let md = o[from..].iter().zip(&y[from..]).fold(0f64, |m, (a, &b)| m.max((a - b as f64).abs()));
         // The far field is live on this layer: it moves the output away from sink+window's.
-        let sw: Vec<f64> = near.num.chunks(hd).zip(&near.den).flat_map(|(n, &d)| n.iter().map(move |&x| x / d)).collect();
+        let sw = near.output(hd);
         let moved = o[from..].iter().zip(&sw[from..]).fold(0f64, |m, (a, b)| m.max((a - b).abs()));
         let rel = md / scale;
         println!(

@@ -113,6 +113,14 @@ pub struct Near<F> {
 /// A key that never leaves the near set.
 pub const NEVER: usize = usize::MAX;
 
+impl<F: Float> Near<F> {
+    /// The eviction rule's own output, no far field: Σ_near e^s v / Σ_near e^s per row
+    /// [T, n_heads, hd].
+    pub fn output(&self, hd: usize) -> Vec<F> {
+        self.num.chunks(hd).zip(&self.den).flat_map(|(n, &d)| n.iter().map(move |&x| x / d)).collect()
+    }
+}
+
 impl<F> Near<F> {
     /// The first position with a far set (T when no key ever leaves).
     pub fn first_far(&self) -> usize {
@@ -416,8 +424,7 @@ impl<F: Float> LayerSeq<F> {
 
     /// The same error of plain sink+window (no far field).
     pub fn window_err(&self, s: &FarShape) -> (f64, usize) {
-        let o: Vec<F> =
-            self.near.num.chunks(s.hd).zip(&self.near.den).flat_map(|(n, &d)| n.iter().map(move |&x| x / d)).collect();
+        let o = self.near.output(s.hd);
         self.sq_err(s, &o)
     }
 
