@@ -187,8 +187,22 @@ pub fn near_part_with<F: Float>(s: &FarShape, exits: Vec<usize>, q: &[F], k: &[F
     near
 }
 
+/// Eight independent partial sums (so the f32 instantiation vectorizes; measured 2× on the
+/// fit of SmolLM2's shapes), added pairwise, then the tail.
 fn dot<F: Float>(a: &[F], b: &[F]) -> F {
-    a.iter().zip(b).fold(F::ZERO, |s, (&x, &y)| s + x * y)
+    let n = a.len().min(b.len());
+    let body = n / 8 * 8;
+    let mut acc = [F::ZERO; 8];
+    for (x, y) in a[..body].chunks_exact(8).zip(b[..body].chunks_exact(8)) {
+        for l in 0..8 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for i in body..n {
+        s += a[i] * b[i];
+    }
+    s
 }
 
 fn sq<F: Float>(a: &[F]) -> F {
