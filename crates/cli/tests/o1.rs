@@ -64,7 +64,7 @@ fn bad_o1_settings_are_one_line_errors() {
         (&["--kv-window", "8", "--o1-far", "cubic"], "--o1-far"),
         (&["--kv-window", "8", "--o1-far", "linear", "--o1-check"], "--o1-check"),
         (&["--o1-budget", "64", "--kv-window", "60"], "--o1-budget"),
-        (&["--o1-budget", "64", "--o1"], "--o1-budget"),
+        (&["--o1-budget", "64", "--o1", "--o1-window", "60"], "--o1-budget"),
         (&["--o1-budget", "2", "--kv-sinks", "4"], "--o1-budget"),
         (&["--o1-split", "on"], "--o1-split"),
         (&["--kv-window", "8", "--o1-split", "maybe"], "--o1-split"),
