@@ -3,10 +3,11 @@
 //! a grid of w. `cortiq polish` writes these curves into the .cmf, and the engine
 //! (`cortiq_engine::o1::O1Split`) gives each planned layer its share of a fixed total of cached
 //! positions from them: a layer whose attention is local loses little to a short window and
-//! lends its positions to one that reaches far back. Measured before the split was built
-//! (BENCHMARKS.md, fifteenth session): the same total, split by these curves, closed 16% of
-//! sink+window's excess over exact on Qwen2.5-Coder-0.5B and 8.5% on SmolLM2-135M at 128
-//! positions per layer.
+//! lends its positions to one that reaches far back. Measured (BENCHMARKS.md, fifteenth
+//! session): the same total, split by these curves, closes 15% of sink+window's excess over
+//! exact on Qwen2.5-Coder-0.5B and SmolLM2-135M at 128 positions per layer, 70% on Qwen at 512;
+//! but it loses 10% on SmolLM2 at 512, where the curves starve the local layers: they compare
+//! layers by relative error alone, which is not yet the layers' effect on the loss.
 //!
 //! Not a trained op: no parameter, no backward. Arithmetic in f64 over f32 inputs, in a fixed
 //! order (the same curves whatever the pool's schedule).
