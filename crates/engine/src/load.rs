@@ -116,8 +116,7 @@ fn load_cmf(path: &Path) -> Result<Loaded> {
             return Err(EngineError::BadConfig {
                 file: path.display().to_string(),
                 what: format!("o(1) split: layer {il} of {}", model.cfg.n_layers),
-            }
-            .into());
+            });
         }
         model.o1_split = Some(std::sync::Arc::new(split));
     }

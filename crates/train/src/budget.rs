@@ -104,9 +104,9 @@ fn row_sums(s: &CurveShape, q: &[f32], k: &[f32], v: &[f32], t: usize) -> CurveS
         // The sinks, then the window back from t: after adding key j the window is t + 1 − j.
         num.fill(0.0);
         let mut wden = 0.0;
-        for j in 0..sinks {
-            wden += e[j];
-            num.iter_mut().zip(val(j)).for_each(|(a, &b)| *a += e[j] * b as f64);
+        for (j, &ej) in e.iter().enumerate().take(sinks) {
+            wden += ej;
+            num.iter_mut().zip(val(j)).for_each(|(a, &b)| *a += ej * b as f64);
         }
         let mut j = t + 1;
         for (p, err) in out.err.iter_mut().enumerate() {

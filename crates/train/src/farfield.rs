@@ -479,8 +479,8 @@ pub fn init_params<F: Float>(s: &FarShape, data: &[LayerSeq<F>], seed: u64) -> F
         let mut gone_at = vec![0usize; s.t + 1];
         d.near.exits.iter().filter(|&&x| x < s.t).for_each(|&x| gone_at[x] += 1);
         let mut gone = 0;
-        for t in 0..s.t {
-            gone += gone_at[t];
+        for (t, &g) in gone_at.iter().enumerate().take(s.t) {
+            gone += g;
             if t < d.near.first_far() {
                 continue;
             }
