@@ -147,8 +147,8 @@ pub fn cmd_ppl(a: PplArgs) -> Result<()> {
             s.dropped,
             s.rows
         );
-        if let Some(sp) = loaded.model.o1_split.as_ref().filter(|_| p.split && p.far != Far::Skeleton && p.check.is_none()) {
-            let w: Vec<String> = sp.windows(p.settings.window).iter().map(|(il, w)| format!("{il}:{w}")).collect();
+        if let Some(ws) = p.split_windows(loaded.model.o1_split.as_deref()) {
+            let w: Vec<String> = ws.iter().map(|(il, w)| format!("{il}:{w}")).collect();
             eprintln!("windows split by the model's curves (layer:window, the same total): {}", w.join(" "));
         }
     }

@@ -111,13 +111,7 @@ fn load_cmf(path: &Path) -> Result<Loaded> {
     model.o1_far = load_far(path, &c, &model.cfg)?;
     if let Some(sp) = c.header.o1.as_ref().and_then(|h| h.split.as_ref()) {
         let split = crate::o1::O1Split { step: sp.step, layers: sp.layers.clone(), curves: sp.curves.clone() };
-        split.validate().map_err(|what| EngineError::BadConfig { file: path.display().to_string(), what })?;
-        if let Some(&il) = split.layers.iter().find(|&&il| il >= model.cfg.n_layers) {
-            return Err(EngineError::BadConfig {
-                file: path.display().to_string(),
-                what: format!("o(1) split: layer {il} of {}", model.cfg.n_layers),
-            });
-        }
+        split.validate(model.cfg.n_layers).map_err(|what| EngineError::BadConfig { file: path.display().to_string(), what })?;
         model.o1_split = Some(std::sync::Arc::new(split));
     }
     Ok(Loaded { model, origin: Origin::Cmf(c) })

@@ -42,12 +42,21 @@ impl O1Plan {
     pub fn validate(&self) -> Result<(), NystromError> {
         self.settings.validate()
     }
+
+    /// The planned layers' windows (layer, window) this plan takes from a model's curves: Some
+    /// when it splits (`split`, a policy with a window of its own: not the skeleton, not the
+    /// check mode) and the model carries curves.
+    pub fn split_windows(&self, split: Option<&O1Split>) -> Option<Vec<(usize, usize)>> {
+        split
+            .filter(|_| self.split && self.far != Far::Skeleton && self.check.is_none())
+            .map(|sp| sp.windows(self.settings.window))
+    }
 }
 
 /// Per planned layer, how much of its attention output a cache of sinks + w positions loses:
 /// `curves[i][j]` is layer `layers[i]`'s relative squared error at w = step·(j + 1) (Σ|o_w − o|² /
 /// Σ|o|² over calibration queries; `cortiq polish` measures it on its training texts and the
-/// .cmf carries it). From it [`split_windows`] gives each layer its share of a fixed total.
+/// .cmf carries it). From it [`O1Split::windows`] gives each layer its share of a fixed total.
 #[derive(Clone, Debug, PartialEq)]
 pub struct O1Split {
     pub step: usize,
@@ -90,8 +99,12 @@ impl O1Split {
         self.layers.iter().copied().zip(w).collect()
     }
 
-    /// The split's own checks: a curve per layer, each with a point, finite errors.
-    pub fn validate(&self) -> Result<(), String> {
+    /// The split's own checks against a model of `n_layers`: a curve per layer, each with a
+    /// point, finite errors, every layer in range.
+    pub fn validate(&self, n_layers: usize) -> Result<(), String> {
+        if let Some(&il) = self.layers.iter().find(|&&il| il >= n_layers) {
+            return Err(format!("o(1) split: layer {il} of {n_layers}"));
+        }
         if self.step == 0 || self.layers.len() != self.curves.len() {
             return Err(format!(
                 "o(1) split: step {} with {} layers and {} curves",
@@ -205,11 +218,9 @@ impl O1Run {
     ) -> O1Run {
         let n = serve.len();
         let mut windows = vec![None; n];
-        if let Some(sp) = split.filter(|_| plan.split && plan.far != Far::Skeleton) {
-            for (il, w) in sp.windows(plan.settings.window) {
-                if serve.get(il) == Some(&Serve::Planned) {
-                    windows[il] = Some(w);
-                }
+        for (il, w) in plan.split_windows(split).unwrap_or_default() {
+            if serve.get(il) == Some(&Serve::Planned) {
+                windows[il] = Some(w);
             }
         }
         let mut run = O1Run {
@@ -393,12 +404,6 @@ impl O1Run {
         self.windows.get(il).copied().flatten().unwrap_or(self.plan.settings.window)
     }
 
-    /// The planned layers' windows when the plan splits them by the model's curves.
-    pub fn split_windows(&self) -> Option<Vec<(usize, usize)>> {
-        let w: Vec<(usize, usize)> = self.windows.iter().enumerate().filter_map(|(il, w)| w.map(|w| (il, w))).collect();
-        (!w.is_empty()).then_some(w)
-    }
-
     /// Bytes of the prompt-phase bookkeeping (segment sums; the check mode's query history is
     /// checking scaffolding, not sequence state, and is not counted).
     pub fn bytes(&self) -> usize {
@@ -424,7 +429,7 @@ mod tests {
         let flat = vec![0.25f32; 64];
         let half: Vec<f32> = (1..=64).map(|j| (16.0 - 0.5 * j as f32).max(0.0)).collect();
         let sp = split(vec![steep, flat, half], 8);
-        sp.validate().unwrap();
+        sp.validate(6).unwrap();
         for window in [20usize, 64, 100, 128, 300] {
             let w = sp.windows(window);
             println!("window {window}: {w:?}");
@@ -442,11 +447,12 @@ mod tests {
 
     #[test]
     fn bad_splits_are_refused() {
-        assert!(split(vec![vec![0.5], vec![]], 8).validate().unwrap_err().contains("layer 3"));
-        assert!(split(vec![vec![f32::NAN]], 8).validate().is_err());
-        assert!(split(vec![vec![0.5]], 0).validate().is_err());
+        assert!(split(vec![vec![0.5], vec![]], 8).validate(4).unwrap_err().contains("layer 3"));
+        assert!(split(vec![vec![f32::NAN]], 8).validate(4).is_err());
+        assert!(split(vec![vec![0.5]], 0).validate(4).is_err());
+        assert!(split(vec![vec![0.5], vec![0.5]], 8).validate(3).unwrap_err().contains("layer 3 of 3"));
         let mut sp = split(vec![vec![0.5]], 8);
         sp.layers.push(7);
-        assert!(sp.validate().is_err());
+        assert!(sp.validate(8).is_err());
     }
 }

@@ -95,6 +95,21 @@ impl<F: Float> FarParams<F> {
     }
 }
 
+impl FarParams<f64> {
+    /// Random maps for checks: every feature carries mass and the norm terms are live (U, W
+    /// spread 0.4; α, β 0.5; γ 0.05), drawn in a fixed order from `rng`.
+    pub fn random(s: &FarShape, rng: &mut crate::gradcheck::Rng) -> Self {
+        let mut p = FarParams::zeros(s);
+        p.u = rng.vec(p.u.len(), 0.4);
+        p.alpha = rng.vec(p.alpha.len(), 0.5);
+        p.gq = rng.vec(p.gq.len(), 0.05);
+        p.w = rng.vec(p.w.len(), 0.4);
+        p.beta = rng.vec(p.beta.len(), 0.5);
+        p.gk = rng.vec(p.gk.len(), 0.05);
+        p
+    }
+}
+
 /// The exact part of every row, which no parameter touches: per (t, h) the log-shift c (max
 /// near score), Σ_{N_t} e^{s−c} v and Σ_{N_t} e^{s−c}; and the schedule it was computed for.
 #[derive(Debug, Clone)]
@@ -617,13 +632,7 @@ mod tests {
         let (q, k, v) = (rng.vec(s.t * 4 * 5, 1.0), rng.vec(s.t * 2 * 5, 1.0), rng.vec(s.t * 2 * 5, 1.0));
         let near = near_part_with(&s, exits.clone(), &q, &k, &v);
         assert_eq!(near.first_far(), 10);
-        let mut p = FarParams::zeros(&s);
-        p.u = rng.vec(p.u.len(), 0.4);
-        p.alpha = rng.vec(p.alpha.len(), 0.5);
-        p.gq = rng.vec(p.gq.len(), 0.05);
-        p.w = rng.vec(p.w.len(), 0.4);
-        p.beta = rng.vec(p.beta.len(), 0.5);
-        p.gk = rng.vec(p.gk.len(), 0.05);
+        let p = FarParams::<f64>::random(&s, &mut rng);
         let mut o = vec![0.0; q.len()];
         far_forward(&s, &p, &near, &q, &k, &v, &mut o);
         let mut worst = 0f64;

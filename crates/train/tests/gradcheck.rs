@@ -496,13 +496,7 @@ fn gradcheck_far_field_with(s: cortiq_train::farfield::FarShape, exits: Vec<usiz
     let k = rng.vec(s.t * s.n_kv * s.hd, 1.0);
     let v = rng.vec(s.t * s.n_kv * s.hd, 1.0);
     let near = near_part_with(&s, exits, &q, &k, &v);
-    let mut p = FarParams::zeros(&s);
-    p.u = rng.vec(p.u.len(), 0.4);
-    p.alpha = rng.vec(p.alpha.len(), 0.5);
-    p.gq = rng.vec(p.gq.len(), 0.05);
-    p.w = rng.vec(p.w.len(), 0.4);
-    p.beta = rng.vec(p.beta.len(), 0.5);
-    p.gk = rng.vec(p.gk.len(), 0.05);
+    let p = FarParams::<f64>::random(&s, &mut rng);
     let r = rng.vec(q.len(), 1.0);
     let loss = |p: &FarParams<f64>| {
         let mut o = vec![0.0; q.len()];
