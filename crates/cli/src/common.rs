@@ -392,6 +392,8 @@ impl O1Args {
                     decay,
                     recent: self.kv_evict_recent.unwrap_or(d.recent),
                     obs: self.kv_evict_obs.unwrap_or(d.obs),
+                    // The rule a polished model records (no --kv-evict): its own layers.
+                    model_layers: self.kv_evict.is_none(),
                 })
             } else {
                 None
@@ -424,6 +426,8 @@ pub struct Served {
     pub linear: bool,
     /// Its far field was fitted beside score eviction: served with it unless --kv-evict says.
     pub score: bool,
+    /// With `score`: only on the layers the polish chose (`polish --far-rule auto`).
+    pub score_layers: bool,
 }
 
 /// The O(1) settings a polished .cmf records, served by default.
@@ -439,6 +443,7 @@ pub fn served_o1(l: &Loaded) -> Option<Served> {
             },
             linear: h.far_rank.is_some(),
             score: h.far_rank.is_some() && h.far_rule.as_deref() == Some("score"),
+            score_layers: h.score_layers.is_some(),
         }),
         _ => None,
     }
@@ -450,7 +455,11 @@ pub fn note_served(plan: &Option<O1Plan>, served: Option<Served>, o1_flag: bool)
     match served {
         Some(s) if s.linear && matches!(p.far, Far::Linear(_)) => eprintln!(
             "polished model: serving {} (window {}, sinks {}) with its learned far field; --exact turns it off",
-            if matches!(p.far, Far::Linear(Some(_))) { "score eviction" } else { "sink+window" },
+            match p.far {
+                Far::Linear(Some(r)) if r.model_layers && s.score_layers => "score eviction on the layers it chose, sink+window on the rest",
+                Far::Linear(Some(_)) => "score eviction",
+                _ => "sink+window",
+            },
             p.settings.window,
             p.settings.sinks
         ),

@@ -357,3 +357,39 @@ fn polish_far_field_writes_a_served_cmf() {
     let last = err.lines().last().unwrap_or_default();
     assert!(!ok && last.starts_with("error: ") && last.contains("no trained far field"), "{err}");
 }
+
+/// `polish --far-rule auto` fits beside sink+window, then chooses each layer's rule on the
+/// held-out windows (one line per layer) and records the score layers; the polished model is
+/// served with exactly those: the plain rules when the choice is unanimous, a mix otherwise.
+#[test]
+fn polish_far_rule_auto_chooses_per_layer() {
+    let st = setup("auto");
+    let out = st.dir.0.join("auto.cmf");
+    let mut args = vec!["polish", "-m", s(&st.model), "-o", s(&out), "--o1-far", "linear", "--far-rule", "auto"];
+    args.extend(["--train", s(&st.train[0]), s(&st.train[1]), "--valid", s(&st.valid), "--ctx", "64"]);
+    args.extend(["--o1-window", "8", "--o1-sinks", "1", "--far-rank", "4", "--far-windows", "6", "--steps", "60"]);
+    args.extend(["--batch", "2", "-t", "1"]);
+    let (_, err, ok) = cortiq(&args);
+    assert!(ok, "polish --far-rule auto: {err}");
+    let choices: Vec<bool> = err
+        .lines()
+        .filter(|l| l.contains("held out with score eviction"))
+        .map(|l| l.ends_with(": score eviction"))
+        .collect();
+    println!("{err}");
+    assert!(!choices.is_empty(), "no per-layer choice: {err}");
+    let (served, e) = ppl(s(&out), s(&st.valid), &["--kv-window", "8", "--kv-sinks", "1"]);
+    let (window, _) = ppl(s(&out), s(&st.valid), &["--kv-window", "8", "--kv-sinks", "1", "--kv-evict", "window"]);
+    let (score, _) = ppl(s(&out), s(&st.valid), &["--kv-window", "8", "--kv-sinks", "1", "--kv-evict", "score"]);
+    println!("served {served}, window {window}, score {score}, choices {choices:?}");
+    assert!(served.is_finite() && window != score, "the rules differ on this model: {window} vs {score}");
+    if choices.iter().all(|&c| c) {
+        assert_eq!(served, score, "every layer chose score eviction");
+    } else if choices.iter().all(|&c| !c) {
+        assert_eq!(served, window, "every layer chose sink+window");
+        assert!(e.contains("serving sink+window"), "{e}");
+    } else {
+        assert!(served != window && served != score, "a mix of the rules: {served} vs {window} / {score}");
+        assert!(e.contains("score eviction on the layers it chose"), "{e}");
+    }
+}

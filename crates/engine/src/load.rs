@@ -114,6 +114,13 @@ fn load_cmf(path: &Path) -> Result<Loaded> {
         split.validate(model.cfg.n_layers).map_err(|what| EngineError::BadConfig { file: path.display().to_string(), what })?;
         model.o1_split = Some(std::sync::Arc::new(split));
     }
+    if let Some(list) = c.header.o1.as_ref().and_then(|h| h.score_layers.as_ref()) {
+        if let Some(&il) = list.iter().find(|&&il| il >= model.cfg.n_layers) {
+            let what = format!("o1.score_layers names layer {il}; the model has {}", model.cfg.n_layers);
+            return Err(EngineError::BadConfig { file: path.display().to_string(), what });
+        }
+        model.o1_score_layers = Some(list.as_slice().into());
+    }
     Ok(Loaded { model, origin: Origin::Cmf(c) })
 }
 

@@ -96,6 +96,9 @@ pub struct Model {
     pub o1_far: Vec<Option<std::sync::Arc<crate::mixers::farfield::FarWeights>>>,
     /// The O(1) mode's calibrated window split (`O1Plan::split`), from a polished .cmf's header.
     pub o1_split: Option<std::sync::Arc<crate::o1::O1Split>>,
+    /// The planned layers that evict by score when the plan's rule says `model_layers`
+    /// (`ScoreRule::model_layers`), from a polished .cmf's header; None: all of them.
+    pub o1_score_layers: Option<std::sync::Arc<[usize]>>,
     /// The llama.cpp build to reproduce has AVX512-FP16 f16 arithmetic (`set_llamacpp_fp16`).
     llamacpp_fp16: bool,
 }
@@ -165,6 +168,7 @@ impl Model {
             llamacpp_threads: 4,
             o1_far: Vec::new(),
             o1_split: None,
+            o1_score_layers: None,
             llamacpp_fp16: cortiq_kernels::ggml::cpu_has_avx512fp16(),
         })
     }
@@ -280,7 +284,7 @@ impl Model {
                 return Err(bad(crate::mixers::nystrom::NystromError::NoFarWeights.to_string()));
             }
         }
-        let mut run = O1Run::new(plan, serve, geom, self.o1_far.clone(), self.o1_split.as_deref());
+        let mut run = O1Run::new(plan, serve, geom, self.o1_far.clone(), self.o1_split.as_deref(), self.o1_score_layers.as_deref());
         if plan.check.is_none() && plan.tp == 0 {
             run.seal_all(&mut st.layers).map_err(|e| bad(e.to_string()))?;
         }

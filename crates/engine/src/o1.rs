@@ -175,6 +175,9 @@ pub struct O1Run {
     /// Per layer: its window when the plan splits them (`O1Plan::split` and a model with
     /// curves), else None (the plan's window).
     windows: Vec<Option<usize>>,
+    /// Per layer: whether a score rule with `model_layers` keeps sink+window here (a model
+    /// that lists its score layers and not this one).
+    window_only: Vec<bool>,
     pub stats: O1Stats,
 }
 
@@ -215,8 +218,10 @@ impl O1Run {
         geom: Geom,
         far_weights: Vec<Option<std::sync::Arc<crate::mixers::farfield::FarWeights>>>,
         split: Option<&O1Split>,
+        score_layers: Option<&[usize]>,
     ) -> O1Run {
         let n = serve.len();
+        let window_only = (0..n).map(|il| score_layers.is_some_and(|l| !l.contains(&il))).collect();
         let mut windows = vec![None; n];
         for (il, w) in plan.split_windows(split).unwrap_or_default() {
             if serve.get(il) == Some(&Serve::Planned) {
@@ -225,6 +230,7 @@ impl O1Run {
         }
         let mut run = O1Run {
             windows,
+            window_only,
             plan,
             serve,
             segs: vec![None; n],
@@ -306,6 +312,12 @@ impl O1Run {
             Serve::Sliding(w) => (O1Settings { window: w, sinks: 0, landmarks: 4, ..self.plan.settings }, Far::Drop),
             _ => (O1Settings { window: self.window(il), ..self.plan.settings }, self.plan.far),
         };
+        // A model that chose its rule per layer: the layers it did not list keep sink+window.
+        let far = match far {
+            Far::Score(r) if r.model_layers && self.window_only[il] => Far::Drop,
+            Far::Linear(Some(r)) if r.model_layers && self.window_only[il] => Far::Linear(None),
+            f => f,
+        };
         let kv = ls.of::<KvState>();
         let widened;
         let (k, v) = match &kv.cache {
@@ -386,6 +398,7 @@ impl O1Run {
             geom: self.geom,
             far_weights: self.far_weights.clone(),
             windows: self.windows.clone(),
+            window_only: self.window_only.clone(),
             stats: self.stats,
         }
     }

@@ -416,3 +416,32 @@ fn split_windows_seal_each_layer_with_its_share() {
         assert_ne!(got[tp * v..], plain[tp * v..], "{name}: the split changed nothing past the seal");
     }
 }
+
+/// A score rule with `model_layers` evicts by score only on the layers the model lists
+/// (`Model::o1_score_layers`, chosen by `polish --far-rule auto`); the others keep sink+window.
+/// No list: every planned layer, as the plain rule; all planned layers listed: the same; none
+/// listed: sink+window; one listed: neither.
+#[test]
+fn score_layers_choose_the_rule_per_layer() {
+    use cortiq_engine::mixers::evict::ScoreRule;
+    let mut m = model("llama");
+    let toks = tokens(120, m.cfg.vocab, 13);
+    let (tp, window, sinks) = (60, 24, 2);
+    let planned = m.o1_planned_layers();
+    assert!(planned.len() >= 2, "the fixture plans {planned:?}");
+    let own = ScoreRule { model_layers: true, ..ScoreRule::default() };
+    let every = run(&m, &toks, Some(plan(tp, window, sinks, 4, Far::Score(ScoreRule::default()), None)), 32);
+    let drop = run(&m, &toks, Some(plan(tp, window, sinks, 4, Far::Drop, None)), 32);
+    let with_list = |m: &mut Model, list: Option<Vec<usize>>| {
+        m.o1_score_layers = list.map(|l| l.into());
+        run(m, &toks, Some(plan(tp, window, sinks, 4, Far::Score(own), None)), 32)
+    };
+    assert_ne!(every, drop, "score eviction changed nothing past the seal");
+    assert_eq!(with_list(&mut m, None), every, "no list: every planned layer");
+    assert_eq!(with_list(&mut m, Some(planned.clone())), every, "all listed");
+    assert_eq!(with_list(&mut m, Some(Vec::new())), drop, "none listed: sink+window");
+    let one = with_list(&mut m, Some(vec![planned[0]]));
+    assert!(one != every && one != drop, "one layer listed: a mix of the two rules");
+    // The plain rule ignores the model's list.
+    assert_eq!(run(&m, &toks, Some(plan(tp, window, sinks, 4, Far::Score(ScoreRule::default()), None)), 32), every);
+}

@@ -161,6 +161,10 @@ pub struct O1Header {
     /// was score eviction (then served with it by default); absent for sink+window.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub far_rule: Option<String>,
+    /// With `far_rule` "score": the planned layers served with score eviction (`polish
+    /// --far-rule auto` chose them, the others keep sink+window); absent: every planned layer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub score_layers: Option<Vec<usize>>,
 }
 
 /// See [`O1Header::split`].

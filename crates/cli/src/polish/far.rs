@@ -99,7 +99,9 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
     // Record: the training windows, and two windows of the held-out text for the report.
     let t0 = Instant::now();
     let mut recs = record(model, &planned, &windows, t)?;
-    let valid_windows = text_windows(&tok, std::slice::from_ref(&a.valid), bos, t, 2)?;
+    // `--far-rule auto` chooses each layer's rule on the held-out windows: twice as many.
+    let auto = a.far_rule.as_deref() == Some("auto");
+    let valid_windows = text_windows(&tok, std::slice::from_ref(&a.valid), bos, t, if auto { 4 } else { 2 })?;
     let mut vrecs = record(model, &planned, &valid_windows, t)?;
     eprintln!("recorded {} layers in {:.1}s", planned.len(), t0.elapsed().as_secs_f64());
 
@@ -133,6 +135,7 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
     let mut added = Vec::new();
     let (mut sw_sum, mut far_sum) = (0.0, 0.0);
     let mut kept = 0;
+    let mut score_layers = Vec::new();
     for &il in &planned {
         let s = FarShape { window: windows[&il], ..s0 };
         if s.first_far() >= t {
@@ -152,6 +155,17 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
         let data: Vec<LayerSeq<f32>> =
             r.q.into_iter().zip(r.k).zip(r.v).zip(r.y).map(|(((q, k), v), y)| seq(q, k, v, y)).collect();
         let vr = vrecs.remove(&il).expect("recorded");
+        // --far-rule auto: the held-out windows under score eviction too.
+        let held_score: Vec<LayerSeq<f32>> = match auto {
+            true => (0..vr.q.len())
+                .map(|i| {
+                    let (q, k, v, y) = (vr.q[i].clone(), vr.k[i].clone(), vr.v[i].clone(), vr.y[i].clone());
+                    let exits = score_exits(&q, &k, &v, t, nh, nkv, hd, sinks, s.window, cfg.attn_scale as f64);
+                    LayerSeq::with_exits(&s, exits, q, k, v, y)
+                })
+                .collect(),
+            false => Vec::new(),
+        };
         let held: Vec<LayerSeq<f32>> =
             vr.q.into_iter().zip(vr.k).zip(vr.v).zip(vr.y).map(|(((q, k), v), y)| seq(q, k, v, y)).collect();
         let mean = |f: &dyn Fn(&LayerSeq<f32>) -> (f64, usize), d: &[LayerSeq<f32>]| {
@@ -161,32 +175,57 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
         let sw = mean(&|d| d.window_err(&s), &data);
         let vsw = mean(&|d| d.window_err(&s), &held);
         let init = init_params(&s, &data, 0x5EED ^ il as u64).map(|x| x as f32);
-        let mut first = None;
-        let mut last = 0.0;
-        let p = fit_layer(&s, &data, init, a.steps as usize, a.batch, a.far_lr, |st| {
-            first.get_or_insert(st.loss);
-            last = st.loss;
+        let start = mean(&|d| d.loss(&s, &init, None), &data);
+        let vstart = mean(&|d| d.loss(&s, &init, None), &held);
+        let fitted = fit_layer(&s, &data, init.clone(), a.steps as usize, a.batch, a.far_lr, |st| {
             bar.set_message(format!("layer {il} step {} mse {:.4e}", st.step, st.loss));
         });
-        // The final parameters' loss (the last report is the step before the last update).
-        let fin = mean(&|d| d.loss(&s, &p, None), &data);
-        let vfin = mean(&|d| d.loss(&s, &p, None), &held);
-        let _ = last;
+        let fin = mean(&|d| d.loss(&s, &fitted, None), &data);
+        let vfit = mean(&|d| d.loss(&s, &fitted, None), &held);
         say(format!(
-            "layer {il} (window {}): attention-output mse {rule} {sw:.4e}, far field at start {:.4e}, fitted {fin:.4e} ({:.1}% of {rule}'s); held out {vfin:.4e} ({:.1}%)",
+            "layer {il} (window {}): attention-output mse {rule} {sw:.4e}; far field at start (mean field) {start:.4e} ({:.1}%), held out {vstart:.4e} ({:.1}%); fitted {fin:.4e} ({:.1}% of {rule}'s), held out {vfit:.4e} ({:.1}%)",
             s.window,
-            first.unwrap_or(f64::NAN),
+            100.0 * start / sw,
+            100.0 * vstart / vsw,
             100.0 * fin / sw,
-            100.0 * vfin / vsw
+            100.0 * vfit / vsw
         ));
-        if !fin.is_finite() {
-            bail!("layer {il}: the fit diverged (mse {fin}); try a lower --far-lr");
+        // The fit can end worse than its start on windows it did not see (it overfits, or a
+        // feature's mass collapses): the start is kept then.
+        #[allow(clippy::neg_cmp_op_on_partial_ord)]
+        let (p, vfin) = if !(vfit <= vstart) && vstart.is_finite() {
+            say(format!("layer {il}: keeps the mean-field start (held out {:.1}% of {rule}'s)", 100.0 * vstart / vsw));
+            (init, vstart)
+        } else {
+            (fitted, vfit)
+        };
+        if !vfin.is_finite() {
+            bail!("layer {il}: the fit diverged (held-out mse {vfin}); try a lower --far-lr");
         }
         // A far field that does not beat dropping the keys on the held-out windows is left out:
         // the layer keeps its eviction rule alone.
         // (Written so that a NaN error also leaves the layer out.)
         #[allow(clippy::neg_cmp_op_on_partial_ord)]
         let helps = vfin < KEEP_BELOW * vsw;
+        if auto {
+            // The layer's rule: score eviction where it loses less of the attention output on
+            // the held-out windows than sink+window does, each with the layer's far field (or
+            // without, when the layer keeps none).
+            let v_window = if helps { vfin } else { vsw };
+            let v_score = match helps {
+                true => mean(&|d| d.loss(&s, &p, None), &held_score),
+                false => mean(&|d| d.window_err(&s), &held_score),
+            };
+            let takes = v_score < v_window;
+            say(format!(
+                "layer {il}: held out with score eviction {v_score:.4e} ({:.1}% of sink+window's): {}",
+                100.0 * v_score / v_window,
+                if takes { "score eviction" } else { "sink+window" }
+            ));
+            if takes {
+                score_layers.push(il);
+            }
+        }
         if !helps {
             say(format!(
                 "layer {il}: no far field (held out {:.1}% of {rule}'s, keep below {:.0}%)",
@@ -219,7 +258,8 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
         trained_ctx: t,
         steps: a.steps,
         far_rank: Some(rank),
-        far_rule: score.then(|| "score".to_string()),
+        far_rule: (score || !score_layers.is_empty()).then(|| "score".to_string()),
+        score_layers: auto.then_some(score_layers).filter(|l| !l.is_empty()),
         split: split.map(|sp| cortiq_formats::cmf::O1SplitHeader { step: sp.step, layers: sp.layers, curves: sp.curves }),
     };
     let bytes =

@@ -147,10 +147,11 @@ pub struct PolishArgs {
     #[arg(long, value_name = "ON", value_parser = ["on", "off"])]
     pub o1_split: Option<String>,
     /// --o1-far linear: the eviction rule the far field is fitted beside: `window` (sink+window,
-    /// every position of the training windows) or `score` (the first half of each window the
+    /// every position of the training windows), `score` (the first half of each window the
     /// exact prompt, then `--kv-evict score`'s slots, the keys they drop absorbed), as it will be
-    /// served [default: window].
-    #[arg(long, value_name = "RULE", value_parser = ["window", "score"])]
+    /// served, or `auto` (fitted beside sink+window, then each layer served with score eviction
+    /// where that loses less of its attention output on the held-out windows) [default: window].
+    #[arg(long, value_name = "RULE", value_parser = ["window", "score", "auto"])]
     pub far_rule: Option<String>,
     /// Overwrite OUT if it exists.
     #[arg(long)]
@@ -454,6 +455,7 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
         far_rank: None,
         split: None,
         far_rule: None,
+        score_layers: None,
     };
     let bytes = export::write_polished(&loaded, &a.out, &replaced, store, header, &[], a.force)?;
     let before = first_ratio.map_or(String::new(), |r| format!("{r:.4} -> "));

@@ -28,13 +28,17 @@ pub struct ScoreRule {
     /// prompt keys are the sinks, the last `recent` positions and the highest-voted others.
     /// 0: the sinks and the last `window` positions, as sink+window keeps them.
     pub obs: usize,
+    /// Only the planned layers the model lists evict by score (`Model::o1_score_layers`,
+    /// chosen per layer by `cortiq polish --far-rule auto`); the others keep sink+window. A
+    /// model that lists none: every planned layer. false: every planned layer.
+    pub model_layers: bool,
 }
 
 impl Default for ScoreRule {
     /// The best of a sweep on SmolLM2-135M, lcet10, ctx 2048, 4 sinks + 124 (BENCHMARKS.md,
     /// thirteenth session).
     fn default() -> Self {
-        ScoreRule { decay: 0.7, recent: 16, obs: 0 }
+        ScoreRule { decay: 0.7, recent: 16, obs: 0, model_layers: false }
     }
 }
 
@@ -356,10 +360,10 @@ mod tests {
         let (nh, nkv, hd, scale) = (6, 2, 8, 0.35);
         let row = nkv * hd;
         for (sinks, window, rule, seed) in [
-            (2, 5, ScoreRule { decay: 0.0, recent: 0, obs: 0 }, 1),
-            (1, 6, ScoreRule { decay: 0.7, recent: 3, obs: 0 }, 2),
-            (0, 4, ScoreRule { decay: 0.5, recent: 0, obs: 0 }, 3),
-            (3, 3, ScoreRule { decay: 0.9, recent: 2, obs: 0 }, 4),
+            (2, 5, ScoreRule { decay: 0.0, recent: 0, obs: 0, model_layers: false }, 1),
+            (1, 6, ScoreRule { decay: 0.7, recent: 3, obs: 0, model_layers: false }, 2),
+            (0, 4, ScoreRule { decay: 0.5, recent: 0, obs: 0, model_layers: false }, 3),
+            (3, 3, ScoreRule { decay: 0.9, recent: 2, obs: 0, model_layers: false }, 4),
         ] {
             let mut rng = XorShift(0x9E37_79B9 + seed);
             let tp = 9;
@@ -412,7 +416,7 @@ mod tests {
         use crate::mixers::farfield::{FarState, FarWeights};
         let (nh, nkv, hd, scale, rank) = (4, 2, 6, 0.4, 3);
         let row = nkv * hd;
-        let (sinks, window, rule) = (1, 4, ScoreRule { decay: 0.6, recent: 1, obs: 0 });
+        let (sinks, window, rule) = (1, 4, ScoreRule { decay: 0.6, recent: 1, obs: 0, model_layers: false });
         let mut rng = XorShift(0xFA7);
         let mut f = |n: usize, a: f32| (0..n).map(|_| a * rng.f()).collect::<Vec<f32>>();
         let fw = FarWeights::from_tensors(
@@ -509,7 +513,7 @@ mod tests {
         let v: Vec<f32> = (0..tp * row).map(|_| rng.f()).collect();
         let q: Vec<f32> = (0..tp * nh * hd).map(|_| 3.0 * rng.f()).collect();
         let (sinks, window, obs) = (2, 10, 6);
-        let rule = ScoreRule { decay: 0.5, recent: 3, obs };
+        let rule = ScoreRule { decay: 0.5, recent: 3, obs, model_layers: false };
         let mut recent = RecentQueries::new(tp, obs, nh, hd);
         // The prompt arrives in two calls, cut inside the observed positions.
         recent.add(0, &q[..37 * nh * hd]);
