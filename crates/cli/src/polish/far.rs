@@ -96,7 +96,8 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
         windows.len()
     );
 
-    // Record: the training windows, and two windows of the held-out text for the report.
+    // Record: the training windows, and two windows of the held-out text (four with
+    // --far-rule auto) for the report and the choices made on them.
     let t0 = Instant::now();
     let mut recs = record(model, &planned, &windows, t)?;
     // `--far-rule auto` chooses each layer's rule on the held-out windows: twice as many.
