@@ -456,7 +456,8 @@ pub fn note_served(plan: &Option<O1Plan>, served: Option<Served>, o1_flag: bool)
         Some(s) if s.linear && matches!(p.far, Far::Linear(_)) => eprintln!(
             "polished model: serving {} (window {}, sinks {}) with its learned far field; --exact turns it off",
             match p.far {
-                Far::Linear(Some(r)) if r.model_layers && s.score_layers => "score eviction on the layers it chose, sink+window on the rest",
+                Far::Linear(Some(r)) if r.model_layers && s.score_layers =>
+                    "score eviction on the layers it chose, sink+window on the rest",
                 Far::Linear(Some(_)) => "score eviction",
                 _ => "sink+window",
             },

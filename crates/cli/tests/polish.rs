@@ -371,11 +371,8 @@ fn polish_far_rule_auto_chooses_per_layer() {
     args.extend(["--batch", "2", "-t", "1"]);
     let (_, err, ok) = cortiq(&args);
     assert!(ok, "polish --far-rule auto: {err}");
-    let choices: Vec<bool> = err
-        .lines()
-        .filter(|l| l.contains("held out with score eviction"))
-        .map(|l| l.ends_with(": score eviction"))
-        .collect();
+    let choices: Vec<bool> =
+        err.lines().filter(|l| l.contains("held out with score eviction")).map(|l| l.ends_with(": score eviction")).collect();
     println!("{err}");
     assert!(!choices.is_empty(), "no per-layer choice: {err}");
     let (served, e) = ppl(s(&out), s(&st.valid), &["--kv-window", "8", "--kv-sinks", "1"]);

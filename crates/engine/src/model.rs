@@ -284,7 +284,8 @@ impl Model {
                 return Err(bad(crate::mixers::nystrom::NystromError::NoFarWeights.to_string()));
             }
         }
-        let mut run = O1Run::new(plan, serve, geom, self.o1_far.clone(), self.o1_split.as_deref(), self.o1_score_layers.as_deref());
+        let mut run =
+            O1Run::new(plan, serve, geom, self.o1_far.clone(), self.o1_split.as_deref(), self.o1_score_layers.as_deref());
         if plan.check.is_none() && plan.tp == 0 {
             run.seal_all(&mut st.layers).map_err(|e| bad(e.to_string()))?;
         }

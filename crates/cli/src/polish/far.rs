@@ -144,12 +144,14 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
             bar.inc(1);
             continue;
         }
+        // A window under score eviction's schedule (`--far-rule score`, and auto's choice).
+        let score_seq = |q: Vec<f32>, k: Vec<f32>, v: Vec<f32>, y: Vec<f32>| {
+            let exits = score_exits(&q, &k, &v, t, nh, nkv, hd, sinks, s.window, cfg.attn_scale as f64);
+            LayerSeq::with_exits(&s, exits, q, k, v, y)
+        };
         // Each window under the rule the far field will serve beside.
         let seq = |q: Vec<f32>, k: Vec<f32>, v: Vec<f32>, y: Vec<f32>| match score {
-            true => {
-                let exits = score_exits(&q, &k, &v, t, nh, nkv, hd, sinks, s.window, cfg.attn_scale as f64);
-                LayerSeq::with_exits(&s, exits, q, k, v, y)
-            }
+            true => score_seq(q, k, v, y),
             false => LayerSeq::new(&s, q, k, v, y),
         };
         let r = recs.remove(&il).expect("recorded");
@@ -158,13 +160,9 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
         let vr = vrecs.remove(&il).expect("recorded");
         // --far-rule auto: the held-out windows under score eviction too.
         let held_score: Vec<LayerSeq<f32>> = match auto {
-            true => (0..vr.q.len())
-                .map(|i| {
-                    let (q, k, v, y) = (vr.q[i].clone(), vr.k[i].clone(), vr.v[i].clone(), vr.y[i].clone());
-                    let exits = score_exits(&q, &k, &v, t, nh, nkv, hd, sinks, s.window, cfg.attn_scale as f64);
-                    LayerSeq::with_exits(&s, exits, q, k, v, y)
-                })
-                .collect(),
+            true => {
+                (0..vr.q.len()).map(|i| score_seq(vr.q[i].clone(), vr.k[i].clone(), vr.v[i].clone(), vr.y[i].clone())).collect()
+            }
             false => Vec::new(),
         };
         let held: Vec<LayerSeq<f32>> =
