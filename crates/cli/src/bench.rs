@@ -63,7 +63,7 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
     let loaded = open_model(&a.common)?;
     let model = &loaded.model;
     let mut o1 = a.o1.clone();
-    o1.apply_budget(model, None)?;
+    o1.apply_budget(model, None, false)?;
     let plan = o1.plan(a.depth, None, false, None)?;
     let vocab = model.cfg.vocab as u32;
     let toks: Vec<u32> = (0..(a.depth + a.n_prompt.max(a.n_gen)) as u32).map(|i| (i.wrapping_mul(7919) + 13) % vocab).collect();

@@ -133,30 +133,35 @@ pub fn open_tokenizer(l: &Loaded) -> Result<Tokenizer> {
 /// O(1)-memory decode (issue 5) and the StreamingLLM baseline, shared by run, ppl and bench.
 #[derive(Args, Clone)]
 pub struct O1Args {
-    /// O(1)-memory decode: after the prompt each global softmax-attention layer keeps the S
-    /// sink keys and the last W keys exact and a Nyström landmark skeleton of every other key,
-    /// folded into fixed-size accumulators (constant memory and time per token). The prompt
-    /// itself runs exact attention. Sliding-window layers (Gemma 3 local) stay exact, keeping
-    /// only their window from the seal on; recurrent mixers and MLA layers are unchanged.
+    /// Constant-memory decode with the best measured policy (BENCHMARKS.md, issue 15): after
+    /// the prompt (run with exact attention) each global softmax-attention layer keeps S sinks
+    /// and W positions of keys. On a model carrying a learned far field (`cortiq polish --o1-far
+    /// linear`) the evicted keys feed it, with the window split and eviction rules the model
+    /// records; on any other model the kept keys are chosen by score (`--kv-evict score`;
+    /// `--kv-evict window` keeps the last W). `--o1-far nystrom` serves the Nyström landmark
+    /// skeleton instead. Sliding-window layers (Gemma 3 local) stay exact, keeping only their
+    /// window from the seal on; recurrent mixers and MLA layers are unchanged.
     #[arg(long)]
     pub o1: bool,
-    /// --o1 exact window W: keys fewer than W positions back [default: 512].
+    /// --o1 exact window W: keys fewer than W positions back, or W score slots [default: 512,
+    /// or what a polished model records].
     #[arg(long, value_name = "W")]
     pub o1_window: Option<usize>,
     /// --o1 sink keys: the first S positions stay exact; S <= W [default: 4].
     #[arg(long, value_name = "S")]
     pub o1_sinks: Option<usize>,
-    /// --o1 landmark cap m, 4..=256 [default: 64]. A prompt of tp tokens gets
+    /// --o1-far nystrom: landmark cap m, 4..=256 [default: 64]. A prompt of tp tokens gets
     /// m_eff = clamp(tp/8, 4, m) landmarks (a cap above tp/8 is clamped, not an error); a prompt
     /// of at most W + S + 8 tokens seals no skeleton (every key stays exact).
     #[arg(long, value_name = "M")]
     pub o1_landmarks: Option<usize>,
-    /// --o1 ridge factor of the landmark inverse: λ = ridge · tr(AᵀA) / m [default: 1e-3].
+    /// --o1-far nystrom: ridge factor of the landmark inverse: λ = ridge · tr(AᵀA) / m
+    /// [default: 1e-3].
     #[arg(long, value_name = "R")]
     pub o1_ridge: Option<f64>,
-    /// --o1 storage of the landmark skeleton and its accumulators: f32 (half the bytes) or
-    /// pair (f32 hi/lo pairs, ~48-bit mantissa: the matrix form's agreement to ~1e-7, for
-    /// checking) [default: f32].
+    /// --o1-far nystrom: storage of the landmark skeleton and its accumulators: f32 (half the
+    /// bytes) or pair (f32 hi/lo pairs, ~48-bit mantissa: the matrix form's agreement to ~1e-7,
+    /// for checking) [default: f32].
     #[arg(long, value_name = "KIND", value_parser = ["f32", "pair"])]
     pub o1_state: Option<String>,
     /// StreamingLLM baseline: after the prompt keep only the sink keys and the last W keys
@@ -168,7 +173,7 @@ pub struct O1Args {
     /// holds at most the bytes of `--kv-window N` (plain sink+window, with --kv-sinks S or
     /// --o1-sinks S, default 4), and the policy the other flags choose spends them its own way:
     /// score eviction's per-slot scores, the learned far field's state, the window split, or
-    /// (with --o1) the Nyström skeleton of --o1-landmarks M (default: the most landmarks, at
+    /// (--o1-far nystrom) the Nyström skeleton of --o1-landmarks M (default: the most landmarks, at
     /// least 4, whose skeleton takes at most a quarter of the budget) all come out of the same
     /// bytes, the window takes the rest. The sealed state is f32 in every policy (an f16 cache
     /// is widened at the seal), so the budget is the same with --kv-f16. Not with --kv-window
@@ -203,12 +208,13 @@ pub struct O1Args {
     /// [default: 0].
     #[arg(long, value_name = "N")]
     pub kv_evict_obs: Option<usize>,
-    /// What the --kv-window budget does with the keys it evicts (by recency, or by
-    /// --kv-evict score): `none` (dropped) or `linear` (absorbed into a learned
-    /// linear-attention state per KV head, read under the kept keys' softmax normalizer; the
-    /// model must carry one: `cortiq polish --o1-far linear`) [default: none, or linear for a
-    /// model that carries one].
-    #[arg(long, value_name = "KIND", value_parser = ["none", "linear"])]
+    /// What the --kv-window / --o1 budget does with the keys it evicts (by recency, or by
+    /// --kv-evict score): `none` (dropped), `linear` (absorbed into a learned linear-attention
+    /// state per KV head, read under the kept keys' softmax normalizer; the model must carry
+    /// one: `cortiq polish --o1-far linear`) or `nystrom` (the Nyström landmark skeleton of every
+    /// key outside sinks + --o1-window, folded into fixed-size accumulators; not with
+    /// --kv-window) [default: none, or linear for a model that carries one].
+    #[arg(long, value_name = "KIND", value_parser = ["none", "linear", "nystrom"])]
     pub o1_far: Option<String>,
     /// --kv-window on a polished model that carries window curves (`cortiq polish`): `on`
     /// splits the planned layers' windows by them (the same total of positions as W on every
@@ -233,7 +239,8 @@ impl O1Args {
     /// (call once the model is open, before [`O1Args::plan`]). Per planned layer the budget is
     /// (N + S) positions of f32 keys and values; a score slot costs a position plus 12 bytes
     /// (its position and score), the far field its state (the largest layer's).
-    pub fn apply_budget(&mut self, model: &cortiq_engine::Model, served: Option<Served>) -> Result<()> {
+    /// `o1_implied` as for [`O1Args::plan`].
+    pub fn apply_budget(&mut self, model: &cortiq_engine::Model, served: Option<Served>, o1_implied: bool) -> Result<()> {
         let Some(n) = self.o1_budget else { return Ok(()) };
         self.budget_checks()?;
         let served = served.filter(|_| !self.exact);
@@ -242,7 +249,7 @@ impl O1Args {
         let cfg = &model.cfg;
         let per_pos = 2 * cfg.n_kv_heads * cfg.head_dim * 4;
         let budget = (n + sinks) * per_pos;
-        if self.o1 {
+        if self.skeleton(served, o1_implied) {
             // The skeleton first (its bytes do not depend on the window), the window the rest.
             let skel = |m: usize| skeleton_bytes(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, m);
             let m = match self.o1_landmarks {
@@ -260,7 +267,7 @@ impl O1Args {
             self.budget_landmarks = Some(m);
             return Ok(());
         }
-        let (linear, score) = self.far_and_score(served, false);
+        let (linear, score) = self.far_and_score(served, o1_implied);
         let far = if linear { model.o1_far.iter().flatten().map(|w| w.state_bytes()).max().unwrap_or(0) } else { 0 };
         let slot = per_pos + if score { SCORE_SLOT_BYTES } else { 0 };
         let slots = budget.saturating_sub(far) / slot;
@@ -273,14 +280,29 @@ impl O1Args {
         Ok(())
     }
 
-    /// Whether the --kv-window policy has a learned far field and whether it evicts by score:
-    /// the flags, else what a polished model records (its far field, and the rule it was
-    /// fitted beside). `served` already filtered by --exact.
+    /// Whether the Nyström skeleton serves: `--o1-far nystrom`; --o1-check (`o1_implied`),
+    /// which checks it, unless --kv-window or --o1-budget alone asks for sink+window; or a model
+    /// polished for it (`cortiq polish`, no far field) served by its own settings.
+    fn skeleton(&self, served: Option<Served>, o1_implied: bool) -> bool {
+        let served_nystrom = served.is_some_and(|s| !s.linear);
+        let own = self.kv_window.is_none() && self.o1_far.is_none() && (self.o1 || self.o1_budget.is_none());
+        self.o1_far.as_deref() == Some("nystrom") || ((o1_implied || served_nystrom) && own)
+    }
+
+    /// Whether the eviction cache (--kv-window, or --o1 without the skeleton) has a learned far
+    /// field and whether it evicts by score: the flags, else what a polished model records (its
+    /// far field, and the rule it was fitted beside), else for --o1 score eviction (the better
+    /// rule without training on five of six measured cells). `served` already filtered by
+    /// --exact.
     fn far_and_score(&self, served: Option<Served>, o1_implied: bool) -> (bool, bool) {
-        let served_linear = served.is_some_and(|s| s.linear) && !self.o1 && !o1_implied;
+        let skeleton = self.skeleton(served, o1_implied);
+        let served_linear = served.is_some_and(|s| s.linear) && !skeleton;
         let linear = self.o1_far.as_deref() == Some("linear") || (served_linear && self.o1_far.is_none());
-        let score = self.kv_evict.as_deref() == Some("score")
-            || (self.kv_evict.is_none() && linear && served.is_some_and(|s| s.linear && s.score));
+        let score = match self.kv_evict.as_deref() {
+            Some(rule) => rule == "score",
+            None if linear => served.is_some_and(|s| s.linear && s.score),
+            None => self.o1 && !skeleton,
+        };
         (linear, score)
     }
 
@@ -310,43 +332,64 @@ impl O1Args {
             bail!("--exact turns O(1) serving off; it does not go with --o1, --o1-check or --kv-window");
         }
         let served = served.filter(|_| !self.exact);
-        // A model with a learned far field is served as sink+window with it (its recorded window
-        // unless --kv-window says otherwise; --o1-far none drops it); --o1 serves the skeleton.
-        let served_linear = served.is_some_and(|s| s.linear) && !self.o1 && !o1_implied;
         self.budget_checks()?;
-        // Before `apply_budget` the budget stands in for the window (the flags' checks only).
-        let budget = if self.o1 { None } else { self.budget_window.or(self.o1_budget) };
-        let kv_window = self.kv_window.or(budget).or(served.filter(|_| served_linear).map(|s| s.settings.window));
-        let (linear, score) = self.far_and_score(served, o1_implied);
-        let served = served.map(|s| s.settings);
-        let o1 = self.o1 || (o1_implied && kv_window.is_none()) || (served.is_some() && kv_window.is_none());
-        if self.o1 && kv_window.is_some() {
+        if self.o1 && self.kv_window.is_some() {
             bail!("--o1 and --kv-window are exclusive (--kv-window is the StreamingLLM baseline)");
         }
-        if !o1 {
-            for (flag, given) in [
-                ("--o1-window", self.o1_window.is_some()),
-                ("--o1-sinks", self.o1_sinks.is_some()),
-                ("--o1-landmarks", self.o1_landmarks.is_some()),
-                ("--o1-ridge", self.o1_ridge.is_some()),
-                ("--o1-state", self.o1_state.is_some()),
-            ] {
+        if self.o1_far.as_deref() == Some("nystrom") && self.kv_window.is_some() {
+            bail!("--o1-far nystrom and --kv-window are exclusive (the skeleton keeps --o1-window exact)");
+        }
+        // A model with a learned far field is served as sink+window (or its score layers) with
+        // it, at its recorded window unless --kv-window, --o1-window or --o1-budget says
+        // otherwise (--o1-far none drops it); --o1-far nystrom serves the skeleton.
+        let skeleton = self.skeleton(served, o1_implied);
+        let served_linear = served.is_some_and(|s| s.linear) && !skeleton;
+        // --o1 without the skeleton: the eviction cache, sized as --kv-window would be.
+        let o1_cache = self.o1 && !skeleton;
+        // Before `apply_budget` the budget stands in for the window (the flags' checks only).
+        let budget = if skeleton { None } else { self.budget_window.or(self.o1_budget) };
+        let kv_window = match skeleton {
+            true => None,
+            false => self
+                .kv_window
+                .or(budget)
+                .or(self.o1_window.filter(|_| o1_cache))
+                .or(served.filter(|_| served_linear).map(|s| s.settings.window))
+                .or(o1_cache.then_some(O1Settings::default().window)),
+        };
+        let (linear, score) = self.far_and_score(served, o1_implied);
+        let served = served.map(|s| s.settings);
+        if !skeleton && !self.o1 {
+            for (flag, given) in [("--o1-window", self.o1_window.is_some()), ("--o1-sinks", self.o1_sinks.is_some())] {
                 if given {
                     bail!("{flag} needs --o1");
                 }
             }
         }
-        if self.kv_sinks.is_some() && kv_window.is_none() {
-            bail!("--kv-sinks needs --kv-window");
+        if !skeleton {
+            for (flag, given) in [
+                ("--o1-landmarks", self.o1_landmarks.is_some()),
+                ("--o1-ridge", self.o1_ridge.is_some()),
+                ("--o1-state", self.o1_state.is_some()),
+            ] {
+                if given {
+                    bail!("{flag} sets the Nyström skeleton: it needs --o1 --o1-far nystrom");
+                }
+            }
         }
-        if self.kv_evict.is_some() && kv_window.is_none() {
-            bail!("--kv-evict needs --kv-window");
-        }
-        if self.o1_far.is_some() && kv_window.is_none() {
-            bail!("--o1-far needs --kv-window");
-        }
-        if self.o1_split.is_some() && kv_window.is_none() {
-            bail!("--o1-split needs --kv-window");
+        let cache_flags = [
+            ("--kv-sinks", self.kv_sinks.is_some()),
+            ("--kv-evict", self.kv_evict.is_some()),
+            ("--o1-far", self.o1_far.as_deref().is_some_and(|f| f != "nystrom")),
+            ("--o1-split", self.o1_split.is_some()),
+        ];
+        for (flag, given) in cache_flags {
+            if given && skeleton {
+                bail!("{flag} does not go with the Nyström skeleton");
+            }
+            if given && kv_window.is_none() {
+                bail!("{flag} needs --kv-window or --o1");
+            }
         }
         if linear && check.is_some() {
             bail!("--o1-check covers the Nyström skeleton and sink+window, not --o1-far linear");
@@ -359,7 +402,7 @@ impl O1Args {
             }
         }
         let d = served.unwrap_or(O1Settings { ridge: DEFAULT_RIDGE, ..O1Settings::default() });
-        let (settings, far) = if o1 {
+        let (settings, far) = if skeleton {
             // Before `apply_budget` the budget stands in for the window (the flags' checks only).
             let st = O1Settings {
                 window: self.o1_window.or(self.budget_window).or(self.o1_budget).unwrap_or(d.window),
@@ -374,12 +417,15 @@ impl O1Args {
             st.validate()?;
             (st, Far::Skeleton)
         } else if let Some(w) = kv_window {
-            let sinks = self.kv_sinks.unwrap_or(d.sinks);
+            let sinks = self.kv_sinks.or(self.o1_sinks.filter(|_| o1_cache)).unwrap_or(d.sinks);
             if w == 0 {
-                bail!("--kv-window: must be at least 1, got 0");
+                bail!("{}: must be at least 1, got 0", if o1_cache { "--o1-window" } else { "--kv-window" });
             }
             if sinks > w {
-                bail!("--kv-sinks: {sinks} exceeds --kv-window {w}");
+                match o1_cache && self.kv_sinks.is_none() {
+                    true => bail!("--o1-sinks: {sinks} exceeds --o1-window {w}"),
+                    false => bail!("--kv-sinks: {sinks} exceeds --kv-window {w}"),
+                }
             }
             // Landmarks are unused when far keys are dropped.
             let rule = if score {
@@ -469,6 +515,18 @@ pub fn note_served(plan: &Option<O1Plan>, served: Option<Served>, o1_flag: bool)
             p.settings.window, p.settings.sinks, p.settings.landmarks, p.settings.ridge
         ),
         _ => {}
+    }
+}
+
+/// The policy a plan serves, in words (the server's startup line).
+pub fn describe_plan(p: &O1Plan) -> String {
+    let (w, sn) = (p.settings.window, p.settings.sinks);
+    match p.far {
+        Far::Skeleton => format!("Nyström skeleton, window {w}, sinks {sn}, landmarks {}", p.settings.landmarks),
+        Far::Drop => format!("sink+window (StreamingLLM), window {w}, sinks {sn}"),
+        Far::Score(_) => format!("score eviction, {w} slots, sinks {sn}"),
+        Far::Linear(None) => format!("sink+window with the learned far field, window {w}, sinks {sn}"),
+        Far::Linear(Some(_)) => format!("score eviction with the learned far field, {w} slots, sinks {sn}"),
     }
 }
 

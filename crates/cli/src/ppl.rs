@@ -85,7 +85,7 @@ pub fn cmd_ppl(a: PplArgs) -> Result<()> {
     // A polished model brings its own O(1) plan (unless --exact).
     let served = served_o1(&loaded);
     let mut a = a;
-    a.o1.apply_budget(&loaded.model, served)?;
+    a.o1.apply_budget(&loaded.model, served, a.o1_check)?;
     let plan = a.o1.plan(tp, a.o1_check.then_some(guard), a.o1_check, served)?;
     note_served(&plan, served, a.o1.o1 || a.o1_check);
     let tok = open_tokenizer(&loaded)?;

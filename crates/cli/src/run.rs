@@ -190,7 +190,7 @@ pub fn cmd_run(a: RunArgs, verbose: bool) -> Result<()> {
     }
     let served = served_o1(&loaded);
     let mut o1 = a.o1.clone();
-    o1.apply_budget(model, served)?;
+    o1.apply_budget(model, served, false)?;
     let plan = o1.plan(ids.len(), None, false, served)?;
     note_served(&plan, served, a.o1.o1);
     let mut state = match plan {

@@ -144,23 +144,11 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         let tok = open_tokenizer(&loaded).map_err(|e| format!("{e:#}"))?;
         let draft = spec.open_draft(&common, &loaded).map_err(|e| format!("{e:#}"))?;
         let served = served_o1(&loaded);
-        o1.apply_budget(&loaded.model, served).map_err(|e| format!("{e:#}"))?;
+        o1.apply_budget(&loaded.model, served, false).map_err(|e| format!("{e:#}"))?;
         // Checked: the flags' combinations were validated above, and a prompt length cannot
         // make a valid combination invalid.
         let first = o1.plan(1, None, false, served).map_err(|e| format!("{e:#}"))?;
-        let note = first.map(|p| {
-            format!(
-                "constant-memory decode: {} window {}, sinks {}{}",
-                if o1.kv_window.is_some() || o1.o1_budget.is_some() { "StreamingLLM" } else { "O(1)" },
-                p.settings.window,
-                p.settings.sinks,
-                if o1.kv_window.is_some() || o1.o1_budget.is_some() {
-                    String::new()
-                } else {
-                    format!(", landmarks {}", p.settings.landmarks)
-                }
-            )
-        });
+        let note = first.map(|p| format!("constant-memory decode: {}", crate::common::describe_plan(&p)));
         let planner: Option<O1Planner> =
             first.is_some().then(|| Box::new(move |tp: usize| o1.plan(tp, None, false, served).ok().flatten()) as O1Planner);
         Ok(Ready { model: loaded.model, tok, o1: planner, draft, note })

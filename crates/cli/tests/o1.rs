@@ -41,9 +41,13 @@ fn bad_o1_settings_are_one_line_errors() {
     for (extra, flag) in [
         (&["--o1", "--o1-window", "0"][..], "--o1-window"),
         (&["--o1", "--o1-window", "8", "--o1-sinks", "9"], "--o1-sinks"),
-        (&["--o1", "--o1-landmarks", "3"], "--o1-landmarks"),
-        (&["--o1", "--o1-landmarks", "257"], "--o1-landmarks"),
-        (&["--o1", "--o1-ridge", "0"], "--o1-ridge"),
+        (&["--o1", "--o1-far", "nystrom", "--o1-landmarks", "3"], "--o1-landmarks"),
+        (&["--o1", "--o1-far", "nystrom", "--o1-landmarks", "257"], "--o1-landmarks"),
+        (&["--o1", "--o1-far", "nystrom", "--o1-ridge", "0"], "--o1-ridge"),
+        (&["--o1", "--o1-landmarks", "8"], "--o1-landmarks"),
+        (&["--o1-far", "nystrom", "--kv-window", "64"], "--o1-far"),
+        (&["--o1", "--o1-far", "nystrom", "--kv-evict", "score"], "--kv-evict"),
+        (&["--o1", "--kv-sinks", "9", "--o1-window", "8"], "--kv-sinks"),
         (&["--o1", "--kv-window", "64"], "--kv-window"),
         (&["--o1", "--o1-prefill", "512"], "--o1-prefill"),
         (&["--o1-window", "64"], "--o1-window"),
@@ -53,7 +57,7 @@ fn bad_o1_settings_are_one_line_errors() {
         (&["--o1", "--o1-guard", "clamp"], "--o1-guard"),
         (&["--o1-prefill", "10"], "--o1-prefill"),
         (&["--o1-state", "pair"], "--o1-state"),
-        (&["--o1", "--o1-state", "f16"], "--o1-state"),
+        (&["--o1", "--o1-far", "nystrom", "--o1-state", "f16"], "--o1-state"),
         (&["--kv-evict", "score"], "--kv-evict"),
         (&["--kv-window", "8", "--kv-evict", "lru"], "--kv-evict"),
         (&["--kv-window", "8", "--kv-evict-decay", "0.5"], "--kv-evict-decay"),
@@ -99,13 +103,13 @@ fn ppl(name: &str, extra: &[&str]) -> f64 {
 fn check_forms(model: &str) {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let o1 = ["--o1-window", "64", "--o1-landmarks", "32"];
-    let stream = ppl(model, &[&["--o1"][..], &o1].concat());
+    let stream = ppl(model, &[&["--o1", "--o1-far", "nystrom"][..], &o1].concat());
     let matrix = ppl(model, &[&["--o1-check"][..], &o1].concat());
     let rel = (stream - matrix).abs() / matrix;
     eprintln!("{model}: o1 streaming {stream} vs matrix form {matrix}: rel {rel:.2e}");
     assert!(rel <= TOL_F32, "{model}: streaming ppl {stream} vs matrix form {matrix} (rel {rel:.3e} > {TOL_F32})");
     // The checking mode (hi/lo pairs) is held to five times less.
-    let pair = ppl(model, &[&["--o1", "--o1-state", "pair"][..], &o1].concat());
+    let pair = ppl(model, &[&["--o1", "--o1-far", "nystrom", "--o1-state", "pair"][..], &o1].concat());
     let rel = (pair - matrix).abs() / matrix;
     eprintln!("{model}: o1 streaming with pairs {pair} vs matrix form {matrix}: rel {rel:.2e}");
     assert!(rel <= TOL_PAIR, "{model}: streaming ppl with pairs {pair} vs matrix form {matrix} (rel {rel:.3e} > {TOL_PAIR})");

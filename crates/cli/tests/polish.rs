@@ -109,7 +109,7 @@ fn polish_writes_an_o1_cmf_and_resumes_bit_identically() {
     assert!(err.contains("polished model: serving in O(1) mode (window 4, sinks 1, landmarks 4"), "{err}");
     let (p_ex, err) = ppl(s(&a), s(&st.valid), &["--exact"]);
     assert!(!err.contains("O(1) mode"), "{err}");
-    let flags = ["--o1", "--o1-window", "4", "--o1-sinks", "1", "--o1-landmarks", "4"];
+    let flags = ["--o1", "--o1-far", "nystrom", "--o1-window", "4", "--o1-sinks", "1", "--o1-landmarks", "4"];
     let (p_o1_flags, _) = ppl(s(&a), s(&st.valid), &flags);
     let (p_before, _) = ppl(s(&st.model), s(&st.valid), &flags);
     let (p_teacher, _) = ppl(s(&st.model), s(&st.valid), &[]);
@@ -310,6 +310,9 @@ fn polish_far_field_writes_a_served_cmf() {
     assert!(err.contains("with a far field"), "{err}");
     let (with, e1) = ppl(s(&out), s(&st.valid), &[]);
     assert!(e1.contains("with its learned far field"), "served by default: {e1}");
+    // --o1 on a model with a far field is its served default (the best measured policy).
+    let (with_o1, e3) = ppl(s(&out), s(&st.valid), &["--o1"]);
+    assert!(e3.contains("with its learned far field") && with_o1 == with, "--o1 {with_o1} vs served default {with}: {e3}");
     let (without, e2) = ppl(s(&out), s(&st.valid), &["--kv-window", "8", "--kv-sinks", "1", "--o1-far", "none"]);
     let bytes = |e: &str| -> usize {
         let l =
@@ -348,8 +351,16 @@ fn polish_far_field_writes_a_served_cmf() {
     // landmarks on this model take more than sink+window 8, so the budget is 24).
     let (_, e_sw24) =
         ppl(s(&out), s(&st.valid), &["--kv-window", "24", "--kv-sinks", "1", "--o1-far", "none", "--o1-split", "off"]);
-    let (p, e) = ppl(s(&out), s(&st.valid), &["--o1", "--o1-budget", "24", "--o1-sinks", "1", "--o1-landmarks", "4"]);
-    eprintln!("--o1 --o1-budget 24 --o1-landmarks 4: {} bytes (sink+window 24: {}), ppl {p}", bytes(&e), bytes(&e_sw24));
+    let (p, e) = ppl(
+        s(&out),
+        s(&st.valid),
+        &["--o1", "--o1-far", "nystrom", "--o1-budget", "24", "--o1-sinks", "1", "--o1-landmarks", "4"],
+    );
+    eprintln!(
+        "--o1 --o1-far nystrom --o1-budget 24 --o1-landmarks 4: {} bytes (sink+window 24: {}), ppl {p}",
+        bytes(&e),
+        bytes(&e_sw24)
+    );
     assert!(bytes(&e) <= bytes(&e_sw24) && p.is_finite() && e.contains("landmarks 4 (m_eff 4)"), "{e}");
     let (_, err, ok) =
         cortiq(&["ppl", "-m", s(&st.model), "-f", s(&st.valid), "-c", "64", "--kv-window", "8", "--o1-far", "linear"]);

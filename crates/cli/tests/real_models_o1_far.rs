@@ -4,7 +4,8 @@
 //! planned layer: the same q, k and v give the same attention output within 1e-5 relative, on
 //! the positions after the seal (the prompt's far keys absorbed at once) and past it (one key
 //! absorbed per step). The feature maps are random, scaled as the trainer starts them and then
-//! spread, so every feature carries mass. A model absent from the cache is a failure.
+//! spread, so every feature carries mass; every feature decays (the trainer's starting rates,
+//! time scales 32 to 2800 positions). A model absent from the cache is a failure.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -77,11 +78,15 @@ fn check(split: bool) {
     for &il in &planned {
         let [q, k, v, y] = exact[&il].clone();
         let data = [LayerSeq::new(&s, q, k, v, y)];
-        let mut p = init_params(&s, &data, il as u64);
+        let mut p = init_params(&s, &data, il as u64, true);
         p.u.iter_mut().chain(p.w.iter_mut()).for_each(|x| *x *= 3.0);
         p.alpha.iter_mut().chain(p.beta.iter_mut()).for_each(|x| *x += rng.normal());
         let p = p.map(|x| x as f32);
-        let fw = FarWeights::from_tensors(RANK, nh, nkv, hd, p.tensors().map(|t| t.to_vec())).expect("shapes");
+        let [u, alpha, gq, w, beta, gk, _] = p.tensors().map(|t| t.to_vec());
+        let fw = FarWeights::from_tensors(RANK, nh, nkv, hd, [u, alpha, gq, w, beta, gk])
+            .and_then(|fw| fw.with_decay(p.decay()))
+            .expect("shapes");
+        assert!(fw.decay.iter().all(|&d| d > 0.0), "every feature decays");
         weights[il] = Some(Arc::new(fw));
     }
     loaded.model.o1_far = weights;
@@ -122,6 +127,7 @@ fn check(split: bool) {
             w: f(&fw.w),
             beta: f(&fw.beta),
             gk: f(&fw.gk),
+            rho: fw.decay.iter().map(|&d| (d as f64).ln()).collect(),
         };
         let (q, k, v) = (f(q), f(k), f(v));
         let s = FarShape { window: windows[&il], ..s };

@@ -545,15 +545,20 @@ fn serve_session_save_restart_restore() {
 }
 
 /// The server's greedy completion equals `cortiq run` with the same prefill grid (`--batch`
-/// = `--prefill-chunk`), plain and in both constant-memory modes, alone and beside neighbours.
+/// = `--prefill-chunk`), plain and in the constant-memory modes (sink+window, --o1's default
+/// on a model without a far field: score eviction, the Nyström skeleton), alone and beside
+/// neighbours.
 #[test]
 fn serve_equals_run_plain_and_constant_memory() {
     let model = cortiq_testkit::real_model_arg("smollm2-135m");
     let prompt = "The history of the printing press begins in the fifteenth century, when a goldsmith in Mainz \
                   combined movable metal type, oil-based ink and a wooden press adapted from wine making. Within fifty years";
-    for mode in
-        [&[][..], &["--kv-window", "24", "--kv-sinks", "4"][..], &["--o1", "--o1-window", "24", "--o1-landmarks", "8"][..]]
-    {
+    for mode in [
+        &[][..],
+        &["--kv-window", "24", "--kv-sinks", "4"][..],
+        &["--o1", "--o1-window", "24"][..],
+        &["--o1", "--o1-far", "nystrom", "--o1-window", "24", "--o1-landmarks", "8"][..],
+    ] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_cortiq"))
             .args(["run", "-m", &model, "-p", prompt, "-n", "24", "--temp", "0", "--batch", "16", "-t", "2", "--ctx", "512"])
             .args(mode)

@@ -125,8 +125,8 @@ fn load_cmf(path: &Path) -> Result<Loaded> {
 }
 
 /// The learned far field's feature maps (`blk.N.attn_far_*`, f32, written by `cortiq polish
-/// --o1-far linear`): per layer all six tensors or none; a partial or misshapen set is a
-/// malformed file.
+/// --o1-far linear`): per layer all six tensors or none, and optionally the decay rates; a
+/// partial or misshapen set is a malformed file.
 fn load_far(path: &Path, c: &Cmf, cfg: &ModelConfig) -> Result<Vec<Option<std::sync::Arc<FarWeights>>>> {
     use crate::mixers::farfield::TENSORS;
     let bad = |what: String| EngineError::BadConfig { file: path.display().to_string(), what };
@@ -147,8 +147,19 @@ fn load_far(path: &Path, c: &Cmf, cfg: &ModelConfig) -> Result<Vec<Option<std::s
         }
         let (nh, nkv, hd) = (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim);
         let rank = vals[1].len().checked_div(nh).unwrap_or(0);
-        let fw = FarWeights::from_tensors(rank, nh, nkv, hd, vals)
+        let mut fw = FarWeights::from_tensors(rank, nh, nkv, hd, vals)
             .ok_or_else(|| bad(format!("layer {il}: far field tensors do not fit {nh} heads, {nkv} kv heads, head_dim {hd}")))?;
+        // The decay rates are optional (files written before them have none: no decay).
+        let dname = format!("blk.{il}.{}", crate::mixers::farfield::DECAY_TENSOR);
+        if let Some(info) = c.tensor(&dname) {
+            if info.dtype != cortiq_kernels::quant::QuantType::F32 {
+                return Err(bad(format!("{dname}: a far field tensor must be f32, found {}", info.dtype.name())));
+            }
+            let d: Vec<f32> = c.tensor_data(info).chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+            fw = fw
+                .with_decay(d)
+                .ok_or_else(|| bad(format!("{dname}: {nkv}×{rank} finite, non-negative decay rates expected")))?;
+        }
         out.push(Some(std::sync::Arc::new(fw)));
     }
     Ok(out)

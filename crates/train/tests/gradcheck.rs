@@ -506,7 +506,7 @@ fn gradcheck_far_field_with(s: cortiq_train::farfield::FarShape, exits: Vec<usiz
     let mut g = FarParams::zeros(&s);
     g.tensors_mut().into_iter().for_each(|t| t.iter_mut().for_each(|x| *x = PRE));
     far_backward(&s, &p, &near, &q, &k, &v, &r, &mut g);
-    let names = ["U", "alpha", "gamma_q", "W", "beta", "gamma_k"];
+    let names = ["U", "alpha", "gamma_q", "W", "beta", "gamma_k", "rho"];
     let mut reports = Vec::new();
     for (i, name) in names.iter().enumerate() {
         let analytic = unpre(g.tensors()[i]);

@@ -15,7 +15,7 @@ use anyhow::{Context, Result, bail};
 use cortiq_engine::Logits;
 use cortiq_engine::Numerics;
 use cortiq_engine::load::load;
-use cortiq_engine::mixers::farfield::{MAX_RANK, TENSORS};
+use cortiq_engine::mixers::farfield::{DECAY_TENSOR, MAX_RANK, TENSORS};
 use cortiq_engine::o1::O1Split;
 use cortiq_formats::cmf::O1Header;
 use cortiq_train::budget::{CurveShape, CurveSums, window_sums};
@@ -125,6 +125,7 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
 
     // Fit each layer.
     let score = a.far_rule.as_deref() == Some("score");
+    let decay = a.far_decay.as_deref() != Some("off");
     let rule = if score { "score eviction" } else { "sink+window" };
     let s0 = FarShape { t, n_heads: nh, n_kv: nkv, hd, rank, sinks, window, scale: cfg.attn_scale as f64 };
     let bar = if std::io::stderr().is_terminal() { ProgressBar::new(planned.len() as u64) } else { ProgressBar::hidden() };
@@ -173,7 +174,7 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
         };
         let sw = mean(&|d| d.window_err(&s), &data);
         let vsw = mean(&|d| d.window_err(&s), &held);
-        let init = init_params(&s, &data, 0x5EED ^ il as u64).map(|x| x as f32);
+        let init = init_params(&s, &data, 0x5EED ^ il as u64, decay).map(|x| x as f32);
         let start = mean(&|d| d.loss(&s, &init, None), &data);
         let vstart = mean(&|d| d.loss(&s, &init, None), &held);
         let fitted = fit_layer(&s, &data, init.clone(), a.steps as usize, a.batch, a.far_lr, |st| {
@@ -189,6 +190,11 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
             100.0 * fin / sw,
             100.0 * vfit / vsw
         ));
+        if decay {
+            let scales: Vec<f32> = fitted.decay().iter().map(|d| 1.0 / d).collect();
+            let (lo, hi) = scales.iter().fold((f32::INFINITY, 0f32), |m, &x| (m.0.min(x), m.1.max(x)));
+            say(format!("layer {il}: fitted time scales 1/δ from {lo:.0} to {hi:.0} positions"));
+        }
         // The fit can end worse than its start on windows it did not see (it overfits, or a
         // feature's mass collapses): the start is kept then.
         #[allow(clippy::neg_cmp_op_on_partial_ord)]
@@ -241,6 +247,9 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
         kept += 1;
         for (suffix, v) in TENSORS.iter().zip(p.tensors()) {
             added.push((format!("blk.{il}.{suffix}"), v.to_vec()));
+        }
+        if decay {
+            added.push((format!("blk.{il}.{DECAY_TENSOR}"), p.decay()));
         }
         bar.inc(1);
     }

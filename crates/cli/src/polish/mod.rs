@@ -131,7 +131,7 @@ pub struct PolishArgs {
     /// frozen; served by `--kv-window W --o1-far linear`) [default: nystrom].
     #[arg(long, value_name = "KIND", value_parser = ["nystrom", "linear"])]
     pub o1_far: Option<String>,
-    /// --o1-far linear: features per KV head (state r·(head_dim + 2) values per KV head).
+    /// --o1-far linear: features per KV head (state r·(head_dim + 3) values per KV head).
     #[arg(long, value_name = "R", default_value_t = 16)]
     pub far_rank: usize,
     /// --o1-far linear: peak learning rate of the per-layer fit.
@@ -153,6 +153,10 @@ pub struct PolishArgs {
     /// where that loses less of its attention output on the held-out windows) [default: window].
     #[arg(long, value_name = "RULE", value_parser = ["window", "score", "auto"])]
     pub far_rule: Option<String>,
+    /// --o1-far linear: each feature forgets far keys at its own learned rate (a key's weight
+    /// e^{−δ·distance}; `off`: every far key weighs the same whatever its distance) [default: on].
+    #[arg(long, value_name = "ON", value_parser = ["on", "off"])]
+    pub far_decay: Option<String>,
     /// Overwrite OUT if it exists.
     #[arg(long)]
     pub force: bool,
@@ -270,7 +274,9 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
         return far::cmd_polish_far(&a);
     }
     // Flag errors first, before anything loads.
-    for (flag, given) in [("--o1-split", a.o1_split.is_some()), ("--far-rule", a.far_rule.is_some())] {
+    for (flag, given) in
+        [("--o1-split", a.o1_split.is_some()), ("--far-rule", a.far_rule.is_some()), ("--far-decay", a.far_decay.is_some())]
+    {
         if given {
             bail!("{flag} needs --o1-far linear");
         }

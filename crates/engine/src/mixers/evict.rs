@@ -185,6 +185,9 @@ impl Slots {
         let hd = row / n_kv;
         let group = n_heads / n_kv;
         let nc = n + 1; // candidates: the kept keys, then the new one
+        if let Some(f) = far.as_deref_mut() {
+            f.advance(self.t);
+        }
         let mut sums = vec![0.0f64; n_kv * nc];
         let mut items: Vec<(&mut [f32], &mut [f64])> = o.chunks_mut(group * hd).zip(sums.chunks_mut(nc)).collect();
         let (ks, vs) = (&self.k, &self.v);
@@ -227,12 +230,12 @@ impl Slots {
         let victim = (0..nc).filter(|&j| candidate(j)).min_by(|&a, &b| score(a).total_cmp(&score(b))).unwrap_or(n);
         if victim < n {
             if let Some(f) = far.as_deref_mut() {
-                f.absorb(&self.k[victim * row..][..row], &self.v[victim * row..][..row]);
+                f.absorb(&self.k[victim * row..][..row], &self.v[victim * row..][..row], self.pos[victim] as usize);
             }
             self.put(victim, t, k, v);
             self.score[victim] = new_score;
         } else if let Some(f) = far {
-            f.absorb(k, v);
+            f.absorb(k, v, t);
         }
     }
 
@@ -410,7 +413,8 @@ mod tests {
 
     /// With a learned far field: the same keys leave as without one when the far mass counts
     /// in every head's normalizer (checked against a plain loop that keeps the evicted keys
-    /// and forms each one's far weight Σ_f e^{a_f(q) + b_f(k)} directly, no running offsets).
+    /// and forms each one's far weight Σ_f e^{a_f(q) + b_f(k) − δ_f(t − j)} directly, no running
+    /// offsets, every feature decaying at its own rate).
     #[test]
     fn steps_with_a_far_field_absorb_what_leaves() {
         use crate::mixers::farfield::{FarState, FarWeights};
@@ -426,7 +430,9 @@ mod tests {
             hd,
             [f(nh * rank * hd, 1.0), f(nh * rank, 1.0), f(nh, 0.05), f(nkv * rank * hd, 1.0), f(nkv * rank, 1.0), f(nkv, 0.05)],
         )
-        .expect("shapes");
+        .expect("shapes")
+        .with_decay((0..nkv * rank).map(|i| 0.02 * i as f32).collect())
+        .expect("rates");
         let fw = std::sync::Arc::new(fw);
         let logit = |x: &[f32], m: &[f32], gam: f32, b: f32| {
             (0..hd).map(|i| x[i] as f64 * m[i] as f64).sum::<f64>()
@@ -439,14 +445,15 @@ mod tests {
         let mut s = Slots::seal(&k, &v, row, sinks, window, rule);
         let mut far = FarState::new(fw.clone());
         let mut kept: Vec<(usize, Vec<f32>, Vec<f32>, f64)> = Vec::new();
-        let mut gone: Vec<(Vec<f32>, Vec<f32>)> = Vec::new();
+        let mut gone: Vec<(usize, Vec<f32>, Vec<f32>)> = Vec::new();
+        far.advance(tp);
         for p in 0..tp {
             let (kr, vr) = (k[p * row..][..row].to_vec(), v[p * row..][..row].to_vec());
             if p < sinks || p >= tp - window {
                 kept.push((p, kr, vr, 0.0));
             } else {
-                far.absorb(&kr, &vr);
-                gone.push((kr, vr));
+                far.absorb(&kr, &vr, p);
+                gone.push((p, kr, vr));
             }
         }
         for t in tp..tp + 30 {
@@ -467,11 +474,11 @@ mod tests {
                 for (j, (_, _, vv, _)) in kept.iter().enumerate() {
                     (0..hd).for_each(|i| num[i] += e[j] * vv[g * hd + i] as f64);
                 }
-                for (kk, vv) in &gone {
+                for (pos, kk, vv) in &gone {
                     for r in 0..rank {
                         let a = logit(qh, &fw.u[(h * rank + r) * hd..][..hd], fw.gq[h], fw.alpha[h * rank + r]);
                         let b = logit(&kk[g * hd..][..hd], &fw.w[(g * rank + r) * hd..][..hd], fw.gk[g], fw.beta[g * rank + r]);
-                        let w = (a + b).exp();
+                        let w = (a + b - fw.decay[g * rank + r] as f64 * (t - pos) as f64).exp();
                         den += w;
                         (0..hd).for_each(|i| num[i] += w * vv[g * hd + i] as f64);
                     }
@@ -492,8 +499,8 @@ mod tests {
                     .filter(|&j| kept[j].0 >= sinks && kept[j].0 + rule.recent <= t && (j < last || rule.recent == 0))
                     .min_by(|&a, &b| kept[a].3.total_cmp(&kept[b].3))
                     .unwrap_or(last);
-                let (_, kk, vv, _) = kept.remove(victim);
-                gone.push((kk, vv));
+                let (pos, kk, vv, _) = kept.remove(victim);
+                gone.push((pos, kk, vv));
             }
             let mut want: Vec<u32> = kept.iter().map(|e| e.0 as u32).collect();
             let mut got = s.positions().to_vec();

@@ -11,6 +11,12 @@
 //! on the scores' scale: the step adds Σ_f e^{ε_f − c} H_g[f] to its numerator and Σ_f e^{ε_f − c}
 //! z_g[f] to its denominator, c the row's shift. Hand-written: it is the mixer's hot path beside
 //! the window scan (r·hd multiply-adds per head and step).
+//!
+//! Decay (`blk.N.attn_far_decay`, δ_g[f] ≥ 0; absent: none): a key of position j seen from t
+//! weighs e^{b_f − δ_f·(t − j)}. The state keeps the position it stands at (`now`); a key joins
+//! with b_f − δ_f·(now − j), and moving to a later t lowers every offset by δ_f·(t − now), which
+//! decays H and z without touching them. The offsets are f64 so that the drift of a long decode
+//! costs no precision (they are counted so in the state's bytes).
 
 use std::sync::Arc;
 
@@ -33,6 +39,8 @@ pub struct FarWeights {
     pub beta: Vec<f32>,
     /// [n_kv]
     pub gk: Vec<f32>,
+    /// [n_kv, rank]: decay per position, δ ≥ 0 (all zero: none).
+    pub decay: Vec<f32>,
 }
 
 /// The largest feature count a layer may have (a step keeps its logits on the stack).
@@ -40,6 +48,9 @@ pub const MAX_RANK: usize = 64;
 
 /// The tensor suffixes under `blk.N.`, in `FarWeights` field order, with their shapes.
 pub const TENSORS: [&str; 6] = ["attn_far_u", "attn_far_alpha", "attn_far_gq", "attn_far_w", "attn_far_beta", "attn_far_gk"];
+
+/// The optional decay tensor [n_kv, rank] (files written before it have none: no decay).
+pub const DECAY_TENSOR: &str = "attn_far_decay";
 
 impl FarWeights {
     /// Every tensor's expected length, in `TENSORS` order.
@@ -53,12 +64,22 @@ impl FarWeights {
             return None;
         }
         let [u, alpha, gq, w, beta, gk] = t;
-        Some(FarWeights { rank, n_heads, n_kv, hd, u, alpha, gq, w, beta, gk })
+        Some(FarWeights { rank, n_heads, n_kv, hd, u, alpha, gq, w, beta, gk, decay: vec![0.0; n_kv * rank] })
     }
 
-    /// Bytes of a sequence's state for this layer (H, z and the offsets, f32).
+    /// With decay rates [n_kv, rank]; None when the length disagrees or a rate is negative or
+    /// not finite.
+    pub fn with_decay(mut self, decay: Vec<f32>) -> Option<FarWeights> {
+        if decay.len() != self.n_kv * self.rank || !decay.iter().all(|d| d.is_finite() && *d >= 0.0) {
+            return None;
+        }
+        self.decay = decay;
+        Some(self)
+    }
+
+    /// Bytes of a sequence's state for this layer (H and z f32, the offsets f64).
     pub fn state_bytes(&self) -> usize {
-        self.n_kv * self.rank * (self.hd + 2) * 4
+        self.n_kv * self.rank * ((self.hd + 1) * 4 + 8)
     }
 }
 
@@ -70,8 +91,10 @@ pub struct FarState {
     h: Vec<f32>,
     /// [n_kv, rank]
     z: Vec<f32>,
-    /// [n_kv, rank] log-offsets (−∞ while no key was absorbed).
-    off: Vec<f32>,
+    /// [n_kv, rank] log-offsets at position `now` (−∞ while no key was absorbed).
+    off: Vec<f64>,
+    /// The position the state stands at (its decay applied up to it).
+    now: usize,
 }
 
 fn dot(a: &[f32], b: &[f32]) -> f64 {
@@ -81,31 +104,45 @@ fn dot(a: &[f32], b: &[f32]) -> f64 {
 impl FarState {
     pub fn new(weights: Arc<FarWeights>) -> FarState {
         let (r, nkv, hd) = (weights.rank, weights.n_kv, weights.hd);
-        FarState { h: vec![0.0; nkv * r * hd], z: vec![0.0; nkv * r], off: vec![f32::NEG_INFINITY; nkv * r], weights }
+        FarState { h: vec![0.0; nkv * r * hd], z: vec![0.0; nkv * r], off: vec![f64::NEG_INFINITY; nkv * r], now: 0, weights }
     }
 
     pub fn bytes(&self) -> usize {
-        (self.h.len() + self.z.len() + self.off.len()) * 4
+        (self.h.len() + self.z.len()) * 4 + self.off.len() * 8
     }
 
-    /// Absorbs keys/values of one position leaving the window: k, v [n_kv, hd].
-    pub fn absorb(&mut self, k: &[f32], v: &[f32]) {
+    /// Moves the state to position t ≥ now (the query position about to read it): every
+    /// feature's mass decays by e^{−δ·(t − now)}.
+    pub fn advance(&mut self, t: usize) {
+        debug_assert!(t >= self.now, "far state: positions only move on");
+        if t <= self.now {
+            return;
+        }
+        let dt = (t - self.now) as f64;
+        for (o, &d) in self.off.iter_mut().zip(&self.weights.decay) {
+            *o -= d as f64 * dt;
+        }
+        self.now = t;
+    }
+
+    /// Absorbs keys/values of position `pos` leaving the near set: k, v [n_kv, hd].
+    pub fn absorb(&mut self, k: &[f32], v: &[f32], pos: usize) {
         let wt = &*self.weights;
         let (r, hd) = (wt.rank, wt.hd);
+        let age = self.now as f64 - pos as f64;
         for g in 0..wt.n_kv {
             let (kr, vr) = (&k[g * hd..][..hd], &v[g * hd..][..hd]);
             let k2 = dot(kr, kr);
             for f in 0..r {
                 let i = g * r + f;
-                // b rounded to f32 first: the stored offset is then exactly the one used.
-                let b = (dot(&wt.w[i * hd..][..hd], kr) - wt.gk[g] as f64 * k2 + wt.beta[i] as f64) as f32 as f64;
+                let b = dot(&wt.w[i * hd..][..hd], kr) - wt.gk[g] as f64 * k2 + wt.beta[i] as f64 - wt.decay[i] as f64 * age;
                 let hf = &mut self.h[i * hd..][..hd];
-                let mut off = self.off[i] as f64;
+                let mut off = self.off[i];
                 if b > off {
                     let s = (off - b).exp();
                     hf.iter_mut().for_each(|x| *x = (*x as f64 * s) as f32);
                     self.z[i] = (self.z[i] as f64 * s) as f32;
-                    self.off[i] = b as f32;
+                    self.off[i] = b;
                     off = b;
                 }
                 let e = (b - off).exp();
@@ -123,7 +160,7 @@ impl FarState {
         let q2 = dot(q, q);
         let mut top = f64::NEG_INFINITY;
         for (f, e) in eps.iter_mut().enumerate().take(r) {
-            let off = self.off[g * r + f] as f64;
+            let off = self.off[g * r + f];
             *e = if off == f64::NEG_INFINITY {
                 f64::NEG_INFINITY
             } else {

@@ -859,17 +859,19 @@ impl O1Layer {
         let row = self.n_kv * self.hd;
         let mut fs = super::farfield::FarState::new(weights);
         let (w, sn, tp) = (self.settings.window, self.settings.sinks, self.len);
+        // The state stands at the first position after the prompt (the next query's).
+        fs.advance(tp);
         match &self.keys {
             Keys::Window { .. } => {
                 for p in sn..tp.saturating_sub(w) {
-                    fs.absorb(&k[p * row..][..row], &v[p * row..][..row]);
+                    fs.absorb(&k[p * row..][..row], &v[p * row..][..row], p);
                 }
             }
             Keys::Scored(slots) => {
                 let mut kept = vec![false; tp];
                 slots.positions().iter().for_each(|&p| kept[p as usize] = true);
                 for p in (0..tp).filter(|&p| !kept[p]) {
-                    fs.absorb(&k[p * row..][..row], &v[p * row..][..row]);
+                    fs.absorb(&k[p * row..][..row], &v[p * row..][..row], p);
                 }
             }
             Keys::All { .. } => {}
@@ -944,8 +946,11 @@ impl O1Layer {
             Keys::Scored(_) => unreachable!("stepped above"),
         }
         self.len = t + 1;
-        if let (Some(fs), Some((lk, lv))) = (&mut self.linear, &leaving) {
-            fs.absorb(lk, lv);
+        if let Some(fs) = &mut self.linear {
+            fs.advance(t);
+            if let Some((lk, lv)) = &leaving {
+                fs.absorb(lk, lv, t - w);
+            }
         }
         let n_near = match &self.keys {
             Keys::All { .. } => t + 1,
