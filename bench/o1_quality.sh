@@ -57,7 +57,7 @@ for name in "${MODELS[@]}"; do
         for w in $WINDOWS; do
             read -r sw _ <<<"$(ppl "$path" "$ctx" --kv-window "$w" --kv-sinks "$SINKS")"
             for m in $LANDMARKS; do
-                read -r o ob <<<"$(ppl "$path" "$ctx" --o1 --o1-window "$w" --o1-sinks "$SINKS" --o1-landmarks "$m" --o1-ridge "$RIDGE")"
+                read -r o ob <<<"$(ppl "$path" "$ctx" --o1 --o1-far nystrom --o1-window "$w" --o1-sinks "$SINKS" --o1-landmarks "$m" --o1-ridge "$RIDGE")"
                 wp=$(awk -v n="$ob" -v a="$base" -v p="$per" 'BEGIN{printf "%d", (n - a) / p + 0.5}')
                 read -r e _ <<<"$(ppl "$path" "$ctx" --kv-window "$wp" --kv-sinks "$SINKS")"
                 out "| $w | $m | $o | $(ratio "$o" "$exact") | $(mb "$ob") | $wp | $e | $(ratio "$e" "$exact") | $sw | $(ratio "$sw" "$exact") |"

@@ -10,7 +10,9 @@
 # Usage: bench/passkey.sh MODEL [FAR.cmf]   (FAR: the model polished with `--o1-far linear`;
 #        without it the learned-far rows are skipped)
 # Environment: LENS ("2048 4096", in filler sentences x 10 ≈ tokens), TRIALS (50), BUDGET (128),
-# SINKS (4), OBS (16), CORTIQ. Prints a markdown table: retrieval rate per policy and length.
+# SINKS (4), OBS (16), CORTIQ, ONLY (a comma-separated list of row names to run, e.g.
+# "exact,sink+window,--o1"; default all). Prints a markdown table: retrieval rate per policy and
+# length.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 die() { echo "passkey.sh: $*" >&2; exit 1; }
@@ -25,8 +27,10 @@ policies=("exact||$MODEL" "sink+window|$b|$MODEL" "score eviction|$b --kv-evict 
     "score eviction, voted seal|$b --kv-evict score --kv-evict-obs $OBS|$MODEL")
 if [ -n "$FAR" ]; then
     policies+=("learned far field, windows split|$b --o1-far linear|$FAR" "score + far field, windows split|$b --kv-evict score --o1-far linear|$FAR"
-        "score (voted seal) + far field, windows split|$b --kv-evict score --kv-evict-obs $OBS --o1-far linear|$FAR")
+        "score (voted seal) + far field, windows split|$b --kv-evict score --kv-evict-obs $OBS --o1-far linear|$FAR"
+        "--o1|$b --o1|$FAR")
 fi
+ONLY=${ONLY:-}
 filler="The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 # prompt LEN KEY SEED: the key's sentence at a seeded depth in the first quarter.
 prompt() {
@@ -46,6 +50,7 @@ echo "| policy | flags | $(for l in $LENS; do printf '~%s tokens | ' "$l"; done)
 echo "|---|---|$(for _ in $LENS; do printf -- '---|'; done)"
 for p in "${policies[@]}"; do
     IFS='|' read -r name flags m <<<"$p"
+    [ -z "$ONLY" ] || [[ ",$ONLY," == *",$name,"* ]] || continue
     row="| $name | ${flags:--} |"
     for len in $LENS; do
         hit=0

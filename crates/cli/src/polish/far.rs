@@ -177,7 +177,9 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
         let init = init_params(&s, &data, 0x5EED ^ il as u64, decay).map(|x| x as f32);
         let start = mean(&|d| d.loss(&s, &init, None), &data);
         let vstart = mean(&|d| d.loss(&s, &init, None), &held);
-        let fitted = fit_layer(&s, &data, init.clone(), a.steps as usize, a.batch, a.far_lr, |st| {
+        // The held-out windows every tenth of the fit: the parameters where they did best.
+        let period = (a.steps as usize / 10).max(1);
+        let fitted = fit_layer(&s, &data, init.clone(), a.steps as usize, a.batch, a.far_lr, Some((&held, period)), |st| {
             bar.set_message(format!("layer {il} step {} mse {:.4e}", st.step, st.loss));
         });
         let fin = mean(&|d| d.loss(&s, &fitted, None), &data);
