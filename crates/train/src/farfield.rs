@@ -375,7 +375,8 @@ fn sweep<F: Float>(
             // The keys leaving the near set at t join the far state.
             let far = match &lk {
                 Some((b, bmax)) if t >= first_far => {
-                    for f in 0..r {
+                    // (A feature without decay, λ = 1, is left alone.)
+                    for f in (0..r).filter(|&f| lam[f] != F::ONE) {
                         zs[f] *= lam[f];
                         hs[f * hd..][..hd].iter_mut().for_each(|x| *x *= lam[f]);
                     }
@@ -670,7 +671,6 @@ pub fn fit_layer<F: Float>(
     let mut keep_best = |p: &FarParams<F>| {
         if let Some((h, _)) = held {
             let e = held_err(p, h);
-            #[allow(clippy::neg_cmp_op_on_partial_ord)]
             if best.as_ref().is_none_or(|b| e < b.0 || b.0.is_nan()) {
                 best = Some((e, p.clone()));
             }
