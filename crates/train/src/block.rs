@@ -1,8 +1,9 @@
 //! One decoder block of the student, assembled from this crate's ops: the dense layers of
 //! Llama, Qwen2 (QKV bias), Qwen3 (QK-norm) and Gemma 3 (QK-norm, post-norms, sliding or global
-//! layers), with the attention served exactly or by the Nyström operator. Trainable: every
-//! RMSNorm gain and the FFN; frozen: the q/k/v/o projections and their biases (the polish
-//! contract). Layer checkpointing is the caller's: keep each block's input, and before the
+//! layers), with the attention served exactly, by the Nyström operator, or by an eviction rule
+//! with the learned far field (`farfield`, stage 2). Trainable: every RMSNorm gain and the FFN,
+//! and the far field's feature maps; frozen: the q/k/v/o projections and their biases (the
+//! polish contract). Layer checkpointing is the caller's: keep each block's input, and before the
 //! block's backward run its forward again into a scratch [`BlockActs`] (the Nyström plan of the
 //! first forward is passed back in, so M stays the one the loss saw).
 //!
@@ -20,6 +21,7 @@
 
 use crate::act::{Act, FfnActs, FfnGrads, FfnWeights, ffn_backward, ffn_forward};
 use crate::attention::{AttnShape, attention_backward, attention_forward};
+use crate::farfield::{FarParams, FarShape, far_mixer_backward, far_mixer_forward, window_exits};
 use crate::float::Float;
 use crate::matmul::{linear_backward, linear_forward};
 use crate::norm::{NormStyle, rmsnorm_backward, rmsnorm_forward};
@@ -33,6 +35,28 @@ pub enum BlockMixer {
     Exact { window: Option<usize> },
     /// The Nyström O(1) operator; the first `tp` rows are the prompt.
     Nystrom { cfg: O1Config, tp: usize },
+    /// An eviction rule and the learned far field ([`BlockWeights::far`]); the first `tp` rows
+    /// are the prompt (exact). The rule: sink+window of `sinks` + `window`, or `schedule`'s
+    /// exits computed from the block's own q, k, v at every forward (score eviction).
+    Far { tp: usize, sinks: usize, window: usize, schedule: Option<Schedule> },
+}
+
+/// A key schedule computed from a block's own post-RoPE q [T, nh, hd], k, v [T, nkv, hd] (f32,
+/// as the engine serves): each key's exit (`farfield::near_part_with`). The CLI gives score
+/// eviction's, which lives in the engine.
+#[derive(Clone, Copy)]
+pub struct Schedule(pub fn(&FarShape, usize, &[f32], &[f32], &[f32]) -> Vec<usize>);
+
+impl std::fmt::Debug for Schedule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Schedule(fn)")
+    }
+}
+
+impl PartialEq for Schedule {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::fn_addr_eq(self.0, other.0)
+    }
 }
 
 /// Shapes and switches of one block.
@@ -71,6 +95,8 @@ pub struct BlockWeights<'a, F> {
     pub up: &'a [F],
     pub down: &'a [F],
     pub post_ffn_norm: Option<&'a [F]>,
+    /// The far field of a [`BlockMixer::Far`] block.
+    pub far: Option<&'a FarParams<F>>,
 }
 
 /// Gradients of the trainable tensors (None: not trained, or absent).
@@ -85,6 +111,7 @@ pub struct BlockGrads<'a, F> {
     pub up: Option<&'a mut [F]>,
     pub down: Option<&'a mut [F]>,
     pub post_ffn_norm: Option<&'a mut [F]>,
+    pub far: Option<&'a mut FarParams<F>>,
 }
 
 /// Everything the backward reads, written by the forward (reused across layers and steps).
@@ -113,6 +140,8 @@ pub struct BlockActs<F> {
     rstd_pf: Vec<f64>,
     /// Rows whose Nyström far field the guard dropped [T, nh].
     pub dropped: Vec<bool>,
+    /// A far-field block's key exits [T] (the schedule of this forward).
+    exits: Vec<usize>,
 }
 
 fn zeros<F: Float>(v: &mut Vec<F>, n: usize) {
@@ -135,6 +164,14 @@ impl BlockConfig {
     fn ny_shape(&self, tp: usize) -> NyShape {
         NyShape { n_heads: self.n_heads, n_kv_heads: self.n_kv_heads, head_dim: self.head_dim, scale: self.attn_scale, tp }
     }
+    fn far_shape<F>(&self, t: usize, p: &FarParams<F>, sinks: usize, window: usize) -> FarShape {
+        let (n_heads, n_kv, hd) = (self.n_heads, self.n_kv_heads, self.head_dim);
+        FarShape { t, n_heads, n_kv, hd, rank: p.alpha.len() / n_heads, sinks, window, scale: self.attn_scale }
+    }
+}
+
+fn to_f32<F: Float>(x: &[F]) -> Vec<f32> {
+    x.iter().map(|v| v.to_f64() as f32).collect()
 }
 
 /// Forward: x [T, d] -> y [T, d] (written), `acts` (written). `plan`: for a Nyström block,
@@ -203,6 +240,16 @@ pub fn block_forward<F: Float>(
             let p = plan.as_ref().expect("plan set above");
             nystrom_forward(&o1, p, &sh, &a.q, &a.k, &a.v, &mut a.o, &mut a.dropped); // [T, nh, hd]
         }
+        BlockMixer::Far { tp, sinks, window, schedule } => {
+            let p = w.far.expect("block_forward: a far-field block needs its far field");
+            let s = cfg.far_shape(t, p, sinks, window);
+            a.exits = match schedule {
+                Some(f) => (f.0)(&s, tp, &to_f32(&a.q), &to_f32(&a.k), &to_f32(&a.v)),
+                None => window_exits(&s),
+            };
+            a.lse.resize(t * nh, 0.0);
+            far_mixer_forward(&s, p, &a.exits, tp, &a.q, &a.k, &a.v, &mut a.o, &mut a.lse); // [T, nh, hd]
+        }
     }
     zeros(&mut a.a, t * d);
     linear_forward(&a.o, w.wo, &mut a.a, t, qd, d); // [T, d]
@@ -252,7 +299,7 @@ pub fn block_backward<F: Float>(
     let t = x.len() / d;
     let (qd, kd) = (nh * hd, nkv * hd);
     let a = acts;
-    let BlockGrads { attn_norm, q_norm, k_norm, post_attn_norm, ffn_norm, gate, up, down, post_ffn_norm } = g;
+    let BlockGrads { attn_norm, q_norm, k_norm, post_attn_norm, ffn_norm, gate, up, down, post_ffn_norm, far } = g;
     // fwd: y = x1 + f2  =>  dx1 = dy; df2 = dy
     let mut dx1 = dy.to_vec(); // [T, d]
     // fwd: f2 = post_ffn_norm(f)  =>  df
@@ -293,6 +340,20 @@ pub fn block_backward<F: Float>(
         BlockMixer::Nystrom { cfg: o1, tp } => {
             let p = plan.expect("block_backward: a Nyström block needs the plan of its forward");
             nystrom_backward(&o1, p, &cfg.ny_shape(tp), &a.q, &a.k, &a.v, &d_o, &mut dq, &mut dk, &mut dv);
+        }
+        BlockMixer::Far { tp, sinks, window, .. } => {
+            let p = w.far.expect("block_backward: a far-field block needs its far field");
+            let s = cfg.far_shape(t, p, sinks, window);
+            // A frozen far field still passes the gradient to q, k, v: its own goes to scratch.
+            let mut scratch;
+            let gp = match far {
+                Some(g) => g,
+                None => {
+                    scratch = FarParams::zeros(&s);
+                    &mut scratch
+                }
+            };
+            far_mixer_backward(&s, p, &a.exits, tp, &a.q, &a.k, &a.v, &a.o, &a.lse, &d_o, &mut dq, &mut dk, &mut dv, gp);
         }
     }
     // fwd: q = rope(qn)  =>  dqn = rope⁻¹(dq)

@@ -201,33 +201,64 @@ pub fn near_part<F: Float>(s: &FarShape, q: &[F], k: &[F], v: &[F]) -> Near<F> {
 /// [`Near`] of one sequence under any schedule (`exits` [T]; a key must leave after it came:
 /// exits[j] > j). The near keys of t are, in position order, those j ≤ t with exits[j] > t.
 pub fn near_part_with<F: Float>(s: &FarShape, exits: Vec<usize>, q: &[F], k: &[F], v: &[F]) -> Near<F> {
+    near_rows(s, exits, 0, q, k, v)
+}
+
+/// Per t ≥ `from`, the near keys of t (ascending positions).
+fn near_sets(exits: &[usize], from: usize) -> Vec<Vec<usize>> {
+    let mut keys: Vec<usize> = Vec::new();
+    let mut out = Vec::with_capacity(exits.len().saturating_sub(from));
+    for t in 0..exits.len() {
+        keys.retain(|&j| exits[j] > t);
+        keys.push(t);
+        if t >= from {
+            out.push(keys.clone());
+        }
+    }
+    out
+}
+
+/// [`near_part_with`] for the rows from `from` (those below stay zero), one pool task per query
+/// head.
+fn near_rows<F: Float>(s: &FarShape, exits: Vec<usize>, from: usize, q: &[F], k: &[F], v: &[F]) -> Near<F> {
     let (nh, nkv, hd) = (s.n_heads, s.n_kv, s.hd);
     assert_eq!(exits.len(), s.t, "far field: one exit per key");
     assert!(exits.iter().enumerate().all(|(j, &x)| x > j), "far field: a key leaves after it came");
     let group = s.group();
-    let mut near =
-        Near { c: vec![F::ZERO; s.t * nh], num: vec![F::ZERO; s.t * nh * hd], den: vec![F::ZERO; s.t * nh], exits: Vec::new() };
+    let sets = near_sets(&exits, from);
     let scale = F::from_f64(s.scale);
-    let mut sc = Vec::new();
-    let mut keys: Vec<usize> = Vec::new();
-    for t in 0..s.t {
-        keys.retain(|&j| exits[j] > t);
-        keys.push(t);
-        for h in 0..nh {
-            let g = h / group;
+    // Per head: c [T] | den [T] | num [T, hd].
+    let row = s.t * (hd + 2);
+    let mut buf = vec![F::ZERO; nh * row];
+    crate::par::pool().for_rows_mut_dynamic(&mut buf, row, 1, |h, out| {
+        let g = h / group;
+        let (cd, num) = out.split_at_mut(2 * s.t);
+        let mut sc = Vec::new();
+        for (i, keys) in sets.iter().enumerate() {
+            let t = from + i;
             let qr = &q[(t * nh + h) * hd..][..hd];
             sc.clear();
             sc.extend(keys.iter().map(|&j| dot(qr, &k[(j * nkv + g) * hd..][..hd]) * scale));
             let c = sc.iter().fold(sc[0], |m, &x| m.max(x));
-            let num = &mut near.num[(t * nh + h) * hd..][..hd];
+            let nr = &mut num[t * hd..][..hd];
             let mut den = F::ZERO;
             for (&j, &x) in keys.iter().zip(&sc) {
                 let e = (x - c).exp();
                 den += e;
-                num.iter_mut().zip(&v[(j * nkv + g) * hd..][..hd]).for_each(|(o, &y)| *o += e * y);
+                nr.iter_mut().zip(&v[(j * nkv + g) * hd..][..hd]).for_each(|(o, &y)| *o += e * y);
             }
-            near.c[t * nh + h] = c;
-            near.den[t * nh + h] = den;
+            cd[t] = c;
+            cd[s.t + t] = den;
+        }
+    });
+    let mut near =
+        Near { c: vec![F::ZERO; s.t * nh], num: vec![F::ZERO; s.t * nh * hd], den: vec![F::ZERO; s.t * nh], exits: Vec::new() };
+    for h in 0..nh {
+        let b = &buf[h * row..][..row];
+        for t in from..s.t {
+            near.c[t * nh + h] = b[t];
+            near.den[t * nh + h] = b[s.t + t];
+            near.num[(t * nh + h) * hd..][..hd].copy_from_slice(&b[2 * s.t + t * hd..][..hd]);
         }
     }
     near.exits = exits;
@@ -297,7 +328,7 @@ fn row_weights<F: Float>(s: &FarShape, p: &FarParams<F>, h: usize, qr: &[F], bma
 /// The far field's output: o [T, n_heads, hd] (written) from the exact part and the keys
 /// leaving the window.
 pub fn far_forward<F: Float>(s: &FarShape, p: &FarParams<F>, near: &Near<F>, q: &[F], k: &[F], v: &[F], o: &mut [F]) {
-    sweep(s, p, near, q, k, v, Some(o), Upstream::None, None);
+    sweep(s, p, near, q, k, v, Some(o), Upstream::None, None, Rows::all());
 }
 
 /// Adds ∂L/∂params to `grads` given ∂L/∂o (`d_o`, [T, n_heads, hd]).
@@ -312,7 +343,145 @@ pub fn far_backward<F: Float>(
     d_o: &[F],
     grads: &mut FarParams<F>,
 ) {
-    sweep(s, p, near, q, k, v, None, Upstream::Given(d_o), Some(grads));
+    sweep(s, p, near, q, k, v, None, Upstream::Given(d_o), Some(grads), Rows::all());
+}
+
+/// The far field as a decoder block's attention (stage 2, end to end): rows before `tp` are
+/// the prompt, exact causal attention as the engine prefills it; rows from `tp` attend to their
+/// near keys under `exits` and to the far field, as the sealed engine serves them. Unlike the
+/// teacher-forced form above, q, k and v are the block's own and get gradients.
+/// o [T, n_heads, hd] and lse [T, n_heads] (each row's log-normalizer, for the backward) written.
+#[allow(clippy::too_many_arguments)]
+pub fn far_mixer_forward<F: Float>(
+    s: &FarShape,
+    p: &FarParams<F>,
+    exits: &[usize],
+    tp: usize,
+    q: &[F],
+    k: &[F],
+    v: &[F],
+    o: &mut [F],
+    lse: &mut [f64],
+) {
+    let (nh, nkv, hd) = (s.n_heads, s.n_kv, s.hd);
+    assert!(tp <= s.t && o.len() == q.len() && lse.len() == s.t * nh, "far mixer: o must be [T, nh, hd], lse [T, nh]");
+    let near = near_rows(s, exits.to_vec(), tp, q, k, v);
+    sweep(s, p, &near, q, k, v, Some(o), Upstream::None, None, Rows { from: tp, lse: Some(lse), din: None });
+    if tp > 0 {
+        let (qd, kd) = (tp * nh * hd, tp * nkv * hd);
+        crate::attention::attention_forward(&prompt_shape(s), &q[..qd], &k[..kd], &v[..kd], &mut o[..qd], &mut lse[..tp * nh]);
+    }
+}
+
+fn prompt_shape(s: &FarShape) -> crate::attention::AttnShape {
+    crate::attention::AttnShape { n_heads: s.n_heads, n_kv_heads: s.n_kv, head_dim: s.hd, scale: s.scale, window: None }
+}
+
+/// Backward of [`far_mixer_forward`] (its o and lse): dq, dk, dv += and the far field's
+/// parameter gradients += given ∂L/∂o.
+/// fwd: o_t = (Σ_near e^{s_tj} v_j + Σ_f e^{a_f} H_f) / e^{ℓ_t}
+///   =>  near keys as softmax attention against ℓ (D_t = do_t·o_t, ds = p·(do_t·v_j − D_t));
+///       the far field by the sweep (∂a_f → dq, U, α, γq; ∂b_f → dk, W, β, γk, ρ; dv_j = Σ_f e·G_f);
+///       the prompt rows by exact attention's backward.
+#[allow(clippy::too_many_arguments)]
+pub fn far_mixer_backward<F: Float>(
+    s: &FarShape,
+    p: &FarParams<F>,
+    exits: &[usize],
+    tp: usize,
+    q: &[F],
+    k: &[F],
+    v: &[F],
+    o: &[F],
+    lse: &[f64],
+    d_o: &[F],
+    dq: &mut [F],
+    dk: &mut [F],
+    dv: &mut [F],
+    grads: &mut FarParams<F>,
+) {
+    let (nh, nkv, hd) = (s.n_heads, s.n_kv, s.hd);
+    assert!(
+        d_o.len() == q.len() && dq.len() == q.len() && dk.len() == k.len() && dv.len() == v.len(),
+        "far mixer backward: do, dq must be [T, nh, hd], dk, dv [T, nkv, hd]"
+    );
+    if tp > 0 {
+        let (qd, kd) = (tp * nh * hd, tp * nkv * hd);
+        crate::attention::attention_backward(
+            &prompt_shape(s),
+            &q[..qd],
+            &k[..kd],
+            &v[..kd],
+            &o[..qd],
+            &lse[..tp * nh],
+            &d_o[..qd],
+            &mut dq[..qd],
+            &mut dk[..kd],
+            &mut dv[..kd],
+        );
+    }
+    near_backward(s, exits, tp, q, k, v, o, lse, d_o, dq, dk, dv);
+    let near = near_rows(s, exits.to_vec(), tp, q, k, v);
+    sweep(s, p, &near, q, k, v, None, Upstream::Given(d_o), Some(grads), Rows { from: tp, lse: None, din: Some((dq, dk, dv)) });
+}
+
+/// The near keys' part of [`far_mixer_backward`] for the rows from `tp`, one pool task per query
+/// head (each head's dk, dv in its own buffer, summed over the group afterwards).
+/// fwd: p_tj = e^{s_tj − ℓ_t}, s_tj = scale·q_t·k_j  =>  dv_j += p·do_t; ds = p·(do_t·v_j − do_t·o_t);
+///      dq_t += scale·ds·k_j; dk_j += scale·ds·q_t
+#[allow(clippy::too_many_arguments)]
+fn near_backward<F: Float>(
+    s: &FarShape,
+    exits: &[usize],
+    tp: usize,
+    q: &[F],
+    k: &[F],
+    v: &[F],
+    o: &[F],
+    lse: &[f64],
+    d_o: &[F],
+    dq: &mut [F],
+    dk: &mut [F],
+    dv: &mut [F],
+) {
+    let (nh, nkv, hd) = (s.n_heads, s.n_kv, s.hd);
+    let group = s.group();
+    let sets = near_sets(exits, tp);
+    let scale = F::from_f64(s.scale);
+    // Per head: dq [T, hd] | dk [T, hd] | dv [T, hd].
+    let row = 3 * s.t * hd;
+    let mut buf = vec![F::ZERO; nh * row];
+    crate::par::pool().for_rows_mut_dynamic(&mut buf, row, 1, |h, out| {
+        let g = h / group;
+        let (dqh, rest) = out.split_at_mut(s.t * hd);
+        let (dkh, dvh) = rest.split_at_mut(s.t * hd);
+        for (i, keys) in sets.iter().enumerate() {
+            let t = tp + i;
+            let r = (t * nh + h) * hd;
+            let (qr, dor) = (&q[r..][..hd], &d_o[r..][..hd]);
+            let dd = dot(dor, &o[r..][..hd]);
+            let l = lse[t * nh + h];
+            for &j in keys {
+                let (kr, vr) = (&k[(j * nkv + g) * hd..][..hd], &v[(j * nkv + g) * hd..][..hd]);
+                let pj = F::from_f64((dot(qr, kr) * scale).to_f64() - l).exp();
+                let ds = scale * pj * (dot(dor, vr) - dd);
+                dqh[t * hd..][..hd].iter_mut().zip(kr).for_each(|(x, &y)| *x += ds * y);
+                dkh[j * hd..][..hd].iter_mut().zip(qr).for_each(|(x, &y)| *x += ds * y);
+                dvh[j * hd..][..hd].iter_mut().zip(dor).for_each(|(x, &y)| *x += pj * y);
+            }
+        }
+    });
+    for h in 0..nh {
+        let g = h / group;
+        let b = &buf[h * row..][..row];
+        let (bq, rest) = b.split_at(s.t * hd);
+        let (bk, bv) = rest.split_at(s.t * hd);
+        for t in 0..s.t {
+            dq[(t * nh + h) * hd..][..hd].iter_mut().zip(&bq[t * hd..][..hd]).for_each(|(a, &x)| *a += x);
+            dk[(t * nkv + g) * hd..][..hd].iter_mut().zip(&bk[t * hd..][..hd]).for_each(|(a, &x)| *a += x);
+            dv[(t * nkv + g) * hd..][..hd].iter_mut().zip(&bv[t * hd..][..hd]).for_each(|(a, &x)| *a += x);
+        }
+    }
 }
 
 /// What the backward starts from.
@@ -325,6 +494,23 @@ enum Upstream<'a, F> {
     /// L = Σ |o − y|² over the rows with a far set: ∂L/∂o = 2(o − y), formed row by row in the
     /// one sweep (no second forward).
     Mse(&'a [F]),
+}
+
+/// What the sweep does beyond the parameters' gradients (the block mixer's needs, stage 2).
+struct Rows<'a, F> {
+    /// Rows before this one are another operator's (the exact prompt): no gradient from them.
+    from: usize,
+    /// Per row [T, n_heads], the log of the whole normalizer in score units: ℓ = log(Σ_near e^s
+    /// + Σ_far …), so a near key's weight is e^{s − ℓ} (written when given).
+    lse: Option<&'a mut [f64]>,
+    /// ∂L/∂q [T, n_heads, hd], ∂L/∂k and ∂L/∂v [T, n_kv, hd] through the far field (+=).
+    din: Option<(&'a mut [F], &'a mut [F], &'a mut [F])>,
+}
+
+impl<F> Rows<'_, F> {
+    fn all() -> Self {
+        Rows { from: 0, lse: None, din: None }
+    }
 }
 
 /// The forward sweep over t (optionally writing o) and, given ∂L/∂o, the backward: the row
@@ -344,6 +530,7 @@ fn sweep<F: Float>(
     mut o: Option<&mut [F]>,
     up: Upstream<'_, F>,
     mut grads: Option<&mut FarParams<F>>,
+    mut rows: Rows<'_, F>,
 ) -> f64 {
     let backward = !matches!(up, Upstream::None);
     let mut sq_err = 0.0;
@@ -392,6 +579,9 @@ fn sweep<F: Float>(
                 }
                 _ => None,
             };
+            if t < rows.from {
+                continue;
+            }
             for h in g * group..(g + 1) * group {
                 let row = t * nh + h;
                 let (c, nnum, nden) = (near.c[row], &near.num[row * hd..][..hd], near.den[row]);
@@ -399,6 +589,9 @@ fn sweep<F: Float>(
                 let Some(bmax) = far else {
                     if let Some(o) = o.as_deref_mut() {
                         o[row * hd..][..hd].iter_mut().zip(nnum).for_each(|(y, &x)| *y = x / nden);
+                    }
+                    if let Some(l) = rows.lse.as_deref_mut() {
+                        l[row] = c.to_f64() + nden.to_f64().ln();
                     }
                     continue;
                 };
@@ -413,6 +606,10 @@ fn sweep<F: Float>(
                 out.iter_mut().for_each(|y| *y *= inv);
                 if let Some(o) = o.as_deref_mut() {
                     o[row * hd..][..hd].copy_from_slice(&out);
+                }
+                if let Some(l) = rows.lse.as_deref_mut() {
+                    // den is in units of e^{c − top} (e0 = e^{−top}).
+                    l[row] = c.to_f64() + den.to_f64().ln() - e0.to_f64().ln();
                 }
                 let Some(gr) = grads.as_deref_mut() else { continue };
                 let dor = match up {
@@ -436,6 +633,15 @@ fn sweep<F: Float>(
                     gr.u[(h * r + f) * hd..][..hd].iter_mut().zip(qr).for_each(|(x, &y)| *x += de * y);
                     gr.alpha[h * r + f] += de;
                     gr.gq[h] -= de * q2;
+                    // fwd: a_f = U_h[f]·q − γq·|q|² + α  =>  dq += ∂a·(U_h[f] − 2γq·q)
+                    if let Some((dq, _, _)) = rows.din.as_mut() {
+                        let two_g = F::from_f64(2.0) * p.gq[h];
+                        dq[row * hd..][..hd]
+                            .iter_mut()
+                            .zip(&p.u[(h * r + f) * hd..][..hd])
+                            .zip(qr)
+                            .for_each(|((x, &u), &y)| *x += de * (u - two_g * y));
+                    }
                     let wi = w[f] * inv;
                     gh[(t * r + f) * hd..][..hd].iter_mut().zip(dor).for_each(|(x, &y)| *x += wi * y);
                     gz[t * r + f] += w[f] * dden;
@@ -472,6 +678,17 @@ fn sweep<F: Float>(
                     gr.beta[g * r + f] += db;
                     gr.gk[g] -= db * k2;
                     d_delta[f] -= age * db + e * (dot(&ms[f * hd..][..hd], vr) + mz[f]);
+                    // fwd: b_f = W_g[f]·k − γk·|k|² + β, H += e^{b̃}·v  =>  dk += ∂b·(W_g[f] − 2γk·k); dv += e·G
+                    if let Some((_, dk, dv)) = rows.din.as_mut() {
+                        let two_g = F::from_f64(2.0) * p.gk[g];
+                        let at = (j * nkv + g) * hd;
+                        dk[at..][..hd]
+                            .iter_mut()
+                            .zip(&p.w[(g * r + f) * hd..][..hd])
+                            .zip(kr)
+                            .for_each(|((x, &w), &y)| *x += db * (w - two_g * y));
+                        dv[at..][..hd].iter_mut().zip(&hs[f * hd..][..hd]).for_each(|(x, &y)| *x += e * y);
+                    }
                 }
             }
         }
@@ -533,7 +750,7 @@ impl<F: Float> LayerSeq<F> {
                 self.sq_err(s, &o)
             }
             Some(gr) => {
-                let e = sweep(s, p, &self.near, &self.q, &self.k, &self.v, None, Upstream::Mse(&self.y), Some(gr));
+                let e = sweep(s, p, &self.near, &self.q, &self.k, &self.v, None, Upstream::Mse(&self.y), Some(gr), Rows::all());
                 (e, (s.t - self.near.first_far()) * s.n_heads)
             }
         }
@@ -743,7 +960,7 @@ mod tests {
     fn fit_keeps_the_best_held_out_parameters() {
         let s = FarShape { t: 24, n_heads: 2, n_kv: 1, hd: 4, rank: 2, sinks: 1, window: 4, scale: 0.5 };
         let mut rng = Rng(21);
-        let mut seq = |rng: &mut Rng| {
+        let seq = |rng: &mut Rng| {
             let (q, k, v, y) = (rng.vec(24 * 8, 1.0), rng.vec(24 * 4, 1.0), rng.vec(24 * 4, 1.0), rng.vec(24 * 8, 1.0));
             LayerSeq::new(&s, q, k, v, y)
         };

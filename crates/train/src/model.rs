@@ -14,6 +14,7 @@
 //! Accumulation contract: param grads +=, activations =.
 
 use crate::block::{BlockActs, BlockConfig, BlockGrads, BlockWeights, block_backward, block_forward};
+use crate::farfield::FarParams;
 use crate::float::Float;
 use crate::loss::{LossOut, lm_head_distill};
 use crate::norm::{NormStyle, rmsnorm_backward, rmsnorm_forward};
@@ -60,11 +61,25 @@ pub struct LayerGrads<F> {
     pub post_ffn_norm: Option<Vec<F>>,
 }
 
-/// Gradients of every trainable tensor: per layer (None: frozen layer) and the final norm.
+/// Gradients of every trainable tensor: per layer (None: frozen layer), the final norm, and per
+/// layer the far field of a far-field block (None: the layer has none).
 #[derive(Debug, Clone)]
 pub struct StudentGrads<F> {
     pub layers: Vec<Option<LayerGrads<F>>>,
     pub final_norm: Vec<F>,
+    pub far: Vec<Option<FarParams<F>>>,
+}
+
+/// What a trainable tensor is, for its learning rate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A norm gain (a vector of O(1) values).
+    Gain,
+    /// An FFN matrix.
+    Matrix,
+    /// A far field's feature map (U, α, W, β, ρ; the norm terms γ stay as stage 1 fitted them:
+    /// a step of AdamW moves γ·|q|² by lr·|q|², hundreds of times the others' step).
+    Far,
 }
 
 impl<F: Float> StudentGrads<F> {
@@ -89,7 +104,8 @@ impl<F: Float> StudentGrads<F> {
                 })
             })
             .collect();
-        StudentGrads { layers, final_norm: z(s.final_norm) }
+        let far = s.layers.iter().map(|l| l.w.far.map(|p| p.map(|_| F::ZERO))).collect();
+        StudentGrads { layers, final_norm: z(s.final_norm), far }
     }
 
     /// Every buffer, in a fixed order (for clipping and the optimizer).
@@ -97,21 +113,25 @@ impl<F: Float> StudentGrads<F> {
         self.tensors_kinds_mut().into_iter().map(|(t, _)| t).collect()
     }
 
-    /// [`Self::tensors_mut`] with, per buffer, whether it is a norm gain (a vector) rather than
-    /// an FFN matrix: the trainer gives gains their own learning-rate multiplier. One list, so
-    /// the order and the kinds cannot drift apart.
-    pub fn tensors_kinds_mut(&mut self) -> Vec<(&mut Vec<F>, bool)> {
+    /// [`Self::tensors_mut`] with, per buffer, its [`Kind`]: the trainer gives gains and far
+    /// fields their own learning-rate multipliers. One list, so the order and the kinds cannot
+    /// drift apart.
+    pub fn tensors_kinds_mut(&mut self) -> Vec<(&mut Vec<F>, Kind)> {
+        use Kind::{Gain, Matrix};
         let mut out = Vec::new();
         for g in self.layers.iter_mut().flatten() {
-            out.extend([(&mut g.attn_norm, true), (&mut g.ffn_norm, true)]);
-            out.extend([(&mut g.gate, false), (&mut g.up, false), (&mut g.down, false)]);
+            out.extend([(&mut g.attn_norm, Gain), (&mut g.ffn_norm, Gain)]);
+            out.extend([(&mut g.gate, Matrix), (&mut g.up, Matrix), (&mut g.down, Matrix)]);
             for o in [&mut g.q_norm, &mut g.k_norm, &mut g.post_attn_norm, &mut g.post_ffn_norm] {
                 if let Some(v) = o.as_mut() {
-                    out.push((v, true));
+                    out.push((v, Gain));
                 }
             }
         }
-        out.push((&mut self.final_norm, true));
+        out.push((&mut self.final_norm, Gain));
+        for p in self.far.iter_mut().flatten() {
+            out.extend([&mut p.u, &mut p.alpha, &mut p.w, &mut p.beta, &mut p.rho].map(|t| (t, Kind::Far)));
+        }
         out
     }
 
@@ -226,9 +246,11 @@ impl<F: Float> Student<'_, F> {
                     up: Some(&mut g.up[..]),
                     down: Some(&mut g.down[..]),
                     post_ffn_norm: g.post_ffn_norm.as_deref_mut(),
+                    far: None,
                 },
                 None => BlockGrads::default(),
             };
+            let g = BlockGrads { far: grads.far[l].as_mut(), ..g };
             block_backward(&layer.cfg, &layer.w, layer.rope, plans[l].as_ref(), &inputs[l], &acts, &dx, &mut dxl, g);
             dx = dxl;
         }

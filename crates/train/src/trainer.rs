@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::data::{Cursor, Windows};
 use crate::float::Float;
-use crate::model::{Student, StudentGrads, StudentLayer};
+use crate::model::{Kind, Student, StudentGrads, StudentLayer};
 use crate::nystrom::NystromError;
 use crate::optim::{AdamState, AdamW, clip_factor, lr_schedule};
 
@@ -91,6 +91,8 @@ pub struct TrainConfig {
     /// Multiplier of the learning rate for norm gains (vectors of O(1) values, which AdamW at an
     /// FFN matrix's rate barely moves: lr 1e-4 shifts a gain by at most ~1e-4 per step).
     pub gain_lr_mult: f64,
+    /// Multiplier of the learning rate for far fields' feature maps (stage 1 fits them at 1e-2).
+    pub far_lr_mult: f64,
     /// β1, β2, eps, weight decay (its `lr` is unused: the schedule gives each step's).
     pub adamw: AdamW,
     /// Global gradient-norm clip (≤ 0: off).
@@ -112,6 +114,7 @@ impl Default for TrainConfig {
             lr: 1e-4,
             min_lr: 1e-5,
             gain_lr_mult: 1.0,
+            far_lr_mult: 1.0,
             adamw: AdamW { lr: 1e-4, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 },
             clip: 1.0,
             kl_weight: 0.5,
@@ -140,6 +143,9 @@ impl TrainConfig {
         }
         if !(self.gain_lr_mult.is_finite() && self.gain_lr_mult > 0.0) {
             return bad(format!("--gain-lr-mult {}: must be finite and > 0", self.gain_lr_mult));
+        }
+        if !(self.far_lr_mult.is_finite() && self.far_lr_mult > 0.0) {
+            return bad(format!("far field lr multiplier {}: must be finite and > 0 (--far-lr)", self.far_lr_mult));
         }
         if !(0.0..=1.0).contains(&self.kl_weight) {
             return bad(format!("--kl-weight {}: must be in [0, 1]", self.kl_weight));
@@ -210,6 +216,11 @@ pub fn params_of<F: Float>(s: &Student<'_, F>) -> Params<F> {
         }
     }
     p.final_norm.copy_from_slice(s.final_norm);
+    for (dst, l) in p.far.iter_mut().zip(&s.layers) {
+        if let (Some(d), Some(src)) = (dst.as_mut(), l.w.far) {
+            d.clone_from(src);
+        }
+    }
     p
 }
 
@@ -219,7 +230,8 @@ pub fn student_view<'s, F: Float>(base: &'s Student<'_, F>, p: &'s Params<F>) ->
         .layers
         .iter()
         .zip(&p.layers)
-        .map(|(l, g)| {
+        .enumerate()
+        .map(|(i, (l, g))| {
             let mut w = l.w;
             if let Some(g) = g {
                 w.attn_norm = &g.attn_norm;
@@ -232,6 +244,7 @@ pub fn student_view<'s, F: Float>(base: &'s Student<'_, F>, p: &'s Params<F>) ->
                 w.post_attn_norm = g.post_attn_norm.as_deref().or(w.post_attn_norm);
                 w.post_ffn_norm = g.post_ffn_norm.as_deref().or(w.post_ffn_norm);
             }
+            w.far = p.far[i].as_ref().or(w.far);
             StudentLayer { cfg: l.cfg, w, rope: l.rope, train: l.train }
         })
         .collect();
@@ -339,7 +352,8 @@ impl<'a, F: Float> Trainer<'a, F> {
         let idx = cursor.take(self.data.len(), b, self.cfg.seed, self.cfg.shuffle);
         // The gradient buffers leave self for the step (the student view borrows self) and
         // come back on every path.
-        let mut grads = std::mem::replace(&mut self.grads, StudentGrads { layers: Vec::new(), final_norm: Vec::new() });
+        let mut grads =
+            std::mem::replace(&mut self.grads, StudentGrads { layers: Vec::new(), final_norm: Vec::new(), far: Vec::new() });
         grads.zero();
         let sums = self.accumulate(&idx, teacher, &mut grads);
         let r = sums.and_then(|sums| self.update(sums, lr, &mut grads));
@@ -396,8 +410,12 @@ impl<'a, F: Float> Trainer<'a, F> {
         }
         let opt = self.cfg.adamw;
         let mut pt = self.params.tensors_kinds_mut();
-        for (((p, gain), g), st) in pt.iter_mut().zip(&gt).zip(self.moments.iter_mut()) {
-            let lr_t = if *gain { lr * self.cfg.gain_lr_mult } else { lr };
+        for (((p, kind), g), st) in pt.iter_mut().zip(&gt).zip(self.moments.iter_mut()) {
+            let lr_t = match kind {
+                Kind::Gain => lr * self.cfg.gain_lr_mult,
+                Kind::Matrix => lr,
+                Kind::Far => lr * self.cfg.far_lr_mult,
+            };
             opt.step(step_no, lr_t, p, g, factor, st);
         }
         self.step = step_no;

@@ -1,10 +1,12 @@
 //! The decoder block (block.rs) gradient-checked in f64 for the layer kinds the polish meets:
 //! Gemma 3-like (QKV bias, QK-norm, post-norms, GELU-tanh, (1+w) gains) served by Nyström with
 //! the guard active; Llama-like (SiLU, interleaved partial RoPE) exact; a sliding-window layer
-//! with QK-norm. Gradients w.r.t. the block input and every trainable tensor; M frozen.
+//! with QK-norm; a layer served by sink+window and the learned far field (stage 2). Gradients
+//! w.r.t. the block input and every trainable tensor; M frozen.
 
 use cortiq_train::act::Act;
 use cortiq_train::block::{BlockActs, BlockConfig, BlockGrads, BlockMixer, BlockWeights, block_backward, block_forward};
+use cortiq_train::farfield::{FarParams, FarShape};
 use cortiq_train::gradcheck::{Report, Rng, check};
 use cortiq_train::norm::NormStyle;
 use cortiq_train::nystrom::{DEFAULT_RIDGE, Far, NystromPlan, O1Config};
@@ -15,6 +17,7 @@ const T: usize = 40;
 /// Every tensor of a block, by name (trainable ones listed in TRAIN).
 struct Tensors {
     v: Vec<(&'static str, Vec<f64>)>,
+    far: Option<FarParams<f64>>,
 }
 
 const TRAIN: [&str; 9] = ["attn_norm", "q_norm", "k_norm", "post_attn_norm", "ffn_norm", "gate", "up", "down", "post_ffn_norm"];
@@ -45,6 +48,7 @@ impl Tensors {
             up: g("up"),
             down: g("down"),
             post_ffn_norm: self.get("post_ffn_norm"),
+            far: self.far.as_ref(),
         }
     }
 }
@@ -78,7 +82,15 @@ fn make(cfg: &BlockConfig, bias: bool, qk_norm: bool, post: bool, seed: u64) -> 
     if post {
         v.extend([("post_attn_norm", gain(&mut r, d)), ("post_ffn_norm", gain(&mut r, d))]);
     }
-    Tensors { v }
+    let far = match cfg.mixer {
+        BlockMixer::Far { sinks, window, .. } => {
+            let s =
+                FarShape { t: T, n_heads: cfg.n_heads, n_kv: cfg.n_kv_heads, hd, rank: 3, sinks, window, scale: cfg.attn_scale };
+            Some(FarParams::random(&s, &mut r))
+        }
+        _ => None,
+    };
+    Tensors { v, far }
 }
 
 fn run(name: &str, cfg: BlockConfig, rope: RopeTable<f64>, bias: bool, qk_norm: bool, post: bool) -> Vec<Report> {
@@ -99,8 +111,9 @@ fn run(name: &str, cfg: BlockConfig, rope: RopeTable<f64>, bias: bool, qk_norm: 
     // Analytic gradients (buffers pre-filled with 0.5 to catch a backward that writes).
     let mut grads: Vec<(&str, Vec<f64>)> = TRAIN.iter().filter_map(|&n| ts.get(n).map(|t| (n, vec![0.5; t.len()]))).collect();
     let mut dx = vec![0.5; x.len()];
+    let mut far_grads = ts.far.as_ref().map(|p| p.map(|_| 0.5));
     {
-        let mut g = BlockGrads::default();
+        let mut g = BlockGrads { far: far_grads.as_mut(), ..BlockGrads::default() };
         for (n, buf) in grads.iter_mut() {
             let slot = Some(&mut buf[..]);
             match *n {
@@ -133,6 +146,15 @@ fn run(name: &str, cfg: BlockConfig, rope: RopeTable<f64>, bias: bool, qk_norm: 
             loss(&ts, &x)
         }));
         ts.get_mut(n).copy_from_slice(&t0);
+    }
+    let names = ["far U", "far alpha", "far gamma_q", "far W", "far beta", "far gamma_k", "far rho"];
+    for (i, fg) in far_grads.iter().flat_map(|g| g.tensors()).enumerate() {
+        let mut t0 = ts.far.as_ref().unwrap().tensors()[i].to_vec();
+        reps.push(check(name, names[i], &mut t0, &unpre(fg), 1e-4, |tv| {
+            *ts.far.as_mut().unwrap().tensors_mut()[i] = tv.to_vec();
+            loss(&ts, &x)
+        }));
+        *ts.far.as_mut().unwrap().tensors_mut()[i] = t0;
     }
     reps
 }
@@ -167,6 +189,8 @@ fn gradcheck_blocks() {
     reps.extend(run("block llama-like exact", llama, RopeTable::new(T, 4, 500.0), false, false, false));
     let local = BlockConfig { mixer: BlockMixer::Exact { window: Some(5) }, ..base };
     reps.extend(run("block sliding qk-norm", local, RopeTable::new(T, 4, 10_000.0), false, true, true));
+    let far = BlockConfig { mixer: BlockMixer::Far { tp: 20, sinks: 1, window: 6, schedule: None }, ..llama };
+    reps.extend(run("block llama-like far", far, RopeTable::new(T, 4, 500.0), true, false, false));
     for rep in &reps {
         println!("{rep}");
     }

@@ -41,6 +41,7 @@ fn weights(l: &Named) -> BlockWeights<'_, f64> {
         up: g("up"),
         down: g("down"),
         post_ffn_norm: get(l, "post_ffn_norm"),
+        far: None,
     }
 }
 

@@ -320,7 +320,7 @@ fn gain_lr_mult_scales_only_the_gains() {
     let cfg = TrainConfig { warmup: 0, clip: 0.0, gain_lr_mult: 10.0, adamw, ..base };
     let mut tr = Trainer::new(fx.student(), cfg, data(&fx)).unwrap();
     let before: Vec<Vec<f32>> = tr.params.tensors_mut().iter().map(|t| t.to_vec()).collect();
-    let gains: Vec<bool> = tr.params.tensors_kinds_mut().iter().map(|(_, g)| *g).collect();
+    let gains: Vec<bool> = tr.params.tensors_kinds_mut().iter().map(|(_, k)| *k == cortiq_train::model::Kind::Gain).collect();
     assert!(gains.iter().any(|&g| g) && gains.iter().any(|&g| !g), "the fixture has both kinds");
     let lr = tr.train_step(&mut synthetic_teacher(v)).unwrap().lr;
     let after: Vec<Vec<f32>> = tr.params.tensors_mut().iter().map(|t| t.to_vec()).collect();

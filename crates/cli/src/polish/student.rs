@@ -214,6 +214,7 @@ impl StudentWeights {
                     up: &l.up,
                     down: &l.down,
                     post_ffn_norm: l.post_ffn_norm.as_deref(),
+                    far: None,
                 },
                 rope: &self.ropes[r],
                 train,

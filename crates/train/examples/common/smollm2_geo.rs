@@ -107,6 +107,7 @@ impl Geo {
                         up: &l[7],
                         down: &l[8],
                         post_ffn_norm: None,
+                        far: None,
                     },
                     rope: &self.rope,
                     train: true,

@@ -113,6 +113,7 @@ impl<F: Float> Fixture<F> {
                     up: g("up"),
                     down: g("down"),
                     post_ffn_norm: None,
+                    far: None,
                 };
                 StudentLayer { cfg, w, rope: &self.rope, train: true }
             })
@@ -140,6 +141,7 @@ impl<F: Float> Fixture<F> {
             lr: self.f("lr"),
             min_lr: self.f("min_lr"),
             gain_lr_mult: 1.0,
+            far_lr_mult: 1.0,
             adamw: AdamW {
                 lr: self.f("lr"),
                 beta1: self.f("beta1"),
