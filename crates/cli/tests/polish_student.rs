@@ -121,3 +121,69 @@ fn o1_student_matches_engine_matrix_form() {
     check_o1("llama", &fixture("llama").join("model.gguf"));
     check_o1("gemma3", &fixture("gemma3"));
 }
+
+/// Stage 2's student (each planned layer: exact prompt, then sink+window beside a learned far
+/// field with decay) against the engine serving the same far field in streaming form (prompt
+/// prefilled, then one token per step), on the llama fixture with random feature maps large
+/// enough to matter; also with score eviction on every planned layer (the student computes
+/// the schedule from its own q, k, v as `polish --far-rule score` does; the engine's scores
+/// also count the far mass, so the kept keys may differ: that form is only printed).
+#[test]
+fn far_student_matches_engine_streaming() {
+    use cortiq_engine::mixers::farfield::FarWeights;
+    use cortiq_train::gradcheck::Rng;
+    let mut loaded = load(&fixture("llama").join("model.gguf")).unwrap();
+    let toks = tokens("llama");
+    let (t, v) = (toks.len(), loaded.model.cfg.vocab);
+    let (nh, nkv, hd) = (loaded.model.cfg.n_heads, loaded.model.cfg.n_kv_heads, loaded.model.cfg.head_dim);
+    let (window, sinks, rank, tp) = (4, 1, 3, t / 2);
+    assert!(tp > window + sinks + 2, "keys must leave at the seal");
+    let mut rng = Rng(77);
+    let mut vec = |n: usize, s: f64| rng.vec(n, s).into_iter().map(|x| x as f32).collect::<Vec<f32>>();
+    let n_layers = loaded.model.cfg.n_layers;
+    loaded.model.o1_far = (0..n_layers)
+        .map(|_| {
+            let mut t6 = [
+                vec(nh * rank * hd, 0.3),
+                vec(nh * rank, 0.5),
+                vec(nh, 0.0),
+                vec(nkv * rank * hd, 0.3),
+                vec(nkv * rank, 0.5),
+                vec(nkv, 0.0),
+            ];
+            for i in [1, 4] {
+                t6[i].iter_mut().for_each(|x| *x -= 1.0);
+            }
+            let decay: Vec<f32> = (0..nkv * rank).map(|i| 0.02 * (i + 1) as f32).collect();
+            Some(std::sync::Arc::new(FarWeights::from_tensors(rank, nh, nkv, hd, t6).unwrap().with_decay(decay).unwrap()))
+        })
+        .collect();
+    let m = &loaded.model;
+    let streaming = |rule| {
+        let settings = O1Settings { window, sinks, landmarks: 4, ridge: 1e-3, state: StatePrecision::default() };
+        let plan = O1Plan { tp, settings, far: Far::Linear(rule), check: None, split: false };
+        let mut st = m.new_state_o1(t, plan).unwrap();
+        let mut z = m.forward(&toks[..tp], &mut st, Logits::From(0)).unwrap();
+        for &tk in &toks[tp..] {
+            z.extend(m.forward(&[tk], &mut st, Logits::Last).unwrap());
+        }
+        z
+    };
+    let exact = engine_logits(m, &toks, None);
+    for (score, rule) in [(false, None), (true, Some(cortiq_engine::mixers::evict::ScoreRule::default()))] {
+        let global = GlobalAttn::Far { tp, window, sinks, score_all: score, train_ffn: false };
+        let w = StudentWeights::from_model(m, t, global).unwrap();
+        let z = student_logits(&w.student(), &toks).unwrap();
+        let e = streaming(rule);
+        let (d, at) = max_diff(&z, &e, v);
+        let (d_x, _) = max_diff(&z[tp * v..], &exact[tp * v..], v);
+        eprintln!(
+            "llama far field W{window} S{sinks} r{rank} tp {tp} ({}): student vs engine streaming max |diff| {d:.3e} at {at:?} (vs exact attention {d_x:.3e})",
+            if score { "score eviction" } else { "sink+window" }
+        );
+        assert!(d_x > 1e-3, "the far field and the eviction changed nothing ({d_x})");
+        if !score {
+            assert!(d <= TOL, "far student vs engine streaming {d} > {TOL} at {at:?}");
+        }
+    }
+}

@@ -105,7 +105,10 @@ impl<F: Float> StudentGrads<F> {
             })
             .collect();
         let far = s.layers.iter().map(|l| l.w.far.map(|p| p.map(|_| F::ZERO))).collect();
-        StudentGrads { layers, final_norm: z(s.final_norm), far }
+        // The final norm trains with the layers' norms and FFNs: a student whose only trainable
+        // tensors are far fields (stage 2 of the far field) keeps it as it is (empty buffer).
+        let final_norm = if s.layers.iter().any(|l| l.train) { z(s.final_norm) } else { Vec::new() };
+        StudentGrads { layers, final_norm, far }
     }
 
     /// Every buffer, in a fixed order (for clipping and the optimizer).
@@ -128,7 +131,9 @@ impl<F: Float> StudentGrads<F> {
                 }
             }
         }
-        out.push((&mut self.final_norm, Gain));
+        if !self.final_norm.is_empty() {
+            out.push((&mut self.final_norm, Gain));
+        }
         for p in self.far.iter_mut().flatten() {
             out.extend([&mut p.u, &mut p.alpha, &mut p.w, &mut p.beta, &mut p.rho].map(|t| (t, Kind::Far)));
         }
@@ -229,7 +234,8 @@ impl<F: Float> Student<'_, F> {
         let out = lm_head_distill(hs, self.lm_head, &teacher[s0 * v..], &targets[s0..], v, d, lambda, Some(dhs));
         // fwd: h = norm(x_L)  =>  dx_L, d final_norm
         let mut dx = vec![F::ZERO; t * d];
-        rmsnorm_backward(self.norm_style, &x, self.final_norm, &rstd, &dh, Some(&mut dx), Some(&mut grads.final_norm));
+        let dw = Some(&mut grads.final_norm[..]).filter(|g| !g.is_empty());
+        rmsnorm_backward(self.norm_style, &x, self.final_norm, &rstd, &dh, Some(&mut dx), dw);
         // Layers in reverse: recompute the forward from the kept input, then its backward.
         let mut y = vec![F::ZERO; t * d];
         for (l, layer) in self.layers.iter().enumerate().rev() {

@@ -215,7 +215,9 @@ pub fn params_of<F: Float>(s: &Student<'_, F>) -> Params<F> {
             }
         }
     }
-    p.final_norm.copy_from_slice(s.final_norm);
+    if !p.final_norm.is_empty() {
+        p.final_norm.copy_from_slice(s.final_norm);
+    }
     for (dst, l) in p.far.iter_mut().zip(&s.layers) {
         if let (Some(d), Some(src)) = (dst.as_mut(), l.w.far) {
             d.clone_from(src);
@@ -252,7 +254,7 @@ pub fn student_view<'s, F: Float>(base: &'s Student<'_, F>, p: &'s Params<F>) ->
         embed: base.embed,
         embed_scale: base.embed_scale,
         layers,
-        final_norm: &p.final_norm,
+        final_norm: if p.final_norm.is_empty() { base.final_norm } else { &p.final_norm },
         norm_style: base.norm_style,
         norm_eps: base.norm_eps,
         lm_head: base.lm_head,

@@ -54,8 +54,9 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
     if a.far_windows == 0 {
         bail!("--far-windows: must be at least 1");
     }
-    if !(a.far_lr.is_finite() && a.far_lr > 0.0) {
-        bail!("--far-lr: must be a positive number, got {}", a.far_lr);
+    let far_lr = a.far_lr.unwrap_or(1e-2);
+    if !(far_lr.is_finite() && far_lr > 0.0) {
+        bail!("--far-lr: must be a positive number, got {far_lr}");
     }
     super::check_out(a)?;
     super::start_pool(a.threads)?;
@@ -147,7 +148,7 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
         }
         // A window under score eviction's schedule (`--far-rule score`, and auto's choice).
         let score_seq = |q: Vec<f32>, k: Vec<f32>, v: Vec<f32>, y: Vec<f32>| {
-            let exits = score_exits(&q, &k, &v, t, nh, nkv, hd, sinks, s.window, cfg.attn_scale as f64);
+            let exits = score_exits(&q, &k, &v, t, t / 2, nh, nkv, hd, sinks, s.window, cfg.attn_scale as f64);
             LayerSeq::with_exits(&s, exits, q, k, v, y)
         };
         // Each window under the rule the far field will serve beside.
@@ -179,7 +180,7 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
         let vstart = mean(&|d| d.loss(&s, &init, None), &held);
         // The held-out windows every tenth of the fit: the parameters where they did best.
         let period = (a.steps as usize / 10).max(1);
-        let fitted = fit_layer(&s, &data, init.clone(), a.steps as usize, a.batch, a.far_lr, Some((&held, period)), |st| {
+        let fitted = fit_layer(&s, &data, init.clone(), a.steps as usize, a.batch, far_lr, Some((&held, period)), |st| {
             bar.set_message(format!("layer {il} step {} mse {:.4e}", st.step, st.loss));
         });
         let fin = mean(&|d| d.loss(&s, &fitted, None), &data);
@@ -299,6 +300,7 @@ fn score_exits(
     k: &[f32],
     v: &[f32],
     t: usize,
+    tp: usize,
     nh: usize,
     nkv: usize,
     hd: usize,
@@ -309,7 +311,6 @@ fn score_exits(
     use cortiq_engine::mixers::evict::{ScoreRule, Slots};
     use cortiq_train::farfield::NEVER;
     let row = nkv * hd;
-    let tp = t / 2;
     let mut exits = vec![NEVER; t];
     let mut slots = Slots::seal(&k[..tp * row], &v[..tp * row], row, sinks, window, ScoreRule::default());
     let mut kept: std::collections::BTreeSet<u32> = slots.positions().iter().copied().collect();
@@ -329,6 +330,12 @@ fn score_exits(
         kept = now;
     }
     exits
+}
+
+/// Score eviction's schedule as a stage-2 student's block computes it from its own q, k, v
+/// (`cortiq_train::block::Schedule`): the prompt of `tp` positions, then the slots.
+pub fn score_schedule(s: &FarShape, tp: usize, q: &[f32], k: &[f32], v: &[f32]) -> Vec<usize> {
+    score_exits(q, k, v, s.t, tp, s.n_heads, s.n_kv, s.hd, s.sinks, s.window, s.scale)
 }
 
 /// Grid of the window curves: every SPLIT_STEP positions up to the whole context.

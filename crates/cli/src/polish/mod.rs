@@ -28,6 +28,7 @@ use clap::Args;
 use cortiq_engine::Numerics;
 use cortiq_engine::config::ModelConfig;
 use cortiq_engine::load::load;
+use cortiq_engine::mixers::farfield::{DECAY_TENSOR, TENSORS};
 use cortiq_engine::mixers::nystrom::DEFAULT_RIDGE;
 use cortiq_formats::cmf::O1Header;
 use cortiq_kernels::quant::QuantType;
@@ -134,9 +135,19 @@ pub struct PolishArgs {
     /// --o1-far linear: features per KV head (state r·(head_dim + 3) values per KV head).
     #[arg(long, value_name = "R", default_value_t = 16)]
     pub far_rank: usize,
-    /// --o1-far linear: peak learning rate of the per-layer fit.
-    #[arg(long, value_name = "LR", default_value_t = 1e-2)]
-    pub far_lr: f64,
+    /// --o1-far linear: peak learning rate of the far fields (stage 1's per-layer fit: 1e-2;
+    /// stage 2: 1e-3) [default: by stage].
+    #[arg(long, value_name = "LR")]
+    pub far_lr: Option<f64>,
+    /// --o1-far linear: `transfer` (stage 1: each layer's far field fitted alone to the exact
+    /// attention output, the model frozen) or `distill` (stage 2: MODEL carries a far field; the
+    /// far fields of every planned layer train together end to end, KL against the exact model,
+    /// each layer served as the .cmf serves it) [default: transfer].
+    #[arg(long, value_name = "STAGE", value_parser = ["transfer", "distill"])]
+    pub stage: Option<String>,
+    /// --stage distill: the planned layers' norm gains and FFNs (and the final norm) train too.
+    #[arg(long)]
+    pub distill_ffn: bool,
     /// --o1-far linear: training windows of --ctx tokens (taken in order from the training texts).
     #[arg(long, value_name = "N", default_value_t = 8)]
     pub far_windows: usize,
@@ -205,7 +216,17 @@ pub fn polished_tensors(cfg: &ModelConfig, p: &Params<f32>) -> HashMap<String, V
             }
         }
     }
-    out.insert(cfg.output_norm.to_string(), p.final_norm.clone());
+    if !p.final_norm.is_empty() {
+        out.insert(cfg.output_norm.to_string(), p.final_norm.clone());
+    }
+    // Stage 2's far fields (the layers that have one: rank > 0).
+    for (il, f) in p.far.iter().enumerate() {
+        let Some(f) = f.as_ref().filter(|f| !f.alpha.is_empty()) else { continue };
+        for (suffix, v) in TENSORS.iter().zip(f.tensors()) {
+            out.insert(format!("blk.{il}.{suffix}"), v.to_vec());
+        }
+        out.insert(format!("blk.{il}.{DECAY_TENSOR}"), f.decay());
+    }
     out
 }
 
@@ -270,22 +291,39 @@ fn start_pool(threads: Option<usize>) -> Result<()> {
 }
 
 pub fn cmd_polish(a: PolishArgs) -> Result<()> {
-    if a.o1_far.as_deref() == Some("linear") {
+    let linear = a.o1_far.as_deref() == Some("linear");
+    let distill = a.stage.as_deref() == Some("distill");
+    if a.stage.is_some() && !linear {
+        bail!("--stage: the stages are the learned far field's; give --o1-far linear");
+    }
+    if a.distill_ffn && !distill {
+        bail!("--distill-ffn needs --stage distill");
+    }
+    if linear && !distill {
         return far::cmd_polish_far(&a);
     }
     // Flag errors first, before anything loads.
     for (flag, given) in
         [("--o1-split", a.o1_split.is_some()), ("--far-rule", a.far_rule.is_some()), ("--far-decay", a.far_decay.is_some())]
     {
-        if given {
-            bail!("{flag} needs --o1-far linear");
+        match (given, distill) {
+            (true, true) => bail!("{flag}: a stage-1 setting (--stage transfer); stage 2 serves each layer as MODEL records"),
+            (true, false) => bail!("{flag} needs --o1-far linear"),
+            _ => {}
         }
+    }
+    if a.far_lr.is_some() && !linear {
+        bail!("--far-lr needs --o1-far linear");
+    }
+    let far_lr = a.far_lr.unwrap_or(1e-3);
+    if !(far_lr.is_finite() && far_lr > 0.0) {
+        bail!("--far-lr: must be a positive number, got {far_lr}");
     }
     let ridge = a.o1_ridge.unwrap_or(DEFAULT_RIDGE);
     let o1 = O1Config { window: a.o1_window, sinks: a.o1_sinks, landmarks: a.o1_landmarks, ridge, far: Far::Skeleton };
     o1.validate()?;
     let tp = a.ctx / 2;
-    if a.ctx >= 2 && !o1.seals_skeleton(tp) {
+    if a.ctx >= 2 && !distill && !o1.seals_skeleton(tp) {
         bail!(
             "--ctx {}: its prompt half ({tp} tokens) is too short for a skeleton with --o1-window {} --o1-sinks {} (needs more than {})",
             a.ctx,
@@ -343,9 +381,36 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
         None => None,
     };
     let start = init.as_ref().map_or(model, |l| &l.model);
-    let weights = StudentWeights::from_model(start, a.ctx, GlobalAttn::O1 { cfg: o1, tp })?;
+    let served = crate::common::served_o1(init.as_ref().unwrap_or(&loaded));
+    let global = match (distill, served) {
+        (false, _) => GlobalAttn::O1 { cfg: o1, tp },
+        (true, Some(s)) if s.linear => {
+            let (window, sinks) = (s.settings.window, s.settings.sinks);
+            if tp <= window + sinks {
+                bail!(
+                    "--ctx {}: its prompt half ({tp} tokens) is within the model's window {window} + {sinks} sinks; no key would leave",
+                    a.ctx
+                );
+            }
+            GlobalAttn::Far { tp, window, sinks, score_all: s.score && !s.score_layers, train_ffn: a.distill_ffn }
+        }
+        (true, _) => bail!(
+            "{}: carries no learned far field; stage 2 starts from stage 1's output (cortiq polish --o1-far linear ...)",
+            init.as_ref().map_or(&path, |_| &path).display()
+        ),
+    };
+    let weights = StudentWeights::from_model(start, a.ctx, global)?;
     drop(init);
     let n_conv = weights.train.iter().filter(|&&t| t).count();
+    if let GlobalAttn::Far { window, sinks, .. } = global {
+        let n_far = weights.far.iter().flatten().filter(|f| !f.alpha.is_empty()).count();
+        eprintln!(
+            "polish --stage distill: {} ({}), {n_far} far fields train beside the model's rules (window {window} average, {sinks} sinks){}",
+            path.display(),
+            model.cfg.arch,
+            if a.distill_ffn { format!(", with the norms and FFNs of {n_conv} layers") } else { String::new() }
+        );
+    }
     eprintln!(
         "polish: {} ({}), {n_conv} of {} layers converted (W {}, S {}, m {}, ridge {ridge:e}); {} training windows of {} tokens ({n_train_tokens} tokens), {} validation windows; loaded in {:.1}s",
         path.display(),
@@ -367,7 +432,7 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
         lr: a.lr,
         min_lr: a.min_lr.unwrap_or(a.lr / 10.0),
         gain_lr_mult: a.gain_lr_mult,
-        far_lr_mult: 1.0,
+        far_lr_mult: far_lr / a.lr,
         adamw: AdamW { lr: a.lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 },
         clip: a.clip,
         kl_weight: a.kl_weight,
@@ -452,17 +517,25 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
     }
     let replaced = polished_tensors(&model.cfg, &trainer.params);
     let store = if a.store == "f32" { QuantType::F32 } else { QuantType::F16 };
-    let header = O1Header {
-        window: a.o1_window,
-        sinks: a.o1_sinks,
-        landmarks: a.o1_landmarks,
-        ridge,
-        trained_ctx: a.ctx,
-        steps: trainer.step,
-        far_rank: None,
-        split: None,
-        far_rule: None,
-        score_layers: None,
+    let source_header = match &loaded.origin {
+        cortiq_engine::load::Origin::Cmf(c) => c.header.o1.clone(),
+        _ => None,
+    };
+    let header = match (distill, source_header) {
+        // Stage 2 keeps the model's settings, rules and split.
+        (true, Some(h)) => h,
+        _ => O1Header {
+            window: a.o1_window,
+            sinks: a.o1_sinks,
+            landmarks: a.o1_landmarks,
+            ridge,
+            trained_ctx: a.ctx,
+            steps: trainer.step,
+            far_rank: None,
+            split: None,
+            far_rule: None,
+            score_layers: None,
+        },
     };
     let bytes = export::write_polished(&loaded, &a.out, &replaced, store, header, &[], a.force)?;
     let before = first_ratio.map_or(String::new(), |r| format!("{r:.4} -> "));

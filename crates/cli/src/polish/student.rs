@@ -3,8 +3,11 @@
 //! QK-norm, Qwen2 biases, Gemma 3 post-norms and embedding scale, RoPE tables per layer kind),
 //! and the mixer each layer runs in the polish: the global softmax-attention layers take the
 //! Nyström O(1) operator (or exact attention, for checking), sliding-window layers (Gemma 3
-//! local) keep their exact window, exactly as `--o1` serves them. Trainable: the converted
-//! layers' norm gains and FFN, and the final norm (the polish contract).
+//! local) keep their exact window, exactly as `--o1` serves them; or, for a model that carries a
+//! learned far field (stage 2), each planned layer as the .cmf serves it: its eviction rule at
+//! its split window beside its far field. Trainable: the converted layers' norm gains and FFN,
+//! and the final norm (the polish contract); in stage 2 the far fields (and with
+//! `--distill-ffn` the planned layers' norms and FFNs).
 //!
 //! Conventions the mapping relies on (checked by tests/polish_student.rs against the engine's
 //! exact logits): the engine holds norm gains ready to multiply (a GGUF's Gemma gains already
@@ -21,7 +24,8 @@ use cortiq_engine::config::{Activation, MixerKind};
 use cortiq_engine::mixers::attention::Attention;
 use cortiq_engine::model::Ffn;
 use cortiq_train::act::Act;
-use cortiq_train::block::{BlockConfig, BlockMixer, BlockWeights};
+use cortiq_train::block::{BlockConfig, BlockMixer, BlockWeights, Schedule};
+use cortiq_train::farfield::{FarParams, FarShape};
 use cortiq_train::model::{Student, StudentLayer};
 use cortiq_train::norm::NormStyle;
 use cortiq_train::nystrom::O1Config;
@@ -34,6 +38,10 @@ pub enum GlobalAttn {
     Exact,
     /// The Nyström O(1) operator with the first `tp` rows the sealed prompt.
     O1 { cfg: O1Config, tp: usize },
+    /// The model's own learned far field beside its eviction rule (`Model::o1_far`, its window
+    /// split, its score layers; `score_all`: score eviction on every planned layer), the first
+    /// `tp` rows the sealed prompt; `train_ffn`: the planned layers' norms and FFNs train too.
+    Far { tp: usize, window: usize, sinks: usize, score_all: bool, train_ffn: bool },
 }
 
 /// Why a model cannot become a student.
@@ -83,6 +91,9 @@ pub struct StudentWeights {
     pub layer_rope: Vec<usize>,
     /// Per layer: whether its norms and FFN train (the layers the O(1) mode converts).
     pub train: Vec<bool>,
+    /// Per layer: the far field of a [`GlobalAttn::Far`] student's planned layer (rank 0 where
+    /// the model has none: the layer keeps its rule alone).
+    pub far: Vec<Option<FarParams<f32>>>,
     pub embed_scale: Option<f64>,
     pub norm_eps: f64,
     pub vocab: usize,
@@ -117,6 +128,11 @@ impl StudentWeights {
         let mut layers = Vec::with_capacity(cfg.n_layers);
         let mut cfgs = Vec::with_capacity(cfg.n_layers);
         let mut train = Vec::with_capacity(cfg.n_layers);
+        let mut far = Vec::with_capacity(cfg.n_layers);
+        let windows: std::collections::HashMap<usize, usize> = match (global, model.o1_split.as_deref()) {
+            (GlobalAttn::Far { window, .. }, Some(sp)) => sp.windows(window).into_iter().collect(),
+            _ => Default::default(),
+        };
         for (il, (lw, spec)) in model.layers.iter().zip(&cfg.layers).enumerate() {
             let unsupported = |what| Err(StudentError::Unsupported { layer: il, what });
             let aw: &AttentionWeights = match lw.mixer.downcast_ref::<Attention>() {
@@ -133,7 +149,17 @@ impl StudentWeights {
                 (Some(w), _) => BlockMixer::Exact { window: Some(w) },
                 (None, GlobalAttn::Exact) => BlockMixer::Exact { window: None },
                 (None, GlobalAttn::O1 { cfg, tp }) => BlockMixer::Nystrom { cfg, tp },
+                (None, GlobalAttn::Far { tp, window, sinks, score_all, .. }) => {
+                    let score = score_all || model.o1_score_layers.as_deref().is_some_and(|l| l.contains(&il));
+                    let window = windows.get(&il).copied().unwrap_or(window);
+                    let schedule = score.then_some(Schedule(super::far::score_schedule));
+                    BlockMixer::Far { tp, sinks, window, schedule }
+                }
             };
+            far.push(match (global, converted) {
+                (GlobalAttn::Far { .. }, true) => Some(far_params(model, il)),
+                _ => None,
+            });
             cfgs.push(BlockConfig {
                 d_model: d,
                 n_heads: cfg.n_heads,
@@ -147,7 +173,7 @@ impl StudentWeights {
                 rope_style: cfg.ropes[spec.rope].style,
                 mixer,
             });
-            train.push(converted);
+            train.push(converted && !matches!(global, GlobalAttn::Far { train_ffn: false, .. }));
             layers.push(LayerF32 {
                 attn_norm: lw.attn_norm.clone(),
                 wq: aw.wq.to_f32(),
@@ -180,6 +206,7 @@ impl StudentWeights {
             ropes,
             layer_rope: cfg.layers.iter().map(|l| l.rope).collect(),
             train,
+            far,
             embed_scale: cfg.embed_scale.map(|s| s as f64),
             norm_eps,
             vocab: cfg.vocab,
@@ -195,7 +222,8 @@ impl StudentWeights {
             .zip(&self.cfgs)
             .zip(&self.layer_rope)
             .zip(&self.train)
-            .map(|(((l, cfg), &r), &train)| StudentLayer {
+            .zip(&self.far)
+            .map(|((((l, cfg), &r), &train), far)| StudentLayer {
                 cfg: *cfg,
                 w: BlockWeights {
                     attn_norm: &l.attn_norm,
@@ -214,7 +242,7 @@ impl StudentWeights {
                     up: &l.up,
                     down: &l.down,
                     post_ffn_norm: l.post_ffn_norm.as_deref(),
-                    far: None,
+                    far: far.as_ref(),
                 },
                 rope: &self.ropes[r],
                 train,
@@ -230,6 +258,36 @@ impl StudentWeights {
             lm_head: self.lm_head.as_deref().unwrap_or(&self.embed),
             vocab: self.vocab,
             d_model: self.d_model,
+        }
+    }
+}
+
+/// Layer `il`'s far field as the train crate holds it (ρ = ln δ; −∞ where a feature does not
+/// decay); rank 0 when the model has none there.
+fn far_params(model: &Model, il: usize) -> FarParams<f32> {
+    let cfg = &model.cfg;
+    match model.o1_far.get(il).and_then(|f| f.as_deref()) {
+        Some(f) => FarParams {
+            u: f.u.clone(),
+            alpha: f.alpha.clone(),
+            gq: f.gq.clone(),
+            w: f.w.clone(),
+            beta: f.beta.clone(),
+            gk: f.gk.clone(),
+            rho: f.decay.iter().map(|&d| d.ln()).collect(),
+        },
+        None => {
+            let s = FarShape {
+                t: 0,
+                n_heads: cfg.n_heads,
+                n_kv: cfg.n_kv_heads,
+                hd: cfg.head_dim,
+                rank: 0,
+                sinks: 0,
+                window: 0,
+                scale: 1.0,
+            };
+            FarParams::zeros(&s)
         }
     }
 }
