@@ -401,3 +401,89 @@ fn polish_far_rule_auto_chooses_per_layer() {
         assert!(e.contains("score eviction on the layers it chose"), "{e}");
     }
 }
+
+/// Stage 2 (`--stage distill`) on a stage-1 output: the far fields train end to end (the run
+/// reports its validation ratio before and after), the result is served with its far field
+/// like its source and scores differently; and the stage flags' errors, one line each.
+#[test]
+fn polish_far_stage_two_distills_the_far_fields() {
+    let st = setup("far-s2");
+    let s1 = st.dir.0.join("s1.cmf");
+    let s2 = st.dir.0.join("s2.cmf");
+    let common = |m: &Path, out: &Path| -> Vec<String> {
+        let mut v: Vec<String> =
+            ["polish", "-m", s(m), "-o", s(out), "--o1-far", "linear", "--train", s(&st.train[0]), s(&st.train[1])]
+                .iter()
+                .map(|x| x.to_string())
+                .collect();
+        v.extend(["--valid", s(&st.valid), "--ctx", "64", "-t", "1"].map(String::from));
+        v
+    };
+    let mut a1 = common(&st.model, &s1);
+    a1.extend(
+        ["--o1-window", "8", "--o1-sinks", "1", "--far-rank", "4", "--far-windows", "4", "--steps", "20"].map(String::from),
+    );
+    let (_, err, ok) = cortiq(&a1.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(ok, "stage 1: {err}");
+    let mut a2 = common(&s1, &s2);
+    a2.extend(
+        ["--stage", "distill", "--steps", "4", "--lr", "1e-3", "--far-lr", "1e-2", "--kl-weight", "1", "--valid-every", "2"]
+            .map(String::from),
+    );
+    let (_, err, ok) = cortiq(&a2.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(ok, "stage 2: {err}");
+    assert!(err.contains("far fields train beside the model's rules") && err.contains("polished 4 steps"), "{err}");
+    let (p1, e1) = ppl(s(&s1), s(&st.valid), &[]);
+    let (p2, e2) = ppl(s(&s2), s(&st.valid), &[]);
+    eprintln!("served ppl: stage 1 {p1}, stage 2 {p2}");
+    assert!(e2.contains("with its learned far field") && e1.contains("with its learned far field"), "{e2}");
+    assert!(p2.is_finite() && p2 != p1, "stage 2 changed nothing: {p1} vs {p2}");
+    // Exact attention is the source model's: stage 2 trained nothing else.
+    let (x1, _) = ppl(s(&s1), s(&st.valid), &["--exact"]);
+    let (x2, _) = ppl(s(&s2), s(&st.valid), &["--exact"]);
+    assert_eq!(x1, x2, "stage 2 without --distill-ffn must leave the model's own weights");
+    // Errors.
+    let out = st.dir.0.join("x.cmf");
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            {
+                let mut a = common(&st.model, &out);
+                a.extend(["--stage", "distill"].map(String::from));
+                a
+            },
+            "carries no learned far field",
+        ),
+        (
+            {
+                let mut a = common(&s1, &out);
+                a.extend(["--stage", "distill", "--far-rule", "auto"].map(String::from));
+                a
+            },
+            "a stage-1 setting",
+        ),
+        (
+            {
+                let mut a = common(&s1, &out);
+                a.retain(|x| x != "--o1-far" && x != "linear");
+                a.extend(["--stage", "distill"].map(String::from));
+                a
+            },
+            "give --o1-far linear",
+        ),
+        (
+            {
+                let mut a = common(&s1, &out);
+                a.extend(["--distill-ffn"].map(String::from));
+                a
+            },
+            "--distill-ffn needs --stage distill",
+        ),
+    ];
+    for (args, want) in cases {
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (_, err, ok) = cortiq(&a);
+        let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error")).collect();
+        assert!(!ok && lines.len() == 1 && lines[0].contains(want), "{a:?}: {err:?} does not say {want:?}");
+        assert!(!out.exists(), "{a:?}: wrote an output");
+    }
+}

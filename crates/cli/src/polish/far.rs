@@ -288,9 +288,9 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
 }
 
 /// Score eviction's schedule on one recorded window (`--far-rule score`): exact attention over
-/// the first t/2 positions (the sealed prompt of `ppl`), then the engine's own layer-shared
+/// the first tp positions (the sealed prompt of `ppl`: t/2), then the engine's own layer-shared
 /// slots (`evict::Slots`, the default rule) step through the rest, and each key's exit is the
-/// first position that no longer sees it (t/2 for the prompt keys the seal drops, t' + 1 for
+/// first position that no longer sees it (tp for the prompt keys the seal drops, t' + 1 for
 /// the key evicted after the step at t'). The serving form's scores also count the far
 /// field's mass in each head's normalizer; this schedule is without it (the far field is
 /// fitted to the schedule, not the other way around), so the keys it evicts can differ.

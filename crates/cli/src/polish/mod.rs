@@ -6,10 +6,16 @@
 //! Ctrl-C after the current step with a resumable checkpoint. The result is a .cmf (`export`)
 //! whose header records the O(1) settings, so `run` / `ppl` serve it in O(1) mode by default.
 //!
+//! With `--o1-far linear` it fits the learned far field instead: stage 1 (`far`, each layer
+//! alone against the exact attention output) or, on a model that carries one, stage 2
+//! (`--stage distill`, here: the student serves every planned layer as the .cmf does and the far
+//! fields train end to end with the same trainer and loss).
+//!
 //! ```text
 //! cortiq polish -m MODEL -o OUT.cmf --train A.txt B.txt --valid C.txt [--steps N] [--ctx T]
 //!     [--lr LR] [--kl-weight λ] [--o1-window W --o1-sinks S --o1-landmarks M --o1-ridge R]
 //!     [--checkpoint-every K] [--resume]
+//! cortiq polish -m FAR.cmf -o OUT.cmf --o1-far linear --stage distill [--far-lr LR] [--distill-ffn] ...
 //! ```
 
 pub mod export;
@@ -396,7 +402,7 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
         }
         (true, _) => bail!(
             "{}: carries no learned far field; stage 2 starts from stage 1's output (cortiq polish --o1-far linear ...)",
-            init.as_ref().map_or(&path, |_| &path).display()
+            a.init.as_deref().unwrap_or(&a.model)
         ),
     };
     let weights = StudentWeights::from_model(start, a.ctx, global)?;
@@ -411,14 +417,17 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
             if a.distill_ffn { format!(", with the norms and FFNs of {n_conv} layers") } else { String::new() }
         );
     }
+    let what = match global {
+        GlobalAttn::Far { .. } => "stage 2".to_string(),
+        _ => format!(
+            "{n_conv} of {} layers converted (W {}, S {}, m {}, ridge {ridge:e})",
+            model.cfg.n_layers, a.o1_window, a.o1_sinks, a.o1_landmarks
+        ),
+    };
     eprintln!(
-        "polish: {} ({}), {n_conv} of {} layers converted (W {}, S {}, m {}, ridge {ridge:e}); {} training windows of {} tokens ({n_train_tokens} tokens), {} validation windows; loaded in {:.1}s",
+        "polish: {} ({}), {what}; {} training windows of {} tokens ({n_train_tokens} tokens), {} validation windows; loaded in {:.1}s",
         path.display(),
         model.cfg.arch,
-        model.cfg.n_layers,
-        a.o1_window,
-        a.o1_sinks,
-        a.o1_landmarks,
         train_w.len(),
         a.ctx,
         valid_w.len(),
