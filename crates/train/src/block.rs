@@ -45,7 +45,10 @@ pub enum BlockMixer {
 /// as the engine serves): each key's exit (`farfield::near_part_with`). The CLI gives score
 /// eviction's, which lives in the engine.
 #[derive(Clone, Copy)]
-pub struct Schedule(pub fn(&FarShape, usize, &[f32], &[f32], &[f32]) -> Vec<usize>);
+pub struct Schedule(pub ScheduleFn);
+
+/// (shape, prompt length tp, q, k, v) -> exits [T].
+pub type ScheduleFn = fn(&FarShape, usize, &[f32], &[f32], &[f32]) -> Vec<usize>;
 
 impl std::fmt::Debug for Schedule {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
