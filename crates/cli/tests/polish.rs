@@ -478,6 +478,14 @@ fn polish_far_stage_two_distills_the_far_fields() {
             },
             "--distill-ffn needs --stage distill",
         ),
+        (
+            {
+                let mut a = common(&st.model, &out);
+                a.extend(["--stage".to_string(), "distill".to_string(), "--init".to_string(), s(&s1).to_string()]);
+                a
+            },
+            "give stage 1's output as -m",
+        ),
     ];
     for (args, want) in cases {
         let a: Vec<&str> = args.iter().map(String::as_str).collect();

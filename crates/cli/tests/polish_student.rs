@@ -123,7 +123,7 @@ fn o1_student_matches_engine_matrix_form() {
 }
 
 /// Stage 2's student (each planned layer: exact prompt, then sink+window beside a learned far
-/// field with decay) against the engine serving the same far field in streaming form (prompt
+/// field with decay; one layer without a far field) against the engine serving the same far field in streaming form (prompt
 /// prefilled, then one token per step), on the llama fixture with random feature maps large
 /// enough to matter; also with score eviction on every planned layer (the student computes
 /// the schedule from its own q, k, v as `polish --far-rule score` does; the engine's scores
@@ -158,6 +158,9 @@ fn far_student_matches_engine_streaming() {
             Some(std::sync::Arc::new(FarWeights::from_tensors(rank, nh, nkv, hd, t6).unwrap().with_decay(decay).unwrap()))
         })
         .collect();
+    // The first layer without one: it keeps its rule alone, its window widened by the far
+    // state's bytes (as the engine seals it).
+    loaded.model.o1_far[0] = None;
     let m = &loaded.model;
     let streaming = |rule| {
         let settings = O1Settings { window, sinks, landmarks: 4, ridge: 1e-3, state: StatePrecision::default() };

@@ -29,6 +29,14 @@
 //! and are held constant by the backward. No gradient reaches q, k or v (the model is frozen).
 //! The engine's streaming form (`cortiq_engine::mixers::farfield`) keeps running maxima instead
 //! and must equal this one (tests in crates/cli/tests/o1_far.rs).
+//!
+//! Stage 2 ([`far_mixer_forward`] / [`far_mixer_backward`]): the same field as a decoder block's
+//! attention inside the student, trained end to end on the distillation loss. There q, k and v
+//! are the block's own, so the backward also gives ∂q, ∂k, ∂v (the near keys' softmax against
+//! the whole normalizer, the far field's ∂a_f → q and ∂b_f → k, v), and the rows before the
+//! prompt's end tp are exact causal attention, as the engine prefills them.
+//!
+//! Accumulation contract: param grads +=, activations =.
 
 use crate::float::Float;
 
@@ -310,8 +318,8 @@ fn key_logits<F: Float>(s: &FarShape, p: &FarParams<F>, near: &Near<F>, k: &[F],
     Some((b, bmax))
 }
 
-/// One row's far weights: ε_f = a_f + B_f − c, shifted by max(0, max ε) so nothing overflows;
-/// returns (w_f = e^{ε_f − cs}, e^{−cs}).
+/// One row's far weights: ε_f = a_f + B_f − c, shifted by top = max(0, max ε) so nothing
+/// overflows; writes w_f = e^{ε_f − top} and returns top.
 fn row_weights<F: Float>(s: &FarShape, p: &FarParams<F>, h: usize, qr: &[F], bmax: &[F], c: F, w: &mut [F]) -> F {
     let (hd, r) = (s.hd, s.rank);
     let q2 = sq(qr);
@@ -322,7 +330,7 @@ fn row_weights<F: Float>(s: &FarShape, p: &FarParams<F>, h: usize, qr: &[F], bma
         top = top.max(w[f]);
     }
     w.iter_mut().for_each(|x| *x = (*x - top).exp());
-    (-top).exp()
+    top
 }
 
 /// The far field's output: o [T, n_heads, hd] (written) from the exact part and the keys
@@ -595,7 +603,8 @@ fn sweep<F: Float>(
                     }
                     continue;
                 };
-                let e0 = row_weights(s, p, h, qr, bmax, c, &mut w);
+                let top = row_weights(s, p, h, qr, bmax, c, &mut w);
+                let e0 = (-top).exp();
                 let mut den = e0 * nden;
                 out.iter_mut().zip(nnum).for_each(|(y, &x)| *y = e0 * x);
                 for f in 0..r {
@@ -608,8 +617,8 @@ fn sweep<F: Float>(
                     o[row * hd..][..hd].copy_from_slice(&out);
                 }
                 if let Some(l) = rows.lse.as_deref_mut() {
-                    // den is in units of e^{c − top} (e0 = e^{−top}).
-                    l[row] = c.to_f64() + den.to_f64().ln() - e0.to_f64().ln();
+                    // den is in units of e^{c + top} (e0 = e^{−top} may underflow; top does not).
+                    l[row] = c.to_f64() + top.to_f64() + den.to_f64().ln();
                 }
                 let Some(gr) = grads.as_deref_mut() else { continue };
                 let dor = match up {

@@ -144,6 +144,10 @@ impl<F: Float> StudentGrads<F> {
         for t in self.tensors_mut() {
             t.iter_mut().for_each(|x| *x = F::ZERO);
         }
+        // The far fields' norm terms are not trained, but their backward still adds into them.
+        for p in self.far.iter_mut().flatten() {
+            p.gq.iter_mut().chain(p.gk.iter_mut()).for_each(|x| *x = F::ZERO);
+        }
     }
 }
 

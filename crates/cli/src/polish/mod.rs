@@ -231,7 +231,12 @@ pub fn polished_tensors(cfg: &ModelConfig, p: &Params<f32>) -> HashMap<String, V
         for (suffix, v) in TENSORS.iter().zip(f.tensors()) {
             out.insert(format!("blk.{il}.{suffix}"), v.to_vec());
         }
-        out.insert(format!("blk.{il}.{DECAY_TENSOR}"), f.decay());
+        // A field without decay (stage 1 with --far-decay off, or a file from before it) has
+        // no decay tensor to replace, and needs none: all δ stay 0.
+        let decay = f.decay();
+        if decay.iter().any(|&d| d != 0.0) {
+            out.insert(format!("blk.{il}.{DECAY_TENSOR}"), decay);
+        }
     }
     out
 }
@@ -304,6 +309,9 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
     }
     if a.distill_ffn && !distill {
         bail!("--distill-ffn needs --stage distill");
+    }
+    if distill && a.init.is_some() {
+        bail!("--init: stage 2 trains the far fields MODEL carries and writes OUT from it; give stage 1's output as -m");
     }
     if linear && !distill {
         return far::cmd_polish_far(&a);
@@ -392,11 +400,8 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
         (false, _) => GlobalAttn::O1 { cfg: o1, tp },
         (true, Some(s)) if s.linear => {
             let (window, sinks) = (s.settings.window, s.settings.sinks);
-            if tp <= window + sinks {
-                bail!(
-                    "--ctx {}: its prompt half ({tp} tokens) is within the model's window {window} + {sinks} sinks; no key would leave",
-                    a.ctx
-                );
+            if a.ctx <= window + sinks {
+                bail!("--ctx {}: no key ever leaves the model's window {window} + {sinks} sinks; give a longer --ctx", a.ctx);
             }
             GlobalAttn::Far { tp, window, sinks, score_all: s.score && !s.score_layers, train_ffn: a.distill_ffn }
         }

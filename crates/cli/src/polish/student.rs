@@ -151,7 +151,14 @@ impl StudentWeights {
                 (None, GlobalAttn::O1 { cfg, tp }) => BlockMixer::Nystrom { cfg, tp },
                 (None, GlobalAttn::Far { tp, window, sinks, score_all, .. }) => {
                     let score = score_all || model.o1_score_layers.as_deref().is_some_and(|l| l.contains(&il));
-                    let window = windows.get(&il).copied().unwrap_or(window);
+                    let mut window = windows.get(&il).copied().unwrap_or(window);
+                    // A planned layer the polish left without a far field spends the far
+                    // state's bytes on its window, as the engine serves it (O1Run's seal).
+                    if model.o1_far.get(il).is_none_or(Option::is_none) {
+                        let per_pos = 2 * cfg.n_kv_heads * cfg.head_dim * 4;
+                        let far_bytes = model.o1_far.iter().flatten().map(|w| w.state_bytes()).max().unwrap_or(0);
+                        window += far_bytes / per_pos.max(1);
+                    }
                     let schedule = score.then_some(Schedule(super::far::score_schedule));
                     BlockMixer::Far { tp, sinks, window, schedule }
                 }
