@@ -486,6 +486,14 @@ fn polish_far_stage_two_distills_the_far_fields() {
             },
             "give stage 1's output as -m",
         ),
+        (
+            {
+                let mut a = common(&s1, &out);
+                a.extend(["--stage", "distill", "--o1-window", "8"].map(String::from));
+                a
+            },
+            "stage 2 serves MODEL's own settings",
+        ),
     ];
     for (args, want) in cases {
         let a: Vec<&str> = args.iter().map(String::as_str).collect();

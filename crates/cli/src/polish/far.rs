@@ -38,7 +38,7 @@ struct Rec {
 }
 
 pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
-    let (window, sinks, rank, t) = (a.o1_window, a.o1_sinks, a.far_rank, a.ctx);
+    let (window, sinks, rank, t) = (a.o1_window(), a.o1_sinks(), a.far_rank(), a.ctx);
     if window == 0 {
         bail!("--o1-window: must be at least 1, got 0");
     }
@@ -51,7 +51,7 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
     if t <= window + sinks {
         bail!("--ctx {t}: no key ever leaves a window of {window} + {sinks} sinks; give a longer --ctx");
     }
-    if a.far_windows == 0 {
+    if a.far_windows() == 0 {
         bail!("--far-windows: must be at least 1");
     }
     let far_lr = a.far_lr.unwrap_or(1e-2);
@@ -83,7 +83,7 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
     if a.train.iter().any(|n| n == &a.valid) {
         bail!("--valid {} is also a training text", a.valid);
     }
-    let windows = text_windows(&tok, &a.train, bos, t, a.far_windows)?;
+    let windows = text_windows(&tok, &a.train, bos, t, a.far_windows())?;
     if windows.is_empty() {
         bail!("--train: no window of {t} tokens in the training texts");
     }

@@ -97,15 +97,15 @@ pub struct PolishArgs {
     /// Seed of the window order.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// O(1) exact window W (as `run --o1`).
-    #[arg(long, value_name = "W", default_value_t = 64)]
-    pub o1_window: usize,
-    /// O(1) sink keys S <= W.
-    #[arg(long, value_name = "S", default_value_t = 4)]
-    pub o1_sinks: usize,
-    /// O(1) landmark cap m, 4..=256.
-    #[arg(long, value_name = "M", default_value_t = 64)]
-    pub o1_landmarks: usize,
+    /// O(1) exact window W (as `run --o1`) [default: 64].
+    #[arg(long, value_name = "W")]
+    pub o1_window: Option<usize>,
+    /// O(1) sink keys S <= W [default: 4].
+    #[arg(long, value_name = "S")]
+    pub o1_sinks: Option<usize>,
+    /// O(1) landmark cap m, 4..=256 [default: 64].
+    #[arg(long, value_name = "M")]
+    pub o1_landmarks: Option<usize>,
     /// O(1) ridge factor [default: the engine's, 1e-3].
     #[arg(long, value_name = "R")]
     pub o1_ridge: Option<f64>,
@@ -138,9 +138,10 @@ pub struct PolishArgs {
     /// frozen; served by `--kv-window W --o1-far linear`) [default: nystrom].
     #[arg(long, value_name = "KIND", value_parser = ["nystrom", "linear"])]
     pub o1_far: Option<String>,
-    /// --o1-far linear: features per KV head (state r·(head_dim + 3) values per KV head).
-    #[arg(long, value_name = "R", default_value_t = 16)]
-    pub far_rank: usize,
+    /// --o1-far linear: features per KV head (state r·(head_dim + 3) values per KV head)
+    /// [default: 16].
+    #[arg(long, value_name = "R")]
+    pub far_rank: Option<usize>,
     /// --o1-far linear: peak learning rate of the far fields (stage 1's per-layer fit: 1e-2;
     /// stage 2: 1e-3) [default: by stage].
     #[arg(long, value_name = "LR")]
@@ -154,9 +155,10 @@ pub struct PolishArgs {
     /// --stage distill: the planned layers' norm gains and FFNs (and the final norm) train too.
     #[arg(long)]
     pub distill_ffn: bool,
-    /// --o1-far linear: training windows of --ctx tokens (taken in order from the training texts).
-    #[arg(long, value_name = "N", default_value_t = 8)]
-    pub far_windows: usize,
+    /// --o1-far linear: training windows of --ctx tokens (taken in order from the training texts)
+    /// [default: 8].
+    #[arg(long, value_name = "N")]
+    pub far_windows: Option<usize>,
     /// --o1-far linear: split the planned layers' windows by how much each loses to a short
     /// window (measured on the training texts; the same total of positions as --o1-window on
     /// every layer), fit each layer's far field at its own window, and record the curves so
@@ -180,6 +182,24 @@ pub struct PolishArgs {
     /// Worker threads (default: all cores).
     #[arg(short, long)]
     pub threads: Option<usize>,
+}
+
+impl PolishArgs {
+    pub fn o1_window(&self) -> usize {
+        self.o1_window.unwrap_or(64)
+    }
+    pub fn o1_sinks(&self) -> usize {
+        self.o1_sinks.unwrap_or(4)
+    }
+    pub fn o1_landmarks(&self) -> usize {
+        self.o1_landmarks.unwrap_or(64)
+    }
+    pub fn far_rank(&self) -> usize {
+        self.far_rank.unwrap_or(16)
+    }
+    pub fn far_windows(&self) -> usize {
+        self.far_windows.unwrap_or(8)
+    }
 }
 
 /// Raised by the first Ctrl-C (the trainer stops after the current step and checkpoints); a
@@ -310,6 +330,20 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
     if a.distill_ffn && !distill {
         bail!("--distill-ffn needs --stage distill");
     }
+    if distill {
+        for (flag, given) in [
+            ("--o1-window", a.o1_window.is_some()),
+            ("--o1-sinks", a.o1_sinks.is_some()),
+            ("--o1-landmarks", a.o1_landmarks.is_some()),
+            ("--o1-ridge", a.o1_ridge.is_some()),
+            ("--far-rank", a.far_rank.is_some()),
+            ("--far-windows", a.far_windows.is_some()),
+        ] {
+            if given {
+                bail!("{flag}: stage 2 serves MODEL's own settings (its windows, sinks, rank)");
+            }
+        }
+    }
     if distill && a.init.is_some() {
         bail!("--init: stage 2 trains the far fields MODEL carries and writes OUT from it; give stage 1's output as -m");
     }
@@ -334,16 +368,16 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
         bail!("--far-lr: must be a positive number, got {far_lr}");
     }
     let ridge = a.o1_ridge.unwrap_or(DEFAULT_RIDGE);
-    let o1 = O1Config { window: a.o1_window, sinks: a.o1_sinks, landmarks: a.o1_landmarks, ridge, far: Far::Skeleton };
+    let o1 = O1Config { window: a.o1_window(), sinks: a.o1_sinks(), landmarks: a.o1_landmarks(), ridge, far: Far::Skeleton };
     o1.validate()?;
     let tp = a.ctx / 2;
     if a.ctx >= 2 && !distill && !o1.seals_skeleton(tp) {
         bail!(
             "--ctx {}: its prompt half ({tp} tokens) is too short for a skeleton with --o1-window {} --o1-sinks {} (needs more than {})",
             a.ctx,
-            a.o1_window,
-            a.o1_sinks,
-            a.o1_window + a.o1_sinks + 8
+            a.o1_window(),
+            a.o1_sinks(),
+            a.o1_window() + a.o1_sinks() + 8
         );
     }
     check_out(&a)?;
@@ -426,7 +460,10 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
         GlobalAttn::Far { .. } => "stage 2".to_string(),
         _ => format!(
             "{n_conv} of {} layers converted (W {}, S {}, m {}, ridge {ridge:e})",
-            model.cfg.n_layers, a.o1_window, a.o1_sinks, a.o1_landmarks
+            model.cfg.n_layers,
+            a.o1_window(),
+            a.o1_sinks(),
+            a.o1_landmarks()
         ),
     };
     eprintln!(
@@ -539,9 +576,9 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
         // Stage 2 keeps the model's settings, rules and split.
         (true, Some(h)) => h,
         _ => O1Header {
-            window: a.o1_window,
-            sinks: a.o1_sinks,
-            landmarks: a.o1_landmarks,
+            window: a.o1_window(),
+            sinks: a.o1_sinks(),
+            landmarks: a.o1_landmarks(),
             ridge,
             trained_ctx: a.ctx,
             steps: trainer.step,
