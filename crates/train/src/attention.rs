@@ -198,6 +198,23 @@ pub fn attention_backward<F: Float>(
             }
         })
     });
+    add_head_grads(&buf, t_len, nh, nkv, hd, dq, dk, dv);
+}
+
+/// Adds per-query-head gradient buffers (`buf`: per head dq [T, hd] | dk [T, hd] | dv [T, hd])
+/// into dq [T, nh, hd] and, summed over each kv group, dk, dv [T, nkv, hd] (+=).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn add_head_grads<F: Float>(
+    buf: &[F],
+    t_len: usize,
+    nh: usize,
+    nkv: usize,
+    hd: usize,
+    dq: &mut [F],
+    dk: &mut [F],
+    dv: &mut [F],
+) {
+    let (grp, row) = (nh / nkv, 3 * t_len * hd);
     for h in 0..nh {
         let g = h / grp;
         let b = &buf[h * row..][..row];

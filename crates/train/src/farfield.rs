@@ -479,17 +479,7 @@ fn near_backward<F: Float>(
             }
         }
     });
-    for h in 0..nh {
-        let g = h / group;
-        let b = &buf[h * row..][..row];
-        let (bq, rest) = b.split_at(s.t * hd);
-        let (bk, bv) = rest.split_at(s.t * hd);
-        for t in 0..s.t {
-            dq[(t * nh + h) * hd..][..hd].iter_mut().zip(&bq[t * hd..][..hd]).for_each(|(a, &x)| *a += x);
-            dk[(t * nkv + g) * hd..][..hd].iter_mut().zip(&bk[t * hd..][..hd]).for_each(|(a, &x)| *a += x);
-            dv[(t * nkv + g) * hd..][..hd].iter_mut().zip(&bv[t * hd..][..hd]).for_each(|(a, &x)| *a += x);
-        }
-    }
+    crate::attention::add_head_grads(&buf, s.t, nh, nkv, hd, dq, dk, dv);
 }
 
 /// What the backward starts from.
