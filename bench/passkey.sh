@@ -10,7 +10,7 @@
 # Usage: bench/passkey.sh MODEL [FAR.cmf]   (FAR: the model polished with `--o1-far linear`;
 #        without it the learned-far rows are skipped)
 # Environment: LENS ("2048 4096", in filler sentences x 10 ≈ tokens), TRIALS (50), BUDGET (128),
-# SINKS (4), OBS (16), CORTIQ, ONLY (a comma-separated list of row names to run, e.g.
+# SINKS (4), OBS (16), CTX (the context each run gets, 8192: a LEN of 4096 is ~4.9k tokens), CORTIQ, ONLY (a comma-separated list of row names to run, e.g.
 # "exact,sink+window,--o1"; default all). Prints a markdown table: retrieval rate per policy and
 # length.
 set -euo pipefail
@@ -21,7 +21,7 @@ CORTIQ=${CORTIQ:-target/release/cortiq}
 [ $# -ge 1 ] || die "usage: bench/passkey.sh MODEL [FAR.cmf]"
 MODEL=$("$CORTIQ" pull "$1"); FAR=${2:-}
 LENS=${LENS:-2048 4096}; TRIALS=${TRIALS:-50}; BUDGET=${BUDGET:-128}; SINKS=${SINKS:-4}
-OBS=${OBS:-16}
+OBS=${OBS:-16}; CTX=${CTX:-8192}
 b="--o1-budget $((BUDGET - SINKS)) --kv-sinks $SINKS"
 policies=("exact||$MODEL" "sink+window|$b|$MODEL" "score eviction|$b --kv-evict score|$MODEL"
     "score eviction, voted seal|$b --kv-evict score --kv-evict-obs $OBS|$MODEL")
@@ -57,7 +57,7 @@ for p in "${policies[@]}"; do
         for ((s = 1; s <= TRIALS; s++)); do
             key=$(( 10000 + (s * 48271) % 90000 ))
             # shellcheck disable=SC2086
-            ans=$("$CORTIQ" run -m "$m" -p "$(prompt "$len" "$key" "$s")" -n 8 --temp 0 --numerics exact $flags 2>/dev/null) || die "run failed: $name"
+            ans=$("$CORTIQ" run -m "$m" -p "$(prompt "$len" "$key" "$s")" -n 8 --temp 0 --numerics exact --ctx "$CTX" $flags 2>/dev/null) || die "run failed: $name (rerun one trial by hand to see why)"
             [[ "$ans" == *"$key"* ]] && hit=$((hit + 1))
         done
         row+=" $hit/$TRIALS |"

@@ -31,6 +31,8 @@ pub enum MixerKind {
     Kda(crate::mixers::kda::KdaConfig),
     /// Multi-head latent attention (Kimi Linear: no RoPE).
     Mla(crate::mixers::mla::MlaConfig),
+    /// cortiq's vmf_phase linear core (a converted attention layer of a dense model).
+    VmfPhase(crate::mixers::vmf::VmfConfig),
 }
 
 /// Per-layer geometry.

@@ -257,7 +257,7 @@ fn open_source(path: &Path) -> Result<Opened> {
     if path.is_dir() {
         let config = HfConfig::from_dir(path)?;
         let arch = arch::by_hf_name(&config.path.display().to_string(), &hf_arch_names(&config))?;
-        let cfg = (arch.from_hf)(&config)?;
+        let cfg = arch.config_from_hf(&config)?;
         let mut files = BTreeMap::new();
         for f in HF_FILES {
             let p = path.join(f);
@@ -282,7 +282,7 @@ fn open_source(path: &Path) -> Result<Opened> {
     }
     let g = Gguf::open(path)?;
     let arch = arch::by_gguf_name(&file, g.architecture()?)?;
-    (arch.from_gguf)(&g)?;
+    arch.config_from_gguf(&g)?;
     let metadata = Metadata::Gguf { kv: TypedKv(g.metadata.clone()) };
     Ok((Source::Gguf(g), arch.name.to_string(), metadata, 0.0, "gguf", Vec::new()))
 }

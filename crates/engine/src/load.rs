@@ -76,7 +76,7 @@ pub fn load(path: &Path) -> Result<Loaded> {
     if path.is_dir() {
         let config = HfConfig::from_dir(path)?;
         let arch = arch::by_hf_name(&config.path.display().to_string(), &hf_arch_names(&config))?;
-        let cfg = (arch.from_hf)(&config)?;
+        let cfg = arch.config_from_hf(&config)?;
         let weights = HfWeights::open_dir(path)?;
         let src = HfSource::new(path, weights, arch, &config, &cfg);
         let model = Model::load_dense(&src, cfg)?;
@@ -91,7 +91,7 @@ pub fn load(path: &Path) -> Result<Loaded> {
         let g = Gguf::open(path)?;
         let name = g.architecture()?.to_string();
         let arch = arch::by_gguf_name(&path.display().to_string(), &name)?;
-        let cfg = (arch.from_gguf)(&g)?;
+        let cfg = arch.config_from_gguf(&g)?;
         let model = Model::load_dense(&GgufSource { gguf: &g }, cfg)?;
         Ok(Loaded { model, origin: Origin::Gguf(g) })
     }
@@ -101,10 +101,10 @@ fn load_cmf(path: &Path) -> Result<Loaded> {
     let c = Cmf::open(path)?;
     let arch = arch::by_gguf_name(&path.display().to_string(), &c.header.architecture)?;
     let cfg = match &c.header.metadata {
-        Metadata::Gguf { .. } => (arch.from_gguf)(&c)?,
+        Metadata::Gguf { .. } => arch.config_from_gguf(&c)?,
         Metadata::Hf { files } => {
             let text = files.get("config.json").ok_or_else(|| FormatError::missing(path, "embedded config.json"))?;
-            (arch.from_hf)(&HfConfig::from_json_str(c.embedded_path("config.json"), text)?)?
+            arch.config_from_hf(&HfConfig::from_json_str(c.embedded_path("config.json"), text)?)?
         }
     };
     let mut model = Model::load_dense(&CmfSource { cmf: &c }, cfg)?;

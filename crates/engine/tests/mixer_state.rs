@@ -72,7 +72,8 @@ fn check(name: &str, kv_f16: bool) {
 
 #[test]
 fn state_ops_every_fixture() {
-    for name in ["llama", "qwen2", "qwen3", "gemma3", "qwen3_5", "qwen3_5_moe", "qwen3_next", "lfm2", "kimi_linear"] {
+    for name in ["llama", "qwen2", "qwen3", "gemma3", "qwen3_5", "qwen3_5_moe", "qwen3_next", "lfm2", "kimi_linear", "llama_vmf"]
+    {
         for kv_f16 in [false, true] {
             check(name, kv_f16);
         }

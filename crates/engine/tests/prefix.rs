@@ -122,6 +122,11 @@ fn cached_equals_cold_qwen3_5_gated_deltanet() {
 }
 
 #[test]
+fn cached_equals_cold_llama_vmf() {
+    all_modes("llama_vmf");
+}
+
+#[test]
 fn cached_equals_cold_qwen3_5_moe() {
     all_modes("qwen3_5_moe");
 }

@@ -187,6 +187,11 @@ fn spec_equals_plain_qwen3_5() {
 }
 
 #[test]
+fn spec_equals_plain_llama_vmf() {
+    all("llama_vmf");
+}
+
+#[test]
 fn spec_equals_plain_qwen3_5_moe() {
     all("qwen3_5_moe");
 }

@@ -149,6 +149,11 @@ fn verify_kimi_linear() {
     all_modes("kimi_linear");
 }
 
+#[test]
+fn verify_llama_vmf() {
+    all_modes("llama_vmf");
+}
+
 /// O(1) decode: sealed global layers (and Gemma 3's sliding layers, their rings of 8 long
 /// wrapped at 20 positions), and a plan whose seal is still ahead.
 #[test]

@@ -164,6 +164,13 @@ const LAYER: &[(&str, &str, Archs, Bias)] = &[
     ("mlp.shared_expert.up_proj", "ffn_up_shexp", Archs::Moe, Bias::No),
     ("mlp.shared_expert.down_proj", "ffn_down_shexp", Archs::Moe, Bias::No),
     ("mlp.shared_expert_gate", "ffn_gate_inp_shexp", Archs::Moe, Bias::No),
+    // cortiq's vmf_phase core (a converted attention layer of a dense model, issue 16).
+    ("vmf_attn.thq", "vmf_thq", Archs::Dense, Bias::Yes),
+    ("vmf_attn.thk", "vmf_thk", Archs::Dense, Bias::Yes),
+    ("vmf_attn.v_proj", "vmf_v", Archs::Dense, Bias::No),
+    ("vmf_attn.out_proj", "vmf_out", Archs::Dense, Bias::No),
+    ("vmf_attn.conv", "vmf_conv", Archs::Dense, Bias::No),
+    ("vmf_attn.k_gate", "vmf_kgate", Archs::Dense, Bias::Yes),
 ];
 
 /// Routed experts, one HF tensor each (`mlp.experts.E.<proj>`), named `ffn_<kind>_exps.E` here
@@ -181,6 +188,9 @@ const BARE: &[(&str, &str, Archs)] = &[
     ("self_attn.dt_bias", "ssm_dt.bias", Archs::Kimi),
     ("self_attn.A_log", "ssm_a", Archs::Kimi),
     ("block_sparse_moe.gate.e_score_correction_bias", "exp_probs_b.bias", Archs::Kimi),
+    // vmf_phase: A_log is stored as A_log by both spellings (the decay is formed at load).
+    ("vmf_attn.A_log", "vmf_a_log", Archs::Dense),
+    ("vmf_attn.phase_mass", "vmf_mass", Archs::Dense),
 ];
 
 /// Whether a linear layer row may carry a bias (qwen2 q/k/v always; llama with
@@ -442,5 +452,28 @@ mod lfm2_tests {
             assert_eq!(gguf_to_hf("qwen35moe", gguf).as_deref(), Some(hf), "{gguf}");
         }
         assert_eq!(hf_to_gguf("llama", "model.layers.0.operator_norm.weight"), None);
+    }
+
+    /// vmf_phase's tensors (issue 16) in both spellings, for every dense architecture.
+    #[test]
+    fn vmf_phase_names_round_trip() {
+        for arch in ["llama", "qwen2", "qwen3", "gemma3"] {
+            for (hf, gguf) in [
+                ("model.layers.2.vmf_attn.thq.weight", "blk.2.vmf_thq.weight"),
+                ("model.layers.2.vmf_attn.thq.bias", "blk.2.vmf_thq.bias"),
+                ("model.layers.2.vmf_attn.thk.weight", "blk.2.vmf_thk.weight"),
+                ("model.layers.2.vmf_attn.v_proj.weight", "blk.2.vmf_v.weight"),
+                ("model.layers.2.vmf_attn.out_proj.weight", "blk.2.vmf_out.weight"),
+                ("model.layers.2.vmf_attn.conv.weight", "blk.2.vmf_conv.weight"),
+                ("model.layers.2.vmf_attn.k_gate.weight", "blk.2.vmf_kgate.weight"),
+                ("model.layers.2.vmf_attn.k_gate.bias", "blk.2.vmf_kgate.bias"),
+                ("model.layers.2.vmf_attn.A_log", "blk.2.vmf_a_log"),
+                ("model.layers.2.vmf_attn.phase_mass", "blk.2.vmf_mass"),
+            ] {
+                assert_eq!(hf_to_gguf(arch, hf).as_deref(), Some(gguf), "{arch}: {hf}");
+                assert_eq!(gguf_to_hf(arch, gguf).as_deref(), Some(hf), "{arch}: {gguf}");
+            }
+            assert_eq!(hf_to_gguf(arch, "model.layers.2.vmf_attn.v_proj.bias"), None, "{arch}: v_proj has no bias");
+        }
     }
 }

@@ -18,3 +18,4 @@ pub mod pool;
 pub mod quant;
 pub mod rows;
 pub mod simd;
+pub mod vmf;

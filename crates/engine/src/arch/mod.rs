@@ -45,6 +45,24 @@ pub const ARCHES: &[Arch] = &[
     kimi_linear::ARCH,
 ];
 
+impl Arch {
+    /// The model an HF config describes: the architecture's own reading, then cortiq's
+    /// `vmf_phase` layers (converted attention layers) where the config has them.
+    pub fn config_from_hf(&self, h: &HfConfig) -> Result<ModelConfig> {
+        let mut cfg = (self.from_hf)(h)?;
+        crate::mixers::vmf::apply_hf(&h.raw, &h.path.display().to_string(), &mut cfg)?;
+        Ok(cfg)
+    }
+
+    /// The model a GGUF's metadata (or a .cmf built from one) describes, `vmf_phase` layers
+    /// (`cortiq.vmf_phase.*`) included.
+    pub fn config_from_gguf(&self, g: &dyn GgufMeta) -> Result<ModelConfig> {
+        let mut cfg = (self.from_gguf)(g)?;
+        crate::mixers::vmf::apply_gguf(g, &mut cfg)?;
+        Ok(cfg)
+    }
+}
+
 pub fn supported() -> String {
     ARCHES.iter().map(|a| a.name).collect::<Vec<_>>().join(", ")
 }

@@ -1,0 +1,563 @@
+//! vmf_phase (issue 16): cortiq's own linear-attention core, the mixer that converted attention
+//! layers of a dense model run (`cortiq convert --linear-core vmf_phase`). Per layer:
+//! ```text
+//! x      = conv(h)                          optional causal depthwise conv, identity-initialised
+//! θq     = thq·x (+ b)   [n_heads, P]       θk = thk·x (+ b)   [n_k_heads, P]
+//! φ(θ)   = [cos θ/(1+mass); sin θ/(1+mass)]  (F = 2P components; mass per state, 0 = off)
+//! κ      = σ(k_gate·x + b)   [n_k_heads]     (1 without the gate)
+//! S_g    ← λ_g ⊙ S_g + κ_g φk_g ⊗ v_g        S_g: [F, d_v], λ = exp(−exp(A_log)) per component
+//! o_h    = φq_hᵀ S_{g(h)}                    query head h reads state g(h) = h / (n_heads / n_k_heads)
+//! out    = out_proj · o
+//! ```
+//! `n_k_heads = n_heads` is the plain operator of the issue (one state per head); fewer states
+//! shared by groups of query heads (as GQA shares keys) is the named option whose off state is
+//! that plain operator. The kernel itself (recurrence, chunk-parallel prefill, cos/sin in f64)
+//! is `cortiq_kernels::vmf`; this module owns the weights, the state, the projections and the
+//! configuration (`config.json`'s `vmf_phase` object or the `cortiq.vmf_phase.*` GGUF keys).
+//!
+//! Weights by GGUF names (HF `model.layers.N.vmf_attn.*` through formats' name table):
+//! `blk.N.vmf_thq.{weight,bias}`, `vmf_thk.{weight,bias}`, `vmf_v.weight`, `vmf_out.weight`,
+//! `vmf_a_log`, `vmf_conv.weight`, `vmf_kgate.{weight,bias}`, `vmf_mass`.
+
+use cortiq_formats::gguf::GgufMeta;
+use cortiq_kernels::conv::causal_conv1d_par;
+use cortiq_kernels::vmf::{self, CHUNK};
+use serde_json::Value;
+
+use crate::config::{MixerKind, ModelConfig};
+use crate::error::{EngineError, Result};
+use crate::mixers::{Env, Journal, Mixer, MixerState, Seq};
+use crate::par::pool;
+use crate::profile::{self, Op};
+use crate::qtensor::QTensor;
+use crate::state::{LayerState, StateBytes};
+use crate::weights::TensorSource;
+
+/// One vmf_phase layer's geometry and options.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VmfConfig {
+    pub d_model: usize,
+    /// Query heads (phase projections θq and outputs).
+    pub n_heads: usize,
+    /// States (θk, v, κ, decay, mass); divides `n_heads`.
+    pub n_k_heads: usize,
+    /// P phases per head: F = 2P kernel components.
+    pub nphase: usize,
+    pub d_v: usize,
+    /// Taps of the causal depthwise conv on the mixer input; 0 = none.
+    pub conv_kernel: usize,
+    /// The write gate κ = σ(W·x + b).
+    pub k_gate: bool,
+    /// θq and θk carry a bias (a per-component phase offset).
+    pub phase_bias: bool,
+}
+
+impl VmfConfig {
+    /// Kernel components per state, F = 2P.
+    pub fn f(&self) -> usize {
+        2 * self.nphase
+    }
+    /// Query heads per state.
+    pub fn group(&self) -> usize {
+        self.n_heads / self.n_k_heads
+    }
+    /// Floats of the recurrent state (S of every state; the conv ring).
+    pub fn state_floats(&self) -> (usize, usize) {
+        (self.n_k_heads * self.f() * self.d_v, self.conv_kernel.saturating_sub(1) * self.d_model)
+    }
+}
+
+/// The `vmf_phase` settings of a model: which layers run the core, with what geometry.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VmfPlan {
+    pub layers: Vec<usize>,
+    pub cfg: VmfConfig,
+}
+
+impl VmfPlan {
+    /// Reads a `vmf_phase` object (config.json; the same keys as GGUF's `cortiq.vmf_phase.*`):
+    /// `layers` (required), `nphase` (required), `n_heads`, `n_k_heads`, `head_dim_v`,
+    /// `conv_kernel`, `k_gate`, `phase_bias`. Defaults: the model's heads and head_dim, one state
+    /// per head, no conv, no gate, no bias. Err names the bad field.
+    pub fn from_json(v: &Value, cfg: &ModelConfig) -> std::result::Result<VmfPlan, String> {
+        let obj = v.as_object().ok_or("vmf_phase: expected an object")?;
+        if let Some(k) = obj.keys().find(|k| !KEYS.contains(&k.as_str())) {
+            return Err(format!("vmf_phase: unknown key '{k}' (known: {})", KEYS.join(", ")));
+        }
+        let num = |k: &str| -> std::result::Result<Option<usize>, String> {
+            match obj.get(k) {
+                None | Some(Value::Null) => Ok(None),
+                Some(x) => x.as_u64().map(|x| Some(x as usize)).ok_or(format!("vmf_phase.{k}: expected a non-negative integer")),
+            }
+        };
+        let flag = |k: &str| -> std::result::Result<bool, String> {
+            match obj.get(k) {
+                None | Some(Value::Null) => Ok(false),
+                Some(x) => x.as_bool().ok_or(format!("vmf_phase.{k}: expected true or false")),
+            }
+        };
+        let layers = obj
+            .get("layers")
+            .and_then(Value::as_array)
+            .ok_or("vmf_phase.layers: expected an array of layer indices")?
+            .iter()
+            .map(|x| x.as_u64().map(|x| x as usize).ok_or("vmf_phase.layers: expected layer indices".to_string()))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let raw = Raw {
+            nphase: num("nphase")?.ok_or("vmf_phase.nphase is required")?,
+            n_heads: num("n_heads")?,
+            n_k_heads: num("n_k_heads")?,
+            head_dim_v: num("head_dim_v")?,
+            conv_kernel: num("conv_kernel")?.unwrap_or(0),
+            k_gate: flag("k_gate")?,
+            phase_bias: flag("phase_bias")?,
+        };
+        raw.plan(layers, cfg)
+    }
+
+    /// Reads the `cortiq.vmf_phase.*` keys of a GGUF (or a .cmf built from one); None when
+    /// `cortiq.vmf_phase.layers` is absent.
+    pub fn from_gguf(g: &dyn GgufMeta, cfg: &ModelConfig) -> std::result::Result<Option<VmfPlan>, String> {
+        let key = |k: &str| format!("cortiq.vmf_phase.{k}");
+        let Some(list) = g.get(&key("layers")) else { return Ok(None) };
+        let layers = list
+            .as_array()
+            .ok_or("cortiq.vmf_phase.layers: expected an array")?
+            .iter()
+            .map(|x| {
+                x.as_i64()
+                    .filter(|&x| x >= 0)
+                    .map(|x| x as usize)
+                    .ok_or("cortiq.vmf_phase.layers: expected layer indices".to_string())
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let num = |k: &str| g.opt_u64(&key(k)).map(|v| v.map(|v| v as usize)).map_err(|e| e.to_string());
+        let flag = |k: &str| num(k).map(|v| v.unwrap_or(0) != 0);
+        let raw = Raw {
+            nphase: num("nphase")?.ok_or("cortiq.vmf_phase.nphase is required")?,
+            n_heads: num("n_heads")?,
+            n_k_heads: num("n_k_heads")?,
+            head_dim_v: num("head_dim_v")?,
+            conv_kernel: num("conv_kernel")?.unwrap_or(0),
+            k_gate: flag("k_gate")?,
+            phase_bias: flag("phase_bias")?,
+        };
+        raw.plan(layers, cfg).map(Some)
+    }
+
+    /// The plan as `config.json`'s `vmf_phase` object (every key written).
+    pub fn to_json(&self) -> Value {
+        let c = &self.cfg;
+        serde_json::json!({
+            "layers": self.layers, "nphase": c.nphase, "n_heads": c.n_heads, "n_k_heads": c.n_k_heads,
+            "head_dim_v": c.d_v, "conv_kernel": c.conv_kernel, "k_gate": c.k_gate, "phase_bias": c.phase_bias,
+        })
+    }
+
+    /// The model's layers become vmf_phase layers.
+    pub fn apply(&self, cfg: &mut ModelConfig) {
+        for &il in &self.layers {
+            cfg.layers[il].mixer = MixerKind::VmfPhase(self.cfg);
+            cfg.layers[il].sliding_window = None;
+        }
+    }
+}
+
+const KEYS: &[&str] = &["layers", "nphase", "n_heads", "n_k_heads", "head_dim_v", "conv_kernel", "k_gate", "phase_bias"];
+
+/// The fields as read, before the model's defaults and the checks.
+struct Raw {
+    nphase: usize,
+    n_heads: Option<usize>,
+    n_k_heads: Option<usize>,
+    head_dim_v: Option<usize>,
+    conv_kernel: usize,
+    k_gate: bool,
+    phase_bias: bool,
+}
+
+impl Raw {
+    fn plan(self, mut layers: Vec<usize>, cfg: &ModelConfig) -> std::result::Result<VmfPlan, String> {
+        let n_heads = self.n_heads.unwrap_or(cfg.n_heads);
+        let n_k_heads = self.n_k_heads.unwrap_or(n_heads);
+        let d_v = self.head_dim_v.unwrap_or(cfg.head_dim);
+        if self.nphase == 0 || n_heads == 0 || n_k_heads == 0 || !n_heads.is_multiple_of(n_k_heads) || d_v == 0 {
+            return Err(format!(
+                "vmf_phase: nphase {}, {n_heads} heads, {n_k_heads} states, head_dim_v {d_v} is not a valid geometry \
+                 (all positive, states dividing heads)",
+                self.nphase
+            ));
+        }
+        if self.conv_kernel == 1 || self.conv_kernel > 64 {
+            return Err(format!("vmf_phase.conv_kernel {} must be 0 (none) or 2..=64", self.conv_kernel));
+        }
+        if let Some(&il) = layers.iter().find(|&&il| il >= cfg.n_layers) {
+            return Err(format!("vmf_phase.layers names layer {il}; the model has {}", cfg.n_layers));
+        }
+        if !cfg.layers.iter().all(|l| l.mixer == MixerKind::Attention) {
+            return Err("vmf_phase layers are for dense models (every layer softmax attention)".into());
+        }
+        let n = layers.len();
+        layers.sort_unstable();
+        layers.dedup();
+        if layers.len() != n {
+            return Err("vmf_phase.layers names a layer twice".into());
+        }
+        let c = VmfConfig {
+            d_model: cfg.d_model,
+            n_heads,
+            n_k_heads,
+            nphase: self.nphase,
+            d_v,
+            conv_kernel: self.conv_kernel,
+            k_gate: self.k_gate,
+            phase_bias: self.phase_bias,
+        };
+        Ok(VmfPlan { layers, cfg: c })
+    }
+}
+
+/// Applies the `vmf_phase` object of an HF config (if any) to the model built from it.
+pub fn apply_hf(raw: &Value, file: &str, cfg: &mut ModelConfig) -> Result<()> {
+    let Some(v) = raw.get("vmf_phase").filter(|v| !v.is_null()) else { return Ok(()) };
+    let plan = VmfPlan::from_json(v, cfg).map_err(|what| EngineError::BadConfig { file: file.to_string(), what })?;
+    plan.apply(cfg);
+    Ok(())
+}
+
+/// Applies the `cortiq.vmf_phase.*` keys of a GGUF (if any) to the model built from it.
+pub fn apply_gguf(g: &dyn GgufMeta, cfg: &mut ModelConfig) -> Result<()> {
+    let file = g.meta_path().display().to_string();
+    if let Some(plan) = VmfPlan::from_gguf(g, cfg).map_err(|what| EngineError::BadConfig { file, what })? {
+        plan.apply(cfg);
+    }
+    Ok(())
+}
+
+pub struct VmfWeights {
+    /// [n_heads·P, d_model]
+    pub thq: QTensor,
+    /// [n_heads·P] or empty.
+    pub thq_b: Vec<f32>,
+    /// [n_k_heads·P, d_model]
+    pub thk: QTensor,
+    /// [n_k_heads·P] or empty.
+    pub thk_b: Vec<f32>,
+    /// [n_k_heads·d_v, d_model]
+    pub v: QTensor,
+    /// [d_model, n_heads·d_v]
+    pub out: QTensor,
+    /// [n_k_heads·F] as stored.
+    pub a_log: Vec<f32>,
+    /// [n_k_heads·F]: λ = exp(−exp(A_log)) in f64 (the chunked form's powers come from it).
+    pub decay64: Vec<f64>,
+    /// [n_k_heads·F]: λ rounded to f32 (the recurrence).
+    pub decay: Vec<f32>,
+    /// [d_model, conv_kernel] depthwise taps, or empty.
+    pub conv: Vec<f32>,
+    /// The write gate: [n_k_heads, d_model] and [n_k_heads].
+    pub k_gate: Option<(QTensor, Vec<f32>)>,
+    /// [n_k_heads] phase mass as stored (zeros when the file has none).
+    pub mass: Vec<f32>,
+    /// [n_k_heads]: 1 / (1 + mass) in f64.
+    pub scale: Vec<f64>,
+}
+
+impl VmfWeights {
+    /// Builds the derived fields (decays, phase scales) from the stored ones.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        thq: QTensor,
+        thq_b: Vec<f32>,
+        thk: QTensor,
+        thk_b: Vec<f32>,
+        v: QTensor,
+        out: QTensor,
+        a_log: Vec<f32>,
+        conv: Vec<f32>,
+        k_gate: Option<(QTensor, Vec<f32>)>,
+        mass: Vec<f32>,
+    ) -> VmfWeights {
+        let decay64: Vec<f64> = a_log.iter().map(|&a| (-(a as f64).exp()).exp()).collect();
+        let decay = decay64.iter().map(|&x| x as f32).collect();
+        let scale = mass.iter().map(|&m| 1.0 / (1.0 + m as f64)).collect();
+        VmfWeights { thq, thq_b, thk, thk_b, v, out, a_log, decay64, decay, conv, k_gate, mass, scale }
+    }
+}
+
+/// One sequence's vmf_phase state: every state matrix and the conv ring. Constant size.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VmfState {
+    /// [n_k_heads, F, d_v]
+    pub s: Vec<f32>,
+    /// [conv_kernel − 1, d_model], oldest first (empty without a conv).
+    pub conv: Vec<f32>,
+}
+
+impl VmfState {
+    pub fn new(c: &VmfConfig) -> VmfState {
+        let (s, conv) = c.state_floats();
+        VmfState { s: vec![0.0; s], conv: vec![0.0; conv] }
+    }
+}
+
+impl MixerState for VmfState {
+    fn is_recurrent(&self) -> bool {
+        true
+    }
+    fn clear(&mut self) {
+        self.s.fill(0.0);
+        self.conv.fill(0.0);
+    }
+    fn save(&self, out: &mut Vec<u8>) -> std::result::Result<(), String> {
+        crate::session::put_f32s(out, &self.conv);
+        crate::session::put_f32s(out, &self.s);
+        Ok(())
+    }
+    fn load(&mut self, r: &mut &[u8], _len: usize) -> std::result::Result<(), String> {
+        self.conv = crate::session::get_f32s(r, self.conv.len(), "vmf_phase conv state")?;
+        self.s = crate::session::get_f32s(r, self.s.len(), "vmf_phase recurrent state")?;
+        Ok(())
+    }
+    fn bytes(&self) -> StateBytes {
+        StateBytes { recurrent: (self.s.len() + self.conv.len()) * 4, ..StateBytes::default() }
+    }
+}
+
+/// A vmf_phase layer.
+pub struct VmfPhase {
+    pub cfg: VmfConfig,
+    pub w: VmfWeights,
+}
+
+impl VmfPhase {
+    /// Layer `il` by GGUF names; shapes checked against `c`.
+    pub fn load(src: &dyn TensorSource, c: VmfConfig, il: usize) -> Result<VmfPhase> {
+        let n = |s: &str| format!("blk.{il}.{s}");
+        let (d, p, nh, nk) = (c.d_model, c.nphase, c.n_heads, c.n_k_heads);
+        let bias =
+            |s: &str, len: usize| -> Result<Vec<f32>> { if c.phase_bias { src.vector(&n(s), len) } else { Ok(Vec::new()) } };
+        let k_gate = if c.k_gate {
+            Some((src.require(&n("vmf_kgate.weight"), nk, d)?, src.vector(&n("vmf_kgate.bias"), nk)?))
+        } else {
+            None
+        };
+        let conv = if c.conv_kernel > 0 { src.require(&n("vmf_conv.weight"), d, c.conv_kernel)?.to_f32() } else { Vec::new() };
+        let mass = match src.optional(&n("vmf_mass"), 1, nk)? {
+            Some(t) => t.to_f32(),
+            None => vec![0.0; nk],
+        };
+        let bad = |what: String| EngineError::BadConfig { file: src.file(), what };
+        if let Some(m) = mass.iter().find(|&&m| !(m > -1.0 && m.is_finite())) {
+            return Err(bad(format!("blk.{il}.vmf_mass: {m} (a phase mass must be finite and > −1)")));
+        }
+        let a_log = src.vector(&n("vmf_a_log"), nk * c.f())?;
+        if let Some(a) = a_log.iter().find(|a| !a.is_finite()) {
+            return Err(bad(format!("blk.{il}.vmf_a_log: {a} is not finite")));
+        }
+        let w = VmfWeights::new(
+            src.require(&n("vmf_thq.weight"), nh * p, d)?,
+            bias("vmf_thq.bias", nh * p)?,
+            src.require(&n("vmf_thk.weight"), nk * p, d)?,
+            bias("vmf_thk.bias", nk * p)?,
+            src.require(&n("vmf_v.weight"), nk * c.d_v, d)?,
+            src.require(&n("vmf_out.weight"), d, nh * c.d_v)?,
+            a_log,
+            conv,
+            k_gate,
+            mass,
+        );
+        Ok(VmfPhase { cfg: c, w })
+    }
+}
+
+/// The input projections of n rows: θq and θk turned into φ, κ, v.
+pub struct Projected {
+    /// [n, n_heads, F]
+    pub phq: Vec<f32>,
+    /// [n, n_k_heads, F]
+    pub phk: Vec<f32>,
+    /// [n, n_k_heads]
+    pub kappa: Vec<f32>,
+    /// [n, n_k_heads·d_v]
+    pub v: Vec<f32>,
+}
+
+/// `x` [n, d_model] (after the conv) -> the projected rows; `rows`: n decode rows of
+/// different sequences (each on the decode path) rather than n positions of one.
+pub fn project(c: &VmfConfig, w: &VmfWeights, x: &[f32], n: usize, rows: bool) -> Projected {
+    let (p, f, nh, nk) = (c.nphase, c.f(), c.n_heads, c.n_k_heads);
+    let add_bias = |y: &mut [f32], b: &[f32]| {
+        if !b.is_empty() {
+            y.chunks_exact_mut(b.len()).for_each(|r| r.iter_mut().zip(b).for_each(|(y, b)| *y += b));
+        }
+    };
+    let mut thq = w.thq.project(x, n, rows); // [n, n_heads·P]
+    add_bias(&mut thq, &w.thq_b);
+    let mut thk = w.thk.project(x, n, rows); // [n, n_k_heads·P]
+    add_bias(&mut thk, &w.thk_b);
+    let v = w.v.project(x, n, rows); // [n, n_k_heads·d_v]
+    let kappa = match &w.k_gate {
+        Some((gw, gb)) => {
+            let mut z = gw.project(x, n, rows); // [n, n_k_heads]
+            add_bias(&mut z, gb);
+            z.iter_mut().for_each(|z| *z = (1.0 / (1.0 + (-(*z as f64)).exp())) as f32);
+            z
+        }
+        None => vec![1.0; n * nk],
+    };
+    let span = profile::span(Op::Mixer);
+    let mut phq = vec![0f32; n * nh * f]; // [n, n_heads, F]
+    let mut phk = vec![0f32; n * nk * f]; // [n, n_k_heads, F]
+    let g = c.group();
+    pool().for_rows_mut(&mut phq, nh * f, 4, |t0, out| {
+        for (i, row) in out.chunks_exact_mut(nh * f).enumerate() {
+            let th = &thq[(t0 + i) * nh * p..(t0 + i + 1) * nh * p];
+            for h in 0..nh {
+                vmf::phase_features(&th[h * p..(h + 1) * p], w.scale[h / g], &mut row[h * f..(h + 1) * f]);
+            }
+        }
+    });
+    pool().for_rows_mut(&mut phk, nk * f, 4, |t0, out| {
+        for (i, row) in out.chunks_exact_mut(nk * f).enumerate() {
+            let th = &thk[(t0 + i) * nk * p..(t0 + i + 1) * nk * p];
+            for s in 0..nk {
+                vmf::phase_features(&th[s * p..(s + 1) * p], w.scale[s], &mut row[s * f..(s + 1) * f]);
+            }
+        }
+    });
+    drop(span);
+    Projected { phq, phk, kappa, v }
+}
+
+/// The core over `n` consecutive positions of one sequence from projected rows `p` (rows
+/// `r0..r0 + n` of it): o [n, n_heads·d_v]. n = 1 takes the recurrence (decode, and each step
+/// of `forward_steps`), longer runs the chunk-parallel form with chunks from the first row.
+pub fn core(c: &VmfConfig, w: &VmfWeights, p: &Projected, r0: usize, n: usize, state: &mut VmfState) -> Vec<f32> {
+    let _span = profile::span(Op::Mixer);
+    let (f, dv, nh, nk, g) = (c.f(), c.d_v, c.n_heads, c.n_k_heads, c.group());
+    let mut o = vec![0f32; n * nh * dv]; // [n, n_heads·d_v]
+    let (mut phk, mut kappa, mut v, mut phq) = (vec![0f32; n * f], vec![0f32; n], vec![0f32; n * dv], vec![0f32; n * g * f]);
+    let mut og = vec![0f32; n * g * dv]; // [n, g, d_v]
+    for s in 0..nk {
+        // Gather state s's rows (its keys, gate and values; its g query heads, consecutive).
+        for t in 0..n {
+            let r = r0 + t;
+            phk[t * f..(t + 1) * f].copy_from_slice(&p.phk[(r * nk + s) * f..(r * nk + s + 1) * f]);
+            kappa[t] = p.kappa[r * nk + s];
+            v[t * dv..(t + 1) * dv].copy_from_slice(&p.v[(r * nk + s) * dv..(r * nk + s + 1) * dv]);
+            phq[t * g * f..(t + 1) * g * f].copy_from_slice(&p.phq[(r * nh + s * g) * f..(r * nh + (s + 1) * g) * f]);
+        }
+        let st = &mut state.s[s * f * dv..(s + 1) * f * dv];
+        let dec = &w.decay[s * f..(s + 1) * f];
+        if n == 1 {
+            vmf::recurrent(&phk, &kappa, &v, &phq, g, dec, n, dv, st, &mut og);
+        } else {
+            vmf::chunked(&phk, &kappa, &v, &phq, g, &w.decay64[s * f..(s + 1) * f], n, dv, st, &mut og);
+        }
+        for t in 0..n {
+            o[(t * nh + s * g) * dv..(t * nh + (s + 1) * g) * dv].copy_from_slice(&og[t * g * dv..(t + 1) * g * dv]);
+        }
+    }
+    o
+}
+
+impl VmfPhase {
+    /// The conv over `n` rows of one sequence (or one row each of several: `states`).
+    fn conv(&self, h: &[f32], states: &mut [&mut VmfState], rows: bool) -> Vec<f32> {
+        let (d, k) = (self.cfg.d_model, self.cfg.conv_kernel);
+        if k == 0 {
+            return h.to_vec();
+        }
+        let n = h.len() / d;
+        let mut x = vec![0f32; n * d]; // [n, d_model]
+        if rows {
+            for (i, st) in states.iter_mut().enumerate() {
+                let r = i * d..(i + 1) * d;
+                causal_conv1d_par(pool(), &h[r.clone()], 1, d, &self.w.conv, k, &[], &mut st.conv, false, &mut x[r]);
+            }
+        } else {
+            causal_conv1d_par(pool(), h, n, d, &self.w.conv, k, &[], &mut states[0].conv, false, &mut x);
+        }
+        x
+    }
+}
+
+impl Mixer for VmfPhase {
+    fn name(&self) -> &'static str {
+        "a vmf_phase linear core"
+    }
+    fn matrices(&self) -> Vec<&QTensor> {
+        let w = &self.w;
+        let mut m = vec![&w.thq, &w.thk, &w.v, &w.out];
+        m.extend(w.k_gate.as_ref().map(|(g, _)| g));
+        m
+    }
+    fn matrices_mut(&mut self) -> Vec<&mut QTensor> {
+        let w = &mut self.w;
+        let mut m = vec![&mut w.thq, &mut w.thk, &mut w.v, &mut w.out];
+        m.extend(w.k_gate.as_mut().map(|(g, _)| g));
+        m
+    }
+    fn new_state(&self, _kv_f16: bool) -> LayerState {
+        LayerState::new(VmfState::new(&self.cfg))
+    }
+    /// The chunk-parallel form chunks from a call's start.
+    fn cut_grid(&self) -> usize {
+        CHUNK
+    }
+    fn forward(&self, _env: &Env, h: &[f32], n: usize, seq: Seq<'_>, trace: &mut dyn FnMut(&str, &[f32])) -> Result<Vec<f32>> {
+        let state: &mut VmfState = seq.state.of();
+        let x = self.conv(h, &mut [&mut *state], false);
+        let p = project(&self.cfg, &self.w, &x, n, false);
+        let o = core(&self.cfg, &self.w, &p, 0, n, state);
+        trace("vmf_o", &o);
+        Ok(self.w.out.project(&o, n, false)) // [n, d_model]
+    }
+    /// The projections over all rows at once (each on the decode path); conv ring and state
+    /// per sequence.
+    fn forward_rows(&self, _env: &Env, h: &[f32], rows: Vec<Seq<'_>>) -> Result<Vec<f32>> {
+        let kb = rows.len();
+        let mut states: Vec<&mut VmfState> = rows.into_iter().map(|s| s.state.of()).collect();
+        let x = self.conv(h, &mut states, true);
+        let p = project(&self.cfg, &self.w, &x, kb, true);
+        let mut o = Vec::with_capacity(kb * self.cfg.n_heads * self.cfg.d_v); // [kb, n_heads·d_v]
+        for (i, st) in states.into_iter().enumerate() {
+            o.extend(core(&self.cfg, &self.w, &p, i, 1, st));
+        }
+        Ok(self.w.out.project(&o, kb, true))
+    }
+    /// The projections over all n rows at once (each on the decode path), then the conv and
+    /// the recurrence one position at a time; journaled as the state's snapshot and the input
+    /// rows (a rewind steps the kept rows again).
+    fn forward_steps(&self, _env: &Env, h: &[f32], n: usize, seq: Seq<'_>, journal: &mut Journal) -> Result<Vec<f32>> {
+        journal.begin(seq.state, n);
+        journal.record = Some(Box::new(h.to_vec()));
+        let o = self.steps(h, n, seq.state.of());
+        Ok(self.w.out.project(&o, n, true))
+    }
+    fn rewind(&self, env: &Env, seq: Seq<'_>, journal: &mut Journal, keep: usize) -> Result<()> {
+        assert!(journal.restore(seq.state), "a vmf_phase state is recurrent: forward_steps snapshotted it");
+        let h: &Vec<f32> = journal.record();
+        self.steps(&h[..keep * env.cfg.d_model], keep, seq.state.of());
+        Ok(())
+    }
+}
+
+impl VmfPhase {
+    /// `n` positions each as its own decode step: the conv row by row (as n = 1 calls run it),
+    /// the projections of all rows on the decode path, the recurrence per row -> o [n, n_heads·d_v].
+    fn steps(&self, h: &[f32], n: usize, state: &mut VmfState) -> Vec<f32> {
+        let d = self.cfg.d_model;
+        let mut x = Vec::with_capacity(n * d); // [n, d_model]
+        for hr in h.chunks_exact(d).take(n) {
+            x.extend(self.conv(hr, &mut [&mut *state], false));
+        }
+        let p = project(&self.cfg, &self.w, &x, n, true);
+        let mut o = Vec::with_capacity(n * self.cfg.n_heads * self.cfg.d_v);
+        for i in 0..n {
+            o.extend(core(&self.cfg, &self.w, &p, i, 1, state));
+        }
+        o
+    }
+}

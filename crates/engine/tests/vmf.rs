@@ -1,0 +1,108 @@
+//! The vmf_phase core (issue 16) against its float64 reference (tools/fixtures/gen_vmf.py: the
+//! `llama` fixture with layers 1 and 3 converted, every option of the operator on): the whole
+//! sequence, a prefill in uneven chunks and the cached decode steps, as the other fixtures; the
+//! decode batch and the k-position verify bit for bit against single steps.
+
+mod common;
+
+use common::{check_parity_tol, fixture};
+
+/// Max |logit − float64 reference|. Measured (this test, --release, AVX-512): see the
+/// println of `matches_reference`; the issue asks for 1e-5.
+const TOL: f32 = 1e-5;
+
+#[test]
+fn matches_reference() {
+    check_parity_tol("llama_vmf", &fixture("llama_vmf"), "", TOL);
+}
+
+/// The fixture's layers 1 and 3 are vmf_phase layers and nothing else changed.
+#[test]
+fn config_names_the_converted_layers() {
+    let m = cortiq_engine::load::load(&fixture("llama_vmf")).expect("load").model;
+    let kinds: Vec<bool> =
+        m.cfg.layers.iter().map(|l| matches!(l.mixer, cortiq_engine::config::MixerKind::VmfPhase(_))).collect();
+    assert_eq!(kinds, [false, true, false, true]);
+    // The recurrent state: 2 states of 16 × 16 and a 3-row conv ring of 64, per vmf layer.
+    let st = m.new_state(8);
+    assert_eq!(st.bytes_by_kind().recurrent, 2 * (2 * 16 * 16 + 3 * 64) * 4);
+}
+
+/// The same model as GGUF (`cortiq.vmf_phase.*` keys, `blk.N.vmf_*` tensors).
+#[test]
+fn gguf_matches_reference() {
+    check_parity_tol("llama_vmf", &fixture("llama_vmf").join("model.gguf"), "", TOL);
+}
+
+/// A malformed `vmf_phase` object or GGUF key set is refused with a message naming it.
+#[test]
+fn bad_configs_are_named() {
+    let dir = tempdir();
+    let src = fixture("llama_vmf");
+    for f in ["model.safetensors", "generation_config.json"] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    let base: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    for (edit, want) in [
+        (serde_json::json!({"layers": [1, 9], "nphase": 8}), "names layer 9; the model has 4"),
+        (serde_json::json!({"layers": [1], "nphase": 0}), "not a valid geometry"),
+        (serde_json::json!({"layers": [1], "nphase": 8, "n_k_heads": 3}), "not a valid geometry"),
+        (serde_json::json!({"layers": [1, 1], "nphase": 8}), "names a layer twice"),
+        (serde_json::json!({"layers": [1], "nphase": 8, "conv_kernel": 1}), "conv_kernel 1"),
+        (serde_json::json!({"layers": [1], "nphase": 8, "phases": 8}), "unknown key 'phases'"),
+        (
+            serde_json::json!({"layers": [1], "nphase": 4, "n_k_heads": 2, "conv_kernel": 4, "k_gate": true, "phase_bias": true}),
+            "blk.1.vmf_a_log' has shape [32], expected [16]",
+        ),
+    ] {
+        let mut c = base.clone();
+        c["vmf_phase"] = edit.clone();
+        std::fs::write(dir.join("config.json"), c.to_string()).unwrap();
+        let e = match cortiq_engine::load::load(&dir) {
+            Ok(_) => panic!("{edit}: loaded"),
+            Err(e) => e.to_string(),
+        };
+        println!("{edit} -> {e}");
+        assert!(e.contains(want), "{edit}: {e}");
+    }
+}
+
+fn tempdir() -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("cortiq-vmf-test-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// The core over 96 positions in one call (the chunk-parallel form, 3 chunks) equals 96 single
+/// steps (the recurrence) to f32 rounding, on the fixture's layer 1 (random phases up to ±10
+/// rad, two states, the gate, the mass); and the states they leave.
+#[test]
+fn chunked_core_equals_recurrence() {
+    use cortiq_engine::mixers::vmf::{VmfPhase, VmfState, core, project};
+    let m = cortiq_engine::load::load(&fixture("llama_vmf")).unwrap().model;
+    let l: &VmfPhase = m.layers[1].mixer.downcast_ref().expect("layer 1 is vmf_phase");
+    let (c, n) = (l.cfg, 96);
+    let mut g = 0x9E37_79B9_7F4A_7C15u64;
+    let x: Vec<f32> = (0..n * c.d_model)
+        .map(|_| {
+            g ^= g << 13;
+            g ^= g >> 7;
+            g ^= g << 17;
+            (g >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        })
+        .collect();
+    let p = project(&c, &l.w, &x, n, false);
+    let (mut s_ch, mut s_rec) = (VmfState::new(&c), VmfState::new(&c));
+    let o_ch = core(&c, &l.w, &p, 0, n, &mut s_ch);
+    let o_rec: Vec<f32> = (0..n).flat_map(|t| core(&c, &l.w, &p, t, 1, &mut s_rec)).collect();
+    let scale = cortiq_testkit::max_abs(&o_rec);
+    let (md, at) = common::max_diff(&o_ch, &o_rec);
+    let (ms, _) = common::max_diff(&s_ch.s, &s_rec.s);
+    let s_scale = cortiq_testkit::max_abs(&s_rec.s);
+    println!(
+        "llama_vmf layer 1: chunked vs recurrent o {:.2e} relative (at {at}, max |o| {scale:.2}); state {:.2e} relative",
+        md / scale,
+        ms / s_scale
+    );
+    assert!(md <= 1e-5 * scale && ms <= 1e-5 * s_scale, "chunked vs recurrent: o {md:e}, state {ms:e}");
+}
