@@ -45,6 +45,8 @@ pub trait Float:
     fn max(self, other: Self) -> Self;
     fn min(self, other: Self) -> Self;
     fn is_finite(self) -> bool;
+    /// (sin x, cos x); f32 through f64 as the engine's vmf_phase features (one rounding).
+    fn sin_cos(self) -> (Self, Self);
 
     /// `y[t, c] = Σ_k x[t, k]·b[k·ldb + c]` for t < n_t, c < n (written): x [n_t, k_len]
     /// times a [k_len, n] block of b whose rows are ldb apart. Single-threaded (callers split
@@ -128,10 +130,17 @@ macro_rules! float_common {
 
 impl Float for f64 {
     float_common!(f64, "f64");
+    fn sin_cos(self) -> (f64, f64) {
+        f64::sin_cos(self)
+    }
 }
 
 impl Float for f32 {
     float_common!(f32, "f32");
+    fn sin_cos(self) -> (f32, f32) {
+        let (s, c) = (self as f64).sin_cos();
+        (s as f32, c as f32)
+    }
 
     fn exp_inplace(x: &mut [f32]) {
         cortiq_kernels::act::exp_fast(x)

@@ -10,7 +10,7 @@
 //!
 //! Ops: [`matmul`] (linear), [`act`] (SiLU, GELU-tanh, gated FFN), [`norm`] (RMSNorm, both gain
 //! styles), [`rope`], [`landmark`] (segment means), [`attention`] (exact causal, GQA, sliding),
-//! [`nystrom`] (the O(1) operator, M frozen), [`delta`] (gated delta rule, BPTT), [`loss`]
+//! [`nystrom`] (the O(1) operator, M frozen), [`delta`] (gated delta rule, BPTT), [`vmf`] (the vmf_phase core, its phases, conv and gate, and the whole mixer), [`loss`]
 //! (CE + KL, and the fused chunked LM head); [`block`] assembles a decoder layer from them and
 //! [`model`] a student from blocks, stepping with layer checkpointing;
 //! [`optim`] is AdamW with warmup + cosine and clipping; [`gradcheck`] the f64 finite-difference
@@ -43,5 +43,6 @@ pub mod optim;
 pub mod par;
 pub mod rope;
 pub mod trainer;
+pub mod vmf;
 
 pub use float::Float;

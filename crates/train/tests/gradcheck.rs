@@ -588,3 +588,128 @@ fn gradcheck_far_mixer() {
     assert!(d0 < 1e-14 && d1 > 1e-2, "prompt rows {d0:.3e}, served rows {d1:.3e}");
     assert_all(&reports);
 }
+
+/// vmf_phase's core (issue 16) by BPTT: two states read by two query heads each, T across a
+/// checkpoint boundary (64), every input and A_log.
+#[test]
+fn gradcheck_vmf_core() {
+    use cortiq_train::vmf::{CoreCheckpoints, CoreGrads, CoreShape, core_backward, core_forward};
+    let sh = CoreShape { n_heads: 4, n_states: 2, f: 6, dv: 3 };
+    let t = 70;
+    let mut rng = Rng(16);
+    let mut phq = rng.vec(t * 4 * 6, 1.0);
+    let mut phk = rng.vec(t * 2 * 6, 1.0);
+    let mut kap: Vec<f64> = (0..t * 2).map(|_| 0.1 + 0.8 * rng.uniform()).collect();
+    let mut v = rng.vec(t * 2 * 3, 1.0);
+    let mut a: Vec<f64> = (0..12).map(|_| -3.0 + 3.0 * rng.uniform()).collect();
+    let r = rng.vec(t * 4 * 3, 1.0);
+    let loss = |q: &[f64], k: &[f64], kp: &[f64], v: &[f64], a: &[f64]| {
+        let mut o = vec![0.0; t * 4 * 3];
+        core_forward(&sh, q, k, kp, v, a, &mut o, &mut CoreCheckpoints::default());
+        dotr(&r, &o)
+    };
+    let mut o = vec![0.0; t * 4 * 3];
+    let mut ck = CoreCheckpoints::default();
+    core_forward(&sh, &phq, &phk, &kap, &v, &a, &mut o, &mut ck);
+    let (mut dq, mut dk, mut dkap, mut dv, mut da) =
+        (grad_buf(phq.len()), grad_buf(phk.len()), grad_buf(kap.len()), grad_buf(v.len()), grad_buf(a.len()));
+    let g = CoreGrads { dphq: &mut dq, dphk: &mut dk, dkappa: &mut dkap, dv: &mut dv, da_log: &mut da };
+    core_backward(&sh, &phq, &phk, &kap, &v, &a, &ck, &r, g);
+    let op = "vmf core bptt";
+    let (kc, kpc, vc, ac) = (phk.clone(), kap.clone(), v.clone(), a.clone());
+    let mut reps = vec![check(op, "phq", &mut phq, &unpre(&dq), EPS, |x| loss(x, &kc, &kpc, &vc, &ac))];
+    let qc = phq.clone();
+    reps.push(check(op, "phk", &mut phk, &unpre(&dk), EPS, |x| loss(&qc, x, &kpc, &vc, &ac)));
+    reps.push(check(op, "kappa", &mut kap, &unpre(&dkap), EPS, |x| loss(&qc, &kc, x, &vc, &ac)));
+    reps.push(check(op, "v", &mut v, &unpre(&dv), EPS, |x| loss(&qc, &kc, &kpc, x, &ac)));
+    reps.push(check(op, "A_log", &mut a, &unpre(&da), EPS, |x| loss(&qc, &kc, &kpc, &vc, x)));
+    assert_all(&reps);
+}
+
+/// The phase features (θ and the mass, heads grouped over states) and the causal conv.
+#[test]
+fn gradcheck_vmf_phase_and_conv() {
+    use cortiq_train::vmf::{conv_backward, conv_forward, phase_backward, phase_forward};
+    let mut rng = Rng(17);
+    let (t, p, group, ns) = (5, 3, 2, 2);
+    let mut th = rng.vec(t * ns * group * p, 4.0);
+    let mut m: Vec<f64> = (0..ns).map(|_| 0.2 + rng.uniform()).collect();
+    let r = rng.vec(2 * th.len(), 1.0);
+    let loss = |th: &[f64], m: &[f64]| {
+        let mut y = vec![0.0; 2 * th.len()];
+        phase_forward(th, m, group, p, &mut y);
+        dotr(&r, &y)
+    };
+    let (mut dth, mut dm) = (grad_buf(th.len()), grad_buf(m.len()));
+    phase_backward(&th, &m, group, p, &r, &mut dth, &mut dm);
+    let mc = m.clone();
+    let mut reps = vec![check("vmf phase", "theta", &mut th, &unpre(&dth), EPS, |x| loss(x, &mc))];
+    let thc = th.clone();
+    reps.push(check("vmf phase", "mass", &mut m, &unpre(&dm), EPS, |x| loss(&thc, x)));
+    let (d, k) = (6, 4);
+    let mut x = rng.vec(t * d, 1.0);
+    let mut w = rng.vec(d * k, 1.0);
+    let r2 = rng.vec(t * d, 1.0);
+    let closs = |x: &[f64], w: &[f64]| {
+        let mut y = vec![0.0; t * d];
+        conv_forward(x, w, d, k, &mut y);
+        dotr(&r2, &y)
+    };
+    let (mut dx, mut dw) = (grad_buf(x.len()), grad_buf(w.len()));
+    conv_backward(&r2, &x, &w, d, k, Some(&mut dx), Some(&mut dw));
+    let wc = w.clone();
+    reps.push(check("vmf conv", "x", &mut x, &unpre(&dx), EPS, |x| closs(x, &wc)));
+    let xc = x.clone();
+    reps.push(check("vmf conv", "taps", &mut w, &unpre(&dw), EPS, |w| closs(&xc, w)));
+    assert_all(&reps);
+}
+
+/// The whole vmf_phase mixer with every option on: x and all eleven parameter tensors.
+#[test]
+fn gradcheck_vmf_mixer() {
+    use cortiq_train::vmf::{VmfActs, VmfParams, VmfShape, vmf_mixer_backward, vmf_mixer_forward};
+    let sh = VmfShape { d_model: 6, n_heads: 4, n_states: 2, nphase: 3, dv: 2, conv_kernel: 3, k_gate: true, phase_bias: true };
+    let (d, p, nh, ns, dv, t) = (6, 3, 4, 2, 2, 9);
+    let mut rng = Rng(18);
+    let w = VmfParams {
+        thq: rng.vec(nh * p * d, 1.0),
+        thq_b: rng.vec(nh * p, 0.5),
+        thk: rng.vec(ns * p * d, 1.0),
+        thk_b: rng.vec(ns * p, 0.5),
+        v: rng.vec(ns * dv * d, 1.0),
+        out: rng.vec(d * nh * dv, 1.0),
+        a_log: (0..ns * 2 * p).map(|_| -2.0 + 2.0 * rng.uniform()).collect(),
+        conv: rng.vec(d * 3, 1.0),
+        kg_w: rng.vec(ns * d, 1.0),
+        kg_b: rng.vec(ns, 0.5),
+        mass: (0..ns).map(|_| 0.2 + rng.uniform()).collect(),
+    };
+    let mut x = rng.vec(t * d, 1.0);
+    let r = rng.vec(t * d, 1.0);
+    let loss = |w: &VmfParams<f64>, x: &[f64]| {
+        let mut y = vec![0.0; t * d];
+        vmf_mixer_forward(&sh, w, x, &mut y, &mut VmfActs::default());
+        dotr(&r, &y)
+    };
+    let mut acts = VmfActs::default();
+    let mut y = vec![0.0; t * d];
+    vmf_mixer_forward(&sh, &w, &x, &mut y, &mut acts);
+    let mut g = w.zeros_like();
+    g.tensors_mut().into_iter().for_each(|(_, v)| v.iter_mut().for_each(|x| *x = PRE));
+    let mut dx = grad_buf(x.len());
+    vmf_mixer_backward(&sh, &w, &x, &acts, &r, Some(&mut dx), &mut g);
+    let wc = w.clone();
+    let mut reps = vec![check("vmf mixer", "x", &mut x, &unpre(&dx), EPS, |x| loss(&wc, x))];
+    let names: Vec<&'static str> = g.clone().tensors_mut().into_iter().map(|(n, _)| n).collect();
+    for (i, name) in names.into_iter().enumerate() {
+        let mut wv = w.clone();
+        let analytic = unpre(g.clone().tensors_mut()[i].1);
+        let mut vals = wv.tensors_mut()[i].1.clone();
+        reps.push(check("vmf mixer", name, &mut vals, &analytic, EPS, |v| {
+            let mut w2 = w.clone();
+            *w2.tensors_mut()[i].1 = v.to_vec();
+            loss(&w2, &x)
+        }));
+    }
+    assert_all(&reps);
+}

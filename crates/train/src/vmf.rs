@@ -1,0 +1,555 @@
+//! vmf_phase (issue 16) as training ops, each a (forward, backward) pair: the causal depthwise
+//! conv on the mixer input, the phase features φ = [cos θs; sin θs] (s = 1/(1 + mass)), the
+//! write gate κ = σ(z), the decayed linear core by backpropagation through time, and the whole
+//! mixer assembled from them with the linear projections ([`vmf_mixer_forward`] /
+//! [`vmf_mixer_backward`]): what `polish` trains when it heals a converted layer. The engine's
+//! operator is `cortiq_engine::mixers::vmf` (same definition; its chunked prefill is only a
+//! faster order of the same sums).
+//!
+//! Core, per state s with query heads h of its group (S: [F, dv] from zero):
+//! ```text
+//! S_t = λ ⊙ S_{t−1} + κ_t · φk_t ⊗ v_t        λ_f = exp(−exp(A_log_f))
+//! o_t[h] = S_tᵀ φq_t[h]
+//! ```
+//! The forward keeps S at every CHECKPOINT-th step; the backward replays each span from its
+//! checkpoint and walks it in reverse (as `delta`).
+//!
+//! Accumulation contract: param grads +=, activations =.
+
+use crate::float::{Float, dot, wide};
+use crate::matmul::{linear_backward, linear_forward};
+use crate::par::pool;
+
+/// Steps between stored states.
+pub const CHECKPOINT: usize = 64;
+
+/// φq: [T, n_heads, F]; φk: [T, n_states, F]; κ: [T, n_states]; v: [T, n_states, dv];
+/// A_log: [n_states, F]; o: [T, n_heads, dv]. Query head h reads state h / (n_heads / n_states).
+#[derive(Debug, Clone, Copy)]
+pub struct CoreShape {
+    pub n_heads: usize,
+    pub n_states: usize,
+    /// Components per state (2·nphase).
+    pub f: usize,
+    pub dv: usize,
+}
+
+impl CoreShape {
+    #[track_caller]
+    fn check<F>(&self, op: &str, phq: &[F], phk: &[F], kappa: &[F], v: &[F], a_log: &[F]) -> usize {
+        let (nh, ns, f, dv) = (self.n_heads, self.n_states, self.f, self.dv);
+        assert!(nh > 0 && ns > 0 && nh.is_multiple_of(ns) && f > 0 && dv > 0, "{op}: {nh} heads over {ns} states");
+        assert!(phq.len().is_multiple_of(nh * f), "{op}: φq must be [T, {nh}, {f}]");
+        let t = phq.len() / (nh * f);
+        assert!(
+            phk.len() == t * ns * f && kappa.len() == t * ns && v.len() == t * ns * dv && a_log.len() == ns * f,
+            "{op}: φk must be [{t}, {ns}, {f}], κ [{t}, {ns}], v [{t}, {ns}, {dv}], A_log [{ns}, {f}]"
+        );
+        t
+    }
+}
+
+/// States saved by the forward: [n_states, ceil(T/CHECKPOINT), F, dv].
+#[derive(Debug, Clone, Default)]
+pub struct CoreCheckpoints<F> {
+    pub states: Vec<F>,
+}
+
+/// λ = exp(−exp(a)).
+fn decay<F: Float>(a: F) -> F {
+    (-(a.exp())).exp()
+}
+
+/// S ← λ ⊙ S + κ·φk ⊗ v (in place).
+#[inline]
+fn write<F: Float>(s: &mut [F], lam: &[F], kappa: F, phk: &[F], v: &[F], dv: usize) {
+    for (fi, row) in s.chunks_exact_mut(dv).enumerate() {
+        let (l, c) = (lam[fi], kappa * phk[fi]);
+        row.iter_mut().zip(v).for_each(|(x, &vv)| *x = l * *x + c * vv);
+    }
+}
+
+/// Core forward: o (written) and the checkpoints (written).
+#[allow(clippy::too_many_arguments)]
+pub fn core_forward<F: Float>(
+    sh: &CoreShape,
+    phq: &[F],
+    phk: &[F],
+    kappa: &[F],
+    v: &[F],
+    a_log: &[F],
+    o: &mut [F],
+    ck: &mut CoreCheckpoints<F>,
+) {
+    let t_len = sh.check("vmf core_forward", phq, phk, kappa, v, a_log);
+    let (nh, ns, f, dv) = (sh.n_heads, sh.n_states, sh.f, sh.dv);
+    let g = nh / ns;
+    assert_eq!(o.len(), t_len * nh * dv, "vmf core_forward: o must be [T, {nh}, {dv}]");
+    let n_ck = t_len.div_ceil(CHECKPOINT);
+    let row = t_len * g * dv + n_ck * f * dv; // per state: o [T, g, dv] | states [n_ck, F, dv]
+    let mut buf = vec![F::ZERO; ns * row];
+    pool().for_rows_mut_dynamic(&mut buf, row, 1, |s, out| {
+        wide(|| {
+            let (os, st) = out.split_at_mut(t_len * g * dv);
+            let lam: Vec<F> = a_log[s * f..(s + 1) * f].iter().map(|&a| decay(a)).collect();
+            let mut sm = vec![F::ZERO; f * dv]; // [F, dv]
+            for t in 0..t_len {
+                if t % CHECKPOINT == 0 {
+                    st[t / CHECKPOINT * f * dv..][..f * dv].copy_from_slice(&sm);
+                }
+                let i = t * ns + s;
+                write(&mut sm, &lam, kappa[i], &phk[i * f..][..f], &v[i * dv..][..dv], dv);
+                for j in 0..g {
+                    let q = &phq[(t * nh + s * g + j) * f..][..f];
+                    let ot = &mut os[(t * g + j) * dv..][..dv];
+                    ot.fill(F::ZERO);
+                    for (fi, row) in sm.chunks_exact(dv).enumerate() {
+                        let qf = q[fi];
+                        ot.iter_mut().zip(row).for_each(|(a, &b)| *a += qf * b); // o = Sᵀφq
+                    }
+                }
+            }
+        })
+    });
+    ck.states.clear();
+    ck.states.resize(ns * n_ck * f * dv, F::ZERO);
+    for s in 0..ns {
+        let (os, st) = buf[s * row..][..row].split_at(t_len * g * dv);
+        for t in 0..t_len {
+            o[(t * nh + s * g) * dv..][..g * dv].copy_from_slice(&os[t * g * dv..][..g * dv]);
+        }
+        ck.states[s * n_ck * f * dv..][..n_ck * f * dv].copy_from_slice(st);
+    }
+}
+
+/// Gradients of one core backward call (all +=).
+pub struct CoreGrads<'a, F> {
+    pub dphq: &'a mut [F],
+    pub dphk: &'a mut [F],
+    pub dkappa: &'a mut [F],
+    pub dv: &'a mut [F],
+    pub da_log: &'a mut [F],
+}
+
+/// Backward through time (dS: the gradient w.r.t. S_t from later steps):
+/// fwd: o[h] = S_tᵀφq[h]              =>  dφq[h] += S_t·do[h];  dS += φq[h]⊗do[h]
+/// fwd: S_t = λ⊙S_{t−1} + κ φk⊗v     =>  dκ += Σ dS⊙(φk⊗v);  dφk += κ dS·v;  dv += κ dSᵀφk;
+///                                        dλ += Σ_d dS⊙S_{t−1};  dS_{t−1} = λ⊙dS
+/// fwd: λ = exp(−exp(a))             =>  da += dλ·λ·(−exp(a))
+#[allow(clippy::too_many_arguments)]
+pub fn core_backward<F: Float>(
+    sh: &CoreShape,
+    phq: &[F],
+    phk: &[F],
+    kappa: &[F],
+    v: &[F],
+    a_log: &[F],
+    ck: &CoreCheckpoints<F>,
+    d_o: &[F],
+    grads: CoreGrads<'_, F>,
+) {
+    let t_len = sh.check("vmf core_backward", phq, phk, kappa, v, a_log);
+    let (nh, ns, f, dv) = (sh.n_heads, sh.n_states, sh.f, sh.dv);
+    let g = nh / ns;
+    let n_ck = t_len.div_ceil(CHECKPOINT);
+    assert_eq!(ck.states.len(), ns * n_ck * f * dv, "vmf core_backward: checkpoints are not from a forward of this shape");
+    assert!(
+        d_o.len() == t_len * nh * dv
+            && grads.dphq.len() == phq.len()
+            && grads.dphk.len() == phk.len()
+            && grads.dkappa.len() == kappa.len()
+            && grads.dv.len() == v.len()
+            && grads.da_log.len() == a_log.len(),
+        "vmf core_backward: gradient buffers must match their inputs"
+    );
+    // Per state: dφq [T, g, F] | dφk [T, F] | dκ [T] | dv [T, dv] | dA_log [F].
+    let row = t_len * (g * f + f + 1 + dv) + f;
+    let mut buf = vec![F::ZERO; ns * row];
+    pool().for_rows_mut_dynamic(&mut buf, row, 1, |s, out| {
+        wide(|| {
+            let (bq, rest) = out.split_at_mut(t_len * g * f);
+            let (bk, rest) = rest.split_at_mut(t_len * f);
+            let (bkap, rest) = rest.split_at_mut(t_len);
+            let (bv, ba) = rest.split_at_mut(t_len * dv);
+            let al = &a_log[s * f..(s + 1) * f];
+            let lam: Vec<F> = al.iter().map(|&a| decay(a)).collect();
+            let mut dlam = vec![F::ZERO; f];
+            let mut ds = vec![F::ZERO; f * dv]; // dS [F, dv]
+            let mut prev = vec![F::ZERO; CHECKPOINT * f * dv]; // S_{t−1} of the span's steps
+            let mut sm = vec![F::ZERO; f * dv];
+            for c in (0..n_ck).rev() {
+                let (t0, t1) = (c * CHECKPOINT, ((c + 1) * CHECKPOINT).min(t_len));
+                sm.copy_from_slice(&ck.states[(s * n_ck + c) * f * dv..][..f * dv]);
+                for t in t0..t1 {
+                    prev[(t - t0) * f * dv..][..f * dv].copy_from_slice(&sm);
+                    let i = t * ns + s;
+                    write(&mut sm, &lam, kappa[i], &phk[i * f..][..f], &v[i * dv..][..dv], dv);
+                }
+                for t in (t0..t1).rev() {
+                    let i = t * ns + s;
+                    let (pk, vt) = (&phk[i * f..][..f], &v[i * dv..][..dv]);
+                    let sp = &prev[(t - t0) * f * dv..][..f * dv];
+                    // Rebuild S_t from S_{t−1}.
+                    sm.copy_from_slice(sp);
+                    write(&mut sm, &lam, kappa[i], pk, vt, dv);
+                    // fwd: o[h] = S_tᵀφq[h]  =>  dφq[h] += S_t·do[h]; dS += φq[h]⊗do[h]
+                    for j in 0..g {
+                        let hi = t * nh + s * g + j;
+                        let (q, dot_) = (&phq[hi * f..][..f], &d_o[hi * dv..][..dv]);
+                        for fi in 0..f {
+                            bq[(t * g + j) * f + fi] += dot(&sm[fi * dv..][..dv], dot_);
+                            ds[fi * dv..][..dv].iter_mut().zip(dot_).for_each(|(a, &b)| *a += q[fi] * b);
+                        }
+                    }
+                    // fwd: S_t = λ⊙S_{t−1} + κ φk⊗v
+                    let kap = kappa[i];
+                    for fi in 0..f {
+                        let dsf = &ds[fi * dv..][..dv];
+                        let u = dot(dsf, vt); // (dS·v)_f
+                        bk[t * f + fi] += kap * u;
+                        bkap[t] += pk[fi] * u;
+                        let c = kap * pk[fi];
+                        bv[t * dv..][..dv].iter_mut().zip(dsf).for_each(|(a, &b)| *a += c * b);
+                        dlam[fi] += dot(dsf, &sp[fi * dv..][..dv]);
+                    }
+                    for (fi, row) in ds.chunks_exact_mut(dv).enumerate() {
+                        let l = lam[fi];
+                        row.iter_mut().for_each(|x| *x *= l); // dS_{t−1} = λ⊙dS
+                    }
+                }
+            }
+            // fwd: λ = exp(−exp(a))  =>  da += dλ·λ·(−exp(a))
+            for fi in 0..f {
+                ba[fi] += dlam[fi] * lam[fi] * (-(al[fi].exp()));
+            }
+        })
+    });
+    for s in 0..ns {
+        let r = &buf[s * row..][..row];
+        let (bq, rest) = r.split_at(t_len * g * f);
+        let (bk, rest) = rest.split_at(t_len * f);
+        let (bkap, rest) = rest.split_at(t_len);
+        let (bv, ba) = rest.split_at(t_len * dv);
+        for t in 0..t_len {
+            let q0 = (t * nh + s * g) * f;
+            grads.dphq[q0..q0 + g * f].iter_mut().zip(&bq[t * g * f..][..g * f]).for_each(|(a, &b)| *a += b);
+            let i = t * ns + s;
+            grads.dphk[i * f..][..f].iter_mut().zip(&bk[t * f..][..f]).for_each(|(a, &b)| *a += b);
+            grads.dkappa[i] += bkap[t];
+            grads.dv[i * dv..][..dv].iter_mut().zip(&bv[t * dv..][..dv]).for_each(|(a, &b)| *a += b);
+        }
+        grads.da_log[s * f..][..f].iter_mut().zip(ba).for_each(|(a, &b)| *a += b);
+    }
+}
+
+/// Phase features: θ [T, H, P] -> φ [T, H, 2P] (written), φ = [cos θs; sin θs] with
+/// s = 1/(1 + mass[h / group]) (`group`: heads per state; 1 for the states' own keys).
+pub fn phase_forward<F: Float>(theta: &[F], mass: &[F], group: usize, p: usize, phi: &mut [F]) {
+    let hp = mass.len() * group * p;
+    assert!(
+        theta.len().is_multiple_of(hp) && phi.len() == 2 * theta.len(),
+        "phase_forward: θ must be [T, {}, {p}]",
+        mass.len() * group
+    );
+    for (i, (th, ph)) in theta.chunks_exact(p).zip(phi.chunks_exact_mut(2 * p)).enumerate() {
+        let h = (i % (hp / p)) / group;
+        let sc = F::ONE / (F::ONE + mass[h]);
+        let (c, sn) = ph.split_at_mut(p);
+        for ((&x, c), sn) in th.iter().zip(c).zip(sn) {
+            let (a, b) = (x * sc).sin_cos();
+            *c = b;
+            *sn = a;
+        }
+    }
+}
+
+/// fwd: φ = [cos θs; sin θs], s = 1/(1+m)  =>  let g = −sin·dc + cos·ds (d/d(θs)):
+/// dθ += s·g;  dm += Σ g·θ·(−s²)
+pub fn phase_backward<F: Float>(theta: &[F], mass: &[F], group: usize, p: usize, dphi: &[F], dtheta: &mut [F], dmass: &mut [F]) {
+    let hp = mass.len() * group * p;
+    assert!(
+        theta.len().is_multiple_of(hp)
+            && dphi.len() == 2 * theta.len()
+            && dtheta.len() == theta.len()
+            && dmass.len() == mass.len(),
+        "phase_backward: buffers must match θ [T, {}, {p}]",
+        mass.len() * group
+    );
+    for (i, (th, dph)) in theta.chunks_exact(p).zip(dphi.chunks_exact(2 * p)).enumerate() {
+        let h = (i % (hp / p)) / group;
+        let sc = F::ONE / (F::ONE + mass[h]);
+        let (dc, dsn) = dph.split_at(p);
+        let dth = &mut dtheta[i * p..(i + 1) * p];
+        let mut dm = F::ZERO;
+        for j in 0..p {
+            let (sn, c) = (th[j] * sc).sin_cos();
+            let g = c * dsn[j] - sn * dc[j];
+            dth[j] += sc * g;
+            dm += g * th[j];
+        }
+        dmass[h] += -(dm * sc * sc);
+    }
+}
+
+/// Causal depthwise conv: x [T, d], taps [d, k] (the last tap the current token) -> y [T, d]
+/// (written): y[t, c] = Σ_i taps[c, i]·x[t − (k−1) + i, c], zero before the first token.
+pub fn conv_forward<F: Float>(x: &[F], taps: &[F], d: usize, k: usize, y: &mut [F]) {
+    let t_len = x.len() / d;
+    assert!(taps.len() == d * k && y.len() == x.len(), "conv_forward: taps must be [{d}, {k}], y [{t_len}, {d}]");
+    for t in 0..t_len {
+        for c in 0..d {
+            let mut acc = F::ZERO;
+            for i in 0..k {
+                if let Some(src) = (t + i).checked_sub(k - 1) {
+                    acc += taps[c * k + i] * x[src * d + c];
+                }
+            }
+            y[t * d + c] = acc;
+        }
+    }
+}
+
+/// fwd: y[t,c] = Σ_i w[c,i]·x[t−(k−1)+i, c]  =>  dx[t−(k−1)+i, c] += w[c,i]·dy[t,c];
+/// dw[c,i] += x[t−(k−1)+i, c]·dy[t,c]
+pub fn conv_backward<F: Float>(dy: &[F], x: &[F], taps: &[F], d: usize, k: usize, dx: Option<&mut [F]>, dtaps: Option<&mut [F]>) {
+    let t_len = x.len() / d;
+    assert!(taps.len() == d * k && dy.len() == x.len(), "conv_backward: shapes");
+    if let Some(dx) = dx {
+        for t in 0..t_len {
+            for i in 0..k {
+                if let Some(src) = (t + i).checked_sub(k - 1) {
+                    for c in 0..d {
+                        dx[src * d + c] += taps[c * k + i] * dy[t * d + c];
+                    }
+                }
+            }
+        }
+    }
+    if let Some(dw) = dtaps {
+        for t in 0..t_len {
+            for i in 0..k {
+                if let Some(src) = (t + i).checked_sub(k - 1) {
+                    for c in 0..d {
+                        dw[c * k + i] += x[src * d + c] * dy[t * d + c];
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One layer's vmf_phase geometry and options (the engine's `VmfConfig`).
+#[derive(Debug, Clone, Copy)]
+pub struct VmfShape {
+    pub d_model: usize,
+    pub n_heads: usize,
+    pub n_states: usize,
+    pub nphase: usize,
+    pub dv: usize,
+    /// 0: no conv.
+    pub conv_kernel: usize,
+    pub k_gate: bool,
+    pub phase_bias: bool,
+}
+
+impl VmfShape {
+    pub fn core(&self) -> CoreShape {
+        CoreShape { n_heads: self.n_heads, n_states: self.n_states, f: 2 * self.nphase, dv: self.dv }
+    }
+}
+
+/// A vmf_phase layer's parameters (or their gradients, same layout). Options that are off
+/// hold empty vectors.
+#[derive(Debug, Clone, Default)]
+pub struct VmfParams<F> {
+    /// [n_heads·P, d]
+    pub thq: Vec<F>,
+    /// [n_heads·P] or empty.
+    pub thq_b: Vec<F>,
+    /// [n_states·P, d]
+    pub thk: Vec<F>,
+    /// [n_states·P] or empty.
+    pub thk_b: Vec<F>,
+    /// [n_states·dv, d]
+    pub v: Vec<F>,
+    /// [d, n_heads·dv]
+    pub out: Vec<F>,
+    /// [n_states·2P]
+    pub a_log: Vec<F>,
+    /// [d, k] or empty.
+    pub conv: Vec<F>,
+    /// [n_states, d] and [n_states], or empty.
+    pub kg_w: Vec<F>,
+    pub kg_b: Vec<F>,
+    /// [n_states]
+    pub mass: Vec<F>,
+}
+
+impl<F: Float> VmfParams<F> {
+    /// Zero buffers of the shape of `self` (gradients).
+    pub fn zeros_like(&self) -> VmfParams<F> {
+        let z = |v: &Vec<F>| vec![F::ZERO; v.len()];
+        VmfParams {
+            thq: z(&self.thq),
+            thq_b: z(&self.thq_b),
+            thk: z(&self.thk),
+            thk_b: z(&self.thk_b),
+            v: z(&self.v),
+            out: z(&self.out),
+            a_log: z(&self.a_log),
+            conv: z(&self.conv),
+            kg_w: z(&self.kg_w),
+            kg_b: z(&self.kg_b),
+            mass: z(&self.mass),
+        }
+    }
+
+    /// Every tensor, in a fixed order (the optimizer's and the gradcheck's view).
+    pub fn tensors_mut(&mut self) -> [(&'static str, &mut Vec<F>); 11] {
+        [
+            ("thq", &mut self.thq),
+            ("thq_b", &mut self.thq_b),
+            ("thk", &mut self.thk),
+            ("thk_b", &mut self.thk_b),
+            ("v", &mut self.v),
+            ("out", &mut self.out),
+            ("a_log", &mut self.a_log),
+            ("conv", &mut self.conv),
+            ("kg_w", &mut self.kg_w),
+            ("kg_b", &mut self.kg_b),
+            ("mass", &mut self.mass),
+        ]
+    }
+}
+
+/// What the mixer's backward needs of its forward.
+#[derive(Debug, Clone, Default)]
+pub struct VmfActs<F> {
+    /// [T, d] after the conv (the input itself without one: empty, read x).
+    pub xc: Vec<F>,
+    /// [T, n_heads·P], [T, n_states·P] (biases added)
+    pub thq: Vec<F>,
+    pub thk: Vec<F>,
+    /// [T, n_heads, F], [T, n_states, F]
+    pub phq: Vec<F>,
+    pub phk: Vec<F>,
+    /// [T, n_states]
+    pub kappa: Vec<F>,
+    /// [T, n_states·dv]
+    pub v: Vec<F>,
+    /// [T, n_heads·dv]
+    pub o: Vec<F>,
+    pub ck: CoreCheckpoints<F>,
+}
+
+fn add_bias<F: Float>(y: &mut [F], b: &[F]) {
+    if !b.is_empty() {
+        y.chunks_exact_mut(b.len()).for_each(|r| r.iter_mut().zip(b).for_each(|(y, &b)| *y += b));
+    }
+}
+
+/// A gradient buffer, or None for a tensor not trained (left empty).
+fn opt<F>(v: &mut [F]) -> Option<&mut [F]> {
+    if v.is_empty() { None } else { Some(v) }
+}
+
+fn bias_grad<F: Float>(dy: &[F], db: &mut [F]) {
+    if !db.is_empty() {
+        let n = db.len();
+        dy.chunks_exact(n).for_each(|r| db.iter_mut().zip(r).for_each(|(a, &b)| *a += b));
+    }
+}
+
+/// The mixer: x [T, d] (the layer's normed input) -> y [T, d] (written), and its activations.
+pub fn vmf_mixer_forward<F: Float>(sh: &VmfShape, w: &VmfParams<F>, x: &[F], y: &mut [F], acts: &mut VmfActs<F>) {
+    let (d, p, nh, ns, dv) = (sh.d_model, sh.nphase, sh.n_heads, sh.n_states, sh.dv);
+    let t = x.len() / d;
+    acts.xc.clear();
+    if sh.conv_kernel > 0 {
+        acts.xc.resize(t * d, F::ZERO);
+        conv_forward(x, &w.conv, d, sh.conv_kernel, &mut acts.xc);
+    }
+    let xc: &[F] = if sh.conv_kernel > 0 { &acts.xc } else { x };
+    let resize = |v: &mut Vec<F>, n: usize| {
+        v.clear();
+        v.resize(n, F::ZERO);
+    };
+    resize(&mut acts.thq, t * nh * p);
+    linear_forward(xc, &w.thq, &mut acts.thq, t, d, nh * p);
+    add_bias(&mut acts.thq, &w.thq_b);
+    resize(&mut acts.thk, t * ns * p);
+    linear_forward(xc, &w.thk, &mut acts.thk, t, d, ns * p);
+    add_bias(&mut acts.thk, &w.thk_b);
+    resize(&mut acts.v, t * ns * dv);
+    linear_forward(xc, &w.v, &mut acts.v, t, d, ns * dv);
+    resize(&mut acts.kappa, t * ns);
+    if sh.k_gate {
+        linear_forward(xc, &w.kg_w, &mut acts.kappa, t, d, ns);
+        add_bias(&mut acts.kappa, &w.kg_b);
+        acts.kappa.iter_mut().for_each(|z| *z = F::ONE / (F::ONE + (-*z).exp()));
+    } else {
+        acts.kappa.fill(F::ONE);
+    }
+    resize(&mut acts.phq, 2 * t * nh * p);
+    phase_forward(&acts.thq, &w.mass, nh / ns, p, &mut acts.phq);
+    resize(&mut acts.phk, 2 * t * ns * p);
+    phase_forward(&acts.thk, &w.mass, 1, p, &mut acts.phk);
+    resize(&mut acts.o, t * nh * dv);
+    core_forward(&sh.core(), &acts.phq, &acts.phk, &acts.kappa, &acts.v, &w.a_log, &mut acts.o, &mut acts.ck);
+    linear_forward(&acts.o, &w.out, y, t, nh * dv, d);
+}
+
+/// Backward of the mixer: dx += (when given), grads += for every parameter (`grads` has the
+/// layout of `w`; a tensor left empty there is not trained and gets nothing).
+pub fn vmf_mixer_backward<F: Float>(
+    sh: &VmfShape,
+    w: &VmfParams<F>,
+    x: &[F],
+    acts: &VmfActs<F>,
+    dy: &[F],
+    dx: Option<&mut [F]>,
+    grads: &mut VmfParams<F>,
+) {
+    let (d, p, nh, ns, dv) = (sh.d_model, sh.nphase, sh.n_heads, sh.n_states, sh.dv);
+    let t = x.len() / d;
+    // fwd: y = o·outᵀ
+    let mut d_o = vec![F::ZERO; t * nh * dv];
+    linear_backward(dy, &acts.o, &w.out, Some(&mut d_o), opt(&mut grads.out), t, nh * dv, d);
+    // The core.
+    let (mut dphq, mut dphk) = (vec![F::ZERO; acts.phq.len()], vec![F::ZERO; acts.phk.len()]);
+    let (mut dkap, mut dvv) = (vec![F::ZERO; acts.kappa.len()], vec![F::ZERO; acts.v.len()]);
+    let mut da = vec![F::ZERO; w.a_log.len()];
+    let cg = CoreGrads { dphq: &mut dphq, dphk: &mut dphk, dkappa: &mut dkap, dv: &mut dvv, da_log: &mut da };
+    core_backward(&sh.core(), &acts.phq, &acts.phk, &acts.kappa, &acts.v, &w.a_log, &acts.ck, &d_o, cg);
+    if !grads.a_log.is_empty() {
+        grads.a_log.iter_mut().zip(&da).for_each(|(a, &b)| *a += b);
+    }
+    // Phases (and the mass).
+    let (mut dthq, mut dthk) = (vec![F::ZERO; acts.thq.len()], vec![F::ZERO; acts.thk.len()]);
+    let mut dm = vec![F::ZERO; ns];
+    phase_backward(&acts.thq, &w.mass, nh / ns, p, &dphq, &mut dthq, &mut dm);
+    phase_backward(&acts.thk, &w.mass, 1, p, &dphk, &mut dthk, &mut dm);
+    if !grads.mass.is_empty() {
+        grads.mass.iter_mut().zip(&dm).for_each(|(a, &b)| *a += b);
+    }
+    // The gate: κ = σ(z)  =>  dz = dκ·κ(1−κ).
+    let xc: &[F] = if sh.conv_kernel > 0 { &acts.xc } else { x };
+    let mut dxc = vec![F::ZERO; t * d];
+    if sh.k_gate {
+        let dz: Vec<F> = dkap.iter().zip(&acts.kappa).map(|(&g, &k)| g * k * (F::ONE - k)).collect();
+        linear_backward(&dz, xc, &w.kg_w, Some(&mut dxc), opt(&mut grads.kg_w), t, d, ns);
+        bias_grad(&dz, &mut grads.kg_b);
+    }
+    // Projections.
+    linear_backward(&dthq, xc, &w.thq, Some(&mut dxc), opt(&mut grads.thq), t, d, nh * p);
+    bias_grad(&dthq, &mut grads.thq_b);
+    linear_backward(&dthk, xc, &w.thk, Some(&mut dxc), opt(&mut grads.thk), t, d, ns * p);
+    bias_grad(&dthk, &mut grads.thk_b);
+    linear_backward(&dvv, xc, &w.v, Some(&mut dxc), opt(&mut grads.v), t, d, ns * dv);
+    // The conv.
+    if sh.conv_kernel > 0 {
+        conv_backward(&dxc, x, &w.conv, d, sh.conv_kernel, dx, opt(&mut grads.conv));
+    } else if let Some(dx) = dx {
+        dx.iter_mut().zip(&dxc).for_each(|(a, &b)| *a += b);
+    }
+}
