@@ -30,6 +30,29 @@ pub struct ConvertArgs {
     /// Overwrite OUT if it exists.
     #[arg(long)]
     pub force: bool,
+    /// Fold attention layers onto a linear core (`vmf_phase`) and write the hybrid: the layers
+    /// of --layers, from a GGUF or .cmf source (the stored weights are kept as they are).
+    #[arg(long, value_name = "CORE")]
+    pub linear_core: Option<String>,
+    /// With --linear-core: `auto:F` (the fraction F of the layers whose bypass costs least on
+    /// the calibration text; never layers 0-1) or a list `3,7,11`.
+    #[arg(long, value_name = "auto:F|LIST", default_value = "auto:0.25")]
+    pub layers: String,
+    /// With --linear-core: phases per head (2·P kernel components).
+    #[arg(long, default_value_t = 32)]
+    pub nphase: usize,
+    /// With --linear-core: calibration texts (paths or known text names).
+    #[arg(long, num_args = 1.., default_value = "alice29.txt")]
+    pub calib: Vec<String>,
+    /// With --linear-core: tokens per calibration window.
+    #[arg(long, default_value_t = 512)]
+    pub calib_ctx: usize,
+    /// With --linear-core: calibration windows.
+    #[arg(long, default_value_t = 4)]
+    pub calib_windows: usize,
+    /// With --linear-core: seed of the random features.
+    #[arg(long, default_value_t = 16)]
+    pub seed: u64,
 }
 
 fn parse_spec(s: &str) -> std::result::Result<QuantSpec, String> {
@@ -41,6 +64,24 @@ pub fn cmd_convert(a: ConvertArgs) -> Result<()> {
         bail!("{} already exists (pass --force to overwrite)", a.out.display());
     }
     let src = pull::resolve_model(&a.model)?;
+    if let Some(core) = &a.linear_core {
+        if core != "vmf_phase" {
+            bail!("--linear-core {core}: the linear cores are: vmf_phase");
+        }
+        if !matches!(a.quant, QuantSpec::Keep) || a.keep_embeddings_as.is_some() {
+            bail!("--linear-core keeps the source's stored weights; convert with --quant separately");
+        }
+        let o = crate::linearize::LinearizeOpts {
+            layers: a.layers.clone(),
+            nphase: a.nphase,
+            calib: a.calib.clone(),
+            ctx: a.calib_ctx,
+            windows: a.calib_windows,
+            seed: a.seed,
+            force: a.force,
+        };
+        return crate::linearize::linearize(&src, &a.out, &o);
+    }
     let opts = ConvertOptions { quant: a.quant, embeddings: a.keep_embeddings_as, force: a.force };
     let bar = ProgressBar::new(0);
     bar.set_style(

@@ -13,6 +13,7 @@
 pub mod bench;
 pub mod common;
 pub mod convert;
+pub mod linearize;
 pub mod logits;
 pub mod polish;
 pub mod ppl;

@@ -383,7 +383,7 @@ fn window_split(
 
 /// Up to `max` windows of t tokens (BOS first where the model adds one), in order, from the
 /// texts.
-fn text_windows(
+pub(crate) fn text_windows(
     tok: &cortiq_formats::tokenizer::Tokenizer,
     names: &[String],
     bos: Option<u32>,

@@ -1,0 +1,107 @@
+//! `cortiq convert --linear-core vmf_phase` (issue 16) end to end on the tiny llama fixture
+//! (as a .cmf with a byte-level tokenizer): the chosen layers become vmf_phase layers, the
+//! hybrid loads and scores a text, auto picks layers ≥ 2 only, and bad input is a one-line
+//! error.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::{TempDir, byte_tokenizer_json, copy_fixture, fixture};
+
+fn cortiq(args: &[&str]) -> (String, String, bool) {
+    let out = Command::new(env!("CARGO_BIN_EXE_cortiq")).args(args).output().expect("spawn cortiq");
+    (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned(), out.status.success())
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// The llama fixture (vocab 512 ⊇ the 256 bytes) as a .cmf with a byte tokenizer.
+fn tiny(dir: &TempDir) -> std::path::PathBuf {
+    let src = copy_fixture("llama", "lin-src");
+    std::fs::write(src.0.join("tokenizer.json"), byte_tokenizer_json()).unwrap();
+    let model = dir.0.join("tiny.cmf");
+    let (_, err, ok) = cortiq(&["convert", "-m", s(&src.0), "-o", s(&model)]);
+    assert!(ok, "convert: {err}");
+    model
+}
+
+fn ppl(model: &Path, text: &Path) -> f64 {
+    let (out, err, ok) =
+        cortiq(&["ppl", "-m", s(model), "-f", s(text), "-c", "32", "--chunks", "4", "--numerics", "exact", "-t", "1"]);
+    assert!(ok, "ppl: {err}");
+    let line = out.lines().find(|l| l.starts_with("PPL = ")).unwrap_or_else(|| panic!("no PPL in {out:?}"));
+    line[6..].split_whitespace().next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn linear_core_writes_a_hybrid_that_runs() {
+    let dir = TempDir::new("linearize");
+    let model = tiny(&dir);
+    let calib = fixture("qwen2").join("README.md");
+    let text = fixture("gemma3").join("README.md");
+    let out = dir.0.join("hybrid.cmf");
+    let args = |layers: &str, o: &Path| -> Vec<String> {
+        [
+            "convert",
+            "-m",
+            s(&model),
+            "-o",
+            s(o),
+            "--linear-core",
+            "vmf_phase",
+            "--layers",
+            layers,
+            "--calib",
+            s(&calib),
+            "--calib-ctx",
+            "32",
+            "--calib-windows",
+            "3",
+            "--nphase",
+            "4",
+        ]
+        .iter()
+        .map(|x| x.to_string())
+        .collect()
+    };
+    let run = |v: Vec<String>| cortiq(&v.iter().map(String::as_str).collect::<Vec<_>>());
+    let (_, err, ok) = run(args("1,3", &out));
+    assert!(ok, "convert --linear-core: {err}");
+    println!("{err}");
+    assert!(err.contains("layer   1: fold relative error") && err.contains("layer   3: fold relative error"), "{err}");
+    let m = cortiq_engine::load::load(&out).expect("the hybrid loads").model;
+    let vmf: Vec<usize> =
+        (0..4).filter(|&i| matches!(m.cfg.layers[i].mixer, cortiq_engine::config::MixerKind::VmfPhase(_))).collect();
+    assert_eq!(vmf, [1, 3]);
+    let (p0, p1) = (ppl(&model, &text), ppl(&out, &text));
+    println!("ppl: original {p0:.3}, hybrid (fold only) {p1:.3}");
+    assert!(p1.is_finite() && p1 > 0.0);
+    // auto: half of the 4 layers, never 0 or 1.
+    let auto = dir.0.join("auto.cmf");
+    let (_, err, ok) = run(args("auto:0.5", &auto));
+    assert!(ok, "auto: {err}");
+    assert!(err.contains("converting layers [2, 3]"), "{err}");
+    // Bad input, one line each.
+    for (layers, extra, want) in [
+        ("9", vec![], "layer 9 does not exist"),
+        ("auto:0", vec![], "auto:F needs a fraction"),
+        ("1,1", vec![], "named twice"),
+        ("x", vec![], "expected auto:F or a comma-separated list"),
+        ("1", vec!["--quant", "f16"], "keeps the source's stored weights"),
+        ("1", vec!["--nphase", "0"], "--nphase"),
+    ] {
+        let mut v = args(layers, &dir.0.join("bad.cmf"));
+        v.extend(extra.iter().map(|x| x.to_string()));
+        let (_, err, ok) = run(v);
+        assert!(!ok && err.contains(want) && err.trim().lines().count() == 1, "--layers {layers} {extra:?}: {err}");
+    }
+    let (_, err, ok) = cortiq(&["convert", "-m", s(&model), "-o", s(&dir.0.join("b.cmf")), "--linear-core", "mamba"]);
+    assert!(!ok && err.contains("the linear cores are: vmf_phase"), "{err}");
+    let (_, err, ok) =
+        cortiq(&["convert", "-m", s(&fixture("llama")), "-o", s(&dir.0.join("b.cmf")), "--linear-core", "vmf_phase"]);
+    assert!(!ok && err.contains("convert the folder first"), "{err}");
+}
