@@ -39,13 +39,13 @@ fn raw<'a>(l: &'a Loaded, t: &TensorInfo) -> &'a [u8] {
 
 /// Writes `out`: the model of `l` with `replaced` tensors (GGUF names -> f32 values of the same
 /// shape) stored as `matrix_type` (2-D) or f32 (1-D), `added` tensors (new names, 1-D f32)
-/// after the source's, and `o1` in the header.
+/// after the source's, and `o1` in the header (None: the header records no O(1) settings).
 pub fn write_polished(
     l: &Loaded,
     out: &Path,
     replaced: &HashMap<String, Vec<f32>>,
     matrix_type: QuantType,
-    o1: O1Header,
+    o1: Option<O1Header>,
     added: &[(String, Vec<f32>)],
     force: bool,
 ) -> Result<u64> {
@@ -96,7 +96,7 @@ pub fn write_polished(
         quant: format!("keep (polished tensors {})", matrix_type.name()),
         norm_offset_folded: norm_offset,
         metadata,
-        o1: Some(o1),
+        o1,
         tensors: Vec::new(),
     };
     let mut w = CmfWriter::create(out, header, &plan, force)?;

@@ -273,8 +273,15 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
         score_layers: auto.then_some(score_layers).filter(|l| !l.is_empty()),
         split: split.map(|sp| cortiq_formats::cmf::O1SplitHeader { step: sp.step, layers: sp.layers, curves: sp.curves }),
     };
-    let bytes =
-        export::write_polished(&loaded, &a.out, &HashMap::new(), cortiq_kernels::quant::QuantType::F16, header, &added, a.force)?;
+    let bytes = export::write_polished(
+        &loaded,
+        &a.out,
+        &HashMap::new(),
+        cortiq_kernels::quant::QuantType::F16,
+        Some(header),
+        &added,
+        a.force,
+    )?;
     eprintln!(
         "fitted {} layers, {kept} with a far field, in {secs:.0}s ({} steps each over {n_tokens} tokens; recording {:.0}s); held-out mse {:.1}% of {rule}'s (layer sum); wrote {} ({:.1} MB)",
         planned.len(),

@@ -20,6 +20,7 @@
 
 pub mod export;
 pub mod far;
+pub mod heal;
 pub mod student;
 pub mod teacher;
 
@@ -176,6 +177,12 @@ pub struct PolishArgs {
     /// e^{−δ·distance}; `off`: every far key weighs the same whatever its distance) [default: on].
     #[arg(long, value_name = "ON", value_parser = ["on", "off"])]
     pub far_decay: Option<String>,
+    /// Heal a model folded onto vmf_phase (`convert --linear-core`): the original it was
+    /// converted from, the teacher. MODEL is the hybrid; `--stage transfer` fits each converted
+    /// layer to the teacher's attention output (--steps per layer, --batch windows per step,
+    /// --lr; --far-windows training windows of --ctx tokens [default: 32]).
+    #[arg(long, value_name = "ORIGINAL")]
+    pub teacher: Option<String>,
     /// Overwrite OUT if it exists.
     #[arg(long)]
     pub force: bool,
@@ -310,7 +317,7 @@ fn check_out(a: &PolishArgs) -> Result<()> {
 
 /// The thread pool of -t, shared by the engine (the teacher, the recordings) and the trainer
 /// (they never run at once, so -t bounds both).
-fn start_pool(threads: Option<usize>) -> Result<()> {
+pub(crate) fn start_pool(threads: Option<usize>) -> Result<()> {
     if let Some(n) = threads {
         if n == 0 {
             bail!("--threads must be at least 1");
@@ -322,6 +329,9 @@ fn start_pool(threads: Option<usize>) -> Result<()> {
 }
 
 pub fn cmd_polish(a: PolishArgs) -> Result<()> {
+    if let Some(t) = a.teacher.clone() {
+        return heal::cmd_polish_heal(&a, &t);
+    }
     let linear = a.o1_far.as_deref() == Some("linear");
     let distill = a.stage.as_deref() == Some("distill");
     if a.stage.is_some() && !linear {
@@ -588,7 +598,7 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
             score_layers: None,
         },
     };
-    let bytes = export::write_polished(&loaded, &a.out, &replaced, store, header, &[], a.force)?;
+    let bytes = export::write_polished(&loaded, &a.out, &replaced, store, Some(header), &[], a.force)?;
     let before = first_ratio.map_or(String::new(), |r| format!("{r:.4} -> "));
     let after = last_valid.map_or(String::from("?"), |r| format!("{:.4}", r.ppl_ratio));
     eprintln!(

@@ -1,0 +1,254 @@
+//! `cortiq polish -m HYBRID.cmf --teacher ORIGINAL --stage transfer`: stage 1 of the heal of a
+//! dense model folded onto vmf_phase (issue 16, `convert --linear-core`), attention transfer.
+//! Each converted layer alone, teacher-forced: its input is the original model's normed input at
+//! that layer and its target the original attention block's output (after o_proj), on windows
+//! of the training texts; the layer's vmf_phase parameters (phases and their biases, decays,
+//! conv, gate, mass; v_proj and out_proj at a tenth of the rate) fit the relative squared error
+//! (the teacher output's energy as the normaliser), everything else frozen
+//! (`cortiq_train::vmf::transfer_layer`). Held-out windows of the validation text choose the
+//! step kept and give the per-layer report: relative error and cosine to the teacher, before
+//! and after. OUT is HYBRID with the converted layers' tensors replaced (f32).
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use cortiq_engine::Logits;
+use cortiq_engine::config::MixerKind;
+use cortiq_engine::load::load;
+use cortiq_engine::mixers::vmf::VmfPhase;
+use cortiq_engine::model::Model;
+use cortiq_kernels::quant::QuantType;
+use cortiq_train::vmf::{TransferSeq, VmfParams, VmfShape, transfer_error, transfer_layer};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use super::{PolishArgs, export, far::text_windows, start_pool};
+use crate::pull;
+
+/// Rate of the copied teacher projections (v_proj, out_proj) relative to --lr.
+const COPIED_MULT: f64 = 0.1;
+
+pub fn cmd_polish_heal(a: &PolishArgs, teacher: &str) -> Result<()> {
+    match a.stage.as_deref() {
+        Some("transfer") => {}
+        Some(s) => bail!("--stage {s}: the heal's end-to-end stage is not built yet; run --stage transfer"),
+        None => bail!("--teacher: give --stage transfer (stage 1, attention transfer)"),
+    }
+    for (flag, given) in [
+        ("--o1-far", a.o1_far.is_some()),
+        ("--o1-window", a.o1_window.is_some()),
+        ("--o1-sinks", a.o1_sinks.is_some()),
+        ("--o1-landmarks", a.o1_landmarks.is_some()),
+        ("--far-rank", a.far_rank.is_some()),
+        ("--far-lr", a.far_lr.is_some()),
+        ("--far-rule", a.far_rule.is_some()),
+        ("--o1-split", a.o1_split.is_some()),
+        ("--init", a.init.is_some()),
+        ("--resume", a.resume),
+    ] {
+        if given {
+            bail!("{flag}: not a setting of the vmf_phase heal (--teacher)");
+        }
+    }
+    if a.out.exists() && !a.force {
+        bail!("{} already exists (pass --force to overwrite)", a.out.display());
+    }
+    if !(a.lr.is_finite() && a.lr > 0.0) {
+        bail!("--lr: must be a positive number, got {}", a.lr);
+    }
+    if a.steps == 0 || a.batch == 0 || a.ctx < 8 {
+        bail!("--steps and --batch must be at least 1 and --ctx at least 8");
+    }
+    start_pool(a.threads)?;
+    let t0 = Instant::now();
+    let hybrid_path = pull::resolve_model(&a.model)?;
+    let hybrid = load(&hybrid_path).with_context(|| format!("loading {}", hybrid_path.display()))?;
+    let teacher_path = pull::resolve_model(teacher)?;
+    let mut tl = load(&teacher_path).with_context(|| format!("loading the teacher {}", teacher_path.display()))?;
+    tl.model.set_numerics(cortiq_engine::Numerics::Exact);
+    let (hc, tc) = (&hybrid.model.cfg, &tl.model.cfg);
+    let layers: Vec<usize> = (0..hc.n_layers).filter(|&il| matches!(hc.layers[il].mixer, MixerKind::VmfPhase(_))).collect();
+    if layers.is_empty() {
+        bail!("{}: no vmf_phase layers to heal (make them with cortiq convert --linear-core vmf_phase)", hybrid_path.display());
+    }
+    if (hc.n_layers, hc.d_model, hc.vocab) != (tc.n_layers, tc.d_model, tc.vocab) {
+        bail!(
+            "--teacher {}: {} layers × {} wide, vocab {}; the hybrid has {} × {}, vocab {} (not the model it was converted from)",
+            teacher_path.display(),
+            tc.n_layers,
+            tc.d_model,
+            tc.vocab,
+            hc.n_layers,
+            hc.d_model,
+            hc.vocab
+        );
+    }
+    if let Some(&il) = layers.iter().find(|&&il| tc.layers[il].mixer != MixerKind::Attention) {
+        bail!("--teacher: its layer {il} is not softmax attention");
+    }
+    let tok = tl.tokenizer()?;
+    let bos = if tok.add_bos() { tok.bos_id() } else { None };
+    let n_train = a.far_windows.unwrap_or(32);
+    let train = text_windows(&tok, &a.train, bos, a.ctx, n_train)?;
+    let held = text_windows(&tok, std::slice::from_ref(&a.valid), bos, a.ctx, a.valid_windows.max(1))?;
+    if train.is_empty() || held.is_empty() {
+        bail!("--ctx {}: the training or validation texts hold less than one window", a.ctx);
+    }
+    eprintln!(
+        "stage 1 (attention transfer) on layers {layers:?}: {} training windows of {} tokens ({} tokens), {} held out",
+        train.len(),
+        a.ctx,
+        train.len() * a.ctx,
+        held.len()
+    );
+    let rec_t = record(&tl.model, &layers, &train)?;
+    let rec_h = record(&tl.model, &layers, &held)?;
+    eprintln!("teacher recorded in {:.1}s", t0.elapsed().as_secs_f64());
+    let mut replaced: HashMap<String, Vec<f32>> = HashMap::new();
+    let total_steps = a.steps as usize * layers.len();
+    let bar = ProgressBar::new(total_steps as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} steps {msg}").expect("valid template"),
+    );
+    let mut lines = Vec::new();
+    for &il in &layers {
+        let l: &VmfPhase = hybrid.model.layers[il].mixer.downcast_ref().context("a vmf_phase layer")?;
+        let (sh, init) = params_of(l);
+        let data: Vec<TransferSeq<f32>> = rec_t[&il].clone();
+        let hd: Vec<TransferSeq<f32>> = rec_h[&il].clone();
+        let (e0, c0) = stats(&sh, &init, &hd);
+        let every = (a.valid_every as usize).max(1);
+        let (mut first, mut last) = (f64::NAN, f64::NAN);
+        let fit = transfer_layer(&sh, &data, init, a.steps as usize, a.batch, a.lr, COPIED_MULT, Some((&hd, every)), |s| {
+            if s.step < a.steps as usize {
+                bar.inc(1);
+                if s.step == 0 {
+                    first = s.rel;
+                }
+                last = s.rel;
+            }
+            if let Some(h) = s.held {
+                bar.set_message(format!("layer {il}: held-out {h:.4}"));
+            }
+        });
+        let (e1, c1) = stats(&sh, &fit, &hd);
+        let line = format!(
+            "layer {il:>3}: held-out relative error {e0:.4} -> {e1:.4}, cosine {c0:.4} -> {c1:.4} (training batches {first:.4} -> {last:.4})"
+        );
+        bar.println(&line);
+        lines.push(line);
+        for (name, v) in tensors_of(il, &fit) {
+            replaced.insert(name, v);
+        }
+    }
+    bar.finish_and_clear();
+    for l in &lines {
+        eprintln!("{l}");
+    }
+    let bytes = export::write_polished(&hybrid, &a.out, &replaced, QuantType::F32, None, &[], a.force)?;
+    eprintln!(
+        "wrote {} ({:.1} MB) in {:.1} min ({} layers × {} steps × {} windows of {} tokens)",
+        a.out.display(),
+        bytes as f64 / 1e6,
+        t0.elapsed().as_secs_f64() / 60.0,
+        layers.len(),
+        a.steps,
+        a.batch,
+        a.ctx
+    );
+    Ok(())
+}
+
+/// (relative error, cosine) of the mixer against the teacher over windows.
+fn stats(sh: &VmfShape, p: &VmfParams<f32>, data: &[TransferSeq<f32>]) -> (f64, f64) {
+    let (mut yo, mut oo, mut yy) = (0f64, 0f64, 0f64);
+    for s in data {
+        let mut o = vec![0f32; s.y.len()];
+        cortiq_train::vmf::vmf_mixer_forward(sh, p, &s.x, &mut o, &mut Default::default());
+        for (&a, &b) in o.iter().zip(&s.y) {
+            yo += a as f64 * b as f64;
+            oo += a as f64 * a as f64;
+            yy += b as f64 * b as f64;
+        }
+    }
+    (transfer_error(sh, p, data), yo / (oo.sqrt() * yy.sqrt()).max(1e-300))
+}
+
+/// The engine layer's geometry and weights as the trainer's.
+fn params_of(l: &VmfPhase) -> (VmfShape, VmfParams<f32>) {
+    let c = &l.cfg;
+    let w = &l.w;
+    let sh = VmfShape {
+        d_model: c.d_model,
+        n_heads: c.n_heads,
+        n_states: c.n_k_heads,
+        nphase: c.nphase,
+        dv: c.d_v,
+        conv_kernel: c.conv_kernel,
+        k_gate: c.k_gate,
+        phase_bias: c.phase_bias,
+    };
+    let (kg_w, kg_b) = match &w.k_gate {
+        Some((g, b)) => (g.to_f32(), b.clone()),
+        None => (Vec::new(), Vec::new()),
+    };
+    let p = VmfParams {
+        thq: w.thq.to_f32(),
+        thq_b: w.thq_b.clone(),
+        thk: w.thk.to_f32(),
+        thk_b: w.thk_b.clone(),
+        v: w.v.to_f32(),
+        out: w.out.to_f32(),
+        a_log: w.a_log.clone(),
+        conv: w.conv.clone(),
+        kg_w,
+        kg_b,
+        mass: w.mass.clone(),
+    };
+    (sh, p)
+}
+
+/// The trained tensors under their GGUF names (options that are off have none; the mass only
+/// where the file has it: `convert --linear-core` writes it).
+fn tensors_of(il: usize, p: &VmfParams<f32>) -> Vec<(String, Vec<f32>)> {
+    let names = [
+        ("vmf_thq.weight", &p.thq),
+        ("vmf_thq.bias", &p.thq_b),
+        ("vmf_thk.weight", &p.thk),
+        ("vmf_thk.bias", &p.thk_b),
+        ("vmf_v.weight", &p.v),
+        ("vmf_out.weight", &p.out),
+        ("vmf_a_log", &p.a_log),
+        ("vmf_conv.weight", &p.conv),
+        ("vmf_kgate.weight", &p.kg_w),
+        ("vmf_kgate.bias", &p.kg_b),
+        ("vmf_mass", &p.mass),
+    ];
+    names.into_iter().filter(|(_, v)| !v.is_empty()).map(|(n, v)| (format!("blk.{il}.{n}"), v.clone())).collect()
+}
+
+/// The teacher's normed input and attention block output (after o_proj) at each layer, per
+/// window.
+fn record(model: &Model, layers: &[usize], windows: &[Vec<u32>]) -> Result<HashMap<usize, Vec<TransferSeq<f32>>>> {
+    let mut out: HashMap<usize, Vec<TransferSeq<f32>>> = layers.iter().map(|&il| (il, Vec::new())).collect();
+    for w in windows {
+        let mut cur: HashMap<usize, TransferSeq<f32>> =
+            layers.iter().map(|&il| (il, TransferSeq { x: Vec::new(), y: Vec::new() })).collect();
+        let mut st = model.new_state(w.len());
+        model.forward_traced(w, &mut st, Logits::None, &mut |name, il, v| {
+            let Some(r) = cur.get_mut(&il) else { return };
+            match name {
+                "attn_norm" => r.x.extend_from_slice(v),
+                "attn_proj" => r.y.extend_from_slice(v),
+                _ => {}
+            }
+        })?;
+        for (il, s) in cur {
+            if s.x.len() != w.len() * model.cfg.d_model || s.y.len() != s.x.len() {
+                bail!("layer {il}: the teacher's recorded input/output do not have {} positions", w.len());
+            }
+            out.get_mut(&il).expect("recorded layer").push(s);
+        }
+    }
+    Ok(out)
+}
