@@ -1,7 +1,8 @@
 //! One decoder block of the student, assembled from this crate's ops: the dense layers of
 //! Llama, Qwen2 (QKV bias), Qwen3 (QK-norm) and Gemma 3 (QK-norm, post-norms, sliding or global
 //! layers), with the attention served exactly, by the Nyström operator, or by an eviction rule
-//! with the learned far field (`farfield`, stage 2). Trainable: every RMSNorm gain and the FFN,
+//! with the learned far field (`farfield`, stage 2), or replaced whole by a converted layer's
+//! vmf_phase mixer (`vmf`: its projections, core and out_proj trainable). Trainable: every RMSNorm gain and the FFN,
 //! and the far field's feature maps; frozen: the q/k/v/o projections and their biases (the
 //! polish contract). Layer checkpointing is the caller's: keep each block's input, and before the
 //! block's backward run its forward again into a scratch [`BlockActs`] (the Nyström plan of the
@@ -27,6 +28,7 @@ use crate::matmul::{linear_backward, linear_forward};
 use crate::norm::{NormStyle, rmsnorm_backward, rmsnorm_forward};
 use crate::nystrom::{NyShape, NystromError, NystromPlan, O1Config, nystrom_backward, nystrom_forward, nystrom_plan};
 use crate::rope::{RopeStyle, RopeTable, rope_backward, rope_forward};
+use crate::vmf::{VmfActs, VmfParams, VmfShape, vmf_mixer_backward, vmf_mixer_forward};
 
 /// The block's attention.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -39,6 +41,9 @@ pub enum BlockMixer {
     /// are the prompt (exact). The rule: sink+window of `sinks` + `window`, or `schedule`'s
     /// exits computed from the block's own q, k, v at every forward (score eviction).
     Far { tp: usize, sinks: usize, window: usize, schedule: Option<Schedule> },
+    /// A converted layer on the vmf_phase core ([`BlockWeights::vmf`]): the whole attention path
+    /// (projections, core, out_proj) is the mixer's; wq/wk/wv/wo are unused.
+    Vmf(VmfShape),
 }
 
 /// A key schedule computed from a block's own post-RoPE q [T, nh, hd], k, v [T, nkv, hd] (f32,
@@ -100,6 +105,8 @@ pub struct BlockWeights<'a, F> {
     pub post_ffn_norm: Option<&'a [F]>,
     /// The far field of a [`BlockMixer::Far`] block.
     pub far: Option<&'a FarParams<F>>,
+    /// The parameters of a [`BlockMixer::Vmf`] block.
+    pub vmf: Option<&'a VmfParams<F>>,
 }
 
 /// Gradients of the trainable tensors (None: not trained, or absent).
@@ -115,6 +122,9 @@ pub struct BlockGrads<'a, F> {
     pub down: Option<&'a mut [F]>,
     pub post_ffn_norm: Option<&'a mut [F]>,
     pub far: Option<&'a mut FarParams<F>>,
+    /// A vmf_phase block's parameter gradients (the layout of its parameters; a tensor left
+    /// empty there is not trained).
+    pub vmf: Option<&'a mut VmfParams<F>>,
 }
 
 /// Everything the backward reads, written by the forward (reused across layers and steps).
@@ -145,6 +155,8 @@ pub struct BlockActs<F> {
     pub dropped: Vec<bool>,
     /// A far-field block's key exits [T] (the schedule of this forward).
     exits: Vec<usize>,
+    /// A vmf_phase block's mixer activations.
+    vmf: VmfActs<F>,
 }
 
 fn zeros<F: Float>(v: &mut Vec<F>, n: usize) {
@@ -198,6 +210,13 @@ pub fn block_forward<F: Float>(
     zeros(&mut a.h1, t * d);
     a.rstd1.resize(t, 0.0);
     rmsnorm_forward(cfg.norm_style, x, w.attn_norm, cfg.norm_eps, &mut a.h1, &mut a.rstd1); // [T, d]
+    if let BlockMixer::Vmf(sh) = cfg.mixer {
+        let p = w.vmf.expect("block_forward: a vmf_phase block needs its parameters");
+        zeros(&mut a.a, t * d);
+        vmf_mixer_forward(&sh, p, &a.h1, &mut a.a, &mut a.vmf); // [T, d]
+        a.dropped.clear();
+        return Ok(ffn_half(cfg, w, x, y, a, t));
+    }
     zeros(&mut a.q_lin, t * qd);
     zeros(&mut a.k_lin, t * kd);
     zeros(&mut a.v, t * kd);
@@ -253,9 +272,17 @@ pub fn block_forward<F: Float>(
             a.lse.resize(t * nh, 0.0);
             far_mixer_forward(&s, p, &a.exits, tp, &a.q, &a.k, &a.v, &mut a.o, &mut a.lse); // [T, nh, hd]
         }
+        BlockMixer::Vmf(_) => unreachable!("returned above"),
     }
     zeros(&mut a.a, t * d);
     linear_forward(&a.o, w.wo, &mut a.a, t, qd, d); // [T, d]
+    ffn_half(cfg, w, x, y, a, t);
+    Ok(())
+}
+
+/// The block from the mixer's output a [T, d] on: post-attention norm, residual, FFN half.
+fn ffn_half<F: Float>(cfg: &BlockConfig, w: &BlockWeights<'_, F>, x: &[F], y: &mut [F], a: &mut BlockActs<F>, t: usize) {
+    let d = cfg.d_model;
     let mut a2 = a.a.clone();
     if let Some(pn) = w.post_attn_norm {
         a.rstd_pa.resize(t, 0.0);
@@ -275,7 +302,6 @@ pub fn block_forward<F: Float>(
         rmsnorm_forward(cfg.norm_style, &a.f, pn, cfg.norm_eps, &mut f2, &mut a.rstd_pf);
     }
     y.iter_mut().zip(a.x1.iter().zip(&f2)).for_each(|(o, (&p, &q))| *o = p + q); // [T, d]
-    Ok(())
 }
 
 /// Backward from dy [T, d]: dx += (the block's input gradient), trainable grads +=. `acts`
@@ -302,7 +328,7 @@ pub fn block_backward<F: Float>(
     let t = x.len() / d;
     let (qd, kd) = (nh * hd, nkv * hd);
     let a = acts;
-    let BlockGrads { attn_norm, q_norm, k_norm, post_attn_norm, ffn_norm, gate, up, down, post_ffn_norm, far } = g;
+    let BlockGrads { attn_norm, q_norm, k_norm, post_attn_norm, ffn_norm, gate, up, down, post_ffn_norm, far, vmf } = g;
     // fwd: y = x1 + f2  =>  dx1 = dy; df2 = dy
     let mut dx1 = dy.to_vec(); // [T, d]
     // fwd: f2 = post_ffn_norm(f)  =>  df
@@ -331,6 +357,22 @@ pub fn block_backward<F: Float>(
         }
         None => dx1,
     };
+    if let BlockMixer::Vmf(sh) = cfg.mixer {
+        // fwd: a = vmf(h1)  =>  dh1; the mixer's own gradients (a frozen block's to scratch)
+        let p = w.vmf.expect("block_backward: a vmf_phase block needs its parameters");
+        let mut scratch;
+        let gp = match vmf {
+            Some(g) => g,
+            None => {
+                scratch = p.zeros_like();
+                &mut scratch
+            }
+        };
+        let mut dh1 = vec![F::ZERO; t * d];
+        vmf_mixer_backward(&sh, p, &a.h1, &a.vmf, &da, Some(&mut dh1), gp);
+        rmsnorm_backward(cfg.norm_style, x, w.attn_norm, &a.rstd1, &dh1, Some(dx), attn_norm);
+        return;
+    }
     // fwd: a = o·Woᵀ  =>  do (Wo frozen)
     let mut d_o = vec![F::ZERO; t * qd];
     linear_backward(&da, &a.o, w.wo, Some(&mut d_o), None, t, qd, d);
@@ -358,6 +400,7 @@ pub fn block_backward<F: Float>(
             };
             far_mixer_backward(&s, p, &a.exits, tp, &a.q, &a.k, &a.v, &a.o, &a.lse, &d_o, &mut dq, &mut dk, &mut dv, gp);
         }
+        BlockMixer::Vmf(_) => unreachable!("returned above"),
     }
     // fwd: q = rope(qn)  =>  dqn = rope⁻¹(dq)
     let (mut dqn, mut dkn) = (vec![F::ZERO; t * qd], vec![F::ZERO; t * kd]);

@@ -20,6 +20,7 @@ use crate::loss::{LossOut, lm_head_distill};
 use crate::norm::{NormStyle, rmsnorm_backward, rmsnorm_forward};
 use crate::nystrom::{NystromError, NystromPlan};
 use crate::rope::RopeTable;
+use crate::vmf::VmfParams;
 
 /// One layer: its config, tensors, RoPE table (Gemma's local and global layers differ) and
 /// whether its norms and FFN train (the polish trains converted layers only).
@@ -28,6 +29,8 @@ pub struct StudentLayer<'a, F> {
     pub w: BlockWeights<'a, F>,
     pub rope: &'a RopeTable<F>,
     pub train: bool,
+    /// A vmf_phase block's parameters train (the heal's stage 2).
+    pub train_vmf: bool,
 }
 
 /// The student.
@@ -68,6 +71,8 @@ pub struct StudentGrads<F> {
     pub layers: Vec<Option<LayerGrads<F>>>,
     pub final_norm: Vec<F>,
     pub far: Vec<Option<FarParams<F>>>,
+    /// Per layer, a vmf_phase block's parameters (None: not one, or frozen).
+    pub vmf: Vec<Option<VmfParams<F>>>,
 }
 
 /// What a trainable tensor is, for its learning rate.
@@ -80,6 +85,8 @@ pub enum Kind {
     /// A far field's feature map (U, α, W, β, ρ; the norm terms γ stay as stage 1 fitted them:
     /// a step of AdamW moves γ·|q|² by lr·|q|², hundreds of times the others' step).
     Far,
+    /// A vmf_phase layer's parameter (the heal's stage 2).
+    Vmf,
 }
 
 impl<F: Float> StudentGrads<F> {
@@ -108,7 +115,8 @@ impl<F: Float> StudentGrads<F> {
         // The final norm trains with the layers' norms and FFNs: a student whose only trainable
         // tensors are far fields (stage 2 of the far field) keeps it as it is (empty buffer).
         let final_norm = if s.layers.iter().any(|l| l.train) { z(s.final_norm) } else { Vec::new() };
-        StudentGrads { layers, final_norm, far }
+        let vmf = s.layers.iter().map(|l| l.w.vmf.filter(|_| l.train_vmf).map(|p| p.zeros_like())).collect();
+        StudentGrads { layers, final_norm, far, vmf }
     }
 
     /// Every buffer, in a fixed order (for clipping and the optimizer).
@@ -136,6 +144,9 @@ impl<F: Float> StudentGrads<F> {
         }
         for p in self.far.iter_mut().flatten() {
             out.extend([&mut p.u, &mut p.alpha, &mut p.w, &mut p.beta, &mut p.rho].map(|t| (t, Kind::Far)));
+        }
+        for p in self.vmf.iter_mut().flatten() {
+            out.extend(p.tensors_mut().into_iter().filter(|(_, t)| !t.is_empty()).map(|(_, t)| (t, Kind::Vmf)));
         }
         out
     }
@@ -257,10 +268,11 @@ impl<F: Float> Student<'_, F> {
                     down: Some(&mut g.down[..]),
                     post_ffn_norm: g.post_ffn_norm.as_deref_mut(),
                     far: None,
+                    vmf: None,
                 },
                 None => BlockGrads::default(),
             };
-            let g = BlockGrads { far: grads.far[l].as_mut(), ..g };
+            let g = BlockGrads { far: grads.far[l].as_mut(), vmf: grads.vmf[l].as_mut(), ..g };
             block_backward(&layer.cfg, &layer.w, layer.rope, plans[l].as_ref(), &inputs[l], &acts, &dx, &mut dxl, g);
             dx = dxl;
         }

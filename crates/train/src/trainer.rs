@@ -93,6 +93,8 @@ pub struct TrainConfig {
     pub gain_lr_mult: f64,
     /// Multiplier of the learning rate for far fields' feature maps (stage 1 fits them at 1e-2).
     pub far_lr_mult: f64,
+    /// Multiplier of the learning rate for vmf_phase layers' parameters (the heal's stage 2).
+    pub vmf_lr_mult: f64,
     /// β1, β2, eps, weight decay (its `lr` is unused: the schedule gives each step's).
     pub adamw: AdamW,
     /// Global gradient-norm clip (≤ 0: off).
@@ -115,6 +117,7 @@ impl Default for TrainConfig {
             min_lr: 1e-5,
             gain_lr_mult: 1.0,
             far_lr_mult: 1.0,
+            vmf_lr_mult: 1.0,
             adamw: AdamW { lr: 1e-4, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 },
             clip: 1.0,
             kl_weight: 0.5,
@@ -143,6 +146,9 @@ impl TrainConfig {
         }
         if !(self.gain_lr_mult.is_finite() && self.gain_lr_mult > 0.0) {
             return bad(format!("--gain-lr-mult {}: must be finite and > 0", self.gain_lr_mult));
+        }
+        if !(self.vmf_lr_mult.is_finite() && self.vmf_lr_mult > 0.0) {
+            return bad(format!("vmf_phase lr multiplier {}: must be finite and > 0", self.vmf_lr_mult));
         }
         if !(self.far_lr_mult.is_finite() && self.far_lr_mult > 0.0) {
             return bad(format!("far field lr multiplier {}: must be finite and > 0 (--far-lr)", self.far_lr_mult));
@@ -223,6 +229,11 @@ pub fn params_of<F: Float>(s: &Student<'_, F>) -> Params<F> {
             d.clone_from(src);
         }
     }
+    for (dst, l) in p.vmf.iter_mut().zip(&s.layers) {
+        if let (Some(d), Some(src)) = (dst.as_mut(), l.w.vmf) {
+            d.clone_from(src);
+        }
+    }
     p
 }
 
@@ -247,7 +258,8 @@ pub fn student_view<'s, F: Float>(base: &'s Student<'_, F>, p: &'s Params<F>) ->
                 w.post_ffn_norm = g.post_ffn_norm.as_deref().or(w.post_ffn_norm);
             }
             w.far = p.far[i].as_ref().or(w.far);
-            StudentLayer { cfg: l.cfg, w, rope: l.rope, train: l.train }
+            w.vmf = p.vmf[i].as_ref().or(w.vmf);
+            StudentLayer { cfg: l.cfg, w, rope: l.rope, train: l.train, train_vmf: l.train_vmf }
         })
         .collect();
     Student {
@@ -354,8 +366,10 @@ impl<'a, F: Float> Trainer<'a, F> {
         let idx = cursor.take(self.data.len(), b, self.cfg.seed, self.cfg.shuffle);
         // The gradient buffers leave self for the step (the student view borrows self) and
         // come back on every path.
-        let mut grads =
-            std::mem::replace(&mut self.grads, StudentGrads { layers: Vec::new(), final_norm: Vec::new(), far: Vec::new() });
+        let mut grads = std::mem::replace(
+            &mut self.grads,
+            StudentGrads { layers: Vec::new(), final_norm: Vec::new(), far: Vec::new(), vmf: Vec::new() },
+        );
         grads.zero();
         let sums = self.accumulate(&idx, teacher, &mut grads);
         let r = sums.and_then(|sums| self.update(sums, lr, &mut grads));
@@ -417,6 +431,7 @@ impl<'a, F: Float> Trainer<'a, F> {
                 Kind::Gain => lr * self.cfg.gain_lr_mult,
                 Kind::Matrix => lr,
                 Kind::Far => lr * self.cfg.far_lr_mult,
+                Kind::Vmf => lr * self.cfg.vmf_lr_mult,
             };
             opt.step(step_no, lr_t, p, g, factor, st);
         }

@@ -339,7 +339,7 @@ pub fn conv_backward<F: Float>(dy: &[F], x: &[F], taps: &[F], d: usize, k: usize
 }
 
 /// One layer's vmf_phase geometry and options (the engine's `VmfConfig`).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct VmfShape {
     pub d_model: usize,
     pub n_heads: usize,

@@ -1,7 +1,8 @@
 //! The decoder block (block.rs) gradient-checked in f64 for the layer kinds the polish meets:
 //! Gemma 3-like (QKV bias, QK-norm, post-norms, GELU-tanh, (1+w) gains) served by Nyström with
 //! the guard active; Llama-like (SiLU, interleaved partial RoPE) exact; a sliding-window layer
-//! with QK-norm; a layer served by sink+window and the learned far field (stage 2). Gradients
+//! with QK-norm; a layer served by sink+window and the learned far field (stage 2); a layer
+//! converted to vmf_phase (every one of its parameters). Gradients
 //! w.r.t. the block input and every trainable tensor; M frozen.
 
 use cortiq_train::act::Act;
@@ -11,6 +12,7 @@ use cortiq_train::gradcheck::{Report, Rng, check};
 use cortiq_train::norm::NormStyle;
 use cortiq_train::nystrom::{DEFAULT_RIDGE, Far, NystromPlan, O1Config};
 use cortiq_train::rope::{RopeStyle, RopeTable};
+use cortiq_train::vmf::{VmfParams, VmfShape};
 
 const T: usize = 40;
 
@@ -18,6 +20,7 @@ const T: usize = 40;
 struct Tensors {
     v: Vec<(&'static str, Vec<f64>)>,
     far: Option<FarParams<f64>>,
+    vmf: Option<VmfParams<f64>>,
 }
 
 const TRAIN: [&str; 9] = ["attn_norm", "q_norm", "k_norm", "post_attn_norm", "ffn_norm", "gate", "up", "down", "post_ffn_norm"];
@@ -49,6 +52,7 @@ impl Tensors {
             down: g("down"),
             post_ffn_norm: self.get("post_ffn_norm"),
             far: self.far.as_ref(),
+            vmf: self.vmf.as_ref(),
         }
     }
 }
@@ -90,7 +94,26 @@ fn make(cfg: &BlockConfig, bias: bool, qk_norm: bool, post: bool, seed: u64) -> 
         }
         _ => None,
     };
-    Tensors { v, far }
+    let vmf = match cfg.mixer {
+        BlockMixer::Vmf(sh) => {
+            let (p, nh, ns, dv) = (sh.nphase, sh.n_heads, sh.n_states, sh.dv);
+            Some(VmfParams {
+                thq: r.vec(nh * p * d, 0.5),
+                thq_b: r.vec(nh * p, 0.3),
+                thk: r.vec(ns * p * d, 0.5),
+                thk_b: r.vec(ns * p, 0.3),
+                v: r.vec(ns * dv * d, 0.5),
+                out: r.vec(d * nh * dv, 0.4),
+                a_log: (0..ns * 2 * p).map(|_| -2.0 + 2.0 * r.uniform()).collect(),
+                conv: r.vec(d * sh.conv_kernel, 0.6),
+                kg_w: r.vec(ns * d, 0.5),
+                kg_b: r.vec(ns, 0.3),
+                mass: (0..ns).map(|_| 0.3 * r.uniform()).collect(),
+            })
+        }
+        _ => None,
+    };
+    Tensors { v, far, vmf }
 }
 
 fn run(name: &str, cfg: BlockConfig, rope: RopeTable<f64>, bias: bool, qk_norm: bool, post: bool) -> Vec<Report> {
@@ -112,8 +135,13 @@ fn run(name: &str, cfg: BlockConfig, rope: RopeTable<f64>, bias: bool, qk_norm: 
     let mut grads: Vec<(&str, Vec<f64>)> = TRAIN.iter().filter_map(|&n| ts.get(n).map(|t| (n, vec![0.5; t.len()]))).collect();
     let mut dx = vec![0.5; x.len()];
     let mut far_grads = ts.far.as_ref().map(|p| p.map(|_| 0.5));
+    let mut vmf_grads = ts.vmf.as_ref().map(|p| {
+        let mut g = p.zeros_like();
+        g.tensors_mut().into_iter().for_each(|(_, t)| t.iter_mut().for_each(|x| *x = 0.5));
+        g
+    });
     {
-        let mut g = BlockGrads { far: far_grads.as_mut(), ..BlockGrads::default() };
+        let mut g = BlockGrads { far: far_grads.as_mut(), vmf: vmf_grads.as_mut(), ..BlockGrads::default() };
         for (n, buf) in grads.iter_mut() {
             let slot = Some(&mut buf[..]);
             match *n {
@@ -156,6 +184,16 @@ fn run(name: &str, cfg: BlockConfig, rope: RopeTable<f64>, bias: bool, qk_norm: 
         }));
         *ts.far.as_mut().unwrap().tensors_mut()[i] = t0;
     }
+    if let Some(vg) = vmf_grads.as_mut() {
+        for (i, (n, g)) in vg.tensors_mut().into_iter().enumerate() {
+            let mut t0 = ts.vmf.as_mut().unwrap().tensors_mut()[i].1.clone();
+            reps.push(check(name, n, &mut t0, &unpre(g), 1e-4, |tv| {
+                *ts.vmf.as_mut().unwrap().tensors_mut()[i].1 = tv.to_vec();
+                loss(&ts, &x)
+            }));
+            *ts.vmf.as_mut().unwrap().tensors_mut()[i].1 = t0;
+        }
+    }
     reps
 }
 
@@ -191,6 +229,9 @@ fn gradcheck_blocks() {
     reps.extend(run("block sliding qk-norm", local, RopeTable::new(T, 4, 10_000.0), false, true, true));
     let far = BlockConfig { mixer: BlockMixer::Far { tp: 20, sinks: 1, window: 6, schedule: None }, ..llama };
     reps.extend(run("block llama-like far", far, RopeTable::new(T, 4, 500.0), true, false, false));
+    let sh = VmfShape { d_model: 8, n_heads: 3, n_states: 3, nphase: 3, dv: 6, conv_kernel: 3, k_gate: true, phase_bias: true };
+    let vmf = BlockConfig { mixer: BlockMixer::Vmf(sh), ..llama };
+    reps.extend(run("block vmf_phase", vmf, RopeTable::new(T, 4, 500.0), false, false, false));
     for rep in &reps {
         println!("{rep}");
     }

@@ -42,6 +42,7 @@ fn weights(l: &Named) -> BlockWeights<'_, f64> {
         down: g("down"),
         post_ffn_norm: get(l, "post_ffn_norm"),
         far: None,
+        vmf: None,
     }
 }
 
@@ -112,7 +113,13 @@ impl Owned {
             embed: &self.embed,
             embed_scale: Some((D as f64).sqrt()),
             layers: (0..3)
-                .map(|l| StudentLayer { cfg: self.cfgs[l], w: weights(&self.layers[l]), rope: &self.rope, train: self.train[l] })
+                .map(|l| StudentLayer {
+                    cfg: self.cfgs[l],
+                    w: weights(&self.layers[l]),
+                    rope: &self.rope,
+                    train: self.train[l],
+                    train_vmf: false,
+                })
                 .collect(),
             final_norm: &self.final_norm,
             norm_style: NormStyle::Plain,

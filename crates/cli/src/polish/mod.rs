@@ -494,6 +494,7 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
         min_lr: a.min_lr.unwrap_or(a.lr / 10.0),
         gain_lr_mult: a.gain_lr_mult,
         far_lr_mult: far_lr / a.lr,
+        vmf_lr_mult: 1.0,
         adamw: AdamW { lr: a.lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 },
         clip: a.clip,
         kl_weight: a.kl_weight,

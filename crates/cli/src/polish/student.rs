@@ -250,9 +250,11 @@ impl StudentWeights {
                     down: &l.down,
                     post_ffn_norm: l.post_ffn_norm.as_deref(),
                     far: far.as_ref(),
+                    vmf: None,
                 },
                 rope: &self.ropes[r],
                 train,
+                train_vmf: false,
             })
             .collect();
         Student {

@@ -108,9 +108,11 @@ impl Geo {
                         down: &l[8],
                         post_ffn_norm: None,
                         far: None,
+                        vmf: None,
                     },
                     rope: &self.rope,
                     train: true,
+                    train_vmf: false,
                 })
                 .collect(),
             final_norm: &self.final_norm,

@@ -114,8 +114,9 @@ impl<F: Float> Fixture<F> {
                     down: g("down"),
                     post_ffn_norm: None,
                     far: None,
+                    vmf: None,
                 };
-                StudentLayer { cfg, w, rope: &self.rope, train: true }
+                StudentLayer { cfg, w, rope: &self.rope, train: true, train_vmf: false }
             })
             .collect();
         Student {
@@ -142,6 +143,7 @@ impl<F: Float> Fixture<F> {
             min_lr: self.f("min_lr"),
             gain_lr_mult: 1.0,
             far_lr_mult: 1.0,
+            vmf_lr_mult: 1.0,
             adamw: AdamW {
                 lr: self.f("lr"),
                 beta1: self.f("beta1"),
