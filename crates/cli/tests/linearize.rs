@@ -138,11 +138,54 @@ fn linear_core_writes_a_hybrid_that_runs() {
     let p2 = ppl(&healed, &text);
     println!("ppl: healed (stage 1) {p2:.3}");
     assert!(p2.is_finite());
-    for (extra, want) in [
-        (vec!["--stage", "distill"], "not built yet"),
-        (vec![], "give --stage transfer"),
-        (vec!["--stage", "transfer", "--o1-window", "8"], "--o1-window: not a setting"),
-    ] {
+    // Stage 2: KL end to end against the original, the vmf_phase parameters trained.
+    let distilled = dir.0.join("distilled.cmf");
+    let (_, err, ok) = cortiq(&[
+        "polish",
+        "-m",
+        s(&healed),
+        "--teacher",
+        s(&model),
+        "-o",
+        s(&distilled),
+        "--stage",
+        "distill",
+        "--train",
+        s(&calib),
+        "--valid",
+        s(&text),
+        "--ctx",
+        "32",
+        "--steps",
+        "8",
+        "--lr",
+        "3e-4",
+        "--warmup",
+        "1",
+        "--valid-every",
+        "4",
+        "--valid-windows",
+        "2",
+        "--kl-weight",
+        "1",
+        "-t",
+        "1",
+    ]);
+    assert!(ok, "polish --stage distill: {err}");
+    // The held-out KL(teacher ‖ student) of each validation.
+    let kls: Vec<f64> = err
+        .lines()
+        .filter(|l| l.starts_with("valid @"))
+        .filter_map(|l| l.split("(KL ").nth(1))
+        .map(|r| r.split(')').next().unwrap().parse().unwrap())
+        .collect();
+    println!("distill: held-out KL {kls:?}");
+    assert!(kls.len() == 3 && kls[2] < kls[0], "{err}");
+    let p3 = ppl(&distilled, &text);
+    println!("ppl: healed (stage 2) {p3:.3}");
+    for (extra, want) in
+        [(vec![], "give --stage transfer"), (vec!["--stage", "transfer", "--o1-window", "8"], "--o1-window: not a setting")]
+    {
         let mut v = vec![
             "polish",
             "-m",

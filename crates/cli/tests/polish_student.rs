@@ -190,3 +190,26 @@ fn far_student_matches_engine_streaming() {
         }
     }
 }
+
+/// The heal's student (`GlobalAttn::Heal`) on the vmf_phase hybrid fixture: the student's
+/// vmf_phase blocks (train crate, f32, the recurrence by BPTT's forward) against the engine
+/// (chunked prefill) and the fixture's float64 reference, HF folder and GGUF.
+#[test]
+fn heal_student_matches_engine_and_reference() {
+    for src in [fixture("llama_vmf"), fixture("llama_vmf").join("model.gguf")] {
+        let loaded = load(&src).unwrap();
+        let m = &loaded.model;
+        let toks = tokens("llama_vmf");
+        let w = StudentWeights::from_model(m, toks.len(), GlobalAttn::Heal { train_ffn: false }).unwrap();
+        assert_eq!(w.vmf.iter().filter(|v| v.is_some()).count(), 2);
+        let s = w.student();
+        assert!(s.layers.iter().all(|l| !l.train) && s.layers.iter().filter(|l| l.train_vmf).count() == 2);
+        let got = student_logits(&s, &toks).unwrap();
+        let v = m.cfg.vocab;
+        let (de, ate) = max_diff(&got, &engine_logits(m, &toks, None), v);
+        let (_, want) = read_f32(&fixture("llama_vmf").join("logits.npy")).unwrap();
+        let (dr, atr) = max_diff(&got, &want, v);
+        println!("llama_vmf {}: heal student vs engine {de:.3e} at {ate:?}, vs f64 reference {dr:.3e} at {atr:?}", src.display());
+        assert!(de <= TOL && dr <= TOL, "heal student: vs engine {de:e} at {ate:?}, vs reference {dr:e} at {atr:?}");
+    }
+}

@@ -54,6 +54,7 @@ fn main() {
         kl_weight: 0.5,
         seed: 0,
         shuffle: false,
+        score_all: false,
     };
     let mut tr = Trainer::new(s, cfg_t, Windows { ctx: t, windows: vec![tokens] }).expect("trainer");
     // The teacher hands out a precomputed [T, V] (a copy per window, as an engine would).

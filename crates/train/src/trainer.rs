@@ -104,6 +104,8 @@ pub struct TrainConfig {
     /// Seed of the epoch order.
     pub seed: u64,
     pub shuffle: bool,
+    /// Score every position (the vmf_phase heal) instead of the half after the sealed prompt.
+    pub score_all: bool,
 }
 
 impl Default for TrainConfig {
@@ -123,6 +125,7 @@ impl Default for TrainConfig {
             kl_weight: 0.5,
             seed: 0,
             shuffle: true,
+            score_all: false,
         }
     }
 }
@@ -130,7 +133,7 @@ impl Default for TrainConfig {
 impl TrainConfig {
     /// Scored positions start here (the prompt is the first half).
     pub fn score_from(&self) -> usize {
-        self.ctx / 2
+        if self.score_all { 0 } else { self.ctx / 2 }
     }
 
     fn validate(&self) -> Result<(), TrainError> {

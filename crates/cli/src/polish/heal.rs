@@ -8,6 +8,10 @@
 //! (`cortiq_train::vmf::transfer_layer`). Held-out windows of the validation text choose the
 //! step kept and give the per-layer report: relative error and cosine to the teacher, before
 //! and after. OUT is HYBRID with the converted layers' tensors replaced (f32).
+//!
+//! Stage 2 (`--stage distill`) runs through `polish`'s trainer (mod.rs): the student is the
+//! hybrid (softmax layers exact and frozen, the vmf_phase layers' parameters trained, with
+//! `--distill-ffn` their norms and FFNs too), the teacher the original, KL over every position.
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -28,48 +32,51 @@ use crate::pull;
 /// Rate of the copied teacher projections (v_proj, out_proj) relative to --lr.
 const COPIED_MULT: f64 = 0.1;
 
-pub fn cmd_polish_heal(a: &PolishArgs, teacher: &str) -> Result<()> {
-    match a.stage.as_deref() {
-        Some("transfer") => {}
-        Some(s) => bail!("--stage {s}: the heal's end-to-end stage is not built yet; run --stage transfer"),
-        None => bail!("--teacher: give --stage transfer (stage 1, attention transfer)"),
+/// The flags the heal refuses (both stages); and the stage given.
+pub fn check_flags(a: &PolishArgs) -> Result<()> {
+    if a.stage.is_none() {
+        bail!("--teacher: give --stage transfer (stage 1, attention transfer) or --stage distill (stage 2, KL end to end)");
     }
     for (flag, given) in [
         ("--o1-far", a.o1_far.is_some()),
         ("--o1-window", a.o1_window.is_some()),
         ("--o1-sinks", a.o1_sinks.is_some()),
         ("--o1-landmarks", a.o1_landmarks.is_some()),
+        ("--o1-ridge", a.o1_ridge.is_some()),
         ("--far-rank", a.far_rank.is_some()),
         ("--far-lr", a.far_lr.is_some()),
         ("--far-rule", a.far_rule.is_some()),
+        ("--far-decay", a.far_decay.is_some()),
         ("--o1-split", a.o1_split.is_some()),
         ("--init", a.init.is_some()),
-        ("--resume", a.resume),
     ] {
         if given {
             bail!("{flag}: not a setting of the vmf_phase heal (--teacher)");
         }
     }
-    if a.out.exists() && !a.force {
-        bail!("{} already exists (pass --force to overwrite)", a.out.display());
+    if a.stage.as_deref() == Some("transfer") {
+        if a.resume {
+            bail!("--resume: stage 1 (transfer) keeps no checkpoint; rerun it");
+        }
+        if a.distill_ffn {
+            bail!("--distill-ffn needs --stage distill");
+        }
+    } else if a.far_windows.is_some() {
+        bail!("--far-windows: a setting of stage 1 (--stage transfer)");
     }
-    if !(a.lr.is_finite() && a.lr > 0.0) {
-        bail!("--lr: must be a positive number, got {}", a.lr);
-    }
-    if a.steps == 0 || a.batch == 0 || a.ctx < 8 {
-        bail!("--steps and --batch must be at least 1 and --ctx at least 8");
-    }
-    start_pool(a.threads)?;
-    let t0 = Instant::now();
-    let hybrid_path = pull::resolve_model(&a.model)?;
-    let hybrid = load(&hybrid_path).with_context(|| format!("loading {}", hybrid_path.display()))?;
+    Ok(())
+}
+
+/// The heal's teacher, checked against the hybrid `h` (loaded from `hybrid`): the dense model
+/// it was converted from, in exact numerics.
+pub fn load_teacher(h: &Model, hybrid: &std::path::Path, teacher: &str) -> Result<cortiq_engine::load::Loaded> {
     let teacher_path = pull::resolve_model(teacher)?;
     let mut tl = load(&teacher_path).with_context(|| format!("loading the teacher {}", teacher_path.display()))?;
     tl.model.set_numerics(cortiq_engine::Numerics::Exact);
-    let (hc, tc) = (&hybrid.model.cfg, &tl.model.cfg);
+    let (hc, tc) = (&h.cfg, &tl.model.cfg);
     let layers: Vec<usize> = (0..hc.n_layers).filter(|&il| matches!(hc.layers[il].mixer, MixerKind::VmfPhase(_))).collect();
     if layers.is_empty() {
-        bail!("{}: no vmf_phase layers to heal (make them with cortiq convert --linear-core vmf_phase)", hybrid_path.display());
+        bail!("{}: no vmf_phase layers to heal (make them with cortiq convert --linear-core vmf_phase)", hybrid.display());
     }
     if (hc.n_layers, hc.d_model, hc.vocab) != (tc.n_layers, tc.d_model, tc.vocab) {
         bail!(
@@ -86,6 +93,26 @@ pub fn cmd_polish_heal(a: &PolishArgs, teacher: &str) -> Result<()> {
     if let Some(&il) = layers.iter().find(|&&il| tc.layers[il].mixer != MixerKind::Attention) {
         bail!("--teacher: its layer {il} is not softmax attention");
     }
+    Ok(tl)
+}
+
+pub fn cmd_polish_heal(a: &PolishArgs, teacher: &str) -> Result<()> {
+    if a.out.exists() && !a.force {
+        bail!("{} already exists (pass --force to overwrite)", a.out.display());
+    }
+    if !(a.lr.is_finite() && a.lr > 0.0) {
+        bail!("--lr: must be a positive number, got {}", a.lr);
+    }
+    if a.steps == 0 || a.batch == 0 || a.ctx < 8 {
+        bail!("--steps and --batch must be at least 1 and --ctx at least 8");
+    }
+    start_pool(a.threads)?;
+    let t0 = Instant::now();
+    let hybrid_path = pull::resolve_model(&a.model)?;
+    let hybrid = load(&hybrid_path).with_context(|| format!("loading {}", hybrid_path.display()))?;
+    let tl = load_teacher(&hybrid.model, &hybrid_path, teacher)?;
+    let hc = &hybrid.model.cfg;
+    let layers: Vec<usize> = (0..hc.n_layers).filter(|&il| matches!(hc.layers[il].mixer, MixerKind::VmfPhase(_))).collect();
     let tok = tl.tokenizer()?;
     let bos = if tok.add_bos() { tok.bos_id() } else { None };
     let n_train = a.far_windows.unwrap_or(32);
@@ -175,7 +202,7 @@ fn stats(sh: &VmfShape, p: &VmfParams<f32>, data: &[TransferSeq<f32>]) -> (f64, 
 }
 
 /// The engine layer's geometry and weights as the trainer's.
-fn params_of(l: &VmfPhase) -> (VmfShape, VmfParams<f32>) {
+pub(crate) fn params_of(l: &VmfPhase) -> (VmfShape, VmfParams<f32>) {
     let c = &l.cfg;
     let w = &l.w;
     let sh = VmfShape {
@@ -210,7 +237,7 @@ fn params_of(l: &VmfPhase) -> (VmfShape, VmfParams<f32>) {
 
 /// The trained tensors under their GGUF names (options that are off have none; the mass only
 /// where the file has it: `convert --linear-core` writes it).
-fn tensors_of(il: usize, p: &VmfParams<f32>) -> Vec<(String, Vec<f32>)> {
+pub(crate) fn tensors_of(il: usize, p: &VmfParams<f32>) -> Vec<(String, Vec<f32>)> {
     let names = [
         ("vmf_thq.weight", &p.thq),
         ("vmf_thq.bias", &p.thq_b),

@@ -252,6 +252,12 @@ pub fn polished_tensors(cfg: &ModelConfig, p: &Params<f32>) -> HashMap<String, V
     if !p.final_norm.is_empty() {
         out.insert(cfg.output_norm.to_string(), p.final_norm.clone());
     }
+    // The heal's vmf_phase layers.
+    for (il, v) in p.vmf.iter().enumerate() {
+        if let Some(v) = v {
+            out.extend(heal::tensors_of(il, v));
+        }
+    }
     // Stage 2's far fields (the layers that have one: rank > 0).
     for (il, f) in p.far.iter().enumerate() {
         let Some(f) = f.as_ref().filter(|f| !f.alpha.is_empty()) else { continue };
@@ -329,12 +335,17 @@ pub(crate) fn start_pool(threads: Option<usize>) -> Result<()> {
 }
 
 pub fn cmd_polish(a: PolishArgs) -> Result<()> {
-    if let Some(t) = a.teacher.clone() {
-        return heal::cmd_polish_heal(&a, &t);
+    // The vmf_phase heal: stage 1 on its own (heal.rs), stage 2 through the trainer below.
+    let heal = a.teacher.is_some();
+    if heal {
+        heal::check_flags(&a)?;
+        if a.stage.as_deref() != Some("distill") {
+            return heal::cmd_polish_heal(&a, a.teacher.as_deref().expect("heal"));
+        }
     }
     let linear = a.o1_far.as_deref() == Some("linear");
     let distill = a.stage.as_deref() == Some("distill");
-    if a.stage.is_some() && !linear {
+    if a.stage.is_some() && !linear && !heal {
         bail!("--stage: the stages are the learned far field's; give --o1-far linear");
     }
     if a.distill_ffn && !distill {
@@ -404,13 +415,17 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
     }
     start_pool(a.threads)?;
 
-    // The teacher: the model in exact numerics.
+    // The teacher: the model in exact numerics (the heal's: the original, --teacher).
     let path = pull::resolve_model(&a.model)?;
     let t0 = Instant::now();
     let mut loaded = load(&path)?;
     loaded.model.set_numerics(Numerics::Exact);
+    let heal_teacher = match &a.teacher {
+        Some(t) => Some(heal::load_teacher(&loaded.model, &path, t)?),
+        None => None,
+    };
     let tok = loaded.tokenizer()?;
-    let model = &loaded.model;
+    let model = heal_teacher.as_ref().map_or(&loaded.model, |l| &l.model);
     if a.ctx > model.cfg.n_ctx_train {
         bail!("--ctx {} exceeds the model's {} positions", a.ctx, model.cfg.n_ctx_train);
     }
@@ -438,9 +453,10 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
         }
         None => None,
     };
-    let start = init.as_ref().map_or(model, |l| &l.model);
+    let start = init.as_ref().map_or(&loaded.model, |l| &l.model);
     let served = crate::common::served_o1(init.as_ref().unwrap_or(&loaded));
     let global = match (distill, served) {
+        _ if heal => GlobalAttn::Heal { train_ffn: a.distill_ffn },
         (false, _) => GlobalAttn::O1 { cfg: o1, tp },
         (true, Some(s)) if s.linear => {
             let (window, sinks) = (s.settings.window, s.settings.sinks);
@@ -468,6 +484,11 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
     }
     let what = match global {
         GlobalAttn::Far { .. } => "stage 2".to_string(),
+        GlobalAttn::Heal { .. } => format!(
+            "the vmf_phase heal, stage 2 (KL against {}){}",
+            a.teacher.as_deref().unwrap_or_default(),
+            if a.distill_ffn { format!(", with the norms and FFNs of {n_conv} layers") } else { String::new() }
+        ),
         _ => format!(
             "{n_conv} of {} layers converted (W {}, S {}, m {}, ridge {ridge:e})",
             model.cfg.n_layers,
@@ -500,6 +521,8 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
         kl_weight: a.kl_weight,
         seed: a.seed,
         shuffle: true,
+        // The heal has no sealed prompt: every position is scored.
+        score_all: heal,
     };
     let mut trainer = Trainer::new(weights.student(), cfg, train_w)?;
     if a.resume {
@@ -584,9 +607,10 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
         _ => None,
     };
     let header = match (distill, source_header) {
+        _ if heal => None,
         // Stage 2 keeps the model's settings, rules and split.
-        (true, Some(h)) => h,
-        _ => O1Header {
+        (true, Some(h)) => Some(h),
+        _ => Some(O1Header {
             window: a.o1_window(),
             sinks: a.o1_sinks(),
             landmarks: a.o1_landmarks(),
@@ -597,9 +621,10 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
             split: None,
             far_rule: None,
             score_layers: None,
-        },
+        }),
     };
-    let bytes = export::write_polished(&loaded, &a.out, &replaced, store, Some(header), &[], a.force)?;
+    let store = if heal { QuantType::F32 } else { store };
+    let bytes = export::write_polished(&loaded, &a.out, &replaced, store, header, &[], a.force)?;
     let before = first_ratio.map_or(String::new(), |r| format!("{r:.4} -> "));
     let after = last_valid.map_or(String::from("?"), |r| format!("{:.4}", r.ppl_ratio));
     eprintln!(

@@ -22,6 +22,7 @@ use cortiq_engine::Model;
 use cortiq_engine::blocks::AttentionWeights;
 use cortiq_engine::config::{Activation, MixerKind};
 use cortiq_engine::mixers::attention::Attention;
+use cortiq_engine::mixers::vmf::VmfPhase;
 use cortiq_engine::model::Ffn;
 use cortiq_train::act::Act;
 use cortiq_train::block::{BlockConfig, BlockMixer, BlockWeights, Schedule};
@@ -30,6 +31,7 @@ use cortiq_train::model::{Student, StudentLayer};
 use cortiq_train::norm::NormStyle;
 use cortiq_train::nystrom::O1Config;
 use cortiq_train::rope::RopeTable;
+use cortiq_train::vmf::VmfParams;
 
 /// How the student's global attention layers run.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -42,6 +44,10 @@ pub enum GlobalAttn {
     /// split, its score layers; `score_all`: score eviction on every planned layer), the first
     /// `tp` rows the sealed prompt; `train_ffn`: the planned layers' norms and FFNs train too.
     Far { tp: usize, window: usize, sinks: usize, score_all: bool, train_ffn: bool },
+    /// A hybrid made by `convert --linear-core vmf_phase` (the heal's stage 2): its softmax
+    /// layers exact and frozen, its vmf_phase layers' parameters trained; `train_ffn`: their
+    /// norms and FFNs too.
+    Heal { train_ffn: bool },
 }
 
 /// Why a model cannot become a student.
@@ -94,6 +100,8 @@ pub struct StudentWeights {
     /// Per layer: the far field of a [`GlobalAttn::Far`] student's planned layer (rank 0 where
     /// the model has none: the layer keeps its rule alone).
     pub far: Vec<Option<FarParams<f32>>>,
+    /// Per layer: a vmf_phase layer's parameters (trained in the heal's stage 2).
+    pub vmf: Vec<Option<VmfParams<f32>>>,
     pub embed_scale: Option<f64>,
     pub norm_eps: f64,
     pub vocab: usize,
@@ -129,12 +137,54 @@ impl StudentWeights {
         let mut cfgs = Vec::with_capacity(cfg.n_layers);
         let mut train = Vec::with_capacity(cfg.n_layers);
         let mut far = Vec::with_capacity(cfg.n_layers);
+        let mut vmf = Vec::with_capacity(cfg.n_layers);
         let windows: std::collections::HashMap<usize, usize> = match (global, model.o1_split.as_deref()) {
             (GlobalAttn::Far { window, .. }, Some(sp)) => sp.windows(window).into_iter().collect(),
             _ => Default::default(),
         };
         for (il, (lw, spec)) in model.layers.iter().zip(&cfg.layers).enumerate() {
             let unsupported = |what| Err(StudentError::Unsupported { layer: il, what });
+            if let Some(l) = lw.mixer.downcast_ref::<VmfPhase>() {
+                let GlobalAttn::Heal { train_ffn } = global else { return unsupported("a vmf_phase layer outside the heal") };
+                let Ffn::Dense(fw) = &lw.ffn else { return unsupported("a mixture of experts") };
+                let (sh, p) = super::heal::params_of(l);
+                vmf.push(Some(p));
+                far.push(None);
+                cfgs.push(BlockConfig {
+                    d_model: d,
+                    n_heads: cfg.n_heads,
+                    n_kv_heads: cfg.n_kv_heads,
+                    head_dim: cfg.head_dim,
+                    d_ff: cfg.d_ff,
+                    norm_eps,
+                    norm_style: NormStyle::Plain,
+                    act,
+                    attn_scale: cfg.attn_scale as f64,
+                    rope_style: cfg.ropes[spec.rope].style,
+                    mixer: BlockMixer::Vmf(sh),
+                });
+                train.push(train_ffn);
+                layers.push(LayerF32 {
+                    attn_norm: lw.attn_norm.clone(),
+                    wq: Vec::new(),
+                    wk: Vec::new(),
+                    wv: Vec::new(),
+                    bq: None,
+                    bk: None,
+                    bv: None,
+                    q_norm: None,
+                    k_norm: None,
+                    wo: Vec::new(),
+                    post_attn_norm: lw.post_attn_norm.clone(),
+                    ffn_norm: lw.ffn_norm.clone(),
+                    gate: fw.gate.to_f32(),
+                    up: fw.up.to_f32(),
+                    down: fw.down.to_f32(),
+                    post_ffn_norm: lw.post_ffn_norm.clone(),
+                });
+                continue;
+            }
+            vmf.push(None);
             let aw: &AttentionWeights = match lw.mixer.downcast_ref::<Attention>() {
                 Some(a) if spec.mixer == MixerKind::Attention => &a.w,
                 Some(_) => return unsupported("an attention variant"),
@@ -147,7 +197,7 @@ impl StudentWeights {
             let converted = is_converted(model, il);
             let mixer = match (spec.sliding_window, global) {
                 (Some(w), _) => BlockMixer::Exact { window: Some(w) },
-                (None, GlobalAttn::Exact) => BlockMixer::Exact { window: None },
+                (None, GlobalAttn::Exact | GlobalAttn::Heal { .. }) => BlockMixer::Exact { window: None },
                 (None, GlobalAttn::O1 { cfg, tp }) => BlockMixer::Nystrom { cfg, tp },
                 (None, GlobalAttn::Far { tp, window, sinks, score_all, .. }) => {
                     let score = score_all || model.o1_score_layers.as_deref().is_some_and(|l| l.contains(&il));
@@ -180,7 +230,7 @@ impl StudentWeights {
                 rope_style: cfg.ropes[spec.rope].style,
                 mixer,
             });
-            train.push(converted && !matches!(global, GlobalAttn::Far { train_ffn: false, .. }));
+            train.push(converted && !matches!(global, GlobalAttn::Far { train_ffn: false, .. } | GlobalAttn::Heal { .. }));
             layers.push(LayerF32 {
                 attn_norm: lw.attn_norm.clone(),
                 wq: aw.wq.to_f32(),
@@ -214,6 +264,7 @@ impl StudentWeights {
             layer_rope: cfg.layers.iter().map(|l| l.rope).collect(),
             train,
             far,
+            vmf,
             embed_scale: cfg.embed_scale.map(|s| s as f64),
             norm_eps,
             vocab: cfg.vocab,
@@ -230,7 +281,8 @@ impl StudentWeights {
             .zip(&self.layer_rope)
             .zip(&self.train)
             .zip(&self.far)
-            .map(|((((l, cfg), &r), &train), far)| StudentLayer {
+            .zip(&self.vmf)
+            .map(|(((((l, cfg), &r), &train), far), vmf)| StudentLayer {
                 cfg: *cfg,
                 w: BlockWeights {
                     attn_norm: &l.attn_norm,
@@ -250,11 +302,11 @@ impl StudentWeights {
                     down: &l.down,
                     post_ffn_norm: l.post_ffn_norm.as_deref(),
                     far: far.as_ref(),
-                    vmf: None,
+                    vmf: vmf.as_ref(),
                 },
                 rope: &self.ropes[r],
                 train,
-                train_vmf: false,
+                train_vmf: vmf.is_some(),
             })
             .collect();
         Student {

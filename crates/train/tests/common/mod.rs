@@ -155,6 +155,7 @@ impl<F: Float> Fixture<F> {
             kl_weight: self.f("kl_weight"),
             seed: 0,
             shuffle: false,
+            score_all: false,
         }
     }
 
