@@ -49,6 +49,7 @@ fn main() {
         gain_lr_mult: 1.0,
         far_lr_mult: 1.0,
         vmf_lr_mult: 1.0,
+        vmf_copied_mult: 1.0,
         adamw: AdamW { lr: 1e-4, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 },
         clip: 1.0,
         kl_weight: 0.5,

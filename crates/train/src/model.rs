@@ -85,8 +85,11 @@ pub enum Kind {
     /// A far field's feature map (U, α, W, β, ρ; the norm terms γ stay as stage 1 fitted them:
     /// a step of AdamW moves γ·|q|² by lr·|q|², hundreds of times the others' step).
     Far,
-    /// A vmf_phase layer's parameter (the heal's stage 2).
+    /// A vmf_phase layer's own parameter (phases, decays, conv, gate, mass: the heal's stage 2).
     Vmf,
+    /// A vmf_phase layer's projection copied from the teacher (v_proj, out_proj): it starts
+    /// right and takes a smaller rate (`TrainConfig::vmf_copied_mult`).
+    VmfCopied,
 }
 
 impl<F: Float> StudentGrads<F> {
@@ -146,7 +149,12 @@ impl<F: Float> StudentGrads<F> {
             out.extend([&mut p.u, &mut p.alpha, &mut p.w, &mut p.beta, &mut p.rho].map(|t| (t, Kind::Far)));
         }
         for p in self.vmf.iter_mut().flatten() {
-            out.extend(p.tensors_mut().into_iter().filter(|(_, t)| !t.is_empty()).map(|(_, t)| (t, Kind::Vmf)));
+            out.extend(
+                p.tensors_mut()
+                    .into_iter()
+                    .filter(|(_, t)| !t.is_empty())
+                    .map(|(n, t)| (t, if n == "v" || n == "out" { Kind::VmfCopied } else { Kind::Vmf })),
+            );
         }
         out
     }

@@ -95,6 +95,8 @@ pub struct TrainConfig {
     pub far_lr_mult: f64,
     /// Multiplier of the learning rate for vmf_phase layers' parameters (the heal's stage 2).
     pub vmf_lr_mult: f64,
+    /// Further multiplier for the vmf_phase layers' copied projections (v_proj, out_proj).
+    pub vmf_copied_mult: f64,
     /// β1, β2, eps, weight decay (its `lr` is unused: the schedule gives each step's).
     pub adamw: AdamW,
     /// Global gradient-norm clip (≤ 0: off).
@@ -120,6 +122,7 @@ impl Default for TrainConfig {
             gain_lr_mult: 1.0,
             far_lr_mult: 1.0,
             vmf_lr_mult: 1.0,
+            vmf_copied_mult: 1.0,
             adamw: AdamW { lr: 1e-4, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 },
             clip: 1.0,
             kl_weight: 0.5,
@@ -149,6 +152,9 @@ impl TrainConfig {
         }
         if !(self.gain_lr_mult.is_finite() && self.gain_lr_mult > 0.0) {
             return bad(format!("--gain-lr-mult {}: must be finite and > 0", self.gain_lr_mult));
+        }
+        if !(self.vmf_copied_mult.is_finite() && self.vmf_copied_mult > 0.0) {
+            return bad(format!("vmf_phase copied-projection lr multiplier {}: must be finite and > 0", self.vmf_copied_mult));
         }
         if !(self.vmf_lr_mult.is_finite() && self.vmf_lr_mult > 0.0) {
             return bad(format!("vmf_phase lr multiplier {}: must be finite and > 0", self.vmf_lr_mult));
@@ -435,6 +441,7 @@ impl<'a, F: Float> Trainer<'a, F> {
                 Kind::Matrix => lr,
                 Kind::Far => lr * self.cfg.far_lr_mult,
                 Kind::Vmf => lr * self.cfg.vmf_lr_mult,
+                Kind::VmfCopied => lr * self.cfg.vmf_lr_mult * self.cfg.vmf_copied_mult,
             };
             opt.step(step_no, lr_t, p, g, factor, st);
         }

@@ -516,6 +516,8 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
         gain_lr_mult: a.gain_lr_mult,
         far_lr_mult: far_lr / a.lr,
         vmf_lr_mult: 1.0,
+        // As stage 1: the copied teacher projections at a tenth of the rate.
+        vmf_copied_mult: 0.1,
         adamw: AdamW { lr: a.lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 },
         clip: a.clip,
         kl_weight: a.kl_weight,

@@ -144,6 +144,7 @@ impl<F: Float> Fixture<F> {
             gain_lr_mult: 1.0,
             far_lr_mult: 1.0,
             vmf_lr_mult: 1.0,
+            vmf_copied_mult: 1.0,
             adamw: AdamW {
                 lr: self.f("lr"),
                 beta1: self.f("beta1"),
