@@ -7,7 +7,7 @@
 # far from the window when decoding starts. "score eviction, voted seal" lets the prompt's last
 # OBS queries (the question) choose the prompt keys kept at the seal (SnapKV).
 #
-# Usage: bench/passkey.sh MODEL [FAR.cmf]   (FAR: the model polished with `--o1-far linear`;
+# Usage: bench/passkey.sh MODEL [FAR.cmf]   (MODEL: a known name or a path; FAR: the model polished with `--o1-far linear`;
 #        without it the learned-far rows are skipped)
 # Environment: LENS ("2048 4096", in filler sentences x 10 ≈ tokens), TRIALS (50), BUDGET (128),
 # SINKS (4), OBS (16), CTX (the context each run gets, 8192: a LEN of 4096 is ~4.9k tokens), CORTIQ, ONLY (a comma-separated list of row names to run, e.g.
@@ -19,7 +19,7 @@ die() { echo "passkey.sh: $*" >&2; exit 1; }
 CORTIQ=${CORTIQ:-target/release/cortiq}
 [ -x "$CORTIQ" ] || die "build cortiq first: cargo build --release -p cortiq-cli"
 [ $# -ge 1 ] || die "usage: bench/passkey.sh MODEL [FAR.cmf]"
-MODEL=$("$CORTIQ" pull "$1"); FAR=${2:-}
+if [ -e "$1" ]; then MODEL=$1; else MODEL=$("$CORTIQ" pull "$1"); fi; FAR=${2:-}
 LENS=${LENS:-2048 4096}; TRIALS=${TRIALS:-50}; BUDGET=${BUDGET:-128}; SINKS=${SINKS:-4}
 OBS=${OBS:-16}; CTX=${CTX:-8192}
 b="--o1-budget $((BUDGET - SINKS)) --kv-sinks $SINKS"
