@@ -147,7 +147,8 @@ pub fn linearize(src: &Path, out: &Path, o: &LinearizeOpts) -> Result<()> {
     };
     eprintln!("converting layers {layers:?}");
     let model = &loaded.model;
-    let rec = record(model, &layers, &windows)?;
+    let (d, q) = (cfg.d_model, cfg.n_heads * cfg.head_dim);
+    let rec = record(model, &layers, &windows, ("attn_norm", d), ("attn_out", q))?;
     let vc = VmfConfig {
         d_model: cfg.d_model,
         n_heads: cfg.n_heads,
@@ -165,8 +166,8 @@ pub fn linearize(src: &Path, out: &Path, o: &LinearizeOpts) -> Result<()> {
         if a.w.bv.is_some() {
             bail!("--linear-core: layer {il} has a value bias; vmf_phase's v_proj has none (not folded yet)");
         }
-        let (x, y) = &rec[&il];
-        let (tensors, report) = fold(&vc, a, x, y, o.ctx, o.seed.wrapping_add(il as u64));
+        let (x, y): (Vec<Vec<f32>>, Vec<Vec<f32>>) = rec[&il].iter().cloned().unzip();
+        let (tensors, report) = fold(&vc, a, &x, &y, o.ctx, o.seed.wrapping_add(il as u64));
         eprintln!("layer {il:>3}: {report}");
         for s in ["attn_q", "attn_k", "attn_v", "attn_output"] {
             for p in ["weight", "bias"] {
@@ -277,34 +278,29 @@ fn auto_layers(model: &mut Model, windows: &[Vec<u32>], f: f64) -> Result<Vec<us
     Ok(chosen)
 }
 
-/// Each chosen layer's normed inputs x [T, d] and attention outputs y [T, nh·hd] per window.
-type Recs = HashMap<usize, (Vec<Vec<f32>>, Vec<Vec<f32>>)>;
+/// Per layer, per window: two traced tensors of the exact model (`a`, `b`: trace names, e.g.
+/// "attn_norm" and "attn_out"), each `width_a` / `width_b` values per position.
+pub(crate) type Recs = HashMap<usize, Vec<(Vec<f32>, Vec<f32>)>>;
 
-fn record(model: &Model, layers: &[usize], windows: &[Vec<u32>]) -> Result<Recs> {
-    let mut recs: Recs = layers.iter().map(|&il| (il, (Vec::new(), Vec::new()))).collect();
+/// Runs `model` over each window, recording traces `a` and `b` of every layer in `layers`.
+pub(crate) fn record(model: &Model, layers: &[usize], windows: &[Vec<u32>], a: (&str, usize), b: (&str, usize)) -> Result<Recs> {
+    let mut recs: Recs = layers.iter().map(|&il| (il, Vec::new())).collect();
     for w in windows {
         let mut cur: HashMap<usize, (Vec<f32>, Vec<f32>)> = layers.iter().map(|&il| (il, (Vec::new(), Vec::new()))).collect();
         let mut st = model.new_state(w.len());
         model.forward_traced(w, &mut st, Logits::None, &mut |name, il, x| {
             let Some(r) = cur.get_mut(&il) else { return };
-            match name {
-                "attn_norm" => r.0.extend_from_slice(x),
-                "attn_out" => r.1.extend_from_slice(x),
-                _ => {}
+            if name == a.0 {
+                r.0.extend_from_slice(x);
+            } else if name == b.0 {
+                r.1.extend_from_slice(x);
             }
         })?;
         for (il, (x, y)) in cur {
-            let r = recs.get_mut(&il).expect("recorded layer");
-            r.0.push(x);
-            r.1.push(y);
-        }
-    }
-    let (d, q) = (model.cfg.d_model, model.cfg.n_heads * model.cfg.head_dim);
-    for (il, (x, y)) in &recs {
-        for (xw, yw, w) in x.iter().zip(y).zip(windows).map(|((a, b), c)| (a, b, c)) {
-            if xw.len() != w.len() * d || yw.len() != w.len() * q {
-                bail!("layer {il}: recorded {} / {} values for {} positions", xw.len(), yw.len(), w.len());
+            if x.len() != w.len() * a.1 || y.len() != w.len() * b.1 {
+                bail!("layer {il}: recorded {} / {} values of {} / {} for {} positions", x.len(), y.len(), a.0, b.0, w.len());
             }
+            recs.get_mut(&il).expect("recorded layer").push((x, y));
         }
     }
     Ok(recs)

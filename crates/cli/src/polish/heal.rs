@@ -17,7 +17,6 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use cortiq_engine::Logits;
 use cortiq_engine::config::MixerKind;
 use cortiq_engine::load::load;
 use cortiq_engine::mixers::vmf::VmfPhase;
@@ -69,7 +68,8 @@ pub fn check_flags(a: &PolishArgs) -> Result<()> {
 
 /// The heal's teacher, checked against the hybrid `h` (loaded from `hybrid`): the dense model
 /// it was converted from, in exact numerics.
-pub fn load_teacher(h: &Model, hybrid: &std::path::Path, teacher: &str) -> Result<cortiq_engine::load::Loaded> {
+/// Also returns the hybrid's vmf_phase layers.
+pub fn load_teacher(h: &Model, hybrid: &std::path::Path, teacher: &str) -> Result<(cortiq_engine::load::Loaded, Vec<usize>)> {
     let teacher_path = pull::resolve_model(teacher)?;
     let mut tl = load(&teacher_path).with_context(|| format!("loading the teacher {}", teacher_path.display()))?;
     tl.model.set_numerics(cortiq_engine::Numerics::Exact);
@@ -93,7 +93,7 @@ pub fn load_teacher(h: &Model, hybrid: &std::path::Path, teacher: &str) -> Resul
     if let Some(&il) = layers.iter().find(|&&il| tc.layers[il].mixer != MixerKind::Attention) {
         bail!("--teacher: its layer {il} is not softmax attention");
     }
-    Ok(tl)
+    Ok((tl, layers))
 }
 
 pub fn cmd_polish_heal(a: &PolishArgs, teacher: &str) -> Result<()> {
@@ -110,9 +110,7 @@ pub fn cmd_polish_heal(a: &PolishArgs, teacher: &str) -> Result<()> {
     let t0 = Instant::now();
     let hybrid_path = pull::resolve_model(&a.model)?;
     let hybrid = load(&hybrid_path).with_context(|| format!("loading {}", hybrid_path.display()))?;
-    let tl = load_teacher(&hybrid.model, &hybrid_path, teacher)?;
-    let hc = &hybrid.model.cfg;
-    let layers: Vec<usize> = (0..hc.n_layers).filter(|&il| matches!(hc.layers[il].mixer, MixerKind::VmfPhase(_))).collect();
+    let (tl, layers) = load_teacher(&hybrid.model, &hybrid_path, teacher)?;
     let tok = tl.tokenizer()?;
     let bos = if tok.add_bos() { tok.bos_id() } else { None };
     let n_train = a.far_windows.unwrap_or(32);
@@ -257,25 +255,7 @@ pub(crate) fn tensors_of(il: usize, p: &VmfParams<f32>) -> Vec<(String, Vec<f32>
 /// The teacher's normed input and attention block output (after o_proj) at each layer, per
 /// window.
 fn record(model: &Model, layers: &[usize], windows: &[Vec<u32>]) -> Result<HashMap<usize, Vec<TransferSeq<f32>>>> {
-    let mut out: HashMap<usize, Vec<TransferSeq<f32>>> = layers.iter().map(|&il| (il, Vec::new())).collect();
-    for w in windows {
-        let mut cur: HashMap<usize, TransferSeq<f32>> =
-            layers.iter().map(|&il| (il, TransferSeq { x: Vec::new(), y: Vec::new() })).collect();
-        let mut st = model.new_state(w.len());
-        model.forward_traced(w, &mut st, Logits::None, &mut |name, il, v| {
-            let Some(r) = cur.get_mut(&il) else { return };
-            match name {
-                "attn_norm" => r.x.extend_from_slice(v),
-                "attn_proj" => r.y.extend_from_slice(v),
-                _ => {}
-            }
-        })?;
-        for (il, s) in cur {
-            if s.x.len() != w.len() * model.cfg.d_model || s.y.len() != s.x.len() {
-                bail!("layer {il}: the teacher's recorded input/output do not have {} positions", w.len());
-            }
-            out.get_mut(&il).expect("recorded layer").push(s);
-        }
-    }
-    Ok(out)
+    let d = model.cfg.d_model;
+    let recs = crate::linearize::record(model, layers, windows, ("attn_norm", d), ("attn_proj", d))?;
+    Ok(recs.into_iter().map(|(il, v)| (il, v.into_iter().map(|(x, y)| TransferSeq { x, y }).collect())).collect())
 }

@@ -421,7 +421,7 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
     let mut loaded = load(&path)?;
     loaded.model.set_numerics(Numerics::Exact);
     let heal_teacher = match &a.teacher {
-        Some(t) => Some(heal::load_teacher(&loaded.model, &path, t)?),
+        Some(t) => Some(heal::load_teacher(&loaded.model, &path, t)?.0),
         None => None,
     };
     let tok = loaded.tokenizer()?;

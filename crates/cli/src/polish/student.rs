@@ -144,62 +144,32 @@ impl StudentWeights {
         };
         for (il, (lw, spec)) in model.layers.iter().zip(&cfg.layers).enumerate() {
             let unsupported = |what| Err(StudentError::Unsupported { layer: il, what });
-            if let Some(l) = lw.mixer.downcast_ref::<VmfPhase>() {
-                let GlobalAttn::Heal { train_ffn } = global else { return unsupported("a vmf_phase layer outside the heal") };
-                let Ffn::Dense(fw) = &lw.ffn else { return unsupported("a mixture of experts") };
-                let (sh, p) = super::heal::params_of(l);
-                vmf.push(Some(p));
-                far.push(None);
-                cfgs.push(BlockConfig {
-                    d_model: d,
-                    n_heads: cfg.n_heads,
-                    n_kv_heads: cfg.n_kv_heads,
-                    head_dim: cfg.head_dim,
-                    d_ff: cfg.d_ff,
-                    norm_eps,
-                    norm_style: NormStyle::Plain,
-                    act,
-                    attn_scale: cfg.attn_scale as f64,
-                    rope_style: cfg.ropes[spec.rope].style,
-                    mixer: BlockMixer::Vmf(sh),
-                });
-                train.push(train_ffn);
-                layers.push(LayerF32 {
-                    attn_norm: lw.attn_norm.clone(),
-                    wq: Vec::new(),
-                    wk: Vec::new(),
-                    wv: Vec::new(),
-                    bq: None,
-                    bk: None,
-                    bv: None,
-                    q_norm: None,
-                    k_norm: None,
-                    wo: Vec::new(),
-                    post_attn_norm: lw.post_attn_norm.clone(),
-                    ffn_norm: lw.ffn_norm.clone(),
-                    gate: fw.gate.to_f32(),
-                    up: fw.up.to_f32(),
-                    down: fw.down.to_f32(),
-                    post_ffn_norm: lw.post_ffn_norm.clone(),
-                });
-                continue;
-            }
-            vmf.push(None);
-            let aw: &AttentionWeights = match lw.mixer.downcast_ref::<Attention>() {
-                Some(a) if spec.mixer == MixerKind::Attention => &a.w,
-                Some(_) => return unsupported("an attention variant"),
-                None => return unsupported(lw.mixer.name()),
+            let Ffn::Dense(fw) = &lw.ffn else { return unsupported("a mixture of experts") };
+            // A vmf_phase layer (the heal) brings its own mixer; any other must be attention.
+            let vmf_layer = lw.mixer.downcast_ref::<VmfPhase>();
+            let aw: Option<&AttentionWeights> = match (vmf_layer, lw.mixer.downcast_ref::<Attention>()) {
+                (Some(_), _) if !matches!(global, GlobalAttn::Heal { .. }) => {
+                    return unsupported("a vmf_phase layer outside the heal");
+                }
+                (Some(_), _) => None,
+                (None, Some(a)) if spec.mixer == MixerKind::Attention => Some(&a.w),
+                (None, Some(_)) => return unsupported("an attention variant"),
+                (None, None) => return unsupported(lw.mixer.name()),
             };
             if cfg.attn_gate {
                 return unsupported("a gated attention output");
             }
-            let Ffn::Dense(fw) = &lw.ffn else { return unsupported("a mixture of experts") };
-            let converted = is_converted(model, il);
-            let mixer = match (spec.sliding_window, global) {
-                (Some(w), _) => BlockMixer::Exact { window: Some(w) },
-                (None, GlobalAttn::Exact | GlobalAttn::Heal { .. }) => BlockMixer::Exact { window: None },
-                (None, GlobalAttn::O1 { cfg, tp }) => BlockMixer::Nystrom { cfg, tp },
-                (None, GlobalAttn::Far { tp, window, sinks, score_all, .. }) => {
+            let converted = aw.is_some() && is_converted(model, il);
+            let mixer = match (vmf_layer, spec.sliding_window, global) {
+                (Some(l), _, _) => {
+                    let (sh, p) = super::heal::params_of(l);
+                    vmf.push(Some(p));
+                    BlockMixer::Vmf(sh)
+                }
+                (None, Some(w), _) => BlockMixer::Exact { window: Some(w) },
+                (None, None, GlobalAttn::Exact | GlobalAttn::Heal { .. }) => BlockMixer::Exact { window: None },
+                (None, None, GlobalAttn::O1 { cfg, tp }) => BlockMixer::Nystrom { cfg, tp },
+                (None, None, GlobalAttn::Far { tp, window, sinks, score_all, .. }) => {
                     let score = score_all || model.o1_score_layers.as_deref().is_some_and(|l| l.contains(&il));
                     let mut window = windows.get(&il).copied().unwrap_or(window);
                     // A planned layer the polish left without a far field spends the far
@@ -213,6 +183,9 @@ impl StudentWeights {
                     BlockMixer::Far { tp, sinks, window, schedule }
                 }
             };
+            if vmf_layer.is_none() {
+                vmf.push(None);
+            }
             far.push(match (global, converted) {
                 (GlobalAttn::Far { .. }, true) => Some(far_params(model, il)),
                 _ => None,
@@ -230,18 +203,26 @@ impl StudentWeights {
                 rope_style: cfg.ropes[spec.rope].style,
                 mixer,
             });
-            train.push(converted && !matches!(global, GlobalAttn::Far { train_ffn: false, .. } | GlobalAttn::Heal { .. }));
+            // Norms and FFN train: the O(1) polish's converted layers (not in stage 2 without
+            // --distill-ffn); the heal's vmf_phase layers with --distill-ffn.
+            train.push(match global {
+                GlobalAttn::Heal { train_ffn } => train_ffn && vmf_layer.is_some(),
+                GlobalAttn::Far { train_ffn, .. } => train_ffn && converted,
+                _ => converted,
+            });
+            // A vmf_phase layer has no attention tensors (its block reads `vmf`).
+            let m = |t: &cortiq_engine::qtensor::QTensor| t.to_f32();
             layers.push(LayerF32 {
                 attn_norm: lw.attn_norm.clone(),
-                wq: aw.wq.to_f32(),
-                wk: aw.wk.to_f32(),
-                wv: aw.wv.to_f32(),
-                bq: aw.bq.clone(),
-                bk: aw.bk.clone(),
-                bv: aw.bv.clone(),
-                q_norm: aw.q_norm.clone(),
-                k_norm: aw.k_norm.clone(),
-                wo: aw.wo.to_f32(),
+                wq: aw.map(|a| m(&a.wq)).unwrap_or_default(),
+                wk: aw.map(|a| m(&a.wk)).unwrap_or_default(),
+                wv: aw.map(|a| m(&a.wv)).unwrap_or_default(),
+                bq: aw.and_then(|a| a.bq.clone()),
+                bk: aw.and_then(|a| a.bk.clone()),
+                bv: aw.and_then(|a| a.bv.clone()),
+                q_norm: aw.and_then(|a| a.q_norm.clone()),
+                k_norm: aw.and_then(|a| a.k_norm.clone()),
+                wo: aw.map(|a| m(&a.wo)).unwrap_or_default(),
                 post_attn_norm: lw.post_attn_norm.clone(),
                 ffn_norm: lw.ffn_norm.clone(),
                 gate: fw.gate.to_f32(),

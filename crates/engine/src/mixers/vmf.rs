@@ -103,16 +103,7 @@ impl VmfPlan {
             .iter()
             .map(|x| x.as_u64().map(|x| x as usize).ok_or("vmf_phase.layers: expected layer indices".to_string()))
             .collect::<std::result::Result<Vec<_>, _>>()?;
-        let raw = Raw {
-            nphase: num("nphase")?.ok_or("vmf_phase.nphase is required")?,
-            n_heads: num("n_heads")?,
-            n_k_heads: num("n_k_heads")?,
-            head_dim_v: num("head_dim_v")?,
-            conv_kernel: num("conv_kernel")?.unwrap_or(0),
-            k_gate: flag("k_gate")?,
-            phase_bias: flag("phase_bias")?,
-        };
-        raw.plan(layers, cfg)
+        Raw::read(num, flag, "vmf_phase.nphase")?.plan(layers, cfg)
     }
 
     /// Reads the `cortiq.vmf_phase.*` keys of a GGUF (or a .cmf built from one); None when
@@ -133,16 +124,7 @@ impl VmfPlan {
             .collect::<std::result::Result<Vec<_>, _>>()?;
         let num = |k: &str| g.opt_u64(&key(k)).map(|v| v.map(|v| v as usize)).map_err(|e| e.to_string());
         let flag = |k: &str| num(k).map(|v| v.unwrap_or(0) != 0);
-        let raw = Raw {
-            nphase: num("nphase")?.ok_or("cortiq.vmf_phase.nphase is required")?,
-            n_heads: num("n_heads")?,
-            n_k_heads: num("n_k_heads")?,
-            head_dim_v: num("head_dim_v")?,
-            conv_kernel: num("conv_kernel")?.unwrap_or(0),
-            k_gate: flag("k_gate")?,
-            phase_bias: flag("phase_bias")?,
-        };
-        raw.plan(layers, cfg).map(Some)
+        Raw::read(num, flag, "cortiq.vmf_phase.nphase")?.plan(layers, cfg).map(Some)
     }
 
     /// The plan as `config.json`'s `vmf_phase` object (every key written).
@@ -176,7 +158,23 @@ struct Raw {
     phase_bias: bool,
 }
 
+type Field<T> = std::result::Result<T, String>;
+
 impl Raw {
+    /// The fields through the source's readers (`nphase`: the required key's full name, for
+    /// the message).
+    fn read(num: impl Fn(&str) -> Field<Option<usize>>, flag: impl Fn(&str) -> Field<bool>, nphase: &str) -> Field<Raw> {
+        Ok(Raw {
+            nphase: num("nphase")?.ok_or(format!("{nphase} is required"))?,
+            n_heads: num("n_heads")?,
+            n_k_heads: num("n_k_heads")?,
+            head_dim_v: num("head_dim_v")?,
+            conv_kernel: num("conv_kernel")?.unwrap_or(0),
+            k_gate: flag("k_gate")?,
+            phase_bias: flag("phase_bias")?,
+        })
+    }
+
     fn plan(self, mut layers: Vec<usize>, cfg: &ModelConfig) -> std::result::Result<VmfPlan, String> {
         let n_heads = self.n_heads.unwrap_or(cfg.n_heads);
         let n_k_heads = self.n_k_heads.unwrap_or(n_heads);
