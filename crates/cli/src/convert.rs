@@ -7,6 +7,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use cortiq_engine::convert::{ConvertOptions, QuantSpec, convert};
+use cortiq_kernels::quant::QuantType;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::pull;
@@ -27,6 +28,11 @@ pub struct ConvertArgs {
     /// default: as --quant.
     #[arg(long, value_name = "TYPE", value_parser = parse_spec)]
     pub keep_embeddings_as: Option<QuantSpec>,
+    /// Stored type of the source's f32 matrices (a hybrid's linear-core matrices, a polished
+    /// model's trained ones), whatever --quant says of the others: `--quant keep --f32-as q8r`
+    /// keeps the quantized weights' bytes and stores the f32 ones in 8 bits.
+    #[arg(long, value_name = "TYPE", value_parser = parse_type)]
+    pub f32_as: Option<QuantType>,
     /// Overwrite OUT if it exists.
     #[arg(long)]
     pub force: bool,
@@ -50,6 +56,11 @@ pub struct ConvertArgs {
     /// With --linear-core: calibration windows.
     #[arg(long, default_value_t = 4)]
     pub calib_windows: usize,
+    /// With --linear-core, auto: weight of the copy probe (the calibration windows' first half
+    /// repeated; its bypass cost ranks the layers that retrieve) beside the perplexity cost; 0
+    /// ranks by perplexity alone.
+    #[arg(long, default_value_t = 1.0)]
+    pub recall_weight: f64,
     /// With --linear-core: seed of the random features.
     #[arg(long, default_value_t = 16)]
     pub seed: u64,
@@ -57,6 +68,13 @@ pub struct ConvertArgs {
 
 fn parse_spec(s: &str) -> std::result::Result<QuantSpec, String> {
     QuantSpec::parse(s)
+}
+
+fn parse_type(s: &str) -> std::result::Result<QuantType, String> {
+    match QuantSpec::parse(s)? {
+        QuantSpec::To(t) => Ok(t),
+        QuantSpec::Keep => Err("a stored type is needed here, not 'keep'".into()),
+    }
 }
 
 pub fn cmd_convert(a: ConvertArgs) -> Result<()> {
@@ -68,7 +86,7 @@ pub fn cmd_convert(a: ConvertArgs) -> Result<()> {
         if core != "vmf_phase" {
             bail!("--linear-core {core}: the linear cores are: vmf_phase");
         }
-        if !matches!(a.quant, QuantSpec::Keep) || a.keep_embeddings_as.is_some() {
+        if !matches!(a.quant, QuantSpec::Keep) || a.keep_embeddings_as.is_some() || a.f32_as.is_some() {
             bail!("--linear-core keeps the source's stored weights; convert with --quant separately");
         }
         let o = crate::linearize::LinearizeOpts {
@@ -77,12 +95,13 @@ pub fn cmd_convert(a: ConvertArgs) -> Result<()> {
             calib: a.calib.clone(),
             ctx: a.calib_ctx,
             windows: a.calib_windows,
+            recall_weight: a.recall_weight,
             seed: a.seed,
             force: a.force,
         };
         return crate::linearize::linearize(&src, &a.out, &o);
     }
-    let opts = ConvertOptions { quant: a.quant, embeddings: a.keep_embeddings_as, force: a.force };
+    let opts = ConvertOptions { quant: a.quant, embeddings: a.keep_embeddings_as, f32_as: a.f32_as, force: a.force };
     let bar = ProgressBar::new(0);
     bar.set_style(
         ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} tensors {msg}").expect("valid template"),

@@ -3,9 +3,13 @@
 //! (`cortiq polish`) restores what the fold loses.
 //!
 //! 1. **Layers.** `--layers 3,7,11` as given, or `auto:F`: the fraction F of the attention
-//!    layers whose bypass (the layer's attention output dropped) costs least on the calibration
-//!    text, in mean NLL per token. Layers 0 and 1 are never chosen by auto (the literature's
-//!    "first layers stay softmax": bypassing them is catastrophic on every model measured).
+//!    layers whose bypass (the layer's attention output dropped) costs least: the rise in mean
+//!    NLL per token on the calibration text, plus `--recall-weight` × the rise on a copy probe
+//!    (the first half of each calibration window repeated: the NLL of the repeat measures the
+//!    layers that retrieve — induction / copy heads — which a linear core's fixed state cannot
+//!    stand in for, and which perplexity alone ranks as cheap). Layers 0 and 1 are never chosen
+//!    by auto (the literature's "first layers stay softmax": bypassing them is catastrophic on
+//!    every model measured).
 //! 2. **Fold**, per converted layer, from the layer's own inputs on the calibration windows
 //!    (the exact model teacher-forced):
 //!    - phases: random-Fourier features of the pre-RoPE queries and keys. Per KV group g an
@@ -65,6 +69,8 @@ pub struct LinearizeOpts {
     /// Tokens per calibration window, and windows.
     pub ctx: usize,
     pub windows: usize,
+    /// Weight of the copy probe's cost in the auto choice (0: perplexity only).
+    pub recall_weight: f64,
     pub seed: u64,
     pub force: bool,
 }
@@ -99,6 +105,9 @@ pub fn linearize(src: &Path, out: &Path, o: &LinearizeOpts) -> Result<()> {
     }
     if o.ctx < 16 || o.windows == 0 {
         bail!("--calib-ctx must be at least 16 and --calib-windows at least 1");
+    }
+    if !(o.recall_weight >= 0.0 && o.recall_weight.is_finite()) {
+        bail!("--recall-weight: must be a finite number >= 0, got {}", o.recall_weight);
     }
     let choice = parse_layers(&o.layers)?;
     let mut loaded = load(src).with_context(|| format!("loading {}", src.display()))?;
@@ -142,7 +151,7 @@ pub fn linearize(src: &Path, out: &Path, o: &LinearizeOpts) -> Result<()> {
     let t0 = Instant::now();
     let layers = match (listed, choice) {
         (Some(v), _) => v,
-        (None, Choice::Auto(f)) => auto_layers(&mut loaded.model, &windows, f)?,
+        (None, Choice::Auto(f)) => auto_layers(&mut loaded.model, &windows, bos.is_some(), f, o.recall_weight)?,
         (None, Choice::List(_)) => unreachable!("a list is checked above"),
     };
     eprintln!("converting layers {layers:?}");
@@ -182,14 +191,14 @@ pub fn linearize(src: &Path, out: &Path, o: &LinearizeOpts) -> Result<()> {
     Ok(())
 }
 
-/// Mean NLL per predicted token over the windows.
-fn mean_nll(model: &Model, windows: &[Vec<u32>]) -> Result<f64> {
+/// Mean NLL per predicted token at positions `from..` of each window (`from` ≥ 1).
+fn mean_nll(model: &Model, windows: &[Vec<u32>], from: usize) -> Result<f64> {
     let (mut sum, mut n) = (0f64, 0usize);
     let v = model.cfg.vocab;
     for w in windows {
         let mut st = model.new_state(w.len());
         let logits = model.forward(w, &mut st, Logits::From(0))?;
-        for (i, &next) in w.iter().enumerate().skip(1) {
+        for (i, &next) in w.iter().enumerate().skip(from.max(1)) {
             sum += cortiq_engine::perplexity::nll(&logits[(i - 1) * v..i * v], next);
             n += 1;
         }
@@ -246,15 +255,38 @@ impl Mixer for Bypass {
     }
 }
 
-/// The fraction `f` of layers 2.. whose bypass costs least (mean NLL on the windows).
-fn auto_layers(model: &mut Model, windows: &[Vec<u32>], f: f64) -> Result<Vec<usize>> {
+/// The copy probe: each window's first half (after BOS when the model adds one) followed by
+/// itself; the cost is measured on the repeat (positions `from..`).
+fn copy_windows(windows: &[Vec<u32>], bos: bool) -> (Vec<Vec<u32>>, usize) {
+    let skip = usize::from(bos);
+    let half = (windows[0].len() - skip) / 2;
+    let probe = windows
+        .iter()
+        .map(|w| {
+            let body = &w[skip..skip + half];
+            w[..skip].iter().chain(body).chain(body).copied().collect()
+        })
+        .collect();
+    (probe, skip + half)
+}
+
+/// The fraction `f` of layers 2.. whose bypass costs least: the rise in mean NLL on the
+/// windows plus `recall_weight` × the rise on the copy probe's repeat.
+fn auto_layers(model: &mut Model, windows: &[Vec<u32>], bos: bool, f: f64, recall_weight: f64) -> Result<Vec<usize>> {
     let n_layers = model.cfg.n_layers;
     let n = ((f * n_layers as f64).round() as usize).max(1);
     let candidates: Vec<usize> = (2..n_layers).collect();
     if n > candidates.len() {
         bail!("--layers auto:{f}: {n} layers asked, only {} may be converted (layers 0 and 1 stay softmax)", candidates.len());
     }
-    let base = mean_nll(model, windows)?;
+    let (probe, from) = copy_windows(windows, bos);
+    let recall = recall_weight > 0.0;
+    let costs = |m: &Model| -> Result<(f64, f64)> {
+        let text = mean_nll(m, windows, 1)?;
+        let copy = if recall { mean_nll(m, &probe, from)? } else { 0.0 };
+        Ok((text, copy))
+    };
+    let base = costs(model)?;
     let bar = ProgressBar::new(candidates.len() as u64);
     bar.set_style(
         ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} layers bypassed")
@@ -263,17 +295,23 @@ fn auto_layers(model: &mut Model, windows: &[Vec<u32>], f: f64) -> Result<Vec<us
     let mut cost = Vec::with_capacity(candidates.len());
     for &il in &candidates {
         let orig = std::mem::replace(&mut model.layers[il].mixer, Box::new(Bypass { d: model.cfg.d_model }));
-        let r = mean_nll(model, windows);
+        let r = costs(model);
         model.layers[il].mixer = orig;
-        cost.push((r? - base, il));
+        let (text, copy) = r?;
+        cost.push((text - base.0, copy - base.1, il));
         bar.inc(1);
     }
     bar.finish_and_clear();
+    let total = |c: &(f64, f64, usize)| c.0 + recall_weight * c.1;
     let mut sorted = cost.clone();
-    sorted.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-    let line: Vec<String> = cost.iter().map(|(c, il)| format!("{il}:{c:+.3}")).collect();
-    eprintln!("bypass cost (mean NLL, base {base:.4}): {}", line.join(" "));
-    let mut chosen: Vec<usize> = sorted[..n].iter().map(|&(_, il)| il).collect();
+    sorted.sort_by(|a, b| total(a).total_cmp(&total(b)).then(a.2.cmp(&b.2)));
+    let line: Vec<String> = cost.iter().map(|(t, _, il)| format!("{il}:{t:+.3}")).collect();
+    eprintln!("bypass cost (mean NLL, base {:.4}): {}", base.0, line.join(" "));
+    if recall {
+        let line: Vec<String> = cost.iter().map(|(_, c, il)| format!("{il}:{c:+.3}")).collect();
+        eprintln!("bypass cost on the copy probe (mean NLL of the repeat, base {:.4}): {}", base.1, line.join(" "));
+    }
+    let mut chosen: Vec<usize> = sorted[..n].iter().map(|&(_, _, il)| il).collect();
     chosen.sort_unstable();
     Ok(chosen)
 }
@@ -605,4 +643,22 @@ fn write_hybrid(
 
 fn file_name(p: &Path) -> String {
     p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::copy_windows;
+
+    /// The probe repeats each window's first half after its BOS; the cost starts at the repeat.
+    #[test]
+    fn copy_probe_repeats_the_first_half() {
+        let w: Vec<u32> = (0..9).collect(); // BOS 0, then 8 tokens
+        let (p, from) = copy_windows(&[w.clone(), w.iter().map(|x| x + 100).collect()], true);
+        assert_eq!(p[0], vec![0, 1, 2, 3, 4, 1, 2, 3, 4]);
+        assert_eq!(p[1], vec![100, 101, 102, 103, 104, 101, 102, 103, 104]);
+        assert_eq!(from, 5);
+        let (p, from) = copy_windows(&[w], false);
+        assert_eq!(p[0], vec![0, 1, 2, 3, 0, 1, 2, 3]);
+        assert_eq!(from, 4);
+    }
 }

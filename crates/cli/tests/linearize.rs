@@ -226,6 +226,7 @@ fn linear_core_writes_a_hybrid_that_runs() {
     let (_, err, ok) = run(args("auto:0.5", &auto));
     assert!(ok, "auto: {err}");
     assert!(err.contains("converting layers [2, 3]"), "{err}");
+    assert!(err.contains("bypass cost on the copy probe"), "{err}");
     // Bad input, one line each.
     for (layers, extra, want) in [
         ("9", vec![], "layer 9 does not exist"),
@@ -234,6 +235,8 @@ fn linear_core_writes_a_hybrid_that_runs() {
         ("x", vec![], "expected auto:F or a comma-separated list"),
         ("1", vec!["--quant", "f16"], "keeps the source's stored weights"),
         ("1", vec!["--nphase", "0"], "--nphase"),
+        ("1", vec!["--f32-as", "q8r"], "keeps the source's stored weights"),
+        ("auto:0.5", vec!["--recall-weight", "nan"], "--recall-weight"),
     ] {
         let mut v = args(layers, &dir.0.join("bad.cmf"));
         v.extend(extra.iter().map(|x| x.to_string()));

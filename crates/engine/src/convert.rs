@@ -90,13 +90,17 @@ pub struct ConvertOptions {
     pub quant: QuantSpec,
     /// Type of the vocabulary matrices (token embedding, separate output head); `None`: `quant`.
     pub embeddings: Option<QuantSpec>,
+    /// Type of the source's f32 matrices (a hybrid's linear-core matrices, a polished model's
+    /// trained ones), whatever `quant` says of the others; `None`: `quant`. The vocabulary
+    /// matrices follow `embeddings` when it is given.
+    pub f32_as: Option<QuantType>,
     /// Overwrite an existing output.
     pub force: bool,
 }
 
 impl Default for ConvertOptions {
     fn default() -> Self {
-        ConvertOptions { quant: QuantSpec::Keep, embeddings: None, force: false }
+        ConvertOptions { quant: QuantSpec::Keep, embeddings: None, f32_as: None, force: false }
     }
 }
 
@@ -185,10 +189,12 @@ pub fn convert(src: &Path, out: &Path, opts: &ConvertOptions, progress: &dyn Fn(
     let mut fallbacks = Vec::new();
     for (name, shape) in &list {
         let t = ts.get(name)?.ok_or_else(|| EngineError::MissingTensor { file: ts.file(), tensor: name.clone() })?;
-        let spec = if matches!(name.as_str(), "token_embd.weight" | "output.weight") {
-            opts.embeddings.unwrap_or(opts.quant)
-        } else {
-            opts.quant
+        let vocab = matches!(name.as_str(), "token_embd.weight" | "output.weight");
+        let spec = match (vocab, opts.embeddings, opts.f32_as) {
+            (true, Some(e), _) => e,
+            (_, _, Some(ty)) if t.dtype == QuantType::F32 => QuantSpec::To(ty),
+            (true, None, _) => opts.quant,
+            (false, _, _) => opts.quant,
         };
         let dtype = if shape.len() == 1 {
             QuantType::F32
@@ -209,9 +215,15 @@ pub fn convert(src: &Path, out: &Path, opts: &ConvertOptions, progress: &dyn Fn(
         format_version: cmf::FORMAT_VERSION,
         architecture: arch_name,
         source: SourceInfo { kind: kind.into(), file: file_name },
-        quant: match opts.embeddings {
-            None => opts.quant.name().to_string(),
-            Some(e) => format!("{} (embeddings {})", opts.quant.name(), e.name()),
+        quant: {
+            let mut q = opts.quant.name().to_string();
+            if let Some(e) = opts.embeddings {
+                q += &format!(" (embeddings {})", e.name());
+            }
+            if let Some(t) = opts.f32_as {
+                q += &format!(" (f32 matrices {})", t.name());
+            }
+            q
         },
         norm_offset_folded: norm_offset,
         metadata,

@@ -28,7 +28,7 @@ fn scratch(tag: &str) -> PathBuf {
 }
 
 fn opts(quant: QuantSpec) -> ConvertOptions {
-    ConvertOptions { quant, embeddings: None, force: false }
+    ConvertOptions { quant, embeddings: None, f32_as: None, force: false }
 }
 
 fn conv(src: &Path, out: &Path, o: &ConvertOptions) {
@@ -113,6 +113,41 @@ fn f16_within_tolerance_and_widening_back_is_exact() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// --f32-as: the f32 matrices take the given type, the others keep their bytes.
+#[test]
+fn f32_matrices_take_their_own_type() {
+    let dir = scratch("f32as");
+    let mixed = dir.join("mixed.cmf");
+    let o = ConvertOptions {
+        quant: QuantSpec::To(QuantType::F16),
+        embeddings: Some(QuantSpec::To(QuantType::F32)),
+        f32_as: None,
+        force: false,
+    };
+    conv(&fixture("llama"), &mixed, &o);
+    let out = dir.join("q8.cmf");
+    let o = ConvertOptions { quant: QuantSpec::Keep, embeddings: None, f32_as: Some(QuantType::Q8_0), force: false };
+    conv(&mixed, &out, &o);
+    let (a, b) = (load(&mixed).unwrap(), load(&out).unwrap());
+    let (Origin::Cmf(a), Origin::Cmf(b)) = (&a.origin, &b.origin) else { panic!("not a cmf") };
+    let mut seen_q8 = 0;
+    for (ta, tb) in a.tensors.iter().zip(&b.tensors) {
+        assert_eq!(ta.name, tb.name);
+        let want = match (ta.dims.len(), ta.dtype) {
+            (1, _) => QuantType::F32,
+            (_, QuantType::F32) => QuantType::Q8_0,
+            (_, t) => t,
+        };
+        assert_eq!(tb.dtype, want, "{}", tb.name);
+        if want == QuantType::Q8_0 {
+            seen_q8 += 1;
+        } else {
+            assert_eq!(a.tensor_data(ta), b.tensor_data(tb), "{}: bytes kept", ta.name);
+        }
+    }
+    assert!(seen_q8 >= 1, "the f32 vocabulary matrix was re-typed");
+}
+
 /// --keep-embeddings-as: the vocabulary matrix takes its own type, everything else --quant.
 #[test]
 fn embeddings_type_applies_to_the_vocabulary_matrices() {
@@ -122,6 +157,7 @@ fn embeddings_type_applies_to_the_vocabulary_matrices() {
         let o = ConvertOptions {
             quant: QuantSpec::To(QuantType::F16),
             embeddings: Some(QuantSpec::To(QuantType::F32)),
+            f32_as: None,
             force: false,
         };
         conv(&fixture(arch), &out, &o);
