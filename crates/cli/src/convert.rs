@@ -30,7 +30,7 @@ pub struct ConvertArgs {
     pub keep_embeddings_as: Option<QuantSpec>,
     /// Stored type of the source's f32 matrices (a hybrid's linear-core matrices, a polished
     /// model's trained ones), whatever --quant says of the others: `--quant keep --f32-as q8r`
-    /// keeps the quantized weights' bytes and stores the f32 ones in 8 bits.
+    /// keeps the quantized weights' bytes and stores the f32 ones in 8 bits (an f32 matrix whose rows are not whole blocks of TYPE stays f32).
     #[arg(long, value_name = "TYPE", value_parser = parse_type)]
     pub f32_as: Option<QuantType>,
     /// Overwrite OUT if it exists.

@@ -77,6 +77,14 @@ impl QuantSpec {
         v
     }
 
+    /// `Keep` when rows of `cols` values are not whole blocks of the type.
+    fn filter_rows(self, cols: usize) -> QuantSpec {
+        match self {
+            QuantSpec::To(ty) if ty.row_bytes(cols).is_none() => QuantSpec::Keep,
+            s => s,
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             QuantSpec::Keep => "keep",
@@ -92,7 +100,8 @@ pub struct ConvertOptions {
     pub embeddings: Option<QuantSpec>,
     /// Type of the source's f32 matrices (a hybrid's linear-core matrices, a polished model's
     /// trained ones), whatever `quant` says of the others; `None`: `quant`. The vocabulary
-    /// matrices follow `embeddings` when it is given.
+    /// matrices follow `embeddings` when it is given; an f32 matrix whose rows are not whole
+    /// blocks of the type stays f32.
     pub f32_as: Option<QuantType>,
     /// Overwrite an existing output.
     pub force: bool,
@@ -192,7 +201,8 @@ pub fn convert(src: &Path, out: &Path, opts: &ConvertOptions, progress: &dyn Fn(
         let vocab = matches!(name.as_str(), "token_embd.weight" | "output.weight");
         let spec = match (vocab, opts.embeddings, opts.f32_as) {
             (true, Some(e), _) => e,
-            (_, _, Some(ty)) if t.dtype == QuantType::F32 => QuantSpec::To(ty),
+            // Small f32 matrices whose rows are not whole blocks (a conv's taps) stay f32.
+            (_, _, Some(ty)) if t.dtype == QuantType::F32 => QuantSpec::To(ty).filter_rows(t.cols),
             (true, None, _) => opts.quant,
             (false, _, _) => opts.quant,
         };
