@@ -23,6 +23,8 @@
 //!      λ = 2^(−1/H)) by a grid search that minimises the group's relative error against the
 //!      teacher's attention output, each head's output scaled by its least-squares factor
 //!      (folded into out_proj's columns of that head: the plain core has no normaliser);
+//!    - a value bias b_v (Qwen2) is not the core's: softmax passes it through unchanged, so
+//!      the fit is against the output minus b_v and out_proj·b_v is the output bias;
 //!    - a 4-tap conv at the identity, the write gate at a constant κ = ½ (weight 0, bias 0),
 //!      phase mass 0.
 //!
@@ -172,9 +174,6 @@ pub fn linearize(src: &Path, out: &Path, o: &LinearizeOpts) -> Result<()> {
     let mut removed: HashSet<String> = HashSet::new();
     for &il in &layers {
         let a: &Attention = model.layers[il].mixer.downcast_ref().context("a dense layer's mixer is attention")?;
-        if a.w.bv.is_some() {
-            bail!("--linear-core: layer {il} has a value bias; vmf_phase's v_proj has none (not folded yet)");
-        }
         let (x, y): (Vec<Vec<f32>>, Vec<Vec<f32>>) = rec[&il].iter().cloned().unzip();
         let (tensors, report) = fold(&vc, a, &x, &y, o.ctx, o.seed.wrapping_add(il as u64));
         eprintln!("layer {il:>3}: {report}");
@@ -400,6 +399,14 @@ fn fold(
     let (wq, wk, wv, mut wo) = (a.w.wq.to_f32(), a.w.wk.to_f32(), a.w.wv.to_f32(), a.w.wo.to_f32());
     let bq = a.w.bq.clone().unwrap_or_else(|| vec![0.0; nh * hd]);
     let bk = a.w.bk.clone().unwrap_or_else(|| vec![0.0; nk * hd]);
+    // A value bias reaches softmax's output unchanged (the weights sum to one): the core fits
+    // the output without it, and out_proj·b_v becomes the layer's output bias.
+    let bv = a.w.bv.clone().unwrap_or_else(|| vec![0.0; nk * hd]);
+    let out_b: Option<Vec<f32>> = a.w.bv.as_ref().map(|_| {
+        (0..d)
+            .map(|r| (0..nh * hd).map(|c| wo[r * nh * hd + c] as f64 * bv[(c / hd / g) * hd + c % hd] as f64).sum::<f64>() as f32)
+            .collect()
+    });
     let mut rng = Rng(seed | 1);
     let inv4 = (hd as f64).powf(-0.25);
     let (mut thq, mut thq_b) = (vec![0f32; nh * p * d], vec![0f32; nh * p]);
@@ -481,7 +488,8 @@ fn fold(
                         for j in 0..g {
                             let ov = &o[(i * g + j) * hd..(i * g + j + 1) * hd];
                             let yv = &y[(i * nh + s * g + j) * hd..(i * nh + s * g + j + 1) * hd];
-                            for (&a, &b) in ov.iter().zip(yv) {
+                            for ((&a, &b), &bb) in ov.iter().zip(yv).zip(&bv[s * hd..(s + 1) * hd]) {
+                                let b = b - bb;
                                 yo[j] += a as f64 * b as f64;
                                 oo[j] += a as f64 * a as f64;
                                 yy[j] += b as f64 * b as f64;
@@ -529,22 +537,21 @@ fn fold(
         format!("fold relative error {rel:.3} (cosine {:.3}); per KV group {}", (1.0 - rel).max(0.0).sqrt(), chosen.join(", "));
     let t2 = |n: &str, r: usize, c: usize, v: Vec<f32>| (n.to_string(), vec![r as u64, c as u64], v);
     let t1 = |n: &str, v: Vec<f32>| (n.to_string(), vec![v.len() as u64], v);
-    (
-        vec![
-            t2("vmf_thq.weight", nh * p, d, thq),
-            t1("vmf_thq.bias", thq_b),
-            t2("vmf_thk.weight", nk * p, d, thk),
-            t1("vmf_thk.bias", thk_b),
-            t2("vmf_v.weight", nk * hd, d, wv),
-            t2("vmf_out.weight", d, nh * hd, wo),
-            t1("vmf_a_log", a_log),
-            t2("vmf_conv.weight", d, CONV, conv),
-            t2("vmf_kgate.weight", nk, d, vec![0.0; nk * d]),
-            t1("vmf_kgate.bias", vec![0.0; nk]),
-            t1("vmf_mass", vec![0.0; nk]),
-        ],
-        report,
-    )
+    let mut tensors = vec![
+        t2("vmf_thq.weight", nh * p, d, thq),
+        t1("vmf_thq.bias", thq_b),
+        t2("vmf_thk.weight", nk * p, d, thk),
+        t1("vmf_thk.bias", thk_b),
+        t2("vmf_v.weight", nk * hd, d, wv),
+        t2("vmf_out.weight", d, nh * hd, wo),
+        t1("vmf_a_log", a_log),
+        t2("vmf_conv.weight", d, CONV, conv),
+        t2("vmf_kgate.weight", nk, d, vec![0.0; nk * d]),
+        t1("vmf_kgate.bias", vec![0.0; nk]),
+        t1("vmf_mass", vec![0.0; nk]),
+    ];
+    tensors.extend(out_b.map(|b| t1("vmf_out.bias", b)));
+    (tensors, report)
 }
 
 /// The source's tensors minus `removed`, plus `added` (f32), with the plan in the metadata.

@@ -249,3 +249,53 @@ fn linear_core_writes_a_hybrid_that_runs() {
         cortiq(&["convert", "-m", s(&fixture("llama")), "-o", s(&dir.0.join("b.cmf")), "--linear-core", "vmf_phase"]);
     assert!(!ok && err.contains("convert the folder first"), "{err}");
 }
+
+/// A value bias (Qwen2's) is folded into the output bias: softmax passes b_v through unchanged,
+/// so the hybrid's `vmf_out.bias` is the original out_proj·b_v and the layer still runs.
+#[test]
+fn value_bias_becomes_the_output_bias() {
+    use cortiq_engine::mixers::attention::Attention;
+    use cortiq_engine::mixers::vmf::VmfPhase;
+    let dir = TempDir::new("linearize-vbias");
+    let src = copy_fixture("qwen2", "lin-vbias-src");
+    std::fs::write(src.0.join("tokenizer.json"), byte_tokenizer_json()).unwrap();
+    let model = dir.0.join("qwen2.cmf");
+    let (_, err, ok) = cortiq(&["convert", "-m", s(&src.0), "-o", s(&model)]);
+    assert!(ok, "convert: {err}");
+    let out = dir.0.join("hybrid.cmf");
+    let calib = fixture("llama").join("README.md");
+    let (_, err, ok) = cortiq(&[
+        "convert",
+        "-m",
+        s(&model),
+        "-o",
+        s(&out),
+        "--linear-core",
+        "vmf_phase",
+        "--layers",
+        "2",
+        "--calib",
+        s(&calib),
+        "--calib-ctx",
+        "32",
+        "--calib-windows",
+        "2",
+        "--nphase",
+        "4",
+    ]);
+    assert!(ok, "convert --linear-core: {err}");
+    let orig = cortiq_engine::load::load(&model).unwrap().model;
+    let hyb = cortiq_engine::load::load(&out).unwrap().model;
+    let a: &Attention = orig.layers[2].mixer.downcast_ref().unwrap();
+    let v: &VmfPhase = hyb.layers[2].mixer.downcast_ref().unwrap();
+    let (d, nh, hd, g) = (orig.cfg.d_model, orig.cfg.n_heads, orig.cfg.head_dim, orig.cfg.n_heads / orig.cfg.n_kv_heads);
+    let (wo, bv) = (a.w.wo.to_f32(), a.w.bv.clone().expect("the qwen2 fixture has a value bias"));
+    assert!(bv.iter().any(|&x| x != 0.0));
+    assert_eq!(v.w.out_b.len(), d);
+    for r in 0..d {
+        let want: f64 = (0..nh * hd).map(|c| wo[r * nh * hd + c] as f64 * bv[(c / hd / g) * hd + c % hd] as f64).sum();
+        assert!((v.w.out_b[r] as f64 - want).abs() <= 1e-5 * (1.0 + want.abs()), "row {r}: {} vs {want}", v.w.out_b[r]);
+    }
+    let text = fixture("gemma3").join("README.md");
+    assert!(ppl(&out, &text).is_finite());
+}

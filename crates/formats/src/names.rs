@@ -168,7 +168,7 @@ const LAYER: &[(&str, &str, Archs, Bias)] = &[
     ("vmf_attn.thq", "vmf_thq", Archs::Dense, Bias::Yes),
     ("vmf_attn.thk", "vmf_thk", Archs::Dense, Bias::Yes),
     ("vmf_attn.v_proj", "vmf_v", Archs::Dense, Bias::No),
-    ("vmf_attn.out_proj", "vmf_out", Archs::Dense, Bias::No),
+    ("vmf_attn.out_proj", "vmf_out", Archs::Dense, Bias::Yes),
     ("vmf_attn.conv", "vmf_conv", Archs::Dense, Bias::No),
     ("vmf_attn.k_gate", "vmf_kgate", Archs::Dense, Bias::Yes),
 ];
@@ -464,6 +464,7 @@ mod lfm2_tests {
                 ("model.layers.2.vmf_attn.thk.weight", "blk.2.vmf_thk.weight"),
                 ("model.layers.2.vmf_attn.v_proj.weight", "blk.2.vmf_v.weight"),
                 ("model.layers.2.vmf_attn.out_proj.weight", "blk.2.vmf_out.weight"),
+                ("model.layers.2.vmf_attn.out_proj.bias", "blk.2.vmf_out.bias"),
                 ("model.layers.2.vmf_attn.conv.weight", "blk.2.vmf_conv.weight"),
                 ("model.layers.2.vmf_attn.k_gate.weight", "blk.2.vmf_kgate.weight"),
                 ("model.layers.2.vmf_attn.k_gate.bias", "blk.2.vmf_kgate.bias"),

@@ -692,10 +692,10 @@ fn sweep<F: Float>(
             }
         }
         // δ = e^ρ: ∂ρ = δ·∂δ (zero for a feature without decay).
-        for f in 0..r {
-            let delta = p.rho[g * r + f].exp();
+        for ((gr, &rho), &dd) in gr.rho[g * r..(g + 1) * r].iter_mut().zip(&p.rho[g * r..(g + 1) * r]).zip(&d_delta) {
+            let delta = rho.exp();
             if delta > F::ZERO {
-                gr.rho[g * r + f] += delta * d_delta[f];
+                *gr += delta * dd;
             }
         }
     }

@@ -374,6 +374,8 @@ pub struct VmfParams<F> {
     pub v: Vec<F>,
     /// [d, n_heads·dv]
     pub out: Vec<F>,
+    /// [d] or empty (the output bias).
+    pub out_b: Vec<F>,
     /// [n_states·2P]
     pub a_log: Vec<F>,
     /// [d, k] or empty.
@@ -396,6 +398,7 @@ impl<F: Float> VmfParams<F> {
             thk_b: z(&self.thk_b),
             v: z(&self.v),
             out: z(&self.out),
+            out_b: z(&self.out_b),
             a_log: z(&self.a_log),
             conv: z(&self.conv),
             kg_w: z(&self.kg_w),
@@ -405,7 +408,7 @@ impl<F: Float> VmfParams<F> {
     }
 
     /// Every tensor, in a fixed order (the optimizer's and the gradcheck's view).
-    pub fn tensors_mut(&mut self) -> [(&'static str, &mut Vec<F>); 11] {
+    pub fn tensors_mut(&mut self) -> [(&'static str, &mut Vec<F>); 12] {
         [
             ("thq", &mut self.thq),
             ("thq_b", &mut self.thq_b),
@@ -413,6 +416,7 @@ impl<F: Float> VmfParams<F> {
             ("thk_b", &mut self.thk_b),
             ("v", &mut self.v),
             ("out", &mut self.out),
+            ("out_b", &mut self.out_b),
             ("a_log", &mut self.a_log),
             ("conv", &mut self.conv),
             ("kg_w", &mut self.kg_w),
@@ -497,6 +501,7 @@ pub fn vmf_mixer_forward<F: Float>(sh: &VmfShape, w: &VmfParams<F>, x: &[F], y: 
     resize(&mut acts.o, t * nh * dv);
     core_forward(&sh.core(), &acts.phq, &acts.phk, &acts.kappa, &acts.v, &w.a_log, &mut acts.o, &mut acts.ck);
     linear_forward(&acts.o, &w.out, y, t, nh * dv, d);
+    add_bias(y, &w.out_b);
 }
 
 /// Backward of the mixer: dx += (when given), grads += for every parameter (`grads` has the
@@ -512,7 +517,8 @@ pub fn vmf_mixer_backward<F: Float>(
 ) {
     let (d, p, nh, ns, dv) = (sh.d_model, sh.nphase, sh.n_heads, sh.n_states, sh.dv);
     let t = x.len() / d;
-    // fwd: y = o·outᵀ
+    // fwd: y = o·outᵀ + b
+    bias_grad(dy, &mut grads.out_b);
     let mut d_o = vec![F::ZERO; t * nh * dv];
     linear_backward(dy, &acts.o, &w.out, Some(&mut d_o), opt(&mut grads.out), t, nh * dv, d);
     // The core.
@@ -682,6 +688,7 @@ mod tests {
             thk_b: rng.vec(ns * p, 0.3),
             v: rng.vec(ns * dv * d, 0.5),
             out: rng.vec(d * nh * dv, 0.3),
+            out_b: rng.vec(d, 0.2),
             a_log: (0..ns * 2 * p).map(|_| -2.0 + 2.0 * rng.uniform()).collect(),
             conv: (0..d * 3).map(|i| if i % 3 == 2 { 1.0 } else { 0.0 }).collect(),
             kg_w: vec![0.0; ns * d],

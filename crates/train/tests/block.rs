@@ -104,6 +104,7 @@ fn make(cfg: &BlockConfig, bias: bool, qk_norm: bool, post: bool, seed: u64) -> 
                 thk_b: r.vec(ns * p, 0.3),
                 v: r.vec(ns * dv * d, 0.5),
                 out: r.vec(d * nh * dv, 0.4),
+                out_b: r.vec(d, 0.2),
                 a_log: (0..ns * 2 * p).map(|_| -2.0 + 2.0 * r.uniform()).collect(),
                 conv: r.vec(d * sh.conv_kernel, 0.6),
                 kg_w: r.vec(ns * d, 0.5),

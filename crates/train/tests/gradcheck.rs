@@ -678,6 +678,7 @@ fn gradcheck_vmf_mixer() {
         thk_b: rng.vec(ns * p, 0.5),
         v: rng.vec(ns * dv * d, 1.0),
         out: rng.vec(d * nh * dv, 1.0),
+        out_b: rng.vec(d, 0.2),
         a_log: (0..ns * 2 * p).map(|_| -2.0 + 2.0 * rng.uniform()).collect(),
         conv: rng.vec(d * 3, 1.0),
         kg_w: rng.vec(ns * d, 1.0),

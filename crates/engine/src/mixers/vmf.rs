@@ -7,7 +7,7 @@
 //! κ      = σ(k_gate·x + b)   [n_k_heads]     (1 without the gate)
 //! S_g    ← λ_g ⊙ S_g + κ_g φk_g ⊗ v_g        S_g: [F, d_v], λ = exp(−exp(A_log)) per component
 //! o_h    = φq_hᵀ S_{g(h)}                    query head h reads state g(h) = h / (n_heads / n_k_heads)
-//! out    = out_proj · o
+//! out    = out_proj · o (+ b_out)           optional output bias
 //! ```
 //! `n_k_heads = n_heads` is the plain operator of the issue (one state per head); fewer states
 //! shared by groups of query heads (as GQA shares keys) is the named option whose off state is
@@ -17,7 +17,10 @@
 //!
 //! Weights by GGUF names (HF `model.layers.N.vmf_attn.*` through formats' name table):
 //! `blk.N.vmf_thq.{weight,bias}`, `vmf_thk.{weight,bias}`, `vmf_v.weight`, `vmf_out.weight`,
-//! `vmf_a_log`, `vmf_conv.weight`, `vmf_kgate.{weight,bias}`, `vmf_mass`.
+//! `vmf_a_log`, `vmf_conv.weight`, `vmf_kgate.{weight,bias}`, `vmf_mass`, `vmf_out.bias`. The
+//! output bias is optional by presence: a folded layer whose attention had a value bias (Qwen2)
+//! carries it as out_proj·b_v, which is what softmax makes of a value bias (the weights sum to
+//! one), while the core's own v_proj has none.
 
 use cortiq_formats::gguf::GgufMeta;
 use cortiq_kernels::conv::causal_conv1d_par;
@@ -245,6 +248,8 @@ pub struct VmfWeights {
     pub v: QTensor,
     /// [d_model, n_heads·d_v]
     pub out: QTensor,
+    /// [d_model] or empty.
+    pub out_b: Vec<f32>,
     /// [n_k_heads·F] as stored.
     pub a_log: Vec<f32>,
     /// [n_k_heads·F]: λ = exp(−exp(A_log)) in f64 (the chunked form's powers come from it).
@@ -271,6 +276,7 @@ impl VmfWeights {
         thk_b: Vec<f32>,
         v: QTensor,
         out: QTensor,
+        out_b: Vec<f32>,
         a_log: Vec<f32>,
         conv: Vec<f32>,
         k_gate: Option<(QTensor, Vec<f32>)>,
@@ -279,7 +285,7 @@ impl VmfWeights {
         let decay64: Vec<f64> = a_log.iter().map(|&a| (-(a as f64).exp()).exp()).collect();
         let decay = decay64.iter().map(|&x| x as f32).collect();
         let scale = mass.iter().map(|&m| 1.0 / (1.0 + m as f64)).collect();
-        VmfWeights { thq, thq_b, thk, thk_b, v, out, a_log, decay64, decay, conv, k_gate, mass, scale }
+        VmfWeights { thq, thq_b, thk, thk_b, v, out, out_b, a_log, decay64, decay, conv, k_gate, mass, scale }
     }
 }
 
@@ -360,6 +366,7 @@ impl VmfPhase {
             bias("vmf_thk.bias", nk * p)?,
             src.require(&n("vmf_v.weight"), nk * c.d_v, d)?,
             src.require(&n("vmf_out.weight"), d, nh * c.d_v)?,
+            src.optional(&n("vmf_out.bias"), 1, d)?.map(|t| t.to_f32()).unwrap_or_default(),
             a_log,
             conv,
             k_gate,
@@ -510,7 +517,7 @@ impl Mixer for VmfPhase {
         let p = project(&self.cfg, &self.w, &x, n, false);
         let o = core(&self.cfg, &self.w, &p, 0, n, state);
         trace("vmf_o", &o);
-        Ok(self.w.out.project(&o, n, false)) // [n, d_model]
+        Ok(self.output(&o, n, false)) // [n, d_model]
     }
     /// The projections over all rows at once (each on the decode path); conv ring and state
     /// per sequence.
@@ -523,7 +530,7 @@ impl Mixer for VmfPhase {
         for (i, st) in states.into_iter().enumerate() {
             o.extend(core(&self.cfg, &self.w, &p, i, 1, st));
         }
-        Ok(self.w.out.project(&o, kb, true))
+        Ok(self.output(&o, kb, true))
     }
     /// The projections over all n rows at once (each on the decode path), then the conv and
     /// the recurrence one position at a time; journaled as the state's snapshot and the input
@@ -532,7 +539,7 @@ impl Mixer for VmfPhase {
         journal.begin(seq.state, n);
         journal.record = Some(Box::new(h.to_vec()));
         let o = self.steps(h, n, seq.state.of());
-        Ok(self.w.out.project(&o, n, true))
+        Ok(self.output(&o, n, true))
     }
     fn rewind(&self, env: &Env, seq: Seq<'_>, journal: &mut Journal, keep: usize) -> Result<()> {
         assert!(journal.restore(seq.state), "a vmf_phase state is recurrent: forward_steps snapshotted it");
@@ -543,6 +550,15 @@ impl Mixer for VmfPhase {
 }
 
 impl VmfPhase {
+    /// out_proj · o (+ the output bias) -> [n, d_model].
+    fn output(&self, o: &[f32], n: usize, rows: bool) -> Vec<f32> {
+        let mut y = self.w.out.project(o, n, rows);
+        if !self.w.out_b.is_empty() {
+            y.chunks_exact_mut(self.cfg.d_model).for_each(|r| r.iter_mut().zip(&self.w.out_b).for_each(|(y, b)| *y += b));
+        }
+        y
+    }
+
     /// `n` positions each as its own decode step: the conv row by row (as n = 1 calls run it),
     /// the projections of all rows on the decode path, the recurrence per row -> o [n, n_heads·d_v].
     fn steps(&self, h: &[f32], n: usize, state: &mut VmfState) -> Vec<f32> {
