@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use cortiq_engine::mixers::nystrom::{Far, Guard};
-use cortiq_engine::perplexity::{PplOptions, perplexity};
+use cortiq_engine::perplexity::{PplOptions, perplexity, perplexity_vs};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::common::{Common, O1Args, Profiler, note_served, open_model, open_tokenizer, served_o1};
@@ -49,6 +49,11 @@ pub struct PplArgs {
     /// clamp at 0, an ablation; only with --o1-check, the streaming state has the aggregate guard).
     #[arg(long, value_enum)]
     pub o1_guard: Option<GuardArg>,
+    /// A base model (path or known name; exact attention) run on the same chunks: prints the
+    /// mean KL(base ‖ model) per scored token and the top-1 agreement (llama-perplexity's
+    /// --kl-divergence figures), e.g. a converted or quantized model against its original.
+    #[arg(long, value_name = "MODEL")]
+    pub kl_base: Option<String>,
 }
 
 /// `--o1-guard`: the matrix form's guard against negative skeleton weights.
@@ -89,6 +94,14 @@ pub fn cmd_ppl(a: PplArgs) -> Result<()> {
     let plan = a.o1.plan(tp, a.o1_check.then_some(guard), a.o1_check, served)?;
     note_served(&plan, served, a.o1.o1 || a.o1_check);
     let tok = open_tokenizer(&loaded)?;
+    let base = match &a.kl_base {
+        Some(m) => {
+            // The same numerics, threads and KV type as the model.
+            let c = Common { model: m.clone(), ..a.common.clone() };
+            Some(open_model(&c).with_context(|| format!("--kl-base {m}"))?)
+        }
+        None => None,
+    };
     let path = pull::resolve_text(&a.file)?;
     let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let t0 = Instant::now();
@@ -109,10 +122,17 @@ pub fn cmd_ppl(a: PplArgs) -> Result<()> {
     };
     let prof = Profiler::start(&a.common);
     let t1 = Instant::now();
-    let r = perplexity(&loaded.model, &tokens, &opt, &mut |done, _, running| {
+    let mut tick = |done, _, running: f64| {
         bar.set_position(done as u64);
         bar.set_message(format!("ppl {running:.4}"));
-    })?;
+    };
+    let (r, kl) = match &base {
+        Some(b) => {
+            let (r, kl) = perplexity_vs(&loaded.model, &b.model, &tokens, &opt, &mut tick)?;
+            (r, Some(kl))
+        }
+        None => (perplexity(&loaded.model, &tokens, &opt, &mut tick)?, None),
+    };
     bar.finish_and_clear();
     let secs = t1.elapsed().as_secs_f64();
     eprintln!(
@@ -168,6 +188,11 @@ pub fn cmd_ppl(a: PplArgs) -> Result<()> {
         eprintln!("equal state bytes: --kv-window {w_eq} --kv-sinks {}", p.settings.sinks);
     }
     println!("PPL = {:.6} +/- {:.5}", r.ppl, r.stderr);
+    if let Some(k) = kl {
+        println!("base PPL = {:.6}, ratio {:.4}", k.base_ppl, r.ppl / k.base_ppl);
+        println!("KL(base || model) = {:.6} +/- {:.6}", k.kl, k.kl_stderr);
+        println!("top-1 agreement = {:.3}%", 100.0 * k.top1);
+    }
     prof.finish("ppl");
     Ok(())
 }

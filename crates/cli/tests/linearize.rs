@@ -80,6 +80,37 @@ fn linear_core_writes_a_hybrid_that_runs() {
     let (p0, p1) = (ppl(&model, &text), ppl(&out, &text));
     println!("ppl: original {p0:.3}, hybrid (fold only) {p1:.3}");
     assert!(p1.is_finite() && p1 > 0.0);
+    // --kl-base: the hybrid against the original, and the original against itself.
+    let kl = |m: &Path| -> (f64, f64) {
+        let (out, err, ok) = cortiq(&[
+            "ppl",
+            "-m",
+            s(m),
+            "-f",
+            s(&text),
+            "-c",
+            "32",
+            "--chunks",
+            "4",
+            "--numerics",
+            "exact",
+            "-t",
+            "1",
+            "--kl-base",
+            s(&model),
+        ]);
+        assert!(ok, "ppl --kl-base: {err}");
+        let num = |key: &str| -> f64 {
+            let l = out.lines().find(|l| l.starts_with(key)).unwrap_or_else(|| panic!("no {key} in {out:?}"));
+            l[key.len()..].trim_start_matches([' ', '=']).split([' ', '%']).next().unwrap().parse().unwrap()
+        };
+        (num("KL(base || model)"), num("top-1 agreement"))
+    };
+    let (k0, t0) = kl(&model);
+    assert!(k0 == 0.0 && t0 == 100.0, "a model against itself: KL {k0}, top-1 {t0}%");
+    let (k1, t1) = kl(&out);
+    println!("hybrid vs original: KL {k1:.4}, top-1 {t1:.1}%");
+    assert!(k1 > 0.0 && t1 < 100.0, "the fold changes the distributions: KL {k1}, top-1 {t1}%");
     // Stage 1 of the heal: each converted layer fitted to the teacher's attention output.
     let healed = dir.0.join("healed.cmf");
     let (_, err, ok) = cortiq(&[
