@@ -3,11 +3,13 @@
 # layers (`convert --linear-core vmf_phase --layers auto:F`), heal it (stage 1, attention
 # transfer; stage 2, KL against the original), and report held-out perplexity (lcet10.txt; the
 # training texts are alice29 + asyoulik, the held-out windows of the polish plrabn12) after each
-# step beside the original's, then KV / recurrent state bytes at depth.
+# step beside the original's (with `--kl-base`: the KL against the original and the top-1
+# agreement), then the healed hybrid with its f32 matrices stored in 8 bits (`convert --f32-as
+# q8r`) and decode at depth beside the original (tg32 at d8192; KV / recurrent state bytes).
 #
 # Usage: bench/vmf_heal.sh [MODEL] [F]     (default smollm2-135m, 0.25)
-# Environment: OUT (work folder, default /tmp/vmf_heal), CTX (512), S1_STEPS (300), S2_STEPS (150),
-# S2_LR (5e-5), PPL_CTX (1024), PPL_CHUNKS (4), CORTIQ.
+# Environment: OUT (work folder, default /tmp/vmf_heal), CTX (512), S1_STEPS (300), S1_WINDOWS (32),
+# S2_STEPS (150), S2_LR (5e-5), PPL_CTX (1024), PPL_CHUNKS (4), CORTIQ.
 # Writes its log lines to stdout (markdown-ready); the .cmf files stay in OUT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,25 +17,31 @@ CORTIQ=${CORTIQ:-target/release/cortiq}
 [ -x "$CORTIQ" ] || { echo "build cortiq first: cargo build --release -p cortiq-cli" >&2; exit 1; }
 MODEL=${1:-smollm2-135m}; F=${2:-0.25}
 OUT=${OUT:-/tmp/vmf_heal}; CTX=${CTX:-512}; S1_STEPS=${S1_STEPS:-300}; S2_STEPS=${S2_STEPS:-150}
-S2_LR=${S2_LR:-5e-5}; PPL_CTX=${PPL_CTX:-1024}; PPL_CHUNKS=${PPL_CHUNKS:-4}
+S2_LR=${S2_LR:-5e-5}; S1_WINDOWS=${S1_WINDOWS:-32}; PPL_CTX=${PPL_CTX:-1024}; PPL_CHUNKS=${PPL_CHUNKS:-4}
 mkdir -p "$OUT"
 train=(--train alice29.txt asyoulik.txt --valid plrabn12.txt)
 ppl() { "$CORTIQ" ppl -m "$1" -f lcet10.txt -c "$PPL_CTX" --chunks "$PPL_CHUNKS" 2>/dev/null | sed -n 's/^PPL = \([0-9.]*\).*/\1/p'; }
+kl() {
+    "$CORTIQ" ppl -m "$1" --kl-base "$MODEL" -f lcet10.txt -c "$PPL_CTX" --chunks "$PPL_CHUNKS" 2>/dev/null \
+        | sed -n 's/^PPL = \([0-9.]*\).*/ppl \1/p; s/^KL(base || model) = \([0-9.]*\).*/KL \1/p; s/^top-1 agreement = /top-1 /p' | paste -sd, -
+}
 stamp() { date -u +%s; }
 echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; $(date -u +%Y-%m-%dT%H:%MZ)"
 base=$(ppl "$MODEL"); echo "original: ppl $base (lcet10, ctx $PPL_CTX, $PPL_CHUNKS chunks)"
 t=$(stamp)
 "$CORTIQ" convert -m "$MODEL" -o "$OUT/fold.cmf" --linear-core vmf_phase --layers "auto:$F" --force 2>&1 | grep -E "converting|fold relative"
-echo "fold: $(( $(stamp) - t )) s, ppl $(ppl "$OUT/fold.cmf")"
+echo "fold: $(( $(stamp) - t )) s, $(kl "$OUT/fold.cmf")"
 t=$(stamp)
 "$CORTIQ" polish -m "$OUT/fold.cmf" --teacher "$MODEL" -o "$OUT/s1.cmf" --stage transfer "${train[@]}" --ctx "$CTX" \
-    --far-windows 32 --steps "$S1_STEPS" --batch 4 --lr 2e-3 --valid-every 25 --force 2>&1 | grep -E "held-out relative|wrote"
-echo "stage 1: $(( $(stamp) - t )) s, ppl $(ppl "$OUT/s1.cmf")"
+    --far-windows "$S1_WINDOWS" --steps "$S1_STEPS" --batch 4 --lr 2e-3 --valid-every 25 --force 2>&1 | grep -E "held-out relative|wrote"
+echo "stage 1: $(( $(stamp) - t )) s, $(kl "$OUT/s1.cmf")"
 t=$(stamp)
 "$CORTIQ" polish -m "$OUT/s1.cmf" --teacher "$MODEL" -o "$OUT/s2.cmf" --stage distill "${train[@]}" --ctx "$CTX" \
     --batch 2 --steps "$S2_STEPS" --lr "$S2_LR" --warmup 10 --kl-weight 1.0 --valid-every 15 --valid-windows 2 --force 2>&1 \
     | grep -E "^valid|^polished"
-echo "stage 2: $(( $(stamp) - t )) s, ppl $(ppl "$OUT/s2.cmf")"
-for m in "$MODEL" "$OUT/s2.cmf"; do
+echo "stage 2: $(( $(stamp) - t )) s, $(kl "$OUT/s2.cmf")"
+"$CORTIQ" convert -m "$OUT/s2.cmf" -o "$OUT/s2-q8.cmf" --f32-as q8r --force >/dev/null 2>&1
+echo "stage 2, f32 matrices as q8r: $(kl "$OUT/s2-q8.cmf")"
+for m in "$MODEL" "$OUT/s2-q8.cmf" "$MODEL" "$OUT/s2-q8.cmf"; do
     "$CORTIQ" bench -m "$m" -d 8192 -p 0 -n 32 2>&1 | grep -E "^tg|^state" | sed "s|^|$(basename "$m"): |"
 done
