@@ -21,7 +21,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Fetch a known model (or text) into the cache, verify its sha256 and print its path.
+    /// Fetch a known model (or text), or a hub model (hf:ORG/REPO[:QUANT]), into the cache,
+    /// verify its sha256 and print its path.
     Pull(pull::PullArgs),
     /// Generate text: streams only the completion to stdout; timings to stderr.
     Run(run::RunArgs),
