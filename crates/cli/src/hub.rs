@@ -683,19 +683,22 @@ fn progress_bar(size: u64, name: &str) -> ProgressBar {
     bar
 }
 
-/// The blob exists with the listed size (its hash was checked when it was written, by us or
-/// by the tool that named it after its hash). A wrong size means a foreign or broken file:
-/// it is moved aside, never used.
+/// The blob is in the cache with the listed size and hash. It may have been written by
+/// another tool (not every version of huggingface_hub checks what it downloads), so it is
+/// hashed here; this runs once per spec, as the record written after the pull makes the next
+/// run skip it. A blob that fails is removed (it is the cache's, and only a refetch can mend
+/// it), never used.
 fn blob_ok(blob: &Path, file: &RemoteFile) -> Result<bool> {
-    match fs::metadata(blob) {
-        Ok(m) if m.is_file() && m.len() == file.size => Ok(true),
-        Ok(m) => {
-            tracing::warn!(path = %blob.display(), have = m.len(), want = file.size, "cached blob has the wrong size, fetching again");
-            let aside = blob.with_file_name(format!("{}.bad", file.blob));
-            fs::rename(blob, &aside).map_err(io_err(blob))?;
+    if !fs::metadata(blob).is_ok_and(|m| m.is_file()) {
+        return Ok(false);
+    }
+    match verify(blob, file) {
+        Ok(()) => Ok(true),
+        Err(what) => {
+            tracing::warn!(path = %blob.display(), "cached blob fails its check ({what}), fetching it again");
+            fs::remove_file(blob).map_err(io_err(blob))?;
             Ok(false)
         }
-        Err(_) => Ok(false),
     }
 }
 
@@ -965,13 +968,13 @@ fn from_snapshot(cfg: &HubConfig, spec: &HubSpec) -> Option<PathBuf> {
     for name in wanted {
         let path = snap.join(&name);
         let size = fs::metadata(&path).ok()?.len();
-        // Blobs named by a sha256 are checked against it.
+        // Blobs are named by their hash (sha256 for LFS, the git blob id otherwise): checked.
         if let Ok(target) = fs::read_link(&path)
             && let Some(blob) = target.file_name().and_then(|b| b.to_str())
-            && blob.len() == 64
+            && matches!(blob.len(), 40 | 64)
             && blob.bytes().all(|b| b.is_ascii_hexdigit())
         {
-            let f = RemoteFile { name: name.clone(), size, blob: blob.to_string(), lfs: true };
+            let f = RemoteFile { name: name.clone(), size, blob: blob.to_string(), lfs: blob.len() == 64 };
             if let Err(what) = verify(&path, &f) {
                 tracing::warn!(file = %name, "cached file fails its check: {what}");
                 return None;

@@ -711,6 +711,15 @@ fn files_downloaded_by_python_are_reused() {
     let p = pull(&e.cfg, "hf:tiny/llama-GGUF").expect("pull");
     assert_eq!(p, snap.join(&f.name));
     assert_eq!(file_gets(&hub), Vec::<String>::new(), "a cached file was downloaded again");
+    // A cached blob whose bytes do not match its hash (same size) is fetched again, not used.
+    let q8 = hub.file("tiny/llama-GGUF", "llama-tiny-Q8_0.gguf");
+    let mut bad = q8.bytes.clone();
+    bad[100] ^= 1;
+    fs::write(repo_dir.join("blobs").join(q8.blob()), &bad).unwrap();
+    std::os::unix::fs::symlink(Path::new("../../blobs").join(q8.blob()), snap.join(&q8.name)).unwrap();
+    let p8 = pull(&e.cfg, "hf:tiny/llama-GGUF:q8_0").expect("pull over a corrupt cached blob");
+    assert!(read(p8) == q8.bytes, "the corrupt cached blob was used");
+    assert_eq!(file_gets(&hub).iter().filter(|r| r.starts_with("GET /cdn/")).count(), 1, "{:#?}", file_gets(&hub));
     // Offline, with no memory of a previous cortiq pull: the snapshot alone is enough.
     let fresh = HubConfig { offline: true, records: e.home.0.join("other-records"), ..e.cfg.clone() };
     assert_eq!(pull(&fresh, "hf:tiny/llama-GGUF").expect("offline from the snapshot"), p);
