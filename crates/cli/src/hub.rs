@@ -454,6 +454,9 @@ impl<'a> Client<'a> {
     fn new(cfg: &'a HubConfig, repo: &'a str) -> Client<'a> {
         let agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
+            // The token follows the hub's relative redirects (a renamed repo), never the
+            // redirect of an LFS file to its CDN, as in huggingface_hub.
+            .redirect_auth_headers(ureq::config::RedirectAuthHeaders::SameHost)
             .timeout_connect(Some(Duration::from_secs(15)))
             .timeout_recv_response(Some(Duration::from_secs(60)))
             .user_agent(concat!("cortiq/", env!("CARGO_PKG_VERSION")))
@@ -866,7 +869,20 @@ impl Record {
 /// verified. With no network (or `HF_HUB_OFFLINE`), a complete snapshot already in the cache
 /// is used as it is, e.g. one that Python's huggingface_hub downloaded.
 pub fn pull(cfg: &HubConfig, spec: &HubSpec) -> Result<PathBuf> {
-    if let Some(path) = Record::load(cfg, spec).and_then(|r| r.usable(cfg, spec)) {
+    pull_with(cfg, spec, false)
+}
+
+/// `pull`, but asking the hub what the revision is now even when the spec was resolved
+/// before (`cortiq pull --refresh`): a branch that moved is followed, files already in the
+/// cache are not fetched again.
+pub fn refresh(cfg: &HubConfig, spec: &HubSpec) -> Result<PathBuf> {
+    pull_with(cfg, spec, true)
+}
+
+fn pull_with(cfg: &HubConfig, spec: &HubSpec, refresh: bool) -> Result<PathBuf> {
+    if !(refresh && !cfg.offline)
+        && let Some(path) = Record::load(cfg, spec).and_then(|r| r.usable(cfg, spec))
+    {
         tracing::debug!(path = %path.display(), "hub model from the cache");
         return Ok(path);
     }

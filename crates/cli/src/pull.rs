@@ -482,12 +482,16 @@ pub struct PullArgs {
     /// List the known models and texts, and the hub models in the Hugging Face cache.
     #[arg(long)]
     pub list: bool,
+    /// For hf: models, ask the hub for the revision's current commit even when the model is
+    /// cached (a moved branch is followed; cached files are not fetched again).
+    #[arg(long)]
+    pub refresh: bool,
 }
 
 /// `cortiq pull NAME` prints the fetched file's path; `--list` (or no NAME, then an error)
 /// prints the known models and texts.
 pub fn cmd_pull(a: PullArgs) -> Result<()> {
-    let PullArgs { name, list } = a;
+    let PullArgs { name, list, refresh } = a;
     if list || name.is_none() {
         for m in known_models() {
             println!("{:<22} {}", m.name, m.about);
@@ -506,7 +510,8 @@ pub fn cmd_pull(a: PullArgs) -> Result<()> {
     }
     let name = name.expect("checked above");
     if HubSpec::is_hub(&name) {
-        let path = hub::pull(&HubConfig::from_env(), &HubSpec::parse(&name)?)?;
+        let (cfg, spec) = (HubConfig::from_env(), HubSpec::parse(&name)?);
+        let path = if refresh { hub::refresh(&cfg, &spec)? } else { hub::pull(&cfg, &spec)? };
         println!("{}", path.display());
         return Ok(());
     }

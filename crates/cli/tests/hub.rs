@@ -685,6 +685,12 @@ fn a_second_pull_is_served_from_the_cache_without_a_request() {
     let msg = one_line(&pull(&offline, "hf:tiny/llama-GGUF:f16").unwrap_err());
     assert!(msg.contains("HF_HUB_OFFLINE") && msg.contains("hf:tiny/llama-GGUF:f16"), "{msg}");
     assert_eq!(hub.requests().len(), n);
+    // --refresh asks the hub again, and fetches nothing that is cached.
+    let n_files = file_gets(&hub).len();
+    assert_eq!(hub::refresh(&e.cfg, &HubSpec::parse("hf:tiny/qwen2-HF").unwrap()).expect("refresh"), first);
+    assert_eq!(hub.requests().len(), n + 1, "a refresh is one listing request: {:#?}", &hub.requests()[n..]);
+    assert_eq!(file_gets(&hub).len(), n_files);
+    let n = n + 1;
     // A file that lost its bytes is fetched again rather than used.
     let blob = fs::canonicalize(&first_gguf).unwrap();
     fs::write(&blob, b"truncated").unwrap();
