@@ -880,7 +880,7 @@ pub fn refresh(cfg: &HubConfig, spec: &HubSpec) -> Result<PathBuf> {
 }
 
 fn pull_with(cfg: &HubConfig, spec: &HubSpec, refresh: bool) -> Result<PathBuf> {
-    if !(refresh && !cfg.offline)
+    if (!refresh || cfg.offline)
         && let Some(path) = Record::load(cfg, spec).and_then(|r| r.usable(cfg, spec))
     {
         tracing::debug!(path = %path.display(), "hub model from the cache");
