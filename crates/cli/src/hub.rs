@@ -592,6 +592,7 @@ impl<'a> Client<'a> {
             out.set_len(0).map_err(io_err(&part))?;
             have = 0;
         }
+        let resumed_earlier = have > 0;
         let bar = progress_bar(file.size, &file.name);
         let mut attempt = 0;
         let mut last_error = String::new();
@@ -621,7 +622,6 @@ impl<'a> Client<'a> {
                 206 => {}
                 // The server ignored the Range: start over.
                 200 => have = 0,
-                416 if have == file.size => break,
                 500..=599 => {
                     last_error = format!("HTTP {status}");
                     continue;
@@ -636,6 +636,7 @@ impl<'a> Client<'a> {
             bar.set_position(have);
             let mut body = resp.into_body().into_reader();
             let mut buf = vec![0u8; 1 << 20];
+            last_error.clear();
             loop {
                 match body.read(&mut buf) {
                     Ok(0) => break,
@@ -667,6 +668,12 @@ impl<'a> Client<'a> {
         // Python) is checked as strictly as the bytes that just arrived.
         if let Err(what) = verify(&part, file) {
             let _ = fs::remove_file(&part);
+            if resumed_earlier {
+                // The partial file left by an earlier run was not a prefix of this file (an
+                // interrupted write, another tool): once more, from the first byte.
+                tracing::warn!(file = %file.name, "resumed download fails its check ({what}), downloading it whole");
+                return self.download(commit, file, blob);
+            }
             return Err(bad(format!("{what}; the download was discarded")));
         }
         fs::rename(&part, blob).map_err(io_err(blob))?;

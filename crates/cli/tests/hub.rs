@@ -651,6 +651,19 @@ fn a_dropped_connection_is_resumed_with_a_range_request() {
     let gets: Vec<String> = hub.requests()[n0..].iter().filter(|r| r.starts_with("GET /cdn/")).cloned().collect();
     assert_eq!(gets.len(), 1);
     assert!(gets[0].ends_with("bytes=4096-"), "{}", gets[0]);
+
+    // A partial file that is not a prefix of the real one fails the hash after the resume;
+    // the download is then made whole once more, and the right bytes are used.
+    let e3 = env(&hub, "resume3");
+    let blobs = e3.cfg.cache.join("models--tiny--llama-GGUF/blobs");
+    fs::create_dir_all(&blobs).unwrap();
+    fs::write(blobs.join(format!("{}.incomplete", f.blob())), vec![0xAB; 4096]).unwrap();
+    let n0 = hub.requests().len();
+    let p = pull(&e3.cfg, "hf:tiny/llama-GGUF").expect("pull over a foreign partial file");
+    assert!(read(p) == f.bytes);
+    let gets: Vec<String> = hub.requests()[n0..].iter().filter(|r| r.starts_with("GET /cdn/")).cloned().collect();
+    assert_eq!(gets.len(), 2, "{gets:#?}");
+    assert!(gets[0].ends_with("bytes=4096-") && gets[1].ends_with(&f.blob()), "{gets:#?}");
 }
 
 #[test]
@@ -798,6 +811,11 @@ fn cortiq_run_and_pull_take_hub_models() {
     assert_eq!(from_hub, local, "the hub's Q4_K_M file (the llama fixture) generates differently");
     // The split file runs too, and gives the same text as the single file.
     assert_eq!(run("hf:tiny/llama-GGUF:f16"), local, "the split GGUF generates differently");
+
+    // The safetensors repo runs as the fixture folder (with the same tokenizer) does.
+    let folder = common::copy_fixture("qwen2", "hub-cli-qwen2");
+    fs::write(folder.0.join("tokenizer.json"), byte_tokenizer_json()).unwrap();
+    assert_eq!(run("hf:tiny/qwen2-HF"), run(folder.0.to_str().unwrap()), "the pulled HF folder generates differently");
 
     let out = cortiq(&hub, &home.0, &["pull", "hf:tiny/llama-GGUF:q8_0"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
