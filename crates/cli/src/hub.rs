@@ -70,8 +70,14 @@ const TOKENIZER_FILES: [&str; 9] = [
 /// kernels run (no IQ types), Q4_K_M first as llama.cpp and ollama default to it.
 const DEFAULT_QUANTS: [&str; 5] = ["q4_k_m", "q4_k_s", "q4_0", "q4_1", "q4_k"];
 
-/// How often a dropped download is resumed before giving up.
+/// How many requests in a row may bring no new bytes before a download gives up (requests
+/// that make progress reset the count, so a long download over a flaky line keeps going).
 const MAX_ATTEMPTS: u32 = 5;
+
+/// How long one request may spend receiving its body before it is cut and resumed with a
+/// Range request: ureq 3 has no per-read timeout, only a budget per body, so this bounds how
+/// long a connection that went silent (no data, no close) can hold a download.
+pub const DEFAULT_BODY_BUDGET: Duration = Duration::from_secs(300);
 
 /// Everything that can go wrong talking to the hub; each message is one line that names the
 /// repo or file and, where there is one, the fix.
@@ -207,6 +213,8 @@ pub struct HubConfig {
     pub offline: bool,
     /// cortiq's memory of resolved specs: `<cortiq cache>/hub`.
     pub records: PathBuf,
+    /// `DEFAULT_BODY_BUDGET`; tests shorten it.
+    pub body_budget: Duration,
 }
 
 impl HubConfig {
@@ -232,7 +240,8 @@ impl HubConfig {
         let offline =
             var("HF_HUB_OFFLINE").is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"));
         let endpoint = var("HF_ENDPOINT").unwrap_or_else(|| DEFAULT_ENDPOINT.to_string()).trim_end_matches('/').to_string();
-        HubConfig { endpoint, cache, token, token_from, offline, records: crate::pull::cache_dir().join("hub") }
+        let records = crate::pull::cache_dir().join("hub");
+        HubConfig { endpoint, cache, token, token_from, offline, records, body_budget: DEFAULT_BODY_BUDGET }
     }
 }
 
@@ -459,6 +468,7 @@ impl<'a> Client<'a> {
             .redirect_auth_headers(ureq::config::RedirectAuthHeaders::SameHost)
             .timeout_connect(Some(Duration::from_secs(15)))
             .timeout_recv_response(Some(Duration::from_secs(60)))
+            .timeout_recv_body(Some(cfg.body_budget))
             .user_agent(concat!("cortiq/", env!("CARGO_PKG_VERSION")))
             .build()
             .into();
@@ -594,21 +604,24 @@ impl<'a> Client<'a> {
         }
         let resumed_earlier = have > 0;
         let bar = progress_bar(file.size, &file.name);
-        let mut attempt = 0;
+        // Requests in a row that brought no bytes; the last failure, in words.
+        let mut stalled = 0;
         let mut last_error = String::new();
         while have < file.size {
-            attempt += 1;
-            if attempt > MAX_ATTEMPTS {
-                bar.finish_and_clear();
-                return Err(bad(format!("gave up after {MAX_ATTEMPTS} attempts at byte {have} of {}: {last_error}", file.size)));
-            }
-            if attempt > 1 {
+            if !last_error.is_empty() {
+                if stalled >= MAX_ATTEMPTS {
+                    bar.finish_and_clear();
+                    let at = format!("byte {have} of {}", file.size);
+                    return Err(bad(format!("gave up after {MAX_ATTEMPTS} attempts without progress at {at}: {last_error}")));
+                }
                 tracing::warn!(file = %file.name, at = have, "download interrupted ({last_error}), resuming");
-                std::thread::sleep(Duration::from_millis(200 << (attempt - 2).min(4)));
+                std::thread::sleep(Duration::from_millis(200 << stalled.min(4)));
             }
+            let start = have;
             let resp = match self.get(&url, have) {
                 Ok(r) => r,
-                Err(e) if attempt < MAX_ATTEMPTS => {
+                Err(e) if stalled + 1 < MAX_ATTEMPTS => {
+                    stalled += 1;
                     last_error = e.to_string();
                     continue;
                 }
@@ -623,6 +636,7 @@ impl<'a> Client<'a> {
                 // The server ignored the Range: start over.
                 200 => have = 0,
                 500..=599 => {
+                    stalled += 1;
                     last_error = format!("HTTP {status}");
                     continue;
                 }
@@ -660,6 +674,7 @@ impl<'a> Client<'a> {
             if have < file.size && last_error.is_empty() {
                 last_error = "connection closed early".to_string();
             }
+            stalled = if have > start { 0 } else { stalled + 1 };
         }
         bar.finish_and_clear();
         out.sync_all().map_err(io_err(&part))?;

@@ -232,6 +232,9 @@ struct Faults {
     drop_once: Option<(String, usize)>,
     /// Serve this file with one byte flipped (same size).
     corrupt: Option<String>,
+    /// Send this many body bytes of the next GET of this file, then go silent (no data, no
+    /// close) for a while: a stalled connection.
+    stall_once: Option<(String, usize)>,
 }
 
 struct Hub {
@@ -316,6 +319,7 @@ fn serve(mut stream: TcpStream, repos: &[Repo], log: &Mutex<Vec<String>>, faults
     let mut status = rep.status;
     let mut extra: Vec<(String, String)> = rep.headers;
     let mut drop_at = None;
+    let mut stall_at = None;
     if let Some(name) = file.filter(|_| status == 200) {
         let mut f = faults.lock().unwrap();
         if f.corrupt.as_deref() == Some(name) {
@@ -342,6 +346,9 @@ fn serve(mut stream: TcpStream, repos: &[Repo], log: &Mutex<Vec<String>>, faults
         if method == "GET" && f.drop_once.as_ref().is_some_and(|(n, _)| n == name) {
             drop_at = f.drop_once.take().map(|(_, at)| at.min(body.len()));
         }
+        if method == "GET" && f.stall_once.as_ref().is_some_and(|(n, _)| n == name) {
+            stall_at = f.stall_once.take().map(|(_, at)| at.min(body.len()));
+        }
     }
     let reason = match status {
         200 => "OK",
@@ -360,7 +367,11 @@ fn serve(mut stream: TcpStream, repos: &[Repo], log: &Mutex<Vec<String>>, faults
     stream.write_all(head.as_bytes())?;
     if method != "HEAD" {
         // A dropped connection: the headers promised every byte, a part of them arrives.
-        stream.write_all(&body[..drop_at.unwrap_or(body.len())])?;
+        stream.write_all(&body[..drop_at.or(stall_at).unwrap_or(body.len())])?;
+        if stall_at.is_some() {
+            stream.flush()?;
+            std::thread::sleep(std::time::Duration::from_secs(4));
+        }
     }
     stream.flush()?;
     let _ = stream.shutdown(std::net::Shutdown::Both);
@@ -450,6 +461,7 @@ fn env(hub: &Hub, tag: &str) -> Env {
         token_from: "HF_TOKEN".into(),
         offline: false,
         records: home.0.join("cortiq").join("hub"),
+        body_budget: hub::DEFAULT_BODY_BUDGET,
     };
     Env { home, cfg }
 }
@@ -639,6 +651,22 @@ fn a_dropped_connection_is_resumed_with_a_range_request() {
     println!("{gets:#?}");
     assert_eq!(gets.len(), 2, "one drop, one resume");
     assert!(gets[1].ends_with("bytes=100000-"), "the second request does not resume at the drop: {}", gets[1]);
+
+    // A connection that goes silent is cut when its body budget runs out, and resumed.
+    let es = env(&hub, "stall");
+    let quick = HubConfig { body_budget: std::time::Duration::from_millis(1500), ..es.cfg.clone() };
+    let q8 = hub.file("tiny/llama-GGUF", "llama-tiny-Q8_0.gguf");
+    hub.faults.lock().unwrap().stall_once = Some((q8.name.clone(), 50_000));
+    let n0 = hub.requests().len();
+    let t0 = std::time::Instant::now();
+    let p = pull(&quick, "hf:tiny/llama-GGUF:q8_0").expect("pull resumes after the stall");
+    assert!(read(p) == q8.bytes, "resumed file differs");
+    let gets: Vec<String> = hub.requests()[n0..].iter().filter(|r| r.starts_with("GET /cdn/")).cloned().collect();
+    println!("after {:?}: {gets:#?}", t0.elapsed());
+    // (More than two only if this machine is too loaded to move 0.6 MB over loopback within
+    // the budget; each further request still resumes where the last one stopped.)
+    assert!(gets.len() >= 2, "one stall, one resume");
+    assert!(gets[1].ends_with("bytes=50000-"), "the second request does not resume at the stall: {}", gets[1]);
 
     // A partial file from an earlier run (ours or Python's `.incomplete`) is resumed too.
     let e2 = env(&hub, "resume2");
