@@ -27,11 +27,14 @@
 //!
 //! Why plain HTTP (ureq) and not the `hf-hub` crate, which the field uses: hf-hub 1.0 is
 //! async on reqwest and brings the whole xet client (hf-xet) - minutes of build on our
-//! machines for a once-per-model step; hf-hub 0.4's blocking API renames the download into
-//! `blobs/` and links it into the snapshot before any hash could be checked (it verifies
-//! nothing), keeps its cache-path helpers crate-private, does not read `HF_TOKEN`, and turns
-//! 401/404 into one opaque transport error, so the gated / missing-repo / missing-file cases
-//! could not be told apart. What we use of the hub is three routes:
+//! machines for a once-per-model step. hf-hub 0.4's blocking API (ureq 2) renames a download
+//! into `blobs/` and links it into the snapshot before any hash could be checked (it checks
+//! none), resumes from its own `<etag>.part` (Python's partial files are `.incomplete`, so
+//! neither resumes the other's), asks the network on every `download` even when the file is
+//! cached, keeps its cache-path helpers crate-private, does not read `HF_TOKEN`, and hands
+//! HTTP statuses back inside a boxed ureq 2 error; working around all that would leave little
+//! of it in use, beside a second HTTP stack and indicatif 0.17. Sizes and hashes come from
+//! the listing, so no HEAD per file is needed. What we use of the hub is three routes:
 //!   GET  {endpoint}/api/models/{repo}/revision/{rev}?blobs=true  commit, files, sizes, hashes
 //!   GET  {endpoint}/{repo}/resolve/{commit}/{file}                 the bytes (Range to resume;
 //!                                                                  LFS redirects to a CDN)
