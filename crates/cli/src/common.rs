@@ -19,7 +19,8 @@ use crate::pull;
 /// The flags every model-running subcommand flattens in first.
 #[derive(Args, Clone)]
 pub struct Common {
-    /// A .gguf file, an HF folder, or a known model name (pulled on first use).
+    /// A .gguf file, an HF folder, a hub model hf:ORG/REPO[@REV][:QUANT], or a known model
+    /// name (the last two pulled on first use).
     #[arg(short, long, value_name = "MODEL")]
     pub model: String,
     /// Worker threads (default: all cores).

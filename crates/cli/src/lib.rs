@@ -7,12 +7,14 @@
 //! - `ppl`, `logits`, `tokenize`, `bench`, `convert`, `polish`: one subcommand each
 //! - `spec`: the speculative-decoding flags (`--spec`) and their `Speculator`
 //! - `pull`: fetching known models and texts into the user cache, and `cortiq pull`
+//! - `hub`: `hf:ORG/REPO[:QUANT]` models from the Hugging Face hub, in the hub's own cache
 //! - `common`: what the model-running subcommands share (MODEL and numerics flags, opening the
 //!   model, `--profile`, the O(1) / StreamingLLM flags and plan)
 
 pub mod bench;
 pub mod common;
 pub mod convert;
+pub mod hub;
 pub mod linearize;
 pub mod logits;
 pub mod polish;

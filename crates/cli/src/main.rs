@@ -1,7 +1,7 @@
 //! The `cortiq` binary: a thin shell over cortiq-engine. Parses flags (clap), initialises
 //! logging and hands the subcommand to its module in the cortiq-cli library (`cortiq_cli::run`,
 //! `::ppl`, ...), each of which owns its arguments and resolves MODEL (a .gguf file, an HF
-//! folder or a known name that is pulled on first use). Errors print as one line `error: ...`
+//! folder, or a hub model `hf:ORG/REPO[:QUANT]` or known name that is pulled on first use). Errors print as one line `error: ...`
 //! with a non-zero exit. A new subcommand is a module in the library, one `Cmd` variant and one
 //! arm in `dispatch`.
 
@@ -21,7 +21,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Fetch a known model (or text) into the cache, verify its sha256 and print its path.
+    /// Fetch a known model (or text), or a hub model (hf:ORG/REPO[:QUANT]), into the cache,
+    /// verify its sha256 and print its path.
     Pull(pull::PullArgs),
     /// Generate text: streams only the completion to stdout; timings to stderr.
     Run(run::RunArgs),

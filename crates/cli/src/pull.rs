@@ -43,6 +43,8 @@ use anyhow::{Context, Result, anyhow, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use sha2::{Digest, Sha256};
 
+use crate::hub::{self, HubConfig, HubSpec};
+
 pub use cortiq_formats::registry::{Dist, KnownModel, KnownText, Part};
 use cortiq_formats::registry::{MODELS, TEXTS, find_model, find_text};
 
@@ -105,8 +107,9 @@ fn same_package(a: &[Part], b: &[Part]) -> bool {
 }
 
 /// Turn a CLI model argument into a file: an existing path (file or directory) is returned
-/// as is; otherwise a known model name is pulled on first use; otherwise an error that says
-/// the path does not exist and lists the known names.
+/// as is; `hf:ORG/REPO[@REV][:QUANT]` is pulled from the Hugging Face hub (crate::hub);
+/// otherwise a known model name is pulled on first use; otherwise an error that says the path
+/// does not exist and lists the known names.
 pub fn resolve_model(arg: &str) -> Result<PathBuf> {
     let cache = cache_dir();
     resolve_model_with(&cache, arg, &PipSource::new(&cache))
@@ -119,10 +122,19 @@ pub fn resolve_model_with(cache: &Path, arg: &str, source: &dyn PartSource) -> R
     if path.exists() {
         return Ok(path.to_path_buf());
     }
+    if HubSpec::is_hub(arg) {
+        return Ok(hub::pull(&HubConfig::from_env(), &HubSpec::parse(arg)?)?);
+    }
     if find_model(arg).is_some() {
         return pull_model_with(cache, arg, source);
     }
-    bail!("{arg}: no such file or directory, and not a known model name (known: {})", model_names())
+    // `Qwen/Qwen3-0.6B`: what llama.cpp's -hf and vLLM take; a relative path could look the
+    // same, so it is a hint, not a guess.
+    let hint = match HubSpec::parse(&format!("hf:{arg}")) {
+        Ok(s) if s.repo.contains('/') => format!("; for the Hugging Face hub say hf:{arg}"),
+        _ => String::new(),
+    };
+    bail!("{arg}: no such file or directory, and not a known model name (known: {}){hint}", model_names())
 }
 
 /// Same as `resolve_model`, for texts: an existing path, else a known text name.
@@ -464,17 +476,22 @@ fn assemble_into(
 /// The flags of `cortiq pull` (its one-line help is the `Cmd::Pull` variant's doc).
 #[derive(clap::Args, Debug)]
 pub struct PullArgs {
-    /// A known model name (see `cortiq pull --list`) or text name (alice29.txt, ...).
+    /// A known model name (see `cortiq pull --list`), text name (alice29.txt, ...) or a
+    /// Hugging Face hub model: hf:ORG/REPO[@REVISION][:QUANT_OR_FILE].
     pub name: Option<String>,
-    /// List the known models and texts.
+    /// List the known models and texts, and the hub models in the Hugging Face cache.
     #[arg(long)]
     pub list: bool,
+    /// For hf: models, ask the hub for the revision's current commit even when the model is
+    /// cached (a moved branch is followed; cached files are not fetched again).
+    #[arg(long)]
+    pub refresh: bool,
 }
 
 /// `cortiq pull NAME` prints the fetched file's path; `--list` (or no NAME, then an error)
 /// prints the known models and texts.
 pub fn cmd_pull(a: PullArgs) -> Result<()> {
-    let PullArgs { name, list } = a;
+    let PullArgs { name, list, refresh } = a;
     if list || name.is_none() {
         for m in known_models() {
             println!("{:<22} {}", m.name, m.about);
@@ -482,12 +499,22 @@ pub fn cmd_pull(a: PullArgs) -> Result<()> {
         for t in known_texts() {
             println!("{:<22} (text)", t.name);
         }
+        let cfg = HubConfig::from_env();
+        for m in hub::cached_models(&cfg) {
+            println!("{:<22} (hub cache, {:.1} MB)", m.spec, m.bytes as f64 / 1e6);
+        }
         if name.is_none() && !list {
             bail!("pull needs a NAME (listed above)");
         }
         return Ok(());
     }
     let name = name.expect("checked above");
+    if HubSpec::is_hub(&name) {
+        let (cfg, spec) = (HubConfig::from_env(), HubSpec::parse(&name)?);
+        let path = if refresh { hub::refresh(&cfg, &spec)? } else { hub::pull(&cfg, &spec)? };
+        println!("{}", path.display());
+        return Ok(());
+    }
     let is_text = known_texts().iter().any(|t| t.name == name || t.name.strip_suffix(".txt") == Some(name.as_str()));
     let path = if is_text { pull_text(&name)? } else { pull_model(&name)? };
     println!("{}", path.display());

@@ -34,7 +34,7 @@ pub struct SpecArgs {
     /// same as without it, token for token, at any temperature and seed.
     #[arg(long, value_enum, default_value_t = SpecMethod::None)]
     pub spec: SpecMethod,
-    /// The draft model of --spec draft (a .gguf, HF folder, .cmf or known name) sharing the
+    /// The draft model of --spec draft (a .gguf, HF folder, .cmf, hf: model or known name) sharing the
     /// target's vocabulary; it runs with the target's numerics and threads.
     #[arg(long, value_name = "MODEL")]
     pub spec_draft: Option<String>,

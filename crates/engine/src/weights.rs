@@ -64,7 +64,7 @@ impl TensorSource for GgufSource<'_> {
     }
     fn get(&self, name: &str) -> Result<Option<QTensor>> {
         let Some(info) = self.gguf.tensor(name) else { return Ok(None) };
-        mapped(&self.file(), info, Arc::clone(self.gguf.mmap()) as Backing).map(Some)
+        mapped(&self.file(), info, Arc::clone(self.gguf.mmap_of(info)) as Backing).map(Some)
     }
 }
 

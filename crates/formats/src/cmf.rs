@@ -283,7 +283,7 @@ impl Cmf {
                 return Err(FormatError::malformed(&path, format!("tensor '{name}' appears twice")));
             }
             let dims = t.shape.iter().rev().copied().collect();
-            tensors.push(TensorInfo { name: name.clone(), dims, dtype, offset, n_bytes: bytes });
+            tensors.push(TensorInfo { name: name.clone(), dims, dtype, offset, n_bytes: bytes, shard: 0 });
         }
         // Overlapping tensors mean a corrupted directory (two names aliasing the same bytes).
         let mut spans: Vec<(u64, u64, &str)> = tensors.iter().map(|t| (t.offset, t.offset + t.n_bytes, &t.name[..])).collect();

@@ -4,6 +4,11 @@
 //! the stored type (nothing is widened here). Every count and offset read from the file is
 //! checked against the file length before it is used, so a truncated or corrupted file is
 //! a `FormatError` naming the field, never a panic or a huge allocation.
+//!
+//! Split files (llama.cpp's gguf-split, `NAME-00001-of-00003.gguf`: every part a GGUF of its
+//! own, the first holding all metadata, each `split.no` / `split.count` /
+//! `split.tensors.count`) open as one `Gguf` from the first part: each part is mapped, and a
+//! tensor's `shard` says which map holds its bytes.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -108,6 +113,8 @@ pub struct TensorInfo {
     /// Absolute byte offset of the data in the file.
     pub offset: u64,
     pub n_bytes: u64,
+    /// Which part of a split file holds the data (0 for a single file).
+    pub shard: usize,
 }
 
 impl TensorInfo {
@@ -128,15 +135,91 @@ pub struct Gguf {
     pub metadata: BTreeMap<String, MetaValue>,
     pub tensors: Vec<TensorInfo>,
     index: BTreeMap<String, usize>,
-    mmap: Arc<Mmap>,
+    /// One map per part: `mmaps[info.shard]`.
+    mmaps: Vec<Arc<Mmap>>,
+}
+
+/// `NAME-00001-of-00003.gguf` -> `("NAME", 1, 3)`, llama.cpp's split naming.
+pub fn split_name(file_name: &str) -> Option<(&str, u32, u32)> {
+    let stem = file_name.strip_suffix(".gguf")?;
+    let (head, count) = stem.rsplit_once("-of-")?;
+    let (prefix, no) = head.rsplit_once('-')?;
+    let digits = |s: &str| s.len() == 5 && s.bytes().all(|b| b.is_ascii_digit());
+    if !digits(no) || !digits(count) {
+        return None;
+    }
+    Some((prefix, no.parse().ok()?, count.parse().ok()?))
 }
 
 impl Gguf {
+    /// Open a GGUF file; for a split one, its first part (the others are found beside it).
     pub fn open(path: impl AsRef<Path>) -> Result<Gguf> {
         let path = path.as_ref().to_path_buf();
-        let file = File::open(&path).map_err(|e| FormatError::io(&path, e))?;
-        let mmap = crate::mapping::map_readonly(&file, &path)?;
-        Self::parse(path, Arc::new(mmap))
+        let mut g = Self::open_one(&path)?;
+        let Some(count) = g.split_key("split.count")? else { return Ok(g) };
+        let no = g.split_key("split.no")?.unwrap_or(0);
+        if count <= 1 {
+            return Ok(g);
+        }
+        let name = path.file_name().unwrap_or_default().to_string_lossy().into_owned();
+        let Some((prefix, _, _)) = split_name(&name) else {
+            return Err(FormatError::field(
+                &path,
+                "split.count",
+                format!("{count} parts, but the file is not named NAME-00001-of-{count:05}.gguf"),
+            ));
+        };
+        if no != 0 {
+            let first = format!("{prefix}-00001-of-{count:05}.gguf");
+            return Err(FormatError::malformed(
+                &path,
+                format!("part {} of a {count}-part split GGUF; open the first part, {first}", no + 1),
+            ));
+        }
+        for k in 1..count {
+            let part = path.with_file_name(format!("{prefix}-{:05}-of-{count:05}.gguf", k + 1));
+            let p = Self::open_one(&part)?;
+            if p.split_key("split.no")? != Some(k) || p.split_key("split.count")? != Some(count) {
+                return Err(FormatError::field(&part, "split.no", format!("expected part {} of {count}", k + 1)));
+            }
+            let shard = g.mmaps.len();
+            g.mmaps.push(Arc::clone(&p.mmaps[0]));
+            for mut t in p.tensors {
+                t.shard = shard;
+                if g.index.insert(t.name.clone(), g.tensors.len()).is_some() {
+                    return Err(FormatError::malformed(&part, format!("tensor '{}' is in two parts", t.name)));
+                }
+                g.tensors.push(t);
+            }
+        }
+        if let Some(n) = g.split_key("split.tensors.count")?
+            && n != g.tensors.len() as u64
+        {
+            return Err(FormatError::field(
+                &path,
+                "split.tensors.count",
+                format!("{n}, but the {count} parts hold {} tensors", g.tensors.len()),
+            ));
+        }
+        Ok(g)
+    }
+
+    fn open_one(path: &Path) -> Result<Gguf> {
+        let file = File::open(path).map_err(|e| FormatError::io(path, e))?;
+        let mmap = crate::mapping::map_readonly(&file, path)?;
+        Self::parse(path.to_path_buf(), Arc::new(mmap))
+    }
+
+    /// An integer `split.*` key, if present.
+    fn split_key(&self, key: &str) -> Result<Option<u64>> {
+        match self.metadata.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_i64()
+                .filter(|&n| n >= 0)
+                .map(|n| Some(n as u64))
+                .ok_or_else(|| FormatError::field(&self.path, key, format!("{v:?} is not a count"))),
+        }
     }
 
     fn parse(path: PathBuf, mmap: Arc<Mmap>) -> Result<Gguf> {
@@ -226,24 +309,24 @@ impl Gguf {
             if index.insert(name.clone(), tensors.len()).is_some() {
                 return Err(FormatError::malformed(&path, format!("tensor '{name}' appears twice")));
             }
-            tensors.push(TensorInfo { name, dims, dtype, offset, n_bytes });
+            tensors.push(TensorInfo { name, dims, dtype, offset, n_bytes, shard: 0 });
         }
 
-        Ok(Gguf { path, version, alignment, metadata, tensors, index, mmap })
+        Ok(Gguf { path, version, alignment, metadata, tensors, index, mmaps: vec![mmap] })
     }
 
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
         self.index.get(name).map(|&i| &self.tensors[i])
     }
 
-    /// The stored bytes of a tensor (a slice of the memory map).
+    /// The stored bytes of a tensor (a slice of its part's memory map).
     pub fn tensor_data(&self, info: &TensorInfo) -> &[u8] {
-        &self.mmap[info.offset as usize..(info.offset + info.n_bytes) as usize]
+        &self.mmaps[info.shard][info.offset as usize..(info.offset + info.n_bytes) as usize]
     }
 
-    /// The shared memory map, for holders that outlive this struct.
-    pub fn mmap(&self) -> &Arc<Mmap> {
-        &self.mmap
+    /// The shared memory map holding `info`'s bytes, for holders that outlive this struct.
+    pub fn mmap_of(&self, info: &TensorInfo) -> &Arc<Mmap> {
+        &self.mmaps[info.shard]
     }
 
     pub fn get(&self, key: &str) -> Option<&MetaValue> {
