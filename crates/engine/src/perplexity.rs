@@ -16,7 +16,7 @@
 use crate::error::{EngineError, Result};
 use crate::model::{Logits, Model};
 use crate::o1::{O1Plan, O1Stats};
-use crate::state::StateBytes;
+use crate::state::{SeqState, StateBytes};
 
 #[derive(Clone, Copy, Debug)]
 pub struct PplOptions {
@@ -113,6 +113,19 @@ pub fn perplexity_vs(
     Ok((r, kl.expect("a base was given")))
 }
 
+/// The chunk through `model` in batches of `n_batch` positions: logits[i] for chunk positions
+/// `first..` (collected across batches).
+fn scored_logits(model: &Model, chunk: &[u32], state: &mut SeqState, n_batch: usize, first: usize) -> Result<Vec<f32>> {
+    let n_ctx = chunk.len();
+    let mut logits: Vec<f32> = Vec::with_capacity((n_ctx - first) * model.cfg.vocab);
+    for bs in (0..n_ctx).step_by(n_batch) {
+        let be = (bs + n_batch).min(n_ctx);
+        let want = if be > first { Logits::From(first.saturating_sub(bs)) } else { Logits::None };
+        logits.extend(model.forward(&chunk[bs..be], state, want)?);
+    }
+    Ok(logits)
+}
+
 fn score(
     model: &Model,
     base: Option<&Model>,
@@ -162,13 +175,7 @@ fn score(
             Some(plan) => model.new_state_o1(n_ctx, plan)?,
             None => model.new_state(n_ctx),
         };
-        // logits[i] for chunk positions first.. (collected across batches)
-        let mut logits: Vec<f32> = Vec::with_capacity((n_ctx - first) * vocab);
-        for bs in (0..n_ctx).step_by(n_batch) {
-            let be = (bs + n_batch).min(n_ctx);
-            let want = if be > first { Logits::From(first.saturating_sub(bs)) } else { Logits::None };
-            logits.extend(model.forward(&chunk[bs..be], &mut state, want)?);
-        }
+        let logits = scored_logits(model, &chunk, &mut state, n_batch, first)?;
         if let (Some(acc), Some(s)) = (&mut o1_stats, state.o1_stats()) {
             *acc += s;
         }
@@ -177,16 +184,7 @@ fn score(
             state_bytes = b;
         }
         let base_logits = match base {
-            Some(b) => {
-                let mut st = b.new_state(n_ctx);
-                let mut out: Vec<f32> = Vec::with_capacity((n_ctx - first) * vocab);
-                for bs in (0..n_ctx).step_by(n_batch) {
-                    let be = (bs + n_batch).min(n_ctx);
-                    let want = if be > first { Logits::From(first.saturating_sub(bs)) } else { Logits::None };
-                    out.extend(b.forward(&chunk[bs..be], &mut st, want)?);
-                }
-                Some(out)
-            }
+            Some(b) => Some(scored_logits(b, &chunk, &mut b.new_state(n_ctx), n_batch, first)?),
             None => None,
         };
         for i in 0..n_ctx - 1 - first {
