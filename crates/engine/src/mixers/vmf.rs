@@ -392,9 +392,10 @@ pub struct Projected {
 /// different sequences (each on the decode path) rather than n positions of one.
 pub fn project(c: &VmfConfig, w: &VmfWeights, x: &[f32], n: usize, rows: bool) -> Projected {
     let (p, f, nh, nk) = (c.nphase, c.f(), c.n_heads, c.n_k_heads);
+    // The biases are optional (empty when absent).
     let add_bias = |y: &mut [f32], b: &[f32]| {
         if !b.is_empty() {
-            y.chunks_exact_mut(b.len()).for_each(|r| r.iter_mut().zip(b).for_each(|(y, b)| *y += b));
+            crate::blocks::add_bias(y, b);
         }
     };
     let mut thq = w.thq.project(x, n, rows); // [n, n_heads·P]
@@ -554,7 +555,7 @@ impl VmfPhase {
     fn output(&self, o: &[f32], n: usize, rows: bool) -> Vec<f32> {
         let mut y = self.w.out.project(o, n, rows);
         if !self.w.out_b.is_empty() {
-            y.chunks_exact_mut(self.cfg.d_model).for_each(|r| r.iter_mut().zip(&self.w.out_b).for_each(|(y, b)| *y += b));
+            crate::blocks::add_bias(&mut y, &self.w.out_b);
         }
         y
     }
