@@ -30,7 +30,8 @@ pub struct BenchArgs {
     #[arg(short, long, default_value_t = 512)]
     pub batch: usize,
     /// Also measure the machine's memory read bandwidth and report decode as a share of the
-    /// bandwidth roofline (weight bytes per token ÷ bandwidth).
+    /// bandwidth roofline (bandwidth ÷ the bytes a step reads: weights, and at depth the K/V
+    /// rows each attention layer sees in their stored type, recurrent states once).
     #[arg(long)]
     pub roofline: bool,
     /// Context already in the sequence before each test (llama-bench's -d): pp and tg run after
@@ -145,12 +146,20 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
         if a.roofline {
             // Measured here, between the runs it judges: the machine's state is the same.
             let bw = cortiq_kernels::membw::read_bandwidth(cortiq_engine::par::pool(), 1 << 30, 10);
-            let bytes = model.decode_weight_bytes() as f64;
+            // The state a step reads, at the run's middle step: the last run's state less half
+            // its steps (per-position bytes times positions; sliding layers read their window).
+            let st = last_state.as_ref().unwrap_or(&base);
+            let state_end = model.decode_state_bytes(st) as f64;
+            let state_mid = state_end * (a.depth + a.n_gen / 2) as f64 / st.len.max(1) as f64;
+            let weights = model.decode_weight_bytes() as f64;
+            let bytes = weights + state_mid;
             let roof = bw / bytes;
             println!("mem read: {:.1} GB/s ({threads} threads, 1 GiB, best of 10)", bw / 1e9);
             println!(
-                "roofline: {:.1} MB per token -> {roof:.1} tok/s; tg{} reached {:.1}%",
+                "roofline: {:.1} MB per token ({:.1} MB weights + {:.1} MB state) -> {roof:.1} tok/s; tg{} reached {:.1}%",
                 bytes / 1e6,
+                weights / 1e6,
+                state_mid / 1e6,
                 a.n_gen,
                 100.0 * tg / roof
             );

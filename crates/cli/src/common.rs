@@ -12,6 +12,7 @@ use cortiq_engine::mixers::evict::ScoreRule;
 use cortiq_engine::mixers::nystrom::skeleton_bytes;
 use cortiq_engine::mixers::nystrom::{DEFAULT_RIDGE, Far, Guard, O1Settings, StatePrecision};
 use cortiq_engine::o1::O1Plan;
+use cortiq_engine::state::KvType;
 use cortiq_formats::tokenizer::Tokenizer;
 
 use crate::pull;
@@ -37,8 +38,13 @@ pub struct Common {
     /// sampling, pool waits) when the command ends.
     #[arg(long)]
     pub profile: bool,
-    /// Keep the KV cache in f16 (half the memory; llama.cpp's default cache type).
-    #[arg(long)]
+    /// How the KV cache stores keys and values: f32, f16 (half the memory; llama.cpp's
+    /// default cache type) or q8 (8-bit blocks of 32 with a scale: ~28% of f32's bytes). Decode
+    /// reads each type in place. Default: f32 (f16 with --numerics llamacpp).
+    #[arg(long, value_enum)]
+    pub kv_type: Option<KvTypeArg>,
+    /// The same as --kv-type f16.
+    #[arg(long, conflicts_with = "kv_type")]
     pub kv_f16: bool,
     /// With --numerics llamacpp: the thread count of the llama.cpp run to reproduce (its decode
     /// attention past 256 positions depends on it; llama-cli's -t, 4 for the library default).
@@ -65,6 +71,24 @@ pub enum NumericsArg {
     Fast,
     Exact,
     Llamacpp,
+}
+
+/// `--kv-type`: how attention layers store their KV cache.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum KvTypeArg {
+    F32,
+    F16,
+    Q8,
+}
+
+impl KvTypeArg {
+    pub fn kind(self) -> KvType {
+        match self {
+            KvTypeArg::F32 => KvType::F32,
+            KvTypeArg::F16 => KvType::F16,
+            KvTypeArg::Q8 => KvType::Q8,
+        }
+    }
 }
 
 /// `--threads`: sizes the global pool once, before anything uses it (None: all cores).
@@ -99,8 +123,9 @@ pub fn open_model(c: &Common) -> Result<Loaded> {
             }
         }
     }
-    if c.kv_f16 {
-        loaded.model.set_kv_f16(true);
+    let kv = if c.kv_f16 { Some(KvTypeArg::F16) } else { c.kv_type };
+    if let Some(kv) = kv {
+        loaded.model.set_kv_type(kv.kind()).context("--kv-type")?;
     }
     tracing::info!("loaded {} ({}) in {:.2}s", path.display(), loaded.model.cfg.arch, t.elapsed().as_secs_f64());
     Ok(loaded)

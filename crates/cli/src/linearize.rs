@@ -46,7 +46,7 @@ use cortiq_engine::load::{Loaded, Origin, load};
 use cortiq_engine::mixers::attention::Attention;
 use cortiq_engine::mixers::vmf::{VmfConfig, VmfPlan};
 use cortiq_engine::mixers::{Env, Mixer, MixerState, Seq};
-use cortiq_engine::state::{LayerState, StateBytes};
+use cortiq_engine::state::{KvType, LayerState, StateBytes};
 use cortiq_engine::{Logits, Model};
 use cortiq_formats::cmf::{self, CmfHeader, CmfWriter, Metadata, PlannedTensor, SourceInfo, TypedKv};
 use cortiq_formats::gguf::{MetaValue, TensorInfo};
@@ -239,7 +239,7 @@ impl Mixer for Bypass {
     fn matrices_mut(&mut self) -> Vec<&mut cortiq_engine::qtensor::QTensor> {
         Vec::new()
     }
-    fn new_state(&self, _kv_f16: bool) -> LayerState {
+    fn new_state(&self, _kv: KvType) -> LayerState {
         LayerState::new(NoState)
     }
     fn forward(

@@ -3,11 +3,10 @@
 //! matrix form, output projection) and the gated FFN. Architecture files compose these; none of
 //! them matches on a dtype (QTensor does).
 
-use std::borrow::Cow;
 
 use cortiq_kernels::act::{GatedAct, gated_act_fast, softmax_fast};
-use cortiq_kernels::attn::{axpy_rows, dot_rows};
 use cortiq_kernels::dot::gemm_nn;
+use cortiq_kernels::kvattn::{Exp, KvRows, ScoreRule, Split, attend_split, merge, part_len};
 use cortiq_kernels::ops::{RopeStyle, gated_act, rmsnorm, rmsnorm_inplace, rope, softmax_inplace};
 
 use crate::compat::{
@@ -218,6 +217,11 @@ pub fn attention_core(
         let (kc, vc): (Vec<f32>, Vec<f32>) = match kv {
             Cache::KvF16 { k, v } => (k.iter().map(|x| x.to_f32()).collect(), v.iter().map(|x| x.to_f32()).collect()),
             Cache::Kv { k, v } => (k.iter().map(|&x| round_f16(x)).collect(), v.iter().map(|&x| round_f16(x)).collect()),
+            // ggml dots an 8-bit cache with 8-bit queries; here its values, as f32.
+            c @ Cache::KvQ8 { .. } => {
+                let (k, v) = c.f32_from(0, kv_dim);
+                (k.into_owned(), v.into_owned())
+            }
             Cache::O1(_) => unreachable!("a sealed state took its streaming step above"),
         };
         // A single query over >= 512 cache cells: ggml splits the cells over its threads.
@@ -236,23 +240,16 @@ pub fn attention_core(
         });
     } else {
         let scale = cfg.attn_scale;
-        // Positions lo.. are the only ones any query of this chunk sees: an f16 cache is widened
-        // over that span alone (a sliding layer's window, not the whole context).
         let lo = visible(pos0);
-        let (kc, vc) = kv.f32_from(lo, kv_dim);
-        let (kc, vc) = (&kc[..], &vc[..]);
         let at = AttnCtx { hd, nh, group, kv_dim, q_dim, pos0, lo, scale, softcap, window, fast: num == Numerics::Fast };
         if n >= ATTN_GEMM_MIN {
-            attend_blocked(&at, &q, n, kc, vc, &mut o);
-        } else if n == 1 && group > 1 && (nh / group >= pool().n_threads() || pos0 + 1 - lo >= GROUPED_DECODE_MIN) {
-            // Decode with GQA: the query heads sharing a kv head read its keys and values once.
-            pool().for_rows_mut_dynamic(&mut o, group * hd, 1, |kvh, out| {
-                attend_heads(&at, &q[kvh * group * hd..(kvh + 1) * group * hd], pos0, kvh, kc, vc, out)
-            });
+            // Positions lo.. are the only ones any query of this chunk sees: an f16 or 8-bit
+            // cache is widened over that span alone (a sliding layer's window, not the whole
+            // context), once per chunk.
+            let (kc, vc) = kv.f32_from(lo, kv_dim);
+            attend_blocked(&at, &q, n, &kc, &vc, &mut o);
         } else {
-            pool().for_rows_mut_dynamic(&mut o, hd, 1, |idx, out| {
-                attend_heads(&at, &q[idx * hd..(idx + 1) * hd], pos0 + idx / nh, idx % nh / group, kc, vc, out)
-            });
+            decode_attend(&at, &q, &[(pos0, 0)], &[&*kv], &mut o);
         }
     }
     drop(attn_span);
@@ -321,14 +318,6 @@ fn attn_prep(
     gate
 }
 
-/// One sequence's side of `attention_rows`' dispatch: its loop context and its visible keys
-/// and values (from its first row's first visible key).
-struct SeqSpan<'a> {
-    at: AttnCtx,
-    kc: Cow<'a, [f32]>,
-    vc: Cow<'a, [f32]>,
-}
-
 /// One sequence of `attention_rows`: `n` consecutive positions from `pos0` (one for a decode
 /// row; the verify of speculative decoding checks several), its cache and its O(1) hook.
 pub struct DecodeSeq<'a, 'b> {
@@ -343,8 +332,8 @@ pub struct DecodeSeq<'a, 'b> {
 /// [Σ n_i, n_heads, head_dim], the gate of a gated q_proj), each row bit-identical to its own
 /// `attention_core(.., n = 1, ..)` step on that sequence alone, in order: the same
 /// preprocessing and cache append position by position, then every row's heads in one pool
-/// dispatch (a work item per kv group of a row, or per head where the lone step would take
-/// heads one by one) instead of one dispatch per step. A row sees its sequence's keys up to its
+/// dispatch (`decode_attend`: work items per split of the keys and kv group, which give each
+/// head the value it has alone) instead of one dispatch per step. A row sees its sequence's keys up to its
 /// own position only, so the later rows' keys already in the cache change nothing. None, with
 /// nothing touched, where a sequence needs another path (a sealed O(1) state or a planned O(1)
 /// layer, llama.cpp numerics): the caller then runs `attention_core` per step.
@@ -367,13 +356,8 @@ pub fn attention_rows(
     let (hd, nh, nkv) = (cfg.head_dim, cfg.n_heads, cfg.n_kv_heads);
     let (q_dim, kv_dim, qr) = (cfg.q_dim(), cfg.kv_dim(), w.wq.rows);
     let group = nh / nkv;
-    let visible = |p: usize| match window {
-        Some(wn) => (p + 1).saturating_sub(wn),
-        None => 0,
-    };
-    // Per row: its sequence, its position, and the lone step's choice (`attention_core`): per
-    // kv group, or head by head.
-    let mut rows: Vec<(usize, usize, bool)> = Vec::new();
+    // Per row: its position and its sequence.
+    let mut rows: Vec<(usize, usize)> = Vec::new();
     let mut qs = Vec::with_capacity(q.len() / qr * q_dim); // [Σ n_i, n_heads, head_dim]
     let mut gates = Vec::new(); // [Σ n_i, n_heads, head_dim] when gated
     for (i, s) in seqs.iter_mut().enumerate() {
@@ -388,49 +372,26 @@ pub fn attention_rows(
             s.kv.append(&ki, &vi);
             qs.extend_from_slice(&qi);
             gates.extend(g.unwrap_or_default());
-            let grouped = group > 1 && (nh / group >= pool().n_threads() || p + 1 - visible(p) >= GROUPED_DECODE_MIN);
-            rows.push((i, p, grouped));
+            rows.push((p, i));
         }
     }
     let _s = profile::span(Op::Attention);
-    // Each sequence's visible keys (an f16 cache widened over them, as alone) and loop context.
-    let spans: Vec<SeqSpan> = seqs
-        .iter()
-        .map(|s| {
-            let lo = visible(s.pos0);
-            let (kc, vc) = s.kv.f32_from(lo, kv_dim);
-            let at = AttnCtx {
-                hd,
-                nh,
-                group,
-                kv_dim,
-                q_dim,
-                pos0: s.pos0,
-                lo,
-                scale: cfg.attn_scale,
-                softcap: cfg.attn_logit_softcap,
-                window,
-                fast: num == Numerics::Fast,
-            };
-            SeqSpan { at, kc, vc }
-        })
-        .collect();
+    let at = AttnCtx {
+        hd,
+        nh,
+        group,
+        kv_dim,
+        q_dim,
+        pos0: 0,
+        lo: 0,
+        scale: cfg.attn_scale,
+        softcap: cfg.attn_logit_softcap,
+        window,
+        fast: num == Numerics::Fast,
+    };
+    let caches: Vec<&Cache> = seqs.iter().map(|s| &*s.kv).collect();
     let mut o = vec![0f32; rows.len() * q_dim]; // [Σ n_i, n_heads, head_dim]
-    // Work items of one kv group's heads (`group` rows of hd): never across two rows.
-    pool().for_rows_mut_dynamic(&mut o, hd, group, |r0, out| {
-        let (r, h0) = (r0 / nh, r0 % nh);
-        let (i, p, grouped) = rows[r];
-        let SeqSpan { at, kc, vc } = &spans[i];
-        let qi = &qs[r * q_dim..(r + 1) * q_dim];
-        if grouped {
-            attend_heads(at, &qi[h0 * hd..(h0 + group) * hd], p, h0 / group, kc, vc, out);
-        } else {
-            for (t, oh) in out.chunks_mut(hd).enumerate() {
-                let h = h0 + t;
-                attend_heads(at, &qi[h * hd..(h + 1) * hd], p, h / group, kc, vc, oh);
-            }
-        }
-    });
+    decode_attend(&at, &qs, &rows, &caches, &mut o);
     Some((o, (!gates.is_empty()).then_some(gates)))
 }
 
@@ -474,6 +435,10 @@ fn o_matrix_form(
     let (k, v) = match kv {
         Cache::Kv { k, v } => (wide(k), wide(v)),
         Cache::KvF16 { k, v } => (k.iter().map(|x| x.to_f64()).collect(), v.iter().map(|x| x.to_f64()).collect()),
+        c @ Cache::KvQ8 { .. } => {
+            let (k, v) = c.f32_from(0, cfg.kv_dim());
+            (wide(&k), wide(&v))
+        }
         Cache::O1(_) => unreachable!("the check mode never seals"),
     };
     let t_len = q_hist.len() / q_dim;
@@ -561,31 +526,78 @@ impl AttnCtx {
     }
 }
 
-/// From this many visible keys decode attends per kv group (one work item for the heads that
-/// share a kv head) even when there are fewer kv groups than threads: below it the cache is
-/// small and one work item per query head balances the pool better.
-const GROUPED_DECODE_MIN: usize = 512;
+/// Decode attention cuts each query's visible keys at the multiples of this many positions
+/// (flash-decoding): the splits of every (row, kv group) are the pool's work items, so one
+/// sequence's long context uses every core, and the cut depends on positions alone (a head's
+/// value is the same whatever the thread count, the batch or the grouping of its heads).
+const KV_SPLIT: usize = 256;
 
-/// Decode attention of the query heads `q` [h, hd] of kv head `kvh` at position `p` (one head,
-/// or all the heads of its group) over their visible keys: the scores of each head
-/// (`attn::dot_rows`: `dot` per key), scaled and capped, its softmax, and the weighted sum of
-/// the values (`attn::axpy_rows`: `axpy` per key, in key order). With GQA a group's heads read
-/// each key and value row once together (at 8k context the per-head reads dominated decode).
-/// Each head's result is the same, bit for bit, whether it is attended alone or with its
-/// group. kc/vc: [positions lo.., kv_dim]; out: [h, hd]
-fn attend_heads(at: &AttnCtx, q: &[f32], p: usize, kvh: usize, kc: &[f32], vc: &[f32], out: &mut [f32]) {
-    let (hd, kv_dim, lo) = (at.hd, at.kv_dim, at.lo);
-    let first = at.first(p);
-    let nk = p + 1 - first;
-    let at0 = (first - lo) * kv_dim + kvh * hd;
-    let mut scores = vec![0f32; q.len() / hd * nk]; // [h, nk]
-    dot_rows(q, hd, &kc[at0..], kv_dim, nk, &mut scores);
-    scores.iter_mut().for_each(|s| *s = at.score(*s));
-    for sh in scores.chunks_exact_mut(nk) {
-        at.softmax(sh);
+thread_local! {
+    /// `kvattn::attend_split`'s scratch (scores and a converted tile), per pool thread.
+    static SPLIT_SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Decode attention of rows (position p, index into `caches`) with queries qs [rows, nh, hd]
+/// over every key each row sees, reading each cache in its stored type (`kvattn`): per split
+/// of `KV_SPLIT` positions and kv group, the group's heads load each key and value row once
+/// (GQA); the splits of a head merge exactly in position order. o: [rows, nh, hd]
+fn decode_attend(at: &AttnCtx, qs: &[f32], rows: &[(usize, usize)], caches: &[&Cache], o: &mut [f32]) {
+    let (g, nh) = (at.group, at.nh);
+    // A work item takes every head of a split (each row read whole, once) where the splits
+    // alone fill the pool; otherwise a kv group, or half of one (short contexts, one kv head):
+    // the same values, more items.
+    let n_splits: usize = rows.iter().map(|&(p, _)| p / KV_SPLIT + 1 - at.first(p) / KV_SPLIT).sum();
+    let threads = pool().n_threads();
+    let hpi = if n_splits >= 2 * threads {
+        nh
+    } else if n_splits * (nh / g) < 2 * threads && g % 2 == 0 {
+        g / 2
+    } else {
+        g
+    };
+    decode_attend_in(at, qs, rows, caches, hpi, o);
+}
+
+/// `decode_attend` with `hpi` heads per work item: a divisor of the group size, or a multiple
+/// of it that divides the head count.
+fn decode_attend_in(at: &AttnCtx, qs: &[f32], rows: &[(usize, usize)], caches: &[&Cache], hpi: usize, o: &mut [f32]) {
+    let (hd, nh, g) = (at.hd, at.nh, at.group);
+    assert!(
+        hpi > 0 && (g % hpi == 0 || (hpi % g == 0 && nh % hpi == 0)),
+        "decode attention: {hpi} heads per item in groups of {g} of {nh}"
+    );
+    let group = hpi.min(g);
+    let pl = part_len(hd);
+    // (row, first position, end) of every split, row by row.
+    let mut splits = Vec::new();
+    for (r, &(p, _)) in rows.iter().enumerate() {
+        let mut a = at.first(p);
+        while a <= p {
+            let b = ((a / KV_SPLIT + 1) * KV_SPLIT).min(p + 1);
+            splits.push((r, a, b));
+            a = b;
+        }
     }
-    out.fill(0.0);
-    axpy_rows(&scores, nk, &vc[at0..], kv_dim, hd, out);
+    let rule = ScoreRule { scale: at.scale, softcap: at.softcap, exp: if at.fast { Exp::Fast } else { Exp::Libm } };
+    let sources: Vec<(KvRows, KvRows)> = caches.iter().map(|c| c.rows()).collect();
+    let mut parts = vec![0f32; splits.len() * nh * pl]; // [splits, nh, hd + 2]
+    pool().for_rows_mut_dynamic(&mut parts, pl, hpi, |r0, out| {
+        let (si, h0) = (r0 / nh, r0 % nh);
+        let (r, a, b) = splits[si];
+        let (keys, vals) = sources[rows[r].1];
+        let split = Split { keys, vals, stride: at.kv_dim, off: (h0 / g) * hd, row0: a, n: b - a };
+        let q = &qs[r * at.q_dim + h0 * hd..][..out.len() / pl * hd];
+        SPLIT_SCRATCH.with(|sc| attend_split(q, hd, group, &split, &rule, &mut sc.borrow_mut(), out));
+    });
+    let mut s0 = 0;
+    for r in 0..rows.len() {
+        let ns = splits[s0..].iter().take_while(|s| s.0 == r).count();
+        for h in 0..nh {
+            let heads = (s0..s0 + ns).map(|j| &parts[(j * nh + h) * pl..][..pl]);
+            merge(heads, rule.exp, &mut o[r * at.q_dim + h * hd..][..hd]);
+        }
+        s0 += ns;
+    }
 }
 
 /// Attention for a chunk of n >= ATTN_GEMM_MIN queries, by (head, block of ATTN_QB queries):
@@ -787,14 +799,16 @@ mod tests {
             let (kc, vc) = (&k[lo * kv_dim..], &v[lo * kv_dim..]);
             let mut blocked = vec![0f32; n * q_dim];
             attend_blocked(&at, &q, n, kc, vc, &mut blocked);
+            let cache = Cache::Kv { k: k.clone(), v: v.clone() };
             let mut max = (0f32, 0);
-            for idx in 0..n * nh {
-                let mut one = vec![0f32; hd];
-                attend_heads(&at, &q[idx * hd..(idx + 1) * hd], pos0 + idx / nh, idx % nh / at.group, kc, vc, &mut one);
+            for i in 0..n {
+                let mut one = vec![0f32; q_dim];
+                let at1 = AttnCtx { pos0: 0, lo: 0, ..at };
+                decode_attend(&at1, &q[i * q_dim..(i + 1) * q_dim], &[(pos0 + i, 0)], &[&cache], &mut one);
                 // NaN-propagating (cortiq-testkit); a NaN stays (nothing compares greater).
-                let (diff, d) = cortiq_testkit::max_abs_diff(&one, &blocked[idx * hd..(idx + 1) * hd]);
+                let (diff, d) = cortiq_testkit::max_abs_diff(&one, &blocked[i * q_dim..(i + 1) * q_dim]);
                 if (diff > max.0 || diff.is_nan()) && !max.0.is_nan() {
-                    max = (diff, idx * hd + d);
+                    max = (diff, i * q_dim + d);
                 }
             }
             println!("nh {nh} nkv {nkv} hd {hd} n {n} pos0 {pos0} window {window:?}: max diff {:.2e} at {}", max.0, max.1);
@@ -802,41 +816,49 @@ mod tests {
         }
     }
 
-    /// Grouped decode attention equals the per-head loop bit for bit: GQA groups of 1-4, a
-    /// window, a cache that starts mid-sequence, positions off the 16-position blocks.
+    /// Decode attention's value does not depend on how its work is cut: heads one by one or a
+    /// whole kv group per item, a row alone or batched with others (bit for bit); an f16 and an
+    /// 8-bit cache stay close to the f32 one. GQA groups of 1-4, a window, positions off the
+    /// splits.
     #[test]
-    fn grouped_decode_matches_per_head() {
+    fn decode_attention_is_the_same_however_it_is_cut() {
         let mut seed = 0x0DEC_0DE0_1234_5678u64;
         for (nh, nkv, hd, p, window) in [
             (8usize, 2usize, 32usize, 700usize, None),
-            (9, 3, 16, 530, Some(300usize)),
-            (4, 4, 8, 600, None),
-            (6, 1, 24, 513, None),
+            (9, 3, 64, 530, Some(300usize)),
+            (4, 4, 32, 600, None),
+            (6, 1, 64, 513, None),
+            (4, 1, 64, 40, None),
         ] {
             let (q_dim, kv_dim) = (nh * hd, nkv * hd);
-            let first = window.map_or(0, |w: usize| (p + 1).saturating_sub(w));
-            let lo = first;
-            let q = rnd(q_dim, &mut seed);
+            let q = rnd(2 * q_dim, &mut seed);
             let k = rnd((p + 1) * kv_dim, &mut seed);
             let v = rnd((p + 1) * kv_dim, &mut seed);
-            let (kc, vc) = (&k[lo * kv_dim..], &v[lo * kv_dim..]);
             let group = nh / nkv;
-            let at = AttnCtx { hd, nh, group, kv_dim, q_dim, pos0: p, lo, scale: 0.2, softcap: None, window, fast: true };
-            let mut max = 0f32;
-            for kvh in 0..nkv {
-                let mut grouped = vec![0f32; group * hd];
-                attend_heads(&at, &q[kvh * group * hd..(kvh + 1) * group * hd], p, kvh, kc, vc, &mut grouped);
-                for g in 0..group {
-                    let head = kvh * group + g;
-                    let mut one = vec![0f32; hd];
-                    attend_heads(&at, &q[head * hd..(head + 1) * hd], p, kvh, kc, vc, &mut one);
-                    let same = one.iter().zip(&grouped[g * hd..(g + 1) * hd]).all(|(a, b)| a.to_bits() == b.to_bits());
-                    assert!(same, "nh {nh} nkv {nkv} hd {hd} p {p}: head {head} grouped differs from alone");
-                    let d = cortiq_testkit::max_abs_diff(&one, &grouped[g * hd..(g + 1) * hd]).0;
-                    max = cortiq_testkit::nan_max(max as f64, d as f64) as f32;
-                }
+            let at = AttnCtx { hd, nh, group, kv_dim, q_dim, pos0: 0, lo: 0, scale: 0.2, softcap: None, window, fast: true };
+            let cache = Cache::Kv { k: k.clone(), v: v.clone() };
+            let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+            let run = |rows: &[(usize, usize)], qs: &[f32], hpi: usize| {
+                let mut o = vec![0f32; rows.len() * q_dim];
+                decode_attend_in(&at, qs, rows, &[&cache], hpi, &mut o);
+                o
+            };
+            let whole = run(&[(p, 0)], &q[..q_dim], group);
+            let one = run(&[(p, 0)], &q[..q_dim], 1);
+            let all = run(&[(p, 0)], &q[..q_dim], nh);
+            assert!(same(&whole, &all), "nh {nh} nkv {nkv} hd {hd} p {p}: all heads per item differ from per group");
+            let batch = run(&[(p - 1, 0), (p, 0)], &[&q[q_dim..], &q[..q_dim]].concat(), group);
+            assert!(same(&whole, &one), "nh {nh} nkv {nkv} hd {hd} p {p}: per head differs from per group");
+            assert!(same(&whole, &batch[q_dim..]), "nh {nh} nkv {nkv} hd {hd} p {p}: batched differs from alone");
+            for kind in [crate::state::KvType::F16, crate::state::KvType::Q8] {
+                let mut st = crate::mixers::attention::KvState::new(kv_dim, kind);
+                st.cache.append(&k, &v);
+                let mut o = vec![0f32; q_dim];
+                decode_attend_in(&at, &q[..q_dim], &[(p, 0)], &[&st.cache], group, &mut o);
+                let (d, _) = cortiq_testkit::max_abs_diff(&o, &whole);
+                let tol = if kind == crate::state::KvType::F16 { 2e-3 } else { 2e-2 };
+                assert!(d <= tol, "{kind:?} cache: {d} from f32");
             }
-            assert!(max == 0.0, "grouped decode differs by {max}");
         }
     }
 }

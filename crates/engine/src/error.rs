@@ -18,6 +18,9 @@ pub enum EngineError {
     ContextOverflow { what: String, n_tokens: usize, n_ctx: usize },
     #[error("token id {id} is outside the vocabulary of {vocab}")]
     BadToken { id: u32, vocab: usize },
+    /// A setting this model cannot take (named in the message).
+    #[error("{0}")]
+    Unsupported(String),
     #[error("a batch entry has no tokens")]
     EmptyEntry,
     /// One entry of a batched call failed (nothing in the batch has moved).

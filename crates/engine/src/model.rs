@@ -15,7 +15,7 @@ use crate::o1::{AttnO1, Geom, O1Plan, O1Run, O1Stats, Serve};
 use crate::par::pool;
 use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
-use crate::state::{Checkpoint, LayerState, SeqState};
+use crate::state::{Checkpoint, KvType, LayerState, SeqState};
 use crate::weights::TensorSource;
 
 /// A layer's feed-forward block: one gated FFN, or a mixture of experts.
@@ -85,8 +85,8 @@ pub struct Model {
     pub output: QTensor,
     /// Whose arithmetic the forward pass follows (`set_numerics`).
     pub numerics: Numerics,
-    /// New states keep K/V as f16 (`set_kv_f16`).
-    pub kv_f16: bool,
+    /// How new states store K/V (`set_kv_type`).
+    pub kv_type: KvType,
     /// Whether `output` shares the embedding's bytes (llama.cpp then never repacks it).
     tied: bool,
     /// llama.cpp's thread count, which its decode attention past 256 positions depends on.
@@ -163,7 +163,7 @@ impl Model {
             output_norm,
             output,
             numerics: Numerics::Exact,
-            kv_f16: false,
+            kv_type: KvType::F32,
             tied,
             llamacpp_threads: 4,
             o1_far: Vec::new(),
@@ -179,10 +179,10 @@ impl Model {
     /// kernel orders, f16 KV cache, its flash attention, norms, RoPE and activations), to follow
     /// its greedy text; prefill in chunks of its micro-batch (512) for its prompt orders.
     /// `Numerics::Exact` (the library default): transformers' f32 numerics. Also sets the KV
-    /// format of new states (f16 for LlamaCpp; otherwise f32 unless `set_kv_f16` follows).
+    /// format of new states (f16 for LlamaCpp; otherwise f32 unless `set_kv_type` follows).
     pub fn set_numerics(&mut self, num: Numerics) {
         self.numerics = num;
-        self.kv_f16 = num == Numerics::LlamaCpp;
+        self.kv_type = if num == Numerics::LlamaCpp { KvType::F16 } else { KvType::F32 };
         let tied = self.tied;
         // Fast decode reads the multiplied matrices in the interleaved layout (the embedding
         // is only read by row and keeps its bytes; a tied output gets its own interleaved copy).
@@ -210,6 +210,25 @@ impl Model {
         layers + self.output.n_bytes() + self.tok_embd.n_bytes() / self.tok_embd.rows.max(1)
     }
 
+    /// Bytes one decode step reads from sequence state `st`: each attention layer's visible
+    /// K/V rows in their stored type (a sliding layer's window, not its whole cache), every
+    /// recurrent or sealed state once. With `decode_weight_bytes`, the roofline's numerator at
+    /// depth.
+    pub fn decode_state_bytes(&self, st: &SeqState) -> usize {
+        st.layers
+            .iter()
+            .zip(&self.cfg.layers)
+            .map(|(ls, spec)| {
+                let b = ls.bytes();
+                let kv = match spec.sliding_window {
+                    Some(w) if st.len > w => b.kv / st.len * w,
+                    _ => b.kv,
+                };
+                kv + b.recurrent + b.o1
+            })
+            .sum()
+    }
+
     /// The thread count of the llama.cpp run to reproduce (default 4, llama.cpp's library
     /// default; llama-cli uses the physical cores or -t): with `Numerics::LlamaCpp`, decode past
     /// 256 positions splits the cache over that many chunks as ggml does. The state's n_ctx
@@ -228,12 +247,26 @@ impl Model {
 
     /// Keep K/V of new states as f16 (half the memory; values rounded to nearest) or f32.
     pub fn set_kv_f16(&mut self, on: bool) {
-        self.kv_f16 = on;
+        self.kv_type = if on { KvType::F16 } else { KvType::F32 };
+    }
+
+    /// How new states store K/V. 8-bit rows are blocks of 32 values: refused for a head size
+    /// that is not a multiple of 32.
+    pub fn set_kv_type(&mut self, kind: KvType) -> Result<()> {
+        if kind == KvType::Q8 && self.cfg.head_dim % cortiq_kernels::kvattn::Q8_BLOCK != 0 {
+            return Err(EngineError::Unsupported(format!(
+                "an 8-bit KV cache needs a head size in blocks of {}; this model's is {}",
+                cortiq_kernels::kvattn::Q8_BLOCK,
+                self.cfg.head_dim
+            )));
+        }
+        self.kv_type = kind;
+        Ok(())
     }
 
     /// A fresh sequence state holding up to `n_ctx` positions.
     pub fn new_state(&self, n_ctx: usize) -> SeqState {
-        let layers = self.layers.iter().map(|l| l.mixer.new_state(self.kv_f16)).collect();
+        let layers = self.layers.iter().map(|l| l.mixer.new_state(self.kv_type)).collect();
         let mut st = SeqState::from_layers(layers, n_ctx);
         st.grid = self.cut_grid();
         st
@@ -755,7 +788,7 @@ impl Model {
 
     /// A fresh state for MTP block `block`'s attention layer.
     pub fn new_mtp_state(&self, block: usize) -> LayerState {
-        self.mtp[block].layer.mixer.new_state(self.kv_f16)
+        self.mtp[block].layer.mixer.new_state(self.kv_type)
     }
 
     /// MTP block `block` over `n` positions from `pos0` (Qwen3-Next / Qwen3.5, as llama.cpp's

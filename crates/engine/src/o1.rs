@@ -322,9 +322,9 @@ impl O1Run {
         let widened;
         let (k, v) = match &kv.cache {
             Cache::Kv { k, v } => (&k[..], &v[..]),
-            Cache::KvF16 { k, v } => {
-                widened =
-                    (k.iter().map(|x| x.to_f32()).collect::<Vec<f32>>(), v.iter().map(|x| x.to_f32()).collect::<Vec<f32>>());
+            c @ (Cache::KvF16 { .. } | Cache::KvQ8 { .. }) => {
+                let (k, v) = c.f32_from(0, 1);
+                widened = (k.into_owned(), v.into_owned());
                 (&widened.0[..], &widened.1[..])
             }
             Cache::O1(_) => return Ok(()),

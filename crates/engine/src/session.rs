@@ -62,7 +62,7 @@ pub struct Session {
 pub fn model_identity(model: &Model) -> u64 {
     let mut h = Fnv::new();
     h.add(format!("{:?}", model.cfg).as_bytes());
-    h.add(&[model.numerics as u8, model.kv_f16 as u8]);
+    h.add(&[model.numerics as u8, model.kv_type as u8]);
     h.add(&model.tok_embd.sample());
     h.add(&model.output.sample());
     for l in &model.layers {

@@ -1,5 +1,5 @@
 //! Per-sequence state (STYLE principle 9): one `LayerState` per layer, each its mixer's own
-//! state type behind `mixers::MixerState` (KV caches f32 or f16, recurrent states, sealed O(1)
+//! state type behind `mixers::MixerState` (KV caches f32, f16 or 8-bit, recurrent states, sealed O(1)
 //! attention), and the sequence-level operations built from those per-layer ones: checkpoint,
 //! rollback, truncate, clear, reserve, bytes. A sequence with an O(1) plan (`o1`) turns its
 //! global attention caches into sealed states at the end of the prompt. Callers use `len`,
@@ -8,6 +8,27 @@
 use crate::mixers::MixerState;
 use crate::mixers::attention::KvState;
 use crate::o1::{O1Run, O1Stats};
+
+/// How attention layers store their KV cache (`--kv-type`): f32, f16 (llama.cpp's default
+/// cache type; values rounded to nearest-even) or 8-bit blocks with an f32 scale
+/// (`kvattn::quantize_q8`). Decode reads every type in place (`kvattn`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvType {
+    #[default]
+    F32,
+    F16,
+    Q8,
+}
+
+impl KvType {
+    pub fn name(self) -> &'static str {
+        match self {
+            KvType::F32 => "f32",
+            KvType::F16 => "f16",
+            KvType::Q8 => "q8",
+        }
+    }
+}
 
 /// One layer's state: its mixer's own type (`Mixer::new_state`), reached by the mixer through
 /// `get_mut` and by everything else through `MixerState`.
@@ -169,12 +190,12 @@ impl Checkpoint {
 impl SeqState {
     /// A state with f32 KV caches.
     pub fn new(n_layers: usize, kv_dim: usize, n_ctx: usize) -> SeqState {
-        SeqState::with_kv(n_layers, kv_dim, n_ctx, false)
+        SeqState::with_kv(n_layers, kv_dim, n_ctx, KvType::F32)
     }
 
-    /// A state whose KV caches hold f16 (`kv_f16`) or f32 values.
-    pub fn with_kv(n_layers: usize, kv_dim: usize, n_ctx: usize, kv_f16: bool) -> SeqState {
-        let layers = (0..n_layers).map(|_| LayerState::new(KvState::new(kv_dim, kv_f16))).collect();
+    /// A state whose KV caches hold `kind` values.
+    pub fn with_kv(n_layers: usize, kv_dim: usize, n_ctx: usize, kind: KvType) -> SeqState {
+        let layers = (0..n_layers).map(|_| LayerState::new(KvState::new(kv_dim, kind))).collect();
         SeqState::from_layers(layers, n_ctx)
     }
 
@@ -364,7 +385,7 @@ mod tests {
                     k.resize(n * kv_dim, f16::ONE);
                     v.resize(n * kv_dim, f16::ONE);
                 }
-                Cache::O1(_) => unreachable!("dense states only"),
+                Cache::KvQ8 { .. } | Cache::O1(_) => unreachable!("f32 and f16 dense states only"),
             }
         }
         st.len = n;
@@ -373,8 +394,8 @@ mod tests {
     #[test]
     fn f16_cache_holds_half_the_bytes_and_rolls_back() {
         let (layers, kv_dim, n) = (3, 8, 10);
-        let mut a = SeqState::with_kv(layers, kv_dim, 64, false);
-        let mut b = SeqState::with_kv(layers, kv_dim, 64, true);
+        let mut a = SeqState::with_kv(layers, kv_dim, 64, KvType::F32);
+        let mut b = SeqState::with_kv(layers, kv_dim, 64, KvType::F16);
         fill(&mut a, kv_dim, n);
         fill(&mut b, kv_dim, n);
         assert_eq!(a.bytes(), layers * 2 * n * kv_dim * 4);
@@ -415,7 +436,7 @@ mod tests {
         };
         let kv_dim = 6;
         let layers = vec![
-            LayerState::new(KvState::new(kv_dim, false)),
+            LayerState::new(KvState::new(kv_dim, KvType::F32)),
             LayerState::new(GdnState::new(&cfg)),
             LayerState::new(ShortConvState::new(8, 3)),
         ];

@@ -1,5 +1,5 @@
 //! The per-mixer state operations (STYLE principle 9) through the sequence API, for every mixer
-//! the fixtures hold (attention exact and sliding, f32 and f16 caches, GatedDeltaNet, KDA, MLA,
+//! the fixtures hold (attention exact and sliding, f32, f16 and 8-bit caches, GatedDeltaNet, KDA, MLA,
 //! short convolution): `clear` returns to a fresh state (the same prompt gives the same logits
 //! bit for bit), `checkpoint`/`rollback` over several positions restores it exactly, `reserve`
 //! and `clone` change nothing, `bytes_by_kind` puts each mixer's bytes under its kind, and
@@ -10,6 +10,7 @@ mod common;
 use common::{fixture, ids};
 use cortiq_engine::config::MixerKind;
 use cortiq_engine::load::load;
+use cortiq_engine::state::KvType;
 use cortiq_engine::{Logits, Model};
 
 /// Position of the first bitwise difference, if any.
@@ -18,13 +19,18 @@ fn first_diff(a: &[f32], b: &[f32]) -> Option<(usize, f32, f32)> {
     a.iter().zip(b).enumerate().find(|(_, (x, y))| x.to_bits() != y.to_bits()).map(|(i, (x, y))| (i, *x, *y))
 }
 
-fn check(name: &str, kv_f16: bool) {
+fn check(name: &str, kv: KvType) {
     let mut model: Model = load(&fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}")).model;
-    model.set_kv_f16(kv_f16);
+    if let Err(e) = model.set_kv_type(kv) {
+        // 8-bit rows are blocks of 32: a smaller head is refused, by name.
+        assert!(kv == KvType::Q8 && model.cfg.head_dim % 32 != 0, "{name}: {kv:?} refused: {e}");
+        assert!(e.to_string().contains("head size"), "{name}: {e}");
+        return;
+    }
     let toks = ids(&fixture(name).join("tokens.json"));
     let p = toks.len().min(24) - 4;
     let (prompt, more) = (&toks[..p], &toks[p..p + 4]);
-    let tag = format!("{name} (f16 KV: {kv_f16})");
+    let tag = format!("{name} ({} KV)", kv.name());
 
     // Reference: a fresh state over prompt + more, logits of every `more` position.
     let mut fresh = model.new_state(64);
@@ -74,8 +80,8 @@ fn check(name: &str, kv_f16: bool) {
 fn state_ops_every_fixture() {
     for name in ["llama", "qwen2", "qwen3", "gemma3", "qwen3_5", "qwen3_5_moe", "qwen3_next", "lfm2", "kimi_linear", "llama_vmf"]
     {
-        for kv_f16 in [false, true] {
-            check(name, kv_f16);
+        for kv in [KvType::F32, KvType::F16, KvType::Q8] {
+            check(name, kv);
         }
     }
 }

@@ -125,14 +125,14 @@ pub fn softmax_fast(x: &mut [f32]) {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
+pub(crate) mod avx512 {
     use super::{GELU_A, GatedAct, SQRT_2_OVER_PI, gated_act_fast_scalar};
     use std::arch::x86_64::*;
 
     /// ggml_v_expf: e^x for 16 lanes.
     #[inline]
     #[target_feature(enable = "avx512f,fma")]
-    fn expf16(x: __m512) -> __m512 {
+    pub(crate) fn expf16(x: __m512) -> __m512 {
         let r = _mm512_set1_ps(f32::from_bits(0x4b40_0000));
         let z = _mm512_fmadd_ps(x, _mm512_set1_ps(f32::from_bits(0x3fb8_aa3b)), r);
         let n = _mm512_sub_ps(z, r);

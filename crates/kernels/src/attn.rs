@@ -101,14 +101,14 @@ pub fn axpy_rows_scalar(p: &[f32], n: usize, vals: &[f32], stride: usize, hd: us
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
+pub(crate) mod avx512 {
     use crate::dot::avx512::{hsum, parts};
     use std::arch::x86_64::*;
 
     /// The 16 horizontal sums of `v[0..16]` in `hsum`'s tree, lane t = hsum(v[t]).
     #[inline]
     #[target_feature(enable = "avx512f,fma")]
-    fn hsum16(v: [__m512; 16]) -> __m512 {
+    pub(crate) fn hsum16(v: [__m512; 16]) -> __m512 {
         // (i, i + 8): pair keys 2p and 2p + 1 in one register, lanes 0..8 and 8..16.
         let s: [__m512; 8] = std::array::from_fn(|p| {
             let (a, b) = (v[2 * p], v[2 * p + 1]);

@@ -11,6 +11,7 @@ pub mod conv;
 pub mod delta;
 pub mod dot;
 pub mod ggml;
+pub mod kvattn;
 pub mod mem;
 pub mod membw;
 pub mod ops;

@@ -1,5 +1,5 @@
 //! Softmax attention as a mixer, in all its variants: exact or sliding-window, gated or not,
-//! an f32 or f16 KV cache, and the sealed O(1) state an `o1` plan turns a cache into at the end
+//! an f32, f16 or 8-bit KV cache, and the sealed O(1) state an `o1` plan turns a cache into at the end
 //! of the prompt (`mixers::nystrom`'s operator). Owns the layer's weights and their loading
 //! (`Attention`), its per-sequence state (`KvState`) and that state's operations (truncate,
 //! reserve, clear, bytes), its forward and the serving batch's (projections over all rows
@@ -8,6 +8,7 @@
 
 use std::borrow::Cow;
 
+use cortiq_kernels::kvattn::{KvRows, Q8_BLOCK, dequantize_q8, quantize_q8};
 use half::f16;
 
 use crate::blocks::{AttentionWeights, DecodeSeq, attention, attention_core, attention_rows, attn_output, attn_project};
@@ -17,7 +18,7 @@ use crate::mixers::nystrom::O1Layer;
 use crate::mixers::{Env, Journal, Mixer, MixerState, Seq, segments_apart};
 use crate::o1::Serve;
 use crate::qtensor::QTensor;
-use crate::state::{LayerState, StateBytes};
+use crate::state::{KvType, LayerState, StateBytes};
 use crate::weights::TensorSource;
 
 /// An attention layer: its weights, which of the model's RoPE tables it rotates by, its
@@ -70,8 +71,8 @@ impl Mixer for Attention {
         vec![&mut self.w.wq, &mut self.w.wk, &mut self.w.wv, &mut self.w.wo]
     }
 
-    fn new_state(&self, kv_f16: bool) -> LayerState {
-        LayerState::new(KvState::new(self.kv_dim, kv_f16))
+    fn new_state(&self, kv: KvType) -> LayerState {
+        LayerState::new(KvState::new(self.kv_dim, kv))
     }
 
     fn o1_serve(&self) -> Serve {
@@ -252,6 +253,9 @@ pub enum Cache {
     /// The same, stored as f16 (llama.cpp's default cache type): half the bytes. Values are
     /// rounded to nearest-even on append, as ggml's f32 -> f16 copy does.
     KvF16 { k: Vec<f16>, v: Vec<f16> },
+    /// The same in 8 bits: blocks of `kvattn::Q8_BLOCK` values with one f32 scale each
+    /// (`kvattn::quantize_q8`; kd, vd [len, kv_dim / Q8_BLOCK]), ~28% of f32's bytes.
+    KvQ8 { k: Vec<i8>, kd: Vec<f32>, v: Vec<i8>, vd: Vec<f32> },
     /// Sealed at the end of the prompt by an O(1) plan: sinks, a window ring and the Nyström
     /// skeleton's accumulators, constant size.
     O1(Box<O1Layer>),
@@ -262,6 +266,7 @@ impl Clone for Cache {
         match self {
             Cache::Kv { k, v } => Cache::Kv { k: k.clone(), v: v.clone() },
             Cache::KvF16 { k, v } => Cache::KvF16 { k: k.clone(), v: v.clone() },
+            Cache::KvQ8 { k, kd, v, vd } => Cache::KvQ8 { k: k.clone(), kd: kd.clone(), v: v.clone(), vd: vd.clone() },
             Cache::O1(o) => Cache::O1(o.clone()),
         }
     }
@@ -278,13 +283,20 @@ impl Clone for Cache {
                 k.clone_from(sk);
                 v.clone_from(sv);
             }
+            (Cache::KvQ8 { k, kd, v, vd }, Cache::KvQ8 { k: sk, kd: skd, v: sv, vd: svd }) => {
+                k.clone_from(sk);
+                kd.clone_from(skd);
+                v.clone_from(sv);
+                vd.clone_from(svd);
+            }
             (dst, src) => *dst = src.clone(),
         }
     }
 }
 
 impl Cache {
-    /// Append positions' keys and values k, v [n, kv_dim] (rounded to f16 for an f16 cache).
+    /// Append positions' keys and values k, v [n, kv_dim] (rounded to f16 for an f16 cache,
+    /// quantized for an 8-bit one).
     /// A sealed state takes its streaming step instead; calling this on one is a bug.
     pub(crate) fn append(&mut self, k: &[f32], v: &[f32]) {
         match self {
@@ -295,6 +307,10 @@ impl Cache {
             Cache::KvF16 { k: kc, v: vc } => {
                 kc.extend(k.iter().map(|&x| f16::from_f32(x)));
                 vc.extend(v.iter().map(|&x| f16::from_f32(x)));
+            }
+            Cache::KvQ8 { k: kc, kd, v: vc, vd } => {
+                quantize_q8(k, kc, kd);
+                quantize_q8(v, vc, vd);
             }
             Cache::O1(_) => unreachable!("a sealed state takes its streaming step, not an append"),
         }
@@ -309,6 +325,20 @@ impl Cache {
                 Cow::Owned(k[lo * kv_dim..].iter().map(|x| x.to_f32()).collect()),
                 Cow::Owned(v[lo * kv_dim..].iter().map(|x| x.to_f32()).collect()),
             ),
+            Cache::KvQ8 { k, kd, v, vd } => {
+                let (at, ad) = (lo * kv_dim, lo * kv_dim / Q8_BLOCK);
+                (Cow::Owned(dequantize_q8(&k[at..], &kd[ad..])), Cow::Owned(dequantize_q8(&v[at..], &vd[ad..])))
+            }
+            Cache::O1(_) => unreachable!("a sealed state has no cache rows to attend"),
+        }
+    }
+
+    /// The keys and values in their stored type, for the decode kernel (`kvattn`).
+    pub(crate) fn rows(&self) -> (KvRows<'_>, KvRows<'_>) {
+        match self {
+            Cache::Kv { k, v } => (KvRows::F32(k), KvRows::F32(v)),
+            Cache::KvF16 { k, v } => (KvRows::F16(k), KvRows::F16(v)),
+            Cache::KvQ8 { k, kd, v, vd } => (KvRows::Q8 { q: k, d: kd }, KvRows::Q8 { q: v, d: vd }),
             Cache::O1(_) => unreachable!("a sealed state has no cache rows to attend"),
         }
     }
@@ -320,30 +350,36 @@ pub struct KvState {
     pub cache: Cache,
     /// Values per position in `k` and in `v` (n_kv_heads · head_dim).
     row: usize,
-    f16: bool,
+    kind: KvType,
     /// Sealed as a sliding layer's window (counts as KV in `bytes`, not as O(1) state).
     sliding: bool,
 }
 
 impl Clone for KvState {
     fn clone(&self) -> KvState {
-        KvState { cache: self.cache.clone(), row: self.row, f16: self.f16, sliding: self.sliding }
+        KvState { cache: self.cache.clone(), row: self.row, kind: self.kind, sliding: self.sliding }
     }
 
     fn clone_from(&mut self, src: &KvState) {
         self.cache.clone_from(&src.cache);
-        (self.row, self.f16, self.sliding) = (src.row, src.f16, src.sliding);
+        (self.row, self.kind, self.sliding) = (src.row, src.kind, src.sliding);
     }
 }
 
 impl KvState {
-    /// An empty cache of `row` values per position, f16 or f32.
-    pub fn new(row: usize, f16: bool) -> KvState {
-        KvState { cache: KvState::empty(f16), row, f16, sliding: false }
+    /// An empty cache of `row` values per position in the stored type `kind` (8-bit rows need
+    /// `row` in whole blocks: `Model::set_kv_type` checks the head size).
+    pub fn new(row: usize, kind: KvType) -> KvState {
+        assert!(kind != KvType::Q8 || row % Q8_BLOCK == 0, "an 8-bit cache of {row}-value rows");
+        KvState { cache: KvState::empty(kind), row, kind, sliding: false }
     }
 
-    fn empty(f16: bool) -> Cache {
-        if f16 { Cache::KvF16 { k: Vec::new(), v: Vec::new() } } else { Cache::Kv { k: Vec::new(), v: Vec::new() } }
+    fn empty(kind: KvType) -> Cache {
+        match kind {
+            KvType::F32 => Cache::Kv { k: Vec::new(), v: Vec::new() },
+            KvType::F16 => Cache::KvF16 { k: Vec::new(), v: Vec::new() },
+            KvType::Q8 => Cache::KvQ8 { k: Vec::new(), kd: Vec::new(), v: Vec::new(), vd: Vec::new() },
+        }
     }
 
     /// Replace the cache by its sealed O(1) state (`o1::O1Run::seal`); `sliding`: a sliding
@@ -370,6 +406,12 @@ impl MixerState for KvState {
                 k.truncate(n);
                 v.truncate(n);
             }
+            Cache::KvQ8 { k, kd, v, vd } => {
+                k.truncate(n);
+                v.truncate(n);
+                kd.truncate(n / Q8_BLOCK);
+                vd.truncate(n / Q8_BLOCK);
+            }
             Cache::O1(_) => unreachable!("a sealed O(1) state is recurrent: a checkpoint snapshots it"),
         }
     }
@@ -385,6 +427,12 @@ impl MixerState for KvState {
                 k.reserve(n);
                 v.reserve(n);
             }
+            Cache::KvQ8 { k, kd, v, vd } => {
+                k.reserve(n);
+                v.reserve(n);
+                kd.reserve(n / Q8_BLOCK);
+                vd.reserve(n / Q8_BLOCK);
+            }
             Cache::O1(_) => {}
         }
     }
@@ -394,16 +442,22 @@ impl MixerState for KvState {
     /// reuses them for its next request rather than growing new ones (the allocator keeps
     /// freed KV buffers as holes it cannot always fill, which RSS counts).
     fn clear(&mut self) {
-        match &mut self.cache {
-            Cache::Kv { k, v } if !self.f16 => {
+        match (&mut self.cache, self.kind) {
+            (Cache::Kv { k, v }, KvType::F32) => {
                 k.clear();
                 v.clear();
             }
-            Cache::KvF16 { k, v } if self.f16 => {
+            (Cache::KvF16 { k, v }, KvType::F16) => {
                 k.clear();
                 v.clear();
             }
-            c => *c = KvState::empty(self.f16),
+            (Cache::KvQ8 { k, kd, v, vd }, KvType::Q8) => {
+                k.clear();
+                kd.clear();
+                v.clear();
+                vd.clear();
+            }
+            (c, kind) => *c = KvState::empty(kind),
         }
         self.sliding = false;
     }
@@ -419,6 +473,12 @@ impl MixerState for KvState {
                 put_f16s(out, k);
                 put_f16s(out, v);
             }
+            Cache::KvQ8 { k, kd, v, vd } => {
+                for (q, d) in [(k, kd), (v, vd)] {
+                    out.extend(q.iter().map(|&x| x as u8));
+                    put_f32s(out, d);
+                }
+            }
             Cache::O1(_) => return Err("a sealed constant-memory (O(1)) layer is not saved".into()),
         }
         Ok(())
@@ -427,10 +487,21 @@ impl MixerState for KvState {
     fn load(&mut self, r: &mut &[u8], len: usize) -> std::result::Result<(), String> {
         use crate::session::{get_f16s, get_f32s};
         let n = len * self.row;
-        self.cache = if self.f16 {
-            Cache::KvF16 { k: get_f16s(r, n, "f16 keys")?, v: get_f16s(r, n, "f16 values")? }
-        } else {
-            Cache::Kv { k: get_f32s(r, n, "keys")?, v: get_f32s(r, n, "values")? }
+        let mut q8 = |what: &str| -> std::result::Result<(Vec<i8>, Vec<f32>), String> {
+            if r.len() < n {
+                return Err(format!("8-bit {what}: {} bytes where {n} are needed", r.len()));
+            }
+            let (q, rest) = r.split_at(n);
+            *r = rest;
+            Ok((q.iter().map(|&b| b as i8).collect(), get_f32s(r, n / Q8_BLOCK, what)?))
+        };
+        self.cache = match self.kind {
+            KvType::F16 => Cache::KvF16 { k: get_f16s(r, n, "f16 keys")?, v: get_f16s(r, n, "f16 values")? },
+            KvType::F32 => Cache::Kv { k: get_f32s(r, n, "keys")?, v: get_f32s(r, n, "values")? },
+            KvType::Q8 => {
+                let ((k, kd), (v, vd)) = (q8("keys")?, q8("values")?);
+                Cache::KvQ8 { k, kd, v, vd }
+            }
         };
         self.sliding = false;
         Ok(())
@@ -440,6 +511,7 @@ impl MixerState for KvState {
         match &self.cache {
             Cache::Kv { k, v } => StateBytes { kv: (k.len() + v.len()) * 4, ..StateBytes::default() },
             Cache::KvF16 { k, v } => StateBytes { kv: (k.len() + v.len()) * 2, ..StateBytes::default() },
+            Cache::KvQ8 { k, kd, v, vd } => StateBytes { kv: k.len() + v.len() + (kd.len() + vd.len()) * 4, ..StateBytes::default() },
             Cache::O1(o) if self.sliding => StateBytes { kv: o.bytes(), ..StateBytes::default() },
             Cache::O1(o) => StateBytes { o1: o.bytes(), ..StateBytes::default() },
         }

@@ -19,7 +19,7 @@ use crate::mixers::{Env, Journal, Mixer, MixerState, Seq};
 use crate::par::pool;
 use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
-use crate::state::{LayerState, StateBytes};
+use crate::state::{KvType, LayerState, StateBytes};
 use crate::weights::TensorSource;
 
 /// How the per-head output norm is gated.
@@ -185,7 +185,7 @@ impl Mixer for GatedDeltaNet {
         let w = &mut self.w;
         vec![&mut w.in_proj_qkv, &mut w.in_proj_z, &mut w.in_proj_b, &mut w.in_proj_a, &mut w.out_proj]
     }
-    fn new_state(&self, _kv_f16: bool) -> LayerState {
+    fn new_state(&self, _kv: KvType) -> LayerState {
         LayerState::new(GdnState::new(&self.cfg))
     }
     fn forward(&self, _env: &Env, h: &[f32], n: usize, seq: Seq<'_>, _trace: &mut dyn FnMut(&str, &[f32])) -> Result<Vec<f32>> {

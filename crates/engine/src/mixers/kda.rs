@@ -14,7 +14,7 @@ use crate::mixers::{Env, Journal, Mixer, MixerState, Seq};
 use crate::par::pool;
 use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
-use crate::state::{LayerState, StateBytes};
+use crate::state::{KvType, LayerState, StateBytes};
 use crate::weights::TensorSource;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -140,7 +140,7 @@ impl Mixer for Kda {
         let k = &mut self.w;
         vec![&mut k.qkv, &mut k.f_a, &mut k.f_b, &mut k.b_proj, &mut k.g_a, &mut k.g_b, &mut k.o_proj]
     }
-    fn new_state(&self, _kv_f16: bool) -> LayerState {
+    fn new_state(&self, _kv: KvType) -> LayerState {
         LayerState::new(KdaState::new(&self.cfg))
     }
     fn forward(&self, _env: &Env, h: &[f32], n: usize, seq: Seq<'_>, _trace: &mut dyn FnMut(&str, &[f32])) -> Result<Vec<f32>> {

@@ -7,7 +7,7 @@
 use crate::error::Result;
 use crate::mixers::{Env, Journal, Mixer, MixerState, Seq};
 use crate::qtensor::QTensor;
-use crate::state::{LayerState, StateBytes};
+use crate::state::{KvType, LayerState, StateBytes};
 use crate::weights::TensorSource;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -131,7 +131,7 @@ impl Mixer for Mla {
     fn matrices_mut(&mut self) -> Vec<&mut QTensor> {
         vec![&mut self.w.q, &mut self.w.kv_a, &mut self.w.kv_b, &mut self.w.o]
     }
-    fn new_state(&self, _kv_f16: bool) -> LayerState {
+    fn new_state(&self, _kv: KvType) -> LayerState {
         LayerState::new(MlaState::new(&self.cfg))
     }
     fn forward(&self, _env: &Env, h: &[f32], n: usize, seq: Seq<'_>, _trace: &mut dyn FnMut(&str, &[f32])) -> Result<Vec<f32>> {

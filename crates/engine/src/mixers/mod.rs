@@ -20,7 +20,7 @@ use crate::error::Result;
 use crate::numerics::{LlamaCppCtx, Numerics};
 use crate::o1::{AttnO1, Serve};
 use crate::qtensor::QTensor;
-use crate::state::{LayerState, StateBytes};
+use crate::state::{KvType, LayerState, StateBytes};
 use crate::weights::TensorSource;
 
 pub mod attention;
@@ -119,8 +119,8 @@ pub trait Mixer: Any + Send + Sync {
 
     fn matrices_mut(&mut self) -> Vec<&mut QTensor>;
 
-    /// A fresh per-sequence state (`kv_f16`: keep K/V as f16 where the mixer caches them).
-    fn new_state(&self, kv_f16: bool) -> LayerState;
+    /// A fresh per-sequence state (`kv`: how K/V are stored where the mixer caches them).
+    fn new_state(&self, kv: KvType) -> LayerState;
 
     /// The positions a prefill call must start at a multiple of for its values not to depend
     /// on the cut (`prefix`): a chunked kernel's chunk, else 1.

@@ -9,7 +9,7 @@ use crate::mixers::{Env, Mixer, MixerState, Seq};
 use crate::par::pool;
 use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
-use crate::state::{LayerState, StateBytes};
+use crate::state::{KvType, LayerState, StateBytes};
 use crate::weights::TensorSource;
 
 pub struct ShortConvWeights {
@@ -93,7 +93,7 @@ impl Mixer for ShortConv {
     fn matrices_mut(&mut self) -> Vec<&mut QTensor> {
         vec![&mut self.w.in_proj, &mut self.w.out_proj]
     }
-    fn new_state(&self, _kv_f16: bool) -> LayerState {
+    fn new_state(&self, _kv: KvType) -> LayerState {
         LayerState::new(ShortConvState::new(self.d_model, self.kernel))
     }
     fn forward(&self, _env: &Env, h: &[f32], n: usize, seq: Seq<'_>, _trace: &mut dyn FnMut(&str, &[f32])) -> Result<Vec<f32>> {

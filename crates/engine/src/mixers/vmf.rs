@@ -33,7 +33,7 @@ use crate::mixers::{Env, Journal, Mixer, MixerState, Seq};
 use crate::par::pool;
 use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
-use crate::state::{LayerState, StateBytes};
+use crate::state::{KvType, LayerState, StateBytes};
 use crate::weights::TensorSource;
 
 /// One vmf_phase layer's geometry and options.
@@ -505,7 +505,7 @@ impl Mixer for VmfPhase {
         m.extend(w.k_gate.as_mut().map(|(g, _)| g));
         m
     }
-    fn new_state(&self, _kv_f16: bool) -> LayerState {
+    fn new_state(&self, _kv: KvType) -> LayerState {
         LayerState::new(VmfState::new(&self.cfg))
     }
     /// The chunk-parallel form chunks from a call's start.

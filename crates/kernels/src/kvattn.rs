@@ -1,0 +1,796 @@
+//! Decode attention over a KV cache in its stored type (f32, f16 or 8-bit), one split of the
+//! keys at a time (flash-decoding): for the query heads that share a kv head and a run of
+//! cached positions, `attend_split` gives each head's score maximum m, its sum of exponentials
+//! l and the unnormalised weighted sum of the values Σ_t e^{s_t − m} v_t; `merge` joins the
+//! splits of one head exactly (rescaling each by e^{m_j − M}). The caller (the engine's decode
+//! attention) cuts the keys at fixed positions, so a head's value does not depend on how many
+//! threads ran it, which rows were batched with it or how its heads were grouped.
+//!
+//! Why by hand: this is decode's hot loop at long context (at 8k tokens the cache of
+//! Qwen2.5-0.5B is 200 MB of f32 read per token against 400 MB of weights). The cache is read
+//! in place: an f32 cache directly; an f16 or 8-bit one a tile of rows at a time (≤ 4 KB
+//! of f32, in L1), converted once for all the query heads of the kv head and never widened
+//! as a whole. 8-bit rows are blocks of `Q8_BLOCK` values with one f32 scale each
+//! (`quantize_q8`), the layout of ggml's q8_0 with an f32 scale.
+//!
+//! Arithmetic, the same in the SIMD kernel and its scalar twin, bit for bit:
+//! - score: `dot(q_h, k_t)` in `dot::dot`'s lane order (`attn::dot_rows`) on the key as f32
+//!   (f16 widened exactly; 8-bit `q · d`, one rounding), times `scale`, then the softcap
+//!   `c·tanh(s/c)` (libm) where the model has one;
+//! - m = max_t s_t; p_t = exp(s_t − m) (libm, or the vector exp of `act` whose scalar lane
+//!   function is `ggml::expf_ggml`); l = Σ_t p_t as 16 lane sums in position order reduced in
+//!   `dot::hsum`'s tree;
+//! - acc[d] = fma(p_t, v_t[d], acc[d]) in position order.
+
+use half::f16;
+
+use crate::ggml::expf_ggml;
+use crate::simd::{Level, level};
+
+/// Values per scale in the 8-bit cache rows.
+pub const Q8_BLOCK: usize = 32;
+
+/// Rows of a cache in their stored type. Element j of row t of the kv head at offset `off` is at
+/// `t · stride + off + j`; an 8-bit cache keeps one scale per `Q8_BLOCK` values (`d[i / 32]`).
+#[derive(Clone, Copy, Debug)]
+pub enum KvRows<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+    Q8 { q: &'a [i8], d: &'a [f32] },
+}
+
+impl KvRows<'_> {
+    fn len(&self) -> usize {
+        match self {
+            KvRows::F32(x) => x.len(),
+            KvRows::F16(x) => x.len(),
+            KvRows::Q8 { q, .. } => q.len(),
+        }
+    }
+
+    /// Element i as f32 (exact for f16; `q · d` for 8-bit).
+    #[inline(always)]
+    fn get(&self, i: usize) -> f32 {
+        match self {
+            KvRows::F32(x) => x[i],
+            KvRows::F16(x) => x[i].to_f32(),
+            KvRows::Q8 { q, d } => q[i] as f32 * d[i / Q8_BLOCK],
+        }
+    }
+}
+
+/// Which exponential the softmax takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exp {
+    /// libm's `expf` (exact numerics).
+    Libm,
+    /// The vector exp (`act::exp_fast`; scalar lane `ggml::expf_ggml`).
+    Fast,
+}
+
+impl Exp {
+    #[inline(always)]
+    pub fn of(self, x: f32) -> f32 {
+        match self {
+            Exp::Libm => x.exp(),
+            Exp::Fast => expf_ggml(x),
+        }
+    }
+}
+
+/// How a dot product becomes a score, and the exponential of the softmax.
+#[derive(Clone, Copy, Debug)]
+pub struct ScoreRule {
+    pub scale: f32,
+    pub softcap: Option<f32>,
+    pub exp: Exp,
+}
+
+impl ScoreRule {
+    #[inline(always)]
+    fn score(&self, dot: f32) -> f32 {
+        let s = dot * self.scale;
+        match self.softcap {
+            Some(c) => (s / c).tanh() * c,
+            None => s,
+        }
+    }
+}
+
+/// One split: rows `row0 .. row0 + n` of the keys and values of one or more consecutive kv
+/// heads, the first at `off` in each row.
+#[derive(Clone, Copy, Debug)]
+pub struct Split<'a> {
+    pub keys: KvRows<'a>,
+    pub vals: KvRows<'a>,
+    pub stride: usize,
+    pub off: usize,
+    pub row0: usize,
+    pub n: usize,
+}
+
+/// Values `attend_split` writes per head: m, l, then the hd sums.
+pub const fn part_len(hd: usize) -> usize {
+    hd + 2
+}
+
+#[track_caller]
+fn check(q: &[f32], hd: usize, group: usize, s: &Split, out: &[f32]) -> usize {
+    assert!(hd > 0 && q.len() % hd == 0 && !q.is_empty(), "attend_split: q {} values for head_dim {hd}", q.len());
+    let g = q.len() / hd;
+    assert!(group > 0 && g % group == 0, "attend_split: {g} heads in groups of {group}");
+    let width = g / group * hd;
+    assert!(s.n > 0, "attend_split: an empty split");
+    assert!(s.off + width <= s.stride, "attend_split: heads at {} + {width} past the row stride {}", s.off, s.stride);
+    let end = (s.row0 + s.n - 1) * s.stride + s.off + width;
+    for (what, r) in [("keys", &s.keys), ("values", &s.vals)] {
+        assert!(r.len() >= end, "attend_split: {what} hold {} values, the split needs {end}", r.len());
+        if let KvRows::Q8 { q, d } = r {
+            assert!(
+                s.stride % Q8_BLOCK == 0 && s.off % Q8_BLOCK == 0 && hd % Q8_BLOCK == 0,
+                "attend_split: 8-bit rows need stride, offset and head_dim in blocks of {Q8_BLOCK}"
+            );
+            assert!(d.len() * Q8_BLOCK >= q.len().min(end), "attend_split: {what} scales too few");
+        }
+    }
+    assert!(out.len() == g * part_len(hd), "attend_split: out {} values for {g} heads of {hd}", out.len());
+    g
+}
+
+/// The split's partial for the g = q.len() / hd query heads `q` [g, hd], `group` consecutive
+/// heads per kv head (head i reads the kv head at `off + (i / group) · hd`): out [g, hd + 2] =
+/// per head (m, l, Σ_t e^{s_t − m} v_t). Each block of rows is read once for all the heads.
+/// `scratch` is reused across calls (scores and a tile).
+#[track_caller]
+pub fn attend_split(q: &[f32], hd: usize, group: usize, s: &Split, rule: &ScoreRule, scratch: &mut Vec<f32>, out: &mut [f32]) {
+    check(q, hd, group, s, out);
+    match level() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: level() returned Avx512 only after detecting avx512f and fma; bounds checked.
+        Level::Avx512 => unsafe { avx512::attend_split(q, hd, group, s, rule, scratch, out) },
+        _ => attend_split_scalar(q, hd, group, s, rule, out),
+    }
+}
+
+/// `dot::avx512::hsum`'s tree on 16 lanes.
+fn hsum_scalar(v: [f32; 16]) -> f32 {
+    let s8: [f32; 8] = std::array::from_fn(|i| v[i] + v[i + 8]);
+    let s4: [f32; 4] = std::array::from_fn(|i| s8[i] + s8[i + 4]);
+    (s4[0] + s4[2]) + (s4[1] + s4[3])
+}
+
+/// `dot::dot` on AVX-512, lane for lane (`dot::avx512::parts`: two accumulators over 32-value
+/// steps, a 16-value step into the first, the masked tail into the second), with `b` read
+/// through `get`.
+fn dot_lanes(a: &[f32], b: impl Fn(usize) -> f32) -> f32 {
+    let n = a.len();
+    let (mut a0, mut a1) = ([0f32; 16], [0f32; 16]);
+    let mut i = 0;
+    while i + 32 <= n {
+        for l in 0..16 {
+            a0[l] = a[i + l].mul_add(b(i + l), a0[l]);
+            a1[l] = a[i + 16 + l].mul_add(b(i + 16 + l), a1[l]);
+        }
+        i += 32;
+    }
+    while i + 16 <= n {
+        for l in 0..16 {
+            a0[l] = a[i + l].mul_add(b(i + l), a0[l]);
+        }
+        i += 16;
+    }
+    if i < n {
+        for l in 0..16 {
+            let (x, y) = if i + l < n { (a[i + l], b(i + l)) } else { (0.0, 0.0) };
+            a1[l] = x.mul_add(y, a1[l]);
+        }
+    }
+    hsum_scalar(std::array::from_fn(|l| a0[l] + a1[l]))
+}
+
+/// m, then p_t = exp(s_t − m) in place, then l (16 lane sums, `hsum`'s tree).
+fn softmax_part_scalar(s: &mut [f32], exp: Exp) -> (f32, f32) {
+    let m = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut lanes = [0f32; 16];
+    for (t, x) in s.iter_mut().enumerate() {
+        *x = exp.of(*x - m);
+        lanes[t % 16] += *x;
+    }
+    (m, hsum_scalar(lanes))
+}
+
+/// Scalar twin of `attend_split`, bit for bit.
+#[track_caller]
+pub fn attend_split_scalar(q: &[f32], hd: usize, group: usize, s: &Split, rule: &ScoreRule, out: &mut [f32]) {
+    check(q, hd, group, s, out);
+    let mut p = vec![0f32; s.n];
+    for (h, (qh, oh)) in q.chunks_exact(hd).zip(out.chunks_exact_mut(part_len(hd))).enumerate() {
+        let at = |t: usize| (s.row0 + t) * s.stride + s.off + (h / group) * hd;
+        for (t, x) in p.iter_mut().enumerate() {
+            let base = at(t);
+            *x = rule.score(dot_lanes(qh, |j| s.keys.get(base + j)));
+        }
+        let (m, l) = softmax_part_scalar(&mut p, rule.exp);
+        oh[0] = m;
+        oh[1] = l;
+        let acc = &mut oh[2..];
+        acc.fill(0.0);
+        for (t, &pt) in p.iter().enumerate() {
+            let base = at(t);
+            for (d, a) in acc.iter_mut().enumerate() {
+                *a = pt.mul_add(s.vals.get(base + d), *a);
+            }
+        }
+    }
+}
+
+/// One head's value from its splits' partials (each [hd + 2]: m, l, sums), in split order:
+/// M = max m_j, w_j = exp(m_j − M), out = Σ_j w_j·sums_j / Σ_j w_j·l_j. Scalar (a few hundred
+/// values per head; the splits' reads are the work).
+pub fn merge<'a>(parts: impl Iterator<Item = &'a [f32]> + Clone, exp: Exp, out: &mut [f32]) {
+    let m = parts.clone().map(|p| p[0]).fold(f32::NEG_INFINITY, f32::max);
+    let mut l = 0f32;
+    out.fill(0.0);
+    for p in parts {
+        assert_eq!(p.len(), out.len() + 2, "merge: a partial of {} values for head_dim {}", p.len(), out.len());
+        let w = exp.of(p[0] - m);
+        l = p[1].mul_add(w, l);
+        for (o, &a) in out.iter_mut().zip(&p[2..]) {
+            *o = a.mul_add(w, *o);
+        }
+    }
+    let inv = 1.0 / l;
+    out.iter_mut().for_each(|o| *o *= inv);
+}
+
+/// Append rows x [n, row] as 8-bit blocks of `Q8_BLOCK` values: d = max |x| / 127, q = round(x
+/// / d) (ties away from zero); an all-zero block keeps d = 0. `row` must be a multiple of the
+/// block.
+pub fn quantize_q8(x: &[f32], q: &mut Vec<i8>, d: &mut Vec<f32>) {
+    assert!(x.len() % Q8_BLOCK == 0, "quantize_q8: {} values are not whole blocks of {Q8_BLOCK}", x.len());
+    for b in x.chunks_exact(Q8_BLOCK) {
+        let amax = b.iter().fold(0f32, |a, &v| a.max(v.abs()));
+        let s = amax / 127.0;
+        let inv = if s > 0.0 { 1.0 / s } else { 0.0 };
+        q.extend(b.iter().map(|&v| (v * inv).round().clamp(-127.0, 127.0) as i8));
+        d.push(s);
+    }
+}
+
+/// The values of 8-bit rows as f32 (`q · d`).
+pub fn dequantize_q8(q: &[i8], d: &[f32]) -> Vec<f32> {
+    q.iter().enumerate().map(|(i, &v)| v as f32 * d[i / Q8_BLOCK]).collect()
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{Exp, KvRows, Q8_BLOCK, ScoreRule, Split, part_len};
+    use crate::attn::avx512::{dot_rows as dot_rows_f32, hsum16};
+    use std::arch::x86_64::*;
+
+    /// Rows per block: one transposed horizontal sum of scores, one tile of converted rows.
+    const TB: usize = 16;
+    /// Rows ahead of the block in use that the passes prefetch.
+    const AHEAD: usize = 8 * TB;
+
+    /// Where a block's rows are read as f32: in place (an f32 cache) or in the tile.
+    struct Block {
+        ptr: *const f32,
+        stride: usize,
+    }
+
+    /// Rows row0..row0 + n, values off..off + width, as f32: in place for f32, else converted
+    /// into `tile` [n, width]. Also prefetches the rows AHEAD further on.
+    ///
+    /// # Safety
+    /// AVX-512 F available; the rows lie inside `src` (checked by `super::check`); for 8-bit,
+    /// stride, off and width are multiples of Q8_BLOCK; tile holds n · width values.
+    #[target_feature(enable = "avx512f,fma")]
+    unsafe fn block(src: KvRows, stride: usize, off: usize, width: usize, row0: usize, n: usize, tile: &mut [f32]) -> Block {
+        let len = src.len();
+        for r in row0 + AHEAD..row0 + AHEAD + n {
+            let at = r * stride + off;
+            if at + width > len {
+                break;
+            }
+            let (p, bytes) = match src {
+                KvRows::F32(x) => (x.as_ptr().wrapping_add(at) as *const i8, width * 4),
+                KvRows::F16(x) => (x.as_ptr().wrapping_add(at) as *const i8, width * 2),
+                KvRows::Q8 { q, .. } => (q.as_ptr().wrapping_add(at), width),
+            };
+            for c in (0..bytes).step_by(64) {
+                // A prefetch never faults; the line lies inside the rows anyway (checked above).
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(c));
+            }
+        }
+        let whole = width / 16 * 16;
+        match src {
+            KvRows::F32(x) => Block { ptr: x[row0 * stride + off..].as_ptr(), stride },
+            KvRows::F16(x) => {
+                for t in 0..n {
+                    let base = (row0 + t) * stride + off;
+                    let dst = &mut tile[t * width..(t + 1) * width];
+                    for j in (0..whole).step_by(16) {
+                        // SAFETY: base + j + 16 <= base + width lies inside x; 16 f16 = 256 bits.
+                        unsafe {
+                            let h = _mm256_loadu_si256(x.as_ptr().add(base + j) as *const __m256i);
+                            _mm512_storeu_ps(dst.as_mut_ptr().add(j), _mm512_cvtph_ps(h));
+                        }
+                    }
+                    for j in whole..width {
+                        dst[j] = x[base + j].to_f32();
+                    }
+                }
+                Block { ptr: tile.as_ptr(), stride: width }
+            }
+            KvRows::Q8 { q, d } => {
+                for t in 0..n {
+                    let base = (row0 + t) * stride + off;
+                    let dst = &mut tile[t * width..(t + 1) * width];
+                    // width is a multiple of 32 (checked): 16 values never straddle two blocks.
+                    for j in (0..width).step_by(16) {
+                        let sc = _mm512_set1_ps(d[(base + j) / Q8_BLOCK]);
+                        // SAFETY: base + j + 16 <= base + width lies inside q; 16 i8 = 128 bits.
+                        unsafe {
+                            let b = _mm_loadu_si128(q.as_ptr().add(base + j) as *const __m128i);
+                            let f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
+                            _mm512_storeu_ps(dst.as_mut_ptr().add(j), _mm512_mul_ps(f, sc));
+                        }
+                    }
+                }
+                Block { ptr: tile.as_ptr(), stride: width }
+            }
+        }
+    }
+
+    /// # Safety
+    /// AVX-512 F and FMA available; arguments as `super::check` accepts them.
+    #[target_feature(enable = "avx512f,fma")]
+    pub unsafe fn attend_split(
+        q: &[f32],
+        hd: usize,
+        group: usize,
+        s: &Split,
+        rule: &ScoreRule,
+        scratch: &mut Vec<f32>,
+        out: &mut [f32],
+    ) {
+        let (nq, n) = (q.len() / hd, s.n);
+        let kvc = nq / group; // kv heads the heads read
+        let width = kvc * hd;
+        let need = nq * n + TB * width + nq * TB;
+        if scratch.len() < need {
+            scratch.resize(need, 0.0);
+        }
+        let (scores, rest) = scratch.split_at_mut(nq * n); // [nq, n]
+        let (tile, blk) = rest.split_at_mut(TB * width); // [TB, width], [group, TB]
+        // Scores, a block of rows at a time (all kv heads of the row: one contiguous read).
+        for t0 in (0..n).step_by(TB) {
+            let nt = TB.min(n - t0);
+            // SAFETY: rows s.row0 + t0 .. + nt lie inside the keys (checked); tile holds TB · width.
+            let b = unsafe { block(s.keys, s.stride, s.off, width, s.row0 + t0, nt, tile) };
+            for j in 0..kvc {
+                let qj = &q[j * group * hd..(j + 1) * group * hd];
+                // SAFETY: the block's nt rows hold width values from b.ptr, kv head j at j·hd.
+                unsafe { scores_block(qj, hd, b.ptr.add(j * hd), b.stride, nt, &mut scores[j * group * n..], n, t0, blk) };
+            }
+        }
+        for (sh, oh) in scores.chunks_exact_mut(n).zip(out.chunks_exact_mut(part_len(hd))) {
+            sh.iter_mut().for_each(|x| *x = rule.score(*x));
+            // SAFETY: AVX-512 F and FMA available.
+            let (m, l) = unsafe { softmax_part(sh, rule.exp) };
+            oh[0] = m;
+            oh[1] = l;
+            oh[2..].fill(0.0);
+        }
+        // Weighted sums, the same blocks of value rows.
+        for t0 in (0..n).step_by(TB) {
+            let nt = TB.min(n - t0);
+            // SAFETY: rows s.row0 + t0 .. + nt lie inside the values (checked).
+            let b = unsafe { block(s.vals, s.stride, s.off, width, s.row0 + t0, nt, tile) };
+            for j in 0..kvc {
+                let heads = j * group..(j + 1) * group;
+                let oj = &mut out[heads.start * part_len(hd)..heads.end * part_len(hd)];
+                let pj = &scores[heads.start * n..heads.end * n];
+                // SAFETY: the block's nt rows hold width values from b.ptr, kv head j at j·hd.
+                unsafe { accumulate_block(pj, n, t0, nt, b.ptr.add(j * hd), b.stride, hd, oj) };
+            }
+        }
+    }
+
+    /// Scores of the heads q [g, hd] against nt <= 16 rows `stride` apart from `rows`:
+    /// out[h * ldo + t0 + t]. The common head sizes keep q in registers per head and take 16
+    /// scores per transposed horizontal sum; others go through `attn::dot_rows` (the same
+    /// arithmetic) into `blk`.
+    ///
+    /// # Safety
+    /// AVX-512 F and FMA; rows valid for (nt - 1) · stride + hd reads; out holds g rows of ldo
+    /// with t0 + nt <= ldo; blk holds g · 16.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,fma")]
+    unsafe fn scores_block(q: &[f32], hd: usize, rows: *const f32, stride: usize, nt: usize, out: &mut [f32], ldo: usize, t0: usize, blk: &mut [f32]) {
+        // SAFETY (whole block): forwarded.
+        unsafe {
+            match hd {
+                64 => scores_hd::<4>(q, rows, stride, nt, out, ldo, t0),
+                128 => scores_hd::<8>(q, rows, stride, nt, out, ldo, t0),
+                256 => scores_hd::<16>(q, rows, stride, nt, out, ldo, t0),
+                _ => {
+                    let g = q.len() / hd;
+                    let rows = std::slice::from_raw_parts(rows, (nt - 1) * stride + hd);
+                    dot_rows_f32(q, hd, rows, stride, nt, &mut blk[..g * nt]);
+                    for h in 0..g {
+                        out[h * ldo + t0..h * ldo + t0 + nt].copy_from_slice(&blk[h * nt..(h + 1) * nt]);
+                    }
+                }
+            }
+        }
+    }
+
+    /// `dot::avx512::parts` of one q row (in registers) and one key row, hd = 16·NV.
+    ///
+    /// # Safety
+    /// AVX-512 F and FMA; r valid for 16·NV reads.
+    #[inline]
+    #[target_feature(enable = "avx512f,fma")]
+    unsafe fn parts_q<const NV: usize>(qv: &[__m512; NV], r: *const f32) -> __m512 {
+        let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        let mut c = 0;
+        // SAFETY (whole block): chunk c < NV lies inside the row.
+        unsafe {
+            while c + 2 <= NV {
+                a0 = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(r.add(16 * c)), a0);
+                a1 = _mm512_fmadd_ps(qv[c + 1], _mm512_loadu_ps(r.add(16 * c + 16)), a1);
+                c += 2;
+            }
+            if c < NV {
+                a0 = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(r.add(16 * c)), a0);
+            }
+        }
+        _mm512_add_ps(a0, a1)
+    }
+
+    /// `scores_block` for hd = 16·NV.
+    ///
+    /// # Safety
+    /// As `scores_block`.
+    #[target_feature(enable = "avx512f,fma")]
+    unsafe fn scores_hd<const NV: usize>(q: &[f32], rows: *const f32, stride: usize, nt: usize, out: &mut [f32], ldo: usize, t0: usize) {
+        let hd = 16 * NV;
+        // No closures here: they would not inherit the target features (each intrinsic a call).
+        let mut qv = [_mm512_setzero_ps(); NV];
+        for h in 0..q.len() / hd {
+            for (c, x) in qv.iter_mut().enumerate() {
+                // SAFETY: head h has hd values in q.
+                *x = unsafe { _mm512_loadu_ps(q.as_ptr().add(h * hd + 16 * c)) };
+            }
+            if nt == 16 {
+                // Opaque per head, so the compiler reloads the block's rows from L1 rather than
+                // hoisting all of them out of the head loop into spilled registers.
+                let rows = std::hint::black_box(rows);
+                let mut v = [_mm512_setzero_ps(); 16];
+                for (i, x) in v.iter_mut().enumerate() {
+                    // SAFETY: row i < nt; head h has hd values in q. Wide heads read q from L1
+                    // (q and 16 sums would not fit the registers together).
+                    *x = unsafe {
+                        if NV <= 8 {
+                            parts_q(&qv, rows.add(i * stride))
+                        } else {
+                            crate::dot::avx512::parts(q.as_ptr().add(h * hd), rows.add(i * stride), hd)
+                        }
+                    };
+                }
+                // SAFETY: out[h ldo + t0..][..16] is inside out (t0 + 16 <= ldo).
+                unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(h * ldo + t0), hsum16(v)) };
+            } else {
+                for t in 0..nt {
+                    // SAFETY: row t < nt.
+                    out[h * ldo + t0 + t] = crate::dot::avx512::hsum(unsafe { parts_q(&qv, rows.add(t * stride)) });
+                }
+            }
+        }
+    }
+
+    /// out[h][2 + d] = fma(p[h][t0 + t], rows[t][d], ·) for t < nt in order, for the heads of
+    /// out ([g, hd + 2]); p is [g, n]. The common head sizes keep HG heads' sums in registers
+    /// and load each value row once for them.
+    ///
+    /// # Safety
+    /// AVX-512 F and FMA; rows valid for (nt - 1) · stride + hd reads; t0 + nt <= n.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,fma")]
+    unsafe fn accumulate_block(p: &[f32], n: usize, t0: usize, nt: usize, rows: *const f32, stride: usize, hd: usize, out: &mut [f32]) {
+        let g = out.len() / part_len(hd);
+        // SAFETY (whole block): forwarded; each call's heads are < g.
+        unsafe {
+            match hd {
+                64 => {
+                    let mut h = 0;
+                    while h + 4 <= g {
+                        acc_heads::<4, 4>(p, n, t0, nt, rows, stride, out, h);
+                        h += 4;
+                    }
+                    match g - h {
+                        3 => acc_heads::<4, 3>(p, n, t0, nt, rows, stride, out, h),
+                        2 => acc_heads::<4, 2>(p, n, t0, nt, rows, stride, out, h),
+                        1 => acc_heads::<4, 1>(p, n, t0, nt, rows, stride, out, h),
+                        _ => {}
+                    }
+                }
+                128 => {
+                    let mut h = 0;
+                    while h + 2 <= g {
+                        acc_heads::<8, 2>(p, n, t0, nt, rows, stride, out, h);
+                        h += 2;
+                    }
+                    if h < g {
+                        acc_heads::<8, 1>(p, n, t0, nt, rows, stride, out, h);
+                    }
+                }
+                256 => {
+                    for h in 0..g {
+                        acc_heads::<16, 1>(p, n, t0, nt, rows, stride, out, h);
+                    }
+                }
+                _ => accumulate_any(p, n, t0, nt, rows, stride, hd, out),
+            }
+        }
+    }
+
+    /// Heads h0..h0 + HG of `accumulate_block`, hd = 16·NV: their sums loaded into registers,
+    /// one fma per row and vector in row order, stored back.
+    ///
+    /// # Safety
+    /// As `accumulate_block`; heads h0..h0 + HG are in out.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    #[target_feature(enable = "avx512f,fma")]
+    unsafe fn acc_heads<const NV: usize, const HG: usize>(
+        p: &[f32],
+        n: usize,
+        t0: usize,
+        nt: usize,
+        rows: *const f32,
+        stride: usize,
+        out: &mut [f32],
+        h0: usize,
+    ) {
+        let pl = part_len(16 * NV);
+        let op = out.as_mut_ptr();
+        // No closures here: they would not inherit the target features (each intrinsic a call).
+        let mut acc = [[_mm512_setzero_ps(); NV]; HG];
+        let mut vv = [_mm512_setzero_ps(); NV];
+        for (h, ah) in acc.iter_mut().enumerate() {
+            for (c, a) in ah.iter_mut().enumerate() {
+                // SAFETY: head h0 + h has pl values in out, its sums from offset 2.
+                *a = unsafe { _mm512_loadu_ps(op.add((h0 + h) * pl + 2 + 16 * c)) };
+            }
+        }
+        for t in 0..nt {
+            if NV * (HG + 1) <= 28 {
+                // The row in registers, shared by the HG heads.
+                for (c, x) in vv.iter_mut().enumerate() {
+                    // SAFETY: row t < nt.
+                    *x = unsafe { _mm512_loadu_ps(rows.add(t * stride + 16 * c)) };
+                }
+                for (h, ah) in acc.iter_mut().enumerate() {
+                    let pb = _mm512_set1_ps(p[(h0 + h) * n + t0 + t]);
+                    for (a, &v) in ah.iter_mut().zip(&vv) {
+                        *a = _mm512_fmadd_ps(pb, v, *a);
+                    }
+                }
+            } else {
+                // Too wide to hold the row beside the sums: each fma loads its vector.
+                for (h, ah) in acc.iter_mut().enumerate() {
+                    let pb = _mm512_set1_ps(p[(h0 + h) * n + t0 + t]);
+                    for (c, a) in ah.iter_mut().enumerate() {
+                        // SAFETY: row t < nt.
+                        *a = _mm512_fmadd_ps(pb, unsafe { _mm512_loadu_ps(rows.add(t * stride + 16 * c)) }, *a);
+                    }
+                }
+            }
+        }
+        for (h, ah) in acc.iter().enumerate() {
+            for (c, a) in ah.iter().enumerate() {
+                // SAFETY: as the loads above.
+                unsafe { _mm512_storeu_ps(op.add((h0 + h) * pl + 2 + 16 * c), *a) };
+            }
+        }
+    }
+
+    /// `accumulate_block` for any head size: 8 vectors of a head's sums at a time, the tail
+    /// masked.
+    ///
+    /// # Safety
+    /// As `accumulate_block`.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,fma")]
+    unsafe fn accumulate_any(p: &[f32], n: usize, t0: usize, nt: usize, rows: *const f32, stride: usize, hd: usize, out: &mut [f32]) {
+        const W: usize = 8;
+        for (h, oh) in out.chunks_exact_mut(part_len(hd)).enumerate() {
+            let acc_row = &mut oh[2..];
+            let ph = &p[h * n + t0..h * n + t0 + nt];
+            for c0 in (0..hd).step_by(16 * W) {
+                let nv = (hd - c0).div_ceil(16).min(W);
+                let mut masks = [0u16; W];
+                for (i, m) in masks.iter_mut().enumerate().take(nv) {
+                    let rem = hd - c0 - 16 * i;
+                    *m = if rem >= 16 { 0xffff } else { ((1u32 << rem) - 1) as u16 };
+                }
+                let mut acc = [_mm512_setzero_ps(); W];
+                for (i, a) in acc.iter_mut().enumerate().take(nv) {
+                    // SAFETY: masked load of acc_row[c0 + 16i..], lanes < hd - c0 - 16i.
+                    *a = unsafe { _mm512_maskz_loadu_ps(masks[i], acc_row.as_ptr().add(c0 + 16 * i)) };
+                }
+                for (t, &pt) in ph.iter().enumerate() {
+                    let pv = _mm512_set1_ps(pt);
+                    for (i, a) in acc.iter_mut().enumerate().take(nv) {
+                        // SAFETY: row t < nt; lanes masked to < hd.
+                        let x = unsafe { _mm512_maskz_loadu_ps(masks[i], rows.add(t * stride + c0 + 16 * i)) };
+                        *a = _mm512_fmadd_ps(pv, x, *a);
+                    }
+                }
+                for (i, a) in acc.iter().enumerate().take(nv) {
+                    // SAFETY: masked store to acc_row[c0 + 16i..], lanes < hd - c0 - 16i.
+                    unsafe { _mm512_mask_storeu_ps(acc_row.as_mut_ptr().add(c0 + 16 * i), masks[i], *a) };
+                }
+            }
+        }
+    }
+
+    /// m, p = exp(s − m) in place, l: `super::softmax_part_scalar`'s arithmetic on 16 lanes.
+    ///
+    /// # Safety
+    /// AVX-512 F and FMA available.
+    #[target_feature(enable = "avx512f,fma")]
+    unsafe fn softmax_part(s: &mut [f32], exp: Exp) -> (f32, f32) {
+        let m = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let n16 = s.len() / 16 * 16;
+        let mut acc = _mm512_setzero_ps();
+        match exp {
+            Exp::Fast => {
+                let mv = _mm512_set1_ps(m);
+                for i in (0..n16).step_by(16) {
+                    // SAFETY: i + 16 <= s.len().
+                    unsafe {
+                        let e = crate::act::avx512::expf16(_mm512_sub_ps(_mm512_loadu_ps(s.as_ptr().add(i)), mv));
+                        _mm512_storeu_ps(s.as_mut_ptr().add(i), e);
+                        acc = _mm512_add_ps(acc, e);
+                    }
+                }
+                s[n16..].iter_mut().for_each(|x| *x = super::expf_ggml(*x - m));
+            }
+            Exp::Libm => {
+                s.iter_mut().for_each(|x| *x = (*x - m).exp());
+                for i in (0..n16).step_by(16) {
+                    // SAFETY: i + 16 <= s.len().
+                    acc = _mm512_add_ps(acc, unsafe { _mm512_loadu_ps(s.as_ptr().add(i)) });
+                }
+            }
+        }
+        if n16 < s.len() {
+            let mask = ((1u32 << (s.len() - n16)) - 1) as u16;
+            // SAFETY: masked lanes < s.len() - n16.
+            acc = _mm512_add_ps(acc, unsafe { _mm512_maskz_loadu_ps(mask, s.as_ptr().add(n16)) });
+        }
+        (m, crate::dot::avx512::hsum(acc))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rnd(n: usize, seed: &mut u64) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// Every stored type, head size, group size, split length and rule: the SIMD kernel equals
+    /// its scalar twin bit for bit.
+    #[test]
+    fn attend_split_matches_its_scalar_twin_bit_for_bit() {
+        let mut seed = 7u64;
+        for &hd in &[64usize, 128, 256, 96, 80] {
+            for &(g, nkv) in &[(1usize, 1usize), (3, 2), (7, 2), (4, 1)] {
+                let stride = nkv * hd;
+                let rows = 300;
+                let kf = rnd(rows * stride, &mut seed);
+                let vf = rnd(rows * stride, &mut seed);
+                let kh: Vec<f16> = kf.iter().map(|&x| f16::from_f32(x)).collect();
+                let vh: Vec<f16> = vf.iter().map(|&x| f16::from_f32(x)).collect();
+                let (mut kq, mut kd, mut vq, mut vd) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+                let q8 = hd % Q8_BLOCK == 0;
+                if q8 {
+                    quantize_q8(&kf, &mut kq, &mut kd);
+                    quantize_q8(&vf, &mut vq, &mut vd);
+                }
+                let q_all: Vec<f32> = rnd(nkv * g * hd, &mut seed).iter().map(|x| x * 3.0).collect();
+                let q = &q_all[..g * hd];
+                let mut kinds = vec![(KvRows::F32(&kf), KvRows::F32(&vf)), (KvRows::F16(&kh), KvRows::F16(&vh))];
+                if q8 {
+                    kinds.push((KvRows::Q8 { q: &kq, d: &kd }, KvRows::Q8 { q: &vq, d: &vd }));
+                }
+                for (keys, vals) in kinds {
+                    for &(row0, n) in &[(0usize, 1usize), (5, 16), (17, 33), (40, 256), (0, 300)] {
+                        for kvh in 0..nkv {
+                            for rule in [
+                                ScoreRule { scale: 0.125, softcap: None, exp: Exp::Fast },
+                                ScoreRule { scale: 0.125, softcap: Some(5.0), exp: Exp::Libm },
+                            ] {
+                                // One kv head's group, or all kv heads from the first (every group).
+                                let (off, qs) = if kvh + 1 < nkv || nkv == 1 { (kvh * hd, &q[..g * hd]) } else { (0, &q_all[..]) };
+                                let s = Split { keys, vals, stride, off, row0, n };
+                                let nq = qs.len() / hd;
+                                let (mut a, mut b) = (vec![0f32; nq * part_len(hd)], vec![0f32; nq * part_len(hd)]);
+                                let mut scratch = Vec::new();
+                                attend_split(qs, hd, g, &s, &rule, &mut scratch, &mut a);
+                                attend_split_scalar(qs, hd, g, &s, &rule, &mut b);
+                                let bad = a.iter().zip(&b).position(|(x, y)| x.to_bits() != y.to_bits());
+                                assert!(
+                                    bad.is_none(),
+                                    "hd {hd} g {g} {keys:?} rows {row0}+{n}: value {} differs: {} vs {}",
+                                    bad.unwrap(),
+                                    a[bad.unwrap()],
+                                    b[bad.unwrap()]
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Splitting the keys and merging equals a one-pass softmax attention in f64 (to f32
+    /// rounding), whatever the cut.
+    #[test]
+    fn merged_splits_equal_the_softmax_attention() {
+        let mut seed = 3u64;
+        let (hd, n) = (64, 200);
+        let k = rnd(n * hd, &mut seed);
+        let v = rnd(n * hd, &mut seed);
+        let q: Vec<f32> = rnd(hd, &mut seed).iter().map(|x| x * 4.0).collect();
+        let s: Vec<f64> = (0..n).map(|t| (0..hd).map(|d| q[d] as f64 * k[t * hd + d] as f64).sum::<f64>() * 0.125).collect();
+        let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let w: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+        let z: f64 = w.iter().sum();
+        let want: Vec<f64> = (0..hd).map(|d| (0..n).map(|t| w[t] * v[t * hd + d] as f64).sum::<f64>() / z).collect();
+        let rule = ScoreRule { scale: 0.125, softcap: None, exp: Exp::Fast };
+        for cuts in [vec![0, 200], vec![0, 64, 200], vec![0, 1, 100, 199, 200]] {
+            let parts: Vec<Vec<f32>> = cuts
+                .windows(2)
+                .map(|c| {
+                    let s = Split { keys: KvRows::F32(&k), vals: KvRows::F32(&v), stride: hd, off: 0, row0: c[0], n: c[1] - c[0] };
+                    let mut out = vec![0f32; part_len(hd)];
+                    attend_split(&q, hd, 1, &s, &rule, &mut Vec::new(), &mut out);
+                    out
+                })
+                .collect();
+            let mut o = vec![0f32; hd];
+            merge(parts.iter().map(|p| &p[..]), Exp::Fast, &mut o);
+            let worst = o.iter().zip(&want).map(|(a, b)| (*a as f64 - b).abs()).fold(0.0, f64::max);
+            assert!(worst < 2e-6, "cuts {cuts:?}: max |diff| {worst:.2e} from f64");
+        }
+    }
+
+    #[test]
+    fn q8_rows_round_trip_within_half_a_step() {
+        let mut seed = 11u64;
+        let x = rnd(4 * 64, &mut seed);
+        let (mut q, mut d) = (Vec::new(), Vec::new());
+        quantize_q8(&x, &mut q, &mut d);
+        assert_eq!((q.len(), d.len()), (256, 8));
+        let y = dequantize_q8(&q, &d);
+        for (i, (a, b)) in x.iter().zip(&y).enumerate() {
+            assert!((a - b).abs() <= d[i / Q8_BLOCK] * 0.5 + 1e-7, "value {i}: {a} -> {b}");
+        }
+        let (mut q0, mut d0) = (Vec::new(), Vec::new());
+        quantize_q8(&[0.0; 32], &mut q0, &mut d0);
+        assert!(q0.iter().all(|&v| v == 0) && d0 == [0.0]);
+    }
+}
