@@ -6,7 +6,7 @@
 
 use cortiq_kernels::act::{GatedAct, gated_act_fast, softmax_fast};
 use cortiq_kernels::dot::gemm_nn;
-use cortiq_kernels::kvattn::{Exp, KvRows, ScoreRule, Split, attend_split, merge, part_len};
+use cortiq_kernels::kvattn::{Exp, KvRows, ScoreRule, Split, attend_split, hadamard, merge, part_len};
 use cortiq_kernels::ops::{RopeStyle, gated_act, rmsnorm, rmsnorm_inplace, rope, softmax_inplace};
 
 use crate::compat::{
@@ -579,12 +579,27 @@ fn decode_attend_in(at: &AttnCtx, qs: &[f32], rows: &[(usize, usize)], caches: &
         }
     }
     let rule = ScoreRule { scale: at.scale, softcap: at.softcap, exp: if at.fast { Exp::Fast } else { Exp::Libm } };
-    let sources: Vec<(KvRows, KvRows)> = caches.iter().map(|c| c.rows()).collect();
+    let sources: Vec<(KvRows, KvRows, usize)> = caches.iter().map(|c| c.rows()).collect();
+    // An 8-bit cache holds its keys Hadamard-transformed: q is transformed alike (the scores
+    // are unchanged by an orthonormal transform of both).
+    let rotated: Vec<f32>;
+    let qs = if rows.iter().any(|&(_, c)| sources[c].2 > 0) {
+        let mut q = qs.to_vec();
+        for (r, &(_, c)) in rows.iter().enumerate() {
+            if sources[c].2 > 0 {
+                hadamard(&mut q[r * at.q_dim..(r + 1) * at.q_dim], sources[c].2);
+            }
+        }
+        rotated = q;
+        &rotated[..]
+    } else {
+        qs
+    };
     let mut parts = vec![0f32; splits.len() * nh * pl]; // [splits, nh, hd + 2]
     pool().for_rows_mut_dynamic(&mut parts, pl, hpi, |r0, out| {
         let (si, h0) = (r0 / nh, r0 % nh);
         let (r, a, b) = splits[si];
-        let (keys, vals) = sources[rows[r].1];
+        let (keys, vals, _) = sources[rows[r].1];
         let split = Split { keys, vals, stride: at.kv_dim, off: (h0 / g) * hd, row0: a, n: b - a };
         let q = &qs[r * at.q_dim + h0 * hd..][..out.len() / pl * hd];
         SPLIT_SCRATCH.with(|sc| attend_split(q, hd, group, &split, &rule, &mut sc.borrow_mut(), out));
@@ -851,13 +866,23 @@ mod tests {
             assert!(same(&whole, &one), "nh {nh} nkv {nkv} hd {hd} p {p}: per head differs from per group");
             assert!(same(&whole, &batch[q_dim..]), "nh {nh} nkv {nkv} hd {hd} p {p}: batched differs from alone");
             for kind in [crate::state::KvType::F16, crate::state::KvType::Q8] {
-                let mut st = crate::mixers::attention::KvState::new(kv_dim, kind);
+                let mut st = crate::mixers::attention::KvState::with_head(kv_dim, hd, kind);
                 st.cache.append(&k, &v);
                 let mut o = vec![0f32; q_dim];
                 decode_attend_in(&at, &q[..q_dim], &[(p, 0)], &[&st.cache], group, &mut o);
                 let (d, _) = cortiq_testkit::max_abs_diff(&o, &whole);
                 let tol = if kind == crate::state::KvType::F16 { 2e-3 } else { 2e-2 };
                 assert!(d <= tol, "{kind:?} cache: {d} from f32");
+                // The prefill path reads the same cache widened (an 8-bit cache's keys
+                // transformed back): the same values to f32 rounding.
+                if window.is_none() {
+                    let (kc, vc) = st.cache.f32_from(0, kv_dim);
+                    let wide = Cache::Kv { k: kc.into_owned(), v: vc.into_owned() };
+                    let mut ow = vec![0f32; q_dim];
+                    decode_attend_in(&at, &q[..q_dim], &[(p, 0)], &[&wide], group, &mut ow);
+                    let (d, _) = cortiq_testkit::max_abs_diff(&o, &ow);
+                    assert!(d <= 2e-6, "{kind:?} cache read in place vs widened: {d}");
+                }
             }
         }
     }

@@ -257,6 +257,31 @@ pub fn quantize_q8(x: &[f32], q: &mut Vec<i8>, d: &mut Vec<f32>) {
     }
 }
 
+/// The normalised Walsh-Hadamard transform of every consecutive block of `r` values of x (r a
+/// power of two dividing x.len()): orthonormal and its own inverse, so a dot product of two
+/// rows transformed alike is unchanged. An 8-bit cache stores keys transformed: the few huge
+/// channels of some models' keys (Qwen2's, up to ~150 beside values of ~1) are spread over
+/// their block and no longer set its scale alone (llama.cpp rotates its quantized caches the
+/// same way).
+pub fn hadamard(x: &mut [f32], r: usize) {
+    assert!(r.is_power_of_two() && x.len() % r == 0, "hadamard: {} values in blocks of {r}", x.len());
+    let norm = 1.0 / (r as f32).sqrt();
+    for b in x.chunks_exact_mut(r) {
+        let mut h = 1;
+        while h < r {
+            for i in (0..r).step_by(2 * h) {
+                for j in i..i + h {
+                    let (a, c) = (b[j], b[j + h]);
+                    b[j] = a + c;
+                    b[j + h] = a - c;
+                }
+            }
+            h *= 2;
+        }
+        b.iter_mut().for_each(|v| *v *= norm);
+    }
+}
+
 /// The values of 8-bit rows as f32 (`q · d`).
 pub fn dequantize_q8(q: &[i8], d: &[f32]) -> Vec<f32> {
     q.iter().enumerate().map(|(i, &v)| v as f32 * d[i / Q8_BLOCK]).collect()
@@ -775,6 +800,24 @@ mod tests {
             merge(parts.iter().map(|p| &p[..]), Exp::Fast, &mut o);
             let worst = o.iter().zip(&want).map(|(a, b)| (*a as f64 - b).abs()).fold(0.0, f64::max);
             assert!(worst < 2e-6, "cuts {cuts:?}: max |diff| {worst:.2e} from f64");
+        }
+    }
+
+    /// The transform is orthonormal and its own inverse: dot products survive it, twice is the
+    /// identity.
+    #[test]
+    fn hadamard_keeps_dot_products_and_undoes_itself() {
+        let mut seed = 5u64;
+        for r in [1usize, 2, 32, 64, 256] {
+            let (a, b) = (rnd(2 * 256, &mut seed), rnd(2 * 256, &mut seed));
+            let (mut ha, mut hb) = (a.clone(), b.clone());
+            hadamard(&mut ha, r);
+            hadamard(&mut hb, r);
+            let dot = |x: &[f32], y: &[f32]| x.iter().zip(y).map(|(p, q)| *p as f64 * *q as f64).sum::<f64>();
+            assert!((dot(&a, &b) - dot(&ha, &hb)).abs() < 1e-4, "r {r}: dot {} vs {}", dot(&a, &b), dot(&ha, &hb));
+            hadamard(&mut ha, r);
+            let worst = a.iter().zip(&ha).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+            assert!(worst < 1e-5, "r {r}: twice is {worst} from the identity");
         }
     }
 

@@ -8,7 +8,7 @@
 
 use std::borrow::Cow;
 
-use cortiq_kernels::kvattn::{KvRows, Q8_BLOCK, dequantize_q8, quantize_q8};
+use cortiq_kernels::kvattn::{KvRows, Q8_BLOCK, dequantize_q8, hadamard, quantize_q8};
 use half::f16;
 
 use crate::blocks::{AttentionWeights, DecodeSeq, attention, attention_core, attention_rows, attn_output, attn_project};
@@ -30,6 +30,7 @@ pub struct Attention {
     window: Option<usize>,
     /// n_kv_heads · head_dim.
     kv_dim: usize,
+    hd: usize,
 }
 
 impl Attention {
@@ -54,7 +55,7 @@ impl Attention {
             q_norm: qk_norm("attn_q_norm.weight")?,
             k_norm: qk_norm("attn_k_norm.weight")?,
         };
-        Ok(Attention { w, rope: spec.rope, window: spec.sliding_window, kv_dim })
+        Ok(Attention { w, rope: spec.rope, window: spec.sliding_window, kv_dim, hd })
     }
 }
 
@@ -72,7 +73,7 @@ impl Mixer for Attention {
     }
 
     fn new_state(&self, kv: KvType) -> LayerState {
-        LayerState::new(KvState::new(self.kv_dim, kv))
+        LayerState::new(KvState::with_head(self.kv_dim, self.hd, kv))
     }
 
     fn o1_serve(&self) -> Serve {
@@ -254,8 +255,11 @@ pub enum Cache {
     /// rounded to nearest-even on append, as ggml's f32 -> f16 copy does.
     KvF16 { k: Vec<f16>, v: Vec<f16> },
     /// The same in 8 bits: blocks of `kvattn::Q8_BLOCK` values with one f32 scale each
-    /// (`kvattn::quantize_q8`; kd, vd [len, kv_dim / Q8_BLOCK]), ~28% of f32's bytes.
-    KvQ8 { k: Vec<i8>, kd: Vec<f32>, v: Vec<i8>, vd: Vec<f32> },
+    /// (`kvattn::quantize_q8`; kd, vd [len, kv_dim / Q8_BLOCK]), ~28% of f32's bytes. Keys are
+    /// stored Walsh-Hadamard-transformed in blocks of `rot` values (`kvattn::hadamard`; rot
+    /// divides head_dim), so their few huge channels do not set a block's scale alone: decode
+    /// transforms q alike, `f32_from` transforms the keys back.
+    KvQ8 { k: Vec<i8>, kd: Vec<f32>, v: Vec<i8>, vd: Vec<f32>, rot: usize },
     /// Sealed at the end of the prompt by an O(1) plan: sinks, a window ring and the Nyström
     /// skeleton's accumulators, constant size.
     O1(Box<O1Layer>),
@@ -266,7 +270,7 @@ impl Clone for Cache {
         match self {
             Cache::Kv { k, v } => Cache::Kv { k: k.clone(), v: v.clone() },
             Cache::KvF16 { k, v } => Cache::KvF16 { k: k.clone(), v: v.clone() },
-            Cache::KvQ8 { k, kd, v, vd } => Cache::KvQ8 { k: k.clone(), kd: kd.clone(), v: v.clone(), vd: vd.clone() },
+            Cache::KvQ8 { k, kd, v, vd, rot } => Cache::KvQ8 { k: k.clone(), kd: kd.clone(), v: v.clone(), vd: vd.clone(), rot: *rot },
             Cache::O1(o) => Cache::O1(o.clone()),
         }
     }
@@ -283,11 +287,12 @@ impl Clone for Cache {
                 k.clone_from(sk);
                 v.clone_from(sv);
             }
-            (Cache::KvQ8 { k, kd, v, vd }, Cache::KvQ8 { k: sk, kd: skd, v: sv, vd: svd }) => {
+            (Cache::KvQ8 { k, kd, v, vd, rot }, Cache::KvQ8 { k: sk, kd: skd, v: sv, vd: svd, rot: srot }) => {
                 k.clone_from(sk);
                 kd.clone_from(skd);
                 v.clone_from(sv);
                 vd.clone_from(svd);
+                *rot = *srot;
             }
             (dst, src) => *dst = src.clone(),
         }
@@ -308,8 +313,10 @@ impl Cache {
                 kc.extend(k.iter().map(|&x| f16::from_f32(x)));
                 vc.extend(v.iter().map(|&x| f16::from_f32(x)));
             }
-            Cache::KvQ8 { k: kc, kd, v: vc, vd } => {
-                quantize_q8(k, kc, kd);
+            Cache::KvQ8 { k: kc, kd, v: vc, vd, rot } => {
+                let mut kr = k.to_vec();
+                hadamard(&mut kr, *rot);
+                quantize_q8(&kr, kc, kd);
                 quantize_q8(v, vc, vd);
             }
             Cache::O1(_) => unreachable!("a sealed state takes its streaming step, not an append"),
@@ -325,20 +332,23 @@ impl Cache {
                 Cow::Owned(k[lo * kv_dim..].iter().map(|x| x.to_f32()).collect()),
                 Cow::Owned(v[lo * kv_dim..].iter().map(|x| x.to_f32()).collect()),
             ),
-            Cache::KvQ8 { k, kd, v, vd } => {
+            Cache::KvQ8 { k, kd, v, vd, rot } => {
                 let (at, ad) = (lo * kv_dim, lo * kv_dim / Q8_BLOCK);
-                (Cow::Owned(dequantize_q8(&k[at..], &kd[ad..])), Cow::Owned(dequantize_q8(&v[at..], &vd[ad..])))
+                let mut kf = dequantize_q8(&k[at..], &kd[ad..]);
+                hadamard(&mut kf, *rot);
+                (Cow::Owned(kf), Cow::Owned(dequantize_q8(&v[at..], &vd[ad..])))
             }
             Cache::O1(_) => unreachable!("a sealed state has no cache rows to attend"),
         }
     }
 
-    /// The keys and values in their stored type, for the decode kernel (`kvattn`).
-    pub(crate) fn rows(&self) -> (KvRows<'_>, KvRows<'_>) {
+    /// The keys and values in their stored type, for the decode kernel (`kvattn`), and the
+    /// Hadamard block the keys are stored transformed in (0: none; q is to be transformed alike).
+    pub(crate) fn rows(&self) -> (KvRows<'_>, KvRows<'_>, usize) {
         match self {
-            Cache::Kv { k, v } => (KvRows::F32(k), KvRows::F32(v)),
-            Cache::KvF16 { k, v } => (KvRows::F16(k), KvRows::F16(v)),
-            Cache::KvQ8 { k, kd, v, vd } => (KvRows::Q8 { q: k, d: kd }, KvRows::Q8 { q: v, d: vd }),
+            Cache::Kv { k, v } => (KvRows::F32(k), KvRows::F32(v), 0),
+            Cache::KvF16 { k, v } => (KvRows::F16(k), KvRows::F16(v), 0),
+            Cache::KvQ8 { k, kd, v, vd, rot } => (KvRows::Q8 { q: k, d: kd }, KvRows::Q8 { q: v, d: vd }, *rot),
             Cache::O1(_) => unreachable!("a sealed state has no cache rows to attend"),
         }
     }
@@ -351,34 +361,43 @@ pub struct KvState {
     /// Values per position in `k` and in `v` (n_kv_heads · head_dim).
     row: usize,
     kind: KvType,
+    /// The Hadamard block of an 8-bit cache's keys: the largest power of two dividing head_dim.
+    rot: usize,
     /// Sealed as a sliding layer's window (counts as KV in `bytes`, not as O(1) state).
     sliding: bool,
 }
 
 impl Clone for KvState {
     fn clone(&self) -> KvState {
-        KvState { cache: self.cache.clone(), row: self.row, kind: self.kind, sliding: self.sliding }
+        KvState { cache: self.cache.clone(), row: self.row, kind: self.kind, rot: self.rot, sliding: self.sliding }
     }
 
     fn clone_from(&mut self, src: &KvState) {
         self.cache.clone_from(&src.cache);
-        (self.row, self.kind, self.sliding) = (src.row, src.kind, src.sliding);
+        (self.row, self.kind, self.rot, self.sliding) = (src.row, src.kind, src.rot, src.sliding);
     }
 }
 
 impl KvState {
-    /// An empty cache of `row` values per position in the stored type `kind` (8-bit rows need
-    /// `row` in whole blocks: `Model::set_kv_type` checks the head size).
+    /// An empty cache of `row` values per position (one head) in the stored type `kind`.
     pub fn new(row: usize, kind: KvType) -> KvState {
-        assert!(kind != KvType::Q8 || row % Q8_BLOCK == 0, "an 8-bit cache of {row}-value rows");
-        KvState { cache: KvState::empty(kind), row, kind, sliding: false }
+        KvState::with_head(row, row, kind)
     }
 
-    fn empty(kind: KvType) -> Cache {
+    /// An empty cache of `row` values per position, heads of `hd`, in the stored type `kind`
+    /// (8-bit rows need heads in whole blocks: `Model::set_kv_type` checks the head size).
+    pub fn with_head(row: usize, hd: usize, kind: KvType) -> KvState {
+        assert!(kind != KvType::Q8 || hd % Q8_BLOCK == 0, "an 8-bit cache of {hd}-value heads");
+        assert!(hd > 0 && row % hd == 0, "a cache row of {row} values in heads of {hd}");
+        let rot = 1 << hd.trailing_zeros();
+        KvState { cache: KvState::empty(kind, rot), row, kind, rot, sliding: false }
+    }
+
+    fn empty(kind: KvType, rot: usize) -> Cache {
         match kind {
             KvType::F32 => Cache::Kv { k: Vec::new(), v: Vec::new() },
             KvType::F16 => Cache::KvF16 { k: Vec::new(), v: Vec::new() },
-            KvType::Q8 => Cache::KvQ8 { k: Vec::new(), kd: Vec::new(), v: Vec::new(), vd: Vec::new() },
+            KvType::Q8 => Cache::KvQ8 { k: Vec::new(), kd: Vec::new(), v: Vec::new(), vd: Vec::new(), rot },
         }
     }
 
@@ -406,7 +425,7 @@ impl MixerState for KvState {
                 k.truncate(n);
                 v.truncate(n);
             }
-            Cache::KvQ8 { k, kd, v, vd } => {
+            Cache::KvQ8 { k, kd, v, vd, .. } => {
                 k.truncate(n);
                 v.truncate(n);
                 kd.truncate(n / Q8_BLOCK);
@@ -427,7 +446,7 @@ impl MixerState for KvState {
                 k.reserve(n);
                 v.reserve(n);
             }
-            Cache::KvQ8 { k, kd, v, vd } => {
+            Cache::KvQ8 { k, kd, v, vd, .. } => {
                 k.reserve(n);
                 v.reserve(n);
                 kd.reserve(n / Q8_BLOCK);
@@ -451,13 +470,13 @@ impl MixerState for KvState {
                 k.clear();
                 v.clear();
             }
-            (Cache::KvQ8 { k, kd, v, vd }, KvType::Q8) => {
+            (Cache::KvQ8 { k, kd, v, vd, .. }, KvType::Q8) => {
                 k.clear();
                 kd.clear();
                 v.clear();
                 vd.clear();
             }
-            (c, kind) => *c = KvState::empty(kind),
+            (c, kind) => *c = KvState::empty(kind, self.rot),
         }
         self.sliding = false;
     }
@@ -473,7 +492,7 @@ impl MixerState for KvState {
                 put_f16s(out, k);
                 put_f16s(out, v);
             }
-            Cache::KvQ8 { k, kd, v, vd } => {
+            Cache::KvQ8 { k, kd, v, vd, .. } => {
                 for (q, d) in [(k, kd), (v, vd)] {
                     out.extend(q.iter().map(|&x| x as u8));
                     put_f32s(out, d);
@@ -500,7 +519,7 @@ impl MixerState for KvState {
             KvType::F32 => Cache::Kv { k: get_f32s(r, n, "keys")?, v: get_f32s(r, n, "values")? },
             KvType::Q8 => {
                 let ((k, kd), (v, vd)) = (q8("keys")?, q8("values")?);
-                Cache::KvQ8 { k, kd, v, vd }
+                Cache::KvQ8 { k, kd, v, vd, rot: self.rot }
             }
         };
         self.sliding = false;
@@ -511,7 +530,7 @@ impl MixerState for KvState {
         match &self.cache {
             Cache::Kv { k, v } => StateBytes { kv: (k.len() + v.len()) * 4, ..StateBytes::default() },
             Cache::KvF16 { k, v } => StateBytes { kv: (k.len() + v.len()) * 2, ..StateBytes::default() },
-            Cache::KvQ8 { k, kd, v, vd } => StateBytes { kv: k.len() + v.len() + (kd.len() + vd.len()) * 4, ..StateBytes::default() },
+            Cache::KvQ8 { k, kd, v, vd, .. } => StateBytes { kv: k.len() + v.len() + (kd.len() + vd.len()) * 4, ..StateBytes::default() },
             Cache::O1(o) if self.sliding => StateBytes { kv: o.bytes(), ..StateBytes::default() },
             Cache::O1(o) => StateBytes { o1: o.bytes(), ..StateBytes::default() },
         }
