@@ -103,7 +103,7 @@ pub fn set_threads(n: Option<usize>) -> Result<()> {
 }
 
 /// Sets the threads, resolves MODEL (pulling a known name), loads it and applies --numerics,
-/// --llamacpp-threads and --kv-f16.
+/// --llamacpp-threads and --kv-type.
 pub fn open_model(c: &Common) -> Result<Loaded> {
     set_threads(c.threads)?;
     let path = pull::resolve_model(&c.model)?;
@@ -202,7 +202,7 @@ pub struct O1Args {
     /// (--o1-far nystrom) the Nyström skeleton of --o1-landmarks M (default: the most landmarks, at
     /// least 4, whose skeleton takes at most a quarter of the budget) all come out of the same
     /// bytes, the window takes the rest. The sealed state is f32 in every policy (an f16 cache
-    /// is widened at the seal), so the budget is the same with --kv-f16. Not with --kv-window
+    /// is widened at the seal), so the budget is the same with any --kv-type. Not with --kv-window
     /// or --o1-window.
     #[arg(long, value_name = "N")]
     pub o1_budget: Option<usize>,

@@ -493,20 +493,19 @@ mod avx512 {
                 // Opaque per head, so the compiler reloads the block's rows from L1 rather than
                 // hoisting all of them out of the head loop into spilled registers.
                 let rows = std::hint::black_box(rows);
-                let mut v = [_mm512_setzero_ps(); 16];
-                for (i, x) in v.iter_mut().enumerate() {
-                    // SAFETY: row i < nt; head h has hd values in q. Wide heads read q from L1
-                    // (q and 16 sums would not fit the registers together).
-                    *x = unsafe {
-                        if NV <= 8 {
-                            parts_q(&qv, rows.add(i * stride))
-                        } else {
-                            crate::dot::avx512::parts(q.as_ptr().add(h * hd), rows.add(i * stride), hd)
-                        }
-                    };
+                // Wide heads (q in 16 registers) sum 8 rows at a time: hsum16's lanes of a
+                // row do not depend on the other rows', zeros stand in for the missing 8.
+                let batch = if NV <= 8 { 16 } else { 8 };
+                for b in (0..16).step_by(batch) {
+                    let mut v = [_mm512_setzero_ps(); 16];
+                    for (i, x) in v.iter_mut().enumerate().take(batch) {
+                        // SAFETY: row b + i < nt.
+                        *x = unsafe { parts_q(&qv, rows.add((b + i) * stride)) };
+                    }
+                    let m: __mmask16 = if batch == 16 { 0xffff } else { 0x00ff };
+                    // SAFETY: out[h ldo + t0 + b..][..batch] is inside out (t0 + 16 <= ldo).
+                    unsafe { _mm512_mask_storeu_ps(out.as_mut_ptr().add(h * ldo + t0 + b), m, hsum16(v)) };
                 }
-                // SAFETY: out[h ldo + t0..][..16] is inside out (t0 + 16 <= ldo).
-                unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(h * ldo + t0), hsum16(v)) };
             } else {
                 for t in 0..nt {
                     // SAFETY: row t < nt.
@@ -532,29 +531,38 @@ mod avx512 {
                 64 => {
                     let mut h = 0;
                     while h + 4 <= g {
-                        acc_heads::<4, 4>(p, n, t0, nt, rows, stride, out, h);
+                        acc_heads::<4, 4>(p, n, t0, nt, rows, stride, out, h, 0);
                         h += 4;
                     }
                     match g - h {
-                        3 => acc_heads::<4, 3>(p, n, t0, nt, rows, stride, out, h),
-                        2 => acc_heads::<4, 2>(p, n, t0, nt, rows, stride, out, h),
-                        1 => acc_heads::<4, 1>(p, n, t0, nt, rows, stride, out, h),
+                        3 => acc_heads::<4, 3>(p, n, t0, nt, rows, stride, out, h, 0),
+                        2 => acc_heads::<4, 2>(p, n, t0, nt, rows, stride, out, h, 0),
+                        1 => acc_heads::<4, 1>(p, n, t0, nt, rows, stride, out, h, 0),
                         _ => {}
                     }
                 }
                 128 => {
                     let mut h = 0;
                     while h + 2 <= g {
-                        acc_heads::<8, 2>(p, n, t0, nt, rows, stride, out, h);
+                        acc_heads::<8, 2>(p, n, t0, nt, rows, stride, out, h, 0);
                         h += 2;
                     }
                     if h < g {
-                        acc_heads::<8, 1>(p, n, t0, nt, rows, stride, out, h);
+                        acc_heads::<8, 1>(p, n, t0, nt, rows, stride, out, h, 0);
                     }
                 }
                 256 => {
-                    for h in 0..g {
-                        acc_heads::<16, 1>(p, n, t0, nt, rows, stride, out, h);
+                    // Two halves of 128 values: two heads' sums fit the registers beside the
+                    // row, which is loaded once for both.
+                    for col in [0, 128] {
+                        let mut h = 0;
+                        while h + 2 <= g {
+                            acc_heads::<8, 2>(p, n, t0, nt, rows, stride, out, h, col);
+                            h += 2;
+                        }
+                        if h < g {
+                            acc_heads::<8, 1>(p, n, t0, nt, rows, stride, out, h, col);
+                        }
                     }
                 }
                 _ => accumulate_any(p, n, t0, nt, rows, stride, hd, out),
@@ -562,11 +570,11 @@ mod avx512 {
         }
     }
 
-    /// Heads h0..h0 + HG of `accumulate_block`, hd = 16·NV: their sums loaded into registers,
-    /// one fma per row and vector in row order, stored back.
+    /// Heads h0..h0 + HG of `accumulate_block`, values col..col + 16·NV of each: their sums
+    /// loaded into registers, one fma per row and vector in row order, stored back.
     ///
     /// # Safety
-    /// As `accumulate_block`; heads h0..h0 + HG are in out.
+    /// As `accumulate_block`; heads h0..h0 + HG are in out; col + 16·NV <= hd.
     #[allow(clippy::too_many_arguments)]
     #[inline]
     #[target_feature(enable = "avx512f,fma")]
@@ -579,8 +587,9 @@ mod avx512 {
         stride: usize,
         out: &mut [f32],
         h0: usize,
+        col: usize,
     ) {
-        let pl = part_len(16 * NV);
+        let pl = out.len() / (p.len() / n);
         let op = out.as_mut_ptr();
         // No closures here: they would not inherit the target features (each intrinsic a call).
         let mut acc = [[_mm512_setzero_ps(); NV]; HG];
@@ -588,7 +597,7 @@ mod avx512 {
         for (h, ah) in acc.iter_mut().enumerate() {
             for (c, a) in ah.iter_mut().enumerate() {
                 // SAFETY: head h0 + h has pl values in out, its sums from offset 2.
-                *a = unsafe { _mm512_loadu_ps(op.add((h0 + h) * pl + 2 + 16 * c)) };
+                *a = unsafe { _mm512_loadu_ps(op.add((h0 + h) * pl + 2 + col + 16 * c)) };
             }
         }
         for t in 0..nt {
@@ -596,7 +605,7 @@ mod avx512 {
                 // The row in registers, shared by the HG heads.
                 for (c, x) in vv.iter_mut().enumerate() {
                     // SAFETY: row t < nt.
-                    *x = unsafe { _mm512_loadu_ps(rows.add(t * stride + 16 * c)) };
+                    *x = unsafe { _mm512_loadu_ps(rows.add(t * stride + col + 16 * c)) };
                 }
                 for (h, ah) in acc.iter_mut().enumerate() {
                     let pb = _mm512_set1_ps(p[(h0 + h) * n + t0 + t]);
@@ -610,7 +619,7 @@ mod avx512 {
                     let pb = _mm512_set1_ps(p[(h0 + h) * n + t0 + t]);
                     for (c, a) in ah.iter_mut().enumerate() {
                         // SAFETY: row t < nt.
-                        *a = _mm512_fmadd_ps(pb, unsafe { _mm512_loadu_ps(rows.add(t * stride + 16 * c)) }, *a);
+                        *a = _mm512_fmadd_ps(pb, unsafe { _mm512_loadu_ps(rows.add(t * stride + col + 16 * c)) }, *a);
                     }
                 }
             }
@@ -618,7 +627,7 @@ mod avx512 {
         for (h, ah) in acc.iter().enumerate() {
             for (c, a) in ah.iter().enumerate() {
                 // SAFETY: as the loads above.
-                unsafe { _mm512_storeu_ps(op.add((h0 + h) * pl + 2 + 16 * c), *a) };
+                unsafe { _mm512_storeu_ps(op.add((h0 + h) * pl + 2 + col + 16 * c), *a) };
             }
         }
     }
