@@ -202,4 +202,11 @@ fn bad_flags() {
     fails_with(&["frobnicate"], &["frobnicate"]);
     fails_with(&["run", "-m", fixture("gemma3").to_str().unwrap(), "--temp=-1", "-p", "x"], &["--temp"]);
     fails_with(&["logits", "-m", fixture("gemma3").to_str().unwrap(), "--tokens", "1,x", "--out", "/tmp/o.npy"], &["x"]);
+    // An 8-bit KV cache needs heads in blocks of 32 (the llama fixture's are 16); a KV type
+    // that does not exist; two KV flags at once.
+    let llama = fixture("llama");
+    let m = llama.to_str().unwrap();
+    fails_with(&["logits", "-m", m, "--kv-type", "q8", "--tokens", "1,2", "--out", "/tmp/o.npy"], &["--kv-type", "head size", "16"]);
+    fails_with(&["logits", "-m", m, "--kv-type", "q4", "--tokens", "1", "--out", "/tmp/o.npy"], &["q4"]);
+    fails_with(&["logits", "-m", m, "--kv-type", "f32", "--kv-f16", "--tokens", "1", "--out", "/tmp/o.npy"], &["--kv-f16"]);
 }
