@@ -8,10 +8,15 @@
 //!
 //! Why by hand: this is decode's hot loop at long context (at 8k tokens the cache of
 //! Qwen2.5-0.5B is 200 MB of f32 read per token against 400 MB of weights). The cache is read
-//! in place: an f32 cache directly; an f16 or 8-bit one a tile of rows at a time (≤ 4 KB
-//! of f32, in L1), converted once for all the query heads of the kv head and never widened
-//! as a whole. 8-bit rows are blocks of `Q8_BLOCK` values with one f32 scale each
-//! (`quantize_q8`), the layout of ggml's q8_0 with an f32 scale.
+//! in place, 16 rows at a time (every kv head of the split in one contiguous read): an f32
+//! cache directly; an f16 or 8-bit one converted into a 16-row f32 tile (in L1) once for all
+//! the query heads and never widened as a whole. 8-bit rows are blocks of `Q8_BLOCK` values
+//! with one f32 scale each (`quantize_q8`), the layout of ggml's q8_0 with an f32 scale; the
+//! engine stores keys Hadamard-transformed in it (`hadamard`).
+//!
+//! Where it stands (2 cores, Zen 5 in a VM): ~45% of the FMA peak from cache (4.7 ns per
+//! (key, head) at head size 64, 7 heads per kv head), and the DRAM stream is not overlapped
+//! with the arithmetic yet (10-13 ns read from memory). BENCHMARKS.md, twenty-first session.
 //!
 //! Arithmetic, the same in the SIMD kernel and its scalar twin, bit for bit:
 //! - score: `dot(q_h, k_t)` in `dot::dot`'s lane order (`attn::dot_rows`) on the key as f32
