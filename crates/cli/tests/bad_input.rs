@@ -206,7 +206,10 @@ fn bad_flags() {
     // that does not exist; two KV flags at once.
     let llama = fixture("llama");
     let m = llama.to_str().unwrap();
-    fails_with(&["logits", "-m", m, "--kv-type", "q8", "--tokens", "1,2", "--out", "/tmp/o.npy"], &["--kv-type", "head size", "16"]);
+    fails_with(
+        &["logits", "-m", m, "--kv-type", "q8", "--tokens", "1,2", "--out", "/tmp/o.npy"],
+        &["--kv-type", "head size", "16"],
+    );
     fails_with(&["logits", "-m", m, "--kv-type", "q4", "--tokens", "1", "--out", "/tmp/o.npy"], &["q4"]);
     fails_with(&["logits", "-m", m, "--kv-type", "f32", "--kv-f16", "--tokens", "1", "--out", "/tmp/o.npy"], &["--kv-f16"]);
 }

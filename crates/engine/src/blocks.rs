@@ -3,7 +3,6 @@
 //! matrix form, output projection) and the gated FFN. Architecture files compose these; none of
 //! them matches on a dtype (QTensor does).
 
-
 use cortiq_kernels::act::{GatedAct, gated_act_fast, softmax_fast};
 use cortiq_kernels::dot::gemm_nn;
 use cortiq_kernels::kvattn::{Exp, KvRows, ScoreRule, Split, attend_split, hadamard, merge, part_len};

@@ -1,24 +1,16 @@
-//! Decode attention's two inner loops over a run of cached positions, for one or several query
-//! heads that share a kv head: the scores `q_h · k_t` and the weighted sum `Σ_t p_ht · v_t`.
+//! Attention scores over a run of cached positions for one or several query heads that share
+//! a kv head: `dot_rows`, `q_h · k_t` for 16 positions per transposed horizontal sum. The
+//! decode kernel (`kvattn`) takes its scores from here for head sizes it does not specialise,
+//! and its own specialised loops follow the same arithmetic.
 //!
-//! Why not `dot` and `axpy` per position: at the contexts decode mostly runs at (tens to a few
-//! thousand positions, head_dim 64-256) a call per (head, position) spends more on the call,
-//! the horizontal sum and reloading the output row than on the arithmetic; a 4-sequence decode
-//! batch of Qwen2.5-0.5B spent 13% of its step there. Here the scores of 16 positions share one
-//! transposed horizontal sum and the weighted sum keeps the output row in registers.
-//!
-//! Both loops give bit for bit the values of the per-position calls they replace, so every path
-//! that attends (decode, short prompt chunks, the batch) keeps one arithmetic:
-//! - `dot_rows`: each score is `dot(q_h, k_t)` — the same lane sums (`dot::avx512::parts`) and
-//!   the same summation tree (`dot::avx512::hsum`: lanes (i, i+8), (i, i+4), (i, i+2), (0, 1)),
-//!   done for 16 positions at once with shuffles that pair exactly those lanes.
-//! - `axpy_rows`: each output element is `((o + p_0 v_0) + p_1 v_1) + ...` in position order, a
-//!   rounded multiply then a rounded add per term, as `axpy` computes it.
-//!
-//! The scalar twins are `dot_scalar` per pair (a different summation order: compared with a
-//! tolerance) and the same sequential multiply-add (compared bit for bit).
+//! Why not `dot` per position: a call per (head, position) spends more on the call and the
+//! horizontal sum than on the arithmetic at decode's head sizes (64-256). Each score is
+//! `dot(q_h, k_t)` bit for bit — the same lane sums (`dot::avx512::parts`) and the same
+//! summation tree (`dot::avx512::hsum`: lanes (i, i+8), (i, i+4), (i, i+2), (0, 1)), done for 16
+//! positions at once with shuffles that pair exactly those lanes. The scalar twin is
+//! `dot_scalar` per pair (a different summation order: compared with a tolerance).
 
-use crate::dot::{axpy_scalar, dot_scalar};
+use crate::dot::dot_scalar;
 use crate::simd::{Level, level};
 
 #[track_caller]
@@ -63,39 +55,6 @@ pub fn dot_rows_scalar(q: &[f32], hd: usize, keys: &[f32], stride: usize, n: usi
     for (qh, oh) in q.chunks_exact(hd).zip(out.chunks_exact_mut(n.max(1))) {
         for (t, o) in oh.iter_mut().enumerate().take(n) {
             *o = dot_scalar(qh, &keys[t * stride..t * stride + hd]);
-        }
-    }
-}
-
-/// `out[h * hd..][..hd] += Σ_t p[h * n + t] · vals[t * stride..][..hd]` for the g = p.len() / n
-/// heads, term by term in position order with `axpy`'s rounding (a multiply, then an add).
-#[track_caller]
-pub fn axpy_rows(p: &[f32], n: usize, vals: &[f32], stride: usize, hd: usize, out: &mut [f32]) {
-    let g = out.len() / hd.max(1);
-    check("axpy_rows", g, hd, vals, stride, n);
-    assert!(
-        out.len() == g * hd && p.len() == g * n,
-        "axpy_rows: out {} values for head_dim {hd}, p {} for {g} x {n}",
-        out.len(),
-        p.len()
-    );
-    match level() {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: level() returned Avx512 only after detecting avx512f; lengths checked.
-        Level::Avx512 => unsafe { avx512::axpy_rows(p, n, vals, stride, hd, out) },
-        _ => axpy_rows_scalar(p, n, vals, stride, hd, out),
-    }
-}
-
-/// Scalar twin of `axpy_rows`: `axpy_scalar` per term.
-#[track_caller]
-pub fn axpy_rows_scalar(p: &[f32], n: usize, vals: &[f32], stride: usize, hd: usize, out: &mut [f32]) {
-    let g = out.len() / hd.max(1);
-    check("axpy_rows_scalar", g, hd, vals, stride, n);
-    assert!(out.len() == g * hd && p.len() == g * n, "axpy_rows_scalar: out {} values, p {}", out.len(), p.len());
-    for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
-        for t in 0..n {
-            axpy_scalar(p[h * n + t], &vals[t * stride..t * stride + hd], oh);
         }
     }
 }
@@ -184,65 +143,6 @@ pub(crate) mod avx512 {
             for t in t0..n {
                 // SAFETY: as above, row t < n.
                 out[h * n + t] = hsum(unsafe { parts(qh.as_ptr(), kp.add(t * stride), hd) });
-            }
-        }
-    }
-
-    /// # Safety
-    /// AVX-512 F available; lengths as `super::axpy_rows` checks them.
-    #[target_feature(enable = "avx512f,fma")]
-    pub unsafe fn axpy_rows(p: &[f32], n: usize, vals: &[f32], stride: usize, hd: usize, out: &mut [f32]) {
-        // SAFETY: forwarded; the common head sizes get their own unrolled copy.
-        unsafe {
-            match hd {
-                64 => axpy_rows_hd::<64>(p, n, vals, stride, hd, out),
-                128 => axpy_rows_hd::<128>(p, n, vals, stride, hd, out),
-                256 => axpy_rows_hd::<256>(p, n, vals, stride, hd, out),
-                _ => axpy_rows_hd::<0>(p, n, vals, stride, hd, out),
-            }
-        }
-    }
-
-    /// `axpy_rows` for head size HD (0: the run-time `hd`).
-    ///
-    /// # Safety
-    /// As `axpy_rows`; HD is 0 or equals hd.
-    #[inline]
-    #[target_feature(enable = "avx512f,fma")]
-    unsafe fn axpy_rows_hd<const HD: usize>(p: &[f32], n: usize, vals: &[f32], stride: usize, hd: usize, out: &mut [f32]) {
-        const W: usize = 8; // vectors of a row kept in registers at once
-        let hd = if HD == 0 { hd } else { HD };
-        // Blocks of 16 positions outer, heads inner, as in dot_rows: the block's value rows stay
-        // in L1 for every head; each head's output row is loaded and stored once per block.
-        for t0 in (0..n).step_by(TB) {
-            let t1 = (t0 + TB).min(n);
-            for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
-                let vp = std::hint::black_box(vals.as_ptr());
-                let ph = &p[h * n + t0..h * n + t1];
-                for c0 in (0..hd).step_by(16 * W) {
-                    let nv = (hd - c0).div_ceil(16).min(W);
-                    let mask = |i: usize| -> __mmask16 {
-                        let rem = hd - c0 - 16 * i;
-                        if rem >= 16 { 0xffff } else { ((1u32 << rem) - 1) as u16 }
-                    };
-                    let mut acc = [_mm512_setzero_ps(); W];
-                    for (i, a) in acc.iter_mut().enumerate().take(nv) {
-                        // SAFETY: masked load of oh[c0 + 16i..] lanes < hd - c0 - 16i, in bounds.
-                        *a = unsafe { _mm512_maskz_loadu_ps(mask(i), oh.as_ptr().add(c0 + 16 * i)) };
-                    }
-                    for (t, &pt) in (t0..t1).zip(ph) {
-                        let pv = _mm512_set1_ps(pt);
-                        for (i, a) in acc.iter_mut().enumerate().take(nv) {
-                            // SAFETY: row t < n lies inside vals (checked); lanes masked to < hd.
-                            let x = unsafe { _mm512_maskz_loadu_ps(mask(i), vp.add(t * stride + c0 + 16 * i)) };
-                            *a = _mm512_add_ps(*a, _mm512_mul_ps(pv, x));
-                        }
-                    }
-                    for (i, a) in acc.iter().enumerate().take(nv) {
-                        // SAFETY: masked store to oh[c0 + 16i..], lanes < hd - c0 - 16i.
-                        unsafe { _mm512_mask_storeu_ps(oh.as_mut_ptr().add(c0 + 16 * i), mask(i), *a) };
-                    }
-                }
             }
         }
     }

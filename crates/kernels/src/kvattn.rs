@@ -438,7 +438,17 @@ mod avx512 {
     /// with t0 + nt <= ldo; blk holds g · 16.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,fma")]
-    unsafe fn scores_block(q: &[f32], hd: usize, rows: *const f32, stride: usize, nt: usize, out: &mut [f32], ldo: usize, t0: usize, blk: &mut [f32]) {
+    unsafe fn scores_block(
+        q: &[f32],
+        hd: usize,
+        rows: *const f32,
+        stride: usize,
+        nt: usize,
+        out: &mut [f32],
+        ldo: usize,
+        t0: usize,
+        blk: &mut [f32],
+    ) {
         // SAFETY (whole block): forwarded.
         unsafe {
             match hd {
@@ -485,7 +495,15 @@ mod avx512 {
     /// # Safety
     /// As `scores_block`.
     #[target_feature(enable = "avx512f,fma")]
-    unsafe fn scores_hd<const NV: usize>(q: &[f32], rows: *const f32, stride: usize, nt: usize, out: &mut [f32], ldo: usize, t0: usize) {
+    unsafe fn scores_hd<const NV: usize>(
+        q: &[f32],
+        rows: *const f32,
+        stride: usize,
+        nt: usize,
+        out: &mut [f32],
+        ldo: usize,
+        t0: usize,
+    ) {
         let hd = 16 * NV;
         // No closures here: they would not inherit the target features (each intrinsic a call).
         let mut qv = [_mm512_setzero_ps(); NV];
@@ -528,7 +546,16 @@ mod avx512 {
     /// AVX-512 F and FMA; rows valid for (nt - 1) · stride + hd reads; t0 + nt <= n.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,fma")]
-    unsafe fn accumulate_block(p: &[f32], n: usize, t0: usize, nt: usize, rows: *const f32, stride: usize, hd: usize, out: &mut [f32]) {
+    unsafe fn accumulate_block(
+        p: &[f32],
+        n: usize,
+        t0: usize,
+        nt: usize,
+        rows: *const f32,
+        stride: usize,
+        hd: usize,
+        out: &mut [f32],
+    ) {
         let g = out.len() / part_len(hd);
         // SAFETY (whole block): forwarded; each call's heads are < g.
         unsafe {
@@ -644,7 +671,16 @@ mod avx512 {
     /// As `accumulate_block`.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,fma")]
-    unsafe fn accumulate_any(p: &[f32], n: usize, t0: usize, nt: usize, rows: *const f32, stride: usize, hd: usize, out: &mut [f32]) {
+    unsafe fn accumulate_any(
+        p: &[f32],
+        n: usize,
+        t0: usize,
+        nt: usize,
+        rows: *const f32,
+        stride: usize,
+        hd: usize,
+        out: &mut [f32],
+    ) {
         const W: usize = 8;
         for (h, oh) in out.chunks_exact_mut(part_len(hd)).enumerate() {
             let acc_row = &mut oh[2..];
@@ -719,21 +755,17 @@ mod avx512 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cortiq_testkit::XorShift;
 
-    fn rnd(n: usize, seed: &mut u64) -> Vec<f32> {
-        (0..n)
-            .map(|_| {
-                *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect()
+    fn rnd(n: usize, seed: &mut XorShift) -> Vec<f32> {
+        (0..n).map(|_| seed.f()).collect()
     }
 
     /// Every stored type, head size, group size, split length and rule: the SIMD kernel equals
     /// its scalar twin bit for bit.
     #[test]
     fn attend_split_matches_its_scalar_twin_bit_for_bit() {
-        let mut seed = 7u64;
+        let mut seed = XorShift(7u64);
         for &hd in &[64usize, 128, 256, 96, 80] {
             for &(g, nkv) in &[(1usize, 1usize), (3, 2), (7, 2), (4, 1)] {
                 let stride = nkv * hd;
@@ -762,7 +794,8 @@ mod tests {
                                 ScoreRule { scale: 0.125, softcap: Some(5.0), exp: Exp::Libm },
                             ] {
                                 // One kv head's group, or all kv heads from the first (every group).
-                                let (off, qs) = if kvh + 1 < nkv || nkv == 1 { (kvh * hd, &q[..g * hd]) } else { (0, &q_all[..]) };
+                                let (off, qs) =
+                                    if kvh + 1 < nkv || nkv == 1 { (kvh * hd, &q[..g * hd]) } else { (0, &q_all[..]) };
                                 let s = Split { keys, vals, stride, off, row0, n };
                                 let nq = qs.len() / hd;
                                 let (mut a, mut b) = (vec![0f32; nq * part_len(hd)], vec![0f32; nq * part_len(hd)]);
@@ -789,7 +822,7 @@ mod tests {
     /// rounding), whatever the cut.
     #[test]
     fn merged_splits_equal_the_softmax_attention() {
-        let mut seed = 3u64;
+        let mut seed = XorShift(3u64);
         let (hd, n) = (64, 200);
         let k = rnd(n * hd, &mut seed);
         let v = rnd(n * hd, &mut seed);
@@ -804,7 +837,8 @@ mod tests {
             let parts: Vec<Vec<f32>> = cuts
                 .windows(2)
                 .map(|c| {
-                    let s = Split { keys: KvRows::F32(&k), vals: KvRows::F32(&v), stride: hd, off: 0, row0: c[0], n: c[1] - c[0] };
+                    let s =
+                        Split { keys: KvRows::F32(&k), vals: KvRows::F32(&v), stride: hd, off: 0, row0: c[0], n: c[1] - c[0] };
                     let mut out = vec![0f32; part_len(hd)];
                     attend_split(&q, hd, 1, &s, &rule, &mut Vec::new(), &mut out);
                     out
@@ -821,7 +855,7 @@ mod tests {
     /// identity.
     #[test]
     fn hadamard_keeps_dot_products_and_undoes_itself() {
-        let mut seed = 5u64;
+        let mut seed = XorShift(5u64);
         for r in [1usize, 2, 32, 64, 256] {
             let (a, b) = (rnd(2 * 256, &mut seed), rnd(2 * 256, &mut seed));
             let (mut ha, mut hb) = (a.clone(), b.clone());
@@ -837,7 +871,7 @@ mod tests {
 
     #[test]
     fn q8_rows_round_trip_within_half_a_step() {
-        let mut seed = 11u64;
+        let mut seed = XorShift(11u64);
         let x = rnd(4 * 64, &mut seed);
         let (mut q, mut d) = (Vec::new(), Vec::new());
         quantize_q8(&x, &mut q, &mut d);

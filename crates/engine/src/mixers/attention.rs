@@ -270,7 +270,9 @@ impl Clone for Cache {
         match self {
             Cache::Kv { k, v } => Cache::Kv { k: k.clone(), v: v.clone() },
             Cache::KvF16 { k, v } => Cache::KvF16 { k: k.clone(), v: v.clone() },
-            Cache::KvQ8 { k, kd, v, vd, rot } => Cache::KvQ8 { k: k.clone(), kd: kd.clone(), v: v.clone(), vd: vd.clone(), rot: *rot },
+            Cache::KvQ8 { k, kd, v, vd, rot } => {
+                Cache::KvQ8 { k: k.clone(), kd: kd.clone(), v: v.clone(), vd: vd.clone(), rot: *rot }
+            }
             Cache::O1(o) => Cache::O1(o.clone()),
         }
     }
@@ -530,7 +532,9 @@ impl MixerState for KvState {
         match &self.cache {
             Cache::Kv { k, v } => StateBytes { kv: (k.len() + v.len()) * 4, ..StateBytes::default() },
             Cache::KvF16 { k, v } => StateBytes { kv: (k.len() + v.len()) * 2, ..StateBytes::default() },
-            Cache::KvQ8 { k, kd, v, vd, .. } => StateBytes { kv: k.len() + v.len() + (kd.len() + vd.len()) * 4, ..StateBytes::default() },
+            Cache::KvQ8 { k, kd, v, vd, .. } => {
+                StateBytes { kv: k.len() + v.len() + (kd.len() + vd.len()) * 4, ..StateBytes::default() }
+            }
             Cache::O1(o) if self.sliding => StateBytes { kv: o.bytes(), ..StateBytes::default() },
             Cache::O1(o) => StateBytes { o1: o.bytes(), ..StateBytes::default() },
         }
