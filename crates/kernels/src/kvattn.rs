@@ -153,11 +153,15 @@ pub fn attend_split(q: &[f32], hd: usize, group: usize, s: &Split, rule: &ScoreR
         #[cfg(target_arch = "x86_64")]
         // SAFETY: level() returned Avx512 only after detecting avx512f and fma; bounds checked.
         Level::Avx512 => unsafe { avx512::attend_split(q, hd, group, s, rule, scratch, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: level() returned Avx2 only after detecting avx2, fma and f16c; bounds checked.
+        Level::Avx2 if hd % 16 == 0 => unsafe { avx2::attend_split(q, hd, group, s, rule, scratch, out) },
         _ => attend_split_scalar(q, hd, group, s, rule, out),
     }
 }
 
 /// `dot::avx512::hsum`'s tree on 16 lanes.
+#[inline(always)]
 fn hsum_scalar(v: [f32; 16]) -> f32 {
     let s8: [f32; 8] = std::array::from_fn(|i| v[i] + v[i + 8]);
     let s4: [f32; 4] = std::array::from_fn(|i| s8[i] + s8[i + 4]);
@@ -194,6 +198,7 @@ fn dot_lanes(a: &[f32], b: impl Fn(usize) -> f32) -> f32 {
 }
 
 /// m, then p_t = exp(s_t − m) in place, then l (16 lane sums, `hsum`'s tree).
+#[inline(always)]
 fn softmax_part_scalar(s: &mut [f32], exp: Exp) -> (f32, f32) {
     let m = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut lanes = [0f32; 16];
@@ -309,16 +314,12 @@ mod avx512 {
         stride: usize,
     }
 
-    /// Rows row0..row0 + n, values off..off + width, as f32: in place for f32, else converted
-    /// into `tile` [n, width]. Also prefetches the rows AHEAD further on.
-    ///
-    /// # Safety
-    /// AVX-512 F available; the rows lie inside `src` (checked by `super::check`); for 8-bit,
-    /// stride, off and width are multiples of Q8_BLOCK; tile holds n · width values.
+    /// Prefetch rows r0..r1 (those inside `src`), values off..off + width, with hint H.
+    #[inline]
     #[target_feature(enable = "avx512f,fma")]
-    unsafe fn block(src: KvRows, stride: usize, off: usize, width: usize, row0: usize, n: usize, tile: &mut [f32]) -> Block {
+    fn prefetch<const H: i32>(src: KvRows, stride: usize, off: usize, width: usize, r0: usize, r1: usize) {
         let len = src.len();
-        for r in row0 + AHEAD..row0 + AHEAD + n {
+        for r in r0..r1 {
             let at = r * stride + off;
             if at + width > len {
                 break;
@@ -330,9 +331,20 @@ mod avx512 {
             };
             for c in (0..bytes).step_by(64) {
                 // A prefetch never faults; the line lies inside the rows anyway (checked above).
-                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(c));
+                _mm_prefetch::<H>(p.wrapping_add(c));
             }
         }
+    }
+
+    /// Rows row0..row0 + n, values off..off + width, as f32: in place for f32, else converted
+    /// into `tile` [n, width]. Also prefetches the rows AHEAD further on.
+    ///
+    /// # Safety
+    /// AVX-512 F available; the rows lie inside `src` (checked by `super::check`); for 8-bit,
+    /// stride, off and width are multiples of Q8_BLOCK; tile holds n · width values.
+    #[target_feature(enable = "avx512f,fma")]
+    unsafe fn block(src: KvRows, stride: usize, off: usize, width: usize, row0: usize, n: usize, tile: &mut [f32]) -> Block {
+        prefetch::<_MM_HINT_T0>(src, stride, off, width, row0 + AHEAD, row0 + AHEAD + n);
         let whole = width / 16 * 16;
         match src {
             KvRows::F32(x) => Block { ptr: x[row0 * stride + off..].as_ptr(), stride },
@@ -399,6 +411,9 @@ mod avx512 {
             let nt = TB.min(n - t0);
             // SAFETY: rows s.row0 + t0 .. + nt lie inside the keys (checked); tile holds TB · width.
             let b = unsafe { block(s.keys, s.stride, s.off, width, s.row0 + t0, nt, tile) };
+            // The value rows of the same block, into L2 for the second pass: both streams in
+            // flight while the scores are computed.
+            prefetch::<_MM_HINT_T1>(s.vals, s.stride, s.off, width, s.row0 + t0, s.row0 + t0 + nt);
             for j in 0..kvc {
                 let qj = &q[j * group * hd..(j + 1) * group * hd];
                 // SAFETY: the block's nt rows hold width values from b.ptr, kv head j at j·hd.
@@ -749,6 +764,118 @@ mod avx512 {
             acc = _mm512_add_ps(acc, unsafe { _mm512_maskz_loadu_ps(mask, s.as_ptr().add(n16)) });
         }
         (m, crate::dot::avx512::hsum(acc))
+    }
+}
+
+/// The AVX2 kernel (no AVX-512), head sizes that are multiples of 16: per head, each score is
+/// the scalar twin's 16-lane dot product held in two 8-lane halves (the same FMAs per lane,
+/// the same reduction tree), the softmax part the twin's own code compiled here, and the
+/// weighted sum 64 values at a time in registers, one FMA per value and row in position
+/// order: the twin's bits. Rows of f16 or 8-bit are widened 8 values at a time as they are
+/// read (exactly for f16; `q · d` for 8-bit, one rounding, as `KvRows::get`).
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{KvRows, Q8_BLOCK, ScoreRule, Split, part_len, softmax_part_scalar};
+    use std::arch::x86_64::*;
+
+    /// Values i..i + 8 of `src` as f32.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C available; i + 8 <= the rows' length; for 8-bit, i a multiple of 8.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load8(src: KvRows, i: usize) -> __m256 {
+        // SAFETY (whole block): i + 8 <= len (the caller's promise); unaligned loads.
+        unsafe {
+            match src {
+                KvRows::F32(x) => _mm256_loadu_ps(x.as_ptr().add(i)),
+                KvRows::F16(x) => _mm256_cvtph_ps(_mm_loadu_si128(x.as_ptr().add(i).cast())),
+                KvRows::Q8 { q, d } => {
+                    let v = _mm_loadl_epi64(q.as_ptr().add(i).cast());
+                    _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), _mm256_set1_ps(*d.get_unchecked(i / Q8_BLOCK)))
+                }
+            }
+        }
+    }
+
+    /// `super::dot_lanes(q, |j| row[base + j])` for hd a multiple of 16: lanes 0..8 and 8..16
+    /// of each 16-lane accumulator in two registers.
+    ///
+    /// # Safety
+    /// As `load8` for base..base + q.len().
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot(q: &[f32], src: KvRows, base: usize) -> f32 {
+        let n = q.len();
+        let z = _mm256_setzero_ps();
+        let (mut a0l, mut a0h, mut a1l, mut a1h) = (z, z, z, z);
+        let qp = q.as_ptr();
+        let mut i = 0;
+        // SAFETY (whole block): i + 32 <= n or i + 16 <= n inside q; the rows as promised.
+        unsafe {
+            while i + 32 <= n {
+                a0l = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(i)), load8(src, base + i), a0l);
+                a0h = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(i + 8)), load8(src, base + i + 8), a0h);
+                a1l = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(i + 16)), load8(src, base + i + 16), a1l);
+                a1h = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(i + 24)), load8(src, base + i + 24), a1h);
+                i += 32;
+            }
+            if i + 16 <= n {
+                a0l = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(i)), load8(src, base + i), a0l);
+                a0h = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(i + 8)), load8(src, base + i + 8), a0h);
+            }
+        }
+        // v = a0 + a1 (16 lanes), then hsum_scalar's tree: (i, i + 8), (i, i + 4), (0 + 2) + (1 + 3).
+        let s8 = _mm256_add_ps(_mm256_add_ps(a0l, a1l), _mm256_add_ps(a0h, a1h));
+        let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));
+        let x = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        _mm_cvtss_f32(_mm_add_ss(x, _mm_shuffle_ps::<1>(x, x)))
+    }
+
+    /// # Safety
+    /// AVX2, FMA and F16C available; arguments as `super::check` accepts them, hd % 16 == 0.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn attend_split(
+        q: &[f32],
+        hd: usize,
+        group: usize,
+        s: &Split,
+        rule: &ScoreRule,
+        scratch: &mut Vec<f32>,
+        out: &mut [f32],
+    ) {
+        let n = s.n;
+        if scratch.len() < n {
+            scratch.resize(n, 0.0);
+        }
+        let p = &mut scratch[..n];
+        for (h, (qh, oh)) in q.chunks_exact(hd).zip(out.chunks_exact_mut(part_len(hd))).enumerate() {
+            let off = s.off + (h / group) * hd;
+            for (t, x) in p.iter_mut().enumerate() {
+                // SAFETY: row s.row0 + t, values off..off + hd lie inside the keys (checked).
+                *x = rule.score(unsafe { dot(qh, s.keys, (s.row0 + t) * s.stride + off) });
+            }
+            let (m, l) = softmax_part_scalar(p, rule.exp);
+            oh[0] = m;
+            oh[1] = l;
+            let acc_row = &mut oh[2..];
+            for c0 in (0..hd).step_by(64) {
+                let nv = ((hd - c0) / 8).min(8);
+                let mut acc = [_mm256_setzero_ps(); 8];
+                for (t, &pt) in p.iter().enumerate() {
+                    let pb = _mm256_set1_ps(pt);
+                    let base = (s.row0 + t) * s.stride + off + c0;
+                    for (v, a) in acc.iter_mut().enumerate().take(nv) {
+                        // SAFETY: values base + 8v..+8 lie inside the row's head (checked).
+                        *a = _mm256_fmadd_ps(pb, unsafe { load8(s.vals, base + 8 * v) }, *a);
+                    }
+                }
+                for (v, a) in acc.iter().enumerate().take(nv) {
+                    // SAFETY: c0 + 8v + 8 <= hd values of acc_row.
+                    unsafe { _mm256_storeu_ps(acc_row.as_mut_ptr().add(c0 + 8 * v), *a) };
+                }
+            }
+        }
     }
 }
 

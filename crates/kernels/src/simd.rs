@@ -8,6 +8,10 @@ pub enum Level {
     Scalar,
     /// AVX-512 F (+ FMA): 16-lane f32.
     Avx512,
+    /// AVX2 + FMA + F16C, no AVX-512 (Zen 1-3, Intel client cores since Alder Lake): 8-lane
+    /// kernels where they are written (each the same arithmetic as its scalar twin, bit for
+    /// bit); the rest run their scalar twins.
+    Avx2,
 }
 
 static LEVEL: OnceLock<Level> = OnceLock::new();
@@ -22,6 +26,12 @@ pub fn level() -> Level {
         {
             if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("fma") {
                 return Level::Avx512;
+            }
+            if std::is_x86_feature_detected!("avx2")
+                && std::is_x86_feature_detected!("fma")
+                && std::is_x86_feature_detected!("f16c")
+            {
+                return Level::Avx2;
             }
         }
         Level::Scalar

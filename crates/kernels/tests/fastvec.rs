@@ -53,6 +53,10 @@ fn simd_matches_scalar_twin_and_ggml() {
                 worst_g = nan_max(worst_g, (yv[r] as f64 - g).abs() / scale);
             }
             println!("{:>5} {cols:>6} {worst_sv:>14.2e} {worst_g:>14.2e}", ty.name());
+            // The AVX2 kernel keeps the scalar twin's block order: equal bit for bit.
+            if cortiq_kernels::simd::level() == cortiq_kernels::simd::Level::Avx2 {
+                assert!(yv.iter().zip(&ys).all(|(v, s)| v.to_bits() == s.to_bits()), "{ty} cols {cols}: AVX2 != scalar twin");
+            }
             assert!(worst_sv <= 1e-6, "{ty} cols {cols}: SIMD vs scalar twin {worst_sv:e} of Σ|w·x|");
             // ggml's Q8_1 `s` is rounded to f16, so the min types agree to that rounding only.
             let tol = if matches!(ty, QuantType::Q4_1 | QuantType::Q5_1) { 1e-3 } else { 1e-6 };

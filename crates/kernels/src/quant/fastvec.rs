@@ -167,6 +167,12 @@ pub fn matvec_own(ty: QuantType, w: &[u8], rows: usize, cols: usize, act: &[u8],
         u.fill(at, act, cols);
         if !super::fastvec_avx512::matvec(ty, w, rows, cols, &u, y) {
             let rb = w.len() / rows;
+            #[cfg(target_arch = "x86_64")]
+            if crate::simd::level() == crate::simd::Level::Avx2 {
+                // SAFETY: level() returned Avx2 after detecting avx2, fma and f16c.
+                unsafe { avx2::rows(ty, w, rb, &u, y) };
+                return;
+            }
             for (o, row) in y.iter_mut().zip(w.chunks_exact(rb)) {
                 *o = row_scalar(ty, row, &u);
             }
@@ -318,4 +324,120 @@ fn check_multi(func: &str, ty: QuantType, w: &[u8], rows: usize, cols: usize, ac
         acts.len(),
         y.len()
     );
+}
+
+/// `row_scalar` with AVX2 (no AVX-512), four rows at a time: each block's integer sums by
+/// `vpmaddubsw` + `vpmaddwd` (exact: the unsigned 4/5-bit quants stay under i16 saturation;
+/// Q8_0 takes the signed form |w|, a·sign(w), whose Σ w·a is Σ u·a − 128·Σ a), then per row
+/// the scalar twin's float steps in block order, one row per lane: the same bits. Four rows
+/// side by side hide the FMA chain's latency.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{QuantType, Unpacked, geo};
+    use std::arch::x86_64::*;
+
+    /// y[r] = row r of w (`rb` bytes a row) · the activation row.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C available; lengths as `row_scalar` takes them (slices panic otherwise).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn rows(ty: QuantType, w: &[u8], rb: usize, u: &Unpacked, y: &mut [f32]) {
+        let mut r = 0;
+        while r < y.len() {
+            let n = (y.len() - r).min(4);
+            // A short last step repeats its last row in the spare lanes.
+            let at = |i: usize| (r + i.min(n - 1)) * rb;
+            let rs = [&w[at(0)..at(0) + rb], &w[at(1)..at(1) + rb], &w[at(2)..at(2) + rb], &w[at(3)..at(3) + rb]];
+            let v = rows4(ty, rs, u);
+            y[r..r + n].copy_from_slice(&v[..n]);
+            r += n;
+        }
+    }
+
+    /// 16 nibble bytes as 32 unsigned quants in element order [low nibbles | high nibbles].
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn nibbles(q: &[u8]) -> __m256i {
+        let q = &q[..16];
+        // SAFETY: q is 16 readable bytes.
+        let v = unsafe { _mm_loadu_si128(q.as_ptr().cast()) };
+        let m4 = _mm_set1_epi8(0x0F);
+        _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16::<4>(v), m4), _mm_and_si128(v, m4))
+    }
+
+    #[inline]
+    fn u32_at(b: &[u8], at: usize) -> u32 {
+        u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+    }
+
+    #[inline]
+    fn f16_bits(b: &[u8], at: usize) -> i16 {
+        i16::from_le_bytes([b[at], b[at + 1]])
+    }
+
+    /// One block's products of one row, 8 i32 lanes. (No closures in these kernels: they
+    /// would not inherit the target features.)
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn block(ty: QuantType, blk: &[u8], a: __m256i) -> __m256i {
+        let p = match ty {
+            QuantType::Q4_0 => _mm256_maddubs_epi16(nibbles(&blk[2..]), a),
+            QuantType::Q4_1 => _mm256_maddubs_epi16(nibbles(&blk[4..]), a),
+            QuantType::Q5_0 => {
+                _mm256_maddubs_epi16(_mm256_or_si256(nibbles(&blk[6..]), crate::quant::ileave::avx2_bits16(u32_at(blk, 2))), a)
+            }
+            QuantType::Q5_1 => {
+                _mm256_maddubs_epi16(_mm256_or_si256(nibbles(&blk[8..]), crate::quant::ileave::avx2_bits16(u32_at(blk, 4))), a)
+            }
+            QuantType::Q8_0 => {
+                let q = &blk[2..34];
+                // SAFETY: q is 32 readable bytes.
+                let w = unsafe { _mm256_loadu_si256(q.as_ptr().cast()) };
+                _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w))
+            }
+            _ => unreachable!("checked by geo"),
+        };
+        _mm256_madd_epi16(p, _mm256_set1_epi16(1))
+    }
+
+    /// Four rows' dot products.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn rows4(ty: QuantType, rs: [&[u8]; 4], u: &Unpacked) -> [f32; 4] {
+        let (bb, off, min) = geo(ty).expect("checked by the caller");
+        let nb = rs[0].len() / bb;
+        let (mut acc, mut macc) = (_mm_setzero_ps(), _mm_setzero_ps());
+        for b in 0..nb {
+            let aq = &u.q[b * 32..b * 32 + 32];
+            // SAFETY: aq is 32 readable i8.
+            let a = unsafe { _mm256_loadu_si256(aq.as_ptr().cast()) };
+            let (b0, b1, b2, b3) = (
+                &rs[0][b * bb..(b + 1) * bb],
+                &rs[1][b * bb..(b + 1) * bb],
+                &rs[2][b * bb..(b + 1) * bb],
+                &rs[3][b * bb..(b + 1) * bb],
+            );
+            let (s0, s1, s2, s3) = (block(ty, b0, a), block(ty, b1, a), block(ty, b2, a), block(ty, b3, a));
+            // Lane i of the reduction: row i's exact sum.
+            let h = _mm256_hadd_epi32(_mm256_hadd_epi32(s0, s1), _mm256_hadd_epi32(s2, s3));
+            let mut isum = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+            if ty != QuantType::Q8_0 && off != 0 {
+                let mut sa = 0i32;
+                for &v in &u.sum4[b * 8..b * 8 + 8] {
+                    sa += v;
+                }
+                isum = _mm_sub_epi32(isum, _mm_set1_epi32(off * sa));
+            }
+            let dw = _mm_cvtph_ps(_mm_setr_epi16(f16_bits(b0, 0), f16_bits(b1, 0), f16_bits(b2, 0), f16_bits(b3, 0), 0, 0, 0, 0));
+            acc = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), _mm_mul_ps(dw, _mm_set1_ps(u.d[b])), acc);
+            if min {
+                let m =
+                    _mm_cvtph_ps(_mm_setr_epi16(f16_bits(b0, 2), f16_bits(b1, 2), f16_bits(b2, 2), f16_bits(b3, 2), 0, 0, 0, 0));
+                macc = _mm_fmadd_ps(m, _mm_set1_ps(u.s[b]), macc);
+            }
+        }
+        let mut out = [0f32; 4];
+        // SAFETY: out holds 4 f32.
+        unsafe { _mm_storeu_ps(out.as_mut_ptr(), _mm_add_ps(acc, macc)) };
+        out
+    }
 }

@@ -449,7 +449,7 @@ pub fn matvec_ileave_cols(ty: QuantType, packed: &[u8], cols: usize, acts: &[u8]
         ColsOf::K(cs) => super::ileave_k::matvec_with(ty == QuantType::Q5K, packed, cols, acts, cs, ys),
         ColsOf::Q6(cs) => super::ileave_k::q6_matvec_with(packed, cols, acts, cs, ys),
         ColsOf::Legacy(cs) => {
-            if !avx512::matvec(ty, packed, cols / 32, acts, cs, ys) {
+            if !avx512::matvec(ty, packed, cols / 32, acts, cs, ys) && !avx2::matvec(ty, packed, cols / 32, acts, cs, ys) {
                 matvec_ileave_scalar(ty, packed, cols, acts, ys);
             }
         }
@@ -639,6 +639,164 @@ mod avx512 {
             for j in 0..K {
                 // SAFETY: out[j] is 16 writable f32; storeu has no alignment requirement.
                 unsafe { _mm512_storeu_ps(out[j].as_mut_ptr(), acc[j]) };
+            }
+        }
+    }
+}
+
+/// The AVX2 kernel (no AVX-512: Zen 1-3, Intel client cores): the 16 rows of a group as two
+/// 8-lane halves, `vpmaddubsw` + `vpmaddwd` for the products of 4 quants (exact: Q4_0/Q5_0's
+/// unsigned quants stay under the i16 saturation; Q8_0 takes the signed form, |w| and a·sign(w),
+/// whose Σ w·a equals Σ u·a − 128·Σ a, the offset term the others add), then the same
+/// convert, multiply and FMA per lane as the scalar twin: the same bits.
+#[cfg(target_arch = "x86_64")]
+pub(super) use avx2::imp::bits16 as avx2_bits16;
+
+mod avx2 {
+    use super::super::QuantType;
+    use super::{Col, IL_ROWS, PASS_COLS};
+
+    /// The SIMD kernel over every group; `false` (nothing written) without AVX2/FMA/F16C.
+    pub(super) fn matvec(ty: QuantType, packed: &[u8], nb: usize, acts: &[u8], cs: &[Col], ys: &mut [&mut [f32]]) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if crate::simd::level() != crate::simd::Level::Avx2 {
+                return false;
+            }
+            let bb = super::geo(ty).expect("checked").0;
+            let gb = nb * IL_ROWS * bb;
+            let ab = 34 * nb;
+            super::passes(packed.len() / gb, cs.len(), PASS_COLS, |g0, g1, j0, kk| {
+                let a: [&[u8]; PASS_COLS] = std::array::from_fn(|j| &acts[(j0 + j.min(kk - 1)) * ab..][..ab]);
+                let c: [&Col; PASS_COLS] = std::array::from_fn(|j| &cs[j0 + j.min(kk - 1)]);
+                macro_rules! go {
+                    ($T:literal) => {
+                        super::groups(packed, gb, (g0, g1), j0, kk, ys, |grp, pf, out| {
+                            // SAFETY: level() returned Avx2 after detecting avx2, fma and f16c.
+                            unsafe {
+                                match kk {
+                                    1 => imp::group::<$T, 1>(grp, pf, nb, &a, &c, out),
+                                    2 => imp::group::<$T, 2>(grp, pf, nb, &a, &c, out),
+                                    3 => imp::group::<$T, 3>(grp, pf, nb, &a, &c, out),
+                                    4 => imp::group::<$T, 4>(grp, pf, nb, &a, &c, out),
+                                    _ => imp::group::<$T, 8>(grp, pf, nb, &a, &c, out),
+                                }
+                            }
+                        })
+                    };
+                }
+                match ty {
+                    QuantType::Q8_0 => go!(0),
+                    QuantType::Q4_0 => go!(1),
+                    _ => go!(2),
+                }
+            });
+            true
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (ty, packed, nb, acts, cs, ys);
+            false
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    pub(super) mod imp {
+        use super::super::{Ahead, Col, IL_ROWS, PASS_COLS};
+        use std::arch::x86_64::*;
+
+        /// Q5_0's fifth bits of one register half as bytes of 16: byte j <- bit j of `m`.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub(in crate::quant) fn bits16(m: u32) -> __m256i {
+            let v = _mm256_set1_epi32(m as i32);
+            let idx =
+                _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+            let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+            let sel = _mm256_and_si256(_mm256_shuffle_epi8(v, idx), bit);
+            _mm256_and_si256(_mm256_cmpeq_epi8(sel, bit), _mm256_set1_epi8(16))
+        }
+
+        /// Half h (rows 8h..8h + 8) of the 8 quant registers of a block-group (T: 0 Q8_0 in
+        /// signed form, 1 Q4_0, 2 Q5_0): register c, lane r = row 8h + r's elements 4c..4c+4.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn quants<const T: u8>(body: &[u8], h: usize) -> [__m256i; 8] {
+            let mut u = [_mm256_setzero_si256(); 8];
+            if T == 0 {
+                assert!(body.len() >= 512);
+                for (c, u) in u.iter_mut().enumerate() {
+                    // SAFETY: 64c + 32h + 32 <= 512 <= body.len() (asserted).
+                    let v = unsafe { _mm256_loadu_si256(body.as_ptr().add(64 * c + 32 * h).cast()) };
+                    *u = _mm256_xor_si256(v, _mm256_set1_epi8(-128));
+                }
+                return u;
+            }
+            let (hb, nib) = if T == 2 { body.split_at(64) } else { (&body[..0], body) };
+            assert!(nib.len() >= 256);
+            let m4 = _mm256_set1_epi8(0x0F);
+            for c in 0..4 {
+                // SAFETY: 64c + 32h + 32 <= 256 <= nib.len() (asserted).
+                let v = unsafe { _mm256_loadu_si256(nib.as_ptr().add(64 * c + 32 * h).cast()) };
+                u[c] = _mm256_and_si256(v, m4);
+                u[c + 4] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
+            }
+            if T == 2 {
+                for (c, u) in u.iter_mut().enumerate() {
+                    let m = u64::from_le_bytes(hb[8 * c..8 * c + 8].try_into().expect("8 bytes"));
+                    *u = _mm256_or_si256(*u, bits16((m >> (32 * h)) as u32));
+                }
+            }
+            u
+        }
+
+        /// `super::super::avx512::imp::group` in two 8-row halves.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub(super) fn group<const T: u8, const K: usize>(
+            grp: &[u8],
+            pf: Ahead,
+            nb: usize,
+            a: &[&[u8]; PASS_COLS],
+            c: &[&Col; PASS_COLS],
+            out: &mut [[f32; IL_ROWS]; PASS_COLS],
+        ) {
+            let bb = [34, 18, 22][T as usize];
+            let gbb = IL_ROWS * bb;
+            assert!(grp.len() == nb * gbb, "group: {nb} block-groups");
+            for j in 0..K {
+                assert!(a[j].len() >= 34 * nb && c[j].d.len() >= nb && c[j].bias.len() >= nb, "activation shorter than the row");
+            }
+            let ones = _mm256_set1_epi16(1);
+            let mut acc = [[_mm256_setzero_ps(); 2]; K];
+            for b in 0..nb {
+                let src = &grp[b * gbb..(b + 1) * gbb];
+                pf.fetch(b * gbb, gbb);
+                for h in 0..2 {
+                    // SAFETY: src has gbb >= 32 bytes: the 16-byte load at 16h is in bounds.
+                    let dw = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(src.as_ptr().add(16 * h).cast()) });
+                    let u = quants::<T>(&src[32..], h);
+                    for j in 0..K {
+                        let q = &a[j][34 * b + 2..34 * b + 34];
+                        let mut sum = _mm256_set1_epi32(if T == 0 { 0 } else { c[j].bias[b] });
+                        for (i, &ui) in u.iter().enumerate() {
+                            let av = _mm256_set1_epi32(i32::from_le_bytes(q[4 * i..4 * i + 4].try_into().expect("4 bytes")));
+                            let p = if T == 0 {
+                                _mm256_maddubs_epi16(_mm256_sign_epi8(ui, ui), _mm256_sign_epi8(av, ui))
+                            } else {
+                                _mm256_maddubs_epi16(ui, av)
+                            };
+                            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p, ones));
+                        }
+                        let s = _mm256_cvtepi32_ps(sum);
+                        acc[j][h] = _mm256_fmadd_ps(s, _mm256_mul_ps(dw, _mm256_set1_ps(c[j].d[b])), acc[j][h]);
+                    }
+                }
+            }
+            for j in 0..K {
+                for h in 0..2 {
+                    // SAFETY: out[j] holds 16 f32; 8h + 8 <= 16.
+                    unsafe { _mm256_storeu_ps(out[j].as_mut_ptr().add(8 * h), acc[j][h]) };
+                }
             }
         }
     }

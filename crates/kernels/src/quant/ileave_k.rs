@@ -162,7 +162,7 @@ impl Col {
 /// `matvec_ileave` for Q4_K and Q5_K with the columns prepared (`cs[j]` filled from activation
 /// row j; lengths checked by the caller).
 pub(super) fn matvec_with(h5: bool, packed: &[u8], cols: usize, acts: &[u8], cs: &[Col], ys: &mut [&mut [f32]]) {
-    if !avx512::matvec(h5, packed, cols / 256, acts, cs, ys) {
+    if !avx512::matvec(h5, packed, cols / 256, acts, cs, ys) && !avx2::matvec(h5, packed, cols / 256, acts, cs, ys) {
         matvec_scalar(h5, packed, cols, acts, ys);
     }
 }
@@ -170,7 +170,7 @@ pub(super) fn matvec_with(h5: bool, packed: &[u8], cols: usize, acts: &[u8], cs:
 /// `matvec_ileave` for Q6_K with the columns prepared (`cs[j]` filled from activation row j;
 /// lengths checked by the caller).
 pub(super) fn q6_matvec_with(packed: &[u8], cols: usize, acts: &[u8], cs: &[Col6], ys: &mut [&mut [f32]]) {
-    if !avx512::q6_matvec(packed, cols / 256, acts, cs, ys) {
+    if !avx512::q6_matvec(packed, cols / 256, acts, cs, ys) && !avx2::q6_matvec(packed, cols / 256, acts, cs, ys) {
         q6_matvec_scalar(packed, cols, acts, ys);
     }
 }
@@ -455,6 +455,269 @@ mod avx512 {
             for j in 0..K {
                 // SAFETY: out[j] is 16 writable f32; storeu has no alignment requirement.
                 unsafe { _mm512_storeu_ps(out[j].as_mut_ptr(), acc[j]) };
+            }
+        }
+    }
+}
+
+/// The AVX2 kernels (no AVX-512): `avx512`'s in two halves of 8 rows, `vpmaddubsw` +
+/// `vpmaddwd` for the products of 4 quants (exact: the unsigned quants, at most 63, keep the
+/// pair sums under i16 saturation), the same integer sums and the same float steps per lane.
+mod avx2 {
+    use super::{AB, Col, Col6, PASS_COLS, Q6_GBB};
+
+    pub(super) fn q6_matvec(packed: &[u8], nb: usize, acts: &[u8], cs: &[Col6], ys: &mut [&mut [f32]]) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if crate::simd::level() != crate::simd::Level::Avx2 {
+                return false;
+            }
+            let ab = AB * nb;
+            let gb = nb * Q6_GBB;
+            super::super::ileave::passes(packed.len() / gb, cs.len(), PASS_COLS, |g0, g1, j0, kk| {
+                let a: [&[u8]; PASS_COLS] = std::array::from_fn(|j| &acts[(j0 + j.min(kk - 1)) * ab..][..ab]);
+                let c: [&Col6; PASS_COLS] = std::array::from_fn(|j| &cs[j0 + j.min(kk - 1)]);
+                super::super::ileave::groups(packed, gb, (g0, g1), j0, kk, ys, |grp, pf, out| {
+                    // SAFETY: level() returned Avx2 after detecting avx2, fma and f16c.
+                    unsafe {
+                        match kk {
+                            1 => imp::q6_group::<1>(grp, pf, nb, &a, &c, out),
+                            2 => imp::q6_group::<2>(grp, pf, nb, &a, &c, out),
+                            _ => imp::q6_group::<4>(grp, pf, nb, &a, &c, out),
+                        }
+                    }
+                })
+            });
+            true
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (packed, nb, acts, cs, ys);
+            false
+        }
+    }
+
+    pub(super) fn matvec(h5: bool, packed: &[u8], nb: usize, acts: &[u8], cs: &[Col], ys: &mut [&mut [f32]]) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if crate::simd::level() != crate::simd::Level::Avx2 {
+                return false;
+            }
+            let ab = AB * nb;
+            let gb = nb * super::sizes(h5).1;
+            super::super::ileave::passes(packed.len() / gb, cs.len(), PASS_COLS, |g0, g1, j0, kk| {
+                let a: [&[u8]; PASS_COLS] = std::array::from_fn(|j| &acts[(j0 + j.min(kk - 1)) * ab..][..ab]);
+                let c: [&Col; PASS_COLS] = std::array::from_fn(|j| &cs[j0 + j.min(kk - 1)]);
+                super::super::ileave::groups(packed, gb, (g0, g1), j0, kk, ys, |grp, pf, out| {
+                    // SAFETY: level() returned Avx2 after detecting avx2, fma and f16c.
+                    unsafe {
+                        match (h5, kk) {
+                            (false, 1) => imp::group::<1, false>(grp, pf, nb, &a, &c, out),
+                            (false, 2) => imp::group::<2, false>(grp, pf, nb, &a, &c, out),
+                            (false, _) => imp::group::<4, false>(grp, pf, nb, &a, &c, out),
+                            (true, 1) => imp::group::<1, true>(grp, pf, nb, &a, &c, out),
+                            (true, 2) => imp::group::<2, true>(grp, pf, nb, &a, &c, out),
+                            (true, _) => imp::group::<4, true>(grp, pf, nb, &a, &c, out),
+                        }
+                    }
+                })
+            });
+            true
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (h5, packed, nb, acts, cs, ys);
+            false
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    mod imp {
+        use super::super::super::ileave::avx2_bits16 as bits16;
+        use super::{AB, Col, Col6, PASS_COLS, Q6_GBB};
+        use crate::quant::ileave::{Ahead, PassOut};
+        use std::arch::x86_64::*;
+
+        /// Σ over 4 registers of 4-quant products (u unsigned <= 63, a the broadcast bytes) as
+        /// 8 i32 lanes, plus `init`.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn dot4(init: __m256i, u: &[__m256i], q: &[u8]) -> __m256i {
+            let ones = _mm256_set1_epi16(1);
+            let mut s = init;
+            for (t, &ut) in u.iter().enumerate() {
+                let av = _mm256_set1_epi32(i32::from_le_bytes(q[4 * t..4 * t + 4].try_into().expect("4 bytes")));
+                s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(ut, av), ones));
+            }
+            s
+        }
+
+        /// The 32 bytes at `o` (no closures in these kernels: they would not inherit the
+        /// target features).
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn ld32(src: &[u8], o: usize) -> __m256i {
+            let s = &src[o..o + 32];
+            // SAFETY: s is 32 readable bytes.
+            unsafe { _mm256_loadu_si256(s.as_ptr().cast()) }
+        }
+
+        /// 8 bytes at `p` widened to i32 lanes, signed or not.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn widen8<const SIGNED: bool>(p: &[u8]) -> __m256i {
+            // SAFETY: p has >= 8 bytes (the slice below panics otherwise).
+            let v = unsafe { _mm_loadl_epi64(p[..8].as_ptr().cast()) };
+            if SIGNED { _mm256_cvtepi8_epi32(v) } else { _mm256_cvtepu8_epi32(v) }
+        }
+
+        /// 8 f16 at `p` as f32 lanes.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn halves8(p: &[u8]) -> __m256 {
+            // SAFETY: p has >= 16 bytes (the slice below panics otherwise).
+            _mm256_cvtph_ps(unsafe { _mm_loadu_si128(p[..16].as_ptr().cast()) })
+        }
+
+        /// One Q6_K group of 16 rows times K columns, rows 8h.. in half h.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub(super) fn q6_group<const K: usize>(
+            grp: &[u8],
+            pf: Ahead,
+            nb: usize,
+            a: &[&[u8]; PASS_COLS],
+            c: &[&Col6; PASS_COLS],
+            out: &mut PassOut,
+        ) {
+            assert!(grp.len() == nb * Q6_GBB, "q6_group: {nb} block-groups");
+            for j in 0..K {
+                assert!(a[j].len() >= AB * nb && c[j].d.len() >= nb && c[j].bias.len() >= nb, "activation shorter than the row");
+            }
+            let (m4, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+            let mut acc = [[_mm256_setzero_ps(); 2]; K];
+            for b in 0..nb {
+                let src = &grp[b * Q6_GBB..(b + 1) * Q6_GBB];
+                pf.fetch(b * Q6_GBB, Q6_GBB);
+                for hr in 0..2 {
+                    let dw = halves8(&src[16 * hr..]);
+                    let mut s = [_mm256_setzero_si256(); K];
+                    for h in 0..8 {
+                        let mut u = [[_mm256_setzero_si256(); 4]; 2];
+                        for (half, plane) in [(0, h), (1, h + 8)] {
+                            let hb = ld32(src, 2336 + 64 * plane + 32 * hr);
+                            for (t, ut) in u[half].iter_mut().enumerate() {
+                                let v = ld32(src, 288 + 64 * (4 * h + t) + 32 * hr);
+                                let nib = if half == 0 {
+                                    _mm256_and_si256(v, m4)
+                                } else {
+                                    _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4)
+                                };
+                                let top = match t {
+                                    0 => _mm256_slli_epi16::<4>(hb),
+                                    1 => _mm256_slli_epi16::<2>(hb),
+                                    2 => hb,
+                                    _ => _mm256_srli_epi16::<2>(hb),
+                                };
+                                *ut = _mm256_or_si256(nib, _mm256_and_si256(top, m30));
+                            }
+                        }
+                        let scs =
+                            [widen8::<true>(&src[32 + 16 * h + 8 * hr..]), widen8::<true>(&src[32 + 16 * (h + 8) + 8 * hr..])];
+                        for j in 0..K {
+                            for half in 0..2 {
+                                let sb = h + 8 * half;
+                                let q = &a[j][AB * b + 4 + 16 * sb..][..16];
+                                let pp = dot4(_mm256_set1_epi32(c[j].bias[b][sb]), &u[half], q);
+                                s[j] = _mm256_add_epi32(s[j], _mm256_mullo_epi32(pp, scs[half]));
+                            }
+                        }
+                    }
+                    for j in 0..K {
+                        let da = _mm256_set1_ps(c[j].d[b]);
+                        acc[j][hr] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[j]), _mm256_mul_ps(dw, da), acc[j][hr]);
+                    }
+                }
+            }
+            for j in 0..K {
+                for hr in 0..2 {
+                    // SAFETY: out[j] holds 16 f32; 8hr + 8 <= 16.
+                    unsafe { _mm256_storeu_ps(out[j].as_mut_ptr().add(8 * hr), acc[j][hr]) };
+                }
+            }
+        }
+
+        /// One Q4_K (or Q5_K) group of 16 rows times K columns, rows 8h.. in half h.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub(super) fn group<const K: usize, const H5: bool>(
+            grp: &[u8],
+            pf: Ahead,
+            nb: usize,
+            a: &[&[u8]; PASS_COLS],
+            c: &[&Col; PASS_COLS],
+            out: &mut PassOut,
+        ) {
+            let gbb = if H5 { super::super::Q5_GBB } else { super::super::GBB };
+            assert!(grp.len() == nb * gbb, "group: {nb} block-groups");
+            for j in 0..K {
+                assert!(a[j].len() >= AB * nb && c[j].d.len() >= nb && c[j].sumsf.len() >= nb, "activation shorter than the row");
+            }
+            let m4 = _mm256_set1_epi8(0x0F);
+            let mut acc = [[_mm256_setzero_ps(); 2]; K];
+            for b in 0..nb {
+                let src = &grp[b * gbb..(b + 1) * gbb];
+                pf.fetch(b * gbb, gbb);
+                for hr in 0..2 {
+                    let (dw, dm) = (halves8(&src[16 * hr..]), halves8(&src[32 + 16 * hr..]));
+                    let mut s = [_mm256_setzero_si256(); K];
+                    for cc in 0..4 {
+                        let mut lo = [_mm256_setzero_si256(); 8];
+                        let mut hi = [_mm256_setzero_si256(); 8];
+                        for i in 0..8 {
+                            let v = ld32(src, 320 + (8 * cc + i) * 64 + 32 * hr);
+                            lo[i] = _mm256_and_si256(v, m4);
+                            hi[i] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
+                            if H5 {
+                                let mi = super::super::GBB + 16 * (8 * cc + i);
+                                let ml = u64::from_le_bytes(src[mi..mi + 8].try_into().expect("8 bytes"));
+                                let mh = u64::from_le_bytes(src[mi + 8..mi + 16].try_into().expect("8 bytes"));
+                                lo[i] = _mm256_or_si256(lo[i], bits16((ml >> (32 * hr)) as u32));
+                                hi[i] = _mm256_or_si256(hi[i], bits16((mh >> (32 * hr)) as u32));
+                            }
+                        }
+                        let (sl, sh) = (
+                            widen8::<false>(&src[64 + 16 * (2 * cc) + 8 * hr..]),
+                            widen8::<false>(&src[64 + 16 * (2 * cc + 1) + 8 * hr..]),
+                        );
+                        for j in 0..K {
+                            let q = &a[j][AB * b + 4 + 64 * cc..][..64];
+                            let pl = dot4(_mm256_setzero_si256(), &lo, &q[..32]);
+                            let ph = dot4(_mm256_setzero_si256(), &hi, &q[32..]);
+                            s[j] =
+                                _mm256_add_epi32(s[j], _mm256_add_epi32(_mm256_mullo_epi32(pl, sl), _mm256_mullo_epi32(ph, sh)));
+                        }
+                    }
+                    // The min term in exact f32 FMAs, as in the AVX-512 kernel.
+                    let mut mnf = [_mm256_setzero_ps(); 8];
+                    for (sb, m) in mnf.iter_mut().enumerate() {
+                        *m = _mm256_cvtepi32_ps(widen8::<false>(&src[192 + 16 * sb + 8 * hr..]));
+                    }
+                    for j in 0..K {
+                        let sums = &c[j].sumsf[b];
+                        let mut m = _mm256_setzero_ps();
+                        for (sb, &sum) in sums.iter().enumerate() {
+                            m = _mm256_fmadd_ps(mnf[sb], _mm256_set1_ps(sum), m);
+                        }
+                        let da = _mm256_set1_ps(c[j].d[b]);
+                        acc[j][hr] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[j]), _mm256_mul_ps(dw, da), acc[j][hr]);
+                        acc[j][hr] = _mm256_fnmadd_ps(m, _mm256_mul_ps(dm, da), acc[j][hr]);
+                    }
+                }
+            }
+            for j in 0..K {
+                for hr in 0..2 {
+                    // SAFETY: out[j] holds 16 f32; 8hr + 8 <= 16.
+                    unsafe { _mm256_storeu_ps(out[j].as_mut_ptr().add(8 * hr), acc[j][hr]) };
+                }
             }
         }
     }
