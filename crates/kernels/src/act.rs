@@ -36,6 +36,7 @@ fn neg_arg(kind: GatedAct, x: f32) -> f32 {
 }
 
 /// Scalar twin of `gated_act_fast`.
+#[inline(always)]
 pub fn gated_act_fast_scalar(kind: GatedAct, gate: &mut [f32], up: &[f32]) {
     assert_eq!(gate.len(), up.len(), "gated_act_fast: gate and up differ in length");
     for (g, &u) in gate.iter_mut().zip(up) {
@@ -51,11 +52,15 @@ pub fn gated_act_fast(kind: GatedAct, gate: &mut [f32], up: &[f32]) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: level() == Avx512 means avx512f and fma were detected at run time.
         Level::Avx512 => unsafe { avx512::gated(kind, gate, up) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: level() == Avx2 means avx2, fma and f16c were detected at run time.
+        Level::Avx2 => unsafe { avx2::gated(kind, gate, up) },
         _ => gated_act_fast_scalar(kind, gate, up),
     }
 }
 
 /// Scalar twin of `exp_fast`.
+#[inline(always)]
 pub fn exp_fast_scalar(x: &mut [f32]) {
     x.iter_mut().for_each(|v| *v = expf_ggml(*v));
 }
@@ -67,11 +72,15 @@ pub fn exp_fast(x: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: level() == Avx512 means avx512f and fma were detected at run time.
         Level::Avx512 => unsafe { avx512::exp(x) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: level() == Avx2 means avx2, fma and f16c were detected at run time.
+        Level::Avx2 => unsafe { avx2::exp(x) },
         _ => exp_fast_scalar(x),
     }
 }
 
 /// Scalar twin of `silu_fast`.
+#[inline(always)]
 pub fn silu_fast_scalar(x: &mut [f32]) {
     for v in x.iter_mut() {
         *v /= 1.0 + expf_ggml(-*v);
@@ -84,11 +93,15 @@ pub fn silu_fast(x: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: level() == Avx512 means avx512f and fma were detected at run time.
         Level::Avx512 => unsafe { avx512::silu(x) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: level() == Avx2 means avx2, fma and f16c were detected at run time.
+        Level::Avx2 => unsafe { avx2::silu(x) },
         _ => silu_fast_scalar(x),
     }
 }
 
 /// Scalar twin of `softmax_fast`: the same max, exps and sums in the same lane order.
+#[inline(always)]
 pub fn softmax_fast_scalar(x: &mut [f32]) {
     let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     if m == f32::NEG_INFINITY {
@@ -120,7 +133,37 @@ pub fn softmax_fast(x: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: level() == Avx512 means avx512f and fma were detected at run time.
         Level::Avx512 => unsafe { avx512::softmax(x) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: level() == Avx2 means avx2, fma and f16c were detected at run time.
+        Level::Avx2 => unsafe { avx2::softmax(x) },
         _ => softmax_fast_scalar(x),
+    }
+}
+
+/// The scalar twins compiled with AVX2 and FMA (no AVX-512): the same code, so the same bits;
+/// `mul_add` becomes one instruction instead of a libm call and the loops may vectorize.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{GatedAct, exp_fast_scalar, gated_act_fast_scalar, silu_fast_scalar, softmax_fast_scalar};
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn gated(kind: GatedAct, gate: &mut [f32], up: &[f32]) {
+        gated_act_fast_scalar(kind, gate, up)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn exp(x: &mut [f32]) {
+        exp_fast_scalar(x)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn silu(x: &mut [f32]) {
+        silu_fast_scalar(x)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn softmax(x: &mut [f32]) {
+        softmax_fast_scalar(x)
     }
 }
 

@@ -9,6 +9,7 @@
 use crate::simd::{Level, level};
 
 /// Scalar reference dot product (kept forever as the SIMD twin's oracle).
+#[inline(always)]
 pub fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     // Eight independent partial sums, like the SIMD version's lanes, keep error growth similar.
@@ -33,11 +34,15 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: level() returned Avx512 only after is_x86_feature_detected!("avx512f").
         Level::Avx512 => unsafe { avx512::dot(a, b) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: level() returned Avx2 only after detecting avx2, fma and f16c.
+        Level::Avx2 => unsafe { avx2::dot(a, b) },
         _ => dot_scalar(a, b),
     }
 }
 
 /// `y[t*ldy + r] = dot(x[t*k..][..k], w[r*k..][..k])` for t < n_t, r < n_r. Scalar reference.
+#[inline(always)]
 pub fn gemm_nt_scalar(x: &[f32], n_t: usize, w: &[f32], n_r: usize, k: usize, y: &mut [f32], ldy: usize) {
     check_gemm(x, n_t, w, n_r, k, y, ldy);
     for t in 0..n_t {
@@ -77,6 +82,9 @@ pub fn gemm_nn(x: &[f32], n_t: usize, b: &[f32], ldb: usize, k_len: usize, n: us
         #[cfg(target_arch = "x86_64")]
         // SAFETY: AVX-512F detected at run time; bounds checked by check_gemm_nn.
         Level::Avx512 => unsafe { avx512::gemm_nn(x, n_t, b, ldb, k_len, n, y, ldy) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: AVX2 and FMA detected at run time; bounds checked by check_gemm_nn.
+        Level::Avx2 => unsafe { avx2::gemm_nn(x, n_t, b, ldb, k_len, n, y, ldy) },
         _ => gemm_nn_scalar(x, n_t, b, ldb, k_len, n, y, ldy),
     }
 }
@@ -102,6 +110,9 @@ pub fn gemm_nt(x: &[f32], n_t: usize, w: &[f32], n_r: usize, k: usize, y: &mut [
         #[cfg(target_arch = "x86_64")]
         // SAFETY: AVX-512F detected at run time; bounds checked by check_gemm.
         Level::Avx512 => unsafe { avx512::gemm_nt(x, n_t, w, n_r, k, y, ldy) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: AVX2 and FMA detected at run time; bounds checked by check_gemm.
+        Level::Avx2 => unsafe { avx2::gemm_nt(x, n_t, w, n_r, k, y, ldy) },
         _ => gemm_nt_scalar(x, n_t, w, n_r, k, y, ldy),
     }
 }
@@ -123,6 +134,9 @@ pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: AVX-512F detected at run time; the body is safe code.
         Level::Avx512 => unsafe { axpy_avx512(a, x, y) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: AVX2 detected at run time; the body is safe code.
+        Level::Avx2 => unsafe { avx2::axpy(a, x, y) },
         _ => axpy_scalar(a, x, y),
     }
 }
@@ -290,6 +304,85 @@ pub(crate) mod avx512 {
                 t += 4;
             }
             r += 4;
+        }
+    }
+}
+
+/// AVX2 (no AVX-512): `dot`, `gemm_nt` and `axpy` are their scalar twins compiled for AVX2 +
+/// FMA (the same code, so the same bits; no contraction: Rust never fuses a*b+c); `gemm_nn`
+/// is a 4-row × 16-column microkernel, each output one FMA chain over k in order as the twin.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
+        super::dot_scalar(a, b)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn gemm_nt(x: &[f32], n_t: usize, w: &[f32], n_r: usize, k: usize, y: &mut [f32], ldy: usize) {
+        super::gemm_nt_scalar(x, n_t, w, n_r, k, y, ldy)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+        super::axpy_scalar(a, x, y)
+    }
+
+    /// Lane mask of the first `rem` (capped at 8) lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn tail_mask(rem: usize) -> __m256i {
+        let r = rem.min(8) as i32;
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(r), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))
+    }
+
+    /// # Safety
+    /// AVX2 and FMA available; bounds as `super::check_gemm_nn` checks them.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn gemm_nn(
+        x: &[f32],
+        n_t: usize,
+        b: &[f32],
+        ldb: usize,
+        k_len: usize,
+        n: usize,
+        y: &mut [f32],
+        ldy: usize,
+    ) {
+        let (px, pb, py) = (x.as_ptr(), b.as_ptr(), y.as_mut_ptr());
+        let mut c = 0;
+        while c < n {
+            let m0 = tail_mask(n - c);
+            let m1 = tail_mask((n - c).saturating_sub(8));
+            let mut t = 0;
+            while t < n_t {
+                let nt = (n_t - t).min(4);
+                let rows = [t, t + 1.min(nt - 1), t + 2.min(nt - 1), t + 3.min(nt - 1)];
+                let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+                // SAFETY: rows < n_t, k < k_len, columns c.. masked to < n: every access is
+                // inside x [n_t, k_len], b (k_len rows of stride ldb >= n) and y (checked by
+                // the caller).
+                unsafe {
+                    for k in 0..k_len {
+                        let b0 = _mm256_maskload_ps(pb.add(k * ldb + c), m0);
+                        let b1 = _mm256_maskload_ps(pb.add(k * ldb + c + 8).cast::<f32>(), m1);
+                        for i in 0..4 {
+                            let a = _mm256_set1_ps(*px.add(rows[i] * k_len + k));
+                            acc[i][0] = _mm256_fmadd_ps(a, b0, acc[i][0]);
+                            acc[i][1] = _mm256_fmadd_ps(a, b1, acc[i][1]);
+                        }
+                    }
+                    for (i, a) in acc.iter().enumerate().take(nt) {
+                        _mm256_maskstore_ps(py.add((t + i) * ldy + c), m0, a[0]);
+                        _mm256_maskstore_ps(py.add((t + i) * ldy + c + 8), m1, a[1]);
+                    }
+                }
+                t += 4;
+            }
+            c += 16;
         }
     }
 }

@@ -411,9 +411,6 @@ mod avx512 {
             let nt = TB.min(n - t0);
             // SAFETY: rows s.row0 + t0 .. + nt lie inside the keys (checked); tile holds TB · width.
             let b = unsafe { block(s.keys, s.stride, s.off, width, s.row0 + t0, nt, tile) };
-            // The value rows of the same block, into L2 for the second pass: both streams in
-            // flight while the scores are computed.
-            prefetch::<_MM_HINT_T1>(s.vals, s.stride, s.off, width, s.row0 + t0, s.row0 + t0 + nt);
             for j in 0..kvc {
                 let qj = &q[j * group * hd..(j + 1) * group * hd];
                 // SAFETY: the block's nt rows hold width values from b.ptr, kv head j at j·hd.

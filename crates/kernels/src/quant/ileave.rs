@@ -750,6 +750,14 @@ mod avx2 {
             u
         }
 
+        /// Activation bytes 4i..4i + 4 in every 32-bit lane (no closures in these kernels:
+        /// they would not inherit the target features).
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn bcast4(q: &[u8], i: usize) -> __m256i {
+            _mm256_set1_epi32(i32::from_le_bytes([q[4 * i], q[4 * i + 1], q[4 * i + 2], q[4 * i + 3]]))
+        }
+
         /// `super::super::avx512::imp::group` in two 8-row halves.
         #[target_feature(enable = "avx2,fma,f16c")]
         pub(super) fn group<const T: u8, const K: usize>(
@@ -778,14 +786,25 @@ mod avx2 {
                     for j in 0..K {
                         let q = &a[j][34 * b + 2..34 * b + 34];
                         let mut sum = _mm256_set1_epi32(if T == 0 { 0 } else { c[j].bias[b] });
-                        for (i, &ui) in u.iter().enumerate() {
-                            let av = _mm256_set1_epi32(i32::from_le_bytes(q[4 * i..4 * i + 4].try_into().expect("4 bytes")));
-                            let p = if T == 0 {
-                                _mm256_maddubs_epi16(_mm256_sign_epi8(ui, ui), _mm256_sign_epi8(av, ui))
-                            } else {
-                                _mm256_maddubs_epi16(ui, av)
-                            };
-                            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p, ones));
+                        if T == 0 {
+                            for (i, &ui) in u.iter().enumerate() {
+                                let p = _mm256_maddubs_epi16(_mm256_sign_epi8(ui, ui), _mm256_sign_epi8(bcast4(q, i), ui));
+                                sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p, ones));
+                            }
+                        } else {
+                            // 4- and 5-bit quants: a product pair is at most 2·31·127 = 7874, so
+                            // four of them add up in i16 (31,496) before one widening.
+                            for i4 in [0, 4] {
+                                let p0 = _mm256_add_epi16(
+                                    _mm256_maddubs_epi16(u[i4], bcast4(q, i4)),
+                                    _mm256_maddubs_epi16(u[i4 + 1], bcast4(q, i4 + 1)),
+                                );
+                                let p1 = _mm256_add_epi16(
+                                    _mm256_maddubs_epi16(u[i4 + 2], bcast4(q, i4 + 2)),
+                                    _mm256_maddubs_epi16(u[i4 + 3], bcast4(q, i4 + 3)),
+                                );
+                                sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_add_epi16(p0, p1), ones));
+                            }
                         }
                         let s = _mm256_cvtepi32_ps(sum);
                         acc[j][h] = _mm256_fmadd_ps(s, _mm256_mul_ps(dw, _mm256_set1_ps(c[j].d[b])), acc[j][h]);
