@@ -299,7 +299,20 @@ pub fn dequantize_row(ty: QuantType, src: &[u8], dst: &mut [f32]) {
     if super::dequant_avx512::dispatch(ty, src, dst) {
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::level() == crate::simd::Level::Avx2 {
+        // SAFETY: level() returned Avx2 after detecting avx2, fma and f16c.
+        unsafe { scalar_row_avx2(ty, src, dst) };
+        return;
+    }
     scalar_row(ty, src, dst);
+}
+
+/// `scalar_row` compiled for AVX2 + FMA (no AVX-512): the same code, so the same bits.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn scalar_row_avx2(ty: QuantType, src: &[u8], dst: &mut [f32]) {
+    scalar_row(ty, src, dst)
 }
 
 /// The scalar reference of `dequantize_row` (same contract), kept as the SIMD kernels' oracle.
@@ -312,6 +325,7 @@ pub fn dequantize_row_scalar(ty: QuantType, src: &[u8], dst: &mut [f32]) {
 }
 
 /// `dequantize_row_scalar` after the length check.
+#[inline(always)]
 fn scalar_row(ty: QuantType, src: &[u8], dst: &mut [f32]) {
     match ty {
         QuantType::F32 => {

@@ -323,6 +323,13 @@ pub fn vec_dot(ty: QuantType, w_row: &[u8], act: &[u8], n: usize) -> f32 {
     if let Some(v) = super::vecdot_avx512::dispatch(ty, w_row, act, Order::VecDot) {
         return v;
     }
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::level() == crate::simd::Level::Avx2 {
+        let mut y = [0f32];
+        // SAFETY: level() returned Avx2 after detecting avx2, fma and f16c.
+        unsafe { rows_avx2(ty, Order::VecDot, w_row, w_row.len(), act, &mut y) };
+        return y[0];
+    }
     scalar(ty, w_row, act)
 }
 
@@ -444,6 +451,23 @@ fn matvec_impl(func: &str, ty: QuantType, w: &[u8], rows: usize, cols: usize, ac
     if super::vecdot_avx512::matvec(ty, w, rb, act, y, order) {
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::level() == crate::simd::Level::Avx2 {
+        // SAFETY: level() returned Avx2 after detecting avx2, fma and f16c.
+        unsafe { rows_avx2(ty, order, w, rb, act, y) };
+        return;
+    }
+    for (o, row) in y.iter_mut().zip(w.chunks_exact(rb.max(1))) {
+        *o = scalar_order(ty, order, row, act);
+    }
+}
+
+/// The scalar twins compiled for AVX2 + FMA (no AVX-512): they keep ggml's AVX2 kernels' lanes
+/// as 8-element arrays, which vectorize here, and `mul_add` is one instruction instead of a
+/// libm call; the same code, so the same bits.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn rows_avx2(ty: QuantType, order: Order, w: &[u8], rb: usize, act: &[u8], y: &mut [f32]) {
     for (o, row) in y.iter_mut().zip(w.chunks_exact(rb.max(1))) {
         *o = scalar_order(ty, order, row, act);
     }
@@ -465,6 +489,7 @@ fn check(func: &str, ty: QuantType, w_row: &[u8], act: &[u8], n: usize, order: O
 }
 
 /// Lengths already checked.
+#[inline(always)]
 fn scalar(ty: QuantType, w: &[u8], a: &[u8]) -> f32 {
     match ty {
         QuantType::Q4_0 => dot_q4_0(view(w), view(a)),
@@ -485,6 +510,7 @@ fn scalar(ty: QuantType, w: &[u8], a: &[u8]) -> f32 {
 }
 
 /// Lengths and type already checked.
+#[inline(always)]
 fn scalar_order(ty: QuantType, order: Order, w: &[u8], a: &[u8]) -> f32 {
     match order {
         Order::VecDot => return scalar(ty, w, a),
@@ -556,6 +582,7 @@ fn tiled_step(acc: f32, s1: i32, s2: i32, d: [u8; 2], dmin: Option<[u8; 2]>, dy:
 
 /// `Order::Tiled`, lengths and type already checked. s1 is the exact integer sum of
 /// scale * quant * activation over the block (the vec_dot lanes summed), s2 the min terms.
+#[inline(always)]
 fn scalar_tiled(ty: QuantType, w: &[u8], a: &[u8]) -> f32 {
     let mut acc = 0f32;
     let sum = |l: &[i32]| l.iter().sum::<i32>();
@@ -668,6 +695,7 @@ pub(super) fn high_bits(qh: [u8; 4]) -> [i8; QK] {
 // ---------------------------------------------------------------- legacy 32-element types
 
 /// ggml_vec_dot_q4_0_q8_0 (AVX2): acc = fma(dx*dy, lanes, acc); hsum.
+#[inline(always)]
 fn dot_q4_0(w: &[BlockQ4_0], a: &[BlockQ8_0]) -> f32 {
     let mut acc = [0f32; 8];
     for (x, y) in w.iter().zip(a) {
@@ -686,6 +714,7 @@ fn q4_0_lanes(x: &BlockQ4_0, y: &BlockQ8_0) -> [i32; 8] {
 
 /// ggml_vec_dot_q4_1_q8_1 (AVX2): summs = fma(mx, sy, summs); acc = fma(dx*dy, lanes, acc);
 /// result hsum(acc) + summs.
+#[inline(always)]
 fn dot_q4_1(w: &[BlockQ4_1], a: &[u8]) -> f32 {
     let mut acc = [0f32; 8];
     let mut summs = 0f32;
@@ -699,6 +728,7 @@ fn dot_q4_1(w: &[BlockQ4_1], a: &[u8]) -> f32 {
 }
 
 /// ggml_vec_dot_q5_0_q8_0 (AVX2): as Q4_0 with q = nibble | bit4 << 4, minus 16.
+#[inline(always)]
 fn dot_q5_0(w: &[BlockQ5_0], a: &[BlockQ8_0]) -> f32 {
     let mut acc = [0f32; 8];
     for (x, y) in w.iter().zip(a) {
@@ -713,6 +743,7 @@ fn dot_q5_0(w: &[BlockQ5_0], a: &[BlockQ8_0]) -> f32 {
 }
 
 /// ggml_vec_dot_q5_1_q8_1 (AVX2): as Q4_1 with 5-bit quants.
+#[inline(always)]
 fn dot_q5_1(w: &[BlockQ5_1], a: &[u8]) -> f32 {
     let mut acc = [0f32; 8];
     let mut summs = 0f32;
@@ -730,6 +761,7 @@ fn dot_q5_1(w: &[BlockQ5_1], a: &[u8]) -> f32 {
 }
 
 /// ggml_vec_dot_q8_0_q8_0 (AVX2).
+#[inline(always)]
 fn dot_q8_0(w: &[BlockQ8_0], a: &[BlockQ8_0]) -> f32 {
     let mut acc = [0f32; 8];
     for (x, y) in w.iter().zip(a) {
@@ -807,6 +839,7 @@ fn crumbs(qs: &[u8; QK_K / 4]) -> [i8; QK_K] {
 
 /// ggml_vec_dot_q2_K_q8_K (AVX2). Per block: min lanes pm[l] = m[2l]*bsum[2l] + m[2l+1]*bsum[2l+1]
 /// go in first, acc = fma(dmin, pm, acc) with dmin = -dy * dmin_x; then acc = fma(d, lanes, acc).
+#[inline(always)]
 fn dot_q2k(w: &[BlockQ2K], a: &[BlockQ8K]) -> f32 {
     let mut acc = [0f32; 8];
     for (x, y) in w.iter().zip(a) {
@@ -833,6 +866,7 @@ fn q2k_lanes(x: &BlockQ2K, y: &BlockQ8K) -> ([i32; 8], [i32; 8]) {
 }
 
 /// ggml_vec_dot_q3_K_q8_K (AVX2): q = low2 - 4 * (hmask bit clear), signed 6-bit scales.
+#[inline(always)]
 fn dot_q3k(w: &[BlockQ3K], a: &[BlockQ8K]) -> f32 {
     let mut acc = [0f32; 8];
     for (x, y) in w.iter().zip(a) {
@@ -880,6 +914,7 @@ fn q4k_quants(qs: &[u8; QK_K / 2]) -> [i8; QK_K] {
 
 /// ggml_vec_dot_q4_K_q8_K (AVX2): acc = fma(d, lanes, acc); a separate 4-lane
 /// acc_m = fma(dmin, pm, acc_m); result hsum8(acc) + hsum4(acc_m).
+#[inline(always)]
 fn dot_q4k(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
     let mut acc = [0f32; 8];
     let mut acc_m = [0f32; 4];
@@ -906,6 +941,7 @@ fn q4k_lanes(x: &BlockQ4K, y: &BlockQ8K) -> ([i32; 8], [i32; 4]) {
 
 /// ggml_vec_dot_q5_K_q8_K (AVX2): as Q4_K, but the min terms are summed in integers per block
 /// and folded into a scalar: summs = fma(sum(pm) as f32, dmin, summs); result hsum8(acc) + summs.
+#[inline(always)]
 fn dot_q5k(w: &[BlockQ5K], a: &[BlockQ8K]) -> f32 {
     let mut acc = [0f32; 8];
     let mut summs = 0f32;
@@ -937,6 +973,7 @@ fn q5k_lanes(x: &BlockQ5K, y: &BlockQ8K) -> ([i32; 8], [i32; 4]) {
 /// ggml_vec_dot_q6_K_q8_K (AVX2): the quants are used unsigned (0..63) and the -32 offset is
 /// subtracted per lane as 32 * (bsum[2l]*sc[2l] + bsum[2l+1]*sc[2l+1]) — a different element
 /// partition than the product lanes, which is why it has to be done exactly this way.
+#[inline(always)]
 fn dot_q6k(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
     let mut acc = [0f32; 8];
     for (x, y) in w.iter().zip(a) {
