@@ -279,19 +279,10 @@ fn run(
     #[cfg(target_arch = "x86_64")]
     if crate::simd::level() == crate::simd::Level::Avx2 {
         // SAFETY: level() returned Avx2 after detecting avx2, fma and f16c.
-        unsafe { scalar_avx2(ty, geo, w, rows, cols, acts, n_t, p, y) };
+        unsafe { super::matmat_avx2::matmat(ty, geo, w, rows, cols, acts, n_t, p, y) };
         return;
     }
     scalar(ty, geo, w, rows, cols, acts, n_t, p, y);
-}
-
-/// `scalar` compiled for AVX2 + FMA (no AVX-512): its integer group sums vectorize and
-/// `mul_add` is one instruction instead of a libm call; the same code, so the same bits.
-#[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn scalar_avx2(ty: QuantType, geo: &Geo, w: &[u8], rows: usize, cols: usize, acts: &[u8], n_t: usize, p: &Prep, y: &mut [f32]) {
-    scalar(ty, geo, w, rows, cols, acts, n_t, p, y)
 }
 
 /// Types without a kernel: one dot product per (row, token).
@@ -415,7 +406,7 @@ impl Prep {
 }
 
 /// The i8 quants of one activation row in element order.
-fn act_quants(act: ActType, row: &[u8], out: &mut [i8]) {
+pub(super) fn act_quants(act: ActType, row: &[u8], out: &mut [i8]) {
     let (bs, ts, off) = match act {
         ActType::Q8_0 => (QK, 34, 2),
         ActType::Q8_1 => (QK, Q8_1_BYTES, 4),
@@ -557,7 +548,6 @@ pub(super) fn decode_row(ty: QuantType, row: &[u8], u: &mut [u8], fw: &mut [f32]
 
 /// The module header's formula with plain loops. Lengths checked, `rows, n_t > 0`.
 #[allow(clippy::too_many_arguments)]
-#[inline(always)]
 fn scalar(ty: QuantType, geo: &Geo, w: &[u8], rows: usize, cols: usize, acts: &[u8], n_t: usize, p: &Prep, y: &mut [f32]) {
     let (g_el, n_g, n_sb) = (geo.group, cols / geo.group, cols / geo.sb());
     let (rb, ab) = (w.len() / rows, acts.len() / n_t);

@@ -11,6 +11,8 @@ mod fastvec_avx512;
 pub mod ileave;
 mod ileave_k;
 pub mod matmat;
+#[cfg(target_arch = "x86_64")]
+mod matmat_avx2;
 pub mod matmat_avx512;
 mod own_avx512;
 mod q1;

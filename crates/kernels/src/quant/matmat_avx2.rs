@@ -1,0 +1,121 @@
+//! The AVX2 kernel of `matmat` (no AVX-512: Zen 1-3, Intel client cores), bit for bit its
+//! scalar twin (`matmat::scalar`; the arithmetic is in matmat.rs's header).
+//!
+//! The group sums Σ u·a are exact integers: the weight row's unsigned quants and every token's
+//! activation quants widened to i16 once, then `vpmaddwd` (16 products a step, no saturation:
+//! |u·a| <= 255·128), the 8 lanes of 8 groups reduced together by a transposed `vphaddd` tree.
+//! The float steps then run per (row, token) in the twin's order: the same FMAs, the same bits.
+//! Why by hand: prefill at all positions (perplexity) spends most of its time here on models
+//! whose output matrix is the embedding (Gemma 3: 262k rows); the twin compiled for AVX2 widens
+//! to i32 and multiplies with `vpmulld`, about a third of this speed.
+
+use super::QuantType;
+use super::matmat::{Geo, Mins, Prep, act_quants, decode_row};
+use std::arch::x86_64::*;
+
+/// `matmat::scalar` (same contract). The caller checked lengths and that the CPU has AVX2,
+/// FMA and F16C (`simd::level()` returned `Avx2`).
+///
+/// # Safety
+/// AVX2, FMA and F16C available.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn matmat(
+    ty: QuantType,
+    geo: &Geo,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    acts: &[u8],
+    n_t: usize,
+    p: &Prep,
+    y: &mut [f32],
+) {
+    let (g_el, n_g, n_sb) = (geo.group, cols / geo.group, cols / geo.sb());
+    let (rb, ab) = (w.len() / rows, acts.len() / n_t);
+    // every token's quants as i16: [n_t][cols]
+    let mut a8 = vec![0i8; cols];
+    let mut a16 = vec![0i16; n_t * cols];
+    for (o, row) in a16.chunks_exact_mut(cols).zip(acts.chunks_exact(ab)) {
+        act_quants(geo.act, row, &mut a8);
+        for (d, &s) in o.iter_mut().zip(&a8) {
+            *d = s as i16;
+        }
+    }
+    let (mut u, mut fw, mut fmin) = (vec![0u8; cols], vec![0f32; n_g], vec![0f32; n_g]);
+    let mut u16s = vec![0i16; cols];
+    let mut isum = vec![0i32; n_g.div_ceil(8) * 8];
+    for (r, yr) in y.chunks_exact_mut(n_t).enumerate() {
+        decode_row(ty, &w[r * rb..(r + 1) * rb], &mut u, &mut fw, &mut fmin);
+        for (d, &s) in u16s.iter_mut().zip(&u) {
+            *d = s as i16;
+        }
+        for (t, o) in yr.iter_mut().enumerate() {
+            group_sums(&u16s, &a16[t * cols..(t + 1) * cols], g_el, &mut isum);
+            let mut acc = 0f32;
+            for sb in 0..n_sb {
+                let mut temp = 0f32;
+                let mut last_g = 0;
+                for j in 0..geo.sb_groups {
+                    let g = sb * geo.sb_groups + j;
+                    let i = if geo.off != 0 { p.init[t * n_g + g] } else { 0 } + isum[g];
+                    temp = (i as f32).mul_add(fw[g], temp);
+                    if geo.mins == Mins::Group {
+                        temp = fmin[g].mul_add(p.fbs[t * n_g + g], temp);
+                    }
+                    last_g = g;
+                }
+                acc = temp.mul_add(p.da[t * n_sb + sb], acc);
+                if geo.mins == Mins::Block {
+                    acc = fmin[last_g].mul_add(p.fbs[t * n_g + last_g], acc);
+                }
+            }
+            *o = acc;
+        }
+    }
+}
+
+/// Σ_g u·a of every group of `g_el` (16 or 32) elements into `out` (room for whole batches of
+/// 8 groups; the spare entries get 0).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn group_sums(u: &[i16], a: &[i16], g_el: usize, out: &mut [i32]) {
+    let n_g = u.len() / g_el;
+    let mut g0 = 0;
+    while g0 < n_g {
+        let mut v = [_mm256_setzero_si256(); 8];
+        for (k, vk) in v.iter_mut().enumerate().take((n_g - g0).min(8)) {
+            let e = (g0 + k) * g_el;
+            *vk = madd16(&u[e..e + 16], &a[e..e + 16]);
+            if g_el == 32 {
+                *vk = _mm256_add_epi32(*vk, madd16(&u[e + 16..e + 32], &a[e + 16..e + 32]));
+            }
+        }
+        let s = reduce8(v);
+        let o = &mut out[g0..g0 + 8];
+        // SAFETY: o holds 8 i32.
+        unsafe { _mm256_storeu_si256(o.as_mut_ptr().cast(), s) };
+        g0 += 8;
+    }
+}
+
+/// Pairwise products of 16 i16 summed into 8 i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn madd16(u: &[i16], a: &[i16]) -> __m256i {
+    let (u, a) = (&u[..16], &a[..16]);
+    // SAFETY: u and a are 16 readable i16 each.
+    unsafe { _mm256_madd_epi16(_mm256_loadu_si256(u.as_ptr().cast()), _mm256_loadu_si256(a.as_ptr().cast())) }
+}
+
+/// Lane k = the sum of v[k]'s 8 lanes (exact integer sums).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn reduce8(v: [__m256i; 8]) -> __m256i {
+    // Per 128-bit half: lane k of h0123 holds v[k]'s half sum (k < 4), likewise h4567.
+    let h0123 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    let h4567 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+    let r0123 = _mm_add_epi32(_mm256_castsi256_si128(h0123), _mm256_extracti128_si256::<1>(h0123));
+    let r4567 = _mm_add_epi32(_mm256_castsi256_si128(h4567), _mm256_extracti128_si256::<1>(h4567));
+    _mm256_set_m128i(r4567, r0123)
+}
