@@ -44,33 +44,48 @@ pub(super) unsafe fn matmat(
     }
     let (mut u, mut fw, mut fmin) = (vec![0u8; cols], vec![0f32; n_g], vec![0f32; n_g]);
     let mut u16s = vec![0i16; cols];
-    let mut isum = vec![0i32; n_g.div_ceil(8) * 8];
+    let ld = n_g.div_ceil(8) * 8;
+    let mut isum = vec![0i32; 4 * ld];
     for (r, yr) in y.chunks_exact_mut(n_t).enumerate() {
         decode_row(ty, &w[r * rb..(r + 1) * rb], &mut u, &mut fw, &mut fmin);
         for (d, &s) in u16s.iter_mut().zip(&u) {
             *d = s as i16;
         }
-        for (t, o) in yr.iter_mut().enumerate() {
-            group_sums(&u16s, &a16[t * cols..(t + 1) * cols], g_el, &mut isum);
-            let mut acc = 0f32;
+        // Four tokens at a time: their float chains are independent, so they overlap (one
+        // chain alone waits on each FMA's latency). A short last step repeats its last token.
+        let mut t0 = 0;
+        while t0 < n_t {
+            let nt = (n_t - t0).min(4);
+            let ts = [t0, t0 + 1.min(nt - 1), t0 + 2.min(nt - 1), t0 + 3.min(nt - 1)];
+            for (k, &t) in ts.iter().enumerate() {
+                group_sums(&u16s, &a16[t * cols..(t + 1) * cols], g_el, &mut isum[k * ld..(k + 1) * ld]);
+            }
+            let mut acc = [0f32; 4];
             for sb in 0..n_sb {
-                let mut temp = 0f32;
+                let mut temp = [0f32; 4];
                 let mut last_g = 0;
                 for j in 0..geo.sb_groups {
                     let g = sb * geo.sb_groups + j;
-                    let i = if geo.off != 0 { p.init[t * n_g + g] } else { 0 } + isum[g];
-                    temp = (i as f32).mul_add(fw[g], temp);
-                    if geo.mins == Mins::Group {
-                        temp = fmin[g].mul_add(p.fbs[t * n_g + g], temp);
+                    for k in 0..4 {
+                        let t = ts[k];
+                        let i = if geo.off != 0 { p.init[t * n_g + g] } else { 0 } + isum[k * ld + g];
+                        temp[k] = (i as f32).mul_add(fw[g], temp[k]);
+                        if geo.mins == Mins::Group {
+                            temp[k] = fmin[g].mul_add(p.fbs[t * n_g + g], temp[k]);
+                        }
                     }
                     last_g = g;
                 }
-                acc = temp.mul_add(p.da[t * n_sb + sb], acc);
-                if geo.mins == Mins::Block {
-                    acc = fmin[last_g].mul_add(p.fbs[t * n_g + last_g], acc);
+                for k in 0..4 {
+                    let t = ts[k];
+                    acc[k] = temp[k].mul_add(p.da[t * n_sb + sb], acc[k]);
+                    if geo.mins == Mins::Block {
+                        acc[k] = fmin[last_g].mul_add(p.fbs[t * n_g + last_g], acc[k]);
+                    }
                 }
             }
-            *o = acc;
+            yr[t0..t0 + nt].copy_from_slice(&acc[..nt]);
+            t0 += nt;
         }
     }
 }
