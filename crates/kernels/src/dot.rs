@@ -12,17 +12,18 @@ use crate::simd::{Level, level};
 #[inline(always)]
 pub fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    // Eight independent partial sums, like the SIMD version's lanes, keep error growth similar.
+    // Eight independent partial sums, like the SIMD version's lanes, keep error growth similar;
+    // one rounding per product and sum (FMA), as the SIMD kernels.
     let mut acc = [0f32; 8];
     let chunks = a.len() / 8;
     for c in 0..chunks {
         for l in 0..8 {
-            acc[l] += a[c * 8 + l] * b[c * 8 + l];
+            acc[l] = a[c * 8 + l].mul_add(b[c * 8 + l], acc[l]);
         }
     }
     let mut s = acc.iter().sum::<f32>();
     for i in chunks * 8..a.len() {
-        s += a[i] * b[i];
+        s = a[i].mul_add(b[i], s);
     }
     s
 }
@@ -308,8 +309,9 @@ pub(crate) mod avx512 {
     }
 }
 
-/// AVX2 (no AVX-512): `dot`, `gemm_nt` and `axpy` are their scalar twins compiled for AVX2 +
-/// FMA (the same code, so the same bits; no contraction: Rust never fuses a*b+c); `gemm_nn`
+/// AVX2 (no AVX-512): `dot` and `axpy` are their scalar twins compiled for AVX2 + FMA (the
+/// same code, so the same bits; no contraction: Rust never fuses a*b+c), `gemm_nt` the twin's
+/// lanes register-blocked; `gemm_nn`
 /// is a 4-row × 16-column microkernel, each output one FMA chain over k in order as the twin.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
@@ -329,14 +331,14 @@ mod avx2 {
         unsafe { _mm256_storeu_ps(l.as_mut_ptr(), acc) };
         let mut s = l.iter().sum::<f32>();
         for (a, b) in xr[k8..].iter().zip(&wr[k8..]) {
-            s += a * b;
+            s = a.mul_add(*b, s);
         }
         s
     }
 
     /// `dot_scalar`'s lanes for 2 tokens × 4 weight rows at a time (each x and w vector loaded
-    /// once for the block): per lane `acc += x·w` as a multiply then an add (no FMA, as the
-    /// twin), the 8 lanes summed in order, then the tail: the twin's bits.
+    /// once for the block): per lane `acc = fma(x, w, acc)` as the twin, the 8 lanes summed in
+    /// order, then the tail: the twin's bits.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) fn gemm_nt(x: &[f32], n_t: usize, w: &[f32], n_r: usize, k: usize, y: &mut [f32], ldy: usize) {
         let k8 = k / 8 * 8;
@@ -361,8 +363,8 @@ mod avx2 {
                         let xv = [_mm256_loadu_ps(xs[0].as_ptr().add(i)), _mm256_loadu_ps(xs[1].as_ptr().add(i))];
                         for (j, wr) in ws.iter().enumerate() {
                             let wv = _mm256_loadu_ps(wr.as_ptr().add(i));
-                            acc[0][j] = _mm256_add_ps(acc[0][j], _mm256_mul_ps(xv[0], wv));
-                            acc[1][j] = _mm256_add_ps(acc[1][j], _mm256_mul_ps(xv[1], wv));
+                            acc[0][j] = _mm256_fmadd_ps(xv[0], wv, acc[0][j]);
+                            acc[1][j] = _mm256_fmadd_ps(xv[1], wv, acc[1][j]);
                         }
                     }
                     i += 8;
