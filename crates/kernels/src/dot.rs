@@ -423,7 +423,9 @@ mod avx2 {
                 unsafe {
                     for k in 0..k_len {
                         let b0 = _mm256_maskload_ps(pb.add(k * ldb + c), m0);
-                        let b1 = _mm256_maskload_ps(pb.add(k * ldb + c + 8).cast::<f32>(), m1);
+                        // wrapping: with a short tail the second half's address may lie past the end; its
+                        // lanes are all masked off, and a masked lane is never touched.
+                        let b1 = _mm256_maskload_ps(pb.wrapping_add(k * ldb + c + 8), m1);
                         for i in 0..4 {
                             let a = _mm256_set1_ps(*px.add(rows[i] * k_len + k));
                             acc[i][0] = _mm256_fmadd_ps(a, b0, acc[i][0]);
@@ -432,7 +434,7 @@ mod avx2 {
                     }
                     for (i, a) in acc.iter().enumerate().take(nt) {
                         _mm256_maskstore_ps(py.add((t + i) * ldy + c), m0, a[0]);
-                        _mm256_maskstore_ps(py.add((t + i) * ldy + c + 8), m1, a[1]);
+                        _mm256_maskstore_ps(py.wrapping_add((t + i) * ldy + c + 8), m1, a[1]);
                     }
                 }
                 t += 4;
