@@ -82,6 +82,19 @@ pub(super) fn passes(groups: usize, k: usize, pass: usize, mut run: impl FnMut(u
     }
 }
 
+/// One pass's activation rows and prepared columns: slot j holds column j0 + j for j < kk; the
+/// spare slots repeat the last column (their results are computed and dropped), so a kernel
+/// with a fixed column count reads valid rows.
+pub(super) fn pass_cols<'a, C, const P: usize>(
+    acts: &'a [u8],
+    ab: usize,
+    cs: &'a [C],
+    j0: usize,
+    kk: usize,
+) -> ([&'a [u8]; P], [&'a C; P]) {
+    (std::array::from_fn(|j| &acts[(j0 + j.min(kk - 1)) * ab..][..ab]), std::array::from_fn(|j| &cs[j0 + j.min(kk - 1)]))
+}
+
 /// Group g of `packed` (`gb` bytes a group) through `one(group, ahead, out)` for g in g0..g1,
 /// each result landing in `ys[j0 + j][16 g..16 g + 16]` for j < kk.
 #[inline]
@@ -507,8 +520,7 @@ mod avx512 {
             let gb = nb * IL_ROWS * bb;
             let ab = 34 * nb;
             super::passes(packed.len() / gb, cs.len(), PASS_COLS, |g0, g1, j0, kk| {
-                let a: [&[u8]; PASS_COLS] = std::array::from_fn(|j| &acts[(j0 + j.min(kk - 1)) * ab..][..ab]);
-                let c: [&Col; PASS_COLS] = std::array::from_fn(|j| &cs[j0 + j.min(kk - 1)]);
+                let (a, c): ([&[u8]; PASS_COLS], [&Col; PASS_COLS]) = super::pass_cols(acts, ab, cs, j0, kk);
                 macro_rules! go {
                     ($T:literal) => {
                         super::groups(packed, gb, (g0, g1), j0, kk, ys, |grp, pf, out| {
@@ -667,8 +679,7 @@ mod avx2 {
             let gb = nb * IL_ROWS * bb;
             let ab = 34 * nb;
             super::passes(packed.len() / gb, cs.len(), PASS_COLS, |g0, g1, j0, kk| {
-                let a: [&[u8]; PASS_COLS] = std::array::from_fn(|j| &acts[(j0 + j.min(kk - 1)) * ab..][..ab]);
-                let c: [&Col; PASS_COLS] = std::array::from_fn(|j| &cs[j0 + j.min(kk - 1)]);
+                let (a, c): ([&[u8]; PASS_COLS], [&Col; PASS_COLS]) = super::pass_cols(acts, ab, cs, j0, kk);
                 macro_rules! go {
                     ($T:literal) => {
                         super::groups(packed, gb, (g0, g1), j0, kk, ys, |grp, pf, out| {

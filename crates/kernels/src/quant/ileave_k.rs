@@ -230,8 +230,7 @@ mod avx512 {
             let ab = AB * nb;
             let gb = nb * Q6_GBB;
             super::super::ileave::passes(packed.len() / gb, cs.len(), PASS_COLS, |g0, g1, j0, kk| {
-                let a: [&[u8]; PASS_COLS] = std::array::from_fn(|j| &acts[(j0 + j.min(kk - 1)) * ab..][..ab]);
-                let c: [&Col6; PASS_COLS] = std::array::from_fn(|j| &cs[j0 + j.min(kk - 1)]);
+                let (a, c): ([&[u8]; PASS_COLS], [&Col6; PASS_COLS]) = super::super::ileave::pass_cols(acts, ab, cs, j0, kk);
                 super::super::ileave::groups(packed, gb, (g0, g1), j0, kk, ys, |grp, pf, out| {
                     // SAFETY: available() confirmed avx512f/bw/vl/vnni, avx2, fma and f16c.
                     unsafe {
@@ -262,8 +261,7 @@ mod avx512 {
             let ab = AB * nb;
             let gb = nb * super::sizes(h5).1;
             super::super::ileave::passes(packed.len() / gb, cs.len(), PASS_COLS, |g0, g1, j0, kk| {
-                let a: [&[u8]; PASS_COLS] = std::array::from_fn(|j| &acts[(j0 + j.min(kk - 1)) * ab..][..ab]);
-                let c: [&Col; PASS_COLS] = std::array::from_fn(|j| &cs[j0 + j.min(kk - 1)]);
+                let (a, c): ([&[u8]; PASS_COLS], [&Col; PASS_COLS]) = super::super::ileave::pass_cols(acts, ab, cs, j0, kk);
                 super::super::ileave::groups(packed, gb, (g0, g1), j0, kk, ys, |grp, pf, out| {
                     // SAFETY: available() confirmed avx512f/bw/vl/vnni, avx2, fma and f16c.
                     unsafe {
@@ -475,8 +473,7 @@ mod avx2 {
             let ab = AB * nb;
             let gb = nb * Q6_GBB;
             super::super::ileave::passes(packed.len() / gb, cs.len(), PASS_COLS, |g0, g1, j0, kk| {
-                let a: [&[u8]; PASS_COLS] = std::array::from_fn(|j| &acts[(j0 + j.min(kk - 1)) * ab..][..ab]);
-                let c: [&Col6; PASS_COLS] = std::array::from_fn(|j| &cs[j0 + j.min(kk - 1)]);
+                let (a, c): ([&[u8]; PASS_COLS], [&Col6; PASS_COLS]) = super::super::ileave::pass_cols(acts, ab, cs, j0, kk);
                 super::super::ileave::groups(packed, gb, (g0, g1), j0, kk, ys, |grp, pf, out| {
                     // SAFETY: level() returned Avx2 after detecting avx2, fma and f16c.
                     unsafe {
@@ -506,8 +503,7 @@ mod avx2 {
             let ab = AB * nb;
             let gb = nb * super::sizes(h5).1;
             super::super::ileave::passes(packed.len() / gb, cs.len(), PASS_COLS, |g0, g1, j0, kk| {
-                let a: [&[u8]; PASS_COLS] = std::array::from_fn(|j| &acts[(j0 + j.min(kk - 1)) * ab..][..ab]);
-                let c: [&Col; PASS_COLS] = std::array::from_fn(|j| &cs[j0 + j.min(kk - 1)]);
+                let (a, c): ([&[u8]; PASS_COLS], [&Col; PASS_COLS]) = super::super::ileave::pass_cols(acts, ab, cs, j0, kk);
                 super::super::ileave::groups(packed, gb, (g0, g1), j0, kk, ys, |grp, pf, out| {
                     // SAFETY: level() returned Avx2 after detecting avx2, fma and f16c.
                     unsafe {
