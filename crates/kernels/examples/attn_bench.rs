@@ -64,7 +64,7 @@ fn main() {
             let q: Vec<f32> = (0..nkv * g * hd).map(|i| (i % 13) as f32 / 13.0).collect();
             let rule = ScoreRule { scale: 0.125, softcap: None, exp: Exp::Fast };
             let (mut scratch, mut out) = (Vec::new(), vec![0f32; nkv * g * part_len(hd)]);
-            let reps = 20 * layers.max(1);
+            let reps = 100.max(4 * layers);
             let t = Instant::now();
             for rep in 0..reps {
                 let (k, v) = (ks[rep % layers].rows(), vs[rep % layers].rows());

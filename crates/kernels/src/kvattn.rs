@@ -17,6 +17,9 @@
 //! Where it stands (2 cores, Zen 5 in a VM): ~45% of the FMA peak from cache (4.7 ns per
 //! (key, head) at head size 64, 7 heads per kv head), and the DRAM stream is not overlapped
 //! with the arithmetic yet (10-13 ns read from memory). BENCHMARKS.md, twenty-first session.
+//! On AVX2 (Zen 3, no AVX-512) the same shape gives 7.7 ns (f16, head size 64, 7 heads per
+//! kv head, from cache; 31 ns with one pass per query head before), bound by loads: each FMA
+//! of the weighted sum reads its row from the tile.
 //!
 //! Arithmetic, the same in the SIMD kernel and its scalar twin, bit for bit:
 //! - score: `dot(q_h, k_t)` in `dot::dot`'s lane order (`attn::dot_rows`) on the key as f32
@@ -197,10 +200,17 @@ fn dot_lanes(a: &[f32], b: impl Fn(usize) -> f32) -> f32 {
     hsum_scalar(std::array::from_fn(|l| a0[l] + a1[l]))
 }
 
+/// The largest value (−∞ for none), its zero +0 whichever zero came first: the kernels find it
+/// in other orders, and the m they report must not depend on it.
+#[inline(always)]
+fn max_of(s: &[f32]) -> f32 {
+    s.iter().copied().fold(f32::NEG_INFINITY, f32::max) + 0.0
+}
+
 /// m, then p_t = exp(s_t − m) in place, then l (16 lane sums, `hsum`'s tree).
 #[inline(always)]
 fn softmax_part_scalar(s: &mut [f32], exp: Exp) -> (f32, f32) {
-    let m = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let m = max_of(s);
     let mut lanes = [0f32; 16];
     for (t, x) in s.iter_mut().enumerate() {
         *x = exp.of(*x - m);
@@ -297,6 +307,30 @@ pub fn dequantize_q8(q: &[i8], d: &[f32]) -> Vec<f32> {
     q.iter().enumerate().map(|(i, &v)| v as f32 * d[i / Q8_BLOCK]).collect()
 }
 
+/// Prefetch (into L1) rows r0..r1 (those inside `src`), values off..off + width.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn prefetch(src: KvRows, stride: usize, off: usize, width: usize, r0: usize, r1: usize) {
+    use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+    let len = src.len();
+    for r in r0..r1 {
+        let at = r * stride + off;
+        if at + width > len {
+            break;
+        }
+        let (p, bytes) = match src {
+            KvRows::F32(x) => (x.as_ptr().wrapping_add(at) as *const i8, width * 4),
+            KvRows::F16(x) => (x.as_ptr().wrapping_add(at) as *const i8, width * 2),
+            KvRows::Q8 { q, .. } => (q.as_ptr().wrapping_add(at), width),
+        };
+        for c in (0..bytes).step_by(64) {
+            // SAFETY: SSE is part of x86_64; a prefetch never faults, and the line lies inside
+            // the rows anyway (checked above).
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(c)) };
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use super::{Exp, KvRows, Q8_BLOCK, ScoreRule, Split, part_len};
@@ -314,28 +348,6 @@ mod avx512 {
         stride: usize,
     }
 
-    /// Prefetch rows r0..r1 (those inside `src`), values off..off + width, with hint H.
-    #[inline]
-    #[target_feature(enable = "avx512f,fma")]
-    fn prefetch<const H: i32>(src: KvRows, stride: usize, off: usize, width: usize, r0: usize, r1: usize) {
-        let len = src.len();
-        for r in r0..r1 {
-            let at = r * stride + off;
-            if at + width > len {
-                break;
-            }
-            let (p, bytes) = match src {
-                KvRows::F32(x) => (x.as_ptr().wrapping_add(at) as *const i8, width * 4),
-                KvRows::F16(x) => (x.as_ptr().wrapping_add(at) as *const i8, width * 2),
-                KvRows::Q8 { q, .. } => (q.as_ptr().wrapping_add(at), width),
-            };
-            for c in (0..bytes).step_by(64) {
-                // A prefetch never faults; the line lies inside the rows anyway (checked above).
-                _mm_prefetch::<H>(p.wrapping_add(c));
-            }
-        }
-    }
-
     /// Rows row0..row0 + n, values off..off + width, as f32: in place for f32, else converted
     /// into `tile` [n, width]. Also prefetches the rows AHEAD further on.
     ///
@@ -344,7 +356,7 @@ mod avx512 {
     /// stride, off and width are multiples of Q8_BLOCK; tile holds n · width values.
     #[target_feature(enable = "avx512f,fma")]
     unsafe fn block(src: KvRows, stride: usize, off: usize, width: usize, row0: usize, n: usize, tile: &mut [f32]) -> Block {
-        prefetch::<_MM_HINT_T0>(src, stride, off, width, row0 + AHEAD, row0 + AHEAD + n);
+        super::prefetch(src, stride, off, width, row0 + AHEAD, row0 + AHEAD + n);
         let whole = width / 16 * 16;
         match src {
             KvRows::F32(x) => Block { ptr: x[row0 * stride + off..].as_ptr(), stride },
@@ -731,7 +743,7 @@ mod avx512 {
     /// AVX-512 F and FMA available.
     #[target_feature(enable = "avx512f,fma")]
     unsafe fn softmax_part(s: &mut [f32], exp: Exp) -> (f32, f32) {
-        let m = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let m = super::max_of(s);
         let n16 = s.len() / 16 * 16;
         let mut acc = _mm512_setzero_ps();
         match exp {
@@ -764,69 +776,73 @@ mod avx512 {
     }
 }
 
-/// The AVX2 kernel (no AVX-512), head sizes that are multiples of 16: per head, each score is
-/// the scalar twin's 16-lane dot product held in two 8-lane halves (the same FMAs per lane,
-/// the same reduction tree), the softmax part the twin's own code compiled here, and the
-/// weighted sum 64 values at a time in registers, one FMA per value and row in position
-/// order: the twin's bits. Rows of f16 or 8-bit are widened 8 values at a time as they are
-/// read (exactly for f16; `q · d` for 8-bit, one rounding, as `KvRows::get`).
+/// The AVX2 kernel (no AVX-512), head sizes that are multiples of 16, with the AVX-512 kernel's
+/// shape: blocks of 16 rows read once for every query head of the split (f16 and 8-bit rows
+/// converted into a 16-row f32 tile, exactly for f16 and `q · d` with one rounding for 8-bit,
+/// as `KvRows::get`), then per head:
+/// - scores two rows at a time (each q vector loaded once for both), each the twin's 16-lane
+///   dot product held in 8-lane halves (the same FMAs per lane), eight rows' horizontal sums in
+///   one transposed tree with `hsum_scalar`'s pairing;
+/// - the softmax part on 8 lanes (`expf8` is `expf_ggml` lane for lane, its 2^n step in f64
+///   as the twin's), the 16 lane sums in two registers;
+/// - the weighted sum 64 values at a time in registers, one FMA per value and row in
+///   position order.
+/// The twin's bits throughout.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{KvRows, Q8_BLOCK, ScoreRule, Split, part_len, softmax_part_scalar};
+    use super::{Exp, KvRows, Q8_BLOCK, ScoreRule, Split, part_len};
     use std::arch::x86_64::*;
 
-    /// Values i..i + 8 of `src` as f32.
-    ///
-    /// # Safety
-    /// AVX2, FMA and F16C available; i + 8 <= the rows' length; for 8-bit, i a multiple of 8.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn load8(src: KvRows, i: usize) -> __m256 {
-        // SAFETY (whole block): i + 8 <= len (the caller's promise); unaligned loads.
-        unsafe {
-            match src {
-                KvRows::F32(x) => _mm256_loadu_ps(x.as_ptr().add(i)),
-                KvRows::F16(x) => _mm256_cvtph_ps(_mm_loadu_si128(x.as_ptr().add(i).cast())),
-                KvRows::Q8 { q, d } => {
-                    let v = _mm_loadl_epi64(q.as_ptr().add(i).cast());
-                    _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), _mm256_set1_ps(*d.get_unchecked(i / Q8_BLOCK)))
-                }
-            }
-        }
+    /// Rows per block (one tile of converted rows).
+    const TB: usize = 16;
+    /// Rows ahead of the block in use that the passes prefetch.
+    const AHEAD: usize = 8 * TB;
+
+    /// Where a block's rows are read as f32: in place (an f32 cache) or in the tile.
+    struct Block {
+        ptr: *const f32,
+        stride: usize,
     }
 
-    /// `super::dot_lanes(q, |j| row[base + j])` for hd a multiple of 16: lanes 0..8 and 8..16
-    /// of each 16-lane accumulator in two registers.
+    /// Rows row0..row0 + n, values off..off + width, as f32: in place for f32, else converted
+    /// into `tile` [n, width]. Also prefetches the rows AHEAD further on.
     ///
     /// # Safety
-    /// As `load8` for base..base + q.len().
-    #[inline]
+    /// AVX2, FMA and F16C available; the rows lie inside `src` (checked by `super::check`);
+    /// width a multiple of 16 (of 32 for 8-bit, with stride and off); tile holds n · width.
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dot(q: &[f32], src: KvRows, base: usize) -> f32 {
-        let n = q.len();
-        let z = _mm256_setzero_ps();
-        let (mut a0l, mut a0h, mut a1l, mut a1h) = (z, z, z, z);
-        let qp = q.as_ptr();
-        let mut i = 0;
-        // SAFETY (whole block): i + 32 <= n or i + 16 <= n inside q; the rows as promised.
-        unsafe {
-            while i + 32 <= n {
-                a0l = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(i)), load8(src, base + i), a0l);
-                a0h = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(i + 8)), load8(src, base + i + 8), a0h);
-                a1l = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(i + 16)), load8(src, base + i + 16), a1l);
-                a1h = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(i + 24)), load8(src, base + i + 24), a1h);
-                i += 32;
+    unsafe fn block(src: KvRows, stride: usize, off: usize, width: usize, row0: usize, n: usize, tile: &mut [f32]) -> Block {
+        super::prefetch(src, stride, off, width, row0 + AHEAD, row0 + AHEAD + n);
+        match src {
+            KvRows::F32(x) => Block { ptr: x[row0 * stride + off..].as_ptr(), stride },
+            KvRows::F16(x) => {
+                for t in 0..n {
+                    let base = (row0 + t) * stride + off;
+                    let dst = tile[t * width..(t + 1) * width].as_mut_ptr();
+                    for j in (0..width).step_by(8) {
+                        // SAFETY: base + j + 8 <= base + width lies inside x; 8 f16 = 128 bits.
+                        unsafe { _mm256_storeu_ps(dst.add(j), _mm256_cvtph_ps(_mm_loadu_si128(x.as_ptr().add(base + j).cast()))) };
+                    }
+                }
+                Block { ptr: tile.as_ptr(), stride: width }
             }
-            if i + 16 <= n {
-                a0l = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(i)), load8(src, base + i), a0l);
-                a0h = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(i + 8)), load8(src, base + i + 8), a0h);
+            KvRows::Q8 { q, d } => {
+                for t in 0..n {
+                    let base = (row0 + t) * stride + off;
+                    let dst = tile[t * width..(t + 1) * width].as_mut_ptr();
+                    // width is a multiple of 32 (checked): 8 values never straddle two blocks.
+                    for j in (0..width).step_by(8) {
+                        let sc = _mm256_set1_ps(d[(base + j) / Q8_BLOCK]);
+                        // SAFETY: base + j + 8 <= base + width lies inside q; 8 i8 = 64 bits.
+                        unsafe {
+                            let b = _mm_loadl_epi64(q.as_ptr().add(base + j).cast());
+                            _mm256_storeu_ps(dst.add(j), _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), sc));
+                        }
+                    }
+                }
+                Block { ptr: tile.as_ptr(), stride: width }
             }
         }
-        // v = a0 + a1 (16 lanes), then hsum_scalar's tree: (i, i + 8), (i, i + 4), (0 + 2) + (1 + 3).
-        let s8 = _mm256_add_ps(_mm256_add_ps(a0l, a1l), _mm256_add_ps(a0h, a1h));
-        let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));
-        let x = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-        _mm_cvtss_f32(_mm_add_ss(x, _mm_shuffle_ps::<1>(x, x)))
     }
 
     /// # Safety
@@ -841,38 +857,279 @@ mod avx2 {
         scratch: &mut Vec<f32>,
         out: &mut [f32],
     ) {
-        let n = s.n;
-        if scratch.len() < n {
-            scratch.resize(n, 0.0);
+        let (nq, n, pl) = (q.len() / hd, s.n, part_len(hd));
+        let width = nq / group * hd; // every kv head the heads read
+        let need = nq * n + TB * width;
+        if scratch.len() < need {
+            scratch.resize(need, 0.0);
         }
-        let p = &mut scratch[..n];
-        for (h, (qh, oh)) in q.chunks_exact(hd).zip(out.chunks_exact_mut(part_len(hd))).enumerate() {
-            let off = s.off + (h / group) * hd;
-            for (t, x) in p.iter_mut().enumerate() {
-                // SAFETY: row s.row0 + t, values off..off + hd lie inside the keys (checked).
-                *x = rule.score(unsafe { dot(qh, s.keys, (s.row0 + t) * s.stride + off) });
+        let (scores, tile) = scratch.split_at_mut(nq * n); // [nq, n], [TB, width]
+        for t0 in (0..n).step_by(TB) {
+            let nt = TB.min(n - t0);
+            // SAFETY: rows s.row0 + t0 .. + nt lie inside the keys (checked); tile holds TB · width.
+            let b = unsafe { block(s.keys, s.stride, s.off, width, s.row0 + t0, nt, tile) };
+            for (h, qh) in q.chunks_exact(hd).enumerate() {
+                // SAFETY: the block's nt rows hold width values from b.ptr, kv head h / group at
+                // (h / group) · hd; scores row h has n >= t0 + nt values.
+                unsafe { scores_head(qh, b.ptr.add(h / group * hd), b.stride, nt, &mut scores[h * n + t0..h * n + t0 + nt]) };
             }
-            let (m, l) = softmax_part_scalar(p, rule.exp);
+        }
+        for (sh, oh) in scores.chunks_exact_mut(n).zip(out.chunks_exact_mut(pl)) {
+            match rule.softcap {
+                None => {
+                    let sc = _mm256_set1_ps(rule.scale);
+                    let n8 = n / 8 * 8;
+                    for i in (0..n8).step_by(8) {
+                        // SAFETY: i + 8 <= n values of sh.
+                        unsafe { _mm256_storeu_ps(sh.as_mut_ptr().add(i), _mm256_mul_ps(_mm256_loadu_ps(sh.as_ptr().add(i)), sc)) };
+                    }
+                    sh[n8..].iter_mut().for_each(|x| *x = rule.score(*x));
+                }
+                Some(_) => sh.iter_mut().for_each(|x| *x = rule.score(*x)),
+            }
+            // SAFETY: AVX2, FMA and F16C available.
+            let (m, l) = unsafe { softmax_part(sh, rule.exp) };
             oh[0] = m;
             oh[1] = l;
-            let acc_row = &mut oh[2..];
-            for c0 in (0..hd).step_by(64) {
-                let nv = ((hd - c0) / 8).min(8);
-                let mut acc = [_mm256_setzero_ps(); 8];
-                for (t, &pt) in p.iter().enumerate() {
-                    let pb = _mm256_set1_ps(pt);
-                    let base = (s.row0 + t) * s.stride + off + c0;
-                    for (v, a) in acc.iter_mut().enumerate().take(nv) {
-                        // SAFETY: values base + 8v..+8 lie inside the row's head (checked).
-                        *a = _mm256_fmadd_ps(pb, unsafe { load8(s.vals, base + 8 * v) }, *a);
-                    }
+            oh[2..].fill(0.0);
+        }
+        for t0 in (0..n).step_by(TB) {
+            let nt = TB.min(n - t0);
+            // SAFETY: rows s.row0 + t0 .. + nt lie inside the values (checked).
+            let b = unsafe { block(s.vals, s.stride, s.off, width, s.row0 + t0, nt, tile) };
+            for (h, oh) in out.chunks_exact_mut(pl).enumerate() {
+                let ph = &scores[h * n + t0..h * n + t0 + nt];
+                // SAFETY: as the scores' pass; oh[2..] holds hd sums.
+                unsafe { acc_head(ph, b.ptr.add(h / group * hd), b.stride, &mut oh[2..]) };
+            }
+        }
+    }
+
+    /// The two rows' 16-lane dot products with q (`super::dot_lanes`' accumulators, lanes 0..8
+    /// and 8..16 in two registers each), each folded to `hsum_scalar`'s first step: s8[i] =
+    /// v[i] + v[i + 8] with v = a0 + a1.
+    ///
+    /// # Safety
+    /// AVX2 and FMA; r0 and r1 valid for q.len() reads; q.len() % 16 == 0.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot2(q: &[f32], r0: *const f32, r1: *const f32) -> (__m256, __m256) {
+        let n = q.len();
+        let qp = q.as_ptr();
+        let mut a = [_mm256_setzero_ps(); 4];
+        let mut b = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        // SAFETY (whole block): i + 32 <= n (or i + 16 <= n) inside q and both rows.
+        unsafe {
+            while i + 32 <= n {
+                for c in 0..4 {
+                    let qv = _mm256_loadu_ps(qp.add(i + 8 * c));
+                    a[c] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(r0.add(i + 8 * c)), a[c]);
+                    b[c] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(r1.add(i + 8 * c)), b[c]);
                 }
-                for (v, a) in acc.iter().enumerate().take(nv) {
-                    // SAFETY: c0 + 8v + 8 <= hd values of acc_row.
-                    unsafe { _mm256_storeu_ps(acc_row.as_mut_ptr().add(c0 + 8 * v), *a) };
+                i += 32;
+            }
+            if i + 16 <= n {
+                for c in 0..2 {
+                    let qv = _mm256_loadu_ps(qp.add(i + 8 * c));
+                    a[c] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(r0.add(i + 8 * c)), a[c]);
+                    b[c] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(r1.add(i + 8 * c)), b[c]);
                 }
             }
         }
+        // a[0], a[1]: a0's lanes 0..8, 8..16; a[2], a[3]: a1's.
+        (
+            _mm256_add_ps(_mm256_add_ps(a[0], a[2]), _mm256_add_ps(a[1], a[3])),
+            _mm256_add_ps(_mm256_add_ps(b[0], b[2]), _mm256_add_ps(b[1], b[3])),
+        )
+    }
+
+    /// `hsum_scalar`'s remaining steps for eight rows at once: x[r] holds row r's s8; lane r of
+    /// the result is (s4[0] + s4[2]) + (s4[1] + s4[3]) with s4[i] = s8[i] + s8[i + 4].
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn reduce8(x: &[__m256; 8]) -> __m256 {
+        // y[r]: row r's s4 in the low half, row r + 4's in the high half.
+        let mut y = [_mm256_setzero_ps(); 4];
+        for (r, v) in y.iter_mut().enumerate() {
+            *v = _mm256_add_ps(_mm256_permute2f128_ps::<0x20>(x[r], x[r + 4]), _mm256_permute2f128_ps::<0x31>(x[r], x[r + 4]));
+        }
+        // Per half: [s4[0] + s4[2] of rows 0, 1, then s4[1] + s4[3] of rows 0, 1] (and 2, 3).
+        let p = _mm256_add_ps(_mm256_unpacklo_ps(y[0], y[1]), _mm256_unpackhi_ps(y[0], y[1]));
+        let r = _mm256_add_ps(_mm256_unpacklo_ps(y[2], y[3]), _mm256_unpackhi_ps(y[2], y[3]));
+        _mm256_add_ps(_mm256_shuffle_ps::<0x44>(p, r), _mm256_shuffle_ps::<0xEE>(p, r))
+    }
+
+    /// Unscaled scores of one head q [hd] against nt <= 16 rows `stride` apart: out[t].
+    ///
+    /// # Safety
+    /// AVX2 and FMA; rows valid for (nt - 1) · stride + hd reads; out.len() == nt <= 16.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scores_head(q: &[f32], rows: *const f32, stride: usize, nt: usize, out: &mut [f32]) {
+        let mut s8 = [[_mm256_setzero_ps(); 8]; 2];
+        let mut t = 0;
+        while t < nt {
+            // An odd last row pairs with itself (its second result unused).
+            let t1 = if t + 1 < nt { t + 1 } else { t };
+            // SAFETY: rows t, t1 < nt.
+            let (x0, x1) = unsafe { dot2(q, rows.add(t * stride), rows.add(t1 * stride)) };
+            s8[t / 8][t % 8] = x0;
+            s8[t1 / 8][t1 % 8] = x1;
+            t += 2;
+        }
+        let mut sums = [0f32; 16];
+        for (b, x) in s8.iter().enumerate().take(nt.div_ceil(8)) {
+            // SAFETY: sums holds 16 values.
+            unsafe { _mm256_storeu_ps(sums.as_mut_ptr().add(8 * b), reduce8(x)) };
+        }
+        out.copy_from_slice(&sums[..nt]);
+    }
+
+    /// out[d] = fma(p[t], rows[t][d], out[d]) for t < nt in order, 64 values at a time in
+    /// registers.
+    ///
+    /// # Safety
+    /// AVX2 and FMA; rows valid for (p.len() - 1) · stride + out.len() reads; out.len() % 16 == 0.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn acc_head(p: &[f32], rows: *const f32, stride: usize, out: &mut [f32]) {
+        let hd = out.len();
+        let mut c0 = 0;
+        // SAFETY (whole block): columns c0..c0 + 8·NV <= hd of each row and of out.
+        unsafe {
+            while c0 + 64 <= hd {
+                acc_cols::<8>(p, rows.add(c0), stride, out.as_mut_ptr().add(c0));
+                c0 += 64;
+            }
+            match (hd - c0) / 8 {
+                6 => acc_cols::<6>(p, rows.add(c0), stride, out.as_mut_ptr().add(c0)),
+                4 => acc_cols::<4>(p, rows.add(c0), stride, out.as_mut_ptr().add(c0)),
+                2 => acc_cols::<2>(p, rows.add(c0), stride, out.as_mut_ptr().add(c0)),
+                _ => {}
+            }
+        }
+    }
+
+    /// `acc_head` for the 8·NV values from `rows` and `out`.
+    ///
+    /// # Safety
+    /// As `acc_head`, for 8·NV values.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn acc_cols<const NV: usize>(p: &[f32], rows: *const f32, stride: usize, out: *mut f32) {
+        // No closures here: they would not inherit the target features (each intrinsic a call).
+        let mut acc = [_mm256_setzero_ps(); NV];
+        // SAFETY (whole block): as promised by the caller.
+        unsafe {
+            for (v, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_loadu_ps(out.add(8 * v));
+            }
+            for (t, &pt) in p.iter().enumerate() {
+                let pb = _mm256_set1_ps(pt);
+                let r = rows.add(t * stride);
+                for (v, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_fmadd_ps(pb, _mm256_loadu_ps(r.add(8 * v)), *a);
+                }
+            }
+            for (v, a) in acc.iter().enumerate() {
+                _mm256_storeu_ps(out.add(8 * v), *a);
+            }
+        }
+    }
+
+    /// `ggml::expf_ggml` on 8 lanes, bit for bit: the same FMAs, the out-of-range lanes 0 or
+    /// ∞, and j · 2^n as one rounding of the exact f64 product.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn expf8(x: __m256) -> __m256 {
+        // No closures here: they would not inherit the target features (each intrinsic a call).
+        let r = _mm256_set1_ps(f32::from_bits(0x4b40_0000));
+        let z = _mm256_fmadd_ps(x, _mm256_set1_ps(f32::from_bits(0x3fb8_aa3b)), r);
+        let n = _mm256_sub_ps(z, r);
+        let b = _mm256_fnmadd_ps(
+            n,
+            _mm256_set1_ps(f32::from_bits(0x35bf_be8e)),
+            _mm256_fnmadd_ps(n, _mm256_set1_ps(f32::from_bits(0x3f31_7200)), x),
+        );
+        let u = _mm256_mul_ps(b, b);
+        let j0 = _mm256_fmadd_ps(_mm256_set1_ps(f32::from_bits(0x3c07_2010)), b, _mm256_set1_ps(f32::from_bits(0x3d2b_9f17)));
+        let j1 = _mm256_fmadd_ps(_mm256_set1_ps(f32::from_bits(0x3e2a_af33)), b, _mm256_set1_ps(f32::from_bits(0x3eff_fedb)));
+        let j2 = _mm256_fmadd_ps(_mm256_set1_ps(f32::from_bits(0x3f7f_fff6)), b, _mm256_set1_ps(1.0));
+        let j = _mm256_fmadd_ps(_mm256_fmadd_ps(j0, u, j1), u, j2);
+        // 2^n as f64 bits for |n| <= 192 (other lanes are replaced below; clamped to stay finite).
+        let lim = _mm256_set1_ps(192.0);
+        let ni = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(n, _mm256_set1_ps(-192.0)), lim));
+        let bias = _mm256_set1_epi64x(1023);
+        let pow_lo = _mm256_slli_epi64::<52>(_mm256_add_epi64(_mm256_cvtepi32_epi64(_mm256_castsi256_si128(ni)), bias));
+        let pow_hi = _mm256_slli_epi64::<52>(_mm256_add_epi64(_mm256_cvtepi32_epi64(_mm256_extracti128_si256::<1>(ni)), bias));
+        let lo = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(j)), _mm256_castsi256_pd(pow_lo)));
+        let hi = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps::<1>(j)), _mm256_castsi256_pd(pow_hi)));
+        let v = _mm256_set_m128(hi, lo);
+        // |n| > 192: 0 where n <= 0, else ∞.
+        let absn = _mm256_andnot_ps(_mm256_set1_ps(-0.0), n);
+        let out = _mm256_cmp_ps::<_CMP_GT_OQ>(absn, lim);
+        let big = _mm256_and_ps(_mm256_cmp_ps::<_CMP_GT_OQ>(n, _mm256_setzero_ps()), _mm256_set1_ps(f32::INFINITY));
+        _mm256_blendv_ps(v, big, out)
+    }
+
+    /// `super::max_of` on 8 lanes (the maximum does not depend on the order; its zero is +0).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn max_of(s: &[f32]) -> f32 {
+        let n8 = s.len() / 8 * 8;
+        let mut mv = _mm256_set1_ps(f32::NEG_INFINITY);
+        for i in (0..n8).step_by(8) {
+            // SAFETY: i + 8 <= s.len().
+            mv = _mm256_max_ps(mv, unsafe { _mm256_loadu_ps(s.as_ptr().add(i)) });
+        }
+        let mut lanes = [0f32; 8];
+        // SAFETY: lanes holds 8 values.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), mv) };
+        super::max_of(&lanes).max(super::max_of(&s[n8..]))
+    }
+
+    /// m, p = exp(s − m) in place, l: `super::softmax_part_scalar`'s arithmetic on 8 lanes (its
+    /// 16 lane sums in two registers).
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C available.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn softmax_part(s: &mut [f32], exp: Exp) -> (f32, f32) {
+        let m = max_of(s);
+        let n8 = s.len() / 8 * 8;
+        let sp = s.as_mut_ptr();
+        let mut acc = [_mm256_setzero_ps(); 2];
+        match exp {
+            Exp::Fast => {
+                let mv = _mm256_set1_ps(m);
+                for i in (0..n8).step_by(8) {
+                    // SAFETY: i + 8 <= s.len().
+                    unsafe {
+                        let e = expf8(_mm256_sub_ps(_mm256_loadu_ps(sp.add(i)), mv));
+                        _mm256_storeu_ps(sp.add(i), e);
+                        acc[i / 8 % 2] = _mm256_add_ps(acc[i / 8 % 2], e);
+                    }
+                }
+                s[n8..].iter_mut().for_each(|x| *x = super::expf_ggml(*x - m));
+            }
+            Exp::Libm => {
+                s.iter_mut().for_each(|x| *x = (*x - m).exp());
+                for i in (0..n8).step_by(8) {
+                    // SAFETY: i + 8 <= s.len().
+                    acc[i / 8 % 2] = _mm256_add_ps(acc[i / 8 % 2], unsafe { _mm256_loadu_ps(sp.add(i)) });
+                }
+            }
+        }
+        // The tail's lanes (p >= 0, so the zero lanes leave the sums as they are).
+        let mut lanes = [0f32; 16];
+        // SAFETY: lanes holds 16 values.
+        unsafe {
+            _mm256_storeu_ps(lanes.as_mut_ptr(), acc[0]);
+            _mm256_storeu_ps(lanes.as_mut_ptr().add(8), acc[1]);
+        }
+        for (t, &x) in s.iter().enumerate().skip(n8) {
+            lanes[t % 16] += x;
+        }
+        (m, super::hsum_scalar(lanes))
     }
 }
 
@@ -990,6 +1247,31 @@ mod tests {
             hadamard(&mut ha, r);
             let worst = a.iter().zip(&ha).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
             assert!(worst < 1e-5, "r {r}: twice is {worst} from the identity");
+        }
+    }
+
+    /// The AVX2 exponential equals its scalar lane function on every kind of input: normal and
+    /// subnormal results, underflow to 0, overflow to ∞.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx2_exp_is_the_scalar_exp_bit_for_bit() {
+        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")) {
+            eprintln!("no AVX2: nothing to compare");
+            return;
+        }
+        let mut x: Vec<f32> = (0..40_000).map(|i| -200.0 + i as f32 * 0.0071).collect();
+        x.extend([0.0, -0.0, 88.7, 89.0, -87.3, -103.9, -149.5, -1e-30, f32::MIN_POSITIVE, 1e6, -1e6]);
+        x.resize(x.len().next_multiple_of(8), 1.0);
+        for c in x.chunks_exact(8) {
+            let mut got = [0f32; 8];
+            // SAFETY: AVX2, FMA and F16C detected above; got holds 8 values.
+            unsafe {
+                use std::arch::x86_64::*;
+                _mm256_storeu_ps(got.as_mut_ptr(), avx2::expf8(_mm256_loadu_ps(c.as_ptr())));
+            }
+            for (a, &v) in got.iter().zip(c) {
+                assert_eq!(a.to_bits(), expf_ggml(v).to_bits(), "exp({v}): {a} vs {}", expf_ggml(v));
+            }
         }
     }
 
