@@ -17,9 +17,11 @@
 //! Where it stands (2 cores, Zen 5 in a VM): ~45% of the FMA peak from cache (4.7 ns per
 //! (key, head) at head size 64, 7 heads per kv head), and the DRAM stream is not overlapped
 //! with the arithmetic yet (10-13 ns read from memory). BENCHMARKS.md, twenty-first session.
-//! On AVX2 (Zen 3, no AVX-512) the same shape gives 7.7 ns (f16, head size 64, 7 heads per
-//! kv head, from cache; 31 ns with one pass per query head before), bound by loads: each FMA
-//! of the weighted sum reads its row from the tile.
+//! On AVX2 (Zen 3, no AVX-512) the same shape, with q in registers for head size 64 (one load
+//! per FMA of the scores) and value rows shared by two heads (32 values of a row, loaded once
+//! for both), gives 7.8 ns (f16, head size 64, 7 heads per kv head, from cache, fastest pass
+//! of `attn_bench`; 9.2 ns in the same run without those two, 31 ns with one pass per query
+//! head). The 16 ymm registers bound it: the weighted sum still loads 3 values per 4 FMAs.
 //!
 //! Arithmetic, the same in the SIMD kernel and its scalar twin, bit for bit:
 //! - score: `dot(q_h, k_t)` in `dot::dot`'s lane order (`attn::dot_rows`) on the key as f32
@@ -869,9 +871,16 @@ mod avx2 {
             // SAFETY: rows s.row0 + t0 .. + nt lie inside the keys (checked); tile holds TB · width.
             let b = unsafe { block(s.keys, s.stride, s.off, width, s.row0 + t0, nt, tile) };
             for (h, qh) in q.chunks_exact(hd).enumerate() {
+                let (rows, dst) = (b.ptr.wrapping_add(h / group * hd), &mut scores[h * n + t0..h * n + t0 + nt]);
                 // SAFETY: the block's nt rows hold width values from b.ptr, kv head h / group at
                 // (h / group) · hd; scores row h has n >= t0 + nt values.
-                unsafe { scores_head(qh, b.ptr.add(h / group * hd), b.stride, nt, &mut scores[h * n + t0..h * n + t0 + nt]) };
+                unsafe {
+                    if hd == 64 {
+                        scores_head64(qh, rows, b.stride, dst)
+                    } else {
+                        scores_head(qh, rows, b.stride, nt, dst)
+                    }
+                }
             }
         }
         for (sh, oh) in scores.chunks_exact_mut(n).zip(out.chunks_exact_mut(pl)) {
@@ -897,10 +906,22 @@ mod avx2 {
             let nt = TB.min(n - t0);
             // SAFETY: rows s.row0 + t0 .. + nt lie inside the values (checked).
             let b = unsafe { block(s.vals, s.stride, s.off, width, s.row0 + t0, nt, tile) };
-            for (h, oh) in out.chunks_exact_mut(pl).enumerate() {
+            // Heads in pairs of the same kv head share each value row's load; a group of odd
+            // size leaves its last head alone.
+            let mut h = 0;
+            while h < nq {
                 let ph = &scores[h * n + t0..h * n + t0 + nt];
-                // SAFETY: as the scores' pass; oh[2..] holds hd sums.
-                unsafe { acc_head(ph, b.ptr.add(h / group * hd), b.stride, &mut oh[2..]) };
+                let rows = b.ptr.wrapping_add(h / group * hd);
+                if h + 1 < nq && (h + 1) / group == h / group {
+                    let (o0, o1) = out[h * pl..(h + 2) * pl].split_at_mut(pl);
+                    // SAFETY: as the scores' pass; o0[2..], o1[2..] hold hd sums each.
+                    unsafe { acc_pair(ph, &scores[(h + 1) * n + t0..(h + 1) * n + t0 + nt], rows, b.stride, &mut o0[2..], &mut o1[2..]) };
+                    h += 2;
+                } else {
+                    // SAFETY: as the scores' pass; out[h] holds hd sums after m and l.
+                    unsafe { acc_head(ph, rows, b.stride, &mut out[h * pl + 2..(h + 1) * pl]) };
+                    h += 1;
+                }
             }
         }
     }
@@ -983,6 +1004,97 @@ mod avx2 {
             unsafe { _mm256_storeu_ps(sums.as_mut_ptr().add(8 * b), reduce8(x)) };
         }
         out.copy_from_slice(&sums[..nt]);
+    }
+
+    /// `scores_head` for head size 64, q in eight registers (each row's values loaded once, one
+    /// load per FMA); the same arithmetic as `dot2` row by row.
+    ///
+    /// # Safety
+    /// AVX2 and FMA; rows valid for (out.len() - 1) · stride + 64 reads; q.len() == 64,
+    /// out.len() <= 16.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scores_head64(q: &[f32], rows: *const f32, stride: usize, out: &mut [f32]) {
+        let mut qv = [_mm256_setzero_ps(); 8];
+        for (c, v) in qv.iter_mut().enumerate() {
+            // SAFETY: 8 · c + 8 <= 64 values of q.
+            *v = unsafe { _mm256_loadu_ps(q.as_ptr().add(8 * c)) };
+        }
+        let nt = out.len();
+        let mut s8 = [[_mm256_setzero_ps(); 8]; 2];
+        for t in 0..nt {
+            let r = rows.wrapping_add(t * stride);
+            // SAFETY: row t < nt holds 64 values from r.
+            let a = unsafe {
+                let mut a = [_mm256_setzero_ps(); 4];
+                for c in 0..4 {
+                    a[c] = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(r.add(8 * c)), a[c]);
+                }
+                for c in 0..4 {
+                    a[c] = _mm256_fmadd_ps(qv[4 + c], _mm256_loadu_ps(r.add(32 + 8 * c)), a[c]);
+                }
+                a
+            };
+            s8[t / 8][t % 8] = _mm256_add_ps(_mm256_add_ps(a[0], a[2]), _mm256_add_ps(a[1], a[3]));
+        }
+        let mut sums = [0f32; 16];
+        for (b, x) in s8.iter().enumerate().take(nt.div_ceil(8)) {
+            // SAFETY: sums holds 16 values.
+            unsafe { _mm256_storeu_ps(sums.as_mut_ptr().add(8 * b), reduce8(x)) };
+        }
+        out.copy_from_slice(&sums[..nt]);
+    }
+
+    /// `acc_head` for two heads reading the same rows (p0 into o0, p1 into o1): 32 values of a
+    /// row loaded once for both, the same FMAs per value in the same order.
+    ///
+    /// # Safety
+    /// AVX2 and FMA; rows valid for (p0.len() - 1) · stride + o0.len() reads; p1.len() ==
+    /// p0.len(); o1.len() == o0.len(), a multiple of 16.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn acc_pair(p0: &[f32], p1: &[f32], rows: *const f32, stride: usize, o0: &mut [f32], o1: &mut [f32]) {
+        let hd = o0.len();
+        let mut c0 = 0;
+        // SAFETY (whole block): columns c0..c0 + 8·NV <= hd of each row, o0 and o1.
+        unsafe {
+            while c0 + 32 <= hd {
+                acc_cols2::<4>(p0, p1, rows.add(c0), stride, o0.as_mut_ptr().add(c0), o1.as_mut_ptr().add(c0));
+                c0 += 32;
+            }
+            if c0 < hd {
+                acc_cols2::<2>(p0, p1, rows.add(c0), stride, o0.as_mut_ptr().add(c0), o1.as_mut_ptr().add(c0));
+            }
+        }
+    }
+
+    /// `acc_pair` for the 8·NV values from `rows`, `o0` and `o1`.
+    ///
+    /// # Safety
+    /// As `acc_pair`, for 8·NV values.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn acc_cols2<const NV: usize>(p0: &[f32], p1: &[f32], rows: *const f32, stride: usize, o0: *mut f32, o1: *mut f32) {
+        let mut a0 = [_mm256_setzero_ps(); NV];
+        let mut a1 = [_mm256_setzero_ps(); NV];
+        // SAFETY (whole block): as promised by the caller.
+        unsafe {
+            for v in 0..NV {
+                a0[v] = _mm256_loadu_ps(o0.add(8 * v));
+                a1[v] = _mm256_loadu_ps(o1.add(8 * v));
+            }
+            for (t, (&x0, &x1)) in p0.iter().zip(p1).enumerate() {
+                let (b0, b1) = (_mm256_set1_ps(x0), _mm256_set1_ps(x1));
+                let r = rows.add(t * stride);
+                for v in 0..NV {
+                    let x = _mm256_loadu_ps(r.add(8 * v));
+                    a0[v] = _mm256_fmadd_ps(b0, x, a0[v]);
+                    a1[v] = _mm256_fmadd_ps(b1, x, a1[v]);
+                }
+            }
+            for v in 0..NV {
+                _mm256_storeu_ps(o0.add(8 * v), a0[v]);
+                _mm256_storeu_ps(o1.add(8 * v), a1[v]);
+            }
+        }
     }
 
     /// out[d] = fma(p[t], rows[t][d], out[d]) for t < nt in order, 64 values at a time in
