@@ -80,17 +80,20 @@ pub fn gated_delta_recurrent(
     recurrence(q, k, v, beta, t, dk, dv, state, out, |s, _| e[s]);
 }
 
-/// Runs `f` built for AVX-512 when the CPU has it, else as the baseline target builds it.
-/// The chunk steps are `#[inline(always)]` down to the GEMM and exp calls (which dispatch on
-/// their own), so their elementwise loops (decay masks, scalings, the forward substitution)
-/// vectorize 16 wide inside `run_avx512`; no sum is reassociated and nothing is contracted
-/// into an FMA, so both builds give the same bits.
+/// Runs `f` built for AVX-512 (or AVX2) when the CPU has it, else as the baseline target
+/// builds it. The chunk steps are `#[inline(always)]` down to the GEMM and exp calls (which
+/// dispatch on their own), so their elementwise loops (decay masks, scalings, the forward
+/// substitution) vectorize 16 (8) wide inside `run_avx512` (`run_avx2`); no sum is
+/// reassociated and nothing is contracted into an FMA, so every build gives the same bits.
 #[inline(always)]
 fn simd_run(f: impl FnOnce()) {
     match crate::simd::level() {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: AVX-512F and FMA detected at run time; `f` is safe code.
         crate::simd::Level::Avx512 => unsafe { run_avx512(f) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: AVX2, FMA and F16C detected at run time; `f` is safe code.
+        crate::simd::Level::Avx2 => unsafe { run_avx2(f) },
         _ => f(),
     }
 }
@@ -101,10 +104,16 @@ unsafe fn run_avx512(f: impl FnOnce()) {
     f()
 }
 
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn run_avx2(f: impl FnOnce()) {
+    f()
+}
+
 /// The delta-rule recurrence shared by GDN and KDA: `decay(token, channel)` is e^{g} for row
 /// `channel` of the state (one value per token for GDN, per key channel for KDA). SIMD chosen
-/// at run time; the AVX-512 build of the same loops (elementwise over d_v, no reassociated
-/// sums, no contraction into FMA) equals the scalar twin bit for bit.
+/// at run time; the AVX-512 and AVX2 builds of the same loops (elementwise over d_v, no
+/// reassociated sums, no contraction into FMA) equal the scalar twin bit for bit.
 #[allow(clippy::too_many_arguments)]
 fn recurrence(
     q: &[f32],
@@ -122,6 +131,9 @@ fn recurrence(
         #[cfg(target_arch = "x86_64")]
         // SAFETY: AVX-512F and FMA detected at run time; the body is safe code.
         crate::simd::Level::Avx512 => unsafe { recurrence_avx512(q, k, v, beta, t, dk, dv, state, out, decay) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: AVX2 and FMA detected at run time; the body is safe code.
+        crate::simd::Level::Avx2 => unsafe { recurrence_avx2(q, k, v, beta, t, dk, dv, state, out, decay) },
         _ => recurrence_scalar(q, k, v, beta, t, dk, dv, state, out, decay),
     }
 }
@@ -147,6 +159,24 @@ pub fn recurrence_scalar(
 #[target_feature(enable = "avx512f,fma")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn recurrence_avx512(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    beta: &[f32],
+    t: usize,
+    dk: usize,
+    dv: usize,
+    state: &mut [f32],
+    out: &mut [f32],
+    decay: impl Fn(usize, usize) -> f32,
+) {
+    recurrence_body(q, k, v, beta, t, dk, dv, state, out, decay)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn recurrence_avx2(
     q: &[f32],
     k: &[f32],
     v: &[f32],

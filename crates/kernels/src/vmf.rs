@@ -85,9 +85,9 @@ fn check(
 
 /// The recurrence, token by token, for one state read by `r` query heads: φk [t, F], κ [t],
 /// v [t, d_v], φq [t, r, F], decay [F] (λ, f32), state [F, d_v] (read and advanced),
-/// out [t, r, d_v]. SIMD chosen at run time; the AVX-512 build of the same loops (elementwise
-/// over d_v, no reassociated sum, nothing contracted into an FMA) equals the scalar twin
-/// (`recurrent_scalar`) bit for bit.
+/// out [t, r, d_v]. SIMD chosen at run time; the AVX-512 and AVX2 builds of the same loops
+/// (elementwise over d_v, no reassociated sum, nothing contracted into an FMA) equal the scalar
+/// twin (`recurrent_scalar`) bit for bit.
 #[allow(clippy::too_many_arguments)]
 pub fn recurrent(
     phk: &[f32],
@@ -107,6 +107,9 @@ pub fn recurrent(
         #[cfg(target_arch = "x86_64")]
         // SAFETY: AVX-512F and FMA detected at run time; the body is safe code.
         crate::simd::Level::Avx512 => unsafe { recurrent_avx512(phk, kappa, v, phq, r, decay, t, dv, state, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: AVX2 and FMA detected at run time; the body is safe code.
+        crate::simd::Level::Avx2 => unsafe { recurrent_avx2(phk, kappa, v, phq, r, decay, t, dv, state, out) },
         _ => recurrent_body(phk, kappa, v, phq, r, decay, t, dv, state, out),
     }
 }
@@ -134,6 +137,24 @@ pub fn recurrent_scalar(
 #[target_feature(enable = "avx512f,fma")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn recurrent_avx512(
+    phk: &[f32],
+    kappa: &[f32],
+    v: &[f32],
+    phq: &[f32],
+    r: usize,
+    decay: &[f32],
+    t: usize,
+    dv: usize,
+    state: &mut [f32],
+    out: &mut [f32],
+) {
+    recurrent_body(phk, kappa, v, phq, r, decay, t, dv, state, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn recurrent_avx2(
     phk: &[f32],
     kappa: &[f32],
     v: &[f32],
