@@ -541,6 +541,36 @@ thread_local! {
 /// of `KV_SPLIT` positions and kv group, the group's heads load each key and value row once
 /// (GQA); the splits of a head merge exactly in position order. o: [rows, nh, hd]
 fn decode_attend(at: &AttnCtx, qs: &[f32], rows: &[(usize, usize)], caches: &[&Cache], o: &mut [f32]) {
+    let sources: Vec<(KvRows, KvRows, usize)> = caches.iter().map(|c| c.rows()).collect();
+    decode_attend_from(at, qs, rows, &sources, o);
+}
+
+/// Multi-query attention of n queries over one f32 cache whose rows are both the keys and the
+/// values (MLA's latent cache, `mixers::mla`): row t of `lat` [len, width] is key t, and the
+/// same row, whole, value t. qs [n, nh, width] at positions `positions` (each sees rows
+/// 0..=p) -> o [n, nh, width]. The same kernel, splits and merge as decode attention, so a
+/// query's value does not depend on the others beside it.
+pub(crate) fn attend_latent(lat: &[f32], width: usize, nh: usize, scale: f32, fast: bool, qs: &[f32], positions: &[usize], o: &mut [f32]) {
+    let at = AttnCtx {
+        hd: width,
+        nh,
+        group: nh,
+        kv_dim: width,
+        q_dim: nh * width,
+        pos0: 0,
+        lo: 0,
+        scale,
+        softcap: None,
+        window: None,
+        fast,
+    };
+    let rows: Vec<(usize, usize)> = positions.iter().map(|&p| (p, 0)).collect();
+    decode_attend_from(&at, qs, &rows, &[(KvRows::F32(lat), KvRows::F32(lat), 0)], o);
+}
+
+/// `decode_attend` over the rows of `sources` (keys, values, Hadamard block), indexed by the
+/// rows' second member.
+fn decode_attend_from(at: &AttnCtx, qs: &[f32], rows: &[(usize, usize)], sources: &[(KvRows, KvRows, usize)], o: &mut [f32]) {
     let (g, nh) = (at.group, at.nh);
     // A work item takes every head of a split (each row read whole, once) where the splits
     // alone fill the pool; otherwise a kv group, or half of one (short contexts, one kv head):
@@ -554,12 +584,12 @@ fn decode_attend(at: &AttnCtx, qs: &[f32], rows: &[(usize, usize)], caches: &[&C
     } else {
         g
     };
-    decode_attend_in(at, qs, rows, caches, hpi, o);
+    decode_attend_in(at, qs, rows, sources, hpi, o);
 }
 
 /// `decode_attend` with `hpi` heads per work item: a divisor of the group size, or a multiple
 /// of it that divides the head count.
-fn decode_attend_in(at: &AttnCtx, qs: &[f32], rows: &[(usize, usize)], caches: &[&Cache], hpi: usize, o: &mut [f32]) {
+fn decode_attend_in(at: &AttnCtx, qs: &[f32], rows: &[(usize, usize)], sources: &[(KvRows, KvRows, usize)], hpi: usize, o: &mut [f32]) {
     let (hd, nh, g) = (at.hd, at.nh, at.group);
     assert!(
         hpi > 0 && (g % hpi == 0 || (hpi % g == 0 && nh % hpi == 0)),
@@ -578,7 +608,6 @@ fn decode_attend_in(at: &AttnCtx, qs: &[f32], rows: &[(usize, usize)], caches: &
         }
     }
     let rule = ScoreRule { scale: at.scale, softcap: at.softcap, exp: if at.fast { Exp::Fast } else { Exp::Libm } };
-    let sources: Vec<(KvRows, KvRows, usize)> = caches.iter().map(|c| c.rows()).collect();
     // An 8-bit cache holds its keys Hadamard-transformed: q is transformed alike (the scores
     // are unchanged by an orthonormal transform of both).
     let rotated: Vec<f32>;
@@ -854,7 +883,7 @@ mod tests {
             let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
             let run = |rows: &[(usize, usize)], qs: &[f32], hpi: usize| {
                 let mut o = vec![0f32; rows.len() * q_dim];
-                decode_attend_in(&at, qs, rows, &[&cache], hpi, &mut o);
+                decode_attend_in(&at, qs, rows, &[cache.rows()], hpi, &mut o);
                 o
             };
             let whole = run(&[(p, 0)], &q[..q_dim], group);
@@ -868,7 +897,7 @@ mod tests {
                 let mut st = crate::mixers::attention::KvState::with_head(kv_dim, hd, kind);
                 st.cache.append(&k, &v);
                 let mut o = vec![0f32; q_dim];
-                decode_attend_in(&at, &q[..q_dim], &[(p, 0)], &[&st.cache], group, &mut o);
+                decode_attend_in(&at, &q[..q_dim], &[(p, 0)], &[st.cache.rows()], group, &mut o);
                 let (d, _) = cortiq_testkit::max_abs_diff(&o, &whole);
                 let tol = if kind == crate::state::KvType::F16 { 2e-3 } else { 2e-2 };
                 assert!(d <= tol, "{kind:?} cache: {d} from f32");
@@ -878,7 +907,7 @@ mod tests {
                     let (kc, vc) = st.cache.f32_from(0, kv_dim);
                     let wide = Cache::Kv { k: kc.into_owned(), v: vc.into_owned() };
                     let mut ow = vec![0f32; q_dim];
-                    decode_attend_in(&at, &q[..q_dim], &[(p, 0)], &[&wide], group, &mut ow);
+                    decode_attend_in(&at, &q[..q_dim], &[(p, 0)], &[wide.rows()], group, &mut ow);
                     let (d, _) = cortiq_testkit::max_abs_diff(&o, &ow);
                     assert!(d <= 2e-6, "{kind:?} cache read in place vs widened: {d}");
                 }

@@ -1,9 +1,28 @@
 //! Multi-head latent attention as Kimi Linear uses it (DeepSeek-V2's MLA with no RoPE): q from
 //! q_proj (per head [nope | rope] dims, no rotation), a compressed latent kv_a·x = [c (kv_lora) |
 //! k_rot (shared by all heads)], c RMS-normalized, expanded by kv_b into per-head [k_nope | v];
-//! keys are [k_nope | k_rot], scores scaled by 1/√(nope + rope). The cache keeps the expanded
-//! keys and values (simple and exact; caching the latent instead is a later memory saving).
+//! keys are [k_nope | k_rot], scores scaled by 1/√(nope + rope).
+//!
+//! The cache keeps the latent, not the expansion: one row [c | k_rot] per position
+//! (kv_lora + rope values, padded to a multiple of 16 with zeros) shared by every head, where
+//! the expanded keys and values take n_heads · (nope + rope + v_dim) (Kimi-Linear-48B: 576
+//! against 10,240 values per position and layer). Attention runs in the absorbed form:
+//! k_nope_h · q_nope_h = c · (W_kb,hᵀ q_nope_h), so head h's query becomes
+//! [W_kb,hᵀ q_nope_h | q_rope_h] against the latent rows, the values are the same rows (their c
+//! part), and W_vb,h maps the weighted sum of c to the head's output. That is multi-query
+//! attention with one kv head of the latent's width: decode attention's kernel (`kvattn` via
+//! `blocks::attend_latent`) runs it, split over the keys. The absorption and W_vb run in f32 on
+//! kv_b widened once (kept until the weights change), the same arithmetic for a prompt chunk, a
+//! decode row or a verified draft, so each position's value does not depend on how many came
+//! with it.
 
+use std::ops::Range;
+use std::sync::OnceLock;
+
+use cortiq_kernels::dot::{axpy, dot};
+
+use crate::blocks::attend_latent;
+use crate::compat::Numerics;
 use crate::error::Result;
 use crate::mixers::{Env, Journal, Mixer, MixerState, Seq};
 use crate::qtensor::QTensor;
@@ -25,6 +44,12 @@ impl MlaConfig {
     pub fn qk_dim(&self) -> usize {
         self.nope + self.rope
     }
+
+    /// Values per position of the latent cache: kv_lora + rope, padded to a multiple of 16 (the
+    /// decode kernel's SIMD width; the padding is zeros in the rows and in the queries).
+    pub fn latent_width(&self) -> usize {
+        (self.kv_lora + self.rope).next_multiple_of(16)
+    }
 }
 
 pub struct MlaWeights {
@@ -40,32 +65,34 @@ pub struct MlaWeights {
     pub o: QTensor,
 }
 
-/// The expanded keys [len, n_heads, nope + rope] and values [len, n_heads, v_dim].
+/// The latent cache [len, width]: per position the normed c, k_rot and zeros up to `width`.
 #[derive(Debug, PartialEq)]
 pub struct MlaState {
-    pub k: Vec<f32>,
-    pub v: Vec<f32>,
-    /// Values per position in `k` (n_heads · (nope + rope)) and in `v` (n_heads · v_dim).
-    k_width: usize,
-    v_width: usize,
+    pub lat: Vec<f32>,
+    /// Values per position (`MlaConfig::latent_width`).
+    width: usize,
 }
 
 impl Clone for MlaState {
     fn clone(&self) -> MlaState {
-        MlaState { k: self.k.clone(), v: self.v.clone(), k_width: self.k_width, v_width: self.v_width }
+        MlaState { lat: self.lat.clone(), width: self.width }
     }
 
-    /// Into this state's own buffers (a serving slot restored from the prompt cache).
+    /// Into this state's own buffer (a serving slot restored from the prompt cache).
     fn clone_from(&mut self, src: &MlaState) {
-        self.k.clone_from(&src.k);
-        self.v.clone_from(&src.v);
-        (self.k_width, self.v_width) = (src.k_width, src.v_width);
+        self.lat.clone_from(&src.lat);
+        self.width = src.width;
     }
 }
 
 impl MlaState {
     pub fn new(c: &MlaConfig) -> MlaState {
-        MlaState { k: Vec::new(), v: Vec::new(), k_width: c.n_heads * c.qk_dim(), v_width: c.n_heads * c.v_dim }
+        MlaState { lat: Vec::new(), width: c.latent_width() }
+    }
+
+    /// Cached positions.
+    fn len(&self) -> usize {
+        self.lat.len() / self.width
     }
 }
 
@@ -74,29 +101,24 @@ impl MixerState for MlaState {
         false
     }
     fn truncate(&mut self, len: usize) {
-        self.k.truncate(len * self.k_width);
-        self.v.truncate(len * self.v_width);
+        self.lat.truncate(len * self.width);
     }
     fn reserve(&mut self, extra: usize) {
-        self.k.reserve(extra * self.k_width);
-        self.v.reserve(extra * self.v_width);
+        self.lat.reserve(extra * self.width);
     }
     fn clear(&mut self) {
-        self.k.clear();
-        self.v.clear();
+        self.lat.clear();
     }
     fn save(&self, out: &mut Vec<u8>) -> std::result::Result<(), String> {
-        crate::session::put_f32s(out, &self.k);
-        crate::session::put_f32s(out, &self.v);
+        crate::session::put_f32s(out, &self.lat);
         Ok(())
     }
     fn load(&mut self, r: &mut &[u8], len: usize) -> std::result::Result<(), String> {
-        self.k = crate::session::get_f32s(r, len * self.k_width, "MLA keys")?;
-        self.v = crate::session::get_f32s(r, len * self.v_width, "MLA values")?;
+        self.lat = crate::session::get_f32s(r, len * self.width, "MLA latent cache")?;
         Ok(())
     }
     fn bytes(&self) -> StateBytes {
-        StateBytes { kv: (self.k.len() + self.v.len()) * 4, ..StateBytes::default() }
+        StateBytes { kv: self.lat.len() * 4, ..StateBytes::default() }
     }
 }
 
@@ -104,6 +126,9 @@ impl MixerState for MlaState {
 pub struct Mla {
     pub cfg: MlaConfig,
     pub w: MlaWeights,
+    /// kv_b widened to f32 [n_heads, nope + v_dim, kv_lora] for the absorbed form, made on first
+    /// use and dropped whenever the weights may change (`matrices_mut`).
+    kvb32: OnceLock<Vec<f32>>,
 }
 
 impl Mla {
@@ -117,7 +142,27 @@ impl Mla {
             kv_b: mla_kv_b(src, &c, il)?,
             o: src.require(&n("attn_output.weight"), d, c.n_heads * c.v_dim)?,
         };
-        Ok(Mla { cfg: c, w })
+        Ok(Mla { cfg: c, w, kvb32: OnceLock::new() })
+    }
+
+    fn kvb32(&self) -> &[f32] {
+        self.kvb32.get_or_init(|| self.w.kv_b.to_f32())
+    }
+
+    /// The projections of n rows (`independent` as in `QTensor::project`), then the latent cache
+    /// and the attention, n positions from the cache's end -> o [n, n_heads, v_dim]; one
+    /// sequence's rows (`seqs` of one) or one row per sequence.
+    fn attend(&self, env: &Env, h: &[f32], n: usize, independent: bool, seqs: &mut [&mut MlaState]) -> Vec<f32> {
+        let p = project(&self.cfg, &self.w, h, n, independent);
+        let fast = env.num == Numerics::Fast;
+        if let [st] = seqs {
+            return core(&self.cfg, self.kvb32(), &p, 0..n, fast, st);
+        }
+        let mut o = Vec::with_capacity(n * self.cfg.n_heads * self.cfg.v_dim);
+        for (i, st) in seqs.iter_mut().enumerate() {
+            o.extend(core(&self.cfg, self.kvb32(), &p, i..i + 1, fast, st));
+        }
+        o
     }
 }
 
@@ -129,51 +174,31 @@ impl Mixer for Mla {
         vec![&self.w.q, &self.w.kv_a, &self.w.kv_b, &self.w.o]
     }
     fn matrices_mut(&mut self) -> Vec<&mut QTensor> {
+        self.kvb32 = OnceLock::new();
         vec![&mut self.w.q, &mut self.w.kv_a, &mut self.w.kv_b, &mut self.w.o]
     }
     fn new_state(&self, _kv: KvType) -> LayerState {
         LayerState::new(MlaState::new(&self.cfg))
     }
-    fn forward(&self, _env: &Env, h: &[f32], n: usize, seq: Seq<'_>, _trace: &mut dyn FnMut(&str, &[f32])) -> Result<Vec<f32>> {
-        Ok(mla(&self.cfg, &self.w, h, n, seq.state.of()))
+    fn forward(&self, env: &Env, h: &[f32], n: usize, seq: Seq<'_>, _trace: &mut dyn FnMut(&str, &[f32])) -> Result<Vec<f32>> {
+        let o = self.attend(env, h, n, false, &mut [seq.state.of()]);
+        Ok(self.w.o.project(&o, n, false)) // [n, d_model]
     }
-    /// The projections (q, kv_a, kv_b, o) over all rows at once (each row on the decode path,
+    /// The projections (q, kv_a, o) over all rows at once (each row on the decode path,
     /// `QTensor::matvec_rows`); the latent cache and the attention per sequence.
-    fn forward_rows(&self, _env: &Env, h: &[f32], rows: Vec<Seq<'_>>) -> Result<Vec<f32>> {
-        let c = &self.cfg;
+    fn forward_rows(&self, env: &Env, h: &[f32], rows: Vec<Seq<'_>>) -> Result<Vec<f32>> {
         let kb = rows.len();
-        let p = project(c, &self.w, h, kb, true);
-        let mut o = Vec::with_capacity(kb * c.n_heads * c.v_dim); // [kb, n_heads, v_dim]
-        for (i, seq) in rows.into_iter().enumerate() {
-            o.extend(core(c, &p.row(c, i), 1, seq.state.of()));
-        }
+        let mut states: Vec<&mut MlaState> = rows.into_iter().map(|s| s.state.of()).collect();
+        let o = self.attend(env, h, kb, true, &mut states);
         Ok(self.w.o.project(&o, kb, true)) // [kb, d_model]
     }
     /// The projections over all n rows at once (each on the decode path), then the latent
-    /// cache and the attention one position at a time (the cache truncates on rewind).
-    fn forward_steps(&self, _env: &Env, h: &[f32], n: usize, seq: Seq<'_>, journal: &mut Journal) -> Result<Vec<f32>> {
-        let c = &self.cfg;
-        let p = project(c, &self.w, h, n, true);
+    /// cache and the attention of the n positions (each position's value as alone; the cache
+    /// truncates on rewind).
+    fn forward_steps(&self, env: &Env, h: &[f32], n: usize, seq: Seq<'_>, journal: &mut Journal) -> Result<Vec<f32>> {
         journal.begin(seq.state, n);
-        let st = seq.state.of();
-        let mut o = Vec::with_capacity(n * c.n_heads * c.v_dim); // [n, n_heads, v_dim]
-        for i in 0..n {
-            o.extend(core(c, &p.row(c, i), 1, st));
-        }
+        let o = self.attend(env, h, n, true, &mut [seq.state.of()]);
         Ok(self.w.o.project(&o, n, true)) // [n, d_model]
-    }
-}
-
-impl Projected {
-    /// Row i alone.
-    fn row(&self, c: &MlaConfig, i: usize) -> Projected {
-        let (nh, qk, vd) = (c.n_heads, c.qk_dim(), c.v_dim);
-        let (lw, bw) = (c.kv_lora + c.rope, nh * (c.nope + vd));
-        Projected {
-            q: self.q[i * nh * qk..(i + 1) * nh * qk].to_vec(),
-            lat: self.lat[i * lw..(i + 1) * lw].to_vec(),
-            kvb: self.kvb[i * bw..(i + 1) * bw].to_vec(),
-        }
     }
 }
 
@@ -202,27 +227,20 @@ fn mla_kv_b(src: &dyn TensorSource, c: &MlaConfig, il: usize) -> Result<QTensor>
     Ok(QTensor::from_f32(n("attn_kv_b.weight"), nh * (nope + vd), lora, out))
 }
 
-/// Attention over `n` new tokens at positions pos0.. (causal). h: [n, d_model] -> [n, d_model].
-pub fn mla(c: &MlaConfig, w: &MlaWeights, h: &[f32], n: usize, state: &mut MlaState) -> Vec<f32> {
-    let p = project(c, w, h, n, false);
-    let o = core(c, &p, n, state);
-    w.o.project(&o, n, false) // [n, d_model]
-}
-
-/// The projections of `n` rows.
+/// The projections of `n` rows: q [n, n_heads, nope + rope], the raw latent [n, kv_lora + rope]
+/// and its normed c [n, kv_lora].
 struct Projected {
-    q: Vec<f32>,   // [n, n_heads, qk]
-    lat: Vec<f32>, // [n, kv_lora + rope]
-    kvb: Vec<f32>, // [n, n_heads, nope + v_dim]
+    q: Vec<f32>,
+    lat: Vec<f32>,
+    cn: Vec<f32>,
 }
 
-/// h [n, d_model] through q, kv_a, the latent norm and kv_b; `rows`: n independent decode rows
-/// (`matvec_rows`, each row as its own n = 1 step) rather than n positions of one sequence.
-fn project(c: &MlaConfig, w: &MlaWeights, h: &[f32], n: usize, rows: bool) -> Projected {
+/// h [n, d_model] through q, kv_a and the latent norm; `independent`: n decode rows of
+/// different sequences (`matvec_rows`) rather than n positions of one (`QTensor::project`).
+fn project(c: &MlaConfig, w: &MlaWeights, h: &[f32], n: usize, independent: bool) -> Projected {
     let lora = c.kv_lora;
-    let mm = |t: &QTensor, x: &[f32]| t.project(x, n, rows);
-    let q = mm(&w.q, h);
-    let lat = mm(&w.kv_a, h);
+    let q = w.q.project(h, n, independent);
+    let lat = w.kv_a.project(h, n, independent);
     let mut cn = vec![0f32; n * lora]; // [n, kv_lora]: the normed latent
     for t in 0..n {
         let src = &lat[t * (lora + c.rope)..t * (lora + c.rope) + lora];
@@ -231,42 +249,44 @@ fn project(c: &MlaConfig, w: &MlaWeights, h: &[f32], n: usize, rows: bool) -> Pr
             *o = src[j] * inv * w.kv_a_norm[j];
         }
     }
-    let kvb = mm(&w.kv_b, &cn);
-    Projected { q, lat, kvb }
+    Projected { q, lat, cn }
 }
 
-/// Append `n` positions to the latent cache and attend -> o [n, n_heads, v_dim].
-fn core(c: &MlaConfig, p: &Projected, n: usize, state: &mut MlaState) -> Vec<f32> {
-    let (nh, qk, vd, lora) = (c.n_heads, c.qk_dim(), c.v_dim, c.kv_lora);
-    let (q, lat, kvb) = (&p.q, &p.lat, &p.kvb);
-    for t in 0..n {
-        let k_rot = &lat[t * (lora + c.rope) + lora..(t + 1) * (lora + c.rope)];
-        for hh in 0..nh {
-            let src = &kvb[(t * nh + hh) * (c.nope + vd)..(t * nh + hh + 1) * (c.nope + vd)];
-            state.k.extend_from_slice(&src[..c.nope]);
-            state.k.extend_from_slice(k_rot);
-            state.v.extend_from_slice(&src[c.nope..]);
+/// Rows `rows` of `p` (consecutive positions of one sequence): append their latents to the
+/// cache, attend in the absorbed form -> o [rows, n_heads, v_dim]. kvb: kv_b as f32
+/// [n_heads, nope + v_dim, kv_lora].
+fn core(c: &MlaConfig, kvb: &[f32], p: &Projected, rows: Range<usize>, fast: bool, state: &mut MlaState) -> Vec<f32> {
+    let (nh, qk, vd, lora, rope, w) = (c.n_heads, c.qk_dim(), c.v_dim, c.kv_lora, c.rope, c.latent_width());
+    let n = rows.len();
+    let pos0 = state.len();
+    for t in rows.clone() {
+        state.lat.extend_from_slice(&p.cn[t * lora..(t + 1) * lora]);
+        state.lat.extend_from_slice(&p.lat[t * (lora + rope) + lora..(t + 1) * (lora + rope)]);
+        state.lat.resize(state.lat.len() + w - lora - rope, 0.0);
+    }
+    // Head h's query against the latent: [W_kb,hᵀ q_nope | q_rope | 0].
+    let mut qa = vec![0f32; n * nh * w]; // [n, n_heads, w]
+    for (i, t) in rows.enumerate() {
+        for h in 0..nh {
+            let qh = &p.q[(t * nh + h) * qk..(t * nh + h + 1) * qk];
+            let dst = &mut qa[(i * nh + h) * w..(i * nh + h + 1) * w];
+            let kb = &kvb[h * (c.nope + vd) * lora..];
+            for (r, &x) in qh[..c.nope].iter().enumerate() {
+                axpy(x, &kb[r * lora..(r + 1) * lora], &mut dst[..lora]);
+            }
+            dst[lora..lora + rope].copy_from_slice(&qh[c.nope..]);
         }
     }
-    let len = state.k.len() / (nh * qk);
-    let pos0 = len - n;
-    let scale = 1.0 / (qk as f32).sqrt();
+    let positions: Vec<usize> = (pos0..pos0 + n).collect();
+    let mut u = vec![0f32; n * nh * w]; // [n, n_heads, w]: Σ_t p_t · latent row t
+    attend_latent(&state.lat, w, nh, 1.0 / (qk as f32).sqrt(), fast, &qa, &positions, &mut u);
     let mut o = vec![0f32; n * nh * vd]; // [n, n_heads, v_dim]
-    for t in 0..n {
-        let p = pos0 + t;
-        for hh in 0..nh {
-            let qv = &q[(t * nh + hh) * qk..(t * nh + hh + 1) * qk];
-            let mut sc: Vec<f32> = (0..=p)
-                .map(|j| {
-                    qv.iter().zip(&state.k[(j * nh + hh) * qk..(j * nh + hh + 1) * qk]).map(|(a, b)| a * b).sum::<f32>() * scale
-                })
-                .collect();
-            cortiq_kernels::ops::softmax_inplace(&mut sc);
-            let out = &mut o[(t * nh + hh) * vd..(t * nh + hh + 1) * vd];
-            for (j, &pj) in sc.iter().enumerate() {
-                for (ov, &vv) in out.iter_mut().zip(&state.v[(j * nh + hh) * vd..(j * nh + hh + 1) * vd]) {
-                    *ov += pj * vv;
-                }
+    for (i, oi) in o.chunks_exact_mut(nh * vd).enumerate() {
+        for (h, oh) in oi.chunks_exact_mut(vd).enumerate() {
+            let uh = &u[(i * nh + h) * w..][..lora];
+            let vb = &kvb[(h * (c.nope + vd) + c.nope) * lora..];
+            for (r, ov) in oh.iter_mut().enumerate() {
+                *ov = dot(&vb[r * lora..(r + 1) * lora], uh);
             }
         }
     }
