@@ -14,7 +14,8 @@
 //! `blocks::attend_latent`) runs it, split over the keys. The absorption and W_vb run in f32 on
 //! kv_b widened once (kept until the weights change), the same arithmetic for a prompt chunk, a
 //! decode row or a verified draft, so each position's value does not depend on how many came
-//! with it.
+//! with it. The latent stays f32 whatever `--kv-type` asks (c is normed and small; an f16 or
+//! 8-bit latent is a later saving, as before this layout).
 
 use std::ops::Range;
 use std::sync::OnceLock;
