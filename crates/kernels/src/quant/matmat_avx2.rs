@@ -1,9 +1,12 @@
 //! The AVX2 kernel of `matmat` (no AVX-512: Zen 1-3, Intel client cores), bit for bit its
 //! scalar twin (`matmat::scalar`; the arithmetic is in matmat.rs's header).
 //!
-//! The group sums Σ u·a are exact integers: the weight row's unsigned quants and every token's
-//! activation quants widened to i16 once, then `vpmaddwd` (16 products a step, no saturation:
-//! |u·a| <= 255·128), the 8 lanes of 8 groups reduced together by a transposed `vphaddd` tree.
+//! The group sums Σ u·a are exact integers. Types whose unsigned quants stay below 128 (all but
+//! Q8_0: at most 63) multiply the bytes as they are, `vpmaddubsw` (32 products a step; a pair of
+//! them, at most 2·63·128, fits i16 without saturating) then `vpmaddwd` by ones into i32; Q8_0
+//! (quants up to 255) widens both sides to i16 once and takes `vpmaddwd` (16 products a step,
+//! |u·a| <= 255·128). The 8 lanes of 8 groups are reduced together by a transposed `vphaddd`
+//! tree.
 //! The float steps then run per (row, token) in the twin's order: the same FMAs, the same bits.
 //! Why by hand: prefill at all positions (perplexity) spends most of its time here on models
 //! whose output matrix is the embedding (Gemma 3: 262k rows); the twin compiled for AVX2 widens
@@ -33,17 +36,16 @@ pub(super) unsafe fn matmat(
 ) {
     let (g_el, n_g, n_sb) = (geo.group, cols / geo.group, cols / geo.sb());
     let (rb, ab) = (w.len() / rows, acts.len() / n_t);
-    // every token's quants as i16: [n_t][cols]
-    let mut a8 = vec![0i8; cols];
-    let mut a16 = vec![0i16; n_t * cols];
-    for (o, row) in a16.chunks_exact_mut(cols).zip(acts.chunks_exact(ab)) {
-        act_quants(geo.act, row, &mut a8);
-        for (d, &s) in o.iter_mut().zip(&a8) {
-            *d = s as i16;
-        }
+    // Bytes as they are (`vpmaddubsw`) unless a quant may reach 128 (Q8_0's offset form).
+    let bytes = ty != QuantType::Q8_0;
+    // every token's quants: [n_t][cols] as i8, and as i16 for the wide path
+    let mut a8 = vec![0i8; n_t * cols];
+    for (o, row) in a8.chunks_exact_mut(cols).zip(acts.chunks_exact(ab)) {
+        act_quants(geo.act, row, o);
     }
+    let a16: Vec<i16> = if bytes { Vec::new() } else { a8.iter().map(|&s| s as i16).collect() };
     let (mut u, mut fw, mut fmin) = (vec![0u8; cols], vec![0f32; n_g], vec![0f32; n_g]);
-    let mut u16s = vec![0i16; cols];
+    let mut u16s = vec![0i16; if bytes { 0 } else { cols }];
     let ld = n_g.div_ceil(8) * 8;
     let mut isum = vec![0i32; 4 * ld];
     for (r, yr) in y.chunks_exact_mut(n_t).enumerate() {
@@ -58,7 +60,12 @@ pub(super) unsafe fn matmat(
             let nt = (n_t - t0).min(4);
             let ts = [t0, t0 + 1.min(nt - 1), t0 + 2.min(nt - 1), t0 + 3.min(nt - 1)];
             for (k, &t) in ts.iter().enumerate() {
-                group_sums(&u16s, &a16[t * cols..(t + 1) * cols], g_el, &mut isum[k * ld..(k + 1) * ld]);
+                let out = &mut isum[k * ld..(k + 1) * ld];
+                if bytes {
+                    group_sums8(&u, &a8[t * cols..(t + 1) * cols], g_el, out);
+                } else {
+                    group_sums(&u16s, &a16[t * cols..(t + 1) * cols], g_el, out);
+                }
             }
             let mut acc = [0f32; 4];
             for sb in 0..n_sb {
@@ -105,6 +112,37 @@ fn group_sums(u: &[i16], a: &[i16], g_el: usize, out: &mut [i32]) {
             if g_el == 32 {
                 *vk = _mm256_add_epi32(*vk, madd16(&u[e + 16..e + 32], &a[e + 16..e + 32]));
             }
+        }
+        let s = reduce8(v);
+        let o = &mut out[g0..g0 + 8];
+        // SAFETY: o holds 8 i32.
+        unsafe { _mm256_storeu_si256(o.as_mut_ptr().cast(), s) };
+        g0 += 8;
+    }
+}
+
+/// `group_sums` on the bytes themselves: u < 128 (unsigned), a signed; g_el 16 or 32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn group_sums8(u: &[u8], a: &[i8], g_el: usize, out: &mut [i32]) {
+    let n_g = u.len() / g_el;
+    let ones = _mm256_set1_epi16(1);
+    let mut g0 = 0;
+    while g0 < n_g {
+        let mut v = [_mm256_setzero_si256(); 8];
+        for (k, vk) in v.iter_mut().enumerate().take((n_g - g0).min(8)) {
+            let e = (g0 + k) * g_el;
+            let (ue, ae) = (&u[e..e + g_el], &a[e..e + g_el]);
+            // SAFETY: ue and ae hold g_el (16 or 32) readable bytes each.
+            *vk = unsafe {
+                if g_el == 32 {
+                    let p = _mm256_maddubs_epi16(_mm256_loadu_si256(ue.as_ptr().cast()), _mm256_loadu_si256(ae.as_ptr().cast()));
+                    _mm256_madd_epi16(p, ones)
+                } else {
+                    let p = _mm_maddubs_epi16(_mm_loadu_si128(ue.as_ptr().cast()), _mm_loadu_si128(ae.as_ptr().cast()));
+                    _mm256_set_m128i(_mm_setzero_si128(), _mm_madd_epi16(p, _mm256_castsi256_si128(ones)))
+                }
+            };
         }
         let s = reduce8(v);
         let o = &mut out[g0..g0 + 8];
