@@ -542,7 +542,9 @@ impl QTensor {
             self.matvec_rows(x, n_t, y);
             return;
         }
-        if let (Some(act), true) = (act, matmat_supported(self.dtype)) {
+        if let (Some(act), true) = (act, matmat_supported(self.dtype))
+            && !f32_tiles_faster()
+        {
             self.matmat_int8(act, x, n_t, y);
             return;
         }
@@ -648,6 +650,16 @@ impl QTensor {
             }
         });
     }
+}
+
+/// Whether prefill's quantized products run faster as f32 tiles (the weights widened 32 rows at
+/// a time, the activations rounded through their 8-bit format, then `gemm_nt`) than through the
+/// integer matmat: on CPUs with AVX2 and no AVX-512, where the integer kernel has no VNNI and
+/// 16 ymm registers (`matmat_bench`, Zen 3, one thread: 8.6–11.8 G MAC/s integer against
+/// 22–37 through the f32 tiles). The values are the same products of the same 8-bit
+/// activations, summed in another order.
+fn f32_tiles_faster() -> bool {
+    cortiq_kernels::simd::level() == cortiq_kernels::simd::Level::Avx2
 }
 
 /// y = ytᵀ: yt [rows, n_t] -> y [n_t, rows], tokens split over the pool, rows in blocks of 16
