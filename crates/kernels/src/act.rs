@@ -140,30 +140,158 @@ pub fn softmax_fast(x: &mut [f32]) {
     }
 }
 
-/// The scalar twins compiled with AVX2 and FMA (no AVX-512): the same code, so the same bits;
-/// `mul_add` becomes one instruction instead of a libm call and the loops may vectorize.
+/// The AVX2 kernels: the scalar twins' formulas on 8 lanes with `expf8` (`expf_ggml` lane for
+/// lane), the same bits. (The twins compiled for AVX2 left the exp scalar: its out-of-range
+/// branch and f64 scaling kept the loops from vectorizing, and prefill at depth spends one exp
+/// per visible (query, key) pair.)
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use super::{GatedAct, exp_fast_scalar, gated_act_fast_scalar, silu_fast_scalar, softmax_fast_scalar};
+pub(crate) mod avx2 {
+    use super::{GELU_A, GatedAct, SQRT_2_OVER_PI, exp_fast_scalar, gated_act_fast_scalar, silu_fast_scalar, softmax_fast_scalar};
+    use std::arch::x86_64::*;
+
+    /// `ggml::expf_ggml` on 8 lanes, bit for bit: the same FMAs, the out-of-range lanes 0 or
+    /// ∞, and j · 2^n as one rounding of the exact f64 product.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) fn expf8(x: __m256) -> __m256 {
+        // No closures here: they would not inherit the target features (each intrinsic a call).
+        let r = _mm256_set1_ps(f32::from_bits(0x4b40_0000));
+        let z = _mm256_fmadd_ps(x, _mm256_set1_ps(f32::from_bits(0x3fb8_aa3b)), r);
+        let n = _mm256_sub_ps(z, r);
+        let b = _mm256_fnmadd_ps(
+            n,
+            _mm256_set1_ps(f32::from_bits(0x35bf_be8e)),
+            _mm256_fnmadd_ps(n, _mm256_set1_ps(f32::from_bits(0x3f31_7200)), x),
+        );
+        let u = _mm256_mul_ps(b, b);
+        let j0 = _mm256_fmadd_ps(_mm256_set1_ps(f32::from_bits(0x3c07_2010)), b, _mm256_set1_ps(f32::from_bits(0x3d2b_9f17)));
+        let j1 = _mm256_fmadd_ps(_mm256_set1_ps(f32::from_bits(0x3e2a_af33)), b, _mm256_set1_ps(f32::from_bits(0x3eff_fedb)));
+        let j2 = _mm256_fmadd_ps(_mm256_set1_ps(f32::from_bits(0x3f7f_fff6)), b, _mm256_set1_ps(1.0));
+        let j = _mm256_fmadd_ps(_mm256_fmadd_ps(j0, u, j1), u, j2);
+        // 2^n as f64 bits for |n| <= 192 (other lanes are replaced below; clamped to stay finite).
+        let lim = _mm256_set1_ps(192.0);
+        let ni = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(n, _mm256_set1_ps(-192.0)), lim));
+        let bias = _mm256_set1_epi64x(1023);
+        let pow_lo = _mm256_slli_epi64::<52>(_mm256_add_epi64(_mm256_cvtepi32_epi64(_mm256_castsi256_si128(ni)), bias));
+        let pow_hi = _mm256_slli_epi64::<52>(_mm256_add_epi64(_mm256_cvtepi32_epi64(_mm256_extracti128_si256::<1>(ni)), bias));
+        let lo = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(j)), _mm256_castsi256_pd(pow_lo)));
+        let hi = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps::<1>(j)), _mm256_castsi256_pd(pow_hi)));
+        let v = _mm256_set_m128(hi, lo);
+        // |n| > 192: 0 where n <= 0, else ∞.
+        let absn = _mm256_andnot_ps(_mm256_set1_ps(-0.0), n);
+        let out = _mm256_cmp_ps::<_CMP_GT_OQ>(absn, lim);
+        let big = _mm256_and_ps(_mm256_cmp_ps::<_CMP_GT_OQ>(n, _mm256_setzero_ps()), _mm256_set1_ps(f32::INFINITY));
+        _mm256_blendv_ps(v, big, out)
+    }
+
+    /// x / (1 + e^z), the twins' `x / (1.0 + expf_ggml(z))`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn x_over_1_exp(x: __m256, z: __m256) -> __m256 {
+        _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), expf8(z)))
+    }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) fn gated(kind: GatedAct, gate: &mut [f32], up: &[f32]) {
-        gated_act_fast_scalar(kind, gate, up)
+        let n8 = gate.len() / 8 * 8;
+        let (gp, upp) = (gate.as_mut_ptr(), up.as_ptr());
+        for i in (0..n8).step_by(8) {
+            // SAFETY: i + 8 <= n8 <= gate.len() == up.len() (asserted by the caller).
+            unsafe {
+                let x = _mm256_loadu_ps(gp.add(i));
+                // `neg_arg`: −x, or (−2·√(2/π))·x·fma(0.044715·x, x, 1) in that order.
+                let z = match kind {
+                    GatedAct::Silu => _mm256_xor_ps(x, _mm256_set1_ps(-0.0)),
+                    GatedAct::GeluTanh => {
+                        let t = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(GELU_A), x), x, _mm256_set1_ps(1.0));
+                        _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(-2.0 * SQRT_2_OVER_PI), x), t)
+                    }
+                };
+                _mm256_storeu_ps(gp.add(i), _mm256_mul_ps(x_over_1_exp(x, z), _mm256_loadu_ps(upp.add(i))));
+            }
+        }
+        gated_act_fast_scalar(kind, &mut gate[n8..], &up[n8..]);
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) fn exp(x: &mut [f32]) {
-        exp_fast_scalar(x)
+        let n8 = x.len() / 8 * 8;
+        let p = x.as_mut_ptr();
+        for i in (0..n8).step_by(8) {
+            // SAFETY: i + 8 <= x.len().
+            unsafe { _mm256_storeu_ps(p.add(i), expf8(_mm256_loadu_ps(p.add(i)))) };
+        }
+        exp_fast_scalar(&mut x[n8..]);
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) fn silu(x: &mut [f32]) {
-        silu_fast_scalar(x)
+        let n8 = x.len() / 8 * 8;
+        let p = x.as_mut_ptr();
+        for i in (0..n8).step_by(8) {
+            // SAFETY: i + 8 <= x.len().
+            unsafe {
+                let v = _mm256_loadu_ps(p.add(i));
+                _mm256_storeu_ps(p.add(i), x_over_1_exp(v, _mm256_xor_ps(v, _mm256_set1_ps(-0.0))));
+            }
+        }
+        silu_fast_scalar(&mut x[n8..]);
     }
 
+    /// `softmax_fast_scalar` on 8 lanes: its 16 lane sums are two vectors (lanes 0–7, 8–15),
+    /// added position by position as the twin adds them, then reduced in its order.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) fn softmax(x: &mut [f32]) {
-        softmax_fast_scalar(x)
+        let n16 = x.len() / 16 * 16;
+        if n16 == 0 {
+            return softmax_fast_scalar(x);
+        }
+        let p = x.as_mut_ptr();
+        // The maximum does not depend on the order; NaN lanes are skipped (`max_ps` returns its
+        // second operand when the first is NaN), as `f32::max` skips them.
+        let mut mv = _mm256_set1_ps(f32::NEG_INFINITY);
+        for i in (0..n16).step_by(8) {
+            // SAFETY: i + 8 <= n16 <= x.len().
+            mv = _mm256_max_ps(unsafe { _mm256_loadu_ps(p.add(i)) }, mv);
+        }
+        let mut lanes = [0f32; 16];
+        // SAFETY: lanes holds 16 values.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), mv) };
+        let m = lanes[..8].iter().chain(&x[n16..]).copied().fold(f32::NEG_INFINITY, f32::max);
+        if m == f32::NEG_INFINITY {
+            return;
+        }
+        let mb = _mm256_set1_ps(m);
+        let (mut s0, mut s1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        for i in (0..n16).step_by(16) {
+            // SAFETY: i + 16 <= n16 <= x.len().
+            unsafe {
+                let e0 = expf8(_mm256_sub_ps(_mm256_loadu_ps(p.add(i)), mb));
+                let e1 = expf8(_mm256_sub_ps(_mm256_loadu_ps(p.add(i + 8)), mb));
+                _mm256_storeu_ps(p.add(i), e0);
+                _mm256_storeu_ps(p.add(i + 8), e1);
+                s0 = _mm256_add_ps(s0, e0);
+                s1 = _mm256_add_ps(s1, e1);
+            }
+        }
+        // SAFETY: lanes holds 16 values.
+        unsafe {
+            _mm256_storeu_ps(lanes.as_mut_ptr(), s0);
+            _mm256_storeu_ps(lanes.as_mut_ptr().add(8), s1);
+        }
+        let mut s = 0f32;
+        for v in &mut x[n16..] {
+            *v = crate::ggml::expf_ggml(*v - m);
+            s += *v;
+        }
+        let s = lanes.iter().fold(s, |a, &b| a + b);
+        let inv = _mm256_set1_ps(1.0 / s);
+        for i in (0..n16).step_by(8) {
+            // SAFETY: i + 8 <= n16 <= x.len().
+            unsafe { _mm256_storeu_ps(p.add(i), _mm256_mul_ps(_mm256_loadu_ps(p.add(i)), inv)) };
+        }
+        let inv = 1.0 / s;
+        x[n16..].iter_mut().for_each(|v| *v *= inv);
     }
 }
 
@@ -374,6 +502,11 @@ mod tests {
             }
             println!("{kind:?}: simd vs scalar max rel {worst_simd:.2e}; vs libm max rel {worst_ref:.2e} at x = {}", g[at]);
             assert!(worst_simd <= 2e-7, "{kind:?}: SIMD and scalar twin differ by {worst_simd:e} relative");
+            if level() == Level::Avx2 {
+                // The AVX2 kernel is the twin's arithmetic lane for lane.
+                let bad = (0..g.len()).find(|&i| a[i].to_bits() != b[i].to_bits());
+                assert!(bad.is_none(), "{kind:?}: AVX2 and scalar twin differ at {bad:?}");
+            }
             assert!(worst_ref <= 2e-6, "{kind:?}: {worst_ref:e} relative from libm at x = {}", g[at]);
         }
     }

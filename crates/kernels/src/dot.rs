@@ -393,11 +393,33 @@ mod avx2 {
         _mm256_cmpgt_epi32(_mm256_set1_epi32(r), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))
     }
 
+    /// Keys per block of `gemm_nn`'s microkernel.
+    const KC: usize = 256;
+
+    /// `gemm_nn` on this tier: the 6 × 16 microkernel (`gemm_nn_mk`).
+    ///
     /// # Safety
     /// AVX2 and FMA available; bounds as `super::check_gemm_nn` checks them.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn gemm_nn(
+    pub(super) unsafe fn gemm_nn(x: &[f32], n_t: usize, b: &[f32], ldb: usize, k_len: usize, n: usize, y: &mut [f32], ldy: usize) {
+        // SAFETY: the caller's contract.
+        unsafe { gemm_nn_mk::<6, 2>(x, n_t, b, ldb, k_len, n, y, ldy) }
+    }
+
+    /// MR rows of x by 8·NV columns of b per microkernel step: MR broadcasts + NV loads feed
+    /// MR·NV FMAs per k (6 × 2: 12 accumulators, enough chains for both FMA pipes, and with the
+    /// two b vectors and the broadcast 15 of the 16 registers). k runs in blocks of `KC`, the
+    /// partial sums parked in y between blocks, so the [KC, 8·NV] block of b a step reads stays
+    /// in L1 for every row (the attention's P·V has thousands of keys); each output is still
+    /// one FMA chain over k in order, the twin's bits. Column tails are masked, row tails reuse
+    /// the last valid row (results discarded).
+    ///
+    /// # Safety
+    /// AVX2 and FMA available; bounds as `super::check_gemm_nn` checks them.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn gemm_nn_mk<const MR: usize, const NV: usize>(
         x: &[f32],
         n_t: usize,
         b: &[f32],
@@ -408,38 +430,76 @@ mod avx2 {
         ldy: usize,
     ) {
         let (px, pb, py) = (x.as_ptr(), b.as_ptr(), y.as_mut_ptr());
-        let mut c = 0;
-        while c < n {
-            let m0 = tail_mask(n - c);
-            let m1 = tail_mask((n - c).saturating_sub(8));
-            let mut t = 0;
-            while t < n_t {
-                let nt = (n_t - t).min(4);
-                let rows = [t, t + 1.min(nt - 1), t + 2.min(nt - 1), t + 3.min(nt - 1)];
-                let mut acc = [[_mm256_setzero_ps(); 2]; 4];
-                // SAFETY: rows < n_t, k < k_len, columns c.. masked to < n: every access is
-                // inside x [n_t, k_len], b (k_len rows of stride ldb >= n) and y (checked by
-                // the caller).
-                unsafe {
-                    for k in 0..k_len {
-                        let b0 = _mm256_maskload_ps(pb.add(k * ldb + c), m0);
-                        // wrapping: with a short tail the second half's address may lie past the end; its
-                        // lanes are all masked off, and a masked lane is never touched.
-                        let b1 = _mm256_maskload_ps(pb.wrapping_add(k * ldb + c + 8), m1);
-                        for i in 0..4 {
-                            let a = _mm256_set1_ps(*px.add(rows[i] * k_len + k));
-                            acc[i][0] = _mm256_fmadd_ps(a, b0, acc[i][0]);
-                            acc[i][1] = _mm256_fmadd_ps(a, b1, acc[i][1]);
+        let mut k0 = 0;
+        loop {
+            let k1 = (k0 + KC).min(k_len);
+            let mut c = 0;
+            while c < n {
+                let rem = n - c;
+                let full = rem >= 8 * NV;
+                let m: [__m256i; NV] = std::array::from_fn(|j| tail_mask(rem.saturating_sub(8 * j)));
+                let mut t = 0;
+                while t < n_t {
+                    let nt = (n_t - t).min(MR);
+                    let rows: [usize; MR] = std::array::from_fn(|i| t + i.min(nt - 1));
+                    let mut acc = [[_mm256_setzero_ps(); NV]; MR];
+                    // SAFETY (whole block): rows < n_t, k < k_len, columns c.. masked to < n
+                    // (or all of c..c + 8·NV <= n when full): every access is inside x [n_t,
+                    // k_len], b (k_len rows of stride ldb >= n) and y (checked by the caller).
+                    // wrapping_add: with a short tail a later vector's address may lie past the
+                    // end; its lanes are all masked off, and a masked lane is never touched.
+                    unsafe {
+                        if k0 > 0 {
+                            for (i, a) in acc.iter_mut().enumerate() {
+                                let yr = py.add(rows[i] * ldy + c);
+                                for (j, v) in a.iter_mut().enumerate() {
+                                    *v = if full { _mm256_loadu_ps(yr.add(8 * j)) } else { _mm256_maskload_ps(yr.wrapping_add(8 * j), m[j]) };
+                                }
+                            }
+                        }
+                        let xr: [*const f32; MR] = std::array::from_fn(|i| px.add(rows[i] * k_len));
+                        if full {
+                            for k in k0..k1 {
+                                let bp = pb.add(k * ldb + c);
+                                let bv: [__m256; NV] = std::array::from_fn(|j| _mm256_loadu_ps(bp.add(8 * j)));
+                                for (a, &r) in acc.iter_mut().zip(&xr) {
+                                    let av = _mm256_set1_ps(*r.add(k));
+                                    for (v, &bj) in a.iter_mut().zip(&bv) {
+                                        *v = _mm256_fmadd_ps(av, bj, *v);
+                                    }
+                                }
+                            }
+                        } else {
+                            for k in k0..k1 {
+                                let bp = pb.wrapping_add(k * ldb + c);
+                                let bv: [__m256; NV] = std::array::from_fn(|j| _mm256_maskload_ps(bp.wrapping_add(8 * j), m[j]));
+                                for (a, &r) in acc.iter_mut().zip(&xr) {
+                                    let av = _mm256_set1_ps(*r.add(k));
+                                    for (v, &bj) in a.iter_mut().zip(&bv) {
+                                        *v = _mm256_fmadd_ps(av, bj, *v);
+                                    }
+                                }
+                            }
+                        }
+                        for (i, a) in acc.iter().enumerate().take(nt) {
+                            let yr = py.add((t + i) * ldy + c);
+                            for (j, &v) in a.iter().enumerate() {
+                                if full {
+                                    _mm256_storeu_ps(yr.add(8 * j), v);
+                                } else {
+                                    _mm256_maskstore_ps(yr.wrapping_add(8 * j), m[j], v);
+                                }
+                            }
                         }
                     }
-                    for (i, a) in acc.iter().enumerate().take(nt) {
-                        _mm256_maskstore_ps(py.add((t + i) * ldy + c), m0, a[0]);
-                        _mm256_maskstore_ps(py.wrapping_add((t + i) * ldy + c + 8), m1, a[1]);
-                    }
+                    t += MR;
                 }
-                t += 4;
+                c += 8 * NV;
             }
-            c += 16;
+            k0 = k1;
+            if k0 >= k_len {
+                break;
+            }
         }
     }
 }
@@ -486,7 +546,7 @@ mod tests {
 
     #[test]
     fn gemm_nn_simd_matches_scalar() {
-        for &(nt, k, n) in &[(1, 1, 1), (3, 5, 17), (4, 64, 32), (7, 9, 100), (13, 64, 70), (5, 256, 33), (33, 3, 16)] {
+        for &(nt, k, n) in &[(1, 1, 1), (3, 5, 17), (4, 64, 32), (7, 9, 100), (13, 64, 70), (5, 256, 33), (33, 3, 16), (4, 600, 64), (7, 513, 40), (2, 0, 9)] {
             let x = rnd(nt * k, 5);
             let ldb = n + 5; // a column block of a wider matrix
             let b = rnd(k * ldb, 6);

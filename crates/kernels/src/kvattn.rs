@@ -793,6 +793,7 @@ mod avx512 {
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::{Exp, KvRows, Q8_BLOCK, ScoreRule, Split, part_len};
+    pub(super) use crate::act::avx2::expf8;
     use std::arch::x86_64::*;
 
     /// Rows per block (one tile of converted rows).
@@ -1146,41 +1147,6 @@ mod avx2 {
                 _mm256_storeu_ps(out.add(8 * v), *a);
             }
         }
-    }
-
-    /// `ggml::expf_ggml` on 8 lanes, bit for bit: the same FMAs, the out-of-range lanes 0 or
-    /// ∞, and j · 2^n as one rounding of the exact f64 product.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) fn expf8(x: __m256) -> __m256 {
-        // No closures here: they would not inherit the target features (each intrinsic a call).
-        let r = _mm256_set1_ps(f32::from_bits(0x4b40_0000));
-        let z = _mm256_fmadd_ps(x, _mm256_set1_ps(f32::from_bits(0x3fb8_aa3b)), r);
-        let n = _mm256_sub_ps(z, r);
-        let b = _mm256_fnmadd_ps(
-            n,
-            _mm256_set1_ps(f32::from_bits(0x35bf_be8e)),
-            _mm256_fnmadd_ps(n, _mm256_set1_ps(f32::from_bits(0x3f31_7200)), x),
-        );
-        let u = _mm256_mul_ps(b, b);
-        let j0 = _mm256_fmadd_ps(_mm256_set1_ps(f32::from_bits(0x3c07_2010)), b, _mm256_set1_ps(f32::from_bits(0x3d2b_9f17)));
-        let j1 = _mm256_fmadd_ps(_mm256_set1_ps(f32::from_bits(0x3e2a_af33)), b, _mm256_set1_ps(f32::from_bits(0x3eff_fedb)));
-        let j2 = _mm256_fmadd_ps(_mm256_set1_ps(f32::from_bits(0x3f7f_fff6)), b, _mm256_set1_ps(1.0));
-        let j = _mm256_fmadd_ps(_mm256_fmadd_ps(j0, u, j1), u, j2);
-        // 2^n as f64 bits for |n| <= 192 (other lanes are replaced below; clamped to stay finite).
-        let lim = _mm256_set1_ps(192.0);
-        let ni = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(n, _mm256_set1_ps(-192.0)), lim));
-        let bias = _mm256_set1_epi64x(1023);
-        let pow_lo = _mm256_slli_epi64::<52>(_mm256_add_epi64(_mm256_cvtepi32_epi64(_mm256_castsi256_si128(ni)), bias));
-        let pow_hi = _mm256_slli_epi64::<52>(_mm256_add_epi64(_mm256_cvtepi32_epi64(_mm256_extracti128_si256::<1>(ni)), bias));
-        let lo = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(j)), _mm256_castsi256_pd(pow_lo)));
-        let hi = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps::<1>(j)), _mm256_castsi256_pd(pow_hi)));
-        let v = _mm256_set_m128(hi, lo);
-        // |n| > 192: 0 where n <= 0, else ∞.
-        let absn = _mm256_andnot_ps(_mm256_set1_ps(-0.0), n);
-        let out = _mm256_cmp_ps::<_CMP_GT_OQ>(absn, lim);
-        let big = _mm256_and_ps(_mm256_cmp_ps::<_CMP_GT_OQ>(n, _mm256_setzero_ps()), _mm256_set1_ps(f32::INFINITY));
-        _mm256_blendv_ps(v, big, out)
     }
 
     /// `super::max_of` on 8 lanes (the maximum does not depend on the order; its zero is +0).
