@@ -9,7 +9,7 @@
 #
 # Usage: bench/vmf_heal.sh [MODEL] [F]     (default smollm2-135m, 0.25)
 # Environment: OUT (work folder, default /tmp/vmf_heal), CTX (512), S1_STEPS (300), S1_WINDOWS (32),
-# S2_STEPS (150), S2_LR (5e-5), PPL_CTX (1024), PPL_CHUNKS (4), CORTIQ.
+# S2_STEPS (150), S2_LR (5e-5), S2_CTX (stage 2's window, default CTX), PPL_CTX (1024), PPL_CHUNKS (4), CORTIQ.
 # Writes its log lines to stdout (markdown-ready); the .cmf files stay in OUT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +17,7 @@ CORTIQ=${CORTIQ:-target/release/cortiq}
 [ -x "$CORTIQ" ] || { echo "build cortiq first: cargo build --release -p cortiq-cli" >&2; exit 1; }
 MODEL=${1:-smollm2-135m}; F=${2:-0.25}
 OUT=${OUT:-/tmp/vmf_heal}; CTX=${CTX:-512}; S1_STEPS=${S1_STEPS:-300}; S2_STEPS=${S2_STEPS:-150}
-S2_LR=${S2_LR:-5e-5}; S1_WINDOWS=${S1_WINDOWS:-32}; PPL_CTX=${PPL_CTX:-1024}; PPL_CHUNKS=${PPL_CHUNKS:-4}
+S2_LR=${S2_LR:-5e-5}; S2_CTX=${S2_CTX:-$CTX}; S1_WINDOWS=${S1_WINDOWS:-32}; PPL_CTX=${PPL_CTX:-1024}; PPL_CHUNKS=${PPL_CHUNKS:-4}
 mkdir -p "$OUT"
 train=(--train alice29.txt asyoulik.txt --valid plrabn12.txt)
 ppl() { "$CORTIQ" ppl -m "$1" -f lcet10.txt -c "$PPL_CTX" --chunks "$PPL_CHUNKS" 2>/dev/null | sed -n 's/^PPL = \([0-9.]*\).*/\1/p'; }
@@ -36,7 +36,7 @@ t=$(stamp)
     --far-windows "$S1_WINDOWS" --steps "$S1_STEPS" --batch 4 --lr 2e-3 --valid-every 25 --force 2>&1 | grep -E "held-out relative|wrote"
 echo "stage 1: $(( $(stamp) - t )) s, $(kl "$OUT/s1.cmf")"
 t=$(stamp)
-"$CORTIQ" polish -m "$OUT/s1.cmf" --teacher "$MODEL" -o "$OUT/s2.cmf" --stage distill "${train[@]}" --ctx "$CTX" \
+"$CORTIQ" polish -m "$OUT/s1.cmf" --teacher "$MODEL" -o "$OUT/s2.cmf" --stage distill "${train[@]}" --ctx "$S2_CTX" \
     --batch 2 --steps "$S2_STEPS" --lr "$S2_LR" --warmup 10 --kl-weight 1.0 --valid-every 15 --valid-windows 2 --force 2>&1 \
     | grep -E "^valid|^polished"
 echo "stage 2: $(( $(stamp) - t )) s, $(kl "$OUT/s2.cmf")"

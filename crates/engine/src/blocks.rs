@@ -3,7 +3,7 @@
 //! matrix form, output projection) and the gated FFN. Architecture files compose these; none of
 //! them matches on a dtype (QTensor does).
 
-use cortiq_kernels::act::{GatedAct, gated_act_fast, softmax_fast};
+use cortiq_kernels::act::{GatedAct, exp_minus_max, gated_act_fast};
 use cortiq_kernels::dot::gemm_nn;
 use cortiq_kernels::kvattn::{Exp, KvRows, ScoreRule, Split, attend_split, hadamard, merge, part_len};
 use cortiq_kernels::ops::{RopeStyle, gated_act, rmsnorm, rmsnorm_inplace, rope, softmax_inplace};
@@ -477,8 +477,8 @@ const ATTN_GEMM_MIN: usize = 2;
 const ATTN_QB: usize = 32;
 
 thread_local! {
-    /// attend_blocked's per-item buffers: [q block, scores].
-    static ATTN_SCRATCH: std::cell::RefCell<[Vec<f32>; 2]> = const { std::cell::RefCell::new([Vec::new(), Vec::new()]) };
+    /// attend_blocked's per-item buffers: [q block, scores, 1/Σ per query].
+    static ATTN_SCRATCH: std::cell::RefCell<[Vec<f32>; 3]> = const { std::cell::RefCell::new([Vec::new(), Vec::new(), Vec::new()]) };
 }
 
 /// What the exact/fast attention loops need to know about a chunk.
@@ -500,11 +500,16 @@ struct AttnCtx {
 }
 
 impl AttnCtx {
-    fn softmax(&self, x: &mut [f32]) {
+    /// The softmax weights of scores, returning what the P·V row is to be multiplied by: fast
+    /// numerics leave them unnormalised (`exp_minus_max`) and return 1/Σ (one product per
+    /// output value instead of one per key); exact numerics normalise them (libm's softmax)
+    /// and return 1, a product that changes nothing.
+    fn weights(&self, x: &mut [f32]) -> f32 {
         if self.fast {
-            softmax_fast(x);
+            1.0 / exp_minus_max(x)
         } else {
             softmax_inplace(x);
+            1.0
         }
     }
 
@@ -691,27 +696,31 @@ fn attend_blocked(at: &AttnCtx, q: &[f32], n: usize, kc: &[f32], vc: &[f32], o: 
         // are fresh mmaps and page faults.
         ATTN_SCRATCH.with(|sc| {
             let mut sc = sc.borrow_mut();
-            let [qblk, s] = &mut *sc;
+            let [qblk, s, inv] = &mut *sc;
             qblk.resize(nq * hd, 0.0); // [nq, hd]
             s.resize(nq * nkb, 0.0); // [nq, nkb]
+            inv.resize(nq, 0.0); // what each output row is multiplied by
             for (r, row) in qblk.chunks_mut(hd).enumerate() {
                 row.copy_from_slice(&q[(i0 + r) * q_dim + head * hd..][..hd]);
             }
             // S = Q_blk · Kᵀ[:, k0..k1]
             let kt_h = &kt[kvh * hd * nk + (k0 - lo)..];
             gemm_nn(qblk, nq, kt_h, nk, hd, nkb, s, nkb);
-            for (r, row) in s.chunks_mut(nkb).enumerate() {
+            for (r, (row, inv)) in s.chunks_mut(nkb).zip(inv.iter_mut()).enumerate() {
                 let p = at.pos0 + i0 + r;
                 let (a, b) = (at.first(p) - k0, p + 1 - k0); // visible keys of this query
                 row[..a].fill(0.0);
                 row[b..].fill(0.0);
                 let vis = &mut row[a..b];
                 vis.iter_mut().for_each(|x| *x = at.score(*x));
-                at.softmax(vis);
+                *inv = at.weights(vis);
             }
-            // O = P · V[k0..k1]
+            // O = P · V[k0..k1], each row then times its 1/Σ
             let v_h = &vh[(kvh * nk + (k0 - lo)) * hd..];
             gemm_nn(s, nq, v_h, hd, nkb, hd, &mut out[..nq * hd], hd);
+            for (row, &inv) in out.chunks_mut(hd).zip(inv.iter()) {
+                row.iter_mut().for_each(|v| *v *= inv);
+            }
         });
     });
     for i in 0..n {

@@ -100,12 +100,12 @@ pub fn silu_fast(x: &mut [f32]) {
     }
 }
 
-/// Scalar twin of `softmax_fast`: the same max, exps and sums in the same lane order.
+/// Scalar twin of `exp_minus_max`: the same max, exps and sums in the same lane order.
 #[inline(always)]
-pub fn softmax_fast_scalar(x: &mut [f32]) {
+pub fn exp_minus_max_scalar(x: &mut [f32]) -> f32 {
     let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     if m == f32::NEG_INFINITY {
-        return;
+        return 0.0;
     }
     // 16 lane sums, as the vector loop keeps them, then the tail, then lanes reduced in order.
     let mut lanes = [0f32; 16];
@@ -121,22 +121,42 @@ pub fn softmax_fast_scalar(x: &mut [f32]) {
         *v = expf_ggml(*v - m);
         s += *v;
     }
-    let s = lanes.iter().fold(s, |a, &b| a + b);
-    let inv = 1.0 / s;
-    x.iter_mut().for_each(|v| *v *= inv);
+    lanes.iter().fold(s, |a, &b| a + b)
+}
+
+/// The softmax's weights before their normalisation: x ← e^{x − max x} with the vector exp,
+/// returning their sum (16 lane sums in position order, then the tail, reduced in order). A
+/// row of only -inf is left unchanged and gives 0. Attention divides its P·V rows by the sum
+/// instead of every weight.
+pub fn exp_minus_max(x: &mut [f32]) -> f32 {
+    match level() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: level() == Avx512 means avx512f and fma were detected at run time.
+        Level::Avx512 => unsafe { avx512::exp_minus_max(x) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: level() == Avx2 means avx2, fma and f16c were detected at run time.
+        Level::Avx2 => unsafe { avx2::exp_minus_max(x) },
+        _ => exp_minus_max_scalar(x),
+    }
+}
+
+/// Scalar twin of `softmax_fast`: `exp_minus_max_scalar`, then every weight times 1/sum.
+#[inline(always)]
+pub fn softmax_fast_scalar(x: &mut [f32]) {
+    let s = exp_minus_max_scalar(x);
+    if s != 0.0 {
+        let inv = 1.0 / s;
+        x.iter_mut().for_each(|v| *v *= inv);
+    }
 }
 
 /// In-place softmax with the vector exp (within a few ulp of `ops::softmax_inplace`). A row of
 /// only -inf is left unchanged.
 pub fn softmax_fast(x: &mut [f32]) {
-    match level() {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: level() == Avx512 means avx512f and fma were detected at run time.
-        Level::Avx512 => unsafe { avx512::softmax(x) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: level() == Avx2 means avx2, fma and f16c were detected at run time.
-        Level::Avx2 => unsafe { avx2::softmax(x) },
-        _ => softmax_fast_scalar(x),
+    let s = exp_minus_max(x);
+    if s != 0.0 {
+        let inv = 1.0 / s;
+        x.iter_mut().for_each(|v| *v *= inv);
     }
 }
 
@@ -146,7 +166,7 @@ pub fn softmax_fast(x: &mut [f32]) {
 /// per visible (query, key) pair.)
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
-    use super::{GELU_A, GatedAct, SQRT_2_OVER_PI, exp_fast_scalar, gated_act_fast_scalar, silu_fast_scalar, softmax_fast_scalar};
+    use super::{GELU_A, GatedAct, SQRT_2_OVER_PI, exp_fast_scalar, exp_minus_max_scalar, gated_act_fast_scalar, silu_fast_scalar};
     use std::arch::x86_64::*;
 
     /// `ggml::expf_ggml` on 8 lanes, bit for bit: the same FMAs, the out-of-range lanes 0 or
@@ -238,13 +258,13 @@ pub(crate) mod avx2 {
         silu_fast_scalar(&mut x[n8..]);
     }
 
-    /// `softmax_fast_scalar` on 8 lanes: its 16 lane sums are two vectors (lanes 0–7, 8–15),
+    /// `exp_minus_max_scalar` on 8 lanes: its 16 lane sums are two vectors (lanes 0–7, 8–15),
     /// added position by position as the twin adds them, then reduced in its order.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) fn softmax(x: &mut [f32]) {
+    pub(super) fn exp_minus_max(x: &mut [f32]) -> f32 {
         let n16 = x.len() / 16 * 16;
         if n16 == 0 {
-            return softmax_fast_scalar(x);
+            return exp_minus_max_scalar(x);
         }
         let p = x.as_mut_ptr();
         // The maximum does not depend on the order; NaN lanes are skipped (`max_ps` returns its
@@ -259,7 +279,7 @@ pub(crate) mod avx2 {
         unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), mv) };
         let m = lanes[..8].iter().chain(&x[n16..]).copied().fold(f32::NEG_INFINITY, f32::max);
         if m == f32::NEG_INFINITY {
-            return;
+            return 0.0;
         }
         let mb = _mm256_set1_ps(m);
         let (mut s0, mut s1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
@@ -284,14 +304,7 @@ pub(crate) mod avx2 {
             *v = crate::ggml::expf_ggml(*v - m);
             s += *v;
         }
-        let s = lanes.iter().fold(s, |a, &b| a + b);
-        let inv = _mm256_set1_ps(1.0 / s);
-        for i in (0..n16).step_by(8) {
-            // SAFETY: i + 8 <= n16 <= x.len().
-            unsafe { _mm256_storeu_ps(p.add(i), _mm256_mul_ps(_mm256_loadu_ps(p.add(i)), inv)) };
-        }
-        let inv = 1.0 / s;
-        x[n16..].iter_mut().for_each(|v| *v *= inv);
+        lanes.iter().fold(s, |a, &b| a + b)
     }
 }
 
@@ -365,10 +378,10 @@ pub(crate) mod avx512 {
     /// # Safety
     /// The CPU must support avx512f and fma.
     #[target_feature(enable = "avx512f,fma")]
-    pub(super) unsafe fn softmax(x: &mut [f32]) {
+    pub(super) unsafe fn exp_minus_max(x: &mut [f32]) -> f32 {
         let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         if m == f32::NEG_INFINITY {
-            return;
+            return 0.0;
         }
         let n16 = x.len() / 16 * 16;
         let mv = _mm512_set1_ps(m);
@@ -389,9 +402,7 @@ pub(crate) mod avx512 {
         let mut lanes = [0f32; 16];
         // SAFETY: lanes holds 16 f32.
         unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), acc) };
-        let s = lanes.iter().fold(s, |a, &b| a + b);
-        let inv = 1.0 / s;
-        x.iter_mut().for_each(|v| *v *= inv);
+        lanes.iter().fold(s, |a, &b| a + b)
     }
 
     /// # Safety
@@ -480,6 +491,37 @@ mod tests {
         }
         let mut all_neg_inf = [f32::NEG_INFINITY; 3];
         softmax_fast(&mut all_neg_inf);
+        assert!(all_neg_inf.iter().all(|v| *v == f32::NEG_INFINITY));
+    }
+
+    #[test]
+    fn exp_minus_max_matches_scalar_and_sums_its_weights() {
+        let (g, _) = inputs();
+        for len in [0, 1, 7, 16, 31, 48, 100, 1000, 1007] {
+            let mut row: Vec<f32> = g[..len.min(g.len())].iter().map(|v| v * 0.5).collect();
+            row.resize(len, -3.0);
+            // masked keys, as attention leaves them
+            if len > 20 {
+                row[3] = f32::NEG_INFINITY;
+                row[len - 2] = f32::NEG_INFINITY;
+            }
+            let (mut a, mut b) = (row.clone(), row.clone());
+            let (sa, sb) = (exp_minus_max(&mut a), exp_minus_max_scalar(&mut b));
+            assert_eq!(sa.to_bits(), sb.to_bits(), "len {len}: sums differ");
+            let bad = (0..len).find(|&i| a[i].to_bits() != b[i].to_bits());
+            assert!(bad.is_none(), "len {len}: SIMD and scalar twin differ at {bad:?}");
+            let exact: f64 = a.iter().map(|&v| v as f64).sum();
+            assert!((exact - sa as f64).abs() <= 1e-6 * exact.max(1.0), "len {len}: sum {sa} vs {exact}");
+            // normalised, the weights are softmax_fast's
+            let mut c = row.clone();
+            softmax_fast(&mut c);
+            if len > 0 {
+                let inv = 1.0 / sa;
+                assert!(a.iter().zip(&c).all(|(x, y)| (x * inv).to_bits() == y.to_bits()), "len {len}: softmax_fast differs");
+            }
+        }
+        let mut all_neg_inf = [f32::NEG_INFINITY; 20];
+        assert_eq!(exp_minus_max(&mut all_neg_inf), 0.0);
         assert!(all_neg_inf.iter().all(|v| *v == f32::NEG_INFINITY));
     }
 
