@@ -650,9 +650,11 @@ fn decode_attend_in(at: &AttnCtx, qs: &[f32], rows: &[(usize, usize)], sources: 
 
 /// Attention for a chunk of n >= ATTN_GEMM_MIN queries, by (head, block of ATTN_QB queries):
 /// S = Q_blk·K_spanᵀ and O_blk = P·V_span with the f32 GEMM (`gemm_nn`: no horizontal sums)
-/// over the span of keys any query of
-/// the block sees; keys a query must not see (causal future, outside its window) get weight 0.
-/// Same values as `attend_one` up to summation order. q: [n, nh, hd] -> o: [n, nh, hd]
+/// over the span of keys any query of the block sees; keys a query must not see (causal
+/// future, outside its window) get weight 0. Under fast numerics P is left unnormalised and
+/// each row of O is multiplied by 1/Σ afterwards (`AttnCtx::weights`). Same values as
+/// `attend_one` up to summation order and that one rounding; a query's values depend on its
+/// position and the keys only, not on where the chunk starts. q: [n, nh, hd] -> o: [n, nh, hd]
 fn attend_blocked(at: &AttnCtx, q: &[f32], n: usize, kc: &[f32], vc: &[f32], o: &mut [f32]) {
     let (hd, nh, kv_dim, q_dim, lo) = (at.hd, at.nh, at.kv_dim, at.q_dim, at.lo);
     let nkv = nh / at.group;
