@@ -9,7 +9,8 @@
 #
 # Usage: bench/vmf_heal.sh [MODEL] [F]     (default smollm2-135m, 0.25)
 # Environment: OUT (work folder, default /tmp/vmf_heal), CTX (512), S1_STEPS (300), S1_WINDOWS (32),
-# S2_STEPS (150), S2_LR (5e-5), S2_CTX (stage 2's window, default CTX), PPL_CTX (1024), PPL_CHUNKS (4), CORTIQ.
+# S2_STEPS (150), S2_LR (5e-5), S2_CTX (stage 2's window, default CTX), ALSO_CTX (also report
+# the healed hybrid at this shorter window over the same text, e.g. 512: is the gap length?), PPL_CTX (1024), PPL_CHUNKS (4), CORTIQ.
 # Writes its log lines to stdout (markdown-ready); the .cmf files stay in OUT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,9 +21,10 @@ OUT=${OUT:-/tmp/vmf_heal}; CTX=${CTX:-512}; S1_STEPS=${S1_STEPS:-300}; S2_STEPS=
 S2_LR=${S2_LR:-5e-5}; S2_CTX=${S2_CTX:-$CTX}; S1_WINDOWS=${S1_WINDOWS:-32}; PPL_CTX=${PPL_CTX:-1024}; PPL_CHUNKS=${PPL_CHUNKS:-4}
 mkdir -p "$OUT"
 train=(--train alice29.txt asyoulik.txt --valid plrabn12.txt)
-ppl() { "$CORTIQ" ppl -m "$1" -f lcet10.txt -c "$PPL_CTX" --chunks "$PPL_CHUNKS" 2>/dev/null | sed -n 's/^PPL = \([0-9.]*\).*/\1/p'; }
+ppl() { "$CORTIQ" ppl -m "$1" -f lcet10.txt -c "${2:-$PPL_CTX}" --chunks "${3:-$PPL_CHUNKS}" 2>/dev/null | sed -n 's/^PPL = \([0-9.]*\).*/\1/p'; }
 kl() {
-    "$CORTIQ" ppl -m "$1" --kl-base "$MODEL" -f lcet10.txt -c "$PPL_CTX" --chunks "$PPL_CHUNKS" 2>/dev/null \
+    local c=${2:-$PPL_CTX} n=${3:-$PPL_CHUNKS}
+    "$CORTIQ" ppl -m "$1" --kl-base "$MODEL" -f lcet10.txt -c "$c" --chunks "$n" 2>/dev/null \
         | sed -n 's/^PPL = \([0-9.]*\).*/ppl \1/p; s/^KL(base || model) = \([0-9.]*\).*/KL \1/p; s/^top-1 agreement = /top-1 /p' | paste -sd, -
 }
 stamp() { date -u +%s; }
@@ -40,6 +42,10 @@ t=$(stamp)
     --batch 2 --steps "$S2_STEPS" --lr "$S2_LR" --warmup 10 --kl-weight 1.0 --valid-every 15 --valid-windows 2 --force 2>&1 \
     | grep -E "^valid|^polished"
 echo "stage 2: $(( $(stamp) - t )) s, $(kl "$OUT/s2.cmf")"
+if [ -n "${ALSO_CTX:-}" ]; then
+    also_chunks=$(( PPL_CHUNKS * PPL_CTX / ALSO_CTX ))
+    echo "at ctx $ALSO_CTX ($also_chunks chunks): original ppl $(ppl "$MODEL" "$ALSO_CTX" "$also_chunks"), stage 2 $(kl "$OUT/s2.cmf" "$ALSO_CTX" "$also_chunks")"
+fi
 "$CORTIQ" convert -m "$OUT/s2.cmf" -o "$OUT/s2-q8.cmf" --f32-as q8r --force >/dev/null 2>&1
 echo "stage 2, f32 matrices as q8r: $(kl "$OUT/s2-q8.cmf")"
 for m in "$MODEL" "$OUT/s2-q8.cmf" "$MODEL" "$OUT/s2-q8.cmf"; do
