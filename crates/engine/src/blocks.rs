@@ -555,7 +555,16 @@ fn decode_attend(at: &AttnCtx, qs: &[f32], rows: &[(usize, usize)], caches: &[&C
 /// same row, whole, value t. qs [n, nh, width] at positions `positions` (each sees rows
 /// 0..=p) -> o [n, nh, width]. The same kernel, splits and merge as decode attention, so a
 /// query's value does not depend on the others beside it.
-pub(crate) fn attend_latent(lat: &[f32], width: usize, nh: usize, scale: f32, fast: bool, qs: &[f32], positions: &[usize], o: &mut [f32]) {
+pub(crate) fn attend_latent(
+    lat: &[f32],
+    width: usize,
+    nh: usize,
+    scale: f32,
+    fast: bool,
+    qs: &[f32],
+    positions: &[usize],
+    o: &mut [f32],
+) {
     let at = AttnCtx {
         hd: width,
         nh,
@@ -594,7 +603,14 @@ fn decode_attend_from(at: &AttnCtx, qs: &[f32], rows: &[(usize, usize)], sources
 
 /// `decode_attend` with `hpi` heads per work item: a divisor of the group size, or a multiple
 /// of it that divides the head count.
-fn decode_attend_in(at: &AttnCtx, qs: &[f32], rows: &[(usize, usize)], sources: &[(KvRows, KvRows, usize)], hpi: usize, o: &mut [f32]) {
+fn decode_attend_in(
+    at: &AttnCtx,
+    qs: &[f32],
+    rows: &[(usize, usize)],
+    sources: &[(KvRows, KvRows, usize)],
+    hpi: usize,
+    o: &mut [f32],
+) {
     let (hd, nh, g) = (at.hd, at.nh, at.group);
     assert!(
         hpi > 0 && (g % hpi == 0 || (hpi % g == 0 && nh % hpi == 0)),

@@ -166,7 +166,9 @@ pub fn softmax_fast(x: &mut [f32]) {
 /// per visible (query, key) pair.)
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
-    use super::{GELU_A, GatedAct, SQRT_2_OVER_PI, exp_fast_scalar, exp_minus_max_scalar, gated_act_fast_scalar, silu_fast_scalar};
+    use super::{
+        GELU_A, GatedAct, SQRT_2_OVER_PI, exp_fast_scalar, exp_minus_max_scalar, gated_act_fast_scalar, silu_fast_scalar,
+    };
     use std::arch::x86_64::*;
 
     /// `ggml::expf_ggml` on 8 lanes, bit for bit: the same FMAs, the out-of-range lanes 0 or

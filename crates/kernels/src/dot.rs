@@ -402,7 +402,16 @@ mod avx2 {
     /// AVX2 and FMA available; bounds as `super::check_gemm_nn` checks them.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn gemm_nn(x: &[f32], n_t: usize, b: &[f32], ldb: usize, k_len: usize, n: usize, y: &mut [f32], ldy: usize) {
+    pub(super) unsafe fn gemm_nn(
+        x: &[f32],
+        n_t: usize,
+        b: &[f32],
+        ldb: usize,
+        k_len: usize,
+        n: usize,
+        y: &mut [f32],
+        ldy: usize,
+    ) {
         // SAFETY: the caller's contract.
         unsafe { gemm_nn_mk::<6, 2>(x, n_t, b, ldb, k_len, n, y, ldy) }
     }
@@ -453,7 +462,11 @@ mod avx2 {
                             for (i, a) in acc.iter_mut().enumerate() {
                                 let yr = py.add(rows[i] * ldy + c);
                                 for (j, v) in a.iter_mut().enumerate() {
-                                    *v = if full { _mm256_loadu_ps(yr.add(8 * j)) } else { _mm256_maskload_ps(yr.wrapping_add(8 * j), m[j]) };
+                                    *v = if full {
+                                        _mm256_loadu_ps(yr.add(8 * j))
+                                    } else {
+                                        _mm256_maskload_ps(yr.wrapping_add(8 * j), m[j])
+                                    };
                                 }
                             }
                         }
@@ -546,7 +559,18 @@ mod tests {
 
     #[test]
     fn gemm_nn_simd_matches_scalar() {
-        for &(nt, k, n) in &[(1, 1, 1), (3, 5, 17), (4, 64, 32), (7, 9, 100), (13, 64, 70), (5, 256, 33), (33, 3, 16), (4, 600, 64), (7, 513, 40), (2, 0, 9)] {
+        for &(nt, k, n) in &[
+            (1, 1, 1),
+            (3, 5, 17),
+            (4, 64, 32),
+            (7, 9, 100),
+            (13, 64, 70),
+            (5, 256, 33),
+            (33, 3, 16),
+            (4, 600, 64),
+            (7, 513, 40),
+            (2, 0, 9),
+        ] {
             let x = rnd(nt * k, 5);
             let ldb = n + 5; // a column block of a wider matrix
             let b = rnd(k * ldb, 6);

@@ -824,7 +824,9 @@ mod avx2 {
                     let dst = tile[t * width..(t + 1) * width].as_mut_ptr();
                     for j in (0..width).step_by(8) {
                         // SAFETY: base + j + 8 <= base + width lies inside x; 8 f16 = 128 bits.
-                        unsafe { _mm256_storeu_ps(dst.add(j), _mm256_cvtph_ps(_mm_loadu_si128(x.as_ptr().add(base + j).cast()))) };
+                        unsafe {
+                            _mm256_storeu_ps(dst.add(j), _mm256_cvtph_ps(_mm_loadu_si128(x.as_ptr().add(base + j).cast())))
+                        };
                     }
                 }
                 Block { ptr: tile.as_ptr(), stride: width }
@@ -876,11 +878,7 @@ mod avx2 {
                 // SAFETY: the block's nt rows hold width values from b.ptr, kv head h / group at
                 // (h / group) · hd; scores row h has n >= t0 + nt values.
                 unsafe {
-                    if hd == 64 {
-                        scores_head64(qh, rows, b.stride, dst)
-                    } else {
-                        scores_head(qh, rows, b.stride, nt, dst)
-                    }
+                    if hd == 64 { scores_head64(qh, rows, b.stride, dst) } else { scores_head(qh, rows, b.stride, nt, dst) }
                 }
             }
         }
@@ -891,7 +889,9 @@ mod avx2 {
                     let n8 = n / 8 * 8;
                     for i in (0..n8).step_by(8) {
                         // SAFETY: i + 8 <= n values of sh.
-                        unsafe { _mm256_storeu_ps(sh.as_mut_ptr().add(i), _mm256_mul_ps(_mm256_loadu_ps(sh.as_ptr().add(i)), sc)) };
+                        unsafe {
+                            _mm256_storeu_ps(sh.as_mut_ptr().add(i), _mm256_mul_ps(_mm256_loadu_ps(sh.as_ptr().add(i)), sc))
+                        };
                     }
                     sh[n8..].iter_mut().for_each(|x| *x = rule.score(*x));
                 }
@@ -916,7 +916,9 @@ mod avx2 {
                 if h + 1 < nq && (h + 1) / group == h / group {
                     let (o0, o1) = out[h * pl..(h + 2) * pl].split_at_mut(pl);
                     // SAFETY: as the scores' pass; o0[2..], o1[2..] hold hd sums each.
-                    unsafe { acc_pair(ph, &scores[(h + 1) * n + t0..(h + 1) * n + t0 + nt], rows, b.stride, &mut o0[2..], &mut o1[2..]) };
+                    unsafe {
+                        acc_pair(ph, &scores[(h + 1) * n + t0..(h + 1) * n + t0 + nt], rows, b.stride, &mut o0[2..], &mut o1[2..])
+                    };
                     h += 2;
                 } else {
                     // SAFETY: as the scores' pass; out[h] holds hd sums after m and l.
