@@ -144,6 +144,11 @@ pub fn exp_minus_max(x: &mut [f32]) -> f32 {
 #[inline(always)]
 pub fn softmax_fast_scalar(x: &mut [f32]) {
     let s = exp_minus_max_scalar(x);
+    normalise(x, s);
+}
+
+/// Weights times 1/sum (a row of only -inf, sum 0, stays as it is).
+fn normalise(x: &mut [f32], s: f32) {
     if s != 0.0 {
         let inv = 1.0 / s;
         x.iter_mut().for_each(|v| *v *= inv);
@@ -154,10 +159,7 @@ pub fn softmax_fast_scalar(x: &mut [f32]) {
 /// only -inf is left unchanged.
 pub fn softmax_fast(x: &mut [f32]) {
     let s = exp_minus_max(x);
-    if s != 0.0 {
-        let inv = 1.0 / s;
-        x.iter_mut().for_each(|v| *v *= inv);
-    }
+    normalise(x, s);
 }
 
 /// The AVX2 kernels: the scalar twins' formulas on 8 lanes with `expf8` (`expf_ggml` lane for

@@ -393,42 +393,24 @@ mod avx2 {
         _mm256_cmpgt_epi32(_mm256_set1_epi32(r), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))
     }
 
-    /// Keys per block of `gemm_nn`'s microkernel.
+    /// `gemm_nn`'s microkernel: MR rows of x by 8·NV columns of b, keys in blocks of KC.
+    const MR: usize = 6;
+    const NV: usize = 2;
     const KC: usize = 256;
 
-    /// `gemm_nn` on this tier: the 6 × 16 microkernel (`gemm_nn_mk`).
+    /// MR rows of x by 8·NV columns of b per microkernel step: MR broadcasts + NV loads feed
+    /// MR·NV FMAs per k (6 × 2: 12 accumulators, enough chains for both FMA pipes, and with the
+    /// two b vectors and the broadcast 15 of the 16 registers; 3 × 4 needs 17 and spills). k
+    /// runs in blocks of `KC`, the partial sums parked in y between blocks, so the [KC, 8·NV]
+    /// block of b a step reads stays in L1 for every row (the attention's P·V has thousands of
+    /// keys); each output is still one FMA chain over k in order, the twin's bits. Column tails
+    /// are masked, row tails reuse the last valid row (results discarded).
     ///
     /// # Safety
     /// AVX2 and FMA available; bounds as `super::check_gemm_nn` checks them.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn gemm_nn(
-        x: &[f32],
-        n_t: usize,
-        b: &[f32],
-        ldb: usize,
-        k_len: usize,
-        n: usize,
-        y: &mut [f32],
-        ldy: usize,
-    ) {
-        // SAFETY: the caller's contract.
-        unsafe { gemm_nn_mk::<6, 2>(x, n_t, b, ldb, k_len, n, y, ldy) }
-    }
-
-    /// MR rows of x by 8·NV columns of b per microkernel step: MR broadcasts + NV loads feed
-    /// MR·NV FMAs per k (6 × 2: 12 accumulators, enough chains for both FMA pipes, and with the
-    /// two b vectors and the broadcast 15 of the 16 registers). k runs in blocks of `KC`, the
-    /// partial sums parked in y between blocks, so the [KC, 8·NV] block of b a step reads stays
-    /// in L1 for every row (the attention's P·V has thousands of keys); each output is still
-    /// one FMA chain over k in order, the twin's bits. Column tails are masked, row tails reuse
-    /// the last valid row (results discarded).
-    ///
-    /// # Safety
-    /// AVX2 and FMA available; bounds as `super::check_gemm_nn` checks them.
-    #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn gemm_nn_mk<const MR: usize, const NV: usize>(
         x: &[f32],
         n_t: usize,
         b: &[f32],
