@@ -10,7 +10,10 @@
 # Usage: bench/vmf_heal.sh [MODEL] [F]     (default smollm2-135m, 0.25)
 # Environment: OUT (work folder, default /tmp/vmf_heal), CTX (512), S1_STEPS (300), S1_WINDOWS (32),
 # S2_STEPS (150), S2_LR (5e-5), S2_CTX (stage 2's window, default CTX), ALSO_CTX (also report
-# the healed hybrid at this shorter window over the same text, e.g. 512: is the gap length?), PPL_CTX (1024), PPL_CHUNKS (4), CORTIQ.
+# the healed hybrid at this shorter window over the same text, e.g. 512: is the gap length?), PPL_CTX (1024), PPL_CHUNKS (4), CORTIQ,
+# TRAIN (training texts, default "alice29.txt asyoulik.txt"), VALID (the polish's held-out windows,
+# default plrabn12.txt). `TRAIN=big` trains on alice29 + asyoulik + the first 400,000 bytes of
+# plrabn12 and validates on the rest of plrabn12 (written to OUT); lcet10 is never trained on.
 # Writes its log lines to stdout (markdown-ready); the .cmf files stay in OUT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +23,16 @@ MODEL=${1:-smollm2-135m}; F=${2:-0.25}
 OUT=${OUT:-/tmp/vmf_heal}; CTX=${CTX:-512}; S1_STEPS=${S1_STEPS:-300}; S2_STEPS=${S2_STEPS:-150}
 S2_LR=${S2_LR:-5e-5}; S2_CTX=${S2_CTX:-$CTX}; S1_WINDOWS=${S1_WINDOWS:-32}; PPL_CTX=${PPL_CTX:-1024}; PPL_CHUNKS=${PPL_CHUNKS:-4}
 mkdir -p "$OUT"
-train=(--train alice29.txt asyoulik.txt --valid plrabn12.txt)
+TRAIN=${TRAIN:-alice29.txt asyoulik.txt}; VALID=${VALID:-plrabn12.txt}
+if [ "$TRAIN" = big ]; then
+    "$CORTIQ" ppl -m "$MODEL" -f plrabn12.txt -c 64 --chunks 1 >/dev/null 2>&1 || true  # pulls the text
+    plr=${CORTIQ_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/cortiq}/texts/plrabn12.txt
+    head -c 400000 "$plr" >"$OUT/plrabn12-head.txt"; tail -c +400001 "$plr" >"$OUT/plrabn12-tail.txt"
+    TRAIN="alice29.txt asyoulik.txt $OUT/plrabn12-head.txt"; VALID="$OUT/plrabn12-tail.txt"
+fi
+read -ra train_files <<<"$TRAIN"
+train=(--train "${train_files[@]}" --valid "$VALID")
+echo "training texts: $TRAIN; held-out windows of the polish: $VALID"
 ppl() { "$CORTIQ" ppl -m "$1" -f lcet10.txt -c "${2:-$PPL_CTX}" --chunks "${3:-$PPL_CHUNKS}" 2>/dev/null | sed -n 's/^PPL = \([0-9.]*\).*/\1/p'; }
 kl() {
     local c=${2:-$PPL_CTX} n=${3:-$PPL_CHUNKS}

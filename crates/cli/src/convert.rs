@@ -64,6 +64,11 @@ pub struct ConvertArgs {
     /// With --linear-core: seed of the random features.
     #[arg(long, default_value_t = 16)]
     pub seed: u64,
+    /// With --linear-core: the operator's output norm (each head's core output over its rms,
+    /// times a per-head gain the fold fits) — scale-free in the number of tokens written, as
+    /// softmax's average is. Off: the plain operator.
+    #[arg(long)]
+    pub out_norm: bool,
 }
 
 fn parse_spec(s: &str) -> std::result::Result<QuantSpec, String> {
@@ -97,9 +102,13 @@ pub fn cmd_convert(a: ConvertArgs) -> Result<()> {
             windows: a.calib_windows,
             recall_weight: a.recall_weight,
             seed: a.seed,
+            out_norm: a.out_norm,
             force: a.force,
         };
         return crate::linearize::linearize(&src, &a.out, &o);
+    }
+    if a.out_norm {
+        bail!("--out-norm: a setting of --linear-core");
     }
     let opts = ConvertOptions { quant: a.quant, embeddings: a.keep_embeddings_as, f32_as: a.f32_as, force: a.force };
     let bar = ProgressBar::new(0);

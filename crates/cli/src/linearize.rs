@@ -26,7 +26,10 @@
 //!    - a value bias b_v (Qwen2) is not the core's: softmax passes it through unchanged, so
 //!      the fit is against the output minus b_v and out_proj·b_v is the output bias;
 //!    - a 4-tap conv at the identity, the write gate at a constant κ = ½ (weight 0, bias 0),
-//!      phase mass 0.
+//!      phase mass 0;
+//!    - with `--out-norm` the operator's output norm (each head's output over its rms, times a
+//!      gain): the grid search fits the normed output, and each head's least-squares scale is
+//!      its gain instead of a factor on out_proj.
 //!
 //!    Per layer the fold prints its relative squared error and cosine to the teacher.
 //! 3. **Write**: the source's tensors byte for byte, minus the converted layers' attention
@@ -74,6 +77,9 @@ pub struct LinearizeOpts {
     /// Weight of the copy probe's cost in the auto choice (0: perplexity only).
     pub recall_weight: f64,
     pub seed: u64,
+    /// The operator's output norm (per head g ⊙ o / rms(o)): the fold sets each head's gain
+    /// to its least-squares scale instead of scaling out_proj.
+    pub out_norm: bool,
     pub force: bool,
 }
 
@@ -175,7 +181,7 @@ pub fn linearize(src: &Path, out: &Path, o: &LinearizeOpts) -> Result<()> {
     for &il in &layers {
         let a: &Attention = model.layers[il].mixer.downcast_ref().context("a dense layer's mixer is attention")?;
         let (x, y): (Vec<Vec<f32>>, Vec<Vec<f32>>) = rec[&il].iter().cloned().unzip();
-        let (tensors, report) = fold(&vc, a, &x, &y, o.ctx, o.seed.wrapping_add(il as u64));
+        let (tensors, report) = fold(&vc, a, &x, &y, o.ctx, o.seed.wrapping_add(il as u64), o.out_norm);
         eprintln!("layer {il:>3}: {report}");
         for s in ["attn_q", "attn_k", "attn_v", "attn_output"] {
             for p in ["weight", "bias"] {
@@ -392,6 +398,7 @@ fn fold(
     ys: &[Vec<f32>],
     t: usize,
     seed: u64,
+    out_norm: bool,
 ) -> (Vec<(String, Vec<u64>, Vec<f32>)>, String) {
     let (d, nh, nk, hd, p) = (c.d_model, c.n_heads, c.n_k_heads, c.d_v, c.nphase);
     let g = nh / nk;
@@ -412,6 +419,7 @@ fn fold(
     let (mut thq, mut thq_b) = (vec![0f32; nh * p * d], vec![0f32; nh * p]);
     let (mut thk, mut thk_b) = (vec![0f32; nk * p * d], vec![0f32; nk * p]);
     let mut a_log = vec![0f32; nk * f];
+    let mut o_norm = vec![0f32; if out_norm { nh * hd } else { 0 }];
     let mut chosen = Vec::with_capacity(nk);
     let (mut num_all, mut den_all) = (0f64, 0f64);
     for s in 0..nk {
@@ -484,6 +492,9 @@ fn fold(
                     let kap = vec![0.5f32; t];
                     let mut o = vec![0f32; t * g * hd];
                     core_forward(&sh, &phq, &phk, &kap, v, &a_row, &mut o, &mut CoreCheckpoints::default());
+                    if out_norm {
+                        o = cortiq_kernels::vmf::out_norm(&o, &vec![1.0; g * hd], hd);
+                    }
                     for i in 0..t {
                         for j in 0..g {
                             let ov = &o[(i * g + j) * hd..(i * g + j + 1) * hd];
@@ -521,9 +532,14 @@ fn fold(
             }
         }
         a_log[s * f..(s + 1) * f].fill(((std::f64::consts::LN_2 / hl as f64).ln()) as f32);
-        // out_proj columns of the group's heads times their least-squares scale.
+        // out_proj columns of the group's heads times their least-squares scale (with the
+        // output norm: the head's gains).
         for (j, &scale) in scales.iter().enumerate() {
             let h = s * g + j;
+            if out_norm {
+                o_norm[h * hd..(h + 1) * hd].fill(scale as f32);
+                continue;
+            }
             for r in 0..d {
                 wo[r * nh * hd + h * hd..r * nh * hd + (h + 1) * hd].iter_mut().for_each(|w| *w = (*w as f64 * scale) as f32);
             }
@@ -551,6 +567,9 @@ fn fold(
         t1("vmf_mass", vec![0.0; nk]),
     ];
     tensors.extend(out_b.map(|b| t1("vmf_out.bias", b)));
+    if out_norm {
+        tensors.push(t1("vmf_onorm.weight", o_norm));
+    }
     (tensors, report)
 }
 

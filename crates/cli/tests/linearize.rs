@@ -20,8 +20,10 @@ fn s(p: &Path) -> &str {
 }
 
 /// The llama fixture (vocab 512 ⊇ the 256 bytes) as a .cmf with a byte tokenizer.
+/// (Its own source copy per `dir`: tests run in parallel.)
 fn tiny(dir: &TempDir) -> std::path::PathBuf {
-    let src = copy_fixture("llama", "lin-src");
+    let tag = format!("lin-src-{}", dir.0.file_name().unwrap().to_string_lossy());
+    let src = copy_fixture("llama", &tag);
     std::fs::write(src.0.join("tokenizer.json"), byte_tokenizer_json()).unwrap();
     let model = dir.0.join("tiny.cmf");
     let (_, err, ok) = cortiq(&["convert", "-m", s(&src.0), "-o", s(&model)]);
@@ -329,4 +331,53 @@ fn value_bias_becomes_the_output_bias() {
     }
     let text = fixture("gemma3").join("README.md");
     assert!(ppl(&out, &text).is_finite());
+}
+
+/// `--out-norm`: the fold writes each head's least-squares scale as its output-norm gains and
+/// leaves out_proj as the original o_proj; the hybrid runs. Without --linear-core the flag is
+/// a one-line error.
+#[test]
+fn out_norm_fold_puts_the_scales_in_the_gains() {
+    use cortiq_engine::mixers::attention::Attention;
+    use cortiq_engine::mixers::vmf::VmfPhase;
+    let dir = TempDir::new("linearize-onorm");
+    let model = tiny(&dir);
+    let out = dir.0.join("hybrid.cmf");
+    let calib = fixture("qwen2").join("README.md");
+    let (_, err, ok) = cortiq(&[
+        "convert",
+        "-m",
+        s(&model),
+        "-o",
+        s(&out),
+        "--linear-core",
+        "vmf_phase",
+        "--layers",
+        "2",
+        "--calib",
+        s(&calib),
+        "--calib-ctx",
+        "32",
+        "--calib-windows",
+        "2",
+        "--nphase",
+        "4",
+        "--out-norm",
+    ]);
+    assert!(ok, "convert --linear-core --out-norm: {err}");
+    let orig = cortiq_engine::load::load(&model).unwrap().model;
+    let hyb = cortiq_engine::load::load(&out).unwrap().model;
+    let a: &Attention = orig.layers[2].mixer.downcast_ref().unwrap();
+    let v: &VmfPhase = hyb.layers[2].mixer.downcast_ref().unwrap();
+    let (nh, hd) = (orig.cfg.n_heads, orig.cfg.head_dim);
+    assert_eq!(v.w.o_norm.len(), nh * hd);
+    for h in 0..nh {
+        let g = &v.w.o_norm[h * hd..(h + 1) * hd];
+        assert!(g.iter().all(|&x| x == g[0]) && g[0].is_finite() && g[0] != 0.0, "head {h}: gains {g:?}");
+    }
+    assert_eq!(v.w.out.to_f32(), a.w.wo.to_f32(), "out_proj is o_proj unscaled");
+    let text = fixture("gemma3").join("README.md");
+    assert!(ppl(&out, &text).is_finite());
+    let (_, err, ok) = cortiq(&["convert", "-m", s(&model), "-o", s(&dir.0.join("b.cmf")), "--out-norm"]);
+    assert!(!ok && err.contains("--out-norm") && err.trim().lines().count() == 1, "{err}");
 }

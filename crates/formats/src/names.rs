@@ -171,6 +171,7 @@ const LAYER: &[(&str, &str, Archs, Bias)] = &[
     ("vmf_attn.out_proj", "vmf_out", Archs::Dense, Bias::Yes),
     ("vmf_attn.conv", "vmf_conv", Archs::Dense, Bias::No),
     ("vmf_attn.k_gate", "vmf_kgate", Archs::Dense, Bias::Yes),
+    ("vmf_attn.o_norm", "vmf_onorm", Archs::Dense, Bias::No),
 ];
 
 /// Routed experts, one HF tensor each (`mlp.experts.E.<proj>`), named `ffn_<kind>_exps.E` here
@@ -470,6 +471,7 @@ mod lfm2_tests {
                 ("model.layers.2.vmf_attn.k_gate.bias", "blk.2.vmf_kgate.bias"),
                 ("model.layers.2.vmf_attn.A_log", "blk.2.vmf_a_log"),
                 ("model.layers.2.vmf_attn.phase_mass", "blk.2.vmf_mass"),
+                ("model.layers.2.vmf_attn.o_norm.weight", "blk.2.vmf_onorm.weight"),
             ] {
                 assert_eq!(hf_to_gguf(arch, hf).as_deref(), Some(gguf), "{arch}: {hf}");
                 assert_eq!(gguf_to_hf(arch, gguf).as_deref(), Some(hf), "{arch}: {gguf}");

@@ -11,6 +11,9 @@
 //! S_t = λ ⊙ S_{t−1} + κ_t · φk_t ⊗ v_t        λ_f = exp(−exp(A_log_f))
 //! o_t[h] = S_tᵀ φq_t[h]
 //! ```
+//! With the output norm (an option, on when its gains are given) each head's o_t[h] becomes
+//! g_h ⊙ o_t[h] / rms(o_t[h]) before out_proj ([`out_norm_forward`]).
+//!
 //! The forward keeps S at every CHECKPOINT-th step; the backward replays each span from its
 //! checkpoint and walks it in reverse (as `delta`).
 //!
@@ -385,6 +388,8 @@ pub struct VmfParams<F> {
     pub kg_b: Vec<F>,
     /// [n_states]
     pub mass: Vec<F>,
+    /// [n_heads·dv] or empty: the output norm's gains (the option is on by presence).
+    pub o_norm: Vec<F>,
 }
 
 impl<F: Float> VmfParams<F> {
@@ -404,11 +409,12 @@ impl<F: Float> VmfParams<F> {
             kg_w: z(&self.kg_w),
             kg_b: z(&self.kg_b),
             mass: z(&self.mass),
+            o_norm: z(&self.o_norm),
         }
     }
 
     /// Every tensor, in a fixed order (the optimizer's and the gradcheck's view).
-    pub fn tensors_mut(&mut self) -> [(&'static str, &mut Vec<F>); 12] {
+    pub fn tensors_mut(&mut self) -> [(&'static str, &mut Vec<F>); 13] {
         [
             ("thq", &mut self.thq),
             ("thq_b", &mut self.thq_b),
@@ -422,6 +428,7 @@ impl<F: Float> VmfParams<F> {
             ("kg_w", &mut self.kg_w),
             ("kg_b", &mut self.kg_b),
             ("mass", &mut self.mass),
+            ("o_norm", &mut self.o_norm),
         ]
     }
 }
@@ -441,8 +448,12 @@ pub struct VmfActs<F> {
     pub kappa: Vec<F>,
     /// [T, n_states·dv]
     pub v: Vec<F>,
-    /// [T, n_heads·dv]
+    /// [T, n_heads·dv]: the core's output
     pub o: Vec<F>,
+    /// With the output norm: [T, n_heads·dv] the normed output (out_proj's input) and
+    /// [T, n_heads] 1/rms of each head's core output; empty without it.
+    pub on: Vec<F>,
+    pub inv_rms: Vec<F>,
     pub ck: CoreCheckpoints<F>,
 }
 
@@ -500,8 +511,66 @@ pub fn vmf_mixer_forward<F: Float>(sh: &VmfShape, w: &VmfParams<F>, x: &[F], y: 
     phase_forward(&acts.thk, &w.mass, 1, p, &mut acts.phk);
     resize(&mut acts.o, t * nh * dv);
     core_forward(&sh.core(), &acts.phq, &acts.phk, &acts.kappa, &acts.v, &w.a_log, &mut acts.o, &mut acts.ck);
-    linear_forward(&acts.o, &w.out, y, t, nh * dv, d);
+    if w.o_norm.is_empty() {
+        acts.on.clear();
+        acts.inv_rms.clear();
+        linear_forward(&acts.o, &w.out, y, t, nh * dv, d);
+    } else {
+        resize(&mut acts.on, t * nh * dv);
+        resize(&mut acts.inv_rms, t * nh);
+        out_norm_forward(&acts.o, &w.o_norm, dv, &mut acts.on, &mut acts.inv_rms);
+        linear_forward(&acts.on, &w.out, y, t, nh * dv, d);
+    }
     add_bias(y, &w.out_b);
+}
+
+/// The output norm (a named option of the operator, off by default): each query head's core
+/// output o_h [dv] becomes g_h ⊙ o_h / rms(o_h), rms = sqrt(mean(o_h²) + ε) with
+/// ε = [`OUT_NORM_EPS`]. Without a normaliser the core's output is a decayed *sum*: its scale
+/// grows with the number of tokens written (a long-memory component's output at position 1000
+/// is larger than anything a 512-token window showed), where softmax's output is an average.
+/// `o` [T·n_heads·dv] -> `on` (same layout), `inv_rms` [T·n_heads].
+pub fn out_norm_forward<F: Float>(o: &[F], gain: &[F], dv: usize, on: &mut [F], inv_rms: &mut [F]) {
+    let nh = gain.len() / dv;
+    let inv_n = F::ONE / F::from_f64(dv as f64);
+    for (i, ((oh, y), r)) in o.chunks_exact(dv).zip(on.chunks_exact_mut(dv)).zip(inv_rms.iter_mut()).enumerate() {
+        let g = &gain[(i % nh) * dv..(i % nh + 1) * dv];
+        let ms = oh.iter().fold(F::ZERO, |a, &x| a + x * x) * inv_n;
+        *r = F::ONE / (ms + F::from_f64(OUT_NORM_EPS)).sqrt();
+        y.iter_mut().zip(oh).zip(g).for_each(|((y, &x), &g)| *y = g * (x * *r));
+    }
+}
+
+/// ε of the output norm's rms (the engine's, by definition of the operator).
+pub use cortiq_kernels::vmf::OUT_NORM_EPS;
+
+/// Backward of [`out_norm_forward`]: d_o = (g⊙d_on)·r − o·r³·mean(g⊙d_on⊙o) (written), d_gain +=
+/// Σ d_on⊙o·r (when given).
+pub fn out_norm_backward<F: Float>(
+    o: &[F],
+    gain: &[F],
+    inv_rms: &[F],
+    dv: usize,
+    d_on: &[F],
+    d_o: &mut [F],
+    mut d_gain: Option<&mut [F]>,
+) {
+    let nh = gain.len() / dv;
+    let inv_n = F::ONE / F::from_f64(dv as f64);
+    for (i, ((oh, dy), dx)) in o.chunks_exact(dv).zip(d_on.chunks_exact(dv)).zip(d_o.chunks_exact_mut(dv)).enumerate() {
+        let h = i % nh;
+        let g = &gain[h * dv..(h + 1) * dv];
+        let r = inv_rms[i];
+        // fwd: y = g·x·r, r = (mean(x²) + ε)^(−1/2)  =>  dr/dx_j = −r³·x_j/n
+        let dot = oh.iter().zip(dy).zip(g).fold(F::ZERO, |a, ((&x, &dy), &g)| a + g * dy * x);
+        let c = dot * r * r * r * inv_n;
+        for (((dx, &x), &dy), &g) in dx.iter_mut().zip(oh).zip(dy).zip(g) {
+            *dx = g * dy * r - x * c;
+        }
+        if let Some(dg) = d_gain.as_deref_mut() {
+            dg[h * dv..(h + 1) * dv].iter_mut().zip(oh).zip(dy).for_each(|((a, &x), &dy)| *a += dy * x * r);
+        }
+    }
 }
 
 /// Backward of the mixer: dx += (when given), grads += for every parameter (`grads` has the
@@ -520,7 +589,13 @@ pub fn vmf_mixer_backward<F: Float>(
     // fwd: y = o·outᵀ + b
     bias_grad(dy, &mut grads.out_b);
     let mut d_o = vec![F::ZERO; t * nh * dv];
-    linear_backward(dy, &acts.o, &w.out, Some(&mut d_o), opt(&mut grads.out), t, nh * dv, d);
+    if w.o_norm.is_empty() {
+        linear_backward(dy, &acts.o, &w.out, Some(&mut d_o), opt(&mut grads.out), t, nh * dv, d);
+    } else {
+        let mut d_on = vec![F::ZERO; t * nh * dv];
+        linear_backward(dy, &acts.on, &w.out, Some(&mut d_on), opt(&mut grads.out), t, nh * dv, d);
+        out_norm_backward(&acts.o, &w.o_norm, &acts.inv_rms, dv, &d_on, &mut d_o, opt(&mut grads.o_norm));
+    }
     // The core.
     let (mut dphq, mut dphk) = (vec![F::ZERO; acts.phq.len()], vec![F::ZERO; acts.phk.len()]);
     let (mut dkap, mut dvv) = (vec![F::ZERO; acts.kappa.len()], vec![F::ZERO; acts.v.len()]);
@@ -694,6 +769,7 @@ mod tests {
             kg_w: vec![0.0; ns * d],
             kg_b: vec![0.0; ns],
             mass: vec![0.0; ns],
+            o_norm: Vec::new(),
         };
         let mut seqs: Vec<TransferSeq<f64>> = (0..6)
             .map(|_| {

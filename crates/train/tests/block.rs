@@ -110,6 +110,7 @@ fn make(cfg: &BlockConfig, bias: bool, qk_norm: bool, post: bool, seed: u64) -> 
                 kg_w: r.vec(ns * d, 0.5),
                 kg_b: r.vec(ns, 0.3),
                 mass: (0..ns).map(|_| 0.3 * r.uniform()).collect(),
+                o_norm: (0..nh * dv).map(|_| 0.5 + r.uniform()).collect(),
             })
         }
         _ => None,

@@ -664,7 +664,8 @@ fn gradcheck_vmf_phase_and_conv() {
     assert_all(&reps);
 }
 
-/// The whole vmf_phase mixer with every option on: x and all eleven parameter tensors.
+/// The whole vmf_phase mixer with every option on (the output norm too): x and every
+/// parameter tensor.
 #[test]
 fn gradcheck_vmf_mixer() {
     use cortiq_train::vmf::{VmfActs, VmfParams, VmfShape, vmf_mixer_backward, vmf_mixer_forward};
@@ -684,6 +685,7 @@ fn gradcheck_vmf_mixer() {
         kg_w: rng.vec(ns * d, 1.0),
         kg_b: rng.vec(ns, 0.5),
         mass: (0..ns).map(|_| 0.2 + rng.uniform()).collect(),
+        o_norm: (0..nh * dv).map(|_| 0.5 + rng.uniform()).collect(),
     };
     let mut x = rng.vec(t * d, 1.0);
     let r = rng.vec(t * d, 1.0);

@@ -3,7 +3,7 @@
 //! Each converted layer alone, teacher-forced: its input is the original model's normed input at
 //! that layer and its target the original attention block's output (after o_proj), on windows
 //! of the training texts; the layer's vmf_phase parameters (phases and their biases, decays,
-//! conv, gate, mass; v_proj and out_proj at a tenth of the rate) fit the relative squared error
+//! conv, gate, mass, output norm; v_proj and out_proj at a tenth of the rate) fit the relative squared error
 //! (the teacher output's energy as the normaliser), everything else frozen
 //! (`cortiq_train::vmf::transfer_layer`). Held-out windows of the validation text choose the
 //! step kept and give the per-layer report: relative error and cosine to the teacher, before
@@ -230,6 +230,7 @@ pub(crate) fn params_of(l: &VmfPhase) -> (VmfShape, VmfParams<f32>) {
         kg_w,
         kg_b,
         mass: w.mass.clone(),
+        o_norm: w.o_norm.clone(),
     };
     (sh, p)
 }
@@ -250,6 +251,7 @@ pub(crate) fn tensors_of(il: usize, p: &VmfParams<f32>) -> Vec<(String, Vec<f32>
         ("vmf_kgate.weight", &p.kg_w),
         ("vmf_kgate.bias", &p.kg_b),
         ("vmf_mass", &p.mass),
+        ("vmf_onorm.weight", &p.o_norm),
     ];
     names.into_iter().filter(|(_, v)| !v.is_empty()).map(|(n, v)| (format!("blk.{il}.{n}"), v.clone())).collect()
 }

@@ -7,6 +7,7 @@
 //! κ      = σ(k_gate·x + b)   [n_k_heads]     (1 without the gate)
 //! S_g    ← λ_g ⊙ S_g + κ_g φk_g ⊗ v_g        S_g: [F, d_v], λ = exp(−exp(A_log)) per component
 //! o_h    = φq_hᵀ S_{g(h)}                    query head h reads state g(h) = h / (n_heads / n_k_heads)
+//! o_h    ← g_h ⊙ o_h / rms(o_h)             optional output norm (gains g [n_heads·d_v])
 //! out    = out_proj · o (+ b_out)           optional output bias
 //! ```
 //! `n_k_heads = n_heads` is the plain operator of the issue (one state per head); fewer states
@@ -17,8 +18,10 @@
 //!
 //! Weights by GGUF names (HF `model.layers.N.vmf_attn.*` through formats' name table):
 //! `blk.N.vmf_thq.{weight,bias}`, `vmf_thk.{weight,bias}`, `vmf_v.weight`, `vmf_out.weight`,
-//! `vmf_a_log`, `vmf_conv.weight`, `vmf_kgate.{weight,bias}`, `vmf_mass`, `vmf_out.bias`. The
-//! output bias is optional by presence: a folded layer whose attention had a value bias (Qwen2)
+//! `vmf_a_log`, `vmf_conv.weight`, `vmf_kgate.{weight,bias}`, `vmf_mass`, `vmf_out.bias`,
+//! `vmf_onorm.weight`. The output norm is an option by presence (absent: the plain operator,
+//! the same code path as before it existed); rms(o_h) = sqrt(mean(o_h²) + 1e-6), the mean in
+//! f64. The output bias is optional by presence: a folded layer whose attention had a value bias (Qwen2)
 //! carries it as out_proj·b_v, which is what softmax makes of a value bias (the weights sum to
 //! one), while the core's own v_proj has none.
 
@@ -264,6 +267,8 @@ pub struct VmfWeights {
     pub mass: Vec<f32>,
     /// [n_k_heads]: 1 / (1 + mass) in f64.
     pub scale: Vec<f64>,
+    /// [n_heads·d_v] the output norm's gains, or empty (off).
+    pub o_norm: Vec<f32>,
 }
 
 impl VmfWeights {
@@ -281,11 +286,12 @@ impl VmfWeights {
         conv: Vec<f32>,
         k_gate: Option<(QTensor, Vec<f32>)>,
         mass: Vec<f32>,
+        o_norm: Vec<f32>,
     ) -> VmfWeights {
         let decay64: Vec<f64> = a_log.iter().map(|&a| (-(a as f64).exp()).exp()).collect();
         let decay = decay64.iter().map(|&x| x as f32).collect();
         let scale = mass.iter().map(|&m| 1.0 / (1.0 + m as f64)).collect();
-        VmfWeights { thq, thq_b, thk, thk_b, v, out, out_b, a_log, decay64, decay, conv, k_gate, mass, scale }
+        VmfWeights { thq, thq_b, thk, thk_b, v, out, out_b, a_log, decay64, decay, conv, k_gate, mass, scale, o_norm }
     }
 }
 
@@ -371,6 +377,7 @@ impl VmfPhase {
             conv,
             k_gate,
             mass,
+            src.optional(&n("vmf_onorm.weight"), 1, nh * c.d_v)?.map(|t| t.to_f32()).unwrap_or_default(),
         );
         Ok(VmfPhase { cfg: c, w })
     }
@@ -551,8 +558,15 @@ impl Mixer for VmfPhase {
 }
 
 impl VmfPhase {
-    /// out_proj · o (+ the output bias) -> [n, d_model].
+    /// (the output norm, when on) out_proj · o (+ the output bias) -> [n, d_model].
     fn output(&self, o: &[f32], n: usize, rows: bool) -> Vec<f32> {
+        let normed;
+        let o = if self.w.o_norm.is_empty() {
+            o
+        } else {
+            normed = vmf::out_norm(o, &self.w.o_norm, self.cfg.d_v);
+            &normed
+        };
         let mut y = self.w.out.project(o, n, rows);
         if !self.w.out_b.is_empty() {
             crate::blocks::add_bias(&mut y, &self.w.out_b);
