@@ -216,9 +216,12 @@ fn linear_core_writes_a_hybrid_that_runs() {
     assert!(kls.len() == 3 && kls[2] < kls[0], "{err}");
     let p3 = ppl(&distilled, &text);
     println!("ppl: healed (stage 2) {p3:.3}");
-    for (extra, want) in
-        [(vec![], "give --stage transfer"), (vec!["--stage", "transfer", "--o1-window", "8"], "--o1-window: not a setting")]
-    {
+    for (extra, want) in [
+        (vec![], "give --stage transfer"),
+        (vec!["--stage", "transfer", "--o1-window", "8"], "--o1-window: not a setting"),
+        (vec!["--stage", "transfer", "--vmf-lr-mult", "8"], "--vmf-lr-mult: a setting of --stage distill"),
+        (vec!["--stage", "distill", "--ctx", "32", "--vmf-lr-mult", "0"], "--vmf-lr-mult 0: must be"),
+    ] {
         let mut v = vec![
             "polish",
             "-m",

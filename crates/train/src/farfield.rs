@@ -733,6 +733,12 @@ impl<F: Float> LayerSeq<F> {
         (e, (s.t - ff) * s.n_heads)
     }
 
+    /// Σ |y|² over the same rows as the errors (their normaliser for a relative error).
+    pub fn energy(&self, s: &FarShape) -> (f64, usize) {
+        let zero = vec![F::ZERO; self.y.len()];
+        self.sq_err(s, &zero)
+    }
+
     /// The same error of plain sink+window (no far field).
     pub fn window_err(&self, s: &FarShape) -> (f64, usize) {
         let o = self.near.output(s.hd);

@@ -175,6 +175,7 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
         };
         let sw = mean(&|d| d.window_err(&s), &data);
         let vsw = mean(&|d| d.window_err(&s), &held);
+        let energy = mean(&|d| d.energy(&s), &data);
         let init = init_params(&s, &data, 0x5EED ^ il as u64, decay).map(|x| x as f32);
         let start = mean(&|d| d.loss(&s, &init, None), &data);
         let vstart = mean(&|d| d.loss(&s, &init, None), &held);
@@ -186,8 +187,9 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
         let fin = mean(&|d| d.loss(&s, &fitted, None), &data);
         let vfit = mean(&|d| d.loss(&s, &fitted, None), &held);
         say(format!(
-            "layer {il} (window {}): attention-output mse {rule} {sw:.4e}; far field at start (mean field) {start:.4e} ({:.1}%), held out {vstart:.4e} ({:.1}%); fitted {fin:.4e} ({:.1}% of {rule}'s), held out {vfit:.4e} ({:.1}%)",
+            "layer {il} (window {}): attention-output mse {rule} {sw:.4e} (relative {:.4}); far field at start (mean field) {start:.4e} ({:.1}%), held out {vstart:.4e} ({:.1}%); fitted {fin:.4e} ({:.1}% of {rule}'s), held out {vfit:.4e} ({:.1}%)",
             s.window,
+            sw / energy,
             100.0 * start / sw,
             100.0 * vstart / vsw,
             100.0 * fin / sw,

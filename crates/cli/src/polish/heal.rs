@@ -60,6 +60,9 @@ pub fn check_flags(a: &PolishArgs) -> Result<()> {
         if a.distill_ffn {
             bail!("--distill-ffn needs --stage distill");
         }
+        if a.vmf_lr_mult != 1.0 {
+            bail!("--vmf-lr-mult: a setting of --stage distill (stage 1 fits one layer at --lr)");
+        }
     } else if a.far_windows.is_some() {
         bail!("--far-windows: a setting of stage 1 (--stage transfer)");
     }

@@ -86,6 +86,12 @@ pub struct PolishArgs {
     /// Learning-rate multiplier for the norm gains (the FFN matrices take --lr itself).
     #[arg(long, value_name = "X", default_value_t = 1.0)]
     pub gain_lr_mult: f64,
+    /// The vmf_phase heal's stage 2: learning-rate multiplier for the vmf_phase layers' own
+    /// parameters (their copied v_proj/out_proj take a tenth of it), so that with
+    /// `--distill-ffn` the norms and FFNs can move slower than the core (e.g. `--lr 1e-5
+    /// --vmf-lr-mult 8`).
+    #[arg(long, value_name = "X", default_value_t = 1.0)]
+    pub vmf_lr_mult: f64,
     /// Linear warmup steps [default: steps/10, at most 50].
     #[arg(long)]
     pub warmup: Option<u64>,
@@ -351,6 +357,12 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
     if a.distill_ffn && !distill {
         bail!("--distill-ffn needs --stage distill");
     }
+    if !(a.vmf_lr_mult.is_finite() && a.vmf_lr_mult > 0.0) {
+        bail!("--vmf-lr-mult {}: must be a finite number > 0", a.vmf_lr_mult);
+    }
+    if a.vmf_lr_mult != 1.0 && !heal {
+        bail!("--vmf-lr-mult: a setting of the vmf_phase heal (--teacher ... --stage distill)");
+    }
     if distill {
         for (flag, given) in [
             ("--o1-window", a.o1_window.is_some()),
@@ -515,7 +527,7 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
         min_lr: a.min_lr.unwrap_or(a.lr / 10.0),
         gain_lr_mult: a.gain_lr_mult,
         far_lr_mult: far_lr / a.lr,
-        vmf_lr_mult: 1.0,
+        vmf_lr_mult: a.vmf_lr_mult,
         // As stage 1: the copied teacher projections at a tenth of the rate.
         vmf_copied_mult: 0.1,
         adamw: AdamW { lr: a.lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 },
