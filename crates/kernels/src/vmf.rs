@@ -48,10 +48,10 @@ pub fn phase_features(theta: &[f32], scale: f64, out: &mut [f32]) {
 /// ε of the output norm's rms (the operator's definition; the training crate's is the same).
 pub const OUT_NORM_EPS: f64 = 1e-6;
 
-/// The output norm (an option of the operator): each head's row o_h [d_v] of `o`
-/// ([rows, n_heads·d_v], heads in order; `gain` [n_heads·d_v]) -> g_h ⊙ o_h / sqrt(mean(o_h²) + ε),
-/// in f64 with one rounding per output. Per row and head, so any grouping of rows (prefill, decode rows, steps)
-/// gives the same bits.
+/// The output norm (an option of the operator): each head's row o_h [d_v] of `o` ([rows,
+/// n_heads·d_v], heads in order; `gain` [n_heads·d_v]) -> g_h ⊙ o_h / sqrt(mean(o_h²) + ε), in
+/// f64 with one rounding per output. Per row and head, so any grouping of rows (prefill, decode
+/// rows, steps) gives the same bits.
 pub fn out_norm(o: &[f32], gain: &[f32], dv: usize) -> Vec<f32> {
     let nh = gain.len() / dv;
     assert!(nh > 0 && gain.len() == nh * dv && o.len().is_multiple_of(nh * dv), "out_norm: shapes");

@@ -21,9 +21,9 @@
 //! `vmf_a_log`, `vmf_conv.weight`, `vmf_kgate.{weight,bias}`, `vmf_mass`, `vmf_out.bias`,
 //! `vmf_onorm.weight`. The output norm is an option by presence (absent: the plain operator,
 //! the same code path as before it existed); rms(o_h) = sqrt(mean(o_h²) + 1e-6), the mean in
-//! f64. The output bias is optional by presence: a folded layer whose attention had a value bias (Qwen2)
-//! carries it as out_proj·b_v, which is what softmax makes of a value bias (the weights sum to
-//! one), while the core's own v_proj has none.
+//! f64. The output bias is optional by presence: a folded layer whose attention had a value
+//! bias (Qwen2) carries it as out_proj·b_v, which is what softmax makes of a value bias (the
+//! weights sum to one), while the core's own v_proj has none.
 
 use cortiq_formats::gguf::GgufMeta;
 use cortiq_kernels::conv::causal_conv1d_par;
