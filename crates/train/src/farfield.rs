@@ -228,7 +228,7 @@ fn near_sets(exits: &[usize], from: usize) -> Vec<Vec<usize>> {
 
 /// [`near_part_with`] for the rows from `from` (those below stay zero), one pool task per query
 /// head.
-fn near_rows<F: Float>(s: &FarShape, exits: Vec<usize>, from: usize, q: &[F], k: &[F], v: &[F]) -> Near<F> {
+pub(crate) fn near_rows<F: Float>(s: &FarShape, exits: Vec<usize>, from: usize, q: &[F], k: &[F], v: &[F]) -> Near<F> {
     let (nh, nkv, hd) = (s.n_heads, s.n_kv, s.hd);
     assert_eq!(exits.len(), s.t, "far field: one exit per key");
     assert!(exits.iter().enumerate().all(|(j, &x)| x > j), "far field: a key leaves after it came");
@@ -438,7 +438,7 @@ pub fn far_mixer_backward<F: Float>(
 /// fwd: p_tj = e^{s_tj − ℓ_t}, s_tj = scale·q_t·k_j  =>  dv_j += p·do_t; ds = p·(do_t·v_j − do_t·o_t);
 ///      dq_t += scale·ds·k_j; dk_j += scale·ds·q_t
 #[allow(clippy::too_many_arguments)]
-fn near_backward<F: Float>(
+pub(crate) fn near_backward<F: Float>(
     s: &FarShape,
     exits: &[usize],
     tp: usize,

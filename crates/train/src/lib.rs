@@ -44,5 +44,6 @@ pub mod par;
 pub mod rope;
 pub mod trainer;
 pub mod vmf;
+pub mod vmf_window;
 
 pub use float::Float;

@@ -716,3 +716,49 @@ fn gradcheck_vmf_mixer() {
     }
     assert_all(&reps);
 }
+
+/// vmf_phase beside an exact window (issue 16's next option): sinks + window softmax with the
+/// core's output as one more slot; q, k, v, the core output f and the slot logits b. Also: with
+/// the slot's logit far below every score the rows are plain sink+window attention.
+#[test]
+fn gradcheck_vmf_window_slot() {
+    use cortiq_train::farfield::{FarShape, near_part};
+    use cortiq_train::vmf_window::{slot_backward, slot_forward};
+    let s = FarShape { t: 14, n_heads: 4, n_kv: 2, hd: 5, rank: 0, sinks: 2, window: 4, scale: 0.45 };
+    let mut rng = Rng(0x5107);
+    let q = rng.vec(s.t * s.n_heads * s.hd, 1.0);
+    let k = rng.vec(s.t * s.n_kv * s.hd, 1.0);
+    let v = rng.vec(s.t * s.n_kv * s.hd, 1.0);
+    let f = rng.vec(q.len(), 1.0);
+    let b = rng.vec(s.t * s.n_heads, 1.5);
+    let r = rng.vec(q.len(), 1.0);
+    let fwd = |q: &[f64], k: &[f64], v: &[f64], f: &[f64], b: &[f64]| {
+        let (mut o, mut lse) = (vec![0.0; q.len()], vec![0.0; s.t * s.n_heads]);
+        slot_forward(&s, q, k, v, f, b, &mut o, &mut lse);
+        (o, lse)
+    };
+    let (o, lse) = fwd(&q, &k, &v, &f, &b);
+    let (mut dq, mut dk, mut dv) = (grad_buf(q.len()), grad_buf(k.len()), grad_buf(v.len()));
+    let (mut df, mut db) = (grad_buf(f.len()), grad_buf(b.len()));
+    slot_backward(&s, &q, &k, &v, &f, &b, &o, &lse, &r, &mut dq, &mut dk, &mut dv, &mut df, &mut db);
+    let mut reports = Vec::new();
+    let (mut x, ana) = (q.clone(), unpre(&dq));
+    reports.push(check("vmf window slot", "q", &mut x, &ana, EPS, |x| dotr(&r, &fwd(x, &k, &v, &f, &b).0)));
+    let (mut x, ana) = (k.clone(), unpre(&dk));
+    reports.push(check("vmf window slot", "k", &mut x, &ana, EPS, |x| dotr(&r, &fwd(&q, x, &v, &f, &b).0)));
+    let (mut x, ana) = (v.clone(), unpre(&dv));
+    reports.push(check("vmf window slot", "v", &mut x, &ana, EPS, |x| dotr(&r, &fwd(&q, &k, x, &f, &b).0)));
+    let (mut x, ana) = (f.clone(), unpre(&df));
+    reports.push(check("vmf window slot", "f", &mut x, &ana, EPS, |x| dotr(&r, &fwd(&q, &k, &v, x, &b).0)));
+    let (mut x, ana) = (b.clone(), unpre(&db));
+    reports.push(check("vmf window slot", "b", &mut x, &ana, EPS, |x| dotr(&r, &fwd(&q, &k, &v, &f, x).0)));
+    // A slot that weighs nothing: sink+window's own output.
+    let off = vec![-1e3; b.len()];
+    let (o0, _) = fwd(&q, &k, &v, &f, &off);
+    let sw = near_part(&s, &q, &k, &v).output(s.hd);
+    let (d, _) = max_abs_diff_f64(&o0, &sw);
+    let (d1, _) = max_abs_diff_f64(&o, &sw);
+    println!("slot off vs sink+window {d:.3e}; slot on {d1:.3e}");
+    assert!(d < 1e-14 && d1 > 1e-2, "slot off {d:.3e}, on {d1:.3e}");
+    assert_all(&reports);
+}
