@@ -75,3 +75,103 @@ pub fn slot_backward<F: Float>(
         db[r] += p * (dof - doo);
     }
 }
+
+/// The core's inputs as it sees them beside the window: row t carries the key that leaves the
+/// window at t (position j = t − W, when j ≥ the sinks), zeros (κ = 0) where none leaves. The
+/// core run over these rows has written key j from t = j + W on, decayed λ^{t − j − W}: what
+/// the engine's state holds when it writes each key as the ring evicts it. `x` [T, n·width]
+/// (φk: width F, κ: 1, v: dv; n states).
+pub fn shift_in<F: Float>(x: &[F], t: usize, width: usize, sinks: usize, window: usize) -> Vec<F> {
+    assert!(x.len().is_multiple_of(t.max(1)), "shift_in: rows");
+    let row = x.len() / t.max(1);
+    assert!(row.is_multiple_of(width), "shift_in: row width");
+    let mut out = vec![F::ZERO; x.len()];
+    for r in window..t {
+        let j = r - window;
+        if j >= sinks {
+            out[r * row..][..row].copy_from_slice(&x[j * row..][..row]);
+        }
+    }
+    out
+}
+
+/// Backward of [`shift_in`]: dx[j] += dy[j + W] for every key j ≥ the sinks that leaves.
+pub fn shift_in_backward<F: Float>(dy: &[F], t: usize, sinks: usize, window: usize, dx: &mut [F]) {
+    let row = dy.len() / t.max(1);
+    for r in window..t {
+        let j = r - window;
+        if j >= sinks {
+            dx[j * row..][..row].iter_mut().zip(&dy[r * row..][..row]).for_each(|(a, &b)| *a += b);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gradcheck::Rng;
+    use crate::vmf::{CoreCheckpoints, CoreShape, core_forward};
+
+    /// The core over shifted rows is the far sum of the definition: f_t = Σ over keys
+    /// S ≤ j ≤ t − W of κ_j λ^{t − j − W} (φq_t·φk_j) v_j (here in f64, to rounding).
+    #[test]
+    fn shifted_core_is_the_far_sum() {
+        let (t, ns, g, f, dv, sinks, w) = (20, 2, 2, 6, 3, 2, 5);
+        let nh = ns * g;
+        let mut rng = Rng(77);
+        let phq = rng.vec(t * nh * f, 1.0);
+        let phk = rng.vec(t * ns * f, 1.0);
+        let kappa: Vec<f64> = (0..t * ns).map(|_| rng.uniform()).collect();
+        let v = rng.vec(t * ns * dv, 1.0);
+        let a_log: Vec<f64> = (0..ns * f).map(|_| -2.0 + 2.0 * rng.uniform()).collect();
+        let sh = CoreShape { n_heads: nh, n_states: ns, f, dv };
+        let mut o = vec![0.0; t * nh * dv];
+        core_forward(
+            &sh,
+            &phq,
+            &shift_in(&phk, t, f, sinks, w),
+            &shift_in(&kappa, t, 1, sinks, w),
+            &shift_in(&v, t, dv, sinks, w),
+            &a_log,
+            &mut o,
+            &mut CoreCheckpoints::default(),
+        );
+        let mut worst = 0f64;
+        for tt in 0..t {
+            for h in 0..nh {
+                let s = h / g;
+                for e in 0..dv {
+                    let mut want = 0.0;
+                    for j in sinks..(tt + 1).saturating_sub(w) {
+                        let k: f64 = (0..f)
+                            .map(|fi| {
+                                let lam = (-(a_log[s * f + fi]).exp()).exp();
+                                phq[(tt * nh + h) * f + fi] * lam.powi((tt - j - w) as i32) * phk[(j * ns + s) * f + fi]
+                            })
+                            .sum();
+                        want += kappa[j * ns + s] * k * v[(j * ns + s) * dv + e];
+                    }
+                    worst = worst.max((o[(tt * nh + h) * dv + e] - want).abs());
+                }
+            }
+        }
+        assert!(worst < 1e-12, "shifted core vs the far sum: {worst:e}");
+        // Nothing reaches the core before the first key leaves (t = S + W).
+        assert!(o[..(sinks + w) * nh * dv].iter().all(|&x| x == 0.0));
+    }
+
+    /// shift_in_backward is shift_in's adjoint: ⟨shift_in(x), y⟩ = ⟨x, shift_in_backward(y)⟩.
+    #[test]
+    fn shift_backward_is_the_adjoint() {
+        let (t, width, sinks, w) = (11, 3, 1, 4);
+        let mut rng = Rng(5);
+        let x = rng.vec(t * 2 * width, 1.0);
+        let y = rng.vec(x.len(), 1.0);
+        let sx = shift_in(&x, t, width, sinks, w);
+        let mut dx = vec![0.0; x.len()];
+        shift_in_backward(&y, t, sinks, w, &mut dx);
+        let a: f64 = sx.iter().zip(&y).map(|(a, b)| a * b).sum();
+        let b: f64 = x.iter().zip(&dx).map(|(a, b)| a * b).sum();
+        assert!((a - b).abs() < 1e-12, "{a} vs {b}");
+    }
+}
