@@ -457,18 +457,18 @@ pub struct VmfActs<F> {
     pub ck: CoreCheckpoints<F>,
 }
 
-fn add_bias<F: Float>(y: &mut [F], b: &[F]) {
+pub(crate) fn add_bias<F: Float>(y: &mut [F], b: &[F]) {
     if !b.is_empty() {
         y.chunks_exact_mut(b.len()).for_each(|r| r.iter_mut().zip(b).for_each(|(y, &b)| *y += b));
     }
 }
 
 /// A gradient buffer, or None for a tensor not trained (left empty).
-fn opt<F>(v: &mut [F]) -> Option<&mut [F]> {
+pub(crate) fn opt<F>(v: &mut [F]) -> Option<&mut [F]> {
     if v.is_empty() { None } else { Some(v) }
 }
 
-fn bias_grad<F: Float>(dy: &[F], db: &mut [F]) {
+pub(crate) fn bias_grad<F: Float>(dy: &[F], db: &mut [F]) {
     if !db.is_empty() {
         let n = db.len();
         dy.chunks_exact(n).for_each(|r| db.iter_mut().zip(r).for_each(|(a, &b)| *a += b));

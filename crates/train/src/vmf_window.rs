@@ -18,6 +18,12 @@
 
 use crate::farfield::{FarShape, near_backward, near_rows, window_exits};
 use crate::float::Float;
+use crate::matmul::{linear_backward, linear_forward};
+use crate::rope::{RopeStyle, RopeTable, rope_backward, rope_forward};
+use crate::vmf::{
+    CoreGrads, VmfActs, VmfParams, VmfShape, add_bias, bias_grad, conv_backward, conv_forward, core_backward, core_forward, opt,
+    out_norm_backward, out_norm_forward, phase_backward, phase_forward,
+};
 
 /// o [T, n_heads, hd] and each row's log-normaliser lse [T, n_heads] (written) from q
 /// [T, n_heads, hd], k and v [T, n_kv, hd], the core's output f [T, n_heads, hd] and the slot
@@ -103,6 +109,272 @@ pub fn shift_in_backward<F: Float>(dy: &[F], t: usize, sinks: usize, window: usi
         if j >= sinks {
             dx[j * row..][..row].iter_mut().zip(&dy[r * row..][..row]).for_each(|(a, &b)| *a += b);
         }
+    }
+}
+
+/// A windowed layer's extra geometry: the core's shape (states = KV heads, dv = head_dim), the
+/// exact part's sinks and window, the score scale and the RoPE pairing.
+#[derive(Debug, Clone, Copy)]
+pub struct WinShape {
+    pub core: VmfShape,
+    pub sinks: usize,
+    pub window: usize,
+    pub scale: f64,
+    pub rope: RopeStyle,
+}
+
+/// A windowed layer's parameters: the core's (its `v` is W_v, shared by the window and the
+/// core; its `out` is W_o over the combined output), the exact part's W_q/W_k with their
+/// biases and the value bias (empty when absent), and the slot logit's map b = x·wbᵀ + cb.
+#[derive(Debug, Clone, Default)]
+pub struct WinParams<F> {
+    pub core: VmfParams<F>,
+    /// [n_heads·hd, d], [n_heads·hd] or empty
+    pub wq: Vec<F>,
+    pub bq: Vec<F>,
+    /// [n_kv·hd, d], [n_kv·hd] or empty
+    pub wk: Vec<F>,
+    pub bk: Vec<F>,
+    /// [n_kv·hd] or empty
+    pub bv: Vec<F>,
+    /// [n_heads, d], [n_heads]
+    pub wb: Vec<F>,
+    pub cb: Vec<F>,
+}
+
+impl<F: Float> WinParams<F> {
+    pub fn zeros_like(&self) -> WinParams<F> {
+        let z = |v: &Vec<F>| vec![F::ZERO; v.len()];
+        WinParams {
+            core: self.core.zeros_like(),
+            wq: z(&self.wq),
+            bq: z(&self.bq),
+            wk: z(&self.wk),
+            bk: z(&self.bk),
+            bv: z(&self.bv),
+            wb: z(&self.wb),
+            cb: z(&self.cb),
+        }
+    }
+
+    /// Every tensor, the core's first (the optimizer's and the gradcheck's view).
+    pub fn tensors_mut(&mut self) -> Vec<(&'static str, &mut Vec<F>)> {
+        let mut v: Vec<(&'static str, &mut Vec<F>)> = self.core.tensors_mut().into_iter().collect();
+        v.extend([
+            ("wq", &mut self.wq),
+            ("bq", &mut self.bq),
+            ("wk", &mut self.wk),
+            ("bk", &mut self.bk),
+            ("bv", &mut self.bv),
+            ("wb", &mut self.wb),
+            ("cb", &mut self.cb),
+        ]);
+        v
+    }
+}
+
+/// What the windowed mixer's backward needs of its forward.
+#[derive(Debug, Clone, Default)]
+pub struct WinActs<F> {
+    /// [T, n_heads·hd] before RoPE, [T, n_heads·hd] after; k likewise [T, n_kv·hd]; v [T, n_kv·hd]
+    pub q: Vec<F>,
+    pub k: Vec<F>,
+    pub v: Vec<F>,
+    /// The core's inputs and activations (its `v` the shifted values, `o` its raw output).
+    pub core: VmfActs<F>,
+    /// Shifted φk [T, n_kv, F] and κ [T, n_kv].
+    pub phk_s: Vec<F>,
+    pub kappa_s: Vec<F>,
+    /// The core's output as the slot's value [T, n_heads, hd] (normed when the core has gains).
+    pub f: Vec<F>,
+    /// Slot logits [T, n_heads], the combined output [T, n_heads·hd], its log-normalisers.
+    pub b: Vec<F>,
+    pub o: Vec<F>,
+    pub lse: Vec<f64>,
+}
+
+fn far_shape(sh: &WinShape, t: usize) -> FarShape {
+    let c = &sh.core;
+    FarShape { t, n_heads: c.n_heads, n_kv: c.n_states, hd: c.dv, rank: 0, sinks: sh.sinks, window: sh.window, scale: sh.scale }
+}
+
+/// The windowed mixer: x [T, d] (the layer's normed input) -> y [T, d] (written).
+pub fn win_mixer_forward<F: Float>(
+    sh: &WinShape,
+    w: &WinParams<F>,
+    rope: &RopeTable<F>,
+    x: &[F],
+    y: &mut [F],
+    a: &mut WinActs<F>,
+) {
+    let c = &sh.core;
+    let (d, p, nh, nk, hd) = (c.d_model, c.nphase, c.n_heads, c.n_states, c.dv);
+    let t = x.len() / d;
+    let zeros = |n: usize| vec![F::ZERO; n];
+    // The exact part's q, k (RoPE) and v.
+    let mut q0 = zeros(t * nh * hd);
+    linear_forward(x, &w.wq, &mut q0, t, d, nh * hd);
+    add_bias(&mut q0, &w.bq);
+    let mut k0 = zeros(t * nk * hd);
+    linear_forward(x, &w.wk, &mut k0, t, d, nk * hd);
+    add_bias(&mut k0, &w.bk);
+    a.v = zeros(t * nk * hd);
+    linear_forward(x, &w.core.v, &mut a.v, t, d, nk * hd);
+    add_bias(&mut a.v, &w.bv);
+    a.q = zeros(q0.len());
+    rope_forward(sh.rope, rope, &q0, &mut a.q, nh, hd);
+    a.k = zeros(k0.len());
+    rope_forward(sh.rope, rope, &k0, &mut a.k, nk, hd);
+    // The core's phases and gate from the (conv'd) input; its keys as they leave the window.
+    let ca = &mut a.core;
+    ca.xc.clear();
+    if c.conv_kernel > 0 {
+        ca.xc = zeros(t * d);
+        conv_forward(x, &w.core.conv, d, c.conv_kernel, &mut ca.xc);
+    }
+    let xc: &[F] = if c.conv_kernel > 0 { &ca.xc } else { x };
+    ca.thq = zeros(t * nh * p);
+    linear_forward(xc, &w.core.thq, &mut ca.thq, t, d, nh * p);
+    add_bias(&mut ca.thq, &w.core.thq_b);
+    ca.thk = zeros(t * nk * p);
+    linear_forward(xc, &w.core.thk, &mut ca.thk, t, d, nk * p);
+    add_bias(&mut ca.thk, &w.core.thk_b);
+    ca.kappa = zeros(t * nk);
+    if c.k_gate {
+        linear_forward(xc, &w.core.kg_w, &mut ca.kappa, t, d, nk);
+        add_bias(&mut ca.kappa, &w.core.kg_b);
+        ca.kappa.iter_mut().for_each(|z| *z = F::ONE / (F::ONE + (-*z).exp()));
+    } else {
+        ca.kappa.fill(F::ONE);
+    }
+    ca.phq = zeros(2 * t * nh * p);
+    phase_forward(&ca.thq, &w.core.mass, nh / nk, p, &mut ca.phq);
+    ca.phk = zeros(2 * t * nk * p);
+    phase_forward(&ca.thk, &w.core.mass, 1, p, &mut ca.phk);
+    a.phk_s = shift_in(&ca.phk, t, 2 * p, sh.sinks, sh.window);
+    a.kappa_s = shift_in(&ca.kappa, t, 1, sh.sinks, sh.window);
+    ca.v = shift_in(&a.v, t, hd, sh.sinks, sh.window);
+    ca.o = zeros(t * nh * hd);
+    core_forward(&c.core(), &ca.phq, &a.phk_s, &a.kappa_s, &ca.v, &w.core.a_log, &mut ca.o, &mut ca.ck);
+    if w.core.o_norm.is_empty() {
+        a.f = ca.o.clone();
+    } else {
+        a.f = zeros(ca.o.len());
+        ca.inv_rms = zeros(t * nh);
+        out_norm_forward(&ca.o, &w.core.o_norm, hd, &mut a.f, &mut ca.inv_rms);
+    }
+    // The slot logits, the combined softmax, out_proj.
+    a.b = zeros(t * nh);
+    linear_forward(x, &w.wb, &mut a.b, t, d, nh);
+    add_bias(&mut a.b, &w.cb);
+    let fs = far_shape(sh, t);
+    a.o = zeros(t * nh * hd);
+    a.lse = vec![0.0; t * nh];
+    slot_forward(&fs, &a.q, &a.k, &a.v, &a.f, &a.b, &mut a.o, &mut a.lse);
+    linear_forward(&a.o, &w.core.out, y, t, nh * hd, d);
+    add_bias(y, &w.core.out_b);
+}
+
+/// Backward of [`win_mixer_forward`]: dx += (when given), grads += for every parameter (a
+/// tensor left empty in `grads` is not trained).
+#[allow(clippy::too_many_arguments)]
+pub fn win_mixer_backward<F: Float>(
+    sh: &WinShape,
+    w: &WinParams<F>,
+    rope: &RopeTable<F>,
+    x: &[F],
+    a: &WinActs<F>,
+    dy: &[F],
+    dx: Option<&mut [F]>,
+    g: &mut WinParams<F>,
+) {
+    let c = &sh.core;
+    let (d, p, nh, nk, hd) = (c.d_model, c.nphase, c.n_heads, c.n_states, c.dv);
+    let t = x.len() / d;
+    let zeros = |n: usize| vec![F::ZERO; n];
+    let ca = &a.core;
+    // fwd: y = o·W_oᵀ + b
+    bias_grad(dy, &mut g.core.out_b);
+    let mut d_o = zeros(t * nh * hd);
+    linear_backward(dy, &a.o, &w.core.out, Some(&mut d_o), opt(&mut g.core.out), t, nh * hd, d);
+    // The slot softmax.
+    let (mut dq, mut dk, mut dv) = (zeros(a.q.len()), zeros(a.k.len()), zeros(a.v.len()));
+    let (mut df, mut db) = (zeros(a.f.len()), zeros(a.b.len()));
+    slot_backward(
+        &far_shape(sh, t),
+        &a.q,
+        &a.k,
+        &a.v,
+        &a.f,
+        &a.b,
+        &a.o,
+        &a.lse,
+        &d_o,
+        &mut dq,
+        &mut dk,
+        &mut dv,
+        &mut df,
+        &mut db,
+    );
+    let mut dxx = zeros(t * d);
+    // fwd: b = x·wbᵀ + cb
+    bias_grad(&db, &mut g.cb);
+    linear_backward(&db, x, &w.wb, Some(&mut dxx), opt(&mut g.wb), t, d, nh);
+    // The core (and its output norm).
+    let d_core = if w.core.o_norm.is_empty() {
+        df
+    } else {
+        let mut dc = zeros(ca.o.len());
+        out_norm_backward(&ca.o, &w.core.o_norm, &ca.inv_rms, hd, &df, &mut dc, opt(&mut g.core.o_norm));
+        dc
+    };
+    let (mut dphq, mut dphk_s) = (zeros(ca.phq.len()), zeros(a.phk_s.len()));
+    let (mut dkap_s, mut dv_s) = (zeros(a.kappa_s.len()), zeros(ca.v.len()));
+    let mut da = zeros(w.core.a_log.len());
+    let cg = CoreGrads { dphq: &mut dphq, dphk: &mut dphk_s, dkappa: &mut dkap_s, dv: &mut dv_s, da_log: &mut da };
+    core_backward(&c.core(), &ca.phq, &a.phk_s, &a.kappa_s, &ca.v, &w.core.a_log, &ca.ck, &d_core, cg);
+    if !g.core.a_log.is_empty() {
+        g.core.a_log.iter_mut().zip(&da).for_each(|(x, &y)| *x += y);
+    }
+    let (mut dphk, mut dkap) = (zeros(ca.phk.len()), zeros(ca.kappa.len()));
+    shift_in_backward(&dphk_s, t, sh.sinks, sh.window, &mut dphk);
+    shift_in_backward(&dkap_s, t, sh.sinks, sh.window, &mut dkap);
+    shift_in_backward(&dv_s, t, sh.sinks, sh.window, &mut dv);
+    let (mut dthq, mut dthk) = (zeros(ca.thq.len()), zeros(ca.thk.len()));
+    let mut dm = zeros(nk);
+    phase_backward(&ca.thq, &w.core.mass, nh / nk, p, &dphq, &mut dthq, &mut dm);
+    phase_backward(&ca.thk, &w.core.mass, 1, p, &dphk, &mut dthk, &mut dm);
+    if !g.core.mass.is_empty() {
+        g.core.mass.iter_mut().zip(&dm).for_each(|(x, &y)| *x += y);
+    }
+    let xc: &[F] = if c.conv_kernel > 0 { &ca.xc } else { x };
+    let mut dxc = zeros(t * d);
+    if c.k_gate {
+        let dz: Vec<F> = dkap.iter().zip(&ca.kappa).map(|(&gr, &k)| gr * k * (F::ONE - k)).collect();
+        linear_backward(&dz, xc, &w.core.kg_w, Some(&mut dxc), opt(&mut g.core.kg_w), t, d, nk);
+        bias_grad(&dz, &mut g.core.kg_b);
+    }
+    linear_backward(&dthq, xc, &w.core.thq, Some(&mut dxc), opt(&mut g.core.thq), t, d, nh * p);
+    bias_grad(&dthq, &mut g.core.thq_b);
+    linear_backward(&dthk, xc, &w.core.thk, Some(&mut dxc), opt(&mut g.core.thk), t, d, nk * p);
+    bias_grad(&dthk, &mut g.core.thk_b);
+    if c.conv_kernel > 0 {
+        conv_backward(&dxc, x, &w.core.conv, d, c.conv_kernel, Some(&mut dxx), opt(&mut g.core.conv));
+    } else {
+        dxx.iter_mut().zip(&dxc).for_each(|(a, &b)| *a += b);
+    }
+    // The exact part: v (both parts' gradients by now), k and q through RoPE.
+    bias_grad(&dv, &mut g.bv);
+    linear_backward(&dv, x, &w.core.v, Some(&mut dxx), opt(&mut g.core.v), t, d, nk * hd);
+    let (mut dq0, mut dk0) = (zeros(dq.len()), zeros(dk.len()));
+    rope_backward(sh.rope, rope, &dq, &mut dq0, nh, hd);
+    rope_backward(sh.rope, rope, &dk, &mut dk0, nk, hd);
+    bias_grad(&dq0, &mut g.bq);
+    linear_backward(&dq0, x, &w.wq, Some(&mut dxx), opt(&mut g.wq), t, d, nh * hd);
+    bias_grad(&dk0, &mut g.bk);
+    linear_backward(&dk0, x, &w.wk, Some(&mut dxx), opt(&mut g.wk), t, d, nk * hd);
+    if let Some(dx) = dx {
+        dx.iter_mut().zip(&dxx).for_each(|(a, &b)| *a += b);
     }
 }
 

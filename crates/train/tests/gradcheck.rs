@@ -762,3 +762,69 @@ fn gradcheck_vmf_window_slot() {
     assert!(d < 1e-14 && d1 > 1e-2, "slot off {d:.3e}, on {d1:.3e}");
     assert_all(&reports);
 }
+
+/// The windowed vmf_phase mixer with every option on (conv, gate, mass, phase and q/k/v
+/// biases, the output norm, the output bias): x and every parameter tensor.
+#[test]
+fn gradcheck_vmf_window_mixer() {
+    use cortiq_train::rope::{RopeStyle, RopeTable};
+    use cortiq_train::vmf::{VmfParams, VmfShape};
+    use cortiq_train::vmf_window::{WinActs, WinParams, WinShape, win_mixer_backward, win_mixer_forward};
+    let (d, p, nh, nk, hd, t) = (6, 3, 4, 2, 4, 13);
+    let core =
+        VmfShape { d_model: d, n_heads: nh, n_states: nk, nphase: p, dv: hd, conv_kernel: 3, k_gate: true, phase_bias: true };
+    let sh = WinShape { core, sinks: 2, window: 4, scale: 0.5, rope: RopeStyle::NeoX };
+    let rope = RopeTable::<f64>::new(t, hd, 100.0);
+    let mut rng = Rng(0x3177);
+    let w = WinParams {
+        core: VmfParams {
+            thq: rng.vec(nh * p * d, 1.0),
+            thq_b: rng.vec(nh * p, 0.5),
+            thk: rng.vec(nk * p * d, 1.0),
+            thk_b: rng.vec(nk * p, 0.5),
+            v: rng.vec(nk * hd * d, 1.0),
+            out: rng.vec(d * nh * hd, 1.0),
+            out_b: rng.vec(d, 0.2),
+            a_log: (0..nk * 2 * p).map(|_| -2.0 + 2.0 * rng.uniform()).collect(),
+            conv: rng.vec(d * 3, 1.0),
+            kg_w: rng.vec(nk * d, 1.0),
+            kg_b: rng.vec(nk, 0.5),
+            mass: (0..nk).map(|_| 0.2 + rng.uniform()).collect(),
+            o_norm: (0..nh * hd).map(|_| 0.5 + rng.uniform()).collect(),
+        },
+        wq: rng.vec(nh * hd * d, 0.7),
+        bq: rng.vec(nh * hd, 0.3),
+        wk: rng.vec(nk * hd * d, 0.7),
+        bk: rng.vec(nk * hd, 0.3),
+        bv: rng.vec(nk * hd, 0.3),
+        wb: rng.vec(nh * d, 0.5),
+        cb: rng.vec(nh, 0.5),
+    };
+    let mut x = rng.vec(t * d, 1.0);
+    let r = rng.vec(t * d, 1.0);
+    let loss = |w: &WinParams<f64>, x: &[f64]| {
+        let mut y = vec![0.0; t * d];
+        win_mixer_forward(&sh, w, &rope, x, &mut y, &mut WinActs::default());
+        dotr(&r, &y)
+    };
+    let mut acts = WinActs::default();
+    let mut y = vec![0.0; t * d];
+    win_mixer_forward(&sh, &w, &rope, &x, &mut y, &mut acts);
+    let mut g = w.zeros_like();
+    g.tensors_mut().into_iter().for_each(|(_, v)| v.iter_mut().for_each(|x| *x = PRE));
+    let mut dx = grad_buf(x.len());
+    win_mixer_backward(&sh, &w, &rope, &x, &acts, &r, Some(&mut dx), &mut g);
+    let wc = w.clone();
+    let mut reps = vec![check("vmf window mixer", "x", &mut x, &unpre(&dx), EPS, |x| loss(&wc, x))];
+    let names: Vec<&'static str> = g.clone().tensors_mut().into_iter().map(|(n, _)| n).collect();
+    for (i, name) in names.into_iter().enumerate() {
+        let analytic = unpre(g.clone().tensors_mut()[i].1);
+        let mut vals = w.clone().tensors_mut()[i].1.clone();
+        reps.push(check("vmf window mixer", name, &mut vals, &analytic, EPS, |v| {
+            let mut w2 = w.clone();
+            *w2.tensors_mut()[i].1 = v.to_vec();
+            loss(&w2, &x)
+        }));
+    }
+    assert_all(&reps);
+}
