@@ -212,13 +212,13 @@ pub fn win_mixer_forward<F: Float>(
     let t = x.len() / d;
     let zeros = |n: usize| vec![F::ZERO; n];
     // The exact part's q, k (RoPE) and v.
-    let mut q0 = zeros(t * nh * hd);
+    let mut q0 = zeros(t * nh * hd); // [T, n_heads·hd] before RoPE
     linear_forward(x, &w.wq, &mut q0, t, d, nh * hd);
     add_bias(&mut q0, &w.bq);
-    let mut k0 = zeros(t * nk * hd);
+    let mut k0 = zeros(t * nk * hd); // [T, n_kv·hd] before RoPE
     linear_forward(x, &w.wk, &mut k0, t, d, nk * hd);
     add_bias(&mut k0, &w.bk);
-    a.v = zeros(t * nk * hd);
+    a.v = zeros(t * nk * hd); // [T, n_kv·hd]
     linear_forward(x, &w.core.v, &mut a.v, t, d, nk * hd);
     add_bias(&mut a.v, &w.bv);
     a.q = zeros(q0.len());
@@ -251,10 +251,10 @@ pub fn win_mixer_forward<F: Float>(
     phase_forward(&ca.thq, &w.core.mass, nh / nk, p, &mut ca.phq);
     ca.phk = zeros(2 * t * nk * p);
     phase_forward(&ca.thk, &w.core.mass, 1, p, &mut ca.phk);
-    a.phk_s = shift_in(&ca.phk, t, 2 * p, sh.sinks, sh.window);
+    a.phk_s = shift_in(&ca.phk, t, 2 * p, sh.sinks, sh.window); // [T, n_kv, F], row t: key t − W
     a.kappa_s = shift_in(&ca.kappa, t, 1, sh.sinks, sh.window);
     ca.v = shift_in(&a.v, t, hd, sh.sinks, sh.window);
-    ca.o = zeros(t * nh * hd);
+    ca.o = zeros(t * nh * hd); // [T, n_heads, hd]
     core_forward(&c.core(), &ca.phq, &a.phk_s, &a.kappa_s, &ca.v, &w.core.a_log, &mut ca.o, &mut ca.ck);
     if w.core.o_norm.is_empty() {
         a.f = ca.o.clone();
@@ -264,11 +264,11 @@ pub fn win_mixer_forward<F: Float>(
         out_norm_forward(&ca.o, &w.core.o_norm, hd, &mut a.f, &mut ca.inv_rms);
     }
     // The slot logits, the combined softmax, out_proj.
-    a.b = zeros(t * nh);
+    a.b = zeros(t * nh); // [T, n_heads]
     linear_forward(x, &w.wb, &mut a.b, t, d, nh);
     add_bias(&mut a.b, &w.cb);
     let fs = far_shape(sh, t);
-    a.o = zeros(t * nh * hd);
+    a.o = zeros(t * nh * hd); // [T, n_heads, hd]
     a.lse = vec![0.0; t * nh];
     slot_forward(&fs, &a.q, &a.k, &a.v, &a.f, &a.b, &mut a.o, &mut a.lse);
     linear_forward(&a.o, &w.core.out, y, t, nh * hd, d);
@@ -337,6 +337,7 @@ pub fn win_mixer_backward<F: Float>(
         g.core.a_log.iter_mut().zip(&da).for_each(|(x, &y)| *x += y);
     }
     let (mut dphk, mut dkap) = (zeros(ca.phk.len()), zeros(ca.kappa.len()));
+    // fwd: the core's key rows shifted by W  =>  each key's gradient from the row it left at
     shift_in_backward(&dphk_s, t, sh.sinks, sh.window, &mut dphk);
     shift_in_backward(&dkap_s, t, sh.sinks, sh.window, &mut dkap);
     shift_in_backward(&dv_s, t, sh.sinks, sh.window, &mut dv);
@@ -365,7 +366,9 @@ pub fn win_mixer_backward<F: Float>(
     }
     // The exact part: v (both parts' gradients by now), k and q through RoPE.
     bias_grad(&dv, &mut g.bv);
+    // fwd: v = x·W_vᵀ + b_v  (read by the window and, shifted, by the core)
     linear_backward(&dv, x, &w.core.v, Some(&mut dxx), opt(&mut g.core.v), t, d, nk * hd);
+    // fwd: q = rope(x·W_qᵀ + b_q), k = rope(x·W_kᵀ + b_k)
     let (mut dq0, mut dk0) = (zeros(dq.len()), zeros(dk.len()));
     rope_backward(sh.rope, rope, &dq, &mut dq0, nh, hd);
     rope_backward(sh.rope, rope, &dk, &mut dk0, nk, hd);
