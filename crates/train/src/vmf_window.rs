@@ -14,6 +14,9 @@
 //! stage 2 also ∂q, ∂k, ∂v, which are the near keys' softmax backward against the whole
 //! normaliser (`farfield::near_backward`), the slot being one more key with score b and value f.
 //!
+//! Status: the training side comes first; the engine does not serve this option yet (no file
+//! format carries it), so nothing outside the tests calls these functions.
+//!
 //! Accumulation contract: param grads +=, activations =.
 
 use crate::farfield::{FarShape, near_backward, near_rows, window_exits};
