@@ -475,9 +475,12 @@ pub(crate) fn bias_grad<F: Float>(dy: &[F], db: &mut [F]) {
     }
 }
 
-/// The mixer: x [T, d] (the layer's normed input) -> y [T, d] (written), and its activations.
-pub fn vmf_mixer_forward<F: Float>(sh: &VmfShape, w: &VmfParams<F>, x: &[F], y: &mut [F], acts: &mut VmfActs<F>) {
-    let (d, p, nh, ns, dv) = (sh.d_model, sh.nphase, sh.n_heads, sh.n_states, sh.dv);
+/// The core's inputs that come from the mixer input x [T, d] (all but v): the conv (acts.xc,
+/// empty without one), θq [T, n_heads·P] and θk [T, n_states·P] with their biases, the gate κ
+/// [T, n_states] and the features φq, φk. Shared by the plain mixer and the windowed one
+/// (`vmf_window`), which differ in where v comes from and what reads the core.
+pub fn features_forward<F: Float>(sh: &VmfShape, w: &VmfParams<F>, x: &[F], acts: &mut VmfActs<F>) {
+    let (d, p, nh, ns) = (sh.d_model, sh.nphase, sh.n_heads, sh.n_states);
     let t = x.len() / d;
     acts.xc.clear();
     if sh.conv_kernel > 0 {
@@ -495,8 +498,6 @@ pub fn vmf_mixer_forward<F: Float>(sh: &VmfShape, w: &VmfParams<F>, x: &[F], y: 
     resize(&mut acts.thk, t * ns * p);
     linear_forward(xc, &w.thk, &mut acts.thk, t, d, ns * p);
     add_bias(&mut acts.thk, &w.thk_b);
-    resize(&mut acts.v, t * ns * dv);
-    linear_forward(xc, &w.v, &mut acts.v, t, d, ns * dv);
     resize(&mut acts.kappa, t * ns);
     if sh.k_gate {
         linear_forward(xc, &w.kg_w, &mut acts.kappa, t, d, ns);
@@ -505,10 +506,69 @@ pub fn vmf_mixer_forward<F: Float>(sh: &VmfShape, w: &VmfParams<F>, x: &[F], y: 
     } else {
         acts.kappa.fill(F::ONE);
     }
-    resize(&mut acts.phq, 2 * t * nh * p);
+    resize(&mut acts.phq, 2 * t * nh * p); // [T, n_heads, F]
     phase_forward(&acts.thq, &w.mass, nh / ns, p, &mut acts.phq);
-    resize(&mut acts.phk, 2 * t * ns * p);
+    resize(&mut acts.phk, 2 * t * ns * p); // [T, n_states, F]
     phase_forward(&acts.thk, &w.mass, 1, p, &mut acts.phk);
+}
+
+/// Backward of [`features_forward`] from ∂φq, ∂φk, ∂κ; `dxc` carries what the caller already
+/// has for the conv's output (the plain mixer's v projection reads it too). dx +=, grads +=.
+#[allow(clippy::too_many_arguments)]
+pub fn features_backward<F: Float>(
+    sh: &VmfShape,
+    w: &VmfParams<F>,
+    x: &[F],
+    acts: &VmfActs<F>,
+    dphq: &[F],
+    dphk: &[F],
+    dkap: &[F],
+    mut dxc: Vec<F>,
+    dx: Option<&mut [F]>,
+    grads: &mut VmfParams<F>,
+) {
+    let (d, p, nh, ns) = (sh.d_model, sh.nphase, sh.n_heads, sh.n_states);
+    let t = x.len() / d;
+    // Phases (and the mass).
+    let (mut dthq, mut dthk) = (vec![F::ZERO; acts.thq.len()], vec![F::ZERO; acts.thk.len()]);
+    let mut dm = vec![F::ZERO; ns];
+    phase_backward(&acts.thq, &w.mass, nh / ns, p, dphq, &mut dthq, &mut dm);
+    phase_backward(&acts.thk, &w.mass, 1, p, dphk, &mut dthk, &mut dm);
+    if !grads.mass.is_empty() {
+        grads.mass.iter_mut().zip(&dm).for_each(|(a, &b)| *a += b);
+    }
+    // The gate: κ = σ(z)  =>  dz = dκ·κ(1−κ).
+    let xc: &[F] = if sh.conv_kernel > 0 { &acts.xc } else { x };
+    if sh.k_gate {
+        let dz: Vec<F> = dkap.iter().zip(&acts.kappa).map(|(&g, &k)| g * k * (F::ONE - k)).collect();
+        linear_backward(&dz, xc, &w.kg_w, Some(&mut dxc), opt(&mut grads.kg_w), t, d, ns);
+        bias_grad(&dz, &mut grads.kg_b);
+    }
+    // Projections.
+    linear_backward(&dthq, xc, &w.thq, Some(&mut dxc), opt(&mut grads.thq), t, d, nh * p);
+    bias_grad(&dthq, &mut grads.thq_b);
+    linear_backward(&dthk, xc, &w.thk, Some(&mut dxc), opt(&mut grads.thk), t, d, ns * p);
+    bias_grad(&dthk, &mut grads.thk_b);
+    // The conv.
+    if sh.conv_kernel > 0 {
+        conv_backward(&dxc, x, &w.conv, d, sh.conv_kernel, dx, opt(&mut grads.conv));
+    } else if let Some(dx) = dx {
+        dx.iter_mut().zip(&dxc).for_each(|(a, &b)| *a += b);
+    }
+}
+
+/// The mixer: x [T, d] (the layer's normed input) -> y [T, d] (written), and its activations.
+pub fn vmf_mixer_forward<F: Float>(sh: &VmfShape, w: &VmfParams<F>, x: &[F], y: &mut [F], acts: &mut VmfActs<F>) {
+    let (d, nh, ns, dv) = (sh.d_model, sh.n_heads, sh.n_states, sh.dv);
+    let t = x.len() / d;
+    let resize = |v: &mut Vec<F>, n: usize| {
+        v.clear();
+        v.resize(n, F::ZERO);
+    };
+    features_forward(sh, w, x, acts);
+    let xc: &[F] = if sh.conv_kernel > 0 { &acts.xc } else { x };
+    resize(&mut acts.v, t * ns * dv);
+    linear_forward(xc, &w.v, &mut acts.v, t, d, ns * dv);
     resize(&mut acts.o, t * nh * dv);
     core_forward(&sh.core(), &acts.phq, &acts.phk, &acts.kappa, &acts.v, &w.a_log, &mut acts.o, &mut acts.ck);
     if w.o_norm.is_empty() {
@@ -584,7 +644,7 @@ pub fn vmf_mixer_backward<F: Float>(
     dx: Option<&mut [F]>,
     grads: &mut VmfParams<F>,
 ) {
-    let (d, p, nh, ns, dv) = (sh.d_model, sh.nphase, sh.n_heads, sh.n_states, sh.dv);
+    let (d, nh, ns, dv) = (sh.d_model, sh.n_heads, sh.n_states, sh.dv);
     let t = x.len() / d;
     // fwd: y = o·outᵀ + b
     bias_grad(dy, &mut grads.out_b);
@@ -605,34 +665,11 @@ pub fn vmf_mixer_backward<F: Float>(
     if !grads.a_log.is_empty() {
         grads.a_log.iter_mut().zip(&da).for_each(|(a, &b)| *a += b);
     }
-    // Phases (and the mass).
-    let (mut dthq, mut dthk) = (vec![F::ZERO; acts.thq.len()], vec![F::ZERO; acts.thk.len()]);
-    let mut dm = vec![F::ZERO; ns];
-    phase_backward(&acts.thq, &w.mass, nh / ns, p, &dphq, &mut dthq, &mut dm);
-    phase_backward(&acts.thk, &w.mass, 1, p, &dphk, &mut dthk, &mut dm);
-    if !grads.mass.is_empty() {
-        grads.mass.iter_mut().zip(&dm).for_each(|(a, &b)| *a += b);
-    }
-    // The gate: κ = σ(z)  =>  dz = dκ·κ(1−κ).
+    // fwd: v = xc·W_vᵀ (the rest of the core's inputs are features_forward's)
     let xc: &[F] = if sh.conv_kernel > 0 { &acts.xc } else { x };
     let mut dxc = vec![F::ZERO; t * d];
-    if sh.k_gate {
-        let dz: Vec<F> = dkap.iter().zip(&acts.kappa).map(|(&g, &k)| g * k * (F::ONE - k)).collect();
-        linear_backward(&dz, xc, &w.kg_w, Some(&mut dxc), opt(&mut grads.kg_w), t, d, ns);
-        bias_grad(&dz, &mut grads.kg_b);
-    }
-    // Projections.
-    linear_backward(&dthq, xc, &w.thq, Some(&mut dxc), opt(&mut grads.thq), t, d, nh * p);
-    bias_grad(&dthq, &mut grads.thq_b);
-    linear_backward(&dthk, xc, &w.thk, Some(&mut dxc), opt(&mut grads.thk), t, d, ns * p);
-    bias_grad(&dthk, &mut grads.thk_b);
     linear_backward(&dvv, xc, &w.v, Some(&mut dxc), opt(&mut grads.v), t, d, ns * dv);
-    // The conv.
-    if sh.conv_kernel > 0 {
-        conv_backward(&dxc, x, &w.conv, d, sh.conv_kernel, dx, opt(&mut grads.conv));
-    } else if let Some(dx) = dx {
-        dx.iter_mut().zip(&dxc).for_each(|(a, &b)| *a += b);
-    }
+    features_backward(sh, w, x, acts, &dphq, &dphk, &dkap, dxc, dx, grads);
 }
 
 /// One window of stage 1 (attention transfer) for one converted layer: the teacher's normed

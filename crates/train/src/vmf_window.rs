@@ -24,8 +24,8 @@ use crate::float::Float;
 use crate::matmul::{linear_backward, linear_forward};
 use crate::rope::{RopeStyle, RopeTable, rope_backward, rope_forward};
 use crate::vmf::{
-    CoreGrads, VmfActs, VmfParams, VmfShape, add_bias, bias_grad, conv_backward, conv_forward, core_backward, core_forward, opt,
-    out_norm_backward, out_norm_forward, phase_backward, phase_forward,
+    CoreGrads, VmfActs, VmfParams, VmfShape, add_bias, bias_grad, core_backward, core_forward, features_backward,
+    features_forward, opt, out_norm_backward, out_norm_forward,
 };
 
 /// o [T, n_heads, hd] and each row's log-normaliser lse [T, n_heads] (written) from q
@@ -229,31 +229,8 @@ pub fn win_mixer_forward<F: Float>(
     a.k = zeros(k0.len());
     rope_forward(sh.rope, rope, &k0, &mut a.k, nk, hd);
     // The core's phases and gate from the (conv'd) input; its keys as they leave the window.
+    features_forward(c, &w.core, x, &mut a.core);
     let ca = &mut a.core;
-    ca.xc.clear();
-    if c.conv_kernel > 0 {
-        ca.xc = zeros(t * d);
-        conv_forward(x, &w.core.conv, d, c.conv_kernel, &mut ca.xc);
-    }
-    let xc: &[F] = if c.conv_kernel > 0 { &ca.xc } else { x };
-    ca.thq = zeros(t * nh * p);
-    linear_forward(xc, &w.core.thq, &mut ca.thq, t, d, nh * p);
-    add_bias(&mut ca.thq, &w.core.thq_b);
-    ca.thk = zeros(t * nk * p);
-    linear_forward(xc, &w.core.thk, &mut ca.thk, t, d, nk * p);
-    add_bias(&mut ca.thk, &w.core.thk_b);
-    ca.kappa = zeros(t * nk);
-    if c.k_gate {
-        linear_forward(xc, &w.core.kg_w, &mut ca.kappa, t, d, nk);
-        add_bias(&mut ca.kappa, &w.core.kg_b);
-        ca.kappa.iter_mut().for_each(|z| *z = F::ONE / (F::ONE + (-*z).exp()));
-    } else {
-        ca.kappa.fill(F::ONE);
-    }
-    ca.phq = zeros(2 * t * nh * p);
-    phase_forward(&ca.thq, &w.core.mass, nh / nk, p, &mut ca.phq);
-    ca.phk = zeros(2 * t * nk * p);
-    phase_forward(&ca.thk, &w.core.mass, 1, p, &mut ca.phk);
     a.phk_s = shift_in(&ca.phk, t, 2 * p, sh.sinks, sh.window); // [T, n_kv, F], row t: key t − W
     a.kappa_s = shift_in(&ca.kappa, t, 1, sh.sinks, sh.window);
     ca.v = shift_in(&a.v, t, hd, sh.sinks, sh.window);
@@ -292,7 +269,7 @@ pub fn win_mixer_backward<F: Float>(
     g: &mut WinParams<F>,
 ) {
     let c = &sh.core;
-    let (d, p, nh, nk, hd) = (c.d_model, c.nphase, c.n_heads, c.n_states, c.dv);
+    let (d, nh, nk, hd) = (c.d_model, c.n_heads, c.n_states, c.dv);
     let t = x.len() / d;
     let zeros = |n: usize| vec![F::ZERO; n];
     let ca = &a.core;
@@ -344,29 +321,7 @@ pub fn win_mixer_backward<F: Float>(
     shift_in_backward(&dphk_s, t, sh.sinks, sh.window, &mut dphk);
     shift_in_backward(&dkap_s, t, sh.sinks, sh.window, &mut dkap);
     shift_in_backward(&dv_s, t, sh.sinks, sh.window, &mut dv);
-    let (mut dthq, mut dthk) = (zeros(ca.thq.len()), zeros(ca.thk.len()));
-    let mut dm = zeros(nk);
-    phase_backward(&ca.thq, &w.core.mass, nh / nk, p, &dphq, &mut dthq, &mut dm);
-    phase_backward(&ca.thk, &w.core.mass, 1, p, &dphk, &mut dthk, &mut dm);
-    if !g.core.mass.is_empty() {
-        g.core.mass.iter_mut().zip(&dm).for_each(|(x, &y)| *x += y);
-    }
-    let xc: &[F] = if c.conv_kernel > 0 { &ca.xc } else { x };
-    let mut dxc = zeros(t * d);
-    if c.k_gate {
-        let dz: Vec<F> = dkap.iter().zip(&ca.kappa).map(|(&gr, &k)| gr * k * (F::ONE - k)).collect();
-        linear_backward(&dz, xc, &w.core.kg_w, Some(&mut dxc), opt(&mut g.core.kg_w), t, d, nk);
-        bias_grad(&dz, &mut g.core.kg_b);
-    }
-    linear_backward(&dthq, xc, &w.core.thq, Some(&mut dxc), opt(&mut g.core.thq), t, d, nh * p);
-    bias_grad(&dthq, &mut g.core.thq_b);
-    linear_backward(&dthk, xc, &w.core.thk, Some(&mut dxc), opt(&mut g.core.thk), t, d, nk * p);
-    bias_grad(&dthk, &mut g.core.thk_b);
-    if c.conv_kernel > 0 {
-        conv_backward(&dxc, x, &w.core.conv, d, c.conv_kernel, Some(&mut dxx), opt(&mut g.core.conv));
-    } else {
-        dxx.iter_mut().zip(&dxc).for_each(|(a, &b)| *a += b);
-    }
+    features_backward(c, &w.core, x, ca, &dphq, &dphk, &dkap, zeros(t * d), Some(&mut dxx), &mut g.core);
     // The exact part: v (both parts' gradients by now), k and q through RoPE.
     bias_grad(&dv, &mut g.bv);
     // fwd: v = x·W_vᵀ + b_v  (read by the window and, shifted, by the core)
