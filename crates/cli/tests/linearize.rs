@@ -39,6 +39,34 @@ fn ppl(model: &Path, text: &Path) -> f64 {
     line[6..].split_whitespace().next().unwrap().parse().unwrap()
 }
 
+/// `convert --linear-core vmf_phase` of layer 2 alone (2 calibration windows of 32 tokens,
+/// nphase 4) plus `extra`: (stderr, success).
+fn fold_layer2(model: &Path, out: &Path, extra: &[&str]) -> (String, bool) {
+    let calib = fixture("llama").join("README.md");
+    let mut args = vec![
+        "convert",
+        "-m",
+        s(model),
+        "-o",
+        s(out),
+        "--linear-core",
+        "vmf_phase",
+        "--layers",
+        "2",
+        "--calib",
+        s(&calib),
+        "--calib-ctx",
+        "32",
+        "--calib-windows",
+        "2",
+        "--nphase",
+        "4",
+    ];
+    args.extend(extra);
+    let (_, err, ok) = cortiq(&args);
+    (err, ok)
+}
+
 #[test]
 fn linear_core_writes_a_hybrid_that_runs() {
     let dir = TempDir::new("linearize");
@@ -299,26 +327,7 @@ fn value_bias_becomes_the_output_bias() {
     let (_, err, ok) = cortiq(&["convert", "-m", s(&src.0), "-o", s(&model)]);
     assert!(ok, "convert: {err}");
     let out = dir.0.join("hybrid.cmf");
-    let calib = fixture("llama").join("README.md");
-    let (_, err, ok) = cortiq(&[
-        "convert",
-        "-m",
-        s(&model),
-        "-o",
-        s(&out),
-        "--linear-core",
-        "vmf_phase",
-        "--layers",
-        "2",
-        "--calib",
-        s(&calib),
-        "--calib-ctx",
-        "32",
-        "--calib-windows",
-        "2",
-        "--nphase",
-        "4",
-    ]);
+    let (err, ok) = fold_layer2(&model, &out, &[]);
     assert!(ok, "convert --linear-core: {err}");
     let orig = cortiq_engine::load::load(&model).unwrap().model;
     let hyb = cortiq_engine::load::load(&out).unwrap().model;
@@ -346,27 +355,7 @@ fn out_norm_fold_puts_the_scales_in_the_gains() {
     let dir = TempDir::new("linearize-onorm");
     let model = tiny(&dir);
     let out = dir.0.join("hybrid.cmf");
-    let calib = fixture("qwen2").join("README.md");
-    let (_, err, ok) = cortiq(&[
-        "convert",
-        "-m",
-        s(&model),
-        "-o",
-        s(&out),
-        "--linear-core",
-        "vmf_phase",
-        "--layers",
-        "2",
-        "--calib",
-        s(&calib),
-        "--calib-ctx",
-        "32",
-        "--calib-windows",
-        "2",
-        "--nphase",
-        "4",
-        "--out-norm",
-    ]);
+    let (err, ok) = fold_layer2(&model, &out, &["--out-norm"]);
     assert!(ok, "convert --linear-core --out-norm: {err}");
     let orig = cortiq_engine::load::load(&model).unwrap().model;
     let hyb = cortiq_engine::load::load(&out).unwrap().model;
