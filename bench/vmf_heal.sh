@@ -14,6 +14,11 @@
 # TRAIN (training texts, default "alice29.txt asyoulik.txt"), VALID (the polish's held-out windows,
 # default plrabn12.txt). `TRAIN=big` trains on alice29 + asyoulik + the first 400,000 bytes of
 # plrabn12 and validates on the rest of plrabn12 (written to OUT); lcet10 is never trained on.
+# `TRAIN=tech` is `big` plus technical prose from two Debian packages (MODELS.md's texts;
+# `apt-get download`): the first 800,000 bytes of the Jargon File's chapters and lexicon
+# (jargon-text) and the first 600,000 bytes of the Debian Reference (debian-reference-en); its
+# held-out windows are the Reference's next 200,000 bytes. FROM_S1=FILE.cmf starts at stage 2
+# from a stage-1 model of an earlier run (the fold and stage 1 are skipped).
 # Writes its log lines to stdout (markdown-ready); the .cmf files stay in OUT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +35,28 @@ if [ "$TRAIN" = big ]; then
     head -c 400000 "$plr" >"$OUT/plrabn12-head.txt"; tail -c +400001 "$plr" >"$OUT/plrabn12-tail.txt"
     TRAIN="alice29.txt asyoulik.txt $OUT/plrabn12-head.txt"; VALID="$OUT/plrabn12-tail.txt"
 fi
+if [ "$TRAIN" = tech ]; then
+    "$CORTIQ" ppl -m "$MODEL" -f plrabn12.txt -c 64 --chunks 1 >/dev/null 2>&1 || true
+    plr=${CORTIQ_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/cortiq}/texts/plrabn12.txt
+    head -c 400000 "$plr" >"$OUT/plrabn12-head.txt"
+    deb="$OUT/deb"; mkdir -p "$deb"
+    (cd "$deb" && apt-get download jargon-text=4.4.7-4.1 debian-reference-en=2.100 >/dev/null 2>&1) \
+        || { echo "TRAIN=tech needs apt-get download of jargon-text 4.4.7-4.1 and debian-reference-en 2.100" >&2; exit 1; }
+    for d in "$deb"/*.deb; do dpkg-deb -x "$d" "$deb/x"; done
+    zcat "$deb/x/usr/share/doc/jargon-text/jargon.txt.gz" >"$deb/jargon-all.txt"
+    # The chapters (from "Chapter 1.", spaced with no-break spaces) and the lexicon's entries
+    # (from the first ":term:"); the index of terms between them is one word per line.
+    { sed -n '/^Chapter.*1\..*Hacker Slang/,/^Glossary$/p' "$deb/jargon-all.txt" | sed '$d'
+      sed -n '/^   :/,$p' "$deb/jargon-all.txt"; } >"$deb/jargon-body.txt"
+    zcat "$deb/x/usr/share/debian-reference/debian-reference.en.txt.gz" | sed -n '/^1\. Disclaimer$/,$p' >"$deb/debref-all.txt"
+    # (files, not pipes into head: under pipefail a reader that stops early fails the writer;
+    # iconv -c drops the UTF-8 sequence a byte cut may split)
+    cut_utf8() { head -c "$2" "$1" >"$1.cut"; iconv -f UTF-8 -t UTF-8 -c "$1.cut" >"$3"; }
+    cut_utf8 "$deb/jargon-body.txt" 800000 "$OUT/jargon.txt"
+    cut_utf8 "$deb/debref-all.txt" 600000 "$OUT/debref.txt"
+    tail -c +600001 "$deb/debref-all.txt" >"$deb/debref-rest.txt"; cut_utf8 "$deb/debref-rest.txt" 200000 "$OUT/debref-valid.txt"
+    TRAIN="alice29.txt asyoulik.txt $OUT/plrabn12-head.txt $OUT/jargon.txt $OUT/debref.txt"; VALID="$OUT/debref-valid.txt"
+fi
 read -ra train_files <<<"$TRAIN"
 train=(--train "${train_files[@]}" --valid "$VALID")
 echo "training texts: $TRAIN; held-out windows of the polish: $VALID"
@@ -42,6 +69,9 @@ kl() {
 stamp() { date -u +%s; }
 echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; $(date -u +%Y-%m-%dT%H:%MZ)"
 base=$(ppl "$MODEL"); echo "original: ppl $base (lcet10, ctx $PPL_CTX, $PPL_CHUNKS chunks)"
+if [ -n "${FROM_S1:-}" ]; then
+    cp "$FROM_S1" "$OUT/s1.cmf"; echo "stage 1: from $FROM_S1, $(kl "$OUT/s1.cmf")"
+else
 t=$(stamp)
 "$CORTIQ" convert -m "$MODEL" -o "$OUT/fold.cmf" --linear-core vmf_phase --layers "auto:$F" --force 2>&1 | grep -E "converting|fold relative"
 echo "fold: $(( $(stamp) - t )) s, $(kl "$OUT/fold.cmf")"
@@ -49,6 +79,7 @@ t=$(stamp)
 "$CORTIQ" polish -m "$OUT/fold.cmf" --teacher "$MODEL" -o "$OUT/s1.cmf" --stage transfer "${train[@]}" --ctx "$CTX" \
     --far-windows "$S1_WINDOWS" --steps "$S1_STEPS" --batch 4 --lr 2e-3 --valid-every 25 --force 2>&1 | grep -E "held-out relative|wrote"
 echo "stage 1: $(( $(stamp) - t )) s, $(kl "$OUT/s1.cmf")"
+fi
 t=$(stamp)
 "$CORTIQ" polish -m "$OUT/s1.cmf" --teacher "$MODEL" -o "$OUT/s2.cmf" --stage distill "${train[@]}" --ctx "$S2_CTX" \
     --batch 2 --steps "$S2_STEPS" --lr "$S2_LR" --warmup 10 --kl-weight 1.0 --valid-every 15 --valid-windows 2 --force 2>&1 \

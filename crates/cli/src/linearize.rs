@@ -175,6 +175,8 @@ pub fn linearize(src: &Path, out: &Path, o: &LinearizeOpts) -> Result<()> {
         conv_kernel: CONV,
         k_gate: true,
         phase_bias: true,
+        window: 0,
+        sinks: 0,
     };
     let mut added: Vec<(String, Vec<u64>, Vec<f32>)> = Vec::new();
     let mut removed: HashSet<String> = HashSet::new();

@@ -362,9 +362,9 @@ fn out_norm_fold_puts_the_scales_in_the_gains() {
     let a: &Attention = orig.layers[2].mixer.downcast_ref().unwrap();
     let v: &VmfPhase = hyb.layers[2].mixer.downcast_ref().unwrap();
     let (nh, hd) = (orig.cfg.n_heads, orig.cfg.head_dim);
-    assert_eq!(v.w.o_norm.len(), nh * hd);
+    assert_eq!(v.w.core.o_norm.len(), nh * hd);
     for h in 0..nh {
-        let g = &v.w.o_norm[h * hd..(h + 1) * hd];
+        let g = &v.w.core.o_norm[h * hd..(h + 1) * hd];
         assert!(g.iter().all(|&x| x == g[0]) && g[0].is_finite() && g[0] != 0.0, "head {h}: gains {g:?}");
     }
     assert_eq!(v.w.out.to_f32(), a.w.wo.to_f32(), "out_proj is o_proj unscaled");

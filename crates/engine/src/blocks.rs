@@ -259,7 +259,7 @@ pub fn attention_core(
 /// gated q_proj's [q | gate] split (the gate returned), the biases, the QK-norms and RoPE, in
 /// place.
 #[allow(clippy::too_many_arguments)]
-fn attn_prep(
+pub(crate) fn attn_prep(
     cfg: &ModelConfig,
     w: &AttentionWeights,
     rope_cfg: &Rope,

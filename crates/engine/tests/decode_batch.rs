@@ -211,6 +211,11 @@ fn decode_batch_llama_vmf() {
     all_modes("llama_vmf");
 }
 
+#[test]
+fn decode_batch_llama_vmf_window() {
+    all_modes("llama_vmfw");
+}
+
 /// O(1) states in the batch: sequence 1 sealed at the end of its prompt (Nyström skeleton),
 /// sequence 3 sealing at its first batched step (which it takes alone) and stepping sealed in
 /// the batch afterwards (StreamingLLM drop), beside exact ones.

@@ -78,8 +78,19 @@ fn check(name: &str, kv: KvType) {
 
 #[test]
 fn state_ops_every_fixture() {
-    for name in ["llama", "qwen2", "qwen3", "gemma3", "qwen3_5", "qwen3_5_moe", "qwen3_next", "lfm2", "kimi_linear", "llama_vmf"]
-    {
+    for name in [
+        "llama",
+        "qwen2",
+        "qwen3",
+        "gemma3",
+        "qwen3_5",
+        "qwen3_5_moe",
+        "qwen3_next",
+        "lfm2",
+        "kimi_linear",
+        "llama_vmf",
+        "llama_vmfw",
+    ] {
         for kv in [KvType::F32, KvType::F16, KvType::Q8] {
             check(name, kv);
         }

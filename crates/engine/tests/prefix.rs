@@ -127,6 +127,11 @@ fn cached_equals_cold_llama_vmf() {
 }
 
 #[test]
+fn cached_equals_cold_llama_vmf_window() {
+    all_modes("llama_vmfw");
+}
+
+#[test]
 fn cached_equals_cold_qwen3_5_moe() {
     all_modes("qwen3_5_moe");
 }

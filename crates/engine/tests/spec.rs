@@ -192,6 +192,11 @@ fn spec_equals_plain_llama_vmf() {
 }
 
 #[test]
+fn spec_equals_plain_llama_vmf_window() {
+    all("llama_vmfw");
+}
+
+#[test]
 fn spec_equals_plain_qwen3_5_moe() {
     all("qwen3_5_moe");
 }

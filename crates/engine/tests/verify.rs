@@ -154,6 +154,11 @@ fn verify_llama_vmf() {
     all_modes("llama_vmf");
 }
 
+#[test]
+fn verify_llama_vmf_window() {
+    all_modes("llama_vmfw");
+}
+
 /// O(1) decode: sealed global layers (and Gemma 3's sliding layers, their rings of 8 long
 /// wrapped at 20 positions), and a plan whose seal is still ahead.
 #[test]

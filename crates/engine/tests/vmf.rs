@@ -93,8 +93,8 @@ fn chunked_core_equals_recurrence() {
         .collect();
     let p = project(&c, &l.w, &x, n, false);
     let (mut s_ch, mut s_rec) = (VmfState::new(&c), VmfState::new(&c));
-    let o_ch = core(&c, &l.w, &p, 0, n, &mut s_ch);
-    let o_rec: Vec<f32> = (0..n).flat_map(|t| core(&c, &l.w, &p, t, 1, &mut s_rec)).collect();
+    let o_ch = core(&c, &l.w.core, &p, 0, n, &mut s_ch);
+    let o_rec: Vec<f32> = (0..n).flat_map(|t| core(&c, &l.w.core, &p, t, 1, &mut s_rec)).collect();
     let scale = cortiq_testkit::max_abs(&o_rec);
     let (md, at) = common::max_diff(&o_ch, &o_rec);
     let (ms, _) = common::max_diff(&s_ch.s, &s_rec.s);
@@ -105,4 +105,58 @@ fn chunked_core_equals_recurrence() {
         ms / s_scale
     );
     assert!(md <= 1e-5 * scale && ms <= 1e-5 * s_scale, "chunked vs recurrent: o {md:e}, state {ms:e}");
+}
+
+/// The window option (tools/fixtures/gen_vmf.py --window 12 --sinks 2: layers 1 and 3 keep
+/// their attention over 2 sinks and the last 12 positions, the core as one more slot): the
+/// whole sequence, uneven prefill chunks and decode steps against the float64 definition.
+#[test]
+fn window_matches_reference() {
+    check_parity_tol("llama_vmfw", &fixture("llama_vmfw"), "", TOL);
+}
+
+#[test]
+fn window_gguf_matches_reference() {
+    check_parity_tol("llama_vmfw", &fixture("llama_vmfw").join("model.gguf"), "", TOL);
+}
+
+/// The windowed layers' state is constant: the ring of 2 + 12 positions (keys and values of
+/// 2 KV heads × 16, φk of 2 × 16, κ of 2), the core's 2 states of 16 × 16 and its 3-row conv
+/// ring of 64 — whatever the sequence's length.
+#[test]
+fn window_state_is_constant() {
+    let m = cortiq_engine::load::load(&fixture("llama_vmfw")).expect("load").model;
+    let per_layer = (14 * (2 * 2 * 16 + 2 * 16 + 2) + 2 * 16 * 16 + 3 * 64) * 4;
+    for n in [8, 4096] {
+        assert_eq!(m.new_state(n).bytes_by_kind().recurrent, 2 * per_layer, "max_len {n}");
+    }
+}
+
+/// A window plan the layer cannot serve is refused, naming the field.
+#[test]
+fn bad_window_configs_are_named() {
+    let dir = tempdir().join("w");
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = fixture("llama_vmfw");
+    for f in ["model.safetensors", "generation_config.json"] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    let base: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    for (edit, want) in [
+        (serde_json::json!({"sinks": 2, "window": 0}), "needs a window"),
+        (serde_json::json!({"n_k_heads": 4}), "keeps the attention's heads"),
+        (serde_json::json!({"window": null, "sinks": null}), "vmf_v.weight"),
+    ] {
+        let mut c = base.clone();
+        for (k, v) in edit.as_object().unwrap() {
+            c["vmf_phase"][k] = v.clone();
+        }
+        std::fs::write(dir.join("config.json"), c.to_string()).unwrap();
+        let e = match cortiq_engine::load::load(&dir) {
+            Ok(_) => panic!("{edit}: loaded"),
+            Err(e) => e.to_string(),
+        };
+        println!("{edit} -> {e}");
+        assert!(e.contains(want), "{edit}: {e}");
+    }
 }

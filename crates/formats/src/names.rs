@@ -172,6 +172,7 @@ const LAYER: &[(&str, &str, Archs, Bias)] = &[
     ("vmf_attn.conv", "vmf_conv", Archs::Dense, Bias::No),
     ("vmf_attn.k_gate", "vmf_kgate", Archs::Dense, Bias::Yes),
     ("vmf_attn.o_norm", "vmf_onorm", Archs::Dense, Bias::No),
+    ("vmf_attn.slot", "vmf_slot", Archs::Dense, Bias::Yes),
 ];
 
 /// Routed experts, one HF tensor each (`mlp.experts.E.<proj>`), named `ffn_<kind>_exps.E` here
@@ -472,6 +473,8 @@ mod lfm2_tests {
                 ("model.layers.2.vmf_attn.A_log", "blk.2.vmf_a_log"),
                 ("model.layers.2.vmf_attn.phase_mass", "blk.2.vmf_mass"),
                 ("model.layers.2.vmf_attn.o_norm.weight", "blk.2.vmf_onorm.weight"),
+                ("model.layers.2.vmf_attn.slot.weight", "blk.2.vmf_slot.weight"),
+                ("model.layers.2.vmf_attn.slot.bias", "blk.2.vmf_slot.bias"),
             ] {
                 assert_eq!(hf_to_gguf(arch, hf).as_deref(), Some(gguf), "{arch}: {hf}");
                 assert_eq!(gguf_to_hf(arch, gguf).as_deref(), Some(hf), "{arch}: {gguf}");

@@ -216,24 +216,24 @@ pub(crate) fn params_of(l: &VmfPhase) -> (VmfShape, VmfParams<f32>) {
         k_gate: c.k_gate,
         phase_bias: c.phase_bias,
     };
-    let (kg_w, kg_b) = match &w.k_gate {
+    let (kg_w, kg_b) = match &w.core.k_gate {
         Some((g, b)) => (g.to_f32(), b.clone()),
         None => (Vec::new(), Vec::new()),
     };
     let p = VmfParams {
-        thq: w.thq.to_f32(),
-        thq_b: w.thq_b.clone(),
-        thk: w.thk.to_f32(),
-        thk_b: w.thk_b.clone(),
+        thq: w.core.thq.to_f32(),
+        thq_b: w.core.thq_b.clone(),
+        thk: w.core.thk.to_f32(),
+        thk_b: w.core.thk_b.clone(),
         v: w.v.to_f32(),
         out: w.out.to_f32(),
         out_b: w.out_b.clone(),
-        a_log: w.a_log.clone(),
-        conv: w.conv.clone(),
+        a_log: w.core.a_log.clone(),
+        conv: w.core.conv.clone(),
         kg_w,
         kg_b,
-        mass: w.mass.clone(),
-        o_norm: w.o_norm.clone(),
+        mass: w.core.mass.clone(),
+        o_norm: w.core.o_norm.clone(),
     };
     (sh, p)
 }

@@ -1,7 +1,7 @@
 //! Token mixers, one module each (STYLE principle 9): softmax attention and its variants
 //! (`attention`: exact or sliding, f32 or f16 cache, the sealed O(1) state), GatedDeltaNet
 //! (`gdn`), Kimi Delta Attention (`kda`), multi-head latent attention (`mla`) and LFM2's short
-//! convolution (`shortconv`), cortiq's vmf_phase linear core (`vmf`); `nystrom` is the O(1) operator a sealed attention state runs.
+//! convolution (`shortconv`), cortiq's vmf_phase linear core (`vmf`) and its windowed option (`vmf_window`); `nystrom` is the O(1) operator a sealed attention state runs.
 //!
 //! Each module owns its weights (and their loading by GGUF names), its per-sequence state, its
 //! forward over a chunk of one sequence and over the decode rows of many, and its state's
@@ -32,6 +32,7 @@ pub mod mla;
 pub mod nystrom;
 pub mod shortconv;
 pub mod vmf;
+pub mod vmf_window;
 
 /// One layer's per-sequence state, whatever its mixer. A checkpoint snapshots a recurrent state
 /// whole (a clone) and restores it by replacement; any other state is truncated instead.
@@ -307,6 +308,7 @@ pub fn load(src: &dyn TensorSource, cfg: &ModelConfig, il: usize, spec: &LayerSp
         MixerKind::GatedDeltaNet(c) => Box::new(gdn::GatedDeltaNet::load(src, c, il)?),
         MixerKind::Kda(c) => Box::new(kda::Kda::load(src, c, il)?),
         MixerKind::Mla(c) => Box::new(mla::Mla::load(src, c, il)?),
+        MixerKind::VmfPhase(c) if c.windowed() => Box::new(vmf_window::VmfWindow::load(src, cfg, c, il, spec)?),
         MixerKind::VmfPhase(c) => Box::new(vmf::VmfPhase::load(src, c, il)?),
     })
 }

@@ -56,6 +56,11 @@ pub struct VmfConfig {
     pub k_gate: bool,
     /// θq and θk carry a bias (a per-component phase offset).
     pub phase_bias: bool,
+    /// The window option (`mixers::vmf_window`): the layer keeps softmax attention over its
+    /// first `sinks` positions and the last `window`, and the core stands for the keys that
+    /// left the window, as one more slot of the softmax. 0: the plain operator.
+    pub window: usize,
+    pub sinks: usize,
 }
 
 impl VmfConfig {
@@ -66,6 +71,10 @@ impl VmfConfig {
     /// Query heads per state.
     pub fn group(&self) -> usize {
         self.n_heads / self.n_k_heads
+    }
+    /// Whether the layer runs the window option.
+    pub fn windowed(&self) -> bool {
+        self.window > 0
     }
     /// Floats of the recurrent state (S of every state; the conv ring).
     pub fn state_floats(&self) -> (usize, usize) {
@@ -83,8 +92,9 @@ pub struct VmfPlan {
 impl VmfPlan {
     /// Reads a `vmf_phase` object (config.json; the same keys as GGUF's `cortiq.vmf_phase.*`):
     /// `layers` (required), `nphase` (required), `n_heads`, `n_k_heads`, `head_dim_v`,
-    /// `conv_kernel`, `k_gate`, `phase_bias`. Defaults: the model's heads and head_dim, one state
-    /// per head, no conv, no gate, no bias. Err names the bad field.
+    /// `conv_kernel`, `k_gate`, `phase_bias`, `window`, `sinks`. Defaults: the model's heads and
+    /// head_dim, one state per head (per KV head with a window), no conv, no gate, no bias, no
+    /// window. Err names the bad field.
     pub fn from_json(v: &Value, cfg: &ModelConfig) -> std::result::Result<VmfPlan, String> {
         let obj = v.as_object().ok_or("vmf_phase: expected an object")?;
         if let Some(k) = obj.keys().find(|k| !KEYS.contains(&k.as_str())) {
@@ -139,6 +149,7 @@ impl VmfPlan {
         serde_json::json!({
             "layers": self.layers, "nphase": c.nphase, "n_heads": c.n_heads, "n_k_heads": c.n_k_heads,
             "head_dim_v": c.d_v, "conv_kernel": c.conv_kernel, "k_gate": c.k_gate, "phase_bias": c.phase_bias,
+            "window": c.window, "sinks": c.sinks,
         })
     }
 
@@ -151,7 +162,8 @@ impl VmfPlan {
     }
 }
 
-const KEYS: &[&str] = &["layers", "nphase", "n_heads", "n_k_heads", "head_dim_v", "conv_kernel", "k_gate", "phase_bias"];
+const KEYS: &[&str] =
+    &["layers", "nphase", "n_heads", "n_k_heads", "head_dim_v", "conv_kernel", "k_gate", "phase_bias", "window", "sinks"];
 
 /// The fields as read, before the model's defaults and the checks.
 struct Raw {
@@ -162,6 +174,8 @@ struct Raw {
     conv_kernel: usize,
     k_gate: bool,
     phase_bias: bool,
+    window: usize,
+    sinks: usize,
 }
 
 type Field<T> = std::result::Result<T, String>;
@@ -178,12 +192,16 @@ impl Raw {
             conv_kernel: num("conv_kernel")?.unwrap_or(0),
             k_gate: flag("k_gate")?,
             phase_bias: flag("phase_bias")?,
+            window: num("window")?.unwrap_or(0),
+            sinks: num("sinks")?.unwrap_or(0),
         })
     }
 
     fn plan(self, mut layers: Vec<usize>, cfg: &ModelConfig) -> std::result::Result<VmfPlan, String> {
         let n_heads = self.n_heads.unwrap_or(cfg.n_heads);
-        let n_k_heads = self.n_k_heads.unwrap_or(n_heads);
+        // With a window the core's states are the attention's KV heads (it writes their keys'
+        // values as they leave the window).
+        let n_k_heads = self.n_k_heads.unwrap_or(if self.window > 0 { cfg.n_kv_heads } else { n_heads });
         let d_v = self.head_dim_v.unwrap_or(cfg.head_dim);
         if self.nphase == 0 || n_heads == 0 || n_k_heads == 0 || !n_heads.is_multiple_of(n_k_heads) || d_v == 0 {
             return Err(format!(
@@ -194,6 +212,19 @@ impl Raw {
         }
         if self.conv_kernel == 1 || self.conv_kernel > 64 {
             return Err(format!("vmf_phase.conv_kernel {} must be 0 (none) or 2..=64", self.conv_kernel));
+        }
+        if self.window == 0 && self.sinks > 0 {
+            return Err(format!("vmf_phase.sinks {} needs a window (vmf_phase.window > 0)", self.sinks));
+        }
+        if self.window > 0 && (n_heads != cfg.n_heads || n_k_heads != cfg.n_kv_heads || d_v != cfg.head_dim) {
+            return Err(format!(
+                "vmf_phase with a window keeps the attention's heads: n_heads {n_heads}, n_k_heads {n_k_heads}, \
+                 head_dim_v {d_v} must be the model's {}, {} and {}",
+                cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+            ));
+        }
+        if self.window > 0 && (cfg.attn_gate || cfg.attn_logit_softcap.is_some()) {
+            return Err("vmf_phase with a window: gated or soft-capped attention is not supported".into());
         }
         if let Some(&il) = layers.iter().find(|&&il| il >= cfg.n_layers) {
             return Err(format!("vmf_phase.layers names layer {il}; the model has {}", cfg.n_layers));
@@ -216,6 +247,8 @@ impl Raw {
             conv_kernel: self.conv_kernel,
             k_gate: self.k_gate,
             phase_bias: self.phase_bias,
+            window: self.window,
+            sinks: self.sinks,
         };
         Ok(VmfPlan { layers, cfg: c })
     }
@@ -238,7 +271,10 @@ pub fn apply_gguf(g: &dyn GgufMeta, cfg: &mut ModelConfig) -> Result<()> {
     Ok(())
 }
 
-pub struct VmfWeights {
+/// The core's own weights: what turns the mixer input into φq, φk and κ, the decays and the
+/// output norm's gains. A plain layer adds its v_proj / out_proj ([`VmfWeights`]); a windowed
+/// one (`vmf_window`) takes v and out from its attention.
+pub struct CoreWeights {
     /// [n_heads·P, d_model]
     pub thq: QTensor,
     /// [n_heads·P] or empty.
@@ -247,12 +283,6 @@ pub struct VmfWeights {
     pub thk: QTensor,
     /// [n_k_heads·P] or empty.
     pub thk_b: Vec<f32>,
-    /// [n_k_heads·d_v, d_model]
-    pub v: QTensor,
-    /// [d_model, n_heads·d_v]
-    pub out: QTensor,
-    /// [d_model] or empty.
-    pub out_b: Vec<f32>,
     /// [n_k_heads·F] as stored.
     pub a_log: Vec<f32>,
     /// [n_k_heads·F]: λ = exp(−exp(A_log)) in f64 (the chunked form's powers come from it).
@@ -271,7 +301,7 @@ pub struct VmfWeights {
     pub o_norm: Vec<f32>,
 }
 
-impl VmfWeights {
+impl CoreWeights {
     /// Builds the derived fields (decays, phase scales) from the stored ones.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
@@ -279,20 +309,98 @@ impl VmfWeights {
         thq_b: Vec<f32>,
         thk: QTensor,
         thk_b: Vec<f32>,
-        v: QTensor,
-        out: QTensor,
-        out_b: Vec<f32>,
         a_log: Vec<f32>,
         conv: Vec<f32>,
         k_gate: Option<(QTensor, Vec<f32>)>,
         mass: Vec<f32>,
         o_norm: Vec<f32>,
-    ) -> VmfWeights {
+    ) -> CoreWeights {
         let decay64: Vec<f64> = a_log.iter().map(|&a| (-(a as f64).exp()).exp()).collect();
         let decay = decay64.iter().map(|&x| x as f32).collect();
         let scale = mass.iter().map(|&m| 1.0 / (1.0 + m as f64)).collect();
-        VmfWeights { thq, thq_b, thk, thk_b, v, out, out_b, a_log, decay64, decay, conv, k_gate, mass, scale, o_norm }
+        CoreWeights { thq, thq_b, thk, thk_b, a_log, decay64, decay, conv, k_gate, mass, scale, o_norm }
     }
+
+    /// Layer `il`'s core tensors by GGUF names; shapes checked against `c`.
+    pub fn load(src: &dyn TensorSource, c: &VmfConfig, il: usize) -> Result<CoreWeights> {
+        let n = |s: &str| format!("blk.{il}.{s}");
+        let (d, p, nh, nk) = (c.d_model, c.nphase, c.n_heads, c.n_k_heads);
+        let bias =
+            |s: &str, len: usize| -> Result<Vec<f32>> { if c.phase_bias { src.vector(&n(s), len) } else { Ok(Vec::new()) } };
+        let k_gate = if c.k_gate {
+            Some((src.require(&n("vmf_kgate.weight"), nk, d)?, src.vector(&n("vmf_kgate.bias"), nk)?))
+        } else {
+            None
+        };
+        let conv = if c.conv_kernel > 0 { src.require(&n("vmf_conv.weight"), d, c.conv_kernel)?.to_f32() } else { Vec::new() };
+        let mass = match src.optional(&n("vmf_mass"), 1, nk)? {
+            Some(t) => t.to_f32(),
+            None => vec![0.0; nk],
+        };
+        let bad = |what: String| EngineError::BadConfig { file: src.file(), what };
+        if let Some(m) = mass.iter().find(|&&m| !(m > -1.0 && m.is_finite())) {
+            return Err(bad(format!("blk.{il}.vmf_mass: {m} (a phase mass must be finite and > −1)")));
+        }
+        let a_log = src.vector(&n("vmf_a_log"), nk * c.f())?;
+        if let Some(a) = a_log.iter().find(|a| !a.is_finite()) {
+            return Err(bad(format!("blk.{il}.vmf_a_log: {a} is not finite")));
+        }
+        Ok(CoreWeights::new(
+            src.require(&n("vmf_thq.weight"), nh * p, d)?,
+            bias("vmf_thq.bias", nh * p)?,
+            src.require(&n("vmf_thk.weight"), nk * p, d)?,
+            bias("vmf_thk.bias", nk * p)?,
+            a_log,
+            conv,
+            k_gate,
+            mass,
+            src.optional(&n("vmf_onorm.weight"), 1, nh * c.d_v)?.map(|t| t.to_f32()).unwrap_or_default(),
+        ))
+    }
+
+    /// The matrices the core itself owns (θq, θk, the gate's).
+    pub fn matrices(&self) -> Vec<&QTensor> {
+        let mut m = vec![&self.thq, &self.thk];
+        m.extend(self.k_gate.as_ref().map(|(g, _)| g));
+        m
+    }
+
+    pub fn matrices_mut(&mut self) -> Vec<&mut QTensor> {
+        let mut m = vec![&mut self.thq, &mut self.thk];
+        m.extend(self.k_gate.as_mut().map(|(g, _)| g));
+        m
+    }
+
+    /// The conv over `n` rows of one sequence (`rings` its one conv ring) or one row each of
+    /// several (`rows`: a ring per row) -> x [n, d_model] (h itself without a conv).
+    pub fn conv(&self, c: &VmfConfig, h: &[f32], rings: &mut [&mut Vec<f32>], rows: bool) -> Vec<f32> {
+        let (d, k) = (c.d_model, c.conv_kernel);
+        if k == 0 {
+            return h.to_vec();
+        }
+        let n = h.len() / d;
+        let mut x = vec![0f32; n * d]; // [n, d_model]
+        if rows {
+            for (i, ring) in rings.iter_mut().enumerate() {
+                let r = i * d..(i + 1) * d;
+                causal_conv1d_par(pool(), &h[r.clone()], 1, d, &self.conv, k, &[], ring, false, &mut x[r]);
+            }
+        } else {
+            causal_conv1d_par(pool(), h, n, d, &self.conv, k, &[], rings[0], false, &mut x);
+        }
+        x
+    }
+}
+
+/// A plain vmf_phase layer's weights: the core's and its own value and output projections.
+pub struct VmfWeights {
+    pub core: CoreWeights,
+    /// [n_k_heads·d_v, d_model]
+    pub v: QTensor,
+    /// [d_model, n_heads·d_v]
+    pub out: QTensor,
+    /// [d_model] or empty.
+    pub out_b: Vec<f32>,
 }
 
 /// One sequence's vmf_phase state: every state matrix and the conv ring. Constant size.
@@ -344,41 +452,13 @@ impl VmfPhase {
     /// Layer `il` by GGUF names; shapes checked against `c`.
     pub fn load(src: &dyn TensorSource, c: VmfConfig, il: usize) -> Result<VmfPhase> {
         let n = |s: &str| format!("blk.{il}.{s}");
-        let (d, p, nh, nk) = (c.d_model, c.nphase, c.n_heads, c.n_k_heads);
-        let bias =
-            |s: &str, len: usize| -> Result<Vec<f32>> { if c.phase_bias { src.vector(&n(s), len) } else { Ok(Vec::new()) } };
-        let k_gate = if c.k_gate {
-            Some((src.require(&n("vmf_kgate.weight"), nk, d)?, src.vector(&n("vmf_kgate.bias"), nk)?))
-        } else {
-            None
+        let (d, nh, nk) = (c.d_model, c.n_heads, c.n_k_heads);
+        let w = VmfWeights {
+            core: CoreWeights::load(src, &c, il)?,
+            v: src.require(&n("vmf_v.weight"), nk * c.d_v, d)?,
+            out: src.require(&n("vmf_out.weight"), d, nh * c.d_v)?,
+            out_b: src.optional(&n("vmf_out.bias"), 1, d)?.map(|t| t.to_f32()).unwrap_or_default(),
         };
-        let conv = if c.conv_kernel > 0 { src.require(&n("vmf_conv.weight"), d, c.conv_kernel)?.to_f32() } else { Vec::new() };
-        let mass = match src.optional(&n("vmf_mass"), 1, nk)? {
-            Some(t) => t.to_f32(),
-            None => vec![0.0; nk],
-        };
-        let bad = |what: String| EngineError::BadConfig { file: src.file(), what };
-        if let Some(m) = mass.iter().find(|&&m| !(m > -1.0 && m.is_finite())) {
-            return Err(bad(format!("blk.{il}.vmf_mass: {m} (a phase mass must be finite and > −1)")));
-        }
-        let a_log = src.vector(&n("vmf_a_log"), nk * c.f())?;
-        if let Some(a) = a_log.iter().find(|a| !a.is_finite()) {
-            return Err(bad(format!("blk.{il}.vmf_a_log: {a} is not finite")));
-        }
-        let w = VmfWeights::new(
-            src.require(&n("vmf_thq.weight"), nh * p, d)?,
-            bias("vmf_thq.bias", nh * p)?,
-            src.require(&n("vmf_thk.weight"), nk * p, d)?,
-            bias("vmf_thk.bias", nk * p)?,
-            src.require(&n("vmf_v.weight"), nk * c.d_v, d)?,
-            src.require(&n("vmf_out.weight"), d, nh * c.d_v)?,
-            src.optional(&n("vmf_out.bias"), 1, d)?.map(|t| t.to_f32()).unwrap_or_default(),
-            a_log,
-            conv,
-            k_gate,
-            mass,
-            src.optional(&n("vmf_onorm.weight"), 1, nh * c.d_v)?.map(|t| t.to_f32()).unwrap_or_default(),
-        );
         Ok(VmfPhase { cfg: c, w })
     }
 }
@@ -398,6 +478,13 @@ pub struct Projected {
 /// `x` [n, d_model] (after the conv) -> the projected rows; `rows`: n decode rows of
 /// different sequences (each on the decode path) rather than n positions of one.
 pub fn project(c: &VmfConfig, w: &VmfWeights, x: &[f32], n: usize, rows: bool) -> Projected {
+    let mut p = features(c, &w.core, x, n, rows);
+    p.v = w.v.project(x, n, rows); // [n, n_k_heads·d_v]
+    p
+}
+
+/// [`project`] without the values (`v` left empty): φq, φk and κ of n rows.
+pub fn features(c: &VmfConfig, w: &CoreWeights, x: &[f32], n: usize, rows: bool) -> Projected {
     let (p, f, nh, nk) = (c.nphase, c.f(), c.n_heads, c.n_k_heads);
     // The biases are optional (empty when absent).
     let add_bias = |y: &mut [f32], b: &[f32]| {
@@ -409,7 +496,6 @@ pub fn project(c: &VmfConfig, w: &VmfWeights, x: &[f32], n: usize, rows: bool) -
     add_bias(&mut thq, &w.thq_b);
     let mut thk = w.thk.project(x, n, rows); // [n, n_k_heads·P]
     add_bias(&mut thk, &w.thk_b);
-    let v = w.v.project(x, n, rows); // [n, n_k_heads·d_v]
     let kappa = match &w.k_gate {
         Some((gw, gb)) => {
             let mut z = gw.project(x, n, rows); // [n, n_k_heads]
@@ -440,13 +526,13 @@ pub fn project(c: &VmfConfig, w: &VmfWeights, x: &[f32], n: usize, rows: bool) -
         }
     });
     drop(span);
-    Projected { phq, phk, kappa, v }
+    Projected { phq, phk, kappa, v: Vec::new() }
 }
 
 /// The core over `n` consecutive positions of one sequence from projected rows `p` (rows
 /// `r0..r0 + n` of it): o [n, n_heads·d_v]. n = 1 takes the recurrence (decode, and each step
 /// of `forward_steps`), longer runs the chunk-parallel form with chunks from the first row.
-pub fn core(c: &VmfConfig, w: &VmfWeights, p: &Projected, r0: usize, n: usize, state: &mut VmfState) -> Vec<f32> {
+pub fn core(c: &VmfConfig, w: &CoreWeights, p: &Projected, r0: usize, n: usize, state: &mut VmfState) -> Vec<f32> {
     let _span = profile::span(Op::Mixer);
     let (f, dv, nh, nk, g) = (c.f(), c.d_v, c.n_heads, c.n_k_heads, c.group());
     let mut o = vec![0f32; n * nh * dv]; // [n, n_heads·d_v]
@@ -475,41 +561,20 @@ pub fn core(c: &VmfConfig, w: &VmfWeights, p: &Projected, r0: usize, n: usize, s
     o
 }
 
-impl VmfPhase {
-    /// The conv over `n` rows of one sequence (or one row each of several: `states`).
-    fn conv(&self, h: &[f32], states: &mut [&mut VmfState], rows: bool) -> Vec<f32> {
-        let (d, k) = (self.cfg.d_model, self.cfg.conv_kernel);
-        if k == 0 {
-            return h.to_vec();
-        }
-        let n = h.len() / d;
-        let mut x = vec![0f32; n * d]; // [n, d_model]
-        if rows {
-            for (i, st) in states.iter_mut().enumerate() {
-                let r = i * d..(i + 1) * d;
-                causal_conv1d_par(pool(), &h[r.clone()], 1, d, &self.w.conv, k, &[], &mut st.conv, false, &mut x[r]);
-            }
-        } else {
-            causal_conv1d_par(pool(), h, n, d, &self.w.conv, k, &[], &mut states[0].conv, false, &mut x);
-        }
-        x
-    }
-}
-
 impl Mixer for VmfPhase {
     fn name(&self) -> &'static str {
         "a vmf_phase linear core"
     }
     fn matrices(&self) -> Vec<&QTensor> {
         let w = &self.w;
-        let mut m = vec![&w.thq, &w.thk, &w.v, &w.out];
-        m.extend(w.k_gate.as_ref().map(|(g, _)| g));
+        let mut m = vec![&w.v, &w.out];
+        m.extend(w.core.matrices());
         m
     }
     fn matrices_mut(&mut self) -> Vec<&mut QTensor> {
         let w = &mut self.w;
-        let mut m = vec![&mut w.thq, &mut w.thk, &mut w.v, &mut w.out];
-        m.extend(w.k_gate.as_mut().map(|(g, _)| g));
+        let mut m = vec![&mut w.v, &mut w.out];
+        m.extend(w.core.matrices_mut());
         m
     }
     fn new_state(&self, _kv: KvType) -> LayerState {
@@ -521,9 +586,9 @@ impl Mixer for VmfPhase {
     }
     fn forward(&self, _env: &Env, h: &[f32], n: usize, seq: Seq<'_>, trace: &mut dyn FnMut(&str, &[f32])) -> Result<Vec<f32>> {
         let state: &mut VmfState = seq.state.of();
-        let x = self.conv(h, &mut [&mut *state], false);
+        let x = self.w.core.conv(&self.cfg, h, &mut [&mut state.conv], false);
         let p = project(&self.cfg, &self.w, &x, n, false);
-        let o = core(&self.cfg, &self.w, &p, 0, n, state);
+        let o = core(&self.cfg, &self.w.core, &p, 0, n, state);
         trace("vmf_o", &o);
         Ok(self.output(&o, n, false)) // [n, d_model]
     }
@@ -532,11 +597,11 @@ impl Mixer for VmfPhase {
     fn forward_rows(&self, _env: &Env, h: &[f32], rows: Vec<Seq<'_>>) -> Result<Vec<f32>> {
         let kb = rows.len();
         let mut states: Vec<&mut VmfState> = rows.into_iter().map(|s| s.state.of()).collect();
-        let x = self.conv(h, &mut states, true);
+        let x = self.w.core.conv(&self.cfg, h, &mut states.iter_mut().map(|s| &mut s.conv).collect::<Vec<_>>(), true);
         let p = project(&self.cfg, &self.w, &x, kb, true);
         let mut o = Vec::with_capacity(kb * self.cfg.n_heads * self.cfg.d_v); // [kb, n_heads·d_v]
         for (i, st) in states.into_iter().enumerate() {
-            o.extend(core(&self.cfg, &self.w, &p, i, 1, st));
+            o.extend(core(&self.cfg, &self.w.core, &p, i, 1, st));
         }
         Ok(self.output(&o, kb, true))
     }
@@ -561,10 +626,10 @@ impl VmfPhase {
     /// (the output norm, when on) out_proj · o (+ the output bias) -> [n, d_model].
     fn output(&self, o: &[f32], n: usize, rows: bool) -> Vec<f32> {
         let normed;
-        let o = if self.w.o_norm.is_empty() {
+        let o = if self.w.core.o_norm.is_empty() {
             o
         } else {
-            normed = vmf::out_norm(o, &self.w.o_norm, self.cfg.d_v);
+            normed = vmf::out_norm(o, &self.w.core.o_norm, self.cfg.d_v);
             &normed
         };
         let mut y = self.w.out.project(o, n, rows);
@@ -580,12 +645,12 @@ impl VmfPhase {
         let d = self.cfg.d_model;
         let mut x = Vec::with_capacity(n * d); // [n, d_model]
         for hr in h.chunks_exact(d).take(n) {
-            x.extend(self.conv(hr, &mut [&mut *state], false));
+            x.extend(self.w.core.conv(&self.cfg, hr, &mut [&mut state.conv], false));
         }
         let p = project(&self.cfg, &self.w, &x, n, true);
         let mut o = Vec::with_capacity(n * self.cfg.n_heads * self.cfg.d_v);
         for i in 0..n {
-            o.extend(core(&self.cfg, &self.w, &p, i, 1, state));
+            o.extend(core(&self.cfg, &self.w.core, &p, i, 1, state));
         }
         o
     }
