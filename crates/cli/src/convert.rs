@@ -69,6 +69,14 @@ pub struct ConvertArgs {
     /// softmax's average is. Off: the plain operator.
     #[arg(long)]
     pub out_norm: bool,
+    /// With --linear-core: the window option — each converted layer keeps softmax attention
+    /// over its --sinks first and its last W positions, and the core stands for the keys that
+    /// left the window (one more slot of the softmax). 0: the plain core.
+    #[arg(long, default_value_t = 0, value_name = "W")]
+    pub window: usize,
+    /// With --linear-core --window: the first positions every query keeps exactly.
+    #[arg(long, default_value_t = 0, value_name = "S")]
+    pub sinks: usize,
 }
 
 fn parse_spec(s: &str) -> std::result::Result<QuantSpec, String> {
@@ -103,12 +111,14 @@ pub fn cmd_convert(a: ConvertArgs) -> Result<()> {
             recall_weight: a.recall_weight,
             seed: a.seed,
             out_norm: a.out_norm,
+            window: a.window,
+            sinks: a.sinks,
             force: a.force,
         };
         return crate::linearize::linearize(&src, &a.out, &o);
     }
-    if a.out_norm {
-        bail!("--out-norm: a setting of --linear-core");
+    if a.out_norm || a.window > 0 || a.sinks > 0 {
+        bail!("--out-norm, --window and --sinks are settings of --linear-core");
     }
     let opts = ConvertOptions { quant: a.quant, embeddings: a.keep_embeddings_as, f32_as: a.f32_as, force: a.force };
     let bar = ProgressBar::new(0);

@@ -352,16 +352,16 @@ pub(crate) fn record(model: &Model, layers: &[usize], windows: &[Vec<u32>], a: (
 }
 
 /// xorshift64* and Box-Muller: the fold's random features, reproducible from the seed.
-struct Rng(u64);
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
-    fn uniform(&mut self) -> f64 {
+    pub(crate) fn uniform(&mut self) -> f64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
         ((self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 + 0.5) / (1u64 << 53) as f64
     }
-    fn normal(&mut self) -> f64 {
+    pub(crate) fn normal(&mut self) -> f64 {
         (-2.0 * self.uniform().ln()).sqrt() * (std::f64::consts::TAU * self.uniform()).cos()
     }
 }
@@ -388,6 +388,89 @@ fn orthogonal_features(rng: &mut Rng, p: usize, d: usize) -> Vec<f64> {
         }
     }
     out
+}
+
+/// A projection onto phases: Ω·W [P, d] and Ω·b [P] (unscaled).
+pub(crate) type PhaseMap = (Vec<f64>, Vec<f64>);
+
+/// KV group s's random features (module header, step 2): an orthogonal Ω [P, hd] drawn from
+/// `rng`, and Ω·W, Ω·b for the group's key head and each of its g query heads. `q`, `k`: the
+/// attention's (weight [rows, d], bias [rows]) as f32.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn group_features(
+    rng: &mut Rng,
+    q: (&[f32], &[f32]),
+    k: (&[f32], &[f32]),
+    s: usize,
+    g: usize,
+    p: usize,
+    d: usize,
+    hd: usize,
+) -> (PhaseMap, Vec<PhaseMap>) {
+    let om = orthogonal_features(rng, p, hd); // [P, hd]
+    let proj = |w: &[f32], b: &[f32], head: usize| -> PhaseMap {
+        let mut m = vec![0f64; p * d];
+        let mut bb = vec![0f64; p];
+        for j in 0..p {
+            for e in 0..hd {
+                let o = om[j * hd + e];
+                let row = &w[(head * hd + e) * d..(head * hd + e + 1) * d];
+                m[j * d..(j + 1) * d].iter_mut().zip(row).for_each(|(x, &y)| *x += o * y as f64);
+                bb[j] += o * b[head * hd + e] as f64;
+            }
+        }
+        (m, bb)
+    };
+    (proj(k.0, k.1, s), (0..g).map(|j| proj(q.0, q.1, s * g + j)).collect())
+}
+
+/// Unscaled phases θ0 = Ω(Wx + b) of one window x [T, d]: the queries' [T, g, P] and the key's
+/// [T, P].
+pub(crate) fn group_phases(kp: &PhaseMap, qp: &[PhaseMap], x: &[f32], t: usize, p: usize, d: usize) -> (Vec<f32>, Vec<f32>) {
+    let phases = |m: &PhaseMap| -> Vec<f32> {
+        let mut out = vec![0f32; t * p];
+        for i in 0..t {
+            for j in 0..p {
+                let r = &m.0[j * d..(j + 1) * d];
+                out[i * p + j] = (r.iter().zip(&x[i * d..(i + 1) * d]).map(|(a, &b)| a * b as f64).sum::<f64>() + m.1[j]) as f32;
+            }
+        }
+        out
+    };
+    let g = qp.len();
+    let mut tq = vec![0f32; t * g * p]; // [T, g, P]
+    for (j, qpj) in qp.iter().enumerate() {
+        let ph = phases(qpj);
+        for i in 0..t {
+            tq[(i * g + j) * p..(i * g + j + 1) * p].copy_from_slice(&ph[i * p..(i + 1) * p]);
+        }
+    }
+    (tq, phases(kp))
+}
+
+/// Group s's phase maps scaled by `sc` into the θq / θk tensors (weights [heads·P, d], biases).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn put_phases(
+    kp: &PhaseMap,
+    qp: &[PhaseMap],
+    sc: f64,
+    s: usize,
+    g: usize,
+    p: usize,
+    d: usize,
+    thq: (&mut [f32], &mut [f32]),
+    thk: (&mut [f32], &mut [f32]),
+) {
+    let (thq, thk) = (thq, thk);
+    for (j, m) in std::iter::once(kp).chain(qp).enumerate() {
+        let (dst, dst_b, head) = if j == 0 { (&mut *thk.0, &mut *thk.1, s) } else { (&mut *thq.0, &mut *thq.1, s * g + j - 1) };
+        for r in 0..p {
+            for e in 0..d {
+                dst[(head * p + r) * d + e] = (m.0[r * d + e] * sc) as f32;
+            }
+            dst_b[head * p + r] = (m.1[r] * sc) as f32;
+        }
+    }
 }
 
 /// The fold of one layer (module header, step 2): its vmf tensors (GGUF suffix, [rows, cols]
@@ -425,47 +508,11 @@ fn fold(
     let mut chosen = Vec::with_capacity(nk);
     let (mut num_all, mut den_all) = (0f64, 0f64);
     for s in 0..nk {
-        let om = orthogonal_features(&mut rng, p, hd); // [P, hd]
-        // Ω·W (rows [P, d]) and Ω·b for the group's key head and its query heads, unscaled.
-        let proj = |w: &[f32], b: &[f32], head: usize| -> (Vec<f64>, Vec<f64>) {
-            let mut m = vec![0f64; p * d];
-            let mut bb = vec![0f64; p];
-            for j in 0..p {
-                for e in 0..hd {
-                    let o = om[j * hd + e];
-                    let row = &w[(head * hd + e) * d..(head * hd + e + 1) * d];
-                    m[j * d..(j + 1) * d].iter_mut().zip(row).for_each(|(x, &y)| *x += o * y as f64);
-                    bb[j] += o * b[head * hd + e] as f64;
-                }
-            }
-            (m, bb)
-        };
-        let kp = proj(&wk, &bk, s);
-        let qp: Vec<(Vec<f64>, Vec<f64>)> = (0..g).map(|j| proj(&wq, &bq, s * g + j)).collect();
-        // Unscaled phases and values on every window: θ0 = Ω(Wx + b), v = W_v x.
-        let phases = |m: &(Vec<f64>, Vec<f64>), x: &[f32]| -> Vec<f32> {
-            let n = x.len() / d;
-            let mut out = vec![0f32; n * p];
-            for i in 0..n {
-                for j in 0..p {
-                    let r = &m.0[j * d..(j + 1) * d];
-                    out[i * p + j] =
-                        (r.iter().zip(&x[i * d..(i + 1) * d]).map(|(a, &b)| a * b as f64).sum::<f64>() + m.1[j]) as f32;
-                }
-            }
-            out
-        };
+        let (kp, qp) = group_features(&mut rng, (&wq, &bq), (&wk, &bk), s, g, p, d, hd);
         let per_window: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = xs
             .iter()
             .map(|x| {
-                let tk = phases(&kp, x);
-                let mut tq = vec![0f32; t * g * p]; // [T, g, P]
-                for (j, qpj) in qp.iter().enumerate() {
-                    let ph = phases(qpj, x);
-                    for i in 0..t {
-                        tq[(i * g + j) * p..(i * g + j + 1) * p].copy_from_slice(&ph[i * p..(i + 1) * p]);
-                    }
-                }
+                let (tq, tk) = group_phases(&kp, &qp, x, t, p, d);
                 let mut v = vec![0f32; t * hd];
                 for i in 0..t {
                     for e in 0..hd {
@@ -524,15 +571,7 @@ fn fold(
         den_all += total;
         chosen.push(format!("σ {sigma} H {hl}"));
         let sc = sigma as f64 * inv4;
-        for (j, m) in std::iter::once(&kp).chain(&qp).enumerate() {
-            let (dst, dst_b, head) = if j == 0 { (&mut thk, &mut thk_b, s) } else { (&mut thq, &mut thq_b, s * g + j - 1) };
-            for r in 0..p {
-                for e in 0..d {
-                    dst[(head * p + r) * d + e] = (m.0[r * d + e] * sc) as f32;
-                }
-                dst_b[head * p + r] = (m.1[r] * sc) as f32;
-            }
-        }
+        put_phases(&kp, &qp, sc, s, g, p, d, (&mut thq, &mut thq_b), (&mut thk, &mut thk_b));
         a_log[s * f..(s + 1) * f].fill(((std::f64::consts::LN_2 / hl as f64).ln()) as f32);
         // out_proj columns of the group's heads times their least-squares scale (with the
         // output norm: the head's gains).

@@ -72,6 +72,7 @@ pub fn add_bias(x: &mut [f32], b: &[f32]) {
     }
 }
 
+#[derive(Clone)]
 pub struct AttentionWeights {
     pub wq: QTensor,
     pub wk: QTensor,

@@ -8,7 +8,8 @@
 //! ```
 //! f_t [hd] is the core's output for the head (its state written with each key as it leaves
 //! the window: the core run over inputs shifted by W) and b_t its slot logit (an affine map of
-//! the layer input, per head). The denominator is positive whatever the sign of the cos kernel
+//! the layer input, per head). The slot joins at t = S + W, when the first key has left: before
+//! it the near keys are every key and o_t is exact attention (no empty slot dilutes it). The denominator is positive whatever the sign of the cos kernel
 //! inside the core, which is why the far part enters as a slot and not as kernel mass in the
 //! normaliser (LoLCATs' form needs positive features). Teacher-forced stage 1 needs ∂f and ∂b;
 //! stage 2 also ∂q, ∂k, ∂v, which are the near keys' softmax backward against the whole
@@ -39,8 +40,9 @@ pub fn slot_forward<F: Float>(s: &FarShape, q: &[F], k: &[F], v: &[F], f: &[F], 
     for r in 0..s.t * nh {
         // Shift by m = max(c, b): both weights ≤ 1, the sum ≥ 1.
         let (c, bb) = (near.c[r], b[r]);
-        let m = c.max(bb);
-        let (wn, ws) = ((c - m).exp(), (bb - m).exp());
+        let on = slot_on(s, r / nh);
+        let m = if on { c.max(bb) } else { c };
+        let (wn, ws) = ((c - m).exp(), if on { (bb - m).exp() } else { F::ZERO });
         let den = near.den[r] * wn + ws;
         let inv = F::ONE / den;
         let (num, fr) = (&near.num[r * hd..][..hd], &f[r * hd..][..hd]);
@@ -73,6 +75,9 @@ pub fn slot_backward<F: Float>(
     assert!(df.len() == f.len() && db.len() == b.len() && d_o.len() == o.len(), "slot backward: shapes");
     near_backward(s, &window_exits(s), 0, q, k, v, o, lse, d_o, dq, dk, dv);
     for r in 0..s.t * nh {
+        if !slot_on(s, r / nh) {
+            continue;
+        }
         let p = F::from_f64((b[r].to_f64() - lse[r]).exp());
         let (dor, fr, or) = (&d_o[r * hd..][..hd], &f[r * hd..][..hd], &o[r * hd..][..hd]);
         let (mut dof, mut doo) = (F::ZERO, F::ZERO);
@@ -83,6 +88,11 @@ pub fn slot_backward<F: Float>(
         df[r * hd..][..hd].iter_mut().zip(dor).for_each(|(a, &g)| *a += p * g);
         db[r] += p * (dof - doo);
     }
+}
+
+/// Whether position t's softmax has the slot: from t = S + W on (a key has left the window).
+pub fn slot_on(s: &FarShape, t: usize) -> bool {
+    t >= s.sinks + s.window
 }
 
 /// The core's inputs as it sees them beside the window: row t carries the key that leaves the

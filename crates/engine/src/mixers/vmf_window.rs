@@ -11,6 +11,8 @@
 //!       λ^{t − j − window}; φk_j and κ_j from the core's own conv'd input, v_j the attention's
 //! out = W_o · o
 //! ```
+//! The slot joins at t = sinks + window, when the first key has left: before it the layer is
+//! exact attention.
 //! The core's states are the layer's KV heads and its values their value rows. The
 //! definition, its backward and gradcheck are `cortiq_train::vmf_window`; the f64 reference is
 //! tools/fixtures/gen_vmf.py (`--window`).
@@ -52,6 +54,18 @@ pub struct VmfWindow {
 }
 
 impl VmfWindow {
+    /// From its parts (the converter builds one to rank layers by their sink+window cost).
+    pub fn new(
+        cfg: VmfConfig,
+        att: AttentionWeights,
+        rope: usize,
+        core: CoreWeights,
+        slot: QTensor,
+        slot_b: Vec<f32>,
+    ) -> VmfWindow {
+        VmfWindow { cfg, att, rope, core, slot, slot_b }
+    }
+
     /// Layer `il` by GGUF names: the attention's tensors, the core's (no vmf_v / vmf_out) and
     /// the slot's.
     pub fn load(src: &dyn TensorSource, mc: &ModelConfig, c: VmfConfig, il: usize, spec: &LayerSpec) -> Result<VmfWindow> {
@@ -229,7 +243,8 @@ impl VmfWindow {
                     sc.push(dot * scale as f64);
                 }
                 let b = r.b[(i0 + i) * nh + h] as f64;
-                let m = sc.iter().fold(b, |m, &x| m.max(x));
+                let on = t >= s + w;
+                let m = sc.iter().fold(if on { b } else { f64::NEG_INFINITY }, |m, &x| m.max(x));
                 acc.fill(0.0);
                 let mut den = 0f64;
                 for (j, &x) in near.zip(sc.iter()) {
@@ -237,7 +252,7 @@ impl VmfWindow {
                     den += e;
                     acc.iter_mut().zip(key(j).1).for_each(|(a, &vv)| *a += e * vv as f64);
                 }
-                let eb = (b - m).exp();
+                let eb = if on { (b - m).exp() } else { 0.0 };
                 den += eb;
                 let fr = &fo[(i * nh + h) * hd..][..hd];
                 for ((o, a), &fv) in orow.iter_mut().zip(acc.iter()).zip(fr) {
