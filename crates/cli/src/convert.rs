@@ -71,7 +71,8 @@ pub struct ConvertArgs {
     pub out_norm: bool,
     /// With --linear-core: the window option — each converted layer keeps softmax attention
     /// over its --sinks first and its last W positions, and the core stands for the keys that
-    /// left the window (one more slot of the softmax). 0: the plain core.
+    /// left the window (one more slot of the softmax; the core's output norm on). 0: the
+    /// plain core.
     #[arg(long, default_value_t = 0, value_name = "W")]
     pub window: usize,
     /// With --linear-core --window: the first positions every query keeps exactly.

@@ -16,6 +16,7 @@ pub mod common;
 pub mod convert;
 pub mod hub;
 pub mod linearize;
+pub mod linearize_window;
 pub mod logits;
 pub mod polish;
 pub mod ppl;

@@ -36,6 +36,11 @@
 //!    tensors, plus their vmf tensors (f32), and the plan in the metadata (`vmf_phase` in an
 //!    embedded config.json, `cortiq.vmf_phase.*` keys in GGUF metadata).
 //!
+//! With `--window W --sinks S` (the window option) a converted layer keeps its attention
+//! tensors and softmax over S sinks and the last W positions; auto ranks the layers by what
+//! sink+window alone costs instead of the bypass, and the fold is `linearize_window`'s (the
+//! core and the slot fitted to the keys that left the window).
+//!
 //! Hand-written: the fold is the product's own method; the search is a few hundred small core
 //! evaluations (the training crate's f32 core).
 
@@ -58,11 +63,11 @@ use cortiq_train::vmf::{CoreCheckpoints, CoreShape, core_forward, phase_forward}
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// Bandwidths σ tried per KV group.
-const SIGMAS: [f32; 8] = [0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0];
+pub(crate) const SIGMAS: [f32; 8] = [0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0];
 /// Decay half-lives (tokens) tried per KV group.
-const HALF_LIVES: [f32; 7] = [2.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0];
+pub(crate) const HALF_LIVES: [f32; 7] = [2.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0];
 /// Taps of the identity-initialised conv.
-const CONV: usize = 4;
+pub(crate) const CONV: usize = 4;
 
 /// What `convert --linear-core vmf_phase` was asked for.
 pub struct LinearizeOpts {
@@ -80,6 +85,10 @@ pub struct LinearizeOpts {
     /// The operator's output norm (per head g ⊙ o / rms(o)): the fold sets each head's gain
     /// to its least-squares scale instead of scaling out_proj.
     pub out_norm: bool,
+    /// The window option (`linearize_window`): sinks + window exact positions per converted
+    /// layer, the core for the keys that left; window 0: the plain core.
+    pub window: usize,
+    pub sinks: usize,
     pub force: bool,
 }
 
@@ -113,6 +122,17 @@ pub fn linearize(src: &Path, out: &Path, o: &LinearizeOpts) -> Result<()> {
     }
     if o.ctx < 16 || o.windows == 0 {
         bail!("--calib-ctx must be at least 16 and --calib-windows at least 1");
+    }
+    if o.window == 0 && o.sinks > 0 {
+        bail!("--sinks {}: a setting of --window (the window option)", o.sinks);
+    }
+    if o.window > 0 && o.sinks + o.window + 16 > o.ctx {
+        bail!(
+            "--window {} --sinks {}: the calibration windows (--calib-ctx {}) must reach at least 16 positions past them",
+            o.window,
+            o.sinks,
+            o.ctx
+        );
     }
     if !(o.recall_weight >= 0.0 && o.recall_weight.is_finite()) {
         bail!("--recall-weight: must be a finite number >= 0, got {}", o.recall_weight);
@@ -159,29 +179,56 @@ pub fn linearize(src: &Path, out: &Path, o: &LinearizeOpts) -> Result<()> {
     let t0 = Instant::now();
     let layers = match (listed, choice) {
         (Some(v), _) => v,
-        (None, Choice::Auto(f)) => auto_layers(&mut loaded.model, &windows, bos.is_some(), f, o.recall_weight)?,
+        (None, Choice::Auto(f)) => {
+            auto_layers(&mut loaded.model, &windows, bos.is_some(), f, o.recall_weight, &|m: &Model, il: usize| {
+                // The window option's layers keep sink+window: rank by what losing the rest costs.
+                let a: Option<&Attention> = m.layers[il].mixer.downcast_ref();
+                match a {
+                    Some(a) if o.window > 0 => {
+                        crate::linearize_window::sink_window_mixer(&window_config(&m.cfg, o), &a.w, m.cfg.layers[il].rope)
+                    }
+                    _ => Box::new(Bypass { d: m.cfg.d_model }),
+                }
+            })?
+        }
         (None, Choice::List(_)) => unreachable!("a list is checked above"),
     };
     eprintln!("converting layers {layers:?}");
     let model = &loaded.model;
     let (d, q) = (cfg.d_model, cfg.n_heads * cfg.head_dim);
     let rec = record(model, &layers, &windows, ("attn_norm", d), ("attn_out", q))?;
-    let vc = VmfConfig {
-        d_model: cfg.d_model,
-        n_heads: cfg.n_heads,
-        n_k_heads: cfg.n_kv_heads,
-        nphase: o.nphase,
-        d_v: cfg.head_dim,
-        conv_kernel: CONV,
-        k_gate: true,
-        phase_bias: true,
-        window: 0,
-        sinks: 0,
+    let vc = window_config(&cfg, o);
+    let qkv = if o.window > 0 {
+        let kv = cfg.n_kv_heads * cfg.head_dim;
+        let qk = record(model, &layers, &windows, ("q", q), ("k", kv))?;
+        let v = record(model, &layers, &windows, ("v", kv), ("attn_out", q))?;
+        Some((qk, v))
+    } else {
+        None
     };
     let mut added: Vec<(String, Vec<u64>, Vec<f32>)> = Vec::new();
     let mut removed: HashSet<String> = HashSet::new();
     for &il in &layers {
         let a: &Attention = model.layers[il].mixer.downcast_ref().context("a dense layer's mixer is attention")?;
+        if let Some((qk, v)) = &qkv {
+            let recs: Vec<crate::linearize_window::WinRec> = rec[&il]
+                .iter()
+                .zip(&qk[&il])
+                .zip(&v[&il])
+                .map(|(((x, y), (q, k)), (v, _))| crate::linearize_window::WinRec {
+                    x: x.clone(),
+                    q: q.clone(),
+                    k: k.clone(),
+                    v: v.clone(),
+                    y: y.clone(),
+                })
+                .collect();
+            let seed = o.seed.wrapping_add(il as u64);
+            let (tensors, report) = crate::linearize_window::fold_window(&vc, &a.w, &recs, o.ctx, cfg.attn_scale as f64, seed);
+            eprintln!("layer {il:>3}: {report}");
+            added.extend(tensors.into_iter().map(|(n, shape, v)| (format!("blk.{il}.{n}"), shape, v)));
+            continue;
+        }
         let (x, y): (Vec<Vec<f32>>, Vec<Vec<f32>>) = rec[&il].iter().cloned().unzip();
         let (tensors, report) = fold(&vc, a, &x, &y, o.ctx, o.seed.wrapping_add(il as u64), o.out_norm);
         eprintln!("layer {il:>3}: {report}");
@@ -196,6 +243,23 @@ pub fn linearize(src: &Path, out: &Path, o: &LinearizeOpts) -> Result<()> {
     let bytes = write_hybrid(&loaded, out, &removed, &added, &plan, o.force)?;
     eprintln!("wrote {} ({:.1} MB) in {:.1}s", out.display(), bytes as f64 / 1e6, t0.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// The converted layers' configuration: one state per KV group, the fold's options, and the
+/// window option's sinks and window.
+fn window_config(cfg: &cortiq_engine::config::ModelConfig, o: &LinearizeOpts) -> VmfConfig {
+    VmfConfig {
+        d_model: cfg.d_model,
+        n_heads: cfg.n_heads,
+        n_k_heads: cfg.n_kv_heads,
+        nphase: o.nphase,
+        d_v: cfg.head_dim,
+        conv_kernel: CONV,
+        k_gate: true,
+        phase_bias: true,
+        window: o.window,
+        sinks: o.sinks,
+    }
 }
 
 /// Mean NLL per predicted token at positions `from..` of each window (`from` ≥ 1).
@@ -279,7 +343,14 @@ fn copy_windows(windows: &[Vec<u32>], bos: bool) -> (Vec<Vec<u32>>, usize) {
 
 /// The fraction `f` of layers 2.. whose bypass costs least: the rise in mean NLL on the
 /// windows plus `recall_weight` × the rise on the copy probe's repeat.
-fn auto_layers(model: &mut Model, windows: &[Vec<u32>], bos: bool, f: f64, recall_weight: f64) -> Result<Vec<usize>> {
+fn auto_layers(
+    model: &mut Model,
+    windows: &[Vec<u32>],
+    bos: bool,
+    f: f64,
+    recall_weight: f64,
+    stand_in: &dyn Fn(&Model, usize) -> Box<dyn Mixer>,
+) -> Result<Vec<usize>> {
     let n_layers = model.cfg.n_layers;
     let n = ((f * n_layers as f64).round() as usize).max(1);
     let candidates: Vec<usize> = (2..n_layers).collect();
@@ -301,7 +372,8 @@ fn auto_layers(model: &mut Model, windows: &[Vec<u32>], bos: bool, f: f64, recal
     );
     let mut cost = Vec::with_capacity(candidates.len());
     for &il in &candidates {
-        let orig = std::mem::replace(&mut model.layers[il].mixer, Box::new(Bypass { d: model.cfg.d_model }));
+        let sub = stand_in(model, il);
+        let orig = std::mem::replace(&mut model.layers[il].mixer, sub);
         let r = costs(model);
         model.layers[il].mixer = orig;
         let (text, copy) = r?;
@@ -313,7 +385,7 @@ fn auto_layers(model: &mut Model, windows: &[Vec<u32>], bos: bool, f: f64, recal
     let mut sorted = cost.clone();
     sorted.sort_by(|a, b| total(a).total_cmp(&total(b)).then(a.2.cmp(&b.2)));
     let line: Vec<String> = cost.iter().map(|(t, _, il)| format!("{il}:{t:+.3}")).collect();
-    eprintln!("bypass cost (mean NLL, base {:.4}): {}", base.0, line.join(" "));
+    eprintln!("bypass cost (mean NLL, base {:.4}; sink+window's with --window): {}", base.0, line.join(" "));
     if recall {
         let line: Vec<String> = cost.iter().map(|(_, c, il)| format!("{il}:{c:+.3}")).collect();
         eprintln!("bypass cost on the copy probe (mean NLL of the repeat, base {:.4}): {}", base.1, line.join(" "));
@@ -653,8 +725,13 @@ fn write_hybrid(
                 ("conv_kernel", c.conv_kernel),
                 ("k_gate", usize::from(c.k_gate)),
                 ("phase_bias", usize::from(c.phase_bias)),
+                ("window", c.window),
+                ("sinks", c.sinks),
             ] {
-                kv.insert(format!("cortiq.vmf_phase.{k}"), u(v));
+                // (the window option's keys only when it is on: a plain hybrid's metadata as before)
+                if c.window > 0 || !matches!(k, "window" | "sinks") {
+                    kv.insert(format!("cortiq.vmf_phase.{k}"), u(v));
+                }
             }
             Metadata::Gguf { kv: TypedKv(kv) }
         }

@@ -371,5 +371,49 @@ fn out_norm_fold_puts_the_scales_in_the_gains() {
     let text = fixture("gemma3").join("README.md");
     assert!(ppl(&out, &text).is_finite());
     let (_, err, ok) = cortiq(&["convert", "-m", s(&model), "-o", s(&dir.0.join("b.cmf")), "--out-norm"]);
-    assert!(!ok && err.contains("--out-norm") && err.trim().lines().count() == 1, "{err}");
+    assert!(
+        !ok && err.contains("--out-norm, --window and --sinks are settings of --linear-core") && err.trim().lines().count() == 1,
+        "{err}"
+    );
+}
+
+/// `--window 8 --sinks 2`: layer 2 keeps its attention tensors as stored and gains the core and
+/// the slot (`VmfWindow`); the fold beats sink+window alone on its calibration rows; the hybrid
+/// runs. The window's settings are checked, one line each.
+#[test]
+fn window_fold_keeps_the_attention_and_adds_the_slot() {
+    use cortiq_engine::mixers::attention::Attention;
+    use cortiq_engine::mixers::vmf_window::VmfWindow;
+    let dir = TempDir::new("linearize-window");
+    let model = tiny(&dir);
+    let out = dir.0.join("hybrid.cmf");
+    let (err, ok) = fold_layer2(&model, &out, &["--window", "8", "--sinks", "2"]);
+    assert!(ok, "convert --linear-core --window: {err}");
+    println!("{err}");
+    let line = err.lines().find(|l| l.starts_with("layer   2:")).unwrap_or_else(|| panic!("no report: {err}"));
+    let num = |key: &str| -> f64 { line.split(key).nth(1).unwrap().split([',', ';']).next().unwrap().trim().parse().unwrap() };
+    let (alone, fold) = (num("sink+window alone relative error"), num("with the fold"));
+    assert!(fold < alone, "the fold ({fold}) against sink+window alone ({alone})");
+    let orig = cortiq_engine::load::load(&model).unwrap().model;
+    let hyb = cortiq_engine::load::load(&out).unwrap().model;
+    let a: &Attention = orig.layers[2].mixer.downcast_ref().unwrap();
+    let w: &VmfWindow = hyb.layers[2].mixer.downcast_ref().expect("layer 2 is windowed");
+    assert_eq!((w.cfg.window, w.cfg.sinks), (8, 2));
+    for (x, y) in [(&w.att.wq, &a.w.wq), (&w.att.wk, &a.w.wk), (&w.att.wv, &a.w.wv), (&w.att.wo, &a.w.wo)] {
+        assert_eq!(x.to_f32(), y.to_f32(), "the attention's tensors are kept");
+    }
+    let (nh, d) = (orig.cfg.n_heads, orig.cfg.d_model);
+    assert_eq!((w.slot.rows, w.slot.cols, w.slot_b.len()), (nh, d, nh));
+    assert_eq!(w.core.o_norm.len(), nh * orig.cfg.head_dim, "the window's core runs with its output norm");
+    let text = fixture("gemma3").join("README.md");
+    assert!(ppl(&out, &text).is_finite());
+    for (extra, want) in [
+        (vec!["--sinks", "2"], "--sinks 2: a setting of --window"),
+        (vec!["--window", "20"], "must reach at least 16 positions past them"),
+    ] {
+        let (err, ok) = fold_layer2(&model, &dir.0.join("bad.cmf"), &extra);
+        assert!(!ok && err.contains(want) && err.trim().lines().count() == 1, "{extra:?}: {err}");
+    }
+    let (_, err, ok) = cortiq(&["convert", "-m", s(&model), "-o", s(&dir.0.join("b.cmf")), "--window", "8"]);
+    assert!(!ok && err.contains("settings of --linear-core") && err.trim().lines().count() == 1, "{err}");
 }
