@@ -81,6 +81,12 @@ pub fn load_teacher(h: &Model, hybrid: &std::path::Path, teacher: &str) -> Resul
     if layers.is_empty() {
         bail!("{}: no vmf_phase layers to heal (make them with cortiq convert --linear-core vmf_phase)", hybrid.display());
     }
+    if let Some(&il) = layers.iter().find(|&&il| matches!(hc.layers[il].mixer, MixerKind::VmfPhase(c) if c.windowed())) {
+        bail!(
+            "{}: layer {il} runs the window option (convert --window); polish does not train windowed layers yet",
+            hybrid.display()
+        );
+    }
     if (hc.n_layers, hc.d_model, hc.vocab) != (tc.n_layers, tc.d_model, tc.vocab) {
         bail!(
             "--teacher {}: {} layers × {} wide, vocab {}; the hybrid has {} × {}, vocab {} (not the model it was converted from)",
