@@ -149,6 +149,14 @@ fn ridge_solve(a: &mut [f64], n: usize, b: &mut [f64], k: usize, lambda: f64) {
 /// The slot logit of a head the fold leaves to sink+window (weight e^{−10⁴ − m} = 0).
 const DEAD: f32 = -1e4;
 
+/// One head's fit (`fold_window`'s head_fit): gain, residual, and y·o, o·o at that gain.
+struct HeadFit {
+    gain: f64,
+    err: f64,
+    yo: f64,
+    oo: f64,
+}
+
 fn sigmoid(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())
 }
@@ -231,6 +239,7 @@ pub(crate) fn fold_window(
     let mut a_log = vec![0f32; nk * f];
     let mut o_norm = vec![0f32; nh * hd];
     let (mut err_all, mut chosen, mut dead) = (0f64, Vec::with_capacity(nk), 0);
+    let (mut yo_all, mut oo_all) = (0f64, 0f64);
     let sh = CoreShape { n_heads: g, n_states: 1, f, dv: hd };
     for s in 0..nk {
         let (kp, qp) = group_features(&mut rng, (&wq, &bq), (&wk, &bk), s, g, p, d, hd);
@@ -262,11 +271,12 @@ pub(crate) fn fold_window(
                 })
                 .collect()
         };
-        // Head j of the group with its slot logit moved by δ (None: the slot dead): the least-
-        // squares gain and the residual. r = y − α·o_near, B = (1 − α)·f̂, gain = Σ B·r / Σ B·B.
-        let head_fit = |fs: &[Vec<f32>], j: usize, delta: Option<f64>| -> (f64, f64) {
+        // Head j of the group with its slot logit moved by δ (None: the slot dead): the output
+        // is A + gain·B with A = α·o_near, B = (1 − α)·f̂; the least-squares gain, the residual
+        // and (y·o, o·o) at that gain.
+        let head_fit = |fs: &[Vec<f32>], j: usize, delta: Option<f64>| -> HeadFit {
             let h = s * g + j;
-            let (mut br, mut bb, mut rr) = (0f64, 0f64, 0f64);
+            let [mut ya, mut yb, mut aa, mut ab, mut bb, mut yy] = [0f64; 6];
             for ((fo, r), (sp, b)) in fs.iter().zip(recs).zip(splits.iter().zip(&bs)) {
                 for ri in 0..t - s0 {
                     let tt = s0 + ri;
@@ -275,21 +285,25 @@ pub(crate) fn fold_window(
                     let yr = &r.y[(tt * nh + h) * hd..][..hd];
                     let on = &sp.o_near[(ri * nh + h) * hd..][..hd];
                     for e in 0..hd {
-                        let res = yr[e] as f64 - alpha * on[e];
-                        let bv = (1.0 - alpha) * fr[e] as f64;
-                        br += bv * res;
+                        let (y, a, bv) = (yr[e] as f64, alpha * on[e], (1.0 - alpha) * fr[e] as f64);
+                        ya += y * a;
+                        yb += y * bv;
+                        aa += a * a;
+                        ab += a * bv;
                         bb += bv * bv;
-                        rr += res * res;
+                        yy += y * y;
                     }
                 }
             }
-            if bb > 0.0 { (br / bb, rr - br * br / bb) } else { (0.0, rr) }
+            let gain = if bb > 0.0 { (yb - ab) / bb } else { 0.0 };
+            let err = yy - 2.0 * ya + aa - if bb > 0.0 { (yb - ab) * (yb - ab) / bb } else { 0.0 };
+            HeadFit { gain, err, yo: ya + gain * yb, oo: aa + 2.0 * gain * ab + gain * gain * bb }
         };
         let mut best: Option<(f64, f32, f32)> = None;
         for &sigma in &SIGMAS {
             for &hl in &HALF_LIVES {
                 let fs = outputs(sigma, hl);
-                let err: f64 = (0..g).map(|j| head_fit(&fs, j, Some(0.0)).1).sum();
+                let err: f64 = (0..g).map(|j| head_fit(&fs, j, Some(0.0)).err).sum();
                 if best.is_none_or(|b| err < b.0) {
                     best = Some((err, sigma, hl));
                 }
@@ -307,15 +321,16 @@ pub(crate) fn fold_window(
             let (mut pick, mut fit) = (Some(0.0), head_fit(&fs, j, Some(0.0)));
             for delta in [Some(1.0), Some(-1.0), Some(-2.0), Some(-4.0), Some(-8.0), None] {
                 let r = head_fit(&fs, j, delta);
-                if r.1 < fit.1 {
+                if r.err < fit.err {
                     (pick, fit) = (delta, r);
                 }
             }
-            err_all += fit.1;
+            err_all += fit.err;
+            (yo_all, oo_all) = (yo_all + fit.yo, oo_all + fit.oo);
             match pick {
                 Some(dl) => {
                     cb[h] = (cb[h] as f64 + dl) as f32;
-                    o_norm[h * hd..][..hd].fill(fit.0 as f32);
+                    o_norm[h * hd..][..hd].fill(fit.gain as f32);
                 }
                 None => {
                     cb[h] = DEAD;
@@ -330,10 +345,11 @@ pub(crate) fn fold_window(
     (0..d).for_each(|i| conv[i * CONV + CONV - 1] = 1.0);
     let yy = yy.max(1e-30);
     let report = format!(
-        "rows past the window: sink+window alone relative error {:.3}, with the fold {:.3}; slot logit R² {:.3}; \
+        "rows past the window: sink+window alone relative error {:.3}, with the fold {:.3} (cosine {:.3}); slot logit R² {:.3}; \
          {dead} of {nh} heads' slots dead; per KV group {}",
         sw_err / yy,
         err_all / yy,
+        yo_all / (yy * oo_all.max(1e-30)).sqrt(),
         1.0 - ss_res / ss_tot.max(1e-30),
         chosen.join(", ")
     );

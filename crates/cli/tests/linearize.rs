@@ -391,9 +391,12 @@ fn window_fold_keeps_the_attention_and_adds_the_slot() {
     assert!(ok, "convert --linear-core --window: {err}");
     println!("{err}");
     let line = err.lines().find(|l| l.starts_with("layer   2:")).unwrap_or_else(|| panic!("no report: {err}"));
-    let num = |key: &str| -> f64 { line.split(key).nth(1).unwrap().split([',', ';']).next().unwrap().trim().parse().unwrap() };
-    let (alone, fold) = (num("sink+window alone relative error"), num("with the fold"));
+    let num = |key: &str| -> f64 {
+        line.split(key).nth(1).unwrap().split([',', ';', '(', ')']).next().unwrap().trim().parse().unwrap()
+    };
+    let (alone, fold, cos) = (num("sink+window alone relative error"), num("with the fold"), num("(cosine"));
     assert!(fold < alone, "the fold ({fold}) against sink+window alone ({alone})");
+    assert!(cos > 0.0 && cos <= 1.0 && cos * cos >= 1.0 - fold - 1e-3, "cosine {cos} with relative error {fold}");
     let orig = cortiq_engine::load::load(&model).unwrap().model;
     let hyb = cortiq_engine::load::load(&out).unwrap().model;
     let a: &Attention = orig.layers[2].mixer.downcast_ref().unwrap();
