@@ -57,14 +57,19 @@ fn bad_configs_are_named() {
     ] {
         let mut c = base.clone();
         c["vmf_phase"] = edit.clone();
-        std::fs::write(dir.join("config.json"), c.to_string()).unwrap();
-        let e = match cortiq_engine::load::load(&dir) {
-            Ok(_) => panic!("{edit}: loaded"),
-            Err(e) => e.to_string(),
-        };
-        println!("{edit} -> {e}");
-        assert!(e.contains(want), "{edit}: {e}");
+        assert_refused(&dir, &c, &edit, want);
     }
+}
+
+/// `config` written into `dir` (which holds the weights) fails to load, naming `want`.
+fn assert_refused(dir: &std::path::Path, config: &serde_json::Value, edit: &serde_json::Value, want: &str) {
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let e = match cortiq_engine::load::load(dir) {
+        Ok(_) => panic!("{edit}: loaded"),
+        Err(e) => e.to_string(),
+    };
+    println!("{edit} -> {e}");
+    assert!(e.contains(want), "{edit}: {e}");
 }
 
 fn tempdir() -> std::path::PathBuf {
@@ -151,12 +156,6 @@ fn bad_window_configs_are_named() {
         for (k, v) in edit.as_object().unwrap() {
             c["vmf_phase"][k] = v.clone();
         }
-        std::fs::write(dir.join("config.json"), c.to_string()).unwrap();
-        let e = match cortiq_engine::load::load(&dir) {
-            Ok(_) => panic!("{edit}: loaded"),
-            Err(e) => e.to_string(),
-        };
-        println!("{edit} -> {e}");
-        assert!(e.contains(want), "{edit}: {e}");
+        assert_refused(&dir, &c, &edit, want);
     }
 }
