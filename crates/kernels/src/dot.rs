@@ -217,42 +217,77 @@ pub(crate) mod avx512 {
         if rem >= 16 { 0xffff } else { ((1u32 << rem) - 1) as u16 }
     }
 
-    /// 4 rows of x by 32 columns of b per microkernel step: 4 broadcasts + 2 loads feed 8 FMAs
-    /// per k; column tails are masked, row tails reuse the last valid row (results discarded).
+    /// `gemm_nn`'s microkernel: MR rows of x by 16·NV columns of b, keys in blocks of KC.
+    const MR: usize = 8;
+    const NV: usize = 2;
+    const KC: usize = 128;
+
+    /// MR rows of x by 16·NV columns of b per microkernel step: MR broadcasts + NV loads feed
+    /// MR·NV FMAs per k (8 × 2: 16 accumulators, twice the chains both FMA pipes need to stay
+    /// busy, 19 of the 32 registers). k runs in blocks of `KC`, the partial sums parked in y
+    /// between blocks, so the [KC, 16·NV] block of b a step reads stays in L1 for every row
+    /// (the attention's P·V has thousands of keys); each output is still one FMA chain over k
+    /// in order, the twin's bits. Column tails are masked, row tails reuse the last valid row
+    /// (results discarded).
+    ///
+    /// # Safety
+    /// AVX-512 F available; bounds as `super::check_gemm_nn` checks them.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,fma")]
     pub unsafe fn gemm_nn(x: &[f32], n_t: usize, b: &[f32], ldb: usize, k_len: usize, n: usize, y: &mut [f32], ldy: usize) {
         let (px, pb, py) = (x.as_ptr(), b.as_ptr(), y.as_mut_ptr());
-        let mut c = 0;
-        while c < n {
-            let m0 = tail_mask(n - c);
-            let m1 = tail_mask((n - c).saturating_sub(16));
-            let mut t = 0;
-            while t < n_t {
-                let nt = (n_t - t).min(4);
-                let rows: [usize; 4] = std::array::from_fn(|i| t + i.min(nt - 1));
-                let mut acc = [[_mm512_setzero_ps(); 2]; 4];
-                // SAFETY: rows < n_t, k < k_len, columns c.. masked to < n: every access is
-                // inside x [n_t, k_len], b (k_len rows of stride ldb >= n) and y (checked by
-                // the caller).
-                unsafe {
-                    for k in 0..k_len {
-                        let b0 = _mm512_maskz_loadu_ps(m0, pb.add(k * ldb + c));
-                        let b1 = _mm512_maskz_loadu_ps(m1, pb.add(k * ldb + c + 16));
-                        for i in 0..4 {
-                            let a = _mm512_set1_ps(*px.add(rows[i] * k_len + k));
-                            acc[i][0] = _mm512_fmadd_ps(a, b0, acc[i][0]);
-                            acc[i][1] = _mm512_fmadd_ps(a, b1, acc[i][1]);
+        let mut k0 = 0;
+        loop {
+            let k1 = (k0 + KC).min(k_len);
+            let mut c = 0;
+            while c < n {
+                let rem = n - c;
+                let m: [__mmask16; NV] = std::array::from_fn(|j| tail_mask(rem.saturating_sub(16 * j)));
+                let mut t = 0;
+                while t < n_t {
+                    let nt = (n_t - t).min(MR);
+                    let rows: [usize; MR] = std::array::from_fn(|i| t + i.min(nt - 1));
+                    let mut acc = [[_mm512_setzero_ps(); NV]; MR];
+                    // SAFETY (whole block): rows < n_t, k < k_len, columns c.. masked to < n:
+                    // every access is inside x [n_t, k_len], b (k_len rows of stride ldb >= n)
+                    // and y (checked by the caller). wrapping_add: with a short tail a later
+                    // vector's address may lie past the end; its lanes are all masked off, and
+                    // a masked lane is never touched.
+                    unsafe {
+                        if k0 > 0 {
+                            for (i, a) in acc.iter_mut().enumerate() {
+                                let yr = py.add(rows[i] * ldy + c);
+                                for (j, v) in a.iter_mut().enumerate() {
+                                    *v = _mm512_maskz_loadu_ps(m[j], yr.wrapping_add(16 * j));
+                                }
+                            }
+                        }
+                        let xr: [*const f32; MR] = std::array::from_fn(|i| px.add(rows[i] * k_len));
+                        for k in k0..k1 {
+                            let bp = pb.wrapping_add(k * ldb + c);
+                            let bv: [__m512; NV] = std::array::from_fn(|j| _mm512_maskz_loadu_ps(m[j], bp.wrapping_add(16 * j)));
+                            for (a, &r) in acc.iter_mut().zip(&xr) {
+                                let av = _mm512_set1_ps(*r.add(k));
+                                for (v, &bj) in a.iter_mut().zip(&bv) {
+                                    *v = _mm512_fmadd_ps(av, bj, *v);
+                                }
+                            }
+                        }
+                        for (i, a) in acc.iter().enumerate().take(nt) {
+                            let yr = py.add((t + i) * ldy + c);
+                            for (j, &v) in a.iter().enumerate() {
+                                _mm512_mask_storeu_ps(yr.wrapping_add(16 * j), m[j], v);
+                            }
                         }
                     }
-                    for (i, a) in acc.iter().enumerate().take(nt) {
-                        _mm512_mask_storeu_ps(py.add((t + i) * ldy + c), m0, a[0]);
-                        _mm512_mask_storeu_ps(py.add((t + i) * ldy + c + 16), m1, a[1]);
-                    }
+                    t += MR;
                 }
-                t += 4;
+                c += 16 * NV;
             }
-            c += 32;
+            k0 = k1;
+            if k0 >= k_len {
+                break;
+            }
         }
     }
 
@@ -551,6 +586,7 @@ mod tests {
             (33, 3, 16),
             (4, 600, 64),
             (7, 513, 40),
+            (9, 260, 48),
             (2, 0, 9),
         ] {
             let x = rnd(nt * k, 5);
