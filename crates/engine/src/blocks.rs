@@ -244,10 +244,10 @@ pub fn attention_core(
         let at = AttnCtx { hd, nh, group, kv_dim, q_dim, pos0, lo, scale, softcap, window, fast: num == Numerics::Fast };
         if n >= ATTN_GEMM_MIN {
             // Positions lo.. are the only ones any query of this chunk sees: an f16 or 8-bit
-            // cache is widened over that span alone (a sliding layer's window, not the whole
+            // cache is read over that span alone (a sliding layer's window, not the whole
             // context), once per chunk.
-            let (kc, vc) = kv.f32_from(lo, kv_dim);
-            attend_blocked(&at, &q, n, &kc, &vc, &mut o);
+            let (keys, vals, rot) = kv.rows();
+            attend_blocked(&at, &q, n, keys, vals, rot, &mut o);
         } else {
             decode_attend(&at, &q, &[(pos0, 0)], &[&*kv], &mut o);
         }
@@ -665,89 +665,147 @@ fn decode_attend_in(
     }
 }
 
+/// Keys per panel of the transposed keys `attend_blocked` builds: a panel [head_dim, KP] is
+/// contiguous (8 KB at head size 64, 32 KB at 256), so the score GEMM's column block reads one
+/// run of memory instead of head_dim rows a whole context apart (a TLB miss each).
+const KP: usize = 32;
+
+thread_local! {
+    /// attend_blocked's per-call buffers on the calling thread: [Kᵀ panels, V widened to f32,
+    /// outputs by head]. Reused across calls: fresh allocations of this size (megabytes at
+    /// depth) are fresh mmaps, page faults and zeroing on one thread while the others wait.
+    static BLOCKED_BUFS: std::cell::RefCell<[Vec<f32>; 3]> = const { std::cell::RefCell::new([Vec::new(), Vec::new(), Vec::new()]) };
+}
+
+/// Row t's values off..off + out.len() of a cache in its stored type, as f32 (f16 exactly;
+/// 8-bit `q · d`, its keys transformed back when `rot` > 0, as `Cache::f32_from`).
+fn widen_row(rows: KvRows, t: usize, stride: usize, off: usize, rot: usize, out: &mut [f32]) {
+    use half::slice::HalfFloatSliceExt;
+    let at = t * stride + off;
+    match rows {
+        KvRows::F32(x) => out.copy_from_slice(&x[at..at + out.len()]),
+        KvRows::F16(x) => x[at..at + out.len()].convert_to_f32_slice(out),
+        KvRows::Q8 { q, d } => {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = q[at + i] as f32 * d[(at + i) / cortiq_kernels::kvattn::Q8_BLOCK];
+            }
+            if rot > 0 {
+                hadamard(out, rot);
+            }
+        }
+    }
+}
+
 /// Attention for a chunk of n >= ATTN_GEMM_MIN queries, by (head, block of ATTN_QB queries):
 /// S = Q_blk·K_spanᵀ and O_blk = P·V_span with the f32 GEMM (`gemm_nn`: no horizontal sums)
-/// over the span of keys any query of the block sees; keys a query must not see (causal
-/// future, outside its window) get weight 0. Under fast numerics P is left unnormalised and
-/// each row of O is multiplied by 1/Σ afterwards (`AttnCtx::weights`). Same values as
-/// `attend_one` up to summation order and that one rounding; a query's values depend on its
-/// position and the keys only, not on where the chunk starts. q: [n, nh, hd] -> o: [n, nh, hd]
-fn attend_blocked(at: &AttnCtx, q: &[f32], n: usize, kc: &[f32], vc: &[f32], o: &mut [f32]) {
-    let (hd, nh, kv_dim, q_dim, lo) = (at.hd, at.nh, at.kv_dim, at.q_dim, at.lo);
+/// over the span of keys any query of the block sees, from the panel holding its first key;
+/// keys a query must not see (causal future, outside its window, the panel's lead) get weight
+/// 0, and a zero weight leaves the weighted sum's FMA chain as it was. Under fast numerics P
+/// is left unnormalised and each row of O is multiplied by 1/Σ afterwards
+/// (`AttnCtx::weights`). Same values as `attend_one` up to summation order and that one
+/// rounding; a query's values depend on its position and the keys only, not on where the
+/// chunk starts. The cache is read in its stored type (keys and values of every position
+/// `lo..pos0 + n`, `rot` as `Cache::rows`): the keys go once into transposed panels, the
+/// values of an f16 or 8-bit cache once into f32 rows, both split over the pool; an f32
+/// cache's values are read in place. q: [n, nh, hd] -> o: [n, nh, hd]
+#[allow(clippy::too_many_arguments)]
+fn attend_blocked(at: &AttnCtx, q: &[f32], n: usize, keys: KvRows, vals: KvRows, rot: usize, o: &mut [f32]) {
+    let (hd, nh, kv_dim, q_dim) = (at.hd, at.nh, at.kv_dim, at.q_dim);
     let nkv = nh / at.group;
-    // Every key the chunk sees, per kv head, once: Kᵀ [hd, nk] (blocked transpose) and V
-    // [nk, hd]. Per (head, query block) item, the keys it needs are a column range of Kᵀ and a
-    // row range of V: no per-item copies.
-    let nk = at.pos0 + n - lo;
-    let mut kt = vec![0f32; nkv * hd * nk]; // [nkv, hd, nk]
-    let mut vh = vec![0f32; nkv * nk * hd]; // [nkv, nk, hd]
-    pool().for_rows_mut(&mut kt, hd * nk, 1, |h0, kts| {
-        for (i, kth) in kts.chunks_mut(hd * nk).enumerate() {
-            let kvh = h0 + i;
-            for j0 in (0..nk).step_by(16) {
-                for d0 in (0..hd).step_by(16) {
-                    for j in j0..(j0 + 16).min(nk) {
-                        let src = &kc[j * kv_dim + kvh * hd..][..hd];
-                        for d in d0..(d0 + 16).min(hd) {
-                            kth[d * nk + j] = src[d];
+    let end = at.pos0 + n; // one past the last cached position any query sees
+    let pa = at.lo / KP; // the first panel
+    let np = end.div_ceil(KP) - pa;
+    let base = pa * KP; // the first position held in the panels and in widened values
+    BLOCKED_BUFS.with(|bufs| {
+        let mut bufs = bufs.borrow_mut();
+        let [kt, vw, ot] = &mut *bufs;
+        // Kᵀ panels [nkv, np, hd, KP]: panel j of kv head h holds positions base + j·KP.. as
+        // columns (zeros past the end).
+        kt.resize(nkv * np * hd * KP, 0.0);
+        pool().for_rows_mut(&mut kt[..nkv * np * hd * KP], hd * KP, 1, |r0, chunk| {
+            let mut row = vec![0f32; hd];
+            for (i, panel) in chunk.chunks_mut(hd * KP).enumerate() {
+                let (h, j) = ((r0 + i) / np, (r0 + i) % np);
+                let p0 = base + j * KP;
+                for c in 0..KP {
+                    if p0 + c < end {
+                        widen_row(keys, p0 + c, kv_dim, h * hd, rot, &mut row);
+                        for (d, &x) in row.iter().enumerate() {
+                            panel[d * KP + c] = x;
+                        }
+                    } else {
+                        for d in 0..hd {
+                            panel[d * KP + c] = 0.0;
                         }
                     }
                 }
             }
-        }
-    });
-    for kvh in 0..nkv {
-        for j in 0..nk {
-            vh[(kvh * nk + j) * hd..][..hd].copy_from_slice(&vc[j * kv_dim + kvh * hd..][..hd]);
-        }
-    }
-    let n_qb = n.div_ceil(ATTN_QB);
-    let mut ot = vec![0f32; nh * n_qb * ATTN_QB * hd]; // [nh, n_qb * ATTN_QB, hd], padded
-    pool().for_rows_mut_dynamic(&mut ot, ATTN_QB * hd, 1, |item, out| {
-        let (head, qb) = (item / n_qb, item % n_qb);
-        let kvh = head / at.group;
-        let (i0, i1) = (qb * ATTN_QB, ((qb + 1) * ATTN_QB).min(n));
-        let nq = i1 - i0;
-        // Keys [k0, k1) (cache positions) cover every query of the block.
-        let (k0, k1) = (at.first(at.pos0 + i0), at.pos0 + i1);
-        let nkb = k1 - k0;
-        // Per-thread scratch, reused across items and calls: fresh allocations of this size
-        // are fresh mmaps and page faults.
-        ATTN_SCRATCH.with(|sc| {
-            let mut sc = sc.borrow_mut();
-            let [qblk, s, inv] = &mut *sc;
-            qblk.resize(nq * hd, 0.0); // [nq, hd]
-            s.resize(nq * nkb, 0.0); // [nq, nkb]
-            inv.resize(nq, 0.0); // what each output row is multiplied by
-            for (r, row) in qblk.chunks_mut(hd).enumerate() {
-                row.copy_from_slice(&q[(i0 + r) * q_dim + head * hd..][..hd]);
-            }
-            // S = Q_blk · Kᵀ[:, k0..k1]
-            let kt_h = &kt[kvh * hd * nk + (k0 - lo)..];
-            gemm_nn(qblk, nq, kt_h, nk, hd, nkb, s, nkb);
-            for (r, (row, inv)) in s.chunks_mut(nkb).zip(inv.iter_mut()).enumerate() {
-                let p = at.pos0 + i0 + r;
-                let (a, b) = (at.first(p) - k0, p + 1 - k0); // visible keys of this query
-                row[..a].fill(0.0);
-                row[b..].fill(0.0);
-                let vis = &mut row[a..b];
-                vis.iter_mut().for_each(|x| *x = at.score(*x));
-                *inv = at.weights(vis);
-            }
-            // O = P · V[k0..k1], each row then times its 1/Σ
-            let v_h = &vh[(kvh * nk + (k0 - lo)) * hd..];
-            gemm_nn(s, nq, v_h, hd, nkb, hd, &mut out[..nq * hd], hd);
-            for (row, &inv) in out.chunks_mut(hd).zip(inv.iter()) {
-                row.iter_mut().for_each(|v| *v *= inv);
-            }
         });
-    });
-    for i in 0..n {
-        for head in 0..nh {
-            let src = (head * n_qb * ATTN_QB + i) * hd;
-            o[i * q_dim + head * hd..][..hd].copy_from_slice(&ot[src..src + hd]);
+        // Values as f32 rows [position, kv_dim] from `vbase`: an f32 cache in place.
+        let (vrows, vbase): (&[f32], usize) = match vals {
+            KvRows::F32(x) => (x, 0),
+            _ => {
+                vw.resize((end - base) * kv_dim, 0.0);
+                pool().for_rows_mut(&mut vw[..(end - base) * kv_dim], kv_dim, 64, |r0, chunk| {
+                    for (i, row) in chunk.chunks_mut(kv_dim).enumerate() {
+                        widen_row(vals, base + r0 + i, kv_dim, 0, 0, row);
+                    }
+                });
+                (&vw[..], base)
+            }
+        };
+        let n_qb = n.div_ceil(ATTN_QB);
+        ot.resize(nh * n_qb * ATTN_QB * hd, 0.0); // [nh, n_qb * ATTN_QB, hd], padded
+        pool().for_rows_mut_dynamic(&mut ot[..], ATTN_QB * hd, 1, |item, out| {
+            let (head, qb) = (item / n_qb, item % n_qb);
+            let kvh = head / at.group;
+            let (i0, i1) = (qb * ATTN_QB, ((qb + 1) * ATTN_QB).min(n));
+            let nq = i1 - i0;
+            // Keys [k0, k1) (cache positions) cover every query of the block; the scores start
+            // at the panel holding k0.
+            let (k0, k1) = (at.first(at.pos0 + i0) / KP * KP, at.pos0 + i1);
+            let nkb = k1 - k0;
+            // Per-thread scratch, reused across items and calls: fresh allocations of this size
+            // are fresh mmaps and page faults.
+            ATTN_SCRATCH.with(|sc| {
+                let mut sc = sc.borrow_mut();
+                let [qblk, s, inv] = &mut *sc;
+                qblk.resize(nq * hd, 0.0); // [nq, hd]
+                s.resize(nq * nkb, 0.0); // [nq, nkb]
+                inv.resize(nq, 0.0); // what each output row is multiplied by
+                for (r, row) in qblk.chunks_mut(hd).enumerate() {
+                    row.copy_from_slice(&q[(i0 + r) * q_dim + head * hd..][..hd]);
+                }
+                // S = Q_blk · Kᵀ[:, k0..k1], a panel at a time
+                for off in (0..nkb).step_by(KP) {
+                    let j = (k0 + off) / KP - pa;
+                    let panel = &kt[(kvh * np + j) * hd * KP..][..hd * KP];
+                    gemm_nn(qblk, nq, panel, KP, hd, KP.min(nkb - off), &mut s[off..], nkb);
+                }
+                for (r, (row, inv)) in s.chunks_mut(nkb).zip(inv.iter_mut()).enumerate() {
+                    let p = at.pos0 + i0 + r;
+                    let (a, b) = (at.first(p) - k0, p + 1 - k0); // visible keys of this query
+                    row[..a].fill(0.0);
+                    row[b..].fill(0.0);
+                    let vis = &mut row[a..b];
+                    vis.iter_mut().for_each(|x| *x = at.score(*x));
+                    *inv = at.weights(vis);
+                }
+                // O = P · V[k0..k1], each row then times its 1/Σ
+                let v_h = &vrows[(k0 - vbase) * kv_dim + kvh * hd..];
+                gemm_nn(s, nq, v_h, kv_dim, nkb, hd, &mut out[..nq * hd], hd);
+                for (row, &inv) in out.chunks_mut(hd).zip(inv.iter()) {
+                    row.iter_mut().for_each(|v| *v *= inv);
+                }
+            });
+        });
+        for i in 0..n {
+            for head in 0..nh {
+                let src = (head * n_qb * ATTN_QB + i) * hd;
+                o[i * q_dim + head * hd..][..hd].copy_from_slice(&ot[src..src + hd]);
+            }
         }
-    }
+    });
 }
 
 pub struct FfnWeights {
@@ -858,6 +916,9 @@ mod tests {
             (2, 2, 8, 65, 40, Some(10), None),
             (4, 2, 24, 40, 5, Some(50), None),
             (3, 3, 64, 8, 3, None, None),
+            // Deep chunks: windows that start inside a panel of keys, several panels.
+            (2, 1, 64, 40, 301, Some(100), None),
+            (4, 2, 32, 50, 203, None, None),
         ] {
             let (q_dim, kv_dim) = (nh * hd, nkv * hd);
             let total = pos0 + n;
@@ -867,23 +928,34 @@ mod tests {
             let first = |p: usize| window.map_or(0, |w: usize| (p + 1).saturating_sub(w));
             let lo = first(pos0);
             let at = AttnCtx { hd, nh, group: nh / nkv, kv_dim, q_dim, pos0, lo, scale: 0.3, softcap, window, fast: false };
-            let (kc, vc) = (&k[lo * kv_dim..], &v[lo * kv_dim..]);
-            let mut blocked = vec![0f32; n * q_dim];
-            attend_blocked(&at, &q, n, kc, vc, &mut blocked);
-            let cache = Cache::Kv { k: k.clone(), v: v.clone() };
-            let mut max = (0f32, 0);
-            for i in 0..n {
-                let mut one = vec![0f32; q_dim];
-                let at1 = AttnCtx { pos0: 0, lo: 0, ..at };
-                decode_attend(&at1, &q[i * q_dim..(i + 1) * q_dim], &[(pos0 + i, 0)], &[&cache], &mut one);
-                // NaN-propagating (cortiq-testkit); a NaN stays (nothing compares greater).
-                let (diff, d) = cortiq_testkit::max_abs_diff(&one, &blocked[i * q_dim..(i + 1) * q_dim]);
-                if (diff > max.0 || diff.is_nan()) && !max.0.is_nan() {
-                    max = (diff, i * q_dim + d);
+            // Each cache type: the blocked form reads it as the decode kernel does (f16 and
+            // 8-bit widened into panels and rows, the 8-bit keys transformed back).
+            for kind in [crate::state::KvType::F32, crate::state::KvType::F16, crate::state::KvType::Q8] {
+                if kind == crate::state::KvType::Q8 && hd % cortiq_kernels::kvattn::Q8_BLOCK != 0 {
+                    continue; // 8-bit heads are whole blocks of 32 values
                 }
+                let mut st = crate::mixers::attention::KvState::with_head(kv_dim, hd, kind);
+                st.cache.append(&k, &v);
+                let (keys, vals, rot) = st.cache.rows();
+                let mut blocked = vec![0f32; n * q_dim];
+                attend_blocked(&at, &q, n, keys, vals, rot, &mut blocked);
+                let mut max = (0f32, 0);
+                for i in 0..n {
+                    let mut one = vec![0f32; q_dim];
+                    let at1 = AttnCtx { pos0: 0, lo: 0, ..at };
+                    decode_attend(&at1, &q[i * q_dim..(i + 1) * q_dim], &[(pos0 + i, 0)], &[&st.cache], &mut one);
+                    // NaN-propagating (cortiq-testkit); a NaN stays (nothing compares greater).
+                    let (diff, d) = cortiq_testkit::max_abs_diff(&one, &blocked[i * q_dim..(i + 1) * q_dim]);
+                    if (diff > max.0 || diff.is_nan()) && !max.0.is_nan() {
+                        max = (diff, i * q_dim + d);
+                    }
+                }
+                println!(
+                    "{kind:?} nh {nh} nkv {nkv} hd {hd} n {n} pos0 {pos0} window {window:?}: max diff {:.2e} at {}",
+                    max.0, max.1
+                );
+                assert!(max.0 <= 2e-6, "{kind:?}: blocked attention differs by {} at {}", max.0, max.1);
             }
-            println!("nh {nh} nkv {nkv} hd {hd} n {n} pos0 {pos0} window {window:?}: max diff {:.2e} at {}", max.0, max.1);
-            assert!(max.0 <= 2e-6, "blocked attention differs by {} at {}", max.0, max.1);
         }
     }
 
