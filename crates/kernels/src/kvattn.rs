@@ -531,9 +531,58 @@ mod avx512 {
         t0: usize,
     ) {
         let hd = 16 * NV;
+        let g = q.len() / hd;
+        let mut h0 = 0;
+        if NV == 4 && nt == 16 {
+            // Head size 64: two heads at a time, 8 rows per transposed sum, each key vector
+            // loaded once for both (q of both heads in 8 registers). The same parts and the
+            // same per-lane tree: hsum16's lanes do not depend on each other.
+            let rows = std::hint::black_box(rows);
+            while h0 + 2 <= g {
+                let mut qa = [_mm512_setzero_ps(); NV];
+                let mut qb = [_mm512_setzero_ps(); NV];
+                for c in 0..NV {
+                    // SAFETY: heads h0 and h0 + 1 have hd values each in q.
+                    unsafe {
+                        qa[c] = _mm512_loadu_ps(q.as_ptr().add(h0 * hd + 16 * c));
+                        qb[c] = _mm512_loadu_ps(q.as_ptr().add((h0 + 1) * hd + 16 * c));
+                    }
+                }
+                for b in [0, 8] {
+                    let mut v = [_mm512_setzero_ps(); 16];
+                    for i in 0..8 {
+                        // SAFETY: row b + i < nt = 16.
+                        unsafe {
+                            let r = rows.add((b + i) * stride);
+                            let (mut a0, mut a1, mut b0, mut b1) =
+                                (_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps());
+                            for c in (0..NV).step_by(2) {
+                                let (k0, k1) = (_mm512_loadu_ps(r.add(16 * c)), _mm512_loadu_ps(r.add(16 * c + 16)));
+                                a0 = _mm512_fmadd_ps(qa[c], k0, a0);
+                                a1 = _mm512_fmadd_ps(qa[c + 1], k1, a1);
+                                b0 = _mm512_fmadd_ps(qb[c], k0, b0);
+                                b1 = _mm512_fmadd_ps(qb[c + 1], k1, b1);
+                            }
+                            v[i] = _mm512_add_ps(a0, a1);
+                            v[8 + i] = _mm512_add_ps(b0, b1);
+                        }
+                    }
+                    let r = hsum16(v);
+                    // SAFETY: lanes 0..8 go to out[h0 ldo + t0 + b..][..8], lanes 8..16 to
+                    // out[(h0 + 1) ldo + t0 + b..][..8], inside out (t0 + 16 <= ldo).
+                    unsafe {
+                        let o = out.as_mut_ptr();
+                        _mm256_storeu_ps(o.add(h0 * ldo + t0 + b), _mm512_castps512_ps256(r));
+                        let hi = _mm512_castps512_ps256(_mm512_shuffle_f32x4::<0b11_10_11_10>(r, r));
+                        _mm256_storeu_ps(o.add((h0 + 1) * ldo + t0 + b), hi);
+                    }
+                }
+                h0 += 2;
+            }
+        }
         // No closures here: they would not inherit the target features (each intrinsic a call).
         let mut qv = [_mm512_setzero_ps(); NV];
-        for h in 0..q.len() / hd {
+        for h in h0..g {
             for (c, x) in qv.iter_mut().enumerate() {
                 // SAFETY: head h has hd values in q.
                 *x = unsafe { _mm512_loadu_ps(q.as_ptr().add(h * hd + 16 * c)) };
