@@ -590,7 +590,7 @@ fn decode_attend_from(at: &AttnCtx, qs: &[f32], rows: &[(usize, usize)], sources
     // A work item takes every head of a split (each row read whole, once) where the splits
     // alone fill the pool; otherwise a kv group, or half of one (short contexts, one kv head):
     // the same values, more items.
-    let n_splits: usize = rows.iter().map(|&(p, _)| p / KV_SPLIT + 1 - at.first(p) / KV_SPLIT).sum();
+    let n_splits = SplitJobs::new(at, rows).jobs.len();
     let threads = pool().n_threads();
     let hpi = if n_splits >= 2 * threads {
         nh
@@ -600,6 +600,51 @@ fn decode_attend_from(at: &AttnCtx, qs: &[f32], rows: &[(usize, usize)], sources
         g
     };
     decode_attend_in(at, qs, rows, sources, hpi, o);
+}
+
+/// The splits of a set of decode rows, as jobs: rows that read the same cache over the same
+/// positions (a sequence's speculative verification rows, which share every split but their
+/// last) are one job, so the keys and values are read once for all of them. A row's value
+/// does not depend on which rows share its job: the kernel's arithmetic is per head.
+struct SplitJobs {
+    /// (source, first position, end, the rows in slot order) per job.
+    jobs: Vec<(usize, usize, usize, Vec<usize>)>,
+    /// Per row, its (job, slot) in position order.
+    of_row: Vec<Vec<(usize, usize)>>,
+}
+
+impl SplitJobs {
+    fn new(at: &AttnCtx, rows: &[(usize, usize)]) -> SplitJobs {
+        let mut jobs: Vec<(usize, usize, usize, Vec<usize>)> = Vec::new();
+        let mut index = std::collections::HashMap::new();
+        let mut of_row = Vec::with_capacity(rows.len());
+        for (r, &(p, c)) in rows.iter().enumerate() {
+            let mut mine = Vec::new();
+            let mut a = at.first(p);
+            while a <= p {
+                let b = ((a / KV_SPLIT + 1) * KV_SPLIT).min(p + 1);
+                let j = if rows.len() == 1 {
+                    jobs.push((c, a, b, Vec::new()));
+                    jobs.len() - 1
+                } else {
+                    *index.entry((c, a, b)).or_insert_with(|| {
+                        jobs.push((c, a, b, Vec::new()));
+                        jobs.len() - 1
+                    })
+                };
+                mine.push((j, jobs[j].3.len()));
+                jobs[j].3.push(r);
+                a = b;
+            }
+            of_row.push(mine);
+        }
+        SplitJobs { jobs, of_row }
+    }
+}
+
+thread_local! {
+    /// decode_attend_in's gathered queries of a job's rows, per pool thread.
+    static JOB_Q: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// `decode_attend` with `hpi` heads per work item: a divisor of the group size, or a multiple
@@ -619,16 +664,7 @@ fn decode_attend_in(
     );
     let group = hpi.min(g);
     let pl = part_len(hd);
-    // (row, first position, end) of every split, row by row.
-    let mut splits = Vec::new();
-    for (r, &(p, _)) in rows.iter().enumerate() {
-        let mut a = at.first(p);
-        while a <= p {
-            let b = ((a / KV_SPLIT + 1) * KV_SPLIT).min(p + 1);
-            splits.push((r, a, b));
-            a = b;
-        }
-    }
+    let sj = SplitJobs::new(at, rows);
     let rule = ScoreRule { scale: at.scale, softcap: at.softcap, exp: if at.fast { Exp::Fast } else { Exp::Libm } };
     // An 8-bit cache holds its keys Hadamard-transformed: q is transformed alike (the scores
     // are unchanged by an orthonormal transform of both).
@@ -645,23 +681,45 @@ fn decode_attend_in(
     } else {
         qs
     };
-    let mut parts = vec![0f32; splits.len() * nh * pl]; // [splits, nh, hd + 2]
-    pool().for_rows_mut_dynamic(&mut parts, pl, hpi, |r0, out| {
-        let (si, h0) = (r0 / nh, r0 % nh);
-        let (r, a, b) = splits[si];
-        let (keys, vals, _) = sources[rows[r].1];
+    // Per (job, block of hpi heads): the partials of its rows' heads, kv head major, then row
+    // slot, then head in the group (the kernel's order for a group of R · group heads), in a
+    // chunk sized for the largest job.
+    let r_max = sj.jobs.iter().map(|j| j.3.len()).max().unwrap_or(1);
+    let n_hb = nh / hpi;
+    let chunk = r_max * hpi * pl;
+    let mut parts = vec![0f32; sj.jobs.len() * n_hb * chunk];
+    pool().for_rows_mut_dynamic(&mut parts, chunk, 1, |item, out| {
+        let (ji, h0) = (item / n_hb, (item % n_hb) * hpi);
+        let (c, a, b, ref jr) = sj.jobs[ji];
+        let (keys, vals, _) = sources[c];
         let split = Split { keys, vals, stride: at.kv_dim, off: (h0 / g) * hd, row0: a, n: b - a };
-        let q = &qs[r * at.q_dim + h0 * hd..][..out.len() / pl * hd];
-        SPLIT_SCRATCH.with(|sc| attend_split(q, hd, group, &split, &rule, &mut sc.borrow_mut(), out));
+        let out = &mut out[..jr.len() * hpi * pl];
+        if jr.len() == 1 {
+            let q = &qs[jr[0] * at.q_dim + h0 * hd..][..hpi * hd];
+            SPLIT_SCRATCH.with(|sc| attend_split(q, hd, group, &split, &rule, &mut sc.borrow_mut(), out));
+        } else {
+            JOB_Q.with(|jq| {
+                let mut jq = jq.borrow_mut();
+                jq.clear();
+                for kv0 in (0..hpi).step_by(group) {
+                    for &r in jr {
+                        jq.extend_from_slice(&qs[r * at.q_dim + (h0 + kv0) * hd..][..group * hd]);
+                    }
+                }
+                SPLIT_SCRATCH.with(|sc| attend_split(&jq, hd, jr.len() * group, &split, &rule, &mut sc.borrow_mut(), out));
+            });
+        }
     });
-    let mut s0 = 0;
-    for r in 0..rows.len() {
-        let ns = splits[s0..].iter().take_while(|s| s.0 == r).count();
+    for (r, mine) in sj.of_row.iter().enumerate() {
         for h in 0..nh {
-            let heads = (s0..s0 + ns).map(|j| &parts[(j * nh + h) * pl..][..pl]);
+            let (hb, rel) = (h / hpi, h % hpi);
+            let heads = mine.iter().map(|&(j, slot)| {
+                let nr = sj.jobs[j].3.len();
+                let at_head = (rel / group) * (nr * group) + slot * group + rel % group;
+                &parts[(j * n_hb + hb) * chunk + at_head * pl..][..pl]
+            });
             merge(heads, rule.exp, &mut o[r * at.q_dim + h * hd..][..hd]);
         }
-        s0 += ns;
     }
 }
 
