@@ -766,7 +766,6 @@ fn widen_row(rows: KvRows, t: usize, stride: usize, off: usize, rot: usize, out:
 /// `lo..pos0 + n`, `rot` as `Cache::rows`): the keys go once into transposed panels, the
 /// values of an f16 or 8-bit cache once into f32 rows, both split over the pool; an f32
 /// cache's values are read in place. q: [n, nh, hd] -> o: [n, nh, hd]
-#[allow(clippy::too_many_arguments)]
 fn attend_blocked(at: &AttnCtx, q: &[f32], n: usize, keys: KvRows, vals: KvRows, rot: usize, o: &mut [f32]) {
     let (hd, nh, kv_dim, q_dim) = (at.hd, at.nh, at.kv_dim, at.q_dim);
     let nkv = nh / at.group;
