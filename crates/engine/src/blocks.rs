@@ -587,10 +587,11 @@ pub(crate) fn attend_latent(
 /// rows' second member.
 fn decode_attend_from(at: &AttnCtx, qs: &[f32], rows: &[(usize, usize)], sources: &[(KvRows, KvRows, usize)], o: &mut [f32]) {
     let (g, nh) = (at.group, at.nh);
+    let sj = SplitJobs::new(at, rows);
     // A work item takes every head of a split (each row read whole, once) where the splits
     // alone fill the pool; otherwise a kv group, or half of one (short contexts, one kv head):
     // the same values, more items.
-    let n_splits = SplitJobs::new(at, rows).jobs.len();
+    let n_splits = sj.jobs.len();
     let threads = pool().n_threads();
     let hpi = if n_splits >= 2 * threads {
         nh
@@ -599,7 +600,15 @@ fn decode_attend_from(at: &AttnCtx, qs: &[f32], rows: &[(usize, usize)], sources
     } else {
         g
     };
-    decode_attend_in(at, qs, rows, sources, hpi, o);
+    attend_jobs(at, qs, rows, &sj, sources, hpi, o);
+}
+
+/// One job of `SplitJobs`: positions a..b of source `src`, read for `rows` (slot order).
+struct Job {
+    src: usize,
+    a: usize,
+    b: usize,
+    rows: Vec<usize>,
 }
 
 /// The splits of a set of decode rows, as jobs: rows that read the same cache over the same
@@ -607,33 +616,32 @@ fn decode_attend_from(at: &AttnCtx, qs: &[f32], rows: &[(usize, usize)], sources
 /// last) are one job, so the keys and values are read once for all of them. A row's value
 /// does not depend on which rows share its job: the kernel's arithmetic is per head.
 struct SplitJobs {
-    /// (source, first position, end, the rows in slot order) per job.
-    jobs: Vec<(usize, usize, usize, Vec<usize>)>,
+    jobs: Vec<Job>,
     /// Per row, its (job, slot) in position order.
     of_row: Vec<Vec<(usize, usize)>>,
 }
 
 impl SplitJobs {
     fn new(at: &AttnCtx, rows: &[(usize, usize)]) -> SplitJobs {
-        let mut jobs: Vec<(usize, usize, usize, Vec<usize>)> = Vec::new();
+        let mut jobs: Vec<Job> = Vec::new();
+        // Only a call of several rows can share a split (a decode step's one row skips the map).
         let mut index = std::collections::HashMap::new();
         let mut of_row = Vec::with_capacity(rows.len());
-        for (r, &(p, c)) in rows.iter().enumerate() {
+        for (r, &(p, src)) in rows.iter().enumerate() {
             let mut mine = Vec::new();
             let mut a = at.first(p);
             while a <= p {
                 let b = ((a / KV_SPLIT + 1) * KV_SPLIT).min(p + 1);
-                let j = if rows.len() == 1 {
-                    jobs.push((c, a, b, Vec::new()));
+                let shared = if rows.len() > 1 { index.get(&(src, a, b)).copied() } else { None };
+                let j = shared.unwrap_or_else(|| {
+                    jobs.push(Job { src, a, b, rows: Vec::new() });
+                    if rows.len() > 1 {
+                        index.insert((src, a, b), jobs.len() - 1);
+                    }
                     jobs.len() - 1
-                } else {
-                    *index.entry((c, a, b)).or_insert_with(|| {
-                        jobs.push((c, a, b, Vec::new()));
-                        jobs.len() - 1
-                    })
-                };
-                mine.push((j, jobs[j].3.len()));
-                jobs[j].3.push(r);
+                });
+                mine.push((j, jobs[j].rows.len()));
+                jobs[j].rows.push(r);
                 a = b;
             }
             of_row.push(mine);
@@ -643,16 +651,31 @@ impl SplitJobs {
 }
 
 thread_local! {
-    /// decode_attend_in's gathered queries of a job's rows, per pool thread.
+    /// attend_jobs's gathered queries of a job's rows, per pool thread.
     static JOB_Q: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// `decode_attend` with `hpi` heads per work item: a divisor of the group size, or a multiple
-/// of it that divides the head count.
+/// `decode_attend` with `hpi` heads per work item (the tests' way to cut the work by hand).
+#[cfg(test)]
 fn decode_attend_in(
     at: &AttnCtx,
     qs: &[f32],
     rows: &[(usize, usize)],
+    sources: &[(KvRows, KvRows, usize)],
+    hpi: usize,
+    o: &mut [f32],
+) {
+    attend_jobs(at, qs, rows, &SplitJobs::new(at, rows), sources, hpi, o);
+}
+
+/// `decode_attend` of the rows' jobs `sj` with `hpi` heads per work item: a divisor of the group
+/// size, or a multiple of it that divides the head count.
+#[allow(clippy::too_many_arguments)]
+fn attend_jobs(
+    at: &AttnCtx,
+    qs: &[f32],
+    rows: &[(usize, usize)],
+    sj: &SplitJobs,
     sources: &[(KvRows, KvRows, usize)],
     hpi: usize,
     o: &mut [f32],
@@ -664,7 +687,6 @@ fn decode_attend_in(
     );
     let group = hpi.min(g);
     let pl = part_len(hd);
-    let sj = SplitJobs::new(at, rows);
     let rule = ScoreRule { scale: at.scale, softcap: at.softcap, exp: if at.fast { Exp::Fast } else { Exp::Libm } };
     // An 8-bit cache holds its keys Hadamard-transformed: q is transformed alike (the scores
     // are unchanged by an orthonormal transform of both).
@@ -684,15 +706,15 @@ fn decode_attend_in(
     // Per (job, block of hpi heads): the partials of its rows' heads, kv head major, then row
     // slot, then head in the group (the kernel's order for a group of R · group heads), in a
     // chunk sized for the largest job.
-    let r_max = sj.jobs.iter().map(|j| j.3.len()).max().unwrap_or(1);
+    let r_max = sj.jobs.iter().map(|j| j.rows.len()).max().unwrap_or(1);
     let n_hb = nh / hpi;
     let chunk = r_max * hpi * pl;
     let mut parts = vec![0f32; sj.jobs.len() * n_hb * chunk];
     pool().for_rows_mut_dynamic(&mut parts, chunk, 1, |item, out| {
-        let (ji, h0) = (item / n_hb, (item % n_hb) * hpi);
-        let (c, a, b, ref jr) = sj.jobs[ji];
-        let (keys, vals, _) = sources[c];
-        let split = Split { keys, vals, stride: at.kv_dim, off: (h0 / g) * hd, row0: a, n: b - a };
+        let (job, h0) = (&sj.jobs[item / n_hb], (item % n_hb) * hpi);
+        let (keys, vals, _) = sources[job.src];
+        let split = Split { keys, vals, stride: at.kv_dim, off: (h0 / g) * hd, row0: job.a, n: job.b - job.a };
+        let jr = &job.rows;
         let out = &mut out[..jr.len() * hpi * pl];
         if jr.len() == 1 {
             let q = &qs[jr[0] * at.q_dim + h0 * hd..][..hpi * hd];
@@ -714,7 +736,7 @@ fn decode_attend_in(
         for h in 0..nh {
             let (hb, rel) = (h / hpi, h % hpi);
             let heads = mine.iter().map(|&(j, slot)| {
-                let nr = sj.jobs[j].3.len();
+                let nr = sj.jobs[j].rows.len();
                 let at_head = (rel / group) * (nr * group) + slot * group + rel % group;
                 &parts[(j * n_hb + hb) * chunk + at_head * pl..][..pl]
             });
@@ -735,22 +757,12 @@ thread_local! {
     static BLOCKED_BUFS: std::cell::RefCell<[Vec<f32>; 3]> = const { std::cell::RefCell::new([Vec::new(), Vec::new(), Vec::new()]) };
 }
 
-/// Row t's values off..off + out.len() of a cache in its stored type, as f32 (f16 exactly;
-/// 8-bit `q · d`, its keys transformed back when `rot` > 0, as `Cache::f32_from`).
+/// Row t's values off..off + out.len() of a cache in its stored type, as f32 (`KvRows::widen`),
+/// 8-bit keys transformed back when `rot` > 0, as `Cache::f32_from`.
 fn widen_row(rows: KvRows, t: usize, stride: usize, off: usize, rot: usize, out: &mut [f32]) {
-    use half::slice::HalfFloatSliceExt;
-    let at = t * stride + off;
-    match rows {
-        KvRows::F32(x) => out.copy_from_slice(&x[at..at + out.len()]),
-        KvRows::F16(x) => x[at..at + out.len()].convert_to_f32_slice(out),
-        KvRows::Q8 { q, d } => {
-            for (i, o) in out.iter_mut().enumerate() {
-                *o = q[at + i] as f32 * d[(at + i) / cortiq_kernels::kvattn::Q8_BLOCK];
-            }
-            if rot > 0 {
-                hadamard(out, rot);
-            }
-        }
+    rows.widen(t * stride + off, out);
+    if rot > 0 {
+        hadamard(out, rot);
     }
 }
 

@@ -62,6 +62,17 @@ impl KvRows<'_> {
         }
     }
 
+    /// Elements at..at + out.len() as f32, each as `get` gives it (the prefill attention's
+    /// widening of a cache span).
+    pub fn widen(&self, at: usize, out: &mut [f32]) {
+        use half::slice::HalfFloatSliceExt;
+        match self {
+            KvRows::F32(x) => out.copy_from_slice(&x[at..at + out.len()]),
+            KvRows::F16(x) => x[at..at + out.len()].convert_to_f32_slice(out),
+            KvRows::Q8 { .. } => out.iter_mut().enumerate().for_each(|(i, o)| *o = self.get(at + i)),
+        }
+    }
+
     /// Element i as f32 (exact for f16; `q · d` for 8-bit).
     #[inline(always)]
     fn get(&self, i: usize) -> f32 {
@@ -520,6 +531,36 @@ mod avx512 {
         _mm512_add_ps(a0, a1)
     }
 
+    /// `parts_q` of two q rows (in registers) against one key row, each key vector loaded once
+    /// for both: the same two chains per head, in the same order.
+    ///
+    /// # Safety
+    /// AVX-512 F and FMA; r valid for 16·NV reads.
+    #[inline]
+    #[target_feature(enable = "avx512f,fma")]
+    unsafe fn parts_q2<const NV: usize>(qa: &[__m512; NV], qb: &[__m512; NV], r: *const f32) -> (__m512, __m512) {
+        let (mut a0, mut a1, mut b0, mut b1) =
+            (_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps());
+        let mut c = 0;
+        // SAFETY (whole block): chunk c < NV lies inside the row.
+        unsafe {
+            while c + 2 <= NV {
+                let (k0, k1) = (_mm512_loadu_ps(r.add(16 * c)), _mm512_loadu_ps(r.add(16 * c + 16)));
+                a0 = _mm512_fmadd_ps(qa[c], k0, a0);
+                a1 = _mm512_fmadd_ps(qa[c + 1], k1, a1);
+                b0 = _mm512_fmadd_ps(qb[c], k0, b0);
+                b1 = _mm512_fmadd_ps(qb[c + 1], k1, b1);
+                c += 2;
+            }
+            if c < NV {
+                let k0 = _mm512_loadu_ps(r.add(16 * c));
+                a0 = _mm512_fmadd_ps(qa[c], k0, a0);
+                b0 = _mm512_fmadd_ps(qb[c], k0, b0);
+            }
+        }
+        (_mm512_add_ps(a0, a1), _mm512_add_ps(b0, b1))
+    }
+
     /// `scores_block` for hd = 16·NV.
     ///
     /// # Safety
@@ -556,20 +597,7 @@ mod avx512 {
                     let mut v = [_mm512_setzero_ps(); 16];
                     for i in 0..8 {
                         // SAFETY: row b + i < nt = 16.
-                        unsafe {
-                            let r = rows.add((b + i) * stride);
-                            let (mut a0, mut a1, mut b0, mut b1) =
-                                (_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps());
-                            for c in (0..NV).step_by(2) {
-                                let (k0, k1) = (_mm512_loadu_ps(r.add(16 * c)), _mm512_loadu_ps(r.add(16 * c + 16)));
-                                a0 = _mm512_fmadd_ps(qa[c], k0, a0);
-                                a1 = _mm512_fmadd_ps(qa[c + 1], k1, a1);
-                                b0 = _mm512_fmadd_ps(qb[c], k0, b0);
-                                b1 = _mm512_fmadd_ps(qb[c + 1], k1, b1);
-                            }
-                            v[i] = _mm512_add_ps(a0, a1);
-                            v[8 + i] = _mm512_add_ps(b0, b1);
-                        }
+                        (v[i], v[8 + i]) = unsafe { parts_q2(&qa, &qb, rows.add((b + i) * stride)) };
                     }
                     let r = hsum16(v);
                     // SAFETY: lanes 0..8 go to out[h0 ldo + t0 + b..][..8], lanes 8..16 to
