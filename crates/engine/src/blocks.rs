@@ -5,7 +5,7 @@
 
 use cortiq_kernels::act::{GatedAct, exp_minus_max, gated_act_fast};
 use cortiq_kernels::dot::gemm_nn;
-use cortiq_kernels::kvattn::{Exp, KvRows, ScoreRule, Split, attend_split, hadamard, merge, part_len};
+use cortiq_kernels::kvattn::{Exp, KvRows, ScoreRule, Split, attend_split, merge, part_len};
 use cortiq_kernels::ops::{RopeStyle, gated_act, rmsnorm, rmsnorm_inplace, rope, softmax_inplace};
 
 use crate::compat::{
@@ -14,7 +14,7 @@ use crate::compat::{
 };
 use crate::config::{Activation, ModelConfig, Rope};
 use crate::error::{EngineError, Result};
-use crate::mixers::attention::Cache;
+use crate::mixers::attention::{Cache, KeyForm};
 use crate::mixers::nystrom::matrix_form;
 use crate::o1::AttnO1;
 use crate::par::pool;
@@ -246,8 +246,8 @@ pub fn attention_core(
             // Positions lo.. are the only ones any query of this chunk sees: an f16 or 8-bit
             // cache is read over that span alone (a sliding layer's window, not the whole
             // context), once per chunk.
-            let (keys, vals, rot) = kv.rows();
-            attend_blocked(&at, &q, n, keys, vals, rot, &mut o);
+            let (keys, vals, form) = kv.rows();
+            attend_blocked(&at, &q, n, keys, vals, form, &mut o);
         } else {
             decode_attend(&at, &q, &[(pos0, 0)], &[&*kv], &mut o);
         }
@@ -547,7 +547,7 @@ thread_local! {
 /// of `KV_SPLIT` positions and kv group, the group's heads load each key and value row once
 /// (GQA); the splits of a head merge exactly in position order. o: [rows, nh, hd]
 fn decode_attend(at: &AttnCtx, qs: &[f32], rows: &[(usize, usize)], caches: &[&Cache], o: &mut [f32]) {
-    let sources: Vec<(KvRows, KvRows, usize)> = caches.iter().map(|c| c.rows()).collect();
+    let sources: Vec<(KvRows, KvRows, Option<&KeyForm>)> = caches.iter().map(|c| c.rows()).collect();
     decode_attend_from(at, qs, rows, &sources, o);
 }
 
@@ -580,12 +580,18 @@ pub(crate) fn attend_latent(
         fast,
     };
     let rows: Vec<(usize, usize)> = positions.iter().map(|&p| (p, 0)).collect();
-    decode_attend_from(&at, qs, &rows, &[(KvRows::F32(lat), KvRows::F32(lat), 0)], o);
+    decode_attend_from(&at, qs, &rows, &[(KvRows::F32(lat), KvRows::F32(lat), None)], o);
 }
 
-/// `decode_attend` over the rows of `sources` (keys, values, Hadamard block), indexed by the
+/// `decode_attend` over the rows of `sources` (keys, values, the keys' stored form), indexed by the
 /// rows' second member.
-fn decode_attend_from(at: &AttnCtx, qs: &[f32], rows: &[(usize, usize)], sources: &[(KvRows, KvRows, usize)], o: &mut [f32]) {
+fn decode_attend_from(
+    at: &AttnCtx,
+    qs: &[f32],
+    rows: &[(usize, usize)],
+    sources: &[(KvRows, KvRows, Option<&KeyForm>)],
+    o: &mut [f32],
+) {
     let (g, nh) = (at.group, at.nh);
     let sj = SplitJobs::new(at, rows);
     // A work item takes every head of a split (each row read whole, once) where the splits
@@ -661,7 +667,7 @@ fn decode_attend_in(
     at: &AttnCtx,
     qs: &[f32],
     rows: &[(usize, usize)],
-    sources: &[(KvRows, KvRows, usize)],
+    sources: &[(KvRows, KvRows, Option<&KeyForm>)],
     hpi: usize,
     o: &mut [f32],
 ) {
@@ -676,7 +682,7 @@ fn attend_jobs(
     qs: &[f32],
     rows: &[(usize, usize)],
     sj: &SplitJobs,
-    sources: &[(KvRows, KvRows, usize)],
+    sources: &[(KvRows, KvRows, Option<&KeyForm>)],
     hpi: usize,
     o: &mut [f32],
 ) {
@@ -688,14 +694,14 @@ fn attend_jobs(
     let group = hpi.min(g);
     let pl = part_len(hd);
     let rule = ScoreRule { scale: at.scale, softcap: at.softcap, exp: if at.fast { Exp::Fast } else { Exp::Libm } };
-    // An 8-bit cache holds its keys Hadamard-transformed: q is transformed alike (the scores
-    // are unchanged by an orthonormal transform of both).
+    // An 8-bit cache holds its keys scaled and transformed (`KeyForm`): q is taken into the
+    // same form (the scores are unchanged).
     let rotated: Vec<f32>;
-    let qs = if rows.iter().any(|&(_, c)| sources[c].2 > 0) {
+    let qs = if rows.iter().any(|&(_, c)| sources[c].2.is_some()) {
         let mut q = qs.to_vec();
         for (r, &(_, c)) in rows.iter().enumerate() {
-            if sources[c].2 > 0 {
-                hadamard(&mut q[r * at.q_dim..(r + 1) * at.q_dim], sources[c].2);
+            if let Some(form) = sources[c].2 {
+                form.query(&mut q[r * at.q_dim..(r + 1) * at.q_dim], hd, g);
             }
         }
         rotated = q;
@@ -758,11 +764,11 @@ thread_local! {
 }
 
 /// Row t's values off..off + out.len() of a cache in its stored type, as f32 (`KvRows::widen`),
-/// 8-bit keys transformed back when `rot` > 0, as `Cache::f32_from`.
-fn widen_row(rows: KvRows, t: usize, stride: usize, off: usize, rot: usize, out: &mut [f32]) {
+/// 8-bit keys taken back from their `form`, as `Cache::f32_from`.
+fn widen_row(rows: KvRows, t: usize, stride: usize, off: usize, form: Option<&KeyForm>, out: &mut [f32]) {
     rows.widen(t * stride + off, out);
-    if rot > 0 {
-        hadamard(out, rot);
+    if let Some(form) = form {
+        form.decode(out, off);
     }
 }
 
@@ -775,10 +781,10 @@ fn widen_row(rows: KvRows, t: usize, stride: usize, off: usize, rot: usize, out:
 /// (`AttnCtx::weights`). Same values as `attend_one` up to summation order and that one
 /// rounding; a query's values depend on its position and the keys only, not on where the
 /// chunk starts. The cache is read in its stored type (keys and values of every position
-/// `lo..pos0 + n`, `rot` as `Cache::rows`): the keys go once into transposed panels, the
+/// `lo..pos0 + n`, `form` as `Cache::rows`): the keys go once into transposed panels, the
 /// values of an f16 or 8-bit cache once into f32 rows, both split over the pool; an f32
 /// cache's values are read in place. q: [n, nh, hd] -> o: [n, nh, hd]
-fn attend_blocked(at: &AttnCtx, q: &[f32], n: usize, keys: KvRows, vals: KvRows, rot: usize, o: &mut [f32]) {
+fn attend_blocked(at: &AttnCtx, q: &[f32], n: usize, keys: KvRows, vals: KvRows, form: Option<&KeyForm>, o: &mut [f32]) {
     let (hd, nh, kv_dim, q_dim) = (at.hd, at.nh, at.kv_dim, at.q_dim);
     let nkv = nh / at.group;
     let end = at.pos0 + n; // one past the last cached position any query sees
@@ -798,7 +804,7 @@ fn attend_blocked(at: &AttnCtx, q: &[f32], n: usize, keys: KvRows, vals: KvRows,
                 let p0 = base + j * KP;
                 for c in 0..KP {
                     if p0 + c < end {
-                        widen_row(keys, p0 + c, kv_dim, h * hd, rot, &mut row);
+                        widen_row(keys, p0 + c, kv_dim, h * hd, form, &mut row);
                         for (d, &x) in row.iter().enumerate() {
                             panel[d * KP + c] = x;
                         }
@@ -817,7 +823,7 @@ fn attend_blocked(at: &AttnCtx, q: &[f32], n: usize, keys: KvRows, vals: KvRows,
                 vw.resize((end - base) * kv_dim, 0.0);
                 pool().for_rows_mut(&mut vw[..(end - base) * kv_dim], kv_dim, 64, |r0, chunk| {
                     for (i, row) in chunk.chunks_mut(kv_dim).enumerate() {
-                        widen_row(vals, base + r0 + i, kv_dim, 0, 0, row);
+                        widen_row(vals, base + r0 + i, kv_dim, 0, None, row);
                     }
                 });
                 (&vw[..], base)
@@ -962,6 +968,19 @@ thread_local! {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mixers::attention::KvState;
+
+    /// A cache of `kind` holding k, v; an 8-bit one with key scales of 1/2, 1 or 2 per channel
+    /// (its keys stored scaled, as a model's are).
+    fn filled(kv_dim: usize, hd: usize, kind: crate::state::KvType, k: &[f32], v: &[f32], seed: &mut u64) -> KvState {
+        let mut st = KvState::with_head(kv_dim, hd, kind);
+        if kind == crate::state::KvType::Q8 {
+            let scale: Vec<f32> = rnd(kv_dim, seed).iter().map(|&x| ((x * 1.5).round()).exp2()).collect();
+            st = st.with_key_scale(scale.into());
+        }
+        st.cache.append(k, v);
+        st
+    }
 
     fn rnd(n: usize, seed: &mut u64) -> Vec<f32> {
         (0..n)
@@ -1003,11 +1022,10 @@ mod tests {
                 if kind == crate::state::KvType::Q8 && hd % cortiq_kernels::kvattn::Q8_BLOCK != 0 {
                     continue; // 8-bit heads are whole blocks of 32 values
                 }
-                let mut st = crate::mixers::attention::KvState::with_head(kv_dim, hd, kind);
-                st.cache.append(&k, &v);
-                let (keys, vals, rot) = st.cache.rows();
+                let st = filled(kv_dim, hd, kind, &k, &v, &mut seed);
+                let (keys, vals, form) = st.cache.rows();
                 let mut blocked = vec![0f32; n * q_dim];
-                attend_blocked(&at, &q, n, keys, vals, rot, &mut blocked);
+                attend_blocked(&at, &q, n, keys, vals, form, &mut blocked);
                 let mut max = (0f32, 0);
                 for i in 0..n {
                     let mut one = vec![0f32; q_dim];
@@ -1063,8 +1081,7 @@ mod tests {
             assert!(same(&whole, &one), "nh {nh} nkv {nkv} hd {hd} p {p}: per head differs from per group");
             assert!(same(&whole, &batch[q_dim..]), "nh {nh} nkv {nkv} hd {hd} p {p}: batched differs from alone");
             for kind in [crate::state::KvType::F16, crate::state::KvType::Q8] {
-                let mut st = crate::mixers::attention::KvState::with_head(kv_dim, hd, kind);
-                st.cache.append(&k, &v);
+                let st = filled(kv_dim, hd, kind, &k, &v, &mut seed);
                 let mut o = vec![0f32; q_dim];
                 decode_attend_in(&at, &q[..q_dim], &[(p, 0)], &[st.cache.rows()], group, &mut o);
                 let (d, _) = cortiq_testkit::max_abs_diff(&o, &whole);

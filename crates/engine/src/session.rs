@@ -5,7 +5,8 @@
 //! same numerics and KV format (the state's values are that model's), and a truncated,
 //! corrupted, foreign or other-version file is refused with an error naming which.
 //!
-//! Layout (little-endian), version 1:
+//! Layout (little-endian), version 2 (version 1 is the same but for an 8-bit cache's keys, stored
+//! without the per-channel scales of `attention::KeyForm`: it is read for f32 and f16 caches):
 //!
 //! ```text
 //! "CORTIQSS"  u32 version  u64 model identity  u64 n_layers
@@ -27,10 +28,10 @@ use half::f16;
 
 use crate::model::Model;
 use crate::numerics::Numerics;
-use crate::state::{Checkpoint, SeqState};
+use crate::state::{Checkpoint, KvType, SeqState};
 
 const MAGIC: &[u8; 8] = b"CORTIQSS";
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
@@ -126,7 +127,7 @@ pub fn load(path: &Path, model: &Model, n_ctx: usize) -> Result<Session, Session
         return Err(SessionError::Corrupt(p));
     }
     let version = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
-    if version != VERSION {
+    if version != VERSION && !(version == 1 && model.kv_type != KvType::Q8) {
         return Err(SessionError::Version { path: p, found: version });
     }
     let (body, sum) = bytes.split_at(bytes.len() - 8);

@@ -16,7 +16,7 @@ use common::{argmax, assert_bits_equal, fixture};
 use cortiq_engine::load::load;
 use cortiq_engine::prefix::{CacheConfig, PrefixCache, entry_point, prefill};
 use cortiq_engine::session;
-use cortiq_engine::state::SeqState;
+use cortiq_engine::state::{KvType, SeqState};
 use cortiq_engine::{Logits, Model, Numerics};
 
 const N_CTX: usize = 1024;
@@ -309,6 +309,38 @@ fn bad_sessions_are_refused() {
     let mut exact = load(&fixture("qwen3_5")).unwrap().model;
     exact.set_numerics(Numerics::Exact);
     assert!(err(&good, &exact).contains("another model"), "other numerics");
+    // Version 1 differs only in an 8-bit cache's keys (stored without per-channel scales): read
+    // for the other caches, refused for an 8-bit one. Its header rewritten, checksum recomputed
+    // (FNV-1a over 8-byte words, the tail bytewise).
+    let fnv = |b: &[u8]| {
+        let mut h = 0xcbf2_9ce4_8422_2325u64;
+        let mut words = b.chunks_exact(8);
+        for w in &mut words {
+            h = (h ^ u64::from_le_bytes(w.try_into().unwrap())).wrapping_mul(0x100_0000_01b3);
+        }
+        words.remainder().iter().for_each(|&x| h = (h ^ x as u64).wrapping_mul(0x100_0000_01b3));
+        h
+    };
+    let as_v1 = |b: &[u8]| {
+        let mut b = b[..b.len() - 8].to_vec();
+        b[8..12].copy_from_slice(&1u32.to_le_bytes());
+        let sum = fnv(&b);
+        b.extend_from_slice(&sum.to_le_bytes());
+        b
+    };
+    let v1 = write("v1", &as_v1(&bytes));
+    assert_eq!(session::load(&v1, &m, N_CTX).expect("a version-1 f32 session").tokens, toks);
+    let mut q8 = load(&fixture("qwen3")).unwrap().model; // heads of 32: whole 8-bit blocks
+    q8.set_numerics(Numerics::Fast);
+    q8.set_kv_type(KvType::Q8).unwrap();
+    let a8 = tokens(q8.cfg.vocab, 60, 0x5EED_0022);
+    let mut st8 = q8.new_state(N_CTX);
+    prefill(&q8, None, &a8, &mut st8, 64).unwrap();
+    let good8 = dir.join("good8.session");
+    session::save(&good8, &q8, &a8, &st8, &[]).unwrap();
+    assert_eq!(session::load(&good8, &q8, N_CTX).expect("an 8-bit session").tokens, a8);
+    let v1q8 = write("v1q8", &as_v1(&std::fs::read(&good8).unwrap()));
+    assert!(err(&v1q8, &q8).contains("version 1"), "{}", err(&v1q8, &q8));
     // A save into a folder that does not exist fails cleanly and writes nothing.
     let nowhere = dir.join("no/such/dir/x.session");
     assert!(session::save(&nowhere, &m, toks, state, cps).is_err());

@@ -7,8 +7,10 @@
 //! (projections, QK-norm, RoPE, the softmax kernels, the O(1) hook), which MTP layers reuse.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use cortiq_kernels::kvattn::{KvRows, Q8_BLOCK, dequantize_q8, hadamard, quantize_q8};
+use cortiq_kernels::ops::RopeStyle;
 use half::f16;
 
 use crate::blocks::{AttentionWeights, DecodeSeq, attention, attention_core, attention_rows, attn_output, attn_project};
@@ -18,6 +20,7 @@ use crate::mixers::nystrom::O1Layer;
 use crate::mixers::{Env, Journal, Mixer, MixerState, Seq, segments_apart};
 use crate::o1::Serve;
 use crate::qtensor::QTensor;
+use crate::rope::Rope;
 use crate::state::{KvType, LayerState, StateBytes};
 use crate::weights::TensorSource;
 
@@ -31,6 +34,8 @@ pub struct Attention {
     /// n_kv_heads · head_dim.
     kv_dim: usize,
     hd: usize,
+    /// Per-channel scales of an 8-bit cache's keys (`KeyForm`), from the weights (`key_scales`).
+    key_scale: Arc<[f32]>,
 }
 
 impl Attention {
@@ -55,7 +60,99 @@ impl Attention {
             q_norm: qk_norm("attn_q_norm.weight")?,
             k_norm: qk_norm("attn_k_norm.weight")?,
         };
-        Ok(Attention { w, rope: spec.rope, window: spec.sliding_window, kv_dim, hd })
+        let key_scale = key_scales(&w, &src.vector(&n("attn_norm.weight"), d)?, hd, &cfg.ropes[spec.rope]).into();
+        Ok(Attention { w, rope: spec.rope, window: spec.sliding_window, kv_dim, hd, key_scale })
+    }
+}
+
+/// An 8-bit cache's per-channel key scales (`KeyForm`), from the layer's weights alone: a
+/// sequence's keys must be stored alike whatever it saw first (the prompt cache shares
+/// prefixes between sequences; a saved session is read back by a fresh model). Channel c's
+/// expected size over an input of unit RMS is √(Σ_i (W_ci·γ_i)² + b_c²) (its row of the key
+/// projection, γ the layer's input-norm gain, b the bias); with a QK-norm, that relative to its
+/// head's RMS, times the norm's gain. The two channels RoPE rotates together share one size
+/// (rotation mixes them), a head's sizes are taken relative to their RMS (only the ratios within
+/// a head matter: an 8-bit block never spans two heads), and each is rounded to a power of two,
+/// so that dividing by it and multiplying back are exact.
+fn key_scales(w: &AttentionWeights, gain: &[f32], hd: usize, rope: &Rope) -> Vec<f32> {
+    let mut row = vec![0f32; w.wk.cols];
+    let mut size: Vec<f64> = (0..w.wk.rows)
+        .map(|c| {
+            w.wk.row_f32(c, &mut row);
+            let wg: f64 = row.iter().zip(gain).map(|(&x, &g)| (x as f64 * g as f64).powi(2)).sum();
+            let b = w.bk.as_ref().map_or(0.0, |b| b[c] as f64);
+            (wg + b * b).sqrt()
+        })
+        .collect();
+    let rms = |x: &[f64]| (x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64).sqrt();
+    for head in size.chunks_mut(hd) {
+        if let Some(g) = &w.k_norm {
+            let r = rms(head);
+            head.iter_mut().zip(g).for_each(|(x, &g)| *x = *x / r * (g as f64).abs());
+        }
+        let half = rope.rot_dim / 2;
+        for i in 0..half {
+            let (a, b) = match rope.style {
+                RopeStyle::NeoX => (i, i + half),
+                RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+            };
+            let m = ((head[a] * head[a] + head[b] * head[b]) / 2.0).sqrt();
+            (head[a], head[b]) = (m, m);
+        }
+        let r = rms(head);
+        head.iter_mut().for_each(|x| *x /= r);
+    }
+    // A channel of no size (a zero row) or a degenerate head keeps scale 1.
+    size.iter()
+        .map(|&x| if x.is_finite() && x > 0.0 { (x.log2().round().clamp(-24.0, 24.0) as f32).exp2() } else { 1.0 })
+        .collect()
+}
+
+/// How an 8-bit cache stores its keys: each channel divided by its scale (a power of two), then
+/// Walsh-Hadamard-transformed in blocks of `rot` values (`kvattn::hadamard`; rot divides
+/// head_dim). Both keep a head's few large channels from setting its blocks' 8-bit scales
+/// alone: the scales even out the channels' expected sizes (`key_scales`), the transform spreads
+/// what is left. Scores need no keys back: q multiplied by the scales and transformed alike
+/// (`query`) dots the stored keys to the same value, the transform being orthonormal and its
+/// own inverse.
+#[derive(Clone, Debug)]
+pub struct KeyForm {
+    pub rot: usize,
+    /// Per channel of a cache row [n_kv_heads · head_dim]; empty: every scale 1.
+    pub scale: Arc<[f32]>,
+}
+
+impl KeyForm {
+    /// Rows of keys [n, kv_dim] into their stored form, in place.
+    fn encode(&self, k: &mut [f32]) {
+        if !self.scale.is_empty() {
+            for row in k.chunks_exact_mut(self.scale.len()) {
+                row.iter_mut().zip(&*self.scale).for_each(|(x, &s)| *x /= s);
+            }
+        }
+        hadamard(k, self.rot);
+    }
+
+    /// Stored keys back, in place: x holds channels off.. of one row (whole heads), or whole rows
+    /// from off = 0.
+    pub(crate) fn decode(&self, x: &mut [f32], off: usize) {
+        hadamard(x, self.rot);
+        if !self.scale.is_empty() {
+            let w = self.scale.len();
+            x.iter_mut().enumerate().for_each(|(i, v)| *v *= self.scale[(off + i) % w]);
+        }
+    }
+
+    /// One row's queries [n_heads, hd] (heads in groups of `group` per kv head) into the form
+    /// whose dot with a stored key is the query's dot with the key, in place.
+    pub(crate) fn query(&self, q: &mut [f32], hd: usize, group: usize) {
+        if !self.scale.is_empty() {
+            for (h, head) in q.chunks_exact_mut(hd).enumerate() {
+                let s = &self.scale[(h / group) * hd..][..hd];
+                head.iter_mut().zip(s).for_each(|(x, &s)| *x *= s);
+            }
+        }
+        hadamard(q, self.rot);
     }
 }
 
@@ -73,7 +170,7 @@ impl Mixer for Attention {
     }
 
     fn new_state(&self, kv: KvType) -> LayerState {
-        LayerState::new(KvState::with_head(self.kv_dim, self.hd, kv))
+        LayerState::new(KvState::with_head(self.kv_dim, self.hd, kv).with_key_scale(self.key_scale.clone()))
     }
 
     fn o1_serve(&self) -> Serve {
@@ -256,10 +353,10 @@ pub enum Cache {
     KvF16 { k: Vec<f16>, v: Vec<f16> },
     /// The same in 8 bits: blocks of `kvattn::Q8_BLOCK` values with one f32 scale each
     /// (`kvattn::quantize_q8`; kd, vd [len, kv_dim / Q8_BLOCK]), ~28% of f32's bytes. Keys are
-    /// stored Walsh-Hadamard-transformed in blocks of `rot` values (`kvattn::hadamard`; rot
-    /// divides head_dim), so their few huge channels do not set a block's scale alone: decode
-    /// transforms q alike, `f32_from` transforms the keys back.
-    KvQ8 { k: Vec<i8>, kd: Vec<f32>, v: Vec<i8>, vd: Vec<f32>, rot: usize },
+    /// stored in `form` (scaled per channel and Walsh-Hadamard-transformed), so their few huge
+    /// channels do not set a block's scale alone: decode takes q into the form alike,
+    /// `f32_from` takes the keys back.
+    KvQ8 { k: Vec<i8>, kd: Vec<f32>, v: Vec<i8>, vd: Vec<f32>, form: KeyForm },
     /// Sealed at the end of the prompt by an O(1) plan: sinks, a window ring and the Nyström
     /// skeleton's accumulators, constant size.
     O1(Box<O1Layer>),
@@ -270,8 +367,8 @@ impl Clone for Cache {
         match self {
             Cache::Kv { k, v } => Cache::Kv { k: k.clone(), v: v.clone() },
             Cache::KvF16 { k, v } => Cache::KvF16 { k: k.clone(), v: v.clone() },
-            Cache::KvQ8 { k, kd, v, vd, rot } => {
-                Cache::KvQ8 { k: k.clone(), kd: kd.clone(), v: v.clone(), vd: vd.clone(), rot: *rot }
+            Cache::KvQ8 { k, kd, v, vd, form } => {
+                Cache::KvQ8 { k: k.clone(), kd: kd.clone(), v: v.clone(), vd: vd.clone(), form: form.clone() }
             }
             Cache::O1(o) => Cache::O1(o.clone()),
         }
@@ -289,12 +386,12 @@ impl Clone for Cache {
                 k.clone_from(sk);
                 v.clone_from(sv);
             }
-            (Cache::KvQ8 { k, kd, v, vd, rot }, Cache::KvQ8 { k: sk, kd: skd, v: sv, vd: svd, rot: srot }) => {
+            (Cache::KvQ8 { k, kd, v, vd, form }, Cache::KvQ8 { k: sk, kd: skd, v: sv, vd: svd, form: sform }) => {
                 k.clone_from(sk);
                 kd.clone_from(skd);
                 v.clone_from(sv);
                 vd.clone_from(svd);
-                *rot = *srot;
+                form.clone_from(sform);
             }
             (dst, src) => *dst = src.clone(),
         }
@@ -315,9 +412,9 @@ impl Cache {
                 kc.extend(k.iter().map(|&x| f16::from_f32(x)));
                 vc.extend(v.iter().map(|&x| f16::from_f32(x)));
             }
-            Cache::KvQ8 { k: kc, kd, v: vc, vd, rot } => {
+            Cache::KvQ8 { k: kc, kd, v: vc, vd, form } => {
                 let mut kr = k.to_vec();
-                hadamard(&mut kr, *rot);
+                form.encode(&mut kr);
                 quantize_q8(&kr, kc, kd);
                 quantize_q8(v, vc, vd);
             }
@@ -334,23 +431,23 @@ impl Cache {
                 Cow::Owned(k[lo * kv_dim..].iter().map(|x| x.to_f32()).collect()),
                 Cow::Owned(v[lo * kv_dim..].iter().map(|x| x.to_f32()).collect()),
             ),
-            Cache::KvQ8 { k, kd, v, vd, rot } => {
+            Cache::KvQ8 { k, kd, v, vd, form } => {
                 let (at, ad) = (lo * kv_dim, lo * kv_dim / Q8_BLOCK);
                 let mut kf = dequantize_q8(&k[at..], &kd[ad..]);
-                hadamard(&mut kf, *rot);
+                form.decode(&mut kf, 0);
                 (Cow::Owned(kf), Cow::Owned(dequantize_q8(&v[at..], &vd[ad..])))
             }
             Cache::O1(_) => unreachable!("a sealed state has no cache rows to attend"),
         }
     }
 
-    /// The keys and values in their stored type, for the decode kernel (`kvattn`), and the
-    /// Hadamard block the keys are stored transformed in (0: none; q is to be transformed alike).
-    pub(crate) fn rows(&self) -> (KvRows<'_>, KvRows<'_>, usize) {
+    /// The keys and values in their stored type, for the decode kernel (`kvattn`), and the form
+    /// the keys are stored in (None: as they are; else q is to be taken into it alike).
+    pub(crate) fn rows(&self) -> (KvRows<'_>, KvRows<'_>, Option<&KeyForm>) {
         match self {
-            Cache::Kv { k, v } => (KvRows::F32(k), KvRows::F32(v), 0),
-            Cache::KvF16 { k, v } => (KvRows::F16(k), KvRows::F16(v), 0),
-            Cache::KvQ8 { k, kd, v, vd, rot } => (KvRows::Q8 { q: k, d: kd }, KvRows::Q8 { q: v, d: vd }, *rot),
+            Cache::Kv { k, v } => (KvRows::F32(k), KvRows::F32(v), None),
+            Cache::KvF16 { k, v } => (KvRows::F16(k), KvRows::F16(v), None),
+            Cache::KvQ8 { k, kd, v, vd, form } => (KvRows::Q8 { q: k, d: kd }, KvRows::Q8 { q: v, d: vd }, Some(form)),
             Cache::O1(_) => unreachable!("a sealed state has no cache rows to attend"),
         }
     }
@@ -363,20 +460,22 @@ pub struct KvState {
     /// Values per position in `k` and in `v` (n_kv_heads · head_dim).
     row: usize,
     kind: KvType,
-    /// The Hadamard block of an 8-bit cache's keys: the largest power of two dividing head_dim.
-    rot: usize,
+    /// How an 8-bit cache stores its keys: Hadamard blocks of the largest power of two dividing
+    /// head_dim, the layer's key scales (`with_key_scale`; none by default).
+    form: KeyForm,
     /// Sealed as a sliding layer's window (counts as KV in `bytes`, not as O(1) state).
     sliding: bool,
 }
 
 impl Clone for KvState {
     fn clone(&self) -> KvState {
-        KvState { cache: self.cache.clone(), row: self.row, kind: self.kind, rot: self.rot, sliding: self.sliding }
+        KvState { cache: self.cache.clone(), row: self.row, kind: self.kind, form: self.form.clone(), sliding: self.sliding }
     }
 
     fn clone_from(&mut self, src: &KvState) {
         self.cache.clone_from(&src.cache);
-        (self.row, self.kind, self.rot, self.sliding) = (src.row, src.kind, src.rot, src.sliding);
+        (self.row, self.kind, self.sliding) = (src.row, src.kind, src.sliding);
+        self.form.clone_from(&src.form);
     }
 }
 
@@ -391,15 +490,24 @@ impl KvState {
     pub fn with_head(row: usize, hd: usize, kind: KvType) -> KvState {
         assert!(kind != KvType::Q8 || hd % Q8_BLOCK == 0, "an 8-bit cache of {hd}-value heads");
         assert!(hd > 0 && row % hd == 0, "a cache row of {row} values in heads of {hd}");
-        let rot = 1 << hd.trailing_zeros();
-        KvState { cache: KvState::empty(kind, rot), row, kind, rot, sliding: false }
+        let form = KeyForm { rot: 1 << hd.trailing_zeros(), scale: Arc::from([]) };
+        KvState { cache: KvState::empty(kind, &form), row, kind, form, sliding: false }
     }
 
-    fn empty(kind: KvType, rot: usize) -> Cache {
+    /// The same with an 8-bit cache's keys scaled per channel by `scale` [row] (powers of two:
+    /// `key_scales`) before their transform.
+    pub fn with_key_scale(mut self, scale: Arc<[f32]>) -> KvState {
+        assert_eq!(scale.len(), self.row, "key scales for a row of {} values", self.row);
+        self.form.scale = scale;
+        self.cache = KvState::empty(self.kind, &self.form);
+        self
+    }
+
+    fn empty(kind: KvType, form: &KeyForm) -> Cache {
         match kind {
             KvType::F32 => Cache::Kv { k: Vec::new(), v: Vec::new() },
             KvType::F16 => Cache::KvF16 { k: Vec::new(), v: Vec::new() },
-            KvType::Q8 => Cache::KvQ8 { k: Vec::new(), kd: Vec::new(), v: Vec::new(), vd: Vec::new(), rot },
+            KvType::Q8 => Cache::KvQ8 { k: Vec::new(), kd: Vec::new(), v: Vec::new(), vd: Vec::new(), form: form.clone() },
         }
     }
 
@@ -478,7 +586,7 @@ impl MixerState for KvState {
                 v.clear();
                 vd.clear();
             }
-            (c, kind) => *c = KvState::empty(kind, self.rot),
+            (c, kind) => *c = KvState::empty(kind, &self.form),
         }
         self.sliding = false;
     }
@@ -521,7 +629,7 @@ impl MixerState for KvState {
             KvType::F32 => Cache::Kv { k: get_f32s(r, n, "keys")?, v: get_f32s(r, n, "values")? },
             KvType::Q8 => {
                 let ((k, kd), (v, vd)) = (q8("keys")?, q8("values")?);
-                Cache::KvQ8 { k, kd, v, vd, rot: self.rot }
+                Cache::KvQ8 { k, kd, v, vd, form: self.form.clone() }
             }
         };
         self.sliding = false;
@@ -537,6 +645,90 @@ impl MixerState for KvState {
             }
             Cache::O1(o) if self.sliding => StateBytes { kv: o.bytes(), ..StateBytes::default() },
             Cache::O1(o) => StateBytes { o1: o.bytes(), ..StateBytes::default() },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rope::RopeScaling;
+
+    fn weights(wk: Vec<f32>, kv_dim: usize, d: usize, bk: Option<Vec<f32>>, k_norm: Option<Vec<f32>>) -> AttentionWeights {
+        let m = |name: &str| QTensor::from_f32(name, 1, d, vec![0.0; d]);
+        AttentionWeights {
+            wq: m("q"),
+            wk: QTensor::from_f32("k", kv_dim, d, wk),
+            wv: m("v"),
+            wo: m("o"),
+            bq: None,
+            bk,
+            bv: None,
+            q_norm: None,
+            k_norm,
+        }
+    }
+
+    /// A key channel with a large bias gets a large scale, shared with its RoPE pair (NeoX:
+    /// c, c + hd/2; interleaved: 2i, 2i + 1); the rest of its head and a plain head stay near 1;
+    /// every scale is a power of two; the QK-norm's gain sets the sizes where there is one.
+    #[test]
+    fn key_scales_follow_the_channels_sizes() {
+        let (hd, nkv, d) = (8usize, 2usize, 4usize);
+        let kv_dim = hd * nkv;
+        let wk: Vec<f32> = (0..kv_dim * d).map(|i| if i % d == i / d % d { 1.0 } else { 0.0 }).collect();
+        let mut bk = vec![0f32; kv_dim];
+        bk[1] = 64.0;
+        let gain = vec![1f32; d];
+        for (style, pair) in [(RopeStyle::NeoX, 5usize), (RopeStyle::Interleaved, 0)] {
+            let rope = Rope::new(style, hd, 10_000.0, &RopeScaling::None);
+            let s = key_scales(&weights(wk.clone(), kv_dim, d, Some(bk.clone()), None), &gain, hd, &rope);
+            assert!(s.iter().all(|&x| x.log2().fract() == 0.0), "{style:?}: not powers of two: {s:?}");
+            assert_eq!(s[1], s[pair], "{style:?}: the RoPE pair shares its scale: {s:?}");
+            let rest = (0..hd).filter(|&c| c != 1 && c != pair).map(|c| s[c]).fold(0f32, f32::max);
+            assert!(s[1] >= 16.0 * rest, "{style:?}: the biased channel {} vs the rest {rest}: {s:?}", s[1]);
+            assert!(s[hd..].iter().all(|&x| x == s[hd]), "{style:?}: a plain head's scales differ: {s:?}");
+        }
+        // With a QK-norm the norm's gain decides: a channel with gain 32 is the large one.
+        let mut g = vec![1f32; hd];
+        g[2] = 32.0;
+        let rope = Rope::new(RopeStyle::NeoX, hd, 10_000.0, &RopeScaling::None);
+        let s = key_scales(&weights(wk, kv_dim, d, None, Some(g)), &gain, hd, &rope);
+        assert!(s[2] == s[6] && s[2] >= 16.0 * s[0], "{s:?}");
+    }
+
+    /// Keys taken into their stored form and back are the keys (to the transform's rounding),
+    /// and a query taken into the form dots a stored key to the query's dot with the key.
+    #[test]
+    fn key_form_round_trips_and_keeps_scores() {
+        let (hd, nkv, group) = (64usize, 2usize, 3usize);
+        let kv_dim = hd * nkv;
+        let scale: Vec<f32> = (0..kv_dim).map(|c| ((c * 7 % 9) as f32 - 4.0).exp2()).collect();
+        let form = KeyForm { rot: hd, scale: scale.into() };
+        let k: Vec<f32> = (0..2 * kv_dim).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
+        let q: Vec<f32> = (0..group * kv_dim).map(|i| ((i * 53 % 97) as f32 - 48.0) / 9.0).collect();
+        let mut stored = k.clone();
+        form.encode(&mut stored);
+        let mut back = stored.clone();
+        form.decode(&mut back, 0);
+        // The transform rounds in the scaled domain (≤ 6 f32 roundings of values up to the
+        // largest |k / s|); the scale takes that back exactly.
+        let big = k.iter().enumerate().map(|(i, x)| (x / form.scale[i % kv_dim]).abs()).fold(0f32, f32::max);
+        for (i, (b, x)) in back.iter().zip(&k).enumerate() {
+            assert!((b - x).abs() <= 1e-6 * big * form.scale[i % kv_dim], "round trip: {b} for {x} at {i}");
+        }
+        // One head of the second row, from its offset in the row.
+        let mut head = stored[kv_dim + hd..kv_dim + 2 * hd].to_vec();
+        form.decode(&mut head, hd);
+        assert!(head.iter().zip(&back[kv_dim + hd..]).all(|(x, y)| x == y), "a head from its offset differs from its row");
+        let mut qf = q.clone();
+        form.query(&mut qf, hd, group);
+        for h in 0..group * nkv {
+            let kvh = h / group;
+            let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum::<f64>();
+            let want = dot(&q[h * hd..][..hd], &k[kvh * hd..][..hd]);
+            let got = dot(&qf[h * hd..][..hd], &stored[kvh * hd..][..hd]);
+            assert!((want - got).abs() <= 1e-4 * want.abs().max(1.0), "head {h}: {got} vs {want}");
         }
     }
 }
