@@ -40,7 +40,7 @@ pub struct Common {
     pub profile: bool,
     /// How the KV cache stores keys and values: f32, f16 (half the memory; llama.cpp's
     /// default cache type) or q8 (8-bit blocks of 32 with a scale: ~28% of f32's bytes). Decode
-    /// reads each type in place. Default: f32 (f16 with --numerics llamacpp).
+    /// reads each type in place. Default: f16 (f32 with --numerics exact).
     #[arg(long, value_enum)]
     pub kv_type: Option<KvTypeArg>,
     /// The same as --kv-type f16.

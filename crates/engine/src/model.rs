@@ -179,10 +179,12 @@ impl Model {
     /// kernel orders, f16 KV cache, its flash attention, norms, RoPE and activations), to follow
     /// its greedy text; prefill in chunks of its micro-batch (512) for its prompt orders.
     /// `Numerics::Exact` (the library default): transformers' f32 numerics. Also sets the KV
-    /// format of new states (f16 for LlamaCpp; otherwise f32 unless `set_kv_type` follows).
+    /// format of new states (unless `set_kv_type` follows): f32 for Exact, f16 for Fast and
+    /// LlamaCpp, as llama.cpp's default cache — half the bytes, faster decode at depth, and
+    /// perplexity within 0.1% of the f32 cache's (BENCHMARKS.md, issue 18).
     pub fn set_numerics(&mut self, num: Numerics) {
         self.numerics = num;
-        self.kv_type = if num == Numerics::LlamaCpp { KvType::F16 } else { KvType::F32 };
+        self.kv_type = if num == Numerics::Exact { KvType::F32 } else { KvType::F16 };
         let tied = self.tied;
         // Fast decode reads the multiplied matrices in the interleaved layout (the embedding
         // is only read by row and keeps its bytes; a tied output gets its own interleaved copy).

@@ -7,7 +7,7 @@
 //! (projections, QK-norm, RoPE, the softmax kernels, the O(1) hook), which MTP layers reuse.
 
 use std::borrow::Cow;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use cortiq_kernels::kvattn::{KvRows, Q8_BLOCK, dequantize_q8, hadamard, quantize_q8};
 use cortiq_kernels::ops::RopeStyle;
@@ -20,7 +20,6 @@ use crate::mixers::nystrom::O1Layer;
 use crate::mixers::{Env, Journal, Mixer, MixerState, Seq, segments_apart};
 use crate::o1::Serve;
 use crate::qtensor::QTensor;
-use crate::rope::Rope;
 use crate::state::{KvType, LayerState, StateBytes};
 use crate::weights::TensorSource;
 
@@ -34,8 +33,13 @@ pub struct Attention {
     /// n_kv_heads · head_dim.
     kv_dim: usize,
     hd: usize,
-    /// Per-channel scales of an 8-bit cache's keys (`KeyForm`), from the weights (`key_scales`).
-    key_scale: Arc<[f32]>,
+    /// The layer's input-norm gain and its RoPE's pairing (style, rotated dims): what
+    /// `key_scales` needs beside the key projection.
+    gain: Vec<f32>,
+    pairs: (RopeStyle, usize),
+    /// Per-channel scales of an 8-bit cache's keys (`KeyForm`), from the weights (`key_scales`),
+    /// made when the first 8-bit state is.
+    key_scale: OnceLock<Arc<[f32]>>,
 }
 
 impl Attention {
@@ -60,8 +64,10 @@ impl Attention {
             q_norm: qk_norm("attn_q_norm.weight")?,
             k_norm: qk_norm("attn_k_norm.weight")?,
         };
-        let key_scale = key_scales(&w, &src.vector(&n("attn_norm.weight"), d)?, hd, &cfg.ropes[spec.rope]).into();
-        Ok(Attention { w, rope: spec.rope, window: spec.sliding_window, kv_dim, hd, key_scale })
+        let gain = src.vector(&n("attn_norm.weight"), d)?;
+        let rope = &cfg.ropes[spec.rope];
+        let pairs = (rope.style, rope.rot_dim);
+        Ok(Attention { w, rope: spec.rope, window: spec.sliding_window, kv_dim, hd, gain, pairs, key_scale: OnceLock::new() })
     }
 }
 
@@ -74,7 +80,7 @@ impl Attention {
 /// (rotation mixes them), a head's sizes are taken relative to their RMS (only the ratios within
 /// a head matter: an 8-bit block never spans two heads), and each is rounded to a power of two,
 /// so that dividing by it and multiplying back are exact.
-fn key_scales(w: &AttentionWeights, gain: &[f32], hd: usize, rope: &Rope) -> Vec<f32> {
+fn key_scales(w: &AttentionWeights, gain: &[f32], hd: usize, (style, rot_dim): (RopeStyle, usize)) -> Vec<f32> {
     let mut row = vec![0f32; w.wk.cols];
     let mut size: Vec<f64> = (0..w.wk.rows)
         .map(|c| {
@@ -90,9 +96,9 @@ fn key_scales(w: &AttentionWeights, gain: &[f32], hd: usize, rope: &Rope) -> Vec
             let r = rms(head);
             head.iter_mut().zip(g).for_each(|(x, &g)| *x = *x / r * (g as f64).abs());
         }
-        let half = rope.rot_dim / 2;
+        let half = rot_dim / 2;
         for i in 0..half {
-            let (a, b) = match rope.style {
+            let (a, b) = match style {
                 RopeStyle::NeoX => (i, i + half),
                 RopeStyle::Interleaved => (2 * i, 2 * i + 1),
             };
@@ -170,7 +176,12 @@ impl Mixer for Attention {
     }
 
     fn new_state(&self, kv: KvType) -> LayerState {
-        LayerState::new(KvState::with_head(self.kv_dim, self.hd, kv).with_key_scale(self.key_scale.clone()))
+        let st = KvState::with_head(self.kv_dim, self.hd, kv);
+        if kv != KvType::Q8 {
+            return LayerState::new(st);
+        }
+        let scale = self.key_scale.get_or_init(|| key_scales(&self.w, &self.gain, self.hd, self.pairs).into());
+        LayerState::new(st.with_key_scale(scale.clone()))
     }
 
     fn o1_serve(&self) -> Serve {
@@ -652,7 +663,6 @@ impl MixerState for KvState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rope::RopeScaling;
 
     fn weights(wk: Vec<f32>, kv_dim: usize, d: usize, bk: Option<Vec<f32>>, k_norm: Option<Vec<f32>>) -> AttentionWeights {
         let m = |name: &str| QTensor::from_f32(name, 1, d, vec![0.0; d]);
@@ -681,8 +691,7 @@ mod tests {
         bk[1] = 64.0;
         let gain = vec![1f32; d];
         for (style, pair) in [(RopeStyle::NeoX, 5usize), (RopeStyle::Interleaved, 0)] {
-            let rope = Rope::new(style, hd, 10_000.0, &RopeScaling::None);
-            let s = key_scales(&weights(wk.clone(), kv_dim, d, Some(bk.clone()), None), &gain, hd, &rope);
+            let s = key_scales(&weights(wk.clone(), kv_dim, d, Some(bk.clone()), None), &gain, hd, (style, hd));
             assert!(s.iter().all(|&x| x.log2().fract() == 0.0), "{style:?}: not powers of two: {s:?}");
             assert_eq!(s[1], s[pair], "{style:?}: the RoPE pair shares its scale: {s:?}");
             let rest = (0..hd).filter(|&c| c != 1 && c != pair).map(|c| s[c]).fold(0f32, f32::max);
@@ -692,8 +701,7 @@ mod tests {
         // With a QK-norm the norm's gain decides: a channel with gain 32 is the large one.
         let mut g = vec![1f32; hd];
         g[2] = 32.0;
-        let rope = Rope::new(RopeStyle::NeoX, hd, 10_000.0, &RopeScaling::None);
-        let s = key_scales(&weights(wk, kv_dim, d, None, Some(g)), &gain, hd, &rope);
+        let s = key_scales(&weights(wk, kv_dim, d, None, Some(g)), &gain, hd, (RopeStyle::NeoX, hd));
         assert!(s[2] == s[6] && s[2] >= 16.0 * s[0], "{s:?}");
     }
 
