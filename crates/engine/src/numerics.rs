@@ -6,13 +6,13 @@
 /// Which arithmetic the engine follows.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Numerics {
-    /// f32 math on dequantized weights, f32 KV cache: transformers' numerics (the library
+    /// f32 math on dequantized weights, an f32 KV cache by default: transformers' numerics (the library
     /// default, the reproducible reference).
     #[default]
     Exact,
     /// Quantized weights times 8-bit activations with integer dot products in cortiq's own
-    /// kernel order (llama.cpp's arithmetic class, not its bits); everything else as `Exact`.
-    /// The CLI's default.
+    /// kernel order (llama.cpp's arithmetic class, not its bits), an f16 KV cache by default
+    /// (llama.cpp's); everything else as `Exact`. The CLI's default.
     Fast,
     /// llama.cpp's CPU numerics: 8-bit activations in ggml's kernel orders, f16 KV cache,
     /// ggml's flash attention, norms, RoPE and activations.

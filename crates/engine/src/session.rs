@@ -6,7 +6,9 @@
 //! corrupted, foreign or other-version file is refused with an error naming which.
 //!
 //! Layout (little-endian), version 2 (version 1 is the same but for an 8-bit cache's keys, stored
-//! without the per-channel scales of `attention::KeyForm`: it is read for f32 and f16 caches):
+//! without the per-channel scales of `attention::KeyForm`: it is read for f32 and f16 caches. A
+//! version-1 file saved under the fast numerics' old f32 default restores with `--kv-type f32`;
+//! the identity check refuses it under today's f16 default, naming the KV format):
 //!
 //! ```text
 //! "CORTIQSS"  u32 version  u64 model identity  u64 n_layers
@@ -39,7 +41,9 @@ pub enum SessionError {
     Io { path: String, source: std::io::Error },
     #[error("{0}: not a cortiq session file")]
     NotASession(String),
-    #[error("{path}: session format version {found}; this build reads version {VERSION}")]
+    #[error(
+        "{path}: session format version {found}; this build reads version {VERSION} (and version 1 for f32 and f16 caches: an 8-bit cache's keys are stored differently since)"
+    )]
     Version { path: String, found: u32 },
     #[error("{0}: saved by another model (or other numerics / KV format); a session restores only into the model that saved it")]
     OtherModel(String),

@@ -12,7 +12,8 @@
 //! cache directly; an f16 or 8-bit one converted into a 16-row f32 tile (in L1) once for all
 //! the query heads and never widened as a whole. 8-bit rows are blocks of `Q8_BLOCK` values
 //! with one f32 scale each (`quantize_q8`), the layout of ggml's q8_0 with an f32 scale; the
-//! engine stores keys Hadamard-transformed in it (`hadamard`).
+//! engine stores keys scaled per channel and Hadamard-transformed in it (`hadamard`; the
+//! engine's `attention::KeyForm`).
 //!
 //! Where it stands (2 cores, Zen 5 in a VM): ~45% of the FMA peak from cache (4.7 ns per
 //! (key, head) at head size 64, 7 heads per kv head), and the DRAM stream is not overlapped

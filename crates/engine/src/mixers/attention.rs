@@ -171,7 +171,9 @@ impl Mixer for Attention {
         vec![&self.w.wq, &self.w.wk, &self.w.wv, &self.w.wo]
     }
 
+    /// The key scales are made again from the weights after (states made before keep theirs).
     fn matrices_mut(&mut self) -> Vec<&mut QTensor> {
+        self.key_scale = OnceLock::new();
         vec![&mut self.w.wq, &mut self.w.wk, &mut self.w.wv, &mut self.w.wo]
     }
 
@@ -698,11 +700,40 @@ mod tests {
             assert!(s[1] >= 16.0 * rest, "{style:?}: the biased channel {} vs the rest {rest}: {s:?}", s[1]);
             assert!(s[hd..].iter().all(|&x| x == s[hd]), "{style:?}: a plain head's scales differ: {s:?}");
         }
+        // Partial rotary (4 of 8 dims, NeoX): channel 1 pairs with 3, the rest rotate with none.
+        let s = key_scales(&weights(wk.clone(), kv_dim, d, Some(bk.clone()), None), &gain, hd, (RopeStyle::NeoX, 4));
+        assert_eq!(s[1], s[3], "partial rotary: the pair (1, 3) shares its scale: {s:?}");
+        assert!(s[1] >= 16.0 * s[5], "partial rotary: {s:?}");
         // With a QK-norm the norm's gain decides: a channel with gain 32 is the large one.
         let mut g = vec![1f32; hd];
         g[2] = 32.0;
         let s = key_scales(&weights(wk, kv_dim, d, None, Some(g)), &gain, hd, (RopeStyle::NeoX, hd));
         assert!(s[2] == s[6] && s[2] >= 16.0 * s[0], "{s:?}");
+    }
+
+    /// The layer's 8-bit states carry its key scales (the same for every state); other types
+    /// are plain.
+    #[test]
+    fn eight_bit_states_carry_the_layers_key_scales() {
+        let (hd, nkv, d) = (32usize, 2usize, 8usize);
+        let kv_dim = hd * nkv;
+        let wk: Vec<f32> = (0..kv_dim * d).map(|i| ((i * 29 % 31) as f32 - 15.0) / 8.0).collect();
+        let bk: Vec<f32> = (0..kv_dim).map(|c| if c % 13 == 0 { 100.0 } else { 0.0 }).collect();
+        let gain: Vec<f32> = (0..d).map(|i| 1.0 + i as f32 / 4.0).collect();
+        let w = weights(wk.clone(), kv_dim, d, Some(bk.clone()), None);
+        let pairs = (RopeStyle::NeoX, hd);
+        let att = Attention { w, rope: 0, window: None, kv_dim, hd, gain: gain.clone(), pairs, key_scale: OnceLock::new() };
+        let want = key_scales(&weights(wk, kv_dim, d, Some(bk), None), &gain, hd, pairs);
+        assert!(want.iter().any(|&s| s != want[0]), "the case has channels of different sizes: {want:?}");
+        for _ in 0..2 {
+            let st = att.new_state(KvType::Q8);
+            match &st.get::<KvState>().expect("an attention state").cache {
+                Cache::KvQ8 { form, .. } => assert_eq!(&*form.scale, &want[..]),
+                _ => panic!("an 8-bit state is not 8-bit"),
+            }
+        }
+        let st = att.new_state(KvType::F16);
+        assert!(matches!(st.get::<KvState>().unwrap().cache, Cache::KvF16 { .. }));
     }
 
     /// Keys taken into their stored form and back are the keys (to the transform's rounding),
