@@ -582,7 +582,8 @@ mod avx512 {
         if NV == 4 && nt == 16 {
             // Head size 64: two heads at a time, 8 rows per transposed sum, each key vector
             // loaded once for both (q of both heads in 8 registers). The same parts and the
-            // same per-lane tree: hsum16's lanes do not depend on each other.
+            // same per-lane tree: hsum16's lanes do not depend on each other. `rows` opaque for
+            // the reason the one-head loop below gives (reloads from L1, not spilled hoists).
             let rows = std::hint::black_box(rows);
             while h0 + 2 <= g {
                 let mut qa = [_mm512_setzero_ps(); NV];

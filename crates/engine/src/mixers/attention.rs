@@ -143,9 +143,20 @@ impl KeyForm {
     /// from off = 0.
     pub(crate) fn decode(&self, x: &mut [f32], off: usize) {
         hadamard(x, self.rot);
-        if !self.scale.is_empty() {
-            let w = self.scale.len();
-            x.iter_mut().enumerate().for_each(|(i, v)| *v *= self.scale[(off + i) % w]);
+        let s = &*self.scale;
+        if s.is_empty() {
+            return;
+        }
+        if off + x.len() <= s.len() {
+            x.iter_mut().zip(&s[off..]).for_each(|(v, &s)| *v *= s);
+        } else {
+            assert!(
+                off == 0 && x.len().is_multiple_of(s.len()),
+                "key form: {} values from channel {off} of {}",
+                x.len(),
+                s.len()
+            );
+            x.chunks_exact_mut(s.len()).for_each(|row| row.iter_mut().zip(s).for_each(|(v, &s)| *v *= s));
         }
     }
 
