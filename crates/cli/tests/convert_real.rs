@@ -88,7 +88,7 @@ fn dtypes(cmf: &str) -> Cmf {
 }
 
 #[test]
-fn q8r_with_q8_0_embeddings_keeps_gemma3_within_0_4_percent() {
+fn real_q8r_with_q8_0_embeddings_keeps_gemma3_within_0_4_percent() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = Scratch::new("q8r");
     let gguf = real_model_arg(MODEL);
@@ -147,7 +147,7 @@ fn logits(model: &str, tokens: &str, out: &str) -> (Vec<usize>, Vec<f32>) {
 }
 
 #[test]
-fn q8_0_conversion_is_ggml_bit_for_bit_and_runs_close_to_the_source() {
+fn real_q8_0_conversion_is_ggml_bit_for_bit_and_runs_close_to_the_source() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = Scratch::new("q8_0");
     let gguf = real_model_arg(MODEL);

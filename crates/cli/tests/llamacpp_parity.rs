@@ -215,7 +215,7 @@ fn check_model(name: &str) {
 }
 
 #[test]
-fn smollm2_logits_bit_identical_to_llamacpp() {
+fn real_smollm2_logits_bit_identical_to_llamacpp() {
     check_model("smollm2-135m");
 }
 
@@ -225,7 +225,7 @@ fn smollm2_logits_bit_identical_to_llamacpp() {
 /// f16 arithmetic for whole 128-element steps (one rounding, the scalar rounded to f16 first),
 /// which only Gemma's 256-wide heads reach; the twin rounded twice through f32.
 #[test]
-fn gemma3_logits_bit_identical_to_llamacpp() {
+fn real_gemma3_logits_bit_identical_to_llamacpp() {
     check_model("gemma3-270m");
 }
 
@@ -233,6 +233,6 @@ fn gemma3_logits_bit_identical_to_llamacpp() {
 /// after the first divergence, traced to layer 2's ffn_down (Q4_K, 896 rows), which llama.cpp
 /// keeps repacked and runs with `ggml_gemv_q4_K_8x8_q8_K` while decode used the vec_dot order.
 #[test]
-fn qwen25_logits_bit_identical_to_llamacpp() {
+fn real_qwen25_logits_bit_identical_to_llamacpp() {
     check_model("qwen2.5-coder-0.5b");
 }

@@ -127,11 +127,11 @@ fn check_forms(model: &str) {
 }
 
 #[test]
-fn smollm2_o1_streaming_equals_matrix_form() {
+fn real_smollm2_o1_streaming_equals_matrix_form() {
     check_forms("smollm2-135m");
 }
 
 #[test]
-fn qwen25_o1_streaming_equals_matrix_form() {
+fn real_qwen25_o1_streaming_equals_matrix_form() {
     check_forms("qwen2.5-coder-0.5b");
 }

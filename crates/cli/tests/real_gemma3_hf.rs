@@ -170,7 +170,7 @@ fn compare(
 }
 
 #[test]
-fn gemma3_logits_match_transformers_f64() {
+fn real_gemma3_logits_match_transformers_f64() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let r = reference();
     let tokens = ids(&r["tokens"]);
@@ -200,7 +200,7 @@ fn gemma3_logits_match_transformers_f64() {
 }
 
 #[test]
-fn gemma3_greedy_step_logits_match_transformers_f64() {
+fn real_gemma3_greedy_step_logits_match_transformers_f64() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let r = reference();
     let prompt = ids(&r["prompt_ids"]);
@@ -226,7 +226,7 @@ fn gemma3_greedy_step_logits_match_transformers_f64() {
 }
 
 #[test]
-fn gemma3_greedy_run_matches_transformers() {
+fn real_gemma3_greedy_run_matches_transformers() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let r = reference();
     let prompt = r["prompt"].as_str().unwrap();
@@ -263,7 +263,7 @@ fn gemma3_greedy_run_matches_transformers() {
 }
 
 #[test]
-fn gemma3_tokenizer_matches_transformers() {
+fn real_gemma3_tokenizer_matches_transformers() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let r = reference();
     let model = real_model_arg(MODEL);

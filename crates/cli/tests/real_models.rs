@@ -141,7 +141,7 @@ fn check_ppl(model: &str, reference: f64) {
 }
 
 #[test]
-fn smollm2_greedy_matches_llamacpp() {
+fn real_smollm2_greedy_matches_llamacpp() {
     check_greedy(
         "smollm2-135m",
         " Paris.\n\nThe United States has a population of approximately 311 million people.\n\nThe United States has a population of approximately 31",
@@ -151,7 +151,7 @@ fn smollm2_greedy_matches_llamacpp() {
 /// Before the one-chunk attention twin did ggml's native-f16 V accumulation (2026-12-01) only 11
 /// of 32 tokens agreed (margin 0.159), and the old near-tie escape let that pass.
 #[test]
-fn gemma3_greedy_matches_llamacpp() {
+fn real_gemma3_greedy_matches_llamacpp() {
     check_greedy(
         "gemma3-270m",
         " the capital of the country of France. It is the largest city in France. It is the capital of the country of France. It is the largest city in",
@@ -159,7 +159,7 @@ fn gemma3_greedy_matches_llamacpp() {
 }
 
 #[test]
-fn qwen25_greedy_matches_llamacpp() {
+fn real_qwen25_greedy_matches_llamacpp() {
     check_greedy(
         "qwen2.5-coder-0.5b",
         " Paris. Paris is located in the northwestern part of France. The capital of France is located in the northwestern part of France. Paris is located in the",
@@ -167,17 +167,17 @@ fn qwen25_greedy_matches_llamacpp() {
 }
 
 #[test]
-fn smollm2_ppl_matches_llamacpp() {
+fn real_smollm2_ppl_matches_llamacpp() {
     check_ppl("smollm2-135m", 18.8886);
 }
 
 #[test]
-fn gemma3_ppl_matches_llamacpp() {
+fn real_gemma3_ppl_matches_llamacpp() {
     check_ppl("gemma3-270m", 14.2093);
 }
 
 #[test]
-fn qwen25_ppl_matches_llamacpp() {
+fn real_qwen25_ppl_matches_llamacpp() {
     check_ppl("qwen2.5-coder-0.5b", 24.8920);
 }
 
@@ -211,11 +211,11 @@ fn check_chat(model: &str) {
 }
 
 #[test]
-fn smollm2_chat_answers() {
+fn real_smollm2_chat_answers() {
     check_chat("smollm2-135m");
 }
 
 #[test]
-fn qwen25_chat_answers() {
+fn real_qwen25_chat_answers() {
     check_chat("qwen2.5-coder-0.5b");
 }

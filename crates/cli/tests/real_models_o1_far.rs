@@ -47,14 +47,14 @@ fn record(
 }
 
 #[test]
-fn smollm2_far_field_streaming_equals_teacher_forced() {
+fn real_smollm2_far_field_streaming_equals_teacher_forced() {
     check(false);
 }
 
 /// The same with the windows split by curves (each planned layer its own window, the same
 /// total): each layer's teacher-forced form at its own window.
 #[test]
-fn smollm2_far_field_split_windows_streaming_equals_teacher_forced() {
+fn real_smollm2_far_field_split_windows_streaming_equals_teacher_forced() {
     check(true);
 }
 

@@ -195,7 +195,7 @@ fn serve_sse_wire_format() {
 /// Keep-alive comments while a long prompt is processed (a tiny ping interval, a long prompt
 /// in small chunks on a real model).
 #[test]
-fn serve_sse_keepalive_during_prompt() {
+fn real_serve_sse_keepalive_during_prompt() {
     let model = cortiq_testkit::real_model_arg("smollm2-135m");
     let s = Server::start(&model, &["--sse-ping", "0.05", "--prefill-chunk", "8", "--ctx", "2048"]);
     let prompt: Vec<u32> = (0..1500).map(|i| 100 + (i * 7) % 20000).collect();
@@ -293,7 +293,7 @@ fn serve_determinism_under_load_real_model() {
 /// A client that disconnects mid-prompt or mid-decode frees its slot at the next step: with
 /// one slot, the next request starts at once instead of waiting for the abandoned one.
 #[test]
-fn serve_disconnect_frees_slot() {
+fn real_serve_disconnect_frees_slot() {
     let model = cortiq_testkit::real_model_arg("smollm2-135m");
     let s = Server::start(&model, &["--parallel", "1", "--prefill-chunk", "16", "--ctx", "2048"]);
     let long: Vec<u32> = (0..1500).map(|i| 100 + (i * 7) % 20000).collect();
@@ -412,7 +412,7 @@ fn serve_64_concurrent_streams() {
 
 /// The official `openai` Python package against the server on a real chat model.
 #[test]
-fn serve_openai_python_client() {
+fn real_serve_openai_python_client() {
     let py = std::env::var("CORTIQ_TEST_PYTHON").unwrap_or_else(|_| {
         panic!("CORTIQ_TEST_PYTHON is not set: run scripts/test (it makes the venv with the pinned openai package)")
     });
@@ -436,7 +436,7 @@ fn serve_openai_python_client() {
 /// CORTIQ_TEST_SELENIUM_PYTHON): two streamed turns, the second reusing the first's prompt
 /// and answer, and the stop button. The screenshot lands in the test's temporary folder.
 #[test]
-fn serve_chat_page_in_a_browser() {
+fn real_serve_chat_page_in_a_browser() {
     let py = std::env::var("CORTIQ_TEST_SELENIUM_PYTHON").unwrap_or_else(|_| {
         panic!("CORTIQ_TEST_SELENIUM_PYTHON is not set: run scripts/test (it installs chromium and the selenium venv)")
     });
@@ -462,7 +462,7 @@ fn serve_chat_page_in_a_browser() {
 /// the problem: a garbage, truncated or flipped file, another format version, another model's
 /// file, a path for a name, a missing file, an unknown slot or action, no --slot-dir.
 #[test]
-fn serve_session_save_restart_restore() {
+fn real_serve_session_save_restart_restore() {
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("sessions-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let d = dir.display().to_string();
@@ -549,7 +549,7 @@ fn serve_session_save_restart_restore() {
 /// on a model without a far field: score eviction, the Nyström skeleton), alone and beside
 /// neighbours.
 #[test]
-fn serve_equals_run_plain_and_constant_memory() {
+fn real_serve_equals_run_plain_and_constant_memory() {
     let model = cortiq_testkit::real_model_arg("smollm2-135m");
     let prompt = "The history of the printing press begins in the fifteenth century, when a goldsmith in Mainz \
                   combined movable metal type, oil-based ink and a wooden press adapted from wine making. Within fifty years";
@@ -596,7 +596,7 @@ fn serve_equals_run_plain_and_constant_memory() {
 /// `--timeout`: a request still running past it ends with 504 (whole) or an error event then
 /// `[DONE]` (streamed), and its slot is free again.
 #[test]
-fn serve_request_timeout() {
+fn real_serve_request_timeout() {
     let model = cortiq_testkit::real_model_arg("smollm2-135m");
     let s = Server::start(&model, &["--timeout", "1", "--ctx", "4096", "--parallel", "1"]);
     let endless = json!({"prompt": "Once upon a time", "max_tokens": 100000, "ignore_eos": true});

@@ -140,7 +140,7 @@ fn speed(tok: &Tokenizer, name: &str, limit_s: f64) {
 }
 
 #[test]
-fn smollm2_vocab() {
+fn real_smollm2_vocab() {
     let tok = check_fixture("smollm2");
     assert_eq!(tok.vocab_size(), 49152);
     assert_eq!(tok.bos_id(), Some(1));
@@ -152,7 +152,7 @@ fn smollm2_vocab() {
 }
 
 #[test]
-fn qwen25_coder_vocab() {
+fn real_qwen25_coder_vocab() {
     let tok = check_fixture("qwen2.5-coder");
     assert_eq!(tok.vocab_size(), 151936);
     assert!(!tok.add_bos());
@@ -163,7 +163,7 @@ fn qwen25_coder_vocab() {
 }
 
 #[test]
-fn gemma3_vocab() {
+fn real_gemma3_vocab() {
     let tok = check_fixture("gemma3");
     assert_eq!(tok.vocab_size(), 262144);
     assert_eq!(tok.bos_id(), Some(2));

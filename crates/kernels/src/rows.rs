@@ -83,10 +83,13 @@ enum Isa {
 fn isa() -> Isa {
     static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
     *ISA.get_or_init(|| {
-        if crate::simd::level() == crate::simd::Level::Avx512 {
-            return Isa::Avx512;
+        match crate::simd::level() {
+            crate::simd::Level::Avx512 => return Isa::Avx512,
+            crate::simd::Level::Avx2 => return Isa::Avx2,
+            crate::simd::Level::Scalar => {}
         }
-        // kernels' level() knows AVX-512 only; honour its CORTIQ_SIMD=scalar switch for AVX2.
+        // level() is Scalar when forced (CORTIQ_SIMD=scalar) or when the CPU lacks FMA/F16C;
+        // these kernels need AVX2 alone.
         let forced_scalar = std::env::var("CORTIQ_SIMD").map(|v| v == "scalar").unwrap_or(false);
         #[cfg(target_arch = "x86_64")]
         {

@@ -16,15 +16,28 @@ pub enum Level {
 
 static LEVEL: OnceLock<Level> = OnceLock::new();
 
-/// The best SIMD level this CPU supports, unless `CORTIQ_SIMD=scalar` forces the scalar twins.
+/// The best SIMD level this CPU supports, capped by `CORTIQ_SIMD`: `scalar` forces the scalar
+/// twins; `avx2` runs the AVX2 tier on a CPU that also has AVX-512 (the proxy for the AVX2
+/// machines most people own: every kernel then takes the path such a CPU takes); `avx512` or
+/// unset, the best the CPU has. A level the CPU lacks falls back to the best it has. Any other
+/// value is refused with a warning on stderr (once) and ignored.
 pub fn level() -> Level {
     *LEVEL.get_or_init(|| {
-        if std::env::var("CORTIQ_SIMD").map(|v| v == "scalar").unwrap_or(false) {
+        let cap = match std::env::var("CORTIQ_SIMD").as_deref() {
+            Err(_) | Ok("") | Ok("avx512") | Ok("auto") => Level::Avx512,
+            Ok("avx2") => Level::Avx2,
+            Ok("scalar") => Level::Scalar,
+            Ok(other) => {
+                eprintln!("warning: CORTIQ_SIMD={other:?} is not one of scalar, avx2, avx512: ignored");
+                Level::Avx512
+            }
+        };
+        if cap == Level::Scalar {
             return Level::Scalar;
         }
         #[cfg(target_arch = "x86_64")]
         {
-            if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("fma") {
+            if cap == Level::Avx512 && std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("fma") {
                 return Level::Avx512;
             }
             if std::is_x86_feature_detected!("avx2")

@@ -365,6 +365,56 @@ fn simd_matches_scalar() {
     assert_eq!(total_bad, 0, "SIMD vec_dot must equal the scalar twin bit for bit");
 }
 
+/// The AVX2 kernels (`vecdot_avx2`), run directly whatever tier `CORTIQ_SIMD` picks, so an
+/// AVX-512 machine checks them too: one row and the 4-row cached matvec, bit for bit their
+/// scalar twins, every order they cover.
+#[test]
+fn avx2_matches_scalar() {
+    use cortiq_kernels::quant::vecdot_avx2;
+    let mut rng = Rng(23);
+    let mut checked = 0;
+    for ty in DOT_TYPES {
+        let at = act_type(ty).unwrap();
+        for order in [Order::VecDot, Order::RepackGemv, Order::RepackGemm, Order::Tiled] {
+            if !vecdot_avx2::covers(ty, order) {
+                continue;
+            }
+            let mut bad = 0;
+            for blocks in [1usize, 2, 3, 7, 16, 28] {
+                let n = blocks * ty.block_size();
+                for _ in 0..40 {
+                    let w = random_weights(ty, blocks, &mut rng);
+                    let (_, a) = random_act(at, n, &mut rng);
+                    let Some(v) = vecdot_avx2::vec_dot_order(ty, order, &w, &a) else {
+                        eprintln!("no AVX2 + FMA + F16C on this CPU: nothing to compare");
+                        return;
+                    };
+                    checked += 1;
+                    if v.to_bits() != vec_dot_order_scalar(ty, order, &w, &a, n).to_bits() {
+                        bad += 1;
+                    }
+                }
+                // 13 rows: three 4-row steps and a one-row remainder
+                let rows = 13;
+                let w = random_weights(ty, rows * blocks, &mut rng);
+                let (_, a) = random_act(at, n, &mut rng);
+                let rb = ty.row_bytes(n).unwrap();
+                let mut y = vec![f32::NAN; rows];
+                assert!(vecdot_avx2::matvec_order(ty, order, &w, rb, &a, &mut y));
+                for (r, &got) in y.iter().enumerate() {
+                    checked += 1;
+                    if got.to_bits() != vec_dot_order_scalar(ty, order, &w[r * rb..(r + 1) * rb], &a, n).to_bits() {
+                        bad += 1;
+                    }
+                }
+            }
+            println!("{:>5} {order:?}: {bad} mismatches", ty.name());
+            assert_eq!(bad, 0, "{ty} {order:?}: the AVX2 kernel differs from its scalar twin");
+        }
+    }
+    assert!(checked > 0, "no type was checked");
+}
+
 #[test]
 fn quantize_simd_matches_scalar() {
     let mut rng = Rng(17);

@@ -20,6 +20,7 @@ mod q4t;
 mod q8r;
 pub mod quantize;
 pub mod vecdot;
+pub mod vecdot_avx2;
 pub mod vecdot_avx512;
 mod vecmulti;
 

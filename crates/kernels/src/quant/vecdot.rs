@@ -323,6 +323,9 @@ pub fn vec_dot(ty: QuantType, w_row: &[u8], act: &[u8], n: usize) -> f32 {
     if let Some(v) = super::vecdot_avx512::dispatch(ty, w_row, act, Order::VecDot) {
         return v;
     }
+    if let Some(v) = super::vecdot_avx2::dispatch(ty, w_row, act, Order::VecDot) {
+        return v;
+    }
     #[cfg(target_arch = "x86_64")]
     if crate::simd::level() == crate::simd::Level::Avx2 {
         let mut y = [0f32];
@@ -416,6 +419,16 @@ pub fn vec_dot_order(ty: QuantType, order: Order, w_row: &[u8], act: &[u8], n: u
     if let Some(v) = super::vecdot_avx512::dispatch(ty, w_row, act, order) {
         return v;
     }
+    if let Some(v) = super::vecdot_avx2::dispatch(ty, w_row, act, order) {
+        return v;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::level() == crate::simd::Level::Avx2 {
+        let mut y = [0f32];
+        // SAFETY: level() returned Avx2 after detecting avx2, fma and f16c.
+        unsafe { rows_avx2(ty, order, w_row, w_row.len(), act, &mut y) };
+        return y[0];
+    }
     scalar_order(ty, order, w_row, act)
 }
 
@@ -451,6 +464,9 @@ fn matvec_impl(func: &str, ty: QuantType, w: &[u8], rows: usize, cols: usize, ac
     if super::vecdot_avx512::matvec(ty, w, rb, act, y, order) {
         return;
     }
+    if super::vecdot_avx2::matvec(ty, w, rb, act, y, order) {
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if crate::simd::level() == crate::simd::Level::Avx2 {
         // SAFETY: level() returned Avx2 after detecting avx2, fma and f16c.
@@ -462,45 +478,16 @@ fn matvec_impl(func: &str, ty: QuantType, w: &[u8], rows: usize, cols: usize, ac
     }
 }
 
-/// The scalar twins compiled for AVX2 + FMA (no AVX-512): they keep ggml's AVX2 kernels' lanes
-/// as 8-element arrays, which vectorize here, and `mul_add` is one instruction instead of a
-/// libm call; the same code, so the same bits.
-/// Q8_0 in `vec_dot`'s order is ggml's AVX2 kernel itself, written out (`dot_q8_0_avx2`): the
-/// vectorizer does not find `vpmaddubsw` in the twin's widening loops.
+/// The scalar twins compiled for AVX2 + FMA (no AVX-512), for the types and orders
+/// `vecdot_avx2` has no kernel for (the k-quants): they keep ggml's AVX2 kernels' lanes as
+/// 8-element arrays, which vectorize here, and `mul_add` is one instruction instead of a libm
+/// call; the same code, so the same bits.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn rows_avx2(ty: QuantType, order: Order, w: &[u8], rb: usize, act: &[u8], y: &mut [f32]) {
-    if ty == QuantType::Q8_0 && order == Order::VecDot {
-        for (o, row) in y.iter_mut().zip(w.chunks_exact(rb.max(1))) {
-            *o = dot_q8_0_avx2(view(row), view(act));
-        }
-        return;
-    }
     for (o, row) in y.iter_mut().zip(w.chunks_exact(rb.max(1))) {
         *o = scalar_order(ty, order, row, act);
     }
-}
-
-/// `dot_q8_0` with AVX2, bit for bit: per block the 8 lanes of 4-product sums (|x| · a·sign(x)
-/// by `vpmaddubsw`, exact: at most 2·128·127 per pair), `acc = fma(d, lanes, acc)`, then
-/// `hsum8`'s tree.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn dot_q8_0_avx2(w: &[BlockQ8_0], a: &[BlockQ8_0]) -> f32 {
-    use std::arch::x86_64::*;
-    let ones = _mm256_set1_epi16(1);
-    let mut acc = _mm256_setzero_ps();
-    for (x, y) in w.iter().zip(a) {
-        let d = h16(x.d) * h16(y.d);
-        // SAFETY: qs are 32 readable i8 each.
-        let (xq, yq) = unsafe { (_mm256_loadu_si256(x.qs.as_ptr().cast()), _mm256_loadu_si256(y.qs.as_ptr().cast())) };
-        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(xq, xq), _mm256_sign_epi8(yq, xq)), ones);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
-    }
-    // hsum8: [a4 + a0, a5 + a1, a6 + a2, a7 + a3], then (r0 + r2) + (r1 + r3).
-    let r = _mm_add_ps(_mm256_extractf128_ps::<1>(acc), _mm256_castps256_ps128(acc));
-    let x = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)))
 }
 
 #[track_caller]

@@ -81,6 +81,10 @@ pub(super) fn dispatch(ty: QuantType, w: &[u8], a: &[u8], order: Order) -> Optio
 /// loop over anonymous (huge-page) memory reads ~60 GB/s on this machine.
 pub(super) const PREFETCH_AHEAD: usize = 8192;
 
+/// Weight slices up to this size are taken to be cache-resident by `matvec` (and
+/// `vecdot_avx2::matvec_order`): multi-row kernels instead of one stream.
+pub(super) const CACHED: usize = 256 * 1024;
+
 /// Prefetch (into all cache levels) the lines of `w[start + PREFETCH_AHEAD ..][..len]` that
 /// exist: called once per row with the row's start and length, it keeps a sliding window of
 /// PREFETCH_AHEAD bytes in flight ahead of the kernel.
@@ -110,7 +114,8 @@ pub(super) fn prefetch_ahead(w: &[u8], start: usize, len: usize) {
 /// each activation load) is ~1.5x faster while the weights sit in cache, but streaming from
 /// memory the interleaved streams defeat this CPU's hardware prefetcher and run 2-4x *slower*
 /// (examples/vecdot_bench, 262144 x 640 Q8_0: 28 G weights/s one row, 7-8 with 2 or 4). Decode
-/// streams every weight from memory once per token, so the single stream wins.
+/// streams every weight from memory once per token, so the single stream wins; weights of at
+/// most `CACHED` bytes (a tile the caller keeps in cache) go four rows at a time.
 pub(super) fn matvec(ty: QuantType, w: &[u8], rb: usize, a: &[u8], y: &mut [f32], order: Order) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -125,8 +130,31 @@ pub(super) fn matvec(ty: QuantType, w: &[u8], rb: usize, a: &[u8], y: &mut [f32]
                 return true;
             }
             let mut rows = w.chunks_exact(rb);
-            let mut ys = y.chunks_exact_mut(1);
+            let mut done = 0;
+            if w.len() <= CACHED {
+                // cache-resident weights (the llama.cpp-order prefill's tiles): four rows share
+                // each activation load and run four independent FMA chains
+                for yc in y.chunks_exact_mut(4) {
+                    let ws: [&[u8]; 4] = std::array::from_fn(|_| rows.next().unwrap_or(&[]));
+                    // SAFETY: as in `dispatch`.
+                    let v = unsafe {
+                        match order {
+                            Order::VecDot => imp::rows::<4, 0>(ty, ws, a),
+                            Order::RepackGemv => imp::rows::<4, 1>(ty, ws, a),
+                            Order::RepackGemm => imp::rows::<4, 2>(ty, ws, a),
+                            Order::Tiled => imp::rows::<4, 3>(ty, ws, a),
+                        }
+                    };
+                    match v {
+                        Some(v) => yc.copy_from_slice(&v),
+                        None => return false,
+                    }
+                    done += 4;
+                }
+            }
+            let mut ys = y[done..].chunks_exact_mut(1);
             for (r, yc) in (&mut ys).enumerate() {
+                let r = done + r;
                 prefetch_ahead(w, r * rb, rb);
                 let ws: [&[u8]; 1] = [rows.next().unwrap_or(&[])];
                 // SAFETY: as in `dispatch`.

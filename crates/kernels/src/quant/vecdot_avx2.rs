@@ -1,0 +1,611 @@
+//! AVX2 (+ FMA + F16C, no AVX-512, no VNNI) twins of the integer dot products in `vecdot.rs`,
+//! which stay the reference forever: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K in ggml's
+//! `vec_dot` order, Q4_0 and Q4_K in llama.cpp's repacked gemv/gemm orders, Q4_K/Q5_K/Q6_K in
+//! its tiled order (Q2_K/Q3_K run their scalar twins compiled for AVX2).
+//!
+//! Owns: the kernels (generic over R rows sharing one activation row, like the AVX-512 twins in
+//! `vecdot_avx512.rs`), `dispatch` / `matvec` for the `Level::Avx2` tier, and `vec_dot_order` /
+//! `matvec_order`, which run these kernels on any CPU with AVX2 + FMA + F16C whatever the
+//! tier, so the bit-identity tests cover them on AVX-512 machines too.
+//!
+//! Why by hand: the scalar twins compiled for AVX2 (`vecdot::rows_avx2`) do not find
+//! `vpmaddubsw` in their widening loops; Q5_0 ran at 1.2 G weights/s a thread that way against
+//! ~13 here. On an AVX2 CPU `--numerics llamacpp` prefill spent 87% of its time in Q5_0
+//! (Qwen2.5-Coder-0.5B), and the real-model tests run that mode.
+//!
+//! Bit-identity with the scalar twins (and so with ggml's AVX2 kernels, whose instruction
+//! choice this is): per block the integer products land in the same 8 i32 lanes (lane l owns
+//! bytes 4l..4l+3 of the 32-element block: `vpmaddubsw` + `vpmaddwd` by ones, exact — at most
+//! 2·128·127 per i16 pair, since activation quants are in -127..127), then the same per-block
+//! FMA into an 8-lane f32 accumulator and the same final reduction (`hsum8`).
+
+use super::QuantType;
+use super::vecdot::Order;
+
+/// Whether this CPU runs these kernels at all (AVX2 + FMA + F16C), whatever `CORTIQ_SIMD` says.
+fn cpu_has() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *HAS.get_or_init(|| {
+            std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") && std::is_x86_feature_detected!("f16c")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Whether the engine's dispatch takes these kernels: the AVX2 tier (`simd::level()`).
+fn active() -> bool {
+    crate::simd::level() == crate::simd::Level::Avx2
+}
+
+/// Whether a kernel here covers `(ty, order)`.
+pub fn covers(ty: QuantType, order: Order) -> bool {
+    match order {
+        Order::VecDot => matches!(
+            ty,
+            QuantType::Q4_0
+                | QuantType::Q4_1
+                | QuantType::Q5_0
+                | QuantType::Q5_1
+                | QuantType::Q8_0
+                | QuantType::Q4K
+                | QuantType::Q5K
+                | QuantType::Q6K
+        ),
+        Order::RepackGemv | Order::RepackGemm => matches!(ty, QuantType::Q4_0 | QuantType::Q4K),
+        Order::Tiled => matches!(ty, QuantType::Q4K | QuantType::Q5K | QuantType::Q6K),
+    }
+}
+
+/// One row's dot product on the AVX2 tier, `None` off it or for a pair `covers` rejects.
+/// Lengths were checked by the caller (`vecdot::check`).
+pub(super) fn dispatch(ty: QuantType, w: &[u8], a: &[u8], order: Order) -> Option<f32> {
+    if active() { vec_dot_order(ty, order, w, a) } else { None }
+}
+
+/// `matvec` on the AVX2 tier; `false` (nothing written) off it or when `covers` rejects.
+pub(super) fn matvec(ty: QuantType, w: &[u8], rb: usize, a: &[u8], y: &mut [f32], order: Order) -> bool {
+    active() && matvec_order(ty, order, w, rb, a, y)
+}
+
+/// The AVX2 kernel's dot product of one weight row with one activation row (lengths as
+/// `vecdot::vec_dot_order` checks them), on any CPU with AVX2 + FMA + F16C: `None` without
+/// them or for a pair `covers` rejects. The tests' entry to these kernels.
+pub fn vec_dot_order(ty: QuantType, order: Order, w: &[u8], a: &[u8]) -> Option<f32> {
+    if !cpu_has() || !covers(ty, order) {
+        return None;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: cpu_has() confirmed avx2, fma and f16c; every load is bounds-checked.
+        return unsafe { imp::rows::<1>(ty, order, [w], a) }.map(|r| r[0]);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    None
+}
+
+/// `y[r] = dot(row r, a)` for rows of `rb` bytes stored back to back, with these kernels on any
+/// CPU with AVX2 + FMA + F16C; `false` (nothing written) without them or when `covers` rejects.
+///
+/// Four rows at a time share each activation load and give the core four independent FMA
+/// chains when the weights are small enough to sit in cache (the llama.cpp-order prefill hands
+/// over tiles of 16 rows); larger matrices stream one row at a time, front to back (the
+/// hardware prefetcher follows one stream best; see `vecdot_avx512::matvec`).
+pub fn matvec_order(ty: QuantType, order: Order, w: &[u8], rb: usize, a: &[u8], y: &mut [f32]) -> bool {
+    if !cpu_has() || !covers(ty, order) || rb == 0 {
+        return false;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        use super::vecdot_avx512::CACHED;
+        let mut rows = w.chunks_exact(rb);
+        let mut done = 0;
+        if w.len() <= CACHED {
+            for yc in y.chunks_exact_mut(4) {
+                let ws = [
+                    rows.next().unwrap_or(&[]),
+                    rows.next().unwrap_or(&[]),
+                    rows.next().unwrap_or(&[]),
+                    rows.next().unwrap_or(&[]),
+                ];
+                // SAFETY: as in `vec_dot_order`.
+                let v = unsafe { imp::rows::<4>(ty, order, ws, a) }.expect("covered");
+                yc.copy_from_slice(&v);
+                done += 4;
+            }
+        }
+        for (r, (o, row)) in y[done..].iter_mut().zip(rows).enumerate() {
+            super::vecdot_avx512::prefetch_ahead(w, (done + r) * rb, rb);
+            // SAFETY: as in `vec_dot_order`.
+            *o = unsafe { imp::rows::<1>(ty, order, [row], a) }.expect("covered")[0];
+        }
+        return true;
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (a, y);
+        false
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod imp {
+    use super::super::QuantType;
+    use super::super::blocks::*;
+    use super::super::dequant::k4_scale_min;
+    use super::super::vecdot::{Order, Q8_1_BYTES, hsum4, hsum8};
+    use std::arch::x86_64::*;
+
+    // Every helper carries the kernels' target features so it inlines into them; intrinsics
+    // without pointers are safe to call inside such functions.
+
+    /// 16 bytes of `s` from `off` (bounds-checked).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn ld16(s: &[u8], off: usize) -> __m128i {
+        let s = &s[off..off + 16];
+        // SAFETY: `s` is exactly 16 readable bytes; loadu has no alignment requirement.
+        unsafe { _mm_loadu_si128(s.as_ptr().cast()) }
+    }
+
+    /// 32 bytes of `s` from `off` (bounds-checked).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn ld32(s: &[u8], off: usize) -> __m256i {
+        let s = &s[off..off + 32];
+        // SAFETY: `s` is exactly 32 readable bytes; loadu has no alignment requirement.
+        unsafe { _mm256_loadu_si256(s.as_ptr().cast()) }
+    }
+
+    /// 32 i8 (bounds-checked).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn ld32i(s: &[i8]) -> __m256i {
+        let s = &s[..32];
+        // SAFETY: `s` is exactly 32 readable bytes; loadu has no alignment requirement.
+        unsafe { _mm256_loadu_si256(s.as_ptr().cast()) }
+    }
+
+    /// An f16's value as f32 (exact).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn f16s(b: [u8; 2]) -> f32 {
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(u16::from_le_bytes(b) as i16)))
+    }
+
+    /// ggml's `hsum_float_8`, via the scalar twin's function on the stored lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn hsum(v: __m256) -> f32 {
+        let mut a = [0f32; 8];
+        // SAFETY: `a` is 8 writable f32; storeu has no alignment requirement.
+        unsafe { _mm256_storeu_ps(a.as_mut_ptr(), v) };
+        hsum8(a)
+    }
+
+    /// Sum of the 8 i32 lanes (exact).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn hsum_i32(v: __m256i) -> i32 {
+        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+        _mm_cvtsi128_si32(s)
+    }
+
+    /// Signed x signed bytes -> 8 i32 lanes of 4 products each: `|x|` (a -128 reads as 128
+    /// unsigned) times `sign(y, x)`, ggml's `mul_sum_i8_pairs`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn dot_i8(x: __m256i, y: __m256i) -> __m256i {
+        dot_u8(_mm256_abs_epi8(x), _mm256_sign_epi8(y, x))
+    }
+
+    /// Unsigned x signed bytes -> 8 i32 lanes of 4 products each, ggml's `mul_sum_us8_pairs`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn dot_u8(x: __m256i, y: __m256i) -> __m256i {
+        _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1))
+    }
+
+    /// 16 packed bytes -> 32 nibbles: low nibbles in bytes 0..16, high nibbles in 16..32.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn nib32(qs: &[u8]) -> __m256i {
+        let b = ld16(qs, 0);
+        let m = _mm_set1_epi8(0x0F);
+        _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16::<4>(b), m), _mm_and_si128(b, m))
+    }
+
+    /// 0xFF in byte j where bit j of the little-endian `qh` is set, else 0 (ggml's
+    /// `bytes_from_bits_32`).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn bits32(qh: [u8; 4]) -> __m256i {
+        let shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+        let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(i32::from_le_bytes(qh)), shuf);
+        let bit = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
+        _mm256_cmpeq_epi8(_mm256_or_si256(bytes, bit), _mm256_set1_epi64x(-1))
+    }
+
+    /// `acc = fma(d, float(lanes), acc)`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn fma_lanes(acc: __m256, d: f32, p: __m256i) -> __m256 {
+        _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc)
+    }
+
+    /// R rows (each a whole number of blocks; an empty row gives 0) times one activation row
+    /// in `order`; `None` for a pair `super::covers` rejects.
+    ///
+    /// # Safety
+    /// The CPU must support avx2, fma and f16c.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn rows<const R: usize>(ty: QuantType, order: Order, ws: [&[u8]; R], a: &[u8]) -> Option<[f32; R]> {
+        if !super::covers(ty, order) {
+            return None;
+        }
+        macro_rules! v {
+            ($B:ty) => {{
+                let mut out: [&[$B]; R] = [&[]; R];
+                for (o, w) in out.iter_mut().zip(ws) {
+                    *o = view::<$B>(w);
+                }
+                out
+            }};
+        }
+        let nb = |bs: usize| ws.iter().map(|w| w.len()).max().unwrap_or(0) / bs;
+        let repack = order != Order::VecDot;
+        Some(match ty {
+            QuantType::Q8_0 => q8_0::<R>(v!(BlockQ8_0), view(a), false),
+            QuantType::Q4_0 => q4_0::<R>(v!(BlockQ4_0), view(a), repack),
+            QuantType::Q5_0 => q5_0::<R>(v!(BlockQ5_0), view(a), false),
+            QuantType::Q4_1 => q4_1::<R>(v!(BlockQ4_1), a, nb(20)),
+            QuantType::Q5_1 => q5_1::<R>(v!(BlockQ5_1), a, nb(24)),
+            QuantType::Q4K => match order {
+                Order::VecDot => q4k::<R, 0>(v!(BlockQ4K), view(a)),
+                Order::RepackGemv => q4k::<R, 1>(v!(BlockQ4K), view(a)),
+                Order::RepackGemm => q4k::<R, 2>(v!(BlockQ4K), view(a)),
+                Order::Tiled => q4k::<R, 3>(v!(BlockQ4K), view(a)),
+            },
+            QuantType::Q5K if order == Order::Tiled => q5k::<R, 3>(v!(BlockQ5K), view(a)),
+            QuantType::Q5K => q5k::<R, 0>(v!(BlockQ5K), view(a)),
+            QuantType::Q6K if order == Order::Tiled => q6k::<R, 3>(v!(BlockQ6K), view(a)),
+            QuantType::Q6K => q6k::<R, 0>(v!(BlockQ6K), view(a)),
+            _ => return None,
+        })
+    }
+
+    // Per block: lanes from `vpmaddubsw` + `vpmaddwd`, then acc = fma(dx*dy, lanes, acc). Rows
+    // shorter than `a` (matvec's empty padding rows) stop contributing.
+
+    macro_rules! legacy_q8_0 {
+        ($name:ident, $B:ty, |$x:ident, $qy:ident| $lanes:expr) => {
+            /// `repack`: llama.cpp's repacked gemv and gemm (the same for 32-element blocks):
+            /// the block's whole integer sum, one scalar FMA per block.
+            #[target_feature(enable = "avx2,fma,f16c")]
+            fn $name<const R: usize>(w: [&[$B]; R], a: &[BlockQ8_0], repack: bool) -> [f32; R] {
+                let mut acc = [_mm256_setzero_ps(); R];
+                let mut acc_s = [0f32; R];
+                for (i, y) in a.iter().enumerate() {
+                    let dy = f16s(y.d);
+                    let $qy = ld32i(&y.qs);
+                    for r in 0..R {
+                        let Some($x) = w[r].get(i) else { continue };
+                        let d = f16s($x.d) * dy;
+                        if repack {
+                            acc_s[r] = (hsum_i32($lanes) as f32).mul_add(d, acc_s[r]);
+                        } else {
+                            acc[r] = fma_lanes(acc[r], d, $lanes);
+                        }
+                    }
+                }
+                let mut out = [0f32; R];
+                for r in 0..R {
+                    out[r] = if repack { acc_s[r] } else { hsum(acc[r]) };
+                }
+                out
+            }
+        };
+    }
+
+    legacy_q8_0!(q8_0, BlockQ8_0, |x, qy| dot_i8(ld32i(&x.qs), qy));
+    legacy_q8_0!(q4_0, BlockQ4_0, |x, qy| dot_i8(_mm256_sub_epi8(nib32(&x.qs), _mm256_set1_epi8(8)), qy));
+    // q = nibble + 16*bit - 16: where the qh bit is clear, nibble | 0xF0 is nibble - 16 as i8
+    legacy_q8_0!(q5_0, BlockQ5_0, |x, qy| {
+        let high = _mm256_andnot_si256(bits32(x.qh), _mm256_set1_epi8(0xF0u8 as i8));
+        dot_i8(_mm256_or_si256(nib32(&x.qs), high), qy)
+    });
+
+    macro_rules! legacy_q8_1 {
+        ($name:ident, $B:ty, |$x:ident| $q:expr) => {
+            /// acc = fma(dx*dy, lanes, acc); summs = fma(m, s, summs); hsum(acc) + summs.
+            #[target_feature(enable = "avx2,fma,f16c")]
+            fn $name<const R: usize>(w: [&[$B]; R], a: &[u8], nb: usize) -> [f32; R] {
+                let mut acc = [_mm256_setzero_ps(); R];
+                let mut summs = [0f32; R];
+                for i in 0..nb {
+                    let yb = &a[i * Q8_1_BYTES..(i + 1) * Q8_1_BYTES];
+                    let dy = f16s([yb[0], yb[1]]);
+                    let sy = f16s([yb[2], yb[3]]);
+                    let qy = ld32(yb, 4);
+                    for r in 0..R {
+                        let Some($x) = w[r].get(i) else { continue };
+                        summs[r] = f16s($x.m).mul_add(sy, summs[r]);
+                        acc[r] = fma_lanes(acc[r], f16s($x.d) * dy, dot_u8($q, qy));
+                    }
+                }
+                let mut out = [0f32; R];
+                for r in 0..R {
+                    out[r] = hsum(acc[r]) + summs[r];
+                }
+                out
+            }
+        };
+    }
+
+    legacy_q8_1!(q4_1, BlockQ4_1, |x| nib32(&x.qs));
+    legacy_q8_1!(q5_1, BlockQ5_1, |x| _mm256_or_si256(nib32(&x.qs), _mm256_and_si256(bits32(x.qh), _mm256_set1_epi8(0x10))));
+
+    // ------------------------------------------------------------ k-quants (ported from the
+    // AVX-512 twins, which use only 256-bit AVX2 instructions here: the same instructions,
+    // so the same bits; Q5_K's masked adds become compare-and-add)
+
+    /// One block of llama.cpp's tiled k-quant matmul: `r = s1 * d_w`,
+    /// `r = fnmadd(dmin_w, s2, r)`, `acc = fma(r, d_act, acc)` (the scalar twin's `tiled_step`).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn tiled_step(acc: f32, s1: i32, s2: i32, d: [u8; 2], dmin: Option<[u8; 2]>, dy: f32) -> f32 {
+        let mut r = s1 as f32 * f16s(d);
+        if let Some(m) = dmin {
+            r = (-f16s(m)).mul_add(s2 as f32, r);
+        }
+        r.mul_add(dy, acc)
+    }
+
+    /// Sum of 4 i32 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn hsum4_i32(v: __m128i) -> i32 {
+        let s = _mm_add_epi32(v, _mm_shuffle_epi32::<0b01_00_11_10>(v));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+        _mm_cvtsi128_si32(s)
+    }
+
+    /// The 16 i16 group sums of a Q8_K block as one vector.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn bsums(y: &BlockQ8K) -> __m256i {
+        ld32(y.bsums.as_flattened(), 0)
+    }
+
+    /// The i16 scale vector of a 32-element chunk made of groups g (bytes 0..16) and g+1.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn scale_pair(s: &[i16; 16], g: usize) -> __m256i {
+        _mm256_set_m128i(_mm_set1_epi16(s[g + 1]), _mm_set1_epi16(s[g]))
+    }
+
+    /// `madd(maddubs(q, q8), scales)`: ggml's k-quant lane step (q unsigned, q8 signed).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn mad(q: __m256i, q8: __m256i, sc: __m256i) -> __m256i {
+        _mm256_madd_epi16(_mm256_maddubs_epi16(q, q8), sc)
+    }
+
+    /// 32 i8 of `s` from `off` (bounds-checked).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn ld32io(s: &[i8], off: usize) -> __m256i {
+        ld32i(&s[off..])
+    }
+
+    /// 0xFF in each byte of `v` that has `bit` set, else 0.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn bit_set(v: __m256i, bit: u8) -> __m256i {
+        let b = _mm256_set1_epi8(bit as i8);
+        _mm256_cmpeq_epi8(_mm256_and_si256(v, b), b)
+    }
+
+    /// Q4_K/Q5_K min lanes: pm[k] = m[2k]*(bs[4k]+bs[4k+1]) + m[2k+1]*(bs[4k+2]+bs[4k+3]).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn k4_mins(mins: &[u8; 8], bs: __m256i) -> __m128i {
+        // ggml: hadd of the two 8-sum halves gives the 32-element sums, madd with the mins
+        let q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256::<1>(bs));
+        let m = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(i64::from_le_bytes(*mins)));
+        _mm_madd_epi16(m, q8s)
+    }
+
+    /// ggml_vec_dot_q4_K_q8_K: acc = fma(d, lanes, acc); acc_m = fma(dmin, min lanes, acc_m)
+    /// (4 lanes); hsum8(acc) + hsum4(acc_m).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    /// With K = 1 / 2, llama.cpp's repacked gemv / gemm orders (as Q2_K's; the gemm steps per
+    /// 64-element quarter block).
+    fn q4k<const R: usize, const K: u8>(w: [&[BlockQ4K]; R], a: &[BlockQ8K]) -> [f32; R] {
+        let mut acc = [_mm256_setzero_ps(); R];
+        let mut acc_m = [_mm_setzero_ps(); R];
+        let (mut acc_s, mut acc_ms) = ([0f32; R], [0f32; R]);
+        let m4 = _mm256_set1_epi8(0x0F);
+        for (i, y) in a.iter().enumerate() {
+            let dy = f32::from_le_bytes(y.d);
+            let bs = bsums(y);
+            for r in 0..R {
+                let Some(x) = w[r].get(i) else { continue };
+                let d = dy * f16s(x.d);
+                let dmin = -dy * f16s(x.dmin);
+                let (sc, mn) = k4_scale_min(&x.scales);
+                let pm = k4_mins(&mn, bs);
+                let dmin_r = f16s(x.dmin) * dy;
+                match K {
+                    0 => acc_m[r] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(pm), acc_m[r]),
+                    3 => {}
+                    1 => {
+                        let t = _mm_add_epi32(pm, _mm_shuffle_epi32::<0b01_00_11_10>(pm));
+                        let t = _mm_add_epi32(t, _mm_shuffle_epi32::<0b10_11_00_01>(t));
+                        acc_ms[r] = (_mm_cvtsi128_si32(t) as f32).mul_add(dmin_r, acc_ms[r]);
+                    }
+                    _ => {
+                        // lane j: the min terms of quarter j (sub-blocks 2j, 2j+1), one FMA each
+                        let mut m = [0i32; 4];
+                        // SAFETY: `m` is 4 writable i32; storeu has no alignment requirement.
+                        unsafe { _mm_storeu_si128(m.as_mut_ptr().cast(), pm) };
+                        for &v in &m {
+                            acc_ms[r] = (v as f32).mul_add(dmin_r, acc_ms[r]);
+                        }
+                    }
+                }
+                let d_r = f16s(x.d) * dy;
+                let mut sumi = _mm256_setzero_si256();
+                for j in 0..4 {
+                    let bits = ld32(&x.qs, 32 * j);
+                    let lo = _mm256_and_si256(bits, m4);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
+                    let pl = mad(lo, ld32io(&y.qs, 64 * j), _mm256_set1_epi16(sc[2 * j] as i16));
+                    let ph = mad(hi, ld32io(&y.qs, 64 * j + 32), _mm256_set1_epi16(sc[2 * j + 1] as i16));
+                    let sj = _mm256_add_epi32(pl, ph);
+                    if K == 2 {
+                        acc_s[r] = (hsum_i32(sj) as f32).mul_add(d_r, acc_s[r]);
+                    }
+                    sumi = _mm256_add_epi32(sumi, sj);
+                }
+                match K {
+                    0 => acc[r] = fma_lanes(acc[r], d, sumi),
+                    1 => acc_s[r] = (hsum_i32(sumi) as f32).mul_add(d_r, acc_s[r]),
+                    3 => acc_s[r] = tiled_step(acc_s[r], hsum_i32(sumi), hsum4_i32(pm), x.d, Some(x.dmin), dy),
+                    _ => {}
+                }
+            }
+        }
+        let mut out = [0f32; R];
+        for r in 0..R {
+            if K == 3 {
+                out[r] = acc_s[r];
+                continue;
+            }
+            if K != 0 {
+                out[r] = acc_s[r] - acc_ms[r];
+                continue;
+            }
+            let mut m = [0f32; 4];
+            // SAFETY: `m` is 4 writable f32; storeu has no alignment requirement.
+            unsafe { _mm_storeu_ps(m.as_mut_ptr(), acc_m[r]) };
+            out[r] = hsum(acc[r]) + hsum4(m);
+        }
+        out
+    }
+
+    /// ggml_vec_dot_q5_K_q8_K: as Q4_K with the fifth bit; the min lanes are summed as integers
+    /// and folded into a scalar, summs = fma(sum as f32, dmin, summs).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn q5k<const R: usize, const K: u8>(w: [&[BlockQ5K]; R], a: &[BlockQ8K]) -> [f32; R] {
+        let mut acc = [_mm256_setzero_ps(); R];
+        let mut acc_s = [0f32; R];
+        let mut summs = [0f32; R];
+        let m4 = _mm256_set1_epi8(0x0F);
+        let b4 = _mm256_set1_epi8(16);
+        for (i, y) in a.iter().enumerate() {
+            let dy = f32::from_le_bytes(y.d);
+            let bs = bsums(y);
+            for r in 0..R {
+                let Some(x) = w[r].get(i) else { continue };
+                let d = dy * f16s(x.d);
+                let dmin = -dy * f16s(x.dmin);
+                let (sc, mn) = k4_scale_min(&x.scales);
+                let pm = hsum4_i32(k4_mins(&mn, bs));
+                if K != 3 {
+                    summs[r] = (pm as f32).mul_add(dmin, summs[r]);
+                }
+                let hbits = ld32(&x.qh, 0);
+                let mut sumi = _mm256_setzero_si256();
+                for j in 0..4 {
+                    let bits = ld32(&x.qs, 32 * j);
+                    let lo = _mm256_and_si256(bits, m4);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
+                    // + 16 where the element's high bit (bit 2j / 2j+1 of its qh byte) is set
+                    let lo = _mm256_add_epi8(lo, _mm256_and_si256(bit_set(hbits, 1u8 << (2 * j)), b4));
+                    let hi = _mm256_add_epi8(hi, _mm256_and_si256(bit_set(hbits, 1u8 << (2 * j + 1)), b4));
+                    let pl = mad(lo, ld32io(&y.qs, 64 * j), _mm256_set1_epi16(sc[2 * j] as i16));
+                    let ph = mad(hi, ld32io(&y.qs, 64 * j + 32), _mm256_set1_epi16(sc[2 * j + 1] as i16));
+                    sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
+                }
+                if K == 3 {
+                    acc_s[r] = tiled_step(acc_s[r], hsum_i32(sumi), pm, x.d, Some(x.dmin), dy);
+                } else {
+                    acc[r] = fma_lanes(acc[r], d, sumi);
+                }
+            }
+        }
+        let mut out = [0f32; R];
+        for r in 0..R {
+            out[r] = if K == 3 { acc_s[r] } else { hsum(acc[r]) + summs[r] };
+        }
+        out
+    }
+
+    /// ggml_vec_dot_q6_K_q8_K: unsigned 6-bit quants, the -32 offset subtracted per lane as
+    /// 32 * madd(bsums, scales).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn q6k<const R: usize, const K: u8>(w: [&[BlockQ6K]; R], a: &[BlockQ8K]) -> [f32; R] {
+        let mut acc = [_mm256_setzero_ps(); R];
+        let mut acc_s = [0f32; R];
+        let m4 = _mm256_set1_epi8(0x0F);
+        for (i, y) in a.iter().enumerate() {
+            let dy = f32::from_le_bytes(y.d);
+            let bs = bsums(y);
+            for r in 0..R {
+                let Some(x) = w[r].get(i) else { continue };
+                let d = dy * f16s(x.d);
+                // SAFETY: `x.scales` is 16 readable bytes; loadu has no alignment requirement.
+                let scales = unsafe { _mm_loadu_si128(x.scales.as_ptr().cast()) };
+                let sub = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bs, _mm256_cvtepi8_epi16(scales)));
+                let mut sc = [0i16; 16];
+                for (s, &v) in sc.iter_mut().zip(&x.scales) {
+                    *s = v as i16;
+                }
+                let mut sumi = _mm256_setzero_si256();
+                for j in 0..2 {
+                    let l1 = ld32(&x.ql, 64 * j);
+                    let l2 = ld32(&x.ql, 64 * j + 32);
+                    let h = ld32(&x.qh, 32 * j);
+                    let q = [
+                        _mm256_or_si256(
+                            _mm256_and_si256(l1, m4),
+                            _mm256_slli_epi16::<4>(_mm256_and_si256(h, _mm256_set1_epi8(3))),
+                        ),
+                        _mm256_or_si256(
+                            _mm256_and_si256(l2, m4),
+                            _mm256_slli_epi16::<2>(_mm256_and_si256(h, _mm256_set1_epi8(12))),
+                        ),
+                        _mm256_or_si256(
+                            _mm256_and_si256(_mm256_srli_epi16::<4>(l1), m4),
+                            _mm256_and_si256(h, _mm256_set1_epi8(48)),
+                        ),
+                        _mm256_or_si256(
+                            _mm256_and_si256(_mm256_srli_epi16::<4>(l2), m4),
+                            _mm256_srli_epi16::<2>(_mm256_and_si256(h, _mm256_set1_epi8(-64))),
+                        ),
+                    ];
+                    for (k, &qk) in q.iter().enumerate() {
+                        let p = mad(qk, ld32io(&y.qs, 128 * j + 32 * k), scale_pair(&sc, 8 * j + 2 * k));
+                        sumi = _mm256_add_epi32(sumi, p);
+                    }
+                }
+                let p = _mm256_sub_epi32(sumi, sub);
+                if K == 3 {
+                    acc_s[r] = tiled_step(acc_s[r], hsum_i32(p), 0, x.d, None, dy);
+                } else {
+                    acc[r] = fma_lanes(acc[r], d, p);
+                }
+            }
+        }
+        let mut out = [0f32; R];
+        for r in 0..R {
+            out[r] = if K == 3 { acc_s[r] } else { hsum(acc[r]) };
+        }
+        out
+    }
+}
