@@ -81,6 +81,12 @@ pub(super) fn dispatch(ty: QuantType, w: &[u8], a: &[u8], order: Order) -> Optio
 /// loop over anonymous (huge-page) memory reads ~60 GB/s on this machine.
 pub(super) const PREFETCH_AHEAD: usize = 8192;
 
+/// The same distance on the AVX2 tier, whose kernels consume bytes more slowly: 8192 bytes ahead
+/// left the streamed Q4_K/Q6_K decode at ~60% of its cache-resident speed (2026-12-05, AMD EPYC
+/// Zen 4 under CORTIQ_SIMD=avx2, multivec_bench 151936 1536, one thread: Q4_K 7.96 -> 5.68 ms,
+/// Q6_K 9.43 -> 7.33 ms at 2048; the Qwen2.5-1.5B-geometry decode, 2 threads, 28.7 -> 34.2 tok/s).
+pub(super) const PREFETCH_AHEAD_AVX2: usize = 2048;
+
 /// Weight slices up to this size are taken to be cache-resident by `matvec` (and
 /// `vecdot_avx2::matvec_order`): multi-row kernels instead of one stream.
 pub(super) const CACHED: usize = 256 * 1024;
@@ -93,7 +99,8 @@ pub(super) fn prefetch_ahead(w: &[u8], start: usize, len: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        let from = start + PREFETCH_AHEAD;
+        let ahead = if crate::simd::level() == crate::simd::Level::Avx2 { PREFETCH_AHEAD_AVX2 } else { PREFETCH_AHEAD };
+        let from = start + ahead;
         let to = (from + len).min(w.len());
         let mut off = from;
         while off < to {
