@@ -59,20 +59,31 @@ pub(super) fn dispatch(ty: QuantType, w: &[u8], a: &[u8], order: Order) -> Optio
         if available() {
             // SAFETY: available() confirmed every feature `imp::rows` enables on this CPU.
             // Block counts come from slice lengths, every load is bounds-checked.
-            let r = unsafe {
-                match order {
-                    Order::VecDot => imp::rows::<1, 0>(ty, [w], a),
-                    Order::RepackGemv => imp::rows::<1, 1>(ty, [w], a),
-                    Order::RepackGemm => imp::rows::<1, 2>(ty, [w], a),
-                    Order::Tiled => imp::rows::<1, 3>(ty, [w], a),
-                }
-            };
+            let r = unsafe { rows_in(ty, order, [w], a) };
             return r.map(|r| r[0]);
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (ty, w, a, order);
     None
+}
+
+/// `imp::rows` with the order as a run-time value (its const parameter K).
+///
+/// # Safety
+/// As `imp::rows`: the CPU must have the features `available()` checks.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn rows_in<const R: usize>(ty: QuantType, order: Order, ws: [&[u8]; R], a: &[u8]) -> Option<[f32; R]> {
+    // SAFETY: the caller's contract is `imp::rows`'s.
+    unsafe {
+        match order {
+            Order::VecDot => imp::rows::<R, 0>(ty, ws, a),
+            Order::RepackGemv => imp::rows::<R, 1>(ty, ws, a),
+            Order::RepackGemm => imp::rows::<R, 2>(ty, ws, a),
+            Order::Tiled => imp::rows::<R, 3>(ty, ws, a),
+        }
+    }
 }
 
 /// How far ahead of the row being multiplied the matvec loops prefetch, in bytes. Weights come
@@ -144,15 +155,7 @@ pub(super) fn matvec(ty: QuantType, w: &[u8], rb: usize, a: &[u8], y: &mut [f32]
                 for yc in y.chunks_exact_mut(4) {
                     let ws: [&[u8]; 4] = std::array::from_fn(|_| rows.next().unwrap_or(&[]));
                     // SAFETY: as in `dispatch`.
-                    let v = unsafe {
-                        match order {
-                            Order::VecDot => imp::rows::<4, 0>(ty, ws, a),
-                            Order::RepackGemv => imp::rows::<4, 1>(ty, ws, a),
-                            Order::RepackGemm => imp::rows::<4, 2>(ty, ws, a),
-                            Order::Tiled => imp::rows::<4, 3>(ty, ws, a),
-                        }
-                    };
-                    match v {
+                    match unsafe { rows_in(ty, order, ws, a) } {
                         Some(v) => yc.copy_from_slice(&v),
                         None => return false,
                     }
@@ -165,15 +168,7 @@ pub(super) fn matvec(ty: QuantType, w: &[u8], rb: usize, a: &[u8], y: &mut [f32]
                 prefetch_ahead(w, r * rb, rb);
                 let ws: [&[u8]; 1] = [rows.next().unwrap_or(&[])];
                 // SAFETY: as in `dispatch`.
-                let v = unsafe {
-                    match order {
-                        Order::VecDot => imp::rows::<1, 0>(ty, ws, a),
-                        Order::RepackGemv => imp::rows::<1, 1>(ty, ws, a),
-                        Order::RepackGemm => imp::rows::<1, 2>(ty, ws, a),
-                        Order::Tiled => imp::rows::<1, 3>(ty, ws, a),
-                    }
-                };
-                match v {
+                match unsafe { rows_in(ty, order, ws, a) } {
                     Some(v) => yc.copy_from_slice(&v),
                     None => return false,
                 }
