@@ -90,6 +90,23 @@ const MATVEC_GRAIN: usize = 16;
 /// 359-450.
 pub(crate) const IL_MATMAT_MAX: usize = 256;
 
+/// `IL_MATMAT_MAX` on CPUs with AVX2 and no AVX-512 for every type but Q8_0 (which has no AVX2
+/// integer matmat: `f32_tiles_faster`): there the matmat kernel on un-interleaved tiles
+/// (`quant::matmat_avx2`) beats the decode kernels from small chunks on. pp512 by this bound,
+/// 2 threads, AMD EPYC Zen 4 under `CORTIQ_SIMD=avx2`, three alternated rounds (2026-12-05):
+/// Qwen2.5-1.5B geometry Q4_K_M 256 → 87-91, 16 → 92-100, 0 → 100-101 tok/s; Qwen2.5-0.5B
+/// 245-277 vs 276-317 vs 206-312; Gemma3-270M 629-748 vs 601-924 vs 656-911.
+const IL_MATMAT_MAX_AVX2: usize = 16;
+
+/// The bound `rowwise` applies to an interleaved matrix of `ty` on this CPU.
+fn il_matmat_max(ty: QuantType) -> usize {
+    if ty != QuantType::Q8_0 && cortiq_kernels::simd::level() == cortiq_kernels::simd::Level::Avx2 {
+        IL_MATMAT_MAX_AVX2
+    } else {
+        IL_MATMAT_MAX
+    }
+}
+
 /// Rows per un-interleaved prefill tile of an interleaved tensor (a few hundred KiB of bytes).
 const IL_TILE: usize = 256;
 
@@ -522,12 +539,12 @@ impl QTensor {
 
     /// Whether `matmul` over n positions gives every row exactly what `matvec_rows` (the decode
     /// path, each row alone) gives: one position, or a chunk an interleaved matrix multiplies
-    /// with its decode kernel (up to `IL_MATMAT_MAX`). Then the rows of several sequences'
+    /// with its decode kernel (up to `il_matmat_max`). Then the rows of several sequences'
     /// chunks may share one product (`Model::forward_batch`) without changing any value.
     pub fn rowwise(&self, n: usize) -> bool {
         n == 1
             || (self.il
-                && n <= IL_MATMAT_MAX
+                && n <= il_matmat_max(self.dtype)
                 && self.numerics != Numerics::LlamaCpp
                 && self.act().is_some()
                 && matmat_supported(self.dtype))
@@ -546,7 +563,7 @@ impl QTensor {
             return;
         }
         if let (Some(act), true) = (act, matmat_supported(self.dtype))
-            && !f32_tiles_faster()
+            && !f32_tiles_faster(self.dtype)
         {
             self.matmat_int8(act, x, n_t, y);
             return;
@@ -679,14 +696,15 @@ impl QTensor {
     }
 }
 
-/// Whether prefill's quantized products run faster as f32 tiles (the weights widened 32 rows at
-/// a time, the activations rounded through their 8-bit format, then `gemm_nt`) than through the
-/// integer matmat: on CPUs with AVX2 and no AVX-512, where the integer kernel has no VNNI and
-/// 16 ymm registers (`matmat_bench`, Zen 3, one thread: 8.6–11.8 G MAC/s integer against
-/// 22–37 through the f32 tiles). The values are the same products of the same 8-bit
-/// activations, summed in another order.
-fn f32_tiles_faster() -> bool {
-    cortiq_kernels::simd::level() == cortiq_kernels::simd::Level::Avx2
+/// Whether prefill's quantized products of `ty` run faster as f32 tiles (the weights widened 32
+/// rows at a time, the activations rounded through their 8-bit format, then `gemm_nt`) than
+/// through the integer matmat: Q8_0 on CPUs with AVX2 and no AVX-512, whose quants (0..255
+/// unsigned) do not fit `vpmaddubsw` (`matmat_bench` 1536x1536x512, AMD EPYC Zen 4 under
+/// `CORTIQ_SIMD=avx2`, one thread: 12 G MAC/s integer against 30 through the f32 tiles; the
+/// other types run 2-3x the f32 tiles there). The values are the same products of the same
+/// 8-bit activations, summed in another order.
+fn f32_tiles_faster(ty: QuantType) -> bool {
+    ty == QuantType::Q8_0 && cortiq_kernels::simd::level() == cortiq_kernels::simd::Level::Avx2
 }
 
 /// y = ytᵀ: yt [rows, n_t] -> y [n_t, rows], tokens split over the pool, rows in blocks of 16

@@ -8,7 +8,11 @@
 //! share: `Geo` (how a weight type splits into integer quants and float scales), `decode_row`
 //! (one weight row to unsigned bytes + per-group scales) and `Prep` (the per-token activation
 //! scalars). The AVX-512 VNNI kernels live in `matmat_avx512.rs`, with their figures: 2.5-6x
-//! the dequantize + f32 GEMM path single-threaded, ~3-6x with `MatmatActs`.
+//! the dequantize + f32 GEMM path single-threaded, ~3-6x with `MatmatActs`; the AVX2 ones
+//! (`vpmaddubsw`, no VNNI) in `matmat_avx2.rs`: 1.7-4x that path (`matmat_bench 256 1536
+//! {64,2048}`, AMD EPYC Zen 4 under `CORTIQ_SIMD=avx2`: Q4_K 79 / 95, Q6_K 50 / 83, Q5_0
+//! 79 / 98, Q4_1 81 / 101 G MAC/s against 25-33 for the f32 path; Q8_0 12, so the engine keeps
+//! the f32 path for it there).
 //!
 //! Why hand-written: prefill is ~90% weight x activation products. Dequantizing weights to f32
 //! and running an f32 GEMM does 16 multiply-adds per instruction; multiplying the 8-bit
@@ -102,8 +106,8 @@ pub fn matmat_supported(ty: QuantType) -> bool {
 /// act.row_bytes(cols)`). y: [rows, n_t].
 ///
 /// Single-threaded: the engine splits row ranges over its pool and calls this per range. Runs
-/// the AVX-512 VNNI kernels when the CPU has them (and `CORTIQ_SIMD` is not `scalar`); the
-/// result is then bit-identical to `matmat_q_scalar`. Panics on a type without an activation
+/// the AVX-512 VNNI kernels when the CPU has them, else the AVX2 ones (per `CORTIQ_SIMD`); the
+/// result is bit-identical to `matmat_q_scalar` either way. Panics on a type without an activation
 /// format or on wrong lengths (caller bugs: the engine validates shapes at load time).
 ///
 /// Each call first reads every activation row once for its per-block scalars (`MatmatActs`);
@@ -232,7 +236,8 @@ pub fn matmat_q_prepared_tm(ty: QuantType, w: &[u8], rows: usize, acts: &MatmatA
     if let Some(geo) = geo(ty)
         && n_t > 0
         && rows > 0
-        && super::matmat_avx512::matmat(ty, &geo, w, rows, acts.cols, acts.acts, n_t, &acts.prep, y, Some(ldy))
+        && (super::matmat_avx512::matmat(ty, &geo, w, rows, acts.cols, acts.acts, n_t, &acts.prep, y, Some(ldy))
+            || avx2_tm(ty, &geo, w, rows, acts, y, ldy))
     {
         return;
     }
@@ -252,6 +257,17 @@ pub fn matmat_q_prepared_tm(ty: QuantType, w: &[u8], rows: usize, acts: &MatmatA
             r0 += nr;
         }
     });
+}
+
+/// The AVX2 kernel writing token-major (`matmat_avx2::matmat`; false where it does not run).
+fn avx2_tm(ty: QuantType, geo: &Geo, w: &[u8], rows: usize, acts: &MatmatActs, y: &mut [f32], ldy: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return super::matmat_avx2::matmat(ty, geo, w, rows, acts.cols, acts.acts, acts.n_t, &acts.prep, y, Some(ldy));
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (ty, geo, w, rows, acts, y, ldy);
+        false
+    }
 }
 
 thread_local! {
@@ -277,9 +293,7 @@ fn run(
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if crate::simd::level() == crate::simd::Level::Avx2 {
-        // SAFETY: level() returned Avx2 after detecting avx2, fma and f16c.
-        unsafe { super::matmat_avx2::matmat(ty, geo, w, rows, cols, acts, n_t, p, y) };
+    if super::matmat_avx2::matmat(ty, geo, w, rows, cols, acts, n_t, p, y, None) {
         return;
     }
     scalar(ty, geo, w, rows, cols, acts, n_t, p, y);
@@ -423,25 +437,37 @@ pub(super) fn act_quants(act: ActType, row: &[u8], out: &mut [i8]) {
 
 /// One weight row (`ty`, `u.len()` elements) as unsigned quants `u` in element order, group
 /// scales `fw` and group mins `fmin` (left alone for types without a min), per `geo(ty)`.
-/// The AVX-512 unpackers produce the same bytes and floats.
+/// The AVX-512 unpackers produce the same bytes and floats. Written as loops over whole 32-byte
+/// runs with uniform shifts, which the compiler vectorizes: `matmat_avx2` inlines this into an
+/// AVX2 function (`decode_row_avx2`), where it is the per-tile cost of the kernel.
+#[inline(always)]
 pub(super) fn decode_row(ty: QuantType, row: &[u8], u: &mut [u8], fw: &mut [f32], fmin: &mut [f32]) {
+    // element j of a 32-element run: low nibble of qs[j] (j < 16), high nibble of qs[j - 16]
     let nib = |o: &mut [u8], qs: &[u8; 16]| {
         for j in 0..16 {
             o[j] = qs[j] & 0x0F;
             o[j + 16] = qs[j] >> 4;
         }
     };
+    // bit 4 of element j = bit j of qh (byte j / 8, bit j % 8)
     let bit5 = |o: &mut [u8], qh: [u8; 4]| {
-        let qh = u32::from_le_bytes(qh);
+        // (a byte per element, tested against its bit: no per-lane shift)
+        let mut hb = [0u8; 32];
+        for (j, b) in hb.iter_mut().enumerate() {
+            *b = qh[j / 8];
+        }
         for (j, v) in o.iter_mut().enumerate() {
-            *v |= (((qh >> j) & 1) << 4) as u8;
+            *v |= (((hb[j] & (1 << (j % 8))) != 0) as u8) << 4;
         }
     };
     // Q2_K/Q3_K low bits: element 128h + 32s + l is (qs[32h + l] >> 2s) & 3
     let crumbs = |o: &mut [u8], qs: &[u8; 64]| {
-        for (e, v) in o.iter_mut().enumerate() {
-            let (h, s, l) = (e / 128, (e % 128) / 32, e % 32);
-            *v = (qs[32 * h + l] >> (2 * s)) & 3;
+        for h in 0..2 {
+            for s in 0..4 {
+                for l in 0..32 {
+                    o[128 * h + 32 * s + l] = (qs[32 * h + l] >> (2 * s)) & 3;
+                }
+            }
         }
     };
     match ty {
@@ -495,9 +521,12 @@ pub(super) fn decode_row(ty: QuantType, row: &[u8], u: &mut [u8], fw: &mut [f32]
             for (i, b) in view::<BlockQ3K>(row).iter().enumerate() {
                 let o = &mut u[256 * i..256 * i + 256];
                 crumbs(o, &b.qs);
-                // + 4 where the hmask bit is set (q = low - 4 where it is clear)
-                for (e, v) in o.iter_mut().enumerate() {
-                    *v += ((b.hmask[e % 32] >> (e / 32)) & 1) << 2;
+                // + 4 where the hmask bit is set (q = low - 4 where it is clear): element
+                // 32j + l has bit j of hmask[l]
+                for j in 0..8 {
+                    for l in 0..32 {
+                        o[32 * j + l] += ((b.hmask[l] >> j) & 1) << 2;
+                    }
                 }
                 let d = h16(b.d);
                 for (g, &s) in super::dequant::q3k_scales(&b.scales).iter().enumerate() {
@@ -510,11 +539,20 @@ pub(super) fn decode_row(ty: QuantType, row: &[u8], u: &mut [u8], fw: &mut [f32]
             for (i, b) in row.chunks_exact(ts).enumerate() {
                 let o = &mut u[256 * i..256 * i + 256];
                 // element 64c + 32n + l is nibble n of qs[32c + l]
-                for (e, v) in o.iter_mut().enumerate() {
-                    let (c, n, l) = (e / 64, (e % 64) / 32, e % 32);
-                    *v = (b[qs_off + 32 * c + l] >> (4 * n)) & 0x0F;
-                    if ty == QuantType::Q5K {
-                        *v |= ((b[16 + l] >> (e / 32)) & 1) << 4; // qh[l] bit e/32
+                for c in 0..4 {
+                    let q = &b[qs_off + 32 * c..qs_off + 32 * c + 32];
+                    for l in 0..32 {
+                        o[64 * c + l] = q[l] & 0x0F;
+                        o[64 * c + 32 + l] = q[l] >> 4;
+                    }
+                }
+                if ty == QuantType::Q5K {
+                    // element 32j + l: bit j of qh[l]
+                    let qh = &b[16..48];
+                    for j in 0..8 {
+                        for l in 0..32 {
+                            o[32 * j + l] |= ((qh[l] >> j) & 1) << 4;
+                        }
                     }
                 }
                 let (d, dmin) = (h16([b[0], b[1]]), h16([b[2], b[3]]));
@@ -529,10 +567,14 @@ pub(super) fn decode_row(ty: QuantType, row: &[u8], u: &mut [u8], fw: &mut [f32]
             for (i, b) in view::<BlockQ6K>(row).iter().enumerate() {
                 // element 128h + 32s + l: nibble s/2 of ql[64h + 32(s%2) + l], high bits
                 // (qh[32h + l] >> 2s) & 3
-                for (e, v) in u[256 * i..256 * i + 256].iter_mut().enumerate() {
-                    let (h, s, l) = (e / 128, (e % 128) / 32, e % 32);
-                    let lo = (b.ql[64 * h + 32 * (s % 2) + l] >> (4 * (s / 2))) & 0x0F;
-                    *v = lo | (((b.qh[32 * h + l] >> (2 * s)) & 3) << 4);
+                let o = &mut u[256 * i..256 * i + 256];
+                for h in 0..2 {
+                    for s in 0..4 {
+                        for l in 0..32 {
+                            let lo = (b.ql[64 * h + 32 * (s % 2) + l] >> (4 * (s / 2))) & 0x0F;
+                            o[128 * h + 32 * s + l] = lo | (((b.qh[32 * h + l] >> (2 * s)) & 3) << 4);
+                        }
+                    }
                 }
                 let d = h16(b.d);
                 for g in 0..16 {
