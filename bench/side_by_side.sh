@@ -13,7 +13,9 @@
 #   NAME: known cortiq model names or GGUF paths (default: smollm2-135m gemma3-270m
 #   qwen2.5-coder-0.5b)
 # Environment: THREADS (2), PP (512), TG (128), REPS (5 alternating rounds), CORTIQ_FLAGS (extra
-# flags, e.g. --numerics exact or --numerics llamacpp; default numerics: fast)
+# flags, e.g. --numerics exact or --numerics llamacpp; default numerics: fast); CORTIQ_SIMD
+# (avx2: the AVX2 tier on an AVX-512 CPU, against a llama.cpp built without AVX-512) is passed
+# on and printed in the header.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 die() { echo "side_by_side.sh: $*" >&2; exit 1; }
@@ -33,7 +35,7 @@ cortiq_rate() { grep -E "^$2:" <<<"$1" | awk '{print $2}'; }
 REPORT=$(mktemp); trap 'rm -f "$REPORT"' EXIT
 out() { echo "$@" | tee -a "$REPORT"; }
 out "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; threads $T; $(date -u +%Y-%m-%dT%H:%MZ)"
-out "command: LLAMACPP_DIR=$LLAMACPP_DIR REPS=$R THREADS=$T bench/side_by_side.sh ${MODELS[*]}; cortiq flags: ${CORTIQ_FLAGS:-(none)}; medians of $R alternating rounds"
+out "command: ${CORTIQ_SIMD:+CORTIQ_SIMD=$CORTIQ_SIMD }LLAMACPP_DIR=$LLAMACPP_DIR REPS=$R THREADS=$T bench/side_by_side.sh ${MODELS[*]}; cortiq flags: ${CORTIQ_FLAGS:-(none)}; medians of $R alternating rounds"
 out
 out "| model | llama.cpp pp$PP | cortiq pp$PP | ratio | llama.cpp tg$TG | cortiq tg$TG | ratio |"
 out "|---|---|---|---|---|---|---|"
