@@ -144,9 +144,20 @@ impl Profiler {
         Profiler(Some(Instant::now()))
     }
 
+    /// Print the report against the wall time since `start`, and stop counting.
     pub fn finish(self, what: &str) {
         if let Some(t0) = self.0 {
-            eprint!("{what} {}", cortiq_engine::profile::format_report(t0.elapsed().as_secs_f64() * 1e3));
+            self.finish_over(what, t0.elapsed().as_secs_f64());
+        }
+    }
+
+    /// Print the report against `total_s` (the time of the model calls the caller timed, so
+    /// set-up between them is not "unaccounted"), and stop counting: what runs after (the
+    /// roofline's bandwidth probe) is not charged to the run.
+    pub fn finish_over(self, what: &str, total_s: f64) {
+        if self.0.is_some() {
+            cortiq_engine::profile::enable(false);
+            eprint!("{what} {}", cortiq_engine::profile::format_report(total_s * 1e3));
         }
     }
 }

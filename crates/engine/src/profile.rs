@@ -5,6 +5,7 @@
 //! builds. Spans are taken on the calling thread around whole parallel loops (wall time of the
 //! op, all threads together), never inside kernels.
 
+use std::cell::Cell;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
@@ -68,22 +69,31 @@ pub fn enabled() -> bool {
     ON.load(Ordering::Relaxed)
 }
 
-/// A running span; adds its wall time to its counter when dropped.
+thread_local! {
+    /// Nanoseconds of the spans that ended inside the innermost running span of this thread.
+    static NESTED: Cell<u64> = const { Cell::new(0) };
+}
+
+/// A running span; adds its wall time less its nested spans' to its counter when dropped
+/// (exclusive time: the activation quantization inside a prefill product counts once, as
+/// quantization, and the lines of a report add up to at most the whole).
 pub struct Span {
-    start: Option<(Instant, &'static Counter)>,
+    start: Option<(Instant, &'static Counter, u64)>,
 }
 
 impl Drop for Span {
     fn drop(&mut self) {
-        if let Some((t0, c)) = self.start {
-            c.ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        if let Some((t0, c, outer)) = self.start {
+            let ns = t0.elapsed().as_nanos() as u64;
+            let inner = NESTED.with(|n| n.replace(outer.saturating_add(ns)));
+            c.ns.fetch_add(ns.saturating_sub(inner), Ordering::Relaxed);
             c.calls.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
 
 fn span_on(c: &'static Counter) -> Span {
-    Span { start: enabled().then(|| (Instant::now(), c)) }
+    Span { start: enabled().then(|| (Instant::now(), c, NESTED.with(|n| n.replace(0)))) }
 }
 
 /// Time an op class until the returned guard drops.
@@ -108,13 +118,15 @@ pub fn matmul(ty: QuantType, n_t: usize) -> Span {
 }
 
 /// Add `ns` to the matrix-product counter of `ty` (one call), for a dispatch shared by several
-/// matrices whose time the caller splits.
+/// matrices whose time the caller splits (timed on this thread, like a span).
 pub fn add_matmul(ty: QuantType, n_t: usize, ns: f64) {
     let i = (ty as usize).min(TYPES - 1);
     TYPE_NAME[i].get_or_init(|| ty.name());
     let c = if n_t == 1 { &MATVEC[i] } else { &MATMAT[i] };
     c.ns.fetch_add(ns as u64, Ordering::Relaxed);
     c.calls.fetch_add(1, Ordering::Relaxed);
+    // Time a running span of this thread encloses: not its own.
+    NESTED.with(|n| n.set(n.get().saturating_add(ns as u64)));
 }
 
 /// Zero every counter (and the pool's wait time).
@@ -178,4 +190,40 @@ pub fn format_report(total_ms: f64) -> String {
         s.push_str(&format!("  {:<34} {:>10.2} ms {:>6.1}% {calls}\n", l.what, l.ms, share));
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A span inside another counts once: the outer line gets its own time only, so the lines
+    /// add up to the wall time, not more (prefill's quantization inside its product did).
+    #[test]
+    fn nested_spans_count_exclusive_time() {
+        let sleep = |ms| std::thread::sleep(std::time::Duration::from_millis(ms));
+        enable(true);
+        reset();
+        let t0 = Instant::now();
+        {
+            let _outer = span(Op::Other);
+            sleep(30);
+            {
+                let _inner = span(Op::Embedding);
+                sleep(30);
+            }
+            // A shared dispatch timed by hand, its time given to a matrix type.
+            sleep(10);
+            add_matmul(QuantType::Q4_0, 1, 10e6);
+        }
+        let wall = t0.elapsed().as_secs_f64() * 1e3;
+        enable(false);
+        let lines = report(wall);
+        let ms = |what: &str| lines.iter().find(|l| l.what == what).map_or(0.0, |l| l.ms);
+        let (other, inner, mv) = (ms("other"), ms("embedding"), ms("matvec q4_0"));
+        // (Other tests in this process may add to the embedding and q4_0 lines while counting
+        // is on, never to "other", which no op uses: only lower bounds on those two.)
+        assert!(inner >= 30.0 && mv >= 10.0, "embedding {inner} ms, matvec {mv} ms");
+        // The outer span's own time: its 30 ms sleep, not the 30 ms inside nor the 10 ms given.
+        assert!((30.0..wall - 40.0 + 0.01).contains(&other), "other {other} ms of {wall} ms");
+    }
 }

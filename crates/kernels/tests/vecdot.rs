@@ -429,6 +429,7 @@ fn quantize_simd_matches_scalar() {
     rows.push((0..512).map(|i| f32::from_bits(1 + i as u32 * 3)).collect());
     rows.push((0..512).map(|i| if i % 2 == 0 { 3e38 } else { -1e37 }).collect());
     println!("{:>5} {:>5} {:>10}", "act", "rows", "mismatches");
+    let mut avx2_checked = 0;
     for at in [ActType::Q8_0, ActType::Q8_1, ActType::Q8K] {
         let (mut a, mut b) = (Vec::new(), Vec::new());
         let mut bad = 0;
@@ -439,6 +440,12 @@ fn quantize_simd_matches_scalar() {
             let mut c = vec![0xA5u8; a.len()];
             quantize_act_to(at, x, &mut c);
             assert_eq!(c, a, "{at} row {i}: quantize_act_to differs from quantize_act");
+            // The AVX2 tier's kernel, whatever this CPU's tier (skipped only without AVX2).
+            let mut v = vec![0x5Au8; a.len()];
+            if cortiq_kernels::quant::vecdot_avx2::quantize_act_any(at, x, &mut v) {
+                avx2_checked += 1;
+                assert_eq!(v, b, "{at} row {i}: the AVX2 quantizer differs from its scalar twin");
+            }
             if a != b {
                 bad += 1;
                 let j = a.iter().zip(&b).position(|(p, q)| p != q).unwrap();
@@ -448,6 +455,7 @@ fn quantize_simd_matches_scalar() {
         println!("{:>5} {:>5} {bad:>10}", at.name(), rows.len());
         assert_eq!(bad, 0, "{at}: quantize_act differs from its scalar twin");
     }
+    println!("AVX2 quantizer: {avx2_checked} rows checked");
 }
 
 #[test]

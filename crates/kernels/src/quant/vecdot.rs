@@ -132,7 +132,7 @@ pub fn quantize_act(act: ActType, x: &[f32], out: &mut Vec<u8>) {
     };
     out.clear();
     out.resize(bytes, 0);
-    if super::vecdot_avx512::quantize_act(act, x, out) {
+    if super::vecdot_avx512::quantize_act(act, x, out) || super::vecdot_avx2::quantize_act(act, x, out) {
         return;
     }
     quantize_act_into(act, x, out);
@@ -146,7 +146,7 @@ pub fn quantize_act_to(act: ActType, x: &[f32], out: &mut [u8]) {
         panic!("quantize_act_to({act}): {} elements is not a whole number of {}-element blocks", x.len(), act.block_size());
     };
     assert_eq!(out.len(), bytes, "quantize_act_to({act}): {} output bytes for {} elements, expected {bytes}", out.len(), x.len());
-    if super::vecdot_avx512::quantize_act(act, x, out) {
+    if super::vecdot_avx512::quantize_act(act, x, out) || super::vecdot_avx2::quantize_act(act, x, out) {
         return;
     }
     quantize_act_into(act, x, out);

@@ -130,6 +130,38 @@ pub fn matvec_order(ty: QuantType, order: Order, w: &[u8], rb: usize, a: &[u8], 
     }
 }
 
+/// Quantize one activation row on the AVX2 tier, the bytes of `vecdot::quantize_act_scalar`;
+/// `false` (nothing written) off the tier. `out` is `act.row_bytes(x.len())` bytes (checked by
+/// the callers).
+pub(super) fn quantize_act(act: super::vecdot::ActType, x: &[f32], out: &mut [u8]) -> bool {
+    active() && quantize_act_any(act, x, out)
+}
+
+/// `quantize_act` on any CPU with AVX2 + FMA + F16C whatever the tier (the tests' entry).
+pub fn quantize_act_any(act: super::vecdot::ActType, x: &[f32], out: &mut [u8]) -> bool {
+    use super::vecdot::ActType;
+    if !cpu_has() {
+        return false;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: cpu_has() confirmed the features these functions enable; every load and
+        // store is bounds-checked.
+        unsafe {
+            match act {
+                ActType::Q8K => imp::quantize_q8k(x, out),
+                _ => imp::quantize_q8(x, out, act == ActType::Q8_1),
+            }
+        }
+        true
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (act, x, out);
+        false
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod imp {
     use super::super::QuantType;
@@ -235,6 +267,135 @@ mod imp {
     #[target_feature(enable = "avx2,fma,f16c")]
     fn fma_lanes(acc: __m256, d: f32, p: __m256i) -> __m256 {
         _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc)
+    }
+
+    /// 8 f32 of `s` from `off` (bounds-checked).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn ld8f(s: &[f32], off: usize) -> __m256 {
+        let s = &s[off..off + 8];
+        // SAFETY: `s` is exactly 8 readable f32; loadu has no alignment requirement.
+        unsafe { _mm256_loadu_ps(s.as_ptr()) }
+    }
+
+    /// |v| by clearing the sign bits.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn abs8(v: __m256) -> __m256 {
+        _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff)))
+    }
+
+    /// The largest of 8 lanes (max is exact: any order gives it).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn hmax(v: __m256) -> f32 {
+        let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)))
+    }
+
+    /// f32 -> f16 bits, round to nearest even (`vcvtps2ph` imm 0, ggml's FP32_TO_FP16).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn f16_bits(v: f32) -> [u8; 2] {
+        (_mm_extract_epi16::<0>(_mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(v))) as u16).to_le_bytes()
+    }
+
+    /// 32 i32 lanes (elements in order across the four) -> 32 bytes saturated to i8, in order:
+    /// ggml's two `packs` and its `permutevar8x32` (0, 4, 1, 5, 2, 6, 3, 7) that undoes their
+    /// per-128-bit-lane interleave.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn pack32(i: [__m256i; 4]) -> __m256i {
+        let p = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
+        _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+    }
+
+    /// Q8_0 / Q8_1 activation blocks as ggml's AVX2 `quantize_row_q8_0/1` (the scalar twin
+    /// `quantize_block_q8_0` spells out the same steps): the max of |x|, `d = amax / 127`,
+    /// `id = 127 / amax`, `vcvtps2dq` of `x * id` (ties to even under the default MXCSR,
+    /// i32::MIN for NaN), two saturating packs. Q8_1 adds `s = f16(d * sum)` with the wrapping
+    /// i32 sum of the unsaturated quants.
+    ///
+    /// # Safety
+    /// The CPU must support avx2, fma and f16c.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn quantize_q8(x: &[f32], out: &mut [u8], q8_1: bool) {
+        let bsz = if q8_1 { Q8_1_BYTES } else { 34 };
+        let qoff = if q8_1 { 4 } else { 2 };
+        for (xb, ob) in x.chunks_exact(QK).zip(out.chunks_exact_mut(bsz)) {
+            let v = [ld8f(xb, 0), ld8f(xb, 8), ld8f(xb, 16), ld8f(xb, 24)];
+            let m = _mm256_max_ps(_mm256_max_ps(abs8(v[0]), abs8(v[1])), _mm256_max_ps(abs8(v[2]), abs8(v[3])));
+            let amax = hmax(m);
+            let d = amax / 127.0;
+            let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+            let i = v.map(|v| _mm256_cvtps_epi32(_mm256_mul_ps(v, id)));
+            ob[0..2].copy_from_slice(&f16_bits(d));
+            if q8_1 {
+                let sum = hsum_i32(_mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3])));
+                ob[2..4].copy_from_slice(&f16_bits(d * sum as f32));
+            }
+            let dst = &mut ob[qoff..qoff + 32];
+            // SAFETY: `dst` is exactly 32 writable bytes; storeu has no alignment requirement.
+            unsafe { _mm256_storeu_si256(dst.as_mut_ptr().cast(), pack32(i)) };
+        }
+    }
+
+    /// Q8_K activation blocks as `quantize_row_q8_K_ref` (the scalar twin
+    /// `quantize_block_q8k`): the signed value of the FIRST element of largest magnitude (the
+    /// lowest lane equal to the max, which is what the scalar loop's strict `>` keeps),
+    /// `iscale = -127 / max`, `q = min(127, nearest_int(iscale * x))` with ggml's magic-number
+    /// `nearest_int` itself, 16-element sums (wrapping to i16), `d = 1 / iscale`. All-zero
+    /// blocks are all zero bytes.
+    ///
+    /// # Safety
+    /// The CPU must support avx2, fma and f16c.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn quantize_q8k(x: &[f32], out: &mut [u8]) {
+        for (xb, ob) in x.chunks_exact(QK_K).zip(out.chunks_exact_mut(292)) {
+            let mut m = _mm256_setzero_ps();
+            for c in 0..QK_K / 8 {
+                m = _mm256_max_ps(m, abs8(ld8f(xb, 8 * c)));
+            }
+            let amax = hmax(m);
+            if amax == 0.0 || amax.is_nan() {
+                ob.fill(0);
+                continue;
+            }
+            let mut max = 0f32;
+            for c in 0..QK_K / 8 {
+                let hit = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(abs8(ld8f(xb, 8 * c)), _mm256_set1_ps(amax)));
+                if hit != 0 {
+                    max = xb[8 * c + hit.trailing_zeros() as usize];
+                    break;
+                }
+            }
+            let iscale = -127.0f32 / max;
+            let sc = _mm256_set1_ps(iscale);
+            let (magic, mant, bias) =
+                (_mm256_set1_ps(12582912.0), _mm256_set1_epi32(0x007f_ffff), _mm256_set1_epi32(0x0040_0000));
+            let q8 = |off: usize| {
+                // ggml's nearest_int bit for bit (also for the inf that a subnormal max gives)
+                let v = _mm256_castps_si256(_mm256_add_ps(_mm256_mul_ps(sc, ld8f(xb, off)), magic));
+                let q = _mm256_sub_epi32(_mm256_and_si256(v, mant), bias);
+                // min(127, v) stored into an int8 (C truncates to the low byte); the group sums
+                // add the stored bytes, so sign-extend that byte back first
+                let q = _mm256_min_epi32(q, _mm256_set1_epi32(127));
+                _mm256_srai_epi32::<24>(_mm256_slli_epi32::<24>(q))
+            };
+            for c in 0..QK_K / 32 {
+                let i = [q8(32 * c), q8(32 * c + 8), q8(32 * c + 16), q8(32 * c + 24)];
+                for g in 0..2 {
+                    let sum = hsum_i32(_mm256_add_epi32(i[2 * g], i[2 * g + 1])) as i16;
+                    let o = 4 + QK_K + 2 * (2 * c + g);
+                    ob[o..o + 2].copy_from_slice(&sum.to_le_bytes());
+                }
+                let dst = &mut ob[4 + 32 * c..4 + 32 * c + 32];
+                // SAFETY: `dst` is exactly 32 writable bytes; storeu has no alignment requirement.
+                unsafe { _mm256_storeu_si256(dst.as_mut_ptr().cast(), pack32(i)) };
+            }
+            ob[0..4].copy_from_slice(&(1.0f32 / iscale).to_le_bytes());
+        }
     }
 
     /// R rows (each a whole number of blocks; an empty row gives 0) times one activation row
