@@ -767,7 +767,7 @@ pub(super) fn q6_ileave(w: &[u8], rows: usize, cols: usize, out: &mut [u8]) {
     });
 }
 
-/// Unsigned quant of element e of row r in a Q6_K block-group.
+/// Unsigned quant of element e of row r in a Q6_K block-group (the scalar twin's reading).
 fn q6_quant(src: &[u8], r: usize, e: usize) -> u8 {
     let (n, i) = ((e % 128) / 4, e % 4);
     let byte = src[288 + 64 * n + 4 * r + i];
@@ -776,9 +776,35 @@ fn q6_quant(src: &[u8], r: usize, e: usize) -> u8 {
     lo | (((src[2336 + 64 * j + 4 * r + i] >> (2 * s)) & 3) << 4)
 }
 
+/// The 256 unsigned quants of row r in a Q6_K block-group, in element order: element
+/// e = 4n + i (e < 128) is the low nibble of byte i of row r's 4 bytes in nibble chunk n,
+/// 128 + e the high nibble; its top 2 bits sit in plane e / 16 at bits 2·((e % 16) / 4). Read
+/// run by run (4 bytes of the row per chunk and per plane), not element by element: prefill
+/// un-interleaves every Q6_K matrix through here once per chunk.
+fn q6_row_quants(src: &[u8], r: usize) -> [u8; 256] {
+    let mut u = [0u8; 256];
+    let (lo, hi) = u.split_at_mut(128);
+    for (n, (l, h)) in lo.chunks_exact_mut(4).zip(hi.chunks_exact_mut(4)).enumerate() {
+        let b = &src[288 + 64 * n + 4 * r..][..4];
+        for i in 0..4 {
+            l[i] = b[i] & 0x0F;
+            h[i] = b[i] >> 4;
+        }
+    }
+    for (j, g) in u.chunks_exact_mut(16).enumerate() {
+        let hb = &src[2336 + 64 * j + 4 * r..][..4];
+        for (s, q) in g.chunks_exact_mut(4).enumerate() {
+            for i in 0..4 {
+                q[i] |= ((hb[i] >> (2 * s)) & 3) << 4;
+            }
+        }
+    }
+    u
+}
+
 /// Row r's GGUF Q6_K block out of one block-group.
 pub(super) fn q6_unpack_block(src: &[u8], r: usize, blk: &mut [u8]) {
-    let u: [u8; 256] = std::array::from_fn(|e| q6_quant(src, r, e));
+    let u = q6_row_quants(src, r);
     for h in 0..2 {
         for l in 0..32 {
             let (u1, u2, u3, u4) = (u[128 * h + l], u[128 * h + l + 32], u[128 * h + l + 64], u[128 * h + l + 96]);
