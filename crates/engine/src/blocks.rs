@@ -24,6 +24,8 @@ use crate::qtensor::QTensor;
 /// Rows per norm work item: a decode step's single row runs inline, a prefill chunk's rows are
 /// split over the pool.
 const NORM_GRAIN: usize = 16;
+/// Positions from which RoPE rotates over the pool (a prefill chunk; decode rotates in place).
+const ROPE_SPLIT_MIN: usize = 32;
 
 /// RMSNorm every row of x: [n, d] -> out [n, d].
 pub fn rmsnorm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
@@ -302,17 +304,27 @@ pub(crate) fn attn_prep(
     }
     let rope_span = profile::span(Op::Rope);
     let ggml_tables = if num == Numerics::LlamaCpp { rope_tables_ggml(rope_cfg, pos0, n) } else { None };
-    let (cos, sin) = ggml_tables.unwrap_or_else(|| rope_cfg.tables(pos0, n)); // [n, rot_dim/2] each
+    let tables = ggml_tables.map_or_else(|| rope_cfg.tables(pos0, n), std::rc::Rc::new); // [n, rot_dim/2] each
+    let (cos, sin) = (&tables.0, &tables.1);
     let half = rope_cfg.rot_dim / 2;
-    for i in 0..n {
-        let (c, s) = (&cos[i * half..(i + 1) * half], &sin[i * half..(i + 1) * half]);
-        let rot: fn(&mut [f32], &[f32], &[f32], RopeStyle) = if num == Numerics::LlamaCpp { rope_ggml } else { rope };
-        for head in q[i * q_dim..(i + 1) * q_dim].chunks_mut(hd) {
-            rot(head, c, s, rope_cfg.style);
+    let rot: fn(&mut [f32], &[f32], &[f32], RopeStyle) = if num == Numerics::LlamaCpp { rope_ggml } else { rope };
+    // Position i of rows (row_len values, heads of hd), the first at position i0.
+    let rotate = |i0: usize, rows: &mut [f32], row_len: usize| {
+        for (j, row) in rows.chunks_mut(row_len).enumerate() {
+            let i = i0 + j;
+            let (c, s) = (&cos[i * half..(i + 1) * half], &sin[i * half..(i + 1) * half]);
+            for head in row.chunks_mut(hd) {
+                rot(head, c, s, rope_cfg.style);
+            }
         }
-        for head in k[i * kv_dim..(i + 1) * kv_dim].chunks_mut(hd) {
-            rot(head, c, s, rope_cfg.style);
-        }
+    };
+    if n >= ROPE_SPLIT_MIN {
+        // A prefill chunk: positions over the pool (each row rotates alone: the same values).
+        pool().for_rows_mut(&mut q[..n * q_dim], q_dim, ROPE_SPLIT_MIN / 2, |i0, rows| rotate(i0, rows, q_dim));
+        pool().for_rows_mut(&mut k[..n * kv_dim], kv_dim, ROPE_SPLIT_MIN / 2, |i0, rows| rotate(i0, rows, kv_dim));
+    } else {
+        rotate(0, &mut q[..n * q_dim], q_dim);
+        rotate(0, &mut k[..n * kv_dim], kv_dim);
     }
     drop(rope_span);
     gate

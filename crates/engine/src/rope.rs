@@ -4,6 +4,7 @@
 //! sits below them (and below QTensor) and no import cycle runs through it.
 
 use cortiq_kernels::ops::RopeStyle;
+use std::rc::Rc;
 
 /// RoPE frequency scaling as the model was trained with.
 #[derive(Clone, Debug, PartialEq)]
@@ -52,24 +53,29 @@ impl Rope {
         Rope { style, rot_dim, inv_freq: inv, base: theta, scaling: scaling.clone() }
     }
 
-    /// cos and sin for `n` consecutive positions from `pos0`: each [n, rot_dim/2].
-    pub fn tables(&self, pos0: usize, n: usize) -> (Vec<f32>, Vec<f32>) {
-        if n == 1 {
-            // A decode step asks every layer for the same position's table: keep the last few
-            // positions' (per thread), matched on the position and the frequencies themselves.
-            return ONE_POS.with_borrow_mut(|cache| {
-                if let Some(e) = cache.iter().find(|e| e.pos == pos0 && e.inv_freq == self.inv_freq) {
-                    return (e.cos.clone(), e.sin.clone());
-                }
-                let (cos, sin) = self.compute(pos0, 1);
-                if cache.len() >= ONE_POS_KEPT {
-                    cache.remove(0);
-                }
-                cache.push(OnePos { inv_freq: self.inv_freq.clone(), pos: pos0, cos: cos.clone(), sin: sin.clone() });
-                (cos, sin)
-            });
+    /// cos and sin for `n` consecutive positions from `pos0`: each [n, rot_dim/2]. Shared:
+    /// every layer of one forward asks for the same positions, so the last few tables (per
+    /// thread, matched on the positions and the frequencies themselves) are handed out again
+    /// instead of recomputed: a decode step's one position for every layer, a prefill chunk's
+    /// hundreds (Gemma 3's local and global layers keep one each).
+    pub fn tables(&self, pos0: usize, n: usize) -> Rc<(Vec<f32>, Vec<f32>)> {
+        if n * self.inv_freq.len() > KEEP_MAX_VALUES {
+            return Rc::new(self.compute(pos0, n));
         }
-        self.compute(pos0, n)
+        KEPT.with_borrow_mut(|cache| {
+            if let Some(e) = cache.iter().find(|e| e.pos0 == pos0 && e.n == n && e.inv_freq == self.inv_freq) {
+                return e.tab.clone();
+            }
+            let tab = Rc::new(self.compute(pos0, n));
+            // Decode keeps many one-position tables (a batch of sequences), prefill a few long.
+            let (same, kept) = if n == 1 { (true, ONE_POS_KEPT) } else { (false, MANY_POS_KEPT) };
+            if cache.iter().filter(|e| (e.n == 1) == same).count() >= kept {
+                let old = cache.iter().position(|e| (e.n == 1) == same).expect("counted above");
+                cache.remove(old);
+            }
+            cache.push(Kept { inv_freq: self.inv_freq.clone(), pos0, n, tab: tab.clone() });
+            tab
+        })
     }
 
     fn compute(&self, pos0: usize, n: usize) -> (Vec<f32>, Vec<f32>) {
@@ -87,46 +93,54 @@ impl Rope {
     }
 }
 
-/// One position's RoPE table, as `Rope::tables(pos, 1)` gives it.
-struct OnePos {
+/// A kept table, as `Rope::tables(pos0, n)` gave it.
+struct Kept {
     inv_freq: Vec<f64>,
-    pos: usize,
-    cos: Vec<f32>,
-    sin: Vec<f32>,
+    pos0: usize,
+    n: usize,
+    tab: Rc<(Vec<f32>, Vec<f32>)>,
 }
 
-/// Positions kept: a decode batch of 16 sequences over two RoPE configurations (Gemma 3's
-/// local and global layers).
+/// One-position tables kept: a decode batch of 16 sequences over two RoPE configurations
+/// (Gemma 3's local and global layers).
 const ONE_POS_KEPT: usize = 32;
+/// Multi-position tables kept (a prefill chunk over two configurations, with room), and the
+/// largest kept (values per table: 512 positions of 256 rotated dims is 65536).
+const MANY_POS_KEPT: usize = 4;
+const KEEP_MAX_VALUES: usize = 1 << 18;
 
 thread_local! {
-    static ONE_POS: std::cell::RefCell<Vec<OnePos>> = const { std::cell::RefCell::new(Vec::new()) };
+    static KEPT: std::cell::RefCell<Vec<Kept>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// The kept one-position tables are the computed ones, per configuration: two RoPEs that
-    /// differ only in base, asked alternately for the same positions (hits after the first
-    /// round) and for more positions than are kept (evictions), always give their own table.
+    /// The kept tables are the computed ones, per configuration: two RoPEs that differ only in
+    /// base, asked alternately for the same positions (hits after the first round) and for
+    /// more positions than are kept (evictions), always give their own table, for one position
+    /// and for several.
     #[test]
-    fn one_position_tables_are_kept_per_configuration() {
+    fn kept_tables_are_the_computed_ones_per_configuration() {
         let a = Rope::new(RopeStyle::NeoX, 64, 10_000.0, &RopeScaling::None);
         let b = Rope::new(RopeStyle::NeoX, 64, 1_000_000.0, &RopeScaling::None);
         for round in 0..3 {
             for p in (0..2 * ONE_POS_KEPT).chain([5, 5, 7]) {
                 for r in [&a, &b] {
-                    assert_eq!(r.tables(p, 1), r.compute(p, 1), "round {round}, position {p}");
+                    assert_eq!(*r.tables(p, 1), r.compute(p, 1), "round {round}, position {p}");
+                    let n = 2 + p % (MANY_POS_KEPT + 3);
+                    assert_eq!(*r.tables(p, n), r.compute(p, n), "round {round}, positions {p}..+{n}");
                 }
             }
         }
         assert_ne!(a.tables(9, 1), b.tables(9, 1));
-        // Several positions at once are computed as always, row for row the one-position tables.
-        let (c, s) = a.tables(3, 4);
+        assert_ne!(a.tables(9, 3), b.tables(9, 3));
+        // Several positions at once are row for row the one-position tables.
+        let t = a.tables(3, 4);
         for i in 0..4 {
-            let (c1, s1) = a.tables(3 + i, 1);
-            assert_eq!((&c[i * 32..(i + 1) * 32], &s[i * 32..(i + 1) * 32]), (&c1[..], &s1[..]));
+            let t1 = a.tables(3 + i, 1);
+            assert_eq!((&t.0[i * 32..(i + 1) * 32], &t.1[i * 32..(i + 1) * 32]), (&t1.0[..], &t1.1[..]));
         }
     }
 }
