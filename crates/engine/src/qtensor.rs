@@ -92,11 +92,14 @@ pub(crate) const IL_MATMAT_MAX: usize = 256;
 
 /// `IL_MATMAT_MAX` on CPUs with AVX2 and no AVX-512 for every type but Q8_0 (which has no AVX2
 /// integer matmat: `f32_tiles_faster`): there the matmat kernel on un-interleaved tiles
-/// (`quant::matmat_avx2`) beats the decode kernels from small chunks on. pp512 by this bound,
-/// 2 threads, AMD EPYC Zen 4 under `CORTIQ_SIMD=avx2`, three alternated rounds (2026-12-05):
-/// Qwen2.5-1.5B geometry Q4_K_M 256 → 87-91, 16 → 92-100, 0 → 100-101 tok/s; Qwen2.5-0.5B
-/// 245-277 vs 276-317 vs 206-312; Gemma3-270M 629-748 vs 601-924 vs 656-911.
-const IL_MATMAT_MAX_AVX2: usize = 16;
+/// (`quant::matmat_avx2`) beats the decode kernels on long chunks, but each chunk un-interleaves
+/// every matrix it multiplies, which short chunks (the server's 32-position prompt chunks)
+/// do not amortize. Prefill by chunk size (`bench -b`), decode kernel vs matmat, 2 threads,
+/// Intel Xeon (Emerald Rapids) under `CORTIQ_SIMD=avx2` (2026-12-06): Qwen2.5-0.5B 32 → 232 vs
+/// 147 tok/s, 64 → 236 vs 209, 128 → 231-239 vs 255-262, 256 → 227 vs 282; the 1.5B geometry
+/// Q4_K_M 32 → 73 vs 47, 64 → 76 vs 62, 128 → 74-75 vs 60-79; Gemma3-270M 128 → 681 vs 707,
+/// 256 → 688 vs 797.
+const IL_MATMAT_MAX_AVX2: usize = 64;
 
 /// The bound `rowwise` applies to an interleaved matrix of `ty` on this CPU.
 fn il_matmat_max(ty: QuantType) -> usize {

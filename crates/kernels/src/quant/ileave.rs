@@ -794,12 +794,14 @@ mod avx2 {
                     // SAFETY: src has gbb >= 32 bytes: the 16-byte load at 16h is in bounds.
                     let dw = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(src.as_ptr().add(16 * h).cast()) });
                     let u = quants::<T>(&src[32..], h);
+                    // Q8_0's |w|, once for every column (the sign moves onto the activations)
+                    let au = if T == 0 { u.map(|ui| _mm256_sign_epi8(ui, ui)) } else { u };
                     for j in 0..K {
                         let q = &a[j][34 * b + 2..34 * b + 34];
                         let mut sum = _mm256_set1_epi32(if T == 0 { 0 } else { c[j].bias[b] });
                         if T == 0 {
-                            for (i, &ui) in u.iter().enumerate() {
-                                let p = _mm256_maddubs_epi16(_mm256_sign_epi8(ui, ui), _mm256_sign_epi8(bcast4(q, i), ui));
+                            for (i, (&ui, &ai)) in u.iter().zip(&au).enumerate() {
+                                let p = _mm256_maddubs_epi16(ai, _mm256_sign_epi8(bcast4(q, i), ui));
                                 sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p, ones));
                             }
                         } else {
