@@ -90,24 +90,19 @@ const MATVEC_GRAIN: usize = 16;
 /// 359-450.
 pub(crate) const IL_MATMAT_MAX: usize = 256;
 
-/// `IL_MATMAT_MAX` on CPUs with AVX2 and no AVX-512 for every type but Q8_0 (which has no AVX2
-/// integer matmat: `f32_tiles_faster`): there the matmat kernel on un-interleaved tiles
-/// (`quant::matmat_avx2`) beats the decode kernels on long chunks, but each chunk un-interleaves
-/// every matrix it multiplies, which short chunks (the server's 32-position prompt chunks)
-/// do not amortize. Prefill by chunk size (`bench -b`), decode kernel vs matmat, 2 threads,
-/// Intel Xeon (Emerald Rapids) under `CORTIQ_SIMD=avx2` (2026-12-06): Qwen2.5-0.5B 32 → 232 vs
-/// 147 tok/s, 64 → 236 vs 209, 128 → 231-239 vs 255-262, 256 → 227 vs 282; the 1.5B geometry
-/// Q4_K_M 32 → 73 vs 47, 64 → 76 vs 62, 128 → 74-75 vs 60-79; Gemma3-270M 128 → 681 vs 707,
-/// 256 → 688 vs 797.
-const IL_MATMAT_MAX_AVX2: usize = 64;
-
-/// The bound `rowwise` applies to an interleaved matrix of `ty` on this CPU.
-fn il_matmat_max(ty: QuantType) -> usize {
-    if ty != QuantType::Q8_0 && cortiq_kernels::simd::level() == cortiq_kernels::simd::Level::Avx2 {
-        IL_MATMAT_MAX_AVX2
-    } else {
-        IL_MATMAT_MAX
-    }
+/// The bound `rowwise` applies to an interleaved matrix: `IL_MATMAT_MAX` on every tier. It is
+/// `prefix::MAX_CALL`, the longest prefill call, and must stay so: the prompt cache's contract
+/// (cached == cold, bit for bit) needs every call of 2..=MAX_CALL positions to take the same
+/// product, and the decode kernels' values differ from the matmat kernel's. On the AVX2 tier
+/// the matmat kernel (`quant::matmat_avx2`) is the faster from ~128 positions on (prefill by
+/// chunk size, 2 threads, Intel Xeon Emerald Rapids under `CORTIQ_SIMD=avx2`, 2026-12-06:
+/// Qwen2.5-0.5B 32 → 232 vs 147 tok/s, 64 → 236 vs 209, 128 → 231-239 vs 255-262, 256 → 227
+/// vs 282; Gemma3-270M 256 → 688 vs 797), but a bound of 16 there (tried at 0d73fd2) gave a
+/// 186 + 2 position prompt tail other values than one call of 188 (Qwen2.5-Coder-0.5B logits
+/// up to 0.3 apart: tests/prefix.rs `real_models_cached_equals_cold`). Taking that speed back
+/// needs a chunk kernel with the decode kernels' arithmetic.
+fn il_matmat_max(_ty: QuantType) -> usize {
+    IL_MATMAT_MAX
 }
 
 /// Rows per un-interleaved prefill tile of an interleaved tensor (a few hundred KiB of bytes).
