@@ -678,6 +678,10 @@ mod avx2 {
             let bb = super::geo(ty).expect("checked").0;
             let gb = nb * IL_ROWS * bb;
             let ab = 34 * nb;
+            // More columns than one pass (a prompt chunk): each group is decoded once, at its
+            // first pass, into this thread's scratch, and every pass reads it from there (the
+            // passes over a group run back to back on one thread: `passes`).
+            let many = cs.len() > PASS_COLS;
             super::passes(packed.len() / gb, cs.len(), PASS_COLS, |g0, g1, j0, kk| {
                 let (a, c): ([&[u8]; PASS_COLS], [&Col; PASS_COLS]) = super::pass_cols(acts, ab, cs, j0, kk);
                 macro_rules! go {
@@ -685,12 +689,27 @@ mod avx2 {
                         super::groups(packed, gb, (g0, g1), j0, kk, ys, |grp, pf, out| {
                             // SAFETY: level() returned Avx2 after detecting avx2, fma and f16c.
                             unsafe {
-                                match kk {
-                                    1 => imp::group::<$T, 1>(grp, pf, nb, &a, &c, out),
-                                    2 => imp::group::<$T, 2>(grp, pf, nb, &a, &c, out),
-                                    3 => imp::group::<$T, 3>(grp, pf, nb, &a, &c, out),
-                                    4 => imp::group::<$T, 4>(grp, pf, nb, &a, &c, out),
-                                    _ => imp::group::<$T, 8>(grp, pf, nb, &a, &c, out),
+                                if many {
+                                    imp::PRE.with_borrow_mut(|pre| {
+                                        if j0 == 0 {
+                                            imp::decode_group::<$T>(grp, pf, nb, pre);
+                                        }
+                                        match kk {
+                                            1 => imp::group_pre::<$T, 1>(pre, nb, &a, &c, out),
+                                            2 => imp::group_pre::<$T, 2>(pre, nb, &a, &c, out),
+                                            3 => imp::group_pre::<$T, 3>(pre, nb, &a, &c, out),
+                                            4 => imp::group_pre::<$T, 4>(pre, nb, &a, &c, out),
+                                            _ => imp::group_pre::<$T, 8>(pre, nb, &a, &c, out),
+                                        }
+                                    })
+                                } else {
+                                    match kk {
+                                        1 => imp::group::<$T, 1>(grp, pf, nb, &a, &c, out),
+                                        2 => imp::group::<$T, 2>(grp, pf, nb, &a, &c, out),
+                                        3 => imp::group::<$T, 3>(grp, pf, nb, &a, &c, out),
+                                        4 => imp::group::<$T, 4>(grp, pf, nb, &a, &c, out),
+                                        _ => imp::group::<$T, 8>(grp, pf, nb, &a, &c, out),
+                                    }
                                 }
                             }
                         })
@@ -779,55 +798,142 @@ mod avx2 {
             c: &[&Col; PASS_COLS],
             out: &mut [[f32; IL_ROWS]; PASS_COLS],
         ) {
-            let bb = [34, 18, 22][T as usize];
-            let gbb = IL_ROWS * bb;
+            let gbb = IL_ROWS * [34, 18, 22][T as usize];
             assert!(grp.len() == nb * gbb, "group: {nb} block-groups");
-            for j in 0..K {
-                assert!(a[j].len() >= 34 * nb && c[j].d.len() >= nb && c[j].bias.len() >= nb, "activation shorter than the row");
-            }
-            let ones = _mm256_set1_epi16(1);
+            check_cols::<K>(nb, a, c);
             let mut acc = [[_mm256_setzero_ps(); 2]; K];
             for b in 0..nb {
                 let src = &grp[b * gbb..(b + 1) * gbb];
                 pf.fetch(b * gbb, gbb);
                 for h in 0..2 {
-                    // SAFETY: src has gbb >= 32 bytes: the 16-byte load at 16h is in bounds.
-                    let dw = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(src.as_ptr().add(16 * h).cast()) });
-                    let u = quants::<T>(&src[32..], h);
-                    // Q8_0's |w|, once for every column (the sign moves onto the activations)
-                    let au = if T == 0 { u.map(|ui| _mm256_sign_epi8(ui, ui)) } else { u };
-                    for j in 0..K {
-                        let q = &a[j][34 * b + 2..34 * b + 34];
-                        let mut sum = _mm256_set1_epi32(if T == 0 { 0 } else { c[j].bias[b] });
-                        if T == 0 {
-                            for (i, (&ui, &ai)) in u.iter().zip(&au).enumerate() {
-                                let p = _mm256_maddubs_epi16(ai, _mm256_sign_epi8(bcast4(q, i), ui));
-                                sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p, ones));
-                            }
-                        } else {
-                            // 4- and 5-bit quants: a product pair is at most 2·31·127 = 7874, so
-                            // four of them add up in i16 (31,496) before one widening.
-                            for i4 in [0, 4] {
-                                let p0 = _mm256_add_epi16(
-                                    _mm256_maddubs_epi16(u[i4], bcast4(q, i4)),
-                                    _mm256_maddubs_epi16(u[i4 + 1], bcast4(q, i4 + 1)),
-                                );
-                                let p1 = _mm256_add_epi16(
-                                    _mm256_maddubs_epi16(u[i4 + 2], bcast4(q, i4 + 2)),
-                                    _mm256_maddubs_epi16(u[i4 + 3], bcast4(q, i4 + 3)),
-                                );
-                                sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_add_epi16(p0, p1), ones));
-                            }
-                        }
-                        let s = _mm256_cvtepi32_ps(sum);
-                        acc[j][h] = _mm256_fmadd_ps(s, _mm256_mul_ps(dw, _mm256_set1_ps(c[j].d[b])), acc[j][h]);
-                    }
+                    let (u, dw) = half::<T>(src, h);
+                    cols::<T, K>(&u, dw, b, h, a, c, &mut acc);
                 }
             }
-            for j in 0..K {
+            store::<K>(&acc, out);
+        }
+
+        /// A group decoded once for all the passes of a many-column product: per block and
+        /// half, the 8 quant registers and the 8 rows' f32 scales.
+        #[derive(Default)]
+        pub(in crate::quant) struct Pre {
+            u: Vec<[__m256i; 8]>,
+            dw: Vec<__m256>,
+        }
+
+        thread_local! {
+            pub(super) static PRE: std::cell::RefCell<Pre> = std::cell::RefCell::new(Pre::default());
+        }
+
+        /// Decode every block of a group into `pre` (what `group` decodes per pass).
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub(super) fn decode_group<const T: u8>(grp: &[u8], pf: Ahead, nb: usize, pre: &mut Pre) {
+            let gbb = IL_ROWS * [34, 18, 22][T as usize];
+            assert!(grp.len() == nb * gbb, "decode_group: {nb} block-groups");
+            pre.u.clear();
+            pre.dw.clear();
+            for b in 0..nb {
+                let src = &grp[b * gbb..(b + 1) * gbb];
+                pf.fetch(b * gbb, gbb);
                 for h in 0..2 {
-                    // SAFETY: out[j] holds 16 f32; 8h + 8 <= 16.
-                    unsafe { _mm256_storeu_ps(out[j].as_mut_ptr().add(8 * h), acc[j][h]) };
+                    let (u, dw) = half::<T>(src, h);
+                    pre.u.push(u);
+                    pre.dw.push(dw);
+                }
+            }
+        }
+
+        /// `group` on a group `decode_group` put in `pre`: the same instructions per column,
+        /// so the same bits.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub(super) fn group_pre<const T: u8, const K: usize>(
+            pre: &Pre,
+            nb: usize,
+            a: &[&[u8]; PASS_COLS],
+            c: &[&Col; PASS_COLS],
+            out: &mut [[f32; IL_ROWS]; PASS_COLS],
+        ) {
+            assert!(pre.u.len() == 2 * nb && pre.dw.len() == 2 * nb, "group_pre: {nb} blocks decoded");
+            check_cols::<K>(nb, a, c);
+            let mut acc = [[_mm256_setzero_ps(); 2]; K];
+            for b in 0..nb {
+                for h in 0..2 {
+                    cols::<T, K>(&pre.u[2 * b + h], pre.dw[2 * b + h], b, h, a, c, &mut acc);
+                }
+            }
+            store::<K>(&acc, out);
+        }
+
+        /// The activation rows and prepared columns cover `nb` blocks.
+        #[inline]
+        fn check_cols<const K: usize>(nb: usize, a: &[&[u8]; PASS_COLS], c: &[&Col; PASS_COLS]) {
+            for j in 0..K {
+                assert!(a[j].len() >= 34 * nb && c[j].d.len() >= nb && c[j].bias.len() >= nb, "activation shorter than the row");
+            }
+        }
+
+        /// Half h of one block of a group: its quant registers and its 8 rows' scales.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn half<const T: u8>(src: &[u8], h: usize) -> ([__m256i; 8], __m256) {
+            assert!(src.len() >= 32, "a block-group holds 16 scales");
+            // SAFETY: src has >= 32 bytes (asserted): the 16-byte load at 16h is in bounds.
+            let dw = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(src.as_ptr().add(16 * h).cast()) });
+            (quants::<T>(&src[32..], h), dw)
+        }
+
+        /// Half h of block b times the K columns, into `acc[j][h]`.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        #[allow(clippy::too_many_arguments)]
+        fn cols<const T: u8, const K: usize>(
+            u: &[__m256i; 8],
+            dw: __m256,
+            b: usize,
+            h: usize,
+            a: &[&[u8]; PASS_COLS],
+            c: &[&Col; PASS_COLS],
+            acc: &mut [[__m256; 2]; K],
+        ) {
+            let ones = _mm256_set1_epi16(1);
+            // Q8_0's |w|, once for every column (the sign moves onto the activations)
+            let au = if T == 0 { u.map(|ui| _mm256_sign_epi8(ui, ui)) } else { *u };
+            for j in 0..K {
+                let q = &a[j][34 * b + 2..34 * b + 34];
+                let mut sum = _mm256_set1_epi32(if T == 0 { 0 } else { c[j].bias[b] });
+                if T == 0 {
+                    for (i, (&ui, &ai)) in u.iter().zip(&au).enumerate() {
+                        let p = _mm256_maddubs_epi16(ai, _mm256_sign_epi8(bcast4(q, i), ui));
+                        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p, ones));
+                    }
+                } else {
+                    // 4- and 5-bit quants: a product pair is at most 2·31·127 = 7874, so
+                    // four of them add up in i16 (31,496) before one widening.
+                    for i4 in [0, 4] {
+                        let p0 = _mm256_add_epi16(
+                            _mm256_maddubs_epi16(u[i4], bcast4(q, i4)),
+                            _mm256_maddubs_epi16(u[i4 + 1], bcast4(q, i4 + 1)),
+                        );
+                        let p1 = _mm256_add_epi16(
+                            _mm256_maddubs_epi16(u[i4 + 2], bcast4(q, i4 + 2)),
+                            _mm256_maddubs_epi16(u[i4 + 3], bcast4(q, i4 + 3)),
+                        );
+                        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_add_epi16(p0, p1), ones));
+                    }
+                }
+                let s = _mm256_cvtepi32_ps(sum);
+                acc[j][h] = _mm256_fmadd_ps(s, _mm256_mul_ps(dw, _mm256_set1_ps(c[j].d[b])), acc[j][h]);
+            }
+        }
+
+        /// The K columns' accumulators into `out[j]`.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn store<const K: usize>(acc: &[[__m256; 2]; K], out: &mut [[f32; IL_ROWS]; PASS_COLS]) {
+            for (o, a) in out.iter_mut().zip(acc) {
+                for (h, &v) in a.iter().enumerate() {
+                    // SAFETY: o holds 16 f32; 8h + 8 <= 16.
+                    unsafe { _mm256_storeu_ps(o.as_mut_ptr().add(8 * h), v) };
                 }
             }
         }

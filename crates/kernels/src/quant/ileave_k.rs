@@ -472,15 +472,32 @@ mod avx2 {
             }
             let ab = AB * nb;
             let gb = nb * Q6_GBB;
+            // More columns than one pass (a prompt chunk): each group is decoded once, at its
+            // first pass, into this thread's scratch (the passes over a group run back to back
+            // on one thread: `ileave::passes`).
+            let many = cs.len() > PASS_COLS;
             super::super::ileave::passes(packed.len() / gb, cs.len(), PASS_COLS, |g0, g1, j0, kk| {
                 let (a, c): ([&[u8]; PASS_COLS], [&Col6; PASS_COLS]) = super::super::ileave::pass_cols(acts, ab, cs, j0, kk);
                 super::super::ileave::groups(packed, gb, (g0, g1), j0, kk, ys, |grp, pf, out| {
                     // SAFETY: level() returned Avx2 after detecting avx2, fma and f16c.
                     unsafe {
-                        match kk {
-                            1 => imp::q6_group::<1>(grp, pf, nb, &a, &c, out),
-                            2 => imp::q6_group::<2>(grp, pf, nb, &a, &c, out),
-                            _ => imp::q6_group::<4>(grp, pf, nb, &a, &c, out),
+                        if many {
+                            imp::PRE6.with_borrow_mut(|pre| {
+                                if j0 == 0 {
+                                    imp::q6_decode_group(grp, pf, nb, pre);
+                                }
+                                match kk {
+                                    1 => imp::q6_group_pre::<1>(pre, nb, &a, &c, out),
+                                    2 => imp::q6_group_pre::<2>(pre, nb, &a, &c, out),
+                                    _ => imp::q6_group_pre::<4>(pre, nb, &a, &c, out),
+                                }
+                            })
+                        } else {
+                            match kk {
+                                1 => imp::q6_group::<1>(grp, pf, nb, &a, &c, out),
+                                2 => imp::q6_group::<2>(grp, pf, nb, &a, &c, out),
+                                _ => imp::q6_group::<4>(grp, pf, nb, &a, &c, out),
+                            }
                         }
                     }
                 })
@@ -502,18 +519,37 @@ mod avx2 {
             }
             let ab = AB * nb;
             let gb = nb * super::sizes(h5).1;
+            // More columns than one pass: each group decoded once (as `q6_matvec`).
+            let many = cs.len() > PASS_COLS;
             super::super::ileave::passes(packed.len() / gb, cs.len(), PASS_COLS, |g0, g1, j0, kk| {
                 let (a, c): ([&[u8]; PASS_COLS], [&Col; PASS_COLS]) = super::super::ileave::pass_cols(acts, ab, cs, j0, kk);
                 super::super::ileave::groups(packed, gb, (g0, g1), j0, kk, ys, |grp, pf, out| {
                     // SAFETY: level() returned Avx2 after detecting avx2, fma and f16c.
                     unsafe {
-                        match (h5, kk) {
-                            (false, 1) => imp::group::<1, false>(grp, pf, nb, &a, &c, out),
-                            (false, 2) => imp::group::<2, false>(grp, pf, nb, &a, &c, out),
-                            (false, _) => imp::group::<4, false>(grp, pf, nb, &a, &c, out),
-                            (true, 1) => imp::group::<1, true>(grp, pf, nb, &a, &c, out),
-                            (true, 2) => imp::group::<2, true>(grp, pf, nb, &a, &c, out),
-                            (true, _) => imp::group::<4, true>(grp, pf, nb, &a, &c, out),
+                        if many {
+                            imp::PRE4.with_borrow_mut(|pre| {
+                                if j0 == 0 {
+                                    if h5 {
+                                        imp::decode_group::<true>(grp, pf, nb, pre);
+                                    } else {
+                                        imp::decode_group::<false>(grp, pf, nb, pre);
+                                    }
+                                }
+                                match kk {
+                                    1 => imp::group_pre::<1>(pre, nb, &a, &c, out),
+                                    2 => imp::group_pre::<2>(pre, nb, &a, &c, out),
+                                    _ => imp::group_pre::<4>(pre, nb, &a, &c, out),
+                                }
+                            })
+                        } else {
+                            match (h5, kk) {
+                                (false, 1) => imp::group::<1, false>(grp, pf, nb, &a, &c, out),
+                                (false, 2) => imp::group::<2, false>(grp, pf, nb, &a, &c, out),
+                                (false, _) => imp::group::<4, false>(grp, pf, nb, &a, &c, out),
+                                (true, 1) => imp::group::<1, true>(grp, pf, nb, &a, &c, out),
+                                (true, 2) => imp::group::<2, true>(grp, pf, nb, &a, &c, out),
+                                (true, _) => imp::group::<4, true>(grp, pf, nb, &a, &c, out),
+                            }
                         }
                     }
                 })
@@ -534,18 +570,32 @@ mod avx2 {
         use crate::quant::ileave::{Ahead, PassOut};
         use std::arch::x86_64::*;
 
-        /// Σ over 4 registers of 4-quant products (u unsigned <= 63, a the broadcast bytes) as
-        /// 8 i32 lanes, plus `init`.
+        /// Σ over the registers of 4-quant products (u unsigned, a the broadcast bytes) as 8 i32
+        /// lanes, plus `init`. FL registers' `vpmaddubsw` pair sums add up in i16 before one
+        /// `vpmaddwd` widens them: exact while FL · 2 · umax · 128 stays within i16 (Q4_K 4 ·
+        /// 3840, Q5_K 4 · 7936, Q6_K 2 · 16128), and an exact integer sum is the same whatever
+        /// its grouping, so the lanes are the scalar twin's (the widening per register cost a
+        /// third more instructions).
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
-        fn dot4(init: __m256i, u: &[__m256i], q: &[u8]) -> __m256i {
+        fn dot4<const FL: usize>(init: __m256i, u: &[__m256i], q: &[u8]) -> __m256i {
             let ones = _mm256_set1_epi16(1);
             let mut s = init;
-            for (t, &ut) in u.iter().enumerate() {
-                let av = _mm256_set1_epi32(i32::from_le_bytes(q[4 * t..4 * t + 4].try_into().expect("4 bytes")));
-                s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(ut, av), ones));
+            for t0 in (0..u.len()).step_by(FL) {
+                let mut h = _mm256_maddubs_epi16(u[t0], bcast4(q, t0));
+                for (t, &ut) in u.iter().enumerate().take(t0 + FL).skip(t0 + 1) {
+                    h = _mm256_add_epi16(h, _mm256_maddubs_epi16(ut, bcast4(q, t)));
+                }
+                s = _mm256_add_epi32(s, _mm256_madd_epi16(h, ones));
             }
             s
+        }
+
+        /// Bytes 4t..4t + 4 of `q` in every 32-bit lane.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn bcast4(q: &[u8], t: usize) -> __m256i {
+            _mm256_set1_epi32(i32::from_le_bytes(q[4 * t..4 * t + 4].try_into().expect("4 bytes")))
         }
 
         /// The 32 bytes at `o` (no closures in these kernels: they would not inherit the
@@ -586,58 +636,157 @@ mod avx2 {
             out: &mut PassOut,
         ) {
             assert!(grp.len() == nb * Q6_GBB, "q6_group: {nb} block-groups");
-            for j in 0..K {
-                assert!(a[j].len() >= AB * nb && c[j].d.len() >= nb && c[j].bias.len() >= nb, "activation shorter than the row");
-            }
-            let (m4, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+            q6_check::<K>(nb, a, c);
             let mut acc = [[_mm256_setzero_ps(); 2]; K];
             for b in 0..nb {
                 let src = &grp[b * Q6_GBB..(b + 1) * Q6_GBB];
                 pf.fetch(b * Q6_GBB, Q6_GBB);
                 for hr in 0..2 {
-                    let dw = halves8(&src[16 * hr..]);
                     let mut s = [_mm256_setzero_si256(); K];
                     for h in 0..8 {
-                        let mut u = [[_mm256_setzero_si256(); 4]; 2];
-                        for (half, plane) in [(0, h), (1, h + 8)] {
-                            let hb = ld32(src, 2336 + 64 * plane + 32 * hr);
-                            for (t, ut) in u[half].iter_mut().enumerate() {
-                                let v = ld32(src, 288 + 64 * (4 * h + t) + 32 * hr);
-                                let nib = if half == 0 {
-                                    _mm256_and_si256(v, m4)
-                                } else {
-                                    _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4)
-                                };
-                                let top = match t {
-                                    0 => _mm256_slli_epi16::<4>(hb),
-                                    1 => _mm256_slli_epi16::<2>(hb),
-                                    2 => hb,
-                                    _ => _mm256_srli_epi16::<2>(hb),
-                                };
-                                *ut = _mm256_or_si256(nib, _mm256_and_si256(top, m30));
-                            }
-                        }
-                        let scs =
-                            [widen8::<true>(&src[32 + 16 * h + 8 * hr..]), widen8::<true>(&src[32 + 16 * (h + 8) + 8 * hr..])];
-                        for j in 0..K {
-                            for half in 0..2 {
-                                let sb = h + 8 * half;
-                                let q = &a[j][AB * b + 4 + 16 * sb..][..16];
-                                let pp = dot4(_mm256_set1_epi32(c[j].bias[b][sb]), &u[half], q);
-                                s[j] = _mm256_add_epi32(s[j], _mm256_mullo_epi32(pp, scs[half]));
-                            }
-                        }
+                        let (u, scs) = q6_sub(src, hr, h);
+                        q6_cols::<K>(&u, &scs, b, h, a, c, &mut s);
                     }
-                    for j in 0..K {
-                        let da = _mm256_set1_ps(c[j].d[b]);
-                        acc[j][hr] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[j]), _mm256_mul_ps(dw, da), acc[j][hr]);
+                    q6_fin::<K>(halves8(&src[16 * hr..]), b, hr, c, &s, &mut acc);
+                }
+            }
+            store::<K>(&acc, out);
+        }
+
+        /// A Q6_K group decoded once for all the passes of a many-column product: per block,
+        /// row half hr and sub-block pair h, the quant registers and the widened scales; per
+        /// block and half the rows' f32 scales.
+        #[derive(Default)]
+        pub(super) struct Pre6 {
+            u: Vec<[[__m256i; 4]; 2]>,
+            scs: Vec<[__m256i; 2]>,
+            dw: Vec<__m256>,
+        }
+
+        thread_local! {
+            pub(super) static PRE6: std::cell::RefCell<Pre6> = std::cell::RefCell::new(Pre6::default());
+        }
+
+        /// Decode every block of a Q6_K group into `pre` (what `q6_group` decodes per pass).
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub(super) fn q6_decode_group(grp: &[u8], pf: Ahead, nb: usize, pre: &mut Pre6) {
+            assert!(grp.len() == nb * Q6_GBB, "q6_decode_group: {nb} block-groups");
+            pre.u.clear();
+            pre.scs.clear();
+            pre.dw.clear();
+            for b in 0..nb {
+                let src = &grp[b * Q6_GBB..(b + 1) * Q6_GBB];
+                pf.fetch(b * Q6_GBB, Q6_GBB);
+                for hr in 0..2 {
+                    pre.dw.push(halves8(&src[16 * hr..]));
+                    for h in 0..8 {
+                        let (u, scs) = q6_sub(src, hr, h);
+                        pre.u.push(u);
+                        pre.scs.push(scs);
                     }
                 }
             }
-            for j in 0..K {
+        }
+
+        /// `q6_group` on a group `q6_decode_group` put in `pre`: the same instructions per
+        /// column, so the same bits.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub(super) fn q6_group_pre<const K: usize>(
+            pre: &Pre6,
+            nb: usize,
+            a: &[&[u8]; PASS_COLS],
+            c: &[&Col6; PASS_COLS],
+            out: &mut PassOut,
+        ) {
+            assert!(pre.dw.len() == 2 * nb && pre.u.len() == 16 * nb && pre.scs.len() == 16 * nb, "q6_group_pre: {nb} blocks decoded");
+            q6_check::<K>(nb, a, c);
+            let mut acc = [[_mm256_setzero_ps(); 2]; K];
+            for b in 0..nb {
                 for hr in 0..2 {
-                    // SAFETY: out[j] holds 16 f32; 8hr + 8 <= 16.
-                    unsafe { _mm256_storeu_ps(out[j].as_mut_ptr().add(8 * hr), acc[j][hr]) };
+                    let mut s = [_mm256_setzero_si256(); K];
+                    for h in 0..8 {
+                        let i = (2 * b + hr) * 8 + h;
+                        q6_cols::<K>(&pre.u[i], &pre.scs[i], b, h, a, c, &mut s);
+                    }
+                    q6_fin::<K>(pre.dw[2 * b + hr], b, hr, c, &s, &mut acc);
+                }
+            }
+            store::<K>(&acc, out);
+        }
+
+        /// The activation rows and prepared columns cover `nb` blocks.
+        #[inline]
+        fn q6_check<const K: usize>(nb: usize, a: &[&[u8]; PASS_COLS], c: &[&Col6; PASS_COLS]) {
+            for j in 0..K {
+                assert!(a[j].len() >= AB * nb && c[j].d.len() >= nb && c[j].bias.len() >= nb, "activation shorter than the row");
+            }
+        }
+
+        /// Sub-blocks h and h + 8 of row half hr of one Q6_K block: their quant registers and
+        /// their scales widened to i32 lanes.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn q6_sub(src: &[u8], hr: usize, h: usize) -> ([[__m256i; 4]; 2], [__m256i; 2]) {
+            let (m4, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+            let mut u = [[_mm256_setzero_si256(); 4]; 2];
+            for (half, plane) in [(0, h), (1, h + 8)] {
+                let hb = ld32(src, 2336 + 64 * plane + 32 * hr);
+                for (t, ut) in u[half].iter_mut().enumerate() {
+                    let v = ld32(src, 288 + 64 * (4 * h + t) + 32 * hr);
+                    let nib = if half == 0 { _mm256_and_si256(v, m4) } else { _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4) };
+                    let top = match t {
+                        0 => _mm256_slli_epi16::<4>(hb),
+                        1 => _mm256_slli_epi16::<2>(hb),
+                        2 => hb,
+                        _ => _mm256_srli_epi16::<2>(hb),
+                    };
+                    *ut = _mm256_or_si256(nib, _mm256_and_si256(top, m30));
+                }
+            }
+            (u, [widen8::<true>(&src[32 + 16 * h + 8 * hr..]), widen8::<true>(&src[32 + 16 * (h + 8) + 8 * hr..])])
+        }
+
+        /// Sub-blocks h and h + 8 of block b times the K columns, into the integer sums `s`.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        #[allow(clippy::too_many_arguments)]
+        fn q6_cols<const K: usize>(
+            u: &[[__m256i; 4]; 2],
+            scs: &[__m256i; 2],
+            b: usize,
+            h: usize,
+            a: &[&[u8]; PASS_COLS],
+            c: &[&Col6; PASS_COLS],
+            s: &mut [__m256i; K],
+        ) {
+            for j in 0..K {
+                for half in 0..2 {
+                    let sb = h + 8 * half;
+                    let q = &a[j][AB * b + 4 + 16 * sb..][..16];
+                    let pp = dot4::<2>(_mm256_set1_epi32(c[j].bias[b][sb]), &u[half], q);
+                    s[j] = _mm256_add_epi32(s[j], _mm256_mullo_epi32(pp, scs[half]));
+                }
+            }
+        }
+
+        /// A block's integer sums into the accumulators of row half hr.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn q6_fin<const K: usize>(dw: __m256, b: usize, hr: usize, c: &[&Col6; PASS_COLS], s: &[__m256i; K], acc: &mut [[__m256; 2]; K]) {
+            for j in 0..K {
+                let da = _mm256_set1_ps(c[j].d[b]);
+                acc[j][hr] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[j]), _mm256_mul_ps(dw, da), acc[j][hr]);
+            }
+        }
+
+        /// The K columns' accumulators into `out[j]`.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn store<const K: usize>(acc: &[[__m256; 2]; K], out: &mut PassOut) {
+            for (o, a) in out.iter_mut().zip(acc) {
+                for (hr, &v) in a.iter().enumerate() {
+                    // SAFETY: o holds 16 f32; 8hr + 8 <= 16.
+                    unsafe { _mm256_storeu_ps(o.as_mut_ptr().add(8 * hr), v) };
                 }
             }
         }
@@ -654,10 +803,7 @@ mod avx2 {
         ) {
             let gbb = if H5 { super::super::Q5_GBB } else { super::super::GBB };
             assert!(grp.len() == nb * gbb, "group: {nb} block-groups");
-            for j in 0..K {
-                assert!(a[j].len() >= AB * nb && c[j].d.len() >= nb && c[j].sumsf.len() >= nb, "activation shorter than the row");
-            }
-            let m4 = _mm256_set1_epi8(0x0F);
+            k_check::<K>(nb, a, c);
             let mut acc = [[_mm256_setzero_ps(); 2]; K];
             for b in 0..nb {
                 let src = &grp[b * gbb..(b + 1) * gbb];
@@ -666,54 +812,170 @@ mod avx2 {
                     let (dw, dm) = (halves8(&src[16 * hr..]), halves8(&src[32 + 16 * hr..]));
                     let mut s = [_mm256_setzero_si256(); K];
                     for cc in 0..4 {
-                        let mut lo = [_mm256_setzero_si256(); 8];
-                        let mut hi = [_mm256_setzero_si256(); 8];
-                        for i in 0..8 {
-                            let v = ld32(src, 320 + (8 * cc + i) * 64 + 32 * hr);
-                            lo[i] = _mm256_and_si256(v, m4);
-                            hi[i] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
-                            if H5 {
-                                let mi = super::super::GBB + 16 * (8 * cc + i);
-                                let ml = u64::from_le_bytes(src[mi..mi + 8].try_into().expect("8 bytes"));
-                                let mh = u64::from_le_bytes(src[mi + 8..mi + 16].try_into().expect("8 bytes"));
-                                lo[i] = _mm256_or_si256(lo[i], bits16((ml >> (32 * hr)) as u32));
-                                hi[i] = _mm256_or_si256(hi[i], bits16((mh >> (32 * hr)) as u32));
-                            }
-                        }
-                        let (sl, sh) = (
-                            widen8::<false>(&src[64 + 16 * (2 * cc) + 8 * hr..]),
-                            widen8::<false>(&src[64 + 16 * (2 * cc + 1) + 8 * hr..]),
-                        );
-                        for j in 0..K {
-                            let q = &a[j][AB * b + 4 + 64 * cc..][..64];
-                            let pl = dot4(_mm256_setzero_si256(), &lo, &q[..32]);
-                            let ph = dot4(_mm256_setzero_si256(), &hi, &q[32..]);
-                            s[j] =
-                                _mm256_add_epi32(s[j], _mm256_add_epi32(_mm256_mullo_epi32(pl, sl), _mm256_mullo_epi32(ph, sh)));
-                        }
+                        k_cols::<K>(&k_sub::<H5>(src, hr, cc), b, cc, a, &mut s);
                     }
-                    // The min term in exact f32 FMAs, as in the AVX-512 kernel.
-                    let mut mnf = [_mm256_setzero_ps(); 8];
-                    for (sb, m) in mnf.iter_mut().enumerate() {
-                        *m = _mm256_cvtepi32_ps(widen8::<false>(&src[192 + 16 * sb + 8 * hr..]));
-                    }
-                    for j in 0..K {
-                        let sums = &c[j].sumsf[b];
-                        let mut m = _mm256_setzero_ps();
-                        for (sb, &sum) in sums.iter().enumerate() {
-                            m = _mm256_fmadd_ps(mnf[sb], _mm256_set1_ps(sum), m);
-                        }
-                        let da = _mm256_set1_ps(c[j].d[b]);
-                        acc[j][hr] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[j]), _mm256_mul_ps(dw, da), acc[j][hr]);
-                        acc[j][hr] = _mm256_fnmadd_ps(m, _mm256_mul_ps(dm, da), acc[j][hr]);
+                    k_fin::<K>(dw, dm, &k_mins(src, hr), b, hr, c, &s, &mut acc);
+                }
+            }
+            store::<K>(&acc, out);
+        }
+
+        /// Quarter cc (sub-blocks 2cc, 2cc + 1) of row half hr of a Q4_K/Q5_K block: the low and
+        /// high sub-block's quant registers and their scales widened to i32 lanes.
+        #[derive(Clone, Copy)]
+        pub(super) struct KSub {
+            lo: [__m256i; 8],
+            hi: [__m256i; 8],
+            sl: __m256i,
+            sh: __m256i,
+        }
+
+        /// Per row half of a block: the scales, the min scales and the 8 sub-blocks' mins.
+        #[derive(Clone, Copy)]
+        pub(super) struct KHalf {
+            dw: __m256,
+            dm: __m256,
+            mnf: [__m256; 8],
+        }
+
+        /// A Q4_K/Q5_K group decoded once for all the passes of a many-column product.
+        #[derive(Default)]
+        pub(super) struct Pre4 {
+            sub: Vec<KSub>,
+            half: Vec<KHalf>,
+        }
+
+        thread_local! {
+            pub(super) static PRE4: std::cell::RefCell<Pre4> = std::cell::RefCell::new(Pre4::default());
+        }
+
+        /// Decode every block of a Q4_K/Q5_K group into `pre` (what `group` decodes per pass).
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub(super) fn decode_group<const H5: bool>(grp: &[u8], pf: Ahead, nb: usize, pre: &mut Pre4) {
+            let gbb = if H5 { super::super::Q5_GBB } else { super::super::GBB };
+            assert!(grp.len() == nb * gbb, "decode_group: {nb} block-groups");
+            pre.sub.clear();
+            pre.half.clear();
+            for b in 0..nb {
+                let src = &grp[b * gbb..(b + 1) * gbb];
+                pf.fetch(b * gbb, gbb);
+                for hr in 0..2 {
+                    pre.half.push(KHalf { dw: halves8(&src[16 * hr..]), dm: halves8(&src[32 + 16 * hr..]), mnf: k_mins(src, hr) });
+                    for cc in 0..4 {
+                        pre.sub.push(k_sub::<H5>(src, hr, cc));
                     }
                 }
             }
-            for j in 0..K {
+        }
+
+        /// `group` on a group `decode_group` put in `pre`: the same instructions per column, so
+        /// the same bits.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub(super) fn group_pre<const K: usize>(
+            pre: &Pre4,
+            nb: usize,
+            a: &[&[u8]; PASS_COLS],
+            c: &[&Col; PASS_COLS],
+            out: &mut PassOut,
+        ) {
+            assert!(pre.half.len() == 2 * nb && pre.sub.len() == 8 * nb, "group_pre: {nb} blocks decoded");
+            k_check::<K>(nb, a, c);
+            let mut acc = [[_mm256_setzero_ps(); 2]; K];
+            for b in 0..nb {
                 for hr in 0..2 {
-                    // SAFETY: out[j] holds 16 f32; 8hr + 8 <= 16.
-                    unsafe { _mm256_storeu_ps(out[j].as_mut_ptr().add(8 * hr), acc[j][hr]) };
+                    let mut s = [_mm256_setzero_si256(); K];
+                    for cc in 0..4 {
+                        k_cols::<K>(&pre.sub[(2 * b + hr) * 4 + cc], b, cc, a, &mut s);
+                    }
+                    let hf = &pre.half[2 * b + hr];
+                    k_fin::<K>(hf.dw, hf.dm, &hf.mnf, b, hr, c, &s, &mut acc);
                 }
+            }
+            store::<K>(&acc, out);
+        }
+
+        /// The activation rows and prepared columns cover `nb` blocks.
+        #[inline]
+        fn k_check<const K: usize>(nb: usize, a: &[&[u8]; PASS_COLS], c: &[&Col; PASS_COLS]) {
+            for j in 0..K {
+                assert!(a[j].len() >= AB * nb && c[j].d.len() >= nb && c[j].sumsf.len() >= nb, "activation shorter than the row");
+            }
+        }
+
+        /// Decode quarter cc of row half hr of one block (`KSub`).
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn k_sub<const H5: bool>(src: &[u8], hr: usize, cc: usize) -> KSub {
+            let m4 = _mm256_set1_epi8(0x0F);
+            let mut lo = [_mm256_setzero_si256(); 8];
+            let mut hi = [_mm256_setzero_si256(); 8];
+            for i in 0..8 {
+                let v = ld32(src, 320 + (8 * cc + i) * 64 + 32 * hr);
+                lo[i] = _mm256_and_si256(v, m4);
+                hi[i] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
+                if H5 {
+                    let mi = super::super::GBB + 16 * (8 * cc + i);
+                    let ml = u64::from_le_bytes(src[mi..mi + 8].try_into().expect("8 bytes"));
+                    let mh = u64::from_le_bytes(src[mi + 8..mi + 16].try_into().expect("8 bytes"));
+                    lo[i] = _mm256_or_si256(lo[i], bits16((ml >> (32 * hr)) as u32));
+                    hi[i] = _mm256_or_si256(hi[i], bits16((mh >> (32 * hr)) as u32));
+                }
+            }
+            KSub {
+                lo,
+                hi,
+                sl: widen8::<false>(&src[64 + 16 * (2 * cc) + 8 * hr..]),
+                sh: widen8::<false>(&src[64 + 16 * (2 * cc + 1) + 8 * hr..]),
+            }
+        }
+
+        /// The 8 sub-blocks' mins of row half hr, as f32 lanes.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn k_mins(src: &[u8], hr: usize) -> [__m256; 8] {
+            let mut mnf = [_mm256_setzero_ps(); 8];
+            for (sb, m) in mnf.iter_mut().enumerate() {
+                *m = _mm256_cvtepi32_ps(widen8::<false>(&src[192 + 16 * sb + 8 * hr..]));
+            }
+            mnf
+        }
+
+        /// Quarter cc of block b times the K columns, into the integer sums `s`.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn k_cols<const K: usize>(k: &KSub, b: usize, cc: usize, a: &[&[u8]; PASS_COLS], s: &mut [__m256i; K]) {
+            for j in 0..K {
+                let q = &a[j][AB * b + 4 + 64 * cc..][..64];
+                let pl = dot4::<4>(_mm256_setzero_si256(), &k.lo, &q[..32]);
+                let ph = dot4::<4>(_mm256_setzero_si256(), &k.hi, &q[32..]);
+                s[j] = _mm256_add_epi32(s[j], _mm256_add_epi32(_mm256_mullo_epi32(pl, k.sl), _mm256_mullo_epi32(ph, k.sh)));
+            }
+        }
+
+        /// A block's integer sums and min term into the accumulators of row half hr (the min
+        /// term in exact f32 FMAs, as in the AVX-512 kernel).
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        #[allow(clippy::too_many_arguments)]
+        fn k_fin<const K: usize>(
+            dw: __m256,
+            dm: __m256,
+            mnf: &[__m256; 8],
+            b: usize,
+            hr: usize,
+            c: &[&Col; PASS_COLS],
+            s: &[__m256i; K],
+            acc: &mut [[__m256; 2]; K],
+        ) {
+            for j in 0..K {
+                let sums = &c[j].sumsf[b];
+                let mut m = _mm256_setzero_ps();
+                for (sb, &sum) in sums.iter().enumerate() {
+                    m = _mm256_fmadd_ps(mnf[sb], _mm256_set1_ps(sum), m);
+                }
+                let da = _mm256_set1_ps(c[j].d[b]);
+                acc[j][hr] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[j]), _mm256_mul_ps(dw, da), acc[j][hr]);
+                acc[j][hr] = _mm256_fnmadd_ps(m, _mm256_mul_ps(dm, da), acc[j][hr]);
             }
         }
     }
