@@ -701,7 +701,10 @@ mod avx2 {
             c: &[&Col6; PASS_COLS],
             out: &mut PassOut,
         ) {
-            assert!(pre.dw.len() == 2 * nb && pre.u.len() == 16 * nb && pre.scs.len() == 16 * nb, "q6_group_pre: {nb} blocks decoded");
+            assert!(
+                pre.dw.len() == 2 * nb && pre.u.len() == 16 * nb && pre.scs.len() == 16 * nb,
+                "q6_group_pre: {nb} blocks decoded"
+            );
             q6_check::<K>(nb, a, c);
             let mut acc = [[_mm256_setzero_ps(); 2]; K];
             for b in 0..nb {
@@ -775,7 +778,14 @@ mod avx2 {
         /// A block's integer sums into the accumulators of row half hr.
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
-        fn q6_fin<const K: usize>(dw: __m256, b: usize, hr: usize, c: &[&Col6; PASS_COLS], s: &[__m256i; K], acc: &mut [[__m256; 2]; K]) {
+        fn q6_fin<const K: usize>(
+            dw: __m256,
+            b: usize,
+            hr: usize,
+            c: &[&Col6; PASS_COLS],
+            s: &[__m256i; K],
+            acc: &mut [[__m256; 2]; K],
+        ) {
             for j in 0..K {
                 let da = _mm256_set1_ps(c[j].d[b]);
                 acc[j][hr] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[j]), _mm256_mul_ps(dw, da), acc[j][hr]);
@@ -863,7 +873,11 @@ mod avx2 {
                 let src = &grp[b * gbb..(b + 1) * gbb];
                 pf.fetch(b * gbb, gbb);
                 for hr in 0..2 {
-                    pre.half.push(KHalf { dw: halves8(&src[16 * hr..]), dm: halves8(&src[32 + 16 * hr..]), mnf: k_mins(src, hr) });
+                    pre.half.push(KHalf {
+                        dw: halves8(&src[16 * hr..]),
+                        dm: halves8(&src[32 + 16 * hr..]),
+                        mnf: k_mins(src, hr),
+                    });
                     for cc in 0..4 {
                         pre.sub.push(k_sub::<H5>(src, hr, cc));
                     }

@@ -410,17 +410,7 @@ fn as_f32_mut(v: &mut [A32]) -> &mut [f32] {
 /// `matmat::scalar` for Q8_0 (same contract): group sums widened to i16, `vpmaddwd`.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn wide(
-    ty: QuantType,
-    geo: &Geo,
-    w: &[u8],
-    rows: usize,
-    cols: usize,
-    acts: &[u8],
-    n_t: usize,
-    p: &Prep,
-    y: &mut [f32],
-) {
+fn wide(ty: QuantType, geo: &Geo, w: &[u8], rows: usize, cols: usize, acts: &[u8], n_t: usize, p: &Prep, y: &mut [f32]) {
     let (g_el, n_g, n_sb) = (geo.group, cols / geo.group, cols / geo.sb());
     let (rb, ab) = (w.len() / rows, acts.len() / n_t);
     // every token's quants: [n_t][cols] as i16
