@@ -4,7 +4,7 @@
 //! computed per second (k × rows × cols weight·activation products, in G/s) for both, best of
 //! several repetitions; the ratio is what batching k sequences' decode rows buys.
 //!
-//! `cargo run --release -p cortiq-kernels --example multivec_bench [-- ROWS COLS] [TYPE ...]`
+//! `[KS=1,2,4,8,16] cargo run --release -p cortiq-kernels --example multivec_bench [-- ROWS COLS] [TYPE ...]`
 //! (TYPE: q4_k, q6_k, q8_0, q5_0, q4_0, q4_1, q5_1; default the first four; Q4_0 / Q5_0 / Q8_0
 //! also run in the 16-row interleaved layout, `quant::ileave`)
 
@@ -41,6 +41,11 @@ fn main() {
     if types.is_empty() {
         types = all[..4].to_vec();
     }
+    // env KS: the column counts (default 1,2,4,8,16; a prompt chunk takes up to 256)
+    let ks: Vec<usize> = std::env::var("KS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|x| x.parse().ok()).collect())
+        .unwrap_or_else(|| vec![1, 2, 4, 8, 16]);
     for ty in types {
         let at = act_type(ty).unwrap();
         for &(rows, cols) in &shapes {
@@ -58,7 +63,7 @@ fn main() {
                 "{ty} {rows} x {cols} ({:.1} MB): k   multi ms   G prod/s   k x single ms   G prod/s   ratio",
                 (rows * rb) as f64 / 1e6
             );
-            for k in [1usize, 2, 4, 8, 16] {
+            for &k in ks.iter() {
                 let mut acts = Vec::new();
                 let mut a = Vec::new();
                 for j in 0..k {

@@ -67,19 +67,33 @@ impl Ahead<'_> {
 /// The pass structure every interleaved SIMD kernel shares: the k columns in passes of at
 /// most `pass` (<= 8) columns; `run(g0, g1, j0, kk)` computes groups g0..g1 for the columns
 /// j0..j0 + kk (`ys[j0 + j][16 g..16 g + 16]`). With k <= pass that is one call over every group
-/// (the per-group set-up paid once per matrix); with more columns the passes go group by group,
-/// so that a group's bytes stay in cache for its later passes. Only the first pass over a
-/// group prefetches (`Ahead::new`).
+/// (the per-group set-up paid once per matrix); with more columns the passes go group by group
+/// within blocks of `COL_BLOCK` columns, so that a group's bytes (or its decoded form) stay in
+/// cache for its later passes and a block's activations stay in L2 for the next group. The
+/// first pass over a group in a block (`first_pass`) prefetches and decodes.
 pub(super) fn passes(groups: usize, k: usize, pass: usize, mut run: impl FnMut(usize, usize, usize, usize)) {
     if k <= pass {
         run(0, groups, 0, k);
         return;
     }
-    for g in 0..groups {
-        for j0 in (0..k).step_by(pass) {
-            run(g, g + 1, j0, (k - j0).min(pass));
+    debug_assert!(COL_BLOCK.is_multiple_of(pass));
+    for jb in (0..k).step_by(COL_BLOCK) {
+        let je = (jb + COL_BLOCK).min(k);
+        for g in 0..groups {
+            for j0 in (jb..je).step_by(pass) {
+                run(g, g + 1, j0, (je - j0).min(pass));
+            }
         }
     }
+}
+
+/// Columns per block of `passes` (a multiple of every kernel's pass).
+const COL_BLOCK: usize = 64;
+
+/// Whether the pass starting at column j0 is the first over its group in its column block.
+#[inline]
+pub(super) fn first_pass(j0: usize) -> bool {
+    j0.is_multiple_of(COL_BLOCK)
 }
 
 /// One pass's activation rows and prepared columns: slot j holds column j0 + j for j < kk; the
@@ -113,7 +127,7 @@ pub(super) fn groups(
     // memset call per 16 rows, ~1% of a decode step).
     let mut out = [[0f32; IL_ROWS]; PASS_COLS];
     for g in g0..g1 {
-        let ahead = if j0 == 0 { Ahead { w: packed, at: g * gb } } else { Ahead { w: &[], at: 0 } };
+        let ahead = if first_pass(j0) { Ahead { w: packed, at: g * gb } } else { Ahead { w: &[], at: 0 } };
         one(&packed[g * gb..(g + 1) * gb], ahead, &mut out);
         for (j, o) in out.iter().enumerate().take(kk) {
             ys[j0 + j][g * IL_ROWS..(g + 1) * IL_ROWS].copy_from_slice(o);
@@ -691,7 +705,7 @@ mod avx2 {
                             unsafe {
                                 if many {
                                     imp::PRE.with_borrow_mut(|pre| {
-                                        if j0 == 0 {
+                                        if super::first_pass(j0) {
                                             imp::decode_group::<$T>(grp, pf, nb, pre);
                                         }
                                         match kk {

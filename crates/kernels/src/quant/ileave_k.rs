@@ -483,7 +483,7 @@ mod avx2 {
                     unsafe {
                         if many {
                             imp::PRE6.with_borrow_mut(|pre| {
-                                if j0 == 0 {
+                                if super::super::ileave::first_pass(j0) {
                                     imp::q6_decode_group(grp, pf, nb, pre);
                                 }
                                 match kk {
@@ -528,17 +528,20 @@ mod avx2 {
                     unsafe {
                         if many {
                             imp::PRE4.with_borrow_mut(|pre| {
-                                if j0 == 0 {
+                                if super::super::ileave::first_pass(j0) {
                                     if h5 {
                                         imp::decode_group::<true>(grp, pf, nb, pre);
                                     } else {
                                         imp::decode_group::<false>(grp, pf, nb, pre);
                                     }
                                 }
-                                match kk {
-                                    1 => imp::group_pre::<1>(pre, nb, &a, &c, out),
-                                    2 => imp::group_pre::<2>(pre, nb, &a, &c, out),
-                                    _ => imp::group_pre::<4>(pre, nb, &a, &c, out),
+                                match (h5, kk) {
+                                    (false, 1) => imp::group_pre::<1, false>(pre, nb, &a, &c, out),
+                                    (false, 2) => imp::group_pre::<2, false>(pre, nb, &a, &c, out),
+                                    (false, _) => imp::group_pre::<4, false>(pre, nb, &a, &c, out),
+                                    (true, 1) => imp::group_pre::<1, true>(pre, nb, &a, &c, out),
+                                    (true, 2) => imp::group_pre::<2, true>(pre, nb, &a, &c, out),
+                                    (true, _) => imp::group_pre::<4, true>(pre, nb, &a, &c, out),
                                 }
                             })
                         } else {
@@ -592,6 +595,41 @@ mod avx2 {
                 s = _mm256_add_epi32(s, _mm256_madd_epi16(h, ones));
             }
             s
+        }
+
+        /// `init` plus Σ over the registers of 4-quant products times each row's scale `sc` (in
+        /// both i16 halves of the row's lane, `pair16`): FL `vpmaddubsw` pair sums add up in i16
+        /// (exact, as in `dot4`) and one `vpmaddwd` by `sc` multiplies and widens them; every
+        /// step is an exact integer, so the lanes are `sc · Σ u·a` as the scalar twin computes
+        /// it (at most 63 · 32 · 31 · 128, far inside i32), with no `vpmulld`.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn dots<const FL: usize>(init: __m256i, u: &[__m256i], q: &[u8], sc: __m256i) -> __m256i {
+            let mut s = init;
+            for t0 in (0..u.len()).step_by(FL) {
+                let mut h = _mm256_maddubs_epi16(u[t0], bcast4(q, t0));
+                // index loops, as in `dot4`
+                #[allow(clippy::needless_range_loop)]
+                for t in t0 + 1..t0 + FL {
+                    h = _mm256_add_epi16(h, _mm256_maddubs_epi16(u[t], bcast4(q, t)));
+                }
+                s = _mm256_add_epi32(s, _mm256_madd_epi16(h, sc));
+            }
+            s
+        }
+
+        /// Lanes of i32 values within i16 with the value in both of their i16 halves.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn pair16(v: __m256i) -> __m256i {
+            pair16_of(v, v)
+        }
+
+        /// Lanes of i32 values within i16: `lo`'s value in the low i16 half, `hi`'s in the high.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn pair16_of(lo: __m256i, hi: __m256i) -> __m256i {
+            _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32::<16>(hi))
         }
 
         /// Bytes 4t..4t + 4 of `q` in every 32-bit lane.
@@ -657,12 +695,14 @@ mod avx2 {
         }
 
         /// A Q6_K group decoded once for all the passes of a many-column product: per block,
-        /// row half hr and sub-block pair h, the quant registers and the widened scales; per
-        /// block and half the rows' f32 scales.
+        /// row half hr and sub-block pair h, the quant registers and the scales (`pair16`);
+        /// per block and half the rows' f32 scales and the scale pairs of sub-blocks 2k, 2k + 1
+        /// (`pair16_of`) that weigh the activation sums.
         #[derive(Default)]
         pub(super) struct Pre6 {
             u: Vec<[[__m256i; 4]; 2]>,
             scs: Vec<[__m256i; 2]>,
+            scp: Vec<[__m256i; 8]>,
             dw: Vec<__m256>,
         }
 
@@ -670,29 +710,40 @@ mod avx2 {
             pub(super) static PRE6: std::cell::RefCell<Pre6> = std::cell::RefCell::new(Pre6::default());
         }
 
-        /// Decode every block of a Q6_K group into `pre` (what `q6_group` decodes per pass).
+        /// Decode every block of a Q6_K group into `pre`.
         #[target_feature(enable = "avx2,fma,f16c")]
         pub(super) fn q6_decode_group(grp: &[u8], pf: Ahead, nb: usize, pre: &mut Pre6) {
             assert!(grp.len() == nb * Q6_GBB, "q6_decode_group: {nb} block-groups");
             pre.u.clear();
             pre.scs.clear();
+            pre.scp.clear();
             pre.dw.clear();
             for b in 0..nb {
                 let src = &grp[b * Q6_GBB..(b + 1) * Q6_GBB];
                 pf.fetch(b * Q6_GBB, Q6_GBB);
                 for hr in 0..2 {
                     pre.dw.push(halves8(&src[16 * hr..]));
+                    let sc = |j: usize| widen8::<true>(&src[32 + 16 * j + 8 * hr..]);
+                    let mut scp = [_mm256_setzero_si256(); 8];
+                    for (k, p) in scp.iter_mut().enumerate() {
+                        *p = pair16_of(sc(2 * k), sc(2 * k + 1));
+                    }
+                    pre.scp.push(scp);
                     for h in 0..8 {
                         let (u, scs) = q6_sub(src, hr, h);
                         pre.u.push(u);
-                        pre.scs.push(scs);
+                        pre.scs.push([pair16(scs[0]), pair16(scs[1])]);
                     }
                 }
             }
         }
 
-        /// `q6_group` on a group `q6_decode_group` put in `pre`: the same instructions per
-        /// column, so the same bits.
+        /// `q6_group` on a group `q6_decode_group` put in `pre`, weight-stationary (as
+        /// `group_pre`): `S = Σ_j sc_j · Σ u·a − 32 · Σ_j sc_j · Σ_j a`, the scalar twin's
+        /// `Σ_j sc_j · (Σ u·a − 32 · Σ_j a)` regrouped, every step an exact i32 (|S| < 2^29),
+        /// so the same integer and the same float steps: the same bits.
+        // index loops over columns, rows and steps: the form LLVM unrolls (see `dot4`)
+        #[allow(clippy::needless_range_loop)]
         #[target_feature(enable = "avx2,fma,f16c")]
         pub(super) fn q6_group_pre<const K: usize>(
             pre: &Pre6,
@@ -702,19 +753,52 @@ mod avx2 {
             out: &mut PassOut,
         ) {
             assert!(
-                pre.dw.len() == 2 * nb && pre.u.len() == 16 * nb && pre.scs.len() == 16 * nb,
+                pre.dw.len() == 2 * nb && pre.u.len() == 16 * nb && pre.scs.len() == 16 * nb && pre.scp.len() == 2 * nb,
                 "q6_group_pre: {nb} blocks decoded"
             );
             q6_check::<K>(nb, a, c);
+            for cj in c.iter().take(K) {
+                assert!(cj.pairs.len() >= nb, "activation shorter than the row");
+            }
+            let ap: [*const u8; K] = std::array::from_fn(|j| a[j].as_ptr());
             let mut acc = [[_mm256_setzero_ps(); 2]; K];
             for b in 0..nb {
-                for hr in 0..2 {
-                    let mut s = [_mm256_setzero_si256(); K];
-                    for h in 0..8 {
+                let mut s = [[_mm256_setzero_si256(); K]; 2];
+                for h in 0..8 {
+                    for hr in 0..2 {
                         let i = (2 * b + hr) * 8 + h;
-                        q6_cols::<K>(&pre.u[i], &pre.scs[i], b, h, a, c, &mut s);
+                        let (u, sc) = (&pre.u[i], &pre.scs[i]);
+                        for half in 0..2 {
+                            let o = AB * b + 4 + 16 * (h + 8 * half);
+                            for t0 in [0, 2] {
+                                let mut x = [_mm256_setzero_si256(); K];
+                                for t in t0..t0 + 2 {
+                                    for j in 0..K {
+                                        // SAFETY: a[j] has >= AB nb bytes (q6_check) and b < nb:
+                                        // the 4 bytes at AB b + 4 + 16 sb + 4t (sb < 16, t < 4)
+                                        // lie inside block b's 256 quants.
+                                        let v = unsafe { ap[j].add(o + 4 * t).cast::<i32>().read_unaligned() };
+                                        x[j] = _mm256_add_epi16(x[j], _mm256_maddubs_epi16(u[half][t], _mm256_set1_epi32(v)));
+                                    }
+                                }
+                                for j in 0..K {
+                                    s[hr][j] = _mm256_add_epi32(s[hr][j], _mm256_madd_epi16(x[j], sc[half]));
+                                }
+                            }
+                        }
                     }
-                    q6_fin::<K>(pre.dw[2 * b + hr], b, hr, c, &s, &mut acc);
+                }
+                for (hr, s) in s.iter_mut().enumerate() {
+                    let scp = &pre.scp[2 * b + hr];
+                    for j in 0..K {
+                        let pairs = &c[j].pairs[b];
+                        let mut m = _mm256_madd_epi16(scp[0], _mm256_set1_epi32(pairs[0]));
+                        for k in 1..8 {
+                            m = _mm256_add_epi32(m, _mm256_madd_epi16(scp[k], _mm256_set1_epi32(pairs[k])));
+                        }
+                        s[j] = _mm256_sub_epi32(s[j], _mm256_slli_epi32::<5>(m));
+                    }
+                    q6_fin::<K>(pre.dw[2 * b + hr], b, hr, c, s, &mut acc);
                 }
             }
             store::<K>(&acc, out);
@@ -813,7 +897,7 @@ mod avx2 {
                     let (dw, dm) = (halves8(&src[16 * hr..]), halves8(&src[32 + 16 * hr..]));
                     let mut s = [_mm256_setzero_si256(); K];
                     for cc in 0..4 {
-                        k_cols::<K>(&k_sub::<H5>(src, hr, cc), b, cc, a, &mut s);
+                        k_cols::<K, H5>(&k_sub::<H5>(src, hr, cc), b, cc, a, &mut s);
                     }
                     k_fin::<K>(dw, dm, &k_mins(src, hr), b, hr, c, &s, &mut acc);
                 }
@@ -822,7 +906,8 @@ mod avx2 {
         }
 
         /// Quarter cc (sub-blocks 2cc, 2cc + 1) of row half hr of a Q4_K/Q5_K block: the low and
-        /// high sub-block's quant registers and their scales widened to i32 lanes.
+        /// high sub-block's quant registers and their scales, each in both i16 halves of its
+        /// row's 32-bit lane (the `vpmaddwd` operand of `dots`).
         #[derive(Clone, Copy)]
         pub(super) struct KSub {
             lo: [__m256i; 8],
@@ -873,10 +958,15 @@ mod avx2 {
             }
         }
 
-        /// `group` on a group `decode_group` put in `pre`: the same instructions per column, so
-        /// the same bits.
+        /// `group` on a group `decode_group` put in `pre`, weight-stationary: each decoded
+        /// register is loaded once for the K columns and both row halves, and a sub-block's
+        /// `vpmaddubsw` sums stay in i16 registers (`dots`' bound, FL steps) until one
+        /// `vpmaddwd` by the rows' scales. The same exact integer sums and the same float steps
+        /// per lane as `group`, so the same bits.
+        // index loops over columns, rows and steps: the form LLVM unrolls (see `dot4`)
+        #[allow(clippy::needless_range_loop)]
         #[target_feature(enable = "avx2,fma,f16c")]
-        pub(super) fn group_pre<const K: usize>(
+        pub(super) fn group_pre<const K: usize, const H5: bool>(
             pre: &Pre4,
             nb: usize,
             a: &[&[u8]; PASS_COLS],
@@ -885,15 +975,39 @@ mod avx2 {
         ) {
             assert!(pre.half.len() == 2 * nb && pre.sub.len() == 8 * nb, "group_pre: {nb} blocks decoded");
             k_check::<K>(nb, a, c);
+            let fl = if H5 { 4 } else { 8 };
+            let ap: [*const u8; K] = std::array::from_fn(|j| a[j].as_ptr());
             let mut acc = [[_mm256_setzero_ps(); 2]; K];
             for b in 0..nb {
-                for hr in 0..2 {
-                    let mut s = [_mm256_setzero_si256(); K];
-                    for cc in 0..4 {
-                        k_cols::<K>(&pre.sub[(2 * b + hr) * 4 + cc], b, cc, a, &mut s);
+                let mut s = [[_mm256_setzero_si256(); K]; 2];
+                for cc in 0..4 {
+                    for hr in 0..2 {
+                        let k = &pre.sub[(2 * b + hr) * 4 + cc];
+                        for half in 0..2 {
+                            let (u, sc) = if half == 0 { (&k.lo, k.sl) } else { (&k.hi, k.sh) };
+                            let o = AB * b + 4 + 64 * cc + 32 * half;
+                            for t0 in (0..8).step_by(fl) {
+                                let mut h = [_mm256_setzero_si256(); K];
+                                for t in t0..t0 + fl {
+                                    let w = u[t];
+                                    for j in 0..K {
+                                        // SAFETY: a[j] has >= AB nb bytes (k_check) and b < nb:
+                                        // the 4 bytes at AB b + 4 + 64 cc + 32 half + 4t (cc < 4,
+                                        // half < 2, t < 8) lie inside block b's 256 quants.
+                                        let x = unsafe { ap[j].add(o + 4 * t).cast::<i32>().read_unaligned() };
+                                        h[j] = _mm256_add_epi16(h[j], _mm256_maddubs_epi16(w, _mm256_set1_epi32(x)));
+                                    }
+                                }
+                                for j in 0..K {
+                                    s[hr][j] = _mm256_add_epi32(s[hr][j], _mm256_madd_epi16(h[j], sc));
+                                }
+                            }
+                        }
                     }
+                }
+                for (hr, s) in s.iter().enumerate() {
                     let hf = &pre.half[2 * b + hr];
-                    k_fin::<K>(hf.dw, hf.dm, &hf.mnf, b, hr, c, &s, &mut acc);
+                    k_fin::<K>(hf.dw, hf.dm, &hf.mnf, b, hr, c, s, &mut acc);
                 }
             }
             store::<K>(&acc, out);
@@ -929,8 +1043,8 @@ mod avx2 {
             KSub {
                 lo,
                 hi,
-                sl: widen8::<false>(&src[64 + 16 * (2 * cc) + 8 * hr..]),
-                sh: widen8::<false>(&src[64 + 16 * (2 * cc + 1) + 8 * hr..]),
+                sl: pair16(widen8::<false>(&src[64 + 16 * (2 * cc) + 8 * hr..])),
+                sh: pair16(widen8::<false>(&src[64 + 16 * (2 * cc + 1) + 8 * hr..])),
             }
         }
 
@@ -948,12 +1062,14 @@ mod avx2 {
         /// Quarter cc of block b times the K columns, into the integer sums `s`.
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
-        fn k_cols<const K: usize>(k: &KSub, b: usize, cc: usize, a: &[&[u8]; PASS_COLS], s: &mut [__m256i; K]) {
+        fn k_cols<const K: usize, const H5: bool>(k: &KSub, b: usize, cc: usize, a: &[&[u8]; PASS_COLS], s: &mut [__m256i; K]) {
             for j in 0..K {
                 let q = &a[j][AB * b + 4 + 64 * cc..][..64];
-                let pl = dot4::<4>(_mm256_setzero_si256(), &k.lo, &q[..32]);
-                let ph = dot4::<4>(_mm256_setzero_si256(), &k.hi, &q[32..]);
-                s[j] = _mm256_add_epi32(s[j], _mm256_add_epi32(_mm256_mullo_epi32(pl, k.sl), _mm256_mullo_epi32(ph, k.sh)));
+                s[j] = if H5 {
+                    dots::<4>(dots::<4>(s[j], &k.lo, &q[..32], k.sl), &k.hi, &q[32..], k.sh)
+                } else {
+                    dots::<8>(dots::<8>(s[j], &k.lo, &q[..32], k.sl), &k.hi, &q[32..], k.sh)
+                };
             }
         }
 
@@ -1083,15 +1199,21 @@ pub(super) fn q6_unpack_block(src: &[u8], r: usize, blk: &mut [u8]) {
 pub(super) struct Col6 {
     d: Vec<f32>,
     bias: Vec<[i32; 16]>,
+    /// The sub-block sums Σ a of sub-blocks 2k and 2k + 1 as the i16 halves of word k (Q8_K's
+    /// `bsums` bytes as they are).
+    pairs: Vec<[i32; 8]>,
 }
 
 impl Col6 {
     pub(super) fn fill(&mut self, act: &[u8], nb: usize) {
         self.d.clear();
         self.bias.clear();
+        self.pairs.clear();
         for blk in act.chunks_exact(AB).take(nb) {
             self.d.push(f32::from_le_bytes([blk[0], blk[1], blk[2], blk[3]]));
             self.bias.push(std::array::from_fn(|j| -32 * i16::from_le_bytes([blk[260 + 2 * j], blk[261 + 2 * j]]) as i32));
+            self.pairs
+                .push(std::array::from_fn(|k| i32::from_le_bytes(blk[260 + 4 * k..264 + 4 * k].try_into().expect("4 bytes"))));
         }
     }
 }
