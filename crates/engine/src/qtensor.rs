@@ -458,9 +458,16 @@ impl QTensor {
                 let rb = act.row_bytes(cols).expect("activation format fits the weight's blocks");
                 let mut all = vec![0u8; k * rb]; // [k, act row bytes]
                 // Row by row, over the pool when the rows are long enough to pay for a dispatch
-                // (the FFN's down input, not the model width); each row's bytes are the same
-                // whoever quantizes it.
-                let grain = if cols >= QUANTIZE_SPLIT_COLS { 1 } else { k };
+                // (the FFN's down input, not the model width) or there are enough of them (a
+                // prompt chunk: jobs of at least QUANTIZE_SPLIT_COLS values); each row's bytes
+                // are the same whoever quantizes it.
+                let grain = if cols >= QUANTIZE_SPLIT_COLS {
+                    1
+                } else if k * cols >= QUANTIZE_SPLIT_MIN {
+                    QUANTIZE_SPLIT_COLS.div_ceil(cols)
+                } else {
+                    k
+                };
                 pool().for_rows_mut(&mut all, rb, grain, |j0, rows| {
                     for (j, out) in rows.chunks_exact_mut(rb).enumerate() {
                         quantize_act_to(act, row(j0 + j), out);
@@ -804,6 +811,9 @@ fn prep_of(preps: &[(QuantType, IleaveCols)], ty: QuantType) -> &IleaveCols {
 /// Row width from which a batch's activation rows are quantized over the pool (one row per
 /// item): at 896 values a row takes ~1 us, less than a dispatch saves; at 4864 ~4 us.
 const QUANTIZE_SPLIT_COLS: usize = 2048;
+/// Values in a batch from which its narrower rows are quantized over the pool too (a prompt
+/// chunk of the model width: 256 × 1536 values took 0.25 ms on one thread, the other idle).
+const QUANTIZE_SPLIT_MIN: usize = 16 * QUANTIZE_SPLIT_COLS;
 
 /// Weight bytes of one piece of a balanced split (`Pool::for_cols_mut_balanced`): ~20 us of
 /// one core's stream, fine enough that the last pieces even out the threads' finish, coarse

@@ -4,7 +4,7 @@
 //! computed per second (k × rows × cols weight·activation products, in G/s) for both, best of
 //! several repetitions; the ratio is what batching k sequences' decode rows buys.
 //!
-//! `[KS=1,2,4,8,16] cargo run --release -p cortiq-kernels --example multivec_bench [-- ROWS COLS] [TYPE ...]`
+//! `[KS=1,2,4,8,16] [IL_ONLY=1] cargo run --release -p cortiq-kernels --example multivec_bench [-- ROWS COLS] [TYPE ...]`
 //! (TYPE: q4_k, q6_k, q8_0, q5_0, q4_0, q4_1, q5_1; default the first four; Q4_0 / Q5_0 / Q8_0
 //! also run in the 16-row interleaved layout, `quant::ileave`)
 
@@ -46,6 +46,8 @@ fn main() {
         .ok()
         .map(|v| v.split(',').filter_map(|x| x.parse().ok()).collect())
         .unwrap_or_else(|| vec![1, 2, 4, 8, 16]);
+    // env IL_ONLY=1: the interleaved kernel only
+    let il_only = std::env::var("IL_ONLY").is_ok_and(|v| v == "1");
     for ty in types {
         let at = act_type(ty).unwrap();
         for &(rows, cols) in &shapes {
@@ -74,6 +76,16 @@ fn main() {
                 let ab = acts.len() / k;
                 let mut y = vec![0f32; rows * k];
                 let mut yj = vec![0f32; rows];
+                let prods = (k * rows * cols) as f64;
+                if il_only {
+                    if ileave_supported(ty) && rows % 16 == 0 {
+                        let p = ileave(ty, &w, rows, cols);
+                        let mut ys: Vec<&mut [f32]> = y.chunks_exact_mut(rows).collect();
+                        let ti = best(reps, || matvec_ileave(ty, black_box(&p), cols, &acts, &mut ys));
+                        println!("                        interleaved {k:>2}   {:>8.3}   {:>8.1}", ti * 1e3, prods / ti / 1e9);
+                    }
+                    continue;
+                }
                 let tm = best(reps, || matvec_fast_multi(ty, black_box(&w), rows, cols, &acts, k, &mut y));
                 let ts = best(reps, || {
                     for j in 0..k {
@@ -81,7 +93,6 @@ fn main() {
                     }
                 });
                 black_box((&y, &yj));
-                let prods = (k * rows * cols) as f64;
                 if ileave_supported(ty) && rows % 16 == 0 {
                     let p = ileave(ty, &w, rows, cols);
                     let ti = best(reps, || {

@@ -683,6 +683,9 @@ mod avx2 {
     use super::{Col, IL_ROWS, PASS_COLS};
 
     /// The SIMD kernel over every group; `false` (nothing written) without AVX2/FMA/F16C.
+    /// Columns per pass of a many-column product (the decoded group's passes).
+    const PRE_PASS: usize = 4;
+
     pub(super) fn matvec(ty: QuantType, packed: &[u8], nb: usize, acts: &[u8], cs: &[Col], ys: &mut [&mut [f32]]) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
@@ -696,7 +699,8 @@ mod avx2 {
             // first pass, into this thread's scratch, and every pass reads it from there (the
             // passes over a group run back to back on one thread: `passes`).
             let many = cs.len() > PASS_COLS;
-            super::passes(packed.len() / gb, cs.len(), PASS_COLS, |g0, g1, j0, kk| {
+            let pass = if many { PRE_PASS } else { PASS_COLS };
+            super::passes(packed.len() / gb, cs.len(), pass, |g0, g1, j0, kk| {
                 let (a, c): ([&[u8]; PASS_COLS], [&Col; PASS_COLS]) = super::pass_cols(acts, ab, cs, j0, kk);
                 macro_rules! go {
                     ($T:literal) => {
@@ -857,8 +861,13 @@ mod avx2 {
             }
         }
 
-        /// `group` on a group `decode_group` put in `pre`: the same instructions per column,
-        /// so the same bits.
+        /// `group` on a group `decode_group` put in `pre`. Q4_0 / Q5_0 weight-stationary: each
+        /// decoded register is loaded once for the pass's columns, read by pointer (the
+        /// per-column slices' bounds checks and calls cost as much as the products); the same
+        /// exact integer sums and float steps per lane as `group`, so the same bits. Q8_0 runs
+        /// `group`'s column loop.
+        // index loops over columns and steps: the form LLVM unrolls (see ileave_k's `dot4`)
+        #[allow(clippy::needless_range_loop)]
         #[target_feature(enable = "avx2,fma,f16c")]
         pub(super) fn group_pre<const T: u8, const K: usize>(
             pre: &Pre,
@@ -870,9 +879,48 @@ mod avx2 {
             assert!(pre.u.len() == 2 * nb && pre.dw.len() == 2 * nb, "group_pre: {nb} blocks decoded");
             check_cols::<K>(nb, a, c);
             let mut acc = [[_mm256_setzero_ps(); 2]; K];
+            if T == 0 {
+                for b in 0..nb {
+                    for h in 0..2 {
+                        cols::<T, K>(&pre.u[2 * b + h], pre.dw[2 * b + h], b, h, a, c, &mut acc);
+                    }
+                }
+                store::<K>(&acc, out);
+                return;
+            }
+            let ones = _mm256_set1_epi16(1);
+            let ap: [*const u8; K] = std::array::from_fn(|j| a[j].as_ptr());
             for b in 0..nb {
+                let (bias, da): ([&i32; K], [&f32; K]) =
+                    (std::array::from_fn(|j| &c[j].bias[b]), std::array::from_fn(|j| &c[j].d[b]));
                 for h in 0..2 {
-                    cols::<T, K>(&pre.u[2 * b + h], pre.dw[2 * b + h], b, h, a, c, &mut acc);
+                    let u = &pre.u[2 * b + h];
+                    let mut s = [_mm256_setzero_si256(); K];
+                    for j in 0..K {
+                        s[j] = _mm256_set1_epi32(*bias[j]);
+                    }
+                    // 4- and 5-bit quants: four product pairs add up in i16 (`cols`)
+                    for i0 in [0, 4] {
+                        let mut p = [_mm256_setzero_si256(); K];
+                        for i in i0..i0 + 4 {
+                            let w = u[i];
+                            for j in 0..K {
+                                // SAFETY: a[j] has >= 34 nb bytes (check_cols) and b < nb: the
+                                // 4 bytes at 34 b + 2 + 4i (i < 8) are block b's quants.
+                                let x = unsafe { ap[j].add(34 * b + 2 + 4 * i).cast::<i32>().read_unaligned() };
+                                let m = _mm256_maddubs_epi16(w, _mm256_set1_epi32(x));
+                                p[j] = if i == i0 { m } else { _mm256_add_epi16(p[j], m) };
+                            }
+                        }
+                        for j in 0..K {
+                            s[j] = _mm256_add_epi32(s[j], _mm256_madd_epi16(p[j], ones));
+                        }
+                    }
+                    let dw = pre.dw[2 * b + h];
+                    for j in 0..K {
+                        acc[j][h] =
+                            _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[j]), _mm256_mul_ps(dw, _mm256_set1_ps(*da[j])), acc[j][h]);
+                    }
                 }
             }
             store::<K>(&acc, out);
