@@ -959,7 +959,8 @@ mod avx2 {
         }
 
         /// `group` on a group `decode_group` put in `pre`, weight-stationary: each decoded
-        /// register is loaded once for the K columns and both row halves, and a sub-block's
+        /// register (one 8-row half; both halves in one loop measured the same) is loaded
+        /// once for the K columns' broadcast activation bytes, and a sub-block's
         /// `vpmaddubsw` sums stay in i16 registers (`dots`' bound, FL steps) until one
         /// `vpmaddwd` by the rows' scales. The same exact integer sums and the same float steps
         /// per lane as `group`, so the same bits.
