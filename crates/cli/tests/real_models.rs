@@ -109,15 +109,20 @@ fn tokenize_with_bos(model: &str) -> Vec<u32> {
 const PPL_PRINTED_HALF_UNIT: f64 = 0.5e-4;
 
 /// Both the default numerics (`fast`: 8-bit activations, llama.cpp's arithmetic class) and
-/// `exact` (f32) land within 1% of llama.cpp's perplexity on the same file and text; `llamacpp`
-/// (llama.cpp's arithmetic) equals llama.cpp's figure to its printed precision.
-fn check_ppl(model: &str, reference: f64) {
+/// `exact` (f32) land within 1% of llama.cpp's perplexity on the same file and text (8 chunks
+/// of 512, `reference`); `llamacpp` (llama.cpp's arithmetic) equals llama.cpp's figure to its
+/// printed precision, on the first 2 chunks (`reference2`, llama-perplexity `-c 512 -b 512
+/// --chunks 2`): 1024 positions of every logit check the arithmetic as 8 chunks do, and the
+/// emulation's 8 chunks took 89 s of Qwen2.5-Coder's 158 s here on the AVX2 tier
+/// (`CORTIQ_SIMD=avx2` on an Intel Xeon, 2026-12-06).
+fn check_ppl(model: &str, reference: f64, reference2: f64) {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let path = cortiq_testkit::real_model_arg(model);
     let text = cortiq_testkit::real_text_arg("alice29.txt");
     for numerics in ["fast", "exact", "llamacpp"] {
+        let (chunks, reference) = if numerics == "llamacpp" { ("2", reference2) } else { ("8", reference) };
         let (out, err, ok) =
-            cortiq(&["ppl", "-m", &path, "-f", &text, "--ctx", "512", "--chunks", "8", "-t", "2", "--numerics", numerics]);
+            cortiq(&["ppl", "-m", &path, "-f", &text, "--ctx", "512", "--chunks", chunks, "-t", "2", "--numerics", numerics]);
         assert!(ok, "ppl --numerics {numerics} failed: {err}");
         let line = out.lines().find(|l| l.starts_with("PPL = ")).unwrap_or_else(|| panic!("no PPL line in {out:?}"));
         let ppl: f64 = line[6..].split_whitespace().next().unwrap().parse().unwrap();
@@ -168,17 +173,17 @@ fn real_qwen25_greedy_matches_llamacpp() {
 
 #[test]
 fn real_smollm2_ppl_matches_llamacpp() {
-    check_ppl("smollm2-135m", 18.8886);
+    check_ppl("smollm2-135m", 18.8886, 19.6119);
 }
 
 #[test]
 fn real_gemma3_ppl_matches_llamacpp() {
-    check_ppl("gemma3-270m", 14.2093);
+    check_ppl("gemma3-270m", 14.2093, 17.0330);
 }
 
 #[test]
 fn real_qwen25_ppl_matches_llamacpp() {
-    check_ppl("qwen2.5-coder-0.5b", 24.8920);
+    check_ppl("qwen2.5-coder-0.5b", 24.8920, 27.8382);
 }
 
 /// `--chat` renders the model's own template (ChatML here), parses its special tokens and stops
