@@ -866,7 +866,7 @@ mod avx2 {
         /// per-column slices' bounds checks and calls cost as much as the products); the same
         /// exact integer sums and float steps per lane as `group`, so the same bits. Q8_0 runs
         /// `group`'s column loop.
-        // index loops over columns and steps: the form LLVM unrolls (see ileave_k's `dot4`)
+        // index loops over columns and steps: the form LLVM unrolls (see ileave_k's `dots`)
         #[allow(clippy::needless_range_loop)]
         #[target_feature(enable = "avx2,fma,f16c")]
         pub(super) fn group_pre<const T: u8, const K: usize>(

@@ -573,42 +573,22 @@ mod avx2 {
         use crate::quant::ileave::{Ahead, PassOut};
         use std::arch::x86_64::*;
 
-        /// Σ over the registers of 4-quant products (u unsigned, a the broadcast bytes) as 8 i32
-        /// lanes, plus `init`. FL registers' `vpmaddubsw` pair sums add up in i16 before one
-        /// `vpmaddwd` widens them: exact while FL · 2 · umax · 128 stays within i16 (Q4_K 4 ·
-        /// 3840, Q5_K 4 · 7936, Q6_K 2 · 16128), and an exact integer sum is the same whatever
-        /// its grouping, so the lanes are the scalar twin's (the widening per register cost a
-        /// third more instructions).
-        #[inline]
-        #[target_feature(enable = "avx2,fma,f16c")]
-        fn dot4<const FL: usize>(init: __m256i, u: &[__m256i], q: &[u8]) -> __m256i {
-            let ones = _mm256_set1_epi16(1);
-            let mut s = init;
-            for t0 in (0..u.len()).step_by(FL) {
-                let mut h = _mm256_maddubs_epi16(u[t0], bcast4(q, t0));
-                // Index loops (u.len() is a multiple of FL): the iterator form with take/skip
-                // was not unrolled and made the kernels 2-3x slower.
-                #[allow(clippy::needless_range_loop)]
-                for t in t0 + 1..t0 + FL {
-                    h = _mm256_add_epi16(h, _mm256_maddubs_epi16(u[t], bcast4(q, t)));
-                }
-                s = _mm256_add_epi32(s, _mm256_madd_epi16(h, ones));
-            }
-            s
-        }
-
-        /// `init` plus Σ over the registers of 4-quant products times each row's scale `sc` (in
-        /// both i16 halves of the row's lane, `pair16`): FL `vpmaddubsw` pair sums add up in i16
-        /// (exact, as in `dot4`) and one `vpmaddwd` by `sc` multiplies and widens them; every
-        /// step is an exact integer, so the lanes are `sc · Σ u·a` as the scalar twin computes
-        /// it (at most 63 · 32 · 31 · 128, far inside i32), with no `vpmulld`.
+        /// `init` plus Σ over the registers of 4-quant products (u unsigned, a the broadcast
+        /// bytes) times each row's scale `sc` (in both i16 halves of the row's lane, `pair16`;
+        /// all ones for the plain sum), as 8 i32 lanes. FL registers' `vpmaddubsw` pair sums
+        /// add up in i16 before one `vpmaddwd` by `sc` multiplies and widens them: exact while
+        /// FL · 2 · umax · 128 stays within i16 (Q4_K 8 · 3840, Q5_K 4 · 7936, Q6_K 2 · 16128),
+        /// and an exact integer sum is the same whatever its grouping, so the lanes are the
+        /// scalar twin's `sc · Σ u·a` (at most 63 · 32 · 31 · 128, far inside i32) with no
+        /// `vpmulld`.
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
         fn dots<const FL: usize>(init: __m256i, u: &[__m256i], q: &[u8], sc: __m256i) -> __m256i {
             let mut s = init;
             for t0 in (0..u.len()).step_by(FL) {
                 let mut h = _mm256_maddubs_epi16(u[t0], bcast4(q, t0));
-                // index loops, as in `dot4`
+                // Index loops (u.len() is a multiple of FL): the iterator form with take/skip
+                // was not unrolled and made the kernels 2-3x slower.
                 #[allow(clippy::needless_range_loop)]
                 for t in t0 + 1..t0 + FL {
                     h = _mm256_add_epi16(h, _mm256_maddubs_epi16(u[t], bcast4(q, t)));
@@ -742,7 +722,7 @@ mod avx2 {
         /// `group_pre`): `S = Σ_j sc_j · Σ u·a − 32 · Σ_j sc_j · Σ_j a`, the scalar twin's
         /// `Σ_j sc_j · (Σ u·a − 32 · Σ_j a)` regrouped, every step an exact i32 (|S| < 2^29),
         /// so the same integer and the same float steps: the same bits.
-        // index loops over columns, rows and steps: the form LLVM unrolls (see `dot4`)
+        // index loops over columns, rows and steps: the form LLVM unrolls (see `dots`)
         #[allow(clippy::needless_range_loop)]
         #[target_feature(enable = "avx2,fma,f16c")]
         pub(super) fn q6_group_pre<const K: usize>(
@@ -853,7 +833,7 @@ mod avx2 {
                 for half in 0..2 {
                     let sb = h + 8 * half;
                     let q = &a[j][AB * b + 4 + 16 * sb..][..16];
-                    let pp = dot4::<2>(_mm256_set1_epi32(c[j].bias[b][sb]), &u[half], q);
+                    let pp = dots::<2>(_mm256_set1_epi32(c[j].bias[b][sb]), &u[half], q, _mm256_set1_epi16(1));
                     s[j] = _mm256_add_epi32(s[j], _mm256_mullo_epi32(pp, scs[half]));
                 }
             }
@@ -964,7 +944,7 @@ mod avx2 {
         /// `vpmaddubsw` sums stay in i16 registers (`dots`' bound, FL steps) until one
         /// `vpmaddwd` by the rows' scales. The same exact integer sums and the same float steps
         /// per lane as `group`, so the same bits.
-        // index loops over columns, rows and steps: the form LLVM unrolls (see `dot4`)
+        // index loops over columns, rows and steps: the form LLVM unrolls (see `dots`)
         #[allow(clippy::needless_range_loop)]
         #[target_feature(enable = "avx2,fma,f16c")]
         pub(super) fn group_pre<const K: usize, const H5: bool>(
