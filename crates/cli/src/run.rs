@@ -178,9 +178,9 @@ pub fn cmd_run(a: RunArgs, verbose: bool) -> Result<()> {
     let ids = if a.chat {
         let mut msgs = Vec::new();
         if let Some(s) = &a.system {
-            msgs.push(ChatMessage { role: "system".into(), content: s.clone() });
+            msgs.push(ChatMessage::new("system", s.clone()));
         }
-        msgs.push(ChatMessage { role: "user".into(), content: prompt_text });
+        msgs.push(ChatMessage::new("user", prompt_text));
         encode_chat(&tok, &msgs)?
     } else {
         tok.encode_with(&prompt_text, tok.add_bos(), false)?
@@ -317,7 +317,7 @@ fn chat_loop(
     let mut cached: Vec<u32> = Vec::new();
     let mut msgs = Vec::new();
     if let Some(s) = &a.system {
-        msgs.push(ChatMessage { role: "system".into(), content: s.clone() });
+        msgs.push(ChatMessage::new("system", s.clone()));
     }
     let mut spec = a.spec.speculator(draft, n_ctx)?;
     let interactive = std::io::stdin().is_terminal();
@@ -334,7 +334,7 @@ fn chat_loop(
         if line.is_empty() {
             continue;
         }
-        msgs.push(ChatMessage { role: "user".into(), content: line });
+        msgs.push(ChatMessage::new("user", line));
         let ids = encode_chat(tok, &msgs)?;
         if ids.len() + 1 >= n_ctx {
             bail!("conversation of {} tokens no longer fits the context of {n_ctx} (raise --ctx)", ids.len());
@@ -356,7 +356,7 @@ fn chat_loop(
         let stats = stream(loaded, tok, &mut state, &ids[start..], 0, opt, spec.as_mut())?;
         println!();
         let reply = tok.decode(&stats.tokens);
-        msgs.push(ChatMessage { role: "assistant".into(), content: reply.trim().to_string() });
+        msgs.push(ChatMessage::new("assistant", reply.trim().to_string()));
         cached = ids;
         cached.extend(&stats.tokens);
         // The state holds the prompt plus every generated token that went through a forward.

@@ -67,6 +67,15 @@ pub struct ServeArgs {
     /// {"filename": NAME}); without it those routes answer 501.
     #[arg(long)]
     pub slot_dir: Option<std::path::PathBuf>,
+    /// How the model writes tool calls: hermes, qwen-xml, llama3, mistral, lfm2, kimi or json
+    /// (default: read from the chat template). Every family also takes JSON calls in a fenced
+    /// block or as the whole answer.
+    #[arg(long)]
+    pub tool_parser: Option<String>,
+    /// `deepseek`: a thinking model's `<think>` block comes back apart from the answer
+    /// (`reasoning_content`); `none`: left inside `content`.
+    #[arg(long, default_value = "deepseek")]
+    pub reasoning_format: String,
     /// Seconds a request may run (queue wait included) before it ends with a timeout error
     /// (0 = no limit).
     #[arg(long, default_value_t = 600)]
@@ -108,6 +117,17 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
     if !(a.sse_ping > 0.0 && a.sse_ping.is_finite()) {
         bail!("--sse-ping must be a positive number of seconds, got {}", a.sse_ping);
     }
+    let tool_parser = match a.tool_parser.as_deref() {
+        None => None,
+        Some(n) => Some(cortiq_formats::calls::Family::from_name(n).ok_or_else(|| {
+            anyhow::anyhow!("--tool-parser {n:?}: not one of {}", cortiq_formats::calls::Family::NAMES.join(", "))
+        })?),
+    };
+    let reasoning = match a.reasoning_format.as_str() {
+        "deepseek" => true,
+        "none" => false,
+        f => bail!("--reasoning-format {f:?}: not one of deepseek, none"),
+    };
     // The O(1) flags' own errors before the model loads (tp is each prompt's length).
     a.o1.plan(0, None, false, None)?;
     a.spec.validate()?;
@@ -137,6 +157,8 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         http_threads: 2,
         spec: a.spec.params(),
         slot_dir: a.slot_dir.clone(),
+        tool_parser,
+        reasoning,
     };
     let (common, mut o1, spec) = (a.common, a.o1, a.spec);
     let load = Box::new(move || -> std::result::Result<Ready, String> {

@@ -8,23 +8,70 @@
 
 use std::path::Path;
 
+#[cfg(test)]
+use minijinja::context;
 use minijinja::value::{Kwargs, Value, ValueKind};
-use minijinja::{Environment, Error, ErrorKind, context};
+use minijinja::{Environment, Error, ErrorKind};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{FormatError, Result};
 
-/// One turn of a conversation.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// One turn of a conversation, with the fields transformers' templates read besides role and
+/// content: an assistant turn's `tool_calls` and `reasoning_content`, a tool result's
+/// `tool_call_id` and `name`. Absent fields stay undefined to the template (never null), as in
+/// a Python dict without the key.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> ChatMessage {
-        ChatMessage { role: role.into(), content: content.into() }
+        ChatMessage { role: role.into(), content: content.into(), ..ChatMessage::default() }
     }
+}
+
+/// An assistant's call of a tool, as OpenAI's API and transformers' templates both spell it:
+/// `{"id", "type": "function", "function": {"name", "arguments"}}`. The arguments are the
+/// parsed JSON object (templates write `arguments | tojson` or iterate `arguments | items`, as
+/// transformers expects dicts); a string that is not JSON stays a string.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    pub id: String,
+    #[serde(rename = "type", default = "function_type")]
+    pub kind: String,
+    pub function: FunctionCall,
+}
+
+fn function_type() -> String {
+    "function".into()
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FunctionCall {
+    pub name: String,
+    pub arguments: serde_json::Value,
+}
+
+/// What a render takes besides the messages.
+#[derive(Clone, Debug, Default)]
+pub struct RenderOptions<'a> {
+    pub add_generation_prompt: bool,
+    /// The tool definitions (OpenAI's `tools` list), None when the request has none: templates
+    /// test `tools` for truthiness and `is not none`.
+    pub tools: Option<&'a serde_json::Value>,
+    /// Extra template variables (`chat_template_kwargs`, e.g. `enable_thinking`); the fixed
+    /// names (messages, tools, bos_token ...) win over them.
+    pub kwargs: Option<&'a serde_json::Map<String, serde_json::Value>>,
 }
 
 fn template_error(e: &Error) -> FormatError {
@@ -56,33 +103,56 @@ fn environment() -> Environment<'static> {
 /// Render `template` over `messages`. `bos`/`eos` are the model's BOS/EOS token texts (templates
 /// write them as `{{ bos_token }}`).
 pub fn render(template: &str, messages: &[ChatMessage], add_generation_prompt: bool, bos: &str, eos: &str) -> Result<String> {
+    render_with(template, messages, &RenderOptions { add_generation_prompt, ..RenderOptions::default() }, bos, eos)
+}
+
+/// `render` with tools and template kwargs.
+pub fn render_with(template: &str, messages: &[ChatMessage], opts: &RenderOptions, bos: &str, eos: &str) -> Result<String> {
     let env = environment();
     let tmpl = env.template_from_str(template).map_err(|e| template_error(&e))?;
-    tmpl.render(context! {
-        messages => messages,
-        add_generation_prompt => add_generation_prompt,
-        bos_token => bos,
-        eos_token => eos,
+    let mut ctx = opts.kwargs.cloned().unwrap_or_default();
+    let fixed = serde_json::json!({
+        "messages": messages,
+        "add_generation_prompt": opts.add_generation_prompt,
+        "bos_token": bos,
+        "eos_token": eos,
         // transformers passes these as None when absent; `tools is not none` must see that.
-        tools => (),
-        documents => (),
-    })
-    .map_err(|e| template_error(&e))
+        "tools": opts.tools,
+        "documents": null,
+    });
+    if let serde_json::Value::Object(m) = fixed {
+        ctx.extend(m);
+    }
+    tmpl.render(Value::from_serialize(&ctx)).map_err(|e| template_error(&e))
+}
+
+/// The conversation as the model reads it: the rendered text and its ids.
+pub struct Encoded {
+    pub text: String,
+    pub ids: Vec<u32>,
 }
 
 /// Render the conversation with the tokenizer's chat template and tokenize it (special tokens
 /// parsed; BOS added only when the template did not already write it). The one place the CLI's
 /// `--chat` and the server's chat endpoint turn messages into ids.
 pub fn encode(tok: &crate::tokenizer::Tokenizer, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<Vec<u32>> {
+    let opts = RenderOptions { add_generation_prompt, ..RenderOptions::default() };
+    Ok(encode_with(tok, messages, &opts)?.ids)
+}
+
+/// `encode` with tools and template kwargs; keeps the rendered text (the server reads how the
+/// generation prompt ends, e.g. inside an open `<think>`).
+pub fn encode_with(tok: &crate::tokenizer::Tokenizer, messages: &[ChatMessage], opts: &RenderOptions) -> Result<Encoded> {
     let template = tok
         .chat_template()
         .ok_or_else(|| FormatError::field(tok.source(), "tokenizer.chat_template", "the model has no chat template"))?;
     let text_of = |id: u32| tok.token_text(id).unwrap_or_default().to_string();
     let bos = tok.bos_id().map(text_of).unwrap_or_default();
     let eos = tok.eos_id().map(text_of).unwrap_or_default();
-    let text = render(template, messages, add_generation_prompt, &bos, &eos)?;
+    let text = render_with(template, messages, opts, &bos, &eos)?;
     let add_bos = tok.add_bos() && (bos.is_empty() || !text.starts_with(&bos));
-    tok.encode_with(&text, add_bos, true)
+    let ids = tok.encode_with(&text, add_bos, true)?;
+    Ok(Encoded { text, ids })
 }
 
 /// `tojson` as transformers defines it: json.dumps(x, ensure_ascii=False, indent=indent).
@@ -302,8 +372,8 @@ mod tests {
                 context! { x => serde_json::json!({"b": [1, 2.5, "é\n\"q\""], "a": null, "t": true}), y => vec![1, 2] },
             )
             .unwrap();
-        // serde_json maps here are sorted (no preserve_order), hence a, b, t.
-        assert_eq!(out, "{\"a\": null, \"b\": [1, 2.5, \"é\\n\\\"q\\\"\"], \"t\": true}|[\n  1,\n  2\n]");
+        // Keys in the order written (serde_json and minijinja with preserve_order), as Python.
+        assert_eq!(out, "{\"b\": [1, 2.5, \"é\\n\\\"q\\\"\"], \"a\": null, \"t\": true}|[\n  1,\n  2\n]");
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! tokenizer.json or from GGUF metadata) and chat templates. Everything here parses at the
 //! boundary into validated types; errors name the file, tensor or field.
 
+pub mod calls;
 pub mod chat;
 pub mod cmf;
 pub mod error;

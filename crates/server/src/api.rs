@@ -4,7 +4,7 @@
 
 use cortiq_engine::sampling::{SamplerParams, random_seed};
 use cortiq_engine::spec::{SpecMethod, SpecParams};
-use cortiq_formats::chat::ChatMessage;
+use cortiq_formats::chat::{ChatMessage, FunctionCall, ToolCall};
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
@@ -92,6 +92,9 @@ pub struct GenParams {
     pub model: Option<String>,
     /// The JSON schema the output must follow (`json_object`: any object).
     pub json_schema: Option<Value>,
+    /// A Lark grammar the output must follow (a forced tool call: `tool_choice` "required" or
+    /// a named function).
+    pub grammar: Option<String>,
     /// The request's `speculative` settings, over the server's default (`spec_params`).
     pub speculative: SpecRequest,
 }
@@ -334,12 +337,14 @@ pub fn gen_params(o: &Obj, vocab: usize, chat: bool) -> Result<GenParams, ApiErr
         return_tokens: opt_bool(o, "return_tokens")?.unwrap_or(false),
         model: opt_str(o, "model")?.map(str::to_string),
         json_schema,
+        grammar: None,
         speculative: SpecRequest::parse(o)?,
     })
 }
 
 /// `messages`: roles system / developer (as system) / user / assistant / tool, content a string
-/// or a list of text parts.
+/// or a list of text parts; an assistant turn may carry `tool_calls` (its content then may be
+/// null) and `reasoning_content` (or `reasoning`), a tool turn its `tool_call_id` and `name`.
 pub fn messages(o: &Obj) -> Result<Vec<ChatMessage>, ApiError> {
     let Some(Value::Array(list)) = field(o, "messages") else {
         return Err(ApiError::invalid("messages", "'messages' must be a non-empty list of messages"));
@@ -368,29 +373,9 @@ pub fn messages(o: &Obj) -> Result<Vec<ChatMessage>, ApiError> {
             }
         };
         let content = match m.get("content") {
+            Some(Value::Array(parts)) => text_parts(parts, &format!("{param}.content"))?,
             Some(Value::String(s)) => s.clone(),
             None | Some(Value::Null) if role == "assistant" => String::new(),
-            Some(Value::Array(parts)) => {
-                let mut s = String::new();
-                for (j, part) in parts.iter().enumerate() {
-                    let pp = format!("{param}.content[{j}]");
-                    match (part.get("type").and_then(Value::as_str), part.get("text")) {
-                        (Some("text"), Some(Value::String(t))) => s.push_str(t),
-                        (Some("text"), _) => return Err(ApiError::invalid(&pp, format!("{pp}.text must be a string"))),
-                        (Some(t), _) => {
-                            return Err(ApiError {
-                                code: Some("unsupported_value"),
-                                ..ApiError::invalid(
-                                    &pp,
-                                    format!("{pp}: content parts of type '{t}' are not supported (text only)"),
-                                )
-                            });
-                        }
-                        (None, _) => return Err(ApiError::invalid(&pp, format!("{pp} must be an object with 'type'"))),
-                    }
-                }
-                s
-            }
             _ => {
                 return Err(ApiError::invalid(
                     &format!("{param}.content"),
@@ -398,9 +383,238 @@ pub fn messages(o: &Obj) -> Result<Vec<ChatMessage>, ApiError> {
                 ));
             }
         };
-        out.push(ChatMessage::new(role, content));
+        let mut msg = ChatMessage::new(role, content);
+        if role == "assistant" {
+            msg.reasoning_content = match (field(m, "reasoning_content"), field(m, "reasoning")) {
+                (Some(Value::String(r)), _) | (None, Some(Value::String(r))) => Some(r.clone()),
+                (None, None) => None,
+                _ => {
+                    return Err(ApiError::invalid(&format!("{param}.reasoning_content"), "reasoning_content must be a string"));
+                }
+            };
+            if let Some(v) = field(m, "tool_calls") {
+                msg.tool_calls = tool_calls(v, &format!("{param}.tool_calls"))?;
+            }
+        }
+        if role == "tool" {
+            msg.tool_call_id = opt_str(m, "tool_call_id")
+                .map_err(|e| ApiError { param: Some(format!("{param}.tool_call_id")), ..e })?
+                .map(str::to_string);
+            msg.name =
+                opt_str(m, "name").map_err(|e| ApiError { param: Some(format!("{param}.name")), ..e })?.map(str::to_string);
+        }
+        out.push(msg);
     }
     Ok(out)
+}
+
+/// A content list: text parts joined.
+fn text_parts(parts: &[Value], param: &str) -> Result<String, ApiError> {
+    let mut s = String::new();
+    for (j, part) in parts.iter().enumerate() {
+        let pp = format!("{param}[{j}]");
+        match (part.get("type").and_then(Value::as_str), part.get("text")) {
+            (Some("text"), Some(Value::String(t))) => s.push_str(t),
+            (Some("text"), _) => return Err(ApiError::invalid(&pp, format!("{pp}.text must be a string"))),
+            (Some(t), _) => {
+                return Err(ApiError {
+                    code: Some("unsupported_value"),
+                    ..ApiError::invalid(&pp, format!("{pp}: content parts of type '{t}' are not supported (text only)"))
+                });
+            }
+            (None, _) => return Err(ApiError::invalid(&pp, format!("{pp} must be an object with 'type'"))),
+        }
+    }
+    Ok(s)
+}
+
+/// An assistant turn's `tool_calls`: `[{"id", "type": "function", "function": {"name",
+/// "arguments": JSON text}}]`. The arguments reach the template parsed (transformers' form).
+fn tool_calls(v: &Value, param: &str) -> Result<Vec<ToolCall>, ApiError> {
+    let Value::Array(list) = v else { return Err(ApiError::invalid(param, format!("{param} must be a list"))) };
+    let mut out = Vec::with_capacity(list.len());
+    for (k, c) in list.iter().enumerate() {
+        let pk = format!("{param}[{k}]");
+        let f = c.get("function").and_then(Value::as_object);
+        let name = f.and_then(|f| f.get("name")).and_then(Value::as_str);
+        let (Some(f), Some(name)) = (f, name) else {
+            return Err(ApiError::invalid(
+                &pk,
+                format!("{pk} must be {{\"type\": \"function\", \"function\": {{\"name\", \"arguments\"}}}}"),
+            ));
+        };
+        let arguments = match f.get("arguments") {
+            None | Some(Value::Null) => Value::Object(Obj::new()),
+            Some(Value::String(a)) => serde_json::from_str(a).unwrap_or_else(|_| Value::String(a.clone())),
+            Some(a @ Value::Object(_)) => a.clone(),
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    &format!("{pk}.function.arguments"),
+                    format!("{pk}.function.arguments must be a JSON string"),
+                ));
+            }
+        };
+        let id = c.get("id").and_then(Value::as_str).unwrap_or_default().to_string();
+        out.push(ToolCall { id, kind: "function".into(), function: FunctionCall { name: name.to_string(), arguments } });
+    }
+    Ok(out)
+}
+
+/// How the model may call tools (`tool_choice`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolChoice {
+    Auto,
+    None,
+    Required,
+    Named(String),
+}
+
+/// The chat request's agent fields: `tools`, `tool_choice`, `parallel_tool_calls`,
+/// `chat_template_kwargs`, `reasoning_effort`.
+#[derive(Debug, Clone)]
+pub struct AgentParams {
+    /// The tool list as sent (each checked to be a function with a name).
+    pub tools: Vec<Value>,
+    pub choice: ToolChoice,
+    pub parallel: bool,
+    /// Template variables (`chat_template_kwargs`; `reasoning_effort: "none"` adds
+    /// `enable_thinking: false`).
+    pub kwargs: Obj,
+}
+
+pub fn agent_params(o: &Obj) -> Result<AgentParams, ApiError> {
+    let tools = match field(o, "tools") {
+        None => Vec::new(),
+        Some(Value::Array(a)) => a.clone(),
+        Some(v) => return Err(ApiError::invalid("tools", format!("'tools' must be a list of tools, got {v}"))),
+    };
+    let mut names = Vec::new();
+    for (i, t) in tools.iter().enumerate() {
+        let p = format!("tools[{i}]");
+        match t.get("type").and_then(Value::as_str) {
+            Some("function") => {}
+            Some(k) => {
+                return Err(ApiError {
+                    code: Some("unsupported_value"),
+                    ..ApiError::invalid(&format!("{p}.type"), format!("{p}.type '{k}' is not supported (function tools only)"))
+                });
+            }
+            None => return Err(ApiError::invalid(&format!("{p}.type"), format!("{p} must have \"type\": \"function\""))),
+        }
+        let f = t.get("function").and_then(Value::as_object);
+        match f.and_then(|f| f.get("name")).and_then(Value::as_str) {
+            Some(n) if !n.is_empty() => names.push(n.to_string()),
+            _ => {
+                return Err(ApiError::invalid(
+                    &format!("{p}.function.name"),
+                    format!("{p}.function.name must be a non-empty string"),
+                ));
+            }
+        }
+        if let Some(ps) = f.and_then(|f| f.get("parameters")).filter(|v| !v.is_null()) {
+            if !ps.is_object() {
+                return Err(ApiError::invalid(
+                    &format!("{p}.function.parameters"),
+                    format!("{p}.function.parameters must be a JSON schema object"),
+                ));
+            }
+        }
+    }
+    let choice = match field(o, "tool_choice") {
+        None => ToolChoice::Auto,
+        Some(Value::String(s)) => match s.as_str() {
+            "auto" => ToolChoice::Auto,
+            "none" => ToolChoice::None,
+            "required" => ToolChoice::Required,
+            s => {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    format!("'tool_choice' must be 'auto', 'none', 'required' or a function, got {s:?}"),
+                ));
+            }
+        },
+        Some(Value::Object(c)) => match c.get("function").and_then(|f| f.get("name")).and_then(Value::as_str) {
+            Some(n) if names.iter().any(|x| x == n) => ToolChoice::Named(n.to_string()),
+            Some(n) => {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    format!("'tool_choice' names the function {n:?}, which is not in 'tools'"),
+                ));
+            }
+            None => {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    "'tool_choice' must be {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                ));
+            }
+        },
+        Some(v) => return Err(ApiError::invalid("tool_choice", format!("'tool_choice' must be a string or an object, got {v}"))),
+    };
+    if matches!(choice, ToolChoice::Required | ToolChoice::Named(_)) && tools.is_empty() {
+        return Err(ApiError::invalid("tool_choice", "'tool_choice' asks for a tool call but 'tools' is empty"));
+    }
+    let parallel = opt_bool(o, "parallel_tool_calls")?.unwrap_or(true);
+    let mut kwargs = match field(o, "chat_template_kwargs") {
+        None => Obj::new(),
+        Some(Value::Object(k)) => k.clone(),
+        Some(v) => {
+            return Err(ApiError::invalid("chat_template_kwargs", format!("'chat_template_kwargs' must be an object, got {v}")));
+        }
+    };
+    match opt_str(o, "reasoning_effort")? {
+        None | Some("low" | "medium" | "high" | "minimal") => {}
+        Some("none") => {
+            kwargs.entry("enable_thinking").or_insert(Value::Bool(false));
+        }
+        Some(e) => {
+            return Err(ApiError::invalid(
+                "reasoning_effort",
+                format!("'reasoning_effort' must be 'none', 'minimal', 'low', 'medium' or 'high', got {e:?}"),
+            ));
+        }
+    }
+    Ok(AgentParams { tools, choice, parallel, kwargs })
+}
+
+impl AgentParams {
+    /// The grammar of a forced call (`required`: any of the tools, one or more when parallel;
+    /// a named function: that one, once): each call a JSON object `{"name", "arguments"}` whose
+    /// arguments follow the tool's parameter schema, inside `<tool_call>` tags for the families
+    /// that write them (`hermes_tags`), bare otherwise (every family's parser takes bare JSON
+    /// calls). None when the choice forces nothing.
+    pub fn forced_grammar(&self, hermes_tags: bool) -> Option<String> {
+        let names: Vec<&str> = match &self.choice {
+            ToolChoice::Auto | ToolChoice::None => return None,
+            ToolChoice::Required => self.tools.iter().filter_map(tool_name).collect(),
+            ToolChoice::Named(n) => vec![n.as_str()],
+        };
+        let schemas: Vec<Value> = self
+            .tools
+            .iter()
+            .filter(|t| tool_name(t).is_some_and(|n| names.contains(&n)))
+            .map(|t| {
+                let f = &t["function"];
+                let params = match f.get("parameters") {
+                    Some(p @ Value::Object(_)) => p.clone(),
+                    _ => serde_json::json!({"type": "object"}),
+                };
+                serde_json::json!({
+                    "type": "object",
+                    "properties": {"name": {"const": f["name"]}, "arguments": params},
+                    "required": ["name", "arguments"],
+                    "additionalProperties": false,
+                })
+            })
+            .collect();
+        let schema = if schemas.len() == 1 { schemas[0].clone() } else { serde_json::json!({"anyOf": schemas}) };
+        let many = self.parallel && self.choice == ToolChoice::Required;
+        let call = if hermes_tags { "\"<tool_call>\\n\" body \"\\n</tool_call>\"" } else { "body" };
+        Some(format!("start: call{}\ncall: {call}\nbody: %json {schema}\n", if many { " (\"\\n\" call)*" } else { "" }))
+    }
+}
+
+fn tool_name(t: &Value) -> Option<&str> {
+    t.get("function")?.get("name")?.as_str()
 }
 
 /// One prompt of the completions endpoint: text or token ids.

@@ -17,11 +17,11 @@ use axum::extract::rejection::BytesRejection;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use cortiq_engine::sched::{ErrorKind, Event, Finish, Request, Sink, SubmitError, TokenLogprob};
-use cortiq_formats::chat;
+use cortiq_formats::{calls, chat};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use crate::api::{self, GenParams, Prompt};
+use crate::api::{self, GenParams, Prompt, ToolChoice};
 use crate::error::ApiError;
 use crate::{App, body_error, unix_now};
 
@@ -48,8 +48,35 @@ pub(crate) async fn chat(State(app): State<Arc<App>>, body: Result<Bytes, BytesR
     let gp = api::gen_params(&o, info.vocab, true)?;
     app.check_model(&gp.model)?;
     let msgs = api::messages(&o)?;
-    let ids = chat::encode(&info.tok, &msgs, true).map_err(|e| ApiError::bad_request("chat_template_failed", e.to_string()))?;
-    run(app.clone(), Kind::Chat, vec![ids], gp, "messages").await
+    let agent = api::agent_params(&o)?;
+    // `none`: the model is not shown the tools and nothing is parsed as a call.
+    let use_tools = !agent.tools.is_empty() && agent.choice != ToolChoice::None;
+    let tools = Value::Array(agent.tools.clone());
+    let opts =
+        chat::RenderOptions { add_generation_prompt: true, tools: use_tools.then_some(&tools), kwargs: Some(&agent.kwargs) };
+    let enc =
+        chat::encode_with(&info.tok, &msgs, &opts).map_err(|e| ApiError::bad_request("chat_template_failed", e.to_string()))?;
+    let template = info.tok.chat_template().unwrap_or_default();
+    let think = (app.opts.reasoning && template.contains("<think>")).then(calls::ThinkTags::think);
+    let parse = (use_tools || think.is_some()).then(|| calls::Options {
+        family: use_tools.then(|| app.opts.tool_parser.unwrap_or_else(|| calls::Family::detect(template))),
+        tools: if use_tools { agent.tools.clone() } else { Vec::new() },
+        start_in_think: think.as_ref().is_some_and(|t| enc.text.trim_end().ends_with(&t.open)),
+        think,
+    });
+    let mut gp = gp;
+    if let Some(f) = parse.as_ref().and_then(|p| p.family) {
+        gp.grammar = agent.forced_grammar(matches!(f, calls::Family::Hermes | calls::Family::QwenXml));
+        if gp.grammar.is_some() && gp.json_schema.is_some() {
+            return Err(ApiError::invalid("response_format", "'response_format' cannot be combined with a forced 'tool_choice'"));
+        }
+    }
+    let mut out = run(app.clone(), Kind::Chat, vec![enc.ids], gp, "messages").await?;
+    if let Some(p) = parse {
+        out.parse = Some(p);
+        out.parallel = agent.parallel;
+    }
+    respond(out).await
 }
 
 pub(crate) async fn completions(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
@@ -67,11 +94,37 @@ pub(crate) async fn completions(State(app): State<Arc<App>>, body: Result<Bytes,
             Prompt::Tokens(t) => t,
         });
     }
-    run(app.clone(), Kind::Text, prompts, gp, "prompt").await
+    respond(run(app.clone(), Kind::Text, prompts, gp, "prompt").await?).await
 }
 
-/// Check the prompts against the context, queue `n` choices per prompt, answer whole or as SSE.
-async fn run(app: Arc<App>, kind: Kind, prompts: Vec<Vec<u32>>, gp: GenParams, prompt_param: &str) -> Result<Response, ApiError> {
+/// A queued request, answered by `respond`.
+struct Queued {
+    out: Out,
+    rx: mpsc::UnboundedReceiver<Event>,
+    stream: bool,
+    keepalive: std::time::Duration,
+}
+
+impl std::ops::Deref for Queued {
+    type Target = Out;
+    fn deref(&self) -> &Out {
+        &self.out
+    }
+}
+
+impl std::ops::DerefMut for Queued {
+    fn deref_mut(&mut self) -> &mut Out {
+        &mut self.out
+    }
+}
+
+/// Answer a queued request whole or as SSE.
+async fn respond(q: Queued) -> Result<Response, ApiError> {
+    if q.stream { Ok(stream(q.out, q.rx, q.keepalive).into_response()) } else { whole(q.out, q.rx).await }
+}
+
+/// Check the prompts against the context and queue `n` choices per prompt.
+async fn run(app: Arc<App>, kind: Kind, prompts: Vec<Vec<u32>>, gp: GenParams, prompt_param: &str) -> Result<Queued, ApiError> {
     let info = app.info()?;
     let n_ctx = info.sched.config().n_ctx;
     for p in &prompts {
@@ -82,9 +135,9 @@ async fn run(app: Arc<App>, kind: Kind, prompts: Vec<Vec<u32>>, gp: GenParams, p
             return Err(ApiError::context_exceeded(p.len(), n_ctx, prompt_param));
         }
     }
-    let structured = match &gp.json_schema {
-        None => None,
-        Some(_) => Some(app.structured(info).map_err(|e| ApiError::internal(format!("structured output unavailable: {e}")))?),
+    let structured = match (&gp.json_schema, &gp.grammar) {
+        (None, None) => None,
+        _ => Some(app.structured(info).map_err(|e| ApiError::internal(format!("structured output unavailable: {e}")))?),
     };
     let spec = gp.speculative.resolve(app.opts.spec, info.has_draft)?;
     let (tx, rx) = mpsc::unbounded_channel();
@@ -92,10 +145,14 @@ async fn run(app: Arc<App>, kind: Kind, prompts: Vec<Vec<u32>>, gp: GenParams, p
     let mut reqs = Vec::new();
     for (pi, p) in prompts.iter().enumerate() {
         for j in 0..gp.n {
-            let constraint = match (&structured, &gp.json_schema) {
-                (Some(st), Some(schema)) => Some(st.json(schema).map_err(|e| ApiError {
+            let constraint = match (&structured, &gp.json_schema, &gp.grammar) {
+                (Some(st), Some(schema), _) => Some(st.json(schema).map_err(|e| ApiError {
                     code: Some("invalid_schema"),
                     ..ApiError::invalid("response_format", format!("the JSON schema cannot be used: {e}"))
+                })?),
+                (Some(st), None, Some(g)) => Some(st.lark(g).map_err(|e| ApiError {
+                    code: Some("invalid_schema"),
+                    ..ApiError::invalid("tools", format!("a tool's parameter schema cannot be used: {e}"))
                 })?),
                 _ => None,
             };
@@ -137,8 +194,10 @@ async fn run(app: Arc<App>, kind: Kind, prompts: Vec<Vec<u32>>, gp: GenParams, p
         include_usage: gp.include_usage,
         spec: spec.is_some(),
         tok: info.tok.clone(),
+        parse: None,
+        parallel: true,
     };
-    if gp.stream { Ok(stream(out, rx, app.opts.keepalive).into_response()) } else { whole(out, rx).await }
+    Ok(Queued { out, rx, stream: gp.stream, keepalive: app.opts.keepalive })
 }
 
 /// What every chunk or response of one request shares.
@@ -158,6 +217,10 @@ struct Out {
     /// The request speculated: its usage reports drafted tokens kept and rejected.
     spec: bool,
     tok: Arc<cortiq_formats::tokenizer::Tokenizer>,
+    /// Chat: split each choice's text into content, reasoning and tool calls.
+    parse: Option<calls::Options>,
+    /// `parallel_tool_calls`: false keeps a choice's first call only.
+    parallel: bool,
 }
 
 /// Tokens a choice generated, and of speculative decoding's drafts those kept and not.
@@ -222,6 +285,49 @@ impl Out {
                 json!({"accepted_prediction_tokens": c.accepted, "rejected_prediction_tokens": c.drafted - c.accepted});
         }
         u
+    }
+
+    /// A call's id: "call_" and 9 letters and digits from the response id, the choice and the
+    /// call's place (unique per request; Mistral's templates take exactly 9 alphanumerics).
+    fn call_id(&self, choice: usize, k: usize) -> String {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in self.id.bytes().chain(choice.to_le_bytes()).chain(k.to_le_bytes()) {
+            h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+        const A: &[u8; 62] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+        let id: String = (0..9).map(|i| A[((h >> (i * 6)) % 62) as usize] as char).collect();
+        format!("call_{id}")
+    }
+
+    /// A choice's whole message: its text split by the parser (when the request asks for
+    /// one) into content, reasoning and tool calls, and the finish reason that goes with it.
+    fn message(&self, index: usize, text: &str, finish: Finish) -> (Value, &'static str) {
+        let Some(po) = &self.parse else { return (json!({"role": "assistant", "content": text}), finish_reason(finish)) };
+        let mut p = calls::Parser::new(po.clone());
+        let mut pieces = p.feed(text);
+        pieces.extend(p.finish());
+        let (mut content, mut reasoning, mut list) = (String::new(), String::new(), Vec::new());
+        for piece in pieces {
+            match piece {
+                calls::Piece::Text(t) => content.push_str(&t),
+                calls::Piece::Reasoning(r) => reasoning.push_str(&r),
+                calls::Piece::Call(c) if self.parallel || list.is_empty() => {
+                    let id = self.call_id(index, list.len());
+                    list.push(json!({"id": id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}));
+                }
+                calls::Piece::Call(_) => {}
+            }
+        }
+        let mut m = json!({"role": "assistant", "content": if content.is_empty() && !list.is_empty() { Value::Null } else { json!(content) }});
+        if !reasoning.is_empty() {
+            m["reasoning_content"] = json!(reasoning);
+            m["reasoning"] = json!(reasoning);
+        }
+        if list.is_empty() {
+            return (m, finish_reason(finish));
+        }
+        m["tool_calls"] = Value::Array(list);
+        (m, "tool_calls")
     }
 
     fn bytes_of(&self, id: u32) -> Vec<u8> {
@@ -302,13 +408,16 @@ async fn whole(out: Out, mut rx: mpsc::UnboundedReceiver<Event>) -> Result<Respo
         .iter()
         .enumerate()
         .map(|(i, c)| {
-            let finish = finish_reason(c.finish.expect("every choice finished"));
+            let f = c.finish.expect("every choice finished");
             let mut v = match out.kind {
                 Kind::Chat => {
-                    let lp = with_lp.then(|| json!({"content": c.logprobs.iter().map(|(p, l)| out.chat_logprob(p, l)).collect::<Vec<_>>()}));
-                    json!({"index": i, "message": {"role": "assistant", "content": c.text}, "logprobs": lp, "finish_reason": finish})
+                    let lp = with_lp
+                        .then(|| json!({"content": c.logprobs.iter().map(|(p, l)| out.chat_logprob(p, l)).collect::<Vec<_>>()}));
+                    let (message, finish) = out.message(i, &c.text, f);
+                    json!({"index": i, "message": message, "logprobs": lp, "finish_reason": finish})
                 }
                 Kind::Text => {
+                    let finish = finish_reason(f);
                     let lp = with_lp.then(|| out.text_logprobs(&c.logprobs, 0));
                     json!({"index": i, "text": c.text, "logprobs": lp, "finish_reason": finish})
                 }
@@ -344,6 +453,10 @@ struct Streamer {
     counts: Counts,
     /// Characters of text sent per choice (completions' text_offset).
     sent_chars: Vec<usize>,
+    /// Per choice, its output splitter (chat requests with tools or a thinking template).
+    parsers: Vec<Option<calls::Parser>>,
+    /// Tool calls sent per choice.
+    n_calls: Vec<usize>,
     ended: bool,
 }
 
@@ -387,10 +500,43 @@ impl Streamer {
         self.pending.push_back(ev);
     }
 
+    /// The parser's pieces as chat deltas: content, reasoning (`reasoning_content` and its
+    /// alias `reasoning`), and each tool call as two chunks (id and name, then its arguments).
+    /// The tokens' log-probabilities ride on the first chunk (or one of their own).
+    fn pieces(&mut self, index: usize, pieces: Vec<calls::Piece>, lps: &[(String, TokenLogprob)]) {
+        let mut lp = (!lps.is_empty())
+            .then(|| json!({"content": lps.iter().map(|(p, l)| self.out.chat_logprob(p, l)).collect::<Vec<_>>()}));
+        let mut deltas = Vec::new();
+        for piece in pieces {
+            match piece {
+                calls::Piece::Text(t) => deltas.push(json!({"content": t})),
+                calls::Piece::Reasoning(r) => deltas.push(json!({"reasoning_content": r, "reasoning": r})),
+                calls::Piece::Call(c) => {
+                    let k = self.n_calls[index];
+                    if !self.out.parallel && k > 0 {
+                        continue;
+                    }
+                    self.n_calls[index] += 1;
+                    let id = self.out.call_id(index, k);
+                    deltas.push(json!({"tool_calls": [{"index": k, "id": id, "type": "function", "function": {"name": c.name, "arguments": ""}}]}));
+                    deltas.push(json!({"tool_calls": [{"index": k, "function": {"arguments": c.arguments}}]}));
+                }
+            }
+        }
+        if deltas.is_empty() && lp.is_some() {
+            deltas.push(json!({}));
+        }
+        for d in deltas {
+            let ev = self.chunk(json!({"index": index, "delta": d, "logprobs": lp.take(), "finish_reason": null}));
+            self.pending.push_back(ev);
+        }
+    }
+
     fn finish(&mut self, index: usize, f: Finish) {
+        let reason = if self.n_calls[index] > 0 { "tool_calls" } else { finish_reason(f) };
         let choice = match self.out.kind {
-            Kind::Chat => json!({"index": index, "delta": {}, "logprobs": null, "finish_reason": finish_reason(f)}),
-            Kind::Text => json!({"index": index, "text": "", "logprobs": null, "finish_reason": finish_reason(f)}),
+            Kind::Chat => json!({"index": index, "delta": {}, "logprobs": null, "finish_reason": reason}),
+            Kind::Text => json!({"index": index, "text": "", "logprobs": null, "finish_reason": reason}),
         };
         let ev = self.chunk(choice);
         self.pending.push_back(ev);
@@ -414,12 +560,19 @@ impl Streamer {
             Some(Event::Started { .. }) => {}
             Some(Event::Token { index, piece, text, logprob, .. }) => {
                 let lps: Vec<_> = logprob.map(|l| (piece, l)).into_iter().collect();
-                if !text.is_empty() || !lps.is_empty() {
+                if let Some(p) = self.parsers[index].as_mut() {
+                    let pieces = p.feed(&text);
+                    self.pieces(index, pieces, &lps);
+                } else if !text.is_empty() || !lps.is_empty() {
                     self.content(index, &text, &lps);
                 }
             }
             Some(Event::Done { index, finish, tail, n_generated, drafted, accepted, n_cached, .. }) => {
-                if !tail.is_empty() {
+                if let Some(p) = self.parsers[index].as_mut() {
+                    let mut pieces = p.feed(&tail);
+                    pieces.extend(p.finish());
+                    self.pieces(index, pieces, &[]);
+                } else if !tail.is_empty() {
                     self.content(index, &tail, &[]);
                 }
                 self.finish(index, finish);
@@ -440,8 +593,18 @@ fn stream(
     keepalive: std::time::Duration,
 ) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
     let n = out.choices;
-    let mut st =
-        Streamer { out, rx, pending: VecDeque::new(), done: 0, counts: Counts::default(), sent_chars: vec![0; n], ended: false };
+    let parsers = (0..n).map(|_| out.parse.clone().map(calls::Parser::new)).collect();
+    let mut st = Streamer {
+        out,
+        rx,
+        pending: VecDeque::new(),
+        done: 0,
+        counts: Counts::default(),
+        sent_chars: vec![0; n],
+        parsers,
+        n_calls: vec![0; n],
+        ended: false,
+    };
     if st.out.kind == Kind::Chat {
         for i in 0..n {
             let c = st.chunk(

@@ -57,6 +57,10 @@ pub struct ServeOptions {
     /// Where `POST /slots/{id}?action=save|restore` keeps session files (`--slot-dir`; None:
     /// the routes answer 501).
     pub slot_dir: Option<std::path::PathBuf>,
+    /// The tool-call markup to parse (`--tool-parser`); None: read from the chat template.
+    pub tool_parser: Option<cortiq_formats::calls::Family>,
+    /// Split a thinking model's reasoning off the answer (`--reasoning-format deepseek`).
+    pub reasoning: bool,
 }
 
 /// The constant-memory plan for a prompt of `tp` tokens (`--o1` / `--kv-window`, or what a

@@ -57,7 +57,16 @@ impl Structured {
 
     /// A constraint for one request; a schema llguidance cannot compile is the client's error.
     pub fn json(&self, schema: &Value) -> Result<Box<dyn Constraint>, String> {
-        let parser = self.factory.create_parser(TopLevelGrammar::from_json_schema(schema.clone())).map_err(|e| format!("{e}"))?;
+        self.grammar(TopLevelGrammar::from_json_schema(schema.clone()))
+    }
+
+    /// A constraint from a Lark grammar (llguidance's dialect: `%json {schema}` embeds a schema).
+    pub fn lark(&self, grammar: &str) -> Result<Box<dyn Constraint>, String> {
+        self.grammar(TopLevelGrammar::from_lark(grammar.to_string()))
+    }
+
+    fn grammar(&self, g: TopLevelGrammar) -> Result<Box<dyn Constraint>, String> {
+        let parser = self.factory.create_parser(g).map_err(|e| format!("{e}"))?;
         let m = Matcher::new(Ok(parser));
         if let Some(e) = m.get_error() {
             return Err(e);

@@ -1,0 +1,220 @@
+//! Golden outputs per family, each parsed whole and then cut at every byte offset (and fed one
+//! byte at a time): the pieces must not depend on the cut.
+
+use super::*;
+use serde_json::json;
+
+fn tools() -> Vec<Value> {
+    vec![
+        json!({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}),
+        json!({"type": "function", "function": {"name": "search", "parameters": {"type": "object",
+            "properties": {"query": {"type": "string"}, "filters": {"type": "object"}}}}}),
+    ]
+}
+
+fn opts(family: Family, think: bool) -> Options {
+    Options { family: Some(family), tools: tools(), think: think.then(ThinkTags::think), start_in_think: false }
+}
+
+fn whole(o: &Options, chunks: &[&[u8]]) -> Vec<Piece> {
+    let mut p = Parser::new(o.clone());
+    let mut out = Vec::new();
+    for c in chunks {
+        out.extend(p.feed_bytes(c));
+    }
+    out.extend(p.finish());
+    merge(out)
+}
+
+fn text(s: &str) -> Piece {
+    Piece::Text(s.into())
+}
+
+fn call(name: &str, args: Value) -> Piece {
+    Piece::Call(Call { name: name.into(), arguments: args.to_string() })
+}
+
+fn check(o: &Options, out: &str, want: &[Piece]) {
+    let b = out.as_bytes();
+    let got = whole(o, &[b]);
+    assert_eq!(got, want, "whole: {out:?}");
+    for k in 0..=b.len() {
+        let got = whole(o, &[&b[..k], &b[k..]]);
+        assert_eq!(got, want, "cut at byte {k} of {out:?}");
+    }
+    let bytes: Vec<&[u8]> = b.chunks(1).collect();
+    assert_eq!(whole(o, &bytes), want, "one byte at a time: {out:?}");
+}
+
+#[test]
+fn detect_from_the_templates_markup() {
+    assert_eq!(Family::detect("... <tool_call>\\n{\"name\": <function-name> ..."), Family::Hermes);
+    assert_eq!(Family::detect("<tool_call>\\n<function=example_function_name>\\n<parameter=x>"), Family::QwenXml);
+    assert_eq!(Family::detect("{{- '[TOOL_CALLS]' }}"), Family::Mistral);
+    assert_eq!(Family::detect("<|tool_call_start|>"), Family::Lfm2);
+    assert_eq!(Family::detect("<|tool_calls_section_begin|>"), Family::Kimi);
+    assert_eq!(Family::detect("<|python_tag|>"), Family::Llama3);
+    assert_eq!(Family::detect("{{ messages }}"), Family::Json);
+    for n in Family::NAMES {
+        assert_eq!(Family::from_name(n).map(Family::name), Some(n));
+    }
+}
+
+#[test]
+fn hermes() {
+    let o = opts(Family::Hermes, false);
+    check(&o, "The weather is sunny.", &[text("The weather is sunny.")]);
+    check(
+        &o,
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+        &[call("get_weather", json!({"city": "Paris"}))],
+    );
+    check(
+        &o,
+        "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 3}}\n</tool_call>\n<tool_call>\n{\"name\": \"search\", \"arguments\": {\"query\": \"Zürich 🦙 \\\"quoted\\\" }\", \"filters\": {\"a\": [1, {\"b\": null}]}}}\n</tool_call>",
+        &[
+            text("Let me check."),
+            call("get_weather", json!({"city": "Paris", "days": 3})),
+            call("search", json!({"query": "Zürich 🦙 \"quoted\" }", "filters": {"a": [1, {"b": null}]}})),
+        ],
+    );
+    // Malformed: the markup comes back as text, as written.
+    let bad = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": }\n</tool_call>";
+    check(&o, bad, &[text(bad)]);
+    // Unclosed at the end of the output (max_tokens): text.
+    let open = "<tool_call>\n{\"name\": \"get_weather\"";
+    check(&o, open, &[text(open)]);
+    // A lone '<' and look-alikes are text.
+    check(&o, "a < b and <tool> x", &[text("a < b and <tool> x")]);
+}
+
+#[test]
+fn hermes_with_reasoning() {
+    let o = opts(Family::Hermes, true);
+    check(
+        &o,
+        "<think>\nThe user wants weather.\n</think>\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>",
+        &[Piece::Reasoning("\nThe user wants weather.\n".into()), call("get_weather", json!({"city": "Oslo"}))],
+    );
+    check(&o, "<think>hmm</think>Hello!", &[Piece::Reasoning("hmm".into()), text("Hello!")]);
+    // Markup inside the thinking is thinking.
+    check(&o, "<think>maybe <tool_call> later</think>No.", &[Piece::Reasoning("maybe <tool_call> later".into()), text("No.")]);
+    let mut s = opts(Family::Hermes, true);
+    s.start_in_think = true;
+    check(&s, "plan it</think>\n\nDone.", &[Piece::Reasoning("plan it".into()), text("Done.")]);
+    // Thinking cut off by the token limit stays thinking.
+    check(&s, "still thinking", &[Piece::Reasoning("still thinking".into())]);
+}
+
+#[test]
+fn json_fallback_fenced_and_bare() {
+    // What Qwen2.5-Coder-0.5B writes (../shared/research/agents-and-apis.md).
+    let o = opts(Family::Hermes, false);
+    check(
+        &o,
+        "```json\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n```",
+        &[call("get_weather", json!({"city": "Paris"}))],
+    );
+    check(
+        &o,
+        "```json\n[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}, {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}]\n```",
+        &[call("get_weather", json!({"city": "Paris"})), call("get_weather", json!({"city": "Rome"}))],
+    );
+    check(&o, "{\"name\": \"search\", \"arguments\": {\"query\": \"x\"}}", &[call("search", json!({"query": "x"}))]);
+    // Not a declared tool, or not a call: the block is text.
+    let code = "Here:\n```json\n{\"name\": \"other\", \"arguments\": {}}\n```\nDone.";
+    check(&o, code, &[text(code)]);
+    let code = "```\nfn main() {}\n```";
+    check(&o, code, &[text(code)]);
+    check(&o, "{\"a\": 1} is JSON", &[text("{\"a\": 1} is JSON")]);
+    check(&o, "[1, 2] and {\"name\": \"search\"}", &[text("[1, 2] and {\"name\": \"search\"}")]);
+    // Without tools nothing is parsed.
+    let none = Options::default();
+    check(
+        &none,
+        "<tool_call>{\"name\": \"search\", \"arguments\": {}}</tool_call>",
+        &[text("<tool_call>{\"name\": \"search\", \"arguments\": {}}</tool_call>")],
+    );
+}
+
+#[test]
+fn qwen_xml() {
+    let o = opts(Family::QwenXml, false);
+    check(
+        &o,
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nSão Paulo\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",
+        &[call("get_weather", json!({"city": "São Paulo", "days": 3}))],
+    );
+    check(
+        &o,
+        "I'll search.\n\n<tool_call>\n<function=search>\n<parameter=query>\n123\n</parameter>\n<parameter=filters>\n{\"lang\": [\"en\", \"de\"]}\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_weather>\n<parameter=city>\nline one\nline two\n</parameter>\n</function>\n</tool_call>",
+        &[
+            text("I'll search."),
+            call("search", json!({"query": "123", "filters": {"lang": ["en", "de"]}})),
+            call("get_weather", json!({"city": "line one\nline two"})),
+        ],
+    );
+    let bad = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</function>\n</tool_call>";
+    check(&o, bad, &[text(bad)]);
+}
+
+#[test]
+fn mistral() {
+    let o = opts(Family::Mistral, false);
+    check(
+        &o,
+        "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}, {\"name\": \"search\", \"arguments\": {\"query\": \"ü\"}}]",
+        &[call("get_weather", json!({"city": "Paris"})), call("search", json!({"query": "ü"}))],
+    );
+    check(
+        &o,
+        "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\"}[TOOL_CALLS]search[ARGS]{\"query\": \"{[]}\"}",
+        &[call("get_weather", json!({"city": "Paris"})), call("search", json!({"query": "{[]}"}))],
+    );
+    check(&o, "Sure: no tools needed.", &[text("Sure: no tools needed.")]);
+    let bad = "[TOOL_CALLS]get weather[ARGS]{\"city\": 1}";
+    check(&o, bad, &[text(bad)]);
+}
+
+#[test]
+fn llama3() {
+    let o = opts(Family::Llama3, false);
+    check(
+        &o,
+        "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}",
+        &[call("get_weather", json!({"city": "Paris"}))],
+    );
+    check(
+        &o,
+        "<|python_tag|>{\"type\": \"function\", \"name\": \"search\", \"parameters\": {\"query\": \"日本\"}}",
+        &[call("search", json!({"query": "日本"}))],
+    );
+    check(&o, "The answer is 4.", &[text("The answer is 4.")]);
+}
+
+#[test]
+fn lfm2() {
+    let o = opts(Family::Lfm2, false);
+    check(
+        &o,
+        "<|tool_call_start|>[get_weather(city=\"Paris\", days=2), search(query='it\\'s \\u00e9', filters={'k': [1, 2.5, True, None]})]<|tool_call_end|>Checking.",
+        &[
+            call("get_weather", json!({"city": "Paris", "days": 2})),
+            call("search", json!({"query": "it's é", "filters": {"k": [1, 2.5, true, null]}})),
+            text("Checking."),
+        ],
+    );
+    let bad = "<|tool_call_start|>[get_weather(city=Paris)]<|tool_call_end|>";
+    check(&o, bad, &[text(bad)]);
+}
+
+#[test]
+fn kimi() {
+    let o = opts(Family::Kimi, false);
+    check(
+        &o,
+        "Let me look.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\": \"Paris\"}<|tool_call_end|><|tool_call_begin|>functions.search:1<|tool_call_argument_begin|>{\"query\": \"x\"}<|tool_call_end|><|tool_calls_section_end|>",
+        &[text("Let me look."), call("get_weather", json!({"city": "Paris"})), call("search", json!({"query": "x"}))],
+    );
+}
