@@ -89,6 +89,29 @@ fn serve_errors_and_auth() {
         (json!({"messages": [{"role": "user", "content": 7}]}), "messages[0].content"),
         (json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}), "messages[0].content[0]"),
         (json!({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}), "top_logprobs"),
+        // The agent fields: every one an agent may get wrong names itself.
+        (json!({"messages": [{"role": "user", "content": "x"}], "tools": {"a": 1}}), "tools"),
+        (json!({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "retrieval"}]}), "tools[0].type"),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {}}]}),
+            "tools[0].function.name",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f", "parameters": 3}}]}),
+            "tools[0].function.parameters",
+        ),
+        (json!({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}), "tool_choice"),
+        (json!({"messages": [{"role": "user", "content": "x"}], "tool_choice": "sometimes"}), "tool_choice"),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}],
+                   "tool_choice": {"type": "function", "function": {"name": "g"}}}),
+            "tool_choice",
+        ),
+        (json!({"messages": [{"role": "user", "content": "x"}], "parallel_tool_calls": "yes"}), "parallel_tool_calls"),
+        (json!({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": [1]}), "chat_template_kwargs"),
+        (json!({"messages": [{"role": "user", "content": "x"}], "reasoning_effort": "max"}), "reasoning_effort"),
+        (json!({"messages": [{"role": "assistant", "content": null, "tool_calls": [{"id": "c"}]}]}), "messages[0].tool_calls[0]"),
+        (json!({"messages": [{"role": "tool", "content": "r", "tool_call_id": 5}]}), "messages[0].tool_call_id"),
     ];
     for (body, param) in &chat_cases {
         let r = post_auth(&s, "/v1/chat/completions", body);
@@ -429,6 +452,28 @@ fn real_serve_openai_python_client() {
     assert!(out.status.success(), "openai client checks failed:\n{stdout}\n{stderr}\nserver log:\n{}", s.log());
     assert!(stdout.contains("all checks passed"), "{stdout}");
     assert_eq!(s.get("/health").status, 200);
+}
+
+/// Tool calling through the official `openai` Python package on Qwen2.5-Coder-0.5B
+/// (tests/py/openai_tools.py): calls whole and streamed, a second turn with the tool's result
+/// from the prompt cache, tool_choice required / named / none, parallel_tool_calls false.
+#[test]
+fn real_serve_openai_tools() {
+    let py = std::env::var("CORTIQ_TEST_PYTHON").unwrap_or_else(|_| {
+        panic!("CORTIQ_TEST_PYTHON is not set: run scripts/test (it makes the venv with the pinned openai package)")
+    });
+    let model = cortiq_testkit::real_model_arg("qwen2.5-coder-0.5b");
+    let s = Server::start(&model, &["--api-key", KEY, "--alias", "coder", "--ctx", "4096"]);
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/openai_tools.py");
+    let out = std::process::Command::new(&py)
+        .arg(&script)
+        .args([&format!("http://127.0.0.1:{}/v1", s.port), KEY, "coder"])
+        .output()
+        .unwrap_or_else(|e| panic!("running {py}: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "openai tool checks failed:\n{stdout}\n{stderr}\nserver log:\n{}", s.log());
+    assert!(stdout.contains("all checks passed"), "{stdout}");
 }
 
 /// The chat page at `/` in a real browser (headless Chromium through Selenium: scripts/test

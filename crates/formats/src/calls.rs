@@ -175,9 +175,9 @@ pub struct Parser {
     ws: String,
     /// Any non-whitespace answer text given out (the bare-JSON form only opens before it).
     said: bool,
-    /// A reasoning block closed before any answer: the answer's leading whitespace is the
-    /// template's separator, not text.
-    after_think: bool,
+    /// A reasoning block or a call just ended: the whitespace that follows is a separator,
+    /// not text.
+    trim_lead: bool,
     calls: usize,
 }
 
@@ -198,7 +198,7 @@ impl Parser {
             partial: Vec::new(),
             ws: String::new(),
             said: false,
-            after_think: false,
+            trim_lead: false,
             calls: 0,
         }
     }
@@ -236,7 +236,7 @@ impl Parser {
             self.buf.push_str(&String::from_utf8_lossy(&p));
         }
         self.run(true, &mut out);
-        if self.calls == 0 && !self.ws.is_empty() && (self.said || !self.after_think) {
+        if self.calls == 0 && !self.ws.is_empty() && !self.trim_lead {
             out.push(Piece::Text(std::mem::take(&mut self.ws)));
         }
         merge(out)
@@ -252,8 +252,9 @@ impl Parser {
         }
         let mut t = std::mem::take(&mut self.ws);
         t.push_str(s);
-        if self.after_think && !self.said {
+        if self.trim_lead {
             t = t.trim_start().to_string();
+            self.trim_lead = false;
         }
         // Trailing whitespace waits (it may precede a call).
         let keep = t.trim_end().len();
@@ -265,6 +266,7 @@ impl Parser {
 
     fn call(&mut self, c: Call, out: &mut Vec<Piece>) {
         self.ws.clear();
+        self.trim_lead = true;
         self.calls += 1;
         out.push(Piece::Call(c));
     }
@@ -332,7 +334,7 @@ impl Parser {
                         if !r.is_empty() {
                             out.push(Piece::Reasoning(r));
                         }
-                        self.after_think = true;
+                        self.trim_lead = true;
                         self.state = State::Text;
                         continue;
                     }

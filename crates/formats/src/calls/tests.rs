@@ -85,6 +85,12 @@ fn hermes() {
     // Unclosed at the end of the output (max_tokens): text.
     let open = "<tool_call>\n{\"name\": \"get_weather\"";
     check(&o, open, &[text(open)]);
+    // Text after a call: the separating whitespace is not content.
+    check(
+        &o,
+        "<tool_call>\n{\"name\": \"search\", \"arguments\": {}}\n</tool_call>\n\nDone.\n",
+        &[call("search", json!({})), text("Done.")],
+    );
     // A lone '<' and look-alikes are text.
     check(&o, "a < b and <tool> x", &[text("a < b and <tool> x")]);
 }
