@@ -76,6 +76,10 @@ pub struct ServeArgs {
     /// (`reasoning_content`); `none`: left inside `content`.
     #[arg(long, default_value = "deepseek")]
     pub reasoning_format: String,
+    /// Thinking tokens a request may spend before the thinking block is closed for it (-1: no
+    /// limit; 0: no thinking); a request's `reasoning_budget` overrides it.
+    #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
+    pub reasoning_budget: i64,
     /// Seconds a request may run (queue wait included) before it ends with a timeout error
     /// (0 = no limit).
     #[arg(long, default_value_t = 600)]
@@ -123,6 +127,9 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
             anyhow::anyhow!("--tool-parser {n:?}: not one of {}", cortiq_formats::calls::Family::NAMES.join(", "))
         })?),
     };
+    if a.reasoning_budget < -1 {
+        bail!("--reasoning-budget must be -1 (no limit) or a number of tokens, got {}", a.reasoning_budget);
+    }
     let reasoning = match a.reasoning_format.as_str() {
         "deepseek" => true,
         "none" => false,
@@ -159,6 +166,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         slot_dir: a.slot_dir.clone(),
         tool_parser,
         reasoning,
+        reasoning_budget: (a.reasoning_budget >= 0).then_some(a.reasoning_budget as usize),
     };
     let (common, mut o1, spec) = (a.common, a.o1, a.spec);
     let load = Box::new(move || -> std::result::Result<Ready, String> {

@@ -658,3 +658,76 @@ fn real_serve_request_timeout() {
     assert_eq!(s.post("/v1/completions", &json!({"prompt": "Hi", "max_tokens": 2})).status, 200);
     assert_eq!(s.metric("cortiq_requests_timed_out_total"), 2.0);
 }
+
+/// A ChatML template that opens the thinking block in its generation prompt, as Qwen3.5's does
+/// (`<think>\n`, or an empty block when `enable_thinking` is false).
+const THINK_TEMPLATE: &str = "{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endfor %}\
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}\
+{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- else %}{{- '<think>\\n' }}{%- endif %}{%- endif %}";
+
+/// Reasoning kept apart from the answer on the Qwen3 fixture (random weights, byte tokenizer,
+/// a thinking template): whole and streamed alike, no think tag in any content delta,
+/// `enable_thinking: false` gives no reasoning, and a budget of 32 closes the block after at
+/// most 32 thinking tokens (the forced close tag's bytes found in the returned ids).
+#[test]
+fn serve_reasoning_split_and_budget() {
+    let dir = copy_fixture("qwen3", "reasoning");
+    std::fs::write(dir.0.join("tokenizer.json"), byte_tokenizer_json()).unwrap();
+    std::fs::write(dir.0.join("chat_template.jinja"), THINK_TEMPLATE).unwrap();
+    let s = Server::start(dir.0.to_str().unwrap(), &["--ctx", "512"]);
+    let ask = json!([{"role": "user", "content": "Why is the sky blue?"}]);
+    let body = |extra: Value| {
+        let mut b = json!({"messages": ask, "max_tokens": 48, "temperature": 0, "return_tokens": true});
+        b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        b
+    };
+    let whole = s.post("/v1/chat/completions", &body(json!({})));
+    assert_eq!(whole.status, 200, "{}", whole.text());
+    let m = &whole.json()["choices"][0]["message"];
+    let reasoning = m["reasoning_content"].as_str().unwrap_or_default().to_string();
+    let content = m["content"].as_str().unwrap_or_default().to_string();
+    assert!(!reasoning.is_empty(), "the block the prompt opened is reasoning: {m}");
+    assert_eq!(m["reasoning"], m["reasoning_content"], "the `reasoning` alias");
+    assert!(!content.contains("<think>") && !content.contains("</think>"), "{m}");
+
+    // Streamed: the same split, reasoning in its own deltas, no tag in any content delta.
+    let r = s.post("/v1/chat/completions", &body(json!({"stream": true})));
+    let (data, _) = r.sse();
+    let (mut sr, mut sc) = (String::new(), String::new());
+    for d in &data[..data.len() - 1] {
+        let c: Value = serde_json::from_str(d).unwrap();
+        let delta = &c["choices"][0]["delta"];
+        if let Some(t) = delta["content"].as_str() {
+            assert!(!t.contains("<think>") && !t.contains("</think>"), "a content delta with a tag: {t:?}");
+            sc.push_str(t);
+        }
+        sr.push_str(delta["reasoning_content"].as_str().unwrap_or_default());
+    }
+    assert_eq!((sr.as_str(), sc.as_str()), (reasoning.as_str(), content.as_str()), "streamed == whole");
+
+    // enable_thinking false: the template closes the block; nothing is reasoning.
+    let off = s.post("/v1/chat/completions", &body(json!({"chat_template_kwargs": {"enable_thinking": false}})));
+    let m = &off.json()["choices"][0]["message"];
+    assert!(m.get("reasoning_content").is_none() && m["content"].as_str().is_some_and(|c| !c.is_empty()), "{m}");
+    let none = s.post("/v1/chat/completions", &body(json!({"reasoning_effort": "none"})));
+    assert_eq!(none.json()["choices"][0]["message"], *m, "reasoning_effort none == enable_thinking false");
+
+    // A budget of 32: the close tag is forced at the 33rd token at the latest.
+    let close: Vec<u64> = b"</think>".iter().map(|&b| b as u64).collect();
+    for budget in [32usize, 5, 0] {
+        let r = s.post("/v1/chat/completions", &body(json!({"reasoning_budget": budget, "max_tokens": 64})));
+        assert_eq!(r.status, 200, "{}", r.text());
+        let j = r.json();
+        let ids: Vec<u64> = j["choices"][0]["tokens"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+        let at = ids
+            .windows(close.len())
+            .position(|w| w == close)
+            .unwrap_or_else(|| panic!("budget {budget}: no close tag in {ids:?}"));
+        assert!(at <= budget, "budget {budget}: {at} thinking tokens");
+        let m = &j["choices"][0]["message"];
+        assert!(m["content"].as_str().is_some_and(|c| !c.contains("</think>")), "budget {budget}: {m}");
+        if budget == 32 {
+            assert_eq!(at, 32, "the random model does not close the block itself within 32 tokens");
+        }
+    }
+}

@@ -95,6 +95,9 @@ pub struct GenParams {
     /// A Lark grammar the output must follow (a forced tool call: `tool_choice` "required" or
     /// a named function).
     pub grammar: Option<String>,
+    /// The reasoning budget to hold the request to: (the thinking tags, the prompt ends inside
+    /// the block, at most this many thinking tokens).
+    pub think_budget: Option<(cortiq_formats::calls::ThinkTags, bool, usize)>,
     /// The request's `speculative` settings, over the server's default (`spec_params`).
     pub speculative: SpecRequest,
 }
@@ -338,6 +341,7 @@ pub fn gen_params(o: &Obj, vocab: usize, chat: bool) -> Result<GenParams, ApiErr
         model: opt_str(o, "model")?.map(str::to_string),
         json_schema,
         grammar: None,
+        think_budget: None,
         speculative: SpecRequest::parse(o)?,
     })
 }
@@ -480,6 +484,9 @@ pub struct AgentParams {
     /// Template variables (`chat_template_kwargs`; `reasoning_effort: "none"` adds
     /// `enable_thinking: false`).
     pub kwargs: Obj,
+    /// `reasoning_budget`: None, the server's (`--reasoning-budget`); Some(None) unlimited (-1);
+    /// Some(Some(n)) at most n thinking tokens.
+    pub budget: Option<Option<usize>>,
 }
 
 pub fn agent_params(o: &Obj) -> Result<AgentParams, ApiError> {
@@ -573,7 +580,8 @@ pub fn agent_params(o: &Obj) -> Result<AgentParams, ApiError> {
             ));
         }
     }
-    Ok(AgentParams { tools, choice, parallel, kwargs })
+    let budget = opt_int(o, "reasoning_budget", -1, i32::MAX as i64)?.map(|n| (n >= 0).then_some(n as usize));
+    Ok(AgentParams { tools, choice, parallel, kwargs, budget })
 }
 
 impl AgentParams {
@@ -582,7 +590,9 @@ impl AgentParams {
     /// arguments follow the tool's parameter schema, inside `<tool_call>` tags for the families
     /// that write them (`hermes_tags`), bare otherwise (every family's parser takes bare JSON
     /// calls). None when the choice forces nothing.
-    pub fn forced_grammar(&self, hermes_tags: bool) -> Option<String> {
+    /// `close_think`: the prompt ends inside an open thinking block; the grammar closes it
+    /// first (a forced call skips the thinking).
+    pub fn forced_grammar(&self, hermes_tags: bool, close_think: Option<&str>) -> Option<String> {
         let names: Vec<&str> = match &self.choice {
             ToolChoice::Auto | ToolChoice::None => return None,
             ToolChoice::Required => self.tools.iter().filter_map(tool_name).collect(),
@@ -609,7 +619,12 @@ impl AgentParams {
         let schema = if schemas.len() == 1 { schemas[0].clone() } else { serde_json::json!({"anyOf": schemas}) };
         let many = self.parallel && self.choice == ToolChoice::Required;
         let call = if hermes_tags { "\"<tool_call>\\n\" body \"\\n</tool_call>\"" } else { "body" };
-        Some(format!("start: call{}\ncall: {call}\nbody: %json {schema}\n", if many { " (\"\\n\" call)*" } else { "" }))
+        let first = match close_think {
+            Some(tag) => format!("{} ", serde_json::to_string(&format!("{tag}\n\n")).expect("a string")),
+            None => String::new(),
+        };
+        let more = if many { " (\"\\n\" call)*" } else { "" };
+        Some(format!("start: {first}call{more}\ncall: {call}\nbody: %json {schema}\n"))
     }
 }
 

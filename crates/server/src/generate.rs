@@ -23,6 +23,7 @@ use tokio::sync::mpsc;
 
 use crate::api::{self, GenParams, Prompt, ToolChoice};
 use crate::error::ApiError;
+use crate::reasoning::ThinkBudget;
 use crate::{App, body_error, unix_now};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -65,8 +66,17 @@ pub(crate) async fn chat(State(app): State<Arc<App>>, body: Result<Bytes, BytesR
         think,
     });
     let mut gp = gp;
-    if let Some(f) = parse.as_ref().and_then(|p| p.family) {
-        gp.grammar = agent.forced_grammar(matches!(f, calls::Family::Hermes | calls::Family::QwenXml));
+    if let Some(p) = parse.as_ref()
+        && let Some(t) = &p.think
+    {
+        let budget = agent.budget.unwrap_or(app.opts.reasoning_budget);
+        gp.think_budget = budget.map(|n| (t.clone(), p.start_in_think, n));
+    }
+    if let Some(p) = parse.as_ref()
+        && let Some(f) = p.family
+    {
+        let close = p.think.as_ref().filter(|_| p.start_in_think).map(|t| t.close.as_str());
+        gp.grammar = agent.forced_grammar(matches!(f, calls::Family::Hermes | calls::Family::QwenXml), close);
         if gp.grammar.is_some() && gp.json_schema.is_some() {
             return Err(ApiError::invalid("response_format", "'response_format' cannot be combined with a forced 'tool_choice'"));
         }
@@ -154,7 +164,13 @@ async fn run(app: Arc<App>, kind: Kind, prompts: Vec<Vec<u32>>, gp: GenParams, p
                     code: Some("invalid_schema"),
                     ..ApiError::invalid("tools", format!("a tool's parameter schema cannot be used: {e}"))
                 })?),
-                _ => None,
+                _ => match &gp.think_budget {
+                    Some((tags, inside, n)) => {
+                        Some(Box::new(ThinkBudget::new(info.tok.clone(), tags.clone(), *n, *inside).map_err(ApiError::internal)?)
+                            as Box<dyn cortiq_engine::sched::Constraint>)
+                    }
+                    None => None,
+                },
             };
             let mut sampler = gp.sampler.clone();
             // Choice j of a request draws from its own stream: seed + j.

@@ -11,6 +11,7 @@
 pub mod api;
 pub mod error;
 mod generate;
+mod reasoning;
 mod slots;
 mod structured;
 
@@ -61,6 +62,9 @@ pub struct ServeOptions {
     pub tool_parser: Option<cortiq_formats::calls::Family>,
     /// Split a thinking model's reasoning off the answer (`--reasoning-format deepseek`).
     pub reasoning: bool,
+    /// Thinking tokens a request may spend (`--reasoning-budget`; None: no limit); a request's
+    /// `reasoning_budget` overrides it.
+    pub reasoning_budget: Option<usize>,
 }
 
 /// The constant-memory plan for a prompt of `tp` tokens (`--o1` / `--kv-window`, or what a

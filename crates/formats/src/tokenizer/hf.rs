@@ -73,7 +73,13 @@ pub(super) fn load(path: &Path, config: Option<&Path>) -> Result<Tokenizer> {
         Some(p) => Some(read_json(p)?),
         None => None,
     };
-    build(path, &text, cfg)
+    let mut tok = build(path, &text, cfg)?;
+    // transformers >= 4.5x saves the template beside the tokenizer as chat_template.jinja.
+    let jinja = path.with_file_name("chat_template.jinja");
+    if tok.chat_template.is_none() && jinja.exists() {
+        tok.chat_template = Some(std::fs::read_to_string(&jinja).map_err(|e| FormatError::io(&jinja, e))?);
+    }
+    Ok(tok)
 }
 
 /// From the files' texts (a .cmf embeds them); `path` names the source in errors.
