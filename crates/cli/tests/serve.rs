@@ -476,6 +476,28 @@ fn real_serve_openai_tools() {
     assert!(stdout.contains("all checks passed"), "{stdout}");
 }
 
+/// The official `anthropic` Python package against `/v1/messages` on Qwen2.5-Coder-0.5B
+/// (tests/py/anthropic_client.py): create and stream alike, stop sequences, a tool loop,
+/// tool_choice any / tool, count_tokens against /tokenize, errors in Anthropic's form.
+#[test]
+fn real_serve_anthropic_client() {
+    let py = std::env::var("CORTIQ_TEST_PYTHON").unwrap_or_else(|_| {
+        panic!("CORTIQ_TEST_PYTHON is not set: run scripts/test (it makes the venv with the pinned anthropic package)")
+    });
+    let model = cortiq_testkit::real_model_arg("qwen2.5-coder-0.5b");
+    let s = Server::start(&model, &["--api-key", KEY, "--ctx", "4096"]);
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/anthropic_client.py");
+    let out = std::process::Command::new(&py)
+        .arg(&script)
+        .args([&format!("http://127.0.0.1:{}", s.port), KEY])
+        .output()
+        .unwrap_or_else(|e| panic!("running {py}: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "anthropic client checks failed:\n{stdout}\n{stderr}\nserver log:\n{}", s.log());
+    assert!(stdout.contains("all checks passed"), "{stdout}");
+}
+
 /// The chat page at `/` in a real browser (headless Chromium through Selenium: scripts/test
 /// installs Debian's chromium and chromium-driver and names the venv in
 /// CORTIQ_TEST_SELENIUM_PYTHON): two streamed turns, the second reusing the first's prompt

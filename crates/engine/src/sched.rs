@@ -156,6 +156,8 @@ pub enum Event {
     Done {
         index: usize,
         finish: Finish,
+        /// The stop string that ended the output (None: an end-of-generation token or a limit).
+        stop: Option<String>,
         tail: String,
         n_prompt: usize,
         /// Prompt positions restored from the prompt cache rather than computed.
@@ -996,6 +998,7 @@ impl<'t> Slot<'t> {
 
     /// The final event; `flush` gives back text the stop matcher and the decoder still hold.
     fn finish(&mut self, finish: Finish, flush: bool) -> Event {
+        let stop = self.stops.matched().map(str::to_string);
         let mut tail = String::new();
         if flush {
             let rest = self.dec.finish();
@@ -1008,6 +1011,7 @@ impl<'t> Slot<'t> {
         Event::Done {
             index: self.req.index,
             finish,
+            stop,
             tail,
             n_prompt: self.req.prompt.len(),
             n_cached: self.cached,

@@ -24,10 +24,10 @@ use tokio::sync::mpsc;
 use crate::api::{self, GenParams, Prompt, ToolChoice};
 use crate::error::ApiError;
 use crate::reasoning::ThinkBudget;
-use crate::{App, body_error, unix_now};
+use crate::{App, Info, body_error, unix_now};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Kind {
+pub(crate) enum Kind {
     Chat,
     Text,
 }
@@ -50,13 +50,38 @@ pub(crate) async fn chat(State(app): State<Arc<App>>, body: Result<Bytes, BytesR
     app.check_model(&gp.model)?;
     let msgs = api::messages(&o)?;
     let agent = api::agent_params(&o)?;
-    // `none`: the model is not shown the tools and nothing is parsed as a call.
+    respond(queue_chat(&app, &msgs, &agent, gp, "messages").await?).await
+}
+
+/// The conversation as the model reads it, with the tools unless `tool_choice` is none (the
+/// model is then not shown them and nothing is parsed as a call); true when tools are on.
+pub(crate) fn render_chat(
+    info: &Info,
+    msgs: &[chat::ChatMessage],
+    agent: &api::AgentParams,
+) -> Result<(chat::Encoded, bool), ApiError> {
     let use_tools = !agent.tools.is_empty() && agent.choice != ToolChoice::None;
     let tools = Value::Array(agent.tools.clone());
     let opts =
         chat::RenderOptions { add_generation_prompt: true, tools: use_tools.then_some(&tools), kwargs: Some(&agent.kwargs) };
     let enc =
-        chat::encode_with(&info.tok, &msgs, &opts).map_err(|e| ApiError::bad_request("chat_template_failed", e.to_string()))?;
+        chat::encode_with(&info.tok, msgs, &opts).map_err(|e| ApiError::bad_request("chat_template_failed", e.to_string()))?;
+    Ok((enc, use_tools))
+}
+
+/// A conversation queued: rendered with the tools (unless `tool_choice` is none), its output
+/// parser set up (tool calls of the template's family, the thinking block), a forced call's
+/// grammar or the reasoning budget attached. The chat, Anthropic and Responses routes all
+/// come through here.
+pub(crate) async fn queue_chat(
+    app: &Arc<App>,
+    msgs: &[chat::ChatMessage],
+    agent: &api::AgentParams,
+    mut gp: GenParams,
+    prompt_param: &str,
+) -> Result<Queued, ApiError> {
+    let info = app.info()?;
+    let (enc, use_tools) = render_chat(info, msgs, agent)?;
     let template = info.tok.chat_template().unwrap_or_default();
     let think = (app.opts.reasoning && template.contains("<think>")).then(calls::ThinkTags::think);
     let parse = (use_tools || think.is_some()).then(|| calls::Options {
@@ -65,7 +90,6 @@ pub(crate) async fn chat(State(app): State<Arc<App>>, body: Result<Bytes, BytesR
         start_in_think: think.as_ref().is_some_and(|t| enc.text.trim_end().ends_with(&t.open)),
         think,
     });
-    let mut gp = gp;
     if let Some(p) = parse.as_ref()
         && let Some(t) = &p.think
     {
@@ -81,12 +105,12 @@ pub(crate) async fn chat(State(app): State<Arc<App>>, body: Result<Bytes, BytesR
             return Err(ApiError::invalid("response_format", "'response_format' cannot be combined with a forced 'tool_choice'"));
         }
     }
-    let mut out = run(app.clone(), Kind::Chat, vec![enc.ids], gp, "messages").await?;
+    let mut out = run(app.clone(), Kind::Chat, vec![enc.ids], gp, prompt_param).await?;
     if let Some(p) = parse {
         out.parse = Some(p);
         out.parallel = agent.parallel;
     }
-    respond(out).await
+    Ok(out)
 }
 
 pub(crate) async fn completions(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
@@ -107,12 +131,12 @@ pub(crate) async fn completions(State(app): State<Arc<App>>, body: Result<Bytes,
     respond(run(app.clone(), Kind::Text, prompts, gp, "prompt").await?).await
 }
 
-/// A queued request, answered by `respond`.
-struct Queued {
-    out: Out,
-    rx: mpsc::UnboundedReceiver<Event>,
-    stream: bool,
-    keepalive: std::time::Duration,
+/// A queued request, answered by `respond` (or another route's own writer).
+pub(crate) struct Queued {
+    pub out: Out,
+    pub rx: mpsc::UnboundedReceiver<Event>,
+    pub stream: bool,
+    pub keepalive: std::time::Duration,
 }
 
 impl std::ops::Deref for Queued {
@@ -217,26 +241,26 @@ async fn run(app: Arc<App>, kind: Kind, prompts: Vec<Vec<u32>>, gp: GenParams, p
 }
 
 /// What every chunk or response of one request shares.
-struct Out {
-    kind: Kind,
-    id: String,
-    created: u64,
-    model: String,
+pub(crate) struct Out {
+    pub(crate) kind: Kind,
+    pub(crate) id: String,
+    pub(crate) created: u64,
+    pub(crate) model: String,
     /// Prompt tokens over the distinct prompts (an n > 1 prompt counts once).
-    n_prompt: usize,
-    choices: usize,
+    pub(crate) n_prompt: usize,
+    pub(crate) choices: usize,
     /// Choices per prompt (`n`): choice i answers prompt i / per_prompt.
-    per_prompt: usize,
+    pub(crate) per_prompt: usize,
     /// Whole responses list each choice's generated ids (`return_tokens`).
-    return_tokens: bool,
-    include_usage: bool,
+    pub(crate) return_tokens: bool,
+    pub(crate) include_usage: bool,
     /// The request speculated: its usage reports drafted tokens kept and rejected.
-    spec: bool,
-    tok: Arc<cortiq_formats::tokenizer::Tokenizer>,
+    pub(crate) spec: bool,
+    pub(crate) tok: Arc<cortiq_formats::tokenizer::Tokenizer>,
     /// Chat: split each choice's text into content, reasoning and tool calls.
-    parse: Option<calls::Options>,
+    pub(crate) parse: Option<calls::Options>,
     /// `parallel_tool_calls`: false keeps a choice's first call only.
-    parallel: bool,
+    pub(crate) parallel: bool,
 }
 
 /// Tokens a choice generated, and of speculative decoding's drafts those kept and not.
@@ -268,7 +292,7 @@ fn finish_reason(f: Finish) -> &'static str {
     }
 }
 
-fn engine_error(kind: ErrorKind, message: String) -> ApiError {
+pub(crate) fn engine_error(kind: ErrorKind, message: String) -> ApiError {
     match kind {
         ErrorKind::Timeout => ApiError::timeout(message),
         ErrorKind::Engine => ApiError::internal(message),
@@ -305,7 +329,7 @@ impl Out {
 
     /// A call's id: "call_" and 9 letters and digits from the response id, the choice and the
     /// call's place (unique per request; Mistral's templates take exactly 9 alphanumerics).
-    fn call_id(&self, choice: usize, k: usize) -> String {
+    pub(crate) fn call_id(&self, choice: usize, k: usize) -> String {
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
         for b in self.id.bytes().chain(choice.to_le_bytes()).chain(k.to_le_bytes()) {
             h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);

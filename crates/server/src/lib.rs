@@ -8,6 +8,7 @@
 //! `POST /tokenize`, `POST /detokenize`. Every error is OpenAI's JSON (error.rs); one log line
 //! per request.
 
+mod anthropic;
 pub mod api;
 pub mod error;
 mod generate;
@@ -292,6 +293,9 @@ fn router(app: Arc<App>) -> Router {
         .route("/detokenize", post(detokenize))
         .route("/v1/chat/completions", post(generate::chat))
         .route("/v1/completions", post(generate::completions))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/apply-template", post(apply_template))
         .route("/slots/{id}", post(slots::slot_action))
         .route("/", get(chat_page))
         .fallback(not_found)
@@ -486,6 +490,17 @@ async fn tokenize(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejectio
         ids.iter().map(|&id| json!(id)).collect()
     };
     Ok(axum::Json(json!({"tokens": tokens})).into_response())
+}
+
+/// `POST /apply-template {"messages", "tools"?, ...}` -> `{"prompt"}`: the text the chat route
+/// would run (llama-server's route), tools and template kwargs included.
+async fn apply_template(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let info = app.info()?;
+    let o = api::object(&body.map_err(body_error)?)?;
+    let msgs = api::messages(&o)?;
+    let agent = api::agent_params(&o)?;
+    let (enc, _) = generate::render_chat(info, &msgs, &agent)?;
+    Ok(axum::Json(json!({"prompt": enc.text})).into_response())
 }
 
 /// `POST /detokenize {"tokens": [ids]}` -> `{"content"}`.
