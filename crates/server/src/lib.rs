@@ -13,6 +13,7 @@ pub mod api;
 pub mod error;
 mod generate;
 mod reasoning;
+mod responses;
 mod slots;
 mod structured;
 
@@ -295,6 +296,7 @@ fn router(app: Arc<App>) -> Router {
         .route("/v1/completions", post(generate::completions))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/v1/responses", post(responses::responses))
         .route("/apply-template", post(apply_template))
         .route("/slots/{id}", post(slots::slot_action))
         .route("/", get(chat_page))

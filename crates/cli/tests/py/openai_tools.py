@@ -5,8 +5,8 @@ Checks: a call non-streamed (finish_reason tool_calls, arguments that json.loads
 streamed and rebuilt from the deltas (equal to the non-streamed one), a tool result sent back
 for a second turn whose cached_tokens covers the first turn's prompt,
 tool_choice "required" on a question that needs no tool (still a call, arguments valid),
-a named function, "none" (no call), parallel_tool_calls false, and a 400 naming the field for a
-malformed tool.
+a named function, "none" (no call), parallel_tool_calls false, the stateless Responses API
+(whole, streamed events, a function_call_output turn), and 400s naming the field.
 
 usage: openai_tools.py BASE_URL API_KEY MODEL_ID
 """
@@ -119,7 +119,47 @@ two = [{"role": "user", "content": "What is the weather in Paris and in Rome?"}]
 r = client.chat.completions.create(messages=two, tool_choice="required", parallel_tool_calls=False, **common)
 check(len(r.choices[0].message.tool_calls or []) == 1, f"parallel_tool_calls false: one call ({r.choices[0].message.tool_calls})")
 
-# 5. bad tools: a 400 naming the field
+# 5. the Responses API, stateless: whole, streamed (event types and the final response), a
+# function_call_output turn
+rtools = [{"type": "function", "name": t["function"]["name"], "description": t["function"]["description"],
+           "parameters": t["function"]["parameters"]} for t in tools]
+resp = client.responses.create(model=model, input="What is the weather like in Paris today?", tools=rtools,
+                               temperature=0, max_output_tokens=128)
+fcs = [o for o in resp.output if o.type == "function_call"]
+check(resp.status == "completed" and len(fcs) >= 1 and fcs[0].name == "get_weather", f"responses: a function_call ({resp.output})")
+check("paris" in json.loads(fcs[0].arguments).get("city", "").lower(), f"responses: its arguments ({fcs[0].arguments})")
+events = list(client.responses.create(model=model, input="What is the weather like in Paris today?", tools=rtools,
+                                      temperature=0, max_output_tokens=128, stream=True))
+types = [e.type for e in events]
+check(types[0] == "response.created" and types[-1] == "response.completed", f"responses stream: created ... completed ({types})")
+check("response.function_call_arguments.delta" in types and "response.output_item.done" in types, f"responses stream: call events ({types})")
+check([e.sequence_number for e in events] == list(range(len(events))), "responses stream: sequence numbers in order")
+final = events[-1].response
+sf = [o for o in final.output if o.type == "function_call"]
+check([(o.name, json.loads(o.arguments)) for o in sf] == [(o.name, json.loads(o.arguments)) for o in fcs],
+      "responses stream: the final output == the whole response's")
+turn2 = [{"role": "user", "content": "What is the weather like in Paris today?"}] + [
+    {"type": "function_call", "call_id": o.call_id, "name": o.name, "arguments": o.arguments} for o in fcs] + [
+    {"type": "function_call_output", "call_id": o.call_id, "output": "18 C, sunny"} for o in fcs]
+r2 = client.responses.create(model=model, input=turn2, tools=rtools, temperature=0, max_output_tokens=64)
+check(r2.status in ("completed", "incomplete") and r2.usage.input_tokens_details.cached_tokens >= resp.usage.input_tokens - 2,
+      f"responses: a function_call_output turn from the cache ({r2.usage})")
+text = client.responses.create(model=model, instructions="You are terse.", input="Name a primary color.", temperature=0,
+                               max_output_tokens=16)
+check(text.output_text and text.output[0].type == "message", f"responses: text output ({text.output_text!r})")
+with client.responses.stream(model=model, instructions="You are terse.", input="Name a primary color.", temperature=0,
+                             max_output_tokens=16) as st:
+    deltas = "".join(e.delta for e in st if e.type == "response.output_text.delta")
+    streamed = st.get_final_response() if text.status == "completed" else None
+check(deltas == text.output_text, f"responses.stream: the text deltas == the whole output ({deltas!r})")
+check(streamed is None or streamed.output_text == text.output_text, "responses.stream: get_final_response == whole")
+try:
+    client.responses.create(model=model, input="x", previous_response_id="resp_1")
+    check(False, "previous_response_id is refused")
+except openai.BadRequestError as e:
+    check(e.body.get("param") == "previous_response_id", f"400 names previous_response_id ({e.body})")
+
+# 6. bad tools: a 400 naming the field
 try:
     client.chat.completions.create(messages=ask, model=model, tools=[{"type": "function", "function": {"description": "x"}}])
     check(False, "a tool without a name is refused")
