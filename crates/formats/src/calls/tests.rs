@@ -224,3 +224,45 @@ fn kimi() {
         &[text("Let me look."), call("get_weather", json!({"city": "Paris"})), call("search", json!({"query": "x"}))],
     );
 }
+
+/// Model outputs from llama.cpp's own chat tests (tests/test-chat.cpp in the llama-cpp-python
+/// 0.3.36 sdist), parsed to the calls that file expects.
+#[test]
+fn llamacpp_reference_outputs() {
+    let lfm = opts(Family::Lfm2, false);
+    check(
+        &lfm,
+        "<|tool_call_start|>[python(code=\"def hello():\\n    print('hey')\")]<|tool_call_end|>",
+        &[call("python", json!({"code": "def hello():\n    print('hey')"}))],
+    );
+    check(
+        &lfm,
+        "<|tool_call_start|>[Calendar.create_event(title=\"demo\", participants=[\"Alice\", \"Bob\"])]<|tool_call_end|>",
+        &[call("Calendar.create_event", json!({"title": "demo", "participants": ["Alice", "Bob"]}))],
+    );
+    check(&lfm, "<|tool_call_start|>[empty_args()]<|tool_call_end|>", &[call("empty_args", json!({}))]);
+    check(
+        &lfm,
+        "<|tool_call_start|>[set_config(config={\"enabled\": true, \"note\": null})]<|tool_call_end|>",
+        &[call("set_config", json!({"config": {"enabled": true, "note": null}}))],
+    );
+    let kimi = opts(Family::Kimi, true);
+    check(
+        &kimi,
+        "<think>I need to call two functions</think><|tool_calls_section_begin|><|tool_call_begin|>functions.special_function:0<|tool_call_argument_begin|>{\"arg1\": 1}<|tool_call_end|><|tool_call_begin|>functions.html:1<|tool_call_argument_begin|>{\"markup\": \"<p>test</p>\"}<|tool_call_end|><|tool_calls_section_end|>",
+        &[
+            Piece::Reasoning("I need to call two functions".into()),
+            call("special_function", json!({"arg1": 1})),
+            call("html", json!({"markup": "<p>test</p>"})),
+        ],
+    );
+    let mistral = opts(Family::Mistral, false);
+    check(
+        &mistral,
+        "[TOOL_CALLS]special_function[ARGS]{\"arg1\": 1}[TOOL_CALLS]special_function_with_opt[ARGS]{\"arg1\": 1, \"arg2\": 2}",
+        &[call("special_function", json!({"arg1": 1})), call("special_function_with_opt", json!({"arg1": 1, "arg2": 2}))],
+    );
+    // A partial call at the end of the output (llama.cpp streams it; the end of a whole output
+    // without the closer is text here, never a half call).
+    check(&lfm, "<|tool_call_start|>[special_function(arg1=", &[text("<|tool_call_start|>[special_function(arg1=")]);
+}
