@@ -753,3 +753,73 @@ fn serve_reasoning_split_and_budget() {
         }
     }
 }
+
+/// A forced call (`tool_choice` required / named) comes back as `tool_calls` whatever family
+/// the template is (the markup the template shows decides the parser): on the Qwen3 fixture,
+/// random weights, the grammar alone makes the call, and each family's parser must read it.
+#[test]
+fn serve_forced_tool_call_every_family() {
+    let tools = json!([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 12}, "days": {"type": "integer", "minimum": 0, "maximum": 30}}, "required": ["city", "days"]}}}]);
+    let marks = [
+        ("hermes", "<tool_call>{\"name\": ...}</tool_call>"),
+        ("qwen-xml", "<tool_call><function=f><parameter=p>"),
+        ("mistral", "[TOOL_CALLS]"),
+        ("lfm2", "<|tool_call_start|>"),
+        ("kimi", "<|tool_calls_section_begin|>"),
+        ("llama3", "<|python_tag|>"),
+    ];
+    for (family, mark) in marks {
+        let dir = copy_fixture("qwen3", &format!("forced-{family}"));
+        std::fs::write(dir.0.join("tokenizer.json"), byte_tokenizer_json()).unwrap();
+        let template = format!(
+            "{{%- if tools %}}{{{{- 'tools: ' + (tools | tojson) + ' {mark}\\n' }}}}{{%- endif %}}\
+             {{%- for m in messages %}}{{{{- m.role + ': ' + m.content + '\\n' }}}}{{%- endfor %}}assistant: "
+        );
+        std::fs::write(dir.0.join("chat_template.jinja"), template).unwrap();
+        let s = Server::start(dir.0.to_str().unwrap(), &["--ctx", "1024"]);
+        for choice in [json!("required"), json!({"type": "function", "function": {"name": "get_weather"}})] {
+            let body = json!({"messages": [{"role": "user", "content": "Weather?"}], "tools": tools, "tool_choice": choice,
+                              "max_tokens": 200, "temperature": 0});
+            let r = s.post("/v1/chat/completions", &body);
+            assert_eq!(r.status, 200, "{family}: {}", r.text());
+            let c = &r.json()["choices"][0];
+            assert_eq!(c["finish_reason"], "tool_calls", "{family} {choice}: {c}");
+            let calls = c["message"]["tool_calls"].as_array().unwrap();
+            assert!(!calls.is_empty(), "{family}: {c}");
+            for t in calls {
+                assert_eq!(t["function"]["name"], "get_weather", "{family}: {c}");
+                let args: Value = serde_json::from_str(t["function"]["arguments"].as_str().unwrap()).unwrap();
+                assert!(args["city"].is_string() && args["days"].is_i64(), "{family}: the schema's arguments: {args}");
+            }
+        }
+        // Streamed: the same calls, rebuilt from the deltas.
+        let body = json!({"messages": [{"role": "user", "content": "Weather?"}], "tools": tools, "tool_choice": "required",
+                          "max_tokens": 200, "temperature": 0, "stream": true});
+        let mut plain = body.clone();
+        plain["stream"] = json!(false);
+        let whole = s.post("/v1/chat/completions", &plain);
+        let want: Vec<(String, String)> = whole.json()["choices"][0]["message"]["tool_calls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| {
+                (t["function"]["name"].as_str().unwrap().to_string(), t["function"]["arguments"].as_str().unwrap().to_string())
+            })
+            .collect();
+        let (data, _) = s.post("/v1/chat/completions", &body).sse();
+        let mut got: Vec<(String, String)> = Vec::new();
+        for d in &data[..data.len() - 1] {
+            let c: Value = serde_json::from_str(d).unwrap();
+            for t in c["choices"][0]["delta"]["tool_calls"].as_array().into_iter().flatten() {
+                let i = t["index"].as_u64().unwrap() as usize;
+                if got.len() <= i {
+                    got.push((String::new(), String::new()));
+                }
+                got[i].0.push_str(t["function"]["name"].as_str().unwrap_or_default());
+                got[i].1.push_str(t["function"]["arguments"].as_str().unwrap_or_default());
+            }
+        }
+        assert_eq!(got, want, "{family}: streamed calls == whole");
+    }
+}

@@ -616,7 +616,10 @@ impl AgentParams {
                 })
             })
             .collect();
-        let schema = if schemas.len() == 1 { schemas[0].clone() } else { serde_json::json!({"anyOf": schemas}) };
+        let mut schema = if schemas.len() == 1 { schemas[0].clone() } else { serde_json::json!({"anyOf": schemas}) };
+        // The call written as the templates show it, `{"name": "f", "arguments": {...}}`: no
+        // free whitespace between tokens (a weak model could otherwise pad without end).
+        schema["x-guidance"] = serde_json::json!({"whitespace_flexible": false});
         let many = self.parallel && self.choice == ToolChoice::Required;
         let call = if hermes_tags { "\"<tool_call>\\n\" body \"\\n</tool_call>\"" } else { "body" };
         let first = match close_think {
