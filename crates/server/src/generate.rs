@@ -62,11 +62,53 @@ pub(crate) fn render_chat(
 ) -> Result<(chat::Encoded, bool), ApiError> {
     let use_tools = !agent.tools.is_empty() && agent.choice != ToolChoice::None;
     let tools = Value::Array(agent.tools.clone());
+    let template = info.tok.chat_template().unwrap_or_default();
+    // A template that knows no tools (SmolLM2's, Gemma's): the tools and the calls are written
+    // into the conversation itself, as JSON the fallback parser reads.
+    let generic;
+    let msgs = if use_tools && !template.contains("tools") {
+        generic = generic_tools(msgs, &agent.tools);
+        &generic[..]
+    } else {
+        msgs
+    };
     let opts =
         chat::RenderOptions { add_generation_prompt: true, tools: use_tools.then_some(&tools), kwargs: Some(&agent.kwargs) };
     let enc =
         chat::encode_with(&info.tok, msgs, &opts).map_err(|e| ApiError::bad_request("chat_template_failed", e.to_string()))?;
     Ok((enc, use_tools))
+}
+
+/// The conversation for a template without tool support: the tools described in the system
+/// message (JSON calls asked for), earlier calls as the JSON the model was asked to write, tool
+/// results as user turns.
+fn generic_tools(msgs: &[chat::ChatMessage], tools: &[Value]) -> Vec<chat::ChatMessage> {
+    let list: Vec<String> = tools.iter().map(|t| t["function"].to_string()).collect();
+    let desc = format!(
+        "You can call these tools:\n{}\n\nTo call a tool, answer with only a JSON object {{\"name\": <tool name>, \"arguments\": <arguments object>}} \
+         (a list of such objects for several calls); otherwise answer normally.",
+        list.join("\n")
+    );
+    let mut out = Vec::with_capacity(msgs.len() + 1);
+    match msgs.first() {
+        Some(m) if m.role == "system" => out.push(chat::ChatMessage::new("system", format!("{}\n\n{desc}", m.content))),
+        _ => out.push(chat::ChatMessage::new("system", desc)),
+    }
+    let skip = usize::from(msgs.first().is_some_and(|m| m.role == "system"));
+    for m in &msgs[skip..] {
+        match m.role.as_str() {
+            "assistant" if !m.tool_calls.is_empty() => {
+                let calls: Vec<Value> =
+                    m.tool_calls.iter().map(|c| json!({"name": c.function.name, "arguments": c.function.arguments})).collect();
+                let text = if calls.len() == 1 { calls[0].to_string() } else { Value::Array(calls).to_string() };
+                let content = if m.content.is_empty() { text } else { format!("{}\n{text}", m.content) };
+                out.push(chat::ChatMessage::new("assistant", content));
+            }
+            "tool" => out.push(chat::ChatMessage::new("user", format!("Tool result: {}", m.content))),
+            _ => out.push(m.clone()),
+        }
+    }
+    out
 }
 
 /// A conversation queued: rendered with the tools (unless `tool_choice` is none), its output
