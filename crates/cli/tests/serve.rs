@@ -752,6 +752,14 @@ fn serve_reasoning_split_and_budget() {
             assert_eq!(at, 32, "the random model does not close the block itself within 32 tokens");
         }
     }
+    drop(s);
+
+    // --reasoning-format none: the thinking stays in the content, as the model wrote it.
+    let s = Server::start(dir.0.to_str().unwrap(), &["--ctx", "512", "--reasoning-format", "none"]);
+    let r = s.post("/v1/chat/completions", &body(json!({})));
+    let m = &r.json()["choices"][0]["message"];
+    assert!(m.get("reasoning_content").is_none(), "{m}");
+    assert_eq!(m["content"].as_str().unwrap(), format!("{reasoning}{content}"), "the same text, unsplit");
 }
 
 /// A forced call (`tool_choice` required / named) comes back as `tool_calls` whatever family
