@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use clap::Args;
 use cortiq_engine::prefix::CacheConfig;
 use cortiq_engine::sched::SchedConfig;
@@ -34,6 +34,13 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer KEY` on every route but /health (or set CORTIQ_API_KEY).
     #[arg(long)]
     pub api_key: Option<String>,
+    /// Read the key from this file's first line (keeps it out of the process list).
+    #[arg(long)]
+    pub api_key_file: Option<std::path::PathBuf>,
+    /// Host names requests may send besides localhost and IP addresses (comma-separated or
+    /// repeated; "*" for any): the DNS-rebinding defence.
+    #[arg(long, value_delimiter = ',')]
+    pub allowed_hosts: Vec<String>,
     /// Requests waiting for a slot at most; beyond, 503 with Retry-After.
     #[arg(long, default_value_t = 256)]
     pub queue: usize,
@@ -143,12 +150,30 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
             "--spec mtp is not served yet (the serving core does not hand MTP heads the hidden states); use it with cortiq run"
         );
     }
+    let api_key = match &a.api_key_file {
+        Some(f) => {
+            let text = std::fs::read_to_string(f).with_context(|| format!("--api-key-file {}", f.display()))?;
+            let k = text.lines().next().unwrap_or("").trim().to_string();
+            if k.is_empty() {
+                bail!("--api-key-file {}: the first line is empty", f.display());
+            }
+            Some(k)
+        }
+        None => a.api_key.clone().or_else(|| std::env::var("CORTIQ_API_KEY").ok()).filter(|k| !k.is_empty()),
+    };
+    let loopback = a.host == "localhost" || a.host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+    if !loopback && api_key.is_none() {
+        eprintln!(
+            "cortiq serve: warning: listening on {} without --api-key: anyone who can reach this address can use the server",
+            a.host
+        );
+    }
     let model_id = a.alias.clone().unwrap_or_else(|| default_id(&a.common.model));
     let opts = ServeOptions {
         host: a.host.clone(),
         port: a.port,
         model_id,
-        api_key: a.api_key.clone().or_else(|| std::env::var("CORTIQ_API_KEY").ok()).filter(|k| !k.is_empty()),
+        api_key: api_key.clone(),
         sched: SchedConfig {
             slots: a.parallel,
             n_ctx: a.ctx.unwrap_or(0),
@@ -167,6 +192,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         tool_parser,
         reasoning,
         reasoning_budget: (a.reasoning_budget >= 0).then_some(a.reasoning_budget as usize),
+        allowed_hosts: a.allowed_hosts.clone(),
     };
     let (common, mut o1, spec) = (a.common, a.o1, a.spec);
     let load = Box::new(move || -> std::result::Result<Ready, String> {

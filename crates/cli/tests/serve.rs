@@ -9,7 +9,7 @@ use std::io::Read;
 use std::time::{Duration, Instant};
 
 use common::http::{Response, Server};
-use common::{byte_tokenizer_json, copy_fixture, fixture};
+use common::{TempDir, byte_tokenizer_json, copy_fixture, fixture};
 use serde_json::{Value, json};
 
 const KEY: &str = "test-key-123";
@@ -830,4 +830,56 @@ fn serve_forced_tool_call_every_family() {
         }
         assert_eq!(got, want, "{family}: streamed calls == whole");
     }
+}
+
+/// The cross-site defences: a text/plain (or typeless) POST is 415 before anything runs, a
+/// foreign Host is 421 (DNS rebinding), localhost names, IP literals and --allowed-hosts pass;
+/// the key can come from a file.
+#[test]
+fn serve_cross_site_and_host_defences() {
+    let dir = TempDir::new("keyfile");
+    let keyfile = dir.0.join("key");
+    std::fs::write(&keyfile, "file-key-42\n").unwrap();
+    let s = Server::start(&qwen35(), &["--allowed-hosts", "models.lan", "--api-key-file", keyfile.to_str().unwrap()]);
+    let key = ("authorization", "Bearer file-key-42");
+    let body = json!({"prompt": "abc", "max_tokens": 2, "temperature": 0}).to_string();
+    let post = |headers: &[(&str, &str)]| s.request("POST", "/v1/completions", headers, body.as_bytes());
+    assert_eq!(post(&[key, ("content-type", "application/json")]).status, 200);
+    assert_eq!(post(&[key, ("content-type", "application/json; charset=utf-8")]).status, 200);
+    assert_error(
+        &post(&[key, ("content-type", "text/plain")]),
+        415,
+        "invalid_request_error",
+        Some("unsupported_media_type"),
+        None,
+    );
+    assert_error(&post(&[key]), 415, "invalid_request_error", Some("unsupported_media_type"), None);
+    assert_error(
+        &post(&[key, ("content-type", "application/x-www-form-urlencoded")]),
+        415,
+        "invalid_request_error",
+        Some("unsupported_media_type"),
+        None,
+    );
+    // The key from the file; a wrong one is refused before the body is looked at.
+    assert_eq!(post(&[("authorization", "Bearer nope"), ("content-type", "text/plain")]).status, 401);
+    // Host: the request line's connection is to 127.0.0.1 whatever the header names.
+    let with_host = |h: &str| {
+        let mut c = s.connect().unwrap();
+        let req = format!(
+            "POST /v1/completions HTTP/1.1\r\nhost: {h}\r\nconnection: close\r\ncontent-type: application/json\r\nauthorization: Bearer file-key-42\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        std::io::Write::write_all(&mut c, req.as_bytes()).unwrap();
+        let mut raw = Vec::new();
+        c.read_to_end(&mut raw).unwrap();
+        common::http::parse(&raw)
+    };
+    for ok in ["localhost", "localhost:8080", "127.0.0.1:9", "[::1]:80", "api.localhost", "192.168.1.20:8080", "MODELS.lan:1"] {
+        assert_eq!(with_host(ok).status, 200, "Host {ok}");
+    }
+    for bad in ["evil.example", "evil.example:8080", "127.0.0.1.nip.io", "localhost.evil.example"] {
+        assert_error(&with_host(bad), 421, "invalid_request_error", Some("host_not_allowed"), None);
+    }
+    assert_eq!(s.get("/health").status, 200);
 }

@@ -86,9 +86,16 @@ fn template_error(e: &Error) -> FormatError {
     FormatError::field(Path::new("<chat template>"), "tokenizer.chat_template", msg)
 }
 
+/// Instructions a render may run: a template comes with a downloaded model, and one that loops
+/// must end in an error (within a second here), not hold a server thread for hours; a
+/// 1,000-message conversation through a template that loops over every character of every
+/// message renders well inside it (`fuel_bounds_a_runaway_template`).
+pub const TEMPLATE_FUEL: u64 = 20_000_000;
+
 /// The environment transformers renders chat templates in.
 fn environment() -> Environment<'static> {
     let mut env = Environment::new();
+    env.set_fuel(Some(TEMPLATE_FUEL));
     env.set_trim_blocks(true);
     env.set_lstrip_blocks(true);
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
@@ -374,6 +381,21 @@ mod tests {
             .unwrap();
         // Keys in the order written (serde_json and minijinja with preserve_order), as Python.
         assert_eq!(out, "{\"b\": [1, 2.5, \"é\\n\\\"q\\\"\"], \"a\": null, \"t\": true}|[\n  1,\n  2\n]");
+    }
+
+    #[test]
+    fn fuel_bounds_a_runaway_template() {
+        let t0 = std::time::Instant::now();
+        let e = render("{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}", &[], false, "", "")
+            .unwrap_err();
+        assert!(e.to_string().contains("fuel"), "{e}");
+        assert!(t0.elapsed().as_secs_f64() < 10.0, "stopped after {:?}", t0.elapsed());
+        // A long conversation with a loop per message stays far inside the budget.
+        let msgs: Vec<ChatMessage> =
+            (0..1000).map(|i| ChatMessage::new(if i % 2 == 0 { "user" } else { "assistant" }, format!("turn {i}"))).collect();
+        let t = "{% for m in messages %}{% for c in m.content %}{{ c }}{% endfor %}{{ m.role | upper }}{% endfor %}";
+        let out = render(t, &msgs, true, "", "").unwrap();
+        assert!(out.ends_with("turn 999ASSISTANT"));
     }
 
     #[test]

@@ -67,6 +67,9 @@ pub struct ServeOptions {
     /// Thinking tokens a request may spend (`--reasoning-budget`; None: no limit); a request's
     /// `reasoning_budget` overrides it.
     pub reasoning_budget: Option<usize>,
+    /// Host names requests may name besides localhost and IP literals (`--allowed-hosts`; "*":
+    /// any).
+    pub allowed_hosts: Vec<String>,
 }
 
 /// The constant-memory plan for a prompt of `tp` tokens (`--o1` / `--kv-window`, or what a
@@ -197,8 +200,21 @@ async fn serve_async(opts: ServeOptions, load: Loader) -> Result<(), ServeError>
     let failed = Arc::new(Mutex::new(None::<String>));
     let failed_w = failed.clone();
     let shutdown = async move {
+        // SIGTERM (systemd, containers) as Ctrl-C: stop accepting, let running requests end.
+        #[cfg(unix)]
+        let term = async {
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(_) => std::future::pending::<()>().await,
+            }
+        };
+        #[cfg(not(unix))]
+        let term = std::future::pending::<()>();
         tokio::select! {
             _ = tokio::signal::ctrl_c() => { eprintln!("cortiq serve: shutting down"); }
+            _ = term => { eprintln!("cortiq serve: SIGTERM, shutting down"); }
             msg = fail_rx => { if let Ok(m) = msg { *failed_w.lock().unwrap_or_else(|e| e.into_inner()) = Some(m); } }
         }
     };
@@ -302,7 +318,9 @@ fn router(app: Arc<App>) -> Router {
         .route("/", get(chat_page))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn(json_only))
         .layer(middleware::from_fn_with_state(app.clone(), auth))
+        .layer(middleware::from_fn_with_state(app.clone(), host_guard))
         .layer(middleware::from_fn_with_state(app.clone(), log_and_count))
         .layer(DefaultBodyLimit::max(app.opts.body_limit))
         .with_state(app)
@@ -319,6 +337,79 @@ async fn log_and_count(State(app): State<Arc<App>>, req: Request, next: Next) ->
     resp
 }
 
+/// DNS rebinding: a page on an attacker's domain that resolves to this machine reaches the
+/// server with its own name in `Host`. Requests may name localhost (and `*.localhost`), an IP
+/// literal (a name an attacker cannot rebind) or a host of `--allowed-hosts`; others get 421.
+async fn host_guard(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+    let host = req.headers().get(header::HOST).map(|h| h.to_str().unwrap_or("\u{0}").to_string());
+    match host {
+        Some(h) if !host_allowed(&h, &app.opts.allowed_hosts) => ApiError {
+            status: StatusCode::MISDIRECTED_REQUEST,
+            ..ApiError::bad_request(
+                "host_not_allowed",
+                format!("Host {h:?} is not served here (localhost, IP addresses and --allowed-hosts are)"),
+            )
+        }
+        .into_response(),
+        _ => next.run(req).await,
+    }
+}
+
+/// `Host` (with or without a port) against the allow-list.
+pub fn host_allowed(host: &str, extra: &[String]) -> bool {
+    let host = host.trim();
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        match rest.split_once(']') {
+            Some((v6, _)) => v6,
+            None => return false,
+        }
+    } else {
+        match host.rsplit_once(':') {
+            Some((n, port)) if port.bytes().all(|b| b.is_ascii_digit()) => n,
+            _ => host,
+        }
+    };
+    let name = name.trim_end_matches('.').to_ascii_lowercase();
+    if name.is_empty() {
+        return false;
+    }
+    extra.iter().any(|e| e == "*" || e.eq_ignore_ascii_case(&name))
+        || name == "localhost"
+        || name.ends_with(".localhost")
+        || name.parse::<std::net::IpAddr>().is_ok()
+}
+
+/// JSON routes take `Content-Type: application/json` only (415 otherwise): a cross-site page
+/// can POST text/plain without a preflight, never JSON.
+async fn json_only(req: Request, next: Next) -> Response {
+    if req.method() == axum::http::Method::POST {
+        let ct = req.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+        let mime = ct.split(';').next().unwrap_or("").trim();
+        if !mime.eq_ignore_ascii_case("application/json") {
+            let shown = if ct.is_empty() { "none".to_string() } else { format!("{ct:?}") };
+            return ApiError {
+                status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                ..ApiError::bad_request(
+                    "unsupported_media_type",
+                    format!("the body must be sent as Content-Type: application/json (got {shown})"),
+                )
+            }
+            .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// Equal keys, compared in time that does not depend on where they differ.
+fn same_key(given: &str, key: &str) -> bool {
+    let (a, b) = (given.as_bytes(), key.as_bytes());
+    let mut diff = (a.len() ^ b.len()) as u8 | u8::from(a.len() != b.len());
+    for i in 0..a.len().max(b.len()) {
+        diff |= a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0);
+    }
+    diff == 0
+}
+
 /// `--api-key`: every route but /health needs `Authorization: Bearer KEY` (or `x-api-key`).
 async fn auth(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
     let Some(key) = &app.opts.api_key else { return next.run(req).await };
@@ -333,7 +424,7 @@ async fn auth(State(app): State<Arc<App>>, req: Request, next: Next) -> Response
         .and_then(|v| v.strip_prefix("Bearer ").map(str::trim))
         .or_else(|| h.get("x-api-key").and_then(|v| v.to_str().ok()));
     match given {
-        Some(g) if g == key => next.run(req).await,
+        Some(g) if same_key(g, key) => next.run(req).await,
         Some(_) => ApiError::unauthorized("Invalid API key").into_response(),
         None => ApiError::unauthorized("Missing API key: send 'Authorization: Bearer KEY'").into_response(),
     }
