@@ -41,6 +41,10 @@ pub struct ServeArgs {
     /// repeated; "*" for any): the DNS-rebinding defence.
     #[arg(long, value_delimiter = ',')]
     pub allowed_hosts: Vec<String>,
+    /// Parse control tokens typed inside chat messages (`<|im_end|>` ...) as those tokens, as
+    /// before; by default message content is text, so a user cannot inject a turn or a role.
+    #[arg(long)]
+    pub parse_special_in_messages: bool,
     /// Requests waiting for a slot at most; beyond, 503 with Retry-After.
     #[arg(long, default_value_t = 256)]
     pub queue: usize,
@@ -193,6 +197,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         reasoning,
         reasoning_budget: (a.reasoning_budget >= 0).then_some(a.reasoning_budget as usize),
         allowed_hosts: a.allowed_hosts.clone(),
+        special_in_content: a.parse_special_in_messages,
     };
     let (common, mut o1, spec) = (a.common, a.o1, a.spec);
     let load = Box::new(move || -> std::result::Result<Ready, String> {

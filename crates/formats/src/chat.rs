@@ -72,6 +72,9 @@ pub struct RenderOptions<'a> {
     /// Extra template variables (`chat_template_kwargs`, e.g. `enable_thinking`); the fixed
     /// names (messages, tools, bos_token ...) win over them.
     pub kwargs: Option<&'a serde_json::Map<String, serde_json::Value>>,
+    /// Parse control tokens' texts inside message content too (the old behaviour: a user who
+    /// types `<|im_end|>` ends the turn). Off: content is text (`encode_guarded`).
+    pub special_in_content: bool,
 }
 
 fn template_error(e: &Error) -> FormatError {
@@ -158,8 +161,33 @@ pub fn encode_with(tok: &crate::tokenizer::Tokenizer, messages: &[ChatMessage], 
     let eos = tok.eos_id().map(text_of).unwrap_or_default();
     let text = render_with(template, messages, opts, &bos, &eos)?;
     let add_bos = tok.add_bos() && (bos.is_empty() || !text.starts_with(&bos));
-    let ids = tok.encode_with(&text, add_bos, true)?;
+    let ids = if opts.special_in_content {
+        tok.encode_with(&text, add_bos, true)?
+    } else {
+        tok.encode_guarded(&text, add_bos, &content_ranges(&text, messages))?
+    };
     Ok(Encoded { text, ids })
+}
+
+/// Where each message's content sits in the rendered text, found in order (as written, or
+/// trimmed when the template trims it); content the template rewrote is not found and keeps the
+/// plain rules.
+fn content_ranges(text: &str, messages: &[ChatMessage]) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    for m in messages {
+        for c in [m.content.as_str(), m.content.trim()] {
+            if c.is_empty() {
+                continue;
+            }
+            if let Some(i) = text[at..].find(c) {
+                out.push((at + i, at + i + c.len()));
+                at += i + c.len();
+                break;
+            }
+        }
+    }
+    out
 }
 
 /// `tojson` as transformers defines it: json.dumps(x, ensure_ascii=False, indent=indent).

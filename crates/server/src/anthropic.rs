@@ -63,7 +63,7 @@ pub(crate) async fn count_tokens(State(app): State<Arc<App>>, body: Result<Bytes
         let info = app.info()?;
         let o = api::object(&body.map_err(body_error)?)?;
         let (msgs, agent) = conversation(&o)?;
-        let (enc, _) = generate::render_chat(info, &msgs, &agent)?;
+        let (enc, _) = generate::render_chat(&app, info, &msgs, &agent)?;
         Ok(axum::Json(json!({"input_tokens": enc.ids.len()})).into_response())
     })();
     r.unwrap_or_else(error_response)

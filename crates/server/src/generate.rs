@@ -56,6 +56,7 @@ pub(crate) async fn chat(State(app): State<Arc<App>>, body: Result<Bytes, BytesR
 /// The conversation as the model reads it, with the tools unless `tool_choice` is none (the
 /// model is then not shown them and nothing is parsed as a call); true when tools are on.
 pub(crate) fn render_chat(
+    app: &App,
     info: &Info,
     msgs: &[chat::ChatMessage],
     agent: &api::AgentParams,
@@ -72,8 +73,12 @@ pub(crate) fn render_chat(
     } else {
         msgs
     };
-    let opts =
-        chat::RenderOptions { add_generation_prompt: true, tools: use_tools.then_some(&tools), kwargs: Some(&agent.kwargs) };
+    let opts = chat::RenderOptions {
+        add_generation_prompt: true,
+        tools: use_tools.then_some(&tools),
+        kwargs: Some(&agent.kwargs),
+        special_in_content: app.opts.special_in_content,
+    };
     let enc =
         chat::encode_with(&info.tok, msgs, &opts).map_err(|e| ApiError::bad_request("chat_template_failed", e.to_string()))?;
     Ok((enc, use_tools))
@@ -123,7 +128,7 @@ pub(crate) async fn queue_chat(
     prompt_param: &str,
 ) -> Result<Queued, ApiError> {
     let info = app.info()?;
-    let (enc, use_tools) = render_chat(info, msgs, agent)?;
+    let (enc, use_tools) = render_chat(app, info, msgs, agent)?;
     let template = info.tok.chat_template().unwrap_or_default();
     let think = (app.opts.reasoning && template.contains("<think>")).then(calls::ThinkTags::think);
     let parse = (use_tools || think.is_some()).then(|| calls::Options {

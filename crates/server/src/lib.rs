@@ -70,6 +70,9 @@ pub struct ServeOptions {
     /// Host names requests may name besides localhost and IP literals (`--allowed-hosts`; "*":
     /// any).
     pub allowed_hosts: Vec<String>,
+    /// Control tokens typed inside message content are parsed as tokens
+    /// (`--parse-special-in-messages`; off: they are text, no role injection).
+    pub special_in_content: bool,
 }
 
 /// The constant-memory plan for a prompt of `tp` tokens (`--o1` / `--kv-window`, or what a
@@ -592,7 +595,7 @@ async fn apply_template(State(app): State<Arc<App>>, body: Result<Bytes, BytesRe
     let o = api::object(&body.map_err(body_error)?)?;
     let msgs = api::messages(&o)?;
     let agent = api::agent_params(&o)?;
-    let (enc, _) = generate::render_chat(info, &msgs, &agent)?;
+    let (enc, _) = generate::render_chat(&app, info, &msgs, &agent)?;
     Ok(axum::Json(json!({"prompt": enc.text})).into_response())
 }
 

@@ -131,6 +131,58 @@ impl Tokenizer {
     /// none); `parse_special` lets control tokens written in the text become their ids
     /// (llama.cpp's parse_special). User-defined tokens are always matched, as in llama.cpp.
     pub fn encode_with(&self, text: &str, add_bos: bool, parse_special: bool) -> Result<Vec<u32>> {
+        self.encode_ranges(text, add_bos, parse_special, &[])
+    }
+
+    /// As `encode_with(text, add_bos, true)`, except inside the `literal` byte ranges, where
+    /// control tokens' texts are plain text: a chat message's content, so a user who types
+    /// `<|im_end|>` gets its characters, not the token (role injection). Text whose literal
+    /// ranges hold no control token's text encodes exactly as `encode_with` does.
+    pub fn encode_guarded(&self, text: &str, add_bos: bool, literal: &[(usize, usize)]) -> Result<Vec<u32>> {
+        let literal: Vec<(usize, usize)> =
+            literal.iter().copied().filter(|&(a, b)| a < b && b <= text.len() && self.has_control_text(&text[a..b])).collect();
+        if literal.is_empty() {
+            return self.encode_ranges(text, add_bos, true, &[]);
+        }
+        if let Backend::Hf(h) = &self.backend {
+            // The tokenizers crate takes one mode per call: the text in segments, the literal
+            // ones without special tokens.
+            let mut out = Vec::with_capacity(text.len() / 3 + 2);
+            if add_bos {
+                out.push(self.bos.ok_or_else(|| FormatError::missing(&self.source, "a BOS token (add_bos requested)"))?);
+            }
+            let mut at = 0;
+            for &(a, b) in &literal {
+                if a > at {
+                    h.encode(&self.source, &text[at..a], true, &mut out)?;
+                }
+                h.encode(&self.source, &text[a..b], false, &mut out)?;
+                at = b;
+            }
+            if at < text.len() {
+                h.encode(&self.source, &text[at..], true, &mut out)?;
+            }
+            return Ok(out);
+        }
+        self.encode_ranges(text, add_bos, true, &literal)
+    }
+
+    /// Whether `s` holds the text of a control token.
+    fn has_control_text(&self, s: &str) -> bool {
+        if let Some(ac) = &self.specials_ac {
+            return ac.find_overlapping_iter(s).any(|m| {
+                let id = self.specials[m.pattern().as_usize()];
+                self.attrs[id as usize] & (attr::CONTROL | attr::UNKNOWN) != 0
+            });
+        }
+        // The Hugging Face backend keeps no automaton: its control tokens are the few added ones.
+        self.attrs
+            .iter()
+            .enumerate()
+            .any(|(id, &a)| a & attr::CONTROL != 0 && !self.texts[id].is_empty() && s.contains(self.texts[id].as_str()))
+    }
+
+    fn encode_ranges(&self, text: &str, add_bos: bool, parse_special: bool, literal: &[(usize, usize)]) -> Result<Vec<u32>> {
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
         if add_bos {
             let bos = self.bos.ok_or_else(|| FormatError::missing(&self.source, "a BOS token (add_bos requested)"))?;
@@ -140,7 +192,7 @@ impl Tokenizer {
             h.encode(&self.source, text, parse_special, &mut out)?;
             return Ok(out);
         }
-        let frags = self.partition(text, parse_special);
+        let frags = self.partition(text, parse_special, literal);
         match &self.backend {
             Backend::Spm => {
                 let mut prev_special = true;
@@ -221,7 +273,7 @@ impl Tokenizer {
     /// Split out special tokens, as llama.cpp's tokenizer_st_partition: for each special token,
     /// longest text first, every occurrence in the remaining raw fragments is cut out. Control
     /// and unknown tokens only when `parse_special`; user-defined ones always.
-    fn partition(&self, text: &str, parse_special: bool) -> Vec<Frag> {
+    fn partition(&self, text: &str, parse_special: bool, literal: &[(usize, usize)]) -> Vec<Frag> {
         let mut frags = Vec::new();
         if text.is_empty() {
             return frags;
@@ -254,12 +306,23 @@ impl Tokenizer {
                     next.push(f);
                     continue;
                 };
+                let control = a & (attr::CONTROL | attr::UNKNOWN) != 0;
                 while start < end {
-                    let Some(off) = text[start..end].find(pat) else {
+                    // The next occurrence, passing over control tokens inside literal ranges.
+                    let mut from = start;
+                    let found = loop {
+                        let Some(off) = text[from..end].find(pat) else { break None };
+                        let m = from + off;
+                        if control && literal.iter().any(|&(la, lb)| m < lb && m + pat.len() > la) {
+                            from = m + pat.chars().next().map_or(1, char::len_utf8);
+                            continue;
+                        }
+                        break Some(m);
+                    };
+                    let Some(m) = found else {
                         next.push(Frag::Raw(start, end));
                         break;
                     };
-                    let m = start + off;
                     let mut left_end = m;
                     if a & attr::LSTRIP != 0 {
                         while left_end > start && is_space(text.as_bytes()[left_end - 1]) {
