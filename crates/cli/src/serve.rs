@@ -203,6 +203,14 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
     let load = Box::new(move || -> std::result::Result<Ready, String> {
         let loaded = open_model(&common).map_err(|e| format!("{e:#}"))?;
         let tok = open_tokenizer(&loaded).map_err(|e| format!("{e:#}"))?;
+        // A chat template comes with the download: one that cannot render a one-turn
+        // conversation is refused now, naming the model, not on every chat request.
+        if tok.chat_template().is_some() {
+            let hello = [cortiq_formats::chat::ChatMessage::new("user", "Hello")];
+            if let Err(e) = cortiq_formats::chat::encode(&tok, &hello, true) {
+                return Err(format!("{}: its chat template does not render a one-message conversation: {e}", common.model));
+            }
+        }
         let draft = spec.open_draft(&common, &loaded).map_err(|e| format!("{e:#}"))?;
         let served = served_o1(&loaded);
         o1.apply_budget(&loaded.model, served, false).map_err(|e| format!("{e:#}"))?;

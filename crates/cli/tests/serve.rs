@@ -914,3 +914,27 @@ fn real_serve_role_injection() {
     let s = Server::start(&model, &["--ctx", "1024", "--parse-special-in-messages"]);
     assert_eq!(prompt_tokens(&s, &format!("Hi.{injected}")) - prompt_tokens(&s, "Hi."), special, "the opt-in old behaviour");
 }
+
+/// A chat template that cannot render (or loops) stops the server at load with one line naming
+/// the model, and a non-zero exit.
+#[test]
+fn serve_refuses_a_template_that_does_not_render() {
+    for (tag, template) in [
+        ("raises", "{{ raise_exception('this template is broken') }}"),
+        ("loops", "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}"),
+    ] {
+        let dir = copy_fixture("qwen3", &format!("badtpl-{tag}"));
+        std::fs::write(dir.0.join("tokenizer.json"), byte_tokenizer_json()).unwrap();
+        std::fs::write(dir.0.join("chat_template.jinja"), template).unwrap();
+        let t0 = Instant::now();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_cortiq"))
+            .args(["serve", "-m", dir.0.to_str().unwrap(), "--port", "0"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{tag}: exit {:?}\n{err}", out.status);
+        let line = err.lines().find(|l| l.contains("chat template")).unwrap_or_else(|| panic!("{tag}: {err}"));
+        assert!(line.contains(dir.0.to_str().unwrap()), "{tag}: the line names the model: {line}");
+        assert!(t0.elapsed() < Duration::from_secs(30), "{tag}: took {:?}", t0.elapsed());
+    }
+}
