@@ -45,6 +45,13 @@ pub struct ServeArgs {
     /// before; by default message content is text, so a user cannot inject a turn or a role.
     #[arg(long)]
     pub parse_special_in_messages: bool,
+    /// Seconds a connection may take to send a request's headers (an idle keep-alive
+    /// connection included) and its body; slower clients are closed (slow-loris).
+    #[arg(long, default_value_t = 30.0)]
+    pub http_timeout: f64,
+    /// Open connections at most; beyond, a new one gets 503 and is closed.
+    #[arg(long, default_value_t = 4096)]
+    pub max_connections: usize,
     /// Requests waiting for a slot at most; beyond, 503 with Retry-After.
     #[arg(long, default_value_t = 256)]
     pub queue: usize,
@@ -129,6 +136,12 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
     {
         bail!("--slot-dir {}: not a folder", d.display());
     }
+    if !(a.http_timeout > 0.0 && a.http_timeout.is_finite()) {
+        bail!("--http-timeout must be a positive number of seconds, got {}", a.http_timeout);
+    }
+    if a.max_connections == 0 {
+        bail!("--max-connections must be at least 1");
+    }
     if !(a.sse_ping > 0.0 && a.sse_ping.is_finite()) {
         bail!("--sse-ping must be a positive number of seconds, got {}", a.sse_ping);
     }
@@ -198,6 +211,8 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         reasoning_budget: (a.reasoning_budget >= 0).then_some(a.reasoning_budget as usize),
         allowed_hosts: a.allowed_hosts.clone(),
         special_in_content: a.parse_special_in_messages,
+        http_timeout: Duration::from_secs_f64(a.http_timeout),
+        max_connections: a.max_connections,
     };
     let (common, mut o1, spec) = (a.common, a.o1, a.spec);
     let load = Box::new(move || -> std::result::Result<Ready, String> {

@@ -938,3 +938,59 @@ fn serve_refuses_a_template_that_does_not_render() {
         assert!(t0.elapsed() < Duration::from_secs(30), "{tag}: took {:?}", t0.elapsed());
     }
 }
+
+/// Slow and idle clients: a connection that sends nothing, or half its headers, is closed after
+/// --http-timeout; a body that trickles gets 408; 1,000 idle connections held open do not stop
+/// a normal request; beyond --max-connections a new connection gets 503 at once.
+#[test]
+fn serve_slow_clients_and_connection_cap() {
+    let s = Server::start(&qwen35(), &["--http-timeout", "1", "--max-connections", "1100"]);
+    let closed_within = |mut c: std::net::TcpStream, what: &str| {
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let t0 = Instant::now();
+        let mut buf = Vec::new();
+        let _ = c.read_to_end(&mut buf);
+        let dt = t0.elapsed();
+        assert!(dt < Duration::from_secs(4), "{what}: open for {dt:?}");
+        buf
+    };
+    // Idle: nothing sent.
+    closed_within(s.connect().unwrap(), "an idle connection");
+    // Slow-loris: half the headers.
+    let mut c = s.connect().unwrap();
+    std::io::Write::write_all(&mut c, b"POST /v1/completions HTTP/1.1\r\nhost: localhost\r\n").unwrap();
+    closed_within(c, "half the headers");
+    // A trickled body: headers complete, a tenth of the body.
+    let mut c = s.connect().unwrap();
+    std::io::Write::write_all(
+        &mut c,
+        b"POST /v1/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"prompt\":",
+    )
+    .unwrap();
+    let raw = closed_within(c, "a trickled body");
+    assert_eq!(common::http::parse(&raw).status, 408, "{}", String::from_utf8_lossy(&raw));
+
+    // 1,000 idle connections: a normal request is still served.
+    let idle: Vec<std::net::TcpStream> = (0..1000).map(|_| s.connect().unwrap()).collect();
+    let t0 = Instant::now();
+    let r = s.post("/v1/completions", &json!({"prompt": "abc", "max_tokens": 2, "temperature": 0}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(t0.elapsed() < Duration::from_secs(5), "served in {:?}", t0.elapsed());
+    drop(idle);
+    drop(s);
+
+    // The cap: the connections beyond it are refused with a 503, not queued.
+    let s = Server::start(&qwen35(), &["--max-connections", "8"]);
+    let held: Vec<std::net::TcpStream> = (0..8).map(|_| s.connect().unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut c = s.connect().unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut raw = Vec::new();
+    let _ = c.read_to_end(&mut raw);
+    let r = common::http::parse(&raw);
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], "server_busy");
+    drop(held);
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(s.get("/health").status, 200, "served again once they close");
+}

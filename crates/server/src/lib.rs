@@ -18,6 +18,7 @@ mod slots;
 mod structured;
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -73,6 +74,11 @@ pub struct ServeOptions {
     /// Control tokens typed inside message content are parsed as tokens
     /// (`--parse-special-in-messages`; off: they are text, no role injection).
     pub special_in_content: bool,
+    /// How long a connection may take to send a request's headers (idle keep-alive included)
+    /// and its body (`--http-timeout`); slower clients are closed.
+    pub http_timeout: Duration,
+    /// Open connections at most (`--max-connections`); beyond, a new one gets 503 and is closed.
+    pub max_connections: usize,
 }
 
 /// The constant-memory plan for a prompt of `tp` tokens (`--o1` / `--kv-window`, or what a
@@ -221,16 +227,93 @@ async fn serve_async(opts: ServeOptions, load: Loader) -> Result<(), ServeError>
             msg = fail_rx => { if let Ok(m) = msg { *failed_w.lock().unwrap_or_else(|e| e.into_inner()) = Some(m); } }
         }
     };
-    let served = axum::serve(listener, router.into_make_service()).with_graceful_shutdown(shutdown).await;
+    accept_loop(listener, router, &opts, shutdown).await;
     if let Some(info) = app.info.get() {
         info.sched.shutdown();
     }
     if let Some(m) = failed.lock().unwrap_or_else(|e| e.into_inner()).take() {
         return Err(ServeError::Load(m));
     }
-    served.map_err(ServeError::Runtime)?;
     let _ = engine.join();
     Ok(())
+}
+
+/// How long running requests may go on after a shutdown signal before they are cut.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+
+/// Accept connections until `shutdown`, each served by hyper's HTTP/1 with the header-read
+/// timeout (idle keep-alive included: a connection that sends nothing is closed) and under the
+/// connection cap; then let the running requests end (at most SHUTDOWN_GRACE). Written out
+/// rather than `axum::serve`, which sets no timer, hence no timeout, and no cap.
+async fn accept_loop(listener: tokio::net::TcpListener, router: Router, opts: &ServeOptions, shutdown: impl Future<Output = ()>) {
+    let conns = Arc::new(tokio::sync::Semaphore::new(opts.max_connections.max(1)));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let tcp = tokio::select! {
+            r = listener.accept() => match r {
+                Ok((tcp, _)) => tcp,
+                // Out of file descriptors and the like: back off, keep serving.
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => break,
+        };
+        let _ = tcp.set_nodelay(true);
+        let Ok(permit) = conns.clone().try_acquire_owned() else {
+            tokio::spawn(refuse_connection(tcp));
+            continue;
+        };
+        let svc = hyper_util::service::TowerToHyperService::new(router.clone());
+        let mut b = hyper::server::conn::http1::Builder::new();
+        b.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(opts.http_timeout);
+        let conn = graceful.watch(b.serve_connection(hyper_util::rt::TokioIo::new(tcp), svc));
+        tokio::spawn(async move {
+            let _ = conn.await;
+            drop(permit);
+        });
+    }
+    drop(listener);
+    tokio::select! {
+        _ = graceful.shutdown() => {}
+        _ = tokio::time::sleep(SHUTDOWN_GRACE) => {
+            eprintln!("cortiq serve: requests still running after {}s; stopping", SHUTDOWN_GRACE.as_secs());
+        }
+    }
+}
+
+/// Over the connection cap: one 503 in OpenAI's form, then close.
+async fn refuse_connection(mut tcp: tokio::net::TcpStream) {
+    use tokio::io::AsyncWriteExt;
+    let body = ApiError::busy("too many open connections; retry later").body().to_string();
+    let msg = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(1), tcp.write_all(msg.as_bytes())).await;
+}
+
+/// The request body read whole within `--http-timeout` (a client that trickles its body is
+/// cut with 408), before any handler sees it.
+async fn body_deadline(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+    let (parts, body) = req.into_parts();
+    let limit = app.opts.body_limit;
+    match tokio::time::timeout(app.opts.http_timeout, axum::body::to_bytes(body, limit)).await {
+        Ok(Ok(bytes)) => next.run(Request::from_parts(parts, axum::body::Body::from(bytes))).await,
+        Ok(Err(_)) => ApiError {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            code: Some("request_too_large"),
+            ..ApiError::bad_request("request_too_large", "the request body is too large or could not be read")
+        }
+        .into_response(),
+        Err(_) => ApiError {
+            status: StatusCode::REQUEST_TIMEOUT,
+            ..ApiError::bad_request("body_timeout", format!("the request body did not arrive within {:?}", app.opts.http_timeout))
+        }
+        .into_response(),
+    }
 }
 
 /// The engine's own thread: load, publish the model's facts, run the scheduler.
@@ -321,6 +404,7 @@ fn router(app: Arc<App>) -> Router {
         .route("/", get(chat_page))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(app.clone(), body_deadline))
         .layer(middleware::from_fn(json_only))
         .layer(middleware::from_fn_with_state(app.clone(), auth))
         .layer(middleware::from_fn_with_state(app.clone(), host_guard))
