@@ -994,3 +994,40 @@ fn serve_slow_clients_and_connection_cap() {
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(s.get("/health").status, 200, "served again once they close");
 }
+
+/// SIGTERM during four running streams: no new connections, each stream ends with its finish
+/// and `[DONE]`, and the process exits 0.
+#[test]
+fn serve_sigterm_lets_running_streams_finish() {
+    let mut s = Server::start(&qwen35(), &["--parallel", "4", "--ctx", "4096"]);
+    let port = s.port;
+    let streams: Vec<_> = (0..4)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+                let body = json!({"prompt": format!("stream {i}"), "max_tokens": 3000, "ignore_eos": true,
+                                  "temperature": 0, "stream": true})
+                .to_string();
+                common::http::send(&mut c, "POST", "/v1/completions", &[("content-type", "application/json")], body.as_bytes())
+                    .unwrap();
+                let mut raw = Vec::new();
+                c.read_to_end(&mut raw).unwrap();
+                common::http::parse(&raw)
+            })
+        })
+        .collect();
+    s.wait_metric("cortiq_busy_slots", 4.0);
+    let kill = std::process::Command::new("kill").args(["-TERM", &s.pid().to_string()]).status().unwrap();
+    assert!(kill.success());
+    for (i, h) in streams.into_iter().enumerate() {
+        let r = h.join().unwrap();
+        assert_eq!(r.status, 200, "stream {i}");
+        let (data, _) = r.sse();
+        assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "stream {i} ends cleanly");
+        let finishes = data.iter().filter(|d| d.contains("\"finish_reason\":\"length\"")).count();
+        assert_eq!(finishes, 1, "stream {i}: ran to its finish");
+    }
+    let st = s.wait_exit(Duration::from_secs(40)).expect("exits after SIGTERM");
+    assert_eq!(st.code(), Some(0), "exit status; log:\n{}", s.log());
+    assert!(s.log().contains("SIGTERM"), "{}", s.log());
+}
