@@ -296,6 +296,11 @@ impl Handle {
     }
 
     /// Queue requests that belong together (the choices of one `n > 1` request): all or none.
+    /// Requests the queue can take now (a hint for admission: `submit` decides).
+    pub fn room(&self) -> usize {
+        self.inner.cfg.queue.saturating_sub(self.inner.counters.queued.load(Ordering::Relaxed))
+    }
+
     pub fn submit(&self, reqs: Vec<Request>) -> Result<(), SubmitError> {
         let cfg = &self.inner.cfg;
         for r in &reqs {

@@ -59,22 +59,31 @@ pub(crate) async fn messages(State(app): State<Arc<App>>, body: Result<Bytes, By
 /// `POST /v1/messages/count_tokens` -> `{"input_tokens": N}`: the prompt the same request
 /// would run, counted.
 pub(crate) async fn count_tokens(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
-    let r = (|| -> Result<Response, ApiError> {
-        let info = app.info()?;
-        let o = api::object(&body.map_err(body_error)?)?;
-        let (msgs, agent) = conversation(&o)?;
-        let (enc, _) = generate::render_chat(&app, info, &msgs, &agent)?;
-        Ok(axum::Json(json!({"input_tokens": enc.ids.len()})).into_response())
-    })();
-    r.unwrap_or_else(error_response)
+    let r = async {
+        let body = body.map_err(body_error)?;
+        generate::blocking(app, move |app| {
+            let info = app.info()?;
+            let o = api::object(&body)?;
+            let (msgs, agent) = conversation(&o)?;
+            let (enc, _) = generate::render_chat(&app, info, &msgs, &agent)?;
+            Ok(axum::Json(json!({"input_tokens": enc.ids.len()})).into_response())
+        })
+        .await
+    };
+    r.await.unwrap_or_else(error_response)
 }
 
 async fn messages_inner(app: Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
-    let info = app.info()?;
-    let o = api::object(&body.map_err(body_error)?)?;
-    let (msgs, agent) = conversation(&o)?;
-    let gp = api::gen_params(&sampling(&o)?, info.vocab, true)?;
-    let q = generate::queue_chat(&app, &msgs, &agent, gp, "messages").await?;
+    let body = body.map_err(body_error)?;
+    let q = generate::blocking(app, move |app| {
+        let info = app.info()?;
+        let o = api::object(&body)?;
+        let (msgs, agent) = conversation(&o)?;
+        let gp = api::gen_params(&sampling(&o)?, info.vocab, true)?;
+        generate::admit(info, gp.n)?;
+        generate::queue_chat(&app, &msgs, &agent, gp, "messages")
+    })
+    .await?;
     if q.stream { Ok(stream(q).into_response()) } else { whole(q).await }
 }
 

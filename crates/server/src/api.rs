@@ -642,6 +642,14 @@ pub enum Prompt {
     Tokens(Vec<u32>),
 }
 
+/// How many prompts `prompt` holds, read from its shape without copying any (admission).
+pub fn prompt_count(o: &Obj) -> usize {
+    match field(o, "prompt") {
+        Some(Value::Array(a)) if !a.is_empty() && !a.iter().all(Value::is_number) => a.len(),
+        _ => 1,
+    }
+}
+
 /// `prompt`: a string, a list of strings, a list of token ids, or a list of lists of ids.
 pub fn prompts(o: &Obj, vocab: usize) -> Result<Vec<Prompt>, ApiError> {
     let ids = |a: &[Value]| -> Result<Vec<u32>, ApiError> {

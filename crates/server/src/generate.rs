@@ -44,13 +44,43 @@ impl Sink for ChanSink {
 }
 
 pub(crate) async fn chat(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
-    let info = app.info()?;
-    let o = api::object(&body.map_err(body_error)?)?;
-    let gp = api::gen_params(&o, info.vocab, true)?;
-    app.check_model(&gp.model)?;
-    let msgs = api::messages(&o)?;
-    let agent = api::agent_params(&o)?;
-    respond(queue_chat(&app, &msgs, &agent, gp, "messages").await?).await
+    let body = body.map_err(body_error)?;
+    let q = blocking(app, move |app| {
+        let info = app.info()?;
+        let o = api::object(&body)?;
+        let gp = api::gen_params(&o, info.vocab, true)?;
+        app.check_model(&gp.model)?;
+        admit(info, gp.n)?;
+        let msgs = api::messages(&o)?;
+        let agent = api::agent_params(&o)?;
+        queue_chat(&app, &msgs, &agent, gp, "messages")
+    })
+    .await?;
+    respond(q).await
+}
+
+/// A request's preparation (JSON, templates, tokenization, grammar compiles: CPU work that
+/// grows with the request) on the runtime's bounded blocking pool, so the HTTP threads stay
+/// free to answer `/health` and stream tokens.
+pub(crate) async fn blocking<T: Send + 'static>(
+    app: Arc<App>,
+    f: impl FnOnce(Arc<App>) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(move || f(app))
+        .await
+        .map_err(|e| ApiError::internal(format!("request preparation failed: {e}")))?
+}
+
+/// Admission before any per-choice work: `n` sequences must fit the queue's free room (503
+/// `server_busy` otherwise, as the scheduler would answer after the work).
+pub(crate) fn admit(info: &Info, n: usize) -> Result<(), ApiError> {
+    let room = info.sched.room();
+    if n > room {
+        return Err(ApiError::busy(format!(
+            "the request queue has room for {room} sequences, the request needs {n}; retry later"
+        )));
+    }
+    Ok(())
 }
 
 /// The conversation as the model reads it, with the tools unless `tool_choice` is none (the
@@ -120,7 +150,7 @@ fn generic_tools(msgs: &[chat::ChatMessage], tools: &[Value]) -> Vec<chat::ChatM
 /// parser set up (tool calls of the template's family, the thinking block), a forced call's
 /// grammar or the reasoning budget attached. The chat, Anthropic and Responses routes all
 /// come through here.
-pub(crate) async fn queue_chat(
+pub(crate) fn queue_chat(
     app: &Arc<App>,
     msgs: &[chat::ChatMessage],
     agent: &api::AgentParams,
@@ -152,7 +182,7 @@ pub(crate) async fn queue_chat(
             return Err(ApiError::invalid("response_format", "'response_format' cannot be combined with a forced 'tool_choice'"));
         }
     }
-    let mut out = run(app.clone(), Kind::Chat, vec![enc.ids], gp, prompt_param).await?;
+    let mut out = run(app.clone(), Kind::Chat, vec![enc.ids], gp, prompt_param)?;
     if let Some(p) = parse {
         out.parse = Some(p);
         out.parallel = agent.parallel;
@@ -161,21 +191,28 @@ pub(crate) async fn queue_chat(
 }
 
 pub(crate) async fn completions(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
-    let info = app.info()?;
-    let o = api::object(&body.map_err(body_error)?)?;
-    let gp = api::gen_params(&o, info.vocab, false)?;
-    app.check_model(&gp.model)?;
-    let mut prompts = Vec::new();
-    for p in api::prompts(&o, info.vocab)? {
-        prompts.push(match p {
-            // As llama-server: BOS where the model adds one, special tokens parsed.
-            Prompt::Text(s) => {
-                info.tok.encode_with(&s, info.tok.add_bos(), true).map_err(|e| ApiError::invalid("prompt", e.to_string()))?
-            }
-            Prompt::Tokens(t) => t,
-        });
-    }
-    respond(run(app.clone(), Kind::Text, prompts, gp, "prompt").await?).await
+    let body = body.map_err(body_error)?;
+    let q = blocking(app, move |app| {
+        let info = app.info()?;
+        let o = api::object(&body)?;
+        let gp = api::gen_params(&o, info.vocab, false)?;
+        app.check_model(&gp.model)?;
+        // Prompts x n against the queue before any prompt is copied or tokenized.
+        admit(info, api::prompt_count(&o).saturating_mul(gp.n))?;
+        let mut prompts = Vec::new();
+        for p in api::prompts(&o, info.vocab)? {
+            prompts.push(match p {
+                // As llama-server: BOS where the model adds one, special tokens parsed.
+                Prompt::Text(s) => {
+                    info.tok.encode_with(&s, info.tok.add_bos(), true).map_err(|e| ApiError::invalid("prompt", e.to_string()))?
+                }
+                Prompt::Tokens(t) => t,
+            });
+        }
+        run(app.clone(), Kind::Text, prompts, gp, "prompt")
+    })
+    .await?;
+    respond(q).await
 }
 
 /// A queued request, answered by `respond` (or another route's own writer).
@@ -205,7 +242,7 @@ async fn respond(q: Queued) -> Result<Response, ApiError> {
 }
 
 /// Check the prompts against the context and queue `n` choices per prompt.
-async fn run(app: Arc<App>, kind: Kind, prompts: Vec<Vec<u32>>, gp: GenParams, prompt_param: &str) -> Result<Queued, ApiError> {
+fn run(app: Arc<App>, kind: Kind, prompts: Vec<Vec<u32>>, gp: GenParams, prompt_param: &str) -> Result<Queued, ApiError> {
     let info = app.info()?;
     let n_ctx = info.sched.config().n_ctx;
     for p in &prompts {
@@ -220,22 +257,30 @@ async fn run(app: Arc<App>, kind: Kind, prompts: Vec<Vec<u32>>, gp: GenParams, p
         (None, None) => None,
         _ => Some(app.structured(info).map_err(|e| ApiError::internal(format!("structured output unavailable: {e}")))?),
     };
+    // The grammar compiled once per request; each choice runs its own copy.
+    let compiled = match (&structured, &gp.json_schema, &gp.grammar) {
+        (Some(st), Some(schema), _) => Some(st.compile_json(schema).map_err(|e| ApiError {
+            code: Some("invalid_schema"),
+            ..ApiError::invalid("response_format", format!("the JSON schema cannot be used: {e}"))
+        })?),
+        (Some(st), None, Some(g)) => Some(st.compile_lark(g).map_err(|e| ApiError {
+            code: Some("invalid_schema"),
+            ..ApiError::invalid("tools", format!("a tool's parameter schema cannot be used: {e}"))
+        })?),
+        _ => None,
+    };
     let spec = gp.speculative.resolve(app.opts.spec, info.has_draft)?;
     let (tx, rx) = mpsc::unbounded_channel();
     let eos = if gp.ignore_eos { Vec::new() } else { info.eos.clone() };
     let mut reqs = Vec::new();
     for (pi, p) in prompts.iter().enumerate() {
         for j in 0..gp.n {
-            let constraint = match (&structured, &gp.json_schema, &gp.grammar) {
-                (Some(st), Some(schema), _) => Some(st.json(schema).map_err(|e| ApiError {
+            let constraint = match &compiled {
+                Some(c) => Some(c.constraint().map_err(|e| ApiError {
                     code: Some("invalid_schema"),
-                    ..ApiError::invalid("response_format", format!("the JSON schema cannot be used: {e}"))
+                    ..ApiError::invalid("response_format", format!("the grammar cannot be used: {e}"))
                 })?),
-                (Some(st), None, Some(g)) => Some(st.lark(g).map_err(|e| ApiError {
-                    code: Some("invalid_schema"),
-                    ..ApiError::invalid("tools", format!("a tool's parameter schema cannot be used: {e}"))
-                })?),
-                _ => match &gp.think_budget {
+                None => match &gp.think_budget {
                     Some((tags, inside, n)) => {
                         Some(Box::new(ThinkBudget::new(info.tok.clone(), tags.clone(), *n, *inside).map_err(ApiError::internal)?)
                             as Box<dyn cortiq_engine::sched::Constraint>)

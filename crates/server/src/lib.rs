@@ -176,6 +176,9 @@ pub(crate) fn unix_now() -> u64 {
 pub fn serve(opts: ServeOptions, load: Loader) -> Result<(), ServeError> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(opts.http_threads.max(1))
+        // Request preparation (generate::blocking): bounded, so a flood of heavy requests
+        // queues here instead of spawning a thread each.
+        .max_blocking_threads(BLOCKING_THREADS)
         .thread_name("cortiq-http")
         .enable_all()
         .build()
@@ -237,6 +240,9 @@ async fn serve_async(opts: ServeOptions, load: Loader) -> Result<(), ServeError>
     let _ = engine.join();
     Ok(())
 }
+
+/// Threads preparing requests at once (templates, tokenization, grammar compiles).
+const BLOCKING_THREADS: usize = 4;
 
 /// How long running requests may go on after a shutdown signal before they are cut.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);

@@ -27,8 +27,14 @@ use crate::generate::{self, Out, Queued};
 use crate::{App, body_error};
 
 pub(crate) async fn responses(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let body = body.map_err(body_error)?;
+    let (q, echo) = generate::blocking(app, move |app| prepare(&app, &body)).await?;
+    if q.stream { Ok(stream(q, echo).into_response()) } else { whole(q, echo).await }
+}
+
+fn prepare(app: &Arc<App>, body: &[u8]) -> Result<(Queued, Echo), ApiError> {
     let info = app.info()?;
-    let o = api::object(&body.map_err(body_error)?)?;
+    let o = api::object(body)?;
     if o.get("previous_response_id").is_some_and(|v| !v.is_null()) {
         return Err(ApiError {
             code: Some("unsupported_value"),
@@ -41,9 +47,9 @@ pub(crate) async fn responses(State(app): State<Arc<App>>, body: Result<Bytes, B
     let (msgs, agent, chat) = conversation(&o)?;
     let gp = api::gen_params(&chat, info.vocab, true)?;
     app.check_model(&gp.model)?;
-    let q = generate::queue_chat(&app, &msgs, &agent, gp, "input").await?;
-    let echo = Echo::of(&o, &agent);
-    if q.stream { Ok(stream(q, echo).into_response()) } else { whole(q, echo).await }
+    generate::admit(info, gp.n)?;
+    let q = generate::queue_chat(app, &msgs, &agent, gp, "input")?;
+    Ok((q, Echo::of(&o, &agent)))
 }
 
 /// The request's settings a response object repeats.

@@ -9,7 +9,7 @@ use cortiq_engine::sched::Constraint;
 use cortiq_formats::tokenizer::Tokenizer;
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
-use llguidance::{Matcher, ParserFactory};
+use llguidance::{Matcher, ParserFactory, TokenParser};
 use serde_json::Value;
 
 /// The vocabulary as llguidance sees it: every token's bytes (control tokens behind its 0xFF
@@ -55,19 +55,31 @@ impl Structured {
         Ok(Structured { factory })
     }
 
-    /// A constraint for one request; a schema llguidance cannot compile is the client's error.
-    pub fn json(&self, schema: &Value) -> Result<Box<dyn Constraint>, String> {
-        self.grammar(TopLevelGrammar::from_json_schema(schema.clone()))
+    /// A JSON schema compiled once per request; a schema llguidance cannot compile is the
+    /// client's error.
+    pub fn compile_json(&self, schema: &Value) -> Result<Compiled, String> {
+        self.compile(TopLevelGrammar::from_json_schema(schema.clone()))
     }
 
-    /// A constraint from a Lark grammar (llguidance's dialect: `%json {schema}` embeds a schema).
-    pub fn lark(&self, grammar: &str) -> Result<Box<dyn Constraint>, String> {
-        self.grammar(TopLevelGrammar::from_lark(grammar.to_string()))
+    /// A Lark grammar (llguidance's dialect: `%json {schema}` embeds a schema).
+    pub fn compile_lark(&self, grammar: &str) -> Result<Compiled, String> {
+        self.compile(TopLevelGrammar::from_lark(grammar.to_string()))
     }
 
-    fn grammar(&self, g: TopLevelGrammar) -> Result<Box<dyn Constraint>, String> {
+    fn compile(&self, g: TopLevelGrammar) -> Result<Compiled, String> {
         let parser = self.factory.create_parser(g).map_err(|e| format!("{e}"))?;
-        let m = Matcher::new(Ok(parser));
+        let c = Compiled(parser);
+        c.constraint()?;
+        Ok(c)
+    }
+}
+
+/// A compiled grammar: each choice of the request runs its own copy.
+pub struct Compiled(TokenParser);
+
+impl Compiled {
+    pub fn constraint(&self) -> Result<Box<dyn Constraint>, String> {
+        let m = Matcher::new(Ok(self.0.deep_clone()));
         if let Some(e) = m.get_error() {
             return Err(e);
         }
