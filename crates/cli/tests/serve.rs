@@ -1081,3 +1081,28 @@ fn serve_admission_and_health_under_heavy_requests() {
     assert!(lat.len() >= 3, "the heavy requests ended too soon to probe ({} probes)", lat.len());
     assert!(*lat.last().unwrap() < Duration::from_millis(50), "/health took {:?}", lat.last());
 }
+
+/// A streaming client that stops reading: once its unread events pile up, the stall clock runs
+/// and after --http-timeout its request is cancelled and the slot freed (bounded memory).
+#[test]
+fn serve_cancels_a_client_that_stops_reading() {
+    let s = Server::start(&qwen35(), &["--http-timeout", "1", "--ctx", "40000", "--parallel", "1"]);
+    let mut c = s.connect().unwrap();
+    let body = json!({"prompt": "abc", "max_tokens": 39000, "ignore_eos": true, "temperature": 0, "stream": true}).to_string();
+    common::http::send(&mut c, "POST", "/v1/completions", &[("content-type", "application/json")], body.as_bytes()).unwrap();
+    // Read nothing; the request must end (cancelled) long before its 39,000 tokens would.
+    let t0 = Instant::now();
+    loop {
+        if s.metric("cortiq_requests_cancelled_total") >= 1.0 {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "not cancelled; generated {}", s.metric("cortiq_generated_tokens_total"));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let generated = s.metric("cortiq_generated_tokens_total");
+    assert!(generated < 39000.0, "cancelled after {generated} tokens");
+    s.wait_metric("cortiq_busy_slots", 0.0);
+    drop(c);
+    let r = s.post("/v1/completions", &json!({"prompt": "abc", "max_tokens": 2, "temperature": 0}));
+    assert_eq!(r.status, 200, "the server serves on");
+}

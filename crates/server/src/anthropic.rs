@@ -23,7 +23,6 @@ use cortiq_engine::sched::{Event, Finish};
 use cortiq_formats::calls::{self, Piece};
 use cortiq_formats::chat::{ChatMessage, FunctionCall, ToolCall};
 use serde_json::{Value, json};
-use tokio::sync::mpsc;
 
 use crate::api::{self, AgentParams, Obj, ToolChoice};
 use crate::error::ApiError;
@@ -398,7 +397,7 @@ enum Block {
 /// message_stop.
 struct Streamer {
     out: Out,
-    rx: mpsc::UnboundedReceiver<Event>,
+    rx: generate::EventRx,
     parser: calls::Parser,
     pending: VecDeque<SseEvent>,
     open: Option<(Block, usize)>,

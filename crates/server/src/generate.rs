@@ -32,14 +32,57 @@ pub(crate) enum Kind {
     Text,
 }
 
-struct ChanSink(mpsc::UnboundedSender<Event>);
+/// Events a request may have waiting for its client before the stall clock starts.
+const PENDING_EVENTS: usize = 1024;
+
+/// The engine's side of a request's event channel. The channel is unbounded (the engine thread
+/// never waits on a client) but watched: past PENDING_EVENTS unread events the stall clock
+/// runs, and a client that reads nothing for `--http-timeout` has its request cancelled (the
+/// sink reports closed), so a client that stops reading holds a bounded amount of memory.
+struct ChanSink {
+    tx: mpsc::UnboundedSender<Event>,
+    pending: Arc<std::sync::atomic::AtomicUsize>,
+    stalled_since: std::sync::Mutex<Option<std::time::Instant>>,
+    stall: std::time::Duration,
+}
+
+impl ChanSink {
+    fn stalled(&self) -> bool {
+        let mut since = self.stalled_since.lock().unwrap_or_else(|e| e.into_inner());
+        if self.pending.load(std::sync::atomic::Ordering::Relaxed) <= PENDING_EVENTS {
+            *since = None;
+            return false;
+        }
+        since.get_or_insert_with(std::time::Instant::now).elapsed() > self.stall
+    }
+}
 
 impl Sink for ChanSink {
     fn send(&self, ev: Event) -> bool {
-        self.0.send(ev).is_ok()
+        if self.stalled() {
+            return false;
+        }
+        self.pending.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.tx.send(ev).is_ok()
     }
     fn is_closed(&self) -> bool {
-        self.0.is_closed()
+        self.tx.is_closed() || self.stalled()
+    }
+}
+
+/// The HTTP side of a request's events (counts what it has read, for `ChanSink`).
+pub(crate) struct EventRx {
+    rx: mpsc::UnboundedReceiver<Event>,
+    pending: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl EventRx {
+    pub(crate) async fn recv(&mut self) -> Option<Event> {
+        let ev = self.rx.recv().await;
+        if ev.is_some() {
+            self.pending.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        ev
     }
 }
 
@@ -218,7 +261,7 @@ pub(crate) async fn completions(State(app): State<Arc<App>>, body: Result<Bytes,
 /// A queued request, answered by `respond` (or another route's own writer).
 pub(crate) struct Queued {
     pub out: Out,
-    pub rx: mpsc::UnboundedReceiver<Event>,
+    pub rx: EventRx,
     pub stream: bool,
     pub keepalive: std::time::Duration,
 }
@@ -271,6 +314,8 @@ fn run(app: Arc<App>, kind: Kind, prompts: Vec<Vec<u32>>, gp: GenParams, prompt_
     };
     let spec = gp.speculative.resolve(app.opts.spec, info.has_draft)?;
     let (tx, rx) = mpsc::unbounded_channel();
+    let pending = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let rx = EventRx { rx, pending: pending.clone() };
     let eos = if gp.ignore_eos { Vec::new() } else { info.eos.clone() };
     let mut reqs = Vec::new();
     for (pi, p) in prompts.iter().enumerate() {
@@ -300,7 +345,12 @@ fn run(app: Arc<App>, kind: Kind, prompts: Vec<Vec<u32>>, gp: GenParams, prompt_
                 logprobs: gp.logprobs,
                 logit_bias: gp.logit_bias.clone(),
                 index: pi * gp.n + j,
-                sink: Box::new(ChanSink(tx.clone())),
+                sink: Box::new(ChanSink {
+                    tx: tx.clone(),
+                    pending: pending.clone(),
+                    stalled_since: std::sync::Mutex::new(None),
+                    stall: app.opts.http_timeout,
+                }),
                 constraint,
                 o1: info.o1.as_ref().and_then(|plan| plan(p.len())),
                 spec,
@@ -509,7 +559,7 @@ struct Choice {
 }
 
 /// Collect every choice, then answer once.
-async fn whole(out: Out, mut rx: mpsc::UnboundedReceiver<Event>) -> Result<Response, ApiError> {
+async fn whole(out: Out, mut rx: EventRx) -> Result<Response, ApiError> {
     let mut choices: Vec<Choice> = (0..out.choices).map(|_| Choice::default()).collect();
     let mut counts = Counts::default();
     let mut done = 0;
@@ -579,7 +629,7 @@ fn fingerprint() -> String {
 /// The SSE stream's state: events become chunks; `pending` holds chunks not yet yielded.
 struct Streamer {
     out: Out,
-    rx: mpsc::UnboundedReceiver<Event>,
+    rx: EventRx,
     pending: VecDeque<SseEvent>,
     done: usize,
     counts: Counts,
@@ -721,7 +771,7 @@ impl Streamer {
 
 fn stream(
     out: Out,
-    rx: mpsc::UnboundedReceiver<Event>,
+    rx: EventRx,
     keepalive: std::time::Duration,
 ) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
     let n = out.choices;

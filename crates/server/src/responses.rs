@@ -19,7 +19,6 @@ use cortiq_engine::sched::{Event, Finish};
 use cortiq_formats::calls::{self, Piece};
 use cortiq_formats::chat::{ChatMessage, FunctionCall, ToolCall};
 use serde_json::{Value, json};
-use tokio::sync::mpsc;
 
 use crate::api::{self, AgentParams, Obj};
 use crate::error::ApiError;
@@ -364,7 +363,7 @@ async fn whole(mut q: Queued, echo: Echo) -> Result<Response, ApiError> {
 struct Streamer {
     out: Out,
     echo: Echo,
-    rx: Option<mpsc::UnboundedReceiver<Event>>,
+    rx: Option<generate::EventRx>,
     parser: calls::Parser,
     items: Items,
     pending: VecDeque<SseEvent>,
