@@ -264,7 +264,8 @@ pub fn cmd_run(a: RunArgs, verbose: bool) -> Result<()> {
 fn open_prompt_cache(path: &std::path::Path, model: &cortiq_engine::Model, n_ctx: usize) -> Result<PrefixCache> {
     let mut cache = PrefixCache::new(CacheConfig { ram: usize::MAX, every: 1024 });
     if path.exists() {
-        let s = cortiq_engine::session::load(path, model, n_ctx).context("--prompt-cache (the file is left as it is)")?;
+        let s =
+            cortiq_engine::session::load(path, model, n_ctx, u64::MAX).context("--prompt-cache (the file is left as it is)")?;
         cache.insert(&s.tokens, &s.state, s.checkpoints);
     }
     Ok(cache)

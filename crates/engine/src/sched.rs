@@ -846,7 +846,10 @@ impl Handle {
                 Ok(SessionInfo { tokens: tokens.len(), bytes: size(&path) })
             }
             Control::Restore { path } => {
-                let s = crate::session::load(&path, model, cfg.n_ctx).map_err(|e| e.to_string())?;
+                // A file past the cache's budget could not be cached anyway (its serialized form
+                // is the states' bytes plus small headers).
+                let cap = cache.config().ram as u64 + (1 << 20);
+                let s = crate::session::load(&path, model, cfg.n_ctx, cap).map_err(|e| e.to_string())?;
                 let evicted = cache.insert(&s.tokens, &s.state, s.checkpoints);
                 let c = &self.inner.counters;
                 c.cache_evictions.fetch_add(evicted as u64, Ordering::Relaxed);

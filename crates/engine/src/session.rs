@@ -104,8 +104,15 @@ pub fn save(
     let io = |source| SessionError::Io { path: path.display().to_string(), source };
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp{}", std::process::id()));
-    let written = std::fs::File::create(&tmp).and_then(|mut f| {
+    // A fresh name nobody could have planted: created exclusively (an existing file or a
+    // symlink there is an error, never followed), readable by the owner only.
+    let nonce = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    let tmp = dir.join(format!(".{name}.tmp{}-{nonce:x}", std::process::id()));
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+    let written = opts.open(&tmp).and_then(|mut f| {
         f.write_all(&out)?;
         f.sync_all()
     });
@@ -116,14 +123,27 @@ pub fn save(
     Ok(())
 }
 
-/// Read a session `save` wrote for this model, its state sized for `n_ctx` positions.
-pub fn load(path: &Path, model: &Model, n_ctx: usize) -> Result<Session, SessionError> {
+/// Read a session `save` wrote for this model, its state sized for `n_ctx` positions. A file
+/// larger than `max_bytes` (what the prompt cache could hold) is refused before it is read, and
+/// a symlink is not followed.
+pub fn load(path: &Path, model: &Model, n_ctx: usize, max_bytes: u64) -> Result<Session, SessionError> {
     let p = path.display().to_string();
     if model.numerics == Numerics::LlamaCpp {
         let what = "sessions are not restored under llama.cpp numerics (the prompt cache is off there)".into();
         return Err(SessionError::Bad { path: p, what });
     }
-    let bytes = std::fs::read(path).map_err(|source| SessionError::Io { path: p.clone(), source })?;
+    let io = |source| SessionError::Io { path: p.clone(), source };
+    let mut opts = std::fs::OpenOptions::new();
+    opts.read(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut opts, libc::O_NOFOLLOW);
+    let mut f = opts.open(path).map_err(io)?;
+    let len = f.metadata().map_err(io)?.len();
+    if len > max_bytes {
+        return Err(SessionError::Bad { path: p, what: format!("{len} bytes, more than the prompt cache holds ({max_bytes})") });
+    }
+    let mut bytes = Vec::with_capacity(len as usize);
+    std::io::Read::read_to_end(&mut f, &mut bytes).map_err(io)?;
     if bytes.len() < 8 || &bytes[..8] != MAGIC {
         return Err(SessionError::NotASession(p));
     }

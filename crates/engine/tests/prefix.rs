@@ -247,7 +247,7 @@ fn session_save_restore_continue() {
         let (toks, state, cps) = cache.best_for(&a).unwrap();
         session::save(&path, m, toks, state, cps).unwrap();
         // A new process: nothing cached but the session.
-        let s = session::load(&path, m, N_CTX).unwrap();
+        let s = session::load(&path, m, N_CTX, u64::MAX).unwrap();
         let grid = m.cut_grid();
         assert_eq!(s.tokens, a[..entry_point(90, grid)]);
         let mut fresh = PrefixCache::new(CacheConfig { ram: 1 << 32, every: 32 });
@@ -260,7 +260,7 @@ fn session_save_restore_continue() {
         // A prompt parting from the saved one at 50 restores a checkpoint (recurrent) or a
         // grid point (KV) — from the session alone.
         let mut fresh = PrefixCache::new(CacheConfig { ram: 1 << 32, every: 32 });
-        let s = session::load(&path, m, N_CTX).unwrap();
+        let s = session::load(&path, m, N_CTX, u64::MAX).unwrap();
         fresh.insert(&s.tokens, &s.state, s.checkpoints);
         let part: Vec<u32> = [&a[..50], &tokens(v, 30, 0x5EED_0013)].concat();
         let mut st = m.new_state(N_CTX);
@@ -293,12 +293,26 @@ fn bad_sessions_are_refused() {
     let (toks, state, cps) = cache.best_for(&a).unwrap();
     session::save(&good, &m, toks, state, cps).unwrap();
     let bytes = std::fs::read(&good).unwrap();
+    // Written for the owner only; a symlink is not followed; a file past the cap is refused
+    // before it is read.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&good).unwrap().permissions().mode() & 0o777, 0o600, "session file mode");
+        let link = dir.join("link.session");
+        std::os::unix::fs::symlink(&good, &link).unwrap();
+        let e = session::load(&link, &m, N_CTX, u64::MAX).err().expect("a symlink is refused").to_string();
+        assert!(e.contains("link.session"), "{e}");
+    }
+    let e = session::load(&good, &m, N_CTX, bytes.len() as u64 - 1).err().expect("past the cap").to_string();
+    assert!(e.contains("more than the prompt cache holds"), "{e}");
+    assert!(session::load(&good, &m, N_CTX, bytes.len() as u64).is_ok(), "exactly at the cap");
     let write = |name: &str, b: &[u8]| {
         let p = dir.join(name);
         std::fs::write(&p, b).unwrap();
         p
     };
-    let err = |p: &std::path::Path, model: &Model| session::load(p, model, N_CTX).err().expect("refused").to_string();
+    let err = |p: &std::path::Path, model: &Model| session::load(p, model, N_CTX, u64::MAX).err().expect("refused").to_string();
     let truncated = write("truncated", &bytes[..bytes.len() - 100]);
     let mut flipped = bytes.clone();
     flipped[bytes.len() / 2] ^= 0x10;
@@ -346,7 +360,7 @@ fn bad_sessions_are_refused() {
     };
     let v1 = write("v1", &as_v1(&bytes));
     assert_eq!(m.kv_type, KvType::F16);
-    assert_eq!(session::load(&v1, &m, N_CTX).expect("a version-1 f16 session").tokens, toks);
+    assert_eq!(session::load(&v1, &m, N_CTX, u64::MAX).expect("a version-1 f16 session").tokens, toks);
     let mut q8 = load(&fixture("qwen3")).unwrap().model; // heads of 32: whole 8-bit blocks
     q8.set_numerics(Numerics::Fast);
     q8.set_kv_type(KvType::Q8).unwrap();
