@@ -1,0 +1,158 @@
+//! Fuzzing the request parser (`api.rs`): random JSON bodies over the fields the endpoints
+//! read (each field given values of every JSON type, nested at random, plus raw byte noise) must
+//! parse to a value or to an error naming a field — never a panic. Bounded in the test command
+//! (CORTIQ_FUZZ_SECS, default 2 s); `CORTIQ_FUZZ_SECS=600 cargo test --release -p cortiq-server
+//! --test fuzz_api -- --nocapture` for a long run.
+
+use std::time::{Duration, Instant};
+
+use cortiq_server::api;
+use serde_json::{Map, Value, json};
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+const FIELDS: &[&str] = &[
+    "messages",
+    "prompt",
+    "model",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "max_tokens",
+    "max_completion_tokens",
+    "stop",
+    "n",
+    "logprobs",
+    "top_logprobs",
+    "logit_bias",
+    "stream",
+    "stream_options",
+    "response_format",
+    "echo",
+    "speculative",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "chat_template_kwargs",
+    "reasoning_effort",
+    "reasoning_budget",
+    "repeat_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "repeat_last_n",
+    "ignore_eos",
+    "cache_prompt",
+    "return_tokens",
+];
+
+const WORDS: &[&str] = &[
+    "role",
+    "content",
+    "user",
+    "assistant",
+    "tool",
+    "system",
+    "function",
+    "name",
+    "arguments",
+    "type",
+    "text",
+    "tool_calls",
+    "tool_call_id",
+    "json_schema",
+    "schema",
+    "auto",
+    "none",
+    "required",
+    "parameters",
+    "ngram",
+    "draft",
+    "n_max",
+    "id",
+    "include_usage",
+    "reasoning_content",
+    "image_url",
+    "json_object",
+];
+
+fn value(r: &mut Rng, depth: usize) -> Value {
+    match r.below(if depth > 3 { 6 } else { 9 }) {
+        0 => Value::Null,
+        1 => Value::Bool(r.below(2) == 0),
+        2 => {
+            let edge: [i64; 7] = [0, -1, 1, i64::MAX, i64::MIN, 1 << 31, 65536];
+            json!(edge[r.below(edge.len())])
+        }
+        3 => json!((r.next() as f64 / u64::MAX as f64 - 0.5) * 10f64.powi(r.below(40) as i32 - 20)),
+        4 => json!(WORDS[r.below(WORDS.len())]),
+        5 => {
+            let n = r.below(12);
+            Value::String((0..n).map(|_| char::from_u32(r.below(0x1_0000) as u32).unwrap_or('x')).collect())
+        }
+        6 => Value::Array((0..r.below(5)).map(|_| value(r, depth + 1)).collect()),
+        _ => {
+            let mut m = Map::new();
+            for _ in 0..r.below(5) {
+                m.insert(WORDS[r.below(WORDS.len())].to_string(), value(r, depth + 1));
+            }
+            Value::Object(m)
+        }
+    }
+}
+
+fn body(r: &mut Rng) -> Vec<u8> {
+    let mut m = Map::new();
+    for _ in 0..r.below(8) {
+        m.insert(FIELDS[r.below(FIELDS.len())].to_string(), value(r, 0));
+    }
+    let mut b = serde_json::to_vec(&Value::Object(m)).unwrap();
+    if r.below(8) == 0 && !b.is_empty() {
+        // Byte noise: the JSON itself broken.
+        let i = r.below(b.len());
+        b[i] = r.next() as u8;
+    }
+    b
+}
+
+#[test]
+fn fuzz_request_parser() {
+    let secs: f64 = std::env::var("CORTIQ_FUZZ_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(2.0);
+    let t0 = Instant::now();
+    let mut n = 0u64;
+    while t0.elapsed() < Duration::from_secs_f64(secs) {
+        let case = 0xF0CC_0000_0000 + n;
+        let mut r = Rng(case.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let b = body(&mut r);
+        let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let Ok(o) = api::object(&b) else { return };
+            for chat in [true, false] {
+                if let Err(e) = api::gen_params(&o, 1000, chat) {
+                    assert!(!e.message.is_empty());
+                }
+            }
+            let _ = api::messages(&o);
+            if let Ok(a) = api::agent_params(&o) {
+                let _ = a.forced_grammar(r.below(2) == 0, None);
+            }
+            let _ = api::prompts(&o, 1000);
+            let _ = api::prompt_count(&o);
+        }));
+        assert!(res.is_ok(), "case {case:#x} panicked on {}", String::from_utf8_lossy(&b));
+        n += 1;
+    }
+    eprintln!("[request parser] {n} bodies in {:.1}s, no panic", t0.elapsed().as_secs_f64());
+}
