@@ -1106,3 +1106,27 @@ fn serve_cancels_a_client_that_stops_reading() {
     let r = s.post("/v1/completions", &json!({"prompt": "abc", "max_tokens": 2, "temperature": 0}));
     assert_eq!(r.status, 200, "the server serves on");
 }
+
+/// A session save the server cannot write (here the target is a folder) is a 5xx with the
+/// cause, not a 400, and leaves no temporary file behind.
+#[test]
+fn serve_session_write_failure_is_a_server_error() {
+    let dir = TempDir::new("slotdir-fail");
+    std::fs::create_dir(dir.0.join("taken.bin")).unwrap();
+    let s = Server::start(&qwen35(), &["--slot-dir", dir.0.to_str().unwrap()]);
+    let r = s.post("/v1/completions", &json!({"prompt": "a conversation to keep", "max_tokens": 4, "temperature": 0}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let t0 = Instant::now();
+    let r = loop {
+        let r = s.post("/slots/0?action=save", &json!({"filename": "taken.bin"}));
+        // The idle refill caches the conversation right after the response: wait for it.
+        if r.status != 400 || t0.elapsed() > Duration::from_secs(10) {
+            break r;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_error(&r, 500, "server_error", Some("internal_error"), None);
+    assert!(r.json()["error"]["message"].as_str().unwrap().contains("taken.bin"), "{}", r.text());
+    let left: Vec<_> = std::fs::read_dir(&dir.0).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left, vec![std::ffi::OsString::from("taken.bin")], "no temporary file left");
+}

@@ -183,6 +183,16 @@ pub enum ErrorKind {
     Engine,
 }
 
+/// Why a session save or restore failed: the request cannot be honoured (a bad or foreign file,
+/// nothing to save) or the server failed (I/O, shutting down).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SessionOpError {
+    #[error("{0}")]
+    Refused(String),
+    #[error("{0}")]
+    Failed(String),
+}
+
 /// Why `submit` refused a request.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum SubmitError {
@@ -229,7 +239,7 @@ struct Queue {
     items: VecDeque<(Request, Instant)>,
     shutdown: bool,
     /// Session saves and restores for the engine thread, with where to answer.
-    controls: VecDeque<(Control, std::sync::mpsc::Sender<Result<SessionInfo, String>>)>,
+    controls: VecDeque<(Control, std::sync::mpsc::Sender<Result<SessionInfo, SessionOpError>>)>,
 }
 
 /// A session operation the engine thread runs between steps (`Handle::save_session`).
@@ -329,27 +339,27 @@ impl Handle {
     /// Save the conversation slot `slot` last served (its prompt and output, as the prompt
     /// cache holds it: the entry sharing the longest prefix) to the session file `path`
     /// (atomically). Waits for the engine thread (between two steps).
-    pub fn save_session(&self, slot: usize, path: &std::path::Path) -> Result<SessionInfo, String> {
+    pub fn save_session(&self, slot: usize, path: &std::path::Path) -> Result<SessionInfo, SessionOpError> {
         self.control(Control::Save { slot, path: path.to_path_buf() })
     }
 
     /// Read the session file `path` into the prompt cache: a request whose prompt starts with
     /// the saved tokens continues from the saved state.
-    pub fn restore_session(&self, path: &std::path::Path) -> Result<SessionInfo, String> {
+    pub fn restore_session(&self, path: &std::path::Path) -> Result<SessionInfo, SessionOpError> {
         self.control(Control::Restore { path: path.to_path_buf() })
     }
 
-    fn control(&self, c: Control) -> Result<SessionInfo, String> {
+    fn control(&self, c: Control) -> Result<SessionInfo, SessionOpError> {
         let (tx, rx) = std::sync::mpsc::channel();
         {
             let mut q = self.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
             if q.shutdown {
-                return Err("the server is shutting down".into());
+                return Err(SessionOpError::Failed("the server is shutting down".into()));
             }
             q.controls.push_back((c, tx));
         }
         self.inner.wake.notify_all();
-        rx.recv().map_err(|_| "the engine stopped".to_string())?
+        rx.recv().map_err(|_| SessionOpError::Failed("the engine stopped".into()))?
     }
 
     /// Ask `run` to return once the running and queued requests are done.
@@ -830,33 +840,40 @@ impl Handle {
         cfg: &SchedConfig,
         cache: Option<&mut PrefixCache>,
         c: Control,
-    ) -> Result<SessionInfo, String> {
-        let Some(cache) = cache else { return Err("the prompt cache is off (--cache-ram 0, or llama.cpp numerics)".into()) };
+    ) -> Result<SessionInfo, SessionOpError> {
+        let refused = |m: String| SessionOpError::Refused(m);
+        let Some(cache) = cache else {
+            return Err(refused("the prompt cache is off (--cache-ram 0, or llama.cpp numerics)".into()));
+        };
         let size = |p: &std::path::Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
         match c {
             Control::Save { slot, path } => {
                 let last = self.inner.last.lock().unwrap_or_else(|e| e.into_inner()).get(slot).cloned();
                 let Some(history) = last.filter(|h| !h.is_empty()) else {
-                    return Err(format!("slot {slot} has served no cached request to save"));
+                    return Err(refused(format!("slot {slot} has served no cached request to save")));
                 };
                 let Some((tokens, state, cps)) = cache.best_for(&history) else {
-                    return Err(format!("slot {slot}'s conversation is no longer in the prompt cache"));
+                    return Err(refused(format!("slot {slot}'s conversation is no longer in the prompt cache")));
                 };
-                crate::session::save(&path, model, tokens, state, cps).map_err(|e| e.to_string())?;
+                // Writing failed (disk full, permissions): the server's trouble, not the request's.
+                crate::session::save(&path, model, tokens, state, cps).map_err(|e| match e {
+                    crate::session::SessionError::Io { .. } => SessionOpError::Failed(e.to_string()),
+                    e => refused(e.to_string()),
+                })?;
                 Ok(SessionInfo { tokens: tokens.len(), bytes: size(&path) })
             }
             Control::Restore { path } => {
                 // A file past the cache's budget could not be cached anyway (its serialized form
                 // is the states' bytes plus small headers).
                 let cap = cache.config().ram as u64 + (1 << 20);
-                let s = crate::session::load(&path, model, cfg.n_ctx, cap).map_err(|e| e.to_string())?;
+                let s = crate::session::load(&path, model, cfg.n_ctx, cap).map_err(|e| refused(e.to_string()))?;
                 let evicted = cache.insert(&s.tokens, &s.state, s.checkpoints);
                 let c = &self.inner.counters;
                 c.cache_evictions.fetch_add(evicted as u64, Ordering::Relaxed);
                 c.cache_bytes.store(cache.bytes() as u64, Ordering::Relaxed);
                 c.cache_entries.store(cache.len(), Ordering::Relaxed);
                 if cache.best_for(&s.tokens).is_none_or(|(t, _, _)| t.len() < s.tokens.len()) {
-                    return Err(format!("the session ({} tokens) does not fit --cache-ram", s.tokens.len()));
+                    return Err(refused(format!("the session ({} tokens) does not fit --cache-ram", s.tokens.len())));
                 }
                 Ok(SessionInfo { tokens: s.tokens.len(), bytes: size(&path) })
             }

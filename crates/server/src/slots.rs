@@ -17,6 +17,7 @@ use serde_json::json;
 
 use crate::error::ApiError;
 use crate::{App, api, body_error};
+use cortiq_engine::sched::SessionOpError;
 
 #[derive(serde::Deserialize)]
 pub(crate) struct Action {
@@ -60,11 +61,11 @@ pub(crate) async fn slot_action(
     let sched = info.sched.clone();
     let action = q.action.unwrap_or_default();
     let t0 = Instant::now();
-    let run = |f: Box<dyn FnOnce() -> Result<cortiq_engine::sched::SessionInfo, String> + Send>| async move {
-        tokio::task::spawn_blocking(f)
-            .await
-            .map_err(|e| ApiError::internal(format!("session task: {e}")))?
-            .map_err(|e| ApiError { code: Some("invalid_session"), ..ApiError::invalid("filename", e) })
+    let run = |f: Box<dyn FnOnce() -> Result<cortiq_engine::sched::SessionInfo, SessionOpError> + Send>| async move {
+        tokio::task::spawn_blocking(f).await.map_err(|e| ApiError::internal(format!("session task: {e}")))?.map_err(|e| match e {
+            SessionOpError::Refused(m) => ApiError { code: Some("invalid_session"), ..ApiError::invalid("filename", m) },
+            SessionOpError::Failed(m) => ApiError::internal(format!("the session file operation failed: {m}")),
+        })
     };
     let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
     match action.as_str() {
