@@ -279,10 +279,10 @@ fn session_save_restore_continue() {
 /// Bad session files are refused with an error naming the problem, never a panic: truncated,
 /// a flipped byte, another version, another model, other numerics, not a session at all, and
 /// a file that does not exist. A failed save leaves no file behind.
-#[test]
-fn bad_sessions_are_refused() {
-    let dir = std::env::temp_dir().join(format!("cortiq-bad-session-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+/// The Qwen3.5 fixture (recurrent states, KV caches, checkpoints) with a session of 60 prompt
+/// tokens saved to `dir/good.session`, and the cache and prompt it came from.
+fn saved_session(dir: &std::path::Path) -> (Model, std::path::PathBuf, PrefixCache, Vec<u32>) {
+    std::fs::create_dir_all(dir).unwrap();
     let mut m = load(&fixture("qwen3_5")).unwrap().model;
     m.set_numerics(Numerics::Fast);
     let a = tokens(m.cfg.vocab, 60, 0x5EED_0021);
@@ -292,6 +292,50 @@ fn bad_sessions_are_refused() {
     let good = dir.join("good.session");
     let (toks, state, cps) = cache.best_for(&a).unwrap();
     session::save(&good, &m, toks, state, cps).unwrap();
+    (m, good, cache, a)
+}
+
+/// The format's checksum: FNV-1a 64, eight little-endian bytes a step, the tail byte by byte.
+fn fnv(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut words = bytes.chunks_exact(8);
+    for w in &mut words {
+        h = (h ^ u64::from_le_bytes(w.try_into().unwrap())).wrapping_mul(0x100_0000_01b3);
+    }
+    for &b in words.remainder() {
+        h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
+    }
+    h
+}
+
+/// Fuzzing session files: the saved session mutated by `cortiq_testkit::fuzz`, half of the
+/// mutants with their checksum recomputed so the mutations reach the layer-state parsers behind
+/// it. Every mutant loads or is refused with an error; none panics (CORTIQ_FUZZ_SECS bounds it).
+#[test]
+fn fuzz_session_files() {
+    let dir = std::env::temp_dir().join(format!("cortiq-fuzz-session-seed-{}", std::process::id()));
+    let (m, seed, _, _) = saved_session(&dir);
+    assert!(session::load(&seed, &m, N_CTX, u64::MAX).is_ok(), "the seed loads");
+    let len = std::fs::metadata(&seed).unwrap().len() as usize;
+    cortiq_testkit::fuzz::fuzz_file("session", &seed, "case.session", len, |p| {
+        let mut b = std::fs::read(p).unwrap();
+        // Sealed again for half of them (chosen by the last byte, itself mutated at random).
+        if b.len() > 20 && b[b.len() - 1] % 2 == 0 {
+            let n = b.len() - 8;
+            let sum = fnv(&b[..n]);
+            b[n..].copy_from_slice(&sum.to_le_bytes());
+            std::fs::write(p, &b).unwrap();
+        }
+        let _ = session::load(p, &m, N_CTX, u64::MAX);
+    });
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn bad_sessions_are_refused() {
+    let dir = std::env::temp_dir().join(format!("cortiq-bad-session-test-{}", std::process::id()));
+    let (m, good, cache, a) = saved_session(&dir);
+    let (toks, state, cps) = cache.best_for(&a).unwrap();
     let bytes = std::fs::read(&good).unwrap();
     // Written for the owner only; a symlink is not followed; a file past the cap is refused
     // before it is read.

@@ -7,21 +7,9 @@
 use std::time::{Duration, Instant};
 
 use cortiq_server::api;
+use cortiq_testkit::XorShift as Rng;
+use cortiq_testkit::fuzz::below;
 use serde_json::{Map, Value, json};
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
 
 const FIELDS: &[&str] = &[
     "messages",
@@ -90,24 +78,24 @@ const WORDS: &[&str] = &[
 ];
 
 fn value(r: &mut Rng, depth: usize) -> Value {
-    match r.below(if depth > 3 { 6 } else { 9 }) {
+    match below(r, if depth > 3 { 6 } else { 9 }) {
         0 => Value::Null,
-        1 => Value::Bool(r.below(2) == 0),
+        1 => Value::Bool(below(r, 2) == 0),
         2 => {
             let edge: [i64; 7] = [0, -1, 1, i64::MAX, i64::MIN, 1 << 31, 65536];
-            json!(edge[r.below(edge.len())])
+            json!(edge[below(r, edge.len())])
         }
-        3 => json!((r.next() as f64 / u64::MAX as f64 - 0.5) * 10f64.powi(r.below(40) as i32 - 20)),
-        4 => json!(WORDS[r.below(WORDS.len())]),
+        3 => json!((r.next() as f64 / u64::MAX as f64 - 0.5) * 10f64.powi(below(r, 40) as i32 - 20)),
+        4 => json!(WORDS[below(r, WORDS.len())]),
         5 => {
-            let n = r.below(12);
-            Value::String((0..n).map(|_| char::from_u32(r.below(0x1_0000) as u32).unwrap_or('x')).collect())
+            let n = below(r, 12);
+            Value::String((0..n).map(|_| char::from_u32(below(r, 0x1_0000) as u32).unwrap_or('x')).collect())
         }
-        6 => Value::Array((0..r.below(5)).map(|_| value(r, depth + 1)).collect()),
+        6 => Value::Array((0..below(r, 5)).map(|_| value(r, depth + 1)).collect()),
         _ => {
             let mut m = Map::new();
-            for _ in 0..r.below(5) {
-                m.insert(WORDS[r.below(WORDS.len())].to_string(), value(r, depth + 1));
+            for _ in 0..below(r, 5) {
+                m.insert(WORDS[below(r, WORDS.len())].to_string(), value(r, depth + 1));
             }
             Value::Object(m)
         }
@@ -116,13 +104,13 @@ fn value(r: &mut Rng, depth: usize) -> Value {
 
 fn body(r: &mut Rng) -> Vec<u8> {
     let mut m = Map::new();
-    for _ in 0..r.below(8) {
-        m.insert(FIELDS[r.below(FIELDS.len())].to_string(), value(r, 0));
+    for _ in 0..below(r, 8) {
+        m.insert(FIELDS[below(r, FIELDS.len())].to_string(), value(r, 0));
     }
     let mut b = serde_json::to_vec(&Value::Object(m)).unwrap();
-    if r.below(8) == 0 && !b.is_empty() {
+    if below(r, 8) == 0 && !b.is_empty() {
         // Byte noise: the JSON itself broken.
-        let i = r.below(b.len());
+        let i = below(r, b.len());
         b[i] = r.next() as u8;
     }
     b
@@ -146,7 +134,7 @@ fn fuzz_request_parser() {
             }
             let _ = api::messages(&o);
             if let Ok(a) = api::agent_params(&o) {
-                let _ = a.forced_grammar(r.below(2) == 0, None);
+                let _ = a.forced_grammar(below(&mut r, 2) == 0, None);
             }
             let _ = api::prompts(&o, 1000);
             let _ = api::prompt_count(&o);

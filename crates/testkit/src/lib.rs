@@ -186,3 +186,5 @@ mod tests {
         known_model("no-such-model");
     }
 }
+
+pub mod fuzz;
