@@ -30,6 +30,9 @@ import tempfile
 import time
 import zipfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serve_bench import wait_health  # noqa: E402  (the bench scripts share it)
+
 CATEGORIES = {
     "simple": "BFCL_v4_simple_python.json",
     "multiple": "BFCL_v4_multiple.json",
@@ -179,22 +182,6 @@ def streamed_calls(sse):
         except ValueError:
             out.append((calls[i]["name"], None))
     return out, content
-
-
-def wait_health(port, proc, timeout=300):
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if proc.poll() is not None:
-            sys.exit("server exited with %s" % proc.returncode)
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            c.request("GET", "/health")
-            if c.getresponse().status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.3)
-    sys.exit("server not healthy after %ds" % timeout)
 
 
 def main():

@@ -17,7 +17,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use cortiq_engine::sched::{Event, Finish};
 use cortiq_formats::calls::{self, Piece};
@@ -336,28 +336,10 @@ fn usage(out: &Out, generated: usize, cached: usize) -> Value {
     })
 }
 
-fn parser(out: &Out) -> calls::Parser {
-    calls::Parser::new(out.parse.clone().unwrap_or_default())
-}
-
 async fn whole(mut q: Queued) -> Result<Response, ApiError> {
-    let mut text = String::new();
-    let (finish, stop, generated, cached) = loop {
-        match q.rx.recv().await {
-            None => return Err(ApiError::internal("the engine stopped before the request finished")),
-            Some(Event::Token { text: t, .. }) => text.push_str(&t),
-            Some(Event::Done { finish, stop, tail, n_generated, n_cached, .. }) => {
-                text.push_str(&tail);
-                break (finish, stop, n_generated, n_cached);
-            }
-            Some(Event::Error { kind, message, .. }) => return Err(generate::engine_error(kind, message)),
-            Some(Event::Started { .. }) => {}
-        }
-    };
+    let generate::Finished { text, finish, stop, generated, cached } = generate::finish_one(&mut q.rx).await?;
     let out = &q.out;
-    let mut p = parser(out);
-    let mut pieces = p.feed(&text);
-    pieces.extend(p.finish());
+    let pieces = out.pieces(&text);
     let mut content = Vec::new();
     let mut calls = 0;
     for piece in pieces {
@@ -516,7 +498,7 @@ impl Streamer {
 
 fn stream(q: Queued) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
     let keepalive = q.keepalive;
-    let parser = parser(&q.out);
+    let parser = q.out.parser();
     let mut st = Streamer { out: q.out, rx: q.rx, parser, pending: VecDeque::new(), open: None, next: 0, calls: 0, ended: false };
     let start = json!({"type": "message_start", "message": {
         "id": format!("msg_{}", st.out.id.trim_start_matches("chatcmpl-")),
@@ -530,17 +512,20 @@ fn stream(q: Queued) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, In
     }});
     st.event("message_start", start);
     st.event("ping", json!({"type": "ping"}));
-    let s = futures_util::stream::unfold(st, |mut st| async move {
-        loop {
-            if let Some(ev) = st.pending.pop_front() {
-                return Some((Ok(ev), st));
-            }
-            if st.ended {
-                return None;
-            }
-            let ev = st.rx.recv().await;
-            st.on(ev);
-        }
-    });
-    Sse::new(s).keep_alive(KeepAlive::new().interval(keepalive))
+    generate::sse(st, keepalive)
+}
+
+impl generate::SseWriter for Streamer {
+    fn pending(&mut self) -> &mut VecDeque<SseEvent> {
+        &mut self.pending
+    }
+    fn ended(&self) -> bool {
+        self.ended
+    }
+    fn rx(&mut self) -> &mut generate::EventRx {
+        &mut self.rx
+    }
+    fn on(&mut self, ev: Option<Event>) {
+        Streamer::on(self, ev)
+    }
 }

@@ -483,11 +483,24 @@ impl Out {
 
     /// A choice's whole message: its text split by the parser (when the request asks for
     /// one) into content, reasoning and tool calls, and the finish reason that goes with it.
-    fn message(&self, index: usize, text: &str, finish: Finish) -> (Value, &'static str) {
-        let Some(po) = &self.parse else { return (json!({"role": "assistant", "content": text}), finish_reason(finish)) };
-        let mut p = calls::Parser::new(po.clone());
+    /// A splitter for one choice (all text when the request parses nothing).
+    pub(crate) fn parser(&self) -> calls::Parser {
+        calls::Parser::new(self.parse.clone().unwrap_or_default())
+    }
+
+    /// A whole choice's text split (what the stream's pieces add up to).
+    pub(crate) fn pieces(&self, text: &str) -> Vec<calls::Piece> {
+        let mut p = self.parser();
         let mut pieces = p.feed(text);
         pieces.extend(p.finish());
+        pieces
+    }
+
+    fn message(&self, index: usize, text: &str, finish: Finish) -> (Value, &'static str) {
+        if self.parse.is_none() {
+            return (json!({"role": "assistant", "content": text}), finish_reason(finish));
+        }
+        let pieces = self.pieces(text);
         let (mut content, mut reasoning, mut list) = (String::new(), String::new(), Vec::new());
         for piece in pieces {
             match piece {
@@ -556,6 +569,60 @@ struct Choice {
     logprobs: Vec<(String, TokenLogprob)>,
     finish: Option<Finish>,
     ids: Vec<u32>,
+}
+
+/// One choice run to its end (the Anthropic and Responses routes answer n = 1).
+pub(crate) struct Finished {
+    pub text: String,
+    pub finish: Finish,
+    pub stop: Option<String>,
+    pub generated: usize,
+    pub cached: usize,
+}
+
+pub(crate) async fn finish_one(rx: &mut EventRx) -> Result<Finished, ApiError> {
+    let mut text = String::new();
+    loop {
+        match rx.recv().await {
+            None => return Err(ApiError::internal("the engine stopped before the request finished")),
+            Some(Event::Token { text: t, .. }) => text.push_str(&t),
+            Some(Event::Done { finish, stop, tail, n_generated, n_cached, .. }) => {
+                text.push_str(&tail);
+                return Ok(Finished { text, finish, stop, generated: n_generated, cached: n_cached });
+            }
+            Some(Event::Error { kind, message, .. }) => return Err(engine_error(kind, message)),
+            Some(Event::Started { .. }) => {}
+        }
+    }
+}
+
+/// An SSE writer over a request's events: `on` turns each event into frames, `pending`
+/// holds the frames not yet sent, `ended` says the last one is queued. The three APIs' streams
+/// share the driving loop (`sse`).
+pub(crate) trait SseWriter: Send + 'static {
+    fn pending(&mut self) -> &mut VecDeque<SseEvent>;
+    fn ended(&self) -> bool;
+    fn rx(&mut self) -> &mut EventRx;
+    fn on(&mut self, ev: Option<Event>);
+}
+
+pub(crate) fn sse<W: SseWriter>(
+    w: W,
+    keepalive: std::time::Duration,
+) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
+    let s = futures_util::stream::unfold(w, |mut w| async move {
+        loop {
+            if let Some(ev) = w.pending().pop_front() {
+                return Some((Ok(ev), w));
+            }
+            if w.ended() {
+                return None;
+            }
+            let ev = w.rx().recv().await;
+            w.on(ev);
+        }
+    });
+    Sse::new(s).keep_alive(KeepAlive::new().interval(keepalive))
 }
 
 /// Collect every choice, then answer once.
@@ -775,7 +842,7 @@ fn stream(
     keepalive: std::time::Duration,
 ) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
     let n = out.choices;
-    let parsers = (0..n).map(|_| out.parse.clone().map(calls::Parser::new)).collect();
+    let parsers = (0..n).map(|_| out.parse.is_some().then(|| out.parser())).collect();
     let mut st = Streamer {
         out,
         rx,
@@ -795,17 +862,20 @@ fn stream(
             st.pending.push_back(c);
         }
     }
-    let s = futures_util::stream::unfold(st, |mut st| async move {
-        loop {
-            if let Some(ev) = st.pending.pop_front() {
-                return Some((Ok(ev), st));
-            }
-            if st.ended {
-                return None;
-            }
-            let ev = st.rx.recv().await;
-            st.on(ev);
-        }
-    });
-    Sse::new(s).keep_alive(KeepAlive::new().interval(keepalive))
+    sse(st, keepalive)
+}
+
+impl SseWriter for Streamer {
+    fn pending(&mut self) -> &mut VecDeque<SseEvent> {
+        &mut self.pending
+    }
+    fn ended(&self) -> bool {
+        self.ended
+    }
+    fn rx(&mut self) -> &mut EventRx {
+        &mut self.rx
+    }
+    fn on(&mut self, ev: Option<Event>) {
+        Streamer::on(self, ev)
+    }
 }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use cortiq_engine::sched::{Event, Finish};
 use cortiq_formats::calls::{self, Piece};
@@ -326,24 +326,9 @@ fn response_object(out: &Out, echo: &Echo, status: &str, output: Vec<Value>, usa
 }
 
 async fn whole(mut q: Queued, echo: Echo) -> Result<Response, ApiError> {
-    let mut text = String::new();
-    let (finish, generated, cached) = loop {
-        match q.rx.recv().await {
-            None => return Err(ApiError::internal("the engine stopped before the request finished")),
-            Some(Event::Token { text: t, .. }) => text.push_str(&t),
-            Some(Event::Done { finish, tail, n_generated, n_cached, .. }) => {
-                text.push_str(&tail);
-                break (finish, n_generated, n_cached);
-            }
-            Some(Event::Error { kind, message, .. }) => return Err(generate::engine_error(kind, message)),
-            Some(Event::Started { .. }) => {}
-        }
-    };
-    let out = &q.out;
-    let mut p = calls::Parser::new(out.parse.clone().unwrap_or_default());
-    let mut pieces = p.feed(&text);
-    pieces.extend(p.finish());
-    let mut st = Streamer::detached(q.out, echo);
+    let generate::Finished { text, finish, generated, cached, .. } = generate::finish_one(&mut q.rx).await?;
+    let pieces = q.out.pieces(&text);
+    let mut st = Streamer::new(q.out, echo, None);
     st.pieces(pieces);
     st.close();
     let output = std::mem::take(&mut st.items.items);
@@ -353,13 +338,14 @@ async fn whole(mut q: Queued, echo: Echo) -> Result<Response, ApiError> {
         &st.echo,
         status,
         output,
-        usage(&st.out, generated, cached, st.reasoning_tokens(&st.out)),
+        usage(&st.out, generated, cached, st.reasoning_tokens()),
         Some(finish),
     );
     Ok(axum::Json(r).into_response())
 }
 
-/// The `response.*` event stream (and, detached, the whole response's item builder).
+/// The `response.*` event stream; without events to read (`rx` None) the whole response's
+/// item builder, emitting nothing.
 struct Streamer {
     out: Out,
     echo: Echo,
@@ -374,27 +360,27 @@ struct Streamer {
 }
 
 impl Streamer {
-    fn detached(out: Out, echo: Echo) -> Streamer {
-        let parser = calls::Parser::new(out.parse.clone().unwrap_or_default());
+    fn new(out: Out, echo: Echo, rx: Option<generate::EventRx>) -> Streamer {
+        let parser = out.parser();
         Streamer {
             out,
             echo,
-            rx: None,
+            emit: rx.is_some(),
+            rx,
             parser,
             items: Items::new(),
             pending: VecDeque::new(),
             seq: 0,
-            emit: false,
             ended: false,
             reasoning_text: String::new(),
         }
     }
 
-    fn reasoning_tokens(&self, out: &Out) -> usize {
+    fn reasoning_tokens(&self) -> usize {
         if self.reasoning_text.is_empty() {
             0
         } else {
-            out.tok.encode_with(&self.reasoning_text, false, true).map(|v| v.len()).unwrap_or(0)
+            self.out.tok.encode_with(&self.reasoning_text, false, true).map(|v| v.len()).unwrap_or(0)
         }
     }
 
@@ -533,7 +519,7 @@ impl Streamer {
                 } else {
                     ("completed", "response.completed")
                 };
-                let u = usage(&self.out, n_generated, n_cached, self.reasoning_tokens(&self.out));
+                let u = usage(&self.out, n_generated, n_cached, self.reasoning_tokens());
                 let r = response_object(&self.out, &self.echo, status, self.items.items.clone(), u, Some(finish));
                 self.event(name, json!({"response": r}));
                 self.ended = true;
@@ -552,26 +538,24 @@ impl Streamer {
 
 fn stream(q: Queued, echo: Echo) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
     let keepalive = q.keepalive;
-    let mut st = Streamer::detached(q.out, echo);
-    st.rx = Some(q.rx);
-    st.emit = true;
+    let mut st = Streamer::new(q.out, echo, Some(q.rx));
     let r = response_object(&st.out, &st.echo, "in_progress", Vec::new(), Value::Null, None);
     st.event("response.created", json!({"response": r.clone()}));
     st.event("response.in_progress", json!({"response": r}));
-    let s = futures_util::stream::unfold(st, |mut st| async move {
-        loop {
-            if let Some(ev) = st.pending.pop_front() {
-                return Some((Ok(ev), st));
-            }
-            if st.ended {
-                return None;
-            }
-            let ev = match st.rx.as_mut() {
-                Some(rx) => rx.recv().await,
-                None => None,
-            };
-            st.on(ev);
-        }
-    });
-    Sse::new(s).keep_alive(KeepAlive::new().interval(keepalive))
+    generate::sse(st, keepalive)
+}
+
+impl generate::SseWriter for Streamer {
+    fn pending(&mut self) -> &mut VecDeque<SseEvent> {
+        &mut self.pending
+    }
+    fn ended(&self) -> bool {
+        self.ended
+    }
+    fn rx(&mut self) -> &mut generate::EventRx {
+        self.rx.as_mut().expect("only a Streamer made with its events is streamed")
+    }
+    fn on(&mut self, ev: Option<Event>) {
+        Streamer::on(self, ev)
+    }
 }
