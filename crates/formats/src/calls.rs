@@ -114,7 +114,50 @@ pub struct Call {
 pub enum Piece {
     Text(String),
     Reasoning(String),
+    /// A call given out whole (its closer seen and its body parsed).
     Call(Call),
+    /// A call whose arguments stream (`Options::stream_args`): its name once the head is
+    /// read, then its arguments' JSON text as it arrives, then its end. `collapse` joins them.
+    CallStart(String),
+    CallArgs(String),
+    CallEnd,
+}
+
+/// The pieces with each streamed call (`CallStart`, `CallArgs`..., `CallEnd`) joined into one
+/// `Call`: what a whole (non-streamed) answer holds.
+pub fn collapse(pieces: Vec<Piece>) -> Vec<Piece> {
+    let mut out = Vec::with_capacity(pieces.len());
+    let mut open: Option<Call> = None;
+    for p in pieces {
+        match p {
+            Piece::CallStart(name) => {
+                if let Some(c) = open.take() {
+                    out.push(Piece::Call(c));
+                }
+                open = Some(Call { name, arguments: String::new() });
+            }
+            Piece::CallArgs(a) => {
+                if let Some(c) = open.as_mut() {
+                    c.arguments.push_str(&a);
+                }
+            }
+            Piece::CallEnd => {
+                if let Some(c) = open.take() {
+                    out.push(Piece::Call(c));
+                }
+            }
+            p => {
+                if let Some(c) = open.take() {
+                    out.push(Piece::Call(c));
+                }
+                out.push(p);
+            }
+        }
+    }
+    if let Some(c) = open {
+        out.push(Piece::Call(c));
+    }
+    merge(out)
 }
 
 /// The reasoning block's tags.
@@ -142,6 +185,12 @@ pub struct Options {
     pub think: Option<ThinkTags>,
     /// The prompt ended inside an open reasoning block (the template wrote the opener).
     pub start_in_think: bool,
+    /// Stream a Hermes call's arguments as they arrive (`CallStart`/`CallArgs`/`CallEnd`)
+    /// once its head `{"name": "NAME", "arguments": {` is read, instead of the whole call at
+    /// its closer. The server sets it where a grammar holds the call's body (so a call that
+    /// has begun is well-formed; only the token limit can cut it); a body that does not open
+    /// that way is still parsed whole.
+    pub stream_args: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -159,6 +208,49 @@ enum State {
     },
     /// A bare JSON value at the start of the answer (the JSON fallback and Llama 3).
     Bare,
+    /// Inside a streamed call's arguments object; the call's closing tag.
+    Args(Nest, &'static str),
+    /// After a streamed call's arguments, up to its closing tag.
+    ArgsTail(&'static str),
+}
+
+/// How deep a JSON text is nested, followed across feeds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Nest {
+    depth: usize,
+    in_str: bool,
+    esc: bool,
+}
+
+impl Nest {
+    /// Follow `s` (the value's text from its first bracket on); the offset just past the
+    /// bracket that closes the value, None while it stays open.
+    fn scan(&mut self, s: &str) -> Option<usize> {
+        for (i, &c) in s.as_bytes().iter().enumerate() {
+            if self.in_str {
+                if self.esc {
+                    self.esc = false;
+                } else if c == b'\\' {
+                    self.esc = true;
+                } else if c == b'"' {
+                    self.in_str = false;
+                }
+                continue;
+            }
+            match c {
+                b'"' => self.in_str = true,
+                b'{' | b'[' => self.depth += 1,
+                b'}' | b']' => {
+                    self.depth = self.depth.saturating_sub(1);
+                    if self.depth == 0 {
+                        return Some(i + 1);
+                    }
+                }
+                _ => {}
+            }
+        }
+        None
+    }
 }
 
 /// The streaming splitter of one choice.
@@ -349,6 +441,18 @@ impl Parser {
                     return;
                 }
                 State::Call { opener, close } => {
+                    if self.opts.stream_args
+                        && self.opts.family == Some(Family::Hermes)
+                        && let Close::Tag(tag) = close
+                        && let Head::Yes(name, n) = hermes_head(&self.buf)
+                    {
+                        self.ws.clear();
+                        self.calls += 1;
+                        self.buf.drain(..n);
+                        out.push(Piece::CallStart(name));
+                        self.state = State::Args(Nest::default(), tag);
+                        continue;
+                    }
                     let body_end = match close {
                         Close::Tag(t) => self.buf.find(t).map(|i| (i, i + t.len())),
                         Close::Json => json_end(&self.buf).map(|i| (i, i)),
@@ -395,6 +499,40 @@ impl Parser {
                     }
                     self.state = State::Text;
                 }
+                State::Args(mut nest, tag) => {
+                    let done = nest.scan(&self.buf);
+                    let n = done.unwrap_or(self.buf.len());
+                    let a: String = self.buf.drain(..n).collect();
+                    if !a.is_empty() {
+                        out.push(Piece::CallArgs(a));
+                    }
+                    if done.is_some() {
+                        self.state = State::ArgsTail(tag);
+                        continue;
+                    }
+                    if end {
+                        // Cut by the token limit: the call ends with what it has.
+                        out.push(Piece::CallEnd);
+                        self.trim_lead = true;
+                        self.state = State::Text;
+                    } else {
+                        self.state = State::Args(nest, tag);
+                    }
+                    return;
+                }
+                State::ArgsTail(tag) => {
+                    // The body's closing brace and the separator before the closing tag.
+                    match self.buf.find(tag) {
+                        Some(i) => {
+                            self.buf.drain(..i + tag.len());
+                        }
+                        None if end => self.buf.clear(),
+                        None => return,
+                    }
+                    out.push(Piece::CallEnd);
+                    self.trim_lead = true;
+                    self.state = State::Text;
+                }
                 State::Bare => {
                     let Some(i) = json_end(&self.buf).or(end.then_some(self.buf.len())) else { return };
                     let body: String = self.buf.drain(..i).collect();
@@ -427,6 +565,7 @@ fn merge(v: Vec<Piece>) -> Vec<Piece> {
         match (out.last_mut(), p) {
             (Some(Piece::Text(a)), Piece::Text(b)) => a.push_str(&b),
             (Some(Piece::Reasoning(a)), Piece::Reasoning(b)) => a.push_str(&b),
+            (Some(Piece::CallArgs(a)), Piece::CallArgs(b)) => a.push_str(&b),
             (_, p) => out.push(p),
         }
     }
@@ -454,41 +593,75 @@ fn held<'a>(buf: &str, markers: impl Iterator<Item = &'a str>) -> usize {
 /// allowed), None while it is incomplete. Only the nesting is followed; the value is parsed
 /// later.
 fn json_end(s: &str) -> Option<usize> {
-    let b = s.as_bytes();
-    let mut i = 0;
-    while i < b.len() && b[i].is_ascii_whitespace() {
-        i += 1;
-    }
-    if i == b.len() || !(b[i] == b'{' || b[i] == b'[') {
+    let t = s.trim_start();
+    if !(t.starts_with('{') || t.starts_with('[')) {
         return None;
     }
-    let (mut depth, mut in_str, mut esc) = (0usize, false, false);
-    while i < b.len() {
-        let c = b[i];
-        if in_str {
-            if esc {
-                esc = false;
-            } else if c == b'\\' {
-                esc = true;
-            } else if c == b'"' {
-                in_str = false;
+    Nest::default().scan(t).map(|i| s.len() - t.len() + i)
+}
+
+/// A Hermes body's head, `{"name": "NAME", "arguments": ` before the arguments' `{`: the name
+/// and the offset of that brace. Wait while the text so far may still become one.
+enum Head {
+    Yes(String, usize),
+    No,
+    Wait,
+}
+
+fn hermes_head(s: &str) -> Head {
+    let b = s.as_bytes();
+    let mut i = 0;
+    let ws = |i: &mut usize| {
+        while *i < b.len() && b[*i].is_ascii_whitespace() {
+            *i += 1;
+        }
+    };
+    let lit = |i: &mut usize, l: &[u8]| -> Option<bool> {
+        let n = l.len().min(b.len() - *i);
+        if b[*i..*i + n] != l[..n] {
+            return Some(false);
+        }
+        *i += n;
+        (n == l.len()).then_some(true)
+    };
+    macro_rules! step {
+        ($l:expr) => {
+            ws(&mut i);
+            match lit(&mut i, $l) {
+                Some(true) => {}
+                Some(false) => return Head::No,
+                None => return Head::Wait,
             }
-        } else {
-            match c {
-                b'"' => in_str = true,
-                b'{' | b'[' => depth += 1,
-                b'}' | b']' => {
-                    depth = depth.saturating_sub(1);
-                    if depth == 0 {
-                        return Some(i + 1);
-                    }
-                }
-                _ => {}
-            }
+        };
+    }
+    step!(b"{");
+    step!(b"\"name\"");
+    step!(b":");
+    step!(b"\"");
+    let st = i;
+    while i < b.len() && b[i] != b'"' {
+        if b[i] == b'\\' {
+            return Head::No;
         }
         i += 1;
     }
-    None
+    if i == b.len() {
+        return Head::Wait;
+    }
+    let name = &s[st..i];
+    if !valid_name(name) {
+        return Head::No;
+    }
+    i += 1;
+    step!(b",");
+    step!(b"\"arguments\"");
+    step!(b":");
+    ws(&mut i);
+    match b.get(i) {
+        None => Head::Wait,
+        Some(b'{') => Head::Yes(name.to_string(), i),
+        Some(_) => Head::No,
+    }
 }
 
 /// Mistral's body: a JSON array, or NAME[ARGS] followed by one JSON object (possibly several

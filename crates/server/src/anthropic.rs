@@ -320,8 +320,9 @@ fn tool_id(out: &Out, k: usize) -> String {
 
 fn stop_reason(finish: Finish, stop: &Option<String>, calls: usize) -> (&'static str, Value) {
     match (calls, finish, stop) {
+        // A call cut by the token limit says so (its input may be incomplete).
+        (_, Finish::Length, _) => ("max_tokens", Value::Null),
         (1.., _, _) => ("tool_use", Value::Null),
-        (0, Finish::Length, _) => ("max_tokens", Value::Null),
         (0, Finish::Stop, Some(s)) => ("stop_sequence", json!(s)),
         (0, Finish::Stop, None) => ("end_turn", Value::Null),
     }
@@ -351,7 +352,8 @@ async fn whole(mut q: Queued) -> Result<Response, ApiError> {
                 content.push(json!({"type": "tool_use", "id": tool_id(out, calls), "name": c.name, "input": input}));
                 calls += 1;
             }
-            Piece::Call(_) => {}
+            // `pieces` gives every call whole.
+            Piece::Call(_) | Piece::CallStart(_) | Piece::CallArgs(_) | Piece::CallEnd => {}
         }
     }
     let (reason, seq) = stop_reason(finish, &stop, calls);
@@ -385,6 +387,10 @@ struct Streamer {
     open: Option<(Block, usize)>,
     next: usize,
     calls: usize,
+    /// The open `tool_use` block's index (a call whose arguments stream).
+    call_block: Option<usize>,
+    /// The open call is left out (parallel calls off, not the first).
+    skip_call: bool,
     ended: bool,
 }
 
@@ -394,6 +400,7 @@ impl Streamer {
     }
 
     fn close(&mut self) {
+        self.call_end();
         if let Some((kind, i)) = self.open.take() {
             if kind == Block::Thinking {
                 self.event(
@@ -441,25 +448,48 @@ impl Streamer {
                     );
                 }
                 Piece::Call(c) => {
-                    if !self.out.parallel && self.calls > 0 {
-                        continue;
-                    }
-                    self.close();
-                    let i = self.next;
-                    self.next += 1;
-                    let id = tool_id(&self.out, self.calls);
-                    self.calls += 1;
-                    self.event(
-                        "content_block_start",
-                        json!({"type": "content_block_start", "index": i, "content_block": {"type": "tool_use", "id": id, "name": c.name, "input": {}}}),
-                    );
-                    self.event(
-                        "content_block_delta",
-                        json!({"type": "content_block_delta", "index": i, "delta": {"type": "input_json_delta", "partial_json": c.arguments}}),
-                    );
-                    self.event("content_block_stop", json!({"type": "content_block_stop", "index": i}));
+                    self.call_start(c.name);
+                    self.call_args(c.arguments);
+                    self.call_end();
                 }
+                Piece::CallStart(name) => self.call_start(name),
+                Piece::CallArgs(a) => self.call_args(a),
+                Piece::CallEnd => self.call_end(),
             }
+        }
+    }
+
+    /// A `tool_use` block opens (none past the first call when parallel calls are off: that
+    /// call is left out).
+    fn call_start(&mut self, name: String) {
+        self.close();
+        self.skip_call = !self.out.parallel && self.calls > 0;
+        if self.skip_call {
+            return;
+        }
+        let i = self.next;
+        self.next += 1;
+        let id = tool_id(&self.out, self.calls);
+        self.calls += 1;
+        self.event(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": i, "content_block": {"type": "tool_use", "id": id, "name": name, "input": {}}}),
+        );
+        self.call_block = Some(i);
+    }
+
+    fn call_args(&mut self, args: String) {
+        if let Some(i) = self.call_block.filter(|_| !args.is_empty()) {
+            self.event(
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": i, "delta": {"type": "input_json_delta", "partial_json": args}}),
+            );
+        }
+    }
+
+    fn call_end(&mut self) {
+        if let Some(i) = self.call_block.take() {
+            self.event("content_block_stop", json!({"type": "content_block_stop", "index": i}));
         }
     }
 
@@ -499,7 +529,18 @@ impl Streamer {
 fn stream(q: Queued) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
     let keepalive = q.keepalive;
     let parser = q.out.parser();
-    let mut st = Streamer { out: q.out, rx: q.rx, parser, pending: VecDeque::new(), open: None, next: 0, calls: 0, ended: false };
+    let mut st = Streamer {
+        out: q.out,
+        rx: q.rx,
+        parser,
+        pending: VecDeque::new(),
+        open: None,
+        next: 0,
+        calls: 0,
+        call_block: None,
+        skip_call: false,
+        ended: false,
+    };
     let start = json!({"type": "message_start", "message": {
         "id": format!("msg_{}", st.out.id.trim_start_matches("chatcmpl-")),
         "type": "message",

@@ -95,6 +95,8 @@ pub struct GenParams {
     /// A Lark grammar the output must follow (a forced tool call: `tool_choice` "required" or
     /// a named function).
     pub grammar: Option<String>,
+    /// Under `tool_choice` auto: the call's grammar, held back until the model opens a call.
+    pub lazy_call: Option<LazyCall>,
     /// The reasoning budget to hold the request to: (the thinking tags, the prompt ends inside
     /// the block, at most this many thinking tokens).
     pub think_budget: Option<(cortiq_formats::calls::ThinkTags, bool, usize)>,
@@ -341,6 +343,7 @@ pub fn gen_params(o: &Obj, vocab: usize, chat: bool) -> Result<GenParams, ApiErr
         model: opt_str(o, "model")?.map(str::to_string),
         json_schema,
         grammar: None,
+        lazy_call: None,
         think_budget: None,
         speculative: SpecRequest::parse(o)?,
     })
@@ -475,6 +478,19 @@ pub enum ToolChoice {
 
 /// The chat request's agent fields: `tools`, `tool_choice`, `parallel_tool_calls`,
 /// `chat_template_kwargs`, `reasoning_effort`.
+/// A tool call's grammar under `tool_choice` auto (`structured::Compiled::lazy`).
+#[derive(Debug, Clone)]
+pub struct LazyCall {
+    /// The family's call opener; nothing is constrained before it.
+    pub opener: String,
+    /// The grammar of what follows the opener up to the call's closer.
+    pub grammar: String,
+    /// The thinking block's tags (an opener inside it is thinking) and whether the prompt
+    /// ends inside the block.
+    pub think: Option<cortiq_formats::calls::ThinkTags>,
+    pub in_think: bool,
+}
+
 #[derive(Debug, Clone)]
 pub struct AgentParams {
     /// The tool list as sent (each checked to be a function with a name).
@@ -598,6 +614,33 @@ impl AgentParams {
             ToolChoice::Required => self.tools.iter().filter_map(tool_name).collect(),
             ToolChoice::Named(n) => vec![n.as_str()],
         };
+        let many = self.parallel && self.choice == ToolChoice::Required;
+        let call = if hermes_tags { "\"<tool_call>\\n\" body \"\\n</tool_call>\"" } else { "body" };
+        let first = match close_think {
+            Some(tag) => format!("{} ", serde_json::to_string(&format!("{tag}\n\n")).expect("a string")),
+            None => String::new(),
+        };
+        let more = if many { " (\"\\n\" call)*" } else { "" };
+        Some(format!("start: {first}call{more}\ncall: {call}\nbody: %json {}\n", self.call_schema(&names)))
+    }
+
+    /// Under `auto`, for the families whose calls are `<tool_call>` + a JSON body (Hermes):
+    /// the opener, and the grammar of the rest of the call (any of the tools, its arguments
+    /// following that tool's schema, then the closing tag). None for the other families and
+    /// other choices: their calls are checked by the parser alone.
+    pub fn lazy_call(&self, family: cortiq_formats::calls::Family) -> Option<(String, String)> {
+        if self.choice != ToolChoice::Auto || self.tools.is_empty() || family != cortiq_formats::calls::Family::Hermes {
+            return None;
+        }
+        let names: Vec<&str> = self.tools.iter().filter_map(tool_name).collect();
+        let g = format!("start: \"\\n\" body \"\\n</tool_call>\"\nbody: %json {}\n", self.call_schema(&names));
+        Some(("<tool_call>".to_string(), g))
+    }
+
+    /// A call of one of `names` as JSON, `{"name": "f", "arguments": {...}}`, written as the
+    /// templates show it (Python's `json.dumps` separators, `", "` and `": "`) and no other
+    /// whitespace between tokens (a weak model could otherwise pad without end).
+    fn call_schema(&self, names: &[&str]) -> Value {
         let schemas: Vec<Value> = self
             .tools
             .iter()
@@ -605,7 +648,7 @@ impl AgentParams {
             .map(|t| {
                 let f = &t["function"];
                 let params = match f.get("parameters") {
-                    Some(p @ Value::Object(_)) => p.clone(),
+                    Some(p @ Value::Object(_)) => closed(p.clone()),
                     _ => serde_json::json!({"type": "object"}),
                 };
                 serde_json::json!({
@@ -617,18 +660,28 @@ impl AgentParams {
             })
             .collect();
         let mut schema = if schemas.len() == 1 { schemas[0].clone() } else { serde_json::json!({"anyOf": schemas}) };
-        // The call written as the templates show it, `{"name": "f", "arguments": {...}}`: no
-        // free whitespace between tokens (a weak model could otherwise pad without end).
-        schema["x-guidance"] = serde_json::json!({"whitespace_flexible": false});
-        let many = self.parallel && self.choice == ToolChoice::Required;
-        let call = if hermes_tags { "\"<tool_call>\\n\" body \"\\n</tool_call>\"" } else { "body" };
-        let first = match close_think {
-            Some(tag) => format!("{} ", serde_json::to_string(&format!("{tag}\n\n")).expect("a string")),
-            None => String::new(),
-        };
-        let more = if many { " (\"\\n\" call)*" } else { "" };
-        Some(format!("start: {first}call{more}\ncall: {call}\nbody: %json {schema}\n"))
+        schema["x-guidance"] = serde_json::json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "});
+        schema
     }
+}
+
+/// A parameter schema whose objects with declared `properties` take no others unless they
+/// say so (`additionalProperties` unset): a call's grammar admits the declared arguments only,
+/// as OpenAI's strict tools and llama.cpp's schema grammars do.
+fn closed(mut v: Value) -> Value {
+    let Value::Object(o) = &mut v else { return v };
+    if o.contains_key("properties") && !o.contains_key("additionalProperties") {
+        o.insert("additionalProperties".into(), Value::Bool(false));
+    }
+    for (k, x) in o.iter_mut() {
+        match (k.as_str(), x) {
+            ("properties" | "$defs" | "definitions", Value::Object(m)) => m.values_mut().for_each(|s| *s = closed(s.take())),
+            ("anyOf" | "oneOf" | "allOf" | "prefixItems", Value::Array(a)) => a.iter_mut().for_each(|s| *s = closed(s.take())),
+            ("items" | "additionalProperties" | "not", s @ Value::Object(_)) => *s = closed(s.take()),
+            _ => {}
+        }
+    }
+    v
 }
 
 fn tool_name(t: &Value) -> Option<&str> {

@@ -24,6 +24,7 @@ use tokio::sync::mpsc;
 use crate::api::{self, GenParams, Prompt, ToolChoice};
 use crate::error::ApiError;
 use crate::reasoning::ThinkBudget;
+use crate::structured;
 use crate::{App, Info, body_error, unix_now};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -209,6 +210,7 @@ pub(crate) fn queue_chat(
         tools: if use_tools { agent.tools.clone() } else { Vec::new() },
         start_in_think: think.as_ref().is_some_and(|t| enc.text.trim_end().ends_with(&t.open)),
         think,
+        stream_args: false,
     });
     if let Some(p) = parse.as_ref()
         && let Some(t) = &p.think
@@ -224,7 +226,23 @@ pub(crate) fn queue_chat(
         if gp.grammar.is_some() && gp.json_schema.is_some() {
             return Err(ApiError::invalid("response_format", "'response_format' cannot be combined with a forced 'tool_choice'"));
         }
+        // Under auto the call's grammar waits for the opener (not with a response format,
+        // whose schema already holds the whole output).
+        if gp.json_schema.is_none() {
+            gp.lazy_call = agent.lazy_call(f).map(|(opener, grammar)| api::LazyCall {
+                opener,
+                grammar,
+                think: p.think.clone(),
+                in_think: p.start_in_think,
+            });
+        }
     }
+    // A call the grammar holds (forced, or lazily from its opener) is well-formed once its
+    // head is read: its arguments can stream.
+    let parse = parse.map(|mut p| {
+        p.stream_args = p.family == Some(calls::Family::Hermes) && (gp.grammar.is_some() || gp.lazy_call.is_some());
+        p
+    });
     let mut out = run(app.clone(), Kind::Chat, vec![enc.ids], gp, prompt_param)?;
     if let Some(p) = parse {
         out.parse = Some(p);
@@ -312,6 +330,17 @@ fn run(app: Arc<App>, kind: Kind, prompts: Vec<Vec<u32>>, gp: GenParams, prompt_
         })?),
         _ => None,
     };
+    let lazy = match &gp.lazy_call {
+        Some(l) => {
+            let st = app.structured(info).map_err(|e| ApiError::internal(format!("structured output unavailable: {e}")))?;
+            let c = st.compile_lark(&l.grammar).map_err(|e| ApiError {
+                code: Some("invalid_schema"),
+                ..ApiError::invalid("tools", format!("a tool's parameter schema cannot be used: {e}"))
+            })?;
+            Some((l, c))
+        }
+        None => None,
+    };
     let spec = gp.speculative.resolve(app.opts.spec, info.has_draft)?;
     let (tx, rx) = mpsc::unbounded_channel();
     let pending = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -320,18 +349,27 @@ fn run(app: Arc<App>, kind: Kind, prompts: Vec<Vec<u32>>, gp: GenParams, prompt_
     let mut reqs = Vec::new();
     for (pi, p) in prompts.iter().enumerate() {
         for j in 0..gp.n {
-            let constraint = match &compiled {
-                Some(c) => Some(c.constraint().map_err(|e| ApiError {
+            let mut held: Vec<Box<dyn cortiq_engine::sched::Constraint>> = Vec::new();
+            match &compiled {
+                Some(c) => held.push(c.constraint().map_err(|e| ApiError {
                     code: Some("invalid_schema"),
                     ..ApiError::invalid("response_format", format!("the grammar cannot be used: {e}"))
                 })?),
-                None => match &gp.think_budget {
-                    Some((tags, inside, n)) => {
-                        Some(Box::new(ThinkBudget::new(info.tok.clone(), tags.clone(), *n, *inside).map_err(ApiError::internal)?)
-                            as Box<dyn cortiq_engine::sched::Constraint>)
+                None => {
+                    if let Some((tags, inside, n)) = &gp.think_budget {
+                        held.push(Box::new(
+                            ThinkBudget::new(info.tok.clone(), tags.clone(), *n, *inside).map_err(ApiError::internal)?,
+                        ));
                     }
-                    None => None,
-                },
+                    if let Some((l, c)) = &lazy {
+                        held.push(c.lazy(info.tok.clone(), &l.opener, l.think.clone(), l.in_think));
+                    }
+                }
+            }
+            let constraint = match held.len() {
+                0 => None,
+                1 => held.pop(),
+                _ => Some(Box::new(structured::Chain(held)) as Box<dyn cortiq_engine::sched::Constraint>),
             };
             let mut sampler = gp.sampler.clone();
             // Choice j of a request draws from its own stream: seed + j.
@@ -489,11 +527,12 @@ impl Out {
     }
 
     /// A whole choice's text split (what the stream's pieces add up to).
+    /// Each call whole (`calls::collapse`).
     pub(crate) fn pieces(&self, text: &str) -> Vec<calls::Piece> {
         let mut p = self.parser();
         let mut pieces = p.feed(text);
         pieces.extend(p.finish());
-        pieces
+        calls::collapse(pieces)
     }
 
     fn message(&self, index: usize, text: &str, finish: Finish) -> (Value, &'static str) {
@@ -511,6 +550,8 @@ impl Out {
                     list.push(json!({"id": id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}));
                 }
                 calls::Piece::Call(_) => {}
+                // `pieces` gives every call whole.
+                calls::Piece::CallStart(_) | calls::Piece::CallArgs(_) | calls::Piece::CallEnd => {}
             }
         }
         let mut m = json!({"role": "assistant", "content": if content.is_empty() && !list.is_empty() { Value::Null } else { json!(content) }});
@@ -522,7 +563,8 @@ impl Out {
             return (m, finish_reason(finish));
         }
         m["tool_calls"] = Value::Array(list);
-        (m, "tool_calls")
+        // A call cut by the token limit says so (its arguments may be incomplete).
+        (m, if finish == Finish::Length { "length" } else { "tool_calls" })
     }
 
     fn bytes_of(&self, id: u32) -> Vec<u8> {
@@ -706,6 +748,8 @@ struct Streamer {
     parsers: Vec<Option<calls::Parser>>,
     /// Tool calls sent per choice.
     n_calls: Vec<usize>,
+    /// Per choice, the open call is left out (`parallel_tool_calls` false, not the first).
+    skip_call: Vec<bool>,
     ended: bool,
 }
 
@@ -761,15 +805,12 @@ impl Streamer {
                 calls::Piece::Text(t) => deltas.push(json!({"content": t})),
                 calls::Piece::Reasoning(r) => deltas.push(json!({"reasoning_content": r, "reasoning": r})),
                 calls::Piece::Call(c) => {
-                    let k = self.n_calls[index];
-                    if !self.out.parallel && k > 0 {
-                        continue;
-                    }
-                    self.n_calls[index] += 1;
-                    let id = self.out.call_id(index, k);
-                    deltas.push(json!({"tool_calls": [{"index": k, "id": id, "type": "function", "function": {"name": c.name, "arguments": ""}}]}));
-                    deltas.push(json!({"tool_calls": [{"index": k, "function": {"arguments": c.arguments}}]}));
+                    self.call_start(index, c.name, &mut deltas);
+                    self.call_args(index, c.arguments, &mut deltas);
                 }
+                calls::Piece::CallStart(name) => self.call_start(index, name, &mut deltas),
+                calls::Piece::CallArgs(a) => self.call_args(index, a, &mut deltas),
+                calls::Piece::CallEnd => {}
             }
         }
         if deltas.is_empty() && lp.is_some() {
@@ -781,8 +822,32 @@ impl Streamer {
         }
     }
 
+    /// A call's first chunk: its index, id and name (none past the first call when
+    /// `parallel_tool_calls` is false: that call and its arguments are left out).
+    fn call_start(&mut self, index: usize, name: String, deltas: &mut Vec<Value>) {
+        let k = self.n_calls[index];
+        self.skip_call[index] = !self.out.parallel && k > 0;
+        if self.skip_call[index] {
+            return;
+        }
+        self.n_calls[index] += 1;
+        let id = self.out.call_id(index, k);
+        deltas.push(
+            json!({"tool_calls": [{"index": k, "id": id, "type": "function", "function": {"name": name, "arguments": ""}}]}),
+        );
+    }
+
+    /// A piece of the open call's arguments.
+    fn call_args(&mut self, index: usize, args: String, deltas: &mut Vec<Value>) {
+        if self.skip_call[index] || args.is_empty() {
+            return;
+        }
+        let k = self.n_calls[index] - 1;
+        deltas.push(json!({"tool_calls": [{"index": k, "function": {"arguments": args}}]}));
+    }
+
     fn finish(&mut self, index: usize, f: Finish) {
-        let reason = if self.n_calls[index] > 0 { "tool_calls" } else { finish_reason(f) };
+        let reason = if self.n_calls[index] > 0 && f != Finish::Length { "tool_calls" } else { finish_reason(f) };
         let choice = match self.out.kind {
             Kind::Chat => json!({"index": index, "delta": {}, "logprobs": null, "finish_reason": reason}),
             Kind::Text => json!({"index": index, "text": "", "logprobs": null, "finish_reason": reason}),
@@ -852,6 +917,7 @@ fn stream(
         sent_chars: vec![0; n],
         parsers,
         n_calls: vec![0; n],
+        skip_call: vec![false; n],
         ended: false,
     };
     if st.out.kind == Kind::Chat {

@@ -284,12 +284,14 @@ struct Items {
     items: Vec<Value>,
     /// The item still taking text: (its place, reasoning or message).
     open: Option<(usize, bool)>,
+    /// The call item still taking arguments.
+    call: Option<usize>,
     calls: usize,
 }
 
 impl Items {
     fn new() -> Items {
-        Items { items: Vec::new(), open: None, calls: 0 }
+        Items { items: Vec::new(), open: None, call: None, calls: 0 }
     }
 }
 
@@ -396,6 +398,7 @@ impl Streamer {
 
     /// End the open message or reasoning item.
     fn close(&mut self) {
+        self.call_end();
         let Some((i, reasoning)) = self.items.open.take() else { return };
         let item = &mut self.items.items[i];
         item["status"] = json!("completed");
@@ -474,31 +477,53 @@ impl Streamer {
                     self.text(&r, true)
                 }
                 Piece::Call(c) => {
-                    if !self.out.parallel && self.items.calls > 0 {
-                        continue;
-                    }
-                    self.close();
-                    let i = self.items.items.len();
-                    let id = item_id(&self.out, "fc", i);
-                    let call_id = self.out.call_id(0, self.items.calls);
-                    self.items.calls += 1;
-                    let mut item = json!({"type": "function_call", "id": id, "call_id": call_id, "name": c.name, "arguments": "", "status": "in_progress"});
-                    self.event("response.output_item.added", json!({"output_index": i, "item": item}));
-                    self.event(
-                        "response.function_call_arguments.delta",
-                        json!({"item_id": id, "output_index": i, "delta": c.arguments}),
-                    );
-                    self.event(
-                        "response.function_call_arguments.done",
-                        json!({"item_id": id, "output_index": i, "name": c.name, "arguments": c.arguments}),
-                    );
-                    item["arguments"] = json!(c.arguments);
-                    item["status"] = json!("completed");
-                    self.event("response.output_item.done", json!({"output_index": i, "item": item}));
-                    self.items.items.push(item);
+                    self.call_start(c.name);
+                    self.call_args(c.arguments);
+                    self.call_end();
                 }
+                Piece::CallStart(name) => self.call_start(name),
+                Piece::CallArgs(a) => self.call_args(a),
+                Piece::CallEnd => self.call_end(),
             }
         }
+    }
+
+    /// A `function_call` item opens (none past the first call when parallel calls are off:
+    /// that call is left out).
+    fn call_start(&mut self, name: String) {
+        self.close();
+        if !self.out.parallel && self.items.calls > 0 {
+            return;
+        }
+        let i = self.items.items.len();
+        let id = item_id(&self.out, "fc", i);
+        let call_id = self.out.call_id(0, self.items.calls);
+        self.items.calls += 1;
+        let item = json!({"type": "function_call", "id": id, "call_id": call_id, "name": name, "arguments": "", "status": "in_progress"});
+        self.event("response.output_item.added", json!({"output_index": i, "item": item}));
+        self.items.items.push(item);
+        self.items.call = Some(i);
+    }
+
+    fn call_args(&mut self, args: String) {
+        let Some(i) = self.items.call.filter(|_| !args.is_empty()) else { return };
+        let item = &mut self.items.items[i];
+        let all = item["arguments"].as_str().unwrap_or_default().to_string() + &args;
+        item["arguments"] = json!(all);
+        let id = item["id"].clone();
+        self.event("response.function_call_arguments.delta", json!({"item_id": id, "output_index": i, "delta": args}));
+    }
+
+    fn call_end(&mut self) {
+        let Some(i) = self.items.call.take() else { return };
+        let item = &mut self.items.items[i];
+        item["status"] = json!("completed");
+        let item = item.clone();
+        self.event(
+            "response.function_call_arguments.done",
+            json!({"item_id": item["id"], "output_index": i, "name": item["name"], "arguments": item["arguments"]}),
+        );
+        self.event("response.output_item.done", json!({"output_index": i, "item": item}));
     }
 
     fn on(&mut self, ev: Option<Event>) {

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use cortiq_engine::sched::Constraint;
+use cortiq_formats::calls::ThinkTags;
 use cortiq_formats::tokenizer::Tokenizer;
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
@@ -105,3 +106,133 @@ impl Constraint for JsonConstraint {
         Ok(self.0.is_stopped())
     }
 }
+
+impl Compiled {
+    /// The grammar held back until the model writes `opener` outside a thinking block (a tool
+    /// call under `tool_choice` auto): see `LazyCall`.
+    pub fn lazy(&self, tok: Arc<Tokenizer>, opener: &str, think: Option<ThinkTags>, start_in_think: bool) -> Box<dyn Constraint> {
+        Box::new(LazyCall {
+            grammar: self.0.deep_clone(),
+            tok,
+            opener: opener.to_string(),
+            think,
+            in_think: start_in_think,
+            recent: String::new(),
+            active: None,
+        })
+    }
+}
+
+/// A call's grammar that engages when the model opens a call: until the opener is written
+/// nothing is masked (the model may answer in text, so an answer samples exactly as without
+/// tools' grammar); from the opener on, the call's body must follow the grammar (a declared
+/// tool's name, arguments valid for its schema, the closing tag); when the call is closed the
+/// model is free again (another call, text, or the end). An opener inside the thinking block
+/// is thinking, as the output parser reads it.
+struct LazyCall {
+    grammar: TokenParser,
+    tok: Arc<Tokenizer>,
+    opener: String,
+    think: Option<ThinkTags>,
+    in_think: bool,
+    /// The text since the last decision (only its tail is kept).
+    recent: String,
+    active: Option<Matcher>,
+}
+
+impl LazyCall {
+    /// Start the call's grammar; `rest`: text of the opener's token after the opener.
+    fn engage(&mut self, rest: &str) {
+        let mut m = Matcher::new(Ok(self.grammar.deep_clone()));
+        if !rest.is_empty() {
+            let ids = self.tok.encode_with(rest, false, false).unwrap_or_default();
+            // A token that runs past the opener into text the grammar does not allow: the
+            // model has left the call's form, and the parser reads what it wrote.
+            if m.try_consume_tokens(&ids).ok() != Some(ids.len()) {
+                return;
+            }
+        }
+        if m.get_error().is_none() {
+            self.active = Some(m);
+        }
+    }
+}
+
+impl Constraint for LazyCall {
+    fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
+        let Some(m) = self.active.as_mut() else { return Ok(()) };
+        let allowed = m.compute_mask().map_err(|e| e.to_string())?;
+        for (id, l) in logits.iter_mut().enumerate() {
+            if !allowed.is_allowed(id as u32) {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        Ok(())
+    }
+
+    fn commit(&mut self, id: u32) -> Result<bool, String> {
+        if let Some(m) = self.active.as_mut() {
+            m.consume_token(id).map_err(|e| e.to_string())?;
+            if m.is_stopped() {
+                self.active = None;
+            }
+            return Ok(false);
+        }
+        self.recent.push_str(&String::from_utf8_lossy(&self.tok.token_bytes(id)));
+        loop {
+            if self.in_think {
+                let close = self.think.as_ref().map_or("", |t| t.close.as_str());
+                let Some(i) = self.recent.find(close) else { break };
+                self.recent.drain(..i + close.len());
+                self.in_think = false;
+                continue;
+            }
+            let open = self.think.as_ref().and_then(|t| self.recent.find(t.open.as_str()).map(|i| (i, t.open.len())));
+            let call = self.recent.find(self.opener.as_str());
+            match (open, call) {
+                (Some((i, n)), c) if c.is_none_or(|c| i < c) => {
+                    self.recent.drain(..i + n);
+                    self.in_think = true;
+                }
+                (_, Some(c)) => {
+                    let rest = self.recent[c + self.opener.len()..].to_string();
+                    self.recent.clear();
+                    self.engage(&rest);
+                    break;
+                }
+                _ => break,
+            }
+        }
+        // Keep a tail long enough to hold any tag cut between tokens.
+        let keep = 2 * self.opener.len() + self.think.as_ref().map_or(0, |t| t.open.len() + t.close.len());
+        if self.recent.len() > 2 * keep {
+            let mut cut = self.recent.len() - keep;
+            while !self.recent.is_char_boundary(cut) {
+                cut += 1;
+            }
+            self.recent.drain(..cut);
+        }
+        Ok(false)
+    }
+}
+
+/// Several constraints on one output: each masks, each advances; the output ends when one
+/// says so (the reasoning budget with a call's grammar under `auto`).
+pub struct Chain(pub Vec<Box<dyn Constraint>>);
+
+impl Constraint for Chain {
+    fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
+        self.0.iter_mut().try_for_each(|c| c.mask(logits))
+    }
+
+    fn commit(&mut self, id: u32) -> Result<bool, String> {
+        let mut end = false;
+        for c in &mut self.0 {
+            end |= c.commit(id)?;
+        }
+        Ok(end)
+    }
+}
+
+#[cfg(test)]
+mod tests;

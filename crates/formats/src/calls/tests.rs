@@ -14,7 +14,13 @@ fn tools() -> Vec<Value> {
 }
 
 fn opts(family: Family, think: bool) -> Options {
-    Options { family: Some(family), tools: tools(), think: think.then(ThinkTags::think), start_in_think: false }
+    Options {
+        family: Some(family),
+        tools: tools(),
+        think: think.then(ThinkTags::think),
+        start_in_think: false,
+        stream_args: false,
+    }
 }
 
 fn whole(o: &Options, chunks: &[&[u8]]) -> Vec<Piece> {
@@ -37,14 +43,53 @@ fn call(name: &str, args: Value) -> Piece {
 
 fn check(o: &Options, out: &str, want: &[Piece]) {
     let b = out.as_bytes();
-    let got = whole(o, &[b]);
+    let got = collapse(whole(o, &[b]));
     assert_eq!(got, want, "whole: {out:?}");
     for k in 0..=b.len() {
-        let got = whole(o, &[&b[..k], &b[k..]]);
+        let got = collapse(whole(o, &[&b[..k], &b[k..]]));
         assert_eq!(got, want, "cut at byte {k} of {out:?}");
     }
     let bytes: Vec<&[u8]> = b.chunks(1).collect();
-    assert_eq!(whole(o, &bytes), want, "one byte at a time: {out:?}");
+    assert_eq!(collapse(whole(o, &bytes)), want, "one byte at a time: {out:?}");
+}
+
+/// A streamed call: its arguments exactly as written.
+fn raw_call(name: &str, args: &str) -> Piece {
+    Piece::Call(Call { name: name.into(), arguments: args.into() })
+}
+
+#[test]
+fn hermes_streamed_arguments() {
+    let mut o = opts(Family::Hermes, true);
+    o.stream_args = true;
+    let out = "<think>go</think>\n\nOn it.\n<tool_call>\n{\"name\": \"search\", \"arguments\": {\"query\": \"a } \\\" { ü\", \"filters\": {\"a\": [1, {}]}}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call>";
+    let want = [
+        Piece::Reasoning("go".into()),
+        text("On it."),
+        raw_call("search", "{\"query\": \"a } \\\" { ü\", \"filters\": {\"a\": [1, {}]}}"),
+        raw_call("get_weather", "{}"),
+    ];
+    check(&o, out, &want);
+    // The name goes out as soon as the head is read, the arguments as they arrive.
+    let mut p = Parser::new(o.clone());
+    let mut got = p.feed("<think>go</think>On it.\n<tool_call>\n{\"name\": \"search\", \"argum");
+    assert!(!got.iter().any(|x| matches!(x, Piece::CallStart(_))), "{got:?}");
+    got = p.feed("ents\": {\"query\": \"ab");
+    assert_eq!(got, [Piece::CallStart("search".into()), Piece::CallArgs("{\"query\": \"ab".into())]);
+    assert_eq!(p.feed("c\"}}\n</tool"), [Piece::CallArgs("c\"}".into())]);
+    assert_eq!(p.feed("_call>"), [Piece::CallEnd]);
+    assert_eq!(p.finish(), []);
+    // Cut by the token limit: the call ends with what it has.
+    let cut = "<tool_call>\n{\"name\": \"search\", \"arguments\": {\"query\": \"ab";
+    check(&o, cut, &[raw_call("search", "{\"query\": \"ab")]);
+    // Bodies that do not open with the head are parsed whole, as without streaming.
+    check(
+        &o,
+        "<tool_call>\n{\"arguments\": {\"city\": \"Oslo\"}, \"name\": \"get_weather\"}\n</tool_call>",
+        &[call("get_weather", json!({"city": "Oslo"}))],
+    );
+    let bad = "<tool_call>\n{\"name\": \"get weather\", \"arguments\": {}}\n</tool_call>";
+    check(&o, bad, &[text(bad)]);
 }
 
 #[test]

@@ -1,0 +1,99 @@
+//! The lazy call grammar (`LazyCall`) driven token by token over a byte-level vocabulary:
+//! free before the opener and inside the thinking block, a schema-valid call after it, free
+//! again once the call is closed.
+
+use std::path::Path;
+
+use serde_json::json;
+
+use super::*;
+use crate::api;
+
+const EOS: u32 = 256;
+
+fn setup() -> (Arc<Tokenizer>, Structured, api::LazyCall) {
+    let json = cortiq_testkit::byte_tokenizer_json();
+    let tok = Arc::new(Tokenizer::from_tokenizer_json_str(Path::new("bytes.json"), &json, None).unwrap());
+    let st = Structured::new(tok.clone(), 257, EOS).unwrap();
+    let body = json!({"tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 12}, "days": {"type": "integer", "minimum": 0, "maximum": 30}},
+        "required": ["city", "days"]}}}]});
+    let agent = api::agent_params(body.as_object().unwrap()).unwrap();
+    let (opener, grammar) = agent.lazy_call(cortiq_formats::calls::Family::Hermes).unwrap();
+    (tok, st, api::LazyCall { opener, grammar, think: Some(ThinkTags::think()), in_think: false })
+}
+
+/// Logits from a seeded generator (no model needed: the mask alone decides what is allowed).
+fn logits(seed: &mut u64) -> Vec<f32> {
+    (0..257)
+        .map(|_| {
+            *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (*seed >> 40) as f32 / (1u64 << 24) as f32
+        })
+        .collect()
+}
+
+fn free(c: &mut dyn Constraint, seed: &mut u64) -> bool {
+    let mut l = logits(seed);
+    c.mask(&mut l).unwrap();
+    l.iter().all(|x| x.is_finite())
+}
+
+/// Write `text` as the model would (each byte a token), checking nothing is masked.
+fn write_free(c: &mut dyn Constraint, text: &str, seed: &mut u64) {
+    for b in text.bytes() {
+        assert!(free(c, seed), "masked before {:?} of {text:?}", b as char);
+        assert!(!c.commit(b as u32).unwrap());
+    }
+}
+
+/// Sample the highest allowed logit until the grammar lets everything through again.
+fn write_held(c: &mut dyn Constraint, seed: &mut u64) -> String {
+    let mut out = Vec::new();
+    for _ in 0..400 {
+        let mut l = logits(seed);
+        c.mask(&mut l).unwrap();
+        if l.iter().all(|x| x.is_finite()) {
+            return String::from_utf8(out).unwrap();
+        }
+        let (id, _) = l.iter().enumerate().filter(|(_, x)| x.is_finite()).max_by(|a, b| a.1.total_cmp(b.1)).unwrap();
+        assert_ne!(id as u32, EOS, "the grammar allowed the end inside a call: {:?}", String::from_utf8_lossy(&out));
+        out.push(id as u8);
+        assert!(!c.commit(id as u32).unwrap());
+    }
+    panic!("the call did not close in 400 tokens: {:?}", String::from_utf8_lossy(&out));
+}
+
+fn check_call(body: &str) {
+    let inner = body.strip_prefix('\n').and_then(|b| b.strip_suffix("\n</tool_call>")).unwrap_or_else(|| panic!("{body:?}"));
+    // Written as the templates show calls (Python's json.dumps separators).
+    assert!(inner.starts_with("{\"name\": \"get_weather\", \"arguments\": {\"city\": \""), "{inner}");
+    let v: Value = serde_json::from_str(inner).unwrap_or_else(|e| panic!("{e}: {inner:?}"));
+    assert_eq!(v["name"], "get_weather", "{inner}");
+    let city = v["arguments"]["city"].as_str().unwrap_or_else(|| panic!("{inner}"));
+    let days = v["arguments"]["days"].as_i64().unwrap_or_else(|| panic!("{inner}"));
+    assert!(city.chars().count() <= 12 && (0..=30).contains(&days), "{inner}");
+}
+
+#[test]
+fn lazy_call_grammar_engages_at_the_opener() {
+    let (tok, st, l) = setup();
+    let compiled = st.compile_lark(&l.grammar).unwrap();
+    for seed0 in 0..8u64 {
+        let mut seed = seed0;
+        let mut c = compiled.lazy(tok.clone(), &l.opener, l.think.clone(), false);
+        // Text, and the opener inside the thinking block, are free.
+        write_free(&mut *c, "<think>maybe <tool_call> later</think>Let me check. <tool_call", &mut seed);
+        assert!(!c.commit(b'>' as u32).unwrap());
+        check_call(&write_held(&mut *c, &mut seed));
+        // Free again: text, then a second call.
+        write_free(&mut *c, "\nAnd <tool_call>", &mut seed);
+        check_call(&write_held(&mut *c, &mut seed));
+        assert!(free(&mut *c, &mut seed));
+    }
+    // The prompt ends inside the thinking block: the opener there is thinking.
+    let mut seed = 1;
+    let mut c = compiled.lazy(tok.clone(), &l.opener, l.think.clone(), true);
+    write_free(&mut *c, "a <tool_call> b</think><tool_call>", &mut seed);
+    check_call(&write_held(&mut *c, &mut seed));
+}
