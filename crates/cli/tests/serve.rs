@@ -797,8 +797,11 @@ fn serve_forced_tool_call_every_family() {
             assert_eq!(c["finish_reason"], if cut { "length" } else { "tool_calls" }, "{family} {choice}: {c}");
             let calls = c["message"]["tool_calls"].as_array().unwrap();
             assert!(!calls.is_empty(), "{family}: {c}");
-            for t in calls {
+            for (k, t) in calls.iter().enumerate() {
                 assert_eq!(t["function"]["name"], "get_weather", "{family}: {c}");
+                if cut && k + 1 == calls.len() {
+                    continue; // the last call may be cut by the token limit
+                }
                 let args: Value = serde_json::from_str(t["function"]["arguments"].as_str().unwrap()).unwrap();
                 assert!(args["city"].is_string() && args["days"].is_i64(), "{family}: the schema's arguments: {args}");
             }
@@ -834,10 +837,10 @@ fn serve_forced_tool_call_every_family() {
             }
         }
         assert_eq!(got, want, "{family}: streamed calls == whole");
-        // Hermes calls are held by the grammar, so their arguments stream as they are written
-        // (the other families' calls go out whole at their closer).
-        if family == "hermes" {
-            assert!(arg_chunks > 3, "hermes: the first call's arguments in {arg_chunks} chunks");
+        // Hermes and Qwen XML calls are held by the grammar, so their arguments stream as they
+        // are written (the other families' calls go out whole at their closer).
+        if family == "hermes" || family == "qwen-xml" {
+            assert!(arg_chunks > 3, "{family}: the first call's arguments in {arg_chunks} chunks");
         }
     }
 }

@@ -171,6 +171,18 @@ impl ThinkTags {
     pub fn think() -> ThinkTags {
         ThinkTags { open: "<think>".into(), close: "</think>".into() }
     }
+
+    /// The thinking block a chat template writes, by its markup: `<think>` (Qwen3, DeepSeek-R1,
+    /// SmolLM3 ...) or Mistral's `[THINK]` (Magistral); None for a template without one.
+    pub fn detect(template: &str) -> Option<ThinkTags> {
+        if template.contains("<think>") {
+            Some(ThinkTags::think())
+        } else if template.contains("[THINK]") {
+            Some(ThinkTags { open: "[THINK]".into(), close: "[/THINK]".into() })
+        } else {
+            None
+        }
+    }
 }
 
 /// What the parser looks for, fixed per request.
@@ -212,6 +224,23 @@ enum State {
     Args(Nest, &'static str),
     /// After a streamed call's arguments, up to its closing tag.
     ArgsTail(&'static str),
+    /// A streamed Qwen XML call (`<function=NAME>` read): between parameters; `first`: none
+    /// given out yet.
+    XmlParams {
+        name: String,
+        first: bool,
+    },
+    /// Inside a string parameter's value (its text streams, JSON-escaped); `lead`: its first
+    /// newline (the form's, not the value's) may still come.
+    XmlStr {
+        name: String,
+        lead: bool,
+    },
+    /// Inside another parameter's value (JSON, given out at its closer) after `key`.
+    XmlValue {
+        name: String,
+        key: String,
+    },
 }
 
 /// How deep a JSON text is nested, followed across feeds.
@@ -453,6 +482,17 @@ impl Parser {
                         self.state = State::Args(Nest::default(), tag);
                         continue;
                     }
+                    if self.opts.stream_args
+                        && self.opts.family == Some(Family::QwenXml)
+                        && let Some((name, n)) = xml_head(&self.buf)
+                    {
+                        self.ws.clear();
+                        self.calls += 1;
+                        self.buf.drain(..n);
+                        out.push(Piece::CallStart(name.clone()));
+                        self.state = State::XmlParams { name, first: true };
+                        continue;
+                    }
                     let body_end = match close {
                         Close::Tag(t) => self.buf.find(t).map(|i| (i, i + t.len())),
                         Close::Json => json_end(&self.buf).map(|i| (i, i)),
@@ -532,6 +572,91 @@ impl Parser {
                     out.push(Piece::CallEnd);
                     self.trim_lead = true;
                     self.state = State::Text;
+                }
+                State::XmlParams { name, first } => {
+                    let t = self.buf.trim_start();
+                    let lead = self.buf.len() - t.len();
+                    if let Some(r) = t.strip_prefix("<parameter=")
+                        && let Some(gt) = r.find('>')
+                    {
+                        let p = r[..gt].trim().to_string();
+                        let n = lead + "<parameter=".len() + gt + 1;
+                        self.buf.drain(..n);
+                        let key = format!("{}{}: ", if first { "{" } else { ", " }, Value::String(p.clone()));
+                        if param_type(&self.opts.tools, &name, &p) == Some("string") {
+                            out.push(Piece::CallArgs(format!("{key}\"")));
+                            self.state = State::XmlStr { name, lead: true };
+                        } else {
+                            self.state = State::XmlValue { name, key };
+                        }
+                        continue;
+                    }
+                    if t.starts_with("</function>") {
+                        self.buf.drain(..lead + "</function>".len());
+                        out.push(Piece::CallArgs(if first { "{}" } else { "}" }.into()));
+                        self.state = State::ArgsTail("</tool_call>");
+                        continue;
+                    }
+                    // Still becoming one of the two (a parameter's name not yet closed).
+                    let maybe = t.starts_with("<parameter=") || "<parameter=".starts_with(t) || "</function>".starts_with(t);
+                    if !end && maybe {
+                        return;
+                    }
+                    // Cut by the token limit (or, unheld, off the form): the call ends here.
+                    out.push(Piece::CallArgs(if first { "{}" } else { "}" }.into()));
+                    self.state = State::ArgsTail("</tool_call>");
+                }
+                State::XmlStr { name, lead } => {
+                    const END: &str = "\n</parameter>";
+                    let mut lead = lead;
+                    if lead {
+                        if self.buf.is_empty() && !end {
+                            return;
+                        }
+                        if self.buf.starts_with('\n') {
+                            self.buf.drain(..1);
+                        }
+                        lead = false;
+                    }
+                    let (upto, done) = match self.buf.find(END) {
+                        Some(i) => (i, true),
+                        // A newline a closer may follow, or a piece of the closer, waits.
+                        None if !end => (self.buf.len() - held(&self.buf, [END].into_iter()), false),
+                        None => (self.buf.len(), false),
+                    };
+                    let v: String = self.buf.drain(..upto).collect();
+                    let q = Value::String(v).to_string();
+                    let esc = &q[1..q.len() - 1];
+                    if done {
+                        self.buf.drain(..END.len());
+                        out.push(Piece::CallArgs(format!("{esc}\"")));
+                        self.state = State::XmlParams { name, first: false };
+                        continue;
+                    }
+                    if !esc.is_empty() {
+                        out.push(Piece::CallArgs(esc.to_string()));
+                    }
+                    if end {
+                        out.push(Piece::CallArgs("\"}".into()));
+                        self.state = State::ArgsTail("</tool_call>");
+                        continue;
+                    }
+                    self.state = State::XmlStr { name, lead };
+                    return;
+                }
+                State::XmlValue { name, key } => {
+                    let close = self.buf.find("</parameter>");
+                    let Some(i) = close.or(end.then_some(self.buf.len())) else { return };
+                    let raw: String = self.buf.drain(..i).collect();
+                    if close.is_some() {
+                        self.buf.drain(.."</parameter>".len());
+                    }
+                    let mut v = raw.as_str();
+                    v = v.strip_prefix('\n').unwrap_or(v);
+                    v = v.strip_suffix('\n').unwrap_or(v);
+                    let value = serde_json::from_str::<Value>(v).unwrap_or_else(|_| Value::String(v.to_string()));
+                    out.push(Piece::CallArgs(format!("{key}{value}")));
+                    self.state = State::XmlParams { name, first: false };
                 }
                 State::Bare => {
                     let Some(i) = json_end(&self.buf).or(end.then_some(self.buf.len())) else { return };
@@ -662,6 +787,15 @@ fn hermes_head(s: &str) -> Head {
         Some(b'{') => Head::Yes(name.to_string(), i),
         Some(_) => Head::No,
     }
+}
+
+/// A Qwen XML body's head, `<function=NAME>`: the name and the offset past it.
+fn xml_head(s: &str) -> Option<(String, usize)> {
+    let t = s.trim_start();
+    let r = t.strip_prefix("<function=")?;
+    let gt = r.find('>')?;
+    let name = r[..gt].trim();
+    valid_name(name).then(|| (name.to_string(), s.len() - t.len() + "<function=".len() + gt + 1))
 }
 
 /// Mistral's body: a JSON array, or NAME[ARGS] followed by one JSON object (possibly several

@@ -4,6 +4,7 @@
 
 use cortiq_engine::sampling::{SamplerParams, random_seed};
 use cortiq_engine::spec::{SpecMethod, SpecParams};
+use cortiq_formats::calls::Family;
 use cortiq_formats::chat::{ChatMessage, FunctionCall, ToolCall};
 use serde_json::{Map, Value};
 
@@ -602,39 +603,103 @@ pub fn agent_params(o: &Obj) -> Result<AgentParams, ApiError> {
 
 impl AgentParams {
     /// The grammar of a forced call (`required`: any of the tools, one or more when parallel;
-    /// a named function: that one, once): each call a JSON object `{"name", "arguments"}` whose
-    /// arguments follow the tool's parameter schema, inside `<tool_call>` tags for the families
-    /// that write them (`hermes_tags`), bare otherwise (every family's parser takes bare JSON
-    /// calls). None when the choice forces nothing.
+    /// a named function: that one, once), in `family`'s own form where the grammar writes it
+    /// (Hermes: `<tool_call>` + a JSON object `{"name", "arguments"}`; Qwen XML: `<tool_call>` +
+    /// `<function=...>` with a `<parameter=...>` per argument), a bare JSON object otherwise
+    /// (every family's parser takes bare JSON calls); the arguments follow the tool's parameter
+    /// schema. None when the choice forces nothing.
     /// `close_think`: the prompt ends inside an open thinking block; the grammar closes it
     /// first (a forced call skips the thinking).
-    pub fn forced_grammar(&self, hermes_tags: bool, close_think: Option<&str>) -> Option<String> {
+    pub fn forced_grammar(&self, family: Family, close_think: Option<&str>) -> Option<String> {
         let names: Vec<&str> = match &self.choice {
             ToolChoice::Auto | ToolChoice::None => return None,
             ToolChoice::Required => self.tools.iter().filter_map(tool_name).collect(),
             ToolChoice::Named(n) => vec![n.as_str()],
         };
         let many = self.parallel && self.choice == ToolChoice::Required;
-        let call = if hermes_tags { "\"<tool_call>\\n\" body \"\\n</tool_call>\"" } else { "body" };
         let first = match close_think {
-            Some(tag) => format!("{} ", serde_json::to_string(&format!("{tag}\n\n")).expect("a string")),
+            Some(tag) => format!("{} ", lark_str(&format!("{tag}\n\n"))),
             None => String::new(),
         };
         let more = if many { " (\"\\n\" call)*" } else { "" };
-        Some(format!("start: {first}call{more}\ncall: {call}\nbody: %json {}\n", self.call_schema(&names)))
+        let call = match family {
+            Family::Hermes | Family::QwenXml => "\"<tool_call>\" body",
+            _ => "body",
+        };
+        let body = match family {
+            Family::Hermes => format!("\"\\n\" json \"\\n</tool_call>\"\njson: %json {}\n", self.call_schema(&names)),
+            Family::QwenXml => self.xml_grammar(&names),
+            _ => format!("%json {}\n", self.call_schema(&names)),
+        };
+        Some(format!("start: {first}call{more}\ncall: {call}\nbody: {body}"))
     }
 
-    /// Under `auto`, for the families whose calls are `<tool_call>` + a JSON body (Hermes):
-    /// the opener, and the grammar of the rest of the call (any of the tools, its arguments
-    /// following that tool's schema, then the closing tag). None for the other families and
-    /// other choices: their calls are checked by the parser alone.
-    pub fn lazy_call(&self, family: cortiq_formats::calls::Family) -> Option<(String, String)> {
-        if self.choice != ToolChoice::Auto || self.tools.is_empty() || family != cortiq_formats::calls::Family::Hermes {
+    /// Under `auto`, for the families whose `<tool_call>` body a grammar writes (Hermes' JSON,
+    /// Qwen's XML): the opener, and the grammar of the rest of the call (any of the tools, its
+    /// arguments following that tool's schema, then the closing tag). None for the other
+    /// families and other choices: their calls are checked by the parser alone.
+    pub fn lazy_call(&self, family: Family) -> Option<(String, String)> {
+        if self.choice != ToolChoice::Auto || self.tools.is_empty() {
             return None;
         }
         let names: Vec<&str> = self.tools.iter().filter_map(tool_name).collect();
-        let g = format!("start: \"\\n\" body \"\\n</tool_call>\"\nbody: %json {}\n", self.call_schema(&names));
-        Some(("<tool_call>".to_string(), g))
+        let body = match family {
+            Family::Hermes => format!("\"\\n\" json \"\\n</tool_call>\"\njson: %json {}\n", self.call_schema(&names)),
+            Family::QwenXml => self.xml_grammar(&names),
+            _ => return None,
+        };
+        Some(("<tool_call>".to_string(), format!("start: body\nbody: {body}")))
+    }
+
+    /// Qwen's XML call after `<tool_call>`: `\n<function=NAME>\n`, the parameters in the
+    /// schema's order (the required ones present, the others optional), each
+    /// `<parameter=P>\nVALUE\n</parameter>\n` with a string's value as raw text and any other
+    /// as JSON following its schema, then `</function>\n</tool_call>`. The rule `body` and
+    /// its own rules.
+    fn xml_grammar(&self, names: &[&str]) -> String {
+        let mut alts = Vec::new();
+        let mut rules = String::new();
+        for (i, t) in self.tools.iter().enumerate().filter(|(_, t)| tool_name(t).is_some_and(|n| names.contains(&n))) {
+            let f = &t["function"];
+            let params = f.get("parameters").map(|p| closed(p.clone())).unwrap_or(Value::Null);
+            let required: Vec<&str> =
+                params.get("required").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).collect();
+            let mut seq = vec![lark_str(&format!("\n<function={}>\n", tool_name(t).unwrap_or_default()))];
+            for (j, (p, ps)) in params.get("properties").and_then(Value::as_object).into_iter().flatten().enumerate() {
+                let r = format!("f{i}_p{j}");
+                let open = lark_str(&format!("<parameter={p}>\n"));
+                let close = lark_str("\n</parameter>\n");
+                match ps.get("type").and_then(Value::as_str) {
+                    Some("string") | None => {
+                        // Raw text up to the first closer; an enum's values, or the schema's
+                        // length bounds (in characters, as JSON schema counts them).
+                        let value = match ps.get("enum").and_then(Value::as_array) {
+                            Some(e) if e.iter().all(Value::is_string) => {
+                                let alts: Vec<String> = e.iter().filter_map(Value::as_str).map(lark_str).collect();
+                                format!("({})", alts.join(" | "))
+                            }
+                            _ => {
+                                let min = ps.get("minLength").and_then(Value::as_u64).unwrap_or(0);
+                                let max = ps.get("maxLength").and_then(Value::as_u64).map_or(String::new(), |m| m.to_string());
+                                format!("/(?s:.{{{min},{max}}})/")
+                            }
+                        };
+                        rules.push_str(&format!("{r}: {open} {r}_v\n{r}_v[suffix={close}]: {value}\n"));
+                    }
+                    Some(_) => {
+                        let mut schema = ps.clone();
+                        schema["x-guidance"] =
+                            serde_json::json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "});
+                        rules.push_str(&format!("{r}: {open} {r}_v {close}\n{r}_v: %json {schema}\n"));
+                    }
+                }
+                seq.push(if required.contains(&p.as_str()) { r } else { format!("{r}?") });
+            }
+            seq.push(lark_str("</function>\n</tool_call>"));
+            rules.push_str(&format!("f{i}: {}\n", seq.join(" ")));
+            alts.push(format!("f{i}"));
+        }
+        format!("{}\n{rules}", alts.join(" | "))
     }
 
     /// A call of one of `names` as JSON, `{"name": "f", "arguments": {...}}`, written as the
@@ -682,6 +747,11 @@ fn closed(mut v: Value) -> Value {
         }
     }
     v
+}
+
+/// A Lark string literal (JSON's string syntax).
+fn lark_str(s: &str) -> String {
+    serde_json::to_string(s).expect("a string")
 }
 
 fn tool_name(t: &Value) -> Option<&str> {

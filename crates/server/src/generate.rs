@@ -204,7 +204,7 @@ pub(crate) fn queue_chat(
     let info = app.info()?;
     let (enc, use_tools) = render_chat(app, info, msgs, agent)?;
     let template = info.tok.chat_template().unwrap_or_default();
-    let think = (app.opts.reasoning && template.contains("<think>")).then(calls::ThinkTags::think);
+    let think = calls::ThinkTags::detect(template).filter(|_| app.opts.reasoning);
     let parse = (use_tools || think.is_some()).then(|| calls::Options {
         family: use_tools.then(|| app.opts.tool_parser.unwrap_or_else(|| calls::Family::detect(template))),
         tools: if use_tools { agent.tools.clone() } else { Vec::new() },
@@ -222,7 +222,7 @@ pub(crate) fn queue_chat(
         && let Some(f) = p.family
     {
         let close = p.think.as_ref().filter(|_| p.start_in_think).map(|t| t.close.as_str());
-        gp.grammar = agent.forced_grammar(matches!(f, calls::Family::Hermes | calls::Family::QwenXml), close);
+        gp.grammar = agent.forced_grammar(f, close);
         if gp.grammar.is_some() && gp.json_schema.is_some() {
             return Err(ApiError::invalid("response_format", "'response_format' cannot be combined with a forced 'tool_choice'"));
         }
@@ -240,7 +240,8 @@ pub(crate) fn queue_chat(
     // A call the grammar holds (forced, or lazily from its opener) is well-formed once its
     // head is read: its arguments can stream.
     let parse = parse.map(|mut p| {
-        p.stream_args = p.family == Some(calls::Family::Hermes) && (gp.grammar.is_some() || gp.lazy_call.is_some());
+        p.stream_args = matches!(p.family, Some(calls::Family::Hermes | calls::Family::QwenXml))
+            && (gp.grammar.is_some() || gp.lazy_call.is_some());
         p
     });
     let mut out = run(app.clone(), Kind::Chat, vec![enc.ids], gp, prompt_param)?;

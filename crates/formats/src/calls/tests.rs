@@ -211,6 +211,42 @@ fn qwen_xml() {
 }
 
 #[test]
+fn qwen_xml_streamed_arguments() {
+    let mut o = opts(Family::QwenXml, true);
+    o.stream_args = true;
+    let out = "<think>hm</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nSão \"Paulo\"\n</parameter\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=search>\n</function>\n</tool_call>";
+    check(
+        &o,
+        out,
+        &[
+            Piece::Reasoning("hm".into()),
+            raw_call("get_weather", "{\"city\": \"São \\\"Paulo\\\"\\n</parameter\", \"days\": 3}"),
+            raw_call("search", "{}"),
+        ],
+    );
+    // The arguments are valid JSON, equal to what the whole parse gives.
+    let whole = collapse(whole(&opts(Family::QwenXml, false), &[out.as_bytes()]));
+    let streamed = collapse(self::whole(&o, &[out.as_bytes()]));
+    for (a, b) in whole.iter().zip(&streamed) {
+        if let (Piece::Call(a), Piece::Call(b)) = (a, b) {
+            assert_eq!(
+                serde_json::from_str::<Value>(&a.arguments).unwrap(),
+                serde_json::from_str::<Value>(&b.arguments).unwrap()
+            );
+        }
+    }
+    // A string value streams as it is written; the newline before the closer waits.
+    let mut p = Parser::new(o.clone());
+    let got = p.feed("<tool_call>\n<function=get_weather>\n<parameter=city>\nOs");
+    assert_eq!(got, [Piece::CallStart("get_weather".into()), Piece::CallArgs("{\"city\": \"Os".into())]);
+    assert_eq!(p.feed("lo\n"), [Piece::CallArgs("lo".into())]);
+    assert_eq!(p.feed("</parameter>\n<parameter=days>\n1"), [Piece::CallArgs("\"".into())]);
+    assert_eq!(p.feed("2\n</parameter>\n</function>\n</tool_call>"), [Piece::CallArgs(", \"days\": 12}".into()), Piece::CallEnd]);
+    // Cut by the token limit: closed where it stands.
+    check(&o, "<tool_call>\n<function=get_weather>\n<parameter=city>\nOs", &[raw_call("get_weather", "{\"city\": \"Os\"}")]);
+}
+
+#[test]
 fn mistral() {
     let o = opts(Family::Mistral, false);
     check(
@@ -226,6 +262,23 @@ fn mistral() {
     check(&o, "Sure: no tools needed.", &[text("Sure: no tools needed.")]);
     let bad = "[TOOL_CALLS]get weather[ARGS]{\"city\": 1}";
     check(&o, bad, &[text(bad)]);
+}
+
+/// Magistral: `[THINK]...[/THINK]` then the answer or `[TOOL_CALLS]`.
+#[test]
+fn mistral_think() {
+    let tmpl = "{%- if m.thinking %}{{- '[THINK]' + m.thinking + '[/THINK]' }}{%- endif %} [TOOL_CALLS]";
+    let think = ThinkTags::detect(tmpl).unwrap();
+    assert_eq!((think.open.as_str(), think.close.as_str()), ("[THINK]", "[/THINK]"));
+    assert_eq!(ThinkTags::detect("<think>\n"), Some(ThinkTags::think()));
+    assert_eq!(ThinkTags::detect("{{ messages }}"), None);
+    let o = Options { think: Some(think), ..opts(Family::detect(tmpl), false) };
+    check(
+        &o,
+        "[THINK]The user wants Paris [weather].[/THINK][TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\"}",
+        &[Piece::Reasoning("The user wants Paris [weather].".into()), call("get_weather", json!({"city": "Paris"}))],
+    );
+    check(&o, "[THINK]Simple.[/THINK]\n\nHello!", &[Piece::Reasoning("Simple.".into()), text("Hello!")]);
 }
 
 #[test]

@@ -6,12 +6,18 @@ use std::path::Path;
 
 use serde_json::json;
 
+use cortiq_formats::calls::{self, Family, Piece};
+
 use super::*;
 use crate::api;
 
 const EOS: u32 = 256;
 
 fn setup() -> (Arc<Tokenizer>, Structured, api::LazyCall) {
+    setup_for(Family::Hermes)
+}
+
+fn setup_for(family: Family) -> (Arc<Tokenizer>, Structured, api::LazyCall) {
     let json = cortiq_testkit::byte_tokenizer_json();
     let tok = Arc::new(Tokenizer::from_tokenizer_json_str(Path::new("bytes.json"), &json, None).unwrap());
     let st = Structured::new(tok.clone(), 257, EOS).unwrap();
@@ -19,7 +25,7 @@ fn setup() -> (Arc<Tokenizer>, Structured, api::LazyCall) {
         "properties": {"city": {"type": "string", "maxLength": 12}, "days": {"type": "integer", "minimum": 0, "maximum": 30}},
         "required": ["city", "days"]}}}]});
     let agent = api::agent_params(body.as_object().unwrap()).unwrap();
-    let (opener, grammar) = agent.lazy_call(cortiq_formats::calls::Family::Hermes).unwrap();
+    let (opener, grammar) = agent.lazy_call(family).unwrap();
     (tok, st, api::LazyCall { opener, grammar, think: Some(ThinkTags::think()), in_think: false })
 }
 
@@ -96,4 +102,51 @@ fn lazy_call_grammar_engages_at_the_opener() {
     let mut c = compiled.lazy(tok.clone(), &l.opener, l.think.clone(), true);
     write_free(&mut *c, "a <tool_call> b</think><tool_call>", &mut seed);
     check_call(&write_held(&mut *c, &mut seed));
+}
+
+/// Write `text` where the grammar holds the output: each byte must be allowed.
+fn write_allowed(c: &mut dyn Constraint, text: &str, seed: &mut u64) {
+    for b in text.bytes() {
+        let mut l = logits(seed);
+        c.mask(&mut l).unwrap();
+        assert!(l[b as usize].is_finite(), "{:?} of {text:?} not allowed", b as char);
+        assert!(!c.commit(b as u32).unwrap());
+    }
+}
+
+/// Qwen's XML form: a string parameter as raw text up to its closer, an integer as JSON, the
+/// required parameters present in the schema's order; the parser reads the call back.
+#[test]
+fn lazy_call_grammar_qwen_xml() {
+    let (tok, st, l) = setup_for(Family::QwenXml);
+    let compiled = st.compile_lark(&l.grammar).unwrap_or_else(|e| panic!("{e}\n{}", l.grammar));
+    for seed0 in 0..8u64 {
+        let mut seed = seed0;
+        let mut c = compiled.lazy(tok.clone(), &l.opener, l.think.clone(), false);
+        let mut text = "Checking.\n<tool_call>".to_string();
+        write_free(&mut *c, &text, &mut seed);
+        // Only the declared function, then its first (required) parameter.
+        let mut l0 = logits(&mut seed);
+        c.mask(&mut l0).unwrap();
+        assert!(l0[b'\n' as usize].is_finite() && l0.iter().filter(|x| x.is_finite()).count() == 1);
+        let head = "\n<function=get_weather>\n<parameter=city>\nSã\n</param>\n</parameter>\n<parameter=days>\n";
+        write_allowed(&mut *c, head, &mut seed);
+        text.push_str(head);
+        text.push_str(&write_held(&mut *c, &mut seed));
+        assert!(text.ends_with("</function>\n</tool_call>"), "{text:?}");
+        let mut o = calls::Options { family: Some(Family::QwenXml), ..Default::default() };
+        o.tools = serde_json::from_str(
+            r#"[{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}]"#,
+        )
+        .unwrap();
+        let mut p = calls::Parser::new(o);
+        let mut pieces = p.feed(&text);
+        pieces.extend(p.finish());
+        let [Piece::Text(t), Piece::Call(call)] = &pieces[..] else { panic!("{pieces:?}") };
+        assert_eq!((t.as_str(), call.name.as_str()), ("Checking.", "get_weather"));
+        let args: Value = serde_json::from_str(&call.arguments).unwrap();
+        assert_eq!(args["city"], "Sã\n</param>");
+        assert!((0..=30).contains(&args["days"].as_i64().unwrap()), "{args}");
+    }
 }
