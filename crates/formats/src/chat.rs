@@ -133,7 +133,49 @@ pub fn render_with(template: &str, messages: &[ChatMessage], opts: &RenderOption
     if let serde_json::Value::Object(m) = fixed {
         ctx.extend(m);
     }
-    tmpl.render(Value::from_serialize(&ctx)).map_err(|e| template_error(&e))
+    let cap = output_cap(serde_json::to_string(&ctx).map_or(0, |s| s.len()));
+    let mut out = Capped { buf: Vec::new(), cap, over: false };
+    match tmpl.render_captured_to(Value::from_serialize(&ctx), &mut out) {
+        Ok(_) => String::from_utf8(out.buf).map_err(|_| {
+            FormatError::field(Path::new("<chat template>"), "tokenizer.chat_template", "the rendered text is not UTF-8")
+        }),
+        Err(_) if out.over => Err(FormatError::field(
+            Path::new("<chat template>"),
+            "tokenizer.chat_template",
+            format!("the rendered prompt passed {cap} bytes (4x its inputs + 1 MiB): the template repeats more than a chat does"),
+        )),
+        Err(e) => Err(template_error(&e)),
+    }
+}
+
+/// The most a render may write for inputs (messages, tools, kwargs) of `input` bytes as JSON:
+/// a chat template lays each input out once with some markup around it, so 4x + 1 MiB is far
+/// above any real template and bounds one that repeats its inputs (memory, and the tokenizer's
+/// time after it).
+pub fn output_cap(input: usize) -> usize {
+    input.saturating_mul(4).saturating_add(1 << 20)
+}
+
+/// A writer that refuses to grow past `cap` bytes.
+struct Capped {
+    buf: Vec<u8>,
+    cap: usize,
+    over: bool,
+}
+
+impl std::io::Write for Capped {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if self.buf.len() + b.len() > self.cap {
+            self.over = true;
+            return Err(std::io::Error::other("template output cap"));
+        }
+        self.buf.extend_from_slice(b);
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// The conversation as the model reads it: the rendered text and its ids.
@@ -414,7 +456,7 @@ mod tests {
     #[test]
     fn fuel_bounds_a_runaway_template() {
         let t0 = std::time::Instant::now();
-        let e = render("{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}", &[], false, "", "")
+        let e = render("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", &[], false, "", "")
             .unwrap_err();
         assert!(e.to_string().contains("fuel"), "{e}");
         assert!(t0.elapsed().as_secs_f64() < 10.0, "stopped after {:?}", t0.elapsed());
@@ -424,6 +466,25 @@ mod tests {
         let t = "{% for m in messages %}{% for c in m.content %}{{ c }}{% endfor %}{{ m.role | upper }}{% endfor %}";
         let out = render(t, &msgs, true, "", "").unwrap();
         assert!(out.ends_with("turn 999ASSISTANT"));
+    }
+
+    #[test]
+    fn output_cap_bounds_a_repeating_template() {
+        let msgs = [ChatMessage::new("user", "x".repeat(1000))];
+        let t0 = std::time::Instant::now();
+        // 100 MB from a 1 KB message, well within the fuel.
+        let e = render("{% for i in range(100000) %}{{ messages[0].content }}{% endfor %}", &msgs, false, "", "").unwrap_err();
+        assert!(e.to_string().contains("passed") && e.to_string().contains("bytes"), "{e}");
+        assert!(t0.elapsed().as_secs_f64() < 5.0, "stopped after {:?}", t0.elapsed());
+        // A real layout of the same message is far inside it.
+        let ok = render(
+            "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}",
+            &msgs,
+            true,
+            "",
+            "",
+        );
+        assert_eq!(ok.unwrap().len(), 1000 + 28);
     }
 
     #[test]
