@@ -239,13 +239,22 @@ struct Queue {
     items: VecDeque<(Request, Instant)>,
     shutdown: bool,
     /// Session saves and restores for the engine thread, with where to answer.
-    controls: VecDeque<(Control, std::sync::mpsc::Sender<Result<SessionInfo, SessionOpError>>)>,
+    controls: VecDeque<(Control, std::sync::mpsc::Sender<Result<ControlDone, SessionOpError>>)>,
 }
 
-/// A session operation the engine thread runs between steps (`Handle::save_session`).
+/// A session operation the engine thread runs between steps (`Handle::save_session`): only
+/// the memory side (the cache's entry to bytes, bytes into the cache); the file is written or
+/// read by the asking thread, with no lock held.
 enum Control {
-    Save { slot: usize, path: std::path::PathBuf },
-    Restore { path: std::path::PathBuf },
+    Save { slot: usize },
+    Restore { path: String, bytes: Vec<u8> },
+}
+
+/// What the engine thread answers a `Control` with.
+enum ControlDone {
+    /// A save's bytes and how many tokens they hold.
+    Saved(Vec<u8>, usize),
+    Restored(SessionInfo),
 }
 
 /// What a session save or restore did.
@@ -339,17 +348,31 @@ impl Handle {
     /// Save the conversation slot `slot` last served (its prompt and output, as the prompt
     /// cache holds it: the entry sharing the longest prefix) to the session file `path`
     /// (atomically). Waits for the engine thread (between two steps).
+    /// The file is written on the calling thread.
     pub fn save_session(&self, slot: usize, path: &std::path::Path) -> Result<SessionInfo, SessionOpError> {
-        self.control(Control::Save { slot, path: path.to_path_buf() })
+        let (bytes, tokens) = match self.control(Control::Save { slot })? {
+            ControlDone::Saved(bytes, tokens) => (bytes, tokens),
+            ControlDone::Restored(_) => return Err(SessionOpError::Failed("a restore's answer to a save".into())),
+        };
+        // Writing failed (disk full, permissions): the server's trouble, not the request's.
+        crate::session::write_file(path, &bytes).map_err(|e| SessionOpError::Failed(e.to_string()))?;
+        Ok(SessionInfo { tokens, bytes: bytes.len() as u64 })
     }
 
     /// Read the session file `path` into the prompt cache: a request whose prompt starts with
-    /// the saved tokens continues from the saved state.
+    /// the saved tokens continues from the saved state. The file is read on the calling thread
+    /// (a file past what the cache could hold is refused unread).
     pub fn restore_session(&self, path: &std::path::Path) -> Result<SessionInfo, SessionOpError> {
-        self.control(Control::Restore { path: path.to_path_buf() })
+        let Some(cache) = self.inner.cfg.cache else { return Err(no_cache()) };
+        let cap = cache.ram as u64 + (1 << 20);
+        let bytes = crate::session::read_file(path, cap).map_err(|e| SessionOpError::Refused(e.to_string()))?;
+        match self.control(Control::Restore { path: path.display().to_string(), bytes })? {
+            ControlDone::Restored(info) => Ok(info),
+            ControlDone::Saved(..) => Err(SessionOpError::Failed("a save's answer to a restore".into())),
+        }
     }
 
-    fn control(&self, c: Control) -> Result<SessionInfo, SessionOpError> {
+    fn control(&self, c: Control) -> Result<ControlDone, SessionOpError> {
         let (tx, rx) = std::sync::mpsc::channel();
         {
             let mut q = self.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
@@ -434,8 +457,14 @@ impl Handle {
                         q = self.inner.wake.wait_timeout(q, left).unwrap_or_else(|e| e.into_inner()).0;
                     }
                 }
-                for (c, answer) in q.controls.drain(..) {
-                    let _ = answer.send(self.session_op(model, &cfg, cache.as_mut(), c));
+                // Session operations run with the queue free (submits go on meanwhile).
+                if !q.controls.is_empty() {
+                    let controls: Vec<_> = q.controls.drain(..).collect();
+                    drop(q);
+                    for (c, answer) in controls {
+                        let _ = answer.send(self.session_op(model, &cfg, cache.as_mut(), c));
+                    }
+                    q = self.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
                 }
                 if q.shutdown && q.items.is_empty() && slots.iter().all(Option::is_none) {
                     return;
@@ -833,21 +862,19 @@ impl Handle {
         state.clear();
     }
 
-    /// A session save or restore (`Handle::save_session`), on the engine thread.
+    /// A session save or restore (`Handle::save_session`), on the engine thread: the memory
+    /// side only.
     fn session_op(
         &self,
         model: &Model,
         cfg: &SchedConfig,
         cache: Option<&mut PrefixCache>,
         c: Control,
-    ) -> Result<SessionInfo, SessionOpError> {
+    ) -> Result<ControlDone, SessionOpError> {
         let refused = |m: String| SessionOpError::Refused(m);
-        let Some(cache) = cache else {
-            return Err(refused("the prompt cache is off (--cache-ram 0, or llama.cpp numerics)".into()));
-        };
-        let size = |p: &std::path::Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+        let Some(cache) = cache else { return Err(no_cache()) };
         match c {
-            Control::Save { slot, path } => {
+            Control::Save { slot } => {
                 let last = self.inner.last.lock().unwrap_or_else(|e| e.into_inner()).get(slot).cloned();
                 let Some(history) = last.filter(|h| !h.is_empty()) else {
                     return Err(refused(format!("slot {slot} has served no cached request to save")));
@@ -855,18 +882,11 @@ impl Handle {
                 let Some((tokens, state, cps)) = cache.best_for(&history) else {
                     return Err(refused(format!("slot {slot}'s conversation is no longer in the prompt cache")));
                 };
-                // Writing failed (disk full, permissions): the server's trouble, not the request's.
-                crate::session::save(&path, model, tokens, state, cps).map_err(|e| match e {
-                    crate::session::SessionError::Io { .. } => SessionOpError::Failed(e.to_string()),
-                    e => refused(e.to_string()),
-                })?;
-                Ok(SessionInfo { tokens: tokens.len(), bytes: size(&path) })
+                let bytes = crate::session::encode(model, tokens, state, cps).map_err(|e| refused(e.to_string()))?;
+                Ok(ControlDone::Saved(bytes, tokens.len()))
             }
-            Control::Restore { path } => {
-                // A file past the cache's budget could not be cached anyway (its serialized form
-                // is the states' bytes plus small headers).
-                let cap = cache.config().ram as u64 + (1 << 20);
-                let s = crate::session::load(&path, model, cfg.n_ctx, cap).map_err(|e| refused(e.to_string()))?;
+            Control::Restore { path, bytes } => {
+                let s = crate::session::decode(&path, &bytes, model, cfg.n_ctx).map_err(|e| refused(e.to_string()))?;
                 let evicted = cache.insert(&s.tokens, &s.state, s.checkpoints);
                 let c = &self.inner.counters;
                 c.cache_evictions.fetch_add(evicted as u64, Ordering::Relaxed);
@@ -875,7 +895,7 @@ impl Handle {
                 if cache.best_for(&s.tokens).is_none_or(|(t, _, _)| t.len() < s.tokens.len()) {
                     return Err(refused(format!("the session ({} tokens) does not fit --cache-ram", s.tokens.len())));
                 }
-                Ok(SessionInfo { tokens: s.tokens.len(), bytes: size(&path) })
+                Ok(ControlDone::Restored(SessionInfo { tokens: s.tokens.len(), bytes: bytes.len() as u64 }))
             }
         }
     }
@@ -887,6 +907,10 @@ impl Handle {
         }
         0
     }
+}
+
+fn no_cache() -> SessionOpError {
+    SessionOpError::Refused("the prompt cache is off (--cache-ram 0, or llama.cpp numerics)".into())
 }
 
 /// A serving slot's plain state, its KV caches' room for the whole context taken at once: pages

@@ -87,6 +87,12 @@ pub fn save(
     state: &SeqState,
     checkpoints: &[Arc<Checkpoint>],
 ) -> Result<(), SessionError> {
+    write_file(path, &encode(model, tokens, state, checkpoints)?)
+}
+
+/// A session file's bytes (memory only: the server makes them on the engine thread and writes
+/// them from another, `write_file`).
+pub fn encode(model: &Model, tokens: &[u32], state: &SeqState, checkpoints: &[Arc<Checkpoint>]) -> Result<Vec<u8>, SessionError> {
     let mut out = Vec::with_capacity(state.bytes() + 64);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&VERSION.to_le_bytes());
@@ -101,6 +107,11 @@ pub fn save(
     }
     let sum = Fnv::of(&out);
     out.extend_from_slice(&sum.to_le_bytes());
+    Ok(out)
+}
+
+/// Write a session's bytes to `path` atomically: a fresh temp name beside it, then a rename.
+pub fn write_file(path: &Path, out: &[u8]) -> Result<(), SessionError> {
     let io = |source| SessionError::Io { path: path.display().to_string(), source };
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
@@ -113,7 +124,7 @@ pub fn save(
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
     let written = opts.open(&tmp).and_then(|mut f| {
-        f.write_all(&out)?;
+        f.write_all(out)?;
         f.sync_all()
     });
     if let Err(e) = written.and_then(|_| std::fs::rename(&tmp, path)) {
@@ -127,11 +138,14 @@ pub fn save(
 /// larger than `max_bytes` (what the prompt cache could hold) is refused before it is read, and
 /// a symlink is not followed.
 pub fn load(path: &Path, model: &Model, n_ctx: usize, max_bytes: u64) -> Result<Session, SessionError> {
+    let bytes = read_file(path, max_bytes)?;
+    decode(&path.display().to_string(), &bytes, model, n_ctx)
+}
+
+/// A session file's bytes, refused past `max_bytes` before it is read, a symlink not followed
+/// (I/O only: the server reads off the engine thread, then `decode`s on it).
+pub fn read_file(path: &Path, max_bytes: u64) -> Result<Vec<u8>, SessionError> {
     let p = path.display().to_string();
-    if model.numerics == Numerics::LlamaCpp {
-        let what = "sessions are not restored under llama.cpp numerics (the prompt cache is off there)".into();
-        return Err(SessionError::Bad { path: p, what });
-    }
     let io = |source| SessionError::Io { path: p.clone(), source };
     let mut opts = std::fs::OpenOptions::new();
     opts.read(true);
@@ -143,7 +157,22 @@ pub fn load(path: &Path, model: &Model, n_ctx: usize, max_bytes: u64) -> Result<
         return Err(SessionError::Bad { path: p, what: format!("{len} bytes, more than the prompt cache holds ({max_bytes})") });
     }
     let mut bytes = Vec::with_capacity(len as usize);
-    std::io::Read::read_to_end(&mut f, &mut bytes).map_err(io)?;
+    // `take`: a file that grows after the size check still stops at the cap.
+    std::io::Read::read_to_end(&mut std::io::Read::take(&mut f, max_bytes.saturating_add(1)), &mut bytes).map_err(io)?;
+    if bytes.len() as u64 > max_bytes {
+        return Err(SessionError::Bad { path: p, what: format!("more than the prompt cache holds ({max_bytes} bytes)") });
+    }
+    Ok(bytes)
+}
+
+/// A session's bytes (`path` names them in errors) read for this model, its state sized for
+/// `n_ctx` positions.
+pub fn decode(path: &str, bytes: &[u8], model: &Model, n_ctx: usize) -> Result<Session, SessionError> {
+    let p = path.to_string();
+    if model.numerics == Numerics::LlamaCpp {
+        let what = "sessions are not restored under llama.cpp numerics (the prompt cache is off there)".into();
+        return Err(SessionError::Bad { path: p, what });
+    }
     if bytes.len() < 8 || &bytes[..8] != MAGIC {
         return Err(SessionError::NotASession(p));
     }
