@@ -31,12 +31,17 @@ pub struct ServeArgs {
     /// The model id clients see and send (default: the MODEL argument's file name).
     #[arg(long)]
     pub alias: Option<String>,
-    /// Require `Authorization: Bearer KEY` on every route but /health (or set CORTIQ_API_KEY).
+    /// Require `Authorization: Bearer KEY` on every route but /health (or set CORTIQ_API_KEY);
+    /// repeat for several keys (one per tenant, see --cache-scope).
     #[arg(long)]
-    pub api_key: Option<String>,
-    /// Read the key from this file's first line (keeps it out of the process list).
+    pub api_key: Vec<String>,
+    /// Read the keys from this file, one per line (keeps them out of the process list).
     #[arg(long)]
     pub api_key_file: Option<std::path::PathBuf>,
+    /// Who shares the prompt cache: "shared" (every request) or "key" (each API key its own
+    /// entries and sessions: a tenant's prompts never show in another's cached_tokens or timing).
+    #[arg(long, default_value = "shared", value_parser = ["shared", "key"])]
+    pub cache_scope: String,
     /// Host names requests may send besides localhost and IP addresses (comma-separated or
     /// repeated; "*" for any): the DNS-rebinding defence.
     #[arg(long, value_delimiter = ',')]
@@ -167,19 +172,30 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
             "--spec mtp is not served yet (the serving core does not hand MTP heads the hidden states); use it with cortiq run"
         );
     }
-    let api_key = match &a.api_key_file {
-        Some(f) => {
-            let text = std::fs::read_to_string(f).with_context(|| format!("--api-key-file {}", f.display()))?;
-            let k = text.lines().next().unwrap_or("").trim().to_string();
-            if k.is_empty() {
-                bail!("--api-key-file {}: the first line is empty", f.display());
-            }
-            Some(k)
+    let mut api_keys: Vec<String> = a.api_key.iter().map(|k| k.trim().to_string()).collect();
+    if api_keys.iter().any(String::is_empty) {
+        bail!("--api-key: an empty key");
+    }
+    if let Some(f) = &a.api_key_file {
+        let text = std::fs::read_to_string(f).with_context(|| format!("--api-key-file {}", f.display()))?;
+        let keys: Vec<String> = text.lines().map(str::trim).filter(|l| !l.is_empty()).map(str::to_string).collect();
+        if keys.is_empty() {
+            bail!("--api-key-file {}: no key in the file", f.display());
         }
-        None => a.api_key.clone().or_else(|| std::env::var("CORTIQ_API_KEY").ok()).filter(|k| !k.is_empty()),
-    };
+        api_keys.extend(keys);
+    }
+    if api_keys.is_empty()
+        && let Ok(k) = std::env::var("CORTIQ_API_KEY")
+        && !k.trim().is_empty()
+    {
+        api_keys.push(k.trim().to_string());
+    }
+    let cache_scope_by_key = a.cache_scope == "key";
+    if cache_scope_by_key && api_keys.is_empty() {
+        bail!("--cache-scope key: there is no API key to scope by (give --api-key or --api-key-file)");
+    }
     let loopback = a.host == "localhost" || a.host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
-    if !loopback && api_key.is_none() {
+    if !loopback && api_keys.is_empty() {
         eprintln!(
             "cortiq serve: warning: listening on {} without --api-key: anyone who can reach this address can use the server",
             a.host
@@ -190,7 +206,8 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         host: a.host.clone(),
         port: a.port,
         model_id,
-        api_key: api_key.clone(),
+        api_keys,
+        cache_scope_by_key,
         sched: SchedConfig {
             slots: a.parallel,
             n_ctx: a.ctx.unwrap_or(0),

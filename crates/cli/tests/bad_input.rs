@@ -212,4 +212,7 @@ fn bad_flags() {
     );
     fails_with(&["logits", "-m", m, "--kv-type", "q4", "--tokens", "1", "--out", "/tmp/o.npy"], &["q4"]);
     fails_with(&["logits", "-m", m, "--kv-type", "f32", "--kv-f16", "--tokens", "1", "--out", "/tmp/o.npy"], &["--kv-f16"]);
+    // A cache scoped by key needs keys; a scope that does not exist.
+    fails_with(&["serve", "-m", m, "--port", "0", "--cache-scope", "key"], &["--cache-scope key", "--api-key"]);
+    fails_with(&["serve", "-m", m, "--port", "0", "--cache-scope", "user"], &["--cache-scope", "user"]);
 }

@@ -845,6 +845,58 @@ fn serve_forced_tool_call_every_family() {
     }
 }
 
+/// `--cache-scope key`: a tenant's prompt is a cache hit for that tenant only; another key
+/// sending the same prompt computes it afresh (`cached_tokens` 0), then hits its own entry. With
+/// the default shared scope the second key hits the first one's entry; a key sees no slot
+/// conversation of another's to save.
+#[test]
+fn serve_cache_scope_per_key() {
+    let prompt = "a long shared system prompt that every tenant might send, ".repeat(6);
+    let cached = |s: &Server, key: &str| -> u64 {
+        let auth = format!("Bearer {key}");
+        let body = json!({"prompt": prompt, "max_tokens": 2, "temperature": 0}).to_string();
+        let r = s.request(
+            "POST",
+            "/v1/completions",
+            &[("authorization", &auth), ("content-type", "application/json")],
+            body.as_bytes(),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap()
+    };
+    // Wait for the idle refill of a finished request before the next one reads the cache.
+    let settle = || std::thread::sleep(Duration::from_millis(300));
+    let keys = ["--api-key", "tenant-a", "--api-key", "tenant-b", "--parallel", "1"];
+    let dir = TempDir::new("slotdir-scope");
+    let s = Server::start(&qwen35(), &[&keys[..], &["--cache-scope", "key", "--slot-dir", dir.0.to_str().unwrap()]].concat());
+    assert_eq!(cached(&s, "tenant-a"), 0);
+    settle();
+    let a2 = cached(&s, "tenant-a");
+    assert!(a2 > 0, "tenant a hits its own prefix");
+    settle();
+    assert_eq!(cached(&s, "tenant-b"), 0, "tenant b must not reuse tenant a's prefix");
+    settle();
+    assert_eq!(cached(&s, "tenant-b"), a2, "tenant b hits its own entry");
+    // Slot 0 last served tenant b: nothing there for tenant a to save; tenant b can.
+    let save = |key: &str| {
+        let auth = format!("Bearer {key}");
+        s.request(
+            "POST",
+            "/slots/0?action=save",
+            &[("authorization", &auth), ("content-type", "application/json")],
+            br#"{"filename": "x.bin"}"#,
+        )
+    };
+    let r = save("tenant-a");
+    assert_error(&r, 400, "invalid_request_error", Some("invalid_session"), Some("filename"));
+    assert_eq!(save("tenant-b").status, 200);
+    drop(s);
+    let s = Server::start(&qwen35(), &keys);
+    assert_eq!(cached(&s, "tenant-a"), 0);
+    settle();
+    assert!(cached(&s, "tenant-b") > 0, "the shared scope: tenant b reuses tenant a's prefix");
+}
+
 /// Under `tool_choice` auto the call's grammar waits for the opener: on the Qwen3 fixture
 /// (random weights) with a Hermes template, the byte 0xFF's slot of the vocabulary made the
 /// token `<tool_call>` and pushed by `logit_bias`, the model opens calls; with tools every call

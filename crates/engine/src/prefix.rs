@@ -139,6 +139,15 @@ pub struct CacheConfig {
 /// A cached entry seen from outside: its tokens, the state after them, its checkpoints.
 pub type EntryView<'a> = (&'a [u32], &'a SeqState, &'a [Arc<Checkpoint>]);
 
+/// Whose prefixes an entry holds: a request restores only its own scope's entries (the
+/// server's `--cache-scope key` gives each API key its own, so one tenant's prompts, and the
+/// timing and `cached_tokens` that would show them, are never another's). One byte budget and
+/// one LRU order over all scopes.
+pub type Scope = u64;
+
+/// The scope every request shares unless the server separates them.
+pub const SHARED: Scope = 0;
+
 /// What a restore found: the positions now in the state, and the checkpoints up to there (the
 /// requesting sequence's entry inherits them, shared).
 pub struct Restored {
@@ -149,6 +158,7 @@ pub struct Restored {
 }
 
 struct Entry {
+    scope: Scope,
     tokens: Vec<u32>,
     /// The state after `tokens`.
     state: SeqState,
@@ -236,11 +246,16 @@ impl PrefixCache {
     /// at least two positions to compute), keeping its `n_ctx`; None (state untouched) when no
     /// entry shares a restorable prefix.
     pub fn restore(&mut self, prompt: &[u32], state: &mut SeqState) -> Option<Restored> {
+        self.restore_in(SHARED, prompt, state)
+    }
+
+    /// `restore` from `scope`'s entries only.
+    pub fn restore_in(&mut self, scope: Scope, prompt: &[u32], state: &mut SeqState) -> Option<Restored> {
         if !state.cacheable() {
             return None;
         }
         let (mut best, mut reach, mut common) = (None, 0, 0);
-        for (i, e) in self.entries.iter().enumerate() {
+        for (i, e) in self.entries.iter().enumerate().filter(|(_, e)| e.scope == scope) {
             let c = e.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
             let r = e.reach(c, prompt.len());
             if r > reach || (r == reach && r > 0 && best.is_some_and(|b: usize| e.used > self.entries[b].used)) {
@@ -271,6 +286,11 @@ impl PrefixCache {
     /// the way. Entries it covers go; it is not stored when one covers it or it alone exceeds
     /// the budget. Returns how many entries left to make room (least recently used first).
     pub fn insert(&mut self, tokens: &[u32], state: &SeqState, checkpoints: Vec<Arc<Checkpoint>>) -> usize {
+        self.insert_in(SHARED, tokens, state, checkpoints)
+    }
+
+    /// `insert` into `scope` (only its entries cover or are covered by the new one).
+    pub fn insert_in(&mut self, scope: Scope, tokens: &[u32], state: &SeqState, checkpoints: Vec<Arc<Checkpoint>>) -> usize {
         debug_assert_eq!(tokens.len(), state.len);
         if !state.cacheable() {
             return 0;
@@ -281,7 +301,7 @@ impl PrefixCache {
         let truncatable = state.layers.iter().all(|l| !l.is_recurrent());
         let checkpoints = if truncatable { Vec::new() } else { checkpoints };
         self.clock += 1;
-        if let Some(old) = self.entries.iter_mut().find(|e| covers(e, tokens, &checkpoints)) {
+        if let Some(old) = self.entries.iter_mut().find(|e| e.scope == scope && covers(e, tokens, &checkpoints)) {
             old.used = self.clock;
             return 0;
         }
@@ -294,7 +314,7 @@ impl PrefixCache {
         // Room first, then the copy: the process never holds the full budget and the new
         // entry at once (the entries it covers go, then the least recently used ones).
         let before = self.entries.len();
-        self.entries.retain(|e| !covers_parts(tokens, truncatable, &checkpoints, &e.tokens, &e.checkpoints));
+        self.entries.retain(|e| e.scope != scope || !covers_parts(tokens, truncatable, &checkpoints, &e.tokens, &e.checkpoints));
         self.recount();
         let mut evicted = 0;
         while !self.entries.is_empty() && self.bytes + own + self.unheld(&checkpoints) > self.cfg.ram {
@@ -309,7 +329,7 @@ impl PrefixCache {
             cortiq_kernels::mem::release_freed_memory();
         }
         let plain = SeqState { layers: state.layers.clone(), len: state.len, n_ctx: state.n_ctx, o1: None, grid: state.grid };
-        self.entries.push(Entry { tokens: tokens.to_vec(), state: plain, checkpoints, own, used: self.clock });
+        self.entries.push(Entry { scope, tokens: tokens.to_vec(), state: plain, checkpoints, own, used: self.clock });
         self.recount();
         debug_assert!(self.bytes <= self.cfg.ram, "room was made before the entry went in");
         evicted
@@ -328,8 +348,13 @@ impl PrefixCache {
     /// The entry sharing the longest prefix with `tokens` (a conversation to save): its tokens,
     /// state and checkpoints.
     pub fn best_for(&self, tokens: &[u32]) -> Option<EntryView<'_>> {
+        self.best_for_in(SHARED, tokens)
+    }
+
+    /// `best_for` among `scope`'s entries.
+    pub fn best_for_in(&self, scope: Scope, tokens: &[u32]) -> Option<EntryView<'_>> {
         let common = |e: &Entry| e.tokens.iter().zip(tokens).take_while(|(a, b)| a == b).count();
-        let e = self.entries.iter().filter(|e| common(e) > 0).max_by_key(|e| (common(e), e.used))?;
+        let e = self.entries.iter().filter(|e| e.scope == scope && common(e) > 0).max_by_key(|e| (common(e), e.used))?;
         Some((&e.tokens, &e.state, &e.checkpoints))
     }
 
@@ -359,6 +384,7 @@ impl PrefixCache {
 /// takes along (shared with the entry it started from).
 #[derive(Default)]
 pub struct Filling {
+    scope: Scope,
     checkpoints: Vec<Arc<Checkpoint>>,
     /// The last grid point the prompt shares with the entry it restored, past the checkpoint
     /// it restored: a checkpoint there lets the next prompt that parts at the same place (the
@@ -370,7 +396,12 @@ impl Filling {
     /// Start a prefill of `prompt` (state cleared by the caller): the state becomes the longest
     /// cached prefix; returns the bookkeeping and the positions restored (0: none).
     pub fn start(cache: &mut PrefixCache, prompt: &[u32], state: &mut SeqState) -> (Filling, usize) {
-        let Some(r) = cache.restore(prompt, state) else { return (Filling::default(), 0) };
+        Filling::start_in(cache, SHARED, prompt, state)
+    }
+
+    /// `start` in `scope`: restored from its entries, the prompt's own cached there.
+    pub fn start_in(cache: &mut PrefixCache, scope: Scope, prompt: &[u32], state: &mut SeqState) -> (Filling, usize) {
+        let Some(r) = cache.restore_in(scope, prompt, state) else { return (Filling { scope, ..Filling::default() }, 0) };
         let mut checkpoints = r.checkpoints;
         let recurrent = state.layers.iter().any(|l| l.is_recurrent());
         // The entry this prompt leaves must restore where this one started, too.
@@ -380,7 +411,7 @@ impl Filling {
         let g = state.grid();
         let branch = (r.common.min(prompt.len().saturating_sub(2)) / g * g).max(r.len);
         let branch = (recurrent && branch > r.len).then_some(branch);
-        (Filling { checkpoints, branch }, r.len)
+        (Filling { scope, checkpoints, branch }, r.len)
     }
 
     /// The next prefill call ([`next_cut`]), cut short at the branch point (a checkpoint).
@@ -400,7 +431,7 @@ impl Filling {
                 self.checkpoints.push(Arc::new(state.plain_checkpoint()));
                 0
             }
-            Keep::Entry => cache.insert(tokens, state, self.checkpoints.clone()),
+            Keep::Entry => cache.insert_in(self.scope, tokens, state, self.checkpoints.clone()),
             _ => 0,
         }
     }

@@ -44,7 +44,7 @@ use crate::model::{BatchEntry, Logits, Model};
 use crate::numerics::Numerics;
 use crate::o1::O1Plan;
 use crate::par::pool;
-use crate::prefix::{CacheConfig, Filling, Keep, PrefixCache, entry_point, next_cut};
+use crate::prefix::{CacheConfig, Filling, Keep, PrefixCache, Scope, entry_point, next_cut};
 use crate::sampling::{Sampler, SamplerParams};
 use crate::spec::{SpecParams, Speculator};
 use crate::state::SeqState;
@@ -108,6 +108,9 @@ pub struct Request {
     /// Use the prompt cache (when the scheduler has one): start from the longest cached
     /// prefix, cache this prompt and, after the generation, prompt + output.
     pub cache: bool,
+    /// The prompt cache's scope the request reads and fills (`prefix::SHARED` unless the
+    /// server separates its API keys').
+    pub cache_scope: Scope,
 }
 
 /// A constraint on the tokens a request may generate (structured output; the server's JSON
@@ -246,8 +249,8 @@ struct Queue {
 /// the memory side (the cache's entry to bytes, bytes into the cache); the file is written or
 /// read by the asking thread, with no lock held.
 enum Control {
-    Save { slot: usize },
-    Restore { path: String, bytes: Vec<u8> },
+    Save { slot: usize, scope: Scope },
+    Restore { path: String, bytes: Vec<u8>, scope: Scope },
 }
 
 /// What the engine thread answers a `Control` with.
@@ -279,9 +282,9 @@ struct Shared {
     counters: Counters,
     ready: AtomicBool,
     /// Finished generations (prompt + output) to prefill again and cache while idle, newest last.
-    refills: Mutex<VecDeque<Vec<u32>>>,
+    refills: Mutex<VecDeque<(Vec<u32>, Scope)>>,
     /// Each slot's last cached request's prompt and output (what a session save of it writes).
-    last: Mutex<Vec<Vec<u32>>>,
+    last: Mutex<Vec<(Vec<u32>, Scope)>>,
 }
 
 impl Handle {
@@ -296,7 +299,7 @@ impl Handle {
                 counters: Counters::default(),
                 ready: AtomicBool::new(false),
                 refills: Mutex::new(VecDeque::new()),
-                last: Mutex::new(vec![Vec::new(); cfg_slots]),
+                last: Mutex::new(vec![(Vec::new(), crate::prefix::SHARED); cfg_slots]),
             }),
         }
     }
@@ -350,7 +353,13 @@ impl Handle {
     /// (atomically). Waits for the engine thread (between two steps).
     /// The file is written on the calling thread.
     pub fn save_session(&self, slot: usize, path: &std::path::Path) -> Result<SessionInfo, SessionOpError> {
-        let (bytes, tokens) = match self.control(Control::Save { slot })? {
+        self.save_session_in(crate::prefix::SHARED, slot, path)
+    }
+
+    /// `save_session` of a conversation in `scope` (a slot whose last one was another scope's
+    /// has nothing to save for this one).
+    pub fn save_session_in(&self, scope: Scope, slot: usize, path: &std::path::Path) -> Result<SessionInfo, SessionOpError> {
+        let (bytes, tokens) = match self.control(Control::Save { slot, scope })? {
             ControlDone::Saved(bytes, tokens) => (bytes, tokens),
             ControlDone::Restored(_) => return Err(SessionOpError::Failed("a restore's answer to a save".into())),
         };
@@ -363,10 +372,15 @@ impl Handle {
     /// the saved tokens continues from the saved state. The file is read on the calling thread
     /// (a file past what the cache could hold is refused unread).
     pub fn restore_session(&self, path: &std::path::Path) -> Result<SessionInfo, SessionOpError> {
+        self.restore_session_in(crate::prefix::SHARED, path)
+    }
+
+    /// `restore_session` into `scope`.
+    pub fn restore_session_in(&self, scope: Scope, path: &std::path::Path) -> Result<SessionInfo, SessionOpError> {
         let Some(cache) = self.inner.cfg.cache else { return Err(no_cache()) };
         let cap = cache.ram as u64 + (1 << 20);
         let bytes = crate::session::read_file(path, cap).map_err(|e| SessionOpError::Refused(e.to_string()))?;
-        match self.control(Control::Restore { path: path.display().to_string(), bytes })? {
+        match self.control(Control::Restore { path: path.display().to_string(), bytes, scope })? {
             ControlDone::Restored(info) => Ok(info),
             ControlDone::Saved(..) => Err(SessionOpError::Failed("a save's answer to a restore".into())),
         }
@@ -430,13 +444,13 @@ impl Handle {
                     // Idle: prefill a finished generation again for the cache (slot 0's state
                     // is free), stopping at the first chunk boundary after a request arrives.
                     let job = self.inner.refills.lock().unwrap_or_else(|e| e.into_inner()).pop_back();
-                    if let (Some(c), Some(tokens)) = (cache.as_mut(), job) {
+                    if let (Some(c), Some((tokens, scope))) = (cache.as_mut(), job) {
                         drop(q);
                         if !plain[0] {
                             states[0] = slot_state(model, cfg.n_ctx);
                             plain[0] = true;
                         }
-                        self.refill(model, &cfg, c, tokens, &mut states[0]);
+                        self.refill(model, &cfg, c, tokens, scope, &mut states[0]);
                         q = self.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
                         continue;
                     }
@@ -499,7 +513,7 @@ impl Handle {
                     // The longest cached prefix of the prompt (plain states only).
                     let (fill, cached) = match cache.as_mut() {
                         Some(c) if req.cache && states[si].cacheable() => {
-                            let (fill, n) = Filling::start(c, &req.prompt, &mut states[si]);
+                            let (fill, n) = Filling::start_in(c, req.cache_scope, &req.prompt, &mut states[si]);
                             let counter = if n > 0 { &self.inner.counters.cache_hits } else { &self.inner.counters.cache_misses };
                             counter.fetch_add(1, Ordering::Relaxed);
                             self.inner.counters.cache_reused_tokens.fetch_add(n as u64, Ordering::Relaxed);
@@ -810,11 +824,13 @@ impl Handle {
         if s.fill.is_none() || s.generated == 0 {
             return;
         }
+        let scope = s.req.cache_scope;
         if let Some(l) = self.inner.last.lock().unwrap_or_else(|e| e.into_inner()).get_mut(s.slot) {
-            l.clone_from(&s.history);
+            l.0.clone_from(&s.history);
+            l.1 = scope;
         }
         let mut q = self.inner.refills.lock().unwrap_or_else(|e| e.into_inner());
-        q.push_back(std::mem::take(&mut s.history));
+        q.push_back((std::mem::take(&mut s.history), scope));
         while q.len() > 2 * self.inner.cfg.slots.max(1) {
             q.pop_front();
         }
@@ -830,15 +846,23 @@ impl Handle {
     /// prefix up to its entry point and cache it, the same cuts a prompt of these tokens takes;
     /// stops early when a request arrives (the request goes first; the refill goes back to the
     /// list, newest, and starts over at the next idle spell).
-    fn refill(&self, model: &Model, cfg: &SchedConfig, cache: &mut PrefixCache, tokens: Vec<u32>, state: &mut SeqState) {
+    fn refill(
+        &self,
+        model: &Model,
+        cfg: &SchedConfig,
+        cache: &mut PrefixCache,
+        tokens: Vec<u32>,
+        scope: Scope,
+        state: &mut SeqState,
+    ) {
         let c = &self.inner.counters;
         state.clear();
-        let (mut fill, mut done) = Filling::start(cache, &tokens, state);
+        let (mut fill, mut done) = Filling::start_in(cache, scope, &tokens, state);
         let (start, stop) = (done, entry_point(tokens.len(), state.grid()));
         while done < stop {
             if self.work_waiting() {
                 let mut q = self.inner.refills.lock().unwrap_or_else(|e| e.into_inner());
-                q.push_back(tokens);
+                q.push_back((tokens, scope));
                 while q.len() > 2 * self.inner.cfg.slots.max(1) {
                     q.pop_front();
                 }
@@ -874,25 +898,25 @@ impl Handle {
         let refused = |m: String| SessionOpError::Refused(m);
         let Some(cache) = cache else { return Err(no_cache()) };
         match c {
-            Control::Save { slot } => {
+            Control::Save { slot, scope } => {
                 let last = self.inner.last.lock().unwrap_or_else(|e| e.into_inner()).get(slot).cloned();
-                let Some(history) = last.filter(|h| !h.is_empty()) else {
+                let Some((history, _)) = last.filter(|(h, s)| !h.is_empty() && *s == scope) else {
                     return Err(refused(format!("slot {slot} has served no cached request to save")));
                 };
-                let Some((tokens, state, cps)) = cache.best_for(&history) else {
+                let Some((tokens, state, cps)) = cache.best_for_in(scope, &history) else {
                     return Err(refused(format!("slot {slot}'s conversation is no longer in the prompt cache")));
                 };
                 let bytes = crate::session::encode(model, tokens, state, cps).map_err(|e| refused(e.to_string()))?;
                 Ok(ControlDone::Saved(bytes, tokens.len()))
             }
-            Control::Restore { path, bytes } => {
+            Control::Restore { path, bytes, scope } => {
                 let s = crate::session::decode(&path, &bytes, model, cfg.n_ctx).map_err(|e| refused(e.to_string()))?;
-                let evicted = cache.insert(&s.tokens, &s.state, s.checkpoints);
+                let evicted = cache.insert_in(scope, &s.tokens, &s.state, s.checkpoints);
                 let c = &self.inner.counters;
                 c.cache_evictions.fetch_add(evicted as u64, Ordering::Relaxed);
                 c.cache_bytes.store(cache.bytes() as u64, Ordering::Relaxed);
                 c.cache_entries.store(cache.len(), Ordering::Relaxed);
-                if cache.best_for(&s.tokens).is_none_or(|(t, _, _)| t.len() < s.tokens.len()) {
+                if cache.best_for_in(scope, &s.tokens).is_none_or(|(t, _, _)| t.len() < s.tokens.len()) {
                     return Err(refused(format!("the session ({} tokens) does not fit --cache-ram", s.tokens.len())));
                 }
                 Ok(ControlDone::Restored(SessionInfo { tokens: s.tokens.len(), bytes: bytes.len() as u64 }))

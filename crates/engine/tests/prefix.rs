@@ -14,7 +14,7 @@ mod common;
 
 use common::{argmax, assert_bits_equal, fixture};
 use cortiq_engine::load::load;
-use cortiq_engine::prefix::{CacheConfig, PrefixCache, entry_point, prefill};
+use cortiq_engine::prefix::{CacheConfig, Filling, PrefixCache, SHARED, entry_point, prefill};
 use cortiq_engine::session;
 use cortiq_engine::state::{KvType, SeqState};
 use cortiq_engine::{Logits, Model, Numerics};
@@ -148,6 +148,30 @@ fn cached_equals_cold_kimi_linear_kda_mla() {
 
 /// The property underneath, directly: one call vs cuts at grid points (calls of 2 to 96
 /// positions), logits and the state after.
+/// Scopes (`--cache-scope key`): a prefix cached in one scope restores in that scope only, the
+/// same tokens cached in two scopes are two entries, and a session of one scope is not
+/// another's to save.
+#[test]
+fn scopes_keep_their_prefixes_apart() {
+    let m = load(&fixture("qwen3")).unwrap().model;
+    let p = tokens(m.cfg.vocab, 96, 0x5C0E);
+    let mut cache = PrefixCache::new(CacheConfig { ram: 1 << 32, every: 32 });
+    let mut st = m.new_state(N_CTX);
+    m.forward(&p, &mut st, Logits::None).unwrap();
+    assert_eq!(cache.insert_in(7, &p, &st, Vec::new()), 0);
+    let mut probe = m.new_state(N_CTX);
+    assert!(cache.restore_in(SHARED, &p, &mut probe).is_none(), "the shared scope sees scope 7's prefix");
+    assert!(cache.restore_in(8, &p, &mut probe).is_none(), "scope 8 sees scope 7's prefix");
+    assert!(cache.best_for_in(8, &p).is_none());
+    let (_, n) = Filling::start_in(&mut cache, 7, &p, &mut probe);
+    assert!(n >= 80, "scope 7 restores its own prefix ({n} positions)");
+    // The same tokens in another scope: an entry of its own (nothing covered across scopes).
+    cache.insert_in(8, &p, &st, Vec::new());
+    assert_eq!(cache.len(), 2);
+    assert!(cache.restore_in(8, &p, &mut probe).is_some() && cache.restore_in(7, &p, &mut probe).is_some());
+    assert!(cache.restore(&p, &mut probe).is_none(), "nothing in the shared scope");
+}
+
 #[test]
 fn cuts_do_not_change_values() {
     for name in ["qwen2", "gemma3", "lfm2", "qwen3_5", "qwen3_5_moe", "kimi_linear"] {

@@ -60,6 +60,7 @@ fn request(prompt: Vec<u32>, seed: u64, n: usize, tx: &mpsc::Sender<Event>, clos
         o1: None,
         spec: None,
         cache: true,
+        cache_scope: cortiq_engine::prefix::SHARED,
     }
 }
 

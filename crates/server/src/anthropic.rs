@@ -48,8 +48,13 @@ fn error_response(e: ApiError) -> Response {
 }
 
 /// `POST /v1/messages`.
-pub(crate) async fn messages(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
-    match messages_inner(app, body).await {
+pub(crate) async fn messages(
+    State(app): State<Arc<App>>,
+    tenant: Option<axum::Extension<crate::Tenant>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let scope = app.scope(tenant);
+    match messages_inner(app, scope, body).await {
         Ok(r) => r,
         Err(e) => error_response(e),
     }
@@ -72,13 +77,18 @@ pub(crate) async fn count_tokens(State(app): State<Arc<App>>, body: Result<Bytes
     r.await.unwrap_or_else(error_response)
 }
 
-async fn messages_inner(app: Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+async fn messages_inner(
+    app: Arc<App>,
+    scope: cortiq_engine::prefix::Scope,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
     let body = body.map_err(body_error)?;
     let q = generate::blocking(app, move |app| {
         let info = app.info()?;
         let o = api::object(&body)?;
         let (msgs, agent) = conversation(&o)?;
-        let gp = api::gen_params(&sampling(&o)?, info.vocab, true)?;
+        let mut gp = api::gen_params(&sampling(&o)?, info.vocab, true)?;
+        gp.cache_scope = scope;
         generate::admit(info, gp.n)?;
         generate::queue_chat(&app, &msgs, &agent, gp, "messages")
     })

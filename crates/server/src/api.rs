@@ -98,6 +98,8 @@ pub struct GenParams {
     pub grammar: Option<String>,
     /// Under `tool_choice` auto: the call's grammar, held back until the model opens a call.
     pub lazy_call: Option<LazyCall>,
+    /// The prompt cache's scope (the route sets it from the request's API key).
+    pub cache_scope: cortiq_engine::prefix::Scope,
     /// The reasoning budget to hold the request to: (the thinking tags, the prompt ends inside
     /// the block, at most this many thinking tokens).
     pub think_budget: Option<(cortiq_formats::calls::ThinkTags, bool, usize)>,
@@ -345,6 +347,7 @@ pub fn gen_params(o: &Obj, vocab: usize, chat: bool) -> Result<GenParams, ApiErr
         json_schema,
         grammar: None,
         lazy_call: None,
+        cache_scope: cortiq_engine::prefix::SHARED,
         think_budget: None,
         speculative: SpecRequest::parse(o)?,
     })

@@ -25,7 +25,7 @@ use crate::api::{self, GenParams, Prompt, ToolChoice};
 use crate::error::ApiError;
 use crate::reasoning::ThinkBudget;
 use crate::structured;
-use crate::{App, Info, body_error, unix_now};
+use crate::{App, Info, Tenant, body_error, unix_now};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
@@ -87,12 +87,18 @@ impl EventRx {
     }
 }
 
-pub(crate) async fn chat(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+pub(crate) async fn chat(
+    State(app): State<Arc<App>>,
+    tenant: Option<axum::Extension<Tenant>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
     let body = body.map_err(body_error)?;
+    let scope = app.scope(tenant);
     let q = blocking(app, move |app| {
         let info = app.info()?;
         let o = api::object(&body)?;
-        let gp = api::gen_params(&o, info.vocab, true)?;
+        let mut gp = api::gen_params(&o, info.vocab, true)?;
+        gp.cache_scope = scope;
         app.check_model(&gp.model)?;
         admit(info, gp.n)?;
         let msgs = api::messages(&o)?;
@@ -252,12 +258,18 @@ pub(crate) fn queue_chat(
     Ok(out)
 }
 
-pub(crate) async fn completions(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+pub(crate) async fn completions(
+    State(app): State<Arc<App>>,
+    tenant: Option<axum::Extension<Tenant>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
     let body = body.map_err(body_error)?;
+    let scope = app.scope(tenant);
     let q = blocking(app, move |app| {
         let info = app.info()?;
         let o = api::object(&body)?;
-        let gp = api::gen_params(&o, info.vocab, false)?;
+        let mut gp = api::gen_params(&o, info.vocab, false)?;
+        gp.cache_scope = scope;
         app.check_model(&gp.model)?;
         // Prompts x n against the queue before any prompt is copied or tokenized.
         admit(info, api::prompt_count(&o).saturating_mul(gp.n))?;
@@ -394,6 +406,7 @@ fn run(app: Arc<App>, kind: Kind, prompts: Vec<Vec<u32>>, gp: GenParams, prompt_
                 o1: info.o1.as_ref().and_then(|plan| plan(p.len())),
                 spec,
                 cache: gp.cache_prompt,
+                cache_scope: gp.cache_scope,
             });
         }
     }

@@ -47,7 +47,13 @@ pub struct ServeOptions {
     /// `sched.n_ctx == 0`: the model's training context, at most 4096.
     /// The model id clients see and send (`--alias`); requests naming another model get 404.
     pub model_id: String,
-    pub api_key: Option<String>,
+    /// The API keys (`--api-key`, repeated, or a line each of `--api-key-file`); empty: none
+    /// needed.
+    pub api_keys: Vec<String>,
+    /// `--cache-scope key`: each key's requests read and fill only their own prompt-cache
+    /// entries (and sessions), so no tenant sees another's prefixes in `cached_tokens` or
+    /// timing; otherwise one cache serves everyone.
+    pub cache_scope_by_key: bool,
     pub sched: SchedConfig,
     /// Largest request body accepted (413 beyond).
     pub body_limit: usize,
@@ -493,6 +499,21 @@ async fn json_only(req: Request, next: Next) -> Response {
     next.run(req).await
 }
 
+/// Which API key a request came with (1 for the first): its prompt-cache scope under
+/// `--cache-scope key`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Tenant(u64);
+
+impl App {
+    /// The prompt-cache scope of a request that came with `tenant`'s key.
+    pub(crate) fn scope(&self, tenant: Option<axum::Extension<Tenant>>) -> cortiq_engine::prefix::Scope {
+        match tenant {
+            Some(axum::Extension(Tenant(t))) if self.opts.cache_scope_by_key => t,
+            _ => cortiq_engine::prefix::SHARED,
+        }
+    }
+}
+
 /// Equal keys, compared in time that does not depend on where they differ.
 fn same_key(given: &str, key: &str) -> bool {
     let (a, b) = (given.as_bytes(), key.as_bytes());
@@ -504,8 +525,10 @@ fn same_key(given: &str, key: &str) -> bool {
 }
 
 /// `--api-key`: every route but /health needs `Authorization: Bearer KEY` (or `x-api-key`).
-async fn auth(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
-    let Some(key) = &app.opts.api_key else { return next.run(req).await };
+async fn auth(State(app): State<Arc<App>>, mut req: Request, next: Next) -> Response {
+    if app.opts.api_keys.is_empty() {
+        return next.run(req).await;
+    }
     // The chat page itself is public (it asks for the key and sends it with its requests).
     if matches!(req.uri().path(), "/health" | "/v1/health" | "/") {
         return next.run(req).await;
@@ -516,9 +539,15 @@ async fn auth(State(app): State<Arc<App>>, req: Request, next: Next) -> Response
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer ").map(str::trim))
         .or_else(|| h.get("x-api-key").and_then(|v| v.to_str().ok()));
-    match given {
-        Some(g) if same_key(g, key) => next.run(req).await,
-        Some(_) => ApiError::unauthorized("Invalid API key").into_response(),
+    // Every key compared (no early exit that would time which one matched).
+    let hit =
+        given.map(|g| app.opts.api_keys.iter().enumerate().fold(None, |hit, (i, k)| if same_key(g, k) { Some(i) } else { hit }));
+    match hit {
+        Some(Some(i)) => {
+            req.extensions_mut().insert(Tenant(i as u64 + 1));
+            next.run(req).await
+        }
+        Some(None) => ApiError::unauthorized("Invalid API key").into_response(),
         None => ApiError::unauthorized("Missing API key: send 'Authorization: Bearer KEY'").into_response(),
     }
 }

@@ -25,13 +25,18 @@ use crate::error::ApiError;
 use crate::generate::{self, Out, Queued};
 use crate::{App, body_error};
 
-pub(crate) async fn responses(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+pub(crate) async fn responses(
+    State(app): State<Arc<App>>,
+    tenant: Option<axum::Extension<crate::Tenant>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
     let body = body.map_err(body_error)?;
-    let (q, echo) = generate::blocking(app, move |app| prepare(&app, &body)).await?;
+    let scope = app.scope(tenant);
+    let (q, echo) = generate::blocking(app, move |app| prepare(&app, scope, &body)).await?;
     if q.stream { Ok(stream(q, echo).into_response()) } else { whole(q, echo).await }
 }
 
-fn prepare(app: &Arc<App>, body: &[u8]) -> Result<(Queued, Echo), ApiError> {
+fn prepare(app: &Arc<App>, scope: cortiq_engine::prefix::Scope, body: &[u8]) -> Result<(Queued, Echo), ApiError> {
     let info = app.info()?;
     let o = api::object(body)?;
     if o.get("previous_response_id").is_some_and(|v| !v.is_null()) {
@@ -44,7 +49,8 @@ fn prepare(app: &Arc<App>, body: &[u8]) -> Result<(Queued, Echo), ApiError> {
         });
     }
     let (msgs, agent, chat) = conversation(&o)?;
-    let gp = api::gen_params(&chat, info.vocab, true)?;
+    let mut gp = api::gen_params(&chat, info.vocab, true)?;
+    gp.cache_scope = scope;
     app.check_model(&gp.model)?;
     generate::admit(info, gp.n)?;
     let q = generate::queue_chat(app, &msgs, &agent, gp, "input")?;

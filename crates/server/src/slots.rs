@@ -26,6 +26,7 @@ pub(crate) struct Action {
 
 pub(crate) async fn slot_action(
     State(app): State<Arc<App>>,
+    tenant: Option<axum::Extension<crate::Tenant>>,
     Path(id): Path<String>,
     Query(q): Query<Action>,
     body: Result<Bytes, BytesRejection>,
@@ -59,6 +60,7 @@ pub(crate) async fn slot_action(
     }
     let path = dir.join(name);
     let sched = info.sched.clone();
+    let scope = app.scope(tenant);
     let action = q.action.unwrap_or_default();
     let t0 = Instant::now();
     let run = |f: Box<dyn FnOnce() -> Result<cortiq_engine::sched::SessionInfo, SessionOpError> + Send>| async move {
@@ -70,7 +72,7 @@ pub(crate) async fn slot_action(
     let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
     match action.as_str() {
         "save" => {
-            let s = run(Box::new(move || sched.save_session(slot, &path))).await?;
+            let s = run(Box::new(move || sched.save_session_in(scope, slot, &path))).await?;
             let body = json!({"id_slot": slot, "filename": name, "n_saved": s.tokens, "n_written": s.bytes, "timings": {"save_ms": ms(t0)}});
             Ok(axum::Json(body).into_response())
         }
@@ -78,7 +80,7 @@ pub(crate) async fn slot_action(
             if !path.is_file() {
                 return Err(ApiError::invalid("filename", format!("no session file {name:?} under --slot-dir")));
             }
-            let s = run(Box::new(move || sched.restore_session(&path))).await?;
+            let s = run(Box::new(move || sched.restore_session_in(scope, &path))).await?;
             let body = json!({"id_slot": slot, "filename": name, "n_restored": s.tokens, "n_read": s.bytes, "timings": {"restore_ms": ms(t0)}});
             Ok(axum::Json(body).into_response())
         }
