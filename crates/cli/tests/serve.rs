@@ -1222,6 +1222,38 @@ fn serve_admission_and_health_under_heavy_requests() {
     assert!(*lat.last().unwrap() < Duration::from_millis(50), "/health took {:?}", lat.last());
 }
 
+/// A body too big to admit is refused from its bytes: a million prompts x n 16 (503), or a
+/// million-token prompt x n 16 (400, past the context), each answered within 100 ms of being
+/// sent (about 10 ms on an idle machine: BENCHMARKS.md) with the server's RSS grown by less
+/// than 100 MB over both, where the full parse built a value per prompt (+70 MB, ~200 ms).
+#[test]
+fn serve_refuses_a_huge_body_from_its_bytes() {
+    let s = Server::start(&qwen35(), &["--max-body-mb", "16"]);
+    let rss = || -> u64 {
+        let st = std::fs::read_to_string(format!("/proc/{}/status", s.pid())).unwrap();
+        let kb = st.lines().find(|l| l.starts_with("VmRSS:")).unwrap().split_whitespace().nth(1).unwrap();
+        kb.parse::<u64>().unwrap() / 1024
+    };
+    let many = format!(r#"{{"prompt": [{}"a"], "n": 16, "max_tokens": 1}}"#, "\"a\", ".repeat(999_999));
+    let ids = format!(r#"{{"prompt": [{}7], "n": 16, "max_tokens": 1}}"#, "123, ".repeat(999_999));
+    let before = rss();
+    for (body, status) in [(&many, 503), (&ids, 400)] {
+        let mut c = s.connect().unwrap();
+        let t0 = Instant::now();
+        common::http::send(&mut c, "POST", "/v1/completions", &[("content-type", "application/json")], body.as_bytes()).unwrap();
+        let mut raw = Vec::new();
+        c.read_to_end(&mut raw).unwrap();
+        let dt = t0.elapsed();
+        let r = common::http::parse(&raw);
+        assert_eq!(r.status, status, "{}", r.text());
+        eprintln!("{} MB body: {status} in {dt:?}", body.len() / 1_000_000);
+        assert!(dt < Duration::from_millis(100), "refused after {dt:?}");
+    }
+    let grown = rss().saturating_sub(before);
+    assert!(grown < 100, "RSS grew {grown} MB");
+    assert_eq!(s.get("/health").status, 200);
+}
+
 /// A streaming client that stops reading: once its unread events pile up, the stall clock runs
 /// and after --http-timeout its request is cancelled and the slot freed (bounded memory).
 #[test]

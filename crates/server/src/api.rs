@@ -768,6 +768,273 @@ pub enum Prompt {
     Tokens(Vec<u32>),
 }
 
+/// What admission needs of a completions body, read from its raw bytes before anything is
+/// parsed into values (`quick_shape`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape {
+    /// `n` (1 when absent or null).
+    pub n: usize,
+    /// Prompts in `prompt`.
+    pub prompts: usize,
+    /// The longest token-id prompt's length (0: the prompts are text).
+    pub longest_ids: usize,
+}
+
+/// `n` and the prompts' count and token lengths, from a single pass over the body's bytes
+/// that allocates nothing: a body of a million prompts (or a million-token prompt) is refused
+/// in milliseconds, before the full parse would build a value for each (time and memory that
+/// grow with the hostile body). None whenever the body is anything but a plain JSON object
+/// whose `n` is an integer in range and whose `prompt` is a string or a list of one kind:
+/// the full parse then decides, so this only ever refuses what it would refuse too (a prompt
+/// of ids both too long and out of the vocabulary is named too long here). Written by
+/// hand because a serde pass, even skipping, costs tens of nanoseconds per element.
+pub fn quick_shape(body: &[u8]) -> Option<Shape> {
+    std::str::from_utf8(body).ok()?;
+    let mut c = Scan { b: body, i: 0 };
+    let mut shape = Shape { n: 1, prompts: 1, longest_ids: 0 };
+    c.ws();
+    c.eat(b'{')?;
+    c.ws();
+    if c.eat(b'}').is_none() {
+        loop {
+            c.ws();
+            let key = c.plain_string()?;
+            c.ws();
+            c.eat(b':')?;
+            c.ws();
+            match key {
+                b"n" => {
+                    shape.n =
+                        if c.literal(b"null") { 1 } else { c.integer().filter(|n| (1..=MAX_N as u64).contains(n))? as usize };
+                }
+                b"prompt" => (shape.prompts, shape.longest_ids) = c.prompt()?,
+                _ => c.value(0)?,
+            }
+            c.ws();
+            if c.eat(b',').is_some() {
+                continue;
+            }
+            c.eat(b'}')?;
+            break;
+        }
+    }
+    c.ws();
+    (c.i == c.b.len()).then_some(shape)
+}
+
+/// A cursor over JSON bytes (`quick_shape`).
+struct Scan<'a> {
+    b: &'a [u8],
+    i: usize,
+}
+
+impl<'a> Scan<'a> {
+    fn ws(&mut self) {
+        while self.i < self.b.len() && matches!(self.b[self.i], b' ' | b'\t' | b'\n' | b'\r') {
+            self.i += 1;
+        }
+    }
+
+    fn eat(&mut self, c: u8) -> Option<()> {
+        (self.b.get(self.i) == Some(&c)).then(|| self.i += 1)
+    }
+
+    fn literal(&mut self, l: &[u8]) -> bool {
+        let hit = self.b[self.i..].starts_with(l);
+        if hit {
+            self.i += l.len();
+        }
+        hit
+    }
+
+    /// A key: a string without escapes, its bytes.
+    fn plain_string(&mut self) -> Option<&'a [u8]> {
+        self.eat(b'"')?;
+        let st = self.i;
+        let len = self.b[st..].iter().position(|&c| c == b'"' || c == b'\\' || c < 0x20)?;
+        self.i += len;
+        self.eat(b'"')?;
+        Some(&self.b[st..st + len])
+    }
+
+    /// Any string, its escapes checked as serde_json checks them (not decoded).
+    fn string(&mut self) -> Option<()> {
+        self.eat(b'"')?;
+        while self.i < self.b.len() {
+            match self.b[self.i] {
+                b'"' => {
+                    self.i += 1;
+                    return Some(());
+                }
+                b'\\' => {
+                    self.i += 1;
+                    match *self.b.get(self.i)? {
+                        b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => self.i += 1,
+                        b'u' => {
+                            let u = self.hex4()?;
+                            if (0xDC00..0xE000).contains(&u) {
+                                return None; // a lone trailing surrogate
+                            }
+                            if (0xD800..0xDC00).contains(&u) {
+                                // A leading surrogate: its trailing half must follow.
+                                (self.eat(b'\\').is_some() && self.b.get(self.i) == Some(&b'u')).then_some(())?;
+                                (0xDC00..0xE000).contains(&self.hex4()?).then_some(())?;
+                            }
+                        }
+                        _ => return None,
+                    }
+                }
+                c if c < 0x20 => return None,
+                _ => self.i += 1,
+            }
+        }
+        None
+    }
+
+    /// `uXXXX` (the cursor on the `u`): the code unit.
+    fn hex4(&mut self) -> Option<u32> {
+        let h = self.b.get(self.i + 1..self.i + 5)?;
+        let v = u32::from_str_radix(std::str::from_utf8(h).ok()?, 16).ok()?;
+        h.iter().all(u8::is_ascii_hexdigit).then_some(())?;
+        self.i += 5;
+        Some(v)
+    }
+
+    /// A number as JSON writes it: `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`.
+    fn number(&mut self) -> Option<()> {
+        let digits = |s: &mut Self| {
+            let st = s.i;
+            while s.b.get(s.i).is_some_and(u8::is_ascii_digit) {
+                s.i += 1;
+            }
+            (s.i > st).then_some(())
+        };
+        let st = self.i;
+        let _ = self.eat(b'-');
+        if self.eat(b'0').is_none() {
+            self.b.get(self.i).filter(|c| c.is_ascii_digit())?;
+            digits(self)?;
+        }
+        if self.eat(b'.').is_some() {
+            digits(self)?;
+        }
+        if matches!(self.b.get(self.i), Some(b'e' | b'E')) {
+            self.i += 1;
+            if matches!(self.b.get(self.i), Some(b'+' | b'-')) {
+                self.i += 1;
+            }
+            digits(self)?;
+        }
+        // serde_json refuses a float past f64's range.
+        let t = std::str::from_utf8(&self.b[st..self.i]).ok()?;
+        (!t.contains(['.', 'e', 'E']) || t.parse::<f64>().is_ok_and(f64::is_finite)).then_some(())
+    }
+
+    /// A non-negative integer literal.
+    fn integer(&mut self) -> Option<u64> {
+        let st = self.i;
+        let mut v: u64 = 0;
+        while let Some(d) = self.b.get(self.i).filter(|c| c.is_ascii_digit()) {
+            v = v.checked_mul(10)?.checked_add(u64::from(d - b'0'))?;
+            self.i += 1;
+        }
+        if self.i == st || (self.b[st] == b'0' && self.i > st + 1) || matches!(self.b.get(self.i), Some(b'.' | b'e' | b'E')) {
+            return None;
+        }
+        Some(v)
+    }
+
+    /// Any value, skipped (nesting bounded as serde_json bounds it).
+    fn value(&mut self, depth: usize) -> Option<()> {
+        if depth > 128 {
+            return None;
+        }
+        match *self.b.get(self.i)? {
+            b'"' => self.string(),
+            b'{' | b'[' => {
+                let close = if self.b[self.i] == b'{' { b'}' } else { b']' };
+                self.i += 1;
+                self.ws();
+                if self.eat(close).is_some() {
+                    return Some(());
+                }
+                loop {
+                    self.ws();
+                    if close == b'}' {
+                        self.string()?;
+                        self.ws();
+                        self.eat(b':')?;
+                        self.ws();
+                    }
+                    self.value(depth + 1)?;
+                    self.ws();
+                    if self.eat(b',').is_some() {
+                        continue;
+                    }
+                    return self.eat(close);
+                }
+            }
+            b't' => self.literal(b"true").then_some(()),
+            b'f' => self.literal(b"false").then_some(()),
+            b'n' => self.literal(b"null").then_some(()),
+            _ => self.number(),
+        }
+    }
+
+    /// `prompt`: (prompts, the longest token-id prompt's length).
+    fn prompt(&mut self) -> Option<(usize, usize)> {
+        if self.b.get(self.i) == Some(&b'"') {
+            self.string()?;
+            return Some((1, 0));
+        }
+        self.eat(b'[')?;
+        self.ws();
+        if self.eat(b']').is_some() {
+            return None; // empty: the full parse names the error
+        }
+        // The list's kind, from its first element: ids, strings, or lists of ids.
+        let kind = *self.b.get(self.i)?;
+        let (mut count, mut longest) = (0usize, 0usize);
+        loop {
+            self.ws();
+            match kind {
+                b'"' => self.string()?,
+                b'[' => {
+                    self.eat(b'[')?;
+                    let mut n = 0;
+                    self.ws();
+                    if self.eat(b']').is_none() {
+                        loop {
+                            self.ws();
+                            self.integer()?;
+                            n += 1;
+                            self.ws();
+                            if self.eat(b',').is_some() {
+                                continue;
+                            }
+                            self.eat(b']')?;
+                            break;
+                        }
+                    }
+                    longest = longest.max(n);
+                }
+                b'0'..=b'9' => {
+                    self.integer()?;
+                }
+                _ => return None,
+            }
+            count += 1;
+            self.ws();
+            if self.eat(b',').is_some() {
+                continue;
+            }
+            self.eat(b']')?;
+            break;
+        }
+        Some(if kind.is_ascii_digit() { (1, count) } else { (count, longest) })
+    }
+}
+
 /// How many prompts `prompt` holds, read from its shape without copying any (admission).
 pub fn prompt_count(o: &Obj) -> usize {
     match field(o, "prompt") {

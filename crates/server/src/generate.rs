@@ -267,6 +267,15 @@ pub(crate) async fn completions(
     let scope = app.scope(tenant);
     let q = blocking(app, move |app| {
         let info = app.info()?;
+        // A body too big to admit is refused from its bytes, before a value is built for
+        // each of its prompts or ids.
+        if let Some(sh) = api::quick_shape(&body) {
+            admit(info, sh.prompts.saturating_mul(sh.n))?;
+            let n_ctx = info.sched.config().n_ctx;
+            if sh.longest_ids >= n_ctx {
+                return Err(ApiError::context_exceeded(sh.longest_ids, n_ctx, "prompt"));
+            }
+        }
         let o = api::object(&body)?;
         let mut gp = api::gen_params(&o, info.vocab, false)?;
         gp.cache_scope = scope;

@@ -6,6 +6,7 @@
 
 use std::time::{Duration, Instant};
 
+use cortiq_formats::calls::Family;
 use cortiq_server::api;
 use cortiq_testkit::XorShift as Rng;
 use cortiq_testkit::fuzz::below;
@@ -134,13 +135,64 @@ fn fuzz_request_parser() {
             }
             let _ = api::messages(&o);
             if let Ok(a) = api::agent_params(&o) {
-                let _ = a.forced_grammar(below(&mut r, 2) == 0, None);
+                let f = Family::from_name(Family::NAMES[below(&mut r, Family::NAMES.len())]).unwrap();
+                let _ = a.forced_grammar(f, None);
+                let _ = a.lazy_call(f);
             }
             let _ = api::prompts(&o, 1000);
             let _ = api::prompt_count(&o);
         }));
         assert!(res.is_ok(), "case {case:#x} panicked on {}", String::from_utf8_lossy(&b));
+        // The byte-level look agrees with the full parse wherever it answers.
+        let res = std::panic::catch_unwind(|| quick_agrees(&b));
+        assert!(res.is_ok(), "case {case:#x}: quick_shape disagrees on {}", String::from_utf8_lossy(&b));
+        assert!(res.is_ok(), "case {case:#x} panicked on {}", String::from_utf8_lossy(&b));
         n += 1;
     }
     eprintln!("[request parser] {n} bodies in {:.1}s, no panic", t0.elapsed().as_secs_f64());
+}
+
+/// Where `quick_shape` reads a body, the full parse reads the same `n`, prompt count and
+/// longest token-id prompt.
+fn quick_agrees(b: &[u8]) {
+    let Some(sh) = api::quick_shape(b) else { return };
+    let o = api::object(b).expect("a body quick_shape reads is an object");
+    let n = o.get("n").and_then(Value::as_u64).unwrap_or(1) as usize;
+    assert_eq!(sh.n, n, "n");
+    assert_eq!(sh.prompts, api::prompt_count(&o), "prompts");
+    let longest = match api::prompts(&o, usize::MAX) {
+        Ok(ps) => ps.iter().map(|p| if let api::Prompt::Tokens(t) = p { t.len() } else { 0 }).max().unwrap_or(0),
+        Err(_) => sh.longest_ids, // an empty list of lists, say: the full parse's error stands
+    };
+    assert_eq!(sh.longest_ids, longest, "longest ids");
+}
+
+#[test]
+fn quick_shape_reads_what_the_parser_reads() {
+    let cases: &[(&str, Option<(usize, usize, usize)>)] = &[
+        (r#"{"prompt": "hi", "n": 3}"#, Some((3, 1, 0))),
+        (r#" { "n" : null , "prompt" : [ "a" , "b\"]" ] , "x": {"prompt": [1]} } "#, Some((1, 2, 0))),
+        (r#"{"prompt": [1, 2, 3]}"#, Some((1, 1, 3))),
+        (r#"{"prompt": [[1], [2, 3], []], "n": 2}"#, Some((2, 3, 2))),
+        (r#"{"n": 1, "n": 4, "prompt": "a"}"#, Some((4, 1, 0))), // the last duplicate, as serde_json
+        (r#"{}"#, Some((1, 1, 0))),
+        (r#"{"n": 17, "prompt": "a"}"#, None), // out of range: the parser names it
+        (r#"{"n": 2.0, "prompt": "a"}"#, None),
+        (r#"{"prompt": [1, "a"]}"#, None),
+        (r#"{"prompt": [-1]}"#, None),
+        (r#"{"prompt": []}"#, None),
+        (r#"{"prompt": "a"} x"#, None),
+        (r#"{"pr\u006fmpt": [1, 2]}"#, None),
+        (r#"[1, 2]"#, None),
+    ];
+    for (body, want) in cases {
+        let got = api::quick_shape(body.as_bytes()).map(|s| (s.n, s.prompts, s.longest_ids));
+        assert_eq!(got, *want, "{body}");
+        quick_agrees(body.as_bytes());
+    }
+    // A million prompts, or a million ids, read without a value built.
+    let many = format!(r#"{{"prompt": [{}"a"], "n": 16}}"#, "\"a\", ".repeat(999_999));
+    assert_eq!(api::quick_shape(many.as_bytes()).map(|s| (s.n, s.prompts)), Some((16, 1_000_000)));
+    let ids = format!(r#"{{"prompt": [{}7], "n": 16}}"#, "123, ".repeat(999_999));
+    assert_eq!(api::quick_shape(ids.as_bytes()).map(|s| s.longest_ids), Some(1_000_000));
 }
