@@ -109,6 +109,10 @@ pub struct BatchEntry<'a> {
     pub tokens: &'a [u32],
     pub state: &'a mut SeqState,
     pub want: Logits,
+    /// A verify (speculative decoding): every position as its own decode step, journaled here
+    /// for `verify_keep`, logits for all of them (`want` is then ignored) — what
+    /// `forward_verify` gives alone.
+    pub verify: Option<&'a mut VerifyJournal>,
 }
 
 /// Which positions of a chunk to produce logits for.
@@ -430,7 +434,7 @@ impl Model {
         let mut batch: Vec<BatchEntry<'_>> = tokens
             .iter()
             .zip(states.iter_mut())
-            .map(|(t, st)| BatchEntry { tokens: std::slice::from_ref(t), state: st, want: Logits::Last })
+            .map(|(t, st)| BatchEntry { tokens: std::slice::from_ref(t), state: st, want: Logits::Last, verify: None })
             .collect();
         self.forward_batch(&mut batch)
     }
@@ -444,8 +448,11 @@ impl Model {
     /// over the rows of every entry at once where each row's value does not depend on the rows
     /// beside it (`QTensor::rowwise`: the decode path, which a chunk on interleaved weights
     /// also takes), so one read of each weight serves the whole step; where it would (another
-    /// weight layout, MoE routing over a chunk) that part runs per entry. An entry whose O(1)
-    /// plan is before its seal (or checks) takes its own `forward`, same result. Every token and
+    /// weight layout, MoE routing over a chunk) that part runs per entry. A verify entry
+    /// (`BatchEntry::verify`) joins the step as `forward_verify` would run it alone, its rows
+    /// each a decode row of the projections, FFN and head: with k streams speculating, the
+    /// weights are still read once a step. An entry whose O(1) plan is before its seal (or
+    /// checks) takes its own `forward` (or `forward_verify`), same result. Every token and
     /// context is checked before any state moves; an error names the batch entry.
     pub fn forward_batch(&self, batch: &mut [BatchEntry<'_>]) -> Result<Vec<f32>> {
         let mut out = Vec::new();
@@ -472,21 +479,56 @@ impl Model {
         let mut outs: Vec<Option<Vec<f32>>> = vec![None; batch.len()];
         for j in (0..batch.len()).filter(|&j| alone[j] || merged.len() == 1) {
             let e = &mut batch[j];
-            outs[j] = Some(self.forward(e.tokens, e.state, e.want).map_err(|err| entry_err(j, err))?);
+            let o = match e.verify.as_deref_mut() {
+                Some(journal) => self.forward_verify(e.tokens, e.state, journal),
+                None => self.forward(e.tokens, e.state, e.want),
+            };
+            outs[j] = Some(o.map_err(|err| entry_err(j, err))?);
         }
         if merged.len() > 1 {
             let ns: Vec<usize> = merged.iter().map(|&j| batch[j].tokens.len()).collect();
             let all: Vec<u32> = merged.iter().flat_map(|&j| batch[j].tokens.iter().copied()).collect();
-            let wants: Vec<Logits> = merged.iter().map(|&j| batch[j].want).collect();
-            let mut sts: Vec<&mut SeqState> =
-                batch.iter_mut().zip(&alone).filter(|(_, a)| !**a).map(|(e, _)| &mut *e.state).collect();
+            let wants: Vec<Logits> =
+                merged.iter().map(|&j| if batch[j].verify.is_some() { Logits::From(0) } else { batch[j].want }).collect();
+            // The FFN's segments: a verify's rows are decode rows, one position each.
+            let ffn_segs: Vec<usize> = merged
+                .iter()
+                .zip(&ns)
+                .flat_map(|(&j, &n)| if batch[j].verify.is_some() { vec![1; n] } else { vec![n] })
+                .collect();
+            let (mut sts, mut journals): (Vec<&mut SeqState>, Vec<Option<&mut VerifyJournal>>) =
+                batch.iter_mut().zip(&alone).filter(|(_, a)| !**a).map(|(e, _)| (&mut *e.state, e.verify.as_deref_mut())).unzip();
+            for (st, (journal, &n)) in sts.iter().zip(journals.iter_mut().zip(&ns)) {
+                if let Some(jn) = journal {
+                    jn.pos0 = st.len;
+                    jn.n = n;
+                    jn.fallback = None;
+                    jn.layers.resize_with(self.layers.len(), Journal::default);
+                    jn.o1_stats = st.o1.as_ref().map(|r| r.stats);
+                }
+            }
             let mut x = self.embed(&all); // [Σ n, d_model], row by row as alone
             for il in 0..self.layers.len() {
-                self.layer_mixer_segments(il, &mut x, &mut sts, &ns)?;
-                self.layer_ffn(il, &mut x, &ns, &mut |_, _, _| {});
+                self.layer_mixer_segments(il, &mut x, &mut sts, &ns, &mut journals)?;
+                self.layer_ffn(il, &mut x, &ffn_segs, &mut |_, _, _| {});
             }
             for (st, n) in sts.iter_mut().zip(&ns) {
                 st.len += n;
+            }
+            // A verify's final-normed rows, kept for a drafter that reads them (MTP).
+            let mut r0 = 0;
+            for (journal, &n) in journals.iter_mut().zip(&ns) {
+                if let Some(jn) = journal {
+                    jn.hidden.resize(n * d, 0.0); // [n, d_model]
+                    rmsnorm_rows_in(
+                        self.numerics,
+                        &x[r0 * d..(r0 + n) * d],
+                        &self.output_norm,
+                        self.cfg.norm_eps,
+                        &mut jn.hidden,
+                    );
+                }
+                r0 += n;
             }
             // The rows each entry wants, gathered for one LM head pass.
             let (mut rows, mut n_out) = (Vec::new(), Vec::with_capacity(ns.len())); // [Σ n_out, d_model]
@@ -516,7 +558,17 @@ impl Model {
             } else {
                 let mut at = 0;
                 for (&j, &m) in merged.iter().zip(&n_out) {
-                    outs[j] = Some(if m == 0 { Vec::new() } else { self.head(&rows[at * d..(at + m) * d], &mut |_, _, _| {}) });
+                    let r = &rows[at * d..(at + m) * d];
+                    outs[j] = Some(match m {
+                        0 => Vec::new(),
+                        // A verify's rows are decode rows, as `forward_verify` heads them.
+                        _ if batch[j].verify.is_some() => {
+                            let mut v = Vec::new();
+                            self.head_rows(r, &mut v);
+                            v
+                        }
+                        _ => self.head(r, &mut |_, _, _| {}),
+                    });
                     at += m;
                 }
             }
@@ -675,7 +727,14 @@ impl Model {
     /// The mixer half for the serving batch: x [Σ n_i, d_model], the rows of `batch[0]`'s
     /// chunk (`ns[0]` positions from its `len`) first; `Mixer::forward_segments`, each
     /// segment the same as `layer_mixer` over it alone.
-    fn layer_mixer_segments(&self, il: usize, x: &mut [f32], batch: &mut [&mut SeqState], ns: &[usize]) -> Result<()> {
+    fn layer_mixer_segments(
+        &self,
+        il: usize,
+        x: &mut [f32],
+        batch: &mut [&mut SeqState],
+        ns: &[usize],
+        verifies: &mut [Option<&mut VerifyJournal>],
+    ) -> Result<()> {
         let cfg = &self.cfg;
         let lw = &self.layers[il];
         let mut h = vec![0f32; x.len()]; // [Σ n_i, d_model]
@@ -688,10 +747,13 @@ impl Model {
                 (self.seq(il, st, pos0), n)
             })
             .collect();
-        let a = lw.mixer.forward_segments(&self.env(), &h, segs)?;
-        for (st, &n) in batch.iter_mut().zip(ns) {
-            let end = st.len + n;
-            seal_if_due(&mut st.o1, il, end, &mut st.layers[il])?;
+        let steps: Vec<Option<&mut Journal>> = verifies.iter_mut().map(|v| v.as_deref_mut().map(|j| &mut j.layers[il])).collect();
+        let a = lw.mixer.forward_segments_steps(&self.env(), &h, segs, steps)?;
+        for ((st, &n), v) in batch.iter_mut().zip(ns).zip(verifies.iter()) {
+            if v.is_none() {
+                let end = st.len + n;
+                seal_if_due(&mut st.o1, il, end, &mut st.layers[il])?;
+            }
         }
         self.mixer_residual(il, x, a, &mut |_, _, _| {});
         Ok(())

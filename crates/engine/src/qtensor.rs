@@ -28,6 +28,7 @@
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use cortiq_kernels::dot::{dot, gemm_nt};
 use cortiq_kernels::quant::{
@@ -447,6 +448,7 @@ impl QTensor {
             }
             return;
         }
+        WEIGHT_PASSES.fetch_add(ws.len() as u64, Ordering::Relaxed);
         // [k, act row bytes] per activation format, quantized once before the dispatch.
         let mut acts: Vec<(ActType, Vec<u8>)> = Vec::new();
         {
@@ -519,6 +521,7 @@ impl QTensor {
         if ws.is_empty() || n_t == 0 {
             return;
         }
+        WEIGHT_PASSES.fetch_add(ws.len() as u64, Ordering::Relaxed);
         if n_t == 1 {
             matvec_many(ws, x, y);
             return;
@@ -866,4 +869,14 @@ fn quantize_roundtrip(act: ActType, x: &[f32], cols: usize) -> Vec<f32> {
         }
     });
     out
+}
+
+/// Products started over a weight matrix, each a pass over its bytes (a matrix in a fused
+/// q|k|v or gate|up call counts once; a decode row run alone counts once per row): what a
+/// serving step costs in weight reads. One relaxed add per matrix call.
+static WEIGHT_PASSES: AtomicU64 = AtomicU64::new(0);
+
+/// `WEIGHT_PASSES` so far (process-wide; take a difference around the work measured).
+pub fn weight_passes() -> u64 {
+    WEIGHT_PASSES.load(Ordering::Relaxed)
 }

@@ -589,13 +589,12 @@ impl Handle {
         logits: &mut Vec<f32>,
         mut cache: Option<&mut PrefixCache>,
     ) -> usize {
-        // What each slot runs: (slot, tokens, prompt chunk end if it is a chunk). A decoding
-        // slot whose drafter has a draft verifies it on its own after the batch (`verifies`:
-        // slot, its token then the draft).
-        // (slot, tokens, for a prompt chunk: its end and what to keep there)
-        type Planned = (usize, Vec<u32>, Option<(usize, Keep)>);
+        // What each slot runs: (slot, tokens, for a prompt chunk: its end and what to keep
+        // there, a verify). A decoding slot whose drafter has a draft verifies its token and
+        // the draft in the same batch (`BatchEntry::verify`): one read of the weights for
+        // every stream, speculating or not.
+        type Planned = (usize, Vec<u32>, Option<(usize, Keep)>, bool);
         let mut plan: Vec<Planned> = Vec::new();
-        let mut verifies: Vec<(usize, Vec<u32>)> = Vec::new();
         for (si, s) in slots.iter_mut().enumerate() {
             let Some(Slot { phase: Phase::Decode { next }, spec, history, generated, req, .. }) = s else { continue };
             let st = &states[si];
@@ -604,9 +603,9 @@ impl Handle {
                 None => Vec::new(),
             };
             if draft.is_empty() {
-                plan.push((si, vec![*next], None));
+                plan.push((si, vec![*next], None, false));
             } else {
-                verifies.push((si, [&[*next][..], &draft].concat()));
+                plan.push((si, [&[*next][..], &draft].concat(), None, true));
             }
         }
         let mut prefilling: Vec<(u64, usize)> = slots
@@ -621,7 +620,7 @@ impl Handle {
         let chunk = cfg.prefill_chunk.max(1);
         // The budget bounds the running streams' wait; with none running, every prefilling
         // slot takes its next chunk.
-        let running = !plan.is_empty() || !verifies.is_empty();
+        let running = !plan.is_empty();
         let mut budget = if running { cfg.prefill_budget.max(chunk) } else { usize::MAX };
         for (k, &(_, si)) in prefilling.iter().enumerate() {
             let s = slots[si].as_ref().expect("a prefilling slot");
@@ -637,12 +636,9 @@ impl Handle {
                 break;
             }
             budget = budget.saturating_sub(end - done);
-            plan.push((si, s.req.prompt[done..end].to_vec(), Some((end, cut.keep))));
+            plan.push((si, s.req.prompt[done..end].to_vec(), Some((end, cut.keep)), false));
         }
         let mut n = 0;
-        for (si, toks) in verifies {
-            n += self.verify(model, &mut slots[si], &mut states[si], &toks);
-        }
         if plan.is_empty() {
             return n;
         }
@@ -650,17 +646,24 @@ impl Handle {
         plan.sort_unstable_by_key(|p| p.0);
         let wants: Vec<Logits> = plan
             .iter()
-            .map(|(si, _, end)| match end {
+            .map(|(si, _, end, verify)| match end {
                 Some((e, _)) if *e < slots[*si].as_ref().expect("planned").req.prompt.len() => Logits::None,
+                _ if *verify => Logits::From(0),
                 _ => Logits::Last,
             })
             .collect();
         let result = {
             let mut states_of = states.iter_mut().enumerate();
+            let mut slots_of = slots.iter_mut().enumerate();
             let mut batch: Vec<BatchEntry<'_>> = Vec::with_capacity(plan.len());
-            for ((si, toks, _), &want) in plan.iter().zip(&wants) {
+            for ((si, toks, _, verify), &want) in plan.iter().zip(&wants) {
                 let state = states_of.find(|(i, _)| i == si).map(|(_, st)| st).expect("slot order ascends");
-                batch.push(BatchEntry { tokens: toks, state, want });
+                let slot = slots_of.find(|(i, _)| i == si).map(|(_, s)| s).expect("slot order ascends");
+                let journal = match slot {
+                    Some(Slot { spec: Some(sp), .. }) if *verify => Some(&mut sp.journal),
+                    _ => None,
+                };
+                batch.push(BatchEntry { tokens: toks, state, want, verify: journal });
             }
             model.forward_batch_into(&mut batch, logits)
         };
@@ -673,7 +676,7 @@ impl Handle {
                     crate::EngineError::Batch { entry, source } => (Some(*entry), source.to_string()),
                     other => (None, other.to_string()),
                 };
-                for (i, (si, _, _)) in plan.iter().enumerate() {
+                for (i, (si, _, _, _)) in plan.iter().enumerate() {
                     if (entry.is_none() || entry == Some(i))
                         && let Some(s) = slots[*si].take()
                     {
@@ -688,8 +691,16 @@ impl Handle {
             c.decode_steps.fetch_add(1, Ordering::Relaxed);
             c.decode_rows.fetch_add(n_decode as u64, Ordering::Relaxed);
         }
-        let mut idx = Vec::new(); // the slots that take a token, in row order
-        for ((si, toks, end), want) in plan.iter().zip(&wants) {
+        let vocab = model.cfg.vocab;
+        let mut idx = Vec::new(); // (slot, its logits row) of the slots that take one token
+        let mut verified = Vec::new(); // (slot, its first row, its tokens) of the verifies
+        let mut row = 0;
+        for ((si, toks, end, verify), want) in plan.iter().zip(&wants) {
+            if *verify {
+                verified.push((*si, row, toks));
+                row += toks.len();
+                continue;
+            }
             if let Some((end, keep)) = end {
                 c.prompt_tokens.fetch_add(toks.len() as u64, Ordering::Relaxed);
                 let s = slots[*si].as_mut().expect("planned");
@@ -702,32 +713,28 @@ impl Handle {
                     continue;
                 }
             }
-            idx.push(*si);
+            idx.push((*si, row));
+            row += 1;
         }
-        let vocab = model.cfg.vocab;
         let drawn = presample(slots, &idx, logits, vocab);
-        for (i, &si) in idx.iter().enumerate() {
-            let row = &logits[i * vocab..(i + 1) * vocab];
-            n += self.take_token(&mut slots[si], row, states[si].len, states[si].n_ctx, drawn[i]);
+        for (&(si, r), d) in idx.iter().zip(drawn) {
+            let row = &logits[r * vocab..(r + 1) * vocab];
+            n += self.take_token(&mut slots[si], row, states[si].len, states[si].n_ctx, d);
+        }
+        for (si, r, toks) in verified {
+            let rows = &logits[r * vocab..(r + toks.len()) * vocab];
+            n += self.verified(model, &mut slots[si], &mut states[si], toks, rows);
         }
         n
     }
 
-    /// A decoding slot's verify of `toks` (its sampled token, then the draft): one
-    /// `forward_verify`, then sample-and-match row by row through `take_token` (each row's
-    /// token sent as in a plain step; the next row only while the token drawn is the drafted
-    /// one), and the state cut back to what was fed and kept. Returns tokens generated.
-    fn verify(&self, model: &Model, slot: &mut Option<Slot<'_>>, state: &mut SeqState, toks: &[u32]) -> usize {
-        let Some(sp) = slot.as_mut().and_then(|s| s.spec.as_mut()) else {
-            unreachable!("a verify comes from a speculating slot")
-        };
-        let rows = match model.forward_verify(toks, state, &mut sp.journal) {
-            Ok(r) => r,
-            Err(e) => return self.fail(slot, e.to_string()),
-        };
-        let c = &self.inner.counters;
-        c.decode_steps.fetch_add(1, Ordering::Relaxed);
-        c.decode_rows.fetch_add(1, Ordering::Relaxed);
+    /// A decoding slot's verify of `toks` (its sampled token, then the draft), after the
+    /// batch computed its `rows` (`BatchEntry::verify`): sample-and-match row by row through
+    /// `take_token` (each row's token sent as in a plain step; the next row only while the
+    /// token drawn is the drafted one), and the state cut back to what was fed and kept.
+    /// Returns tokens generated.
+    fn verified(&self, model: &Model, slot: &mut Option<Slot<'_>>, state: &mut SeqState, toks: &[u32], rows: &[f32]) -> usize {
+        // (Counted as one decode row of the step's batch.)
         let (vocab, d, pos0) = (model.cfg.vocab, toks.len() - 1, state.len - toks.len());
         let (mut n, mut accepted) = (0, 0);
         for i in 0..=d {
@@ -953,7 +960,7 @@ fn slot_state(model: &Model, n_ctx: usize) -> SeqState {
 /// step's slots are independent. Each slot's sampler makes the same call on the same row as
 /// `take_token` would, so its RNG and its tokens are the same. `drawn[i]` is None for the slots
 /// left to `take_token` (adjusted rows, or a step with one such row: not worth a dispatch).
-fn presample(slots: &mut [Option<Slot<'_>>], idx: &[usize], logits: &[f32], vocab: usize) -> Vec<Option<u32>> {
+fn presample(slots: &mut [Option<Slot<'_>>], idx: &[(usize, usize)], logits: &[f32], vocab: usize) -> Vec<Option<u32>> {
     let mut drawn = vec![None; idx.len()];
     struct Job<'a> {
         sampler: &'a mut Sampler,
@@ -964,7 +971,7 @@ fn presample(slots: &mut [Option<Slot<'_>>], idx: &[usize], logits: &[f32], voca
     let mut jobs: Vec<Job<'_>> = Vec::new();
     let mut rest = &mut slots[..];
     let mut base = 0;
-    for ((i, &si), out) in idx.iter().enumerate().zip(drawn.iter_mut()) {
+    for (&(si, i), out) in idx.iter().zip(drawn.iter_mut()) {
         // idx ascends: split the slots so that each job borrows its own slot.
         let (_, tail) = std::mem::take(&mut rest).split_at_mut(si - base);
         let (slot, after) = tail.split_first_mut().expect("si is a slot index");

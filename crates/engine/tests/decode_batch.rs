@@ -10,7 +10,7 @@ mod common;
 use common::{fixture, ids};
 use cortiq_engine::load::load;
 use cortiq_engine::state::SeqState;
-use cortiq_engine::{BatchEntry, EngineError, Logits, Model, Numerics};
+use cortiq_engine::{BatchEntry, EngineError, Logits, Model, Numerics, VerifyJournal};
 
 const STEPS: usize = 6;
 
@@ -128,7 +128,12 @@ fn check_mixed(name: &str, model: &Model, toks: &[u32]) {
         let mut batch: Vec<BatchEntry<'_>> = on
             .iter()
             .zip(&chunks)
-            .map(|(&j, c)| BatchEntry { tokens: c, state: slots[j].take().unwrap(), want: mixed_want(s, j, c.len()) })
+            .map(|(&j, c)| BatchEntry {
+                tokens: c,
+                state: slots[j].take().unwrap(),
+                want: mixed_want(s, j, c.len()),
+                verify: None,
+            })
             .collect();
         let got = model.forward_batch(&mut batch).unwrap();
         assert_eq!(got.len(), want.len(), "{name}: step {s}: logits rows");
@@ -150,6 +155,81 @@ fn check_mixed(name: &str, model: &Model, toks: &[u32]) {
     println!("{name}: {entries} mixed entries (chunks of 1-40 positions) bit-identical to running alone");
 }
 
+/// Verifies in the batch (`BatchEntry::verify`, speculative decoding): steps where two
+/// sequences verify drafts of 2-5 tokens beside a decode row and a prompt chunk; every verify's
+/// rows equal its `forward_verify` alone, bit for bit, and after `verify_keep` of a part of
+/// each draft the states are the same (one more step alone compares them).
+fn check_verify(name: &str, model: &Model, toks: &[u32]) {
+    let v = model.cfg.vocab;
+    let at = |j: usize, i: usize| toks[(5 * j + i) % toks.len()];
+    let mut alone: Vec<SeqState> = (0..4).map(|_| model.new_state(256)).collect();
+    let mut batched: Vec<SeqState> = (0..4).map(|_| model.new_state(256)).collect();
+    let mut ja: Vec<VerifyJournal> = (0..4).map(|_| VerifyJournal::default()).collect();
+    let mut jb: Vec<VerifyJournal> = (0..4).map(|_| VerifyJournal::default()).collect();
+    let mut done = [0usize; 4];
+    for j in 0..4 {
+        let p: Vec<u32> = (0..6 + j).map(|i| at(j, i)).collect();
+        model.forward(&p, &mut alone[j], Logits::None).unwrap();
+        model.forward(&p, &mut batched[j], Logits::None).unwrap();
+        done[j] = p.len();
+    }
+    // Per step and sequence: (positions, a verify keeping this many of them).
+    let steps: [[(usize, Option<usize>); 4]; 3] = [
+        [(4, Some(2)), (1, None), (3, Some(3)), (5, None)],
+        [(1, None), (5, Some(1)), (2, Some(0)), (1, None)],
+        [(3, Some(1)), (2, Some(2)), (1, None), (4, Some(4))],
+    ];
+    let mut rows = 0;
+    for (s, step) in steps.iter().enumerate() {
+        let chunks: Vec<Vec<u32>> = (0..4).map(|j| (0..step[j].0).map(|i| at(j, done[j] + i)).collect()).collect();
+        let mut want = Vec::new();
+        for j in 0..4 {
+            match step[j].1 {
+                Some(_) => want.extend(model.forward_verify(&chunks[j], &mut alone[j], &mut ja[j]).unwrap()),
+                None => want.extend(model.forward(&chunks[j], &mut alone[j], Logits::Last).unwrap()),
+            }
+        }
+        let got = {
+            let mut batch: Vec<BatchEntry<'_>> = batched
+                .iter_mut()
+                .zip(jb.iter_mut())
+                .enumerate()
+                .map(|(j, (st, jn))| BatchEntry {
+                    tokens: &chunks[j],
+                    state: st,
+                    want: Logits::Last,
+                    verify: step[j].1.map(|_| jn),
+                })
+                .collect();
+            model.forward_batch(&mut batch).unwrap()
+        };
+        assert_eq!(got.len(), want.len(), "{name}: step {s}: logits rows");
+        if let Some((i, a, b)) = first_diff(&got, &want) {
+            panic!("{name}: verify step {s}: logit {i} (row {}) batched {a:e} vs alone {b:e}", i / v);
+        }
+        rows += got.len() / v;
+        for j in 0..4 {
+            match step[j].1 {
+                Some(keep) => {
+                    model.verify_keep(&mut alone[j], &mut ja[j], keep).unwrap();
+                    model.verify_keep(&mut batched[j], &mut jb[j], keep).unwrap();
+                    done[j] += keep;
+                }
+                None => done[j] += step[j].0,
+            }
+            assert_eq!(alone[j].len, done[j], "{name}: sequence {j} length");
+            assert_eq!(batched[j].len, done[j], "{name}: sequence {j} length");
+        }
+    }
+    for j in 0..4 {
+        let t = at(j, done[j]);
+        let a = model.forward(&[t], &mut alone[j], Logits::Last).unwrap();
+        let b = model.forward(&[t], &mut batched[j], Logits::Last).unwrap();
+        assert!(first_diff(&a, &b).is_none(), "{name}: sequence {j}'s state differs after the verifies");
+    }
+    println!("{name}: {rows} rows of verifies beside decode rows and chunks bit-identical to running alone");
+}
+
 fn all_modes(name: &str) {
     let toks = ids(&fixture(name).join("tokens.json"));
     for (path, num) in [
@@ -163,6 +243,7 @@ fn all_modes(name: &str) {
         let label = format!("{name} {num:?} {}", path.file_name().unwrap().to_string_lossy());
         check(&label, &model, &toks);
         check_mixed(&label, &model, &toks);
+        check_verify(&label, &model, &toks);
     }
 }
 
@@ -290,7 +371,7 @@ fn decode_batch_hybrids_quantized() {
     use cortiq_kernels::quant::QuantType;
     let dir = std::env::temp_dir().join(format!("cortiq-decode-batch-q8-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    for name in ["qwen3_5", "qwen3_next", "lfm2", "kimi_linear"] {
+    for name in ["qwen3_5", "qwen3_next", "lfm2", "kimi_linear", "qwen3", "gemma3"] {
         let out = dir.join(format!("{name}.cmf"));
         let opts = ConvertOptions { quant: QuantSpec::To(QuantType::Q8_0), embeddings: None, f32_as: None, force: true };
         convert(&fixture(name), &out, &opts, &|_, _, _| {}).unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -301,6 +382,7 @@ fn decode_batch_hybrids_quantized() {
         let toks = ids(&fixture(name).join("tokens.json"));
         check(&format!("{name} Q8_0 fast"), &model, &toks);
         check_mixed(&format!("{name} Q8_0 fast"), &model, &toks);
+        check_verify(&format!("{name} Q8_0 fast"), &model, &toks);
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -17,7 +17,7 @@ use crate::blocks::{AttentionWeights, DecodeSeq, attention, attention_core, atte
 use crate::config::{LayerSpec, ModelConfig};
 use crate::error::Result;
 use crate::mixers::nystrom::O1Layer;
-use crate::mixers::{Env, Journal, Mixer, MixerState, Seq, segments_apart};
+use crate::mixers::{Env, Journal, Mixer, MixerState, Seq, segments_apart, steps_apart};
 use crate::o1::Serve;
 use crate::qtensor::QTensor;
 use crate::state::{KvType, LayerState, StateBytes};
@@ -246,10 +246,41 @@ impl Mixer for Attention {
     /// segment alone would have it), the attention itself per sequence on its own cache;
     /// otherwise the segments run apart.
     fn forward_segments(&self, env: &Env, h: &[f32], segs: Vec<(Seq<'_>, usize)>) -> Result<Vec<f32>> {
+        let none = segs.iter().map(|_| None).collect();
+        self.segments(env, h, segs, none)
+    }
+
+    /// The verified segments' projections join everyone's (one read of each weight for the
+    /// step); their attention runs as `forward_steps` runs it, journaled the same way.
+    fn forward_segments_steps(
+        &self,
+        env: &Env,
+        h: &[f32],
+        segs: Vec<(Seq<'_>, usize)>,
+        steps: Vec<Option<&mut Journal>>,
+    ) -> Result<Vec<f32>> {
+        self.segments(env, h, segs, steps)
+    }
+}
+
+impl Attention {
+    /// `forward_segments` with the verified segments (`steps[i]` Some) stepped position by
+    /// position (`steps_core`) and journaled as `forward_steps` journals them.
+    fn segments(
+        &self,
+        env: &Env,
+        h: &[f32],
+        segs: Vec<(Seq<'_>, usize)>,
+        mut steps: Vec<Option<&mut Journal>>,
+    ) -> Result<Vec<f32>> {
         let n_max = segs.iter().map(|(_, n)| *n).max().unwrap_or(0);
         let w = &self.w;
         if segs.len() == 1 || ![&w.wq, &w.wk, &w.wv, &w.wo].iter().all(|m| m.rowwise(n_max)) {
-            return segments_apart(self, env, h, segs);
+            return if steps.iter().all(Option::is_none) {
+                segments_apart(self, env, h, segs)
+            } else {
+                steps_apart(self, env, h, segs, steps)
+            };
         }
         let cfg = env.cfg;
         let rope = &cfg.ropes[self.rope];
@@ -261,7 +292,7 @@ impl Mixer for Attention {
         let mut gate = if cfg.attn_gate { vec![0f32; total * q_dim] } else { Vec::new() }; // the same, gated
         let mut segs = segs;
         // The decode rows (one position each): every sequence's attention in one dispatch.
-        let singles: Vec<usize> = (0..segs.len()).filter(|&i| segs[i].1 == 1).collect();
+        let singles: Vec<usize> = (0..segs.len()).filter(|&i| segs[i].1 == 1 && steps[i].is_none()).collect();
         let mut singles_done = false;
         if singles.len() > 1 {
             let rows_of = |x: &[f32], width: usize| -> Vec<f32> {
@@ -281,8 +312,14 @@ impl Mixer for Attention {
             let done = {
                 let mut rows: Vec<DecodeSeq> = segs
                     .iter_mut()
-                    .filter(|(_, n)| *n == 1)
-                    .map(|(seq, _)| DecodeSeq { pos0: seq.pos0, n: 1, kv: &mut seq.state.of::<KvState>().cache, o1: &seq.o1 })
+                    .zip(&steps)
+                    .filter(|((_, n), j)| *n == 1 && j.is_none())
+                    .map(|((seq, _), _)| DecodeSeq {
+                        pos0: seq.pos0,
+                        n: 1,
+                        kv: &mut seq.state.of::<KvState>().cache,
+                        o1: &seq.o1,
+                    })
                     .collect();
                 attention_rows(cfg, w, rope, self.window, qs, ks, vs, env.num, &mut rows)
             };
@@ -298,15 +335,24 @@ impl Mixer for Attention {
             }
         }
         // The prompt chunks (and the decode rows, where they could not share a dispatch).
-        for (i, (seq, n)) in segs.into_iter().enumerate() {
-            if n == 1 && singles_done {
+        for (i, (mut seq, n)) in segs.into_iter().enumerate() {
+            if singles_done && singles.contains(&i) {
                 continue;
             }
-            let kv = &mut seq.state.of::<KvState>().cache;
             let (r, e) = (starts[i], starts[i] + n);
-            let (qi, ki, vi) = (q[r * qr..e * qr].to_vec(), k[r * kvr..e * kvr].to_vec(), v[r * kvr..e * kvr].to_vec());
-            let (oi, gi) =
-                attention_core(cfg, w, rope, self.window, qi, ki, vi, n, seq.pos0, kv, env.num, seq.lc, seq.o1, &mut |_, _| {})?;
+            let (oi, gi) = if let Some(journal) = steps[i].as_deref_mut() {
+                // A verify: as `forward_steps` over these rows.
+                let (qi, ki, vi) = (&q[r * qr..e * qr], &k[r * kvr..e * kvr], &v[r * kvr..e * kvr]);
+                journal.begin(seq.state, n);
+                if journal.is_recurrent() {
+                    journal.record = Some(Box::new((qi.to_vec(), ki.to_vec(), vi.to_vec())));
+                }
+                self.steps_core(env, qi, ki, vi, n, &mut seq)?
+            } else {
+                let kv = &mut seq.state.of::<KvState>().cache;
+                let (qi, ki, vi) = (q[r * qr..e * qr].to_vec(), k[r * kvr..e * kvr].to_vec(), v[r * kvr..e * kvr].to_vec());
+                attention_core(cfg, w, rope, self.window, qi, ki, vi, n, seq.pos0, kv, env.num, seq.lc, seq.o1, &mut |_, _| {})?
+            };
             o[r * q_dim..e * q_dim].copy_from_slice(&oi);
             if let Some(g) = gi {
                 gate[r * q_dim..e * q_dim].copy_from_slice(&g);

@@ -15,7 +15,7 @@ use cortiq_kernels::conv::causal_conv1d_par;
 use cortiq_kernels::delta::{CHUNK, gated_delta_chunked, gated_delta_recurrent};
 
 use crate::error::{EngineError, Result};
-use crate::mixers::{Env, Journal, Mixer, MixerState, Seq};
+use crate::mixers::{Env, Journal, Mixer, MixerState, Seq, steps_apart};
 use crate::par::pool;
 use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
@@ -204,6 +204,40 @@ impl Mixer for GatedDeltaNet {
         }
         Ok(self.w.out_proj.project(&o, kb, true)) // [kb, d_model]
     }
+    /// Decode rows and verifies together (a step with no prompt chunk): the projections over
+    /// every row at once (each on the decode path), then per sequence its row, or its verified
+    /// positions one at a time journaled as `forward_steps` journals them. With a prompt chunk
+    /// in the step (its own chunked path) the verifies run apart.
+    fn forward_segments_steps(
+        &self,
+        env: &Env,
+        h: &[f32],
+        segs: Vec<(Seq<'_>, usize)>,
+        verifies: Vec<Option<&mut Journal>>,
+    ) -> Result<Vec<f32>> {
+        let chunk = segs.iter().zip(&verifies).any(|((_, n), j)| *n > 1 && j.is_none());
+        if chunk || verifies.iter().all(Option::is_none) {
+            return steps_apart(self, env, h, segs, verifies);
+        }
+        let cfg = &self.cfg;
+        let total: usize = segs.iter().map(|(_, n)| n).sum();
+        let p = project(&self.w, h, total, true);
+        let mut o = Vec::with_capacity(total * cfg.value_dim()); // [total, n_v, d_v]
+        let mut r0 = 0;
+        for ((seq, n), journal) in segs.into_iter().zip(verifies) {
+            let part = p.rows(cfg, r0, n);
+            match journal {
+                Some(j) => {
+                    j.begin(seq.state, n);
+                    o.extend(steps(cfg, &self.w, &part, n, seq.state.of()));
+                    j.record = Some(Box::new(part));
+                }
+                None => o.extend(core(cfg, &self.w, &part, 1, seq.state.of())),
+            }
+            r0 += n;
+        }
+        Ok(self.w.out_proj.project(&o, total, true)) // [total, d_model]
+    }
     /// The projections over all n rows at once (each on the decode path), then the conv ring
     /// and the delta rule one position at a time; journaled as the state's snapshot and the
     /// projected rows (a rewind steps the kept rows again, without the projections).
@@ -304,12 +338,17 @@ struct Projected {
 impl Projected {
     /// Row i alone.
     fn row(&self, cfg: &GdnConfig, i: usize) -> Projected {
+        self.rows(cfg, i, 1)
+    }
+
+    /// Rows r0..r0 + n.
+    fn rows(&self, cfg: &GdnConfig, r0: usize, n: usize) -> Projected {
         let (cd, vd, nv) = (cfg.conv_dim(), cfg.value_dim(), cfg.n_v_heads);
         Projected {
-            mixed: self.mixed[i * cd..(i + 1) * cd].to_vec(),
-            z: self.z[i * vd..(i + 1) * vd].to_vec(),
-            b: self.b[i * nv..(i + 1) * nv].to_vec(),
-            a: self.a[i * nv..(i + 1) * nv].to_vec(),
+            mixed: self.mixed[r0 * cd..(r0 + n) * cd].to_vec(),
+            z: self.z[r0 * vd..(r0 + n) * vd].to_vec(),
+            b: self.b[r0 * nv..(r0 + n) * nv].to_vec(),
+            a: self.a[r0 * nv..(r0 + n) * nv].to_vec(),
         }
     }
 }

@@ -162,6 +162,22 @@ pub trait Mixer: Any + Send + Sync {
         segments_apart(self, env, h, segs)
     }
 
+    /// `forward_segments` where some segments are verifies (`steps[i]` Some: segment i's
+    /// positions each as its own decode step, journaled there as `forward_steps` does), row for
+    /// row bit-identical to running each segment alone (`forward` or `forward_steps`). By
+    /// default the verified segments run apart (`forward_steps`, the mixer's weights read once
+    /// more for each) and the others together; a mixer whose projections are row-wise over
+    /// every segment overrides it to read its weights once for all.
+    fn forward_segments_steps(
+        &self,
+        env: &Env,
+        h: &[f32],
+        segs: Vec<(Seq<'_>, usize)>,
+        steps: Vec<Option<&mut Journal>>,
+    ) -> Result<Vec<f32>> {
+        steps_apart(self, env, h, segs, steps)
+    }
+
     /// `n` positions of one sequence from `seq.pos0`, each computed as its own decode step (the
     /// verify of speculative decoding): h [n, d_model] -> [n, d_model], row i bit-identical to
     /// the i-th of n successive `forward(.., 1, ..)` calls, and the state after them the same.
@@ -289,6 +305,48 @@ pub fn segments_apart<M: Mixer + ?Sized>(m: &M, env: &Env, h: &[f32], segs: Vec<
     };
     for (row, &at) in o.chunks_exact(d).zip(&single_at) {
         out[at * d..(at + 1) * d].copy_from_slice(row);
+    }
+    Ok(out)
+}
+
+/// `forward_segments_steps` with the verified segments apart: each through `forward_steps`,
+/// the others through `forward_segments` together.
+pub fn steps_apart<M: Mixer + ?Sized>(
+    m: &M,
+    env: &Env,
+    h: &[f32],
+    segs: Vec<(Seq<'_>, usize)>,
+    steps: Vec<Option<&mut Journal>>,
+) -> Result<Vec<f32>> {
+    if steps.iter().all(Option::is_none) {
+        return m.forward_segments(env, h, segs);
+    }
+    let d = env.cfg.d_model;
+    let mut out = vec![0f32; h.len()]; // [Σ n_i, d_model]
+    let (mut plain, mut plain_at, mut hs) = (Vec::new(), Vec::new(), Vec::new());
+    let mut r0 = 0;
+    for ((seq, n), journal) in segs.into_iter().zip(steps) {
+        let rows = r0 * d..(r0 + n) * d;
+        match journal {
+            Some(j) => {
+                let o = m.forward_steps(env, &h[rows.clone()], n, seq, j)?;
+                out[rows].copy_from_slice(&o);
+            }
+            None => {
+                plain.push((seq, n));
+                plain_at.push((r0, n));
+                hs.extend_from_slice(&h[rows]);
+            }
+        }
+        r0 += n;
+    }
+    if !plain.is_empty() {
+        let o = m.forward_segments(env, &hs, plain)?;
+        let mut at = 0;
+        for (r0, n) in plain_at {
+            out[r0 * d..(r0 + n) * d].copy_from_slice(&o[at * d..(at + n) * d]);
+            at += n;
+        }
     }
     Ok(out)
 }

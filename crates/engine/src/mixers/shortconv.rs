@@ -5,7 +5,7 @@
 use cortiq_kernels::conv::causal_conv1d_par;
 
 use crate::error::Result;
-use crate::mixers::{Env, Mixer, MixerState, Seq};
+use crate::mixers::{Env, Journal, Mixer, MixerState, Seq, steps_apart};
 use crate::par::pool;
 use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
@@ -102,22 +102,60 @@ impl Mixer for ShortConv {
     /// Both projections over all rows at once (each row on the decode path,
     /// `QTensor::matvec_rows`); the conv ring per sequence.
     fn forward_rows(&self, _env: &Env, h: &[f32], rows: Vec<Seq<'_>>) -> Result<Vec<f32>> {
+        let owner: Vec<usize> = (0..rows.len()).collect();
         let mut states: Vec<&mut ShortConvState> = rows.into_iter().map(|seq| seq.state.of()).collect();
-        Ok(run(&self.w, self.d_model, self.kernel, h, &mut states, true))
+        Ok(run(&self.w, self.d_model, self.kernel, h, &mut states, Some(&owner)))
+    }
+    /// Decode rows and verifies together (a step with no prompt chunk): both projections over
+    /// every row at once, the conv ring stepped row by row (a verify's positions in order on
+    /// its own ring), journaled as `forward_steps` journals them (the ring before, the input
+    /// rows). With a prompt chunk in the step the verifies run apart.
+    fn forward_segments_steps(
+        &self,
+        env: &Env,
+        h: &[f32],
+        segs: Vec<(Seq<'_>, usize)>,
+        verifies: Vec<Option<&mut Journal>>,
+    ) -> Result<Vec<f32>> {
+        let chunk = segs.iter().zip(&verifies).any(|((_, n), j)| *n > 1 && j.is_none());
+        if chunk || verifies.iter().all(Option::is_none) {
+            return steps_apart(self, env, h, segs, verifies);
+        }
+        let d = self.d_model;
+        let (mut owner, mut states, mut r0) = (Vec::new(), Vec::new(), 0);
+        for (i, ((seq, n), journal)) in segs.into_iter().zip(verifies).enumerate() {
+            if let Some(j) = journal {
+                j.begin(seq.state, n);
+                j.record = Some(Box::new(h[r0 * d..(r0 + n) * d].to_vec()));
+            }
+            owner.extend(std::iter::repeat_n(i, n));
+            states.push(seq.state.of::<ShortConvState>());
+            r0 += n;
+        }
+        Ok(run(&self.w, d, self.kernel, h, &mut states, Some(&owner)))
     }
 }
 
 /// The mixer over `n` new tokens. h: [n, d_model] normed input -> [n, d_model].
 pub fn short_conv(w: &ShortConvWeights, d: usize, kernel: usize, h: &[f32], n: usize, state: &mut ShortConvState) -> Vec<f32> {
     debug_assert_eq!(h.len(), n * d);
-    run(w, d, kernel, h, &mut [state], false)
+    run(w, d, kernel, h, &mut [state], None)
 }
 
-/// `rows`: h holds one decode position for each of `states` (the decode batch); else h holds
+/// `owner` Some: h holds decode rows, row i the next position of `states[owner[i]]` (the decode
+/// batch; a verify's positions are consecutive rows of one owner, in order); None: h holds
 /// consecutive positions of the one sequence `states[0]`. Everything but the projections and
 /// the conv is elementwise per row, so a batch row computes exactly its n = 1 step.
-fn run(w: &ShortConvWeights, d: usize, kernel: usize, h: &[f32], states: &mut [&mut ShortConvState], rows: bool) -> Vec<f32> {
+fn run(
+    w: &ShortConvWeights,
+    d: usize,
+    kernel: usize,
+    h: &[f32],
+    states: &mut [&mut ShortConvState],
+    owner: Option<&[usize]>,
+) -> Vec<f32> {
     let n = h.len() / d;
+    let rows = owner.is_some();
     let mut bcx = w.in_proj.project(h, n, rows); // [n, 3·d_model]
     if !w.in_bias.is_empty() {
         for row in bcx.chunks_mut(3 * d) {
@@ -132,10 +170,21 @@ fn run(w: &ShortConvWeights, d: usize, kernel: usize, h: &[f32], states: &mut [&
         }
     }
     let mut conv = vec![0f32; n * d]; // [n, d_model]
-    if rows {
-        for (i, st) in states.iter_mut().enumerate() {
+    if let Some(owner) = owner {
+        for (i, &o) in owner.iter().enumerate() {
             let r = i * d..(i + 1) * d;
-            causal_conv1d_par(pool(), &bx[r.clone()], 1, d, &w.conv, kernel, &w.conv_bias, &mut st.conv, false, &mut conv[r]);
+            causal_conv1d_par(
+                pool(),
+                &bx[r.clone()],
+                1,
+                d,
+                &w.conv,
+                kernel,
+                &w.conv_bias,
+                &mut states[o].conv,
+                false,
+                &mut conv[r],
+            );
         }
     } else {
         causal_conv1d_par(pool(), &bx, n, d, &w.conv, kernel, &w.conv_bias, &mut states[0].conv, false, &mut conv);
