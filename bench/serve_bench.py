@@ -12,8 +12,14 @@ Loopback only; stdlib only (http.client + threads). For each tool in turn (alter
     the running streams.
 llama-server gets -np equal to the concurrency (restarted per C), cortiq serve --parallel max(C).
 
+--spec-streams K adds a row "cortiq spec K": the same cortiq server and requests with the first
+K streams of each concurrency asking for n-gram speculation (`"speculative": {"type": "ngram"}`),
+alternated with the plain rows; --cortiq-old PATH adds a row (and a spec row) for another
+cortiq binary, alternated too (a before/after of one change in one run).
+
 usage: bench/serve_bench.py --model M.gguf --llama-server PATH [--cortiq target/release/cortiq]
        [--threads 2] [--tokens 128] [--streams 1,4,8] [--rounds 2] [--long-prompt 1000]
+       [--spec-streams K] [--cortiq-old PATH]
 Prints a markdown table; --json FILE writes the raw figures.
 """
 import argparse
@@ -54,10 +60,14 @@ def wait_health(port, proc, timeout=300):
 TEMPERATURE = 0  # --temperature; 0 is greedy
 
 
-def stream(port, prompt, tokens, out, key):
-    """One streamed completion; appends (t_send, [token arrival times]) to out[key]."""
-    body = json.dumps({"prompt": prompt, "max_tokens": tokens, "temperature": TEMPERATURE, "seed": 1, "stream": True,
-                       "ignore_eos": True, "cache_prompt": False})
+def stream(port, prompt, tokens, out, key, spec=False):
+    """One streamed completion; appends (t_send, [token arrival times]) to out[key]. `spec`:
+    the request asks for n-gram speculation."""
+    req = {"prompt": prompt, "max_tokens": tokens, "temperature": TEMPERATURE, "seed": 1, "stream": True,
+           "ignore_eos": True, "cache_prompt": False}
+    if spec:
+        req["speculative"] = {"type": "ngram"}
+    body = json.dumps(req)
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     t_send = time.time()
     c.request("POST", "/v1/completions", body, {"content-type": "application/json"})
@@ -87,9 +97,9 @@ def stream(port, prompt, tokens, out, key):
     out.setdefault(key, []).append((t_send, times))
 
 
-def concurrent(port, c, tokens, base):
+def concurrent(port, c, tokens, base, n_spec=0):
     out = {}
-    th = [threading.Thread(target=stream, args=(port, prompt_of(base + i), tokens, out, "s")) for i in range(c)]
+    th = [threading.Thread(target=stream, args=(port, prompt_of(base + i), tokens, out, "s", i < n_spec)) for i in range(c)]
     for t in th:
         t.start()
     for t in th:
@@ -121,8 +131,9 @@ def long_prompt_probe(port, tokens, n_long):
 
 
 def start(tool, args, port, np_):
-    if tool == "cortiq":
-        cmd = [args.cortiq, "serve", "-m", args.model, "-t", str(args.threads), "--port", str(port),
+    if tool.startswith("cortiq"):
+        binary = args.cortiq_old if tool.startswith("cortiq-old") else args.cortiq
+        cmd = [binary, "serve", "-m", args.model, "-t", str(args.threads), "--port", str(port),
                "--parallel", str(np_), "--ctx", str(args.ctx)] + args.cortiq_args.split()
     else:
         cmd = [args.llama_server, "-m", args.model, "-t", str(args.threads), "--port", str(port), "-np", str(np_),
@@ -168,21 +179,31 @@ def main():
                     help="sampling temperature of every request (0: greedy, the default; the other "
                          "settings stay each server's defaults)")
     ap.add_argument("--cortiq-args", default="", help="extra flags for cortiq serve, e.g. '--prefill-chunk 32'")
+    ap.add_argument("--spec-streams", type=int, default=0, help="a row with this many streams speculating (n-gram)")
+    ap.add_argument("--cortiq-old", default=None, help="another cortiq binary, measured alternately")
     args = ap.parse_args()
     global TEMPERATURE
     TEMPERATURE = args.temperature
     streams = [int(x) for x in args.streams.split(",")]
-    tools = ["cortiq"] + (["llama-server"] if args.llama_server else [])
+    tools = ["cortiq"]
+    if args.spec_streams:
+        tools.append("cortiq spec %d" % args.spec_streams)
+    if args.cortiq_old:
+        tools.append("cortiq-old")
+        if args.spec_streams:
+            tools.append("cortiq-old spec %d" % args.spec_streams)
+    tools += ["llama-server"] if args.llama_server else []
     res = {t: {c: [] for c in streams} for t in tools}
     probe = {t: [] for t in tools}
     for rnd in range(args.rounds):
         for tool in tools:
-            if tool == "cortiq":
+            if tool.startswith("cortiq"):
+                n_spec = args.spec_streams if " spec " in tool else 0
                 p = start(tool, args, args.port, max(streams))
                 concurrent(args.port, 1, 16, 10_000)  # warm-up
                 for c in streams:
-                    res[tool][c].append(concurrent(args.port, c, args.tokens, 100 * rnd + 10 * c))
-                if args.long_prompt > 0:
+                    res[tool][c].append(concurrent(args.port, c, args.tokens, 100 * rnd + 10 * c, n_spec))
+                if args.long_prompt > 0 and not n_spec:
                     probe[tool].append(long_prompt_probe(args.port, args.tokens, args.long_prompt))
                 p.terminate()
                 p.wait()
