@@ -17,13 +17,13 @@
 //!
 //! Where it stands (2 cores, Zen 5 in a VM): ~45% of the FMA peak from cache (4.7 ns per
 //! (key, head) at head size 64, 7 heads per kv head), and the DRAM stream is not overlapped
-//! with the arithmetic yet (10-13 ns read from memory). BENCHMARKS.md, twenty-first session.
+//! with the arithmetic yet (10-13 ns read from memory). BENCHMARKS.md, 2026-12-03, "issue 18: decode attention in the cache's own type".
 //! On AVX2 (Zen 3, no AVX-512) the same shape, with q in registers for head size 64 (one load
 //! per FMA of the scores) and value rows shared by two heads (32 values of a row, loaded once
 //! for both), gives 7.8 ns (f16, head size 64, 7 heads per kv head, from cache, fastest pass
 //! of `attn_bench`; 9.2 ns in the same run without those two, 31 ns with one pass per query
 //! head). The 16 ymm registers bound it: the weighted sum still loads 3 values per 4 FMAs.
-//! On an Intel Xeon (AVX-512, 2 MB L2 per core; twenty-eighth session) the Qwen2.5 shape takes
+//! On an Intel Xeon (AVX-512, 2 MB L2 per core; BENCHMARKS.md, 2026-12-04, "issue 18 on an Intel Xeon") the Qwen2.5 shape takes
 //! 5.3 ns per (key, head) from L2/L3 and ~7 from memory, where one core streams ~10 GB/s: the
 //! stream, not the arithmetic, bounds it there (prefetch distances and an L2-only prefetch did
 //! not help). At head size 64 the scores take two heads at a time (each key vector loaded once).

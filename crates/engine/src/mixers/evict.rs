@@ -35,8 +35,8 @@ pub struct ScoreRule {
 }
 
 impl Default for ScoreRule {
-    /// The best of a sweep on SmolLM2-135M, lcet10, ctx 2048, 4 sinks + 124 (BENCHMARKS.md,
-    /// thirteenth session).
+    /// The best of a sweep on SmolLM2-135M, lcet10, ctx 2048, 4 sinks + 124 (2026-12-02, with
+    /// commit ddafaed; the eviction's figures are in BENCHMARKS.md's issue 15 sections).
     fn default() -> Self {
         ScoreRule { decay: 0.7, recent: 16, obs: 0, model_layers: false }
     }
