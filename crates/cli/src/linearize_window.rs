@@ -161,24 +161,15 @@ fn sigmoid(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())
 }
 
-/// The fold of one windowed layer (module header): its tensors (GGUF suffix, shape, f32
-/// values; the attention's stay in the file) and a one-line report.
+/// The slot logit of a windowed layer: ℓ_far ≈ w_h·x + c_h per head, by ridge least squares
+/// on [x, 1] over every row past the window of every record. Returns (w [n_heads, d_model],
+/// c [n_heads], its values on every record's rows [(T − s0)·n_heads], the fit's R²).
 #[allow(clippy::type_complexity)]
-pub(crate) fn fold_window(
-    c: &VmfConfig,
-    att: &AttentionWeights,
-    recs: &[WinRec],
-    t: usize,
-    scale: f64,
-    seed: u64,
-) -> (Vec<(String, Vec<u64>, Vec<f32>)>, String) {
-    let (d, nh, nk, hd, p) = (c.d_model, c.n_heads, c.n_k_heads, c.d_v, c.nphase);
-    let (g, f, s0) = (nh / nk, 2 * p, c.sinks + c.window);
-    let splits: Vec<Split> = recs.iter().map(|r| split(c, r, t, scale)).collect();
-    // The slot logit: ridge least squares of ℓ_far on [x, 1] over every row, per head.
+fn fit_slot_logit(c: &VmfConfig, recs: &[WinRec], splits: &[Split], t: usize) -> (Vec<f32>, Vec<f32>, Vec<Vec<f64>>, f64) {
+    let (d, nh, s0) = (c.d_model, c.n_heads, c.sinks + c.window);
     let n1 = d + 1;
     let (mut xtx, mut xtl) = (vec![0f64; n1 * n1], vec![0f64; n1 * nh]);
-    for (r, sp) in recs.iter().zip(&splits) {
+    for (r, sp) in recs.iter().zip(splits) {
         for ri in 0..t - s0 {
             let xr: Vec<f64> = r.x[(s0 + ri) * d..][..d].iter().map(|&v| v as f64).chain([1.0]).collect();
             for i in 0..n1 {
@@ -198,7 +189,7 @@ pub(crate) fn fold_window(
     }
     let lambda = 1e-3 * (0..d).map(|i| xtx[i * n1 + i]).sum::<f64>() / d as f64;
     ridge_solve(&mut xtx, n1, &mut xtl, nh, lambda);
-    let (mut wb, mut cb): (Vec<f32>, Vec<f32>) = (
+    let (wb, cb): (Vec<f32>, Vec<f32>) = (
         (0..nh).flat_map(|h| (0..d).map(move |i| (h, i))).map(|(h, i)| xtl[i * nh + h] as f32).collect(),
         (0..nh).map(|h| xtl[d * nh + h] as f32).collect(),
     );
@@ -219,6 +210,60 @@ pub(crate) fn fold_window(
     let lmean = lf.iter().sum::<f64>() / lf.len() as f64;
     let ss_tot: f64 = lf.iter().map(|l| (l - lmean).powi(2)).sum();
     let ss_res: f64 = bs.iter().flatten().zip(&lf).map(|(b, l)| (b - l).powi(2)).sum();
+    (wb, cb, bs, 1.0 - ss_res / ss_tot.max(1e-30))
+}
+
+/// What the fold of a windowed layer fitted (`fold_window`).
+struct Folded {
+    thq: Vec<f32>,
+    thq_b: Vec<f32>,
+    thk: Vec<f32>,
+    thk_b: Vec<f32>,
+    a_log: Vec<f32>,
+    o_norm: Vec<f32>,
+    wb: Vec<f32>,
+    cb: Vec<f32>,
+}
+
+/// The layer's tensors (GGUF suffix, shape, f32 values) from the fitted parts; the conv an
+/// identity (its last tap 1), the key gate and mass at zero.
+fn window_tensors(c: &VmfConfig, f: Folded) -> Vec<(String, Vec<u64>, Vec<f32>)> {
+    let (d, nh, nk, p) = (c.d_model, c.n_heads, c.n_k_heads, c.nphase);
+    let mut conv = vec![0f32; d * CONV];
+    (0..d).for_each(|i| conv[i * CONV + CONV - 1] = 1.0);
+    let t2 = |n: &str, r: usize, c: usize, v: Vec<f32>| (n.to_string(), vec![r as u64, c as u64], v);
+    let t1 = |n: &str, v: Vec<f32>| (n.to_string(), vec![v.len() as u64], v);
+    vec![
+        t2("vmf_thq.weight", nh * p, d, f.thq),
+        t1("vmf_thq.bias", f.thq_b),
+        t2("vmf_thk.weight", nk * p, d, f.thk),
+        t1("vmf_thk.bias", f.thk_b),
+        t1("vmf_a_log", f.a_log),
+        t2("vmf_conv.weight", d, CONV, conv),
+        t2("vmf_kgate.weight", nk, d, vec![0.0; nk * d]),
+        t1("vmf_kgate.bias", vec![0.0; nk]),
+        t1("vmf_mass", vec![0.0; nk]),
+        t1("vmf_onorm.weight", f.o_norm),
+        t2("vmf_slot.weight", nh, d, f.wb),
+        t1("vmf_slot.bias", f.cb),
+    ]
+}
+
+/// The fold of one windowed layer (module header): its tensors (GGUF suffix, shape, f32
+/// values; the attention's stay in the file) and a one-line report.
+#[allow(clippy::type_complexity)]
+pub(crate) fn fold_window(
+    c: &VmfConfig,
+    att: &AttentionWeights,
+    recs: &[WinRec],
+    t: usize,
+    scale: f64,
+    seed: u64,
+) -> (Vec<(String, Vec<u64>, Vec<f32>)>, String) {
+    let (d, nh, nk, hd, p) = (c.d_model, c.n_heads, c.n_k_heads, c.d_v, c.nphase);
+    let (g, f, s0) = (nh / nk, 2 * p, c.sinks + c.window);
+    let splits: Vec<Split> = recs.iter().map(|r| split(c, r, t, scale)).collect();
+    let (mut wb, mut cb, bs, r2) = fit_slot_logit(c, recs, &splits, t);
     let (mut yy, mut sw_err) = (0f64, 0f64);
     for (r, sp) in recs.iter().zip(&splits) {
         for k in 0..(t - s0) * nh * hd {
@@ -341,8 +386,6 @@ pub(crate) fn fold_window(
             }
         }
     }
-    let mut conv = vec![0f32; d * CONV];
-    (0..d).for_each(|i| conv[i * CONV + CONV - 1] = 1.0);
     let yy = yy.max(1e-30);
     let report = format!(
         "rows past the window: sink+window alone relative error {:.3}, with the fold {:.3} (cosine {:.3}); slot logit R² {:.3}; \
@@ -350,24 +393,9 @@ pub(crate) fn fold_window(
         sw_err / yy,
         err_all / yy,
         yo_all / (yy * oo_all.max(1e-30)).sqrt(),
-        1.0 - ss_res / ss_tot.max(1e-30),
+        r2,
         chosen.join(", ")
     );
-    let t2 = |n: &str, r: usize, c: usize, v: Vec<f32>| (n.to_string(), vec![r as u64, c as u64], v);
-    let t1 = |n: &str, v: Vec<f32>| (n.to_string(), vec![v.len() as u64], v);
-    let tensors = vec![
-        t2("vmf_thq.weight", nh * p, d, thq),
-        t1("vmf_thq.bias", thq_b),
-        t2("vmf_thk.weight", nk * p, d, thk),
-        t1("vmf_thk.bias", thk_b),
-        t1("vmf_a_log", a_log),
-        t2("vmf_conv.weight", d, CONV, conv),
-        t2("vmf_kgate.weight", nk, d, vec![0.0; nk * d]),
-        t1("vmf_kgate.bias", vec![0.0; nk]),
-        t1("vmf_mass", vec![0.0; nk]),
-        t1("vmf_onorm.weight", o_norm),
-        t2("vmf_slot.weight", nh, d, wb),
-        t1("vmf_slot.bias", cb),
-    ];
+    let tensors = window_tensors(c, Folded { thq, thq_b, thk, thk_b, a_log, o_norm, wb, cb });
     (tensors, report)
 }
