@@ -340,17 +340,8 @@ pub(crate) fn start_pool(threads: Option<usize>) -> Result<()> {
     Ok(())
 }
 
-pub fn cmd_polish(a: PolishArgs) -> Result<()> {
-    // The vmf_phase heal: stage 1 on its own (heal.rs), stage 2 through the trainer below.
-    let heal = a.teacher.is_some();
-    if heal {
-        heal::check_flags(&a)?;
-        if a.stage.as_deref() != Some("distill") {
-            return heal::cmd_polish_heal(&a, a.teacher.as_deref().expect("heal"));
-        }
-    }
-    let linear = a.o1_far.as_deref() == Some("linear");
-    let distill = a.stage.as_deref() == Some("distill");
+/// The stage flags' combinations (`cmd_polish`), before anything loads.
+fn check_stage_flags(a: &PolishArgs, heal: bool, linear: bool, distill: bool) -> Result<()> {
     if a.stage.is_some() && !linear && !heal {
         bail!("--stage: the stages are the learned far field's; give --o1-far linear");
     }
@@ -380,10 +371,12 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
     if distill && a.init.is_some() {
         bail!("--init: stage 2 trains the far fields MODEL carries and writes OUT from it; give stage 1's output as -m");
     }
-    if linear && !distill {
-        return far::cmd_polish_far(&a);
-    }
-    // Flag errors first, before anything loads.
+    Ok(())
+}
+
+/// The trainer's flags (`cmd_polish`), before anything loads: (the far fields' learning rate,
+/// the skeleton's ridge, the O(1) settings, the prompt half tp).
+fn trainer_flags(a: &PolishArgs, linear: bool, distill: bool) -> Result<(f64, f64, O1Config, usize)> {
     for (flag, given) in
         [("--o1-split", a.o1_split.is_some()), ("--far-rule", a.far_rule.is_some()), ("--far-decay", a.far_decay.is_some())]
     {
@@ -413,6 +406,25 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
             a.o1_window() + a.o1_sinks() + 8
         );
     }
+    Ok((far_lr, ridge, o1, tp))
+}
+
+pub fn cmd_polish(a: PolishArgs) -> Result<()> {
+    // The vmf_phase heal: stage 1 on its own (heal.rs), stage 2 through the trainer below.
+    let heal = a.teacher.is_some();
+    if heal {
+        heal::check_flags(&a)?;
+        if a.stage.as_deref() != Some("distill") {
+            return heal::cmd_polish_heal(&a, a.teacher.as_deref().expect("heal"));
+        }
+    }
+    let linear = a.o1_far.as_deref() == Some("linear");
+    let distill = a.stage.as_deref() == Some("distill");
+    check_stage_flags(&a, heal, linear, distill)?;
+    if linear && !distill {
+        return far::cmd_polish_far(&a);
+    }
+    let (far_lr, ridge, o1, tp) = trainer_flags(&a, linear, distill)?;
     check_out(&a)?;
     let ckpt = a.checkpoint.clone().unwrap_or_else(|| {
         let mut s = a.out.clone().into_os_string();
