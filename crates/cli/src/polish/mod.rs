@@ -409,128 +409,9 @@ fn trainer_flags(a: &PolishArgs, linear: bool, distill: bool) -> Result<(f64, f6
     Ok((far_lr, ridge, o1, tp))
 }
 
-pub fn cmd_polish(a: PolishArgs) -> Result<()> {
-    // The vmf_phase heal: stage 1 on its own (heal.rs), stage 2 through the trainer below.
-    let heal = a.teacher.is_some();
-    if heal {
-        heal::check_flags(&a)?;
-        if a.stage.as_deref() != Some("distill") {
-            return heal::cmd_polish_heal(&a, a.teacher.as_deref().expect("heal"));
-        }
-    }
-    let linear = a.o1_far.as_deref() == Some("linear");
-    let distill = a.stage.as_deref() == Some("distill");
-    check_stage_flags(&a, heal, linear, distill)?;
-    if linear && !distill {
-        return far::cmd_polish_far(&a);
-    }
-    let (far_lr, ridge, o1, tp) = trainer_flags(&a, linear, distill)?;
-    check_out(&a)?;
-    let ckpt = a.checkpoint.clone().unwrap_or_else(|| {
-        let mut s = a.out.clone().into_os_string();
-        s.push(".ckpt");
-        PathBuf::from(s)
-    });
-    if a.stop_after == Some(0) {
-        bail!("--stop-after: must be at least 1");
-    }
-    if a.resume && !ckpt.exists() {
-        bail!("--resume: no checkpoint at {}", ckpt.display());
-    }
-    start_pool(a.threads)?;
-
-    // The teacher: the model in exact numerics (the heal's: the original, --teacher).
-    let path = pull::resolve_model(&a.model)?;
-    let t0 = Instant::now();
-    let mut loaded = load(&path)?;
-    loaded.model.set_numerics(Numerics::Exact);
-    let heal_teacher = match &a.teacher {
-        Some(t) => Some(heal::load_teacher(&loaded.model, &path, t)?.0),
-        None => None,
-    };
-    let tok = loaded.tokenizer()?;
-    let model = heal_teacher.as_ref().map_or(&loaded.model, |l| &l.model);
-    if a.ctx > model.cfg.n_ctx_train {
-        bail!("--ctx {} exceeds the model's {} positions", a.ctx, model.cfg.n_ctx_train);
-    }
-
-    // Data: tokenized whole files, packed into windows, split by file.
-    let read = |name: &str| -> Result<TokenFile> {
-        let p = pull::resolve_text(name)?;
-        let text = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
-        Ok(TokenFile { name: p.display().to_string(), tokens: tok.encode_with(&text, false, false)? })
-    };
-    let train_files = a.train.iter().map(|f| read(f)).collect::<Result<Vec<_>>>()?;
-    let valid_files = vec![read(&a.valid)?];
-    let bos = if tok.add_bos() { tok.bos_id() } else { None };
-    let (train_w, valid_w) = split(&train_files, &valid_files, a.ctx, bos)?;
-    let valid_w = spread(valid_w, a.valid_windows);
-    let n_train_tokens: usize = train_files.iter().map(|f| f.tokens.len()).sum();
-
-    // The student: dequantized, global layers on the Nyström operator.
-    let init = match &a.init {
-        Some(name) => {
-            let ip = pull::resolve_model(name)?;
-            let l = load(&ip)?;
-            check_same_shape(&model.cfg, &l.model.cfg).with_context(|| format!("--init {}", ip.display()))?;
-            Some(l)
-        }
-        None => None,
-    };
-    let start = init.as_ref().map_or(&loaded.model, |l| &l.model);
-    let served = crate::common::served_o1(init.as_ref().unwrap_or(&loaded));
-    let global = match (distill, served) {
-        _ if heal => GlobalAttn::Heal { train_ffn: a.distill_ffn },
-        (false, _) => GlobalAttn::O1 { cfg: o1, tp },
-        (true, Some(s)) if s.linear => {
-            let (window, sinks) = (s.settings.window, s.settings.sinks);
-            if a.ctx <= window + sinks {
-                bail!("--ctx {}: no key ever leaves the model's window {window} + {sinks} sinks; give a longer --ctx", a.ctx);
-            }
-            GlobalAttn::Far { tp, window, sinks, score_all: s.score && !s.score_layers, train_ffn: a.distill_ffn }
-        }
-        (true, _) => bail!(
-            "{}: carries no learned far field; stage 2 starts from stage 1's output (cortiq polish --o1-far linear ...)",
-            a.init.as_deref().unwrap_or(&a.model)
-        ),
-    };
-    let weights = StudentWeights::from_model(start, a.ctx, global)?;
-    drop(init);
-    let n_conv = weights.train.iter().filter(|&&t| t).count();
-    if let GlobalAttn::Far { window, sinks, .. } = global {
-        let n_far = weights.far.iter().flatten().filter(|f| !f.alpha.is_empty()).count();
-        eprintln!(
-            "polish --stage distill: {} ({}), {n_far} far fields train beside the model's rules (window {window} average, {sinks} sinks){}",
-            path.display(),
-            model.cfg.arch,
-            if a.distill_ffn { format!(", with the norms and FFNs of {n_conv} layers") } else { String::new() }
-        );
-    }
-    let what = match global {
-        GlobalAttn::Far { .. } => "stage 2".to_string(),
-        GlobalAttn::Heal { .. } => format!(
-            "the vmf_phase heal, stage 2 (KL against {}){}",
-            a.teacher.as_deref().unwrap_or_default(),
-            if a.distill_ffn { format!(", with the norms and FFNs of {n_conv} layers") } else { String::new() }
-        ),
-        _ => format!(
-            "{n_conv} of {} layers converted (W {}, S {}, m {}, ridge {ridge:e})",
-            model.cfg.n_layers,
-            a.o1_window(),
-            a.o1_sinks(),
-            a.o1_landmarks()
-        ),
-    };
-    eprintln!(
-        "polish: {} ({}), {what}; {} training windows of {} tokens ({n_train_tokens} tokens), {} validation windows; loaded in {:.1}s",
-        path.display(),
-        model.cfg.arch,
-        train_w.len(),
-        a.ctx,
-        valid_w.len(),
-        t0.elapsed().as_secs_f64()
-    );
-    let cfg = TrainConfig {
+/// The trainer's settings from the flags (`cmd_polish`).
+fn train_config(a: &PolishArgs, far_lr: f64, heal: bool) -> TrainConfig {
+    TrainConfig {
         ctx: a.ctx,
         batch: a.batch,
         steps: a.steps,
@@ -549,7 +430,207 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
         shuffle: true,
         // The heal has no sealed prompt: every position is scored.
         score_all: heal,
+    }
+}
+
+/// Write OUT: the model with the polished tensors, its O(1) header (stage 1: the flags'
+/// settings; stage 2: the model's own; the heal: none). Returns the bytes written.
+#[allow(clippy::too_many_arguments)]
+fn write_out(
+    a: &PolishArgs,
+    loaded: &cortiq_engine::load::Loaded,
+    replaced: &std::collections::HashMap<String, Vec<f32>>,
+    steps: u64,
+    distill: bool,
+    heal: bool,
+    ridge: f64,
+) -> Result<u64> {
+    let store = if a.store == "f32" { QuantType::F32 } else { QuantType::F16 };
+    let source_header = match &loaded.origin {
+        cortiq_engine::load::Origin::Cmf(c) => c.header.o1.clone(),
+        _ => None,
     };
+    let header = match (distill, source_header) {
+        _ if heal => None,
+        // Stage 2 keeps the model's settings, rules and split.
+        (true, Some(h)) => Some(h),
+        _ => Some(O1Header {
+            window: a.o1_window(),
+            sinks: a.o1_sinks(),
+            landmarks: a.o1_landmarks(),
+            ridge,
+            trained_ctx: a.ctx,
+            steps,
+            far_rank: None,
+            split: None,
+            far_rule: None,
+            score_layers: None,
+        }),
+    };
+    let store = if heal { QuantType::F32 } else { store };
+    export::write_polished(loaded, &a.out, replaced, store, header, &[], a.force)
+}
+
+/// How the student serves its global layers (`cmd_polish`): the heal's, stage 1's O(1)
+/// operator, or stage 2's far fields (the model's own settings, which must exist).
+fn global_attn(
+    a: &PolishArgs,
+    served: Option<crate::common::Served>,
+    distill: bool,
+    heal: bool,
+    o1: O1Config,
+    tp: usize,
+) -> Result<GlobalAttn> {
+    Ok(match (distill, served) {
+        _ if heal => GlobalAttn::Heal { train_ffn: a.distill_ffn },
+        (false, _) => GlobalAttn::O1 { cfg: o1, tp },
+        (true, Some(s)) if s.linear => {
+            let (window, sinks) = (s.settings.window, s.settings.sinks);
+            if a.ctx <= window + sinks {
+                bail!("--ctx {}: no key ever leaves the model's window {window} + {sinks} sinks; give a longer --ctx", a.ctx);
+            }
+            GlobalAttn::Far { tp, window, sinks, score_all: s.score && !s.score_layers, train_ffn: a.distill_ffn }
+        }
+        (true, _) => bail!(
+            "{}: carries no learned far field; stage 2 starts from stage 1's output (cortiq polish --o1-far linear ...)",
+            a.init.as_deref().unwrap_or(&a.model)
+        ),
+    })
+}
+
+/// What the run trains, for its first line (`cmd_polish`).
+fn describe(a: &PolishArgs, global: GlobalAttn, n_conv: usize, cfg: &cortiq_engine::config::ModelConfig, ridge: f64) -> String {
+    match global {
+        GlobalAttn::Far { .. } => "stage 2".to_string(),
+        GlobalAttn::Heal { .. } => format!(
+            "the vmf_phase heal, stage 2 (KL against {}){}",
+            a.teacher.as_deref().unwrap_or_default(),
+            if a.distill_ffn { format!(", with the norms and FFNs of {n_conv} layers") } else { String::new() }
+        ),
+        _ => format!(
+            "{n_conv} of {} layers converted (W {}, S {}, m {}, ridge {ridge:e})",
+            cfg.n_layers,
+            a.o1_window(),
+            a.o1_sinks(),
+            a.o1_landmarks()
+        ),
+    }
+}
+
+/// The checkpoint file (--checkpoint, or OUT.ckpt), checked against --resume and --stop-after.
+fn checkpoint_path(a: &PolishArgs) -> Result<PathBuf> {
+    let ckpt = a.checkpoint.clone().unwrap_or_else(|| {
+        let mut s = a.out.clone().into_os_string();
+        s.push(".ckpt");
+        PathBuf::from(s)
+    });
+    if a.stop_after == Some(0) {
+        bail!("--stop-after: must be at least 1");
+    }
+    if a.resume && !ckpt.exists() {
+        bail!("--resume: no checkpoint at {}", ckpt.display());
+    }
+    Ok(ckpt)
+}
+
+/// The data: tokenized whole files, packed into windows, split by file -> (training windows,
+/// validation windows, training tokens).
+fn windows(a: &PolishArgs, tok: &cortiq_formats::tokenizer::Tokenizer) -> Result<(Windows, Windows, usize)> {
+    let read = |name: &str| -> Result<TokenFile> {
+        let p = pull::resolve_text(name)?;
+        let text = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
+        Ok(TokenFile { name: p.display().to_string(), tokens: tok.encode_with(&text, false, false)? })
+    };
+    let train_files = a.train.iter().map(|f| read(f)).collect::<Result<Vec<_>>>()?;
+    let valid_files = vec![read(&a.valid)?];
+    let bos = if tok.add_bos() { tok.bos_id() } else { None };
+    let (train_w, valid_w) = split(&train_files, &valid_files, a.ctx, bos)?;
+    let n_train_tokens: usize = train_files.iter().map(|f| f.tokens.len()).sum();
+    Ok((train_w, spread(valid_w, a.valid_windows), n_train_tokens))
+}
+
+/// --init: the student's starting weights, shaped as the teacher.
+fn load_init(name: &str, cfg: &cortiq_engine::config::ModelConfig) -> Result<cortiq_engine::load::Loaded> {
+    let ip = pull::resolve_model(name)?;
+    let l = load(&ip)?;
+    check_same_shape(cfg, &l.model.cfg).with_context(|| format!("--init {}", ip.display()))?;
+    Ok(l)
+}
+
+/// The run's progress bar (hidden off a terminal: the lines go to stderr instead).
+fn progress(steps: u64, at: u64) -> ProgressBar {
+    let bar = if std::io::stderr().is_terminal() { ProgressBar::new(steps) } else { ProgressBar::hidden() };
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:25} {pos}/{len} steps {msg}").expect("valid template"),
+    );
+    bar.set_position(at);
+    bar
+}
+
+pub fn cmd_polish(a: PolishArgs) -> Result<()> {
+    // The vmf_phase heal: stage 1 on its own (heal.rs), stage 2 through the trainer below.
+    let heal = a.teacher.is_some();
+    if heal {
+        heal::check_flags(&a)?;
+        if a.stage.as_deref() != Some("distill") {
+            return heal::cmd_polish_heal(&a, a.teacher.as_deref().expect("heal"));
+        }
+    }
+    let linear = a.o1_far.as_deref() == Some("linear");
+    let distill = a.stage.as_deref() == Some("distill");
+    check_stage_flags(&a, heal, linear, distill)?;
+    if linear && !distill {
+        return far::cmd_polish_far(&a);
+    }
+    let (far_lr, ridge, o1, tp) = trainer_flags(&a, linear, distill)?;
+    check_out(&a)?;
+    let ckpt = checkpoint_path(&a)?;
+    start_pool(a.threads)?;
+
+    // The teacher: the model in exact numerics (the heal's: the original, --teacher).
+    let path = pull::resolve_model(&a.model)?;
+    let t0 = Instant::now();
+    let mut loaded = load(&path)?;
+    loaded.model.set_numerics(Numerics::Exact);
+    let heal_teacher = match &a.teacher {
+        Some(t) => Some(heal::load_teacher(&loaded.model, &path, t)?.0),
+        None => None,
+    };
+    let tok = loaded.tokenizer()?;
+    let model = heal_teacher.as_ref().map_or(&loaded.model, |l| &l.model);
+    if a.ctx > model.cfg.n_ctx_train {
+        bail!("--ctx {} exceeds the model's {} positions", a.ctx, model.cfg.n_ctx_train);
+    }
+
+    let (train_w, valid_w, n_train_tokens) = windows(&a, &tok)?;
+
+    // The student: dequantized, global layers on the Nyström operator.
+    let init = a.init.as_deref().map(|name| load_init(name, &model.cfg)).transpose()?;
+    let start = init.as_ref().map_or(&loaded.model, |l| &l.model);
+    let served = crate::common::served_o1(init.as_ref().unwrap_or(&loaded));
+    let global = global_attn(&a, served, distill, heal, o1, tp)?;
+    let weights = StudentWeights::from_model(start, a.ctx, global)?;
+    drop(init);
+    let n_conv = weights.train.iter().filter(|&&t| t).count();
+    if let GlobalAttn::Far { window, sinks, .. } = global {
+        let n_far = weights.far.iter().flatten().filter(|f| !f.alpha.is_empty()).count();
+        let ffn = if a.distill_ffn { format!(", with the norms and FFNs of {n_conv} layers") } else { String::new() };
+        let (p, arch) = (path.display(), model.cfg.arch);
+        eprintln!(
+            "polish --stage distill: {p} ({arch}), {n_far} far fields train beside the model's rules (window {window} average, {sinks} sinks){ffn}"
+        );
+    }
+    let what = describe(&a, global, n_conv, &model.cfg, ridge);
+    eprintln!(
+        "polish: {} ({}), {what}; {} training windows of {} tokens ({n_train_tokens} tokens), {} validation windows; loaded in {:.1}s",
+        path.display(),
+        model.cfg.arch,
+        train_w.len(),
+        a.ctx,
+        valid_w.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    let cfg = train_config(&a, far_lr, heal);
     let mut trainer = Trainer::new(weights.student(), cfg, train_w)?;
     if a.resume {
         trainer.load_checkpoint(&ckpt)?;
@@ -561,11 +642,7 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
     let mut vteacher = teacher::CachedTeacher::new(model, s0);
     let mut vt = |w: &[u32]| vteacher.logits(w);
 
-    let bar = if std::io::stderr().is_terminal() { ProgressBar::new(a.steps) } else { ProgressBar::hidden() };
-    bar.set_style(
-        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:25} {pos}/{len} steps {msg}").expect("valid template"),
-    );
-    bar.set_position(trainer.step);
+    let bar = progress(a.steps, trainer.step);
     let say = |line: String| if bar.is_hidden() { eprintln!("{line}") } else { bar.println(line) };
     let mut first_ratio = None;
     if trainer.step == 0 {
@@ -627,30 +704,7 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
         return Ok(());
     }
     let replaced = polished_tensors(&model.cfg, &trainer.params);
-    let store = if a.store == "f32" { QuantType::F32 } else { QuantType::F16 };
-    let source_header = match &loaded.origin {
-        cortiq_engine::load::Origin::Cmf(c) => c.header.o1.clone(),
-        _ => None,
-    };
-    let header = match (distill, source_header) {
-        _ if heal => None,
-        // Stage 2 keeps the model's settings, rules and split.
-        (true, Some(h)) => Some(h),
-        _ => Some(O1Header {
-            window: a.o1_window(),
-            sinks: a.o1_sinks(),
-            landmarks: a.o1_landmarks(),
-            ridge,
-            trained_ctx: a.ctx,
-            steps: trainer.step,
-            far_rank: None,
-            split: None,
-            far_rule: None,
-            score_layers: None,
-        }),
-    };
-    let store = if heal { QuantType::F32 } else { store };
-    let bytes = export::write_polished(&loaded, &a.out, &replaced, store, header, &[], a.force)?;
+    let bytes = write_out(&a, &loaded, &replaced, trainer.step, distill, heal, ridge)?;
     let before = first_ratio.map_or(String::new(), |r| format!("{r:.4} -> "));
     let after = last_valid.map_or(String::from("?"), |r| format!("{:.4}", r.ppl_ratio));
     eprintln!(
