@@ -1228,10 +1228,11 @@ fn serve_hostile_heavy_requests_admission_and_health() {
     assert!(*lat.last().unwrap() < Duration::from_millis(50), "/health took {:?}", lat.last());
 }
 
-/// A body too big to admit is refused from its bytes: a million prompts x n 16 (503), or a
-/// million-token prompt x n 16 (400, past the context), each answered within 100 ms of being
-/// sent (about 10 ms on an idle machine: BENCHMARKS.md) with the server's RSS grown by less
-/// than 100 MB over both, where the full parse built a value per prompt (+70 MB, ~200 ms).
+/// A body too big to admit is refused from its bytes: a million prompts x n 16 (503, after
+/// reading the first 257), or a million-token prompt x n 16 (400, past the context), each
+/// answered within 100 ms of being sent (5-10 ms on an idle machine, most of it the 5 MB body's
+/// transfer: BENCHMARKS.md) with the server's RSS grown by less than 100 MB over both, where
+/// the full parse built a value per prompt (+70 MB, ~200 ms).
 #[test]
 fn serve_hostile_huge_body_refused_from_its_bytes() {
     let s = Server::start(&qwen35(), &["--max-body-mb", "16"]);

@@ -778,6 +778,9 @@ pub struct Shape {
     pub prompts: usize,
     /// The longest token-id prompt's length (0: the prompts are text).
     pub longest_ids: usize,
+    /// The look stopped at a limit (`quick_shape`'s `stop`): `prompts` or `longest_ids` is a
+    /// lower bound already past it, the rest of the body unread.
+    pub cut: bool,
 }
 
 /// `n` and the prompts' count and token lengths, from a single pass over the body's bytes
@@ -788,10 +791,13 @@ pub struct Shape {
 /// the full parse then decides, so this only ever refuses what it would refuse too (a prompt
 /// of ids both too long and out of the vocabulary is named too long here). Written by
 /// hand because a serde pass, even skipping, costs tens of nanoseconds per element.
-pub fn quick_shape(body: &[u8]) -> Option<Shape> {
-    std::str::from_utf8(body).ok()?;
-    let mut c = Scan { b: body, i: 0 };
-    let mut shape = Shape { n: 1, prompts: 1, longest_ids: 0 };
+///
+/// `stop` (the queue's room, the context): the look stops as soon as the prompts x the `n`
+/// read so far pass the room, or a token-id prompt reaches the context (`Shape::cut`): a
+/// million-prompt body is refused after reading a few hundred of them.
+pub fn quick_shape(body: &[u8], stop: Option<(usize, usize)>) -> Option<Shape> {
+    let mut c = Scan { b: body, i: 0, n: 1, stop, cut: false };
+    let mut shape = Shape { n: 1, prompts: 1, longest_ids: 0, cut: false };
     c.ws();
     c.eat(b'{')?;
     c.ws();
@@ -806,8 +812,15 @@ pub fn quick_shape(body: &[u8]) -> Option<Shape> {
                 b"n" => {
                     shape.n =
                         if c.literal(b"null") { 1 } else { c.integer().filter(|n| (1..=MAX_N as u64).contains(n))? as usize };
+                    c.n = shape.n;
                 }
-                b"prompt" => (shape.prompts, shape.longest_ids) = c.prompt()?,
+                b"prompt" => {
+                    (shape.prompts, shape.longest_ids) = c.prompt()?;
+                    if c.cut {
+                        shape.cut = true;
+                        return Some(shape);
+                    }
+                }
                 _ => c.value(0)?,
             }
             c.ws();
@@ -819,13 +832,18 @@ pub fn quick_shape(body: &[u8]) -> Option<Shape> {
         }
     }
     c.ws();
-    (c.i == c.b.len()).then_some(shape)
+    // serde_json reads UTF-8 only.
+    (c.i == c.b.len() && std::str::from_utf8(body).is_ok()).then_some(shape)
 }
 
 /// A cursor over JSON bytes (`quick_shape`).
 struct Scan<'a> {
     b: &'a [u8],
     i: usize,
+    /// `n` as read so far, and where to stop (the room, the context); `cut` once stopped.
+    n: usize,
+    stop: Option<(usize, usize)>,
+    cut: bool,
 }
 
 impl<'a> Scan<'a> {
@@ -995,6 +1013,7 @@ impl<'a> Scan<'a> {
         // The list's kind, from its first element: ids, strings, or lists of ids.
         let kind = *self.b.get(self.i)?;
         let (mut count, mut longest) = (0usize, 0usize);
+        let (room, n_ctx) = self.stop.unwrap_or((usize::MAX, usize::MAX));
         loop {
             self.ws();
             match kind {
@@ -1008,6 +1027,10 @@ impl<'a> Scan<'a> {
                             self.ws();
                             self.integer()?;
                             n += 1;
+                            if n >= n_ctx {
+                                self.cut = true;
+                                return Some((count + 1, n));
+                            }
                             self.ws();
                             if self.eat(b',').is_some() {
                                 continue;
@@ -1024,6 +1047,11 @@ impl<'a> Scan<'a> {
                 _ => return None,
             }
             count += 1;
+            let past = if kind.is_ascii_digit() { count >= n_ctx } else { count.saturating_mul(self.n) > room };
+            if past {
+                self.cut = true;
+                break;
+            }
             self.ws();
             if self.eat(b',').is_some() {
                 continue;

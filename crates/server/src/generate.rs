@@ -269,12 +269,20 @@ pub(crate) async fn completions(
         let info = app.info()?;
         // A body too big to admit is refused from its bytes, before a value is built for
         // each of its prompts or ids.
-        if let Some(sh) = api::quick_shape(&body) {
-            admit(info, sh.prompts.saturating_mul(sh.n))?;
-            let n_ctx = info.sched.config().n_ctx;
+        let n_ctx = info.sched.config().n_ctx;
+        if let Some(sh) = api::quick_shape(&body, Some((info.sched.room(), n_ctx))) {
             if sh.longest_ids >= n_ctx {
                 return Err(ApiError::context_exceeded(sh.longest_ids, n_ctx, "prompt"));
             }
+            let needs = sh.prompts.saturating_mul(sh.n);
+            let room = info.sched.room();
+            if sh.cut && needs > room {
+                // Stopped past the room: the count read so far is a lower bound.
+                return Err(ApiError::busy(format!(
+                    "the request queue has room for {room} sequences, the request needs at least {needs}; retry later"
+                )));
+            }
+            admit(info, needs)?;
         }
         let o = api::object(&body)?;
         let mut gp = api::gen_params(&o, info.vocab, false)?;

@@ -155,7 +155,7 @@ fn fuzz_request_parser() {
 /// Where `quick_shape` reads a body, the full parse reads the same `n`, prompt count and
 /// longest token-id prompt.
 fn quick_agrees(b: &[u8]) {
-    let Some(sh) = api::quick_shape(b) else { return };
+    let Some(sh) = api::quick_shape(b, None) else { return };
     let o = api::object(b).expect("a body quick_shape reads is an object");
     let n = o.get("n").and_then(Value::as_u64).unwrap_or(1) as usize;
     assert_eq!(sh.n, n, "n");
@@ -186,13 +186,33 @@ fn quick_shape_reads_what_the_parser_reads() {
         (r#"[1, 2]"#, None),
     ];
     for (body, want) in cases {
-        let got = api::quick_shape(body.as_bytes()).map(|s| (s.n, s.prompts, s.longest_ids));
+        let got = api::quick_shape(body.as_bytes(), None).map(|s| (s.n, s.prompts, s.longest_ids));
         assert_eq!(got, *want, "{body}");
         quick_agrees(body.as_bytes());
     }
     // A million prompts, or a million ids, read without a value built.
     let many = format!(r#"{{"prompt": [{}"a"], "n": 16}}"#, "\"a\", ".repeat(999_999));
-    assert_eq!(api::quick_shape(many.as_bytes()).map(|s| (s.n, s.prompts)), Some((16, 1_000_000)));
+    let t0 = std::time::Instant::now();
+    assert_eq!(api::quick_shape(many.as_bytes(), None).map(|s| (s.n, s.prompts)), Some((16, 1_000_000)));
+    let t_many = t0.elapsed();
     let ids = format!(r#"{{"prompt": [{}7], "n": 16}}"#, "123, ".repeat(999_999));
-    assert_eq!(api::quick_shape(ids.as_bytes()).map(|s| s.longest_ids), Some(1_000_000));
+    let t0 = std::time::Instant::now();
+    assert_eq!(api::quick_shape(ids.as_bytes(), None).map(|s| s.longest_ids), Some(1_000_000));
+    eprintln!(
+        "quick_shape: 1M prompts ({} MB) in {t_many:?}, 1M ids ({} MB) in {:?}",
+        many.len() >> 20,
+        ids.len() >> 20,
+        t0.elapsed()
+    );
+    // With a stop (the queue's room 256, a 4096 context) the look ends at the limit.
+    let t0 = std::time::Instant::now();
+    let cut = api::quick_shape(many.as_bytes(), Some((256, 4096))).unwrap();
+    assert!(cut.cut && cut.prompts == 257 && cut.n == 1, "{cut:?}"); // n comes after the prompts here
+    let cut = api::quick_shape(ids.as_bytes(), Some((256, 4096))).unwrap();
+    assert!(cut.cut && cut.longest_ids == 4096, "{cut:?}");
+    let n_first = format!(r#"{{"n": 16, "prompt": [{}"a"]}}"#, "\"a\", ".repeat(999));
+    let cut = api::quick_shape(n_first.as_bytes(), Some((256, 4096))).unwrap();
+    assert!(cut.cut && cut.prompts == 17 && cut.n == 16, "{cut:?}");
+    assert!(!api::quick_shape(b"{\"prompt\": [\"a\", \"b\"]}", Some((256, 4096))).unwrap().cut);
+    eprintln!("quick_shape with a stop: {:?} for all three", t0.elapsed());
 }
