@@ -12,6 +12,11 @@ Loopback only; stdlib only (http.client + threads). For each tool in turn (alter
     the running streams.
 llama-server gets -np equal to the concurrency (restarted per C), cortiq serve --parallel max(C).
 
+--closed-loop SECS measures each concurrency as a server under steady load instead of one burst:
+each of the C clients sends its next request as soon as its last one ends, for SECS seconds;
+aggregate = tokens received / SECS (a stream that finishes early, say by speculating, makes
+room for more work, as in serving; the burst's figure is bound by its slowest stream).
+
 --spec-streams K adds a row "cortiq spec K": the same cortiq server and requests with the first
 K streams of each concurrency asking for n-gram speculation (`"speculative": {"type": "ngram"}`),
 alternated with the plain rows; --cortiq-old PATH adds a row (and a spec row) for another
@@ -112,6 +117,28 @@ def concurrent(port, c, tokens, base, n_spec=0):
     return {"agg_tps": agg, "errors": len(out.get("errors", [])), "tokens": [len(ts) for _, ts in runs]}
 
 
+def closed_loop(port, c, tokens, base, n_spec, secs):
+    """C clients, each sending requests back to back for `secs`; tokens received per second
+    (the tokens of requests still running at the end count up to then)."""
+    out = {}
+    t_end = time.time() + secs
+
+    def client(i):
+        k = 0
+        while time.time() < t_end:
+            stream(port, prompt_of(base + 1000 * i + k), tokens, out, "c%d" % i, i < n_spec)
+            k += 1
+
+    th = [threading.Thread(target=client, args=(i,)) for i in range(c)]
+    t0 = time.time()
+    for t in th:
+        t.start()
+    for t in th:
+        t.join()
+    n = sum(1 for i in range(c) for _, ts in out.get("c%d" % i, []) for x in ts if t0 <= x <= t0 + secs)
+    return {"agg_tps": n / secs, "errors": len(out.get("errors", [])), "requests": [len(out.get("c%d" % i, [])) for i in range(c)]}
+
+
 def long_prompt_probe(port, tokens, n_long):
     long_text = " ".join(WORDS[(k * 5) % len(WORDS)] for k in range(int(n_long * 0.95)))
     out = {}
@@ -181,6 +208,7 @@ def main():
     ap.add_argument("--cortiq-args", default="", help="extra flags for cortiq serve, e.g. '--prefill-chunk 32'")
     ap.add_argument("--spec-streams", type=int, default=0, help="a row with this many streams speculating (n-gram)")
     ap.add_argument("--cortiq-old", default=None, help="another cortiq binary, measured alternately")
+    ap.add_argument("--closed-loop", type=float, default=0, help="seconds of steady load per concurrency instead of one burst")
     args = ap.parse_args()
     global TEMPERATURE
     TEMPERATURE = args.temperature
@@ -202,7 +230,10 @@ def main():
                 p = start(tool, args, args.port, max(streams))
                 concurrent(args.port, 1, 16, 10_000)  # warm-up
                 for c in streams:
-                    res[tool][c].append(concurrent(args.port, c, args.tokens, 100 * rnd + 10 * c, n_spec))
+                    if args.closed_loop:
+                        res[tool][c].append(closed_loop(args.port, c, args.tokens, 100 * rnd + 10 * c, n_spec, args.closed_loop))
+                    else:
+                        res[tool][c].append(concurrent(args.port, c, args.tokens, 100 * rnd + 10 * c, n_spec))
                 if args.long_prompt > 0 and not n_spec:
                     probe[tool].append(long_prompt_probe(args.port, args.tokens, args.long_prompt))
                 p.terminate()
