@@ -19,7 +19,7 @@ use cortiq_engine::mixers::farfield::{DECAY_TENSOR, MAX_RANK, TENSORS};
 use cortiq_engine::o1::O1Split;
 use cortiq_formats::cmf::O1Header;
 use cortiq_train::budget::{CurveShape, CurveSums, window_sums};
-use cortiq_train::farfield::{FarShape, LayerSeq, fit_layer, init_params};
+use cortiq_train::farfield::{FarParams, FarShape, LayerSeq, fit_layer, init_params};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::{PolishArgs, export};
@@ -37,7 +37,8 @@ struct Rec {
     y: Vec<Vec<f32>>,
 }
 
-pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
+/// The far-field flags (`cmd_polish_far`), before anything loads: the learning rate.
+fn check_far_flags(a: &PolishArgs) -> Result<f64> {
     let (window, sinks, rank, t) = (a.o1_window(), a.o1_sinks(), a.far_rank(), a.ctx);
     if window == 0 {
         bail!("--o1-window: must be at least 1, got 0");
@@ -58,6 +59,12 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
     if !(far_lr.is_finite() && far_lr > 0.0) {
         bail!("--far-lr: must be a positive number, got {far_lr}");
     }
+    Ok(far_lr)
+}
+
+pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
+    let (window, sinks, rank, t) = (a.o1_window(), a.o1_sinks(), a.far_rank(), a.ctx);
+    let far_lr = check_far_flags(a)?;
     super::check_out(a)?;
     super::start_pool(a.threads)?;
     let path = pull::resolve_model(&a.model)?;
@@ -134,6 +141,7 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
         ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:25} {pos}/{len} layers {msg}").expect("valid template"),
     );
     let say = |line: String| if bar.is_hidden() { eprintln!("{line}") } else { bar.println(line) };
+    let run = FitRun { a, score, auto, decay, far_lr, rule, attn_scale: cfg.attn_scale as f64 };
     let t1 = Instant::now();
     let mut added = Vec::new();
     let (mut sw_sum, mut far_sum) = (0.0, 0.0);
@@ -146,109 +154,18 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
             bar.inc(1);
             continue;
         }
-        // A window under score eviction's schedule (`--far-rule score`, and auto's choice).
-        let score_seq = |q: Vec<f32>, k: Vec<f32>, v: Vec<f32>, y: Vec<f32>| {
-            let exits = score_exits(&q, &k, &v, t, t / 2, nh, nkv, hd, sinks, s.window, cfg.attn_scale as f64);
-            LayerSeq::with_exits(&s, exits, q, k, v, y)
-        };
-        // Each window under the rule the far field will serve beside.
-        let seq = |q: Vec<f32>, k: Vec<f32>, v: Vec<f32>, y: Vec<f32>| match score {
-            true => score_seq(q, k, v, y),
-            false => LayerSeq::new(&s, q, k, v, y),
-        };
-        let r = recs.remove(&il).expect("recorded");
-        let data: Vec<LayerSeq<f32>> =
-            r.q.into_iter().zip(r.k).zip(r.v).zip(r.y).map(|(((q, k), v), y)| seq(q, k, v, y)).collect();
-        let vr = vrecs.remove(&il).expect("recorded");
-        // --far-rule auto: the held-out windows under score eviction too.
-        let held_score: Vec<LayerSeq<f32>> = match auto {
-            true => {
-                (0..vr.q.len()).map(|i| score_seq(vr.q[i].clone(), vr.k[i].clone(), vr.v[i].clone(), vr.y[i].clone())).collect()
-            }
-            false => Vec::new(),
-        };
-        let held: Vec<LayerSeq<f32>> =
-            vr.q.into_iter().zip(vr.k).zip(vr.v).zip(vr.y).map(|(((q, k), v), y)| seq(q, k, v, y)).collect();
-        let mean = |f: &dyn Fn(&LayerSeq<f32>) -> (f64, usize), d: &[LayerSeq<f32>]| {
-            let (e, n) = d.iter().map(f).fold((0.0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
-            e / n.max(1) as f64
-        };
-        let sw = mean(&|d| d.window_err(&s), &data);
-        let vsw = mean(&|d| d.window_err(&s), &held);
-        let energy = mean(&|d| d.energy(&s), &data);
-        let init = init_params(&s, &data, 0x5EED ^ il as u64, decay).map(|x| x as f32);
-        let start = mean(&|d| d.loss(&s, &init, None), &data);
-        let vstart = mean(&|d| d.loss(&s, &init, None), &held);
-        // The held-out windows every tenth of the fit: the parameters where they did best.
-        let period = (a.steps as usize / 10).max(1);
-        let fitted = fit_layer(&s, &data, init.clone(), a.steps as usize, a.batch, far_lr, Some((&held, period)), |st| {
-            bar.set_message(format!("layer {il} step {} mse {:.4e}", st.step, st.loss));
-        });
-        let fin = mean(&|d| d.loss(&s, &fitted, None), &data);
-        let vfit = mean(&|d| d.loss(&s, &fitted, None), &held);
-        say(format!(
-            "layer {il} (window {}): attention-output mse {rule} {sw:.4e} (relative {:.4}); far field at start (mean field) {start:.4e} ({:.1}%), held out {vstart:.4e} ({:.1}%); fitted {fin:.4e} ({:.1}% of {rule}'s), held out {vfit:.4e} ({:.1}%)",
-            s.window,
-            sw / energy,
-            100.0 * start / sw,
-            100.0 * vstart / vsw,
-            100.0 * fin / sw,
-            100.0 * vfit / vsw
-        ));
-        if decay {
-            let scales: Vec<f32> = fitted.decay().iter().map(|d| 1.0 / d).collect();
-            let (lo, hi) = scales.iter().fold((f32::INFINITY, 0f32), |m, &x| (m.0.min(x), m.1.max(x)));
-            say(format!("layer {il}: fitted time scales 1/δ from {lo:.0} to {hi:.0} positions"));
+        let (r, vr) = (recs.remove(&il).expect("recorded"), vrecs.remove(&il).expect("recorded"));
+        let f = fit_far_layer(&run, il, &s, r, vr, &bar, &say)?;
+        if f.score {
+            score_layers.push(il);
         }
-        // The fit can end worse than its start on windows it did not see (it overfits, or a
-        // feature's mass collapses): the start is kept then.
-        #[allow(clippy::neg_cmp_op_on_partial_ord)]
-        let (p, vfin) = if !(vfit <= vstart) && vstart.is_finite() {
-            say(format!("layer {il}: keeps the mean-field start (held out {:.1}% of {rule}'s)", 100.0 * vstart / vsw));
-            (init, vstart)
-        } else {
-            (fitted, vfit)
-        };
-        if !vfin.is_finite() {
-            bail!("layer {il}: the fit diverged (held-out mse {vfin}); try a lower --far-lr");
-        }
-        // A far field that does not beat dropping the keys on the held-out windows is left out:
-        // the layer keeps its eviction rule alone.
-        // (Written so that a NaN error also leaves the layer out.)
-        #[allow(clippy::neg_cmp_op_on_partial_ord)]
-        let helps = vfin < KEEP_BELOW * vsw;
-        if auto {
-            // The layer's rule: score eviction where it loses less of the attention output on
-            // the held-out windows than sink+window does, each with the layer's far field (or
-            // without, when the layer keeps none).
-            let v_window = if helps { vfin } else { vsw };
-            let v_score = match helps {
-                true => mean(&|d| d.loss(&s, &p, None), &held_score),
-                false => mean(&|d| d.window_err(&s), &held_score),
-            };
-            let takes = v_score < v_window;
-            say(format!(
-                "layer {il}: held out with score eviction {v_score:.4e} ({:.1}% of sink+window's): {}",
-                100.0 * v_score / v_window,
-                if takes { "score eviction" } else { "sink+window" }
-            ));
-            if takes {
-                score_layers.push(il);
-            }
-        }
-        if !helps {
-            say(format!(
-                "layer {il}: no far field (held out {:.1}% of {rule}'s, keep below {:.0}%)",
-                100.0 * vfin / vsw,
-                100.0 * KEEP_BELOW
-            ));
-            sw_sum += vsw;
-            far_sum += vsw;
+        sw_sum += f.vsw;
+        let Some(p) = f.params else {
+            far_sum += f.vsw;
             bar.inc(1);
             continue;
-        }
-        sw_sum += vsw;
-        far_sum += vfin;
+        };
+        far_sum += f.vkept;
         kept += 1;
         for (suffix, v) in TENSORS.iter().zip(p.tensors()) {
             added.push((format!("blk.{il}.{suffix}"), v.to_vec()));
@@ -294,6 +211,139 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
         bytes as f64 / 1e6
     );
     Ok(())
+}
+
+/// The settings every layer's fit shares (`cmd_polish_far`).
+struct FitRun<'a> {
+    a: &'a PolishArgs,
+    score: bool,
+    auto: bool,
+    decay: bool,
+    far_lr: f64,
+    rule: &'static str,
+    attn_scale: f64,
+}
+
+/// What the fit of one layer's far field settled.
+struct Fitted {
+    /// The held-out error of the layer's rule alone, and with its far field (when kept).
+    vsw: f64,
+    vkept: f64,
+    /// The far field, None where it did not beat the rule alone.
+    params: Option<FarParams<f32>>,
+    /// `--far-rule auto` chose score eviction for the layer.
+    score: bool,
+}
+
+/// Fit layer `il`'s far field on its recordings `r` (held out: `vr`) beside its rule, report
+/// it, and decide whether the layer keeps it (and, under auto, its rule).
+fn fit_far_layer(
+    run: &FitRun<'_>,
+    il: usize,
+    s: &FarShape,
+    r: Rec,
+    vr: Rec,
+    bar: &ProgressBar,
+    say: &dyn Fn(String),
+) -> Result<Fitted> {
+    let (a, score, auto, decay, far_lr, rule) = (run.a, run.score, run.auto, run.decay, run.far_lr, run.rule);
+    let (t, nh, nkv, hd, sinks) = (s.t, s.n_heads, s.n_kv, s.hd, s.sinks);
+    let s = *s;
+    let mut chose_score = false;
+    // A window under score eviction's schedule (`--far-rule score`, and auto's choice).
+    let score_seq = |q: Vec<f32>, k: Vec<f32>, v: Vec<f32>, y: Vec<f32>| {
+        let exits = score_exits(&q, &k, &v, t, t / 2, nh, nkv, hd, sinks, s.window, run.attn_scale);
+        LayerSeq::with_exits(&s, exits, q, k, v, y)
+    };
+    // Each window under the rule the far field will serve beside.
+    let seq = |q: Vec<f32>, k: Vec<f32>, v: Vec<f32>, y: Vec<f32>| match score {
+        true => score_seq(q, k, v, y),
+        false => LayerSeq::new(&s, q, k, v, y),
+    };
+    let data: Vec<LayerSeq<f32>> = r.q.into_iter().zip(r.k).zip(r.v).zip(r.y).map(|(((q, k), v), y)| seq(q, k, v, y)).collect();
+    // --far-rule auto: the held-out windows under score eviction too.
+    let held_score: Vec<LayerSeq<f32>> = match auto {
+        true => (0..vr.q.len()).map(|i| score_seq(vr.q[i].clone(), vr.k[i].clone(), vr.v[i].clone(), vr.y[i].clone())).collect(),
+        false => Vec::new(),
+    };
+    let held: Vec<LayerSeq<f32>> =
+        vr.q.into_iter().zip(vr.k).zip(vr.v).zip(vr.y).map(|(((q, k), v), y)| seq(q, k, v, y)).collect();
+    let mean = |f: &dyn Fn(&LayerSeq<f32>) -> (f64, usize), d: &[LayerSeq<f32>]| {
+        let (e, n) = d.iter().map(f).fold((0.0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+        e / n.max(1) as f64
+    };
+    let sw = mean(&|d| d.window_err(&s), &data);
+    let vsw = mean(&|d| d.window_err(&s), &held);
+    let energy = mean(&|d| d.energy(&s), &data);
+    let init = init_params(&s, &data, 0x5EED ^ il as u64, decay).map(|x| x as f32);
+    let start = mean(&|d| d.loss(&s, &init, None), &data);
+    let vstart = mean(&|d| d.loss(&s, &init, None), &held);
+    // The held-out windows every tenth of the fit: the parameters where they did best.
+    let period = (a.steps as usize / 10).max(1);
+    let fitted = fit_layer(&s, &data, init.clone(), a.steps as usize, a.batch, far_lr, Some((&held, period)), |st| {
+        bar.set_message(format!("layer {il} step {} mse {:.4e}", st.step, st.loss));
+    });
+    let fin = mean(&|d| d.loss(&s, &fitted, None), &data);
+    let vfit = mean(&|d| d.loss(&s, &fitted, None), &held);
+    say(format!(
+        "layer {il} (window {}): attention-output mse {rule} {sw:.4e} (relative {:.4}); far field at start (mean field) {start:.4e} ({:.1}%), held out {vstart:.4e} ({:.1}%); fitted {fin:.4e} ({:.1}% of {rule}'s), held out {vfit:.4e} ({:.1}%)",
+        s.window,
+        sw / energy,
+        100.0 * start / sw,
+        100.0 * vstart / vsw,
+        100.0 * fin / sw,
+        100.0 * vfit / vsw
+    ));
+    if decay {
+        let scales: Vec<f32> = fitted.decay().iter().map(|d| 1.0 / d).collect();
+        let (lo, hi) = scales.iter().fold((f32::INFINITY, 0f32), |m, &x| (m.0.min(x), m.1.max(x)));
+        say(format!("layer {il}: fitted time scales 1/δ from {lo:.0} to {hi:.0} positions"));
+    }
+    // The fit can end worse than its start on windows it did not see (it overfits, or a
+    // feature's mass collapses): the start is kept then.
+    #[allow(clippy::neg_cmp_op_on_partial_ord)]
+    let (p, vfin) = if !(vfit <= vstart) && vstart.is_finite() {
+        say(format!("layer {il}: keeps the mean-field start (held out {:.1}% of {rule}'s)", 100.0 * vstart / vsw));
+        (init, vstart)
+    } else {
+        (fitted, vfit)
+    };
+    if !vfin.is_finite() {
+        bail!("layer {il}: the fit diverged (held-out mse {vfin}); try a lower --far-lr");
+    }
+    // A far field that does not beat dropping the keys on the held-out windows is left out:
+    // the layer keeps its eviction rule alone.
+    // (Written so that a NaN error also leaves the layer out.)
+    #[allow(clippy::neg_cmp_op_on_partial_ord)]
+    let helps = vfin < KEEP_BELOW * vsw;
+    if auto {
+        // The layer's rule: score eviction where it loses less of the attention output on
+        // the held-out windows than sink+window does, each with the layer's far field (or
+        // without, when the layer keeps none).
+        let v_window = if helps { vfin } else { vsw };
+        let v_score = match helps {
+            true => mean(&|d| d.loss(&s, &p, None), &held_score),
+            false => mean(&|d| d.window_err(&s), &held_score),
+        };
+        let takes = v_score < v_window;
+        say(format!(
+            "layer {il}: held out with score eviction {v_score:.4e} ({:.1}% of sink+window's): {}",
+            100.0 * v_score / v_window,
+            if takes { "score eviction" } else { "sink+window" }
+        ));
+        if takes {
+            chose_score = true;
+        }
+    }
+    if !helps {
+        say(format!(
+            "layer {il}: no far field (held out {:.1}% of {rule}'s, keep below {:.0}%)",
+            100.0 * vfin / vsw,
+            100.0 * KEEP_BELOW
+        ));
+        return Ok(Fitted { vsw, vkept: vsw, params: None, score: chose_score });
+    }
+    Ok(Fitted { vsw, vkept: vfin, params: Some(p), score: chose_score })
 }
 
 /// Score eviction's schedule on one recorded window (`--far-rule score`): exact attention over
