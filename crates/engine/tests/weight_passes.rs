@@ -47,6 +47,8 @@ fn one_weight_pass_per_step_with_verifies() {
     std::fs::create_dir_all(&dir).unwrap();
     // Q8_0 weights under fast numerics: the decode rows of a step share one pass of each
     // matrix (float weights run row by row, one pass per row, verifies or not).
+    // (Kimi Linear's KDA and MLA merge their verifies too, but its MoE FFN reads each routed
+    // expert per row, decode rows included: a count of its own.)
     for name in ["qwen3", "llama", "qwen3_5", "lfm2"] {
         let out = dir.join(format!("{name}.cmf"));
         let opts = ConvertOptions { quant: QuantSpec::To(QuantType::Q8_0), embeddings: None, f32_as: None, force: true };

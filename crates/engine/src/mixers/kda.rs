@@ -10,7 +10,7 @@ use cortiq_kernels::conv::causal_conv1d_par;
 use cortiq_kernels::delta::{CHUNK, kda_chunked, kda_recurrent};
 
 use crate::error::{EngineError, Result};
-use crate::mixers::{Env, Journal, Mixer, MixerState, Seq};
+use crate::mixers::{Env, Journal, Mixer, MixerState, Seq, steps_apart};
 use crate::par::pool;
 use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
@@ -158,6 +158,40 @@ impl Mixer for Kda {
         }
         Ok(self.w.o_proj.project(&o, kb, true)) // [kb, d_model]
     }
+    /// Decode rows and verifies together (a step with no prompt chunk): the projections over
+    /// every row at once, then per sequence its row, or its verified positions one at a time
+    /// journaled as `forward_steps` journals them. With a prompt chunk in the step the
+    /// verifies run apart.
+    fn forward_segments_steps(
+        &self,
+        env: &Env,
+        h: &[f32],
+        segs: Vec<(Seq<'_>, usize)>,
+        verifies: Vec<Option<&mut Journal>>,
+    ) -> Result<Vec<f32>> {
+        let chunk = segs.iter().zip(&verifies).any(|((_, n), j)| *n > 1 && j.is_none());
+        if chunk || verifies.iter().all(Option::is_none) {
+            return steps_apart(self, env, h, segs, verifies);
+        }
+        let c = &self.cfg;
+        let total: usize = segs.iter().map(|(_, n)| n).sum();
+        let p = project(&self.w, h, total, true);
+        let mut o = Vec::with_capacity(total * c.dim()); // [total, dim]
+        let mut r0 = 0;
+        for ((seq, n), journal) in segs.into_iter().zip(verifies) {
+            let part = p.rows(c, r0, n);
+            match journal {
+                Some(j) => {
+                    j.begin(seq.state, n);
+                    o.extend(steps(c, &self.w, &part, n, seq.state.of()));
+                    j.record = Some(Box::new(part));
+                }
+                None => o.extend(core(c, &self.w, &part, 1, seq.state.of())),
+            }
+            r0 += n;
+        }
+        Ok(self.w.o_proj.project(&o, total, true)) // [total, d_model]
+    }
     /// The projections over all n rows at once (each on the decode path), then the conv ring
     /// and the delta rule one position at a time; journaled as the state's snapshot and the
     /// projected rows.
@@ -245,12 +279,17 @@ struct Projected {
 impl Projected {
     /// Row i alone.
     fn row(&self, c: &KdaConfig, i: usize) -> Projected {
+        self.rows(c, i, 1)
+    }
+
+    /// Rows r0..r0 + n.
+    fn rows(&self, c: &KdaConfig, r0: usize, n: usize) -> Projected {
         let (dim, nh) = (c.dim(), c.n_heads);
         Projected {
-            mixed: self.mixed[i * 3 * dim..(i + 1) * 3 * dim].to_vec(),
-            g: self.g[i * dim..(i + 1) * dim].to_vec(),
-            b: self.b[i * nh..(i + 1) * nh].to_vec(),
-            gate: self.gate[i * dim..(i + 1) * dim].to_vec(),
+            mixed: self.mixed[r0 * 3 * dim..(r0 + n) * 3 * dim].to_vec(),
+            g: self.g[r0 * dim..(r0 + n) * dim].to_vec(),
+            b: self.b[r0 * nh..(r0 + n) * nh].to_vec(),
+            gate: self.gate[r0 * dim..(r0 + n) * dim].to_vec(),
         }
     }
 }

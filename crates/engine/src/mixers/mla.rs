@@ -25,7 +25,7 @@ use cortiq_kernels::dot::{axpy, dot};
 use crate::blocks::attend_latent;
 use crate::compat::Numerics;
 use crate::error::Result;
-use crate::mixers::{Env, Journal, Mixer, MixerState, Seq};
+use crate::mixers::{Env, Journal, Mixer, MixerState, Seq, steps_apart};
 use crate::qtensor::QTensor;
 use crate::state::{KvType, LayerState, StateBytes};
 use crate::weights::TensorSource;
@@ -192,6 +192,35 @@ impl Mixer for Mla {
         let mut states: Vec<&mut MlaState> = rows.into_iter().map(|s| s.state.of()).collect();
         let o = self.attend(env, h, kb, true, &mut states);
         Ok(self.w.o.project(&o, kb, true)) // [kb, d_model]
+    }
+    /// Decode rows and verifies together (a step with no prompt chunk): the projections over
+    /// every row at once, then per sequence the latent cache and the attention of its row or
+    /// of its verified positions (as `forward_steps`). With a prompt chunk in the step the
+    /// verifies run apart.
+    fn forward_segments_steps(
+        &self,
+        env: &Env,
+        h: &[f32],
+        segs: Vec<(Seq<'_>, usize)>,
+        verifies: Vec<Option<&mut Journal>>,
+    ) -> Result<Vec<f32>> {
+        let chunk = segs.iter().zip(&verifies).any(|((_, n), j)| *n > 1 && j.is_none());
+        if chunk || verifies.iter().all(Option::is_none) {
+            return steps_apart(self, env, h, segs, verifies);
+        }
+        let total: usize = segs.iter().map(|(_, n)| n).sum();
+        let p = project(&self.cfg, &self.w, h, total, true);
+        let fast = env.num == Numerics::Fast;
+        let mut o = Vec::with_capacity(total * self.cfg.n_heads * self.cfg.v_dim);
+        let mut r0 = 0;
+        for ((seq, n), journal) in segs.into_iter().zip(verifies) {
+            if let Some(j) = journal {
+                j.begin(seq.state, n);
+            }
+            o.extend(core(&self.cfg, self.kvb32(), &p, r0..r0 + n, fast, seq.state.of()));
+            r0 += n;
+        }
+        Ok(self.w.o.project(&o, total, true)) // [total, d_model]
     }
     /// The projections over all n rows at once (each on the decode path), then the latent
     /// cache and the attention of the n positions (each position's value as alone; the cache
