@@ -1114,6 +1114,7 @@ fn serve_hostile_slow_clients_and_connection_cap() {
     )
     .unwrap();
     let raw = closed_within(c, "a trickled body");
+    assert!(!raw.is_empty(), "a trickled body: closed without an answer");
     assert_eq!(common::http::parse(&raw).status, 408, "{}", String::from_utf8_lossy(&raw));
 
     // 1,000 idle connections: a normal request is still served.
@@ -1133,6 +1134,7 @@ fn serve_hostile_slow_clients_and_connection_cap() {
     c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let mut raw = Vec::new();
     let _ = c.read_to_end(&mut raw);
+    assert!(!raw.is_empty(), "the connection past the cap: closed without an answer");
     let r = common::http::parse(&raw);
     assert_eq!(r.status, 503, "{}", r.text());
     assert_eq!(r.json()["error"]["code"], "server_busy");
@@ -1266,7 +1268,13 @@ fn serve_hostile_huge_body_refused_from_its_bytes() {
 #[test]
 fn serve_hostile_client_that_stops_reading() {
     let s = Server::start(&qwen35(), &["--http-timeout", "1", "--ctx", "40000", "--parallel", "1"]);
-    let mut c = s.connect().unwrap();
+    // A client whose receive buffer stays small (no autotuning up to tcp_rmem's tens of MB):
+    // the server's writes back up within a few hundred events, however slowly the tier
+    // generates.
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    sock.set_recv_buffer_size(16 << 10).unwrap();
+    sock.connect(&std::net::SocketAddr::from(([127, 0, 0, 1], s.port)).into()).unwrap();
+    let mut c: std::net::TcpStream = sock.into();
     let body = json!({"prompt": "abc", "max_tokens": 39000, "ignore_eos": true, "temperature": 0, "stream": true}).to_string();
     common::http::send(&mut c, "POST", "/v1/completions", &[("content-type", "application/json")], body.as_bytes()).unwrap();
     // Read nothing; the request must end (cancelled) long before its 39,000 tokens would.

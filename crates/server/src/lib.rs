@@ -87,6 +87,10 @@ pub struct ServeOptions {
     pub max_connections: usize,
 }
 
+/// Bytes of a connection's kernel send buffer (Linux doubles it for its bookkeeping): tokens
+/// stream in events of a few hundred bytes, so this holds hundreds of them.
+const SEND_BUFFER: usize = 128 << 10;
+
 /// The constant-memory plan for a prompt of `tp` tokens (`--o1` / `--kv-window`, or what a
 /// polished model records); None serves exact attention.
 pub type O1Planner = Box<dyn Fn(usize) -> Option<cortiq_engine::o1::O1Plan> + Send + Sync>;
@@ -274,6 +278,11 @@ async fn accept_loop(listener: tokio::net::TcpListener, router: Router, opts: &S
             _ = &mut shutdown => break,
         };
         let _ = tcp.set_nodelay(true);
+        // The kernel's send buffer held small (autotuned it grows to tcp_wmem's max, MBs per
+        // connection): a client that stops reading backs the stream up within a few hundred
+        // events, so the stall clock (`ChanSink`) starts and cancels it after --http-timeout,
+        // and thousands of connections cannot pin gigabytes of kernel memory.
+        let _ = socket2::SockRef::from(&tcp).set_send_buffer_size(SEND_BUFFER);
         let Ok(permit) = conns.clone().try_acquire_owned() else {
             tokio::spawn(refuse_connection(tcp));
             continue;
