@@ -203,6 +203,9 @@ pub struct Options {
     /// has begun is well-formed; only the token limit can cut it); a body that does not open
     /// that way is still parsed whole.
     pub stream_args: bool,
+    /// `parallel_tool_calls: false`: only the first call is given out; later ones (their
+    /// markup included) are left out.
+    pub single_call: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -300,6 +303,10 @@ pub struct Parser {
     /// not text.
     trim_lead: bool,
     calls: usize,
+    /// Calls given out (`Options::single_call`), and a later call's streamed pieces being
+    /// left out.
+    given: usize,
+    dropping: bool,
 }
 
 impl Parser {
@@ -321,12 +328,9 @@ impl Parser {
             said: false,
             trim_lead: false,
             calls: 0,
+            given: 0,
+            dropping: false,
         }
-    }
-
-    /// Tool calls given out so far.
-    pub fn calls(&self) -> usize {
-        self.calls
     }
 
     /// Feed raw bytes; a character cut between two feeds is joined first.
@@ -346,7 +350,7 @@ impl Parser {
         self.buf.push_str(text);
         let mut out = Vec::new();
         self.run(false, &mut out);
-        merge(out)
+        self.keep(merge(out))
     }
 
     /// The end of the output: whatever was held back is decided.
@@ -360,7 +364,28 @@ impl Parser {
         if self.calls == 0 && !self.ws.is_empty() && !self.trim_lead {
             out.push(Piece::Text(std::mem::take(&mut self.ws)));
         }
-        merge(out)
+        self.keep(merge(out))
+    }
+
+    /// `Options::single_call`: the pieces of every call after the first left out.
+    fn keep(&mut self, pieces: Vec<Piece>) -> Vec<Piece> {
+        if !self.opts.single_call {
+            return pieces;
+        }
+        pieces
+            .into_iter()
+            .filter(|p| match p {
+                Piece::Call(_) | Piece::CallStart(_) => {
+                    let first = self.given == 0;
+                    self.given += 1;
+                    self.dropping = !first && matches!(p, Piece::CallStart(_));
+                    first
+                }
+                Piece::CallArgs(_) => !self.dropping,
+                Piece::CallEnd => !std::mem::take(&mut self.dropping),
+                Piece::Text(_) | Piece::Reasoning(_) => true,
+            })
+            .collect()
     }
 
     fn text(&mut self, s: &str, out: &mut Vec<Piece>) {

@@ -357,13 +357,13 @@ async fn whole(mut q: Queued) -> Result<Response, ApiError> {
         match piece {
             Piece::Text(t) => content.push(json!({"type": "text", "text": t})),
             Piece::Reasoning(r) => content.push(json!({"type": "thinking", "thinking": r, "signature": ""})),
-            Piece::Call(c) if out.parallel || calls == 0 => {
+            Piece::Call(c) => {
                 let input: Value = serde_json::from_str(&c.arguments).unwrap_or_else(|_| json!({}));
                 content.push(json!({"type": "tool_use", "id": tool_id(out, calls), "name": c.name, "input": input}));
                 calls += 1;
             }
             // `pieces` gives every call whole.
-            Piece::Call(_) | Piece::CallStart(_) | Piece::CallArgs(_) | Piece::CallEnd => {}
+            Piece::CallStart(_) | Piece::CallArgs(_) | Piece::CallEnd => {}
         }
     }
     let (reason, seq) = stop_reason(finish, &stop, calls);
@@ -399,8 +399,6 @@ struct Streamer {
     calls: usize,
     /// The open `tool_use` block's index (a call whose arguments stream).
     call_block: Option<usize>,
-    /// The open call is left out (parallel calls off, not the first).
-    skip_call: bool,
     ended: bool,
 }
 
@@ -469,14 +467,9 @@ impl Streamer {
         }
     }
 
-    /// A `tool_use` block opens (none past the first call when parallel calls are off: that
-    /// call is left out).
+    /// A `tool_use` block opens.
     fn call_start(&mut self, name: String) {
         self.close();
-        self.skip_call = !self.out.parallel && self.calls > 0;
-        if self.skip_call {
-            return;
-        }
         let i = self.next;
         self.next += 1;
         let id = tool_id(&self.out, self.calls);
@@ -548,7 +541,6 @@ fn stream(q: Queued) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, In
         next: 0,
         calls: 0,
         call_block: None,
-        skip_call: false,
         ended: false,
     };
     let start = json!({"type": "message_start", "message": {

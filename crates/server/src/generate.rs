@@ -217,6 +217,7 @@ pub(crate) fn queue_chat(
         start_in_think: think.as_ref().is_some_and(|t| enc.text.trim_end().ends_with(&t.open)),
         think,
         stream_args: false,
+        single_call: !agent.parallel,
     });
     if let Some(p) = parse.as_ref()
         && let Some(t) = &p.think
@@ -251,10 +252,7 @@ pub(crate) fn queue_chat(
         p
     });
     let mut out = run(app.clone(), Kind::Chat, vec![enc.ids], gp, prompt_param)?;
-    if let Some(p) = parse {
-        out.parse = Some(p);
-        out.parallel = agent.parallel;
-    }
+    out.parse = parse;
     Ok(out)
 }
 
@@ -344,9 +342,16 @@ fn run(app: Arc<App>, kind: Kind, prompts: Vec<Vec<u32>>, gp: GenParams, prompt_
             return Err(ApiError::context_exceeded(p.len(), n_ctx, prompt_param));
         }
     }
-    let structured = match (&gp.json_schema, &gp.grammar) {
-        (None, None) => None,
+    let structured = match (&gp.json_schema, &gp.grammar, &gp.lazy_call) {
+        (None, None, None) => None,
         _ => Some(app.structured(info).map_err(|e| ApiError::internal(format!("structured output unavailable: {e}")))?),
+    };
+    // A tool call's grammar (forced, or lazy from its opener), and the response format's.
+    let tools_grammar = |st: &structured::Structured, g: &str| {
+        st.compile_lark(g).map_err(|e| ApiError {
+            code: Some("invalid_schema"),
+            ..ApiError::invalid("tools", format!("a tool's parameter schema cannot be used: {e}"))
+        })
     };
     // The grammar compiled once per request; each choice runs its own copy.
     let compiled = match (&structured, &gp.json_schema, &gp.grammar) {
@@ -354,22 +359,12 @@ fn run(app: Arc<App>, kind: Kind, prompts: Vec<Vec<u32>>, gp: GenParams, prompt_
             code: Some("invalid_schema"),
             ..ApiError::invalid("response_format", format!("the JSON schema cannot be used: {e}"))
         })?),
-        (Some(st), None, Some(g)) => Some(st.compile_lark(g).map_err(|e| ApiError {
-            code: Some("invalid_schema"),
-            ..ApiError::invalid("tools", format!("a tool's parameter schema cannot be used: {e}"))
-        })?),
+        (Some(st), None, Some(g)) => Some(tools_grammar(st, g)?),
         _ => None,
     };
-    let lazy = match &gp.lazy_call {
-        Some(l) => {
-            let st = app.structured(info).map_err(|e| ApiError::internal(format!("structured output unavailable: {e}")))?;
-            let c = st.compile_lark(&l.grammar).map_err(|e| ApiError {
-                code: Some("invalid_schema"),
-                ..ApiError::invalid("tools", format!("a tool's parameter schema cannot be used: {e}"))
-            })?;
-            Some((l, c))
-        }
-        None => None,
+    let lazy = match (&structured, &gp.lazy_call) {
+        (Some(st), Some(l)) => Some((l, tools_grammar(st, &l.grammar)?)),
+        _ => None,
     };
     let spec = gp.speculative.resolve(app.opts.spec, info.has_draft)?;
     let (tx, rx) = mpsc::unbounded_channel();
@@ -446,7 +441,6 @@ fn run(app: Arc<App>, kind: Kind, prompts: Vec<Vec<u32>>, gp: GenParams, prompt_
         spec: spec.is_some(),
         tok: info.tok.clone(),
         parse: None,
-        parallel: true,
     };
     Ok(Queued { out, rx, stream: gp.stream, keepalive: app.opts.keepalive })
 }
@@ -468,10 +462,9 @@ pub(crate) struct Out {
     /// The request speculated: its usage reports drafted tokens kept and rejected.
     pub(crate) spec: bool,
     pub(crate) tok: Arc<cortiq_formats::tokenizer::Tokenizer>,
-    /// Chat: split each choice's text into content, reasoning and tool calls.
+    /// Chat: split each choice's text into content, reasoning and tool calls (the first call
+    /// only under `parallel_tool_calls: false`).
     pub(crate) parse: Option<calls::Options>,
-    /// `parallel_tool_calls`: false keeps a choice's first call only.
-    pub(crate) parallel: bool,
 }
 
 /// Tokens a choice generated, and of speculative decoding's drafts those kept and not.
@@ -576,11 +569,10 @@ impl Out {
             match piece {
                 calls::Piece::Text(t) => content.push_str(&t),
                 calls::Piece::Reasoning(r) => reasoning.push_str(&r),
-                calls::Piece::Call(c) if self.parallel || list.is_empty() => {
+                calls::Piece::Call(c) => {
                     let id = self.call_id(index, list.len());
                     list.push(json!({"id": id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}));
                 }
-                calls::Piece::Call(_) => {}
                 // `pieces` gives every call whole.
                 calls::Piece::CallStart(_) | calls::Piece::CallArgs(_) | calls::Piece::CallEnd => {}
             }
@@ -779,8 +771,6 @@ struct Streamer {
     parsers: Vec<Option<calls::Parser>>,
     /// Tool calls sent per choice.
     n_calls: Vec<usize>,
-    /// Per choice, the open call is left out (`parallel_tool_calls` false, not the first).
-    skip_call: Vec<bool>,
     ended: bool,
 }
 
@@ -853,14 +843,9 @@ impl Streamer {
         }
     }
 
-    /// A call's first chunk: its index, id and name (none past the first call when
-    /// `parallel_tool_calls` is false: that call and its arguments are left out).
+    /// A call's first chunk: its index, id and name.
     fn call_start(&mut self, index: usize, name: String, deltas: &mut Vec<Value>) {
         let k = self.n_calls[index];
-        self.skip_call[index] = !self.out.parallel && k > 0;
-        if self.skip_call[index] {
-            return;
-        }
         self.n_calls[index] += 1;
         let id = self.out.call_id(index, k);
         deltas.push(
@@ -870,7 +855,7 @@ impl Streamer {
 
     /// A piece of the open call's arguments.
     fn call_args(&mut self, index: usize, args: String, deltas: &mut Vec<Value>) {
-        if self.skip_call[index] || args.is_empty() {
+        if args.is_empty() {
             return;
         }
         let k = self.n_calls[index] - 1;
@@ -948,7 +933,6 @@ fn stream(
         sent_chars: vec![0; n],
         parsers,
         n_calls: vec![0; n],
-        skip_call: vec![false; n],
         ended: false,
     };
     if st.out.kind == Kind::Chat {

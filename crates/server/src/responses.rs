@@ -494,13 +494,9 @@ impl Streamer {
         }
     }
 
-    /// A `function_call` item opens (none past the first call when parallel calls are off:
-    /// that call is left out).
+    /// A `function_call` item opens.
     fn call_start(&mut self, name: String) {
         self.close();
-        if !self.out.parallel && self.items.calls > 0 {
-            return;
-        }
         let i = self.items.items.len();
         let id = item_id(&self.out, "fc", i);
         let call_id = self.out.call_id(0, self.items.calls);

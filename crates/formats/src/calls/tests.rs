@@ -20,6 +20,7 @@ fn opts(family: Family, think: bool) -> Options {
         think: think.then(ThinkTags::think),
         start_in_think: false,
         stream_args: false,
+        single_call: false,
     }
 }
 
@@ -138,6 +139,24 @@ fn hermes() {
     );
     // A lone '<' and look-alikes are text.
     check(&o, "a < b and <tool> x", &[text("a < b and <tool> x")]);
+}
+
+/// `parallel_tool_calls: false`: the first call only, whole or streamed; the later ones' markup
+/// is not text either.
+#[test]
+fn single_call_keeps_the_first() {
+    let two = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"search\", \"arguments\": {\"query\": \"x\"}}\n</tool_call>\nDone.";
+    let mut o = opts(Family::Hermes, false);
+    o.single_call = true;
+    check(&o, two, &[call("get_weather", json!({"city": "Oslo"})), text("Done.")]);
+    o.stream_args = true;
+    check(&o, two, &[raw_call("get_weather", "{\"city\": \"Oslo\"}"), text("Done.")]);
+    // Without it, both.
+    check(
+        &opts(Family::Hermes, false),
+        two,
+        &[call("get_weather", json!({"city": "Oslo"})), call("search", json!({"query": "x"})), text("Done.")],
+    );
 }
 
 #[test]
