@@ -139,6 +139,16 @@ pub struct VerifyJournal {
 }
 
 impl VerifyJournal {
+    /// A verify of `n` positions of `state` starts (the stepped path's journal; the fallback's
+    /// sets `fallback` after).
+    fn begin(&mut self, state: &SeqState, n: usize, n_layers: usize) {
+        self.pos0 = state.len;
+        self.n = n;
+        self.fallback = None;
+        self.layers.resize_with(n_layers, Journal::default);
+        self.o1_stats = state.o1.as_ref().map(|r| r.stats);
+    }
+
     /// The final-normed hidden rows of the last verify's positions still kept, [n, d_model].
     pub fn hidden(&self, d_model: usize) -> &[f32] {
         &self.hidden[..(self.n * d_model).min(self.hidden.len())]
@@ -500,11 +510,7 @@ impl Model {
                 batch.iter_mut().zip(&alone).filter(|(_, a)| !**a).map(|(e, _)| (&mut *e.state, e.verify.as_deref_mut())).unzip();
             for (st, (journal, &n)) in sts.iter().zip(journals.iter_mut().zip(&ns)) {
                 if let Some(jn) = journal {
-                    jn.pos0 = st.len;
-                    jn.n = n;
-                    jn.fallback = None;
-                    jn.layers.resize_with(self.layers.len(), Journal::default);
-                    jn.o1_stats = st.o1.as_ref().map(|r| r.stats);
+                    jn.begin(st, n, self.layers.len());
                 }
             }
             let mut x = self.embed(&all); // [Σ n, d_model], row by row as alone
@@ -634,9 +640,7 @@ impl Model {
         }
         self.check_tokens(tokens, state)?;
         let (n, pos0) = (tokens.len(), state.len);
-        journal.pos0 = pos0;
-        journal.n = n;
-        journal.fallback = None;
+        journal.begin(state, n, self.layers.len());
         if state.o1.as_ref().is_some_and(|r| r.plan.check.is_some() || r.pending(pos0)) {
             let cp = state.checkpoint();
             let mut logits = Vec::with_capacity(n * self.cfg.vocab); // [n, vocab]
@@ -649,8 +653,6 @@ impl Model {
             journal.fallback = Some((cp, tokens.to_vec()));
             return Ok(logits);
         }
-        journal.layers.resize_with(self.layers.len(), Journal::default);
-        journal.o1_stats = state.o1.as_ref().map(|r| r.stats);
         let (cfg, env) = (&self.cfg, self.env());
         let ones = vec![1usize; n];
         let mut x = self.embed(tokens); // [n, d_model], row by row as alone

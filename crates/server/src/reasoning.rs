@@ -58,14 +58,7 @@ impl ThinkBudget {
     fn push_text(&mut self, id: u32) {
         self.recent.push_str(&String::from_utf8_lossy(&self.tok.token_bytes(id)));
         // Keep a tail long enough to hold either tag.
-        let keep = 4 * (self.tags.open.len() + self.tags.close.len());
-        if self.recent.len() > 2 * keep {
-            let mut cut = self.recent.len() - keep;
-            while !self.recent.is_char_boundary(cut) {
-                cut += 1;
-            }
-            self.recent.drain(..cut);
-        }
+        trim_tail(&mut self.recent, 4 * (self.tags.open.len() + self.tags.close.len()));
     }
 }
 
@@ -116,5 +109,17 @@ impl Constraint for ThinkBudget {
             }
         }
         Ok(false)
+    }
+}
+
+/// Drop the front of `text` once it holds twice `keep` bytes, keeping about `keep` (the tail a
+/// tag cut between tokens can still be found in); cut on a character boundary.
+pub(crate) fn trim_tail(text: &mut String, keep: usize) {
+    if text.len() > 2 * keep {
+        let mut cut = text.len() - keep;
+        while !text.is_char_boundary(cut) {
+            cut += 1;
+        }
+        text.drain(..cut);
     }
 }

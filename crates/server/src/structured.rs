@@ -205,13 +205,7 @@ impl Constraint for LazyCall {
         }
         // Keep a tail long enough to hold any tag cut between tokens.
         let keep = 2 * self.opener.len() + self.think.as_ref().map_or(0, |t| t.open.len() + t.close.len());
-        if self.recent.len() > 2 * keep {
-            let mut cut = self.recent.len() - keep;
-            while !self.recent.is_char_boundary(cut) {
-                cut += 1;
-            }
-            self.recent.drain(..cut);
-        }
+        crate::reasoning::trim_tail(&mut self.recent, keep);
         Ok(false)
     }
 }

@@ -15,7 +15,7 @@ use cortiq_kernels::conv::causal_conv1d_par;
 use cortiq_kernels::delta::{CHUNK, gated_delta_chunked, gated_delta_recurrent};
 
 use crate::error::{EngineError, Result};
-use crate::mixers::{Env, Journal, Mixer, MixerState, Seq, steps_apart};
+use crate::mixers::{Env, Journal, Mixer, MixerState, Seq, rows_and_verifies, steps_apart};
 use crate::par::pool;
 use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
@@ -215,8 +215,7 @@ impl Mixer for GatedDeltaNet {
         segs: Vec<(Seq<'_>, usize)>,
         verifies: Vec<Option<&mut Journal>>,
     ) -> Result<Vec<f32>> {
-        let chunk = segs.iter().zip(&verifies).any(|((_, n), j)| *n > 1 && j.is_none());
-        if chunk || verifies.iter().all(Option::is_none) {
+        if !rows_and_verifies(&segs, &verifies) {
             return steps_apart(self, env, h, segs, verifies);
         }
         let cfg = &self.cfg;

@@ -25,7 +25,7 @@ use cortiq_kernels::dot::{axpy, dot};
 use crate::blocks::attend_latent;
 use crate::compat::Numerics;
 use crate::error::Result;
-use crate::mixers::{Env, Journal, Mixer, MixerState, Seq, steps_apart};
+use crate::mixers::{Env, Journal, Mixer, MixerState, Seq, rows_and_verifies, steps_apart};
 use crate::qtensor::QTensor;
 use crate::state::{KvType, LayerState, StateBytes};
 use crate::weights::TensorSource;
@@ -204,8 +204,7 @@ impl Mixer for Mla {
         segs: Vec<(Seq<'_>, usize)>,
         verifies: Vec<Option<&mut Journal>>,
     ) -> Result<Vec<f32>> {
-        let chunk = segs.iter().zip(&verifies).any(|((_, n), j)| *n > 1 && j.is_none());
-        if chunk || verifies.iter().all(Option::is_none) {
+        if !rows_and_verifies(&segs, &verifies) {
             return steps_apart(self, env, h, segs, verifies);
         }
         let total: usize = segs.iter().map(|(_, n)| n).sum();

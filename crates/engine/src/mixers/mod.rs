@@ -309,6 +309,14 @@ pub fn segments_apart<M: Mixer + ?Sized>(m: &M, env: &Env, h: &[f32], segs: Vec<
     Ok(out)
 }
 
+/// Whether a step is decode rows and verifies only, at least one verify (no prompt chunk, which
+/// takes its mixer's chunked path): where a mixer with row-wise projections merges its verifies
+/// (`forward_segments_steps`), else it leaves them to `steps_apart`.
+pub fn rows_and_verifies(segs: &[(Seq<'_>, usize)], verifies: &[Option<&mut Journal>]) -> bool {
+    let chunk = segs.iter().zip(verifies).any(|((_, n), j)| *n > 1 && j.is_none());
+    !chunk && verifies.iter().any(Option::is_some)
+}
+
 /// `forward_segments_steps` with the verified segments apart: each through `forward_steps`,
 /// the others through `forward_segments` together.
 pub fn steps_apart<M: Mixer + ?Sized>(
