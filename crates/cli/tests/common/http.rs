@@ -216,3 +216,19 @@ fn dechunk(mut b: &[u8]) -> Vec<u8> {
     }
     out
 }
+
+/// An OpenAI error body with this status, type and (when given) code / param.
+pub fn assert_error(r: &Response, status: u16, kind: &str, code: Option<&str>, param: Option<&str>) {
+    assert_eq!(r.status, status, "status; body: {}", r.text());
+    assert!(r.header("content-type").unwrap_or("").starts_with("application/json"), "error content-type: {:?}", r.headers);
+    let j = r.json();
+    let e = &j["error"];
+    assert_eq!(e["type"], kind, "{j}");
+    assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{j}");
+    if let Some(c) = code {
+        assert_eq!(e["code"], c, "{j}");
+    }
+    if let Some(p) = param {
+        assert_eq!(e["param"], p, "{j}");
+    }
+}

@@ -31,5 +31,6 @@ pub fn copy_fixture(arch: &str, tag: &str) -> TempDir {
     t
 }
 
+#[allow(unused_imports)] // not every test binary builds tokenizers
 pub use cortiq_testkit::byte_tokenizer_json;
 pub mod http;
