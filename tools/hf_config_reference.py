@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Reference values for cortiq-formats' config.json normalization (crates/formats/src/hf.rs).
 
-Owns: crates/formats/tests/fixtures/hf_configs/v5/*.json and .../hf_configs/expected.json
+Owns: crates/engine/tests/fixtures/hf_configs/v5/*.json and .../hf_configs/expected.json
 
-Input: crates/formats/tests/fixtures/hf_configs/*.json, small transformers-4-style configs
+Input: crates/engine/tests/fixtures/hf_configs/*.json, small transformers-4-style configs
 modelled on real checkpoints (SmolLM2, Qwen2.5, Qwen3, Llama 3.2, Gemma 3, Qwen3-Next, LFM2).
 For each, transformers 5.24 loads it (AutoConfig.from_pretrained), which applies the class
 defaults and normalizes rope / layer types; we then
@@ -27,7 +27,7 @@ from transformers import AutoConfig
 assert transformers.__version__ == "5.24.0", transformers.__version__
 
 ROOT = Path(__file__).resolve().parent.parent
-DIR = ROOT / "crates/formats/tests/fixtures/hf_configs"
+DIR = ROOT / "crates/engine/tests/fixtures/hf_configs"
 
 
 def ids(v):

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Reference table for cortiq-formats' HF <-> GGUF tensor-name map (crates/formats/src/names.rs).
 
-Owns: crates/formats/tests/fixtures/hf_names_gguf_py.tsv
+Owns: crates/engine/tests/fixtures/hf_names_gguf_py.tsv
 
 Asks llama.cpp's own gguf-py (`gguf.get_tensor_name_map(arch, n_blocks).get_name`, the function
 convert_hf_to_gguf.py uses) for the GGUF name of every candidate HF tensor name of the dense
@@ -15,7 +15,7 @@ nothing), with .weight, and .bias for linear layers.
 
 Pinned: gguf==0.19.0 (pure Python + numpy). Usage:
     python3 -m venv /tmp/v && /tmp/v/bin/pip install gguf==0.19.0
-    /tmp/v/bin/python tools/hf_names_reference.py > crates/formats/tests/fixtures/hf_names_gguf_py.tsv
+    /tmp/v/bin/python tools/hf_names_reference.py > crates/engine/tests/fixtures/hf_names_gguf_py.tsv
 """
 
 import gguf

@@ -208,10 +208,9 @@ pub fn attention_core(
     };
     let attn_span = profile::span(Op::Attention);
     if num == Numerics::LlamaCpp {
-        // llama.cpp's Gemma 3 graph scales Q (f32) before attention and passes kq_scale = 1;
-        // the others scale the f16 dot product. Same value, different rounding.
+        // Same value either way, different rounding (`ModelConfig::llamacpp_scales_q`).
         let mut scale = cfg.attn_scale;
-        if cfg.arch == "gemma3" {
+        if cfg.llamacpp_scales_q {
             q.iter_mut().for_each(|x| *x *= scale);
             scale = 1.0;
         }

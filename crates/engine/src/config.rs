@@ -56,7 +56,7 @@ impl LayerSpec {
 
 #[derive(Clone, Debug)]
 pub struct ModelConfig {
-    /// Registry name of the architecture ("llama", "qwen2", "qwen3", "gemma3").
+    /// Registry name of the architecture (`arch::ARCHES`), for messages and file metadata.
     pub arch: &'static str,
     pub n_layers: usize,
     pub d_model: usize,
@@ -92,6 +92,9 @@ pub struct ModelConfig {
     /// GGUF name of the final norm ("output_norm.weight"; LFM2's GGUF calls it
     /// "token_embd_norm.weight").
     pub output_norm: &'static str,
+    /// Under `--numerics llamacpp`: the graph scales Q (f32) before attention and passes
+    /// kq_scale = 1, where other architectures scale the f16 dot product (llama.cpp's Gemma 3).
+    pub llamacpp_scales_q: bool,
 }
 
 impl ModelConfig {

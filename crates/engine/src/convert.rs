@@ -32,7 +32,6 @@ use std::path::{Path, PathBuf};
 
 use cortiq_formats::cmf::{Cmf, CmfHeader, CmfWriter, Metadata, PlannedTensor, SourceInfo, TypedKv};
 use cortiq_formats::gguf::Gguf;
-use cortiq_formats::hf::HfConfig;
 use cortiq_formats::safetensors::HfWeights;
 use cortiq_formats::{FormatError, cmf};
 use cortiq_kernels::quant::QuantType;
@@ -40,7 +39,7 @@ use rayon::prelude::*;
 
 use crate::arch;
 use crate::error::{EngineError, Result};
-use crate::load::{HfSource, hf_arch_names};
+use crate::load::HfSource;
 use crate::qtensor::QTensor;
 use crate::weights::{CmfSource, GgufSource, TensorSource};
 
@@ -277,8 +276,8 @@ type Opened = (Source, String, Metadata, f32, &'static str, Vec<String>);
 fn open_source(path: &Path) -> Result<Opened> {
     let file = path.display().to_string();
     if path.is_dir() {
-        let config = HfConfig::from_dir(path)?;
-        let arch = arch::by_hf_name(&config.path.display().to_string(), &hf_arch_names(&config))?;
+        let config = arch::hf_config_from_dir(path)?;
+        let arch = arch::for_hf(&config)?;
         let cfg = arch.config_from_hf(&config)?;
         let mut files = BTreeMap::new();
         for f in HF_FILES {

@@ -13,7 +13,7 @@ use cortiq_formats::FormatError;
 use cortiq_formats::cmf::{self, Cmf, Metadata};
 use cortiq_formats::gguf::Gguf;
 use cortiq_formats::hf::HfConfig;
-use cortiq_formats::names::{gguf_mtp_to_hf, hf_mtp_to_gguf, hf_to_gguf, mtp_own_gguf};
+use cortiq_formats::names::mtp_own_gguf;
 use cortiq_formats::safetensors::HfWeights;
 use cortiq_formats::tokenizer::Tokenizer;
 
@@ -74,8 +74,8 @@ impl Loaded {
 /// Open a `.gguf` file, a `.cmf` file or an HF folder (config.json + safetensors).
 pub fn load(path: &Path) -> Result<Loaded> {
     if path.is_dir() {
-        let config = HfConfig::from_dir(path)?;
-        let arch = arch::by_hf_name(&config.path.display().to_string(), &hf_arch_names(&config))?;
+        let config = arch::hf_config_from_dir(path)?;
+        let arch = arch::for_hf(&config)?;
         let cfg = arch.config_from_hf(&config)?;
         let weights = HfWeights::open_dir(path)?;
         let src = HfSource::new(path, weights, arch, &config, &cfg);
@@ -104,7 +104,7 @@ fn load_cmf(path: &Path) -> Result<Loaded> {
         Metadata::Gguf { .. } => arch.config_from_gguf(&c)?,
         Metadata::Hf { files } => {
             let text = files.get("config.json").ok_or_else(|| FormatError::missing(path, "embedded config.json"))?;
-            arch.config_from_hf(&HfConfig::from_json_str(c.embedded_path("config.json"), text)?)?
+            arch.config_from_hf(&arch.hf_config_from_str(&c.embedded_path("config.json"), text)?)?
         }
     };
     let mut model = Model::load_dense(&CmfSource { cmf: &c }, cfg)?;
@@ -165,13 +165,6 @@ fn load_far(path: &Path, c: &Cmf, cfg: &ModelConfig) -> Result<Vec<Option<std::s
     Ok(out)
 }
 
-pub(crate) fn hf_arch_names(c: &HfConfig) -> Vec<String> {
-    let mut v = c.architectures.clone();
-    v.push(c.model_type.clone());
-    v.extend(c.outer_model_type.clone());
-    v
-}
-
 /// HF safetensors addressed by GGUF names.
 pub(crate) struct HfSource {
     dir: PathBuf,
@@ -189,7 +182,7 @@ impl HfSource {
         let n_layers = cfg.n_layers;
         let mut names = weights
             .names()
-            .filter_map(|n| Some((hf_to_gguf(arch.name, n).or_else(|| hf_mtp_to_gguf(arch.name, n, n_layers))?, n.to_string())))
+            .filter_map(|n| Some((arch.names.hf_to_gguf(n).or_else(|| arch.names.hf_mtp_to_gguf(n, n_layers))?, n.to_string())))
             .collect();
         keep_whole_mtp(dir, arch, hf, cfg, &mut names);
         HfSource { dir: dir.to_path_buf(), weights, names, norm_offset: arch.hf_norm_offset, plain_norms: arch.hf_plain_norms }
@@ -226,7 +219,7 @@ fn keep_whole_mtp(dir: &Path, arch: &Arch, hf: &HfConfig, cfg: &ModelConfig, nam
     let mut missing: Vec<String> = want
         .iter()
         .filter(|g| !names.contains_key(*g))
-        .map(|g| gguf_mtp_to_hf(arch.name, g, n).unwrap_or_else(|| g.clone()))
+        .map(|g| arch.names.gguf_mtp_to_hf(g, n).unwrap_or_else(|| g.clone()))
         .collect();
     if missing.is_empty() {
         return;

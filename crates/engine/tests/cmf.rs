@@ -12,7 +12,6 @@ use cortiq_engine::compat::Numerics;
 use cortiq_engine::convert::{ConvertOptions, QuantSpec, convert};
 use cortiq_engine::load::{Origin, load};
 use cortiq_engine::{Logits, Model};
-use cortiq_formats::names::hf_to_gguf;
 use cortiq_formats::safetensors::HfWeights;
 use cortiq_kernels::quant::{QuantType, dequantize_row, quantize_row};
 use cortiq_testkit::max_abs_diff as max_diff;
@@ -194,7 +193,7 @@ fn own_types_store_the_kernels_quantization_of_each_row() {
             let w = HfWeights::open_dir(&fx).unwrap();
             let (mut quantized, mut fell_back) = (0, 0);
             for name in w.names() {
-                let Some(gname) = hf_to_gguf(arch, name) else { continue };
+                let Some(gname) = cortiq_engine::arch::by_any_name(arch).unwrap().names.hf_to_gguf(name) else { continue };
                 let src = w.tensor(name).unwrap();
                 let t = c.tensor(&gname).unwrap_or_else(|| panic!("{arch}/{ty}: {gname} missing"));
                 if src.shape.len() == 1 {

@@ -4,10 +4,12 @@
 //!
 //! The reference for every default and normalization rule below is transformers 5.24
 //! (`configuration_<model>.py` and `modeling_rope_utils.py`); where we follow it the comment
-//! names the class. Values the config omits fall back to the model class's default for the
-//! model types we know (llama, qwen2, qwen3, gemma3_text, lfm2), exactly as transformers would do
-//! when it loads the file; for any other model type the geometry fields are required and
-//! their absence is a `FormatError::Missing` naming the field and file.
+//! names the class. Values the config omits fall back to the model class's default, exactly as
+//! transformers would do when it loads the file: each engine architecture file declares its
+//! class as an [`HfClass`] (defaults and the class's own reading rules), and a config is read
+//! with the class its `architectures` / `model_type` name ([`peek_names`]). Read with
+//! [`HfClass::GENERIC`], the geometry fields are required and their absence is a
+//! `FormatError::Missing` naming the field and file.
 //!
 //! Rope normalization (transformers' `standardize_rope_params`):
 //! - new style: `rope_parameters` is one flat dict `{rope_type, rope_theta, factor, ...}` or a
@@ -142,22 +144,8 @@ pub struct HfConfig {
 }
 
 impl HfConfig {
-    /// Reads `<dir>/config.json`.
-    pub fn from_dir(dir: impl AsRef<Path>) -> Result<HfConfig> {
-        let path = dir.as_ref().join("config.json");
-        let s = fs::read_to_string(&path).map_err(|e| FormatError::io(&path, e))?;
-        Self::from_json_str(&path, &s)
-    }
-
-    /// Parses config.json text; `path` is only used in error messages.
-    pub fn from_json_str(path: impl AsRef<Path>, s: &str) -> Result<HfConfig> {
-        let path = path.as_ref();
-        let raw: Value = serde_json::from_str(s).map_err(|e| FormatError::malformed(path, format!("invalid JSON: {e}")))?;
-        Self::from_value(path, raw)
-    }
-
-    /// Normalizes an already-parsed config.json value.
-    pub fn from_value(path: impl AsRef<Path>, raw: Value) -> Result<HfConfig> {
+    /// Normalizes an already-parsed config.json value (see [`parse_json`]) as `class` reads it.
+    pub fn from_value(path: impl AsRef<Path>, raw: Value, class: &HfClass) -> Result<HfConfig> {
         let path = path.as_ref().to_path_buf();
         let top = raw.as_object().ok_or_else(|| FormatError::malformed(&path, "config.json is not a JSON object"))?;
         let (text, prefix) = match top.get("text_config") {
@@ -184,13 +172,13 @@ impl HfConfig {
         let model_type = match f.text_str("model_type")? {
             Some(t) => t,
             // A nested text_config without model_type: the composite config's text class.
-            None => match outer_type.as_deref().filter(|_| !prefix.is_empty()).and_then(nested_text_type) {
+            None => match class.text_model_type.filter(|_| !prefix.is_empty() && outer_type.is_some()) {
                 Some(t) => t.to_string(),
                 None => outer_type.clone().ok_or_else(|| FormatError::missing(&path, "field 'model_type'"))?,
             },
         };
         let outer_model_type = if prefix.is_empty() { None } else { outer_type };
-        let d = ClassDefaults::for_model_type(&model_type);
+        let d = class.defaults;
 
         let hidden_size = f.req_usize("hidden_size", d.map(|d| d.hidden_size))?;
         let num_attention_heads = f.req_usize("num_attention_heads", d.map(|d| d.num_attention_heads))?;
@@ -232,11 +220,10 @@ impl HfConfig {
         };
         let tie_word_embeddings = match f.opt_bool_either("tie_word_embeddings")? {
             Some(v) => v,
-            None => f.opt_bool_either("tie_embedding")?.unwrap_or_else(|| default_tie(&model_type)),
+            None => f.opt_bool_either("tie_embedding")?.unwrap_or(class.tie_word_embeddings),
         };
         let attention_bias = f.opt_bool("attention_bias")?.unwrap_or(false);
-        let is_qwen2 = model_type == "qwen2";
-        let qkv_bias = attention_bias || is_qwen2;
+        let qkv_bias = attention_bias || class.qkv_bias;
         let o_bias = attention_bias;
         let mlp_bias = f.opt_bool("mlp_bias")?.unwrap_or(false);
         // Models without the key (LFM2's fixed SwiGLU) get "silu", the activation of every
@@ -251,11 +238,7 @@ impl HfConfig {
             } else {
                 d.and_then(|d| d.sliding_window)
             };
-            if matches!(model_type.as_str(), "qwen2" | "qwen3") && !f.opt_bool("use_sliding_window")?.unwrap_or(false) {
-                None
-            } else {
-                given
-            }
+            if class.window_layers_from.is_some() && !f.opt_bool("use_sliding_window")?.unwrap_or(false) { None } else { given }
         };
         let query_pre_attn_scalar = match f.opt_f64("query_pre_attn_scalar")? {
             Some(v) => Some(v),
@@ -274,9 +257,9 @@ impl HfConfig {
             None => f.either_str("torch_dtype")?,
         };
 
-        let layer_types = derive_layer_types(&f, &model_type, num_hidden_layers, sliding_window)?;
+        let layer_types = derive_layer_types(&f, class, num_hidden_layers, sliding_window)?;
         let mtp_layers = f.opt_usize("mtp_num_hidden_layers")?.unwrap_or(0);
-        let (rope, rope_local) = parse_rope(&f, &model_type, max_position_embeddings)?;
+        let (rope, rope_local) = parse_rope(&f, class, max_position_embeddings)?;
 
         Ok(HfConfig {
             path,
@@ -337,138 +320,103 @@ impl HfConfig {
     }
 }
 
-/// transformers' class defaults for the model types whose files we load. Only what a
-/// missing key can fall back to; sources are the `configuration_<model>.py` dataclasses.
-#[derive(Clone, Copy)]
-struct ClassDefaults {
-    vocab_size: usize,
-    hidden_size: usize,
-    intermediate_size: usize,
-    num_hidden_layers: usize,
-    num_attention_heads: usize,
+/// Reads config.json text as JSON (`path` only names the file in errors).
+pub fn parse_json(path: &Path, s: &str) -> Result<Value> {
+    serde_json::from_str(s).map_err(|e| FormatError::malformed(path, format!("invalid JSON: {e}")))
+}
+
+/// Reads `<dir>/config.json` as JSON; returns its path and value.
+pub fn read_dir_json(dir: &Path) -> Result<(PathBuf, Value)> {
+    let path = dir.join("config.json");
+    let s = fs::read_to_string(&path).map_err(|e| FormatError::io(&path, e))?;
+    let v = parse_json(&path, &s)?;
+    Ok((path, v))
+}
+
+/// The names a config gives its model, to find its class by: `architectures`, the text
+/// model's `model_type` and the top-level one (they differ in a composite config).
+pub fn peek_names(raw: &Value) -> Vec<String> {
+    let mut v: Vec<String> = Vec::new();
+    if let Some(a) = raw.get("architectures").and_then(Value::as_array) {
+        v.extend(a.iter().filter_map(Value::as_str).map(str::to_string));
+    }
+    if let Some(t) = raw.get("text_config").and_then(|t| t.get("model_type")).and_then(Value::as_str) {
+        v.push(t.to_string());
+    }
+    if let Some(t) = raw.get("model_type").and_then(Value::as_str) {
+        v.push(t.to_string());
+    }
+    v
+}
+
+/// What a transformers config class supplies when a key is absent, and the class's own reading
+/// rules: one per architecture file in the engine (sources: the `configuration_<model>.py`
+/// dataclasses of transformers 5.24).
+#[derive(Clone, Copy, Debug)]
+pub struct HfClass {
+    /// The text model's `model_type` when a composite config's `text_config` omits it
+    /// (Gemma3Config's text class is gemma3_text).
+    pub text_model_type: Option<&'static str>,
+    /// The geometry a missing key falls back to; `None`: those keys are required.
+    pub defaults: Option<ClassDefaults>,
+    /// `tie_word_embeddings` when the key is absent.
+    pub tie_word_embeddings: bool,
+    /// The rope base when neither `rope_theta` nor `rope_parameters.rope_theta` is given:
+    /// (full-attention layers, sliding layers).
+    pub rope_theta: (f64, f64),
+    /// q/k/v projections always carry a bias (Qwen2).
+    pub qkv_bias: bool,
+    /// Qwen2 / Qwen3: the sliding window applies only with `use_sliding_window`, to the layers
+    /// from `max_window_layers` (this default when absent) on.
+    pub window_layers_from: Option<usize>,
+    /// Every N-th layer is full attention, the others linear, when `full_attention_interval`
+    /// is absent (Qwen3-Next / Qwen3.5: 4).
+    pub full_attention_interval: Option<usize>,
+    /// Every N-th layer is full attention, the others sliding, when `sliding_window_pattern`
+    /// is absent (Gemma 3: 6).
+    pub sliding_window_pattern: Option<usize>,
+    /// `partial_rotary_factor` when absent (Qwen3-Next: 0.25).
+    pub partial_rotary_factor: Option<f64>,
+    /// Sliding layers run their own rope (`rope_local_base_freq`; Gemma 3).
+    pub local_rope: bool,
+}
+
+impl HfClass {
+    /// A class with no defaults and no rules of its own: how a config of an unknown model
+    /// type is read.
+    pub const GENERIC: HfClass = HfClass {
+        text_model_type: None,
+        defaults: None,
+        tie_word_embeddings: false,
+        rope_theta: (10_000.0, 10_000.0),
+        qkv_bias: false,
+        window_layers_from: None,
+        full_attention_interval: None,
+        sliding_window_pattern: None,
+        partial_rotary_factor: None,
+        local_rope: false,
+    };
+}
+
+/// The class defaults a missing key can fall back to.
+#[derive(Clone, Copy, Debug)]
+pub struct ClassDefaults {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
     /// `None` = same as num_attention_heads.
-    num_key_value_heads: Option<usize>,
-    head_dim: Option<usize>,
-    hidden_act: &'static str,
-    max_position_embeddings: usize,
-    rms_norm_eps: f64,
-    bos: Option<u32>,
-    eos: Option<u32>,
-    pad: Option<u32>,
-    sliding_window: Option<usize>,
-    query_pre_attn_scalar: Option<f64>,
-}
-
-impl ClassDefaults {
-    fn for_model_type(t: &str) -> Option<ClassDefaults> {
-        Some(match t {
-            // LlamaConfig
-            "llama" => ClassDefaults {
-                vocab_size: 32000,
-                hidden_size: 4096,
-                intermediate_size: 11008,
-                num_hidden_layers: 32,
-                num_attention_heads: 32,
-                num_key_value_heads: None,
-                head_dim: None,
-                hidden_act: "silu",
-                max_position_embeddings: 2048,
-                rms_norm_eps: 1e-6,
-                bos: Some(1),
-                eos: Some(2),
-                pad: None,
-                sliding_window: None,
-                query_pre_attn_scalar: None,
-            },
-            // Qwen2Config / Qwen3Config (qwen3 adds head_dim = 128)
-            "qwen2" | "qwen3" => ClassDefaults {
-                vocab_size: 151936,
-                hidden_size: 4096,
-                intermediate_size: 22016,
-                num_hidden_layers: 32,
-                num_attention_heads: 32,
-                num_key_value_heads: Some(32),
-                head_dim: if t == "qwen3" { Some(128) } else { None },
-                hidden_act: "silu",
-                max_position_embeddings: 32768,
-                rms_norm_eps: 1e-6,
-                bos: None,
-                eos: None,
-                pad: None,
-                sliding_window: Some(4096),
-                query_pre_attn_scalar: None,
-            },
-            // Gemma3TextConfig
-            "gemma3_text" => ClassDefaults {
-                vocab_size: 262_208,
-                hidden_size: 2304,
-                intermediate_size: 9216,
-                num_hidden_layers: 26,
-                num_attention_heads: 8,
-                num_key_value_heads: Some(4),
-                head_dim: Some(256),
-                hidden_act: "gelu_pytorch_tanh",
-                max_position_embeddings: 131_072,
-                rms_norm_eps: 1e-6,
-                bos: Some(2),
-                eos: Some(1),
-                pad: Some(0),
-                sliding_window: Some(4096),
-                query_pre_attn_scalar: Some(256.0),
-            },
-            // Lfm2Config (hidden_act: LFM2 has no key, its MLP is SwiGLU)
-            "lfm2" => ClassDefaults {
-                vocab_size: 65536,
-                hidden_size: 2560,
-                intermediate_size: 12288,
-                num_hidden_layers: 32,
-                num_attention_heads: 32,
-                num_key_value_heads: Some(8),
-                head_dim: None,
-                hidden_act: "silu",
-                max_position_embeddings: 128_000,
-                rms_norm_eps: 1e-5,
-                bos: Some(1),
-                eos: Some(2),
-                pad: Some(0),
-                sliding_window: None,
-                query_pre_attn_scalar: None,
-            },
-            _ => return None,
-        })
-    }
-}
-
-/// The text class of a composite (multimodal) config's `text_config`, by the outer `model_type`.
-fn nested_text_type(outer: &str) -> Option<&'static str> {
-    Some(match outer {
-        "gemma3" => "gemma3_text",
-        "qwen3_5" => "qwen3_5_text",
-        "qwen3_5_moe" => "qwen3_5_moe_text",
-        _ => return None,
-    })
-}
-
-/// `tie_word_embeddings` when the key is absent: the model class's default in transformers 5
-/// (true for the Gemma, LFM2 and SmolLM3 families, false for llama/qwen/mistral/kimi and the
-/// rest we know of).
-fn default_tie(model_type: &str) -> bool {
-    model_type.starts_with("gemma")
-        || model_type.starts_with("lfm")
-        || model_type == "smollm3"
-        || model_type == "recurrent_gemma"
-        || model_type == "vaultgemma"
-        || model_type == "paligemma"
-}
-
-/// The default rope base when neither `rope_theta` nor `rope_parameters.rope_theta` is given
-/// (RotaryEmbeddingConfigMixin.default_theta and per-class overrides): (global, local).
-fn default_theta(model_type: &str) -> (f64, f64) {
-    match model_type {
-        "gemma3_text" | "gemma3" => (1_000_000.0, 10_000.0),
-        t if t.starts_with("lfm2") => (1_000_000.0, 1_000_000.0),
-        _ => (10_000.0, 10_000.0),
-    }
+    pub num_key_value_heads: Option<usize>,
+    pub head_dim: Option<usize>,
+    pub hidden_act: &'static str,
+    pub max_position_embeddings: usize,
+    pub rms_norm_eps: f64,
+    pub bos: Option<u32>,
+    pub eos: Option<u32>,
+    pub pad: Option<u32>,
+    pub sliding_window: Option<usize>,
+    pub query_pre_attn_scalar: Option<f64>,
 }
 
 /// Derives `layer_types` (length num_hidden_layers), first rule that applies:
@@ -482,7 +430,7 @@ fn default_theta(model_type: &str) -> (f64, f64) {
 ///    gemma3_text): layer i is "full_attention" when (i+1) % N == 0, else "sliding_attention";
 /// 6. qwen2 / qwen3 with `use_sliding_window`: layers i >= `max_window_layers` slide;
 /// 7. otherwise every layer is "full_attention".
-fn derive_layer_types(f: &Fields, model_type: &str, n: usize, sliding_window: Option<usize>) -> Result<Vec<String>> {
+fn derive_layer_types(f: &Fields, class: &HfClass, n: usize, sliding_window: Option<usize>) -> Result<Vec<String>> {
     let p = f.prefix;
     if let Some(v) = f.text.get("layer_types").filter(|v| !v.is_null()) {
         let list = v
@@ -531,8 +479,7 @@ fn derive_layer_types(f: &Fields, model_type: &str, n: usize, sliding_window: Op
     }
     let interval = match f.opt_usize("full_attention_interval")? {
         Some(v) => Some(v),
-        None if matches!(model_type, "qwen3_next" | "qwen3_5_text" | "qwen3_5" | "qwen3_5_moe_text" | "qwen3_5_moe") => Some(4),
-        None => None,
+        None => class.full_attention_interval,
     };
     if let Some(k) = interval {
         if k == 0 {
@@ -544,8 +491,7 @@ fn derive_layer_types(f: &Fields, model_type: &str, n: usize, sliding_window: Op
         Some(v) => Some(v),
         None => match f.opt_usize("_sliding_window_pattern")? {
             Some(v) => Some(v),
-            None if model_type == "gemma3_text" => Some(6),
-            None => None,
+            None => class.sliding_window_pattern,
         },
     };
     if let Some(k) = pattern {
@@ -554,8 +500,10 @@ fn derive_layer_types(f: &Fields, model_type: &str, n: usize, sliding_window: Op
         }
         return Ok(periodic(n, k, "sliding_attention"));
     }
-    if matches!(model_type, "qwen2" | "qwen3") && sliding_window.is_some() {
-        let first = f.opt_usize("max_window_layers")?.unwrap_or(28);
+    if let Some(default_first) = class.window_layers_from
+        && sliding_window.is_some()
+    {
+        let first = f.opt_usize("max_window_layers")?.unwrap_or(default_first);
         return Ok((0..n).map(|i| if i >= first { "sliding_attention" } else { "full_attention" }.to_string()).collect());
     }
     Ok(vec!["full_attention".to_string(); n])
@@ -567,13 +515,12 @@ fn periodic(n: usize, k: usize, other: &str) -> Vec<String> {
 }
 
 /// Returns (rope of full-attention layers, rope of sliding layers if distinct).
-fn parse_rope(f: &Fields, model_type: &str, max_pos: usize) -> Result<(RopeParams, Option<RopeParams>)> {
+fn parse_rope(f: &Fields, class: &HfClass, max_pos: usize) -> Result<(RopeParams, Option<RopeParams>)> {
     let p = f.prefix;
-    let (theta_global, theta_local) = default_theta(model_type);
+    let (theta_global, theta_local) = class.rope_theta;
     let top_theta = f.opt_f64("rope_theta")?;
     let top_prf = f.opt_f64("partial_rotary_factor")?;
-    // Qwen3-Next's class sets partial_rotary_factor = 0.25 when the key is absent.
-    let top_prf = top_prf.or(if model_type == "qwen3_next" { Some(0.25) } else { None });
+    let top_prf = top_prf.or(class.partial_rotary_factor);
     // Phi3-style top-level original_max_position_embeddings wins over the dict's.
     let top_orig = f.opt_usize("original_max_position_embeddings")?;
 
@@ -591,7 +538,7 @@ fn parse_rope(f: &Fields, model_type: &str, max_pos: usize) -> Result<(RopeParam
             return Err(FormatError::field(f.path, format!("{p}{dict_name}"), format!("expected object, found {}", kind(v))));
         }
     };
-    let is_gemma3 = model_type == "gemma3_text";
+    let is_gemma3 = class.local_rope;
     // Nested by layer type iff a value is itself an object (a flat rope dict holds only
     // numbers, strings, bools and lists).
     let nested = dict.is_some_and(|m| m.values().any(Value::is_object));

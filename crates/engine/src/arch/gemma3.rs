@@ -7,9 +7,10 @@
 use cortiq_formats::gguf::GgufMeta;
 use cortiq_kernels::ops::RopeStyle;
 
-use cortiq_formats::hf::HfConfig;
+use cortiq_formats::hf::{ClassDefaults, HfClass, HfConfig};
+use cortiq_formats::names::{ATTN_NORM_OUT, ATTN_QKV, Bias, DENSE_GLOBAL, NameTable, QK_NORM, SWIGLU};
 
-use super::{Arch, GgufKeys, gguf_dense_base, hf_dense_base, hf_rope};
+use super::{Arch, DENSE_BARE, GgufKeys, gguf_dense_base, hf_dense_base, hf_rope};
 use crate::config::{Activation, ModelConfig, Rope, RopeScaling};
 use crate::error::Result;
 
@@ -20,7 +21,49 @@ pub const ARCH: Arch = Arch {
     from_hf,
     hf_norm_offset: 1.0,
     hf_plain_norms: &[],
+    // Gemma3TextConfig (the text class of the composite Gemma3Config).
+    hf_class: HfClass {
+        text_model_type: Some("gemma3_text"),
+        defaults: Some(ClassDefaults {
+            vocab_size: 262_208,
+            hidden_size: 2304,
+            intermediate_size: 9216,
+            num_hidden_layers: 26,
+            num_attention_heads: 8,
+            num_key_value_heads: Some(4),
+            head_dim: Some(256),
+            hidden_act: "gelu_pytorch_tanh",
+            max_position_embeddings: 131_072,
+            rms_norm_eps: 1e-6,
+            bos: Some(2),
+            eos: Some(1),
+            pad: Some(0),
+            sliding_window: Some(4096),
+            query_pre_attn_scalar: Some(256.0),
+        }),
+        tie_word_embeddings: true,
+        rope_theta: (1_000_000.0, LOCAL_ROPE_BASE),
+        sliding_window_pattern: Some(PATTERN),
+        local_rope: true,
+        ..HfClass::GENERIC
+    },
+    names: NameTable {
+        global: DENSE_GLOBAL,
+        layer: &[ATTN_QKV, ATTN_NORM_OUT, QK_NORM, NORMS, SWIGLU, crate::mixers::vmf::NAMES],
+        bare: DENSE_BARE,
+        experts: None,
+        mtp: false,
+    },
 };
+
+/// Gemma's norms around each sub-block: HF `post_attention_layernorm` is a real
+/// post-attention norm here (GGUF `post_attention_norm`), the pre-FFN norm is
+/// `pre_feedforward_layernorm` (GGUF `ffn_norm`).
+const NORMS: &[cortiq_formats::names::LayerRow] = &[
+    ("post_attention_layernorm", "post_attention_norm", Bias::No),
+    ("pre_feedforward_layernorm", "ffn_norm", Bias::No),
+    ("post_feedforward_layernorm", "post_ffw_norm", Bias::No),
+];
 
 /// Every `PATTERN`th layer (il % 6 == 5) attends globally.
 pub const PATTERN: usize = 6;
@@ -38,6 +81,7 @@ pub fn finish(
 ) {
     cfg.act = Activation::GeluTanh;
     cfg.qk_norm = true;
+    cfg.llamacpp_scales_q = true;
     cfg.post_norms = true;
     // HF casts √d to the weights' dtype; in f32 this is the f32 rounding of the f64 root.
     cfg.embed_scale = Some((cfg.d_model as f64).sqrt() as f32);

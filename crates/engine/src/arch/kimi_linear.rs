@@ -11,7 +11,10 @@
 //! config spelling (`linear_attn_config`) in HF folders.
 
 use cortiq_formats::gguf::GgufMeta;
-use cortiq_formats::hf::HfConfig;
+use cortiq_formats::hf::{HfClass, HfConfig};
+use cortiq_formats::names::{
+    ATTN_NORM_OUT, ATTN_QKV, Bias, DENSE_GLOBAL, Experts, LayerRow, NameTable, PRE_FFN_NORM, Pair, SWIGLU,
+};
 use cortiq_kernels::ops::RopeStyle;
 
 use super::{Arch, GgufKeys, KvOverride, gguf_dense_base, hf_dense_base, per_layer_usize};
@@ -28,7 +31,47 @@ pub const ARCH: Arch = Arch {
     from_hf,
     hf_norm_offset: 0.0,
     hf_plain_norms: &[],
+    hf_class: HfClass::GENERIC,
+    names: NameTable {
+        global: DENSE_GLOBAL,
+        layer: &[ATTN_QKV, ATTN_NORM_OUT, PRE_FFN_NORM, SWIGLU, crate::mixers::vmf::NAMES, LAYER],
+        bare: &[BARE, crate::mixers::vmf::BARE_NAMES],
+        // Kimi's experts: w1 (gate), w3 (up), w2 (down).
+        experts: Some(Experts {
+            prefix: "block_sparse_moe.experts.",
+            projs: &[("w1", "ffn_gate_exps"), ("w3", "ffn_up_exps"), ("w2", "ffn_down_exps")],
+        }),
+        mtp: false,
+    },
 };
+
+/// KDA, MLA and Kimi's MoE spellings.
+const LAYER: &[LayerRow] = &[
+    ("self_attn.q_conv1d", "ssm_conv1d_q", Bias::No),
+    ("self_attn.k_conv1d", "ssm_conv1d_k", Bias::No),
+    ("self_attn.v_conv1d", "ssm_conv1d_v", Bias::No),
+    ("self_attn.f_a_proj", "ssm_f_a", Bias::No),
+    ("self_attn.f_b_proj", "ssm_f_b", Bias::No),
+    ("self_attn.g_a_proj", "ssm_g_a", Bias::No),
+    ("self_attn.g_b_proj", "ssm_g_b", Bias::No),
+    ("self_attn.b_proj", "ssm_beta", Bias::No),
+    ("self_attn.o_norm", "ssm_norm", Bias::No),
+    ("self_attn.kv_a_proj_with_mqa", "attn_kv_a_mqa", Bias::No),
+    ("self_attn.kv_a_layernorm", "attn_kv_a_norm", Bias::No),
+    // llama.cpp splits kv_b into attn_k_b / attn_v_b; HF folders keep it whole.
+    ("self_attn.kv_b_proj", "attn_kv_b", Bias::No),
+    ("block_sparse_moe.gate", "ffn_gate_inp", Bias::No),
+    ("block_sparse_moe.shared_experts.gate_proj", "ffn_gate_shexp", Bias::No),
+    ("block_sparse_moe.shared_experts.up_proj", "ffn_up_shexp", Bias::No),
+    ("block_sparse_moe.shared_experts.down_proj", "ffn_down_shexp", Bias::No),
+];
+
+/// KDA's decay parameters and the router's selection bias.
+const BARE: &[Pair] = &[
+    ("self_attn.dt_bias", "ssm_dt.bias"),
+    ("self_attn.A_log", "ssm_a"),
+    ("block_sparse_moe.gate.e_score_correction_bias", "exp_probs_b.bias"),
+];
 
 fn from_hf(h: &HfConfig) -> Result<ModelConfig> {
     let mut cfg = hf_dense_base(h, "kimi-linear")?;

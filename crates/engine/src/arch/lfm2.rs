@@ -8,15 +8,73 @@
 //! in the per-layer `attention.head_count_kv` array and stores the recomputed FFN width.
 
 use cortiq_formats::gguf::GgufMeta;
-use cortiq_formats::hf::HfConfig;
+use cortiq_formats::hf::{ClassDefaults, HfClass, HfConfig};
+use cortiq_formats::names::{ATTN_QKV, Bias, LayerRow, NameTable};
 use cortiq_kernels::ops::RopeStyle;
 
 use super::{Arch, GgufKeys, KvOverride, gguf_dense_base, hf_dense_base};
 use crate::config::{LayerSpec, MixerKind, ModelConfig};
 use crate::error::{EngineError, Result};
 
-pub const ARCH: Arch =
-    Arch { name: "lfm2", hf_names: &["Lfm2ForCausalLM", "lfm2"], from_gguf, from_hf, hf_norm_offset: 0.0, hf_plain_norms: &[] };
+pub const ARCH: Arch = Arch {
+    name: "lfm2",
+    hf_names: &["Lfm2ForCausalLM", "lfm2"],
+    from_gguf,
+    from_hf,
+    hf_norm_offset: 0.0,
+    hf_plain_norms: &[],
+    // Lfm2Config (hidden_act: LFM2 has no key, its MLP is SwiGLU).
+    hf_class: HfClass {
+        defaults: Some(ClassDefaults {
+            vocab_size: 65536,
+            hidden_size: 2560,
+            intermediate_size: 12288,
+            num_hidden_layers: 32,
+            num_attention_heads: 32,
+            num_key_value_heads: Some(8),
+            head_dim: None,
+            hidden_act: "silu",
+            max_position_embeddings: 128_000,
+            rms_norm_eps: 1e-5,
+            bos: Some(1),
+            eos: Some(2),
+            pad: Some(0),
+            sliding_window: None,
+            query_pre_attn_scalar: None,
+        }),
+        tie_word_embeddings: true,
+        rope_theta: (1_000_000.0, 1_000_000.0),
+        ..HfClass::GENERIC
+    },
+    names: NameTable {
+        // The final norm: HF embedding_norm, llama.cpp token_embd_norm.
+        global: &[
+            ("model.embed_tokens.weight", "token_embd.weight"),
+            ("lm_head.weight", "output.weight"),
+            ("model.embedding_norm.weight", "token_embd_norm.weight"),
+        ],
+        layer: &[ATTN_QKV, LAYER],
+        bare: &[],
+        experts: None,
+        mtp: false,
+    },
+};
+
+/// LFM2's own spellings of the block (its attention input norm, output projection and
+/// q/k norms, the w1/w3/w2 MLP) and the short convolution.
+const LAYER: &[LayerRow] = &[
+    ("operator_norm", "attn_norm", Bias::No),
+    ("self_attn.out_proj", "attn_output", Bias::Yes),
+    ("self_attn.q_layernorm", "attn_q_norm", Bias::No),
+    ("self_attn.k_layernorm", "attn_k_norm", Bias::No),
+    ("ffn_norm", "ffn_norm", Bias::No),
+    ("feed_forward.w1", "ffn_gate", Bias::No),
+    ("feed_forward.w3", "ffn_up", Bias::No),
+    ("feed_forward.w2", "ffn_down", Bias::No),
+    ("conv.in_proj", "shortconv.in_proj", Bias::Yes),
+    ("conv.conv", "shortconv.conv", Bias::Yes),
+    ("conv.out_proj", "shortconv.out_proj", Bias::Yes),
+];
 
 fn from_hf(h: &HfConfig) -> Result<ModelConfig> {
     let mut cfg = hf_dense_base(h, "lfm2")?;

@@ -5,9 +5,10 @@
 use cortiq_formats::gguf::GgufMeta;
 use cortiq_kernels::ops::RopeStyle;
 
-use cortiq_formats::hf::HfConfig;
+use cortiq_formats::hf::{ClassDefaults, HfClass, HfConfig};
+use cortiq_formats::names::{DENSE_GLOBAL, NameTable};
 
-use super::{Arch, gguf_dense_base, hf_dense_base};
+use super::{Arch, DENSE_BARE, DENSE_LAYER, gguf_dense_base, hf_dense_base};
 use crate::config::ModelConfig;
 use crate::error::Result;
 
@@ -18,6 +19,28 @@ pub const ARCH: Arch = Arch {
     from_hf,
     hf_norm_offset: 0.0,
     hf_plain_norms: &[],
+    // LlamaConfig.
+    hf_class: HfClass {
+        defaults: Some(ClassDefaults {
+            vocab_size: 32000,
+            hidden_size: 4096,
+            intermediate_size: 11008,
+            num_hidden_layers: 32,
+            num_attention_heads: 32,
+            num_key_value_heads: None,
+            head_dim: None,
+            hidden_act: "silu",
+            max_position_embeddings: 2048,
+            rms_norm_eps: 1e-6,
+            bos: Some(1),
+            eos: Some(2),
+            pad: None,
+            sliding_window: None,
+            query_pre_attn_scalar: None,
+        }),
+        ..HfClass::GENERIC
+    },
+    names: NameTable { global: DENSE_GLOBAL, layer: DENSE_LAYER, bare: DENSE_BARE, experts: None, mtp: false },
 };
 
 fn from_gguf(g: &dyn GgufMeta) -> Result<ModelConfig> {

@@ -1,10 +1,16 @@
 //! The architecture registry: maps a GGUF `general.architecture` or an HF `architectures[0]`
-//! to the file that knows that model's configuration quirks. Adding an architecture is one
+//! to the file that owns that model's whole description: config parsing (GGUF and HF), the
+//! transformers class's defaults ([`HfClass`]), the tensor names in both spellings
+//! ([`NameTable`]) and the fixes a checkpoint needs at load. Adding an architecture is one
 //! file here plus one line in `ARCHES`.
 
+use std::path::Path;
+
 use cortiq_formats::gguf::GgufMeta;
-use cortiq_formats::hf::{self, HfConfig};
+use cortiq_formats::hf::{self, HfClass, HfConfig};
+use cortiq_formats::names::{ATTN_NORM_OUT, ATTN_QKV, LayerRow, NameTable, PRE_FFN_NORM, Pair, SWIGLU};
 use cortiq_kernels::ops::RopeStyle;
+use serde_json::Value;
 
 use crate::config::{Activation, LayerSpec, ModelConfig, Rope, RopeScaling};
 use crate::error::{EngineError, Result};
@@ -16,6 +22,7 @@ pub mod llama;
 pub mod qwen2;
 pub mod qwen3;
 pub mod qwen3_5;
+pub mod qwen3moe;
 
 /// What an architecture file provides.
 pub struct Arch {
@@ -31,12 +38,23 @@ pub struct Arch {
     /// GGUF-name suffixes of norms that keep a plain gain despite `hf_norm_offset`
     /// (Qwen3.5's GatedDeltaNet output norm, "ssm_norm.weight").
     pub hf_plain_norms: &'static [&'static str],
+    /// The transformers config class: defaults and reading rules of config.json.
+    pub hf_class: HfClass,
+    /// Tensor names, HF ↔ GGUF.
+    pub names: NameTable,
 }
+
+/// The layer rows of a llama-style decoder (attention, pre-FFN norm, SwiGLU) with cortiq's
+/// vmf_phase core, which any dense attention layer may be converted to.
+pub const DENSE_LAYER: &[&[LayerRow]] = &[ATTN_QKV, ATTN_NORM_OUT, PRE_FFN_NORM, SWIGLU, crate::mixers::vmf::NAMES];
+/// The bare parameters of a model whose attention layers may be converted to vmf_phase.
+pub const DENSE_BARE: &[&[Pair]] = &[crate::mixers::vmf::BARE_NAMES];
 
 pub const ARCHES: &[Arch] = &[
     llama::ARCH,
     qwen2::ARCH,
     qwen3::ARCH,
+    qwen3moe::ARCH,
     gemma3::ARCH,
     lfm2::ARCH,
     qwen3_5::ARCH,
@@ -46,6 +64,12 @@ pub const ARCHES: &[Arch] = &[
 ];
 
 impl Arch {
+    /// config.json text read with this architecture's class (a .cmf built from an HF folder
+    /// embeds the file); `path` only names it in errors.
+    pub fn hf_config_from_str(&self, path: &Path, s: &str) -> Result<HfConfig> {
+        Ok(HfConfig::from_value(path, hf::parse_json(path, s)?, &self.hf_class)?)
+    }
+
     /// The model an HF config describes: the architecture's own reading, then cortiq's
     /// `vmf_phase` layers (converted attention layers) where the config has them.
     pub fn config_from_hf(&self, h: &HfConfig) -> Result<ModelConfig> {
@@ -63,6 +87,43 @@ impl Arch {
     }
 }
 
+/// The architecture an HF config names (`architectures`, or its model types), if one of ours.
+fn hf_lookup(names: &[String]) -> Option<&'static Arch> {
+    ARCHES.iter().find(|a| names.iter().any(|n| a.hf_names.contains(&n.as_str())))
+}
+
+/// Reads an HF config.json value with the class its names select ([`HfClass::GENERIC`] for a
+/// model type none of our architectures claims: its geometry keys are then required).
+pub fn hf_config(path: &Path, raw: Value) -> Result<HfConfig> {
+    let class = hf_lookup(&hf::peek_names(&raw)).map_or(&HfClass::GENERIC, |a| &a.hf_class);
+    Ok(HfConfig::from_value(path, raw, class)?)
+}
+
+/// [`hf_config`] on config.json text; `path` only names the file in errors.
+pub fn hf_config_from_str(path: &Path, s: &str) -> Result<HfConfig> {
+    hf_config(path, hf::parse_json(path, s)?)
+}
+
+/// [`hf_config`] on `<dir>/config.json`.
+pub fn hf_config_from_dir(dir: &Path) -> Result<HfConfig> {
+    let (path, raw) = hf::read_dir_json(dir)?;
+    hf_config(&path, raw)
+}
+
+/// The architecture a parsed HF config belongs to.
+pub fn for_hf(c: &HfConfig) -> Result<&'static Arch> {
+    let mut names = c.architectures.clone();
+    names.push(c.model_type.clone());
+    names.extend(c.outer_model_type.clone());
+    by_hf_name(&c.path.display().to_string(), &names)
+}
+
+/// The architecture a name means in either spelling: GGUF's `general.architecture` or one of
+/// the HF names (class or model type).
+pub fn by_any_name(name: &str) -> Option<&'static Arch> {
+    ARCHES.iter().find(|a| a.name == name || a.hf_names.contains(&name))
+}
+
 pub fn supported() -> String {
     ARCHES.iter().map(|a| a.name).collect::<Vec<_>>().join(", ")
 }
@@ -76,7 +137,7 @@ pub fn by_gguf_name(file: &str, name: &str) -> Result<&'static Arch> {
 }
 
 pub fn by_hf_name(file: &str, names: &[String]) -> Result<&'static Arch> {
-    ARCHES.iter().find(|a| names.iter().any(|n| a.hf_names.contains(&n.as_str()))).ok_or_else(|| EngineError::UnknownArch {
+    hf_lookup(names).ok_or_else(|| EngineError::UnknownArch {
         file: file.to_string(),
         arch: names.join("/"),
         supported: supported(),
@@ -169,6 +230,7 @@ pub fn gguf_dense_base(g: &dyn GgufMeta, arch: &'static str, style: RopeStyle) -
         ffn_norm: "ffn_norm.weight",
         attn_gate: false,
         moe: None,
+        llamacpp_scales_q: false,
     })
 }
 
@@ -241,6 +303,7 @@ pub fn hf_dense_base(h: &HfConfig, arch: &'static str) -> Result<ModelConfig> {
         ffn_norm: "ffn_norm.weight",
         attn_gate: false,
         moe: None,
+        llamacpp_scales_q: false,
     })
 }
 

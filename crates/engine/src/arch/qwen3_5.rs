@@ -14,7 +14,11 @@
 //! tensors under `model.language_model.*`, the vision tower's `model.visual.*` ignored).
 
 use cortiq_formats::gguf::GgufMeta;
-use cortiq_formats::hf::HfConfig;
+use cortiq_formats::hf::{HfClass, HfConfig};
+use cortiq_formats::names::{
+    ATTN_NORM_OUT, ATTN_QKV, Bias, DENSE_GLOBAL, LayerRow, MLP_EXPERTS, MOE_ROUTER, NameTable, PRE_FFN_NORM, Pair, QK_NORM,
+    SHARED_EXPERT, SWIGLU,
+};
 use cortiq_kernels::ops::RopeStyle;
 
 use super::{Arch, GgufKeys, gguf_dense_base, hf_dense_base};
@@ -25,22 +29,32 @@ use crate::moe::{MoeConfig, Scoring};
 
 pub const ARCH: Arch = Arch {
     name: "qwen35",
-    hf_names: &["Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration", "qwen3_5_text"],
+    hf_names: &["Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration", "qwen3_5_text", "qwen3_5"],
     from_gguf: |g| from_gguf_as(g, "qwen35"),
     from_hf: |h| from_hf_as(h, "qwen35"),
     hf_norm_offset: 1.0,
     hf_plain_norms: &["ssm_norm.weight"],
+    hf_class: HfClass { text_model_type: Some("qwen3_5_text"), full_attention_interval: Some(4), ..HfClass::GENERIC },
+    names: NameTable {
+        global: DENSE_GLOBAL,
+        layer: &[ATTN_QKV, ATTN_NORM_OUT, QK_NORM, PRE_FFN_NORM, SWIGLU, GDN, crate::mixers::vmf::NAMES],
+        bare: BARE,
+        experts: None,
+        mtp: true,
+    },
 };
 
 /// Qwen3.5-MoE: the same layers with a mixture-of-experts FFN everywhere (softmax routing,
 /// top-k renormalized, a shared expert scaled by σ(shared_expert_gate·x)).
 pub const ARCH_MOE: Arch = Arch {
     name: "qwen35moe",
-    hf_names: &["Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe_text"],
+    hf_names: &["Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe_text", "qwen3_5_moe"],
     from_gguf: |g| from_gguf_as(g, "qwen35moe"),
     from_hf: |h| from_hf_as(h, "qwen35moe"),
     hf_norm_offset: 1.0,
     hf_plain_norms: &["ssm_norm.weight"],
+    hf_class: HfClass { text_model_type: Some("qwen3_5_moe_text"), full_attention_interval: Some(4), ..HfClass::GENERIC },
+    names: NameTable { layer: MOE_LAYER, experts: Some(MLP_EXPERTS), ..ARCH.names },
 };
 
 /// Qwen3-Next: Qwen3.5-MoE's layers with fused GatedDeltaNet input projections (split at
@@ -52,7 +66,45 @@ pub const ARCH_NEXT: Arch = Arch {
     from_hf: |h| from_hf_as(h, "qwen3next"),
     hf_norm_offset: 1.0,
     hf_plain_norms: &["ssm_norm.weight"],
+    // Qwen3NextConfig: partial_rotary_factor 0.25 when absent.
+    hf_class: HfClass { full_attention_interval: Some(4), partial_rotary_factor: Some(0.25), ..HfClass::GENERIC },
+    names: NameTable {
+        layer: &[
+            ATTN_QKV,
+            ATTN_NORM_OUT,
+            QK_NORM,
+            PRE_FFN_NORM,
+            SWIGLU,
+            GDN,
+            FUSED,
+            MOE_ROUTER,
+            SHARED_EXPERT,
+            crate::mixers::vmf::NAMES,
+        ],
+        ..ARCH_MOE.names
+    },
 };
+
+/// The GatedDeltaNet layers' projections, conv and output norm.
+const GDN: &[LayerRow] = &[
+    ("linear_attn.in_proj_qkv", "attn_qkv", Bias::No),
+    ("linear_attn.in_proj_z", "attn_gate", Bias::No),
+    ("linear_attn.in_proj_b", "ssm_beta", Bias::No),
+    ("linear_attn.in_proj_a", "ssm_alpha", Bias::No),
+    ("linear_attn.conv1d", "ssm_conv1d", Bias::No),
+    ("linear_attn.norm", "ssm_norm", Bias::No),
+    ("linear_attn.out_proj", "ssm_out", Bias::No),
+];
+/// Qwen3-Next's fused projections, split at load (grouped per key head: [q, k, v, z] and
+/// [b, a]); llama.cpp splits qkvz itself (attn_qkv + attn_gate) but keeps ssm_ba fused.
+const FUSED: &[LayerRow] =
+    &[("linear_attn.in_proj_qkvz", "ssm_in_qkvz", Bias::No), ("linear_attn.in_proj_ba", "ssm_ba", Bias::No)];
+/// Qwen3.5-MoE's layers: the dense ones with the router and the shared expert.
+const MOE_LAYER: &[&[LayerRow]] =
+    &[ATTN_QKV, ATTN_NORM_OUT, QK_NORM, PRE_FFN_NORM, SWIGLU, GDN, MOE_ROUTER, SHARED_EXPERT, crate::mixers::vmf::NAMES];
+/// The GatedDeltaNet decay parameters and vmf_phase's.
+const BARE: &[&[Pair]] =
+    &[&[("linear_attn.dt_bias", "ssm_dt.bias"), ("linear_attn.A_log", "ssm_a")], crate::mixers::vmf::BARE_NAMES];
 
 fn from_hf_as(h: &HfConfig, arch: &'static str) -> Result<ModelConfig> {
     let mut cfg = hf_dense_base(h, arch)?;

@@ -26,6 +26,7 @@
 //! weights sum to one), while the core's own v_proj has none.
 
 use cortiq_formats::gguf::GgufMeta;
+use cortiq_formats::names::{Bias, LayerRow, Pair};
 use cortiq_kernels::conv::causal_conv1d_par;
 use cortiq_kernels::vmf::{self, CHUNK};
 use serde_json::Value;
@@ -36,6 +37,22 @@ use crate::mixers::{Env, Journal, Mixer, MixerState, Seq};
 use crate::par::pool;
 use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
+
+/// vmf_phase's tensors in both spellings (HF `vmf_attn.*`, GGUF `vmf_*`): rows every
+/// architecture with convertible attention layers includes.
+pub const NAMES: &[LayerRow] = &[
+    ("vmf_attn.thq", "vmf_thq", Bias::Yes),
+    ("vmf_attn.thk", "vmf_thk", Bias::Yes),
+    ("vmf_attn.v_proj", "vmf_v", Bias::No),
+    ("vmf_attn.out_proj", "vmf_out", Bias::Yes),
+    ("vmf_attn.conv", "vmf_conv", Bias::No),
+    ("vmf_attn.k_gate", "vmf_kgate", Bias::Yes),
+    ("vmf_attn.o_norm", "vmf_onorm", Bias::No),
+    ("vmf_attn.slot", "vmf_slot", Bias::Yes),
+];
+/// vmf_phase's bare parameters: A_log is stored as A_log by both spellings (the decay is
+/// formed at load).
+pub const BARE_NAMES: &[Pair] = &[("vmf_attn.A_log", "vmf_a_log"), ("vmf_attn.phase_mass", "vmf_mass")];
 use crate::state::{KvType, LayerState, StateBytes};
 use crate::weights::TensorSource;
 

@@ -131,6 +131,6 @@ fn configs_match_transformers_5() {
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
 
-fn load(p: &std::path::Path) -> cortiq_formats::error::Result<HfConfig> {
-    HfConfig::from_json_str(p, &std::fs::read_to_string(p).unwrap())
+fn load(p: &std::path::Path) -> cortiq_engine::Result<HfConfig> {
+    cortiq_engine::arch::hf_config_from_str(p, &std::fs::read_to_string(p).unwrap())
 }

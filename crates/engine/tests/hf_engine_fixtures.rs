@@ -7,13 +7,12 @@
 use std::path::PathBuf;
 
 use cortiq_formats::hf::{GenerationConfig, HfConfig, RopeScaling};
-use cortiq_formats::names::{gguf_to_hf, hf_to_gguf};
 use cortiq_formats::safetensors::HfWeights;
 use cortiq_kernels::quant::QuantType;
 use serde_json::Value;
 
 fn fixture(arch: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/fixtures").join(arch)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(arch)
 }
 
 /// Row-major shape each HF tensor must have, from the config alone.
@@ -43,7 +42,7 @@ fn engine_fixture_folders_load() {
     for arch in ["llama", "qwen2", "qwen3", "gemma3"] {
         let dir = fixture(arch);
         let reference: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
-        let c = HfConfig::from_dir(&dir).unwrap_or_else(|e| panic!("{arch}: {e}"));
+        let c = cortiq_engine::arch::hf_config_from_dir(&dir).unwrap_or_else(|e| panic!("{arch}: {e}"));
         assert_eq!(c.model_type, reference["model_type"].as_str().unwrap(), "{arch}");
         assert_eq!(c.architectures, [reference["hf_class"].as_str().unwrap()], "{arch}");
         assert_eq!(c.vocab_size as u64, reference["vocab_size"].as_u64().unwrap(), "{arch}");
@@ -70,8 +69,9 @@ fn engine_fixture_folders_load() {
             let shape = expected_shape(&c, name).unwrap_or_else(|| panic!("{arch}: unexpected tensor {name}"));
             assert_eq!(t.shape, shape, "{arch} {name}");
             assert_eq!(t.data.len(), shape.iter().product::<usize>() * if want_dtype == QuantType::F32 { 4 } else { 2 });
-            let g = hf_to_gguf(arch, name).unwrap_or_else(|| panic!("{arch}: {name} has no GGUF name"));
-            assert_eq!(gguf_to_hf(arch, &g).as_deref(), Some(name), "{arch}: {g}");
+            let names = &cortiq_engine::arch::by_any_name(arch).unwrap().names;
+            let g = names.hf_to_gguf(name).unwrap_or_else(|| panic!("{arch}: {name} has no GGUF name"));
+            assert_eq!(names.gguf_to_hf(&g).as_deref(), Some(name), "{arch}: {g}");
             total += 1;
         }
         assert_eq!(w.contains("lm_head.weight"), !c.tie_word_embeddings, "{arch}: tie vs lm_head");

@@ -4,18 +4,22 @@
 //! Llama-3.2-1B, gemma-3-270m and gemma-3-4b-it. Expected values are the files' own numbers
 //! and transformers 5.24's normalization rules (named at each check).
 
+use std::path::Path;
+
+use cortiq_engine::EngineError;
+use cortiq_engine::arch::{hf_config_from_dir, hf_config_from_str};
 use cortiq_formats::FormatError;
 use cortiq_formats::hf::{GenerationConfig, HfConfig, RopeParams, RopeScaling, TokenizerConfig};
 
 fn parse(s: &str) -> HfConfig {
-    match HfConfig::from_json_str("test/config.json", s) {
+    match hf_config_from_str(Path::new("test/config.json"), s) {
         Ok(c) => c,
         Err(e) => panic!("parse failed: {e}"),
     }
 }
 
 fn parse_err(s: &str) -> String {
-    match HfConfig::from_json_str("test/config.json", s) {
+    match hf_config_from_str(Path::new("test/config.json"), s) {
         Ok(c) => panic!("expected an error, got {c:?}"),
         Err(e) => e.to_string(),
     }
@@ -542,8 +546,8 @@ fn temp_dir(tag: &str) -> std::path::PathBuf {
 #[test]
 fn from_dir_reads_config_generation_and_tokenizer_files() {
     let d = temp_dir("dir");
-    let e = HfConfig::from_dir(&d).unwrap_err();
-    assert!(matches!(e, FormatError::Io { .. }) && e.to_string().contains("config.json"), "{e}");
+    let e = hf_config_from_dir(&d).unwrap_err();
+    assert!(matches!(e, EngineError::Format(FormatError::Io { .. })) && e.to_string().contains("config.json"), "{e}");
     assert_eq!(GenerationConfig::from_dir(&d).unwrap(), None);
     assert_eq!(TokenizerConfig::from_dir(&d).unwrap(), None);
 
@@ -572,7 +576,7 @@ fn from_dir_reads_config_generation_and_tokenizer_files() {
     .unwrap();
     std::fs::write(d.join("chat_template.jinja"), "{% for m in messages %}{{ m.content }}{% endfor %}").unwrap();
 
-    let c = HfConfig::from_dir(&d).unwrap();
+    let c = hf_config_from_dir(&d).unwrap();
     assert_eq!(c.path, d.join("config.json"));
     assert_eq!(c.hidden_size, 896);
     let g = GenerationConfig::from_dir(&d).unwrap().unwrap();
