@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use anyhow::{Result, bail};
 use clap::Args;
-use cortiq_engine::mixers::nystrom::Far;
+use cortiq_engine::o1::nystrom::Far;
 use cortiq_engine::{Logits, VerifyJournal};
 
 use crate::common::{Common, O1Args, Profiler, open_model, state_line};

@@ -8,10 +8,10 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use cortiq_engine::load::{Loaded, load};
-use cortiq_engine::mixers::evict::ScoreRule;
-use cortiq_engine::mixers::nystrom::skeleton_bytes;
-use cortiq_engine::mixers::nystrom::{DEFAULT_RIDGE, Far, Guard, O1Settings, StatePrecision};
 use cortiq_engine::o1::O1Plan;
+use cortiq_engine::o1::evict::ScoreRule;
+use cortiq_engine::o1::nystrom::skeleton_bytes;
+use cortiq_engine::o1::nystrom::{DEFAULT_RIDGE, Far, Guard, O1Settings, StatePrecision};
 use cortiq_engine::state::KvType;
 use cortiq_formats::tokenizer::Tokenizer;
 

@@ -18,8 +18,8 @@
 //! Per layer it prints sink+window's relative error alone (the slot dead), the fold's, and the
 //! slot fit's R². Hand-written for the reasons of `linearize`.
 
-use cortiq_engine::blocks::AttentionWeights;
 use cortiq_engine::mixers::Mixer;
+use cortiq_engine::mixers::attention::AttentionWeights;
 use cortiq_engine::mixers::vmf::{CoreWeights, VmfConfig};
 use cortiq_engine::mixers::vmf_window::VmfWindow;
 use cortiq_engine::qtensor::QTensor;

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use cortiq_engine::mixers::nystrom::{Far, Guard};
+use cortiq_engine::o1::nystrom::{Far, Guard};
 use cortiq_engine::perplexity::{PplOptions, perplexity, perplexity_vs};
 use indicatif::{ProgressBar, ProgressStyle};
 

@@ -20,8 +20,8 @@ use std::path::{Path, PathBuf};
 
 use cortiq_cli::polish::student::{GlobalAttn, StudentWeights, student_logits};
 use cortiq_engine::load::load;
-use cortiq_engine::mixers::nystrom::{Far, Guard, O1Settings, StatePrecision};
 use cortiq_engine::o1::O1Plan;
+use cortiq_engine::o1::nystrom::{Far, Guard, O1Settings, StatePrecision};
 use cortiq_engine::{Logits, Model};
 use cortiq_formats::npy::read_f32;
 use cortiq_testkit::max_abs_diff;
@@ -130,7 +130,7 @@ fn o1_student_matches_engine_matrix_form() {
 /// also count the far mass, so the kept keys may differ: that form is only printed).
 #[test]
 fn far_student_matches_engine_streaming() {
-    use cortiq_engine::mixers::farfield::FarWeights;
+    use cortiq_engine::o1::farfield::FarWeights;
     use cortiq_train::gradcheck::Rng;
     let mut loaded = load(&fixture("llama").join("model.gguf")).unwrap();
     let toks = tokens("llama");
@@ -173,7 +173,7 @@ fn far_student_matches_engine_streaming() {
         z
     };
     let exact = engine_logits(m, &toks, None);
-    for (score, rule) in [(false, None), (true, Some(cortiq_engine::mixers::evict::ScoreRule::default()))] {
+    for (score, rule) in [(false, None), (true, Some(cortiq_engine::o1::evict::ScoreRule::default()))] {
         let global = GlobalAttn::Far { tp, window, sinks, score_all: score, train_ffn: false };
         let w = StudentWeights::from_model(m, t, global).unwrap();
         let z = student_logits(&w.student(), &toks).unwrap();

@@ -1,5 +1,5 @@
 //! The learned far field (`--o1-far linear`): the engine's streaming state
-//! (`cortiq_engine::mixers::farfield`, running offsets, f32 state) against the trainer's
+//! (`cortiq_engine::o1::farfield`, running offsets, f32 state) against the trainer's
 //! teacher-forced form (`cortiq_train::farfield`, f64) on a real model (SmolLM2-135M), every
 //! planned layer: the same q, k and v give the same attention output within 1e-5 relative, on
 //! the positions after the seal (the prompt's far keys absorbed at once) and past it (one key
@@ -13,9 +13,9 @@ use std::sync::Arc;
 use cortiq_engine::Logits;
 use cortiq_engine::Numerics;
 use cortiq_engine::load::load;
-use cortiq_engine::mixers::farfield::FarWeights;
-use cortiq_engine::mixers::nystrom::{Far, O1Settings};
 use cortiq_engine::o1::O1Plan;
+use cortiq_engine::o1::farfield::FarWeights;
+use cortiq_engine::o1::nystrom::{Far, O1Settings};
 use cortiq_train::farfield::{FarShape, LayerSeq, far_forward, init_params};
 use cortiq_train::gradcheck::Rng;
 

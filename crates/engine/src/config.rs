@@ -26,13 +26,13 @@ pub enum MixerKind {
     /// LFM2's gated short convolution over `kernel` taps (`bias`: in/conv/out biases).
     ShortConv { kernel: usize, bias: bool },
     /// GatedDeltaNet (Qwen3-Next, Qwen3.5).
-    GatedDeltaNet(crate::mixers::gdn::GdnConfig),
+    GatedDeltaNet(crate::geometry::GdnConfig),
     /// Kimi Delta Attention.
-    Kda(crate::mixers::kda::KdaConfig),
+    Kda(crate::geometry::KdaConfig),
     /// Multi-head latent attention (Kimi Linear: no RoPE).
-    Mla(crate::mixers::mla::MlaConfig),
+    Mla(crate::geometry::MlaConfig),
     /// cortiq's vmf_phase linear core (a converted attention layer of a dense model).
-    VmfPhase(crate::mixers::vmf::VmfConfig),
+    VmfPhase(crate::geometry::VmfConfig),
 }
 
 /// Per-layer geometry.
@@ -82,7 +82,7 @@ pub struct ModelConfig {
     pub ropes: Vec<Rope>,
     pub layers: Vec<LayerSpec>,
     /// The experts of MoE layers (`LayerSpec::moe`).
-    pub moe: Option<crate::moe::MoeConfig>,
+    pub moe: Option<crate::geometry::MoeConfig>,
     /// Attention layers' q_proj also yields a per-head output gate: rows [q | gate] per head,
     /// the attention output multiplied by σ(gate) before o_proj (Qwen3-Next, Qwen3.5).
     pub attn_gate: bool,

@@ -3,11 +3,13 @@
 
 pub mod arch;
 pub mod blocks;
+pub mod codec;
 pub mod compat;
 pub mod config;
 pub mod convert;
 pub mod error;
 pub mod generate;
+pub mod geometry;
 pub mod load;
 pub mod mixers;
 pub mod model;

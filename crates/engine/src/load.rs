@@ -20,8 +20,8 @@ use cortiq_formats::tokenizer::Tokenizer;
 use crate::arch::{self, Arch};
 use crate::config::{MixerKind, ModelConfig};
 use crate::error::{EngineError, Result};
-use crate::mixers::farfield::FarWeights;
 use crate::model::Model;
+use crate::o1::farfield::FarWeights;
 use crate::qtensor::{Backing, QTensor};
 use crate::weights::{CmfSource, GgufSource, TensorSource};
 
@@ -128,7 +128,7 @@ fn load_cmf(path: &Path) -> Result<Loaded> {
 /// --o1-far linear`): per layer all six tensors or none, and optionally the decay rates; a
 /// partial or misshapen set is a malformed file.
 fn load_far(path: &Path, c: &Cmf, cfg: &ModelConfig) -> Result<Vec<Option<std::sync::Arc<FarWeights>>>> {
-    use crate::mixers::farfield::TENSORS;
+    use crate::o1::farfield::TENSORS;
     let bad = |what: String| EngineError::BadConfig { file: path.display().to_string(), what };
     let mut out = Vec::with_capacity(cfg.n_layers);
     for il in 0..cfg.n_layers {
@@ -150,7 +150,7 @@ fn load_far(path: &Path, c: &Cmf, cfg: &ModelConfig) -> Result<Vec<Option<std::s
         let mut fw = FarWeights::from_tensors(rank, nh, nkv, hd, vals)
             .ok_or_else(|| bad(format!("layer {il}: far field tensors do not fit {nh} heads, {nkv} kv heads, head_dim {hd}")))?;
         // The decay rates are optional (files written before them have none: no decay).
-        let dname = format!("blk.{il}.{}", crate::mixers::farfield::DECAY_TENSOR);
+        let dname = format!("blk.{il}.{}", crate::o1::farfield::DECAY_TENSOR);
         if let Some(info) = c.tensor(&dname) {
             if info.dtype != cortiq_kernels::quant::QuantType::F32 {
                 return Err(bad(format!("{dname}: a far field tensor must be f32, found {}", info.dtype.name())));

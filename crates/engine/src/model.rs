@@ -93,7 +93,7 @@ pub struct Model {
     llamacpp_threads: usize,
     /// Per layer: the learned far field of the O(1) mode (`Far::Linear`), from a polished
     /// .cmf's `blk.N.attn_far_*` tensors (empty when the file has none).
-    pub o1_far: Vec<Option<std::sync::Arc<crate::mixers::farfield::FarWeights>>>,
+    pub o1_far: Vec<Option<std::sync::Arc<crate::o1::farfield::FarWeights>>>,
     /// The O(1) mode's calibrated window split (`O1Plan::split`), from a polished .cmf's header.
     pub o1_split: Option<std::sync::Arc<crate::o1::O1Split>>,
     /// The planned layers that evict by score when the plan's rule says `model_layers`
@@ -326,17 +326,17 @@ impl Model {
             head_dim: self.cfg.head_dim,
         };
         let mut st = self.new_state(n_ctx);
-        if matches!(plan.far, crate::mixers::nystrom::Far::Linear(_)) {
+        if matches!(plan.far, crate::o1::nystrom::Far::Linear(_)) {
             // Layers the polish left without a far field keep their eviction rule; a model with
             // none at all has nothing to serve.
             if !(0..serve.len()).any(|il| serve[il] == Serve::Planned && self.o1_far.get(il).is_some_and(Option::is_some)) {
-                return Err(bad(crate::mixers::nystrom::NystromError::NoFarWeights.to_string()));
+                return Err(bad(crate::o1::nystrom::NystromError::NoFarWeights.to_string()));
             }
         }
         let mut run =
             O1Run::new(plan, serve, geom, self.o1_far.clone(), self.o1_split.as_deref(), self.o1_score_layers.as_deref());
         if plan.check.is_none() && plan.tp == 0 {
-            run.seal_all(&mut st.layers).map_err(|e| bad(e.to_string()))?;
+            crate::state::seal_all(&mut run, &mut st.layers).map_err(|e| bad(e.to_string()))?;
         }
         st.o1 = Some(run);
         Ok(st)
@@ -994,7 +994,7 @@ fn load_layer(src: &dyn TensorSource, cfg: &ModelConfig, il: usize, spec: &Layer
     let (d, ff) = (cfg.d_model, cfg.d_ff);
     let n = |s: &str| format!("blk.{il}.{s}");
     let post = |s: &str| -> Result<Option<Vec<f32>>> { if cfg.post_norms { Ok(Some(src.vector(&n(s), d)?)) } else { Ok(None) } };
-    let mixer = mixers::load(src, cfg, il, spec)?;
+    let mixer = mixers::registry::load(src, cfg, il, spec)?;
     Ok(LayerWeights {
         attn_norm: src.vector(&n("attn_norm.weight"), d)?,
         mixer,
@@ -1021,7 +1021,8 @@ fn load_layer(src: &dyn TensorSource, cfg: &ModelConfig, il: usize, spec: &Layer
 /// plan's tp (`end` = the position after the chunk).
 fn seal_if_due(o1: &mut Option<O1Run>, il: usize, end: usize, ls: &mut LayerState) -> Result<()> {
     if let Some(run) = o1.as_mut().filter(|r| r.seals_after(il, end)) {
-        run.seal(il, ls).map_err(|e| EngineError::BadConfig { file: "o(1) seal".into(), what: e.to_string() })?;
+        crate::state::seal_layer(run, il, ls)
+            .map_err(|e| EngineError::BadConfig { file: "o(1) seal".into(), what: e.to_string() })?;
     }
     Ok(())
 }

@@ -9,31 +9,9 @@
 
 use crate::blocks::{FfnWeights, ffn};
 use crate::config::ModelConfig;
+pub use crate::geometry::{MoeConfig, Scoring};
 use crate::numerics::Numerics;
 use crate::qtensor::QTensor;
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Scoring {
-    Softmax,
-    Sigmoid,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct MoeConfig {
-    pub n_experts: usize,
-    pub top_k: usize,
-    pub scoring: Scoring,
-    /// Renormalize the top-k weights to sum to 1.
-    pub norm_topk: bool,
-    /// Multiplies the routed experts' sum.
-    pub routed_scale: f32,
-    /// Hidden width of each routed expert.
-    pub d_ff_expert: usize,
-    /// Hidden width of the shared expert, if any.
-    pub d_ff_shared: Option<usize>,
-    /// The shared expert's output is scaled by σ(shared_gate·x).
-    pub shared_gate: bool,
-}
 
 pub struct MoeWeights {
     /// [n_experts, d_model]

@@ -5,105 +5,10 @@
 //! global attention caches into sealed states at the end of the prompt. Callers use `len`,
 //! `checkpoint` and `rollback`, never the layer internals; nothing here matches on a mixer.
 
-use crate::mixers::MixerState;
-use crate::mixers::attention::KvState;
+use crate::mixers::attention::{Cache, KvState};
+pub use crate::mixers::{KvType, LayerState, StateBytes};
+use crate::o1::nystrom::NystromError;
 use crate::o1::{O1Run, O1Stats};
-
-/// How attention layers store their KV cache (`--kv-type`): f32, f16 (llama.cpp's default
-/// cache type; values rounded to nearest-even) or 8-bit blocks with an f32 scale
-/// (`kvattn::quantize_q8`). Decode reads every type in place (`kvattn`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum KvType {
-    #[default]
-    F32,
-    F16,
-    Q8,
-}
-
-impl KvType {
-    pub fn name(self) -> &'static str {
-        match self {
-            KvType::F32 => "f32",
-            KvType::F16 => "f16",
-            KvType::Q8 => "q8",
-        }
-    }
-}
-
-/// One layer's state: its mixer's own type (`Mixer::new_state`), reached by the mixer through
-/// `get_mut` and by everything else through `MixerState`.
-pub struct LayerState(Box<dyn MixerState>);
-
-impl Clone for LayerState {
-    fn clone(&self) -> LayerState {
-        LayerState(self.0.box_clone())
-    }
-}
-
-impl LayerState {
-    pub fn new(s: impl MixerState + 'static) -> LayerState {
-        LayerState(Box::new(s))
-    }
-
-    /// Whether the state can only go forward (no truncation to an earlier length: a
-    /// checkpoint must snapshot it).
-    pub fn is_recurrent(&self) -> bool {
-        self.0.is_recurrent()
-    }
-
-    /// The mixer's own state type, if this layer holds one.
-    pub fn get<S: MixerState + 'static>(&self) -> Option<&S> {
-        self.0.as_any().downcast_ref()
-    }
-
-    pub fn get_mut<S: MixerState + 'static>(&mut self) -> Option<&mut S> {
-        self.0.as_any_mut().downcast_mut()
-    }
-
-    /// The mixer's own state type; the model builds every layer's state from that layer's
-    /// mixer, so another type is a bug.
-    pub(crate) fn of<S: MixerState + 'static>(&mut self) -> &mut S {
-        self.get_mut().expect("a layer's state is made by its own mixer")
-    }
-
-    pub fn bytes(&self) -> StateBytes {
-        self.0.bytes()
-    }
-
-    /// Become a copy of `other`, reusing this state's buffers where it is of the same type.
-    pub(crate) fn copy_from(&mut self, other: &LayerState) {
-        other.0.clone_into_box(&mut self.0);
-    }
-
-    /// Keep the first `len` positions of a state that is not recurrent.
-    pub(crate) fn truncate(&mut self, len: usize) {
-        self.0.truncate(len);
-    }
-}
-
-/// A sequence's state bytes by kind (`SeqState::bytes_by_kind`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct StateBytes {
-    /// KV caches (exact attention, sliding layers, MLA), by their values' length.
-    pub kv: usize,
-    /// Sealed O(1) attention layers, scratch included, and the plan's prompt bookkeeping.
-    pub o1: usize,
-    /// Recurrent mixers (GatedDeltaNet, KDA, short conv).
-    pub recurrent: usize,
-}
-
-impl StateBytes {
-    pub fn total(&self) -> usize {
-        self.kv + self.o1 + self.recurrent
-    }
-}
-
-impl std::ops::Add for StateBytes {
-    type Output = StateBytes;
-    fn add(self, o: StateBytes) -> StateBytes {
-        StateBytes { kv: self.kv + o.kv, o1: self.o1 + o.o1, recurrent: self.recurrent + o.recurrent }
-    }
-}
 
 #[derive(Clone)]
 pub struct SeqState {
@@ -136,7 +41,7 @@ impl Checkpoint {
         if self.o1.is_some() {
             return Err("a checkpoint of a constant-memory (O(1)) sequence is not saved".into());
         }
-        crate::session::put_u64(out, self.len as u64);
+        crate::codec::put_u64(out, self.len as u64);
         for snap in &self.recurrent {
             out.push(u8::from(snap.is_some()));
             if let Some(l) = snap {
@@ -148,10 +53,10 @@ impl Checkpoint {
 
     /// Read what `save` wrote, for a sequence whose fresh layers are `like`'s.
     pub(crate) fn load(r: &mut &[u8], like: &SeqState) -> Result<Checkpoint, String> {
-        let len = crate::session::get_u64(r)? as usize;
+        let len = crate::codec::get_u64(r)? as usize;
         let mut recurrent = Vec::with_capacity(like.layers.len());
         for (il, l) in like.layers.iter().enumerate() {
-            let snap = match crate::session::get_u8(r)? {
+            let snap = match crate::codec::get_u8(r)? {
                 0 if !l.is_recurrent() => None,
                 1 if l.is_recurrent() => {
                     let mut s = l.clone();
@@ -325,7 +230,10 @@ impl SeqState {
         self.len = 0;
         self.layers.iter_mut().for_each(|l| l.0.clear());
         if let Some(run) = &mut self.o1 {
-            run.reset(&mut self.layers);
+            if run.reset() {
+                seal_all(run, &mut self.layers)
+                    .expect("settings were validated when the plan was made; an empty prompt seals no skeleton");
+            }
         }
     }
 
@@ -334,13 +242,13 @@ impl SeqState {
         if self.o1.is_some() {
             return Err("a constant-memory (O(1)) sequence is not saved".into());
         }
-        crate::session::put_u64(out, self.len as u64);
+        crate::codec::put_u64(out, self.len as u64);
         self.layers.iter().try_for_each(|l| l.0.save(out))
     }
 
     /// Become what `save` wrote; `self` is a fresh state of the model (its layers' formats).
     pub(crate) fn load(&mut self, r: &mut &[u8]) -> Result<(), String> {
-        let len = crate::session::get_u64(r)? as usize;
+        let len = crate::codec::get_u64(r)? as usize;
         if len > self.n_ctx {
             return Err(format!("{len} positions do not fit the context of {}", self.n_ctx));
         }
@@ -471,4 +379,33 @@ mod tests {
         assert!(st.layers[1..].iter().all(|l| values(l).iter().all(|&x| x == 0.0)));
         assert_eq!(st.bytes_by_kind().kv, 0);
     }
+}
+
+/// Seal layer `il` by the plan `run`: its KV cache (the prompt positions) becomes the sealed
+/// O(1) state (`O1Run::sealed`); a layer already sealed stays as it is.
+pub(crate) fn seal_layer(run: &mut O1Run, il: usize, ls: &mut LayerState) -> Result<(), NystromError> {
+    let kv = ls.of::<KvState>();
+    let widened;
+    let (k, v) = match &kv.cache {
+        Cache::Kv { k, v } => (&k[..], &v[..]),
+        c @ (Cache::KvF16 { .. } | Cache::KvQ8 { .. }) => {
+            let (k, v) = c.f32_from(0, 1);
+            widened = (k.into_owned(), v.into_owned());
+            (&widened.0[..], &widened.1[..])
+        }
+        Cache::O1(_) => return Ok(()),
+    };
+    let (sealed, sliding) = run.sealed(il, k, v)?;
+    kv.seal(sealed, sliding);
+    Ok(())
+}
+
+/// Seal every layer the plan seals, now (a plan with tp = 0 seals before the first position).
+pub(crate) fn seal_all(run: &mut O1Run, layers: &mut [LayerState]) -> Result<(), NystromError> {
+    for (il, ls) in layers.iter_mut().enumerate() {
+        if run.seals(il) {
+            seal_layer(run, il, ls)?;
+        }
+    }
+    Ok(())
 }

@@ -302,8 +302,8 @@ fn decode_batch_llama_vmf_window() {
 /// the batch afterwards (StreamingLLM drop), beside exact ones.
 #[test]
 fn decode_batch_with_o1_states() {
-    use cortiq_engine::mixers::nystrom::{DEFAULT_RIDGE, Far, O1Settings, StatePrecision};
     use cortiq_engine::o1::O1Plan;
+    use cortiq_engine::o1::nystrom::{DEFAULT_RIDGE, Far, O1Settings, StatePrecision};
     for name in ["llama", "qwen3_5"] {
         let toks = ids(&fixture(name).join("tokens.json"));
         for num in [Numerics::Exact, Numerics::Fast] {

@@ -10,8 +10,8 @@ mod common;
 
 use common::fixture;
 use cortiq_engine::load::load;
-use cortiq_engine::mixers::nystrom::{DEFAULT_RIDGE, Far, Guard, O1Settings, StatePrecision};
 use cortiq_engine::o1::O1Plan;
+use cortiq_engine::o1::nystrom::{DEFAULT_RIDGE, Far, Guard, O1Settings, StatePrecision};
 use cortiq_engine::perplexity::{PplOptions, perplexity};
 use cortiq_engine::{Logits, Model, Numerics};
 
@@ -67,7 +67,7 @@ fn max_rel(a: &[f32], b: &[f32], vocab: usize, from: usize) -> (f32, usize) {
 /// Streaming (chunks of 48, so one chunk straddles the seal) vs the matrix form (one call), for
 /// the Nyström skeleton and the StreamingLLM drop; and O(1) differs from exact attention.
 /// Tolerance 1e-4 relative on logits: one layer's two forms agree to ~5e-8 on the same inputs
-/// (`mixers::nystrom` tests), but a later layer's inputs then differ by that much, and the
+/// (`o1::nystrom` tests), but a later layer's inputs then differ by that much, and the
 /// skeleton's ridge inverse (condition up to ~1/λ) amplifies such differences; perplexity, an
 /// average, agrees to ~5e-6 (`ppl_streaming_equals_matrix_form`).
 fn streaming_vs_matrix(name: &str) {
@@ -329,7 +329,7 @@ fn bad_settings_are_errors() {
 /// Extreme scores (attention scale × 300: scores in the thousands, exp overflows f32 and f64
 /// without the bookkeeping): every logit finite, and both forms still agree — to 1e-2 only,
 /// since a score's sensitivity to its inputs grows with the scale (one layer on identical
-/// inputs agrees to ~5e-8 at any scale: `mixers::nystrom` tests).
+/// inputs agrees to ~5e-8 at any scale: `o1::nystrom` tests).
 #[test]
 fn extreme_scores_stay_finite() {
     for name in ["llama", "qwen3_5"] {
@@ -423,7 +423,7 @@ fn split_windows_seal_each_layer_with_its_share() {
 /// listed: sink+window; one listed: neither.
 #[test]
 fn score_layers_choose_the_rule_per_layer() {
-    use cortiq_engine::mixers::evict::ScoreRule;
+    use cortiq_engine::o1::evict::ScoreRule;
     let mut m = model("llama");
     let toks = tokens(120, m.cfg.vocab, 13);
     let (tp, window, sinks) = (60, 24, 2);

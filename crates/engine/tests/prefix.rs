@@ -453,8 +453,8 @@ fn bad_sessions_are_refused() {
 /// hybrid models. A skeleton plan is not served from the cache (restores nothing).
 #[test]
 fn cached_equals_cold_constant_memory() {
-    use cortiq_engine::mixers::nystrom::{DEFAULT_RIDGE, Far, O1Settings, StatePrecision};
     use cortiq_engine::o1::O1Plan;
+    use cortiq_engine::o1::nystrom::{DEFAULT_RIDGE, Far, O1Settings, StatePrecision};
     let plan = |tp: usize, far: Far| O1Plan {
         tp,
         settings: O1Settings { window: 24, sinks: 4, landmarks: 8, ridge: DEFAULT_RIDGE, state: StatePrecision::Pair },

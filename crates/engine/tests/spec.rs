@@ -11,8 +11,8 @@ mod common;
 use common::fixture;
 use cortiq_engine::generate::{GenOptions, generate, generate_spec};
 use cortiq_engine::load::load;
-use cortiq_engine::mixers::nystrom::{DEFAULT_RIDGE, Far, O1Settings, StatePrecision};
 use cortiq_engine::o1::O1Plan;
+use cortiq_engine::o1::nystrom::{DEFAULT_RIDGE, Far, O1Settings, StatePrecision};
 use cortiq_engine::sampling::SamplerParams;
 use std::sync::Arc;
 

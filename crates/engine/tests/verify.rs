@@ -10,8 +10,8 @@ mod common;
 
 use common::{fixture, ids};
 use cortiq_engine::load::load;
-use cortiq_engine::mixers::nystrom::{DEFAULT_RIDGE, Far, O1Settings, StatePrecision};
 use cortiq_engine::o1::O1Plan;
+use cortiq_engine::o1::nystrom::{DEFAULT_RIDGE, Far, O1Settings, StatePrecision};
 use cortiq_engine::state::SeqState;
 use cortiq_engine::{Logits, Model, Numerics, VerifyJournal};
 

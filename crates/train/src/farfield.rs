@@ -27,7 +27,7 @@
 //! and Σ e^{s−c}); forward and backward then cost O(T·r·hd) per head. Stabilizers (the per-feature
 //! max B_f over the sequence's far keys, the per-row max of the far logits) cancel exactly in o
 //! and are held constant by the backward. No gradient reaches q, k or v (the model is frozen).
-//! The engine's streaming form (`cortiq_engine::mixers::farfield`) keeps running maxima instead
+//! The engine's streaming form (`cortiq_engine::o1::farfield`) keeps running maxima instead
 //! and must equal this one (tests in crates/cli/tests/o1_far.rs).
 //!
 //! Stage 2 ([`far_mixer_forward`] / [`far_mixer_backward`]): the same field as a decoder block's

@@ -1,6 +1,6 @@
 //! The Nyström O(1) attention operator in matrix form (teacher-forced, every row of a training
 //! window at once) with its backward: the student's attention in `cortiq polish`. It re-implements
-//! the contract of the engine's `mixers::nystrom::matrix_form` (no engine dependency; the forward
+//! the contract of the engine's `o1::nystrom::matrix_form` (no engine dependency; the forward
 //! agrees with it to f64 rounding), with the ridge inverse M held constant in the backward.
 //!
 //! Agreement with the engine's matrix_form (checked with a scratch crate depending on both,

@@ -15,8 +15,8 @@ use anyhow::{Context, Result, bail};
 use cortiq_engine::Logits;
 use cortiq_engine::Numerics;
 use cortiq_engine::load::load;
-use cortiq_engine::mixers::farfield::{DECAY_TENSOR, MAX_RANK, TENSORS};
 use cortiq_engine::o1::O1Split;
+use cortiq_engine::o1::farfield::{DECAY_TENSOR, MAX_RANK, TENSORS};
 use cortiq_formats::cmf::O1Header;
 use cortiq_train::budget::{CurveShape, CurveSums, window_sums};
 use cortiq_train::farfield::{FarParams, FarShape, LayerSeq, fit_layer, init_params};
@@ -184,7 +184,7 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
         window,
         sinks,
         landmarks: 4,
-        ridge: cortiq_engine::mixers::nystrom::DEFAULT_RIDGE,
+        ridge: cortiq_engine::o1::nystrom::DEFAULT_RIDGE,
         trained_ctx: t,
         steps: a.steps,
         far_rank: Some(rank),
@@ -367,7 +367,7 @@ fn score_exits(
     window: usize,
     scale: f64,
 ) -> Vec<usize> {
-    use cortiq_engine::mixers::evict::{ScoreRule, Slots};
+    use cortiq_engine::o1::evict::{ScoreRule, Slots};
     use cortiq_train::farfield::NEVER;
     let row = nkv * hd;
     let mut exits = vec![NEVER; t];

@@ -19,9 +19,9 @@
 //! recurrent or convolutional mixers, MLA, logit soft-capping.
 
 use cortiq_engine::Model;
-use cortiq_engine::blocks::AttentionWeights;
 use cortiq_engine::config::{Activation, MixerKind};
 use cortiq_engine::mixers::attention::Attention;
+use cortiq_engine::mixers::attention::AttentionWeights;
 use cortiq_engine::mixers::vmf::VmfPhase;
 use cortiq_engine::model::Ffn;
 use cortiq_train::act::Act;

@@ -15,50 +15,13 @@ use cortiq_kernels::conv::causal_conv1d_par;
 use cortiq_kernels::delta::{CHUNK, gated_delta_chunked, gated_delta_recurrent};
 
 use crate::error::{EngineError, Result};
+pub use crate::geometry::{GdnConfig, OutGate};
 use crate::mixers::{Env, Journal, Mixer, MixerState, Seq, rows_and_verifies, steps_apart};
+use crate::mixers::{KvType, LayerState, StateBytes};
 use crate::par::pool;
 use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
-use crate::state::{KvType, LayerState, StateBytes};
 use crate::weights::TensorSource;
-
-/// How the per-head output norm is gated.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OutGate {
-    /// x̂·w·silu(z) (Qwen3-Next, Qwen3.5).
-    Silu,
-    /// x̂·w·σ(z).
-    Sigmoid,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct GdnConfig {
-    pub d_model: usize,
-    pub n_k_heads: usize,
-    pub n_v_heads: usize,
-    pub d_k: usize,
-    pub d_v: usize,
-    pub conv_kernel: usize,
-    pub norm_eps: f32,
-    pub out_gate: OutGate,
-    /// Value head h uses key head h % n_k (llama.cpp's GGUF order, "tiled") instead of
-    /// h / (n_v / n_k) (transformers' repeat_interleave, "grouped"). Every per-value-head
-    /// tensor of a file is in its own order, so only this mapping changes.
-    pub v_tiled: bool,
-}
-
-impl GdnConfig {
-    pub fn key_dim(&self) -> usize {
-        self.n_k_heads * self.d_k
-    }
-    pub fn value_dim(&self) -> usize {
-        self.n_v_heads * self.d_v
-    }
-    /// Channels of the short convolution: q, k and v side by side.
-    pub fn conv_dim(&self) -> usize {
-        2 * self.key_dim() + self.value_dim()
-    }
-}
 
 pub struct GdnWeights {
     /// [conv_dim, d_model]: q | k | v.
@@ -127,13 +90,13 @@ impl MixerState for GdnState {
         self.s.fill(0.0);
     }
     fn save(&self, out: &mut Vec<u8>) -> std::result::Result<(), String> {
-        crate::session::put_f32s(out, &self.conv);
-        crate::session::put_f32s(out, &self.s);
+        crate::codec::put_f32s(out, &self.conv);
+        crate::codec::put_f32s(out, &self.s);
         Ok(())
     }
     fn load(&mut self, r: &mut &[u8], _len: usize) -> std::result::Result<(), String> {
-        self.conv = crate::session::get_f32s(r, self.conv.len(), "GatedDeltaNet conv state")?;
-        self.s = crate::session::get_f32s(r, self.s.len(), "GatedDeltaNet recurrent state")?;
+        self.conv = crate::codec::get_f32s(r, self.conv.len(), "GatedDeltaNet conv state")?;
+        self.s = crate::codec::get_f32s(r, self.s.len(), "GatedDeltaNet recurrent state")?;
         Ok(())
     }
     fn bytes(&self) -> StateBytes {

@@ -10,27 +10,13 @@ use cortiq_kernels::conv::causal_conv1d_par;
 use cortiq_kernels::delta::{CHUNK, kda_chunked, kda_recurrent};
 
 use crate::error::{EngineError, Result};
+pub use crate::geometry::KdaConfig;
 use crate::mixers::{Env, Journal, Mixer, MixerState, Seq, rows_and_verifies, steps_apart};
+use crate::mixers::{KvType, LayerState, StateBytes};
 use crate::par::pool;
 use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
-use crate::state::{KvType, LayerState, StateBytes};
 use crate::weights::TensorSource;
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct KdaConfig {
-    pub d_model: usize,
-    pub n_heads: usize,
-    pub d_head: usize,
-    pub conv_kernel: usize,
-    pub norm_eps: f32,
-}
-
-impl KdaConfig {
-    pub fn dim(&self) -> usize {
-        self.n_heads * self.d_head
-    }
-}
 
 pub struct KdaWeights {
     /// [3·dim, d_model]: q | k | v.
@@ -97,13 +83,13 @@ impl MixerState for KdaState {
         self.s.fill(0.0);
     }
     fn save(&self, out: &mut Vec<u8>) -> std::result::Result<(), String> {
-        crate::session::put_f32s(out, &self.conv);
-        crate::session::put_f32s(out, &self.s);
+        crate::codec::put_f32s(out, &self.conv);
+        crate::codec::put_f32s(out, &self.s);
         Ok(())
     }
     fn load(&mut self, r: &mut &[u8], _len: usize) -> std::result::Result<(), String> {
-        self.conv = crate::session::get_f32s(r, self.conv.len(), "KDA conv state")?;
-        self.s = crate::session::get_f32s(r, self.s.len(), "KDA recurrent state")?;
+        self.conv = crate::codec::get_f32s(r, self.conv.len(), "KDA conv state")?;
+        self.s = crate::codec::get_f32s(r, self.s.len(), "KDA recurrent state")?;
         Ok(())
     }
     fn bytes(&self) -> StateBytes {

@@ -11,7 +11,7 @@
 //! [W_kb,hᵀ q_nope_h | q_rope_h] against the latent rows, the values are the same rows (their c
 //! part), and W_vb,h maps the weighted sum of c to the head's output. That is multi-query
 //! attention with one kv head of the latent's width: decode attention's kernel (`kvattn` via
-//! `blocks::attend_latent`) runs it, split over the keys. The absorption and W_vb run in f32 on
+//! `attention::attend_latent`) runs it, split over the keys. The absorption and W_vb run in f32 on
 //! kv_b widened once (kept until the weights change), the same arithmetic for a prompt chunk, a
 //! decode row or a verified draft, so each position's value does not depend on how many came
 //! with it. The latent stays f32 whatever `--kv-type` asks (c is normed and small; an f16 or
@@ -22,36 +22,14 @@ use std::sync::OnceLock;
 
 use cortiq_kernels::dot::{axpy, dot};
 
-use crate::blocks::attend_latent;
 use crate::compat::Numerics;
 use crate::error::Result;
+pub use crate::geometry::MlaConfig;
+use crate::mixers::attention::attend_latent;
 use crate::mixers::{Env, Journal, Mixer, MixerState, Seq, rows_and_verifies, steps_apart};
+use crate::mixers::{KvType, LayerState, StateBytes};
 use crate::qtensor::QTensor;
-use crate::state::{KvType, LayerState, StateBytes};
 use crate::weights::TensorSource;
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct MlaConfig {
-    pub d_model: usize,
-    pub n_heads: usize,
-    pub nope: usize,
-    pub rope: usize,
-    pub v_dim: usize,
-    pub kv_lora: usize,
-    pub norm_eps: f32,
-}
-
-impl MlaConfig {
-    pub fn qk_dim(&self) -> usize {
-        self.nope + self.rope
-    }
-
-    /// Values per position of the latent cache: kv_lora + rope, padded to a multiple of 16 (the
-    /// decode kernel's SIMD width; the padding is zeros in the rows and in the queries).
-    pub fn latent_width(&self) -> usize {
-        (self.kv_lora + self.rope).next_multiple_of(16)
-    }
-}
 
 pub struct MlaWeights {
     /// [n_heads·(nope + rope), d_model]
@@ -111,11 +89,11 @@ impl MixerState for MlaState {
         self.lat.clear();
     }
     fn save(&self, out: &mut Vec<u8>) -> std::result::Result<(), String> {
-        crate::session::put_f32s(out, &self.lat);
+        crate::codec::put_f32s(out, &self.lat);
         Ok(())
     }
     fn load(&mut self, r: &mut &[u8], len: usize) -> std::result::Result<(), String> {
-        self.lat = crate::session::get_f32s(r, len * self.width, "MLA latent cache")?;
+        self.lat = crate::codec::get_f32s(r, len * self.width, "MLA latent cache")?;
         Ok(())
     }
     fn bytes(&self) -> StateBytes {

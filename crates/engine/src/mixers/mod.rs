@@ -15,24 +15,125 @@
 
 use std::any::Any;
 
-use crate::config::{LayerSpec, MixerKind, ModelConfig};
+use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::numerics::{LlamaCppCtx, Numerics};
 use crate::o1::{AttnO1, Serve};
 use crate::qtensor::QTensor;
-use crate::state::{KvType, LayerState, StateBytes};
-use crate::weights::TensorSource;
 
 pub mod attention;
-pub mod evict;
-pub mod farfield;
 pub mod gdn;
 pub mod kda;
 pub mod mla;
-pub mod nystrom;
+pub mod registry;
 pub mod shortconv;
 pub mod vmf;
 pub mod vmf_window;
+
+/// Add a bias to every row.
+pub fn add_bias(x: &mut [f32], b: &[f32]) {
+    for row in x.chunks_mut(b.len()) {
+        for (v, bi) in row.iter_mut().zip(b) {
+            *v += bi;
+        }
+    }
+}
+
+/// How attention layers store their KV cache (`--kv-type`): f32, f16 (llama.cpp's default
+/// cache type; values rounded to nearest-even) or 8-bit blocks with an f32 scale
+/// (`kvattn::quantize_q8`). Decode reads every type in place (`kvattn`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvType {
+    #[default]
+    F32,
+    F16,
+    Q8,
+}
+
+impl KvType {
+    pub fn name(self) -> &'static str {
+        match self {
+            KvType::F32 => "f32",
+            KvType::F16 => "f16",
+            KvType::Q8 => "q8",
+        }
+    }
+}
+
+/// One layer's state: its mixer's own type (`Mixer::new_state`), reached by the mixer through
+/// `get_mut` and by everything else through `MixerState`.
+pub struct LayerState(pub(crate) Box<dyn MixerState>);
+
+impl Clone for LayerState {
+    fn clone(&self) -> LayerState {
+        LayerState(self.0.box_clone())
+    }
+}
+
+impl LayerState {
+    pub fn new(s: impl MixerState + 'static) -> LayerState {
+        LayerState(Box::new(s))
+    }
+
+    /// Whether the state can only go forward (no truncation to an earlier length: a
+    /// checkpoint must snapshot it).
+    pub fn is_recurrent(&self) -> bool {
+        self.0.is_recurrent()
+    }
+
+    /// The mixer's own state type, if this layer holds one.
+    pub fn get<S: MixerState + 'static>(&self) -> Option<&S> {
+        self.0.as_any().downcast_ref()
+    }
+
+    pub fn get_mut<S: MixerState + 'static>(&mut self) -> Option<&mut S> {
+        self.0.as_any_mut().downcast_mut()
+    }
+
+    /// The mixer's own state type; the model builds every layer's state from that layer's
+    /// mixer, so another type is a bug.
+    pub(crate) fn of<S: MixerState + 'static>(&mut self) -> &mut S {
+        self.get_mut().expect("a layer's state is made by its own mixer")
+    }
+
+    pub fn bytes(&self) -> StateBytes {
+        self.0.bytes()
+    }
+
+    /// Become a copy of `other`, reusing this state's buffers where it is of the same type.
+    pub(crate) fn copy_from(&mut self, other: &LayerState) {
+        other.0.clone_into_box(&mut self.0);
+    }
+
+    /// Keep the first `len` positions of a state that is not recurrent.
+    pub(crate) fn truncate(&mut self, len: usize) {
+        self.0.truncate(len);
+    }
+}
+
+/// A sequence's state bytes by kind (`SeqState::bytes_by_kind`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StateBytes {
+    /// KV caches (exact attention, sliding layers, MLA), by their values' length.
+    pub kv: usize,
+    /// Sealed O(1) attention layers, scratch included, and the plan's prompt bookkeeping.
+    pub o1: usize,
+    /// Recurrent mixers (GatedDeltaNet, KDA, short conv).
+    pub recurrent: usize,
+}
+
+impl StateBytes {
+    pub fn total(&self) -> usize {
+        self.kv + self.o1 + self.recurrent
+    }
+}
+
+impl std::ops::Add for StateBytes {
+    type Output = StateBytes;
+    fn add(self, o: StateBytes) -> StateBytes {
+        StateBytes { kv: self.kv + o.kv, o1: self.o1 + o.o1, recurrent: self.recurrent + o.recurrent }
+    }
+}
 
 /// One layer's per-sequence state, whatever its mixer. A checkpoint snapshots a recurrent state
 /// whole (a clone) and restores it by replacement; any other state is truncated instead.
@@ -364,17 +465,4 @@ impl dyn Mixer {
     pub fn downcast_ref<T: Mixer>(&self) -> Option<&T> {
         (self as &dyn Any).downcast_ref()
     }
-}
-
-/// The registry: layer `il`'s mixer by GGUF tensor names, as `spec` says.
-pub fn load(src: &dyn TensorSource, cfg: &ModelConfig, il: usize, spec: &LayerSpec) -> Result<Box<dyn Mixer>> {
-    Ok(match spec.mixer {
-        MixerKind::Attention => Box::new(attention::Attention::load(src, cfg, il, spec)?),
-        MixerKind::ShortConv { kernel, bias } => Box::new(shortconv::ShortConv::load(src, cfg.d_model, il, kernel, bias)?),
-        MixerKind::GatedDeltaNet(c) => Box::new(gdn::GatedDeltaNet::load(src, c, il)?),
-        MixerKind::Kda(c) => Box::new(kda::Kda::load(src, c, il)?),
-        MixerKind::Mla(c) => Box::new(mla::Mla::load(src, c, il)?),
-        MixerKind::VmfPhase(c) if c.windowed() => Box::new(vmf_window::VmfWindow::load(src, cfg, c, il, spec)?),
-        MixerKind::VmfPhase(c) => Box::new(vmf::VmfPhase::load(src, c, il)?),
-    })
 }

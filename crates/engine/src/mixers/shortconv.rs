@@ -6,10 +6,10 @@ use cortiq_kernels::conv::causal_conv1d_par;
 
 use crate::error::Result;
 use crate::mixers::{Env, Journal, Mixer, MixerState, Seq, rows_and_verifies, steps_apart};
+use crate::mixers::{KvType, LayerState, StateBytes};
 use crate::par::pool;
 use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
-use crate::state::{KvType, LayerState, StateBytes};
 use crate::weights::TensorSource;
 
 pub struct ShortConvWeights {
@@ -47,11 +47,11 @@ impl MixerState for ShortConvState {
         self.conv.fill(0.0);
     }
     fn save(&self, out: &mut Vec<u8>) -> std::result::Result<(), String> {
-        crate::session::put_f32s(out, &self.conv);
+        crate::codec::put_f32s(out, &self.conv);
         Ok(())
     }
     fn load(&mut self, r: &mut &[u8], _len: usize) -> std::result::Result<(), String> {
-        self.conv = crate::session::get_f32s(r, self.conv.len(), "short conv state")?;
+        self.conv = crate::codec::get_f32s(r, self.conv.len(), "short conv state")?;
         Ok(())
     }
     fn bytes(&self) -> StateBytes {

@@ -33,10 +33,14 @@ use serde_json::Value;
 
 use crate::config::{MixerKind, ModelConfig};
 use crate::error::{EngineError, Result};
-use crate::mixers::{Env, Journal, Mixer, MixerState, Seq};
+use crate::mixers::{Env, Journal, KvType, LayerState, Mixer, MixerState, Seq, StateBytes};
 use crate::par::pool;
 use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
+
+use crate::weights::TensorSource;
+
+pub use crate::geometry::VmfConfig;
 
 /// vmf_phase's tensors in both spellings (HF `vmf_attn.*`, GGUF `vmf_*`): rows every
 /// architecture with convertible attention layers includes.
@@ -53,51 +57,6 @@ pub const NAMES: &[LayerRow] = &[
 /// vmf_phase's bare parameters: A_log is stored as A_log by both spellings (the decay is
 /// formed at load).
 pub const BARE_NAMES: &[Pair] = &[("vmf_attn.A_log", "vmf_a_log"), ("vmf_attn.phase_mass", "vmf_mass")];
-use crate::state::{KvType, LayerState, StateBytes};
-use crate::weights::TensorSource;
-
-/// One vmf_phase layer's geometry and options.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct VmfConfig {
-    pub d_model: usize,
-    /// Query heads (phase projections θq and outputs).
-    pub n_heads: usize,
-    /// States (θk, v, κ, decay, mass); divides `n_heads`.
-    pub n_k_heads: usize,
-    /// P phases per head: F = 2P kernel components.
-    pub nphase: usize,
-    pub d_v: usize,
-    /// Taps of the causal depthwise conv on the mixer input; 0 = none.
-    pub conv_kernel: usize,
-    /// The write gate κ = σ(W·x + b).
-    pub k_gate: bool,
-    /// θq and θk carry a bias (a per-component phase offset).
-    pub phase_bias: bool,
-    /// The window option (`mixers::vmf_window`): the layer keeps softmax attention over its
-    /// first `sinks` positions and the last `window`, and the core stands for the keys that
-    /// left the window, as one more slot of the softmax. 0: the plain operator.
-    pub window: usize,
-    pub sinks: usize,
-}
-
-impl VmfConfig {
-    /// Kernel components per state, F = 2P.
-    pub fn f(&self) -> usize {
-        2 * self.nphase
-    }
-    /// Query heads per state.
-    pub fn group(&self) -> usize {
-        self.n_heads / self.n_k_heads
-    }
-    /// Whether the layer runs the window option.
-    pub fn windowed(&self) -> bool {
-        self.window > 0
-    }
-    /// Floats of the recurrent state (S of every state; the conv ring).
-    pub fn state_floats(&self) -> (usize, usize) {
-        (self.n_k_heads * self.f() * self.d_v, self.conv_kernel.saturating_sub(1) * self.d_model)
-    }
-}
 
 /// The `vmf_phase` settings of a model: which layers run the core, with what geometry.
 #[derive(Clone, Debug, PartialEq)]
@@ -445,13 +404,13 @@ impl MixerState for VmfState {
         self.conv.fill(0.0);
     }
     fn save(&self, out: &mut Vec<u8>) -> std::result::Result<(), String> {
-        crate::session::put_f32s(out, &self.conv);
-        crate::session::put_f32s(out, &self.s);
+        crate::codec::put_f32s(out, &self.conv);
+        crate::codec::put_f32s(out, &self.s);
         Ok(())
     }
     fn load(&mut self, r: &mut &[u8], _len: usize) -> std::result::Result<(), String> {
-        self.conv = crate::session::get_f32s(r, self.conv.len(), "vmf_phase conv state")?;
-        self.s = crate::session::get_f32s(r, self.s.len(), "vmf_phase recurrent state")?;
+        self.conv = crate::codec::get_f32s(r, self.conv.len(), "vmf_phase conv state")?;
+        self.s = crate::codec::get_f32s(r, self.s.len(), "vmf_phase recurrent state")?;
         Ok(())
     }
     fn bytes(&self) -> StateBytes {
@@ -506,7 +465,7 @@ pub fn features(c: &VmfConfig, w: &CoreWeights, x: &[f32], n: usize, rows: bool)
     // The biases are optional (empty when absent).
     let add_bias = |y: &mut [f32], b: &[f32]| {
         if !b.is_empty() {
-            crate::blocks::add_bias(y, b);
+            crate::mixers::add_bias(y, b);
         }
     };
     let mut thq = w.thq.project(x, n, rows); // [n, n_heads·P]
@@ -651,7 +610,7 @@ impl VmfPhase {
         };
         let mut y = self.w.out.project(o, n, rows);
         if !self.w.out_b.is_empty() {
-            crate::blocks::add_bias(&mut y, &self.w.out_b);
+            crate::mixers::add_bias(&mut y, &self.w.out_b);
         }
         y
     }

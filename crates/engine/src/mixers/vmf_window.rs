@@ -29,15 +29,15 @@
 
 use cortiq_kernels::vmf::{self as kvmf, CHUNK};
 
-use crate::blocks::{AttentionWeights, attn_output, attn_prep, attn_project};
 use crate::config::{LayerSpec, ModelConfig};
 use crate::error::{EngineError, Result};
+use crate::mixers::attention::{AttentionWeights, attn_output, attn_prep, attn_project};
 use crate::mixers::vmf::{CoreWeights, Projected, VmfConfig, VmfState, core, features};
 use crate::mixers::{Env, Journal, Mixer, MixerState, Seq};
+use crate::mixers::{KvType, LayerState, StateBytes};
 use crate::par::pool;
 use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
-use crate::state::{KvType, LayerState, StateBytes};
 use crate::weights::TensorSource;
 
 /// A windowed vmf_phase layer.
@@ -134,15 +134,15 @@ impl MixerState for WindowState {
     }
     fn save(&self, out: &mut Vec<u8>) -> std::result::Result<(), String> {
         for a in [&self.k, &self.v, &self.phk, &self.kappa] {
-            crate::session::put_f32s(out, a);
+            crate::codec::put_f32s(out, a);
         }
         self.core.save(out)
     }
     fn load(&mut self, r: &mut &[u8], len: usize) -> std::result::Result<(), String> {
-        self.k = crate::session::get_f32s(r, self.k.len(), "vmf_phase window keys")?;
-        self.v = crate::session::get_f32s(r, self.v.len(), "vmf_phase window values")?;
-        self.phk = crate::session::get_f32s(r, self.phk.len(), "vmf_phase window key features")?;
-        self.kappa = crate::session::get_f32s(r, self.kappa.len(), "vmf_phase window gates")?;
+        self.k = crate::codec::get_f32s(r, self.k.len(), "vmf_phase window keys")?;
+        self.v = crate::codec::get_f32s(r, self.v.len(), "vmf_phase window values")?;
+        self.phk = crate::codec::get_f32s(r, self.phk.len(), "vmf_phase window key features")?;
+        self.kappa = crate::codec::get_f32s(r, self.kappa.len(), "vmf_phase window gates")?;
         self.core.load(r, len)
     }
     /// All of it is constant-size state (the ring's sinks + window rows included): recurrent.
@@ -177,7 +177,7 @@ impl VmfWindow {
         };
         let feat = features(c, &self.core, &x, n, rows);
         let mut b = self.slot.project(h, n, rows); // [n, n_heads]
-        crate::blocks::add_bias(&mut b, &self.slot_b);
+        crate::mixers::add_bias(&mut b, &self.slot_b);
         Rows { q, k, v, feat, b }
     }
 
@@ -347,7 +347,7 @@ impl Mixer for VmfWindow {
         let x = self.core.conv(c, h, &mut states.iter_mut().map(|s| &mut s.core.conv).collect::<Vec<_>>(), true);
         let feat = features(c, &self.core, &x, kb, true);
         let mut b = self.slot.project(h, kb, true);
-        crate::blocks::add_bias(&mut b, &self.slot_b);
+        crate::mixers::add_bias(&mut b, &self.slot_b);
         let mut o = Vec::with_capacity(kb * qd); // [kb, n_heads·hd]
         for (i, st) in states.into_iter().enumerate() {
             let r = Rows {

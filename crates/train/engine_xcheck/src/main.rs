@@ -4,7 +4,7 @@
 //! dropped-row counts; panics if the guards disagree.
 //! Run: `cd crates/train/engine_xcheck && CARGO_TARGET_DIR=../../../target-train cargo run --release`.
 
-use cortiq_engine::mixers::nystrom as en;
+use cortiq_engine::o1::nystrom as en;
 use cortiq_train::gradcheck::Rng;
 use cortiq_train::nystrom as tr;
 

@@ -417,7 +417,7 @@ mod tests {
     /// offsets, every feature decaying at its own rate).
     #[test]
     fn steps_with_a_far_field_absorb_what_leaves() {
-        use crate::mixers::farfield::{FarState, FarWeights};
+        use crate::o1::farfield::{FarState, FarWeights};
         let (nh, nkv, hd, scale, rank) = (4, 2, 6, 0.4, 3);
         let row = nkv * hd;
         let (sinks, window, rule) = (1, 4, ScoreRule { decay: 0.6, recent: 1, obs: 0, model_layers: false });

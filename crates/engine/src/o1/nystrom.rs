@@ -183,10 +183,10 @@ pub enum Far {
     Skeleton,
     /// StreamingLLM: far keys are dropped.
     Drop,
-    /// Layer-shared score eviction (`mixers::evict`): the same bytes as `Drop`, the kept keys
+    /// Layer-shared score eviction (`o1::evict`): the same bytes as `Drop`, the kept keys
     /// chosen by the layer's attention instead of by recency; the rest dropped.
     Score(super::evict::ScoreRule),
-    /// A learned linear-attention state over the keys that left (`mixers::farfield`; its
+    /// A learned linear-attention state over the keys that left (`o1::farfield`; its
     /// feature maps come with the model, one set per planned layer), beside sink+window (None)
     /// or beside score eviction's slots (the evicted keys absorbed).
     Linear(Option<super::evict::ScoreRule>),

@@ -2,7 +2,7 @@
 //! landmarks; Nyström skeleton or StreamingLLM drop; or the teacher-forced matrix-form check),
 //! the bookkeeping while the prompt streams (each planned layer's query segment sums), the seal
 //! that turns a planned layer's KV cache into its [`O1Layer`], and the hook the attention block
-//! takes. The per-head operator itself is `mixers::nystrom`; callers reach all of this through
+//! takes. The per-head operator itself is `o1::nystrom`; callers reach all of this through
 //! `Model::new_state_o1` and the sequence's ordinary forward / checkpoint / rollback.
 //!
 //! Planned layers are the global softmax-attention layers (gated attention included). A sliding
@@ -11,10 +11,12 @@
 //! sliding window), so it stops keeping keys it can no longer see. GatedDeltaNet, KDA and
 //! short-conv layers are already O(1); MLA (Kimi) keeps its exact cache.
 
-use crate::mixers::attention::{Cache, KvState};
-use crate::mixers::evict::{RecentQueries, Slots};
-use crate::mixers::nystrom::{Far, Guard, NystromError, O1Layer, O1Settings, QuerySegments};
-use crate::state::LayerState;
+pub mod evict;
+pub mod farfield;
+pub mod nystrom;
+
+use self::evict::{RecentQueries, Slots};
+use self::nystrom::{Far, Guard, NystromError, O1Layer, O1Settings, QuerySegments};
 
 /// How a sequence serves its planned attention layers.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -171,7 +173,7 @@ pub struct O1Run {
     q_hist: Vec<Vec<f32>>,
     geom: Geom,
     /// Per layer: the learned far field's feature maps ([`Far::Linear`] plans).
-    far_weights: Vec<Option<std::sync::Arc<crate::mixers::farfield::FarWeights>>>,
+    far_weights: Vec<Option<std::sync::Arc<crate::o1::farfield::FarWeights>>>,
     /// Per layer: its window when the plan splits them (`O1Plan::split` and a model with
     /// curves), else None (the plan's window).
     windows: Vec<Option<usize>>,
@@ -216,7 +218,7 @@ impl O1Run {
         plan: O1Plan,
         serve: Vec<Serve>,
         geom: Geom,
-        far_weights: Vec<Option<std::sync::Arc<crate::mixers::farfield::FarWeights>>>,
+        far_weights: Vec<Option<std::sync::Arc<crate::o1::farfield::FarWeights>>>,
         split: Option<&O1Split>,
         score_layers: Option<&[usize]>,
     ) -> O1Run {
@@ -304,8 +306,9 @@ impl O1Run {
         self.serve[il] != Serve::Untouched
     }
 
-    /// Seal layer `il`: its KV cache (the tp prompt positions) becomes an `O1Layer`.
-    pub(crate) fn seal(&mut self, il: usize, ls: &mut LayerState) -> Result<(), NystromError> {
+    /// Layer `il`'s sealed state from its KV cache's rows `k`, `v` (the tp prompt positions, as
+    /// f32), and whether the layer slides; `state::seal_layer` puts it in place of the cache.
+    pub(crate) fn sealed(&mut self, il: usize, k: &[f32], v: &[f32]) -> Result<(O1Layer, bool), NystromError> {
         let g = self.geom;
         let (settings, far) = match self.serve[il] {
             // Landmarks are unused when far keys are dropped.
@@ -317,17 +320,6 @@ impl O1Run {
             Far::Score(r) if r.model_layers && self.window_only[il] => Far::Drop,
             Far::Linear(Some(r)) if r.model_layers && self.window_only[il] => Far::Linear(None),
             f => f,
-        };
-        let kv = ls.of::<KvState>();
-        let widened;
-        let (k, v) = match &kv.cache {
-            Cache::Kv { k, v } => (&k[..], &v[..]),
-            c @ (Cache::KvF16 { .. } | Cache::KvQ8 { .. }) => {
-                let (k, v) = c.f32_from(0, 1);
-                widened = (k.into_owned(), v.into_owned());
-                (&widened.0[..], &widened.1[..])
-            }
-            Cache::O1(_) => return Ok(()),
         };
         // A learned far field sits beside the plan's eviction rule (sink+window or score). A
         // planned layer without feature maps (the polish found none that helped it) keeps the
@@ -361,29 +353,17 @@ impl O1Run {
         };
         self.recent[il] = None;
         self.segs[il] = None;
-        kv.seal(sealed, matches!(self.serve[il], Serve::Sliding(_)));
-        Ok(())
-    }
-
-    /// Seal every planned layer now (a plan with tp = 0 seals before the first position).
-    pub(crate) fn seal_all(&mut self, layers: &mut [LayerState]) -> Result<(), NystromError> {
-        for (il, ls) in layers.iter_mut().enumerate() {
-            if self.seals(il) {
-                self.seal(il, ls)?;
-            }
-        }
-        Ok(())
+        Ok((sealed, matches!(self.serve[il], Serve::Sliding(_))))
     }
 
     /// Back to an empty sequence (the layers were cleared, sealed ones back to empty KV
-    /// caches): segments and statistics restart, a tp = 0 plan seals at once.
-    pub(crate) fn reset(&mut self, layers: &mut [LayerState]) {
+    /// caches): segments and statistics restart. True when the plan seals at once (tp = 0:
+    /// `state::seal_all` then).
+    pub(crate) fn reset(&mut self) -> bool {
         self.q_hist.iter_mut().for_each(Vec::clear);
         self.stats = O1Stats::default();
         self.restart_segments();
-        if self.plan.check.is_none() && self.plan.tp == 0 {
-            self.seal_all(layers).expect("settings were validated when the plan was made; an empty prompt seals no skeleton");
-        }
+        self.plan.check.is_none() && self.plan.tp == 0
     }
 
     /// A copy for a checkpoint, without the check mode's query history (`restore` truncates the

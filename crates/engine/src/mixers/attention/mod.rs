@@ -1,10 +1,10 @@
 //! Softmax attention as a mixer, in all its variants: exact or sliding-window, gated or not,
 //! an f32, f16 or 8-bit KV cache, and the sealed O(1) state an `o1` plan turns a cache into at the end
-//! of the prompt (`mixers::nystrom`'s operator). Owns the layer's weights and their loading
+//! of the prompt (`o1::nystrom`'s operator). Owns the layer's weights and their loading
 //! (`Attention`), its per-sequence state (`KvState`) and that state's operations (truncate,
 //! reserve, clear, bytes), its forward and the serving batch's (projections over all rows
-//! at once, attention per sequence). The arithmetic is the shared block in `blocks.rs`
-//! (projections, QK-norm, RoPE, the softmax kernels, the O(1) hook), which MTP layers reuse.
+//! at once, attention per sequence). The arithmetic is in `core` (projections, QK-norm, RoPE,
+//! the softmax kernels, the O(1) hook), which MTP layers, MLA and vmf_phase's window reuse.
 
 use std::borrow::Cow;
 use std::sync::{Arc, OnceLock};
@@ -13,14 +13,17 @@ use cortiq_kernels::kvattn::{KvRows, Q8_BLOCK, dequantize_q8, hadamard, quantize
 use cortiq_kernels::ops::RopeStyle;
 use half::f16;
 
-use crate::blocks::{AttentionWeights, DecodeSeq, attention, attention_core, attention_rows, attn_output, attn_project};
+pub mod core;
+
+pub use self::core::{AttentionWeights, DecodeSeq, attention, attention_core, attention_rows, attn_output, attn_project};
+pub(crate) use self::core::{attend_latent, attn_prep};
 use crate::config::{LayerSpec, ModelConfig};
 use crate::error::Result;
-use crate::mixers::nystrom::O1Layer;
 use crate::mixers::{Env, Journal, Mixer, MixerState, Seq, segments_apart, steps_apart};
+use crate::mixers::{KvType, LayerState, StateBytes};
 use crate::o1::Serve;
+use crate::o1::nystrom::O1Layer;
 use crate::qtensor::QTensor;
-use crate::state::{KvType, LayerState, StateBytes};
 use crate::weights::TensorSource;
 
 /// An attention layer: its weights, which of the model's RoPE tables it rotates by, its
@@ -662,7 +665,7 @@ impl MixerState for KvState {
     }
 
     fn save(&self, out: &mut Vec<u8>) -> std::result::Result<(), String> {
-        use crate::session::{put_f16s, put_f32s};
+        use crate::codec::{put_f16s, put_f32s};
         match &self.cache {
             Cache::Kv { k, v } => {
                 put_f32s(out, k);
@@ -684,7 +687,7 @@ impl MixerState for KvState {
     }
 
     fn load(&mut self, r: &mut &[u8], len: usize) -> std::result::Result<(), String> {
-        use crate::session::{get_f16s, get_f32s};
+        use crate::codec::{get_f16s, get_f32s};
         let n = len * self.row;
         let mut q8 = |what: &str| -> std::result::Result<(Vec<i8>, Vec<f32>), String> {
             if r.len() < n {
