@@ -7,7 +7,6 @@ use std::time::Instant;
 
 use anyhow::{Result, bail};
 use clap::Args;
-use cortiq_engine::o1::nystrom::Far;
 use cortiq_engine::{Logits, VerifyJournal};
 
 use crate::common::{Common, O1Args, Profiler, open_model, state_line};
@@ -69,13 +68,7 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
     let vocab = model.cfg.vocab as u32;
     let toks: Vec<u32> = (0..(a.depth + a.n_prompt.max(a.n_gen)) as u32).map(|i| (i.wrapping_mul(7919) + 13) % vocab).collect();
     let (ctx, rest) = toks.split_at(a.depth);
-    let mode = match &plan {
-        Some(p) if p.far == Far::Skeleton => {
-            format!(" o1 W{} S{} m{}", p.settings.window, p.settings.sinks, p.settings.landmarks)
-        }
-        Some(p) => format!(" kv-window W{} S{}", p.settings.window, p.settings.sinks),
-        None => String::new(),
-    };
+    let mode = plan.as_ref().map_or_else(String::new, crate::o1args::bench_mode);
     let at = if a.depth > 0 { format!(" @ d{}{mode}", a.depth) } else { mode.clone() };
     // The state holding the depth context (with a plan: the sealed prompt), prefilled once,
     // unmeasured; each test starts from a copy with room for its positions.

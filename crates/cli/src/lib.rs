@@ -18,6 +18,12 @@ pub mod hub;
 pub mod linearize;
 pub mod linearize_window;
 pub mod logits;
+#[cfg(feature = "o1")]
+pub mod o1args;
+#[cfg(not(feature = "o1"))]
+#[path = "o1args_off.rs"]
+pub mod o1args;
+#[cfg(feature = "o1")]
 pub mod polish;
 pub mod ppl;
 pub mod pull;

@@ -171,7 +171,7 @@ pub fn linearize(src: &Path, out: &Path, o: &LinearizeOpts) -> Result<()> {
     };
     let tok = loaded.tokenizer()?;
     let bos = if tok.add_bos() { tok.bos_id() } else { None };
-    let windows = crate::polish::far::text_windows(&tok, &o.calib, bos, o.ctx, o.windows)?;
+    let windows = crate::common::text_windows(&tok, &o.calib, bos, o.ctx, o.windows)?;
     if windows.is_empty() {
         bail!("--calib {}: fewer than {} tokens of text", o.calib.join(" "), o.ctx);
     }

@@ -7,7 +7,9 @@
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use cortiq_cli::{bench, convert, logits, polish, ppl, pull, run, serve, tokenize};
+#[cfg(feature = "o1")]
+use cortiq_cli::polish;
+use cortiq_cli::{bench, convert, logits, ppl, pull, run, serve, tokenize};
 
 #[derive(Parser)]
 #[command(name = "cortiq", version, about = "Run language models on the CPU: GGUF files and Hugging Face folders")]
@@ -43,6 +45,7 @@ enum Cmd {
     /// Distill the O(1) student (global attention on the Nyström operator) from the exact
     /// model: train the converted layers' norm gains and FFNs on texts, write a .cmf that
     /// `run` / `ppl` serve in O(1) mode by default.
+    #[cfg(feature = "o1")]
     Polish(polish::PolishArgs),
 }
 
@@ -93,6 +96,7 @@ fn dispatch(cmd: Cmd, verbose: bool) -> Result<()> {
         Cmd::Bench(a) => bench::cmd_bench(a),
         Cmd::Serve(a) => serve::cmd_serve(a),
         Cmd::Convert(a) => convert::cmd_convert(a),
+        #[cfg(feature = "o1")]
         Cmd::Polish(a) => polish::cmd_polish(a),
     }
 }

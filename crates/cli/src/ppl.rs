@@ -4,8 +4,9 @@
 
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use clap::Args;
+#[cfg(feature = "o1")]
 use cortiq_engine::o1::nystrom::{Far, Guard};
 use cortiq_engine::perplexity::{PplOptions, perplexity, perplexity_vs};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -34,6 +35,19 @@ pub struct PplArgs {
     /// prompt, sealed there, the rest decodes in constant memory.
     #[command(flatten)]
     pub o1: O1Args,
+    #[command(flatten)]
+    pub o1_ppl: PplO1Args,
+    /// A base model (path or known name; exact attention) run on the same chunks: prints the
+    /// mean KL(base ‖ model) per scored token and the top-1 agreement (llama-perplexity's
+    /// --kl-divergence figures), e.g. a converted or quantized model against its original.
+    #[arg(long, value_name = "MODEL")]
+    pub kl_base: Option<String>,
+}
+
+/// ppl's own O(1) flags (the `o1` feature).
+#[cfg(feature = "o1")]
+#[derive(Args)]
+pub struct PplO1Args {
     /// --o1 / --kv-window prompt tokens per chunk, < ctx [default: ctx/2, exactly the half that
     /// is not scored, so every scored token is served after the seal].
     #[arg(long, value_name = "N")]
@@ -49,14 +63,15 @@ pub struct PplArgs {
     /// clamp at 0, an ablation; only with --o1-check, the streaming state has the aggregate guard).
     #[arg(long, value_enum)]
     pub o1_guard: Option<GuardArg>,
-    /// A base model (path or known name; exact attention) run on the same chunks: prints the
-    /// mean KL(base ‖ model) per scored token and the top-1 agreement (llama-perplexity's
-    /// --kl-divergence figures), e.g. a converted or quantized model against its original.
-    #[arg(long, value_name = "MODEL")]
-    pub kl_base: Option<String>,
 }
 
+/// No O(1) flags without the `o1` feature.
+#[cfg(not(feature = "o1"))]
+#[derive(Args)]
+pub struct PplO1Args {}
+
 /// `--o1-guard`: the matrix form's guard against negative skeleton weights.
+#[cfg(feature = "o1")]
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum GuardArg {
     /// Drop a row's whole far field when its total far weight is negative (the operator's).
@@ -68,31 +83,7 @@ pub enum GuardArg {
 /// `cortiq ppl`: the flags' own errors before the model loads, then the text, scored by chunks
 /// with a progress bar; `PPL = ...` on stdout, the rest on stderr.
 pub fn cmd_ppl(a: PplArgs) -> Result<()> {
-    let guard = match a.o1_guard {
-        Some(GuardArg::Clamp) if !a.o1_check => {
-            bail!(
-                "--o1-guard clamp: only the matrix form (--o1-check) has a per-key clamp; the streaming state uses the aggregate guard"
-            )
-        }
-        Some(_) if !(a.o1_check || a.o1.any()) => bail!("--o1-guard needs --o1-check (or --o1 / --kv-window)"),
-        Some(GuardArg::Clamp) => Guard::PerKeyClamp,
-        _ => Guard::Aggregate,
-    };
-    if a.o1_prefill.is_some() && !(a.o1_check || a.o1.any()) {
-        bail!("--o1-prefill needs --o1 or --kv-window");
-    }
-    let tp = a.o1_prefill.unwrap_or(a.ctx / 2);
-    let plan = a.o1.plan(tp, a.o1_check.then_some(guard), a.o1_check, None)?;
-    if plan.is_some() && tp >= a.ctx {
-        bail!("--o1-prefill: {tp} must be below --ctx {}", a.ctx);
-    }
-    let loaded = open_model(&a.common)?;
-    // A polished model brings its own O(1) plan (unless --exact).
-    let served = served_o1(&loaded);
-    let mut a = a;
-    a.o1.apply_budget(&loaded.model, served, a.o1_check)?;
-    let plan = a.o1.plan(tp, a.o1_check.then_some(guard), a.o1_check, served)?;
-    note_served(&plan, served, a.o1.o1 || a.o1_check);
+    let (loaded, plan) = open_planned(a.o1.clone(), &a.o1_ppl, &a.common, a.ctx)?;
     let tok = open_tokenizer(&loaded)?;
     let base = match &a.kl_base {
         Some(m) => {
@@ -144,48 +135,12 @@ pub fn cmd_ppl(a: PplArgs) -> Result<()> {
         (r.chunks * a.ctx) as f64 / secs
     );
     if let Some(p) = &plan {
-        let s = r.o1.unwrap_or_default();
-        let what = match (p.far, p.check) {
-            (Far::Skeleton, None) => "o1 streaming".to_string(),
-            (Far::Drop, None) => "sink+window (StreamingLLM)".to_string(),
-            (Far::Linear(None), None) => "sink+window with the learned far field".to_string(),
-            (Far::Linear(Some(r)), None) => {
-                format!("score eviction (decay {}, recent {}) with the learned far field", r.decay, r.recent)
-            }
-            (Far::Score(r), None) => {
-                format!("sink+window budget, layer-shared score eviction (decay {}, recent {})", r.decay, r.recent)
-            }
-            (far, Some(g)) => format!("matrix form of {far}, guard {g:?}"),
-        };
-        eprintln!(
-            "{what}: prefill {} (sealed), window {}, sinks {}, landmarks {} (m_eff {}); guard dropped {} of {} (position, head) rows",
-            p.tp,
-            p.settings.window,
-            p.settings.sinks,
-            p.settings.landmarks,
-            p.settings.m_eff(p.tp),
-            s.dropped,
-            s.rows
-        );
-        if let Some(ws) = p.split_windows(loaded.model.o1_split.as_deref()) {
-            let w: Vec<String> = ws.iter().map(|(il, w)| format!("{il}:{w}")).collect();
-            eprintln!("windows split by the model's curves (layer:window, the same total): {}", w.join(" "));
-        }
+        report_plan(p, r.o1.unwrap_or_default(), &loaded);
     }
     let b = r.state_bytes;
     eprintln!("state at the end of a chunk: {} bytes (KV {}, O(1) {}, recurrent {})", b.total(), b.kv, b.o1, b.recurrent);
-    if let Some(p) = plan.filter(|p| matches!(p.far, Far::Skeleton | Far::Linear(_)) && p.check.is_none() && b.o1 > 0) {
-        // The StreamingLLM window whose sealed layers hold as many bytes as these O(1) layers:
-        // (W' + S) positions of keys and values per kv head.
-        let cfg = &loaded.model.cfg;
-        let planned = cfg
-            .layers
-            .iter()
-            .filter(|l| l.mixer == cortiq_engine::config::MixerKind::Attention && l.sliding_window.is_none())
-            .count();
-        let per_pos = cfg.n_kv_heads * cfg.head_dim * 2 * 4;
-        let w_eq = (b.o1 / planned.max(1) / per_pos.max(1)).saturating_sub(p.settings.sinks).max(1);
-        eprintln!("equal state bytes: --kv-window {w_eq} --kv-sinks {}", p.settings.sinks);
+    if let Some(p) = &plan {
+        equal_window(p, b, &loaded);
     }
     println!("PPL = {:.6} +/- {:.5}", r.ppl, r.stderr);
     if let Some(k) = kl {
@@ -195,4 +150,114 @@ pub fn cmd_ppl(a: PplArgs) -> Result<()> {
     }
     prof.finish("ppl");
     Ok(())
+}
+
+/// The model, opened, and the O(1) plan its chunks are served with (the flags', or a polished
+/// model's own): ppl's flag errors first, before the model loads.
+#[cfg(feature = "o1")]
+fn open_planned(
+    mut o1: O1Args,
+    o: &PplO1Args,
+    common: &Common,
+    ctx: usize,
+) -> Result<(cortiq_engine::load::Loaded, Option<cortiq_engine::o1::O1Plan>)> {
+    let guard = match o.o1_guard {
+        Some(GuardArg::Clamp) if !o.o1_check => {
+            anyhow::bail!(
+                "--o1-guard clamp: only the matrix form (--o1-check) has a per-key clamp; the streaming state uses the aggregate guard"
+            )
+        }
+        Some(_) if !(o.o1_check || o1.any()) => anyhow::bail!("--o1-guard needs --o1-check (or --o1 / --kv-window)"),
+        Some(GuardArg::Clamp) => Guard::PerKeyClamp,
+        _ => Guard::Aggregate,
+    };
+    if o.o1_prefill.is_some() && !(o.o1_check || o1.any()) {
+        anyhow::bail!("--o1-prefill needs --o1 or --kv-window");
+    }
+    let tp = o.o1_prefill.unwrap_or(ctx / 2);
+    let plan = o1.plan(tp, o.o1_check.then_some(guard), o.o1_check, None)?;
+    if plan.is_some() && tp >= ctx {
+        anyhow::bail!("--o1-prefill: {tp} must be below --ctx {}", ctx);
+    }
+    let loaded = open_model(common)?;
+    // A polished model brings its own O(1) plan (unless --exact).
+    let served = served_o1(&loaded);
+    o1.apply_budget(&loaded.model, served, o.o1_check)?;
+    let plan = o1.plan(tp, o.o1_check.then_some(guard), o.o1_check, served)?;
+    note_served(&plan, served, o1.o1 || o.o1_check);
+    Ok((loaded, plan))
+}
+
+/// Without the `o1` feature: the model, exact attention.
+#[cfg(not(feature = "o1"))]
+fn open_planned(
+    o1: O1Args,
+    _o: &PplO1Args,
+    common: &Common,
+    _ctx: usize,
+) -> Result<(cortiq_engine::load::Loaded, Option<cortiq_engine::o1::O1Plan>)> {
+    let loaded = open_model(common)?;
+    let plan = o1.plan(0, None, false, served_o1(&loaded))?;
+    note_served(&plan, None, false);
+    Ok((loaded, plan))
+}
+
+/// What the plan served and what its guard did.
+#[cfg(feature = "o1")]
+fn report_plan(p: &cortiq_engine::o1::O1Plan, s: cortiq_engine::o1::O1Stats, loaded: &cortiq_engine::load::Loaded) {
+    let what = match (p.far, p.check) {
+        (Far::Skeleton, None) => "o1 streaming".to_string(),
+        (Far::Drop, None) => "sink+window (StreamingLLM)".to_string(),
+        (Far::Linear(None), None) => "sink+window with the learned far field".to_string(),
+        (Far::Linear(Some(r)), None) => {
+            format!("score eviction (decay {}, recent {}) with the learned far field", r.decay, r.recent)
+        }
+        (Far::Score(r), None) => {
+            format!("sink+window budget, layer-shared score eviction (decay {}, recent {})", r.decay, r.recent)
+        }
+        (far, Some(g)) => format!("matrix form of {far}, guard {g:?}"),
+    };
+    eprintln!(
+        "{what}: prefill {} (sealed), window {}, sinks {}, landmarks {} (m_eff {}); guard dropped {} of {} (position, head) rows",
+        p.tp,
+        p.settings.window,
+        p.settings.sinks,
+        p.settings.landmarks,
+        p.settings.m_eff(p.tp),
+        s.dropped,
+        s.rows
+    );
+    if let Some(ws) = p.split_windows(loaded.model.o1_split.as_deref()) {
+        let w: Vec<String> = ws.iter().map(|(il, w)| format!("{il}:{w}")).collect();
+        eprintln!("windows split by the model's curves (layer:window, the same total): {}", w.join(" "));
+    }
+}
+
+#[cfg(not(feature = "o1"))]
+fn report_plan(p: &cortiq_engine::o1::O1Plan, _s: cortiq_engine::o1::O1Stats, _loaded: &cortiq_engine::load::Loaded) {
+    match *p {}
+}
+
+/// The StreamingLLM window whose sealed layers hold as many bytes as these O(1) layers.
+#[cfg(feature = "o1")]
+fn equal_window(p: &cortiq_engine::o1::O1Plan, b: cortiq_engine::state::StateBytes, loaded: &cortiq_engine::load::Loaded) {
+    if !(matches!(p.far, Far::Skeleton | Far::Linear(_)) && p.check.is_none() && b.o1 > 0) {
+        return;
+    }
+    // The StreamingLLM window whose sealed layers hold as many bytes as these O(1) layers:
+    // (W' + S) positions of keys and values per kv head.
+    let cfg = &loaded.model.cfg;
+    let planned = cfg
+        .layers
+        .iter()
+        .filter(|l| l.mixer == cortiq_engine::config::MixerKind::Attention && l.sliding_window.is_none())
+        .count();
+    let per_pos = cfg.n_kv_heads * cfg.head_dim * 2 * 4;
+    let w_eq = (b.o1 / planned.max(1) / per_pos.max(1)).saturating_sub(p.settings.sinks).max(1);
+    eprintln!("equal state bytes: --kv-window {w_eq} --kv-sinks {}", p.settings.sinks);
+}
+
+#[cfg(not(feature = "o1"))]
+fn equal_window(p: &cortiq_engine::o1::O1Plan, _b: cortiq_engine::state::StateBytes, _loaded: &cortiq_engine::load::Loaded) {
+    match *p {}
 }

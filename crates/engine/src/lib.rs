@@ -15,6 +15,10 @@ pub mod mixers;
 pub mod model;
 pub mod moe;
 pub mod numerics;
+#[cfg(feature = "o1")]
+pub mod o1;
+#[cfg(not(feature = "o1"))]
+#[path = "o1/off.rs"]
 pub mod o1;
 pub mod par;
 pub mod perplexity;

@@ -21,6 +21,7 @@ use crate::arch::{self, Arch};
 use crate::config::{MixerKind, ModelConfig};
 use crate::error::{EngineError, Result};
 use crate::model::Model;
+#[cfg(feature = "o1")]
 use crate::o1::farfield::FarWeights;
 use crate::qtensor::{Backing, QTensor};
 use crate::weights::{CmfSource, GgufSource, TensorSource};
@@ -107,8 +108,21 @@ fn load_cmf(path: &Path) -> Result<Loaded> {
             arch.config_from_hf(&arch.hf_config_from_str(&c.embedded_path("config.json"), text)?)?
         }
     };
+    #[cfg_attr(not(feature = "o1"), allow(unused_mut))]
     let mut model = Model::load_dense(&CmfSource { cmf: &c }, cfg)?;
-    model.o1_far = load_far(path, &c, &model.cfg)?;
+    #[cfg(feature = "o1")]
+    load_o1(path, &c, &mut model)?;
+    #[cfg(not(feature = "o1"))]
+    if c.header.o1.is_some() {
+        tracing::warn!("{}: its O(1) serving settings are ignored (cortiq built without the o1 feature)", path.display());
+    }
+    Ok(Loaded { model, origin: Origin::Cmf(c) })
+}
+
+/// A polished model's O(1) parts: the learned far field, the window split, the score layers.
+#[cfg(feature = "o1")]
+fn load_o1(path: &Path, c: &Cmf, model: &mut Model) -> Result<()> {
+    model.o1_far = load_far(path, c, &model.cfg)?;
     if let Some(sp) = c.header.o1.as_ref().and_then(|h| h.split.as_ref()) {
         let split = crate::o1::O1Split { step: sp.step, layers: sp.layers.clone(), curves: sp.curves.clone() };
         split.validate(model.cfg.n_layers).map_err(|what| EngineError::BadConfig { file: path.display().to_string(), what })?;
@@ -121,12 +135,13 @@ fn load_cmf(path: &Path) -> Result<Loaded> {
         }
         model.o1_score_layers = Some(list.as_slice().into());
     }
-    Ok(Loaded { model, origin: Origin::Cmf(c) })
+    Ok(())
 }
 
 /// The learned far field's feature maps (`blk.N.attn_far_*`, f32, written by `cortiq polish
 /// --o1-far linear`): per layer all six tensors or none, and optionally the decay rates; a
 /// partial or misshapen set is a malformed file.
+#[cfg(feature = "o1")]
 fn load_far(path: &Path, c: &Cmf, cfg: &ModelConfig) -> Result<Vec<Option<std::sync::Arc<FarWeights>>>> {
     use crate::o1::farfield::TENSORS;
     let bad = |what: String| EngineError::BadConfig { file: path.display().to_string(), what };

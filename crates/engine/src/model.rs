@@ -11,7 +11,9 @@ use crate::error::{EngineError, Result};
 use crate::mixers::{self, Env, Journal, Mixer, Seq};
 use crate::moe::{MoeConfig, MoeWeights, moe};
 use crate::numerics::{LlamaCppCtx, Numerics};
-use crate::o1::{AttnO1, Geom, O1Plan, O1Run, O1Stats, Serve};
+#[cfg(feature = "o1")]
+use crate::o1::Geom;
+use crate::o1::{AttnO1, O1Plan, O1Run, O1Stats, Serve};
 use crate::par::pool;
 use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
@@ -146,7 +148,7 @@ impl VerifyJournal {
         self.n = n;
         self.fallback = None;
         self.layers.resize_with(n_layers, Journal::default);
-        self.o1_stats = state.o1.as_ref().map(|r| r.stats);
+        self.o1_stats = state.o1.as_ref().map(O1Run::stats);
     }
 
     /// The final-normed hidden rows of the last verify's positions still kept, [n, d_model].
@@ -307,6 +309,17 @@ impl Model {
     }
 
     pub fn new_state_o1(&self, n_ctx: usize, plan: O1Plan) -> Result<SeqState> {
+        #[cfg(not(feature = "o1"))]
+        {
+            let _ = n_ctx;
+            match plan {}
+        }
+        #[cfg(feature = "o1")]
+        self.new_state_planned(n_ctx, plan)
+    }
+
+    #[cfg(feature = "o1")]
+    fn new_state_planned(&self, n_ctx: usize, plan: O1Plan) -> Result<SeqState> {
         let bad = |what: String| EngineError::BadConfig { file: "o(1) decode".into(), what };
         plan.validate().map_err(|e| bad(e.to_string()))?;
         if self.cfg.attn_logit_softcap.is_some() {
@@ -483,7 +496,7 @@ impl Model {
             self.check_tokens(e.tokens, e.state).map_err(|err| entry_err(j, err))?;
         }
         let (d, vocab) = (self.cfg.d_model, self.cfg.vocab);
-        let own = |e: &BatchEntry<'_>| e.state.o1.as_ref().is_some_and(|r| r.plan.check.is_some() || r.pending(e.state.len));
+        let own = |e: &BatchEntry<'_>| e.state.o1.as_ref().is_some_and(|r| r.checks() || r.pending(e.state.len));
         let alone: Vec<bool> = batch.iter().map(own).collect();
         let merged: Vec<usize> = (0..batch.len()).filter(|&j| !alone[j]).collect();
         let mut outs: Vec<Option<Vec<f32>>> = vec![None; batch.len()];
@@ -641,7 +654,7 @@ impl Model {
         self.check_tokens(tokens, state)?;
         let (n, pos0) = (tokens.len(), state.len);
         journal.begin(state, n, self.layers.len());
-        if state.o1.as_ref().is_some_and(|r| r.plan.check.is_some() || r.pending(pos0)) {
+        if state.o1.as_ref().is_some_and(|r| r.checks() || r.pending(pos0)) {
             let cp = state.checkpoint();
             let mut logits = Vec::with_capacity(n * self.cfg.vocab); // [n, vocab]
             journal.hidden.clear();
@@ -691,7 +704,7 @@ impl Model {
             return Ok(());
         }
         if let (Some(run), Some(stats)) = (state.o1.as_mut(), journal.o1_stats) {
-            run.stats = stats;
+            run.set_stats(stats);
         }
         let (env, pos0) = (self.env(), journal.pos0);
         for il in 0..self.layers.len() {

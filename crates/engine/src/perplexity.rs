@@ -150,13 +150,13 @@ fn score(
     let vocab = model.cfg.vocab;
     let mut n_batch = opt.n_batch.max(1);
     if let Some(p) = &opt.o1 {
-        if p.tp >= n_ctx {
+        if p.tp() >= n_ctx {
             return Err(EngineError::BadConfig {
                 file: "ppl".into(),
-                what: format!("--o1-prefill {} must be below the context {n_ctx}", p.tp),
+                what: format!("--o1-prefill {} must be below the context {n_ctx}", p.tp()),
             });
         }
-        if p.check.is_some() {
+        if p.checks() {
             // The matrix form recomputes the whole window per call.
             n_batch = n_ctx;
         }

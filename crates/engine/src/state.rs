@@ -121,7 +121,7 @@ impl SeqState {
 
     /// What the O(1) guard did so far (None without a plan).
     pub fn o1_stats(&self) -> Option<O1Stats> {
-        self.o1.as_ref().map(|r| r.stats)
+        self.o1.as_ref().map(O1Run::stats)
     }
 
     pub fn checkpoint(&self) -> Checkpoint {
@@ -383,6 +383,7 @@ mod tests {
 
 /// Seal layer `il` by the plan `run`: its KV cache (the prompt positions) becomes the sealed
 /// O(1) state (`O1Run::sealed`); a layer already sealed stays as it is.
+#[cfg_attr(not(feature = "o1"), allow(unreachable_code))]
 pub(crate) fn seal_layer(run: &mut O1Run, il: usize, ls: &mut LayerState) -> Result<(), NystromError> {
     let kv = ls.of::<KvState>();
     let widened;

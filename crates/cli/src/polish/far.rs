@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::io::IsTerminal;
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use cortiq_engine::Logits;
 use cortiq_engine::Numerics;
 use cortiq_engine::load::load;
@@ -90,7 +90,7 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
     if a.train.iter().any(|n| n == &a.valid) {
         bail!("--valid {} is also a training text", a.valid);
     }
-    let windows = text_windows(&tok, &a.train, bos, t, a.far_windows())?;
+    let windows = crate::common::text_windows(&tok, &a.train, bos, t, a.far_windows())?;
     if windows.is_empty() {
         bail!("--train: no window of {t} tokens in the training texts");
     }
@@ -110,7 +110,7 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
     let mut recs = record(model, &planned, &windows, t)?;
     // `--far-rule auto` chooses each layer's rule on the held-out windows: twice as many.
     let auto = a.far_rule.as_deref() == Some("auto");
-    let valid_windows = text_windows(&tok, std::slice::from_ref(&a.valid), bos, t, if auto { 4 } else { 2 })?;
+    let valid_windows = crate::common::text_windows(&tok, std::slice::from_ref(&a.valid), bos, t, if auto { 4 } else { 2 })?;
     let mut vrecs = record(model, &planned, &valid_windows, t)?;
     eprintln!("recorded {} layers in {:.1}s", planned.len(), t0.elapsed().as_secs_f64());
 
@@ -438,28 +438,6 @@ fn window_split(
         })
         .collect();
     O1Split { step: SPLIT_STEP, layers: planned.to_vec(), curves }
-}
-
-/// Up to `max` windows of t tokens (BOS first where the model adds one), in order, from the
-/// texts.
-pub(crate) fn text_windows(
-    tok: &cortiq_formats::tokenizer::Tokenizer,
-    names: &[String],
-    bos: Option<u32>,
-    t: usize,
-    max: usize,
-) -> Result<Vec<Vec<u32>>> {
-    let body = t - usize::from(bos.is_some());
-    let mut windows = Vec::new();
-    for name in names {
-        let p = pull::resolve_text(name)?;
-        let text = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
-        let ids = tok.encode_with(&text, false, false)?;
-        for c in ids.chunks_exact(body).take(max.saturating_sub(windows.len())) {
-            windows.push(bos.into_iter().chain(c.iter().copied()).collect::<Vec<u32>>());
-        }
-    }
-    Ok(windows)
 }
 
 /// Runs the model exact over each window, recording every planned layer's q, k, v and

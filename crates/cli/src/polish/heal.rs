@@ -25,7 +25,8 @@ use cortiq_kernels::quant::QuantType;
 use cortiq_train::vmf::{TransferSeq, VmfParams, VmfShape, transfer_error, transfer_layer};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::{PolishArgs, export, far::text_windows, start_pool};
+use super::{PolishArgs, export, start_pool};
+use crate::common::text_windows;
 use crate::pull;
 
 /// Rate of the copied teacher projections (v_proj, out_proj) relative to --lr.

@@ -39,6 +39,16 @@ pub struct O1Plan {
 }
 
 impl O1Plan {
+    /// The prompt length.
+    pub fn tp(&self) -> usize {
+        self.tp
+    }
+
+    /// Whether this is the checking path (matrix form, nothing sealed).
+    pub fn checks(&self) -> bool {
+        self.check.is_some()
+    }
+
     /// The settings' own checks (each names its CLI flag). The guard needs none: the streaming
     /// form always applies the aggregate guard, `check` chooses the matrix form's.
     pub fn validate(&self) -> Result<(), NystromError> {
@@ -399,6 +409,21 @@ impl O1Run {
 
     /// Bytes of the prompt-phase bookkeeping (segment sums; the check mode's query history is
     /// checking scaffolding, not sequence state, and is not counted).
+    /// Whether the plan is the checking path (matrix form, nothing sealed).
+    pub fn checks(&self) -> bool {
+        self.plan.check.is_some()
+    }
+
+    /// What the guard did so far.
+    pub fn stats(&self) -> O1Stats {
+        self.stats
+    }
+
+    /// Back to the statistics of an earlier point (a verify's rejected positions undone).
+    pub(crate) fn set_stats(&mut self, stats: O1Stats) {
+        self.stats = stats;
+    }
+
     pub fn bytes(&self) -> usize {
         self.segs.iter().flatten().map(|s| s.bytes()).sum::<usize>()
             + self.recent.iter().flatten().map(|r| r.bytes()).sum::<usize>()

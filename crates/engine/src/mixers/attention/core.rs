@@ -15,10 +15,11 @@ use crate::compat::{
     round_f16,
 };
 use crate::config::{ModelConfig, Rope};
-use crate::error::{EngineError, Result};
+use crate::error::Result;
 use crate::mixers::add_bias;
 use crate::mixers::attention::{Cache, KeyForm};
 use crate::o1::AttnO1;
+#[cfg(feature = "o1")]
 use crate::o1::nystrom::matrix_form;
 use crate::par::pool;
 use crate::profile::{self, Op};
@@ -381,6 +382,21 @@ pub fn attn_output(
     w.wo.project(&o, n, independent) // [n, d_model]
 }
 
+/// Without the `o1` feature no plan exists, so no matrix form is asked for.
+#[cfg(not(feature = "o1"))]
+fn o_matrix_form(
+    _cfg: &ModelConfig,
+    plan: &crate::o1::O1Plan,
+    _q_hist: &[f32],
+    _kv: &Cache,
+    _pos0: usize,
+    _o: &mut [f32],
+    _stats: &mut crate::o1::O1Stats,
+) -> Result<()> {
+    match *plan {}
+}
+
+#[cfg(feature = "o1")]
 /// The O(1) plan's checking path: the teacher-forced matrix form (f64) over every position so
 /// far — q_hist [len, n_heads, hd] and the cache's keys/values — with the plan's tp; the rows of
 /// this chunk (from pos0) go to o [n, n_heads, hd]. Recomputes the whole window per call: meant
@@ -422,7 +438,7 @@ fn o_matrix_form(
         &k,
         &v,
     )
-    .map_err(|e| EngineError::BadConfig { file: "o(1) matrix form".into(), what: e.to_string() })?;
+    .map_err(|e| crate::error::EngineError::BadConfig { file: "o(1) matrix form".into(), what: e.to_string() })?;
     o.iter_mut().zip(&mo.o[pos0 * q_dim..]).for_each(|(y, &x)| *y = x as f32);
     for t in pos0.max(tp)..t_len {
         stats.rows += nh;
