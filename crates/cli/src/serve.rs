@@ -71,6 +71,11 @@ pub struct ServeArgs {
     /// weight pass as the running streams' tokens; a long prompt still takes one chunk a step.
     #[arg(long, default_value_t = 64)]
     pub prefill_budget: usize,
+    /// Draft positions per step over all speculating streams while streams that do not
+    /// speculate share the step, split evenly among the speculating ones: how much longer a
+    /// plain stream's step may get beside them. Unset: every draft in full.
+    #[arg(long, value_name = "N")]
+    pub draft_budget: Option<usize>,
     /// Milliseconds the first request after an idle spell waits for others sent with it, so a
     /// burst of requests starts decoding together (0: never wait).
     #[arg(long, default_value_t = 3.0)]
@@ -214,6 +219,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
             queue: a.queue,
             prefill_chunk: a.prefill_chunk,
             prefill_budget: a.prefill_budget,
+            draft_budget: a.draft_budget,
             gather: Duration::from_secs_f64(a.batch_wait_ms / 1000.0),
             timeout: (a.timeout > 0).then(|| Duration::from_secs(a.timeout)),
             cache: (a.cache_ram > 0).then(|| CacheConfig { ram: a.cache_ram << 20, every: a.cache_checkpoint_every.max(1) }),

@@ -64,6 +64,11 @@ pub struct SchedConfig {
     /// Prompt positions per step over all prefilling slots (raised to `prefill_chunk`): several
     /// short prompts start in one step, while a step stays bounded for the running streams.
     pub prefill_budget: usize,
+    /// Draft positions per step over all speculating slots while streams that do not speculate
+    /// share the step (decode rows or prompt chunks; `--draft-budget`), split evenly: it bounds
+    /// how much longer their step gets. None: every draft in full. A drafted token changes
+    /// nothing in what is generated, only how many positions a verify checks.
+    pub draft_budget: Option<usize>,
     /// How long the first request after an idle spell waits for others sent with it (0: not
     /// at all), so that a burst starts in one step.
     pub gather: Duration,
@@ -595,11 +600,18 @@ impl Handle {
         // every stream, speculating or not.
         type Planned = (usize, Vec<u32>, Option<(usize, Keep)>, bool);
         let mut plan: Vec<Planned> = Vec::new();
+        let share = draft_share(cfg.draft_budget, slots);
+        let mut k = 0;
         for (si, s) in slots.iter_mut().enumerate() {
             let Some(Slot { phase: Phase::Decode { next }, spec, history, generated, req, .. }) = s else { continue };
             let st = &states[si];
             let draft = match spec {
-                Some(sp) => sp.draft(model, history, (req.n_predict - *generated - 1).min(st.n_ctx - st.len - 1)),
+                Some(sp) => {
+                    let cap = share.map_or(usize::MAX, |(q, r)| q + usize::from(k < r));
+                    k += 1;
+                    let n_max = (req.n_predict - *generated - 1).min(st.n_ctx - st.len - 1).min(cap);
+                    if n_max == 0 { Vec::new() } else { sp.draft(model, history, n_max) }
+                }
                 None => Vec::new(),
             };
             if draft.is_empty() {
@@ -1135,4 +1147,15 @@ impl Rate {
         let n: usize = self.window.iter().skip(1).map(|(_, n)| n).sum();
         n as f64 / span
     }
+}
+
+/// Each speculating slot's share of `budget` draft positions this step, as (quotient,
+/// remainder: the first `remainder` slots take one more), when a stream that does not speculate
+/// shares the step (a decode slot without a drafter, or a prompt being prefilled); None: no
+/// bound (no budget, or every stream in the step speculates).
+fn draft_share(budget: Option<usize>, slots: &[Option<Slot<'_>>]) -> Option<(usize, usize)> {
+    let budget = budget?;
+    let spec = slots.iter().flatten().filter(|s| matches!(s.phase, Phase::Decode { .. }) && s.spec.is_some()).count();
+    let shared = slots.iter().flatten().any(|s| !matches!(s.phase, Phase::Decode { .. }) || s.spec.is_none());
+    (spec > 0 && shared).then(|| (budget / spec, budget % spec))
 }

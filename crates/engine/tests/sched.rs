@@ -120,6 +120,7 @@ fn sched_equals_generate_alone_and_under_load() {
             queue: 16,
             prefill_chunk: chunk,
             prefill_budget: 2 * chunk,
+            draft_budget: None,
             gather: Duration::from_millis(1),
             timeout: None,
             cache: None,
@@ -170,6 +171,64 @@ fn sched_equals_generate_alone_and_under_load() {
     }
 }
 
+/// `draft_budget` bounds the positions the speculating streams draft while plain ones share
+/// the step, and changes no token: with 0 nothing is drafted beside them, with 1 at most one
+/// position a step.
+#[test]
+fn sched_draft_budget_bounds_drafts_and_changes_no_token() {
+    let tok = Arc::new(loaded_tokenizer());
+    let model = Arc::new(load(&fixture("gemma3")).unwrap().model);
+    let (chunk, n) = (8, 12);
+    let reference: Vec<Vec<u32>> = prompts()
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let mut st = model.new_state(256);
+            let opt = GenOptions { n_predict: n, sampler: sampler(i as u64), eos: vec![], stops: vec![], prefill_chunk: chunk };
+            generate(&model, &mut st, p, &opt, &mut |_| String::new(), &mut |_| {}).unwrap().tokens
+        })
+        .collect();
+    let mut drafted_by = Vec::new();
+    for budget in [Some(0), Some(1), None] {
+        let h = Handle::new(SchedConfig {
+            slots: 5,
+            n_ctx: 256,
+            queue: 16,
+            prefill_chunk: chunk,
+            prefill_budget: 2 * chunk,
+            draft_budget: budget,
+            gather: Duration::from_millis(20),
+            timeout: None,
+            cache: None,
+        });
+        let (m2, t2, h2) = (model.clone(), tok.clone(), h.clone());
+        let engine = std::thread::spawn(move || h2.run(&m2, &t2));
+        let closed = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = mpsc::channel();
+        let ps = prompts();
+        let reqs = (0..5)
+            .map(|i| {
+                let mut r = request(ps[i].clone(), i as u64, n, &tx, &closed);
+                if i == 1 || i == 3 {
+                    r.spec = Some(SpecParams { method: SpecMethod::Ngram { min: 1, max: 4 }, n_max: 4, n_min: 0 });
+                }
+                r
+            })
+            .collect();
+        h.submit(reqs).unwrap();
+        let (got, drafted, accepted) = collect_counting(&rx, 5);
+        for (i, toks) in got {
+            assert_eq!(toks, reference[i], "draft budget {budget:?}: request {i} differs");
+        }
+        println!("draft budget {budget:?}: drafted {drafted}, accepted {accepted}");
+        drafted_by.push(drafted);
+        h.shutdown();
+        engine.join().unwrap();
+    }
+    assert_eq!(drafted_by[0], 0, "budget 0 beside plain streams: no draft");
+    assert!(drafted_by[1] <= drafted_by[2] && drafted_by[2] > 0, "drafted with budget 1 / unbounded: {drafted_by:?}");
+}
+
 #[test]
 fn sched_cancel_queue_and_context() {
     let loaded = load(&fixture("qwen3_5")).unwrap();
@@ -181,6 +240,7 @@ fn sched_cancel_queue_and_context() {
         queue: 1,
         prefill_chunk: 4,
         prefill_budget: 4,
+        draft_budget: None,
         gather: Duration::from_millis(2),
         timeout: None,
         cache: None,
@@ -239,6 +299,7 @@ fn sched_gathers_a_burst_into_one_step() {
         queue: 8,
         prefill_chunk: 8,
         prefill_budget: 8,
+        draft_budget: None,
         gather: Duration::from_millis(200),
         timeout: None,
         cache: None,
@@ -310,6 +371,7 @@ fn sched_prompt_cache_equals_cold() {
                 queue: 8,
                 prefill_chunk: 16,
                 prefill_budget: 32,
+                draft_budget: None,
                 gather: Duration::ZERO,
                 timeout: None,
                 cache,
