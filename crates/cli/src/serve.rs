@@ -7,7 +7,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use cortiq_engine::prefix::CacheConfig;
 use cortiq_engine::sched::SchedConfig;
-use cortiq_server::{O1Planner, Ready, ServeOptions, serve};
+use cortiq_server::{Ready, ServeOptions, serve};
 
 use crate::common::{Common, O1Args, open_model, open_tokenizer, served_o1};
 use crate::spec::SpecArgs;
@@ -223,6 +223,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
             gather: Duration::from_secs_f64(a.batch_wait_ms / 1000.0),
             timeout: (a.timeout > 0).then(|| Duration::from_secs(a.timeout)),
             cache: (a.cache_ram > 0).then(|| CacheConfig { ram: a.cache_ram << 20, every: a.cache_checkpoint_every.max(1) }),
+            o1: None,
         },
         body_limit: a.max_body_mb.max(1) << 20,
         keepalive: Duration::from_secs_f64(a.sse_ping),
@@ -252,13 +253,11 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         let draft = spec.open_draft(&common, &loaded).map_err(|e| format!("{e:#}"))?;
         let served = served_o1(&loaded);
         o1.apply_budget(&loaded.model, served, false).map_err(|e| format!("{e:#}"))?;
-        // Checked: the flags' combinations were validated above, and a prompt length cannot
-        // make a valid combination invalid.
-        let first = o1.plan(1, None, false, served).map_err(|e| format!("{e:#}"))?;
-        let note = first.map(|p| format!("constant-memory decode: {}", crate::common::describe_plan(&p)));
-        let planner: Option<O1Planner> =
-            first.is_some().then(|| Box::new(move |tp: usize| o1.plan(tp, None, false, served).ok().flatten()) as O1Planner);
-        Ok(Ready { model: loaded.model, tok, o1: planner, draft, note })
+        // The plan for a one-token prompt: the serving core gives each request its own
+        // prompt length (`O1Plan::with_prompt`), the only part of the plan it changes.
+        let plan = o1.plan(1, None, false, served).map_err(|e| format!("{e:#}"))?;
+        let note = plan.map(|p| format!("constant-memory decode: {}", crate::common::describe_plan(&p)));
+        Ok(Ready { model: loaded.model, tok, o1: plan, draft, note })
     });
     serve(opts, load)?;
     Ok(())

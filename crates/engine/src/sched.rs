@@ -76,6 +76,9 @@ pub struct SchedConfig {
     pub timeout: Option<Duration>,
     /// The prompt cache (None: off). Not used under llama.cpp numerics (`prefix` module doc).
     pub cache: Option<CacheConfig>,
+    /// Constant-memory decode (`--o1` / `--kv-window`): every request's state follows this plan,
+    /// its prompt sealed at its own length (`O1Plan::with_prompt`). None: exact attention.
+    pub o1: Option<O1Plan>,
 }
 
 /// Where a request's events go. `send` returns false once the receiver is gone; `is_closed`
@@ -104,9 +107,6 @@ pub struct Request {
     pub sink: Box<dyn Sink>,
     /// Structured output: only tokens the constraint allows are sampled.
     pub constraint: Option<Box<dyn Constraint>>,
-    /// Constant-memory decode (`--o1` / `--kv-window`): the plan for this prompt (its tp is
-    /// the prompt's length); the slot's state is built for it.
-    pub o1: Option<O1Plan>,
     /// Speculative decoding: the slot drafts and verifies (`Model::forward_verify`), same
     /// tokens as without.
     pub spec: Option<SpecParams>,
@@ -498,7 +498,7 @@ impl Handle {
                         continue;
                     }
                     let Some((req, t_submit)) = q.items.pop_front() else { break };
-                    match req.o1 {
+                    match cfg.o1.map(|p| p.with_prompt(req.prompt.len())) {
                         Some(plan) => match model.new_state_o1(cfg.n_ctx, plan) {
                             Ok(st) => {
                                 states[si] = st;

@@ -57,7 +57,6 @@ fn request(prompt: Vec<u32>, seed: u64, n: usize, tx: &mpsc::Sender<Event>, clos
         index: seed as usize,
         sink: Box::new(ChanSink(tx.clone(), closed.clone())),
         constraint: None,
-        o1: None,
         spec: None,
         cache: true,
         cache_scope: cortiq_engine::prefix::SHARED,
@@ -124,6 +123,7 @@ fn sched_equals_generate_alone_and_under_load() {
             gather: Duration::from_millis(1),
             timeout: None,
             cache: None,
+            o1: None,
         });
         let (m2, t2, h2) = (model.clone(), tok.clone(), h.clone());
         let engine = std::thread::spawn(move || h2.run(&m2, &t2));
@@ -200,6 +200,7 @@ fn sched_draft_budget_bounds_drafts_and_changes_no_token() {
             gather: Duration::from_millis(20),
             timeout: None,
             cache: None,
+            o1: None,
         });
         let (m2, t2, h2) = (model.clone(), tok.clone(), h.clone());
         let engine = std::thread::spawn(move || h2.run(&m2, &t2));
@@ -244,6 +245,7 @@ fn sched_cancel_queue_and_context() {
         gather: Duration::from_millis(2),
         timeout: None,
         cache: None,
+        o1: None,
     });
     let (m2, t2, h2) = (model.clone(), tok.clone(), h.clone());
     let engine = std::thread::spawn(move || h2.run(&m2, &t2));
@@ -303,6 +305,7 @@ fn sched_gathers_a_burst_into_one_step() {
         gather: Duration::from_millis(200),
         timeout: None,
         cache: None,
+        o1: None,
     });
     let (m2, t2, h2) = (model.clone(), tok.clone(), h.clone());
     let engine = std::thread::spawn(move || h2.run(&m2, &t2));
@@ -375,6 +378,7 @@ fn sched_prompt_cache_equals_cold() {
                 gather: Duration::ZERO,
                 timeout: None,
                 cache,
+                o1: None,
             });
             let (m2, t2, h2) = (model.clone(), tok.clone(), h.clone());
             (h.clone(), std::thread::spawn(move || h2.run(&m2, &t2)))

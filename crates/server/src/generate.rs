@@ -415,7 +415,6 @@ fn run(app: Arc<App>, kind: Kind, prompts: Vec<Vec<u32>>, gp: GenParams, prompt_
                     stall: app.opts.http_timeout,
                 }),
                 constraint,
-                o1: info.o1.as_ref().and_then(|plan| plan(p.len())),
                 spec,
                 cache: gp.cache_prompt,
                 cache_scope: gp.cache_scope,

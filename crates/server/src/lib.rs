@@ -91,15 +91,14 @@ pub struct ServeOptions {
 /// stream in events of a few hundred bytes, so this holds hundreds of them.
 const SEND_BUFFER: usize = 128 << 10;
 
-/// The constant-memory plan for a prompt of `tp` tokens (`--o1` / `--kv-window`, or what a
-/// polished model records); None serves exact attention.
-pub type O1Planner = Box<dyn Fn(usize) -> Option<cortiq_engine::o1::O1Plan> + Send + Sync>;
-
 /// What the load step hands over, on the engine's thread.
 pub struct Ready {
     pub model: Model,
     pub tok: Tokenizer,
-    pub o1: Option<O1Planner>,
+    /// The constant-memory plan (`--o1` / `--kv-window`, or what a polished model records),
+    /// which the serving core applies to every request at its prompt's length; None serves
+    /// exact attention. Known once the model is loaded, so it joins `SchedConfig` here.
+    pub o1: Option<cortiq_engine::o1::O1Plan>,
     /// The draft model of draft-model speculation (checked to share the vocabulary).
     pub draft: Option<Arc<Model>>,
     /// A line about how the model is served (printed once it is ready), if any.
@@ -127,7 +126,6 @@ pub(crate) struct Info {
     pub n_ctx_train: usize,
     /// The scheduler (its context size resolved against the model).
     pub sched: Handle,
-    pub o1: Option<O1Planner>,
     /// A draft model is loaded (requests may ask for draft-model speculation).
     pub has_draft: bool,
 }
@@ -348,6 +346,7 @@ fn engine_thread(app: Arc<App>, load: Loader, fail: tokio::sync::oneshot::Sender
         }
     };
     let mut cfg = app.opts.sched.clone();
+    cfg.o1 = o1;
     if cfg.n_ctx == 0 {
         cfg.n_ctx = model.cfg.n_ctx_train.clamp(1, 4096);
     }
@@ -381,7 +380,6 @@ fn engine_thread(app: Arc<App>, load: Loader, fail: tokio::sync::oneshot::Sender
         arch: model.cfg.arch.to_string(),
         n_ctx_train: model.cfg.n_ctx_train,
         sched: sched.clone(),
-        o1,
         has_draft: draft.is_some(),
     };
     let _ = app.info.set(info);

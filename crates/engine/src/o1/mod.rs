@@ -39,6 +39,11 @@ pub struct O1Plan {
 }
 
 impl O1Plan {
+    /// The same plan for a prompt of `tp` tokens.
+    pub fn with_prompt(self, tp: usize) -> O1Plan {
+        O1Plan { tp, ..self }
+    }
+
     /// The prompt length.
     pub fn tp(&self) -> usize {
         self.tp
