@@ -1,4 +1,4 @@
-//! Aggregate decode throughput of `Model::forward_decode_batch` for k concurrent sequences
+//! Aggregate decode throughput of `Model::forward_batch_into` (one decode position per entry) for k concurrent sequences
 //! against one sequence decoding alone (the serving core's decode batch). Each sequence first
 //! prefills its own short prompt; then STEPS batched steps are timed, greedy tokens fed back.
 //! Prints tok/s for one sequence and for each k, and the ratio (aggregate / single).

@@ -452,15 +452,6 @@ impl Model {
     /// `tokens[j]` at position `states[j].len` of sequence j. Logits [k, vocab], row j
     /// **bit-identical to `forward(&[tokens[j]], states[j], Logits::Last)`** run alone, whatever
     /// else is in the batch (`forward_batch` with one position per entry).
-    pub fn forward_decode_batch(&self, tokens: &[u32], states: &mut [&mut SeqState]) -> Result<Vec<f32>> {
-        assert_eq!(tokens.len(), states.len(), "forward_decode_batch: one token per sequence");
-        let mut batch: Vec<BatchEntry<'_>> = tokens
-            .iter()
-            .zip(states.iter_mut())
-            .map(|(t, st)| BatchEntry { tokens: std::slice::from_ref(t), state: st, want: Logits::Last, verify: None })
-            .collect();
-        self.forward_batch(&mut batch)
-    }
 
     /// One step of the serving core over several sequences, each with its own chunk (a decode
     /// position, a prompt chunk): entry j runs `tokens` at positions `state.len..` of its own
@@ -835,7 +826,7 @@ impl Model {
 
     /// `forward`, also returning every position's final-normed hidden row [n, d_model] (what
     /// an MTP head reads: the rows the LM head multiplies); the logits are the same.
-    pub fn forward_hidden(&self, tokens: &[u32], state: &mut SeqState, want: Logits) -> Result<(Vec<f32>, Vec<f32>)> {
+    pub(crate) fn forward_hidden(&self, tokens: &[u32], state: &mut SeqState, want: Logits) -> Result<(Vec<f32>, Vec<f32>)> {
         let mut rows = Vec::new();
         let last_layer = self.layers.len() - 1;
         let logits = self.forward_traced(tokens, state, want, &mut |name, il, v| {
@@ -850,7 +841,7 @@ impl Model {
 
     /// `prefill` with `forward_hidden`: the last position's logits and every position's
     /// final-normed hidden row.
-    pub fn prefill_hidden(&self, tokens: &[u32], state: &mut SeqState, chunk: usize) -> Result<(Vec<f32>, Vec<f32>)> {
+    pub(crate) fn prefill_hidden(&self, tokens: &[u32], state: &mut SeqState, chunk: usize) -> Result<(Vec<f32>, Vec<f32>)> {
         let (mut last, mut hidden) = (Vec::new(), Vec::with_capacity(tokens.len() * self.cfg.d_model));
         let (base, len) = (state.len, state.len + tokens.len());
         let mut done = base;
@@ -875,7 +866,7 @@ impl Model {
     /// token x_{p+1}, x = eh_proj · [enorm(embed(x_{p+1})) | hnorm(h_p)], then the block's
     /// attention (its own cache, `state`) and FFN, then shared_head_norm. Returns those normed
     /// rows [n, d_model] (the next chained step's h) and the LM head's logits of the last.
-    pub fn mtp_forward(
+    pub(crate) fn mtp_forward(
         &self,
         block: usize,
         tokens: &[u32],

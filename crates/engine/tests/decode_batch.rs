@@ -1,4 +1,4 @@
-//! The serving core's decode batch (issue 12): `Model::forward_decode_batch` steps several
+//! The serving core's decode batch (issue 12): `Model::forward_batch` with one position per entry steps several
 //! sequences at once, and every sequence's logits must equal, bit for bit, what the same
 //! sequence gets decoding alone — whatever else is in the batch, in whatever order, with
 //! sequences joining and leaving between steps. Every mixer (attention, GatedDeltaNet, KDA, MLA,
@@ -75,7 +75,7 @@ fn check_with(name: &str, model: &Model, toks: &[u32], make: &dyn Fn(usize) -> S
         for &j in &on {
             refs.push(slots[j].take().expect("a sequence appears once per step"));
         }
-        let logits = model.forward_decode_batch(&tokens, &mut refs).unwrap();
+        let logits = forward_decode_batch(&model, &tokens, &mut refs).unwrap();
         assert_eq!(logits.len(), on.len() * v);
         for (r, &j) in on.iter().enumerate() {
             let want = &alone[j][taken[j]];
@@ -336,10 +336,10 @@ fn a_bad_entry_fails_the_batch_before_any_state_moves() {
     model.forward(&toks[..4], &mut a, Logits::None).unwrap();
     model.forward(&toks[..16], &mut b, Logits::None).unwrap(); // full
     let v = model.cfg.vocab as u32;
-    let err = model.forward_decode_batch(&[toks[4], v], &mut [&mut a, &mut model.new_state(16)]).unwrap_err();
+    let err = forward_decode_batch(&model, &[toks[4], v], &mut [&mut a, &mut model.new_state(16)]).unwrap_err();
     assert!(matches!(&err, EngineError::Batch { entry: 1, .. }), "{err}");
     assert!(err.to_string().contains("batch entry 1") && err.to_string().contains("outside the vocabulary"), "{err}");
-    let err = model.forward_decode_batch(&[toks[4], toks[5]], &mut [&mut a, &mut b]).unwrap_err();
+    let err = forward_decode_batch(&model, &[toks[4], toks[5]], &mut [&mut a, &mut b]).unwrap_err();
     assert!(err.to_string().contains("batch entry 1") && err.to_string().contains("context"), "{err}");
     assert_eq!((a.len, b.len), (4, 16), "a failed batch moved a state");
 }
@@ -385,4 +385,16 @@ fn decode_batch_hybrids_quantized() {
         check_verify(&format!("{name} Q8_0 fast"), &model, &toks);
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// One decode step for each of several sequences: `tokens[j]` at position `states[j].len` of
+/// sequence j, through `forward_batch` with one position per entry. Logits [k, vocab].
+fn forward_decode_batch(model: &Model, tokens: &[u32], states: &mut [&mut SeqState]) -> cortiq_engine::Result<Vec<f32>> {
+    assert_eq!(tokens.len(), states.len(), "forward_decode_batch: one token per sequence");
+    let mut batch: Vec<BatchEntry<'_>> = tokens
+        .iter()
+        .zip(states.iter_mut())
+        .map(|(t, st)| BatchEntry { tokens: std::slice::from_ref(t), state: st, want: Logits::Last, verify: None })
+        .collect();
+    model.forward_batch(&mut batch)
 }
