@@ -170,25 +170,3 @@ pub fn state_line(st: &cortiq_engine::state::SeqState) -> String {
     let b = st.bytes_by_kind();
     format!("{} bytes per sequence at {} positions (KV {}, O(1) {}, recurrent {})", b.total(), st.len, b.kv, b.o1, b.recurrent)
 }
-
-/// Up to `max` windows of t tokens (BOS first where the model adds one), in order, from the
-/// texts.
-pub(crate) fn text_windows(
-    tok: &cortiq_formats::tokenizer::Tokenizer,
-    names: &[String],
-    bos: Option<u32>,
-    t: usize,
-    max: usize,
-) -> Result<Vec<Vec<u32>>> {
-    let body = t - usize::from(bos.is_some());
-    let mut windows = Vec::new();
-    for name in names {
-        let p = pull::resolve_text(name)?;
-        let text = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
-        let ids = tok.encode_with(&text, false, false)?;
-        for c in ids.chunks_exact(body).take(max.saturating_sub(windows.len())) {
-            windows.push(bos.into_iter().chain(c.iter().copied()).collect::<Vec<u32>>());
-        }
-    }
-    Ok(windows)
-}

@@ -103,10 +103,10 @@ pub fn cmd_convert(a: ConvertArgs) -> Result<()> {
         if !matches!(a.quant, QuantSpec::Keep) || a.keep_embeddings_as.is_some() || a.f32_as.is_some() {
             bail!("--linear-core keeps the source's stored weights; convert with --quant separately");
         }
-        let o = crate::linearize::LinearizeOpts {
+        let o = cortiq_convert::linearize::LinearizeOpts {
             layers: a.layers.clone(),
             nphase: a.nphase,
-            calib: a.calib.clone(),
+            calib: a.calib.iter().map(|n| pull::resolve_text(n)).collect::<Result<_>>()?,
             ctx: a.calib_ctx,
             windows: a.calib_windows,
             recall_weight: a.recall_weight,
@@ -116,7 +116,7 @@ pub fn cmd_convert(a: ConvertArgs) -> Result<()> {
             sinks: a.sinks,
             force: a.force,
         };
-        return crate::linearize::linearize(&src, &a.out, &o);
+        return Ok(cortiq_convert::linearize::linearize(&src, &a.out, &o)?);
     }
     if a.out_norm || a.window > 0 || a.sinks > 0 {
         bail!("--out-norm, --window and --sinks are settings of --linear-core");

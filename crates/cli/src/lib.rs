@@ -15,8 +15,6 @@ pub mod bench;
 pub mod common;
 pub mod convert;
 pub mod hub;
-pub mod linearize;
-pub mod linearize_window;
 pub mod logits;
 #[cfg(feature = "o1")]
 pub mod o1args;

@@ -90,7 +90,7 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
     if a.train.iter().any(|n| n == &a.valid) {
         bail!("--valid {} is also a training text", a.valid);
     }
-    let windows = crate::common::text_windows(&tok, &a.train, bos, t, a.far_windows())?;
+    let windows = super::text_windows(&tok, &a.train, bos, t, a.far_windows())?;
     if windows.is_empty() {
         bail!("--train: no window of {t} tokens in the training texts");
     }
@@ -110,7 +110,7 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
     let mut recs = record(model, &planned, &windows, t)?;
     // `--far-rule auto` chooses each layer's rule on the held-out windows: twice as many.
     let auto = a.far_rule.as_deref() == Some("auto");
-    let valid_windows = crate::common::text_windows(&tok, std::slice::from_ref(&a.valid), bos, t, if auto { 4 } else { 2 })?;
+    let valid_windows = super::text_windows(&tok, std::slice::from_ref(&a.valid), bos, t, if auto { 4 } else { 2 })?;
     let mut vrecs = record(model, &planned, &valid_windows, t)?;
     eprintln!("recorded {} layers in {:.1}s", planned.len(), t0.elapsed().as_secs_f64());
 

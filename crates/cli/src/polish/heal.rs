@@ -25,8 +25,8 @@ use cortiq_kernels::quant::QuantType;
 use cortiq_train::vmf::{TransferSeq, VmfParams, VmfShape, transfer_error, transfer_layer};
 use indicatif::{ProgressBar, ProgressStyle};
 
+use super::text_windows;
 use super::{PolishArgs, export, start_pool};
-use crate::common::text_windows;
 use crate::pull;
 
 /// Rate of the copied teacher projections (v_proj, out_proj) relative to --lr.
@@ -270,6 +270,6 @@ pub(crate) fn tensors_of(il: usize, p: &VmfParams<f32>) -> Vec<(String, Vec<f32>
 /// window.
 fn record(model: &Model, layers: &[usize], windows: &[Vec<u32>]) -> Result<HashMap<usize, Vec<TransferSeq<f32>>>> {
     let d = model.cfg.d_model;
-    let recs = crate::linearize::record(model, layers, windows, ("attn_norm", d), ("attn_proj", d))?;
+    let recs = cortiq_convert::linearize::record(model, layers, windows, ("attn_norm", d), ("attn_proj", d))?;
     Ok(recs.into_iter().map(|(il, v)| (il, v.into_iter().map(|(x, y)| TransferSeq { x, y }).collect())).collect())
 }

@@ -717,3 +717,16 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
     );
     Ok(())
 }
+
+/// Up to `max` windows of t tokens (BOS first where the model adds one), in order, from the
+/// texts (paths or known text names).
+pub(crate) fn text_windows(
+    tok: &cortiq_formats::tokenizer::Tokenizer,
+    names: &[String],
+    bos: Option<u32>,
+    t: usize,
+    max: usize,
+) -> Result<Vec<Vec<u32>>> {
+    let files = names.iter().map(|n| crate::pull::resolve_text(n)).collect::<Result<Vec<_>>>()?;
+    Ok(cortiq_convert::calib::text_windows(tok, &files, bos, t, max)?)
+}

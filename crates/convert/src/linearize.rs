@@ -45,10 +45,10 @@
 //! evaluations (the training crate's f32 core).
 
 use std::collections::{HashMap, HashSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
+use crate::error::{Context, ConvertError, Result, bail};
 use cortiq_engine::config::MixerKind;
 use cortiq_engine::load::{Loaded, Origin, load};
 use cortiq_engine::mixers::attention::Attention;
@@ -74,8 +74,8 @@ pub struct LinearizeOpts {
     /// "auto:F" or a comma-separated list of layer indices.
     pub layers: String,
     pub nphase: usize,
-    /// Calibration texts (paths or known text names).
-    pub calib: Vec<String>,
+    /// Calibration text files.
+    pub calib: Vec<PathBuf>,
     /// Tokens per calibration window, and windows.
     pub ctx: usize,
     pub windows: usize,
@@ -100,7 +100,7 @@ enum Choice {
 
 fn parse_layers(s: &str) -> Result<Choice> {
     if let Some(f) = s.strip_prefix("auto:") {
-        let f: f64 = f.parse().map_err(|_| anyhow::anyhow!("--layers {s}: auto:F needs a fraction F in (0, 1]"))?;
+        let f: f64 = f.parse().map_err(|_| ConvertError::Bad(format!("--layers {s}: auto:F needs a fraction F in (0, 1]")))?;
         if !(f > 0.0 && f <= 1.0) {
             bail!("--layers {s}: auto:F needs a fraction F in (0, 1]");
         }
@@ -171,11 +171,20 @@ pub fn linearize(src: &Path, out: &Path, o: &LinearizeOpts) -> Result<()> {
     };
     let tok = loaded.tokenizer()?;
     let bos = if tok.add_bos() { tok.bos_id() } else { None };
-    let windows = crate::common::text_windows(&tok, &o.calib, bos, o.ctx, o.windows)?;
+    let windows = crate::calib::text_windows(&tok, &o.calib, bos, o.ctx, o.windows)?;
     if windows.is_empty() {
-        bail!("--calib {}: fewer than {} tokens of text", o.calib.join(" "), o.ctx);
+        bail!(
+            "--calib {}: fewer than {} tokens of text",
+            o.calib.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(" "),
+            o.ctx
+        );
     }
-    eprintln!("calibration: {} windows of {} tokens from {}", windows.len(), o.ctx, o.calib.join(", "));
+    eprintln!(
+        "calibration: {} windows of {} tokens from {}",
+        windows.len(),
+        o.ctx,
+        o.calib.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+    );
     let t0 = Instant::now();
     let layers = match (listed, choice) {
         (Some(v), _) => v,
@@ -400,7 +409,7 @@ fn auto_layers(
 pub(crate) type Recs = HashMap<usize, Vec<(Vec<f32>, Vec<f32>)>>;
 
 /// Runs `model` over each window, recording traces `a` and `b` of every layer in `layers`.
-pub(crate) fn record(model: &Model, layers: &[usize], windows: &[Vec<u32>], a: (&str, usize), b: (&str, usize)) -> Result<Recs> {
+pub fn record(model: &Model, layers: &[usize], windows: &[Vec<u32>], a: (&str, usize), b: (&str, usize)) -> Result<Recs> {
     let mut recs: Recs = layers.iter().map(|&il| (il, Vec::new())).collect();
     for w in windows {
         let mut cur: HashMap<usize, (Vec<f32>, Vec<f32>)> = layers.iter().map(|&il| (il, (Vec::new(), Vec::new()))).collect();
