@@ -4,12 +4,14 @@
 //!
 //! - `run`: generation and interactive chat; also the reusable `SamplingArgs` and `encode_chat`
 //! - `serve`: the OpenAI-compatible server (crates/server) and its flags
-//! - `ppl`, `logits`, `tokenize`, `bench`, `convert`, `polish`: one subcommand each
+//! - `ppl`, `logits`, `tokenize`, `bench`, `convert`, `polish`: one subcommand each (`convert
+//!   --linear-core` and `polish` are shells over the `cortiq-convert` crate: they resolve model
+//!   and text names, then run its pipelines)
 //! - `spec`: the speculative-decoding flags (`--spec`) and their `Speculator`
 //! - `pull`: fetching known models and texts into the user cache, and `cortiq pull`
 //! - `hub`: `hf:ORG/REPO[:QUANT]` models from the Hugging Face hub, in the hub's own cache
 //! - `common`: what the model-running subcommands share (MODEL and numerics flags, opening the
-//!   model, `--profile`, the O(1) / StreamingLLM flags and plan)
+//!   model, `--profile`); `o1args`: the O(1) / StreamingLLM flags and plan (feature `o1`)
 
 pub mod bench;
 pub mod common;

@@ -4,11 +4,11 @@
 
 use anyhow::{Result, bail};
 use clap::Args;
-use cortiq_engine::load::Loaded;
 use cortiq_engine::o1::O1Plan;
 use cortiq_engine::o1::evict::ScoreRule;
 use cortiq_engine::o1::nystrom::skeleton_bytes;
 use cortiq_engine::o1::nystrom::{DEFAULT_RIDGE, Far, Guard, O1Settings, StatePrecision};
+pub use cortiq_engine::o1::{Served, served_o1};
 
 /// O(1)-memory decode (issue 5) and the StreamingLLM baseline, shared by run, ppl and bench.
 #[derive(Args, Clone)]
@@ -343,37 +343,6 @@ impl O1Args {
 
 /// Bytes a score-eviction slot adds to its keys and values: its position (u32) and score (f64).
 pub const SCORE_SLOT_BYTES: usize = 12;
-
-/// What a polished .cmf records for O(1) serving (`cortiq polish`): its settings, and whether
-/// it carries a learned far field (then it is served as sink+window with it).
-#[derive(Clone, Copy, Debug)]
-pub struct Served {
-    pub settings: O1Settings,
-    pub linear: bool,
-    /// Its far field was fitted beside score eviction: served with it unless --kv-evict says.
-    pub score: bool,
-    /// With `score`: only on the layers the polish chose (`polish --far-rule auto`).
-    pub score_layers: bool,
-}
-
-/// The O(1) settings a polished .cmf records, served by default.
-pub fn served_o1(l: &Loaded) -> Option<Served> {
-    match &l.origin {
-        cortiq_engine::load::Origin::Cmf(c) => c.header.o1.as_ref().map(|h| Served {
-            settings: O1Settings {
-                window: h.window,
-                sinks: h.sinks,
-                landmarks: h.landmarks,
-                ridge: h.ridge,
-                state: StatePrecision::default(),
-            },
-            linear: h.far_rank.is_some(),
-            score: h.far_rank.is_some() && h.far_rule.as_deref() == Some("score"),
-            score_layers: h.score_layers.is_some(),
-        }),
-        _ => None,
-    }
-}
 
 /// Says on stderr that a polished model is served in O(1) mode by its own settings.
 pub fn note_served(plan: &Option<O1Plan>, served: Option<Served>, o1_flag: bool) {

@@ -1,4 +1,4 @@
-//! The polish's model mapping (cortiq_cli::polish::student): an engine model dequantized into the
+//! The polish's model mapping (cortiq_convert::polish::student): an engine model dequantized into the
 //! train crate's Student must compute what the engine computes.
 //! 1. Exact attention: the student's logits equal the engine's exact-numerics logits and
 //!    transformers' float64 logits (the committed fixtures' logits.npy; gguf_ref_logits.npy for
@@ -18,7 +18,7 @@
 
 use std::path::{Path, PathBuf};
 
-use cortiq_cli::polish::student::{GlobalAttn, StudentWeights, student_logits};
+use cortiq_convert::polish::student::{GlobalAttn, StudentWeights, student_logits};
 use cortiq_engine::load::load;
 use cortiq_engine::o1::O1Plan;
 use cortiq_engine::o1::nystrom::{Far, Guard, O1Settings, StatePrecision};

@@ -16,6 +16,16 @@ pub enum ConvertError {
     Io { path: String, cause: std::io::Error },
     #[error(transparent)]
     Json(#[from] serde_json::Error),
+    /// An I/O failure whose file the caller names (`Context`).
+    #[error(transparent)]
+    Os(#[from] std::io::Error),
+    #[error(transparent)]
+    Train(#[from] cortiq_train::trainer::TrainError),
+    #[error(transparent)]
+    Nystrom(#[from] cortiq_train::nystrom::NystromError),
+    #[cfg(feature = "o1")]
+    #[error(transparent)]
+    Student(#[from] crate::polish::student::StudentError),
     /// A refusal: what is wrong, naming the flag or value.
     #[error("{0}")]
     Bad(String),

@@ -479,3 +479,34 @@ mod tests {
         assert!(sp.validate(8).is_err());
     }
 }
+
+/// What a polished .cmf records for O(1) serving (`cortiq polish`): its settings, and whether
+/// it carries a learned far field (then it is served as sink+window with it).
+#[derive(Clone, Copy, Debug)]
+pub struct Served {
+    pub settings: O1Settings,
+    pub linear: bool,
+    /// Its far field was fitted beside score eviction: served with it unless --kv-evict says.
+    pub score: bool,
+    /// With `score`: only on the layers the polish chose (`polish --far-rule auto`).
+    pub score_layers: bool,
+}
+
+/// The O(1) settings a polished .cmf records, served by default.
+pub fn served_o1(l: &crate::load::Loaded) -> Option<Served> {
+    match &l.origin {
+        crate::load::Origin::Cmf(c) => c.header.o1.as_ref().map(|h| Served {
+            settings: O1Settings {
+                window: h.window,
+                sinks: h.sinks,
+                landmarks: h.landmarks,
+                ridge: h.ridge,
+                state: nystrom::StatePrecision::default(),
+            },
+            linear: h.far_rank.is_some(),
+            score: h.far_rank.is_some() && h.far_rule.as_deref() == Some("score"),
+            score_layers: h.score_layers.is_some(),
+        }),
+        _ => None,
+    }
+}

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::io::IsTerminal;
 use std::time::Instant;
 
-use anyhow::{Result, bail};
+use crate::error::{Result, bail};
 use cortiq_engine::Logits;
 use cortiq_engine::Numerics;
 use cortiq_engine::load::load;
@@ -26,7 +26,6 @@ use super::{PolishArgs, export};
 
 /// A layer keeps its far field when the held-out error is below this share of its rule's alone.
 const KEEP_BELOW: f64 = 0.95;
-use crate::pull;
 
 /// One planned layer's recordings over all windows: q, k, v, attention output (f32).
 #[derive(Default)]
@@ -67,7 +66,7 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
     let far_lr = check_far_flags(a)?;
     super::check_out(a)?;
     super::start_pool(a.threads)?;
-    let path = pull::resolve_model(&a.model)?;
+    let path = super::resolve(&a.model)?;
     let mut loaded = load(&path)?;
     loaded.model.set_numerics(Numerics::Exact);
     let tok = loaded.tokenizer()?;

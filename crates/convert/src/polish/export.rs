@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use anyhow::{Context, Result, bail};
+use crate::error::{Context, Result, bail};
 use cortiq_engine::load::{Loaded, Origin};
 use cortiq_formats::cmf::{self, CmfHeader, CmfWriter, Metadata, O1Header, PlannedTensor, SourceInfo, TypedKv};
 use cortiq_formats::gguf::TensorInfo;

@@ -16,7 +16,7 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
+use crate::error::{Context, Result, bail};
 use cortiq_engine::config::MixerKind;
 use cortiq_engine::load::load;
 use cortiq_engine::mixers::vmf::VmfPhase;
@@ -27,7 +27,6 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use super::text_windows;
 use super::{PolishArgs, export, start_pool};
-use crate::pull;
 
 /// Rate of the copied teacher projections (v_proj, out_proj) relative to --lr.
 const COPIED_MULT: f64 = 0.1;
@@ -74,7 +73,7 @@ pub fn check_flags(a: &PolishArgs) -> Result<()> {
 /// it was converted from, in exact numerics.
 /// Also returns the hybrid's vmf_phase layers.
 pub fn load_teacher(h: &Model, hybrid: &std::path::Path, teacher: &str) -> Result<(cortiq_engine::load::Loaded, Vec<usize>)> {
-    let teacher_path = pull::resolve_model(teacher)?;
+    let teacher_path = super::resolve(teacher)?;
     let mut tl = load(&teacher_path).with_context(|| format!("loading the teacher {}", teacher_path.display()))?;
     tl.model.set_numerics(cortiq_engine::Numerics::Exact);
     let (hc, tc) = (&h.cfg, &tl.model.cfg);
@@ -118,7 +117,7 @@ pub fn cmd_polish_heal(a: &PolishArgs, teacher: &str) -> Result<()> {
     }
     start_pool(a.threads)?;
     let t0 = Instant::now();
-    let hybrid_path = pull::resolve_model(&a.model)?;
+    let hybrid_path = super::resolve(&a.model)?;
     let hybrid = load(&hybrid_path).with_context(|| format!("loading {}", hybrid_path.display()))?;
     let (tl, layers) = load_teacher(&hybrid.model, &hybrid_path, teacher)?;
     let tok = tl.tokenizer()?;
@@ -270,6 +269,6 @@ pub(crate) fn tensors_of(il: usize, p: &VmfParams<f32>) -> Vec<(String, Vec<f32>
 /// window.
 fn record(model: &Model, layers: &[usize], windows: &[Vec<u32>]) -> Result<HashMap<usize, Vec<TransferSeq<f32>>>> {
     let d = model.cfg.d_model;
-    let recs = cortiq_convert::linearize::record(model, layers, windows, ("attn_norm", d), ("attn_proj", d))?;
+    let recs = crate::linearize::record(model, layers, windows, ("attn_norm", d), ("attn_proj", d))?;
     Ok(recs.into_iter().map(|(il, v)| (il, v.into_iter().map(|(x, y)| TransferSeq { x, y }).collect())).collect())
 }

@@ -30,7 +30,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
+use crate::error::{Context, Result, bail};
 use clap::Args;
 use cortiq_engine::Numerics;
 use cortiq_engine::config::ModelConfig;
@@ -45,7 +45,6 @@ use cortiq_train::optim::AdamW;
 use cortiq_train::trainer::{Event, Params, RunEnd, RunOptions, TrainConfig, Trainer, ValidReport};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::pull;
 use student::{GlobalAttn, StudentWeights};
 
 #[derive(Args, Debug)]
@@ -215,23 +214,9 @@ impl PolishArgs {
     }
 }
 
-/// Raised by the first Ctrl-C (the trainer stops after the current step and checkpoints); a
-/// second one exits at once.
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_sigint(_: libc::c_int) {
-    if STOP.swap(true, Ordering::SeqCst) {
-        // SAFETY: _exit is async-signal-safe.
-        unsafe { libc::_exit(130) };
-    }
-}
-
-fn install_sigint() {
-    // SAFETY: the handler only touches an atomic and calls _exit, both async-signal-safe.
-    unsafe {
-        libc::signal(libc::SIGINT, on_sigint as *const () as libc::sighandler_t);
-    }
-}
+/// A stop request (the CLI's first Ctrl-C): the trainer stops after the current step and
+/// checkpoints.
+pub static STOP: AtomicBool = AtomicBool::new(false);
 
 /// The trained tensors under their GGUF names (what the .cmf replaces).
 pub fn polished_tensors(cfg: &ModelConfig, p: &Params<f32>) -> HashMap<String, Vec<f32>> {
@@ -334,7 +319,7 @@ pub(crate) fn start_pool(threads: Option<usize>) -> Result<()> {
         if n == 0 {
             bail!("--threads must be at least 1");
         }
-        cortiq_engine::par::init(n).map_err(anyhow::Error::msg).context("setting up the thread pool")?;
+        cortiq_engine::par::init(n).map_err(crate::error::ConvertError::Bad).context("setting up the thread pool")?;
     }
     cortiq_train::par::install(cortiq_engine::par::pool());
     Ok(())
@@ -475,7 +460,7 @@ fn write_out(
 /// operator, or stage 2's far fields (the model's own settings, which must exist).
 fn global_attn(
     a: &PolishArgs,
-    served: Option<crate::common::Served>,
+    served: Option<cortiq_engine::o1::Served>,
     distill: bool,
     heal: bool,
     o1: O1Config,
@@ -537,7 +522,7 @@ fn checkpoint_path(a: &PolishArgs) -> Result<PathBuf> {
 /// validation windows, training tokens).
 fn windows(a: &PolishArgs, tok: &cortiq_formats::tokenizer::Tokenizer) -> Result<(Windows, Windows, usize)> {
     let read = |name: &str| -> Result<TokenFile> {
-        let p = pull::resolve_text(name)?;
+        let p = resolve(name)?;
         let text = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
         Ok(TokenFile { name: p.display().to_string(), tokens: tok.encode_with(&text, false, false)? })
     };
@@ -551,7 +536,7 @@ fn windows(a: &PolishArgs, tok: &cortiq_formats::tokenizer::Tokenizer) -> Result
 
 /// --init: the student's starting weights, shaped as the teacher.
 fn load_init(name: &str, cfg: &cortiq_engine::config::ModelConfig) -> Result<cortiq_engine::load::Loaded> {
-    let ip = pull::resolve_model(name)?;
+    let ip = resolve(name)?;
     let l = load(&ip)?;
     check_same_shape(cfg, &l.model.cfg).with_context(|| format!("--init {}", ip.display()))?;
     Ok(l)
@@ -567,7 +552,9 @@ fn progress(steps: u64, at: u64) -> ProgressBar {
     bar
 }
 
-pub fn cmd_polish(a: PolishArgs) -> Result<()> {
+/// `cortiq polish`: `arm_stop` runs just before the training loop starts (the CLI installs its
+/// Ctrl-C handler there, which raises [`STOP`]).
+pub fn cmd_polish(a: PolishArgs, arm_stop: &dyn Fn()) -> Result<()> {
     // The vmf_phase heal: stage 1 on its own (heal.rs), stage 2 through the trainer below.
     let heal = a.teacher.is_some();
     if heal {
@@ -588,7 +575,7 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
     start_pool(a.threads)?;
 
     // The teacher: the model in exact numerics (the heal's: the original, --teacher).
-    let path = pull::resolve_model(&a.model)?;
+    let path = resolve(&a.model)?;
     let t0 = Instant::now();
     let mut loaded = load(&path)?;
     loaded.model.set_numerics(Numerics::Exact);
@@ -607,7 +594,7 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
     // The student: dequantized, global layers on the Nyström operator.
     let init = a.init.as_deref().map(|name| load_init(name, &model.cfg)).transpose()?;
     let start = init.as_ref().map_or(&loaded.model, |l| &l.model);
-    let served = crate::common::served_o1(init.as_ref().unwrap_or(&loaded));
+    let served = cortiq_engine::o1::served_o1(init.as_ref().unwrap_or(&loaded));
     let global = global_attn(&a, served, distill, heal, o1, tp)?;
     let weights = StudentWeights::from_model(start, a.ctx, global)?;
     drop(init);
@@ -653,11 +640,11 @@ pub fn cmd_polish(a: PolishArgs) -> Result<()> {
         first_ratio = Some(r.ppl_ratio);
     }
 
-    install_sigint();
     let start_step = trainer.step;
     let opts = RunOptions { checkpoint: Some(ckpt.clone()), checkpoint_every: a.checkpoint_every, valid_every: a.valid_every };
     let valid_every = if a.valid_every == 0 { a.steps.max(1) } else { a.valid_every };
     let opts = RunOptions { valid_every, ..opts };
+    arm_stop();
     let t_run = Instant::now();
     let mut t_step = Instant::now();
     let mut last_ratio: Option<f64> = None;
@@ -727,6 +714,12 @@ pub(crate) fn text_windows(
     t: usize,
     max: usize,
 ) -> Result<Vec<Vec<u32>>> {
-    let files = names.iter().map(|n| crate::pull::resolve_text(n)).collect::<Result<Vec<_>>>()?;
-    Ok(cortiq_convert::calib::text_windows(tok, &files, bos, t, max)?)
+    let files = names.iter().map(|n| resolve(n)).collect::<Result<Vec<_>>>()?;
+    Ok(crate::calib::text_windows(tok, &files, bos, t, max)?)
+}
+
+/// A model or text the CLI already resolved (its name to a path in the cortiq cache or on
+/// disk: `cortiq_cli::polish::cmd_polish` does that before calling here).
+pub(crate) fn resolve(name: &str) -> Result<PathBuf> {
+    Ok(PathBuf::from(name))
 }
