@@ -73,9 +73,11 @@ pub struct ServeArgs {
     pub prefill_budget: usize,
     /// Draft positions per step over all speculating streams while streams that do not
     /// speculate share the step, split evenly among the speculating ones: how much longer a
-    /// plain stream's step may get beside them. Unset: every draft in full.
-    #[arg(long, value_name = "N")]
-    pub draft_budget: Option<usize>,
+    /// plain stream's step may get beside them (4: a burst of plain and speculating requests
+    /// keeps the pace of one where no one speculates, BENCHMARKS.md "a draft budget"); `none`:
+    /// every draft in full.
+    #[arg(long, value_name = "N|none", default_value = "4", value_parser = parse_budget)]
+    pub draft_budget: DraftBudget,
     /// Milliseconds the first request after an idle spell waits for others sent with it, so a
     /// burst of requests starts decoding together (0: never wait).
     #[arg(long, default_value_t = 3.0)]
@@ -219,7 +221,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
             queue: a.queue,
             prefill_chunk: a.prefill_chunk,
             prefill_budget: a.prefill_budget,
-            draft_budget: a.draft_budget,
+            draft_budget: a.draft_budget.0,
             gather: Duration::from_secs_f64(a.batch_wait_ms / 1000.0),
             timeout: (a.timeout > 0).then(|| Duration::from_secs(a.timeout)),
             cache: (a.cache_ram > 0).then(|| CacheConfig { ram: a.cache_ram << 20, every: a.cache_checkpoint_every.max(1) }),
@@ -268,4 +270,18 @@ fn default_id(model: &str) -> String {
     let p = std::path::Path::new(model.trim_end_matches('/'));
     let name = p.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| model.to_string());
     name.strip_suffix(".gguf").or_else(|| name.strip_suffix(".cmf")).unwrap_or(&name).to_string()
+}
+
+/// `--draft-budget`: draft positions a step, or no bound (`none`).
+#[derive(Clone, Copy, Debug)]
+pub struct DraftBudget(pub Option<usize>);
+
+fn parse_budget(s: &str) -> std::result::Result<DraftBudget, String> {
+    match s {
+        "none" => Ok(DraftBudget(None)),
+        n => n
+            .parse()
+            .map(|n| DraftBudget(Some(n)))
+            .map_err(|_| format!("expected a number of draft positions or 'none', got '{n}'")),
+    }
 }

@@ -126,7 +126,7 @@ pub struct PolishArgs {
     #[arg(long)]
     pub resume: bool,
     /// Stop after N steps of this run, as Ctrl-C does (checkpoint written, no OUT yet):
-    /// time-boxed sessions on a shared machine; --resume continues.
+    /// time-boxed runs on a shared machine; --resume continues.
     #[arg(long, value_name = "N")]
     pub stop_after: Option<u64>,
     /// Validate every N steps (and at the start and the end; 0: start and end only).
