@@ -5,10 +5,10 @@
 use anyhow::{Result, bail};
 use clap::Args;
 use cortiq_engine::o1::O1Plan;
+pub use cortiq_engine::o1::Served;
 use cortiq_engine::o1::evict::ScoreRule;
 use cortiq_engine::o1::nystrom::skeleton_bytes;
 use cortiq_engine::o1::nystrom::{DEFAULT_RIDGE, Far, Guard, O1Settings, StatePrecision};
-pub use cortiq_engine::o1::{Served, served_o1};
 
 /// O(1)-memory decode (issue 5) and the StreamingLLM baseline, shared by run, ppl and bench.
 #[derive(Args, Clone)]
@@ -385,4 +385,9 @@ pub fn describe_plan(p: &O1Plan) -> String {
         Far::Linear(None) => format!("sink+window with the learned far field, window {w}, sinks {sn}"),
         Far::Linear(Some(_)) => format!("score eviction with the learned far field, {w} slots, sinks {sn}"),
     }
+}
+
+/// The O(1) settings a polished .cmf records, served by default.
+pub fn served_o1(l: &cortiq_engine::load::Loaded) -> Option<Served> {
+    l.served_o1()
 }

@@ -41,6 +41,15 @@ pub struct Loaded {
 }
 
 impl Loaded {
+    /// The O(1) settings a polished .cmf records (`cortiq polish`), served by default.
+    #[cfg(feature = "o1")]
+    pub fn served_o1(&self) -> Option<crate::o1::Served> {
+        match &self.origin {
+            Origin::Cmf(c) => c.header.o1.as_ref().map(crate::o1::served_o1),
+            _ => None,
+        }
+    }
+
     /// The tokenizer shipped with the model: the GGUF's vocabulary, or the folder's
     /// tokenizer.json (+ tokenizer_config.json).
     pub fn tokenizer(&self) -> Result<Tokenizer> {

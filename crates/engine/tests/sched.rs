@@ -11,6 +11,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use common::fixture;
+use cortiq_engine::Model;
 use cortiq_engine::generate::{GenOptions, generate};
 use cortiq_engine::load::load;
 use cortiq_engine::sampling::SamplerParams;
@@ -88,6 +89,20 @@ fn collect_counting(rx: &mpsc::Receiver<Event>, n: usize) -> (Vec<(usize, Vec<u3
     (out.into_iter().collect(), n_drafted, n_accepted)
 }
 
+/// `prompts()` through the plain loop, one request at a time: n tokens each, request i
+/// sampled with seed i, prefilled in chunks of `chunk`.
+fn references(model: &Model, chunk: usize, n: usize) -> Vec<Vec<u32>> {
+    prompts()
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let mut st = model.new_state(256);
+            let opt = GenOptions { n_predict: n, sampler: sampler(i as u64), eos: vec![], stops: vec![], prefill_chunk: chunk };
+            generate(model, &mut st, p, &opt, &mut |_| String::new(), &mut |_| {}).unwrap().tokens
+        })
+        .collect()
+}
+
 fn prompts() -> Vec<Vec<u32>> {
     (0..5u32).map(|i| (0..(3 + 11 * i)).map(|t| 3 + (t * 29 + i * 7) % 250).collect()).collect()
 }
@@ -103,16 +118,7 @@ fn sched_equals_generate_alone_and_under_load() {
         let chunk = 8;
         let n = 12;
         // The plain loop, one request at a time.
-        let reference: Vec<Vec<u32>> = prompts()
-            .iter()
-            .enumerate()
-            .map(|(i, p)| {
-                let mut st = model.new_state(256);
-                let opt =
-                    GenOptions { n_predict: n, sampler: sampler(i as u64), eos: vec![], stops: vec![], prefill_chunk: chunk };
-                generate(&model, &mut st, p, &opt, &mut |_| String::new(), &mut |_| {}).unwrap().tokens
-            })
-            .collect();
+        let reference = references(&model, chunk, n);
         let h = Handle::new(SchedConfig {
             slots: 5,
             n_ctx: 256,
@@ -179,15 +185,7 @@ fn sched_draft_budget_bounds_drafts_and_changes_no_token() {
     let tok = Arc::new(loaded_tokenizer());
     let model = Arc::new(load(&fixture("gemma3")).unwrap().model);
     let (chunk, n) = (8, 12);
-    let reference: Vec<Vec<u32>> = prompts()
-        .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            let mut st = model.new_state(256);
-            let opt = GenOptions { n_predict: n, sampler: sampler(i as u64), eos: vec![], stops: vec![], prefill_chunk: chunk };
-            generate(&model, &mut st, p, &opt, &mut |_| String::new(), &mut |_| {}).unwrap().tokens
-        })
-        .collect();
+    let reference = references(&model, chunk, n);
     let mut drafted_by = Vec::new();
     for budget in [Some(0), Some(1), None] {
         let h = Handle::new(SchedConfig {

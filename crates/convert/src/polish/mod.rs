@@ -594,7 +594,7 @@ pub fn cmd_polish(a: PolishArgs, arm_stop: &dyn Fn()) -> Result<()> {
     // The student: dequantized, global layers on the Nyström operator.
     let init = a.init.as_deref().map(|name| load_init(name, &model.cfg)).transpose()?;
     let start = init.as_ref().map_or(&loaded.model, |l| &l.model);
-    let served = cortiq_engine::o1::served_o1(init.as_ref().unwrap_or(&loaded));
+    let served = init.as_ref().unwrap_or(&loaded).served_o1();
     let global = global_attn(&a, served, distill, heal, o1, tp)?;
     let weights = StudentWeights::from_model(start, a.ctx, global)?;
     drop(init);

@@ -27,24 +27,14 @@ pub const ARCH: Arch = Arch {
     from_hf,
     hf_norm_offset: 0.0,
     hf_plain_norms: &[],
-    // Qwen3MoeConfig.
+    // Qwen3MoeConfig: Qwen2Config's defaults but for its geometry.
     hf_class: HfClass {
         defaults: Some(ClassDefaults {
-            vocab_size: 151936,
             hidden_size: 2048,
             intermediate_size: 6144,
             num_hidden_layers: 24,
-            num_attention_heads: 32,
             num_key_value_heads: Some(4),
-            head_dim: None,
-            hidden_act: "silu",
-            max_position_embeddings: 32768,
-            rms_norm_eps: 1e-6,
-            bos: None,
-            eos: None,
-            pad: None,
-            sliding_window: Some(4096),
-            query_pre_attn_scalar: None,
+            ..super::qwen2::DEFAULTS
         }),
         // use_sliding_window slides every layer (the class has no max_window_layers).
         window_layers_from: Some(0),

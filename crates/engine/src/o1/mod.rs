@@ -11,10 +11,12 @@
 //! sliding window), so it stops keeping keys it can no longer see. GatedDeltaNet, KDA and
 //! short-conv layers are already O(1); MLA (Kimi) keeps its exact cache.
 
+mod basic;
 pub mod evict;
 pub mod farfield;
 pub mod nystrom;
 
+pub use self::basic::{O1Stats, Serve};
 use self::evict::{RecentQueries, Slots};
 use self::nystrom::{Far, Guard, NystromError, O1Layer, O1Settings, QuerySegments};
 
@@ -137,21 +139,6 @@ impl O1Split {
     }
 }
 
-/// What the guard did: (position, query head) rows past the prompt, and those whose far field
-/// the aggregate guard dropped (Σ_far a < 0).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct O1Stats {
-    pub rows: usize,
-    pub dropped: usize,
-}
-
-impl std::ops::AddAssign for O1Stats {
-    fn add_assign(&mut self, o: O1Stats) {
-        self.rows += o.rows;
-        self.dropped += o.dropped;
-    }
-}
-
 /// Attention geometry the seal needs (the model's, fixed per sequence).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Geom {
@@ -159,18 +146,6 @@ pub(crate) struct Geom {
     pub n_heads: usize,
     pub n_kv: usize,
     pub head_dim: usize,
-}
-
-/// How the plan serves one layer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Serve {
-    /// Not attention (or MLA): untouched.
-    Untouched,
-    /// Global softmax attention: follows the plan.
-    Planned,
-    /// Sliding-window attention over this many keys: exact throughout, its cache bounded from
-    /// the seal on (a sink-less StreamingLLM state of that window, which is the same operator).
-    Sliding(usize),
 }
 
 /// One sequence's O(1) bookkeeping (lives in `SeqState`).
@@ -492,21 +467,18 @@ pub struct Served {
     pub score_layers: bool,
 }
 
-/// The O(1) settings a polished .cmf records, served by default.
-pub fn served_o1(l: &crate::load::Loaded) -> Option<Served> {
-    match &l.origin {
-        crate::load::Origin::Cmf(c) => c.header.o1.as_ref().map(|h| Served {
-            settings: O1Settings {
-                window: h.window,
-                sinks: h.sinks,
-                landmarks: h.landmarks,
-                ridge: h.ridge,
-                state: nystrom::StatePrecision::default(),
-            },
-            linear: h.far_rank.is_some(),
-            score: h.far_rank.is_some() && h.far_rule.as_deref() == Some("score"),
-            score_layers: h.score_layers.is_some(),
-        }),
-        _ => None,
+/// The O(1) settings a polished .cmf's header records (`Loaded::served_o1`).
+pub fn served_o1(h: &cortiq_formats::cmf::O1Header) -> Served {
+    Served {
+        settings: O1Settings {
+            window: h.window,
+            sinks: h.sinks,
+            landmarks: h.landmarks,
+            ridge: h.ridge,
+            state: nystrom::StatePrecision::default(),
+        },
+        linear: h.far_rank.is_some(),
+        score: h.far_rank.is_some() && h.far_rule.as_deref() == Some("score"),
+        score_layers: h.score_layers.is_some(),
     }
 }

@@ -3,6 +3,10 @@
 //! path is statically unreachable and none of the research code (o1/mod.rs, nystrom, evict,
 //! farfield) is compiled.
 
+#[path = "basic.rs"]
+mod basic;
+pub use self::basic::{O1Stats, Serve};
+
 /// A plan (none can be made without the feature: `Model::new_state_o1` is never reached).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum O1Plan {}
@@ -22,28 +26,6 @@ impl O1Plan {
 /// A per-layer window split of a polished model (never loaded without the feature).
 #[derive(Clone, Debug, PartialEq)]
 pub enum O1Split {}
-
-/// What the guard did (always zero without the feature).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct O1Stats {
-    pub rows: usize,
-    pub dropped: usize,
-}
-
-impl std::ops::AddAssign for O1Stats {
-    fn add_assign(&mut self, o: O1Stats) {
-        self.rows += o.rows;
-        self.dropped += o.dropped;
-    }
-}
-
-/// How a plan serves one layer (the mixers answer it in either build).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Serve {
-    Untouched,
-    Planned,
-    Sliding(usize),
-}
 
 /// A sequence's O(1) bookkeeping: `SeqState::o1` is always `None` without the feature.
 #[derive(Clone, Debug)]

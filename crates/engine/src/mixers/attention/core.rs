@@ -382,21 +382,6 @@ pub fn attn_output(
     w.wo.project(&o, n, independent) // [n, d_model]
 }
 
-/// Without the `o1` feature no plan exists, so no matrix form is asked for.
-#[cfg(not(feature = "o1"))]
-fn o_matrix_form(
-    _cfg: &ModelConfig,
-    plan: &crate::o1::O1Plan,
-    _q_hist: &[f32],
-    _kv: &Cache,
-    _pos0: usize,
-    _o: &mut [f32],
-    _stats: &mut crate::o1::O1Stats,
-) -> Result<()> {
-    match *plan {}
-}
-
-#[cfg(feature = "o1")]
 /// The O(1) plan's checking path: the teacher-forced matrix form (f64) over every position so
 /// far — q_hist [len, n_heads, hd] and the cache's keys/values — with the plan's tp; the rows of
 /// this chunk (from pos0) go to o [n, n_heads, hd]. Recomputes the whole window per call: meant
@@ -410,41 +395,49 @@ fn o_matrix_form(
     o: &mut [f32],
     stats: &mut crate::o1::O1Stats,
 ) -> Result<()> {
-    let (nh, q_dim) = (cfg.n_heads, cfg.q_dim());
-    let wide = |x: &[f32]| x.iter().map(|&y| y as f64).collect::<Vec<f64>>();
-    let (k, v) = match kv {
-        Cache::Kv { k, v } => (wide(k), wide(v)),
-        Cache::KvF16 { k, v } => (k.iter().map(|x| x.to_f64()).collect(), v.iter().map(|x| x.to_f64()).collect()),
-        c @ Cache::KvQ8 { .. } => {
-            let (k, v) = c.f32_from(0, cfg.kv_dim());
-            (wide(&k), wide(&v))
-        }
-        Cache::O1(_) => unreachable!("the check mode never seals"),
-    };
-    let t_len = q_hist.len() / q_dim;
-    // A window shorter than the prompt is exact throughout, as with tp = T.
-    let tp = plan.tp.min(t_len);
-    let guard = plan.check.expect("matrix form only in check mode");
-    let mo = matrix_form(
-        &plan.settings,
-        plan.far,
-        guard,
-        cfg.attn_scale as f64,
-        nh,
-        cfg.n_kv_heads,
-        cfg.head_dim,
-        tp,
-        &wide(q_hist),
-        &k,
-        &v,
-    )
-    .map_err(|e| crate::error::EngineError::BadConfig { file: "o(1) matrix form".into(), what: e.to_string() })?;
-    o.iter_mut().zip(&mo.o[pos0 * q_dim..]).for_each(|(y, &x)| *y = x as f32);
-    for t in pos0.max(tp)..t_len {
-        stats.rows += nh;
-        stats.dropped += mo.dropped[t * nh..(t + 1) * nh].iter().filter(|&&d| d).count();
+    #[cfg(not(feature = "o1"))]
+    {
+        let _ = (cfg, q_hist, kv, pos0, o, stats);
+        match *plan {}
     }
-    Ok(())
+    #[cfg(feature = "o1")]
+    {
+        let (nh, q_dim) = (cfg.n_heads, cfg.q_dim());
+        let wide = |x: &[f32]| x.iter().map(|&y| y as f64).collect::<Vec<f64>>();
+        let (k, v) = match kv {
+            Cache::Kv { k, v } => (wide(k), wide(v)),
+            Cache::KvF16 { k, v } => (k.iter().map(|x| x.to_f64()).collect(), v.iter().map(|x| x.to_f64()).collect()),
+            c @ Cache::KvQ8 { .. } => {
+                let (k, v) = c.f32_from(0, cfg.kv_dim());
+                (wide(&k), wide(&v))
+            }
+            Cache::O1(_) => unreachable!("the check mode never seals"),
+        };
+        let t_len = q_hist.len() / q_dim;
+        // A window shorter than the prompt is exact throughout, as with tp = T.
+        let tp = plan.tp.min(t_len);
+        let guard = plan.check.expect("matrix form only in check mode");
+        let mo = matrix_form(
+            &plan.settings,
+            plan.far,
+            guard,
+            cfg.attn_scale as f64,
+            nh,
+            cfg.n_kv_heads,
+            cfg.head_dim,
+            tp,
+            &wide(q_hist),
+            &k,
+            &v,
+        )
+        .map_err(|e| crate::error::EngineError::BadConfig { file: "o(1) matrix form".into(), what: e.to_string() })?;
+        o.iter_mut().zip(&mo.o[pos0 * q_dim..]).for_each(|(y, &x)| *y = x as f32);
+        for t in pos0.max(tp)..t_len {
+            stats.rows += nh;
+            stats.dropped += mo.dropped[t * nh..(t + 1) * nh].iter().filter(|&&d| d).count();
+        }
+        Ok(())
+    }
 }
 
 /// From this many queries on, a chunk attends in blocks of queries through the f32 GEMM
