@@ -16,8 +16,9 @@ use cortiq_kernels::delta::{CHUNK, gated_delta_chunked, gated_delta_recurrent};
 
 use crate::error::{EngineError, Result};
 pub use crate::geometry::{GdnConfig, OutGate};
-use crate::mixers::{Env, Journal, Mixer, MixerState, Seq, rows_and_verifies, steps_apart};
-use crate::mixers::{KvType, LayerState, StateBytes};
+use crate::mixers::{
+    Env, Journal, KvType, LayerState, Mixer, MixerState, Seq, StateBytes, rows_and_verifies, rows_or_verifies, steps_apart,
+};
 use crate::par::pool;
 use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
@@ -184,20 +185,15 @@ impl Mixer for GatedDeltaNet {
         let cfg = &self.cfg;
         let total: usize = segs.iter().map(|(_, n)| n).sum();
         let p = project(&self.w, h, total, true);
-        let mut o = Vec::with_capacity(total * cfg.value_dim()); // [total, n_v, d_v]
-        let mut r0 = 0;
-        for ((seq, n), journal) in segs.into_iter().zip(verifies) {
-            let part = p.rows(cfg, r0, n);
-            match journal {
-                Some(j) => {
-                    j.begin(seq.state, n);
-                    o.extend(steps(cfg, &self.w, &part, n, seq.state.of()));
-                    j.record = Some(Box::new(part));
-                }
-                None => o.extend(core(cfg, &self.w, &part, 1, seq.state.of())),
-            }
-            r0 += n;
-        }
+        let o = rows_or_verifies(
+            segs,
+            verifies,
+            |r0, n| p.rows(cfg, r0, n),
+            |part, n, verify, st| match verify {
+                true => steps(cfg, &self.w, part, n, st.of()),
+                false => core(cfg, &self.w, part, 1, st.of()),
+            },
+        ); // [total, n_v, d_v]
         Ok(self.w.out_proj.project(&o, total, true)) // [total, d_model]
     }
     /// The projections over all n rows at once (each on the decode path), then the conv ring

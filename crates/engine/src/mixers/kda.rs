@@ -11,8 +11,9 @@ use cortiq_kernels::delta::{CHUNK, kda_chunked, kda_recurrent};
 
 use crate::error::{EngineError, Result};
 pub use crate::geometry::KdaConfig;
-use crate::mixers::{Env, Journal, Mixer, MixerState, Seq, rows_and_verifies, steps_apart};
-use crate::mixers::{KvType, LayerState, StateBytes};
+use crate::mixers::{
+    Env, Journal, KvType, LayerState, Mixer, MixerState, Seq, StateBytes, rows_and_verifies, rows_or_verifies, steps_apart,
+};
 use crate::par::pool;
 use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
@@ -161,20 +162,15 @@ impl Mixer for Kda {
         let c = &self.cfg;
         let total: usize = segs.iter().map(|(_, n)| n).sum();
         let p = project(&self.w, h, total, true);
-        let mut o = Vec::with_capacity(total * c.dim()); // [total, dim]
-        let mut r0 = 0;
-        for ((seq, n), journal) in segs.into_iter().zip(verifies) {
-            let part = p.rows(c, r0, n);
-            match journal {
-                Some(j) => {
-                    j.begin(seq.state, n);
-                    o.extend(steps(c, &self.w, &part, n, seq.state.of()));
-                    j.record = Some(Box::new(part));
-                }
-                None => o.extend(core(c, &self.w, &part, 1, seq.state.of())),
-            }
-            r0 += n;
-        }
+        let o = rows_or_verifies(
+            segs,
+            verifies,
+            |r0, n| p.rows(c, r0, n),
+            |part, n, verify, st| match verify {
+                true => steps(c, &self.w, part, n, st.of()),
+                false => core(c, &self.w, part, 1, st.of()),
+            },
+        ); // [total, dim]
         Ok(self.w.o_proj.project(&o, total, true)) // [total, d_model]
     }
     /// The projections over all n rows at once (each on the decode path), then the conv ring

@@ -26,8 +26,7 @@ use crate::compat::Numerics;
 use crate::error::Result;
 pub use crate::geometry::MlaConfig;
 use crate::mixers::attention::attend_latent;
-use crate::mixers::{Env, Journal, Mixer, MixerState, Seq, rows_and_verifies, steps_apart};
-use crate::mixers::{KvType, LayerState, StateBytes};
+use crate::mixers::{Env, Journal, KvType, LayerState, Mixer, MixerState, Seq, StateBytes, rows_and_verifies, steps_apart};
 use crate::qtensor::QTensor;
 use crate::weights::TensorSource;
 

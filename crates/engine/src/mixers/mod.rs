@@ -418,6 +418,34 @@ pub fn rows_and_verifies(segs: &[(Seq<'_>, usize)], verifies: &[Option<&mut Jour
     !chunk && verifies.iter().any(Option::is_some)
 }
 
+/// The per-sequence half of a recurrent mixer's merged step (`forward_segments_steps`, after
+/// its projections over every row): sequence by sequence its projected rows (`part(r0, n)`),
+/// a verify's positions stepped one at a time and journaled with those rows (what a rewind
+/// replays), a decode row run as one position. `run(part, n, verify, state)` gives the rows'
+/// outputs; they are concatenated in sequence order.
+pub(crate) fn rows_or_verifies<P: Any + Send + Sync>(
+    segs: Vec<(Seq<'_>, usize)>,
+    verifies: Vec<Option<&mut Journal>>,
+    mut part: impl FnMut(usize, usize) -> P,
+    mut run: impl FnMut(&P, usize, bool, &mut LayerState) -> Vec<f32>,
+) -> Vec<f32> {
+    let mut o = Vec::new();
+    let mut r0 = 0;
+    for ((seq, n), journal) in segs.into_iter().zip(verifies) {
+        let p = part(r0, n);
+        match journal {
+            Some(j) => {
+                j.begin(seq.state, n);
+                o.extend(run(&p, n, true, seq.state));
+                j.record = Some(Box::new(p));
+            }
+            None => o.extend(run(&p, 1, false, seq.state)),
+        }
+        r0 += n;
+    }
+    o
+}
+
 /// `forward_segments_steps` with the verified segments apart: each through `forward_steps`,
 /// the others through `forward_segments` together.
 pub fn steps_apart<M: Mixer + ?Sized>(

@@ -5,8 +5,7 @@
 use cortiq_kernels::conv::causal_conv1d_par;
 
 use crate::error::Result;
-use crate::mixers::{Env, Journal, Mixer, MixerState, Seq, rows_and_verifies, steps_apart};
-use crate::mixers::{KvType, LayerState, StateBytes};
+use crate::mixers::{Env, Journal, KvType, LayerState, Mixer, MixerState, Seq, StateBytes, rows_and_verifies, steps_apart};
 use crate::par::pool;
 use crate::profile::{self, Op};
 use crate::qtensor::QTensor;

@@ -19,8 +19,7 @@ pub use self::core::{AttentionWeights, DecodeSeq, attention, attention_core, att
 pub(crate) use self::core::{attend_latent, attn_prep};
 use crate::config::{LayerSpec, ModelConfig};
 use crate::error::Result;
-use crate::mixers::{Env, Journal, Mixer, MixerState, Seq, segments_apart, steps_apart};
-use crate::mixers::{KvType, LayerState, StateBytes};
+use crate::mixers::{Env, Journal, KvType, LayerState, Mixer, MixerState, Seq, StateBytes, segments_apart, steps_apart};
 use crate::o1::Serve;
 use crate::o1::nystrom::O1Layer;
 use crate::qtensor::QTensor;
