@@ -16,9 +16,7 @@ use cortiq_kernels::delta::{CHUNK, gated_delta_chunked, gated_delta_recurrent};
 
 use crate::error::{EngineError, Result};
 pub use crate::geometry::{GdnConfig, OutGate};
-use crate::mixers::{
-    Env, Journal, KvType, LayerState, Mixer, MixerState, Seq, StateBytes, rows_and_verifies, rows_or_verifies, steps_apart,
-};
+use crate::mixers::{Env, Journal, KvType, LayerState, Mixer, MixerState, Seq, StateBytes, rows_or_verifies};
 use crate::par::pool;
 use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
@@ -170,18 +168,14 @@ impl Mixer for GatedDeltaNet {
     }
     /// Decode rows and verifies together (a step with no prompt chunk): the projections over
     /// every row at once (each on the decode path), then per sequence its row, or its verified
-    /// positions one at a time journaled as `forward_steps` journals them. With a prompt chunk
-    /// in the step (its own chunked path) the verifies run apart.
-    fn forward_segments_steps(
+    /// positions one at a time journaled as `forward_steps` journals them.
+    fn forward_rows_verifies(
         &self,
-        env: &Env,
+        _env: &Env,
         h: &[f32],
         segs: Vec<(Seq<'_>, usize)>,
         verifies: Vec<Option<&mut Journal>>,
     ) -> Result<Vec<f32>> {
-        if !rows_and_verifies(&segs, &verifies) {
-            return steps_apart(self, env, h, segs, verifies);
-        }
         let cfg = &self.cfg;
         let total: usize = segs.iter().map(|(_, n)| n).sum();
         let p = project(&self.w, h, total, true);

@@ -11,9 +11,7 @@ use cortiq_kernels::delta::{CHUNK, kda_chunked, kda_recurrent};
 
 use crate::error::{EngineError, Result};
 pub use crate::geometry::KdaConfig;
-use crate::mixers::{
-    Env, Journal, KvType, LayerState, Mixer, MixerState, Seq, StateBytes, rows_and_verifies, rows_or_verifies, steps_apart,
-};
+use crate::mixers::{Env, Journal, KvType, LayerState, Mixer, MixerState, Seq, StateBytes, rows_or_verifies};
 use crate::par::pool;
 use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
@@ -147,18 +145,14 @@ impl Mixer for Kda {
     }
     /// Decode rows and verifies together (a step with no prompt chunk): the projections over
     /// every row at once, then per sequence its row, or its verified positions one at a time
-    /// journaled as `forward_steps` journals them. With a prompt chunk in the step the
-    /// verifies run apart.
-    fn forward_segments_steps(
+    /// journaled as `forward_steps` journals them.
+    fn forward_rows_verifies(
         &self,
-        env: &Env,
+        _env: &Env,
         h: &[f32],
         segs: Vec<(Seq<'_>, usize)>,
         verifies: Vec<Option<&mut Journal>>,
     ) -> Result<Vec<f32>> {
-        if !rows_and_verifies(&segs, &verifies) {
-            return steps_apart(self, env, h, segs, verifies);
-        }
         let c = &self.cfg;
         let total: usize = segs.iter().map(|(_, n)| n).sum();
         let p = project(&self.w, h, total, true);

@@ -26,7 +26,7 @@ use crate::compat::Numerics;
 use crate::error::Result;
 pub use crate::geometry::MlaConfig;
 use crate::mixers::attention::attend_latent;
-use crate::mixers::{Env, Journal, KvType, LayerState, Mixer, MixerState, Seq, StateBytes, rows_and_verifies, steps_apart};
+use crate::mixers::{Env, Journal, KvType, LayerState, Mixer, MixerState, Seq, StateBytes};
 use crate::qtensor::QTensor;
 use crate::weights::TensorSource;
 
@@ -172,18 +172,14 @@ impl Mixer for Mla {
     }
     /// Decode rows and verifies together (a step with no prompt chunk): the projections over
     /// every row at once, then per sequence the latent cache and the attention of its row or
-    /// of its verified positions (as `forward_steps`). With a prompt chunk in the step the
-    /// verifies run apart.
-    fn forward_segments_steps(
+    /// of its verified positions (as `forward_steps`).
+    fn forward_rows_verifies(
         &self,
         env: &Env,
         h: &[f32],
         segs: Vec<(Seq<'_>, usize)>,
         verifies: Vec<Option<&mut Journal>>,
     ) -> Result<Vec<f32>> {
-        if !rows_and_verifies(&segs, &verifies) {
-            return steps_apart(self, env, h, segs, verifies);
-        }
         let total: usize = segs.iter().map(|(_, n)| n).sum();
         let p = project(&self.cfg, &self.w, h, total, true);
         let fast = env.num == Numerics::Fast;

@@ -265,11 +265,28 @@ pub trait Mixer: Any + Send + Sync {
 
     /// `forward_segments` where some segments are verifies (`steps[i]` Some: segment i's
     /// positions each as its own decode step, journaled there as `forward_steps` does), row for
-    /// row bit-identical to running each segment alone (`forward` or `forward_steps`). By
-    /// default the verified segments run apart (`forward_steps`, the mixer's weights read once
-    /// more for each) and the others together; a mixer whose projections are row-wise over
-    /// every segment overrides it to read its weights once for all.
+    /// row bit-identical to running each segment alone (`forward` or `forward_steps`). A step of
+    /// decode rows and verifies only goes to `forward_rows_verifies`; with a prompt chunk in it
+    /// (its mixer's chunked path) the verified segments run apart (`steps_apart`). Attention,
+    /// which merges prompt chunks too, overrides this.
     fn forward_segments_steps(
+        &self,
+        env: &Env,
+        h: &[f32],
+        segs: Vec<(Seq<'_>, usize)>,
+        steps: Vec<Option<&mut Journal>>,
+    ) -> Result<Vec<f32>> {
+        if rows_and_verifies(&segs, &steps) {
+            self.forward_rows_verifies(env, h, segs, steps)
+        } else {
+            steps_apart(self, env, h, segs, steps)
+        }
+    }
+
+    /// Decode rows (one position each) and verifies, at least one: by default the verifies run
+    /// apart (`forward_steps`, the mixer's weights read once more for each); a mixer whose
+    /// projections are row-wise overrides it to read its weights once for all.
+    fn forward_rows_verifies(
         &self,
         env: &Env,
         h: &[f32],
@@ -411,14 +428,14 @@ pub fn segments_apart<M: Mixer + ?Sized>(m: &M, env: &Env, h: &[f32], segs: Vec<
 }
 
 /// Whether a step is decode rows and verifies only, at least one verify (no prompt chunk, which
-/// takes its mixer's chunked path): where a mixer with row-wise projections merges its verifies
-/// (`forward_segments_steps`), else it leaves them to `steps_apart`.
+/// takes its mixer's chunked path): then `forward_segments_steps` hands it to
+/// `forward_rows_verifies`, else to `steps_apart`.
 pub fn rows_and_verifies(segs: &[(Seq<'_>, usize)], verifies: &[Option<&mut Journal>]) -> bool {
     let chunk = segs.iter().zip(verifies).any(|((_, n), j)| *n > 1 && j.is_none());
     !chunk && verifies.iter().any(Option::is_some)
 }
 
-/// The per-sequence half of a recurrent mixer's merged step (`forward_segments_steps`, after
+/// The per-sequence half of a recurrent mixer's merged step (`forward_rows_verifies`, after
 /// its projections over every row): sequence by sequence its projected rows (`part(r0, n)`),
 /// a verify's positions stepped one at a time and journaled with those rows (what a rewind
 /// replays), a decode row run as one position. `run(part, n, verify, state)` gives the rows'

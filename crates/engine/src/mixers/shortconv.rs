@@ -5,7 +5,7 @@
 use cortiq_kernels::conv::causal_conv1d_par;
 
 use crate::error::Result;
-use crate::mixers::{Env, Journal, KvType, LayerState, Mixer, MixerState, Seq, StateBytes, rows_and_verifies, steps_apart};
+use crate::mixers::{Env, Journal, KvType, LayerState, Mixer, MixerState, Seq, StateBytes};
 use crate::par::pool;
 use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
@@ -108,17 +108,14 @@ impl Mixer for ShortConv {
     /// Decode rows and verifies together (a step with no prompt chunk): both projections over
     /// every row at once, the conv ring stepped row by row (a verify's positions in order on
     /// its own ring), journaled as `forward_steps` journals them (the ring before, the input
-    /// rows). With a prompt chunk in the step the verifies run apart.
-    fn forward_segments_steps(
+    /// rows).
+    fn forward_rows_verifies(
         &self,
-        env: &Env,
+        _env: &Env,
         h: &[f32],
         segs: Vec<(Seq<'_>, usize)>,
         verifies: Vec<Option<&mut Journal>>,
     ) -> Result<Vec<f32>> {
-        if !rows_and_verifies(&segs, &verifies) {
-            return steps_apart(self, env, h, segs, verifies);
-        }
         let d = self.d_model;
         let (mut owner, mut states, mut r0) = (Vec::new(), Vec::new(), 0);
         for (i, ((seq, n), journal)) in segs.into_iter().zip(verifies).enumerate() {
