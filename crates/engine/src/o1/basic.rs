@@ -26,3 +26,31 @@ pub enum Serve {
     /// the seal on (a sink-less StreamingLLM state of that window, which is the same operator).
     Sliding(usize),
 }
+
+/// The attention block's view of the plan for one layer and chunk.
+pub enum AttnO1<'a> {
+    /// Not planned: ordinary attention.
+    Off,
+    /// Prompt phase: exact attention, and the chunk's queries (post-RoPE) summed per landmark.
+    Segments(&'a mut super::nystrom::QuerySegments),
+    /// Prompt phase of a voted score plan: exact attention, and the last queries kept.
+    Recent(&'a mut super::evict::RecentQueries),
+    /// Exact before the seal (a StreamingLLM plan keeps no segments); after it the layer's state
+    /// is sealed (`attention::Cache::O1`) and steps count into these statistics.
+    Stats(&'a mut O1Stats),
+    /// The matrix-form check: append this chunk's queries, output from `matrix_form`.
+    Matrix { plan: super::O1Plan, q_hist: &'a mut Vec<f32>, stats: &'a mut O1Stats },
+}
+
+impl AttnO1<'_> {
+    /// The same hook for one more call (the verify's per-position steps share it).
+    pub(crate) fn reborrow(&mut self) -> AttnO1<'_> {
+        match self {
+            AttnO1::Off => AttnO1::Off,
+            AttnO1::Segments(s) => AttnO1::Segments(s),
+            AttnO1::Recent(r) => AttnO1::Recent(r),
+            AttnO1::Stats(s) => AttnO1::Stats(s),
+            AttnO1::Matrix { plan, q_hist, stats } => AttnO1::Matrix { plan: *plan, q_hist, stats },
+        }
+    }
+}

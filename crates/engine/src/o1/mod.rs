@@ -16,7 +16,7 @@ pub mod evict;
 pub mod farfield;
 pub mod nystrom;
 
-pub use self::basic::{O1Stats, Serve};
+pub use self::basic::{AttnO1, O1Stats, Serve};
 use self::evict::{RecentQueries, Slots};
 use self::nystrom::{Far, Guard, NystromError, O1Layer, O1Settings, QuerySegments};
 
@@ -171,34 +171,6 @@ pub struct O1Run {
     /// that lists its score layers and not this one).
     window_only: Vec<bool>,
     pub stats: O1Stats,
-}
-
-/// The attention block's view of the plan for one layer and chunk.
-pub enum AttnO1<'a> {
-    /// Not planned: ordinary attention.
-    Off,
-    /// Prompt phase: exact attention, and the chunk's queries (post-RoPE) summed per landmark.
-    Segments(&'a mut QuerySegments),
-    /// Prompt phase of a voted score plan: exact attention, and the last queries kept.
-    Recent(&'a mut RecentQueries),
-    /// Exact before the seal (a StreamingLLM plan keeps no segments); after it the layer's state
-    /// is sealed (`attention::Cache::O1`) and steps count into these statistics.
-    Stats(&'a mut O1Stats),
-    /// The matrix-form check: append this chunk's queries, output from `matrix_form`.
-    Matrix { plan: O1Plan, q_hist: &'a mut Vec<f32>, stats: &'a mut O1Stats },
-}
-
-impl AttnO1<'_> {
-    /// The same hook for one more call (the verify's per-position steps share it).
-    pub(crate) fn reborrow(&mut self) -> AttnO1<'_> {
-        match self {
-            AttnO1::Off => AttnO1::Off,
-            AttnO1::Segments(s) => AttnO1::Segments(s),
-            AttnO1::Recent(r) => AttnO1::Recent(r),
-            AttnO1::Stats(s) => AttnO1::Stats(s),
-            AttnO1::Matrix { plan, q_hist, stats } => AttnO1::Matrix { plan: *plan, q_hist, stats },
-        }
-    }
 }
 
 impl O1Run {

@@ -5,7 +5,7 @@
 
 #[path = "basic.rs"]
 mod basic;
-pub use self::basic::{O1Stats, Serve};
+pub use self::basic::{AttnO1, O1Stats, Serve};
 
 /// A plan (none can be made without the feature: `Model::new_state_o1` is never reached).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -30,27 +30,6 @@ pub enum O1Split {}
 /// A sequence's O(1) bookkeeping: `SeqState::o1` is always `None` without the feature.
 #[derive(Clone, Debug)]
 pub enum O1Run {}
-
-/// The attention block's view of the plan: always `Off` without the feature.
-pub enum AttnO1<'a> {
-    Off,
-    Segments(&'a mut nystrom::QuerySegments),
-    Recent(&'a mut evict::RecentQueries),
-    Stats(&'a mut O1Stats),
-    Matrix { plan: O1Plan, q_hist: &'a mut Vec<f32>, stats: &'a mut O1Stats },
-}
-
-impl AttnO1<'_> {
-    pub(crate) fn reborrow(&mut self) -> AttnO1<'_> {
-        match self {
-            AttnO1::Off => AttnO1::Off,
-            AttnO1::Segments(s) => AttnO1::Segments(s),
-            AttnO1::Recent(r) => AttnO1::Recent(r),
-            AttnO1::Stats(s) => AttnO1::Stats(s),
-            AttnO1::Matrix { plan, .. } => match *plan {},
-        }
-    }
-}
 
 impl O1Run {
     pub fn plain_prompt(&self) -> bool {
