@@ -66,7 +66,7 @@ pub fn cmd_polish_far(a: &PolishArgs) -> Result<()> {
     let far_lr = check_far_flags(a)?;
     super::check_out(a)?;
     super::start_pool(a.threads)?;
-    let path = super::resolve(&a.model)?;
+    let path = std::path::PathBuf::from(&a.model);
     let mut loaded = load(&path)?;
     loaded.model.set_numerics(Numerics::Exact);
     let tok = loaded.tokenizer()?;

@@ -73,7 +73,7 @@ pub fn check_flags(a: &PolishArgs) -> Result<()> {
 /// it was converted from, in exact numerics.
 /// Also returns the hybrid's vmf_phase layers.
 pub fn load_teacher(h: &Model, hybrid: &std::path::Path, teacher: &str) -> Result<(cortiq_engine::load::Loaded, Vec<usize>)> {
-    let teacher_path = super::resolve(teacher)?;
+    let teacher_path = std::path::PathBuf::from(teacher);
     let mut tl = load(&teacher_path).with_context(|| format!("loading the teacher {}", teacher_path.display()))?;
     tl.model.set_numerics(cortiq_engine::Numerics::Exact);
     let (hc, tc) = (&h.cfg, &tl.model.cfg);
@@ -117,7 +117,7 @@ pub fn cmd_polish_heal(a: &PolishArgs, teacher: &str) -> Result<()> {
     }
     start_pool(a.threads)?;
     let t0 = Instant::now();
-    let hybrid_path = super::resolve(&a.model)?;
+    let hybrid_path = std::path::PathBuf::from(&a.model);
     let hybrid = load(&hybrid_path).with_context(|| format!("loading {}", hybrid_path.display()))?;
     let (tl, layers) = load_teacher(&hybrid.model, &hybrid_path, teacher)?;
     let tok = tl.tokenizer()?;

@@ -522,7 +522,7 @@ fn checkpoint_path(a: &PolishArgs) -> Result<PathBuf> {
 /// validation windows, training tokens).
 fn windows(a: &PolishArgs, tok: &cortiq_formats::tokenizer::Tokenizer) -> Result<(Windows, Windows, usize)> {
     let read = |name: &str| -> Result<TokenFile> {
-        let p = resolve(name)?;
+        let p = PathBuf::from(name);
         let text = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
         Ok(TokenFile { name: p.display().to_string(), tokens: tok.encode_with(&text, false, false)? })
     };
@@ -536,7 +536,7 @@ fn windows(a: &PolishArgs, tok: &cortiq_formats::tokenizer::Tokenizer) -> Result
 
 /// --init: the student's starting weights, shaped as the teacher.
 fn load_init(name: &str, cfg: &cortiq_engine::config::ModelConfig) -> Result<cortiq_engine::load::Loaded> {
-    let ip = resolve(name)?;
+    let ip = PathBuf::from(name);
     let l = load(&ip)?;
     check_same_shape(cfg, &l.model.cfg).with_context(|| format!("--init {}", ip.display()))?;
     Ok(l)
@@ -575,7 +575,7 @@ pub fn cmd_polish(a: PolishArgs, arm_stop: &dyn Fn()) -> Result<()> {
     start_pool(a.threads)?;
 
     // The teacher: the model in exact numerics (the heal's: the original, --teacher).
-    let path = resolve(&a.model)?;
+    let path = PathBuf::from(&a.model);
     let t0 = Instant::now();
     let mut loaded = load(&path)?;
     loaded.model.set_numerics(Numerics::Exact);
@@ -706,7 +706,7 @@ pub fn cmd_polish(a: PolishArgs, arm_stop: &dyn Fn()) -> Result<()> {
 }
 
 /// Up to `max` windows of t tokens (BOS first where the model adds one), in order, from the
-/// texts (paths or known text names).
+/// text files (the flags' names, which the CLI resolved to paths).
 pub(crate) fn text_windows(
     tok: &cortiq_formats::tokenizer::Tokenizer,
     names: &[String],
@@ -714,12 +714,6 @@ pub(crate) fn text_windows(
     t: usize,
     max: usize,
 ) -> Result<Vec<Vec<u32>>> {
-    let files = names.iter().map(|n| resolve(n)).collect::<Result<Vec<_>>>()?;
+    let files: Vec<PathBuf> = names.iter().map(PathBuf::from).collect();
     Ok(crate::calib::text_windows(tok, &files, bos, t, max)?)
-}
-
-/// A model or text the CLI already resolved (its name to a path in the cortiq cache or on
-/// disk: `cortiq_cli::polish::cmd_polish` does that before calling here).
-pub(crate) fn resolve(name: &str) -> Result<PathBuf> {
-    Ok(PathBuf::from(name))
 }
