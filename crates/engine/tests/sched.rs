@@ -103,6 +103,21 @@ fn references(model: &Model, chunk: usize, n: usize) -> Vec<Vec<u32>> {
         .collect()
 }
 
+/// The five prompts as requests of n tokens, those listed speculating with n-gram drafts.
+fn speculating_requests(n: usize, speculating: &[usize], tx: &mpsc::Sender<Event>, closed: &Arc<AtomicBool>) -> Vec<Request> {
+    prompts()
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let mut r = request(p, i as u64, n, tx, closed);
+            if speculating.contains(&i) {
+                r.spec = Some(SpecParams { method: SpecMethod::Ngram { min: 1, max: 4 }, n_max: 4, n_min: 0 });
+            }
+            r
+        })
+        .collect()
+}
+
 fn prompts() -> Vec<Vec<u32>> {
     (0..5u32).map(|i| (0..(3 + 11 * i)).map(|t| 3 + (t * 29 + i * 7) % 250).collect()).collect()
 }
@@ -152,17 +167,7 @@ fn sched_equals_generate_alone_and_under_load() {
         // Speculative decoding (n-gram drafts, verified on their own beside the batch): the
         // same tokens, for the speculating requests and for their plain neighbours.
         for speculating in [vec![1, 3], vec![0, 1, 2, 3, 4]] {
-            let ps = prompts();
-            let reqs = (0..5)
-                .map(|i| {
-                    let mut r = request(ps[i].clone(), i as u64, n, &tx, &closed);
-                    if speculating.contains(&i) {
-                        r.spec = Some(SpecParams { method: SpecMethod::Ngram { min: 1, max: 4 }, n_max: 4, n_min: 0 });
-                    }
-                    r
-                })
-                .collect();
-            h.submit(reqs).unwrap();
+            h.submit(speculating_requests(n, &speculating, &tx, &closed)).unwrap();
             let (got, drafted, accepted) = collect_counting(&rx, 5);
             for (i, toks) in got {
                 assert_eq!(toks, reference[i], "{arch}: request {i} (speculating: {speculating:?}) differs");
@@ -204,17 +209,7 @@ fn sched_draft_budget_bounds_drafts_and_changes_no_token() {
         let engine = std::thread::spawn(move || h2.run(&m2, &t2));
         let closed = Arc::new(AtomicBool::new(false));
         let (tx, rx) = mpsc::channel();
-        let ps = prompts();
-        let reqs = (0..5)
-            .map(|i| {
-                let mut r = request(ps[i].clone(), i as u64, n, &tx, &closed);
-                if i == 1 || i == 3 {
-                    r.spec = Some(SpecParams { method: SpecMethod::Ngram { min: 1, max: 4 }, n_max: 4, n_min: 0 });
-                }
-                r
-            })
-            .collect();
-        h.submit(reqs).unwrap();
+        h.submit(speculating_requests(n, &[1, 3], &tx, &closed)).unwrap();
         let (got, drafted, accepted) = collect_counting(&rx, 5);
         for (i, toks) in got {
             assert_eq!(toks, reference[i], "draft budget {budget:?}: request {i} differs");
