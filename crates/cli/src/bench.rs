@@ -165,7 +165,7 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
         }
     }
     let st = last_state.unwrap_or(base);
-    println!("state: {}", state_line(&st));
+    println!("state: {}", state_line(&st.bytes_by_kind(), st.len));
     if let Some(s) = st.o1_stats().filter(|s| s.rows > 0) {
         println!("o1 guard: dropped {} of {} (position, head) rows", s.dropped, s.rows);
     }

@@ -112,6 +112,12 @@ pub fn open_model(c: &Common) -> Result<Loaded> {
         NumericsArg::Fast => loaded.model.set_numerics(Numerics::Fast),
         NumericsArg::Exact => loaded.model.set_numerics(Numerics::Exact),
         NumericsArg::Llamacpp => {
+            if loaded.model.cfg.attn_sinks {
+                bail!(
+                    "--numerics llamacpp: {} has attention sinks (gpt-oss), which run under fast or exact numerics only",
+                    c.model
+                );
+            }
             loaded.model.set_numerics(Numerics::LlamaCpp);
             loaded.model.set_llamacpp_threads(c.llamacpp_threads);
             match c.llamacpp_fp16 {
@@ -165,8 +171,7 @@ pub fn open_tokenizer(l: &Loaded) -> Result<Tokenizer> {
     Ok(l.tokenizer()?)
 }
 
-/// Prints a sequence's state bytes by kind.
-pub fn state_line(st: &cortiq_engine::state::SeqState) -> String {
-    let b = st.bytes_by_kind();
-    format!("{} bytes per sequence at {} positions (KV {}, O(1) {}, recurrent {})", b.total(), st.len, b.kv, b.o1, b.recurrent)
+/// A sequence's state bytes by kind, at `len` positions.
+pub fn state_line(b: &cortiq_engine::mixers::StateBytes, len: usize) -> String {
+    format!("{} bytes per sequence at {len} positions (KV {}, O(1) {}, recurrent {})", b.total(), b.kv, b.o1, b.recurrent)
 }

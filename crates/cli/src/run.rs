@@ -5,18 +5,19 @@
 //! `encode_chat` (render a conversation with the model's template and tokenize it).
 
 use std::io::{BufRead, IsTerminal, Write};
-use std::sync::Arc;
+use std::sync::{Arc, mpsc};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use cortiq_engine::Model;
-use cortiq_engine::generate::{GenOptions, generate, generate_cached, generate_spec};
 use cortiq_engine::load::Loaded;
-use cortiq_engine::prefix::{CacheConfig, PrefixCache};
+use cortiq_engine::prefix::CacheConfig;
 use cortiq_engine::sampling::SamplerParams;
-use cortiq_engine::spec::Speculator;
+use cortiq_engine::sched::{Event, Finish, Handle, Request, SchedConfig, Sink, StateReport};
+use cortiq_engine::spec::{SpecParams, SpecStats};
+use cortiq_engine::{Model, Numerics};
 use cortiq_formats::chat::{self, ChatMessage};
-use cortiq_formats::tokenizer::{StreamDecoder, Tokenizer};
+use cortiq_formats::tokenizer::Tokenizer;
 
 use crate::common::{Common, O1Args, Profiler, note_served, open_model, open_tokenizer, served_o1, state_line};
 use crate::spec::{SpecArgs, stats_line};
@@ -134,6 +135,8 @@ impl SamplingArgs {
 }
 
 /// `cortiq run`. `verbose` (-v) adds the state bytes and O(1) guard counts to the timings.
+/// The generation runs through the serving core (`sched`, one slot on its own thread): the
+/// loop, its prompt cuts and its speculation are `cortiq serve`'s.
 pub fn cmd_run(a: RunArgs, verbose: bool) -> Result<()> {
     // The flags' own errors before the model loads (the plan's tp is the prompt's length).
     a.o1.plan(0, None, false, None)?;
@@ -150,12 +153,19 @@ pub fn cmd_run(a: RunArgs, verbose: bool) -> Result<()> {
     let mut eos = if a.ignore_eos { Vec::new() } else { tok.eos_ids() };
     eos.sort_unstable();
     eos.dedup();
-    let opt = GenOptions {
-        n_predict: a.n_predict,
-        sampler: a.sampling.sampler_params(),
-        eos,
-        stops: a.stops.clone(),
+    let job =
+        Job { n_predict: a.n_predict, sampler: a.sampling.sampler_params(), eos, stops: a.stops.clone(), spec: a.spec.params() };
+    let core = |cache, o1| SchedConfig {
+        slots: 1,
+        n_ctx,
+        queue: 1,
         prefill_chunk: a.batch.max(1),
+        prefill_budget: a.batch.max(1),
+        draft_budget: None,
+        gather: Duration::ZERO,
+        timeout: None,
+        cache,
+        o1,
     };
 
     if a.chat && a.prompt.is_none() {
@@ -165,7 +175,9 @@ pub fn cmd_run(a: RunArgs, verbose: bool) -> Result<()> {
         if a.prompt_cache.is_some() {
             bail!("--prompt-cache takes a single prompt (-p or stdin), not an interactive --chat");
         }
-        return chat_loop(&loaded, &tok, &a, &opt, n_ctx, draft.as_ref());
+        // The conversation's turns continue each other through the prompt cache.
+        let cfg = core(Some(CacheConfig { ram: CHAT_CACHE_RAM, every: 1024 }), None);
+        return with_core(&loaded, &tok, draft.as_ref(), cfg, |core| chat_loop(core, &tok, &a, &job, n_ctx));
     }
     let prompt_text = match &a.prompt {
         Some(p) => p.clone(),
@@ -193,106 +205,201 @@ pub fn cmd_run(a: RunArgs, verbose: bool) -> Result<()> {
     o1.apply_budget(model, served, false)?;
     let plan = o1.plan(ids.len(), None, false, served)?;
     note_served(&plan, served, a.o1.o1);
-    let mut state = match plan {
-        Some(p) => model.new_state_o1(n_ctx, p)?,
-        None => model.new_state(n_ctx),
-    };
-    let prof = Profiler::start(&a.common);
-    let mut spec = a.spec.speculator(draft.as_ref(), n_ctx)?;
-    let mut cache = match &a.prompt_cache {
-        Some(path) => {
-            if plan.is_some() {
-                bail!("--prompt-cache does not keep constant-memory states (--o1 / --kv-window)");
-            }
-            Some(open_prompt_cache(path, model, n_ctx)?)
+    let cache = match &a.prompt_cache {
+        Some(_) if plan.is_some() => bail!("--prompt-cache does not keep constant-memory states (--o1 / --kv-window)"),
+        Some(_) if model.numerics == Numerics::LlamaCpp => {
+            bail!("--prompt-cache does not work under --numerics llamacpp (its values depend on how a prompt is cut)")
         }
+        Some(_) => Some(CacheConfig { ram: FILE_CACHE_RAM, every: 1024 }),
         None => None,
     };
-    let t_cache = std::time::Instant::now();
-    let (reused, cached) = match cache.as_mut() {
-        Some(c) => {
-            let stop = cortiq_engine::prefix::entry_point(ids.len(), state.grid());
-            let (reused, _) = cortiq_engine::prefix::advance(model, Some(c), &ids, &mut state, opt.prefill_chunk, stop)?;
-            eprintln!("prompt cache: {reused} of {} prompt tokens restored", ids.len());
-            (reused, state.len)
+    let prof = Profiler::start(&a.common);
+    let out = with_core(&loaded, &tok, draft.as_ref(), core(cache, plan), |core| {
+        if let Some(path) = a.prompt_cache.as_ref().filter(|p| p.exists()) {
+            // An unreadable, foreign or corrupt file is an error: it is not overwritten.
+            core.handle.restore_session(path).context("--prompt-cache (the file is left as it is)")?;
         }
-        None => (0, 0),
-    };
-    let t_cache = t_cache.elapsed();
-    let mut stats = stream(&loaded, &tok, &mut state, &ids, cached, &opt, spec.as_mut())?;
-    // The prompt positions computed before the generation loop count as its prefill.
-    stats.n_prompt += cached - reused;
-    stats.prefill += t_cache;
+        let out = core.generate(&ids, &job, a.prompt_cache.is_some(), &mut print_text)?;
+        if a.prompt_cache.is_some() {
+            eprintln!("prompt cache: {} of {} prompt tokens restored", out.n_cached, ids.len());
+        }
+        if let Some(path) = &a.prompt_cache {
+            // Prompt + output, prefilled again from the prompt's entry (a decode step's values
+            // are not a prefill's) and cached before the save writes them (atomically).
+            let info = core.handle.save_session(0, path).context("--prompt-cache")?;
+            eprintln!("\nprompt cache: {} tokens saved to {}", info.tokens, path.display());
+        }
+        Ok(out)
+    })?;
     prof.finish("run");
-    if let (Some(path), Some(c)) = (&a.prompt_cache, cache.as_mut()) {
-        // Prompt + output, prefilled again from the prompt's entry (a decode step's values are
-        // not a prefill's), cached and saved.
-        let all: Vec<u32> = [&ids[..], &stats.tokens].concat();
-        let all = &all[..all.len().min(n_ctx - 1)];
-        let mut scratch = model.new_state(n_ctx);
-        let stop = cortiq_engine::prefix::entry_point(all.len(), scratch.grid());
-        cortiq_engine::prefix::advance(model, Some(c), all, &mut scratch, opt.prefill_chunk, stop)?;
-        if let Some((toks, st, cps)) = c.best_for(all) {
-            cortiq_engine::session::save(path, model, toks, st, cps).context("--prompt-cache")?;
-            eprintln!("\nprompt cache: {} tokens saved to {}", toks.len(), path.display());
-        }
-    }
     if verbose {
-        eprintln!("\nstate: {}", state_line(&state));
-        if let Some(s) = state.o1_stats() {
+        let st = &out.state;
+        eprintln!("\nstate: {}", state_line(&st.bytes, st.len));
+        if let Some(s) = st.o1 {
             eprintln!("o1 guard: dropped {} of {} (position, head) rows", s.dropped, s.rows);
         }
     }
+    let n_prompt = ids.len() - out.n_cached;
     eprintln!(
-        "\nprompt {} tok in {:.2}s ({:.1} tok/s), generated {} tok in {:.2}s ({:.1} tok/s), stop: {:?}",
-        stats.n_prompt,
-        stats.prefill.as_secs_f64(),
-        stats.prefill_tps(),
-        stats.n_generated,
-        stats.decode.as_secs_f64(),
-        stats.decode_tps(),
-        stats.stop
+        "\nprompt {n_prompt} tok in {:.2}s ({:.1} tok/s), generated {} tok in {:.2}s ({:.1} tok/s), stop: {:?}",
+        out.prefill.as_secs_f64(),
+        n_prompt as f64 / out.prefill.as_secs_f64().max(1e-9),
+        out.tokens.len(),
+        out.decode.as_secs_f64(),
+        out.tokens.len().saturating_sub(1) as f64 / out.decode.as_secs_f64().max(1e-9),
+        out.stop
     );
-    if let Some(sp) = &spec {
-        eprintln!("{}", stats_line(&sp.stats));
+    if a.spec.params().is_some() {
+        eprintln!("{}", stats_line(&out.spec));
     }
     Ok(())
 }
 
-/// A prompt cache holding the session `path` if it exists (an unreadable, foreign or corrupt
-/// file is an error: it is not overwritten).
-fn open_prompt_cache(path: &std::path::Path, model: &cortiq_engine::Model, n_ctx: usize) -> Result<PrefixCache> {
-    let mut cache = PrefixCache::new(CacheConfig { ram: usize::MAX, every: 1024 });
-    if path.exists() {
-        let s =
-            cortiq_engine::session::load(path, model, n_ctx, u64::MAX).context("--prompt-cache (the file is left as it is)")?;
-        cache.insert(&s.tokens, &s.state, s.checkpoints);
-    }
-    Ok(cache)
+/// The prompt cache of an interactive conversation (bytes): the serve default.
+const CHAT_CACHE_RAM: usize = 2048 << 20;
+/// The prompt cache of `--prompt-cache FILE`: no bound (it holds one conversation).
+const FILE_CACHE_RAM: usize = usize::MAX >> 2;
+
+/// Streams text to stdout as it comes.
+fn print_text(s: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(s.as_bytes());
+    let _ = out.flush();
 }
 
-fn stream(
+/// What every generation of a run asks for (its prompt aside).
+struct Job {
+    n_predict: usize,
+    sampler: SamplerParams,
+    eos: Vec<u32>,
+    stops: Vec<String>,
+    spec: Option<SpecParams>,
+}
+
+/// Why a generation ended (as the timings line names it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stop {
+    Eos,
+    StopString,
+    Length,
+    /// The context filled up before n_predict tokens.
+    Context,
+}
+
+/// One generation's output and counts.
+struct Outcome {
+    /// The generated ids (the end-of-generation token excluded).
+    tokens: Vec<u32>,
+    /// Prompt positions restored from the prompt cache.
+    n_cached: usize,
+    /// Submit to the first token (or the end), and from there to the end.
+    prefill: Duration,
+    decode: Duration,
+    stop: Stop,
+    spec: SpecStats,
+    state: StateReport,
+}
+
+/// The serving core with one slot, on its own thread for the time of a run.
+struct Core<'s> {
+    handle: Handle,
+    /// Whether the engine thread is still running (it ends only after `shutdown`, or panicking).
+    alive: &'s dyn Fn() -> bool,
+}
+
+/// Run `f` with a one-slot serving core over the model; the core shuts down after it.
+fn with_core<R>(
     loaded: &Loaded,
     tok: &Tokenizer,
-    state: &mut cortiq_engine::state::SeqState,
-    ids: &[u32],
-    cached: usize,
-    opt: &GenOptions,
-    spec: Option<&mut Speculator>,
-) -> Result<cortiq_engine::generate::GenStats> {
-    let mut dec = StreamDecoder::new(tok);
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
-    let mut emit = |s: &str| {
-        let _ = out.write_all(s.as_bytes());
-        let _ = out.flush();
-    };
-    let stats = match spec {
-        _ if cached > 0 => generate_cached(&loaded.model, state, ids, cached, opt, spec, &mut |id| dec.push(id), &mut emit)?,
-        Some(sp) => generate_spec(&loaded.model, state, ids, opt, sp, &mut |id| dec.push(id), &mut emit)?,
-        None => generate(&loaded.model, state, ids, opt, &mut |id| dec.push(id), &mut emit)?,
-    };
-    Ok(stats)
+    draft: Option<&Arc<Model>>,
+    cfg: SchedConfig,
+    f: impl FnOnce(&Core<'_>) -> Result<R>,
+) -> Result<R> {
+    let handle = Handle::new(cfg);
+    std::thread::scope(|sc| {
+        let h = handle.clone();
+        let engine = sc.spawn(move || h.run_with_draft(&loaded.model, draft, tok));
+        let alive = || !engine.is_finished();
+        let r = f(&Core { handle: handle.clone(), alive: &alive });
+        handle.shutdown();
+        if engine.join().is_err() {
+            bail!("the engine thread failed");
+        }
+        r
+    })
+}
+
+/// A run's request sink: the events go to the generating thread.
+struct ChanSink(mpsc::Sender<Event>);
+
+impl Sink for ChanSink {
+    fn send(&self, ev: Event) -> bool {
+        self.0.send(ev).is_ok()
+    }
+    fn is_closed(&self) -> bool {
+        false
+    }
+}
+
+impl Core<'_> {
+    /// Generate after `prompt`, `emit` receiving the text safe to show as it comes; `cache`:
+    /// start from the longest cached prefix, cache the prompt and (while idle) prompt + output.
+    fn generate(&self, prompt: &[u32], job: &Job, cache: bool, emit: &mut dyn FnMut(&str)) -> Result<Outcome> {
+        let (tx, rx) = mpsc::channel();
+        let req = Request {
+            prompt: prompt.to_vec(),
+            n_predict: job.n_predict,
+            sampler: job.sampler.clone(),
+            eos: job.eos.clone(),
+            stops: job.stops.clone(),
+            logprobs: None,
+            logit_bias: Vec::new(),
+            index: 0,
+            sink: Box::new(ChanSink(tx)),
+            constraint: None,
+            spec: job.spec,
+            cache,
+            cache_scope: cortiq_engine::prefix::SHARED,
+        };
+        let t0 = Instant::now();
+        self.handle.submit(vec![req])?;
+        let (mut tokens, mut first) = (Vec::new(), None);
+        loop {
+            let ev = match rx.recv_timeout(Duration::from_millis(200)) {
+                Ok(ev) => ev,
+                Err(mpsc::RecvTimeoutError::Timeout) if (self.alive)() => continue,
+                Err(_) => bail!("the engine stopped before the generation ended"),
+            };
+            match ev {
+                Event::Started { .. } => {}
+                Event::Token { id, text, .. } => {
+                    first.get_or_insert_with(Instant::now);
+                    tokens.push(id);
+                    emit(&text);
+                }
+                Event::Done { finish, stop, tail, n_cached, n_generated, drafted, accepted, verifies, state, .. } => {
+                    emit(&tail);
+                    let t1 = first.unwrap_or_else(Instant::now);
+                    let stop = match (finish, stop) {
+                        (Finish::Stop, Some(_)) => Stop::StopString,
+                        (Finish::Stop, None) => Stop::Eos,
+                        (Finish::Length, _) if n_generated < job.n_predict => Stop::Context,
+                        (Finish::Length, _) => Stop::Length,
+                    };
+                    return Ok(Outcome {
+                        tokens,
+                        n_cached,
+                        prefill: t1 - t0,
+                        decode: t1.elapsed(),
+                        stop,
+                        spec: SpecStats { drafted, accepted, verifies },
+                        state,
+                    });
+                }
+                Event::Error { message, .. } => bail!("generation failed: {message}"),
+            }
+        }
+    }
 }
 
 /// Render the conversation with the model's template and tokenize it (special tokens parsed;
@@ -303,24 +410,16 @@ pub fn encode_chat(tok: &Tokenizer, msgs: &[ChatMessage]) -> Result<Vec<u32>> {
     Ok(chat::encode(tok, msgs, true)?)
 }
 
-/// Interactive chat on stdin: one user turn per line; the conversation so far is re-rendered
-/// each turn and only the part after the common prefix with the cached state is prefilled.
-fn chat_loop(
-    loaded: &Loaded,
-    tok: &Tokenizer,
-    a: &RunArgs,
-    opt: &GenOptions,
-    n_ctx: usize,
-    draft: Option<&Arc<Model>>,
-) -> Result<()> {
-    let model = &loaded.model;
-    let mut state = model.new_state(n_ctx);
-    let mut cached: Vec<u32> = Vec::new();
+/// Interactive chat on stdin: one user turn per line; the conversation so far is rendered
+/// again each turn, and the prompt cache restores what the last turns computed (their prompt
+/// and, refilled while the user types, the reply), so a turn computes little more than its
+/// own text.
+fn chat_loop(core: &Core<'_>, tok: &Tokenizer, a: &RunArgs, job: &Job, n_ctx: usize) -> Result<()> {
     let mut msgs = Vec::new();
     if let Some(s) = &a.system {
         msgs.push(ChatMessage::new("system", s.clone()));
     }
-    let mut spec = a.spec.speculator(draft, n_ctx)?;
+    let mut spec = SpecStats::default();
     let interactive = std::io::stdin().is_terminal();
     let stdin = std::io::stdin();
     loop {
@@ -340,31 +439,15 @@ fn chat_loop(
         if ids.len() + 1 >= n_ctx {
             bail!("conversation of {} tokens no longer fits the context of {n_ctx} (raise --ctx)", ids.len());
         }
-        let common = cached.iter().zip(&ids).take_while(|(x, y)| x == y).count().min(ids.len() - 1);
-        // Keep the cached positions shared with the new rendering; recompute the rest. A model
-        // with recurrent layers cannot go back to an earlier length: it keeps its state only
-        // when the new rendering extends everything it has seen, else starts over.
-        let keep = common.min(state.len);
-        if state.can_truncate() || keep == state.len {
-            state.truncate(keep);
-        } else {
-            state.clear();
-        }
-        let start = state.len;
-        if let Some(sp) = spec.as_mut() {
-            sp.set_prior(&ids[..start]);
-        }
-        let stats = stream(loaded, tok, &mut state, &ids[start..], 0, opt, spec.as_mut())?;
+        let out = core.generate(&ids, job, true, &mut print_text)?;
         println!();
-        let reply = tok.decode(&stats.tokens);
-        msgs.push(ChatMessage::new("assistant", reply.trim().to_string()));
-        cached = ids;
-        cached.extend(&stats.tokens);
-        // The state holds the prompt plus every generated token that went through a forward.
-        cached.truncate(state.len);
+        msgs.push(ChatMessage::new("assistant", tok.decode(&out.tokens).trim().to_string()));
+        spec.drafted += out.spec.drafted;
+        spec.accepted += out.spec.accepted;
+        spec.verifies += out.spec.verifies;
     }
-    if let Some(sp) = &spec {
-        eprintln!("{}", stats_line(&sp.stats));
+    if job.spec.is_some() {
+        eprintln!("{}", stats_line(&spec));
     }
     Ok(())
 }

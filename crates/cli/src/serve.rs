@@ -174,11 +174,6 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
     // The O(1) flags' own errors before the model loads (tp is each prompt's length).
     a.o1.plan(0, None, false, None)?;
     a.spec.validate()?;
-    if a.spec.spec == crate::spec::SpecMethod::Mtp {
-        bail!(
-            "--spec mtp is not served yet (the serving core does not hand MTP heads the hidden states); use it with cortiq run"
-        );
-    }
     let mut api_keys: Vec<String> = a.api_key.iter().map(|k| k.trim().to_string()).collect();
     if api_keys.iter().any(String::is_empty) {
         bail!("--api-key: an empty key");

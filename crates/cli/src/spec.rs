@@ -8,7 +8,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use cortiq_engine::Model;
 use cortiq_engine::load::Loaded;
-use cortiq_engine::spec::{self, SpecMethod as EngineMethod, SpecParams, SpecStats, Speculator, check_draft_vocab};
+use cortiq_engine::spec::{self, SpecMethod as EngineMethod, SpecParams, SpecStats, check_draft_vocab};
 
 use crate::common::{Common, open_model, open_tokenizer};
 
@@ -108,11 +108,6 @@ impl SpecArgs {
         check_draft_vocab(tt.vocab_size(), dt.vocab_size(), &|id| tt.token_bytes(id), &|id| dt.token_bytes(id))
             .with_context(|| format!("--spec-draft {name}"))?;
         Ok(Some(Arc::new(draft.model)))
-    }
-
-    /// A fresh speculator for one sequence of `n_ctx` positions (None without --spec).
-    pub fn speculator(&self, draft: Option<&Arc<Model>>, n_ctx: usize) -> Result<Option<Speculator>> {
-        self.params().map(|p| p.speculator(draft, n_ctx)).transpose().context("speculative decoding")
     }
 }
 

@@ -141,6 +141,81 @@ fn linear_core_writes_a_hybrid_that_runs() {
     let (k1, t1) = kl(&out);
     println!("hybrid vs original: KL {k1:.4}, top-1 {t1:.1}%");
     assert!(k1 > 0.0 && t1 < 100.0, "the fold changes the distributions: KL {k1}, top-1 {t1}%");
+    let healed = heal_both_stages(&dir, &out, &model, &calib, &text);
+    for (extra, want) in [
+        (vec![], "give --stage transfer"),
+        (vec!["--stage", "transfer", "--o1-window", "8"], "--o1-window: not a setting"),
+        (vec!["--stage", "transfer", "--vmf-lr-mult", "8"], "--vmf-lr-mult: a setting of --stage distill"),
+        (vec!["--stage", "distill", "--ctx", "32", "--vmf-lr-mult", "0"], "--vmf-lr-mult 0: must be"),
+    ] {
+        let mut v = vec![
+            "polish",
+            "-m",
+            s(&out),
+            "--teacher",
+            s(&model),
+            "-o",
+            s(&healed),
+            "--force",
+            "--train",
+            s(&calib),
+            "--valid",
+            s(&text),
+        ];
+        v.extend(extra.iter().copied());
+        let (_, err, ok) = cortiq(&v);
+        assert!(!ok && err.contains(want) && err.trim().lines().count() == 1, "{extra:?}: {err}");
+    }
+    let (_, err, ok) = cortiq(&[
+        "polish",
+        "-m",
+        s(&model),
+        "--teacher",
+        s(&model),
+        "-o",
+        s(&healed),
+        "--force",
+        "--stage",
+        "transfer",
+        "--train",
+        s(&calib),
+        "--valid",
+        s(&text),
+    ]);
+    assert!(!ok && err.contains("no vmf_phase layers"), "{err}");
+    // auto: half of the 4 layers, never 0 or 1.
+    let auto = dir.0.join("auto.cmf");
+    let (_, err, ok) = run(args("auto:0.5", &auto));
+    assert!(ok, "auto: {err}");
+    assert!(err.contains("converting layers [2, 3]"), "{err}");
+    assert!(err.contains("bypass cost on the copy probe"), "{err}");
+    // Bad input, one line each.
+    for (layers, extra, want) in [
+        ("9", vec![], "layer 9 does not exist"),
+        ("auto:0", vec![], "auto:F needs a fraction"),
+        ("1,1", vec![], "named twice"),
+        ("x", vec![], "expected auto:F or a comma-separated list"),
+        ("1", vec!["--quant", "f16"], "keeps the source's stored weights"),
+        ("1", vec!["--nphase", "0"], "--nphase"),
+        ("1", vec!["--f32-as", "q8r"], "keeps the source's stored weights"),
+        ("auto:0.5", vec!["--recall-weight", "nan"], "--recall-weight"),
+    ] {
+        let mut v = args(layers, &dir.0.join("bad.cmf"));
+        v.extend(extra.iter().map(|x| x.to_string()));
+        let (_, err, ok) = run(v);
+        assert!(!ok && err.contains(want) && err.trim().lines().count() == 1, "--layers {layers} {extra:?}: {err}");
+    }
+    let (_, err, ok) = cortiq(&["convert", "-m", s(&model), "-o", s(&dir.0.join("b.cmf")), "--linear-core", "mamba"]);
+    assert!(!ok && err.contains("the linear cores are: vmf_phase"), "{err}");
+    let (_, err, ok) =
+        cortiq(&["convert", "-m", s(&fixture("llama")), "-o", s(&dir.0.join("b.cmf")), "--linear-core", "vmf_phase"]);
+    assert!(!ok && err.contains("convert the folder first"), "{err}");
+}
+
+/// The heal of the hybrid `out` against `model`: stage 1 (each converted layer fitted to the
+/// teacher's attention output; training error down, held out never worse) then stage 2 (KL end
+/// to end; the held-out KL falls). Returns the stage-1 output (`healed.cmf`).
+fn heal_both_stages(dir: &TempDir, out: &Path, model: &Path, calib: &Path, text: &Path) -> std::path::PathBuf {
     // Stage 1 of the heal: each converted layer fitted to the teacher's attention output.
     let healed = dir.0.join("healed.cmf");
     let (_, err, ok) = cortiq(&[
@@ -244,74 +319,7 @@ fn linear_core_writes_a_hybrid_that_runs() {
     assert!(kls.len() == 3 && kls[2] < kls[0], "{err}");
     let p3 = ppl(&distilled, &text);
     println!("ppl: healed (stage 2) {p3:.3}");
-    for (extra, want) in [
-        (vec![], "give --stage transfer"),
-        (vec!["--stage", "transfer", "--o1-window", "8"], "--o1-window: not a setting"),
-        (vec!["--stage", "transfer", "--vmf-lr-mult", "8"], "--vmf-lr-mult: a setting of --stage distill"),
-        (vec!["--stage", "distill", "--ctx", "32", "--vmf-lr-mult", "0"], "--vmf-lr-mult 0: must be"),
-    ] {
-        let mut v = vec![
-            "polish",
-            "-m",
-            s(&out),
-            "--teacher",
-            s(&model),
-            "-o",
-            s(&healed),
-            "--force",
-            "--train",
-            s(&calib),
-            "--valid",
-            s(&text),
-        ];
-        v.extend(extra.iter().copied());
-        let (_, err, ok) = cortiq(&v);
-        assert!(!ok && err.contains(want) && err.trim().lines().count() == 1, "{extra:?}: {err}");
-    }
-    let (_, err, ok) = cortiq(&[
-        "polish",
-        "-m",
-        s(&model),
-        "--teacher",
-        s(&model),
-        "-o",
-        s(&healed),
-        "--force",
-        "--stage",
-        "transfer",
-        "--train",
-        s(&calib),
-        "--valid",
-        s(&text),
-    ]);
-    assert!(!ok && err.contains("no vmf_phase layers"), "{err}");
-    // auto: half of the 4 layers, never 0 or 1.
-    let auto = dir.0.join("auto.cmf");
-    let (_, err, ok) = run(args("auto:0.5", &auto));
-    assert!(ok, "auto: {err}");
-    assert!(err.contains("converting layers [2, 3]"), "{err}");
-    assert!(err.contains("bypass cost on the copy probe"), "{err}");
-    // Bad input, one line each.
-    for (layers, extra, want) in [
-        ("9", vec![], "layer 9 does not exist"),
-        ("auto:0", vec![], "auto:F needs a fraction"),
-        ("1,1", vec![], "named twice"),
-        ("x", vec![], "expected auto:F or a comma-separated list"),
-        ("1", vec!["--quant", "f16"], "keeps the source's stored weights"),
-        ("1", vec!["--nphase", "0"], "--nphase"),
-        ("1", vec!["--f32-as", "q8r"], "keeps the source's stored weights"),
-        ("auto:0.5", vec!["--recall-weight", "nan"], "--recall-weight"),
-    ] {
-        let mut v = args(layers, &dir.0.join("bad.cmf"));
-        v.extend(extra.iter().map(|x| x.to_string()));
-        let (_, err, ok) = run(v);
-        assert!(!ok && err.contains(want) && err.trim().lines().count() == 1, "--layers {layers} {extra:?}: {err}");
-    }
-    let (_, err, ok) = cortiq(&["convert", "-m", s(&model), "-o", s(&dir.0.join("b.cmf")), "--linear-core", "mamba"]);
-    assert!(!ok && err.contains("the linear cores are: vmf_phase"), "{err}");
-    let (_, err, ok) =
-        cortiq(&["convert", "-m", s(&fixture("llama")), "-o", s(&dir.0.join("b.cmf")), "--linear-core", "vmf_phase"]);
-    assert!(!ok && err.contains("convert the folder first"), "{err}");
+    healed
 }
 
 /// A value bias (Qwen2's) is folded into the output bias: softmax passes b_v through unchanged,

@@ -290,6 +290,44 @@ fn serve_determinism_under_load_hybrid_fixture() {
     determinism(&qwen35(), &[], 256);
 }
 
+/// `--spec mtp` is served: the fixture's MTP block drafts for the requests (the batch hands it
+/// each position's hidden row), two at once beside a plain one; the tokens equal the same
+/// request without speculation, greedy and sampled, and drafts were verified.
+#[test]
+fn serve_spec_mtp_equals_plain() {
+    let s = Server::start(&qwen35(), &["--spec", "mtp", "--spec-draft-n-max", "3", "--parallel", "3"]);
+    let prompt: Vec<u64> = (0..30).map(|i| 3 + (i * 37) % 240).collect();
+    let body = |seed: u64, spec: &str| {
+        let mut b = json!({"prompt": prompt, "max_tokens": 24, "temperature": 0.8, "seed": seed,
+                           "return_tokens": true, "cache_prompt": false});
+        if spec == "none" {
+            b["speculative"] = json!({"type": "none"});
+        }
+        b
+    };
+    let mut drafted = 0;
+    for seed in [1, 2] {
+        let r = s.post("/v1/completions", &body(seed, "none"));
+        assert_eq!(r.status, 200, "{}", r.text());
+        let plain = r.json()["choices"][0]["tokens"].clone();
+        assert!(r.json()["usage"]["completion_tokens_details"].is_null(), "plain: no prediction counts");
+        let answers: Vec<Value> = std::thread::scope(|sc| {
+            let (s, body) = (&s, &body);
+            let hs: Vec<_> =
+                ["mtp", "mtp", "none"].map(|k| sc.spawn(move || s.post("/v1/completions", &body(seed, k)).json())).into();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (k, a) in answers.iter().enumerate() {
+            assert_eq!(a["choices"][0]["tokens"], plain, "seed {seed}: request {k} differs from plain decoding");
+        }
+        for a in &answers[..2] {
+            let d = &a["usage"]["completion_tokens_details"];
+            drafted += d["accepted_prediction_tokens"].as_u64().unwrap() + d["rejected_prediction_tokens"].as_u64().unwrap();
+        }
+    }
+    assert!(drafted > 0, "MTP drafted nothing");
+}
+
 #[test]
 fn serve_determinism_under_load_dense_fixture() {
     // Gemma 3 (dense, sliding-window layers) with a byte-level tokenizer beside it.
@@ -547,7 +585,7 @@ fn real_serve_session_save_restart_restore() {
     let s1 = Server::start(&model, &args);
     let a = ids(&s1, "The lighthouse keeper climbed the stairs every evening, and on the last night of the year he found");
     let (out_a, _) = complete(&s1, &a, 1);
-    std::thread::sleep(std::time::Duration::from_millis(800)); // the idle refill of prompt + output
+    // (A save waits for the idle refill of prompt + output.)
     let r = s1.post("/slots/0?action=save", &json!({"filename": "chat.bin"}));
     assert_eq!(r.status, 200, "{}", r.text());
     let n_saved = r.json()["n_saved"].as_u64().unwrap();

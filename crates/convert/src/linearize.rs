@@ -51,10 +51,10 @@ use std::time::Instant;
 use crate::error::{Context, ConvertError, Result, bail};
 use cortiq_engine::config::MixerKind;
 use cortiq_engine::load::{Loaded, Origin, load};
+use cortiq_engine::mixers::Mixer;
 use cortiq_engine::mixers::attention::Attention;
+use cortiq_engine::mixers::identity::Identity;
 use cortiq_engine::mixers::vmf::{VmfConfig, VmfPlan};
-use cortiq_engine::mixers::{Env, Mixer, MixerState, Seq};
-use cortiq_engine::state::{KvType, LayerState, StateBytes};
 use cortiq_engine::{Logits, Model};
 use cortiq_formats::cmf::{self, CmfHeader, CmfWriter, Metadata, PlannedTensor, SourceInfo, TypedKv};
 use cortiq_formats::gguf::{MetaValue, TensorInfo};
@@ -196,7 +196,8 @@ pub fn linearize(src: &Path, out: &Path, o: &LinearizeOpts) -> Result<()> {
                     Some(a) if o.window > 0 => {
                         crate::linearize_window::sink_window_mixer(&window_config(&m.cfg, o), &a.w, m.cfg.layers[il].rope)
                     }
-                    _ => Box::new(Bypass { d: m.cfg.d_model }),
+                    // The attention bypassed (output zero), for the auto choice.
+                    _ => Box::new(Identity),
                 }
             })?
         }
@@ -284,55 +285,6 @@ fn mean_nll(model: &Model, windows: &[Vec<u32>], from: usize) -> Result<f64> {
         }
     }
     Ok(sum / n as f64)
-}
-
-/// A layer whose attention is bypassed (output zero), for the auto choice.
-struct Bypass {
-    d: usize,
-}
-
-#[derive(Clone)]
-struct NoState;
-
-impl MixerState for NoState {
-    fn is_recurrent(&self) -> bool {
-        true
-    }
-    fn clear(&mut self) {}
-    fn bytes(&self) -> StateBytes {
-        StateBytes::default()
-    }
-    fn save(&self, _out: &mut Vec<u8>) -> std::result::Result<(), String> {
-        Ok(())
-    }
-    fn load(&mut self, _r: &mut &[u8], _len: usize) -> std::result::Result<(), String> {
-        Ok(())
-    }
-}
-
-impl Mixer for Bypass {
-    fn name(&self) -> &'static str {
-        "a bypassed attention layer"
-    }
-    fn matrices(&self) -> Vec<&cortiq_engine::qtensor::QTensor> {
-        Vec::new()
-    }
-    fn matrices_mut(&mut self) -> Vec<&mut cortiq_engine::qtensor::QTensor> {
-        Vec::new()
-    }
-    fn new_state(&self, _kv: KvType) -> LayerState {
-        LayerState::new(NoState)
-    }
-    fn forward(
-        &self,
-        _env: &Env,
-        _h: &[f32],
-        n: usize,
-        _seq: Seq<'_>,
-        _trace: &mut dyn FnMut(&str, &[f32]),
-    ) -> cortiq_engine::error::Result<Vec<f32>> {
-        Ok(vec![0.0; n * self.d])
-    }
 }
 
 /// The copy probe: each window's first half (after BOS when the model adds one) followed by

@@ -74,7 +74,13 @@ fn main() {
             let mut batch: Vec<BatchEntry> = next
                 .iter()
                 .zip(states.iter_mut())
-                .map(|(t, st)| BatchEntry { tokens: std::slice::from_ref(t), state: st, want: Logits::Last, verify: None })
+                .map(|(t, st)| BatchEntry {
+                    tokens: std::slice::from_ref(t),
+                    state: st,
+                    want: Logits::Last,
+                    verify: None,
+                    hidden: None,
+                })
                 .collect();
             model.forward_batch_into(&mut batch, &mut logits).unwrap();
             for (j, n) in next.iter_mut().enumerate() {

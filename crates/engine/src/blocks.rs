@@ -90,6 +90,8 @@ fn gated_rows(cfg: &ModelConfig, num: Numerics, g: &mut [f32], u: &[f32], ff: us
 fn gated_span(cfg: &ModelConfig, num: Numerics, g: &mut [f32], u: &[f32]) {
     match (num, cfg.act) {
         (Numerics::Exact, _) => gated_act(g, u, cfg.act.f()),
+        // relu(g)·u, g = u: relu(u)² with the one product ggml's sqr(relu(u)) takes.
+        (_, Activation::Relu2) => g.iter_mut().zip(u).for_each(|(gv, &uv)| *gv = gv.max(0.0) * uv),
         (Numerics::Fast, Activation::Silu) => gated_act_fast(GatedAct::Silu, g, u),
         (Numerics::Fast, Activation::GeluTanh) => gated_act_fast(GatedAct::GeluTanh, g, u),
         (Numerics::LlamaCpp, Activation::Silu) => swiglu_ggml(g, u),

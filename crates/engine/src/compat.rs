@@ -47,7 +47,7 @@ pub fn rope_tables_ggml(rope: &Rope, pos0: usize, n: usize) -> Option<(Vec<f32>,
     let freq_scale = match rope.scaling {
         RopeScaling::None => 1.0f32,
         RopeScaling::Linear { factor } => (1.0 / factor) as f32,
-        RopeScaling::Llama3 { .. } => return None,
+        RopeScaling::Llama3 { .. } | RopeScaling::Yarn { .. } => return None,
     };
     let half = rope.rot_dim / 2;
     let theta_scale = (rope.base as f32).powf(-2.0f32 / rope.rot_dim as f32);

@@ -7,6 +7,9 @@ pub use crate::rope::{Rope, RopeScaling};
 pub enum Activation {
     Silu,
     GeluTanh,
+    /// relu(x)² of an ungated MLP (Nemotron-H): stored as up/down only, run as the gated
+    /// relu(up)·up (the same values: relu(u)·u = relu(u)² exactly).
+    Relu2,
 }
 
 impl Activation {
@@ -14,6 +17,7 @@ impl Activation {
         match self {
             Activation::Silu => cortiq_kernels::ops::silu,
             Activation::GeluTanh => cortiq_kernels::ops::gelu_tanh,
+            Activation::Relu2 => |x: f32| x.max(0.0),
         }
     }
 }
@@ -29,6 +33,13 @@ pub enum MixerKind {
     GatedDeltaNet(crate::geometry::GdnConfig),
     /// Kimi Delta Attention.
     Kda(crate::geometry::KdaConfig),
+    /// Mamba2 (Granite 4.0 H, Nemotron-H, Falcon-H1).
+    Mamba2(crate::geometry::Mamba2Config),
+    /// No token mixer: the layer is its feed-forward block alone (Nemotron-H's MLP and MoE
+    /// blocks); its pre-FFN norm is the block's norm (`attn_norm` in GGUF).
+    Identity,
+    /// Attention and Mamba2 side by side, their outputs added (Falcon-H1).
+    AttnMamba2(crate::geometry::Mamba2Config),
     /// Multi-head latent attention (Kimi Linear: no RoPE).
     Mla(crate::geometry::MlaConfig),
     /// cortiq's vmf_phase linear core (a converted attention layer of a dense model).
@@ -45,12 +56,14 @@ pub struct LayerSpec {
     pub sliding_window: Option<usize>,
     /// Index into `ModelConfig::ropes`.
     pub rope: usize,
+    /// The layer has a feed-forward block (Nemotron-H's Mamba2 and attention blocks have none).
+    pub ffn: bool,
 }
 
 impl LayerSpec {
     /// An attention layer over every earlier key with RoPE `rope`.
     pub fn attention(rope: usize) -> LayerSpec {
-        LayerSpec { mixer: MixerKind::Attention, moe: false, sliding_window: None, rope }
+        LayerSpec { mixer: MixerKind::Attention, moe: false, sliding_window: None, rope, ffn: true }
     }
 }
 
@@ -72,11 +85,21 @@ pub struct ModelConfig {
     /// Multiplies q·k (1/√head_dim, or query_pre_attn_scalar^-½ for Gemma 3).
     pub attn_scale: f32,
     pub qkv_bias: bool,
+    /// The attention output projection has a bias (gpt-oss).
+    pub o_bias: bool,
+    /// Attention layers carry a learned per-head sink: one more logit in each softmax's
+    /// denominator that weighs no value (gpt-oss).
+    pub attn_sinks: bool,
     pub qk_norm: bool,
     /// Gemma 3 normalises each sub-block's output before the residual add.
     pub post_norms: bool,
     /// Embeddings multiplied by this (Gemma 3: √d_model rounded to f32).
     pub embed_scale: Option<f32>,
+    /// Each sub-block's output is multiplied by this before the residual add (Granite's
+    /// `residual_multiplier`).
+    pub residual_scale: Option<f32>,
+    /// The logits are divided by this (Granite's `logits_scaling`).
+    pub logit_scale: Option<f32>,
     pub final_logit_softcap: Option<f32>,
     pub attn_logit_softcap: Option<f32>,
     pub ropes: Vec<Rope>,

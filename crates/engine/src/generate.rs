@@ -1,7 +1,10 @@
-//! The generation loop: chunked prefill of the prompt, then sample → stop checks → decode one
-//! token at a time, or (speculative decoding, `generate_spec`) a draft's tokens per verify.
-//! Detokenization is the caller's (`piece`), so this loop knows no tokenizer; stop strings are
-//! matched on the streamed text and never emitted.
+//! The reference generation loop: chunked prefill of the prompt, then sample → stop checks →
+//! decode one token at a time, or (speculative decoding, `generate_spec`) a draft's tokens per
+//! verify, one sequence through `Model::forward` / `forward_verify` alone. The product
+//! generates through the serving core (`sched`: `cortiq serve` and `cortiq run`); this loop is
+//! the plain-decoding oracle its tests compare against (tests/sched.rs, tests/spec.rs), as
+//! simple as a loop can be. Detokenization is the caller's (`piece`), so it knows no
+//! tokenizer; stop strings are matched on the streamed text and never emitted.
 
 use std::time::{Duration, Instant};
 
@@ -36,7 +39,7 @@ pub enum StopReason {
 
 #[derive(Clone, Debug)]
 pub struct GenStats {
-    /// Prompt positions prefilled (a prefix restored from the prompt cache not counted).
+    /// Prompt positions prefilled.
     pub n_prompt: usize,
     pub n_generated: usize,
     pub prefill: Duration,
@@ -66,26 +69,7 @@ pub fn generate(
     piece: &mut dyn FnMut(u32) -> String,
     emit: &mut dyn FnMut(&str),
 ) -> Result<GenStats> {
-    run(model, state, prompt, 0, opt, None, piece, emit)
-}
-
-/// `generate` (or `generate_spec` with `spec`) of a prompt whose first `cached` positions the
-/// state already holds (restored from the prompt cache: `state.len == cached`): only the rest
-/// is prefilled, and the tokens are those of the same prompt generated cold (the sampler's
-/// penalties see the whole prompt; the cache's values are the cold prefill's).
-#[allow(clippy::too_many_arguments)]
-pub fn generate_cached(
-    model: &Model,
-    state: &mut SeqState,
-    prompt: &[u32],
-    cached: usize,
-    opt: &GenOptions,
-    spec: Option<&mut Speculator>,
-    piece: &mut dyn FnMut(u32) -> String,
-    emit: &mut dyn FnMut(&str),
-) -> Result<GenStats> {
-    assert!(cached < prompt.len() && state.len == cached, "the state holds the prompt's first {cached} positions");
-    run(model, state, prompt, cached, opt, spec, piece, emit)
+    run(model, state, prompt, opt, None, piece, emit)
 }
 
 /// `generate` with speculative decoding: before each decode step `spec`'s drafter proposes
@@ -104,7 +88,7 @@ pub fn generate_spec(
     piece: &mut dyn FnMut(u32) -> String,
     emit: &mut dyn FnMut(&str),
 ) -> Result<GenStats> {
-    run(model, state, prompt, 0, opt, Some(spec), piece, emit)
+    run(model, state, prompt, opt, Some(spec), piece, emit)
 }
 
 /// A draft under verification: its tokens and how many of them the sampler has drawn so far.
@@ -118,7 +102,6 @@ fn run(
     model: &Model,
     state: &mut SeqState,
     prompt: &[u32],
-    cached: usize,
     opt: &GenOptions,
     mut spec: Option<&mut Speculator>,
     piece: &mut dyn FnMut(u32) -> String,
@@ -127,24 +110,17 @@ fn run(
     let t0 = Instant::now();
     // The drafter's history: what the state holds already, then the prompt and the output.
     // The sampler's (its penalties' window) is plain decoding's: the prompt and the output.
-    // A restored prefix is the drafter's prior (an MTP head, which must have seen every
-    // position's hidden row, starts over instead: plain decoding).
-    if let Some(sp) = spec.as_deref_mut().filter(|sp| cached > 0 && !sp.wants_hidden()) {
-        sp.set_prior(&prompt[..cached]);
-    }
     let prior = spec.as_deref_mut().map(|sp| sp.begin(state.len)).unwrap_or_default();
-    // (With a restored prefix, `prior` is that prefix or empty: the prompt is counted whole.)
-    let prior = &prior[..prior.len().saturating_sub(cached)];
-    let new = &prompt[cached..];
+    let prior = &prior[..];
     // Logits rows still to sample from: one after a plain step, 1 + draft after a verify.
     let d_model = model.cfg.d_model;
     let mut rows = match spec.as_deref_mut().filter(|sp| sp.wants_hidden()) {
         Some(sp) => {
-            let (last, hidden) = model.prefill_hidden(new, state, opt.prefill_chunk)?;
+            let (last, hidden) = model.prefill_hidden(prompt, state, opt.prefill_chunk)?;
             sp.observe(&hidden, d_model);
             last
         }
-        None => model.prefill(new, state, opt.prefill_chunk)?,
+        None => model.prefill(prompt, state, opt.prefill_chunk)?,
     }; // [r, vocab]
     let (vocab, mut row) = (model.cfg.vocab, 0);
     let prefill = t0.elapsed();
@@ -233,7 +209,7 @@ fn run(
             emit(&rest);
         }
     }
-    Ok(GenStats { n_prompt: new.len(), n_generated: out.len(), prefill, decode: t1.elapsed(), stop: reason, tokens: out })
+    Ok(GenStats { n_prompt: prompt.len(), n_generated: out.len(), prefill, decode: t1.elapsed(), stop: reason, tokens: out })
 }
 
 /// A verify is over: keep its fed token and the drafted tokens the sampler drew, and count.

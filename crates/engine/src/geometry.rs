@@ -42,6 +42,56 @@ impl GdnConfig {
     }
 }
 
+// Mamba2 (mixers::mamba2).
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Mamba2Config {
+    pub d_model: usize,
+    /// SSM heads (HF `mamba_n_heads`, llama.cpp's `ssm.time_step_rank`).
+    pub n_heads: usize,
+    pub head_dim: usize,
+    /// Groups of B and C: head h reads group h / (n_heads / n_groups).
+    pub n_groups: usize,
+    /// State size per head and channel (`mamba_d_state`).
+    pub d_state: usize,
+    pub conv_kernel: usize,
+    /// The convolution has a bias.
+    pub conv_bias: bool,
+    pub norm_eps: f32,
+    /// Groups of the gated RMSNorm over the d_inner channels (1: one norm over all of them).
+    pub norm_groups: usize,
+    /// How the output y meets the gate z and the norm.
+    pub norm: MambaNorm,
+    /// dt is clamped to [dt_min, dt_max] after the softplus (HF `time_step_limit`; (0, ∞): off).
+    pub dt_min: f32,
+    pub dt_max: f32,
+}
+
+/// Mamba2's output gate and norm: y·silu(z) normalized per group (Granite, Nemotron-H), y
+/// normalized then ·silu(z) (Falcon-H1's `mamba_norm_before_gate`), or y·silu(z) with no norm
+/// (Falcon-H1 without `mamba_rms_norm`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MambaNorm {
+    GateThenNorm,
+    NormThenGate,
+    GateOnly,
+}
+
+impl Mamba2Config {
+    /// Channels of the SSM's input x (and of the gate z and the output y).
+    pub fn d_inner(&self) -> usize {
+        self.n_heads * self.head_dim
+    }
+    /// Channels of the short convolution: x, B and C side by side.
+    pub fn conv_dim(&self) -> usize {
+        self.d_inner() + 2 * self.n_groups * self.d_state
+    }
+    /// Rows of in_proj: z | x B C | dt.
+    pub fn in_dim(&self) -> usize {
+        self.d_inner() + self.conv_dim() + self.n_heads
+    }
+}
+
 // Kimi Delta Attention (mixers::kda).
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -144,6 +194,8 @@ pub struct MoeConfig {
     pub scoring: Scoring,
     /// Renormalize the top-k weights to sum to 1.
     pub norm_topk: bool,
+    /// Added to the top-k weights' sum before that renormalization (LFM2-MoE: 1e-6).
+    pub topk_eps: f32,
     /// Multiplies the routed experts' sum.
     pub routed_scale: f32,
     /// Hidden width of each routed expert.
@@ -152,4 +204,17 @@ pub struct MoeConfig {
     pub d_ff_shared: Option<usize>,
     /// The shared expert's output is scaled by σ(shared_gate·x).
     pub shared_gate: bool,
+    /// How an expert gates its hidden units.
+    pub act: ExpertAct,
+    /// The experts (and the shared expert) have no gate projection: relu(up)² (Nemotron-H),
+    /// run as `Activation::Relu2`'s relu(up)·up with the up projection read as the gate.
+    pub ungated: bool,
+}
+
+/// An expert's gating: the model's activation (`act(gate)·up`), or gpt-oss's clamped SwiGLU
+/// with biases: g = min(gate, limit), u = clamp(up, ±limit), (u + 1)·g·σ(alpha·g).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ExpertAct {
+    Gated,
+    ClampedSwiGlu { alpha: f32, limit: f32 },
 }

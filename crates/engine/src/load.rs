@@ -197,6 +197,9 @@ pub(crate) struct HfSource {
     names: HashMap<String, String>,
     norm_offset: f32,
     plain_norms: &'static [&'static str],
+    fix: Option<crate::arch::HfFix>,
+    /// The text config (what an `HfFix` may read).
+    config: serde_json::Value,
 }
 
 impl HfSource {
@@ -209,7 +212,15 @@ impl HfSource {
             .filter_map(|n| Some((arch.names.hf_to_gguf(n).or_else(|| arch.names.hf_mtp_to_gguf(n, n_layers))?, n.to_string())))
             .collect();
         keep_whole_mtp(dir, arch, hf, cfg, &mut names);
-        HfSource { dir: dir.to_path_buf(), weights, names, norm_offset: arch.hf_norm_offset, plain_norms: arch.hf_plain_norms }
+        HfSource {
+            dir: dir.to_path_buf(),
+            weights,
+            names,
+            norm_offset: arch.hf_norm_offset,
+            plain_norms: arch.hf_plain_norms,
+            fix: arch.hf_fix,
+            config: hf.text_raw().clone(),
+        }
     }
 }
 
@@ -269,6 +280,24 @@ impl HfSource {
     pub(crate) fn tensors(&self) -> Vec<(String, Vec<usize>)> {
         let mut v: Vec<_> =
             self.names.iter().filter_map(|(g, h)| Some((g.clone(), self.weights.meta(h)?.shape.clone()))).collect();
+        // Tensors an `Arch::hf_fix` derives stand in for the ones they come from, shaped as
+        // derived ([rows, cols]).
+        if let Some(fix) = self.fix {
+            let mut derived = Vec::new();
+            v.retain(|(g, _)| {
+                let Some((blk, rest)) = g.strip_prefix("blk.").and_then(|s| s.split_once('.')) else { return true };
+                let outs = (fix.replaces)(rest);
+                for o in outs {
+                    let name = format!("blk.{blk}.{o}");
+                    if let Ok(Some(t)) = self.get(&name) {
+                        let shape = if t.rows == 1 { vec![t.cols] } else { vec![t.rows, t.cols] };
+                        derived.push((name, shape));
+                    }
+                }
+                outs.is_empty()
+            });
+            v.extend(derived);
+        }
         v.sort();
         v
     }
@@ -301,6 +330,12 @@ impl HfSource {
         if self.sanitizes(name) {
             return None;
         }
+        // A tensor an `Arch::hf_fix` derives is not the stored one.
+        if let Some(fix) = self.fix
+            && name.strip_prefix("blk.").and_then(|s| s.split_once('.')).is_some_and(|(_, rest)| (fix.derives)(rest))
+        {
+            return None;
+        }
         let t = self.weights.get(self.names.get(name)?).ok()??;
         Some(t.data)
     }
@@ -311,14 +346,27 @@ impl TensorSource for HfSource {
         self.dir.display().to_string()
     }
     fn get(&self, name: &str) -> Result<Option<QTensor>> {
+        if let Some(fix) = self.fix
+            && let Some(t) = (fix.derive)(name, &|n| self.table_get(n), &self.config)?
+        {
+            return Ok(Some(t));
+        }
+        self.table_get(name)
+    }
+}
+
+impl HfSource {
+    /// The tensor the name table maps to `name`, with the norm offset and A_log fixes.
+    fn table_get(&self, name: &str) -> Result<Option<QTensor>> {
         let Some(hf_name) = self.names.get(name) else { return Ok(None) };
         let Some(raw) = self.weights.get(hf_name)? else { return Ok(None) };
         let (rows, cols) = match raw.shape[..] {
             [c] => (1, c),
             [r, c] => (r, c),
             // A depthwise Conv1d weight [channels, 1, kernel] (LFM2, GatedDeltaNet) is the
-            // [channels, kernel] matrix GGUF stores.
-            [r, 1, c] => (r, c),
+            // [channels, kernel] matrix GGUF stores; stacked experts [E, rows, cols] (Granite's
+            // fused input_linear) are [E·rows, cols], as llama.cpp stacks them.
+            [a, b, c] => (a * b, c),
             // A vector stored with unit dimensions (Kimi's A_log [1, 1, heads, 1]).
             ref dims if dims.iter().filter(|&&x| x != 1).count() <= 1 => (1, dims.iter().product()),
             _ => {

@@ -9,7 +9,7 @@ use crate::blocks::{FfnWeights, ffn, ffn_rows, rmsnorm_rows_in, rmsnorm_segments
 use crate::config::{LayerSpec, MixerKind, ModelConfig};
 use crate::error::{EngineError, Result};
 use crate::mixers::{self, Env, Journal, Mixer, Seq};
-use crate::moe::{MoeConfig, MoeWeights, moe};
+use crate::moe::{ExpertBias, MoeConfig, MoeWeights, moe, moe_rows};
 use crate::numerics::{LlamaCppCtx, Numerics};
 #[cfg(feature = "o1")]
 use crate::o1::Geom;
@@ -24,6 +24,8 @@ use crate::weights::TensorSource;
 pub enum Ffn {
     Dense(FfnWeights),
     Moe(MoeWeights),
+    /// The layer has none (`LayerSpec::ffn` false).
+    None,
 }
 
 impl Ffn {
@@ -31,6 +33,7 @@ impl Ffn {
         match self {
             Ffn::Dense(f) => vec![&mut f.gate, &mut f.up, &mut f.down],
             Ffn::Moe(m) => m.matrices_mut(),
+            Ffn::None => Vec::new(),
         }
     }
 
@@ -38,6 +41,7 @@ impl Ffn {
         match self {
             Ffn::Dense(f) => vec![&f.gate, &f.up, &f.down],
             Ffn::Moe(m) => m.matrices(),
+            Ffn::None => Vec::new(),
         }
     }
 }
@@ -115,6 +119,9 @@ pub struct BatchEntry<'a> {
     /// for `verify_keep`, logits for all of them (`want` is then ignored) — what
     /// `forward_verify` gives alone.
     pub verify: Option<&'a mut VerifyJournal>,
+    /// The entry's final-normed hidden rows [n, d_model] (what an MTP head reads), written
+    /// here (replaced) for every position; a verify's are in its journal instead.
+    pub hidden: Option<&'a mut Vec<f32>>,
 }
 
 /// Which positions of a chunk to produce logits for.
@@ -442,10 +449,18 @@ impl Model {
         trace("result_norm", usize::MAX, &normed);
         let mut logits = vec![0f32; n_out * cfg.vocab]; // [n_out, vocab]
         self.output.matmul(&normed, n_out, &mut logits);
-        if let Some(c) = cfg.final_logit_softcap {
-            pool().for_rows_mut(&mut logits, 4096, 1, |_, ls| ls.iter_mut().for_each(|l| *l = (*l / c).tanh() * c));
-        }
+        self.finish_logits(&mut logits);
         logits
+    }
+
+    /// The logits' last touches: Granite's scaling, then Gemma's soft cap.
+    fn finish_logits(&self, logits: &mut [f32]) {
+        if let Some(s) = self.cfg.logit_scale {
+            pool().for_rows_mut(logits, 4096, 1, |_, ls| ls.iter_mut().for_each(|l| *l /= s));
+        }
+        if let Some(c) = self.cfg.final_logit_softcap {
+            pool().for_rows_mut(logits, 4096, 1, |_, ls| ls.iter_mut().for_each(|l| *l = (*l / c).tanh() * c));
+        }
     }
 
     /// One decode step for each of several sequences (the serving core's decode batch):
@@ -493,9 +508,13 @@ impl Model {
         let mut outs: Vec<Option<Vec<f32>>> = vec![None; batch.len()];
         for j in (0..batch.len()).filter(|&j| alone[j] || merged.len() == 1) {
             let e = &mut batch[j];
-            let o = match e.verify.as_deref_mut() {
-                Some(journal) => self.forward_verify(e.tokens, e.state, journal),
-                None => self.forward(e.tokens, e.state, e.want),
+            let o = match (e.verify.as_deref_mut(), e.hidden.as_deref_mut()) {
+                (Some(journal), _) => self.forward_verify(e.tokens, e.state, journal),
+                (None, Some(hidden)) => self.forward_hidden(e.tokens, e.state, e.want).map(|(l, h)| {
+                    *hidden = h;
+                    l
+                }),
+                (None, None) => self.forward(e.tokens, e.state, e.want),
             };
             outs[j] = Some(o.map_err(|err| entry_err(j, err))?);
         }
@@ -525,18 +544,18 @@ impl Model {
             for (st, n) in sts.iter_mut().zip(&ns) {
                 st.len += n;
             }
-            // A verify's final-normed rows, kept for a drafter that reads them (MTP).
+            // The final-normed rows of the entries an MTP drafter reads: a verify's into its
+            // journal, another entry's where it asked for them (`BatchEntry::hidden`).
             let mut r0 = 0;
-            for (journal, &n) in journals.iter_mut().zip(&ns) {
-                if let Some(jn) = journal {
-                    jn.hidden.resize(n * d, 0.0); // [n, d_model]
-                    rmsnorm_rows_in(
-                        self.numerics,
-                        &x[r0 * d..(r0 + n) * d],
-                        &self.output_norm,
-                        self.cfg.norm_eps,
-                        &mut jn.hidden,
-                    );
+            for (&j, &n) in merged.iter().zip(&ns) {
+                let e = &mut batch[j];
+                let out = match (e.verify.as_deref_mut(), e.hidden.as_deref_mut()) {
+                    (Some(jn), _) => Some(&mut jn.hidden),
+                    (None, h) => h,
+                };
+                if let Some(h) = out {
+                    h.resize(n * d, 0.0); // [n, d_model]
+                    rmsnorm_rows_in(self.numerics, &x[r0 * d..(r0 + n) * d], &self.output_norm, self.cfg.norm_eps, h);
                 }
                 r0 += n;
             }
@@ -620,9 +639,7 @@ impl Model {
         } else {
             self.output.matvec_rows(normed, k, out);
         }
-        if let Some(c) = self.cfg.final_logit_softcap {
-            pool().for_rows_mut(out, 4096, 1, |_, ls| ls.iter_mut().for_each(|l| *l = (*l / c).tanh() * c));
-        }
+        self.finish_logits(out);
     }
 
     /// The verify of speculative decoding: `tokens` (the last accepted token, then a draft)
@@ -771,7 +788,7 @@ impl Model {
             rmsnorm_segments_in(self.numerics, &mut a, g, self.cfg.norm_eps);
         }
         trace("attn_proj", il, &a);
-        x.iter_mut().zip(&a).for_each(|(xi, ai)| *xi += ai);
+        residual_add(x, &a, self.cfg.residual_scale);
     }
 
     /// What every mixer's forward reads of the model.
@@ -794,6 +811,10 @@ impl Model {
     fn layer_ffn(&self, il: usize, x: &mut [f32], segs: &[usize], trace: Trace) {
         let cfg = &self.cfg;
         let (lw, num) = (&self.layers[il], self.numerics);
+        if matches!(lw.ffn, Ffn::None) {
+            trace("l_out", il, x);
+            return;
+        }
         let d = cfg.d_model;
         let mut h = vec![0f32; x.len()]; // [Σ n_i, d_model]
         rmsnorm_rows_in(num, x, &lw.ffn_norm, cfg.norm_eps, &mut h);
@@ -801,11 +822,14 @@ impl Model {
         let one = |h: &[f32], n: usize| match &lw.ffn {
             Ffn::Dense(f) => ffn(cfg, f, h, n, num),
             Ffn::Moe(mw) => moe(cfg, cfg.moe.as_ref().expect("checked at load"), mw, h, n, num),
+            Ffn::None => unreachable!("returned above"),
         };
         let n_max = segs.iter().copied().max().unwrap_or(0);
         let mut m = match &lw.ffn {
             _ if segs.len() == 1 => one(&h, segs[0]),
             Ffn::Dense(f) if [&f.gate, &f.up, &f.down].iter().all(|w| w.rowwise(n_max)) => ffn_rows(cfg, f, &h, h.len() / d, num),
+            // Decode rows (and verify positions): each selected expert read once for all.
+            Ffn::Moe(mw) if n_max == 1 => moe_rows(cfg, cfg.moe.as_ref().expect("checked at load"), mw, &h, h.len() / d, num),
             _ => {
                 let mut out = Vec::with_capacity(h.len());
                 let mut r0 = 0;
@@ -820,7 +844,7 @@ impl Model {
             rmsnorm_segments_in(num, &mut m, g, cfg.norm_eps);
         }
         trace("ffn_out", il, &m);
-        x.iter_mut().zip(&m).for_each(|(xi, mi)| *xi += mi);
+        residual_add(x, &m, cfg.residual_scale);
         trace("l_out", il, x);
     }
 
@@ -904,6 +928,7 @@ impl Model {
         let mut f = match &lw.ffn {
             Ffn::Dense(fw) => ffn(cfg, fw, &h, n, num),
             Ffn::Moe(mw) => moe(cfg, cfg.moe.as_ref().expect("checked at load"), mw, &h, n, num),
+            Ffn::None => vec![0.0; h.len()],
         };
         if let Some(g) = &lw.post_ffn_norm {
             rmsnorm_segments_in(num, &mut f, g, cfg.norm_eps);
@@ -934,6 +959,14 @@ impl Model {
     }
 }
 
+/// x += y (× `scale`: Granite's residual multiplier).
+fn residual_add(x: &mut [f32], y: &[f32], scale: Option<f32>) {
+    match scale {
+        Some(s) => x.iter_mut().zip(y).for_each(|(xi, yi)| *xi += yi * s),
+        None => x.iter_mut().zip(y).for_each(|(xi, yi)| *xi += yi),
+    }
+}
+
 /// A MoE layer's weights by GGUF names: the router `ffn_gate_inp`, the experts either one
 /// tensor each (`ffn_gate_exps.E.weight`, how HF folders arrive through the name table) or
 /// stacked `[experts × rows, cols]` as llama.cpp writes them (split into views, no copy), the
@@ -947,27 +980,106 @@ fn load_moe(src: &dyn TensorSource, mc: &MoeConfig, il: usize, d: usize) -> Resu
         src.optional(&n(&format!("ffn_{kind}_exps.weight")), ne * rows, cols)
     };
     let (sg, su, sd) = (stacked("gate", ff, d)?, stacked("up", ff, d)?, stacked("down", d, ff)?);
+    // Granite's checkpoints fuse gate and up per expert: [experts × (gate ff | up ff), d].
+    let fused = match (&sg, &su) {
+        (None, None) => src.optional(&n("ffn_gate_up_exps.weight"), ne * 2 * ff, d)?,
+        _ => None,
+    };
+    // An ungated expert (Nemotron-H: relu² of up) reads its up projection as the gate too.
+    let sg = match (sg, &su) {
+        (None, Some(u)) if mc.ungated => Some(u.rows_view(u.name.clone(), 0, u.rows).expect("its own rows")),
+        (sg, _) => sg,
+    };
+    let view = |t: &QTensor, e: usize, r0: usize, rows: usize| {
+        t.rows_view(format!("{}[{e}]", t.name), r0, rows).expect("stacked shape checked")
+    };
     let mut experts = Vec::with_capacity(ne);
     for e in 0..ne {
         let one = |kind: &str, st: &Option<QTensor>, rows: usize, cols: usize| -> Result<QTensor> {
             match st {
-                Some(t) => Ok(t.rows_view(format!("{}[{e}]", t.name), e * rows, rows).expect("stacked shape checked")),
+                Some(t) => Ok(view(t, e, e * rows, rows)),
                 None => src.require(&n(&format!("ffn_{kind}_exps.{e}.weight")), rows, cols),
             }
         };
-        experts.push(FfnWeights { gate: one("gate", &sg, ff, d)?, up: one("up", &su, ff, d)?, down: one("down", &sd, d, ff)? });
+        let (gate, up) = match &fused {
+            Some(t) => (view(t, e, 2 * e * ff, ff), view(t, e, (2 * e + 1) * ff, ff)),
+            // Ungated experts stored one by one: the up projection is the gate too.
+            None if mc.ungated && sg.is_none() => {
+                let up = one("up", &su, ff, d)?;
+                (up.rows_view(up.name.clone(), 0, ff).expect("its own rows"), up)
+            }
+            None => (one("gate", &sg, ff, d)?, one("up", &su, ff, d)?),
+        };
+        experts.push(FfnWeights { gate, up, down: one("down", &sd, d, ff)? });
     }
     let shared = match mc.d_ff_shared {
-        Some(sf) => Some(FfnWeights {
-            gate: src.require(&n("ffn_gate_shexp.weight"), sf, d)?,
-            up: src.require(&n("ffn_up_shexp.weight"), sf, d)?,
-            down: src.require(&n("ffn_down_shexp.weight"), d, sf)?,
-        }),
+        Some(sf) => {
+            let (gate, up) = gate_up(
+                src,
+                &n("ffn_gate_shexp.weight"),
+                &n("ffn_up_shexp.weight"),
+                &n("ffn_gate_up_shexp.weight"),
+                sf,
+                d,
+                mc.ungated,
+            )?;
+            Some(FfnWeights { gate, up, down: src.require(&n("ffn_down_shexp.weight"), d, sf)? })
+        }
         None => None,
     };
     let shared_gate = if mc.shared_gate { Some(src.require(&n("ffn_gate_inp_shexp.weight"), 1, d)?) } else { None };
     let select_bias = src.optional(&n("exp_probs_b.bias"), 1, ne)?.map(|t| t.to_f32());
-    Ok(MoeWeights { router, select_bias, experts, shared, shared_gate })
+    let router_bias = src.optional(&n("ffn_gate_inp.bias"), 1, ne)?.map(|t| t.to_f32());
+    // gpt-oss's expert biases, stacked [experts × width].
+    let expert_biases = match src.optional(&n("ffn_gate_exps.bias"), ne, ff)? {
+        Some(gb) => {
+            let (gb, ub, db) = (
+                gb.to_f32(),
+                src.require(&n("ffn_up_exps.bias"), ne, ff)?.to_f32(),
+                src.require(&n("ffn_down_exps.bias"), ne, d)?.to_f32(),
+            );
+            Some(
+                (0..ne)
+                    .map(|e| ExpertBias {
+                        gate: gb[e * ff..(e + 1) * ff].to_vec(),
+                        up: ub[e * ff..(e + 1) * ff].to_vec(),
+                        down: db[e * d..(e + 1) * d].to_vec(),
+                    })
+                    .collect(),
+            )
+        }
+        None => None,
+    };
+    if matches!(mc.act, crate::moe::ExpertAct::ClampedSwiGlu { .. }) && expert_biases.is_none() {
+        return Err(EngineError::MissingTensor { file: src.file(), tensor: n("ffn_gate_exps.bias") });
+    }
+    Ok(MoeWeights { router, router_bias, select_bias, experts, expert_biases, shared, shared_gate })
+}
+
+/// A gate and an up projection [ff, d] each: two tensors, or one fused [gate ff | up ff, d]
+/// (Granite's `input_linear`) split into views; `ungated` (`Activation::Relu2`): up alone,
+/// standing in for the gate too.
+fn gate_up(
+    src: &dyn TensorSource,
+    gate: &str,
+    up: &str,
+    fused: &str,
+    ff: usize,
+    d: usize,
+    ungated: bool,
+) -> Result<(QTensor, QTensor)> {
+    if src.get(gate)?.is_none() {
+        if let Some(t) = src.optional(fused, 2 * ff, d)? {
+            let half = |r0: usize| t.rows_view(t.name.clone(), r0, ff).expect("fused shape checked");
+            return Ok((half(0), half(ff)));
+        }
+        if ungated {
+            let u = src.require(up, ff, d)?;
+            let g = u.rows_view(u.name.clone(), 0, ff).expect("its own rows");
+            return Ok((g, u));
+        }
+    }
+    Ok((src.require(gate, ff, d)?, src.require(up, ff, d)?))
 }
 
 /// The MTP blocks that follow the ordinary layers: block `n_layers + i` while it has an
@@ -999,23 +1111,31 @@ fn load_layer(src: &dyn TensorSource, cfg: &ModelConfig, il: usize, spec: &Layer
     let n = |s: &str| format!("blk.{il}.{s}");
     let post = |s: &str| -> Result<Option<Vec<f32>>> { if cfg.post_norms { Ok(Some(src.vector(&n(s), d)?)) } else { Ok(None) } };
     let mixer = mixers::registry::load(src, cfg, il, spec)?;
+    // A layer without a mixer normalizes its FFN input with the block's one norm (`attn_norm`);
+    // a layer without an FFN has no pre-FFN norm.
+    let no_mixer = spec.mixer == MixerKind::Identity;
+    let (attn_norm, ffn_norm) = match (no_mixer, spec.ffn) {
+        (true, _) => (vec![1.0; d], src.vector(&n("attn_norm.weight"), d)?),
+        (false, true) => (src.vector(&n("attn_norm.weight"), d)?, src.vector(&n(cfg.ffn_norm), d)?),
+        (false, false) => (src.vector(&n("attn_norm.weight"), d)?, Vec::new()),
+    };
+    let ungated = cfg.act == crate::config::Activation::Relu2;
     Ok(LayerWeights {
-        attn_norm: src.vector(&n("attn_norm.weight"), d)?,
+        attn_norm,
         mixer,
         post_attn_norm: post("post_attention_norm.weight")?,
-        ffn_norm: src.vector(&n(cfg.ffn_norm), d)?,
-        ffn: if spec.moe {
+        ffn_norm,
+        ffn: if !spec.ffn {
+            Ffn::None
+        } else if spec.moe {
             let mc = cfg.moe.as_ref().ok_or_else(|| EngineError::BadConfig {
                 file: src.file(),
                 what: format!("layer {il} is a mixture of experts but the model has no expert configuration"),
             })?;
             Ffn::Moe(load_moe(src, mc, il, d)?)
         } else {
-            Ffn::Dense(FfnWeights {
-                gate: src.require(&n("ffn_gate.weight"), ff, d)?,
-                up: src.require(&n("ffn_up.weight"), ff, d)?,
-                down: src.require(&n("ffn_down.weight"), d, ff)?,
-            })
+            let (gate, up) = gate_up(src, &n("ffn_gate.weight"), &n("ffn_up.weight"), &n("ffn_gate_up.weight"), ff, d, ungated)?;
+            Ffn::Dense(FfnWeights { gate, up, down: src.require(&n("ffn_down.weight"), d, ff)? })
         },
         post_ffn_norm: post("post_ffw_norm.weight")?,
     })

@@ -7,9 +7,9 @@
 //! (Kimi / DeepSeek style, the bias never weighs an output); `routed_scaling_factor` on the
 //! routed sum.
 
-use crate::blocks::{FfnWeights, ffn};
+use crate::blocks::{FfnWeights, ffn, ffn_rows};
 use crate::config::ModelConfig;
-pub use crate::geometry::{MoeConfig, Scoring};
+pub use crate::geometry::{ExpertAct, MoeConfig, Scoring};
 use crate::numerics::Numerics;
 use crate::qtensor::QTensor;
 
@@ -18,10 +18,21 @@ pub struct MoeWeights {
     pub router: QTensor,
     /// [n_experts], added to the scores for selection only (sigmoid routing).
     pub select_bias: Option<Vec<f32>>,
+    /// [n_experts], added to the router logits (gpt-oss).
+    pub router_bias: Option<Vec<f32>>,
     pub experts: Vec<FfnWeights>,
+    /// Per expert, the biases of its gate, up and down projections (gpt-oss).
+    pub expert_biases: Option<Vec<ExpertBias>>,
     pub shared: Option<FfnWeights>,
     /// [1, d_model]: σ(·) scales the shared expert's output per token.
     pub shared_gate: Option<QTensor>,
+}
+
+/// One expert's projection biases: gate, up [d_ff], down [d_model].
+pub struct ExpertBias {
+    pub gate: Vec<f32>,
+    pub up: Vec<f32>,
+    pub down: Vec<f32>,
 }
 
 impl MoeWeights {
@@ -62,7 +73,7 @@ pub fn route(mc: &MoeConfig, logits: &[f32], bias: Option<&[f32]>) -> Vec<(usize
     idx.truncate(mc.top_k);
     let mut picked: Vec<(usize, f32)> = idx.iter().map(|&e| (e, scores[e])).collect();
     if mc.norm_topk {
-        let s: f32 = picked.iter().map(|p| p.1).sum();
+        let s: f32 = picked.iter().map(|p| p.1).sum::<f32>() + mc.topk_eps;
         if s > 0.0 {
             picked.iter_mut().for_each(|p| p.1 /= s);
         }
@@ -72,10 +83,26 @@ pub fn route(mc: &MoeConfig, logits: &[f32], bias: Option<&[f32]>) -> Vec<(usize
 
 /// The MoE FFN over `n` tokens. h: [n, d_model] -> [n, d_model].
 pub fn moe(cfg: &ModelConfig, mc: &MoeConfig, w: &MoeWeights, h: &[f32], n: usize, num: Numerics) -> Vec<f32> {
+    moe_in(cfg, mc, w, h, n, num, false)
+}
+
+/// The MoE FFN over `k` independent decode rows (a serving step's decode rows and verify
+/// positions): each row routed on its own, every expert any row chose multiplied once over the
+/// rows that chose it (one read of each selected expert per step, not one per row), the shared
+/// expert over all rows at once; row for row bit-identical to `moe(.., n = 1, ..)` (row-wise
+/// products, experts added in the same order).
+pub fn moe_rows(cfg: &ModelConfig, mc: &MoeConfig, w: &MoeWeights, h: &[f32], k: usize, num: Numerics) -> Vec<f32> {
+    moe_in(cfg, mc, w, h, k, num, true)
+}
+
+/// `moe` (`rows` false: n positions of one sequence) or `moe_rows` (`rows` true).
+fn moe_in(cfg: &ModelConfig, mc: &MoeConfig, w: &MoeWeights, h: &[f32], n: usize, num: Numerics, rows_apart: bool) -> Vec<f32> {
     let d = cfg.d_model;
     let ne = mc.n_experts;
-    let mut logits = vec![0f32; n * ne]; // [n, n_experts]
-    w.router.matmul(h, n, &mut logits);
+    let mut logits = w.router.project(h, n, rows_apart); // [n, n_experts]
+    if let Some(b) = &w.router_bias {
+        crate::mixers::add_bias(&mut logits, b);
+    }
     // Per expert, the tokens routed to it and their weights.
     let mut by_expert: Vec<Vec<(usize, f32)>> = vec![Vec::new(); ne];
     for t in 0..n {
@@ -94,7 +121,7 @@ pub fn moe(cfg: &ModelConfig, mc: &MoeConfig, w: &MoeWeights, h: &[f32], n: usiz
         // state is the same however its prefill is split (the prompt-state cache relies on
         // it, `prefix`). A decode step (n = 1) keeps the one-row product.
         let m = toks.len();
-        let rows = if n > 1 { m.max(2) } else { m };
+        let rows = if n > 1 && !rows_apart { m.max(2) } else { m };
         let mut x = vec![0f32; rows * d]; // [rows, d_model]: the routed tokens' inputs
         for (i, &(t, _)) in toks.iter().enumerate() {
             x[i * d..(i + 1) * d].copy_from_slice(&h[t * d..(t + 1) * d]);
@@ -102,23 +129,57 @@ pub fn moe(cfg: &ModelConfig, mc: &MoeConfig, w: &MoeWeights, h: &[f32], n: usiz
         if rows > m {
             x.copy_within(0..d, d);
         }
-        let out = ffn(cfg, &w.experts[e], &x, rows, num); // [rows, d_model]
+        let out = match (mc.act, &w.expert_biases) {
+            (ExpertAct::ClampedSwiGlu { alpha, limit }, Some(b)) => {
+                clamped_swiglu(cfg, &w.experts[e], &b[e], &x, rows, alpha, limit, rows_apart)
+            }
+            _ if rows_apart => ffn_rows(cfg, &w.experts[e], &x, rows, num),
+            _ => ffn(cfg, &w.experts[e], &x, rows, num),
+        }; // [rows, d_model]
         for (i, &(t, wt)) in toks.iter().enumerate() {
             let s = wt * mc.routed_scale;
             y[t * d..(t + 1) * d].iter_mut().zip(&out[i * d..(i + 1) * d]).for_each(|(a, b)| *a += s * b);
         }
     }
     if let Some(sh) = &w.shared {
-        let out = ffn(cfg, sh, h, n, num); // [n, d_model]
+        let out = if rows_apart { ffn_rows(cfg, sh, h, n, num) } else { ffn(cfg, sh, h, n, num) }; // [n, d_model]
         let mut gate = vec![1f32; n]; // [n]
         if let Some(g) = &w.shared_gate {
-            g.matmul(h, n, &mut gate);
+            gate = g.project(h, n, rows_apart);
             gate.iter_mut().for_each(|v| *v = 1.0 / (1.0 + (-*v).exp()));
         }
         for t in 0..n {
             y[t * d..(t + 1) * d].iter_mut().zip(&out[t * d..(t + 1) * d]).for_each(|(a, b)| *a += gate[t] * b);
         }
     }
+    y
+}
+
+/// gpt-oss's expert over `n` rows x [n, d_model]: g = gate·x + b_g, u = up·x + b_u,
+/// g ← min(g, limit), u ← clamp(u, −limit, limit), h = (u + 1)·g·σ(alpha·g), out = down·h + b_d.
+/// `rows_apart`: the rows are independent decode rows (row-wise products).
+#[allow(clippy::too_many_arguments)]
+fn clamped_swiglu(
+    cfg: &ModelConfig,
+    w: &FfnWeights,
+    b: &ExpertBias,
+    x: &[f32],
+    n: usize,
+    alpha: f32,
+    limit: f32,
+    rows_apart: bool,
+) -> Vec<f32> {
+    let (mut g, mut u) = (w.gate.project(x, n, rows_apart), w.up.project(x, n, rows_apart)); // [n, d_ff] each
+    crate::mixers::add_bias(&mut g, &b.gate);
+    crate::mixers::add_bias(&mut u, &b.up);
+    for (gv, &uv) in g.iter_mut().zip(&u) {
+        let gc = gv.min(limit);
+        let uc = uv.clamp(-limit, limit);
+        *gv = (uc + 1.0) * (gc / (1.0 + (-alpha * gc).exp()));
+    }
+    debug_assert_eq!(w.down.rows, cfg.d_model);
+    let mut y = w.down.project(&g, n, rows_apart); // [n, d_model]
+    crate::mixers::add_bias(&mut y, &b.down);
     y
 }
 
@@ -133,10 +194,13 @@ mod tests {
             top_k: 2,
             scoring: Scoring::Softmax,
             norm_topk: true,
+            topk_eps: 0.0,
             routed_scale: 1.0,
             d_ff_expert: 8,
             d_ff_shared: None,
             shared_gate: false,
+            act: ExpertAct::Gated,
+            ungated: false,
         };
         let r = route(&mc, &[0.1, 2.0, -1.0, 1.0], None);
         assert_eq!(r.iter().map(|p| p.0).collect::<Vec<_>>(), [1, 3]);

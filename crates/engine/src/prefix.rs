@@ -444,26 +444,11 @@ impl Filling {
 /// scheduler takes the same cuts step by step.
 pub fn prefill(
     model: &Model,
-    cache: Option<&mut PrefixCache>,
-    prompt: &[u32],
-    state: &mut SeqState,
-    chunk: usize,
-) -> Result<(Vec<f32>, usize)> {
-    let (reused, logits) = advance(model, cache, prompt, state, chunk, prompt.len())?;
-    Ok((logits, reused))
-}
-
-/// `prefill` up to position `stop` (≤ prompt.len(); the prompt's entry point leaves the rest to
-/// a generation loop, `generate::generate_cached`): returns the positions reused, and the
-/// last position's logits when `stop` is the prompt's end (else empty).
-pub fn advance(
-    model: &Model,
     mut cache: Option<&mut PrefixCache>,
     prompt: &[u32],
     state: &mut SeqState,
     chunk: usize,
-    stop: usize,
-) -> Result<(usize, Vec<f32>)> {
+) -> Result<(Vec<f32>, usize)> {
     state.clear();
     let (mut fill, mut done) = match cache.as_deref_mut() {
         Some(c) => Filling::start(c, prompt, state),
@@ -472,7 +457,7 @@ pub fn advance(
     let reused = done;
     let every = cache.as_deref().map(|c| c.config().every);
     let mut logits = Vec::new();
-    while done < stop.min(prompt.len()) {
+    while done < prompt.len() {
         let cut = match cache {
             Some(_) => fill.cut(done, prompt.len(), chunk, every, state.grid()),
             None => next_cut(done, prompt.len(), chunk, every, false, state.grid()),
@@ -484,7 +469,7 @@ pub fn advance(
             fill.after(c, cut.keep, &prompt[..done], state);
         }
     }
-    Ok((reused, logits))
+    Ok((logits, reused))
 }
 
 #[cfg(test)]

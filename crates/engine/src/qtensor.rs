@@ -702,13 +702,16 @@ impl QTensor {
 
 /// Whether prefill's quantized products of `ty` run faster as f32 tiles (the weights widened 32
 /// rows at a time, the activations rounded through their 8-bit format, then `gemm_nt`) than
-/// through the integer matmat: Q8_0 on CPUs with AVX2 and no AVX-512, whose quants (0..255
-/// unsigned) do not fit `vpmaddubsw` (`matmat_bench` 1536x1536x512, AMD EPYC Zen 4 under
-/// `CORTIQ_SIMD=avx2`, one thread: 12 G MAC/s integer against 30 through the f32 tiles; the
-/// other types run 2-3x the f32 tiles there). The values are the same products of the same
-/// 8-bit activations, summed in another order.
+/// through the integer matmat: Q8_0, IQ4_NL and IQ4_XS on CPUs with AVX2 and no AVX-512, whose
+/// unsigned quants (0..255, table levels + 128 up to 241) do not fit `vpmaddubsw`
+/// (`matmat_bench` 1536x1536x512, AMD EPYC Zen 4 under `CORTIQ_SIMD=avx2`, one thread: 12 G
+/// MAC/s integer against 30 through the f32 tiles; IQ4_NL / IQ4_XS 9 / 12 against 19-27 on a
+/// Xeon, `matmat_bench 640 2048 64 lut`; the other types, MXFP4 included, run 2-3x the f32
+/// tiles there). The values are the same products of the same 8-bit activations, summed in
+/// another order.
 fn f32_tiles_faster(ty: QuantType) -> bool {
-    ty == QuantType::Q8_0 && cortiq_kernels::simd::level() == cortiq_kernels::simd::Level::Avx2
+    matches!(ty, QuantType::Q8_0 | QuantType::IQ4NL | QuantType::IQ4XS)
+        && cortiq_kernels::simd::level() == cortiq_kernels::simd::Level::Avx2
 }
 
 /// y = ytᵀ: yt [rows, n_t] -> y [n_t, rows], tokens split over the pool, rows in blocks of 16

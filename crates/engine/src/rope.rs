@@ -10,8 +10,38 @@ use std::rc::Rc;
 #[derive(Clone, Debug, PartialEq)]
 pub enum RopeScaling {
     None,
-    Linear { factor: f64 },
-    Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_max_position: f64 },
+    Linear {
+        factor: f64,
+    },
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position: f64,
+    },
+    /// YaRN: frequencies blended between interpolated (÷ factor) and extrapolated over a ramp
+    /// of dims set by `beta_fast` / `beta_slow` rotations in `original_max_position` (its ends
+    /// rounded outwards when `truncate`, as llama.cpp always does), and cos/sin × `attn_factor`.
+    Yarn {
+        factor: f64,
+        original_max_position: f64,
+        beta_fast: f64,
+        beta_slow: f64,
+        truncate: bool,
+        attn_factor: f64,
+    },
+}
+
+impl RopeScaling {
+    /// YaRN's attention factor transformers derives when the config gives none:
+    /// 0.1·ln(factor) + 1 (or the ratio of two such with `mscale` / `mscale_all_dim`).
+    pub fn yarn_attn_factor(factor: f64, mscale: Option<f64>, mscale_all_dim: Option<f64>) -> f64 {
+        let get = |scale: f64, m: f64| if scale <= 1.0 { 1.0 } else { 0.1 * m * scale.ln() + 1.0 };
+        match (mscale, mscale_all_dim) {
+            (Some(m), Some(a)) if m != 0.0 && a != 0.0 => get(factor, m) / get(factor, a),
+            _ => get(factor, 1.0),
+        }
+    }
 }
 
 /// One RoPE table's recipe: rotated dims and per-pair inverse frequencies.
@@ -26,6 +56,8 @@ pub struct Rope {
     /// the angles from them the way ggml does).
     pub base: f64,
     pub scaling: RopeScaling,
+    /// cos and sin are multiplied by this (YaRN's attention factor; 1 otherwise).
+    pub attn_factor: f64,
 }
 
 impl Rope {
@@ -49,8 +81,32 @@ impl Rope {
                     }
                 }
             }
+            RopeScaling::Yarn { factor, original_max_position, beta_fast, beta_slow, truncate, .. } => {
+                // transformers' _compute_yarn_parameters: the correction dims of beta_fast and
+                // beta_slow rotations, a linear ramp between them over the pair index.
+                let dim = rot_dim as f64;
+                let corr =
+                    |rot: f64| dim * (original_max_position / (rot * 2.0 * std::f64::consts::PI)).ln() / (2.0 * theta.ln());
+                let (mut lo, mut hi) = (corr(beta_fast), corr(beta_slow));
+                if truncate {
+                    (lo, hi) = (lo.floor(), hi.ceil());
+                }
+                let (lo, mut hi) = (lo.max(0.0), hi.min(dim - 1.0));
+                if lo == hi {
+                    hi += 0.001;
+                }
+                for (i, f) in inv.iter_mut().enumerate() {
+                    let ramp = ((i as f64 - lo) / (hi - lo)).clamp(0.0, 1.0);
+                    let extrapolate = 1.0 - ramp;
+                    *f = (*f / factor) * (1.0 - extrapolate) + *f * extrapolate;
+                }
+            }
         }
-        Rope { style, rot_dim, inv_freq: inv, base: theta, scaling: scaling.clone() }
+        let attn_factor = match *scaling {
+            RopeScaling::Yarn { attn_factor, .. } => attn_factor,
+            _ => 1.0,
+        };
+        Rope { style, rot_dim, inv_freq: inv, base: theta, scaling: scaling.clone(), attn_factor }
     }
 
     /// cos and sin for `n` consecutive positions from `pos0`: each [n, rot_dim/2]. Shared:
@@ -63,7 +119,10 @@ impl Rope {
             return Rc::new(self.compute(pos0, n));
         }
         KEPT.with_borrow_mut(|cache| {
-            if let Some(e) = cache.iter().find(|e| e.pos0 == pos0 && e.n == n && e.inv_freq == self.inv_freq) {
+            if let Some(e) = cache
+                .iter()
+                .find(|e| e.pos0 == pos0 && e.n == n && e.inv_freq == self.inv_freq && e.attn_factor == self.attn_factor)
+            {
                 return e.tab.clone();
             }
             let tab = Rc::new(self.compute(pos0, n));
@@ -73,7 +132,7 @@ impl Rope {
                 let old = cache.iter().position(|e| (e.n == 1) == same).expect("counted above");
                 cache.remove(old);
             }
-            cache.push(Kept { inv_freq: self.inv_freq.clone(), pos0, n, tab: tab.clone() });
+            cache.push(Kept { inv_freq: self.inv_freq.clone(), attn_factor: self.attn_factor, pos0, n, tab: tab.clone() });
             tab
         })
     }
@@ -85,8 +144,8 @@ impl Rope {
         for p in pos0..pos0 + n {
             for &f in &self.inv_freq {
                 let a = p as f64 * f;
-                cos.push(a.cos() as f32);
-                sin.push(a.sin() as f32);
+                cos.push((a.cos() * self.attn_factor) as f32);
+                sin.push((a.sin() * self.attn_factor) as f32);
             }
         }
         (cos, sin)
@@ -96,6 +155,7 @@ impl Rope {
 /// A kept table, as `Rope::tables(pos0, n)` gave it.
 struct Kept {
     inv_freq: Vec<f64>,
+    attn_factor: f64,
     pos0: usize,
     n: usize,
     tab: Rc<(Vec<f32>, Vec<f32>)>,

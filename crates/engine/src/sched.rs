@@ -40,9 +40,10 @@ use std::time::{Duration, Instant};
 
 use cortiq_formats::tokenizer::{StreamDecoder, Tokenizer};
 
+use crate::mixers::StateBytes;
 use crate::model::{BatchEntry, Logits, Model};
 use crate::numerics::Numerics;
-use crate::o1::O1Plan;
+use crate::o1::{O1Plan, O1Stats};
 use crate::par::pool;
 use crate::prefix::{CacheConfig, Filling, Keep, PrefixCache, Scope, entry_point, next_cut};
 use crate::sampling::{Sampler, SamplerParams};
@@ -174,12 +175,27 @@ pub enum Event {
         /// Speculative decoding: tokens drafted and of those accepted (0 without it).
         drafted: usize,
         accepted: usize,
+        /// Verifies run (decode steps that checked a draft).
+        verifies: usize,
+        /// The sequence's state when it ended.
+        state: StateReport,
     },
     Error {
         index: usize,
         kind: ErrorKind,
         message: String,
     },
+}
+
+/// A sequence's state when its request ended (`Event::Done`): its length and bytes by kind,
+/// and the O(1) guard's counts under a constant-memory plan. The bytes are the state's as it
+/// stands: a request that ends inside a verify still holds the drafted positions past its end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StateReport {
+    /// Positions the state holds as plain decoding would have it.
+    pub len: usize,
+    pub bytes: StateBytes,
+    pub o1: Option<O1Stats>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -443,7 +459,10 @@ impl Handle {
                 let mut idle = false;
                 while q.items.is_empty() && slots.iter().all(Option::is_none) && !q.shutdown {
                     idle = true;
-                    if !q.controls.is_empty() {
+                    // A restore waits for no refill; a save goes after them, so that it writes
+                    // the conversation's prompt and output (the refill of a generation that
+                    // just ended is queued before its Done event reaches the asking thread).
+                    if q.controls.iter().any(|(c, _)| matches!(c, Control::Restore { .. })) {
                         break;
                     }
                     // Idle: prefill a finished generation again for the cache (slot 0's state
@@ -458,6 +477,9 @@ impl Handle {
                         self.refill(model, &cfg, c, tokens, scope, &mut states[0]);
                         q = self.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
                         continue;
+                    }
+                    if !q.controls.is_empty() {
+                        break;
                     }
                     rate.idle();
                     self.inner.counters.tok_per_s_milli.store(0, Ordering::Relaxed);
@@ -526,22 +548,16 @@ impl Handle {
                         }
                         _ => (None, 0),
                     };
-                    // MTP drafts read the hidden rows of every position, which the batch does
-                    // not hand out: refused here rather than run without drafts.
-                    let mtp = req.spec.is_some_and(|p| p.method == crate::spec::SpecMethod::Mtp);
-                    let spec = match req.spec.filter(|_| !mtp).map(|p| p.speculator(draft, cfg.n_ctx)).transpose() {
+                    // An MTP drafter reads the final-normed hidden row of every position
+                    // (`BatchEntry::hidden`): after a prefix restored from the cache, whose rows
+                    // it never saw, it stays silent (plain decoding, same tokens).
+                    let spec = match req.spec.map(|p| p.speculator(draft, cfg.n_ctx)).transpose() {
                         Ok(sp) => sp,
                         Err(e) => {
                             req.sink.send(Event::Error { index: req.index, kind: ErrorKind::Engine, message: e.to_string() });
                             continue;
                         }
                     };
-                    if mtp {
-                        let message =
-                            "MTP speculation is not served (the serving core does not hand out hidden states)".to_string();
-                        req.sink.send(Event::Error { index: req.index, kind: ErrorKind::Engine, message });
-                        continue;
-                    }
                     admitted += 1;
                     req.sink.send(Event::Started { index: req.index });
                     let mut s = Slot::new(req, tok, t_submit, admitted, cfg.timeout, spec);
@@ -601,13 +617,15 @@ impl Handle {
         type Planned = (usize, Vec<u32>, Option<(usize, Keep)>, bool);
         let mut plan: Vec<Planned> = Vec::new();
         let share = draft_share(cfg.draft_budget, slots);
+        // The remainder's extra positions go round the speculating slots from step to step.
+        let turn = self.inner.counters.decode_steps.load(Ordering::Relaxed) as usize;
         let mut k = 0;
         for (si, s) in slots.iter_mut().enumerate() {
             let Some(Slot { phase: Phase::Decode { next }, spec, history, generated, req, .. }) = s else { continue };
             let st = &states[si];
             let draft = match spec {
                 Some(sp) => {
-                    let cap = share.map_or(usize::MAX, |(q, r)| q + usize::from(k < r));
+                    let cap = share.map_or(usize::MAX, |(q, r, n)| q + usize::from((k + turn) % n < r));
                     k += 1;
                     let n_max = (req.n_predict - *generated - 1).min(st.n_ctx - st.len - 1).min(cap);
                     if n_max == 0 { Vec::new() } else { sp.draft(model, history, n_max) }
@@ -671,11 +689,16 @@ impl Handle {
             for ((si, toks, _, verify), &want) in plan.iter().zip(&wants) {
                 let state = states_of.find(|(i, _)| i == si).map(|(_, st)| st).expect("slot order ascends");
                 let slot = slots_of.find(|(i, _)| i == si).map(|(_, s)| s).expect("slot order ascends");
-                let journal = match slot {
-                    Some(Slot { spec: Some(sp), .. }) if *verify => Some(&mut sp.journal),
-                    _ => None,
+                // A verify journals its rows; an MTP drafter's other entries hand theirs out.
+                let (journal, hidden) = match slot {
+                    Some(Slot { spec: Some(sp), hidden, .. }) => match (*verify, sp.wants_hidden()) {
+                        (true, _) => (Some(&mut sp.journal), None),
+                        (false, true) => (None, Some(hidden)),
+                        (false, false) => (None, None),
+                    },
+                    _ => (None, None),
                 };
-                batch.push(BatchEntry { tokens: toks, state, want, verify: journal });
+                batch.push(BatchEntry { tokens: toks, state, want, verify: journal, hidden });
             }
             model.forward_batch_into(&mut batch, logits)
         };
@@ -708,6 +731,12 @@ impl Handle {
         let mut verified = Vec::new(); // (slot, its first row, its tokens) of the verifies
         let mut row = 0;
         for ((si, toks, end, verify), want) in plan.iter().zip(&wants) {
+            if let Some(Slot { spec: Some(sp), hidden, .. }) = slots[*si].as_mut()
+                && sp.wants_hidden()
+                && !*verify
+            {
+                sp.observe(hidden, model.cfg.d_model);
+            }
             if *verify {
                 verified.push((*si, row, toks));
                 row += toks.len();
@@ -731,7 +760,7 @@ impl Handle {
         let drawn = presample(slots, &idx, logits, vocab);
         for (&(si, r), d) in idx.iter().zip(drawn) {
             let row = &logits[r * vocab..(r + 1) * vocab];
-            n += self.take_token(&mut slots[si], row, states[si].len, states[si].n_ctx, d);
+            n += self.take_token(&mut slots[si], row, states[si].len, &states[si], d);
         }
         for (si, r, toks) in verified {
             let rows = &logits[r * vocab..(r + toks.len()) * vocab];
@@ -751,7 +780,7 @@ impl Handle {
         let (mut n, mut accepted) = (0, 0);
         for i in 0..=d {
             // The state as plain decoding would have it: the positions fed so far.
-            n += self.take_token(slot, &rows[i * vocab..(i + 1) * vocab], pos0 + 1 + i, state.n_ctx, None);
+            n += self.take_token(slot, &rows[i * vocab..(i + 1) * vocab], pos0 + 1 + i, state, None);
             let Some(s) = slot.as_mut() else { break };
             let Phase::Decode { next } = s.phase else { unreachable!("a live slot after a token decodes") };
             if i == d || next != toks[1 + i] {
@@ -766,6 +795,11 @@ impl Handle {
             if let Err(e) = model.verify_keep(state, &mut sp.journal, 1 + accepted) {
                 return n + self.fail(slot, e.to_string());
             }
+            if sp.wants_hidden() {
+                let dm = model.cfg.d_model;
+                let rows = sp.journal.hidden(dm).to_vec();
+                sp.observe(&rows, dm);
+            }
         }
         n
     }
@@ -773,7 +807,7 @@ impl Handle {
     /// Sample the slot's next token from `logits` (the state now `len` long), send it, and
     /// either set up its decode or end the request. Returns 1 when a token was generated.
     /// `drawn`: the token `presample` already drew from this row, if it did.
-    fn take_token(&self, slot: &mut Option<Slot<'_>>, logits: &[f32], len: usize, n_ctx: usize, drawn: Option<u32>) -> usize {
+    fn take_token(&self, slot: &mut Option<Slot<'_>>, logits: &[f32], len: usize, state: &SeqState, drawn: Option<u32>) -> usize {
         let s = slot.as_mut().expect("a live slot");
         let adjusted;
         let logits = if s.req.logit_bias.is_empty() && s.req.constraint.is_none() {
@@ -795,10 +829,11 @@ impl Handle {
         };
         let id = drawn.unwrap_or_else(|| s.sampler.sample(logits, &s.history));
         let index = s.req.index;
+        let report = StateReport { len, bytes: state.bytes_by_kind(), o1: state.o1_stats() };
         if s.req.eos.contains(&id) {
-            let done = s.finish(Finish::Stop, true);
-            s.req.sink.send(done);
+            let done = s.finish(Finish::Stop, true, report);
             self.queue_refill(s);
+            s.req.sink.send(done);
             *slot = None;
             return 0;
         }
@@ -818,16 +853,16 @@ impl Handle {
             Some((Finish::Stop, false))
         } else if complete {
             Some((Finish::Stop, true))
-        } else if s.generated >= s.req.n_predict || len >= n_ctx {
+        } else if s.generated >= s.req.n_predict || len >= state.n_ctx {
             Some((Finish::Length, true))
         } else {
             None
         };
         match finish {
             Some((f, flush)) => {
-                let done = s.finish(f, flush);
-                s.req.sink.send(done);
+                let done = s.finish(f, flush, report);
                 self.queue_refill(s);
+                s.req.sink.send(done);
                 *slot = None;
             }
             None => s.phase = Phase::Decode { next: id },
@@ -1057,6 +1092,9 @@ struct Slot<'t> {
     cached: usize,
     /// Its index among the slots.
     slot: usize,
+    /// The last step's final-normed hidden rows of this slot's entry, for a drafter that
+    /// reads them (MTP); the buffer is kept from step to step.
+    hidden: Vec<f32>,
 }
 
 impl<'t> Slot<'t> {
@@ -1085,11 +1123,12 @@ impl<'t> Slot<'t> {
             fill: None,
             cached: 0,
             slot: 0,
+            hidden: Vec::new(),
         }
     }
 
     /// The final event; `flush` gives back text the stop matcher and the decoder still hold.
-    fn finish(&mut self, finish: Finish, flush: bool) -> Event {
+    fn finish(&mut self, finish: Finish, flush: bool, state: StateReport) -> Event {
         let stop = self.stops.matched().map(str::to_string);
         let mut tail = String::new();
         if flush {
@@ -1110,6 +1149,8 @@ impl<'t> Slot<'t> {
             n_generated: self.generated,
             drafted: st.drafted,
             accepted: st.accepted,
+            verifies: st.verifies,
+            state,
         }
     }
 }
@@ -1150,12 +1191,12 @@ impl Rate {
 }
 
 /// Each speculating slot's share of `budget` draft positions this step, as (quotient,
-/// remainder: the first `remainder` slots take one more), when a stream that does not speculate
+/// remainder: that many of the slots take one more, the speculating slots' count), when a stream that does not speculate
 /// shares the step (a decode slot without a drafter, or a prompt being prefilled); None: no
 /// bound (no budget, or every stream in the step speculates).
-fn draft_share(budget: Option<usize>, slots: &[Option<Slot<'_>>]) -> Option<(usize, usize)> {
+fn draft_share(budget: Option<usize>, slots: &[Option<Slot<'_>>]) -> Option<(usize, usize, usize)> {
     let budget = budget?;
     let spec = slots.iter().flatten().filter(|s| matches!(s.phase, Phase::Decode { .. }) && s.spec.is_some()).count();
     let shared = slots.iter().flatten().any(|s| !matches!(s.phase, Phase::Decode { .. }) || s.spec.is_none());
-    (spec > 0 && shared).then(|| (budget / spec, budget % spec))
+    (spec > 0 && shared).then(|| (budget / spec, budget % spec, spec))
 }

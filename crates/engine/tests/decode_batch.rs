@@ -120,25 +120,45 @@ fn check_mixed(name: &str, model: &Model, toks: &[u32]) {
     for (s, step) in MIXED.iter().enumerate() {
         let on: Vec<usize> = (0..4).filter(|&j| step[j] > 0).collect();
         let chunks: Vec<Vec<u32>> = on.iter().map(|&j| (0..step[j]).map(|i| at(j, done[j] + i)).collect()).collect();
-        let mut want = Vec::new();
+        // Alone: `forward`, and every other step a batch of one that also hands out the
+        // final-normed hidden rows (an MTP drafter's), which the batched entry must equal.
+        let (mut want, mut hidden_alone) = (Vec::new(), Vec::new());
         for (&j, c) in on.iter().zip(&chunks) {
-            want.extend(model.forward(c, &mut alone[j], mixed_want(s, j, c.len())).unwrap());
+            let w = mixed_want(s, j, c.len());
+            if s % 2 == 1 {
+                let mut h = Vec::new();
+                let e = BatchEntry { tokens: c, state: &mut alone[j], want: w, verify: None, hidden: Some(&mut h) };
+                want.extend(model.forward_batch(&mut [e]).unwrap());
+                hidden_alone.push(h);
+            } else {
+                want.extend(model.forward(c, &mut alone[j], w).unwrap());
+            }
         }
         let mut slots: Vec<Option<&mut SeqState>> = batched.iter_mut().map(Some).collect();
+        let mut hidden: Vec<Vec<f32>> = vec![Vec::new(); on.len()];
         let mut batch: Vec<BatchEntry<'_>> = on
             .iter()
             .zip(&chunks)
-            .map(|(&j, c)| BatchEntry {
+            .zip(hidden.iter_mut())
+            .map(|((&j, c), h)| BatchEntry {
                 tokens: c,
                 state: slots[j].take().unwrap(),
                 want: mixed_want(s, j, c.len()),
                 verify: None,
+                hidden: (s % 2 == 1).then_some(h),
             })
             .collect();
         let got = model.forward_batch(&mut batch).unwrap();
         assert_eq!(got.len(), want.len(), "{name}: step {s}: logits rows");
         if let Some((i, a, b)) = first_diff(&got, &want) {
             panic!("{name}: step {s} (entries {on:?}, sizes {step:?}): logit {i} (row {}) batched {a:e} vs alone {b:e}", i / v);
+        }
+        if s % 2 == 1 {
+            let d = model.cfg.d_model;
+            for (k, ((h, a), c)) in hidden.iter().zip(&hidden_alone).zip(&chunks).enumerate() {
+                assert_eq!(h.len(), c.len() * d, "{name}: step {s}: entry {k}'s hidden rows");
+                assert!(first_diff(h, a).is_none(), "{name}: step {s}: entry {k}'s hidden rows differ from alone");
+            }
         }
         for (&j, c) in on.iter().zip(&chunks) {
             done[j] += c.len();
@@ -199,6 +219,7 @@ fn check_verify(name: &str, model: &Model, toks: &[u32]) {
                     state: st,
                     want: Logits::Last,
                     verify: step[j].1.map(|_| jn),
+                    hidden: None,
                 })
                 .collect();
             model.forward_batch(&mut batch).unwrap()
@@ -240,6 +261,9 @@ fn all_modes(name: &str) {
     ] {
         let mut model = load(&path).unwrap_or_else(|e| panic!("{name}: {e}")).model;
         model.set_numerics(num);
+        if common::sinks_refuse_llamacpp(name, &model, num) {
+            continue;
+        }
         let label = format!("{name} {num:?} {}", path.file_name().unwrap().to_string_lossy());
         check(&label, &model, &toks);
         check_mixed(&label, &model, &toks);
@@ -285,6 +309,26 @@ fn decode_batch_lfm2() {
 #[test]
 fn decode_batch_kimi_linear() {
     all_modes("kimi_linear");
+}
+
+#[test]
+fn decode_batch_granite_mamba2() {
+    all_modes("granitemoehybrid");
+}
+
+#[test]
+fn decode_batch_falcon_h1_parallel() {
+    all_modes("falcon_h1");
+}
+
+#[test]
+fn decode_batch_nemotron_h() {
+    all_modes("nemotron_h");
+}
+
+#[test]
+fn decode_batch_gpt_oss_sinks() {
+    all_modes("gpt_oss");
 }
 
 #[test]
@@ -394,7 +438,7 @@ fn forward_decode_batch(model: &Model, tokens: &[u32], states: &mut [&mut SeqSta
     let mut batch: Vec<BatchEntry<'_>> = tokens
         .iter()
         .zip(states.iter_mut())
-        .map(|(t, st)| BatchEntry { tokens: std::slice::from_ref(t), state: st, want: Logits::Last, verify: None })
+        .map(|(t, st)| BatchEntry { tokens: std::slice::from_ref(t), state: st, want: Logits::Last, verify: None, hidden: None })
         .collect();
     model.forward_batch(&mut batch)
 }

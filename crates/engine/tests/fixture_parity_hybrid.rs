@@ -16,11 +16,18 @@ use common::{check_parity_tol, fixture};
 /// (each README's "Mistakes this fixture catches").
 fn tol(arch: &str) -> f32 {
     match arch {
-        "lfm2" => 5e-5,        // ours 5.07e-6 (chunked prefill); HF f32 1.061e-5
-        "qwen3_5" => 1e-4,     // ours 1.657e-5 (HF decode step 5); HF f32 2.278e-5
-        "qwen3_5_moe" => 1e-4, // ours 1.494e-5 (HF decode step 10); HF f32 2.017e-5
-        "qwen3_next" => 1e-4,  // ours 2.241e-5 (decode step 12); HF f32 3.320e-5
-        "qwen3_moe" => 5e-5,   // ours 5.960e-6 (decode step 11); HF f32 1.043e-5
+        "lfm2" => 5e-5,             // ours 5.07e-6 (chunked prefill); HF f32 1.061e-5
+        "qwen3_5" => 1e-4,          // ours 1.657e-5 (HF decode step 5); HF f32 2.278e-5
+        "qwen3_5_moe" => 1e-4,      // ours 1.494e-5 (HF decode step 10); HF f32 2.017e-5
+        "qwen3_next" => 1e-4,       // ours 2.241e-5 (decode step 12); HF f32 3.320e-5
+        "qwen3_moe" => 5e-5,        // ours 5.960e-6 (decode step 11); HF f32 1.043e-5
+        "falcon_h1" => 5e-5,        // ours 1.049e-5 (GGUF full forward); HF f32 9.424e-6
+        "mistral" => 5e-5,          // ours 4.835e-6 (GGUF full forward); HF f32 1.521e-5
+        "nemotron_h" => 5e-5,       // ours 4.411e-6 (HF full forward); HF f32 1.003e-5
+        "gpt_oss" => 1e-4,          // ours 1.678e-5 (decode step 10); HF f32 1.839e-5
+        "lfm2_moe" => 5e-5,         // ours 4.530e-6 (full forward); HF f32 8.691e-6
+        "smollm3" => 5e-5,          // ours 4.768e-6 (GGUF full forward); HF f32 5.723e-6
+        "granitemoehybrid" => 5e-6, // ours 2.384e-7 (every path; max |logit| 2.4 after ÷ logits_scaling); HF f32 5.666e-7
         // ours 9.213e-5 (full forward, pos 3): 4x HF's own f32 error, the largest of the five;
         // HF f32 2.284e-5
         "kimi_linear" => 2e-4,
@@ -74,6 +81,76 @@ fn qwen3_moe_matches_transformers() {
 #[test]
 fn qwen3_moe_gguf_matches_transformers() {
     gguf("qwen3_moe");
+}
+
+#[test]
+fn granitemoehybrid_matches_transformers() {
+    hf("granitemoehybrid");
+}
+
+#[test]
+fn granitemoehybrid_gguf_matches_transformers() {
+    gguf("granitemoehybrid");
+}
+
+#[test]
+fn falcon_h1_matches_transformers() {
+    hf("falcon_h1");
+}
+
+#[test]
+fn falcon_h1_gguf_matches_transformers() {
+    gguf("falcon_h1");
+}
+
+#[test]
+fn mistral_matches_transformers() {
+    hf("mistral");
+}
+
+#[test]
+fn mistral_gguf_matches_transformers() {
+    gguf("mistral");
+}
+
+#[test]
+fn nemotron_h_matches_transformers() {
+    hf("nemotron_h");
+}
+
+#[test]
+fn nemotron_h_gguf_matches_transformers() {
+    gguf("nemotron_h");
+}
+
+#[test]
+fn gpt_oss_matches_transformers() {
+    hf("gpt_oss");
+}
+
+#[test]
+fn gpt_oss_gguf_matches_transformers() {
+    gguf("gpt_oss");
+}
+
+#[test]
+fn lfm2_moe_matches_transformers() {
+    hf("lfm2_moe");
+}
+
+#[test]
+fn lfm2_moe_gguf_matches_transformers() {
+    gguf("lfm2_moe");
+}
+
+#[test]
+fn smollm3_matches_transformers() {
+    hf("smollm3");
+}
+
+#[test]
+fn smollm3_gguf_matches_transformers() {
+    gguf("smollm3");
 }
 
 #[test]

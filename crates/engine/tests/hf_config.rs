@@ -641,3 +641,21 @@ fn tokenizer_config_template_list_and_string_tokens() {
         assert!(e.contains("tokenizer_config.json"), "{bad}: {e}");
     }
 }
+
+/// Mistral: a sliding_window slides every layer (MistralAttention); null or absent-with-null
+/// leaves every layer full; the class's default window (4096) applies when the key is absent.
+#[test]
+fn mistral_sliding_window_applies_to_every_layer() {
+    let cfg = |extra: &str| {
+        let s = format!(
+            r#"{{"architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 64, "intermediate_size": 96,
+               "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256{extra}}}"#
+        );
+        let h = parse(&s);
+        cortiq_engine::arch::for_hf(&h).unwrap().config_from_hf(&h).unwrap()
+    };
+    let windows = |c: &cortiq_engine::config::ModelConfig| c.layers.iter().map(|l| l.sliding_window).collect::<Vec<_>>();
+    assert_eq!(windows(&cfg(r#", "sliding_window": 32"#)), vec![Some(32); 3]);
+    assert_eq!(windows(&cfg(r#", "sliding_window": null"#)), vec![None; 3]);
+    assert_eq!(windows(&cfg("")), vec![Some(4096); 3], "MistralConfig's default window");
+}

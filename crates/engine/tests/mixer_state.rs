@@ -62,8 +62,8 @@ fn check(name: &str, kv: KvType) {
     // Bytes by kind follow the layer kinds; truncate where allowed.
     let b = st.bytes_by_kind();
     let kinds = &model.cfg.layers;
-    let has_kv = kinds.iter().any(|l| matches!(l.mixer, MixerKind::Attention | MixerKind::Mla(_)));
-    let recurrent = kinds.iter().any(|l| !matches!(l.mixer, MixerKind::Attention | MixerKind::Mla(_)));
+    let has_kv = kinds.iter().any(|l| matches!(l.mixer, MixerKind::Attention | MixerKind::Mla(_) | MixerKind::AttnMamba2(_)));
+    let recurrent = kinds.iter().any(|l| !matches!(l.mixer, MixerKind::Attention | MixerKind::Mla(_) | MixerKind::Identity));
     assert_eq!((b.kv > 0, b.recurrent > 0, b.o1), (has_kv, recurrent, 0), "{tag}: bytes by kind {b:?}");
     assert_eq!(st.can_truncate(), !recurrent, "{tag}: can_truncate");
     if st.can_truncate() {
@@ -88,6 +88,12 @@ fn state_ops_every_fixture() {
         "qwen3_next",
         "lfm2",
         "kimi_linear",
+        "granitemoehybrid",
+        "lfm2_moe",
+        "gpt_oss",
+        "nemotron_h",
+        "falcon_h1",
+        "smollm3",
         "llama_vmf",
         "llama_vmfw",
     ] {

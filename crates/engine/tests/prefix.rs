@@ -146,6 +146,26 @@ fn cached_equals_cold_kimi_linear_kda_mla() {
     all_modes("kimi_linear");
 }
 
+#[test]
+fn cached_equals_cold_granite_mamba2() {
+    all_modes("granitemoehybrid");
+}
+
+#[test]
+fn cached_equals_cold_falcon_h1() {
+    all_modes("falcon_h1");
+}
+
+#[test]
+fn cached_equals_cold_nemotron_h() {
+    all_modes("nemotron_h");
+}
+
+#[test]
+fn cached_equals_cold_gpt_oss() {
+    all_modes("gpt_oss");
+}
+
 /// The property underneath, directly: one call vs cuts at grid points (calls of 2 to 96
 /// positions), logits and the state after.
 /// Scopes (`--cache-scope key`): a prefix cached in one scope restores in that scope only, the

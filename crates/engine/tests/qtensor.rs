@@ -12,7 +12,7 @@ use cortiq_testkit::XorShift as Rng;
 use cortiq_testkit::{max_err, nan_max};
 use half::f16;
 
-/// Random blocks of `ty` with sane f16 scale fields.
+/// Random blocks of `ty` with sane f16 (MXFP4: E8M0) scale fields.
 fn random_tensor(ty: QuantType, rows: usize, cols: usize, rng: &mut Rng) -> QTensor {
     let rb = ty.row_bytes(cols).unwrap();
     let bb = ty.type_size();
@@ -25,6 +25,8 @@ fn random_tensor(ty: QuantType, rows: usize, cols: usize, rng: &mut Rng) -> QTen
                 blk[2..4].copy_from_slice(&h(rng));
             }
             QuantType::Q6K => blk[bb - 2..].copy_from_slice(&h(rng)),
+            // E8M0: 2^(e - 128), 2^-10 .. 2^-3
+            QuantType::MXFP4 => blk[0] = 118 + (rng.next() % 8) as u8,
             QuantType::Q4_1 | QuantType::Q5_1 => {
                 blk[..2].copy_from_slice(&h(rng));
                 blk[2..4].copy_from_slice(&h(rng));
@@ -51,7 +53,16 @@ fn worst(w: &QTensor, x: &[f32], a: &[f32], b: &[f32]) -> f64 {
 #[test]
 fn matvec2_and_prefill_match_single_token_matvecs() {
     let mut rng = Rng(0xC0FF_EE12_3456_789B);
-    for ty in [QuantType::Q4K, QuantType::Q5_0, QuantType::Q6K, QuantType::Q8_0, QuantType::Q4_1] {
+    for ty in [
+        QuantType::Q4K,
+        QuantType::Q5_0,
+        QuantType::Q6K,
+        QuantType::Q8_0,
+        QuantType::Q4_1,
+        QuantType::IQ4NL,
+        QuantType::IQ4XS,
+        QuantType::MXFP4,
+    ] {
         let (rows, cols) = (70, 512);
         let w = random_tensor(ty, rows, cols, &mut rng);
         let n_t = 40; // >= 16 per thread on 2 threads: the token-split path

@@ -105,13 +105,24 @@ fn references(model: &Model, chunk: usize, n: usize) -> Vec<Vec<u32>> {
 
 /// The five prompts as requests of n tokens, those listed speculating with n-gram drafts.
 fn speculating_requests(n: usize, speculating: &[usize], tx: &mpsc::Sender<Event>, closed: &Arc<AtomicBool>) -> Vec<Request> {
+    speculating_with(SpecMethod::Ngram { min: 1, max: 4 }, n, speculating, tx, closed)
+}
+
+/// `speculating_requests` drafting with `method`.
+fn speculating_with(
+    method: SpecMethod,
+    n: usize,
+    speculating: &[usize],
+    tx: &mpsc::Sender<Event>,
+    closed: &Arc<AtomicBool>,
+) -> Vec<Request> {
     prompts()
         .into_iter()
         .enumerate()
         .map(|(i, p)| {
             let mut r = request(p, i as u64, n, tx, closed);
             if speculating.contains(&i) {
-                r.spec = Some(SpecParams { method: SpecMethod::Ngram { min: 1, max: 4 }, n_max: 4, n_min: 0 });
+                r.spec = Some(SpecParams { method, n_max: 4, n_min: 0 });
             }
             r
         })
@@ -177,6 +188,62 @@ fn sched_equals_generate_alone_and_under_load() {
         }
         let c = h.counters();
         assert!(c.decode_rows.load(Ordering::Relaxed) > c.decode_steps.load(Ordering::Relaxed), "{arch}: decode steps did batch");
+        h.shutdown();
+        engine.join().unwrap();
+    }
+}
+
+/// MTP drafts in the serving core (the batch hands each MTP slot its final-normed hidden rows,
+/// `BatchEntry::hidden`): the same tokens as plain decoding for the speculating requests and
+/// their neighbours, alone and under load, and drafts are made; a request whose prompt was
+/// restored from the prompt cache (rows its head never saw) decodes plainly, same tokens.
+#[test]
+fn sched_mtp_equals_plain() {
+    let tok = Arc::new(loaded_tokenizer());
+    for arch in ["qwen3_5", "qwen3_5_moe", "qwen3_next"] {
+        let model = Arc::new(load(&fixture(arch)).unwrap().model);
+        assert!(!model.mtp.is_empty(), "{arch}: the fixture has an MTP block");
+        let (chunk, n) = (8, 16);
+        let reference = references(&model, chunk, n);
+        let h = Handle::new(SchedConfig {
+            slots: 5,
+            n_ctx: 256,
+            queue: 16,
+            prefill_chunk: chunk,
+            prefill_budget: 2 * chunk,
+            draft_budget: None,
+            gather: Duration::from_millis(20),
+            timeout: None,
+            cache: Some(cortiq_engine::prefix::CacheConfig { ram: 64 << 20, every: 16 }),
+            o1: None,
+        });
+        let (m2, t2, h2) = (model.clone(), tok.clone(), h.clone());
+        let engine = std::thread::spawn(move || h2.run(&m2, &t2));
+        let closed = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = mpsc::channel();
+        let mut r = speculating_with(SpecMethod::Mtp, n, &[4], &tx, &closed).pop().unwrap();
+        r.cache = false;
+        h.submit(vec![r]).unwrap();
+        let (got, alone, _) = collect_counting(&rx, 1);
+        assert_eq!(got[0].1, reference[4], "{arch}: MTP alone differs from plain decoding");
+        for speculating in [vec![1, 3], vec![0, 1, 2, 3, 4]] {
+            let mut reqs = speculating_with(SpecMethod::Mtp, n, &speculating, &tx, &closed);
+            reqs.iter_mut().for_each(|r| r.cache = false);
+            h.submit(reqs).unwrap();
+            let (got, drafted, accepted) = collect_counting(&rx, 5);
+            for (i, toks) in got {
+                assert_eq!(toks, reference[i], "{arch}: request {i} (MTP on {speculating:?}) differs");
+            }
+            println!("{arch}: MTP on {speculating:?}: drafted {drafted}, accepted {accepted}");
+            assert!(drafted > 0, "{arch}: no MTP draft was verified");
+        }
+        // Cached: the first request fills the cache, the second restores its prompt.
+        for k in 0..2 {
+            h.submit(speculating_with(SpecMethod::Mtp, n, &[2], &tx, &closed).into_iter().skip(2).take(1).collect()).unwrap();
+            let (got, _, _) = collect_counting(&rx, 1);
+            assert_eq!(got[0].1, reference[2], "{arch}: MTP with the prompt cache (run {k}) differs");
+        }
+        assert!(alone > 0, "{arch}: no MTP draft alone");
         h.shutdown();
         engine.join().unwrap();
     }

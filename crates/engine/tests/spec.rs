@@ -212,6 +212,26 @@ fn spec_equals_plain_kimi_linear() {
 }
 
 #[test]
+fn spec_equals_plain_granite_mamba2() {
+    all("granitemoehybrid");
+}
+
+#[test]
+fn spec_equals_plain_falcon_h1() {
+    all("falcon_h1");
+}
+
+#[test]
+fn spec_equals_plain_nemotron_h() {
+    all("nemotron_h");
+}
+
+#[test]
+fn spec_equals_plain_gpt_oss() {
+    all("gpt_oss");
+}
+
+#[test]
 fn spec_equals_plain_o1() {
     for name in ["llama", "gemma3", "qwen3_5"] {
         check(name, Numerics::Exact, true);

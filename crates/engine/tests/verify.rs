@@ -99,6 +99,11 @@ fn check(name: &str, path: &std::path::Path, num: Numerics, mode: Mode) {
 
 fn all_modes(name: &str) {
     for num in [Numerics::Exact, Numerics::Fast, Numerics::LlamaCpp] {
+        let mut model = cortiq_engine::load::load(&fixture(name)).unwrap().model;
+        model.set_numerics(num);
+        if common::sinks_refuse_llamacpp(name, &model, num) {
+            continue;
+        }
         check(name, &fixture(name), num, Mode::Plain);
     }
     check(name, &fixture(name).join("model.gguf"), Numerics::Fast, Mode::Plain);
@@ -147,6 +152,26 @@ fn verify_lfm2() {
 #[test]
 fn verify_kimi_linear() {
     all_modes("kimi_linear");
+}
+
+#[test]
+fn verify_granite_mamba2() {
+    all_modes("granitemoehybrid");
+}
+
+#[test]
+fn verify_falcon_h1() {
+    all_modes("falcon_h1");
+}
+
+#[test]
+fn verify_nemotron_h() {
+    all_modes("nemotron_h");
+}
+
+#[test]
+fn verify_gpt_oss_sinks() {
+    all_modes("gpt_oss");
 }
 
 #[test]

@@ -1,8 +1,8 @@
 //! One weight pass per serving step, speculating or not (issue 49): a step of four streams of
 //! which two verify drafts reads each weight matrix as often as a step of four plain decode
 //! rows — the verifies join the batch (`BatchEntry::verify`) instead of running after it. The
-//! count is `qtensor::weight_passes` (one per matrix per product call), alone in this test
-//! binary so no other test's products mix in.
+//! count is `qtensor::weight_passes` (one per matrix per product call), process-wide: the
+//! tests of this binary take `ONE_AT_A_TIME` so that no other test's products mix in.
 
 mod common;
 
@@ -11,6 +11,8 @@ use cortiq_engine::load::load;
 use cortiq_engine::qtensor::weight_passes;
 use cortiq_engine::state::SeqState;
 use cortiq_engine::{BatchEntry, Logits, Model, Numerics, VerifyJournal};
+
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Passes of one step: four sequences, those in `verify` verifying three tokens, the others
 /// decoding one; `apart`: the verifies run on their own after the batch (the old schedule).
@@ -29,7 +31,7 @@ fn step_passes(m: &Model, verify: &[usize], apart: bool) -> u64 {
         if v && apart {
             later.push((j, st, jn));
         } else {
-            batch.push(BatchEntry { tokens: &toks[j], state: st, want: Logits::Last, verify: v.then_some(jn) });
+            batch.push(BatchEntry { tokens: &toks[j], state: st, want: Logits::Last, verify: v.then_some(jn), hidden: None });
         }
     }
     m.forward_batch(&mut batch).unwrap();
@@ -41,6 +43,7 @@ fn step_passes(m: &Model, verify: &[usize], apart: bool) -> u64 {
 
 #[test]
 fn one_weight_pass_per_step_with_verifies() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     use cortiq_engine::convert::{ConvertOptions, QuantSpec, convert};
     use cortiq_kernels::quant::QuantType;
     let dir = std::env::temp_dir().join(format!("cortiq-weight-passes-{}", std::process::id()));
@@ -65,5 +68,66 @@ fn one_weight_pass_per_step_with_verifies() {
         assert_eq!(merged, plain, "{name}: the verifies read weights again");
         assert!(apart > plain, "{name}: the count can fail: verifies run apart read more ({apart} vs {plain})");
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Passes of one step of `k` sequences each decoding one token (prompts of different lengths).
+fn rows_passes(m: &Model, k: usize) -> u64 {
+    let mut states: Vec<SeqState> = (0..k).map(|_| m.new_state(128)).collect();
+    for (j, st) in states.iter_mut().enumerate() {
+        let p: Vec<u32> = (0..5 + j as u32).map(|t| 3 + (t * 31 + 17 * j as u32) % 200).collect();
+        m.forward(&p, st, Logits::None).unwrap();
+    }
+    let toks: Vec<[u32; 1]> = (0..k).map(|j| [5 + 40 * j as u32]).collect();
+    let before = weight_passes();
+    let mut batch: Vec<BatchEntry<'_>> = states
+        .iter_mut()
+        .zip(&toks)
+        .map(|(st, t)| BatchEntry { tokens: t, state: st, want: Logits::Last, verify: None, hidden: None })
+        .collect();
+    m.forward_batch(&mut batch).unwrap();
+    weight_passes() - before
+}
+
+/// A MoE step reads each selected expert once for all its decode rows (`moe::moe_rows`), not
+/// once per row: four identical rows (the same experts) read what one row reads; four rows of
+/// different prompts read the router once and at most min(E, 4·top_k) experts (gate, up, down
+/// each) per layer, where reading per row would take 4·top_k. On gpt-oss's fixture, whose
+/// expert matrices all quantize to Q8_0 (a float matrix is read once per row by design).
+#[test]
+fn moe_step_reads_each_selected_expert_once() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    use cortiq_engine::convert::{ConvertOptions, QuantSpec, convert};
+    use cortiq_kernels::quant::QuantType;
+    let dir = std::env::temp_dir().join(format!("cortiq-weight-passes-moe-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let name = "gpt_oss";
+    let out = dir.join(format!("{name}.cmf"));
+    let opts = ConvertOptions { quant: QuantSpec::To(QuantType::Q8_0), embeddings: None, f32_as: None, force: true };
+    convert(&fixture(name), &out, &opts, &|_, _, _| {}).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let mut m = load(&out).unwrap().model;
+    m.set_numerics(Numerics::Fast);
+    let mc = m.cfg.moe.expect("a MoE fixture");
+    let cortiq_engine::model::Ffn::Moe(mw) = &m.layers[0].ffn else { panic!("{name}: layer 0 is MoE") };
+    assert!(mw.experts.iter().all(|e| e.gate.dtype == QuantType::Q8_0 && e.down.dtype == QuantType::Q8_0));
+    let d = m.cfg.d_model;
+    let h: Vec<f32> = (0..d).map(|i| ((i * 7919) % 97) as f32 / 97.0 - 0.5).collect();
+    let layer = |k: usize| {
+        let before = weight_passes();
+        cortiq_engine::moe::moe_rows(&m.cfg, &mc, mw, &h.repeat(k), k, Numerics::Fast);
+        weight_passes() - before
+    };
+    let (one, four) = (layer(1), layer(4));
+    println!("{name}: one MoE layer, one row {one} passes, four identical rows {four}");
+    assert_eq!(four, one, "{name}: four rows choosing the same experts read them again");
+    let l_moe = m.cfg.layers.iter().filter(|l| l.moe).count() as u64;
+    let (e, k) = (mc.n_experts as u64, mc.top_k as u64);
+    let (p1, p4) = (rows_passes(&m, 1), rows_passes(&m, 4));
+    let non_moe = p1 - l_moe * (1 + 3 * k);
+    let (lo, hi) = (non_moe + l_moe * (1 + 3 * k), non_moe + l_moe * (1 + 3 * e.min(4 * k)));
+    let per_row = non_moe + 4 * l_moe * (1 + 3 * k);
+    println!("{name}: a step of one row {p1} passes; four rows {p4} (each expert once: {lo}..={hi}; once per row: {per_row})");
+    assert!(p4 >= lo && p4 <= hi, "{name}: four decode rows read {p4} passes, outside {lo}..={hi}");
+    assert!(per_row > hi, "{name}: the count can fail: per-row reads exceed the bound");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -97,8 +97,9 @@ pub const MLP_EXPERTS: Experts = Experts {
 };
 
 /// Prefixes in front of the text model's `layers`/`embed_tokens`/`norm` that mean the same
-/// tensor: text-only model, transformers-5 multimodal, transformers-4 multimodal.
-const HF_MODEL_PREFIXES: &[&str] = &["model.", "model.language_model.", "language_model.model."];
+/// tensor: text-only model, transformers-5 multimodal, transformers-4 multimodal, and
+/// Nemotron-H's `backbone`.
+const HF_MODEL_PREFIXES: &[&str] = &["model.", "model.language_model.", "language_model.model.", "backbone."];
 /// Where lm_head lives: text-only / transformers-5 multimodal, transformers-4 multimodal.
 const HF_HEAD_PREFIXES: &[&str] = &["", "language_model."];
 
@@ -162,9 +163,11 @@ impl NameTable {
             let (h_stem, _) = split_param(h)?;
             let matched = if h_stem == "lm_head" {
                 HF_HEAD_PREFIXES.iter().any(|p| stem.strip_prefix(p) == Some("lm_head"))
-            } else {
-                let local = h_stem.strip_prefix("model.")?;
+            } else if let Some(local) = h_stem.strip_prefix("model.") {
                 HF_MODEL_PREFIXES.iter().any(|p| stem.strip_prefix(p) == Some(local))
+            } else {
+                // A spelling of its own (Nemotron-H's backbone.embeddings), taken as it is.
+                stem == h_stem
             };
             if matched && param == ".weight" {
                 return Some(g.to_string());

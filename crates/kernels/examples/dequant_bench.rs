@@ -12,7 +12,7 @@ use cortiq_kernels::quant::{QuantType, dequantize_row, dequantize_row_scalar};
 use std::hint::black_box;
 use std::time::Instant;
 
-const TYPES: [QuantType; 13] = [
+const TYPES: [QuantType; 16] = [
     QuantType::Q8_0,
     QuantType::Q4K,
     QuantType::Q6K,
@@ -26,6 +26,9 @@ const TYPES: [QuantType; 13] = [
     QuantType::Q2K,
     QuantType::Q3K,
     QuantType::Q8K,
+    QuantType::IQ4NL,
+    QuantType::IQ4XS,
+    QuantType::MXFP4,
 ];
 
 fn main() {
@@ -97,7 +100,7 @@ fn random_matrix(ty: QuantType, len: usize, seed: &mut u64) -> Vec<u8> {
     let mut v: Vec<u8> = (0..len).map(|_| next() as u8).collect();
     let scale = |r: u64| ((r as u16) & 0x3FFF).max(0x0400).to_le_bytes();
     let fields: &[usize] = match ty {
-        QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0 => &[0],
+        QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0 | QuantType::IQ4NL | QuantType::IQ4XS => &[0],
         QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4K | QuantType::Q5K => &[0, 2],
         QuantType::Q2K => &[80, 82],
         QuantType::Q3K => &[108],
@@ -111,6 +114,9 @@ fn random_matrix(ty: QuantType, len: usize, seed: &mut u64) -> Vec<u8> {
         }
         if ty == QuantType::Q8K {
             b[..4].copy_from_slice(&1.0e-3f32.to_le_bytes());
+        }
+        if ty == QuantType::MXFP4 {
+            b[0] = 112 + (next() % 24) as u8; // 2^-16 .. 2^7
         }
     }
     v

@@ -12,7 +12,8 @@
 //! 128 tokens. Both fast paths are called per 32-row range, as the engine's thread pool splits a
 //! matmul (so matmat_q's per-call activation prep is counted); activation quantization (once
 //! per matmul in the engine) is not. Prints G MAC/s, the best of several repetitions (the
-//! machine may be shared: compare the ratios). `all` adds Q4_0, Q5_1, Q5_K, Q3_K, Q2_K.
+//! machine may be shared: compare the ratios). `all` adds Q4_0, Q5_1, Q5_K, Q3_K, Q2_K and the
+//! lookup-table types IQ4_NL, IQ4_XS, MXFP4; `lut` runs only those three.
 
 use cortiq_kernels::dot::gemm_nt;
 use cortiq_kernels::quant::{
@@ -23,6 +24,8 @@ use std::time::Instant;
 
 const MAIN: [QuantType; 5] = [QuantType::Q4K, QuantType::Q5_0, QuantType::Q6K, QuantType::Q8_0, QuantType::Q4_1];
 const MORE: [QuantType; 5] = [QuantType::Q4_0, QuantType::Q5_1, QuantType::Q5K, QuantType::Q3K, QuantType::Q2K];
+/// The lookup-table types (`lut` alone, or with `all`).
+const LUT: [QuantType; 3] = [QuantType::IQ4NL, QuantType::IQ4XS, QuantType::MXFP4];
 /// Rows per call, as the engine's pool splits a matmul (env `RANGE`, default 32).
 static RANGE: std::sync::LazyLock<usize> =
     std::sync::LazyLock::new(|| std::env::var("RANGE").ok().and_then(|v| v.parse().ok()).unwrap_or(32));
@@ -34,9 +37,13 @@ fn main() {
         [rows, cols, n_t, ..] => vec![(rows, cols, n_t)],
         _ => vec![(2048, 640, 64), (640, 2048, 64), (4864, 896, 64), (896, 4864, 128)],
     };
-    let mut types = MAIN.to_vec();
-    if args.iter().any(|a| a == "all") {
+    let has = |s: &str| args.iter().any(|a| a == s);
+    let mut types = if has("lut") && !has("all") { Vec::new() } else { MAIN.to_vec() };
+    if has("all") {
         types.extend(MORE);
+    }
+    if has("all") || has("lut") {
+        types.extend(LUT);
     }
     println!("AVX-512 VNNI active: {}", cortiq_kernels::quant::vecdot_avx512::available());
     for (rows, cols, n_t) in shapes {
@@ -148,7 +155,7 @@ fn next(s: &mut u64) -> u64 {
 fn random_matrix(ty: QuantType, rows: usize, rb: usize, seed: &mut u64) -> Vec<u8> {
     let mut v: Vec<u8> = (0..rows * rb).map(|_| next(seed) as u8).collect();
     let fields: &[usize] = match ty {
-        QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0 => &[0],
+        QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0 | QuantType::IQ4NL | QuantType::IQ4XS => &[0],
         QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4K | QuantType::Q5K => &[0, 2],
         QuantType::Q2K => &[80, 82],
         QuantType::Q3K => &[108],
@@ -158,6 +165,9 @@ fn random_matrix(ty: QuantType, rows: usize, rb: usize, seed: &mut u64) -> Vec<u
     for b in v.chunks_exact_mut(ty.type_size()) {
         for &off in fields {
             b[off..off + 2].copy_from_slice(&0x2000u16.to_le_bytes()); // 2^-7
+        }
+        if ty == QuantType::MXFP4 {
+            b[0] = 121; // E8M0: 2^(121 - 128) = 2^-7
         }
     }
     v

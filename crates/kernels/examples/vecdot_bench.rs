@@ -13,7 +13,7 @@ use cortiq_kernels::quant::{QuantType, act_type, dot_row, matvec_q, quantize_act
 use std::hint::black_box;
 use std::time::Instant;
 
-const TYPES: [QuantType; 10] = [
+const TYPES: [QuantType; 13] = [
     QuantType::Q8_0,
     QuantType::Q4_1,
     QuantType::Q5_0,
@@ -24,6 +24,9 @@ const TYPES: [QuantType; 10] = [
     QuantType::Q5K,
     QuantType::Q3K,
     QuantType::Q2K,
+    QuantType::IQ4NL,
+    QuantType::IQ4XS,
+    QuantType::MXFP4,
 ];
 
 fn main() {
@@ -124,7 +127,7 @@ fn next(s: &mut u64) -> u64 {
 fn random_matrix(ty: QuantType, rows: usize, rb: usize, seed: &mut u64) -> Vec<u8> {
     let mut v: Vec<u8> = (0..rows * rb).map(|_| next(seed) as u8).collect();
     let fields: &[usize] = match ty {
-        QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0 => &[0],
+        QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0 | QuantType::IQ4NL | QuantType::IQ4XS => &[0],
         QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4K | QuantType::Q5K => &[0, 2],
         QuantType::Q2K => &[80, 82],
         QuantType::Q3K => &[108],
@@ -134,6 +137,9 @@ fn random_matrix(ty: QuantType, rows: usize, rb: usize, seed: &mut u64) -> Vec<u
     for b in v.chunks_exact_mut(ty.type_size()) {
         for &off in fields {
             b[off..off + 2].copy_from_slice(&0x2000u16.to_le_bytes()); // 2^-7
+        }
+        if ty == QuantType::MXFP4 {
+            b[0] = 121; // 2^-7
         }
     }
     v

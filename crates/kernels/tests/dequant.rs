@@ -2,7 +2,8 @@
 //!
 //! Fixtures (tests/data/quant/<type>.bin raw blocks + <type>.f32 expected values) are made by
 //! tools/fixtures/quant/gen_quant_fixtures.py with gguf==0.19.0 / numpy==2.4.6 (q8_K: numpy
-//! `qs * d`, since gguf 0.19.0 has no Q8_K dequantizer). Tolerance is 0 ulp for every type:
+//! `qs * d`, since gguf 0.19.0 has no Q8_K dequantizer). mxfp4's fixture spans its E8M0 scales
+//! from the subnormal 2^-128 to 2^72. Tolerance is 0 ulp for every type:
 //! gguf-py computes each output with one or two single IEEE f32 operations in a fixed order, and
 //! dequant.rs performs the same operations in the same order (no FMA contraction), so any
 //! difference at all is a bug.
@@ -96,7 +97,7 @@ fn dequantize_row_matches_gguf_py_bit_for_bit() {
 
 #[test]
 fn block_structs_agree_with_quant_type_sizes() {
-    let cases: [(QuantType, usize, usize); 11] = [
+    let cases: [(QuantType, usize, usize); 14] = [
         (QuantType::Q4_0, size_of::<BlockQ4_0>(), BlockQ4_0::ELEMS),
         (QuantType::Q4_1, size_of::<BlockQ4_1>(), BlockQ4_1::ELEMS),
         (QuantType::Q5_0, size_of::<BlockQ5_0>(), BlockQ5_0::ELEMS),
@@ -108,6 +109,9 @@ fn block_structs_agree_with_quant_type_sizes() {
         (QuantType::Q5K, size_of::<BlockQ5K>(), BlockQ5K::ELEMS),
         (QuantType::Q6K, size_of::<BlockQ6K>(), BlockQ6K::ELEMS),
         (QuantType::Q8K, size_of::<BlockQ8K>(), BlockQ8K::ELEMS),
+        (QuantType::IQ4NL, size_of::<BlockIQ4NL>(), BlockIQ4NL::ELEMS),
+        (QuantType::IQ4XS, size_of::<BlockIQ4XS>(), BlockIQ4XS::ELEMS),
+        (QuantType::MXFP4, size_of::<BlockMXFP4>(), BlockMXFP4::ELEMS),
     ];
     for (ty, size, elems) in cases {
         println!("{ty:>5}: struct {size} bytes / {elems} elems, QuantType {} / {}", ty.type_size(), ty.block_size());
@@ -120,6 +124,17 @@ fn block_structs_agree_with_quant_type_sizes() {
     assert_eq!(QuantType::F32.row_bytes(7), Some(28));
     assert_eq!(QuantType::F16.row_bytes(7), Some(14));
     assert_eq!(QuantType::BF16.row_bytes(7), Some(14));
+}
+
+#[test]
+fn e8m0_half_is_two_to_the_e_minus_128() {
+    // ggml builds the value from bits; every byte's value is exactly 2^(e - 128)
+    for e in 0..=255u8 {
+        let want = 2f64.powi(e as i32 - 128) as f32;
+        assert_eq!(e8m0_half(e).to_bits(), want.to_bits(), "e = {e}");
+    }
+    assert_eq!(e8m0_half(0).to_bits(), 0x0020_0000, "2^-128 is an f32 subnormal");
+    assert_eq!(e8m0_half(255), 2f32.powi(127), "no NaN: ggml does not keep E8M0's 0xFF");
 }
 
 /// Deterministic test input in [-1, 1) (xorshift; no external reference needed for x).

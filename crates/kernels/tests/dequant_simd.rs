@@ -84,11 +84,13 @@ impl Rng {
 /// Byte offsets of a block's f16 scale fields (d, and m/dmin where the type has one).
 fn f16_fields(ty: QuantType) -> &'static [usize] {
     match ty {
-        QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0 => &[0],
+        QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0 | QuantType::IQ4NL | QuantType::IQ4XS => &[0],
         QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4K | QuantType::Q5K => &[0, 2],
         QuantType::Q2K => &[80, 82],
         QuantType::Q3K => &[108],
         QuantType::Q6K => &[208],
+        // MXFP4's scale is a byte, every value of which is finite (255 is 2^127)
+        QuantType::MXFP4 => &[],
         QuantType::Q8K | QuantType::F32 | QuantType::F16 | QuantType::BF16 => &[],
         // cortiq's own types are tested in tests/newtypes.rs (this file covers QuantType::ALL)
         QuantType::Q8R | QuantType::Q4T | QuantType::Q1 => &[],
@@ -112,7 +114,7 @@ fn random_blocks(ty: QuantType, blocks: usize, rng: &mut Rng) -> Vec<u8> {
     v
 }
 
-const BLOCK_TYPES: [QuantType; 11] = [
+const BLOCK_TYPES: [QuantType; 14] = [
     QuantType::Q8_0,
     QuantType::Q4_0,
     QuantType::Q4_1,
@@ -124,6 +126,9 @@ const BLOCK_TYPES: [QuantType; 11] = [
     QuantType::Q5K,
     QuantType::Q6K,
     QuantType::Q8K,
+    QuantType::IQ4NL,
+    QuantType::IQ4XS,
+    QuantType::MXFP4,
 ];
 
 #[test]
@@ -238,7 +243,8 @@ fn simd_matches_scalar_on_every_16_bit_pattern() {
 fn simd_respects_sign_of_zero_cases() {
     // Hand-built blocks where only the sign of zero distinguishes a wrong operation order:
     // negative scales with every quant at its offset (Q4_0 q=8, Q5_0 q=16, Q6_K q=32), and
-    // zero quants with negative d and -0.0 / +0.0 mins.
+    // zero quants with negative d and -0.0 / +0.0 mins; IQ4_XS sub-block scales of 0 (ls = 32)
+    // under a negative d, whose zeros take their sign from d * 0 and then the level.
     let neg = half_bits(-0.75);
     let mut total = 0;
     let mut q4_0 = vec![0u8; 18];
@@ -259,9 +265,18 @@ fn simd_respects_sign_of_zero_cases() {
     q4k[..2].copy_from_slice(&neg);
     q4k[2..4].copy_from_slice(&half_bits(-0.0));
     q4k[4..16].fill(0x3F);
-    for (ty, raw) in
-        [(QuantType::Q4_0, q4_0), (QuantType::Q5_0, q5_0), (QuantType::Q6K, q6k), (QuantType::Q4_1, q4_1), (QuantType::Q4K, q4k)]
-    {
+    let mut iq4xs = vec![0u8; 136];
+    iq4xs[..2].copy_from_slice(&neg);
+    iq4xs[2..4].copy_from_slice(&0xAAAAu16.to_le_bytes()); // high bits 2 -> ls = 32 with zero low bits
+    iq4xs[8..].iter_mut().enumerate().for_each(|(i, b)| *b = (i * 37) as u8); // all levels, both signs
+    for (ty, raw) in [
+        (QuantType::Q4_0, q4_0),
+        (QuantType::Q5_0, q5_0),
+        (QuantType::Q6K, q6k),
+        (QuantType::Q4_1, q4_1),
+        (QuantType::Q4K, q4k),
+        (QuantType::IQ4XS, iq4xs),
+    ] {
         let n = ty.block_size();
         let want = scalar(ty, &raw, n);
         let zeros = want.iter().filter(|v| **v == 0.0).count();

@@ -1,7 +1,8 @@
 //! Quantized matrix-matrix products (quant::matmat) against their scalar twin, against the
 //! integer dot products of quant::vecdot, and against an exact f64 reference.
 //!
-//! Random weight blocks (random quant and scale bytes, f16 scales 2^-14 .. 2^-2 of either sign)
+//! Random weight blocks (random quant and scale bytes, f16 scales 2^-14 .. 2^-2 of either sign,
+//! MXFP4's E8M0 scales over the same range)
 //! times random activation rows quantized by `quantize_act` (normal-ish values over 5 decades
 //! of scale with 20x outliers), for every type with a kernel, over shapes that exercise the
 //! kernel's edges: 1 to 37 rows (tiles of 32 and 16 plus ragged tails), 1 to 33 tokens (blocks
@@ -24,7 +25,7 @@ use cortiq_kernels::quant::{
 };
 use cortiq_testkit::nan_max;
 
-const TYPES: [QuantType; 10] = [
+const TYPES: [QuantType; 13] = [
     QuantType::Q4K,
     QuantType::Q5_0,
     QuantType::Q6K,
@@ -35,6 +36,9 @@ const TYPES: [QuantType; 10] = [
     QuantType::Q5K,
     QuantType::Q3K,
     QuantType::Q2K,
+    QuantType::IQ4NL,
+    QuantType::IQ4XS,
+    QuantType::MXFP4,
 ];
 
 /// (rows, cols, tokens). Columns are multiples of 256 so every type takes them; 2304 spans
@@ -65,7 +69,7 @@ impl Rng {
 /// Byte offsets of a weight block's f16 scale fields.
 fn f16_fields(ty: QuantType) -> &'static [usize] {
     match ty {
-        QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0 => &[0],
+        QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0 | QuantType::IQ4NL | QuantType::IQ4XS => &[0],
         QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4K | QuantType::Q5K => &[0, 2],
         QuantType::Q2K => &[80, 82],
         QuantType::Q3K => &[108],
@@ -84,6 +88,11 @@ fn random_weights(ty: QuantType, blocks: usize, rng: &mut Rng) -> Vec<u8> {
             let mag = (rng.unit() + 0.5) * 2f32.powi(-((rng.next() % 13) as i32) - 2);
             let s = if rng.next().is_multiple_of(2) { mag } else { -mag };
             b[off..off + 2].copy_from_slice(&half::f16::from_f32(s).to_bits().to_le_bytes());
+        }
+        if ty == QuantType::MXFP4 {
+            // E8M0 scale byte: 2^(e - 128) over 2^-14 .. 2^-2 as the f16 scales above (the sign
+            // is in the levels)
+            b[0] = 114 + (rng.next() % 13) as u8;
         }
     }
     v

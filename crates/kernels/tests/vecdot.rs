@@ -8,7 +8,9 @@
 //!    `ggml_vec_dot_<w>_q8_*` (weights quantized by ggml's `quantize_row_<w>_ref`). It was written
 //!    by a small C program linked against libggml-cpu.a/libggml-base.a of the llama.cpp vendored
 //!    in llama-cpp-python 0.3.36, built with GCC 12.2 for x86-64 with AVX2/AVX-512 (F, BW, VL,
-//!    VNNI, VBMI, BF16). Expected: every byte and every result bit identical.
+//!    VNNI, VBMI, BF16). Expected: every byte and every result bit identical. The kind-2 records
+//!    of IQ4_NL, IQ4_XS and MXFP4 at the end come from tools/fixtures/quant/gen_vecdot_lut.c
+//!    (same library, same build).
 //!    Format (little-endian): "CVD1", then records. Kind 1: act (0 q8_0, 1 q8_1, 2 q8_K), n,
 //!    n f32 inputs, the act row bytes. Kind 2: ggml type id, n, weight byte count + bytes,
 //!    act byte count + bytes, the f32 result.
@@ -38,7 +40,7 @@ use cortiq_kernels::quant::{
 use cortiq_testkit::nan_max;
 use std::path::PathBuf;
 
-const DOT_TYPES: [QuantType; 10] = [
+const DOT_TYPES: [QuantType; 13] = [
     QuantType::Q8_0,
     QuantType::Q4_0,
     QuantType::Q4_1,
@@ -49,6 +51,9 @@ const DOT_TYPES: [QuantType; 10] = [
     QuantType::Q4K,
     QuantType::Q5K,
     QuantType::Q6K,
+    QuantType::IQ4NL,
+    QuantType::IQ4XS,
+    QuantType::MXFP4,
 ];
 
 /// SplitMix64: a tiny deterministic generator (no dependency).
@@ -74,7 +79,7 @@ impl Rng {
 /// Byte offsets of a weight block's f16 scale fields.
 fn f16_fields(ty: QuantType) -> &'static [usize] {
     match ty {
-        QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0 => &[0],
+        QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0 | QuantType::IQ4NL | QuantType::IQ4XS => &[0],
         QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4K | QuantType::Q5K => &[0, 2],
         QuantType::Q2K => &[80, 82],
         QuantType::Q3K => &[108],
@@ -84,7 +89,8 @@ fn f16_fields(ty: QuantType) -> &'static [usize] {
 }
 
 /// Random weight blocks: random quant/scale bytes, f16 scales of either sign with magnitudes
-/// 2^-14 .. 2^-2 (realistic; huge scales would only test overflow to inf).
+/// 2^-14 .. 2^-2 (realistic; huge scales would only test overflow to inf), MXFP4 exponents
+/// for 2^-16 .. 2^7.
 fn random_weights(ty: QuantType, blocks: usize, rng: &mut Rng) -> Vec<u8> {
     let ts = ty.type_size();
     let mut v: Vec<u8> = (0..blocks * ts).map(|_| rng.next() as u8).collect();
@@ -93,6 +99,9 @@ fn random_weights(ty: QuantType, blocks: usize, rng: &mut Rng) -> Vec<u8> {
             let mag = (rng.unit() + 0.5) * 2f32.powi(-((rng.next() % 13) as i32) - 2);
             let s = if rng.next().is_multiple_of(2) { mag } else { -mag };
             b[off..off + 2].copy_from_slice(&half::f16::from_f32(s).to_bits().to_le_bytes());
+        }
+        if ty == QuantType::MXFP4 {
+            b[0] = 112 + (rng.next() % 24) as u8;
         }
     }
     v
@@ -495,7 +504,7 @@ fn close_to_f64_reference() {
             }
         }
         println!("{:>5} {worst_n:>7} {worst:>14e} {tol:>10e}", ty.name());
-        if !(worst <= tol) {
+        if worst.is_nan() || worst > tol {
             fails.push(ty);
         }
     }

@@ -157,7 +157,7 @@ impl SpecRequest {
         let base = match (self.kind, default) {
             (Some(SpecKind::None), _) | (None, None) => return Ok(None),
             (None, Some(d)) => d,
-            (Some(SpecKind::Ngram), Some(d)) if !is_draft(&d) => d,
+            (Some(SpecKind::Ngram), Some(d)) if matches!(d.method, SpecMethod::Ngram { .. }) => d,
             (Some(SpecKind::Ngram), _) => SpecParams::ngram(),
             (Some(SpecKind::Draft), Some(d)) if is_draft(&d) => d,
             (Some(SpecKind::Draft), d) => {

@@ -132,7 +132,12 @@ impl StudentWeights {
         let act = match cfg.act {
             Activation::Silu => Act::Silu,
             Activation::GeluTanh => Act::GeluTanh,
+            Activation::Relu2 => return Err(StudentError::Unsupported { layer: 0, what: "a relu² MLP" }),
         };
+        // The student has no residual or logit multipliers (Granite), output biases or sinks (gpt-oss).
+        if cfg.residual_scale.is_some() || cfg.logit_scale.is_some() || cfg.o_bias || cfg.attn_sinks {
+            return Err(StudentError::Unsupported { layer: 0, what: "Granite's multipliers or gpt-oss's attention" });
+        }
         let mut layers = Vec::with_capacity(cfg.n_layers);
         let mut cfgs = Vec::with_capacity(cfg.n_layers);
         let mut train = Vec::with_capacity(cfg.n_layers);

@@ -21,6 +21,7 @@ pub const ARCH: Arch = Arch {
     from_hf,
     hf_norm_offset: 1.0,
     hf_plain_norms: &[],
+    hf_fix: None,
     // Gemma3TextConfig (the text class of the composite Gemma3Config).
     hf_class: HfClass {
         text_model_type: Some("gemma3_text"),

@@ -22,7 +22,7 @@ use crate::config::{LayerSpec, MixerKind, ModelConfig};
 use crate::error::{EngineError, Result};
 use crate::mixers::kda::KdaConfig;
 use crate::mixers::mla::MlaConfig;
-use crate::moe::{MoeConfig, Scoring};
+use crate::moe::{ExpertAct, MoeConfig, Scoring};
 
 pub const ARCH: Arch = Arch {
     name: "kimi-linear",
@@ -31,6 +31,7 @@ pub const ARCH: Arch = Arch {
     from_hf,
     hf_norm_offset: 0.0,
     hf_plain_norms: &[],
+    hf_fix: None,
     hf_class: HfClass::GENERIC,
     names: NameTable {
         global: DENSE_GLOBAL,
@@ -113,10 +114,13 @@ fn from_hf(h: &HfConfig) -> Result<ModelConfig> {
             .ok_or_else(|| bad("missing 'num_experts_per_token'".into()))? as usize,
         scoring: Scoring::Sigmoid,
         norm_topk: raw.get("moe_renormalize").and_then(|v| v.as_bool()).unwrap_or(true),
+        topk_eps: 0.0,
         routed_scale: raw.get("routed_scaling_factor").and_then(|v| v.as_f64()).unwrap_or(1.0) as f32,
         d_ff_expert: ffe,
         d_ff_shared: (n_shared > 0).then_some(n_shared * ffe),
         shared_gate: false,
+        act: ExpertAct::Gated,
+        ungated: false,
     });
     let mlp_types: Vec<String> = raw
         .get("mlp_layer_types")
@@ -146,7 +150,7 @@ fn from_hf(h: &HfConfig) -> Result<ModelConfig> {
                     )));
                 }
             };
-            Ok(LayerSpec { mixer, moe, sliding_window: None, rope: 0 })
+            Ok(LayerSpec { mixer, moe, sliding_window: None, rope: 0, ffn: true })
         })
         .collect::<Result<_>>()?;
     Ok(cfg)
@@ -198,10 +202,13 @@ fn from_gguf(g: &dyn GgufMeta) -> Result<ModelConfig> {
         top_k: k.usize("expert_used_count")?,
         scoring: Scoring::Sigmoid,
         norm_topk: g.get("kimi-linear.expert_weights_norm").and_then(|v| v.as_bool()).unwrap_or(true),
+        topk_eps: 0.0,
         routed_scale: k.opt_f64("expert_weights_scale")?.unwrap_or(1.0) as f32,
         d_ff_expert: ffe,
         d_ff_shared: (n_shared > 0).then_some(n_shared * ffe),
         shared_gate: false,
+        act: ExpertAct::Gated,
+        ungated: false,
     });
     let dense = k.opt_usize("leading_dense_block_count")?.unwrap_or(0);
     cfg.layers = kv
@@ -212,6 +219,7 @@ fn from_gguf(g: &dyn GgufMeta) -> Result<ModelConfig> {
             moe: il >= dense,
             sliding_window: None,
             rope: 0,
+            ffn: true,
         })
         .collect();
     Ok(cfg)

@@ -9,12 +9,13 @@
 
 use cortiq_formats::gguf::GgufMeta;
 use cortiq_formats::hf::{ClassDefaults, HfClass, HfConfig};
-use cortiq_formats::names::{ATTN_QKV, Bias, LayerRow, NameTable};
+use cortiq_formats::names::{ATTN_QKV, Bias, Experts, LayerRow, NameTable};
 use cortiq_kernels::ops::RopeStyle;
 
 use super::{Arch, GgufKeys, KvOverride, gguf_dense_base, hf_dense_base};
 use crate::config::{LayerSpec, MixerKind, ModelConfig};
 use crate::error::{EngineError, Result};
+use crate::moe::{ExpertAct, MoeConfig, Scoring};
 
 pub const ARCH: Arch = Arch {
     name: "lfm2",
@@ -23,6 +24,7 @@ pub const ARCH: Arch = Arch {
     from_hf,
     hf_norm_offset: 0.0,
     hf_plain_norms: &[],
+    hf_fix: None,
     // Lfm2Config (hidden_act: LFM2 has no key, its MLP is SwiGLU).
     hf_class: HfClass {
         defaults: Some(ClassDefaults {
@@ -100,6 +102,14 @@ fn from_hf(h: &HfConfig) -> Result<ModelConfig> {
         }
         cfg.d_ff = ff;
     }
+    hf_layers(h, &mut cfg, kernel, bias)?;
+    Ok(cfg)
+}
+
+/// The conv / attention layers of an HF config (and the q/k norms and final norm every LFM2
+/// has).
+fn hf_layers(h: &HfConfig, cfg: &mut ModelConfig, kernel: usize, bias: bool) -> Result<()> {
+    let bad = |what: String| EngineError::BadConfig { file: h.path.display().to_string(), what };
     cfg.qk_norm = true;
     cfg.output_norm = "token_embd_norm.weight";
     cfg.layers = h
@@ -107,19 +117,30 @@ fn from_hf(h: &HfConfig) -> Result<ModelConfig> {
         .iter()
         .enumerate()
         .map(|(i, t)| match t.as_str() {
-            "conv" => Ok(LayerSpec { mixer: MixerKind::ShortConv { kernel, bias }, moe: false, sliding_window: None, rope: 0 }),
+            "conv" => Ok(LayerSpec {
+                mixer: MixerKind::ShortConv { kernel, bias },
+                moe: false,
+                sliding_window: None,
+                rope: 0,
+                ffn: true,
+            }),
             "full_attention" => Ok(LayerSpec::attention(0)),
             other => Err(bad(format!("layer_types[{i}] = '{other}': LFM2 layers are 'conv' or 'full_attention'"))),
         })
         .collect::<Result<_>>()?;
-    Ok(cfg)
+    Ok(())
 }
 
 fn from_gguf(g: &dyn GgufMeta) -> Result<ModelConfig> {
-    let k = GgufKeys { g, arch: "lfm2" };
+    gguf_layers(g, "lfm2")
+}
+
+/// The conv / attention layers of an `lfm2` or `lfm2moe` file.
+fn gguf_layers(g: &dyn GgufMeta, arch: &'static str) -> Result<ModelConfig> {
+    let k = GgufKeys { g, arch };
     let n_layers = k.usize("block_count")?;
     // head_count_kv is per layer: 0 marks a conv layer.
-    let key = "lfm2.attention.head_count_kv";
+    let key = if arch == "lfm2" { "lfm2.attention.head_count_kv" } else { "lfm2moe.attention.head_count_kv" };
     let kv: Vec<usize> = match g.get(key) {
         Some(v) => match v.as_array() {
             Some(a) => a
@@ -140,14 +161,20 @@ fn from_gguf(g: &dyn GgufMeta) -> Result<ModelConfig> {
     }
     let kernel = k.usize("shortconv.l_cache")?;
     // gguf_dense_base wants one kv head count: read the rest through it, then fix up.
-    let mut cfg = gguf_dense_base_with_kv(g, n_kv)?;
+    let mut cfg = gguf_dense_base(&KvOverride::new(g, key, n_kv), arch, RopeStyle::NeoX)?;
     cfg.qk_norm = true;
     cfg.output_norm = "token_embd_norm.weight";
     cfg.layers = kv
         .iter()
         .map(|&x| {
             if x == 0 {
-                LayerSpec { mixer: MixerKind::ShortConv { kernel, bias: false }, moe: false, sliding_window: None, rope: 0 }
+                LayerSpec {
+                    mixer: MixerKind::ShortConv { kernel, bias: false },
+                    moe: false,
+                    sliding_window: None,
+                    rope: 0,
+                    ffn: true,
+                }
             } else {
                 LayerSpec::attention(0)
             }
@@ -156,7 +183,116 @@ fn from_gguf(g: &dyn GgufMeta) -> Result<ModelConfig> {
     Ok(cfg)
 }
 
-/// `gguf_dense_base` for a file whose `head_count_kv` is a per-layer array.
-fn gguf_dense_base_with_kv(g: &dyn GgufMeta, n_kv: usize) -> Result<ModelConfig> {
-    gguf_dense_base(&KvOverride::new(g, "lfm2.attention.head_count_kv", n_kv), "lfm2", RopeStyle::NeoX)
+/// LFM2-MoE (`Lfm2MoeForCausalLM`, llama.cpp's `lfm2moe`; LFM2-8B-A1B): LFM2's conv and
+/// attention layers with a dense SwiGLU in the first `num_dense_layers` layers (width
+/// `intermediate_size`, no auto-adjustment) and a mixture of experts after: sigmoid scores,
+/// experts chosen by score + `expert_bias` (selection only), weighted by the scores
+/// renormalized over the top k (+1e-6) and × `routed_scaling_factor`; no shared expert.
+pub const ARCH_MOE: Arch = Arch {
+    name: "lfm2moe",
+    hf_names: &["Lfm2MoeForCausalLM", "lfm2_moe"],
+    from_gguf: moe_from_gguf,
+    from_hf: moe_from_hf,
+    hf_norm_offset: 0.0,
+    hf_plain_norms: &[],
+    hf_fix: None,
+    // Lfm2MoeConfig.
+    hf_class: HfClass {
+        defaults: Some(ClassDefaults {
+            vocab_size: 65536,
+            hidden_size: 2048,
+            intermediate_size: 7168,
+            num_hidden_layers: 32,
+            num_attention_heads: 32,
+            num_key_value_heads: Some(8),
+            head_dim: None,
+            hidden_act: "silu",
+            max_position_embeddings: 128_000,
+            rms_norm_eps: 1e-5,
+            bos: Some(1),
+            eos: Some(2),
+            pad: Some(0),
+            sliding_window: None,
+            query_pre_attn_scalar: None,
+        }),
+        tie_word_embeddings: true,
+        rope_theta: (1_000_000.0, 1_000_000.0),
+        ..HfClass::GENERIC
+    },
+    names: NameTable {
+        global: ARCH.names.global,
+        layer: &[ATTN_QKV, LAYER, &[("feed_forward.gate", "ffn_gate_inp", Bias::No)]],
+        bare: &[&[("feed_forward.expert_bias", "exp_probs_b.bias")]],
+        experts: Some(Experts {
+            prefix: "feed_forward.experts.",
+            projs: &[("w1", "ffn_gate_exps"), ("w3", "ffn_up_exps"), ("w2", "ffn_down_exps")],
+        }),
+        mtp: false,
+    },
+};
+
+/// The router's renormalization epsilon (Lfm2MoeTopKRouter).
+const MOE_TOPK_EPS: f32 = 1e-6;
+
+fn moe_from_hf(h: &HfConfig) -> Result<ModelConfig> {
+    let mut cfg = hf_dense_base(h, "lfm2moe")?;
+    let bad = |what: String| EngineError::BadConfig { file: h.path.display().to_string(), what };
+    let raw = &h.raw;
+    let int = |k: &str, d: u64| raw.get(k).and_then(|v| v.as_u64()).unwrap_or(d) as usize;
+    let kernel = int("conv_L_cache", 3);
+    if kernel == 0 {
+        return Err(bad("conv_L_cache must be at least 1".into()));
+    }
+    hf_layers(h, &mut cfg, kernel, raw.get("conv_bias").and_then(|v| v.as_bool()).unwrap_or(false))?;
+    let mc = MoeConfig {
+        n_experts: int("num_experts", 32),
+        top_k: int("num_experts_per_tok", 4),
+        scoring: Scoring::Sigmoid,
+        norm_topk: raw.get("norm_topk_prob").and_then(|v| v.as_bool()).unwrap_or(true),
+        topk_eps: MOE_TOPK_EPS,
+        routed_scale: raw.get("routed_scaling_factor").and_then(|v| v.as_f64()).unwrap_or(1.0) as f32,
+        d_ff_expert: int("moe_intermediate_size", 1792),
+        d_ff_shared: None,
+        shared_gate: false,
+        act: ExpertAct::Gated,
+        ungated: false,
+    };
+    set_moe(&mut cfg, mc, int("num_dense_layers", 2)).map_err(bad)?;
+    Ok(cfg)
+}
+
+fn moe_from_gguf(g: &dyn GgufMeta) -> Result<ModelConfig> {
+    let mut cfg = gguf_layers(g, "lfm2moe")?;
+    let k = GgufKeys { g, arch: "lfm2moe" };
+    // llama.cpp's gating function ids: 1 softmax, 2 sigmoid.
+    if k.opt_usize("expert_gating_func")?.is_some_and(|f| f != 2) {
+        return Err(k.bad("lfm2moe.expert_gating_func: only sigmoid (2) is an LFM2-MoE router".into()));
+    }
+    let mc = MoeConfig {
+        n_experts: k.usize("expert_count")?,
+        top_k: k.usize("expert_used_count")?,
+        scoring: Scoring::Sigmoid,
+        norm_topk: g.get("lfm2moe.expert_weights_norm").and_then(|v| v.as_bool()).unwrap_or(true),
+        topk_eps: MOE_TOPK_EPS,
+        routed_scale: k.opt_f64("expert_weights_scale")?.unwrap_or(1.0) as f32,
+        d_ff_expert: k.usize("expert_feed_forward_length")?,
+        d_ff_shared: None,
+        shared_gate: false,
+        act: ExpertAct::Gated,
+        ungated: false,
+    };
+    set_moe(&mut cfg, mc, k.opt_usize("leading_dense_block_count")?.unwrap_or(0)).map_err(|e| k.bad(e))?;
+    Ok(cfg)
+}
+
+/// Layers from `n_dense` on are the experts'.
+fn set_moe(cfg: &mut ModelConfig, mc: MoeConfig, n_dense: usize) -> std::result::Result<(), String> {
+    if mc.top_k == 0 || mc.top_k > mc.n_experts {
+        return Err(format!("{} experts per token of {}", mc.top_k, mc.n_experts));
+    }
+    for (i, l) in cfg.layers.iter_mut().enumerate() {
+        l.moe = i >= n_dense;
+    }
+    cfg.moe = Some(mc);
+    Ok(())
 }

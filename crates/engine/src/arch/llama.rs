@@ -19,6 +19,7 @@ pub const ARCH: Arch = Arch {
     from_hf,
     hf_norm_offset: 0.0,
     hf_plain_norms: &[],
+    hf_fix: None,
     // LlamaConfig.
     hf_class: HfClass {
         defaults: Some(ClassDefaults {

@@ -15,14 +15,20 @@ use serde_json::Value;
 use crate::config::{Activation, LayerSpec, ModelConfig, Rope, RopeScaling};
 use crate::error::{EngineError, Result};
 
+pub mod falcon_h1;
 pub mod gemma3;
+pub mod gpt_oss;
+pub mod granitehybrid;
 pub mod kimi_linear;
 pub mod lfm2;
 pub mod llama;
+pub mod mistral;
+pub mod nemotron_h;
 pub mod qwen2;
 pub mod qwen3;
 pub mod qwen3_5;
 pub mod qwen3moe;
+pub mod smollm3;
 
 /// What an architecture file provides.
 pub struct Arch {
@@ -38,10 +44,29 @@ pub struct Arch {
     /// GGUF-name suffixes of norms that keep a plain gain despite `hf_norm_offset`
     /// (Qwen3.5's GatedDeltaNet output norm, "ssm_norm.weight").
     pub hf_plain_norms: &'static [&'static str],
+    /// A checkpoint fix at load: the tensor with this GGUF name built from the HF folder's own
+    /// tensors (read by their table names through `get`) where the two layouts differ by more
+    /// than a rename (gpt-oss's fused, transposed experts); None: not derived.
+    pub hf_fix: Option<HfFix>,
     /// The transformers config class: defaults and reading rules of config.json.
     pub hf_class: HfClass,
     /// Tensor names, HF ↔ GGUF.
     pub names: NameTable,
+}
+
+/// `Arch::hf_fix`: tensors an HF folder holds in another layout than the engine's.
+#[derive(Clone, Copy)]
+pub struct HfFix {
+    /// (GGUF name, the folder's tensors by table name, the text config) -> the tensor derived
+    /// for that name, or None where the name is not derived.
+    pub derive:
+        fn(&str, &dyn Fn(&str) -> Result<Option<crate::qtensor::QTensor>>, &Value) -> Result<Option<crate::qtensor::QTensor>>,
+    /// Whether `derive` builds the tensor of this GGUF-name suffix (after `blk.N.`): a cheap test,
+    /// so that a conversion copies no derived tensor's stored bytes.
+    pub derives: fn(&str) -> bool,
+    /// The GGUF-name suffixes (after `blk.N.`) derived from the table's tensor of this suffix
+    /// (empty: a tensor used as it is); a conversion lists those instead of it.
+    pub replaces: fn(&str) -> &'static [&'static str],
 }
 
 /// The layer rows of a llama-style decoder (attention, pre-FFN norm, SwiGLU) with cortiq's
@@ -57,10 +82,18 @@ pub const ARCHES: &[Arch] = &[
     qwen3moe::ARCH,
     gemma3::ARCH,
     lfm2::ARCH,
+    lfm2::ARCH_MOE,
     qwen3_5::ARCH,
     qwen3_5::ARCH_MOE,
     qwen3_5::ARCH_NEXT,
     kimi_linear::ARCH,
+    granitehybrid::ARCH,
+    smollm3::ARCH,
+    gpt_oss::ARCH,
+    nemotron_h::ARCH,
+    nemotron_h::ARCH_MOE,
+    mistral::ARCH,
+    falcon_h1::ARCH,
 ];
 
 impl Arch {
@@ -199,6 +232,21 @@ pub fn gguf_dense_base(g: &dyn GgufMeta, arch: &'static str, style: RopeStyle) -
     let scaling = match k.opt_str("rope.scaling.type")? {
         None | Some("none") => RopeScaling::None,
         Some("linear") => RopeScaling::Linear { factor: k.f64("rope.scaling.factor")? },
+        // llama.cpp's YaRN: correction dims rounded outwards, attention factor from the
+        // factor unless the file gives one.
+        Some("yarn") => {
+            let factor = k.f64("rope.scaling.factor")?;
+            RopeScaling::Yarn {
+                factor,
+                original_max_position: k.f64("rope.scaling.original_context_length")?,
+                beta_fast: k.opt_f64("rope.scaling.yarn_beta_fast")?.unwrap_or(32.0),
+                beta_slow: k.opt_f64("rope.scaling.yarn_beta_slow")?.unwrap_or(1.0),
+                truncate: true,
+                attn_factor: k
+                    .opt_f64("rope.scaling.yarn_attn_factor")?
+                    .unwrap_or_else(|| RopeScaling::yarn_attn_factor(factor, None, None)),
+            }
+        }
         Some(other) => return Err(k.bad(format!("rope scaling type '{other}' is not supported"))),
     };
     if rot_dim % 2 != 0 || rot_dim > head_dim {
@@ -219,9 +267,13 @@ pub fn gguf_dense_base(g: &dyn GgufMeta, arch: &'static str, style: RopeStyle) -
         act: Activation::Silu,
         attn_scale: 1.0 / (head_dim as f32).sqrt(),
         qkv_bias: false,
+        o_bias: false,
+        attn_sinks: false,
         qk_norm: false,
         post_norms: false,
         embed_scale: None,
+        residual_scale: None,
+        logit_scale: None,
         final_logit_softcap: None,
         attn_logit_softcap: None,
         ropes: vec![Rope::new(style, rot_dim, theta, &scaling)],
@@ -251,6 +303,23 @@ pub fn hf_rope(h: &HfConfig, p: &hf::RopeParams, head_dim: usize) -> Result<Rope
                 original_max_position: *original_max_position_embeddings as f64,
             }
         }
+        hf::RopeScaling::Yarn {
+            factor,
+            original_max_position_embeddings,
+            attention_factor,
+            beta_fast,
+            beta_slow,
+            mscale,
+            mscale_all_dim,
+            truncate,
+        } => RopeScaling::Yarn {
+            factor: *factor,
+            original_max_position: *original_max_position_embeddings as f64,
+            beta_fast: *beta_fast,
+            beta_slow: *beta_slow,
+            truncate: *truncate,
+            attn_factor: attention_factor.unwrap_or_else(|| RopeScaling::yarn_attn_factor(*factor, *mscale, *mscale_all_dim)),
+        },
         other => return Err(hf_bad(h, format!("rope scaling {other:?} is not supported"))),
     };
     let rot_dim = ((head_dim as f64 * p.partial_rotary_factor) as usize) & !1;
@@ -292,9 +361,13 @@ pub fn hf_dense_base(h: &HfConfig, arch: &'static str) -> Result<ModelConfig> {
         act,
         attn_scale: 1.0 / (head_dim as f32).sqrt(),
         qkv_bias: h.qkv_bias,
+        o_bias: false,
+        attn_sinks: false,
         qk_norm: false,
         post_norms: false,
         embed_scale: None,
+        residual_scale: None,
+        logit_scale: None,
         final_logit_softcap: h.final_logit_softcapping.map(|v| v as f32),
         attn_logit_softcap: h.attn_logit_softcapping.map(|v| v as f32),
         ropes: vec![hf_rope(h, &h.rope, head_dim)?],

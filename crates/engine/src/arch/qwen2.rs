@@ -17,6 +17,7 @@ pub const ARCH: Arch = Arch {
     from_hf,
     hf_norm_offset: 0.0,
     hf_plain_norms: &[],
+    hf_fix: None,
     hf_class: HfClass { defaults: Some(DEFAULTS), qkv_bias: true, window_layers_from: Some(28), ..HfClass::GENERIC },
     names: NameTable { global: DENSE_GLOBAL, layer: DENSE_LAYER, bare: DENSE_BARE, experts: None, mtp: false },
 };

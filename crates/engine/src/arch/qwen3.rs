@@ -18,6 +18,7 @@ pub const ARCH: Arch = Arch {
     from_hf,
     hf_norm_offset: 0.0,
     hf_plain_norms: &[],
+    hf_fix: None,
     hf_class: HfClass {
         defaults: Some(ClassDefaults { head_dim: Some(128), ..super::qwen2::DEFAULTS }),
         window_layers_from: Some(28),

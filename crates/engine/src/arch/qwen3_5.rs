@@ -25,7 +25,7 @@ use super::{Arch, GgufKeys, gguf_dense_base, hf_dense_base};
 use crate::config::{LayerSpec, MixerKind, ModelConfig};
 use crate::error::{EngineError, Result};
 use crate::mixers::gdn::{GdnConfig, OutGate};
-use crate::moe::{MoeConfig, Scoring};
+use crate::moe::{ExpertAct, MoeConfig, Scoring};
 
 pub const ARCH: Arch = Arch {
     name: "qwen35",
@@ -34,6 +34,7 @@ pub const ARCH: Arch = Arch {
     from_hf: |h| from_hf_as(h, "qwen35"),
     hf_norm_offset: 1.0,
     hf_plain_norms: &["ssm_norm.weight"],
+    hf_fix: None,
     hf_class: HfClass { text_model_type: Some("qwen3_5_text"), full_attention_interval: Some(4), ..HfClass::GENERIC },
     names: NameTable {
         global: DENSE_GLOBAL,
@@ -53,6 +54,7 @@ pub const ARCH_MOE: Arch = Arch {
     from_hf: |h| from_hf_as(h, "qwen35moe"),
     hf_norm_offset: 1.0,
     hf_plain_norms: &["ssm_norm.weight"],
+    hf_fix: None,
     hf_class: HfClass { text_model_type: Some("qwen3_5_moe_text"), full_attention_interval: Some(4), ..HfClass::GENERIC },
     names: NameTable { layer: MOE_LAYER, experts: Some(MLP_EXPERTS), ..ARCH.names },
 };
@@ -66,6 +68,7 @@ pub const ARCH_NEXT: Arch = Arch {
     from_hf: |h| from_hf_as(h, "qwen3next"),
     hf_norm_offset: 1.0,
     hf_plain_norms: &["ssm_norm.weight"],
+    hf_fix: None,
     // Qwen3NextConfig: partial_rotary_factor 0.25 when absent.
     hf_class: HfClass { full_attention_interval: Some(4), partial_rotary_factor: Some(0.25), ..HfClass::GENERIC },
     names: NameTable {
@@ -143,10 +146,13 @@ fn from_hf_as(h: &HfConfig, arch: &'static str) -> Result<ModelConfig> {
             scoring: Scoring::Softmax,
             // Qwen3.5-MoE's router always renormalizes; Qwen3-Next's when norm_topk_prob.
             norm_topk: raw.get("norm_topk_prob").and_then(|v| v.as_bool()).unwrap_or(true),
+            topk_eps: 0.0,
             routed_scale: 1.0,
             d_ff_expert: get("moe_intermediate_size")?,
             d_ff_shared: Some(get("shared_expert_intermediate_size")?),
             shared_gate: true,
+            act: ExpertAct::Gated,
+            ungated: false,
         });
     }
     cfg.qk_norm = true;
@@ -156,7 +162,9 @@ fn from_hf_as(h: &HfConfig, arch: &'static str) -> Result<ModelConfig> {
         .iter()
         .enumerate()
         .map(|(i, t)| match t.as_str() {
-            "linear_attention" => Ok(LayerSpec { mixer: MixerKind::GatedDeltaNet(g), moe, sliding_window: None, rope: 0 }),
+            "linear_attention" => {
+                Ok(LayerSpec { mixer: MixerKind::GatedDeltaNet(g), moe, sliding_window: None, rope: 0, ffn: true })
+            }
             "full_attention" => Ok(LayerSpec { moe, ..LayerSpec::attention(0) }),
             other => Err(bad(format!(
                 "{prefix}layer_types[{i}] = '{other}': Qwen3.5 layers are 'linear_attention' or 'full_attention'"
@@ -208,10 +216,13 @@ fn from_gguf_as(g: &dyn GgufMeta, arch: &'static str) -> Result<ModelConfig> {
             top_k: k.usize("expert_used_count")?,
             scoring: Scoring::Softmax,
             norm_topk: true,
+            topk_eps: 0.0,
             routed_scale: 1.0,
             d_ff_expert: k.usize("expert_feed_forward_length")?,
             d_ff_shared: Some(k.usize("expert_shared_feed_forward_length")?),
             shared_gate: true,
+            act: ExpertAct::Gated,
+            ungated: false,
         });
     }
     cfg.n_layers = n_layers;
@@ -222,7 +233,7 @@ fn from_gguf_as(g: &dyn GgufMeta, arch: &'static str) -> Result<ModelConfig> {
         .iter()
         .map(|&r| {
             let mixer = if r { MixerKind::GatedDeltaNet(gdn) } else { MixerKind::Attention };
-            LayerSpec { mixer, moe, sliding_window: None, rope: 0 }
+            LayerSpec { mixer, moe, sliding_window: None, rope: 0, ffn: true }
         })
         .collect();
     Ok(cfg)

@@ -18,7 +18,7 @@ use cortiq_kernels::ops::RopeStyle;
 use super::{Arch, DENSE_BARE, GgufKeys, gguf_dense_base, hf_dense_base};
 use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
-use crate::moe::{MoeConfig, Scoring};
+use crate::moe::{ExpertAct, MoeConfig, Scoring};
 
 pub const ARCH: Arch = Arch {
     name: "qwen3moe",
@@ -27,6 +27,7 @@ pub const ARCH: Arch = Arch {
     from_hf,
     hf_norm_offset: 0.0,
     hf_plain_norms: &[],
+    hf_fix: None,
     // Qwen3MoeConfig: Qwen2Config's defaults but for its geometry.
     hf_class: HfClass {
         defaults: Some(ClassDefaults {
@@ -69,10 +70,13 @@ fn from_hf(h: &HfConfig) -> Result<ModelConfig> {
         top_k: num("num_experts_per_tok", 8)?,
         scoring: Scoring::Softmax,
         norm_topk: raw.get("norm_topk_prob").and_then(|v| v.as_bool()).unwrap_or(false),
+        topk_eps: 0.0,
         routed_scale: 1.0,
         d_ff_expert: num("moe_intermediate_size", 768)?,
         d_ff_shared: None,
         shared_gate: false,
+        act: ExpertAct::Gated,
+        ungated: false,
     };
     let step = num("decoder_sparse_step", 1)?;
     let dense_only: Vec<usize> = match raw.get("mlp_only_layers").filter(|v| !v.is_null()) {
@@ -103,10 +107,13 @@ fn from_gguf(g: &dyn GgufMeta) -> Result<ModelConfig> {
         top_k: k.usize("expert_used_count")?,
         scoring: Scoring::Softmax,
         norm_topk,
+        topk_eps: 0.0,
         routed_scale: 1.0,
         d_ff_expert: k.usize("expert_feed_forward_length")?,
         d_ff_shared: None,
         shared_gate: false,
+        act: ExpertAct::Gated,
+        ungated: false,
     };
     check(&moe, 1, |what| k.bad(what))?;
     for (i, l) in cfg.layers.iter_mut().enumerate() {

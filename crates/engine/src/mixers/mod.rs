@@ -1,7 +1,7 @@
 //! Token mixers, one module each (STYLE principle 9): softmax attention and its variants
 //! (`attention`: exact or sliding, f32 or f16 cache, the sealed O(1) state), GatedDeltaNet
-//! (`gdn`), Kimi Delta Attention (`kda`), multi-head latent attention (`mla`) and LFM2's short
-//! convolution (`shortconv`), cortiq's vmf_phase linear core (`vmf`) and its windowed option (`vmf_window`); `nystrom` is the O(1) operator a sealed attention state runs.
+//! (`gdn`), Kimi Delta Attention (`kda`), the Mamba2 state-space mixer (`mamba2`), multi-head
+//! latent attention (`mla`) and LFM2's short convolution (`shortconv`), cortiq's vmf_phase linear core (`vmf`) and its windowed option (`vmf_window`); `nystrom` is the O(1) operator a sealed attention state runs.
 //!
 //! Each module owns its weights (and their loading by GGUF names), its per-sequence state, its
 //! forward over a chunk of one sequence and over the decode rows of many, and its state's
@@ -23,8 +23,11 @@ use crate::qtensor::QTensor;
 
 pub mod attention;
 pub mod gdn;
+pub mod identity;
 pub mod kda;
+pub mod mamba2;
 pub mod mla;
+pub mod parallel;
 pub mod registry;
 pub mod shortconv;
 pub mod vmf;
@@ -118,7 +121,7 @@ pub struct StateBytes {
     pub kv: usize,
     /// Sealed O(1) attention layers, scratch included, and the plan's prompt bookkeeping.
     pub o1: usize,
-    /// Recurrent mixers (GatedDeltaNet, KDA, short conv).
+    /// Recurrent mixers (GatedDeltaNet, KDA, Mamba2, short conv).
     pub recurrent: usize,
 }
 

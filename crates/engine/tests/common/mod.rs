@@ -153,3 +153,19 @@ pub fn assert_bits_equal(what: &str, got: &[f32], want: &[f32]) {
     println!("{what}: {differing} of {} logits differ in bits, max diff {md:.3e} at {at}", got.len());
     assert_eq!(differing, 0, "{what}: {differing} logits differ (max diff {md:.3e} at flat index {at})");
 }
+
+/// A model with attention sinks (gpt-oss) under llama.cpp numerics: its forward must refuse
+/// with an error naming the limit (no panic, nothing half-run); true then, and the caller skips
+/// that mode (llama.cpp's flash-attention twin has no sink term). False for any other case.
+#[allow(dead_code)]
+pub fn sinks_refuse_llamacpp(name: &str, model: &Model, num: cortiq_engine::Numerics) -> bool {
+    if !(model.cfg.attn_sinks && num == cortiq_engine::Numerics::LlamaCpp) {
+        return false;
+    }
+    let mut st = model.new_state(16);
+    match model.forward(&[1, 2, 3], &mut st, Logits::Last) {
+        Err(e) => assert!(e.to_string().contains("attention sinks"), "{name}: {e}"),
+        Ok(_) => panic!("{name}: attention sinks ran under llama.cpp numerics"),
+    }
+    true
+}

@@ -1,5 +1,5 @@
-//! On-disk block layouts of GGUF's legacy (Q4_0 .. Q8_0) and k-quant (Q2_K .. Q8_K) types, and
-//! of cortiq's own block types q4t and q1 (q8r has no block struct: a row is its i8 quants and
+//! On-disk block layouts of GGUF's legacy (Q4_0 .. Q8_0), k-quant (Q2_K .. Q8_K) and 4-bit
+//! lookup-table (IQ4_NL, IQ4_XS, MXFP4) types, and of cortiq's own block types q4t and q1 (q8r has no block struct: a row is its i8 quants and
 //! one trailing f32, see `quant::q8r`).
 //!
 //! Owns: the `#[repr(C)]` structs, their compile-time size checks, and the zero-copy view of a
@@ -139,6 +139,56 @@ pub struct BlockQ8K {
     pub bsums: [[u8; 2]; QK_K / 16],
 }
 
+/// IQ4_NL's (and IQ4_XS's) 16 levels, ggml's `kvalues_iq4nl`: element = `d * KVALUES_IQ4NL[q]`.
+/// Non-uniform, denser near zero, and no exact zero.
+pub const KVALUES_IQ4NL: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
+
+/// MXFP4's 16 levels, ggml's `kvalues_mxfp4`: the FP4 E2M1 values doubled (0, 0.5, 1, 1.5, 2, 3,
+/// 4, 6 and their negatives, times 2), so that they are integers; the block scale is halved to
+/// match (`e8m0_half`). Index 8 is E2M1's -0, stored here as 0.
+pub const KVALUES_MXFP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// IQ4_NL: `d * KVALUES_IQ4NL[q]`, q in 0..16, nibble order as Q4_0 (element j < 16 the low
+/// nibble of `qs[j]`, element j >= 16 the high nibble of `qs[j - 16]`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockIQ4NL {
+    pub d: [u8; 2],
+    pub qs: [u8; QK / 2],
+}
+
+/// IQ4_XS: 8 sub-blocks of 32, each an IQ4_NL block without its own f16: sub-block ib has the
+/// 6-bit scale `ls = (scales_l[ib/2] >> 4*(ib%2)) & 15 | ((scales_h >> 2*ib) & 3) << 4` and
+/// decodes as `(d * (ls - 32)) * KVALUES_IQ4NL[q]` over `qs[16*ib..16*ib + 16]` in IQ4_NL's
+/// nibble order. 4.25 bits per weight.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockIQ4XS {
+    pub d: [u8; 2],
+    /// Little-endian u16: bits 2ib..2ib+2 are bits 4..6 of sub-block ib's scale.
+    pub scales_h: [u8; 2],
+    pub scales_l: [u8; QK_K / 64],
+    pub qs: [u8; QK_K / 2],
+}
+
+/// MXFP4 (OCP microscaling FP4): an E8M0 exponent byte `e` and 32 E2M1 values as nibbles (order
+/// as Q4_0); element = `KVALUES_MXFP4[q] * e8m0_half(e)`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockMXFP4 {
+    pub e: u8,
+    pub qs: [u8; QK / 2],
+}
+
+/// Half the E8M0 scale of an MXFP4 block, 2^(e - 128), as ggml's `GGML_E8M0_TO_FP32_HALF` builds
+/// it from bits: e = 0 and 1 are the subnormals 2^-128 and 2^-127 (0x00200000 << e), otherwise
+/// the exponent field is e - 1 with a zero mantissa. e = 255 gives 2^127 (ggml keeps no NaN).
+/// Exact, and so are the products with the small-integer levels unless they overflow.
+#[inline(always)]
+pub const fn e8m0_half(e: u8) -> f32 {
+    if e < 2 { f32::from_bits(0x0020_0000 << e) } else { f32::from_bits(((e - 1) as u32) << 23) }
+}
+
 /// Elements per block of cortiq's q4t and q1 types: 128 divides every row length of the models
 /// we run (Gemma 3's 640 is 2.5 k-quant super-blocks, so 256 would not), and 64 packed bytes of
 /// q4t are exactly one 512-bit load.
@@ -191,12 +241,15 @@ const _: () = assert!(size_of::<BlockQ4K>() == 144);
 const _: () = assert!(size_of::<BlockQ5K>() == 176);
 const _: () = assert!(size_of::<BlockQ6K>() == 210);
 const _: () = assert!(size_of::<BlockQ8K>() == 292);
+const _: () = assert!(size_of::<BlockIQ4NL>() == 18);
+const _: () = assert!(size_of::<BlockIQ4XS>() == 136);
+const _: () = assert!(size_of::<BlockMXFP4>() == 17);
 
 /// A block struct that may be viewed from raw bytes.
 ///
 /// # Safety
 /// Implementors must be `#[repr(C)]`, have alignment 1, no padding, and accept every bit
-/// pattern (only `u8`/`i8` arrays as fields).
+/// pattern (only `u8`/`i8` fields and arrays of them).
 pub unsafe trait Block: Copy + 'static {
     /// Elements this block decodes to.
     const ELEMS: usize;
@@ -212,7 +265,8 @@ macro_rules! impl_block {
 impl_block!(
     BlockQ4_0 => QK, BlockQ4_1 => QK, BlockQ5_0 => QK, BlockQ5_1 => QK, BlockQ8_0 => QK,
     BlockQ2K => QK_K, BlockQ3K => QK_K, BlockQ4K => QK_K, BlockQ5K => QK_K, BlockQ6K => QK_K,
-    BlockQ8K => QK_K, BlockQ4T => QK_T, BlockQ1 => QK_T,
+    BlockQ8K => QK_K, BlockQ4T => QK_T, BlockQ1 => QK_T, BlockIQ4NL => QK, BlockIQ4XS => QK_K,
+    BlockMXFP4 => QK,
 );
 
 /// View `bytes` as a slice of blocks, zero-copy.

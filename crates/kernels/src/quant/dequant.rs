@@ -14,7 +14,9 @@
 //!     never contracts `a * b + c` into an FMA on its own;
 //!   * k-quant sub-block scales `d * sc` are rounded to f32 once per group before multiplying
 //!     the quant, exactly as numpy's `dl = d * scales` array does;
-//!   * offsets are applied to the integer quant (`d * (q - 8)`), never as `d*q - 8*d`.
+//!   * offsets are applied to the integer quant (`d * (q - 8)`), never as `d*q - 8*d`;
+//!   * lookup-table types (IQ4_NL, IQ4_XS, MXFP4) multiply the scale by the table's integer
+//!     level converted to f32, IQ4_XS through the per-32 `dl = d * (ls - 32)` as numpy does.
 //!
 //! Where the order actually matters (checked by mutating this file against the fixtures, and by
 //! enumerating products in numpy): an f16 scale has 11 significant bits and every
@@ -261,6 +263,58 @@ pub fn dequant_q8k(b: &BlockQ8K, y: &mut [f32]) {
     }
 }
 
+// ---------------------------------------------------------------- 4-bit lookup-table types
+
+/// IQ4_NL -> 32 floats. gguf-py: `d * kvalues[q].astype(f32)` (one exact product: an f16 times
+/// a 7-bit integer).
+#[inline]
+pub fn dequant_iq4nl(b: &BlockIQ4NL, y: &mut [f32]) {
+    let d = f16_le(b.d);
+    for j in 0..QK / 2 {
+        y[j] = d * KVALUES_IQ4NL[(b.qs[j] & 0x0F) as usize] as f32;
+        y[j + QK / 2] = d * KVALUES_IQ4NL[(b.qs[j] >> 4) as usize] as f32;
+    }
+}
+
+/// IQ4_XS sub-block scales, `ls - 32` in -32..32: low 4 bits from nibble ib%2 of
+/// `scales_l[ib/2]`, high 2 bits from bit pair ib of the little-endian u16 `scales_h`.
+#[inline]
+pub fn iq4xs_scales(b: &BlockIQ4XS) -> [i8; 8] {
+    let h = u16::from_le_bytes(b.scales_h);
+    std::array::from_fn(|ib| {
+        let lo = (b.scales_l[ib / 2] >> (4 * (ib % 2))) & 0x0F;
+        let hi = ((h >> (2 * ib)) & 3) as u8;
+        (lo | (hi << 4)) as i8 - 32
+    })
+}
+
+/// IQ4_XS -> 256 floats. gguf-py: `dl = d * scale` (f32, exact), `dl * kvalues[q]`; sub-block ib
+/// takes `qs[16ib..16ib + 16]` in IQ4_NL's nibble order.
+#[inline]
+pub fn dequant_iq4xs(b: &BlockIQ4XS, y: &mut [f32]) {
+    let d = f16_le(b.d);
+    let sc = iq4xs_scales(b);
+    for (ib, out) in y[..QK_K].chunks_exact_mut(QK).enumerate() {
+        let dl = d * sc[ib] as f32;
+        let qs = &b.qs[16 * ib..16 * ib + 16];
+        for (j, &q) in qs.iter().enumerate() {
+            out[j] = dl * KVALUES_IQ4NL[(q & 0x0F) as usize] as f32;
+            out[j + QK / 2] = dl * KVALUES_IQ4NL[(q >> 4) as usize] as f32;
+        }
+    }
+}
+
+/// MXFP4 -> 32 floats. gguf-py: `e8m0_half(e) * kvalues[q].astype(f32)`: a power of two times
+/// a small integer, exact unless it overflows (e >= 253) or leaves the subnormal range.
+#[inline]
+pub fn dequant_mxfp4(b: &BlockMXFP4, y: &mut [f32]) {
+    let d = e8m0_half(b.e);
+    for j in 0..QK / 2 {
+        y[j] = d * KVALUES_MXFP4[(b.qs[j] & 0x0F) as usize] as f32;
+        y[j + QK / 2] = d * KVALUES_MXFP4[(b.qs[j] >> 4) as usize] as f32;
+    }
+}
+
 // ---------------------------------------------------------------- row dispatch
 
 fn blockwise<B: Block>(src: &[u8], dst: &mut [f32], f: fn(&B, &mut [f32])) {
@@ -364,6 +418,9 @@ fn scalar_row(ty: QuantType, src: &[u8], dst: &mut [f32]) {
         QuantType::Q5K => blockwise(src, dst, dequant_q5k),
         QuantType::Q6K => blockwise(src, dst, dequant_q6k),
         QuantType::Q8K => blockwise(src, dst, dequant_q8k),
+        QuantType::IQ4NL => blockwise(src, dst, dequant_iq4nl),
+        QuantType::IQ4XS => blockwise(src, dst, dequant_iq4xs),
+        QuantType::MXFP4 => blockwise(src, dst, dequant_mxfp4),
         QuantType::Q8R => super::q8r::dequantize(src, dst),
         QuantType::Q4T => super::q4t::dequantize(src, dst),
         QuantType::Q1 => super::q1::dequantize(src, dst),

@@ -2,7 +2,7 @@
 //! `dequant.rs`, which stay the reference forever.
 //!
 //! Owns: one row kernel per block type (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K,
-//! Q6_K, Q8_K, F16, BF16) and `dequantize_row`, which `quant::dequantize_row` tries first
+//! Q6_K, Q8_K, IQ4_NL, IQ4_XS, MXFP4, F16, BF16) and `dequantize_row`, which `quant::dequantize_row` tries first
 //! (cortiq's own q8r / q4t / q1 kernels live in `own_avx512.rs`; `row` hands those over). This is
 //! the only file of the crate's quant module with `unsafe`; every block says why it is sound.
 //!
@@ -24,7 +24,8 @@
 //! scaled and stored as one zmm of f32. Nibble types (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K): each
 //! block or group builds the table of its 16 (or 2x16) possible outputs with the scalar twin's
 //! operations and `vpermps` looks 16 lanes up at once (see the note above `q4_0`); that replaced
-//! convert + multiply (+ add) per vector and made them 1.3-1.7x faster.
+//! convert + multiply (+ add) per vector and made them 1.3-1.7x faster. The lookup-table types
+//! (IQ4_NL, IQ4_XS, MXFP4) are nibble types whose table is `scale * level` for their 16 levels.
 //!
 //! Measured with examples/dequant_bench.rs (AMD EPYC with AVX-512, 2 cores shared with other
 //! builds, so +-20%; 256x2048 rows, cache-resident), scalar -> AVX-512 in G elements/s:
@@ -90,7 +91,7 @@ pub fn available(ty: QuantType) -> bool {
 mod imp {
     use super::super::QuantType;
     use super::super::blocks::*;
-    use super::super::dequant::q3k_scales;
+    use super::super::dequant::{iq4xs_scales, q3k_scales};
     use std::arch::x86_64::*;
 
     pub(super) fn has_kernel(ty: QuantType) -> bool {
@@ -215,6 +216,9 @@ mod imp {
             QuantType::Q5K => blocks!(src, dst, BlockQ5K, 256, q5k),
             QuantType::Q6K => blocks!(src, dst, BlockQ6K, 256, q6k),
             QuantType::Q8K => blocks!(src, dst, BlockQ8K, 256, q8k),
+            QuantType::IQ4NL => blocks!(src, dst, BlockIQ4NL, 32, iq4nl),
+            QuantType::IQ4XS => blocks!(src, dst, BlockIQ4XS, 256, iq4xs),
+            QuantType::MXFP4 => blocks!(src, dst, BlockMXFP4, 32, mxfp4),
             QuantType::F16 => row_f16(src, dst),
             QuantType::BF16 => row_bf16(src, dst),
             // SAFETY: this function's features are the ones `own_avx512::dequantize` needs.
@@ -464,6 +468,53 @@ mod imp {
         for k in 0..16 {
             st(y, 16 * k, _mm512_mul_ps(i8_ps(ld16i(&b.qs, 16 * k)), d));
         }
+    }
+
+    // ------------------------------------------------------------ 4-bit lookup-table types
+
+    /// The 16 levels of a table as f32 (exact).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    fn levels(k: &[i8; 16]) -> __m512 {
+        i8_ps(ld16i(k, 0))
+    }
+
+    /// 32 elements in Q4_0's nibble order from the table `t` of their 16 possible values.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    fn nibbles_lut(qs: &[u8], t: __m512, y: &mut [f32]) {
+        let w = widen16(qs, 0);
+        st(y, 0, _mm512_permutexvar_ps(w, t));
+        st(y, 16, _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(w), t));
+    }
+
+    /// Scalar: `d * KVALUES_IQ4NL[q] as f32`; table `d * levels`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    fn iq4nl(b: &BlockIQ4NL, y: &mut [f32; 32]) {
+        nibbles_lut(&b.qs, _mm512_mul_ps(f16_splat(b.d), levels(&KVALUES_IQ4NL)), y);
+    }
+
+    /// Scalar: `dl = d * (ls - 32)` per sub-block (one f32 product), `dl * KVALUES_IQ4NL[q]`;
+    /// table `dl * levels` per sub-block.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    fn iq4xs(b: &BlockIQ4XS, y: &mut [f32; 256]) {
+        let d = f16_splat(b.d);
+        let k = levels(&KVALUES_IQ4NL);
+        let sc = iq4xs_scales(b);
+        for (ib, &s) in sc.iter().enumerate() {
+            let dl = _mm512_mul_ps(d, _mm512_set1_ps(s as f32));
+            nibbles_lut(&b.qs[16 * ib..16 * ib + 16], _mm512_mul_ps(dl, k), &mut y[32 * ib..32 * ib + 32]);
+        }
+    }
+
+    /// Scalar: `e8m0_half(e) * KVALUES_MXFP4[q] as f32`; table `e8m0_half(e) * levels`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    fn mxfp4(b: &BlockMXFP4, y: &mut [f32; 32]) {
+        let t = _mm512_mul_ps(_mm512_set1_ps(e8m0_half(b.e)), levels(&KVALUES_MXFP4));
+        nibbles_lut(&b.qs, t, y);
     }
 
     // ------------------------------------------------------------ 16-bit floats

@@ -23,7 +23,9 @@
 //! seen as groups of G = 16 or 32 elements with unsigned byte quants u (0..255), an f32 group
 //! scale `fw` and, for types with a min, an f32 group min `fmin`, such that the weight is
 //! `fw * (u - off) + fmin` (per type constant `off`; the k-quants' `fmin` is already the scaled
-//! `-dmin * m`). Activations come in blocks of one scale `da` (32 elements for Q8_0/Q8_1, 256
+//! `-dmin * m`). The lookup-table types (IQ4_NL, IQ4_XS, MXFP4) fit the same form with u = the
+//! nibble's integer table level + `off` (`lut_u`) and `fw` the block's f16, IQ4_XS's
+//! `d * (ls - 32)`, or MXFP4's E8M0 power of two. Activations come in blocks of one scale `da` (32 elements for Q8_0/Q8_1, 256
 //! for Q8_K), i.e. `sb_groups` weight groups share one `da`. Per (row, token):
 //!
 //! ```text
@@ -41,7 +43,7 @@
 //! The float order is ours (llama.cpp's kernels each use their own); results agree with
 //! `vec_dot_scalar` to a few f32 ulps of Σ|w·x| (tests/matmat.rs prints the figures per type).
 //! The group integer sums are exact, and every `fw`/`fmin` is an exact product (f16 times a
-//! small integer), so only the FMA chain rounds.
+//! small integer, or a power of two), so only the FMA chain rounds.
 
 use super::QuantType;
 use super::blocks::*;
@@ -90,8 +92,21 @@ pub(super) fn geo(ty: QuantType) -> Option<Geo> {
         QuantType::Q2K => g(ActType::Q8K, 16, 16, 0, Mins::Group),
         QuantType::Q3K => g(ActType::Q8K, 16, 16, 4, Mins::None),
         QuantType::Q6K => g(ActType::Q8K, 16, 16, 32, Mins::None),
+        // lookup-table types: u = level + off, the levels' range shifted to start at >= 0
+        QuantType::IQ4NL => g(ActType::Q8_0, 32, 1, 128, Mins::None),
+        QuantType::IQ4XS => g(ActType::Q8K, 32, 8, 128, Mins::None),
+        QuantType::MXFP4 => g(ActType::Q8_0, 32, 1, MXFP4_OFF, Mins::None),
         _ => None,
     }
+}
+
+/// MXFP4's quant offset: its levels are -12..12, so u = level + 12 stays in 0..24 (5 bits,
+/// which `matmat_avx2`'s `vpmaddubsw` takes; IQ4_NL's -127..113 need 128).
+pub(super) const MXFP4_OFF: i32 = 12;
+
+/// The 16 levels of a lookup-table type plus `off`, as the unsigned quants of `decode_row`.
+pub(super) fn lut_u(levels: &[i8; 16], off: i32) -> [u8; 16] {
+    levels.map(|l| (l as i32 + off) as u8)
 }
 
 /// Whether `matmat_q` has an integer matrix kernel for `ty` (else it still works, one
@@ -579,6 +594,37 @@ pub(super) fn decode_row(ty: QuantType, row: &[u8], u: &mut [u8], fw: &mut [f32]
                 let d = h16(b.d);
                 for g in 0..16 {
                     fw[16 * i + g] = d * b.scales[g] as f32;
+                }
+            }
+        }
+        QuantType::IQ4NL | QuantType::MXFP4 => {
+            // one table level per nibble (order as Q4_0); scale f16 or E8M0 (a power of two)
+            let (ts, lut) =
+                if ty == QuantType::IQ4NL { (18, lut_u(&KVALUES_IQ4NL, 128)) } else { (17, lut_u(&KVALUES_MXFP4, MXFP4_OFF)) };
+            for (i, b) in row.chunks_exact(ts).enumerate() {
+                let qs: &[u8; 16] = b[ts - 16..].try_into().unwrap();
+                let o = &mut u[32 * i..32 * i + 32];
+                nib(o, qs);
+                for v in o.iter_mut() {
+                    *v = lut[*v as usize];
+                }
+                fw[i] = if ty == QuantType::IQ4NL { h16([b[0], b[1]]) } else { e8m0_half(b[0]) };
+            }
+        }
+        QuantType::IQ4XS => {
+            let lut = lut_u(&KVALUES_IQ4NL, 128);
+            for (i, b) in view::<BlockIQ4XS>(row).iter().enumerate() {
+                // sub-block ib: an IQ4_NL block's nibbles in qs[16ib..16ib + 16], scale d * (ls - 32)
+                for ib in 0..8 {
+                    let o = &mut u[256 * i + 32 * ib..256 * i + 32 * ib + 32];
+                    nib(o, b.qs[16 * ib..16 * ib + 16].try_into().unwrap());
+                    for v in o.iter_mut() {
+                        *v = lut[*v as usize];
+                    }
+                }
+                let d = h16(b.d);
+                for (g, &s) in super::dequant::iq4xs_scales(b).iter().enumerate() {
+                    fw[8 * i + g] = d * s as f32;
                 }
             }
         }

@@ -12,16 +12,18 @@
 //! in blocks of `T`, each weight vector loaded once per block.
 //!
 //! `vpmaddubsw` takes the weights as its unsigned operand (u = q + off, 0..63 for every type
-//! but Q8_0) and saturates a pair sum at i16, which at most 2·63·128 never reaches. Q8_0's
-//! quants reach 255, so it keeps the widening kernel (`wide`): both sides to i16, `vpmaddwd`,
-//! 8 groups reduced together by a transposed `vphaddd` tree, the float chain per (row, token).
+//! but Q8_0, IQ4_NL and IQ4_XS; MXFP4's level + 12 is 0..24) and saturates a pair sum at i16,
+//! which at most 2·63·128 never reaches. Q8_0's quants reach 255 and IQ4_NL's table levels + 128
+//! reach 241, so those keep the widening kernel (`wide`): both sides to i16, `vpmaddwd`, 8
+//! groups reduced together by a transposed `vphaddd` tree, the float chain per (row, token).
 //!
 //! Why by hand: prefill is ~90% weight x activation products; the twin compiled for AVX2 widens
 //! to i32 and multiplies with `vpmulld`, and dequantizing to f32 tiles for an f32 GEMM does 8
 //! multiply-adds per instruction where `vpmaddubsw` does 32.
 
 use super::QuantType;
-use super::matmat::{Geo, Mins, Prep, act_quants, decode_row};
+use super::blocks::{KVALUES_IQ4NL, KVALUES_MXFP4, e8m0_half};
+use super::matmat::{Geo, MXFP4_OFF, Mins, Prep, act_quants, decode_row, h16, lut_u};
 use super::vecdot::{ActType, Q8_1_BYTES};
 use std::arch::x86_64::*;
 use std::cell::RefCell;
@@ -58,7 +60,8 @@ thread_local! {
 }
 
 /// `matmat::scalar`, bit for bit, on the AVX2 kernels. `false` (nothing written) unless
-/// `simd::level()` is `Avx2`, or for Q8_0 with `tm_ldy` (the caller goes through its buffer).
+/// `simd::level()` is `Avx2`, or for the `wide` types (Q8_0, IQ4_NL, IQ4_XS) with `tm_ldy` (the
+/// caller goes through its buffer).
 /// Lengths were checked by the caller; `rows, n_t > 0`; `geo == geo(ty)`; `p` filled for
 /// `acts`. `tm_ldy`: `None` writes y as [rows, n_t]; `Some(ldy)` writes it token-major,
 /// y[t·ldy + r].
@@ -78,7 +81,7 @@ pub(super) fn matmat(
     if crate::simd::level() != crate::simd::Level::Avx2 {
         return false;
     }
-    if ty == QuantType::Q8_0 {
+    if matches!(ty, QuantType::Q8_0 | QuantType::IQ4NL | QuantType::IQ4XS) {
         if tm_ldy.is_some() {
             return false;
         }
@@ -264,7 +267,8 @@ unsafe fn dispatch(ty: QuantType, k: &Tile, n_t: usize) {
             QuantType::Q6K => tiles::<3, 4, 2, 16, true, 0>(k, n_t),
             QuantType::Q4_0 => tiles::<3, 8, 8, 1, true, 0>(k, n_t),
             QuantType::Q5_0 => tiles::<3, 8, 4, 1, true, 0>(k, n_t),
-            _ => unreachable!("matmat_avx2::dispatch({ty}): Q8_0 runs `wide`"),
+            QuantType::MXFP4 => tiles::<3, 8, 4, 1, true, 0>(k, n_t), // u 0..24: 4 · 6144
+            _ => unreachable!("matmat_avx2::dispatch({ty}): Q8_0, IQ4_NL and IQ4_XS run `wide`"),
         }
     }
 }
@@ -274,7 +278,7 @@ unsafe fn dispatch(ty: QuantType, k: &Tile, n_t: usize) {
 ///
 /// # Safety
 /// AVX2, FMA and F16C available. `w`, `acts`, `y` have the lengths `matmat::check` demands for
-/// (ty, rows, cols, n_t), `rows, n_t > 0`, `geo == geo(ty)`, `ty != Q8_0`, and `p` was filled
+/// (ty, rows, cols, n_t), `rows, n_t > 0`, `geo == geo(ty)`, `ty` not a `wide` type, and `p` was filled
 /// for these activations (`Prep::fill`).
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -390,10 +394,40 @@ unsafe fn tiled(
     }
 }
 
-/// `decode_row` compiled for AVX2 (its loops vectorize to 32-byte runs).
+/// `decode_row` compiled for AVX2 (its loops vectorize to 32-byte runs), and for IQ4_NL /
+/// MXFP4 `decode_lut`: their table lookups stay scalar byte loads in `decode_row`, which made
+/// the tile's decoding MXFP4's bound at few tokens (8 tokens, 768x2048: 14 G MAC/s, 1.1x the
+/// f32 path, against Q5_0's 21).
 #[target_feature(enable = "avx2,fma,f16c")]
 fn decode_row_avx2(ty: QuantType, row: &[u8], u: &mut [u8], fw: &mut [f32], fmin: &mut [f32]) {
-    decode_row(ty, row, u, fw, fmin);
+    match ty {
+        QuantType::IQ4NL => decode_lut::<false>(row, u, fw),
+        QuantType::MXFP4 => decode_lut::<true>(row, u, fw),
+        _ => decode_row(ty, row, u, fw, fmin),
+    }
+}
+
+/// `decode_row` for IQ4_NL (MX = false: 18-byte blocks, f16 scale) and MXFP4 (MX = true:
+/// 17-byte blocks, E8M0 scale): the nibbles as Q4_0's, each looked up by `vpshufb` in the table
+/// of level + off (`lut_u`); the same bytes and scales.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn decode_lut<const MX: bool>(row: &[u8], u: &mut [u8], fw: &mut [f32]) {
+    let ts = if MX { 17 } else { 18 };
+    let lut = if MX { lut_u(&KVALUES_MXFP4, MXFP4_OFF) } else { lut_u(&KVALUES_IQ4NL, 128) };
+    // SAFETY: `lut` is 16 readable bytes.
+    let lut = unsafe { _mm_loadu_si128(lut.as_ptr().cast()) };
+    let m4 = _mm_set1_epi8(0x0F);
+    for ((b, o), f) in row.chunks_exact(ts).zip(u.chunks_exact_mut(32)).zip(fw.iter_mut()) {
+        let qs = &b[ts - 16..];
+        // SAFETY: `qs` is 16 readable bytes.
+        let p = unsafe { _mm_loadu_si128(qs.as_ptr().cast()) };
+        let lo = _mm_shuffle_epi8(lut, _mm_and_si128(p, m4));
+        let hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16::<4>(p), m4));
+        // SAFETY: `o` is 32 writable bytes; storeu has no alignment requirement.
+        unsafe { _mm256_storeu_si256(o.as_mut_ptr().cast(), _mm256_set_m128i(hi, lo)) };
+        *f = if MX { e8m0_half(b[0]) } else { h16([b[0], b[1]]) };
+    }
 }
 
 fn as_bytes_mut(v: &mut [A32]) -> &mut [u8] {
@@ -407,7 +441,8 @@ fn as_f32_mut(v: &mut [A32]) -> &mut [f32] {
     unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<f32>(), v.len() * 8) }
 }
 
-/// `matmat::scalar` for Q8_0 (same contract): group sums widened to i16, `vpmaddwd`.
+/// `matmat::scalar` for Q8_0, IQ4_NL and IQ4_XS (same contract): group sums widened to i16,
+/// `vpmaddwd`.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn wide(ty: QuantType, geo: &Geo, w: &[u8], rows: usize, cols: usize, acts: &[u8], n_t: usize, p: &Prep, y: &mut [f32]) {

@@ -2,7 +2,7 @@
 //! once), which stays the reference forever: same integers, same float steps, same bits.
 //!
 //! Owns: the weight-tile unpacker (one per type: packed quants -> unsigned bytes + f32 group
-//! scales), the 16-row transposes into the kernel's layout, the register-blocked kernel, the
+//! scales; the lookup-table types through one `vpshufb` of their 16 levels + offset), the 16-row transposes into the kernel's layout, the register-blocked kernel, the
 //! activation prep (`Prep::fill`'s fast path), and the run-time dispatch. The only `unsafe` of
 //! the matmat module lives here; every block says why it is sound.
 //!
@@ -38,6 +38,10 @@
 //!   4864x896 (Qwen2.5 FFN up):  Q5_0 84 / 236 / 295, Q8_0 82 / 237 / 297, Q4_1 92 / 241 / 270
 //!   896x4864, 128 tokens:       Q4_K 54 / 339 / 356, Q5_0 70 / 265 / 344, Q6_K 67 / 341 / 357,
 //!                               Q8_0 53 / 265 / 338, Q4_1 89 / 290 / 328
+//! The lookup-table types, same columns (Intel Xeon with AVX-512, 2 shared cores, 64 tokens):
+//!   640x2048: IQ4_NL 33 / 128 / 167, IQ4_XS 43 / 184 / 196, MXFP4 43 / 125 / 161; at a
+//!   Qwen3-30B-A3B expert's 768x2048 and 32 tokens IQ4_NL 31 / 108 / 135, IQ4_XS 43 / 153 /
+//!   161, MXFP4 31 / 104 / 129 (Q8_0 there: 43 / 96 / 106).
 //! The scalar twin runs 3-5 G MAC/s.
 
 use super::QuantType;
@@ -143,8 +147,8 @@ const RS: usize = 32;
 mod imp {
     use super::super::QuantType;
     use super::super::blocks::*;
-    use super::super::dequant::q3k_scales;
-    use super::super::matmat::{Geo, Mins, Prep};
+    use super::super::dequant::{iq4xs_scales, q3k_scales};
+    use super::super::matmat::{Geo, MXFP4_OFF, Mins, Prep, lut_u};
     use super::super::vecdot::{ActType, Q8_1_BYTES};
     use super::{A64, KC, RS, Scratch};
     use std::arch::x86_64::*;
@@ -271,12 +275,21 @@ mod imp {
                         unsafe { _mm512_storeu_ps(o.as_mut_ptr(), _mm512_cvtepi32_ps(bs)) };
                     }
                 } else {
-                    // 32-element groups (Q4_K, Q5_K: no offset, mins per group): pair sums
+                    // 32-element groups: pair sums. Q4_K, Q5_K: no offset, mins per group;
+                    // IQ4_XS: an offset, no mins.
                     let pairs = _mm512_add_epi32(bs, _mm512_srli_epi64::<32>(bs)); // even lanes
                     let v = _mm512_cvtepi64_epi32(pairs); // 8 i32
-                    let o = &mut p.fbs[g0..g0 + 8];
-                    // SAFETY: `o` is 8 writable f32.
-                    unsafe { _mm256_storeu_ps(o.as_mut_ptr(), _mm256_cvtepi32_ps(v)) };
+                    if geo.off != 0 {
+                        let o = &mut p.init[g0..g0 + 8];
+                        let v = _mm256_mullo_epi32(v, _mm256_set1_epi32(-geo.off));
+                        // SAFETY: `o` is 8 writable i32; storeu has no alignment requirement.
+                        unsafe { _mm256_storeu_si256(o.as_mut_ptr().cast(), v) };
+                    }
+                    if geo.mins == Mins::Group {
+                        let o = &mut p.fbs[g0..g0 + 8];
+                        // SAFETY: `o` is 8 writable f32.
+                        unsafe { _mm256_storeu_ps(o.as_mut_ptr(), _mm256_cvtepi32_ps(v)) };
+                    }
                 }
             }
         }
@@ -424,7 +437,61 @@ mod imp {
                     scale16(bytes16(&sc, true), f16s(b.d), &mut fw[16 * i..]);
                 }
             }
+            QuantType::IQ4NL => unpack_lut::<false>(wrow, u, r, ft),
+            QuantType::MXFP4 => unpack_lut::<true>(wrow, u, r, ft),
+            QuantType::IQ4XS => {
+                let lut = _mm256_broadcastsi128_si256(lut16(&lut_u(&KVALUES_IQ4NL, 128)));
+                for (i, b) in view::<BlockIQ4XS>(wrow).iter().enumerate() {
+                    let o = &mut u[256 * i..256 * i + 256];
+                    for j in 0..4 {
+                        // sub-blocks 2j, 2j + 1: 16 nibble bytes each, low nibbles first
+                        let bits = ld32(&b.qs, 32 * j);
+                        let lo = _mm256_and_si256(bits, m4);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
+                        let q0 = _mm256_permute2x128_si256::<0x20>(lo, hi); // sub-block 2j
+                        let q1 = _mm256_permute2x128_si256::<0x31>(lo, hi); // sub-block 2j + 1
+                        st32(o, 64 * j, _mm256_shuffle_epi8(lut, q0));
+                        st32(o, 64 * j + 32, _mm256_shuffle_epi8(lut, q1));
+                    }
+                    let d = f16s(b.d);
+                    for (g, &sc) in iq4xs_scales(b).iter().enumerate() {
+                        fw[8 * i + g] = d * sc as f32;
+                    }
+                }
+            }
             _ => unreachable!("unpack_row({ty}): no geometry"),
+        }
+    }
+
+    /// 16 bytes as one xmm.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn lut16(t: &[u8; 16]) -> __m128i {
+        // SAFETY: `t` is 16 readable bytes.
+        unsafe { _mm_loadu_si128(t.as_ptr().cast()) }
+    }
+
+    /// `unpack_row` for IQ4_NL (MX = false: 18-byte blocks, f16 scale) and MXFP4 (MX = true:
+    /// 17-byte blocks, E8M0 scale): nibbles as Q4_0, then one `vpshufb` through the table of
+    /// `level + off` (`matmat::lut_u`, the bytes `decode_row` produces); scales straight into
+    /// the tile layout, `ft[i * RS + r]`, as the legacy types do.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn unpack_lut<const MX: bool>(wrow: &[u8], u: &mut [u8], r: usize, ft: &mut [f32]) {
+        let ts = if MX { 17 } else { 18 };
+        let lut = if MX { lut_u(&KVALUES_MXFP4, MXFP4_OFF) } else { lut_u(&KVALUES_IQ4NL, 128) };
+        let lut = _mm256_broadcastsi128_si256(lut16(&lut));
+        let m4 = _mm_set1_epi8(0x0F);
+        let nb = wrow.len() / ts;
+        assert!(nb * ts == wrow.len() && u.len() >= 32 * nb && ft.len() >= RS * nb && r < RS);
+        for i in 0..nb {
+            let b = &wrow[ts * i..ts * (i + 1)];
+            let qs = &b[ts - 16..];
+            // SAFETY: `qs` is 16 readable bytes.
+            let p = unsafe { _mm_loadu_si128(qs.as_ptr().cast()) };
+            let q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16::<4>(p), m4), _mm_and_si128(p, m4));
+            st32(u, 32 * i, _mm256_shuffle_epi8(lut, q));
+            ft[RS * i + r] = if MX { e8m0_half(b[0]) } else { f16s([b[0], b[1]]) };
         }
     }
 
@@ -700,7 +767,8 @@ mod imp {
                 QuantType::Q4K | QuantType::Q5K => tiles::<4, R, 8, 8, false, 2>(k, n_t),
                 QuantType::Q2K => tiles::<4, R, 4, 16, false, 2>(k, n_t),
                 QuantType::Q3K | QuantType::Q6K => tiles::<4, R, 4, 16, true, 0>(k, n_t),
-                _ => tiles::<6, R, 8, 1, true, 0>(k, n_t), // Q4_0, Q5_0, Q8_0
+                QuantType::IQ4XS => tiles::<4, R, 8, 8, true, 0>(k, n_t),
+                _ => tiles::<6, R, 8, 1, true, 0>(k, n_t), // Q4_0, Q5_0, Q8_0, IQ4_NL, MXFP4
             }
         }
     }

@@ -55,6 +55,12 @@ pub enum QuantType {
     Q5K,
     Q6K,
     Q8K,
+    /// 4-bit lookup-table levels (`blocks::KVALUES_IQ4NL`), one f16 scale per 32.
+    IQ4NL,
+    /// IQ4_NL's levels with a 6-bit scale per 32 under one f16 per 256.
+    IQ4XS,
+    /// OCP microscaling FP4: E2M1 values, one E8M0 (power of two) scale per 32.
+    MXFP4,
     /// cortiq: i8 per element, one f32 scale per row (`q8r.rs`).
     Q8R,
     /// cortiq: 4-bit, 128-element blocks with 4 f16 scales, tiled for 512-bit loads (`q4t.rs`).
@@ -66,7 +72,7 @@ pub enum QuantType {
 impl QuantType {
     /// Every GGUF type (the ones with ggml ids and gguf-py reference fixtures); cortiq's own
     /// types are `OWN`.
-    pub const ALL: [QuantType; 14] = [
+    pub const ALL: [QuantType; 17] = [
         QuantType::F32,
         QuantType::F16,
         QuantType::BF16,
@@ -81,6 +87,9 @@ impl QuantType {
         QuantType::Q5K,
         QuantType::Q6K,
         QuantType::Q8K,
+        QuantType::IQ4NL,
+        QuantType::IQ4XS,
+        QuantType::MXFP4,
     ];
 
     /// cortiq's own weight types, which only cortiq's files (.cmf) store.
@@ -103,7 +112,10 @@ impl QuantType {
             13 => QuantType::Q5K,
             14 => QuantType::Q6K,
             15 => QuantType::Q8K,
+            20 => QuantType::IQ4NL,
+            23 => QuantType::IQ4XS,
             30 => QuantType::BF16,
+            39 => QuantType::MXFP4,
             _ => return None,
         })
     }
@@ -125,7 +137,10 @@ impl QuantType {
             QuantType::Q5K => 13,
             QuantType::Q6K => 14,
             QuantType::Q8K => 15,
+            QuantType::IQ4NL => 20,
+            QuantType::IQ4XS => 23,
             QuantType::BF16 => 30,
+            QuantType::MXFP4 => 39,
             QuantType::Q8R => 1000,
             QuantType::Q4T => 1001,
             QuantType::Q1 => 1002,
@@ -181,6 +196,9 @@ impl QuantType {
             QuantType::Q5K => "q5_K",
             QuantType::Q6K => "q6_K",
             QuantType::Q8K => "q8_K",
+            QuantType::IQ4NL => "iq4_nl",
+            QuantType::IQ4XS => "iq4_xs",
+            QuantType::MXFP4 => "mxfp4",
             QuantType::Q8R => "q8r",
             QuantType::Q4T => "q4t",
             QuantType::Q1 => "q1",
@@ -192,7 +210,9 @@ impl QuantType {
         match self {
             QuantType::F32 | QuantType::F16 | QuantType::BF16 => 1,
             QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q5_0 | QuantType::Q5_1 | QuantType::Q8_0 => 32,
+            QuantType::IQ4NL | QuantType::MXFP4 => 32,
             QuantType::Q2K | QuantType::Q3K | QuantType::Q4K | QuantType::Q5K | QuantType::Q6K | QuantType::Q8K => 256,
+            QuantType::IQ4XS => 256,
             QuantType::Q8R => 32,
             QuantType::Q4T | QuantType::Q1 => 128,
         }
@@ -215,6 +235,9 @@ impl QuantType {
             QuantType::Q5K => 176,
             QuantType::Q6K => 210,
             QuantType::Q8K => 292,
+            QuantType::IQ4NL => 18,
+            QuantType::IQ4XS => 136,
+            QuantType::MXFP4 => 17,
             QuantType::Q8R => 32,
             QuantType::Q4T => 72,
             QuantType::Q1 => 18,

@@ -111,6 +111,8 @@ impl std::fmt::Display for ActType {
 pub fn act_type(ty: QuantType) -> Option<ActType> {
     match ty {
         QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0 => Some(ActType::Q8_0),
+        QuantType::IQ4NL | QuantType::MXFP4 => Some(ActType::Q8_0),
+        QuantType::IQ4XS => Some(ActType::Q8K),
         // cortiq's own types: one Q8_0 block per 32 weights (see q8r.rs / q4t.rs / q1.rs)
         QuantType::Q8R | QuantType::Q4T | QuantType::Q1 => Some(ActType::Q8_0),
         QuantType::Q4_1 | QuantType::Q5_1 => Some(ActType::Q8_1),
@@ -478,10 +480,9 @@ fn matvec_impl(func: &str, ty: QuantType, w: &[u8], rows: usize, cols: usize, ac
     }
 }
 
-/// The scalar twins compiled for AVX2 + FMA (no AVX-512), for the types and orders
-/// `vecdot_avx2` has no kernel for (the k-quants): they keep ggml's AVX2 kernels' lanes as
-/// 8-element arrays, which vectorize here, and `mul_add` is one instruction instead of a libm
-/// call; the same code, so the same bits.
+/// The scalar twins compiled for AVX2 + FMA (no AVX-512), for the types `vecdot_avx2` has no
+/// kernel for (cortiq's own): `mul_add` is one instruction here instead of a libm call; the
+/// same code, so the same bits.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn rows_avx2(ty: QuantType, order: Order, w: &[u8], rb: usize, act: &[u8], y: &mut [f32]) {
@@ -519,6 +520,9 @@ fn scalar(ty: QuantType, w: &[u8], a: &[u8]) -> f32 {
         QuantType::Q4K => dot_q4k(view(w), view(a)),
         QuantType::Q5K => dot_q5k(view(w), view(a)),
         QuantType::Q6K => dot_q6k(view(w), view(a)),
+        QuantType::IQ4NL => dot_iq4nl(view(w), view(a)),
+        QuantType::IQ4XS => dot_iq4xs(view(w), view(a)),
+        QuantType::MXFP4 => dot_mxfp4(view(w), view(a)),
         QuantType::Q8R => super::q8r::vec_dot(w, a),
         QuantType::Q4T => super::q4t::vec_dot(w, a),
         QuantType::Q1 => super::q1::vec_dot(w, a),
@@ -1032,6 +1036,89 @@ pub(super) fn q6k_lanes_of(q: &[i8; QK_K], sc: &[i32; 16], y: &BlockQ8K) -> [i32
     let mut p = lanes256(q, sc, &y.qs);
     for (l, v) in p.iter_mut().enumerate() {
         *v -= (bs[2 * l] * sc[2 * l] + bs[2 * l + 1] * sc[2 * l + 1]) << 5;
+    }
+    p
+}
+
+// ---------------------------------------------------------------- 4-bit lookup-table types
+
+/// The 32 levels of a lookup-table block in element order (Q4_0's nibble order: element j < 16
+/// is `levels[qs[j] & 15]`, element j >= 16 is `levels[qs[j - 16] >> 4]`).
+#[inline(always)]
+pub(super) fn lut_levels(qs: &[u8; QK / 2], levels: &[i8; 16]) -> [i8; QK] {
+    let mut q = [0i8; QK];
+    for j in 0..QK / 2 {
+        q[j] = levels[(qs[j] & 0x0F) as usize];
+        q[j + QK / 2] = levels[(qs[j] >> 4) as usize];
+    }
+    q
+}
+
+/// ggml's AVX2 float order of `ggml_vec_dot_iq4_nl_q8_0` and `ggml_vec_dot_mxfp4_q8_0`: blocks
+/// go in pairs, the even block of each pair into one 8-lane accumulator and the odd one into a
+/// second (`acc = fma(dx*dy, lanes, acc)`), the two are added lane by lane and reduced with
+/// `hsum8`; an odd last block is then added as a scalar `fma(dx*dy, sum of its lanes, result)`
+/// (ggml's C tail loop, `sumf += d * sumi`, which GCC contracts). `block(i)` gives block i's
+/// `dx*dy` and lanes.
+#[inline(always)]
+fn dot_pairs(nb: usize, block: impl Fn(usize) -> (f32, [i32; 8])) -> f32 {
+    let mut acc = [[0f32; 8]; 2];
+    let pairs = nb - nb % 2;
+    for i in 0..pairs {
+        let (d, p) = block(i);
+        fma_lanes(&mut acc[i % 2], d, &p);
+    }
+    let mut sum = hsum8(std::array::from_fn(|l| acc[0][l] + acc[1][l]));
+    if pairs < nb {
+        let (d, p) = block(pairs);
+        sum = d.mul_add(p.iter().sum::<i32>() as f32, sum);
+    }
+    sum
+}
+
+/// ggml_vec_dot_iq4_nl_q8_0 (AVX2): `dot_pairs` with lanes of the table levels times the
+/// activation quants, `dx*dy = f16(dy) * f16(dx)`.
+#[inline(always)]
+fn dot_iq4nl(w: &[BlockIQ4NL], a: &[BlockQ8_0]) -> f32 {
+    dot_pairs(w.len().min(a.len()), |i| {
+        let (x, y) = (&w[i], &a[i]);
+        (h16(y.d) * h16(x.d), lanes32(&lut_levels(&x.qs, &KVALUES_IQ4NL), &y.qs))
+    })
+}
+
+/// ggml_vec_dot_mxfp4_q8_0 (AVX2): as IQ4_NL with MXFP4's levels and `dx = e8m0_half(e)`.
+#[inline(always)]
+fn dot_mxfp4(w: &[BlockMXFP4], a: &[BlockQ8_0]) -> f32 {
+    dot_pairs(w.len().min(a.len()), |i| {
+        let (x, y) = (&w[i], &a[i]);
+        (h16(y.d) * e8m0_half(x.e), lanes32(&lut_levels(&x.qs, &KVALUES_MXFP4), &y.qs))
+    })
+}
+
+/// ggml_vec_dot_iq4_xs_q8_K (AVX2): per super-block the lanes of its 8 sub-blocks, each scaled
+/// by the sub-block's `ls - 32` and summed in integers (exact), then one
+/// `acc = fma(f16(dx) * dy, lanes, acc)`; result `hsum8(acc)`.
+#[inline(always)]
+fn dot_iq4xs(w: &[BlockIQ4XS], a: &[BlockQ8K]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (x, y) in w.iter().zip(a) {
+        let d = h16(x.d) * q8k_d(y);
+        fma_lanes(&mut acc, d, &iq4xs_lanes(x, y));
+    }
+    hsum8(acc)
+}
+
+/// IQ4_XS lanes: lane l = sum over sub-blocks ib of (ls_ib - 32) * (the sub-block's products of
+/// elements 4l..4l+4).
+#[inline(always)]
+fn iq4xs_lanes(x: &BlockIQ4XS, y: &BlockQ8K) -> [i32; 8] {
+    let sc = super::dequant::iq4xs_scales(x);
+    let mut p = [0i32; 8];
+    for (ib, (qs, ys)) in x.qs.chunks_exact(QK / 2).zip(y.qs.chunks_exact(QK)).enumerate() {
+        let l = lanes32(&lut_levels(qs.try_into().expect("16 bytes"), &KVALUES_IQ4NL), ys.try_into().expect("32 quants"));
+        for (o, v) in p.iter_mut().zip(l) {
+            *o += sc[ib] as i32 * v;
+        }
     }
     p
 }

@@ -1,7 +1,8 @@
 //! AVX2 (+ FMA + F16C, no AVX-512, no VNNI) twins of the integer dot products in `vecdot.rs`,
-//! which stay the reference forever: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K in ggml's
-//! `vec_dot` order, Q4_0 and Q4_K in llama.cpp's repacked gemv/gemm orders, Q4_K/Q5_K/Q6_K in
-//! its tiled order (Q2_K/Q3_K run their scalar twins compiled for AVX2).
+//! which stay the reference forever: every GGUF weight type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+//! Q2_K .. Q6_K, IQ4_NL, IQ4_XS, MXFP4) in ggml's `vec_dot` order, Q4_0, Q4_K and Q2_K in
+//! llama.cpp's repacked gemv/gemm orders, Q2_K .. Q6_K in its tiled order (cortiq's own types
+//! run their scalar twins compiled for AVX2).
 //!
 //! Owns: the kernels (generic over R rows sharing one activation row, like the AVX-512 twins in
 //! `vecdot_avx512.rs`), `dispatch` / `matvec` for the `Level::Avx2` tier, and `vec_dot_order` /
@@ -50,12 +51,17 @@ pub fn covers(ty: QuantType, order: Order) -> bool {
                 | QuantType::Q5_0
                 | QuantType::Q5_1
                 | QuantType::Q8_0
+                | QuantType::Q2K
+                | QuantType::Q3K
                 | QuantType::Q4K
                 | QuantType::Q5K
                 | QuantType::Q6K
+                | QuantType::IQ4NL
+                | QuantType::IQ4XS
+                | QuantType::MXFP4
         ),
-        Order::RepackGemv | Order::RepackGemm => matches!(ty, QuantType::Q4_0 | QuantType::Q4K),
-        Order::Tiled => matches!(ty, QuantType::Q4K | QuantType::Q5K | QuantType::Q6K),
+        Order::RepackGemv | Order::RepackGemm => matches!(ty, QuantType::Q4_0 | QuantType::Q4K | QuantType::Q2K),
+        Order::Tiled => matches!(ty, QuantType::Q2K | QuantType::Q3K | QuantType::Q4K | QuantType::Q5K | QuantType::Q6K),
     }
 }
 
@@ -80,7 +86,7 @@ pub fn vec_dot_order(ty: QuantType, order: Order, w: &[u8], a: &[u8]) -> Option<
     #[cfg(target_arch = "x86_64")]
     {
         // SAFETY: cpu_has() confirmed avx2, fma and f16c; every load is bounds-checked.
-        return unsafe { imp::rows::<1>(ty, order, [w], a) }.map(|r| r[0]);
+        unsafe { imp::rows::<1>(ty, order, [w], a) }.map(|r| r[0])
     }
     #[cfg(not(target_arch = "x86_64"))]
     None
@@ -121,7 +127,7 @@ pub fn matvec_order(ty: QuantType, order: Order, w: &[u8], rb: usize, a: &[u8], 
             // SAFETY: as in `vec_dot_order`.
             *o = unsafe { imp::rows::<1>(ty, order, [row], a) }.expect("covered")[0];
         }
-        return true;
+        true
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -166,7 +172,7 @@ pub fn quantize_act_any(act: super::vecdot::ActType, x: &[f32], out: &mut [u8]) 
 mod imp {
     use super::super::QuantType;
     use super::super::blocks::*;
-    use super::super::dequant::k4_scale_min;
+    use super::super::dequant::{iq4xs_scales, k4_scale_min, q3k_scales};
     use super::super::vecdot::{Order, Q8_1_BYTES, hsum4, hsum8};
     use std::arch::x86_64::*;
 
@@ -425,6 +431,14 @@ mod imp {
             QuantType::Q5_0 => q5_0::<R>(v!(BlockQ5_0), view(a), false),
             QuantType::Q4_1 => q4_1::<R>(v!(BlockQ4_1), a, nb(20)),
             QuantType::Q5_1 => q5_1::<R>(v!(BlockQ5_1), a, nb(24)),
+            QuantType::Q2K => match order {
+                Order::VecDot => q2k::<R, 0>(v!(BlockQ2K), view(a)),
+                Order::RepackGemv => q2k::<R, 1>(v!(BlockQ2K), view(a)),
+                Order::RepackGemm => q2k::<R, 2>(v!(BlockQ2K), view(a)),
+                Order::Tiled => q2k::<R, 3>(v!(BlockQ2K), view(a)),
+            },
+            QuantType::Q3K if order == Order::Tiled => q3k::<R, 3>(v!(BlockQ3K), view(a)),
+            QuantType::Q3K => q3k::<R, 0>(v!(BlockQ3K), view(a)),
             QuantType::Q4K => match order {
                 Order::VecDot => q4k::<R, 0>(v!(BlockQ4K), view(a)),
                 Order::RepackGemv => q4k::<R, 1>(v!(BlockQ4K), view(a)),
@@ -435,6 +449,9 @@ mod imp {
             QuantType::Q5K => q5k::<R, 0>(v!(BlockQ5K), view(a)),
             QuantType::Q6K if order == Order::Tiled => q6k::<R, 3>(v!(BlockQ6K), view(a)),
             QuantType::Q6K => q6k::<R, 0>(v!(BlockQ6K), view(a)),
+            QuantType::IQ4NL => iq4nl::<R>(v!(BlockIQ4NL), view(a)),
+            QuantType::MXFP4 => mxfp4::<R>(v!(BlockMXFP4), view(a)),
+            QuantType::IQ4XS => iq4xs::<R>(v!(BlockIQ4XS), view(a)),
             _ => return None,
         })
     }
@@ -579,6 +596,123 @@ mod imp {
         let q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256::<1>(bs));
         let m = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(i64::from_le_bytes(*mins)));
         _mm_madd_epi16(m, q8s)
+    }
+
+    /// `(v >> 2k) & 3` per byte.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn crumb(v: __m256i, k: usize) -> __m256i {
+        _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * k as i32)), _mm256_set1_epi8(3))
+    }
+
+    /// ggml_vec_dot_q2_K_q8_K: acc = fma(dmin, min lanes, acc), then acc = fma(d, lanes, acc).
+    /// With K = 1, llama.cpp's repacked gemv order instead: acc = fma(sum, dx*dy, acc) and
+    /// acc_min = fma(min sum, dmin_x*dy, acc_min) in scalars per block, result acc - acc_min;
+    /// K = 2 (its gemm) does the same per 128-element half block; K = 3 its tiled order.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn q2k<const R: usize, const K: u8>(w: [&[BlockQ2K]; R], a: &[BlockQ8K]) -> [f32; R] {
+        let mut acc = [_mm256_setzero_ps(); R];
+        let (mut acc_s, mut acc_m) = ([0f32; R], [0f32; R]);
+        for (i, y) in a.iter().enumerate() {
+            let dy = f32::from_le_bytes(y.d);
+            let bs = bsums(y);
+            for r in 0..R {
+                let Some(x) = w[r].get(i) else { continue };
+                let d = dy * f16s(x.d);
+                let dmin = -dy * f16s(x.dmin);
+                let sc8 = ld16(&x.scales, 0);
+                let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(sc8), _mm_set1_epi8(0x0F)));
+                let pm = _mm256_madd_epi16(mins, bs);
+                let dmin_r = f16s(x.dmin) * dy;
+                match K {
+                    0 => acc[r] = fma_lanes(acc[r], dmin, pm),
+                    1 => acc_m[r] = (hsum_i32(pm) as f32).mul_add(dmin_r, acc_m[r]),
+                    3 => {}
+                    _ => {
+                        // lanes 0..4 hold groups 0..8 (first 128 elements), lanes 4..8 the rest
+                        let lo = _mm256_blend_epi32::<0b1111_0000>(pm, _mm256_setzero_si256());
+                        let hi = _mm256_blend_epi32::<0b0000_1111>(pm, _mm256_setzero_si256());
+                        acc_m[r] = (hsum_i32(lo) as f32).mul_add(dmin_r, acc_m[r]);
+                        acc_m[r] = (hsum_i32(hi) as f32).mul_add(dmin_r, acc_m[r]);
+                    }
+                }
+                let mut sc = [0i16; 16];
+                for (s, &b) in sc.iter_mut().zip(&x.scales) {
+                    *s = (b & 0x0F) as i16;
+                }
+                let d_r = f16s(x.d) * dy;
+                let mut sumi = _mm256_setzero_si256();
+                for j in 0..2 {
+                    let bits = ld32(&x.qs, 32 * j);
+                    let mut sj = _mm256_setzero_si256();
+                    for k in 0..4 {
+                        let p = mad(crumb(bits, k), ld32io(&y.qs, 128 * j + 32 * k), scale_pair(&sc, 8 * j + 2 * k));
+                        sj = _mm256_add_epi32(sj, p);
+                    }
+                    if K == 2 {
+                        acc_s[r] = (hsum_i32(sj) as f32).mul_add(d_r, acc_s[r]);
+                    }
+                    sumi = _mm256_add_epi32(sumi, sj);
+                }
+                match K {
+                    0 => acc[r] = fma_lanes(acc[r], d, sumi),
+                    1 => acc_s[r] = (hsum_i32(sumi) as f32).mul_add(d_r, acc_s[r]),
+                    3 => acc_s[r] = tiled_step(acc_s[r], hsum_i32(sumi), hsum_i32(pm), x.d, Some(x.dmin), dy),
+                    _ => {}
+                }
+            }
+        }
+        let mut out = [0f32; R];
+        for r in 0..R {
+            out[r] = match K {
+                0 => hsum(acc[r]),
+                3 => acc_s[r],
+                _ => acc_s[r] - acc_m[r],
+            };
+        }
+        out
+    }
+
+    /// ggml_vec_dot_q3_K_q8_K: q = low2 - 4 where the hmask bit is clear, as two `vpmaddubsw`
+    /// (low2 · a and 4 · a where the bit is clear) subtracted, then `vpmaddwd` by the scales;
+    /// K = 3: llama.cpp's tiled order.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn q3k<const R: usize, const K: u8>(w: [&[BlockQ3K]; R], a: &[BlockQ8K]) -> [f32; R] {
+        let mut acc = [_mm256_setzero_ps(); R];
+        let mut acc_s = [0f32; R];
+        for (i, y) in a.iter().enumerate() {
+            let dy = f32::from_le_bytes(y.d);
+            for r in 0..R {
+                let Some(x) = w[r].get(i) else { continue };
+                let d = dy * f16s(x.d);
+                let s6 = q3k_scales(&x.scales);
+                let mut sc = [0i16; 16];
+                for (s, &v) in sc.iter_mut().zip(&s6) {
+                    *s = v as i16;
+                }
+                let hbits = ld32(&x.hmask, 0);
+                let mut sumi = _mm256_setzero_si256();
+                for j in 0..2 {
+                    let bits = ld32(&x.qs, 32 * j);
+                    for k in 0..4 {
+                        let q8 = ld32io(&y.qs, 128 * j + 32 * k);
+                        let h4 = _mm256_andnot_si256(bit_set(hbits, 1u8 << (4 * j + k)), _mm256_set1_epi8(4));
+                        let p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(crumb(bits, k), q8), _mm256_maddubs_epi16(h4, q8));
+                        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, scale_pair(&sc, 8 * j + 2 * k)));
+                    }
+                }
+                if K == 3 {
+                    acc_s[r] = tiled_step(acc_s[r], hsum_i32(sumi), 0, x.d, None, dy);
+                } else {
+                    acc[r] = fma_lanes(acc[r], d, sumi);
+                }
+            }
+        }
+        let mut out = [0f32; R];
+        for r in 0..R {
+            out[r] = if K == 3 { acc_s[r] } else { hsum(acc[r]) };
+        }
+        out
     }
 
     /// ggml_vec_dot_q4_K_q8_K: acc = fma(d, lanes, acc); acc_m = fma(dmin, min lanes, acc_m)
@@ -766,6 +900,96 @@ mod imp {
         let mut out = [0f32; R];
         for r in 0..R {
             out[r] = if K == 3 { acc_s[r] } else { hsum(acc[r]) };
+        }
+        out
+    }
+
+    // ------------------------------------------------------------ 4-bit lookup-table types
+    // ggml's instructions: the nibbles index a 16-byte table of the signed levels with
+    // `vpshufb` (the table in both 128-bit halves), then the signed x signed byte dot of the
+    // legacy types (`dot_i8`: |w| * sign(a, w), exact for activations in -127..127).
+
+    /// The 16 levels of a table in both 128-bit halves, for `vpshufb`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn levels(k: &[i8; 16]) -> __m256i {
+        // SAFETY: `k` is 16 readable bytes; loadu has no alignment requirement.
+        _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(k.as_ptr().cast()) })
+    }
+
+    /// The 32 levels of 16 nibble bytes, in element order (low nibbles, then high nibbles).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn lut32(qs: &[u8], t: __m256i) -> __m256i {
+        _mm256_shuffle_epi8(t, nib32(qs))
+    }
+
+    macro_rules! lut_q8_0 {
+        ($name:ident, $B:ty, $levels:expr, |$x:ident| $d:expr) => {
+            /// `vecdot::dot_pairs`: the even block of each pair into `acc[.][0]`, the odd one into
+            /// `acc[.][1]` (ggml's accum1 / accum2), added and reduced at the end; an odd last
+            /// block as a scalar FMA of its lane sum. Matvec's empty padding rows give 0.
+            #[target_feature(enable = "avx2,fma,f16c")]
+            fn $name<const R: usize>(w: [&[$B]; R], a: &[BlockQ8_0]) -> [f32; R] {
+                let t = levels(&$levels);
+                let mut acc = [[_mm256_setzero_ps(); 2]; R];
+                let mut tail = [0f32; R];
+                let pairs = a.len() - a.len() % 2;
+                let mut out = [0f32; R];
+                for (i, y) in a.iter().enumerate() {
+                    let dy = f16s(y.d);
+                    let qy = ld32i(&y.qs);
+                    for r in 0..R {
+                        let Some($x) = w[r].get(i) else { continue };
+                        let d = dy * $d;
+                        let p = dot_i8(lut32(&$x.qs, t), qy);
+                        if i < pairs {
+                            acc[r][i % 2] = fma_lanes(acc[r][i % 2], d, p);
+                        } else {
+                            tail[r] = d;
+                            out[r] = hsum_i32(p) as f32;
+                        }
+                    }
+                }
+                for r in 0..R {
+                    let sum = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
+                    // the odd last block's FMA only where ggml's tail loop runs (padding rows
+                    // have no blocks)
+                    out[r] = if pairs < a.len() && w[r].len() == a.len() { tail[r].mul_add(out[r], sum) } else { sum };
+                }
+                out
+            }
+        };
+    }
+
+    lut_q8_0!(iq4nl, BlockIQ4NL, KVALUES_IQ4NL, |x| f16s(x.d));
+    lut_q8_0!(mxfp4, BlockMXFP4, KVALUES_MXFP4, |x| e8m0_half(x.e));
+
+    /// ggml_vec_dot_iq4_xs_q8_K: per pair of sub-blocks `vpmaddubsw(|w|, sign(a, w))` and
+    /// `vpmaddwd` by the sub-block's `ls - 32`, summed over the super-block in i32 lanes, then
+    /// acc = fma(f16(dx) * dy, lanes, acc); hsum8.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn iq4xs<const R: usize>(w: [&[BlockIQ4XS]; R], a: &[BlockQ8K]) -> [f32; R] {
+        let t = levels(&KVALUES_IQ4NL);
+        let mut acc = [_mm256_setzero_ps(); R];
+        for (i, y) in a.iter().enumerate() {
+            let dy = f32::from_le_bytes(y.d);
+            let qy: [__m256i; 8] = std::array::from_fn(|ib| ld32io(&y.qs, 32 * ib));
+            for r in 0..R {
+                let Some(x) = w[r].get(i) else { continue };
+                let sc = iq4xs_scales(x);
+                let mut sumi = _mm256_setzero_si256();
+                for (ib, &q8) in qy.iter().enumerate() {
+                    let q = lut32(&x.qs[16 * ib..16 * ib + 16], t);
+                    let p16 = _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(q8, q));
+                    sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, _mm256_set1_epi16(sc[ib] as i16)));
+                }
+                acc[r] = fma_lanes(acc[r], f16s(x.d) * dy, sumi);
+            }
+        }
+        let mut out = [0f32; R];
+        for r in 0..R {
+            out[r] = hsum(acc[r]);
         }
         out
     }

@@ -39,6 +39,10 @@ pub struct AttentionWeights {
     pub bv: Option<Vec<f32>>,
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
+    /// The output projection's bias (gpt-oss).
+    pub bo: Option<Vec<f32>>,
+    /// [n_heads]: each head's sink logit (gpt-oss; `ModelConfig::attn_sinks`).
+    pub sinks: Option<Vec<f32>>,
 }
 
 /// Attention over a chunk of `n` new positions starting at `pos0`.
@@ -121,6 +125,14 @@ pub fn attention_core(
 ) -> Result<(Vec<f32>, Option<Vec<f32>>)> {
     let (hd, nh, nkv) = (cfg.head_dim, cfg.n_heads, cfg.n_kv_heads);
     let (q_dim, kv_dim) = (cfg.q_dim(), cfg.kv_dim());
+    if w.sinks.is_some()
+        && (num == Numerics::LlamaCpp || matches!(kv, Cache::O1(_)) || !matches!(o1, AttnO1::Off | AttnO1::Stats(_)))
+    {
+        return Err(crate::EngineError::Unsupported(
+            "attention sinks (gpt-oss) run under fast or exact numerics with exact attention only (not --numerics llamacpp, --o1 or --kv-window)"
+                .into(),
+        ));
+    }
     let gate = attn_prep(cfg, w, rope_cfg, &mut q, &mut k, &mut v, n, pos0, num);
     trace("q", &q);
     trace("k", &k);
@@ -196,7 +208,8 @@ pub fn attention_core(
     } else {
         let scale = cfg.attn_scale;
         let lo = visible(pos0);
-        let at = AttnCtx { hd, nh, group, kv_dim, q_dim, pos0, lo, scale, softcap, window, fast: num == Numerics::Fast };
+        let sinks = w.sinks.as_deref();
+        let at = AttnCtx { hd, nh, group, kv_dim, q_dim, pos0, lo, scale, softcap, window, fast: num == Numerics::Fast, sinks };
         if n >= ATTN_GEMM_MIN {
             // Positions lo.. are the only ones any query of this chunk sees: an f16 or 8-bit
             // cache is read over that span alone (a sliding layer's window, not the whole
@@ -353,6 +366,7 @@ pub fn attention_rows(
         softcap: cfg.attn_logit_softcap,
         window,
         fast: num == Numerics::Fast,
+        sinks: w.sinks.as_deref(),
     };
     let caches: Vec<&Cache> = seqs.iter().map(|s| &*s.kv).collect();
     let mut o = vec![0f32; rows.len() * q_dim]; // [Σ n_i, n_heads, head_dim]
@@ -379,7 +393,11 @@ pub fn attn_output(
     }
     trace("attn_out", &o);
     debug_assert_eq!(w.wo.rows, cfg.d_model);
-    w.wo.project(&o, n, independent) // [n, d_model]
+    let mut y = w.wo.project(&o, n, independent); // [n, d_model]
+    if let Some(b) = &w.bo {
+        crate::mixers::add_bias(&mut y, b);
+    }
+    y
 }
 
 /// The O(1) plan's checking path: the teacher-forced matrix form (f64) over every position so
@@ -456,7 +474,7 @@ thread_local! {
 }
 
 /// What the exact/fast attention loops need to know about a chunk.
-struct AttnCtx {
+struct AttnCtx<'a> {
     hd: usize,
     nh: usize,
     group: usize,
@@ -471,14 +489,19 @@ struct AttnCtx {
     window: Option<usize>,
     /// `Numerics::Fast`: the vector-exp softmax (a few ulp from libm's; exact mode keeps libm).
     fast: bool,
+    /// [nh]: each head's sink logit (gpt-oss), one more term of every softmax's denominator.
+    sinks: Option<&'a [f32]>,
 }
 
-impl AttnCtx {
+impl AttnCtx<'_> {
     /// The softmax weights of scores, returning what the P·V row is to be multiplied by: fast
     /// numerics leave them unnormalised (`exp_minus_max`) and return 1/Σ (one product per
     /// output value instead of one per key); exact numerics normalise them (libm's softmax)
     /// and return 1, a product that changes nothing.
-    fn weights(&self, x: &mut [f32]) -> f32 {
+    fn weights(&self, x: &mut [f32], head: usize) -> f32 {
+        if let Some(sinks) = self.sinks {
+            return weights_with_sink(x, sinks[head], if self.fast { Exp::Fast } else { Exp::Libm });
+        }
         if self.fast {
             1.0 / exp_minus_max(x)
         } else {
@@ -502,6 +525,27 @@ impl AttnCtx {
             None => s,
         }
     }
+}
+
+/// Softmax weights of scores x with a sink logit s in the denominator (gpt-oss's learned sinks):
+/// x ← e^{x − M}, M = max(max x, s), returning 1 / (Σ e^{x − M} + e^{s − M}) — what the P·V row
+/// is multiplied by.
+fn weights_with_sink(x: &mut [f32], sink: f32, exp: Exp) -> f32 {
+    let m = x.iter().copied().fold(sink, f32::max);
+    let mut z = exp.of(sink - m);
+    for v in x.iter_mut() {
+        *v = exp.of(*v - m);
+        z += *v;
+    }
+    1.0 / z
+}
+
+/// A sink as one more partial of a head's decode splits (`kvattn::merge`): maximum s, sum 1,
+/// no value.
+fn sink_partial(sink: f32, hd: usize) -> Vec<f32> {
+    let mut p = vec![0f32; part_len(hd)];
+    (p[0], p[1]) = (sink, 1.0);
+    p
 }
 
 /// Decode attention cuts each query's visible keys at the multiples of this many positions
@@ -551,6 +595,7 @@ pub(crate) fn attend_latent(
         softcap: None,
         window: None,
         fast,
+        sinks: None,
     };
     let rows: Vec<(usize, usize)> = positions.iter().map(|&p| (p, 0)).collect();
     decode_attend_from(&at, qs, &rows, &[(KvRows::F32(lat), KvRows::F32(lat), None)], o);
@@ -711,6 +756,7 @@ fn attend_jobs(
             });
         }
     });
+    let sinks: Vec<Vec<f32>> = at.sinks.map_or_else(Vec::new, |s| s.iter().map(|&x| sink_partial(x, hd)).collect());
     for (r, mine) in sj.of_row.iter().enumerate() {
         for h in 0..nh {
             let (hb, rel) = (h / hpi, h % hpi);
@@ -719,7 +765,11 @@ fn attend_jobs(
                 let at_head = (rel / group) * (nr * group) + slot * group + rel % group;
                 &parts[(j * n_hb + hb) * chunk + at_head * pl..][..pl]
             });
-            merge(heads, rule.exp, &mut o[r * at.q_dim + h * hd..][..hd]);
+            let out = &mut o[r * at.q_dim + h * hd..][..hd];
+            match sinks.get(h) {
+                Some(sink) => merge(heads.chain(std::iter::once(&sink[..])), rule.exp, out),
+                None => merge(heads, rule.exp, out),
+            }
         }
     }
 }
@@ -837,7 +887,7 @@ fn attend_blocked(at: &AttnCtx, q: &[f32], n: usize, keys: KvRows, vals: KvRows,
                     row[b..].fill(0.0);
                     let vis = &mut row[a..b];
                     vis.iter_mut().for_each(|x| *x = at.score(*x));
-                    *inv = at.weights(vis);
+                    *inv = at.weights(vis, head);
                 }
                 // O = P · V[k0..k1], each row then times its 1/Σ
                 let v_h = &vrows[(k0 - vbase) * kv_dim + kvh * hd..];
@@ -907,7 +957,20 @@ mod tests {
             let v = rnd(total * kv_dim, &mut seed);
             let first = |p: usize| window.map_or(0, |w: usize| (p + 1).saturating_sub(w));
             let lo = first(pos0);
-            let at = AttnCtx { hd, nh, group: nh / nkv, kv_dim, q_dim, pos0, lo, scale: 0.3, softcap, window, fast: false };
+            let at = AttnCtx {
+                hd,
+                nh,
+                group: nh / nkv,
+                kv_dim,
+                q_dim,
+                pos0,
+                lo,
+                scale: 0.3,
+                softcap,
+                window,
+                fast: false,
+                sinks: None,
+            };
             // Each cache type: the blocked form reads it as the decode kernel does (f16 and
             // 8-bit widened into panels and rows, the 8-bit keys transformed back).
             for kind in [KvType::F32, KvType::F16, KvType::Q8] {
@@ -957,7 +1020,20 @@ mod tests {
             let k = rnd((p + 1) * kv_dim, &mut seed);
             let v = rnd((p + 1) * kv_dim, &mut seed);
             let group = nh / nkv;
-            let at = AttnCtx { hd, nh, group, kv_dim, q_dim, pos0: 0, lo: 0, scale: 0.2, softcap: None, window, fast: true };
+            let at = AttnCtx {
+                hd,
+                nh,
+                group,
+                kv_dim,
+                q_dim,
+                pos0: 0,
+                lo: 0,
+                scale: 0.2,
+                softcap: None,
+                window,
+                fast: true,
+                sinks: None,
+            };
             let cache = Cache::Kv { k: k.clone(), v: v.clone() };
             let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
             let run = |rows: &[(usize, usize)], qs: &[f32], hpi: usize| {

@@ -65,6 +65,8 @@ impl Attention {
             bv: bias("attn_v.bias", kv_dim)?,
             q_norm: qk_norm("attn_q_norm.weight")?,
             k_norm: qk_norm("attn_k_norm.weight")?,
+            bo: if cfg.o_bias { Some(src.vector(&n("attn_output.bias"), d)?) } else { None },
+            sinks: if cfg.attn_sinks { Some(src.vector(&n("attn_sinks.weight"), cfg.n_heads)?) } else { None },
         };
         let gain = src.vector(&n("attn_norm.weight"), d)?;
         let rope = &cfg.ropes[spec.rope];
@@ -737,6 +739,8 @@ mod tests {
             bv: None,
             q_norm: None,
             k_norm,
+            bo: None,
+            sinks: None,
         }
     }
 
