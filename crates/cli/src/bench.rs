@@ -123,6 +123,7 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
     if a.n_gen > 0 {
         let prof = Profiler::start(&a.common);
         let (mut times, mut profiled) = (Vec::new(), 0.0);
+        let bytes0 = cortiq_engine::qtensor::weight_bytes();
         for rep in 0..=a.reps {
             let mut st = fresh(a.n_gen)?;
             let t = Instant::now();
@@ -137,6 +138,18 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
             last_state = Some(st);
         }
         let tg = report(format!("tg{}{at}", a.n_gen), a.n_gen, &times);
+        if a.common.profile || a.roofline {
+            // Counted by the products themselves (each matrix's bytes per call), against the
+            // active parameters: a mixture that read more than its routed experts shows here.
+            let per_tok = (cortiq_engine::qtensor::weight_bytes() - bytes0) as f64 / ((a.reps + 1) * a.n_gen) as f64;
+            let active = model.decode_weight_bytes() as f64;
+            println!(
+                "weights read: {:.1} MB per token (counted), active parameters {:.1} MB: {:.3}x",
+                per_tok / 1e6,
+                active / 1e6,
+                per_tok / active
+            );
+        }
         // The decode steps only: the verify costs and the bandwidth probe below are not theirs.
         prof.finish_over(&format!("tg{} (all {} runs)", a.n_gen, a.reps + 1), profiled);
         if a.spec {

@@ -44,6 +44,20 @@ impl Ffn {
             Ffn::None => Vec::new(),
         }
     }
+
+    /// Weight bytes one token's pass reads: every matrix of a dense FFN; of a mixture, the
+    /// router, the shared expert and `top_k` experts of the mean expert size (the active
+    /// parameters).
+    pub fn active_bytes(&self, top_k: usize) -> usize {
+        match self {
+            Ffn::Moe(m) => {
+                let all: usize = m.experts.iter().map(|e| e.gate.n_bytes() + e.up.n_bytes() + e.down.n_bytes()).sum();
+                let rest: usize = m.matrices().iter().map(|t| t.n_bytes()).sum::<usize>() - all;
+                rest + all * top_k.min(m.experts.len()) / m.experts.len().max(1)
+            }
+            _ => self.matrices().iter().map(|t| t.n_bytes()).sum(),
+        }
+    }
 }
 
 impl LayerWeights {
@@ -223,14 +237,16 @@ impl Model {
         }
     }
 
-    /// Weight bytes one decode step streams: every layer matrix, the output head and one
-    /// embedding row (the numerator of the bandwidth roofline; norms and the KV cache are small
-    /// beside them at bench lengths).
+    /// Weight bytes one decode step streams: every layer matrix (of a mixture of experts, the
+    /// router, the shared expert and top-k experts: the active parameters), the output head and
+    /// one embedding row (the numerator of the bandwidth roofline; norms and the KV cache are
+    /// small beside them at bench lengths).
     pub fn decode_weight_bytes(&self) -> usize {
+        let top_k = self.cfg.moe.as_ref().map_or(0, |m| m.top_k);
         let layers: usize = self
             .layers
             .iter()
-            .map(|l| l.mixer.matrices().into_iter().chain(l.ffn.matrices()).map(|t| t.n_bytes()).sum::<usize>())
+            .map(|l| l.mixer.matrices().iter().map(|t| t.n_bytes()).sum::<usize>() + l.ffn.active_bytes(top_k))
             .sum();
         layers + self.output.n_bytes() + self.tok_embd.n_bytes() / self.tok_embd.rows.max(1)
     }

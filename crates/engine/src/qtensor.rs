@@ -448,7 +448,7 @@ impl QTensor {
             }
             return;
         }
-        WEIGHT_PASSES.fetch_add(ws.len() as u64, Ordering::Relaxed);
+        count_pass(ws);
         // [k, act row bytes] per activation format, quantized once before the dispatch.
         let mut acts: Vec<(ActType, Vec<u8>)> = Vec::new();
         {
@@ -521,7 +521,7 @@ impl QTensor {
         if ws.is_empty() || n_t == 0 {
             return;
         }
-        WEIGHT_PASSES.fetch_add(ws.len() as u64, Ordering::Relaxed);
+        count_pass(ws);
         if n_t == 1 {
             matvec_many(ws, x, y);
             return;
@@ -879,7 +879,22 @@ fn quantize_roundtrip(act: ActType, x: &[f32], cols: usize) -> Vec<f32> {
 /// serving step costs in weight reads. One relaxed add per matrix call.
 static WEIGHT_PASSES: AtomicU64 = AtomicU64::new(0);
 
+/// The bytes of those passes: each matrix's stored size once per product call (a decode
+/// step's count over the model's `decode_weight_bytes` says whether it reads only what it
+/// must: the routed experts, each once).
+static WEIGHT_BYTES: AtomicU64 = AtomicU64::new(0);
+
+fn count_pass(ws: &[&QTensor]) {
+    WEIGHT_PASSES.fetch_add(ws.len() as u64, Ordering::Relaxed);
+    WEIGHT_BYTES.fetch_add(ws.iter().map(|w| w.n_bytes() as u64).sum(), Ordering::Relaxed);
+}
+
 /// `WEIGHT_PASSES` so far (process-wide; take a difference around the work measured).
 pub fn weight_passes() -> u64 {
     WEIGHT_PASSES.load(Ordering::Relaxed)
+}
+
+/// `WEIGHT_BYTES` so far (process-wide, like `weight_passes`).
+pub fn weight_bytes() -> u64 {
+    WEIGHT_BYTES.load(Ordering::Relaxed)
 }

@@ -58,6 +58,9 @@ pub struct Rope {
     pub scaling: RopeScaling,
     /// cos and sin are multiplied by this (YaRN's attention factor; 1 otherwise).
     pub attn_factor: f64,
+    /// Llama 4's query temperature (Ministral 3): `(β, original context)`, the queries scaled
+    /// after RoPE by `query_scale(pos)`; None leaves them as they are.
+    pub q_temperature: Option<(f64, usize)>,
 }
 
 impl Rope {
@@ -106,7 +109,14 @@ impl Rope {
             RopeScaling::Yarn { attn_factor, .. } => attn_factor,
             _ => 1.0,
         };
-        Rope { style, rot_dim, inv_freq: inv, base: theta, scaling: scaling.clone(), attn_factor }
+        Rope { style, rot_dim, inv_freq: inv, base: theta, scaling: scaling.clone(), attn_factor, q_temperature: None }
+    }
+
+    /// The query temperature at `pos`: 1 + β·ln(1 + ⌊pos / orig⌋) (transformers'
+    /// get_llama_4_attn_scale and llama.cpp's attn_temp input with offset 0 agree), 1 below
+    /// the original context, so only long prompts see it; in f64, rounded once to f32.
+    pub fn query_scale(&self, pos: usize) -> Option<f32> {
+        self.q_temperature.map(|(beta, orig)| (1.0 + beta * ((pos / orig.max(1)) as f64 + 1.0).ln()) as f32)
     }
 
     /// cos and sin for `n` consecutive positions from `pos0`: each [n, rot_dim/2]. Shared:

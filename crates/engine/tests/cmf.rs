@@ -52,7 +52,7 @@ fn keep_from_hf_and_gguf_is_bit_identical() {
 /// (fast and exact numerics: gpt-oss's sinks refuse llama.cpp's).
 #[test]
 fn keep_is_bit_identical_for_derived_checkpoint_layouts() {
-    let arches = ["granitemoehybrid", "gpt_oss", "lfm2_moe", "smollm3", "nemotron_h", "mistral", "falcon_h1"];
+    let arches = ["granitemoehybrid", "gpt_oss", "lfm2_moe", "smollm3", "nemotron_h", "mistral", "ministral3", "falcon_h1"];
     keep_bit_identical("keep-derived", &arches, &[Numerics::Exact, Numerics::Fast]);
 }
 

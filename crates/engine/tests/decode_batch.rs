@@ -321,6 +321,12 @@ fn decode_batch_falcon_h1_parallel() {
     all_modes("falcon_h1");
 }
 
+/// Ministral 3: the query temperature per row's own position (the rows stand at different ones).
+#[test]
+fn decode_batch_ministral3() {
+    all_modes("ministral3");
+}
+
 #[test]
 fn decode_batch_nemotron_h() {
     all_modes("nemotron_h");

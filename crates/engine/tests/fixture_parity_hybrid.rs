@@ -23,6 +23,7 @@ fn tol(arch: &str) -> f32 {
         "qwen3_moe" => 5e-5,        // ours 5.960e-6 (decode step 11); HF f32 1.043e-5
         "falcon_h1" => 5e-5,        // ours 1.049e-5 (GGUF full forward); HF f32 9.424e-6
         "mistral" => 5e-5,          // ours 4.835e-6 (GGUF full forward); HF f32 1.521e-5
+        "ministral3" => 5e-5,       // ours 1.121e-5 (HF full forward, pos 68); HF f32 8.797e-6
         "nemotron_h" => 5e-5,       // ours 4.411e-6 (HF full forward); HF f32 1.003e-5
         "gpt_oss" => 1e-4,          // ours 1.678e-5 (decode step 10); HF f32 1.839e-5
         "lfm2_moe" => 5e-5,         // ours 4.530e-6 (full forward); HF f32 8.691e-6
@@ -111,6 +112,16 @@ fn mistral_matches_transformers() {
 #[test]
 fn mistral_gguf_matches_transformers() {
     gguf("mistral");
+}
+
+#[test]
+fn ministral3_matches_transformers() {
+    hf("ministral3");
+}
+
+#[test]
+fn ministral3_gguf_matches_transformers() {
+    gguf("ministral3");
 }
 
 #[test]

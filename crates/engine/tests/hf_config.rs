@@ -26,7 +26,7 @@ fn parse_err(s: &str) -> String {
 }
 
 fn default_rope(theta: f64) -> RopeParams {
-    RopeParams { theta, scaling: RopeScaling::None, partial_rotary_factor: 1.0 }
+    RopeParams { theta, scaling: RopeScaling::None, partial_rotary_factor: 1.0, query_temperature: None }
 }
 
 fn all(n: usize, t: &str) -> Vec<String> {
@@ -229,7 +229,8 @@ fn llama3_rope_both_styles() {
                     high_freq_factor: 4.0,
                     original_max_position_embeddings: 8192
                 },
-                partial_rotary_factor: 1.0
+                partial_rotary_factor: 1.0,
+                query_temperature: None
             }
         );
         assert_eq!(c.eos_token_ids, [128001]);
@@ -394,7 +395,15 @@ fn gemma3_multimodal_uses_text_config_and_class_defaults() {
     assert_eq!(c.bos_token_id, Some(2));
     assert_eq!(c.dtype.as_deref(), Some("bfloat16"));
     // Gemma3TextConfig.convert_rope_params_to_dict: rope_scaling -> full-attention layers only.
-    assert_eq!(c.rope, RopeParams { theta: 1e6, scaling: RopeScaling::Linear { factor: 8.0 }, partial_rotary_factor: 1.0 });
+    assert_eq!(
+        c.rope,
+        RopeParams {
+            theta: 1e6,
+            scaling: RopeScaling::Linear { factor: 8.0 },
+            partial_rotary_factor: 1.0,
+            query_temperature: None
+        }
+    );
     assert_eq!(c.rope_local, Some(default_rope(1e4)));
     assert_eq!(c.layer_types, gemma_layer_types(34, 6));
     assert_eq!(c.text_raw()["hidden_size"], 2560);
@@ -446,7 +455,10 @@ fn qwen3_5_released_uses_text_config() {
     assert!(c.tie_word_embeddings, "top-level tie_word_embeddings");
     assert_eq!(c.eos_token_ids, [248_044]);
     assert_eq!(c.mtp_layers, 1);
-    assert_eq!(c.rope, RopeParams { theta: 1e7, scaling: RopeScaling::None, partial_rotary_factor: 0.25 });
+    assert_eq!(
+        c.rope,
+        RopeParams { theta: 1e7, scaling: RopeScaling::None, partial_rotary_factor: 0.25, query_temperature: None }
+    );
     // full_attention_interval 4: every fourth layer is full attention.
     let mut want = all(8, "linear_attention");
     want[3] = "full_attention".into();
@@ -474,7 +486,10 @@ fn hybrid_layer_type_spellings() {
     let want: Vec<String> =
         (0..8).map(|i| if (i + 1) % 4 == 0 { "full_attention" } else { "linear_attention" }.to_string()).collect();
     assert_eq!(c.layer_types, want);
-    assert_eq!(c.rope, RopeParams { theta: 1e7, scaling: RopeScaling::None, partial_rotary_factor: 0.25 });
+    assert_eq!(
+        c.rope,
+        RopeParams { theta: 1e7, scaling: RopeScaling::None, partial_rotary_factor: 0.25, query_temperature: None }
+    );
     assert!(!c.tie_word_embeddings);
 
     // LFM2 style: full_attn_idxs, block_ff_dim, norm_eps, tie_embedding, no hidden_act.

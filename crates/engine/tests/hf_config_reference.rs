@@ -48,6 +48,9 @@ fn rope_from(v: &Value) -> RopeParams {
         theta: f(v, "rope_theta").expect("rope_theta"),
         scaling,
         partial_rotary_factor: f(v, "partial_rotary_factor").unwrap_or(1.0),
+        query_temperature: f(v, "llama_4_scaling_beta")
+            .filter(|&b| b != 0.0)
+            .map(|b| (b, f(v, "original_max_position_embeddings").expect("original_max_position_embeddings") as usize)),
     }
 }
 

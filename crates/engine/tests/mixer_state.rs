@@ -94,6 +94,7 @@ fn state_ops_every_fixture() {
         "nemotron_h",
         "falcon_h1",
         "smollm3",
+        "ministral3",
         "llama_vmf",
         "llama_vmfw",
     ] {

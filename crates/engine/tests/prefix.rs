@@ -157,6 +157,11 @@ fn cached_equals_cold_falcon_h1() {
 }
 
 #[test]
+fn cached_equals_cold_ministral3() {
+    all_modes("ministral3");
+}
+
+#[test]
 fn cached_equals_cold_nemotron_h() {
     all_modes("nemotron_h");
 }

@@ -222,6 +222,11 @@ fn spec_equals_plain_falcon_h1() {
 }
 
 #[test]
+fn spec_equals_plain_ministral3() {
+    all("ministral3");
+}
+
+#[test]
 fn spec_equals_plain_nemotron_h() {
     all("nemotron_h");
 }

@@ -165,6 +165,11 @@ fn verify_falcon_h1() {
 }
 
 #[test]
+fn verify_ministral3() {
+    all_modes("ministral3");
+}
+
+#[test]
 fn verify_nemotron_h() {
     all_modes("nemotron_h");
 }

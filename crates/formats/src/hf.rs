@@ -70,6 +70,9 @@ pub struct RopeParams {
     pub scaling: RopeScaling,
     /// Fraction of head_dim that is rotated (1.0 = all); rotary dim = int(head_dim * f).
     pub partial_rotary_factor: f64,
+    /// Llama 4's query temperature (Ministral 3): `(llama_4_scaling_beta,
+    /// original_max_position_embeddings)`; queries are scaled by 1 + β·ln(1 + ⌊pos / orig⌋).
+    pub query_temperature: Option<(f64, usize)>,
 }
 
 // ---------------------------------------------------------------------------------------
@@ -572,7 +575,12 @@ fn parse_rope(f: &Fields, class: &HfClass, max_pos: usize) -> Result<(RopeParams
         // Gemma3TextConfig.convert_rope_params_to_dict: old-style rope_scaling goes to the
         // full-attention layers; sliding layers run default rope at rope_local_base_freq.
         let theta = f.opt_f64("rope_local_base_freq")?.unwrap_or(theta_local);
-        Some(RopeParams { theta, scaling: RopeScaling::None, partial_rotary_factor: top_prf.unwrap_or(1.0) })
+        Some(RopeParams {
+            theta,
+            scaling: RopeScaling::None,
+            partial_rotary_factor: top_prf.unwrap_or(1.0),
+            query_temperature: None,
+        })
     } else {
         None
     };
@@ -674,7 +682,11 @@ impl RopeCtx<'_> {
         {
             return Err(FormatError::field(path, field("factor"), format!("{factor} is not a positive number")));
         }
-        Ok(RopeParams { theta, scaling, partial_rotary_factor })
+        let query_temperature = match num("llama_4_scaling_beta")? {
+            Some(beta) if beta != 0.0 => Some((beta, orig()?)),
+            _ => None,
+        };
+        Ok(RopeParams { theta, scaling, partial_rotary_factor, query_temperature })
     }
 }
 

@@ -22,6 +22,7 @@ pub mod granitehybrid;
 pub mod kimi_linear;
 pub mod lfm2;
 pub mod llama;
+pub mod ministral3;
 pub mod mistral;
 pub mod nemotron_h;
 pub mod qwen2;
@@ -93,6 +94,7 @@ pub const ARCHES: &[Arch] = &[
     nemotron_h::ARCH,
     nemotron_h::ARCH_MOE,
     mistral::ARCH,
+    ministral3::ARCH,
     falcon_h1::ARCH,
 ];
 
@@ -242,9 +244,15 @@ pub fn gguf_dense_base(g: &dyn GgufMeta, arch: &'static str, style: RopeStyle) -
                 beta_fast: k.opt_f64("rope.scaling.yarn_beta_fast")?.unwrap_or(32.0),
                 beta_slow: k.opt_f64("rope.scaling.yarn_beta_slow")?.unwrap_or(1.0),
                 truncate: true,
-                attn_factor: k
-                    .opt_f64("rope.scaling.yarn_attn_factor")?
-                    .unwrap_or_else(|| RopeScaling::yarn_attn_factor(factor, None, None)),
+                // llama.cpp: with `yarn_log_multiplier` (transformers' mscale_all_dim; its
+                // mscale taken as 1) the factor is the ratio of the two mscales.
+                attn_factor: match k.opt_f64("rope.scaling.yarn_attn_factor")? {
+                    Some(f) => f,
+                    None => match k.opt_f64("rope.scaling.yarn_log_multiplier")? {
+                        Some(all) if all != 0.0 => RopeScaling::yarn_attn_factor(factor, Some(1.0), Some(all)),
+                        _ => RopeScaling::yarn_attn_factor(factor, None, None),
+                    },
+                },
             }
         }
         Some(other) => return Err(k.bad(format!("rope scaling type '{other}' is not supported"))),
@@ -329,7 +337,9 @@ pub fn hf_rope(h: &HfConfig, p: &hf::RopeParams, head_dim: usize) -> Result<Rope
             format!("partial_rotary_factor {} gives rotary dim {rot_dim} for head_dim {head_dim}", p.partial_rotary_factor),
         ));
     }
-    Ok(Rope::new(RopeStyle::NeoX, rot_dim, p.theta, &scaling))
+    let mut rope = Rope::new(RopeStyle::NeoX, rot_dim, p.theta, &scaling);
+    rope.q_temperature = p.query_temperature;
+    Ok(rope)
 }
 
 /// The dense fields of an HF config with one global RoPE; architecture files adjust.

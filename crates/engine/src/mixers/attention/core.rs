@@ -292,6 +292,15 @@ pub(crate) fn attn_prep(
         rotate(0, &mut q[..n * q_dim], q_dim);
         rotate(0, &mut k[..n * kv_dim], kv_dim);
     }
+    if rope_cfg.q_temperature.is_some() {
+        // Llama 4's query temperature after RoPE, per position (1 below the original context).
+        for (j, row) in q[..n * q_dim].chunks_mut(q_dim).enumerate() {
+            let s = rope_cfg.query_scale(pos0 + j).expect("q_temperature is set");
+            if s != 1.0 {
+                row.iter_mut().for_each(|v| *v *= s);
+            }
+        }
+    }
     drop(rope_span);
     gate
 }
