@@ -219,12 +219,45 @@ mod imp {
             QuantType::IQ4NL => blocks!(src, dst, BlockIQ4NL, 32, iq4nl),
             QuantType::IQ4XS => blocks!(src, dst, BlockIQ4XS, 256, iq4xs),
             QuantType::MXFP4 => blocks!(src, dst, BlockMXFP4, 32, mxfp4),
+            QuantType::IQ2XXS => blocks!(src, dst, BlockIQ2XXS, 256, iq2xxs),
+            QuantType::IQ2XS => blocks!(src, dst, BlockIQ2XS, 256, iq2xs),
+            QuantType::IQ2S => blocks!(src, dst, BlockIQ2S, 256, iq2s),
+            QuantType::IQ3XXS => blocks!(src, dst, BlockIQ3XXS, 256, iq3xxs),
+            QuantType::IQ3S => blocks!(src, dst, BlockIQ3S, 256, iq3s),
             QuantType::F16 => row_f16(src, dst),
             QuantType::BF16 => row_bf16(src, dst),
             // SAFETY: this function's features are the ones `own_avx512::dequantize` needs.
             QuantType::Q8R | QuantType::Q4T | QuantType::Q1 => unsafe { super::super::own_avx512::dequantize(ty, src, dst) },
             QuantType::F32 => unreachable!("has_kernel excludes f32"),
         }
+    }
+
+    // The 2-/3-bit grid types: `iq23_simd::avx512::dequant`, named per type for `blocks!`.
+    use super::super::iq23_simd::avx512::dequant as iq23;
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    fn iq2xxs(b: &BlockIQ2XXS, y: &mut [f32; 256]) {
+        iq23(b, y)
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    fn iq2xs(b: &BlockIQ2XS, y: &mut [f32; 256]) {
+        iq23(b, y)
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    fn iq2s(b: &BlockIQ2S, y: &mut [f32; 256]) {
+        iq23(b, y)
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    fn iq3xxs(b: &BlockIQ3XXS, y: &mut [f32; 256]) {
+        iq23(b, y)
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    fn iq3s(b: &BlockIQ3S, y: &mut [f32; 256]) {
+        iq23(b, y)
     }
 
     // ------------------------------------------------------------ legacy 32-element blocks
