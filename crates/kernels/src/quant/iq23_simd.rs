@@ -106,6 +106,7 @@ pub(super) mod avx2 {
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx512 {
     use super::super::blocks::*;
+    use super::super::iq_grids::*;
     use super::super::iq23::IqBlock;
     use super::super::vecdot::hsum8;
     use std::arch::x86_64::*;
@@ -136,70 +137,260 @@ pub(super) mod avx512 {
         hsum8(a)
     }
 
-    /// A scale in all four i16 of a u64.
-    #[inline(always)]
-    fn rep4(s: u8) -> i64 {
-        (s as u64 * 0x0001_0001_0001_0001) as i64
-    }
-
-    /// Sub-blocks 2j and 2j + 1 of `x` against their 64 activation bytes: 16 i32 lanes, the
-    /// low 8 sub-block 2j's `iq23::lanes` terms, the high 8 sub-block 2j + 1's.
+    /// 16 bytes of `s` from `off` (bounds-checked).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-    fn pair_lanes<B: IqBlock>(x: &B, j: usize, q8: __m512i) -> __m512i {
-        let (g0, g1) = (x.grid(2 * j), x.grid(2 * j + 1));
-        let gv = _mm512_set_epi64(
-            g1[3] as i64,
-            g1[2] as i64,
-            g1[1] as i64,
-            g1[0] as i64,
-            g0[3] as i64,
-            g0[2] as i64,
-            g0[1] as i64,
-            g0[0] as i64,
-        );
-        let k = x.signs(2 * j) as u64 | (x.signs(2 * j + 1) as u64) << 32;
-        // 0 - q where the sign bit is set, wrapping like the AVX2 twin
-        let q8s = _mm512_mask_sub_epi8(q8, k, _mm512_setzero_si512(), q8);
-        let (s0, s1) = (x.scales(2 * j), x.scales(2 * j + 1));
-        // i16 lane m covers bytes 2m, 2m+1: lanes 0..8 elements 0..16 of sub-block 2j, ...
-        let scv = _mm512_set_epi64(
-            rep4(s1[1]),
-            rep4(s1[1]),
-            rep4(s1[0]),
-            rep4(s1[0]),
-            rep4(s0[1]),
-            rep4(s0[1]),
-            rep4(s0[0]),
-            rep4(s0[0]),
-        );
-        _mm512_madd_epi16(_mm512_maddubs_epi16(gv, q8s), scv)
+    fn ld16(s: &[u8], off: usize) -> __m128i {
+        let s = &s[off..off + 16];
+        // SAFETY: `s` is exactly 16 readable bytes; loadu has no alignment requirement.
+        unsafe { _mm_loadu_si128(s.as_ptr().cast()) }
     }
 
-    /// As `avx2::dot`, two sub-blocks per 512-bit register.
+    #[inline(always)]
+    fn u32_at(s: &[u8], off: usize) -> u32 {
+        u32::from_le_bytes([s[off], s[off + 1], s[off + 2], s[off + 3]])
+    }
+
+    #[inline(always)]
+    fn u64_at(s: &[u8], off: usize) -> u64 {
+        u64::from_le_bytes(s[off..off + 8].try_into().expect("8 bytes"))
+    }
+
+    /// `KSIGNS_IQ2XS` of the four 7-bit fields (bits 7k..7k+7) of each dword of `a`, computed
+    /// instead of looked up: the table's byte for index i is i with bit 7 set to the parity of
+    /// i (an even count of negative signs), so spread the fields into bytes and xor-fold each
+    /// byte's bits down to bit 0 (the shifts' spill from the byte above lands in bits 4..7,
+    /// which the later steps never read). tests/vecdot.rs compares with the scalar twin's table.
+    #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-    pub(in super::super) fn dot<B: IqBlock, const R: usize>(w: [&[B]; R], a: &[BlockQ8K]) -> [f32; R] {
-        let mut acc = [_mm256_setzero_ps(); R];
-        for (i, y) in a.iter().enumerate() {
-            let dy = f32::from_le_bytes(y.d);
-            let qy: [__m512i; 4] = std::array::from_fn(|j| ld64i(&y.qs, 64 * j));
-            for r in 0..R {
-                let Some(x) = w[r].get(i) else { continue };
-                let mut sumi = _mm512_setzero_si512();
-                for (j, &q8) in qy.iter().enumerate() {
-                    sumi = _mm512_add_epi32(sumi, pair_lanes(x, j, q8));
-                }
-                let s8 = _mm256_add_epi32(_mm512_castsi512_si256(sumi), _mm512_extracti64x4_epi64::<1>(sumi));
-                let d = f16s(x.d()) * dy;
-                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(s8), acc[r]);
-            }
-        }
-        let mut out = [0f32; R];
-        for r in 0..R {
-            out[r] = B::FACTOR * hsum(acc[r]);
-        }
+    fn ksigns8x32(a: __m256i) -> [u64; 4] {
+        let m = |v: i32| _mm256_set1_epi32(v);
+        let v = _mm256_or_si256(
+            _mm256_or_si256(_mm256_and_si256(a, m(0x7F)), _mm256_and_si256(_mm256_slli_epi32::<1>(a), m(0x7F00))),
+            _mm256_or_si256(
+                _mm256_and_si256(_mm256_slli_epi32::<2>(a), m(0x7F_0000)),
+                _mm256_and_si256(_mm256_slli_epi32::<3>(a), m(0x7F00_0000)),
+            ),
+        );
+        let p = _mm256_xor_si256(v, _mm256_srli_epi32::<4>(v));
+        let p = _mm256_xor_si256(p, _mm256_srli_epi32::<2>(p));
+        let p = _mm256_xor_si256(p, _mm256_srli_epi32::<1>(p));
+        let sb = _mm256_or_si256(v, _mm256_slli_epi32::<7>(_mm256_and_si256(p, m(0x0101_0101))));
+        let mut out = [0u64; 4];
+        // SAFETY: `out` is 32 writable bytes; storeu has no alignment requirement.
+        unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), sb) };
         out
     }
+
+    /// The 16 group scales `2s + 1` (one per 16 elements) as i16 lanes 0..16 of the result,
+    /// from 16 bytes of raw 4-bit scales `s` in group order.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    fn odd16(s: __m128i) -> __m512i {
+        let v = _mm256_cvtepu8_epi16(s);
+        _mm512_castsi256_si512(_mm256_add_epi16(_mm256_slli_epi16::<1>(v), _mm256_set1_epi16(1)))
+    }
+
+    /// Low and high nibbles of the 8 bytes of `b`, interleaved: byte 2k the low nibble of byte
+    /// k, 2k + 1 its high nibble.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    fn nibbles8(b: u64) -> __m128i {
+        let v = _mm_set_epi64x(0, b as i64);
+        let m = _mm_set1_epi8(0x0F);
+        _mm_unpacklo_epi8(_mm_and_si128(v, m), _mm_and_si128(_mm_srli_epi16::<4>(v), m))
+    }
+
+    /// i16 lane m of pair j's scale register: group 4j + m/8 (i16 lane m covers bytes 2m, 2m+1
+    /// of the pair's 64 elements, so 8 lanes per 16-element group).
+    static PAIR_GROUPS: [[i16; 32]; 4] = {
+        let mut t = [[0i16; 32]; 4];
+        let mut j = 0;
+        while j < 4 {
+            let mut m = 0;
+            while m < 32 {
+                t[j][m] = (4 * j + m / 8) as i16;
+                m += 1;
+            }
+            j += 1;
+        }
+        t
+    };
+
+    /// IQ2_XXS / IQ3_XXS: sub-block ib's scale is the top 4 bits of its sign-and-scale u32;
+    /// with the 8 such words as dwords, `>> 28` leaves it in i16 lane 2ib; groups 2ib and 2ib + 1
+    /// share it.
+    static XXS_GROUPS: [i16; 32] = {
+        let mut t = [0i16; 32];
+        let mut g = 0;
+        while g < 16 {
+            t[g] = (2 * (g / 2)) as i16;
+            g += 1;
+        }
+        t
+    };
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    fn ld_i16x32(t: &[i16; 32]) -> __m512i {
+        // SAFETY: `t` is 64 readable bytes; loadu has no alignment requirement.
+        unsafe { _mm512_loadu_si512(t.as_ptr().cast()) }
+    }
+
+    /// 8 grid entries of 8 magnitudes (64 elements) gathered from `grid` at the 8 dword
+    /// indices `idx`, each below `grid.len()` (the callers mask them to the table size).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    fn gather8(grid: &[u64], idx: __m256i) -> __m512i {
+        // SAFETY: every index is < grid.len() (the callers build them from at most 8, 9 or 10
+        // bits for tables of 256, 512 and 1024 entries), so each 8-byte read is inside `grid`.
+        unsafe { _mm512_i32gather_epi64::<8>(idx, grid.as_ptr().cast()) }
+    }
+
+    /// 16 grid entries of 4 magnitudes (64 elements) gathered from `grid` at `idx`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    fn gather16(grid: &[u32], idx: __m512i) -> __m512i {
+        // SAFETY: every index is < grid.len() (8 or 9 bits for tables of 256 and 512 entries),
+        // so each 4-byte read is inside `grid`.
+        unsafe { _mm512_i32gather_epi32::<4>(idx, grid.as_ptr().cast()) }
+    }
+
+    // Per type: `prep(x)` (the 16 group scales in `odd16`'s layout, and the sign bits of each
+    // 64-element pair j as u64 j) and `grid(x, j)` (the magnitudes of elements 64j..64j+64 in
+    // element order).
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    fn iq2xxs_prep(x: &BlockIQ2XXS) -> (__m512i, [u64; 4]) {
+        // SAFETY: x.qs is 64 readable bytes; loadu has no alignment requirement.
+        let q = unsafe { _mm512_loadu_si512(x.qs.as_ptr().cast()) };
+        // each sub-block's second u32 (signs and scale): the high dword of each qword
+        let a = _mm512_cvtepi64_epi32(_mm512_srli_epi64::<32>(q));
+        let s = _mm512_permutexvar_epi16(ld_i16x32(&XXS_GROUPS), _mm512_castsi256_si512(_mm256_srli_epi32::<28>(a)));
+        (_mm512_add_epi16(_mm512_slli_epi16::<1>(s), _mm512_set1_epi16(1)), ksigns8x32(a))
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    fn iq2xxs_grid(x: &BlockIQ2XXS, j: usize) -> __m512i {
+        let (e, o) = (16 * j, 16 * j + 8);
+        let idx = _mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, u32_at(&x.qs, o) as i32, u32_at(&x.qs, e) as i32));
+        gather8(&IQ2XXS_GRID, idx)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    fn iq2xs_prep(x: &BlockIQ2XS) -> (__m512i, [u64; 4]) {
+        // SAFETY: x.qs is 64 readable bytes; loadu has no alignment requirement.
+        let q = unsafe { _mm512_loadu_si512(x.qs.as_ptr().cast()) };
+        // 32 u16: the top 7 bits index KSIGNS_IQ2XS, computed per lane as in `ksigns8x32`
+        let v = _mm512_srli_epi16::<9>(q);
+        let p = _mm512_xor_si512(v, _mm512_srli_epi16::<4>(v));
+        let p = _mm512_xor_si512(p, _mm512_srli_epi16::<2>(p));
+        let p = _mm512_xor_si512(p, _mm512_srli_epi16::<1>(p));
+        let sb = _mm512_or_si512(v, _mm512_slli_epi16::<7>(_mm512_and_si512(p, _mm512_set1_epi16(1))));
+        let mut signs = [0u64; 4];
+        // SAFETY: `signs` is 32 writable bytes; storeu has no alignment requirement.
+        unsafe { _mm256_storeu_si256(signs.as_mut_ptr().cast(), _mm512_cvtepi16_epi8(sb)) };
+        (odd16(nibbles8(u64::from_le_bytes(x.scales))), signs)
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    fn iq2xs_grid(x: &BlockIQ2XS, j: usize) -> __m512i {
+        // 8 u16: 9-bit grid index, 7-bit sign index
+        let idx = _mm256_and_si256(_mm256_cvtepu16_epi32(ld16(&x.qs, 16 * j)), _mm256_set1_epi32(511));
+        gather8(&IQ2XS_GRID, idx)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    fn iq2s_prep(x: &BlockIQ2S) -> (__m512i, [u64; 4]) {
+        let signs = std::array::from_fn(|j| u64_at(&x.qs, QK_K / 8 + 8 * j));
+        (odd16(nibbles8(u64::from_le_bytes(x.scales))), signs)
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    fn iq2s_grid(x: &BlockIQ2S, j: usize) -> __m512i {
+        let lo = _mm256_cvtepu8_epi32(_mm_set_epi64x(0, u64_at(&x.qs, 8 * j) as i64));
+        // index 4ib + k takes bits 2k, 2k+1 of qh[ib]: lane m of the pair, bits 2m of qh[2j] | qh[2j+1] << 8
+        let h = x.qh[2 * j] as i32 | (x.qh[2 * j + 1] as i32) << 8;
+        let hi = _mm256_srlv_epi32(_mm256_set1_epi32(h), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
+        let idx = _mm256_or_si256(lo, _mm256_slli_epi32::<8>(_mm256_and_si256(hi, _mm256_set1_epi32(3))));
+        gather8(&IQ2S_GRID, idx)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    fn iq3xxs_prep(x: &BlockIQ3XXS) -> (__m512i, [u64; 4]) {
+        // SAFETY: qs[64..96] is 32 readable bytes; loadu has no alignment requirement.
+        let a = unsafe { _mm256_loadu_si256(x.qs[QK_K / 4..].as_ptr().cast()) };
+        let s = _mm512_permutexvar_epi16(ld_i16x32(&XXS_GROUPS), _mm512_castsi256_si512(_mm256_srli_epi32::<28>(a)));
+        (_mm512_add_epi16(_mm512_slli_epi16::<1>(s), _mm512_set1_epi16(1)), ksigns8x32(a))
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    fn iq3xxs_grid(x: &BlockIQ3XXS, j: usize) -> __m512i {
+        gather16(&IQ3XXS_GRID, _mm512_cvtepu8_epi32(ld16(&x.qs, 16 * j)))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    fn iq3s_prep(x: &BlockIQ3S) -> (__m512i, [u64; 4]) {
+        // sub-block ib: nibble ib%2 of scales[ib/2]; groups 2ib, 2ib + 1 share it
+        let sub = nibbles8(u32::from_le_bytes(x.scales) as u64);
+        (odd16(_mm_unpacklo_epi8(sub, sub)), std::array::from_fn(|j| u64_at(&x.signs, 8 * j)))
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    fn iq3s_grid(x: &BlockIQ3S, j: usize) -> __m512i {
+        let idx = _mm512_cvtepu8_epi32(ld16(&x.qs, 16 * j));
+        // bit 8 of index 8ib + k is bit k of qh[ib]: lane m of the pair, bit m of the u16
+        let h = x.qh[2 * j] as u16 | (x.qh[2 * j + 1] as u16) << 8;
+        gather16(&IQ3S_GRID, _mm512_mask_or_epi32(idx, h, idx, _mm512_set1_epi32(256)))
+    }
+
+    macro_rules! kernel {
+        ($name:ident, $B:ty, $prep:ident, $grid:ident) => {
+            /// `iq23::dot` for R rows: per pair of sub-blocks the gathered magnitudes, the
+            /// activation bytes negated where the sign bit is set (wrapping, as the AVX2 twin),
+            /// `vpmaddubsw`, `vpmaddwd` by the groups' scales; the two halves of the 16 i32
+            /// lanes fold into the 8 of `iq23::lanes`.
+            #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+            pub(in super::super) fn $name<const R: usize>(w: [&[$B]; R], a: &[BlockQ8K]) -> [f32; R] {
+                let perm: [__m512i; 4] = std::array::from_fn(|j| ld_i16x32(&PAIR_GROUPS[j]));
+                let mut acc = [_mm256_setzero_ps(); R];
+                for (i, y) in a.iter().enumerate() {
+                    let dy = f32::from_le_bytes(y.d);
+                    let qy: [__m512i; 4] = std::array::from_fn(|j| ld64i(&y.qs, 64 * j));
+                    for r in 0..R {
+                        let Some(x) = w[r].get(i) else { continue };
+                        let (sc, signs) = $prep(x);
+                        let mut sumi = _mm512_setzero_si512();
+                        for (j, &q8) in qy.iter().enumerate() {
+                            let q8s = _mm512_mask_sub_epi8(q8, signs[j], _mm512_setzero_si512(), q8);
+                            let scv = _mm512_permutexvar_epi16(perm[j], sc);
+                            let p = _mm512_madd_epi16(_mm512_maddubs_epi16($grid(x, j), q8s), scv);
+                            sumi = _mm512_add_epi32(sumi, p);
+                        }
+                        let s8 = _mm256_add_epi32(_mm512_castsi512_si256(sumi), _mm512_extracti64x4_epi64::<1>(sumi));
+                        let d = f16s(x.d) * dy;
+                        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(s8), acc[r]);
+                    }
+                }
+                let mut out = [0f32; R];
+                for r in 0..R {
+                    out[r] = <$B as IqBlock>::FACTOR * hsum(acc[r]);
+                }
+                out
+            }
+        };
+    }
+
+    kernel!(iq2xxs, BlockIQ2XXS, iq2xxs_prep, iq2xxs_grid);
+    kernel!(iq2xs, BlockIQ2XS, iq2xs_prep, iq2xs_grid);
+    kernel!(iq2s, BlockIQ2S, iq2s_prep, iq2s_grid);
+    kernel!(iq3xxs, BlockIQ3XXS, iq3xxs_prep, iq3xxs_grid);
+    kernel!(iq3s, BlockIQ3S, iq3s_prep, iq3s_grid);
 
     /// One block -> 256 floats, the bits of `iq23::dequant`: per 16 elements
     /// `db = d * (2s + 1) * FACTOR` (scalar, the same three roundings-free products), then
