@@ -21,6 +21,7 @@
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx2 {
     use super::super::blocks::*;
+    use super::super::iq_grids::*;
     use super::super::iq23::IqBlock;
     use super::super::vecdot::hsum8;
     use std::arch::x86_64::*;
@@ -62,45 +63,194 @@ pub(super) mod avx2 {
         _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit)
     }
 
-    /// The 8 i32 lanes of sub-block `ib` of `x` against its 32 activation bytes `q8`, times the
-    /// sub-block's scales.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    fn sub_lanes<B: IqBlock>(x: &B, ib: usize, q8: __m256i) -> __m256i {
-        let g = x.grid(ib);
-        let gv = _mm256_set_epi64x(g[3] as i64, g[2] as i64, g[1] as i64, g[0] as i64);
-        let m = sign_mask(x.signs(ib));
-        // -q where the mask is set: (q ^ -1) - (-1) = !q + 1, wrapping like `vpsignb`
-        let q8s = _mm256_sub_epi8(_mm256_xor_si256(q8, m), m);
-        let sc = x.scales(ib);
-        let scv = _mm256_set_m128i(_mm_set1_epi16(sc[1] as i16), _mm_set1_epi16(sc[0] as i16));
-        _mm256_madd_epi16(_mm256_maddubs_epi16(gv, q8s), scv)
+    #[inline(always)]
+    fn u32_at(s: &[u8], off: usize) -> u32 {
+        u32::from_le_bytes([s[off], s[off + 1], s[off + 2], s[off + 3]])
     }
 
-    /// R weight rows (whole super-blocks; a shorter row, matvec's empty padding, stops
-    /// contributing) times one Q8_K activation row: `iq23::dot` for each.
+    /// 32 bytes of `s` from `off` (bounds-checked).
+    #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(in super::super) fn dot<B: IqBlock, const R: usize>(w: [&[B]; R], a: &[BlockQ8K]) -> [f32; R] {
-        let mut acc = [_mm256_setzero_ps(); R];
-        for (i, y) in a.iter().enumerate() {
-            let dy = f32::from_le_bytes(y.d);
-            let qy: [__m256i; 8] = std::array::from_fn(|ib| ld32i(&y.qs, 32 * ib));
-            for r in 0..R {
-                let Some(x) = w[r].get(i) else { continue };
-                let mut sumi = _mm256_setzero_si256();
-                for (ib, &q8) in qy.iter().enumerate() {
-                    sumi = _mm256_add_epi32(sumi, sub_lanes(x, ib, q8));
-                }
-                let d = f16s(x.d()) * dy;
-                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[r]);
-            }
-        }
-        let mut out = [0f32; R];
-        for r in 0..R {
-            out[r] = B::FACTOR * hsum(acc[r]);
-        }
+    fn ld32(s: &[u8], off: usize) -> __m256i {
+        let s = &s[off..off + 32];
+        // SAFETY: `s` is exactly 32 readable bytes; loadu has no alignment requirement.
+        unsafe { _mm256_loadu_si256(s.as_ptr().cast()) }
+    }
+
+    /// `KSIGNS_IQ2XS` of the four 7-bit fields (bits 7k..7k+7) of each dword of `a`, computed
+    /// instead of looked up: the table's byte for index i is i with bit 7 set to the parity of
+    /// i (an even count of negative signs), so spread the fields into bytes and xor-fold each
+    /// byte's bits down to bit 0 (the shifts' spill from the byte above lands in bits 4..7,
+    /// which the later steps never read). tests/vecdot.rs compares with the scalar twin's table.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn ksigns8x32(a: __m256i) -> [u32; 8] {
+        let m = |v: i32| _mm256_set1_epi32(v);
+        let v = _mm256_or_si256(
+            _mm256_or_si256(_mm256_and_si256(a, m(0x7F)), _mm256_and_si256(_mm256_slli_epi32::<1>(a), m(0x7F00))),
+            _mm256_or_si256(
+                _mm256_and_si256(_mm256_slli_epi32::<2>(a), m(0x7F_0000)),
+                _mm256_and_si256(_mm256_slli_epi32::<3>(a), m(0x7F00_0000)),
+            ),
+        );
+        let p = _mm256_xor_si256(v, _mm256_srli_epi32::<4>(v));
+        let p = _mm256_xor_si256(p, _mm256_srli_epi32::<2>(p));
+        let p = _mm256_xor_si256(p, _mm256_srli_epi32::<1>(p));
+        let sb = _mm256_or_si256(v, _mm256_slli_epi32::<7>(_mm256_and_si256(p, m(0x0101_0101))));
+        let mut out = [0u32; 8];
+        // SAFETY: `out` is 32 writable bytes; storeu has no alignment requirement.
+        unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), sb) };
         out
     }
+
+    /// `2s + 1` of each byte `s` (at most 31: no carry out of a byte).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn odd8(v: __m128i) -> __m128i {
+        _mm_add_epi8(_mm_add_epi8(v, v), _mm_set1_epi8(1))
+    }
+
+    /// Low and high nibbles of the 8 bytes of `b`, interleaved: byte 2k the low nibble of byte
+    /// k, 2k + 1 its high nibble.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn nibbles8(b: u64) -> __m128i {
+        let v = _mm_set_epi64x(0, b as i64);
+        let m = _mm_set1_epi8(0x0F);
+        _mm_unpacklo_epi8(_mm_and_si128(v, m), _mm_and_si128(_mm_srli_epi16::<4>(v), m))
+    }
+
+    // Per type: `prep(x)`, once per super-block: the sign bits of each sub-block (u32 ib) and
+    // the 16 group scales `2s + 1` as bytes in group order; `grid(x, ib)`: sub-block ib's 32
+    // magnitudes in element order (scalar table loads, as ggml's `_mm256_set_epi*`).
+
+    /// The 8 sign-and-scale words of an XXS block -> (their sign bits, the group scales).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn xxs_prep(aux: __m256i) -> ([u32; 8], __m128i) {
+        // `>> 28` leaves scale ib (0..16) in dword ib; pack the two halves' dwords to words,
+        // then to bytes, in order
+        let s = _mm256_srli_epi32::<28>(aux);
+        let w = _mm_packus_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
+        let b = _mm_packus_epi16(w, w); // bytes 0..8: scale of sub-block ib
+        (ksigns8x32(aux), odd8(_mm_unpacklo_epi8(b, b)))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn iq2xxs_prep(x: &BlockIQ2XXS) -> ([u32; 8], __m128i) {
+        let a: [i32; 8] = std::array::from_fn(|ib| u32_at(&x.qs, 8 * ib + 4) as i32);
+        xxs_prep(_mm256_setr_epi32(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn iq3xxs_prep(x: &BlockIQ3XXS) -> ([u32; 8], __m128i) {
+        xxs_prep(ld32(&x.qs, QK_K / 4))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn iq2xs_prep(x: &BlockIQ2XS) -> ([u32; 8], __m128i) {
+        // 32 u16: the top 7 bits index KSIGNS_IQ2XS, computed per lane as in `ksigns8x32`
+        let sb = |q: __m256i| {
+            let v = _mm256_srli_epi16::<9>(q);
+            let p = _mm256_xor_si256(v, _mm256_srli_epi16::<4>(v));
+            let p = _mm256_xor_si256(p, _mm256_srli_epi16::<2>(p));
+            let p = _mm256_xor_si256(p, _mm256_srli_epi16::<1>(p));
+            _mm256_or_si256(v, _mm256_slli_epi16::<7>(_mm256_and_si256(p, _mm256_set1_epi16(1))))
+        };
+        // in-lane pack, then the 64-bit quarters back in order (0, 2, 1, 3)
+        let b = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi16(sb(ld32(&x.qs, 0)), sb(ld32(&x.qs, 32))));
+        let mut signs = [0u32; 8];
+        // SAFETY: `signs` is 32 writable bytes; storeu has no alignment requirement.
+        unsafe { _mm256_storeu_si256(signs.as_mut_ptr().cast(), b) };
+        (signs, odd8(nibbles8(u64::from_le_bytes(x.scales))))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn iq2s_prep(x: &BlockIQ2S) -> ([u32; 8], __m128i) {
+        let signs = std::array::from_fn(|ib| u32_at(&x.qs, QK_K / 8 + 4 * ib));
+        (signs, odd8(nibbles8(u64::from_le_bytes(x.scales))))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn iq3s_prep(x: &BlockIQ3S) -> ([u32; 8], __m128i) {
+        // sub-block ib: nibble ib%2 of scales[ib/2]; groups 2ib, 2ib + 1 share it
+        let sub = nibbles8(u32::from_le_bytes(x.scales) as u64);
+        (std::array::from_fn(|ib| u32_at(&x.signs, 4 * ib)), odd8(_mm_unpacklo_epi8(sub, sub)))
+    }
+
+    /// IQ2 types: four 8-magnitude entries.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn grid64<B: IqBlock>(x: &B, ib: usize) -> __m256i {
+        let g = x.grid(ib);
+        _mm256_set_epi64x(g[3] as i64, g[2] as i64, g[1] as i64, g[0] as i64)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn iq3xxs_grid(x: &BlockIQ3XXS, ib: usize) -> __m256i {
+        let g: [i32; 8] = std::array::from_fn(|k| IQ3XXS_GRID[x.qs[8 * ib + k] as usize] as i32);
+        _mm256_setr_epi32(g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7])
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn iq3s_grid(x: &BlockIQ3S, ib: usize) -> __m256i {
+        let h = x.qh[ib] as usize;
+        let g: [i32; 8] = std::array::from_fn(|k| IQ3S_GRID[x.qs[8 * ib + k] as usize | ((h >> k) & 1) << 8] as i32);
+        _mm256_setr_epi32(g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7])
+    }
+
+    macro_rules! kernel {
+        ($name:ident, $B:ty, $prep:ident, $grid:path) => {
+            /// `iq23::dot` for R rows (whole super-blocks; a shorter row, matvec's empty
+            /// padding, stops contributing): per sub-block the magnitudes, the activation
+            /// bytes negated where the sign bit is set, `vpmaddubsw`, `vpmaddwd` by the two
+            /// group scales, summed into the 8 i32 lanes of `iq23::lanes`.
+            #[target_feature(enable = "avx2,fma,f16c")]
+            pub(in super::super) fn $name<const R: usize>(w: [&[$B]; R], a: &[BlockQ8K]) -> [f32; R] {
+                let mut acc = [_mm256_setzero_ps(); R];
+                for (i, y) in a.iter().enumerate() {
+                    let dy = f32::from_le_bytes(y.d);
+                    let qy: [__m256i; 8] = std::array::from_fn(|ib| ld32i(&y.qs, 32 * ib));
+                    for r in 0..R {
+                        let Some(x) = w[r].get(i) else { continue };
+                        let (signs, scb) = $prep(x);
+                        let mut sumi = _mm256_setzero_si256();
+                        for (ib, &q8) in qy.iter().enumerate() {
+                            let m = sign_mask(signs[ib]);
+                            // -q where the mask is set: (q ^ -1) - (-1), wrapping like `vpsignb`
+                            let q8s = _mm256_sub_epi8(_mm256_xor_si256(q8, m), m);
+                            // i16 lanes 0..8: group 2ib's scale, 8..16: group 2ib + 1's
+                            let g2 = (2 * ib) as i64 * 0x0101_0101_0101_0101;
+                            let sel = _mm_set_epi64x(g2 + 0x0101_0101_0101_0101, g2);
+                            let scv = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(scb, sel));
+                            let p = _mm256_madd_epi16(_mm256_maddubs_epi16($grid(x, ib), q8s), scv);
+                            sumi = _mm256_add_epi32(sumi, p);
+                        }
+                        let d = f16s(x.d) * dy;
+                        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[r]);
+                    }
+                }
+                let mut out = [0f32; R];
+                for r in 0..R {
+                    out[r] = <$B as IqBlock>::FACTOR * hsum(acc[r]);
+                }
+                out
+            }
+        };
+    }
+
+    kernel!(iq2xxs, BlockIQ2XXS, iq2xxs_prep, grid64);
+    kernel!(iq2xs, BlockIQ2XS, iq2xs_prep, grid64);
+    kernel!(iq2s, BlockIQ2S, iq2s_prep, grid64);
+    kernel!(iq3xxs, BlockIQ3XXS, iq3xxs_prep, iq3xxs_grid);
+    kernel!(iq3s, BlockIQ3S, iq3s_prep, iq3s_grid);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -156,30 +306,12 @@ pub(super) mod avx512 {
         u64::from_le_bytes(s[off..off + 8].try_into().expect("8 bytes"))
     }
 
-    /// `KSIGNS_IQ2XS` of the four 7-bit fields (bits 7k..7k+7) of each dword of `a`, computed
-    /// instead of looked up: the table's byte for index i is i with bit 7 set to the parity of
-    /// i (an even count of negative signs), so spread the fields into bytes and xor-fold each
-    /// byte's bits down to bit 0 (the shifts' spill from the byte above lands in bits 4..7,
-    /// which the later steps never read). tests/vecdot.rs compares with the scalar twin's table.
+    /// `avx2::ksigns8x32`, as the sign bits of the four 64-element pairs.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
     fn ksigns8x32(a: __m256i) -> [u64; 4] {
-        let m = |v: i32| _mm256_set1_epi32(v);
-        let v = _mm256_or_si256(
-            _mm256_or_si256(_mm256_and_si256(a, m(0x7F)), _mm256_and_si256(_mm256_slli_epi32::<1>(a), m(0x7F00))),
-            _mm256_or_si256(
-                _mm256_and_si256(_mm256_slli_epi32::<2>(a), m(0x7F_0000)),
-                _mm256_and_si256(_mm256_slli_epi32::<3>(a), m(0x7F00_0000)),
-            ),
-        );
-        let p = _mm256_xor_si256(v, _mm256_srli_epi32::<4>(v));
-        let p = _mm256_xor_si256(p, _mm256_srli_epi32::<2>(p));
-        let p = _mm256_xor_si256(p, _mm256_srli_epi32::<1>(p));
-        let sb = _mm256_or_si256(v, _mm256_slli_epi32::<7>(_mm256_and_si256(p, m(0x0101_0101))));
-        let mut out = [0u64; 4];
-        // SAFETY: `out` is 32 writable bytes; storeu has no alignment requirement.
-        unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), sb) };
-        out
+        let w = super::avx2::ksigns8x32(a);
+        std::array::from_fn(|j| w[2 * j] as u64 | (w[2 * j + 1] as u64) << 32)
     }
 
     /// The 16 group scales `2s + 1` (one per 16 elements) as i16 lanes 0..16 of the result,

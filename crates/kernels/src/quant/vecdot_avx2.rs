@@ -178,7 +178,7 @@ mod imp {
     use super::super::QuantType;
     use super::super::blocks::*;
     use super::super::dequant::{iq4xs_scales, k4_scale_min, q3k_scales};
-    use super::super::iq23_simd::avx2::dot as iq23;
+    use super::super::iq23_simd::avx2 as iq23;
     use super::super::vecdot::{Order, Q8_1_BYTES, hsum4, hsum8};
     use std::arch::x86_64::*;
 
@@ -458,11 +458,11 @@ mod imp {
             QuantType::IQ4NL => iq4nl::<R>(v!(BlockIQ4NL), view(a)),
             QuantType::MXFP4 => mxfp4::<R>(v!(BlockMXFP4), view(a)),
             QuantType::IQ4XS => iq4xs::<R>(v!(BlockIQ4XS), view(a)),
-            QuantType::IQ2XXS => iq23::<BlockIQ2XXS, R>(v!(BlockIQ2XXS), view(a)),
-            QuantType::IQ2XS => iq23::<BlockIQ2XS, R>(v!(BlockIQ2XS), view(a)),
-            QuantType::IQ2S => iq23::<BlockIQ2S, R>(v!(BlockIQ2S), view(a)),
-            QuantType::IQ3XXS => iq23::<BlockIQ3XXS, R>(v!(BlockIQ3XXS), view(a)),
-            QuantType::IQ3S => iq23::<BlockIQ3S, R>(v!(BlockIQ3S), view(a)),
+            QuantType::IQ2XXS => iq23::iq2xxs::<R>(v!(BlockIQ2XXS), view(a)),
+            QuantType::IQ2XS => iq23::iq2xs::<R>(v!(BlockIQ2XS), view(a)),
+            QuantType::IQ2S => iq23::iq2s::<R>(v!(BlockIQ2S), view(a)),
+            QuantType::IQ3XXS => iq23::iq3xxs::<R>(v!(BlockIQ3XXS), view(a)),
+            QuantType::IQ3S => iq23::iq3s::<R>(v!(BlockIQ3S), view(a)),
             _ => return None,
         })
     }
