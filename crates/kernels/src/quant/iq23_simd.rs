@@ -1,22 +1,31 @@
 //! AVX2 and AVX-512 twins of the 2-/3-bit grid types' scalar kernels in `iq23.rs` (IQ2_XXS,
 //! IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S), which stay their reference.
 //!
-//! Owns: `avx2::dot` and `avx512::dot` (a weight row, or R rows sharing one activation row,
-//! times a Q8_K activation row in ggml's AVX2 order), and `avx512::dequant` (a block to 256
-//! floats). The dispatch stays where every type's is (`vecdot_avx2`, `vecdot_avx512`,
-//! `dequant_avx512`), which call these only after checking the CPU features.
+//! Owns: one dot-product kernel per type and tier (`avx2::iq2xxs` .. `avx512::iq3s`: R weight
+//! rows sharing one Q8_K activation row, in ggml's AVX2 float order) and `avx512::dequant` (a
+//! block to 256 floats, generic over `IqBlock`). The dispatch stays where every type's is
+//! (`vecdot_avx2`, `vecdot_avx512`, `dequant_avx512`), which call these only after checking the
+//! CPU features.
 //!
-//! Both dot kernels are ggml's AVX2 recipe: the grid magnitudes (unsigned bytes, at most 62) go
-//! into a register from `IqBlock::grid` (scalar table loads, as ggml's `_mm256_set_epi64x`),
-//! the sign bits negate the activation bytes (xor + sub, or a masked `0 - q`), `vpmaddubsw`
-//! pairs them (at most 2 * 62 * 128, no saturation) and `vpmaddwd` by the sub-block's scale
-//! gives the 8 i32 lanes of `iq23::lanes`, exactly. The AVX-512 kernel takes two sub-blocks
-//! per 512-bit register and folds its halves into the same 8 lanes (integers: any order). The
-//! float steps are the scalar twin's: one FMA per super-block, `FACTOR * hsum8` at the end, so
-//! the results are bit-identical (tests/vecdot.rs).
+//! The integer work is ggml's AVX2 recipe: the grid magnitudes (unsigned bytes, at most 62) in
+//! one register, the activation bytes negated where the element's sign bit is set (xor + sub, or
+//! a masked `0 - q`: both wrap a -128 as `vpsignb` does), `vpmaddubsw` (at most 2 * 62 * 128,
+//! no saturation) and `vpmaddwd` by the 16-element group's scale `2s + 1`, giving exactly the
+//! 8 i32 lanes of `iq23::lanes`. The AVX-512 kernels take two sub-blocks per 512-bit register
+//! and fold its halves into the same 8 lanes (integers: any order). The float steps are the
+//! scalar twin's (one FMA per super-block, `FACTOR * hsum8` at the end), so the results are
+//! bit-identical to it and to ggml (tests/vecdot.rs).
 //!
-//! Where the time goes: the grid gathers (4-8 scalar loads and inserts per 32 weights) and the
-//! sign decode, not the multiply-adds; see examples/vecdot_bench.rs.
+//! Per super-block each kernel first decodes the sign bits of all 256 elements and the 16
+//! group scales in vector registers (the 7-bit sign patterns of IQ2_XXS / IQ2_XS / IQ3_XXS by
+//! computing the parity bit instead of looking `KSIGNS_IQ2XS` up), then per sub-block (pair)
+//! fetches the grid entries: AVX2 by scalar table loads and inserts, as ggml does; AVX-512 by
+//! `vpgatherdq` / `vpgatherdd` from indices decoded in vector registers. That ordering is where
+//! the speed came from (examples/vecdot_bench, 256 x 2048, G weights/s on a 2-core share of an
+//! AVX-512 Xeon, 2026-12-06; first per-sub-block trait version -> these kernels): AVX-512
+//! IQ2_XXS 11 -> 20, IQ2_XS 8 -> 22.5, IQ2_S 8 -> 23, IQ3_XXS 7 -> 18.7, IQ3_S 3 -> 19.5 (Q4_K
+//! 33.7 on the same run); AVX2 11 -> 14, 10 -> 12, 13 -> 13, 8 -> 12.8, 8.6 -> 9.9. ggml's own
+//! AVX2 kernels on the same machine: 17.5, 14.5, 16.3, 12.9, 9.75.
 
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx2 {
