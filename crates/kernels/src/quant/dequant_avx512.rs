@@ -232,33 +232,10 @@ mod imp {
         }
     }
 
-    // The 2-/3-bit grid types: `iq23_simd::avx512::dequant`, named per type for `blocks!`.
-    use super::super::iq23_simd::avx512::dequant as iq23;
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-    fn iq2xxs(b: &BlockIQ2XXS, y: &mut [f32; 256]) {
-        iq23(b, y)
-    }
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-    fn iq2xs(b: &BlockIQ2XS, y: &mut [f32; 256]) {
-        iq23(b, y)
-    }
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-    fn iq2s(b: &BlockIQ2S, y: &mut [f32; 256]) {
-        iq23(b, y)
-    }
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-    fn iq3xxs(b: &BlockIQ3XXS, y: &mut [f32; 256]) {
-        iq23(b, y)
-    }
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-    fn iq3s(b: &BlockIQ3S, y: &mut [f32; 256]) {
-        iq23(b, y)
-    }
+    // The 2-/3-bit grid types' kernels live with their dot products.
+    use super::super::iq23_simd::avx512::{
+        dq_iq2s as iq2s, dq_iq2xs as iq2xs, dq_iq2xxs as iq2xxs, dq_iq3s as iq3s, dq_iq3xxs as iq3xxs,
+    };
 
     // ------------------------------------------------------------ legacy 32-element blocks
 

@@ -2,8 +2,9 @@
 //! IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S), which stay their reference.
 //!
 //! Owns: one dot-product kernel per type and tier (`avx2::iq2xxs` .. `avx512::iq3s`: R weight
-//! rows sharing one Q8_K activation row, in ggml's AVX2 float order) and `avx512::dequant` (a
-//! block to 256 floats, generic over `IqBlock`). The dispatch stays where every type's is
+//! rows sharing one Q8_K activation row, in ggml's AVX2 float order) and the AVX-512
+//! dequantizers `avx512::dq_iq2xxs` .. `dq_iq3s` (a block to 256 floats, decoded as the dot
+//! kernels decode it). The dispatch stays where every type's is
 //! (`vecdot_avx2`, `vecdot_avx512`, `dequant_avx512`), which call these only after checking the
 //! CPU features.
 //!
@@ -533,26 +534,48 @@ pub(super) mod avx512 {
     kernel!(iq3xxs, BlockIQ3XXS, iq3xxs_prep, iq3xxs_grid);
     kernel!(iq3s, BlockIQ3S, iq3s_prep, iq3s_grid);
 
-    /// One block -> 256 floats, the bits of `iq23::dequant`: per 16 elements
-    /// `db = d * (2s + 1) * FACTOR` (scalar, the same three roundings-free products), then
-    /// `db * magnitude` in 16 lanes and the sign bit xored in where the block's bit is set.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-    pub(in super::super) fn dequant<B: IqBlock>(b: &B, y: &mut [f32; 256]) {
-        let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(u16::from_le_bytes(b.d()) as i16)));
-        let sign = _mm512_set1_epi32(i32::MIN);
-        for (ib, out) in y.chunks_exact_mut(32).enumerate() {
-            let g = b.grid(ib);
-            let s = b.signs(ib);
-            let sc = b.scales(ib);
-            for (h, o) in out.chunks_exact_mut(16).enumerate() {
-                let db = d * sc[h] as f32 * B::FACTOR;
-                let gb = _mm_set_epi64x(g[2 * h + 1] as i64, g[2 * h] as i64);
-                let v = _mm512_mul_ps(_mm512_set1_ps(db), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(gb)));
-                let v = _mm512_mask_xor_epi32(_mm512_castps_si512(v), (s >> (16 * h)) as u16, _mm512_castps_si512(v), sign);
-                let o = &mut o[..16];
-                // SAFETY: `o` is exactly 16 writable f32; storeu has no alignment requirement.
-                unsafe { _mm512_storeu_si512(o.as_mut_ptr().cast(), v) };
-            }
-        }
+    /// 16 magnitudes (bytes 16c..16c+16 of `g`) as f32, exact.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    fn mags16<const C: i32>(g: __m512i) -> __m512 {
+        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32::<C>(g)))
     }
+
+    macro_rules! dequant {
+        ($name:ident, $B:ty, $prep:ident, $grid:ident) => {
+            /// One block -> 256 floats, the bits of `iq23::dequant`: per 16-element group
+            /// `db = d * (2s + 1) * FACTOR` (the same exact products, all 16 in one register),
+            /// then
+            /// `db * magnitude` in 16 lanes and the sign bit xored in where the element's bit
+            /// is set; the magnitudes and bits as the dot kernel decodes them.
+            #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+            pub(in super::super) fn $name(b: &$B, y: &mut [f32; 256]) {
+                let (sc, signs) = $prep(b);
+                // db of the 16 groups in 16 lanes: (d * (2s + 1)) * FACTOR, exact
+                let sc = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm512_castsi512_si256(sc)));
+                let f = _mm512_set1_ps(<$B as IqBlock>::FACTOR);
+                let db = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(f16s(b.d)), sc), f);
+                let sign = _mm512_set1_epi32(i32::MIN);
+                for (j, out) in y.chunks_exact_mut(64).enumerate() {
+                    let g = $grid(b, j);
+                    let m = [mags16::<0>(g), mags16::<1>(g), mags16::<2>(g), mags16::<3>(g)];
+                    for (c, o) in out.chunks_exact_mut(16).enumerate() {
+                        let db = _mm512_permutexvar_ps(_mm512_set1_epi32((4 * j + c) as i32), db);
+                        let v = _mm512_castps_si512(_mm512_mul_ps(db, m[c]));
+                        let v = _mm512_mask_xor_epi32(v, (signs[j] >> (16 * c)) as u16, v, sign);
+                        let o = &mut o[..16];
+                        // SAFETY: `o` is exactly 16 writable f32; storeu has no alignment
+                        // requirement.
+                        unsafe { _mm512_storeu_si512(o.as_mut_ptr().cast(), v) };
+                    }
+                }
+            }
+        };
+    }
+
+    dequant!(dq_iq2xxs, BlockIQ2XXS, iq2xxs_prep, iq2xxs_grid);
+    dequant!(dq_iq2xs, BlockIQ2XS, iq2xs_prep, iq2xs_grid);
+    dequant!(dq_iq2s, BlockIQ2S, iq2s_prep, iq2s_grid);
+    dequant!(dq_iq3xxs, BlockIQ3XXS, iq3xxs_prep, iq3xxs_grid);
+    dequant!(dq_iq3s, BlockIQ3S, iq3s_prep, iq3s_grid);
 }
