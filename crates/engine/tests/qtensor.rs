@@ -62,6 +62,11 @@ fn matvec2_and_prefill_match_single_token_matvecs() {
         QuantType::IQ4NL,
         QuantType::IQ4XS,
         QuantType::MXFP4,
+        QuantType::IQ2XXS,
+        QuantType::IQ2XS,
+        QuantType::IQ2S,
+        QuantType::IQ3XXS,
+        QuantType::IQ3S,
     ] {
         let (rows, cols) = (70, 512);
         let w = random_tensor(ty, rows, cols, &mut rng);

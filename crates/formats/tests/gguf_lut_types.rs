@@ -1,7 +1,8 @@
-//! GGUF tensors of the 4-bit lookup-table types (IQ4_NL, IQ4_XS, MXFP4) load and multiply
-//! through every kernel path the engine's QTensor takes for them.
+//! GGUF tensors of the 4-bit lookup-table types (IQ4_NL, IQ4_XS, MXFP4) and of the 2-/3-bit
+//! grid types (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S) load and multiply through every kernel
+//! path the engine's QTensor takes for them.
 //!
-//! tests/fixtures/lut_types.gguf is written by gguf-py's GGUFWriter
+//! tests/fixtures/lut_types.gguf and grid_types.gguf are written by gguf-py's GGUFWriter
 //! (tools/fixtures/quant/gen_lut_gguf.py, gguf==0.19.0): per type a 3-row weight `w.<type>`, an
 //! input `x.<type>` and `y.<type>` = gguf-py's dequantization times x, in f64, rounded to f32.
 //!
@@ -30,11 +31,33 @@ fn f32s(b: &[u8]) -> Vec<f32> {
 
 #[test]
 fn lut_type_tensors_load_and_multiply() {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/lut_types.gguf");
+    load_and_multiply(
+        "lut_types.gguf",
+        &[(QuantType::IQ4NL, "iq4_nl"), (QuantType::IQ4XS, "iq4_xs"), (QuantType::MXFP4, "mxfp4")],
+    );
+}
+
+#[test]
+fn grid_type_tensors_load_and_multiply() {
+    load_and_multiply(
+        "grid_types.gguf",
+        &[
+            (QuantType::IQ2XXS, "iq2_xxs"),
+            (QuantType::IQ2XS, "iq2_xs"),
+            (QuantType::IQ2S, "iq2_s"),
+            (QuantType::IQ3XXS, "iq3_xxs"),
+            (QuantType::IQ3S, "iq3_s"),
+        ],
+    );
+}
+
+/// The checks of the module header on every `(type, name)` of fixture `file`.
+fn load_and_multiply(file: &str, types: &[(QuantType, &str)]) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(file);
     let g = Gguf::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let rows = 3;
-    println!("{:>6} {:>5} {:>12} {:>12} {:>12} {:>12}", "type", "cols", "exact/bound", "max bound", "quant rel", "act rel");
-    for (ty, name) in [(QuantType::IQ4NL, "iq4_nl"), (QuantType::IQ4XS, "iq4_xs"), (QuantType::MXFP4, "mxfp4")] {
+    println!("{:>7} {:>5} {:>12} {:>12} {:>12} {:>12}", "type", "cols", "exact/bound", "max bound", "quant rel", "act rel");
+    for &(ty, name) in types {
         let info = g.tensor(&format!("w.{name}")).unwrap_or_else(|| panic!("w.{name} missing"));
         assert_eq!(info.dtype, ty, "w.{name}: type");
         assert_eq!(info.dims.len(), 2, "w.{name}: dims {:?}", info.dims);
@@ -103,6 +126,6 @@ fn lut_type_tensors_load_and_multiply() {
             );
             act_err = act_err.max(moved / mag_q);
         }
-        println!("{name:>6} {cols:>5} {exact_err:>12.3e} {exact_bound:>12.3e} {quant_err:>12.3e} {act_err:>12.3e}");
+        println!("{name:>7} {cols:>5} {exact_err:>12.3e} {exact_bound:>12.3e} {quant_err:>12.3e} {act_err:>12.3e}");
     }
 }

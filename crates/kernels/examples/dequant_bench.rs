@@ -12,7 +12,7 @@ use cortiq_kernels::quant::{QuantType, dequantize_row, dequantize_row_scalar};
 use std::hint::black_box;
 use std::time::Instant;
 
-const TYPES: [QuantType; 16] = [
+const TYPES: [QuantType; 21] = [
     QuantType::Q8_0,
     QuantType::Q4K,
     QuantType::Q6K,
@@ -29,6 +29,11 @@ const TYPES: [QuantType; 16] = [
     QuantType::IQ4NL,
     QuantType::IQ4XS,
     QuantType::MXFP4,
+    QuantType::IQ2XXS,
+    QuantType::IQ2XS,
+    QuantType::IQ2S,
+    QuantType::IQ3XXS,
+    QuantType::IQ3S,
 ];
 
 fn main() {
@@ -45,7 +50,7 @@ fn main() {
 
 fn bench(rows: usize, cols: usize) {
     println!("\ndequantize {rows} x {cols} row by row into one reused row buffer");
-    println!("{:>5} {:>9} {:>12} {:>12} {:>7}", "type", "src MiB", "scalar G/s", "simd G/s", "ratio");
+    println!("{:>7} {:>9} {:>12} {:>12} {:>7}", "type", "src MiB", "scalar G/s", "simd G/s", "ratio");
     let mut seed = 0x00C0_FFEEu64;
     for ty in TYPES {
         let Some(rb) = ty.row_bytes(cols) else {
@@ -68,7 +73,7 @@ fn bench(rows: usize, cols: usize) {
             }
         });
         let mib = src.len() as f64 / (1 << 20) as f64;
-        println!("{:>5} {mib:>9.2} {:>12.2} {:>12.2} {:>6.1}x", ty.name(), scalar / 1e9, fast / 1e9, fast / scalar);
+        println!("{:>7} {mib:>9.2} {:>12.2} {:>12.2} {:>6.1}x", ty.name(), scalar / 1e9, fast / 1e9, fast / scalar);
     }
 }
 
@@ -101,6 +106,7 @@ fn random_matrix(ty: QuantType, len: usize, seed: &mut u64) -> Vec<u8> {
     let scale = |r: u64| ((r as u16) & 0x3FFF).max(0x0400).to_le_bytes();
     let fields: &[usize] = match ty {
         QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0 | QuantType::IQ4NL | QuantType::IQ4XS => &[0],
+        QuantType::IQ2XXS | QuantType::IQ2XS | QuantType::IQ2S | QuantType::IQ3XXS | QuantType::IQ3S => &[0],
         QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4K | QuantType::Q5K => &[0, 2],
         QuantType::Q2K => &[80, 82],
         QuantType::Q3K => &[108],

@@ -13,7 +13,8 @@
 //! matmul (so matmat_q's per-call activation prep is counted); activation quantization (once
 //! per matmul in the engine) is not. Prints G MAC/s, the best of several repetitions (the
 //! machine may be shared: compare the ratios). `all` adds Q4_0, Q5_1, Q5_K, Q3_K, Q2_K and the
-//! lookup-table types IQ4_NL, IQ4_XS, MXFP4; `lut` runs only those three.
+//! lookup-table types IQ4_NL, IQ4_XS, MXFP4 and the grid types IQ2_XXS .. IQ3_S; `lut` runs only
+//! the lookup-table types, `grid` only the grid types.
 
 use cortiq_kernels::dot::gemm_nt;
 use cortiq_kernels::quant::{
@@ -26,6 +27,9 @@ const MAIN: [QuantType; 5] = [QuantType::Q4K, QuantType::Q5_0, QuantType::Q6K, Q
 const MORE: [QuantType; 5] = [QuantType::Q4_0, QuantType::Q5_1, QuantType::Q5K, QuantType::Q3K, QuantType::Q2K];
 /// The lookup-table types (`lut` alone, or with `all`).
 const LUT: [QuantType; 3] = [QuantType::IQ4NL, QuantType::IQ4XS, QuantType::MXFP4];
+/// The 2-/3-bit grid types (`grid` alone, or with `all`): no matmat kernel, so `matmat` is
+/// one `vec_dot` per (row, token).
+const GRID: [QuantType; 5] = [QuantType::IQ2XXS, QuantType::IQ2XS, QuantType::IQ2S, QuantType::IQ3XXS, QuantType::IQ3S];
 /// Rows per call, as the engine's pool splits a matmul (env `RANGE`, default 32).
 static RANGE: std::sync::LazyLock<usize> =
     std::sync::LazyLock::new(|| std::env::var("RANGE").ok().and_then(|v| v.parse().ok()).unwrap_or(32));
@@ -38,12 +42,15 @@ fn main() {
         _ => vec![(2048, 640, 64), (640, 2048, 64), (4864, 896, 64), (896, 4864, 128)],
     };
     let has = |s: &str| args.iter().any(|a| a == s);
-    let mut types = if has("lut") && !has("all") { Vec::new() } else { MAIN.to_vec() };
+    let mut types = if (has("lut") || has("grid")) && !has("all") { Vec::new() } else { MAIN.to_vec() };
     if has("all") {
         types.extend(MORE);
     }
     if has("all") || has("lut") {
         types.extend(LUT);
+    }
+    if has("all") || has("grid") {
+        types.extend(GRID);
     }
     println!("AVX-512 VNNI active: {}", cortiq_kernels::quant::vecdot_avx512::available());
     for (rows, cols, n_t) in shapes {
@@ -54,7 +61,7 @@ fn main() {
 fn bench(types: &[QuantType], rows: usize, cols: usize, n_t: usize) {
     println!("\n{rows} x {cols} weight x {n_t} tokens, G MAC/s (single thread, {}-row calls)", *RANGE);
     println!(
-        "{:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "{:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
         "type", "f32 path", "scalar", "matmat", "prepared", "/f32", "prep/f32", "/scalar"
     );
     let mut seed = 0x00C0_FFEEu64;
@@ -115,7 +122,7 @@ fn bench(types: &[QuantType], rows: usize, cols: usize, n_t: usize) {
                 black_box(&mut y);
             });
         println!(
-            "{:>5} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>8.1}x {:>8.1}x {:>8.1}x",
+            "{:>7} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>8.1}x {:>8.1}x {:>8.1}x",
             ty.name(),
             f32_path / 1e9,
             scalar / 1e9,
@@ -156,6 +163,7 @@ fn random_matrix(ty: QuantType, rows: usize, rb: usize, seed: &mut u64) -> Vec<u
     let mut v: Vec<u8> = (0..rows * rb).map(|_| next(seed) as u8).collect();
     let fields: &[usize] = match ty {
         QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0 | QuantType::IQ4NL | QuantType::IQ4XS => &[0],
+        QuantType::IQ2XXS | QuantType::IQ2XS | QuantType::IQ2S | QuantType::IQ3XXS | QuantType::IQ3S => &[0],
         QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4K | QuantType::Q5K => &[0, 2],
         QuantType::Q2K => &[80, 82],
         QuantType::Q3K => &[108],

@@ -7,13 +7,14 @@
 //! A [ROWS, COLS] weight times one activation row quantized once with `quantize_act`, as decode
 //! does. Default: 256 x 2048 (cache-resident: the kernels' own speed) and 8192 x 2048 (tens of
 //! MiB: closer to decode, which streams weights from memory). Prints G weights/s, the best of
-//! several repetitions (the machine may be shared: compare the ratios, not the absolutes).
+//! several repetitions (the machine may be shared: compare the ratios, not the absolutes), and
+//! the 4-row kernel's weight bytes read per second (GB/s, what bounds decode).
 
 use cortiq_kernels::quant::{QuantType, act_type, dot_row, matvec_q, quantize_act, vec_dot, vec_dot_scalar};
 use std::hint::black_box;
 use std::time::Instant;
 
-const TYPES: [QuantType; 13] = [
+const TYPES: [QuantType; 18] = [
     QuantType::Q8_0,
     QuantType::Q4_1,
     QuantType::Q5_0,
@@ -27,6 +28,11 @@ const TYPES: [QuantType; 13] = [
     QuantType::IQ4NL,
     QuantType::IQ4XS,
     QuantType::MXFP4,
+    QuantType::IQ2XXS,
+    QuantType::IQ2XS,
+    QuantType::IQ2S,
+    QuantType::IQ3XXS,
+    QuantType::IQ3S,
 ];
 
 fn main() {
@@ -44,8 +50,8 @@ fn main() {
 fn bench(rows: usize, cols: usize) {
     println!("\n{rows} x {cols} weight . one quantized activation row, G weights/s");
     println!(
-        "{:>5} {:>8} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>9}",
-        "type", "MiB", "f32 path", "scalar", "simd 1r", "simd 4r", "4r/scal", "4r/f32", "quant µs"
+        "{:>7} {:>8} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>9} {:>9}",
+        "type", "MiB", "f32 path", "scalar", "simd 1r", "simd 4r", "4r/scal", "4r/f32", "quant µs", "4r GB/s"
     );
     let mut seed = 0x00C0_FFEEu64;
     for ty in TYPES {
@@ -87,7 +93,7 @@ fn bench(rows: usize, cols: usize) {
             });
         let mib = w.len() as f64 / (1 << 20) as f64;
         println!(
-            "{:>5} {mib:>8.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>7.1}x {:>7.1}x {:>9.2}",
+            "{:>7} {mib:>8.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>7.1}x {:>7.1}x {:>9.2} {:>9.2}",
             ty.name(),
             f32_path / 1e9,
             scalar / 1e9,
@@ -95,7 +101,8 @@ fn bench(rows: usize, cols: usize) {
             four / 1e9,
             four / scalar,
             four / f32_path,
-            quant_s * 1e6
+            quant_s * 1e6,
+            four / 1e9 * w.len() as f64 / elems
         );
     }
 }
@@ -128,6 +135,7 @@ fn random_matrix(ty: QuantType, rows: usize, rb: usize, seed: &mut u64) -> Vec<u
     let mut v: Vec<u8> = (0..rows * rb).map(|_| next(seed) as u8).collect();
     let fields: &[usize] = match ty {
         QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0 | QuantType::IQ4NL | QuantType::IQ4XS => &[0],
+        QuantType::IQ2XXS | QuantType::IQ2XS | QuantType::IQ2S | QuantType::IQ3XXS | QuantType::IQ3S => &[0],
         QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4K | QuantType::Q5K => &[0, 2],
         QuantType::Q2K => &[80, 82],
         QuantType::Q3K => &[108],

@@ -97,7 +97,7 @@ fn dequantize_row_matches_gguf_py_bit_for_bit() {
 
 #[test]
 fn block_structs_agree_with_quant_type_sizes() {
-    let cases: [(QuantType, usize, usize); 14] = [
+    let cases: [(QuantType, usize, usize); 19] = [
         (QuantType::Q4_0, size_of::<BlockQ4_0>(), BlockQ4_0::ELEMS),
         (QuantType::Q4_1, size_of::<BlockQ4_1>(), BlockQ4_1::ELEMS),
         (QuantType::Q5_0, size_of::<BlockQ5_0>(), BlockQ5_0::ELEMS),
@@ -112,6 +112,11 @@ fn block_structs_agree_with_quant_type_sizes() {
         (QuantType::IQ4NL, size_of::<BlockIQ4NL>(), BlockIQ4NL::ELEMS),
         (QuantType::IQ4XS, size_of::<BlockIQ4XS>(), BlockIQ4XS::ELEMS),
         (QuantType::MXFP4, size_of::<BlockMXFP4>(), BlockMXFP4::ELEMS),
+        (QuantType::IQ2XXS, size_of::<BlockIQ2XXS>(), BlockIQ2XXS::ELEMS),
+        (QuantType::IQ2XS, size_of::<BlockIQ2XS>(), BlockIQ2XS::ELEMS),
+        (QuantType::IQ2S, size_of::<BlockIQ2S>(), BlockIQ2S::ELEMS),
+        (QuantType::IQ3XXS, size_of::<BlockIQ3XXS>(), BlockIQ3XXS::ELEMS),
+        (QuantType::IQ3S, size_of::<BlockIQ3S>(), BlockIQ3S::ELEMS),
     ];
     for (ty, size, elems) in cases {
         println!("{ty:>5}: struct {size} bytes / {elems} elems, QuantType {} / {}", ty.type_size(), ty.block_size());

@@ -85,6 +85,7 @@ impl Rng {
 fn f16_fields(ty: QuantType) -> &'static [usize] {
     match ty {
         QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0 | QuantType::IQ4NL | QuantType::IQ4XS => &[0],
+        QuantType::IQ2XXS | QuantType::IQ2XS | QuantType::IQ2S | QuantType::IQ3XXS | QuantType::IQ3S => &[0],
         QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4K | QuantType::Q5K => &[0, 2],
         QuantType::Q2K => &[80, 82],
         QuantType::Q3K => &[108],
@@ -114,7 +115,7 @@ fn random_blocks(ty: QuantType, blocks: usize, rng: &mut Rng) -> Vec<u8> {
     v
 }
 
-const BLOCK_TYPES: [QuantType; 14] = [
+const BLOCK_TYPES: [QuantType; 19] = [
     QuantType::Q8_0,
     QuantType::Q4_0,
     QuantType::Q4_1,
@@ -129,6 +130,11 @@ const BLOCK_TYPES: [QuantType; 14] = [
     QuantType::IQ4NL,
     QuantType::IQ4XS,
     QuantType::MXFP4,
+    QuantType::IQ2XXS,
+    QuantType::IQ2XS,
+    QuantType::IQ2S,
+    QuantType::IQ3XXS,
+    QuantType::IQ3S,
 ];
 
 #[test]
@@ -269,7 +275,19 @@ fn simd_respects_sign_of_zero_cases() {
     iq4xs[..2].copy_from_slice(&neg);
     iq4xs[2..4].copy_from_slice(&0xAAAAu16.to_le_bytes()); // high bits 2 -> ls = 32 with zero low bits
     iq4xs[8..].iter_mut().enumerate().for_each(|(i, b)| *b = (i * 37) as u8); // all levels, both signs
+    // the grid types have no zero magnitude: only d = -0.0 makes zeros, whose sign the element's
+    // sign bit then flips (gguf-py's `* -1.0`)
+    let iq = |ty: QuantType| {
+        let mut b: Vec<u8> = (0..ty.type_size()).map(|i| (i * 73 + 11) as u8).collect();
+        b[..2].copy_from_slice(&half_bits(-0.0));
+        b
+    };
     for (ty, raw) in [
+        (QuantType::IQ2XXS, iq(QuantType::IQ2XXS)),
+        (QuantType::IQ2XS, iq(QuantType::IQ2XS)),
+        (QuantType::IQ2S, iq(QuantType::IQ2S)),
+        (QuantType::IQ3XXS, iq(QuantType::IQ3XXS)),
+        (QuantType::IQ3S, iq(QuantType::IQ3S)),
         (QuantType::Q4_0, q4_0),
         (QuantType::Q5_0, q5_0),
         (QuantType::Q6K, q6k),

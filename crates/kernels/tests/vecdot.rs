@@ -9,8 +9,9 @@
 //!    by a small C program linked against libggml-cpu.a/libggml-base.a of the llama.cpp vendored
 //!    in llama-cpp-python 0.3.36, built with GCC 12.2 for x86-64 with AVX2/AVX-512 (F, BW, VL,
 //!    VNNI, VBMI, BF16). Expected: every byte and every result bit identical. The kind-2 records
-//!    of IQ4_NL, IQ4_XS and MXFP4 at the end come from tools/fixtures/quant/gen_vecdot_lut.c
-//!    (same library, same build).
+//!    of IQ4_NL, IQ4_XS and MXFP4 at the end, and after them those of IQ3_XXS, IQ3_S, IQ2_XXS,
+//!    IQ2_XS and IQ2_S, come from tools/fixtures/quant/gen_vecdot_lut.c (same library version,
+//!    built the same way).
 //!    Format (little-endian): "CVD1", then records. Kind 1: act (0 q8_0, 1 q8_1, 2 q8_K), n,
 //!    n f32 inputs, the act row bytes. Kind 2: ggml type id, n, weight byte count + bytes,
 //!    act byte count + bytes, the f32 result.
@@ -40,7 +41,7 @@ use cortiq_kernels::quant::{
 use cortiq_testkit::nan_max;
 use std::path::PathBuf;
 
-const DOT_TYPES: [QuantType; 13] = [
+const DOT_TYPES: [QuantType; 18] = [
     QuantType::Q8_0,
     QuantType::Q4_0,
     QuantType::Q4_1,
@@ -54,6 +55,11 @@ const DOT_TYPES: [QuantType; 13] = [
     QuantType::IQ4NL,
     QuantType::IQ4XS,
     QuantType::MXFP4,
+    QuantType::IQ2XXS,
+    QuantType::IQ2XS,
+    QuantType::IQ2S,
+    QuantType::IQ3XXS,
+    QuantType::IQ3S,
 ];
 
 /// SplitMix64: a tiny deterministic generator (no dependency).
@@ -80,6 +86,7 @@ impl Rng {
 fn f16_fields(ty: QuantType) -> &'static [usize] {
     match ty {
         QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0 | QuantType::IQ4NL | QuantType::IQ4XS => &[0],
+        QuantType::IQ2XXS | QuantType::IQ2XS | QuantType::IQ2S | QuantType::IQ3XXS | QuantType::IQ3S => &[0],
         QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4K | QuantType::Q5K => &[0, 2],
         QuantType::Q2K => &[80, 82],
         QuantType::Q3K => &[108],

@@ -1,5 +1,6 @@
-//! On-disk block layouts of GGUF's legacy (Q4_0 .. Q8_0), k-quant (Q2_K .. Q8_K) and 4-bit
-//! lookup-table (IQ4_NL, IQ4_XS, MXFP4) types, and of cortiq's own block types q4t and q1 (q8r has no block struct: a row is its i8 quants and
+//! On-disk block layouts of GGUF's legacy (Q4_0 .. Q8_0), k-quant (Q2_K .. Q8_K), 4-bit
+//! lookup-table (IQ4_NL, IQ4_XS, MXFP4) and 2-/3-bit grid (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS,
+//! IQ3_S) types, and of cortiq's own block types q4t and q1 (q8r has no block struct: a row is its i8 quants and
 //! one trailing f32, see `quant::q8r`).
 //!
 //! Owns: the `#[repr(C)]` structs, their compile-time size checks, and the zero-copy view of a
@@ -189,6 +190,65 @@ pub const fn e8m0_half(e: u8) -> f32 {
     if e < 2 { f32::from_bits(0x0020_0000 << e) } else { f32::from_bits(((e - 1) as u32) << 23) }
 }
 
+/// IQ2_XXS: 8 sub-blocks of 32. Sub-block ib owns the two little-endian u32 `a0`, `a1` at
+/// `qs[8ib..8ib + 8]`: byte k of `a0` indexes `iq_grids::IQ2XXS_GRID` (8 magnitudes) for elements
+/// 8k..8k+8, bits 7k..7k+7 of `a1` index `KSIGNS_IQ2XS` for their signs, and `a1 >> 28` is the
+/// scale: element = `d * (0.5 + (a1 >> 28)) * 0.25 * grid * sign`. 2.06 bits per weight.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockIQ2XXS {
+    pub d: [u8; 2],
+    pub qs: [u8; QK_K / 4],
+}
+
+/// IQ2_XS: 32 little-endian u16 `q` in `qs`, one per 8 elements: `q & 511` indexes
+/// `IQ2XS_GRID`, `q >> 9` indexes `KSIGNS_IQ2XS`; sub-block ib's scales are the nibbles of
+/// `scales[ib]` (low: elements 0..16, high: 16..32), element = `d * (0.5 + s) * 0.25 * grid *
+/// sign`. 2.31 bits per weight.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockIQ2XS {
+    pub d: [u8; 2],
+    pub qs: [u8; QK_K / 4],
+    pub scales: [u8; QK_K / 32],
+}
+
+/// IQ2_S: `qs[0..32]` are the low 8 bits of the 32 grid indices (`IQ2S_GRID`, 8 magnitudes
+/// each), bits 2k..2k+2 of `qh[ib]` their high 2 bits (index 4ib + k); `qs[32..64]` are sign
+/// bits, one per element (bit j%8 of byte j/8); scales as IQ2_XS. 2.56 bits per weight.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockIQ2S {
+    pub d: [u8; 2],
+    pub qs: [u8; QK_K / 4],
+    pub qh: [u8; QK_K / 32],
+    pub scales: [u8; QK_K / 32],
+}
+
+/// IQ3_XXS: `qs[0..64]` index `IQ3XXS_GRID` (4 magnitudes each); sub-block ib's little-endian
+/// u32 at `qs[64 + 4ib..]` holds four 7-bit `KSIGNS_IQ2XS` indices (bits 7k.., elements
+/// 8k..8k+8) and the scale in its top 4 bits: element = `d * (0.5 + s) * 0.5 * grid * sign`.
+/// 3.06 bits per weight.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockIQ3XXS {
+    pub d: [u8; 2],
+    pub qs: [u8; 3 * QK_K / 8],
+}
+
+/// IQ3_S: 64 grid indices (`IQ3S_GRID`, 4 magnitudes each) of 9 bits: `qs[k]` and bit k%8 of
+/// `qh[k/8]`; one sign bit per element in `signs`; sub-block ib's scale is nibble ib%2 of
+/// `scales[ib/2]`: element = `d * (1 + 2s) * grid * sign`. 3.44 bits per weight.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockIQ3S {
+    pub d: [u8; 2],
+    pub qs: [u8; QK_K / 4],
+    pub qh: [u8; QK_K / 32],
+    pub signs: [u8; QK_K / 8],
+    pub scales: [u8; QK_K / 64],
+}
+
 /// Elements per block of cortiq's q4t and q1 types: 128 divides every row length of the models
 /// we run (Gemma 3's 640 is 2.5 k-quant super-blocks, so 256 would not), and 64 packed bytes of
 /// q4t are exactly one 512-bit load.
@@ -244,6 +304,11 @@ const _: () = assert!(size_of::<BlockQ8K>() == 292);
 const _: () = assert!(size_of::<BlockIQ4NL>() == 18);
 const _: () = assert!(size_of::<BlockIQ4XS>() == 136);
 const _: () = assert!(size_of::<BlockMXFP4>() == 17);
+const _: () = assert!(size_of::<BlockIQ2XXS>() == 66);
+const _: () = assert!(size_of::<BlockIQ2XS>() == 74);
+const _: () = assert!(size_of::<BlockIQ2S>() == 82);
+const _: () = assert!(size_of::<BlockIQ3XXS>() == 98);
+const _: () = assert!(size_of::<BlockIQ3S>() == 110);
 
 /// A block struct that may be viewed from raw bytes.
 ///
@@ -266,7 +331,8 @@ impl_block!(
     BlockQ4_0 => QK, BlockQ4_1 => QK, BlockQ5_0 => QK, BlockQ5_1 => QK, BlockQ8_0 => QK,
     BlockQ2K => QK_K, BlockQ3K => QK_K, BlockQ4K => QK_K, BlockQ5K => QK_K, BlockQ6K => QK_K,
     BlockQ8K => QK_K, BlockQ4T => QK_T, BlockQ1 => QK_T, BlockIQ4NL => QK, BlockIQ4XS => QK_K,
-    BlockMXFP4 => QK,
+    BlockMXFP4 => QK, BlockIQ2XXS => QK_K, BlockIQ2XS => QK_K, BlockIQ2S => QK_K, BlockIQ3XXS => QK_K,
+    BlockIQ3S => QK_K,
 );
 
 /// View `bytes` as a slice of blocks, zero-copy.

@@ -16,7 +16,9 @@
 //!     the quant, exactly as numpy's `dl = d * scales` array does;
 //!   * offsets are applied to the integer quant (`d * (q - 8)`), never as `d*q - 8*d`;
 //!   * lookup-table types (IQ4_NL, IQ4_XS, MXFP4) multiply the scale by the table's integer
-//!     level converted to f32, IQ4_XS through the per-32 `dl = d * (ls - 32)` as numpy does.
+//!     level converted to f32, IQ4_XS through the per-32 `dl = d * (ls - 32)` as numpy does;
+//!   * the 2-/3-bit grid types (IQ2_*, IQ3_*) live in `iq23.rs`, whose header says why their
+//!     products are exact in any order.
 //!
 //! Where the order actually matters (checked by mutating this file against the fixtures, and by
 //! enumerating products in numpy): an f16 scale has 11 significant bits and every
@@ -35,6 +37,7 @@
 
 use super::QuantType;
 use super::blocks::*;
+use super::iq23;
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 
@@ -421,6 +424,11 @@ fn scalar_row(ty: QuantType, src: &[u8], dst: &mut [f32]) {
         QuantType::IQ4NL => blockwise(src, dst, dequant_iq4nl),
         QuantType::IQ4XS => blockwise(src, dst, dequant_iq4xs),
         QuantType::MXFP4 => blockwise(src, dst, dequant_mxfp4),
+        QuantType::IQ2XXS => blockwise(src, dst, iq23::dequant::<BlockIQ2XXS>),
+        QuantType::IQ2XS => blockwise(src, dst, iq23::dequant::<BlockIQ2XS>),
+        QuantType::IQ2S => blockwise(src, dst, iq23::dequant::<BlockIQ2S>),
+        QuantType::IQ3XXS => blockwise(src, dst, iq23::dequant::<BlockIQ3XXS>),
+        QuantType::IQ3S => blockwise(src, dst, iq23::dequant::<BlockIQ3S>),
         QuantType::Q8R => super::q8r::dequantize(src, dst),
         QuantType::Q4T => super::q4t::dequantize(src, dst),
         QuantType::Q1 => super::q1::dequantize(src, dst),

@@ -219,6 +219,11 @@ mod imp {
             QuantType::IQ4NL => blocks!(src, dst, BlockIQ4NL, 32, iq4nl),
             QuantType::IQ4XS => blocks!(src, dst, BlockIQ4XS, 256, iq4xs),
             QuantType::MXFP4 => blocks!(src, dst, BlockMXFP4, 32, mxfp4),
+            QuantType::IQ2XXS => blocks!(src, dst, BlockIQ2XXS, 256, iq2xxs),
+            QuantType::IQ2XS => blocks!(src, dst, BlockIQ2XS, 256, iq2xs),
+            QuantType::IQ2S => blocks!(src, dst, BlockIQ2S, 256, iq2s),
+            QuantType::IQ3XXS => blocks!(src, dst, BlockIQ3XXS, 256, iq3xxs),
+            QuantType::IQ3S => blocks!(src, dst, BlockIQ3S, 256, iq3s),
             QuantType::F16 => row_f16(src, dst),
             QuantType::BF16 => row_bf16(src, dst),
             // SAFETY: this function's features are the ones `own_avx512::dequantize` needs.
@@ -226,6 +231,11 @@ mod imp {
             QuantType::F32 => unreachable!("has_kernel excludes f32"),
         }
     }
+
+    // The 2-/3-bit grid types' kernels live with their dot products.
+    use super::super::iq23_simd::avx512::{
+        dq_iq2s as iq2s, dq_iq2xs as iq2xs, dq_iq2xxs as iq2xxs, dq_iq3s as iq3s, dq_iq3xxs as iq3xxs,
+    };
 
     // ------------------------------------------------------------ legacy 32-element blocks
 

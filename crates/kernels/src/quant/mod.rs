@@ -10,6 +10,9 @@ pub mod fastvec;
 mod fastvec_avx512;
 pub mod ileave;
 mod ileave_k;
+pub mod iq23;
+mod iq23_simd;
+pub mod iq_grids;
 pub mod matmat;
 #[cfg(target_arch = "x86_64")]
 mod matmat_avx2;
@@ -61,6 +64,17 @@ pub enum QuantType {
     IQ4XS,
     /// OCP microscaling FP4: E2M1 values, one E8M0 (power of two) scale per 32.
     MXFP4,
+    /// 2.06 bits per weight: 8-element grid entries (256) with 7-bit sign patterns, a 4-bit
+    /// scale per 32, one f16 per 256 (`iq23.rs`).
+    IQ2XXS,
+    /// 2.31 bits: IQ2_XXS with a 512-entry grid and 4-bit scales per 16.
+    IQ2XS,
+    /// 2.56 bits: a 1024-entry grid, a sign bit per element, 4-bit scales per 16.
+    IQ2S,
+    /// 3.06 bits: 4-element grid entries (256), 7-bit sign patterns, a 4-bit scale per 32.
+    IQ3XXS,
+    /// 3.44 bits: a 512-entry 4-element grid, a sign bit per element, 4-bit scales per 32.
+    IQ3S,
     /// cortiq: i8 per element, one f32 scale per row (`q8r.rs`).
     Q8R,
     /// cortiq: 4-bit, 128-element blocks with 4 f16 scales, tiled for 512-bit loads (`q4t.rs`).
@@ -72,7 +86,7 @@ pub enum QuantType {
 impl QuantType {
     /// Every GGUF type (the ones with ggml ids and gguf-py reference fixtures); cortiq's own
     /// types are `OWN`.
-    pub const ALL: [QuantType; 17] = [
+    pub const ALL: [QuantType; 22] = [
         QuantType::F32,
         QuantType::F16,
         QuantType::BF16,
@@ -90,6 +104,11 @@ impl QuantType {
         QuantType::IQ4NL,
         QuantType::IQ4XS,
         QuantType::MXFP4,
+        QuantType::IQ2XXS,
+        QuantType::IQ2XS,
+        QuantType::IQ2S,
+        QuantType::IQ3XXS,
+        QuantType::IQ3S,
     ];
 
     /// cortiq's own weight types, which only cortiq's files (.cmf) store.
@@ -112,7 +131,12 @@ impl QuantType {
             13 => QuantType::Q5K,
             14 => QuantType::Q6K,
             15 => QuantType::Q8K,
+            16 => QuantType::IQ2XXS,
+            17 => QuantType::IQ2XS,
+            18 => QuantType::IQ3XXS,
             20 => QuantType::IQ4NL,
+            21 => QuantType::IQ3S,
+            22 => QuantType::IQ2S,
             23 => QuantType::IQ4XS,
             30 => QuantType::BF16,
             39 => QuantType::MXFP4,
@@ -137,7 +161,12 @@ impl QuantType {
             QuantType::Q5K => 13,
             QuantType::Q6K => 14,
             QuantType::Q8K => 15,
+            QuantType::IQ2XXS => 16,
+            QuantType::IQ2XS => 17,
+            QuantType::IQ3XXS => 18,
             QuantType::IQ4NL => 20,
+            QuantType::IQ3S => 21,
+            QuantType::IQ2S => 22,
             QuantType::IQ4XS => 23,
             QuantType::BF16 => 30,
             QuantType::MXFP4 => 39,
@@ -199,6 +228,11 @@ impl QuantType {
             QuantType::IQ4NL => "iq4_nl",
             QuantType::IQ4XS => "iq4_xs",
             QuantType::MXFP4 => "mxfp4",
+            QuantType::IQ2XXS => "iq2_xxs",
+            QuantType::IQ2XS => "iq2_xs",
+            QuantType::IQ2S => "iq2_s",
+            QuantType::IQ3XXS => "iq3_xxs",
+            QuantType::IQ3S => "iq3_s",
             QuantType::Q8R => "q8r",
             QuantType::Q4T => "q4t",
             QuantType::Q1 => "q1",
@@ -213,6 +247,7 @@ impl QuantType {
             QuantType::IQ4NL | QuantType::MXFP4 => 32,
             QuantType::Q2K | QuantType::Q3K | QuantType::Q4K | QuantType::Q5K | QuantType::Q6K | QuantType::Q8K => 256,
             QuantType::IQ4XS => 256,
+            QuantType::IQ2XXS | QuantType::IQ2XS | QuantType::IQ2S | QuantType::IQ3XXS | QuantType::IQ3S => 256,
             QuantType::Q8R => 32,
             QuantType::Q4T | QuantType::Q1 => 128,
         }
@@ -238,6 +273,11 @@ impl QuantType {
             QuantType::IQ4NL => 18,
             QuantType::IQ4XS => 136,
             QuantType::MXFP4 => 17,
+            QuantType::IQ2XXS => 66,
+            QuantType::IQ2XS => 74,
+            QuantType::IQ2S => 82,
+            QuantType::IQ3XXS => 98,
+            QuantType::IQ3S => 110,
             QuantType::Q8R => 32,
             QuantType::Q4T => 72,
             QuantType::Q1 => 18,

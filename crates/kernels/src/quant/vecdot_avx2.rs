@@ -1,6 +1,6 @@
 //! AVX2 (+ FMA + F16C, no AVX-512, no VNNI) twins of the integer dot products in `vecdot.rs`,
 //! which stay the reference forever: every GGUF weight type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
-//! Q2_K .. Q6_K, IQ4_NL, IQ4_XS, MXFP4) in ggml's `vec_dot` order, Q4_0, Q4_K and Q2_K in
+//! Q2_K .. Q6_K, IQ4_NL, IQ4_XS, MXFP4, and the 2-/3-bit grid types of `iq23_simd.rs`) in ggml's `vec_dot` order, Q4_0, Q4_K and Q2_K in
 //! llama.cpp's repacked gemv/gemm orders, Q2_K .. Q6_K in its tiled order (cortiq's own types
 //! run their scalar twins compiled for AVX2).
 //!
@@ -59,6 +59,11 @@ pub fn covers(ty: QuantType, order: Order) -> bool {
                 | QuantType::IQ4NL
                 | QuantType::IQ4XS
                 | QuantType::MXFP4
+                | QuantType::IQ2XXS
+                | QuantType::IQ2XS
+                | QuantType::IQ2S
+                | QuantType::IQ3XXS
+                | QuantType::IQ3S
         ),
         Order::RepackGemv | Order::RepackGemm => matches!(ty, QuantType::Q4_0 | QuantType::Q4K | QuantType::Q2K),
         Order::Tiled => matches!(ty, QuantType::Q2K | QuantType::Q3K | QuantType::Q4K | QuantType::Q5K | QuantType::Q6K),
@@ -173,6 +178,7 @@ mod imp {
     use super::super::QuantType;
     use super::super::blocks::*;
     use super::super::dequant::{iq4xs_scales, k4_scale_min, q3k_scales};
+    use super::super::iq23_simd::avx2 as iq23;
     use super::super::vecdot::{Order, Q8_1_BYTES, hsum4, hsum8};
     use std::arch::x86_64::*;
 
@@ -452,6 +458,11 @@ mod imp {
             QuantType::IQ4NL => iq4nl::<R>(v!(BlockIQ4NL), view(a)),
             QuantType::MXFP4 => mxfp4::<R>(v!(BlockMXFP4), view(a)),
             QuantType::IQ4XS => iq4xs::<R>(v!(BlockIQ4XS), view(a)),
+            QuantType::IQ2XXS => iq23::iq2xxs::<R>(v!(BlockIQ2XXS), view(a)),
+            QuantType::IQ2XS => iq23::iq2xs::<R>(v!(BlockIQ2XS), view(a)),
+            QuantType::IQ2S => iq23::iq2s::<R>(v!(BlockIQ2S), view(a)),
+            QuantType::IQ3XXS => iq23::iq3xxs::<R>(v!(BlockIQ3XXS), view(a)),
+            QuantType::IQ3S => iq23::iq3s::<R>(v!(BlockIQ3S), view(a)),
             _ => return None,
         })
     }

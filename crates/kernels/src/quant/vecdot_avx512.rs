@@ -2,7 +2,7 @@
 //! `vecdot.rs`, which stay the reference forever.
 //!
 //! Owns: one kernel per weight type (the lookup-table types IQ4_NL, IQ4_XS and MXFP4 included,
-//! two blocks per 512-bit register), each generic over R rows sharing one activation row
+//! two blocks per 512-bit register; the 2-/3-bit grid types' kernel is in `iq23_simd.rs`), each generic over R rows sharing one activation row
 //! (`vec_dot` runs R = 1, `matvec` R = 4) and over the float order K (`vecdot::Order`: ggml's
 //! vec_dot, or llama.cpp's repacked gemv / gemm kernels for Q4_0/Q4_K/Q2_K), the activation
 //! quantizers, and the
@@ -220,6 +220,7 @@ mod imp {
     use super::super::QuantType;
     use super::super::blocks::*;
     use super::super::dequant::{k4_scale_min, q3k_scales};
+    use super::super::iq23_simd::avx512 as iq23;
     use super::super::vecdot::{Q8_1_BYTES, hsum4, hsum8};
     use std::arch::x86_64::*;
 
@@ -508,6 +509,11 @@ mod imp {
             QuantType::IQ4NL => iq4nl::<R>(v!(BlockIQ4NL), view(a)),
             QuantType::MXFP4 => mxfp4::<R>(v!(BlockMXFP4), view(a)),
             QuantType::IQ4XS => iq4xs::<R>(v!(BlockIQ4XS), view(a)),
+            QuantType::IQ2XXS => iq23::iq2xxs::<R>(v!(BlockIQ2XXS), view(a)),
+            QuantType::IQ2XS => iq23::iq2xs::<R>(v!(BlockIQ2XS), view(a)),
+            QuantType::IQ2S => iq23::iq2s::<R>(v!(BlockIQ2S), view(a)),
+            QuantType::IQ3XXS => iq23::iq3xxs::<R>(v!(BlockIQ3XXS), view(a)),
+            QuantType::IQ3S => iq23::iq3s::<R>(v!(BlockIQ3S), view(a)),
             QuantType::Q8R | QuantType::Q4T | QuantType::Q1 if K == 0 => {
                 let mut out = [0f32; R];
                 for (o, w) in out.iter_mut().zip(ws) {
