@@ -97,9 +97,9 @@ pub struct ServeArgs {
     /// {"filename": NAME}); without it those routes answer 501.
     #[arg(long)]
     pub slot_dir: Option<std::path::PathBuf>,
-    /// How the model writes tool calls: hermes, qwen-xml, llama3, mistral, lfm2, kimi or json
-    /// (default: read from the chat template). Every family also takes JSON calls in a fenced
-    /// block or as the whole answer.
+    /// How the model writes tool calls: hermes, qwen-xml, llama3, mistral, lfm2, kimi, json or
+    /// harmony (gpt-oss's channels) (default: read from the chat template). Every family but
+    /// harmony also takes JSON calls in a fenced block or as the whole answer.
     #[arg(long)]
     pub tool_parser: Option<String>,
     /// `deepseek`: a thinking model's `<think>` block comes back apart from the answer

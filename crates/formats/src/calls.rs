@@ -1,8 +1,8 @@
 //! A chat model's output split into what an agent reads: the answer (`content`), the thinking
 //! (`reasoning_content`) and tool calls, as a streaming state machine. Each model family writes
 //! its calls in its own markup (Hermes `<tool_call>{json}</tool_call>`, Qwen3.5's XML,
-//! Mistral's `[TOOL_CALLS]`, LFM2's Python calls, Kimi's sections, Llama 3's bare JSON); the
-//! family is chosen from the chat template (`Family::detect`) or named by the server's flag.
+//! Mistral's `[TOOL_CALLS]`, LFM2's Python calls, Kimi's sections, Llama 3's bare JSON, gpt-oss's
+//! harmony channels); the family is chosen from the chat template (`Family::detect`) or named by the server's flag.
 //!
 //! The contract, tested at every byte offset the stream can be cut at: what comes out does not
 //! depend on how the text arrived. Markup never reaches the text: anything that may still turn
@@ -11,6 +11,8 @@
 //! string scans per token, and the held-back rule is the whole of its subtlety.
 
 use serde_json::{Map, Value};
+
+mod harmony;
 
 /// How a model family writes tool calls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,10 +33,14 @@ pub enum Family {
     Kimi,
     /// No markup of its own: JSON calls in a fenced block or as the whole answer.
     Json,
+    /// gpt-oss's harmony messages: `<|channel|>analysis<|message|>...<|end|>` (reasoning),
+    /// `<|channel|>final<|message|>...`, `<|channel|>commentary to=functions.NAME
+    /// <|constrain|>json<|message|>{...}<|call|>` (`harmony.rs`).
+    Harmony,
 }
 
 impl Family {
-    pub const NAMES: [&'static str; 7] = ["hermes", "qwen-xml", "llama3", "mistral", "lfm2", "kimi", "json"];
+    pub const NAMES: [&'static str; 8] = ["hermes", "qwen-xml", "llama3", "mistral", "lfm2", "kimi", "json", "harmony"];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -45,6 +51,7 @@ impl Family {
             Family::Lfm2 => "lfm2",
             Family::Kimi => "kimi",
             Family::Json => "json",
+            Family::Harmony => "harmony",
         }
     }
 
@@ -54,7 +61,9 @@ impl Family {
 
     /// The family a chat template writes its calls in (by the markup it shows the model).
     pub fn detect(template: &str) -> Family {
-        if template.contains("<|tool_calls_section_begin|>") || template.contains("<|tool_call_begin|>") {
+        if template.contains("<|channel|>") && template.contains("<|message|>") {
+            Family::Harmony
+        } else if template.contains("<|tool_calls_section_begin|>") || template.contains("<|tool_call_begin|>") {
             Family::Kimi
         } else if template.contains("<|tool_call_start|>") {
             Family::Lfm2
@@ -79,13 +88,14 @@ impl Family {
             Family::Mistral => &[("[TOOL_CALLS]", Close::Mistral)],
             Family::Lfm2 => &[("<|tool_call_start|>", Close::Tag("<|tool_call_end|>"))],
             Family::Kimi => &[("<|tool_calls_section_begin|>", Close::Tag("<|tool_calls_section_end|>"))],
-            Family::Json => &[],
+            // Harmony's messages are split by their own states (`harmony.rs`).
+            Family::Json | Family::Harmony => &[],
         }
     }
 }
 
-const FAMILIES: [Family; 7] =
-    [Family::Hermes, Family::QwenXml, Family::Llama3, Family::Mistral, Family::Lfm2, Family::Kimi, Family::Json];
+const FAMILIES: [Family; 8] =
+    [Family::Hermes, Family::QwenXml, Family::Llama3, Family::Mistral, Family::Lfm2, Family::Kimi, Family::Json, Family::Harmony];
 
 /// What ends a call's body.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -172,10 +182,19 @@ impl ThinkTags {
         ThinkTags { open: "<think>".into(), close: "</think>".into() }
     }
 
+    /// gpt-oss's analysis message. The harmony parser splits by channel (the tags' presence
+    /// only says to); the reasoning budget watches for these tags and forces `<|end|>`.
+    pub fn harmony() -> ThinkTags {
+        ThinkTags { open: "<|channel|>analysis<|message|>".into(), close: "<|end|>".into() }
+    }
+
     /// The thinking block a chat template writes, by its markup: `<think>` (Qwen3, DeepSeek-R1,
-    /// SmolLM3 ...) or Mistral's `[THINK]` (Magistral); None for a template without one.
+    /// SmolLM3 ...), Mistral's `[THINK]` (Magistral) or harmony's analysis channel (gpt-oss);
+    /// None for a template without one.
     pub fn detect(template: &str) -> Option<ThinkTags> {
-        if template.contains("<think>") {
+        if Family::detect(template) == Family::Harmony {
+            Some(ThinkTags::harmony())
+        } else if template.contains("<think>") {
             Some(ThinkTags::think())
         } else if template.contains("[THINK]") {
             Some(ThinkTags { open: "[THINK]".into(), close: "[/THINK]".into() })
@@ -244,6 +263,8 @@ enum State {
         name: String,
         key: String,
     },
+    /// The harmony family's messages (`harmony.rs`).
+    Harmony(harmony::Msg),
 }
 
 /// How deep a JSON text is nested, followed across feeds.
@@ -317,7 +338,13 @@ impl Parser {
             .filter_map(|t| t.get("function").and_then(|f| f.get("name")).and_then(Value::as_str))
             .map(str::to_string)
             .collect();
-        let state = if opts.think.is_some() && opts.start_in_think { State::Think } else { State::Text };
+        let state = if opts.family == Some(Family::Harmony) {
+            State::Harmony(harmony::Msg::Next)
+        } else if opts.think.is_some() && opts.start_in_think {
+            State::Think
+        } else {
+            State::Text
+        };
         Parser {
             opts,
             names,
@@ -683,6 +710,11 @@ impl Parser {
                     out.push(Piece::CallArgs(format!("{key}{value}")));
                     self.state = State::XmlParams { name, first: false };
                 }
+                State::Harmony(m) => {
+                    if !self.harmony(m, end, out) {
+                        return;
+                    }
+                }
                 State::Bare => {
                     let Some(i) = json_end(&self.buf).or(end.then_some(self.buf.len())) else { return };
                     let body: String = self.buf.drain(..i).collect();
@@ -838,7 +870,7 @@ fn mistral_end(s: &str) -> Option<usize> {
 /// A body of `family`'s markup as calls; None when it is not a well-formed call.
 fn parse_body(family: Family, body: &str, tools: &[Value]) -> Option<Vec<Call>> {
     match family {
-        Family::Hermes | Family::Llama3 | Family::Json => json_calls(body, &[]),
+        Family::Hermes | Family::Llama3 | Family::Json | Family::Harmony => json_calls(body, &[]),
         Family::QwenXml => xml_call(body, tools).map(|c| vec![c]).or_else(|| json_calls(body, &[])),
         Family::Mistral => {
             let t = body.trim();

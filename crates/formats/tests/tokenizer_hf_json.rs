@@ -69,3 +69,41 @@ fn spm_bpe_with_byte_fallback_from_post_processor() {
     assert_eq!(tok.token_bytes(tok.token_to_id("<0x0A>").unwrap()), b"\n");
     assert!(tok.chat_template().is_none());
 }
+
+/// gpt-oss's harmony tokens (all `special` in its tokenizer.json), as llama.cpp loads them: the
+/// markup between messages is rendered in generated text (the output splitter reads the
+/// channels from it), `<|end|>` ends a message and not generation, `<|return|>` and `<|call|>`
+/// end the turn and are left out.
+#[test]
+fn harmony_markup_is_rendered() {
+    let specials = ["<|return|>", "<|constrain|>", "<|channel|>", "<|start|>", "<|end|>", "<|message|>", "<|call|>"];
+    let added: Vec<Value> = specials
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            serde_json::json!({"id": 2 + i, "content": t, "single_word": false, "lstrip": false, "rstrip": false,
+                "normalized": false, "special": true})
+        })
+        .collect();
+    let json = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added, "normalizer": null,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+        "post_processor": null,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "vocab": {"a": 0, "b": 1}, "merges": []},
+    });
+    let cfg = r#"{"eos_token": "<|return|>"}"#;
+    let tok = Tokenizer::from_tokenizer_json_str(std::path::Path::new("harmony"), &json.to_string(), Some(cfg)).unwrap();
+    let id = |t: &str| tok.token_to_id(t).unwrap();
+    let mut eog: Vec<&str> = tok.eos_ids().iter().map(|&i| tok.token_text(i).unwrap()).collect();
+    eog.sort_unstable();
+    assert_eq!(eog, ["<|call|>", "<|return|>"]);
+    let out: Vec<u32> =
+        ["<|channel|>", "a", "<|message|>", "b", "<|end|>", "<|start|>", "<|constrain|>", "a", "<|call|>"].map(id).to_vec();
+    let want = "<|channel|>a<|message|>b<|end|><|start|><|constrain|>a";
+    assert_eq!(tok.decode(&out), want);
+    let mut dec = StreamDecoder::new(&tok);
+    let streamed: String = out.iter().map(|&i| dec.push(i)).collect();
+    assert_eq!(streamed + &dec.finish(), want);
+}

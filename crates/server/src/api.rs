@@ -614,6 +614,11 @@ impl AgentParams {
     /// `close_think`: the prompt ends inside an open thinking block; the grammar closes it
     /// first (a forced call skips the thinking).
     pub fn forced_grammar(&self, family: Family, close_think: Option<&str>) -> Option<String> {
+        // Harmony's calls are messages in channels of special tokens, which a text grammar
+        // cannot write: `required` and a named tool are asked of the model, not enforced.
+        if family == Family::Harmony {
+            return None;
+        }
         let names: Vec<&str> = match &self.choice {
             ToolChoice::Auto | ToolChoice::None => return None,
             ToolChoice::Required => self.tools.iter().filter_map(tool_name).collect(),

@@ -210,15 +210,7 @@ pub(crate) fn queue_chat(
     let info = app.info()?;
     let (enc, use_tools) = render_chat(app, info, msgs, agent)?;
     let template = info.tok.chat_template().unwrap_or_default();
-    let think = calls::ThinkTags::detect(template).filter(|_| app.opts.reasoning);
-    let parse = (use_tools || think.is_some()).then(|| calls::Options {
-        family: use_tools.then(|| app.opts.tool_parser.unwrap_or_else(|| calls::Family::detect(template))),
-        tools: if use_tools { agent.tools.clone() } else { Vec::new() },
-        start_in_think: think.as_ref().is_some_and(|t| enc.text.trim_end().ends_with(&t.open)),
-        think,
-        stream_args: false,
-        single_call: !agent.parallel,
-    });
+    let parse = chat_parse(app.opts.tool_parser, app.opts.reasoning, template, &enc.text, use_tools, agent);
     if let Some(p) = parse.as_ref()
         && let Some(t) = &p.think
     {
@@ -254,6 +246,33 @@ pub(crate) fn queue_chat(
     let mut out = run(app.clone(), Kind::Chat, vec![enc.ids], gp, prompt_param)?;
     out.parse = parse;
     Ok(out)
+}
+
+/// The output splitter a chat request runs (None: its text is all content): the tool calls of
+/// the template's family (or `--tool-parser`'s) when tools are on, the thinking block when the
+/// template writes one and `reasoning` (the split) is on. `prompt`: the rendered conversation.
+pub(crate) fn chat_parse(
+    tool_parser: Option<calls::Family>,
+    reasoning: bool,
+    template: &str,
+    prompt: &str,
+    use_tools: bool,
+    agent: &api::AgentParams,
+) -> Option<calls::Options> {
+    let family = tool_parser.unwrap_or_else(|| calls::Family::detect(template));
+    // gpt-oss writes every answer in harmony channels, tools or not: its splitter always runs
+    // (with the reasoning split, the analysis channel is `reasoning_content`; without, text).
+    let harmony = family == calls::Family::Harmony;
+    let think = if harmony { Some(calls::ThinkTags::harmony()) } else { calls::ThinkTags::detect(template) };
+    let think = think.filter(|_| reasoning);
+    (use_tools || harmony || think.is_some()).then(|| calls::Options {
+        family: (use_tools || harmony).then_some(family),
+        tools: if use_tools { agent.tools.clone() } else { Vec::new() },
+        start_in_think: think.as_ref().is_some_and(|t| prompt.trim_end().ends_with(&t.open)),
+        think,
+        stream_args: false,
+        single_call: !agent.parallel,
+    })
 }
 
 pub(crate) async fn completions(
@@ -819,6 +838,18 @@ impl Streamer {
     fn pieces(&mut self, index: usize, pieces: Vec<calls::Piece>, lps: &[(String, TokenLogprob)]) {
         let mut lp = (!lps.is_empty())
             .then(|| json!({"content": lps.iter().map(|(p, l)| self.out.chat_logprob(p, l)).collect::<Vec<_>>()}));
+        let mut deltas = self.deltas(index, pieces);
+        if deltas.is_empty() && lp.is_some() {
+            deltas.push(json!({}));
+        }
+        for d in deltas {
+            let ev = self.chunk(json!({"index": index, "delta": d, "logprobs": lp.take(), "finish_reason": null}));
+            self.pending.push_back(ev);
+        }
+    }
+
+    /// The chat deltas of a choice's pieces.
+    fn deltas(&mut self, index: usize, pieces: Vec<calls::Piece>) -> Vec<Value> {
         let mut deltas = Vec::new();
         for piece in pieces {
             match piece {
@@ -833,13 +864,7 @@ impl Streamer {
                 calls::Piece::CallEnd => {}
             }
         }
-        if deltas.is_empty() && lp.is_some() {
-            deltas.push(json!({}));
-        }
-        for d in deltas {
-            let ev = self.chunk(json!({"index": index, "delta": d, "logprobs": lp.take(), "finish_reason": null}));
-            self.pending.push_back(ev);
-        }
+        deltas
     }
 
     /// A call's first chunk: its index, id and name.
@@ -959,3 +984,6 @@ impl SseWriter for Streamer {
         Streamer::on(self, ev)
     }
 }
+
+#[cfg(test)]
+mod tests;

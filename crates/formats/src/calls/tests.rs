@@ -383,3 +383,105 @@ fn llamacpp_reference_outputs() {
     // without the closer is text here, never a half call).
     check(&lfm, "<|tool_call_start|>[special_function(arg1=", &[text("<|tool_call_start|>[special_function(arg1=")]);
 }
+
+fn reasoning(s: &str) -> Piece {
+    Piece::Reasoning(s.into())
+}
+
+/// gpt-oss's harmony messages, as the model writes them after the prompt's `<|start|>assistant`.
+/// `<|call|>` and `<|return|>` end generation (the engine gives out neither), so outputs are
+/// checked both with and without their last closer.
+#[test]
+fn harmony() {
+    let o = opts(Family::Harmony, true);
+    let both = |out: &str, want: &[Piece]| {
+        check(&o, out, want);
+        for closer in ["<|return|>", "<|call|>"] {
+            if let Some(cut) = out.strip_suffix(closer) {
+                check(&o, cut, want);
+            }
+        }
+    };
+    both(
+        "<|channel|>analysis<|message|>The user greets. Answer briefly.<|end|><|start|>assistant<|channel|>final<|message|>Hello! How can I help?<|return|>",
+        &[reasoning("The user greets. Answer briefly."), text("Hello! How can I help?")],
+    );
+    // A call, its recipient after the channel, with and without `<|constrain|>json`.
+    let weather = call("get_weather", json!({"city": "Oslo", "days": 2}));
+    both(
+        "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Oslo\", \"days\": 2}<|call|>",
+        &[reasoning("Need weather."), weather.clone()],
+    );
+    both(
+        "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather<|message|>{\"city\": \"Oslo\", \"days\": 2}<|call|>",
+        &[reasoning("Need weather."), weather.clone()],
+    );
+    // The recipient in the role's place, before the channel.
+    both(
+        "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": \"Oslo\", \"days\": 2}<|call|>",
+        &[reasoning("Need weather."), weather.clone()],
+    );
+    both(
+        "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant to=functions.get_weather<|channel|>commentary <|constrain|>json<|message|>{\"city\": \"Oslo\", \"days\": 2}<|call|>",
+        &[reasoning("Need weather."), weather.clone()],
+    );
+    // The output may open with the recipient (the prompt wrote `<|start|>assistant`).
+    both(
+        " to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": \"Oslo\", \"days\": 2}<|call|>",
+        std::slice::from_ref(&weather),
+    );
+    // Two calls; a preamble (commentary without a recipient) is text.
+    both(
+        "<|channel|>analysis<|message|>Two lookups.<|end|><|start|>assistant<|channel|>commentary<|message|>Checking both.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Oslo\", \"days\": 2}<|call|><|start|>assistant<|channel|>commentary to=functions.search <|constrain|>json<|message|>{\"query\": \"Zürich 🦙 \\\"<|\\\" }\"}<|call|>",
+        &[
+            reasoning("Two lookups."),
+            text("Checking both."),
+            weather.clone(),
+            call("search", json!({"query": "Zürich 🦙 \"<|\" }"})),
+        ],
+    );
+    // A body that is not JSON comes back as text (the markup left out).
+    both(
+        "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": Oslo}<|call|>",
+        &[text("{\"city\": Oslo}")],
+    );
+    // A call cut by the token limit: what it has, as text.
+    check(&o, "<|channel|>commentary to=functions.search<|message|>{\"query\": \"a", &[text("{\"query\": \"a")]);
+    // No markup at all: text, as written.
+    check(&o, "The answer is 4. a <| b to= c", &[text("The answer is 4. a <| b to= c")]);
+    check(&o, "to be or not", &[text("to be or not")]);
+    // Thinking cut by the token limit stays thinking; a header the output ended in is dropped.
+    check(&o, "<|channel|>analysis<|message|>still thinking", &[reasoning("still thinking")]);
+    check(&o, "<|channel|>analysis<|message|>done<|end|><|start|>assistant<|channel|>fin", &[reasoning("done")]);
+    // A message begun without the previous one's closer.
+    check(&o, "<|channel|>analysis<|message|>a<|start|>assistant<|channel|>final<|message|>b", &[reasoning("a"), text("b")]);
+    // Without the reasoning split, the analysis is text.
+    check(
+        &opts(Family::Harmony, false),
+        "<|channel|>analysis<|message|>Think. <|end|><|start|>assistant<|channel|>final<|message|>Answer.",
+        &[text("Think. Answer.")],
+    );
+}
+
+#[test]
+fn harmony_streamed_arguments() {
+    let mut o = opts(Family::Harmony, true);
+    o.stream_args = true;
+    let out = "<|channel|>analysis<|message|>go<|end|><|start|>assistant<|channel|>commentary to=functions.search <|constrain|>json<|message|>{\"query\": \"a } \\\" { ü\"}<|call|><|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{}";
+    check(&o, out, &[reasoning("go"), raw_call("search", "{\"query\": \"a } \\\" { ü\"}"), raw_call("get_weather", "{}")]);
+    // The name goes out at `<|message|>`, the arguments as they arrive; a closer's start waits.
+    let mut p = Parser::new(o.clone());
+    let got = p.feed("<|channel|>commentary to=functions.search<|message|>{\"query\": \"ab");
+    assert_eq!(got, [Piece::CallStart("search".into()), Piece::CallArgs("{\"query\": \"ab".into())]);
+    assert_eq!(p.feed("c\"}<|ca"), [Piece::CallArgs("c\"}".into())]);
+    assert_eq!(p.feed("ll|>"), [Piece::CallEnd]);
+    assert_eq!(p.finish(), []);
+}
+
+#[test]
+fn harmony_detected_from_the_template() {
+    let tmpl = "{{- \"<|start|>assistant<|channel|>analysis<|message|>\" + m.thinking + \"<|end|>\" }} to=functions.{{ name }}<|constrain|>json";
+    assert_eq!(Family::detect(tmpl), Family::Harmony);
+    assert_eq!(Family::from_name("harmony"), Some(Family::Harmony));
+    assert_eq!(ThinkTags::detect(tmpl), Some(ThinkTags::harmony()));
+}

@@ -8,7 +8,7 @@
 use std::collections::{BTreeSet, HashMap};
 
 use super::pretok::PreConfig;
-use super::{Backend, EOG_TEXTS, Tokenizer, attr, bpe, parse_byte_token, unicode};
+use super::{Backend, EOG_TEXTS, Tokenizer, attr, bpe, harmony_markup, parse_byte_token, unicode};
 use crate::error::{FormatError, Result};
 use crate::gguf::{GgufMeta, MetaValue};
 
@@ -183,15 +183,8 @@ pub(super) fn load(g: &dyn GgufMeta) -> Result<Tokenizer> {
         }
     }
     eog.extend([eos, eot, eom].into_iter().flatten());
-    // Harmony-style vocabularies end turns with <|return|>/<|call|>; their <|end|> is not an end.
+    harmony_markup(&texts, &mut attrs, &mut eog);
     let has = |s: &str, eog: &BTreeSet<u32>| eog.iter().find(|&&i| texts[i as usize] == s).copied();
-    if let Some(end) = has("<|end|>", &eog) {
-        let call = has("<|call|>", &eog).or(has("<|calls|>", &eog)).is_some();
-        if call && (has("<|return|>", &eog).is_some() || has("<|flush|>", &eog).is_some()) {
-            eog.remove(&end);
-            attrs[end as usize] = attr::USER_DEFINED;
-        }
-    }
     if let Some(s) = has("</s>", &eog)
         && (has("<|tool_response>", &eog).is_some() || has("<|plamo:eos|>", &eog).is_some())
     {

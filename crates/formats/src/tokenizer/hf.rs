@@ -180,6 +180,7 @@ fn build(path: &Path, text: &str, cfg: Option<Value>) -> Result<Tokenizer> {
         .map(|(i, _)| i as u32)
         .collect();
     eog.extend(eos);
+    super::harmony_markup(&texts, &mut attrs, &mut eog);
 
     let mut token_to_id: HashMap<Box<[u8]>, u32> = HashMap::with_capacity(n);
     for (t, &i) in &vocab {

@@ -478,6 +478,27 @@ pub(crate) fn parse_byte_token(text: &str) -> Option<u8> {
     u8::from_str_radix(hex, 16).ok()
 }
 
+/// Harmony vocabularies (gpt-oss) as llama.cpp loads them. The markup between messages
+/// (`<|channel|>`, `<|message|>`, `<|start|>`, `<|constrain|>`) is rendered in generated text,
+/// for the output splitter to read the channels from (`calls::Family::Harmony`); where the turn
+/// ends with `<|return|>` or `<|call|>`, `<|end|>` only ends a message (the analysis before the
+/// answer): it is rendered and does not end generation.
+pub(crate) fn harmony_markup(texts: &[String], attrs: &mut [u32], eog: &mut std::collections::BTreeSet<u32>) {
+    for (i, t) in texts.iter().enumerate() {
+        if matches!(t.as_str(), "<|channel|>" | "<|message|>" | "<|start|>" | "<|constrain|>") {
+            attrs[i] = attr::USER_DEFINED;
+        }
+    }
+    let has = |s: &str, eog: &std::collections::BTreeSet<u32>| eog.iter().find(|&&i| texts[i as usize] == s).copied();
+    if let Some(end) = has("<|end|>", eog) {
+        let call = has("<|call|>", eog).or(has("<|calls|>", eog)).is_some();
+        if call && (has("<|return|>", eog).is_some() || has("<|flush|>", eog).is_some()) {
+            eog.remove(&end);
+            attrs[end as usize] = attr::USER_DEFINED;
+        }
+    }
+}
+
 /// Texts llama.cpp treats as end of generation (besides EOS/EOT/EOM ids from the metadata).
 pub(crate) const EOG_TEXTS: &[&str] = &[
     "<|eot_id|>",
