@@ -8,11 +8,12 @@ bin/ (libllama.so). Nothing of llama.cpp is built here or linked by cortiq.
 
 Both run the same token ids (seeded, drawn from the vocabulary, no BOS) as one prompt, every
 position's logits kept: llama.cpp in one llama_decode (n_ubatch = the length), cortiq in one
-forward (`cortiq logits`, its default numerics). Printed per file: max |diff| over all
-positions and the vocabulary, that over the logits' standard deviation, the mean |diff|, and how
-many positions agree on the arg-max. With random weights a mixture's router may pick a
-different expert where two scores are within rounding of each other; the first position whose
-rows differ by more than 10x the median position's max |diff| is named as where that happens.
+forward (`cortiq logits`) under its fast numerics and its exact (f32) ones. Printed per file and
+pair (llama.cpp vs fast, llama.cpp vs exact, fast vs exact): max |diff| over all positions and
+the vocabulary, that over the logits' standard deviation, the mean |diff|, and how many
+positions agree on the arg-max. With random weights a mixture's router may pick a different
+expert where two scores are within rounding of each other; the first position whose rows differ
+by more than 10x the median position's max |diff| is named as where that happens.
 
   PYTHONPATH=/tmp/llama/llama_cpp_python-0.3.36 LLAMA_CPP_LIB_PATH=/tmp/llama/build/bin \\
     python bench/llamacpp_logits.py --cortiq target/release/cortiq /tmp/q3moe-4l-q8.gguf ...
@@ -78,26 +79,36 @@ def main() -> None:
         # Ids from the first tenth of the vocabulary (ordinary BPE pieces, no special tokens).
         tokens = np.random.default_rng(a.seed).integers(0, vocab // 10, a.n).tolist()
         ref = llama_logits(path, tokens, a.threads)
+        ours = {}
         with tempfile.TemporaryDirectory() as td:
-            out = Path(td) / "ours.npy"
-            subprocess.run(
-                [a.cortiq, "logits", "-m", str(path), "-t", str(a.threads), "-o", str(out),
-                 "-b", str(a.n), "--tokens", ",".join(map(str, tokens))],
-                check=True, stderr=subprocess.DEVNULL,
+            for numerics in ("fast", "exact"):
+                out = Path(td) / f"{numerics}.npy"
+                subprocess.run(
+                    [a.cortiq, "logits", "-m", str(path), "-t", str(a.threads), "-o", str(out), "-b", str(a.n),
+                     "--numerics", numerics, "--tokens", ",".join(map(str, tokens))],
+                    check=True, stderr=subprocess.DEVNULL,
+                )
+                ours[numerics] = np.load(out)
+        # The scale of the disagreement: llama.cpp (8-bit activations, f16 cache) against cortiq's
+        # fast path (the same kinds of rounding) and its exact f32 path, beside cortiq's own fast
+        # against exact: llama.cpp agreeing with exact as closely as fast does is agreement
+        # within the rounding both make.
+        print(f"{path.name}: {a.n} positions, logits' std {ref.std():.4g}")
+        for name, x, y in [
+            ("llama.cpp vs cortiq fast", ref, ours["fast"]),
+            ("llama.cpp vs cortiq exact", ref, ours["exact"]),
+            ("cortiq fast vs exact", ours["fast"], ours["exact"]),
+        ]:
+            d = np.abs(x.astype(np.float64) - y.astype(np.float64))
+            per_pos = d.max(axis=1)
+            med = float(np.median(per_pos))
+            far = np.nonzero(per_pos > 10 * med)[0]
+            agree = int((x.argmax(1) == y.argmax(1)).sum())
+            print(
+                f"  {name}: max |diff| {d.max():.4g} ({d.max() / ref.std():.3g} std), mean {d.mean():.3g}, "
+                f"arg-max equal {agree}/{a.n}, "
+                + (f"first position past 10x the median position's max: {int(far[0])} ({len(far)})" if len(far) else "no outlier position")
             )
-            ours = np.load(out)
-        d = np.abs(ours.astype(np.float64) - ref.astype(np.float64))
-        per_pos = d.max(axis=1)
-        med = float(np.median(per_pos))
-        far = np.nonzero(per_pos > 10 * med)[0]
-        agree = int((ours.argmax(1) == ref.argmax(1)).sum())
-        print(
-            f"{path.name}: {a.n} positions; max |diff| {d.max():.4g} ({d.max() / ref.std():.3g} of the logits' "
-            f"std {ref.std():.4g}), mean |diff| {d.mean():.3g}, median position's max {med:.3g}; "
-            f"arg-max equal at {agree}/{a.n}; "
-            + (f"first position past 10x the median: {int(far[0])} ({len(far)} such)" if len(far) else "no outlier position")
-        )
-
 
 if __name__ == "__main__":
     main()

@@ -230,9 +230,22 @@ impl Model {
         self.output.set_numerics(num, !tied);
         self.output.set_interleaved(il);
         for l in self.layers.iter_mut().chain(self.mtp.iter_mut().map(|m| &mut m.layer)) {
-            for t in l.mixer.matrices_mut().into_iter().chain(l.ffn.matrices_mut()) {
+            // A mixture's experts stay in the file's layout, memory-mapped: a decode step reads
+            // only the routed ones (a 30B-A3B file is ~18 GB on a 24 GiB machine: an
+            // interleaved copy of every expert would be as large again, and cost its load
+            // time), and an expert sees few rows per step, where the row-major kernel streams
+            // about as fast (BENCHMARKS.md, the full-size MoE file).
+            let (ffn, experts) = match &mut l.ffn {
+                Ffn::Moe(m) => m.matrices_mut_split(),
+                f => (f.matrices_mut(), Vec::new()),
+            };
+            for t in l.mixer.matrices_mut().into_iter().chain(ffn) {
                 t.set_numerics(num, true);
                 t.set_interleaved(il);
+            }
+            for t in experts {
+                t.set_numerics(num, true);
+                t.set_interleaved(false);
             }
         }
     }

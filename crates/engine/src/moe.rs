@@ -45,6 +45,17 @@ impl MoeWeights {
         v
     }
 
+    /// The router, shared expert and its gate; then the routed experts' matrices.
+    pub fn matrices_mut_split(&mut self) -> (Vec<&mut QTensor>, Vec<&mut QTensor>) {
+        let mut rest = vec![&mut self.router];
+        if let Some(e) = &mut self.shared {
+            rest.extend([&mut e.gate, &mut e.up, &mut e.down]);
+        }
+        rest.extend(&mut self.shared_gate);
+        let experts = self.experts.iter_mut().flat_map(|e| [&mut e.gate, &mut e.up, &mut e.down]).collect();
+        (rest, experts)
+    }
+
     pub fn matrices_mut(&mut self) -> Vec<&mut QTensor> {
         let mut v = vec![&mut self.router];
         for e in self.experts.iter_mut().chain(&mut self.shared) {

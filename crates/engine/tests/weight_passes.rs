@@ -110,6 +110,14 @@ fn moe_step_reads_each_selected_expert_once() {
     let mc = m.cfg.moe.expect("a MoE fixture");
     let cortiq_engine::model::Ffn::Moe(mw) = &m.layers[0].ffn else { panic!("{name}: layer 0 is MoE") };
     assert!(mw.experts.iter().all(|e| e.gate.dtype == QuantType::Q8_0 && e.down.dtype == QuantType::Q8_0));
+    // Fast numerics interleave the dense matrices (Q8_0 has the layout) but leave the experts in
+    // the file's layout, memory-mapped: a copy of every expert would double a large file's
+    // memory (`Model::set_numerics`).
+    assert!(m.output.interleaved(), "{name}: the output head is not interleaved: the check below tests nothing");
+    assert!(
+        mw.experts.iter().all(|e| !e.gate.interleaved() && !e.up.interleaved() && !e.down.interleaved()),
+        "{name}: experts were copied into the interleaved layout"
+    );
     let d = m.cfg.d_model;
     let h: Vec<f32> = (0..d).map(|i| ((i * 7919) % 97) as f32 / 97.0 - 0.5).collect();
     let layer = |k: usize| {
