@@ -32,6 +32,12 @@ pub struct Common {
     /// attention and ops, for reproducing its greedy text; keep --batch at 512 = its ubatch).
     #[arg(long, value_enum, default_value_t = NumericsArg::Fast)]
     pub numerics: NumericsArg,
+    /// Keep the model's weights in RAM (mlock, as llama.cpp's --mlock): the file stays memory-
+    /// mapped, but no page of it is dropped and read from disk again (a large mixture's
+    /// rarely routed experts, under memory pressure or proactive reclaim). Reads the whole file
+    /// at load.
+    #[arg(long)]
+    pub mlock: bool,
     /// Print where the time went per op class (matvec/matmat per weight type, attention, norms,
     /// sampling, pool waits) when the command ends.
     #[arg(long)]
@@ -130,6 +136,14 @@ pub fn open_model(c: &Common) -> Result<Loaded> {
     let kv = if c.kv_f16 { Some(KvTypeArg::F16) } else { c.kv_type };
     if let Some(kv) = kv {
         loaded.model.set_kv_type(kv.kind()).context("--kv-type")?;
+    }
+    if c.mlock {
+        loaded.model.lock_resident().map_err(|e| {
+            anyhow::anyhow!(
+                "--mlock: could not lock {} in memory ({e}); raise `ulimit -l` or run without --mlock",
+                path.display()
+            )
+        })?;
     }
     tracing::info!("loaded {} ({}) in {:.2}s", path.display(), loaded.model.cfg.arch, t.elapsed().as_secs_f64());
     Ok(loaded)

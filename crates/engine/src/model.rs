@@ -250,6 +250,18 @@ impl Model {
         }
     }
 
+    /// Pin every weight matrix the model reads from its file map in memory (`--mlock`), after
+    /// `set_numerics` (whose interleaved copies no longer need their map pages). Pages are read
+    /// in as they are locked: a cold file is read whole here.
+    pub fn lock_resident(&self) -> std::io::Result<()> {
+        let mut all = vec![&self.tok_embd, &self.output];
+        for l in self.layers.iter().chain(self.mtp.iter().map(|m| &m.layer)) {
+            all.extend(l.mixer.matrices());
+            all.extend(l.ffn.matrices());
+        }
+        all.into_iter().try_for_each(|t| t.lock_resident())
+    }
+
     /// Weight bytes one decode step streams: every layer matrix (of a mixture of experts, the
     /// router, the shared expert and top-k experts: the active parameters), the output head and
     /// one embedding row (the numerator of the bandwidth roofline; norms and the KV cache are

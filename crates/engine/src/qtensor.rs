@@ -274,6 +274,15 @@ impl QTensor {
         self.il = on;
     }
 
+    /// Pin this tensor's bytes in memory where they are a file map (`WeightBytes::lock`);
+    /// interleaved and other owned bytes are anonymous memory already.
+    pub fn lock_resident(&self) -> std::io::Result<()> {
+        if self.il {
+            return Ok(());
+        }
+        self.backing.lock(self.offset..self.offset + self.rows * self.row_bytes)
+    }
+
     /// Whether the bytes are interleaved (`set_interleaved`).
     pub fn interleaved(&self) -> bool {
         self.il

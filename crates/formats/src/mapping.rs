@@ -36,6 +36,14 @@ pub trait WeightBytes: Send + Sync {
     /// them): a map drops those pages from the process's resident memory, which the next read
     /// would fault back in from the file; an owned buffer ignores it. Best effort.
     fn release(&self, _range: Range<usize>) {}
+
+    /// Keep the pages of `range` in memory (`mlock`, llama.cpp's `--mlock`): the kernel may
+    /// then neither drop them (page-cache pressure, proactive reclaim) nor page them out, so a
+    /// large model's cold experts are not read from disk again. An owned buffer is anonymous
+    /// memory already and returns Ok.
+    fn lock(&self, _range: Range<usize>) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 impl WeightBytes for Vec<u8> {
@@ -61,5 +69,19 @@ impl WeightBytes for Mmap {
             // means the pages stay resident.
             let _ = unsafe { self.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start) };
         }
+    }
+
+    fn lock(&self, range: Range<usize>) -> std::io::Result<()> {
+        // every page the range touches (the map starts on a page boundary)
+        const PAGE: usize = 4096;
+        let (start, end) = (range.start / PAGE * PAGE, range.end.min(self.len()).div_ceil(PAGE) * PAGE);
+        let end = end.min(self.len().div_ceil(PAGE) * PAGE);
+        if start >= end {
+            return Ok(());
+        }
+        // SAFETY: mlock only pins pages of this live mapping (start..end lies within its
+        // page-rounded length); it reads nothing through the pointer and changes no byte.
+        let rc = unsafe { libc::mlock(self.as_ptr().add(start).cast(), end - start) };
+        if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
     }
 }
