@@ -233,8 +233,8 @@ impl Model {
             // A mixture's experts stay in the file's layout, memory-mapped: a decode step reads
             // only the routed ones (a 30B-A3B file is ~18 GB on a 24 GiB machine: an
             // interleaved copy of every expert would be as large again, and cost its load
-            // time), and an expert sees few rows per step, where the row-major kernel streams
-            // about as fast (BENCHMARKS.md, the full-size MoE file).
+            // time; the row-major kernel reads them at 50-58% of the roofline there against the
+            // copy's 65-68%, BENCHMARKS.md, the full-size MoE file).
             let (ffn, experts) = match &mut l.ffn {
                 Ffn::Moe(m) => m.matrices_mut_split(),
                 f => (f.matrices_mut(), Vec::new()),
@@ -245,7 +245,10 @@ impl Model {
             }
             for t in experts {
                 t.set_numerics(num, true);
-                t.set_interleaved(false);
+                // Except where a prompt chunk's few rows per expert would widen it whole
+                // (Q8_0 on AVX2: 0.87x llama.cpp's prefill mapped, 1.41x interleaved; BENCHMARKS.md).
+                let few_rows_slow = t.prefill_via_f32_tiles();
+                t.set_interleaved(il && few_rows_slow);
             }
         }
     }

@@ -283,6 +283,14 @@ impl QTensor {
         self.backing.lock(self.offset..self.offset + self.rows * self.row_bytes)
     }
 
+    /// Whether this matrix's prefill runs through f32 tiles (`f32_tiles_faster`: Q8_0, IQ4_NL,
+    /// IQ4_XS on AVX2 without AVX-512), where a few rows per product (a mixture's experts in a
+    /// prompt chunk) pay for widening the whole matrix unless it is interleaved (then chunks of
+    /// up to `IL_MATMAT_MAX` rows run the decode kernel).
+    pub fn prefill_via_f32_tiles(&self) -> bool {
+        f32_tiles_faster(self.dtype)
+    }
+
     /// Whether the bytes are interleaved (`set_interleaved`).
     pub fn interleaved(&self) -> bool {
         self.il
