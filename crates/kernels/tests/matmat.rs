@@ -25,7 +25,7 @@ use cortiq_kernels::quant::{
 };
 use cortiq_testkit::nan_max;
 
-const TYPES: [QuantType; 13] = [
+const TYPES: [QuantType; 18] = [
     QuantType::Q4K,
     QuantType::Q5_0,
     QuantType::Q6K,
@@ -39,6 +39,11 @@ const TYPES: [QuantType; 13] = [
     QuantType::IQ4NL,
     QuantType::IQ4XS,
     QuantType::MXFP4,
+    QuantType::IQ2XXS,
+    QuantType::IQ2XS,
+    QuantType::IQ2S,
+    QuantType::IQ3XXS,
+    QuantType::IQ3S,
 ];
 
 /// (rows, cols, tokens). Columns are multiples of 256 so every type takes them; 2304 spans
@@ -70,6 +75,7 @@ impl Rng {
 fn f16_fields(ty: QuantType) -> &'static [usize] {
     match ty {
         QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0 | QuantType::IQ4NL | QuantType::IQ4XS => &[0],
+        QuantType::IQ2XXS | QuantType::IQ2XS | QuantType::IQ2S | QuantType::IQ3XXS | QuantType::IQ3S => &[0],
         QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4K | QuantType::Q5K => &[0, 2],
         QuantType::Q2K => &[80, 82],
         QuantType::Q3K => &[108],

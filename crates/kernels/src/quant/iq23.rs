@@ -207,6 +207,25 @@ pub fn dequant<B: IqBlock>(b: &B, y: &mut [f32]) {
     }
 }
 
+/// One block as the integer matmat kernels see it (`matmat::decode_row`): per element the
+/// signed magnitude plus `off` (magnitudes <= 62, so `u` stays in 2..=126 with `off` = 64), per
+/// 16 elements the scale `d * (2s + 1) * FACTOR` (exact, as in `dequant`).
+#[inline]
+pub(super) fn matmat_unpack<B: IqBlock>(b: &B, off: i32, u: &mut [u8], fw: &mut [f32]) {
+    let d = f16_le(b.d());
+    for ib in 0..QK_K / 32 {
+        let g = grid_bytes(b.grid(ib));
+        let s = b.signs(ib);
+        let sc = b.scales(ib);
+        for (e, o) in u[32 * ib..32 * ib + 32].iter_mut().enumerate() {
+            let m = g[e] as i32;
+            *o = (if (s >> e) & 1 == 1 { off - m } else { off + m }) as u8;
+        }
+        fw[2 * ib] = d * sc[0] as f32 * B::FACTOR;
+        fw[2 * ib + 1] = d * sc[1] as f32 * B::FACTOR;
+    }
+}
+
 /// The 8 i32 lanes of one super-block: lane l = sum over the elements e with (e % 32) / 4 == l
 /// of scale(e) * magnitude(e) * (activation e, negated wrapping where the sign bit is set).
 #[inline(always)]

@@ -25,7 +25,8 @@
 //! `fw * (u - off) + fmin` (per type constant `off`; the k-quants' `fmin` is already the scaled
 //! `-dmin * m`). The lookup-table types (IQ4_NL, IQ4_XS, MXFP4) fit the same form with u = the
 //! nibble's integer table level + `off` (`lut_u`) and `fw` the block's f16, IQ4_XS's
-//! `d * (ls - 32)`, or MXFP4's E8M0 power of two. Activations come in blocks of one scale `da` (32 elements for Q8_0/Q8_1, 256
+//! `d * (ls - 32)`, or MXFP4's E8M0 power of two; the grid types (IQ2_XXS, IQ2_XS, IQ2_S,
+//! IQ3_XXS, IQ3_S) with u = ±grid magnitude + 64 and `fw` = `d * (2s + 1) * FACTOR` per 16. Activations come in blocks of one scale `da` (32 elements for Q8_0/Q8_1, 256
 //! for Q8_K), i.e. `sb_groups` weight groups share one `da`. Per (row, token):
 //!
 //! ```text
@@ -96,9 +97,17 @@ pub(super) fn geo(ty: QuantType) -> Option<Geo> {
         QuantType::IQ4NL => g(ActType::Q8_0, 32, 1, 128, Mins::None),
         QuantType::IQ4XS => g(ActType::Q8K, 32, 8, 128, Mins::None),
         QuantType::MXFP4 => g(ActType::Q8_0, 32, 1, MXFP4_OFF, Mins::None),
+        // grid types: u = ±magnitude + 64 (magnitudes <= 62), one scale per 16 elements
+        QuantType::IQ2XXS | QuantType::IQ2XS | QuantType::IQ2S | QuantType::IQ3XXS | QuantType::IQ3S => {
+            g(ActType::Q8K, 16, 16, IQ_GRID_OFF, Mins::None)
+        }
         _ => None,
     }
 }
+
+/// The grid types' quant offset: their signed magnitudes are -62..62, so u = q + 64 stays in
+/// 2..126 (7 bits: one `vpmaddubsw` pair per i16 on AVX2, 2 · 126 · 128 < 2^15).
+pub(super) const IQ_GRID_OFF: i32 = 64;
 
 /// MXFP4's quant offset: its levels are -12..12, so u = level + 12 stays in 0..24 (5 bits,
 /// which `matmat_avx2`'s `vpmaddubsw` takes; IQ4_NL's -127..113 need 128).
@@ -597,6 +606,11 @@ pub(super) fn decode_row(ty: QuantType, row: &[u8], u: &mut [u8], fw: &mut [f32]
                 }
             }
         }
+        QuantType::IQ2XXS => iq_rows::<BlockIQ2XXS>(row, u, fw),
+        QuantType::IQ2XS => iq_rows::<BlockIQ2XS>(row, u, fw),
+        QuantType::IQ2S => iq_rows::<BlockIQ2S>(row, u, fw),
+        QuantType::IQ3XXS => iq_rows::<BlockIQ3XXS>(row, u, fw),
+        QuantType::IQ3S => iq_rows::<BlockIQ3S>(row, u, fw),
         QuantType::IQ4NL | QuantType::MXFP4 => {
             // one table level per nibble (order as Q4_0); scale f16 or E8M0 (a power of two)
             let (ts, lut) =
@@ -673,5 +687,12 @@ fn scalar(ty: QuantType, geo: &Geo, w: &[u8], rows: usize, cols: usize, acts: &[
             }
             *o = acc;
         }
+    }
+}
+
+/// `decode_row` of a grid type: each block through `iq23::matmat_unpack`.
+fn iq_rows<B: super::iq23::IqBlock>(row: &[u8], u: &mut [u8], fw: &mut [f32]) {
+    for (i, b) in view::<B>(row).iter().enumerate() {
+        super::iq23::matmat_unpack(b, IQ_GRID_OFF, &mut u[256 * i..256 * i + 256], &mut fw[16 * i..16 * i + 16]);
     }
 }

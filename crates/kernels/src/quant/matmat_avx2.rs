@@ -265,6 +265,10 @@ unsafe fn dispatch(ty: QuantType, k: &Tile, n_t: usize) {
             QuantType::Q2K => tiles::<3, 4, 4, 16, false, 2>(k, n_t),
             QuantType::Q3K => tiles::<3, 4, 4, 16, true, 0>(k, n_t),
             QuantType::Q6K => tiles::<3, 4, 2, 16, true, 0>(k, n_t),
+            // grid types: u up to 126 (7 bits), one pair per i16: 1 · 2 · 126 · 128 = 32256
+            QuantType::IQ2XXS | QuantType::IQ2XS | QuantType::IQ2S | QuantType::IQ3XXS | QuantType::IQ3S => {
+                tiles::<3, 4, 1, 16, true, 0>(k, n_t)
+            }
             QuantType::Q4_0 => tiles::<3, 8, 8, 1, true, 0>(k, n_t),
             QuantType::Q5_0 => tiles::<3, 8, 4, 1, true, 0>(k, n_t),
             QuantType::MXFP4 => tiles::<3, 8, 4, 1, true, 0>(k, n_t), // u 0..24: 4 · 6144

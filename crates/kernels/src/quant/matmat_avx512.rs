@@ -459,6 +459,10 @@ mod imp {
                     }
                 }
             }
+            // the grid types: scalar decode (their grids are gathers; ~1/10 of the tile's time)
+            QuantType::IQ2XXS | QuantType::IQ2XS | QuantType::IQ2S | QuantType::IQ3XXS | QuantType::IQ3S => {
+                crate::quant::matmat::decode_row(ty, wrow, u, fw, fmin)
+            }
             _ => unreachable!("unpack_row({ty}): no geometry"),
         }
     }
@@ -767,6 +771,9 @@ mod imp {
                 QuantType::Q4K | QuantType::Q5K => tiles::<4, R, 8, 8, false, 2>(k, n_t),
                 QuantType::Q2K => tiles::<4, R, 4, 16, false, 2>(k, n_t),
                 QuantType::Q3K | QuantType::Q6K => tiles::<4, R, 4, 16, true, 0>(k, n_t),
+                QuantType::IQ2XXS | QuantType::IQ2XS | QuantType::IQ2S | QuantType::IQ3XXS | QuantType::IQ3S => {
+                    tiles::<4, R, 4, 16, true, 0>(k, n_t)
+                }
                 QuantType::IQ4XS => tiles::<4, R, 8, 8, true, 0>(k, n_t),
                 _ => tiles::<6, R, 8, 1, true, 0>(k, n_t), // Q4_0, Q5_0, Q8_0, IQ4_NL, MXFP4
             }
