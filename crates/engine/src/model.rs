@@ -230,7 +230,7 @@ impl Model {
         self.output.set_numerics(num, !tied);
         self.output.set_interleaved(il);
         for l in self.layers.iter_mut().chain(self.mtp.iter_mut().map(|m| &mut m.layer)) {
-            // A mixture's experts stay in the file's layout, memory-mapped: a decode step reads
+            // A mixture's experts stay in the file's layout, memory-mapped (on AVX-512 CPUs): a decode step reads
             // only the routed ones (a 30B-A3B file is ~18 GB on a 24 GiB machine: an
             // interleaved copy of every expert would be as large again, and cost its load
             // time; the row-major kernel reads them at 50-58% of the roofline there against the
@@ -245,10 +245,9 @@ impl Model {
             }
             for t in experts {
                 t.set_numerics(num, true);
-                // Except where a prompt chunk's few rows per expert would widen it whole
-                // (Q8_0 on AVX2: 0.87x llama.cpp's prefill mapped, 1.41x interleaved; BENCHMARKS.md).
-                let few_rows_slow = t.prefill_via_f32_tiles();
-                t.set_interleaved(il && few_rows_slow);
+                // Except where the row-major kernels are slow (no AVX-512; BENCHMARKS.md).
+                let copy = t.expert_interleaved();
+                t.set_interleaved(il && copy);
             }
         }
     }

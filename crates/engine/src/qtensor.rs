@@ -283,12 +283,15 @@ impl QTensor {
         self.backing.lock(self.offset..self.offset + self.rows * self.row_bytes)
     }
 
-    /// Whether this matrix's prefill runs through f32 tiles (`f32_tiles_faster`: Q8_0, IQ4_NL,
-    /// IQ4_XS on AVX2 without AVX-512), where a few rows per product (a mixture's experts in a
-    /// prompt chunk) pay for widening the whole matrix unless it is interleaved (then chunks of
-    /// up to `IL_MATMAT_MAX` rows run the decode kernel).
-    pub fn prefill_via_f32_tiles(&self) -> bool {
-        f32_tiles_faster(self.dtype)
+    /// Whether a mixture's expert of this type is interleaved like a dense matrix rather than
+    /// left in the file's layout: on CPUs without AVX-512, whose row-major decode kernels for
+    /// the interleavable types run their scalar twins (`quant_types_bench` under
+    /// `CORTIQ_SIMD=avx2`, plain layout, n = 1: Q4_K 3.8 GFLOPS against 86 interleaved), and where
+    /// prefill takes f32 tiles (Q8_0, IQ4_NL, IQ4_XS on AVX2: a chunk's few rows per expert would
+    /// widen the whole matrix; interleaved, up to `IL_MATMAT_MAX` rows run the decode kernel).
+    /// `set_interleaved` ignores it for types without the layout.
+    pub fn expert_interleaved(&self) -> bool {
+        f32_tiles_faster(self.dtype) || cortiq_kernels::simd::level() != cortiq_kernels::simd::Level::Avx512
     }
 
     /// Whether the bytes are interleaved (`set_interleaved`).

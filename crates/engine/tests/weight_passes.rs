@@ -112,12 +112,12 @@ fn moe_step_reads_each_selected_expert_once() {
     assert!(mw.experts.iter().all(|e| e.gate.dtype == QuantType::Q8_0 && e.down.dtype == QuantType::Q8_0));
     // Fast numerics interleave the dense matrices (Q8_0 has the layout) but leave the experts in
     // the file's layout, memory-mapped: a copy of every expert would double a large file's
-    // memory (`Model::set_numerics`); except where Q8_0's prefill goes through f32 tiles (AVX2).
+    // memory (`Model::set_numerics`); except on CPUs without AVX-512 (`expert_interleaved`).
     assert!(m.output.interleaved(), "{name}: the output head is not interleaved: the check below tests nothing");
-    let copied = mw.experts[0].gate.prefill_via_f32_tiles();
+    let copied = mw.experts[0].gate.expert_interleaved();
     assert!(
         mw.experts.iter().all(|e| [&e.gate, &e.up, &e.down].iter().all(|t| t.interleaved() == copied)),
-        "{name}: experts interleaved where they should be mapped, or the reverse (f32-tile prefill: {copied})"
+        "{name}: experts interleaved where they should be mapped, or the reverse (interleaved expected: {copied})"
     );
     let d = m.cfg.d_model;
     let h: Vec<f32> = (0..d).map(|i| ((i * 7919) % 97) as f32 / 97.0 - 0.5).collect();
