@@ -29,11 +29,12 @@ pub enum Ffn {
 }
 
 impl Ffn {
-    fn matrices_mut(&mut self) -> Vec<&mut QTensor> {
+    /// The matrices, split: those every token reads, then a mixture's routed experts.
+    fn matrices_mut_split(&mut self) -> (Vec<&mut QTensor>, Vec<&mut QTensor>) {
         match self {
-            Ffn::Dense(f) => vec![&mut f.gate, &mut f.up, &mut f.down],
-            Ffn::Moe(m) => m.matrices_mut(),
-            Ffn::None => Vec::new(),
+            Ffn::Dense(f) => (vec![&mut f.gate, &mut f.up, &mut f.down], Vec::new()),
+            Ffn::Moe(m) => m.matrices_mut_split(),
+            Ffn::None => (Vec::new(), Vec::new()),
         }
     }
 
@@ -230,15 +231,12 @@ impl Model {
         self.output.set_numerics(num, !tied);
         self.output.set_interleaved(il);
         for l in self.layers.iter_mut().chain(self.mtp.iter_mut().map(|m| &mut m.layer)) {
-            // A mixture's experts stay in the file's layout, memory-mapped (on AVX-512 CPUs): a decode step reads
-            // only the routed ones (a 30B-A3B file is ~18 GB on a 24 GiB machine: an
-            // interleaved copy of every expert would be as large again, and cost its load
-            // time; the row-major kernel reads them at 50-58% of the roofline there against the
-            // copy's 65-68%, BENCHMARKS.md, the full-size MoE file).
-            let (ffn, experts) = match &mut l.ffn {
-                Ffn::Moe(m) => m.matrices_mut_split(),
-                f => (f.matrices_mut(), Vec::new()),
-            };
+            // On AVX-512 CPUs a mixture's experts stay in the file's layout, memory-mapped: a
+            // decode step reads only the routed ones (a 30B-A3B file is ~18 GB on a 24 GiB
+            // machine: an interleaved copy of every expert would be as large again, and cost its
+            // load time; the row-major kernel reads them at 50-58% of the roofline there against
+            // the copy's 65-68%, BENCHMARKS.md, the full-size MoE file).
+            let (ffn, experts) = l.ffn.matrices_mut_split();
             for t in l.mixer.matrices_mut().into_iter().chain(ffn) {
                 t.set_numerics(num, true);
                 t.set_interleaved(il);

@@ -45,7 +45,8 @@ impl MoeWeights {
         v
     }
 
-    /// The router, shared expert and its gate; then the routed experts' matrices.
+    /// The router, shared expert and its gate; then the routed experts' matrices (apart:
+    /// `Model::set_numerics` leaves the experts memory-mapped).
     pub fn matrices_mut_split(&mut self) -> (Vec<&mut QTensor>, Vec<&mut QTensor>) {
         let mut rest = vec![&mut self.router];
         if let Some(e) = &mut self.shared {
@@ -54,15 +55,6 @@ impl MoeWeights {
         rest.extend(&mut self.shared_gate);
         let experts = self.experts.iter_mut().flat_map(|e| [&mut e.gate, &mut e.up, &mut e.down]).collect();
         (rest, experts)
-    }
-
-    pub fn matrices_mut(&mut self) -> Vec<&mut QTensor> {
-        let mut v = vec![&mut self.router];
-        for e in self.experts.iter_mut().chain(&mut self.shared) {
-            v.extend([&mut e.gate, &mut e.up, &mut e.down]);
-        }
-        v.extend(&mut self.shared_gate);
-        v
     }
 }
 
