@@ -87,7 +87,7 @@ fn gated_rows(cfg: &ModelConfig, num: Numerics, g: &mut [f32], u: &[f32], ff: us
 }
 
 /// One row of `gated_rows`: g = act(g) * u. g, u: [d_ff]
-fn gated_span(cfg: &ModelConfig, num: Numerics, g: &mut [f32], u: &[f32]) {
+pub(crate) fn gated_span(cfg: &ModelConfig, num: Numerics, g: &mut [f32], u: &[f32]) {
     match (num, cfg.act) {
         (Numerics::Exact, _) => gated_act(g, u, cfg.act.f()),
         // relu(g)·u, g = u: relu(u)² with the one product ggml's sqr(relu(u)) takes.

@@ -106,6 +106,11 @@ fn moe_in(cfg: &ModelConfig, mc: &MoeConfig, w: &MoeWeights, h: &[f32], n: usize
     if let Some(b) = &w.router_bias {
         crate::mixers::add_bias(&mut logits, b);
     }
+    if n == 1 {
+        let mut picks = route(mc, &logits, w.select_bias.as_deref());
+        picks.sort_by_key(|p| p.0);
+        return moe_one(cfg, mc, w, h, &picks, num);
+    }
     // Per expert, the tokens routed to it and their weights.
     let mut by_expert: Vec<Vec<(usize, f32)>> = vec![Vec::new(); ne];
     for t in 0..n {
@@ -158,6 +163,71 @@ fn moe_in(cfg: &ModelConfig, mc: &MoeConfig, w: &MoeWeights, h: &[f32], n: usize
     y
 }
 
+/// One position (a decode step; `picks`: its experts in index order with their weights): every
+/// picked expert's gate and up, the shared expert's and its gate in one pool dispatch on the
+/// one quantized input, the activations, then every down projection in a second dispatch —
+/// two weight streams per layer where one `ffn` per expert took two dispatches each (sixteen
+/// for top-8). The values are the ones of the per-expert path: a row's product does not depend
+/// on the dispatch it falls in, and the outputs are added in the same order (experts by index,
+/// then the shared expert).
+fn moe_one(cfg: &ModelConfig, mc: &MoeConfig, w: &MoeWeights, h: &[f32], picks: &[(usize, f32)], num: Numerics) -> Vec<f32> {
+    let d = cfg.d_model;
+    let ffns: Vec<&FfnWeights> = picks.iter().map(|&(e, _)| &w.experts[e]).chain(&w.shared).collect();
+    let mut first: Vec<&QTensor> = ffns.iter().flat_map(|f| [&f.gate, &f.up]).collect();
+    first.extend(&w.shared_gate);
+    let mut gu = vec![0f32; first.iter().map(|t| t.rows).sum()]; // [gate | up] per FFN, then the shared gate
+    QTensor::matmul_many(&first, h, 1, &mut gu);
+    // act(gate) * up into each FFN's gate half, where its down projection reads it.
+    let mut acts: Vec<&[f32]> = Vec::with_capacity(ffns.len());
+    let mut rest = &mut gu[..];
+    for (i, f) in ffns.iter().enumerate() {
+        let ff = f.gate.rows;
+        let (mine, tail) = std::mem::take(&mut rest).split_at_mut(2 * ff);
+        rest = tail;
+        let (g, u) = mine.split_at_mut(ff);
+        match (mc.act, &w.expert_biases) {
+            (ExpertAct::ClampedSwiGlu { alpha, limit }, Some(b)) if i < picks.len() => {
+                clamped_act(g, u, &b[picks[i].0], alpha, limit)
+            }
+            _ => {
+                let _s = crate::profile::span(crate::profile::Op::Activation);
+                crate::blocks::gated_span(cfg, num, g, u)
+            }
+        }
+        acts.push(g);
+    }
+    let shared_gate = rest.first().map(|&v| 1.0 / (1.0 + (-v).exp()));
+    let downs: Vec<&QTensor> = ffns.iter().map(|f| &f.down).collect();
+    let mut outs = vec![0f32; ffns.len() * d]; // [ffns, d_model]
+    QTensor::matvec_each(&downs, &acts, &mut outs);
+    let mut y = vec![0f32; d]; // [d_model]
+    for (i, out) in outs.chunks_exact_mut(d).enumerate() {
+        if i < picks.len() {
+            if let (ExpertAct::ClampedSwiGlu { .. }, Some(b)) = (mc.act, &w.expert_biases) {
+                crate::mixers::add_bias(out, &b[picks[i].0].down);
+            }
+            let s = picks[i].1 * mc.routed_scale;
+            y.iter_mut().zip(&*out).for_each(|(a, b)| *a += s * b);
+        } else {
+            let g = shared_gate.unwrap_or(1.0);
+            y.iter_mut().zip(&*out).for_each(|(a, b)| *a += g * b);
+        }
+    }
+    y
+}
+
+/// gpt-oss's expert activation on one row, biases first: g ← min(g + b_g, limit),
+/// u ← clamp(u + b_u, −limit, limit), g ← (u + 1)·g·σ(alpha·g). g, u: [d_ff]
+fn clamped_act(g: &mut [f32], u: &mut [f32], b: &ExpertBias, alpha: f32, limit: f32) {
+    crate::mixers::add_bias(g, &b.gate);
+    crate::mixers::add_bias(u, &b.up);
+    for (gv, &uv) in g.iter_mut().zip(&*u) {
+        let gc = gv.min(limit);
+        let uc = uv.clamp(-limit, limit);
+        *gv = (uc + 1.0) * (gc / (1.0 + (-alpha * gc).exp()));
+    }
+}
+
 /// gpt-oss's expert over `n` rows x [n, d_model]: g = gate·x + b_g, u = up·x + b_u,
 /// g ← min(g, limit), u ← clamp(u, −limit, limit), h = (u + 1)·g·σ(alpha·g), out = down·h + b_d.
 /// `rows_apart`: the rows are independent decode rows (row-wise products).
@@ -173,12 +243,9 @@ fn clamped_swiglu(
     rows_apart: bool,
 ) -> Vec<f32> {
     let (mut g, mut u) = (w.gate.project(x, n, rows_apart), w.up.project(x, n, rows_apart)); // [n, d_ff] each
-    crate::mixers::add_bias(&mut g, &b.gate);
-    crate::mixers::add_bias(&mut u, &b.up);
-    for (gv, &uv) in g.iter_mut().zip(&u) {
-        let gc = gv.min(limit);
-        let uc = uv.clamp(-limit, limit);
-        *gv = (uc + 1.0) * (gc / (1.0 + (-alpha * gc).exp()));
+    let ff = w.gate.rows;
+    for (gr, ur) in g.chunks_exact_mut(ff).zip(u.chunks_exact_mut(ff)) {
+        clamped_act(gr, ur, b, alpha, limit);
     }
     debug_assert_eq!(w.down.rows, cfg.d_model);
     let mut y = w.down.project(&g, n, rows_apart); // [n, d_model]

@@ -128,6 +128,11 @@ impl ActCache {
         self.entries.push((act, q));
         &self.entries.last().expect("just pushed").1
     }
+
+    /// The input as `get` quantized it to `act` (called for that format before).
+    fn quantized(&self, act: ActType) -> &[u8] {
+        &self.entries.iter().find(|(k, _)| *k == act).expect("quantized before the dispatch").1
+    }
 }
 
 impl QTensor {
@@ -561,6 +566,24 @@ impl QTensor {
         }
     }
 
+    /// One token through several matrices, each on its own input, in one pool dispatch:
+    /// `y = [W_0 · x_0, W_1 · x_1, ...]` (an MoE layer's routed experts' down projections, one
+    /// weight stream for all of them instead of one dispatch each). Every value is the one
+    /// `matmul(x_i, 1, ..)` gives. xs[i]: [cols_i] -> y: [Σ rows_i]
+    pub fn matvec_each(ws: &[&QTensor], xs: &[&[f32]], y: &mut [f32]) {
+        assert_eq!(ws.len(), xs.len(), "matvec_each: {} matrices, {} inputs", ws.len(), xs.len());
+        for (w, x) in ws.iter().zip(xs) {
+            assert_eq!(x.len(), w.cols, "{}: input has {} values, expected {}", w.name, x.len(), w.cols);
+        }
+        let total: usize = ws.iter().map(|w| w.rows).sum();
+        assert_eq!(y.len(), total, "matvec_each: output has {} values, expected {total}", y.len());
+        if ws.is_empty() {
+            return;
+        }
+        count_pass(ws);
+        matvec_inputs(ws, xs, y);
+    }
+
     /// Whether `matmul` over n positions gives every row exactly what `matvec_rows` (the decode
     /// path, each row alone) gives: one position, or a chunk an interleaved matrix multiplies
     /// with its decode kernel (up to `IL_MATMAT_MAX`). Then the rows of several sequences'
@@ -699,6 +722,17 @@ impl QTensor {
 
     /// out[r_local, t] = W[r0 + r_local] · x[t] for `nr` rows, through an f32 tile.
     fn tile_times(&self, r0: usize, nr: usize, x: &[f32], n_t: usize, out: &mut [f32]) {
+        if n_t == 1 && self.dtype == QuantType::F32 && !self.il {
+            // An f32 matrix (a router, say) in one token's product: its rows where they lie,
+            // without the copy into a tile (the same values, so the same dots).
+            let data = self.rows_data(r0, nr);
+            if let Some(w) = cortiq_kernels::dot::f32s_of_bytes(&data) {
+                for (o, row) in out.iter_mut().zip(w.chunks_exact(self.cols)) {
+                    *o = dot(row, x);
+                }
+                return;
+            }
+        }
         TILE.with(|buf| {
             let mut buf = buf.borrow_mut();
             for (c0, c1) in chunks(nr, TILE_ROWS) {
@@ -757,22 +791,50 @@ fn chunks(n: usize, step: usize) -> impl Iterator<Item = (usize, usize)> {
 
 /// One token through several matrices in one dispatch. x: [cols] -> y: [Σ rows_i]
 fn matvec_many(ws: &[&QTensor], x: &[f32], y: &mut [f32]) {
-    // Quantize the input once per activation format, before the dispatch.
-    let mut cache = ActCache::default();
-    let acts: Vec<Option<ActType>> = ws.iter().map(|w| w.act()).collect();
-    for a in acts.iter().flatten() {
-        cache.get(*a, x);
+    matvec_inputs(ws, &vec![x; ws.len()], y);
+}
+
+/// One token through several matrices, matrix i on its own input xs[i], in one dispatch:
+/// `matvec_many` where the inputs differ (an MoE layer's routed experts' down projections).
+/// Each distinct input (the same slice given twice counts once) is quantized once per
+/// activation format before the dispatch; every row's value is the one the matrix gives alone.
+/// xs[i]: [cols_i] -> y: [Σ rows_i]
+fn matvec_inputs(ws: &[&QTensor], xs: &[&[f32]], y: &mut [f32]) {
+    // The distinct inputs, and which one each matrix reads.
+    let mut inputs: Vec<&[f32]> = Vec::new();
+    let which: Vec<usize> = xs
+        .iter()
+        .map(|x| match inputs.iter().position(|i| std::ptr::eq(*i, *x)) {
+            Some(i) => i,
+            None => {
+                inputs.push(x);
+                inputs.len() - 1
+            }
+        })
+        .collect();
+    // Quantize each input once per activation format, before the dispatch.
+    let mut caches: Vec<ActCache> = inputs.iter().map(|_| ActCache::default()).collect();
+    for (w, &i) in ws.iter().zip(&which) {
+        if let Some(a) = w.act() {
+            caches[i].get(a, inputs[i]);
+        }
     }
-    let preps = il_preps(ws, x.len(), |act| &cache.entries.iter().find(|(k, _)| *k == act).expect("quantized above").1);
+    let quantized = |i: usize, act: ActType| caches[i].quantized(act);
+    let preps: Vec<Vec<(QuantType, IleaveCols)>> = (0..inputs.len())
+        .map(|i| {
+            let mine: Vec<&QTensor> = ws.iter().zip(&which).filter(|(_, j)| **j == i).map(|(w, _)| *w).collect();
+            il_preps(&mine, inputs[i].len(), |act| quantized(i, act))
+        })
+        .collect();
     let t0 = profile::enabled().then(std::time::Instant::now);
     let starts = row_starts(ws);
-    let (cache, preps) = (&cache, &preps);
+    let (preps, caches) = (&preps, &caches);
     // Each thread's slab of the concatenated rows, its tail shared out (every row's value is
     // the same whichever thread or piece computes it).
     pool().for_cols_mut_balanced(y, 1, y.len(), MATVEC_GRAIN, piece_rows(ws), |g0, outs| {
         let out = &mut *outs[0];
         let g1 = g0 + out.len();
-        for ((w, &s), act) in ws.iter().zip(&starts).zip(&acts) {
+        for ((w, &s), &i) in ws.iter().zip(&starts).zip(&which) {
             // This thread's slab of the concatenated rows, intersected with matrix w.
             let (a, b) = (g0.max(s), g1.min(s + w.rows));
             if a >= b {
@@ -780,11 +842,11 @@ fn matvec_many(ws: &[&QTensor], x: &[f32], y: &mut [f32]) {
             }
             let o = &mut out[a - g0..b - g0];
             let (r0, n) = (a - s, b - a);
-            match act {
+            match w.act() {
                 Some(act) => {
-                    let q = &cache.entries.iter().find(|(k, _)| k == act).expect("quantized before the dispatch").1;
+                    let q = caches[i].quantized(act);
                     if w.il {
-                        w.matvec_il(r0, n, q, prep_of(preps, w.dtype), &mut [o]);
+                        w.matvec_il(r0, n, q, prep_of(&preps[i], w.dtype), &mut [o]);
                     } else if w.numerics == Numerics::Fast {
                         matvec_fast(w.dtype, &w.rows_data(r0, n), n, w.cols, q, o);
                     } else {
@@ -794,7 +856,7 @@ fn matvec_many(ws: &[&QTensor], x: &[f32], y: &mut [f32]) {
                         matvec_q_order(w.dtype, w.order(1, 0), &w.rows_data(r0, n), n, w.cols, q, o);
                     }
                 }
-                None => w.tile_times(r0, n, x, 1, o),
+                None => w.tile_times(r0, n, inputs[i], 1, o),
             }
         }
     });

@@ -89,3 +89,43 @@ fn matvec2_and_prefill_match_single_token_matvecs() {
         assert!(e2 <= 1e-5 && ec <= 1e-5, "{ty}: matvec2 {e2:e}, matmul {ec:e} from the single-token products");
     }
 }
+
+/// `matvec_each` (an MoE layer's experts in one dispatch, each matrix on its own input, some
+/// inputs shared) gives every row the bits `matmul(x, 1, ..)` gives it alone: interleaved and
+/// row-major matrices, quantized and f32, mixed in one call.
+#[test]
+fn matvec_each_equals_each_matrix_alone() {
+    let mut rng = Rng(0x5EED_0FE4_C4C4_1234);
+    let cols = 512;
+    let mut ws = Vec::new();
+    for (i, ty) in [QuantType::Q4K, QuantType::Q6K, QuantType::Q8_0, QuantType::Q4K, QuantType::F32].into_iter().enumerate() {
+        let rows = 40 + 8 * i;
+        let mut w = if ty == QuantType::F32 {
+            let v: Vec<u8> = (0..rows * cols).flat_map(|_| rng.f().to_le_bytes()).collect();
+            QTensor::new("w.f32", ty, rows, cols, Arc::new(v), 0).unwrap()
+        } else {
+            random_tensor(ty, rows, cols, &mut rng)
+        };
+        // Row-major (an expert left in its file layout) for every other matrix.
+        w.set_numerics(Numerics::Fast, i % 2 == 0);
+        ws.push(w);
+    }
+    let inputs: Vec<Vec<f32>> = (0..3).map(|_| (0..cols).map(|_| rng.f() * 2.0).collect()).collect();
+    let which = [0, 1, 0, 2, 1]; // matrices 0 and 2, 1 and 4 share an input
+    let refs: Vec<&QTensor> = ws.iter().collect();
+    let xs: Vec<&[f32]> = which.iter().map(|&i| &inputs[i][..]).collect();
+    let mut y = vec![0f32; ws.iter().map(|w| w.rows).sum()];
+    QTensor::matvec_each(&refs, &xs, &mut y);
+    let mut at = 0;
+    for (w, x) in ws.iter().zip(&xs) {
+        let mut alone = vec![0f32; w.rows];
+        w.matmul(x, 1, &mut alone);
+        let got = &y[at..at + w.rows];
+        assert!(
+            got.iter().zip(&alone).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{}: matvec_each differs from the matrix alone",
+            w.name
+        );
+        at += w.rows;
+    }
+}

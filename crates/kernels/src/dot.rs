@@ -28,6 +28,20 @@ pub fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
+/// Little-endian f32 values stored in `b` as a slice of f32, without a copy, where the bytes
+/// are 4-byte aligned and a whole number of values (an f32 tensor in a memory map: GGUF aligns
+/// tensor data to 32 bytes); `None` otherwise (the caller copies). x86_64 and every other
+/// target cortiq builds for are little-endian.
+pub fn f32s_of_bytes(b: &[u8]) -> Option<&[f32]> {
+    if cfg!(target_endian = "big") {
+        return None;
+    }
+    // SAFETY: every bit pattern is a valid f32 and u8 → f32 reinterpretation changes no byte;
+    // align_to hands back only the aligned middle, which is used only when nothing is left over.
+    let (head, mid, tail) = unsafe { b.align_to::<f32>() };
+    (head.is_empty() && tail.is_empty()).then_some(mid)
+}
+
 /// Dot product, SIMD chosen at run time.
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
@@ -537,6 +551,19 @@ mod avx2 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn f32s_of_bytes_views_only_aligned_whole_values() {
+        let v: Vec<f32> = vec![1.5, -2.25, 3.0e-7, f32::MAX];
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        // A Vec<u8>'s start may sit anywhere: find a 4-aligned copy inside a wider buffer.
+        let mut wide = vec![0u8; bytes.len() + 8];
+        let at = (4 - wide.as_ptr() as usize % 4) % 4;
+        wide[at..at + bytes.len()].copy_from_slice(&bytes);
+        assert_eq!(f32s_of_bytes(&wide[at..at + bytes.len()]), Some(&v[..]));
+        assert_eq!(f32s_of_bytes(&wide[at + 1..at + 1 + bytes.len()]), None, "misaligned start");
+        assert_eq!(f32s_of_bytes(&wide[at..at + bytes.len() - 1]), None, "a partial value");
+    }
 
     fn rnd(n: usize, seed: u64) -> Vec<f32> {
         let mut s = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;

@@ -44,7 +44,7 @@ const PASS_COLS: usize = 8;
 pub(super) type PassOut = [[f32; IL_ROWS]; PASS_COLS];
 
 /// The bytes a kernel prefetches while it works on one group: `fetch(off, len)` asks for the
-/// lines of `w[at + off + PREFETCH_AHEAD..][..len]` that exist. A kernel calls it once per block
+/// lines of `w[at + off + prefetch_distance()..][..len]` that exist. A kernel calls it once per block
 /// (or sub-block) with that piece's offset inside the group, so the prefetches trickle out at
 /// the rate the kernel consumes bytes. One burst per group (10-60 KiB of prefetches at the top
 /// of each group) filled the miss queues and stalled the kernel's own loads: the streamed

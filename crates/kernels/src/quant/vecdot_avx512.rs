@@ -92,31 +92,76 @@ unsafe fn rows_in<const R: usize>(ty: QuantType, order: Order, ws: [&[u8]; R], a
     }
 }
 
-/// How far ahead of the row being multiplied the matvec loops prefetch, in bytes. Weights come
-/// from a memory map of the page cache in 4 KiB pages, and the hardware prefetchers stop at
-/// every page boundary: without this, decode read such weights at ~37 GB/s where the same
-/// loop over anonymous (huge-page) memory reads ~60 GB/s on this machine.
-pub(super) const PREFETCH_AHEAD: usize = 8192;
+/// How far ahead of the row being multiplied the matvec loops prefetch, in bytes, on AMD's
+/// AVX-512 CPUs. Weights come from a memory map of the page cache in 4 KiB pages, and the
+/// hardware prefetchers stop at every page boundary: without this, decode read such weights at
+/// ~37 GB/s where the same loop over anonymous (huge-page) memory reads ~60 GB/s (5562a9f).
+const PREFETCH_AHEAD: usize = 8192;
+
+/// The same distance on Intel's AVX-512 CPUs, where 8 KiB ahead throttles the stream instead
+/// (2026-12-06, Intel Xeon Emerald Rapids, 2 threads, Q4_K matvecs over 0.9 MB expert
+/// matrices, examples/expert_stream: 14.5-15.3 GB/s at 8192 and 4096, 20.6-20.9 with no
+/// distance, 22.6-24.5 at 1024-2048; the full-size Qwen3-30B-A3B geometry's decode 7.0-7.9 ->
+/// 8.0-8.9 tok/s, Qwen2.5-Coder-0.5B Q4_K_M 43.0-45.8 -> 48.3-49.5, alternated).
+const PREFETCH_AHEAD_INTEL: usize = 2048;
 
 /// The same distance on the AVX2 tier, whose kernels consume bytes more slowly: 8192 bytes ahead
 /// left the streamed Q4_K/Q6_K decode at ~60% of its cache-resident speed (2026-12-05, AMD EPYC
 /// Zen 4 under CORTIQ_SIMD=avx2, multivec_bench 151936 1536, one thread: Q4_K 7.96 -> 5.68 ms,
 /// Q6_K 9.43 -> 7.33 ms at 2048; the Qwen2.5-1.5B-geometry decode, 2 threads, 28.7 -> 34.2 tok/s).
-pub(super) const PREFETCH_AHEAD_AVX2: usize = 2048;
+const PREFETCH_AHEAD_AVX2: usize = 2048;
+
+/// The prefetch distance of this process, chosen once from the SIMD level and the CPU's vendor;
+/// `CORTIQ_PREFETCH_AHEAD=BYTES` (0..=65536) overrides it for a CPU none of the above measured.
+/// Speed only: a prefetch never changes a value.
+pub(super) fn prefetch_distance() -> usize {
+    static D: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *D.get_or_init(|| {
+        if let Ok(v) = std::env::var("CORTIQ_PREFETCH_AHEAD") {
+            match v.parse::<usize>() {
+                Ok(b) if b <= 65536 => return b,
+                _ => eprintln!("warning: CORTIQ_PREFETCH_AHEAD={v:?} is not a byte count in 0..=65536: ignored"),
+            }
+        }
+        if crate::simd::level() == crate::simd::Level::Avx2 {
+            PREFETCH_AHEAD_AVX2
+        } else if intel() {
+            PREFETCH_AHEAD_INTEL
+        } else {
+            PREFETCH_AHEAD
+        }
+    })
+}
+
+/// Whether the CPU's vendor string is Intel's.
+fn intel() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let r = std::arch::x86_64::__cpuid(0); // leaf 0: the vendor string
+
+        let mut v = [0u8; 12];
+        v[..4].copy_from_slice(&r.ebx.to_le_bytes());
+        v[4..8].copy_from_slice(&r.edx.to_le_bytes());
+        v[8..].copy_from_slice(&r.ecx.to_le_bytes());
+        &v == b"GenuineIntel"
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
 
 /// Weight slices up to this size are taken to be cache-resident by `matvec` (and
 /// `vecdot_avx2::matvec_order`): multi-row kernels instead of one stream.
 pub(super) const CACHED: usize = 256 * 1024;
 
-/// Prefetch (into all cache levels) the lines of `w[start + PREFETCH_AHEAD ..][..len]` that
-/// exist: called once per row with the row's start and length, it keeps a sliding window of
-/// PREFETCH_AHEAD bytes in flight ahead of the kernel.
+/// Prefetch (into all cache levels) the lines of `w[start + prefetch_distance() ..][..len]`
+/// that exist: called once per row with the row's start and length, it keeps a sliding window
+/// of that many bytes in flight ahead of the kernel.
 #[inline(always)]
 pub(super) fn prefetch_ahead(w: &[u8], start: usize, len: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        let ahead = if crate::simd::level() == crate::simd::Level::Avx2 { PREFETCH_AHEAD_AVX2 } else { PREFETCH_AHEAD };
+        let ahead = prefetch_distance();
         let from = start + ahead;
         let to = (from + len).min(w.len());
         let mut off = from;
