@@ -98,11 +98,11 @@ unsafe fn rows_in<const R: usize>(ty: QuantType, order: Order, ws: [&[u8]; R], a
 /// ~37 GB/s where the same loop over anonymous (huge-page) memory reads ~60 GB/s (5562a9f).
 const PREFETCH_AHEAD: usize = 8192;
 
-/// The same distance on Intel's AVX-512 CPUs, where 8 KiB ahead throttles the stream instead
-/// (2026-12-06, Intel Xeon Emerald Rapids, 2 threads, Q4_K matvecs over 0.9 MB expert
-/// matrices, examples/expert_stream: 14.5-15.3 GB/s at 8192 and 4096, 20.6-20.9 with no
-/// distance, 22.6-24.5 at 1024-2048; the full-size Qwen3-30B-A3B geometry's decode 7.0-7.9 ->
-/// 8.0-8.9 tok/s, Qwen2.5-Coder-0.5B Q4_K_M 43.0-45.8 -> 48.3-49.5, alternated).
+/// The same distance on Intel's AVX-512 CPUs (2026-12-06, Intel Xeon Emerald Rapids, 2 threads,
+/// examples/expert_stream: Q4_K matvecs over 0.9 MB expert matrices, alternated). The machine
+/// went through two states: in one, 2 and 8 KiB streamed alike (24-25 GB/s of weights); in the
+/// other, 8 KiB throttled the stream to 13.8-14.6 GB/s where 2 KiB kept 21.7-23.5 (and no
+/// prefetch 18.7-20.7). 2 KiB was never the slower.
 const PREFETCH_AHEAD_INTEL: usize = 2048;
 
 /// The same distance on the AVX2 tier, whose kernels consume bytes more slowly: 8192 bytes ahead
@@ -112,8 +112,8 @@ const PREFETCH_AHEAD_INTEL: usize = 2048;
 const PREFETCH_AHEAD_AVX2: usize = 2048;
 
 /// The prefetch distance of this process, chosen once from the SIMD level and the CPU's vendor;
-/// `CORTIQ_PREFETCH_AHEAD=BYTES` (0..=65536) overrides it for a CPU none of the above measured.
-/// Speed only: a prefetch never changes a value.
+/// `CORTIQ_PREFETCH_AHEAD=BYTES` (0..=65536) overrides it (to measure another distance on a
+/// CPU, examples/expert_stream). Speed only: a prefetch never changes a value.
 pub(super) fn prefetch_distance() -> usize {
     static D: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *D.get_or_init(|| {
@@ -133,12 +133,11 @@ pub(super) fn prefetch_distance() -> usize {
     })
 }
 
-/// Whether the CPU's vendor string is Intel's.
+/// Whether the CPU's vendor string (CPUID leaf 0) is Intel's.
 fn intel() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        let r = std::arch::x86_64::__cpuid(0); // leaf 0: the vendor string
-
+        let r = std::arch::x86_64::__cpuid(0);
         let mut v = [0u8; 12];
         v[..4].copy_from_slice(&r.ebx.to_le_bytes());
         v[4..8].copy_from_slice(&r.edx.to_le_bytes());
