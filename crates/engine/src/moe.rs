@@ -11,6 +11,7 @@ use crate::blocks::{FfnWeights, ffn, ffn_rows};
 use crate::config::ModelConfig;
 pub use crate::geometry::{ExpertAct, MoeConfig, Scoring};
 use crate::numerics::Numerics;
+use crate::par::pool;
 use crate::qtensor::QTensor;
 
 pub struct MoeWeights {
@@ -118,37 +119,44 @@ fn moe_in(cfg: &ModelConfig, mc: &MoeConfig, w: &MoeWeights, h: &[f32], n: usize
             by_expert[e].push((t, wt));
         }
     }
-    let mut y = vec![0f32; n * d]; // [n, d_model]
+    // The experts some position picked, the busiest first (claimed in that order by the pool's
+    // threads, each expert's products whole on one thread: nested pool calls run inline).
+    let mut active: Vec<usize> = (0..ne).filter(|&e| !by_expert[e].is_empty()).collect();
+    active.sort_by_key(|&e| std::cmp::Reverse(by_expert[e].len()));
+    let outs: Vec<std::sync::Mutex<Vec<f32>>> = active.iter().map(|_| std::sync::Mutex::new(Vec::new())).collect();
+    {
+        let _s = crate::profile::span(crate::profile::Op::Experts);
+        pool().for_ranges_dynamic(active.len(), 1, |a, b| {
+            crate::profile::muted(|| {
+                for i in a..b {
+                    let out = expert_rows(cfg, mc, w, h, active[i], &by_expert[active[i]], n, num, rows_apart);
+                    *outs[i].lock().unwrap_or_else(|p| p.into_inner()) = out;
+                }
+            })
+        });
+    }
+    let mut out_of: Vec<Option<Vec<f32>>> = vec![None; ne];
+    for (&e, o) in active.iter().zip(outs) {
+        out_of[e] = Some(o.into_inner().unwrap_or_else(|p| p.into_inner()));
+    }
+    // Each position's experts added in index order (the order the serial loop added them in),
+    // positions split over the pool.
+    let mut picks_of: Vec<Vec<(usize, usize, f32)>> = vec![Vec::new(); n]; // per position: (expert, its row, weight)
     for (e, toks) in by_expert.iter().enumerate() {
-        if toks.is_empty() {
-            continue;
-        }
-        // In a call of several positions every expert takes the multi-row product, also when
-        // one token picked it (its row duplicated, the copy's result dropped): one position's
-        // value then does not depend on how many others share its expert, so a prompt's
-        // state is the same however its prefill is split (the prompt-state cache relies on
-        // it, `prefix`). A decode step (n = 1) keeps the one-row product.
-        let m = toks.len();
-        let rows = if n > 1 && !rows_apart { m.max(2) } else { m };
-        let mut x = vec![0f32; rows * d]; // [rows, d_model]: the routed tokens' inputs
-        for (i, &(t, _)) in toks.iter().enumerate() {
-            x[i * d..(i + 1) * d].copy_from_slice(&h[t * d..(t + 1) * d]);
-        }
-        if rows > m {
-            x.copy_within(0..d, d);
-        }
-        let out = match (mc.act, &w.expert_biases) {
-            (ExpertAct::ClampedSwiGlu { alpha, limit }, Some(b)) => {
-                clamped_swiglu(cfg, &w.experts[e], &b[e], &x, rows, alpha, limit, rows_apart)
-            }
-            _ if rows_apart => ffn_rows(cfg, &w.experts[e], &x, rows, num),
-            _ => ffn(cfg, &w.experts[e], &x, rows, num),
-        }; // [rows, d_model]
         for (i, &(t, wt)) in toks.iter().enumerate() {
-            let s = wt * mc.routed_scale;
-            y[t * d..(t + 1) * d].iter_mut().zip(&out[i * d..(i + 1) * d]).for_each(|(a, b)| *a += s * b);
+            picks_of[t].push((e, i, wt));
         }
     }
+    let mut y = vec![0f32; n * d]; // [n, d_model]
+    pool().for_rows_mut(&mut y, d, 16, |t0, ys| {
+        for (j, yt) in ys.chunks_exact_mut(d).enumerate() {
+            for &(e, i, wt) in &picks_of[t0 + j] {
+                let s = wt * mc.routed_scale;
+                let out = out_of[e].as_ref().expect("every picked expert ran");
+                yt.iter_mut().zip(&out[i * d..(i + 1) * d]).for_each(|(a, b)| *a += s * b);
+            }
+        }
+    });
     if let Some(sh) = &w.shared {
         let out = if rows_apart { ffn_rows(cfg, sh, h, n, num) } else { ffn(cfg, sh, h, n, num) }; // [n, d_model]
         let mut gate = vec![1f32; n]; // [n]
@@ -161,6 +169,43 @@ fn moe_in(cfg: &ModelConfig, mc: &MoeConfig, w: &MoeWeights, h: &[f32], n: usize
         }
     }
     y
+}
+
+/// Expert `e` over the positions routed to it (`toks`: position, weight) of `moe_in`'s n.
+/// -> [rows, d_model], its first `toks.len()` rows theirs.
+#[allow(clippy::too_many_arguments)]
+fn expert_rows(
+    cfg: &ModelConfig,
+    mc: &MoeConfig,
+    w: &MoeWeights,
+    h: &[f32],
+    e: usize,
+    toks: &[(usize, f32)],
+    n: usize,
+    num: Numerics,
+    rows_apart: bool,
+) -> Vec<f32> {
+    let d = cfg.d_model;
+    // In a call of several positions every expert takes the multi-row product, also when one
+    // token picked it (its row duplicated, the copy's result dropped): one position's value
+    // then does not depend on how many others share its expert, so a prompt's state is the
+    // same however its prefill is split (the prompt-state cache relies on it, `prefix`).
+    let m = toks.len();
+    let rows = if n > 1 && !rows_apart { m.max(2) } else { m };
+    let mut x = vec![0f32; rows * d]; // [rows, d_model]: the routed tokens' inputs
+    for (i, &(t, _)) in toks.iter().enumerate() {
+        x[i * d..(i + 1) * d].copy_from_slice(&h[t * d..(t + 1) * d]);
+    }
+    if rows > m {
+        x.copy_within(0..d, d);
+    }
+    match (mc.act, &w.expert_biases) {
+        (ExpertAct::ClampedSwiGlu { alpha, limit }, Some(b)) => {
+            clamped_swiglu(cfg, &w.experts[e], &b[e], &x, rows, alpha, limit, rows_apart)
+        }
+        _ if rows_apart => ffn_rows(cfg, &w.experts[e], &x, rows, num),
+        _ => ffn(cfg, &w.experts[e], &x, rows, num),
+    }
 }
 
 /// One position (a decode step; `picks`: its experts in index order with their weights): every

@@ -27,10 +27,11 @@ pub enum Op {
     Activation,
     Embedding,
     Sampling,
+    Experts,
     Other,
 }
 
-const OPS: [(Op, &str); 11] = [
+const OPS: [(Op, &str); 12] = [
     (Op::QuantizeAct, "quantize activations"),
     (Op::Attention, "attention"),
     (Op::Mixer, "mixers (gates, gathers, output norm)"),
@@ -41,6 +42,7 @@ const OPS: [(Op, &str); 11] = [
     (Op::Activation, "ffn activation"),
     (Op::Embedding, "embedding"),
     (Op::Sampling, "sampling"),
+    (Op::Experts, "experts (one per thread)"),
     (Op::Other, "other"),
 ];
 
@@ -72,6 +74,23 @@ pub fn enabled() -> bool {
 thread_local! {
     /// Nanoseconds of the spans that ended inside the innermost running span of this thread.
     static NESTED: Cell<u64> = const { Cell::new(0) };
+    /// Set while this thread runs work that a span of the calling thread times as a whole
+    /// (`muted`): its own spans count nothing.
+    static MUTED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Run `f` with this thread's spans muted: for work spread over the pool's threads inside one
+/// span of the caller (an MoE layer's experts, one per thread), whose ops would otherwise count
+/// once per thread.
+pub fn muted<R>(f: impl FnOnce() -> R) -> R {
+    let was = MUTED.with(|m| m.replace(true));
+    let r = f();
+    MUTED.with(|m| m.set(was));
+    r
+}
+
+fn on_here() -> bool {
+    enabled() && !MUTED.with(|m| m.get())
 }
 
 /// A running span; adds its wall time less its nested spans' to its counter when dropped
@@ -93,13 +112,13 @@ impl Drop for Span {
 }
 
 fn span_on(c: &'static Counter) -> Span {
-    Span { start: enabled().then(|| (Instant::now(), c, NESTED.with(|n| n.replace(0)))) }
+    Span { start: on_here().then(|| (Instant::now(), c, NESTED.with(|n| n.replace(0)))) }
 }
 
 /// Time an op class until the returned guard drops.
 #[inline]
 pub fn span(op: Op) -> Span {
-    if !enabled() {
+    if !on_here() {
         return Span { start: None };
     }
     let i = OPS.iter().position(|(o, _)| *o == op).unwrap_or(OPS.len() - 1);
@@ -109,7 +128,7 @@ pub fn span(op: Op) -> Span {
 /// Time a matrix product over weights of `ty`: one token (`n_t == 1`, matvec) or several.
 #[inline]
 pub fn matmul(ty: QuantType, n_t: usize) -> Span {
-    if !enabled() {
+    if !on_here() {
         return Span { start: None };
     }
     let i = (ty as usize).min(TYPES - 1);
@@ -120,6 +139,9 @@ pub fn matmul(ty: QuantType, n_t: usize) -> Span {
 /// Add `ns` to the matrix-product counter of `ty` (one call), for a dispatch shared by several
 /// matrices whose time the caller splits (timed on this thread, like a span).
 pub fn add_matmul(ty: QuantType, n_t: usize, ns: f64) {
+    if MUTED.with(|m| m.get()) {
+        return;
+    }
     let i = (ty as usize).min(TYPES - 1);
     TYPE_NAME[i].get_or_init(|| ty.name());
     let c = if n_t == 1 { &MATVEC[i] } else { &MATMAT[i] };
