@@ -56,6 +56,22 @@ pub struct FfnWeights {
     pub gate: QTensor,
     pub up: QTensor,
     pub down: QTensor,
+    /// The gate is the up projection itself (a view of its rows: Nemotron-H's ungated relu²
+    /// FFN, relu(u)·u): the products compute up once and the gate's half is its copy.
+    pub gate_is_up: bool,
+}
+
+impl FfnWeights {
+    /// The matrices a forward reads: gate (unless it is up), up, down.
+    pub fn read(&self) -> Vec<&QTensor> {
+        if self.gate_is_up { vec![&self.up, &self.down] } else { vec![&self.gate, &self.up, &self.down] }
+    }
+
+    /// `read`, mutable (what `Model::set_numerics` lays out: an ungated FFN's gate view is
+    /// never read, so it gets no copy of its own).
+    pub fn read_mut(&mut self) -> Vec<&mut QTensor> {
+        if self.gate_is_up { vec![&mut self.up, &mut self.down] } else { vec![&mut self.gate, &mut self.up, &mut self.down] }
+    }
 }
 
 /// Gated FFN: down(act(gate·h) ⊙ up·h). h: [n, d_model] -> [n, d_model].
@@ -66,10 +82,15 @@ pub fn ffn(cfg: &ModelConfig, w: &FfnWeights, h: &[f32], n: usize, num: Numerics
         return ffn_rows(cfg, w, h, 1, num);
     }
     let ff = w.gate.rows; // the layer's width (an expert's or a shared expert's in MoE layers)
-    let mut g = vec![0f32; n * ff]; // [n, d_ff]
     let mut u = vec![0f32; n * ff]; // [n, d_ff]
-    w.gate.matmul(h, n, &mut g);
     w.up.matmul(h, n, &mut u);
+    let mut g = if w.gate_is_up {
+        u.clone()
+    } else {
+        let mut g = vec![0f32; n * ff]; // [n, d_ff]
+        w.gate.matmul(h, n, &mut g);
+        g
+    };
     gated_rows(cfg, num, &mut g, &u, ff);
     let mut y = vec![0f32; n * cfg.d_model]; // [n, d_model]
     w.down.matmul(&g, n, &mut y);
@@ -112,7 +133,17 @@ pub fn ffn_rows(cfg: &ModelConfig, w: &FfnWeights, h: &[f32], n: usize, num: Num
         scratch.resize(n * 2 * ff, 0.0);
     }
     let gu = &mut scratch[..n * 2 * ff];
-    QTensor::matvec_rows_many(&[&w.gate, &w.up], h, n, gu);
+    if w.gate_is_up {
+        // up alone, then each row's values into both halves
+        let mut u = vec![0f32; n * ff]; // [n, d_ff]
+        QTensor::matvec_rows_many(&[&w.up], h, n, &mut u);
+        for (row, ur) in gu.chunks_exact_mut(2 * ff).zip(u.chunks_exact(ff)) {
+            row[..ff].copy_from_slice(ur);
+            row[ff..].copy_from_slice(ur);
+        }
+    } else {
+        QTensor::matvec_rows_many(&[&w.gate, &w.up], h, n, gu);
+    }
     // act(gate) * up in place over each fused row's gate half, split as `gated_rows` splits
     // rows; the down projection then reads those halves where they are.
     {

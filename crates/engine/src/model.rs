@@ -29,10 +29,11 @@ pub enum Ffn {
 }
 
 impl Ffn {
-    /// The matrices, split: those every token reads, then a mixture's routed experts.
+    /// The matrices a forward reads (`FfnWeights::read`), split: those every token reads, then
+    /// a mixture's routed experts.
     fn matrices_mut_split(&mut self) -> (Vec<&mut QTensor>, Vec<&mut QTensor>) {
         match self {
-            Ffn::Dense(f) => (vec![&mut f.gate, &mut f.up, &mut f.down], Vec::new()),
+            Ffn::Dense(f) => (f.read_mut(), Vec::new()),
             Ffn::Moe(m) => m.matrices_mut_split(),
             Ffn::None => (Vec::new(), Vec::new()),
         }
@@ -52,10 +53,13 @@ impl Ffn {
     pub fn active_bytes(&self, top_k: usize) -> usize {
         match self {
             Ffn::Moe(m) => {
-                let all: usize = m.experts.iter().map(|e| e.gate.n_bytes() + e.up.n_bytes() + e.down.n_bytes()).sum();
-                let rest: usize = m.matrices().iter().map(|t| t.n_bytes()).sum::<usize>() - all;
+                let bytes = |f: &FfnWeights| f.read().iter().map(|t| t.n_bytes()).sum::<usize>();
+                let all: usize = m.experts.iter().map(bytes).sum();
+                let rest: usize =
+                    m.router.n_bytes() + m.shared.as_ref().map_or(0, bytes) + m.shared_gate.as_ref().map_or(0, |t| t.n_bytes());
                 rest + all * top_k.min(m.experts.len()) / m.experts.len().max(1)
             }
+            Ffn::Dense(f) => f.read().iter().map(|t| t.n_bytes()).sum(),
             _ => self.matrices().iter().map(|t| t.n_bytes()).sum(),
         }
     }
@@ -868,7 +872,7 @@ impl Model {
         let n_max = segs.iter().copied().max().unwrap_or(0);
         let mut m = match &lw.ffn {
             _ if segs.len() == 1 => one(&h, segs[0]),
-            Ffn::Dense(f) if [&f.gate, &f.up, &f.down].iter().all(|w| w.rowwise(n_max)) => ffn_rows(cfg, f, &h, h.len() / d, num),
+            Ffn::Dense(f) if f.read().iter().all(|w| w.rowwise(n_max)) => ffn_rows(cfg, f, &h, h.len() / d, num),
             // Decode rows (and verify positions): each selected expert read once for all.
             Ffn::Moe(mw) if n_max == 1 => moe_rows(cfg, cfg.moe.as_ref().expect("checked at load"), mw, &h, h.len() / d, num),
             _ => {
@@ -1027,6 +1031,7 @@ fn load_moe(src: &dyn TensorSource, mc: &MoeConfig, il: usize, d: usize) -> Resu
         _ => None,
     };
     // An ungated expert (Nemotron-H: relu² of up) reads its up projection as the gate too.
+    let gate_is_up = mc.ungated && sg.is_none() && fused.is_none();
     let sg = match (sg, &su) {
         (None, Some(u)) if mc.ungated => Some(u.rows_view(u.name.clone(), 0, u.rows).expect("its own rows")),
         (sg, _) => sg,
@@ -1051,11 +1056,11 @@ fn load_moe(src: &dyn TensorSource, mc: &MoeConfig, il: usize, d: usize) -> Resu
             }
             None => (one("gate", &sg, ff, d)?, one("up", &su, ff, d)?),
         };
-        experts.push(FfnWeights { gate, up, down: one("down", &sd, d, ff)? });
+        experts.push(FfnWeights { gate, up, down: one("down", &sd, d, ff)?, gate_is_up });
     }
     let shared = match mc.d_ff_shared {
         Some(sf) => {
-            let (gate, up) = gate_up(
+            let (gate, up, gate_is_up) = gate_up(
                 src,
                 &n("ffn_gate_shexp.weight"),
                 &n("ffn_up_shexp.weight"),
@@ -1064,7 +1069,7 @@ fn load_moe(src: &dyn TensorSource, mc: &MoeConfig, il: usize, d: usize) -> Resu
                 d,
                 mc.ungated,
             )?;
-            Some(FfnWeights { gate, up, down: src.require(&n("ffn_down_shexp.weight"), d, sf)? })
+            Some(FfnWeights { gate, up, down: src.require(&n("ffn_down_shexp.weight"), d, sf)?, gate_is_up })
         }
         None => None,
     };
@@ -1108,19 +1113,19 @@ fn gate_up(
     ff: usize,
     d: usize,
     ungated: bool,
-) -> Result<(QTensor, QTensor)> {
+) -> Result<(QTensor, QTensor, bool)> {
     if src.get(gate)?.is_none() {
         if let Some(t) = src.optional(fused, 2 * ff, d)? {
             let half = |r0: usize| t.rows_view(t.name.clone(), r0, ff).expect("fused shape checked");
-            return Ok((half(0), half(ff)));
+            return Ok((half(0), half(ff), false));
         }
         if ungated {
             let u = src.require(up, ff, d)?;
             let g = u.rows_view(u.name.clone(), 0, ff).expect("its own rows");
-            return Ok((g, u));
+            return Ok((g, u, true));
         }
     }
-    Ok((src.require(gate, ff, d)?, src.require(up, ff, d)?))
+    Ok((src.require(gate, ff, d)?, src.require(up, ff, d)?, false))
 }
 
 /// The MTP blocks that follow the ordinary layers: block `n_layers + i` while it has an
@@ -1175,8 +1180,9 @@ fn load_layer(src: &dyn TensorSource, cfg: &ModelConfig, il: usize, spec: &Layer
             })?;
             Ffn::Moe(load_moe(src, mc, il, d)?)
         } else {
-            let (gate, up) = gate_up(src, &n("ffn_gate.weight"), &n("ffn_up.weight"), &n("ffn_gate_up.weight"), ff, d, ungated)?;
-            Ffn::Dense(FfnWeights { gate, up, down: src.require(&n("ffn_down.weight"), d, ff)? })
+            let (gate, up, gate_is_up) =
+                gate_up(src, &n("ffn_gate.weight"), &n("ffn_up.weight"), &n("ffn_gate_up.weight"), ff, d, ungated)?;
+            Ffn::Dense(FfnWeights { gate, up, down: src.require(&n("ffn_down.weight"), d, ff)?, gate_is_up })
         },
         post_ffn_norm: post("post_ffw_norm.weight")?,
     })

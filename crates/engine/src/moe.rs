@@ -47,14 +47,15 @@ impl MoeWeights {
     }
 
     /// The router, shared expert and its gate; then the routed experts' matrices (apart:
-    /// `Model::set_numerics` leaves the experts memory-mapped).
+    /// `Model::set_numerics` leaves the experts memory-mapped); of each FFN what a forward
+    /// reads (`FfnWeights::read`).
     pub fn matrices_mut_split(&mut self) -> (Vec<&mut QTensor>, Vec<&mut QTensor>) {
         let mut rest = vec![&mut self.router];
         if let Some(e) = &mut self.shared {
-            rest.extend([&mut e.gate, &mut e.up, &mut e.down]);
+            rest.extend(e.read_mut());
         }
         rest.extend(&mut self.shared_gate);
-        let experts = self.experts.iter_mut().flat_map(|e| [&mut e.gate, &mut e.up, &mut e.down]).collect();
+        let experts = self.experts.iter_mut().flat_map(|e| e.read_mut()).collect();
         (rest, experts)
     }
 }
@@ -218,15 +219,27 @@ fn expert_rows(
 fn moe_one(cfg: &ModelConfig, mc: &MoeConfig, w: &MoeWeights, h: &[f32], picks: &[(usize, f32)], num: Numerics) -> Vec<f32> {
     let d = cfg.d_model;
     let ffns: Vec<&FfnWeights> = picks.iter().map(|&(e, _)| &w.experts[e]).chain(&w.shared).collect();
-    let mut first: Vec<&QTensor> = ffns.iter().flat_map(|f| [&f.gate, &f.up]).collect();
+    let mut first: Vec<&QTensor> =
+        ffns.iter().flat_map(|f| if f.gate_is_up { vec![&f.up] } else { vec![&f.gate, &f.up] }).collect();
     first.extend(&w.shared_gate);
-    let mut gu = vec![0f32; first.iter().map(|t| t.rows).sum()]; // [gate | up] per FFN, then the shared gate
+    let mut gu = vec![0f32; first.iter().map(|t| t.rows).sum()]; // [gate | up] (or [up]) per FFN, then the shared gate
     QTensor::matmul_many(&first, h, 1, &mut gu);
-    // act(gate) * up into each FFN's gate half, where its down projection reads it.
+    // act(gate) * up into each FFN's gate half (an ungated FFN's only half), where its down
+    // projection reads it.
     let mut acts: Vec<&[f32]> = Vec::with_capacity(ffns.len());
     let mut rest = &mut gu[..];
     for (i, f) in ffns.iter().enumerate() {
-        let ff = f.gate.rows;
+        let ff = f.up.rows;
+        if f.gate_is_up {
+            let (u, tail) = std::mem::take(&mut rest).split_at_mut(ff);
+            rest = tail;
+            let mut g = u.to_vec();
+            let _s = crate::profile::span(crate::profile::Op::Activation);
+            crate::blocks::gated_span(cfg, num, &mut g, u);
+            u.copy_from_slice(&g);
+            acts.push(u);
+            continue;
+        }
         let (mine, tail) = std::mem::take(&mut rest).split_at_mut(2 * ff);
         rest = tail;
         let (g, u) = mine.split_at_mut(ff);

@@ -140,3 +140,69 @@ fn moe_step_reads_each_selected_expert_once() {
     assert!(per_row > hi, "{name}: the count can fail: per-row reads exceed the bound");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Nemotron-H's ungated relu² FFN (relu(up·x)·(up·x), its experts and shared expert) reads its up
+/// projection once per token, not once as up and again as the gate view of it: a decode
+/// step's counted weight bytes are the model's active bytes (`decode_weight_bytes`, which
+/// counts up once), less the embedding row it reads by row, with no product on it.
+#[test]
+fn ungated_ffn_reads_up_once() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    use cortiq_engine::convert::{ConvertOptions, QuantSpec, convert};
+    use cortiq_engine::model::Ffn;
+    use cortiq_kernels::quant::QuantType;
+    let dir = std::env::temp_dir().join(format!("cortiq-weight-passes-ungated-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let name = "nemotron_h";
+    let out = dir.join(format!("{name}.cmf"));
+    let opts = ConvertOptions { quant: QuantSpec::To(QuantType::Q8_0), embeddings: None, f32_as: None, force: true };
+    convert(&fixture(name), &out, &opts, &|_, _, _| {}).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let mut m = load(&out).unwrap().model;
+    m.set_numerics(Numerics::Fast);
+    let (mut dense, mut moe) = (0, 0);
+    for l in &m.layers {
+        match &l.ffn {
+            Ffn::Dense(f) => dense += usize::from(f.gate_is_up),
+            Ffn::Moe(mw) => moe += usize::from(mw.experts.iter().all(|e| e.gate_is_up)),
+            Ffn::None => {}
+        }
+    }
+    // (The fixture's pattern has expert layers only; a dense ungated layer takes the same
+    // `FfnWeights` paths, `blocks::ffn_rows`.)
+    assert!(moe > 0, "{name}: the fixture has {dense} ungated dense and {moe} ungated MoE layers: the count below tests nothing");
+    let mut st: SeqState = m.new_state(64);
+    m.forward(&[3, 7, 11, 13, 17], &mut st, Logits::None).unwrap();
+    let before = cortiq_engine::qtensor::weight_bytes();
+    m.forward(&[5], &mut st, Logits::Last).unwrap();
+    let read = cortiq_engine::qtensor::weight_bytes() - before;
+    let row = m.tok_embd.n_bytes() / m.tok_embd.rows;
+    let active = m.decode_weight_bytes() - row;
+    // The same count from the tensors: per layer its mixer, and of its FFN the up and down
+    // projections (top_k experts' and the shared expert's), the router, then the output head.
+    let k = m.cfg.moe.as_ref().expect("a MoE fixture").top_k;
+    let mut want = m.output.n_bytes();
+    let mut gates = 0;
+    for l in &m.layers {
+        want += l.mixer.matrices().iter().map(|t| t.n_bytes()).sum::<usize>();
+        match &l.ffn {
+            Ffn::Dense(f) => want += f.up.n_bytes() + f.down.n_bytes(),
+            Ffn::Moe(mw) => {
+                let e = &mw.experts[0];
+                want += mw.router.n_bytes() + k * (e.up.n_bytes() + e.down.n_bytes());
+                gates += k * e.gate.n_bytes();
+                if let Some(sh) = &mw.shared {
+                    want += sh.up.n_bytes() + sh.down.n_bytes();
+                    gates += sh.gate.n_bytes();
+                }
+                want += mw.shared_gate.as_ref().map_or(0, |t| t.n_bytes());
+            }
+            Ffn::None => {}
+        }
+    }
+    println!(
+        "{name}: a decode step read {read} weight bytes; active {active}; from the tensors {want} (+{gates} if the gates were read)"
+    );
+    assert_eq!(read as usize, want, "{name}: a decode step read {read} bytes where up and down come to {want}");
+    assert_eq!(active, want, "{name}: decode_weight_bytes counts {active}, the tensors {want}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
