@@ -106,4 +106,12 @@ fn harmony_markup_is_rendered() {
     let mut dec = StreamDecoder::new(&tok);
     let streamed: String = out.iter().map(|&i| dec.push(i)).collect();
     assert_eq!(streamed + &dec.finish(), want);
+    // Text with the markup encodes to its tokens even when control tokens are not parsed (as
+    // llama.cpp matches user-defined tokens; a forced grammar's header is tokenized so), while
+    // the control tokens' texts stay text there.
+    let plain = tok.encode_with("<|channel|>a<|message|>b<|call|>", false, false).unwrap();
+    assert_eq!(&plain[..4], &[id("<|channel|>"), id("a"), id("<|message|>"), id("b")], "{plain:?}");
+    assert!(!plain.contains(&id("<|call|>")), "a control token parsed with parse_special off: {plain:?}");
+    let parsed = tok.encode_with("<|channel|>a<|call|>", false, true).unwrap();
+    assert_eq!(parsed, [id("<|channel|>"), id("a"), id("<|call|>")]);
 }

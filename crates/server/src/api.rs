@@ -614,16 +614,14 @@ impl AgentParams {
     /// `close_think`: the prompt ends inside an open thinking block; the grammar closes it
     /// first (a forced call skips the thinking).
     pub fn forced_grammar(&self, family: Family, close_think: Option<&str>) -> Option<String> {
-        // Harmony's calls are messages in channels of special tokens, which a text grammar
-        // cannot write: `required` and a named tool are asked of the model, not enforced.
-        if family == Family::Harmony {
-            return None;
-        }
         let names: Vec<&str> = match &self.choice {
             ToolChoice::Auto | ToolChoice::None => return None,
             ToolChoice::Required => self.tools.iter().filter_map(tool_name).collect(),
             ToolChoice::Named(n) => vec![n.as_str()],
         };
+        if family == Family::Harmony {
+            return Some(self.harmony_grammar(&names));
+        }
         let many = self.parallel && self.choice == ToolChoice::Required;
         let first = match close_think {
             Some(tag) => format!("{} ", lark_str(&format!("{tag}\n\n"))),
@@ -640,6 +638,35 @@ impl AgentParams {
             _ => format!("%json {}\n", self.call_schema(&names)),
         };
         Some(format!("start: {first}call{more}\ncall: {call}\nbody: {body}"))
+    }
+
+    /// gpt-oss's forced call: right after the prompt's `<|start|>assistant`, a commentary
+    /// message to `functions.NAME` whose body is the arguments as JSON (the tool's parameter
+    /// schema), `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>`
+    /// as the template renders calls. The header's markup tokens render as text (as in
+    /// llama.cpp, `tokenizer::harmony_markup`), so the grammar writes them as text; `<|call|>`
+    /// is a control token that ends the generation, written as llguidance's `<|...|>` lexeme
+    /// (the token trie holds control tokens under their text). One call per turn, and no
+    /// analysis message first: a forced call skips the thinking, as `close_think` does for the
+    /// other families.
+    fn harmony_grammar(&self, names: &[&str]) -> String {
+        let mut alts = Vec::new();
+        let mut rules = String::new();
+        for (i, t) in self.tools.iter().enumerate().filter(|(_, t)| tool_name(t).is_some_and(|n| names.contains(&n))) {
+            let mut schema = match t["function"].get("parameters") {
+                Some(p @ Value::Object(_)) => closed(p.clone()),
+                _ => serde_json::json!({"type": "object"}),
+            };
+            schema["x-guidance"] =
+                serde_json::json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "});
+            let head = lark_str(&format!(
+                "<|channel|>commentary to=functions.{} <|constrain|>json<|message|>",
+                tool_name(t).unwrap_or_default()
+            ));
+            rules.push_str(&format!("f{i}: {head} f{i}_args <|call|>\nf{i}_args: %json {schema}\n"));
+            alts.push(format!("f{i}"));
+        }
+        format!("start: {}\n{rules}", alts.join(" | "))
     }
 
     /// Under `auto`, for the families whose `<tool_call>` body a grammar writes (Hermes' JSON,

@@ -181,6 +181,25 @@ fn build(path: &Path, text: &str, cfg: Option<Value>) -> Result<Tokenizer> {
         .collect();
     eog.extend(eos);
     super::harmony_markup(&texts, &mut attrs, &mut eog);
+    // Tokens the library lists as special that render as text here (gpt-oss's harmony markup):
+    // matched by `partition` when control tokens are not parsed (the library would spell them
+    // in bytes), as llama.cpp matches its user-defined tokens whatever parse_special says.
+    let mut specials: Vec<u32> = parse
+        .get_added_tokens_decoder()
+        .into_iter()
+        .filter(|(id, t)| t.special && attrs.get(*id as usize).is_some_and(|a| a & attr::USER_DEFINED != 0))
+        .map(|(id, _)| id)
+        .collect();
+    specials.sort_by_key(|&i| (std::cmp::Reverse(texts[i as usize].len()), i));
+    let specials_ac = if specials.is_empty() {
+        None
+    } else {
+        let pats: Vec<&str> = specials.iter().map(|&i| texts[i as usize].as_str()).collect();
+        Some(
+            aho_corasick::AhoCorasick::new(pats)
+                .map_err(|e| FormatError::malformed(path, format!("special-token matcher: {e}")))?,
+        )
+    };
 
     let mut token_to_id: HashMap<Box<[u8]>, u32> = HashMap::with_capacity(n);
     for (t, &i) in &vocab {
@@ -202,8 +221,8 @@ fn build(path: &Path, text: &str, cfg: Option<Value>) -> Result<Tokenizer> {
         attrs,
         pieces,
         token_to_id,
-        specials: Vec::new(),
-        specials_ac: None,
+        specials,
+        specials_ac,
         bos,
         eos,
         unk,

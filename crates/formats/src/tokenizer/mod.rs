@@ -169,7 +169,8 @@ impl Tokenizer {
 
     /// Whether `s` holds the text of a control token.
     fn has_control_text(&self, s: &str) -> bool {
-        if let Some(ac) = &self.specials_ac {
+        // (An HF tokenizer's automaton holds only the special tokens that render as text.)
+        if let (Some(ac), false) = (&self.specials_ac, matches!(self.backend, Backend::Hf(_))) {
             return ac.find_overlapping_iter(s).any(|m| {
                 let id = self.specials[m.pattern().as_usize()];
                 self.attrs[id as usize] & (attr::CONTROL | attr::UNKNOWN) != 0
@@ -189,7 +190,18 @@ impl Tokenizer {
             out.push(bos);
         }
         if let Backend::Hf(h) = &self.backend {
-            h.encode(&self.source, text, parse_special, &mut out)?;
+            if parse_special || self.specials.is_empty() {
+                h.encode(&self.source, text, parse_special, &mut out)?;
+                return Ok(out);
+            }
+            // Control tokens as text, the library's special tokens that render as text
+            // (`specials` of an HF tokenizer) as their ids; the text between them as usual.
+            for f in self.partition(text, false, literal) {
+                match f {
+                    Frag::Raw(a, b) => h.encode(&self.source, &text[a..b], false, &mut out)?,
+                    Frag::Tok(id) => out.push(id),
+                }
+            }
             return Ok(out);
         }
         let frags = self.partition(text, parse_special, literal);

@@ -150,3 +150,93 @@ fn lazy_call_grammar_qwen_xml() {
         assert!((0..=30).contains(&args["days"].as_i64().unwrap()), "{args}");
     }
 }
+
+/// gpt-oss under `tool_choice: required`: the forced grammar writes harmony's header
+/// (`<|channel|>` first, nothing else allowed), the tool's name, the arguments following its
+/// schema and the control token `<|call|>`, which ends the grammar; the harmony parser reads
+/// the call back.
+#[test]
+fn forced_call_grammar_harmony() {
+    const SPECIALS: [&str; 7] = ["<|channel|>", "<|message|>", "<|constrain|>", "<|call|>", "<|start|>", "<|end|>", "<|return|>"];
+    let vocab = 256 + SPECIALS.len() + 1;
+    let eos = vocab as u32 - 1;
+    let added: Vec<String> = SPECIALS
+        .iter()
+        .chain(["<|endoftext|>"].iter())
+        .enumerate()
+        .map(|(i, t)| {
+            format!(
+                r#"{{"id":{},"content":"{t}","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true}}"#,
+                256 + i
+            )
+        })
+        .collect();
+    let json = cortiq_testkit::byte_tokenizer_json()
+        .replace(r#""added_tokens":[]"#, &format!(r#""added_tokens":[{}]"#, added.join(",")));
+    let tok = Arc::new(Tokenizer::from_tokenizer_json_str(Path::new("harmony.json"), &json, None).unwrap());
+    // As gpt-oss's tokenizer: the header markup renders as text, <|call|> is a control token.
+    assert!(!tok.is_control(256) && tok.is_control(259), "the test vocabulary's markup tokens are not as gpt-oss's");
+    let st = Structured::new(tok.clone(), vocab, eos).unwrap();
+    let body = json!({"tool_choice": "required", "tools": [
+        {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}},
+        {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 12}, "days": {"type": "integer", "minimum": 0, "maximum": 30}},
+            "required": ["city", "days"]}}}]});
+    let agent = api::agent_params(body.as_object().unwrap()).unwrap();
+    let grammar = agent.forced_grammar(Family::Harmony, None).expect("a forced grammar for harmony");
+    let compiled = st.compile_lark(&grammar).unwrap_or_else(|e| panic!("{e}\n{grammar}"));
+    let mut names = Vec::new();
+    for seed0 in 0..8u64 {
+        let mut seed = seed0;
+        let mut c = compiled.constraint().unwrap();
+        let mut bytes = Vec::new();
+        let mut stopped = false;
+        for step in 0..400 {
+            let mut l: Vec<f32> = (0..vocab)
+                .map(|_| {
+                    seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    (seed >> 40) as f32 / (1u64 << 24) as f32
+                })
+                .collect();
+            c.mask(&mut l).unwrap();
+            let allowed: Vec<usize> = (0..vocab).filter(|&i| l[i].is_finite()).collect();
+            if step == 0 {
+                // The forced header's first token: <|channel|> itself, as the model writes it.
+                assert_eq!(allowed, vec![256], "the first token allowed is not <|channel|> alone");
+            }
+            let id = *allowed.iter().max_by(|a, b| l[**a].total_cmp(&l[**b])).expect("something allowed") as u32;
+            if id == eos {
+                break;
+            }
+            match id {
+                0..=255 => bytes.push(id as u8),
+                _ => bytes.extend_from_slice(SPECIALS[id as usize - 256].as_bytes()),
+            }
+            if c.commit(id).unwrap() {
+                stopped = true;
+                break;
+            }
+        }
+        let text = String::from_utf8(bytes).expect("the grammar writes UTF-8");
+        assert!(stopped && text.ends_with("<|call|>"), "the call did not end: {text:?}");
+        let mut p = calls::Parser::new(calls::Options {
+            family: Some(Family::Harmony),
+            tools: agent.tools.clone(),
+            ..Default::default()
+        });
+        let mut pieces = p.feed(&text);
+        pieces.extend(p.finish());
+        let [Piece::Call(call)] = &pieces[..] else { panic!("{text:?} -> {pieces:?}") };
+        let args: Value = serde_json::from_str(&call.arguments).unwrap_or_else(|e| panic!("{e}: {text:?}"));
+        match call.name.as_str() {
+            "get_weather" => {
+                let city = args["city"].as_str().unwrap_or_else(|| panic!("{text:?}"));
+                assert!(city.chars().count() <= 12 && (0..=30).contains(&args["days"].as_i64().unwrap()), "{text:?}");
+            }
+            "get_time" => assert_eq!(args, json!({}), "{text:?}"),
+            other => panic!("a call to {other}: {text:?}"),
+        }
+        names.push(call.name.clone());
+    }
+    println!("harmony forced calls over 8 seeds: {names:?}");
+}
