@@ -238,8 +238,8 @@ impl Model {
             // On AVX-512 CPUs a mixture's experts stay in the file's layout, memory-mapped: a
             // decode step reads only the routed ones (a 30B-A3B file is ~18 GB on a 24 GiB
             // machine: an interleaved copy of every expert would be as large again, and cost its
-            // load time; the row-major kernel reads them at 50-58% of the roofline there against
-            // the copy's 65-68%, BENCHMARKS.md, the full-size MoE file).
+            // load time; decode reads them at 62-71% of the active-parameter roofline, BENCHMARKS.md,
+            // the full-size MoE file).
             let (ffn, experts) = l.ffn.matrices_mut_split();
             for t in l.mixer.matrices_mut().into_iter().chain(ffn) {
                 t.set_numerics(num, true);
