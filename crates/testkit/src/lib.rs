@@ -94,6 +94,11 @@ impl XorShift {
     pub fn f(&mut self) -> f32 {
         (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
     }
+
+    /// `n` values of `f() * scale` (a test's random weights or inputs).
+    pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.f() * scale).collect()
+    }
 }
 
 /// The larger of `acc` and `x`, NaN if either is NaN (`f64::max` would drop the NaN).

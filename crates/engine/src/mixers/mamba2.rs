@@ -328,18 +328,7 @@ fn scan_step(s: &mut [f32], x: &[f32], b: &[f32], c: &[f32], dt: f32, decay: f32
 mod tests {
     use super::*;
 
-    struct Rng(u64);
-    impl Rng {
-        fn f(&mut self) -> f32 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            (self.0 >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-        }
-        fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-            (0..n).map(|_| self.f() * scale).collect()
-        }
-    }
+    use cortiq_testkit::XorShift as Rng;
 
     fn setup(rng: &mut Rng) -> (Mamba2Config, Mamba2Weights) {
         let cfg = Mamba2Config {
