@@ -12,7 +12,9 @@
 
 use cortiq_kernels::quant::{QuantType, act_type, dot_row, matvec_q, quantize_act, vec_dot, vec_dot_scalar};
 use std::hint::black_box;
-use std::time::Instant;
+
+mod common;
+use common::{best_secs, next, random_matrix};
 
 const TYPES: [QuantType; 18] = [
     QuantType::Q8_0,
@@ -105,50 +107,4 @@ fn bench(rows: usize, cols: usize) {
             four / 1e9 * w.len() as f64 / elems
         );
     }
-}
-
-/// Best seconds per call over repetitions lasting ~0.3 s in all.
-fn best_secs(mut f: impl FnMut()) -> f64 {
-    f(); // warm caches and the feature detection
-    let mut best = f64::INFINITY;
-    let start = Instant::now();
-    let mut reps = 0;
-    while reps < 3 || start.elapsed().as_secs_f64() < 0.3 {
-        let t = Instant::now();
-        f();
-        best = best.min(t.elapsed().as_secs_f64());
-        reps += 1;
-    }
-    best
-}
-
-fn next(s: &mut u64) -> u64 {
-    *s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *s;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// Random blocks with small finite f16 scales (speed does not depend on the values).
-fn random_matrix(ty: QuantType, rows: usize, rb: usize, seed: &mut u64) -> Vec<u8> {
-    let mut v: Vec<u8> = (0..rows * rb).map(|_| next(seed) as u8).collect();
-    let fields: &[usize] = match ty {
-        QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0 | QuantType::IQ4NL | QuantType::IQ4XS => &[0],
-        QuantType::IQ2XXS | QuantType::IQ2XS | QuantType::IQ2S | QuantType::IQ3XXS | QuantType::IQ3S => &[0],
-        QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4K | QuantType::Q5K => &[0, 2],
-        QuantType::Q2K => &[80, 82],
-        QuantType::Q3K => &[108],
-        QuantType::Q6K => &[208],
-        _ => &[],
-    };
-    for b in v.chunks_exact_mut(ty.type_size()) {
-        for &off in fields {
-            b[off..off + 2].copy_from_slice(&0x2000u16.to_le_bytes()); // 2^-7
-        }
-        if ty == QuantType::MXFP4 {
-            b[0] = 121; // 2^-7
-        }
-    }
-    v
 }
