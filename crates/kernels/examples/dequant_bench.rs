@@ -104,15 +104,10 @@ fn random_matrix(ty: QuantType, len: usize, seed: &mut u64) -> Vec<u8> {
     };
     let mut v: Vec<u8> = (0..len).map(|_| next() as u8).collect();
     let scale = |r: u64| ((r as u16) & 0x3FFF).max(0x0400).to_le_bytes();
+    // (an f16 or bf16 "block" is one value: kept finite too)
     let fields: &[usize] = match ty {
-        QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0 | QuantType::IQ4NL | QuantType::IQ4XS => &[0],
-        QuantType::IQ2XXS | QuantType::IQ2XS | QuantType::IQ2S | QuantType::IQ3XXS | QuantType::IQ3S => &[0],
-        QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4K | QuantType::Q5K => &[0, 2],
-        QuantType::Q2K => &[80, 82],
-        QuantType::Q3K => &[108],
-        QuantType::Q6K => &[208],
         QuantType::F16 | QuantType::BF16 => &[0],
-        _ => &[],
+        _ => ty.f16_scale_fields(),
     };
     for b in v.chunks_exact_mut(ty.type_size()) {
         for &o in fields {

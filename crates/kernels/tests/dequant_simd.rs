@@ -81,29 +81,12 @@ impl Rng {
     }
 }
 
-/// Byte offsets of a block's f16 scale fields (d, and m/dmin where the type has one).
-fn f16_fields(ty: QuantType) -> &'static [usize] {
-    match ty {
-        QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0 | QuantType::IQ4NL | QuantType::IQ4XS => &[0],
-        QuantType::IQ2XXS | QuantType::IQ2XS | QuantType::IQ2S | QuantType::IQ3XXS | QuantType::IQ3S => &[0],
-        QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4K | QuantType::Q5K => &[0, 2],
-        QuantType::Q2K => &[80, 82],
-        QuantType::Q3K => &[108],
-        QuantType::Q6K => &[208],
-        // MXFP4's scale is a byte, every value of which is finite (255 is 2^127)
-        QuantType::MXFP4 => &[],
-        QuantType::Q8K | QuantType::F32 | QuantType::F16 | QuantType::BF16 => &[],
-        // cortiq's own types are tested in tests/newtypes.rs (this file covers QuantType::ALL)
-        QuantType::Q8R | QuantType::Q4T | QuantType::Q1 => &[],
-    }
-}
-
 /// `blocks` random blocks of `ty` with finite scales.
 fn random_blocks(ty: QuantType, blocks: usize, rng: &mut Rng) -> Vec<u8> {
     let ts = ty.type_size();
     let mut v: Vec<u8> = (0..blocks * ts).map(|_| rng.next() as u8).collect();
     for b in v.chunks_exact_mut(ts) {
-        for &off in f16_fields(ty) {
+        for &off in ty.f16_scale_fields() {
             b[off..off + 2].copy_from_slice(&rng.finite_f16());
         }
         match ty {

@@ -71,26 +71,13 @@ impl Rng {
     }
 }
 
-/// Byte offsets of a weight block's f16 scale fields.
-fn f16_fields(ty: QuantType) -> &'static [usize] {
-    match ty {
-        QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0 | QuantType::IQ4NL | QuantType::IQ4XS => &[0],
-        QuantType::IQ2XXS | QuantType::IQ2XS | QuantType::IQ2S | QuantType::IQ3XXS | QuantType::IQ3S => &[0],
-        QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4K | QuantType::Q5K => &[0, 2],
-        QuantType::Q2K => &[80, 82],
-        QuantType::Q3K => &[108],
-        QuantType::Q6K => &[208],
-        _ => &[],
-    }
-}
-
 /// Random weight blocks: random quant/scale bytes, f16 scales of either sign with magnitudes
 /// 2^-14 .. 2^-2 (realistic; huge scales would only test overflow to inf).
 fn random_weights(ty: QuantType, blocks: usize, rng: &mut Rng) -> Vec<u8> {
     let ts = ty.type_size();
     let mut v: Vec<u8> = (0..blocks * ts).map(|_| rng.next() as u8).collect();
     for b in v.chunks_exact_mut(ts) {
-        for &off in f16_fields(ty) {
+        for &off in ty.f16_scale_fields() {
             let mag = (rng.unit() + 0.5) * 2f32.powi(-((rng.next() % 13) as i32) - 2);
             let s = if rng.next().is_multiple_of(2) { mag } else { -mag };
             b[off..off + 2].copy_from_slice(&half::f16::from_f32(s).to_bits().to_le_bytes());

@@ -43,17 +43,8 @@ pub fn next(s: &mut u64) -> u64 {
 /// on the values.
 pub fn random_matrix(ty: QuantType, rows: usize, rb: usize, seed: &mut u64) -> Vec<u8> {
     let mut v: Vec<u8> = (0..rows * rb).map(|_| next(seed) as u8).collect();
-    let fields: &[usize] = match ty {
-        QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0 | QuantType::IQ4NL | QuantType::IQ4XS => &[0],
-        QuantType::IQ2XXS | QuantType::IQ2XS | QuantType::IQ2S | QuantType::IQ3XXS | QuantType::IQ3S => &[0],
-        QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4K | QuantType::Q5K => &[0, 2],
-        QuantType::Q2K => &[80, 82],
-        QuantType::Q3K => &[108],
-        QuantType::Q6K => &[208],
-        _ => &[],
-    };
     for b in v.chunks_exact_mut(ty.type_size()) {
-        for &off in fields {
+        for &off in ty.f16_scale_fields() {
             b[off..off + 2].copy_from_slice(&0x2000u16.to_le_bytes()); // 2^-7
         }
         if ty == QuantType::MXFP4 {

@@ -253,6 +253,21 @@ impl QuantType {
         }
     }
 
+    /// Byte offsets in a GGUF block of its f16 scale fields (d, and m / dmin where the type has
+    /// one); empty for the float types, MXFP4 (its scale is an E8M0 byte) and cortiq's own types.
+    /// What tests and benches set to finite values in random blocks.
+    pub fn f16_scale_fields(self) -> &'static [usize] {
+        match self {
+            QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0 | QuantType::IQ4NL | QuantType::IQ4XS => &[0],
+            QuantType::IQ2XXS | QuantType::IQ2XS | QuantType::IQ2S | QuantType::IQ3XXS | QuantType::IQ3S => &[0],
+            QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4K | QuantType::Q5K => &[0, 2],
+            QuantType::Q2K => &[80, 82],
+            QuantType::Q3K => &[108],
+            QuantType::Q6K => &[208],
+            _ => &[],
+        }
+    }
+
     /// Bytes per block (q8r: 32 quants per 32 elements; its row's trailing scale is
     /// `row_trailer`).
     pub fn type_size(self) -> usize {
