@@ -38,6 +38,14 @@ pub struct Common {
     /// at load.
     #[arg(long)]
     pub mlock: bool,
+    /// Copy a mixture-of-experts model's experts into RAM (as llama.cpp's --no-mmap reads the
+    /// model into memory) in the layout the fast decode kernels read best, instead of reading
+    /// them from the memory-mapped file on AVX-512 CPUs (the other matrices are copied
+    /// already): decode ~1.2x faster, at the price of the experts' size in memory and a longer
+    /// load. Fast numerics; a no-op for dense models and on CPUs without AVX-512 (copied there
+    /// anyway).
+    #[arg(long)]
+    pub no_mmap: bool,
     /// Print where the time went per op class (matvec/matmat per weight type, attention, norms,
     /// sampling, pool waits) when the command ends.
     #[arg(long)]
@@ -136,6 +144,18 @@ pub fn open_model(c: &Common) -> Result<Loaded> {
     let kv = if c.kv_f16 { Some(KvTypeArg::F16) } else { c.kv_type };
     if let Some(kv) = kv {
         loaded.model.set_kv_type(kv.kind()).context("--kv-type")?;
+    }
+    if c.no_mmap && loaded.model.cfg.moe.is_some() {
+        let bar = indicatif::ProgressBar::new(0);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} expert matrices copied")
+                .expect("valid template"),
+        );
+        loaded.model.copy_experts(&|done, total| {
+            bar.set_length(total as u64);
+            bar.set_position(done as u64);
+        });
+        bar.finish_and_clear();
     }
     if c.mlock {
         loaded.model.lock_resident().map_err(|e| {

@@ -206,3 +206,60 @@ fn ungated_ffn_reads_up_once() {
     assert_eq!(active, want, "{name}: decode_weight_bytes counts {active}, the tensors {want}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `Model::copy_experts` (`--no-mmap`) moves every routed expert out of the file map into the
+/// interleaved layout: afterwards each is interleaved, a decode step still reads each selected
+/// expert once (the same passes as mapped), and its logits match the mapped model's to the
+/// products' rounding (the two layouts' kernels sum in other orders).
+#[test]
+fn copied_experts_are_interleaved_and_read_once() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    use cortiq_engine::convert::{ConvertOptions, QuantSpec, convert};
+    use cortiq_engine::model::Ffn;
+    use cortiq_kernels::quant::QuantType;
+    let dir = std::env::temp_dir().join(format!("cortiq-weight-passes-copy-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let name = "gpt_oss"; // every expert matrix quantizes to Q8_0, a type with the layout
+    let out = dir.join(format!("{name}.cmf"));
+    let opts = ConvertOptions { quant: QuantSpec::To(QuantType::Q8_0), embeddings: None, f32_as: None, force: true };
+    convert(&fixture(name), &out, &opts, &|_, _, _| {}).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let mut mapped = load(&out).unwrap().model;
+    mapped.set_numerics(Numerics::Fast);
+    let mut copied = load(&out).unwrap().model;
+    copied.set_numerics(Numerics::Fast);
+    let calls = std::cell::Cell::new((0, 0));
+    copied.copy_experts(&|done, total| calls.set((done, total)));
+    let experts = |m: &Model| -> Vec<bool> {
+        m.layers
+            .iter()
+            .filter_map(|l| if let Ffn::Moe(mw) = &l.ffn { Some(mw) } else { None })
+            .flat_map(|mw| mw.experts.iter().flat_map(|e| e.read().into_iter().map(|t| t.interleaved())))
+            .collect()
+    };
+    let (before, after) = (experts(&mapped), experts(&copied));
+    let left: Vec<String> = copied
+        .layers
+        .iter()
+        .filter_map(|l| if let Ffn::Moe(mw) = &l.ffn { Some(mw) } else { None })
+        .flat_map(|mw| mw.experts.iter().flat_map(|e| e.read()))
+        .filter(|t| !t.interleaved())
+        .map(|t| format!("{} {:?} {}x{}", t.name, t.dtype, t.rows, t.cols))
+        .collect();
+    assert!(!after.is_empty() && left.is_empty(), "{name}: experts left out of the copy: {left:?}");
+    assert_eq!(calls.get(), (after.len(), after.len()), "{name}: progress did not count every expert matrix");
+    println!("{name}: {} expert matrices, {} interleaved before the copy", after.len(), before.iter().filter(|&&i| i).count());
+    let step = |m: &Model| {
+        let mut st = m.new_state(64);
+        m.forward(&[3, 7, 11, 13, 17], &mut st, Logits::None).unwrap();
+        let before = weight_passes();
+        let l = m.forward(&[5], &mut st, Logits::Last).unwrap();
+        (weight_passes() - before, l)
+    };
+    let ((pm, lm), (pc, lc)) = (step(&mapped), step(&copied));
+    assert_eq!(pm, pc, "{name}: a decode step took {pc} passes copied, {pm} mapped");
+    let scale = lm.iter().fold(0f32, |a, v| a.max(v.abs()));
+    let diff = lm.iter().zip(&lc).fold(0f32, |a, (x, y)| a.max((x - y).abs()));
+    println!("{name}: logits max |mapped - copied| {diff:.2e} (max |logit| {scale:.2})");
+    assert!(diff <= 1e-3 * scale.max(1.0), "{name}: copied experts' logits {diff} from the mapped ones");
+    let _ = std::fs::remove_dir_all(&dir);
+}
