@@ -1138,15 +1138,24 @@ fn serve_hostile_slow_clients_and_connection_cap() {
     drop(idle);
     drop(s);
 
-    // The cap: the connections beyond it are refused with a 503, not queued.
+    // The cap: the connections beyond it are refused with a 503, not queued. (The start-up
+    // health check's connection may not be closed on the server's side yet when the 8 arrive,
+    // then one of the 8 is refused and the next connection takes the permit it frees: such a
+    // connection is held too, and the next one past the cap tried; one retry at most.)
     let s = Server::start(&qwen35(), &["--max-connections", "8"]);
-    let held: Vec<std::net::TcpStream> = (0..8).map(|_| s.connect().unwrap()).collect();
+    let mut held: Vec<std::net::TcpStream> = (0..8).map(|_| s.connect().unwrap()).collect();
     std::thread::sleep(Duration::from_millis(200));
-    let mut c = s.connect().unwrap();
-    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let mut raw = Vec::new();
-    let _ = c.read_to_end(&mut raw);
-    assert!(!raw.is_empty(), "the connection past the cap: closed without an answer");
+    for _ in 0..2 {
+        let mut c = s.connect().unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        let _ = c.read_to_end(&mut raw);
+        if !raw.is_empty() {
+            break;
+        }
+        held.push(c);
+    }
+    assert!(!raw.is_empty(), "the connection past the cap: no answer within 3 s, twice");
     let r = common::http::parse(&raw);
     assert_eq!(r.status, 503, "{}", r.text());
     assert_eq!(r.json()["error"]["code"], "server_busy");
