@@ -232,15 +232,7 @@ pub(super) fn load(g: &dyn GgufMeta) -> Result<Tokenizer> {
         }
     }
 
-    let specials_ac = if specials.is_empty() {
-        None
-    } else {
-        let pats: Vec<&str> = specials.iter().map(|&i| texts[i as usize].as_str()).collect();
-        Some(
-            aho_corasick::AhoCorasick::new(pats)
-                .map_err(|e| FormatError::malformed(path, format!("special-token matcher: {e}")))?,
-        )
-    };
+    let specials_ac = super::specials_matcher(path, &texts, &specials)?;
     let chat_template = g.opt_str("tokenizer.chat_template")?.map(str::to_string);
 
     Ok(Tokenizer {

@@ -191,15 +191,7 @@ fn build(path: &Path, text: &str, cfg: Option<Value>) -> Result<Tokenizer> {
         .map(|(id, _)| id)
         .collect();
     specials.sort_by_key(|&i| (std::cmp::Reverse(texts[i as usize].len()), i));
-    let specials_ac = if specials.is_empty() {
-        None
-    } else {
-        let pats: Vec<&str> = specials.iter().map(|&i| texts[i as usize].as_str()).collect();
-        Some(
-            aho_corasick::AhoCorasick::new(pats)
-                .map_err(|e| FormatError::malformed(path, format!("special-token matcher: {e}")))?,
-        )
-    };
+    let specials_ac = super::specials_matcher(path, &texts, &specials)?;
 
     let mut token_to_id: HashMap<Box<[u8]>, u32> = HashMap::with_capacity(n);
     for (t, &i) in &vocab {

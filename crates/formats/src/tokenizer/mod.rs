@@ -490,6 +490,18 @@ pub(crate) fn parse_byte_token(text: &str) -> Option<u8> {
     u8::from_str_radix(hex, 16).ok()
 }
 
+/// The automaton `partition` finds the texts of `specials` with (longest first, as the caller
+/// sorted them); None when there are none.
+pub(crate) fn specials_matcher(path: &Path, texts: &[String], specials: &[u32]) -> Result<Option<aho_corasick::AhoCorasick>> {
+    if specials.is_empty() {
+        return Ok(None);
+    }
+    let pats: Vec<&str> = specials.iter().map(|&i| texts[i as usize].as_str()).collect();
+    aho_corasick::AhoCorasick::new(pats)
+        .map(Some)
+        .map_err(|e| FormatError::malformed(path, format!("special-token matcher: {e}")))
+}
+
 /// Harmony vocabularies (gpt-oss) as llama.cpp loads them. The markup between messages
 /// (`<|channel|>`, `<|message|>`, `<|start|>`, `<|constrain|>`) is rendered in generated text,
 /// for the output splitter to read the channels from (`calls::Family::Harmony`); where the turn
