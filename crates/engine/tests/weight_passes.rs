@@ -14,6 +14,24 @@ use cortiq_engine::{BatchEntry, Logits, Model, Numerics, VerifyJournal};
 
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// The fixture `name` converted to Q8_0 (.cmf, in a temporary directory removed once it is
+/// loaded: the map keeps the bytes) and loaded under fast numerics.
+fn q8_fast(name: &str) -> Model {
+    use cortiq_engine::convert::{ConvertOptions, QuantSpec, convert};
+    use cortiq_kernels::quant::QuantType;
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let k = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("cortiq-weight-passes-{}-{k}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join(format!("{name}.cmf"));
+    let opts = ConvertOptions { quant: QuantSpec::To(QuantType::Q8_0), embeddings: None, f32_as: None, force: true };
+    convert(&fixture(name), &out, &opts, &|_, _, _| {}).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let mut m = load(&out).unwrap().model;
+    m.set_numerics(Numerics::Fast);
+    let _ = std::fs::remove_dir_all(&dir);
+    m
+}
+
 /// Passes of one step: four sequences, those in `verify` verifying three tokens, the others
 /// decoding one; `apart`: the verifies run on their own after the batch (the old schedule).
 fn step_passes(m: &Model, verify: &[usize], apart: bool) -> u64 {
@@ -44,20 +62,12 @@ fn step_passes(m: &Model, verify: &[usize], apart: bool) -> u64 {
 #[test]
 fn one_weight_pass_per_step_with_verifies() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    use cortiq_engine::convert::{ConvertOptions, QuantSpec, convert};
-    use cortiq_kernels::quant::QuantType;
-    let dir = std::env::temp_dir().join(format!("cortiq-weight-passes-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
     // Q8_0 weights under fast numerics: the decode rows of a step share one pass of each
     // matrix (float weights run row by row, one pass per row, verifies or not).
     // (Kimi Linear's KDA and MLA merge their verifies too, but its MoE FFN reads each routed
     // expert per row, decode rows included: a count of its own.)
     for name in ["qwen3", "llama", "qwen3_5", "lfm2"] {
-        let out = dir.join(format!("{name}.cmf"));
-        let opts = ConvertOptions { quant: QuantSpec::To(QuantType::Q8_0), embeddings: None, f32_as: None, force: true };
-        convert(&fixture(name), &out, &opts, &|_, _, _| {}).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let mut m = load(&out).unwrap().model;
-        m.set_numerics(Numerics::Fast);
+        let m = q8_fast(name);
         let matrices = m.layers.iter().map(|l| l.matrices().len()).sum::<usize>() as u64 + 1;
         let plain = step_passes(&m, &[], false);
         let merged = step_passes(&m, &[1, 3], false);
@@ -68,7 +78,6 @@ fn one_weight_pass_per_step_with_verifies() {
         assert_eq!(merged, plain, "{name}: the verifies read weights again");
         assert!(apart > plain, "{name}: the count can fail: verifies run apart read more ({apart} vs {plain})");
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Passes of one step of `k` sequences each decoding one token (prompts of different lengths).
@@ -97,16 +106,9 @@ fn rows_passes(m: &Model, k: usize) -> u64 {
 #[test]
 fn moe_step_reads_each_selected_expert_once() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    use cortiq_engine::convert::{ConvertOptions, QuantSpec, convert};
     use cortiq_kernels::quant::QuantType;
-    let dir = std::env::temp_dir().join(format!("cortiq-weight-passes-moe-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
     let name = "gpt_oss";
-    let out = dir.join(format!("{name}.cmf"));
-    let opts = ConvertOptions { quant: QuantSpec::To(QuantType::Q8_0), embeddings: None, f32_as: None, force: true };
-    convert(&fixture(name), &out, &opts, &|_, _, _| {}).unwrap_or_else(|e| panic!("{name}: {e}"));
-    let mut m = load(&out).unwrap().model;
-    m.set_numerics(Numerics::Fast);
+    let m = q8_fast(name);
     let mc = m.cfg.moe.expect("a MoE fixture");
     let cortiq_engine::model::Ffn::Moe(mw) = &m.layers[0].ffn else { panic!("{name}: layer 0 is MoE") };
     assert!(mw.experts.iter().all(|e| e.gate.dtype == QuantType::Q8_0 && e.down.dtype == QuantType::Q8_0));
@@ -138,7 +140,6 @@ fn moe_step_reads_each_selected_expert_once() {
     println!("{name}: a step of one row {p1} passes; four rows {p4} (each expert once: {lo}..={hi}; once per row: {per_row})");
     assert!(p4 >= lo && p4 <= hi, "{name}: four decode rows read {p4} passes, outside {lo}..={hi}");
     assert!(per_row > hi, "{name}: the count can fail: per-row reads exceed the bound");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Nemotron-H's ungated relu² FFN (relu(up·x)·(up·x), its experts and shared expert) reads its up
@@ -148,17 +149,9 @@ fn moe_step_reads_each_selected_expert_once() {
 #[test]
 fn ungated_ffn_reads_up_once() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    use cortiq_engine::convert::{ConvertOptions, QuantSpec, convert};
     use cortiq_engine::model::Ffn;
-    use cortiq_kernels::quant::QuantType;
-    let dir = std::env::temp_dir().join(format!("cortiq-weight-passes-ungated-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
     let name = "nemotron_h";
-    let out = dir.join(format!("{name}.cmf"));
-    let opts = ConvertOptions { quant: QuantSpec::To(QuantType::Q8_0), embeddings: None, f32_as: None, force: true };
-    convert(&fixture(name), &out, &opts, &|_, _, _| {}).unwrap_or_else(|e| panic!("{name}: {e}"));
-    let mut m = load(&out).unwrap().model;
-    m.set_numerics(Numerics::Fast);
+    let m = q8_fast(name);
     let (mut dense, mut moe) = (0, 0);
     for l in &m.layers {
         match &l.ffn {
@@ -204,7 +197,6 @@ fn ungated_ffn_reads_up_once() {
     );
     assert_eq!(read as usize, want, "{name}: a decode step read {read} bytes where up and down come to {want}");
     assert_eq!(active, want, "{name}: decode_weight_bytes counts {active}, the tensors {want}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `Model::copy_experts` (`--no-mmap`) moves every routed expert out of the file map into the
@@ -214,19 +206,10 @@ fn ungated_ffn_reads_up_once() {
 #[test]
 fn copied_experts_are_interleaved_and_read_once() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    use cortiq_engine::convert::{ConvertOptions, QuantSpec, convert};
     use cortiq_engine::model::Ffn;
-    use cortiq_kernels::quant::QuantType;
-    let dir = std::env::temp_dir().join(format!("cortiq-weight-passes-copy-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
     let name = "gpt_oss"; // every expert matrix quantizes to Q8_0, a type with the layout
-    let out = dir.join(format!("{name}.cmf"));
-    let opts = ConvertOptions { quant: QuantSpec::To(QuantType::Q8_0), embeddings: None, f32_as: None, force: true };
-    convert(&fixture(name), &out, &opts, &|_, _, _| {}).unwrap_or_else(|e| panic!("{name}: {e}"));
-    let mut mapped = load(&out).unwrap().model;
-    mapped.set_numerics(Numerics::Fast);
-    let mut copied = load(&out).unwrap().model;
-    copied.set_numerics(Numerics::Fast);
+    let mapped = q8_fast(name);
+    let mut copied = q8_fast(name);
     let calls = std::cell::Cell::new((0, 0));
     copied.copy_experts(&|done, total| calls.set((done, total)));
     let experts = |m: &Model| -> Vec<bool> {
@@ -261,5 +244,4 @@ fn copied_experts_are_interleaved_and_read_once() {
     let diff = lm.iter().zip(&lc).fold(0f32, |a, (x, y)| a.max((x - y).abs()));
     println!("{name}: logits max |mapped - copied| {diff:.2e} (max |logit| {scale:.2})");
     assert!(diff <= 1e-3 * scale.max(1.0), "{name}: copied experts' logits {diff} from the mapped ones");
-    let _ = std::fs::remove_dir_all(&dir);
 }
