@@ -653,12 +653,7 @@ impl AgentParams {
         let mut alts = Vec::new();
         let mut rules = String::new();
         for (i, t) in self.tools.iter().enumerate().filter(|(_, t)| tool_name(t).is_some_and(|n| names.contains(&n))) {
-            let mut schema = match t["function"].get("parameters") {
-                Some(p @ Value::Object(_)) => closed(p.clone()),
-                _ => serde_json::json!({"type": "object"}),
-            };
-            schema["x-guidance"] =
-                serde_json::json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "});
+            let schema = as_templates_write(params_schema(t));
             let head = lark_str(&format!(
                 "<|channel|>commentary to=functions.{} <|constrain|>json<|message|>",
                 tool_name(t).unwrap_or_default()
@@ -722,9 +717,7 @@ impl AgentParams {
                         rules.push_str(&format!("{r}: {open} {r}_v\n{r}_v[suffix={close}]: {value}\n"));
                     }
                     Some(_) => {
-                        let mut schema = ps.clone();
-                        schema["x-guidance"] =
-                            serde_json::json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "});
+                        let schema = as_templates_write(ps.clone());
                         rules.push_str(&format!("{r}: {open} {r}_v {close}\n{r}_v: %json {schema}\n"));
                     }
                 }
@@ -746,23 +739,31 @@ impl AgentParams {
             .iter()
             .filter(|t| tool_name(t).is_some_and(|n| names.contains(&n)))
             .map(|t| {
-                let f = &t["function"];
-                let params = match f.get("parameters") {
-                    Some(p @ Value::Object(_)) => closed(p.clone()),
-                    _ => serde_json::json!({"type": "object"}),
-                };
                 serde_json::json!({
                     "type": "object",
-                    "properties": {"name": {"const": f["name"]}, "arguments": params},
+                    "properties": {"name": {"const": t["function"]["name"]}, "arguments": params_schema(t)},
                     "required": ["name", "arguments"],
                     "additionalProperties": false,
                 })
             })
             .collect();
-        let mut schema = if schemas.len() == 1 { schemas[0].clone() } else { serde_json::json!({"anyOf": schemas}) };
-        schema["x-guidance"] = serde_json::json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "});
-        schema
+        as_templates_write(if schemas.len() == 1 { schemas[0].clone() } else { serde_json::json!({"anyOf": schemas}) })
     }
+}
+
+/// A tool's parameter schema, closed (`closed`); an object of any keys where it declares none.
+fn params_schema(t: &Value) -> Value {
+    match t["function"].get("parameters") {
+        Some(p @ Value::Object(_)) => closed(p.clone()),
+        _ => serde_json::json!({"type": "object"}),
+    }
+}
+
+/// `schema` as the chat templates write JSON: Python's `json.dumps` separators (`", "` and
+/// `": "`) and no other whitespace between tokens (a weak model could otherwise pad without end).
+fn as_templates_write(mut schema: Value) -> Value {
+    schema["x-guidance"] = serde_json::json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "});
+    schema
 }
 
 /// A parameter schema whose objects with declared `properties` take no others unless they
