@@ -26,27 +26,6 @@ use cortiq_kernels::quant::QuantType;
 const M: usize = 4096;
 const K: usize = 14336;
 
-const TYPES: [QuantType; 18] = [
-    QuantType::Q4_0,
-    QuantType::Q4_1,
-    QuantType::Q5_0,
-    QuantType::Q5_1,
-    QuantType::Q8_0,
-    QuantType::Q2K,
-    QuantType::Q3K,
-    QuantType::Q4K,
-    QuantType::Q5K,
-    QuantType::Q6K,
-    QuantType::IQ2XXS,
-    QuantType::IQ2XS,
-    QuantType::IQ2S,
-    QuantType::IQ3XXS,
-    QuantType::IQ3S,
-    QuantType::IQ4NL,
-    QuantType::IQ4XS,
-    QuantType::MXFP4,
-];
-
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let threads = args.first().and_then(|a| a.parse().ok()).unwrap_or(2);
@@ -56,7 +35,10 @@ fn main() {
     let plain = args.get(3).is_some_and(|a| a == "plain");
     par::init(threads).unwrap();
     let mut seed = 0x5EED_u64;
-    for ty in TYPES {
+    // Every GGUF weight type: the quantized ones (not the floats, not Q8_K, an activation format).
+    let types =
+        QuantType::ALL.into_iter().filter(|t| !matches!(t, QuantType::F32 | QuantType::F16 | QuantType::BF16 | QuantType::Q8K));
+    for ty in types {
         let name = ty.name();
         if only.as_ref().is_some_and(|o| !o.iter().any(|n| n.eq_ignore_ascii_case(name))) {
             continue;
