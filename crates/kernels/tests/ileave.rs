@@ -92,7 +92,7 @@ fn simd_equals_scalar_and_columns_equal_alone() {
             let p = ileave(ty, &w, rows, cols);
             let padded = rows.div_ceil(IL_ROWS) * IL_ROWS;
             let ab = act_type(ty).unwrap().row_bytes(cols).unwrap();
-            for k in [1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 67, 130] {
+            for k in [1, 2, 3, 4, 5, 7, 8, 9, 12, 15, 16, 17, 33, 67, 130] {
                 let a = acts(ty, cols, k, &mut rng);
                 // y [k, padded]: column j's outputs side by side
                 let (mut ys, mut yv) = (vec![0f32; padded * k], vec![0f32; padded * k]);

@@ -36,9 +36,13 @@ use super::blocks::f16_le;
 /// Rows per interleaved group.
 pub const IL_ROWS: usize = 16;
 
-/// Columns per pass over a group: one accumulator register per column (the k-quant kernels
-/// take 4).
-const PASS_COLS: usize = 8;
+/// The most columns one pass over a group takes (its results' buffer and the kernels' column
+/// arrays): the AVX2 Q8_0 kernel's `Q8_PASS`.
+const PASS_COLS: usize = 16;
+
+/// Columns per pass of the AVX-512 kernels and of the AVX2 Q4_0 / Q5_0 ones: one accumulator
+/// register per column (the k-quant kernels take 4).
+const WIDE: usize = 8;
 
 /// One pass's results: `out[j][r]` = row r of the group times the pass's column j.
 pub(super) type PassOut = [[f32; IL_ROWS]; PASS_COLS];
@@ -79,9 +83,17 @@ pub(super) fn passes(groups: usize, k: usize, pass: usize, mut run: impl FnMut(u
     debug_assert!(COL_BLOCK.is_multiple_of(pass));
     for jb in (0..k).step_by(COL_BLOCK) {
         let je = (jb + COL_BLOCK).min(k);
+        // the block's columns in as few passes as `pass` allows, of sizes differing by at most
+        // one (9 columns: 5 + 4, not 8 + 1: a pass costs its group's unpack and float steps
+        // whatever its width, and the kernels' K = 5..7 forms are as fast per column as K = 8)
+        let n = je - jb;
+        let np = n.div_ceil(pass);
         for g in 0..groups {
-            for j0 in (jb..je).step_by(pass) {
-                run(g, g + 1, j0, (je - j0).min(pass));
+            let mut j0 = jb;
+            for p in 0..np {
+                let kk = n / np + usize::from(p < n % np);
+                run(g, g + 1, j0, kk);
+                j0 += kk;
             }
         }
     }
@@ -533,7 +545,7 @@ mod avx512 {
             let bb = super::geo(ty).expect("checked").0;
             let gb = nb * IL_ROWS * bb;
             let ab = 34 * nb;
-            super::passes(packed.len() / gb, cs.len(), PASS_COLS, |g0, g1, j0, kk| {
+            super::passes(packed.len() / gb, cs.len(), super::WIDE, |g0, g1, j0, kk| {
                 let (a, c): ([&[u8]; PASS_COLS], [&Col; PASS_COLS]) = super::pass_cols(acts, ab, cs, j0, kk);
                 macro_rules! go {
                     ($T:literal) => {
@@ -695,11 +707,15 @@ mod avx2 {
             let bb = super::geo(ty).expect("checked").0;
             let gb = nb * IL_ROWS * bb;
             let ab = 34 * nb;
+            if ty == QuantType::Q8_0 {
+                q8(packed, gb, nb, acts, cs, ys);
+                return true;
+            }
             // More columns than one pass (a prompt chunk): each group is decoded once, at its
             // first pass, into this thread's scratch, and every pass reads it from there (the
             // passes over a group run back to back on one thread: `passes`).
-            let many = cs.len() > PASS_COLS;
-            let pass = if many { PRE_PASS } else { PASS_COLS };
+            let many = cs.len() > super::WIDE;
+            let pass = if many { PRE_PASS } else { super::WIDE };
             super::passes(packed.len() / gb, cs.len(), pass, |g0, g1, j0, kk| {
                 let (a, c): ([&[u8]; PASS_COLS], [&Col; PASS_COLS]) = super::pass_cols(acts, ab, cs, j0, kk);
                 macro_rules! go {
@@ -717,6 +733,9 @@ mod avx2 {
                                             2 => imp::group_pre::<$T, 2>(pre, nb, &a, &c, out),
                                             3 => imp::group_pre::<$T, 3>(pre, nb, &a, &c, out),
                                             4 => imp::group_pre::<$T, 4>(pre, nb, &a, &c, out),
+                                            5 => imp::group_pre::<$T, 5>(pre, nb, &a, &c, out),
+                                            6 => imp::group_pre::<$T, 6>(pre, nb, &a, &c, out),
+                                            7 => imp::group_pre::<$T, 7>(pre, nb, &a, &c, out),
                                             _ => imp::group_pre::<$T, 8>(pre, nb, &a, &c, out),
                                         }
                                     })
@@ -726,6 +745,9 @@ mod avx2 {
                                         2 => imp::group::<$T, 2>(grp, pf, nb, &a, &c, out),
                                         3 => imp::group::<$T, 3>(grp, pf, nb, &a, &c, out),
                                         4 => imp::group::<$T, 4>(grp, pf, nb, &a, &c, out),
+                                        5 => imp::group::<$T, 5>(grp, pf, nb, &a, &c, out),
+                                        6 => imp::group::<$T, 6>(grp, pf, nb, &a, &c, out),
+                                        7 => imp::group::<$T, 7>(grp, pf, nb, &a, &c, out),
                                         _ => imp::group::<$T, 8>(grp, pf, nb, &a, &c, out),
                                     }
                                 }
@@ -734,7 +756,6 @@ mod avx2 {
                     };
                 }
                 match ty {
-                    QuantType::Q8_0 => go!(0),
                     QuantType::Q4_0 => go!(1),
                     _ => go!(2),
                 }
@@ -746,6 +767,47 @@ mod avx2 {
             let _ = (ty, packed, nb, acts, cs, ys);
             false
         }
+    }
+
+    /// Q8_0 columns per pass. Q8_0 has no decoded form worth keeping (its unpack is a sign
+    /// flip), so every pass reads the group's bytes (from cache after the first) and a wider
+    /// pass pays that unpack and the pass's set-up for more columns: pp128 under
+    /// `CORTIQ_SIMD=avx2` (Intel Xeon, 2 threads, 2026-12-06) Qwen3-30B-A3B 4-layer Q8_0
+    /// 301-309 → 324-335 tok/s against 8, Granite-4.0-H-Tiny 4-layer 507-545 → 589-596. Its
+    /// 16 × 2 accumulators do not fit the 16 registers: they live on the stack, one load and
+    /// one store per column and block-half against the 35 vector instructions of its
+    /// products. Wider passes (20, 24, 32) measured slower.
+    const Q8_PASS: usize = super::PASS_COLS;
+
+    /// `matvec` for Q8_0 (the caller checked the CPU level).
+    #[cfg(target_arch = "x86_64")]
+    fn q8(packed: &[u8], gb: usize, nb: usize, acts: &[u8], cs: &[Col], ys: &mut [&mut [f32]]) {
+        super::passes(packed.len() / gb, cs.len(), Q8_PASS, |g0, g1, j0, kk| {
+            let (a, c): ([&[u8]; PASS_COLS], [&Col; PASS_COLS]) = super::pass_cols(acts, 34 * nb, cs, j0, kk);
+            super::groups(packed, gb, (g0, g1), j0, kk, ys, |grp, pf, out| {
+                // SAFETY: matvec's level() returned Avx2 after detecting avx2, fma and f16c.
+                unsafe {
+                    match kk {
+                        1 => imp::group::<0, 1>(grp, pf, nb, &a, &c, out),
+                        2 => imp::group::<0, 2>(grp, pf, nb, &a, &c, out),
+                        3 => imp::group::<0, 3>(grp, pf, nb, &a, &c, out),
+                        4 => imp::group::<0, 4>(grp, pf, nb, &a, &c, out),
+                        5 => imp::group::<0, 5>(grp, pf, nb, &a, &c, out),
+                        6 => imp::group::<0, 6>(grp, pf, nb, &a, &c, out),
+                        7 => imp::group::<0, 7>(grp, pf, nb, &a, &c, out),
+                        8 => imp::group::<0, 8>(grp, pf, nb, &a, &c, out),
+                        9 => imp::group::<0, 9>(grp, pf, nb, &a, &c, out),
+                        10 => imp::group::<0, 10>(grp, pf, nb, &a, &c, out),
+                        11 => imp::group::<0, 11>(grp, pf, nb, &a, &c, out),
+                        12 => imp::group::<0, 12>(grp, pf, nb, &a, &c, out),
+                        13 => imp::group::<0, 13>(grp, pf, nb, &a, &c, out),
+                        14 => imp::group::<0, 14>(grp, pf, nb, &a, &c, out),
+                        15 => imp::group::<0, 15>(grp, pf, nb, &a, &c, out),
+                        _ => imp::group::<0, 16>(grp, pf, nb, &a, &c, out),
+                    }
+                }
+            })
+        });
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -864,8 +926,8 @@ mod avx2 {
         /// `group` on a group `decode_group` put in `pre`. Q4_0 / Q5_0 weight-stationary: each
         /// decoded register is loaded once for the pass's columns, read by pointer (the
         /// per-column slices' bounds checks and calls cost as much as the products); the same
-        /// exact integer sums and float steps per lane as `group`, so the same bits. Q8_0 runs
-        /// `group`'s column loop.
+        /// exact integer sums and float steps per lane as `group`, so the same bits. Q8_0 does
+        /// not come here (`q8`).
         // index loops over columns and steps: the form LLVM unrolls (see ileave_k's `dots`)
         #[allow(clippy::needless_range_loop)]
         #[target_feature(enable = "avx2,fma,f16c")]
@@ -876,18 +938,10 @@ mod avx2 {
             c: &[&Col; PASS_COLS],
             out: &mut [[f32; IL_ROWS]; PASS_COLS],
         ) {
+            assert!(T != 0, "Q8_0 has no decoded form: its passes run `group`");
             assert!(pre.u.len() == 2 * nb && pre.dw.len() == 2 * nb, "group_pre: {nb} blocks decoded");
             check_cols::<K>(nb, a, c);
             let mut acc = [[_mm256_setzero_ps(); 2]; K];
-            if T == 0 {
-                for b in 0..nb {
-                    for h in 0..2 {
-                        cols::<T, K>(&pre.u[2 * b + h], pre.dw[2 * b + h], b, h, a, c, &mut acc);
-                    }
-                }
-                store::<K>(&acc, out);
-                return;
-            }
             let ones = _mm256_set1_epi16(1);
             let ap: [*const u8; K] = std::array::from_fn(|j| a[j].as_ptr());
             for b in 0..nb {
