@@ -19,4 +19,5 @@ pub mod pool;
 pub mod quant;
 pub mod rows;
 pub mod simd;
+pub mod ssm;
 pub mod vmf;

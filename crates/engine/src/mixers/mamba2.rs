@@ -13,6 +13,7 @@
 
 use cortiq_kernels::act::silu_fast;
 use cortiq_kernels::conv::causal_conv1d_par;
+use cortiq_kernels::ssm::{ScanInputs, scan_head};
 
 use crate::error::{EngineError, Result};
 pub use crate::geometry::{Mamba2Config, MambaNorm};
@@ -250,16 +251,21 @@ fn core(cfg: &Mamba2Config, w: &Mamba2Weights, p: &[f32], n: usize, state: &mut 
     pool().for_rows_mut_dynamic(&mut work, 1, 1, |h, items| {
         let (y, s) = &mut items[0];
         let g = h / per_group;
-        let (a, dskip, bias) = (w.a[h], w.d[h], w.dt_bias[h]);
-        for t in 0..n {
-            let row = &conv_out[t * cd..(t + 1) * cd];
-            let x = &row[h * hd..(h + 1) * hd];
-            let b = &row[b0 + g * ds..b0 + (g + 1) * ds];
-            let c = &row[c0 + g * ds..c0 + (g + 1) * ds];
-            let dt = softplus(p[t * in_dim + di + cd + h] + bias).clamp(cfg.dt_min, cfg.dt_max);
-            let decay = (dt * a).exp();
-            scan_step(s, x, b, c, dt, decay, dskip, &mut y[t * hd..(t + 1) * hd]);
-        }
+        let (a, bias) = (w.a[h], w.dt_bias[h]);
+        let dt: Vec<f32> = (0..n).map(|t| softplus(p[t * in_dim + di + cd + h] + bias).clamp(cfg.dt_min, cfg.dt_max)).collect();
+        let decay: Vec<f32> = dt.iter().map(|&d| (d * a).exp()).collect();
+        let inp = ScanInputs {
+            rows: conv_out,
+            stride: cd,
+            x_at: h * hd,
+            b_at: b0 + g * ds,
+            c_at: c0 + g * ds,
+            d_state: ds,
+            dt: &dt,
+            decay: &decay,
+            d: w.d[h],
+        };
+        scan_head(&inp, s, y);
     });
     drop(work);
 
@@ -295,33 +301,6 @@ fn core(cfg: &Mamba2Config, w: &Mamba2Weights, p: &[f32], n: usize, state: &mut 
     });
     drop(scan_span);
     o
-}
-
-/// One position of one head's scan: s [head_dim, d_state] ← decay·s + dt·x ⊗ b, then
-/// y = s·c + d·x. The dot over the state runs in eight interleaved partial sums (a fixed
-/// order, the same for a prompt and a step).
-#[allow(clippy::too_many_arguments)]
-fn scan_step(s: &mut [f32], x: &[f32], b: &[f32], c: &[f32], dt: f32, decay: f32, dskip: f32, y: &mut [f32]) {
-    let ds = b.len();
-    for ((srow, &xp), yp) in s.chunks_exact_mut(ds).zip(x).zip(y.iter_mut()) {
-        let dx = dt * xp;
-        let mut acc = [0f32; 8];
-        let mut k = 0;
-        for ((sv, bv), cv) in srow.chunks_exact_mut(8).zip(b.chunks_exact(8)).zip(c.chunks_exact(8)) {
-            for i in 0..8 {
-                sv[i] = sv[i] * decay + dx * bv[i];
-                acc[i] += sv[i] * cv[i];
-            }
-            k += 8;
-        }
-        let mut tail = 0f32;
-        for i in k..ds {
-            srow[i] = srow[i] * decay + dx * b[i];
-            tail += srow[i] * c[i];
-        }
-        let sum = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail;
-        *yp = sum + dskip * xp;
-    }
 }
 
 #[cfg(test)]
