@@ -68,32 +68,48 @@ impl Ahead<'_> {
     }
 }
 
-/// The pass structure every interleaved SIMD kernel shares: the k columns in passes of at
-/// most `pass` (<= 8) columns; `run(g0, g1, j0, kk)` computes groups g0..g1 for the columns
-/// j0..j0 + kk (`ys[j0 + j][16 g..16 g + 16]`). With k <= pass that is one call over every group
-/// (the per-group set-up paid once per matrix); with more columns the passes go group by group
-/// within blocks of `COL_BLOCK` columns, so that a group's bytes (or its decoded form) stay in
-/// cache for its later passes and a block's activations stay in L2 for the next group. The
-/// first pass over a group in a block (`first_pass`) prefetches and decodes.
-pub(super) fn passes(groups: usize, k: usize, pass: usize, mut run: impl FnMut(usize, usize, usize, usize)) {
+/// The pass structure every interleaved SIMD kernel shares: the columns `cs` (activation rows
+/// of `ab` bytes in `acts`) in passes of at most `pass` (<= P) columns; `run((g0, g1), j0, kk,
+/// a, c, out)` computes groups g0..g1 for the columns j0..j0 + kk (`a`, `c`: the pass's rows
+/// and prepared columns, `pass_cols`; `out`: a results buffer for `groups`). With k <= pass
+/// that is one call over every group (the per-group set-up paid once per matrix); with more
+/// columns the passes go group by group within blocks of `COL_BLOCK` columns, so that a
+/// group's bytes (or its decoded form) stay in cache for its later passes and a block's
+/// activations stay in L2 for the next group. A block's columns are split into as few passes
+/// as `pass` allows, of sizes differing by at most one (9 columns: 5 + 4, not 8 + 1: a pass
+/// costs its group's unpack and float steps whatever its width), and each pass's column
+/// arrays are built once per block, not once per group. The first pass over a group in a
+/// block (`first_pass`) prefetches and decodes.
+#[allow(clippy::type_complexity)]
+pub(super) fn passes<'a, C, const P: usize>(
+    groups: usize,
+    pass: usize,
+    acts: &'a [u8],
+    ab: usize,
+    cs: &'a [C],
+    mut run: impl FnMut((usize, usize), usize, usize, &[&'a [u8]; P], &[&'a C; P], &mut PassOut),
+) {
+    let k = cs.len();
+    let mut out = [[0f32; IL_ROWS]; PASS_COLS];
     if k <= pass {
-        run(0, groups, 0, k);
+        let (a, c) = pass_cols::<C, P>(acts, ab, cs, 0, k);
+        run((0, groups), 0, k, &a, &c, &mut out);
         return;
     }
-    debug_assert!(COL_BLOCK.is_multiple_of(pass));
+    debug_assert!(COL_BLOCK.is_multiple_of(pass) && pass <= P);
     for jb in (0..k).step_by(COL_BLOCK) {
-        let je = (jb + COL_BLOCK).min(k);
-        // the block's columns in as few passes as `pass` allows, of sizes differing by at most
-        // one (9 columns: 5 + 4, not 8 + 1: a pass costs its group's unpack and float steps
-        // whatever its width, and the kernels' K = 5..7 forms are as fast per column as K = 8)
-        let n = je - jb;
+        let n = (jb + COL_BLOCK).min(k) - jb;
         let np = n.div_ceil(pass);
+        let mut js = Vec::with_capacity(np);
+        let mut j0 = jb;
+        for p in 0..np {
+            let kk = n / np + usize::from(p < n % np);
+            js.push((j0, kk, pass_cols::<C, P>(acts, ab, cs, j0, kk)));
+            j0 += kk;
+        }
         for g in 0..groups {
-            let mut j0 = jb;
-            for p in 0..np {
-                let kk = n / np + usize::from(p < n % np);
-                run(g, g + 1, j0, kk);
-                j0 += kk;
+            for (j0, kk, (a, c)) in &js {
+                run((g, g + 1), *j0, *kk, a, c, &mut out);
             }
         }
     }
@@ -132,15 +148,15 @@ pub(super) fn groups(
     j0: usize,
     kk: usize,
     ys: &mut [&mut [f32]],
+    out: &mut PassOut,
     mut one: impl FnMut(&[u8], Ahead, &mut PassOut),
 ) {
-    // One result buffer for every group: each kernel call writes out[j] whole for the j < kk
-    // it computes, the only rows read back (a fresh zeroed buffer per group was a 512-byte
-    // memset call per 16 rows, ~1% of a decode step).
-    let mut out = [[0f32; IL_ROWS]; PASS_COLS];
+    // One result buffer for every group and pass (`passes` owns it): each kernel call writes
+    // out[j] whole for the j < kk it computes, the only rows read back (a fresh zeroed buffer
+    // per group was a memset call per 16 rows, ~1% of a decode step, 2% of a prefill).
     for g in g0..g1 {
         let ahead = if first_pass(j0) { Ahead { w: packed, at: g * gb } } else { Ahead { w: &[], at: 0 } };
-        one(&packed[g * gb..(g + 1) * gb], ahead, &mut out);
+        one(&packed[g * gb..(g + 1) * gb], ahead, out);
         for (j, o) in out.iter().enumerate().take(kk) {
             ys[j0 + j][g * IL_ROWS..(g + 1) * IL_ROWS].copy_from_slice(o);
         }
@@ -545,33 +561,39 @@ mod avx512 {
             let bb = super::geo(ty).expect("checked").0;
             let gb = nb * IL_ROWS * bb;
             let ab = 34 * nb;
-            super::passes(packed.len() / gb, cs.len(), super::WIDE, |g0, g1, j0, kk| {
-                let (a, c): ([&[u8]; PASS_COLS], [&Col; PASS_COLS]) = super::pass_cols(acts, ab, cs, j0, kk);
-                macro_rules! go {
-                    ($T:literal) => {
-                        super::groups(packed, gb, (g0, g1), j0, kk, ys, |grp, pf, out| {
-                            // SAFETY: available() confirmed avx512f/bw/vl/vnni, avx2, fma and f16c.
-                            unsafe {
-                                match kk {
-                                    1 => imp::group::<$T, 1>(grp, pf, nb, &a, &c, out),
-                                    2 => imp::group::<$T, 2>(grp, pf, nb, &a, &c, out),
-                                    3 => imp::group::<$T, 3>(grp, pf, nb, &a, &c, out),
-                                    4 => imp::group::<$T, 4>(grp, pf, nb, &a, &c, out),
-                                    5 => imp::group::<$T, 5>(grp, pf, nb, &a, &c, out),
-                                    6 => imp::group::<$T, 6>(grp, pf, nb, &a, &c, out),
-                                    7 => imp::group::<$T, 7>(grp, pf, nb, &a, &c, out),
-                                    _ => imp::group::<$T, 8>(grp, pf, nb, &a, &c, out),
+            super::passes(
+                packed.len() / gb,
+                super::WIDE,
+                acts,
+                ab,
+                cs,
+                |(g0, g1), j0, kk, a: &[&[u8]; PASS_COLS], c: &[&Col; PASS_COLS], buf| {
+                    macro_rules! go {
+                        ($T:literal) => {
+                            super::groups(packed, gb, (g0, g1), j0, kk, ys, buf, |grp, pf, out| {
+                                // SAFETY: available() confirmed avx512f/bw/vl/vnni, avx2, fma and f16c.
+                                unsafe {
+                                    match kk {
+                                        1 => imp::group::<$T, 1>(grp, pf, nb, &a, &c, out),
+                                        2 => imp::group::<$T, 2>(grp, pf, nb, &a, &c, out),
+                                        3 => imp::group::<$T, 3>(grp, pf, nb, &a, &c, out),
+                                        4 => imp::group::<$T, 4>(grp, pf, nb, &a, &c, out),
+                                        5 => imp::group::<$T, 5>(grp, pf, nb, &a, &c, out),
+                                        6 => imp::group::<$T, 6>(grp, pf, nb, &a, &c, out),
+                                        7 => imp::group::<$T, 7>(grp, pf, nb, &a, &c, out),
+                                        _ => imp::group::<$T, 8>(grp, pf, nb, &a, &c, out),
+                                    }
                                 }
-                            }
-                        })
-                    };
-                }
-                match ty {
-                    QuantType::Q8_0 => go!(0),
-                    QuantType::Q4_0 => go!(1),
-                    _ => go!(2),
-                }
-            });
+                            })
+                        };
+                    }
+                    match ty {
+                        QuantType::Q8_0 => go!(0),
+                        QuantType::Q4_0 => go!(1),
+                        _ => go!(2),
+                    }
+                },
+            );
             true
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -716,50 +738,56 @@ mod avx2 {
             // passes over a group run back to back on one thread: `passes`).
             let many = cs.len() > super::WIDE;
             let pass = if many { PRE_PASS } else { super::WIDE };
-            super::passes(packed.len() / gb, cs.len(), pass, |g0, g1, j0, kk| {
-                let (a, c): ([&[u8]; PASS_COLS], [&Col; PASS_COLS]) = super::pass_cols(acts, ab, cs, j0, kk);
-                macro_rules! go {
-                    ($T:literal) => {
-                        super::groups(packed, gb, (g0, g1), j0, kk, ys, |grp, pf, out| {
-                            // SAFETY: level() returned Avx2 after detecting avx2, fma and f16c.
-                            unsafe {
-                                if many {
-                                    imp::PRE.with_borrow_mut(|pre| {
-                                        if super::first_pass(j0) {
-                                            imp::decode_group::<$T>(grp, pf, nb, pre);
-                                        }
+            super::passes(
+                packed.len() / gb,
+                pass,
+                acts,
+                ab,
+                cs,
+                |(g0, g1), j0, kk, a: &[&[u8]; PASS_COLS], c: &[&Col; PASS_COLS], buf| {
+                    macro_rules! go {
+                        ($T:literal) => {
+                            super::groups(packed, gb, (g0, g1), j0, kk, ys, buf, |grp, pf, out| {
+                                // SAFETY: level() returned Avx2 after detecting avx2, fma and f16c.
+                                unsafe {
+                                    if many {
+                                        imp::PRE.with_borrow_mut(|pre| {
+                                            if super::first_pass(j0) {
+                                                imp::decode_group::<$T>(grp, pf, nb, pre);
+                                            }
+                                            match kk {
+                                                1 => imp::group_pre::<$T, 1>(pre, nb, &a, &c, out),
+                                                2 => imp::group_pre::<$T, 2>(pre, nb, &a, &c, out),
+                                                3 => imp::group_pre::<$T, 3>(pre, nb, &a, &c, out),
+                                                4 => imp::group_pre::<$T, 4>(pre, nb, &a, &c, out),
+                                                5 => imp::group_pre::<$T, 5>(pre, nb, &a, &c, out),
+                                                6 => imp::group_pre::<$T, 6>(pre, nb, &a, &c, out),
+                                                7 => imp::group_pre::<$T, 7>(pre, nb, &a, &c, out),
+                                                _ => imp::group_pre::<$T, 8>(pre, nb, &a, &c, out),
+                                            }
+                                        })
+                                    } else {
                                         match kk {
-                                            1 => imp::group_pre::<$T, 1>(pre, nb, &a, &c, out),
-                                            2 => imp::group_pre::<$T, 2>(pre, nb, &a, &c, out),
-                                            3 => imp::group_pre::<$T, 3>(pre, nb, &a, &c, out),
-                                            4 => imp::group_pre::<$T, 4>(pre, nb, &a, &c, out),
-                                            5 => imp::group_pre::<$T, 5>(pre, nb, &a, &c, out),
-                                            6 => imp::group_pre::<$T, 6>(pre, nb, &a, &c, out),
-                                            7 => imp::group_pre::<$T, 7>(pre, nb, &a, &c, out),
-                                            _ => imp::group_pre::<$T, 8>(pre, nb, &a, &c, out),
+                                            1 => imp::group::<$T, 1>(grp, pf, nb, &a, &c, out),
+                                            2 => imp::group::<$T, 2>(grp, pf, nb, &a, &c, out),
+                                            3 => imp::group::<$T, 3>(grp, pf, nb, &a, &c, out),
+                                            4 => imp::group::<$T, 4>(grp, pf, nb, &a, &c, out),
+                                            5 => imp::group::<$T, 5>(grp, pf, nb, &a, &c, out),
+                                            6 => imp::group::<$T, 6>(grp, pf, nb, &a, &c, out),
+                                            7 => imp::group::<$T, 7>(grp, pf, nb, &a, &c, out),
+                                            _ => imp::group::<$T, 8>(grp, pf, nb, &a, &c, out),
                                         }
-                                    })
-                                } else {
-                                    match kk {
-                                        1 => imp::group::<$T, 1>(grp, pf, nb, &a, &c, out),
-                                        2 => imp::group::<$T, 2>(grp, pf, nb, &a, &c, out),
-                                        3 => imp::group::<$T, 3>(grp, pf, nb, &a, &c, out),
-                                        4 => imp::group::<$T, 4>(grp, pf, nb, &a, &c, out),
-                                        5 => imp::group::<$T, 5>(grp, pf, nb, &a, &c, out),
-                                        6 => imp::group::<$T, 6>(grp, pf, nb, &a, &c, out),
-                                        7 => imp::group::<$T, 7>(grp, pf, nb, &a, &c, out),
-                                        _ => imp::group::<$T, 8>(grp, pf, nb, &a, &c, out),
                                     }
                                 }
-                            }
-                        })
-                    };
-                }
-                match ty {
-                    QuantType::Q4_0 => go!(1),
-                    _ => go!(2),
-                }
-            });
+                            })
+                        };
+                    }
+                    match ty {
+                        QuantType::Q4_0 => go!(1),
+                        _ => go!(2),
+                    }
+                },
+            );
             true
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -782,32 +810,38 @@ mod avx2 {
     /// `matvec` for Q8_0 (the caller checked the CPU level).
     #[cfg(target_arch = "x86_64")]
     fn q8(packed: &[u8], gb: usize, nb: usize, acts: &[u8], cs: &[Col], ys: &mut [&mut [f32]]) {
-        super::passes(packed.len() / gb, cs.len(), Q8_PASS, |g0, g1, j0, kk| {
-            let (a, c): ([&[u8]; PASS_COLS], [&Col; PASS_COLS]) = super::pass_cols(acts, 34 * nb, cs, j0, kk);
-            super::groups(packed, gb, (g0, g1), j0, kk, ys, |grp, pf, out| {
-                // SAFETY: matvec's level() returned Avx2 after detecting avx2, fma and f16c.
-                unsafe {
-                    match kk {
-                        1 => imp::group::<0, 1>(grp, pf, nb, &a, &c, out),
-                        2 => imp::group::<0, 2>(grp, pf, nb, &a, &c, out),
-                        3 => imp::group::<0, 3>(grp, pf, nb, &a, &c, out),
-                        4 => imp::group::<0, 4>(grp, pf, nb, &a, &c, out),
-                        5 => imp::group::<0, 5>(grp, pf, nb, &a, &c, out),
-                        6 => imp::group::<0, 6>(grp, pf, nb, &a, &c, out),
-                        7 => imp::group::<0, 7>(grp, pf, nb, &a, &c, out),
-                        8 => imp::group::<0, 8>(grp, pf, nb, &a, &c, out),
-                        9 => imp::group::<0, 9>(grp, pf, nb, &a, &c, out),
-                        10 => imp::group::<0, 10>(grp, pf, nb, &a, &c, out),
-                        11 => imp::group::<0, 11>(grp, pf, nb, &a, &c, out),
-                        12 => imp::group::<0, 12>(grp, pf, nb, &a, &c, out),
-                        13 => imp::group::<0, 13>(grp, pf, nb, &a, &c, out),
-                        14 => imp::group::<0, 14>(grp, pf, nb, &a, &c, out),
-                        15 => imp::group::<0, 15>(grp, pf, nb, &a, &c, out),
-                        _ => imp::group::<0, 16>(grp, pf, nb, &a, &c, out),
+        super::passes(
+            packed.len() / gb,
+            Q8_PASS,
+            acts,
+            34 * nb,
+            cs,
+            |(g0, g1), j0, kk, a: &[&[u8]; PASS_COLS], c: &[&Col; PASS_COLS], buf| {
+                super::groups(packed, gb, (g0, g1), j0, kk, ys, buf, |grp, pf, out| {
+                    // SAFETY: matvec's level() returned Avx2 after detecting avx2, fma and f16c.
+                    unsafe {
+                        match kk {
+                            1 => imp::group::<0, 1>(grp, pf, nb, &a, &c, out),
+                            2 => imp::group::<0, 2>(grp, pf, nb, &a, &c, out),
+                            3 => imp::group::<0, 3>(grp, pf, nb, &a, &c, out),
+                            4 => imp::group::<0, 4>(grp, pf, nb, &a, &c, out),
+                            5 => imp::group::<0, 5>(grp, pf, nb, &a, &c, out),
+                            6 => imp::group::<0, 6>(grp, pf, nb, &a, &c, out),
+                            7 => imp::group::<0, 7>(grp, pf, nb, &a, &c, out),
+                            8 => imp::group::<0, 8>(grp, pf, nb, &a, &c, out),
+                            9 => imp::group::<0, 9>(grp, pf, nb, &a, &c, out),
+                            10 => imp::group::<0, 10>(grp, pf, nb, &a, &c, out),
+                            11 => imp::group::<0, 11>(grp, pf, nb, &a, &c, out),
+                            12 => imp::group::<0, 12>(grp, pf, nb, &a, &c, out),
+                            13 => imp::group::<0, 13>(grp, pf, nb, &a, &c, out),
+                            14 => imp::group::<0, 14>(grp, pf, nb, &a, &c, out),
+                            15 => imp::group::<0, 15>(grp, pf, nb, &a, &c, out),
+                            _ => imp::group::<0, 16>(grp, pf, nb, &a, &c, out),
+                        }
                     }
-                }
-            })
-        });
+                })
+            },
+        );
     }
 
     #[cfg(target_arch = "x86_64")]
