@@ -76,10 +76,11 @@ impl FfnWeights {
 
 /// Gated FFN: down(act(gate·h) ⊙ up·h). h: [n, d_model] -> [n, d_model].
 pub fn ffn(cfg: &ModelConfig, w: &FfnWeights, h: &[f32], n: usize, num: Numerics) -> Vec<f32> {
-    if n == 1 {
-        // Decode: gate and up share one input quantization and one dispatch (`ffn_rows` of
-        // one row is exactly that path).
-        return ffn_rows(cfg, w, h, 1, num);
+    if n == 1 || [&w.gate, &w.up, &w.down].iter().all(|m| m.rowwise(n)) {
+        // Decode, or a chunk every matrix multiplies with its decode kernel: gate and up
+        // share one input quantization and one dispatch (`ffn_rows` is exactly that path, and
+        // its rows' values are the chunk's).
+        return ffn_rows(cfg, w, h, n, num);
     }
     let ff = w.gate.rows; // the layer's width (an expert's or a shared expert's in MoE layers)
     let mut u = vec![0f32; n * ff]; // [n, d_ff]
