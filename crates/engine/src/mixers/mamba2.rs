@@ -233,9 +233,9 @@ fn core(cfg: &Mamba2Config, w: &Mamba2Weights, p: &[f32], n: usize, state: &mut 
     let (di, cd, nh, hd, ds) = (cfg.d_inner(), cfg.conv_dim(), cfg.n_heads, cfg.head_dim, cfg.d_state);
     let in_dim = cfg.in_dim();
     // x B C of every row, contiguous for the convolution.
-    let mut xbc = vec![0f32; n * cd]; // [n, conv_dim]
-    for (t, row) in xbc.chunks_exact_mut(cd).enumerate() {
-        row.copy_from_slice(&p[t * in_dim + di..t * in_dim + di + cd]);
+    let mut xbc = Vec::with_capacity(n * cd); // [n, conv_dim]
+    for t in 0..n {
+        xbc.extend_from_slice(&p[t * in_dim + di..t * in_dim + di + cd]);
     }
     let mut conv_out = vec![0f32; n * cd]; // [n, conv_dim]
     let conv_span = profile::span(Op::Conv);
