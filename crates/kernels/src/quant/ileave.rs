@@ -759,11 +759,7 @@ mod avx2 {
                                                 1 => imp::group_pre::<$T, 1>(pre, nb, &a, &c, out),
                                                 2 => imp::group_pre::<$T, 2>(pre, nb, &a, &c, out),
                                                 3 => imp::group_pre::<$T, 3>(pre, nb, &a, &c, out),
-                                                4 => imp::group_pre::<$T, 4>(pre, nb, &a, &c, out),
-                                                5 => imp::group_pre::<$T, 5>(pre, nb, &a, &c, out),
-                                                6 => imp::group_pre::<$T, 6>(pre, nb, &a, &c, out),
-                                                7 => imp::group_pre::<$T, 7>(pre, nb, &a, &c, out),
-                                                _ => imp::group_pre::<$T, 8>(pre, nb, &a, &c, out),
+                                                _ => imp::group_pre::<$T, 4>(pre, nb, &a, &c, out), // kk <= PRE_PASS
                                             }
                                         })
                                     } else {
