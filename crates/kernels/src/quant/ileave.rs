@@ -380,7 +380,8 @@ fn quant(ty: QuantType, src: &[u8], r: usize, e: usize) -> i32 {
     }
 }
 
-/// The activation side of one column: per block the f32 scale and the offset term `-off·Σ a`.
+/// The activation side of one column: per block the f32 scale and the offset term `-off·Σ a`
+/// (empty where the kernel that reads it has no offset: `ileave_cols`).
 #[derive(Default)]
 struct Col {
     d: Vec<f32>,
@@ -388,12 +389,14 @@ struct Col {
 }
 
 impl Col {
-    fn fill(&mut self, act: &[u8], nb: usize, off: i32) {
+    fn fill(&mut self, act: &[u8], nb: usize, off: Option<i32>) {
         self.d.clear();
         self.bias.clear();
         for blk in act.chunks_exact(34).take(nb) {
             self.d.push(f16_le([blk[0], blk[1]]));
-            self.bias.push(-off * blk[2..34].iter().map(|&v| v as i8 as i32).sum::<i32>());
+            if let Some(off) = off {
+                self.bias.push(-off * blk[2..34].iter().map(|&v| v as i8 as i32).sum::<i32>());
+            }
         }
     }
 }
@@ -470,7 +473,13 @@ pub fn ileave_cols(ty: QuantType, cols: usize, acts: &[u8]) -> IleaveCols {
             .collect(),
         ),
         _ => {
-            let off = geo(ty).expect("checked").1;
+            // The AVX2 Q8_0 kernel multiplies signed quants: no offset term (the prepared
+            // columns of a prompt chunk are built on one thread before the dispatch).
+            let off = if ty == QuantType::Q8_0 && crate::simd::level() == crate::simd::Level::Avx2 {
+                None
+            } else {
+                Some(geo(ty).expect("checked").1)
+            };
             ColsOf::Legacy(
                 rows.map(|a| {
                     let mut c = Col::default();
@@ -527,7 +536,7 @@ pub fn matvec_ileave_scalar(ty: QuantType, packed: &[u8], cols: usize, acts: &[u
     let nb = cols / 32;
     let mut col = Col::default();
     for (j, a) in acts.chunks_exact(34 * nb).enumerate() {
-        col.fill(a, nb, off);
+        col.fill(a, nb, Some(off));
         for g in 0..groups {
             let mut acc = [0f32; IL_ROWS];
             for b in 0..nb {
@@ -910,7 +919,7 @@ mod avx2 {
         ) {
             let gbb = IL_ROWS * [34, 18, 22][T as usize];
             assert!(grp.len() == nb * gbb, "group: {nb} block-groups");
-            check_cols::<K>(nb, a, c);
+            check_cols::<T, K>(nb, a, c);
             let mut acc = [[_mm256_setzero_ps(); 2]; K];
             for b in 0..nb {
                 let src = &grp[b * gbb..(b + 1) * gbb];
@@ -970,7 +979,7 @@ mod avx2 {
         ) {
             assert!(T != 0, "Q8_0 has no decoded form: its passes run `group`");
             assert!(pre.u.len() == 2 * nb && pre.dw.len() == 2 * nb, "group_pre: {nb} blocks decoded");
-            check_cols::<K>(nb, a, c);
+            check_cols::<T, K>(nb, a, c);
             let mut acc = [[_mm256_setzero_ps(); 2]; K];
             let ones = _mm256_set1_epi16(1);
             let ap: [*const u8; K] = std::array::from_fn(|j| a[j].as_ptr());
@@ -1010,11 +1019,15 @@ mod avx2 {
             store::<K>(&acc, out);
         }
 
-        /// The activation rows and prepared columns cover `nb` blocks.
+        /// The activation rows and prepared columns cover `nb` blocks (Q8_0's columns carry
+        /// no offset terms: `ileave_cols`).
         #[inline]
-        fn check_cols<const K: usize>(nb: usize, a: &[&[u8]; PASS_COLS], c: &[&Col; PASS_COLS]) {
+        fn check_cols<const T: u8, const K: usize>(nb: usize, a: &[&[u8]; PASS_COLS], c: &[&Col; PASS_COLS]) {
             for j in 0..K {
-                assert!(a[j].len() >= 34 * nb && c[j].d.len() >= nb && c[j].bias.len() >= nb, "activation shorter than the row");
+                assert!(
+                    a[j].len() >= 34 * nb && c[j].d.len() >= nb && (T == 0 || c[j].bias.len() >= nb),
+                    "activation shorter than the row"
+                );
             }
         }
 
