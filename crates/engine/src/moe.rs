@@ -113,10 +113,18 @@ fn moe_in(cfg: &ModelConfig, mc: &MoeConfig, w: &MoeWeights, h: &[f32], n: usize
         picks.sort_by_key(|p| p.0);
         return moe_one(cfg, mc, w, h, &picks, num);
     }
-    // Per expert, the tokens routed to it and their weights.
+    // Each position's picks (positions over the pool: a prompt chunk's routing on one thread
+    // left the other idle), then per expert the tokens routed to it and their weights.
+    let mut picks: Vec<Vec<(usize, f32)>> = vec![Vec::new(); n];
+    pool().for_rows_mut(&mut picks, 1, 16, |t0, ps| {
+        for (i, p) in ps.iter_mut().enumerate() {
+            let t = t0 + i;
+            *p = route(mc, &logits[t * ne..(t + 1) * ne], w.select_bias.as_deref());
+        }
+    });
     let mut by_expert: Vec<Vec<(usize, f32)>> = vec![Vec::new(); ne];
-    for t in 0..n {
-        for (e, wt) in route(mc, &logits[t * ne..(t + 1) * ne], w.select_bias.as_deref()) {
+    for (t, p) in picks.into_iter().enumerate() {
+        for (e, wt) in p {
             by_expert[e].push((t, wt));
         }
     }
