@@ -76,7 +76,7 @@ impl FfnWeights {
 
 /// Gated FFN: down(act(gate·h) ⊙ up·h). h: [n, d_model] -> [n, d_model].
 pub fn ffn(cfg: &ModelConfig, w: &FfnWeights, h: &[f32], n: usize, num: Numerics) -> Vec<f32> {
-    if n == 1 || [&w.gate, &w.up, &w.down].iter().all(|m| m.rowwise(n)) {
+    if n == 1 || w.read().iter().all(|m| m.rowwise(n)) {
         // Decode, or a chunk every matrix multiplies with its decode kernel: gate and up
         // share one input quantization and one dispatch (`ffn_rows` is exactly that path, and
         // its rows' values are the chunk's).
@@ -121,9 +121,10 @@ pub(crate) fn gated_span(cfg: &ModelConfig, num: Numerics, g: &mut [f32], u: &[f
     }
 }
 
-/// `ffn` over n independent decode rows (one per sequence of a decode batch): every row gives
-/// exactly what `ffn(.., row, 1, ..)` gives alone — the decode path — with each matrix read
-/// once for all rows where `QTensor::matvec_rows` can. h: [n, d_model] -> [n, d_model]
+/// `ffn` over n independent decode rows (one per sequence of a decode batch, or a prompt
+/// chunk whose matrices all multiply with their decode kernel: `ffn`): every row gives exactly
+/// what `ffn(.., row, 1, ..)` gives alone — the decode path — with each matrix read once for
+/// all rows where `QTensor::matvec_rows` can. h: [n, d_model] -> [n, d_model]
 pub fn ffn_rows(cfg: &ModelConfig, w: &FfnWeights, h: &[f32], n: usize, num: Numerics) -> Vec<f32> {
     let ff = w.gate.rows;
     // [n, gate | up] in this thread's scratch: the product overwrites every value, so the

@@ -1028,6 +1028,7 @@ impl Model {
 /// value the same whoever adds it: the main thread's serial adds were ~0.7% of a 128-token
 /// prefill of Granite-4.0-H-Tiny, the other thread idle).
 fn residual_add(x: &mut [f32], y: &[f32], scale: Option<f32>) {
+    assert_eq!(x.len(), y.len(), "residual_add: {} values plus {}", x.len(), y.len());
     let add = |x: &mut [f32], y: &[f32]| match scale {
         Some(s) => x.iter_mut().zip(y).for_each(|(xi, yi)| *xi += yi * s),
         None => x.iter_mut().zip(y).for_each(|(xi, yi)| *xi += yi),

@@ -115,7 +115,7 @@ fn moe_in(cfg: &ModelConfig, mc: &MoeConfig, w: &MoeWeights, h: &[f32], n: usize
     }
     // Each position's picks (positions over the pool: a prompt chunk's routing on one thread
     // left the other idle), then per expert the tokens routed to it and their weights.
-    let mut picks: Vec<Vec<(usize, f32)>> = vec![Vec::new(); n];
+    let mut picks: Vec<Vec<(usize, f32)>> = vec![Vec::new(); n]; // [n][top_k]: (expert, weight)
     pool().for_rows_mut(&mut picks, 1, 16, |t0, ps| {
         for (i, p) in ps.iter_mut().enumerate() {
             let t = t0 + i;

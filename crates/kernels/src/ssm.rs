@@ -13,8 +13,9 @@
 //!
 //! Why hand-written: the product's core (prefill and decode of the Mamba2 hybrids); the work is
 //! three products and two sums per state element and token, over a state that stays in L1.
-//! The scalar body is the twin (and the non-x86 build); the AVX2 kernel (also taken on AVX-512
-//! CPUs: the eight partial sums are one 8-lane register) does each lane's operations in the
+//! The scalar body is the twin (and the non-x86 build); the 8-lane kernel (AVX instructions,
+//! taken at the AVX2 and AVX-512 levels: the eight partial sums are one 8-lane register) does
+//! each lane's operations in the
 //! same order, nothing contracted into an FMA, so every build gives the same bits, and steps
 //! four state rows together so that four chains of partial sums are in flight. LLVM's own
 //! vectorization of the body inside a target-feature function shuffled lanes and ran 3x slower
@@ -44,8 +45,9 @@ pub fn scan_head(inp: &ScanInputs, state: &mut [f32], y: &mut [f32]) {
     let (hd, ds) = check(inp, state, y);
     match crate::simd::level() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: AVX2 and FMA detected at run time (every AVX-512 level has them too).
-        crate::simd::Level::Avx512 | crate::simd::Level::Avx2 => unsafe { scan_avx2(inp, hd, ds, state, y) },
+        // SAFETY: the kernel uses AVX instructions only (no FMA, no AVX2 integer ops), which both
+        // levels imply: Avx2 was detected with avx2, and AVX-512F CPUs have AVX.
+        crate::simd::Level::Avx512 | crate::simd::Level::Avx2 => unsafe { scan_avx(inp, hd, ds, state, y) },
         _ => scan_body(inp, hd, ds, state, y),
     }
 }
@@ -62,6 +64,7 @@ fn check(inp: &ScanInputs, state: &[f32], y: &[f32]) -> (usize, usize) {
     let ds = inp.d_state;
     assert!(ds > 0 && state.len().is_multiple_of(ds), "scan_head: state of {} values for d_state {ds}", state.len());
     let hd = state.len() / ds;
+    assert!(hd > 0, "scan_head: an empty state (head_dim 0)");
     assert!(
         inp.decay.len() == n
             && y.len() == n * hd
@@ -77,12 +80,12 @@ fn check(inp: &ScanInputs, state: &[f32], y: &[f32]) -> (usize, usize) {
     (hd, ds)
 }
 
-/// `scan_body` in AVX2 intrinsics. Each lane's operations are the scalar body's: the state step
+/// `scan_body` in AVX intrinsics (8-lane f32, no FMA). Each lane's operations are the scalar body's: the state step
 /// as two products and a sum (no FMA), the partial sum as a product then a sum, the lanes
 /// added in the same pairs.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn scan_avx2(inp: &ScanInputs, hd: usize, ds: usize, state: &mut [f32], y: &mut [f32]) {
+#[target_feature(enable = "avx")]
+fn scan_avx(inp: &ScanInputs, hd: usize, ds: usize, state: &mut [f32], y: &mut [f32]) {
     use std::arch::x86_64::*;
     let k8 = ds / 8 * 8;
     for (t, yt) in y.chunks_exact_mut(hd).enumerate() {
@@ -131,7 +134,7 @@ fn scan_avx2(inp: &ScanInputs, hd: usize, ds: usize, state: &mut [f32], y: &mut 
     }
 }
 
-/// State rows `scan_avx2` steps together.
+/// State rows `scan_avx` steps together.
 #[cfg(target_arch = "x86_64")]
 const ROWS: usize = 4;
 
@@ -169,6 +172,13 @@ mod tests {
 
     use cortiq_testkit::XorShift as Rng;
 
+    /// Bit-equal slices, or a failure naming the first differing index and the difference.
+    fn same(a: &[f32], b: &[f32], what: &str) {
+        if let Some(i) = a.iter().zip(b).position(|(x, y)| x.to_bits() != y.to_bits()) {
+            panic!("{what}: first difference at {i}: {} vs {} ({:e} apart)", a[i], b[i], (a[i] - b[i]).abs());
+        }
+    }
+
     /// The run-time SIMD build equals the scalar twin bit for bit (d_state with and without a
     /// tail past the eight-wide sums), and a scan cut in two equals one call.
     #[test]
@@ -195,8 +205,8 @@ mod tests {
             let (mut ya, mut yb) = (vec![0f32; n * hd], vec![0f32; n * hd]);
             scan_head(&inp, &mut sa, &mut ya);
             scan_head_scalar(&inp, &mut sb, &mut yb);
-            assert!(ya.iter().zip(&yb).all(|(a, b)| a.to_bits() == b.to_bits()), "{hd}x{ds}: outputs differ");
-            assert!(sa.iter().zip(&sb).all(|(a, b)| a.to_bits() == b.to_bits()), "{hd}x{ds}: states differ");
+            same(&ya, &yb, &format!("{hd}x{ds}: outputs, SIMD against scalar"));
+            same(&sa, &sb, &format!("{hd}x{ds}: states, SIMD against scalar"));
             assert!(ya.iter().any(|&v| v != 0.0), "the scan wrote outputs");
             // the same tokens in two calls
             let cut = n / 2;
@@ -207,8 +217,8 @@ mod tests {
             let (y1, y2) = yc.split_at_mut(cut * hd);
             scan_head(&first, &mut sc, y1);
             scan_head(&rest, &mut sc, y2);
-            assert!(yc.iter().zip(&ya).all(|(a, b)| a.to_bits() == b.to_bits()), "{hd}x{ds}: a cut scan differs");
-            assert!(sc.iter().zip(&sa).all(|(a, b)| a.to_bits() == b.to_bits()), "{hd}x{ds}: a cut scan's state differs");
+            same(&yc, &ya, &format!("{hd}x{ds}: outputs, cut scan against one call"));
+            same(&sc, &sa, &format!("{hd}x{ds}: states, cut scan against one call"));
         }
     }
 }

@@ -4,9 +4,10 @@
 //! y = S·C + D·x (B and C shared by the heads of a group, as transformers'
 //! `repeat_interleave`); the gated RMSNorm y·silu(z) normalized per group of channels; out_proj.
 //!
-//! Written here (the product's core, STYLE principle 9): the scan is the recurrence itself,
-//! head by head over the pool, each head's [head_dim, d_state] state staying in cache while it
-//! walks the positions. A prompt and n single steps run the same code, so prefill equals the
+//! Written here (the product's core, STYLE principle 9): the scan is the recurrence itself
+//! (`cortiq_kernels::ssm::scan_head`, an AVX2 kernel with its scalar twin), head by head over
+//! the pool, each head's [head_dim, d_state] state staying in cache while it walks the
+//! positions. A prompt and n single steps run the same code, so prefill equals the
 //! recurrence bit for bit and a prefill's values do not depend on where it was cut
 //! (`cut_grid` 1). The state is constant-size: the last `conv_kernel − 1` convolution inputs
 //! and the SSM state, whatever the context length.

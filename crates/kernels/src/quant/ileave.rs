@@ -40,8 +40,9 @@ pub const IL_ROWS: usize = 16;
 /// arrays): the AVX2 Q8_0 kernel's `Q8_PASS`.
 const PASS_COLS: usize = 16;
 
-/// Columns per pass of the AVX-512 kernels and of the AVX2 Q4_0 / Q5_0 ones: one accumulator
-/// register per column (the k-quant kernels take 4).
+/// Columns per pass of the AVX-512 kernels (one accumulator register per column) and of the
+/// AVX2 Q4_0 / Q5_0 ones over few columns (two: the group's two 8-row halves; their
+/// many-column passes take `PRE_PASS`; the k-quant kernels take 4).
 const WIDE: usize = 8;
 
 /// One pass's results: `out[j][r]` = row r of the group times the pass's column j.
@@ -96,7 +97,7 @@ pub(super) fn passes<'a, C, const P: usize>(
         run((0, groups), 0, k, &a, &c, &mut out);
         return;
     }
-    debug_assert!(COL_BLOCK.is_multiple_of(pass) && pass <= P);
+    debug_assert!(pass <= P);
     for jb in (0..k).step_by(COL_BLOCK) {
         let n = (jb + COL_BLOCK).min(k) - jb;
         let np = n.div_ceil(pass);
@@ -607,7 +608,7 @@ mod avx512 {
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
-            let _ = (ty, packed, nb, acts, cs, y);
+            let _ = (ty, packed, nb, acts, cs, ys);
             false
         }
     }
@@ -812,9 +813,10 @@ mod avx2 {
     /// products. Wider passes (20, 24, 32) measured slower.
     const Q8_PASS: usize = super::PASS_COLS;
 
-    /// `matvec` for Q8_0 (the caller checked the CPU level).
+    /// `matvec` for Q8_0 on an AVX2 CPU level.
     #[cfg(target_arch = "x86_64")]
     fn q8(packed: &[u8], gb: usize, nb: usize, acts: &[u8], cs: &[Col], ys: &mut [&mut [f32]]) {
+        assert!(crate::simd::level() == crate::simd::Level::Avx2, "the AVX2 Q8_0 kernel on another CPU level");
         super::passes(
             packed.len() / gb,
             Q8_PASS,
@@ -823,7 +825,7 @@ mod avx2 {
             cs,
             |(g0, g1), j0, kk, a: &[&[u8]; PASS_COLS], c: &[&Col; PASS_COLS], buf| {
                 super::groups(packed, gb, (g0, g1), j0, kk, ys, buf, |grp, pf, out| {
-                    // SAFETY: matvec's level() returned Avx2 after detecting avx2, fma and f16c.
+                    // SAFETY: level() returned Avx2 (asserted above) after detecting avx2, fma and f16c.
                     unsafe {
                         match kk {
                             1 => imp::group::<0, 1>(grp, pf, nb, &a, &c, out),

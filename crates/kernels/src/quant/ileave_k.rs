@@ -253,7 +253,7 @@ mod avx512 {
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
-            let _ = (packed, nb, acts, cs, y);
+            let _ = (packed, nb, acts, cs, ys);
             false
         }
     }
@@ -294,7 +294,7 @@ mod avx512 {
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
-            let _ = (h5, packed, nb, acts, cs, y);
+            let _ = (h5, packed, nb, acts, cs, ys);
             false
         }
     }
@@ -506,6 +506,7 @@ mod avx2 {
                                     match kk {
                                         1 => imp::q6_group_pre::<1>(pre, nb, &a, &c, out),
                                         2 => imp::q6_group_pre::<2>(pre, nb, &a, &c, out),
+                                        3 => imp::q6_group_pre::<3>(pre, nb, &a, &c, out),
                                         _ => imp::q6_group_pre::<4>(pre, nb, &a, &c, out),
                                     }
                                 })
@@ -513,6 +514,7 @@ mod avx2 {
                                 match kk {
                                     1 => imp::q6_group::<1>(grp, pf, nb, &a, &c, out),
                                     2 => imp::q6_group::<2>(grp, pf, nb, &a, &c, out),
+                                    3 => imp::q6_group::<3>(grp, pf, nb, &a, &c, out),
                                     _ => imp::q6_group::<4>(grp, pf, nb, &a, &c, out),
                                 }
                             }
@@ -561,9 +563,11 @@ mod avx2 {
                                     match (h5, kk) {
                                         (false, 1) => imp::group_pre::<1, false>(pre, nb, &a, &c, out),
                                         (false, 2) => imp::group_pre::<2, false>(pre, nb, &a, &c, out),
+                                        (false, 3) => imp::group_pre::<3, false>(pre, nb, &a, &c, out),
                                         (false, _) => imp::group_pre::<4, false>(pre, nb, &a, &c, out),
                                         (true, 1) => imp::group_pre::<1, true>(pre, nb, &a, &c, out),
                                         (true, 2) => imp::group_pre::<2, true>(pre, nb, &a, &c, out),
+                                        (true, 3) => imp::group_pre::<3, true>(pre, nb, &a, &c, out),
                                         (true, _) => imp::group_pre::<4, true>(pre, nb, &a, &c, out),
                                     }
                                 })
@@ -571,9 +575,11 @@ mod avx2 {
                                 match (h5, kk) {
                                     (false, 1) => imp::group::<1, false>(grp, pf, nb, &a, &c, out),
                                     (false, 2) => imp::group::<2, false>(grp, pf, nb, &a, &c, out),
+                                    (false, 3) => imp::group::<3, false>(grp, pf, nb, &a, &c, out),
                                     (false, _) => imp::group::<4, false>(grp, pf, nb, &a, &c, out),
                                     (true, 1) => imp::group::<1, true>(grp, pf, nb, &a, &c, out),
                                     (true, 2) => imp::group::<2, true>(grp, pf, nb, &a, &c, out),
+                                    (true, 3) => imp::group::<3, true>(grp, pf, nb, &a, &c, out),
                                     (true, _) => imp::group::<4, true>(grp, pf, nb, &a, &c, out),
                                 }
                             }
