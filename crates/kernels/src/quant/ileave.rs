@@ -70,31 +70,30 @@ impl Ahead<'_> {
 }
 
 /// The pass structure every interleaved SIMD kernel shares: the columns `cs` (activation rows
-/// of `ab` bytes in `acts`) in passes of at most `pass` (<= P) columns; `run((g0, g1), j0, kk,
-/// a, c, out)` computes groups g0..g1 for the columns j0..j0 + kk (`a`, `c`: the pass's rows
-/// and prepared columns, `pass_cols`; `out`: a results buffer for `groups`). With k <= pass
-/// that is one call over every group (the per-group set-up paid once per matrix); with more
-/// columns the passes go group by group within blocks of `COL_BLOCK` columns, so that a
-/// group's bytes (or its decoded form) stay in cache for its later passes and a block's
-/// activations stay in L2 for the next group. A block's columns are split into as few passes
-/// as `pass` allows, of sizes differing by at most one (9 columns: 5 + 4, not 8 + 1: a pass
-/// costs its group's unpack and float steps whatever its width), and each pass's column
-/// arrays are built once per block, not once per group. The first pass over a group in a
-/// block (`first_pass`) prefetches and decodes.
+/// of `ab` bytes in `acts`) in passes of at most `pass` (<= P) columns over the groups of
+/// `packed` (`gb` bytes a group); `one(group, ahead, j0, kk, a, c, out)` computes one group for
+/// the columns j0..j0 + kk (`a`, `c`: the pass's rows and prepared columns, `pass_cols`) into
+/// `out`, which lands in `ys[j0 + j][16 g..16 g + 16]` (`groups`). With k <= pass that is one
+/// pass over every group (the per-group set-up paid once per matrix); with more columns the
+/// passes go group by group within blocks of `COL_BLOCK` columns, so that a group's bytes (or
+/// its decoded form) stay in cache for its later passes and a block's activations stay in L2
+/// for the next group. A block's columns are split into as few passes as `pass` allows, of
+/// sizes differing by at most one (9 columns: 5 + 4, not 8 + 1: a pass costs its group's
+/// unpack and float steps whatever its width), and each pass's column arrays are built once
+/// per block, not once per group. The first pass over a group in a block (`first_pass`)
+/// prefetches and decodes.
 #[allow(clippy::type_complexity)]
 pub(super) fn passes<'a, C, const P: usize>(
-    groups: usize,
-    pass: usize,
-    acts: &'a [u8],
-    ab: usize,
-    cs: &'a [C],
-    mut run: impl FnMut((usize, usize), usize, usize, &[&'a [u8]; P], &[&'a C; P], &mut PassOut),
+    (packed, gb, pass): (&[u8], usize, usize),
+    (acts, ab, cs): (&'a [u8], usize, &'a [C]),
+    ys: &mut [&mut [f32]],
+    mut one: impl FnMut(&[u8], Ahead, usize, usize, &[&'a [u8]; P], &[&'a C; P], &mut PassOut),
 ) {
-    let k = cs.len();
+    let (k, n_groups) = (cs.len(), packed.len() / gb);
     let mut out = [[0f32; IL_ROWS]; PASS_COLS];
     if k <= pass {
         let (a, c) = pass_cols::<C, P>(acts, ab, cs, 0, k);
-        run((0, groups), 0, k, &a, &c, &mut out);
+        groups(packed, gb, (0, n_groups), 0, k, ys, &mut out, |grp, pf, out| one(grp, pf, 0, k, &a, &c, out));
         return;
     }
     debug_assert!(pass <= P);
@@ -108,9 +107,9 @@ pub(super) fn passes<'a, C, const P: usize>(
             js.push((j0, kk, pass_cols::<C, P>(acts, ab, cs, j0, kk)));
             j0 += kk;
         }
-        for g in 0..groups {
-            for (j0, kk, (a, c)) in &js {
-                run((g, g + 1), *j0, *kk, a, c, &mut out);
+        for g in 0..n_groups {
+            for &(j0, kk, (ref a, ref c)) in &js {
+                groups(packed, gb, (g, g + 1), j0, kk, ys, &mut out, |grp, pf, out| one(grp, pf, j0, kk, a, c, out));
             }
         }
     }
@@ -142,7 +141,7 @@ pub(super) fn pass_cols<'a, C, const P: usize>(
 /// each result landing in `ys[j0 + j][16 g..16 g + 16]` for j < kk.
 #[inline]
 #[allow(clippy::too_many_arguments)]
-pub(super) fn groups(
+fn groups(
     packed: &[u8],
     gb: usize,
     (g0, g1): (usize, usize),
@@ -571,39 +570,35 @@ mod avx512 {
             let bb = super::geo(ty).expect("checked").0;
             let gb = nb * IL_ROWS * bb;
             let ab = 34 * nb;
-            super::passes(
-                packed.len() / gb,
-                super::WIDE,
-                acts,
-                ab,
-                cs,
-                |(g0, g1), j0, kk, a: &[&[u8]; PASS_COLS], c: &[&Col; PASS_COLS], buf| {
-                    macro_rules! go {
-                        ($T:literal) => {
-                            super::groups(packed, gb, (g0, g1), j0, kk, ys, buf, |grp, pf, out| {
-                                // SAFETY: available() confirmed avx512f/bw/vl/vnni, avx2, fma and f16c.
-                                unsafe {
-                                    match kk {
-                                        1 => imp::group::<$T, 1>(grp, pf, nb, &a, &c, out),
-                                        2 => imp::group::<$T, 2>(grp, pf, nb, &a, &c, out),
-                                        3 => imp::group::<$T, 3>(grp, pf, nb, &a, &c, out),
-                                        4 => imp::group::<$T, 4>(grp, pf, nb, &a, &c, out),
-                                        5 => imp::group::<$T, 5>(grp, pf, nb, &a, &c, out),
-                                        6 => imp::group::<$T, 6>(grp, pf, nb, &a, &c, out),
-                                        7 => imp::group::<$T, 7>(grp, pf, nb, &a, &c, out),
-                                        _ => imp::group::<$T, 8>(grp, pf, nb, &a, &c, out),
-                                    }
+            macro_rules! go {
+                ($T:literal) => {
+                    super::passes(
+                        (packed, gb, super::WIDE),
+                        (acts, ab, cs),
+                        ys,
+                        |grp, pf, _, kk, a: &[&[u8]; PASS_COLS], c: &[&Col; PASS_COLS], out| {
+                            // SAFETY: available() confirmed avx512f/bw/vl/vnni, avx2, fma and f16c.
+                            unsafe {
+                                match kk {
+                                    1 => imp::group::<$T, 1>(grp, pf, nb, a, c, out),
+                                    2 => imp::group::<$T, 2>(grp, pf, nb, a, c, out),
+                                    3 => imp::group::<$T, 3>(grp, pf, nb, a, c, out),
+                                    4 => imp::group::<$T, 4>(grp, pf, nb, a, c, out),
+                                    5 => imp::group::<$T, 5>(grp, pf, nb, a, c, out),
+                                    6 => imp::group::<$T, 6>(grp, pf, nb, a, c, out),
+                                    7 => imp::group::<$T, 7>(grp, pf, nb, a, c, out),
+                                    _ => imp::group::<$T, 8>(grp, pf, nb, a, c, out),
                                 }
-                            })
-                        };
-                    }
-                    match ty {
-                        QuantType::Q8_0 => go!(0),
-                        QuantType::Q4_0 => go!(1),
-                        _ => go!(2),
-                    }
-                },
-            );
+                            }
+                        },
+                    )
+                };
+            }
+            match ty {
+                QuantType::Q8_0 => go!(0),
+                QuantType::Q4_0 => go!(1),
+                _ => go!(2),
+            }
             true
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -748,52 +743,48 @@ mod avx2 {
             // passes over a group run back to back on one thread: `passes`).
             let many = cs.len() > super::WIDE;
             let pass = if many { PRE_PASS } else { super::WIDE };
-            super::passes(
-                packed.len() / gb,
-                pass,
-                acts,
-                ab,
-                cs,
-                |(g0, g1), j0, kk, a: &[&[u8]; PASS_COLS], c: &[&Col; PASS_COLS], buf| {
-                    macro_rules! go {
-                        ($T:literal) => {
-                            super::groups(packed, gb, (g0, g1), j0, kk, ys, buf, |grp, pf, out| {
-                                // SAFETY: level() returned Avx2 after detecting avx2, fma and f16c.
-                                unsafe {
-                                    if many {
-                                        imp::PRE.with_borrow_mut(|pre| {
-                                            if super::first_pass(j0) {
-                                                imp::decode_group::<$T>(grp, pf, nb, pre);
-                                            }
-                                            match kk {
-                                                1 => imp::group_pre::<$T, 1>(pre, nb, &a, &c, out),
-                                                2 => imp::group_pre::<$T, 2>(pre, nb, &a, &c, out),
-                                                3 => imp::group_pre::<$T, 3>(pre, nb, &a, &c, out),
-                                                _ => imp::group_pre::<$T, 4>(pre, nb, &a, &c, out), // kk <= PRE_PASS
-                                            }
-                                        })
-                                    } else {
-                                        match kk {
-                                            1 => imp::group::<$T, 1>(grp, pf, nb, &a, &c, out),
-                                            2 => imp::group::<$T, 2>(grp, pf, nb, &a, &c, out),
-                                            3 => imp::group::<$T, 3>(grp, pf, nb, &a, &c, out),
-                                            4 => imp::group::<$T, 4>(grp, pf, nb, &a, &c, out),
-                                            5 => imp::group::<$T, 5>(grp, pf, nb, &a, &c, out),
-                                            6 => imp::group::<$T, 6>(grp, pf, nb, &a, &c, out),
-                                            7 => imp::group::<$T, 7>(grp, pf, nb, &a, &c, out),
-                                            _ => imp::group::<$T, 8>(grp, pf, nb, &a, &c, out),
+            macro_rules! go {
+                ($T:literal) => {
+                    super::passes(
+                        (packed, gb, pass),
+                        (acts, ab, cs),
+                        ys,
+                        |grp, pf, j0, kk, a: &[&[u8]; PASS_COLS], c: &[&Col; PASS_COLS], out| {
+                            // SAFETY: level() returned Avx2 after detecting avx2, fma and f16c.
+                            unsafe {
+                                if many {
+                                    imp::PRE.with_borrow_mut(|pre| {
+                                        if super::first_pass(j0) {
+                                            imp::decode_group::<$T>(grp, pf, nb, pre);
                                         }
+                                        match kk {
+                                            1 => imp::group_pre::<$T, 1>(pre, nb, a, c, out),
+                                            2 => imp::group_pre::<$T, 2>(pre, nb, a, c, out),
+                                            3 => imp::group_pre::<$T, 3>(pre, nb, a, c, out),
+                                            _ => imp::group_pre::<$T, 4>(pre, nb, a, c, out), // kk <= PRE_PASS
+                                        }
+                                    })
+                                } else {
+                                    match kk {
+                                        1 => imp::group::<$T, 1>(grp, pf, nb, a, c, out),
+                                        2 => imp::group::<$T, 2>(grp, pf, nb, a, c, out),
+                                        3 => imp::group::<$T, 3>(grp, pf, nb, a, c, out),
+                                        4 => imp::group::<$T, 4>(grp, pf, nb, a, c, out),
+                                        5 => imp::group::<$T, 5>(grp, pf, nb, a, c, out),
+                                        6 => imp::group::<$T, 6>(grp, pf, nb, a, c, out),
+                                        7 => imp::group::<$T, 7>(grp, pf, nb, a, c, out),
+                                        _ => imp::group::<$T, 8>(grp, pf, nb, a, c, out),
                                     }
                                 }
-                            })
-                        };
-                    }
-                    match ty {
-                        QuantType::Q4_0 => go!(1),
-                        _ => go!(2),
-                    }
-                },
-            );
+                            }
+                        },
+                    )
+                };
+            }
+            match ty {
+                QuantType::Q4_0 => go!(1),
+                _ => go!(2),
+            }
             true
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -818,35 +809,31 @@ mod avx2 {
     fn q8(packed: &[u8], gb: usize, nb: usize, acts: &[u8], cs: &[Col], ys: &mut [&mut [f32]]) {
         assert!(crate::simd::level() == crate::simd::Level::Avx2, "the AVX2 Q8_0 kernel on another CPU level");
         super::passes(
-            packed.len() / gb,
-            Q8_PASS,
-            acts,
-            34 * nb,
-            cs,
-            |(g0, g1), j0, kk, a: &[&[u8]; PASS_COLS], c: &[&Col; PASS_COLS], buf| {
-                super::groups(packed, gb, (g0, g1), j0, kk, ys, buf, |grp, pf, out| {
-                    // SAFETY: level() returned Avx2 (asserted above) after detecting avx2, fma and f16c.
-                    unsafe {
-                        match kk {
-                            1 => imp::group::<0, 1>(grp, pf, nb, &a, &c, out),
-                            2 => imp::group::<0, 2>(grp, pf, nb, &a, &c, out),
-                            3 => imp::group::<0, 3>(grp, pf, nb, &a, &c, out),
-                            4 => imp::group::<0, 4>(grp, pf, nb, &a, &c, out),
-                            5 => imp::group::<0, 5>(grp, pf, nb, &a, &c, out),
-                            6 => imp::group::<0, 6>(grp, pf, nb, &a, &c, out),
-                            7 => imp::group::<0, 7>(grp, pf, nb, &a, &c, out),
-                            8 => imp::group::<0, 8>(grp, pf, nb, &a, &c, out),
-                            9 => imp::group::<0, 9>(grp, pf, nb, &a, &c, out),
-                            10 => imp::group::<0, 10>(grp, pf, nb, &a, &c, out),
-                            11 => imp::group::<0, 11>(grp, pf, nb, &a, &c, out),
-                            12 => imp::group::<0, 12>(grp, pf, nb, &a, &c, out),
-                            13 => imp::group::<0, 13>(grp, pf, nb, &a, &c, out),
-                            14 => imp::group::<0, 14>(grp, pf, nb, &a, &c, out),
-                            15 => imp::group::<0, 15>(grp, pf, nb, &a, &c, out),
-                            _ => imp::group::<0, 16>(grp, pf, nb, &a, &c, out),
-                        }
+            (packed, gb, Q8_PASS),
+            (acts, 34 * nb, cs),
+            ys,
+            |grp, pf, _, kk, a: &[&[u8]; PASS_COLS], c: &[&Col; PASS_COLS], out| {
+                // SAFETY: level() returned Avx2 (asserted above) after detecting avx2, fma and f16c.
+                unsafe {
+                    match kk {
+                        1 => imp::group::<0, 1>(grp, pf, nb, a, c, out),
+                        2 => imp::group::<0, 2>(grp, pf, nb, a, c, out),
+                        3 => imp::group::<0, 3>(grp, pf, nb, a, c, out),
+                        4 => imp::group::<0, 4>(grp, pf, nb, a, c, out),
+                        5 => imp::group::<0, 5>(grp, pf, nb, a, c, out),
+                        6 => imp::group::<0, 6>(grp, pf, nb, a, c, out),
+                        7 => imp::group::<0, 7>(grp, pf, nb, a, c, out),
+                        8 => imp::group::<0, 8>(grp, pf, nb, a, c, out),
+                        9 => imp::group::<0, 9>(grp, pf, nb, a, c, out),
+                        10 => imp::group::<0, 10>(grp, pf, nb, a, c, out),
+                        11 => imp::group::<0, 11>(grp, pf, nb, a, c, out),
+                        12 => imp::group::<0, 12>(grp, pf, nb, a, c, out),
+                        13 => imp::group::<0, 13>(grp, pf, nb, a, c, out),
+                        14 => imp::group::<0, 14>(grp, pf, nb, a, c, out),
+                        15 => imp::group::<0, 15>(grp, pf, nb, a, c, out),
+                        _ => imp::group::<0, 16>(grp, pf, nb, a, c, out),
                     }
-                })
+                }
             },
         );
     }

@@ -230,23 +230,19 @@ mod avx512 {
             let ab = AB * nb;
             let gb = nb * Q6_GBB;
             super::super::ileave::passes(
-                packed.len() / gb,
-                PASS_COLS,
-                acts,
-                ab,
-                cs,
-                |(g0, g1), j0, kk, a: &[&[u8]; PASS_COLS], c: &[&Col6; PASS_COLS], buf| {
-                    super::super::ileave::groups(packed, gb, (g0, g1), j0, kk, ys, buf, |grp, pf, out| {
-                        // SAFETY: available() confirmed avx512f/bw/vl/vnni, avx2, fma and f16c.
-                        unsafe {
-                            match kk {
-                                1 => imp::q6_group::<1>(grp, pf, nb, &a, &c, out),
-                                2 => imp::q6_group::<2>(grp, pf, nb, &a, &c, out),
-                                3 => imp::q6_group::<3>(grp, pf, nb, &a, &c, out),
-                                _ => imp::q6_group::<4>(grp, pf, nb, &a, &c, out),
-                            }
+                (packed, gb, PASS_COLS),
+                (acts, ab, cs),
+                ys,
+                |grp, pf, _, kk, a: &[&[u8]; PASS_COLS], c: &[&Col6; PASS_COLS], out| {
+                    // SAFETY: available() confirmed avx512f/bw/vl/vnni, avx2, fma and f16c.
+                    unsafe {
+                        match kk {
+                            1 => imp::q6_group::<1>(grp, pf, nb, a, c, out),
+                            2 => imp::q6_group::<2>(grp, pf, nb, a, c, out),
+                            3 => imp::q6_group::<3>(grp, pf, nb, a, c, out),
+                            _ => imp::q6_group::<4>(grp, pf, nb, a, c, out),
                         }
-                    })
+                    }
                 },
             );
             true
@@ -267,27 +263,23 @@ mod avx512 {
             let ab = AB * nb;
             let gb = nb * super::sizes(h5).1;
             super::super::ileave::passes(
-                packed.len() / gb,
-                PASS_COLS,
-                acts,
-                ab,
-                cs,
-                |(g0, g1), j0, kk, a: &[&[u8]; PASS_COLS], c: &[&Col; PASS_COLS], buf| {
-                    super::super::ileave::groups(packed, gb, (g0, g1), j0, kk, ys, buf, |grp, pf, out| {
-                        // SAFETY: available() confirmed avx512f/bw/vl/vnni, avx2, fma and f16c.
-                        unsafe {
-                            match (h5, kk) {
-                                (false, 1) => imp::group::<1, false>(grp, pf, nb, &a, &c, out),
-                                (false, 2) => imp::group::<2, false>(grp, pf, nb, &a, &c, out),
-                                (false, 3) => imp::group::<3, false>(grp, pf, nb, &a, &c, out),
-                                (false, _) => imp::group::<4, false>(grp, pf, nb, &a, &c, out),
-                                (true, 1) => imp::group::<1, true>(grp, pf, nb, &a, &c, out),
-                                (true, 2) => imp::group::<2, true>(grp, pf, nb, &a, &c, out),
-                                (true, 3) => imp::group::<3, true>(grp, pf, nb, &a, &c, out),
-                                (true, _) => imp::group::<4, true>(grp, pf, nb, &a, &c, out),
-                            }
+                (packed, gb, PASS_COLS),
+                (acts, ab, cs),
+                ys,
+                |grp, pf, _, kk, a: &[&[u8]; PASS_COLS], c: &[&Col; PASS_COLS], out| {
+                    // SAFETY: available() confirmed avx512f/bw/vl/vnni, avx2, fma and f16c.
+                    unsafe {
+                        match (h5, kk) {
+                            (false, 1) => imp::group::<1, false>(grp, pf, nb, a, c, out),
+                            (false, 2) => imp::group::<2, false>(grp, pf, nb, a, c, out),
+                            (false, 3) => imp::group::<3, false>(grp, pf, nb, a, c, out),
+                            (false, _) => imp::group::<4, false>(grp, pf, nb, a, c, out),
+                            (true, 1) => imp::group::<1, true>(grp, pf, nb, a, c, out),
+                            (true, 2) => imp::group::<2, true>(grp, pf, nb, a, c, out),
+                            (true, 3) => imp::group::<3, true>(grp, pf, nb, a, c, out),
+                            (true, _) => imp::group::<4, true>(grp, pf, nb, a, c, out),
                         }
-                    })
+                    }
                 },
             );
             true
@@ -489,37 +481,33 @@ mod avx2 {
             // on one thread: `ileave::passes`).
             let many = cs.len() > PASS_COLS;
             super::super::ileave::passes(
-                packed.len() / gb,
-                PASS_COLS,
-                acts,
-                ab,
-                cs,
-                |(g0, g1), j0, kk, a: &[&[u8]; PASS_COLS], c: &[&Col6; PASS_COLS], buf| {
-                    super::super::ileave::groups(packed, gb, (g0, g1), j0, kk, ys, buf, |grp, pf, out| {
-                        // SAFETY: level() returned Avx2 after detecting avx2, fma and f16c.
-                        unsafe {
-                            if many {
-                                imp::PRE6.with_borrow_mut(|pre| {
-                                    if super::super::ileave::first_pass(j0) {
-                                        imp::q6_decode_group(grp, pf, nb, pre);
-                                    }
-                                    match kk {
-                                        1 => imp::q6_group_pre::<1>(pre, nb, &a, &c, out),
-                                        2 => imp::q6_group_pre::<2>(pre, nb, &a, &c, out),
-                                        3 => imp::q6_group_pre::<3>(pre, nb, &a, &c, out),
-                                        _ => imp::q6_group_pre::<4>(pre, nb, &a, &c, out),
-                                    }
-                                })
-                            } else {
-                                match kk {
-                                    1 => imp::q6_group::<1>(grp, pf, nb, &a, &c, out),
-                                    2 => imp::q6_group::<2>(grp, pf, nb, &a, &c, out),
-                                    3 => imp::q6_group::<3>(grp, pf, nb, &a, &c, out),
-                                    _ => imp::q6_group::<4>(grp, pf, nb, &a, &c, out),
+                (packed, gb, PASS_COLS),
+                (acts, ab, cs),
+                ys,
+                |grp, pf, j0, kk, a: &[&[u8]; PASS_COLS], c: &[&Col6; PASS_COLS], out| {
+                    // SAFETY: level() returned Avx2 after detecting avx2, fma and f16c.
+                    unsafe {
+                        if many {
+                            imp::PRE6.with_borrow_mut(|pre| {
+                                if super::super::ileave::first_pass(j0) {
+                                    imp::q6_decode_group(grp, pf, nb, pre);
                                 }
+                                match kk {
+                                    1 => imp::q6_group_pre::<1>(pre, nb, a, c, out),
+                                    2 => imp::q6_group_pre::<2>(pre, nb, a, c, out),
+                                    3 => imp::q6_group_pre::<3>(pre, nb, a, c, out),
+                                    _ => imp::q6_group_pre::<4>(pre, nb, a, c, out),
+                                }
+                            })
+                        } else {
+                            match kk {
+                                1 => imp::q6_group::<1>(grp, pf, nb, a, c, out),
+                                2 => imp::q6_group::<2>(grp, pf, nb, a, c, out),
+                                3 => imp::q6_group::<3>(grp, pf, nb, a, c, out),
+                                _ => imp::q6_group::<4>(grp, pf, nb, a, c, out),
                             }
                         }
-                    })
+                    }
                 },
             );
             true
@@ -542,49 +530,45 @@ mod avx2 {
             // More columns than one pass: each group decoded once (as `q6_matvec`).
             let many = cs.len() > PASS_COLS;
             super::super::ileave::passes(
-                packed.len() / gb,
-                PASS_COLS,
-                acts,
-                ab,
-                cs,
-                |(g0, g1), j0, kk, a: &[&[u8]; PASS_COLS], c: &[&Col; PASS_COLS], buf| {
-                    super::super::ileave::groups(packed, gb, (g0, g1), j0, kk, ys, buf, |grp, pf, out| {
-                        // SAFETY: level() returned Avx2 after detecting avx2, fma and f16c.
-                        unsafe {
-                            if many {
-                                imp::PRE4.with_borrow_mut(|pre| {
-                                    if super::super::ileave::first_pass(j0) {
-                                        if h5 {
-                                            imp::decode_group::<true>(grp, pf, nb, pre);
-                                        } else {
-                                            imp::decode_group::<false>(grp, pf, nb, pre);
-                                        }
+                (packed, gb, PASS_COLS),
+                (acts, ab, cs),
+                ys,
+                |grp, pf, j0, kk, a: &[&[u8]; PASS_COLS], c: &[&Col; PASS_COLS], out| {
+                    // SAFETY: level() returned Avx2 after detecting avx2, fma and f16c.
+                    unsafe {
+                        if many {
+                            imp::PRE4.with_borrow_mut(|pre| {
+                                if super::super::ileave::first_pass(j0) {
+                                    if h5 {
+                                        imp::decode_group::<true>(grp, pf, nb, pre);
+                                    } else {
+                                        imp::decode_group::<false>(grp, pf, nb, pre);
                                     }
-                                    match (h5, kk) {
-                                        (false, 1) => imp::group_pre::<1, false>(pre, nb, &a, &c, out),
-                                        (false, 2) => imp::group_pre::<2, false>(pre, nb, &a, &c, out),
-                                        (false, 3) => imp::group_pre::<3, false>(pre, nb, &a, &c, out),
-                                        (false, _) => imp::group_pre::<4, false>(pre, nb, &a, &c, out),
-                                        (true, 1) => imp::group_pre::<1, true>(pre, nb, &a, &c, out),
-                                        (true, 2) => imp::group_pre::<2, true>(pre, nb, &a, &c, out),
-                                        (true, 3) => imp::group_pre::<3, true>(pre, nb, &a, &c, out),
-                                        (true, _) => imp::group_pre::<4, true>(pre, nb, &a, &c, out),
-                                    }
-                                })
-                            } else {
-                                match (h5, kk) {
-                                    (false, 1) => imp::group::<1, false>(grp, pf, nb, &a, &c, out),
-                                    (false, 2) => imp::group::<2, false>(grp, pf, nb, &a, &c, out),
-                                    (false, 3) => imp::group::<3, false>(grp, pf, nb, &a, &c, out),
-                                    (false, _) => imp::group::<4, false>(grp, pf, nb, &a, &c, out),
-                                    (true, 1) => imp::group::<1, true>(grp, pf, nb, &a, &c, out),
-                                    (true, 2) => imp::group::<2, true>(grp, pf, nb, &a, &c, out),
-                                    (true, 3) => imp::group::<3, true>(grp, pf, nb, &a, &c, out),
-                                    (true, _) => imp::group::<4, true>(grp, pf, nb, &a, &c, out),
                                 }
+                                match (h5, kk) {
+                                    (false, 1) => imp::group_pre::<1, false>(pre, nb, a, c, out),
+                                    (false, 2) => imp::group_pre::<2, false>(pre, nb, a, c, out),
+                                    (false, 3) => imp::group_pre::<3, false>(pre, nb, a, c, out),
+                                    (false, _) => imp::group_pre::<4, false>(pre, nb, a, c, out),
+                                    (true, 1) => imp::group_pre::<1, true>(pre, nb, a, c, out),
+                                    (true, 2) => imp::group_pre::<2, true>(pre, nb, a, c, out),
+                                    (true, 3) => imp::group_pre::<3, true>(pre, nb, a, c, out),
+                                    (true, _) => imp::group_pre::<4, true>(pre, nb, a, c, out),
+                                }
+                            })
+                        } else {
+                            match (h5, kk) {
+                                (false, 1) => imp::group::<1, false>(grp, pf, nb, a, c, out),
+                                (false, 2) => imp::group::<2, false>(grp, pf, nb, a, c, out),
+                                (false, 3) => imp::group::<3, false>(grp, pf, nb, a, c, out),
+                                (false, _) => imp::group::<4, false>(grp, pf, nb, a, c, out),
+                                (true, 1) => imp::group::<1, true>(grp, pf, nb, a, c, out),
+                                (true, 2) => imp::group::<2, true>(grp, pf, nb, a, c, out),
+                                (true, 3) => imp::group::<3, true>(grp, pf, nb, a, c, out),
+                                (true, _) => imp::group::<4, true>(grp, pf, nb, a, c, out),
                             }
                         }
-                    })
+                    }
                 },
             );
             true
