@@ -62,6 +62,8 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
     a.o1.plan(a.depth, None, false, None)?;
     let loaded = open_model(&a.common)?;
     let model = &loaded.model;
+    // before any step maps the experts' pages (`--mlock` pins them: no probe then)
+    let share = (a.roofline && !a.common.mlock).then(|| model.expert_page_share(crate::common::PAGE_SAMPLE)).flatten();
     let mut o1 = a.o1.clone();
     o1.apply_budget(model, None, false)?;
     let plan = o1.plan(a.depth, None, false, None)?;
@@ -156,6 +158,12 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
             verify_costs(model, &a, &fresh, rest, &at)?;
         }
         if a.roofline {
+            if let Some(s) = share {
+                println!(
+                    "experts' file pages: {} of {} sampled 2 MiB windows in the page cache as 2 MiB pages (at load)",
+                    s.huge, s.windows
+                );
+            }
             // Measured here, between the runs it judges: the machine's state is the same.
             let bw = cortiq_kernels::membw::read_bandwidth(cortiq_engine::par::pool(), 1 << 30, 10);
             // The state a step reads, at the run's middle step: the last run's state less half

@@ -157,6 +157,10 @@ pub fn open_model(c: &Common) -> Result<Loaded> {
         });
         bar.finish_and_clear();
     }
+    if !c.no_mmap && !c.mlock {
+        warn_small_pages(&loaded.model, &path);
+        populate_experts(&loaded.model);
+    }
     if c.mlock {
         loaded.model.lock_resident().map_err(|e| {
             anyhow::anyhow!(
@@ -167,6 +171,70 @@ pub fn open_model(c: &Common) -> Result<Loaded> {
     }
     tracing::info!("loaded {} ({}) in {:.2}s", path.display(), loaded.model.cfg.arch, t.elapsed().as_secs_f64());
     Ok(loaded)
+}
+
+/// 2 MiB windows of a mixture's mapped experts sampled by `warn_small_pages` and bench.
+pub const PAGE_SAMPLE: usize = 64;
+
+/// A warning when the page cache holds most of a mixture's mapped experts in small pages
+/// (`cortiq_formats::PageShare`): decode then streams them more slowly, and dropping the file
+/// from the cache once lets the next load read it back in 2 MiB pages.
+fn warn_small_pages(model: &cortiq_engine::Model, path: &std::path::Path) {
+    let Some(s) = model.expert_page_share(PAGE_SAMPLE) else { return };
+    if s.windows >= PAGE_SAMPLE / 4 && 2 * s.huge < s.windows {
+        tracing::warn!(
+            "{}: the page cache holds this file's experts in small pages ({} of {} sampled 2 MiB windows in 2 MiB pages), \
+             which decode reads more slowly; drop it from the cache once (`dd if={} iflag=nocache count=0`) and the next load reads it back in 2 MiB pages",
+            path.display(),
+            s.huge,
+            s.windows,
+            path.display()
+        );
+    }
+}
+
+/// Memory `populate_experts` leaves free beside the experts it reads in (the KV cache,
+/// buffers, the rest of the system).
+const POPULATE_HEADROOM: usize = 2 << 30;
+
+/// Read a mixture's mapped experts in at load (`Model::populate_experts`), as llama.cpp's map
+/// does, when the memory can hold what is not cached yet: decode then never waits on the disk
+/// for an expert's first use, and a cold file comes in as 2 MiB pages. Skipped, with a line
+/// saying so, when it would not fit; a kernel without `MADV_POPULATE_READ` only loses the head
+/// start.
+fn populate_experts(model: &cortiq_engine::Model) {
+    let missing = model.expert_missing_bytes();
+    if let Some(avail) = mem_available()
+        && missing + POPULATE_HEADROOM > avail
+    {
+        tracing::info!(
+            "experts left to be read as routed: {:.1} GB of them are not in memory and {:.1} GB is available",
+            missing as f64 / 1e9,
+            avail as f64 / 1e9
+        );
+        return;
+    }
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {bytes}/{total_bytes} experts read in")
+            .expect("valid template"),
+    );
+    let done = model.populate_experts(&|done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    });
+    bar.finish_and_clear();
+    if let Err(e) = done {
+        tracing::debug!("experts not read in at load ({e}): decode reads them as routed");
+    }
+}
+
+/// `MemAvailable` of /proc/meminfo in bytes (Linux).
+fn mem_available() -> Option<usize> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb: usize =
+        info.lines().find_map(|l| l.strip_prefix("MemAvailable:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kb * 1024)
 }
 
 /// `--profile`: counters on from `start`; `finish` prints where the time went to stderr.

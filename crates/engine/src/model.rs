@@ -5,6 +5,8 @@
 //! against the HF reference layer by layer. Nothing here matches on a mixer kind: each layer's
 //! mixer is called once per step (`mixers` owns their weights, states and forwards).
 
+use cortiq_formats::PageShare;
+
 use crate::blocks::{FfnWeights, ffn, ffn_rows, rmsnorm_rows_in, rmsnorm_segments_in};
 use crate::config::{LayerSpec, MixerKind, ModelConfig};
 use crate::error::{EngineError, Result};
@@ -284,6 +286,40 @@ impl Model {
             all.extend(l.ffn.matrices());
         }
         all.into_iter().try_for_each(|t| t.lock_resident())
+    }
+
+    /// The routed experts' matrices a forward reads (`FfnWeights::read`), every layer's.
+    fn routed_experts(&self) -> Vec<&QTensor> {
+        self.layers
+            .iter()
+            .filter_map(|l| match &l.ffn {
+                Ffn::Moe(m) => Some(m.experts.iter().flat_map(|e| e.read())),
+                _ => None,
+            })
+            .flatten()
+            .collect()
+    }
+
+    /// How the page cache holds the routed experts a decode reads from the file map, from up to
+    /// `max_windows` sampled 2 MiB windows (`QTensor::page_share`); `None` without mapped
+    /// experts (a dense model, `copy_experts`, interleaved experts) or where it cannot be told.
+    pub fn expert_page_share(&self, max_windows: usize) -> Option<PageShare> {
+        QTensor::page_share(&self.routed_experts(), max_windows)
+    }
+
+    /// Bytes of the mapped routed experts outside the page cache: what `populate_experts`
+    /// would read from the file.
+    pub fn expert_missing_bytes(&self) -> usize {
+        QTensor::missing_bytes(&self.routed_experts())
+    }
+
+    /// Bring the mapped routed experts into memory now (`QTensor::populate`): a decode then
+    /// never waits on the file for an expert routed to for the first time, and a file not yet
+    /// in the page cache comes in as 2 MiB pages (the map's advice), which decode streams faster
+    /// than the 4 KiB pages of a file cached by small reads or writes (`PageShare`).
+    /// `progress(bytes done, bytes in all)`.
+    pub fn populate_experts(&self, progress: &dyn Fn(usize, usize)) -> std::io::Result<()> {
+        QTensor::populate(&self.routed_experts(), 256 << 20, progress)
     }
 
     /// Weight bytes one decode step streams: every layer matrix (of a mixture of experts, the

@@ -38,7 +38,7 @@ use cortiq_kernels::quant::{
     quantize_act, quantize_act_to,
 };
 
-use cortiq_formats::WeightBytes;
+use cortiq_formats::{PageShare, WeightBytes};
 
 use crate::numerics::Numerics;
 use crate::par::pool;
@@ -286,6 +286,38 @@ impl QTensor {
             return Ok(());
         }
         self.backing.lock(self.offset..self.offset + self.rows * self.row_bytes)
+    }
+
+    /// How the page cache holds the file bytes of `tensors` (those still read from a map; the
+    /// rest are skipped), from up to `max_windows` 2 MiB windows in all (`PageShare`); `None`
+    /// when no tensor is mapped or no map can tell.
+    pub fn page_share(tensors: &[&QTensor], max_windows: usize) -> Option<PageShare> {
+        let maps = mapped_ranges(tensors);
+        let per_map = max_windows.div_ceil(maps.len().max(1));
+        maps.into_iter().filter_map(|(b, rs)| b.page_share(&rs, per_map)).reduce(PageShare::add)
+    }
+
+    /// Bytes of `tensors`' file maps not in the page cache (`WeightBytes::missing_bytes`).
+    pub fn missing_bytes(tensors: &[&QTensor]) -> usize {
+        mapped_ranges(tensors).into_iter().flat_map(|(b, rs)| rs.into_iter().map(move |r| b.missing_bytes(r))).sum()
+    }
+
+    /// Bring `tensors`' mapped bytes into memory (`WeightBytes::populate`), in pieces of at most
+    /// `piece` bytes; `progress(bytes done, bytes in all)` after each.
+    pub fn populate(tensors: &[&QTensor], piece: usize, progress: &dyn Fn(usize, usize)) -> std::io::Result<()> {
+        let maps = mapped_ranges(tensors);
+        let total: usize = maps.iter().flat_map(|(_, rs)| rs.iter().map(|r| r.len())).sum();
+        let mut done = 0;
+        for (b, rs) in maps {
+            for r in rs {
+                for (a, z) in chunks(r.len(), piece.max(1)) {
+                    b.populate(r.start + a..r.start + z)?;
+                    done += z - a;
+                    progress(done, total);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Whether a mixture's expert of this type is interleaved like a dense matrix rather than
@@ -799,6 +831,31 @@ fn matvec_many(ws: &[&QTensor], x: &[f32], y: &mut [f32]) {
 /// Each distinct input (the same slice given twice counts once) is quantized once per
 /// activation format before the dispatch; every row's value is the one the matrix gives alone.
 /// xs[i]: [cols_i] -> y: [Σ rows_i]
+/// The file ranges `tensors` read from their maps (interleaved tensors own their bytes and are
+/// skipped), per backing, in order, adjacent ranges merged.
+fn mapped_ranges<'a>(tensors: &[&'a QTensor]) -> Vec<(&'a Backing, Vec<std::ops::Range<usize>>)> {
+    let mut maps: Vec<(&Backing, Vec<std::ops::Range<usize>>)> = Vec::new();
+    for t in tensors.iter().filter(|t| !t.il) {
+        let r = t.offset..t.offset + t.rows * t.row_bytes;
+        match maps.iter_mut().find(|(b, _)| Arc::ptr_eq(b, &t.backing)) {
+            Some((_, rs)) => rs.push(r),
+            None => maps.push((&t.backing, vec![r])),
+        }
+    }
+    for (_, rs) in &mut maps {
+        rs.sort_by_key(|r| r.start);
+        let mut merged: Vec<std::ops::Range<usize>> = Vec::new();
+        for r in rs.drain(..) {
+            match merged.last_mut() {
+                Some(m) if m.end >= r.start => m.end = m.end.max(r.end),
+                _ => merged.push(r),
+            }
+        }
+        *rs = merged;
+    }
+    maps
+}
+
 fn matvec_inputs(ws: &[&QTensor], xs: &[&[f32]], y: &mut [f32]) {
     // The distinct inputs, and which one each matrix reads.
     let mut inputs: Vec<&[f32]> = Vec::new();

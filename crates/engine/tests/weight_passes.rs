@@ -245,3 +245,52 @@ fn copied_experts_are_interleaved_and_read_once() {
     println!("{name}: logits max |mapped - copied| {diff:.2e} (max |logit| {scale:.2})");
     assert!(diff <= 1e-3 * scale.max(1.0), "{name}: copied experts' logits {diff} from the mapped ones");
 }
+
+/// `Model::populate_experts` (what a mapped load does when memory allows) brings every mapped
+/// routed expert into memory: afterwards none of their bytes is outside the page cache, even
+/// when the file was dropped from the cache first; the page probe answers without changing a
+/// value the model computes. A dense model has no mapped experts: nothing to read, no probe.
+#[test]
+fn populated_experts_are_all_in_memory() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    use cortiq_engine::convert::{ConvertOptions, QuantSpec, convert};
+    use cortiq_kernels::quant::QuantType;
+    let dir = std::env::temp_dir().join(format!("cortiq-populate-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("qwen3_moe.cmf");
+    let opts = ConvertOptions { quant: QuantSpec::To(QuantType::Q8_0), embeddings: None, f32_as: None, force: true };
+    convert(&fixture("qwen3_moe"), &out, &opts, &|_, _, _| {}).unwrap();
+    let mut m = load(&out).unwrap().model;
+    m.set_numerics(Numerics::Fast);
+    // drop the file's pages the process does not map (the experts: no step has read them)
+    let f = std::fs::File::open(&out).unwrap();
+    f.sync_all().unwrap();
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: advice on an open file descriptor; it changes what the page cache keeps,
+        // never the file's bytes.
+        unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    }
+    let dropped = m.expert_missing_bytes();
+    let progress = std::cell::Cell::new((0, 0));
+    m.populate_experts(&|done, total| progress.set((done, total))).unwrap();
+    let (done, total) = progress.get();
+    assert!(total > 0 && done == total, "progress {done} of {total}");
+    assert_eq!(m.expert_missing_bytes(), 0, "experts outside the page cache after populate ({dropped} bytes before)");
+    println!("qwen3_moe: {total} expert bytes mapped, {dropped} dropped from the cache before populate");
+    if let Some(s) = m.expert_page_share(8) {
+        assert!(s.huge <= s.windows, "{s:?}");
+    }
+    let logits = |m: &Model| {
+        let mut st = m.new_state(16);
+        m.forward(&[3, 7, 11, 13], &mut st, Logits::Last).unwrap()
+    };
+    let mut plain = load(&out).unwrap().model;
+    plain.set_numerics(Numerics::Fast);
+    assert_eq!(logits(&m), logits(&plain), "populate or the probe changed the model's values");
+    let dense = q8_fast("qwen3");
+    assert_eq!(dense.expert_missing_bytes(), 0);
+    assert!(dense.expert_page_share(8).is_none(), "a dense model has no mapped experts to probe");
+    drop(m);
+    let _ = std::fs::remove_dir_all(&dir);
+}

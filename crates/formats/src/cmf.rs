@@ -415,7 +415,9 @@ impl CmfWriter {
         let mut w = CmfWriter {
             out: out.to_path_buf(),
             tmp,
-            file: Some(BufWriter::with_capacity(1 << 20, f)),
+            // whole 4 MiB writes: the page cache keeps the new file in 2 MiB pages, which
+            // the first load maps as such (`PageShare`)
+            file: Some(BufWriter::with_capacity(4 << 20, f)),
             force,
             plan: header.tensors.iter().map(|t| (t.name.clone(), t.bytes)).collect(),
             cur: 0,

@@ -18,4 +18,4 @@ pub mod safetensors;
 pub mod tokenizer;
 
 pub use error::FormatError;
-pub use mapping::WeightBytes;
+pub use mapping::{PageShare, WeightBytes};

@@ -6,7 +6,11 @@
 //! `CORTIQ_PREFETCH_AHEAD` when set (`vecdot_avx512::prefetch_distance`), so distances compare
 //! in alternating runs. The file's bytes are used as weights whatever they hold (speed only).
 //!
-//! `cargo run --release -p cortiq-kernels --example expert_stream -- FILE [q6k]`
+//! With `read`, each row reads the same bytes without the kernel (a 64-bit XOR over them): the
+//! memory's own speed from each place, e.g. a map whose pages the cache holds in 4 KiB pages
+//! against one in 2 MiB pages (`cortiq_formats::PageShare`).
+//!
+//! `cargo run --release -p cortiq-kernels --example expert_stream -- FILE [q6k] [read]`
 //! (FILE: any large file, e.g. bench/moe_geometry.py's full-size output)
 
 use cortiq_kernels::quant::{QuantType, act_type, matvec_fast, quantize_act};
@@ -19,10 +23,11 @@ const ANON: usize = 2 << 30;
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(path) = args.first() else {
-        eprintln!("usage: expert_stream FILE [q6k]");
+        eprintln!("usage: expert_stream FILE [q6k] [read]");
         std::process::exit(2);
     };
-    let ty = if args.get(1).map(String::as_str) == Some("q6k") { QuantType::Q6K } else { QuantType::Q4K };
+    let ty = if args.iter().any(|a| a == "q6k") { QuantType::Q6K } else { QuantType::Q4K };
+    let read_only = args.iter().skip(1).any(|a| a == "read");
     let (rows, cols) = (768usize, 2048usize);
     let mb = ty.row_bytes(cols).expect("whole blocks") * rows;
     let f = std::fs::File::open(path).unwrap_or_else(|e| {
@@ -67,15 +72,22 @@ fn main() {
                     let (picks, a) = (&picks, &a);
                     s.spawn(move || {
                         let mut y = vec![0f32; rows];
+                        let mut x = 0u64;
                         for &p in picks.iter().skip(th).step_by(2) {
-                            matvec_fast(ty, &buf[p * mb..][..mb], rows, cols, a, &mut y);
+                            let w = &buf[p * mb..][..mb];
+                            if read_only {
+                                x ^= w.chunks_exact(8).fold(0, |s, c| s ^ u64::from_le_bytes(c.try_into().expect("8 bytes")));
+                            } else {
+                                matvec_fast(ty, w, rows, cols, a, &mut y);
+                            }
                         }
-                        std::hint::black_box(&y);
+                        std::hint::black_box((&y, x));
                     });
                 }
             });
             let gbs = (picks.len() * mb) as f64 / t.elapsed().as_secs_f64() / 1e9;
-            println!("round {round} {} {name}: {gbs:.1} GB/s", ty.name());
+            let what = if read_only { "read" } else { ty.name() };
+            println!("round {round} {what} {name}: {gbs:.1} GB/s");
         }
     }
 }
