@@ -294,7 +294,7 @@ impl QTensor {
     pub fn page_share(tensors: &[&QTensor], max_windows: usize) -> Option<PageShare> {
         let maps = mapped_ranges(tensors);
         let per_map = max_windows.div_ceil(maps.len().max(1));
-        maps.into_iter().filter_map(|(b, rs)| b.page_share(&rs, per_map)).reduce(PageShare::add)
+        maps.into_iter().filter_map(|(b, rs)| b.page_share(&rs, per_map)).reduce(|a, b| a + b)
     }
 
     /// Bytes of `tensors`' file maps not in the page cache (`WeightBytes::missing_bytes`).

@@ -47,9 +47,10 @@ pub struct PageShare {
     pub huge: usize,
 }
 
-impl PageShare {
-    /// Both counts added (shares of several maps, or several calls).
-    pub fn add(self, o: PageShare) -> PageShare {
+/// Both counts added (shares of several maps).
+impl std::ops::Add for PageShare {
+    type Output = PageShare;
+    fn add(self, o: PageShare) -> PageShare {
         PageShare { windows: self.windows + o.windows, huge: self.huge + o.huge }
     }
 }
