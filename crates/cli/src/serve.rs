@@ -254,7 +254,8 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         // prompt length (`O1Plan::with_prompt`), the only part of the plan it changes.
         let plan = o1.plan(1, None, false, served).map_err(|e| format!("{e:#}"))?;
         let note = plan.map(|p| format!("constant-memory decode: {}", crate::common::describe_plan(&p)));
-        Ok(Ready { model: loaded.model, tok, o1: plan, draft, note })
+        let file = crate::pull::resolve_model(&common.model).ok();
+        Ok(Ready { model: loaded.model, tok, o1: plan, draft, note, file })
     });
     serve(opts, load)?;
     Ok(())

@@ -527,6 +527,29 @@ fn real_serve_anthropic_client() {
     assert!(stdout.contains("all checks passed"), "{stdout}");
 }
 
+/// The official `ollama` Python package against `/api/*` on Qwen2.5-Coder-0.5B
+/// (tests/py/ollama_client.py): chat and generate whole and streamed, list / show / ps, options,
+/// a `format` schema, a tool call and its result, errors in ollama's form, every response's
+/// fields as ollama's docs/api.md gives them.
+#[test]
+fn real_serve_ollama_client() {
+    let py = std::env::var("CORTIQ_TEST_PYTHON").unwrap_or_else(|_| {
+        panic!("CORTIQ_TEST_PYTHON is not set: run scripts/test (it makes the venv with the pinned ollama package)")
+    });
+    let model = cortiq_testkit::real_model_arg("qwen2.5-coder-0.5b");
+    let s = Server::start(&model, &["--api-key", KEY, "--ctx", "4096"]);
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/ollama_client.py");
+    let out = std::process::Command::new(&py)
+        .arg(&script)
+        .args([&format!("http://127.0.0.1:{}", s.port), KEY])
+        .output()
+        .unwrap_or_else(|e| panic!("running {py}: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "ollama client checks failed:\n{stdout}\n{stderr}\nserver log:\n{}", s.log());
+    assert!(stdout.contains("all checks passed"), "{stdout}");
+}
+
 /// The chat page at `/` in a real browser (headless Chromium through Selenium: scripts/test
 /// installs Debian's chromium and chromium-driver and names the venv in
 /// CORTIQ_TEST_SELENIUM_PYTHON): two streamed turns, the second reusing the first's prompt

@@ -6,6 +6,7 @@
 //! mixer is called once per step (`mixers` owns their weights, states and forwards).
 
 use cortiq_formats::PageShare;
+use cortiq_kernels::quant::QuantType;
 
 use crate::blocks::{FfnWeights, ffn, ffn_rows, rmsnorm_rows_in, rmsnorm_segments_in};
 use crate::config::{LayerSpec, MixerKind, ModelConfig};
@@ -320,6 +321,38 @@ impl Model {
     /// `progress(bytes done, bytes in all)`.
     pub fn populate_experts(&self, progress: &dyn Fn(usize, usize)) -> std::io::Result<()> {
         QTensor::populate(&self.routed_experts(), 256 << 20, progress)
+    }
+
+    /// Every weight matrix once: the token embedding, each layer's (mixer, FFN or experts), and
+    /// the output head unless it is the embedding itself (tied).
+    fn all_matrices(&self) -> Vec<&QTensor> {
+        let mut all = vec![&self.tok_embd];
+        if !self.output.shares_bytes(&self.tok_embd) {
+            all.push(&self.output);
+        }
+        for l in self.layers.iter().chain(self.mtp.iter().map(|m| &m.layer)) {
+            all.extend(l.matrices());
+        }
+        all
+    }
+
+    /// Parameters in the weight matrices (norms and biases, a few thousandths, left out).
+    pub fn param_count(&self) -> u64 {
+        self.all_matrices().iter().map(|t| (t.rows * t.cols) as u64).sum()
+    }
+
+    /// The weight type holding the most of the layers' parameters ("Q4_K", "Q8_0", "F16";
+    /// the embedding and output head, often of another type, left out): what a model listing
+    /// names as its quantization.
+    pub fn main_weight_type(&self) -> String {
+        let mut by: Vec<(QuantType, usize)> = Vec::new();
+        for t in self.layers.iter().flat_map(|l| l.matrices()) {
+            match by.iter_mut().find(|(d, _)| *d == t.dtype) {
+                Some((_, n)) => *n += t.rows * t.cols,
+                None => by.push((t.dtype, t.rows * t.cols)),
+            }
+        }
+        by.iter().max_by_key(|(_, n)| *n).map_or_else(String::new, |(d, _)| d.name().to_uppercase())
     }
 
     /// Weight bytes one decode step streams: every layer matrix (of a mixture of experts, the

@@ -331,6 +331,11 @@ impl QTensor {
         f32_tiles_faster(self.dtype) || cortiq_kernels::simd::level() != cortiq_kernels::simd::Level::Avx512
     }
 
+    /// Whether `o` is a view of the same bytes (a tied output head and embedding).
+    pub fn shares_bytes(&self, o: &QTensor) -> bool {
+        Arc::ptr_eq(&self.backing, &o.backing) && self.offset == o.offset && self.dtype == o.dtype
+    }
+
     /// Whether the bytes are interleaved (`set_interleaved`).
     pub fn interleaved(&self) -> bool {
         self.il

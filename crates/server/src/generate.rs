@@ -323,6 +323,11 @@ pub(crate) async fn completions(
     respond(q).await
 }
 
+/// One text prompt (its ids) queued as a completion (the ollama route's `raw` prompts).
+pub(crate) fn queue_text(app: &Arc<App>, ids: Vec<u32>, gp: GenParams, prompt_param: &str) -> Result<Queued, ApiError> {
+    run(app.clone(), Kind::Text, vec![ids], gp, prompt_param)
+}
+
 /// A queued request, answered by `respond` (or another route's own writer).
 pub(crate) struct Queued {
     pub out: Out,

@@ -12,6 +12,7 @@ mod anthropic;
 pub mod api;
 pub mod error;
 mod generate;
+mod ollama;
 mod reasoning;
 mod responses;
 mod slots;
@@ -103,6 +104,8 @@ pub struct Ready {
     pub draft: Option<Arc<Model>>,
     /// A line about how the model is served (printed once it is ready), if any.
     pub note: Option<String>,
+    /// The model's file (ollama's `/api/tags` lists its size and time), when known.
+    pub file: Option<std::path::PathBuf>,
 }
 
 pub type Loader = Box<dyn FnOnce() -> Result<Ready, String> + Send>;
@@ -128,6 +131,10 @@ pub(crate) struct Info {
     pub sched: Handle,
     /// A draft model is loaded (requests may ask for draft-model speculation).
     pub has_draft: bool,
+    /// The model's file, parameter count and most common weight type (ollama's model details).
+    pub file: Option<std::path::PathBuf>,
+    pub n_params: u64,
+    pub weight_type: String,
 }
 
 pub(crate) struct App {
@@ -338,7 +345,7 @@ async fn body_deadline(State(app): State<Arc<App>>, req: Request, next: Next) ->
 /// The engine's own thread: load, publish the model's facts, run the scheduler.
 fn engine_thread(app: Arc<App>, load: Loader, fail: tokio::sync::oneshot::Sender<String>) {
     let t0 = Instant::now();
-    let Ready { model, tok, o1, draft, note } = match load() {
+    let Ready { model, tok, o1, draft, note, file } = match load() {
         Ok(x) => x,
         Err(e) => {
             let _ = fail.send(e);
@@ -381,6 +388,9 @@ fn engine_thread(app: Arc<App>, load: Loader, fail: tokio::sync::oneshot::Sender
         n_ctx_train: model.cfg.n_ctx_train,
         sched: sched.clone(),
         has_draft: draft.is_some(),
+        file,
+        n_params: model.param_count(),
+        weight_type: model.main_weight_type(),
     };
     let _ = app.info.set(info);
     // A panic in the engine is a bug; a server whose engine is gone would accept requests and
@@ -420,6 +430,12 @@ fn router(app: Arc<App>) -> Router {
         .route("/v1/responses", post(responses::responses))
         .route("/apply-template", post(apply_template))
         .route("/slots/{id}", post(slots::slot_action))
+        .route("/api/chat", post(ollama::chat))
+        .route("/api/generate", post(ollama::generate))
+        .route("/api/tags", get(ollama::tags))
+        .route("/api/ps", get(ollama::ps))
+        .route("/api/show", post(ollama::show))
+        .route("/api/version", get(ollama::version))
         .route("/", get(chat_page))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -486,9 +502,13 @@ pub fn host_allowed(host: &str, extra: &[String]) -> bool {
 }
 
 /// JSON routes take `Content-Type: application/json` only (415 otherwise): a cross-site page
-/// can POST text/plain without a preflight, never JSON.
+/// can POST text/plain without a preflight, never JSON. ollama's routes (`/api/*`) take a body
+/// of any type from a client that names no `Origin`, as ollama does (its documented calls are
+/// `curl -d '{...}'`, form-typed); a browser names the page's origin on every POST, so a page
+/// still gets the JSON rule there.
 async fn json_only(req: Request, next: Next) -> Response {
-    if req.method() == axum::http::Method::POST {
+    let ollama_tool = req.uri().path().starts_with("/api/") && !req.headers().contains_key(header::ORIGIN);
+    if req.method() == axum::http::Method::POST && !ollama_tool {
         let ct = req.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
         let mime = ct.split(';').next().unwrap_or("").trim();
         if !mime.eq_ignore_ascii_case("application/json") {

@@ -1,0 +1,789 @@
+//! ollama's API on the same port (issue 51), for the apps that speak it (Open WebUI, Continue,
+//! LangChain's ChatOllama, the official `ollama` clients): `POST /api/chat` and
+//! `POST /api/generate` (NDJSON streaming, ollama's default, or one object with
+//! `"stream": false`), `GET /api/tags`, `POST /api/show`, `GET /api/ps`, `GET /api/version`.
+//! A request becomes the conversation, tools and sampling the OpenAI route builds
+//! (`generate::queue_chat`; `raw` generate prompts go in as text), so templates, tool-call
+//! parsing, reasoning, structured output and the prompt cache behave alike; only the wire
+//! format differs: ollama's `options` (`num_predict`, `stop`, `temperature`, ...), `format`
+//! ("json" or a JSON schema), `think`, tool calls with their arguments as objects, durations in
+//! nanoseconds, errors as `{"error": "..."}`. Field by field it follows `docs/api.md` of the
+//! ollama repository.
+//!
+//! One model is served: its id (`--alias`, or the file's name) with or without the `:latest`
+//! tag; any other name is a 404 naming the one there is. `keep_alive` is accepted and changes
+//! nothing (the model stays loaded); `images` are refused (no vision model runs here).
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use cortiq_engine::sched::{Event, Finish};
+use cortiq_formats::calls::{self, Piece};
+use cortiq_formats::chat::{ChatMessage, FunctionCall, ToolCall};
+use serde_json::{Value, json};
+
+use crate::api::{self, AgentParams, Obj};
+use crate::error::ApiError;
+use crate::generate::{self, EventRx, Out, Queued};
+use crate::{App, Info, body_error};
+
+/// An error in ollama's form: `{"error": "..."}` with the status.
+fn error_response(e: ApiError) -> Response {
+    let mut msg = e.message.clone();
+    if let Some(p) = e.param.as_ref().filter(|p| !msg.contains(p.as_str())) {
+        msg = format!("{p}: {msg}");
+    }
+    (e.status, axum::Json(json!({"error": msg}))).into_response()
+}
+
+/// The request's `model`: required, and the model this server serves (with or without the
+/// `:latest` tag).
+fn check_model(app: &App, o: &Obj) -> Result<(), ApiError> {
+    let Some(m) = o.get("model").and_then(Value::as_str).filter(|m| !m.is_empty()) else {
+        return Err(ApiError::invalid("model", "model is required"));
+    };
+    let id = &app.opts.model_id;
+    if m == id || m.strip_suffix(":latest") == Some(id.as_str()) {
+        return Ok(());
+    }
+    Err(ApiError {
+        param: None,
+        ..ApiError::not_found("model_not_found", format!("model '{m}' not found; this server serves '{id}:latest'"))
+    })
+}
+
+/// ollama's `options`, `format` and `stream` in the OpenAI route's names, for `api::gen_params`.
+/// Server-level options (`num_ctx`, `num_thread`, `num_gpu`, `use_mmap`, ...) and samplers
+/// cortiq does not have (`mirostat`, `typical_p`, ...) are accepted and change nothing, as
+/// ollama accepts options a runner does not use.
+fn sampling(o: &Obj) -> Result<Obj, ApiError> {
+    let mut m = Obj::new();
+    if let Some(opts) = o.get("options").filter(|v| !v.is_null()) {
+        let Value::Object(opts) = opts else {
+            return Err(ApiError::invalid("options", format!("'options' must be an object, got {opts}")));
+        };
+        for k in ["temperature", "top_p", "top_k", "min_p", "seed", "repeat_penalty", "presence_penalty", "frequency_penalty"] {
+            if let Some(v) = opts.get(k).filter(|v| !v.is_null()) {
+                m.insert(k.into(), v.clone());
+            }
+        }
+        if let Some(v) = opts.get("stop").filter(|v| !v.is_null()) {
+            m.insert("stop".into(), v.clone());
+        }
+        // num_predict: -1 (and -2, "fill the context") is no limit, as in ollama
+        match opts.get("num_predict").filter(|v| !v.is_null()) {
+            None => {}
+            Some(v) => match v.as_i64() {
+                Some(n) if n >= 1 => {
+                    m.insert("max_tokens".into(), json!(n));
+                }
+                Some(-1 | -2) => {}
+                _ => {
+                    return Err(ApiError::invalid(
+                        "options.num_predict",
+                        format!("'options.num_predict' must be a positive integer, or -1 for no limit, got {v}"),
+                    ));
+                }
+            },
+        }
+    }
+    match o.get("format").filter(|v| !v.is_null() && v.as_str() != Some("")) {
+        None => {}
+        Some(Value::String(s)) if s == "json" => {
+            m.insert("response_format".into(), json!({"type": "json_object"}));
+        }
+        Some(schema @ Value::Object(_)) => {
+            m.insert(
+                "response_format".into(),
+                json!({"type": "json_schema", "json_schema": {"name": "format", "schema": schema}}),
+            );
+        }
+        Some(v) => {
+            return Err(ApiError::invalid("format", format!("'format' must be \"json\" or a JSON schema object, got {v}")));
+        }
+    }
+    m.insert("stream".into(), json!(o.get("stream").and_then(Value::as_bool).unwrap_or(true)));
+    Ok(m)
+}
+
+/// The sampling parameters of a request (`sampling`), errors named in ollama's fields.
+fn gen_params(o: &Obj, info: &Info) -> Result<api::GenParams, ApiError> {
+    api::gen_params(&sampling(o)?, info.vocab, true).map_err(|e| {
+        let param = e.param.as_deref().map(|p| match p {
+            "max_tokens" => "options.num_predict".to_string(),
+            "response_format" => "format".to_string(),
+            p if p.starts_with("response_format") => "format".to_string(),
+            p => format!("options.{p}"),
+        });
+        ApiError { param, ..e }
+    })
+}
+
+/// Refuse `images` on a message or request: no vision model runs here.
+fn no_images(v: Option<&Value>, param: &str) -> Result<(), ApiError> {
+    match v {
+        Some(Value::Array(a)) if !a.is_empty() => Err(ApiError {
+            code: Some("unsupported_value"),
+            ..ApiError::invalid(param, format!("{param}: images are not supported (this server runs a text-only model)"))
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// `messages`, `tools` and `think` as the chat route's conversation and agent settings.
+fn conversation(o: &Obj) -> Result<(Vec<ChatMessage>, AgentParams), ApiError> {
+    let list = match o.get("messages") {
+        Some(Value::Array(l)) => l.as_slice(),
+        None | Some(Value::Null) => &[],
+        Some(v) => return Err(ApiError::invalid("messages", format!("'messages' must be a list of messages, got {v}"))),
+    };
+    let mut msgs = Vec::new();
+    for (i, m) in list.iter().enumerate() {
+        let p = format!("messages[{i}]");
+        let role = m.get("role").and_then(Value::as_str).unwrap_or_default();
+        if !matches!(role, "system" | "user" | "assistant" | "tool") {
+            return Err(ApiError::invalid(&format!("{p}.role"), format!("{p}.role must be system, user, assistant or tool")));
+        }
+        no_images(m.get("images"), &format!("{p}.images"))?;
+        let content = match m.get("content") {
+            None | Some(Value::Null) => "",
+            Some(Value::String(s)) => s.as_str(),
+            Some(v) => return Err(ApiError::invalid(&format!("{p}.content"), format!("{p}.content must be a string, got {v}"))),
+        };
+        let mut msg = ChatMessage::new(role, content);
+        if let Some(t) = m.get("thinking").and_then(Value::as_str).filter(|t| !t.is_empty()) {
+            msg.reasoning_content = Some(t.to_string());
+        }
+        if role == "tool"
+            && let Some(n) = m.get("tool_name").and_then(Value::as_str)
+        {
+            msg.name = Some(n.to_string());
+        }
+        if let Some(Value::Array(calls)) = m.get("tool_calls") {
+            for (k, c) in calls.iter().enumerate() {
+                let cp = format!("{p}.tool_calls[{k}].function");
+                let f = c.get("function").ok_or_else(|| ApiError::invalid(&cp, format!("{cp} is required")))?;
+                let name = f
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| ApiError::invalid(&format!("{cp}.name"), format!("{cp}.name must be a string")))?;
+                // ollama's arguments are an object; a JSON string is taken too
+                let arguments = match f.get("arguments") {
+                    None | Some(Value::Null) => json!({}),
+                    Some(Value::String(s)) => serde_json::from_str(s).unwrap_or_else(|_| json!(s)),
+                    Some(v) => v.clone(),
+                };
+                msg.tool_calls.push(ToolCall {
+                    id: c.get("id").and_then(Value::as_str).map_or_else(|| format!("call_{i}_{k}"), str::to_string),
+                    kind: "function".into(),
+                    function: FunctionCall { name: name.to_string(), arguments },
+                });
+            }
+        }
+        msgs.push(msg);
+    }
+    // Tool results follow ollama's order: each answers the assistant's calls in turn.
+    let mut pending: VecDeque<String> = VecDeque::new();
+    for m in &mut msgs {
+        if m.role == "assistant" {
+            pending = m.tool_calls.iter().map(|c| c.id.clone()).collect();
+        } else if m.role == "tool" {
+            m.tool_call_id = pending.pop_front();
+        }
+    }
+    let mut chat = Obj::new();
+    if let Some(t) = o.get("tools").filter(|v| !v.is_null()) {
+        chat.insert("tools".into(), t.clone());
+    }
+    match o.get("think").filter(|v| !v.is_null()) {
+        None | Some(Value::Bool(true)) => {}
+        Some(Value::Bool(false)) => {
+            chat.insert("chat_template_kwargs".into(), json!({"enable_thinking": false}));
+        }
+        // thinking levels: the model thinks as its template has it
+        Some(Value::String(s)) if matches!(s.as_str(), "low" | "medium" | "high" | "max") => {}
+        Some(v) => return Err(ApiError::invalid("think", format!("'think' must be true, false, or low/medium/high, got {v}"))),
+    }
+    let agent = api::agent_params(&chat)?;
+    Ok((msgs, agent))
+}
+
+/// Which of ollama's two generation routes a request came in by.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Route {
+    Chat,
+    Generate,
+}
+
+/// `POST /api/chat`.
+pub(crate) async fn chat(
+    State(app): State<Arc<App>>,
+    tenant: Option<axum::Extension<crate::Tenant>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let scope = app.scope(tenant);
+    let t0 = Instant::now();
+    let r = async {
+        let body = body.map_err(body_error)?;
+        let q = generate::blocking(app, move |app| {
+            let info = app.info()?;
+            let o = api::object(&body)?;
+            check_model(&app, &o)?;
+            let (msgs, agent) = conversation(&o)?;
+            if msgs.is_empty() {
+                // ollama: an empty conversation loads the model (it is loaded)
+                return Ok(Err(load_reply(&app, Route::Chat, &o)));
+            }
+            let mut gp = gen_params(&o, info)?;
+            gp.cache_scope = scope;
+            generate::admit(info, gp.n)?;
+            generate::queue_chat(&app, &msgs, &agent, gp, "messages").map(Ok)
+        })
+        .await?;
+        match q {
+            Ok(q) => reply(q, Route::Chat, t0).await,
+            Err(r) => Ok(r),
+        }
+    };
+    r.await.unwrap_or_else(error_response)
+}
+
+/// `POST /api/generate`: the prompt (and `system`) through the chat template, or as it is with
+/// `raw`; `suffix`, `template`, `context` and `images` are refused with a 400 naming them.
+pub(crate) async fn generate(
+    State(app): State<Arc<App>>,
+    tenant: Option<axum::Extension<crate::Tenant>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let scope = app.scope(tenant);
+    let t0 = Instant::now();
+    let r = async {
+        let body = body.map_err(body_error)?;
+        let q = generate::blocking(app, move |app| {
+            let info = app.info()?;
+            let o = api::object(&body)?;
+            check_model(&app, &o)?;
+            no_images(o.get("images"), "images")?;
+            for k in ["suffix", "template"] {
+                if o.get(k).and_then(Value::as_str).is_some_and(|s| !s.is_empty()) {
+                    return Err(ApiError {
+                        code: Some("unsupported_value"),
+                        ..ApiError::invalid(k, format!("'{k}' is not supported (the model's own chat template is used)"))
+                    });
+                }
+            }
+            if o.get("context").and_then(Value::as_array).is_some_and(|c| !c.is_empty()) {
+                return Err(ApiError {
+                    code: Some("unsupported_value"),
+                    ..ApiError::invalid(
+                        "context",
+                        "'context' (deprecated in ollama) is not supported: send the conversation to /api/chat",
+                    )
+                });
+            }
+            let prompt = match o.get("prompt") {
+                None | Some(Value::Null) => "",
+                Some(Value::String(s)) => s.as_str(),
+                Some(v) => return Err(ApiError::invalid("prompt", format!("'prompt' must be a string, got {v}"))),
+            };
+            if prompt.is_empty() {
+                // ollama: an empty prompt loads the model (it is loaded)
+                return Ok(Err(load_reply(&app, Route::Generate, &o)));
+            }
+            let mut gp = gen_params(&o, info)?;
+            gp.cache_scope = scope;
+            generate::admit(info, gp.n)?;
+            if o.get("raw").and_then(Value::as_bool).unwrap_or(false) {
+                if o.get("system").and_then(Value::as_str).is_some_and(|s| !s.is_empty()) {
+                    return Err(ApiError::invalid("system", "raw mode does not support template, system, or context"));
+                }
+                let ids = info
+                    .tok
+                    .encode_with(prompt, info.tok.add_bos(), true)
+                    .map_err(|e| ApiError::invalid("prompt", e.to_string()))?;
+                return generate::queue_text(&app, ids, gp, "prompt").map(Ok);
+            }
+            let mut msgs = Vec::new();
+            if let Some(s) = o.get("system").and_then(Value::as_str).filter(|s| !s.is_empty()) {
+                msgs.push(ChatMessage::new("system", s));
+            }
+            msgs.push(ChatMessage::new("user", prompt));
+            let (_, agent) = conversation(&Obj::from_iter(o.get("think").map(|t| ("think".to_string(), t.clone()))))?;
+            generate::queue_chat(&app, &msgs, &agent, gp, "prompt").map(Ok)
+        })
+        .await?;
+        match q {
+            Ok(q) => reply(q, Route::Generate, t0).await,
+            Err(r) => Ok(r),
+        }
+    };
+    r.await.unwrap_or_else(error_response)
+}
+
+/// The answer to a request that only loads the model (an empty prompt or conversation).
+fn load_reply(app: &App, route: Route, o: &Obj) -> Response {
+    let model = o.get("model").and_then(Value::as_str).unwrap_or(&app.opts.model_id);
+    let mut v = json!({"model": model, "created_at": rfc3339(SystemTime::now()), "done": true, "done_reason": "load"});
+    match route {
+        Route::Chat => v["message"] = json!({"role": "assistant", "content": ""}),
+        Route::Generate => v["response"] = json!(""),
+    }
+    axum::Json(v).into_response()
+}
+
+/// Timings of one request for ollama's duration fields (nanoseconds).
+struct Clock {
+    t0: Instant,
+    /// The prompt admitted to a slot (`Event::Started`), and the first token out.
+    started: Option<Instant>,
+    first: Option<Instant>,
+}
+
+impl Clock {
+    fn on(&mut self, ev: &Event) {
+        match ev {
+            Event::Started { .. } => self.started = self.started.or(Some(Instant::now())),
+            Event::Token { .. } => self.first = self.first.or(Some(Instant::now())),
+            _ => {}
+        }
+    }
+
+    /// The final object's counts and durations: the prompt's evaluation runs from admission
+    /// to the first token, the generation from there to the end.
+    fn stats(&self, v: &mut Value, n_prompt: usize, n_cached: usize, n_generated: usize) {
+        let now = Instant::now();
+        let ns = |a: Instant, b: Instant| b.saturating_duration_since(a).as_nanos() as u64;
+        let started = self.started.unwrap_or(self.t0);
+        let first = self.first.unwrap_or(now);
+        v["total_duration"] = json!(ns(self.t0, now));
+        v["load_duration"] = json!(ns(self.t0, started));
+        v["prompt_eval_count"] = json!(n_prompt.saturating_sub(n_cached));
+        v["prompt_eval_duration"] = json!(ns(started, first));
+        v["eval_count"] = json!(n_generated);
+        v["eval_duration"] = json!(ns(first, now));
+    }
+}
+
+fn done_reason(f: Finish) -> &'static str {
+    match f {
+        Finish::Stop => "stop",
+        Finish::Length => "length",
+    }
+}
+
+/// A call as ollama writes it: arguments as an object, its place in the message.
+fn tool_call(index: usize, name: &str, arguments: &str) -> Value {
+    let args: Value = serde_json::from_str(arguments).unwrap_or_else(|_| json!({}));
+    json!({"function": {"index": index, "name": name, "arguments": args}})
+}
+
+/// Answer whole or as NDJSON.
+async fn reply(q: Queued, route: Route, t0: Instant) -> Result<Response, ApiError> {
+    let clock = Clock { t0, started: None, first: None };
+    if q.stream { Ok(stream(q, route, clock)) } else { whole(q, route, clock).await }
+}
+
+async fn whole(mut q: Queued, route: Route, mut clock: Clock) -> Result<Response, ApiError> {
+    let mut text = String::new();
+    let (finish, n_cached, n_generated) = loop {
+        let Some(ev) = q.rx.recv().await else {
+            return Err(ApiError::internal("the engine stopped before the request finished"));
+        };
+        clock.on(&ev);
+        match ev {
+            Event::Token { text: t, .. } => text.push_str(&t),
+            Event::Done { finish, tail, n_generated, n_cached, .. } => {
+                text.push_str(&tail);
+                break (finish, n_cached, n_generated);
+            }
+            Event::Error { kind, message, .. } => return Err(generate::engine_error(kind, message)),
+            Event::Started { .. } => {}
+        }
+    };
+    let out = &q.out;
+    let (mut content, mut thinking, mut calls) = (String::new(), String::new(), Vec::new());
+    for piece in out.pieces(&text) {
+        match piece {
+            Piece::Text(t) => content.push_str(&t),
+            Piece::Reasoning(r) => thinking.push_str(&r),
+            Piece::Call(c) => calls.push(tool_call(calls.len(), &c.name, &c.arguments)),
+            // `pieces` gives every call whole.
+            Piece::CallStart(_) | Piece::CallArgs(_) | Piece::CallEnd => {}
+        }
+    }
+    let mut v = json!({"model": out.model, "created_at": rfc3339(SystemTime::now())});
+    match route {
+        Route::Chat => {
+            let mut m = json!({"role": "assistant", "content": content});
+            if !thinking.is_empty() {
+                m["thinking"] = json!(thinking);
+            }
+            if !calls.is_empty() {
+                m["tool_calls"] = Value::Array(calls);
+            }
+            v["message"] = m;
+        }
+        Route::Generate => {
+            v["response"] = json!(content);
+            if !thinking.is_empty() {
+                v["thinking"] = json!(thinking);
+            }
+        }
+    }
+    v["done"] = json!(true);
+    v["done_reason"] = json!(done_reason(finish));
+    clock.stats(&mut v, out.n_prompt, n_cached, n_generated);
+    Ok(axum::Json(v).into_response())
+}
+
+/// The NDJSON writer: one object per line as pieces arrive (text, thinking, each tool call
+/// whole once its arguments are complete), then the final object with the counts.
+struct Streamer {
+    out: Out,
+    rx: EventRx,
+    route: Route,
+    clock: Clock,
+    parser: calls::Parser,
+    pending: VecDeque<Bytes>,
+    /// A call whose arguments are still streaming: its name and arguments so far.
+    call: Option<(String, String)>,
+    calls: usize,
+    ended: bool,
+}
+
+impl Streamer {
+    fn line(&mut self, v: Value) {
+        let mut b = serde_json::to_vec(&v).expect("a JSON value serializes");
+        b.push(b'\n');
+        self.pending.push_back(Bytes::from(b));
+    }
+
+    fn head(&self) -> Value {
+        json!({"model": self.out.model, "created_at": rfc3339(SystemTime::now())})
+    }
+
+    /// One chunk: content, thinking or a tool call.
+    fn chunk(&mut self, content: &str, thinking: Option<&str>, call: Option<Value>) {
+        let mut v = self.head();
+        match self.route {
+            Route::Chat => {
+                let mut m = json!({"role": "assistant", "content": content});
+                if let Some(t) = thinking {
+                    m["thinking"] = json!(t);
+                }
+                if let Some(c) = call {
+                    m["tool_calls"] = json!([c]);
+                }
+                v["message"] = m;
+            }
+            Route::Generate => {
+                v["response"] = json!(content);
+                if let Some(t) = thinking {
+                    v["thinking"] = json!(t);
+                }
+            }
+        }
+        v["done"] = json!(false);
+        self.line(v);
+    }
+
+    fn pieces(&mut self, pieces: Vec<Piece>) {
+        for piece in pieces {
+            match piece {
+                Piece::Text(t) => self.chunk(&t, None, None),
+                Piece::Reasoning(r) => self.chunk("", Some(&r), None),
+                Piece::Call(c) => self.emit_call(&c.name, &c.arguments),
+                Piece::CallStart(name) => self.call = Some((name, String::new())),
+                Piece::CallArgs(a) => {
+                    if let Some((_, args)) = &mut self.call {
+                        args.push_str(&a);
+                    }
+                }
+                Piece::CallEnd => {
+                    if let Some((name, args)) = self.call.take() {
+                        self.emit_call(&name, &args);
+                    }
+                }
+            }
+        }
+    }
+
+    fn emit_call(&mut self, name: &str, arguments: &str) {
+        let c = tool_call(self.calls, name, arguments);
+        self.calls += 1;
+        self.chunk("", None, Some(c));
+    }
+
+    fn on(&mut self, ev: Option<Event>) {
+        if let Some(e) = &ev {
+            self.clock.on(e);
+        }
+        match ev {
+            None => self.fail(ApiError::internal("the engine stopped before the request finished")),
+            Some(Event::Started { .. }) => {}
+            Some(Event::Token { text, .. }) => {
+                let p = self.parser.feed(&text);
+                self.pieces(p);
+            }
+            Some(Event::Done { finish, tail, n_generated, n_cached, .. }) => {
+                let mut p = self.parser.feed(&tail);
+                p.extend(self.parser.finish());
+                self.pieces(p);
+                if let Some((name, args)) = self.call.take() {
+                    self.emit_call(&name, &args);
+                }
+                let mut v = self.head();
+                match self.route {
+                    Route::Chat => v["message"] = json!({"role": "assistant", "content": ""}),
+                    Route::Generate => v["response"] = json!(""),
+                }
+                v["done"] = json!(true);
+                v["done_reason"] = json!(done_reason(finish));
+                self.clock.stats(&mut v, self.out.n_prompt, n_cached, n_generated);
+                self.line(v);
+                self.ended = true;
+            }
+            Some(Event::Error { kind, message, .. }) => self.fail(generate::engine_error(kind, message)),
+        }
+    }
+
+    /// ollama's mid-stream error: a line with `error`, then the end.
+    fn fail(&mut self, e: ApiError) {
+        self.line(json!({"error": e.message}));
+        self.ended = true;
+    }
+}
+
+fn stream(q: Queued, route: Route, clock: Clock) -> Response {
+    let parser = q.out.parser();
+    let st =
+        Streamer { out: q.out, rx: q.rx, route, clock, parser, pending: VecDeque::new(), call: None, calls: 0, ended: false };
+    let s = futures_util::stream::unfold(st, |mut st| async move {
+        loop {
+            if let Some(b) = st.pending.pop_front() {
+                return Some((Ok::<Bytes, Infallible>(b), st));
+            }
+            if st.ended {
+                return None;
+            }
+            let ev = st.rx.recv().await;
+            st.on(ev);
+        }
+    });
+    ([(header::CONTENT_TYPE, "application/x-ndjson")], Body::from_stream(s)).into_response()
+}
+
+/// The served model's file, size, time and digest for `/api/tags`, `/api/show`, `/api/ps`.
+fn entry(app: &App, info: &Info) -> Value {
+    let meta = info.file.as_ref().and_then(|f| std::fs::metadata(f).ok());
+    let size = meta.as_ref().map_or(0, |m| m.len());
+    let modified = meta.as_ref().and_then(|m| m.modified().ok()).unwrap_or(UNIX_EPOCH);
+    let name = format!("{}:latest", app.opts.model_id);
+    json!({
+        "name": name,
+        "model": name,
+        "modified_at": rfc3339(modified),
+        "size": size,
+        "digest": digest(info, size, modified),
+        "details": details(info),
+    })
+}
+
+/// ollama's digest names a blob by its SHA-256; hashing a multi-gigabyte file per listing is
+/// not worth it, so this digest (same shape) is of the file's path, size and time: it changes
+/// when the file does.
+fn digest(info: &Info, size: u64, modified: SystemTime) -> String {
+    let mut h: [u64; 4] = [0xcbf2_9ce4_8422_2325, 0x1000_0000_01b3, 0x9e37_79b9_7f4a_7c15, 0x2545_f491_4f6c_dd1d];
+    let path = info.file.as_ref().map(|f| f.display().to_string()).unwrap_or_default();
+    let secs = modified.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    for (k, lane) in h.iter_mut().enumerate() {
+        for b in path.bytes().chain(size.to_le_bytes()).chain(secs.to_le_bytes()).chain([k as u8]) {
+            *lane = (*lane ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h.iter().map(|x| format!("{x:016x}")).collect()
+}
+
+fn details(info: &Info) -> Value {
+    let format = match info.file.as_ref().and_then(|f| f.extension()).and_then(|e| e.to_str()) {
+        Some("gguf") => "gguf",
+        Some("cmf") => "cmf",
+        _ => "safetensors",
+    };
+    json!({
+        "parent_model": "",
+        "format": format,
+        "family": info.arch,
+        "families": [info.arch],
+        "parameter_size": parameter_size(info.n_params),
+        "quantization_level": info.weight_type,
+    })
+}
+
+/// "494.0M", "7.6B": ollama's parameter size.
+fn parameter_size(n: u64) -> String {
+    match n {
+        n if n >= 1_000_000_000 => format!("{:.1}B", n as f64 / 1e9),
+        n if n >= 1_000_000 => format!("{:.1}M", n as f64 / 1e6),
+        n => format!("{n}"),
+    }
+}
+
+/// `GET /api/tags`: the one model this server serves.
+pub(crate) async fn tags(State(app): State<Arc<App>>) -> Response {
+    match app.info() {
+        Ok(info) => axum::Json(json!({"models": [entry(&app, info)]})).into_response(),
+        Err(e) => error_response(e),
+    }
+}
+
+/// `GET /api/ps`: the loaded model (always loaded; `expires_at` far ahead, as a model kept
+/// with a negative `keep_alive`).
+pub(crate) async fn ps(State(app): State<Arc<App>>) -> Response {
+    let info = match app.info() {
+        Ok(i) => i,
+        Err(e) => return error_response(e),
+    };
+    let mut e = entry(&app, info);
+    if let Value::Object(m) = &mut e {
+        m.remove("modified_at");
+        m.insert("expires_at".into(), json!("2318-01-01T00:00:00Z"));
+        m.insert("size_vram".into(), json!(0));
+        m.insert("context_length".into(), json!(info.sched.config().n_ctx));
+    }
+    axum::Json(json!({"models": [e]})).into_response()
+}
+
+/// `POST /api/show`: details, the chat template, what the model can do (`capabilities`:
+/// completion, and tools / thinking where its template has them), `model_info` in GGUF's key
+/// names.
+pub(crate) async fn show(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
+    let r = (|| {
+        let body = body.map_err(body_error)?;
+        let info = app.info()?;
+        let o = api::object(&body)?;
+        check_model(&app, &o)?;
+        let template = info.tok.chat_template().unwrap_or_default().to_string();
+        let mut caps = vec!["completion"];
+        if template.contains("tools") {
+            caps.push("tools");
+        }
+        if calls::ThinkTags::detect(&template).is_some() {
+            caps.push("thinking");
+        }
+        let e = entry(&app, info);
+        let arch = &info.arch;
+        Ok(axum::Json(json!({
+            "modelfile": format!("# served by cortiq\nFROM {}\n", info.file.as_ref().map(|f| f.display().to_string()).unwrap_or_default()),
+            "parameters": "",
+            "template": template,
+            "details": e["details"],
+            "model_info": {
+                "general.architecture": arch,
+                "general.parameter_count": info.n_params,
+                format!("{arch}.context_length"): info.n_ctx_train,
+            },
+            "capabilities": caps,
+            "modified_at": e["modified_at"],
+        }))
+        .into_response())
+    })();
+    r.unwrap_or_else(error_response)
+}
+
+/// `GET /api/version`: cortiq's version.
+pub(crate) async fn version() -> Response {
+    axum::Json(json!({"version": env!("CARGO_PKG_VERSION")})).into_response()
+}
+
+/// A time as RFC 3339 in UTC with nanoseconds ("2026-12-07T02:41:05.123456789Z"), ollama's
+/// `created_at` form. Written here: the server has no calendar crate and needs only this
+/// (days to a civil date, Howard Hinnant's algorithm).
+fn rfc3339(t: SystemTime) -> String {
+    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let (secs, nanos) = (d.as_secs() as i64, d.subsec_nanos());
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{nanos:09}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn rfc3339_dates() {
+        let at = |s: u64, n: u32| rfc3339(UNIX_EPOCH + Duration::new(s, n));
+        assert_eq!(at(0, 0), "1970-01-01T00:00:00.000000000Z");
+        // 2000-02-29 (a leap day of a century divisible by 400), 12:34:56
+        assert_eq!(at(951_827_696, 5), "2000-02-29T12:34:56.000000005Z");
+        // 2026-12-07T02:41:05Z
+        assert_eq!(at(1_796_611_265, 123_456_789), "2026-12-07T02:41:05.123456789Z");
+        // 2100-03-01 (2100 is not a leap year)
+        assert_eq!(at(4_107_542_400, 0), "2100-03-01T00:00:00.000000000Z");
+    }
+
+    #[test]
+    fn options_map_to_the_chat_routes_names() {
+        let o: Obj = serde_json::from_value(json!({
+            "options": {"temperature": 0.2, "num_predict": 7, "stop": ["x"], "seed": 3, "num_ctx": 4096, "mirostat": 0},
+            "format": "json",
+        }))
+        .unwrap();
+        let m = sampling(&o).unwrap();
+        assert_eq!(m.get("max_tokens"), Some(&json!(7)));
+        assert_eq!(m.get("temperature"), Some(&json!(0.2)));
+        assert_eq!(m.get("stop"), Some(&json!(["x"])));
+        assert_eq!(m.get("seed"), Some(&json!(3)));
+        assert_eq!(m.get("stream"), Some(&json!(true)), "ollama streams unless told not to");
+        assert_eq!(m.get("response_format"), Some(&json!({"type": "json_object"})));
+        assert!(!m.contains_key("num_ctx") && !m.contains_key("mirostat"));
+        let unlimited: Obj = serde_json::from_value(json!({"options": {"num_predict": -1}, "stream": false})).unwrap();
+        let m = sampling(&unlimited).unwrap();
+        assert!(!m.contains_key("max_tokens"));
+        assert_eq!(m.get("stream"), Some(&json!(false)));
+        for bad in [json!({"options": {"num_predict": 0}}), json!({"options": 3}), json!({"format": "yaml"})] {
+            let o: Obj = serde_json::from_value(bad.clone()).unwrap();
+            assert!(sampling(&o).is_err(), "{bad} accepted");
+        }
+    }
+
+    #[test]
+    fn tool_results_answer_the_calls_in_turn() {
+        let o: Obj = serde_json::from_value(json!({"messages": [
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"function": {"name": "w", "arguments": {"city": "Paris"}}},
+                {"function": {"name": "w", "arguments": {"city": "Rome"}}}]},
+            {"role": "tool", "content": "11", "tool_name": "w"},
+            {"role": "tool", "content": "19", "tool_name": "w"},
+        ]}))
+        .unwrap();
+        let (msgs, _) = conversation(&o).unwrap();
+        let ids: Vec<&str> = msgs[1].tool_calls.iter().map(|c| c.id.as_str()).collect();
+        assert_eq!(msgs[1].tool_calls[0].function.arguments, json!({"city": "Paris"}));
+        assert_eq!(msgs[2].tool_call_id.as_deref(), Some(ids[0]));
+        assert_eq!(msgs[3].tool_call_id.as_deref(), Some(ids[1]));
+        assert_eq!(msgs[3].name.as_deref(), Some("w"));
+        let img: Obj =
+            serde_json::from_value(json!({"messages": [{"role": "user", "content": "x", "images": ["AAAA"]}]})).unwrap();
+        let e = conversation(&img).unwrap_err();
+        assert!(e.message.contains("images"), "{}", e.message);
+    }
+}
