@@ -31,7 +31,7 @@ pub mod state;
 pub mod weights;
 
 pub use error::{EngineError, Result};
-pub use model::{BatchEntry, Logits, Model, VerifyJournal};
+pub use model::{BatchEntry, Logits, Model, Pooling, VerifyJournal};
 pub use numerics::Numerics;
 pub mod sampling;
 pub mod sched;

@@ -146,6 +146,29 @@ pub struct BatchEntry<'a> {
     pub hidden: Option<&'a mut Vec<f32>>,
 }
 
+/// How `Model::embed_pooled` makes one vector of a text's positions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pooling {
+    /// The mean over the positions (sentence-transformers' default).
+    Mean,
+    /// The last position (decoder embedding models: Qwen3-Embedding).
+    Last,
+    /// The first position (BERT's [CLS]).
+    First,
+}
+
+impl Pooling {
+    /// From llama.cpp's GGUF `pooling_type` (1 mean, 2 cls, 3 last) or a name.
+    pub fn from_name(s: &str) -> Option<Pooling> {
+        match s {
+            "mean" | "1" => Some(Pooling::Mean),
+            "last" | "3" => Some(Pooling::Last),
+            "cls" | "first" | "2" => Some(Pooling::First),
+            _ => None,
+        }
+    }
+}
+
 /// Which positions of a chunk to produce logits for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Logits {
@@ -543,6 +566,44 @@ impl Model {
             Logits::From(i) => i.min(n),
         };
         Ok(self.head(&x[from * d..], trace))
+    }
+
+    /// One text's embedding (the embeddings routes): `tokens` run as one chunk from an empty
+    /// sequence, the final norm's output (what the LM head would read) pooled over the
+    /// positions, then scaled to unit length when `normalize`. -> [d_model]
+    ///
+    /// Pooling as the model's layout has it (`Pooling`): a decoder embedding model
+    /// (Qwen3-Embedding) takes the last position, whose causal attention has seen every token.
+    pub fn embed_pooled(&self, tokens: &[u32], pooling: Pooling, normalize: bool) -> Result<Vec<f32>> {
+        if tokens.is_empty() {
+            return Err(EngineError::EmptyEntry);
+        }
+        let mut state = self.new_state(tokens.len());
+        self.check_tokens(tokens, &state)?;
+        cortiq_kernels::simd::flush_denormals();
+        let (n, d) = (tokens.len(), self.cfg.d_model);
+        let mut x = self.embed(tokens); // [n, d_model]
+        for il in 0..self.layers.len() {
+            self.layer_forward(il, &mut x, n, 0, &mut state, &mut |_, _, _| {})?;
+        }
+        let rows = match pooling {
+            Pooling::Last => &x[(n - 1) * d..],
+            Pooling::First => &x[..d],
+            Pooling::Mean => &x[..],
+        };
+        let mut normed = vec![0f32; rows.len()]; // [rows, d_model]
+        rmsnorm_rows_in(self.numerics, rows, &self.output_norm, self.cfg.norm_eps, &mut normed);
+        // the mean in f64, position by position (as the reference sums)
+        let mut e: Vec<f32> = (0..d)
+            .map(|j| (normed.chunks_exact(d).map(|r| f64::from(r[j])).sum::<f64>() / (normed.len() / d) as f64) as f32)
+            .collect();
+        if normalize {
+            let norm = e.iter().map(|v| f64::from(*v) * f64::from(*v)).sum::<f64>().sqrt();
+            if norm > 0.0 {
+                e.iter_mut().for_each(|v| *v = (f64::from(*v) / norm) as f32);
+            }
+        }
+        Ok(e)
     }
 
     /// Errors for a chunk that would overflow the context or holds an unknown token id.
