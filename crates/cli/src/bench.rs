@@ -63,7 +63,8 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
     let loaded = open_model(&a.common)?;
     let model = &loaded.model;
     // before any step maps the experts' pages (`--mlock` pins them: no probe then)
-    let share = (a.roofline && !a.common.mlock).then(|| model.expert_page_share(crate::common::PAGE_SAMPLE)).flatten();
+    let visible = crate::pull::resolve_model(&a.common.model).is_ok_and(|p| cortiq_formats::page_cache_visible(&p));
+    let share = (a.roofline && !a.common.mlock && visible).then(|| model.expert_page_share(crate::common::PAGE_SAMPLE)).flatten();
     let mut o1 = a.o1.clone();
     o1.apply_budget(model, None, false)?;
     let plan = o1.plan(a.depth, None, false, None)?;

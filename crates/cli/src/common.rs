@@ -158,8 +158,11 @@ pub fn open_model(c: &Common) -> Result<Loaded> {
         bar.finish_and_clear();
     }
     if !c.no_mmap && !c.mlock {
-        warn_small_pages(&loaded.model, &path);
-        populate_experts(&loaded.model);
+        let visible = cortiq_formats::page_cache_visible(&path);
+        if visible {
+            warn_small_pages(&loaded.model, &path);
+        }
+        populate_experts(&loaded.model, visible);
     }
     if c.mlock {
         loaded.model.lock_resident().map_err(|e| {
@@ -201,9 +204,10 @@ const POPULATE_HEADROOM: usize = 2 << 30;
 /// does, when the memory can hold what is not cached yet: decode then never waits on the disk
 /// for an expert's first use, and a cold file comes in as 2 MiB pages. Skipped, with a line
 /// saying so, when it would not fit; a kernel without `MADV_POPULATE_READ` only loses the head
-/// start.
-fn populate_experts(model: &cortiq_engine::Model) {
-    let missing = model.expert_missing_bytes();
+/// start. `visible`: the page cache's state of the file can be told (`page_cache_visible`);
+/// else all of the experts count as to be read.
+fn populate_experts(model: &cortiq_engine::Model, visible: bool) {
+    let missing = if visible { model.expert_missing_bytes() } else { model.expert_mapped_bytes() };
     if let Some(avail) = mem_available()
         && missing + POPULATE_HEADROOM > avail
     {

@@ -43,7 +43,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, BufWriter, Read, Seek, SeekFrom, Write};
+use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -76,9 +76,6 @@ const DEFAULT_QUANTS: [&str; 5] = ["q4_k_m", "q4_k_s", "q4_0", "q4_1", "q4_k"];
 /// How many requests in a row may bring no new bytes before a download gives up (requests
 /// that make progress reset the count, so a long download over a flaky line keeps going).
 const MAX_ATTEMPTS: u32 = 5;
-
-/// Bytes per write of a download (two 2 MiB pages: `Hub::download`).
-const WRITE_CHUNK: usize = 4 << 20;
 
 /// How long one request may spend receiving its body before it is cut and resumed with a
 /// Range request: ureq 3 has no per-read timeout, only a budget per body, so this bounds how
@@ -656,11 +653,11 @@ impl<'a> Client<'a> {
             bar.set_position(have);
             let mut body = resp.into_body().into_reader();
             let mut buf = vec![0u8; 1 << 20];
-            // The body's small reads go out in whole 4 MiB writes: the page cache then keeps
-            // the new file in 2 MiB pages, which the first load maps as such (a file written
-            // in small pieces stays cached in 4 KiB pages, which decode reads more slowly:
-            // `cortiq_formats::PageShare`).
-            let mut w = BufWriter::with_capacity(WRITE_CHUNK, &mut out);
+            // The body's small reads go out in writes ending on 4 MiB boundaries: the page
+            // cache then keeps the new file in 2 MiB pages, which the first load maps as such
+            // (a file written in small pieces stays cached in 4 KiB pages, which decode reads
+            // more slowly: `cortiq_formats::PageShare`).
+            let mut w = cortiq_formats::ChunkWriter::new(&mut out, have, cortiq_formats::WRITE_CHUNK);
             last_error.clear();
             loop {
                 match body.read(&mut buf) {

@@ -57,6 +57,10 @@ pub struct ServeArgs {
     /// Open connections at most; beyond, a new one gets 503 and is closed.
     #[arg(long, default_value_t = 4096)]
     pub max_connections: usize,
+    /// How /v1/embeddings and /api/embed pool a text's positions: last (decoder embedding
+    /// models, e.g. Qwen3-Embedding), mean, or cls (the first position).
+    #[arg(long, default_value = "last")]
+    pub pooling: String,
     /// Requests waiting for a slot at most; beyond, 503 with Retry-After.
     #[arg(long, default_value_t = 256)]
     pub queue: usize,
@@ -151,6 +155,9 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
     if !(a.http_timeout > 0.0 && a.http_timeout.is_finite()) {
         bail!("--http-timeout must be a positive number of seconds, got {}", a.http_timeout);
     }
+    let Some(pooling) = cortiq_engine::Pooling::from_name(&a.pooling).filter(|_| a.pooling.parse::<u32>().is_err()) else {
+        bail!("--pooling {:?}: not one of last, mean, cls", a.pooling);
+    };
     if a.max_connections == 0 {
         bail!("--max-connections must be at least 1");
     }
@@ -234,6 +241,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         special_in_content: a.parse_special_in_messages,
         http_timeout: Duration::from_secs_f64(a.http_timeout),
         max_connections: a.max_connections,
+        pooling,
     };
     let (common, mut o1, spec) = (a.common, a.o1, a.spec);
     let load = Box::new(move || -> std::result::Result<Ready, String> {

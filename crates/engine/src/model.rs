@@ -337,6 +337,11 @@ impl Model {
         QTensor::missing_bytes(&self.routed_experts())
     }
 
+    /// Bytes of the routed experts read from the file map.
+    pub fn expert_mapped_bytes(&self) -> usize {
+        QTensor::mapped_bytes(&self.routed_experts())
+    }
+
     /// Bring the mapped routed experts into memory now (`QTensor::populate`): a decode then
     /// never waits on the file for an expert routed to for the first time, and a file not yet
     /// in the page cache comes in as 2 MiB pages (the map's advice), which decode streams faster
@@ -350,7 +355,7 @@ impl Model {
     /// the output head unless it is the embedding itself (tied).
     fn all_matrices(&self) -> Vec<&QTensor> {
         let mut all = vec![&self.tok_embd];
-        if !self.output.shares_bytes(&self.tok_embd) {
+        if !self.tied && !self.output.shares_bytes(&self.tok_embd) {
             all.push(&self.output);
         }
         for l in self.layers.iter().chain(self.mtp.iter().map(|m| &m.layer)) {

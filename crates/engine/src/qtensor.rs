@@ -297,6 +297,11 @@ impl QTensor {
         maps.into_iter().filter_map(|(b, rs)| b.page_share(&rs, per_map)).reduce(|a, b| a + b)
     }
 
+    /// Bytes of `tensors` read from file maps.
+    pub fn mapped_bytes(tensors: &[&QTensor]) -> usize {
+        mapped_ranges(tensors).iter().flat_map(|(_, rs)| rs.iter().map(|r| r.len())).sum()
+    }
+
     /// Bytes of `tensors`' file maps not in the page cache (`WeightBytes::missing_bytes`).
     pub fn missing_bytes(tensors: &[&QTensor]) -> usize {
         mapped_ranges(tensors).into_iter().flat_map(|(b, rs)| rs.into_iter().map(move |r| b.missing_bytes(r))).sum()
@@ -831,11 +836,6 @@ fn matvec_many(ws: &[&QTensor], x: &[f32], y: &mut [f32]) {
     matvec_inputs(ws, &vec![x; ws.len()], y);
 }
 
-/// One token through several matrices, matrix i on its own input xs[i], in one dispatch:
-/// `matvec_many` where the inputs differ (an MoE layer's routed experts' down projections).
-/// Each distinct input (the same slice given twice counts once) is quantized once per
-/// activation format before the dispatch; every row's value is the one the matrix gives alone.
-/// xs[i]: [cols_i] -> y: [Σ rows_i]
 /// The file ranges `tensors` read from their maps (interleaved tensors own their bytes and are
 /// skipped), per backing, in order, adjacent ranges merged.
 fn mapped_ranges<'a>(tensors: &[&'a QTensor]) -> Vec<(&'a Backing, Vec<std::ops::Range<usize>>)> {
@@ -861,6 +861,11 @@ fn mapped_ranges<'a>(tensors: &[&'a QTensor]) -> Vec<(&'a Backing, Vec<std::ops:
     maps
 }
 
+/// One token through several matrices, matrix i on its own input xs[i], in one dispatch:
+/// `matvec_many` where the inputs differ (an MoE layer's routed experts' down projections).
+/// Each distinct input (the same slice given twice counts once) is quantized once per
+/// activation format before the dispatch; every row's value is the one the matrix gives alone.
+/// xs[i]: [cols_i] -> y: [Σ rows_i]
 fn matvec_inputs(ws: &[&QTensor], xs: &[&[f32]], y: &mut [f32]) {
     // The distinct inputs, and which one each matrix reads.
     let mut inputs: Vec<&[f32]> = Vec::new();

@@ -270,8 +270,21 @@ struct Queue {
 /// the memory side (the cache's entry to bytes, bytes into the cache); the file is written or
 /// read by the asking thread, with no lock held.
 enum Control {
-    Save { slot: usize, scope: Scope },
-    Restore { path: String, bytes: Vec<u8>, scope: Scope },
+    Save {
+        slot: usize,
+        scope: Scope,
+    },
+    Restore {
+        path: String,
+        bytes: Vec<u8>,
+        scope: Scope,
+    },
+    /// Embeddings of these inputs (`Model::embed_pooled`), between two steps.
+    Embed {
+        inputs: Vec<Vec<u32>>,
+        pooling: crate::Pooling,
+        normalize: bool,
+    },
 }
 
 /// What the engine thread answers a `Control` with.
@@ -279,6 +292,7 @@ enum ControlDone {
     /// A save's bytes and how many tokens they hold.
     Saved(Vec<u8>, usize),
     Restored(SessionInfo),
+    Embedded(Vec<Vec<f32>>),
 }
 
 /// What a session save or restore did.
@@ -382,7 +396,7 @@ impl Handle {
     pub fn save_session_in(&self, scope: Scope, slot: usize, path: &std::path::Path) -> Result<SessionInfo, SessionOpError> {
         let (bytes, tokens) = match self.control(Control::Save { slot, scope })? {
             ControlDone::Saved(bytes, tokens) => (bytes, tokens),
-            ControlDone::Restored(_) => return Err(SessionOpError::Failed("a restore's answer to a save".into())),
+            _ => return Err(SessionOpError::Failed("another operation's answer to a save".into())),
         };
         // Writing failed (disk full, permissions): the server's trouble, not the request's.
         crate::session::write_file(path, &bytes).map_err(|e| SessionOpError::Failed(e.to_string()))?;
@@ -403,7 +417,22 @@ impl Handle {
         let bytes = crate::session::read_file(path, cap).map_err(|e| SessionOpError::Refused(e.to_string()))?;
         match self.control(Control::Restore { path: path.display().to_string(), bytes, scope })? {
             ControlDone::Restored(info) => Ok(info),
-            ControlDone::Saved(..) => Err(SessionOpError::Failed("a save's answer to a restore".into())),
+            _ => Err(SessionOpError::Failed("another operation's answer to a restore".into())),
+        }
+    }
+
+    /// Embeddings of `inputs` (token ids, each within the context), computed on the engine
+    /// thread between two steps of whatever it is generating (`Model::embed_pooled`); a row
+    /// per input, in order.
+    pub fn embed(
+        &self,
+        inputs: Vec<Vec<u32>>,
+        pooling: crate::Pooling,
+        normalize: bool,
+    ) -> Result<Vec<Vec<f32>>, SessionOpError> {
+        match self.control(Control::Embed { inputs, pooling, normalize })? {
+            ControlDone::Embedded(rows) => Ok(rows),
+            _ => Err(SessionOpError::Failed("another operation's answer to an embedding".into())),
         }
     }
 
@@ -462,7 +491,7 @@ impl Handle {
                     // A restore waits for no refill; a save goes after them, so that it writes
                     // the conversation's prompt and output (the refill of a generation that
                     // just ended is queued before its Done event reaches the asking thread).
-                    if q.controls.iter().any(|(c, _)| matches!(c, Control::Restore { .. })) {
+                    if q.controls.iter().any(|(c, _)| matches!(c, Control::Restore { .. } | Control::Embed { .. })) {
                         break;
                     }
                     // Idle: prefill a finished generation again for the cache (slot 0's state
@@ -950,6 +979,10 @@ impl Handle {
         c: Control,
     ) -> Result<ControlDone, SessionOpError> {
         let refused = |m: String| SessionOpError::Refused(m);
+        if let Control::Embed { inputs, pooling, normalize } = c {
+            let rows = inputs.iter().map(|t| model.embed_pooled(t, pooling, normalize)).collect::<crate::Result<Vec<_>>>();
+            return rows.map(ControlDone::Embedded).map_err(|e| refused(e.to_string()));
+        }
         let Some(cache) = cache else { return Err(no_cache()) };
         match c {
             Control::Save { slot, scope } => {
@@ -975,6 +1008,8 @@ impl Handle {
                 }
                 Ok(ControlDone::Restored(SessionInfo { tokens: s.tokens.len(), bytes: bytes.len() as u64 }))
             }
+            // answered above, without the cache
+            Control::Embed { .. } => Err(SessionOpError::Failed("an embedding reached the session operations".into())),
         }
     }
 

@@ -49,7 +49,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::fs::File;
-use std::io::{BufWriter, Read, Write};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -365,7 +365,7 @@ pub struct PlannedTensor {
 pub struct CmfWriter {
     out: PathBuf,
     tmp: PathBuf,
-    file: Option<BufWriter<File>>,
+    file: Option<crate::ChunkWriter<File>>,
     force: bool,
     /// (name, bytes) in plan order.
     plan: Vec<(String, u64)>,
@@ -415,9 +415,9 @@ impl CmfWriter {
         let mut w = CmfWriter {
             out: out.to_path_buf(),
             tmp,
-            // whole 4 MiB writes: the page cache keeps the new file in 2 MiB pages, which
-            // the first load maps as such (`PageShare`)
-            file: Some(BufWriter::with_capacity(4 << 20, f)),
+            // writes ending on 4 MiB boundaries: the page cache keeps the new file in 2 MiB
+            // pages, which the first load maps as such (`ChunkWriter`)
+            file: Some(crate::ChunkWriter::new(f, 0, crate::WRITE_CHUNK)),
             force,
             plan: header.tensors.iter().map(|t| (t.name.clone(), t.bytes)).collect(),
             cur: 0,
@@ -492,7 +492,7 @@ impl CmfWriter {
             return Err(FormatError::malformed(&self.out, format!("tensor '{name}' was never written")));
         }
         let f = self.file.take().expect("open until finish");
-        let f = f.into_inner().map_err(|e| FormatError::io(&self.tmp, e.into_error()))?;
+        let f = f.into_inner().map_err(|e| FormatError::io(&self.tmp, e))?;
         f.sync_all().map_err(|e| FormatError::io(&self.tmp, e))?;
         drop(f);
         // Checked again: the output may have appeared while we were writing.

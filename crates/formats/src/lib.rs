@@ -6,6 +6,7 @@
 
 pub mod calls;
 pub mod chat;
+mod chunk_writer;
 pub mod cmf;
 pub mod error;
 pub mod gguf;
@@ -17,5 +18,6 @@ pub mod registry;
 pub mod safetensors;
 pub mod tokenizer;
 
+pub use chunk_writer::{ChunkWriter, WRITE_CHUNK};
 pub use error::FormatError;
-pub use mapping::{PageShare, WeightBytes};
+pub use mapping::{PageShare, WeightBytes, page_cache_visible};

@@ -55,6 +55,29 @@ impl std::ops::Add for PageShare {
     }
 }
 
+/// Whether this process may see how the page cache holds `path`: Linux's `mincore` reports a
+/// file map's pages only for files the process could open for writing (its owner's, or
+/// writable to it), and calls every page resident otherwise. `WeightBytes::page_share` and
+/// `missing_bytes` mean nothing where this is false.
+pub fn page_cache_visible(path: &Path) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::fs::MetadataExt;
+        // SAFETY: geteuid only reads the process's credentials.
+        let euid = unsafe { libc::geteuid() };
+        let owner = std::fs::metadata(path).is_ok_and(|m| m.uid() == euid);
+        let writable = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+            // SAFETY: a NUL-terminated path; access only checks permissions.
+            .is_ok_and(|c| unsafe { libc::access(c.as_ptr(), libc::W_OK) } == 0);
+        owner || writable
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = path;
+        false
+    }
+}
+
 /// The bytes a loaded tensor points into: a read-only file map or an owned buffer.
 pub trait WeightBytes: Send + Sync {
     fn bytes(&self) -> &[u8];
@@ -188,7 +211,13 @@ mod probe {
     use std::ops::Range;
 
     const WIN: usize = 2 << 20;
-    const PAGE: usize = 4096;
+
+    /// The kernel's page size (4 KiB on x86, 16 or 64 KiB on some ARM kernels).
+    fn page() -> usize {
+        // SAFETY: sysconf reads a system constant.
+        let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        if p > 0 { p as usize } else { 4096 }
+    }
 
     pub(super) fn page_share(map: &Mmap, ranges: &[Range<usize>], max_windows: usize) -> Option<PageShare> {
         let base = map.as_ptr() as usize;
@@ -224,18 +253,20 @@ mod probe {
 
     /// Bytes of the pages `range` touches that `mincore` finds outside the page cache.
     pub(super) fn missing_bytes(map: &Mmap, range: Range<usize>) -> usize {
-        let (start, end) = (range.start / PAGE * PAGE, range.end.min(map.len()));
+        let page = page();
+        let (start, end) = (range.start / page * page, range.end.min(map.len()));
         if start >= end {
             return 0;
         }
-        let mut v = vec![0u8; (end - start).div_ceil(PAGE)];
+        let mut v = vec![0u8; (end - start).div_ceil(page)];
         // SAFETY: mincore reads no byte of the map; start..end lies inside it (start on a page
         // boundary, as the map's start is) and `v` has one byte per page of it.
         let rc = unsafe { libc::mincore(map.as_ptr().add(start) as *mut libc::c_void, end - start, v.as_mut_ptr()) };
         if rc != 0 {
-            return 0;
+            // not told: all of it, so a memory check on it errs on the safe side
+            return end - start;
         }
-        v.iter().filter(|b| *b & 1 == 0).count() * PAGE
+        v.iter().filter(|b| *b & 1 == 0).count() * page
     }
 
     /// Unmap the windows at `ws` from this process (the page cache keeps them).
@@ -249,7 +280,7 @@ mod probe {
 
     /// Whether every page of the window at `w` is in the page cache.
     fn in_cache(map: &Mmap, w: usize) -> bool {
-        let mut v = [0u8; WIN / PAGE];
+        let mut v = vec![0u8; WIN.div_ceil(page())];
         // SAFETY: mincore reads no byte of the map; the window lies inside it (whole pages,
         // the map starts on a page boundary) and `v` has one byte per page.
         let rc = unsafe { libc::mincore(map.as_ptr().add(w) as *mut libc::c_void, WIN, v.as_mut_ptr()) };

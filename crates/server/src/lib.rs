@@ -10,6 +10,7 @@
 
 mod anthropic;
 pub mod api;
+mod embed;
 pub mod error;
 mod generate;
 mod ollama;
@@ -86,6 +87,8 @@ pub struct ServeOptions {
     pub http_timeout: Duration,
     /// Open connections at most (`--max-connections`); beyond, a new one gets 503 and is closed.
     pub max_connections: usize,
+    /// How the embeddings routes pool a text's positions (`--pooling`).
+    pub pooling: cortiq_engine::Pooling,
 }
 
 /// Bytes of a connection's kernel send buffer (Linux doubles it for its bookkeeping): tokens
@@ -135,6 +138,8 @@ pub(crate) struct Info {
     pub file: Option<std::path::PathBuf>,
     pub n_params: u64,
     pub weight_type: String,
+    /// The model's width (an embedding's length).
+    pub d_model: usize,
 }
 
 pub(crate) struct App {
@@ -391,6 +396,7 @@ fn engine_thread(app: Arc<App>, load: Loader, fail: tokio::sync::oneshot::Sender
         file,
         n_params: model.param_count(),
         weight_type: model.main_weight_type(),
+        d_model: model.cfg.d_model,
     };
     let _ = app.info.set(info);
     // A panic in the engine is a bug; a server whose engine is gone would accept requests and
@@ -436,6 +442,9 @@ fn router(app: Arc<App>) -> Router {
         .route("/api/ps", get(ollama::ps))
         .route("/api/show", post(ollama::show))
         .route("/api/version", get(ollama::version))
+        .route("/api/embed", post(embed::ollama))
+        .route("/api/embeddings", post(embed::ollama_legacy))
+        .route("/v1/embeddings", post(embed::openai))
         .route("/", get(chat_page))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -504,10 +513,13 @@ pub fn host_allowed(host: &str, extra: &[String]) -> bool {
 /// JSON routes take `Content-Type: application/json` only (415 otherwise): a cross-site page
 /// can POST text/plain without a preflight, never JSON. ollama's routes (`/api/*`) take a body
 /// of any type from a client that names no `Origin`, as ollama does (its documented calls are
-/// `curl -d '{...}'`, form-typed); a browser names the page's origin on every POST, so a page
-/// still gets the JSON rule there.
+/// `curl -d '{...}'`, form-typed); a browser names the page's origin on every POST (and its
+/// `Sec-Fetch-Site`), so a page still gets the JSON rule there.
 async fn json_only(req: Request, next: Next) -> Response {
-    let ollama_tool = req.uri().path().starts_with("/api/") && !req.headers().contains_key(header::ORIGIN);
+    let h = req.headers();
+    let from_page = h.contains_key(header::ORIGIN)
+        || h.get("sec-fetch-site").and_then(|v| v.to_str().ok()).is_some_and(|v| !v.eq_ignore_ascii_case("none"));
+    let ollama_tool = req.uri().path().starts_with("/api/") && !from_page;
     if req.method() == axum::http::Method::POST && !ollama_tool {
         let ct = req.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
         let mime = ct.split(';').next().unwrap_or("").trim();

@@ -35,7 +35,7 @@ use crate::generate::{self, EventRx, Out, Queued};
 use crate::{App, Info, body_error};
 
 /// An error in ollama's form: `{"error": "..."}` with the status.
-fn error_response(e: ApiError) -> Response {
+pub(crate) fn error_response(e: ApiError) -> Response {
     let mut msg = e.message.clone();
     if let Some(p) = e.param.as_ref().filter(|p| !msg.contains(p.as_str())) {
         msg = format!("{p}: {msg}");
@@ -45,8 +45,10 @@ fn error_response(e: ApiError) -> Response {
 
 /// The request's `model`: required, and the model this server serves (with or without the
 /// `:latest` tag).
-fn check_model(app: &App, o: &Obj) -> Result<(), ApiError> {
-    let Some(m) = o.get("model").and_then(Value::as_str).filter(|m| !m.is_empty()) else {
+pub(crate) fn check_model(app: &App, o: &Obj) -> Result<(), ApiError> {
+    // `name`: older clients' field for the same
+    let given = ["model", "name"].iter().find_map(|k| o.get(*k).and_then(Value::as_str).filter(|m| !m.is_empty()));
+    let Some(m) = given else {
         return Err(ApiError::invalid("model", "model is required"));
     };
     let id = &app.opts.model_id;
@@ -55,8 +57,13 @@ fn check_model(app: &App, o: &Obj) -> Result<(), ApiError> {
     }
     Err(ApiError {
         param: None,
-        ..ApiError::not_found("model_not_found", format!("model '{m}' not found; this server serves '{id}:latest'"))
+        ..ApiError::not_found("model_not_found", format!("model '{m}' not found; this server serves '{}'", tagged(id)))
     })
+}
+
+/// The served id as ollama names models: with its tag, `:latest` where it has none.
+fn tagged(id: &str) -> String {
+    if id.contains(':') { id.to_string() } else { format!("{id}:latest") }
 }
 
 /// ollama's `options`, `format` and `stream` in the OpenAI route's names, for `api::gen_params`.
@@ -77,18 +84,19 @@ fn sampling(o: &Obj) -> Result<Obj, ApiError> {
         if let Some(v) = opts.get("stop").filter(|v| !v.is_null()) {
             m.insert("stop".into(), v.clone());
         }
-        // num_predict: -1 (and -2, "fill the context") is no limit, as in ollama
+        // num_predict: -1 (and -2, "fill the context") is no limit, as in ollama; apps that
+        // send 0 for "the default" get no limit too
         match opts.get("num_predict").filter(|v| !v.is_null()) {
             None => {}
             Some(v) => match v.as_i64() {
                 Some(n) if n >= 1 => {
                     m.insert("max_tokens".into(), json!(n));
                 }
-                Some(-1 | -2) => {}
-                _ => {
+                Some(_) => {}
+                None => {
                     return Err(ApiError::invalid(
                         "options.num_predict",
-                        format!("'options.num_predict' must be a positive integer, or -1 for no limit, got {v}"),
+                        format!("'options.num_predict' must be an integer (-1 for no limit), got {v}"),
                     ));
                 }
             },
@@ -209,7 +217,9 @@ fn conversation(o: &Obj) -> Result<(Vec<ChatMessage>, AgentParams), ApiError> {
         }
         // thinking levels: the model thinks as its template has it
         Some(Value::String(s)) if matches!(s.as_str(), "low" | "medium" | "high" | "max") => {}
-        Some(v) => return Err(ApiError::invalid("think", format!("'think' must be true, false, or low/medium/high, got {v}"))),
+        Some(v) => {
+            return Err(ApiError::invalid("think", format!("'think' must be true, false, or low/medium/high/max, got {v}")));
+        }
     }
     let agent = api::agent_params(&chat)?;
     Ok((msgs, agent))
@@ -378,10 +388,19 @@ fn done_reason(f: Finish) -> &'static str {
     }
 }
 
-/// A call as ollama writes it: arguments as an object, its place in the message.
-fn tool_call(index: usize, name: &str, arguments: &str) -> Value {
-    let args: Value = serde_json::from_str(arguments).unwrap_or_else(|_| json!({}));
-    json!({"function": {"index": index, "name": name, "arguments": args}})
+/// A call as ollama writes it: arguments as an object (a JSON string holding one is read
+/// through), its place in the message. `Err`: the arguments are no object (a call cut by the
+/// token limit): the call's text, to be shown as content rather than run with arguments the
+/// model did not write.
+fn tool_call(index: usize, name: &str, arguments: &str) -> Result<Value, String> {
+    let mut args: Value = serde_json::from_str(arguments).unwrap_or(Value::Null);
+    if let Value::String(inner) = &args {
+        args = serde_json::from_str(inner).unwrap_or(Value::Null);
+    }
+    if !args.is_object() {
+        return Err(format!("{{\"name\": {}, \"arguments\": {arguments}}}", json!(name)));
+    }
+    Ok(json!({"function": {"index": index, "name": name, "arguments": args}}))
 }
 
 /// Answer whole or as NDJSON.
@@ -413,7 +432,10 @@ async fn whole(mut q: Queued, route: Route, mut clock: Clock) -> Result<Response
         match piece {
             Piece::Text(t) => content.push_str(&t),
             Piece::Reasoning(r) => thinking.push_str(&r),
-            Piece::Call(c) => calls.push(tool_call(calls.len(), &c.name, &c.arguments)),
+            Piece::Call(c) => match tool_call(calls.len(), &c.name, &c.arguments) {
+                Ok(call) => calls.push(call),
+                Err(text) => content.push_str(&text),
+            },
             // `pieces` gives every call whole.
             Piece::CallStart(_) | Piece::CallArgs(_) | Piece::CallEnd => {}
         }
@@ -500,7 +522,11 @@ impl Streamer {
                 Piece::Text(t) => self.chunk(&t, None, None),
                 Piece::Reasoning(r) => self.chunk("", Some(&r), None),
                 Piece::Call(c) => self.emit_call(&c.name, &c.arguments),
-                Piece::CallStart(name) => self.call = Some((name, String::new())),
+                Piece::CallStart(name) => {
+                    if let Some((open, args)) = self.call.replace((name, String::new())) {
+                        self.emit_call(&open, &args);
+                    }
+                }
                 Piece::CallArgs(a) => {
                     if let Some((_, args)) = &mut self.call {
                         args.push_str(&a);
@@ -516,9 +542,13 @@ impl Streamer {
     }
 
     fn emit_call(&mut self, name: &str, arguments: &str) {
-        let c = tool_call(self.calls, name, arguments);
-        self.calls += 1;
-        self.chunk("", None, Some(c));
+        match tool_call(self.calls, name, arguments) {
+            Ok(c) => {
+                self.calls += 1;
+                self.chunk("", None, Some(c));
+            }
+            Err(text) => self.chunk(&text, None, None),
+        }
     }
 
     fn on(&mut self, ev: Option<Event>) {
@@ -585,7 +615,7 @@ fn entry(app: &App, info: &Info) -> Value {
     let meta = info.file.as_ref().and_then(|f| std::fs::metadata(f).ok());
     let size = meta.as_ref().map_or(0, |m| m.len());
     let modified = meta.as_ref().and_then(|m| m.modified().ok()).unwrap_or(UNIX_EPOCH);
-    let name = format!("{}:latest", app.opts.model_id);
+    let name = tagged(&app.opts.model_id);
     json!({
         "name": name,
         "model": name,
@@ -758,10 +788,21 @@ mod tests {
         let m = sampling(&unlimited).unwrap();
         assert!(!m.contains_key("max_tokens"));
         assert_eq!(m.get("stream"), Some(&json!(false)));
-        for bad in [json!({"options": {"num_predict": 0}}), json!({"options": 3}), json!({"format": "yaml"})] {
+        let zero: Obj = serde_json::from_value(json!({"options": {"num_predict": 0}})).unwrap();
+        assert!(!sampling(&zero).unwrap().contains_key("max_tokens"), "num_predict 0: no limit");
+        for bad in [json!({"options": {"num_predict": "x"}}), json!({"options": 3}), json!({"format": "yaml"})] {
             let o: Obj = serde_json::from_value(bad.clone()).unwrap();
             assert!(sampling(&o).is_err(), "{bad} accepted");
         }
+    }
+
+    #[test]
+    fn tool_call_arguments_are_objects_or_text() {
+        assert_eq!(tool_call(0, "f", r#"{"a": 1}"#).unwrap()["function"]["arguments"], json!({"a": 1}));
+        assert_eq!(tool_call(1, "f", r#""{\"a\": 1}""#).unwrap()["function"]["arguments"], json!({"a": 1}));
+        let cut = tool_call(0, "f", r#"{"a": "#).unwrap_err();
+        assert!(cut.contains("\"f\"") && cut.contains(r#"{"a": "#), "{cut}");
+        assert!(tool_call(0, "f", "[1, 2]").is_err());
     }
 
     #[test]

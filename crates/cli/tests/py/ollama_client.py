@@ -149,6 +149,19 @@ follow = ask + [r.message.model_dump(exclude_none=True),
 r2 = client.chat(model=NAME, messages=follow, tools=[get_weather], options={**T0, "num_predict": 64})
 check(r2.done and (r2.message.content or r2.message.tool_calls), f"second turn answered ({r2.message})")
 
+# embed: a list of inputs, one row each, unit length; a single string gives a list of one row;
+# the same vectors as /v1/embeddings; dimensions
+e = client.embed(model=NAME, input=["Why is the sky blue?", "Why is the grass green?"])
+check(len(e.embeddings) == 2 and len(e.embeddings[0]) == 896 and e.prompt_eval_count > 0, f"embed: 2 rows of {len(e.embeddings[0])}")
+check(all(abs(sum(v * v for v in row) - 1) < 1e-4 for row in e.embeddings), "embed: unit length")
+one = client.embed(model=NAME, input="Why is the sky blue?")
+check(len(one.embeddings) == 1 and one.embeddings[0] == e.embeddings[0], "embed: a string == its row in a list")
+st, _, b = http("POST", "/v1/embeddings", {"input": "Why is the sky blue?", "encoding_format": "float"})
+check(st == 200 and json.loads(b)["data"][0]["embedding"] == one.embeddings[0], "embed == /v1/embeddings")
+check(len(client.embed(model=NAME, input="x", dimensions=8).embeddings[0]) == 8, "embed: dimensions 8")
+st, _, b = http("POST", "/api/embeddings", {"model": NAME, "prompt": "Why is the sky blue?"})
+check(st == 200 and json.loads(b)["embedding"] == one.embeddings[0], "the older /api/embeddings")
+
 # errors in ollama's form
 try:
     client.chat(model="llama3:8b", messages=msgs)
@@ -159,7 +172,7 @@ st, _, b = http("POST", "/api/chat", {"model": NAME, "messages": [{"role": "user
 check(st == 400 and "images" in json.loads(b)["error"], f"images refused: {st} {b!r}")
 st, _, b = http("POST", "/api/generate", {"prompt": "hi"})
 check(st == 400 and json.loads(b)["error"].startswith("model"), f"no model: {st} {b!r}")
-st, _, b = http("POST", "/api/chat", {"model": NAME, "messages": msgs, "options": {"num_predict": 0}})
+st, _, b = http("POST", "/api/chat", {"model": NAME, "messages": msgs, "options": {"num_predict": "many"}})
 check(st == 400 and "num_predict" in json.loads(b)["error"], f"bad option: {st} {b!r}")
 st, _, b = http("POST", "/api/chat", {"model": NAME, "messages": []})
 lo = json.loads(b)

@@ -208,4 +208,24 @@ if chat_ok:
         conv.append({"role": "assistant", "content": r.choices[0].message.content})
         time.sleep(0.3)  # the idle refill of prompt + answer
 
+# embeddings: the client's default base64 and floats agree; unit length; a batch gives each
+# input what it gives alone; dimensions truncate and renormalize
+texts = ["The quick brown fox jumps over the lazy dog", "def add(a, b): return a + b", "A third input"]
+emb = client.embeddings.create(model=model, input=texts)
+vecs = [d.embedding for d in emb.data]
+check(emb.object == "list" and [d.index for d in emb.data] == [0, 1, 2] and emb.usage.prompt_tokens > 0, f"embeddings: three rows ({emb.usage})")
+check(all(abs(sum(v * v for v in e) - 1) < 1e-4 for e in vecs), "embeddings: unit length")
+floats = client.embeddings.create(model=model, input=texts, encoding_format="float")
+check(all(max(abs(a - b) for a, b in zip(x.embedding, y)) == 0 for x, y in zip(floats.data, vecs)), "embeddings: base64 == float")
+alone = client.embeddings.create(model=model, input=texts[1]).data[0].embedding
+check(alone == vecs[1], "embeddings: an input alone == its row in a batch")
+short = client.embeddings.create(model=model, input=texts[0], dimensions=32).data[0].embedding
+norm = sum(v * v for v in vecs[0][:32]) ** 0.5
+check(len(short) == 32 and max(abs(a - b / norm) for a, b in zip(short, vecs[0][:32])) < 1e-6, "embeddings: dimensions 32")
+try:
+    client.embeddings.create(model=model, input=[])
+    check(False, "an empty input list was accepted")
+except openai.BadRequestError as e:
+    check(e.status_code == 400, f"embeddings: empty input refused ({e.status_code})")
+
 print("all checks passed")
