@@ -146,6 +146,26 @@ pub struct BatchEntry<'a> {
     pub hidden: Option<&'a mut Vec<f32>>,
 }
 
+/// One vector of a text's final-normed rows [n, d] (`Model::embed_pooled`): the pooled row (a
+/// mean summed in f64, position by position), scaled to unit length when `normalize`.
+fn pool_rows(rows: &[f32], d: usize, pooling: Pooling, normalize: bool) -> Vec<f32> {
+    let n = rows.len() / d;
+    let rows = match pooling {
+        Pooling::Last => &rows[(n - 1) * d..],
+        Pooling::First => &rows[..d],
+        Pooling::Mean => rows,
+    };
+    let k = (rows.len() / d) as f64;
+    let mut e: Vec<f32> = (0..d).map(|j| (rows.chunks_exact(d).map(|r| f64::from(r[j])).sum::<f64>() / k) as f32).collect();
+    if normalize {
+        let norm = e.iter().map(|v| f64::from(*v) * f64::from(*v)).sum::<f64>().sqrt();
+        if norm > 0.0 {
+            e.iter_mut().for_each(|v| *v = (f64::from(*v) / norm) as f32);
+        }
+    }
+    e
+}
+
 /// How `Model::embed_pooled` makes one vector of a text's positions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Pooling {
@@ -591,24 +611,52 @@ impl Model {
         for il in 0..self.layers.len() {
             self.layer_forward(il, &mut x, n, 0, &mut state, &mut |_, _, _| {})?;
         }
-        let rows = match pooling {
-            Pooling::Last => &x[(n - 1) * d..],
-            Pooling::First => &x[..d],
-            Pooling::Mean => &x[..],
-        };
-        let mut normed = vec![0f32; rows.len()]; // [rows, d_model]
-        rmsnorm_rows_in(self.numerics, rows, &self.output_norm, self.cfg.norm_eps, &mut normed);
-        // the mean in f64, position by position (as the reference sums)
-        let mut e: Vec<f32> = (0..d)
-            .map(|j| (normed.chunks_exact(d).map(|r| f64::from(r[j])).sum::<f64>() / (normed.len() / d) as f64) as f32)
-            .collect();
-        if normalize {
-            let norm = e.iter().map(|v| f64::from(*v) * f64::from(*v)).sum::<f64>().sqrt();
-            if norm > 0.0 {
-                e.iter_mut().for_each(|v| *v = (f64::from(*v) / norm) as f32);
+        let mut normed = vec![0f32; x.len()]; // [n, d_model]
+        rmsnorm_rows_in(self.numerics, &x, &self.output_norm, self.cfg.norm_eps, &mut normed);
+        Ok(pool_rows(&normed, d, pooling, normalize))
+    }
+
+    /// `embed_pooled` of several inputs in one forward (`forward_batch`, each input its own
+    /// sequence, the final-normed rows kept, no LM head): one read of the weights for the
+    /// whole list, each row the value `embed_pooled` gives the input alone. Inputs are taken
+    /// in groups of at most `max_tokens` positions (one forward each; an input longer than
+    /// that runs alone). -> a row [d_model] per input
+    pub fn embed_batch(
+        &self,
+        inputs: &[Vec<u32>],
+        pooling: Pooling,
+        normalize: bool,
+        max_tokens: usize,
+    ) -> Result<Vec<Vec<f32>>> {
+        let d = self.cfg.d_model;
+        let mut out = Vec::with_capacity(inputs.len());
+        let mut i = 0;
+        while i < inputs.len() {
+            let (mut j, mut n) = (i, 0);
+            while j < inputs.len() && (j == i || n + inputs[j].len() <= max_tokens) {
+                n += inputs[j].len();
+                j += 1;
             }
+            let group = &inputs[i..j];
+            let mut states: Vec<SeqState> = group.iter().map(|t| self.new_state(t.len().max(1))).collect();
+            let mut hidden: Vec<Vec<f32>> = vec![Vec::new(); group.len()];
+            let mut batch: Vec<BatchEntry<'_>> = group
+                .iter()
+                .zip(states.iter_mut())
+                .zip(hidden.iter_mut())
+                .map(|((t, state), h)| BatchEntry { tokens: t, state, want: Logits::None, verify: None, hidden: Some(h) })
+                .collect();
+            self.forward_batch(&mut batch).map_err(|e| match e {
+                EngineError::Batch { entry, source } => EngineError::Batch { entry: entry + i, source },
+                e => e,
+            })?;
+            drop(batch);
+            for h in &hidden {
+                out.push(pool_rows(h, d, pooling, normalize));
+            }
+            i = j;
         }
-        Ok(e)
+        Ok(out)
     }
 
     /// Errors for a chunk that would overflow the context or holds an unknown token id.

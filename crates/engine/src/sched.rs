@@ -269,6 +269,10 @@ struct Queue {
 /// A session operation the engine thread runs between steps (`Handle::save_session`): only
 /// the memory side (the cache's entry to bytes, bytes into the cache); the file is written or
 /// read by the asking thread, with no lock held.
+/// Positions an embeddings request runs per forward at least (`Model::embed_batch`): short
+/// inputs share one read of the weights.
+const EMBED_BATCH_TOKENS: usize = 2048;
+
 enum Control {
     Save {
         slot: usize,
@@ -980,7 +984,7 @@ impl Handle {
     ) -> Result<ControlDone, SessionOpError> {
         let refused = |m: String| SessionOpError::Refused(m);
         if let Control::Embed { inputs, pooling, normalize } = c {
-            let rows = inputs.iter().map(|t| model.embed_pooled(t, pooling, normalize)).collect::<crate::Result<Vec<_>>>();
+            let rows = model.embed_batch(&inputs, pooling, normalize, cfg.prefill_chunk.max(EMBED_BATCH_TOKENS));
             return rows.map(ControlDone::Embedded).map_err(|e| refused(e.to_string()));
         }
         let Some(cache) = cache else { return Err(no_cache()) };

@@ -53,3 +53,31 @@ fn fast_embeddings_are_close_and_normalize_alone() {
     let (md, _) = max_diff(&raw.iter().map(|v| v / len).collect::<Vec<_>>(), &fast);
     assert!(md < 1e-6 && (len - 1.0).abs() > 1e-3, "raw length {len}, diff {md}");
 }
+
+/// `embed_batch` (one forward over many inputs, what the server runs) gives each input exactly
+/// what `embed_pooled` gives it alone, whatever the grouping, under exact and fast numerics,
+/// on the dense fixture and a mixture of experts.
+#[test]
+fn batched_embeddings_equal_each_alone() {
+    for arch in ["qwen3", "qwen3_moe"] {
+        for numerics in [Numerics::Exact, Numerics::Fast] {
+            let mut m = load(&fixture(arch)).unwrap().model;
+            m.set_numerics(numerics);
+            let vocab = m.cfg.vocab as u32;
+            let inputs: Vec<Vec<u32>> = [5usize, 1, 17, 9, 32]
+                .iter()
+                .enumerate()
+                .map(|(k, &n)| (0..n).map(|i| ((i * 31 + k * 7) as u32) % vocab).collect())
+                .collect();
+            for pooling in [Pooling::Last, Pooling::Mean, Pooling::First] {
+                let alone: Vec<Vec<f32>> = inputs.iter().map(|t| m.embed_pooled(t, pooling, true).unwrap()).collect();
+                for max_tokens in [1, 20, 4096] {
+                    let batch = m.embed_batch(&inputs, pooling, true, max_tokens).unwrap();
+                    assert_eq!(batch, alone, "{arch} {numerics:?} {pooling:?}: grouped by {max_tokens} positions");
+                }
+            }
+            let err = m.embed_batch(&[vec![1, 2], vec![]], Pooling::Last, true, 64).unwrap_err();
+            assert!(err.to_string().contains("entry 1"), "{err}");
+        }
+    }
+}
