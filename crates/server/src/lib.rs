@@ -30,7 +30,7 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -452,6 +452,7 @@ fn router(app: Arc<App>) -> Router {
         .layer(middleware::from_fn(json_only))
         .layer(middleware::from_fn_with_state(app.clone(), auth))
         .layer(middleware::from_fn_with_state(app.clone(), host_guard))
+        .layer(middleware::from_fn(ollama_errors))
         .layer(middleware::from_fn_with_state(app.clone(), log_and_count))
         .layer(DefaultBodyLimit::max(app.opts.body_limit))
         .with_state(app)
@@ -536,6 +537,35 @@ async fn json_only(req: Request, next: Next) -> Response {
         }
     }
     next.run(req).await
+}
+
+/// ollama's clients read an error as `{"error": "message"}`: on `/api/*`, an error a layer
+/// before the route answered in OpenAI's form (authentication, content type, body size, host,
+/// an unknown path) is rewritten so, its status and headers kept.
+async fn ollama_errors(req: Request, next: Next) -> Response {
+    if !req.uri().path().starts_with("/api/") {
+        return next.run(req).await;
+    }
+    let resp = next.run(req).await;
+    if resp.status().is_success() {
+        return resp;
+    }
+    let (mut parts, body) = resp.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, 1 << 20).await else {
+        return (parts.status, axum::Json(json!({"error": parts.status.to_string()}))).into_response();
+    };
+    let msg = serde_json::from_slice::<serde_json::Value>(&bytes)
+        .ok()
+        .and_then(|v| v.get("error").and_then(|e| e.get("message")).and_then(|m| m.as_str()).map(str::to_string));
+    match msg {
+        Some(m) => {
+            let body = serde_json::to_vec(&json!({"error": m})).expect("a JSON value serializes");
+            parts.headers.remove(header::CONTENT_LENGTH);
+            parts.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            Response::from_parts(parts, axum::body::Body::from(body))
+        }
+        None => Response::from_parts(parts, axum::body::Body::from(bytes)),
+    }
 }
 
 /// Which API key a request came with (1 for the first): its prompt-cache scope under

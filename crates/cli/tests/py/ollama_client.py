@@ -162,7 +162,16 @@ check(len(client.embed(model=NAME, input="x", dimensions=8).embeddings[0]) == 8,
 st, _, b = http("POST", "/api/embeddings", {"model": NAME, "prompt": "Why is the sky blue?"})
 check(st == 200 and json.loads(b)["embedding"] == one.embeddings[0], "the older /api/embeddings")
 
-# errors in ollama's form
+# errors in ollama's form, also those answered before the route (authentication, a bad path)
+st, _, b = http("GET", "/api/nothing-here")
+check(st == 404 and isinstance(json.loads(b)["error"], str), f"unknown route: {st} {b!r}")
+req = urllib.request.Request(base + "/api/tags")
+try:
+    urllib.request.urlopen(req)
+    check(False, "no key accepted")
+except urllib.error.HTTPError as e:
+    check(e.code == 401 and isinstance(json.loads(e.read())["error"], str), f"no key: {e.code}")
+
 try:
     client.chat(model="llama3:8b", messages=msgs)
     check(False, "an unknown model answered")
