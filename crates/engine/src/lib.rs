@@ -7,6 +7,7 @@ pub mod codec;
 pub mod compat;
 pub mod config;
 pub mod convert;
+pub mod encoder;
 pub mod error;
 pub mod generate;
 pub mod geometry;

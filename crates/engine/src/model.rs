@@ -148,7 +148,7 @@ pub struct BatchEntry<'a> {
 
 /// One vector of a text's final-normed rows [n, d] (`Model::embed_pooled`): the pooled row (a
 /// mean summed in f64, position by position), scaled to unit length when `normalize`.
-fn pool_rows(rows: &[f32], d: usize, pooling: Pooling, normalize: bool) -> Vec<f32> {
+pub(crate) fn pool_rows(rows: &[f32], d: usize, pooling: Pooling, normalize: bool) -> Vec<f32> {
     let n = rows.len() / d;
     let rows = match pooling {
         Pooling::Last => &rows[(n - 1) * d..],
