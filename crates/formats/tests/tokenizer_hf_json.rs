@@ -115,3 +115,25 @@ fn harmony_markup_is_rendered() {
     let parsed = tok.encode_with("<|channel|>a<|call|>", false, true).unwrap();
     assert_eq!(parsed, [id("<|channel|>"), id("a"), id("<|call|>")]);
 }
+
+/// A tokenizer.json that pads and truncates (sentence-transformers' folders: Fixed 128, cut at
+/// 128) encodes a prompt whole and unpadded: every token, no pad ids.
+#[test]
+fn padding_and_truncation_of_the_file_are_ignored() {
+    let json = serde_json::json!({
+        "version": "1.0",
+        "truncation": {"direction": "Right", "max_length": 3, "strategy": "LongestFirst", "stride": 0},
+        "padding": {"strategy": {"Fixed": 16}, "direction": "Right", "pad_to_multiple_of": null, "pad_id": 0,
+            "pad_type_id": 0, "pad_token": "[PAD]"},
+        "added_tokens": [{"id": 0, "content": "[PAD]", "single_word": false, "lstrip": false, "rstrip": false,
+            "normalized": false, "special": true}],
+        "normalizer": null,
+        "pre_tokenizer": {"type": "Whitespace"},
+        "post_processor": null,
+        "decoder": null,
+        "model": {"type": "WordLevel", "vocab": {"[PAD]": 0, "a": 1, "b": 2, "c": 3, "[UNK]": 4}, "unk_token": "[UNK]"},
+    });
+    let tok = Tokenizer::from_tokenizer_json_str(std::path::Path::new("padded"), &json.to_string(), None).unwrap();
+    assert_eq!(tok.encode("a b c a b", false).unwrap(), [1, 2, 3, 1, 2]);
+    assert_eq!(tok.encode_with("c c", false, true).unwrap(), [3, 3]);
+}

@@ -95,7 +95,11 @@ pub(super) fn load_str(path: &Path, tokenizer_json: &str, config: Option<&str>) 
 
 fn build(path: &Path, text: &str, cfg: Option<Value>) -> Result<Tokenizer> {
     let json: Value = serde_json::from_str(text).map_err(|e| FormatError::malformed(path, format!("json: {e}")))?;
-    let parse: tokenizers::Tokenizer = text.parse().map_err(|e| FormatError::malformed(path, format!("{e}")))?;
+    let mut parse: tokenizers::Tokenizer = text.parse().map_err(|e| FormatError::malformed(path, format!("{e}")))?;
+    // A file's padding and truncation are settings for training batches (sentence-transformers'
+    // folders pad to 128 and cut there): a prompt's tokens are all of its tokens, unpadded.
+    parse.with_padding(None);
+    parse.with_truncation(None).map_err(|e| FormatError::malformed(path, format!("truncation: {e}")))?;
     let mut literal = parse.clone();
     literal.set_encode_special_tokens(true);
 
