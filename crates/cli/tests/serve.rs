@@ -465,21 +465,14 @@ fn serve_64_concurrent_streams() {
 /// The official `openai` Python package against the server on a real chat model.
 #[test]
 fn real_serve_openai_python_client() {
-    let py = std::env::var("CORTIQ_TEST_PYTHON").unwrap_or_else(|_| {
-        panic!("CORTIQ_TEST_PYTHON is not set: run scripts/test (it makes the venv with the pinned openai package)")
-    });
     let model = cortiq_testkit::real_model_arg("smollm2-135m");
     let s = Server::start(&model, &["--api-key", KEY, "--alias", "smol", "--ctx", "2048"]);
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/openai_client.py");
-    let out = std::process::Command::new(&py)
-        .arg(&script)
-        .args([&format!("http://127.0.0.1:{}/v1", s.port), KEY, "smol", "--chat"])
-        .output()
-        .unwrap_or_else(|e| panic!("running {py}: {e}"));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "openai client checks failed:\n{stdout}\n{stderr}\nserver log:\n{}", s.log());
-    assert!(stdout.contains("all checks passed"), "{stdout}");
+    run_client(
+        &s,
+        "openai_client.py",
+        &[&format!("http://127.0.0.1:{}/v1", s.port), KEY, "smol", "--chat"],
+        "openai client checks",
+    );
     assert_eq!(s.get("/health").status, 200);
 }
 
@@ -488,21 +481,9 @@ fn real_serve_openai_python_client() {
 /// from the prompt cache, tool_choice required / named / none, parallel_tool_calls false.
 #[test]
 fn real_serve_openai_tools() {
-    let py = std::env::var("CORTIQ_TEST_PYTHON").unwrap_or_else(|_| {
-        panic!("CORTIQ_TEST_PYTHON is not set: run scripts/test (it makes the venv with the pinned openai package)")
-    });
     let model = cortiq_testkit::real_model_arg("qwen2.5-coder-0.5b");
     let s = Server::start(&model, &["--api-key", KEY, "--alias", "coder", "--ctx", "4096"]);
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/openai_tools.py");
-    let out = std::process::Command::new(&py)
-        .arg(&script)
-        .args([&format!("http://127.0.0.1:{}/v1", s.port), KEY, "coder"])
-        .output()
-        .unwrap_or_else(|e| panic!("running {py}: {e}"));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "openai tool checks failed:\n{stdout}\n{stderr}\nserver log:\n{}", s.log());
-    assert!(stdout.contains("all checks passed"), "{stdout}");
+    run_client(&s, "openai_tools.py", &[&format!("http://127.0.0.1:{}/v1", s.port), KEY, "coder"], "openai tool checks");
 }
 
 /// The official `anthropic` Python package against `/v1/messages` on Qwen2.5-Coder-0.5B
@@ -510,21 +491,9 @@ fn real_serve_openai_tools() {
 /// tool_choice any / tool, count_tokens against /tokenize, errors in Anthropic's form.
 #[test]
 fn real_serve_anthropic_client() {
-    let py = std::env::var("CORTIQ_TEST_PYTHON").unwrap_or_else(|_| {
-        panic!("CORTIQ_TEST_PYTHON is not set: run scripts/test (it makes the venv with the pinned anthropic package)")
-    });
     let model = cortiq_testkit::real_model_arg("qwen2.5-coder-0.5b");
     let s = Server::start(&model, &["--api-key", KEY, "--ctx", "4096"]);
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/anthropic_client.py");
-    let out = std::process::Command::new(&py)
-        .arg(&script)
-        .args([&format!("http://127.0.0.1:{}", s.port), KEY])
-        .output()
-        .unwrap_or_else(|e| panic!("running {py}: {e}"));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "anthropic client checks failed:\n{stdout}\n{stderr}\nserver log:\n{}", s.log());
-    assert!(stdout.contains("all checks passed"), "{stdout}");
+    run_client(&s, "anthropic_client.py", &[&format!("http://127.0.0.1:{}", s.port), KEY], "anthropic client checks");
 }
 
 /// The official `ollama` Python package against `/api/*` on Qwen2.5-Coder-0.5B
@@ -533,21 +502,9 @@ fn real_serve_anthropic_client() {
 /// fields as ollama's docs/api.md gives them.
 #[test]
 fn real_serve_ollama_client() {
-    let py = std::env::var("CORTIQ_TEST_PYTHON").unwrap_or_else(|_| {
-        panic!("CORTIQ_TEST_PYTHON is not set: run scripts/test (it makes the venv with the pinned ollama package)")
-    });
     let model = cortiq_testkit::real_model_arg("qwen2.5-coder-0.5b");
     let s = Server::start(&model, &["--api-key", KEY, "--ctx", "4096"]);
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/ollama_client.py");
-    let out = std::process::Command::new(&py)
-        .arg(&script)
-        .args([&format!("http://127.0.0.1:{}", s.port), KEY])
-        .output()
-        .unwrap_or_else(|e| panic!("running {py}: {e}"));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "ollama client checks failed:\n{stdout}\n{stderr}\nserver log:\n{}", s.log());
-    assert!(stdout.contains("all checks passed"), "{stdout}");
+    run_client(&s, "ollama_client.py", &[&format!("http://127.0.0.1:{}", s.port), KEY], "ollama client checks");
 }
 
 /// The chat page at `/` in a real browser (headless Chromium through Selenium: scripts/test
@@ -1310,4 +1267,19 @@ fn serve_session_write_failure_is_a_server_error() {
     assert!(r.json()["error"]["message"].as_str().unwrap().contains("taken.bin"), "{}", r.text());
     let left: Vec<_> = std::fs::read_dir(&dir.0).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(left, vec![std::ffi::OsString::from("taken.bin")], "no temporary file left");
+}
+
+/// Run the Python client script `tests/py/<script>` with `args` in the venv scripts/test makes
+/// (CORTIQ_TEST_PYTHON, the pinned openai, anthropic and ollama packages): it must exit 0 and
+/// print "all checks passed"; `what` names the checks in a failure, with the server's log.
+fn run_client(s: &Server, script: &str, args: &[&str], what: &str) {
+    let py = std::env::var("CORTIQ_TEST_PYTHON").unwrap_or_else(|_| {
+        panic!("CORTIQ_TEST_PYTHON is not set: run scripts/test (it makes the venv with the pinned client packages)")
+    });
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py").join(script);
+    let out = std::process::Command::new(&py).arg(&script).args(args).output().unwrap_or_else(|e| panic!("running {py}: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{what} failed:\n{stdout}\n{stderr}\nserver log:\n{}", s.log());
+    assert!(stdout.contains("all checks passed"), "{stdout}");
 }

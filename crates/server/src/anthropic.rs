@@ -40,11 +40,7 @@ fn error_response(e: ApiError) -> Response {
         503 => "overloaded_error",
         _ => "api_error",
     };
-    let mut msg = e.message.clone();
-    if let Some(p) = e.param.as_ref().filter(|p| !msg.contains(p.as_str())) {
-        msg = format!("{p}: {msg}");
-    }
-    (e.status, axum::Json(json!({"type": "error", "error": {"type": kind, "message": msg}}))).into_response()
+    (e.status, axum::Json(json!({"type": "error", "error": {"type": kind, "message": e.message_with_param()}}))).into_response()
 }
 
 /// `POST /v1/messages`.

@@ -18,6 +18,15 @@ pub struct ApiError {
 }
 
 impl ApiError {
+    /// The message with the field at fault in front where it does not name it already (the
+    /// APIs whose errors have no `param` of their own: Anthropic's, ollama's).
+    pub fn message_with_param(&self) -> String {
+        match self.param.as_ref().filter(|p| !self.message.contains(p.as_str())) {
+            Some(p) => format!("{p}: {}", self.message),
+            None => self.message.clone(),
+        }
+    }
+
     /// 400: a field is malformed, of the wrong type or out of range.
     pub fn invalid(param: &str, message: impl Into<String>) -> ApiError {
         ApiError {

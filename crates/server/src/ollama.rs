@@ -36,11 +36,7 @@ use crate::{App, Info, body_error};
 
 /// An error in ollama's form: `{"error": "..."}` with the status.
 pub(crate) fn error_response(e: ApiError) -> Response {
-    let mut msg = e.message.clone();
-    if let Some(p) = e.param.as_ref().filter(|p| !msg.contains(p.as_str())) {
-        msg = format!("{p}: {msg}");
-    }
-    (e.status, axum::Json(json!({"error": msg}))).into_response()
+    (e.status, axum::Json(json!({"error": e.message_with_param()}))).into_response()
 }
 
 /// The request's `model`: required, and the model this server serves (with or without the
@@ -232,11 +228,18 @@ enum Route {
     Generate,
 }
 
-/// `POST /api/chat`.
-pub(crate) async fn chat(
-    State(app): State<Arc<App>>,
+/// What a route's preparation gives: a queued request, or a whole reply (the load answer).
+type Prepared = Result<Queued, Response>;
+
+/// The two generation routes' shared course: the body prepared on the blocking pool by
+/// `prepare` (JSON, model, options; given the app, the model, the object and the cache scope),
+/// then answered whole or as NDJSON; errors in ollama's form.
+async fn handle(
+    app: Arc<App>,
     tenant: Option<axum::Extension<crate::Tenant>>,
     body: Result<Bytes, BytesRejection>,
+    route: Route,
+    prepare: impl FnOnce(&Arc<App>, &Info, &Obj, cortiq_engine::prefix::Scope) -> Result<Prepared, ApiError> + Send + 'static,
 ) -> Response {
     let scope = app.scope(tenant);
     let t0 = Instant::now();
@@ -246,23 +249,35 @@ pub(crate) async fn chat(
             let info = app.info()?;
             let o = api::object(&body)?;
             check_model(&app, &o)?;
-            let (msgs, agent) = conversation(&o)?;
-            if msgs.is_empty() {
-                // ollama: an empty conversation loads the model (it is loaded)
-                return Ok(Err(load_reply(&app, Route::Chat, &o)));
-            }
-            let mut gp = gen_params(&o, info)?;
-            gp.cache_scope = scope;
-            generate::admit(info, gp.n)?;
-            generate::queue_chat(&app, &msgs, &agent, gp, "messages").map(Ok)
+            prepare(&app, info, &o, scope)
         })
         .await?;
         match q {
-            Ok(q) => reply(q, Route::Chat, t0).await,
+            Ok(q) => reply(q, route, t0).await,
             Err(r) => Ok(r),
         }
     };
     r.await.unwrap_or_else(error_response)
+}
+
+/// `POST /api/chat`.
+pub(crate) async fn chat(
+    State(app): State<Arc<App>>,
+    tenant: Option<axum::Extension<crate::Tenant>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    handle(app, tenant, body, Route::Chat, |app, info, o, scope| {
+        let (msgs, agent) = conversation(o)?;
+        if msgs.is_empty() {
+            // ollama: an empty conversation loads the model (it is loaded)
+            return Ok(Err(load_reply(app, Route::Chat, o)));
+        }
+        let mut gp = gen_params(o, info)?;
+        gp.cache_scope = scope;
+        generate::admit(info, gp.n)?;
+        generate::queue_chat(app, &msgs, &agent, gp, "messages").map(Ok)
+    })
+    .await
 }
 
 /// `POST /api/generate`: the prompt (and `system`) through the chat template, or as it is with
@@ -272,69 +287,54 @@ pub(crate) async fn generate(
     tenant: Option<axum::Extension<crate::Tenant>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let scope = app.scope(tenant);
-    let t0 = Instant::now();
-    let r = async {
-        let body = body.map_err(body_error)?;
-        let q = generate::blocking(app, move |app| {
-            let info = app.info()?;
-            let o = api::object(&body)?;
-            check_model(&app, &o)?;
-            no_images(o.get("images"), "images")?;
-            for k in ["suffix", "template"] {
-                if o.get(k).and_then(Value::as_str).is_some_and(|s| !s.is_empty()) {
-                    return Err(ApiError {
-                        code: Some("unsupported_value"),
-                        ..ApiError::invalid(k, format!("'{k}' is not supported (the model's own chat template is used)"))
-                    });
-                }
-            }
-            if o.get("context").and_then(Value::as_array).is_some_and(|c| !c.is_empty()) {
+    handle(app, tenant, body, Route::Generate, |app, info, o, scope| {
+        no_images(o.get("images"), "images")?;
+        for k in ["suffix", "template"] {
+            if o.get(k).and_then(Value::as_str).is_some_and(|s| !s.is_empty()) {
                 return Err(ApiError {
                     code: Some("unsupported_value"),
-                    ..ApiError::invalid(
-                        "context",
-                        "'context' (deprecated in ollama) is not supported: send the conversation to /api/chat",
-                    )
+                    ..ApiError::invalid(k, format!("'{k}' is not supported (the model's own chat template is used)"))
                 });
             }
-            let prompt = match o.get("prompt") {
-                None | Some(Value::Null) => "",
-                Some(Value::String(s)) => s.as_str(),
-                Some(v) => return Err(ApiError::invalid("prompt", format!("'prompt' must be a string, got {v}"))),
-            };
-            if prompt.is_empty() {
-                // ollama: an empty prompt loads the model (it is loaded)
-                return Ok(Err(load_reply(&app, Route::Generate, &o)));
-            }
-            let mut gp = gen_params(&o, info)?;
-            gp.cache_scope = scope;
-            generate::admit(info, gp.n)?;
-            if o.get("raw").and_then(Value::as_bool).unwrap_or(false) {
-                if o.get("system").and_then(Value::as_str).is_some_and(|s| !s.is_empty()) {
-                    return Err(ApiError::invalid("system", "raw mode does not support template, system, or context"));
-                }
-                let ids = info
-                    .tok
-                    .encode_with(prompt, info.tok.add_bos(), true)
-                    .map_err(|e| ApiError::invalid("prompt", e.to_string()))?;
-                return generate::queue_text(&app, ids, gp, "prompt").map(Ok);
-            }
-            let mut msgs = Vec::new();
-            if let Some(s) = o.get("system").and_then(Value::as_str).filter(|s| !s.is_empty()) {
-                msgs.push(ChatMessage::new("system", s));
-            }
-            msgs.push(ChatMessage::new("user", prompt));
-            let (_, agent) = conversation(&Obj::from_iter(o.get("think").map(|t| ("think".to_string(), t.clone()))))?;
-            generate::queue_chat(&app, &msgs, &agent, gp, "prompt").map(Ok)
-        })
-        .await?;
-        match q {
-            Ok(q) => reply(q, Route::Generate, t0).await,
-            Err(r) => Ok(r),
         }
-    };
-    r.await.unwrap_or_else(error_response)
+        if o.get("context").and_then(Value::as_array).is_some_and(|c| !c.is_empty()) {
+            return Err(ApiError {
+                code: Some("unsupported_value"),
+                ..ApiError::invalid(
+                    "context",
+                    "'context' (deprecated in ollama) is not supported: send the conversation to /api/chat",
+                )
+            });
+        }
+        let prompt = match o.get("prompt") {
+            None | Some(Value::Null) => "",
+            Some(Value::String(s)) => s.as_str(),
+            Some(v) => return Err(ApiError::invalid("prompt", format!("'prompt' must be a string, got {v}"))),
+        };
+        if prompt.is_empty() {
+            // ollama: an empty prompt loads the model (it is loaded)
+            return Ok(Err(load_reply(app, Route::Generate, o)));
+        }
+        let mut gp = gen_params(o, info)?;
+        gp.cache_scope = scope;
+        generate::admit(info, gp.n)?;
+        if o.get("raw").and_then(Value::as_bool).unwrap_or(false) {
+            if o.get("system").and_then(Value::as_str).is_some_and(|s| !s.is_empty()) {
+                return Err(ApiError::invalid("system", "raw mode does not support template, system, or context"));
+            }
+            let ids =
+                info.tok.encode_with(prompt, info.tok.add_bos(), true).map_err(|e| ApiError::invalid("prompt", e.to_string()))?;
+            return generate::queue_text(app, ids, gp, "prompt").map(Ok);
+        }
+        let mut msgs = Vec::new();
+        if let Some(s) = o.get("system").and_then(Value::as_str).filter(|s| !s.is_empty()) {
+            msgs.push(ChatMessage::new("system", s));
+        }
+        msgs.push(ChatMessage::new("user", prompt));
+        let (_, agent) = conversation(&Obj::from_iter(o.get("think").map(|t| ("think".to_string(), t.clone()))))?;
+        generate::queue_chat(app, &msgs, &agent, gp, "prompt").map(Ok)
+    })
+    .await
 }
 
 /// The answer to a request that only loads the model (an empty prompt or conversation).
