@@ -2,8 +2,8 @@
 //! `cortiq_testkit::real_model`; absent, the tests fail), checking two claims of the README:
 //! 1. `--quant q8r --keep-embeddings-as q8_0` keeps the model within +0.4% perplexity of its
 //!    f32 source, measured as BENCHMARKS.md "Quantization quality" does: the source is the GGUF
-//!    dequantized to f32 (`convert --quant f32`), alice29.txt, ctx 512, the first 16 chunks,
-//!    default numerics, 2 threads.
+//!    dequantized to f32 (`convert --quant f32`), alice29.txt, ctx 512, default numerics, 2
+//!    threads; on its first 8 chunks of 16, where the excess is smaller (`Q8R_PPL_EXCESS`).
 //! 2. `--quant q8_0` is produced "bit for bit as ggml": every tensor of the .cmf is stored as
 //!    ggml's Q8_0 conversion of the same GGUF would store it (the sha256 of each tensor's bytes
 //!    against tests/data/gemma3_q8_0_ref/reference.json, written by the `gguf` PyPI package's
@@ -25,11 +25,14 @@ const MODEL: &str = "gemma3-270m";
 /// The real-model tests each take the 2 cores; run them one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-/// q8r (embeddings q8_0) perplexity over the f32 source's, minus one. BENCHMARKS.md records
-/// 14.1946 vs 14.1380 (+0.40%); measured here 14.194552 / 14.137954 = +0.4003%: at the
-/// documented two decimals of a percent, so the bound is +0.40% to those decimals (< 0.405%).
-/// The computation is deterministic (same file, same threads): any loss in the q8r path shows.
-const Q8R_PPL_EXCESS: f64 = 0.00405;
+/// q8r (embeddings q8_0) perplexity over the f32 source's, minus one, on 8 chunks. BENCHMARKS.md
+/// records 16 chunks, 14.1946 vs 14.1380 (+0.40%); 8 chunks measured 2026-12-07 (Intel Xeon,
+/// 2 threads): 14.185757 / 14.155451 = +0.214% with the AVX-512 kernels, 14.196883 / 14.155345 =
+/// +0.293% with the AVX2 ones (`CORTIQ_SIMD=avx2`; their activation rounding differs). The bound
+/// is the larger, the AVX2 tier's, to two decimals of a percent (< 0.305%). The computation is
+/// deterministic (same file, same threads, same kernels): any loss in the q8r path shows. 16
+/// chunks took 84 s of the test's 94 s on the AVX2 tier.
+const Q8R_PPL_EXCESS: f64 = 0.00305;
 
 /// q8_0 .cmf vs the source GGUF, both in exact numerics, max |logit diff| over all 262,144
 /// logits at the 21 positions of the gemma3_hf_ref sentence: measured 0.380 (position 2,
@@ -73,11 +76,11 @@ fn convert(src: &str, out: &str, extra: &[&str]) {
     eprintln!("convert {extra:?}:\n{}", err.trim());
 }
 
-/// `cortiq ppl` with BENCHMARKS.md's settings (alice29, ctx 512, 16 chunks, 2 threads) in the
-/// default numerics.
+/// `cortiq ppl` with BENCHMARKS.md's settings (alice29, ctx 512, 2 threads) on 8 chunks of its
+/// 16 (`Q8R_PPL_EXCESS`), in the default numerics.
 fn ppl(model: &str) -> f64 {
     let text = real_text_arg("alice29.txt");
-    let (out, err) = cortiq(&["ppl", "-m", model, "-f", &text, "--ctx", "512", "--chunks", "16", "-t", "2"]);
+    let (out, err) = cortiq(&["ppl", "-m", model, "-f", &text, "--ctx", "512", "--chunks", "8", "-t", "2"]);
     let line = out.lines().find(|l| l.starts_with("PPL = ")).unwrap_or_else(|| panic!("no PPL line in {out:?}"));
     eprintln!("{model}: {line}\n{}", err.trim());
     line[6..].split_whitespace().next().unwrap().parse().unwrap()
@@ -117,7 +120,7 @@ fn real_q8r_with_q8_0_embeddings_keeps_gemma3_within_0_4_percent() {
     let (base, q8r) = (ppl(&f32_cmf), ppl(&q8r_cmf));
     let excess = q8r / base - 1.0;
     eprintln!(
-        "gemma3-270m alice29 ctx 512 16 chunks: f32 source {base:.6}, q8r + q8_0 embeddings {q8r:.6}: {:+.4}%",
+        "gemma3-270m alice29 ctx 512 8 chunks: f32 source {base:.6}, q8r + q8_0 embeddings {q8r:.6}: {:+.4}%",
         100.0 * excess
     );
     assert!(

@@ -76,10 +76,27 @@ fn check(name: &str, num: Numerics, o1: bool) {
 /// sampled with `n_predict` tokens in a context of `n_ctx`, and greedy in a context that ends
 /// before `n_predict`.
 fn check_model(name: &str, model: &Model, p: &[u32], num: Numerics, o1: bool, n_predict: usize, n_ctx: usize) {
-    check_drafters(name, model, p, num, o1, n_predict, n_ctx, &["ngram", "oracle/3", "oracle/7"], None);
+    check_drafters(name, model, p, num, o1, n_predict, n_ctx, &Drafters::named(&["ngram", "oracle/3", "oracle/7"]));
 }
 
-/// `check_model` with the drafters named (`"model"`: `draft` decoding ahead).
+/// The drafters `check_drafters` runs (`"model"`: `draft` decoding ahead), each at every draft
+/// length of `n_max`; greedy and sampled, and with `to_full` greedy again into a context that
+/// fills before `n_predict`.
+struct Drafters<'a> {
+    names: &'a [&'a str],
+    draft: Option<&'a Arc<Model>>,
+    n_max: &'a [usize],
+    to_full: bool,
+}
+
+impl<'a> Drafters<'a> {
+    /// The named drafters at draft lengths 1, 4 and 9 (verify batches of 2, 5 and 10 rows).
+    fn named(names: &'a [&'a str]) -> Self {
+        Drafters { names, draft: None, n_max: &[1, 4, 9], to_full: true }
+    }
+}
+
+/// `check_model` with the drafters given.
 #[allow(clippy::too_many_arguments)]
 fn check_drafters(
     name: &str,
@@ -89,25 +106,25 @@ fn check_drafters(
     o1: bool,
     n_predict: usize,
     n_ctx: usize,
-    drafters: &[&str],
-    draft: Option<&Arc<Model>>,
+    drafters: &Drafters,
 ) {
     let vocab = model.cfg.vocab;
     let (mut drafted, mut accepted, mut partial) = (0, 0, 0);
-    for (sampler, n_ctx) in [
+    let runs = [
         (SamplerParams::greedy(), n_ctx),
         (SamplerParams { seed: 7, ..SamplerParams::default() }, n_ctx),
         (SamplerParams::greedy(), p.len() + n_predict / 2 - 3),
-    ] {
+    ];
+    for (sampler, n_ctx) in runs.into_iter().take(if drafters.to_full { 3 } else { 2 }) {
         let opt = GenOptions { n_predict, sampler: sampler.clone(), eos: vec![], stops: vec![], prefill_chunk: 8 };
         let mut st = state(model, o1, n_ctx, p.len());
         let plain = generate(model, &mut st, p, &opt, &mut |_| String::new(), &mut |_| {}).unwrap();
         let probe = |m: &Model, st: &mut SeqState| (st.len < st.n_ctx).then(|| m.forward(&[5], st, Logits::Last).unwrap());
         let plain_next = probe(model, &mut st);
         let reference = [p, &plain.tokens[..]].concat();
-        for &dname in drafters {
-            for n_max in [1, 4, 9] {
-                let mut spec = Speculator::new(drafter(dname, &reference, vocab, draft, n_ctx), n_max, 0);
+        for &dname in drafters.names {
+            for &n_max in drafters.n_max {
+                let mut spec = Speculator::new(drafter(dname, &reference, vocab, drafters.draft, n_ctx), n_max, 0);
                 let mut st = state(model, o1, n_ctx, p.len());
                 let got = generate_spec(model, &mut st, p, &opt, &mut spec, &mut |_| String::new(), &mut |_| {}).unwrap();
                 let what = format!("{name} {num:?} o1={o1} temp {} n_ctx {n_ctx} {dname} n_max {n_max}", sampler.temperature);
@@ -129,7 +146,7 @@ fn check_drafters(
     }
     println!("{name} {num:?} o1={o1}: equal to plain decoding; drafted {drafted}, accepted {accepted}");
     assert!(drafted > 0, "{name}: nothing was drafted");
-    if drafters.iter().any(|d| d.starts_with("oracle")) {
+    if drafters.names.iter().any(|d| d.starts_with("oracle")) {
         // The planted mistakes make drafts kept in part.
         assert!(
             accepted > 0 && accepted < drafted && partial > 0,
@@ -273,8 +290,7 @@ fn spec_draft_model_equals_plain() {
             false,
             40,
             128,
-            &["model"],
-            Some(&d),
+            &Drafters { draft: Some(&d), ..Drafters::named(&["model"]) },
         );
     }
 }
@@ -289,7 +305,7 @@ fn spec_mtp_equals_plain() {
             assert!(!model.mtp.is_empty(), "{name}: the fixture has an MTP block");
             model.set_numerics(num);
             let p = prompt(model.cfg.vocab);
-            check_drafters(name, &model, &p, num, false, 40, 128, &["mtp"], None);
+            check_drafters(name, &model, &p, num, false, 40, 128, &Drafters::named(&["mtp"]));
         }
     }
 }
@@ -347,7 +363,11 @@ fn spec_continues_a_state() {
 
 /// Real-model group: the three real models (Q4_K_M interleaved, Q4_K_M with a tied 262k
 /// head, Q4_1 on the non-interleaved layout), default numerics, a code-edit prompt; the
-/// n-gram and oracle drafters, and the model itself as its draft model.
+/// n-gram and oracle drafters at every draft length, and the model itself as its draft model at
+/// one; greedy and sampled. The real files check the real weight types' verify batches; the
+/// drafters' variety (the second oracle, the draft model at every length, the context that fills)
+/// is the fixtures' (`spec_equals_plain_*`, `spec_draft_model_equals_plain`): the full set took
+/// 160 s here on the AVX2 tier (`CORTIQ_SIMD=avx2` on an Intel Xeon, 2026-12-07).
 #[test]
 fn real_models_spec_equals_plain() {
     for name in ["qwen2.5-coder-0.5b", "gemma3-270m", "smollm2-135m"] {
@@ -357,21 +377,13 @@ fn real_models_spec_equals_plain() {
         let text = format!("{code}\n# The same two functions, with `w` renamed to `width`:\n");
         let p = tok.encode(&text, true).unwrap();
         loaded.model.set_numerics(Numerics::Fast);
-        check_model(name, &loaded.model, &p, Numerics::Fast, false, 48, 256);
+        let drafters = Drafters { to_full: false, ..Drafters::named(&["ngram", "oracle/3"]) };
+        check_drafters(name, &loaded.model, &p, Numerics::Fast, false, 48, 256, &drafters);
         // A draft model of the same vocabulary: the model itself under exact numerics.
         let mut draft = load(&cortiq_testkit::real_model(name)).unwrap().model;
         draft.set_numerics(Numerics::Exact);
         let draft = Arc::new(draft);
-        check_drafters(
-            &format!("{name} drafted by itself"),
-            &loaded.model,
-            &p,
-            Numerics::Fast,
-            false,
-            48,
-            256,
-            &["model"],
-            Some(&draft),
-        );
+        let drafters = Drafters { names: &["model"], draft: Some(&draft), n_max: &[4], to_full: false };
+        check_drafters(&format!("{name} drafted by itself"), &loaded.model, &p, Numerics::Fast, false, 48, 256, &drafters);
     }
 }
