@@ -63,7 +63,7 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
     let loaded = open_model(&a.common)?;
     let model = &loaded.model;
     // before any step maps the experts' pages (`--mlock` pins them: no probe then)
-    let visible = crate::pull::resolve_model(&a.common.model).is_ok_and(|p| cortiq_formats::page_cache_visible(&p));
+    let visible = crate::pull::resolve_model(a.common.model_arg()?).is_ok_and(|p| cortiq_formats::page_cache_visible(&p));
     let share = (a.roofline && !a.common.mlock && visible).then(|| model.expert_page_share(crate::common::PAGE_SAMPLE)).flatten();
     let mut o1 = a.o1.clone();
     o1.apply_budget(model, None, false)?;
@@ -93,7 +93,7 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
     };
     let mut last_state = None;
     let threads = cortiq_engine::par::pool().n_threads();
-    println!("model: {} ({}), threads: {threads}", a.common.model, model.cfg.arch);
+    println!("model: {} ({}), threads: {threads}", a.common.model_arg()?, model.cfg.arch);
     let report = |name: String, n: usize, times: &[f64]| {
         let rates: Vec<f64> = times.iter().map(|t| n as f64 / t).collect();
         let mean = rates.iter().sum::<f64>() / rates.len() as f64;

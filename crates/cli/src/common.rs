@@ -21,7 +21,7 @@ pub struct Common {
     /// A .gguf file, an HF folder, a hub model hf:ORG/REPO[@REV][:QUANT], or a known model
     /// name (the last two pulled on first use).
     #[arg(short, long, value_name = "MODEL")]
-    pub model: String,
+    pub model: Option<String>,
     /// Worker threads (default: all cores).
     #[arg(short, long)]
     pub threads: Option<usize>,
@@ -67,6 +67,15 @@ pub struct Common {
     /// run made on another machine: head_dim >= 128 models' attention depends on it).
     #[arg(long, value_enum, default_value_t = Fp16Arg::Auto)]
     pub llamacpp_fp16: Fp16Arg,
+}
+
+impl Common {
+    /// MODEL (`-m`): required by every command but `serve --models`.
+    pub fn model_arg(&self) -> Result<&str> {
+        self.model.as_deref().ok_or_else(|| {
+            anyhow::anyhow!("no model given: -m MODEL (a .gguf file, an HF folder, hf:ORG/REPO or a known model name)")
+        })
+    }
 }
 
 /// `--llamacpp-fp16`: the f16 arithmetic of the llama.cpp build to reproduce.
@@ -118,7 +127,7 @@ pub fn set_threads(n: Option<usize>) -> Result<()> {
 /// --llamacpp-threads and --kv-type.
 pub fn open_model(c: &Common) -> Result<Loaded> {
     set_threads(c.threads)?;
-    let path = pull::resolve_model(&c.model)?;
+    let path = pull::resolve_model(c.model_arg()?)?;
     let t = Instant::now();
     let mut loaded = load(&path)?;
     use cortiq_engine::compat::Numerics;
@@ -129,7 +138,7 @@ pub fn open_model(c: &Common) -> Result<Loaded> {
             if loaded.model.cfg.attn_sinks {
                 bail!(
                     "--numerics llamacpp: {} has attention sinks (gpt-oss), which run under fast or exact numerics only",
-                    c.model
+                    c.model_arg()?
                 );
             }
             loaded.model.set_numerics(Numerics::LlamaCpp);

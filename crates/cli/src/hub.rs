@@ -1058,6 +1058,8 @@ pub struct CachedModel {
     pub bytes: u64,
     /// Revisions (refs) pointing at its commit.
     pub revisions: Vec<String>,
+    /// What to load: the (first) GGUF file, or the HF folder (the snapshot).
+    pub path: PathBuf,
 }
 
 /// The GGUF files and HF folders in the hub cache, whoever downloaded them.
@@ -1096,11 +1098,12 @@ pub fn cached_models(cfg: &HubConfig) -> Vec<CachedModel> {
                     spec: format!("hf:{repo}{at}:{}", g.files[0].rsplit('/').next().unwrap_or(&g.files[0])),
                     bytes,
                     revisions: revisions.clone(),
+                    path: snap.path().join(&g.files[0]),
                 });
             }
             if names.iter().any(|n| n == "config.json") && names.iter().any(|n| n.ends_with(".safetensors")) {
                 let bytes = names.iter().map(|n| size(n)).sum();
-                out.push(CachedModel { spec: format!("hf:{repo}{at}"), bytes, revisions });
+                out.push(CachedModel { spec: format!("hf:{repo}{at}"), bytes, revisions, path: snap.path() });
             }
         }
     }

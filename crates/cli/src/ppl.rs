@@ -88,7 +88,7 @@ pub fn cmd_ppl(a: PplArgs) -> Result<()> {
     let base = match &a.kl_base {
         Some(m) => {
             // The same numerics, threads and KV type as the model.
-            let c = Common { model: m.clone(), ..a.common.clone() };
+            let c = Common { model: Some(m.clone()), ..a.common.clone() };
             Some(open_model(&c).with_context(|| format!("--kl-base {m}"))?)
         }
         None => None,

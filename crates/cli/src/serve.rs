@@ -7,7 +7,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use cortiq_engine::prefix::CacheConfig;
 use cortiq_engine::sched::SchedConfig;
-use cortiq_server::{Ready, ServeOptions, serve};
+use cortiq_server::{Catalog, Loader, ModelSource, Ready, ServeOptions, serve};
 
 use crate::common::{Common, O1Args, open_model, open_tokenizer, served_o1};
 use crate::spec::SpecArgs;
@@ -31,6 +31,21 @@ pub struct ServeArgs {
     /// The model id clients see and send (default: the MODEL argument's file name).
     #[arg(long)]
     pub alias: Option<String>,
+    /// Serve every model in this folder too (.gguf and .cmf files, HF folders), and the models
+    /// already pulled into the cache: a request names one (`model`: the file name without
+    /// .gguf / .cmf, a pulled model's name) and it loads on first use. Repeat for more folders.
+    /// Without -m a request must name its model (unless there is only one).
+    #[arg(long, value_name = "DIR")]
+    pub models: Vec<std::path::PathBuf>,
+    /// Models loaded at once at most: a request for another one unloads the least recently
+    /// used idle model first.
+    #[arg(long, default_value_t = 3)]
+    pub max_loaded: usize,
+    /// How long an idle model stays loaded ("5m", "1h", "30s", seconds; negative: until the
+    /// server stops); ollama requests may set their own (`keep_alive`). Default: 5m with
+    /// --models; a lone -m model stays loaded.
+    #[arg(long, allow_hyphen_values = true)]
+    pub keep_alive: Option<String>,
     /// Require `Authorization: Bearer KEY` on every route but /health (or set CORTIQ_API_KEY);
     /// repeat for several keys (one per tenant, see --cache-scope).
     #[arg(long)]
@@ -210,7 +225,21 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
             a.host
         );
     }
-    let model_id = a.alias.clone().unwrap_or_else(|| default_id(&a.common.model));
+    if a.max_loaded == 0 {
+        bail!("--max-loaded must be at least 1");
+    }
+    if a.common.model.is_none() && a.models.is_empty() {
+        bail!("no model given: -m MODEL, or --models DIR to serve a folder of models on demand");
+    }
+    let keep_alive = match a.keep_alive.as_deref() {
+        Some(k) => cortiq_server::parse_keep_alive(k).map_err(|e| anyhow::anyhow!("--keep-alive {k:?}: {e}"))?,
+        None if a.models.is_empty() => None,
+        None => Some(Duration::from_secs(300)),
+    };
+    let model_id = match &a.common.model {
+        Some(m) => a.alias.clone().unwrap_or_else(|| default_id(m)),
+        None => String::new(),
+    };
     let opts = ServeOptions {
         host: a.host.clone(),
         port: a.port,
@@ -243,8 +272,32 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         max_connections: a.max_connections,
         pooling,
     };
-    let (common, mut o1, spec) = (a.common, a.o1, a.spec);
-    let load = Box::new(move || -> std::result::Result<Ready, String> {
+    let mut sources = Vec::new();
+    if let Some(m) = &a.common.model {
+        let file = crate::pull::resolve_model(m).ok();
+        sources.push(ModelSource {
+            id: opts.model_id.clone(),
+            file,
+            load: loader(a.common.clone(), a.o1.clone(), Some(a.spec.clone())),
+        });
+    }
+    for (id, path) in on_demand(&a.models)? {
+        if sources.iter().any(|s: &ModelSource| s.id == id) {
+            continue;
+        }
+        let common = Common { model: Some(path.display().to_string()), ..a.common.clone() };
+        sources.push(ModelSource { id, file: Some(path), load: loader(common, a.o1.clone(), None) });
+    }
+    let default = a.common.model.as_ref().map(|_| 0);
+    serve(opts, Catalog { sources, default, max_loaded: a.max_loaded, keep_alive })?;
+    Ok(())
+}
+
+/// How one model loads (again on every reload): MODEL, its tokenizer and chat template
+/// checked, the draft model (`spec`; the `-m` model's only), the constant-memory plan.
+fn loader(common: Common, o1: O1Args, spec: Option<SpecArgs>) -> Loader {
+    std::sync::Arc::new(move || -> std::result::Result<Ready, String> {
+        let name = common.model_arg().map_err(|e| e.to_string())?.to_string();
         let loaded = open_model(&common).map_err(|e| format!("{e:#}"))?;
         let tok = open_tokenizer(&loaded).map_err(|e| format!("{e:#}"))?;
         // A chat template comes with the download: one that cannot render a one-turn
@@ -252,21 +305,67 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         if tok.chat_template().is_some() {
             let hello = [cortiq_formats::chat::ChatMessage::new("user", "Hello")];
             if let Err(e) = cortiq_formats::chat::encode(&tok, &hello, true) {
-                return Err(format!("{}: its chat template does not render a one-message conversation: {e}", common.model));
+                return Err(format!("{name}: its chat template does not render a one-message conversation: {e}"));
             }
         }
-        let draft = spec.open_draft(&common, &loaded).map_err(|e| format!("{e:#}"))?;
+        let draft = match &spec {
+            Some(spec) => spec.open_draft(&common, &loaded).map_err(|e| format!("{e:#}"))?,
+            None => None,
+        };
         let served = served_o1(&loaded);
+        let mut o1 = o1.clone();
         o1.apply_budget(&loaded.model, served, false).map_err(|e| format!("{e:#}"))?;
         // The plan for a one-token prompt: the serving core gives each request its own
         // prompt length (`O1Plan::with_prompt`), the only part of the plan it changes.
         let plan = o1.plan(1, None, false, served).map_err(|e| format!("{e:#}"))?;
         let note = plan.map(|p| format!("constant-memory decode: {}", crate::common::describe_plan(&p)));
-        let file = crate::pull::resolve_model(&common.model).ok();
+        let file = crate::pull::resolve_model(&name).ok();
         Ok(Ready { model: loaded.model, tok, o1: plan, draft, note, file })
-    });
-    serve(opts, load)?;
-    Ok(())
+    })
+}
+
+/// The models of the --models folders (.gguf and .cmf files, HF folders with a config.json;
+/// of a split GGUF its first part) and those pulled into the cache (known names, hub
+/// downloads), each with its id; the first of two with one id wins.
+fn on_demand(dirs: &[std::path::PathBuf]) -> Result<Vec<(String, std::path::PathBuf)>> {
+    let mut out: Vec<(String, std::path::PathBuf)> = Vec::new();
+    if dirs.is_empty() {
+        return Ok(out);
+    }
+    for dir in dirs {
+        let rd = std::fs::read_dir(dir).with_context(|| format!("--models {}", dir.display()))?;
+        let mut paths: Vec<std::path::PathBuf> = rd.flatten().map(|e| e.path()).collect();
+        paths.sort();
+        let before = out.len();
+        for p in paths {
+            let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let split_rest = name.contains("-of-") && !name.contains("-00001-of-");
+            let model = if p.is_dir() {
+                p.join("config.json").is_file()
+            } else {
+                (name.ends_with(".gguf") && !name.contains("mmproj") && !split_rest) || name.ends_with(".cmf")
+            };
+            if model {
+                out.push((default_id(&p.display().to_string()), p));
+            }
+        }
+        if out.len() == before {
+            eprintln!("cortiq serve: warning: --models {}: no .gguf, .cmf or HF model folder in it", dir.display());
+        }
+    }
+    let cache = crate::pull::cache_dir().join("models");
+    for k in crate::pull::known_models() {
+        let p = cache.join(k.file);
+        if p.is_file() {
+            out.push((k.name.to_string(), p));
+        }
+    }
+    for m in crate::hub::cached_models(&crate::hub::HubConfig::from_env()) {
+        out.push((m.spec.trim_start_matches("hf:").to_string(), m.path));
+    }
+    let mut seen = std::collections::HashSet::new();
+    out.retain(|(id, _)| seen.insert(id.clone()));
+    Ok(out)
 }
 
 /// The model's id by default: the file or folder name without a .gguf / .cmf extension.

@@ -98,11 +98,11 @@ impl SpecArgs {
         if self.spec == SpecMethod::Mtp && target.model.mtp.is_empty() {
             bail!(
                 "--spec mtp: {} has no multi-token-prediction block (only Qwen3-Next / Qwen3.5 checkpoints that ship their mtp.* tensors do)",
-                common.model
+                common.model_arg()?
             );
         }
         let Some(name) = &self.spec_draft else { return Ok(None) };
-        let c = Common { model: name.clone(), ..common.clone() };
+        let c = Common { model: Some(name.clone()), ..common.clone() };
         let draft = open_model(&c).with_context(|| format!("loading the draft model {name}"))?;
         let (tt, dt) = (open_tokenizer(target)?, open_tokenizer(&draft).with_context(|| format!("the draft model {name}"))?);
         check_draft_vocab(tt.vocab_size(), dt.vocab_size(), &|id| tt.token_bytes(id), &|id| dt.token_bytes(id))

@@ -215,4 +215,10 @@ fn bad_flags() {
     // A cache scoped by key needs keys; a scope that does not exist.
     fails_with(&["serve", "-m", m, "--port", "0", "--cache-scope", "key"], &["--cache-scope key", "--api-key"]);
     fails_with(&["serve", "-m", m, "--port", "0", "--cache-scope", "user"], &["--cache-scope", "user"]);
+    // No model at all; models on demand from a folder that is not there; bad limits.
+    fails_with(&["run", "-p", "x"], &["no model given", "-m MODEL"]);
+    fails_with(&["serve", "--port", "0"], &["no model given", "--models"]);
+    fails_with(&["serve", "--port", "0", "--models", "/nonexistent/models"], &["--models /nonexistent/models"]);
+    fails_with(&["serve", "-m", m, "--port", "0", "--max-loaded", "0"], &["--max-loaded"]);
+    fails_with(&["serve", "-m", m, "--port", "0", "--keep-alive", "soon"], &["--keep-alive", "soon"]);
 }

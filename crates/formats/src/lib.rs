@@ -20,4 +20,4 @@ pub mod tokenizer;
 
 pub use chunk_writer::{ChunkWriter, WRITE_CHUNK};
 pub use error::FormatError;
-pub use mapping::{PageShare, WeightBytes, page_cache_visible};
+pub use mapping::{PageShare, WeightBytes, page_cache_visible, return_free_memory};

@@ -55,6 +55,19 @@ impl std::ops::Add for PageShare {
     }
 }
 
+/// Give the memory allocator's free pages back to the system, after a model's owned weights
+/// (each matrix its own buffer, mostly a few MiB) were dropped: glibc's malloc keeps freed heap
+/// memory for reuse, so a server that unloads a model would stay at its resident size
+/// (measured: Qwen2.5-Coder-0.5B unloaded, 300 of its 485 MiB still resident). A no-op
+/// elsewhere.
+pub fn return_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases pages the allocator holds free; no pointer is touched.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// Whether this process may see how the page cache holds `path`: Linux's `mincore` reports a
 /// file map's pages only for files the process could open for writing (its owner's, or
 /// writable to it), and calls every page resident otherwise. `WeightBytes::page_share` and

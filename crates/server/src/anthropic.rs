@@ -13,8 +13,8 @@ use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::Arc;
 
+use crate::models::Served;
 use axum::body::Bytes;
-use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, Sse};
@@ -45,7 +45,7 @@ fn error_response(e: ApiError) -> Response {
 
 /// `POST /v1/messages`.
 pub(crate) async fn messages(
-    State(app): State<Arc<App>>,
+    Served(app): Served,
     tenant: Option<axum::Extension<crate::Tenant>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
@@ -58,7 +58,7 @@ pub(crate) async fn messages(
 
 /// `POST /v1/messages/count_tokens` -> `{"input_tokens": N}`: the prompt the same request
 /// would run, counted.
-pub(crate) async fn count_tokens(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
+pub(crate) async fn count_tokens(Served(app): Served, body: Result<Bytes, BytesRejection>) -> Response {
     let r = async {
         let body = body.map_err(body_error)?;
         generate::blocking(app, move |app| {

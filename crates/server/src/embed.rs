@@ -8,8 +8,8 @@
 
 use std::sync::Arc;
 
+use crate::models::Served;
 use axum::body::Bytes;
-use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
@@ -107,7 +107,7 @@ async fn run(app: Arc<App>, list: Vec<Vec<u32>>) -> Result<Vec<Vec<f32>>, ApiErr
 
 /// `POST /v1/embeddings` (OpenAI): `input`, `encoding_format` ("float" or "base64"),
 /// `dimensions`, `model` (the served one, or absent).
-pub(crate) async fn openai(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+pub(crate) async fn openai(Served(app): Served, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let body = body.map_err(body_error)?;
     let (list, base64, dims) = generate::blocking(app.clone(), move |app| {
         let info = app.info()?;
@@ -150,7 +150,7 @@ pub(crate) async fn openai(State(app): State<Arc<App>>, body: Result<Bytes, Byte
 
 /// `POST /api/embed` (ollama): `input` (a string or a list), `truncate` (default true),
 /// `dimensions`; `embeddings` a list of lists whatever the input's form.
-pub(crate) async fn ollama(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
+pub(crate) async fn ollama(Served(app): Served, body: Result<Bytes, BytesRejection>) -> Response {
     let t0 = std::time::Instant::now();
     let r = async {
         let body = body.map_err(body_error)?;
@@ -180,7 +180,7 @@ pub(crate) async fn ollama(State(app): State<Arc<App>>, body: Result<Bytes, Byte
 }
 
 /// `POST /api/embeddings` (ollama's older route): `prompt` -> `embedding`.
-pub(crate) async fn ollama_legacy(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
+pub(crate) async fn ollama_legacy(Served(app): Served, body: Result<Bytes, BytesRejection>) -> Response {
     let r = async {
         let body = body.map_err(body_error)?;
         let list = generate::blocking(app.clone(), move |app| {

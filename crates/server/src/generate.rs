@@ -11,8 +11,8 @@ use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::Arc;
 
+use crate::models::Served;
 use axum::body::Bytes;
-use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -88,7 +88,7 @@ impl EventRx {
 }
 
 pub(crate) async fn chat(
-    State(app): State<Arc<App>>,
+    Served(app): Served,
     tenant: Option<axum::Extension<Tenant>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
@@ -276,7 +276,7 @@ pub(crate) fn chat_parse(
 }
 
 pub(crate) async fn completions(
-    State(app): State<Arc<App>>,
+    Served(app): Served,
     tenant: Option<axum::Extension<Tenant>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {

@@ -13,13 +13,13 @@ pub mod api;
 mod embed;
 pub mod error;
 mod generate;
+mod models;
 mod ollama;
 mod reasoning;
 mod responses;
 mod slots;
 mod structured;
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -111,7 +111,13 @@ pub struct Ready {
     pub file: Option<std::path::PathBuf>,
 }
 
-pub type Loader = Box<dyn FnOnce() -> Result<Ready, String> + Send>;
+pub use models::{Catalog, Loader, ModelSource};
+
+/// `--keep-alive`: a duration ("5m", "1h30m", "30s"), seconds, or negative for forever (None).
+pub fn parse_keep_alive(s: &str) -> Result<Option<Duration>, String> {
+    models::keep_alive(&Value::String(s.to_string()))
+}
+use models::{Registry, Served};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -142,32 +148,47 @@ pub(crate) struct Info {
     pub d_model: usize,
 }
 
+/// One served model as its routes see it (`models::Served`): the server's options with its
+/// id, its facts once loaded, its structured-output engine.
 pub(crate) struct App {
     pub opts: ServeOptions,
     pub info: OnceLock<Info>,
     pub created: u64,
-    pub next_id: AtomicU64,
-    /// Responses by HTTP status.
-    pub statuses: Mutex<BTreeMap<u16, u64>>,
+    /// Shared by every model's app: response ids stay unique across models.
+    pub next_id: Arc<AtomicU64>,
     /// The structured-output engine, built on the first request that asks for it.
     pub structured: OnceLock<Result<Arc<structured::Structured>, String>>,
 }
 
 impl App {
+    /// A fresh app for the model `id` of `reg` (its facts set once its engine has loaded it).
+    pub fn new(reg: &Registry, id: &str) -> App {
+        App {
+            opts: ServeOptions { model_id: id.to_string(), ..reg.opts.clone() },
+            info: OnceLock::new(),
+            created: reg.created,
+            next_id: reg.next_id.clone(),
+            structured: OnceLock::new(),
+        }
+    }
+
     pub fn info(&self) -> Result<&Info, ApiError> {
         self.info.get().ok_or_else(ApiError::loading)
     }
 
-    /// A request's `model`: absent, or one of the names this server answers to.
+    /// A request's `model`: absent, or this model's name (`models::select` chose it by that
+    /// name, with or without ollama's `:latest`).
     pub fn check_model(&self, m: &Option<String>) -> Result<(), ApiError> {
         match m {
-            Some(m) if *m != self.opts.model_id => Err(ApiError {
-                param: Some("model".into()),
-                ..ApiError::not_found(
-                    "model_not_found",
-                    format!("The model '{m}' does not exist; this server serves '{}'", self.opts.model_id),
-                )
-            }),
+            Some(m) if *m != self.opts.model_id && m.strip_suffix(":latest") != Some(self.opts.model_id.as_str()) => {
+                Err(ApiError {
+                    param: Some("model".into()),
+                    ..ApiError::not_found(
+                        "model_not_found",
+                        format!("The model '{m}' does not exist; this server serves '{}'", self.opts.model_id),
+                    )
+                })
+            }
             _ => Ok(()),
         }
     }
@@ -191,9 +212,10 @@ pub(crate) fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
-/// Bind, start loading the model on the engine thread, serve until Ctrl-C (or a failed load).
-/// `on_ready` runs once the model is loaded, with the line to print about it.
-pub fn serve(opts: ServeOptions, load: Loader) -> Result<(), ServeError> {
+/// Bind, start loading the default model (if any) on its engine thread, serve until Ctrl-C
+/// (or a failed start-time load). Other models of the catalog load on the first request that
+/// names them.
+pub fn serve(opts: ServeOptions, catalog: Catalog) -> Result<(), ServeError> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(opts.http_threads.max(1))
         // Request preparation (generate::blocking): bounded, so a flood of heavy requests
@@ -203,32 +225,35 @@ pub fn serve(opts: ServeOptions, load: Loader) -> Result<(), ServeError> {
         .enable_all()
         .build()
         .map_err(ServeError::Runtime)?;
-    rt.block_on(serve_async(opts, load))
+    rt.block_on(serve_async(opts, catalog))
 }
 
-async fn serve_async(opts: ServeOptions, load: Loader) -> Result<(), ServeError> {
+async fn serve_async(opts: ServeOptions, catalog: Catalog) -> Result<(), ServeError> {
     let addr = format!("{}:{}", opts.host, opts.port);
     let listener =
         tokio::net::TcpListener::bind(&addr).await.map_err(|source| ServeError::Bind { addr: addr.clone(), source })?;
     let local: SocketAddr = listener.local_addr().map_err(|source| ServeError::Bind { addr: addr.clone(), source })?;
-    let app = Arc::new(App {
-        opts: opts.clone(),
-        info: OnceLock::new(),
-        created: unix_now(),
-        next_id: AtomicU64::new(0),
-        statuses: Mutex::new(BTreeMap::new()),
-        structured: OnceLock::new(),
-    });
-    eprintln!("cortiq serve: listening on http://{local} (model '{}' loading)", opts.model_id);
+    let reg = Arc::new(Registry::new(opts.clone(), catalog, unix_now()));
+    match reg.eager.map(|i| &reg.sources[i].id) {
+        Some(id) if reg.sources.len() == 1 => eprintln!("cortiq serve: listening on http://{local} (model '{id}' loading)"),
+        Some(id) => eprintln!(
+            "cortiq serve: listening on http://{local} (model '{id}' loading; {} models on demand, {} loaded at most)",
+            reg.sources.len(),
+            reg.max_loaded
+        ),
+        None => eprintln!(
+            "cortiq serve: listening on http://{local} ({} models on demand, {} loaded at most)",
+            reg.sources.len(),
+            reg.max_loaded
+        ),
+    }
 
     let (fail_tx, fail_rx) = tokio::sync::oneshot::channel::<String>();
-    let engine_app = app.clone();
-    let engine = std::thread::Builder::new()
-        .name("cortiq-engine".into())
-        .spawn(move || engine_thread(engine_app, load, fail_tx))
-        .map_err(ServeError::Runtime)?;
+    *reg.fail.lock().unwrap_or_else(|e| e.into_inner()) = Some(fail_tx);
+    reg.start();
+    let reaper = tokio::spawn(reg.clone().reap());
 
-    let router = router(app.clone());
+    let router = router(reg.clone());
     let failed = Arc::new(Mutex::new(None::<String>));
     let failed_w = failed.clone();
     let shutdown = async move {
@@ -251,13 +276,11 @@ async fn serve_async(opts: ServeOptions, load: Loader) -> Result<(), ServeError>
         }
     };
     accept_loop(listener, router, &opts, shutdown).await;
-    if let Some(info) = app.info.get() {
-        info.sched.shutdown();
-    }
+    reaper.abort();
+    reg.shutdown();
     if let Some(m) = failed.lock().unwrap_or_else(|e| e.into_inner()).take() {
         return Err(ServeError::Load(m));
     }
-    let _ = engine.join();
     Ok(())
 }
 
@@ -328,7 +351,7 @@ async fn refuse_connection(mut tcp: tokio::net::TcpStream) {
 
 /// The request body read whole within `--http-timeout` (a client that trickles its body is
 /// cut with 408), before any handler sees it.
-async fn body_deadline(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+async fn body_deadline(State(app): State<Arc<Registry>>, req: Request, next: Next) -> Response {
     let (parts, body) = req.into_parts();
     let limit = app.opts.body_limit;
     match tokio::time::timeout(app.opts.http_timeout, axum::body::to_bytes(body, limit)).await {
@@ -347,13 +370,14 @@ async fn body_deadline(State(app): State<Arc<App>>, req: Request, next: Next) ->
     }
 }
 
-/// The engine's own thread: load, publish the model's facts, run the scheduler.
-fn engine_thread(app: Arc<App>, load: Loader, fail: tokio::sync::oneshot::Sender<String>) {
+/// A model's own engine thread: load, publish the model's facts, tell `done`, run the
+/// scheduler until it is shut down (the model unloaded or the server stopping).
+fn engine_thread(app: Arc<App>, load: Loader, done: tokio::sync::oneshot::Sender<Result<(), String>>) {
     let t0 = Instant::now();
     let Ready { model, tok, o1, draft, note, file } = match load() {
         Ok(x) => x,
         Err(e) => {
-            let _ = fail.send(e);
+            let _ = done.send(Err(e));
             return;
         }
     };
@@ -399,12 +423,16 @@ fn engine_thread(app: Arc<App>, load: Loader, fail: tokio::sync::oneshot::Sender
         d_model: model.cfg.d_model,
     };
     let _ = app.info.set(info);
+    let _ = done.send(Ok(()));
     // A panic in the engine is a bug; a server whose engine is gone would accept requests and
     // never answer them, so it exits (non-zero) for its supervisor to restart it.
     if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sched.run_with_draft(&model, draft.as_ref(), &tok))).is_err() {
         eprintln!("cortiq serve: the engine thread panicked; exiting");
         std::process::exit(70);
     }
+    // Unloaded: the weights' map and copies go now, and the allocator's free pages with them.
+    drop((model, draft));
+    cortiq_formats::return_free_memory();
 }
 
 /// (bytes every slot holds whatever its length, bytes per position): two one-token steps on a
@@ -421,12 +449,9 @@ fn state_cost(model: &Model) -> (usize, usize) {
     (b1.saturating_sub(per), per)
 }
 
-fn router(app: Arc<App>) -> Router {
-    Router::new()
-        .route("/health", get(health))
-        .route("/v1/health", get(health))
-        .route("/v1/models", get(models))
-        .route("/metrics", get(metrics))
+fn router(reg: Arc<Registry>) -> Router {
+    // The routes of one model: `models::select` picks (and loads) the model the body names.
+    let per_model = Router::new()
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/v1/chat/completions", post(generate::chat))
@@ -438,28 +463,35 @@ fn router(app: Arc<App>) -> Router {
         .route("/slots/{id}", post(slots::slot_action))
         .route("/api/chat", post(ollama::chat))
         .route("/api/generate", post(ollama::generate))
-        .route("/api/tags", get(ollama::tags))
-        .route("/api/ps", get(ollama::ps))
         .route("/api/show", post(ollama::show))
-        .route("/api/version", get(ollama::version))
         .route("/api/embed", post(embed::ollama))
         .route("/api/embeddings", post(embed::ollama_legacy))
         .route("/v1/embeddings", post(embed::openai))
+        .route_layer(middleware::from_fn_with_state(reg.clone(), models::select));
+    Router::new()
+        .route("/health", get(health))
+        .route("/v1/health", get(health))
+        .route("/v1/models", get(list_models))
+        .route("/metrics", get(metrics))
+        .route("/api/tags", get(ollama::tags))
+        .route("/api/ps", get(ollama::ps))
+        .route("/api/version", get(ollama::version))
         .route("/", get(chat_page))
+        .merge(per_model)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::from_fn_with_state(app.clone(), body_deadline))
+        .layer(middleware::from_fn_with_state(reg.clone(), body_deadline))
         .layer(middleware::from_fn(json_only))
-        .layer(middleware::from_fn_with_state(app.clone(), auth))
-        .layer(middleware::from_fn_with_state(app.clone(), host_guard))
+        .layer(middleware::from_fn_with_state(reg.clone(), auth))
+        .layer(middleware::from_fn_with_state(reg.clone(), host_guard))
         .layer(middleware::from_fn(ollama_errors))
-        .layer(middleware::from_fn_with_state(app.clone(), log_and_count))
-        .layer(DefaultBodyLimit::max(app.opts.body_limit))
-        .with_state(app)
+        .layer(middleware::from_fn_with_state(reg.clone(), log_and_count))
+        .layer(DefaultBodyLimit::max(reg.opts.body_limit))
+        .with_state(reg)
 }
 
 /// One log line per request and the per-status counter.
-async fn log_and_count(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+async fn log_and_count(State(app): State<Arc<Registry>>, req: Request, next: Next) -> Response {
     let t0 = Instant::now();
     let (method, path) = (req.method().clone(), req.uri().path().to_string());
     let resp = next.run(req).await;
@@ -472,7 +504,7 @@ async fn log_and_count(State(app): State<Arc<App>>, req: Request, next: Next) ->
 /// DNS rebinding: a page on an attacker's domain that resolves to this machine reaches the
 /// server with its own name in `Host`. Requests may name localhost (and `*.localhost`), an IP
 /// literal (a name an attacker cannot rebind) or a host of `--allowed-hosts`; others get 421.
-async fn host_guard(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+async fn host_guard(State(app): State<Arc<Registry>>, req: Request, next: Next) -> Response {
     let host = req.headers().get(header::HOST).map(|h| h.to_str().unwrap_or("\u{0}").to_string());
     match host {
         Some(h) if !host_allowed(&h, &app.opts.allowed_hosts) => ApiError {
@@ -594,7 +626,7 @@ fn same_key(given: &str, key: &str) -> bool {
 }
 
 /// `--api-key`: every route but /health needs `Authorization: Bearer KEY` (or `x-api-key`).
-async fn auth(State(app): State<Arc<App>>, mut req: Request, next: Next) -> Response {
+async fn auth(State(app): State<Arc<Registry>>, mut req: Request, next: Next) -> Response {
     if app.opts.api_keys.is_empty() {
         return next.run(req).await;
     }
@@ -652,35 +684,40 @@ pub(crate) fn body_error(r: BytesRejection) -> ApiError {
     ApiError { status, ..ApiError::bad_request("invalid_body", r.body_text()) }
 }
 
-async fn health(State(app): State<Arc<App>>) -> Response {
-    match app.info() {
-        Ok(_) => axum::Json(json!({"status": "ok"})).into_response(),
-        Err(e) => e.into_response(),
+/// 200 once the server can answer: 503 while the start-time model loads.
+async fn health(State(reg): State<Arc<Registry>>) -> Response {
+    if reg.starting() {
+        return ApiError::loading().into_response();
     }
+    axum::Json(json!({"status": "ok"})).into_response()
 }
 
-async fn models(State(app): State<Arc<App>>) -> Result<Response, ApiError> {
-    let info = app.info()?;
-    let cfg = info.sched.config();
-    Ok(axum::Json(json!({
-        "object": "list",
-        "data": [{
-            "id": app.opts.model_id,
-            "object": "model",
-            "created": app.created,
-            "owned_by": "cortiq",
-            "meta": {"arch": info.arch, "vocab": info.vocab, "n_ctx": cfg.n_ctx, "n_ctx_train": info.n_ctx_train, "slots": cfg.slots},
-        }],
-    }))
-    .into_response())
+/// `GET /v1/models`: every model the server can serve, loaded or not; a loaded one with its
+/// facts (`meta`).
+async fn list_models(State(reg): State<Arc<Registry>>) -> Response {
+    let data: Vec<Value> = reg
+        .list()
+        .into_iter()
+        .map(|l| {
+            let mut m = json!({"id": l.id, "object": "model", "created": reg.created, "owned_by": "cortiq"});
+            if let Some((app, _)) = &l.loaded
+                && let Some(info) = app.info.get()
+            {
+                let cfg = info.sched.config();
+                m["meta"] = json!({"arch": info.arch, "vocab": info.vocab, "n_ctx": cfg.n_ctx, "n_ctx_train": info.n_ctx_train, "slots": cfg.slots});
+            }
+            m["status"] = json!({"value": if l.loaded.is_some() { "loaded" } else { "unloaded" }});
+            m
+        })
+        .collect();
+    axum::Json(json!({"object": "list", "data": data})).into_response()
 }
 
-async fn metrics(State(app): State<Arc<App>>) -> Response {
-    let idle = cortiq_engine::sched::Counters::default();
-    let (c, slots) = match app.info.get() {
-        Some(i) => (i.sched.counters(), i.sched.config().slots),
-        None => (&idle, 0),
-    };
+/// `GET /metrics`: Prometheus text; the scheduler's counters summed over the loaded models.
+async fn metrics(State(reg): State<Arc<Registry>>) -> Response {
+    let apps = reg.loaded();
+    let handles: Vec<&Handle> = apps.iter().filter_map(|a| a.info.get()).map(|i| &i.sched).collect();
+    let slots: usize = handles.iter().map(|h| h.config().slots).sum();
     let mut out = String::new();
     let mut metric = |name: &str, kind: &str, help: &str, lines: Vec<(String, f64)>| {
         out.push_str(&format!("# HELP cortiq_{name} {help}\n# TYPE cortiq_{name} {kind}\n"));
@@ -688,65 +725,66 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
             out.push_str(&format!("cortiq_{name}{labels} {v}\n"));
         }
     };
-    let statuses = app.statuses.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let statuses = reg.statuses.lock().unwrap_or_else(|e| e.into_inner()).clone();
     metric(
         "requests_total",
         "counter",
         "HTTP responses by status code.",
         statuses.iter().map(|(s, n)| (format!("{{status=\"{s}\"}}"), *n as f64)).collect(),
     );
-    let g = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
-    metric("prompt_tokens_total", "counter", "Prompt tokens processed.", vec![(String::new(), g(&c.prompt_tokens))]);
-    metric("generated_tokens_total", "counter", "Tokens generated.", vec![(String::new(), g(&c.generated_tokens))]);
-    metric("decode_steps_total", "counter", "Batched decode steps.", vec![(String::new(), g(&c.decode_steps))]);
-    metric("decode_rows_total", "counter", "Sequences decoded over all decode steps.", vec![(String::new(), g(&c.decode_rows))]);
-    metric("requests_cancelled_total", "counter", "Requests whose client went away.", vec![(String::new(), g(&c.cancelled))]);
-    metric("requests_timed_out_total", "counter", "Requests that ran past the timeout.", vec![(String::new(), g(&c.timed_out))]);
-    metric(
-        "queue_length",
-        "gauge",
-        "Requests waiting for a slot.",
-        vec![(String::new(), c.queued.load(Ordering::Relaxed) as f64)],
-    );
+    let g = |f: fn(&cortiq_engine::sched::Counters) -> &AtomicU64| {
+        handles.iter().map(|h| f(h.counters()).load(Ordering::Relaxed) as f64).sum::<f64>()
+    };
+    let n = |f: fn(&cortiq_engine::sched::Counters) -> &std::sync::atomic::AtomicUsize| {
+        handles.iter().map(|h| f(h.counters()).load(Ordering::Relaxed) as f64).sum::<f64>()
+    };
     let one = |v: f64| vec![(String::new(), v)];
-    metric("cache_hits_total", "counter", "Requests that restored a prefix from the prompt cache.", one(g(&c.cache_hits)));
-    metric("cache_misses_total", "counter", "Requests that found no cached prefix.", one(g(&c.cache_misses)));
-    metric(
-        "cache_reused_tokens_total",
-        "counter",
-        "Prompt tokens restored from the cache, not computed.",
-        one(g(&c.cache_reused_tokens)),
-    );
-    metric("cache_bytes", "gauge", "Bytes the prompt cache holds (states, checkpoints, tokens).", one(g(&c.cache_bytes)));
-    metric("cache_entries", "gauge", "Prefixes the prompt cache holds.", one(c.cache_entries.load(Ordering::Relaxed) as f64));
-    metric("cache_evictions_total", "counter", "Cached prefixes dropped to stay within --cache-ram.", one(g(&c.cache_evictions)));
-    metric(
-        "cache_refills_total",
-        "counter",
-        "Finished generations prefilled again while idle, for the cache.",
-        one(g(&c.cache_refills)),
-    );
-    metric("cache_refill_tokens_total", "counter", "Positions those refills computed.", one(g(&c.cache_refill_tokens)));
-    metric("busy_slots", "gauge", "Slots running a request.", vec![(String::new(), c.busy_slots.load(Ordering::Relaxed) as f64)]);
-    metric("slots", "gauge", "Slots (--parallel).", vec![(String::new(), slots as f64)]);
+    type Count = fn(&cortiq_engine::sched::Counters) -> &AtomicU64;
+    let counts: [(&str, &str, &str, Count); 13] = [
+        ("prompt_tokens_total", "counter", "Prompt tokens processed.", |c| &c.prompt_tokens),
+        ("generated_tokens_total", "counter", "Tokens generated.", |c| &c.generated_tokens),
+        ("decode_steps_total", "counter", "Batched decode steps.", |c| &c.decode_steps),
+        ("decode_rows_total", "counter", "Sequences decoded over all decode steps.", |c| &c.decode_rows),
+        ("requests_cancelled_total", "counter", "Requests whose client went away.", |c| &c.cancelled),
+        ("requests_timed_out_total", "counter", "Requests that ran past the timeout.", |c| &c.timed_out),
+        ("cache_hits_total", "counter", "Requests that restored a prefix from the prompt cache.", |c| &c.cache_hits),
+        ("cache_misses_total", "counter", "Requests that found no cached prefix.", |c| &c.cache_misses),
+        ("cache_reused_tokens_total", "counter", "Prompt tokens restored from the cache, not computed.", |c| {
+            &c.cache_reused_tokens
+        }),
+        ("cache_bytes", "gauge", "Bytes the prompt cache holds (states, checkpoints, tokens).", |c| &c.cache_bytes),
+        ("cache_evictions_total", "counter", "Cached prefixes dropped to stay within --cache-ram.", |c| &c.cache_evictions),
+        ("cache_refills_total", "counter", "Finished generations prefilled again while idle, for the cache.", |c| {
+            &c.cache_refills
+        }),
+        ("cache_refill_tokens_total", "counter", "Positions those refills computed.", |c| &c.cache_refill_tokens),
+    ];
+    for (name, kind, help, f) in counts {
+        metric(name, kind, help, one(g(f)));
+    }
+    metric("queue_length", "gauge", "Requests waiting for a slot.", one(n(|c| &c.queued)));
+    metric("cache_entries", "gauge", "Prefixes the prompt cache holds.", one(n(|c| &c.cache_entries)));
+    metric("busy_slots", "gauge", "Slots running a request.", one(n(|c| &c.busy_slots)));
+    metric("slots", "gauge", "Slots (--parallel) over the loaded models.", one(slots as f64));
     metric(
         "tokens_per_second",
         "gauge",
         "Generated tokens per second over the last seconds of work.",
-        vec![(String::new(), c.tok_per_s_milli.load(Ordering::Relaxed) as f64 / 1000.0)],
+        one(g(|c| &c.tok_per_s_milli) / 1000.0),
     );
+    metric("models_loaded", "gauge", "Models loaded now.", one(handles.len() as f64));
     metric(
         "ready",
         "gauge",
-        "1 once the model is loaded.",
-        vec![(String::new(), if app.info.get().is_some() { 1.0 } else { 0.0 })],
+        "1 once the server answers (the start-time model loaded).",
+        one(if reg.starting() { 0.0 } else { 1.0 }),
     );
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }
 
 /// `POST /tokenize {"content", "add_special": false, "parse_special": true, "with_pieces": false}`
 /// as llama-server's.
-async fn tokenize(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+async fn tokenize(Served(app): Served, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let info = app.info()?;
     let o = api::object(&body.map_err(body_error)?)?;
     let Some(text) = api::opt_str(&o, "content")? else {
@@ -778,7 +816,7 @@ async fn tokenize(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejectio
 
 /// `POST /apply-template {"messages", "tools"?, ...}` -> `{"prompt"}`: the text the chat route
 /// would run (llama-server's route), tools and template kwargs included.
-async fn apply_template(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+async fn apply_template(Served(app): Served, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let info = app.info()?;
     let o = api::object(&body.map_err(body_error)?)?;
     let msgs = api::messages(&o)?;
@@ -788,7 +826,7 @@ async fn apply_template(State(app): State<Arc<App>>, body: Result<Bytes, BytesRe
 }
 
 /// `POST /detokenize {"tokens": [ids]}` -> `{"content"}`.
-async fn detokenize(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+async fn detokenize(Served(app): Served, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let info = app.info()?;
     let o = api::object(&body.map_err(body_error)?)?;
     let Some(Value::Array(a)) = o.get("tokens") else {

@@ -10,15 +10,18 @@
 //! nanoseconds, errors as `{"error": "..."}`. Field by field it follows `docs/api.md` of the
 //! ollama repository.
 //!
-//! One model is served: its id (`--alias`, or the file's name) with or without the `:latest`
-//! tag; any other name is a 404 naming the one there is. `keep_alive` is accepted and changes
-//! nothing (the model stays loaded); `images` are refused (no vision model runs here).
+//! A request names its model by its id (`--alias`, or the file's name) with or without the
+//! `:latest` tag (`models::select` loads it if it is not; an unknown name is a 404 naming the
+//! ones there are); `keep_alive` sets how long it stays loaded once idle (0: unloaded after this
+//! request; negative: until the server stops). `images` are refused (no vision model runs here).
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use crate::models::{Registry, Served};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
@@ -58,7 +61,7 @@ pub(crate) fn check_model(app: &App, o: &Obj) -> Result<(), ApiError> {
 }
 
 /// The served id as ollama names models: with its tag, `:latest` where it has none.
-fn tagged(id: &str) -> String {
+pub(crate) fn tagged(id: &str) -> String {
     if id.contains(':') { id.to_string() } else { format!("{id}:latest") }
 }
 
@@ -262,7 +265,7 @@ async fn handle(
 
 /// `POST /api/chat`.
 pub(crate) async fn chat(
-    State(app): State<Arc<App>>,
+    Served(app): Served,
     tenant: Option<axum::Extension<crate::Tenant>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
@@ -283,7 +286,7 @@ pub(crate) async fn chat(
 /// `POST /api/generate`: the prompt (and `system`) through the chat template, or as it is with
 /// `raw`; `suffix`, `template`, `context` and `images` are refused with a 400 naming them.
 pub(crate) async fn generate(
-    State(app): State<Arc<App>>,
+    Served(app): Served,
     tenant: Option<axum::Extension<crate::Tenant>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
@@ -337,10 +340,13 @@ pub(crate) async fn generate(
     .await
 }
 
-/// The answer to a request that only loads the model (an empty prompt or conversation).
+/// The answer to a request that only loads the model (an empty prompt or conversation), or
+/// unloads it (`keep_alive` 0: the reaper unloads it once this request is done).
 fn load_reply(app: &App, route: Route, o: &Obj) -> Response {
     let model = o.get("model").and_then(Value::as_str).unwrap_or(&app.opts.model_id);
-    let mut v = json!({"model": model, "created_at": rfc3339(SystemTime::now()), "done": true, "done_reason": "load"});
+    let unload = o.get("keep_alive").is_some_and(|k| crate::models::keep_alive(k) == Ok(Some(std::time::Duration::ZERO)));
+    let reason = if unload { "unload" } else { "load" };
+    let mut v = json!({"model": model, "created_at": rfc3339(SystemTime::now()), "done": true, "done_reason": reason});
     match route {
         Route::Chat => v["message"] = json!({"role": "assistant", "content": ""}),
         Route::Generate => v["response"] = json!(""),
@@ -610,28 +616,40 @@ fn stream(q: Queued, route: Route, clock: Clock) -> Response {
     ([(header::CONTENT_TYPE, "application/x-ndjson")], Body::from_stream(s)).into_response()
 }
 
-/// The served model's file, size, time and digest for `/api/tags`, `/api/show`, `/api/ps`.
-fn entry(app: &App, info: &Info) -> Value {
-    let meta = info.file.as_ref().and_then(|f| std::fs::metadata(f).ok());
-    let size = meta.as_ref().map_or(0, |m| m.len());
+/// A model's name, file, size, time and digest for `/api/tags`, `/api/show`, `/api/ps`; its
+/// details once it has been loaded (`info`), the file's format alone before.
+fn entry(id: &str, file: Option<&Path>, info: Option<&Info>) -> Value {
+    let meta = file.and_then(|f| std::fs::metadata(f).ok());
+    let size = file.map_or(0, file_size);
     let modified = meta.as_ref().and_then(|m| m.modified().ok()).unwrap_or(UNIX_EPOCH);
-    let name = tagged(&app.opts.model_id);
+    let name = tagged(id);
     json!({
         "name": name,
         "model": name,
         "modified_at": rfc3339(modified),
         "size": size,
-        "digest": digest(info, size, modified),
-        "details": details(info),
+        "digest": digest(file, size, modified),
+        "details": details(file, info),
     })
+}
+
+/// A model's bytes: the file's, or a folder's files' (an HF folder).
+fn file_size(path: &Path) -> u64 {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => std::fs::read_dir(path)
+            .map(|rd| rd.flatten().filter_map(|e| e.metadata().ok()).filter(|m| m.is_file()).map(|m| m.len()).sum())
+            .unwrap_or(0),
+        Ok(m) => m.len(),
+        Err(_) => 0,
+    }
 }
 
 /// ollama's digest names a blob by its SHA-256; hashing a multi-gigabyte file per listing is
 /// not worth it, so this digest (same shape) is of the file's path, size and time: it changes
 /// when the file does.
-fn digest(info: &Info, size: u64, modified: SystemTime) -> String {
+fn digest(file: Option<&Path>, size: u64, modified: SystemTime) -> String {
     let mut h: [u64; 4] = [0xcbf2_9ce4_8422_2325, 0x1000_0000_01b3, 0x9e37_79b9_7f4a_7c15, 0x2545_f491_4f6c_dd1d];
-    let path = info.file.as_ref().map(|f| f.display().to_string()).unwrap_or_default();
+    let path = file.map(|f| f.display().to_string()).unwrap_or_default();
     let secs = modified.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
     for (k, lane) in h.iter_mut().enumerate() {
         for b in path.bytes().chain(size.to_le_bytes()).chain(secs.to_le_bytes()).chain([k as u8]) {
@@ -641,19 +659,23 @@ fn digest(info: &Info, size: u64, modified: SystemTime) -> String {
     h.iter().map(|x| format!("{x:016x}")).collect()
 }
 
-fn details(info: &Info) -> Value {
-    let format = match info.file.as_ref().and_then(|f| f.extension()).and_then(|e| e.to_str()) {
+fn details(file: Option<&Path>, info: Option<&Info>) -> Value {
+    let format = match file.and_then(|f| f.extension()).and_then(|e| e.to_str()) {
         Some("gguf") => "gguf",
         Some("cmf") => "cmf",
         _ => "safetensors",
     };
+    let (family, size, quant) = match info {
+        Some(i) => (i.arch.clone(), parameter_size(i.n_params), i.weight_type.clone()),
+        None => Default::default(),
+    };
     json!({
         "parent_model": "",
         "format": format,
-        "family": info.arch,
-        "families": [info.arch],
-        "parameter_size": parameter_size(info.n_params),
-        "quantization_level": info.weight_type,
+        "family": family,
+        "families": if family.is_empty() { json!(null) } else { json!([family]) },
+        "parameter_size": size,
+        "quantization_level": quant,
     })
 }
 
@@ -666,35 +688,37 @@ fn parameter_size(n: u64) -> String {
     }
 }
 
-/// `GET /api/tags`: the one model this server serves.
-pub(crate) async fn tags(State(app): State<Arc<App>>) -> Response {
-    match app.info() {
-        Ok(info) => axum::Json(json!({"models": [entry(&app, info)]})).into_response(),
-        Err(e) => error_response(e),
-    }
+/// `GET /api/tags`: every model this server can serve, loaded or not.
+pub(crate) async fn tags(State(reg): State<Arc<Registry>>) -> Response {
+    let models: Vec<Value> =
+        reg.list().iter().map(|l| entry(&l.id, l.file.as_deref(), l.loaded.as_ref().and_then(|(a, _)| a.info.get()))).collect();
+    axum::Json(json!({"models": models})).into_response()
 }
 
-/// `GET /api/ps`: the loaded model (always loaded; `expires_at` far ahead, as a model kept
-/// with a negative `keep_alive`).
-pub(crate) async fn ps(State(app): State<Arc<App>>) -> Response {
-    let info = match app.info() {
-        Ok(i) => i,
-        Err(e) => return error_response(e),
-    };
-    let mut e = entry(&app, info);
-    if let Value::Object(m) = &mut e {
-        m.remove("modified_at");
-        m.insert("expires_at".into(), json!("2318-01-01T00:00:00Z"));
-        m.insert("size_vram".into(), json!(0));
-        m.insert("context_length".into(), json!(info.sched.config().n_ctx));
+/// `GET /api/ps`: the loaded models, each with when it unloads (`expires_at`; far ahead for a
+/// model kept until the server stops, as ollama shows a negative `keep_alive`).
+pub(crate) async fn ps(State(reg): State<Arc<Registry>>) -> Response {
+    let mut models = Vec::new();
+    for l in reg.list() {
+        let Some((app, until)) = &l.loaded else { continue };
+        let Some(info) = app.info.get() else { continue };
+        let mut e = entry(&l.id, l.file.as_deref(), Some(info));
+        if let Value::Object(m) = &mut e {
+            m.remove("modified_at");
+            let expires = until.map_or_else(|| "2318-01-01T00:00:00Z".to_string(), rfc3339);
+            m.insert("expires_at".into(), json!(expires));
+            m.insert("size_vram".into(), json!(0));
+            m.insert("context_length".into(), json!(info.sched.config().n_ctx));
+        }
+        models.push(e);
     }
-    axum::Json(json!({"models": [e]})).into_response()
+    axum::Json(json!({"models": models})).into_response()
 }
 
 /// `POST /api/show`: details, the chat template, what the model can do (`capabilities`:
 /// completion, and tools / thinking where its template has them), `model_info` in GGUF's key
 /// names.
-pub(crate) async fn show(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
+pub(crate) async fn show(Served(app): Served, body: Result<Bytes, BytesRejection>) -> Response {
     let r = (|| {
         let body = body.map_err(body_error)?;
         let info = app.info()?;
@@ -708,7 +732,7 @@ pub(crate) async fn show(State(app): State<Arc<App>>, body: Result<Bytes, BytesR
         if calls::ThinkTags::detect(&template).is_some() {
             caps.push("thinking");
         }
-        let e = entry(&app, info);
+        let e = entry(&app.opts.model_id, info.file.as_deref(), Some(info));
         let arch = &info.arch;
         Ok(axum::Json(json!({
             "modelfile": format!("# served by cortiq\nFROM {}\n", info.file.as_ref().map(|f| f.display().to_string()).unwrap_or_default()),

@@ -10,8 +10,8 @@ use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::Arc;
 
+use crate::models::Served;
 use axum::body::Bytes;
-use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
@@ -26,7 +26,7 @@ use crate::generate::{self, Out, Queued};
 use crate::{App, body_error};
 
 pub(crate) async fn responses(
-    State(app): State<Arc<App>>,
+    Served(app): Served,
     tenant: Option<axum::Extension<crate::Tenant>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {

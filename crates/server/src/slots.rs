@@ -5,18 +5,18 @@
 //! answer 501; a bad file (truncated, corrupted, another model's, another version) is a 400
 //! naming the problem.
 
-use std::sync::Arc;
 use std::time::Instant;
 
+use crate::models::Served;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, Query};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use crate::error::ApiError;
-use crate::{App, api, body_error};
+use crate::{api, body_error};
 use cortiq_engine::sched::SessionOpError;
 
 #[derive(serde::Deserialize)]
@@ -25,7 +25,7 @@ pub(crate) struct Action {
 }
 
 pub(crate) async fn slot_action(
-    State(app): State<Arc<App>>,
+    Served(app): Served,
     tenant: Option<axum::Extension<crate::Tenant>>,
     Path(id): Path<String>,
     Query(q): Query<Action>,

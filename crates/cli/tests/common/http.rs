@@ -18,8 +18,14 @@ pub struct Server {
 impl Server {
     /// Start `cortiq serve -m MODEL --port 0 ARGS...`, wait until /health says ready.
     pub fn start(model: &str, args: &[&str]) -> Server {
+        Server::start_serve(&[&["-m", model][..], args].concat())
+    }
+
+    /// Start `cortiq serve --port 0 ARGS...` (the models given in ARGS), wait until /health
+    /// says ready.
+    pub fn start_serve(args: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_cortiq"))
-            .args(["serve", "-m", model, "--port", "0", "-t", "2"])
+            .args(["serve", "--port", "0", "-t", "2"])
             .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
