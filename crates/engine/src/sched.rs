@@ -461,6 +461,40 @@ impl Handle {
         self.inner.wake.notify_all();
     }
 
+    /// The loop of a model that only embeds (an encoder, `crate::encoder::Encoder`): each
+    /// `embed` runs `embed` (inputs, pooling, normalize) as it comes; a generation request is
+    /// ended with an error and a session operation refused (the server checks both before,
+    /// this is the backstop). Returns after `shutdown`.
+    pub fn run_embedder(&self, embed: &dyn Fn(&[Vec<u32>], crate::Pooling, bool) -> crate::error::Result<Vec<Vec<f32>>>) {
+        const ONLY: &str = "this model only makes embeddings";
+        self.inner.ready.store(true, Ordering::Release);
+        loop {
+            let mut q = self.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
+            while q.controls.is_empty() && q.items.is_empty() && !q.shutdown {
+                q = self.inner.wake.wait(q).unwrap_or_else(|e| e.into_inner());
+            }
+            if q.shutdown && q.controls.is_empty() && q.items.is_empty() {
+                return;
+            }
+            let items: Vec<_> = q.items.drain(..).collect();
+            let controls: Vec<_> = q.controls.drain(..).collect();
+            self.inner.counters.queued.store(0, Ordering::Relaxed);
+            drop(q);
+            for (req, _) in items {
+                req.sink.send(Event::Error { index: req.index, kind: ErrorKind::Engine, message: ONLY.into() });
+            }
+            for (c, answer) in controls {
+                let done = match c {
+                    Control::Embed { inputs, pooling, normalize } => embed(&inputs, pooling, normalize)
+                        .map(ControlDone::Embedded)
+                        .map_err(|e| SessionOpError::Refused(e.to_string())),
+                    _ => Err(SessionOpError::Refused(format!("{ONLY}: it keeps no sessions"))),
+                };
+                let _ = answer.send(done);
+            }
+        }
+    }
+
     /// The scheduler loop: call on the engine's own thread; returns after `shutdown` once the
     /// work in hand is done.
     pub fn run(&self, model: &Model, tok: &Tokenizer) {

@@ -33,3 +33,23 @@ fn bert_hidden_states_and_embeddings_match_transformers_f64() {
     let e = Encoder::load(&fixture("qwen3")).err().expect("a decoder folder refused");
     assert!(e.to_string().contains("not a BERT encoder"), "{e}");
 }
+
+/// A list of inputs embedded in one batch equals each input embedded alone, bit for bit: the
+/// stacked rows go through the same products (each output a dot product of one row and one
+/// weight column, summed in the same order) and attention stays within each input.
+#[test]
+fn bert_batch_equals_one_by_one() {
+    let enc = Encoder::load(&fixture("bert")).unwrap();
+    let mut rng = cortiq_testkit::XorShift(0x5eed);
+    let inputs: Vec<Vec<u32>> =
+        (0..9).map(|i| (0..1 + (i * 7) % 23).map(|_| 1 + (rng.next() % (enc.cfg.vocab as u64 - 1)) as u32).collect()).collect();
+    for (pooling, normalize) in [(Pooling::Mean, true), (Pooling::First, false), (Pooling::Last, true)] {
+        let batch = enc.embed_batch(&inputs, pooling, normalize).unwrap();
+        assert_eq!(batch.len(), inputs.len());
+        for (t, b) in inputs.iter().zip(&batch) {
+            let one = enc.embed(t, pooling, normalize).unwrap();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(b), bits(&one), "{} tokens, {pooling:?}: batched differs from alone", t.len());
+        }
+    }
+}

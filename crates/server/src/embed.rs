@@ -26,9 +26,8 @@ const MAX_INPUTS: usize = 2048;
 fn inputs(app: &App, v: Option<&Value>, param: &str, truncate: bool) -> Result<Vec<Vec<u32>>, ApiError> {
     let info = app.info()?;
     let n_ctx = info.sched.config().n_ctx;
-    let text = |s: &str| -> Result<Vec<u32>, ApiError> {
-        info.tok.encode_with(s, info.tok.add_bos(), false).map_err(|e| ApiError::invalid(param, e.to_string()))
-    };
+    let text =
+        |s: &str| -> Result<Vec<u32>, ApiError> { info.tok.encode_input(s).map_err(|e| ApiError::invalid(param, e.to_string())) };
     let ids = |a: &[Value]| -> Option<Vec<u32>> { a.iter().map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok())).collect() };
     let mut list = match v {
         Some(Value::String(s)) => vec![text(s)?],
@@ -66,7 +65,11 @@ fn inputs(app: &App, v: Option<&Value>, param: &str, truncate: bool) -> Result<V
             if !truncate {
                 return Err(ApiError::context_exceeded(t.len(), n_ctx, param));
             }
-            t.truncate(n_ctx);
+            // The text is cut, not the token the model appends after it (BERT's [SEP]), as
+            // sentence-transformers' tokenizer cuts.
+            let tail = info.tok.eos_id().filter(|&e| info.tok.add_eos() && t.last() == Some(&e) && n_ctx > 1);
+            t.truncate(n_ctx - usize::from(tail.is_some()));
+            t.extend(tail);
         }
     }
     Ok(list)
@@ -97,7 +100,7 @@ fn truncated(mut e: Vec<f32>, k: Option<usize>) -> Vec<f32> {
 async fn run(app: Arc<App>, list: Vec<Vec<u32>>) -> Result<Vec<Vec<f32>>, ApiError> {
     generate::blocking(app, move |app| {
         let info = app.info()?;
-        info.sched.embed(list, app.opts.pooling, true).map_err(|e| match e {
+        info.sched.embed(list, info.pooling, info.normalize).map_err(|e| match e {
             cortiq_engine::sched::SessionOpError::Refused(m) => ApiError::invalid("input", m),
             cortiq_engine::sched::SessionOpError::Failed(m) => ApiError::internal(m),
         })

@@ -124,6 +124,12 @@ pub(crate) async fn blocking<T: Send + 'static>(
 /// Admission before any per-choice work: `n` sequences must fit the queue's free room (503
 /// `server_busy` otherwise, as the scheduler would answer after the work).
 pub(crate) fn admit(info: &Info, n: usize) -> Result<(), ApiError> {
+    if info.embed_only {
+        return Err(ApiError::invalid(
+            "model",
+            "this model is an embedding model (an encoder): it does not generate text; use /v1/embeddings or /api/embed",
+        ));
+    }
     let room = info.sched.room();
     if n > room {
         return Err(ApiError::busy(format!(

@@ -87,17 +87,29 @@ pub struct ServeOptions {
     pub http_timeout: Duration,
     /// Open connections at most (`--max-connections`); beyond, a new one gets 503 and is closed.
     pub max_connections: usize,
-    /// How the embeddings routes pool a text's positions (`--pooling`).
-    pub pooling: cortiq_engine::Pooling,
+    /// How the embeddings routes pool a text's positions (`--pooling`; None: as the model
+    /// declares, else the last position).
+    pub pooling: Option<cortiq_engine::Pooling>,
 }
 
 /// Bytes of a connection's kernel send buffer (Linux doubles it for its bookkeeping): tokens
 /// stream in events of a few hundred bytes, so this holds hundreds of them.
 const SEND_BUFFER: usize = 128 << 10;
 
+/// What a served model computes with.
+pub enum Weights {
+    /// A language model: generation, and embeddings of its final norm's output.
+    Decoder(Model),
+    /// An encoder (BERT): embeddings only.
+    Encoder(cortiq_engine::encoder::Encoder),
+}
+
 /// What the load step hands over, on the engine's thread.
 pub struct Ready {
-    pub model: Model,
+    pub weights: Weights,
+    /// The pooling the model declares (sentence-transformers' modules) and whether it
+    /// normalizes: the embeddings routes' default.
+    pub pooling: Option<(cortiq_engine::Pooling, bool)>,
     pub tok: Tokenizer,
     /// The constant-memory plan (`--o1` / `--kv-window`, or what a polished model records),
     /// which the serving core applies to every request at its prompt's length; None serves
@@ -146,6 +158,11 @@ pub(crate) struct Info {
     pub weight_type: String,
     /// The model's width (an embedding's length).
     pub d_model: usize,
+    /// How the embeddings routes pool and whether they normalize.
+    pub pooling: cortiq_engine::Pooling,
+    pub normalize: bool,
+    /// An encoder: embeddings only (the generation routes answer 400).
+    pub embed_only: bool,
 }
 
 /// One served model as its routes see it (`models::Served`): the server's options with its
@@ -374,64 +391,106 @@ async fn body_deadline(State(app): State<Arc<Registry>>, req: Request, next: Nex
 /// scheduler until it is shut down (the model unloaded or the server stopping).
 fn engine_thread(app: Arc<App>, load: Loader, done: tokio::sync::oneshot::Sender<Result<(), String>>) {
     let t0 = Instant::now();
-    let Ready { model, tok, o1, draft, note, file } = match load() {
+    let ready = match load() {
         Ok(x) => x,
         Err(e) => {
             let _ = done.send(Err(e));
             return;
         }
     };
-    let mut cfg = app.opts.sched.clone();
-    cfg.o1 = o1;
-    if cfg.n_ctx == 0 {
-        cfg.n_ctx = model.cfg.n_ctx_train.clamp(1, 4096);
-    }
-    let (fixed, per_pos) = state_cost(&model);
-    let per_slot = fixed + per_pos * cfg.n_ctx;
-    eprintln!(
-        "cortiq serve: model '{}' ({}, {} layers) ready in {:.1}s; {} slots x {} ctx, state up to {:.1} MiB per slot ({:.1} MiB in all), prefill chunk {} (up to {} positions a step)",
-        app.opts.model_id,
-        model.cfg.arch,
-        model.layers.len(),
-        t0.elapsed().as_secs_f64(),
-        cfg.slots,
-        cfg.n_ctx,
-        per_slot as f64 / (1 << 20) as f64,
-        (per_slot * cfg.slots) as f64 / (1 << 20) as f64,
-        cfg.prefill_chunk,
-        cfg.prefill_budget.max(cfg.prefill_chunk),
-    );
-    if let Some(n) = note {
-        eprintln!("cortiq serve: {n}");
-    }
+    let Ready { weights, tok, o1, draft, note, file, pooling } = ready;
     let tok = Arc::new(tok);
     let mut eos = tok.eos_ids();
     eos.sort_unstable();
     eos.dedup();
-    let sched = Handle::new(cfg);
-    let info = Info {
-        tok: tok.clone(),
-        vocab: model.cfg.vocab,
-        eos,
-        arch: model.cfg.arch.to_string(),
-        n_ctx_train: model.cfg.n_ctx_train,
-        sched: sched.clone(),
-        has_draft: draft.is_some(),
-        file,
-        n_params: model.param_count(),
-        weight_type: model.main_weight_type(),
-        d_model: model.cfg.d_model,
+    let mut cfg = app.opts.sched.clone();
+    cfg.o1 = o1;
+    // The pooling `--pooling` names, else the one the model declares, else the last position;
+    // normalized unless the model declares a pooling without Normalize.
+    let (pooling, normalize) = match (app.opts.pooling, pooling) {
+        (Some(p), declared) => (p, declared.is_none_or(|d| d.1)),
+        (None, Some(d)) => d,
+        (None, None) => (cortiq_engine::Pooling::Last, true),
     };
-    let _ = app.info.set(info);
-    let _ = done.send(Ok(()));
+    let facts = |sched: Handle, arch: String, shape: (usize, usize, usize), n_params: u64, weight_type: String| Info {
+        tok: tok.clone(),
+        vocab: shape.0,
+        eos: eos.clone(),
+        arch,
+        n_ctx_train: shape.1,
+        sched,
+        has_draft: draft.is_some(),
+        file: file.clone(),
+        n_params,
+        weight_type,
+        d_model: shape.2,
+        pooling,
+        normalize,
+        embed_only: false,
+    };
     // A panic in the engine is a bug; a server whose engine is gone would accept requests and
     // never answer them, so it exits (non-zero) for its supervisor to restart it.
-    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sched.run_with_draft(&model, draft.as_ref(), &tok))).is_err() {
-        eprintln!("cortiq serve: the engine thread panicked; exiting");
-        std::process::exit(70);
+    let guard = |run: &dyn Fn()| {
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)).is_err() {
+            eprintln!("cortiq serve: the engine thread panicked; exiting");
+            std::process::exit(70);
+        }
+    };
+    match weights {
+        Weights::Decoder(model) => {
+            if cfg.n_ctx == 0 {
+                cfg.n_ctx = model.cfg.n_ctx_train.clamp(1, 4096);
+            }
+            let (fixed, per_pos) = state_cost(&model);
+            let per_slot = fixed + per_pos * cfg.n_ctx;
+            eprintln!(
+                "cortiq serve: model '{}' ({}, {} layers) ready in {:.1}s; {} slots x {} ctx, state up to {:.1} MiB per slot ({:.1} MiB in all), prefill chunk {} (up to {} positions a step)",
+                app.opts.model_id,
+                model.cfg.arch,
+                model.layers.len(),
+                t0.elapsed().as_secs_f64(),
+                cfg.slots,
+                cfg.n_ctx,
+                per_slot as f64 / (1 << 20) as f64,
+                (per_slot * cfg.slots) as f64 / (1 << 20) as f64,
+                cfg.prefill_chunk,
+                cfg.prefill_budget.max(cfg.prefill_chunk),
+            );
+            if let Some(n) = &note {
+                eprintln!("cortiq serve: {n}");
+            }
+            let sched = Handle::new(cfg);
+            let c = &model.cfg;
+            let shape = (c.vocab, c.n_ctx_train, c.d_model);
+            let _ = app.info.set(facts(sched.clone(), c.arch.to_string(), shape, model.param_count(), model.main_weight_type()));
+            let _ = done.send(Ok(()));
+            guard(&|| sched.run_with_draft(&model, draft.as_ref(), &tok));
+        }
+        Weights::Encoder(enc) => {
+            let c = &enc.cfg;
+            // Inputs up to the model's max_seq_length (longer ones cut where the route
+            // truncates, as sentence-transformers cuts them).
+            if cfg.n_ctx == 0 || cfg.n_ctx > c.max_seq {
+                cfg.n_ctx = c.max_seq;
+            }
+            eprintln!(
+                "cortiq serve: model '{}' (bert encoder, {} layers: embeddings only, {pooling:?} pooling) ready in {:.1}s; inputs up to {} tokens",
+                app.opts.model_id,
+                c.n_layers,
+                t0.elapsed().as_secs_f64(),
+                cfg.n_ctx,
+            );
+            let sched = Handle::new(cfg);
+            let shape = (c.vocab, c.max_positions, c.d_model);
+            let info = Info { embed_only: true, ..facts(sched.clone(), "bert".into(), shape, enc.param_count(), "F32".into()) };
+            let _ = app.info.set(info);
+            let _ = done.send(Ok(()));
+            guard(&|| sched.run_embedder(&|inputs, p, norm| enc.embed_batch(inputs, p, norm)));
+        }
     }
-    // Unloaded: the weights' map and copies go now, and the allocator's free pages with them.
-    drop((model, draft));
+    // Unloaded: the weights' map and copies went with their scope; the allocator's free pages
+    // go back now.
+    drop(draft);
     cortiq_formats::return_free_memory();
 }
 

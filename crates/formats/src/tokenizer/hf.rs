@@ -62,6 +62,26 @@ fn template_bos(v: &Value) -> Option<String> {
     }
 }
 
+/// The special token a TemplateProcessing "single" template appends after the text (BERT's
+/// `[SEP]`, Qwen3-Embedding's `<|endoftext|>`), if it ends with one.
+fn template_eos(v: &Value) -> Option<String> {
+    match v {
+        Value::Object(m) => {
+            if m.get("type").and_then(Value::as_str) == Some("TemplateProcessing") {
+                let single = m.get("single")?.as_array()?;
+                let text_at = single.iter().position(|p| p.get("Sequence").is_some())?;
+                let last = single.last()?;
+                return (single.len() > text_at + 1)
+                    .then(|| last.get("SpecialToken")?.get("id")?.as_str().map(str::to_string))
+                    .flatten();
+            }
+            m.values().find_map(template_eos)
+        }
+        Value::Array(a) => a.iter().find_map(template_eos),
+        _ => None,
+    }
+}
+
 fn read_json(path: &Path) -> Result<Value> {
     let bytes = std::fs::read(path).map_err(|e| FormatError::io(path, e))?;
     serde_json::from_slice(&bytes).map_err(|e| FormatError::malformed(path, format!("json: {e}")))
@@ -157,14 +177,19 @@ fn build(path: &Path, text: &str, cfg: Option<Value>) -> Result<Tokenizer> {
     let id_of = |s: &str| vocab.get(s).copied();
     let post_bos = json.get("post_processor").and_then(template_bos);
     let bos_text = cfg.as_ref().and_then(|c| token_str(c.get("bos_token"))).or_else(|| post_bos.clone());
-    let eos_text = cfg.as_ref().and_then(|c| token_str(c.get("eos_token")));
+    let post_eos = json.get("post_processor").and_then(template_eos);
+    let eos_text = cfg.as_ref().and_then(|c| token_str(c.get("eos_token"))).or_else(|| post_eos.clone());
     let bos = bos_text.as_deref().and_then(id_of);
     let eos = eos_text.as_deref().and_then(id_of);
     let add_bos = match cfg.as_ref().and_then(|c| c.get("add_bos_token")).and_then(Value::as_bool) {
         Some(v) => v,
         None => post_bos.is_some() && post_bos == bos_text,
     };
-    let add_eos = cfg.as_ref().and_then(|c| c.get("add_eos_token")).and_then(Value::as_bool).unwrap_or(false);
+    // As the library: the post-processor appends its token unless the config says otherwise.
+    let add_eos = match cfg.as_ref().and_then(|c| c.get("add_eos_token")).and_then(Value::as_bool) {
+        Some(v) => v,
+        None => post_eos.is_some() && post_eos == eos_text,
+    };
     let unk = cfg.as_ref().and_then(|c| token_str(c.get("unk_token"))).as_deref().and_then(id_of);
     let chat_template = cfg.as_ref().and_then(|c| match c.get("chat_template")? {
         Value::String(s) => Some(s.clone()),

@@ -426,6 +426,24 @@ impl Tokenizer {
         self.eog.binary_search(&id).is_ok()
     }
 
+    /// An embedding model's input: its special tokens around the text as the model adds them
+    /// (BOS, and EOS where its post-processor appends one: BERT's `[CLS]` … `[SEP]`), control
+    /// tokens typed in the text kept as text.
+    pub fn encode_input(&self, text: &str) -> Result<Vec<u32>> {
+        let mut ids = self.encode_with(text, self.add_bos, false)?;
+        if self.add_eos
+            && let Some(eos) = self.eos
+        {
+            ids.push(eos);
+        }
+        Ok(ids)
+    }
+
+    /// Whether `encode(_, true)` appends EOS (a post-processor that appends one: BERT's [SEP]).
+    pub fn add_eos(&self) -> bool {
+        self.add_eos
+    }
+
     /// Whether `encode(_, true)` prepends BOS.
     pub fn add_bos(&self) -> bool {
         self.add_bos
