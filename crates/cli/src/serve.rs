@@ -305,7 +305,7 @@ fn loader(common: Common, o1: O1Args, spec: Option<SpecArgs>) -> Loader {
         let name = common.model_arg().map_err(|e| e.to_string())?.to_string();
         let path = crate::pull::resolve_model(&name).map_err(|e| format!("{e:#}"))?;
         let pooling = cortiq_engine::encoder::declared_pooling(&path);
-        if cortiq_engine::encoder::is_encoder_dir(&path) {
+        if cortiq_engine::encoder::is_encoder(&path) {
             return open_encoder(&path, pooling);
         }
         let loaded = open_model(&common).map_err(|e| format!("{e:#}"))?;
@@ -333,18 +333,20 @@ fn loader(common: Common, o1: O1Args, spec: Option<SpecArgs>) -> Loader {
     })
 }
 
-/// An encoder folder (BERT, sentence-transformers' layout): its weights and tokenizer; served
-/// for embeddings only.
-fn open_encoder(dir: &std::path::Path, pooling: Option<(cortiq_engine::Pooling, bool)>) -> std::result::Result<Ready, String> {
-    let enc = cortiq_engine::encoder::Encoder::load(dir).map_err(|e| e.to_string())?;
-    let config = dir.join("tokenizer_config.json");
-    let tok = cortiq_formats::tokenizer::Tokenizer::from_tokenizer_json(
-        &dir.join("tokenizer.json"),
-        config.exists().then_some(config.as_path()),
-    )
+/// An encoder (BERT: a sentence-transformers folder, or a GGUF file of llama.cpp's converter):
+/// its weights and tokenizer; served for embeddings only.
+fn open_encoder(path: &std::path::Path, pooling: Option<(cortiq_engine::Pooling, bool)>) -> std::result::Result<Ready, String> {
+    use cortiq_formats::tokenizer::Tokenizer;
+    let enc = cortiq_engine::encoder::Encoder::load(path).map_err(|e| e.to_string())?;
+    let tok = if path.is_file() {
+        Tokenizer::from_gguf(&cortiq_formats::gguf::Gguf::open(path).map_err(|e| e.to_string())?)
+    } else {
+        let config = path.join("tokenizer_config.json");
+        Tokenizer::from_tokenizer_json(&path.join("tokenizer.json"), config.exists().then_some(config.as_path()))
+    }
     .map_err(|e| e.to_string())?;
     let weights = Weights::Encoder(enc);
-    Ok(Ready { weights, tok, o1: None, draft: None, note: None, file: Some(dir.to_path_buf()), pooling })
+    Ok(Ready { weights, tok, o1: None, draft: None, note: None, file: Some(path.to_path_buf()), pooling })
 }
 
 /// The models of the --models folders (.gguf and .cmf files, HF folders with a config.json;

@@ -53,3 +53,27 @@ fn bert_batch_equals_one_by_one() {
         }
     }
 }
+
+/// The fixture as llama.cpp's converter writes a BERT GGUF (tools/fixtures/gen_bert_gguf.py:
+/// its names and metadata, f32): the same hidden states bit for bit as the folder, the GGUF's
+/// pooling (mean) declared; its WordPiece vocabulary (the converter's "▁"-prefixed form)
+/// segments as WordPiece does, `[CLS]` … `[SEP]` around the text.
+#[test]
+fn bert_gguf_equals_the_folder_and_its_vocabulary_segments() {
+    let dir = fixture("bert");
+    let gguf = dir.join("model.gguf");
+    let (a, b) = (Encoder::load(&dir).unwrap(), Encoder::load(&gguf).unwrap());
+    let tokens = [2, 40, 17, 9, 61, 3];
+    let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+    assert_eq!(bits(a.hidden(&tokens).unwrap()), bits(b.hidden(&tokens).unwrap()), "GGUF and folder differ");
+    assert_eq!(cortiq_engine::encoder::declared_pooling(&gguf), Some((Pooling::Mean, true)));
+    assert!(cortiq_engine::encoder::is_encoder(&gguf) && cortiq_engine::encoder::is_encoder(&dir));
+    assert!(!cortiq_engine::encoder::is_encoder(&fixture("qwen3").join("model.gguf")));
+
+    let g = cortiq_formats::gguf::Gguf::open(&gguf).unwrap();
+    let tok = cortiq_formats::tokenizer::Tokenizer::from_gguf(&g).unwrap();
+    // vocabulary: 5 specials, "▁a".."▁z" = 5..30, "a".."z" = 31..56, then ▁hello 57, ▁world 58,
+    // ▁play 59, ing 60, ▁caf 61, ▁, 62, ▁! 63
+    assert_eq!(tok.encode_input("Hello, WORLD! Playing café").unwrap(), [2, 57, 62, 58, 63, 59, 60, 61, 35, 3]);
+    assert_eq!(tok.encode_input("xyz").unwrap(), [2, 28, 55, 56, 3], "unknown words split into single letters");
+}

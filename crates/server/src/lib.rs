@@ -852,10 +852,12 @@ async fn tokenize(Served(app): Served, body: Result<Bytes, BytesRejection>) -> R
     let add = api::opt_bool(&o, "add_special")?.unwrap_or(false);
     let parse = api::opt_bool(&o, "parse_special")?.unwrap_or(true);
     let pieces = api::opt_bool(&o, "with_pieces")?.unwrap_or(false);
-    let ids = info
+    let mut ids = info
         .tok
         .encode_with(text, add && info.tok.add_bos(), parse)
         .map_err(|e| ApiError::bad_request("tokenize_failed", e.to_string()))?;
+    // and the token the model appends (BERT's [SEP]), as the embeddings routes encode
+    ids.extend(info.tok.eos_id().filter(|_| add && info.tok.add_eos()));
     let tokens: Vec<Value> = if pieces {
         ids.iter()
             .map(|&id| {

@@ -60,6 +60,9 @@ pub(super) fn load(g: &dyn GgufMeta) -> Result<Tokenizer> {
         }
     }
 
+    if model == "bert" {
+        return wordpiece(g, &tokens);
+    }
     // Per model type: the segmentation and llama.cpp's defaults.
     let (backend, mut bos, mut eos, mut unk, mut add_bos, mut add_space_prefix, escape_whitespace) = match model {
         "llama" => (Backend::Spm, Some(1u32), Some(2u32), Some(0u32), true, true, true),
@@ -279,4 +282,57 @@ fn token_piece(text: &str, a: u32, spm_like: bool, byte_level: bool) -> Vec<u8> 
         return parse_byte_token(text).map(|b| vec![b]).unwrap_or_default();
     }
     Vec::new()
+}
+
+/// A BERT WordPiece vocabulary (`tokenizer.ggml.model` "bert", as llama.cpp's converter writes
+/// it: a word's first piece with a leading "▁", continuations bare, `[X]` specials as they
+/// are) turned back into the library's WordPiece form (`##` continuations) with BERT's
+/// normalizer (lower-casing as `tokenizer.ggml.normalizer.lowercase` says, accents stripped when
+/// it does, CJK characters split), pre-tokenizer and `[CLS] … [SEP]` post-processor: the
+/// `tokenizers` library then segments exactly as for the model's own tokenizer.json.
+fn wordpiece(g: &dyn GgufMeta, tokens: &[&str]) -> Result<Tokenizer> {
+    let path = g.meta_path();
+    let id =
+        |key: &str, default: u32| -> Result<u32> { Ok(g.get(key).and_then(MetaValue::as_i64).map_or(default, |v| v as u32)) };
+    let (cls, sep, unk) = (
+        id("tokenizer.ggml.bos_token_id", 101)?,
+        id("tokenizer.ggml.seperator_token_id", 102)?,
+        id("tokenizer.ggml.unknown_token_id", 100)?,
+    );
+    let name = |i: u32| -> Result<&str> {
+        tokens.get(i as usize).copied().ok_or_else(|| FormatError::field(path, "tokenizer.ggml.tokens", format!("no token {i}")))
+    };
+    let mut vocab = serde_json::Map::new();
+    let mut added = Vec::new();
+    for (i, t) in tokens.iter().enumerate() {
+        let piece = if t.starts_with('[') && t.ends_with(']') && t.len() > 2 {
+            added.push(serde_json::json!({"id": i, "content": t, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}));
+            t.to_string()
+        } else if let Some(word) = t.strip_prefix('\u{2581}') {
+            word.to_string()
+        } else {
+            format!("##{t}")
+        };
+        vocab.entry(piece).or_insert(serde_json::json!(i));
+    }
+    let lowercase = opt_bool(g, "tokenizer.ggml.normalizer.lowercase")?.unwrap_or(true);
+    let (cls_t, sep_t, unk_t) = (name(cls)?, name(sep)?, name(unk)?);
+    let json = serde_json::json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": {"type": "BertNormalizer", "clean_text": true, "handle_chinese_chars": true, "strip_accents": null, "lowercase": lowercase},
+        "pre_tokenizer": {"type": "BertPreTokenizer"},
+        "post_processor": {"type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": cls_t, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}, {"SpecialToken": {"id": sep_t, "type_id": 0}}],
+            "pair": [{"SpecialToken": {"id": cls_t, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}, {"SpecialToken": {"id": sep_t, "type_id": 0}},
+                {"Sequence": {"id": "B", "type_id": 1}}, {"SpecialToken": {"id": sep_t, "type_id": 1}}],
+            "special_tokens": {
+                cls_t: {"id": cls_t, "ids": [cls], "tokens": [cls_t]},
+                sep_t: {"id": sep_t, "ids": [sep], "tokens": [sep_t]}}},
+        "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": true},
+        "model": {"type": "WordPiece", "unk_token": unk_t, "continuing_subword_prefix": "##", "max_input_chars_per_word": 100, "vocab": vocab},
+    });
+    super::hf::load_str(path, &json.to_string(), None)
 }
