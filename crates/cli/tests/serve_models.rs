@@ -262,3 +262,32 @@ fn real_serve_minilm_embeddings() {
     assert_eq!(r.status, 400, "{}", r.text());
     assert!(r.text().contains("embedding model"), "{}", r.text());
 }
+
+/// ollama's `/api/pull`: a known model name is fetched into the cache (here: already there)
+/// and served from then on, listed by `/api/tags` and loaded when asked for; streamed, the
+/// statuses end with "success"; a path or an unknown name is refused.
+#[test]
+fn real_serve_api_pull_adds_a_model() {
+    cortiq_testkit::real_model("smollm2-135m");
+    let q = fixture("qwen3_5").display().to_string();
+    let s = Server::start(&q, &["--ctx", "256"]);
+    assert_eq!(ids(&s, "/api/tags", "models", "name"), ["qwen3_5:latest"]);
+    let r = s.post("/api/pull", &json!({"model": "smollm2-135m", "stream": false}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["status"], "success", "{}", r.text());
+    assert_eq!(ids(&s, "/api/tags", "models", "name"), ["qwen3_5:latest", "smollm2-135m:latest"]);
+    let r = s.post("/api/chat", &json!({"model": "smollm2-135m", "messages": [{"role": "user", "content": "Hi"}], "stream": false, "options": {"num_predict": 4}}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["model"], "smollm2-135m");
+    // streamed: NDJSON statuses, the last "success"; pulling twice keeps one entry
+    let r = s.post("/api/pull", &json!({"model": "smollm2-135m"}));
+    let lines: Vec<serde_json::Value> = r.text().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.first().map(|l| l["status"].clone()), Some(json!("pulling manifest")), "{}", r.text());
+    assert_eq!(lines.last().map(|l| l["status"].clone()), Some(json!("success")), "{}", r.text());
+    assert_eq!(ids(&s, "/api/tags", "models", "name").len(), 2);
+    for bad in ["/etc/passwd", "no-such-model"] {
+        let r = s.post("/api/pull", &json!({"model": bad, "stream": false}));
+        assert_eq!(r.status, 404, "{bad}: {}", r.text());
+        assert!(r.json()["error"].as_str().unwrap().contains("not a known model name"), "{}", r.text());
+    }
+}

@@ -123,7 +123,7 @@ pub struct Ready {
     pub file: Option<std::path::PathBuf>,
 }
 
-pub use models::{Catalog, Loader, ModelSource};
+pub use models::{Catalog, Loader, ModelSource, Puller};
 
 /// `--keep-alive`: a duration ("5m", "1h30m", "30s"), seconds, or negative for forever (None).
 pub fn parse_keep_alive(s: &str) -> Result<Option<Duration>, String> {
@@ -251,16 +251,16 @@ async fn serve_async(opts: ServeOptions, catalog: Catalog) -> Result<(), ServeEr
         tokio::net::TcpListener::bind(&addr).await.map_err(|source| ServeError::Bind { addr: addr.clone(), source })?;
     let local: SocketAddr = listener.local_addr().map_err(|source| ServeError::Bind { addr: addr.clone(), source })?;
     let reg = Arc::new(Registry::new(opts.clone(), catalog, unix_now()));
-    match reg.eager.map(|i| &reg.sources[i].id) {
-        Some(id) if reg.sources.len() == 1 => eprintln!("cortiq serve: listening on http://{local} (model '{id}' loading)"),
+    match reg.eager.map(|i| reg.source(i).id.clone()) {
+        Some(id) if reg.count() == 1 => eprintln!("cortiq serve: listening on http://{local} (model '{id}' loading)"),
         Some(id) => eprintln!(
             "cortiq serve: listening on http://{local} (model '{id}' loading; {} models on demand, {} loaded at most)",
-            reg.sources.len(),
+            reg.count(),
             reg.max_loaded
         ),
         None => eprintln!(
             "cortiq serve: listening on http://{local} ({} models on demand, {} loaded at most)",
-            reg.sources.len(),
+            reg.count(),
             reg.max_loaded
         ),
     }
@@ -535,6 +535,7 @@ fn router(reg: Arc<Registry>) -> Router {
         .route("/api/tags", get(ollama::tags))
         .route("/api/ps", get(ollama::ps))
         .route("/api/version", get(ollama::version))
+        .route("/api/pull", post(ollama::pull))
         .route("/", get(chat_page))
         .merge(per_model)
         .fallback(not_found)

