@@ -41,6 +41,11 @@ pub struct ServeArgs {
     /// used idle model first.
     #[arg(long, default_value_t = 3)]
     pub max_loaded: usize,
+    /// MiB of model files loaded at once at most (beside --max-loaded): a model counts at its
+    /// file's size, and a request for one that does not fit unloads least recently used idle
+    /// models first (default: no budget).
+    #[arg(long, value_name = "MiB")]
+    pub models_ram: Option<f64>,
     /// How long an idle model stays loaded ("5m", "1h", "30s", seconds; negative: until the
     /// server stops); ollama requests may set their own (`keep_alive`). Default: 5m with
     /// --models; a lone -m model stays loaded.
@@ -233,6 +238,11 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
     if a.max_loaded == 0 {
         bail!("--max-loaded must be at least 1");
     }
+    if let Some(m) = a.models_ram
+        && !(m > 0.0 && m.is_finite())
+    {
+        bail!("--models-ram must be a positive number of MiB, got {m}");
+    }
     if a.common.model.is_none() && a.models.is_empty() {
         bail!("no model given: -m MODEL, or --models DIR to serve a folder of models on demand");
     }
@@ -295,7 +305,17 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
     }
     let default = a.common.model.as_ref().map(|_| 0);
     let pull = puller(a.common.clone(), a.o1.clone());
-    serve(opts, Catalog { sources, default, max_loaded: a.max_loaded, keep_alive, pull: Some(pull) })?;
+    serve(
+        opts,
+        Catalog {
+            sources,
+            default,
+            max_loaded: a.max_loaded,
+            budget: a.models_ram.map(|m| (m * (1u64 << 20) as f64) as u64),
+            keep_alive,
+            pull: Some(pull),
+        },
+    )?;
     Ok(())
 }
 

@@ -220,6 +220,7 @@ fn bad_flags() {
     fails_with(&["serve", "--port", "0"], &["no model given", "--models"]);
     fails_with(&["serve", "--port", "0", "--models", "/nonexistent/models"], &["--models /nonexistent/models"]);
     fails_with(&["serve", "-m", m, "--port", "0", "--max-loaded", "0"], &["--max-loaded"]);
+    fails_with(&["serve", "-m", m, "--port", "0", "--models-ram", "0"], &["--models-ram"]);
     fails_with(&["serve", "-m", m, "--port", "0", "--keep-alive", "soon"], &["--keep-alive", "soon"]);
     // An encoder makes embeddings only: `run` says so and where to go.
     let bert = fixture("bert");

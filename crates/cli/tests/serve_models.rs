@@ -151,6 +151,25 @@ fn serve_two_models_loaded_and_keep_alive() {
     wait_loaded(&s, &[], Duration::from_secs(15));
 }
 
+/// `--models-ram`: a budget of model-file bytes beside `--max-loaded`. 0.75 MiB holds either
+/// fixture folder (~0.5 MiB each) but not both: alternating unloads the other although
+/// `--max-loaded` would allow three; a model larger than the whole budget is a 507 naming both.
+#[test]
+fn serve_models_within_a_memory_budget() {
+    let dir = models_dir("models-ram");
+    let d = dir.0.display().to_string();
+    let s = Server::start_serve(&["--models", &d, "--max-loaded", "3", "--models-ram", "0.75", "--ctx", "128"]);
+    for m in ["qwen3_5", "llama", "qwen3_5"] {
+        complete(&s, m);
+        wait_loaded(&s, &[&format!("{m}:latest")], Duration::ZERO);
+    }
+    assert!(s.log().contains("model 'llama' unloaded (to make room)"), "{}", s.log());
+    let s = Server::start_serve(&["--models", &d, "--models-ram", "0.3", "--ctx", "128"]);
+    let r = s.post("/v1/completions", &json!({"model": "qwen3_5", "prompt": "hi", "max_tokens": 2}));
+    assert_eq!(r.status, 507, "{}", r.text());
+    assert!(r.text().contains("does not fit --models-ram"), "{}", r.text());
+}
+
 /// `-m` with `--models`: the `-m` model is the default (a request that names none gets it)
 /// and loads at start; the folder's models load on demand beside it.
 #[test]

@@ -3,7 +3,8 @@
 //! the body's `model`, loads that model if it is not loaded, and hands the route its `App`).
 //!
 //! Each loaded model is an `App` of its own: its engine thread, scheduler, prompt cache,
-//! tokenizer and structured-output engine. At most `max_loaded` are loaded (or loading): a
+//! tokenizer and structured-output engine. At most `max_loaded` are loaded (or loading), their
+//! files within `budget` bytes (`--models-ram`): a
 //! request for another waits until the least recently used idle one is unloaded (its scheduler
 //! drains what it runs, its thread ends and drops the weights' map). A model idle for its
 //! keep-alive (the server's `--keep-alive`, or the last request's ollama `keep_alive`) is
@@ -51,6 +52,9 @@ pub struct Catalog {
     pub default: Option<usize>,
     /// Models loaded at once at most (`--max-loaded`).
     pub max_loaded: usize,
+    /// Bytes of model files loaded at once at most (`--models-ram`; None: no budget): a model
+    /// is counted at its file's size (mapped weights and their copies come to about that).
+    pub budget: Option<u64>,
     /// How long an idle model stays loaded (`--keep-alive`; None: until the server stops or it
     /// makes room for another).
     pub keep_alive: Option<Duration>,
@@ -91,6 +95,8 @@ impl Live {
 /// `Registry::step`'s decision.
 enum Step {
     Got(Arc<App>),
+    /// The model alone is larger than the memory budget (its bytes, the budget).
+    TooBig(u64, u64),
     Starting,
     Load,
     Evict(usize),
@@ -108,6 +114,7 @@ pub(crate) struct Registry {
     /// The model a request that names none gets.
     pub default: Option<usize>,
     pub max_loaded: usize,
+    pub budget: Option<u64>,
     pub keep_alive: Option<Duration>,
     pub created: u64,
     pub next_id: Arc<std::sync::atomic::AtomicU64>,
@@ -173,6 +180,7 @@ impl Registry {
             eager: catalog.default,
             default,
             max_loaded: catalog.max_loaded.max(1),
+            budget: catalog.budget,
             keep_alive: catalog.keep_alive,
             created,
             next_id: Arc::new(std::sync::atomic::AtomicU64::new(0)),
@@ -297,6 +305,16 @@ impl Registry {
             match self.step(idx) {
                 Step::Got(app) => return Ok(Lease { reg: self.clone(), idx, app, keep }),
                 Step::Starting => return Err(ApiError::loading()),
+                Step::TooBig(size, budget) => {
+                    let mib = |b: u64| b >> 20;
+                    return Err(ApiError {
+                        status: axum::http::StatusCode::INSUFFICIENT_STORAGE,
+                        ..ApiError::invalid(
+                            "model",
+                            format!("model '{id}' ({} MiB) does not fit --models-ram ({} MiB)", mib(size), mib(budget)),
+                        )
+                    });
+                }
                 Step::Load => {
                     // A task of its own: a client that goes away does not leave the model half
                     // loaded. Others waiting for it try again if this load fails.
@@ -336,7 +354,21 @@ impl Registry {
             Slot::Unloaded => {}
         }
         let held = slots.iter().filter(|s| !matches!(s, Slot::Unloaded)).count();
-        if held < self.max_loaded {
+        // files' sizes, read only under a budget
+        let sizes: Vec<u64> = match self.budget {
+            Some(_) => {
+                let sources = self.sources.read().unwrap_or_else(|e| e.into_inner());
+                sources.iter().map(|s| s.file.as_deref().map_or(0, model_bytes)).collect()
+            }
+            None => vec![0; slots.len()],
+        };
+        let used: u64 = slots.iter().zip(&sizes).filter(|(s, _)| !matches!(s, Slot::Unloaded)).map(|(_, b)| b).sum();
+        if let Some(budget) = self.budget
+            && sizes[idx] > budget
+        {
+            return Step::TooBig(sizes[idx], budget);
+        }
+        if held < self.max_loaded && self.budget.is_none_or(|b| used + sizes[idx] <= b) {
             slots[idx] = Slot::Loading { startup: false };
             return Step::Load;
         }
@@ -449,6 +481,17 @@ impl Registry {
                 i.sched.shutdown();
             }
         }
+    }
+}
+
+/// A model's bytes on disk: the file's, or a folder's files' (an HF folder).
+pub(crate) fn model_bytes(path: &std::path::Path) -> u64 {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => std::fs::read_dir(path)
+            .map(|rd| rd.flatten().filter_map(|e| e.metadata().ok()).filter(|m| m.is_file()).map(|m| m.len()).sum())
+            .unwrap_or(0),
+        Ok(m) => m.len(),
+        Err(_) => 0,
     }
 }
 

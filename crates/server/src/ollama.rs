@@ -620,7 +620,7 @@ fn stream(q: Queued, route: Route, clock: Clock) -> Response {
 /// details once it has been loaded (`info`), the file's format alone before.
 fn entry(id: &str, file: Option<&Path>, info: Option<&Info>) -> Value {
     let meta = file.and_then(|f| std::fs::metadata(f).ok());
-    let size = file.map_or(0, file_size);
+    let size = file.map_or(0, crate::models::model_bytes);
     let modified = meta.as_ref().and_then(|m| m.modified().ok()).unwrap_or(UNIX_EPOCH);
     let name = tagged(id);
     json!({
@@ -631,17 +631,6 @@ fn entry(id: &str, file: Option<&Path>, info: Option<&Info>) -> Value {
         "digest": digest(file, size, modified),
         "details": details(file, info),
     })
-}
-
-/// A model's bytes: the file's, or a folder's files' (an HF folder).
-fn file_size(path: &Path) -> u64 {
-    match std::fs::metadata(path) {
-        Ok(m) if m.is_dir() => std::fs::read_dir(path)
-            .map(|rd| rd.flatten().filter_map(|e| e.metadata().ok()).filter(|m| m.is_file()).map(|m| m.len()).sum())
-            .unwrap_or(0),
-        Ok(m) => m.len(),
-        Err(_) => 0,
-    }
 }
 
 /// ollama's digest names a blob by its SHA-256; hashing a multi-gigabyte file per listing is
@@ -887,7 +876,7 @@ pub(crate) async fn pull(State(reg): State<Arc<Registry>>, body: Result<Bytes, B
     let fetched = tokio::task::spawn_blocking(move || puller(&spec));
     let finish = move |r: Result<Result<ModelSource, String>, tokio::task::JoinError>| -> Result<Vec<Value>, String> {
         let src = r.map_err(|e| format!("pulling {name} failed: {e}"))??;
-        let size = src.file.as_deref().map_or(0, file_size);
+        let size = src.file.as_deref().map_or(0, crate::models::model_bytes);
         let digest = format!("sha256:{}", digest(src.file.as_deref(), size, UNIX_EPOCH));
         let id = reg.add(src);
         tracing::info!(target: "cortiq::server", "pulled model '{id}'");
