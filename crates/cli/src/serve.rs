@@ -417,11 +417,8 @@ fn on_demand(dirs: &[std::path::PathBuf]) -> Result<Vec<(String, std::path::Path
         }
     }
     let cache = crate::pull::cache_dir().join("models");
-    for k in crate::pull::known_models() {
-        let p = cache.join(k.file);
-        if p.is_file() || (!k.folder.is_empty() && k.folder.iter().all(|f| p.join(f.path).is_file())) {
-            out.push((k.name.to_string(), p));
-        }
+    for k in crate::pull::known_models().iter().filter(|k| k.is_cached(&cache)) {
+        out.push((k.name.to_string(), cache.join(k.file)));
     }
     for m in crate::hub::cached_models(&crate::hub::HubConfig::from_env()) {
         out.push((m.spec.trim_start_matches("hf:").to_string(), m.path));

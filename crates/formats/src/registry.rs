@@ -12,7 +12,7 @@
 //! on the assembled files; a republished package with other bytes is caught by the sha256.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// The cache root: `$CORTIQ_CACHE` if set, else `$XDG_CACHE_HOME/cortiq`, else `~/.cache/cortiq`.
 pub fn cache_dir() -> PathBuf {
@@ -87,6 +87,15 @@ pub struct KnownModel {
     /// Non-empty: the model is a folder (`<cache>/models/<file>/`) of these files, `size` their
     /// sum; `sha256` and `parts` are then unused.
     pub folder: &'static [FolderFile],
+}
+
+impl KnownModel {
+    /// Whether the model is whole under `models` (`<cache>/models`): its file, or every file
+    /// of its folder.
+    pub fn is_cached(&self, models: &Path) -> bool {
+        let path = models.join(self.file);
+        if self.folder.is_empty() { path.is_file() } else { self.folder.iter().all(|f| path.join(f.path).is_file()) }
+    }
 }
 
 /// A text (perplexity, benchmarks) cortiq can pull by `name`; cached under `<cache>/texts/<name>`.

@@ -197,15 +197,13 @@ impl App {
     /// name, with or without ollama's `:latest`).
     pub fn check_model(&self, m: &Option<String>) -> Result<(), ApiError> {
         match m {
-            Some(m) if *m != self.opts.model_id && m.strip_suffix(":latest") != Some(self.opts.model_id.as_str()) => {
-                Err(ApiError {
-                    param: Some("model".into()),
-                    ..ApiError::not_found(
-                        "model_not_found",
-                        format!("The model '{m}' does not exist; this server serves '{}'", self.opts.model_id),
-                    )
-                })
-            }
+            Some(m) if !models::names(&self.opts.model_id, m) => Err(ApiError {
+                param: Some("model".into()),
+                ..ApiError::not_found(
+                    "model_not_found",
+                    format!("The model '{m}' does not exist; this server serves '{}'", self.opts.model_id),
+                )
+            }),
             _ => Ok(()),
         }
     }

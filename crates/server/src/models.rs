@@ -79,7 +79,7 @@ struct Live {
     last_used: Instant,
     /// How long it stays loaded once idle (None: until evicted).
     keep: Option<Duration>,
-    engine: Option<std::thread::JoinHandle<()>>,
+    engine: std::thread::JoinHandle<()>,
 }
 
 impl Live {
@@ -107,7 +107,7 @@ enum Step {
 pub(crate) struct Registry {
     pub opts: ServeOptions,
     /// The models, in the catalog's order and then as `/api/pull` adds them (a slot each).
-    sources: std::sync::RwLock<Vec<Arc<ModelSource>>>,
+    sources: std::sync::RwLock<Vec<Entry>>,
     pub pull: Option<Puller>,
     /// The model loaded at start (`Catalog::default`).
     pub eager: Option<usize>,
@@ -124,6 +124,25 @@ pub(crate) struct Registry {
     changed: tokio::sync::Notify,
     /// Set when the start-time load fails (the server stops with its message).
     pub fail: Mutex<Option<tokio::sync::oneshot::Sender<String>>>,
+}
+
+/// Whether a request's model `name` means the model `id`: the id, or ollama's `id:latest`.
+pub(crate) fn names(id: &str, name: &str) -> bool {
+    name == id || name.strip_suffix(":latest") == Some(id)
+}
+
+/// A model the registry serves, with its bytes on disk (read once: `--models-ram` and the
+/// listings use them).
+struct Entry {
+    src: Arc<ModelSource>,
+    bytes: u64,
+}
+
+impl Entry {
+    fn new(src: ModelSource) -> Entry {
+        let bytes = src.file.as_deref().map_or(0, model_bytes);
+        Entry { src: Arc::new(src), bytes }
+    }
 }
 
 /// A request's hold on a loaded model until its work is queued: the model is not unloaded
@@ -165,6 +184,8 @@ impl<S: Send + Sync> FromRequestParts<S> for Served {
 pub(crate) struct Listed {
     pub id: String,
     pub file: Option<PathBuf>,
+    /// Its bytes on disk.
+    pub bytes: u64,
     /// Loaded now: its app and when it unloads (None: not while the server runs).
     pub loaded: Option<(Arc<App>, Option<std::time::SystemTime>)>,
 }
@@ -175,7 +196,7 @@ impl Registry {
         let default = catalog.default.or((n == 1).then_some(0));
         Registry {
             opts,
-            sources: std::sync::RwLock::new(catalog.sources.into_iter().map(Arc::new).collect()),
+            sources: std::sync::RwLock::new(catalog.sources.into_iter().map(Entry::new).collect()),
             pull: catalog.pull,
             eager: catalog.default,
             default,
@@ -197,7 +218,7 @@ impl Registry {
 
     /// Model `i` (sources are only ever added).
     pub fn source(&self, i: usize) -> Arc<ModelSource> {
-        self.sources.read().unwrap_or_else(|e| e.into_inner())[i].clone()
+        self.sources.read().unwrap_or_else(|e| e.into_inner())[i].src.clone()
     }
 
     /// Models the server can serve.
@@ -207,14 +228,17 @@ impl Registry {
 
     /// Serve one more model (a pulled one), unloaded until asked for; a model of the same id
     /// already there is kept (its file is the one just pulled, or the one given at start).
-    pub fn add(&self, src: ModelSource) -> String {
+    /// -> its id and bytes on disk.
+    pub fn add(&self, src: ModelSource) -> (String, u64) {
         let mut sources = self.sources.write().unwrap_or_else(|e| e.into_inner());
-        if !sources.iter().any(|s| s.id == src.id) {
-            let mut slots = self.lock();
-            sources.push(Arc::new(src.clone()));
-            slots.push(Slot::Unloaded);
+        if let Some(e) = sources.iter().find(|e| e.src.id == src.id) {
+            return (src.id, e.bytes);
         }
-        src.id
+        let e = Entry::new(src);
+        let out = (e.src.id.clone(), e.bytes);
+        self.lock().push(Slot::Unloaded);
+        sources.push(e);
+        out
     }
 
     /// Every model, loaded or not, in the catalog's order.
@@ -225,9 +249,10 @@ impl Registry {
         sources
             .iter()
             .zip(slots.iter())
-            .map(|(s, slot)| Listed {
-                id: s.id.clone(),
-                file: s.file.clone(),
+            .map(|(e, slot)| Listed {
+                id: e.src.id.clone(),
+                file: e.src.file.clone(),
+                bytes: e.bytes,
                 loaded: match slot {
                     Slot::Loaded(l) if l.app.info.get().is_some() => {
                         let until = l.keep.map(|k| now.1 + (l.last_used + k).saturating_duration_since(now.0));
@@ -254,7 +279,7 @@ impl Registry {
         let sources = self.sources.read().unwrap_or_else(|e| e.into_inner());
         let available = || {
             let names: Vec<String> =
-                sources.iter().map(|s| if ollama { crate::ollama::tagged(&s.id) } else { s.id.clone() }).collect();
+                sources.iter().map(|e| if ollama { crate::ollama::tagged(&e.src.id) } else { e.src.id.clone() }).collect();
             names.iter().map(|n| format!("'{n}'")).collect::<Vec<_>>().join(", ")
         };
         let Some(name) = name.filter(|n| !n.is_empty()) else {
@@ -262,7 +287,7 @@ impl Registry {
                 .default
                 .ok_or_else(|| ApiError::invalid("model", format!("model is required: this server serves {}", available())));
         };
-        let hit = sources.iter().position(|s| s.id == name || name.strip_suffix(":latest") == Some(s.id.as_str()));
+        let hit = sources.iter().position(|s| names(&s.src.id, name));
         hit.ok_or_else(|| {
             let msg = if ollama {
                 format!("model '{name}' not found; this server serves {}", available())
@@ -319,10 +344,9 @@ impl Registry {
                     // A task of its own: a client that goes away does not leave the model half
                     // loaded. Others waiting for it try again if this load fails.
                     let reg = self.clone();
-                    match tokio::spawn(async move { reg.load(idx).await }).await {
-                        Ok(Ok(())) => continue,
-                        Ok(Err(e)) => return Err(ApiError::internal(format!("loading model '{id}' failed: {e}"))),
-                        Err(e) => return Err(ApiError::internal(format!("loading model '{id}' failed: {e}"))),
+                    let done = tokio::spawn(async move { reg.load(idx).await }).await.map_err(|e| e.to_string());
+                    if let Err(e) = done.and_then(|r| r) {
+                        return Err(ApiError::internal(format!("loading model '{id}' failed: {e}")));
                     }
                 }
                 Step::Evict(v) => {
@@ -354,14 +378,7 @@ impl Registry {
             Slot::Unloaded => {}
         }
         let held = slots.iter().filter(|s| !matches!(s, Slot::Unloaded)).count();
-        // files' sizes, read only under a budget
-        let sizes: Vec<u64> = match self.budget {
-            Some(_) => {
-                let sources = self.sources.read().unwrap_or_else(|e| e.into_inner());
-                sources.iter().map(|s| s.file.as_deref().map_or(0, model_bytes)).collect()
-            }
-            None => vec![0; slots.len()],
-        };
+        let sizes: Vec<u64> = self.sources.read().unwrap_or_else(|e| e.into_inner()).iter().map(|e| e.bytes).collect();
         let used: u64 = slots.iter().zip(&sizes).filter(|(s, _)| !matches!(s, Slot::Unloaded)).map(|(_, b)| b).sum();
         if let Some(budget) = self.budget
             && sizes[idx] > budget
@@ -409,7 +426,7 @@ impl Registry {
             match result {
                 Ok(handle) => {
                     let keep = self.keep_alive;
-                    slots[idx] = Slot::Loaded(Live { app, leases: 0, last_used: Instant::now(), keep, engine: Some(handle) });
+                    slots[idx] = Slot::Loaded(Live { app, leases: 0, last_used: Instant::now(), keep, engine: handle });
                     Ok(())
                 }
                 Err(e) => {
@@ -438,9 +455,8 @@ impl Registry {
         if let Some(info) = live.app.info.get() {
             info.sched.shutdown();
         }
-        if let Some(h) = live.engine {
-            let _ = tokio::task::spawn_blocking(move || h.join()).await;
-        }
+        let engine = live.engine;
+        let _ = tokio::task::spawn_blocking(move || engine.join()).await;
         eprintln!("cortiq serve: model '{}' unloaded ({why})", self.source(idx).id);
         self.lock()[idx] = Slot::Unloaded;
         self.changed.notify_waiters();

@@ -51,7 +51,7 @@ pub(crate) fn check_model(app: &App, o: &Obj) -> Result<(), ApiError> {
         return Err(ApiError::invalid("model", "model is required"));
     };
     let id = &app.opts.model_id;
-    if m == id || m.strip_suffix(":latest") == Some(id.as_str()) {
+    if crate::models::names(id, m) {
         return Ok(());
     }
     Err(ApiError {
@@ -618,9 +618,8 @@ fn stream(q: Queued, route: Route, clock: Clock) -> Response {
 
 /// A model's name, file, size, time and digest for `/api/tags`, `/api/show`, `/api/ps`; its
 /// details once it has been loaded (`info`), the file's format alone before.
-fn entry(id: &str, file: Option<&Path>, info: Option<&Info>) -> Value {
+fn entry(id: &str, file: Option<&Path>, size: u64, info: Option<&Info>) -> Value {
     let meta = file.and_then(|f| std::fs::metadata(f).ok());
-    let size = file.map_or(0, crate::models::model_bytes);
     let modified = meta.as_ref().and_then(|m| m.modified().ok()).unwrap_or(UNIX_EPOCH);
     let name = tagged(id);
     json!({
@@ -679,8 +678,11 @@ fn parameter_size(n: u64) -> String {
 
 /// `GET /api/tags`: every model this server can serve, loaded or not.
 pub(crate) async fn tags(State(reg): State<Arc<Registry>>) -> Response {
-    let models: Vec<Value> =
-        reg.list().iter().map(|l| entry(&l.id, l.file.as_deref(), l.loaded.as_ref().and_then(|(a, _)| a.info.get()))).collect();
+    let models: Vec<Value> = reg
+        .list()
+        .iter()
+        .map(|l| entry(&l.id, l.file.as_deref(), l.bytes, l.loaded.as_ref().and_then(|(a, _)| a.info.get())))
+        .collect();
     axum::Json(json!({"models": models})).into_response()
 }
 
@@ -691,7 +693,7 @@ pub(crate) async fn ps(State(reg): State<Arc<Registry>>) -> Response {
     for l in reg.list() {
         let Some((app, until)) = &l.loaded else { continue };
         let Some(info) = app.info.get() else { continue };
-        let mut e = entry(&l.id, l.file.as_deref(), Some(info));
+        let mut e = entry(&l.id, l.file.as_deref(), l.bytes, Some(info));
         if let Value::Object(m) = &mut e {
             m.remove("modified_at");
             let expires = until.map_or_else(|| "2318-01-01T00:00:00Z".to_string(), rfc3339);
@@ -721,7 +723,8 @@ pub(crate) async fn show(Served(app): Served, body: Result<Bytes, BytesRejection
         if calls::ThinkTags::detect(&template).is_some() {
             caps.push("thinking");
         }
-        let e = entry(&app.opts.model_id, info.file.as_deref(), Some(info));
+        let size = info.file.as_deref().map_or(0, crate::models::model_bytes);
+        let e = entry(&app.opts.model_id, info.file.as_deref(), size, Some(info));
         let arch = &info.arch;
         Ok(axum::Json(json!({
             "modelfile": format!("# served by cortiq\nFROM {}\n", info.file.as_ref().map(|f| f.display().to_string()).unwrap_or_default()),
@@ -876,9 +879,9 @@ pub(crate) async fn pull(State(reg): State<Arc<Registry>>, body: Result<Bytes, B
     let fetched = tokio::task::spawn_blocking(move || puller(&spec));
     let finish = move |r: Result<Result<ModelSource, String>, tokio::task::JoinError>| -> Result<Vec<Value>, String> {
         let src = r.map_err(|e| format!("pulling {name} failed: {e}"))??;
-        let size = src.file.as_deref().map_or(0, crate::models::model_bytes);
-        let digest = format!("sha256:{}", digest(src.file.as_deref(), size, UNIX_EPOCH));
-        let id = reg.add(src);
+        let file = src.file.clone();
+        let (id, size) = reg.add(src);
+        let digest = format!("sha256:{}", digest(file.as_deref(), size, UNIX_EPOCH));
         tracing::info!(target: "cortiq::server", "pulled model '{id}'");
         Ok(vec![
             json!({"status": format!("pulling {}", &digest[7..19]), "digest": digest, "total": size, "completed": size}),

@@ -36,8 +36,7 @@ pub fn known_model(name: &str) -> &'static KnownModel {
 pub fn real_model(name: &str) -> PathBuf {
     let m = known_model(name);
     let path = cache_dir().join("models").join(m.file);
-    let whole = if m.folder.is_empty() { path.is_file() } else { m.folder.iter().all(|f| path.join(f.path).is_file()) };
-    if !whole {
+    if !m.is_cached(&cache_dir().join("models")) {
         panic!(
             "real model {} is not in the model cache: {} does not exist; {} (cache resolved from CORTIQ_CACHE, \
              XDG_CACHE_HOME, HOME as `cortiq pull` does)",
