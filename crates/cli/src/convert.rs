@@ -36,6 +36,11 @@ pub struct ConvertArgs {
     /// Overwrite OUT if it exists.
     #[arg(long)]
     pub force: bool,
+    /// Store a mixture's experts row-major, as GGUF does. By default they are stored in the
+    /// fast decode kernels' interleaved layout (read in place from the map, no copy at load;
+    /// a file version-1 readers cannot open).
+    #[arg(long)]
+    pub plain_experts: bool,
     /// Fold attention layers onto a linear core (`vmf_phase`) and write the hybrid: the layers
     /// of --layers, from a GGUF or .cmf source (the stored weights are kept as they are).
     #[arg(long, value_name = "CORE")]
@@ -121,7 +126,13 @@ pub fn cmd_convert(a: ConvertArgs) -> Result<()> {
     if a.out_norm || a.window > 0 || a.sinks > 0 {
         bail!("--out-norm, --window and --sinks are settings of --linear-core");
     }
-    let opts = ConvertOptions { quant: a.quant, embeddings: a.keep_embeddings_as, f32_as: a.f32_as, force: a.force };
+    let opts = ConvertOptions {
+        quant: a.quant,
+        embeddings: a.keep_embeddings_as,
+        f32_as: a.f32_as,
+        force: a.force,
+        plain_experts: a.plain_experts,
+    };
     let bar = ProgressBar::new(0);
     bar.set_style(
         ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} tensors {msg}").expect("valid template"),
@@ -144,6 +155,9 @@ pub fn cmd_convert(a: ConvertArgs) -> Result<()> {
     );
     for (dtype, (n, bytes)) in &report.by_dtype {
         eprintln!("  {dtype:>5}: {n:>4} tensors, {:.1} MB", *bytes as f64 / 1e6);
+    }
+    if report.interleaved > 0 {
+        eprintln!("  {} expert tensors in the interleaved layout (--plain-experts: row-major)", report.interleaved);
     }
     for f in &report.fallbacks {
         eprintln!("  note: {f}");

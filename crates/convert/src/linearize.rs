@@ -707,13 +707,17 @@ fn write_hybrid(
     let kept: Vec<&TensorInfo> = tensors.into_iter().filter(|t| !removed.contains(&t.name)).collect();
     let mut planned: Vec<PlannedTensor> = kept
         .iter()
-        .map(|t| PlannedTensor { name: t.name.clone(), dtype: t.dtype, shape: t.shape().iter().map(|&d| d as u64).collect() })
+        .map(|t| PlannedTensor {
+            // raw bytes are copied: an interleaved tensor stays so
+            interleaved: t.interleaved,
+            ..PlannedTensor::new(t.name.clone(), t.dtype, t.shape().iter().map(|&d| d as u64).collect())
+        })
         .collect();
     for (name, shape, v) in added {
         if v.len() as u64 != shape.iter().product::<u64>() {
             bail!("vmf tensor '{name}': {} values for shape {shape:?}", v.len());
         }
-        planned.push(PlannedTensor { name: name.clone(), dtype: QuantType::F32, shape: shape.clone() });
+        planned.push(PlannedTensor::new(name.clone(), QuantType::F32, shape.clone()));
     }
     let header = CmfHeader {
         format_version: cmf::FORMAT_VERSION,

@@ -23,6 +23,14 @@
 //!   listed in the report. A finite weight that overflows f16 is an error naming the tensor,
 //!   never a silent infinity.
 //!
+//! Layout: a mixture's routed experts (`*_exps*` tensors whose per-expert rows are whole groups
+//! of 16, in a type with the decode kernels' interleaved layout) are stored interleaved
+//! (`cmf` version 2, `"layout": "il16"`) unless `plain_experts`: fast decode reads the routed
+//! experts in place from the map with the interleaved kernels, the copy `--no-mmap` makes
+//! (1.14x the row-major kernels' decode on the full-size Qwen3-30B-A3B shape, BENCHMARKS.md),
+//! without copying; a load needs no repacking on CPUs without AVX-512 either. The other
+//! numerics un-interleave the rows they read.
+//!
 //! The output is streamed tensor by tensor into a temporary file beside it and renamed into
 //! place at the end (`CmfWriter`): an error leaves nothing behind, and an existing output is
 //! refused unless `force`.
@@ -104,11 +112,13 @@ pub struct ConvertOptions {
     pub f32_as: Option<QuantType>,
     /// Overwrite an existing output.
     pub force: bool,
+    /// Keep a mixture's experts row-major (as GGUF stores them) instead of interleaved.
+    pub plain_experts: bool,
 }
 
 impl Default for ConvertOptions {
     fn default() -> Self {
-        ConvertOptions { quant: QuantSpec::Keep, embeddings: None, f32_as: None, force: false }
+        ConvertOptions { quant: QuantSpec::Keep, embeddings: None, f32_as: None, force: false, plain_experts: false }
     }
 }
 
@@ -123,6 +133,8 @@ pub struct ConvertReport {
     pub by_dtype: BTreeMap<String, (usize, u64)>,
     /// Tensors stored as f16 because their rows are not whole blocks of the requested type.
     pub fallbacks: Vec<String>,
+    /// Tensors stored in the interleaved layout (a mixture's experts).
+    pub interleaved: usize,
     /// Source tensors that are not part of the model (not in the HF name table).
     pub dropped: Vec<String>,
 }
@@ -144,7 +156,8 @@ impl Source {
         match self {
             Source::Gguf(g) => g.tensor(name).map(|i| g.tensor_data(i)),
             Source::Hf(src) => src.raw(name),
-            Source::Cmf(c) => c.tensor(name).map(|i| c.tensor_data(i)),
+            // an interleaved tensor's bytes are not its row-major ones
+            Source::Cmf(c) => c.tensor(name).filter(|i| !i.interleaved).map(|i| c.tensor_data(i)),
         }
     }
 }
@@ -217,7 +230,9 @@ pub fn convert(src: &Path, out: &Path, opts: &ConvertOptions, progress: &dyn Fn(
                 }
             }
         };
-        plan.push(PlannedTensor { name: name.clone(), dtype, shape: shape.iter().map(|&d| d as u64).collect() });
+        let shape: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
+        let interleaved = !opts.plain_experts && interleavable(name, dtype, &shape);
+        plan.push(PlannedTensor { interleaved, ..PlannedTensor::new(name.clone(), dtype, shape) });
     }
 
     let header = CmfHeader {
@@ -249,7 +264,7 @@ pub fn convert(src: &Path, out: &Path, opts: &ConvertOptions, progress: &dyn Fn(
     for (i, p) in plan.iter().enumerate() {
         progress(i, n, &p.name);
         let t = ts.get(&p.name)?.ok_or_else(|| EngineError::MissingTensor { file: ts.file(), tensor: p.name.clone() })?;
-        let written = write_tensor(&mut w, &source, &t, p.dtype)?;
+        let written = write_tensor(&mut w, &source, &t, p)?;
         w.end_tensor()?;
         let e = by_dtype.entry(p.dtype.name().to_string()).or_default();
         e.0 += 1;
@@ -266,7 +281,8 @@ pub fn convert(src: &Path, out: &Path, opts: &ConvertOptions, progress: &dyn Fn(
         });
     }
     progress(n, n, "");
-    Ok(ConvertReport { out: out.to_path_buf(), bytes, tensors: n, by_dtype, fallbacks, dropped })
+    let interleaved = plan.iter().filter(|p| p.interleaved).count();
+    Ok(ConvertReport { out: out.to_path_buf(), bytes, tensors: n, by_dtype, fallbacks, interleaved, dropped })
 }
 
 type Opened = (Source, String, Metadata, f32, &'static str, Vec<String>);
@@ -312,36 +328,88 @@ fn open_source(path: &Path) -> Result<Opened> {
 /// core has work.
 const CHUNK_F32: usize = 1 << 20;
 
-/// Writes one tensor's bytes in `dtype`; returns the bytes written.
-fn write_tensor(w: &mut CmfWriter, source: &Source, t: &QTensor, dtype: QuantType) -> Result<u64> {
-    if dtype == t.dtype
-        && let Some(raw) = source.raw(&t.name)
-    {
-        w.write_data(raw)?;
-        return Ok(raw.len() as u64);
+/// Whether the planned tensor `name` of `dtype` and `shape` (outermost first) is stored
+/// interleaved: a routed experts' matrix (stacked `[experts, rows, cols]` or one expert's
+/// `[rows, cols]`) whose rows per expert are whole groups of `IL_ROWS`, so that every expert is
+/// whole groups of its own, in a type and width with the layout.
+fn interleavable(name: &str, dtype: QuantType, shape: &[u64]) -> bool {
+    use cortiq_kernels::quant::{IL_ROWS, ileave_group_bytes, ileave_supported};
+    let expert = name.contains("_exps.") && name.ends_with(".weight");
+    match shape {
+        [.., rows, cols] if expert && shape.len() <= 3 => {
+            (*rows as usize).is_multiple_of(IL_ROWS)
+                && ileave_supported(dtype)
+                && ileave_group_bytes(dtype, *cols as usize).is_some()
+        }
+        _ => false,
     }
-    let row_bytes =
-        dtype.row_bytes(t.cols).ok_or_else(|| bad(w, t, format!("{} columns are not whole {dtype} blocks", t.cols)))?;
+}
+
+/// Writes one planned tensor's bytes (`p.dtype`, interleaved where `p.interleaved`); returns
+/// the bytes written.
+fn write_tensor(w: &mut CmfWriter, source: &Source, t: &QTensor, p: &PlannedTensor) -> Result<u64> {
+    let dtype = p.dtype;
+    if p.interleaved {
+        // The whole tensor row-major (an expert stack: ~100 MB for a 30B-A3B layer), then its
+        // groups.
+        let mut rows = Vec::with_capacity(t.n_bytes());
+        row_major(source, t, dtype, &mut |chunk| {
+            rows.extend_from_slice(chunk);
+            Ok(())
+        })
+        .map_err(|e| bad(w, t, e))?;
+        let packed = cortiq_kernels::quant::ileave(dtype, &rows, t.rows, t.cols);
+        w.write_data(&packed)?;
+        return Ok(packed.len() as u64);
+    }
+    let mut total = 0u64;
+    let mut err = None;
+    row_major(source, t, dtype, &mut |chunk| {
+        total += chunk.len() as u64;
+        w.write_data(chunk).map_err(|e| {
+            let msg = e.to_string();
+            err = Some(e);
+            msg
+        })
+    })
+    .map_err(|e| match err.take() {
+        Some(io) => EngineError::from(io),
+        None => bad(w, t, e),
+    })?;
+    Ok(total)
+}
+
+/// `t`'s rows in `dtype`, row-major, given to `sink` in pieces: the stored bytes when the type
+/// is kept (un-interleaved from an interleaved source), else each row widened to f32 and
+/// re-encoded, ~`CHUNK_F32` values at a time.
+fn row_major(
+    source: &Source,
+    t: &QTensor,
+    dtype: QuantType,
+    sink: &mut dyn FnMut(&[u8]) -> std::result::Result<(), String>,
+) -> std::result::Result<(), String> {
+    if dtype == t.dtype {
+        return match source.raw(&t.name) {
+            Some(raw) => sink(raw),
+            None => sink(&t.bytes()),
+        };
+    }
+    let row_bytes = dtype.row_bytes(t.cols).ok_or_else(|| format!("{} columns are not whole {dtype} blocks", t.cols))?;
     let rows_per = (CHUNK_F32 / t.cols.max(1)).max(1);
     let mut out = Vec::new();
-    let mut total = 0u64;
     for r0 in (0..t.rows).step_by(rows_per) {
         let nr = rows_per.min(t.rows - r0);
         out.resize(nr * row_bytes, 0u8);
-        out.par_chunks_mut(row_bytes)
-            .enumerate()
-            .try_for_each_init(
-                || vec![0f32; t.cols],
-                |wide, (i, o)| {
-                    t.row_f32(r0 + i, wide);
-                    encode_row(dtype, wide, o).map_err(|e| format!("row {}: {e}", r0 + i))
-                },
-            )
-            .map_err(|e| bad(w, t, e))?;
-        w.write_data(&out)?;
-        total += out.len() as u64;
+        out.par_chunks_mut(row_bytes).enumerate().try_for_each_init(
+            || vec![0f32; t.cols],
+            |wide, (i, o)| {
+                t.row_f32(r0 + i, wide);
+                encode_row(dtype, wide, o).map_err(|e| format!("row {}: {e}", r0 + i))
+            },
+        )?;
+        sink(&out)?;
     }
-    Ok(total)
+    Ok(())
 }
 
 fn bad(w: &CmfWriter, t: &QTensor, msg: String) -> EngineError {

@@ -293,6 +293,11 @@ impl Model {
             }
             for t in experts {
                 t.set_numerics(num, true);
+                // A .cmf's interleaved experts stay as stored (read in place by the fast
+                // kernels; un-interleaved row by row under the other numerics).
+                if t.interleaved() {
+                    continue;
+                }
                 // Except where the row-major kernels are slow (no AVX-512; BENCHMARKS.md).
                 let copy = t.expert_interleaved();
                 t.set_interleaved(il && copy);

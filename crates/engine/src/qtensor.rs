@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use cortiq_kernels::dot::{dot, gemm_nt};
 use cortiq_kernels::quant::{
     ActType, IL_ROWS, IleaveCols, MatmatActs, Order, QuantType, act_type, dequantize_act, dequantize_row, dequantize_rows,
-    ileave, ileave_cols, ileave_group_bytes, ileave_rows, ileave_supported, llamacpp_order, matmat_q_prepared,
+    ileave, ileave_bytes, ileave_cols, ileave_group_bytes, ileave_rows, ileave_supported, llamacpp_order, matmat_q_prepared,
     matmat_q_prepared_tm, matmat_supported, matvec_fast, matvec_fast_multi, matvec_ileave_cols, matvec_q_order, order_supported,
     quantize_act, quantize_act_to,
 };
@@ -63,7 +63,8 @@ pub struct QTensor {
     /// reads by row, the token embedding and a tied output). Only `Numerics::LlamaCpp` uses it.
     repackable: bool,
     /// The bytes are in the 16-row interleaved layout of `quant::ileave` (rows padded to a
-    /// multiple of 16, owned, offset 0) rather than GGUF's row-major one (`set_interleaved`).
+    /// multiple of 16) rather than GGUF's row-major one: owned (`set_interleaved`), or a .cmf's
+    /// interleaved tensor in its file map (`new_interleaved`).
     il: bool,
 }
 
@@ -166,6 +167,36 @@ impl QTensor {
         })
     }
 
+    /// A view of `rows × cols` elements of `dtype` stored in the 16-row interleaved layout at
+    /// `offset` in `backing` (a .cmf's `"layout": "il16"` tensor): the fast decode kernels read it
+    /// in place; the other numerics un-interleave the rows they read, as they go. `None` when
+    /// the type or width has no such layout or the bytes are short.
+    pub fn new_interleaved(
+        name: impl Into<String>,
+        dtype: QuantType,
+        rows: usize,
+        cols: usize,
+        backing: Backing,
+        offset: usize,
+    ) -> Option<QTensor> {
+        let end = offset.checked_add(ileave_bytes(dtype, rows, cols)?)?;
+        if !ileave_supported(dtype) || end > backing.bytes().len() {
+            return None;
+        }
+        Some(QTensor {
+            name: name.into(),
+            dtype,
+            rows,
+            cols,
+            backing,
+            offset,
+            row_bytes: dtype.row_bytes(cols)?,
+            numerics: Numerics::Fast,
+            repackable: true,
+            il: true,
+        })
+    }
+
     /// An owned f32 tensor.
     pub fn from_f32(name: impl Into<String>, rows: usize, cols: usize, data: Vec<f32>) -> QTensor {
         assert_eq!(data.len(), rows * cols);
@@ -178,7 +209,9 @@ impl QTensor {
     pub fn set_numerics(&mut self, num: Numerics, repackable: bool) {
         self.numerics = num;
         self.repackable = repackable;
-        if num != Numerics::Fast {
+        // An interleaved copy goes back to the row-major bytes; a file's interleaved bytes stay
+        // (the other numerics un-interleave the rows they read: no copy of a mixture's experts).
+        if num != Numerics::Fast && !(self.il && self.backing.is_file_map()) {
             self.set_interleaved(false);
         }
     }
@@ -188,6 +221,17 @@ impl QTensor {
     pub fn rows_view(&self, name: impl Into<String>, r0: usize, n: usize) -> Option<QTensor> {
         if r0.checked_add(n)? > self.rows {
             return None;
+        }
+        let whole_groups = r0.is_multiple_of(IL_ROWS) && (n.is_multiple_of(IL_ROWS) || r0 + n == self.rows);
+        if self.il && whole_groups {
+            // Whole groups of an interleaved tensor (one expert of a .cmf's stacked experts): a
+            // view of the same bytes.
+            let gb = ileave_group_bytes(self.dtype, self.cols).expect("an interleaved tensor's type has the layout");
+            let at = self.offset + r0 / IL_ROWS * gb;
+            let mut t = QTensor::new_interleaved(name, self.dtype, n, self.cols, Arc::clone(&self.backing), at)?;
+            t.numerics = self.numerics;
+            t.repackable = self.repackable;
+            return Some(t);
         }
         if self.il {
             let bytes = self.rows_data(r0, n).into_owned();
@@ -241,6 +285,21 @@ impl QTensor {
         self.rows * self.row_bytes
     }
 
+    /// Its bytes in the backing: row-major, or the interleaved groups.
+    fn stored(&self) -> std::ops::Range<usize> {
+        let n = if self.il {
+            ileave_bytes(self.dtype, self.rows, self.cols).expect("an interleaved tensor's type has the layout")
+        } else {
+            self.rows * self.row_bytes
+        };
+        self.offset..self.offset + n
+    }
+
+    /// Whether products take the interleaved kernels (fast numerics on interleaved bytes).
+    fn il_kernels(&self) -> bool {
+        self.il && self.numerics == Numerics::Fast
+    }
+
     /// Its first and last rows in GGUF's row-major bytes, with its type and shape: enough to
     /// tell two models' weights apart (a session file's model identity) without reading them.
     pub(crate) fn sample(&self) -> Vec<u8> {
@@ -272,8 +331,8 @@ impl QTensor {
         } else {
             self.rows_data(0, self.rows).into_owned()
         };
-        // The row-major bytes are not read again here: a map gives their pages back.
-        self.backing.release(self.offset..self.offset + self.rows * self.row_bytes);
+        // The old bytes are not read again here: a map gives their pages back.
+        self.backing.release(self.stored());
         self.backing = Arc::new(bytes);
         self.offset = 0;
         self.il = on;
@@ -282,10 +341,7 @@ impl QTensor {
     /// Pin this tensor's bytes in memory where they are a file map (`WeightBytes::lock`);
     /// interleaved and other owned bytes are anonymous memory already.
     pub fn lock_resident(&self) -> std::io::Result<()> {
-        if self.il {
-            return Ok(());
-        }
-        self.backing.lock(self.offset..self.offset + self.rows * self.row_bytes)
+        self.backing.lock(self.stored())
     }
 
     /// How the page cache holds the file bytes of `tensors` (those still read from a map; the
@@ -354,7 +410,7 @@ impl QTensor {
     fn matvec_il(&self, r0: usize, n: usize, acts: &[u8], prep: &IleaveCols, ys: &mut [&mut [f32]]) {
         let gb = ileave_group_bytes(self.dtype, self.cols).expect("an interleaved tensor's type has the layout");
         let (g0, g1) = (r0 / IL_ROWS, (r0 + n).div_ceil(IL_ROWS));
-        let packed = &self.backing.bytes()[g0 * gb..g1 * gb];
+        let packed = &self.backing.bytes()[self.offset + g0 * gb..self.offset + g1 * gb];
         let run = |ys: &mut [&mut [f32]]| matvec_ileave_cols(self.dtype, packed, self.cols, acts, prep, ys);
         if r0.is_multiple_of(IL_ROWS) && n.is_multiple_of(IL_ROWS) {
             run(ys);
@@ -394,7 +450,7 @@ impl QTensor {
     fn rows_data(&self, r0: usize, n: usize) -> Cow<'_, [u8]> {
         if self.il {
             let mut out = vec![0u8; n * self.row_bytes];
-            ileave_rows(self.dtype, self.backing.bytes(), self.cols, r0, n, &mut out);
+            ileave_rows(self.dtype, &self.backing.bytes()[self.stored()], self.cols, r0, n, &mut out);
             return Cow::Owned(out);
         }
         let start = self.offset + r0 * self.row_bytes;
@@ -413,7 +469,7 @@ impl QTensor {
             let mut buf = buf.borrow_mut();
             for (a, b) in chunks(n, IL_TILE) {
                 buf.resize((b - a) * self.row_bytes, 0);
-                ileave_rows(self.dtype, self.backing.bytes(), self.cols, r0 + a, b - a, &mut buf[..]);
+                ileave_rows(self.dtype, &self.backing.bytes()[self.stored()], self.cols, r0 + a, b - a, &mut buf[..]);
                 f(r0 + a, &buf[..]);
             }
         });
@@ -563,7 +619,7 @@ impl QTensor {
                 let (r0, n) = (a - s, b - a);
                 let act = w.act().expect("batched: every matrix quantizes its input");
                 let q = &acts.iter().find(|(t, _)| *t == act).expect("quantized before the dispatch").1;
-                if w.il {
+                if w.il_kernels() {
                     w.matvec_il(r0, n, q, prep_of(preps, w.dtype), &mut o);
                 } else {
                     let mut yt = vec![0f32; n * k]; // [n, k]
@@ -836,12 +892,12 @@ fn matvec_many(ws: &[&QTensor], x: &[f32], y: &mut [f32]) {
     matvec_inputs(ws, &vec![x; ws.len()], y);
 }
 
-/// The file ranges `tensors` read from their maps (interleaved tensors own their bytes and are
-/// skipped), per backing, in order, adjacent ranges merged.
+/// The file ranges `tensors` read from their maps (owned bytes, interleaved copies among them,
+/// are skipped), per backing, in order, adjacent ranges merged.
 fn mapped_ranges<'a>(tensors: &[&'a QTensor]) -> Vec<(&'a Backing, Vec<std::ops::Range<usize>>)> {
     let mut maps: Vec<(&Backing, Vec<std::ops::Range<usize>>)> = Vec::new();
-    for t in tensors.iter().filter(|t| !t.il) {
-        let r = t.offset..t.offset + t.rows * t.row_bytes;
+    for t in tensors.iter().filter(|t| t.backing.is_file_map()) {
+        let r = t.stored();
         match maps.iter_mut().find(|(b, _)| Arc::ptr_eq(b, &t.backing)) {
             Some((_, rs)) => rs.push(r),
             None => maps.push((&t.backing, vec![r])),
@@ -912,7 +968,7 @@ fn matvec_inputs(ws: &[&QTensor], xs: &[&[f32]], y: &mut [f32]) {
             match w.act() {
                 Some(act) => {
                     let q = caches[i].quantized(act);
-                    if w.il {
+                    if w.il_kernels() {
                         w.matvec_il(r0, n, q, prep_of(&preps[i], w.dtype), &mut [o]);
                     } else if w.numerics == Numerics::Fast {
                         matvec_fast(w.dtype, &w.rows_data(r0, n), n, w.cols, q, o);
@@ -949,7 +1005,7 @@ fn check_many(ws: &[&QTensor], x: &[f32], n: usize, y: &[f32]) -> (usize, usize)
 /// quantized to `act`.
 fn il_preps<'a>(ws: &[&QTensor], cols: usize, quantized: impl Fn(ActType) -> &'a [u8]) -> Vec<(QuantType, IleaveCols)> {
     let mut preps: Vec<(QuantType, IleaveCols)> = Vec::new();
-    for w in ws.iter().filter(|w| w.il) {
+    for w in ws.iter().filter(|w| w.il_kernels()) {
         if !preps.iter().any(|(t, _)| *t == w.dtype) {
             let act = w.act().expect("an interleaved tensor quantizes its input");
             preps.push((w.dtype, ileave_cols(w.dtype, cols, quantized(act))));

@@ -93,7 +93,8 @@ fn mapped(file: &str, info: &TensorInfo, backing: Backing) -> Result<QTensor> {
     } else {
         (info.dims[0] as usize, info.dims[1..].iter().product::<u64>() as usize)
     };
-    QTensor::new(&info.name, info.dtype, rows, cols, backing, info.offset as usize).ok_or_else(|| EngineError::BadConfig {
+    let view = if info.interleaved { QTensor::new_interleaved } else { QTensor::new };
+    view(&info.name, info.dtype, rows, cols, backing, info.offset as usize).ok_or_else(|| EngineError::BadConfig {
         file: file.to_string(),
         what: format!("tensor '{}' does not fit its stored bytes", info.name),
     })

@@ -27,7 +27,7 @@ fn scratch(tag: &str) -> PathBuf {
 }
 
 fn opts(quant: QuantSpec) -> ConvertOptions {
-    ConvertOptions { quant, embeddings: None, f32_as: None, force: false }
+    ConvertOptions { quant, embeddings: None, f32_as: None, force: false, plain_experts: false }
 }
 
 fn conv(src: &Path, out: &Path, o: &ConvertOptions) {
@@ -138,10 +138,17 @@ fn f32_matrices_take_their_own_type() {
         embeddings: Some(QuantSpec::To(QuantType::F32)),
         f32_as: None,
         force: false,
+        plain_experts: false,
     };
     conv(&fixture("llama"), &mixed, &o);
     let out = dir.join("q8.cmf");
-    let o = ConvertOptions { quant: QuantSpec::Keep, embeddings: None, f32_as: Some(QuantType::Q8_0), force: false };
+    let o = ConvertOptions {
+        quant: QuantSpec::Keep,
+        embeddings: None,
+        f32_as: Some(QuantType::Q8_0),
+        force: false,
+        plain_experts: false,
+    };
     conv(&mixed, &out, &o);
     let (a, b) = (load(&mixed).unwrap(), load(&out).unwrap());
     let (Origin::Cmf(a), Origin::Cmf(b)) = (&a.origin, &b.origin) else { panic!("not a cmf") };
@@ -174,6 +181,7 @@ fn embeddings_type_applies_to_the_vocabulary_matrices() {
             embeddings: Some(QuantSpec::To(QuantType::F32)),
             f32_as: None,
             force: false,
+            plain_experts: false,
         };
         conv(&fixture(arch), &out, &o);
         let l = load(&out).unwrap();

@@ -423,7 +423,13 @@ fn decode_batch_hybrids_quantized() {
     std::fs::create_dir_all(&dir).unwrap();
     for name in ["qwen3_5", "qwen3_next", "lfm2", "kimi_linear", "qwen3", "gemma3"] {
         let out = dir.join(format!("{name}.cmf"));
-        let opts = ConvertOptions { quant: QuantSpec::To(QuantType::Q8_0), embeddings: None, f32_as: None, force: true };
+        let opts = ConvertOptions {
+            quant: QuantSpec::To(QuantType::Q8_0),
+            embeddings: None,
+            f32_as: None,
+            force: true,
+            plain_experts: false,
+        };
         convert(&fixture(name), &out, &opts, &|_, _, _| {}).unwrap_or_else(|e| panic!("{name}: {e}"));
         let mut model = load(&out).unwrap().model;
         model.set_numerics(Numerics::Fast);

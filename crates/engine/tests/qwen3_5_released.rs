@@ -372,7 +372,7 @@ fn released_layout_converts() {
             }
         });
         let out = dir.join("model.cmf");
-        let opts = ConvertOptions { quant: QuantSpec::Keep, embeddings: None, f32_as: None, force: false };
+        let opts = ConvertOptions { quant: QuantSpec::Keep, embeddings: None, f32_as: None, force: false, plain_experts: false };
         let r = convert(&dir, &out, &opts, &|_, _, _| {}).unwrap_or_else(|e| panic!("{tag}: convert failed: {e}"));
         let n_visual = visual_tensors().len();
         assert_eq!(r.dropped.iter().filter(|d| d.starts_with("model.visual.")).count(), n_visual, "{tag}: {:?}", r.dropped);

@@ -15,8 +15,15 @@ use cortiq_engine::{BatchEntry, Logits, Model, Numerics, VerifyJournal};
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// The fixture `name` converted to Q8_0 (.cmf, in a temporary directory removed once it is
-/// loaded: the map keeps the bytes) and loaded under fast numerics.
+/// loaded: the map keeps the bytes) with its experts row-major, as GGUF stores them, and loaded
+/// under fast numerics.
 fn q8_fast(name: &str) -> Model {
+    q8_converted(name, true, Numerics::Fast)
+}
+
+/// `q8_fast` with the experts stored interleaved unless `plain_experts` (`cortiq convert`'s
+/// default), under `num`.
+fn q8_converted(name: &str, plain_experts: bool, num: Numerics) -> Model {
     use cortiq_engine::convert::{ConvertOptions, QuantSpec, convert};
     use cortiq_kernels::quant::QuantType;
     static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -24,10 +31,16 @@ fn q8_fast(name: &str) -> Model {
     let dir = std::env::temp_dir().join(format!("cortiq-weight-passes-{}-{k}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join(format!("{name}.cmf"));
-    let opts = ConvertOptions { quant: QuantSpec::To(QuantType::Q8_0), embeddings: None, f32_as: None, force: true };
+    let opts = ConvertOptions {
+        quant: QuantSpec::To(QuantType::Q8_0),
+        embeddings: None,
+        f32_as: None,
+        force: true,
+        plain_experts,
+    };
     convert(&fixture(name), &out, &opts, &|_, _, _| {}).unwrap_or_else(|e| panic!("{name}: {e}"));
     let mut m = load(&out).unwrap().model;
-    m.set_numerics(Numerics::Fast);
+    m.set_numerics(num);
     let _ = std::fs::remove_dir_all(&dir);
     m
 }
@@ -246,6 +259,58 @@ fn copied_experts_are_interleaved_and_read_once() {
     assert!(diff <= 1e-3 * scale.max(1.0), "{name}: copied experts' logits {diff} from the mapped ones");
 }
 
+/// A .cmf whose experts are stored interleaved (`cortiq convert`'s default for a mixture):
+/// under fast numerics they stay interleaved and memory-mapped (no copy), a decode step reads
+/// each selected expert once, and its logits are bit-identical to the `--no-mmap` copy's of a
+/// row-major file (the same packed bytes, the same kernels); under exact and llama.cpp
+/// numerics (rows un-interleaved as they are read) every logit is bit-identical to the
+/// row-major file's.
+#[test]
+fn interleaved_cmf_experts_read_in_place() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    use cortiq_engine::model::Ffn;
+    let name = "gpt_oss"; // every expert matrix quantizes to Q8_0, a type with the layout
+    let stored = q8_converted(name, false, Numerics::Fast);
+    let mut copied = q8_fast(name);
+    copied.copy_experts(&|_, _| {});
+    let matrices: Vec<&cortiq_engine::qtensor::QTensor> = stored
+        .layers
+        .iter()
+        .filter_map(|l| if let Ffn::Moe(mw) = &l.ffn { Some(mw) } else { None })
+        .flat_map(|mw| mw.experts.iter().flat_map(|e| e.read()))
+        .collect();
+    assert!(!matrices.is_empty() && matrices.iter().all(|t| t.interleaved()), "{name}: stored experts not interleaved");
+    let expert_bytes: usize = matrices.iter().map(|t| t.n_bytes()).sum();
+    assert!(
+        stored.expert_mapped_bytes() >= expert_bytes,
+        "{name}: {} expert bytes in the map of {expert_bytes}: the experts were copied",
+        stored.expert_mapped_bytes()
+    );
+    let step = |m: &Model| {
+        let mut st = m.new_state(64);
+        m.forward(&[3, 7, 11, 13, 17], &mut st, Logits::None).unwrap();
+        let before = weight_passes();
+        let l = m.forward(&[5], &mut st, Logits::Last).unwrap();
+        (weight_passes() - before, l)
+    };
+    let ((ps, ls), (pc, lc)) = (step(&stored), step(&copied));
+    assert_eq!(ps, pc, "{name}: a decode step took {ps} passes stored interleaved, {pc} copied");
+    assert_eq!(ls, lc, "{name}: stored-interleaved logits differ from the copy's");
+    // (gpt-oss's sinks have no llama.cpp-numerics path: Qwen3-MoE's fixture for both)
+    for num in [Numerics::Exact, Numerics::LlamaCpp] {
+        let (il, plain) = (q8_converted("qwen3_moe", false, num), q8_converted("qwen3_moe", true, num));
+        let Ffn::Moe(mw) = &il.layers[0].ffn else { panic!("qwen3_moe: layer 0 is MoE") };
+        assert!(mw.experts[0].gate.interleaved(), "qwen3_moe {num:?}: the stored experts were un-interleaved at load");
+        let logits = |m: &Model| {
+            let mut st = m.new_state(64);
+            let mut out = m.forward(&[3, 7, 11, 13, 17], &mut st, Logits::From(0)).unwrap();
+            out.extend(m.forward(&[5], &mut st, Logits::Last).unwrap());
+            out
+        };
+        assert_eq!(logits(&il), logits(&plain), "qwen3_moe {num:?}: interleaved experts changed the logits");
+    }
+}
+
 /// `Model::populate_experts` (what a mapped load does when memory allows) over every mapped
 /// routed expert: progress counts all of their bytes, none is outside the page cache after it,
 /// and neither it nor the page probe changes a value the model computes. A dense model has no
@@ -260,7 +325,13 @@ fn populated_experts_are_all_in_memory() {
     let dir = std::env::temp_dir().join(format!("cortiq-populate-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join("qwen3_moe.cmf");
-    let opts = ConvertOptions { quant: QuantSpec::To(QuantType::Q8_0), embeddings: None, f32_as: None, force: true };
+    let opts = ConvertOptions {
+        quant: QuantSpec::To(QuantType::Q8_0),
+        embeddings: None,
+        f32_as: None,
+        force: true,
+        plain_experts: false,
+    };
     convert(&fixture("qwen3_moe"), &out, &opts, &|_, _, _| {}).unwrap();
     // exact numerics: the experts stay in the map on every CPU (fast numerics interleave them
     // on AVX2)

@@ -23,8 +23,16 @@
 //!   "metadata": {"gguf": {"kv": {KEY: {"t": TYPE, "v": VALUE}, ...}}}
 //!             | {"hf": {"files": {"config.json": TEXT, "tokenizer.json": TEXT, ...}}},
 //!   "o1": {"window", "sinks", "landmarks", "ridge", "trained_ctx", "steps"},   (polished only)
-//!   "tensors": [{"name", "dtype", "shape", "offset", "bytes"}, ...] }
+//!   "tensors": [{"name", "dtype", "shape", "offset", "bytes"[, "layout": "il16"]}, ...] }
 //! ```
+//!
+//! `"layout": "il16"` (format version 2; absent in version 1, where every tensor is row-major):
+//! the tensor's rows are stored in the decode kernels' 16-row interleaved groups
+//! (`cortiq_kernels::quant::ileave`, rows padded to a multiple of 16; `bytes` is
+//! `ileave_bytes` of the rows), as `cortiq convert` writes a mixture's stacked experts whose
+//! per-expert rows are whole groups: the fast decode kernels then read them in place from the
+//! map. A writer stamps version 2 only on files that hold such a tensor, so every other file
+//! stays readable by version-1 readers.
 //!
 //! Model configuration, tokenizer and chat template are embedded in the form of the source, so
 //! the existing parsers read them unchanged: a GGUF's metadata keys travel as typed JSON and are
@@ -64,6 +72,10 @@ use crate::gguf::{GgufMeta, MetaValue, TensorInfo};
 
 pub const MAGIC: &[u8; 8] = b"CORTIQMF";
 pub const FORMAT_VERSION: u32 = 1;
+/// The version of files with interleaved tensors (`TensorEntry::layout`); readers take both.
+pub const FORMAT_VERSION_LAYOUT: u32 = 2;
+/// `TensorEntry::layout` of the 16-row interleaved layout.
+pub const LAYOUT_IL16: &str = "il16";
 /// Tensor data alignment: a cache line, and what AVX-512 loads like.
 pub const ALIGN: u64 = 64;
 /// Magic, version, reserved, JSON length.
@@ -109,6 +121,10 @@ pub struct TensorEntry {
     /// From the start of the data section; a multiple of `ALIGN`.
     pub offset: u64,
     pub bytes: u64,
+    /// `Some("il16")`: rows in the 16-row interleaved layout (see the module header); absent:
+    /// row-major.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layout: Option<String>,
 }
 
 /// The JSON header.
@@ -202,6 +218,18 @@ pub fn tensor_bytes(dtype: QuantType, shape: &[u64]) -> Option<u64> {
     rows.checked_mul(row).filter(|&n| n < 1 << 48)
 }
 
+/// Bytes of a tensor of `shape` in `dtype`, stored row-major or (`interleaved`) in the 16-row
+/// interleaved layout; `None` where the type or width has no such layout or the size overflows.
+pub fn stored_bytes(dtype: QuantType, shape: &[u64], interleaved: bool) -> Option<u64> {
+    if !interleaved {
+        return tensor_bytes(dtype, shape);
+    }
+    let (&cols, outer) = shape.split_last()?;
+    let rows = outer.iter().try_fold(1u64, |a, &d| a.checked_mul(d))?;
+    let n = cortiq_kernels::quant::ileave_bytes(dtype, usize::try_from(rows).ok()?, usize::try_from(cols).ok()?)?;
+    Some(n as u64).filter(|&n| n < 1 << 48)
+}
+
 impl Cmf {
     pub fn open(path: impl AsRef<Path>) -> Result<Cmf> {
         let path = path.as_ref().to_path_buf();
@@ -221,10 +249,12 @@ impl Cmf {
         }
         let le32 = |at: usize| u32::from_le_bytes(buf[at..at + 4].try_into().expect("4 bytes"));
         let version = le32(8);
-        if version != FORMAT_VERSION {
+        if version != FORMAT_VERSION && version != FORMAT_VERSION_LAYOUT {
             return Err(FormatError::malformed(
                 &path,
-                format!(".cmf version {version} is not supported (this build reads {FORMAT_VERSION})"),
+                format!(
+                    ".cmf version {version} is not supported (this build reads {FORMAT_VERSION} and {FORMAT_VERSION_LAYOUT})"
+                ),
             ));
         }
         let json_len = u64::from_le_bytes(buf[16..24].try_into().expect("8 bytes"));
@@ -255,7 +285,19 @@ impl Cmf {
             if t.shape.is_empty() || t.shape.len() > 4 {
                 return Err(FormatError::malformed(&path, format!("tensor '{name}' has shape {:?} (1 to 4 dims)", t.shape)));
             }
-            let bytes = tensor_bytes(dtype, &t.shape).ok_or_else(|| {
+            let interleaved = match t.layout.as_deref() {
+                None => false,
+                Some(LAYOUT_IL16) if version == FORMAT_VERSION_LAYOUT => true,
+                Some(l) => {
+                    return Err(FormatError::malformed(
+                        &path,
+                        format!(
+                            "tensor '{name}' has layout '{l}' (a version-{FORMAT_VERSION_LAYOUT} file may say '{LAYOUT_IL16}')"
+                        ),
+                    ));
+                }
+            };
+            let bytes = stored_bytes(dtype, &t.shape, interleaved).ok_or_else(|| {
                 FormatError::malformed(&path, format!("tensor '{name}' has invalid shape {:?} for {dtype}", t.shape))
             })?;
             if bytes != t.bytes {
@@ -283,7 +325,7 @@ impl Cmf {
                 return Err(FormatError::malformed(&path, format!("tensor '{name}' appears twice")));
             }
             let dims = t.shape.iter().rev().copied().collect();
-            tensors.push(TensorInfo { name: name.clone(), dims, dtype, offset, n_bytes: bytes, shard: 0 });
+            tensors.push(TensorInfo { name: name.clone(), dims, dtype, offset, n_bytes: bytes, shard: 0, interleaved });
         }
         // Overlapping tensors mean a corrupted directory (two names aliasing the same bytes).
         let mut spans: Vec<(u64, u64, &str)> = tensors.iter().map(|t| (t.offset, t.offset + t.n_bytes, &t.name[..])).collect();
@@ -357,6 +399,15 @@ pub struct PlannedTensor {
     pub name: String,
     pub dtype: QuantType,
     pub shape: Vec<u64>,
+    /// Store the rows in the 16-row interleaved layout (`TensorEntry::layout`).
+    pub interleaved: bool,
+}
+
+impl PlannedTensor {
+    /// A row-major tensor.
+    pub fn new(name: impl Into<String>, dtype: QuantType, shape: Vec<u64>) -> PlannedTensor {
+        PlannedTensor { name: name.into(), dtype, shape, interleaved: false }
+    }
 }
 
 /// Streams a .cmf: the header first, then each planned tensor's bytes in plan order
@@ -391,7 +442,7 @@ impl CmfWriter {
             if !seen.insert(&t.name) {
                 return Err(FormatError::malformed(out, format!("tensor '{}' planned twice", t.name)));
             }
-            let bytes = tensor_bytes(t.dtype, &t.shape).ok_or_else(|| {
+            let bytes = stored_bytes(t.dtype, &t.shape, t.interleaved).ok_or_else(|| {
                 FormatError::malformed(out, format!("tensor '{}': shape {:?} is not whole {} blocks", t.name, t.shape, t.dtype))
             })?;
             entries.push(TensorEntry {
@@ -400,10 +451,13 @@ impl CmfWriter {
                 shape: t.shape.clone(),
                 offset: off,
                 bytes,
+                layout: t.interleaved.then(|| LAYOUT_IL16.to_string()),
             });
             off = align_up(off + bytes);
         }
-        header.format_version = FORMAT_VERSION;
+        let layouts = tensors.iter().any(|t| t.interleaved);
+        let version = if layouts { FORMAT_VERSION_LAYOUT } else { FORMAT_VERSION };
+        header.format_version = version;
         header.tensors = entries;
         let json = serde_json::to_vec(&header).map_err(|e| FormatError::malformed(out, format!("JSON header: {e}")))?;
 
@@ -425,7 +479,7 @@ impl CmfWriter {
             pos: 0,
         };
         w.raw(MAGIC)?;
-        w.raw(&FORMAT_VERSION.to_le_bytes())?;
+        w.raw(&version.to_le_bytes())?;
         w.raw(&0u32.to_le_bytes())?;
         w.raw(&(json.len() as u64).to_le_bytes())?;
         w.raw(&json)?;

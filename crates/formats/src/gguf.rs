@@ -115,6 +115,9 @@ pub struct TensorInfo {
     pub n_bytes: u64,
     /// Which part of a split file holds the data (0 for a single file).
     pub shard: usize,
+    /// The rows are in the 16-row interleaved layout (a .cmf's `"layout": "il16"`; never in a
+    /// GGUF file).
+    pub interleaved: bool,
 }
 
 impl TensorInfo {
@@ -309,7 +312,7 @@ impl Gguf {
             if index.insert(name.clone(), tensors.len()).is_some() {
                 return Err(FormatError::malformed(&path, format!("tensor '{name}' appears twice")));
             }
-            tensors.push(TensorInfo { name, dims, dtype, offset, n_bytes, shard: 0 });
+            tensors.push(TensorInfo { name, dims, dtype, offset, n_bytes, shard: 0, interleaved: false });
         }
 
         Ok(Gguf { path, version, alignment, metadata, tensors, index, mmaps: vec![mmap] })

@@ -95,6 +95,11 @@ pub fn page_cache_visible(path: &Path) -> bool {
 pub trait WeightBytes: Send + Sync {
     fn bytes(&self) -> &[u8];
 
+    /// Whether the bytes are a file's map (page cache pages) rather than owned memory.
+    fn is_file_map(&self) -> bool {
+        false
+    }
+
     /// The bytes of `range` will not be read again soon (the engine keeps its own copy of
     /// them): a map drops those pages from the process's resident memory, which the next read
     /// would fault back in from the file; an owned buffer ignores it. Best effort.
@@ -139,6 +144,10 @@ impl WeightBytes for Vec<u8> {
 impl WeightBytes for Mmap {
     fn bytes(&self) -> &[u8] {
         self
+    }
+
+    fn is_file_map(&self) -> bool {
+        true
     }
 
     fn release(&self, range: Range<usize>) {

@@ -39,9 +39,9 @@ fn header() -> CmfHeader {
 /// Three tensors: f32 [3, 5] (60 bytes: the next offset is padded), f32 [7], q8_0 [2, 32].
 fn plan() -> Vec<PlannedTensor> {
     vec![
-        PlannedTensor { name: "a.weight".into(), dtype: QuantType::F32, shape: vec![3, 5] },
-        PlannedTensor { name: "b.weight".into(), dtype: QuantType::F32, shape: vec![7] },
-        PlannedTensor { name: "c.weight".into(), dtype: QuantType::Q8_0, shape: vec![2, 32] },
+        PlannedTensor::new("a.weight", QuantType::F32, vec![3, 5]),
+        PlannedTensor::new("b.weight", QuantType::F32, vec![7]),
+        PlannedTensor::new("c.weight", QuantType::Q8_0, vec![2, 32]),
     ]
 }
 

@@ -78,7 +78,7 @@ pub fn write_polished(
                 if shape.len() == 1 { QuantType::F32 } else { matrix_type }
             }
         };
-        plan.push(PlannedTensor { name: t.name.clone(), dtype, shape });
+        plan.push(PlannedTensor::new(t.name.clone(), dtype, shape));
     }
     if let Some(name) = replaced.keys().find(|n| !tensors.iter().any(|t| &&t.name == n)) {
         bail!("polished tensor '{name}' is not in the source model");
@@ -87,7 +87,7 @@ pub fn write_polished(
         if tensors.iter().any(|t| &t.name == name) {
             bail!("added tensor '{name}' is already in the source model");
         }
-        plan.push(PlannedTensor { name: name.clone(), dtype: QuantType::F32, shape: vec![v.len() as u64] });
+        plan.push(PlannedTensor::new(name.clone(), QuantType::F32, vec![v.len() as u64]));
     }
     let header = CmfHeader {
         format_version: cmf::FORMAT_VERSION,
