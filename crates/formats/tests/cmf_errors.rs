@@ -113,6 +113,43 @@ fn rewrite(bytes: &[u8], f: impl Fn(&mut Value)) -> Vec<u8> {
     out
 }
 
+/// A tensor planned interleaved: its size is the interleaved groups' (`ileave_bytes`, rows
+/// padded to 16), the file is stamped version 2 and says `"layout": "il16"`, and the reader
+/// marks the tensor interleaved; a file without one stays version 1 (`round_trip`). An unknown
+/// layout in a version-2 file is an error naming it.
+#[test]
+fn interleaved_layout_round_trip() {
+    let dir = scratch("il");
+    let p = dir.join("il.cmf");
+    let mut plan = plan();
+    plan.push(PlannedTensor { interleaved: true, ..PlannedTensor::new("d_exps.weight", QuantType::Q8_0, vec![40, 64]) });
+    let il_bytes = cortiq_kernels::quant::ileave_bytes(QuantType::Q8_0, 40, 64).unwrap() as u64;
+    assert!(il_bytes > 40 * 68, "40 rows pad to 48: the size check below could not fail");
+    let mut w = CmfWriter::create(&p, header(), &plan, false).unwrap();
+    for (i, n) in [60u64, 28, 68, il_bytes].into_iter().enumerate() {
+        w.write_data(&data(i, n)).unwrap();
+        w.end_tensor().unwrap();
+    }
+    w.finish().unwrap();
+    let b = std::fs::read(&p).unwrap();
+    assert_eq!(b[8], 2, "a file with an interleaved tensor is version 2");
+    let c = Cmf::open(&p).unwrap();
+    let d = c.tensor("d_exps.weight").unwrap();
+    assert!(d.interleaved && !c.tensor("c.weight").unwrap().interleaved);
+    assert_eq!((d.n_bytes, c.tensor_data(d)), (il_bytes, &data(3, il_bytes)[..]));
+    let bad = dir.join("bad.cmf");
+    let t = |k: &'static str, v: Value| move |j: &mut Value| j["tensors"][3][k] = v.clone();
+    for (tag, bytes, want) in [
+        ("unknown", rewrite(&b, t("layout", Value::from("tiles"))), "layout 'tiles'"),
+        ("row-major-size", rewrite(&b, |j| drop(j["tensors"][3].as_object_mut().unwrap().remove("layout"))), "says"),
+    ] {
+        std::fs::write(&bad, bytes).unwrap();
+        let e = Cmf::open(&bad).err().unwrap_or_else(|| panic!("{tag}: opened")).to_string();
+        assert!(e.contains("d_exps.weight") && e.contains(want) && !e.contains('\n'), "{tag}: {e}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn damaged_files_are_one_line_errors() {
     let dir = scratch("damaged");
@@ -121,8 +158,8 @@ fn damaged_files_are_one_line_errors() {
     let b = std::fs::read(&good).unwrap();
     let json_len = u64::from_le_bytes(b[16..24].try_into().unwrap()) as usize;
     let t = |i: usize, k: &'static str, v: Value| move |j: &mut Value| j["tensors"][i][k] = v.clone();
-    let mut version2 = b.clone();
-    version2[8] = 2;
+    let mut version3 = b.clone();
+    version3[8] = 3;
     let mut long_json = b.clone();
     long_json[16..24].copy_from_slice(&(b.len() as u64).to_le_bytes());
     let mut garbage = b.clone();
@@ -135,7 +172,9 @@ fn damaged_files_are_one_line_errors() {
         // The last tensor (68 bytes) is followed by 60 bytes of padding: cut into its data.
         ("data-cut", b[..b.len() - 70].to_vec(), vec!["truncated", "c.weight"]),
         ("magic", [b"GGUF\0\0\0\0".as_slice(), &b[8..]].concat(), vec!["not a .cmf"]),
-        ("version", version2, vec!["version 2"]),
+        ("version", version3, vec!["version 3"]),
+        // a layout needs a version-2 file, and only "il16" is one
+        ("layout-v1", rewrite(&b, t(2, "layout", Value::from("il16"))), vec!["c.weight", "layout 'il16'"]),
         ("garbage-json", garbage, vec!["JSON header"]),
         ("offset-past-end", rewrite(&b, t(1, "offset", Value::from(1u64 << 20))), vec!["truncated", "b.weight"]),
         ("offset-huge", rewrite(&b, t(1, "offset", Value::from(u64::MAX - 63))), vec!["b.weight"]),
