@@ -43,7 +43,8 @@ pub struct Common {
     /// them from the memory-mapped file on AVX-512 CPUs (the other matrices are copied
     /// already): decode ~1.2x faster, at the price of the experts' size in memory and a longer
     /// load. Fast numerics; a no-op for dense models and on CPUs without AVX-512 (copied there
-    /// anyway).
+    /// anyway). A .cmf's experts, stored in that layout (`cortiq convert`), are read from the
+    /// map at the copy's speed: this moves the same bytes into RAM.
     #[arg(long)]
     pub no_mmap: bool,
     /// Print where the time went per op class (matvec/matmat per weight type, attention, norms,

@@ -322,6 +322,8 @@ impl Model {
         let total = experts.len();
         for (i, t) in experts.into_iter().enumerate() {
             t.set_interleaved(il);
+            // a .cmf's interleaved experts: the same layout, moved out of the map
+            t.copy_interleaved_to_memory();
             progress(i + 1, total);
         }
     }

@@ -338,6 +338,21 @@ impl QTensor {
         self.il = on;
     }
 
+    /// Copy the bytes of an interleaved tensor read from a file map (a .cmf's experts) into
+    /// owned memory, huge pages asked for (`--no-mmap` on such a file); anything else is left
+    /// as it is. The map's pages are given back.
+    pub fn copy_interleaved_to_memory(&mut self) {
+        if !self.il || !self.backing.is_file_map() {
+            return;
+        }
+        let r = self.stored();
+        let mut v = cortiq_kernels::quant::huge_zeroed(r.len());
+        v.copy_from_slice(&self.backing.bytes()[r.clone()]);
+        self.backing.release(r);
+        self.backing = Arc::new(v);
+        self.offset = 0;
+    }
+
     /// Pin this tensor's bytes in memory where they are a file map (`WeightBytes::lock`);
     /// interleaved and other owned bytes are anonymous memory already.
     pub fn lock_resident(&self) -> std::io::Result<()> {

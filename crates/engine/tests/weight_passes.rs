@@ -262,7 +262,8 @@ fn copied_experts_are_interleaved_and_read_once() {
 /// A .cmf whose experts are stored interleaved (`cortiq convert`'s default for a mixture):
 /// under fast numerics they stay interleaved and memory-mapped (no copy), a decode step reads
 /// each selected expert once, and its logits are bit-identical to the `--no-mmap` copy's of a
-/// row-major file (the same packed bytes, the same kernels); under exact and llama.cpp
+/// row-major file (the same packed bytes, the same kernels), and `copy_experts` (`--no-mmap`)
+/// moves them out of the map unchanged; under exact and llama.cpp
 /// numerics (rows un-interleaved as they are read) every logit is bit-identical to the
 /// row-major file's.
 #[test]
@@ -296,6 +297,11 @@ fn interleaved_cmf_experts_read_in_place() {
     let ((ps, ls), (pc, lc)) = (step(&stored), step(&copied));
     assert_eq!(ps, pc, "{name}: a decode step took {ps} passes stored interleaved, {pc} copied");
     assert_eq!(ls, lc, "{name}: stored-interleaved logits differ from the copy's");
+    // `--no-mmap` on such a file moves the same bytes out of the map
+    let mut moved = q8_converted(name, false, Numerics::Fast);
+    moved.copy_experts(&|_, _| {});
+    assert_eq!(moved.expert_mapped_bytes(), 0, "{name}: --no-mmap left interleaved experts in the map");
+    assert_eq!(step(&moved), (ps, ls), "{name}: experts moved out of the map changed the step");
     // (gpt-oss's sinks have no llama.cpp-numerics path: Qwen3-MoE's fixture for both)
     for num in [Numerics::Exact, Numerics::LlamaCpp] {
         let (il, plain) = (q8_converted("qwen3_moe", false, num), q8_converted("qwen3_moe", true, num));

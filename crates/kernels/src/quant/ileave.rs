@@ -243,7 +243,7 @@ pub fn ileave(ty: QuantType, w: &[u8], rows: usize, cols: usize) -> Vec<u8> {
 /// any page is touched): decode streams these bytes every token, and with 4 KiB pages the
 /// hardware prefetchers stop at every page boundary and every page costs a TLB entry. Best
 /// effort: a refused advice changes speed, never contents.
-fn huge_zeroed(n: usize) -> Vec<u8> {
+pub fn huge_zeroed(n: usize) -> Vec<u8> {
     let mut v = Vec::<u8>::with_capacity(n);
     #[cfg(target_os = "linux")]
     {
