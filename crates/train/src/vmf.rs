@@ -682,24 +682,61 @@ pub struct TransferSeq<F> {
 }
 
 impl<F: Float> TransferSeq<F> {
-    /// (Σ|ŷ − y|², Σ|y|²) of the mixer on this window; with `grads`, the gradient of
-    /// Σ|ŷ − y|² added into them.
-    pub fn loss(&self, sh: &VmfShape, p: &VmfParams<F>, grads: Option<&mut VmfParams<F>>) -> (f64, f64) {
-        let mut y = vec![F::ZERO; self.y.len()];
-        let mut acts = VmfActs::default();
-        vmf_mixer_forward(sh, p, &self.x, &mut y, &mut acts);
+    /// (Σ|ŷ − y|², Σ|y|²) of the output ŷ against this window's target, and dŷ of Σ|ŷ − y|².
+    pub fn residual(&self, y_hat: &[F]) -> (f64, f64, Vec<F>) {
         let (mut e, mut n) = (0f64, 0f64);
-        let mut dy = vec![F::ZERO; y.len()];
-        for ((d, &a), &b) in dy.iter_mut().zip(&y).zip(&self.y) {
+        let mut dy = vec![F::ZERO; y_hat.len()];
+        for ((d, &a), &b) in dy.iter_mut().zip(y_hat).zip(&self.y) {
             let r = a - b;
             e += r.to_f64() * r.to_f64();
             n += b.to_f64() * b.to_f64();
             *d = r + r; // fwd: e = Σ r²  =>  dŷ = 2r
         }
+        (e, n, dy)
+    }
+}
+
+/// A layer's parameters as stage 1 trains them (the optimizer's view).
+pub trait LayerParams<F>: Clone {
+    fn zeros_like(&self) -> Self;
+    /// Every tensor by name (an empty one is not trained).
+    fn tensors(&mut self) -> Vec<(&'static str, &mut Vec<F>)>;
+}
+
+impl<F: Float> LayerParams<F> for VmfParams<F> {
+    fn zeros_like(&self) -> Self {
+        VmfParams::zeros_like(self)
+    }
+    fn tensors(&mut self) -> Vec<(&'static str, &mut Vec<F>)> {
+        self.tensors_mut().into_iter().collect()
+    }
+}
+
+/// A mixer stage 1 fits to a teacher's attention output (`transfer_layer`).
+pub trait TransferMixer<F: Float> {
+    type Params: LayerParams<F>;
+    /// (Σ|ŷ − y|², Σ|y|²) of the mixer on window `s`; with `grads`, the gradient of Σ|ŷ − y|²
+    /// added into them.
+    fn loss(&self, s: &TransferSeq<F>, p: &Self::Params, grads: Option<&mut Self::Params>) -> (f64, f64);
+    /// Whether tensor `name` starts as the teacher's own (trained at lr × `copied_mult`).
+    fn copied(&self, name: &str) -> bool;
+}
+
+/// The plain vmf_phase mixer: its v and out are the teacher's v_proj and o_proj.
+impl<F: Float> TransferMixer<F> for VmfShape {
+    type Params = VmfParams<F>;
+    fn loss(&self, s: &TransferSeq<F>, p: &VmfParams<F>, grads: Option<&mut VmfParams<F>>) -> (f64, f64) {
+        let mut y = vec![F::ZERO; s.y.len()];
+        let mut acts = VmfActs::default();
+        vmf_mixer_forward(self, p, &s.x, &mut y, &mut acts);
+        let (e, n, dy) = s.residual(&y);
         if let Some(g) = grads {
-            vmf_mixer_backward(sh, p, &self.x, &acts, &dy, None, g);
+            vmf_mixer_backward(self, p, &s.x, &acts, &dy, None, g);
         }
         (e, n)
+    }
+    fn copied(&self, name: &str) -> bool {
+        name == "v" || name == "out"
     }
 }
 
@@ -713,42 +750,42 @@ pub struct TransferStep {
 }
 
 /// Relative error Σ|ŷ − y|² / Σ|y|² over windows.
-pub fn transfer_error<F: Float>(sh: &VmfShape, p: &VmfParams<F>, data: &[TransferSeq<F>]) -> f64 {
-    let (e, n) = data.iter().map(|s| s.loss(sh, p, None)).fold((0.0, 0.0), |a, x| (a.0 + x.0, a.1 + x.1));
+pub fn transfer_error<F: Float, M: TransferMixer<F>>(m: &M, p: &M::Params, data: &[TransferSeq<F>]) -> f64 {
+    let (e, n) = data.iter().map(|s| m.loss(s, p, None)).fold((0.0, 0.0), |a, x| (a.0 + x.0, a.1 + x.1));
     e / n.max(1e-300)
 }
 
 /// Stage 1 for one layer: AdamW on the relative error (the teacher output's energy as the
 /// normaliser: late, high-variance layers do not dominate), `batch` windows per step taken in
 /// order and cycling, `steps` steps at `lr` (warmup steps/20, cosine to lr/20). The copied
-/// teacher projections (v_proj, out_proj) take lr × `copied_mult` (they start right; the new
-/// parameters do not). With `held` (windows never trained on, a period) the held-out error is
+/// teacher projections (`TransferMixer::copied`) take lr × `copied_mult` (they start right; the
+/// new parameters do not). With `held` (windows never trained on, a period) the held-out error is
 /// measured every period and at the end, and the parameters where it was lowest are returned.
 #[allow(clippy::too_many_arguments)]
-pub fn transfer_layer<F: Float>(
-    sh: &VmfShape,
+pub fn transfer_layer<F: Float, M: TransferMixer<F>>(
+    m: &M,
     data: &[TransferSeq<F>],
-    init: VmfParams<F>,
+    init: M::Params,
     steps: usize,
     batch: usize,
     lr: f64,
     copied_mult: f64,
     held: Option<(&[TransferSeq<F>], usize)>,
     mut report: impl FnMut(TransferStep),
-) -> VmfParams<F> {
+) -> M::Params {
     assert!(!data.is_empty(), "transfer_layer: no training windows");
     let batch = batch.clamp(1, data.len());
     let opt = crate::optim::AdamW { lr, beta1: 0.9, beta2: 0.999, eps: 1e-12, weight_decay: 0.0 };
     let mut p = init;
     let mut st: Vec<crate::optim::AdamState<F>> =
-        p.clone().tensors_mut().iter().map(|(_, t)| crate::optim::AdamState::new(t.len())).collect();
-    let mut best: Option<(f64, VmfParams<F>)> = None;
+        p.clone().tensors().iter().map(|(_, t)| crate::optim::AdamState::new(t.len())).collect();
+    let mut best: Option<(f64, M::Params)> = None;
     let warm = (steps / 20).max(1) as u64;
     for step in 0..=steps {
         let measure = held.is_some_and(|(_, period)| step == steps || step % period.max(1) == 0);
         let mut held_err = None;
         if measure && let Some((h, _)) = held {
-            let e = transfer_error(sh, &p, h);
+            let e = transfer_error(m, &p, h);
             held_err = Some(e);
             if best.as_ref().is_none_or(|b| e < b.0 || b.0.is_nan()) {
                 best = Some((e, p.clone()));
@@ -763,17 +800,17 @@ pub fn transfer_layer<F: Float>(
         let mut g = p.zeros_like();
         let (mut e, mut n) = (0.0, 0.0);
         for i in 0..batch {
-            let (a, b) = data[(step * batch + i) % data.len()].loss(sh, &p, Some(&mut g));
+            let (a, b) = m.loss(&data[(step * batch + i) % data.len()], &p, Some(&mut g));
             e += a;
             n += b;
         }
         report(TransferStep { step, rel: e / n.max(1e-300), held: held_err });
         let lr_t = crate::optim::lr_schedule(step as u64, lr, lr / 20.0, warm, steps as u64);
-        for (i, ((name, t), gt)) in p.tensors_mut().into_iter().zip(g.tensors_mut()).enumerate() {
+        for (i, ((name, t), gt)) in p.tensors().into_iter().zip(g.tensors()).enumerate() {
             if t.is_empty() {
                 continue;
             }
-            let k = if name == "v" || name == "out" { copied_mult } else { 1.0 };
+            let k = if m.copied(name) { copied_mult } else { 1.0 };
             opt.step(step as u64 + 1, lr_t * k, t, gt.1, 1.0 / n.max(1e-300), &mut st[i]);
         }
     }

@@ -15,8 +15,9 @@
 //! stage 2 also ∂q, ∂k, ∂v, which are the near keys' softmax backward against the whole
 //! normaliser (`farfield::near_backward`), the slot being one more key with score b and value f.
 //!
-//! Status: the training side comes first; the engine does not serve this option yet (no file
-//! format carries it), so nothing outside the tests calls these functions.
+//! The engine serves the option (`cortiq_engine::mixers::vmf_window`, `convert --linear-core
+//! vmf_phase --window`); stage 1 of the heal fits a windowed layer through [`WinMixer`]
+//! (`cortiq polish --teacher --stage transfer`).
 //!
 //! Accumulation contract: param grads +=, activations =.
 
@@ -25,8 +26,8 @@ use crate::float::Float;
 use crate::matmul::{linear_backward, linear_forward};
 use crate::rope::{RopeStyle, RopeTable, rope_backward, rope_forward};
 use crate::vmf::{
-    CoreGrads, VmfActs, VmfParams, VmfShape, add_bias, bias_grad, core_backward, core_forward, features_backward,
-    features_forward, opt, out_norm_backward, out_norm_forward,
+    CoreGrads, LayerParams, TransferMixer, TransferSeq, VmfActs, VmfParams, VmfShape, add_bias, bias_grad, core_backward,
+    core_forward, features_backward, features_forward, opt, out_norm_backward, out_norm_forward,
 };
 
 /// o [T, n_heads, hd] and each row's log-normaliser lse [T, n_heads] (written) from q
@@ -183,6 +184,42 @@ impl<F: Float> WinParams<F> {
             ("cb", &mut self.cb),
         ]);
         v
+    }
+}
+
+impl<F: Float> LayerParams<F> for WinParams<F> {
+    fn zeros_like(&self) -> Self {
+        WinParams::zeros_like(self)
+    }
+    fn tensors(&mut self) -> Vec<(&'static str, &mut Vec<F>)> {
+        self.tensors_mut()
+    }
+}
+
+/// A windowed layer as stage 1 fits it: its shape and the RoPE table of the windows' positions
+/// (0..T, every window starting at position 0).
+pub struct WinMixer<F> {
+    pub sh: WinShape,
+    pub rope: RopeTable<F>,
+}
+
+/// The exact part's projections and the output are the teacher attention's own (W_q, W_k, W_v,
+/// W_o and their biases); the core's features, decays, conv, gate, mass, output norm and the
+/// slot's map are new.
+impl<F: Float> TransferMixer<F> for WinMixer<F> {
+    type Params = WinParams<F>;
+    fn loss(&self, s: &TransferSeq<F>, p: &WinParams<F>, grads: Option<&mut WinParams<F>>) -> (f64, f64) {
+        let mut y = vec![F::ZERO; s.y.len()];
+        let mut acts = WinActs::default();
+        win_mixer_forward(&self.sh, p, &self.rope, &s.x, &mut y, &mut acts);
+        let (e, n, dy) = s.residual(&y);
+        if let Some(g) = grads {
+            win_mixer_backward(&self.sh, p, &self.rope, &s.x, &acts, &dy, None, g);
+        }
+        (e, n)
+    }
+    fn copied(&self, name: &str) -> bool {
+        matches!(name, "v" | "out" | "out_b" | "wq" | "bq" | "wk" | "bk" | "bv")
     }
 }
 
@@ -353,7 +390,62 @@ pub fn win_mixer_backward<F: Float>(
 mod tests {
     use super::*;
     use crate::gradcheck::Rng;
-    use crate::vmf::{CoreCheckpoints, CoreShape, core_forward};
+    use crate::vmf::{CoreCheckpoints, CoreShape, core_forward, transfer_error, transfer_layer};
+
+    /// Stage 1 on a teacher that is itself a windowed layer: from a start whose core and slot
+    /// map are perturbed (the exact part's projections right, as the heal starts from the
+    /// teacher's own), the fit takes most of the held-out error away.
+    #[test]
+    fn transfer_recovers_a_windowed_teacher() {
+        let (d, p, nh, nk, hd, t) = (8, 4, 4, 2, 4, 24);
+        let core =
+            VmfShape { d_model: d, n_heads: nh, n_states: nk, nphase: p, dv: hd, conv_kernel: 3, k_gate: true, phase_bias: true };
+        let sh = WinShape { core, sinks: 2, window: 4, scale: 0.5, rope: RopeStyle::NeoX };
+        let m = WinMixer { sh, rope: RopeTable::<f64>::new(t, hd, 100.0) };
+        let mut rng = Rng(0x51ab);
+        let teacher = WinParams {
+            core: VmfParams {
+                thq: rng.vec(nh * p * d, 0.5),
+                thq_b: rng.vec(nh * p, 0.3),
+                thk: rng.vec(nk * p * d, 0.5),
+                thk_b: rng.vec(nk * p, 0.3),
+                v: rng.vec(nk * hd * d, 0.5),
+                out: rng.vec(d * nh * hd, 0.3),
+                out_b: Vec::new(),
+                a_log: (0..nk * 2 * p).map(|_| -2.0 + 2.0 * rng.uniform()).collect(),
+                conv: (0..d * 3).map(|i| if i % 3 == 2 { 1.0 } else { 0.0 }).collect(),
+                kg_w: vec![0.0; nk * d],
+                kg_b: vec![0.0; nk],
+                mass: vec![0.0; nk],
+                o_norm: Vec::new(),
+            },
+            wq: rng.vec(nh * hd * d, 0.5),
+            bq: Vec::new(),
+            wk: rng.vec(nk * hd * d, 0.5),
+            bk: Vec::new(),
+            bv: Vec::new(),
+            wb: rng.vec(nh * d, 0.5),
+            cb: vec![1.0; nh],
+        };
+        let mut seqs: Vec<TransferSeq<f64>> = (0..6)
+            .map(|_| {
+                let x = rng.vec(t * d, 1.0);
+                let mut y = vec![0.0; t * d];
+                win_mixer_forward(&m.sh, &teacher, &m.rope, &x, &mut y, &mut WinActs::default());
+                TransferSeq { x, y }
+            })
+            .collect();
+        let held = seqs.split_off(4);
+        let mut start = teacher.clone();
+        start.core.thq.iter_mut().chain(start.core.thk.iter_mut()).for_each(|w| *w += 0.2 * rng.normal());
+        start.core.a_log.iter_mut().for_each(|a| *a += 0.5);
+        start.wb.iter_mut().for_each(|w| *w += 0.3 * rng.normal());
+        let e0 = transfer_error(&m, &start, &held);
+        let fit = transfer_layer(&m, &seqs, start, 800, 4, 3e-2, 0.1, Some((&held, 50)), |_| {});
+        let e1 = transfer_error(&m, &fit, &held);
+        println!("windowed transfer: held-out relative error {e0:.5} -> {e1:.5}");
+        assert!(e0 > 1e-4 && e1 < 0.3 * e0, "held-out {e0} -> {e1}");
+    }
 
     /// The core over shifted rows is the far sum of the definition: f_t = Σ over keys
     /// S ≤ j ≤ t − W of κ_j λ^{t − j − W} (φq_t·φk_j) v_j (here in f64, to rounding).
