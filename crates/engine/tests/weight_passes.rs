@@ -31,13 +31,8 @@ fn q8_converted(name: &str, plain_experts: bool, num: Numerics) -> Model {
     let dir = std::env::temp_dir().join(format!("cortiq-weight-passes-{}-{k}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join(format!("{name}.cmf"));
-    let opts = ConvertOptions {
-        quant: QuantSpec::To(QuantType::Q8_0),
-        embeddings: None,
-        f32_as: None,
-        force: true,
-        plain_experts,
-    };
+    let opts =
+        ConvertOptions { quant: QuantSpec::To(QuantType::Q8_0), embeddings: None, f32_as: None, force: true, plain_experts };
     convert(&fixture(name), &out, &opts, &|_, _, _| {}).unwrap_or_else(|e| panic!("{name}: {e}"));
     let mut m = load(&out).unwrap().model;
     m.set_numerics(num);

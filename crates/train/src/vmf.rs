@@ -718,6 +718,8 @@ pub trait TransferMixer<F: Float> {
     /// (Σ|ŷ − y|², Σ|y|²) of the mixer on window `s`; with `grads`, the gradient of Σ|ŷ − y|²
     /// added into them.
     fn loss(&self, s: &TransferSeq<F>, p: &Self::Params, grads: Option<&mut Self::Params>) -> (f64, f64);
+    /// The mixer's output ŷ [T, d] on window `s`.
+    fn output(&self, s: &TransferSeq<F>, p: &Self::Params) -> Vec<F>;
     /// Whether tensor `name` starts as the teacher's own (trained at lr × `copied_mult`).
     fn copied(&self, name: &str) -> bool;
 }
@@ -734,6 +736,11 @@ impl<F: Float> TransferMixer<F> for VmfShape {
             vmf_mixer_backward(self, p, &s.x, &acts, &dy, None, g);
         }
         (e, n)
+    }
+    fn output(&self, s: &TransferSeq<F>, p: &VmfParams<F>) -> Vec<F> {
+        let mut y = vec![F::ZERO; s.y.len()];
+        vmf_mixer_forward(self, p, &s.x, &mut y, &mut VmfActs::default());
+        y
     }
     fn copied(&self, name: &str) -> bool {
         name == "v" || name == "out"

@@ -218,6 +218,11 @@ impl<F: Float> TransferMixer<F> for WinMixer<F> {
         }
         (e, n)
     }
+    fn output(&self, s: &TransferSeq<F>, p: &WinParams<F>) -> Vec<F> {
+        let mut y = vec![F::ZERO; s.y.len()];
+        win_mixer_forward(&self.sh, p, &self.rope, &s.x, &mut y, &mut WinActs::default());
+        y
+    }
     fn copied(&self, name: &str) -> bool {
         matches!(name, "v" | "out" | "out_b" | "wq" | "bq" | "wk" | "bk" | "bv")
     }

@@ -9,6 +9,11 @@
 //! step kept and give the per-layer report: relative error and cosine to the teacher, before
 //! and after. OUT is HYBRID with the converted layers' tensors replaced (f32).
 //!
+//! A windowed layer (`convert --window`: exact softmax over its sinks and last W positions, the
+//! core as one more slot for the keys that left) is fitted the same way as a whole
+//! (`cortiq_train::vmf_window::WinMixer`): the teacher's own W_q, W_k, W_v, W_o and biases at a
+//! tenth of the rate, the core's parameters and the slot's map at the full rate.
+//!
 //! Stage 2 (`--stage distill`) runs through `polish`'s trainer (mod.rs): the student is the
 //! hybrid (softmax layers exact and frozen, the vmf_phase layers' parameters trained, with
 //! `--distill-ffn` their norms and FFNs too), the teacher the original, KL over every position.
@@ -19,10 +24,13 @@ use std::time::Instant;
 use crate::error::{Context, Result, bail};
 use cortiq_engine::config::MixerKind;
 use cortiq_engine::load::load;
-use cortiq_engine::mixers::vmf::VmfPhase;
+use cortiq_engine::mixers::vmf::{CoreWeights, VmfPhase};
+use cortiq_engine::mixers::vmf_window::VmfWindow;
 use cortiq_engine::model::Model;
 use cortiq_kernels::quant::QuantType;
-use cortiq_train::vmf::{TransferSeq, VmfParams, VmfShape, transfer_error, transfer_layer};
+use cortiq_train::rope::RopeTable;
+use cortiq_train::vmf::{TransferMixer, TransferSeq, VmfParams, VmfShape, transfer_error, transfer_layer};
+use cortiq_train::vmf_window::{WinMixer, WinParams, WinShape};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::text_windows;
@@ -81,12 +89,6 @@ pub fn load_teacher(h: &Model, hybrid: &std::path::Path, teacher: &str) -> Resul
     if layers.is_empty() {
         bail!("{}: no vmf_phase layers to heal (make them with cortiq convert --linear-core vmf_phase)", hybrid.display());
     }
-    if let Some(&il) = layers.iter().find(|&&il| matches!(hc.layers[il].mixer, MixerKind::VmfPhase(c) if c.windowed())) {
-        bail!(
-            "{}: layer {il} runs the window option (convert --window); polish does not train windowed layers yet",
-            hybrid.display()
-        );
-    }
     if (hc.n_layers, hc.d_model, hc.vocab) != (tc.n_layers, tc.d_model, tc.vocab) {
         bail!(
             "--teacher {}: {} layers × {} wide, vocab {}; the hybrid has {} × {}, vocab {} (not the model it was converted from)",
@@ -103,6 +105,18 @@ pub fn load_teacher(h: &Model, hybrid: &std::path::Path, teacher: &str) -> Resul
         bail!("--teacher: its layer {il} is not softmax attention");
     }
     Ok((tl, layers))
+}
+
+/// Stage 2 (`--stage distill`) trains plain vmf_phase layers only: a windowed one is refused.
+pub fn refuse_windowed(h: &Model, hybrid: &std::path::Path) -> Result<()> {
+    let hc = &h.cfg;
+    if let Some(il) = (0..hc.n_layers).find(|&il| matches!(hc.layers[il].mixer, MixerKind::VmfPhase(c) if c.windowed())) {
+        bail!(
+            "{}: layer {il} runs the window option (convert --window); --stage distill does not train windowed layers yet (--stage transfer does)",
+            hybrid.display()
+        );
+    }
+    Ok(())
 }
 
 pub fn cmd_polish_heal(a: &PolishArgs, teacher: &str) -> Result<()> {
@@ -145,35 +159,23 @@ pub fn cmd_polish_heal(a: &PolishArgs, teacher: &str) -> Result<()> {
         ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} steps {msg}").expect("valid template"),
     );
     let mut lines = Vec::new();
+    let fit = FitRun { a, bar: &bar };
     for &il in &layers {
-        let l: &VmfPhase = hybrid.model.layers[il].mixer.downcast_ref().context("a vmf_phase layer")?;
-        let (sh, init) = params_of(l);
-        let data: Vec<TransferSeq<f32>> = rec_t[&il].clone();
-        let hd: Vec<TransferSeq<f32>> = rec_h[&il].clone();
-        let (e0, c0) = stats(&sh, &init, &hd);
-        let every = (a.valid_every as usize).max(1);
-        let (mut first, mut last) = (f64::NAN, f64::NAN);
-        let fit = transfer_layer(&sh, &data, init, a.steps as usize, a.batch, a.lr, COPIED_MULT, Some((&hd, every)), |s| {
-            if s.step < a.steps as usize {
-                bar.inc(1);
-                if s.step == 0 {
-                    first = s.rel;
-                }
-                last = s.rel;
-            }
-            if let Some(h) = s.held {
-                bar.set_message(format!("layer {il}: held-out {h:.4}"));
-            }
-        });
-        let (e1, c1) = stats(&sh, &fit, &hd);
-        let line = format!(
-            "layer {il:>3}: held-out relative error {e0:.4} -> {e1:.4}, cosine {c0:.4} -> {c1:.4} (training batches {first:.4} -> {last:.4})"
-        );
+        let (data, hd) = (&rec_t[&il], &rec_h[&il]);
+        let mixer = &hybrid.model.layers[il].mixer;
+        let (line, tensors) = if let Some(l) = mixer.downcast_ref::<VmfPhase>() {
+            let (sh, init) = params_of(l);
+            let (line, p) = fit.layer(il, &sh, init, data, hd);
+            (line, tensors_of(il, &p))
+        } else {
+            let l: &VmfWindow = mixer.downcast_ref().context("a vmf_phase layer")?;
+            let (m, init) = win_params_of(&hybrid.model, il, l, a.ctx);
+            let (line, p) = fit.layer(il, &m, init, data, hd);
+            (line, win_tensors_of(il, &p))
+        };
         bar.println(&line);
         lines.push(line);
-        for (name, v) in tensors_of(il, &fit) {
-            replaced.insert(name, v);
-        }
+        replaced.extend(tensors);
     }
     bar.finish_and_clear();
     for l in &lines {
@@ -193,19 +195,59 @@ pub fn cmd_polish_heal(a: &PolishArgs, teacher: &str) -> Result<()> {
     Ok(())
 }
 
+/// One stage-1 run's settings and progress bar.
+struct FitRun<'a> {
+    a: &'a PolishArgs,
+    bar: &'a ProgressBar,
+}
+
+impl FitRun<'_> {
+    /// Stage 1 on layer `il` from `init`: the fitted parameters and the report line (held-out
+    /// relative error and cosine before and after, the training batches' first and last error).
+    fn layer<M: TransferMixer<f32>>(
+        &self,
+        il: usize,
+        m: &M,
+        init: M::Params,
+        data: &[TransferSeq<f32>],
+        held: &[TransferSeq<f32>],
+    ) -> (String, M::Params) {
+        let (a, bar) = (self.a, self.bar);
+        let (e0, c0) = stats(m, &init, held);
+        let every = (a.valid_every as usize).max(1);
+        let (mut first, mut last) = (f64::NAN, f64::NAN);
+        let fit = transfer_layer(m, data, init, a.steps as usize, a.batch, a.lr, COPIED_MULT, Some((held, every)), |s| {
+            if s.step < a.steps as usize {
+                bar.inc(1);
+                if s.step == 0 {
+                    first = s.rel;
+                }
+                last = s.rel;
+            }
+            if let Some(h) = s.held {
+                bar.set_message(format!("layer {il}: held-out {h:.4}"));
+            }
+        });
+        let (e1, c1) = stats(m, &fit, held);
+        let line = format!(
+            "layer {il:>3}: held-out relative error {e0:.4} -> {e1:.4}, cosine {c0:.4} -> {c1:.4} (training batches {first:.4} -> {last:.4})"
+        );
+        (line, fit)
+    }
+}
+
 /// (relative error, cosine) of the mixer against the teacher over windows.
-fn stats(sh: &VmfShape, p: &VmfParams<f32>, data: &[TransferSeq<f32>]) -> (f64, f64) {
+fn stats<M: TransferMixer<f32>>(m: &M, p: &M::Params, data: &[TransferSeq<f32>]) -> (f64, f64) {
     let (mut yo, mut oo, mut yy) = (0f64, 0f64, 0f64);
     for s in data {
-        let mut o = vec![0f32; s.y.len()];
-        cortiq_train::vmf::vmf_mixer_forward(sh, p, &s.x, &mut o, &mut Default::default());
+        let o = m.output(s, p);
         for (&a, &b) in o.iter().zip(&s.y) {
             yo += a as f64 * b as f64;
             oo += a as f64 * a as f64;
             yy += b as f64 * b as f64;
         }
     }
-    (transfer_error(sh, p, data), yo / (oo.sqrt() * yy.sqrt()).max(1e-300))
+    (transfer_error(m, p, data), yo / (oo.sqrt() * yy.sqrt()).max(1e-300))
 }
 
 /// The engine layer's geometry and weights as the trainer's.
@@ -222,26 +264,83 @@ pub(crate) fn params_of(l: &VmfPhase) -> (VmfShape, VmfParams<f32>) {
         k_gate: c.k_gate,
         phase_bias: c.phase_bias,
     };
-    let (kg_w, kg_b) = match &w.core.k_gate {
+    (sh, core_params(&w.core, w.v.to_f32(), w.out.to_f32(), w.out_b.clone()))
+}
+
+/// A vmf_phase core's weights with the given value and output projections, as the trainer's.
+fn core_params(c: &CoreWeights, v: Vec<f32>, out: Vec<f32>, out_b: Vec<f32>) -> VmfParams<f32> {
+    let (kg_w, kg_b) = match &c.k_gate {
         Some((g, b)) => (g.to_f32(), b.clone()),
         None => (Vec::new(), Vec::new()),
     };
-    let p = VmfParams {
-        thq: w.core.thq.to_f32(),
-        thq_b: w.core.thq_b.clone(),
-        thk: w.core.thk.to_f32(),
-        thk_b: w.core.thk_b.clone(),
-        v: w.v.to_f32(),
-        out: w.out.to_f32(),
-        out_b: w.out_b.clone(),
-        a_log: w.core.a_log.clone(),
-        conv: w.core.conv.clone(),
+    VmfParams {
+        thq: c.thq.to_f32(),
+        thq_b: c.thq_b.clone(),
+        thk: c.thk.to_f32(),
+        thk_b: c.thk_b.clone(),
+        v,
+        out,
+        out_b,
+        a_log: c.a_log.clone(),
+        conv: c.conv.clone(),
         kg_w,
         kg_b,
-        mass: w.core.mass.clone(),
-        o_norm: w.core.o_norm.clone(),
+        mass: c.mass.clone(),
+        o_norm: c.o_norm.clone(),
+    }
+}
+
+/// A windowed layer's geometry and weights as the trainer's, with the RoPE table of positions
+/// 0..`ctx` (the training windows').
+fn win_params_of(model: &Model, il: usize, l: &VmfWindow, ctx: usize) -> (WinMixer<f32>, WinParams<f32>) {
+    let (mc, c, att) = (&model.cfg, &l.cfg, &l.att);
+    let rope = &mc.ropes[mc.layers[il].rope];
+    let core = VmfShape {
+        d_model: c.d_model,
+        n_heads: c.n_heads,
+        n_states: c.n_k_heads,
+        nphase: c.nphase,
+        dv: c.d_v,
+        conv_kernel: c.conv_kernel,
+        k_gate: c.k_gate,
+        phase_bias: c.phase_bias,
     };
-    (sh, p)
+    let sh = WinShape { core, sinks: c.sinks, window: c.window, scale: mc.attn_scale as f64, rope: rope.style };
+    let pos: Vec<usize> = (0..ctx).collect();
+    let m = WinMixer { sh, rope: RopeTable::from_inv_freq(&pos, &rope.inv_freq) };
+    let or_empty = |b: &Option<Vec<f32>>| b.clone().unwrap_or_default();
+    let p = WinParams {
+        core: core_params(&l.core, att.wv.to_f32(), att.wo.to_f32(), or_empty(&att.bo)),
+        wq: att.wq.to_f32(),
+        bq: or_empty(&att.bq),
+        wk: att.wk.to_f32(),
+        bk: or_empty(&att.bk),
+        bv: or_empty(&att.bv),
+        wb: l.slot.to_f32(),
+        cb: l.slot_b.clone(),
+    };
+    (m, p)
+}
+
+/// A windowed layer's trained tensors under their GGUF names: the attention's, the core's (no
+/// vmf_v / vmf_out: the attention's W_v and W_o are its values and output) and the slot's.
+fn win_tensors_of(il: usize, p: &WinParams<f32>) -> Vec<(String, Vec<f32>)> {
+    let mut out: Vec<(String, Vec<f32>)> =
+        tensors_of(il, &p.core).into_iter().filter(|(n, _)| !n.contains(".vmf_v.") && !n.contains(".vmf_out.")).collect();
+    let names = [
+        ("attn_q.weight", &p.wq),
+        ("attn_q.bias", &p.bq),
+        ("attn_k.weight", &p.wk),
+        ("attn_k.bias", &p.bk),
+        ("attn_v.weight", &p.core.v),
+        ("attn_v.bias", &p.bv),
+        ("attn_output.weight", &p.core.out),
+        ("attn_output.bias", &p.core.out_b),
+        ("vmf_slot.weight", &p.wb),
+        ("vmf_slot.bias", &p.cb),
+    ];
+    out.extend(names.into_iter().filter(|(_, v)| !v.is_empty()).map(|(n, v)| (format!("blk.{il}.{n}"), v.clone())));
+    out
 }
 
 /// The trained tensors under their GGUF names (options that are off have none; the mass only

@@ -580,7 +580,10 @@ pub fn cmd_polish(a: PolishArgs, arm_stop: &dyn Fn()) -> Result<()> {
     let mut loaded = load(&path)?;
     loaded.model.set_numerics(Numerics::Exact);
     let heal_teacher = match &a.teacher {
-        Some(t) => Some(heal::load_teacher(&loaded.model, &path, t)?.0),
+        Some(t) => {
+            heal::refuse_windowed(&loaded.model, &path)?;
+            Some(heal::load_teacher(&loaded.model, &path, t)?.0)
+        }
         None => None,
     };
     let tok = loaded.tokenizer()?;

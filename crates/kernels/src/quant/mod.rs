@@ -30,8 +30,8 @@ mod vecmulti;
 pub use dequant::{dequantize_row, dequantize_row_scalar, dequantize_rows, dot_row};
 pub use fastvec::{fastvec_supported, matvec_fast, matvec_fast_multi, matvec_fast_multi_scalar, matvec_fast_scalar, matvec_own};
 pub use ileave::{
-    IL_ROWS, IleaveCols, huge_zeroed, ileave, ileave_bytes, ileave_cols, ileave_group_bytes, ileave_rows, ileave_supported, matvec_ileave,
-    matvec_ileave_cols, matvec_ileave_scalar,
+    IL_ROWS, IleaveCols, huge_zeroed, ileave, ileave_bytes, ileave_cols, ileave_group_bytes, ileave_rows, ileave_supported,
+    matvec_ileave, matvec_ileave_cols, matvec_ileave_scalar,
 };
 pub use matmat::{MatmatActs, matmat_q, matmat_q_prepared, matmat_q_prepared_tm, matmat_q_scalar, matmat_supported};
 pub use quantize::{QuantizeError, quantize_row, quantize_row_weighted};
