@@ -28,7 +28,8 @@ use crate::matmul::{linear_backward, linear_forward};
 use crate::norm::{NormStyle, rmsnorm_backward, rmsnorm_forward};
 use crate::nystrom::{NyShape, NystromError, NystromPlan, O1Config, nystrom_backward, nystrom_forward, nystrom_plan};
 use crate::rope::{RopeStyle, RopeTable, rope_backward, rope_forward};
-use crate::vmf::{VmfActs, VmfParams, VmfShape, vmf_mixer_backward, vmf_mixer_forward};
+use crate::vmf::{VmfActs, VmfShape, vmf_mixer_backward, vmf_mixer_forward};
+use crate::vmf_window::{VmfLayer, WinActs, WinShape, win_mixer_backward, win_mixer_forward};
 
 /// The block's attention.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -44,6 +45,10 @@ pub enum BlockMixer {
     /// A converted layer on the vmf_phase core ([`BlockWeights::vmf`]): the whole attention path
     /// (projections, core, out_proj) is the mixer's; wq/wk/wv/wo are unused.
     Vmf(VmfShape),
+    /// A converted layer with the window option ([`BlockWeights::vmf`], `VmfLayer::Window`):
+    /// exact softmax over its sinks and last positions, the core as one more slot; the whole
+    /// attention path is the mixer's (its own W_q, W_k, W_v, W_o); wq/wk/wv/wo are unused.
+    VmfWin(WinShape),
 }
 
 /// A key schedule computed from a block's own post-RoPE q [T, nh, hd], k, v [T, nkv, hd] (f32,
@@ -105,8 +110,8 @@ pub struct BlockWeights<'a, F> {
     pub post_ffn_norm: Option<&'a [F]>,
     /// The far field of a [`BlockMixer::Far`] block.
     pub far: Option<&'a FarParams<F>>,
-    /// The parameters of a [`BlockMixer::Vmf`] block.
-    pub vmf: Option<&'a VmfParams<F>>,
+    /// The parameters of a [`BlockMixer::Vmf`] or [`BlockMixer::VmfWin`] block.
+    pub vmf: Option<&'a VmfLayer<F>>,
 }
 
 /// Gradients of the trainable tensors (None: not trained, or absent).
@@ -124,7 +129,7 @@ pub struct BlockGrads<'a, F> {
     pub far: Option<&'a mut FarParams<F>>,
     /// A vmf_phase block's parameter gradients (the layout of its parameters; a tensor left
     /// empty there is not trained).
-    pub vmf: Option<&'a mut VmfParams<F>>,
+    pub vmf: Option<&'a mut VmfLayer<F>>,
 }
 
 /// Everything the backward reads, written by the forward (reused across layers and steps).
@@ -155,8 +160,9 @@ pub struct BlockActs<F> {
     pub dropped: Vec<bool>,
     /// A far-field block's key exits [T] (the schedule of this forward).
     exits: Vec<usize>,
-    /// A vmf_phase block's mixer activations.
+    /// A vmf_phase block's mixer activations (plain or windowed).
     vmf: VmfActs<F>,
+    win: WinActs<F>,
 }
 
 fn zeros<F: Float>(v: &mut Vec<F>, n: usize) {
@@ -210,10 +216,13 @@ pub fn block_forward<F: Float>(
     zeros(&mut a.h1, t * d);
     a.rstd1.resize(t, 0.0);
     rmsnorm_forward(cfg.norm_style, x, w.attn_norm, cfg.norm_eps, &mut a.h1, &mut a.rstd1); // [T, d]
-    if let BlockMixer::Vmf(sh) = cfg.mixer {
-        let p = w.vmf.expect("block_forward: a vmf_phase block needs its parameters");
+    if matches!(cfg.mixer, BlockMixer::Vmf(_) | BlockMixer::VmfWin(_)) {
         zeros(&mut a.a, t * d);
-        vmf_mixer_forward(&sh, p, &a.h1, &mut a.a, &mut a.vmf); // [T, d]
+        match (cfg.mixer, w.vmf) {
+            (BlockMixer::Vmf(sh), Some(VmfLayer::Plain(p))) => vmf_mixer_forward(&sh, p, &a.h1, &mut a.a, &mut a.vmf), // [T, d]
+            (BlockMixer::VmfWin(sh), Some(VmfLayer::Window(p))) => win_mixer_forward(&sh, p, rope, &a.h1, &mut a.a, &mut a.win),
+            _ => panic!("block_forward: a vmf_phase block needs its parameters, of its kind"),
+        }
         a.dropped.clear();
         ffn_half(cfg, w, x, y, a, t);
         return Ok(());
@@ -273,7 +282,7 @@ pub fn block_forward<F: Float>(
             a.lse.resize(t * nh, 0.0);
             far_mixer_forward(&s, p, &a.exits, tp, &a.q, &a.k, &a.v, &mut a.o, &mut a.lse); // [T, nh, hd]
         }
-        BlockMixer::Vmf(_) => unreachable!("returned above"),
+        BlockMixer::Vmf(_) | BlockMixer::VmfWin(_) => unreachable!("returned above"),
     }
     zeros(&mut a.a, t * d);
     linear_forward(&a.o, w.wo, &mut a.a, t, qd, d); // [T, d]
@@ -358,7 +367,7 @@ pub fn block_backward<F: Float>(
         }
         None => dx1,
     };
-    if let BlockMixer::Vmf(sh) = cfg.mixer {
+    if matches!(cfg.mixer, BlockMixer::Vmf(_) | BlockMixer::VmfWin(_)) {
         // fwd: a = vmf(h1)  =>  dh1; the mixer's own gradients (a frozen block's to scratch)
         let p = w.vmf.expect("block_backward: a vmf_phase block needs its parameters");
         let mut scratch;
@@ -370,7 +379,15 @@ pub fn block_backward<F: Float>(
             }
         };
         let mut dh1 = vec![F::ZERO; t * d];
-        vmf_mixer_backward(&sh, p, &a.h1, &a.vmf, &da, Some(&mut dh1), gp);
+        match (cfg.mixer, p, gp) {
+            (BlockMixer::Vmf(sh), VmfLayer::Plain(p), VmfLayer::Plain(g)) => {
+                vmf_mixer_backward(&sh, p, &a.h1, &a.vmf, &da, Some(&mut dh1), g)
+            }
+            (BlockMixer::VmfWin(sh), VmfLayer::Window(p), VmfLayer::Window(g)) => {
+                win_mixer_backward(&sh, p, rope, &a.h1, &a.win, &da, Some(&mut dh1), g)
+            }
+            _ => panic!("block_backward: a vmf_phase block's parameters and gradients are of its kind"),
+        }
         rmsnorm_backward(cfg.norm_style, x, w.attn_norm, &a.rstd1, &dh1, Some(dx), attn_norm);
         return;
     }
@@ -401,7 +418,7 @@ pub fn block_backward<F: Float>(
             };
             far_mixer_backward(&s, p, &a.exits, tp, &a.q, &a.k, &a.v, &a.o, &a.lse, &d_o, &mut dq, &mut dk, &mut dv, gp);
         }
-        BlockMixer::Vmf(_) => unreachable!("returned above"),
+        BlockMixer::Vmf(_) | BlockMixer::VmfWin(_) => unreachable!("returned above"),
     }
     // fwd: q = rope(qn)  =>  dqn = rope⁻¹(dq)
     let (mut dqn, mut dkn) = (vec![F::ZERO; t * qd], vec![F::ZERO; t * kd]);

@@ -20,7 +20,7 @@ use crate::loss::{LossOut, lm_head_distill};
 use crate::norm::{NormStyle, rmsnorm_backward, rmsnorm_forward};
 use crate::nystrom::{NystromError, NystromPlan};
 use crate::rope::RopeTable;
-use crate::vmf::VmfParams;
+use crate::vmf_window::VmfLayer;
 
 /// One layer: its config, tensors, RoPE table (Gemma's local and global layers differ) and
 /// whether its norms and FFN train (the polish trains converted layers only).
@@ -72,7 +72,7 @@ pub struct StudentGrads<F> {
     pub final_norm: Vec<F>,
     pub far: Vec<Option<FarParams<F>>>,
     /// Per layer, a vmf_phase block's parameters (None: not one, or frozen).
-    pub vmf: Vec<Option<VmfParams<F>>>,
+    pub vmf: Vec<Option<VmfLayer<F>>>,
 }
 
 /// What a trainable tensor is, for its learning rate.
@@ -150,10 +150,10 @@ impl<F: Float> StudentGrads<F> {
         }
         for p in self.vmf.iter_mut().flatten() {
             out.extend(
-                p.tensors_mut()
+                p.tensors_copied_mut()
                     .into_iter()
-                    .filter(|(_, t)| !t.is_empty())
-                    .map(|(n, t)| (t, if n == "v" || n == "out" { Kind::VmfCopied } else { Kind::Vmf })),
+                    .filter(|(t, _)| !t.is_empty())
+                    .map(|(t, c)| (t, if c { Kind::VmfCopied } else { Kind::Vmf })),
             );
         }
         out

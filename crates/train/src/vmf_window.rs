@@ -128,7 +128,7 @@ pub fn shift_in_backward<F: Float>(dy: &[F], t: usize, sinks: usize, window: usi
 
 /// A windowed layer's extra geometry: the core's shape (states = KV heads, dv = head_dim), the
 /// exact part's sinks and window, the score scale and the RoPE pairing.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct WinShape {
     pub core: VmfShape,
     pub sinks: usize,
@@ -224,8 +224,51 @@ impl<F: Float> TransferMixer<F> for WinMixer<F> {
         y
     }
     fn copied(&self, name: &str) -> bool {
-        matches!(name, "v" | "out" | "out_b" | "wq" | "bq" | "wk" | "bk" | "bv")
+        window_copied(name)
     }
+}
+
+/// A converted layer's parameters as a block and the trainer hold them: the plain vmf_phase
+/// mixer's or the windowed one's.
+#[derive(Debug, Clone)]
+pub enum VmfLayer<F> {
+    Plain(VmfParams<F>),
+    Window(WinParams<F>),
+}
+
+impl<F: Float> VmfLayer<F> {
+    pub fn zeros_like(&self) -> VmfLayer<F> {
+        match self {
+            VmfLayer::Plain(p) => VmfLayer::Plain(p.zeros_like()),
+            VmfLayer::Window(p) => VmfLayer::Window(p.zeros_like()),
+        }
+    }
+
+    /// Every tensor by name (an empty one is absent: not trained).
+    pub fn tensors_mut(&mut self) -> Vec<(&'static str, &mut Vec<F>)> {
+        match self {
+            VmfLayer::Plain(p) => p.tensors_mut().into_iter().collect(),
+            VmfLayer::Window(p) => p.tensors_mut(),
+        }
+    }
+
+    /// Every tensor with whether it starts as the teacher's own (`TransferMixer::copied`):
+    /// v_proj and out_proj of a plain layer; a windowed layer's W_q, W_k, W_v, W_o and biases.
+    pub fn tensors_copied_mut(&mut self) -> Vec<(&mut Vec<F>, bool)> {
+        let copied = match self {
+            VmfLayer::Plain(_) => plain_copied,
+            VmfLayer::Window(_) => window_copied,
+        };
+        self.tensors_mut().into_iter().map(|(n, t)| (t, copied(n))).collect()
+    }
+}
+
+fn plain_copied(name: &str) -> bool {
+    name == "v" || name == "out"
+}
+
+fn window_copied(name: &str) -> bool {
+    matches!(name, "v" | "out" | "out_b" | "wq" | "bq" | "wk" | "bk" | "bv")
 }
 
 /// What the windowed mixer's backward needs of its forward.

@@ -2,7 +2,7 @@
 //! Gemma 3-like (QKV bias, QK-norm, post-norms, GELU-tanh, (1+w) gains) served by Nyström with
 //! the guard active; Llama-like (SiLU, interleaved partial RoPE) exact; a sliding-window layer
 //! with QK-norm; a layer served by sink+window and the learned far field (stage 2); a layer
-//! converted to vmf_phase (every one of its parameters). Gradients
+//! converted to vmf_phase, plain and with the window option (every one of its parameters). Gradients
 //! w.r.t. the block input and every trainable tensor; M frozen.
 
 use cortiq_train::act::Act;
@@ -13,6 +13,7 @@ use cortiq_train::norm::NormStyle;
 use cortiq_train::nystrom::{DEFAULT_RIDGE, Far, NystromPlan, O1Config};
 use cortiq_train::rope::{RopeStyle, RopeTable};
 use cortiq_train::vmf::{VmfParams, VmfShape};
+use cortiq_train::vmf_window::{VmfLayer, WinParams, WinShape};
 
 const T: usize = 40;
 
@@ -20,7 +21,7 @@ const T: usize = 40;
 struct Tensors {
     v: Vec<(&'static str, Vec<f64>)>,
     far: Option<FarParams<f64>>,
-    vmf: Option<VmfParams<f64>>,
+    vmf: Option<VmfLayer<f64>>,
 }
 
 const TRAIN: [&str; 9] = ["attn_norm", "q_norm", "k_norm", "post_attn_norm", "ffn_norm", "gate", "up", "down", "post_ffn_norm"];
@@ -94,24 +95,39 @@ fn make(cfg: &BlockConfig, bias: bool, qk_norm: bool, post: bool, seed: u64) -> 
         }
         _ => None,
     };
+    let core = |sh: VmfShape, r: &mut Rng| {
+        let (p, nh, ns, dv) = (sh.nphase, sh.n_heads, sh.n_states, sh.dv);
+        VmfParams {
+            thq: r.vec(nh * p * d, 0.5),
+            thq_b: r.vec(nh * p, 0.3),
+            thk: r.vec(ns * p * d, 0.5),
+            thk_b: r.vec(ns * p, 0.3),
+            v: r.vec(ns * dv * d, 0.5),
+            out: r.vec(d * nh * dv, 0.4),
+            out_b: r.vec(d, 0.2),
+            a_log: (0..ns * 2 * p).map(|_| -2.0 + 2.0 * r.uniform()).collect(),
+            conv: r.vec(d * sh.conv_kernel, 0.6),
+            kg_w: r.vec(ns * d, 0.5),
+            kg_b: r.vec(ns, 0.3),
+            mass: (0..ns).map(|_| 0.3 * r.uniform()).collect(),
+            o_norm: (0..nh * dv).map(|_| 0.5 + r.uniform()).collect(),
+        }
+    };
     let vmf = match cfg.mixer {
-        BlockMixer::Vmf(sh) => {
-            let (p, nh, ns, dv) = (sh.nphase, sh.n_heads, sh.n_states, sh.dv);
-            Some(VmfParams {
-                thq: r.vec(nh * p * d, 0.5),
-                thq_b: r.vec(nh * p, 0.3),
-                thk: r.vec(ns * p * d, 0.5),
-                thk_b: r.vec(ns * p, 0.3),
-                v: r.vec(ns * dv * d, 0.5),
-                out: r.vec(d * nh * dv, 0.4),
-                out_b: r.vec(d, 0.2),
-                a_log: (0..ns * 2 * p).map(|_| -2.0 + 2.0 * r.uniform()).collect(),
-                conv: r.vec(d * sh.conv_kernel, 0.6),
-                kg_w: r.vec(ns * d, 0.5),
-                kg_b: r.vec(ns, 0.3),
-                mass: (0..ns).map(|_| 0.3 * r.uniform()).collect(),
-                o_norm: (0..nh * dv).map(|_| 0.5 + r.uniform()).collect(),
-            })
+        BlockMixer::Vmf(sh) => Some(VmfLayer::Plain(core(sh, &mut r))),
+        BlockMixer::VmfWin(sh) => {
+            let (nh, nk, hd) = (sh.core.n_heads, sh.core.n_states, sh.core.dv);
+            let core = core(sh.core, &mut r);
+            Some(VmfLayer::Window(WinParams {
+                core,
+                wq: r.vec(nh * hd * d, 0.5),
+                bq: r.vec(nh * hd, 0.3),
+                wk: r.vec(nk * hd * d, 0.5),
+                bk: r.vec(nk * hd, 0.3),
+                bv: r.vec(nk * hd, 0.3),
+                wb: r.vec(nh * d, 0.5),
+                cb: r.vec(nh, 0.5),
+            }))
         }
         _ => None,
     };
@@ -234,6 +250,9 @@ fn gradcheck_blocks() {
     let sh = VmfShape { d_model: 8, n_heads: 3, n_states: 3, nphase: 3, dv: 6, conv_kernel: 3, k_gate: true, phase_bias: true };
     let vmf = BlockConfig { mixer: BlockMixer::Vmf(sh), ..llama };
     reps.extend(run("block vmf_phase", vmf, RopeTable::new(T, 4, 500.0), false, false, false));
+    let wsh = WinShape { core: sh, sinks: 2, window: 6, scale: llama.attn_scale, rope: llama.rope_style };
+    let win = BlockConfig { mixer: BlockMixer::VmfWin(wsh), ..llama };
+    reps.extend(run("block vmf_phase window", win, RopeTable::new(T, 4, 500.0), false, false, false));
     for rep in &reps {
         println!("{rep}");
     }

@@ -12,7 +12,8 @@
 //! A windowed layer (`convert --window`: exact softmax over its sinks and last W positions, the
 //! core as one more slot for the keys that left) is fitted the same way as a whole
 //! (`cortiq_train::vmf_window::WinMixer`): the teacher's own W_q, W_k, W_v, W_o and biases at a
-//! tenth of the rate, the core's parameters and the slot's map at the full rate.
+//! tenth of the rate, the core's parameters and the slot's map at the full rate; stage 2 trains
+//! it end to end the same way (`cortiq_train::block::BlockMixer::VmfWin`).
 //!
 //! Stage 2 (`--stage distill`) runs through `polish`'s trainer (mod.rs): the student is the
 //! hybrid (softmax layers exact and frozen, the vmf_phase layers' parameters trained, with
@@ -107,18 +108,6 @@ pub fn load_teacher(h: &Model, hybrid: &std::path::Path, teacher: &str) -> Resul
     Ok((tl, layers))
 }
 
-/// Stage 2 (`--stage distill`) trains plain vmf_phase layers only: a windowed one is refused.
-pub fn refuse_windowed(h: &Model, hybrid: &std::path::Path) -> Result<()> {
-    let hc = &h.cfg;
-    if let Some(il) = (0..hc.n_layers).find(|&il| matches!(hc.layers[il].mixer, MixerKind::VmfPhase(c) if c.windowed())) {
-        bail!(
-            "{}: layer {il} runs the window option (convert --window); --stage distill does not train windowed layers yet (--stage transfer does)",
-            hybrid.display()
-        );
-    }
-    Ok(())
-}
-
 pub fn cmd_polish_heal(a: &PolishArgs, teacher: &str) -> Result<()> {
     if a.out.exists() && !a.force {
         bail!("{} already exists (pass --force to overwrite)", a.out.display());
@@ -169,7 +158,10 @@ pub fn cmd_polish_heal(a: &PolishArgs, teacher: &str) -> Result<()> {
             (line, tensors_of(il, &p))
         } else {
             let l: &VmfWindow = mixer.downcast_ref().context("a vmf_phase layer")?;
-            let (m, init) = win_params_of(&hybrid.model, il, l, a.ctx);
+            let (sh, init) = win_params_of(&hybrid.model, il, l);
+            let mc = &hybrid.model.cfg;
+            let pos: Vec<usize> = (0..a.ctx).collect();
+            let m = WinMixer { sh, rope: RopeTable::from_inv_freq(&pos, &mc.ropes[mc.layers[il].rope].inv_freq) };
             let (line, p) = fit.layer(il, &m, init, data, hd);
             (line, win_tensors_of(il, &p))
         };
@@ -290,9 +282,8 @@ fn core_params(c: &CoreWeights, v: Vec<f32>, out: Vec<f32>, out_b: Vec<f32>) -> 
     }
 }
 
-/// A windowed layer's geometry and weights as the trainer's, with the RoPE table of positions
-/// 0..`ctx` (the training windows').
-fn win_params_of(model: &Model, il: usize, l: &VmfWindow, ctx: usize) -> (WinMixer<f32>, WinParams<f32>) {
+/// A windowed layer's geometry and weights as the trainer's.
+pub(crate) fn win_params_of(model: &Model, il: usize, l: &VmfWindow) -> (WinShape, WinParams<f32>) {
     let (mc, c, att) = (&model.cfg, &l.cfg, &l.att);
     let rope = &mc.ropes[mc.layers[il].rope];
     let core = VmfShape {
@@ -306,8 +297,6 @@ fn win_params_of(model: &Model, il: usize, l: &VmfWindow, ctx: usize) -> (WinMix
         phase_bias: c.phase_bias,
     };
     let sh = WinShape { core, sinks: c.sinks, window: c.window, scale: mc.attn_scale as f64, rope: rope.style };
-    let pos: Vec<usize> = (0..ctx).collect();
-    let m = WinMixer { sh, rope: RopeTable::from_inv_freq(&pos, &rope.inv_freq) };
     let or_empty = |b: &Option<Vec<f32>>| b.clone().unwrap_or_default();
     let p = WinParams {
         core: core_params(&l.core, att.wv.to_f32(), att.wo.to_f32(), or_empty(&att.bo)),
@@ -319,12 +308,12 @@ fn win_params_of(model: &Model, il: usize, l: &VmfWindow, ctx: usize) -> (WinMix
         wb: l.slot.to_f32(),
         cb: l.slot_b.clone(),
     };
-    (m, p)
+    (sh, p)
 }
 
 /// A windowed layer's trained tensors under their GGUF names: the attention's, the core's (no
 /// vmf_v / vmf_out: the attention's W_v and W_o are its values and output) and the slot's.
-fn win_tensors_of(il: usize, p: &WinParams<f32>) -> Vec<(String, Vec<f32>)> {
+pub(crate) fn win_tensors_of(il: usize, p: &WinParams<f32>) -> Vec<(String, Vec<f32>)> {
     let mut out: Vec<(String, Vec<f32>)> =
         tensors_of(il, &p.core).into_iter().filter(|(n, _)| !n.contains(".vmf_v.") && !n.contains(".vmf_out.")).collect();
     let names = [

@@ -43,6 +43,7 @@ use cortiq_train::data::{TokenFile, Windows, split};
 use cortiq_train::nystrom::{Far, O1Config};
 use cortiq_train::optim::AdamW;
 use cortiq_train::trainer::{Event, Params, RunEnd, RunOptions, TrainConfig, Trainer, ValidReport};
+use cortiq_train::vmf_window::VmfLayer;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use student::{GlobalAttn, StudentWeights};
@@ -245,8 +246,10 @@ pub fn polished_tensors(cfg: &ModelConfig, p: &Params<f32>) -> HashMap<String, V
     }
     // The heal's vmf_phase layers.
     for (il, v) in p.vmf.iter().enumerate() {
-        if let Some(v) = v {
-            out.extend(heal::tensors_of(il, v));
+        match v {
+            Some(VmfLayer::Plain(v)) => out.extend(heal::tensors_of(il, v)),
+            Some(VmfLayer::Window(v)) => out.extend(heal::win_tensors_of(il, v)),
+            None => {}
         }
     }
     // Stage 2's far fields (the layers that have one: rank > 0).
@@ -580,10 +583,7 @@ pub fn cmd_polish(a: PolishArgs, arm_stop: &dyn Fn()) -> Result<()> {
     let mut loaded = load(&path)?;
     loaded.model.set_numerics(Numerics::Exact);
     let heal_teacher = match &a.teacher {
-        Some(t) => {
-            heal::refuse_windowed(&loaded.model, &path)?;
-            Some(heal::load_teacher(&loaded.model, &path, t)?.0)
-        }
+        Some(t) => Some(heal::load_teacher(&loaded.model, &path, t)?.0),
         None => None,
     };
     let tok = loaded.tokenizer()?;

@@ -23,6 +23,7 @@ use cortiq_engine::config::{Activation, MixerKind};
 use cortiq_engine::mixers::attention::Attention;
 use cortiq_engine::mixers::attention::AttentionWeights;
 use cortiq_engine::mixers::vmf::VmfPhase;
+use cortiq_engine::mixers::vmf_window::VmfWindow;
 use cortiq_engine::model::Ffn;
 use cortiq_train::act::Act;
 use cortiq_train::block::{BlockConfig, BlockMixer, BlockWeights, Schedule};
@@ -31,7 +32,7 @@ use cortiq_train::model::{Student, StudentLayer};
 use cortiq_train::norm::NormStyle;
 use cortiq_train::nystrom::O1Config;
 use cortiq_train::rope::RopeTable;
-use cortiq_train::vmf::VmfParams;
+use cortiq_train::vmf_window::VmfLayer;
 
 /// How the student's global attention layers run.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -101,7 +102,7 @@ pub struct StudentWeights {
     /// the model has none: the layer keeps its rule alone).
     pub far: Vec<Option<FarParams<f32>>>,
     /// Per layer: a vmf_phase layer's parameters (trained in the heal's stage 2).
-    pub vmf: Vec<Option<VmfParams<f32>>>,
+    pub vmf: Vec<Option<VmfLayer<f32>>>,
     pub embed_scale: Option<f64>,
     pub norm_eps: f64,
     pub vocab: usize,
@@ -150,9 +151,20 @@ impl StudentWeights {
         for (il, (lw, spec)) in model.layers.iter().zip(&cfg.layers).enumerate() {
             let unsupported = |what| Err(StudentError::Unsupported { layer: il, what });
             let Ffn::Dense(fw) = &lw.ffn else { return unsupported("a mixture of experts") };
-            // A vmf_phase layer (the heal) brings its own mixer; any other must be attention.
-            let vmf_layer = lw.mixer.downcast_ref::<VmfPhase>();
-            let aw: Option<&AttentionWeights> = match (vmf_layer, lw.mixer.downcast_ref::<Attention>()) {
+            // A vmf_phase layer (the heal), plain or windowed, brings its own mixer; any other
+            // must be attention.
+            let vmf_layer = match (lw.mixer.downcast_ref::<VmfPhase>(), lw.mixer.downcast_ref::<VmfWindow>()) {
+                (Some(l), _) => {
+                    let (sh, p) = super::heal::params_of(l);
+                    Some((BlockMixer::Vmf(sh), VmfLayer::Plain(p)))
+                }
+                (None, Some(l)) => {
+                    let (sh, p) = super::heal::win_params_of(model, il, l);
+                    Some((BlockMixer::VmfWin(sh), VmfLayer::Window(p)))
+                }
+                (None, None) => None,
+            };
+            let aw: Option<&AttentionWeights> = match (&vmf_layer, lw.mixer.downcast_ref::<Attention>()) {
                 (Some(_), _) if !matches!(global, GlobalAttn::Heal { .. }) => {
                     return unsupported("a vmf_phase layer outside the heal");
                 }
@@ -165,11 +177,11 @@ impl StudentWeights {
                 return unsupported("a gated attention output");
             }
             let converted = aw.is_some() && is_converted(model, il);
+            let heal_layer = vmf_layer.is_some();
             let mixer = match (vmf_layer, spec.sliding_window, global) {
-                (Some(l), _, _) => {
-                    let (sh, p) = super::heal::params_of(l);
+                (Some((m, p)), _, _) => {
                     vmf.push(Some(p));
-                    BlockMixer::Vmf(sh)
+                    m
                 }
                 (None, Some(w), _) => BlockMixer::Exact { window: Some(w) },
                 (None, None, GlobalAttn::Exact | GlobalAttn::Heal { .. }) => BlockMixer::Exact { window: None },
@@ -188,7 +200,7 @@ impl StudentWeights {
                     BlockMixer::Far { tp, sinks, window, schedule }
                 }
             };
-            if vmf_layer.is_none() {
+            if !heal_layer {
                 vmf.push(None);
             }
             far.push(match (global, converted) {
@@ -211,7 +223,7 @@ impl StudentWeights {
             // Norms and FFN train: the O(1) polish's converted layers (not in stage 2 without
             // --distill-ffn); the heal's vmf_phase layers with --distill-ffn.
             train.push(match global {
-                GlobalAttn::Heal { train_ffn } => train_ffn && vmf_layer.is_some(),
+                GlobalAttn::Heal { train_ffn } => train_ffn && heal_layer,
                 GlobalAttn::Far { train_ffn, .. } => train_ffn && converted,
                 _ => converted,
             });
