@@ -83,6 +83,37 @@ fn keep_bit_identical(tag: &str, arches: &[&str], modes: &[Numerics]) {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A mixture's experts stored interleaved (the default) and row-major (`plain_experts`) convert
+/// into each other: a .cmf re-converted with the other layout holds, tensor by tensor, the
+/// bytes of the direct conversion to that layout (the row-major bytes come back from the
+/// interleaved ones exactly), and only the experts are interleaved.
+#[test]
+fn expert_layouts_convert_into_each_other() {
+    use cortiq_formats::cmf::Cmf;
+    let dir = scratch("layouts");
+    let q8 = |plain: bool| ConvertOptions { plain_experts: plain, ..opts(QuantSpec::To(QuantType::Q8_0)) };
+    let keep = |plain: bool| ConvertOptions { plain_experts: plain, ..opts(QuantSpec::Keep) };
+    let (il, plain) = (dir.join("il.cmf"), dir.join("plain.cmf"));
+    conv(&fixture("qwen3_moe"), &il, &q8(false));
+    conv(&fixture("qwen3_moe"), &plain, &q8(true));
+    let (il_back, plain_back) = (dir.join("il-from-plain.cmf"), dir.join("plain-from-il.cmf"));
+    conv(&plain, &il_back, &keep(false));
+    conv(&il, &plain_back, &keep(true));
+    let same = |a: &Path, b: &Path| {
+        let (a, b) = (Cmf::open(a).unwrap(), Cmf::open(b).unwrap());
+        assert_eq!(a.tensors.len(), b.tensors.len());
+        for (x, y) in a.tensors.iter().zip(&b.tensors) {
+            assert_eq!((&x.name, x.interleaved), (&y.name, y.interleaved));
+            assert!(a.tensor_data(x) == b.tensor_data(y), "{}: bytes differ", x.name);
+        }
+        a.tensors.iter().filter(|t| t.interleaved).map(|t| t.name.clone()).collect::<Vec<_>>()
+    };
+    let interleaved = same(&il, &il_back);
+    assert!(!interleaved.is_empty() && interleaved.iter().all(|n| n.contains("_exps.")), "interleaved: {interleaved:?}");
+    assert!(same(&plain, &plain_back).is_empty());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Detection is by content: a .cmf named model.gguf still opens as one.
 #[test]
 fn detected_by_magic_not_extension() {
