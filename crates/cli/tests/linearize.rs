@@ -443,6 +443,30 @@ fn window_fold_keeps_the_attention_and_adds_the_slot() {
     let dw: &VmfWindow = h2.layers[2].mixer.downcast_ref().expect("layer 2 is still windowed after stage 2");
     assert_ne!(dw.slot.to_f32(), hw.slot.to_f32(), "stage 2 left the slot's map as stage 1 wrote it");
     assert!(ppl(&distilled, &text).is_finite());
+    // Windows that never reach past the sinks and window would train nothing: refused.
+    for stage in ["transfer", "distill"] {
+        let (_, err, ok) = cortiq(&[
+            "polish",
+            "-m",
+            s(&healed),
+            "--teacher",
+            s(&model),
+            "-o",
+            s(&dir.0.join("short.cmf")),
+            "--stage",
+            stage,
+            "--train",
+            s(&fixture("llama").join("README.md")),
+            "--valid",
+            s(&text),
+            "--ctx",
+            "10",
+        ]);
+        assert!(
+            !ok && err.contains("--ctx 10: layer 2 keeps 10 positions exact") && err.trim().lines().count() == 1,
+            "{stage}: {err}"
+        );
+    }
     for (extra, want) in [
         (vec!["--sinks", "2"], "--sinks 2: a setting of --window"),
         (vec!["--window", "20"], "must reach at least 16 positions past them"),

@@ -330,14 +330,17 @@ const CHUNK_F32: usize = 1 << 20;
 
 /// Whether the planned tensor `name` of `dtype` and `shape` (outermost first) is stored
 /// interleaved: a routed experts' matrix (stacked `[experts, rows, cols]` or one expert's
-/// `[rows, cols]`) whose rows per expert are whole groups of `IL_ROWS`, so that every expert is
-/// whole groups of its own, in a type and width with the layout.
+/// `[rows, cols]`) whose rows per expert are whole groups of `IL_ROWS` (each half of a fused
+/// gate|up too), so that every expert is whole groups of its own, in a type and width with the
+/// layout.
 fn interleavable(name: &str, dtype: QuantType, shape: &[u64]) -> bool {
     use cortiq_kernels::quant::{IL_ROWS, ileave_group_bytes, ileave_supported};
     let expert = name.contains("_exps.") && name.ends_with(".weight");
+    // A fused gate|up stack is viewed as two halves per expert: each half whole groups.
+    let group = if name.contains("gate_up_exps") { 2 * IL_ROWS } else { IL_ROWS };
     match shape {
         [.., rows, cols] if expert && shape.len() <= 3 => {
-            (*rows as usize).is_multiple_of(IL_ROWS)
+            (*rows as usize).is_multiple_of(group)
                 && ileave_supported(dtype)
                 && ileave_group_bytes(dtype, *cols as usize).is_some()
         }

@@ -191,7 +191,8 @@ impl QTensor {
             backing,
             offset,
             row_bytes: dtype.row_bytes(cols)?,
-            numerics: Numerics::Fast,
+            // as every new tensor (the library default); `set_numerics` picks the kernels
+            numerics: Numerics::Exact,
             repackable: true,
             il: true,
         })

@@ -78,7 +78,10 @@ pub fn write_polished(
                 if shape.len() == 1 { QuantType::F32 } else { matrix_type }
             }
         };
-        plan.push(PlannedTensor::new(t.name.clone(), dtype, shape));
+        // A tensor copied as stored keeps its layout (a .cmf's interleaved experts); a polished
+        // one is written row-major.
+        let interleaved = t.interleaved && !replaced.contains_key(&t.name);
+        plan.push(PlannedTensor { interleaved, ..PlannedTensor::new(t.name.clone(), dtype, shape) });
     }
     if let Some(name) = replaced.keys().find(|n| !tensors.iter().any(|t| &&t.name == n)) {
         bail!("polished tensor '{name}' is not in the source model");
@@ -138,4 +141,32 @@ fn encode(v: &[f32], dtype: QuantType) -> Result<Vec<u8>> {
         }
         other => bail!("polished tensors are stored as f32 or f16, not {other}"),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cortiq_engine::convert::{ConvertOptions, QuantSpec, convert};
+
+    /// A mixture .cmf whose experts are stored interleaved, written back with nothing polished:
+    /// every tensor keeps its layout and its bytes (an interleaved tensor written as row-major
+    /// would be read as other weights, or refused by its size).
+    #[test]
+    fn copied_tensors_keep_their_layout() {
+        let dir = std::env::temp_dir().join(format!("cortiq-export-layout-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fx = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/fixtures/qwen3_moe");
+        let (src, out) = (dir.join("il.cmf"), dir.join("out.cmf"));
+        let opts = ConvertOptions { quant: QuantSpec::To(QuantType::Q8_0), ..ConvertOptions::default() };
+        convert(&fx, &src, &opts, &|_, _, _| {}).unwrap();
+        let l = cortiq_engine::load::load(&src).unwrap();
+        write_polished(&l, &out, &HashMap::new(), QuantType::F32, None, &[], false).unwrap();
+        let (a, b) = (cmf::Cmf::open(&src).unwrap(), cmf::Cmf::open(&out).unwrap());
+        assert!(a.tensors.iter().any(|t| t.interleaved), "the source has no interleaved tensor: the check tests nothing");
+        for (x, y) in a.tensors.iter().zip(&b.tensors) {
+            assert_eq!((&x.name, x.interleaved), (&y.name, y.interleaved));
+            assert!(a.tensor_data(x) == b.tensor_data(y), "{}: bytes differ", x.name);
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

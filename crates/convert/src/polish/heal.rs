@@ -108,6 +108,29 @@ pub fn load_teacher(h: &Model, hybrid: &std::path::Path, teacher: &str) -> Resul
     Ok((tl, layers))
 }
 
+/// The windowed layers of the hybrid `h`, checked for what the heal trains: an attention the
+/// trainer models (no QK-norms, sinks or gated output: `cortiq_train::vmf_window` has none,
+/// and a layer trained without them would be served with them) and windows of `ctx` tokens that
+/// reach past each layer's sinks and window (else its core and slot never see a key and take
+/// no gradient). Both stages call it.
+pub fn check_windowed(h: &Model, hybrid: &std::path::Path, ctx: usize) -> Result<()> {
+    for (il, l) in h.layers.iter().enumerate() {
+        let Some(w) = l.mixer.downcast_ref::<VmfWindow>() else { continue };
+        let a = &w.att;
+        if a.q_norm.is_some() || a.k_norm.is_some() || a.sinks.is_some() || h.cfg.attn_gate {
+            bail!(
+                "{}: layer {il}'s attention has QK-norms, sinks or a gated output, which the heal of windowed layers does not train",
+                hybrid.display()
+            );
+        }
+        let reach = w.cfg.sinks + w.cfg.window;
+        if ctx <= reach {
+            bail!("--ctx {ctx}: layer {il} keeps {reach} positions exact (sinks + window); the heal's windows must be longer");
+        }
+    }
+    Ok(())
+}
+
 pub fn cmd_polish_heal(a: &PolishArgs, teacher: &str) -> Result<()> {
     if a.out.exists() && !a.force {
         bail!("{} already exists (pass --force to overwrite)", a.out.display());
@@ -123,6 +146,7 @@ pub fn cmd_polish_heal(a: &PolishArgs, teacher: &str) -> Result<()> {
     let hybrid_path = std::path::PathBuf::from(&a.model);
     let hybrid = load(&hybrid_path).with_context(|| format!("loading {}", hybrid_path.display()))?;
     let (tl, layers) = load_teacher(&hybrid.model, &hybrid_path, teacher)?;
+    check_windowed(&hybrid.model, &hybrid_path, a.ctx)?;
     let tok = tl.tokenizer()?;
     let bos = if tok.add_bos() { tok.bos_id() } else { None };
     let n_train = a.far_windows.unwrap_or(32);

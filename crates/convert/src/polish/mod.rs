@@ -583,7 +583,10 @@ pub fn cmd_polish(a: PolishArgs, arm_stop: &dyn Fn()) -> Result<()> {
     let mut loaded = load(&path)?;
     loaded.model.set_numerics(Numerics::Exact);
     let heal_teacher = match &a.teacher {
-        Some(t) => Some(heal::load_teacher(&loaded.model, &path, t)?.0),
+        Some(t) => {
+            heal::check_windowed(&loaded.model, &path, a.ctx)?;
+            Some(heal::load_teacher(&loaded.model, &path, t)?.0)
+        }
         None => None,
     };
     let tok = loaded.tokenizer()?;
