@@ -148,23 +148,7 @@ impl QTensor {
         backing: Backing,
         offset: usize,
     ) -> Option<QTensor> {
-        let row_bytes = dtype.row_bytes(cols)?;
-        let end = offset.checked_add(row_bytes.checked_mul(rows)?)?;
-        if end > backing.bytes().len() {
-            return None;
-        }
-        Some(QTensor {
-            name: name.into(),
-            dtype,
-            rows,
-            cols,
-            backing,
-            offset,
-            row_bytes,
-            numerics: Numerics::Exact,
-            repackable: true,
-            il: false,
-        })
+        QTensor::view(name, dtype, rows, cols, backing, offset, false)
     }
 
     /// A view of `rows × cols` elements of `dtype` stored in the 16-row interleaved layout at
@@ -179,8 +163,27 @@ impl QTensor {
         backing: Backing,
         offset: usize,
     ) -> Option<QTensor> {
-        let end = offset.checked_add(ileave_bytes(dtype, rows, cols)?)?;
-        if !ileave_supported(dtype) || end > backing.bytes().len() {
+        QTensor::view(name, dtype, rows, cols, backing, offset, true)
+    }
+
+    /// `new` (row-major bytes) or `new_interleaved` (`il`): the bytes checked against the
+    /// layout's size; exact numerics, as every new tensor (`set_numerics` picks the kernels).
+    fn view(
+        name: impl Into<String>,
+        dtype: QuantType,
+        rows: usize,
+        cols: usize,
+        backing: Backing,
+        offset: usize,
+        il: bool,
+    ) -> Option<QTensor> {
+        let row_bytes = dtype.row_bytes(cols)?;
+        let size = if il {
+            ileave_supported(dtype).then(|| ileave_bytes(dtype, rows, cols)).flatten()?
+        } else {
+            row_bytes.checked_mul(rows)?
+        };
+        if offset.checked_add(size)? > backing.bytes().len() {
             return None;
         }
         Some(QTensor {
@@ -190,11 +193,10 @@ impl QTensor {
             cols,
             backing,
             offset,
-            row_bytes: dtype.row_bytes(cols)?,
-            // as every new tensor (the library default); `set_numerics` picks the kernels
+            row_bytes,
             numerics: Numerics::Exact,
             repackable: true,
-            il: true,
+            il,
         })
     }
 

@@ -25,7 +25,7 @@ use std::time::Instant;
 use crate::error::{Context, Result, bail};
 use cortiq_engine::config::MixerKind;
 use cortiq_engine::load::load;
-use cortiq_engine::mixers::vmf::{CoreWeights, VmfPhase};
+use cortiq_engine::mixers::vmf::{CoreWeights, VmfConfig, VmfPhase};
 use cortiq_engine::mixers::vmf_window::VmfWindow;
 use cortiq_engine::model::Model;
 use cortiq_kernels::quant::QuantType;
@@ -270,7 +270,13 @@ fn stats<M: TransferMixer<f32>>(m: &M, p: &M::Params, data: &[TransferSeq<f32>])
 pub(crate) fn params_of(l: &VmfPhase) -> (VmfShape, VmfParams<f32>) {
     let c = &l.cfg;
     let w = &l.w;
-    let sh = VmfShape {
+    let sh = vmf_shape(c);
+    (sh, core_params(&w.core, w.v.to_f32(), w.out.to_f32(), w.out_b.clone()))
+}
+
+/// The engine's vmf_phase geometry as the trainer's (a windowed layer's core too).
+fn vmf_shape(c: &VmfConfig) -> VmfShape {
+    VmfShape {
         d_model: c.d_model,
         n_heads: c.n_heads,
         n_states: c.n_k_heads,
@@ -279,8 +285,7 @@ pub(crate) fn params_of(l: &VmfPhase) -> (VmfShape, VmfParams<f32>) {
         conv_kernel: c.conv_kernel,
         k_gate: c.k_gate,
         phase_bias: c.phase_bias,
-    };
-    (sh, core_params(&w.core, w.v.to_f32(), w.out.to_f32(), w.out_b.clone()))
+    }
 }
 
 /// A vmf_phase core's weights with the given value and output projections, as the trainer's.
@@ -310,16 +315,7 @@ fn core_params(c: &CoreWeights, v: Vec<f32>, out: Vec<f32>, out_b: Vec<f32>) -> 
 pub(crate) fn win_params_of(model: &Model, il: usize, l: &VmfWindow) -> (WinShape, WinParams<f32>) {
     let (mc, c, att) = (&model.cfg, &l.cfg, &l.att);
     let rope = &mc.ropes[mc.layers[il].rope];
-    let core = VmfShape {
-        d_model: c.d_model,
-        n_heads: c.n_heads,
-        n_states: c.n_k_heads,
-        nphase: c.nphase,
-        dv: c.d_v,
-        conv_kernel: c.conv_kernel,
-        k_gate: c.k_gate,
-        phase_bias: c.phase_bias,
-    };
+    let core = vmf_shape(c);
     let sh = WinShape { core, sinks: c.sinks, window: c.window, scale: mc.attn_scale as f64, rope: rope.style };
     let or_empty = |b: &Option<Vec<f32>>| b.clone().unwrap_or_default();
     let p = WinParams {
