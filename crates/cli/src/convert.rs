@@ -55,9 +55,11 @@ pub struct ConvertArgs {
     /// With --linear-core: calibration texts (paths or known text names).
     #[arg(long, num_args = 1.., default_value = "alice29.txt")]
     pub calib: Vec<String>,
-    /// With --linear-core: tokens per calibration window.
-    #[arg(long, default_value_t = 512)]
-    pub calib_ctx: usize,
+    /// With --linear-core: tokens per calibration window [default: 512; with --window, 4 ×
+    /// (sinks + window) to the next power of two if more: the fold needs many rows past the
+    /// window]
+    #[arg(long)]
+    pub calib_ctx: Option<usize>,
     /// With --linear-core: calibration windows.
     #[arg(long, default_value_t = 4)]
     pub calib_windows: usize,
@@ -83,6 +85,11 @@ pub struct ConvertArgs {
     /// With --linear-core --window: the first positions every query keeps exactly.
     #[arg(long, default_value_t = 0, value_name = "S")]
     pub sinks: usize,
+    /// With --linear-core --window: `on` splits the budget of n·W exact positions (n converted
+    /// layers) over the layers by what each loses to a short window on the calibration text
+    /// (each from W/4, W/2, W, 3W/2, 2W); `off`: every layer W.
+    #[arg(long, default_value = "on", value_name = "ON", value_parser = ["on", "off"])]
+    pub window_split: String,
 }
 
 fn parse_spec(s: &str) -> std::result::Result<QuantSpec, String> {
@@ -112,19 +119,20 @@ pub fn cmd_convert(a: ConvertArgs) -> Result<()> {
             layers: a.layers.clone(),
             nphase: a.nphase,
             calib: a.calib.iter().map(|n| pull::resolve_text(n)).collect::<Result<_>>()?,
-            ctx: a.calib_ctx,
+            ctx: a.calib_ctx.unwrap_or(if a.window > 0 { (4 * (a.sinks + a.window)).next_power_of_two().max(512) } else { 512 }),
             windows: a.calib_windows,
             recall_weight: a.recall_weight,
             seed: a.seed,
             out_norm: a.out_norm,
             window: a.window,
             sinks: a.sinks,
+            split: a.window_split == "on",
             force: a.force,
         };
         return Ok(cortiq_convert::linearize::linearize(&src, &a.out, &o)?);
     }
-    if a.out_norm || a.window > 0 || a.sinks > 0 {
-        bail!("--out-norm, --window and --sinks are settings of --linear-core");
+    if a.out_norm || a.window > 0 || a.sinks > 0 || a.window_split != "on" {
+        bail!("--out-norm, --window, --sinks and --window-split are settings of --linear-core");
     }
     let opts = ConvertOptions {
         quant: a.quant,

@@ -399,6 +399,65 @@ fn out_norm_fold_puts_the_scales_in_the_gains() {
 /// `--window 8 --sinks 2`: layer 2 keeps its attention tensors as stored and gains the core and
 /// the slot (`VmfWindow`); the fold beats sink+window alone on its calibration rows; the hybrid
 /// runs. The window's settings are checked, one line each.
+/// `--window W` on two layers splits their budget of 2·W exact positions by what each loses to
+/// a short window: each layer's window is a candidate (W/4 .. 2W), the two within the budget,
+/// written to the file and run; the split's summed error is no worse than W on both.
+/// `--window-split off` keeps W on every layer.
+#[test]
+fn window_split_shares_the_budget() {
+    use cortiq_engine::mixers::vmf_window::VmfWindow;
+    let dir = TempDir::new("linearize-split");
+    let model = tiny(&dir);
+    let calib = fixture("llama").join("README.md");
+    let convert = |out: &Path, split: &str| {
+        let args = [
+            "convert",
+            "-m",
+            s(&model),
+            "-o",
+            s(out),
+            "--linear-core",
+            "vmf_phase",
+            "--layers",
+            "2,3",
+            "--calib",
+            s(&calib),
+            "--calib-ctx",
+            "32",
+            "--calib-windows",
+            "2",
+            "--nphase",
+            "4",
+            "--window",
+            "6",
+            "--sinks",
+            "1",
+            "--window-split",
+            split,
+        ];
+        let (_, err, ok) = cortiq(&args);
+        assert!(ok, "convert --window-split {split}: {err}");
+        err
+    };
+    let windows = |out: &Path| -> Vec<usize> {
+        let m = cortiq_engine::load::load(out).unwrap().model;
+        [2, 3].iter().map(|&il| m.layers[il].mixer.downcast_ref::<VmfWindow>().expect("windowed").cfg.window).collect()
+    };
+    let split = dir.0.join("split.cmf");
+    let err = convert(&split, "on");
+    let line = err.lines().find(|l| l.starts_with("window split")).unwrap_or_else(|| panic!("no split line: {err}"));
+    let num = |key: &str| -> f64 { line.split(key).next().unwrap().rsplit(' ').next().unwrap().parse().unwrap() };
+    let (summed, uniform) = (num(" summed"), num(" at 6 on every layer"));
+    assert!(summed <= uniform, "{line}");
+    let w = windows(&split);
+    assert!(w.iter().all(|x| [1, 3, 6, 9, 12].contains(x)) && w.iter().sum::<usize>() <= 12, "{w:?}: {line}");
+    assert!(ppl(&split, &fixture("gemma3").join("README.md")).is_finite());
+    let plain = dir.0.join("plain.cmf");
+    let err = convert(&plain, "off");
+    assert!(!err.contains("window split"), "{err}");
+    assert_eq!(windows(&plain), vec![6, 6]);
+}
+
 #[test]
 fn window_fold_keeps_the_attention_and_adds_the_slot() {
     use cortiq_engine::mixers::attention::Attention;

@@ -60,6 +60,8 @@ use cortiq_formats::cmf::{self, CmfHeader, CmfWriter, Metadata, PlannedTensor, S
 use cortiq_formats::gguf::{MetaValue, TensorInfo};
 use cortiq_kernels::quant::QuantType;
 use cortiq_train::vmf::{CoreCheckpoints, CoreShape, core_forward, phase_forward};
+
+use crate::linearize_window::WinRec;
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// Bandwidths σ tried per KV group.
@@ -89,6 +91,9 @@ pub struct LinearizeOpts {
     /// layer, the core for the keys that left; window 0: the plain core.
     pub window: usize,
     pub sinks: usize,
+    /// With a window: split the budget of n·window exact positions over the n layers by what
+    /// each loses to a short window (`window_split`); off: every layer `window`.
+    pub split: bool,
     pub force: bool,
 }
 
@@ -216,25 +221,26 @@ pub fn linearize(src: &Path, out: &Path, o: &LinearizeOpts) -> Result<()> {
     } else {
         None
     };
+    let win_recs = |il: usize| -> Vec<WinRec> {
+        let Some((qk, v)) = &qkv else { return Vec::new() };
+        rec[&il]
+            .iter()
+            .zip(&qk[&il])
+            .zip(&v[&il])
+            .map(|(((x, y), (q, k)), (v, _))| WinRec { x: x.clone(), q: q.clone(), k: k.clone(), v: v.clone(), y: y.clone() })
+            .collect()
+    };
+    let windows = if o.window > 0 && o.split { split_windows(&cfg, o, &layers, &win_recs) } else { Vec::new() };
+    let plan = VmfPlan { layers: layers.clone(), cfg: vc, windows };
     let mut added: Vec<(String, Vec<u64>, Vec<f32>)> = Vec::new();
     let mut removed: HashSet<String> = HashSet::new();
-    for &il in &layers {
+    for (i, &il) in layers.iter().enumerate() {
         let a: &Attention = model.layers[il].mixer.downcast_ref().context("a dense layer's mixer is attention")?;
-        if let Some((qk, v)) = &qkv {
-            let recs: Vec<crate::linearize_window::WinRec> = rec[&il]
-                .iter()
-                .zip(&qk[&il])
-                .zip(&v[&il])
-                .map(|(((x, y), (q, k)), (v, _))| crate::linearize_window::WinRec {
-                    x: x.clone(),
-                    q: q.clone(),
-                    k: k.clone(),
-                    v: v.clone(),
-                    y: y.clone(),
-                })
-                .collect();
+        if qkv.is_some() {
+            let recs = win_recs(il);
             let seed = o.seed.wrapping_add(il as u64);
-            let (tensors, report) = crate::linearize_window::fold_window(&vc, &a.w, &recs, o.ctx, cfg.attn_scale as f64, seed);
+            let lc = plan.layer_config(i);
+            let (tensors, report) = crate::linearize_window::fold_window(&lc, &a.w, &recs, o.ctx, cfg.attn_scale as f64, seed);
             eprintln!("layer {il:>3}: {report}");
             added.extend(tensors.into_iter().map(|(n, shape, v)| (format!("blk.{il}.{n}"), shape, v)));
             continue;
@@ -249,10 +255,53 @@ pub fn linearize(src: &Path, out: &Path, o: &LinearizeOpts) -> Result<()> {
         }
         added.extend(tensors.into_iter().map(|(n, shape, v)| (format!("blk.{il}.{n}"), shape, v)));
     }
-    let plan = VmfPlan { layers: layers.clone(), cfg: vc };
     let bytes = write_hybrid(&loaded, out, &removed, &added, &plan, o.force)?;
     eprintln!("wrote {} ({:.1} MB) in {:.1}s", out.display(), bytes as f64 / 1e6, t0.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// The window option's split (`window_split`): each layer's window from the candidates around
+/// `o.window`, the budget n·window; printed per layer with sink+window's relative error at its
+/// window and at `o.window`. Empty (every layer `o.window`) where the split does no better.
+fn split_windows(
+    cfg: &cortiq_engine::config::ModelConfig,
+    o: &LinearizeOpts,
+    layers: &[usize],
+    win_recs: &dyn Fn(usize) -> Vec<WinRec>,
+) -> Vec<usize> {
+    let grid = crate::window_split::candidates(o.window, o.sinks, o.ctx);
+    let hs = crate::window_split::Heads {
+        n_heads: cfg.n_heads,
+        n_kv: cfg.n_kv_heads,
+        head_dim: cfg.head_dim,
+        sinks: o.sinks,
+        scale: cfg.attn_scale,
+    };
+    let rel: Vec<Vec<f64>> = layers
+        .iter()
+        .map(|&il| {
+            let (err, yy) = crate::window_split::sink_window_errors(hs, &win_recs(il), o.ctx, &grid);
+            err.iter().map(|e| e / yy.max(1e-30)).collect()
+        })
+        .collect();
+    let at = |l: usize, w: usize| rel[l][grid.iter().position(|&g| g == w).expect("a candidate")];
+    let uniform: f64 = (0..layers.len()).map(|l| at(l, o.window)).sum();
+    let Some(picked) = crate::window_split::allocate(&rel, &grid, layers.len() * o.window) else { return Vec::new() };
+    let split: f64 = picked.iter().enumerate().map(|(l, &w)| at(l, w)).sum();
+    let line: Vec<String> = layers
+        .iter()
+        .zip(&picked)
+        .enumerate()
+        .map(|(l, (il, &w))| format!("{il}:{w} ({:.3}, at {}: {:.3})", at(l, w), o.window, at(l, o.window)))
+        .collect();
+    eprintln!(
+        "window split (budget {} positions; candidates {grid:?}): sink+window alone relative error {split:.3} summed, \
+         {uniform:.3} at {} on every layer; per layer {}",
+        layers.len() * o.window,
+        o.window,
+        line.join(", ")
+    );
+    if split < uniform { picked } else { Vec::new() }
 }
 
 /// The converted layers' configuration: one state per KV group, the fold's options, and the
@@ -693,6 +742,9 @@ fn write_hybrid(
                 if c.window > 0 || !matches!(k, "window" | "sinks") {
                     kv.insert(format!("cortiq.vmf_phase.{k}"), u(v));
                 }
+            }
+            if !plan.windows.is_empty() {
+                kv.insert("cortiq.vmf_phase.windows".into(), MetaValue::Array(plan.windows.iter().map(|&x| u(x)).collect()));
             }
             Metadata::Gguf { kv: TypedKv(kv) }
         }

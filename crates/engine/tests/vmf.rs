@@ -51,6 +51,13 @@ fn bad_configs_are_named() {
         (serde_json::json!({"layers": [1], "nphase": 8, "conv_kernel": 1}), "conv_kernel 1"),
         (serde_json::json!({"layers": [1], "nphase": 8, "phases": 8}), "unknown key 'phases'"),
         (
+            serde_json::json!({"layers": [1, 2], "nphase": 8, "window": 8, "windows": [4]}),
+            "vmf_phase.windows: 1 entries for 2 layers",
+        ),
+        (serde_json::json!({"layers": [1], "nphase": 8, "windows": [4]}), "vmf_phase.windows: 1 entries for 1 layers"),
+        (serde_json::json!({"layers": [1], "nphase": 8, "window": 8, "windows": [0]}), "one window > 0 per layer"),
+        (serde_json::json!({"layers": [1], "nphase": 8, "window": 8, "windows": 4}), "vmf_phase.windows: expected an array"),
+        (
             serde_json::json!({"layers": [1], "nphase": 4, "n_k_heads": 2, "conv_kernel": 4, "k_gate": true, "phase_bias": true}),
             "blk.1.vmf_a_log' has shape [32], expected [16]",
         ),

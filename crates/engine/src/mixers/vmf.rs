@@ -63,14 +63,18 @@ pub const BARE_NAMES: &[Pair] = &[("vmf_attn.A_log", "vmf_a_log"), ("vmf_attn.ph
 pub struct VmfPlan {
     pub layers: Vec<usize>,
     pub cfg: VmfConfig,
+    /// With the window option, each layer's own window (`layers`' order), chosen by the fold
+    /// within a total budget; empty: every layer `cfg.window`.
+    pub windows: Vec<usize>,
 }
 
 impl VmfPlan {
     /// Reads a `vmf_phase` object (config.json; the same keys as GGUF's `cortiq.vmf_phase.*`):
     /// `layers` (required), `nphase` (required), `n_heads`, `n_k_heads`, `head_dim_v`,
-    /// `conv_kernel`, `k_gate`, `phase_bias`, `window`, `sinks`. Defaults: the model's heads and
-    /// head_dim, one state per head (per KV head with a window), no conv, no gate, no bias, no
-    /// window. Err names the bad field.
+    /// `conv_kernel`, `k_gate`, `phase_bias`, `window`, `sinks`, `windows` (each layer's window,
+    /// in `layers`' order). Defaults: the model's heads and head_dim, one state per head (per KV
+    /// head with a window), no conv, no gate, no bias, no window, `window` on every layer. Err
+    /// names the bad field.
     pub fn from_json(v: &Value, cfg: &ModelConfig) -> std::result::Result<VmfPlan, String> {
         let obj = v.as_object().ok_or("vmf_phase: expected an object")?;
         if let Some(k) = obj.keys().find(|k| !KEYS.contains(&k.as_str())) {
@@ -88,58 +92,84 @@ impl VmfPlan {
                 Some(x) => x.as_bool().ok_or(format!("vmf_phase.{k}: expected true or false")),
             }
         };
-        let layers = obj
-            .get("layers")
-            .and_then(Value::as_array)
-            .ok_or("vmf_phase.layers: expected an array of layer indices")?
-            .iter()
-            .map(|x| x.as_u64().map(|x| x as usize).ok_or("vmf_phase.layers: expected layer indices".to_string()))
-            .collect::<std::result::Result<Vec<_>, _>>()?;
-        Raw::read(num, flag, "vmf_phase.nphase")?.plan(layers, cfg)
+        let list = |k: &str| -> std::result::Result<Option<Vec<usize>>, String> {
+            let Some(v) = obj.get(k).filter(|v| !v.is_null()) else { return Ok(None) };
+            v.as_array()
+                .ok_or(format!("vmf_phase.{k}: expected an array of non-negative integers"))?
+                .iter()
+                .map(|x| x.as_u64().map(|x| x as usize).ok_or(format!("vmf_phase.{k}: expected non-negative integers")))
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map(Some)
+        };
+        let layers = list("layers")?.ok_or("vmf_phase.layers: expected an array of layer indices")?;
+        Raw::read(num, flag, "vmf_phase.nphase")?.plan(layers, list("windows")?, cfg)
     }
 
     /// Reads the `cortiq.vmf_phase.*` keys of a GGUF (or a .cmf built from one); None when
     /// `cortiq.vmf_phase.layers` is absent.
     pub fn from_gguf(g: &dyn GgufMeta, cfg: &ModelConfig) -> std::result::Result<Option<VmfPlan>, String> {
         let key = |k: &str| format!("cortiq.vmf_phase.{k}");
-        let Some(list) = g.get(&key("layers")) else { return Ok(None) };
-        let layers = list
-            .as_array()
-            .ok_or("cortiq.vmf_phase.layers: expected an array")?
-            .iter()
-            .map(|x| {
-                x.as_i64()
-                    .filter(|&x| x >= 0)
-                    .map(|x| x as usize)
-                    .ok_or("cortiq.vmf_phase.layers: expected layer indices".to_string())
-            })
-            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let list = |k: &str| -> std::result::Result<Option<Vec<usize>>, String> {
+            let Some(v) = g.get(&key(k)) else { return Ok(None) };
+            v.as_array()
+                .ok_or(format!("{}: expected an array", key(k)))?
+                .iter()
+                .map(|x| {
+                    x.as_i64()
+                        .filter(|&x| x >= 0)
+                        .map(|x| x as usize)
+                        .ok_or(format!("{}: expected non-negative integers", key(k)))
+                })
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map(Some)
+        };
+        let Some(layers) = list("layers")? else { return Ok(None) };
         let num = |k: &str| g.opt_u64(&key(k)).map(|v| v.map(|v| v as usize)).map_err(|e| e.to_string());
         let flag = |k: &str| num(k).map(|v| v.unwrap_or(0) != 0);
-        Raw::read(num, flag, "cortiq.vmf_phase.nphase")?.plan(layers, cfg).map(Some)
+        Raw::read(num, flag, "cortiq.vmf_phase.nphase")?.plan(layers, list("windows")?, cfg).map(Some)
     }
 
     /// The plan as `config.json`'s `vmf_phase` object (every key written).
     pub fn to_json(&self) -> Value {
         let c = &self.cfg;
-        serde_json::json!({
+        let mut v = serde_json::json!({
             "layers": self.layers, "nphase": c.nphase, "n_heads": c.n_heads, "n_k_heads": c.n_k_heads,
             "head_dim_v": c.d_v, "conv_kernel": c.conv_kernel, "k_gate": c.k_gate, "phase_bias": c.phase_bias,
             "window": c.window, "sinks": c.sinks,
-        })
+        });
+        if !self.windows.is_empty() {
+            v["windows"] = serde_json::json!(self.windows);
+        }
+        v
+    }
+
+    /// The configuration of the plan's `i`-th layer (`layers[i]`): `cfg` with its own window.
+    pub fn layer_config(&self, i: usize) -> VmfConfig {
+        VmfConfig { window: self.windows.get(i).copied().unwrap_or(self.cfg.window), ..self.cfg }
     }
 
     /// The model's layers become vmf_phase layers.
     pub fn apply(&self, cfg: &mut ModelConfig) {
-        for &il in &self.layers {
-            cfg.layers[il].mixer = MixerKind::VmfPhase(self.cfg);
+        for (i, &il) in self.layers.iter().enumerate() {
+            cfg.layers[il].mixer = MixerKind::VmfPhase(self.layer_config(i));
             cfg.layers[il].sliding_window = None;
         }
     }
 }
 
-const KEYS: &[&str] =
-    &["layers", "nphase", "n_heads", "n_k_heads", "head_dim_v", "conv_kernel", "k_gate", "phase_bias", "window", "sinks"];
+const KEYS: &[&str] = &[
+    "layers",
+    "nphase",
+    "n_heads",
+    "n_k_heads",
+    "head_dim_v",
+    "conv_kernel",
+    "k_gate",
+    "phase_bias",
+    "window",
+    "sinks",
+    "windows",
+];
 
 /// The fields as read, before the model's defaults and the checks.
 struct Raw {
@@ -173,7 +203,7 @@ impl Raw {
         })
     }
 
-    fn plan(self, mut layers: Vec<usize>, cfg: &ModelConfig) -> std::result::Result<VmfPlan, String> {
+    fn plan(self, layers: Vec<usize>, windows: Option<Vec<usize>>, cfg: &ModelConfig) -> std::result::Result<VmfPlan, String> {
         let n_heads = self.n_heads.unwrap_or(cfg.n_heads);
         // With a window the core's states are the attention's KV heads (it writes their keys'
         // values as they leave the window).
@@ -208,12 +238,24 @@ impl Raw {
         if !cfg.layers.iter().all(|l| l.mixer == MixerKind::Attention) {
             return Err("vmf_phase layers are for dense models (every layer softmax attention)".into());
         }
-        let n = layers.len();
-        layers.sort_unstable();
-        layers.dedup();
-        if layers.len() != n {
+        // Each layer with its window (if given), in layer order.
+        let windows = windows.unwrap_or_default();
+        if !windows.is_empty() && (windows.len() != layers.len() || self.window == 0 || windows.contains(&0)) {
+            return Err(format!(
+                "vmf_phase.windows: {} entries for {} layers; one window > 0 per layer, with the window option on (window > 0)",
+                windows.len(),
+                layers.len()
+            ));
+        }
+        let mut paired: Vec<(usize, Option<usize>)> =
+            layers.iter().enumerate().map(|(i, &il)| (il, windows.get(i).copied())).collect();
+        paired.sort_unstable();
+        paired.dedup_by_key(|p| p.0);
+        if paired.len() != layers.len() {
             return Err("vmf_phase.layers names a layer twice".into());
         }
+        let (layers, windows): (Vec<usize>, Vec<Option<usize>>) = paired.into_iter().unzip();
+        let windows: Vec<usize> = windows.into_iter().flatten().collect();
         let c = VmfConfig {
             d_model: cfg.d_model,
             n_heads,
@@ -226,7 +268,7 @@ impl Raw {
             window: self.window,
             sinks: self.sinks,
         };
-        Ok(VmfPlan { layers, cfg: c })
+        Ok(VmfPlan { layers, cfg: c, windows })
     }
 }
 
