@@ -402,7 +402,7 @@ fn out_norm_fold_puts_the_scales_in_the_gains() {
 /// `--window W` on two layers splits their budget of 2·W exact positions by what each loses to
 /// a short window: each layer's window is a candidate (W/4 .. 2W), the two within the budget,
 /// written to the file and run; the split's summed error is no worse than W on both.
-/// `--window-split off` keeps W on every layer.
+/// `--window-split off` (the default) keeps W on every layer.
 #[test]
 fn window_split_shares_the_budget() {
     use cortiq_engine::mixers::vmf_window::VmfWindow;

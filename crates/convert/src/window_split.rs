@@ -1,5 +1,5 @@
-//! The window option's split (`cortiq convert --linear-core vmf_phase --window W`, on unless
-//! `--window-split off`): the converted layers share a budget of exact positions, n·W for n
+//! The window option's split (`cortiq convert --linear-core vmf_phase --window W --window-split
+//! on`; off by default, see the flag): the converted layers share a budget of exact positions, n·W for n
 //! layers, and each layer gets the window it needs within it. Per layer and candidate window w
 //! (W/4, W/2, W, 3W/2, 2W; each leaving at least half of a calibration window's rows past it),
 //! the error of sink+window alone — the layer's attention output over its sinks and last w keys
