@@ -391,7 +391,8 @@ fn out_norm_fold_puts_the_scales_in_the_gains() {
     assert!(ppl(&out, &text).is_finite());
     let (_, err, ok) = cortiq(&["convert", "-m", s(&model), "-o", s(&dir.0.join("b.cmf")), "--out-norm"]);
     assert!(
-        !ok && err.contains("--out-norm, --window and --sinks are settings of --linear-core") && err.trim().lines().count() == 1,
+        !ok && err.contains("--out-norm, --window, --sinks and --window-split are settings of --linear-core")
+            && err.trim().lines().count() == 1,
         "{err}"
     );
 }

@@ -123,6 +123,12 @@ fn serve_models_on_demand() {
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["done_reason"], "unload", "{}", r.text());
     wait_loaded(&s, &[], Duration::from_secs(10));
+    // `/api/ps` drops a model when its unload starts; the log line comes once its engine has
+    // stopped, a moment later.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !s.log().contains("model 'qwen3_5' unloaded (idle past its keep-alive)") && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert!(s.log().contains("model 'qwen3_5' unloaded (idle past its keep-alive)"), "{}", s.log());
 }
 
