@@ -42,6 +42,11 @@ fn ppl(model: &Path, text: &Path) -> f64 {
 /// `convert --linear-core vmf_phase` of layer 2 alone (2 calibration windows of 32 tokens,
 /// nphase 4) plus `extra`: (stderr, success).
 fn fold_layer2(model: &Path, out: &Path, extra: &[&str]) -> (String, bool) {
+    fold_layers(model, out, "2", extra)
+}
+
+/// `fold_layer2` on the layers of `layers` (a list, as `--layers` takes it).
+fn fold_layers(model: &Path, out: &Path, layers: &str, extra: &[&str]) -> (String, bool) {
     let calib = fixture("llama").join("README.md");
     let mut args = vec![
         "convert",
@@ -52,7 +57,7 @@ fn fold_layer2(model: &Path, out: &Path, extra: &[&str]) -> (String, bool) {
         "--linear-core",
         "vmf_phase",
         "--layers",
-        "2",
+        layers,
         "--calib",
         s(&calib),
         "--calib-ctx",
@@ -409,34 +414,8 @@ fn window_split_shares_the_budget() {
     use cortiq_engine::mixers::vmf_window::VmfWindow;
     let dir = TempDir::new("linearize-split");
     let model = tiny(&dir);
-    let calib = fixture("llama").join("README.md");
     let convert = |out: &Path, split: &str| {
-        let args = [
-            "convert",
-            "-m",
-            s(&model),
-            "-o",
-            s(out),
-            "--linear-core",
-            "vmf_phase",
-            "--layers",
-            "2,3",
-            "--calib",
-            s(&calib),
-            "--calib-ctx",
-            "32",
-            "--calib-windows",
-            "2",
-            "--nphase",
-            "4",
-            "--window",
-            "6",
-            "--sinks",
-            "1",
-            "--window-split",
-            split,
-        ];
-        let (_, err, ok) = cortiq(&args);
+        let (err, ok) = fold_layers(&model, out, "2,3", &["--window", "6", "--sinks", "1", "--window-split", split]);
         assert!(ok, "convert --window-split {split}: {err}");
         err
     };
