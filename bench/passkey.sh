@@ -11,7 +11,8 @@
 #        without it the learned-far rows are skipped)
 # Environment: LENS ("2048 4096", in filler sentences x 10 ≈ tokens), TRIALS (50), BUDGET (128),
 # SINKS (4), OBS (16), CTX (the context each run gets, 8192: a LEN of 4096 is ~4.9k tokens), CORTIQ, ONLY (a comma-separated list of row names to run, e.g.
-# "exact,sink+window,--o1"; default all). Prints a markdown table: retrieval rate per policy and
+# "exact,sink+window,--o1"; default all), NUMERICS (exact; or `fast`, the quantized
+# kernels users run, for the long prompts). Prints a markdown table: retrieval rate per policy and
 # length.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +22,7 @@ CORTIQ=${CORTIQ:-target/release/cortiq}
 [ $# -ge 1 ] || die "usage: bench/passkey.sh MODEL [FAR.cmf]"
 if [ -e "$1" ]; then MODEL=$1; else MODEL=$("$CORTIQ" pull "$1"); fi; FAR=${2:-}
 LENS=${LENS:-2048 4096}; TRIALS=${TRIALS:-50}; BUDGET=${BUDGET:-128}; SINKS=${SINKS:-4}
-OBS=${OBS:-16}; CTX=${CTX:-8192}
+OBS=${OBS:-16}; CTX=${CTX:-8192}; NUMERICS=${NUMERICS:-exact}
 b="--o1-budget $((BUDGET - SINKS)) --kv-sinks $SINKS"
 policies=("exact||$MODEL" "sink+window|$b|$MODEL" "score eviction|$b --kv-evict score|$MODEL"
     "score eviction, voted seal|$b --kv-evict score --kv-evict-obs $OBS|$MODEL")
@@ -44,7 +45,7 @@ prompt() {
     printf '%sWhat is the pass key? The pass key is' "$out"
 }
 echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; $(date -u +%Y-%m-%dT%H:%MZ)"
-echo "command: LENS=\"$LENS\" TRIALS=$TRIALS BUDGET=$BUDGET bench/passkey.sh $* ; greedy, 8 tokens, exact numerics"
+echo "command: LENS=\"$LENS\" TRIALS=$TRIALS BUDGET=$BUDGET bench/passkey.sh $* ; greedy, 8 tokens, $NUMERICS numerics"
 echo
 echo "| policy | flags | $(for l in $LENS; do printf '~%s tokens | ' "$l"; done)"
 echo "|---|---|$(for _ in $LENS; do printf -- '---|'; done)"
@@ -57,7 +58,7 @@ for p in "${policies[@]}"; do
         for ((s = 1; s <= TRIALS; s++)); do
             key=$(( 10000 + (s * 48271) % 90000 ))
             # shellcheck disable=SC2086
-            ans=$("$CORTIQ" run -m "$m" -p "$(prompt "$len" "$key" "$s")" -n 8 --temp 0 --numerics exact --ctx "$CTX" $flags 2>/dev/null) || die "run failed: $name (rerun one trial by hand to see why)"
+            ans=$("$CORTIQ" run -m "$m" -p "$(prompt "$len" "$key" "$s")" -n 8 --temp 0 --numerics "$NUMERICS" --ctx "$CTX" $flags 2>/dev/null) || die "run failed: $name (rerun one trial by hand to see why)"
             [[ "$ans" == *"$key"* ]] && hit=$((hit + 1))
         done
         row+=" $hit/$TRIALS |"
