@@ -202,7 +202,7 @@ fn linear_core_writes_a_hybrid_that_runs() {
         ("x", vec![], "expected auto:F or a comma-separated list"),
         ("1", vec!["--quant", "f16"], "keeps the source's stored weights"),
         ("1", vec!["--nphase", "0"], "--nphase"),
-        ("1", vec!["--f32-as", "q8r"], "keeps the source's stored weights"),
+        ("1", vec!["--keep-embeddings-as", "q8_0"], "keeps the source's stored weights"),
         ("auto:0.5", vec!["--recall-weight", "nan"], "--recall-weight"),
     ] {
         let mut v = args(layers, &dir.0.join("bad.cmf"));
@@ -467,7 +467,20 @@ fn window_fold_keeps_the_attention_and_adds_the_slot() {
     assert_eq!((w.slot.rows, w.slot.cols, w.slot_b.len()), (nh, d, nh));
     assert_eq!(w.core.o_norm.len(), nh * orig.cfg.head_dim, "the window's core runs with its output norm");
     let text = fixture("gemma3").join("README.md");
-    assert!(ppl(&out, &text).is_finite());
+    let p32 = ppl(&out, &text);
+    assert!(p32.is_finite());
+    // `--f32-as q8r`: the same fold, its f32 matrices stored in 8 bits, every other byte kept.
+    let out8 = dir.0.join("hybrid-q8r.cmf");
+    let (err, ok) = fold_layer2(&model, &out8, &["--window", "8", "--sinks", "2", "--f32-as", "q8r"]);
+    assert!(ok && err.contains("stored the fold's f32 matrices as q8r"), "--f32-as q8r: {err}");
+    let h8 = cortiq_engine::load::load(&out8).unwrap().model;
+    let w8: &VmfWindow = h8.layers[2].mixer.downcast_ref().expect("layer 2 is windowed");
+    assert_eq!(w8.slot.dtype.name(), "q8r", "the slot's map");
+    assert_eq!(w8.att.wq.to_f32(), a.w.wq.to_f32(), "the attention's tensors are kept");
+    let p8 = ppl(&out8, &text);
+    // 8-bit rows (one scale per 32 values) move the fold a little, not to another model.
+    assert!((p8 / p32 - 1.0).abs() < 0.02, "q8r {p8} against f32 {p32}");
+    assert!(!dir.0.join("hybrid-q8r.cmf.fold.tmp").exists(), "the temporary fold is removed");
     // Both stages of the heal train the windowed layer (exact part, core and slot); the healed
     // files keep it windowed and run.
     let healed = dir.0.join("healed.cmf");
