@@ -27,7 +27,7 @@
 //! verify equals single steps bit for bit. Written here rather than taken from a crate: it is
 //! a step of the model's forward.
 
-use cortiq_kernels::dot::{axpy, dot};
+use cortiq_kernels::kvattn::{Exp, KvRows, ScoreRule, Split, attend_split, merge, part_len};
 use cortiq_kernels::vmf::{self as kvmf, CHUNK};
 
 use crate::config::{LayerSpec, ModelConfig};
@@ -215,46 +215,53 @@ impl VmfWindow {
         if !self.core.o_norm.is_empty() {
             fo = kvmf::out_norm(&fo, &self.core.o_norm, hd);
         }
-        // The softmax over the near keys and the slot, one task per (row, head): f32 with the
-        // kernels' SIMD dot and axpy (a decode step's 18 windowed layers of a 24-layer model
-        // spent 3.4 ms here in f64 scalar loops, 2026-12-07, AVX-512).
+        // The softmax over the near keys and the slot, one task per (row, kv head): the group's
+        // near keys and values gathered in position order (from the ring and this call's rows),
+        // the decode attention kernel over them for the group's query heads at once, and the
+        // slot merged as one more partial (m = b, l = 1, sums = the core's output). Gathered in
+        // position order, a row's value does not depend on how the sequence was cut into calls.
+        // (A decode step's 18 windowed layers of a 24-layer model spent 3.4 ms here in f64
+        // scalar loops; BENCHMARKS.md, 2026-12-07, "the three-quarter hybrid at 32k tokens".)
         let span = profile::span(Op::Attention);
+        let rule = ScoreRule { scale, softcap: None, exp: Exp::Libm };
+        let pl = part_len(hd);
         let mut o = vec![0f32; n * nh * hd]; // [n, n_heads, hd]
         let ring = &*st;
-        pool().for_rows_mut(&mut o, hd, 4, |idx0, out| {
-            let (mut sc, mut acc) = (Vec::with_capacity(s + w + 1), vec![0f32; hd]);
-            for (ii, orow) in out.chunks_exact_mut(hd).enumerate() {
-                let (i, h) = ((idx0 + ii) / nh, (idx0 + ii) % nh);
+        pool().for_rows_mut(&mut o, g * hd, 1, |idx0, out| {
+            let (mut ks, mut vs, mut scratch) = (Vec::with_capacity((s + w) * hd), Vec::with_capacity((s + w) * hd), Vec::new());
+            let (mut parts, mut slot) = (vec![0f32; g * pl], vec![0f32; pl]);
+            for (ii, orows) in out.chunks_exact_mut(g * hd).enumerate() {
+                let (i, kh) = ((idx0 + ii) / nk, (idx0 + ii) % nk);
                 let t = pos0 + i;
-                let qh = &r.q[((i0 + i) * nh + h) * hd..][..hd];
-                let off = (h / g) * hd;
-                let key = |j: usize| -> (&[f32], &[f32]) {
-                    if j >= pos0 {
+                let off = kh * hd;
+                ks.clear();
+                vs.clear();
+                for j in (0..s.min(t + 1)).chain((t + 1).saturating_sub(w).max(s)..=t) {
+                    let (kr, vr) = if j >= pos0 {
                         let jr = (i0 + j - pos0) * kvd + off;
                         (&r.k[jr..][..hd], &r.v[jr..][..hd])
                     } else {
                         let sl = slot_of(c, j) * kvd + off;
                         (&ring.k[sl..][..hd], &ring.v[sl..][..hd])
-                    }
-                };
-                let near = (0..s.min(t + 1)).chain((t + 1).saturating_sub(w).max(s)..=t);
-                sc.clear();
-                sc.extend(near.clone().map(|j| dot(qh, key(j).0) * scale));
-                let b = r.b[(i0 + i) * nh + h];
-                let on = t >= s + w;
-                let m = sc.iter().fold(if on { b } else { f32::NEG_INFINITY }, |m, &x| m.max(x));
-                acc.fill(0.0);
-                let mut den = 0f32;
-                for (j, &x) in near.zip(sc.iter()) {
-                    let e = (x - m).exp();
-                    den += e;
-                    axpy(e, key(j).1, &mut acc);
+                    };
+                    ks.extend_from_slice(kr);
+                    vs.extend_from_slice(vr);
                 }
-                let eb = if on { (b - m).exp() } else { 0.0 };
-                den += eb;
-                let fr = &fo[(i * nh + h) * hd..][..hd];
-                for ((o, &a), &fv) in orow.iter_mut().zip(acc.iter()).zip(fr) {
-                    *o = (a + eb * fv) / den;
+                let split =
+                    Split { keys: KvRows::F32(&ks), vals: KvRows::F32(&vs), stride: hd, off: 0, row0: 0, n: ks.len() / hd };
+                let q = &r.q[((i0 + i) * nh + kh * g) * hd..][..g * hd];
+                attend_split(q, hd, g, &split, &rule, &mut scratch, &mut parts);
+                for (hh, orow) in orows.chunks_exact_mut(hd).enumerate() {
+                    let h = kh * g + hh;
+                    let part = &parts[hh * pl..][..pl];
+                    if t >= s + w {
+                        slot[0] = r.b[(i0 + i) * nh + h];
+                        slot[1] = 1.0;
+                        slot[2..].copy_from_slice(&fo[(i * nh + h) * hd..][..hd]);
+                        merge([part, &slot[..]].into_iter(), rule.exp, orow);
+                    } else {
+                        merge(std::iter::once(part), rule.exp, orow);
+                    }
                 }
             }
         });
