@@ -21,7 +21,8 @@ whose only secret is its time.
 
 usage: bench/humaneval.py --model M [--model M2 ...] [--cortiq target/release/cortiq]
        [--clients 4] [--threads 2] [--limit N] [--json FILE]
-Prints a markdown table: per model pass@1, passed/total, tokens generated, wall time.
+Prints a markdown table: per model pass@1, passed/total, tokens generated, the median and longest
+sequence (prompt + answer tokens: what a windowed hybrid's window covers), wall time.
 """
 import argparse
 import concurrent.futures
@@ -112,7 +113,8 @@ def ask(port, prob, max_tokens):
     if r.status != 200:
         raise RuntimeError("HTTP %d: %s" % (r.status, data[:300]))
     out = json.loads(data)
-    return out["choices"][0]["message"].get("content") or "", out["usage"]["completion_tokens"]
+    u = out["usage"]
+    return out["choices"][0]["message"].get("content") or "", u["completion_tokens"], u["prompt_tokens"]
 
 
 def evaluate(a, model, probs):
@@ -131,10 +133,11 @@ def evaluate(a, model, probs):
         srv.wait()
         log.close()
     results = []
-    for p, (answer, ntok) in zip(probs, answers):
+    for p, (answer, ntok, nprompt) in zip(probs, answers):
         program = code_of(answer, p) + "\n\n" + p["test"] + "\n\ncheck(%s)\n" % p["entry_point"]
         ok, why = run_program(program, a.timeout)
-        results.append({"task_id": p["task_id"], "passed": ok, "why": why, "tokens": ntok, "answer": answer})
+        results.append({"task_id": p["task_id"], "passed": ok, "why": why, "tokens": ntok, "prompt_tokens": nprompt,
+                        "answer": answer})
     return results, wall
 
 
@@ -156,14 +159,15 @@ def main():
     if a.limit:
         probs = probs[:a.limit]
     report = {}
-    print("| model | pass@1 | passed | tokens | wall |")
-    print("|---|---|---|---|---|")
+    print("| model | pass@1 | passed | tokens | prompt + answer: median / max | wall |")
+    print("|---|---|---|---|---|---|")
     for model in a.model:
         results, wall = evaluate(a, model, probs)
         passed = sum(r["passed"] for r in results)
         toks = sum(r["tokens"] for r in results)
-        print("| %s | %.1f%% | %d/%d | %d | %.0f s |" % (model, 100.0 * passed / len(results), passed, len(results), toks, wall),
-              flush=True)
+        seq = sorted(r["tokens"] + r["prompt_tokens"] for r in results)
+        print("| %s | %.1f%% | %d/%d | %d | %d / %d | %.0f s |" % (model, 100.0 * passed / len(results), passed, len(results),
+                                                              toks, seq[len(seq) // 2], seq[-1], wall), flush=True)
         report[model] = {"pass_at_1": passed / len(results), "passed": passed, "total": len(results), "tokens": toks,
                          "wall_s": wall, "results": results}
     if a.json:
