@@ -10,10 +10,11 @@
 # Usage: bench/passkey.sh MODEL [FAR.cmf]   (MODEL: a known name or a path; FAR: the model polished with `--o1-far linear`;
 #        without it the learned-far rows are skipped)
 # Environment: LENS ("2048 4096", in filler sentences x 10 ≈ tokens), TRIALS (50), BUDGET (128),
-# SINKS (4), OBS (16), CTX (the context each run gets, 8192: a LEN of 4096 is ~4.9k tokens), CORTIQ, ONLY (a comma-separated list of row names to run, e.g.
+# SINKS (4), OBS (16), FIRST (the first trial's number, 1: FIRST=11 TRIALS=40 runs trials 11-50,
+# the keys and depths of a 50-trial run's last 40), CTX (the context each run gets, 8192: a LEN of 4096 is ~4.9k tokens), CORTIQ, ONLY (a comma-separated list of row names to run, e.g.
 # "exact,sink+window,--o1"; default all), NUMERICS (exact; or `fast`, the quantized
 # kernels users run, for the long prompts). Prints a markdown table: retrieval rate per policy and
-# length.
+# length; each trial's result goes to stderr as it ends.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 die() { echo "passkey.sh: $*" >&2; exit 1; }
@@ -22,7 +23,7 @@ CORTIQ=${CORTIQ:-target/release/cortiq}
 [ $# -ge 1 ] || die "usage: bench/passkey.sh MODEL [FAR.cmf]"
 if [ -e "$1" ]; then MODEL=$1; else MODEL=$("$CORTIQ" pull "$1"); fi; FAR=${2:-}
 LENS=${LENS:-2048 4096}; TRIALS=${TRIALS:-50}; BUDGET=${BUDGET:-128}; SINKS=${SINKS:-4}
-OBS=${OBS:-16}; CTX=${CTX:-8192}; NUMERICS=${NUMERICS:-exact}
+OBS=${OBS:-16}; FIRST=${FIRST:-1}; CTX=${CTX:-8192}; NUMERICS=${NUMERICS:-exact}
 b="--o1-budget $((BUDGET - SINKS)) --kv-sinks $SINKS"
 policies=("exact||$MODEL" "sink+window|$b|$MODEL" "score eviction|$b --kv-evict score|$MODEL"
     "score eviction, voted seal|$b --kv-evict score --kv-evict-obs $OBS|$MODEL")
@@ -45,7 +46,7 @@ prompt() {
     printf '%sWhat is the pass key? The pass key is' "$out"
 }
 echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; $(date -u +%Y-%m-%dT%H:%MZ)"
-echo "command: LENS=\"$LENS\" TRIALS=$TRIALS BUDGET=$BUDGET bench/passkey.sh $* ; greedy, 8 tokens, $NUMERICS numerics"
+echo "command: LENS=\"$LENS\" FIRST=$FIRST TRIALS=$TRIALS BUDGET=$BUDGET bench/passkey.sh $* ; greedy, 8 tokens, $NUMERICS numerics"
 echo
 echo "| policy | flags | $(for l in $LENS; do printf '~%s tokens | ' "$l"; done)"
 echo "|---|---|$(for _ in $LENS; do printf -- '---|'; done)"
@@ -55,11 +56,12 @@ for p in "${policies[@]}"; do
     row="| $name | ${flags:--} |"
     for len in $LENS; do
         hit=0
-        for ((s = 1; s <= TRIALS; s++)); do
+        for ((s = FIRST; s < FIRST + TRIALS; s++)); do
             key=$(( 10000 + (s * 48271) % 90000 ))
             # shellcheck disable=SC2086
             ans=$("$CORTIQ" run -m "$m" -p "$(prompt "$len" "$key" "$s")" -n 8 --temp 0 --numerics "$NUMERICS" --ctx "$CTX" $flags 2>/dev/null) || die "run failed: $name (rerun one trial by hand to see why)"
-            [[ "$ans" == *"$key"* ]] && hit=$((hit + 1))
+            if [[ "$ans" == *"$key"* ]]; then hit=$((hit + 1)); r=found; else r="missed (${ans//$'\n'/ })"; fi
+            echo "$name, ~$len, trial $s (key $key): $r; $hit so far" >&2
         done
         row+=" $hit/$TRIALS |"
     done

@@ -86,12 +86,13 @@ pub struct ConvertArgs {
     /// With --linear-core --window: the first positions every query keeps exactly.
     #[arg(long, default_value_t = 0, value_name = "S")]
     pub sinks: usize,
-    /// With --linear-core --window: `on` splits the budget of n·W exact positions (n converted
-    /// layers) over the layers by what each loses to a short window on the calibration text
-    /// (each from W/4, W/2, W, 3W/2, 2W); `off`: every layer W. Off by default: on
-    /// Qwen2.5-Coder-0.5B ½ it lowered perplexity at 1024 tokens (1.041× → 1.028×) and cost
-    /// HumanEval 3.6 points (59.1% → 55.5%), short prompts losing the positions it moved to
-    /// long ones (BENCHMARKS.md, 2026-12-07, "issue 52: the layer choice at the window")
+    /// With --linear-core --window: `on` splits the budget of n·(S + W) exact positions (n
+    /// converted layers) over the layers by what each loses to short sinks and window on the
+    /// calibration text (sinks from S, 4S, 16S; window from W/4, W/2, W, 3W/2, 2W); `off`:
+    /// every layer S + W. Off by default: on Qwen2.5-Coder-0.5B ½ the windows' split alone
+    /// lowered perplexity at 1024 tokens (1.041× → 1.028×) and cost HumanEval 3.6 points
+    /// (59.1% → 55.5%), short prompts losing the positions it moved to long ones (BENCHMARKS.md,
+    /// 2026-12-07, "issue 52: the layer choice at the window")
     #[arg(long, default_value = "off", value_name = "ON", value_parser = ["on", "off"])]
     pub window_split: String,
 }

@@ -405,10 +405,10 @@ fn out_norm_fold_puts_the_scales_in_the_gains() {
 /// `--window 8 --sinks 2`: layer 2 keeps its attention tensors as stored and gains the core and
 /// the slot (`VmfWindow`); the fold beats sink+window alone on its calibration rows; the hybrid
 /// runs. The window's settings are checked, one line each.
-/// `--window W` on two layers splits their budget of 2·W exact positions by what each loses to
-/// a short window: each layer's window is a candidate (W/4 .. 2W), the two within the budget,
-/// written to the file and run; the split's summed error is no worse than W on both.
-/// `--window-split off` (the default) keeps W on every layer.
+/// `--window W --sinks S` on two layers splits their budget of 2·(S + W) exact positions by
+/// what each loses to a short span: each layer's sinks (S, 4S, 16S) and window (W/4 .. 2W) a
+/// candidate, the two within the budget, written to the file and run; the split's summed error
+/// is no worse than (S, W) on both. `--window-split off` (the default) keeps (S, W) on every layer.
 #[test]
 fn window_split_shares_the_budget() {
     use cortiq_engine::mixers::vmf_window::VmfWindow;
@@ -419,23 +419,33 @@ fn window_split_shares_the_budget() {
         assert!(ok, "convert --window-split {split}: {err}");
         err
     };
-    let windows = |out: &Path| -> Vec<usize> {
+    let spans = |out: &Path| -> Vec<(usize, usize)> {
         let m = cortiq_engine::load::load(out).unwrap().model;
-        [2, 3].iter().map(|&il| m.layers[il].mixer.downcast_ref::<VmfWindow>().expect("windowed").cfg.window).collect()
+        [2, 3]
+            .iter()
+            .map(|&il| {
+                let c = m.layers[il].mixer.downcast_ref::<VmfWindow>().expect("windowed").cfg;
+                (c.sinks, c.window)
+            })
+            .collect()
     };
     let split = dir.0.join("split.cmf");
     let err = convert(&split, "on");
     let line = err.lines().find(|l| l.starts_with("window split")).unwrap_or_else(|| panic!("no split line: {err}"));
     let num = |key: &str| -> f64 { line.split(key).next().unwrap().rsplit(' ').next().unwrap().parse().unwrap() };
-    let (summed, uniform) = (num(" summed"), num(" at 6 on every layer"));
+    let (summed, uniform) = (num(" summed"), num(" at 1+6 on every layer"));
     assert!(summed <= uniform, "{line}");
-    let w = windows(&split);
-    assert!(w.iter().all(|x| [1, 3, 6, 9, 12].contains(x)) && w.iter().sum::<usize>() <= 12, "{w:?}: {line}");
+    let got = spans(&split);
+    assert!(
+        got.iter().all(|(s, w)| [1, 4, 16].contains(s) && [1, 3, 6, 9, 12].contains(w))
+            && got.iter().map(|(s, w)| s + w).sum::<usize>() <= 14,
+        "{got:?}: {line}"
+    );
     assert!(ppl(&split, &fixture("gemma3").join("README.md")).is_finite());
     let plain = dir.0.join("plain.cmf");
     let err = convert(&plain, "off");
     assert!(!err.contains("window split"), "{err}");
-    assert_eq!(windows(&plain), vec![6, 6]);
+    assert_eq!(spans(&plain), vec![(1, 6), (1, 6)]);
 }
 
 #[test]

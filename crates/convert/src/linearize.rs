@@ -62,6 +62,7 @@ use cortiq_kernels::quant::QuantType;
 use cortiq_train::vmf::{CoreCheckpoints, CoreShape, core_forward, phase_forward};
 
 use crate::linearize_window::WinRec;
+use crate::window_split::Span;
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// Bandwidths σ tried per KV group.
@@ -91,8 +92,9 @@ pub struct LinearizeOpts {
     /// layer, the core for the keys that left; window 0: the plain core.
     pub window: usize,
     pub sinks: usize,
-    /// With a window: split the budget of n·window exact positions over the n layers by what
-    /// each loses to a short window (`window_split`); off: every layer `window`.
+    /// With a window: split the budget of n·(sinks + window) exact positions over the n layers
+    /// by what each loses to short sinks and window (`window_split`); off: every layer
+    /// `sinks` + `window`.
     pub split: bool,
     pub force: bool,
 }
@@ -230,8 +232,11 @@ pub fn linearize(src: &Path, out: &Path, o: &LinearizeOpts) -> Result<()> {
             .map(|(((x, y), (q, k)), (v, _))| WinRec { x: x.clone(), q: q.clone(), k: k.clone(), v: v.clone(), y: y.clone() })
             .collect()
     };
-    let windows = if o.window > 0 && o.split { split_windows(&cfg, o, &layers, &win_recs) } else { Vec::new() };
-    let plan = VmfPlan { layers: layers.clone(), cfg: vc, windows };
+    let spans = if o.window > 0 && o.split { split_windows(&cfg, o, &layers, &win_recs) } else { Vec::new() };
+    let windows = spans.iter().map(|c| c.window).collect();
+    // (each layer's sinks written only where one differs from --sinks: a file as before otherwise)
+    let layer_sinks = if spans.iter().any(|c| c.sinks != o.sinks) { spans.iter().map(|c| c.sinks).collect() } else { Vec::new() };
+    let plan = VmfPlan { layers: layers.clone(), cfg: vc, windows, layer_sinks };
     let mut added: Vec<(String, Vec<u64>, Vec<f32>)> = Vec::new();
     let mut removed: HashSet<String> = HashSet::new();
     for (i, &il) in layers.iter().enumerate() {
@@ -260,23 +265,19 @@ pub fn linearize(src: &Path, out: &Path, o: &LinearizeOpts) -> Result<()> {
     Ok(())
 }
 
-/// The window option's split (`window_split`): each layer's window from the candidates around
-/// `o.window`, the budget n·window; printed per layer with sink+window's relative error at its
-/// window and at `o.window`. Empty (every layer `o.window`) where the split does no better.
+/// The window option's split (`window_split`): each layer's sinks and window from the
+/// candidates around (`o.sinks`, `o.window`), the budget n·(sinks + window); printed per layer
+/// with sink+window's relative error at its span and at (`o.sinks`, `o.window`). Empty (every
+/// layer at those) where the split does no better.
 fn split_windows(
     cfg: &cortiq_engine::config::ModelConfig,
     o: &LinearizeOpts,
     layers: &[usize],
     win_recs: &dyn Fn(usize) -> Vec<WinRec>,
-) -> Vec<usize> {
+) -> Vec<Span> {
     let grid = crate::window_split::candidates(o.window, o.sinks, o.ctx);
-    let hs = crate::window_split::Heads {
-        n_heads: cfg.n_heads,
-        n_kv: cfg.n_kv_heads,
-        head_dim: cfg.head_dim,
-        sinks: o.sinks,
-        scale: cfg.attn_scale,
-    };
+    let hs =
+        crate::window_split::Heads { n_heads: cfg.n_heads, n_kv: cfg.n_kv_heads, head_dim: cfg.head_dim, scale: cfg.attn_scale };
     let rel: Vec<Vec<f64>> = layers
         .iter()
         .map(|&il| {
@@ -284,24 +285,31 @@ fn split_windows(
             err.iter().map(|e| e / yy.max(1e-30)).collect()
         })
         .collect();
-    let at = |l: usize, w: usize| rel[l][grid.iter().position(|&g| g == w).expect("a candidate")];
-    let uniform: f64 = (0..layers.len()).map(|l| at(l, o.window)).sum();
-    let Some(picked) = crate::window_split::allocate(&rel, &grid, layers.len() * o.window) else { return Vec::new() };
-    let split: f64 = picked.iter().enumerate().map(|(l, &w)| at(l, w)).sum();
+    let base = Span { sinks: o.sinks, window: o.window };
+    let at_base = grid.iter().position(|&c| c == base).expect("the base span is a candidate");
+    let uniform: f64 = rel.iter().map(|r| r[at_base]).sum();
+    let costs: Vec<usize> = grid.iter().map(|c| c.cost()).collect();
+    let Some(picked) = crate::window_split::allocate(&rel, &costs, layers.len() * base.cost()) else { return Vec::new() };
+    let split: f64 = picked.iter().zip(&rel).map(|(&gi, r)| r[gi]).sum();
     let line: Vec<String> = layers
         .iter()
         .zip(&picked)
-        .enumerate()
-        .map(|(l, (il, &w))| format!("{il}:{w} ({:.3}, at {}: {:.3})", at(l, w), o.window, at(l, o.window)))
+        .zip(&rel)
+        .map(|((il, &gi), r)| {
+            format!("{il}:{}+{} ({:.3}, at {}+{}: {:.3})", grid[gi].sinks, grid[gi].window, r[gi], o.sinks, o.window, r[at_base])
+        })
         .collect();
     eprintln!(
-        "window split (budget {} positions; candidates {grid:?}): sink+window alone relative error {split:.3} summed, \
-         {uniform:.3} at {} on every layer; per layer {}",
-        layers.len() * o.window,
+        "window split (budget {} positions; sinks {:?}, windows {:?}): sink+window alone relative error {split:.3} summed, \
+         {uniform:.3} at {}+{} on every layer; per layer (sinks+window) {}",
+        layers.len() * base.cost(),
+        grid.iter().map(|c| c.sinks).collect::<std::collections::BTreeSet<_>>(),
+        grid.iter().map(|c| c.window).collect::<std::collections::BTreeSet<_>>(),
+        o.sinks,
         o.window,
         line.join(", ")
     );
-    if split < uniform { picked } else { Vec::new() }
+    if split < uniform { picked.iter().map(|&gi| grid[gi]).collect() } else { Vec::new() }
 }
 
 /// The converted layers' configuration: one state per KV group, the fold's options, and the
@@ -743,8 +751,10 @@ fn write_hybrid(
                     kv.insert(format!("cortiq.vmf_phase.{k}"), u(v));
                 }
             }
-            if !plan.windows.is_empty() {
-                kv.insert("cortiq.vmf_phase.windows".into(), MetaValue::Array(plan.windows.iter().map(|&x| u(x)).collect()));
+            for (k, v) in [("windows", &plan.windows), ("layer_sinks", &plan.layer_sinks)] {
+                if !v.is_empty() {
+                    kv.insert(format!("cortiq.vmf_phase.{k}"), MetaValue::Array(v.iter().map(|&x| u(x)).collect()));
+                }
             }
             Metadata::Gguf { kv: TypedKv(kv) }
         }

@@ -58,6 +58,11 @@ fn bad_configs_are_named() {
         (serde_json::json!({"layers": [1], "nphase": 8, "window": 8, "windows": [0]}), "one window > 0 per layer"),
         (serde_json::json!({"layers": [1], "nphase": 8, "window": 8, "windows": 4}), "vmf_phase.windows: expected an array"),
         (
+            serde_json::json!({"layers": [1, 2], "nphase": 8, "window": 8, "layer_sinks": [4]}),
+            "vmf_phase.layer_sinks: 1 entries for 2 layers",
+        ),
+        (serde_json::json!({"layers": [1], "nphase": 8, "layer_sinks": [4]}), "with the window option on"),
+        (
             serde_json::json!({"layers": [1], "nphase": 4, "n_k_heads": 2, "conv_kernel": 4, "k_gate": true, "phase_bias": true}),
             "blk.1.vmf_a_log' has shape [32], expected [16]",
         ),
@@ -165,4 +170,19 @@ fn bad_window_configs_are_named() {
         }
         assert_refused(&dir, &c, &edit, want);
     }
+}
+
+/// Each layer's window and sinks (`windows`, `layer_sinks`, written by the fold's split) follow
+/// their layer when `layers` is given out of order, reach the layer's configuration, and survive
+/// the plan's own JSON.
+#[test]
+fn per_layer_windows_and_sinks_follow_their_layers() {
+    use cortiq_engine::mixers::vmf::VmfPlan;
+    let cfg = cortiq_engine::load::load(&fixture("llama")).expect("load").model.cfg;
+    let v = serde_json::json!({"layers": [3, 1], "nphase": 8, "window": 8, "sinks": 2, "windows": [4, 6], "layer_sinks": [0, 5]});
+    let plan = VmfPlan::from_json(&v, &cfg).expect("a valid plan");
+    assert_eq!((plan.layers.clone(), plan.windows.clone(), plan.layer_sinks.clone()), (vec![1, 3], vec![6, 4], vec![5, 0]));
+    let (a, b) = (plan.layer_config(0), plan.layer_config(1));
+    assert_eq!(((a.window, a.sinks), (b.window, b.sinks)), ((6, 5), (4, 0)));
+    assert_eq!(VmfPlan::from_json(&plan.to_json(), &cfg).expect("its own JSON"), plan);
 }

@@ -66,13 +66,16 @@ pub struct VmfPlan {
     /// With the window option, each layer's own window (`layers`' order), chosen by the fold
     /// within a total budget; empty: every layer `cfg.window`.
     pub windows: Vec<usize>,
+    /// With the window option, each layer's own sinks (`layers`' order), chosen with the
+    /// windows; empty: every layer `cfg.sinks`.
+    pub layer_sinks: Vec<usize>,
 }
 
 impl VmfPlan {
     /// Reads a `vmf_phase` object (config.json; the same keys as GGUF's `cortiq.vmf_phase.*`):
     /// `layers` (required), `nphase` (required), `n_heads`, `n_k_heads`, `head_dim_v`,
-    /// `conv_kernel`, `k_gate`, `phase_bias`, `window`, `sinks`, `windows` (each layer's window,
-    /// in `layers`' order). Defaults: the model's heads and head_dim, one state per head (per KV
+    /// `conv_kernel`, `k_gate`, `phase_bias`, `window`, `sinks`, `windows` and `layer_sinks`
+    /// (each layer's window and sinks, in `layers`' order). Defaults: the model's heads and head_dim, one state per head (per KV
     /// head with a window), no conv, no gate, no bias, no window, `window` on every layer. Err
     /// names the bad field.
     pub fn from_json(v: &Value, cfg: &ModelConfig) -> std::result::Result<VmfPlan, String> {
@@ -102,7 +105,7 @@ impl VmfPlan {
                 .map(Some)
         };
         let layers = list("layers")?.ok_or("vmf_phase.layers: expected an array of layer indices")?;
-        Raw::read(num, flag, "vmf_phase.nphase")?.plan(layers, list("windows")?, cfg)
+        Raw::read(num, flag, "vmf_phase.nphase")?.plan(layers, list("windows")?, list("layer_sinks")?, cfg)
     }
 
     /// Reads the `cortiq.vmf_phase.*` keys of a GGUF (or a .cmf built from one); None when
@@ -126,7 +129,7 @@ impl VmfPlan {
         let Some(layers) = list("layers")? else { return Ok(None) };
         let num = |k: &str| g.opt_u64(&key(k)).map(|v| v.map(|v| v as usize)).map_err(|e| e.to_string());
         let flag = |k: &str| num(k).map(|v| v.unwrap_or(0) != 0);
-        Raw::read(num, flag, "cortiq.vmf_phase.nphase")?.plan(layers, list("windows")?, cfg).map(Some)
+        Raw::read(num, flag, "cortiq.vmf_phase.nphase")?.plan(layers, list("windows")?, list("layer_sinks")?, cfg).map(Some)
     }
 
     /// The plan as `config.json`'s `vmf_phase` object (every key written).
@@ -140,12 +143,20 @@ impl VmfPlan {
         if !self.windows.is_empty() {
             v["windows"] = serde_json::json!(self.windows);
         }
+        if !self.layer_sinks.is_empty() {
+            v["layer_sinks"] = serde_json::json!(self.layer_sinks);
+        }
         v
     }
 
-    /// The configuration of the plan's `i`-th layer (`layers[i]`): `cfg` with its own window.
+    /// The configuration of the plan's `i`-th layer (`layers[i]`): `cfg` with its own window
+    /// and sinks.
     pub fn layer_config(&self, i: usize) -> VmfConfig {
-        VmfConfig { window: self.windows.get(i).copied().unwrap_or(self.cfg.window), ..self.cfg }
+        VmfConfig {
+            window: self.windows.get(i).copied().unwrap_or(self.cfg.window),
+            sinks: self.layer_sinks.get(i).copied().unwrap_or(self.cfg.sinks),
+            ..self.cfg
+        }
     }
 
     /// The model's layers become vmf_phase layers.
@@ -169,6 +180,7 @@ const KEYS: &[&str] = &[
     "window",
     "sinks",
     "windows",
+    "layer_sinks",
 ];
 
 /// The fields as read, before the model's defaults and the checks.
@@ -203,7 +215,13 @@ impl Raw {
         })
     }
 
-    fn plan(self, layers: Vec<usize>, windows: Option<Vec<usize>>, cfg: &ModelConfig) -> std::result::Result<VmfPlan, String> {
+    fn plan(
+        self,
+        layers: Vec<usize>,
+        windows: Option<Vec<usize>>,
+        layer_sinks: Option<Vec<usize>>,
+        cfg: &ModelConfig,
+    ) -> std::result::Result<VmfPlan, String> {
         let n_heads = self.n_heads.unwrap_or(cfg.n_heads);
         // With a window the core's states are the attention's KV heads (it writes their keys'
         // values as they leave the window).
@@ -238,7 +256,7 @@ impl Raw {
         if !cfg.layers.iter().all(|l| l.mixer == MixerKind::Attention) {
             return Err("vmf_phase layers are for dense models (every layer softmax attention)".into());
         }
-        // Each layer with its window (if given), in layer order.
+        // Each layer with its window and sinks (if given), in layer order.
         let windows = windows.unwrap_or_default();
         if !windows.is_empty() && (windows.len() != layers.len() || self.window == 0 || windows.contains(&0)) {
             return Err(format!(
@@ -247,15 +265,24 @@ impl Raw {
                 layers.len()
             ));
         }
-        let mut paired: Vec<(usize, Option<usize>)> =
-            layers.iter().enumerate().map(|(i, &il)| (il, windows.get(i).copied())).collect();
+        let layer_sinks = layer_sinks.unwrap_or_default();
+        if !layer_sinks.is_empty() && (layer_sinks.len() != layers.len() || self.window == 0) {
+            return Err(format!(
+                "vmf_phase.layer_sinks: {} entries for {} layers; one per layer, with the window option on (window > 0)",
+                layer_sinks.len(),
+                layers.len()
+            ));
+        }
+        let mut paired: Vec<(usize, Option<usize>, Option<usize>)> =
+            layers.iter().enumerate().map(|(i, &il)| (il, windows.get(i).copied(), layer_sinks.get(i).copied())).collect();
         paired.sort_unstable();
         paired.dedup_by_key(|p| p.0);
         if paired.len() != layers.len() {
             return Err("vmf_phase.layers names a layer twice".into());
         }
-        let (layers, windows): (Vec<usize>, Vec<Option<usize>>) = paired.into_iter().unzip();
-        let windows: Vec<usize> = windows.into_iter().flatten().collect();
+        let layers: Vec<usize> = paired.iter().map(|p| p.0).collect();
+        let windows: Vec<usize> = paired.iter().filter_map(|p| p.1).collect();
+        let layer_sinks: Vec<usize> = paired.iter().filter_map(|p| p.2).collect();
         let c = VmfConfig {
             d_model: cfg.d_model,
             n_heads,
@@ -268,7 +295,7 @@ impl Raw {
             window: self.window,
             sinks: self.sinks,
         };
-        Ok(VmfPlan { layers, cfg: c, windows })
+        Ok(VmfPlan { layers, cfg: c, windows, layer_sinks })
     }
 }
 
