@@ -8,11 +8,14 @@
 #                   each 2,000 bytes of code-train (from offsets 0, 80,000, 160,000, 240,000)
 #                   then 2,000 bytes of alice29 (from offsets 0, 40,000, 80,000, 120,000),
 #                   ~4 windows of 1024 tokens
+#   mixB.txt        with BLOCKS=B (not 4): B such blocks, from offsets i·320,000/B of code-train
+#                   and i·160,000/B of alice29 (B up to 16; BLOCKS=16: ~15 windows of 1024
+#                   tokens, for `--calib-windows 16`)
 # The standard library is the running python3's (3.11.7 for the published figures; another
 # version gives other bytes, and the script says which it used).
 #
 # Usage: bench/code_texts.sh [OUT]   (default /tmp/code_texts; prints the three paths)
-# Environment: CORTIQ (to fetch alice29.txt into the cache when it is missing).
+# Environment: BLOCKS (4), CORTIQ (to fetch alice29.txt into the cache when it is missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-/tmp/code_texts}; CORTIQ=${CORTIQ:-target/release/cortiq}
@@ -30,11 +33,14 @@ if [ ! -f "$alice" ]; then
     [ -f "$alice" ] || { echo "code_texts.sh: could not fetch alice29.txt" >&2; exit 1; }
 fi
 # (files, not pipes into head: under pipefail a reader that stops early fails the writer)
-for i in 0 1 2 3; do
-    tail -c +$((i * 80000 + 1)) "$OUT/code-train.txt.tmp" >"$OUT/block.tmp"; head -c 2000 "$OUT/block.tmp"
+BLOCKS=${BLOCKS:-4}
+[[ "$BLOCKS" =~ ^[0-9]+$ ]] && [ "$BLOCKS" -ge 1 ] && [ "$BLOCKS" -le 16 ] || { echo "code_texts.sh: BLOCKS must be 1..16" >&2; exit 1; }
+mix=mix; [ "$BLOCKS" -eq 4 ] || mix=mix$BLOCKS
+for ((i = 0; i < BLOCKS; i++)); do
+    tail -c +$((i * 320000 / BLOCKS + 1)) "$OUT/code-train.txt.tmp" >"$OUT/block.tmp"; head -c 2000 "$OUT/block.tmp"
     printf '\n\n'
-    tail -c +$((i * 40000 + 1)) "$alice" >"$OUT/block.tmp"; head -c 2000 "$OUT/block.tmp"
+    tail -c +$((i * 160000 / BLOCKS + 1)) "$alice" >"$OUT/block.tmp"; head -c 2000 "$OUT/block.tmp"
     printf '\n\n'
-done >"$OUT/mix.txt.tmp"
+done >"$OUT/$mix.txt.tmp"
 rm -f "$OUT/block.tmp"
-for f in code-train code-valid mix; do mv "$OUT/$f.txt.tmp" "$OUT/$f.txt"; echo "$OUT/$f.txt"; done
+for f in code-train code-valid $mix; do mv "$OUT/$f.txt.tmp" "$OUT/$f.txt"; echo "$OUT/$f.txt"; done

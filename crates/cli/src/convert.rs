@@ -92,7 +92,9 @@ pub struct ConvertArgs {
     /// every layer S + W. Off by default: on Qwen2.5-Coder-0.5B ½ the windows' split alone
     /// lowered perplexity at 1024 tokens (1.041× → 1.028×) and cost HumanEval 3.6 points
     /// (59.1% → 55.5%), short prompts losing the positions it moved to long ones (BENCHMARKS.md,
-    /// 2026-12-07, "issue 52: the layer choice at the window")
+    /// 2026-12-07, "issue 52: the layer choice at the window"); with each layer's sinks chosen
+    /// too, 1.041× → 1.029× and HumanEval 53.7% → 54.9%, within its noise ("issue 52: passkey
+    /// at 8k and 32k")
     #[arg(long, default_value = "off", value_name = "ON", value_parser = ["on", "off"])]
     pub window_split: String,
 }
