@@ -75,9 +75,9 @@ impl VmfPlan {
     /// Reads a `vmf_phase` object (config.json; the same keys as GGUF's `cortiq.vmf_phase.*`):
     /// `layers` (required), `nphase` (required), `n_heads`, `n_k_heads`, `head_dim_v`,
     /// `conv_kernel`, `k_gate`, `phase_bias`, `window`, `sinks`, `windows` and `layer_sinks`
-    /// (each layer's window and sinks, in `layers`' order). Defaults: the model's heads and head_dim, one state per head (per KV
-    /// head with a window), no conv, no gate, no bias, no window, `window` on every layer. Err
-    /// names the bad field.
+    /// (each layer's window and sinks, in `layers`' order). Defaults: the model's heads and
+    /// head_dim, one state per head (per KV head with a window), no conv, no gate, no bias, no
+    /// window, `window` and `sinks` on every layer. Err names the bad field.
     pub fn from_json(v: &Value, cfg: &ModelConfig) -> std::result::Result<VmfPlan, String> {
         let obj = v.as_object().ok_or("vmf_phase: expected an object")?;
         if let Some(k) = obj.keys().find(|k| !KEYS.contains(&k.as_str())) {
