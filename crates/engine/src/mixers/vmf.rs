@@ -257,22 +257,8 @@ impl Raw {
             return Err("vmf_phase layers are for dense models (every layer softmax attention)".into());
         }
         // Each layer with its window and sinks (if given), in layer order.
-        let windows = windows.unwrap_or_default();
-        if !windows.is_empty() && (windows.len() != layers.len() || self.window == 0 || windows.contains(&0)) {
-            return Err(format!(
-                "vmf_phase.windows: {} entries for {} layers; one window > 0 per layer, with the window option on (window > 0)",
-                windows.len(),
-                layers.len()
-            ));
-        }
-        let layer_sinks = layer_sinks.unwrap_or_default();
-        if !layer_sinks.is_empty() && (layer_sinks.len() != layers.len() || self.window == 0) {
-            return Err(format!(
-                "vmf_phase.layer_sinks: {} entries for {} layers; one per layer, with the window option on (window > 0)",
-                layer_sinks.len(),
-                layers.len()
-            ));
-        }
+        let windows = per_layer("windows", windows, &layers, self.window, false)?;
+        let layer_sinks = per_layer("layer_sinks", layer_sinks, &layers, self.window, true)?;
         let mut paired: Vec<(usize, Option<usize>, Option<usize>)> =
             layers.iter().enumerate().map(|(i, &il)| (il, windows.get(i).copied(), layer_sinks.get(i).copied())).collect();
         paired.sort_unstable();
@@ -297,6 +283,27 @@ impl Raw {
         };
         Ok(VmfPlan { layers, cfg: c, windows, layer_sinks })
     }
+}
+
+/// A per-layer list of the plan (`windows`, `layer_sinks`): absent or empty, or one entry per
+/// layer of `layers` (zero allowed only where `zero_ok`), and only with the window option on.
+fn per_layer(
+    key: &str,
+    list: Option<Vec<usize>>,
+    layers: &[usize],
+    window: usize,
+    zero_ok: bool,
+) -> std::result::Result<Vec<usize>, String> {
+    let list = list.unwrap_or_default();
+    if !list.is_empty() && (list.len() != layers.len() || window == 0 || (!zero_ok && list.contains(&0))) {
+        let each = if zero_ok { "one per layer" } else { "one window > 0 per layer" };
+        return Err(format!(
+            "vmf_phase.{key}: {} entries for {} layers; {each}, with the window option on (window > 0)",
+            list.len(),
+            layers.len()
+        ));
+    }
+    Ok(list)
 }
 
 /// Applies the `vmf_phase` object of an HF config (if any) to the model built from it.
