@@ -223,14 +223,9 @@ pub fn linearize(src: &Path, out: &Path, o: &LinearizeOpts) -> Result<()> {
     } else {
         None
     };
-    let win_recs = |il: usize| -> Vec<WinRec> {
+    let win_recs = |il: usize| -> Vec<WinRec<'_>> {
         let Some((qk, v)) = &qkv else { return Vec::new() };
-        rec[&il]
-            .iter()
-            .zip(&qk[&il])
-            .zip(&v[&il])
-            .map(|(((x, y), (q, k)), (v, _))| WinRec { x: x.clone(), q: q.clone(), k: k.clone(), v: v.clone(), y: y.clone() })
-            .collect()
+        rec[&il].iter().zip(&qk[&il]).zip(&v[&il]).map(|(((x, y), (q, k)), (v, _))| WinRec { x, q, k, v, y }).collect()
     };
     let spans = if o.window > 0 && o.split { split_windows(&cfg, o, &layers, &win_recs) } else { Vec::new() };
     let windows = spans.iter().map(|c| c.window).collect();
@@ -269,11 +264,11 @@ pub fn linearize(src: &Path, out: &Path, o: &LinearizeOpts) -> Result<()> {
 /// candidates around (`o.sinks`, `o.window`), the budget n·(sinks + window); printed per layer
 /// with sink+window's relative error at its span and at (`o.sinks`, `o.window`). Empty (every
 /// layer at those) where the split does no better.
-fn split_windows(
+fn split_windows<'r>(
     cfg: &cortiq_engine::config::ModelConfig,
     o: &LinearizeOpts,
     layers: &[usize],
-    win_recs: &dyn Fn(usize) -> Vec<WinRec>,
+    win_recs: &dyn Fn(usize) -> Vec<WinRec<'r>>,
 ) -> Vec<Span> {
     let grid = crate::window_split::candidates(o.window, o.sinks, o.ctx);
     let hs =

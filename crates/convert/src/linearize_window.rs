@@ -51,13 +51,14 @@ pub(crate) fn sink_window_mixer(c: &VmfConfig, att: &AttentionWeights, rope: usi
 
 /// One calibration window of a layer, as the teacher ran it: the normed input x [T, d], roped
 /// q [T, n_heads·hd] and k [T, n_kv·hd], v [T, n_kv·hd] (biased), the attention's output before
-/// W_o y [T, n_heads·hd].
-pub(crate) struct WinRec {
-    pub x: Vec<f32>,
-    pub q: Vec<f32>,
-    pub k: Vec<f32>,
-    pub v: Vec<f32>,
-    pub y: Vec<f32>,
+/// W_o y [T, n_heads·hd]; borrowed from the recordings.
+#[derive(Clone, Copy)]
+pub(crate) struct WinRec<'a> {
+    pub x: &'a [f32],
+    pub q: &'a [f32],
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+    pub y: &'a [f32],
 }
 
 /// Per row t ≥ S + W and head: the near and far averages and log-masses.
@@ -70,7 +71,7 @@ struct Split {
     l_far: Vec<f64>,
 }
 
-fn split(c: &VmfConfig, r: &WinRec, t: usize, scale: f64) -> Split {
+fn split(c: &VmfConfig, r: &WinRec<'_>, t: usize, scale: f64) -> Split {
     let (nh, nk, hd, s, w) = (c.n_heads, c.n_k_heads, c.d_v, c.sinks, c.window);
     let g = nh / nk;
     let rows = t - (s + w);
@@ -165,7 +166,7 @@ fn sigmoid(x: f64) -> f64 {
 /// on [x, 1] over every row past the window of every record. Returns (w [n_heads, d_model],
 /// c [n_heads], its values on every record's rows [(T − s0)·n_heads], the fit's R²).
 #[allow(clippy::type_complexity)]
-fn fit_slot_logit(c: &VmfConfig, recs: &[WinRec], splits: &[Split], t: usize) -> (Vec<f32>, Vec<f32>, Vec<Vec<f64>>, f64) {
+fn fit_slot_logit(c: &VmfConfig, recs: &[WinRec<'_>], splits: &[Split], t: usize) -> (Vec<f32>, Vec<f32>, Vec<Vec<f64>>, f64) {
     let (d, nh, s0) = (c.d_model, c.n_heads, c.sinks + c.window);
     let n1 = d + 1;
     let (mut xtx, mut xtl) = (vec![0f64; n1 * n1], vec![0f64; n1 * nh]);
@@ -255,7 +256,7 @@ fn window_tensors(c: &VmfConfig, f: Folded) -> Vec<(String, Vec<u64>, Vec<f32>)>
 pub(crate) fn fold_window(
     c: &VmfConfig,
     att: &AttentionWeights,
-    recs: &[WinRec],
+    recs: &[WinRec<'_>],
     t: usize,
     scale: f64,
     seed: u64,

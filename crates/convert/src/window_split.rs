@@ -63,7 +63,7 @@ pub(crate) struct Heads {
 
 /// Σ over every row of `recs` (each `t` positions) of ‖y − o_near(span)‖² for each span of
 /// `grid` (rows t < sinks + window count zero: the span still holds every key), and Σ‖y‖².
-pub(crate) fn sink_window_errors(hs: Heads, recs: &[WinRec], t: usize, grid: &[Span]) -> (Vec<f64>, f64) {
+pub(crate) fn sink_window_errors(hs: Heads, recs: &[WinRec<'_>], t: usize, grid: &[Span]) -> (Vec<f64>, f64) {
     let (nh, nk, hd) = (hs.n_heads, hs.n_kv, hs.head_dim);
     let g = nh / nk;
     let smax = grid.iter().map(|c| c.sinks).max().unwrap_or(0);
@@ -208,7 +208,8 @@ mod tests {
 
     /// Random q, k, v of one kv head shared by two query heads; keys 0..4 share a direction the
     /// queries lean on (a sink the attention reads from every row). y: the softmax over every key.
-    fn record(t: usize, hd: usize) -> WinRec {
+    /// (q, k, v, y)
+    fn record(t: usize, hd: usize) -> [Vec<f32>; 4] {
         let (nh, nk) = (2, 1);
         let mut x = 1u64;
         let mut rnd = || {
@@ -240,11 +241,11 @@ mod tests {
                 }
             }
         }
-        WinRec { x: Vec::new(), q, k, v, y }
+        [q, k, v, y]
     }
 
     /// The span's error by its definition: softmax over its keys, per row, in f64.
-    fn direct(rec: &WinRec, t: usize, hd: usize, c: Span) -> f64 {
+    fn direct(rec: &WinRec<'_>, t: usize, hd: usize, c: Span) -> f64 {
         let mut err = 0f64;
         for tt in c.cost()..t {
             for h in 0..2 {
@@ -269,7 +270,8 @@ mod tests {
     #[test]
     fn errors_follow_the_definition_and_fall_as_the_span_grows() {
         let (t, hd) = (24, 4);
-        let rec = record(t, hd);
+        let [q, k, v, y] = record(t, hd);
+        let rec = WinRec { x: &[], q: &q, k: &k, v: &v, y: &y };
         let hs = Heads { n_heads: 2, n_kv: 1, head_dim: hd, scale: 1.0 };
         // (4, 5) and (1, 8) cost the same: the same rows count.
         let grid = spans(&[(1, 2), (1, 4), (1, 8), (1, 23), (4, 5), (0, 24)]);
