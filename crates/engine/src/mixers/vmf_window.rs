@@ -35,6 +35,7 @@ use crate::error::{EngineError, Result};
 use crate::mixers::attention::{AttentionWeights, attn_output, attn_prep, attn_project};
 use crate::mixers::vmf::{CoreWeights, Projected, VmfConfig, VmfState, core, features};
 use crate::mixers::{Env, Journal, KvType, LayerState, Mixer, MixerState, Seq, StateBytes};
+use crate::numerics::Numerics;
 use crate::par::pool;
 use crate::profile::{self, Op};
 use crate::qtensor::QTensor;
@@ -184,7 +185,7 @@ impl VmfWindow {
     /// Rows `i0..i0 + n` of `r` at positions `pos0..pos0 + n`: the core over the shifted rows
     /// (n = 1: the recurrence), the softmax over ring ∪ rows with the slot, the ring updated
     /// -> o [n, n_heads·hd] before W_o.
-    fn run(&self, r: &Rows, i0: usize, n: usize, pos0: usize, scale: f32, st: &mut WindowState) -> Vec<f32> {
+    fn run(&self, env: &Env, r: &Rows, i0: usize, n: usize, pos0: usize, st: &mut WindowState) -> Vec<f32> {
         let c = &self.cfg;
         let (nh, nk, hd, f, g) = (c.n_heads, c.n_k_heads, c.d_v, c.f(), c.group());
         let (s, w) = (c.sinks, c.window);
@@ -223,7 +224,9 @@ impl VmfWindow {
         // (A decode step's 18 windowed layers of a 24-layer model spent 3.4 ms here in f64
         // scalar loops; BENCHMARKS.md, 2026-12-07, "the three-quarter hybrid at 32k tokens".)
         let span = profile::span(Op::Attention);
-        let rule = ScoreRule { scale, softcap: None, exp: Exp::Libm };
+        // (the exp of the dense layers' attention under the same numerics: libm's under exact)
+        let exp = if env.num == Numerics::Fast { Exp::Fast } else { Exp::Libm };
+        let rule = ScoreRule { scale: env.cfg.attn_scale, softcap: None, exp };
         let pl = part_len(hd);
         let mut o = vec![0f32; n * nh * hd]; // [n, n_heads, hd]
         let ring = &*st;
@@ -286,7 +289,7 @@ impl VmfWindow {
         let r = self.project(env, h, n, pos0, st, true);
         let mut o = Vec::with_capacity(n * self.cfg.n_heads * self.cfg.d_v);
         for i in 0..n {
-            o.extend(self.run(&r, i, 1, pos0 + i, env.cfg.attn_scale, st));
+            o.extend(self.run(env, &r, i, 1, pos0 + i, st));
         }
         o
     }
@@ -318,7 +321,7 @@ impl Mixer for VmfWindow {
     fn forward(&self, env: &Env, h: &[f32], n: usize, seq: Seq<'_>, trace: &mut dyn FnMut(&str, &[f32])) -> Result<Vec<f32>> {
         let st: &mut WindowState = seq.state.of();
         let r = self.project(env, h, n, seq.pos0, st, false);
-        let o = self.run(&r, 0, n, seq.pos0, env.cfg.attn_scale, st);
+        let o = self.run(env, &r, 0, n, seq.pos0, st);
         Ok(attn_output(env.cfg, &self.att, o, None, n, false, trace))
     }
     /// One position of each sequence: the projections over all rows at once (each on the
@@ -367,7 +370,7 @@ impl Mixer for VmfWindow {
                 },
                 b: b[i * nh..(i + 1) * nh].to_vec(),
             };
-            o.extend(self.run(&r, 0, 1, pos[i], env.cfg.attn_scale, st));
+            o.extend(self.run(env, &r, 0, 1, pos[i], st));
         }
         debug_assert_eq!(h.len(), kb * d);
         Ok(attn_output(env.cfg, &self.att, o, None, kb, true, &mut |_, _| {}))
