@@ -95,6 +95,12 @@ pub enum Exp {
 }
 
 impl Exp {
+    /// The exp of fast numerics (`Fast`) or of exact ones (`Libm`): one choice for every
+    /// softmax of the engine.
+    pub fn for_fast(fast: bool) -> Exp {
+        if fast { Exp::Fast } else { Exp::Libm }
+    }
+
     #[inline(always)]
     pub fn of(self, x: f32) -> f32 {
         match self {

@@ -224,9 +224,8 @@ impl VmfWindow {
         // (A decode step's 18 windowed layers of a 24-layer model spent 3.4 ms here in f64
         // scalar loops; BENCHMARKS.md, 2026-12-07, "the three-quarter hybrid at 32k tokens".)
         let span = profile::span(Op::Attention);
-        // (the exp of the dense layers' attention under the same numerics: libm's under exact)
-        let exp = if env.num == Numerics::Fast { Exp::Fast } else { Exp::Libm };
-        let rule = ScoreRule { scale: env.cfg.attn_scale, softcap: None, exp };
+        // (the dense layers' exp under the same numerics)
+        let rule = ScoreRule { scale: env.cfg.attn_scale, softcap: None, exp: Exp::for_fast(env.num == Numerics::Fast) };
         let pl = part_len(hd);
         let mut o = vec![0f32; n * nh * hd]; // [n, n_heads, hd]
         let ring = &*st;

@@ -509,7 +509,7 @@ impl AttnCtx<'_> {
     /// and return 1, a product that changes nothing.
     fn weights(&self, x: &mut [f32], head: usize) -> f32 {
         if let Some(sinks) = self.sinks {
-            return weights_with_sink(x, sinks[head], if self.fast { Exp::Fast } else { Exp::Libm });
+            return weights_with_sink(x, sinks[head], Exp::for_fast(self.fast));
         }
         if self.fast {
             1.0 / exp_minus_max(x)
@@ -720,7 +720,7 @@ fn attend_jobs(
     );
     let group = hpi.min(g);
     let pl = part_len(hd);
-    let rule = ScoreRule { scale: at.scale, softcap: at.softcap, exp: if at.fast { Exp::Fast } else { Exp::Libm } };
+    let rule = ScoreRule { scale: at.scale, softcap: at.softcap, exp: Exp::for_fast(at.fast) };
     // An 8-bit cache holds its keys scaled and transformed (`KeyForm`): q is taken into the
     // same form (the scores are unchanged).
     let rotated: Vec<f32>;
