@@ -24,7 +24,9 @@
 //! Prefill runs the core's chunk-parallel form over the chunk's shifted rows (row t carries
 //! key t − window, from the ring or from the chunk itself; κ = 0 where no key leaves) and the
 //! softmax over ring ∪ chunk; decode and `forward_steps` take the recurrence, so the k-position
-//! verify equals single steps bit for bit. Written here rather than taken from a crate: it is
+//! verify equals single steps bit for bit. The softmax reads each row's near keys as the same
+//! runs of positions however the sequence was cut (`near_runs`), in place from the ring in a
+//! decode step. Written here rather than taken from a crate: it is
 //! a step of the model's forward.
 
 use cortiq_kernels::kvattn::{Exp, KvRows, ScoreRule, Split, attend_split, merge, part_len};
@@ -123,6 +125,62 @@ fn slot_of(c: &VmfConfig, j: usize) -> usize {
     if j < c.sinks { j } else { c.sinks + (j - c.sinks) % c.window }
 }
 
+/// Row t's near keys as the softmax reads them, in position order: the sinks [0, min(S, t + 1)),
+/// then the window's positions max(S, t + 1 − W)..=t cut after each position j with
+/// (j − S) mod W = W − 1 (where the ring wraps) -> three runs [a, b), some empty. Each run's
+/// positions sit in consecutive rows of the ring.
+fn near_runs(c: &VmfConfig, t: usize) -> [(usize, usize); 3] {
+    let (s, w) = (c.sinks, c.window);
+    let hi = t + 1;
+    let lo = (hi.saturating_sub(w)).max(s).min(hi);
+    let cut = if lo < hi { (lo + w - (lo - s) % w).min(hi) } else { hi };
+    [(0, s.min(hi)), (lo, cut), (cut, hi)]
+}
+
+/// Where a call's softmax reads its near keys: from the ring in place (one row: its own key
+/// and value are written to the ring first), or, for several rows, from `k`/`v`: the positions
+/// e0..pos0 + n in order (those before pos0 copied from the ring, then the call's rows), with
+/// the sinks from the ring when they are all before the call.
+struct Near {
+    /// The first position in `k`/`v`; none for a single row.
+    e0: Option<usize>,
+    pos0: usize,
+    k: Vec<f32>,
+    v: Vec<f32>,
+}
+
+impl Near {
+    fn new(c: &VmfConfig, r: &Rows, i0: usize, n: usize, pos0: usize, st: &mut WindowState) -> Near {
+        let kvd = c.n_k_heads * c.d_v;
+        if n == 1 {
+            // The key and value of position pos0 − W that this slot held were taken for the
+            // core's write above (`sh`); its key features and gate are written after the call.
+            let sl = slot_of(c, pos0) * kvd;
+            st.k[sl..sl + kvd].copy_from_slice(&r.k[i0 * kvd..][..kvd]);
+            st.v[sl..sl + kvd].copy_from_slice(&r.v[i0 * kvd..][..kvd]);
+            return Near { e0: None, pos0, k: Vec::new(), v: Vec::new() };
+        }
+        let e0 = if pos0 < c.sinks { 0 } else { (pos0 + 1).saturating_sub(c.window).max(c.sinks) };
+        let (mut k, mut v) = (Vec::with_capacity((pos0 + n - e0) * kvd), Vec::with_capacity((pos0 + n - e0) * kvd));
+        for j in e0..pos0 {
+            let sl = slot_of(c, j) * kvd;
+            k.extend_from_slice(&st.k[sl..sl + kvd]);
+            v.extend_from_slice(&st.v[sl..sl + kvd]);
+        }
+        k.extend_from_slice(&r.k[i0 * kvd..(i0 + n) * kvd]);
+        v.extend_from_slice(&r.v[i0 * kvd..(i0 + n) * kvd]);
+        Near { e0: Some(e0), pos0, k, v }
+    }
+
+    /// The run starting at position a: (keys, values, its first row in them).
+    fn span<'a>(&'a self, c: &VmfConfig, ring: &'a WindowState, a: usize) -> (&'a [f32], &'a [f32], usize) {
+        match self.e0 {
+            Some(e0) if a >= e0 && (a >= c.sinks || self.pos0 < c.sinks) => (&self.k, &self.v, a - e0),
+            _ => (&ring.k, &ring.v, slot_of(c, a)),
+        }
+    }
+}
+
 impl MixerState for WindowState {
     fn is_recurrent(&self) -> bool {
         true
@@ -216,53 +274,47 @@ impl VmfWindow {
         if !self.core.o_norm.is_empty() {
             fo = kvmf::out_norm(&fo, &self.core.o_norm, hd);
         }
-        // The softmax over the near keys and the slot, one task per (row, kv head): the group's
-        // near keys and values gathered in position order (from the ring and this call's rows),
-        // the decode attention kernel over them for the group's query heads at once, and the
-        // slot merged as one more partial (m = b, l = 1, sums = the core's output). Gathered in
-        // position order, a row's value does not depend on how the sequence was cut into calls.
-        // (A decode step's 18 windowed layers of a 24-layer model spent 3.4 ms here in f64
-        // scalar loops; BENCHMARKS.md, 2026-12-07, "the three-quarter hybrid at 32k tokens".)
+        // The softmax over the near keys and the slot, one task per (row, kv head): the kernel
+        // over each of the row's near runs (`near_runs`: the sinks, the window cut where the
+        // ring wraps) for the group's query heads at once, read where they lie, and the runs'
+        // partials merged with the slot's (m = b, l = 1, sums = the core's output) in that
+        // order. The runs depend on the position alone, so a row's value does not depend on how
+        // the sequence was cut into calls; each run is one contiguous span of the ring and of
+        // `near` (a decode step reads the ring in place: no copy of its keys).
         let span = profile::span(Op::Attention);
         // (the dense layers' exp under the same numerics)
         let rule = ScoreRule { scale: env.cfg.attn_scale, softcap: None, exp: Exp::for_fast(env.num == Numerics::Fast) };
         let pl = part_len(hd);
+        let near = Near::new(c, r, i0, n, pos0, st);
         let mut o = vec![0f32; n * nh * hd]; // [n, n_heads, hd]
         let ring = &*st;
         pool().for_rows_mut(&mut o, g * hd, 1, |idx0, out| {
-            let (mut ks, mut vs, mut scratch) = (Vec::with_capacity((s + w) * hd), Vec::with_capacity((s + w) * hd), Vec::new());
-            let (mut parts, mut slot) = (vec![0f32; g * pl], vec![0f32; pl]);
+            let (mut scratch, mut parts, mut slot) = (Vec::new(), vec![0f32; 3 * g * pl], vec![0f32; pl]);
             for (ii, orows) in out.chunks_exact_mut(g * hd).enumerate() {
                 let (i, kh) = ((idx0 + ii) / nk, (idx0 + ii) % nk);
                 let t = pos0 + i;
-                let off = kh * hd;
-                ks.clear();
-                vs.clear();
-                for j in (0..s.min(t + 1)).chain((t + 1).saturating_sub(w).max(s)..=t) {
-                    let (kr, vr) = if j >= pos0 {
-                        let jr = (i0 + j - pos0) * kvd + off;
-                        (&r.k[jr..][..hd], &r.v[jr..][..hd])
-                    } else {
-                        let sl = slot_of(c, j) * kvd + off;
-                        (&ring.k[sl..][..hd], &ring.v[sl..][..hd])
-                    };
-                    ks.extend_from_slice(kr);
-                    vs.extend_from_slice(vr);
-                }
-                let split =
-                    Split { keys: KvRows::F32(&ks), vals: KvRows::F32(&vs), stride: hd, off: 0, row0: 0, n: ks.len() / hd };
                 let q = &r.q[((i0 + i) * nh + kh * g) * hd..][..g * hd];
-                attend_split(q, hd, g, &split, &rule, &mut scratch, &mut parts);
+                let mut used = 0;
+                for (a, b) in near_runs(c, t) {
+                    if a == b {
+                        continue;
+                    }
+                    let (keys, vals, row0) = near.span(c, ring, a);
+                    let split =
+                        Split { keys: KvRows::F32(keys), vals: KvRows::F32(vals), stride: kvd, off: kh * hd, row0, n: b - a };
+                    attend_split(q, hd, g, &split, &rule, &mut scratch, &mut parts[used * g * pl..][..g * pl]);
+                    used += 1;
+                }
                 for (hh, orow) in orows.chunks_exact_mut(hd).enumerate() {
                     let h = kh * g + hh;
-                    let part = &parts[hh * pl..][..pl];
+                    let runs = (0..used).map(|u| &parts[(u * g + hh) * pl..][..pl]);
                     if t >= s + w {
                         slot[0] = r.b[(i0 + i) * nh + h];
                         slot[1] = 1.0;
                         slot[2..].copy_from_slice(&fo[(i * nh + h) * hd..][..hd]);
-                        merge([part, &slot[..]].into_iter(), rule.exp, orow);
+                        merge(runs.chain(std::iter::once(&slot[..])), rule.exp, orow);
                     } else {
-                        merge(std::iter::once(part), rule.exp, orow);
+                        merge(runs, rule.exp, orow);
                     }
                 }
             }
@@ -387,5 +439,41 @@ impl Mixer for VmfWindow {
         let h: &Vec<f32> = journal.record();
         self.steps(env, &h[..keep * env.cfg.d_model], keep, seq.pos0, seq.state.of());
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The runs of every position are its near keys (the sinks and the last W), each once, in
+    /// position order, and each run sits in consecutive rows of the ring.
+    #[test]
+    fn near_runs_cover_the_window_in_ring_order() {
+        for (sinks, window) in [(0, 5), (2, 5), (4, 1), (3, 8)] {
+            let c = VmfConfig {
+                d_model: 8,
+                n_heads: 2,
+                n_k_heads: 1,
+                nphase: 2,
+                d_v: 4,
+                conv_kernel: 0,
+                k_gate: false,
+                phase_bias: false,
+                window,
+                sinks,
+            };
+            for t in 0..40 {
+                let near: Vec<usize> = (0..sinks.min(t + 1)).chain((t + 1).saturating_sub(window).max(sinks)..=t).collect();
+                let runs = near_runs(&c, t);
+                let got: Vec<usize> = runs.iter().flat_map(|&(a, b)| a..b).collect();
+                assert_eq!(got, near, "S {sinks} W {window} t {t}: runs {runs:?}");
+                for (a, b) in runs {
+                    for j in a + 1..b {
+                        assert_eq!(slot_of(&c, j), slot_of(&c, a) + (j - a), "S {sinks} W {window} t {t}: run {a}..{b}");
+                    }
+                }
+            }
+        }
     }
 }
