@@ -52,7 +52,6 @@ pub(crate) fn sink_window_mixer(c: &VmfConfig, att: &AttentionWeights, rope: usi
 /// One calibration window of a layer, as the teacher ran it: the normed input x [T, d], roped
 /// q [T, n_heads·hd] and k [T, n_kv·hd], v [T, n_kv·hd] (biased), the attention's output before
 /// W_o y [T, n_heads·hd]; borrowed from the recordings.
-#[derive(Clone, Copy)]
 pub(crate) struct WinRec<'a> {
     pub x: &'a [f32],
     pub q: &'a [f32],
