@@ -137,47 +137,60 @@ fn near_runs(c: &VmfConfig, t: usize) -> [(usize, usize); 3] {
     [(0, s.min(hi)), (lo, cut), (cut, hi)]
 }
 
-/// Where a call's softmax reads its near keys: from the ring in place (one row: its own key
-/// and value are written to the ring first), or, for several rows, from `k`/`v`: the positions
-/// e0..pos0 + n in order (those before pos0 copied from the ring, then the call's rows), with
-/// the sinks from the ring when they are all before the call.
+/// A call's near keys where the ring cannot serve them: several rows read the positions
+/// e0..pos0 + n in order (those before pos0 copied from the ring before it takes the call's
+/// rows, then the rows themselves), the sinks from the ring when the call starts past them. A
+/// single row reads all of them from the ring, which holds it already (`None`).
 struct Near {
-    /// The first position in `k`/`v`; none for a single row.
-    e0: Option<usize>,
-    pos0: usize,
+    e0: usize,
     k: Vec<f32>,
     v: Vec<f32>,
 }
 
 impl Near {
-    fn new(c: &VmfConfig, r: &Rows, i0: usize, n: usize, pos0: usize, st: &mut WindowState) -> Near {
-        let kvd = c.n_k_heads * c.d_v;
+    fn copy(c: &VmfConfig, r: &Rows, i0: usize, n: usize, pos0: usize, ring: &WindowState) -> Option<Near> {
         if n == 1 {
-            // The key and value of position pos0 − W that this slot held were taken for the
-            // core's write above (`sh`); its key features and gate are written after the call.
-            let sl = slot_of(c, pos0) * kvd;
-            st.k[sl..sl + kvd].copy_from_slice(&r.k[i0 * kvd..][..kvd]);
-            st.v[sl..sl + kvd].copy_from_slice(&r.v[i0 * kvd..][..kvd]);
-            return Near { e0: None, pos0, k: Vec::new(), v: Vec::new() };
+            return None;
         }
+        let kvd = c.n_k_heads * c.d_v;
         let e0 = if pos0 < c.sinks { 0 } else { (pos0 + 1).saturating_sub(c.window).max(c.sinks) };
         let (mut k, mut v) = (Vec::with_capacity((pos0 + n - e0) * kvd), Vec::with_capacity((pos0 + n - e0) * kvd));
         for j in e0..pos0 {
             let sl = slot_of(c, j) * kvd;
-            k.extend_from_slice(&st.k[sl..sl + kvd]);
-            v.extend_from_slice(&st.v[sl..sl + kvd]);
+            k.extend_from_slice(&ring.k[sl..sl + kvd]);
+            v.extend_from_slice(&ring.v[sl..sl + kvd]);
         }
         k.extend_from_slice(&r.k[i0 * kvd..(i0 + n) * kvd]);
         v.extend_from_slice(&r.v[i0 * kvd..(i0 + n) * kvd]);
-        Near { e0: Some(e0), pos0, k, v }
+        Some(Near { e0, k, v })
     }
+}
 
-    /// The run starting at position a: (keys, values, its first row in them).
-    fn span<'a>(&'a self, c: &VmfConfig, ring: &'a WindowState, a: usize) -> (&'a [f32], &'a [f32], usize) {
-        match self.e0 {
-            Some(e0) if a >= e0 && (a >= c.sinks || self.pos0 < c.sinks) => (&self.k, &self.v, a - e0),
-            _ => (&ring.k, &ring.v, slot_of(c, a)),
+/// The run of near keys starting at position a: (keys, values, its first row in them). The
+/// sinks' run starts at 0, before a copy's e0 whenever the call starts past them.
+fn near_span<'a>(c: &VmfConfig, near: Option<&'a Near>, ring: &'a WindowState, a: usize) -> (&'a [f32], &'a [f32], usize) {
+    match near {
+        Some(nr) if a >= nr.e0 => (&nr.k, &nr.v, a - nr.e0),
+        _ => (&ring.k, &ring.v, slot_of(c, a)),
+    }
+}
+
+/// The ring takes the rows `i0..i0 + n` of `r` (positions `pos0..`) that it keeps: the sinks
+/// and the last W positions. Before the softmax: the core's write took the keys leaving
+/// (`VmfWindow::run`'s shifted rows) and `Near::copy` the window the call's rows read.
+fn keep_rows(c: &VmfConfig, r: &Rows, i0: usize, n: usize, pos0: usize, st: &mut WindowState) {
+    let (nk, f) = (c.n_k_heads, c.f());
+    let kvd = nk * c.d_v;
+    for i in 0..n {
+        let (t, ri) = (pos0 + i, i0 + i);
+        if t >= c.sinks && t + c.window < pos0 + n {
+            continue; // written and overwritten within this call
         }
+        let sl = slot_of(c, t);
+        st.k[sl * kvd..][..kvd].copy_from_slice(&r.k[ri * kvd..][..kvd]);
+        st.v[sl * kvd..][..kvd].copy_from_slice(&r.v[ri * kvd..][..kvd]);
+        st.phk[sl * nk * f..][..nk * f].copy_from_slice(&r.feat.phk[ri * nk * f..][..nk * f]);
+        st.kappa[sl * nk..][..nk].copy_from_slice(&r.feat.kappa[ri * nk..][..nk]);
     }
 }
 
@@ -241,7 +254,7 @@ impl VmfWindow {
     }
 
     /// Rows `i0..i0 + n` of `r` at positions `pos0..pos0 + n`: the core over the shifted rows
-    /// (n = 1: the recurrence), the softmax over ring ∪ rows with the slot, the ring updated
+    /// (n = 1: the recurrence), the ring updated, the softmax over the near keys with the slot
     /// -> o [n, n_heads·hd] before W_o.
     fn run(&self, env: &Env, r: &Rows, i0: usize, n: usize, pos0: usize, st: &mut WindowState) -> Vec<f32> {
         let c = &self.cfg;
@@ -285,7 +298,8 @@ impl VmfWindow {
         // (the dense layers' exp under the same numerics)
         let rule = ScoreRule { scale: env.cfg.attn_scale, softcap: None, exp: Exp::for_fast(env.num == Numerics::Fast) };
         let pl = part_len(hd);
-        let near = Near::new(c, r, i0, n, pos0, st);
+        let near = Near::copy(c, r, i0, n, pos0, st);
+        keep_rows(c, r, i0, n, pos0, st);
         let mut o = vec![0f32; n * nh * hd]; // [n, n_heads, hd]
         let ring = &*st;
         pool().for_rows_mut(&mut o, g * hd, 1, |idx0, out| {
@@ -299,7 +313,7 @@ impl VmfWindow {
                     if a == b {
                         continue;
                     }
-                    let (keys, vals, row0) = near.span(c, ring, a);
+                    let (keys, vals, row0) = near_span(c, near.as_ref(), ring, a);
                     let split =
                         Split { keys: KvRows::F32(keys), vals: KvRows::F32(vals), stride: kvd, off: kh * hd, row0, n: b - a };
                     attend_split(q, hd, g, &split, &rule, &mut scratch, &mut parts[used * g * pl..][..g * pl]);
@@ -320,18 +334,6 @@ impl VmfWindow {
             }
         });
         drop(span);
-        // The ring keeps the sinks and the last W positions.
-        for i in 0..n {
-            let (t, ri) = (pos0 + i, i0 + i);
-            if t >= s && t + w < pos0 + n {
-                continue; // written and overwritten within this call
-            }
-            let sl = slot_of(c, t);
-            st.k[sl * kvd..][..kvd].copy_from_slice(&r.k[ri * kvd..][..kvd]);
-            st.v[sl * kvd..][..kvd].copy_from_slice(&r.v[ri * kvd..][..kvd]);
-            st.phk[sl * nk * f..][..nk * f].copy_from_slice(&r.feat.phk[ri * nk * f..][..nk * f]);
-            st.kappa[sl * nk..][..nk].copy_from_slice(&r.feat.kappa[ri * nk..][..nk]);
-        }
         o
     }
 
