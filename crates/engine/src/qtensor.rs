@@ -34,8 +34,8 @@ use cortiq_kernels::dot::{dot, gemm_nt};
 use cortiq_kernels::quant::{
     ActType, IL_ROWS, IleaveCols, MatmatActs, Order, QuantType, act_type, dequantize_act, dequantize_row, dequantize_rows,
     ileave, ileave_bytes, ileave_cols, ileave_group_bytes, ileave_rows, ileave_supported, llamacpp_order, matmat_q_prepared,
-    matmat_q_prepared_tm, matmat_supported, matvec_fast, matvec_fast_multi, matvec_ileave_cols, matvec_q_order, order_supported,
-    quantize_act, quantize_act_to,
+    matmat_q_prepared_tm, matmat_supported, matvec_fast, matvec_fast_multi, matvec_ileave_cols, matvec_q_order,
+    matvec_q_order_tile, order_supported, quantize_act, quantize_act_to,
 };
 
 use cortiq_formats::{PageShare, WeightBytes};
@@ -826,7 +826,7 @@ impl QTensor {
                 let w = self.rows_data(r0 + a, b - a);
                 let col = &mut col[..b - a];
                 for (t, (&order, q)) in orders.iter().zip(xq.chunks_exact(arb)).enumerate() {
-                    matvec_q_order(self.dtype, order, &w, b - a, cols, q, col);
+                    matvec_q_order_tile(self.dtype, order, &w, b - a, cols, q, col);
                     for (i, &v) in col.iter().enumerate() {
                         out[(a + i) * n_t + t] = v;
                     }

@@ -10,7 +10,7 @@
 //! memory's own speed from each place, e.g. a map whose pages the cache holds in 4 KiB pages
 //! against one in 2 MiB pages (`cortiq_formats::PageShare`).
 //!
-//! `cargo run --release -p cortiq-kernels --example expert_stream -- FILE [q6k] [read]`
+//! `cargo run --release -p cortiq-kernels --example expert_stream -- FILE [q6k] [down] [read]`
 //! (FILE: any large file, e.g. bench/moe_geometry.py's full-size output)
 
 use cortiq_kernels::quant::{QuantType, act_type, matvec_fast, quantize_act};
@@ -23,12 +23,13 @@ const ANON: usize = 2 << 30;
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(path) = args.first() else {
-        eprintln!("usage: expert_stream FILE [q6k] [read]");
+        eprintln!("usage: expert_stream FILE [q6k] [down] [read]");
         std::process::exit(2);
     };
     let ty = if args.iter().any(|a| a == "q6k") { QuantType::Q6K } else { QuantType::Q4K };
     let read_only = args.iter().skip(1).any(|a| a == "read");
-    let (rows, cols) = (768usize, 2048usize);
+    // `down`: the expert's down projection (2048 x 768, three blocks a row) instead of gate/up
+    let (rows, cols) = if args.iter().skip(1).any(|a| a == "down") { (2048usize, 768usize) } else { (768, 2048) };
     let mb = ty.row_bytes(cols).expect("whole blocks") * rows;
     let f = std::fs::File::open(path).unwrap_or_else(|e| {
         eprintln!("{path}: {e}");

@@ -35,8 +35,8 @@
 
 use cortiq_kernels::quant::{
     ActType, Order, QuantType, act_type, dequantize_act, dequantize_row_scalar, llamacpp_order, llamacpp_repacks, matvec_q,
-    matvec_q_order, order_supported, quantize_act, quantize_act_scalar, quantize_act_to, vec_dot, vec_dot_order,
-    vec_dot_order_scalar, vec_dot_scalar,
+    matvec_q_order, matvec_q_order_tile, order_supported, quantize_act, quantize_act_scalar, quantize_act_to, vec_dot,
+    vec_dot_order, vec_dot_order_scalar, vec_dot_scalar,
 };
 use cortiq_testkit::nan_max;
 use std::path::PathBuf;
@@ -317,14 +317,17 @@ fn simd_matches_scalar() {
                 }
             }
         }
-        // matvec_q (the multi-row SIMD path) must give the same bits row by row
+        // matvec_q (the streamed one-row loop) and the tile's 4-row kernel must give the same
+        // bits row by row
         let (rows_m, cols) = (13, 4 * ty.block_size().max(256));
         let w = random_weights(ty, rows_m * cols / ty.block_size(), &mut rng);
         let (_, a) = random_act(at, cols, &mut rng);
-        let mut y = vec![0f32; rows_m];
-        matvec_q(ty, &w, rows_m, cols, &a, &mut y);
+        let mut y = vec![0f32; 2 * rows_m];
+        matvec_q(ty, &w, rows_m, cols, &a, &mut y[..rows_m]);
+        matvec_q_order_tile(ty, Order::VecDot, &w, rows_m, cols, &a, &mut y[rows_m..]);
         let rb = ty.row_bytes(cols).unwrap();
         for (r, &got) in y.iter().enumerate() {
+            let r = r % rows_m;
             let s = vec_dot_scalar(ty, &w[r * rb..(r + 1) * rb], &a, cols);
             rows += 1;
             if s.to_bits() != got.to_bits() {
@@ -352,10 +355,12 @@ fn simd_matches_scalar() {
                     }
                 }
             }
-            let mut y = vec![0f32; rows_m];
+            let mut y = vec![0f32; 2 * rows_m];
             let w = random_weights(ty, rows_m * cols / ty.block_size(), &mut rng);
-            matvec_q_order(ty, order, &w, rows_m, cols, &a, &mut y);
+            matvec_q_order(ty, order, &w, rows_m, cols, &a, &mut y[..rows_m]);
+            matvec_q_order_tile(ty, order, &w, rows_m, cols, &a, &mut y[rows_m..]);
             for (r, &got) in y.iter().enumerate() {
+                let r = r % rows_m;
                 rows += 1;
                 if got.to_bits() != vec_dot_order_scalar(ty, order, &w[r * rb..(r + 1) * rb], &a, cols).to_bits() {
                     bad += 1;
@@ -373,7 +378,7 @@ fn simd_matches_scalar() {
 /// scalar twins, every order they cover.
 #[test]
 fn avx2_matches_scalar() {
-    use cortiq_kernels::quant::vecdot_avx2;
+    use cortiq_kernels::quant::{Reads, vecdot_avx2};
     let mut rng = Rng(23);
     let mut checked = 0;
     for ty in DOT_TYPES {
@@ -397,17 +402,19 @@ fn avx2_matches_scalar() {
                         bad += 1;
                     }
                 }
-                // 13 rows: three 4-row steps and a one-row remainder
+                // 13 rows: a tile in three 4-row steps and a one-row remainder, or streamed
                 let rows = 13;
                 let w = random_weights(ty, rows * blocks, &mut rng);
                 let (_, a) = random_act(at, n, &mut rng);
                 let rb = ty.row_bytes(n).unwrap();
-                let mut y = vec![f32::NAN; rows];
-                assert!(vecdot_avx2::matvec_order(ty, order, &w, rb, &a, &mut y));
-                for (r, &got) in y.iter().enumerate() {
-                    checked += 1;
-                    if got.to_bits() != vec_dot_order_scalar(ty, order, &w[r * rb..(r + 1) * rb], &a, n).to_bits() {
-                        bad += 1;
+                for reads in [Reads::Tile, Reads::Stream] {
+                    let mut y = vec![f32::NAN; rows];
+                    assert!(vecdot_avx2::matvec_order(ty, order, &w, rb, &a, &mut y, reads));
+                    for (r, &got) in y.iter().enumerate() {
+                        checked += 1;
+                        if got.to_bits() != vec_dot_order_scalar(ty, order, &w[r * rb..(r + 1) * rb], &a, n).to_bits() {
+                            bad += 1;
+                        }
                     }
                 }
             }

@@ -36,8 +36,9 @@ pub use ileave::{
 pub use matmat::{MatmatActs, matmat_q, matmat_q_prepared, matmat_q_prepared_tm, matmat_q_scalar, matmat_supported};
 pub use quantize::{QuantizeError, quantize_row, quantize_row_weighted};
 pub use vecdot::{
-    ActType, Order, act_type, dequantize_act, llamacpp_order, llamacpp_repacks, matvec_q, matvec_q_order, order_supported,
-    quantize_act, quantize_act_scalar, quantize_act_to, vec_dot, vec_dot_order, vec_dot_order_scalar, vec_dot_scalar,
+    ActType, Order, Reads, act_type, dequantize_act, llamacpp_order, llamacpp_repacks, matvec_q, matvec_q_order,
+    matvec_q_order_tile, order_supported, quantize_act, quantize_act_scalar, quantize_act_to, vec_dot, vec_dot_order,
+    vec_dot_order_scalar, vec_dot_scalar,
 };
 
 /// A tensor element type: GGUF's (numbered as ggml numbers them, the GGUF on-disk id) and

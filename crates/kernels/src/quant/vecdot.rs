@@ -351,7 +351,20 @@ pub fn vec_dot_scalar(ty: QuantType, w_row: &[u8], act: &[u8], n: usize) -> f32 
 /// its pool and calls this per range.
 #[track_caller]
 pub fn matvec_q(ty: QuantType, w: &[u8], rows: usize, cols: usize, act: &[u8], y: &mut [f32]) {
-    matvec_impl("matvec_q", ty, w, rows, cols, act, y, Order::VecDot);
+    matvec_impl("matvec_q", ty, w, rows, cols, act, y, Order::VecDot, Reads::Stream);
+}
+
+/// How a matvec's weight rows reach its kernel, which picks the loop; the values are the same
+/// either way (each row's dot product is its own).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reads {
+    /// From memory, once (decode): one row at a time, front to back, prefetched ahead. Several
+    /// rows' streams at once defeat the hardware prefetcher (`vecdot_avx512::matvec`).
+    Stream,
+    /// A tile the caller keeps in cache while many activation rows pass over it (the
+    /// llama.cpp-order prefill): four rows share each activation load and run four
+    /// independent FMA chains.
+    Tile,
 }
 
 // ---------------------------------------------------------------- llama.cpp's repacked order
@@ -445,12 +458,28 @@ pub fn vec_dot_order_scalar(ty: QuantType, order: Order, w_row: &[u8], act: &[u8
 /// `matvec_q` in a given float order.
 #[track_caller]
 pub fn matvec_q_order(ty: QuantType, order: Order, w: &[u8], rows: usize, cols: usize, act: &[u8], y: &mut [f32]) {
-    matvec_impl("matvec_q_order", ty, w, rows, cols, act, y, order);
+    matvec_impl("matvec_q_order", ty, w, rows, cols, act, y, order, Reads::Stream);
+}
+
+/// `matvec_q_order` on a cache-resident tile of rows (`Reads::Tile`): the same values.
+#[track_caller]
+pub fn matvec_q_order_tile(ty: QuantType, order: Order, w: &[u8], rows: usize, cols: usize, act: &[u8], y: &mut [f32]) {
+    matvec_impl("matvec_q_order_tile", ty, w, rows, cols, act, y, order, Reads::Tile);
 }
 
 #[allow(clippy::too_many_arguments)]
 #[track_caller]
-fn matvec_impl(func: &str, ty: QuantType, w: &[u8], rows: usize, cols: usize, act: &[u8], y: &mut [f32], order: Order) {
+fn matvec_impl(
+    func: &str,
+    ty: QuantType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    act: &[u8],
+    y: &mut [f32],
+    order: Order,
+    reads: Reads,
+) {
     let rb = ty.row_bytes(cols);
     assert!(
         rb.and_then(|rb| rb.checked_mul(rows)) == Some(w.len()) && y.len() == rows,
@@ -464,10 +493,10 @@ fn matvec_impl(func: &str, ty: QuantType, w: &[u8], rows: usize, cols: usize, ac
     }
     let rb = rb.unwrap_or(0);
     check(func, ty, &w[..rb], act, cols, order);
-    if super::vecdot_avx512::matvec(ty, w, rb, act, y, order) {
+    if super::vecdot_avx512::matvec(ty, w, rb, act, y, order, reads) {
         return;
     }
-    if super::vecdot_avx2::matvec(ty, w, rb, act, y, order) {
+    if super::vecdot_avx2::matvec(ty, w, rb, act, y, order, reads) {
         return;
     }
     #[cfg(target_arch = "x86_64")]

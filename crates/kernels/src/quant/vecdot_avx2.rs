@@ -21,7 +21,7 @@
 //! FMA into an 8-lane f32 accumulator and the same final reduction (`hsum8`).
 
 use super::QuantType;
-use super::vecdot::Order;
+use super::vecdot::{Order, Reads};
 
 /// Whether this CPU runs these kernels at all (AVX2 + FMA + F16C), whatever `CORTIQ_SIMD` says.
 fn cpu_has() -> bool {
@@ -77,8 +77,8 @@ pub(super) fn dispatch(ty: QuantType, w: &[u8], a: &[u8], order: Order) -> Optio
 }
 
 /// `matvec` on the AVX2 tier; `false` (nothing written) off it or when `covers` rejects.
-pub(super) fn matvec(ty: QuantType, w: &[u8], rb: usize, a: &[u8], y: &mut [f32], order: Order) -> bool {
-    active() && matvec_order(ty, order, w, rb, a, y)
+pub(super) fn matvec(ty: QuantType, w: &[u8], rb: usize, a: &[u8], y: &mut [f32], order: Order, reads: Reads) -> bool {
+    active() && matvec_order(ty, order, w, rb, a, y, reads)
 }
 
 /// The AVX2 kernel's dot product of one weight row with one activation row (lengths as
@@ -101,19 +101,18 @@ pub fn vec_dot_order(ty: QuantType, order: Order, w: &[u8], a: &[u8]) -> Option<
 /// CPU with AVX2 + FMA + F16C; `false` (nothing written) without them or when `covers` rejects.
 ///
 /// Four rows at a time share each activation load and give the core four independent FMA
-/// chains when the weights are small enough to sit in cache (the llama.cpp-order prefill hands
-/// over tiles of 16 rows); larger matrices stream one row at a time, front to back (the
-/// hardware prefetcher follows one stream best; see `vecdot_avx512::matvec`).
-pub fn matvec_order(ty: QuantType, order: Order, w: &[u8], rb: usize, a: &[u8], y: &mut [f32]) -> bool {
+/// chains on a tile the caller keeps in cache (`Reads::Tile`: the llama.cpp-order prefill hands
+/// over tiles of 16 rows); streamed weights go one row at a time, front to back (the hardware
+/// prefetcher follows one stream best; see `vecdot_avx512::matvec`).
+pub fn matvec_order(ty: QuantType, order: Order, w: &[u8], rb: usize, a: &[u8], y: &mut [f32], reads: Reads) -> bool {
     if !cpu_has() || !covers(ty, order) || rb == 0 {
         return false;
     }
     #[cfg(target_arch = "x86_64")]
     {
-        use super::vecdot_avx512::CACHED;
         let mut rows = w.chunks_exact(rb);
         let mut done = 0;
-        if w.len() <= CACHED {
+        if reads == Reads::Tile {
             for yc in y.chunks_exact_mut(4) {
                 let ws = [
                     rows.next().unwrap_or(&[]),
@@ -136,7 +135,7 @@ pub fn matvec_order(ty: QuantType, order: Order, w: &[u8], rb: usize, a: &[u8], 
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (a, y);
+        let _ = (a, y, reads);
         false
     }
 }

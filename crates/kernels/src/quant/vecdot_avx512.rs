@@ -35,7 +35,7 @@
 //! sign trick of the legacy kernels (`|x| * sign(y, x)`, ggml's too) would wrap a -128.
 
 use super::QuantType;
-use super::vecdot::Order;
+use super::vecdot::{Order, Reads};
 use std::sync::OnceLock;
 
 static AVAILABLE: OnceLock<bool> = OnceLock::new();
@@ -148,10 +148,6 @@ fn intel() -> bool {
     false
 }
 
-/// Weight slices up to this size are taken to be cache-resident by `matvec` (and
-/// `vecdot_avx2::matvec_order`): multi-row kernels instead of one stream.
-pub(super) const CACHED: usize = 256 * 1024;
-
 /// Prefetch (into all cache levels) the lines of `w[start + prefetch_distance() ..][..len]`
 /// that exist: called once per row with the row's start and length, it keeps a sliding window
 /// of that many bytes in flight ahead of the kernel.
@@ -182,9 +178,15 @@ pub(super) fn prefetch_ahead(w: &[u8], start: usize, len: usize) {
 /// each activation load) is ~1.5x faster while the weights sit in cache, but streaming from
 /// memory the interleaved streams defeat this CPU's hardware prefetcher and run 2-4x *slower*
 /// (examples/vecdot_bench, 262144 x 640 Q8_0: 28 G weights/s one row, 7-8 with 2 or 4). Decode
-/// streams every weight from memory once per token, so the single stream wins; weights of at
-/// most `CACHED` bytes (a tile the caller keeps in cache) go four rows at a time.
-pub(super) fn matvec(ty: QuantType, w: &[u8], rb: usize, a: &[u8], y: &mut [f32], order: Order) -> bool {
+/// streams every weight from memory once per token, so the single stream wins; a tile the
+/// caller keeps in cache (`Reads::Tile`) goes four rows at a time.
+///
+/// The caller says which, not the slice's size: a size bound (256 KiB) took every piece of the
+/// decode's balanced split (`PIECE_BYTES`, 256 KiB) for a cached tile, and a mixture's
+/// row-major Q6_K experts streamed four rows at a time without prefetch at ~9 GB/s (2026-12-08,
+/// AMD EPYC Zen 4, the Qwen3-30B-A3B-geometry GGUF on the map: tg32 11 -> 14-17 tok/s).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn matvec(ty: QuantType, w: &[u8], rb: usize, a: &[u8], y: &mut [f32], order: Order, reads: Reads) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         if available() && rb > 0 {
@@ -199,7 +201,7 @@ pub(super) fn matvec(ty: QuantType, w: &[u8], rb: usize, a: &[u8], y: &mut [f32]
             }
             let mut rows = w.chunks_exact(rb);
             let mut done = 0;
-            if w.len() <= CACHED {
+            if reads == Reads::Tile {
                 // cache-resident weights (the llama.cpp-order prefill's tiles): four rows share
                 // each activation load and run four independent FMA chains
                 for yc in y.chunks_exact_mut(4) {
@@ -233,7 +235,7 @@ pub(super) fn matvec(ty: QuantType, w: &[u8], rb: usize, a: &[u8], y: &mut [f32]
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (ty, w, rb, a, y, order);
+    let _ = (ty, w, rb, a, y, order, reads);
     false
 }
 
