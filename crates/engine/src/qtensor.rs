@@ -1044,15 +1044,29 @@ const QUANTIZE_SPLIT_COLS: usize = 2048;
 /// chunk of the model width: 256 × 1536 values took 0.25 ms on one thread, the other idle).
 const QUANTIZE_SPLIT_MIN: usize = 16 * QUANTIZE_SPLIT_COLS;
 
-/// Weight bytes of one piece of a balanced split (`Pool::for_cols_mut_balanced`): ~20 us of
-/// one core's stream, fine enough that the last pieces even out the threads' finish, coarse
-/// enough that claiming them (one compare-and-swap each) costs nothing.
+/// Weight bytes of one piece of a balanced split (`Pool::for_cols_mut_balanced`), at least:
+/// ~20 us of one core's stream, fine enough that the last pieces even out the threads' finish,
+/// coarse enough that claiming them (one compare-and-swap each) costs nothing.
 const PIECE_BYTES: usize = 256 << 10;
+/// ... and at most, where a dispatch is large enough to cut each thread's slab into
+/// `SLAB_PIECES` pieces of more than `PIECE_BYTES`. Every piece starts a new stream (its
+/// first kilobytes unprefetched, the activation row unpacked again, a claim): a mixture's
+/// dispatch of 16 expert matrices (~14 MB) in 256 KiB pieces decoded 5-7% slower than in
+/// 1 MiB ones (2026-12-08, AMD EPYC Zen 4, the Qwen3-30B-A3B-geometry GGUF on the map, tg32
+/// alternated: 14.45 / 15.61 / 16.50 tok/s at 256 KiB / 512 KiB / 1 MiB, 4 MiB no better),
+/// while a dense model's matrices keep pieces of ~256 KiB (a shared core needs them, BENCHMARKS
+/// "the decode batch's glue and its threads' balance").
+const PIECE_BYTES_MAX: usize = 1 << 20;
+/// Pieces per thread's slab that a large dispatch keeps at least.
+const SLAB_PIECES: usize = 8;
 
-/// Rows of `ws` (concatenated) per piece of a balanced split: PIECE_BYTES of the widest rows.
+/// Rows of `ws` (concatenated) per piece of a balanced split: `SLAB_PIECES` pieces a thread,
+/// of `PIECE_BYTES..=PIECE_BYTES_MAX` bytes of the widest rows.
 fn piece_rows(ws: &[&QTensor]) -> usize {
     let row_bytes = ws.iter().map(|w| w.row_bytes).max().unwrap_or(1).max(1);
-    (PIECE_BYTES / row_bytes).max(MATVEC_GRAIN)
+    let total: usize = ws.iter().map(|w| w.rows * w.row_bytes).sum();
+    let bytes = (total / (pool().n_threads() * SLAB_PIECES)).clamp(PIECE_BYTES, PIECE_BYTES_MAX);
+    (bytes / row_bytes).max(MATVEC_GRAIN)
 }
 
 /// Where each matrix starts in the concatenated rows of a fused dispatch.
