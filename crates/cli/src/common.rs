@@ -42,8 +42,8 @@ pub struct Common {
     /// model into memory) in the layout the fast decode kernels read best, instead of reading
     /// them from the memory-mapped file on AVX-512 CPUs (the other matrices are copied
     /// already): decode up to ~1.2x faster on some CPUs (an Intel Xeon; no faster on an AMD
-    /// EPYC Zen 4), at the price of the experts' size in memory and a longer load. Fast numerics; a no-op for dense models and on CPUs without AVX-512 (copied there
-    /// anyway). A .cmf's experts, stored in that layout (`cortiq convert`), are read from the
+    /// EPYC Zen 4), at the price of the experts' size in memory and a longer load. Fast
+    /// numerics; a no-op for dense models and on CPUs without AVX-512 (copied there anyway). A .cmf's experts, stored in that layout (`cortiq convert`), are read from the
     /// map at the copy's speed: this moves the same bytes into RAM.
     #[arg(long)]
     pub no_mmap: bool,

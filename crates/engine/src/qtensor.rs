@@ -1048,10 +1048,10 @@ const QUANTIZE_SPLIT_MIN: usize = 16 * QUANTIZE_SPLIT_COLS;
 /// ~20 us of one core's stream, fine enough that the last pieces even out the threads' finish,
 /// coarse enough that claiming them (one compare-and-swap each) costs nothing.
 const PIECE_BYTES: usize = 256 << 10;
-/// ... and at most, where a dispatch is large enough to cut each thread's slab into
-/// `SLAB_PIECES` pieces of more than `PIECE_BYTES`. Every piece starts a new stream (its
-/// first kilobytes unprefetched, the activation row unpacked again, a claim): a mixture's
-/// dispatch of 16 expert matrices (~14 MB) in 256 KiB pieces decoded 5-7% slower than in
+/// Weight bytes of one piece at most, reached where a dispatch is large enough to cut each
+/// thread's slab into `SLAB_PIECES` pieces of more than `PIECE_BYTES`. Every piece starts a
+/// new stream (the activation row unpacked again, a claim, the stream's first lines): a
+/// mixture's dispatch of 16 expert matrices (~14 MB) in 256 KiB pieces decoded 5-7% slower than in
 /// 1 MiB ones (2026-12-08, AMD EPYC Zen 4, the Qwen3-30B-A3B-geometry GGUF on the map, tg32
 /// alternated: 14.45 / 15.61 / 16.50 tok/s at 256 KiB / 512 KiB / 1 MiB, 4 MiB no better),
 /// while a dense model's matrices keep pieces of ~256 KiB (a shared core needs them, BENCHMARKS

@@ -358,8 +358,9 @@ pub fn matvec_q(ty: QuantType, w: &[u8], rows: usize, cols: usize, act: &[u8], y
 /// either way (each row's dot product is its own).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reads {
-    /// From memory, once (decode): one row at a time, front to back, prefetched ahead. Several
-    /// rows' streams at once defeat the hardware prefetcher (`vecdot_avx512::matvec`).
+    /// From memory, once (decode): one row at a time, front to back, prefetched ahead where the
+    /// CPU wants it (`vecdot_avx512::prefetch_distance`). Several rows' streams at once defeat
+    /// the hardware prefetcher (`vecdot_avx512::matvec`).
     Stream,
     /// A tile the caller keeps in cache while many activation rows pass over it (the
     /// llama.cpp-order prefill): four rows share each activation load and run four

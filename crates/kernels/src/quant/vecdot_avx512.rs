@@ -219,7 +219,6 @@ pub(super) fn prefetch_ahead(w: &[u8], start: usize, len: usize) {
 /// decode's balanced split (`PIECE_BYTES`, 256 KiB) for a cached tile, and a mixture's
 /// row-major Q6_K experts streamed four rows at a time without prefetch at ~9 GB/s (2026-12-08,
 /// AMD EPYC Zen 4, the Qwen3-30B-A3B-geometry GGUF on the map: tg32 11 -> 14-17 tok/s).
-#[allow(clippy::too_many_arguments)]
 pub(super) fn matvec(ty: QuantType, w: &[u8], rb: usize, a: &[u8], y: &mut [f32], order: Order, reads: Reads) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
