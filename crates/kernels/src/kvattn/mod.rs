@@ -148,9 +148,9 @@ pub const fn part_len(hd: usize) -> usize {
 
 #[track_caller]
 fn check(q: &[f32], hd: usize, group: usize, s: &Split, out: &[f32]) -> usize {
-    assert!(hd > 0 && q.len() % hd == 0 && !q.is_empty(), "attend_split: q {} values for head_dim {hd}", q.len());
+    assert!(hd > 0 && q.len().is_multiple_of(hd) && !q.is_empty(), "attend_split: q {} values for head_dim {hd}", q.len());
     let g = q.len() / hd;
-    assert!(group > 0 && g % group == 0, "attend_split: {g} heads in groups of {group}");
+    assert!(group > 0 && g.is_multiple_of(group), "attend_split: {g} heads in groups of {group}");
     let width = g / group * hd;
     assert!(s.n > 0, "attend_split: an empty split");
     assert!(s.off + width <= s.stride, "attend_split: heads at {} + {width} past the row stride {}", s.off, s.stride);
@@ -159,7 +159,7 @@ fn check(q: &[f32], hd: usize, group: usize, s: &Split, out: &[f32]) -> usize {
         assert!(r.len() >= end, "attend_split: {what} hold {} values, the split needs {end}", r.len());
         if let KvRows::Q8 { q, d } = r {
             assert!(
-                s.stride % Q8_BLOCK == 0 && s.off % Q8_BLOCK == 0 && hd % Q8_BLOCK == 0,
+                s.stride.is_multiple_of(Q8_BLOCK) && s.off.is_multiple_of(Q8_BLOCK) && hd.is_multiple_of(Q8_BLOCK),
                 "attend_split: 8-bit rows need stride, offset and head_dim in blocks of {Q8_BLOCK}"
             );
             assert!(d.len() * Q8_BLOCK >= q.len().min(end), "attend_split: {what} scales too few");
@@ -182,7 +182,7 @@ pub fn attend_split(q: &[f32], hd: usize, group: usize, s: &Split, rule: &ScoreR
         Level::Avx512 => unsafe { avx512::attend_split(q, hd, group, s, rule, scratch, out) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: level() returned Avx2 only after detecting avx2, fma and f16c; bounds checked.
-        Level::Avx2 if hd % 16 == 0 => unsafe { avx2::attend_split(q, hd, group, s, rule, scratch, out) },
+        Level::Avx2 if hd.is_multiple_of(16) => unsafe { avx2::attend_split(q, hd, group, s, rule, scratch, out) },
         _ => attend_split_scalar(q, hd, group, s, rule, out),
     }
 }
@@ -313,7 +313,7 @@ pub fn merge_scalar<'a>(parts: impl Iterator<Item = &'a [f32]> + Clone, exp: Exp
 /// / d) (ties away from zero); an all-zero block keeps d = 0. `row` must be a multiple of the
 /// block.
 pub fn quantize_q8(x: &[f32], q: &mut Vec<i8>, d: &mut Vec<f32>) {
-    assert!(x.len() % Q8_BLOCK == 0, "quantize_q8: {} values are not whole blocks of {Q8_BLOCK}", x.len());
+    assert!(x.len().is_multiple_of(Q8_BLOCK), "quantize_q8: {} values are not whole blocks of {Q8_BLOCK}", x.len());
     for b in x.chunks_exact(Q8_BLOCK) {
         let amax = b.iter().fold(0f32, |a, &v| a.max(v.abs()));
         let s = amax / 127.0;
@@ -330,7 +330,7 @@ pub fn quantize_q8(x: &[f32], q: &mut Vec<i8>, d: &mut Vec<f32>) {
 /// their block and no longer set its scale alone (llama.cpp rotates its quantized caches the
 /// same way).
 pub fn hadamard(x: &mut [f32], r: usize) {
-    assert!(r.is_power_of_two() && x.len() % r == 0, "hadamard: {} values in blocks of {r}", x.len());
+    assert!(r.is_power_of_two() && x.len().is_multiple_of(r), "hadamard: {} values in blocks of {r}", x.len());
     let norm = 1.0 / (r as f32).sqrt();
     for b in x.chunks_exact_mut(r) {
         let mut h = 1;
@@ -404,6 +404,7 @@ mod avx512;
 ///   as the twin's), the 16 lane sums in two registers;
 /// - the weighted sum 64 values at a time in registers, one FMA per value and row in
 ///   position order.
+///
 /// The twin's bits throughout.
 #[cfg(target_arch = "x86_64")]
 mod avx2;
