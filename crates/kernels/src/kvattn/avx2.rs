@@ -1,17 +1,6 @@
-use super::{Exp, KvRows, Q8_BLOCK, ScoreRule, Split, part_len};
+use super::{AHEAD, Block, Exp, KvRows, Q8_BLOCK, ScoreRule, Split, TB, part_len};
 pub(super) use crate::act::avx2::expf8;
 use std::arch::x86_64::*;
-
-/// Rows per block (one tile of converted rows).
-const TB: usize = 16;
-/// Rows ahead of the block in use that the passes prefetch.
-const AHEAD: usize = 8 * TB;
-
-/// Where a block's rows are read as f32: in place (an f32 cache) or in the tile.
-struct Block {
-    ptr: *const f32,
-    stride: usize,
-}
 
 /// Rows row0..row0 + n, values off..off + width, as f32: in place for f32, else converted
 /// into `tile` [n, width]. Also prefetches the rows AHEAD further on.

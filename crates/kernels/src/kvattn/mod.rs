@@ -146,6 +146,18 @@ pub const fn part_len(hd: usize) -> usize {
     hd + 2
 }
 
+/// Rows per block of both SIMD kernels: one tile of converted rows (and, for AVX-512, one
+/// transposed horizontal sum of scores).
+const TB: usize = 16;
+/// Rows ahead of the block in use that the kernels' passes prefetch.
+const AHEAD: usize = 8 * TB;
+
+/// Where a kernel's block of rows is read as f32: in place (an f32 cache) or in its tile.
+struct Block {
+    ptr: *const f32,
+    stride: usize,
+}
+
 #[track_caller]
 fn check(q: &[f32], hd: usize, group: usize, s: &Split, out: &[f32]) -> usize {
     assert!(hd > 0 && q.len().is_multiple_of(hd) && !q.is_empty(), "attend_split: q {} values for head_dim {hd}", q.len());
